@@ -1,0 +1,46 @@
+"""Tiny random-weight Hugging Face checkpoints, written by the tests themselves."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ARCHITECTURES = {
+    "llama2": dict(model_type="llama"),
+    "llama3": dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    "linear": dict(model_type="llama", rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "yarn": dict(model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                   "original_max_position_embeddings": 128}),
+    "mistral": dict(model_type="mistral", sliding_window=None),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
+}
+
+
+def write_tiny_checkpoint(folder: Path, arch: str = "llama2", seed: int = 0, vocab_size: int = 96,
+                          hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+                          max_position_embeddings: int = 512, tie: bool | None = None, scale: float = 1.0) -> Path:
+    """Writes a random-weight checkpoint of `arch` with transformers itself and returns its folder.
+    `scale` multiplies the initializer range: larger weights give peakier, more varied distributions."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(ARCHITECTURES[arch])
+    model_type = spec.pop("model_type")
+    if tie is not None:
+        spec["tie_word_embeddings"] = tie
+    config = AutoConfig.for_model(
+        model_type, vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings, initializer_range=0.02 * scale,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, **spec)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # random norms and biases, so a wrong mapping of them cannot hide
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.normal_(0, 0.05)
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    return folder

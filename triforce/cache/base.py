@@ -1,0 +1,44 @@
+"""The protocol every KV cache policy follows.
+
+A forward over n new tokens is `begin(n)`, then `append(layer, q, k, v)` once per layer, then `end()`.
+`append` takes unrotated projections (q: [Hq, n, D], k and v: [Hkv, n, D]), rotates them with the
+positions of the cache's own policy and returns (q, keys, values) to attend over, keys and values
+[Hkv, S, D] with the n new tokens last. `length` counts the tokens of the sequence the cache has
+absorbed (visible or evicted); only the cache's own methods change it: `end`, `rollback(n)` (forget
+the last n), `truncate(length)` and `reset`. `sync` is the hook a derived cache (retrieval) uses to
+refresh itself from its source after the target has committed tokens; the others ignore it.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class CacheCapacityError(ValueError):
+    """More tokens than the cache was sized for (prompt + max_new_tokens + speculation slack)."""
+
+
+class KVCache:
+    length: int = 0
+
+    def begin(self, n: int) -> None:
+        raise NotImplementedError
+
+    def append(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        raise NotImplementedError
+
+    def end(self) -> None:
+        raise NotImplementedError
+
+    def rollback(self, n: int) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def truncate(self, length: int) -> None:
+        """Forget everything past `length` tokens (no-op when the cache is already that short)."""
+        if length < self.length:
+            self.rollback(self.length - length)
+
+    def sync(self) -> None:
+        """Called after the target tier commits tokens; only caches derived from another need it."""

@@ -1,0 +1,161 @@
+"""RetrievalKVCache: a fixed budget of KV chunks taken from the target's full cache (TriForce, sec. 4.1).
+
+Per layer and per KV head, the cache holds the chunks whose mean key best matches the query (see
+kernels/retrieval.py), chunk 0 always. Its tokens are all committed tokens' KV copied from the full
+cache (the *source*), never this tier's own speculative KV: after the target commits, `sync` drops the
+speculative entries and appends the committed tokens from the source, so generations longer than the
+budget stay correct.
+
+Selection policies:
+- `static` (the paper): chunks chosen once by `rebuild` with the source's latest query; tokens committed
+  since are appended as a tail; rebuilt when the tail reaches `refresh_every` tokens or on request
+  (the tier asks when acceptance drops).
+- `dynamic` (Quest-style): chunks re-chosen at every forward from that forward's own queries against the
+  mean keys, which are kept up to date at each sync; the extra cost is reading the means, about
+  1/chunk_size of the keys.
+The first `full_layers` layers see the whole source (the paper's acceptance table bypasses two layers).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels.retrieval import chunk_mean_keys, gather_chunks, select_chunks
+from .base import CacheCapacityError, KVCache
+from .full import FullKVCache
+
+POLICIES = ("static", "dynamic")
+
+
+class RetrievalKVCache(KVCache):
+    def __init__(self, source: FullKVCache, budget: int, chunk_size: int, policy: str = "static",
+                 full_layers: int = 0, refresh_every: int = 1024, max_speculative: int = 64):
+        if policy not in POLICIES:
+            raise ValueError(f"retrieval policy must be one of {POLICIES}, not {policy!r}")
+        if chunk_size < 1 or budget < chunk_size or budget % chunk_size:
+            raise ValueError(f"budget ({budget}) must be a positive multiple of the chunk size ({chunk_size})")
+        self.source, self.budget, self.chunk_size, self.policy = source, budget, chunk_size, policy
+        self.full_layers, self.refresh_every, self.max_speculative = full_layers, refresh_every, max_speculative
+        self.num_layers = source.keys.shape[0]
+        hkv, d = source.keys.shape[1], source.keys.shape[3]
+        # Speculative (uncommitted) entries of this tier. Static keeps them inside its per-layer buffer,
+        # right after the committed part, so attention reads one contiguous view.
+        self._spec_k = torch.zeros(self.num_layers, hkv, max_speculative, d, dtype=source.keys.dtype,
+                                   device=source.keys.device)
+        self._spec_v = torch.zeros_like(self._spec_k)
+        self.synced = 0  # committed tokens absorbed from the source
+        self.spec_len = 0
+        self.rebuilds = 0
+        self._n = 0
+        # static: per-layer buffers [Hkv, cap, D] = [retrieved | tail since build | speculative]
+        self._buf_k: list[torch.Tensor] = []
+        self._buf_v: list[torch.Tensor] = []
+        self._retrieved: list[int] = []
+        self._built_at = 0
+        # dynamic: per-layer mean keys of the source's complete chunks
+        self._means = [torch.zeros(hkv, source.capacity // chunk_size, d, device=source.keys.device)
+                       for _ in range(self.num_layers)] if policy == "dynamic" else []
+        self._num_means = 0
+
+    @property
+    def length(self) -> int:
+        return self.synced + self.spec_len
+
+    # --- building from the source -------------------------------------------------------------
+    def rebuild(self) -> None:
+        """Static policy: choose chunks afresh with the source's latest query."""
+        src, total, chunk = self.source, self.source.length, self.chunk_size
+        self._buf_k, self._buf_v, self._retrieved = [], [], []
+        complete = total // chunk
+        for layer in range(self.num_layers):
+            keys, values = src.keys[layer, :, :total], src.values[layer, :, :total]
+            if layer >= self.full_layers and total > self.budget + chunk:
+                means = chunk_mean_keys(keys[:, : complete * chunk], chunk)
+                ids = select_chunks(src.last_query[layer].unsqueeze(1), means, self.budget // chunk)
+                tail = slice(complete * chunk, total)
+                keys = torch.cat((gather_chunks(keys, ids, chunk), keys[:, tail]), dim=1)
+                values = torch.cat((gather_chunks(values, ids, chunk), values[:, tail]), dim=1)
+            cap = keys.shape[1] + self.refresh_every + self.max_speculative
+            buf_k = keys.new_empty(keys.shape[0], cap, keys.shape[2])
+            buf_v = torch.empty_like(buf_k)
+            buf_k[:, : keys.shape[1]], buf_v[:, : keys.shape[1]] = keys, values
+            self._buf_k.append(buf_k)
+            self._buf_v.append(buf_v)
+            self._retrieved.append(keys.shape[1])
+        self._built_at = self.synced = total
+        self.spec_len = 0
+        self.rebuilds += 1
+
+    def sync(self) -> None:
+        """Drop speculative entries; absorb the tokens the source committed since the last sync."""
+        self.spec_len = 0
+        total = self.source.length
+        if self.policy == "dynamic":
+            self._update_means(total)
+            self.synced = total
+            return
+        if not self._buf_k or total - self._built_at > self.refresh_every:
+            self.rebuild()
+            return
+        if total > self.synced:
+            for layer in range(self.num_layers):
+                a = self._retrieved[layer] + self.synced - self._built_at
+                b = a + total - self.synced
+                self._buf_k[layer][:, a:b] = self.source.keys[layer, :, self.synced:total]
+                self._buf_v[layer][:, a:b] = self.source.values[layer, :, self.synced:total]
+        self.synced = total
+
+    def _update_means(self, total: int) -> None:
+        complete, chunk = total // self.chunk_size, self.chunk_size
+        if complete > self._num_means:
+            lo, hi = self._num_means * chunk, complete * chunk
+            for layer in range(self.num_layers):
+                self._means[layer][:, self._num_means:complete] = chunk_mean_keys(
+                    self.source.keys[layer, :, lo:hi], chunk)
+        self._num_means = complete
+
+    # --- the KVCache protocol -------------------------------------------------------------------
+    def begin(self, n: int) -> None:
+        if self.spec_len + n > self.max_speculative:
+            raise CacheCapacityError(f"retrieval cache holds {self.max_speculative} speculative tokens; "
+                                     f"{self.spec_len} + {n} requested")
+        if self.policy == "static" and not self._buf_k:
+            raise RuntimeError("retrieval cache used before its first sync with the source")
+        self._n = n
+        self._positions = torch.arange(self.length, self.length + n, device=self._spec_k.device)
+
+    def append(self, layer, q, k, v):
+        q, k = self.source.rope.rotate(q, self._positions), self.source.rope.rotate(k, self._positions)
+        lo, hi = self.spec_len, self.spec_len + self._n
+        if self.policy == "static":
+            base = self._retrieved[layer] + self.synced - self._built_at
+            buf_k, buf_v = self._buf_k[layer], self._buf_v[layer]
+            buf_k[:, base + lo: base + hi], buf_v[:, base + lo: base + hi] = k, v
+            return q, buf_k[:, : base + hi], buf_v[:, : base + hi]
+        self._spec_k[layer, :, lo:hi], self._spec_v[layer, :, lo:hi] = k, v
+        keys, values = self._committed_dynamic(layer, q)
+        return (q, torch.cat((keys, self._spec_k[layer, :, :hi]), dim=1),
+                torch.cat((values, self._spec_v[layer, :, :hi]), dim=1))
+
+    def _committed_dynamic(self, layer: int, q: torch.Tensor):
+        keys = self.source.keys[layer, :, : self.synced]
+        values = self.source.values[layer, :, : self.synced]
+        if layer < self.full_layers or self.synced <= self.budget + self.chunk_size:
+            return keys, values
+        chunk, complete = self.chunk_size, self._num_means
+        ids = select_chunks(q, self._means[layer][:, :complete], self.budget // chunk)
+        tail = slice(complete * chunk, self.synced)
+        return (torch.cat((gather_chunks(keys, ids, chunk), keys[:, tail]), dim=1),
+                torch.cat((gather_chunks(values, ids, chunk), values[:, tail]), dim=1))
+
+    def end(self) -> None:
+        self.spec_len += self._n
+        self._n = 0
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self.spec_len:
+            raise ValueError(f"retrieval cache can only roll back its {self.spec_len} speculative tokens, not {n}")
+        self.spec_len -= n
+
+    def reset(self) -> None:
+        self.synced = self.spec_len = self._num_means = self._built_at = 0
+        self._buf_k, self._buf_v, self._retrieved = [], [], []

@@ -1,0 +1,82 @@
+"""Frozen, validated settings. The CLI and the Python API both map their arguments onto these."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("triforce", "retrieval", "draft", "ar")
+RETRIEVAL_POLICIES = ("static", "dynamic")
+
+
+class ConfigError(ValueError):
+    """A setting outside its valid range; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample and when to stop. temperature 0 is greedy."""
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1 (got {self.max_tokens})")
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (got {self.top_k})")
+        if any(not s for s in self.stop):
+            raise ConfigError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the hierarchy is built. Defaults: the paper's gammas, chunk size and sinks; the budget, the
+    retrieval policy and full_layers were picked by `triforce bench` on SmolLM2 (see README)."""
+    mode: str = "triforce"
+    gamma1: int = 2  # tier-1 (draft) proposals per tier-2 check
+    gamma2: int = 6  # tier-2 tokens per tier-3 (target) check
+    budget: int = 1024  # tokens the retrieval cache holds
+    chunk_size: int = 8
+    retrieval_policy: str = "dynamic"
+    full_layers: int = 2  # first layers that keep their whole cache in the retrieval tier
+    refresh_every: int = 512  # static policy: rebuild after this many new tokens
+    refresh_threshold: float = 0.6  # static policy: rebuild when tier-2 acceptance falls below this...
+    refresh_window: int = 32  # ...over this many recent tier-1 proposals
+    sinks: int = 16  # draft tier: attention-sink tokens
+    window: int = 256  # draft tier: recent tokens
+    prefill_chunk: int = 512
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {self.mode!r})")
+        if self.gamma1 < 1 or self.gamma2 < 1:
+            raise ConfigError(f"gamma1 and gamma2 must be >= 1 (got {self.gamma1}, {self.gamma2})")
+        if self.gamma1 + self.gamma2 > 128:
+            raise ConfigError(f"gamma1 + gamma2 must be <= 128 (got {self.gamma1 + self.gamma2})")
+        if self.chunk_size < 1:
+            raise ConfigError(f"chunk size must be >= 1 (got {self.chunk_size})")
+        if self.budget < self.chunk_size or self.budget % self.chunk_size:
+            raise ConfigError(f"budget ({self.budget}) must be a positive multiple of the chunk size "
+                              f"({self.chunk_size})")
+        if self.retrieval_policy not in RETRIEVAL_POLICIES:
+            raise ConfigError(f"retrieval policy must be one of {RETRIEVAL_POLICIES} "
+                              f"(got {self.retrieval_policy!r})")
+        if self.full_layers < 0 or self.sinks < 0 or self.window < 1 or self.prefill_chunk < 1:
+            raise ConfigError("full_layers and sinks must be >= 0, window and prefill_chunk >= 1")
+        if not 0 <= self.refresh_threshold <= 1 or self.refresh_every < 1 or self.refresh_window < 1:
+            raise ConfigError("refresh_threshold must be in [0, 1], refresh_every and refresh_window >= 1")

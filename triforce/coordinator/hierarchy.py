@@ -1,0 +1,50 @@
+"""Which tiers each mode stacks, cheapest first, and how their caches are sized.
+
+| mode      | tiers                                                       | gammas           |
+|-----------|-------------------------------------------------------------|------------------|
+| triforce  | draft + StreamingKVCache, target + RetrievalKVCache, target | gamma1, gamma2   |
+| retrieval | target + RetrievalKVCache, target                           | gamma2           |
+| draft     | draft + StreamingKVCache, target (the paper's naive policy) | gamma1           |
+| ar        | target + FullKVCache (plain decoding, the baseline)         |                  |
+"""
+from __future__ import annotations
+
+from ..cache.retrieval import RetrievalKVCache
+from ..cache.streaming import StreamingKVCache
+from ..config import EngineConfig
+from ..models.llama import LlamaModel
+from .engine import HierarchyEngine
+from .tiers import RetrievalTier, Tier
+from .verifier import LocalVerifier, Verifier
+
+
+def speculation_slack(cfg: EngineConfig) -> int:
+    """Most tokens any cache may hold beyond the committed sequence during one target check."""
+    return cfg.gamma1 + cfg.gamma2 + 4
+
+
+def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None, max_length: int,
+                 verifier: Verifier | None = None) -> HierarchyEngine:
+    """max_length: prompt + max_new_tokens. `verifier` defaults to an in-process one."""
+    slack = speculation_slack(cfg)
+    if verifier is None:
+        verifier = LocalVerifier(target, max_length + slack, cfg.prefill_chunk)
+
+    def draft_tier() -> Tier:
+        if draft is None:
+            raise ValueError(f"mode {cfg.mode!r} needs a draft model")
+        cache = StreamingKVCache(draft.config, cfg.sinks, cfg.window, slack, draft.rope, draft.dtype, draft.device)
+        return Tier("draft", draft, cache, cfg.prefill_chunk)
+
+    def retrieval_tier() -> Tier:
+        cache = RetrievalKVCache(verifier.kv_source(), cfg.budget, cfg.chunk_size, cfg.retrieval_policy,
+                                 cfg.full_layers, cfg.refresh_every, max_speculative=slack)
+        return RetrievalTier(target, cache, cfg.refresh_threshold, cfg.refresh_window)
+
+    if cfg.mode == "ar":
+        return HierarchyEngine([verifier], [])
+    if cfg.mode == "draft":
+        return HierarchyEngine([draft_tier(), verifier], [cfg.gamma1])
+    if cfg.mode == "retrieval":
+        return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2])
+    return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2])

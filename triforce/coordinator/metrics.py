@@ -1,0 +1,50 @@
+"""Per-request metrics: timings and, per tier, proposals checked, acceptances and accepted lengths."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TierStats:
+    """Counts for the proposals a tier *checked* (those of the tier below it)."""
+    name: str  # the checking tier
+    drafter: str  # the tier whose proposals it checks
+    proposed: int = 0
+    accepted: int = 0
+    accepted_lengths: dict[int, int] = field(default_factory=dict)  # accepted length -> verifications
+    seconds: float = 0.0  # time in this tier's forward passes
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        self.accepted_lengths[accepted] = self.accepted_lengths.get(accepted, 0) + 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "drafter": self.drafter, "proposed": self.proposed, "accepted": self.accepted,
+                "acceptance_rate": round(self.acceptance_rate, 4),
+                "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
+                "seconds": round(self.seconds, 4)}
+
+
+@dataclass
+class RequestMetrics:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    retrieval_rebuilds: int = 0
+    tiers: list[TierStats] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
+                "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
+                "tokens_per_s": round(self.tokens_per_s, 3), "retrieval_rebuilds": self.retrieval_rebuilds,
+                "tiers": [t.to_dict() for t in self.tiers]}

@@ -1,0 +1,59 @@
+"""Attention of n new queries over a key/value sequence whose last n entries are those same tokens.
+
+Every cache policy hands the model keys laid out so that the new tokens come last, so one rule covers
+prefill chunks, decode and verification: query i (0-based among the n new ones) sees keys [0, S - n + i].
+
+Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU), torch SDPA
+otherwise, and `reference_attention`, a plain loop that the tests compare both against.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:  # pragma: no cover - GPU only
+    from flash_attn import flash_attn_func as _flash_attn_func
+except ImportError:  # pragma: no cover - the CPU path
+    _flash_attn_func = None
+
+
+def causal_tail_mask(n: int, s: int, device) -> torch.Tensor:
+    """[n, s] bool, True where query i (of the last n) may attend key j."""
+    rows = torch.arange(n, device=device).unsqueeze(1) + (s - n)
+    return torch.arange(s, device=device).unsqueeze(0) <= rows
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [Hq, n, D]; k, v: [Hkv, S, D] with the n new tokens last. Returns [Hq, n, D].
+
+    Grouped-query attention without repeating K/V: the G query heads that share a KV head are folded
+    into the query-length axis, so each KV head is read once.
+    """
+    hq, n, d = q.shape
+    hkv, s, _ = k.shape
+    if _flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        # flash-attn aligns the causal mask to the bottom right when n < S, which is our rule.
+        out = _flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                               softmax_scale=scale, causal=True)
+        return out[0].transpose(0, 1)
+    g = hq // hkv
+    qg = q.reshape(hkv, g * n, d)  # rows ordered (group member, query index)
+    mask = None
+    if n > 1:
+        mask = causal_tail_mask(n, s, q.device).repeat(g, 1)  # [g*n, S]
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    return out.reshape(hq, n, d)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Loop-based float32 reference of `attention` for tests."""
+    hq, n, d = q.shape
+    hkv, s, _ = k.shape
+    out = torch.empty(hq, n, d, dtype=torch.float32)
+    for h in range(hq):
+        kh, vh = k[h // (hq // hkv)].float(), v[h // (hq // hkv)].float()
+        for i in range(n):
+            visible = s - n + i + 1
+            weights = torch.softmax((kh[:visible] @ q[h, i].float()) * scale, dim=0)
+            out[h, i] = weights @ vh[:visible]
+    return out.to(q.dtype)

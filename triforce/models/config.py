@@ -1,0 +1,114 @@
+"""ModelConfig: the Llama-family hyperparameters we need, read from a Hugging Face config.json.
+
+Accepts both config layouts that transformers has written: 4.x (`rope_theta` + `rope_scaling`) and 5.x
+(`rope_parameters`). Architectures: Llama 2/3, Mistral, Qwen2 (qkv bias). Anything else is refused with a
+clear error instead of being loaded wrong.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class ModelLoadError(ValueError):
+    """A model folder that is missing, incomplete or describes a model we cannot run."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict = field(default_factory=dict)  # {"rope_type": ..., "factor": ..., ...}; empty = default
+    attention_bias: bool = False  # Qwen2: bias on q, k, v
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    sliding_window: int | None = None
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelLoadError(
+                f"model_type {self.model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(f"num_attention_heads {self.num_heads} is not a multiple of "
+                                 f"num_key_value_heads {self.num_kv_heads}")
+        rope_type = self.rope_type
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ModelLoadError(f"RoPE scaling {rope_type!r} is not supported "
+                                 f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+
+    @property
+    def rope_type(self) -> str:
+        return self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default")) or "default"
+
+    @property
+    def max_positions(self) -> int:
+        """Longest sequence (prompt + generation) the model attends over exactly."""
+        if self.sliding_window:
+            # Past the window Mistral-style models attend to a band we do not implement; refuse instead.
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_hf_dict(cls, raw: dict) -> "ModelConfig":
+        try:
+            model_type = raw.get("model_type", "llama")
+            num_heads = int(raw["num_attention_heads"])
+            hidden = int(raw["hidden_size"])
+            rope = dict(raw.get("rope_parameters") or {})
+            rope.update(raw.get("rope_scaling") or {})
+            theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
+            if rope.get("rope_type", rope.get("type", "default")) == "default":
+                rope = {}
+            eos = raw.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            window = raw.get("sliding_window")
+            if model_type == "qwen2" and not raw.get("use_sliding_window", False):
+                window = None
+            return cls(
+                model_type=model_type,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=num_heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+                head_dim=int(raw.get("head_dim") or hidden // num_heads),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=theta,
+                rope_scaling=rope,
+                attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                bos_token_id=raw.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+                sliding_window=int(window) if window else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ModelLoadError):
+                raise
+            raise ModelLoadError(f"config.json lacks or has a bad value for {exc}") from exc
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "ModelConfig":
+        path = Path(folder) / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{folder}: no config.json (expected a Hugging Face model folder)")
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"{path}: unreadable config ({exc})") from exc
+        return cls.from_hf_dict(raw)

@@ -1,0 +1,98 @@
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2) as a plain module, batch size one.
+
+The model knows nothing of cache policy: every layer hands its unrotated q, k, v to the cache, which
+rotates them with the positions of its own policy and returns the keys and values to attend over, with
+the new tokens last (see kernels/attention.py). q, k, v share one fused projection and gate/up another,
+so a decode step reads each weight matrix in one pass.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels.attention import attention
+from .config import ModelConfig
+from .rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # float32 statistics, as transformers does, so bf16 models agree with it.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        self.index = index
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        qkv_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """x: [n, hidden] -> [n, hidden]."""
+        n = x.shape[0]
+        d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(self.input_norm(x))  # [n, (hq + 2 hkv) d]
+        q = qkv[:, : hq * d].view(n, hq, d).transpose(0, 1)  # [hq, n, d]
+        k = qkv[:, hq * d: (hq + hkv) * d].view(n, hkv, d).transpose(0, 1)  # [hkv, n, d]
+        v = qkv[:, (hq + hkv) * d:].view(n, hkv, d).transpose(0, 1)  # [hkv, n, d]
+        q, keys, values = cache.append(self.index, q, k, v)  # keys/values: [hkv, S, d], new tokens last
+        attn = attention(q, keys, values, self.scale)  # [hq, n, d]
+        x = x + self.o_proj(attn.transpose(0, 1).reshape(n, hq * d))
+        gate, up = self.gate_up_proj(self.post_attention_norm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope: RotaryEmbedding | None = None  # built by `finalize` once weights sit on their device
+
+    def finalize(self) -> "LlamaModel":
+        self.rope = RotaryEmbedding(self.config, self.embed_tokens.weight.device)
+        return self.eval().requires_grad_(False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, cache, logits_for: str = "all") -> torch.Tensor | None:
+        """tokens: [n] int64 appended to `cache`. Returns float32 logits [n, V] ('all'), [1, V] ('last')
+        or None ('none', for prefill)."""
+        x = self.embed_tokens(tokens)  # [n, hidden]
+        cache.begin(tokens.shape[0])
+        for layer in self.layers:
+            x = layer(x, cache)
+        cache.end()
+        if logits_for == "none":
+            return None
+        if logits_for == "last":
+            x = x[-1:]
+        return self.lm_head(self.norm(x)).float()

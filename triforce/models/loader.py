@@ -1,0 +1,102 @@
+"""Load a Hugging Face Llama-family folder (config.json + safetensors, single file or sharded index)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import ModelConfig, ModelLoadError
+from .llama import LlamaModel
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _checkpoint_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise ModelLoadError(f"{index}: unreadable shard index ({exc})") from exc
+        files = [folder / n for n in names]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing or not files:
+        raise ModelLoadError(f"{folder}: missing safetensors weights {missing or '(none found)'}")
+    return files
+
+
+def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    tensors[name.removeprefix("model.")] = f.get_tensor(name)
+        except Exception as exc:  # safetensors raises its own error types per version
+            raise ModelLoadError(f"{path}: corrupt or unreadable safetensors file ({exc})") from exc
+    return tensors
+
+
+def _fused_state_dict(cfg: ModelConfig, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Maps Hugging Face tensor names onto ours, fusing q/k/v and gate/up."""
+    def take(name):
+        try:
+            return raw.pop(name)
+        except KeyError:
+            raise ModelLoadError(f"checkpoint lacks tensor {name!r}") from None
+
+    state = {"embed_tokens.weight": take("embed_tokens.weight"), "norm.weight": take("norm.weight")}
+    head = raw.pop("lm_head.weight", None)
+    if not cfg.tie_word_embeddings:
+        if head is None:
+            raise ModelLoadError("checkpoint lacks tensor 'lm_head.weight' and does not tie embeddings")
+        state["lm_head.weight"] = head
+    for i in range(cfg.num_layers):
+        src, dst = f"layers.{i}.", f"layers.{i}."
+        attn, mlp = src + "self_attn.", src + "mlp."
+        state[dst + "qkv_proj.weight"] = torch.cat([take(attn + f"{p}_proj.weight") for p in "qkv"])
+        if cfg.attention_bias:
+            state[dst + "qkv_proj.bias"] = torch.cat([take(attn + f"{p}_proj.bias") for p in "qkv"])
+        state[dst + "o_proj.weight"] = take(attn + "o_proj.weight")
+        state[dst + "gate_up_proj.weight"] = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
+        state[dst + "down_proj.weight"] = take(mlp + "down_proj.weight")
+        state[dst + "input_norm.weight"] = take(src + "input_layernorm.weight")
+        state[dst + "post_attention_norm.weight"] = take(src + "post_attention_layernorm.weight")
+    raw.pop("rotary_emb.inv_freq", None)
+    for i in range(cfg.num_layers):
+        raw.pop(f"layers.{i}.self_attn.rotary_emb.inv_freq", None)
+    if raw:
+        raise ModelLoadError(f"checkpoint has tensors this architecture does not use: {sorted(raw)[:5]}")
+    return state
+
+
+def load_model(folder: str | Path, dtype: str | torch.dtype = "float32",
+               device: str | torch.device = "cpu") -> LlamaModel:
+    """Loads a model folder onto `device` in `dtype`. Raises ModelLoadError with a one-line reason."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelLoadError(f"{folder}: not a model folder")
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    cfg = ModelConfig.from_folder(folder)
+    state = _fused_state_dict(cfg, _read_tensors(_checkpoint_files(folder)))
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    model = model.to_empty(device=device).to(torch_dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    expected = dict(model.state_dict())
+    for name, tensor in state.items():
+        if name not in expected:
+            raise ModelLoadError(f"unexpected tensor {name!r}")
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, config implies "
+                                 f"{tuple(expected[name].shape)}")
+    missing = set(expected) - set(state) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    if missing:
+        raise ModelLoadError(f"checkpoint lacks tensors {sorted(missing)[:5]}")
+    model.load_state_dict({k: v.to(torch_dtype) for k, v in state.items()}, strict=False)
+    return model.finalize()

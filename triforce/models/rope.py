@@ -1,0 +1,97 @@
+"""Rotary position embeddings with the scaling kinds that Hugging Face configs name.
+
+The cos/sin table is computed once in float32 for every position the model supports and cast to the
+activation dtype when applied, as transformers does, so logits agree to float32 rounding.
+Layout is the Hugging Face one (rotate the two halves of the head), not the interleaved GGUF one.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import ModelConfig
+
+
+def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_ctx = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < old_ctx / high) * ~(wavelen > old_ctx / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(cfg: ModelConfig, dim: int) -> tuple[torch.Tensor, float]:
+    s, base = cfg.rope_scaling, cfg.rope_theta
+    orig = s["original_max_position_embeddings"]
+    factor = s.get("factor") or cfg.max_position_embeddings / orig
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = s.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
+        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def correction_dim(rotations):
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(s.get("beta_fast") or 32), correction_dim(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
+def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
+    """Returns (inv_freq [head_dim/2] float32, attention scaling applied to cos and sin)."""
+    dim, kind, s = cfg.head_dim, cfg.rope_type, cfg.rope_scaling
+    inv_freq = _base_inv_freq(cfg.rope_theta, dim)
+    if kind == "default":
+        return inv_freq, 1.0
+    if kind == "linear":
+        return inv_freq / s["factor"], 1.0
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, s), 1.0
+    if kind == "yarn":
+        return _yarn_inv_freq(cfg, dim)
+    raise ValueError(f"RoPE scaling {kind!r} is not supported")
+
+
+# Speculative tokens past the model's last position are always discarded, but their forward still
+# needs a table entry; the engine's speculation slack stays below this margin.
+POSITION_MARGIN = 256
+
+
+class RotaryEmbedding:
+    """Precomputed cos/sin for positions [0, max_positions + margin); `rotate(x, positions)` applies them."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu"):
+        inv_freq, scale = inverse_frequencies(cfg)
+        positions = torch.arange(cfg.max_position_embeddings + POSITION_MARGIN, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)  # [P, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+        self.cos = (emb.cos() * scale).to(device)
+        self.sin = (emb.sin() * scale).to(device)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [H, n, D]; positions: [n] int64. Returns x rotated, in x's dtype."""
+        cos = self.cos[positions].to(x.dtype)  # [n, D]
+        sin = self.sin[positions].to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated_half * sin
