@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import UserError
+
 MODES = ("triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A setting outside its valid range; the message names the setting."""
 
 

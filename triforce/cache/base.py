@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UserError
 
-class CacheCapacityError(ValueError):
+
+class CacheCapacityError(UserError):
     """More tokens than the cache was sized for (prompt + max_new_tokens + speculation slack)."""
 
 

@@ -37,11 +37,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
                                softmax_scale=scale, causal=True)
         return out[0].transpose(0, 1)
     g = hq // hkv
-    qg = q.reshape(hkv, g * n, d)  # rows ordered (group member, query index)
+    qg = q.reshape(1, hkv, g * n, d)  # rows ordered (group member, query index)
     mask = None
     if n > 1:
         mask = causal_tail_mask(n, s, q.device).repeat(g, 1)  # [g*n, S]
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path.
+    out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale)
     return out.reshape(hq, n, d)
 
 

@@ -10,11 +10,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import UserError
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError):
     """A model folder that is missing, incomplete or describes a model we cannot run."""
 
 

@@ -1,0 +1,185 @@
+"""The Python API, in vLLM's shape:
+
+    from triforce import LLM, SamplingParams
+    llm = LLM(model="smollm2", mode="triforce")
+    out = llm.generate(["Once upon a time"], SamplingParams(max_tokens=64, temperature=0.6))[0]
+    print(out.text, out.metrics.tokens_per_s)
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+
+import torch
+
+from .config import ConfigError, EngineConfig, SamplingParams
+from .coordinator.hierarchy import build_engine, speculation_slack
+from .coordinator.metrics import RequestMetrics
+from .errors import UserError
+from .models.config import ModelLoadError
+from .models.hub import DEFAULT_MODEL, resolve_model
+from .models.loader import DTYPES, load_model
+
+log = logging.getLogger("triforce")
+
+# Drafts shipped for known targets (the draft issue adds SmolLM2's). Until then mode `triforce` on such
+# a target falls back to `retrieval` with a one-line notice.
+DEFAULT_DRAFTS: dict[str, str] = {}
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    metrics: RequestMetrics
+
+
+def _available_memory_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class LLM:
+    def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
+                 mode: str = "triforce", dtype: str = "bfloat16", device: str | None = None, **engine_settings):
+        """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...)."""
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+        unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
+        if unknown:
+            raise ConfigError(f"unknown engine settings: {', '.join(sorted(unknown))}")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if draft is None and mode in ("triforce", "draft"):
+            draft = DEFAULT_DRAFTS.get(str(model))
+        if draft is None and mode == "triforce":
+            print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",
+                  file=sys.stderr)
+            mode = "retrieval"
+        if draft is None and mode == "draft":
+            raise ConfigError("mode 'draft' needs --draft")
+        self.config = EngineConfig(mode=mode, **engine_settings)
+        self.model_path = resolve_model(model)
+        self.target = load_model(self.model_path, dtype, self.device)
+        self.draft = None
+        if draft is not None and mode in ("triforce", "draft"):
+            self.draft_path = resolve_model(draft)
+            self.draft = load_model(self.draft_path, dtype, self.device)
+        self.tokenizer = self._load_tokenizer()
+        self._check_draft_vocabulary()
+
+    def _load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(self.model_path)
+        except (OSError, ValueError, TypeError):
+            log.info("no tokenizer in %s: prompts must be token ids", self.model_path)
+            return None
+
+    def _check_draft_vocabulary(self) -> None:
+        if self.draft is None:
+            return
+        target_vocab, draft_vocab = self.target.config.vocab_size, self.draft.config.vocab_size
+        if target_vocab != draft_vocab:
+            raise ModelLoadError(f"draft vocabulary ({draft_vocab} tokens) differs from the target's "
+                                 f"({target_vocab}); the draft must share the target's tokenizer")
+        if self.tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            try:
+                draft_tok = AutoTokenizer.from_pretrained(self.draft_path)
+            except (OSError, ValueError, TypeError):
+                return
+            if draft_tok.get_vocab() != self.tokenizer.get_vocab():
+                raise ModelLoadError("draft tokenizer differs from the target's; the draft must share it")
+
+    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise UserError("empty prompt")
+            if self.tokenizer is None:
+                raise UserError(f"{self.model_path} has no tokenizer; pass token ids")
+            ids = self.tokenizer(prompt).input_ids
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise UserError("empty prompt")
+        vocab = self.target.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise UserError(f"prompt token ids must lie in [0, {vocab})")
+        return ids
+
+    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        cfg = self.target.config
+        if prompt_len + max_tokens > cfg.max_positions:
+            raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
+                            f"{cfg.max_positions} positions")
+        itemsize = torch.finfo(self.target.dtype).bits // 8
+        capacity = prompt_len + max_tokens + speculation_slack(self.config)
+        kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * capacity * itemsize
+        free = _available_memory_bytes(self.device)
+        if free is not None and kv_bytes > 0.9 * free:
+            raise UserError(f"the KV cache for {capacity} tokens needs {kv_bytes / 2**30:.1f} GiB; "
+                            f"only {free / 2**30:.1f} GiB is free on {self.device}")
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids = set(self.target.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return tuple(sorted(ids))
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], params: SamplingParams | None = None,
+                 stream: Callable[[str], None] | None = None, show_progress: bool = False) -> list[RequestOutput]:
+        """One output per prompt, in order. `stream` receives text pieces as they are committed."""
+        params = params or SamplingParams()
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return [self._generate_one(p, params, stream, show_progress) for p in prompts]
+
+    def _generate_one(self, prompt, params: SamplingParams, stream, show_progress: bool) -> RequestOutput:
+        ids = self._encode(prompt)
+        self._check_fits(len(ids), params.max_tokens)
+        engine = build_engine(self.config, self.target, self.draft, len(ids) + params.max_tokens)
+        generated: list[int] = []
+        shown = [""]  # text already streamed
+        stop_at = [None]  # character offset of a stop string in the decoded text
+
+        def on_tokens(new: list[int]) -> bool:
+            generated.extend(new)
+            if self.tokenizer is None:
+                return False
+            text = self.tokenizer.decode(generated, skip_special_tokens=True)
+            for s in params.stop:
+                at = text.find(s)
+                if at >= 0 and (stop_at[0] is None or at < stop_at[0]):
+                    stop_at[0] = at
+            visible = text if stop_at[0] is None else text[: stop_at[0]]
+            # Hold back a trailing replacement char: the next tokens may complete a multibyte character.
+            visible = visible.rstrip("\ufffd") if stop_at[0] is None else visible
+            if stream is not None and len(visible) > len(shown[0]) and visible.startswith(shown[0]):
+                stream(visible[len(shown[0]):])
+                shown[0] = visible
+            return stop_at[0] is not None
+
+        tokens, metrics = engine.generate(ids, params, self._eos_ids(), on_tokens, show_progress)
+        text = "" if self.tokenizer is None else self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if stop_at[0] is not None:
+            text = text[: stop_at[0]]
+        if stream is not None and text.startswith(shown[0]) and len(text) > len(shown[0]):
+            stream(text[len(shown[0]):])
+        hit_eos = bool(tokens) and tokens[-1] in self._eos_ids() and not params.ignore_eos
+        finish = "stop" if hit_eos or stop_at[0] is not None else "length"
+        return RequestOutput(ids, tokens, text, finish, metrics)

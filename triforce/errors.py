@@ -1,0 +1,6 @@
+"""Errors caused by the user's input. The CLI prints them as one line and exits non-zero; any other
+exception is a bug in triforce and keeps its traceback."""
+
+
+class UserError(ValueError):
+    """Bad input: a setting, a model folder, a prompt. The message says what and why."""

