@@ -44,3 +44,15 @@ def write_tiny_checkpoint(folder: Path, arch: str = "llama2", seed: int = 0, voc
     folder = Path(folder)
     model.save_pretrained(folder)
     return folder
+
+
+def write_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over made-up words w3..w{V-1} (0 pad, 1 bos, 2 eos), saved beside the weights."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(folder)

@@ -66,8 +66,11 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, raw: dict) -> "ModelConfig":
+        model_type = raw.get("model_type", "llama")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelLoadError(
+                f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
         try:
-            model_type = raw.get("model_type", "llama")
             num_heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
             rope = dict(raw.get("rope_parameters") or {})

@@ -1,0 +1,166 @@
+"""Random append / rollback / sync / rebuild sequences against naive references of each policy."""
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from triforce.cache.full import FullKVCache
+from triforce.cache.retrieval import RetrievalKVCache
+from triforce.cache.streaming import StreamingKVCache
+from triforce.models.config import ModelConfig
+from triforce.models.rope import RotaryEmbedding
+
+CFG = ModelConfig(model_type="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=4, max_position_embeddings=512)
+ROPE = RotaryEmbedding(CFG)
+HQ, HKV, D = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim
+
+
+def forward(cache, n, seed):
+    """One fake forward of n tokens: random unrotated q, k, v per layer; returns what each layer saw."""
+    g = torch.Generator().manual_seed(seed)
+    cache.begin(n)
+    seen, new = [], []
+    for layer in range(CFG.num_layers):
+        q, k, v = torch.randn(HQ, n, D, generator=g), torch.randn(HKV, n, D, generator=g), torch.randn(HKV, n, D, generator=g)
+        seen.append(cache.append(layer, q, k, v))
+        new.append((q, k, v))
+    cache.end()
+    return seen, new
+
+
+ops = st.lists(st.tuples(st.sampled_from(["append", "rollback"]), st.integers(1, 9)), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=ops)
+def test_full_cache_matches_reference(ops):
+    cache = FullKVCache(CFG, 400, ROPE, torch.float32, "cpu")
+    history = []  # per token: [(k, v) per layer], unrotated
+    for step, (op, n) in enumerate(ops):
+        if op == "rollback":
+            n = min(n, len(history))
+            cache.rollback(n)
+            del history[len(history) - n:]
+            continue
+        seen, new = forward(cache, n, step)
+        history += [[(new[l][1][:, i], new[l][2][:, i]) for l in range(CFG.num_layers)] for i in range(n)]
+        positions = torch.arange(len(history))
+        for layer, (q, keys, values) in enumerate(seen):
+            ks = torch.stack([t[layer][0] for t in history], dim=1)
+            vs = torch.stack([t[layer][1] for t in history], dim=1)
+            torch.testing.assert_close(keys, ROPE.rotate(ks, positions))
+            torch.testing.assert_close(values, vs)
+            torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions[-n:]))
+        assert cache.length == len(history)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=ops, sinks=st.integers(0, 4), window=st.integers(1, 12))
+def test_streaming_cache_matches_reference(ops, sinks, window):
+    max_rollback = 9
+    cache = StreamingKVCache(CFG, sinks, window, max_rollback, ROPE, torch.float32, "cpu")
+    history = []
+    for step, (op, n) in enumerate(ops):
+        if op == "rollback":
+            n = min(n, len(history))
+            cache.rollback(n)
+            del history[len(history) - n:]
+            continue
+        before = len(history)
+        seen, new = forward(cache, n, step)
+        history += [[(new[l][1][:, i], new[l][2][:, i]) for l in range(CFG.num_layers)] for i in range(n)]
+        visible = list(range(min(before, sinks))) + list(range(max(sinks, before - window), before))
+        visible += list(range(before, before + n))
+        positions = torch.arange(len(visible))
+        for layer, (q, keys, values) in enumerate(seen):
+            ks = torch.stack([history[t][layer][0] for t in visible], dim=1)
+            vs = torch.stack([history[t][layer][1] for t in visible], dim=1)
+            torch.testing.assert_close(keys, ROPE.rotate(ks, positions))
+            torch.testing.assert_close(values, vs)
+            torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions[-n:]))
+        assert cache.length == len(history)
+
+
+def naive_selection(queries, keys, chunk, count):
+    """Per KV head: the `count` best chunks by summed query . mean-key, chunk 0 and the last forced."""
+    complete = keys.shape[1] // chunk
+    out = []
+    for h in range(HKV):
+        scores = []
+        for c in range(complete):
+            mean = keys[h, c * chunk:(c + 1) * chunk].mean(0)
+            scores.append(sum(float(queries[g, r] @ mean) for g in range(h * 2, h * 2 + 2) for r in range(queries.shape[1])))
+        scores[0] = scores[-1] = float("inf")
+        out.append(sorted(sorted(range(complete), key=lambda c: -scores[c])[:count]))
+    return out
+
+
+retrieval_ops = st.lists(st.tuples(st.sampled_from(["commit", "speculate", "rollback", "rebuild"]),
+                                   st.integers(1, 7)), min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=retrieval_ops, policy=st.sampled_from(["static", "dynamic"]), full_layers=st.integers(0, 1),
+       prompt=st.integers(1, 90))
+def test_retrieval_cache_matches_reference(ops, policy, full_layers, prompt):
+    chunk, budget = 4, 16
+    source = FullKVCache(CFG, 400, ROPE, torch.float32, "cpu")
+    cache = RetrievalKVCache(source, budget, chunk, policy, full_layers, refresh_every=10, max_speculative=40)
+    forward(source, prompt, 1000)
+    cache.sync()
+    state = {"built_at": 0, "rebuilds": 0}
+    selections = {}
+
+    def note_rebuild():
+        """After a (possible) static rebuild: what the cache must have chosen, recomputed naively."""
+        if policy != "static" or cache.rebuilds == state["rebuilds"]:
+            return
+        state["rebuilds"], state["built_at"] = cache.rebuilds, cache.synced
+        built = cache.synced
+        for layer in range(CFG.num_layers):
+            if layer < full_layers or built <= budget + chunk:
+                selections[layer] = None
+            else:
+                q = source.last_query[layer].unsqueeze(1)
+                keys = source.keys[layer, :, : built // chunk * chunk]
+                selections[layer] = naive_selection(q, keys, chunk, budget // chunk)
+
+    note_rebuild()
+    for step, (op, n) in enumerate(ops):
+        if op == "commit":  # the target absorbs n tokens, then the retrieval cache syncs
+            cache.rollback(cache.spec_len)
+            forward(source, n, 2000 + step)
+            cache.sync()
+            note_rebuild()
+        elif op == "rebuild" and policy == "static":
+            cache.rebuild()
+            note_rebuild()
+        elif op == "rollback":
+            cache.rollback(min(n, cache.spec_len))
+        elif op == "speculate":
+            spec_before = cache.spec_len
+            seen, new = forward(cache, n, 3000 + step)
+            positions = torch.arange(cache.synced, cache.synced + spec_before + n)
+            for layer, (q, keys, values) in enumerate(seen):
+                committed = keys.shape[1] - spec_before - n
+                if policy == "static":
+                    sel, built = selections[layer], state["built_at"]
+                else:
+                    built = cache.synced
+                    sel = None
+                    if layer >= full_layers and built > budget + chunk:
+                        complete = built // chunk
+                        sel = naive_selection(q, source.keys[layer, :, : complete * chunk], chunk, budget // chunk)
+                for h in range(HKV):
+                    if sel is None:
+                        tokens = list(range(cache.synced))
+                    else:
+                        tokens = [c * chunk + i for c in sel[h] for i in range(chunk)]
+                        tokens += list(range(built // chunk * chunk, cache.synced))
+                    assert committed == len(tokens)
+                    torch.testing.assert_close(keys[h, :committed], source.keys[layer, h, tokens])
+                    torch.testing.assert_close(values[h, :committed], source.values[layer, h, tokens])
+                torch.testing.assert_close(keys[:, committed + spec_before:],
+                                           ROPE.rotate(new[layer][1], positions[spec_before:]))
+                torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions[spec_before:]))
+        assert cache.length == cache.synced + cache.spec_len

@@ -1,0 +1,152 @@
+"""Lossless: every mode reproduces plain decoding (greedy, float32) and the target's distribution
+(sampling, chi-square at alpha = 1e-3) on tiny random checkpoints."""
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from triforce.cache.full import FullKVCache
+from triforce.config import EngineConfig, SamplingParams
+from triforce.coordinator.engine import HierarchyEngine
+from triforce.coordinator.hierarchy import build_engine
+from triforce.coordinator.tiers import Tier
+from triforce.coordinator.verifier import LocalVerifier
+from triforce.models.loader import load_model
+from triforce.speculation.sampling import probabilities
+
+ALPHA = 1e-3
+SETTINGS = dict(budget=32, chunk_size=4, sinks=2, window=16, refresh_every=12, full_layers=1)
+MODES = [("draft", "static"), ("retrieval", "static"), ("retrieval", "dynamic"), ("triforce", "static"),
+         ("triforce", "dynamic")]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    target = load_model(tiny_dir("engine-target", seed=11, num_layers=3, scale=25))
+    draft = load_model(tiny_dir("engine-draft", seed=12, num_layers=1, scale=25))
+    return target, draft
+
+
+def run(target, draft, mode, prompt, params, policy="static", **overrides):
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{**SETTINGS, **overrides})
+    engine = build_engine(cfg, target, draft, len(prompt) + params.max_tokens)
+    return engine.generate(prompt, params)
+
+
+@pytest.mark.parametrize("mode,policy", MODES)
+@pytest.mark.parametrize("gammas", [(2, 6), (1, 1), (4, 3)])
+def test_greedy_equals_plain_decoding(models, mode, policy, gammas):
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, gamma1=gammas[0], gamma2=gammas[1])
+    assert tokens == reference
+    assert metrics.generated_tokens == 80 and all(t.proposed > 0 for t in metrics.tiers)
+
+
+def test_plain_decoding_equals_transformers_generate(tiny_dir, models):
+    from transformers import AutoModelForCausalLM
+
+    target, _ = models
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir("engine-target"), dtype=torch.float32).eval()
+    prompt = torch.randint(3, 96, (60,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = hf.generate(prompt[None], max_new_tokens=40, do_sample=False, min_new_tokens=40)[0, 60:]
+    tokens, _ = run(target, None, "ar", prompt.tolist(), SamplingParams(max_tokens=40, ignore_eos=True))
+    assert tokens == expected.tolist()
+
+
+def test_stops_at_eos_and_max_tokens(models):
+    target, draft = models
+    prompt = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    free, _ = run(target, draft, "triforce", prompt, SamplingParams(max_tokens=30, ignore_eos=True))
+    stop_id = free[10]
+    cfg = EngineConfig(mode="triforce", **SETTINGS)
+    tokens, _ = build_engine(cfg, target, draft, 70).generate(prompt, SamplingParams(max_tokens=30), (stop_id,))
+    assert tokens == free[: free.index(stop_id) + 1]
+
+
+def test_seeded_sampling_is_reproducible(models):
+    target, draft = models
+    prompt = list(range(3, 60))
+    params = SamplingParams(max_tokens=30, temperature=0.8, seed=5, ignore_eos=True)
+    assert run(target, draft, "triforce", prompt, params)[0] == run(target, draft, "triforce", prompt, params)[0]
+
+
+# --- sampling: the first two tokens' joint distribution equals the target's -------------------------
+
+@pytest.fixture(scope="module")
+def small_vocab(tiny_dir):
+    spec = dict(vocab_size=8, hidden_size=32, num_heads=4, num_kv_heads=2, scale=4)
+    return [load_model(tiny_dir(f"v8-{i}", seed=20 + i, num_layers=1 + i % 2, **spec)) for i in range(3)]
+
+
+def exact_two_token_distribution(target, prompt, params):
+    def dist(tokens):
+        cache = FullKVCache(target.config, len(tokens), target.rope, target.dtype, "cpu")
+        logits = target(torch.tensor(tokens), cache, logits_for="last")
+        return probabilities(logits, params.temperature, params.top_k, params.top_p)[0]
+
+    first = dist(prompt)
+    return {(a, b): float(first[a] * dist(prompt + [a])[b]) for a, b in itertools.product(range(8), repeat=2)}
+
+
+def assert_two_token_distribution(sample_once, expected, trials):
+    counts = dict.fromkeys(expected, 0)
+    for seed in range(trials):
+        tokens = sample_once(seed)
+        counts[(tokens[0], tokens[1])] += 1
+    for outcome, count in counts.items():
+        assert expected[outcome] > 0 or count == 0, f"sampled {outcome}, which has target probability 0"
+    # Pool rare outcomes so every chi-square bin expects at least 5.
+    big = [o for o in expected if expected[o] * trials >= 5]
+    small = [o for o in expected if o not in big and expected[o] > 0]
+    observed = [counts[o] for o in big] + ([sum(counts[o] for o in small)] if small else [])
+    wanted = [expected[o] * trials for o in big] + ([sum(expected[o] for o in small) * trials] if small else [])
+    wanted = [w * trials / sum(wanted) for w in wanted]  # float32 probabilities sum to 1 only roughly
+    assert chisquare(observed, wanted).pvalue > ALPHA
+
+
+SAMPLING_CASES = [
+    ("triforce", "static", dict(temperature=1.0)),
+    ("triforce", "dynamic", dict(temperature=0.7, top_p=0.9)),
+    ("retrieval", "static", dict(temperature=1.0, top_k=5)),
+    ("draft", "static", dict(temperature=1.0)),
+]
+
+
+@pytest.mark.parametrize("mode,policy,sampling", SAMPLING_CASES)
+def test_modes_sample_the_target_distribution(small_vocab, mode, policy, sampling):
+    draft, _, target = small_vocab
+    prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
+    params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
+    expected = exact_two_token_distribution(target, prompt, params)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, gamma1=2, gamma2=3, **SETTINGS)
+
+    def once(seed):
+        engine = build_engine(cfg, target, draft, len(prompt) + 2)
+        return engine.generate(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))[0]
+
+    assert_two_token_distribution(once, expected, trials=2000)
+
+
+@pytest.mark.parametrize("case", ["distinct", "draft_equals_target", "middle_equals_draft"])
+def test_three_distinct_models_sample_the_target_distribution(small_vocab, case):
+    draft, middle, target = small_vocab
+    if case == "draft_equals_target":
+        draft = middle = target
+    elif case == "middle_equals_draft":
+        middle = draft
+    prompt = [int(t) for t in torch.randint(0, 8, (12,), generator=torch.Generator().manual_seed(5))]
+    params = SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True)
+    expected = exact_two_token_distribution(target, prompt, params)
+
+    def once(seed):
+        tiers = [Tier(name, m, FullKVCache(m.config, 40, m.rope, m.dtype, "cpu"))
+                 for name, m in (("draft", draft), ("middle", middle))]
+        engine = HierarchyEngine(tiers + [LocalVerifier(target, 40)], [2, 3])
+        return engine.generate(prompt, SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True, seed=seed))[0]
+
+    assert_two_token_distribution(once, expected, trials=2000)

@@ -1,0 +1,38 @@
+import pytest
+import torch
+
+from triforce.kernels.attention import attention, reference_attention
+from triforce.kernels.retrieval import chunk_mean_keys, gather_chunks, select_chunks
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (9, 3), (6, 1)])
+@pytest.mark.parametrize("n,s", [(1, 1), (1, 37), (5, 5), (7, 40)])
+def test_attention_matches_loop_reference(hq, hkv, n, s):
+    q, k, v = torch.randn(hq, n, 16), torch.randn(hkv, s, 16), torch.randn(hkv, s, 16)
+    torch.testing.assert_close(attention(q, k, v, 0.25), reference_attention(q, k, v, 0.25), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_bfloat16_close_to_reference():
+    q, k, v = (torch.randn(9, 4, 64).bfloat16(), torch.randn(3, 300, 64).bfloat16(), torch.randn(3, 300, 64).bfloat16())
+    ref = reference_attention(q.float(), k.float(), v.float(), 0.125)
+    torch.testing.assert_close(attention(q, k, v, 0.125).float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_select_chunks_matches_a_loop():
+    hq, hkv, d, chunk, c = 6, 2, 8, 4, 12
+    keys, queries = torch.randn(hkv, c * chunk, d), torch.randn(hq, 3, d)
+    means = chunk_mean_keys(keys, chunk)
+    chosen = select_chunks(queries, means, 5)
+    for h in range(hkv):
+        scores = [sum(float(queries[g, r] @ keys[h, i * chunk:(i + 1) * chunk].mean(0))
+                      for g in range(h * 3, h * 3 + 3) for r in range(3)) for i in range(c)]
+        scores[0] = scores[-1] = float("inf")
+        expected = sorted(sorted(range(c), key=lambda i: -scores[i])[:5])
+        assert chosen[h].tolist() == expected
+
+
+def test_gather_chunks_takes_whole_chunks_per_head():
+    data = torch.arange(2 * 12, dtype=torch.float32).view(2, 12, 1)
+    out = gather_chunks(data, torch.tensor([[0, 2], [1, 2]]), 4)
+    assert out[0, :, 0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert out[1, :, 0].tolist() == [16, 17, 18, 19, 20, 21, 22, 23]

@@ -1,0 +1,84 @@
+"""Our model's logits against transformers on the same checkpoint (float32, max abs diff <= 1e-4)."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from checkpoints import ARCHITECTURES
+from triforce.cache.full import FullKVCache
+from triforce.models.config import ModelLoadError
+from triforce.models.loader import load_model
+
+
+def hf_logits(folder, ids):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return hf(ids[None]).logits[0]
+
+
+def our_logits(model, ids, split):
+    """Feeds ids in two forwards (prefill, then the rest) to exercise the cache path too."""
+    cache = FullKVCache(model.config, len(ids), model.rope, model.dtype, "cpu")
+    return torch.cat([model(ids[:split], cache), model(ids[split:], cache)])
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("tie", [False, True])
+def test_logits_match_transformers(tiny_dir, arch, tie):
+    folder = tiny_dir(f"{arch}-tie{tie}", arch=arch, tie=tie, seed=3)
+    ids = torch.randint(0, 96, (300,))  # past the llama3/yarn original context, so scaling matters
+    ours = our_logits(load_model(folder), ids, split=217)
+    assert (ours - hf_logits(folder, ids)).abs().max().item() <= 1e-4
+
+
+def test_sharded_checkpoint_loads_like_single_file(tiny_dir, tmp_path):
+    folder = tiny_dir("llama2-shard", arch="llama2", seed=4)
+    tensors = load_file(str(folder / "model.safetensors"))
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in halves.items():
+        save_file({n: tensors[n] for n in part}, str(tmp_path / file))
+    weight_map = {n: file for file, part in halves.items() for n in part}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    ids = torch.randint(0, 96, (20,))
+    assert torch.equal(our_logits(load_model(tmp_path), ids, 10), our_logits(load_model(folder), ids, 10))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_close_to_float32(tiny_dir, dtype):
+    folder = tiny_dir("llama2-lp", arch="llama2", seed=5)
+    ids = torch.randint(0, 96, (40,))
+    ref = our_logits(load_model(folder), ids, 20)
+    low = our_logits(load_model(folder, dtype), ids, 20)
+    assert (low - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+
+
+def test_missing_tensor_is_a_clear_error(tiny_dir, tmp_path):
+    folder = tiny_dir("llama2-broken", arch="llama2", seed=6)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match="up_proj"):
+        load_model(tmp_path)
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 10}))
+    with pytest.raises(ModelLoadError, match="gpt2"):
+        load_model(tmp_path)
+
+
+@pytest.mark.slow
+def test_smollm2_logits_match_transformers(smollm2_dir):
+    from triforce.models.config import ModelConfig
+
+    cfg = ModelConfig.from_folder(smollm2_dir)
+    assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size) == (30, 9, 3, 49152)
+    ids = torch.randint(0, cfg.vocab_size, (256,), generator=torch.Generator().manual_seed(0))
+    ours = our_logits(load_model(smollm2_dir), ids, 200)
+    assert (ours - hf_logits(smollm2_dir, ids)).abs().max().item() <= 1e-4

@@ -1,0 +1,71 @@
+"""The output of one chain verification is distributed exactly as the target (chi-square, alpha = 1e-3).
+
+Each test draws the draft chain from draft_probs and runs verify_chain many times with a seeded
+generator; the first output token must follow target_probs[0], including degenerate cases.
+"""
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from triforce.speculation.verify import verify_chain
+
+ALPHA = 1e-3
+TRIALS = 6000
+
+
+def first_token_counts(draft_probs, target_probs, trials=TRIALS, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(target_probs.shape[-1])
+    for _ in range(trials):
+        tokens = [int(torch.multinomial(row, 1, generator=g)) for row in draft_probs]
+        verdict = verify_chain(tokens, draft_probs, target_probs, g, greedy=False)
+        first = tokens[0] if verdict.accepted > 0 else verdict.next_token
+        counts[first] += 1
+    return counts
+
+
+def assert_matches(counts, probs):
+    support = probs > 0
+    assert counts[~support].sum() == 0, "sampled a token the target gives probability zero"
+    expected = probs[support] * counts.sum()
+    if support.sum() > 1:
+        assert chisquare(counts[support].numpy(), expected.numpy()).pvalue > ALPHA
+
+
+def rand_probs(rows, vocab, seed, sharp=2.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(sharp * torch.randn(rows, vocab, generator=g), -1)
+
+
+@pytest.mark.parametrize("case", ["random", "equal", "disjoint", "zero_draft_mass", "one_hot_target"])
+def test_first_token_follows_target(case):
+    vocab, g = 6, 3
+    draft, target = rand_probs(g, vocab, 1), rand_probs(g + 1, vocab, 2)
+    if case == "equal":
+        target = torch.cat([draft, rand_probs(1, vocab, 3)])
+    elif case == "disjoint":
+        draft[:, 3:] = 0
+        target[:, :3] = 0
+    elif case == "zero_draft_mass":  # the draft never proposes tokens the target likes
+        draft[:, 0] = 0
+    elif case == "one_hot_target":
+        target = torch.zeros(g + 1, vocab)
+        target[:, 4] = 1
+    draft, target = draft / draft.sum(-1, keepdim=True), target / target.sum(-1, keepdim=True)
+    assert_matches(first_token_counts(draft, target), target[0])
+
+
+def test_equal_distributions_accept_everything():
+    probs = rand_probs(4, 5, 9)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        tokens = [int(torch.multinomial(row, 1, generator=g)) for row in probs[:3]]
+        assert verify_chain(tokens, probs[:3], probs, g, greedy=False).accepted == 3
+
+
+def test_greedy_accepts_the_matching_prefix_then_corrects():
+    target = torch.nn.functional.one_hot(torch.tensor([2, 0, 1, 3]), 4).float()
+    draft = torch.nn.functional.one_hot(torch.tensor([2, 0, 3]), 4).float()
+    verdict = verify_chain([2, 0, 3], draft, target, None, greedy=True)
+    assert (verdict.accepted, verdict.next_token) == (2, 1)
+    assert verify_chain([2, 0, 1], draft, target, None, greedy=True).next_token == 3
