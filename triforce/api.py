@@ -62,21 +62,20 @@ class LLM:
         if unknown:
             raise ConfigError(f"unknown engine settings: {', '.join(sorted(unknown))}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
+        self.model_path = resolve_model(model)
         if draft is None and mode in ("triforce", "draft"):
             draft = DEFAULT_DRAFTS.get(str(model))
-        if draft is None and mode == "triforce":
+        if draft is None and mode == "draft":
+            raise ConfigError("mode 'draft' needs a draft model (--draft)")
+        self.draft_path = resolve_model(draft) if draft is not None and mode in ("triforce", "draft") else None
+        self.target = load_model(self.model_path, dtype, self.device)
+        self.draft = None if self.draft_path is None else load_model(self.draft_path, dtype, self.device)
+        if self.draft is None and mode == "triforce":
             print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",
                   file=sys.stderr)
             mode = "retrieval"
-        if draft is None and mode == "draft":
-            raise ConfigError("mode 'draft' needs --draft")
         self.config = EngineConfig(mode=mode, **engine_settings)
-        self.model_path = resolve_model(model)
-        self.target = load_model(self.model_path, dtype, self.device)
-        self.draft = None
-        if draft is not None and mode in ("triforce", "draft"):
-            self.draft_path = resolve_model(draft)
-            self.draft = load_model(self.draft_path, dtype, self.device)
         self.tokenizer = self._load_tokenizer()
         self._check_draft_vocabulary()
 

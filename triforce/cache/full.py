@@ -16,7 +16,7 @@ class FullKVCache(KVCache):
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity, self.rope, self.length = capacity, rope, 0
         self._n = 0
-        self._positions: torch.Tensor | None = None
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None  # of the current forward's positions
         # The rotated query of the last token of the latest forward, per layer: [Hq, D]. The retrieval
         # cache scores chunks against it when it rebuilds (TriForce: "the last prompt token's query").
         self.last_query: list[torch.Tensor | None] = [None] * cfg.num_layers
@@ -26,12 +26,13 @@ class FullKVCache(KVCache):
             raise CacheCapacityError(f"full KV cache holds {self.capacity} tokens; "
                                      f"{self.length} + {n} requested")
         self._n = n
-        self._positions = torch.arange(self.length, self.length + n, device=self.keys.device)
+        positions = torch.arange(self.length, self.length + n, device=self.keys.device)
+        self._cos_sin = self.rope.cos_sin(positions, self.keys.dtype)
 
     def append(self, layer, q, k, v):
         start, stop = self.length, self.length + self._n
-        q = self.rope.rotate(q, self._positions)
-        self.keys[layer, :, start:stop] = self.rope.rotate(k, self._positions)
+        q = self.rope.apply(q, *self._cos_sin)
+        self.keys[layer, :, start:stop] = self.rope.apply(k, *self._cos_sin)
         self.values[layer, :, start:stop] = v
         self.last_query[layer] = q[:, -1]
         return q, self.keys[layer, :, :stop], self.values[layer, :, :stop]

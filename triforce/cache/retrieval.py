@@ -121,10 +121,11 @@ class RetrievalKVCache(KVCache):
         if self.policy == "static" and not self._buf_k:
             raise RuntimeError("retrieval cache used before its first sync with the source")
         self._n = n
-        self._positions = torch.arange(self.length, self.length + n, device=self._spec_k.device)
+        positions = torch.arange(self.length, self.length + n, device=self._spec_k.device)
+        self._cos_sin = self.source.rope.cos_sin(positions, self._spec_k.dtype)
 
     def append(self, layer, q, k, v):
-        q, k = self.source.rope.rotate(q, self._positions), self.source.rope.rotate(k, self._positions)
+        q, k = self.source.rope.apply(q, *self._cos_sin), self.source.rope.apply(k, *self._cos_sin)
         lo, hi = self.spec_len, self.spec_len + self._n
         if self.policy == "static":
             base = self._retrieved[layer] + self.synced - self._built_at

@@ -59,8 +59,9 @@ class StreamingKVCache(KVCache):
             self._offset = keep_from
         self._n = n
         visible = min(self.length, self.sinks) + min(max(self.length - self.sinks, 0), self.window) + n
-        self._positions = torch.arange(visible, device=self.sink_k.device)
-        self._q_positions = self._positions[visible - n:]
+        cos, sin = self.rope.cos_sin(torch.arange(visible, device=self.sink_k.device), self.sink_k.dtype)
+        self._key_cos_sin = (cos, sin)  # positions 0..visible-1: every visible key, rotated afresh
+        self._query_cos_sin = (cos[visible - n:], sin[visible - n:])
 
     def append(self, layer, q, k, v):
         n, start = self._n, self.length
@@ -77,7 +78,7 @@ class StreamingKVCache(KVCache):
         window_to = self._recent_index(start + n)
         keys = torch.cat((self.sink_k[layer, :, :n_sink], self.recent_k[layer, :, window_from:window_to]), dim=1)
         values = torch.cat((self.sink_v[layer, :, :n_sink], self.recent_v[layer, :, window_from:window_to]), dim=1)
-        return self.rope.rotate(q, self._q_positions), self.rope.rotate(keys, self._positions), values
+        return self.rope.apply(q, *self._query_cos_sin), self.rope.apply(keys, *self._key_cos_sin), values
 
     def end(self) -> None:
         self.length += self._n

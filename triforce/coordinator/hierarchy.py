@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
-from ..config import EngineConfig
+from ..config import ConfigError, EngineConfig
 from ..models.llama import LlamaModel
 from .engine import HierarchyEngine
 from .tiers import RetrievalTier, Tier
@@ -33,8 +33,14 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     def draft_tier() -> Tier:
         if draft is None:
             raise ValueError(f"mode {cfg.mode!r} needs a draft model")
+        # The draft sees positions up to sinks + window + the tokens of one forward; prefill chunks no
+        # longer than the window keep that within the positions it was trained on.
+        chunk = min(cfg.prefill_chunk, cfg.window)
+        if cfg.sinks + cfg.window + max(chunk, slack) > draft.config.max_positions:
+            raise ConfigError(f"draft attends over sinks + window = {cfg.sinks + cfg.window} tokens plus "
+                              f"{max(chunk, slack)} new ones, past its {draft.config.max_positions} positions")
         cache = StreamingKVCache(draft.config, cfg.sinks, cfg.window, slack, draft.rope, draft.dtype, draft.device)
-        return Tier("draft", draft, cache, cfg.prefill_chunk)
+        return Tier("draft", draft, cache, chunk)
 
     def retrieval_tier() -> Tier:
         cache = RetrievalKVCache(verifier.kv_source(), cfg.budget, cfg.chunk_size, cfg.retrieval_policy,

@@ -88,10 +88,17 @@ class RotaryEmbedding:
         self.cos = (emb.cos() * scale).to(device)
         self.sin = (emb.sin() * scale).to(device)
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [H, n, D]; positions: [n] int64. Returns x rotated, in x's dtype."""
-        cos = self.cos[positions].to(x.dtype)  # [n, D]
-        sin = self.sin[positions].to(x.dtype)
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [n] int64 -> (cos, sin), each [n, D] in `dtype`; computed once per forward."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [H, n, D] rotated by the (cos, sin) of its n positions."""
         half = x.shape[-1] // 2
         rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated_half * sin
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [H, n, D]; positions: [n] int64. Returns x rotated, in x's dtype."""
+        return self.apply(x, *self.cos_sin(positions, x.dtype))

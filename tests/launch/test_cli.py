@@ -1,0 +1,109 @@
+"""The CLI: JSON and streamed output, and one clear line with exit code 2 for each kind of bad input."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from triforce import api
+from triforce.launch.cli import main
+
+WORDS = " ".join(f"w{3 + i % 90}" for i in range(60))
+
+
+@pytest.fixture(scope="module")
+def target(tiny_dir):
+    return tiny_dir("cli-target", tokenizer=True, seed=31, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_dir):
+    return tiny_dir("cli-draft", tokenizer=True, seed=32, num_layers=1)
+
+
+def run_cli(capsys, *args):
+    code = main(["generate", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_output(capsys, target, draft):
+    code, out, err = run_cli(capsys, "--model", target, "--draft", draft, "--prompt", WORDS, "--max-new-tokens", 12,
+                             "--temperature", 0, "--ignore-eos", "--json", "--dtype", "float32", "--window", 64)
+    assert code == 0, err
+    result = json.loads(out)
+    assert set(result) >= {"text", "token_ids", "prompt_tokens", "metrics"}
+    assert len(result["token_ids"]) == 12 and result["prompt_tokens"] == 60
+    metrics = result["metrics"]
+    assert {"prefill_s", "decode_s", "tokens_per_s"} <= set(metrics)
+    assert [t["name"] for t in metrics["tiers"]] == ["retrieval", "target"]
+    assert [t["drafter"] for t in metrics["tiers"]] == ["draft", "retrieval"]
+    assert all({"proposed", "accepted", "acceptance_rate"} <= set(t) for t in metrics["tiers"])
+
+
+def test_streamed_text_equals_json_text(capsys, target, draft):
+    common = ["--model", target, "--draft", draft, "--prompt", WORDS, "--max-new-tokens", 10, "--seed", 3,
+              "--temperature", 0.9, "--ignore-eos", "--dtype", "float32", "--window", 64]
+    _, out, err = run_cli(capsys, *common)
+    _, js, _ = run_cli(capsys, *common, "--json")
+    assert out.strip() == json.loads(js)["text"].strip() and "tok/s" in err
+
+
+def test_triforce_without_draft_falls_back_with_one_notice(capsys, target):
+    code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, "--json")
+    assert code == 0 and json.loads(out)["mode"] == "retrieval"
+    assert err.count("falls back to 'retrieval'") == 1
+
+
+def bad_inputs(target, draft, tmp_path, tiny_dir):
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text((target / "config.json").read_text())
+    (corrupt / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    other_vocab = tiny_dir("cli-draft-v64", tokenizer=True, seed=33, vocab_size=64, num_layers=1)
+    empty_file = tmp_path / "empty.txt"
+    empty_file.write_text("")
+    long_prompt = " ".join(f"w{3 + i % 90}" for i in range(300))
+    base = ["--prompt", WORDS, "--max-new-tokens", 4]
+    return {
+        "missing folder": (["--model", tmp_path / "nope", *base], "no such model folder"),
+        "corrupt folder": (["--model", corrupt, *base], "corrupt"),
+        "draft vocabulary": (["--model", target, "--draft", other_vocab, *base], "vocabulary"),
+        "prompt too long": (["--model", target, "--prompt", long_prompt], "positions"),
+        "draft window past its positions": (["--model", target, "--draft", draft, *base, "--window", 600], "positions"),
+        "budget not multiple": (["--model", target, *base, "--budget", 30, "--chunk-size", 8], "multiple"),
+        "gamma1 < 1": (["--model", target, *base, "--gamma1", 0], "gamma"),
+        "gamma2 < 1": (["--model", target, *base, "--gamma2", -1], "gamma"),
+        "temperature < 0": (["--model", target, *base, "--temperature", -0.5], "temperature"),
+        "top-p 0": (["--model", target, *base, "--top-p", 0], "top_p"),
+        "top-p > 1": (["--model", target, *base, "--top-p", 1.5], "top_p"),
+        "empty prompt": (["--model", target, "--prompt", ""], "empty prompt"),
+        "empty prompt file": (["--model", target, "--prompt-file", empty_file], "empty prompt"),
+        "missing prompt file": (["--model", target, "--prompt-file", tmp_path / "none.txt"], "cannot read"),
+    }
+
+
+CASES = ["missing folder", "corrupt folder", "draft vocabulary", "prompt too long", "draft window past its positions", "budget not multiple",
+         "gamma1 < 1", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "empty prompt",
+         "empty prompt file", "missing prompt file"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_clear_line(capsys, target, draft, tmp_path, tiny_dir, case):
+    args, needle = bad_inputs(target, draft, tmp_path, tiny_dir)[case]
+    code, out, err = run_cli(capsys, *args)
+    lines = [line for line in err.splitlines() if line.startswith("triforce: error:")]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err and out == ""
+
+
+def test_prompt_larger_than_memory(capsys, target, monkeypatch):
+    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: 1000)
+    code, _, err = run_cli(capsys, "--model", target, "--prompt", WORDS)
+    assert code == 2 and "GiB is free" in err
+
+
+def test_console_entry_point_prints_no_traceback(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "triforce", "generate", "--model", str(tmp_path / "missing"),
+                           "--prompt", "hi"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("triforce: error:") and "Traceback" not in done.stderr

@@ -1,0 +1,5 @@
+import sys
+
+from .launch.cli import main
+
+sys.exit(main())
