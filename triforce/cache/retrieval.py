@@ -72,8 +72,8 @@ class RetrievalKVCache(KVCache):
                 means = chunk_mean_keys(keys[:, : complete * chunk], chunk)
                 ids = select_chunks(src.last_query[layer].unsqueeze(1), means, self.budget // chunk)
                 tail = slice(complete * chunk, total)
-                keys = torch.cat((gather_chunks(keys, ids, chunk), keys[:, tail]), dim=1)
-                values = torch.cat((gather_chunks(values, ids, chunk), values[:, tail]), dim=1)
+                keys = torch.cat((gather_chunks(src.keys[layer], ids, chunk), keys[:, tail]), dim=1)
+                values = torch.cat((gather_chunks(src.values[layer], ids, chunk), values[:, tail]), dim=1)
             cap = keys.shape[1] + self.refresh_every + self.max_speculative
             buf_k = keys.new_empty(keys.shape[0], cap, keys.shape[2])
             buf_v = torch.empty_like(buf_k)
@@ -145,8 +145,8 @@ class RetrievalKVCache(KVCache):
         chunk, complete = self.chunk_size, self._num_means
         ids = select_chunks(q, self._means[layer][:, :complete], self.budget // chunk)
         tail = slice(complete * chunk, self.synced)
-        return (torch.cat((gather_chunks(keys, ids, chunk), keys[:, tail]), dim=1),
-                torch.cat((gather_chunks(values, ids, chunk), values[:, tail]), dim=1))
+        return (torch.cat((gather_chunks(self.source.keys[layer], ids, chunk), keys[:, tail]), dim=1),
+                torch.cat((gather_chunks(self.source.values[layer], ids, chunk), values[:, tail]), dim=1))
 
     def end(self) -> None:
         self.spec_len += self._n

@@ -29,8 +29,11 @@ def select_chunks(queries: torch.Tensor, mean_keys: torch.Tensor, num_chunks: in
 
 
 def gather_chunks(data: torch.Tensor, chunk_ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """data: [Hkv, S, D]; chunk_ids: [Hkv, k]. Returns [Hkv, k * chunk_size, D], chunks in id order."""
-    hkv, _, d = data.shape
+    """data: [Hkv, S, D], contiguous (pass a whole cache buffer, not a slice of it, or it is copied);
+    chunk_ids: [Hkv, k]. Returns [Hkv, k * chunk_size, D], chunks in id order."""
+    hkv, s, d = data.shape
     offsets = torch.arange(chunk_size, device=data.device)
     token_ids = (chunk_ids.unsqueeze(-1) * chunk_size + offsets).reshape(hkv, -1)  # [Hkv, k*chunk]
-    return torch.gather(data, 1, token_ids.unsqueeze(-1).expand(-1, -1, d))
+    # index_select over the flattened heads is several times faster than torch.gather on CPU.
+    flat_ids = (token_ids + torch.arange(hkv, device=data.device).unsqueeze(1) * s).reshape(-1)
+    return data.reshape(hkv * s, d).index_select(0, flat_ids).view(hkv, -1, d)
