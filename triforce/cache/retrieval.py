@@ -37,11 +37,9 @@ class RetrievalKVCache(KVCache):
         self.full_layers, self.refresh_every, self.max_speculative = full_layers, refresh_every, max_speculative
         self.num_layers = source.keys.shape[0]
         hkv, d = source.keys.shape[1], source.keys.shape[3]
-        # Speculative (uncommitted) entries of this tier. Static keeps them inside its per-layer buffer,
-        # right after the committed part, so attention reads one contiguous view.
-        self._spec_k = torch.zeros(self.num_layers, hkv, max_speculative, d, dtype=source.keys.dtype,
-                                   device=source.keys.device)
-        self._spec_v = torch.zeros_like(self._spec_k)
+        # Speculative (uncommitted) entries of this tier: static keeps them in its per-layer buffer,
+        # right after the committed part; dynamic writes them into the source's free slots past its
+        # length, which the target overwrites with its own KV when it checks the same positions.
         self.synced = 0  # committed tokens absorbed from the source
         self.spec_len = 0
         self.rebuilds = 0
@@ -52,9 +50,12 @@ class RetrievalKVCache(KVCache):
         self._retrieved: list[int] = []
         self._built_at = 0
         # dynamic: per-layer mean keys of the source's complete chunks
-        self._means = [torch.zeros(hkv, source.capacity // chunk_size, d, device=source.keys.device)
+        self._means = [source.keys.new_zeros(hkv, source.capacity // chunk_size, d)
                        for _ in range(self.num_layers)] if policy == "dynamic" else []
         self._num_means = 0
+        if policy == "dynamic":  # row h * capacity + t of the flattened [Hkv * capacity, D] source
+            self._row_offsets = (torch.arange(hkv, device=source.keys.device).view(hkv, 1, 1) * source.capacity
+                                 + torch.arange(source.capacity, device=source.keys.device).view(1, 1, -1))
 
     @property
     def length(self) -> int:
@@ -115,14 +116,14 @@ class RetrievalKVCache(KVCache):
 
     # --- the KVCache protocol -------------------------------------------------------------------
     def begin(self, n: int) -> None:
-        if self.spec_len + n > self.max_speculative:
+        if self.spec_len + n > self.max_speculative or self.length + n > self.source.capacity:
             raise CacheCapacityError(f"retrieval cache holds {self.max_speculative} speculative tokens; "
                                      f"{self.spec_len} + {n} requested")
         if self.policy == "static" and not self._buf_k:
             raise RuntimeError("retrieval cache used before its first sync with the source")
         self._n = n
-        positions = torch.arange(self.length, self.length + n, device=self._spec_k.device)
-        self._cos_sin = self.source.rope.cos_sin(positions, self._spec_k.dtype)
+        positions = torch.arange(self.length, self.length + n, device=self.source.keys.device)
+        self._cos_sin = self.source.rope.cos_sin(positions, self.source.keys.dtype)
 
     def append(self, layer, q, k, v):
         q, k = self.source.rope.apply(q, *self._cos_sin), self.source.rope.apply(k, *self._cos_sin)
@@ -132,21 +133,21 @@ class RetrievalKVCache(KVCache):
             buf_k, buf_v = self._buf_k[layer], self._buf_v[layer]
             buf_k[:, base + lo: base + hi], buf_v[:, base + lo: base + hi] = k, v
             return q, buf_k[:, : base + hi], buf_v[:, : base + hi]
-        self._spec_k[layer, :, lo:hi], self._spec_v[layer, :, lo:hi] = k, v
-        keys, values = self._committed_dynamic(layer, q)
-        return (q, torch.cat((keys, self._spec_k[layer, :, :hi]), dim=1),
-                torch.cat((values, self._spec_v[layer, :, :hi]), dim=1))
-
-    def _committed_dynamic(self, layer: int, q: torch.Tensor):
-        keys = self.source.keys[layer, :, : self.synced]
-        values = self.source.values[layer, :, : self.synced]
+        src_k, src_v = self.source.keys[layer], self.source.values[layer]  # [Hkv, capacity, D]
+        src_k[:, self.synced + lo: self.synced + hi], src_v[:, self.synced + lo: self.synced + hi] = k, v
+        end = self.synced + hi
         if layer < self.full_layers or self.synced <= self.budget + self.chunk_size:
-            return keys, values
+            return q, src_k[:, :end], src_v[:, :end]
         chunk, complete = self.chunk_size, self._num_means
-        ids = select_chunks(q, self._means[layer][:, :complete], self.budget // chunk)
-        tail = slice(complete * chunk, self.synced)
-        return (torch.cat((gather_chunks(self.source.keys[layer], ids, chunk), keys[:, tail]), dim=1),
-                torch.cat((gather_chunks(self.source.values[layer], ids, chunk), values[:, tail]), dim=1))
+        chosen = select_chunks(q, self._means[layer][:, :complete], self.budget // chunk)  # [Hkv, k]
+        # Flat row ids into the [Hkv * capacity, D] view of the source: the chosen chunks, then the
+        # tokens after the last complete chunk (the tail and this tier's own), for every head.
+        chunk_rows = (chosen.unsqueeze(-1) * chunk + self._row_offsets[:, :, :chunk]).flatten(1)
+        recent_rows = self._row_offsets[:, 0, complete * chunk: end]
+        rows = torch.cat((chunk_rows, recent_rows), dim=1).flatten()
+        d = src_k.shape[-1]
+        return (q, src_k.view(-1, d).index_select(0, rows).view(src_k.shape[0], -1, d),
+                src_v.view(-1, d).index_select(0, rows).view(src_v.shape[0], -1, d))
 
     def end(self) -> None:
         self.spec_len += self._n

@@ -10,30 +10,39 @@ import torch
 
 
 def chunk_mean_keys(keys: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """keys: [Hkv, C * chunk_size, D] -> [Hkv, C, D] (float32 means)."""
+    """keys: [Hkv, C * chunk_size, D] -> [Hkv, C, D] means (accumulated in float32, returned in keys' dtype)."""
     hkv, s, d = keys.shape
-    return keys.float().view(hkv, s // chunk_size, chunk_size, d).mean(dim=2)
+    return keys.float().view(hkv, s // chunk_size, chunk_size, d).mean(dim=2).to(keys.dtype)
 
 
 def select_chunks(queries: torch.Tensor, mean_keys: torch.Tensor, num_chunks: int) -> torch.Tensor:
-    """queries: [Hq, R, D] (R query rows); mean_keys: [Hkv, C, D]. Returns sorted chunk indices
-    [Hkv, num_chunks] (num_chunks <= C)."""
+    """queries: [Hq, R, D] (R query rows); mean_keys: [Hkv, C, D]. Returns chunk indices [Hkv, num_chunks]
+    (num_chunks <= C), in no particular order."""
     hq, r, d = queries.shape
     hkv, c, _ = mean_keys.shape
-    grouped = queries.float().reshape(hkv, (hq // hkv) * r, d)  # [Hkv, G*R, D]
-    scores = torch.bmm(grouped, mean_keys.transpose(1, 2)).sum(dim=1)  # [Hkv, C]
+    # sum over rows of q . m equals (sum of q) . m: one matrix-vector product per KV head.
+    summed = queries.reshape(hkv, (hq // hkv) * r, d).float().sum(dim=1)  # [Hkv, D]
+    scores = torch.bmm(mean_keys, summed.to(mean_keys.dtype).unsqueeze(-1)).squeeze(-1).float()  # [Hkv, C]
     scores[:, 0] = float("inf")
     scores[:, c - 1] = float("inf")
-    chosen = torch.topk(scores, num_chunks, dim=1).indices
-    return torch.sort(chosen, dim=1).values
+    return torch.topk(scores, num_chunks, dim=1, sorted=False).indices
 
 
-def gather_chunks(data: torch.Tensor, chunk_ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
+def chunk_token_ids(chunk_ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """chunk_ids: [Hkv, k] -> the token indices of those chunks, [Hkv, k * chunk_size]."""
+    offsets = torch.arange(chunk_size, device=chunk_ids.device)
+    return (chunk_ids.unsqueeze(-1) * chunk_size + offsets).reshape(chunk_ids.shape[0], -1)
+
+
+def gather_tokens(data: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """data: [Hkv, S, D], contiguous (pass a whole cache buffer, not a slice of it, or it is copied);
-    chunk_ids: [Hkv, k]. Returns [Hkv, k * chunk_size, D], chunks in id order."""
+    token_ids: [Hkv, T] (each head its own tokens). Returns [Hkv, T, D]."""
     hkv, s, d = data.shape
-    offsets = torch.arange(chunk_size, device=data.device)
-    token_ids = (chunk_ids.unsqueeze(-1) * chunk_size + offsets).reshape(hkv, -1)  # [Hkv, k*chunk]
     # index_select over the flattened heads is several times faster than torch.gather on CPU.
     flat_ids = (token_ids + torch.arange(hkv, device=data.device).unsqueeze(1) * s).reshape(-1)
     return data.reshape(hkv * s, d).index_select(0, flat_ids).view(hkv, -1, d)
+
+
+def gather_chunks(data: torch.Tensor, chunk_ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """data: [Hkv, S, D] contiguous; chunk_ids: [Hkv, k]. Returns [Hkv, k * chunk_size, D] in id order."""
+    return gather_tokens(data, chunk_token_ids(chunk_ids, chunk_size))
