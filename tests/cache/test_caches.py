@@ -1,4 +1,5 @@
 """Random append / rollback / sync / rebuild sequences against naive references of each policy."""
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,6 +29,11 @@ def forward(cache, n, seed):
     return seen, new
 
 
+def per_token(new, n):
+    """[(k, v) per layer] for each of the n tokens of one forward."""
+    return [[(new[layer][1][:, i], new[layer][2][:, i]) for layer in range(CFG.num_layers)] for i in range(n)]
+
+
 ops = st.lists(st.tuples(st.sampled_from(["append", "rollback"]), st.integers(1, 9)), min_size=1, max_size=40)
 
 
@@ -43,7 +49,7 @@ def test_full_cache_matches_reference(ops):
             del history[len(history) - n:]
             continue
         seen, new = forward(cache, n, step)
-        history += [[(new[l][1][:, i], new[l][2][:, i]) for l in range(CFG.num_layers)] for i in range(n)]
+        history += per_token(new, n)
         positions = torch.arange(len(history))
         for layer, (q, keys, values) in enumerate(seen):
             ks = torch.stack([t[layer][0] for t in history], dim=1)
@@ -59,16 +65,18 @@ def test_full_cache_matches_reference(ops):
 def test_streaming_cache_matches_reference(ops, sinks, window):
     max_rollback = 9
     cache = StreamingKVCache(CFG, sinks, window, max_rollback, ROPE, torch.float32, "cpu")
-    history = []
+    history, high_water = [], 0
     for step, (op, n) in enumerate(ops):
+        high_water = max(high_water, len(history))
         if op == "rollback":
-            n = min(n, len(history))
+            # The contract: never below max_rollback tokens under the longest the cache has been.
+            n = max(0, min(n, len(history), len(history) - (high_water - max_rollback)))
             cache.rollback(n)
             del history[len(history) - n:]
             continue
         before = len(history)
         seen, new = forward(cache, n, step)
-        history += [[(new[l][1][:, i], new[l][2][:, i]) for l in range(CFG.num_layers)] for i in range(n)]
+        history += per_token(new, n)
         visible = list(range(min(before, sinks))) + list(range(max(sinks, before - window), before))
         visible += list(range(before, before + n))
         positions = torch.arange(len(visible))
@@ -168,3 +176,11 @@ def test_retrieval_cache_matches_reference(ops, policy, full_layers, prompt):
                                            ROPE.rotate(new[layer][1], positions[spec_before:]))
                 torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions[spec_before:]))
         assert cache.length == cache.synced + cache.spec_len
+
+
+def test_streaming_cache_refuses_a_rollback_deeper_than_it_keeps():
+    cache = StreamingKVCache(CFG, 2, 4, 3, ROPE, torch.float32, "cpu")
+    for step in range(12):
+        forward(cache, 6, step)
+    with pytest.raises(ValueError, match="cannot roll back"):
+        cache.rollback(60)  # it keeps window + max_rollback = 7 recent tokens (a few more at most), not 60

@@ -21,6 +21,7 @@ class CacheCapacityError(UserError):
 
 class KVCache:
     length: int = 0
+    _n: int = 0  # tokens of the forward in progress
 
     def begin(self, n: int) -> None:
         raise NotImplementedError
@@ -29,10 +30,17 @@ class KVCache:
         raise NotImplementedError
 
     def end(self) -> None:
-        raise NotImplementedError
+        self.length += self._n
+        self._n = 0
 
     def rollback(self, n: int) -> None:
-        raise NotImplementedError
+        self._check_rollback(n, self.length)
+        self.length -= n
+
+    @staticmethod
+    def _check_rollback(n: int, available: int) -> None:
+        if not 0 <= n <= available:
+            raise ValueError(f"cannot roll back {n} of {available} tokens")
 
     def reset(self) -> None:
         raise NotImplementedError

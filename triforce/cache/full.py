@@ -37,14 +37,5 @@ class FullKVCache(KVCache):
         self.last_query[layer] = q[:, -1]
         return q, self.keys[layer, :, :stop], self.values[layer, :, :stop]
 
-    def end(self) -> None:
-        self.length += self._n
-        self._n = 0
-
-    def rollback(self, n: int) -> None:
-        if not 0 <= n <= self.length:
-            raise ValueError(f"cannot roll back {n} of {self.length} tokens")
-        self.length -= n
-
     def reset(self) -> None:
         self.length = 0

@@ -154,8 +154,7 @@ class RetrievalKVCache(KVCache):
         self._n = 0
 
     def rollback(self, n: int) -> None:
-        if not 0 <= n <= self.spec_len:
-            raise ValueError(f"retrieval cache can only roll back its {self.spec_len} speculative tokens, not {n}")
+        self._check_rollback(n, self.spec_len)  # committed tokens are the source's, never rolled back
         self.spec_len -= n
 
     def reset(self) -> None:

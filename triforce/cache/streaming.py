@@ -80,13 +80,8 @@ class StreamingKVCache(KVCache):
         values = torch.cat((self.sink_v[layer, :, :n_sink], self.recent_v[layer, :, window_from:window_to]), dim=1)
         return self.rope.apply(q, *self._query_cos_sin), self.rope.apply(keys, *self._key_cos_sin), values
 
-    def end(self) -> None:
-        self.length += self._n
-        self._n = 0
-
     def rollback(self, n: int) -> None:
-        if not 0 <= n <= self.length:
-            raise ValueError(f"cannot roll back {n} of {self.length} tokens")
+        self._check_rollback(n, self.length)
         new_length = self.length - n
         if max(self.sinks, new_length - self.window) < self._offset:
             raise ValueError(f"streaming cache cannot roll back {n} tokens: it keeps {self.max_rollback} "

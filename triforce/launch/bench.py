@@ -24,7 +24,7 @@ def add_bench_parser(sub) -> None:
     add_model_args(p)
     add_engine_args(p)
     p.add_argument("--text", nargs="+", required=True, help="text files the prompts are cut from")
-    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8000], help="prompt lengths in tokens")
+    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 7936], help="prompt lengths in tokens")
     p.add_argument("--modes", nargs="+", choices=MODES, default=["ar", "retrieval"])
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)

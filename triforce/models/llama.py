@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attention import attention
+from ..kernels.linear import linear
 from .config import ModelConfig
 from .rope import RotaryEmbedding
 
@@ -47,15 +48,15 @@ class DecoderLayer(nn.Module):
         """x: [n, hidden] -> [n, hidden]."""
         n = x.shape[0]
         d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(self.input_norm(x))  # [n, (hq + 2 hkv) d]
+        qkv = linear(self.input_norm(x), self.qkv_proj.weight, self.qkv_proj.bias)  # [n, (hq + 2 hkv) d]
         q = qkv[:, : hq * d].view(n, hq, d).transpose(0, 1)  # [hq, n, d]
         k = qkv[:, hq * d: (hq + hkv) * d].view(n, hkv, d).transpose(0, 1)  # [hkv, n, d]
         v = qkv[:, (hq + hkv) * d:].view(n, hkv, d).transpose(0, 1)  # [hkv, n, d]
         q, keys, values = cache.append(self.index, q, k, v)  # keys/values: [hkv, S, d], new tokens last
         attn = attention(q, keys, values, self.scale)  # [hq, n, d]
-        x = x + self.o_proj(attn.transpose(0, 1).reshape(n, hq * d))
-        gate, up = self.gate_up_proj(self.post_attention_norm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        x = x + linear(attn.transpose(0, 1).reshape(n, hq * d), self.o_proj.weight)
+        gate, up = linear(self.post_attention_norm(x), self.gate_up_proj.weight).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.down_proj.weight)
 
 
 class LlamaModel(nn.Module):
@@ -95,4 +96,4 @@ class LlamaModel(nn.Module):
             return None
         if logits_for == "last":
             x = x[-1:]
-        return self.lm_head(self.norm(x)).float()
+        return linear(self.norm(x), self.lm_head.weight).float()
