@@ -54,7 +54,7 @@ class EngineConfig:
     gamma2: int = 6  # tier-2 tokens per tier-3 (target) check
     budget: int = 1024  # tokens the retrieval cache holds
     chunk_size: int = 8
-    retrieval_policy: str = "dynamic"
+    retrieval_policy: str = "static"
     full_layers: int = 2  # first layers that keep their whole cache in the retrieval tier
     refresh_every: int = 512  # static policy: rebuild after this many new tokens
     refresh_threshold: float = 0.6  # static policy: rebuild when tier-2 acceptance falls below this...

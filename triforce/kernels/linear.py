@@ -39,10 +39,12 @@ def cpu_kernel():
     if os.environ.get("TRIFORCE_CPU_KERNELS", "1") == "0" or not _cpu_has_avx512_bf16():
         return None
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils import cpp_extension
 
-        print("triforce: compiling the CPU bfloat16 linear kernel (once; cached afterwards)", file=sys.stderr)
-        _extension = load(name="triforce_linear_bf16", sources=[str(Path(__file__).parent / "csrc" / "linear_bf16.cpp")],
+        build_dir = Path(cpp_extension._get_build_directory("triforce_linear_bf16", verbose=False))
+        if not (build_dir / "triforce_linear_bf16.so").exists():
+            print("triforce: compiling the CPU bfloat16 linear kernel (about a minute, once)", file=sys.stderr)
+        _extension = cpp_extension.load(name="triforce_linear_bf16", sources=[str(Path(__file__).parent / "csrc" / "linear_bf16.cpp")],
                           extra_cflags=["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"],
                           extra_ldflags=["-fopenmp"],
                           verbose=False)
