@@ -48,3 +48,8 @@ def test_streamed_pieces_join_to_the_text(llm):
 def test_unknown_engine_setting_is_refused(tiny_dir):
     with pytest.raises(ConfigError, match="gamma3"):
         LLM(tiny_dir("api-target", tokenizer=True, seed=51), gamma3=2)
+
+
+def test_one_token_prompt(llm):
+    out = llm.generate([[5]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4

@@ -64,11 +64,11 @@ class HierarchyEngine:
             for tier in self.tiers:
                 tier.sync()
             new = new[: params.max_tokens - len(generated)]
-            hit = next((i for i, t in enumerate(new) if t in stop_ids), None)
-            if hit is not None and not params.ignore_eos:
-                new = new[: hit + 1]
+            stop_at = None if params.ignore_eos else next((i for i, t in enumerate(new) if t in stop_ids), None)
+            if stop_at is not None:
+                new = new[: stop_at + 1]
             generated += new
-            if (hit is not None and not params.ignore_eos) or (on_tokens is not None and on_tokens(new)):
+            if stop_at is not None or (on_tokens is not None and on_tokens(new)):
                 break
         metrics.decode_s = time.perf_counter() - start
         metrics.generated_tokens = len(generated)
