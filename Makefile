@@ -28,7 +28,7 @@ test: setup
 # The closing-note benchmark: ar vs retrieval on SmolLM2, bfloat16, Austen prompts of 2K, 4K and 8K tokens.
 bench: setup
 	$(VENV)/bin/triforce bench --text ../shared/data/austen-emma.txt --lengths 2048 4096 7936 \
-		--modes ar retrieval --max-new-tokens 256 --out bench-out/ar_vs_retrieval.json
+		--modes ar retrieval --max-new-tokens 256 --retrieval-policy static --out bench-out/ar_vs_retrieval.json
 
 clean:
 	rm -rf $(VENV) bench-out
