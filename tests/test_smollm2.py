@@ -4,7 +4,6 @@ import inspect
 import json
 
 import pytest
-import torch
 
 from triforce.config import EngineConfig, SamplingParams
 from triforce.coordinator.hierarchy import build_engine

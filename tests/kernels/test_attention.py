@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from triforce.kernels.attention import attention, reference_attention
-from triforce.kernels.retrieval import chunk_mean_keys, gather_chunks, select_chunks
+from triforce.kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_tokens, select_chunks
 
 
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (9, 3), (6, 1)])
@@ -33,6 +33,6 @@ def test_select_chunks_matches_a_loop():
 
 def test_gather_chunks_takes_whole_chunks_per_head():
     data = torch.arange(2 * 12, dtype=torch.float32).view(2, 12, 1)
-    out = gather_chunks(data, torch.tensor([[0, 2], [1, 2]]), 4)
+    (out,) = gather_tokens(chunk_token_ids(torch.tensor([[0, 2], [1, 2]]), 4), data)
     assert out[0, :, 0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11]
     assert out[1, :, 0].tolist() == [16, 17, 18, 19, 20, 21, 22, 23]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.retrieval import chunk_mean_keys, gather_chunks, select_chunks
+from ..kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_tokens, select_chunks
 from .base import CacheCapacityError, KVCache
 from .full import FullKVCache
 
@@ -53,9 +53,6 @@ class RetrievalKVCache(KVCache):
         self._means = [source.keys.new_zeros(hkv, source.capacity // chunk_size, d)
                        for _ in range(self.num_layers)] if policy == "dynamic" else []
         self._num_means = 0
-        if policy == "dynamic":  # row h * capacity + t of the flattened [Hkv * capacity, D] source
-            self._row_offsets = (torch.arange(hkv, device=source.keys.device).view(hkv, 1, 1) * source.capacity
-                                 + torch.arange(source.capacity, device=source.keys.device).view(1, 1, -1))
 
     @property
     def length(self) -> int:
@@ -71,10 +68,9 @@ class RetrievalKVCache(KVCache):
             keys, values = src.keys[layer, :, :total], src.values[layer, :, :total]
             if layer >= self.full_layers and total > self.budget + chunk:
                 means = chunk_mean_keys(keys[:, : complete * chunk], chunk)
-                ids = select_chunks(src.last_query[layer].unsqueeze(1), means, self.budget // chunk)
-                tail = slice(complete * chunk, total)
-                keys = torch.cat((gather_chunks(src.keys[layer], ids, chunk), keys[:, tail]), dim=1)
-                values = torch.cat((gather_chunks(src.values[layer], ids, chunk), values[:, tail]), dim=1)
+                chosen = select_chunks(src.last_query[layer].unsqueeze(1), means, self.budget // chunk)
+                keys, values = gather_tokens(self._token_ids(chosen, complete, total), src.keys[layer],
+                                             src.values[layer])
             cap = keys.shape[1] + self.refresh_every + self.max_speculative
             buf_k = keys.new_empty(keys.shape[0], cap, keys.shape[2])
             buf_v = torch.empty_like(buf_k)
@@ -138,16 +134,14 @@ class RetrievalKVCache(KVCache):
         end = self.synced + hi
         if layer < self.full_layers or self.synced <= self.budget + self.chunk_size:
             return q, src_k[:, :end], src_v[:, :end]
-        chunk, complete = self.chunk_size, self._num_means
-        chosen = select_chunks(q, self._means[layer][:, :complete], self.budget // chunk)  # [Hkv, k]
-        # Flat row ids into the [Hkv * capacity, D] view of the source: the chosen chunks, then the
-        # tokens after the last complete chunk (the tail and this tier's own), for every head.
-        chunk_rows = (chosen.unsqueeze(-1) * chunk + self._row_offsets[:, :, :chunk]).flatten(1)
-        recent_rows = self._row_offsets[:, 0, complete * chunk: end]
-        rows = torch.cat((chunk_rows, recent_rows), dim=1).flatten()
-        d = src_k.shape[-1]
-        return (q, src_k.view(-1, d).index_select(0, rows).view(src_k.shape[0], -1, d),
-                src_v.view(-1, d).index_select(0, rows).view(src_v.shape[0], -1, d))
+        chosen = select_chunks(q, self._means[layer][:, : self._num_means], self.budget // self.chunk_size)
+        return (q, *gather_tokens(self._token_ids(chosen, self._num_means, end), src_k, src_v))
+
+    def _token_ids(self, chosen: torch.Tensor, complete: int, end: int) -> torch.Tensor:
+        """[Hkv, T]: the tokens of the chosen chunks [Hkv, k], then every token from the end of the last
+        complete chunk up to `end` (the tail, and in the dynamic policy this tier's own tokens)."""
+        recent = torch.arange(complete * self.chunk_size, end, device=chosen.device)
+        return torch.cat((chunk_token_ids(chosen, self.chunk_size), recent.expand(chosen.shape[0], -1)), dim=1)
 
     def end(self) -> None:
         self.spec_len += self._n

@@ -43,7 +43,7 @@ def cpu_kernel():
 
         build_dir = Path(cpp_extension._get_build_directory("triforce_linear_bf16", verbose=False))
         if not (build_dir / "triforce_linear_bf16.so").exists():
-            print("triforce: compiling the CPU bfloat16 linear kernel (about a minute, once)", file=sys.stderr)
+            print("triforce: compiling the CPU bfloat16 linear kernel (under a minute, once)", file=sys.stderr)
         _extension = cpp_extension.load(name="triforce_linear_bf16", sources=[str(Path(__file__).parent / "csrc" / "linear_bf16.cpp")],
                           extra_cflags=["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"],
                           extra_ldflags=["-fopenmp"],

@@ -34,15 +34,10 @@ def chunk_token_ids(chunk_ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
     return (chunk_ids.unsqueeze(-1) * chunk_size + offsets).reshape(chunk_ids.shape[0], -1)
 
 
-def gather_tokens(data: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """data: [Hkv, S, D], contiguous (pass a whole cache buffer, not a slice of it, or it is copied);
-    token_ids: [Hkv, T] (each head its own tokens). Returns [Hkv, T, D]."""
-    hkv, s, d = data.shape
+def gather_tokens(token_ids: torch.Tensor, *buffers: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """token_ids: [Hkv, T] (each head its own tokens); buffers: [Hkv, S, D] each, contiguous (pass whole
+    cache buffers, not slices of them, or they are copied). Returns one [Hkv, T, D] per buffer."""
+    hkv, s, d = buffers[0].shape
     # index_select over the flattened heads is several times faster than torch.gather on CPU.
-    flat_ids = (token_ids + torch.arange(hkv, device=data.device).unsqueeze(1) * s).reshape(-1)
-    return data.reshape(hkv * s, d).index_select(0, flat_ids).view(hkv, -1, d)
-
-
-def gather_chunks(data: torch.Tensor, chunk_ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """data: [Hkv, S, D] contiguous; chunk_ids: [Hkv, k]. Returns [Hkv, k * chunk_size, D] in id order."""
-    return gather_tokens(data, chunk_token_ids(chunk_ids, chunk_size))
+    flat_ids = (token_ids + torch.arange(hkv, device=token_ids.device).unsqueeze(1) * s).reshape(-1)
+    return tuple(b.view(hkv * s, d).index_select(0, flat_ids).view(hkv, -1, d) for b in buffers)
