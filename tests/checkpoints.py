@@ -56,3 +56,12 @@ def write_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(folder)
+
+
+def write_reduced_vocabulary(folder: Path, token_ids: list[int], target_vocab_size: int) -> Path:
+    """Marks a checkpoint of vocab_size len(token_ids) + 1 as a draft over part of a target's vocabulary."""
+    import json
+
+    (Path(folder) / "triforce_draft.json").write_text(
+        json.dumps({"format": 1, "target_vocab_size": target_vocab_size, "token_ids": token_ids}))
+    return Path(folder)

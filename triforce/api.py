@@ -22,6 +22,7 @@ from .errors import UserError
 from .models.config import ModelLoadError
 from .models.hub import DEFAULT_MODEL, resolve_model
 from .models.loader import DTYPES, load_model
+from .models.vocab import read_draft_metadata, tokenizer_fingerprint
 
 log = logging.getLogger("triforce")
 
@@ -91,19 +92,25 @@ class LLM:
     def _check_draft_vocabulary(self) -> None:
         if self.draft is None:
             return
-        target_vocab, draft_vocab = self.target.config.vocab_size, self.draft.config.vocab_size
+        target_vocab, draft_vocab = self.target.config.vocab_size, self.draft.output_vocab_size
         if target_vocab != draft_vocab:
             raise ModelLoadError(f"draft vocabulary ({draft_vocab} tokens) differs from the target's "
                                  f"({target_vocab}); the draft must share the target's tokenizer")
-        if self.tokenizer is not None:
-            from transformers import AutoTokenizer
+        if self.tokenizer is None:
+            return
+        recorded = read_draft_metadata(self.draft_path).get("target_tokenizer")
+        if recorded is not None:
+            if recorded != tokenizer_fingerprint(self.tokenizer):
+                raise ModelLoadError("draft was trained for a target with a different tokenizer")
+            return
+        from transformers import AutoTokenizer
 
-            try:
-                draft_tok = AutoTokenizer.from_pretrained(self.draft_path)
-            except (OSError, ValueError, TypeError):
-                return
-            if draft_tok.get_vocab() != self.tokenizer.get_vocab():
-                raise ModelLoadError("draft tokenizer differs from the target's; the draft must share it")
+        try:
+            draft_tok = AutoTokenizer.from_pretrained(self.draft_path)
+        except (OSError, ValueError, TypeError):
+            return
+        if draft_tok.get_vocab() != self.tokenizer.get_vocab():
+            raise ModelLoadError("draft tokenizer differs from the target's; the draft must share it")
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -6,6 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from checkpoints import write_reduced_vocabulary
 from triforce.cache.full import FullKVCache
 from triforce.config import EngineConfig, SamplingParams
 from triforce.coordinator.engine import HierarchyEngine
@@ -32,6 +33,18 @@ def run(target, draft, mode, prompt, params, policy="static", **overrides):
     cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{**SETTINGS, **overrides})
     engine = build_engine(cfg, target, draft, len(prompt) + params.max_tokens)
     return engine.generate(prompt, params)
+
+
+def test_greedy_with_a_reduced_vocabulary_draft_equals_plain_decoding(tiny_dir, models):
+    target, _ = models
+    kept = list(range(3, 96, 2))  # half the target's tokens
+    folder = tiny_dir("engine-draft-reduced", seed=12, num_layers=1, scale=25, vocab_size=len(kept) + 1)
+    draft = load_model(write_reduced_vocabulary(folder, kept, 96))
+    prompt = torch.randint(3, 96, (120,), generator=torch.Generator().manual_seed(6)).tolist()
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    reference, _ = run(target, None, "ar", prompt, params)
+    for mode in ("draft", "triforce"):
+        assert run(target, draft, mode, prompt, params)[0] == reference
 
 
 @pytest.mark.parametrize("mode,policy", MODES)
@@ -128,6 +141,24 @@ def test_modes_sample_the_target_distribution(small_vocab, mode, policy, samplin
     def once(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
         return engine.generate(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))[0]
+
+    assert_two_token_distribution(once, expected, trials=2000)
+
+
+def test_reduced_vocabulary_draft_samples_the_target_distribution(tiny_dir, small_vocab):
+    """The draft can propose only tokens {0, 2, 3, 5, 7}: the residual must supply the others."""
+    _, _, target = small_vocab
+    folder = tiny_dir("v8-reduced", seed=30, num_layers=1, vocab_size=6, hidden_size=32, num_heads=4,
+                      num_kv_heads=2, scale=4)
+    draft = load_model(write_reduced_vocabulary(folder, [0, 2, 3, 5, 7], 8))
+    prompt = [int(t) for t in torch.randint(0, 8, (30,), generator=torch.Generator().manual_seed(7))]
+    params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=1.0)
+    expected = exact_two_token_distribution(target, prompt, params)
+    cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SETTINGS)
+
+    def once(seed):
+        engine = build_engine(cfg, target, draft, len(prompt) + 2)
+        return engine.generate(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, temperature=1.0))[0]
 
     assert_two_token_distribution(once, expected, trials=2000)
 

@@ -1,4 +1,4 @@
-"""`triforce` command line: generate, bench, fetch-model. One layer that maps flags onto the config
+"""`triforce` command line: generate, bench, fetch-model, train-draft. One layer that maps flags onto the config
 dataclasses; errors in the user's input print one line and exit 2."""
 from __future__ import annotations
 
@@ -120,8 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(func=_fetch)
 
     from .bench import add_bench_parser
+    from .train_draft import add_train_draft_parser
 
     add_bench_parser(sub)
+    add_train_draft_parser(sub)
     return parser
 
 

@@ -15,6 +15,7 @@ from ..kernels.attention import attention
 from ..kernels.linear import linear
 from .config import ModelConfig
 from .rope import RotaryEmbedding
+from .vocab import ReducedVocabulary
 
 
 class RMSNorm(nn.Module):
@@ -70,6 +71,12 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope: RotaryEmbedding | None = None  # built by `finalize` once weights sit on their device
+        self.vocab: ReducedVocabulary | None = None  # a draft over part of its target's vocabulary
+
+    @property
+    def output_vocab_size(self) -> int:
+        """Size of the vocabulary the logits span (the target's, for a reduced-vocabulary draft)."""
+        return self.config.vocab_size if self.vocab is None else self.vocab.target_vocab_size
 
     def finalize(self) -> "LlamaModel":
         self.rope = RotaryEmbedding(self.config, self.embed_tokens.weight.device)
@@ -85,8 +92,10 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, cache, logits_for: str = "all") -> torch.Tensor | None:
-        """tokens: [n] int64 appended to `cache`. Returns float32 logits [n, V] ('all'), [1, V] ('last')
-        or None ('none', for prefill)."""
+        """tokens: [n] int64 target ids appended to `cache`. Returns float32 logits [n, V] ('all'),
+        [1, V] ('last') or None ('none', for prefill); V is `output_vocab_size`."""
+        if self.vocab is not None:
+            tokens = self.vocab.encode(tokens)
         x = self.embed_tokens(tokens)  # [n, hidden]
         cache.begin(tokens.shape[0])
         for layer in self.layers:
@@ -96,4 +105,5 @@ class LlamaModel(nn.Module):
             return None
         if logits_for == "last":
             x = x[-1:]
-        return linear(self.norm(x), self.lm_head.weight).float()
+        logits = linear(self.norm(x), self.lm_head.weight).float()
+        return logits if self.vocab is None else self.vocab.expand_logits(logits)

@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from .config import ModelConfig, ModelLoadError
 from .llama import LlamaModel
+from .vocab import ReducedVocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -99,4 +100,6 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32",
     if missing:
         raise ModelLoadError(f"checkpoint lacks tensors {sorted(missing)[:5]}")
     model.load_state_dict({k: v.to(torch_dtype) for k, v in state.items()}, strict=False)
+    vocab = ReducedVocabulary.from_folder(folder, cfg.vocab_size)
+    model.vocab = None if vocab is None else vocab.to(torch.device(device))
     return model.finalize()

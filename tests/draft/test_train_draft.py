@@ -1,0 +1,87 @@
+"""`triforce train-draft` on a tiny target: it learns, resumes, and writes a draft the engine accepts."""
+import json
+import random
+
+import pytest
+import torch
+
+from triforce.draft.train import DraftShape, TrainSettings, distillation_loss, init_draft, train
+from triforce.launch.cli import main
+from triforce.models.loader import load_model
+
+
+def test_distillation_loss_is_soft_cross_entropy_over_kept_tokens():
+    logits = torch.randn(3, 5)  # 4 kept draft ids + the "other" id
+    label_ids = torch.tensor([[0, 2, 4], [1, 3, 0], [2, 4, 4]])  # id 4: a target token the draft lacks
+    label_logp = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.2, 0.2], [0.9, 0.05, 0.05]]))
+    logq = torch.log_softmax(logits[:, :4], -1)
+    expected = -torch.stack([(0.5 * logq[0, 0] + 0.3 * logq[0, 2]) / 0.8,
+                             0.6 * logq[1, 1] + 0.2 * logq[1, 3] + 0.2 * logq[1, 0],
+                             logq[2, 2]]).mean()
+    torch.testing.assert_close(distillation_loss(logits, label_ids, label_logp, 4), expected)
+
+
+def write_corpus(path, words=6000, seed=0):
+    rng = random.Random(seed)
+    path.write_text(" ".join(f"w{rng.randrange(3, 60)}" for _ in range(words)))
+    return path
+
+
+def test_training_lowers_the_loss(tiny_dir, tmp_path):
+    target = load_model(tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25))
+    sequences = torch.randint(3, 96, (12, 32), generator=torch.Generator().manual_seed(0))
+    cache_logits = torch.stack([target(row, _cache(target, 32)) for row in sequences])
+    top = torch.log_softmax(cache_logits, -1).topk(8, -1)
+    shape = DraftShape(layers=1, hidden=32, intermediate=64, heads=2, kv_heads=1, vocab=96)
+    model = init_draft(shape, target, None, seed=0)
+    settings = TrainSettings(steps=60, batch_size=4, seq_len=32, lr=1e-2, warmup=5, checkpoint_every=1000)
+    losses = train(model, sequences, top.indices.int(), top.values.half(), torch.arange(96), 96, settings,
+                   tmp_path, "key")
+    assert len(losses) == 60
+    assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
+
+
+def _cache(model, n):
+    from triforce.cache.full import FullKVCache
+
+    return FullKVCache(model.config, n, model.rope, model.dtype, "cpu")
+
+
+@pytest.mark.parametrize("vocab", [40, 0])
+def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_path, capsys, vocab):
+    target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
+    text = write_corpus(tmp_path / "corpus.txt")
+    out, work = tmp_path / "draft", tmp_path / "work"
+    argv = ["train-draft", "--target", str(target), "--text", str(text), "--out", str(out), "--work-dir", str(work),
+            "--layers", "1", "--hidden", "32", "--intermediate", "64", "--heads", "2", "--kv-heads", "1",
+            "--vocab", str(vocab), "--steps", "6", "--batch-size", "2", "--seq-len", "64", "--top-k", "8",
+            "--heldout-fraction", "0.2", "--heldout-sequences", "2", "--checkpoint-every", "3"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert 0 <= report["top1_agreement"] <= 1 and 0 < report["expected_acceptance"] <= 1
+    assert torch.load(work / "checkpoint.pt", weights_only=True)["step"] == 6
+    labels_before = sorted(p.stat().st_mtime_ns for p in work.glob("labels-*/*.pt"))
+
+    # Resuming: the labels are reused and no training step runs again, so the draft is the same.
+    weights = (out / "model.safetensors").read_bytes()
+    assert main(argv) == 0
+    assert sorted(p.stat().st_mtime_ns for p in work.glob("labels-*/*.pt")) == labels_before
+    assert (out / "model.safetensors").read_bytes() == weights
+
+    from triforce import LLM, SamplingParams
+
+    llm = LLM(str(target), draft=str(out), mode="triforce", dtype="float32", budget=32, chunk_size=4, sinks=2,
+              window=16)
+    assert llm.draft.output_vocab_size == 96 and (llm.draft.vocab is None) == (vocab == 0)
+    plain = LLM(str(target), mode="ar", dtype="float32")
+    prompt = "w5 w6 w7 w8 " * 10
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    assert llm.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
+
+
+def test_train_draft_rejects_a_bad_shape(tiny_dir, tmp_path, capsys):
+    target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
+    text = write_corpus(tmp_path / "corpus.txt", words=500)
+    code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
+                 "--hidden", "30", "--heads", "4"])
+    assert code == 2 and "must divide" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""Training data for a draft: the target's tokens of long texts cut into sequences, the vocabulary the
+draft keeps, and the target's top-k next-token log-probabilities, computed once and cached on disk in
+shards so that an interrupted run resumes where it stopped."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..cache.full import FullKVCache
+from ..errors import UserError
+from ..models.llama import LlamaModel
+
+
+def read_texts(paths: list[str | Path]) -> list[str]:
+    texts = []
+    for path in paths:
+        try:
+            texts.append(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read text file {path}: {exc}") from exc
+    return texts
+
+
+def to_sequences(tokenizer, texts: list[str], seq_len: int) -> torch.Tensor:
+    """Each text's tokens cut into whole sequences of seq_len -> [N, seq_len] int64 (remainders dropped)."""
+    rows = []
+    for text in texts:
+        ids = torch.tensor(tokenizer(text).input_ids, dtype=torch.long)
+        usable = ids.numel() // seq_len * seq_len
+        rows.append(ids[:usable].view(-1, seq_len))
+    sequences = torch.cat(rows) if rows else torch.empty(0, seq_len, dtype=torch.long)
+    if sequences.shape[0] == 0:
+        raise UserError(f"the text holds no complete sequence of {seq_len} tokens")
+    return sequences
+
+
+def split_heldout(tokenizer, texts: list[str], fraction: float) -> tuple[list[str], list[str]]:
+    """The last `fraction` of each text (cut at a line break) is held out for evaluation."""
+    train, heldout = [], []
+    for text in texts:
+        cut = text.rfind("\n", 0, int(len(text) * (1 - fraction)))
+        cut = cut if cut > 0 else int(len(text) * (1 - fraction))
+        train.append(text[:cut])
+        heldout.append(text[cut:])
+    return train, heldout
+
+
+def choose_vocabulary(sequences: torch.Tensor, size: int, target_vocab: int, always: tuple[int, ...]) -> torch.Tensor:
+    """The `size` target ids the draft keeps: `always` (end-of-sequence and such) plus the most frequent
+    tokens of the training text. Returns them sorted."""
+    counts = torch.bincount(sequences.flatten(), minlength=target_vocab).float()
+    counts[list(always)] = float("inf")
+    return torch.topk(counts, size).indices.sort().values
+
+
+class TargetLabels:
+    """The target's top-k log-probabilities at every position of every training sequence."""
+
+    SHARD = 16  # sequences per cached file
+
+    def __init__(self, folder: Path, top_k: int):
+        self.folder, self.top_k = Path(folder), top_k
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _shard_path(self, index: int) -> Path:
+        return self.folder / f"labels-{index:05d}.pt"
+
+    def compute(self, target: LlamaModel, sequences: torch.Tensor) -> None:
+        n, seq_len = sequences.shape
+        shards = range((n + self.SHARD - 1) // self.SHARD)
+        todo = [s for s in shards if not self._shard_path(s).is_file()]
+        if not todo:
+            return
+        cache = FullKVCache(target.config, seq_len, target.rope, target.dtype, target.device)
+        bar = tqdm(total=len(todo) * self.SHARD * seq_len, desc="target labels", unit="tok", unit_scale=True)
+        for s in todo:
+            ids, logp = [], []
+            for row in sequences[s * self.SHARD:(s + 1) * self.SHARD]:
+                cache.reset()
+                logits = target(row.to(target.device), cache, logits_for="all")
+                top = torch.log_softmax(logits, dim=-1).topk(self.top_k, dim=-1)
+                ids.append(top.indices.to(torch.int32).cpu())
+                logp.append(top.values.to(torch.float16).cpu())
+                bar.update(seq_len)
+            tmp = self._shard_path(s).with_suffix(".tmp")
+            torch.save({"ids": torch.stack(ids), "logp": torch.stack(logp)}, tmp)
+            tmp.rename(self._shard_path(s))  # a shard exists only once complete
+        bar.close()
+
+    def load(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (ids [n, seq_len, k] int32, logp [n, seq_len, k] float16)."""
+        parts = [torch.load(self._shard_path(s), weights_only=True) for s in range((n + self.SHARD - 1) // self.SHARD)]
+        return torch.cat([p["ids"] for p in parts])[:n], torch.cat([p["logp"] for p in parts])[:n]

@@ -1,0 +1,169 @@
+"""Distil a small Llama-architecture draft from a target.
+
+The draft learns the target's next-token distribution (soft cross-entropy against the target's cached
+top-k probabilities, renormalised over the tokens the draft keeps) on long text. Training uses
+transformers' LlamaForCausalLM, so the result is a plain Hugging Face folder; a reduced vocabulary adds
+`triforce_draft.json` (see models/vocab.py). Runs resume from `work_dir/checkpoint.pt`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..errors import UserError
+from ..models.config import ModelConfig
+from ..models.llama import LlamaModel
+from ..models.vocab import DRAFT_FILE
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    layers: int = 4
+    hidden: int = 384
+    intermediate: int = 1024
+    heads: int = 6
+    kv_heads: int = 2
+    vocab: int = 8192  # target tokens kept; >= the target's vocabulary keeps them all
+    max_positions: int = 2048
+
+    def check(self, target_vocab: int) -> None:
+        if min(self.layers, self.hidden, self.intermediate, self.heads, self.kv_heads, self.vocab) <= 0:
+            raise UserError("draft layers, hidden, intermediate, heads, kv heads and vocab must be positive")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise UserError(f"hidden ({self.hidden}) must divide by heads ({self.heads}) and heads by kv heads "
+                            f"({self.kv_heads})")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 1200
+    batch_size: int = 4
+    seq_len: int = 1024
+    lr: float = 2e-3
+    warmup: int = 60
+    weight_decay: float = 0.01
+    seed: int = 0
+    checkpoint_every: int = 50
+
+
+def fingerprint(*parts) -> str:
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def hf_config(shape: DraftShape, target: ModelConfig, vocab_size: int):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(
+        "llama", vocab_size=vocab_size, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=shape.max_positions, rms_norm_eps=target.rms_norm_eps,
+        rope_theta=target.rope_theta, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
+
+
+def init_draft(shape: DraftShape, target: LlamaModel, kept: torch.Tensor | None, seed: int):
+    """A random draft whose embeddings start as the target's (of the kept tokens) projected onto their
+    top principal directions: a cheap head start on which tokens resemble which."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    vocab_size = target.config.vocab_size if kept is None else kept.numel() + 1
+    model = LlamaForCausalLM(hf_config(shape, target.config, vocab_size))
+    emb = target.embed_tokens.weight.detach().float().cpu()
+    emb = emb if kept is None else emb[kept]
+    centred = emb - emb.mean(0)
+    _, _, v = torch.linalg.svd(centred, full_matrices=False)
+    width = min(shape.hidden, v.shape[0])
+    projected = centred @ v[:width].T
+    projected *= model.config.initializer_range / projected.std()
+    with torch.no_grad():
+        table = model.model.embed_tokens.weight
+        table[: emb.shape[0], :width] = projected
+        table[: emb.shape[0], width:] = 0
+    return model
+
+
+def lr_at(step: int, s: TrainSettings) -> float:
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def distillation_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_logp: torch.Tensor,
+                      kept: int) -> torch.Tensor:
+    """Soft cross-entropy of the draft's distribution over its kept tokens against the target's top-k
+    probabilities renormalised over those tokens. label_ids are draft ids (>= kept: not kept)."""
+    logq = torch.log_softmax(logits[..., :kept].float(), dim=-1)
+    p = label_logp.float().exp() * (label_ids < kept)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-9)
+    return -(p * logq.gather(-1, label_ids.clamp_max(kept - 1))).sum(-1).mean()
+
+
+def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: torch.Tensor,
+          to_draft: torch.Tensor, kept: int, settings: TrainSettings, work_dir: Path, run_key: str) -> list[float]:
+    """Trains in place, resuming from work_dir/checkpoint.pt when its run_key matches. Returns the
+    per-step losses of this invocation."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optim = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                               {"params": rest, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
+    ckpt_path = work_dir / "checkpoint.pt"
+    start = 0
+    if ckpt_path.is_file():
+        ckpt = torch.load(ckpt_path, weights_only=True)
+        if ckpt["run_key"] != run_key:
+            raise UserError(f"{ckpt_path} belongs to a run with other settings; use another --work-dir "
+                            f"or delete it")
+        model.load_state_dict(ckpt["model"])
+        optim.load_state_dict(ckpt["optim"])
+        start = ckpt["step"]
+    n = sequences.shape[0]
+    order = torch.randperm(n * math.ceil(settings.steps * settings.batch_size / n) + n,
+                           generator=torch.Generator().manual_seed(settings.seed)) % n
+    model.train()
+    losses = []
+    bar = tqdm(total=settings.steps, initial=start, desc="train draft", unit="step")
+    for step in range(start, settings.steps):
+        batch = order[step * settings.batch_size:(step + 1) * settings.batch_size]
+        for group in optim.param_groups:
+            group["lr"] = lr_at(step, settings)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=sequences.device.type == "cpu"):
+            logits = model(input_ids=to_draft[sequences[batch]]).logits
+        loss = distillation_loss(logits, to_draft[label_ids[batch].long()], label_logp[batch], kept)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        bar.update(1)
+        if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
+            tmp = ckpt_path.with_suffix(".tmp")
+            torch.save({"run_key": run_key, "step": step + 1, "model": model.state_dict(),
+                        "optim": optim.state_dict()}, tmp)
+            tmp.replace(ckpt_path)
+    bar.close()
+    model.eval()
+    return losses
+
+
+def export(model, out: Path, kept: torch.Tensor | None, target_vocab: int, metadata: dict) -> None:
+    """Writes the draft as a bfloat16 Hugging Face folder (+ triforce_draft.json)."""
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    model.float()
+    info = {"format": 1, "target_vocab_size": target_vocab, **metadata}
+    if kept is not None:
+        info["token_ids"] = kept.tolist()
+    (tmp / DRAFT_FILE).write_text(json.dumps(info, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+

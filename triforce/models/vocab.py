@@ -1,0 +1,83 @@
+"""A draft that predicts only part of its target's vocabulary.
+
+A draft trained by `triforce train-draft` may keep only the K tokens its target uses most (its output
+head and embeddings then cost K rows instead of the target's V). Draft id i stands for target id
+`token_ids[i]`; draft id K stands for every other target token on input and is never proposed. The
+draft's distribution over the target vocabulary puts probability zero outside `token_ids`, which is
+still exact speculative sampling: the verifier's residual covers those tokens.
+
+The mapping lives in `triforce_draft.json` beside the draft's config.json, together with the identity
+of the target it was trained for and how it was trained.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .config import ModelLoadError
+
+DRAFT_FILE = "triforce_draft.json"
+
+
+class ReducedVocabulary:
+    def __init__(self, token_ids: torch.Tensor, target_vocab_size: int):
+        k = token_ids.numel()
+        if k == 0 or int(token_ids.max()) >= target_vocab_size or int(token_ids.min()) < 0:
+            raise ModelLoadError(f"{DRAFT_FILE}: token ids must lie in [0, {target_vocab_size})")
+        if torch.unique(token_ids).numel() != k:
+            raise ModelLoadError(f"{DRAFT_FILE}: token ids repeat")
+        self.token_ids = token_ids.long()
+        self.target_vocab_size = target_vocab_size
+        self.to_draft = torch.full((target_vocab_size,), k, dtype=torch.long)
+        self.to_draft[self.token_ids] = torch.arange(k)
+
+    @property
+    def size(self) -> int:
+        """Draft ids in use, not counting the shared id of all other tokens."""
+        return self.token_ids.numel()
+
+    def to(self, device: torch.device) -> "ReducedVocabulary":
+        self.token_ids, self.to_draft = self.token_ids.to(device), self.to_draft.to(device)
+        return self
+
+    def encode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft ids (tokens outside the kept set share id `size`)."""
+        return self.to_draft[tokens]
+
+    def expand_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., >= K] -> target-vocabulary logits [..., V], -inf outside the kept tokens."""
+        out = logits.new_full((*logits.shape[:-1], self.target_vocab_size), float("-inf"))
+        out[..., self.token_ids] = logits[..., : self.size]
+        return out
+
+    @classmethod
+    def from_folder(cls, folder: Path, draft_vocab_size: int) -> "ReducedVocabulary | None":
+        path = Path(folder) / DRAFT_FILE
+        if not path.is_file():
+            return None
+        try:
+            meta = json.loads(path.read_text())
+            if "token_ids" not in meta:  # a draft over the target's whole vocabulary
+                return None
+            ids, target_vocab = meta["token_ids"], int(meta["target_vocab_size"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ModelLoadError(f"{path}: unreadable ({exc})") from exc
+        if len(ids) + 1 != draft_vocab_size:
+            raise ModelLoadError(f"{path}: {len(ids)} token ids for a draft of vocab_size {draft_vocab_size} "
+                                 f"(expected vocab_size - 1)")
+        return cls(torch.tensor(ids, dtype=torch.long), target_vocab)
+
+
+def read_draft_metadata(folder: Path) -> dict:
+    path = Path(folder) / DRAFT_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of a tokenizer's vocabulary: a draft records its target's, loading checks it."""
+    import hashlib
+
+    items = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha1(json.dumps(items).encode()).hexdigest()[:16]
