@@ -11,7 +11,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from triforce.kernels.linear import cpu_kernel
+from triforce.kernels.cpu import cpu_kernels
 
 
 def bandwidth(fn, weights) -> float:
@@ -27,7 +27,7 @@ def bandwidth(fn, weights) -> float:
 
 def main() -> None:
     weights = [torch.randn(3072, 576).bfloat16() for _ in range(60)]
-    kernel = cpu_kernel()
+    kernel = cpu_kernels()
     rows = {}
     for n in (1, 2, 4, 7, 8):
         x = torch.randn(n, 576).bfloat16()

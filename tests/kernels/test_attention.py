@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from triforce.kernels.attention import attention, reference_attention
+from triforce.kernels.attention import KERNEL_MAX_ROWS, attention, reference_attention
+from triforce.kernels.cpu import cpu_kernels
 from triforce.kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_tokens, select_chunks
 
 
@@ -36,3 +37,22 @@ def test_gather_chunks_takes_whole_chunks_per_head():
     (out,) = gather_tokens(chunk_token_ids(torch.tensor([[0, 2], [1, 2]]), 4), data)
     assert out[0, :, 0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11]
     assert out[1, :, 0].tolist() == [16, 17, 18, 19, 20, 21, 22, 23]
+
+
+needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
+
+
+@needs_kernel
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
+@pytest.mark.parametrize("n,s", [(1, 1), (1, 3000), (7, 7), (6, 1500), (16, 700), (3, 65)])
+def test_cpu_decode_attention_kernel_matches_reference(hq, hkv, d, n, s):
+    g = torch.Generator().manual_seed(n * 1000 + s)
+    q = (2 * torch.randn(hq, n, d, generator=g)).bfloat16()
+    cache_k = torch.randn(hkv, s + 50, d, generator=g).bfloat16()  # a cache longer than what is read:
+    cache_v = torch.randn(hkv, s + 50, d, generator=g).bfloat16()  # strided heads, as the caches hand over
+    k, v = cache_k[:, :s], cache_v[:, :s]
+    got = cpu_kernels().decode_attention_bf16(q, k, v, d ** -0.5).float()
+    want = reference_attention(q.float(), k.float(), v.float(), d ** -0.5).float()
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+    if (hq // hkv) * n <= KERNEL_MAX_ROWS:  # the dispatcher takes the kernel
+        torch.testing.assert_close(attention(q, k, v, d ** -0.5).float(), got)

@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from triforce.kernels.linear import cpu_kernel, linear, reference_linear
+from triforce.kernels.cpu import cpu_kernels
+from triforce.kernels.linear import linear, reference_linear
 
-needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
+needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
 
 
 @needs_kernel
@@ -11,7 +12,7 @@ needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason="no AVX512-BF16 C
 @pytest.mark.parametrize("k,out", [(576, 1728), (1536, 576), (64, 3)])
 def test_cpu_bf16_kernel_matches_float32_reference(n, k, out):
     x, w = torch.randn(n, k).bfloat16(), torch.randn(out, k).bfloat16()
-    got, want = cpu_kernel().linear_bf16(x, w).float(), reference_linear(x, w).float()
+    got, want = cpu_kernels().linear_bf16(x, w).float(), reference_linear(x, w).float()
     # Both accumulate in float32 (in different orders) and round once to bfloat16: one bf16 ulp apart at most.
     torch.testing.assert_close(got, want, atol=1e-6, rtol=2 ** -7)
 

@@ -3,13 +3,21 @@
 Every cache policy hands the model keys laid out so that the new tokens come last, so one rule covers
 prefill chunks, decode and verification: query i (0-based among the n new ones) sees keys [0, S - n + i].
 
-Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU), torch SDPA
-otherwise, and `reference_attention`, a plain loop that the tests compare both against.
+Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU); on a CPU
+with AVX512-BF16, csrc/attention_bf16.cpp for bfloat16 decode steps (at most 8 query rows per KV head,
+head dim 64 or 128), which reads the KV cache at about 1.6x SDPA's rate; torch SDPA otherwise.
+`reference_attention` is the plain loop that the tests compare them all against.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .cpu import cpu_kernels
+
+# The kernel streams K and V once, but scores every row with vector instructions; past about 8 rows
+# (query heads per KV head x new tokens) SDPA's matrix units win even when reading from DRAM.
+KERNEL_MAX_ROWS = 8
 
 try:  # pragma: no cover - GPU only
     from flash_attn import flash_attn_func as _flash_attn_func
@@ -36,6 +44,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
         out = _flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                softmax_scale=scale, causal=True)
         return out[0].transpose(0, 1)
+    if (q.dtype == torch.bfloat16 and q.device.type == "cpu" and (hq // hkv) * n <= KERNEL_MAX_ROWS and d in (64, 128)
+            and k.stride(-1) == 1 and k.stride(-2) == d and v.stride() == k.stride()):
+        ext = cpu_kernels()
+        if ext is not None:
+            return ext.decode_attention_bf16(q, k, v, scale)
     g = hq // hkv
     qg = q.reshape(1, hkv, g * n, d)  # rows ordered (group member, query index)
     mask = None

@@ -54,5 +54,3 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w) {
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) { rows(xp, wp, yp, K, N, begin, end); });
   return y;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("linear_bf16", &linear_bf16, "bf16 x . W^T for n <= 8 rows"); }

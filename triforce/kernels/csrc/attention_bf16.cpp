@@ -1,0 +1,227 @@
+// Decode attention for bfloat16 on AVX512-BF16 CPUs: n <= 16 new queries over S cached keys, new last.
+//
+// out[Hq, n, D] = softmax(scale * q k^T, causal tail) v, where query i of the n new ones sees keys
+// [0, S - n + i]. Grouped-query attention: the G query heads of a KV head and their n queries are the
+// R = G * n rows that share one pass over that head's keys and values. Each head's keys are split into
+// ranges processed in parallel with an online softmax (flash-decoding); the partial results are merged
+// at the end. K and V are each read once, in blocks, so the pass runs near memory bandwidth.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int kBlock = 64;     // keys per block (scores of a block stay in L1)
+constexpr int kMaxRows = 128;  // G * n
+
+// e^x for 16 floats (x <= 0 here): 2^k * p(r), r = x - k ln2, |r| <= ln2/2, degree-6 polynomial.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, k);
+}
+
+inline __m512 bf16_to_ps(const at::BFloat16* p) {  // 16 bf16 -> 16 floats
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// In place: r[i][j] -> r[j][i] for a 16 x 16 matrix of 32-bit elements.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+    t[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+    t[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd);
+    r[4 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xdd);
+  }
+}
+
+struct Partial {  // one row's online-softmax state over a range of keys
+  float max, sum;
+};
+
+// scores[r][0..nk) = scale * q_r . k_j for nk <= 16 keys starting at k. Keys are transposed into
+// "pair-major" order (lane j of kt[p] = bf16 pair p of key j) so one dot-product instruction yields 16
+// keys' partial scores for a row and no horizontal sums are needed.
+template <int D>
+inline void score16(const at::BFloat16* q, const at::BFloat16* k, int64_t k_row, int nk, int R, float scale,
+                    float (*scores)[kBlock], int j0) {
+  constexpr int P = D / 2;  // bf16 pairs per row
+  __m512i kt[P];
+  for (int h = 0; h < P / 16; ++h) {
+    __m512i* blk = kt + 16 * h;
+    for (int i = 0; i < 16; ++i)
+      blk[i] = i < nk ? _mm512_loadu_si512(reinterpret_cast<const int32_t*>(k + i * k_row) + 16 * h)
+                      : _mm512_setzero_si512();
+    transpose16(blk);
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    const int32_t* qr = reinterpret_cast<const int32_t*>(q + static_cast<int64_t>(r) * D);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (int p = 0; p < P; p += 2) {
+      a0 = _mm512_dpbf16_ps(a0, reinterpret_cast<__m512bh>(kt[p]), reinterpret_cast<__m512bh>(_mm512_set1_epi32(qr[p])));
+      a1 = _mm512_dpbf16_ps(a1, reinterpret_cast<__m512bh>(kt[p + 1]),
+                            reinterpret_cast<__m512bh>(_mm512_set1_epi32(qr[p + 1])));
+    }
+    _mm512_storeu_ps(&scores[r][j0], _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
+  }
+}
+
+// Rows r = (group member, query i) of KV head h, keys [begin, end). acc: [R, D] float, zeroed.
+template <int D>
+void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
+                  int R, int n, int64_t S, int64_t begin, int64_t end, float scale, float* acc, Partial* st) {
+  constexpr int DV = D / 16;  // float vectors per row
+  alignas(64) float scores[kMaxRows][kBlock];
+  alignas(64) float vf[kBlock][D];
+  for (int r = 0; r < R; ++r) st[r] = {-std::numeric_limits<float>::infinity(), 0.0f};
+  for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
+    const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
+    for (int j0 = 0; j0 < nb; j0 += 16)
+      score16<D>(q, k + (b0 + j0) * k_row, k_row, std::min(16, nb - j0), R, scale, scores, j0);
+    for (int r = 0; r < R; ++r) {  // causal tail: query i sees keys <= S - n + i
+      const int64_t limit = S - n + (r % n);
+      for (int j = 0; j < nb; ++j)
+        if (b0 + j > limit) scores[r][j] = -std::numeric_limits<float>::infinity();
+    }
+    for (int r = 0; r < R; ++r) {
+      float m = st[r].max;
+      for (int j = 0; j < nb; ++j) m = std::max(m, scores[r][j]);
+      if (m == -std::numeric_limits<float>::infinity()) {  // every key of this block masked
+        for (int j = 0; j < nb; ++j) scores[r][j] = 0.0f;
+        continue;
+      }
+      const float rescale = std::exp(st[r].max - m);
+      float sum = 0.0f;
+      int j = 0;
+      for (; j + 16 <= nb; j += 16) {
+        const __m512 s = _mm512_loadu_ps(&scores[r][j]);
+        const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
+                                             exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+        _mm512_storeu_ps(&scores[r][j], p);
+        sum += _mm512_reduce_add_ps(p);
+      }
+      for (; j < nb; ++j) {
+        scores[r][j] = std::isinf(scores[r][j]) ? 0.0f : std::exp(scores[r][j] - m);
+        sum += scores[r][j];
+      }
+      st[r] = {m, st[r].sum * rescale + sum};
+      if (rescale != 1.0f) {
+        float* ar = acc + static_cast<int64_t>(r) * D;
+        const __m512 f = _mm512_set1_ps(rescale);
+        for (int c = 0; c < DV; ++c) _mm512_storeu_ps(ar + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * c), f));
+      }
+    }
+    for (int j = 0; j < nb; ++j)  // the block's values, once, as floats
+      for (int c = 0; c < DV; ++c) _mm512_store_ps(&vf[j][16 * c], bf16_to_ps(v + (b0 + j) * k_row + 16 * c));
+    for (int r = 0; r < R; ++r) {
+      float* ar = acc + static_cast<int64_t>(r) * D;
+      __m512 o[DV];
+      for (int c = 0; c < DV; ++c) o[c] = _mm512_loadu_ps(ar + 16 * c);
+      for (int j = 0; j < nb; ++j) {
+        const __m512 p = _mm512_set1_ps(scores[r][j]);
+        for (int c = 0; c < DV; ++c) o[c] = _mm512_fmadd_ps(p, _mm512_load_ps(&vf[j][16 * c]), o[c]);
+      }
+      for (int c = 0; c < DV; ++c) _mm512_storeu_ps(ar + 16 * c, o[c]);
+    }
+  }
+}
+
+template <int D>
+void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, float scale, torch::Tensor& out) {
+  const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
+  const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
+  // Key ranges of at least 512 keys, as many as keep every thread equally busy: the number of
+  // (head, range) items is a multiple of the thread count where the sequence is long enough.
+  const int64_t threads = at::get_num_threads();
+  int64_t splits = 1;
+  while ((hkv * splits) % threads != 0 || hkv * splits < 2 * threads) ++splits;
+  splits = std::max<int64_t>(1, std::min<int64_t>(splits, (S + 511) / 512));
+  const int64_t span = (S + splits - 1) / splits;
+  splits = (S + span - 1) / span;
+  std::vector<float> acc(static_cast<size_t>(hkv * splits * R * D), 0.0f);
+  std::vector<Partial> st(static_cast<size_t>(hkv * splits * R));
+  const auto* qp = q.data_ptr<at::BFloat16>();
+  const auto* kp = k.data_ptr<at::BFloat16>();
+  const auto* vp = v.data_ptr<at::BFloat16>();
+  at::parallel_for(0, hkv * splits, 1, [&](int64_t b, int64_t e) {
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t h = item / splits, sp = item % splits;
+      const int64_t begin = sp * span, end = std::min(S, begin + span);
+      attend_range<D>(qp + h * G * n * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R,
+                      static_cast<int>(n), S, begin, end, scale, acc.data() + item * R * D, st.data() + item * R);
+    }
+  });
+  auto* op = out.data_ptr<at::BFloat16>();
+  at::parallel_for(0, hkv * R, 1, [&](int64_t b, int64_t e) {
+    for (int64_t hr = b; hr < e; ++hr) {
+      const int64_t h = hr / R, r = hr % R;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, st[(h * splits + sp) * R + r].max);
+      float total = 0.0f;
+      float row[256] = {0.0f};
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const Partial& p = st[(h * splits + sp) * R + r];
+        if (p.sum == 0.0f) continue;
+        const float w = std::exp(p.max - m);
+        total += p.sum * w;
+        const float* a = acc.data() + ((h * splits + sp) * R + r) * D;
+        for (int c = 0; c < D; ++c) row[c] += w * a[c];
+      }
+      at::BFloat16* o = op + (h * R + r) * D;  // rows of head h are query heads h*G.. with n queries each
+      for (int c = 0; c < D; ++c) o[c] = at::BFloat16(row[c] / total);
+    }
+  });
+}
+
+}  // namespace
+
+torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
+              v.scalar_type() == at::kBFloat16, "bfloat16 only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [Hq, n, D], k and v [Hkv, S, D]");
+  const int64_t hq = q.size(0), n = q.size(1), d = q.size(2), hkv = k.size(0), S = k.size(1);
+  TORCH_CHECK(d == 64 || d == 128, "head dim 64 or 128");
+  TORCH_CHECK(k.size(2) == d && v.size(2) == d && v.size(0) == hkv && v.size(1) == S, "k, v shapes");
+  TORCH_CHECK(hq % hkv == 0 && n >= 1 && n <= S && (hq / hkv) * n <= kMaxRows, "heads / rows");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == d && v.stride(1) == d &&
+              k.stride(0) == v.stride(0), "k and v rows must be contiguous, with equal head strides");
+  // [Hq, n, D] with the G query heads of each KV head adjacent: row (g, i) of head h is q[h*G + g, i].
+  q = q.contiguous();
+  auto out = torch::empty_like(q);
+  if (d == 64) run<64>(q, k, v, static_cast<float>(scale), out);
+  else run<128>(q, k, v, static_cast<float>(scale), out);
+  return out;
+}
