@@ -1,33 +1,45 @@
-"""`triforce bench`: several modes on the same prompt in one process; prints JSON.
+"""`triforce bench`: triforce's modes and the peers a Python user would pick instead, on the same prompts
+in one process; prints JSON (and writes it with --out).
 
-For each prompt length, the prompt is the first N tokens of the given text files. Every mode decodes the
-same prompt with the same sampling settings; `speedup_vs_ar` divides by the `ar` run at the same length
-from this same process. At temperature 0 each run also reports whether its tokens equal `ar`'s.
+Workloads: `novel` (the first N tokens of the text files: continue a novel) and `passkey` (a five-digit
+key planted a tenth of the way into N tokens of that text and asked for at the end). Every run of one
+(workload, length, temperature) group decodes the same prompt with the same sampling settings; speedups
+divide by the `ar` and `transformers` runs of that group. At temperature 0 each run also reports whether
+its tokens equal `ar`'s, and on `passkey` whether the answer holds the key.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import random
 import sys
 from pathlib import Path
 
 from ..config import MODES, EngineConfig, SamplingParams
 from ..errors import UserError
+from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
+
+WORKLOADS = ("novel", "passkey")
 
 
 def add_bench_parser(sub) -> None:
     from .cli import add_engine_args, add_model_args
 
-    p = sub.add_parser("bench", help="compare modes on one prompt; prints JSON",
+    p = sub.add_parser("bench", help="compare modes and peers on the same prompts; prints JSON",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_engine_args(p)
     p.add_argument("--text", nargs="+", required=True, help="text files the prompts are cut from")
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["novel"])
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 7936], help="prompt lengths in tokens")
     p.add_argument("--modes", nargs="+", choices=MODES, default=["ar", "retrieval"])
+    p.add_argument("--peers", nargs="*", choices=PEERS, default=[],
+                   help="transformers: plain generate; assisted: transformers with the draft as assistant_model; "
+                        "llamacpp: llama-cpp-python on --gguf (skipped when not installed)")
+    p.add_argument("--gguf", default=None, help="GGUF file for the llama.cpp peer")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sweep", default=None, metavar="SETTING=V1,V2,...",
@@ -47,53 +59,107 @@ def _parse_sweep(spec: str | None) -> tuple[str | None, list]:
     return name, [cast(v) for v in values.split(",")]
 
 
+def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tuple[list[int], str]:
+    """`length` tokens: filler text with a key planted a tenth of the way in, and the question at the end."""
+    key = str(random.Random(seed).randrange(10000, 100000))
+    plant = tokenizer(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n").input_ids
+    question = tokenizer("\nWhat is the pass key? The pass key is").input_ids
+    body = length - len(plant) - len(question)
+    if body <= 0 or body > len(filler):
+        raise UserError(f"passkey prompt of {length} tokens does not fit the text")
+    at = body // 10
+    return filler[:at] + plant + filler[at:body] + question, key
+
+
+def _tier_summary(metrics) -> list[dict]:
+    keys = ("name", "drafter", "proposed", "accepted", "acceptance_rate", "seconds")
+    return [{k: t[k] for k in keys} for t in metrics.to_dict()["tiers"]]
+
+
 def run_bench(args) -> int:
     from ..api import LLM
     from .cli import engine_settings
 
     sweep_name, sweep_values = _parse_sweep(args.sweep)
     text = "\n".join(Path(f).read_text(encoding="utf-8") for f in args.text)
-    needs_draft = any(m in ("draft", "triforce") for m in args.modes)
+    needs_draft = any(m in ("draft", "triforce") for m in args.modes) or "assisted" in args.peers
     llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
               args.device, **engine_settings(args))
+    if "assisted" in args.peers and llm.draft_path is None:
+        raise UserError("the assisted peer needs a draft model")
+    hf = None
+    if {"transformers", "assisted"} & set(args.peers):
+        hf = TransformersPeer(llm.model_path, args.dtype, llm.draft_path if "assisted" in args.peers else None)
+    cpp = None
+    if "llamacpp" in args.peers:
+        if not llama_cpp_available() or args.gguf is None:
+            print("bench: llama.cpp peer skipped (needs llama-cpp-python and --gguf)", file=sys.stderr)
+        else:
+            cpp = LlamaCppPeer(Path(args.gguf), max(args.lengths) + args.max_new_tokens + 16)
     ids = llm.tokenizer(text).input_ids
     base = llm.config
-    results = []
-    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=args.seed, ignore_eos=True)
     llm.config = dataclasses.replace(base, mode="ar")
-    llm.generate([ids[:64]], dataclasses.replace(params, max_tokens=8))  # warm up kernels and allocator
-    for length in args.lengths:
-        if length + args.max_new_tokens > llm.target.config.max_positions or length > len(ids):
-            raise UserError(f"prompt length {length} + {args.max_new_tokens} does not fit the model or the text")
-        prompt = ids[:length]
-        reference = None
-        for mode in args.modes:
-            for value in (sweep_values if mode != "ar" else [None]):
-                overrides = {sweep_name: value} if value is not None else {}
-                llm.config = dataclasses.replace(base, mode=mode, **overrides)
-                out = llm.generate([prompt], params)[0]
-                row = {"prompt_tokens": length, "mode": mode, **overrides,
-                       "tokens_per_s": round(out.metrics.tokens_per_s, 3),
-                       "prefill_s": round(out.metrics.prefill_s, 3),
-                       "generated_tokens": out.metrics.generated_tokens,
-                       "retrieval_rebuilds": out.metrics.retrieval_rebuilds,
-                       "tiers": [{k: t[k] for k in ("name", "drafter", "proposed", "accepted", "acceptance_rate",
-                                                    "seconds")} for t in out.metrics.to_dict()["tiers"]]}
-                if mode == "ar":
-                    reference = out
-                elif reference is not None:
-                    row["speedup_vs_ar"] = round(out.metrics.tokens_per_s / reference.metrics.tokens_per_s, 3)
-                    if params.greedy:
-                        row["equals_ar"] = out.token_ids == reference.token_ids
-                results.append(row)
-                print(json.dumps(row), file=sys.stderr)
-    report = {"model": str(args.model), "dtype": args.dtype, "device": str(llm.device),
-              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-              "engine": dataclasses.asdict(base), "results": results}
+    llm.generate([ids[:64]], SamplingParams(max_tokens=8))  # warm up kernels and allocator
+    results = []
+    for workload in args.workloads:
+        for length in args.lengths:
+            if length + args.max_new_tokens > llm.target.config.max_positions or length > len(ids):
+                raise UserError(f"prompt length {length} + {args.max_new_tokens} does not fit the model or the text")
+            key = None
+            prompt = ids[:length]
+            if workload == "passkey":
+                prompt, key = passkey_prompt(llm.tokenizer, ids, length, args.seed)
+            for temperature in args.temperatures:
+                params = SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature,
+                                        top_p=args.top_p, seed=args.seed, ignore_eos=True)
+                group = {"workload": workload, "prompt_tokens": length, "temperature": temperature}
+                rows = []
+                for mode in args.modes:
+                    for value in (sweep_values if mode != "ar" else [None]):
+                        overrides = {sweep_name: value} if value is not None else {}
+                        llm.config = dataclasses.replace(base, mode=mode, **overrides)
+                        out = llm.generate([prompt], params)[0]
+                        rows.append({**group, "run": mode, **overrides,
+                                     "tokens_per_s": out.metrics.tokens_per_s, "prefill_s": out.metrics.prefill_s,
+                                     "generated_tokens": out.metrics.generated_tokens,
+                                     "retrieval_rebuilds": out.metrics.retrieval_rebuilds,
+                                     "tiers": _tier_summary(out.metrics), "token_ids": out.token_ids})
+                        print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}), file=sys.stderr)
+                for peer in args.peers:
+                    if peer == "llamacpp" and cpp is None:
+                        continue
+                    runner = cpp.run if peer == "llamacpp" else hf.run
+                    extra = {"assisted": True} if peer == "assisted" else {}
+                    got = runner(prompt, args.max_new_tokens, temperature, args.top_p, args.seed, **extra)
+                    rows.append({**group, "run": peer, **got})
+                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}), file=sys.stderr)
+                results.extend(_compare(rows, llm.tokenizer, key))
+    report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
+              "dtype": args.dtype, "device": str(llm.device), "max_new_tokens": args.max_new_tokens,
+              "top_p": args.top_p, "engine": dataclasses.asdict(base), "results": results}
     text_out = json.dumps(report, indent=1)
     print(text_out)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text_out)
     return 0
+
+
+def _compare(rows: list[dict], tokenizer, key: str | None) -> list[dict]:
+    """Adds speedups against the group's ar and transformers runs, equality with ar when greedy, and
+    whether the passkey was answered; drops the token ids."""
+    ar = next((r for r in rows if r["run"] == "ar"), None)
+    plain = next((r for r in rows if r["run"] == "transformers"), None)
+    greedy = rows[0]["temperature"] == 0 if rows else False
+    for row in rows:
+        for name, ref in (("ar", ar), ("transformers", plain)):
+            if ref is not None and ref is not row:
+                row[f"speedup_vs_{name}"] = round(row["tokens_per_s"] / ref["tokens_per_s"], 3)
+        if ar is not None and greedy and row is not ar:
+            row["equals_ar"] = row["token_ids"] == ar["token_ids"]
+        if key is not None:
+            row["passkey_found"] = key in tokenizer.decode(row["token_ids"][:16])
+    for row in rows:
+        row["tokens_per_s"], row["prefill_s"] = round(row["tokens_per_s"], 3), round(row["prefill_s"], 3)
+        del row["token_ids"]
+    return rows
