@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -26,9 +27,9 @@ from .models.vocab import read_draft_metadata, tokenizer_fingerprint
 
 log = logging.getLogger("triforce")
 
-# Drafts shipped for known targets (the draft issue adds SmolLM2's). Until then mode `triforce` on such
-# a target falls back to `retrieval` with a one-line notice.
-DEFAULT_DRAFTS: dict[str, str] = {}
+# Drafts shipped inside the package for known targets (made by `triforce train-draft`; see README). For
+# other targets without --draft, mode `triforce` falls back to `retrieval` with a one-line notice.
+DEFAULT_DRAFTS: dict[str, Path] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2"}
 
 
 @dataclass
@@ -66,7 +67,8 @@ class LLM:
         EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         self.model_path = resolve_model(model)
         if draft is None and mode in ("triforce", "draft"):
-            draft = DEFAULT_DRAFTS.get(str(model))
+            shipped = DEFAULT_DRAFTS.get(str(model))
+            draft = shipped if shipped is not None and (shipped / "config.json").is_file() else None
         if draft is None and mode == "draft":
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
         self.draft_path = resolve_model(draft) if draft is not None and mode in ("triforce", "draft") else None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 NAME = "triforce_cpu_kernels"
-SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "bindings.cpp")
+SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "fused_bf16.cpp", "bindings.cpp")
 _extension = None
 _tried = False
 

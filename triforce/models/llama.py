@@ -8,10 +8,10 @@ so a decode step reads each weight matrix in one pass.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.attention import attention
+from ..kernels.fused import rms_norm, silu_mul
 from ..kernels.linear import linear
 from .config import ModelConfig
 from .rope import RotaryEmbedding
@@ -25,10 +25,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # float32 statistics, as transformers does, so bf16 models agree with it.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -56,8 +53,8 @@ class DecoderLayer(nn.Module):
         q, keys, values = cache.append(self.index, q, k, v)  # keys/values: [hkv, S, d], new tokens last
         attn = attention(q, keys, values, self.scale)  # [hq, n, d]
         x = x + linear(attn.transpose(0, 1).reshape(n, hq * d), self.o_proj.weight)
-        gate, up = linear(self.post_attention_norm(x), self.gate_up_proj.weight).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down_proj.weight)
+        gate_up = linear(self.post_attention_norm(x), self.gate_up_proj.weight)
+        return x + linear(silu_mul(gate_up), self.down_proj.weight)
 
 
 class LlamaModel(nn.Module):

@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from ..kernels.fused import rope
+
 from .config import ModelConfig
 
 
@@ -95,9 +97,7 @@ class RotaryEmbedding:
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [H, n, D] rotated by the (cos, sin) of its n positions."""
-        half = x.shape[-1] // 2
-        rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated_half * sin
+        return rope(x, cos, sin)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [H, n, D]; positions: [n] int64. Returns x rotated, in x's dtype."""

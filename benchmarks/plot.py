@@ -1,0 +1,113 @@
+"""PNG plots from `triforce bench` JSON files (needs matplotlib: pip install -e .[bench]).
+
+    python benchmarks/plot.py --speedup main.json --temperature temps.json --budget budget.json \
+        --chunk chunk.json --out-dir benchmarks/results
+
+Each option is optional; each makes one figure:
+  speedup      tokens/s and speedup over ar vs prompt length, per run, per temperature (workload novel)
+  temperature  per-tier acceptance of mode triforce vs temperature
+  budget       tokens/s and tier-2 acceptance vs retrieval budget
+  chunk        tokens/s and tier-2 acceptance vs retrieval chunk size
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def rows(path: str, workload: str = "novel") -> list[dict]:
+    return [r for r in json.loads(Path(path).read_text())["results"] if r["workload"] == workload]
+
+
+def tier_acceptance(row: dict, name: str) -> float | None:
+    return next((t["acceptance_rate"] for t in row.get("tiers", []) if t["name"] == name), None)
+
+
+def plot_speedup(path: str, out: Path) -> None:
+    data = rows(path)
+    temps = sorted({r["temperature"] for r in data})
+    fig, axes = plt.subplots(2, len(temps), figsize=(5.5 * len(temps), 8), squeeze=False)
+    for col, temp in enumerate(temps):
+        series = defaultdict(list)
+        for r in data:
+            if r["temperature"] == temp:
+                series[r["run"]].append((r["prompt_tokens"], r["tokens_per_s"], r.get("speedup_vs_ar", 1.0)))
+        for run, pts in sorted(series.items()):
+            pts.sort()
+            axes[0][col].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=run)
+            axes[1][col].plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=run)
+        axes[0][col].set_title(f"temperature {temp}")
+        axes[0][col].set_ylabel("tokens/s")
+        axes[1][col].set_ylabel("speedup over ar")
+        axes[1][col].axhline(1.0, color="grey", lw=0.5)
+        for ax in axes[:, col]:
+            ax.set_xlabel("prompt tokens")
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_vs_prompt_length.png", dpi=110)
+
+
+def plot_temperature(path: str, out: Path) -> None:
+    data = sorted((r for r in rows(path) if r["run"] == "triforce"), key=lambda r: r["temperature"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for tier, label in (("retrieval", "tier 1 (draft) accepted by tier 2 (retrieval)"),
+                        ("target", "tier 2 accepted by the target")):
+        ax.plot([r["temperature"] for r in data], [tier_acceptance(r, tier) for r in data], marker="o", label=label)
+    ax.set_xlabel("temperature")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_vs_temperature.png", dpi=110)
+
+
+def plot_sweep(path: str, setting: str, out: Path) -> None:
+    data = [r for r in rows(path) if setting in r]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax2 = ax.twinx()
+    for run in sorted({r["run"] for r in data}):
+        pts = sorted((r[setting], r["tokens_per_s"], tier_acceptance(r, "target")) for r in data if r["run"] == run)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{run} tokens/s")
+        ax2.plot([p[0] for p in pts], [p[2] for p in pts], marker="x", ls="--", label=f"{run} tier-2 acceptance")
+    ar = [r["tokens_per_s"] for r in rows(path) if r["run"] == "ar"]
+    if ar:
+        ax.axhline(ar[0], color="grey", lw=0.8, label="ar tokens/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(setting)
+    ax.set_ylabel("tokens/s")
+    ax2.set_ylabel("acceptance by the target")
+    ax2.set_ylim(0, 1.02)
+    fig.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / f"{setting}_sweep.png", dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--speedup")
+    p.add_argument("--temperature")
+    p.add_argument("--budget")
+    p.add_argument("--chunk")
+    p.add_argument("--out-dir", default="bench-out")
+    args = p.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.speedup:
+        plot_speedup(args.speedup, out)
+    if args.temperature:
+        plot_temperature(args.temperature, out)
+    if args.budget:
+        plot_sweep(args.budget, "budget", out)
+    if args.chunk:
+        plot_sweep(args.chunk, "chunk_size", out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The fused CPU bfloat16 element-wise kernels against the torch expressions they replace."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from triforce.kernels import fused
+from triforce.kernels.cpu import cpu_kernels
+
+pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
+BF16_ULP = 2 ** -7  # relative spacing of bfloat16 numbers
+
+
+def test_rms_norm():
+    x, w = (3 * torch.randn(5, 576)).bfloat16(), (1 + 0.1 * torch.randn(576)).bfloat16()
+    x32 = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+    want = w * x32.to(torch.bfloat16)
+    got = cpu_kernels().rms_norm_bf16(x, w, 1e-5)
+    torch.testing.assert_close(got.float(), want.float(), rtol=BF16_ULP, atol=1e-6)
+    assert (got == want).float().mean() > 0.99  # the same rounding steps: nearly all bit-identical
+
+
+def test_silu_mul():
+    gate_up = (4 * torch.randn(3, 2 * 1536)).bfloat16()
+    gate, up = gate_up.chunk(2, dim=-1)
+    want, got = F.silu(gate) * up, cpu_kernels().silu_mul_bf16(gate_up)
+    torch.testing.assert_close(got.float(), want.float(), rtol=BF16_ULP, atol=1e-6)
+    assert (got == want).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("n", [1, 7])
+def test_rope_on_a_strided_view(n):
+    qkv = torch.randn(n, 15 * 64).bfloat16()
+    x = qkv[:, : 9 * 64].view(n, 9, 64).transpose(0, 1)  # [H, n, D] as the model hands it over
+    cos, sin = torch.randn(n, 64).bfloat16(), torch.randn(n, 64).bfloat16()
+    rotated = torch.cat((-x[..., 32:], x[..., :32]), dim=-1)
+    assert torch.equal(cpu_kernels().rope_bf16(x, cos, sin), x * cos + rotated * sin)
+    assert torch.equal(fused.rope(x, cos, sin), x * cos + rotated * sin)

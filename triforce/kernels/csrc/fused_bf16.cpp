@@ -1,0 +1,84 @@
+// Small bfloat16 element-wise steps of a decoder layer, each one call instead of 3 to 8 torch ops.
+//
+// A decode step spends as long in per-op overhead as in these ops' arithmetic, so each is fused. The
+// rounding follows the torch expressions they replace (models/llama.py, models/rope.py) step by step:
+// every intermediate that torch rounds to bfloat16 is rounded here too.
+#include <torch/extension.h>
+
+#include <cmath>
+
+using bf16 = at::BFloat16;
+
+namespace {
+inline float round_bf16(float x) { return static_cast<float>(bf16(x)); }
+}  // namespace
+
+// weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(bf16), rows of x: [n, H].
+torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bfloat16 only");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && x.size(1) == weight.size(0), "x [n, H], weight [H]");
+  x = x.contiguous();
+  const int64_t n = x.size(0), h = x.size(1);
+  auto out = torch::empty_like(x);
+  const bf16* xp = x.data_ptr<bf16>();
+  const bf16* wp = weight.contiguous().data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  for (int64_t r = 0; r < n; ++r) {
+    const bf16* row = xp + r * h;
+    float ss = 0.0f;
+    for (int64_t i = 0; i < h; ++i) ss += static_cast<float>(row[i]) * static_cast<float>(row[i]);
+    const float scale = 1.0f / std::sqrt(ss / static_cast<float>(h) + static_cast<float>(eps));
+    for (int64_t i = 0; i < h; ++i)
+      op[r * h + i] = bf16(static_cast<float>(wp[i]) * round_bf16(static_cast<float>(row[i]) * scale));
+  }
+  return out;
+}
+
+// silu(gate) * up for gate_up = [gate | up]: [n, 2I] -> [n, I].
+torch::Tensor silu_mul_bf16(torch::Tensor gate_up) {
+  TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16 && gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
+              "bfloat16 [n, 2I]");
+  gate_up = gate_up.contiguous();
+  const int64_t n = gate_up.size(0), half = gate_up.size(1) / 2;
+  auto out = torch::empty({n, half}, gate_up.options());
+  const bf16* gp = gate_up.data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < half; ++i) {
+      const float g = static_cast<float>(gp[r * 2 * half + i]);
+      const float s = round_bf16(g / (1.0f + std::exp(-g)));
+      op[r * half + i] = bf16(s * static_cast<float>(gp[r * 2 * half + half + i]));
+    }
+  return out;
+}
+
+// x * cos + cat(-x2, x1) * sin for x [H, n, D] (any strides), cos and sin [n, D]: a new [H, n, D].
+torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kBFloat16 &&
+              sin.scalar_type() == at::kBFloat16, "bfloat16 only");
+  TORCH_CHECK(x.dim() == 3 && cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(2) &&
+              sin.sizes() == cos.sizes() && x.size(2) % 2 == 0, "x [H, n, D], cos and sin [n, D]");
+  const int64_t H = x.size(0), n = x.size(1), D = x.size(2), half = D / 2;
+  TORCH_CHECK(x.stride(2) == 1, "x rows must be contiguous");
+  cos = cos.contiguous();
+  sin = sin.contiguous();
+  auto out = torch::empty({H, n, D}, x.options());
+  const bf16* xp = x.data_ptr<bf16>();
+  const bf16* cp = cos.data_ptr<bf16>();
+  const bf16* sp = sin.data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 0; t < n; ++t) {
+      const bf16* row = xp + h * x.stride(0) + t * x.stride(1);
+      const bf16* c = cp + t * D;
+      const bf16* s = sp + t * D;
+      bf16* o = op + (h * n + t) * D;
+      for (int64_t i = 0; i < D; ++i) {
+        const float rot = i < half ? -static_cast<float>(row[i + half]) : static_cast<float>(row[i - half]);
+        const float a = round_bf16(static_cast<float>(row[i]) * static_cast<float>(c[i]));
+        const float b = round_bf16(rot * static_cast<float>(s[i]));
+        o[i] = bf16(a + b);
+      }
+    }
+  return out;
+}
