@@ -4,7 +4,7 @@ Every cache policy hands the model keys laid out so that the new tokens come las
 prefill chunks, decode and verification: query i (0-based among the n new ones) sees keys [0, S - n + i].
 
 Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU); on a CPU
-with AVX512-BF16, csrc/attention_bf16.cpp for bfloat16 decode steps (at most 8 query rows per KV head,
+with AVX512-BF16, csrc/attention_bf16.cpp for bfloat16 decode steps (at most 24 query rows per KV head,
 head dim 64 or 128), which reads the KV cache at about 1.6x SDPA's rate; torch SDPA otherwise.
 `reference_attention` is the plain loop that the tests compare them all against.
 """
@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from .cpu import cpu_kernels
 
-# The kernel streams K and V once, but scores every row with vector instructions; past about 8 rows
+# The kernel streams K and V once, but scores every row with vector instructions; past about 24 rows
 # (query heads per KV head x new tokens) SDPA's matrix units win even when reading from DRAM.
-KERNEL_MAX_ROWS = 8
+KERNEL_MAX_ROWS = 24
 
 try:  # pragma: no cover - GPU only
     from flash_attn import flash_attn_func as _flash_attn_func

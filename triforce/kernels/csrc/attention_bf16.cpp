@@ -105,27 +105,32 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
                   int R, int n, int64_t S, int64_t begin, int64_t end, float scale, float* acc, Partial* st) {
   constexpr int DV = D / 16;  // float vectors per row
   alignas(64) float scores[kMaxRows][kBlock];
-  alignas(64) float vf[kBlock][D];
+  alignas(64) __m512i vpairs[kBlock / 2][DV];
   for (int r = 0; r < R; ++r) st[r] = {-std::numeric_limits<float>::infinity(), 0.0f};
   for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
     for (int j0 = 0; j0 < nb; j0 += 16)
       score16<D>(q, k + (b0 + j0) * k_row, k_row, std::min(16, nb - j0), R, scale, scores, j0);
-    for (int r = 0; r < R; ++r) {  // causal tail: query i sees keys <= S - n + i
-      const int64_t limit = S - n + (r % n);
-      for (int j = 0; j < nb; ++j)
-        if (b0 + j > limit) scores[r][j] = -std::numeric_limits<float>::infinity();
+    if (b0 + nb - 1 > S - n) {  // the block reaches the new tokens: query i sees keys <= S - n + i
+      for (int r = 0; r < R; ++r) {
+        const int64_t limit = S - n + (r % n);
+        for (int j = 0; j < nb; ++j)
+          if (b0 + j > limit) scores[r][j] = -std::numeric_limits<float>::infinity();
+      }
     }
     for (int r = 0; r < R; ++r) {
-      float m = st[r].max;
-      for (int j = 0; j < nb; ++j) m = std::max(m, scores[r][j]);
+      __m512 mv = _mm512_set1_ps(st[r].max);
+      int j = 0;
+      for (; j + 16 <= nb; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(&scores[r][j]));
+      float m = _mm512_reduce_max_ps(mv);
+      for (; j < nb; ++j) m = std::max(m, scores[r][j]);
       if (m == -std::numeric_limits<float>::infinity()) {  // every key of this block masked
         for (int j = 0; j < nb; ++j) scores[r][j] = 0.0f;
         continue;
       }
       const float rescale = std::exp(st[r].max - m);
       float sum = 0.0f;
-      int j = 0;
+      j = 0;
       for (; j + 16 <= nb; j += 16) {
         const __m512 s = _mm512_loadu_ps(&scores[r][j]);
         const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
@@ -144,15 +149,34 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
         for (int c = 0; c < DV; ++c) _mm512_storeu_ps(ar + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * c), f));
       }
     }
-    for (int j = 0; j < nb; ++j)  // the block's values, once, as floats
-      for (int c = 0; c < DV; ++c) _mm512_store_ps(&vf[j][16 * c], bf16_to_ps(v + (b0 + j) * k_row + 16 * c));
+    // P . V with bfloat16 dot products over pairs of keys: lane i of vpairs[m][c] is the pair
+    // (v[2m][16c + i], v[2m + 1][16c + i]), and each row's probabilities are rounded to bfloat16 pairs
+    // (p[2m], p[2m + 1]), as GPU flash attention rounds P before its P . V product.
+    const int pairs = (nb + 1) / 2;
+    for (int m = 0; m < pairs; ++m) {
+      const at::BFloat16* v0 = v + (b0 + 2 * m) * k_row;
+      const bool odd_tail = 2 * m + 1 >= nb;
+      for (int c = 0; c < DV; ++c) {
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + 16 * c)));
+        const __m512i hi = odd_tail ? _mm512_setzero_si512()
+                                    : _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                          reinterpret_cast<const __m256i*>(v0 + k_row + 16 * c)));
+        vpairs[m][c] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+      }
+    }
     for (int r = 0; r < R; ++r) {
+      if (nb % 2) scores[r][nb] = 0.0f;
+      alignas(64) at::BFloat16 pb[kBlock];
+      for (int j = 0; j < 2 * pairs; j += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + j),
+                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(&scores[r][j]))));
+      const int32_t* p32 = reinterpret_cast<const int32_t*>(pb);
       float* ar = acc + static_cast<int64_t>(r) * D;
       __m512 o[DV];
       for (int c = 0; c < DV; ++c) o[c] = _mm512_loadu_ps(ar + 16 * c);
-      for (int j = 0; j < nb; ++j) {
-        const __m512 p = _mm512_set1_ps(scores[r][j]);
-        for (int c = 0; c < DV; ++c) o[c] = _mm512_fmadd_ps(p, _mm512_load_ps(&vf[j][16 * c]), o[c]);
+      for (int m = 0; m < pairs; ++m) {
+        const __m512bh pp = reinterpret_cast<__m512bh>(_mm512_set1_epi32(p32[m]));
+        for (int c = 0; c < DV; ++c) o[c] = _mm512_dpbf16_ps(o[c], reinterpret_cast<__m512bh>(vpairs[m][c]), pp);
       }
       for (int c = 0; c < DV; ++c) _mm512_storeu_ps(ar + 16 * c, o[c]);
     }
