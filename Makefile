@@ -25,10 +25,10 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
-# The closing-note benchmark: ar vs retrieval on SmolLM2, bfloat16, Austen prompts of 2K, 4K and 8K tokens.
+# The README's benchmark: triforce's modes against ar, transformers and assisted generation, passkey,
+# temperature and settings sweeps, plots (about 45 minutes on 2 cores; see benchmarks/run.sh).
 bench: setup
-	$(VENV)/bin/triforce bench --text ../shared/data/austen-emma.txt --lengths 2048 4096 7936 \
-		--modes ar retrieval --max-new-tokens 256 --retrieval-policy static --out bench-out/ar_vs_retrieval.json
+	TRIFORCE=$(VENV)/bin/triforce PYTHON=$(PY) benchmarks/run.sh bench-out
 
 clean:
 	rm -rf $(VENV) bench-out

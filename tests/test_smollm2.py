@@ -30,20 +30,21 @@ def prompt_ids(smollm2_dir):
 
 
 @pytest.fixture(scope="module")
-def random_draft(tiny_dir):
-    """No trained draft ships yet: a random one with SmolLM2's vocabulary still exercises tier 1."""
-    return load_model(tiny_dir("smol-draft", vocab_size=49152, hidden_size=64, num_layers=1, seed=41,
-                                max_position_embeddings=1024))
+def shipped_draft():
+    """The draft that ships for SmolLM2 (triforce train-draft; a reduced 8,192-token vocabulary)."""
+    from triforce.api import DEFAULT_DRAFTS
+
+    return load_model(DEFAULT_DRAFTS["smollm2"], "float32")
 
 
-def test_every_mode_equals_plain_greedy(smollm2, prompt_ids, random_draft):
+def test_every_mode_equals_plain_greedy(smollm2, prompt_ids, shipped_draft):
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     settings = dict(budget=256, chunk_size=8, full_layers=2)
     reference, _ = build_engine(EngineConfig(mode="ar"), smollm2, None, 2140).generate(prompt_ids, params)
     for mode, policy in [("retrieval", "static"), ("retrieval", "dynamic"), ("triforce", "dynamic"),
                          ("draft", "static")]:
         cfg = EngineConfig(mode=mode, retrieval_policy=policy, **settings)
-        tokens, metrics = build_engine(cfg, smollm2, random_draft, 2140).generate(prompt_ids, params)
+        tokens, metrics = build_engine(cfg, smollm2, shipped_draft, 2140).generate(prompt_ids, params)
         assert tokens == reference, (mode, policy)
         if mode == "retrieval":  # the target's own weights over 256 of 2,100 tokens agree most of the time
             assert metrics.tiers[-1].acceptance_rate > 0.5
@@ -56,3 +57,20 @@ def test_cli_generates_from_the_default_model(capsys):
                  "0", "--mode", "ar", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert "Paris" in result["text"] and len(result["token_ids"]) <= 8
+
+
+def test_default_model_runs_three_tiers_with_the_shipped_draft(capsys):
+    from pathlib import Path
+
+    from triforce.launch.cli import main
+
+    prompt = Path(__file__).parents[1] / "examples" / "long_prompt.txt"
+    assert main(["generate", "--prompt-file", str(prompt), "--max-new-tokens", "48", "--temperature", "0",
+                 "--json", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["mode"] == "triforce" and "falls back" not in captured.err
+    draft_check, target_check = result["metrics"]["tiers"]
+    assert draft_check["drafter"] == "draft" and draft_check["proposed"] > 0
+    # A trained draft on English prose: most of its proposals survive the retrieval tier's check.
+    assert draft_check["acceptance_rate"] > 0.4, draft_check
