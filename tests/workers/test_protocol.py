@@ -1,0 +1,54 @@
+"""The control-plane codec: round trips, and every kind of bad message is refused with ProtocolError."""
+import msgpack
+import pytest
+import torch
+
+from triforce.workers.protocol import (PROTOCOL_VERSION, ProtocolError, decode, encode, error_reply,
+                                       reply)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_round_trip_with_tensors(dtype):
+    t = (torch.randn(3, 4, 5) * 100).to(dtype)
+    frames = encode("verify", {"tokens": [5, 6, 7], "parents": [-1, 0, 1], "start": 10}, [t, t[0, :0]])
+    kind, body, tensors = decode(frames)
+    assert kind == "verify" and body == {"tokens": [5, 6, 7], "parents": [-1, 0, 1], "start": 10}
+    assert torch.equal(tensors[0], t) and tensors[0].dtype == dtype and tensors[1].shape == (0, 5)
+
+
+def test_replies():
+    assert decode(reply({"length": 3}))[1] == {"ok": True, "length": 3}
+    assert decode(error_reply("boom"))[1] == {"ok": False, "error": "boom"}
+
+
+def header(**override):
+    h = {"v": PROTOCOL_VERSION, "kind": "stats", "body": {}, "tensors": []}
+    h.update(override)
+    return msgpack.packb(h)
+
+
+@pytest.mark.parametrize("frames,why", [
+    ([], "frames"),
+    ([b"\xc1garbage"], "unreadable"),
+    ([encode("prefill", {"tokens": [1, 2], "start": 0})[0][:-3]], "unreadable"),  # truncated
+    ([msgpack.packb([1, 2])], "not a map"),
+    ([header(v=PROTOCOL_VERSION + 1)], "version"),
+    ([header(kind="format_disk")], "unknown message kind"),
+    ([header(kind="prefill", body={"tokens": [1], "start": 0, "extra": 1})], "unknown fields"),
+    ([header(kind="prefill", body={"tokens": [1, "x"], "start": 0})], "wrong type"),
+    ([header(kind="prefill", body={"tokens": [1], "start": True})], "wrong type"),
+    ([header(kind="verify", body={"tokens": [1], "start": 0})], "missing"),
+    ([header(tensors=[["float32", [2]]])], "declares 1 tensors"),
+    ([header(tensors=[["float32", [2]]]), b"\x00" * 7], "bytes"),
+    ([header(tensors=[["object", [1]]]), b"\x00"], "bad tensor"),
+    ([header(tensors=[["float32", [-1]]]), b""], "bad tensor"),
+])
+def test_bad_messages_are_refused(frames, why):
+    with pytest.raises(ProtocolError, match=why):
+        decode(frames)
+
+
+def test_oversized_message_is_refused_before_parsing():
+    frames = encode("prefill", {"tokens": list(range(1000)), "start": 0})
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode(frames, max_bytes=100)

@@ -1,0 +1,123 @@
+"""The control plane between the coordinator and the worker group: versioned msgpack messages.
+
+A message is a list of ZeroMQ frames: one msgpack header, then zero or more raw tensor frames. The
+header is a map {"v": PROTOCOL_VERSION, "kind": ..., "body": {...}, "tensors": [[dtype, shape], ...]};
+each raw frame holds the bytes of one tensor, described by its entry in "tensors". Nothing is ever
+unpickled: headers decode with msgpack (no extension types), tensors are rebuilt with torch.frombuffer
+after their byte count is checked against the declared dtype and shape.
+
+Every body is checked against its schema (field names and types) on receipt; a message that fails any
+check raises ProtocolError, which a worker answers with an error reply while it keeps serving.
+"""
+from __future__ import annotations
+
+import math
+
+import msgpack
+import torch
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 256 * 2**20  # a generous bound; larger messages are refused unread
+MAX_FRAMES = 64
+
+_INT, _STR, _BOOL = (int,), (str,), (bool,)
+_INTS = ("ints",)
+
+# kind -> {field: expected type}; "ints" is a list of ints.
+REQUESTS: dict[str, dict[str, object]] = {
+    "handshake": {"model": _STR, "tp_size": _INT, "protocol": _INT},
+    "start": {"capacity": _INT},  # a new request: reset the cache, size it for `capacity` tokens
+    "prefill": {"tokens": _INTS, "start": _INT},
+    # A speculation tree over positions start.., nodes in topological order; parents[i] < i or -1 for a
+    # child of the committed prefix. A chain is parents = [-1, 0, 1, ...].
+    "verify": {"tokens": _INTS, "parents": _INTS, "start": _INT},
+    "commit": {"path": _INTS, "start": _INT},  # node indices of the accepted path, root first
+    "refresh": {"budget": _INT, "chunk_size": _INT, "full_layers": _INT, "start": _INT},
+    "kv": {"start": _INT, "stop": _INT},  # the committed KV of positions [start, stop)
+    "stats": {},
+    "shutdown": {},
+}
+REPLY = "reply"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int64": torch.int64,
+          "int32": torch.int32}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class ProtocolError(ValueError):
+    """A message that is malformed, truncated, oversized, of another version or against its schema."""
+
+
+def encode(kind: str, body: dict | None = None, tensors: list[torch.Tensor] = ()) -> list[bytes]:
+    tensors = [t.detach().contiguous().cpu() for t in tensors]
+    header = {"v": PROTOCOL_VERSION, "kind": kind, "body": body or {},
+              "tensors": [[_DTYPE_NAMES[t.dtype], list(t.shape)] for t in tensors]}
+    frames = [msgpack.packb(header, use_bin_type=True)]
+    # bfloat16 has no numpy twin: ship the raw bytes through an int16 view.
+    frames += [(t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes() for t in tensors]
+    return frames
+
+
+def reply(body: dict | None = None, tensors: list[torch.Tensor] = ()) -> list[bytes]:
+    return encode(REPLY, {"ok": True, **(body or {})}, tensors)
+
+
+def error_reply(message: str) -> list[bytes]:
+    return encode(REPLY, {"ok": False, "error": message})
+
+
+def decode(frames: list[bytes], max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str, dict, list[torch.Tensor]]:
+    """frames -> (kind, body, tensors), or ProtocolError."""
+    if not frames or len(frames) > MAX_FRAMES:
+        raise ProtocolError(f"a message has 1 to {MAX_FRAMES} frames, not {len(frames)}")
+    size = sum(len(f) for f in frames)
+    if size > max_bytes:
+        raise ProtocolError(f"message of {size} bytes exceeds the limit of {max_bytes}")
+    try:
+        header = msgpack.unpackb(bytes(frames[0]), raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for garbage and truncation
+        raise ProtocolError(f"unreadable header ({type(exc).__name__}: {exc})") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a map")
+    if header.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {header.get('v')!r}; this side speaks {PROTOCOL_VERSION}")
+    kind, body, specs = header.get("kind"), header.get("body"), header.get("tensors")
+    if not isinstance(body, dict) or not isinstance(specs, list):
+        raise ProtocolError("header lacks a body map or a tensor list")
+    if kind == REPLY:
+        if not isinstance(body.get("ok"), bool):
+            raise ProtocolError("reply lacks 'ok'")
+    elif kind in REQUESTS:
+        _check_body(kind, body, REQUESTS[kind])
+    else:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    if len(specs) != len(frames) - 1:
+        raise ProtocolError(f"header declares {len(specs)} tensors, message carries {len(frames) - 1}")
+    return kind, body, [_tensor(spec, frame) for spec, frame in zip(specs, frames[1:])]
+
+
+def _check_body(kind: str, body: dict, schema: dict) -> None:
+    missing, extra = set(schema) - set(body), set(body) - set(schema)
+    if missing or extra:
+        raise ProtocolError(f"{kind}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
+    for name, expected in schema.items():
+        value = body[name]
+        if expected == _INTS:
+            ok = isinstance(value, list) and all(type(x) is int for x in value)
+        else:
+            ok = isinstance(value, expected) and not (expected != _BOOL and isinstance(value, bool))
+        if not ok:
+            raise ProtocolError(f"{kind}: field {name!r} has the wrong type")
+
+
+def _tensor(spec, frame: bytes) -> torch.Tensor:
+    if (not isinstance(spec, list) or len(spec) != 2 or spec[0] not in DTYPES or not isinstance(spec[1], list)
+            or not all(type(d) is int and d >= 0 for d in spec[1])):
+        raise ProtocolError(f"bad tensor description {spec!r}")
+    dtype = DTYPES[spec[0]]
+    expected = math.prod(spec[1]) * torch.empty((), dtype=dtype).element_size()
+    if len(frame) != expected:
+        raise ProtocolError(f"tensor frame of {len(frame)} bytes, {expected} declared")
+    if expected == 0:
+        return torch.empty(spec[1], dtype=dtype)
+    raw = torch.frombuffer(bytearray(frame), dtype=torch.int16 if dtype == torch.bfloat16 else dtype)
+    return raw.view(dtype).reshape(spec[1]) if dtype == torch.bfloat16 else raw.reshape(spec[1])
