@@ -14,6 +14,7 @@ from ..kernels.attention import attention
 from ..kernels.fused import rms_norm, silu_mul
 from ..kernels.linear import linear
 from .config import ModelConfig
+from .parallel import RowParallelLinear, TensorParallel, VocabParallelEmbedding, VocabParallelHead
 from .rope import RotaryEmbedding
 from .vocab import ReducedVocabulary
 
@@ -29,7 +30,9 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int):
+    """cfg: this rank's share of the layer (its heads and MLP columns; all of them without TP)."""
+
+    def __init__(self, cfg: ModelConfig, index: int, group=None):
         super().__init__()
         self.index = index
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -37,10 +40,10 @@ class DecoderLayer(nn.Module):
         qkv_out = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.qkv_proj = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, group)
         self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, group)
 
     def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
         """x: [n, hidden] -> [n, hidden]."""
@@ -52,19 +55,24 @@ class DecoderLayer(nn.Module):
         v = qkv[:, (hq + hkv) * d:].view(n, hkv, d).transpose(0, 1)  # [hkv, n, d]
         q, keys, values = cache.append(self.index, q, k, v)  # keys/values: [hkv, S, d], new tokens last
         attn = attention(q, keys, values, self.scale)  # [hq, n, d]
-        x = x + linear(attn.transpose(0, 1).reshape(n, hq * d), self.o_proj.weight)
+        x = x + self.o_proj(attn.transpose(0, 1).reshape(n, hq * d))  # all-reduce across TP ranks
         gate_up = linear(self.post_attention_norm(x), self.gate_up_proj.weight)
-        return x + linear(silu_mul(gate_up), self.down_proj.weight)
+        return x + self.down_proj(silu_mul(gate_up))  # all-reduce across TP ranks
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """With `tp`, this rank's shard: `config` then counts this rank's heads and MLP columns (so caches
+    built from it hold this rank's KV heads), while the vocabulary stays whole at the edges."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
-        self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.config, self.tp = cfg, tp
+        group, rows = (None, slice(0, cfg.vocab_size)) if tp is None else (tp.group, tp.rows(cfg.vocab_size))
+        n_rows = rows.stop - rows.start
+        self.embed_tokens = VocabParallelEmbedding(n_rows, cfg.hidden_size, rows.start, group)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, group) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = VocabParallelHead(cfg.hidden_size, n_rows, cfg.vocab_size, group, tp.size if tp else 1)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope: RotaryEmbedding | None = None  # built by `finalize` once weights sit on their device
@@ -102,5 +110,5 @@ class LlamaModel(nn.Module):
             return None
         if logits_for == "last":
             x = x[-1:]
-        logits = linear(self.norm(x), self.lm_head.weight).float()
+        logits = self.lm_head(self.norm(x)).float()  # all-gather of vocabulary shards across TP ranks
         return logits if self.vocab is None else self.vocab.expand_logits(logits)

@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from .config import ModelConfig, ModelLoadError
 from .llama import LlamaModel
+from .parallel import TensorParallel
 from .vocab import ReducedVocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -75,17 +76,52 @@ def _fused_state_dict(cfg: ModelConfig, raw: dict[str, torch.Tensor]) -> dict[st
     return state
 
 
+def _shard_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], tp: TensorParallel) -> dict:
+    """This rank's slices of the fused weights (see models/parallel.py for the split)."""
+    d, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    q_heads, kv_heads = tp.head_slices(cfg)
+    mlp = slice(tp.rank * cfg.intermediate_size // tp.size, (tp.rank + 1) * cfg.intermediate_size // tp.size)
+
+    def rows(t, heads):  # head-major rows [heads * d, ...] of a q, k or v block
+        return t[heads.start * d: heads.stop * d]
+
+    out = {}
+    for name, t in state.items():
+        if name in ("embed_tokens.weight", "lm_head.weight"):
+            out[name] = t[tp.rows(cfg.vocab_size)]
+        elif name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+            q, k, v = t.split([hq * d, hkv * d, hkv * d])
+            out[name] = torch.cat([rows(q, q_heads), rows(k, kv_heads), rows(v, kv_heads)])
+        elif name.endswith("o_proj.weight"):
+            out[name] = t[:, q_heads.start * d: q_heads.stop * d]
+        elif name.endswith("gate_up_proj.weight"):
+            gate, up = t.chunk(2)
+            out[name] = torch.cat([gate[mlp], up[mlp]])
+        elif name.endswith("down_proj.weight"):
+            out[name] = t[:, mlp]
+        else:  # norms: replicated
+            out[name] = t
+    return {k: v.contiguous() for k, v in out.items()}
+
+
 def load_model(folder: str | Path, dtype: str | torch.dtype = "float32",
-               device: str | torch.device = "cpu") -> LlamaModel:
-    """Loads a model folder onto `device` in `dtype`. Raises ModelLoadError with a one-line reason."""
+               device: str | torch.device = "cpu", tp: TensorParallel | None = None) -> LlamaModel:
+    """Loads a model folder onto `device` in `dtype`; with `tp`, only this rank's shard. Raises
+    ModelLoadError with a one-line reason."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a model folder")
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     cfg = ModelConfig.from_folder(folder)
     state = _fused_state_dict(cfg, _read_tensors(_checkpoint_files(folder)))
+    if tp is not None and tp.size > 1:
+        tp.check(cfg)
+        state = _shard_state_dict(cfg, state, tp)
+        cfg = tp.local_config(cfg)
+    else:
+        tp = None
     with torch.device("meta"):
-        model = LlamaModel(cfg)
+        model = LlamaModel(cfg, tp)
     model = model.to_empty(device=device).to(torch_dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -1,0 +1,76 @@
+"""Tensor-parallel layer types and the sharded model against their single-process twins (gloo, CPU).
+Each case spawns `size` processes; a failed check in any of them fails the test."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from triforce.models.config import ModelLoadError
+from triforce.models.parallel import RowParallelLinear, TensorParallel, VocabParallelEmbedding, VocabParallelHead
+
+
+def _layer_types(rank: int, size: int, init: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+    try:
+        tp = TensorParallel(rank, size, dist.group.WORLD)
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(3, 12 * size, generator=g), torch.randn(10, 12 * size, generator=g)
+        row = RowParallelLinear(12, 10, tp.group)
+        row.weight.data = w[:, rank * 12:(rank + 1) * 12].clone()
+        torch.testing.assert_close(row(x[:, rank * 12:(rank + 1) * 12]), x @ w.T)
+
+        vocab, table = 11, torch.randn(11, 5, generator=g)  # 11 rows: uneven shards
+        rows = tp.rows(vocab)
+        emb = VocabParallelEmbedding(rows.stop - rows.start, 5, rows.start, tp.group)
+        emb.weight.data = table[rows].clone()
+        tokens = torch.tensor([0, 10, 4, 7, 4])
+        torch.testing.assert_close(emb(tokens), table[tokens])
+        head = VocabParallelHead(5, rows.stop - rows.start, vocab, tp.group, size)
+        head.weight.data = table[rows].clone()
+        h = torch.randn(2, 5, generator=g)
+        torch.testing.assert_close(head(h), h @ table.T)
+    finally:
+        dist.destroy_process_group()
+
+
+def _model(rank: int, size: int, init: str, folder: str, expected: torch.Tensor) -> None:
+    from triforce.cache.full import FullKVCache
+    from triforce.models.loader import load_model
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+    try:
+        model = load_model(folder, "float32", tp=TensorParallel(rank, size, dist.group.WORLD))
+        cache = FullKVCache(model.config, 40, model.rope, model.dtype, "cpu")
+        assert cache.keys.shape[1] == model.config.num_kv_heads  # this rank's KV heads only
+        ids = torch.arange(3, 33) % 96
+        logits = torch.cat([model(ids[:20], cache), model(ids[20:], cache)])
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_layer_types_equal_their_single_device_twins(tmp_path, size):
+    mp.spawn(_layer_types, args=(size, f"file://{tmp_path}/rendezvous"), nprocs=size, join=True)
+
+
+@pytest.mark.parametrize("heads,kv_heads,size", [(4, 2, 2), (6, 3, 3), (6, 1, 3), (8, 2, 4)])
+def test_sharded_model_equals_the_whole_model(tiny_dir, tmp_path, heads, kv_heads, size):
+    from triforce.cache.full import FullKVCache
+    from triforce.models.loader import load_model
+
+    folder = tiny_dir(f"tp-{heads}-{kv_heads}", hidden_size=48, num_heads=heads, num_kv_heads=kv_heads,
+                      arch="qwen2", seed=60)  # qwen2: qkv bias and tied embeddings, the most to shard
+    whole = load_model(folder)
+    ids = torch.arange(3, 33) % 96
+    cache = FullKVCache(whole.config, 40, whole.rope, whole.dtype, "cpu")
+    expected = torch.cat([whole(ids[:20], cache), whole(ids[20:], cache)])
+    mp.spawn(_model, args=(size, f"file://{tmp_path}/rendezvous", str(folder), expected), nprocs=size, join=True)
+
+
+def test_sizes_that_do_not_divide_the_heads_are_refused(tiny_dir):
+    from triforce.models.loader import load_model
+
+    folder = tiny_dir("tp-6-3", hidden_size=48, num_heads=6, num_kv_heads=3, arch="qwen2", seed=60)
+    with pytest.raises(ModelLoadError, match="must divide"):
+        load_model(folder, tp=TensorParallel(0, 4))
