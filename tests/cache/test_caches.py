@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from triforce.cache.full import FullKVCache
-from triforce.cache.retrieval import RetrievalKVCache
+from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
 from triforce.cache.streaming import StreamingKVCache
 from triforce.models.config import ModelConfig
 from triforce.models.rope import RotaryEmbedding
@@ -113,7 +113,8 @@ retrieval_ops = st.lists(st.tuples(st.sampled_from(["commit", "speculate", "roll
 def test_retrieval_cache_matches_reference(ops, policy, full_layers, prompt):
     chunk, budget = 4, 16
     source = FullKVCache(CFG, 400, ROPE, torch.float32, "cpu")
-    cache = RetrievalKVCache(source, budget, chunk, policy, full_layers, refresh_every=10, max_speculative=40)
+    cache = RetrievalKVCache(LocalKVSource(source), budget, chunk, policy, full_layers, refresh_every=10,
+                             max_speculative=40)
     forward(source, prompt, 1000)
     cache.sync()
     state = {"built_at": 0, "rebuilds": 0}

@@ -14,6 +14,10 @@ Selection policies:
   mean keys, which are kept up to date at each sync; the extra cost is reading the means, about
   1/chunk_size of the keys.
 The first `full_layers` layers see the whole source (the paper's acceptance table bypasses two layers).
+
+The source is a `KVSource`: `LocalKVSource` wraps a FullKVCache in this process; the distributed
+coordinator's remote source asks the worker group, which runs `retrieve_from_full` on its shards and
+sends back the chosen KV (static policy only: the dynamic one reads the mean keys at every step).
 """
 from __future__ import annotations
 
@@ -26,17 +30,65 @@ from .full import FullKVCache
 POLICIES = ("static", "dynamic")
 
 
+def retrieval_token_ids(chosen: torch.Tensor, chunk_size: int, complete: int, end: int) -> torch.Tensor:
+    """[Hkv, T]: the tokens of the chosen chunks [Hkv, k], then every token from the end of the last
+    complete chunk up to `end` (the tail, and in the dynamic policy this tier's own tokens)."""
+    recent = torch.arange(complete * chunk_size, end, device=chosen.device)
+    return torch.cat((chunk_token_ids(chosen, chunk_size), recent.expand(chosen.shape[0], -1)), dim=1)
+
+
+def retrieve_from_full(full: FullKVCache, budget: int, chunk_size: int,
+                       full_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The static policy's choice: per layer, (keys, values) [Hkv, T, D] of the chunks whose mean key best
+    matches the full cache's latest query, plus the tail; the whole cache for the first `full_layers`
+    layers and for sequences that fit the budget."""
+    total, chunk = full.length, chunk_size
+    complete = total // chunk
+    out = []
+    for layer in range(full.keys.shape[0]):
+        keys, values = full.keys[layer, :, :total], full.values[layer, :, :total]
+        if layer >= full_layers and total > budget + chunk:
+            means = chunk_mean_keys(keys[:, : complete * chunk], chunk)
+            chosen = select_chunks(full.last_query[layer].unsqueeze(1), means, budget // chunk)
+            keys, values = gather_tokens(retrieval_token_ids(chosen, chunk, complete, total), full.keys[layer],
+                                         full.values[layer])
+        out.append((keys, values))
+    return out
+
+
+class LocalKVSource:
+    """The target's full cache in this process, as the retrieval cache reads it."""
+
+    def __init__(self, full: FullKVCache):
+        self.full = full
+        self.rope, self.capacity = full.rope, full.capacity
+        self.num_layers, self.num_kv_heads, _, self.head_dim = full.keys.shape
+        self.dtype, self.device = full.keys.dtype, full.keys.device
+
+    @property
+    def length(self) -> int:
+        return self.full.length
+
+    def retrieve(self, budget: int, chunk_size: int, full_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return retrieve_from_full(self.full, budget, chunk_size, full_layers)
+
+    def committed(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [L, Hkv, stop - start, D] of committed positions [start, stop)."""
+        return self.full.keys[:, :, start:stop], self.full.values[:, :, start:stop]
+
+
 class RetrievalKVCache(KVCache):
-    def __init__(self, source: FullKVCache, budget: int, chunk_size: int, policy: str = "static",
+    def __init__(self, source, budget: int, chunk_size: int, policy: str = "static",
                  full_layers: int = 0, refresh_every: int = 1024, max_speculative: int = 64):
         if policy not in POLICIES:
             raise ValueError(f"retrieval policy must be one of {POLICIES}, not {policy!r}")
         if chunk_size < 1 or budget < chunk_size or budget % chunk_size:
             raise ValueError(f"budget ({budget}) must be a positive multiple of the chunk size ({chunk_size})")
+        if policy == "dynamic" and not isinstance(source, LocalKVSource):
+            raise ValueError("the dynamic retrieval policy needs the target's full cache in this process")
         self.source, self.budget, self.chunk_size, self.policy = source, budget, chunk_size, policy
         self.full_layers, self.refresh_every, self.max_speculative = full_layers, refresh_every, max_speculative
-        self.num_layers = source.keys.shape[0]
-        hkv, d = source.keys.shape[1], source.keys.shape[3]
+        self.num_layers, hkv, d = source.num_layers, source.num_kv_heads, source.head_dim
         # Speculative (uncommitted) entries of this tier: static keeps them in its per-layer buffer,
         # right after the committed part; dynamic writes them into the source's free slots past its
         # length, which the target overwrites with its own KV when it checks the same positions.
@@ -50,7 +102,7 @@ class RetrievalKVCache(KVCache):
         self._retrieved: list[int] = []
         self._built_at = 0
         # dynamic: per-layer mean keys of the source's complete chunks
-        self._means = [source.keys.new_zeros(hkv, source.capacity // chunk_size, d)
+        self._means = [torch.zeros(hkv, source.capacity // chunk_size, d, dtype=source.dtype, device=source.device)
                        for _ in range(self.num_layers)] if policy == "dynamic" else []
         self._num_means = 0
 
@@ -61,16 +113,8 @@ class RetrievalKVCache(KVCache):
     # --- building from the source -------------------------------------------------------------
     def rebuild(self) -> None:
         """Static policy: choose chunks afresh with the source's latest query."""
-        src, total, chunk = self.source, self.source.length, self.chunk_size
         self._buf_k, self._buf_v, self._retrieved = [], [], []
-        complete = total // chunk
-        for layer in range(self.num_layers):
-            keys, values = src.keys[layer, :, :total], src.values[layer, :, :total]
-            if layer >= self.full_layers and total > self.budget + chunk:
-                means = chunk_mean_keys(keys[:, : complete * chunk], chunk)
-                chosen = select_chunks(src.last_query[layer].unsqueeze(1), means, self.budget // chunk)
-                keys, values = gather_tokens(self._token_ids(chosen, complete, total), src.keys[layer],
-                                             src.values[layer])
+        for keys, values in self.source.retrieve(self.budget, self.chunk_size, self.full_layers):
             cap = keys.shape[1] + self.refresh_every + self.max_speculative
             buf_k = keys.new_empty(keys.shape[0], cap, keys.shape[2])
             buf_v = torch.empty_like(buf_k)
@@ -78,7 +122,7 @@ class RetrievalKVCache(KVCache):
             self._buf_k.append(buf_k)
             self._buf_v.append(buf_v)
             self._retrieved.append(keys.shape[1])
-        self._built_at = self.synced = total
+        self._built_at = self.synced = self.source.length
         self.spec_len = 0
         self.rebuilds += 1
 
@@ -94,11 +138,11 @@ class RetrievalKVCache(KVCache):
             self.rebuild()
             return
         if total > self.synced:
+            keys, values = self.source.committed(self.synced, total)  # [L, Hkv, n, D]
             for layer in range(self.num_layers):
                 a = self._retrieved[layer] + self.synced - self._built_at
                 b = a + total - self.synced
-                self._buf_k[layer][:, a:b] = self.source.keys[layer, :, self.synced:total]
-                self._buf_v[layer][:, a:b] = self.source.values[layer, :, self.synced:total]
+                self._buf_k[layer][:, a:b], self._buf_v[layer][:, a:b] = keys[layer], values[layer]
         self.synced = total
 
     def _update_means(self, total: int) -> None:
@@ -107,7 +151,7 @@ class RetrievalKVCache(KVCache):
             lo, hi = self._num_means * chunk, complete * chunk
             for layer in range(self.num_layers):
                 self._means[layer][:, self._num_means:complete] = chunk_mean_keys(
-                    self.source.keys[layer, :, lo:hi], chunk)
+                    self.source.full.keys[layer, :, lo:hi], chunk)
         self._num_means = complete
 
     # --- the KVCache protocol -------------------------------------------------------------------
@@ -118,8 +162,8 @@ class RetrievalKVCache(KVCache):
         if self.policy == "static" and not self._buf_k:
             raise RuntimeError("retrieval cache used before its first sync with the source")
         self._n = n
-        positions = torch.arange(self.length, self.length + n, device=self.source.keys.device)
-        self._cos_sin = self.source.rope.cos_sin(positions, self.source.keys.dtype)
+        positions = torch.arange(self.length, self.length + n, device=self.source.device)
+        self._cos_sin = self.source.rope.cos_sin(positions, self.source.dtype)
 
     def append(self, layer, q, k, v):
         q, k = self.source.rope.apply(q, *self._cos_sin), self.source.rope.apply(k, *self._cos_sin)
@@ -129,19 +173,14 @@ class RetrievalKVCache(KVCache):
             buf_k, buf_v = self._buf_k[layer], self._buf_v[layer]
             buf_k[:, base + lo: base + hi], buf_v[:, base + lo: base + hi] = k, v
             return q, buf_k[:, : base + hi], buf_v[:, : base + hi]
-        src_k, src_v = self.source.keys[layer], self.source.values[layer]  # [Hkv, capacity, D]
+        src_k, src_v = self.source.full.keys[layer], self.source.full.values[layer]  # [Hkv, capacity, D]
         src_k[:, self.synced + lo: self.synced + hi], src_v[:, self.synced + lo: self.synced + hi] = k, v
         end = self.synced + hi
         if layer < self.full_layers or self.synced <= self.budget + self.chunk_size:
             return q, src_k[:, :end], src_v[:, :end]
         chosen = select_chunks(q, self._means[layer][:, : self._num_means], self.budget // self.chunk_size)
-        return (q, *gather_tokens(self._token_ids(chosen, self._num_means, end), src_k, src_v))
-
-    def _token_ids(self, chosen: torch.Tensor, complete: int, end: int) -> torch.Tensor:
-        """[Hkv, T]: the tokens of the chosen chunks [Hkv, k], then every token from the end of the last
-        complete chunk up to `end` (the tail, and in the dynamic policy this tier's own tokens)."""
-        recent = torch.arange(complete * self.chunk_size, end, device=chosen.device)
-        return torch.cat((chunk_token_ids(chosen, self.chunk_size), recent.expand(chosen.shape[0], -1)), dim=1)
+        token_ids = retrieval_token_ids(chosen, self.chunk_size, self._num_means, end)
+        return (q, *gather_tokens(token_ids, src_k, src_v))
 
     def end(self) -> None:
         self.spec_len += self._n

@@ -8,12 +8,14 @@ a remote one that speaks ZeroMQ to a tensor-parallel worker group. The engine ne
 from __future__ import annotations
 
 from ..cache.full import FullKVCache
+from ..cache.retrieval import LocalKVSource
 from ..models.llama import LlamaModel
 from .tiers import Tier
 
 
 class Verifier(Tier):
-    def kv_source(self) -> FullKVCache:
+    def kv_source(self):
+        """What the retrieval cache reads: a LocalKVSource, or a remote source with the same methods."""
         raise NotImplementedError
 
 
@@ -22,5 +24,5 @@ class LocalVerifier(Verifier):
         cache = FullKVCache(model.config, capacity, model.rope, model.dtype, model.device)
         super().__init__("target", model, cache, prefill_chunk)
 
-    def kv_source(self) -> FullKVCache:
-        return self.cache
+    def kv_source(self) -> LocalKVSource:
+        return LocalKVSource(self.cache)
