@@ -1,0 +1,158 @@
+"""The coordinator's side of the distributed pipeline: the target verified by a remote worker group.
+
+`RemoteVerifier` is the `Verifier` seam over ZeroMQ: prefill, verify (a chain, as a tree whose parents
+are -1, 0, 1, ...), commit (the accepted path) and the retrieval cache's reads (`RemoteKVSource`:
+refresh = the static choice made by the workers on their shards, kv = committed KV for the tail). Every
+request waits at most `timeout_s`; a worker that dies or stops answering fails the request with a
+WorkerError instead of a hang. Random draws and accept decisions never leave the coordinator.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..workers.protocol import PROTOCOL_VERSION, ProtocolError, decode, encode
+from .verifier import Verifier
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class WorkerError(UserError):
+    """The worker group failed a request, or did not answer in time."""
+
+
+def model_identity(folder: Path) -> str:
+    """What the handshake compares: the folder's config and the sizes of its weight files."""
+    folder = Path(folder)
+    h = hashlib.sha1((folder / "config.json").read_bytes())
+    for f in sorted(folder.glob("*.safetensors")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+class ControlChannel:
+    """A REQ socket to the worker group's leader; counts messages, bytes and time spent waiting."""
+
+    def __init__(self, endpoint: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+        import zmq
+
+        self._zmq = zmq
+        self.endpoint, self.timeout_s = endpoint, timeout_s
+        self.sock = zmq.Context.instance().socket(zmq.REQ)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.messages = self.bytes = 0
+        self.wait_s = 0.0
+        self.broken = False
+
+    def request(self, kind: str, body: dict | None = None,
+                timeout_s: float | None = None) -> tuple[dict, list[torch.Tensor]]:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        if self.broken:
+            raise WorkerError("the worker group stopped answering earlier; start a new session")
+        frames = encode(kind, body)
+        start = time.perf_counter()
+        self.sock.send_multipart(frames)
+        if not self.sock.poll(int(timeout_s * 1000)):
+            self.broken = True
+            raise WorkerError(f"the worker group at {self.endpoint} did not answer {kind!r} within "
+                              f"{timeout_s:g} s (a worker died or hangs)")
+        answer = self.sock.recv_multipart()
+        self.wait_s += time.perf_counter() - start
+        self.messages += 2
+        self.bytes += sum(len(f) for f in frames) + sum(len(f) for f in answer)
+        try:
+            kind_back, reply_body, tensors = decode(answer)
+        except ProtocolError as exc:
+            raise WorkerError(f"unreadable reply from the worker group: {exc}") from exc
+        if not reply_body.get("ok"):
+            raise WorkerError(f"worker group refused {kind!r}: {reply_body.get('error')}")
+        return reply_body, tensors
+
+    def handshake(self, model_id: str, tp_size: int, startup_timeout_s: float = 300.0) -> dict:
+        """The first request: waits for the workers to load their shards (up to startup_timeout_s)."""
+        body, _ = self.request("handshake", {"model": model_id, "tp_size": tp_size, "protocol": PROTOCOL_VERSION},
+                               timeout_s=max(startup_timeout_s, self.timeout_s))
+        if body["model"] != model_id:
+            raise WorkerError(f"the workers serve another model ({body['model']}, expected {model_id})")
+        if tp_size and body["tp_size"] != tp_size:
+            raise WorkerError(f"the worker group has {body['tp_size']} ranks, expected {tp_size}")
+        return body
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+class RemoteKVSource:
+    """What the retrieval cache reads, fetched from the workers (static policy)."""
+
+    def __init__(self, verifier: "RemoteVerifier", cfg, rope, dtype: torch.dtype, device: torch.device):
+        self.verifier, self.rope, self.dtype, self.device = verifier, rope, dtype, device
+        self.num_layers, self.num_kv_heads, self.head_dim = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+        self.capacity = verifier.capacity
+
+    @property
+    def length(self) -> int:
+        return self.verifier.length
+
+    def retrieve(self, budget: int, chunk_size: int, full_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        _, tensors = self.verifier.channel.request(
+            "refresh", {"budget": budget, "chunk_size": chunk_size, "full_layers": full_layers,
+                        "start": self.length})
+        tensors = [t.to(self.device, self.dtype) for t in tensors]
+        return list(zip(tensors[0::2], tensors[1::2]))
+
+    def committed(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _, (keys, values) = self.verifier.channel.request("kv", {"start": start, "stop": stop})
+        return keys.to(self.device, self.dtype), values.to(self.device, self.dtype)
+
+
+class RemoteVerifier(Verifier):
+    """The target tier, run by the worker group behind `channel`. `model` is the coordinator's copy of
+    the target (tier 2 runs it); only its config, rope, dtype and device are used here."""
+
+    def __init__(self, channel: ControlChannel, model, capacity: int, prefill_chunk: int = 512):
+        self.name, self.model, self.cache, self.prefill_chunk = "target", model, None, prefill_chunk
+        self.channel, self.capacity, self.seconds = channel, capacity, 0.0
+        self._length = self._verify_start = 0
+        channel.request("start", {"capacity": capacity})
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def prefill(self, tokens: list[int], progress=None) -> None:
+        for i in range(0, len(tokens), self.prefill_chunk):
+            piece = tokens[i:i + self.prefill_chunk]
+            body, _ = self.channel.request("prefill", {"tokens": piece, "start": self._length})
+            self._length = body["length"]
+            if progress is not None:
+                progress.update(len(piece))
+
+    def forward(self, tokens: list[int]) -> torch.Tensor:
+        start = time.perf_counter()
+        body, (logits,) = self.channel.request(
+            "verify", {"tokens": tokens, "parents": list(range(-1, len(tokens) - 1)), "start": self._length})
+        self._verify_start, self._length = self._length, body["length"]
+        self.seconds += time.perf_counter() - start
+        return logits
+
+    def truncate(self, length: int) -> None:
+        if length >= self._length:
+            return
+        if length < self._verify_start:
+            raise WorkerError(f"cannot roll the target back to {length}: {self._verify_start} tokens are committed")
+        body, _ = self.channel.request("commit", {"path": list(range(length - self._verify_start)),
+                                                  "start": self._verify_start})
+        self._length = body["length"]
+
+    def sync(self) -> None:
+        """The workers' cache needs no sync: it is the source."""
+
+    def kv_source(self) -> RemoteKVSource:
+        m = self.model
+        return RemoteKVSource(self, m.config, m.rope, m.dtype, m.device)

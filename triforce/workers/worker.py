@@ -1,0 +1,177 @@
+"""The tensor-parallel verifier: one worker group holding the target sharded and its full KV cache.
+
+Only the group's rank 0 (the leader) talks to the coordinator, over a ZeroMQ REP socket. It decodes and
+checks each request (protocol.py) and its arguments against the cache before anything is broadcast, so
+a bad request gets an error reply and no rank enters a collective for it; a good one is broadcast to the
+group as msgpack bytes (never pickled), every rank executes it (the model's forward holds the
+collectives), and the leader replies. Logits and KV travel back as raw tensor frames.
+
+Requests: handshake, start (a new request: empty the cache), prefill, verify (a chain; trees are
+refused until tree speculation lands), commit (keep the accepted path), refresh (the static retrieval
+choice made on each rank's KV heads), kv (committed KV of a range), stats, shutdown.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import msgpack
+import torch
+import torch.distributed as dist
+
+from ..cache.full import FullKVCache
+from ..cache.retrieval import retrieve_from_full
+from ..models.llama import LlamaModel
+from ..models.parallel import TensorParallel
+from .protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, error_reply, reply
+
+log = logging.getLogger(__name__)
+
+
+class RequestError(ValueError):
+    """A well-formed request that this worker cannot serve (wrong position, too long, ...)."""
+
+
+class VerifierWorker:
+    def __init__(self, model: LlamaModel, tp: TensorParallel, model_id: str, kv_heads: int,
+                 prefill_chunk: int = 512):
+        """kv_heads: the whole model's KV heads (model.config counts this rank's)."""
+        self.model, self.tp, self.model_id, self.prefill_chunk = model, tp, model_id, prefill_chunk
+        self.replicas = max(1, tp.size // kv_heads)  # ranks holding the same KV head
+        self.cache: FullKVCache | None = None
+        self.counts = {"requests": 0, "errors": 0, "verified_tokens": 0, "prefilled_tokens": 0}
+
+    # --- checks: run on the leader before broadcasting, so every rank executes or none does --------
+    def check(self, kind: str, body: dict) -> None:
+        if kind in ("prefill", "verify", "commit", "refresh", "kv") and self.cache is None:
+            raise RequestError(f"{kind} before start")
+        length = self.cache.length if self.cache is not None else 0
+        if kind == "start" and not 0 < body["capacity"] <= self.model.config.max_positions + 256:
+            raise RequestError(f"capacity {body['capacity']} outside (0, {self.model.config.max_positions + 256}]")
+        if kind in ("prefill", "verify"):
+            tokens = body["tokens"]
+            if body["start"] != length:
+                raise RequestError(f"{kind} at position {body['start']}, but the cache holds {length} tokens")
+            if not tokens or length + len(tokens) > self.cache.capacity:
+                raise RequestError(f"{kind} of {len(tokens)} tokens does not fit the cache "
+                                   f"({length} of {self.cache.capacity})")
+            if min(tokens) < 0 or max(tokens) >= self.model.config.vocab_size:
+                raise RequestError("token id outside the vocabulary")
+        if kind == "verify" and body["parents"] != list(range(-1, len(body["tokens"]) - 1)):
+            raise RequestError("only chains are verified for now (parents must be -1, 0, 1, ...)")
+        if kind == "commit":
+            path, start = body["path"], body["start"]
+            if not 0 <= start <= length or start + len(path) > length or path != list(range(len(path))):
+                raise RequestError(f"commit of path {path[:8]} at {start} does not match the cache ({length})")
+        if kind == "kv" and not 0 <= body["start"] <= body["stop"] <= length:
+            raise RequestError(f"kv range [{body['start']}, {body['stop']}) outside [0, {length}]")
+        if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] % body["chunk_size"]):
+            raise RequestError("budget must be a positive multiple of the chunk size")
+
+    # --- execution: every rank -----------------------------------------------------------------
+    def execute(self, kind: str, body: dict) -> tuple[dict, list[torch.Tensor]]:
+        model = self.model
+        if kind == "handshake":
+            return {"model": self.model_id, "tp_size": self.tp.size, "protocol": PROTOCOL_VERSION,
+                    "vocab_size": model.config.vocab_size}, []
+        if kind == "start":
+            self.cache = FullKVCache(model.config, body["capacity"], model.rope, model.dtype, model.device)
+            return {}, []
+        if kind == "prefill":
+            tokens = body["tokens"]
+            for i in range(0, len(tokens), self.prefill_chunk):
+                piece = torch.tensor(tokens[i:i + self.prefill_chunk], dtype=torch.long, device=model.device)
+                model(piece, self.cache, logits_for="none")
+            self.counts["prefilled_tokens"] += len(tokens)
+            return {"length": self.cache.length}, []
+        if kind == "verify":
+            logits = model(torch.tensor(body["tokens"], dtype=torch.long, device=model.device), self.cache)
+            self.counts["verified_tokens"] += len(body["tokens"])
+            return {"length": self.cache.length}, [logits.cpu()]
+        if kind == "commit":
+            self.cache.truncate(body["start"] + len(body["path"]))
+            return {"length": self.cache.length}, []
+        if kind == "kv":
+            keys = self.cache.keys[:, :, body["start"]:body["stop"]]
+            values = self.cache.values[:, :, body["start"]:body["stop"]]
+            return {}, self._gather_heads([keys, values], head_dim=1)
+        if kind == "refresh":
+            chosen = retrieve_from_full(self.cache, body["budget"], body["chunk_size"], body["full_layers"])
+            # Layers differ in token count (full layers keep everything): one tensor per layer and kind.
+            flat = [t for pair in chosen for t in pair]
+            return {"length": self.cache.length}, self._gather_heads(flat, head_dim=0)
+        if kind == "stats":
+            return dict(self.counts), []
+        if kind == "shutdown":
+            return {}, []
+        raise RequestError(f"unhandled request {kind!r}")
+
+    def _gather_heads(self, tensors: list[torch.Tensor], head_dim: int) -> list[torch.Tensor]:
+        """Each rank's KV heads -> all KV heads, on the leader (replicated heads counted once)."""
+        if self.tp.size == 1:
+            return [t.contiguous().cpu() for t in tensors]
+        out = []
+        for t in tensors:
+            t = t.contiguous()
+            parts = [torch.empty_like(t) for _ in range(self.tp.size)] if self.tp.rank == 0 else None
+            dist.gather(t, parts, dst=dist.get_global_rank(self.tp.group, 0), group=self.tp.group)
+            if self.tp.rank == 0:
+                distinct = parts[:: self.replicas]
+                out.append(torch.cat(distinct, dim=head_dim).cpu())
+        return out
+
+
+def _broadcast_bytes(payload: bytes | None, tp: TensorParallel) -> bytes:
+    """The leader's request bytes to every rank of the group (as uint8 tensors: no pickling)."""
+    if tp.size == 1:
+        return payload
+    src = dist.get_global_rank(tp.group, 0)
+    size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64)
+    dist.broadcast(size, src=src, group=tp.group)
+    buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if tp.rank == 0 else \
+        torch.empty(int(size), dtype=torch.uint8)
+    dist.broadcast(buf, src=src, group=tp.group)
+    return buf.numpy().tobytes()
+
+
+def serve(worker: VerifierWorker, endpoint: str | None, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    """The request loop of every rank of the group; returns after a shutdown request. `endpoint` (the
+    leader's ZeroMQ bind address) is ignored on the other ranks."""
+    tp = worker.tp
+    sock = None
+    if tp.rank == 0:
+        import zmq
+
+        sock = zmq.Context.instance().socket(zmq.REP)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+        sock.bind(endpoint)
+        log.info("worker leader listening on %s", endpoint)
+    try:
+        while True:
+            payload = None
+            if tp.rank == 0:
+                frames = sock.recv_multipart(copy=True)
+                worker.counts["requests"] += 1
+                try:
+                    kind, body, _ = decode(frames, max_bytes)
+                    worker.check(kind, body)
+                except (ProtocolError, RequestError) as exc:
+                    worker.counts["errors"] += 1
+                    sock.send_multipart(error_reply(str(exc)))
+                    continue
+                payload = msgpack.packb({"kind": kind, "body": body})
+            request = msgpack.unpackb(_broadcast_bytes(payload, tp), raw=False)
+            kind, body = request["kind"], request["body"]
+            started = time.perf_counter()
+            # Checked above, so a failure here is a bug or a lost rank: let it end the process, and torchrun
+            # the group, rather than leave ranks waiting in different collectives.
+            result, tensors = worker.execute(kind, body)
+            if tp.rank == 0:
+                result["seconds"] = time.perf_counter() - started
+                sock.send_multipart(reply(result, tensors))
+            if kind == "shutdown":
+                return
+    finally:
+        if sock is not None:
+            sock.close(0)
