@@ -56,14 +56,18 @@ def _available_memory_bytes(device: torch.device) -> int | None:
 
 class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
-                 mode: str = "triforce", dtype: str = "bfloat16", device: str | None = None, **engine_settings):
-        """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...)."""
+                 mode: str = "triforce", dtype: str = "bfloat16", device: str | None = None, workers=None,
+                 **engine_settings):
+        """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...). `workers`: a
+        ControlChannel to a worker group that verifies with the full cache (launch/distributed.py);
+        None verifies in this process."""
         if dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
         unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
         if unknown:
             raise ConfigError(f"unknown engine settings: {', '.join(sorted(unknown))}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.workers = workers
         EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         self.model_path = resolve_model(model)
         if draft is None and mode in ("triforce", "draft"):
@@ -135,6 +139,8 @@ class LLM:
         if prompt_len + max_tokens > cfg.max_positions:
             raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
                             f"{cfg.max_positions} positions")
+        if self.workers is not None:
+            return  # the full cache lives on the workers, which check their own capacity
         itemsize = torch.finfo(self.target.dtype).bits // 8
         capacity = prompt_len + max_tokens + speculation_slack(self.config)
         kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * capacity * itemsize
@@ -160,7 +166,14 @@ class LLM:
     def _generate_one(self, prompt, params: SamplingParams, stream, show_progress: bool) -> RequestOutput:
         ids = self._encode(prompt)
         self._check_fits(len(ids), params.max_tokens)
-        engine = build_engine(self.config, self.target, self.draft, len(ids) + params.max_tokens)
+        verifier = None
+        if self.workers is not None:
+            from .coordinator.remote import RemoteVerifier
+
+            capacity = len(ids) + params.max_tokens + speculation_slack(self.config)
+            verifier = RemoteVerifier(self.workers, self.target, capacity, self.config.prefill_chunk)
+            sent = (self.workers.messages, self.workers.bytes, self.workers.wait_s)
+        engine = build_engine(self.config, self.target, self.draft, len(ids) + params.max_tokens, verifier)
         generated: list[int] = []
         shown = [""]  # text already streamed
         stop_at = [None]  # character offset of a stop string in the decoded text
@@ -183,6 +196,10 @@ class LLM:
             return stop_at[0] is not None
 
         tokens, metrics = engine.generate(ids, params, self._eos_ids(), on_tokens, show_progress)
+        if self.workers is not None:
+            metrics.control_messages = self.workers.messages - sent[0]
+            metrics.control_bytes = self.workers.bytes - sent[1]
+            metrics.worker_wait_s = self.workers.wait_s - sent[2]
         text = "" if self.tokenizer is None else self.tokenizer.decode(tokens, skip_special_tokens=True)
         if stop_at[0] is not None:
             text = text[: stop_at[0]]

@@ -38,6 +38,10 @@ class RequestMetrics:
     decode_s: float = 0.0
     retrieval_rebuilds: int = 0
     tiers: list[TierStats] = field(default_factory=list)
+    # with a remote worker group: control-plane traffic (both directions) and time waiting on it
+    control_messages: int | None = None
+    control_bytes: int | None = None
+    worker_wait_s: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -47,4 +51,8 @@ class RequestMetrics:
         return {"prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
                 "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
                 "tokens_per_s": round(self.tokens_per_s, 3), "retrieval_rebuilds": self.retrieval_rebuilds,
-                "tiers": [t.to_dict() for t in self.tiers]}
+                "tiers": [t.to_dict() for t in self.tiers],
+                **({} if self.control_messages is None else {
+                    "control_messages": self.control_messages, "control_bytes": self.control_bytes,
+                    "control_bytes_per_token": round(self.control_bytes / max(1, self.generated_tokens)),
+                    "worker_wait_s": round(self.worker_wait_s, 4)})}

@@ -38,6 +38,41 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--window", type=int, default=_DEFAULTS.window, help="draft tier: recent-window tokens")
 
 
+def add_generate_args(gen: argparse.ArgumentParser) -> None:
+    """The flags of `triforce generate`, shared with the torchrun entry (launch/distributed.py)."""
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
+    add_model_args(gen)
+    gen.add_argument("--mode", choices=MODES, default="triforce",
+                     help="triforce: draft -> retrieval -> target; retrieval: retrieval -> target; "
+                          "draft: draft -> target; ar: plain decoding (default %(default)s)")
+    samp = gen.add_argument_group("sampling")
+    samp.add_argument("--max-new-tokens", type=int, default=128)
+    samp.add_argument("--temperature", type=float, default=0.6, help="0 = greedy (default %(default)s)")
+    samp.add_argument("--top-p", type=float, default=0.9)
+    samp.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
+    samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
+    samp.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    add_engine_args(gen)
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    gen.add_argument("--no-progress", action="store_true", help="hide the prefill progress bar")
+    dist = gen.add_argument_group("distributed (a coordinator and a tensor-parallel worker group)")
+    dist.add_argument("--workers", type=int, default=0,
+                      help="verify on W worker processes started with torchrun (tensor-parallel target); "
+                           "0 = in this process")
+    dist.add_argument("--control-host", default="127.0.0.1",
+                      help="address of the worker group's leader, as the coordinator reaches it")
+    dist.add_argument("--control-bind", default="127.0.0.1",
+                      help="address the leader binds (0.0.0.0 or an interface for multi-node runs)")
+    dist.add_argument("--control-port", type=int, default=29650, help="the leader's ZeroMQ port")
+    dist.add_argument("--worker-device", default=None,
+                      help="device of the workers: cpu, or cuda for cuda:LOCAL_RANK (default: cuda if available)")
+    dist.add_argument("--worker-timeout", type=float, default=30.0,
+                      help="seconds a request may wait for the workers before failing (default %(default)s)")
+
+
 def engine_settings(args) -> dict:
     return dict(gamma1=args.gamma1, gamma2=args.gamma2, budget=args.budget, chunk_size=args.chunk_size,
                 retrieval_policy=args.retrieval_policy, full_layers=args.full_layers, sinks=args.sinks,
@@ -45,8 +80,18 @@ def engine_settings(args) -> dict:
 
 
 def _generate(args) -> int:
+    if args.workers:
+        from .distributed import launch_with_torchrun
+
+        return launch_with_torchrun(args)
     from ..api import LLM
 
+    EngineConfig(mode=args.mode, **engine_settings(args))  # validate before loading any weights
+    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, **engine_settings(args))
+    return run_generation(args, llm)
+
+
+def read_prompt(args) -> str:
     if args.prompt_file is not None:
         try:
             prompt = Path(args.prompt_file).read_text(encoding="utf-8")
@@ -56,10 +101,14 @@ def _generate(args) -> int:
         prompt = args.prompt
     if not prompt:
         raise UserError("empty prompt")
+    return prompt
+
+
+def run_generation(args, llm) -> int:
+    """Generates from the prompt of `args` with `llm`; streams text or prints the JSON object."""
+    prompt = read_prompt(args)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-    EngineConfig(mode=args.mode, **engine_settings(args))  # validate before loading any weights
-    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, **engine_settings(args))
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
     out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
     m = out.metrics
@@ -95,24 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text from a prompt",
                          description="Generate a continuation. Output is distributed exactly as plain sampling "
                                      "from the target (identical tokens when --temperature 0).")
-    src = gen.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
-    add_model_args(gen)
-    gen.add_argument("--mode", choices=MODES, default="triforce",
-                     help="triforce: draft -> retrieval -> target; retrieval: retrieval -> target; "
-                          "draft: draft -> target; ar: plain decoding (default %(default)s)")
-    samp = gen.add_argument_group("sampling")
-    samp.add_argument("--max-new-tokens", type=int, default=128)
-    samp.add_argument("--temperature", type=float, default=0.6, help="0 = greedy (default %(default)s)")
-    samp.add_argument("--top-p", type=float, default=0.9)
-    samp.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
-    samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
-    samp.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
-    add_engine_args(gen)
-    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    gen.add_argument("--no-progress", action="store_true", help="hide the prefill progress bar")
+    add_generate_args(gen)
     gen.set_defaults(func=_generate)
 
     fetch = sub.add_parser("fetch-model", help="download and convert a known model into $TRIFORCE_HOME")
@@ -129,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return args.func(args)
     except UserError as exc:
