@@ -63,7 +63,8 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
                       help="verify on W worker processes started with torchrun (tensor-parallel target); "
                            "0 = in this process")
     dist.add_argument("--control-host", default="127.0.0.1",
-                      help="address of the worker group's leader, as the coordinator reaches it")
+                      help="address of the worker group's leader, as the coordinator reaches it; 'auto' asks "
+                           "the leader for its host name (multi-node runs)")
     dist.add_argument("--control-bind", default="127.0.0.1",
                       help="address the leader binds (0.0.0.0 or an interface for multi-node runs)")
     dist.add_argument("--control-port", type=int, default=29650, help="the leader's ZeroMQ port")

@@ -65,10 +65,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         workers = dist.new_group(list(range(1, world)))  # every rank takes part in creating it
         control = dist.new_group(backend="gloo")  # CPU barriers
+        if args.control_host == "auto":
+            args.control_host = _leader_host(rank, control)
         return _coordinate(args, world, control) if rank == 0 else _work(args, rank, world, local_rank,
                                                                          workers, control)
     finally:
         dist.destroy_process_group()
+
+
+def _leader_host(rank: int, control) -> str:
+    """The worker leader's (global rank 1) host name, told to every rank: for multi-node runs where the
+    scheduler decides which node it lands on."""
+    import socket
+
+    buf = torch.zeros(256, dtype=torch.uint8)
+    if rank == 1:
+        name = socket.getfqdn().encode()[:256]
+        buf[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)
+    dist.broadcast(buf, src=1, group=control)
+    return bytes(buf[buf != 0].tolist()).decode()
 
 
 def _resolve_once(spec, rank: int, control):
