@@ -25,5 +25,18 @@ for sweep in budget=256,512,1024,2048,4096 chunk_size=1,2,4,8,16,32 gamma1=1,2,3
     $TRIFORCE bench "${common[@]}" --lengths 7936 --temperatures 0.6 --modes ar triforce --sweep "$sweep" \
         --out "$OUT/sweep_${sweep%%=*}.json"
 done
+# 5. the pipeline's cost on one machine: --workers 1 (torchrun, gloo) against one process, 8K prompt
+$PYTHON - "$TEXT" "$OUT/prompt_8k.txt" <<'PY'
+import sys
+from transformers import AutoTokenizer
+from triforce.models.hub import resolve_model
+tok = AutoTokenizer.from_pretrained(resolve_model("smollm2"))
+ids = tok(open(sys.argv[1], encoding="utf-8").read()).input_ids[:7900]
+open(sys.argv[2], "w", encoding="utf-8").write(tok.decode(ids))
+PY
+for workers in 0 1; do
+    $TRIFORCE generate --prompt-file "$OUT/prompt_8k.txt" --max-new-tokens 256 --temperature 0 --ignore-eos \
+        --json --no-progress --workers $workers --worker-device cpu > "$OUT/pipeline_workers$workers.json"
+done
 $PYTHON benchmarks/plot.py --speedup "$OUT/speed.json" --temperature "$OUT/temperature.json" \
     --budget "$OUT/sweep_budget.json" --chunk "$OUT/sweep_chunk_size.json" --out-dir "$OUT"

@@ -59,7 +59,8 @@ def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_pat
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert 0 <= report["top1_agreement"] <= 1 and 0 < report["expected_acceptance"] <= 1
-    assert torch.load(work / "checkpoint.pt", weights_only=True)["step"] == 6
+    (checkpoint,) = work.glob("checkpoint-*.pt")
+    assert torch.load(checkpoint, weights_only=True)["step"] == 6
     labels_before = sorted(p.stat().st_mtime_ns for p in work.glob("labels-*/*.pt"))
 
     # Resuming: the labels are reused and no training step runs again, so the draft is the same.

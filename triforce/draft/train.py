@@ -108,19 +108,16 @@ def distillation_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_logp:
 
 def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: torch.Tensor,
           to_draft: torch.Tensor, kept: int, settings: TrainSettings, work_dir: Path, run_key: str) -> list[float]:
-    """Trains in place, resuming from work_dir/checkpoint.pt when its run_key matches. Returns the
-    per-step losses of this invocation."""
+    """Trains in place, resuming from work_dir/checkpoint-<run_key>.pt (runs with other settings keep
+    their own checkpoints beside it and share the cached labels). Returns this invocation's losses."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                                {"params": rest, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
-    ckpt_path = work_dir / "checkpoint.pt"
+    ckpt_path = work_dir / f"checkpoint-{run_key}.pt"
     start = 0
     if ckpt_path.is_file():
         ckpt = torch.load(ckpt_path, weights_only=True)
-        if ckpt["run_key"] != run_key:
-            raise UserError(f"{ckpt_path} belongs to a run with other settings; use another --work-dir "
-                            f"or delete it")
         model.load_state_dict(ckpt["model"])
         optim.load_state_dict(ckpt["optim"])
         start = ckpt["step"]
@@ -146,7 +143,7 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
         bar.update(1)
         if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
             tmp = ckpt_path.with_suffix(".tmp")
-            torch.save({"run_key": run_key, "step": step + 1, "model": model.state_dict(),
+            torch.save({"step": step + 1, "model": model.state_dict(),
                         "optim": optim.state_dict()}, tmp)
             tmp.replace(ckpt_path)
     bar.close()
