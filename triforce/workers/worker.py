@@ -65,8 +65,10 @@ class VerifierWorker:
                 raise RequestError(f"commit of path {path[:8]} at {start} does not match the cache ({length})")
         if kind == "kv" and not 0 <= body["start"] <= body["stop"] <= length:
             raise RequestError(f"kv range [{body['start']}, {body['stop']}) outside [0, {length}]")
-        if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] % body["chunk_size"]):
-            raise RequestError("budget must be a positive multiple of the chunk size")
+        if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] % body["chunk_size"]
+                                  or body["start"] != length):
+            raise RequestError(f"refresh needs a budget that is a positive multiple of the chunk size, at the "
+                               f"cache's length {length}")
 
     # --- execution: every rank -----------------------------------------------------------------
     def execute(self, kind: str, body: dict) -> tuple[dict, list[torch.Tensor]]:
