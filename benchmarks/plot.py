@@ -22,15 +22,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def rows(path: str, workload: str = "novel") -> list[dict]:
-    return [r for r in json.loads(Path(path).read_text())["results"] if r["workload"] == workload]
+def rows(paths: str | list[str], workload: str = "novel") -> list[dict]:
+    paths = [paths] if isinstance(paths, str) else paths
+    return [r for p in paths for r in json.loads(Path(p).read_text())["results"] if r["workload"] == workload]
 
 
 def tier_acceptance(row: dict, name: str) -> float | None:
     return next((t["acceptance_rate"] for t in row.get("tiers", []) if t["name"] == name), None)
 
 
-def plot_speedup(path: str, out: Path) -> None:
+def plot_speedup(path: list[str], out: Path) -> None:
     data = rows(path)
     temps = sorted({r["temperature"] for r in data})
     fig, axes = plt.subplots(2, len(temps), figsize=(5.5 * len(temps), 8), squeeze=False)
@@ -91,7 +92,7 @@ def plot_sweep(path: str, setting: str, out: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--speedup")
+    p.add_argument("--speedup", nargs="+", help="one or more bench JSON files")
     p.add_argument("--temperature")
     p.add_argument("--budget")
     p.add_argument("--chunk")

@@ -9,10 +9,13 @@ TRIFORCE=${TRIFORCE:-triforce}
 PYTHON=${PYTHON:-python}
 mkdir -p "$OUT"
 common=(--text "$TEXT" --max-new-tokens 256)
-# 1. speed against ar and the peers: novel workload, 2K/4K/8K, temperatures 0 and 0.6
-$TRIFORCE bench "${common[@]}" --workloads novel --lengths 2048 4096 7936 --temperatures 0 0.6 \
+# 1. speed against ar and the peers: novel workload, 2K/4K/8K; temperature 0 with every peer, 0.6 with
+#    transformers plain generate (assisted generation runs about 1 token/s here: see the README)
+$TRIFORCE bench "${common[@]}" --workloads novel --lengths 2048 4096 7936 --temperatures 0 \
     --modes ar draft retrieval triforce --peers transformers assisted llamacpp ${GGUF:+--gguf "$GGUF"} \
-    --out "$OUT/speed.json"
+    --out "$OUT/speed_t0.json"
+$TRIFORCE bench "${common[@]}" --workloads novel --lengths 2048 4096 7936 --temperatures 0.6 \
+    --modes ar draft retrieval triforce --peers transformers --out "$OUT/speed_t06.json"
 # 2. passkey retrieval at 8K
 $TRIFORCE bench "${common[@]}" --workloads passkey --lengths 7936 --temperatures 0 0.6 \
     --modes ar draft retrieval triforce --out "$OUT/passkey.json"
@@ -38,5 +41,5 @@ for workers in 0 1; do
     $TRIFORCE generate --prompt-file "$OUT/prompt_8k.txt" --max-new-tokens 256 --temperature 0 --ignore-eos \
         --json --no-progress --workers $workers --worker-device cpu > "$OUT/pipeline_workers$workers.json"
 done
-$PYTHON benchmarks/plot.py --speedup "$OUT/speed.json" --temperature "$OUT/temperature.json" \
+$PYTHON benchmarks/plot.py --speedup "$OUT/speed_t0.json" "$OUT/speed_t06.json" --temperature "$OUT/temperature.json" \
     --budget "$OUT/sweep_budget.json" --chunk "$OUT/sweep_chunk_size.json" --out-dir "$OUT"

@@ -106,7 +106,7 @@ class HierarchyEngine:
             target_probs = self._probs(tier.forward(seq[tier.length:])[-(g + 1):])  # [g+1, V]
             verdict = verify_chain(draft_tokens, torch.stack(draft_rows), target_probs, self.generator, greedy)
             self.stats[level - 1].record(g, verdict.accepted)
-            tier.observe(g, verdict.accepted)
+            self.tiers[level - 1].observe(g, verdict.accepted)  # how the proposer's tokens fared
             valid = position + verdict.accepted
             del seq[valid:]
             seq.append(verdict.next_token)

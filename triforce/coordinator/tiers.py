@@ -54,7 +54,7 @@ class Tier:
         self.cache.sync()
 
     def observe(self, proposed: int, accepted: int) -> None:
-        """Told the outcome of each check this tier made (used by adaptive tiers)."""
+        """Told how many of this tier's proposals the tier above accepted (used by adaptive tiers)."""
 
     @property
     def rebuilds(self) -> int:
@@ -66,7 +66,9 @@ class RetrievalTier(Tier):
     """The target's weights over a RetrievalKVCache built from the target's full cache.
 
     Its prefill is a sync from that cache (no forward of its own). With the static policy it asks for a
-    rebuild when its acceptance of the draft over the last `window` proposals drops below `threshold`.
+    rebuild when the target's acceptance of its proposals over the last `window` drops below `threshold`:
+    a sign that the chunks chosen no longer serve the current queries. (Not the draft's acceptance by
+    this tier: a weak draft says nothing about the cache.)
     """
 
     def __init__(self, model: LlamaModel, cache: RetrievalKVCache, threshold: float, window: int):
