@@ -181,3 +181,30 @@ def test_three_distinct_models_sample_the_target_distribution(small_vocab, case)
         return engine.generate(prompt, SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True, seed=seed))[0]
 
     assert_two_token_distribution(once, expected, trials=2000)
+
+
+def test_retrieval_tier_learns_how_the_target_judged_its_proposals(models):
+    """The static policy's rebuild trigger must watch the target's acceptance of the retrieval tier,
+    not the retrieval tier's acceptance of the draft."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(8)).tolist()
+    cfg = EngineConfig(mode="triforce", **SETTINGS)
+    engine = build_engine(cfg, target, draft, 190)
+    seen = []
+    retrieval = engine.tiers[1]
+    retrieval.observe = lambda proposed, accepted: seen.append((proposed, accepted))
+    _, metrics = engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    target_check = metrics.tiers[1]  # the target checking the retrieval tier
+    assert (sum(p for p, _ in seen), sum(a for _, a in seen)) == (target_check.proposed, target_check.accepted)
+
+
+def test_low_acceptance_by_the_target_triggers_a_rebuild(models):
+    target, draft = models
+    engine = build_engine(EngineConfig(mode="retrieval", **SETTINGS), target, None, 190)
+    retrieval = engine.tiers[0]
+    engine.generate([3 + i % 90 for i in range(147)], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    before = retrieval.rebuilds
+    for _ in range(SETTINGS.get("refresh_window", 32)):
+        retrieval.observe(1, 0)
+    retrieval.sync()
+    assert retrieval.rebuilds == before + 1
