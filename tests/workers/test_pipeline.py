@@ -143,3 +143,24 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
     finally:
         sock.close(0)
         group.close()
+
+
+@pytest.mark.slow
+def test_smollm2_on_three_workers_reproduces_the_single_process_engine(smollm2_dir, tmp_path):
+    """SmolLM2's 9 heads and 3 KV heads split over a tensor-parallel group of 3."""
+    target = load_model(smollm2_dir, "float32")
+    from triforce.api import DEFAULT_DRAFTS
+
+    draft = load_model(DEFAULT_DRAFTS["smollm2"], "float32")
+    from transformers import AutoTokenizer
+
+    text = "It is a truth universally acknowledged, that a single man in possession of a good fortune, " * 12
+    prompt = AutoTokenizer.from_pretrained(smollm2_dir)(text).input_ids
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    group = Group(smollm2_dir, 3, tmp_path)
+    try:
+        expected, _ = run(target, draft, "triforce", prompt, params)
+        got, _ = run(target, draft, "triforce", prompt, params, remote(group, target, prompt, params))
+        assert got == expected
+    finally:
+        group.close()
