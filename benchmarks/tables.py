@@ -1,0 +1,91 @@
+"""Markdown tables of a benchmarks/run.sh results folder (what the README shows).
+
+    python benchmarks/tables.py benchmarks/results/issue3
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def load(folder: Path, name: str) -> list[dict]:
+    path = folder / name
+    return json.loads(path.read_text())["results"] if path.is_file() else []
+
+
+def acceptance(row: dict, tier: str) -> str:
+    rate = next((t["acceptance_rate"] for t in row.get("tiers", []) if t["name"] == tier), None)
+    return "" if rate is None else f"{rate:.2f}"
+
+
+def speed_table(rows: list[dict]) -> str:
+    runs = [r for r in ("ar", "draft", "retrieval", "triforce", "transformers", "assisted", "llamacpp")
+            if any(x["run"] == r for x in rows)]
+    out = ["| prompt tokens | " + " | ".join(f"`{r}` tok/s" for r in runs) + " | triforce / ar | triforce / transformers"
+           + (" | triforce / assisted" if "assisted" in runs else "") + " | tier-1 acc. | tier-2 acc. |",
+           "|---" * (len(runs) + 5 + ("assisted" in runs)) + "|"]
+    for length in sorted({r["prompt_tokens"] for r in rows}):
+        group = {r["run"]: r for r in rows if r["prompt_tokens"] == length}
+        tri = group["triforce"]
+        cells = [f"{group[r]['tokens_per_s']:.1f}" if r in group else "" for r in runs]
+        ratios = [f"{tri['tokens_per_s'] / group[r]['tokens_per_s']:.2f}x" for r in ("ar", "transformers")
+                  if r in group] + ([f"{tri['tokens_per_s'] / group['assisted']['tokens_per_s']:.1f}x"]
+                                    if "assisted" in group else [])
+        out.append(f"| {length:,} | " + " | ".join(cells + ratios) + f" | {acceptance(tri, 'retrieval')} | "
+                   f"{acceptance(tri, 'target')} |")
+    return "\n".join(out)
+
+
+def sweep_table(rows: list[dict], setting: str) -> str:
+    ar = next(r for r in rows if r["run"] == "ar")
+    tri = sorted((r for r in rows if r["run"] == "triforce"), key=lambda r: r[setting])
+    out = [f"| {setting} | " + " | ".join(str(r[setting]) for r in tri) + " |", "|---" * (len(tri) + 1) + "|",
+           "| triforce / ar | " + " | ".join(f"{r['tokens_per_s'] / ar['tokens_per_s']:.2f}x" for r in tri) + " |",
+           "| tier-1 acceptance | " + " | ".join(acceptance(r, "retrieval") for r in tri) + " |",
+           "| tier-2 acceptance | " + " | ".join(acceptance(r, "target") for r in tri) + " |"]
+    return "\n".join(out) + f"\n\n(`ar`: {ar['tokens_per_s']:.1f} tokens/s)"
+
+
+def main() -> None:
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
+    speed = load(folder, "speed.json")
+    for temperature in sorted({r["temperature"] for r in speed}):
+        rows = [r for r in speed if r["temperature"] == temperature]
+        print(f"### speed, temperature {temperature}\n\n{speed_table(rows)}\n")
+    assisted = load(folder, "assisted.json")
+    if assisted:
+        print("### assisted generation (2K, greedy)\n\n" + ", ".join(
+            f"`{r['run']}` {r['tokens_per_s']:.1f} tok/s" for r in assisted) + "\n")
+    passkey = load(folder, "passkey.json")
+    if passkey:
+        print("### passkey\n\n| temperature | run | tok/s | vs ar | tier-1 acc. | tier-2 acc. | answer holds the key |\n"
+              "|---|---|---|---|---|---|---|")
+        for r in passkey:
+            print(f"| {r['temperature']} | {r['run']} | {r['tokens_per_s']:.1f} | {r.get('speedup_vs_ar', 1):.2f}x | "
+                  f"{acceptance(r, 'retrieval') or acceptance(r, 'target') if r['run'] != 'ar' else ''} | "
+                  f"{acceptance(r, 'target') if r['run'] == 'triforce' else ''} | {r['passkey_found']} |")
+        print()
+    temps = [r for r in load(folder, "temperature.json") if r["run"] == "triforce"]
+    if temps:
+        print("### acceptance vs temperature (triforce, 8K)\n\n| temperature | " +
+              " | ".join(str(r["temperature"]) for r in temps) + " |\n" + "|---" * (len(temps) + 1) + "|\n"
+              "| tier-1 (draft by retrieval) | " + " | ".join(acceptance(r, "retrieval") for r in temps) + " |\n"
+              "| tier-2 (retrieval by target) | " + " | ".join(acceptance(r, "target") for r in temps) + " |\n"
+              "| triforce / ar | " + " | ".join(f"{r['speedup_vs_ar']:.2f}x" for r in temps) + " |\n")
+    for setting in ("budget", "chunk_size", "gamma1", "gamma2", "window"):
+        rows = load(folder, f"sweep_{setting}.json")
+        if rows:
+            print(f"### sweep: {setting} (8K, temperature 0.6)\n\n{sweep_table(rows, setting)}\n")
+    pipeline = [folder / f"pipeline_workers{w}.json" for w in (0, 1)]
+    if all(p.is_file() for p in pipeline):
+        single, dist = (json.loads(p.read_text().strip().splitlines()[-1])["metrics"] for p in pipeline)
+        print(f"### pipeline on one machine (8K prompt, greedy)\n\none process: {single['tokens_per_s']:.1f} tok/s; "
+              f"--workers 1: {dist['tokens_per_s']:.1f} tok/s ({dist['tokens_per_s'] / single['tokens_per_s']:.2f}x), "
+              f"{dist['control_bytes_per_token']:,} control-plane bytes and "
+              f"{dist['control_messages'] / max(1, dist['generated_tokens']):.1f} messages per generated token, "
+              f"{dist['worker_wait_s']:.1f} s waiting on the workers\n")
+
+
+if __name__ == "__main__":
+    main()
