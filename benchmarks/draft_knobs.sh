@@ -5,14 +5,14 @@
 set -euo pipefail
 OUT=${1:-bench-out}
 DATA=${DATA:-../shared/data}
-STEPS=${STEPS:-200}
+STEPS=${STEPS:-100}
 TRIFORCE=${TRIFORCE:-triforce}
 mkdir -p "$OUT"
 texts=("$DATA/austen-prideprejudice.txt" "$DATA/austen-sensesensibility.txt" "$DATA/austen-mansfieldpark.txt"
        "$DATA/austen-persuasion.txt" "$DATA/austen-northangerabbey.txt")
 work=${WORK:-${TRIFORCE_HOME:-$HOME/.cache/triforce}/train-draft/smollm2}   # shares the shipped draft's labels
 : > "$OUT/draft_knobs.jsonl"
-for knobs in "" "--layers 2" "--hidden 256 --heads 4 --intermediate 768" "--vocab 4096" "--vocab 16384" "--vocab 0"; do
+for knobs in "" "--layers 2" "--hidden 256 --heads 4 --intermediate 768" "--vocab 0"; do
     name=$(echo "default $knobs" | tr ' ' '_' | tr -s '_')
     # shellcheck disable=SC2086
     $TRIFORCE train-draft --target smollm2 --text "${texts[@]}" --heldout "$DATA/austen-emma.txt" \
