@@ -16,7 +16,7 @@ from ..draft.train import DraftShape, TrainSettings, export, fingerprint, init_d
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, resolve_model, triforce_home
 from ..models.loader import load_model
-from ..models.vocab import tokenizer_fingerprint
+from ..models.vocab import ReducedVocabulary, tokenizer_fingerprint
 
 _SHAPE, _TRAIN = DraftShape(), TrainSettings()
 
@@ -96,9 +96,8 @@ def run_train_draft(args) -> int:
     if kept is None:
         to_draft, n_kept = torch.arange(vocab_total), vocab_total
     else:
-        to_draft = torch.full((vocab_total,), kept.numel(), dtype=torch.long)
-        to_draft[kept] = torch.arange(kept.numel())
-        n_kept = kept.numel()
+        vocab = ReducedVocabulary(kept, vocab_total)  # the mapping the loaded draft will use
+        to_draft, n_kept = vocab.to_draft, vocab.size
         covered = (to_draft[sequences] < n_kept).float().mean().item()
         print(f"train-draft: the {n_kept} kept tokens cover {covered:.1%} of the training text", file=sys.stderr)
 

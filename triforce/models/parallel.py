@@ -12,7 +12,7 @@ use it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -38,8 +38,6 @@ class TensorParallel:
                                  f"{cfg.intermediate_size}")
 
     def local_config(self, cfg: ModelConfig) -> ModelConfig:
-        from dataclasses import replace
-
         return replace(cfg, num_heads=cfg.num_heads // self.size,
                        num_kv_heads=max(1, cfg.num_kv_heads // self.size),
                        intermediate_size=cfg.intermediate_size // self.size)
