@@ -5,7 +5,8 @@ prefill chunks, decode and verification: query i (0-based among the n new ones) 
 
 Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU); on a CPU
 with AVX512-BF16, csrc/attention_bf16.cpp for bfloat16 decode steps (at most 24 query rows per KV head,
-head dim 64 or 128), which reads the KV cache at about 1.6x SDPA's rate; torch SDPA otherwise.
+head dim 64 or 128), which reads a cold KV cache about 1.5x faster than SDPA
+(benchmarks/attention_bandwidth.py); torch SDPA otherwise.
 `reference_attention` is the plain loop that the tests compare them all against.
 """
 from __future__ import annotations
