@@ -4,9 +4,9 @@ Every cache policy hands the model keys laid out so that the new tokens come las
 prefill chunks, decode and verification: query i (0-based among the n new ones) sees keys [0, S - n + i].
 
 Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU); on a CPU
-with AVX512-BF16, csrc/attention_bf16.cpp for bfloat16 decode steps (at most 24 query rows per KV head,
-head dim 64 or 128), which reads a cold KV cache about 1.5x faster than SDPA
-(benchmarks/attention_bandwidth.py); torch SDPA otherwise.
+with AVX512-BF16, csrc/attention_bf16.cpp for bfloat16 decode steps and speculative checks (head dim 64
+or 128), which reads a cold KV cache faster than SDPA and, with AMX tiles, checks a chain of 7 tokens in
+about the time of one (benchmarks/attention_bandwidth.py); torch SDPA otherwise (prefill chunks).
 `reference_attention` is the plain loop that the tests compare them all against.
 """
 from __future__ import annotations
@@ -16,9 +16,19 @@ import torch.nn.functional as F
 
 from .cpu import cpu_kernels
 
-# The kernel streams K and V once, but scores every row with vector instructions; past about 24 rows
-# (query heads per KV head x new tokens) SDPA's matrix units win even when reading from DRAM.
-KERNEL_MAX_ROWS = 24
+# Rows are query heads per KV head x new tokens. The vector kernel streams K and V once but scores every
+# row with vector instructions: past about 24 rows SDPA's matrix units win even reading from DRAM. With
+# AMX tiles the kernel beats SDPA up to its limit of 128 rows (42 new tokens for SmolLM2).
+VECTOR_KERNEL_MAX_ROWS = 24
+AMX_KERNEL_MAX_ROWS = 128
+
+
+def kernel_max_rows() -> int:
+    """Most query rows per KV head that `attention` sends to the CPU kernel (0: no kernel here)."""
+    ext = cpu_kernels()
+    if ext is None:
+        return 0
+    return AMX_KERNEL_MAX_ROWS if ext.amx_usable() else VECTOR_KERNEL_MAX_ROWS
 
 try:  # pragma: no cover - GPU only
     from flash_attn import flash_attn_func as _flash_attn_func
@@ -45,11 +55,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
         out = _flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                softmax_scale=scale, causal=True)
         return out[0].transpose(0, 1)
-    if (q.dtype == torch.bfloat16 and q.device.type == "cpu" and (hq // hkv) * n <= KERNEL_MAX_ROWS and d in (64, 128)
-            and k.stride(-1) == 1 and k.stride(-2) == d and v.stride() == k.stride()):
-        ext = cpu_kernels()
-        if ext is not None:
-            return ext.decode_attention_bf16(q, k, v, scale)
+    if (q.dtype == torch.bfloat16 and q.device.type == "cpu" and d in (64, 128) and k.stride(-1) == 1
+            and k.stride(-2) == d and v.stride() == k.stride() and (hq // hkv) * n <= kernel_max_rows()):
+        return cpu_kernels().decode_attention_bf16(q, k, v, scale)
     g = hq // hkv
     qg = q.reshape(1, hkv, g * n, d)  # rows ordered (group member, query index)
     mask = None

@@ -1,7 +1,7 @@
 """The CPU kernels (csrc/*.cpp) as one torch extension, built on first use.
 
 They need AVX512-BF16 (Intel Cooper Lake / Sapphire Rapids and later, AMD Zen 4 and later) and a C++
-compiler; torch compiles them once (about a minute) and caches the result in ~/.cache/torch_extensions.
+compiler (GCC 11+ or Clang 12+, for the AMX intrinsics; AMX itself is used only where the CPU has it); torch compiles them once (about a minute) and caches the result in ~/.cache/torch_extensions.
 Where that is impossible, or TRIFORCE_CPU_KERNELS=0, `cpu_kernels()` returns None and callers use torch.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 NAME = "triforce_cpu_kernels"
-SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "fused_bf16.cpp", "bindings.cpp")
+SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "attention_amx.cpp", "fused_bf16.cpp", "bindings.cpp")
 _extension = None
 _tried = False
 
@@ -43,7 +43,8 @@ def cpu_kernels():
         csrc = Path(__file__).parent / "csrc"
         _extension = cpp_extension.load(
             name=NAME, sources=[str(csrc / s) for s in SOURCES],
-            extra_cflags=["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"],
+            extra_cflags=["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16",
+                         "-mamx-tile", "-mamx-bf16"],
             extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # no compiler, no ninja, an old toolchain: fall back to torch
         log.warning("CPU bf16 kernels unavailable, using torch: %s", str(exc).splitlines()[0] if str(exc) else exc)

@@ -1,75 +1,26 @@
-// Decode attention for bfloat16 on AVX512-BF16 CPUs: n <= 16 new queries over S cached keys, new last.
+// Decode attention for bfloat16 on AVX512-BF16 CPUs: n new queries over S cached keys, new last.
 //
 // out[Hq, n, D] = softmax(scale * q k^T, causal tail) v, where query i of the n new ones sees keys
 // [0, S - n + i]. Grouped-query attention: the G query heads of a KV head and their n queries are the
 // R = G * n rows that share one pass over that head's keys and values. Each head's keys are split into
 // ranges processed in parallel with an online softmax (flash-decoding); the partial results are merged
 // at the end. K and V are each read once, in blocks, so the pass runs near memory bandwidth.
+// A range is computed with AMX tiles where the CPU has them (attention_amx.cpp), else with AVX512-BF16
+// vector dot products (below), whose cost grows with every row.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+
+#include "attention_common.h"
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
+namespace triforce_attention {
 namespace {
 
-constexpr int kBlock = 64;     // keys per block (scores of a block stay in L1)
-constexpr int kMaxRows = 128;  // G * n
-
-// e^x for 16 floats (x <= 0 here): 2^k * p(r), r = x - k ln2, |r| <= ln2/2, degree-6 polynomial.
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, k);
-}
-
-inline __m512 bf16_to_ps(const at::BFloat16* p) {  // 16 bf16 -> 16 floats
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// In place: r[i][j] -> r[j][i] for a 16 x 16 matrix of 32-bit elements.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // r[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    t[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
-    t[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
-    t[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
-    t[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
-    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd);
-    r[4 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);
-    r[12 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xdd);
-  }
-}
-
-struct Partial {  // one row's online-softmax state over a range of keys
-  float max, sum;
-};
+constexpr int kBlock = 64;  // keys per block (scores of a block stay in L1)
 
 // scores[r][0..nk) = scale * q_r . k_j for nk <= 16 keys starting at k. Keys are transposed into
 // "pair-major" order (lane j of kt[p] = bf16 pair p of key j) so one dot-product instruction yields 16
@@ -184,7 +135,8 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
 }
 
 template <int D>
-void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, float scale, torch::Tensor& out) {
+void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, float scale, bool allow_amx,
+         torch::Tensor& out) {
   const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
   const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
   // Key ranges of at least 512 keys, as many as keep every thread equally busy: the number of
@@ -197,6 +149,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
   splits = (S + span - 1) / span;
   std::vector<float> acc(static_cast<size_t>(hkv * splits * R * D), 0.0f);
   std::vector<Partial> st(static_cast<size_t>(hkv * splits * R));
+  const bool use_amx = allow_amx && amx_usable();
   const auto* qp = q.data_ptr<at::BFloat16>();
   const auto* kp = k.data_ptr<at::BFloat16>();
   const auto* vp = v.data_ptr<at::BFloat16>();
@@ -204,8 +157,9 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
     for (int64_t item = b; item < e; ++item) {
       const int64_t h = item / splits, sp = item % splits;
       const int64_t begin = sp * span, end = std::min(S, begin + span);
-      attend_range<D>(qp + h * G * n * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R,
-                      static_cast<int>(n), S, begin, end, scale, acc.data() + item * R * D, st.data() + item * R);
+      const auto range = use_amx ? attend_range_amx<D> : attend_range<D>;
+      range(qp + h * G * n * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R, static_cast<int>(n),
+            S, begin, end, scale, acc.data() + item * R * D, st.data() + item * R);
     }
   });
   auto* op = out.data_ptr<at::BFloat16>();
@@ -231,8 +185,11 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
 }
 
 }  // namespace
+}  // namespace triforce_attention
 
-torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale) {
+using namespace triforce_attention;
+
+torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
               v.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [Hq, n, D], k and v [Hkv, S, D]");
@@ -245,7 +202,7 @@ torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Ten
   // [Hq, n, D] with the G query heads of each KV head adjacent: row (g, i) of head h is q[h*G + g, i].
   q = q.contiguous();
   auto out = torch::empty_like(q);
-  if (d == 64) run<64>(q, k, v, static_cast<float>(scale), out);
-  else run<128>(q, k, v, static_cast<float>(scale), out);
+  if (d == 64) run<64>(q, k, v, static_cast<float>(scale), allow_amx, out);
+  else run<128>(q, k, v, static_cast<float>(scale), allow_amx, out);
   return out;
 }
