@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from triforce.kernels.cpu import cpu_kernels
-from triforce.kernels.linear import linear, reference_linear
+from triforce.kernels.linear import linear, logits_linear, reference_linear
 
 needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
 
@@ -26,3 +26,20 @@ def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype():
             torch.testing.assert_close(linear(x, w.to(dtype), b.to(dtype)).float(), ref, atol=0.3, rtol=0.05)
     x = torch.randn(3, 64)
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))  # float32 is torch's, exactly
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [1, 7, 13])
+def test_bf16_logits_keep_float32_precision(n):
+    """The head's float32 sums are not rounded to bfloat16, in one piece (7 rows) or several (13)."""
+    x, w = torch.randn(n, 576).bfloat16(), torch.randn(4096, 576).bfloat16()
+    got = logits_linear(x, w)
+    want = x.float() @ w.float().T
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)  # bfloat16 rounding alone errs by ~0.1
+    assert (got - want).abs().max() < (want.bfloat16().float() - want).abs().max() / 100
+
+
+def test_float32_logits_are_torchs_exactly():
+    x, w = torch.randn(5, 64), torch.randn(96, 64)
+    assert torch.equal(logits_linear(x, w), torch.nn.functional.linear(x, w))

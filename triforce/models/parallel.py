@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..kernels.linear import linear
+from ..kernels.linear import linear, logits_linear
 from .config import ModelConfig, ModelLoadError
 
 
@@ -98,7 +98,7 @@ class VocabParallelHead(nn.Module):
         self.vocab_size, self.group, self.size = vocab_size, group, size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = linear(x, self.weight)  # [n, rows]
+        logits = logits_linear(x, self.weight)  # [n, rows] float32
         if self.group is None:
             return logits
         per = -(-self.vocab_size // self.size)

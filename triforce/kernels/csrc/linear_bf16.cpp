@@ -9,8 +9,8 @@
 
 namespace {
 
-template <int N_ROWS>
-void linear_rows(const at::BFloat16* x, const at::BFloat16* w, at::BFloat16* y, int64_t K, int64_t N,
+template <int N_ROWS, typename Out>
+void linear_rows(const at::BFloat16* x, const at::BFloat16* w, Out* y, int64_t K, int64_t N,
                  int64_t begin, int64_t end) {
   const int64_t steps = K / 32;
   for (int64_t r = begin; r < end; ++r) {
@@ -25,32 +25,40 @@ void linear_rows(const at::BFloat16* x, const at::BFloat16* w, at::BFloat16* y, 
         acc[t] = _mm512_dpbf16_ps(acc[t], wv, xv);
       }
     }
-    for (int t = 0; t < N_ROWS; ++t) y[t * N + r] = at::BFloat16(_mm512_reduce_add_ps(acc[t]));
+    for (int t = 0; t < N_ROWS; ++t) y[t * N + r] = Out(_mm512_reduce_add_ps(acc[t]));
   }
 }
 
-using RowsFn = void (*)(const at::BFloat16*, const at::BFloat16*, at::BFloat16*, int64_t, int64_t, int64_t,
-                        int64_t);
-constexpr RowsFn kRows[8] = {linear_rows<1>, linear_rows<2>, linear_rows<3>, linear_rows<4>,
-                             linear_rows<5>, linear_rows<6>, linear_rows<7>, linear_rows<8>};
+template <typename Out>
+using RowsFn = void (*)(const at::BFloat16*, const at::BFloat16*, Out*, int64_t, int64_t, int64_t, int64_t);
+template <typename Out>
+constexpr RowsFn<Out> kRows[8] = {linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>, linear_rows<4, Out>,
+                                  linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
+
+template <typename Out>
+void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
+  const int64_t n = x.size(0), K = x.size(1), N = w.size(0);
+  const RowsFn<Out> rows = kRows<Out>[n - 1];
+  const auto* xp = x.data_ptr<at::BFloat16>();
+  const auto* wp = w.data_ptr<at::BFloat16>();
+  auto* yp = y.data_ptr<Out>();
+  // Grain: at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
+  const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (K * 2));
+  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) { rows(xp, wp, yp, K, N, begin, end); });
+}
 
 }  // namespace
 
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w) {
+// float_out: float32 y, unrounded (logits: bfloat16's 8-bit mantissa would tie near-equal candidates).
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [n, K], w [N, K]");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "1 to 8 rows of x");
   TORCH_CHECK(x.size(1) % 32 == 0, "K must be a multiple of 32");
   TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
   x = x.contiguous();
-  const int64_t n = x.size(0), K = x.size(1), N = w.size(0);
-  auto y = torch::empty({n, N}, x.options());
-  const RowsFn rows = kRows[n - 1];
-  const auto* xp = x.data_ptr<at::BFloat16>();
-  const auto* wp = w.data_ptr<at::BFloat16>();
-  auto* yp = y.data_ptr<at::BFloat16>();
-  // Grain: at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
-  const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (K * 2));
-  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) { rows(xp, wp, yp, K, N, begin, end); });
+  auto y = torch::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
+  if (float_out) run<float>(x, w, y);
+  else run<at::BFloat16>(x, w, y);
   return y;
 }
