@@ -1,4 +1,5 @@
-"""Weight-read bandwidth of decode-sized bfloat16 linears: torch's path against triforce's CPU kernel.
+"""Weight-read bandwidth of decode-sized bfloat16 linears: torch's path against triforce's CPU kernel
+(its vector path, and its AMX tile path where the CPU has one).
 
     python benchmarks/linear_bandwidth.py     # prints JSON: GB/s per number of activation rows
 
@@ -29,11 +30,13 @@ def main() -> None:
     weights = [torch.randn(3072, 576).bfloat16() for _ in range(60)]
     kernel = cpu_kernels()
     rows = {}
-    for n in (1, 2, 4, 7, 8):
+    for n in (1, 2, 4, 7, 8, 16):
         x = torch.randn(n, 576).bfloat16()
         rows[n] = {"torch_GBps": bandwidth(lambda w: F.linear(x, w), weights)}
-        if kernel is not None:
-            rows[n]["triforce_kernel_GBps"] = bandwidth(lambda w: kernel.linear_bf16(x, w), weights)
+        if kernel is not None and n <= 8:
+            rows[n]["vector_kernel_GBps"] = bandwidth(lambda w: kernel.linear_bf16(x, w, allow_amx=False), weights)
+        if kernel is not None and kernel.amx_usable():
+            rows[n]["amx_kernel_GBps"] = bandwidth(lambda w: kernel.linear_bf16(x, w), weights)
     print(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=1))
 
 

@@ -7,12 +7,20 @@ from triforce.kernels.linear import linear, logits_linear, reference_linear
 needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
 
 
+needs_amx = pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().amx_usable(), reason="no AMX-BF16")
+
+
 @needs_kernel
-@pytest.mark.parametrize("n", [1, 2, 5, 8])
-@pytest.mark.parametrize("k,out", [(576, 1728), (1536, 576), (64, 3)])
-def test_cpu_bf16_kernel_matches_float32_reference(n, k, out):
+@pytest.mark.parametrize("amx", [False, pytest.param(True, marks=needs_amx)])
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("k,out", [(576, 1728), (1536, 576), (64, 3), (96, 80)])
+def test_cpu_bf16_kernel_matches_float32_reference(n, k, out, amx):
+    """The vector path (up to 8 rows) and the AMX path (up to 16, N a multiple of 16: 1728 = 36 blocks of
+    16 takes its three-block loop, 80 = 5 blocks its one-block tail too)."""
+    if n > (16 if amx and out % 16 == 0 else 8):
+        pytest.skip("more rows than this path takes")
     x, w = torch.randn(n, k).bfloat16(), torch.randn(out, k).bfloat16()
-    got, want = cpu_kernels().linear_bf16(x, w).float(), reference_linear(x, w).float()
+    got, want = cpu_kernels().linear_bf16(x, w, allow_amx=amx).float(), reference_linear(x, w).float()
     # Both accumulate in float32 (in different orders) and round once to bfloat16: one bf16 ulp apart at most.
     torch.testing.assert_close(got, want, atol=1e-6, rtol=2 ** -7)
 
@@ -20,7 +28,7 @@ def test_cpu_bf16_kernel_matches_float32_reference(n, k, out):
 def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype():
     w, b = torch.randn(96, 64), torch.randn(96)
     for dtype in (torch.float32, torch.bfloat16):
-        for n in (1, 8, 9, 40):  # 9 and 40 rows take torch's path even in bfloat16
+        for n in (1, 8, 9, 17, 40):  # 17 and 40 rows take torch's path even in bfloat16
             x = torch.randn(n, 64).to(dtype)
             ref = torch.nn.functional.linear(x.float(), w, b)
             torch.testing.assert_close(linear(x, w.to(dtype), b.to(dtype)).float(), ref, atol=0.3, rtol=0.05)
@@ -29,9 +37,9 @@ def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype():
 
 
 @needs_kernel
-@pytest.mark.parametrize("n", [1, 7, 13])
+@pytest.mark.parametrize("n", [1, 7, 13, 40])
 def test_bf16_logits_keep_float32_precision(n):
-    """The head's float32 sums are not rounded to bfloat16, in one piece (7 rows) or several (13)."""
+    """The head's float32 sums are not rounded to bfloat16, in one piece or several (40 rows)."""
     x, w = torch.randn(n, 576).bfloat16(), torch.randn(4096, 576).bfloat16()
     got = logits_linear(x, w)
     want = x.float() @ w.float().T

@@ -1,9 +1,11 @@
 """Linear layers for decoding: a CPU bfloat16 kernel for a few rows, torch everywhere else.
 
-`linear(x, weight, bias)` is F.linear, except on a CPU with AVX512-BF16 for bfloat16 inputs of at most
-8 rows (decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights
-at well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py); without it,
-torch's path is used. `reference_linear` is what the tests compare it with.
+`linear(x, weight, bias)` is F.linear, except on a CPU with AVX512-BF16 for bfloat16 inputs of a few
+rows (decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights at
+well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): up to 16 rows
+with AMX tiles (csrc/linear_amx.cpp, at the same read rate for 1 to 16 rows), else up to 8 with vector
+instructions, whose rate falls with every row; without it, torch's path is used. `reference_linear` is
+what the tests compare it with.
 
 `logits_linear` is the output head: float32 logits. The kernel hands over its float32 sums unrounded:
 rounded to bfloat16 (8 bits of mantissa, a step of 0.125 at a logit of 20), near-equal candidates tie,
@@ -16,32 +18,37 @@ import torch.nn.functional as F
 
 from .cpu import cpu_kernels
 
-MAX_ROWS = 8
-MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces of MAX_ROWS
+VECTOR_MAX_ROWS, AMX_MAX_ROWS = 8, 16
+MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces
 
 
-def _kernel_for(x: torch.Tensor, weight: torch.Tensor, max_rows: int):
-    if (x.dtype == torch.bfloat16 and not x.is_cuda and x.shape[0] <= max_rows and x.shape[1] % 32 == 0
-            and weight.is_contiguous()):
-        return cpu_kernels()
-    return None
+def kernel_max_rows(weight: torch.Tensor) -> int:
+    """Most rows of x the CPU kernel takes for this weight (0: no kernel here)."""
+    ext = cpu_kernels()
+    if ext is None:
+        return 0
+    return AMX_MAX_ROWS if ext.amx_usable() and weight.shape[0] % 16 == 0 else VECTOR_MAX_ROWS
+
+
+def _takes_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.dtype == torch.bfloat16 and not x.is_cuda and x.shape[1] % 32 == 0 and weight.is_contiguous()
+            and weight.dtype == torch.bfloat16)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [n, K] -> [n, N]."""
-    ext = _kernel_for(x, weight, MAX_ROWS)
-    if ext is not None:
-        out = ext.linear_bf16(x, weight)
+    if _takes_kernel(x, weight) and x.shape[0] <= kernel_max_rows(weight):
+        out = cpu_kernels().linear_bf16(x, weight)
         return out if bias is None else out + bias
     return F.linear(x, weight, bias)
 
 
 def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: [n, K] -> float32 [n, N]."""
-    ext = _kernel_for(x, weight, MAX_LOGIT_ROWS)
-    if ext is None:
+    rows = kernel_max_rows(weight) if _takes_kernel(x, weight) and x.shape[0] <= MAX_LOGIT_ROWS else 0
+    if rows == 0:
         return F.linear(x, weight).float()
-    return torch.cat([ext.linear_bf16(piece, weight, float_out=True) for piece in x.split(MAX_ROWS)])
+    return torch.cat([cpu_kernels().linear_bf16(piece, weight, float_out=True) for piece in x.split(rows)])
 
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -10,11 +10,8 @@
 //     horizontal reductions;
 //   out [16 rows, D] += P . V: P is rounded to bf16 and transposed into A tiles (as GPU flash attention
 //     rounds P); V's key pairs are interleaved once per block into the B layout, shared by all groups.
+#include "amx.h"
 #include "attention_common.h"
-
-#include <sys/syscall.h>
-#include <unistd.h>
-#include <cpuid.h>
 
 #include <algorithm>
 #include <climits>
@@ -27,31 +24,7 @@ namespace {
 
 constexpr int kKeys = 32;  // keys per block: one A tile of P (16 bf16 pairs per row)
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles: 0 = A (K or P), 1 = B (Q^T or V pairs), 2 = scores, 4..7 = four 16-column slices of out.
-void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
-}
-
 }  // namespace
-
-bool amx_usable() {
-  static const bool usable = [] {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // arch_prctl: ask Linux for the tile state
-    return amx_bf16 && amx_tile && syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  }();
-  return usable;
-}
 
 template <int D>
 void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
@@ -59,7 +32,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
   static_assert(D % 64 == 0, "head dim a multiple of 64");
   constexpr int P = D / 32;  // 32-dim slices of a row: A tiles of K per 16 keys, B tiles of Q^T
   const int groups = (R + 15) / 16;
-  configure_tiles();
+  triforce_amx::configure_tiles();  // tiles: 0 = A (K or P), 1 = B (Q^T or V pairs), 2 = scores, 4..7 = out slices
   // qt[g][h]: B tile, row p = dims (32h + 2p, 32h + 2p + 1) of group g's 16 rows (zero past R).
   std::vector<int32_t> qt(static_cast<size_t>(groups) * P * 256, 0);
   const auto* q32 = reinterpret_cast<const int32_t*>(q);

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "amx.h"
 #include "attention_common.h"
 
 #include <cmath>
@@ -149,7 +150,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
   splits = (S + span - 1) / span;
   std::vector<float> acc(static_cast<size_t>(hkv * splits * R * D), 0.0f);
   std::vector<Partial> st(static_cast<size_t>(hkv * splits * R));
-  const bool use_amx = allow_amx && amx_usable();
+  const bool use_amx = allow_amx && triforce_amx::usable();
   const auto* qp = q.data_ptr<at::BFloat16>();
   const auto* kp = k.data_ptr<at::BFloat16>();
   const auto* vp = v.data_ptr<at::BFloat16>();

@@ -68,6 +68,4 @@ template <int D>
 void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
                       int R, int n, int64_t S, int64_t begin, int64_t end, float scale, float* acc, Partial* st);
 
-bool amx_usable();  // the CPU has AMX-BF16 and the kernel granted this process its tile state
-
 }  // namespace triforce_attention

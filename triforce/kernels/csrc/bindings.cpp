@@ -1,19 +1,19 @@
 // The CPU kernels of triforce as one torch extension (see triforce/kernels/cpu.py).
 #include <torch/extension.h>
 
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out);
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx);
 torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx);
-namespace triforce_attention { bool amx_usable(); }
+#include "amx.h"
 torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul_bf16(torch::Tensor gate_up);
 torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_bf16", &linear_bf16, "bf16 x . W^T for n <= 8 rows", py::arg("x"), py::arg("w"),
-        py::arg("float_out") = false);
+  m.def("linear_bf16", &linear_bf16, "bf16 x . W^T for a few rows of x", py::arg("x"), py::arg("w"),
+        py::arg("float_out") = false, py::arg("allow_amx") = true);
   m.def("decode_attention_bf16", &decode_attention_bf16, "bf16 attention of a few new queries, causal tail",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("allow_amx") = true);
-  m.def("amx_usable", &triforce_attention::amx_usable, "AMX-BF16 tiles available to this process");
+  m.def("amx_usable", &triforce_amx::usable, "AMX-BF16 tiles available to this process");
   m.def("rms_norm_bf16", &rms_norm_bf16, "bf16 RMSNorm with float32 statistics");
   m.def("silu_mul_bf16", &silu_mul_bf16, "silu(gate) * up of [gate | up]");
   m.def("rope_bf16", &rope_bf16, "rotary embedding of [H, n, D]");

@@ -1,4 +1,5 @@
-// y[n, N] = x[n, K] . W[N, K]^T for bfloat16 x and W, float32 accumulation, n <= 8 rows of x.
+// y[n, N] = x[n, K] . W[N, K]^T for bfloat16 x and W, float32 accumulation, n <= 8 rows of x
+// (n <= 16 with AMX tiles, where N is a multiple of 16: linear_amx.cpp).
 //
 // Decoding multiplies a few activation rows by every weight matrix, so it is bound by reading W.
 // This kernel streams each row of W once, multiplies it into all n activation rows with AVX512-BF16
@@ -6,6 +7,13 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+
+#include "amx.h"
+
+namespace triforce_linear {
+template <typename Out>
+void run_amx(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y);
+}  // namespace triforce_linear
 
 namespace {
 
@@ -50,15 +58,18 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 }  // namespace
 
 // float_out: float32 y, unrounded (logits: bfloat16's 8-bit mantissa would tie near-equal candidates).
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out) {
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [n, K], w [N, K]");
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "1 to 8 rows of x");
   TORCH_CHECK(x.size(1) % 32 == 0, "K must be a multiple of 32");
   TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
+  const bool amx = allow_amx && triforce_amx::usable() && w.size(0) % 16 == 0;
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= (amx ? 16 : 8), "1 to 8 rows of x (16 with AMX and N % 16 == 0)");
   x = x.contiguous();
   auto y = torch::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
-  if (float_out) run<float>(x, w, y);
+  if (amx && float_out) triforce_linear::run_amx<float>(x, w, y);
+  else if (amx) triforce_linear::run_amx<at::BFloat16>(x, w, y);
+  else if (float_out) run<float>(x, w, y);
   else run<at::BFloat16>(x, w, y);
   return y;
 }
