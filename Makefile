@@ -26,7 +26,7 @@ test: setup
 	$(PY) -m pytest -q
 
 # The README's benchmark: triforce's modes against ar, transformers and assisted generation, passkey,
-# temperature and settings sweeps, plots (about 30 minutes on 2 cores; see benchmarks/run.sh).
+# temperature and settings sweeps, plots (about 40 minutes on 2 cores; see benchmarks/run.sh).
 bench: setup
 	TRIFORCE=$(VENV)/bin/triforce PYTHON=$(PY) benchmarks/run.sh bench-out
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark behind the README's tables and plots (SmolLM2-135M, bfloat16, 256 new tokens, Austen's
-# Emma, which the shipped draft never saw in training). About 30 minutes on a 2-core CPU; nothing else
+# Emma, which the shipped draft never saw in training). About 40 minutes on a 2-core CPU; nothing else
 # may run meanwhile, or the ratios mean nothing.
 #   benchmarks/run.sh [RESULTS_DIR] [TEXT]       (make bench runs it into bench-out/)
 set -euo pipefail
@@ -9,6 +9,9 @@ TEXT=${2:-../shared/data/austen-emma.txt}
 TRIFORCE=${TRIFORCE:-triforce}
 PYTHON=${PYTHON:-python}
 mkdir -p "$OUT"
+# 0. the kernels' read rates (cold weights and KV cache)
+$PYTHON benchmarks/linear_bandwidth.py > "$OUT/linear_bandwidth.json"
+$PYTHON benchmarks/attention_bandwidth.py > "$OUT/attention_bandwidth.json"
 common=(--text "$TEXT" --max-new-tokens 256)
 modes=(--modes ar draft retrieval triforce)
 # 1. speed against ar and transformers generate: novel workload, 2K/4K/8K, temperatures 0 and 0.6
@@ -23,7 +26,7 @@ $TRIFORCE bench "${common[@]}" "${modes[@]}" --workloads passkey --lengths 7936 
 $TRIFORCE bench "${common[@]}" --lengths 7936 --temperatures 0 0.3 0.6 0.9 1.2 --modes ar triforce \
     --out "$OUT/temperature.json"
 # 5. sweeps of the defaults at 8K, temperature 0.6
-for sweep in budget=256,1024,4096 chunk_size=1,8,32 gamma2=4,6,10; do
+for sweep in budget=256,512,1024,2048,4096 chunk_size=1,4,8,16,32 gamma1=1,2,3 gamma2=4,6,8; do
     $TRIFORCE bench "${common[@]}" --lengths 7936 --temperatures 0.6 --modes ar triforce --sweep "$sweep" \
         --out "$OUT/sweep_${sweep%%=*}.json"
 done
