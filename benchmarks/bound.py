@@ -1,7 +1,7 @@
 """Ceilings from bytes read per token, for a memory-bound decoder (the bandwidth cancels in the ratios).
 
     python benchmarks/bound.py [--model smollm2] [--draft smollm2-draft] [--prompt-tokens 7936]
-                               [--budget 1024] [--gamma1 2] [--gamma2 6] [--gbps 17]
+                               [--budget 2048] [--gamma1 2] [--gamma2 6] [--gbps 17]
 
 - `ar` reads all weights and the whole KV cache per token: its ceiling is gbps / those bytes.
 - A perfect hierarchy (every proposal accepted) makes gamma2 + 1 tokens per target check, and tier 2
@@ -39,7 +39,7 @@ def main() -> None:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--draft", default=None, help="default: the draft shipped for --model")
     p.add_argument("--prompt-tokens", type=int, default=7936)
-    p.add_argument("--budget", type=int, default=1024)
+    p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--draft-window", type=int, default=16 + 256, help="sinks + window")
     p.add_argument("--gamma1", type=int, default=2)
     p.add_argument("--gamma2", type=int, default=6)

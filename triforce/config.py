@@ -52,7 +52,7 @@ class EngineConfig:
     mode: str = "triforce"
     gamma1: int = 2  # tier-1 (draft) proposals per tier-2 check
     gamma2: int = 6  # tier-2 tokens per tier-3 (target) check
-    budget: int = 1024  # tokens the retrieval cache holds
+    budget: int = 2048  # tokens the retrieval cache holds
     chunk_size: int = 8
     retrieval_policy: str = "static"
     full_layers: int = 2  # first layers that keep their whole cache in the retrieval tier

@@ -11,6 +11,8 @@ about the time of one (benchmarks/attention_bandwidth.py); torch SDPA otherwise 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +25,7 @@ VECTOR_KERNEL_MAX_ROWS = 24
 AMX_KERNEL_MAX_ROWS = 128
 
 
+@functools.cache
 def kernel_max_rows() -> int:
     """Most query rows per KV head that `attention` sends to the CPU kernel (0: no kernel here)."""
     ext = cpu_kernels()

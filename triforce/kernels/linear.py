@@ -2,8 +2,8 @@
 
 `linear(x, weight, bias)` is F.linear, except on a CPU with AVX512-BF16 for bfloat16 inputs of a few
 rows (decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights at
-well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): up to 16 rows
-with AMX tiles (csrc/linear_amx.cpp, at the same read rate for 1 to 16 rows), else up to 8 with vector
+well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): 3 to 16 rows
+with AMX tiles (csrc/linear_amx.cpp, at the same read rate for 3 to 16 rows), else up to 8 with vector
 instructions, whose rate falls with every row; without it, torch's path is used. `reference_linear` is
 what the tests compare it with.
 
@@ -13,21 +13,32 @@ and greedy decoding then depends on how many tokens a forward happened to carry.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from .cpu import cpu_kernels
 
 VECTOR_MAX_ROWS, AMX_MAX_ROWS = 8, 16
+# Below 3 rows the vector path read as fast as the tile path or faster in most runs here (16 against 12
+# GB/s at 1 row while other tenants loaded the memory bus, 16 against 19 when they did not); from 3 rows
+# on the tile path won every run (benchmarks/linear_bandwidth.py).
+AMX_MIN_ROWS = 3
 MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces
+
+
+@functools.cache
+def _has_amx() -> bool:
+    ext = cpu_kernels()
+    return ext is not None and ext.amx_usable()
 
 
 def kernel_max_rows(weight: torch.Tensor) -> int:
     """Most rows of x the CPU kernel takes for this weight (0: no kernel here)."""
-    ext = cpu_kernels()
-    if ext is None:
+    if cpu_kernels() is None:
         return 0
-    return AMX_MAX_ROWS if ext.amx_usable() and weight.shape[0] % 16 == 0 else VECTOR_MAX_ROWS
+    return AMX_MAX_ROWS if _has_amx() and weight.shape[0] % 16 == 0 else VECTOR_MAX_ROWS
 
 
 def _takes_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -38,9 +49,13 @@ def _takes_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [n, K] -> [n, N]."""
     if _takes_kernel(x, weight) and x.shape[0] <= kernel_max_rows(weight):
-        out = cpu_kernels().linear_bf16(x, weight)
+        out = _kernel_linear(x, weight, float_out=False)
         return out if bias is None else out + bias
     return F.linear(x, weight, bias)
+
+
+def _kernel_linear(x: torch.Tensor, weight: torch.Tensor, float_out: bool) -> torch.Tensor:
+    return cpu_kernels().linear_bf16(x, weight, float_out=float_out, allow_amx=x.shape[0] >= AMX_MIN_ROWS)
 
 
 def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -48,7 +63,7 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = kernel_max_rows(weight) if _takes_kernel(x, weight) and x.shape[0] <= MAX_LOGIT_ROWS else 0
     if rows == 0:
         return F.linear(x, weight).float()
-    return torch.cat([cpu_kernels().linear_bf16(piece, weight, float_out=True) for piece in x.split(rows)])
+    return torch.cat([_kernel_linear(piece, weight, float_out=True) for piece in x.split(rows)])
 
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
