@@ -19,8 +19,10 @@ def test_rms_norm():
     assert (got == want).float().mean() > 0.99  # the same rounding steps: nearly all bit-identical
 
 
-def test_silu_mul():
-    gate_up = (4 * torch.randn(3, 2 * 1536)).bfloat16()
+@pytest.mark.parametrize("n,width", [(3, 1536), (7, 1536), (2, 1000)])  # 1000: a tail past the 16-lane loop
+def test_silu_mul(n, width):
+    gate_up = (4 * torch.randn(n, 2 * width)).bfloat16()
+    gate_up[0, :8] = torch.tensor([-200.0, -90.0, -20.0, 0.0, 20.0, 90.0, 200.0, 1e-30])  # e^-g over/underflow
     gate, up = gate_up.chunk(2, dim=-1)
     want, got = F.silu(gate) * up, cpu_kernels().silu_mul_bf16(gate_up)
     torch.testing.assert_close(got.float(), want.float(), rtol=BF16_ULP, atol=1e-6)

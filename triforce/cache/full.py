@@ -14,6 +14,7 @@ class FullKVCache(KVCache):
         shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [L, Hkv, capacity, D], rotated
         self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self._layer_keys, self._layer_values = self.keys.unbind(0), self.values.unbind(0)  # views
         self.capacity, self.rope, self.length = capacity, rope, 0
         self._n = 0
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None  # of the current forward's positions
@@ -30,12 +31,15 @@ class FullKVCache(KVCache):
         self._cos_sin = self.rope.cos_sin(positions, self.keys.dtype)
 
     def append(self, layer, q, k, v):
-        start, stop = self.length, self.length + self._n
+        # narrow/copy_ on per-layer views: a decode step calls this 30 times, and tensor indexing costs
+        # several times more Python-side than these method calls.
+        start, n = self.length, self._n
         q = self.rope.apply(q, *self._cos_sin)
-        self.keys[layer, :, start:stop] = self.rope.apply(k, *self._cos_sin)
-        self.values[layer, :, start:stop] = v
-        self.last_query[layer] = q[:, -1]
-        return q, self.keys[layer, :, :stop], self.values[layer, :, :stop]
+        keys, values = self._layer_keys[layer], self._layer_values[layer]
+        keys.narrow(1, start, n).copy_(self.rope.apply(k, *self._cos_sin))
+        values.narrow(1, start, n).copy_(v)
+        self.last_query[layer] = q.select(1, n - 1)
+        return q, keys.narrow(1, 0, start + n), values.narrow(1, 0, start + n)
 
     def reset(self) -> None:
         self.length = 0

@@ -50,9 +50,7 @@ class DecoderLayer(nn.Module):
         n = x.shape[0]
         d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
         qkv = linear(self.input_norm(x), self.qkv_proj.weight, self.qkv_proj.bias)  # [n, (hq + 2 hkv) d]
-        q = qkv[:, : hq * d].view(n, hq, d).transpose(0, 1)  # [hq, n, d]
-        k = qkv[:, hq * d: (hq + hkv) * d].view(n, hkv, d).transpose(0, 1)  # [hkv, n, d]
-        v = qkv[:, (hq + hkv) * d:].view(n, hkv, d).transpose(0, 1)  # [hkv, n, d]
+        q, k, v = qkv.view(n, hq + 2 * hkv, d).transpose(0, 1).split((hq, hkv, hkv))  # [h, n, d] each
         q, keys, values = cache.append(self.index, q, k, v)  # keys/values: [hkv, S, d], new tokens last
         attn = attention(q, keys, values, self.scale)  # [hq, n, d]
         x = x + self.o_proj(attn.transpose(0, 1).reshape(n, hq * d))  # all-reduce across TP ranks

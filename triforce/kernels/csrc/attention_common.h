@@ -9,7 +9,8 @@ namespace triforce_attention {
 
 constexpr int kMaxRows = 128;  // G * n: query rows that share one pass over a KV head
 
-// e^x for 16 floats (x <= 0 here): 2^k * p(r), r = x - k ln2, |r| <= ln2/2, degree-6 polynomial.
+// e^x for 16 floats (clamped below at -87; inf past 88): 2^k * p(r), r = x - k ln2, |r| <= ln2/2,
+// degree-6 polynomial.
 inline __m512 exp_ps(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
