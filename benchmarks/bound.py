@@ -30,10 +30,6 @@ def weight_bytes(cfg: ModelConfig, bytes_per_value: int) -> int:
     return (cfg.num_layers * per_layer + cfg.vocab_size * d * (1 if cfg.tie_word_embeddings else 2)) * bytes_per_value
 
 
-def kv_bytes_per_token(cfg: ModelConfig, bytes_per_value: int) -> int:
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * bytes_per_value
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")
@@ -51,10 +47,10 @@ def main() -> None:
     cfg = ModelConfig.from_folder(resolve_model(args.model))
     draft_path = args.draft or DEFAULT_DRAFTS.get(args.model)
     dcfg = ModelConfig.from_folder(resolve_model(draft_path)) if draft_path else None
-    weights, kv = weight_bytes(cfg, b), kv_bytes_per_token(cfg, b)
+    weights, kv = weight_bytes(cfg, b), cfg.kv_bytes_per_token(b)
     ar = weights + kv * args.prompt_tokens
     tier2 = weights + kv * args.budget
-    draft_step = 0 if dcfg is None else weight_bytes(dcfg, b) + kv_bytes_per_token(dcfg, b) * args.draft_window
+    draft_step = 0 if dcfg is None else weight_bytes(dcfg, b) + dcfg.kv_bytes_per_token(b) * args.draft_window
     checks = math.ceil(args.gamma2 / (args.gamma1 + 1))
     per_round = ar + checks * (tier2 + args.gamma1 * draft_step)
     print(json.dumps({

@@ -143,7 +143,7 @@ class LLM:
             return  # the full cache lives on the workers, which check their own capacity
         itemsize = torch.finfo(self.target.dtype).bits // 8
         capacity = prompt_len + max_tokens + speculation_slack(self.config)
-        kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * capacity * itemsize
+        kv_bytes = cfg.kv_bytes_per_token(itemsize) * capacity
         free = _available_memory_bytes(self.device)
         if free is not None and kv_bytes > 0.9 * free:
             raise UserError(f"the KV cache for {capacity} tokens needs {kv_bytes / 2**30:.1f} GiB; "

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from triforce.kernels.attention import attention, kernel_max_rows, reference_attention
-from triforce.kernels.cpu import cpu_kernels
+from triforce.kernels.cpu import cpu_kernels, has_amx
 from triforce.kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_tokens, select_chunks
 
 
@@ -44,7 +44,7 @@ needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 
 
 @needs_kernel
 @pytest.mark.parametrize("amx", [False, pytest.param(True, marks=pytest.mark.skipif(
-    cpu_kernels() is None or not cpu_kernels().amx_usable(), reason="no AMX-BF16 on this CPU"))])
+    not has_amx(), reason="no AMX-BF16 on this CPU"))])
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
 @pytest.mark.parametrize("n,s", [(1, 1), (1, 3000), (7, 7), (6, 1500), (16, 700), (3, 65), (7, 33)])
 def test_cpu_decode_attention_kernel_matches_reference(hq, hkv, d, n, s, amx):
@@ -57,5 +57,5 @@ def test_cpu_decode_attention_kernel_matches_reference(hq, hkv, d, n, s, amx):
     got = cpu_kernels().decode_attention_bf16(q, k, v, d ** -0.5, allow_amx=amx).float()
     want = reference_attention(q.float(), k.float(), v.float(), d ** -0.5).float()
     torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
-    if (hq // hkv) * n <= kernel_max_rows() and amx == cpu_kernels().amx_usable():  # the dispatcher's path
+    if (hq // hkv) * n <= kernel_max_rows() and amx == has_amx():  # the dispatcher's path
         torch.testing.assert_close(attention(q, k, v, d ** -0.5).float(), got)

@@ -1,13 +1,13 @@
 import pytest
 import torch
 
-from triforce.kernels.cpu import cpu_kernels
+from triforce.kernels.cpu import cpu_kernels, has_amx
 from triforce.kernels.linear import linear, logits_linear, reference_linear
 
 needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
 
 
-needs_amx = pytest.mark.skipif(cpu_kernels() is None or not cpu_kernels().amx_usable(), reason="no AMX-BF16")
+needs_amx = pytest.mark.skipif(not has_amx(), reason="no AMX-BF16")
 
 
 @needs_kernel

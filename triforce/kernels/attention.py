@@ -11,12 +11,10 @@ about the time of one (benchmarks/attention_bandwidth.py); torch SDPA otherwise 
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from .cpu import cpu_kernels
+from .cpu import cpu_kernels, has_amx
 
 # Rows are query heads per KV head x new tokens. The vector kernel streams K and V once but scores every
 # row with vector instructions: past about 24 rows SDPA's matrix units win even reading from DRAM. With
@@ -25,13 +23,11 @@ VECTOR_KERNEL_MAX_ROWS = 24
 AMX_KERNEL_MAX_ROWS = 128
 
 
-@functools.cache
 def kernel_max_rows() -> int:
     """Most query rows per KV head that `attention` sends to the CPU kernel (0: no kernel here)."""
-    ext = cpu_kernels()
-    if ext is None:
+    if cpu_kernels() is None:
         return 0
-    return AMX_KERNEL_MAX_ROWS if ext.amx_usable() else VECTOR_KERNEL_MAX_ROWS
+    return AMX_KERNEL_MAX_ROWS if has_amx() else VECTOR_KERNEL_MAX_ROWS
 
 try:  # pragma: no cover - GPU only
     from flash_attn import flash_attn_func as _flash_attn_func

@@ -6,6 +6,7 @@ Where that is impossible, or TRIFORCE_CPU_KERNELS=0, `cpu_kernels()` returns Non
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -51,3 +52,10 @@ def cpu_kernels():
         log.warning("CPU bf16 kernels unavailable, using torch: %s", str(exc).splitlines()[0] if str(exc) else exc)
         _extension = None
     return _extension
+
+
+@functools.cache
+def has_amx() -> bool:
+    """The extension is here and may use AMX tiles (the tile paths of the attention and linear kernels)."""
+    ext = cpu_kernels()
+    return ext is not None and ext.amx_usable()

@@ -13,12 +13,10 @@ and greedy decoding then depends on how many tokens a forward happened to carry.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from .cpu import cpu_kernels
+from .cpu import cpu_kernels, has_amx
 
 VECTOR_MAX_ROWS, AMX_MAX_ROWS = 8, 16
 # Below 3 rows the vector path read as fast as the tile path or faster in most runs here (16 against 12
@@ -28,17 +26,11 @@ AMX_MIN_ROWS = 3
 MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces
 
 
-@functools.cache
-def _has_amx() -> bool:
-    ext = cpu_kernels()
-    return ext is not None and ext.amx_usable()
-
-
 def kernel_max_rows(weight: torch.Tensor) -> int:
     """Most rows of x the CPU kernel takes for this weight (0: no kernel here)."""
     if cpu_kernels() is None:
         return 0
-    return AMX_MAX_ROWS if _has_amx() and weight.shape[0] % 16 == 0 else VECTOR_MAX_ROWS
+    return AMX_MAX_ROWS if has_amx() and weight.shape[0] % 16 == 0 else VECTOR_MAX_ROWS
 
 
 def _takes_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -63,6 +55,8 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = kernel_max_rows(weight) if _takes_kernel(x, weight) and x.shape[0] <= MAX_LOGIT_ROWS else 0
     if rows == 0:
         return F.linear(x, weight).float()
+    if x.shape[0] <= rows:  # a decode step or a check: one piece, no concatenation copy
+        return _kernel_linear(x, weight, float_out=True)
     return torch.cat([_kernel_linear(piece, weight, float_out=True) for piece in x.split(rows)])
 
 

@@ -56,6 +56,10 @@ class ModelConfig:
     def rope_type(self) -> str:
         return self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default")) or "default"
 
+    def kv_bytes_per_token(self, bytes_per_value: int) -> int:
+        """Keys and values of one token across all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
+
     @property
     def max_positions(self) -> int:
         """Longest sequence (prompt + generation) the model attends over exactly."""
