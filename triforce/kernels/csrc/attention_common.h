@@ -1,63 +1,19 @@
-// Helpers shared by the bfloat16 decode-attention kernels (attention_bf16.cpp, attention_amx.cpp).
+// What the bfloat16 decode-attention kernels share (attention_bf16.cpp, attention_amx.cpp).
 #pragma once
 #include <torch/extension.h>
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "vec512.h"
+
 namespace triforce_attention {
 
 constexpr int kMaxRows = 128;  // G * n: query rows that share one pass over a KV head
 
-// e^x for 16 floats (clamped below at -87; inf past 88): 2^k * p(r), r = x - k ln2, |r| <= ln2/2,
-// degree-6 polynomial.
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, k);
-}
-
-inline __m512 bf16_to_ps(const at::BFloat16* p) {  // 16 bf16 -> 16 floats
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// In place: r[i][j] -> r[j][i] for a 16 x 16 matrix of 32-bit elements.
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // r[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    t[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
-    t[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
-    t[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
-    t[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
-    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd);
-    r[4 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);
-    r[12 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xdd);
-  }
-}
+using triforce_vec::bf16_to_ps;
+using triforce_vec::exp_ps;
+using triforce_vec::transpose16;
 
 struct Partial {  // one row's online-softmax state over a range of keys
   float max, sum;

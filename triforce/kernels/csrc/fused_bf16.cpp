@@ -6,7 +6,7 @@
 #include <torch/extension.h>
 #include <immintrin.h>
 
-#include "attention_common.h"
+#include "vec512.h"
 
 #include <cmath>
 
@@ -43,7 +43,7 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
 }
 
 // silu(gate) * up for gate_up = [gate | up]: [n, 2I] -> [n, I]. 16 lanes at a time: e^-g by the
-// polynomial of attention_common.h (within 2 float ulps), both roundings to bf16 by the instruction
+// polynomial of vec512.h (within 2 float ulps), both roundings to bf16 by the instruction
 // (round to nearest even, as torch rounds), so results match torch's bit for bit nearly always.
 torch::Tensor silu_mul_bf16(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16 && gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
@@ -60,10 +60,10 @@ torch::Tensor silu_mul_bf16(torch::Tensor gate_up) {
     bf16* o = op + r * half;
     int64_t i = 0;
     for (; i + 16 <= half; i += 16) {
-      const __m512 g = triforce_attention::bf16_to_ps(gate + i);
-      const __m512 e = triforce_attention::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      const __m512 g = triforce_vec::bf16_to_ps(gate + i);
+      const __m512 e = triforce_vec::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
       const __m512 silu = round_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)));
-      const __m256bh y = _mm512_cvtneps_pbh(_mm512_mul_ps(silu, triforce_attention::bf16_to_ps(up + i)));
+      const __m256bh y = _mm512_cvtneps_pbh(_mm512_mul_ps(silu, triforce_vec::bf16_to_ps(up + i)));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), reinterpret_cast<__m256i>(y));
     }
     for (; i < half; ++i) {
