@@ -45,10 +45,11 @@ needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 
 @needs_kernel
 @pytest.mark.parametrize("amx", [False, pytest.param(True, marks=pytest.mark.skipif(
     not has_amx(), reason="no AMX-BF16 on this CPU"))])
-@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 128), (8, 1, 64), (8, 8, 64)])
 @pytest.mark.parametrize("n,s", [(1, 1), (1, 3000), (7, 7), (6, 1500), (16, 700), (3, 65), (7, 33)])
 def test_cpu_decode_attention_kernel_matches_reference(hq, hkv, d, n, s, amx):
-    """Both the vector and the AMX path, at ranges whose ends fall inside a block and rows past 16."""
+    """Both the vector and the AMX path, at ranges whose ends fall inside a block, rows past 16, and
+    several KV heads per pass of the AMX path whose rows share 16-row groups."""
     g = torch.Generator().manual_seed(n * 1000 + s)
     q = (2 * torch.randn(hq, n, d, generator=g)).bfloat16()
     cache_k = torch.randn(hkv, s + 50, d, generator=g).bfloat16()  # a cache longer than what is read:
