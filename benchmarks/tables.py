@@ -9,6 +9,11 @@ import sys
 from pathlib import Path
 
 
+# Runs of `triforce bench` over the novel workload: the main run of benchmarks/run.sh, and later
+# re-runs of it named in the README (each rendered when present).
+SPEED_FILES = ("speed.json", "default_budget2048_8k.json", "speed_with_llamacpp.json")
+
+
 def load(folder: Path, name: str) -> list[dict]:
     path = folder / name
     return json.loads(path.read_text())["results"] if path.is_file() else []
@@ -22,16 +27,15 @@ def acceptance(row: dict, tier: str) -> str:
 def speed_table(rows: list[dict]) -> str:
     runs = [r for r in ("ar", "draft", "retrieval", "triforce", "transformers", "assisted", "llamacpp")
             if any(x["run"] == r for x in rows)]
-    out = ["| prompt tokens | " + " | ".join(f"`{r}` tok/s" for r in runs) + " | triforce / ar | triforce / transformers"
-           + (" | triforce / assisted" if "assisted" in runs else "") + " | tier-1 acc. | tier-2 acc. |",
-           "|---" * (len(runs) + 5 + ("assisted" in runs)) + "|"]
+    peers = [r for r in ("ar", "transformers", "assisted", "llamacpp") if r in runs]
+    out = ["| prompt tokens | " + " | ".join(f"`{r}` tok/s" for r in runs) + " | "
+           + " | ".join(f"triforce / {r}" for r in peers) + " | tier-1 acc. | tier-2 acc. |",
+           "|---" * (len(runs) + len(peers) + 3) + "|"]
     for length in sorted({r["prompt_tokens"] for r in rows}):
         group = {r["run"]: r for r in rows if r["prompt_tokens"] == length}
         tri = group["triforce"]
         cells = [f"{group[r]['tokens_per_s']:.1f}" if r in group else "" for r in runs]
-        ratios = [f"{tri['tokens_per_s'] / group[r]['tokens_per_s']:.2f}x" for r in ("ar", "transformers")
-                  if r in group] + ([f"{tri['tokens_per_s'] / group['assisted']['tokens_per_s']:.1f}x"]
-                                    if "assisted" in group else [])
+        ratios = [f"{tri['tokens_per_s'] / group[r]['tokens_per_s']:.2f}x" if r in group else "" for r in peers]
         out.append(f"| {length:,} | " + " | ".join(cells + ratios) + f" | {acceptance(tri, 'retrieval')} | "
                    f"{acceptance(tri, 'target')} |")
     return "\n".join(out)
@@ -49,10 +53,11 @@ def sweep_table(rows: list[dict], setting: str) -> str:
 
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
-    speed = load(folder, "speed.json")
-    for temperature in sorted({r["temperature"] for r in speed}):
-        rows = [r for r in speed if r["temperature"] == temperature]
-        print(f"### speed, temperature {temperature}\n\n{speed_table(rows)}\n")
+    for name in SPEED_FILES:
+        speed = load(folder, name)
+        for temperature in sorted({r["temperature"] for r in speed}):
+            rows = [r for r in speed if r["temperature"] == temperature]
+            print(f"### {name}: temperature {temperature}\n\n{speed_table(rows)}\n")
     assisted = load(folder, "assisted.json")
     if assisted:
         print("### assisted generation (2K, greedy)\n\n" + ", ".join(

@@ -10,6 +10,8 @@ refresh itself from its source after the target has committed tokens; the others
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..errors import UserError
@@ -17,6 +19,19 @@ from ..errors import UserError
 
 class CacheCapacityError(UserError):
     """More tokens than the cache was sized for (prompt + max_new_tokens + speculation slack)."""
+
+
+class LayerBuffers(NamedTuple):
+    """Where a forward's n new tokens go in each layer, for the fused layer loop (kernels/decoder.py):
+    the rotated keys and values into keys[l] and values[l] ([Hkv, capacity, D]) at offsets[l], and
+    attention reads those buffers up to offsets[l] + n. cos, sin: [n, D] of the new positions.
+    last_query ([L, Hq, D]), where the cache keeps each layer's rotated query of the last new token."""
+    keys: list[torch.Tensor] | tuple[torch.Tensor, ...]
+    values: list[torch.Tensor] | tuple[torch.Tensor, ...]
+    offsets: list[int]
+    cos: torch.Tensor
+    sin: torch.Tensor
+    last_query: torch.Tensor | None
 
 
 class KVCache:
@@ -28,6 +43,11 @@ class KVCache:
 
     def append(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         raise NotImplementedError
+
+    def layer_buffers(self) -> LayerBuffers | None:
+        """After begin(n), instead of `append` for every layer: the buffers the forward writes into, for
+        policies whose append is exactly that write; None for the others."""
+        return None
 
     def end(self) -> None:
         self.length += self._n

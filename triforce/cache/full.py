@@ -5,7 +5,7 @@ import torch
 
 from ..models.config import ModelConfig
 from ..models.rope import RotaryEmbedding
-from .base import CacheCapacityError, KVCache
+from .base import CacheCapacityError, KVCache, LayerBuffers
 
 
 class FullKVCache(KVCache):
@@ -21,6 +21,8 @@ class FullKVCache(KVCache):
         # The rotated query of the last token of the latest forward, per layer: [Hq, D]. The retrieval
         # cache scores chunks against it when it rebuilds (TriForce: "the last prompt token's query").
         self.last_query: list[torch.Tensor | None] = [None] * cfg.num_layers
+        self._queries = torch.zeros(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
+        self._query_rows = self._queries.unbind(0)  # last_query when the fused layer loop fills it
 
     def begin(self, n: int) -> None:
         if self.length + n > self.capacity:
@@ -40,6 +42,11 @@ class FullKVCache(KVCache):
         values.narrow(1, start, n).copy_(v)
         self.last_query[layer] = q.select(1, n - 1)
         return q, keys.narrow(1, 0, start + n), values.narrow(1, 0, start + n)
+
+    def layer_buffers(self) -> LayerBuffers:
+        self.last_query = list(self._query_rows)
+        return LayerBuffers(self._layer_keys, self._layer_values, [self.length] * len(self._layer_keys),
+                            *self._cos_sin, self._queries)
 
     def reset(self) -> None:
         self.length = 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_tokens, select_chunks
-from .base import CacheCapacityError, KVCache
+from .base import CacheCapacityError, KVCache, LayerBuffers
 from .full import FullKVCache
 
 POLICIES = ("static", "dynamic")
@@ -181,6 +181,12 @@ class RetrievalKVCache(KVCache):
         chosen = select_chunks(q, self._means[layer][:, : self._num_means], self.budget // self.chunk_size)
         token_ids = retrieval_token_ids(chosen, self.chunk_size, self._num_means, end)
         return (q, *gather_tokens(token_ids, src_k, src_v))
+
+    def layer_buffers(self) -> LayerBuffers | None:
+        if self.policy != "static":
+            return None
+        shift = self.synced - self._built_at + self.spec_len
+        return LayerBuffers(self._buf_k, self._buf_v, [r + shift for r in self._retrieved], *self._cos_sin, None)
 
     def end(self) -> None:
         self.spec_len += self._n

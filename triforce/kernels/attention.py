@@ -29,6 +29,15 @@ def kernel_max_rows() -> int:
         return 0
     return AMX_KERNEL_MAX_ROWS if has_amx() else VECTOR_KERNEL_MAX_ROWS
 
+
+def kernel_takes(rows: int, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `attention` sends keys and values k, v [Hkv, S, D] with `rows` query rows per KV head
+    (query heads per KV head x new tokens) to the CPU kernel."""
+    d = k.shape[-1]
+    return (k.dtype == torch.bfloat16 and k.device.type == "cpu" and d in (64, 128) and k.stride(-1) == 1
+            and k.stride(-2) == d and v.stride() == k.stride() and rows <= kernel_max_rows())
+
+
 try:  # pragma: no cover - GPU only
     from flash_attn import flash_attn_func as _flash_attn_func
 except ImportError:  # pragma: no cover - the CPU path
@@ -54,8 +63,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
         out = _flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                softmax_scale=scale, causal=True)
         return out[0].transpose(0, 1)
-    if (q.dtype == torch.bfloat16 and q.device.type == "cpu" and d in (64, 128) and k.stride(-1) == 1
-            and k.stride(-2) == d and v.stride() == k.stride() and (hq // hkv) * n <= kernel_max_rows()):
+    if q.dtype == torch.bfloat16 and kernel_takes((hq // hkv) * n, k, v):
         return cpu_kernels().decode_attention_bf16(q, k, v, scale)
     g = hq // hkv
     qg = q.reshape(1, hkv, g * n, d)  # rows ordered (group member, query index)

@@ -15,7 +15,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 NAME = "triforce_cpu_kernels"
 SOURCES = ("amx.cpp", "linear_bf16.cpp", "linear_amx.cpp", "attention_bf16.cpp", "attention_amx.cpp", "fused_bf16.cpp",
-           "bindings.cpp")
+           "decoder_bf16.cpp", "bindings.cpp")
 _extension = None
 _tried = False
 

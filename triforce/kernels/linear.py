@@ -33,28 +33,34 @@ def kernel_max_rows(weight: torch.Tensor) -> int:
     return AMX_MAX_ROWS if has_amx() and weight.shape[0] % 16 == 0 else VECTOR_MAX_ROWS
 
 
-def _takes_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.dtype == torch.bfloat16 and not x.is_cuda and x.shape[1] % 32 == 0 and weight.is_contiguous()
-            and weight.dtype == torch.bfloat16)
+def kernel_takes(rows: int, weight: torch.Tensor) -> bool:
+    """Whether `linear` sends `rows` bfloat16 rows times this weight to the CPU kernel."""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.is_contiguous()
+            and weight.shape[1] % 32 == 0 and rows <= kernel_max_rows(weight))
+
+
+def kernel_uses_amx(rows: int) -> bool:
+    """Whether the kernel may take its tile path for `rows` rows (it still needs AMX and N % 16 == 0)."""
+    return rows >= AMX_MIN_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [n, K] -> [n, N]."""
-    if _takes_kernel(x, weight) and x.shape[0] <= kernel_max_rows(weight):
+    if x.dtype == torch.bfloat16 and kernel_takes(x.shape[0], weight):
         out = _kernel_linear(x, weight, float_out=False)
         return out if bias is None else out + bias
     return F.linear(x, weight, bias)
 
 
 def _kernel_linear(x: torch.Tensor, weight: torch.Tensor, float_out: bool) -> torch.Tensor:
-    return cpu_kernels().linear_bf16(x, weight, float_out=float_out, allow_amx=x.shape[0] >= AMX_MIN_ROWS)
+    return cpu_kernels().linear_bf16(x, weight, float_out=float_out, allow_amx=kernel_uses_amx(x.shape[0]))
 
 
 def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: [n, K] -> float32 [n, N]."""
-    rows = kernel_max_rows(weight) if _takes_kernel(x, weight) and x.shape[0] <= MAX_LOGIT_ROWS else 0
-    if rows == 0:
+    if x.dtype != torch.bfloat16 or x.shape[0] > MAX_LOGIT_ROWS or not kernel_takes(1, weight):
         return F.linear(x, weight).float()
+    rows = kernel_max_rows(weight)
     if x.shape[0] <= rows:  # a decode step or a check: one piece, no concatenation copy
         return _kernel_linear(x, weight, float_out=True)
     return torch.cat([_kernel_linear(piece, weight, float_out=True) for piece in x.split(rows)])

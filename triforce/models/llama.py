@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..kernels.attention import attention
+from ..kernels.decoder import FusedLayers
 from ..kernels.fused import rms_norm, silu_mul
 from ..kernels.linear import linear
 from .config import ModelConfig
@@ -74,6 +75,7 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope: RotaryEmbedding | None = None  # built by `finalize` once weights sit on their device
+        self.fused_layers: FusedLayers | None = None  # likewise: the layer loop in one kernel call
         self.vocab: ReducedVocabulary | None = None  # a draft over part of its target's vocabulary
 
     @property
@@ -83,6 +85,7 @@ class LlamaModel(nn.Module):
 
     def finalize(self) -> "LlamaModel":
         self.rope = RotaryEmbedding(self.config, self.embed_tokens.weight.device)
+        self.fused_layers = FusedLayers(self)
         return self.eval().requires_grad_(False)
 
     @property
@@ -101,8 +104,12 @@ class LlamaModel(nn.Module):
             tokens = self.vocab.encode(tokens)
         x = self.embed_tokens(tokens)  # [n, hidden]
         cache.begin(tokens.shape[0])
-        for layer in self.layers:
-            x = layer(x, cache)
+        fused = None if self.fused_layers is None else self.fused_layers(x, cache)
+        if fused is None:
+            for layer in self.layers:
+                x = layer(x, cache)
+        else:
+            x = fused
         cache.end()
         if logits_for == "none":
             return None

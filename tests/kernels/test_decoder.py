@@ -1,0 +1,62 @@
+"""The fused layer loop (kernels/decoder.py) against the model's own layer-by-layer loop."""
+import pytest
+import torch
+
+from triforce.cache.full import FullKVCache
+from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
+from triforce.kernels.cpu import cpu_kernels
+from triforce.models.loader import load_model
+
+from checkpoints import write_tiny_checkpoint
+
+needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
+
+
+def decode(model, fused):
+    """A prefill, then forwards of 1 to 7 tokens on a static retrieval cache (speculation) and on the
+    full cache it draws from (commits). Returns every forward's logits and the full cache's state."""
+    saved = model.fused_layers
+    model.fused_layers = fused
+    try:
+        g = torch.Generator().manual_seed(0)
+        full = FullKVCache(model.config, 128, model.rope, model.dtype, "cpu")
+        retrieval = RetrievalKVCache(LocalKVSource(full), 16, 4, "static", full_layers=1, refresh_every=10,
+                                     max_speculative=40)
+        logits = [model(torch.randint(3, 96, (45,), generator=g), full)]
+        retrieval.sync()
+        for n in (1, 3, 7, 2, 1):
+            tokens = torch.randint(3, 96, (n,), generator=g)
+            logits.append(model(tokens, retrieval))
+            logits.append(model(tokens, full))
+            retrieval.sync()
+        return logits, full.keys[:, :, : full.length], full.values[:, :, : full.length], list(full.last_query)
+    finally:
+        model.fused_layers = saved
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["llama2", "qwen2"])  # qwen2: q, k, v biases
+def test_fused_layers_equal_the_layer_loop_bit_for_bit(tmp_path, arch, monkeypatch):
+    folder = write_tiny_checkpoint(tmp_path / arch, arch, vocab_size=96, hidden_size=256, num_heads=4, num_kv_heads=2,
+                                   scale=10.0)
+    model = load_model(folder, "bfloat16")
+    assert model.fused_layers.max_rows >= 7
+    calls = []
+    ext = cpu_kernels()
+    real = ext.decoder_layers_bf16
+    monkeypatch.setattr(ext, "decoder_layers_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    fused = decode(model, model.fused_layers)
+    assert sorted(set(calls)) == [1, 2, 3, 7]  # every forward but the 45-token prefill took it
+    calls.clear()
+    plain = decode(model, None)
+    assert not calls
+    for got, want in zip(fused[0], plain[0]):
+        assert torch.equal(got, want)
+    assert torch.equal(fused[1], plain[1]) and torch.equal(fused[2], plain[2])
+    for got, want in zip(fused[3], plain[3]):
+        assert torch.equal(got, want)
+
+
+def test_float32_models_take_the_layer_loop(tmp_path):
+    model = load_model(write_tiny_checkpoint(tmp_path, hidden_size=256, num_heads=4), "float32")
+    assert model.fused_layers.max_rows == 0

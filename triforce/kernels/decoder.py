@@ -1,0 +1,52 @@
+"""All decoder layers of one bfloat16 CPU forward in one call (csrc/decoder_bf16.cpp).
+
+models/llama.py runs a layer as about 20 Python-side torch calls around the kernels. `FusedLayers` runs
+the same calls in C++ where every step of every layer takes the CPU kernels anyway (so both paths give
+bit-identical results) and the cache keeps each layer's keys and values in a buffer that the new tokens
+are written into at an offset (`KVCache.layer_buffers`: the full cache and the static retrieval cache).
+Elsewhere, and with tensor parallelism, the model runs its layers one by one.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import attention, linear
+from .cpu import cpu_kernels
+
+
+class FusedLayers:
+    def __init__(self, model):
+        """model: a LlamaModel with its weights loaded (LlamaModel.finalize builds this)."""
+        cfg = model.config
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.eps, self.scale = cfg.rms_norm_eps, cfg.head_dim ** -0.5
+        self.weights: list[torch.Tensor] = []
+        self.max_rows = 0  # most new tokens per forward it takes; 0: never
+        if model.tp is not None or model.dtype != torch.bfloat16 or model.device.type != "cpu" or cpu_kernels() is None:
+            return
+        no_bias = torch.empty(0, dtype=model.dtype)
+        for layer in model.layers:  # the order csrc/decoder_bf16.cpp reads them in
+            self.weights += [layer.input_norm.weight, layer.qkv_proj.weight,
+                             no_bias if layer.qkv_proj.bias is None else layer.qkv_proj.bias, layer.o_proj.weight,
+                             layer.post_attention_norm.weight, layer.gate_up_proj.weight, layer.down_proj.weight]
+        matrices = [w for layer in model.layers for w in (layer.qkv_proj.weight, layer.o_proj.weight,
+                                                          layer.gate_up_proj.weight, layer.down_proj.weight)]
+        if all(linear.kernel_takes(1, w) for w in matrices):
+            group = cfg.num_heads // cfg.num_kv_heads
+            self.max_rows = min(min(linear.kernel_max_rows(w) for w in matrices), attention.kernel_max_rows() // group)
+
+    def __call__(self, x: torch.Tensor, cache) -> torch.Tensor | None:
+        """x: [n, hidden] after the embedding, between cache.begin(n) and cache.end(). The hidden states
+        after the last layer, or None where this forward must take the layer-by-layer path."""
+        n = x.shape[0]
+        if n > self.max_rows or x.dtype != torch.bfloat16:
+            return None
+        buffers = cache.layer_buffers()
+        if buffers is None or not attention.kernel_takes(1, buffers.keys[0], buffers.values[0]):
+            return None
+        last_query = buffers.last_query
+        if last_query is None:
+            last_query = x.new_empty(len(buffers.keys), self.num_heads, self.head_dim)
+        return cpu_kernels().decoder_layers_bf16(
+            x, self.weights, buffers.keys, buffers.values, buffers.offsets, buffers.cos, buffers.sin, self.num_heads,
+            self.num_kv_heads, self.eps, self.scale, linear.kernel_uses_amx(n), last_query)
