@@ -1,10 +1,12 @@
-"""Where one target forward spends its time: each kernel call site timed in place, the rest is Python,
-dispatch and small torch ops.
+"""Where one target forward spends its time: each kernel call site of the layer-by-layer loop timed in
+place, the rest is Python, dispatch and small torch ops; then the same forward through the fused layer
+loop (kernels/decoder.py), which the call-site timers cannot see into, as `fused_total`.
 
     python benchmarks/step_breakdown.py [--context 8000] [--tokens 1 7]
 
 SmolLM2 in bfloat16 over a full KV cache of --context random entries; median of 10 forwards per token
-count. Prints JSON: ms per call site summed over the layers, the total, and `other` (total minus them)."""
+count. Prints JSON: ms per call site summed over the layers, the total, `other` (total minus them) and
+`fused_total`; the two totals alternate, forward by forward."""
 from __future__ import annotations
 
 import argparse
@@ -46,20 +48,28 @@ def main() -> None:
     cache.append = timed("cache.append", cache.append)
     cache.keys.normal_()
     cache.values.normal_()
+    fused_layers = model.fused_layers
     report = {}
     for n in args.tokens:
         ids = torch.randint(0, model.config.vocab_size, (n,))
-        runs = []
+        runs, fused = [], []
         for _ in range(13):
-            spent.clear()
-            cache.length = args.context
-            start = time.perf_counter()
-            model(ids, cache)
-            runs.append((time.perf_counter() - start, dict(spent)))
+            for path in (None, fused_layers):
+                model.fused_layers = path
+                spent.clear()
+                cache.length = args.context
+                start = time.perf_counter()
+                model(ids, cache)
+                elapsed = time.perf_counter() - start
+                if path is None:
+                    runs.append((elapsed, dict(spent)))
+                else:
+                    fused.append(elapsed)
         total, parts = sorted(runs, key=lambda r: r[0])[len(runs) // 2]  # the median forward
         row = {k: round(v * 1e3, 1) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}
         row["total"] = round(total * 1e3, 1)
         row["other"] = round((total - sum(parts.values())) * 1e3, 1)
+        row["fused_total"] = round(sorted(fused)[len(fused) // 2] * 1e3, 1)
         report[f"n{n}"] = row
     print(json.dumps(report))
 
