@@ -11,7 +11,7 @@ from pathlib import Path
 
 # Runs of `triforce bench` over the novel workload: the main run of benchmarks/run.sh, and later
 # re-runs of it named in the README (each rendered when present).
-SPEED_FILES = ("speed.json", "default_budget2048_8k.json", "speed_with_llamacpp.json")
+SPEED_FILES = ("speed.json", "default_budget2048_8k.json", "speed_with_llamacpp.json", "speed_fused.json")
 
 
 def load(folder: Path, name: str) -> list[dict]:
