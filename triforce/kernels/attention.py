@@ -11,6 +11,8 @@ about the time of one (benchmarks/attention_bandwidth.py); torch SDPA otherwise 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -50,6 +52,13 @@ def causal_tail_mask(n: int, s: int, device) -> torch.Tensor:
     return torch.arange(s, device=device).unsqueeze(0) <= rows
 
 
+@functools.lru_cache(maxsize=2)
+def _grouped_tail_mask(n: int, s: int, g: int, device) -> torch.Tensor:
+    """causal_tail_mask repeated for the g query heads of a KV head: [g*n, s]. Every layer of a forward
+    asks for the same one, so it is built once per forward (an 8K prefill built it 480 times: 0.9 s)."""
+    return causal_tail_mask(n, s, device).repeat(g, 1)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q: [Hq, n, D]; k, v: [Hkv, S, D] with the n new tokens last. Returns [Hq, n, D].
 
@@ -69,7 +78,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     qg = q.reshape(1, hkv, g * n, d)  # rows ordered (group member, query index)
     mask = None
     if n > 1:
-        mask = causal_tail_mask(n, s, q.device).repeat(g, 1)  # [g*n, S]
+        mask = _grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
     # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path.
     out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale)
     return out.reshape(hq, n, d)
