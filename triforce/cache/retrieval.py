@@ -169,10 +169,10 @@ class RetrievalKVCache(KVCache):
         q, k = self.source.rope.apply(q, *self._cos_sin), self.source.rope.apply(k, *self._cos_sin)
         lo, hi = self.spec_len, self.spec_len + self._n
         if self.policy == "static":
-            base = self._retrieved[layer] + self.synced - self._built_at
+            at, end = self._static_offset(layer), self._static_offset(layer) + self._n
             buf_k, buf_v = self._buf_k[layer], self._buf_v[layer]
-            buf_k[:, base + lo: base + hi], buf_v[:, base + lo: base + hi] = k, v
-            return q, buf_k[:, : base + hi], buf_v[:, : base + hi]
+            buf_k[:, at:end], buf_v[:, at:end] = k, v
+            return q, buf_k[:, :end], buf_v[:, :end]
         src_k, src_v = self.source.full.keys[layer], self.source.full.values[layer]  # [Hkv, capacity, D]
         src_k[:, self.synced + lo: self.synced + hi], src_v[:, self.synced + lo: self.synced + hi] = k, v
         end = self.synced + hi
@@ -182,11 +182,16 @@ class RetrievalKVCache(KVCache):
         token_ids = retrieval_token_ids(chosen, self.chunk_size, self._num_means, end)
         return (q, *gather_tokens(token_ids, src_k, src_v))
 
+    def _static_offset(self, layer: int) -> int:
+        """Where the forward in progress writes its tokens in a static buffer: after the retrieved
+        chunks, the tokens committed since the build and the speculative ones before it."""
+        return self._retrieved[layer] + self.synced - self._built_at + self.spec_len
+
     def layer_buffers(self) -> LayerBuffers | None:
         if self.policy != "static":
             return None
-        shift = self.synced - self._built_at + self.spec_len
-        return LayerBuffers(self._buf_k, self._buf_v, [r + shift for r in self._retrieved], *self._cos_sin, None)
+        offsets = [self._static_offset(layer) for layer in range(self.num_layers)]
+        return LayerBuffers(self._buf_k, self._buf_v, offsets, *self._cos_sin, None)
 
     def end(self) -> None:
         self.spec_len += self._n
