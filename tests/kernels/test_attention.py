@@ -49,7 +49,7 @@ needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 
 @pytest.mark.parametrize("n,s", [(1, 1), (1, 3000), (7, 7), (6, 1500), (16, 700), (3, 65), (7, 33)])
 def test_cpu_decode_attention_kernel_matches_reference(hq, hkv, d, n, s, amx):
     """Both the vector and the AMX path, at ranges whose ends fall inside a block, rows past 16, and
-    several KV heads per pass of the AMX path whose rows share 16-row groups."""
+    as many KV heads as query heads."""
     g = torch.Generator().manual_seed(n * 1000 + s)
     q = (2 * torch.randn(hq, n, d, generator=g)).bfloat16()
     cache_k = torch.randn(hkv, s + 50, d, generator=g).bfloat16()  # a cache longer than what is read:

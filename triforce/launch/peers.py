@@ -107,7 +107,8 @@ class LlamaCppPeer:  # pragma: no cover - needs the optional llama-cpp-python
     """llama.cpp's own settings except two, both measured on this repository's CPU (llama-cpp-python
     0.3.36, SmolLM2 Q4_1): its extra weight buffers are off, because their AMX matrix path crashed
     (SIGSEGV in ggml_backend_amx_mul_mat) on the first decode; flash attention stays off, its default,
-    which decoded 16.5 tokens/s at a 7.9K-token context against 5.8 with it on."""
+    which decoded 16.5 tokens/s at a 7.9K-token context against 5.8 with it on (development runs, not
+    kept)."""
 
     def __init__(self, gguf: Path, context: int, threads: int | None = None):
         import llama_cpp.llama_cpp as lib
