@@ -10,9 +10,17 @@ Selection policies:
 - `static` (the paper): chunks chosen once by `rebuild` with the source's latest query; tokens committed
   since are appended as a tail; rebuilt when the tail reaches `refresh_every` tokens or on request
   (the tier asks when acceptance drops).
-- `dynamic` (Quest-style): chunks re-chosen at every forward from that forward's own queries against the
-  mean keys, which are kept up to date at each sync; the extra cost is reading the means, about
-  1/chunk_size of the keys.
+- `dynamic` (Quest-style): chunks re-chosen at every forward, from the query of the forward's *first*
+  token against the mean keys, which are kept up to date at each sync; the extra cost is reading the
+  means, about 1/chunk_size of the keys.
+
+Why the first token only (exactness): a forward's row i reports the distribution of position p_0 + i + 1,
+and speculative verification assumes that distribution does not depend on the proposals it checks,
+the tokens at positions > p_0 + i. The first token is never one of them (the engine feeds the last
+accepted token before any proposal), so a choice made from its query depends only on the prefix every
+row shares. Choosing from all rows (the sum of their queries) let the proposal at position j change
+the chunks that judge it: the tier then sampled from a distribution other than the one it reported.
+The static policy is exact for the same reason: its choice is fixed between target checks.
 The first `full_layers` layers see the whole source (the paper's acceptance table bypasses two layers).
 
 The source is a `KVSource`: `LocalKVSource` wraps a FullKVCache in this process; the distributed
@@ -178,7 +186,8 @@ class RetrievalKVCache(KVCache):
         end = self.synced + hi
         if layer < self.full_layers or self.synced <= self.budget + self.chunk_size:
             return q, src_k[:, :end], src_v[:, :end]
-        chosen = select_chunks(q, self._means[layer][:, : self._num_means], self.budget // self.chunk_size)
+        # The first row's query only: see the module docstring (a later row may be a proposal).
+        chosen = select_chunks(q[:, :1], self._means[layer][:, : self._num_means], self.budget // self.chunk_size)
         token_ids = retrieval_token_ids(chosen, self.chunk_size, self._num_means, end)
         return (q, *gather_tokens(token_ids, src_k, src_v))
 
