@@ -19,6 +19,7 @@ import torch
 from .config import ConfigError, EngineConfig, SamplingParams
 from .coordinator.hierarchy import build_engine, speculation_slack
 from .coordinator.metrics import RequestMetrics
+from .detokenize import IncrementalDetokenizer
 from .errors import UserError
 from .models.config import ModelLoadError
 from .models.hub import DEFAULT_MODEL, resolve_model
@@ -174,37 +175,27 @@ class LLM:
             verifier = RemoteVerifier(self.workers, self.target, capacity, self.config.prefill_chunk)
             sent = (self.workers.messages, self.workers.bytes, self.workers.wait_s)
         engine = build_engine(self.config, self.target, self.draft, len(ids) + params.max_tokens, verifier)
-        generated: list[int] = []
-        shown = [""]  # text already streamed
-        stop_at = [None]  # character offset of a stop string in the decoded text
+        detok = None if self.tokenizer is None else IncrementalDetokenizer(self.tokenizer, params.stop)
 
         def on_tokens(new: list[int]) -> bool:
-            generated.extend(new)
-            if self.tokenizer is None:
+            if detok is None:
                 return False
-            text = self.tokenizer.decode(generated, skip_special_tokens=True)
-            for s in params.stop:
-                at = text.find(s)
-                if at >= 0 and (stop_at[0] is None or at < stop_at[0]):
-                    stop_at[0] = at
-            visible = text if stop_at[0] is None else text[: stop_at[0]]
-            # Hold back a trailing replacement char: the next tokens may complete a multibyte character.
-            visible = visible.rstrip("\ufffd") if stop_at[0] is None else visible
-            if stream is not None and len(visible) > len(shown[0]) and visible.startswith(shown[0]):
-                stream(visible[len(shown[0]):])
-                shown[0] = visible
-            return stop_at[0] is not None
+            piece = detok.add(new)
+            if stream is not None and piece:
+                stream(piece)
+            return detok.stopped
 
         tokens, metrics = engine.generate(ids, params, self._eos_ids(), on_tokens, show_progress)
         if self.workers is not None:
             metrics.control_messages = self.workers.messages - sent[0]
             metrics.control_bytes = self.workers.bytes - sent[1]
             metrics.worker_wait_s = self.workers.wait_s - sent[2]
-        text = "" if self.tokenizer is None else self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if stop_at[0] is not None:
-            text = text[: stop_at[0]]
-        if stream is not None and text.startswith(shown[0]) and len(text) > len(shown[0]):
-            stream(text[len(shown[0]):])
+        text = ""
+        if detok is not None:
+            rest = detok.finish()
+            if stream is not None and rest:
+                stream(rest)
+            text = detok.text
         hit_eos = bool(tokens) and tokens[-1] in self._eos_ids() and not params.ignore_eos
-        finish = "stop" if hit_eos or stop_at[0] is not None else "length"
+        finish = "stop" if hit_eos or (detok is not None and detok.stopped) else "length"
         return RequestOutput(ids, tokens, text, finish, metrics)

@@ -1,0 +1,74 @@
+"""Incremental detokenization: the streamed pieces join to the decoded output, each round decodes a
+short window (not the whole output again), stop strings split across rounds are found and never streamed."""
+import random
+
+import pytest
+
+from triforce.detokenize import IncrementalDetokenizer
+
+TEXT = ("It is a truth universally acknowledged, that a café owner in Zürich — naïve or not — serves "
+        "日本語 menus and 🙂 emoji to every guest.\n") * 6
+
+
+class CountingTokenizer:
+    """Wraps a tokenizer and records how many tokens each decode call was given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.sizes = tokenizer, []
+
+    def decode(self, tokens, **kwargs):
+        self.sizes.append(len(tokens))
+        return self.tokenizer.decode(tokens, **kwargs)
+
+
+def stream_rounds(detok, tokens, seed):
+    rng, pieces, at = random.Random(seed), [], 0
+    while at < len(tokens) and not detok.stopped:
+        step = rng.randint(1, 7)
+        pieces.append(detok.add(tokens[at:at + step]))
+        at += step
+    pieces.append(detok.finish())
+    return pieces
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_pieces_join_to_the_whole_decode_with_short_windows(smollm2_tokenizer, seed):
+    tokens = smollm2_tokenizer(TEXT).input_ids
+    counting = CountingTokenizer(smollm2_tokenizer)
+    detok = IncrementalDetokenizer(counting)
+    pieces = stream_rounds(detok, tokens, seed)
+    whole = smollm2_tokenizer.decode(tokens, skip_special_tokens=True)
+    assert "".join(pieces) == detok.text == whole
+    assert not any("\ufffd" in p for p in pieces)  # an emoji split over tokens waits for its last byte
+    # Each decode sees the last piece's tokens and the new ones: bounded, however long the output grows.
+    assert len(tokens) > 150 and max(counting.sizes) <= 2 * 7 + 8
+
+
+@pytest.mark.slow
+def test_stop_string_across_rounds_is_found_and_never_streamed(smollm2_tokenizer):
+    tokens = smollm2_tokenizer(TEXT).input_ids
+    stop = "naïve or not"
+    for seed in range(6):
+        detok = IncrementalDetokenizer(smollm2_tokenizer, (stop, "never there"))
+        pieces = stream_rounds(detok, tokens, seed)
+        # The pieces end right before the stop string: none of its characters was streamed.
+        assert detok.stopped and "".join(pieces) == detok.text == TEXT[: TEXT.index(stop)]
+
+
+def test_word_tokenizer_without_stops(tiny_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir("detok-words", tokenizer=True, vocab_size=40))
+    tokens = [3 + (5 * i) % 37 for i in range(200)]
+    detok = IncrementalDetokenizer(tokenizer, ("w7 w12",))
+    pieces = stream_rounds(detok, tokens, 0)
+    whole = tokenizer.decode(tokens, skip_special_tokens=True)
+    assert "".join(pieces) == detok.text == whole[: whole.index("w7 w12")] and detok.stopped

@@ -1,0 +1,63 @@
+"""Text of a growing list of generated tokens, at a cost per round that does not grow with the output.
+
+Decoding the whole output again every round is quadratic in its length. `IncrementalDetokenizer` decodes
+only a short window: the tokens since the last piece it emitted, plus the tokens of that piece as context
+(vLLM's prefix and read offsets). Context matters because a tokenizer may render a token differently
+at the start of a text (a SentencePiece word marker loses its space there). A window whose text ends in
+U+FFFD is held back, since the next tokens may complete a multibyte character; `finish` emits it as is.
+
+Stop strings are searched in the new text and the characters held back before it: while no stop string
+is found, the last len(longest stop) - 1 characters are not handed out, so a stop string that two rounds
+complete between them is found, and no part of it is ever streamed.
+"""
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, stops: tuple[str, ...] = ()):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.tokens: list[int] = []
+        self.text = ""  # the text decoded so far, cut before the first stop string
+        self.stopped = False  # a stop string was found
+        self._shown = 0  # characters of `text` handed out so far
+        # While no stop string is found, the last len(longest stop) - 1 characters wait: they may be
+        # the start of a stop string that the next round completes.
+        self._hold = max((len(s) for s in stops), default=1) - 1
+        self._prefix = 0  # first token of the context window
+        self._read = 0  # first token not yet decoded into `text`
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def add(self, new: list[int]) -> str:
+        """Takes a round's new tokens; returns the text that is now final ('' while held back)."""
+        self.tokens += new
+        if not self.stopped:
+            self._decode_window(final=False)
+        return self._take(final=self.stopped)
+
+    def finish(self) -> str:
+        """After the last round: the rest of the text (held-back characters, an incomplete character)."""
+        if not self.stopped:
+            self._decode_window(final=True)
+        return self._take(final=True)
+
+    def _decode_window(self, final: bool) -> None:
+        context = self._decode(self.tokens[self._prefix:self._read])
+        window = self._decode(self.tokens[self._prefix:])
+        if len(window) <= len(context) or (window.endswith(REPLACEMENT) and not final):
+            return
+        self._prefix, self._read = self._read, len(self.tokens)
+        start = len(self.text)
+        self.text += window[len(context):]
+        region = max(0, start - self._hold)  # a stop string may begin in the held-back characters
+        hits = [at for at in (self.text.find(s, region) for s in self.stops) if at >= 0]
+        if hits:
+            self.text, self.stopped = self.text[: min(hits)], True
+
+    def _take(self, final: bool) -> str:
+        end = len(self.text) if final else max(self._shown, len(self.text) - self._hold)
+        piece, self._shown = self.text[self._shown:end], end
+        return piece
