@@ -36,11 +36,14 @@ def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype():
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))  # float32 is torch's, exactly
 
 
-@needs_kernel
-@pytest.mark.parametrize("n", [1, 7, 13, 40])
-def test_bf16_logits_keep_float32_precision(n):
-    """The head's float32 sums are not rounded to bfloat16, in one piece or several (40 rows)."""
-    x, w = torch.randn(n, 576).bfloat16(), torch.randn(4096, 576).bfloat16()
+@pytest.mark.parametrize("path", [pytest.param("kernel", marks=needs_kernel), "torch"])
+@pytest.mark.parametrize("n", [1, 7, 13, 40, 70])
+def test_bf16_logits_keep_float32_precision(n, path, monkeypatch):
+    """The head's float32 sums are not rounded to bfloat16: through the kernel in one piece or several
+    (40 rows; 70 is past what it takes), and through torch's path where there is no kernel."""
+    if path == "torch":
+        monkeypatch.setattr("triforce.kernels.linear.kernel_takes", lambda *args: False)
+    x, w = torch.randn(n, 576).bfloat16(), torch.randn(4096 + 5, 576).bfloat16()  # a ragged last block
     got = logits_linear(x, w)
     want = x.float() @ w.float().T
     assert got.dtype == torch.float32
