@@ -1,0 +1,124 @@
+"""Lossless while the retrieval tier really selects chunks.
+
+The target has 3 layers, `full_layers` is 0 and the prompt is 80 tokens against a budget of 12 (3 of 20
+chunks per layer and KV head), so every layer of the retrieval tier attends over chosen chunks; its
+queries and keys are sharpened so that which chunks it chooses changes its distribution.
+
+- Exactness needs the distribution a tier reports for a position to be independent of the proposals it
+  checks (speculation/verify.py): tested directly on the retrieval cache, for both policies.
+- The first sampled token of every mode x policy follows the target's distribution: chi-square at
+  alpha = 1e-3 over seeded runs. A shift of 0.02 in total variation between two tokens of probability q
+  has noncentrality N * 0.0008 / q: with 6,000 runs (triforce, dynamic) the power is 0.9 for q = 0.15
+  and 0.99 for q = 0.1; with 4,000, 0.9 for q = 0.1; with 3,000, 0.72 for q = 0.1; 2,000 runs check
+  top-k and top-p in the other modes. On the old dynamic policy (chunks chosen from all rows' queries)
+  the direct test and the triforce, dynamic, top-k + top-p case fail (p = 7e-6 there).
+"""
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import triforce.cache.retrieval as retrieval
+from triforce.cache.full import FullKVCache
+from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
+from triforce.config import EngineConfig, SamplingParams
+from triforce.coordinator.hierarchy import build_engine
+from triforce.models.loader import load_model
+from triforce.speculation.sampling import probabilities
+
+ALPHA = 1e-3
+VOCAB, PROMPT_LEN = 8, 80
+SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12, gamma1=2, gamma2=1)
+
+
+def sharpen_attention(model, factor: float):
+    """Scales the query and key projections: sharper attention, so the chosen chunks matter."""
+    for layer in model.layers:
+        rows = (layer.num_heads + layer.num_kv_heads) * layer.head_dim
+        layer.qkv_proj.weight[:rows] *= factor
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    spec = dict(vocab_size=VOCAB, hidden_size=64, num_heads=4, num_kv_heads=2, scale=4)
+    target = sharpen_attention(load_model(tiny_dir("select-target", seed=40, num_layers=3, **spec)), 3.0)
+    draft = load_model(tiny_dir("select-draft", seed=41, num_layers=1, **spec))
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    return torch.randint(0, VOCAB, (PROMPT_LEN,), generator=torch.Generator().manual_seed(4)).tolist()
+
+
+@pytest.fixture
+def selections(monkeypatch):
+    """Counts the retrieval cache's chunk choices that left chunks out."""
+    calls = []
+    real = retrieval.select_chunks
+
+    def counting(queries, mean_keys, num_chunks):
+        calls.append(num_chunks < mean_keys.shape[1])
+        return real(queries, mean_keys, num_chunks)
+
+    monkeypatch.setattr(retrieval, "select_chunks", counting)
+    return calls
+
+
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_reported_distribution_ignores_the_proposals_it_checks(models, prompt, policy, selections):
+    """Row 0 of a check (the distribution of the first proposal's position) must be the same whatever the
+    proposals after it are: the old dynamic policy chose chunks from all rows' queries and failed this."""
+    target, _ = models
+    full = FullKVCache(target.config, 128, target.rope, target.dtype, "cpu")
+    target(torch.tensor(prompt[:-1]), full, logits_for="none")
+    target(torch.tensor(prompt[-1:]), full, logits_for="none")  # the target's last query: the static choice
+    full.rollback(1)
+    cache = RetrievalKVCache(LocalKVSource(full), SETTINGS["budget"], SETTINGS["chunk_size"], policy)
+    cache.sync()
+    rows = []
+    for proposals in itertools.product(range(VOCAB), repeat=2):
+        rows.append(target(torch.tensor([prompt[-1], *proposals]), cache)[0])
+        cache.rollback(3)
+    assert any(selections), "the retrieval cache never left a chunk out"
+    for row in rows[1:]:
+        torch.testing.assert_close(row, rows[0], atol=0, rtol=0)
+
+
+def first_token_counts(cfg, target, draft, prompt, sampling, trials):
+    counts = torch.zeros(VOCAB)
+    for seed in range(trials):
+        engine = build_engine(cfg, target, draft, len(prompt) + 1)
+        params = SamplingParams(max_tokens=1, ignore_eos=True, seed=seed, **sampling)
+        counts[engine.generate(prompt, params)[0][0]] += 1
+    return counts
+
+
+CASES = [
+    ("retrieval", "static", dict(temperature=1.0), 3000),
+    ("retrieval", "dynamic", dict(temperature=1.0), 3000),
+    ("triforce", "static", dict(temperature=1.0), 4000),
+    ("triforce", "dynamic", dict(temperature=1.0), 6000),
+    ("draft", "static", dict(temperature=1.0, top_k=5), 2000),
+    ("retrieval", "dynamic", dict(temperature=1.0, top_p=0.8), 2000),
+    ("triforce", "static", dict(temperature=1.0, top_k=4), 2000),
+    ("triforce", "dynamic", dict(temperature=1.0, top_k=6, top_p=0.9), 3000),
+]
+
+
+@pytest.mark.parametrize("mode,policy,sampling,trials", CASES)
+def test_first_token_follows_the_target_with_real_selection(models, prompt, mode, policy, sampling, trials,
+                                                           selections):
+    target, draft = models
+    cache = FullKVCache(target.config, len(prompt), target.rope, target.dtype, "cpu")
+    logits = target(torch.tensor(prompt), cache, logits_for="last")
+    expected = probabilities(logits, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))[0]
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **SETTINGS)
+    counts = first_token_counts(cfg, target, draft, prompt, sampling, trials)
+    assert mode == "draft" or any(selections), "the retrieval cache never left a chunk out"
+    assert torch.all(counts[expected == 0] == 0), "sampled a token the target gives probability 0"
+    support = expected > 0
+    wanted = expected[support].double() * trials
+    assert chisquare(counts[support].double().numpy(), (wanted * trials / wanted.sum()).numpy()).pvalue > ALPHA
