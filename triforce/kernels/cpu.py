@@ -1,8 +1,16 @@
-"""The CPU kernels (csrc/*.cpp) as one torch extension, built on first use.
+"""The CPU kernels (csrc/), built on first use for the instruction-set level this process runs at.
 
-They need AVX512-BF16 (Intel Cooper Lake / Sapphire Rapids and later, AMD Zen 4 and later) and a C++
-compiler (GCC 11+ or Clang 12+, for the AMX intrinsics; AMX itself is used only where the CPU has it); torch compiles them once (about a minute) and caches the result in ~/.cache/torch_extensions.
-Where that is impossible, or TRIFORCE_CPU_KERNELS=0, `cpu_kernels()` returns None and callers use torch.
+Levels, lowest first (what each needs from the CPU):
+- `avx2`   AVX2 + FMA (every x86-64 CPU of the last decade): no compiled kernels yet; torch's paths run.
+- `avx512` AVX512-BF16 with AVX512-BW/VL (Intel Cooper Lake and later, AMD Zen 4 and later): the vector
+           kernels, compiled without AMX flags, so a toolchain without AMX support still builds them.
+- `amx`    AMX-BF16 tiles as well (Intel Sapphire Rapids and later): the tile paths on top.
+
+The level is the CPU's best, or lower with TRIFORCE_CPU_ISA=avx2|avx512|amx (a level the CPU lacks is
+refused), or none with TRIFORCE_CPU_KERNELS=0. Each level is its own extension (triforce_cpu_<level>),
+compiled once by torch (about two minutes here) and cached in ~/.cache/torch_extensions. A build that
+fails on a CPU that should have the kernels logs one warning saying so and what runs instead (the next
+level down, or torch's paths).
 """
 from __future__ import annotations
 
@@ -12,46 +20,97 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import UserError
+
 log = logging.getLogger(__name__)
-NAME = "triforce_cpu_kernels"
-SOURCES = ("amx.cpp", "linear_bf16.cpp", "linear_amx.cpp", "attention_bf16.cpp", "attention_amx.cpp", "fused_bf16.cpp",
-           "decoder_bf16.cpp", "bindings.cpp")
-_extension = None
-_tried = False
+LEVELS = ("avx2", "avx512", "amx")  # lowest first
+CSRC = Path(__file__).parent / "csrc"
+_VECTOR_SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp")
+_AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mavx2"]
+BUILDS = {  # level -> (sources, compiler flags); avx2 has no kernels of its own yet
+    "avx512": (_VECTOR_SOURCES, _AVX512_FLAGS + ["-DTRIFORCE_WITH_AMX=0"]),
+    "amx": (_VECTOR_SOURCES + ("amx.cpp", "linear_amx.cpp", "attention_amx.cpp"),
+            _AVX512_FLAGS + ["-mamx-tile", "-mamx-bf16", "-DTRIFORCE_WITH_AMX=1"]),
+}
+_FLAGS_OF_LEVEL = {"avx2": ("avx2", "fma"), "avx512": ("avx512_bf16", "avx512bw", "avx512vl"),
+                   "amx": ("amx_bf16", "amx_tile")}
 
 
-def _cpu_has_avx512_bf16() -> bool:
+class IsaError(UserError):
+    """TRIFORCE_CPU_ISA names a level this CPU lacks, or no level at all."""
+
+
+def _cpu_flags() -> set[str]:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return "avx512_bf16" in flags and "avx512bw" in flags
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+@functools.cache
+def cpu_isa() -> str | None:
+    """The highest level this CPU has (None: not even AVX2 + FMA, or not x86-64 Linux)."""
+    flags, best = _cpu_flags(), None
+    for level in LEVELS:
+        if not set(_FLAGS_OF_LEVEL[level]) <= flags:
+            break
+        best = level
+    return best
+
+
+@functools.cache
+def isa_level() -> str | None:
+    """The level this process runs its kernels at: the CPU's, or lower with TRIFORCE_CPU_ISA."""
+    wanted, best = os.environ.get("TRIFORCE_CPU_ISA", "").strip().lower(), cpu_isa()
+    if not wanted:
+        return best
+    if wanted not in LEVELS:
+        raise IsaError(f"TRIFORCE_CPU_ISA must be one of {', '.join(LEVELS)} (got {wanted!r})")
+    if best is None or LEVELS.index(wanted) > LEVELS.index(best):
+        raise IsaError(f"TRIFORCE_CPU_ISA={wanted}, but this CPU's best level is {best or 'below avx2'}")
+    return wanted
+
+
+def _build(level: str):
+    from torch.utils import cpp_extension
+
+    name = f"triforce_cpu_{level}"
+    sources, flags = BUILDS[level]
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if not (build_dir / f"{name}.so").exists():
+        print(f"triforce: compiling the CPU kernels for {level} (a minute or two, once)", file=sys.stderr)
+    return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
+                              extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+@functools.cache
+def loaded_kernels() -> tuple[str | None, object | None]:
+    """(the level whose kernels are loaded, the extension); (None, None) where torch's paths run."""
+    if os.environ.get("TRIFORCE_CPU_KERNELS", "1") == "0":
+        return None, None
+    level = isa_level()
+    candidates = [lv for lv in LEVELS[: LEVELS.index(level) + 1] if lv in BUILDS][::-1] if level else []
+    for candidate in candidates:
+        try:
+            return candidate, _build(candidate)
+        except Exception as exc:  # no compiler, no ninja, a toolchain without these instructions
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            fallback = "the next level down" if candidate != candidates[-1] else "torch's slower paths"
+            log.warning("the CPU has %s but its kernels failed to build (%s); using %s", candidate, reason,
+                        fallback)
+    return None, None
 
 
 def cpu_kernels():
     """The compiled extension, or None where it cannot be had."""
-    global _extension, _tried
-    if _tried:
-        return _extension
-    _tried = True
-    if os.environ.get("TRIFORCE_CPU_KERNELS", "1") == "0" or not _cpu_has_avx512_bf16():
-        return None
-    try:
-        from torch.utils import cpp_extension
+    return loaded_kernels()[1]
 
-        build_dir = Path(cpp_extension._get_build_directory(NAME, verbose=False))
-        if not (build_dir / f"{NAME}.so").exists():
-            print("triforce: compiling the CPU bfloat16 kernels (about a minute, once)", file=sys.stderr)
-        csrc = Path(__file__).parent / "csrc"
-        _extension = cpp_extension.load(
-            name=NAME, sources=[str(csrc / s) for s in SOURCES],
-            extra_cflags=["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16",
-                         "-mamx-tile", "-mamx-bf16"],
-            extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as exc:  # no compiler, no ninja, an old toolchain: fall back to torch
-        log.warning("CPU bf16 kernels unavailable, using torch: %s", str(exc).splitlines()[0] if str(exc) else exc)
-        _extension = None
-    return _extension
+
+def kernel_path() -> str:
+    """What runs the CPU's bfloat16 decode work: 'amx', 'avx512' (our kernels) or 'torch'."""
+    return loaded_kernels()[0] or "torch"
 
 
 @functools.cache

@@ -4,9 +4,21 @@
 
 #include <cstdint>
 
+// TRIFORCE_WITH_AMX: 1 in the `amx` build (kernels/cpu.py), 0 in the `avx512` build, which is compiled
+// without AMX flags so that a toolchain lacking them still builds the vector kernels.
+#ifndef TRIFORCE_WITH_AMX
+#define TRIFORCE_WITH_AMX 0
+#endif
+
 namespace triforce_amx {
 
+#if TRIFORCE_WITH_AMX
 bool usable();  // the CPU has AMX-BF16 and Linux granted this process the tile state
+#else
+inline bool usable() { return false; }
+#endif
+
+#if TRIFORCE_WITH_AMX
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -20,5 +32,6 @@ inline void configure_tiles() {
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
   _tile_loadconfig(&cfg);
 }
+#endif
 
 }  // namespace triforce_amx

@@ -158,7 +158,11 @@ void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
     for (int64_t item = b; item < e; ++item) {
       const int64_t h = item / splits, sp = item % splits;
       const int64_t begin = sp * span, end = std::min(S, begin + span);
+#if TRIFORCE_WITH_AMX
       const auto range = use_amx ? attend_range_amx<D> : attend_range<D>;
+#else
+      const auto range = attend_range<D>;
+#endif
       range(qp + h * G * n * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R, static_cast<int>(n),
             S, begin, end, scale, acc.data() + item * R * D, st.data() + item * R);
     }

@@ -67,9 +67,12 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= (amx ? 16 : 8), "1 to 8 rows of x (16 with AMX and N % 16 == 0)");
   x = x.contiguous();
   auto y = torch::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
+#if TRIFORCE_WITH_AMX
   if (amx && float_out) triforce_linear::run_amx<float>(x, w, y);
   else if (amx) triforce_linear::run_amx<at::BFloat16>(x, w, y);
-  else if (float_out) run<float>(x, w, y);
+  else
+#endif
+  if (float_out) run<float>(x, w, y);
   else run<at::BFloat16>(x, w, y);
   return y;
 }

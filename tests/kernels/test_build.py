@@ -1,0 +1,94 @@
+"""The kernels' build: every build input ships in the wheel, the instruction-set level is chosen as
+documented (TRIFORCE_CPU_ISA), and a failed build says so once and falls back."""
+import logging
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from triforce.kernels import cpu
+from triforce.models.loader import resolve_dtype
+
+ROOT = Path(cpu.__file__).parents[2]
+
+
+def test_wheel_ships_every_file_of_csrc(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("triforce-*.whl")
+    shipped = {Path(name).name for name in zipfile.ZipFile(wheel).namelist()
+               if name.startswith("triforce/kernels/csrc/")}
+    on_disk = {p.name for p in cpu.CSRC.iterdir() if p.is_file()}
+    assert shipped == on_disk
+    assert {s for sources, _ in cpu.BUILDS.values() for s in sources} <= on_disk
+
+
+@pytest.fixture
+def fresh_level(monkeypatch):
+    """Forget the cached level and extension before and after (the next caller loads the real one)."""
+    cached = (cpu.isa_level, cpu.loaded_kernels, cpu.has_amx)  # the real ones: tests may patch them
+
+    def clear():
+        for fn in cached:
+            fn.cache_clear()
+
+    clear()
+    yield monkeypatch
+    clear()
+
+
+@pytest.mark.parametrize("wanted", ["avx2", "avx512", "amx"])
+def test_isa_switch_takes_a_level_the_cpu_has_and_refuses_a_higher_one(fresh_level, wanted):
+    fresh_level.setenv("TRIFORCE_CPU_ISA", wanted)
+    best = cpu.cpu_isa()
+    if best is not None and cpu.LEVELS.index(wanted) <= cpu.LEVELS.index(best):
+        assert cpu.isa_level() == wanted
+    else:
+        with pytest.raises(cpu.IsaError, match="best level"):
+            cpu.isa_level()
+
+
+def test_isa_switch_refuses_an_unknown_level(fresh_level):
+    fresh_level.setenv("TRIFORCE_CPU_ISA", "sse2")
+    with pytest.raises(cpu.IsaError, match="avx2, avx512, amx"):
+        cpu.isa_level()
+
+
+def test_a_failed_build_warns_once_and_falls_back(fresh_level, caplog):
+    fresh_level.setattr(cpu, "isa_level", lambda: "amx")
+    tried = []
+
+    def failing_build(level):
+        tried.append(level)
+        raise RuntimeError(f"Error building extension 'triforce_cpu_{level}'\nlong compiler output")
+
+    fresh_level.setattr(cpu, "_build", failing_build)
+    with caplog.at_level(logging.WARNING, logger=cpu.__name__):
+        assert cpu.loaded_kernels() == (None, None) and cpu.kernel_path() == "torch"
+        cpu.loaded_kernels()
+    assert tried == ["amx", "avx512"]  # each level down once; the avx2 level has no kernels of its own
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and "long compiler output" not in "".join(messages)
+    assert "the CPU has amx but its kernels failed to build" in messages[0] and "torch's slower paths" in messages[1]
+
+
+def test_kernels_off_switch(fresh_level):
+    fresh_level.setenv("TRIFORCE_CPU_KERNELS", "0")
+    assert cpu.kernel_path() == "torch" and cpu.cpu_kernels() is None
+
+
+@pytest.mark.parametrize("level,dtype", [("avx2", "float32"), ("avx512", "bfloat16"), ("amx", "bfloat16"),
+                                         (None, "float32")])
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(fresh_level, level, dtype):
+    fresh_level.setattr(cpu, "isa_level", lambda: level)
+    assert resolve_dtype("auto", "cpu") == dtype
+    assert resolve_dtype("float16", "cpu") == "float16"
+
+
+def test_avx2_switch_takes_torch_down_to_avx2_too():
+    env = {"TRIFORCE_CPU_ISA": "avx2", "PATH": "/usr/bin:/bin"}
+    code = "import triforce, torch; print(torch.backends.cpu.get_cpu_capability())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() in ("AVX2", "DEFAULT")  # DEFAULT: a CPU below AVX2
