@@ -8,6 +8,12 @@ import os
 # GOMP_SPINCOUNT or OMP_WAIT_POLICY yourself to override.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+# TRIFORCE_CPU_ISA=avx2 runs as an AVX2-only CPU would (kernels/cpu.py): torch's own kernels follow
+# (ATen's dispatch, oneDNN's ISA), so that a machine with AVX-512 can measure the other machines' path.
+# Only if torch is not yet imported and those variables are not already set.
+if os.environ.get("TRIFORCE_CPU_ISA", "").strip().lower() == "avx2":
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 from .api import LLM, RequestOutput  # noqa: E402
 from .config import EngineConfig, SamplingParams  # noqa: E402

@@ -23,7 +23,7 @@ from .detokenize import IncrementalDetokenizer
 from .errors import UserError
 from .models.config import ModelLoadError
 from .models.hub import DEFAULT_MODEL, resolve_model
-from .models.loader import DTYPES, load_model
+from .models.loader import DTYPE_CHOICES, load_model, resolve_dtype
 from .models.vocab import read_draft_metadata, tokenizer_fingerprint
 
 log = logging.getLogger("triforce")
@@ -57,17 +57,18 @@ def _available_memory_bytes(device: torch.device) -> int | None:
 
 class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
-                 mode: str = "triforce", dtype: str = "bfloat16", device: str | None = None, workers=None,
+                 mode: str = "triforce", dtype: str = "auto", device: str | None = None, workers=None,
                  **engine_settings):
         """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...). `workers`: a
         ControlChannel to a worker group that verifies with the full cache (launch/distributed.py);
         None verifies in this process."""
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+        if dtype not in DTYPE_CHOICES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPE_CHOICES)} (got {dtype!r})")
         unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
         if unknown:
             raise ConfigError(f"unknown engine settings: {', '.join(sorted(unknown))}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = resolve_dtype(dtype, self.device)  # 'auto' decided once, for target and draft alike
         self.workers = workers
         EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         self.model_path = resolve_model(model)
@@ -77,8 +78,8 @@ class LLM:
         if draft is None and mode == "draft":
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
         self.draft_path = resolve_model(draft) if draft is not None and mode in ("triforce", "draft") else None
-        self.target = load_model(self.model_path, dtype, self.device)
-        self.draft = None if self.draft_path is None else load_model(self.draft_path, dtype, self.device)
+        self.target = load_model(self.model_path, self.dtype, self.device)
+        self.draft = None if self.draft_path is None else load_model(self.draft_path, self.dtype, self.device)
         if self.draft is None and mode == "triforce":
             print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",
                   file=sys.stderr)

@@ -16,8 +16,11 @@ import random
 import sys
 from pathlib import Path
 
+import torch
+
 from ..config import MODES, EngineConfig, SamplingParams
 from ..errors import UserError
+from ..kernels.cpu import cpu_isa, isa_level, kernel_path
 from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
 
 WORKLOADS = ("novel", "passkey")
@@ -89,7 +92,7 @@ def run_bench(args) -> int:
         raise UserError("the assisted peer needs a draft model")
     hf = None
     if {"transformers", "assisted"} & set(args.peers):
-        hf = TransformersPeer(llm.model_path, args.dtype, llm.draft_path if "assisted" in args.peers else None)
+        hf = TransformersPeer(llm.model_path, llm.dtype, llm.draft_path if "assisted" in args.peers else None)
     cpp = None
     if "llamacpp" in args.peers:
         if not llama_cpp_available() or args.gguf is None:
@@ -135,8 +138,11 @@ def run_bench(args) -> int:
                     print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}), file=sys.stderr)
                 results.extend(_compare(rows, llm.tokenizer, key))
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
-              "dtype": args.dtype, "device": str(llm.device), "max_new_tokens": args.max_new_tokens,
-              "top_p": args.top_p, "engine": dataclasses.asdict(base), "results": results}
+              "dtype": llm.dtype, "device": str(llm.device), "max_new_tokens": args.max_new_tokens,
+              "top_p": args.top_p, "engine": dataclasses.asdict(base),
+              "cpu": {"isa": cpu_isa(), "isa_level": isa_level(), "kernel_path": kernel_path(),
+                      "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()},
+              "results": results}
     text_out = json.dumps(report, indent=1)
     print(text_out)
     if args.out:

