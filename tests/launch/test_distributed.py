@@ -40,3 +40,30 @@ def test_the_entry_refuses_to_run_outside_torchrun(monkeypatch, capsys):
     monkeypatch.delenv("RANK", raising=False)
     assert entry(["--prompt", "x"]) == 2
     assert "torchrun" in capsys.readouterr().err
+
+
+def test_groups_get_timeouts_and_each_rank_its_gpu_before_nccl_starts(monkeypatch):
+    """What CUDA machines need, checked on the calls torch.distributed receives."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from triforce.launch.distributed import GroupTimeouts, init_groups
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append(("init", backend, kw)))
+    monkeypatch.setattr(dist, "new_group", lambda ranks=None, **kw: calls.append(("group", ranks, kw)) or len(calls))
+    groups = init_groups(2, 4, 1, True, GroupTimeouts(link_s=7.0, workers_s=90.0, startup_s=600.0))
+    assert calls[0] == ("set_device", 1)
+    kind, backend, kw = calls[1]
+    assert (kind, backend) == ("init", "cpu:gloo,cuda:nccl") and kw["timeout"] == timedelta(seconds=600)
+    assert kw["rank"] == 2 and kw["world_size"] == 4
+    by_ranks = {tuple(ranks) if ranks else None: kw for kind, ranks, kw in calls[2:]}
+    assert by_ranks[(1, 2, 3)]["timeout"] == timedelta(seconds=90)  # the worker group: NCCL's watchdog too
+    assert by_ranks[(0, 1)] == {"backend": "gloo", "timeout": timedelta(seconds=7)}  # the bulk link
+    assert groups.workers is not None and groups.link is not None
+    calls.clear()
+    init_groups(0, 3, 0, False, GroupTimeouts(link_s=7.0))
+    assert [c[0] for c in calls] == ["init", "group", "group", "group"] and calls[0][1] == "gloo"

@@ -1,63 +1,22 @@
-"""The distributed pipeline on CPU: a coordinator (this process) and a gloo worker group (spawned
-processes) over loopback ZeroMQ. Greedy tokens and seeded samples equal the single-process engine's;
-a dead worker fails the request within the timeout; bad messages get error replies."""
-import multiprocessing
-import socket
+"""The distributed pipeline on CPU: a coordinator (this process, rank 0 of a gloo world) and a worker
+group (spawned processes, ranks 1..N) over loopback ZeroMQ, with KV over the bulk link. Greedy tokens
+and seeded samples equal the single-process engine's; a dead worker fails the request within the
+timeout; bad messages get error replies."""
 import time
 
 import pytest
 import torch
-import torch.distributed as dist
 import zmq
+from worker_group import Group
 
 from triforce.config import EngineConfig, SamplingParams
 from triforce.coordinator.hierarchy import build_engine, speculation_slack
-from triforce.coordinator.remote import ControlChannel, RemoteVerifier, WorkerError, model_identity
+from triforce.coordinator.remote import RemoteVerifier, WorkerError
+from triforce.coordinator.verifier import LocalVerifier
 from triforce.models.loader import load_model
-from triforce.models.parallel import TensorParallel
-from triforce.workers.protocol import decode, encode
+from triforce.workers.protocol import PROTOCOL_VERSION, decode, encode
 
 SETTINGS = dict(budget=32, chunk_size=4, sinks=2, window=16, refresh_every=12, full_layers=1)
-
-
-def _worker(rank: int, size: int, init: str, folder: str, endpoint: str) -> None:
-    from triforce.workers.group import run_worker
-
-    torch.set_num_threads(1)
-    if size > 1:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
-    run_worker(folder, "float32", "cpu", TensorParallel(rank, size, dist.group.WORLD if size > 1 else None),
-               endpoint)
-
-
-def free_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-class Group:
-    """`size` worker processes serving `folder`; shut down (or killed) on exit."""
-
-    def __init__(self, folder, size, tmp_path, timeout_s=60.0):
-        self.endpoint = free_endpoint()
-        ctx = multiprocessing.get_context("spawn")
-        init = f"file://{tmp_path}/rendezvous-{time.monotonic_ns()}"
-        self.procs = [ctx.Process(target=_worker, args=(r, size, init, str(folder), self.endpoint), daemon=True)
-                      for r in range(size)]
-        for p in self.procs:
-            p.start()
-        self.channel = ControlChannel(self.endpoint, timeout_s)
-        self.channel.handshake(model_identity(folder), size)
-
-    def close(self):
-        if not self.channel.broken:
-            self.channel.request("shutdown")
-        self.channel.close()
-        for p in self.procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +26,27 @@ def models(tiny_dir):
     return target_dir, load_model(target_dir), load_model(tiny_dir("pipe-draft", seed=71, num_layers=1, scale=25))
 
 
-def run(target, draft, mode, prompt, params, verifier=None):
-    cfg = EngineConfig(mode=mode, **SETTINGS)
+def run(target, draft, mode, prompt, params, verifier=None, **settings):
+    cfg = EngineConfig(mode=mode, **{**SETTINGS, **settings})
     return build_engine(cfg, target, draft, len(prompt) + params.max_tokens, verifier).generate(prompt, params)
 
 
+def capacity(prompt, params) -> int:
+    return len(prompt) + params.max_tokens + speculation_slack(EngineConfig(**SETTINGS))
+
+
 def remote(group, target, prompt, params):
-    capacity = len(prompt) + params.max_tokens + speculation_slack(EngineConfig(**SETTINGS))
-    return RemoteVerifier(group.channel, target, capacity, prefill_chunk=64)
+    return RemoteVerifier(group.channel, target, capacity(prompt, params), prefill_chunk=64)
+
+
+def assert_same_kv(got, expected):
+    """Per layer (keys, values) of a remote refresh against one process's: same tokens, same heads."""
+    assert len(got) == len(expected)
+    for (keys, values), (want_keys, want_values) in zip(got, expected):
+        assert keys.shape == want_keys.shape
+        # Tensor parallelism sums in another order: a few ulps apart; another chunk would be O(1) apart.
+        torch.testing.assert_close(keys, want_keys, rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(values, want_values, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -121,7 +93,7 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
         bad = {
             "garbage": [b"\xc1\xc1\xc1"],
             "truncated": [encode("prefill", {"tokens": [1, 2, 3], "start": 0})[0][:-2]],
-            "wrong version": [encode("stats")[0].replace(b"\x01", b"\x63", 1)],
+            "wrong version": [encode("stats")[0].replace(b"\xa1v" + bytes([PROTOCOL_VERSION]), b"\xa1v\x63", 1)],
             "wrong schema": encode("prefill", {"tokens": "abc", "start": 0}),
             "oversized": [encode("stats")[0], b"\x00" * (300 * 2**20)],
             "out of order": encode("verify", {"tokens": [1], "parents": [-1], "start": 0}),
@@ -142,6 +114,44 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
         assert body["errors"] == len(bad) - 1
     finally:
         sock.close(0)
+        group.close()
+
+
+MESSAGE_LIMIT = 64 * 2**10  # lowered for the test, as 256 MiB is to a 7B model's refresh
+
+
+def test_forty_layers_with_kv_beyond_the_message_limit_match_one_process(tiny_dir, models, tmp_path):
+    """A 7B model's layer count (a refresh reply once carried 1 + 2 x layers frames, over the 64-frame
+    cap) and a refresh whose KV is several times the message limit: it comes over the bulk link."""
+    folder = tiny_dir("deep-target", seed=72, hidden_size=16, num_heads=2, num_kv_heads=2, num_layers=40,
+                      scale=25)
+    target, draft = load_model(folder), models[2]
+    prompt = torch.randint(3, 96, (160,), generator=torch.Generator().manual_seed(2)).tolist()
+    params = SamplingParams(max_tokens=24, temperature=0.9, seed=5, ignore_eos=True)
+    group = Group(folder, 2, tmp_path, max_bytes=MESSAGE_LIMIT)
+    try:
+        verifier, local = remote(group, target, prompt, params), LocalVerifier(target, capacity(prompt, params))
+        verifier.prefill(prompt)
+        local.prefill(prompt)
+        got = verifier.kv_source().retrieve(32, 4, 1)
+        assert sum(k.nbytes + v.nbytes for k, v in got) > 2 * MESSAGE_LIMIT
+        assert_same_kv(got, local.kv_source().retrieve(32, 4, 1))
+        expected, _ = run(target, draft, "triforce", prompt, params)
+        got, metrics = run(target, draft, "triforce", prompt, params, remote(group, target, prompt, params))
+        assert got == expected and metrics.retrieval_rebuilds > 1
+    finally:
+        group.close()
+
+
+def test_an_idle_group_outlives_its_collective_timeout(models, tmp_path):
+    """The ranks other than the leader wait for the next request inside a collective; the leader's
+    heartbeats (every timeout / 4) keep an idle group alive past the group's timeout."""
+    group = Group(models[0], 2, tmp_path, timeout_s=10.0, group_timeout_s=2.0)
+    try:
+        time.sleep(5)
+        stats, _ = group.channel.request("stats")
+        assert stats["heartbeats"] >= 5
+    finally:
         group.close()
 
 

@@ -2,9 +2,11 @@
 
 `RemoteVerifier` is the `Verifier` seam over ZeroMQ: prefill, verify (a chain, as a tree whose parents
 are -1, 0, 1, ...), commit (the accepted path) and the retrieval cache's reads (`RemoteKVSource`:
-refresh = the static choice made by the workers on their shards, kv = committed KV for the tail). Every
-request waits at most `timeout_s`; a worker that dies or stops answering fails the request with a
-WorkerError instead of a hang. Random draws and accept decisions never leave the coordinator.
+refresh = the static choice made by the workers on their shards, kv = committed KV for the tail; the KV
+itself comes over the bulk link, workers/bulk.py). Every request waits at most `timeout_s` for its reply,
+and as long again for its bulk tensors (the link's own timeout); a worker that dies or stops answering
+fails the request with a WorkerError instead of a hang. Random draws and accept decisions never leave
+the coordinator.
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..workers.protocol import PROTOCOL_VERSION, ProtocolError, decode, encode
+from ..workers.bulk import BulkLink, LinkError
+from ..workers.protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode,
+                                parse_description)
 from .verifier import Verifier
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -35,17 +39,19 @@ def model_identity(folder: Path) -> str:
 
 
 class ControlChannel:
-    """A REQ socket to the worker group's leader; counts messages, bytes and time spent waiting."""
+    """A REQ socket to the worker group's leader, and the bulk link that brings its KV replies; counts
+    messages, bytes (ZeroMQ's; bulk_bytes apart) and time spent waiting. `link` may be None for a
+    channel that never asks for KV."""
 
-    def __init__(self, endpoint: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, endpoint: str, timeout_s: float = DEFAULT_TIMEOUT_S, link: BulkLink | None = None,
+                 max_bytes: int = MAX_MESSAGE_BYTES):
         import zmq
 
-        self._zmq = zmq
-        self.endpoint, self.timeout_s = endpoint, timeout_s
+        self.endpoint, self.timeout_s, self.link, self.max_bytes = endpoint, timeout_s, link, max_bytes
         self.sock = zmq.Context.instance().socket(zmq.REQ)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
-        self.messages = self.bytes = 0
+        self.messages = self.bytes = self.bulk_bytes = 0
         self.wait_s = 0.0
         self.broken = False
 
@@ -54,6 +60,8 @@ class ControlChannel:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         if self.broken:
             raise WorkerError("the worker group stopped answering earlier; start a new session")
+        if kind in BULK_REPLIES and self.link is None:
+            raise WorkerError(f"{kind!r} needs the bulk link to the worker leader (a torch.distributed group)")
         frames = encode(kind, body)
         start = time.perf_counter()
         self.sock.send_multipart(frames)
@@ -62,15 +70,27 @@ class ControlChannel:
             raise WorkerError(f"the worker group at {self.endpoint} did not answer {kind!r} within "
                               f"{timeout_s:g} s (a worker died or hangs)")
         answer = self.sock.recv_multipart()
-        self.wait_s += time.perf_counter() - start
         self.messages += 2
         self.bytes += sum(len(f) for f in frames) + sum(len(f) for f in answer)
         try:
-            kind_back, reply_body, tensors = decode(answer)
+            kind_back, reply_body, tensors = decode(answer, self.max_bytes)
+            if reply_body.get("ok") and kind in BULK_REPLIES:
+                bulk = reply_body.pop("bulk", None)
+                if not isinstance(bulk, list):
+                    raise ProtocolError(f"a {kind!r} reply lacks its bulk description")
+                descriptions = [parse_description(d) for d in bulk]
         except ProtocolError as exc:
             raise WorkerError(f"unreadable reply from the worker group: {exc}") from exc
         if not reply_body.get("ok"):
             raise WorkerError(f"worker group refused {kind!r}: {reply_body.get('error')}")
+        if kind in BULK_REPLIES:
+            try:
+                tensors = self.link.receive(descriptions)
+            except LinkError as exc:
+                self.broken = True
+                raise WorkerError(f"the worker group failed {kind!r}: {exc}") from None
+            self.bulk_bytes += sum(t.nbytes for t in tensors)
+        self.wait_s += time.perf_counter() - start
         return reply_body, tensors
 
     def handshake(self, model_id: str, tp_size: int, startup_timeout_s: float = 300.0) -> dict:

@@ -5,9 +5,10 @@ target and its full KV cache sharded (NCCL on CUDA, gloo on CPU).
     torchrun --nproc-per-node 3 -m triforce.launch.distributed --prompt-file F [generate flags]
     triforce generate --workers 2 --prompt-file F ...        # the same, torchrun started for you
 
-Only the group's rank 0 (global rank 1) talks to the coordinator, over ZeroMQ at --control-port on
---control-bind (loopback by default; name an interface for multi-node runs and point --control-host
-at it). Recipes for one GPU node, two RTX 4090s and Slurm are in the README.
+Only the group's rank 0 (global rank 1) talks to the coordinator: control messages over ZeroMQ at
+--control-port on --control-bind (loopback by default; name an interface for multi-node runs and point
+--control-host at it), KV over a gloo group of ranks 0 and 1 (workers/bulk.py). Recipes for one GPU
+node, two RTX 4090s and Slurm are in the README.
 """
 from __future__ import annotations
 
@@ -15,11 +16,48 @@ import argparse
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class GroupTimeouts:
+    """How long a rank waits for the others, per process group: finite, so that a dead or stuck rank is
+    noticed (NCCL's watchdog, gloo's own), and long enough for what others legitimately wait out."""
+    link_s: float  # a bulk transfer between coordinator and leader: the worker timeout, as its requests
+    workers_s: float = 300.0  # a collective of the worker group; the first waits out the slowest shard load
+    startup_s: float = 1800.0  # rendezvous and startup barriers: rank 0 may download a model meanwhile
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often an idle leader pings its group: several times per timeout, so one late ping is harmless."""
+        return self.workers_s / 4
+
+
+@dataclass(frozen=True)
+class PipelineGroups:
+    workers: object  # ranks 1..N-1, the tensor-parallel group; None with a single worker
+    control: object  # every rank, gloo: startup barriers
+    link: object  # ranks 0 and 1, gloo: the bulk KV between the coordinator and the worker leader
+
+
+def init_groups(rank: int, world: int, local_rank: int, cuda: bool, timeouts: GroupTimeouts,
+                init_method: str = "env://") -> PipelineGroups:
+    """Every rank of the world calls this, in the same order: process groups are made collectively."""
+    if cuda:
+        # Before NCCL starts: a rank that has not chosen its GPU makes its communicator on GPU 0.
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", init_method=init_method, rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeouts.startup_s))
+    workers = dist.new_group(list(range(1, world)), timeout=timedelta(seconds=timeouts.workers_s))
+    control = dist.new_group(backend="gloo")
+    link = dist.new_group([0, 1], backend="gloo", timeout=timedelta(seconds=timeouts.link_s))
+    return PipelineGroups(workers if world > 2 else None, control, link)
 
 
 def launch_with_torchrun(args) -> int:
@@ -61,14 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         print("triforce: error: needs at least 2 processes: the coordinator and one worker", file=sys.stderr)
         return 2
     cuda = torch.cuda.is_available() and _worker_device(args, local_rank) != "cpu"
-    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+    timeouts = GroupTimeouts(link_s=args.worker_timeout)
+    groups = init_groups(rank, world, local_rank, cuda, timeouts)
     try:
-        workers = dist.new_group(list(range(1, world)))  # every rank takes part in creating it
-        control = dist.new_group(backend="gloo")  # CPU barriers
         if args.control_host == "auto":
-            args.control_host = _leader_host(rank, control)
-        return _coordinate(args, world, control) if rank == 0 else _work(args, rank, world, local_rank,
-                                                                         workers, control)
+            args.control_host = _leader_host(rank, groups.control)
+        return _coordinate(args, world, groups) if rank == 0 else _work(args, rank, world, local_rank, groups,
+                                                                        timeouts)
     finally:
         dist.destroy_process_group()
 
@@ -95,28 +132,34 @@ def _resolve_once(spec, rank: int, control):
     return path if rank == 0 else resolve_model(spec)
 
 
-def _work(args, rank, world, local_rank, workers, control) -> int:
+def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: GroupTimeouts) -> int:
     from ..models.parallel import TensorParallel
+    from ..workers.bulk import BulkLink
     from ..workers.group import run_worker
 
-    path = _resolve_once(args.model, rank, control)
-    tp = TensorParallel(rank - 1, world - 1, workers if world > 2 else None)
-    endpoint = f"tcp://{args.control_bind}:{args.control_port}" if rank == 1 else None
+    path = _resolve_once(args.model, rank, groups.control)
+    tp = TensorParallel(rank - 1, world - 1, groups.workers)
+    leader = rank == 1
+    endpoint = f"tcp://{args.control_bind}:{args.control_port}" if leader else None
+    link = BulkLink(groups.link, peer=0) if leader else None
     try:
-        run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, 512)
+        run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, 512,
+                   heartbeat_s=timeouts.heartbeat_s)
     except UserError as exc:
         print(f"triforce: error (worker {rank}): {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def _coordinate(args, world, control) -> int:
+def _coordinate(args, world, groups: PipelineGroups) -> int:
     from ..api import LLM
     from ..coordinator.remote import ControlChannel, model_identity
+    from ..workers.bulk import BulkLink
     from .cli import engine_settings, run_generation
 
-    path = _resolve_once(args.model, 0, control)
-    channel = ControlChannel(f"tcp://{args.control_host}:{args.control_port}", args.worker_timeout)
+    path = _resolve_once(args.model, 0, groups.control)
+    channel = ControlChannel(f"tcp://{args.control_host}:{args.control_port}", args.worker_timeout,
+                             BulkLink(groups.link, peer=1))
     try:
         channel.handshake(model_identity(path), world - 1)
         llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=channel,

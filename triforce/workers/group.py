@@ -7,13 +7,17 @@ from ..coordinator.remote import model_identity
 from ..models.config import ModelConfig
 from ..models.loader import load_model
 from ..models.parallel import TensorParallel
+from .bulk import BulkLink
+from .protocol import MAX_MESSAGE_BYTES
 from .worker import VerifierWorker, serve
 
 
 def run_worker(model_path: str | Path, dtype: str, device: str, tp: TensorParallel, endpoint: str | None,
-               prefill_chunk: int = 512) -> None:
-    """Returns after the coordinator's shutdown request. `endpoint` is bound by the group's rank 0 only."""
+               link: BulkLink | None, prefill_chunk: int = 512, max_bytes: int = MAX_MESSAGE_BYTES,
+               heartbeat_s: float | None = None) -> None:
+    """Returns after the coordinator's shutdown request. `endpoint` (bound) and `link` (to the
+    coordinator) are the group's rank 0's only."""
     model = load_model(model_path, dtype, device, tp if tp.size > 1 else None)
     kv_heads = ModelConfig.from_folder(Path(model_path)).num_kv_heads
     worker = VerifierWorker(model, tp, model_identity(Path(model_path)), kv_heads, prefill_chunk)
-    serve(worker, endpoint if tp.rank == 0 else None)
+    serve(worker, endpoint if tp.rank == 0 else None, link if tp.rank == 0 else None, max_bytes, heartbeat_s)

@@ -6,6 +6,10 @@ each raw frame holds the bytes of one tensor, described by its entry in "tensors
 unpickled: headers decode with msgpack (no extension types), tensors are rebuilt with torch.frombuffer
 after their byte count is checked against the declared dtype and shape.
 
+KV replies (BULK_REPLIES) carry no tensor frames: a 7B model's refresh is about a GiB in 64 tensors.
+Their body lists the tensors under "bulk" (the same [dtype, shape] descriptions), and the tensors follow
+over torch.distributed (bulk.py), so a message stays small and its frame count does not grow with layers.
+
 Every body is checked against its schema (field names and types) on receipt; a message that fails any
 check raises ProtocolError, which a worker answers with an error reply while it keeps serving.
 """
@@ -16,7 +20,7 @@ import math
 import msgpack
 import torch
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: KV replies over the bulk link instead of tensor frames
 MAX_MESSAGE_BYTES = 256 * 2**20  # a generous bound; larger messages are refused unread
 MAX_FRAMES = 64
 
@@ -38,6 +42,7 @@ REQUESTS: dict[str, dict[str, object]] = {
     "shutdown": {},
 }
 REPLY = "reply"
+BULK_REPLIES = frozenset({"refresh", "kv"})  # replies whose tensors travel over the bulk link
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int64": torch.int64,
           "int32": torch.int32}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -49,8 +54,7 @@ class ProtocolError(ValueError):
 
 def encode(kind: str, body: dict | None = None, tensors: list[torch.Tensor] = ()) -> list[bytes]:
     tensors = [t.detach().contiguous().cpu() for t in tensors]
-    header = {"v": PROTOCOL_VERSION, "kind": kind, "body": body or {},
-              "tensors": [[_DTYPE_NAMES[t.dtype], list(t.shape)] for t in tensors]}
+    header = {"v": PROTOCOL_VERSION, "kind": kind, "body": body or {}, "tensors": describe(tensors)}
     frames = [msgpack.packb(header, use_bin_type=True)]
     # bfloat16 has no numpy twin: ship the raw bytes through an int16 view.
     frames += [(t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes() for t in tensors]
@@ -109,15 +113,25 @@ def _check_body(kind: str, body: dict, schema: dict) -> None:
             raise ProtocolError(f"{kind}: field {name!r} has the wrong type")
 
 
-def _tensor(spec, frame: bytes) -> torch.Tensor:
+def describe(tensors: list[torch.Tensor]) -> list[list]:
+    """The [dtype, shape] description of each tensor, as headers and bulk replies carry them."""
+    return [[_DTYPE_NAMES[t.dtype], list(t.shape)] for t in tensors]
+
+
+def parse_description(spec) -> tuple[torch.dtype, list[int]]:
+    """One [dtype, shape] description -> (dtype, shape), or ProtocolError."""
     if (not isinstance(spec, list) or len(spec) != 2 or spec[0] not in DTYPES or not isinstance(spec[1], list)
             or not all(type(d) is int and d >= 0 for d in spec[1])):
         raise ProtocolError(f"bad tensor description {spec!r}")
-    dtype = DTYPES[spec[0]]
-    expected = math.prod(spec[1]) * torch.empty((), dtype=dtype).element_size()
+    return DTYPES[spec[0]], spec[1]
+
+
+def _tensor(spec, frame: bytes) -> torch.Tensor:
+    dtype, shape = parse_description(spec)
+    expected = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if len(frame) != expected:
         raise ProtocolError(f"tensor frame of {len(frame)} bytes, {expected} declared")
     if expected == 0:
-        return torch.empty(spec[1], dtype=dtype)
+        return torch.empty(shape, dtype=dtype)
     raw = torch.frombuffer(bytearray(frame), dtype=torch.int16 if dtype == torch.bfloat16 else dtype)
-    return raw.view(dtype).reshape(spec[1]) if dtype == torch.bfloat16 else raw.reshape(spec[1])
+    return raw.view(dtype).reshape(shape) if dtype == torch.bfloat16 else raw.reshape(shape)

@@ -4,11 +4,16 @@ Only the group's rank 0 (the leader) talks to the coordinator, over a ZeroMQ REP
 checks each request (protocol.py) and its arguments against the cache before anything is broadcast, so
 a bad request gets an error reply and no rank enters a collective for it; a good one is broadcast to the
 group as msgpack bytes (never pickled), every rank executes it (the model's forward holds the
-collectives), and the leader replies. Logits and KV travel back as raw tensor frames.
+collectives), and the leader replies. Logits travel back as raw tensor frames; KV (refresh, kv) over
+the bulk link to the coordinator (bulk.py), after a reply that describes it.
 
 Requests: handshake, start (a new request: empty the cache), prefill, verify (a chain; trees are
 refused until tree speculation lands), commit (keep the accepted path), refresh (the static retrieval
 choice made on each rank's KV heads), kv (committed KV of a range), stats, shutdown.
+
+While no request comes, the leader broadcasts a heartbeat every `heartbeat_s`: the other ranks wait for
+the next request inside a collective, which fails after the group's timeout, so an idle group would
+otherwise fall apart; and a rank that died is noticed even while the group is idle.
 """
 from __future__ import annotations
 
@@ -23,9 +28,13 @@ from ..cache.full import FullKVCache
 from ..cache.retrieval import retrieve_from_full
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
-from .protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, error_reply, reply
+from .bulk import BulkLink
+from .protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, describe,
+                       error_reply, reply)
 
 log = logging.getLogger(__name__)
+
+HEARTBEAT = "heartbeat"  # a group-internal request: never sent over ZeroMQ, never executed
 
 
 class RequestError(ValueError):
@@ -39,7 +48,7 @@ class VerifierWorker:
         self.model, self.tp, self.model_id, self.prefill_chunk = model, tp, model_id, prefill_chunk
         self.replicas = max(1, tp.size // kv_heads)  # ranks holding the same KV head
         self.cache: FullKVCache | None = None
-        self.counts = {"requests": 0, "errors": 0, "verified_tokens": 0, "prefilled_tokens": 0}
+        self.counts = {"requests": 0, "errors": 0, "verified_tokens": 0, "prefilled_tokens": 0, "heartbeats": 0}
 
     # --- checks: run on the leader before broadcasting, so every rank executes or none does --------
     def check(self, kind: str, body: dict) -> None:
@@ -136,13 +145,19 @@ def _broadcast_bytes(payload: bytes | None, tp: TensorParallel) -> bytes:
     return buf.numpy().tobytes()
 
 
-def serve(worker: VerifierWorker, endpoint: str | None, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, max_bytes: int = MAX_MESSAGE_BYTES,
+          heartbeat_s: float | None = None) -> None:
     """The request loop of every rank of the group; returns after a shutdown request. `endpoint` (the
-    leader's ZeroMQ bind address) is ignored on the other ranks."""
+    leader's ZeroMQ bind address) and `link` (to the coordinator) are the leader's, ignored elsewhere.
+    `heartbeat_s`: well under the worker group's timeout (None: no heartbeat)."""
     tp = worker.tp
     sock = None
+    heartbeat_ms = int(heartbeat_s * 1000) if heartbeat_s and tp.size > 1 else -1  # -1: poll without end
     if tp.rank == 0:
         import zmq
+
+        if endpoint is None or link is None:
+            raise ValueError("the worker leader needs a ZeroMQ endpoint and the bulk link to the coordinator")
 
         sock = zmq.Context.instance().socket(zmq.REP)
         sock.setsockopt(zmq.LINGER, 0)
@@ -152,7 +167,10 @@ def serve(worker: VerifierWorker, endpoint: str | None, max_bytes: int = MAX_MES
     try:
         while True:
             payload = None
-            if tp.rank == 0:
+            if tp.rank == 0 and not sock.poll(heartbeat_ms):
+                worker.counts["heartbeats"] += 1
+                payload = msgpack.packb({"kind": HEARTBEAT, "body": {}})
+            elif tp.rank == 0:
                 frames = sock.recv_multipart(copy=True)
                 worker.counts["requests"] += 1
                 try:
@@ -165,13 +183,19 @@ def serve(worker: VerifierWorker, endpoint: str | None, max_bytes: int = MAX_MES
                 payload = msgpack.packb({"kind": kind, "body": body})
             request = msgpack.unpackb(_broadcast_bytes(payload, tp), raw=False)
             kind, body = request["kind"], request["body"]
+            if kind == HEARTBEAT:
+                continue
             started = time.perf_counter()
             # Checked above, so a failure here is a bug or a lost rank: let it end the process, and torchrun
             # the group, rather than leave ranks waiting in different collectives.
             result, tensors = worker.execute(kind, body)
             if tp.rank == 0:
                 result["seconds"] = time.perf_counter() - started
-                sock.send_multipart(reply(result, tensors))
+                if kind in BULK_REPLIES:  # the reply says what follows over the link, then the link carries it
+                    sock.send_multipart(reply({**result, "bulk": describe(tensors)}))
+                    link.send(tensors)
+                else:
+                    sock.send_multipart(reply(result, tensors))
             if kind == "shutdown":
                 return
     finally:
