@@ -13,6 +13,7 @@ from triforce.config import EngineConfig, SamplingParams
 from triforce.coordinator.hierarchy import build_engine, speculation_slack
 from triforce.coordinator.remote import RemoteVerifier, WorkerError
 from triforce.coordinator.verifier import LocalVerifier
+from triforce.cache.retrieval import retrieve_from_full
 from triforce.models.loader import load_model
 from triforce.workers.protocol import PROTOCOL_VERSION, decode, encode
 
@@ -139,6 +140,34 @@ def test_forty_layers_with_kv_beyond_the_message_limit_match_one_process(tiny_di
         expected, _ = run(target, draft, "triforce", prompt, params)
         got, metrics = run(target, draft, "triforce", prompt, params, remote(group, target, prompt, params))
         assert got == expected and metrics.retrieval_rebuilds > 1
+    finally:
+        group.close()
+
+
+def test_replicated_kv_heads_choose_chunks_with_every_query_head(tiny_dir, models, tmp_path):
+    """TP 3 over one KV head: each rank holds 2 of its 6 query heads; the chunks are scored with all 6,
+    as in one process, not with the leader's 2."""
+    folder = tiny_dir("one-kv-head-target", seed=73, hidden_size=48, num_heads=6, num_kv_heads=1, num_layers=3,
+                      scale=25)
+    target, draft = load_model(folder), models[2]
+    prompt = torch.randint(3, 96, (200,), generator=torch.Generator().manual_seed(3)).tolist()
+    params = SamplingParams(max_tokens=32, temperature=0.9, seed=6, ignore_eos=True)
+    selecting = dict(budget=16, full_layers=0)  # 16 of 200 tokens in every layer: chunks are really chosen
+    local = LocalVerifier(target, capacity(prompt, params))
+    local.prefill(prompt)
+    expected = retrieve_from_full(local.cache, 16, 4, 0)
+    assert all(keys.shape[1] < len(prompt) // 4 for keys, _ in expected)
+    leaders_heads_only = retrieve_from_full(local.cache, 16, 4, 0, torch.stack(local.cache.last_query)[:, :2])
+    assert any(not torch.equal(a, b) for (a, _), (b, _) in zip(expected, leaders_heads_only))  # so this can fail
+    group = Group(folder, 3, tmp_path)
+    try:
+        verifier = remote(group, target, prompt, params)
+        verifier.prefill(prompt)
+        assert_same_kv(verifier.kv_source().retrieve(16, 4, 0), expected)
+        want, _ = run(target, draft, "triforce", prompt, params, **selecting)
+        got, metrics = run(target, draft, "triforce", prompt, params, remote(group, target, prompt, params),
+                           **selecting)
+        assert got == want and metrics.retrieval_rebuilds > 1
     finally:
         group.close()
 

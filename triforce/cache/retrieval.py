@@ -45,19 +45,24 @@ def retrieval_token_ids(chosen: torch.Tensor, chunk_size: int, complete: int, en
     return torch.cat((chunk_token_ids(chosen, chunk_size), recent.expand(chosen.shape[0], -1)), dim=1)
 
 
-def retrieve_from_full(full: FullKVCache, budget: int, chunk_size: int,
-                       full_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def retrieve_from_full(full: FullKVCache, budget: int, chunk_size: int, full_layers: int,
+                       queries: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The static policy's choice: per layer, (keys, values) [Hkv, T, D] of the chunks whose mean key best
     matches the full cache's latest query, plus the tail; the whole cache for the first `full_layers`
-    layers and for sequences that fit the budget."""
+    layers and for sequences that fit the budget.
+
+    queries: [L, Hq, D], the latest query of every query head of the cache's KV heads, when the cache
+    does not hold them all: a tensor-parallel rank whose KV head is replicated on other ranks holds
+    only its own query heads, but a KV head's chunks are scored with all of its group's."""
     total, chunk = full.length, chunk_size
+    queries = full.last_query if queries is None else queries
     complete = total // chunk
     out = []
     for layer in range(full.keys.shape[0]):
         keys, values = full.keys[layer, :, :total], full.values[layer, :, :total]
         if layer >= full_layers and total > budget + chunk:
             means = chunk_mean_keys(keys[:, : complete * chunk], chunk)
-            chosen = select_chunks(full.last_query[layer].unsqueeze(1), means, budget // chunk)
+            chosen = select_chunks(queries[layer].unsqueeze(1), means, budget // chunk)
             keys, values = gather_tokens(retrieval_token_ids(chosen, chunk, complete, total), full.keys[layer],
                                          full.values[layer])
         out.append((keys, values))

@@ -107,7 +107,9 @@ class VerifierWorker:
             values = self.cache.values[:, :, body["start"]:body["stop"]]
             return {}, self._gather_heads([keys, values], head_dim=1)
         if kind == "refresh":
-            chosen = retrieve_from_full(self.cache, body["budget"], body["chunk_size"], body["full_layers"])
+            queries = self._kv_group_queries() if self.replicas > 1 else None
+            chosen = retrieve_from_full(self.cache, body["budget"], body["chunk_size"], body["full_layers"],
+                                        queries)
             # Layers differ in token count (full layers keep everything): one tensor per layer and kind.
             flat = [t for pair in chosen for t in pair]
             return {"length": self.cache.length}, self._gather_heads(flat, head_dim=0)
@@ -116,6 +118,15 @@ class VerifierWorker:
         if kind == "shutdown":
             return {}, []
         raise RequestError(f"unhandled request {kind!r}")
+
+    def _kv_group_queries(self) -> torch.Tensor:
+        """[L, Hq of the group, D]: the latest query of every query head sharing this rank's replicated KV
+        head, gathered from its replicas in head order, so the chunks are scored as in one process."""
+        mine = torch.stack(self.cache.last_query).contiguous()  # [L, Hq local, D]
+        parts = [torch.empty_like(mine) for _ in range(self.tp.size)]
+        dist.all_gather(parts, mine, group=self.tp.group)
+        first = self.tp.rank // self.replicas * self.replicas  # replicas of a KV head are consecutive ranks
+        return torch.cat(parts[first:first + self.replicas], dim=1)
 
     def _gather_heads(self, tensors: list[torch.Tensor], head_dim: int) -> list[torch.Tensor]:
         """Each rank's KV heads -> all KV heads, on the leader (replicated heads counted once)."""
