@@ -42,6 +42,20 @@ def test_the_entry_refuses_to_run_outside_torchrun(monkeypatch, capsys):
     assert "torchrun" in capsys.readouterr().err
 
 
+def test_dynamic_retrieval_with_workers_is_a_one_line_error(folders, capfd):
+    target, draft = folders
+    argv = ["generate", "--model", str(target), "--draft", str(draft), "--prompt", "w3 w4", "--workers", "2",
+            "--retrieval-policy", "dynamic", "--device", "cpu", "--worker-device", "cpu"]
+    assert main(argv) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("triforce: error: --retrieval-policy dynamic") and err.count("\n") == 1
+    from argparse import Namespace
+
+    from triforce.launch.distributed import check_distributed_settings
+
+    check_distributed_settings(Namespace(retrieval_policy="dynamic", mode="ar"))  # no retrieval tier: no error
+
+
 def test_groups_get_timeouts_and_each_rank_its_gpu_before_nccl_starts(monkeypatch):
     """What CUDA machines need, checked on the calls torch.distributed receives."""
     from datetime import timedelta

@@ -60,8 +60,16 @@ def init_groups(rank: int, world: int, local_rank: int, cuda: bool, timeouts: Gr
     return PipelineGroups(workers if world > 2 else None, control, link)
 
 
+def check_distributed_settings(args) -> None:
+    """What a worker group cannot serve, refused before any process starts."""
+    if args.retrieval_policy == "dynamic" and args.mode not in ("draft", "ar"):
+        raise UserError("--retrieval-policy dynamic reads the target's full cache at every step, so it needs "
+                        "it in the coordinator's process: it cannot run with --workers (use static)")
+
+
 def launch_with_torchrun(args) -> int:
     """`triforce generate --workers W`: re-run this command under torchrun with W + 1 processes."""
+    check_distributed_settings(args)
     argv, skip = [], False
     for i, a in enumerate(args.argv):  # drop the subcommand and --workers W
         if skip:
@@ -97,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if world < 2:
         print("triforce: error: needs at least 2 processes: the coordinator and one worker", file=sys.stderr)
+        return 2
+    try:
+        check_distributed_settings(args)
+    except UserError as exc:
+        print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
     cuda = torch.cuda.is_available() and _worker_device(args, local_rank) != "cpu"
     timeouts = GroupTimeouts(link_s=args.worker_timeout)
