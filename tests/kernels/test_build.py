@@ -28,7 +28,7 @@ def test_wheel_ships_every_file_of_csrc(tmp_path):
 @pytest.fixture
 def fresh_level(monkeypatch):
     """Forget the cached level and extension before and after (the next caller loads the real one)."""
-    cached = (cpu.isa_level, cpu.loaded_kernels, cpu.has_amx)  # the real ones: tests may patch them
+    cached = (cpu.isa_level, cpu.loaded_kernels, cpu.has_amx, cpu.extension)  # the real ones: tests patch them
 
     def clear():
         for fn in cached:
@@ -68,10 +68,10 @@ def test_a_failed_build_warns_once_and_falls_back(fresh_level, caplog):
     with caplog.at_level(logging.WARNING, logger=cpu.__name__):
         assert cpu.loaded_kernels() == (None, None) and cpu.kernel_path() == "torch"
         cpu.loaded_kernels()
-    assert tried == ["amx", "avx512"]  # each level down once; the avx2 level has no kernels of its own
+    assert tried == ["amx", "avx512", "avx2"]  # each level down, once
     messages = [r.getMessage() for r in caplog.records]
-    assert len(messages) == 2 and "long compiler output" not in "".join(messages)
-    assert "the CPU has amx but its kernels failed to build" in messages[0] and "torch's slower paths" in messages[1]
+    assert len(messages) == 3 and "long compiler output" not in "".join(messages)
+    assert "the CPU has amx but its kernels failed to build" in messages[0] and "torch's slower paths" in messages[2]
 
 
 def test_kernels_off_switch(fresh_level):

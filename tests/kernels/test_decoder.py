@@ -9,9 +9,6 @@ from triforce.models.loader import load_model
 
 from checkpoints import write_tiny_checkpoint
 
-needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
-
-
 def decode(model, fused):
     """A prefill, then forwards of 1 to 7 tokens on a static retrieval cache (speculation) and on the
     full cache it draws from (commits). Returns every forward's logits and the full cache's state."""
@@ -34,9 +31,8 @@ def decode(model, fused):
         model.fused_layers = saved
 
 
-@needs_kernel
 @pytest.mark.parametrize("arch", ["llama2", "qwen2"])  # qwen2: q, k, v biases
-def test_fused_layers_equal_the_layer_loop_bit_for_bit(tmp_path, arch, monkeypatch):
+def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, monkeypatch):
     folder = write_tiny_checkpoint(tmp_path / arch, arch, vocab_size=96, hidden_size=256, num_heads=4, num_kv_heads=2,
                                    scale=10.0)
     model = load_model(folder, "bfloat16")

@@ -6,11 +6,10 @@ import torch.nn.functional as F
 from triforce.kernels import fused
 from triforce.kernels.cpu import cpu_kernels
 
-pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
 BF16_ULP = 2 ** -7  # relative spacing of bfloat16 numbers
 
 
-def test_rms_norm():
+def test_rms_norm(level):
     x, w = (3 * torch.randn(5, 576)).bfloat16(), (1 + 0.1 * torch.randn(576)).bfloat16()
     x32 = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
     want = w * x32.to(torch.bfloat16)
@@ -19,8 +18,8 @@ def test_rms_norm():
     assert (got == want).float().mean() > 0.99  # the same rounding steps: nearly all bit-identical
 
 
-@pytest.mark.parametrize("n,width", [(3, 1536), (7, 1536), (2, 1000)])  # 1000: a tail past the 16-lane loop
-def test_silu_mul(n, width):
+@pytest.mark.parametrize("n,width", [(3, 1536), (7, 1536), (2, 1000)])  # 1000: a tail past the 8- and 16-lane loops
+def test_silu_mul(level, n, width):
     gate_up = (4 * torch.randn(n, 2 * width)).bfloat16()
     gate_up[0, :8] = torch.tensor([-200.0, -90.0, -20.0, 0.0, 20.0, 90.0, 200.0, 1e-30])  # e^-g over/underflow
     gate, up = gate_up.chunk(2, dim=-1)
@@ -30,7 +29,7 @@ def test_silu_mul(n, width):
 
 
 @pytest.mark.parametrize("n", [1, 7])
-def test_rope_on_a_strided_view(n):
+def test_rope_on_a_strided_view(level, n):
     qkv = torch.randn(n, 15 * 64).bfloat16()
     x = qkv[:, : 9 * 64].view(n, 9, 64).transpose(0, 1)  # [H, n, D] as the model hands it over
     cos, sin = torch.randn(n, 64).bfloat16(), torch.randn(n, 64).bfloat16()

@@ -4,19 +4,14 @@ import torch
 from triforce.kernels.cpu import cpu_kernels, has_amx
 from triforce.kernels.linear import linear, logits_linear, reference_linear
 
-needs_kernel = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX512-BF16 CPU or no C++ toolchain")
-
-
-needs_amx = pytest.mark.skipif(not has_amx(), reason="no AMX-BF16")
-
-
-@needs_kernel
-@pytest.mark.parametrize("amx", [False, pytest.param(True, marks=needs_amx)])
+@pytest.mark.parametrize("amx", [False, True])
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 16])
 @pytest.mark.parametrize("k,out", [(576, 1728), (1536, 576), (64, 3), (96, 80)])
-def test_cpu_bf16_kernel_matches_float32_reference(n, k, out, amx):
-    """The vector path (up to 8 rows) and the AMX path (up to 16, N a multiple of 16: 1728 = 36 blocks of
-    16 takes its three-block loop, 80 = 5 blocks its one-block tail too)."""
+def test_cpu_bf16_kernel_matches_float32_reference(level, n, k, out, amx):
+    """At every level: the vector path (up to 8 rows; AVX2 or AVX512-BF16) and the AMX path (up to 16,
+    N a multiple of 16: 1728 = 36 blocks of 16 takes its three-block loop, 80 = 5 blocks its tail too)."""
+    if amx and not has_amx():
+        pytest.skip("no AMX tiles at this level")
     if n > (16 if amx and out % 16 == 0 else 8):
         pytest.skip("more rows than this path takes")
     x, w = torch.randn(n, k).bfloat16(), torch.randn(out, k).bfloat16()
@@ -36,19 +31,26 @@ def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype():
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))  # float32 is torch's, exactly
 
 
-@pytest.mark.parametrize("path", [pytest.param("kernel", marks=needs_kernel), "torch"])
-@pytest.mark.parametrize("n", [1, 7, 13, 40, 70])
-def test_bf16_logits_keep_float32_precision(n, path, monkeypatch):
-    """The head's float32 sums are not rounded to bfloat16: through the kernel in one piece or several
-    (40 rows; 70 is past what it takes), and through torch's path where there is no kernel."""
-    if path == "torch":
-        monkeypatch.setattr("triforce.kernels.linear.kernel_takes", lambda *args: False)
+def assert_float32_logits(n):
     x, w = torch.randn(n, 576).bfloat16(), torch.randn(4096 + 5, 576).bfloat16()  # a ragged last block
     got = logits_linear(x, w)
     want = x.float() @ w.float().T
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)  # bfloat16 rounding alone errs by ~0.1
     assert (got - want).abs().max() < (want.bfloat16().float() - want).abs().max() / 100
+
+
+@pytest.mark.parametrize("n", [1, 7, 13, 40, 70])
+def test_bf16_logits_keep_float32_precision(level, n):
+    """The head's float32 sums are not rounded to bfloat16: through the kernel in one piece or several
+    (40 rows; 70 is past what it takes)."""
+    assert_float32_logits(n)
+
+
+@pytest.mark.parametrize("n", [1, 70])
+def test_bf16_logits_keep_float32_precision_without_kernels(n, monkeypatch):
+    monkeypatch.setattr("triforce.kernels.linear.kernel_takes", lambda *args: False)
+    assert_float32_logits(n)
 
 
 def test_float32_logits_are_torchs_exactly():

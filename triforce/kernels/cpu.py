@@ -1,7 +1,8 @@
 """The CPU kernels (csrc/), built on first use for the instruction-set level this process runs at.
 
 Levels, lowest first (what each needs from the CPU):
-- `avx2`   AVX2 + FMA (every x86-64 CPU of the last decade): no compiled kernels yet; torch's paths run.
+- `avx2`   AVX2 + FMA (every x86-64 CPU of the last decade): bfloat16 weights and KV cache widened to
+           float32 in registers, float32 FMA (csrc/*_avx2.cpp); half the bytes of float32 per decode step.
 - `avx512` AVX512-BF16 with AVX512-BW/VL (Intel Cooper Lake and later, AMD Zen 4 and later): the vector
            kernels, compiled without AMX flags, so a toolchain without AMX support still builds them.
 - `amx`    AMX-BF16 tiles as well (Intel Sapphire Rapids and later): the tile paths on top.
@@ -27,7 +28,9 @@ LEVELS = ("avx2", "avx512", "amx")  # lowest first
 CSRC = Path(__file__).parent / "csrc"
 _VECTOR_SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp")
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mavx2"]
-BUILDS = {  # level -> (sources, compiler flags); avx2 has no kernels of its own yet
+BUILDS = {  # level -> (sources, compiler flags)
+    "avx2": (("linear_avx2.cpp", "attention_avx2.cpp", "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp"),
+             ["-mavx2", "-mfma", "-mf16c", "-DTRIFORCE_WITH_AMX=0"]),
     "avx512": (_VECTOR_SOURCES, _AVX512_FLAGS + ["-DTRIFORCE_WITH_AMX=0"]),
     "amx": (_VECTOR_SOURCES + ("amx.cpp", "linear_amx.cpp", "attention_amx.cpp"),
             _AVX512_FLAGS + ["-mamx-tile", "-mamx-bf16", "-DTRIFORCE_WITH_AMX=1"]),
@@ -73,6 +76,18 @@ def isa_level() -> str | None:
     return wanted
 
 
+def available_levels() -> list[str]:
+    """The levels this CPU can run, lowest first (tests run each level's kernels against the reference)."""
+    best = cpu_isa()
+    return [] if best is None else list(LEVELS[: LEVELS.index(best) + 1])
+
+
+@functools.cache
+def extension(level: str):
+    """The kernels of one level, compiled on first use (raises where they cannot be built)."""
+    return _build(level)
+
+
 def _build(level: str):
     from torch.utils import cpp_extension
 
@@ -91,10 +106,10 @@ def loaded_kernels() -> tuple[str | None, object | None]:
     if os.environ.get("TRIFORCE_CPU_KERNELS", "1") == "0":
         return None, None
     level = isa_level()
-    candidates = [lv for lv in LEVELS[: LEVELS.index(level) + 1] if lv in BUILDS][::-1] if level else []
+    candidates = list(LEVELS[: LEVELS.index(level) + 1])[::-1] if level else []
     for candidate in candidates:
         try:
-            return candidate, _build(candidate)
+            return candidate, extension(candidate)
         except Exception as exc:  # no compiler, no ninja, a toolchain without these instructions
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             fallback = "the next level down" if candidate != candidates[-1] else "torch's slower paths"
@@ -109,7 +124,7 @@ def cpu_kernels():
 
 
 def kernel_path() -> str:
-    """What runs the CPU's bfloat16 decode work: 'amx', 'avx512' (our kernels) or 'torch'."""
+    """What runs the CPU's bfloat16 decode work: 'amx', 'avx512', 'avx2' (our kernels) or 'torch'."""
     return loaded_kernels()[0] or "torch"
 
 

@@ -135,79 +135,15 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
   }
 }
 
-template <int D>
-void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, float scale, bool allow_amx,
-         torch::Tensor& out) {
-  const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
-  const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
-  // Key ranges of at least 512 keys, as many as keep every thread equally busy: the number of
-  // (head, range) items is a multiple of the thread count where the sequence is long enough.
-  const int64_t threads = at::get_num_threads();
-  int64_t splits = 1;
-  while ((hkv * splits) % threads != 0 || hkv * splits < 2 * threads) ++splits;
-  splits = std::max<int64_t>(1, std::min<int64_t>(splits, (S + 511) / 512));
-  const int64_t span = (S + splits - 1) / splits;
-  splits = (S + span - 1) / span;
-  std::vector<float> acc(static_cast<size_t>(hkv * splits * R * D), 0.0f);
-  std::vector<Partial> st(static_cast<size_t>(hkv * splits * R));
-  const bool use_amx = allow_amx && triforce_amx::usable();
-  const auto* qp = q.data_ptr<at::BFloat16>();
-  const auto* kp = k.data_ptr<at::BFloat16>();
-  const auto* vp = v.data_ptr<at::BFloat16>();
-  at::parallel_for(0, hkv * splits, 1, [&](int64_t b, int64_t e) {
-    for (int64_t item = b; item < e; ++item) {
-      const int64_t h = item / splits, sp = item % splits;
-      const int64_t begin = sp * span, end = std::min(S, begin + span);
-#if TRIFORCE_WITH_AMX
-      const auto range = use_amx ? attend_range_amx<D> : attend_range<D>;
-#else
-      const auto range = attend_range<D>;
-#endif
-      range(qp + h * G * n * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R, static_cast<int>(n),
-            S, begin, end, scale, acc.data() + item * R * D, st.data() + item * R);
-    }
-  });
-  auto* op = out.data_ptr<at::BFloat16>();
-  at::parallel_for(0, hkv * R, 1, [&](int64_t b, int64_t e) {
-    for (int64_t hr = b; hr < e; ++hr) {
-      const int64_t h = hr / R, r = hr % R;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, st[(h * splits + sp) * R + r].max);
-      float total = 0.0f;
-      float row[256] = {0.0f};
-      for (int64_t sp = 0; sp < splits; ++sp) {
-        const Partial& p = st[(h * splits + sp) * R + r];
-        if (p.sum == 0.0f) continue;
-        const float w = std::exp(p.max - m);
-        total += p.sum * w;
-        const float* a = acc.data() + ((h * splits + sp) * R + r) * D;
-        for (int c = 0; c < D; ++c) row[c] += w * a[c];
-      }
-      at::BFloat16* o = op + (h * R + r) * D;  // rows of head h are query heads h*G.. with n queries each
-      for (int c = 0; c < D; ++c) o[c] = at::BFloat16(row[c] / total);
-    }
-  });
-}
-
 }  // namespace
 }  // namespace triforce_attention
 
 using namespace triforce_attention;
 
 torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx) {
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
-              v.scalar_type() == at::kBFloat16, "bfloat16 only");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [Hq, n, D], k and v [Hkv, S, D]");
-  const int64_t hq = q.size(0), n = q.size(1), d = q.size(2), hkv = k.size(0), S = k.size(1);
-  TORCH_CHECK(d == 64 || d == 128, "head dim 64 or 128");
-  TORCH_CHECK(k.size(2) == d && v.size(2) == d && v.size(0) == hkv && v.size(1) == S, "k, v shapes");
-  TORCH_CHECK(hq % hkv == 0 && n >= 1 && n <= S && (hq / hkv) * n <= kMaxRows, "heads / rows");
-  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == d && v.stride(1) == d &&
-              k.stride(0) == v.stride(0), "k and v rows must be contiguous, with equal head strides");
-  // [Hq, n, D] with the G query heads of each KV head adjacent: row (g, i) of head h is q[h*G + g, i].
-  q = q.contiguous();
-  auto out = torch::empty_like(q);
-  if (d == 64) run<64>(q, k, v, static_cast<float>(scale), allow_amx, out);
-  else run<128>(q, k, v, static_cast<float>(scale), allow_amx, out);
-  return out;
+#if TRIFORCE_WITH_AMX
+  if (allow_amx && triforce_amx::usable())
+    return decode_attention(q, k, v, scale, attend_range_amx<64>, attend_range_amx<128>);
+#endif
+  return decode_attention(q, k, v, scale, attend_range<64>, attend_range<128>);
 }

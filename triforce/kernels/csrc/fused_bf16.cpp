@@ -6,7 +6,12 @@
 #include <torch/extension.h>
 #include <immintrin.h>
 
+// Compiled in every build of kernels/cpu.py: silu_mul takes 16 lanes with AVX512-BF16, 8 with AVX2.
+#if defined(__AVX512BF16__)
 #include "vec512.h"
+#else
+#include "vec256.h"
+#endif
 
 #include <cmath>
 
@@ -15,10 +20,43 @@ using bf16 = at::BFloat16;
 namespace {
 inline float round_bf16(float x) { return static_cast<float>(bf16(x)); }
 
+#if defined(__AVX512BF16__)
+constexpr int kLanes = 16;
+
 inline __m512 round_ps(__m512 x) {  // to bfloat16 and back, 16 lanes
   const __m256i b = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
 }
+
+// silu(gate) * up for 16 lanes, rounded as torch rounds (see silu_mul_bf16).
+inline void silu_mul_lanes(const bf16* gate, const bf16* up, bf16* out) {
+  const __m512 g = triforce_vec::bf16_to_ps(gate);
+  const __m512 e = triforce_vec::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  const __m512 silu = round_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+  const __m256bh y = _mm512_cvtneps_pbh(_mm512_mul_ps(silu, triforce_vec::bf16_to_ps(up)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), reinterpret_cast<__m256i>(y));
+}
+#else
+constexpr int kLanes = 8;
+
+// Round to nearest even at bfloat16 precision, 8 lanes, kept as float32 bit patterns (no NaNs here:
+// silu of a finite bfloat16 is finite).
+inline __m256i round_bits(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+  return _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
+inline void silu_mul_lanes(const bf16* gate, const bf16* up, bf16* out) {
+  const __m256 g = triforce_vec256::bf16_to_ps(gate);
+  const __m256 e = triforce_vec256::exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  const __m256 silu = _mm256_castsi256_ps(round_bits(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e))));
+  const __m256i y = _mm256_srli_epi32(round_bits(_mm256_mul_ps(silu, triforce_vec256::bf16_to_ps(up))), 16);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
+}
+#endif
 }  // namespace
 
 // weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(bf16), rows of x: [n, H].
@@ -42,9 +80,9 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
   return out;
 }
 
-// silu(gate) * up for gate_up = [gate | up]: [n, 2I] -> [n, I]. 16 lanes at a time: e^-g by the
-// polynomial of vec512.h (within 2 float ulps), both roundings to bf16 by the instruction
-// (round to nearest even, as torch rounds), so results match torch's bit for bit nearly always.
+// silu(gate) * up for gate_up = [gate | up]: [n, 2I] -> [n, I]. kLanes at a time: e^-g by the
+// polynomial of vec512.h / vec256.h (within 2 float ulps), both roundings to bf16 to nearest even, as
+// torch rounds, so results match torch's bit for bit nearly always.
 torch::Tensor silu_mul_bf16(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16 && gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
               "bfloat16 [n, 2I]");
@@ -53,19 +91,12 @@ torch::Tensor silu_mul_bf16(torch::Tensor gate_up) {
   auto out = torch::empty({n, half}, gate_up.options());
   const bf16* gp = gate_up.data_ptr<bf16>();
   bf16* op = out.data_ptr<bf16>();
-  const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t r = 0; r < n; ++r) {
     const bf16* gate = gp + r * 2 * half;
     const bf16* up = gate + half;
     bf16* o = op + r * half;
     int64_t i = 0;
-    for (; i + 16 <= half; i += 16) {
-      const __m512 g = triforce_vec::bf16_to_ps(gate + i);
-      const __m512 e = triforce_vec::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
-      const __m512 silu = round_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)));
-      const __m256bh y = _mm512_cvtneps_pbh(_mm512_mul_ps(silu, triforce_vec::bf16_to_ps(up + i)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), reinterpret_cast<__m256i>(y));
-    }
+    for (; i + kLanes <= half; i += kLanes) silu_mul_lanes(gate + i, up + i, o + i);
     for (; i < half; ++i) {
       const float g = static_cast<float>(gate[i]);
       o[i] = bf16(round_bf16(g / (1.0f + std::exp(-g))) * static_cast<float>(up[i]));

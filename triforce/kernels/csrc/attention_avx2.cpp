@@ -1,0 +1,100 @@
+// Decode attention for bfloat16 K/V on AVX2 + FMA CPUs (the `avx2` build of kernels/cpu.py).
+//
+// The range pass of flash_decode.h (which splits each KV head's keys into ranges and merges them): keys
+// and values stay bfloat16 in memory and are widened to float32 a block at a time in L1; scores and the
+// P . V product are float32 FMA; the online softmax uses vec256.h's exp. Query rows are widened and
+// pre-scaled once per range. Each block of K and V is read once for all R = G * n rows.
+#include <torch/extension.h>
+#include <immintrin.h>
+
+#include "flash_decode.h"
+#include "vec256.h"
+
+namespace triforce_attention {
+namespace {
+
+using triforce_vec256::bf16_to_ps;
+using triforce_vec256::exp_ps;
+using triforce_vec256::hsum;
+
+constexpr int kBlock = 32;  // keys per block: the widened K and V blocks stay in L1
+
+// Four dot products of length D at once, reduced together: lane i of the result is a[i] . b.
+template <int D>
+inline __m128 dot4(const float* a0, const float* a1, const float* a2, const float* a3, const float* b) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (int c = 0; c < D; c += 8) {
+    const __m256 bv = _mm256_loadu_ps(b + c);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + c), bv, s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + c), bv, s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + c), bv, s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a3 + c), bv, s3);
+  }
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+template <int D>
+void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
+                  int R, int n, int64_t S, int64_t begin, int64_t end, float scale, float* acc, Partial* st) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::vector<float> qf(static_cast<size_t>(R) * D);  // widened, pre-scaled query rows
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < D; ++c) qf[r * D + c] = static_cast<float>(q[r * D + c]) * scale;
+  alignas(32) float kf[kBlock][D], vf[kBlock][D];
+  alignas(32) float scores[kMaxRows][kBlock];
+  for (int r = 0; r < R; ++r) st[r] = {kNegInf, 0.0f};
+  for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
+    const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
+    for (int j = 0; j < kBlock; ++j)  // widen the block; a short block's tail is zero keys, masked below
+      for (int c = 0; c < D; c += 8) {
+        const bool in = j < nb;
+        _mm256_store_ps(&kf[j][c], in ? bf16_to_ps(k + (b0 + j) * k_row + c) : _mm256_setzero_ps());
+        _mm256_store_ps(&vf[j][c], in ? bf16_to_ps(v + (b0 + j) * k_row + c) : _mm256_setzero_ps());
+      }
+    for (int r = 0; r < R; ++r) {
+      const float* qr = qf.data() + r * D;
+      for (int j = 0; j < kBlock; j += 4)
+        _mm_store_ps(&scores[r][j], dot4<D>(kf[j], kf[j + 1], kf[j + 2], kf[j + 3], qr));
+      const int64_t limit = std::min<int64_t>(S - n + (r % n), b0 + nb - 1);  // query i sees keys <= S - n + i
+      for (int j = static_cast<int>(std::max<int64_t>(limit - b0 + 1, 0)); j < kBlock; ++j) scores[r][j] = kNegInf;
+      __m256 mv = _mm256_set1_ps(st[r].max);
+      for (int j = 0; j < kBlock; j += 8) mv = _mm256_max_ps(mv, _mm256_load_ps(&scores[r][j]));
+      const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+      const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      const float m = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+      if (m == kNegInf) {  // every key of this block masked for this row
+        for (int j = 0; j < kBlock; ++j) scores[r][j] = 0.0f;
+        continue;
+      }
+      const float rescale = std::exp(st[r].max - m);
+      __m256 sum = _mm256_setzero_ps();
+      const __m256 mm = _mm256_set1_ps(m), ninf = _mm256_set1_ps(kNegInf);
+      for (int j = 0; j < kBlock; j += 8) {
+        const __m256 s = _mm256_load_ps(&scores[r][j]);
+        const __m256 p = _mm256_and_ps(_mm256_cmp_ps(s, ninf, _CMP_NEQ_OQ), exp_ps(_mm256_sub_ps(s, mm)));
+        _mm256_store_ps(&scores[r][j], p);
+        sum = _mm256_add_ps(sum, p);
+      }
+      st[r] = {m, st[r].sum * rescale + hsum(sum)};
+      float* ar = acc + static_cast<int64_t>(r) * D;
+      __m256 o[D / 8];
+      const __m256 f = _mm256_set1_ps(rescale);
+      for (int c = 0; c < D / 8; ++c) o[c] = _mm256_mul_ps(_mm256_loadu_ps(ar + 8 * c), f);
+      for (int j = 0; j < nb; ++j) {
+        const __m256 p = _mm256_set1_ps(scores[r][j]);
+        for (int c = 0; c < D / 8; ++c) o[c] = _mm256_fmadd_ps(p, _mm256_load_ps(&vf[j][8 * c]), o[c]);
+      }
+      for (int c = 0; c < D / 8; ++c) _mm256_storeu_ps(ar + 8 * c, o[c]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace triforce_attention
+
+torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale,
+                                    bool /*allow_amx*/) {
+  using namespace triforce_attention;
+  return decode_attention(q, k, v, scale, attend_range<64>, attend_range<128>);
+}
