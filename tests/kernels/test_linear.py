@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from triforce.kernels.cpu import cpu_kernels, has_amx
+from triforce.kernels.attention import attention, reference_attention
 from triforce.kernels.linear import linear, logits_linear, reference_linear
 
 @pytest.mark.parametrize("amx", [False, True])
@@ -56,3 +57,20 @@ def test_bf16_logits_keep_float32_precision_without_kernels(n, monkeypatch):
 def test_float32_logits_are_torchs_exactly():
     x, w = torch.randn(5, 64), torch.randn(96, 64)
     assert torch.equal(logits_linear(x, w), torch.nn.functional.linear(x, w))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, monkeypatch):
+    """Past the kernel's rows (prefill chunks), a CPU without AVX512-BF16 multiplies in float32 and rounds
+    once; with it, torch's bfloat16 product runs."""
+
+    monkeypatch.setattr("triforce.kernels.linear.native_bf16", lambda: native)
+    monkeypatch.setattr("triforce.kernels.attention.native_bf16", lambda: native)
+    x, w, b = torch.randn(40, 64).bfloat16(), torch.randn(1500, 64).bfloat16(), torch.randn(1500).bfloat16()
+    want = (x.float() @ w.float().T).bfloat16() + b if not native else torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(linear(x, w, b), want, atol=0, rtol=0 if native else 2 ** -8)
+    q, k, v = torch.randn(4, 40, 64).bfloat16(), torch.randn(2, 90, 64).bfloat16(), torch.randn(2, 90, 64).bfloat16()
+    out = attention(q, k, v, 0.125)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference_attention(q.float(), k.float(), v.float(), 0.125).float(),
+                               atol=2e-2, rtol=2e-2)

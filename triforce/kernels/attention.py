@@ -16,7 +16,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .cpu import cpu_kernels, has_amx
+from .cpu import cpu_kernels, has_amx, native_bf16
 
 # Rows are query heads per KV head x new tokens. The vector kernel streams K and V once but scores every
 # row with vector instructions: past about 24 rows SDPA's matrix units win even reading from DRAM. With
@@ -79,9 +79,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     mask = None
     if n > 1:
         mask = _grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
+    k4, v4 = k.unsqueeze(0), v.unsqueeze(0)
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not native_bf16():
+        # Without AVX512-BF16, torch's bfloat16 attention is far slower than float32 (prefill chunks).
+        qg, k4, v4 = qg.float(), k4.float(), v4.float()
     # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path.
-    out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale)
-    return out.reshape(hq, n, d)
+    out = F.scaled_dot_product_attention(qg, k4, v4, attn_mask=mask, scale=scale)
+    return out.reshape(hq, n, d).to(q.dtype)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -88,6 +88,13 @@ def extension(level: str):
     return _build(level)
 
 
+def native_bf16() -> bool:
+    """Whether this CPU (at the level this process runs at) computes bfloat16 natively. Where it does not,
+    torch's bfloat16 matrix products and attention run far slower than float32, so the kernels' callers
+    compute in float32 over bfloat16 storage (and --dtype auto picks float32 outright)."""
+    return isa_level() in ("avx512", "amx")
+
+
 def _build(level: str):
     from torch.utils import cpp_extension
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .cpu import cpu_kernels, has_amx
+from .cpu import cpu_kernels, has_amx, native_bf16
 
 VECTOR_MAX_ROWS, AMX_MAX_ROWS = 8, 16
 # Below 3 rows the vector path read as fast as the tile path or faster in most runs here (16 against 12
@@ -24,7 +24,7 @@ VECTOR_MAX_ROWS, AMX_MAX_ROWS = 8, 16
 # on the tile path won every run (benchmarks/linear_bandwidth.py).
 AMX_MIN_ROWS = 3
 MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces
-LOGIT_BLOCK_ROWS = 1024  # without the kernel: head rows converted to float32 at a time (2.3 MB at K = 576)
+FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
 
 def kernel_max_rows(weight: torch.Tensor) -> int:
@@ -50,6 +50,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dtype == torch.bfloat16 and kernel_takes(x.shape[0], weight):
         out = _kernel_linear(x, weight, float_out=False)
         return out if bias is None else out + bias
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not native_bf16():
+        # Prefill chunks on a CPU without AVX512-BF16: torch's bfloat16 product is many times slower
+        # than float32 there (an 8K prefill: 126 s against 13.5 s on Zen 3), so compute in float32.
+        out = _float32_linear(x, weight).to(x.dtype)
+        return out if bias is None else out + bias
     return F.linear(x, weight, bias)
 
 
@@ -62,23 +67,23 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if x.dtype == torch.float32:
         return F.linear(x, weight)
     if x.shape[0] > MAX_LOGIT_ROWS or not kernel_takes(1, weight):
-        return _float32_logits(x, weight)
+        return _float32_linear(x, weight)
     rows = kernel_max_rows(weight)
     if x.shape[0] <= rows:  # a decode step or a check: one piece, no concatenation copy
         return _kernel_linear(x, weight, float_out=True)
     return torch.cat([_kernel_linear(piece, weight, float_out=True) for piece in x.split(rows)])
 
 
-def _float32_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Without the kernel: float32 sums, never rounded to x's dtype (F.linear(x, w).float() rounds them to
-    bfloat16 first, and greedy decoding then turns on near-ties). The weight goes to float32 a block of rows
-    at a time, so the copy stays in cache instead of writing the whole head out at twice its size."""
+def _float32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x . weight^T as float32 sums, never rounded to x's dtype (for logits: F.linear(x, w).float() rounds
+    them to bfloat16 first, and greedy decoding then turns on near-ties). The weight goes to float32 a block
+    of rows at a time, so the copy stays in cache instead of writing the whole matrix out at twice its size."""
     x32 = x.float()
     if weight.device.type == "cuda":
         return x32 @ weight.float().T  # one transient copy; the GPU's bandwidth makes it cheap
     out = x32.new_empty(x.shape[0], weight.shape[0])
-    for start in range(0, weight.shape[0], LOGIT_BLOCK_ROWS):
-        block = weight[start:start + LOGIT_BLOCK_ROWS]
+    for start in range(0, weight.shape[0], FLOAT32_BLOCK_ROWS):
+        block = weight[start:start + FLOAT32_BLOCK_ROWS]
         torch.mm(x32, block.float().T, out=out[:, start:start + block.shape[0]])
     return out
 

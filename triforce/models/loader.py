@@ -27,9 +27,9 @@ def resolve_dtype(dtype: str, device: str | torch.device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    from ..kernels.cpu import isa_level
+    from ..kernels.cpu import native_bf16
 
-    return "bfloat16" if isa_level() in ("avx512", "amx") else "float32"
+    return "bfloat16" if native_bf16() else "float32"
 
 
 def _checkpoint_files(folder: Path) -> list[Path]:
