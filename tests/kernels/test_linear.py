@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from triforce.kernels.cpu import cpu_kernels, has_amx
 from triforce.kernels.attention import attention, reference_attention
+from triforce.kernels.cpu import cpu_kernels, has_amx
 from triforce.kernels.linear import linear, logits_linear, reference_linear
+
 
 @pytest.mark.parametrize("amx", [False, True])
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 16])
