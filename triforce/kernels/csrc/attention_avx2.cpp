@@ -19,19 +19,30 @@ using triforce_vec256::hsum;
 
 constexpr int kBlock = 32;  // keys per block: the widened K and V blocks stay in L1
 
-// Four dot products of length D at once, reduced together: lane i of the result is a[i] . b.
-template <int D>
-inline __m128 dot4(const float* a0, const float* a1, const float* a2, const float* a3, const float* b) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  for (int c = 0; c < D; c += 8) {
-    const __m256 bv = _mm256_loadu_ps(b + c);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a0 + c), bv, s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a1 + c), bv, s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a2 + c), bv, s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a3 + c), bv, s3);
-  }
+inline __m128 reduce4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {  // lane i: the sum of s_i's lanes
   const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Scores of ROWS query rows (q, q + D, ...) against 4 keys k[0..3] (each D floats): ROWS * 4 independent
+// FMA chains, enough to keep both FMA units busy (one row alone would wait on the FMA latency).
+template <int D, int ROWS>
+inline void scores4(const float* q, const float (*k)[D], float* out, int out_stride) {
+  __m256 s[ROWS][4];
+  for (int r = 0; r < ROWS; ++r)
+    for (int j = 0; j < 4; ++j) s[r][j] = _mm256_setzero_ps();
+  for (int c = 0; c < D; c += 8) {
+    const __m256 k0 = _mm256_load_ps(k[0] + c), k1 = _mm256_load_ps(k[1] + c);
+    const __m256 k2 = _mm256_load_ps(k[2] + c), k3 = _mm256_load_ps(k[3] + c);
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256 qv = _mm256_loadu_ps(q + r * D + c);
+      s[r][0] = _mm256_fmadd_ps(k0, qv, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(k1, qv, s[r][1]);
+      s[r][2] = _mm256_fmadd_ps(k2, qv, s[r][2]);
+      s[r][3] = _mm256_fmadd_ps(k3, qv, s[r][3]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) _mm_storeu_ps(out + r * out_stride, reduce4(s[r][0], s[r][1], s[r][2], s[r][3]));
 }
 
 template <int D>
@@ -52,10 +63,12 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
         _mm256_store_ps(&kf[j][c], in ? bf16_to_ps(k + (b0 + j) * k_row + c) : _mm256_setzero_ps());
         _mm256_store_ps(&vf[j][c], in ? bf16_to_ps(v + (b0 + j) * k_row + c) : _mm256_setzero_ps());
       }
+    for (int j = 0; j < kBlock; j += 4) {
+      int r = 0;
+      for (; r + 2 <= R; r += 2) scores4<D, 2>(qf.data() + r * D, kf + j, &scores[r][j], kBlock);
+      if (r < R) scores4<D, 1>(qf.data() + r * D, kf + j, &scores[r][j], kBlock);
+    }
     for (int r = 0; r < R; ++r) {
-      const float* qr = qf.data() + r * D;
-      for (int j = 0; j < kBlock; j += 4)
-        _mm_store_ps(&scores[r][j], dot4<D>(kf[j], kf[j + 1], kf[j + 2], kf[j + 3], qr));
       const int64_t limit = std::min<int64_t>(S - n + (r % n), b0 + nb - 1);  // query i sees keys <= S - n + i
       for (int j = static_cast<int>(std::max<int64_t>(limit - b0 + 1, 0)); j < kBlock; ++j) scores[r][j] = kNegInf;
       __m256 mv = _mm256_set1_ps(st[r].max);
