@@ -18,44 +18,21 @@ namespace {
 using triforce_vec256::bf16_to_ps;
 using triforce_vec256::hsum;
 
-// Rows [begin, end) of W against N_ROWS float32 rows of x (xf: [N_ROWS, K]); K a multiple of 16. Two rows
-// of W at a time share the loads of x; with few rows of x each keeps two chains, so that there are at
-// least 8 independent FMA chains (the FMA latency times the two FMA units) and 16 registers suffice.
+// Rows [begin, end) of W against N_ROWS float32 rows of x (xf: [N_ROWS, K]); K a multiple of 16.
 template <int N_ROWS, typename Out>
 void linear_rows(const float* xf, const at::BFloat16* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end) {
-  constexpr int kChains = N_ROWS <= 2 ? 2 : 1;  // accumulators per (row of W, row of x)
-  constexpr int kStep = 8 * kChains;
-  int64_t r = begin;
-  for (; r + 2 <= end; r += 2) {
-    const at::BFloat16* w0 = w + r * K;
-    const at::BFloat16* w1 = w0 + K;
-    __m256 acc[2][N_ROWS][kChains];
-    for (int i = 0; i < 2; ++i)
-      for (int t = 0; t < N_ROWS; ++t)
-        for (int c = 0; c < kChains; ++c) acc[i][t][c] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += kStep)
-      for (int c = 0; c < kChains; ++c) {
-        const __m256 a = bf16_to_ps(w0 + k + 8 * c), b = bf16_to_ps(w1 + k + 8 * c);
-        for (int t = 0; t < N_ROWS; ++t) {
-          const __m256 xv = _mm256_loadu_ps(xf + t * K + k + 8 * c);
-          acc[0][t][c] = _mm256_fmadd_ps(a, xv, acc[0][t][c]);
-          acc[1][t][c] = _mm256_fmadd_ps(b, xv, acc[1][t][c]);
-        }
-      }
-    for (int i = 0; i < 2; ++i)
+  for (int64_t r = begin; r < end; ++r) {
+    const at::BFloat16* wrow = w + r * K;
+    __m256 acc0[N_ROWS], acc1[N_ROWS];  // two chains per row hide the FMA latency
+    for (int t = 0; t < N_ROWS; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      const __m256 w0 = bf16_to_ps(wrow + k), w1 = bf16_to_ps(wrow + k + 8);
       for (int t = 0; t < N_ROWS; ++t) {
-        __m256 sum = acc[i][t][0];
-        for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[i][t][c]);
-        y[t * N + r + i] = Out(hsum(sum));
+        acc0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xf + t * K + k), acc0[t]);
+        acc1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xf + t * K + k + 8), acc1[t]);
       }
-  }
-  for (; r < end; ++r) {  // an odd last row
-    const at::BFloat16* wr = w + r * K;
-    for (int t = 0; t < N_ROWS; ++t) {
-      __m256 sum = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K; k += 8) sum = _mm256_fmadd_ps(bf16_to_ps(wr + k), _mm256_loadu_ps(xf + t * K + k), sum);
-      y[t * N + r] = Out(hsum(sum));
     }
+    for (int t = 0; t < N_ROWS; ++t) y[t * N + r] = Out(hsum(_mm256_add_ps(acc0[t], acc1[t])));
   }
 }
 
