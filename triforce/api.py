@@ -174,7 +174,7 @@ class LLM:
 
             capacity = len(ids) + params.max_tokens + speculation_slack(self.config)
             verifier = RemoteVerifier(self.workers, self.target, capacity, self.config.prefill_chunk)
-            sent = (self.workers.messages, self.workers.bytes, self.workers.wait_s)
+            sent = (self.workers.messages, self.workers.bytes, self.workers.wait_s, self.workers.bulk_bytes)
         engine = build_engine(self.config, self.target, self.draft, len(ids) + params.max_tokens, verifier)
         detok = None if self.tokenizer is None else IncrementalDetokenizer(self.tokenizer, params.stop)
 
@@ -191,6 +191,7 @@ class LLM:
             metrics.control_messages = self.workers.messages - sent[0]
             metrics.control_bytes = self.workers.bytes - sent[1]
             metrics.worker_wait_s = self.workers.wait_s - sent[2]
+            metrics.bulk_bytes = self.workers.bulk_bytes - sent[3]
         text = ""
         if detok is not None:
             rest = detok.finish()

@@ -32,6 +32,7 @@ def test_workers_flag_matches_the_single_process_run(folders, capfd):
     assert distributed["token_ids"] == single["token_ids"] and distributed["mode"] == "triforce"
     metrics = distributed["metrics"]
     assert metrics["control_messages"] > 0 and metrics["control_bytes_per_token"] > 0
+    assert metrics["bulk_bytes"] > 0  # the retrieval cache's KV came over the torch.distributed link
 
 
 def test_the_entry_refuses_to_run_outside_torchrun(monkeypatch, capsys):

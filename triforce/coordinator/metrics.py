@@ -38,9 +38,11 @@ class RequestMetrics:
     decode_s: float = 0.0
     retrieval_rebuilds: int = 0
     tiers: list[TierStats] = field(default_factory=list)
-    # with a remote worker group: control-plane traffic (both directions) and time waiting on it
+    # with a remote worker group: control-plane traffic (ZeroMQ, both directions), the KV the bulk link
+    # carried (torch.distributed, workers/bulk.py) and time waiting on them
     control_messages: int | None = None
     control_bytes: int | None = None
+    bulk_bytes: int | None = None
     worker_wait_s: float | None = None
 
     @property
@@ -55,4 +57,5 @@ class RequestMetrics:
                 **({} if self.control_messages is None else {
                     "control_messages": self.control_messages, "control_bytes": self.control_bytes,
                     "control_bytes_per_token": round(self.control_bytes / max(1, self.generated_tokens)),
+                    "bulk_bytes": self.bulk_bytes,
                     "worker_wait_s": round(self.worker_wait_s, 4)})}
