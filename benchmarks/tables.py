@@ -51,8 +51,28 @@ def sweep_table(rows: list[dict], setting: str) -> str:
     return "\n".join(out) + f"\n\n(`ar`: {ar['tokens_per_s']:.1f} tokens/s)"
 
 
+def isa_table(folder: Path) -> str:
+    """One row per `triforce bench` JSON that records its CPU level (benchmarks/isa_levels.sh and the runs
+    of the landed code before it): 8K greedy, ar and triforce, transformers where it ran."""
+    out = ["| run | dtype | kernels | torch ISA | `ar` tok/s | `triforce` tok/s | triforce / ar | `ar` prefill s | "
+           "`transformers` tok/s | `transformers` prefill s | tier-1 acc. | tier-2 acc. |", "|---" * 12 + "|"]
+    for path in sorted(folder.glob("*.json")):
+        report = json.loads(path.read_text())
+        cpu = report.get("cpu") or {"kernel_path": "torch (landed code)", "torch_cpu_capability": ""}
+        rows = {r["run"]: r for r in report["results"]}
+        ar, tri, hf = rows["ar"], rows["triforce"], rows.get("transformers")
+        peer = [f"{hf['tokens_per_s']:.1f}", f"{hf['prefill_s']:.1f}"] if hf else ["", ""]
+        cells = [path.stem, report["dtype"], cpu["kernel_path"], cpu["torch_cpu_capability"], f"{ar['tokens_per_s']:.1f}",
+                 f"{tri['tokens_per_s']:.1f}", f"{tri['tokens_per_s'] / ar['tokens_per_s']:.2f}x", f"{ar['prefill_s']:.1f}",
+                 *peer, acceptance(tri, "retrieval"), acceptance(tri, "target")]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
+    if any("cpu" in json.loads(p.read_text()) for p in folder.glob("*.json")):
+        print(f"### instruction-set levels (8K, greedy)\n\n{isa_table(folder)}\n")
     for name in SPEED_FILES:
         speed = load(folder, name)
         for temperature in sorted({r["temperature"] for r in speed}):
