@@ -56,7 +56,7 @@ def isa_table(folder: Path) -> str:
     of the landed code before it): 8K greedy, ar and triforce, transformers where it ran."""
     out = ["| run | dtype | kernels | torch ISA | `ar` tok/s | `triforce` tok/s | triforce / ar | `ar` prefill s | "
            "`transformers` tok/s | `transformers` prefill s | tier-1 acc. | tier-2 acc. |", "|---" * 12 + "|"]
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(p for p in folder.glob("*.json") if not p.name.startswith("sweep_")):
         report = json.loads(path.read_text())
         cpu = report.get("cpu") or {"kernel_path": "torch (landed code)", "torch_cpu_capability": ""}
         rows = {r["run"]: r for r in report["results"]}
@@ -71,7 +71,7 @@ def isa_table(folder: Path) -> str:
 
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
-    if any("cpu" in json.loads(p.read_text()) for p in folder.glob("*.json")):
+    if any("cpu" in json.loads(p.read_text()) for p in folder.glob("*.json") if not p.name.startswith("sweep_")):
         print(f"### instruction-set levels (8K, greedy)\n\n{isa_table(folder)}\n")
     for name in SPEED_FILES:
         speed = load(folder, name)
@@ -101,7 +101,8 @@ def main() -> None:
     for setting in ("budget", "chunk_size", "gamma1", "gamma2", "window"):
         rows = load(folder, f"sweep_{setting}.json")
         if rows:
-            print(f"### sweep: {setting} (8K, temperature 0.6)\n\n{sweep_table(rows, setting)}\n")
+            temperatures = ", ".join(str(t) for t in sorted({r["temperature"] for r in rows}))
+            print(f"### sweep: {setting} (8K, temperature {temperatures})\n\n{sweep_table(rows, setting)}\n")
     pipeline = [folder / f"pipeline_workers{w}.json" for w in (0, 1)]
     if all(p.is_file() for p in pipeline):
         single, dist = (json.loads(p.read_text().strip().splitlines()[-1])["metrics"] for p in pipeline)
