@@ -4,9 +4,11 @@ Every cache policy hands the model keys laid out so that the new tokens come las
 prefill chunks, decode and verification: query i (0-based among the n new ones) sees keys [0, S - n + i].
 
 Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU); on a CPU
-with AVX512-BF16, csrc/attention_bf16.cpp for bfloat16 decode steps and speculative checks (head dim 64
-or 128), which reads a cold KV cache faster than SDPA and, with AMX tiles, checks a chain of 7 tokens in
-about the time of one (benchmarks/attention_bandwidth.py); torch SDPA otherwise (prefill chunks).
+with the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc decode-attention kernel for
+bfloat16 decode steps and speculative checks (head dim 64 or 128), which reads a cold KV cache faster than
+SDPA and, with AMX tiles, checks a chain of 7 tokens in about the time of one
+(benchmarks/attention_bandwidth.py); on CPU otherwise (prefill chunks), torch's flash attention in two
+unmasked passes merged by log-sum-exp (`_split_attention`); masked SDPA elsewhere.
 `reference_attention` is the plain loop that the tests compare them all against.
 """
 from __future__ import annotations
@@ -67,6 +69,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     """
     hq, n, d = q.shape
     hkv, s, _ = k.shape
+    q_dtype = q.dtype
     if _flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         # flash-attn aligns the causal mask to the bottom right when n < S, which is our rule.
         out = _flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
@@ -74,18 +77,42 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
         return out[0].transpose(0, 1)
     if q.dtype == torch.bfloat16 and kernel_takes((hq // hkv) * n, k, v):
         return cpu_kernels().decode_attention_bf16(q, k, v, scale)
+    if q.device.type == "cpu" and not native_bf16() and q.dtype == torch.bfloat16:
+        # Without AVX512-BF16, torch's bfloat16 attention is far slower than float32 (prefill chunks).
+        q, k, v = q.float(), k.float(), v.float()
+    if n > 1 and q.device.type == "cpu" and _flash_cpu is not None:
+        return _split_attention(q, k, v, scale).to(q_dtype)
     g = hq // hkv
     qg = q.reshape(1, hkv, g * n, d)  # rows ordered (group member, query index)
-    mask = None
-    if n > 1:
-        mask = _grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
-    k4, v4 = k.unsqueeze(0), v.unsqueeze(0)
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and not native_bf16():
-        # Without AVX512-BF16, torch's bfloat16 attention is far slower than float32 (prefill chunks).
-        qg, k4, v4 = qg.float(), k4.float(), v4.float()
+    mask = None if n == 1 else _grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
     # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path.
-    out = F.scaled_dot_product_attention(qg, k4, v4, attn_mask=mask, scale=scale)
-    return out.reshape(hq, n, d).to(q.dtype)
+    out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale)
+    return out.reshape(hq, n, d).to(q_dtype)
+
+
+# torch's CPU flash attention, which also returns each row's log-sum-exp (internal; absent: the masked path)
+_flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """`attention` for a prefill chunk on CPU, without a mask: the keys before the n new tokens in one
+    unmasked pass (a KV head's query heads folded into rows, so each KV head is read once), the new tokens
+    among themselves in one causal pass, merged by their log-sum-exps. The masked form built and converted
+    a [G*n, S] mask every layer: as long as the attention itself in an 8K prefill. Returns float32."""
+    hq, n, d = q.shape
+    hkv, s, _ = k.shape
+    g, past = hq // hkv, s - n
+    new_k, new_v = (t[:, past:].repeat_interleave(g, dim=0)[None] for t in (k, v))  # [1, Hq, n, D]: small
+    out_new, lse_new = _flash_cpu(q[None], new_k, new_v, 0.0, True, scale=scale)
+    out_new, lse_new = out_new[0].float(), lse_new[0].unsqueeze(-1)  # [Hq, n, D], [Hq, n, 1]
+    if past == 0:
+        return out_new
+    out_past, lse_past = _flash_cpu(q.reshape(1, hkv, g * n, d), k[None, :, :past], v[None, :, :past], 0.0, False,
+                                    scale=scale)
+    out_past, lse_past = out_past.reshape(hq, n, d).float(), lse_past.reshape(hq, n, 1)
+    top = torch.maximum(lse_past, lse_new)
+    w_past, w_new = torch.exp(lse_past - top), torch.exp(lse_new - top)
+    return (out_past * w_past + out_new * w_new) / (w_past + w_new)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
