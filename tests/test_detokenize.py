@@ -63,7 +63,7 @@ def test_stop_string_across_rounds_is_found_and_never_streamed(smollm2_tokenizer
         assert detok.stopped and "".join(pieces) == detok.text == TEXT[: TEXT.index(stop)]
 
 
-def test_word_tokenizer_without_stops(tiny_dir):
+def test_word_tokenizer_stops_at_a_stop_string(tiny_dir):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir("detok-words", tokenizer=True, vocab_size=40))

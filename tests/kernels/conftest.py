@@ -14,6 +14,7 @@ def level(request, monkeypatch):
     except Exception as exc:  # no compiler here: the kernels cannot be tested, and torch's paths run
         pytest.skip(f"the {request.param} kernels did not build: {str(exc).splitlines()[0]}")
     monkeypatch.setattr(cpu, "loaded_kernels", lambda: (request.param, ext))
+    monkeypatch.setattr(cpu, "isa_level", lambda: request.param)  # native_bf16() answers as that CPU would
     cpu.has_amx.cache_clear()
     yield request.param
     cpu.has_amx.cache_clear()

@@ -1,6 +1,7 @@
 """The kernels' build: every build input ships in the wheel, the instruction-set level is chosen as
 documented (TRIFORCE_CPU_ISA), and a failed build says so once and falls back."""
 import logging
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,8 +16,14 @@ ROOT = Path(cpu.__file__).parents[2]
 
 
 def test_wheel_ships_every_file_of_csrc(tmp_path):
+    # Built from a copy: a build inside the checkout leaves build/ behind, whose stale files a later
+    # build would ship.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "triforce", source / "triforce", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+                    str(tmp_path), str(source)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("triforce-*.whl")
     shipped = {Path(name).name for name in zipfile.ZipFile(wheel).namelist()
                if name.startswith("triforce/kernels/csrc/")}

@@ -65,13 +65,22 @@ def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, m
     """Past the kernel's rows (prefill chunks), a CPU without AVX512-BF16 multiplies in float32 and rounds
     once; with it, torch's bfloat16 product runs."""
 
-    monkeypatch.setattr("triforce.kernels.linear.native_bf16", lambda: native)
-    monkeypatch.setattr("triforce.kernels.attention.native_bf16", lambda: native)
+    import triforce.kernels.attention as attention_module
+    import triforce.kernels.linear as linear_module
+
+    monkeypatch.setattr(linear_module, "native_bf16", lambda: native)
+    monkeypatch.setattr(attention_module, "native_bf16", lambda: native)
+    float32_inputs = []
+    for module, name in ((linear_module, "_float32_linear"), (attention_module, "_split_attention")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real: float32_inputs.append(a[0].dtype) or real(*a))
     x, w, b = torch.randn(40, 64).bfloat16(), torch.randn(1500, 64).bfloat16(), torch.randn(1500).bfloat16()
     want = (x.float() @ w.float().T).bfloat16() + b if not native else torch.nn.functional.linear(x, w, b)
     torch.testing.assert_close(linear(x, w, b), want, atol=0, rtol=0 if native else 2 ** -8)
     q, k, v = torch.randn(4, 40, 64).bfloat16(), torch.randn(2, 90, 64).bfloat16(), torch.randn(2, 90, 64).bfloat16()
     out = attention(q, k, v, 0.125)
     assert out.dtype == torch.bfloat16
+    # float32 math without native bfloat16: the linear's blocks and the attention's inputs
+    assert float32_inputs == ([] if native else [torch.bfloat16]) + [torch.bfloat16 if native else torch.float32]
     torch.testing.assert_close(out.float(), reference_attention(q.float(), k.float(), v.float(), 0.125).float(),
                                atol=2e-2, rtol=2e-2)

@@ -4,8 +4,9 @@
 are -1, 0, 1, ...), commit (the accepted path) and the retrieval cache's reads (`RemoteKVSource`:
 refresh = the static choice made by the workers on their shards, kv = committed KV for the tail; the KV
 itself comes over the bulk link, workers/bulk.py). Every request waits at most `timeout_s` for its reply,
-and as long again for its bulk tensors (the link's own timeout); a worker that dies or stops answering
-fails the request with a WorkerError instead of a hang. Random draws and accept decisions never leave
+and each of its bulk tensors at most as long again (the link's timeout applies to every transfer, so a
+slow but live leader may take longer in all); a worker that dies or stops answering fails the request with
+a WorkerError instead of a hang. Random draws and accept decisions never leave
 the coordinator.
 """
 from __future__ import annotations

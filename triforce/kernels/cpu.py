@@ -30,7 +30,7 @@ _VECTOR_SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "fused_bf16.cpp", "d
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mavx2"]
 BUILDS = {  # level -> (sources, compiler flags)
     "avx2": (("linear_avx2.cpp", "attention_avx2.cpp", "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp"),
-             ["-mavx2", "-mfma", "-mf16c", "-DTRIFORCE_WITH_AMX=0"]),
+             ["-mavx2", "-mfma", "-DTRIFORCE_WITH_AMX=0"]),
     "avx512": (_VECTOR_SOURCES, _AVX512_FLAGS + ["-DTRIFORCE_WITH_AMX=0"]),
     "amx": (_VECTOR_SOURCES + ("amx.cpp", "linear_amx.cpp", "attention_amx.cpp"),
             _AVX512_FLAGS + ["-mamx-tile", "-mamx-bf16", "-DTRIFORCE_WITH_AMX=1"]),
@@ -90,8 +90,8 @@ def extension(level: str):
 
 def native_bf16() -> bool:
     """Whether this CPU (at the level this process runs at) computes bfloat16 natively. Where it does not,
-    torch's bfloat16 matrix products and attention run far slower than float32, so the kernels' callers
-    compute in float32 over bfloat16 storage (and --dtype auto picks float32 outright)."""
+    torch's bfloat16 matrix products and attention run far slower than float32, so prefill computes in
+    float32 over bfloat16 storage (and --dtype auto picks float32 unless the AVX2 kernels built)."""
     return isa_level() in ("avx512", "amx")
 
 
