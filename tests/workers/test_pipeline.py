@@ -2,6 +2,9 @@
 group (spawned processes, ranks 1..N) over loopback ZeroMQ, with KV over the bulk link. Greedy tokens
 and seeded samples equal the single-process engine's; a dead worker fails the request within the
 timeout; bad messages get error replies."""
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -174,13 +177,54 @@ def test_replicated_kv_heads_choose_chunks_with_every_query_head(tiny_dir, model
 
 def test_an_idle_group_outlives_its_collective_timeout(models, tmp_path):
     """The ranks other than the leader wait for the next request inside a collective; the leader's
-    heartbeats (every timeout / 4) keep an idle group alive past the group's timeout."""
-    group = Group(models[0], 2, tmp_path, timeout_s=10.0, group_timeout_s=2.0)
+    heartbeats (every timeout / 4) keep an idle group alive past the group's timeout. And while its
+    coordinator stays connected, past the time after which a coordinator-less group gives up (the
+    worker timeout, 2 s here)."""
+    group = Group(models[0], 2, tmp_path, timeout_s=2.0, group_timeout_s=2.0)
     try:
         time.sleep(5)
         stats, _ = group.channel.request("stats")
         assert stats["heartbeats"] >= 5
+        assert all(p.is_alive() for p in group.procs)
     finally:
+        group.close()
+
+
+FROZEN_PEER = """
+import sys, time, zmq
+sock = zmq.Context.instance().socket(zmq.REQ)
+sock.connect(sys.argv[1])
+print("connected", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["closed", "frozen"])
+def test_a_group_whose_coordinator_is_gone_exits(models, tmp_path, how):
+    """The coordinator vanishes without a shutdown: its connection closed (killed on a live node), or a
+    peer that stops answering without closing anything (a crashed node: a stopped process). The group
+    must not heartbeat forever: every rank exits, non-zero, within a bound of the worker timeout."""
+    timeout_s = 2.0
+    group = Group(models[0], 2, tmp_path, timeout_s=timeout_s, group_timeout_s=2.0)
+    frozen = None
+    try:
+        if how == "frozen":  # still connected, but its ZeroMQ I/O thread no longer answers pings
+            frozen = subprocess.Popen([sys.executable, "-c", FROZEN_PEER, group.endpoint], stdout=subprocess.PIPE)
+            assert frozen.stdout.readline() == b"connected\n"
+            time.sleep(0.5)
+            frozen.send_signal(signal.SIGSTOP)
+        start = time.monotonic()
+        group.channel.close()
+        group.channel = None
+        for p in group.procs:
+            p.join(4 * timeout_s + 5)
+        assert [p.exitcode for p in group.procs] == [1, 1], "the group outlived its coordinator"
+        # closed: the worker timeout; frozen: half of it more for the pings to go unanswered
+        assert time.monotonic() - start >= timeout_s
+    finally:
+        if frozen is not None:
+            frozen.kill()
+            frozen.wait()
         group.close()
 
 

@@ -24,7 +24,7 @@ def _worker(rank: int, size: int, init: str, folder: str, endpoint: str, timeout
     try:
         run_worker(folder, "float32", "cpu", TensorParallel(rank, size, groups.workers), endpoint,
                    BulkLink(groups.link, peer=0) if rank == 0 else None, max_bytes=max_bytes,
-                   heartbeat_s=timeouts.heartbeat_s)
+                   heartbeat_s=timeouts.heartbeat_s, coordinator_timeout_s=timeouts.link_s)
     finally:
         dist.destroy_process_group()
 

@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
     cuda = torch.cuda.is_available() and _worker_device(args, local_rank) != "cpu"
-    timeouts = GroupTimeouts(link_s=args.worker_timeout)
+    # The worker group's ranks wait in a collective while the leader alone replies, and a bulk reply can
+    # hold it one stalled transfer long (the worker timeout; it then raises and the group ends): cover
+    # that twice over. A live coordinator takes a reply at the link's speed (a GiB refresh in seconds).
+    timeouts = GroupTimeouts(link_s=args.worker_timeout, workers_s=max(300.0, 2 * args.worker_timeout))
     groups = init_groups(rank, world, local_rank, cuda, timeouts)
     try:
         if args.control_host == "auto":
@@ -149,6 +152,7 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     from ..models.parallel import TensorParallel
     from ..workers.bulk import BulkLink
     from ..workers.group import run_worker
+    from ..workers.worker import CoordinatorLost
 
     path = _resolve_once(args.model, rank, groups.control)
     tp = TensorParallel(rank - 1, world - 1, groups.workers)
@@ -157,7 +161,9 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     link = BulkLink(groups.link, peer=0) if leader else None
     try:
         run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, 512,
-                   heartbeat_s=timeouts.heartbeat_s)
+                   heartbeat_s=timeouts.heartbeat_s, coordinator_timeout_s=timeouts.link_s)
+    except CoordinatorLost:
+        return 1  # the leader has logged why; every rank of the group exits alike
     except UserError as exc:
         print(f"triforce: error (worker {rank}): {exc}", file=sys.stderr)
         return 2

@@ -9,15 +9,18 @@ from ..models.loader import load_model
 from ..models.parallel import TensorParallel
 from .bulk import BulkLink
 from .protocol import MAX_MESSAGE_BYTES
-from .worker import VerifierWorker, serve
+from .worker import DEFAULT_COORDINATOR_TIMEOUT_S, VerifierWorker, serve
 
 
 def run_worker(model_path: str | Path, dtype: str, device: str, tp: TensorParallel, endpoint: str | None,
                link: BulkLink | None, prefill_chunk: int = 512, max_bytes: int = MAX_MESSAGE_BYTES,
-               heartbeat_s: float | None = None) -> None:
-    """Returns after the coordinator's shutdown request. `endpoint` (bound) and `link` (to the
-    coordinator) are the group's rank 0's only."""
+               heartbeat_s: float | None = None,
+               coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S) -> None:
+    """Returns after the coordinator's shutdown request; raises CoordinatorLost (worker.py) on every rank
+    when the coordinator went away without one. `endpoint` (bound) and `link` (to the coordinator) are
+    the group's rank 0's only."""
     model = load_model(model_path, dtype, device, tp if tp.size > 1 else None)
     kv_heads = ModelConfig.from_folder(Path(model_path)).num_kv_heads
     worker = VerifierWorker(model, tp, model_identity(Path(model_path)), kv_heads, prefill_chunk)
-    serve(worker, endpoint if tp.rank == 0 else None, link if tp.rank == 0 else None, max_bytes, heartbeat_s)
+    serve(worker, endpoint if tp.rank == 0 else None, link if tp.rank == 0 else None, max_bytes, heartbeat_s,
+          coordinator_timeout_s)

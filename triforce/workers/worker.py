@@ -13,12 +13,17 @@ choice made on each rank's KV heads), kv (committed KV of a range), stats, shutd
 
 While no request comes, the leader broadcasts a heartbeat every `heartbeat_s`: the other ranks wait for
 the next request inside a collective, which fails after the group's timeout, so an idle group would
-otherwise fall apart; and a rank that died is noticed even while the group is idle.
+otherwise fall apart; and a rank that died is noticed even while the group is idle. The heartbeat must not
+outlive the coordinator, though: the leader watches its connection (watch.py), and once no coordinator
+has been connected for `coordinator_timeout_s` it broadcasts ORPHANED, and every rank raises
+CoordinatorLost, so the whole group exits together instead of serving nobody forever.
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
+from typing import TYPE_CHECKING
 
 import msgpack
 import torch
@@ -32,9 +37,18 @@ from .bulk import BulkLink
 from .protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, describe,
                        error_reply, reply)
 
+if TYPE_CHECKING:
+    from .watch import CoordinatorWatch
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT = "heartbeat"  # a group-internal request: never sent over ZeroMQ, never executed
+ORPHANED = "orphaned"  # group-internal too: the leader's decision that the coordinator is gone
+DEFAULT_COORDINATOR_TIMEOUT_S = 30.0
+
+
+class CoordinatorLost(RuntimeError):
+    """The coordinator went away without a shutdown request; raised on every rank of the group."""
 
 
 class RequestError(ValueError):
@@ -156,16 +170,41 @@ def _broadcast_bytes(payload: bytes | None, tp: TensorParallel) -> bytes:
     return buf.numpy().tobytes()
 
 
+def _leader_wait(sock, watch: CoordinatorWatch, heartbeat_s: float | None):
+    """The leader's next request (its frames), HEARTBEAT when the group is due one, or ORPHANED."""
+    import zmq
+
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(watch.monitor, zmq.POLLIN)
+    beat_at = time.monotonic() + heartbeat_s if heartbeat_s else math.inf
+    while True:
+        watch.update()
+        if watch.seconds_left() <= 0:
+            return ORPHANED
+        wait_s = min(beat_at - time.monotonic(), watch.seconds_left())
+        if wait_s <= 0:
+            return HEARTBEAT
+        ready = dict(poller.poll(None if wait_s == math.inf else max(1, int(wait_s * 1000))))
+        if sock in ready:
+            return sock.recv_multipart(copy=True)
+
+
 def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, max_bytes: int = MAX_MESSAGE_BYTES,
-          heartbeat_s: float | None = None) -> None:
-    """The request loop of every rank of the group; returns after a shutdown request. `endpoint` (the
-    leader's ZeroMQ bind address) and `link` (to the coordinator) are the leader's, ignored elsewhere.
-    `heartbeat_s`: well under the worker group's timeout (None: no heartbeat)."""
+          heartbeat_s: float | None = None, coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S) -> None:
+    """The request loop of every rank of the group; returns after a shutdown request, raises
+    CoordinatorLost when the coordinator is gone. `endpoint` (the leader's ZeroMQ bind address) and
+    `link` (to the coordinator) are the leader's, ignored elsewhere. `heartbeat_s`: well under the worker
+    group's timeout (None: no heartbeat). `coordinator_timeout_s`: how long the leader waits without a
+    connected coordinator (or for a crashed one's connection to go quiet, half of it) before the group
+    gives up."""
     tp = worker.tp
-    sock = None
-    heartbeat_ms = int(heartbeat_s * 1000) if heartbeat_s and tp.size > 1 else -1  # -1: poll without end
+    sock = watch = None
+    heartbeat_s = heartbeat_s if tp.size > 1 else None  # a group of one has no collective to keep alive
     if tp.rank == 0:
         import zmq
+
+        from .watch import CoordinatorWatch
 
         if endpoint is None or link is None:
             raise ValueError("the worker leader needs a ZeroMQ endpoint and the bulk link to the coordinator")
@@ -173,16 +212,21 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
         sock = zmq.Context.instance().socket(zmq.REP)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+        watch = CoordinatorWatch(sock, coordinator_timeout_s)
         sock.bind(endpoint)
         log.info("worker leader listening on %s", endpoint)
     try:
         while True:
             payload = None
-            if tp.rank == 0 and not sock.poll(heartbeat_ms):
+            frames = _leader_wait(sock, watch, heartbeat_s) if tp.rank == 0 else None
+            if frames is ORPHANED:
+                log.error("worker leader: no coordinator connected to %s for %g s; the worker group exits",
+                          endpoint, coordinator_timeout_s)
+                payload = msgpack.packb({"kind": ORPHANED, "body": {}})
+            elif frames is HEARTBEAT:
                 worker.counts["heartbeats"] += 1
                 payload = msgpack.packb({"kind": HEARTBEAT, "body": {}})
             elif tp.rank == 0:
-                frames = sock.recv_multipart(copy=True)
                 worker.counts["requests"] += 1
                 try:
                     kind, body, _ = decode(frames, max_bytes)
@@ -196,6 +240,9 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
             kind, body = request["kind"], request["body"]
             if kind == HEARTBEAT:
                 continue
+            if kind == ORPHANED:
+                raise CoordinatorLost(f"the coordinator went away without a shutdown (no connection for "
+                                      f"{coordinator_timeout_s:g} s)")
             started = time.perf_counter()
             # Checked above, so a failure here is a bug or a lost rank: let it end the process, and torchrun
             # the group, rather than leave ranks waiting in different collectives.
@@ -210,5 +257,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
             if kind == "shutdown":
                 return
     finally:
+        if watch is not None:
+            watch.close()
         if sock is not None:
             sock.close(0)
