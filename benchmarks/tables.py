@@ -55,7 +55,7 @@ def isa_table(folder: Path) -> str:
     """One row per `triforce bench` JSON that records its CPU level (benchmarks/isa_levels.sh and the runs
     of the landed code before it): 8K greedy, ar and triforce, transformers where it ran."""
     out = ["| run | dtype | kernels | torch ISA | `ar` tok/s | `triforce` tok/s | triforce / ar | `ar` prefill s | "
-           "`transformers` tok/s | `transformers` prefill s | tier-1 acc. | tier-2 acc. |", "|---" * 12 + "|"]
+           "`transformers` tok/s | `transformers` prefill s | tier-1 acc. | tier-2 acc. | triforce = ar |", "|---" * 13 + "|"]
     for path in sorted(p for p in folder.glob("*.json") if not p.name.startswith("sweep_")):
         report = json.loads(path.read_text())
         cpu = report.get("cpu") or {"kernel_path": "torch (landed code)", "torch_cpu_capability": ""}
@@ -64,7 +64,7 @@ def isa_table(folder: Path) -> str:
         peer = [f"{hf['tokens_per_s']:.1f}", f"{hf['prefill_s']:.1f}"] if hf else ["", ""]
         cells = [path.stem, report["dtype"], cpu["kernel_path"], cpu["torch_cpu_capability"], f"{ar['tokens_per_s']:.1f}",
                  f"{tri['tokens_per_s']:.1f}", f"{tri['tokens_per_s'] / ar['tokens_per_s']:.2f}x", f"{ar['prefill_s']:.1f}",
-                 *peer, acceptance(tri, "retrieval"), acceptance(tri, "target")]
+                 *peer, acceptance(tri, "retrieval"), acceptance(tri, "target"), str(tri.get("equals_ar", ""))]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
