@@ -6,11 +6,11 @@
 // activation rows, which were widened once, with FMA. Float32 accumulation, rounded once, like
 // reference_linear; rows of W are split over torch's intra-op threads.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <vector>
 
+#include "linear_common.h"
 #include "vec256.h"
 
 namespace {
@@ -37,39 +37,26 @@ void linear_rows(const float* xf, const at::BFloat16* w, Out* y, int64_t K, int6
 }
 
 template <typename Out>
-using RowsFn = void (*)(const float*, const at::BFloat16*, Out*, int64_t, int64_t, int64_t, int64_t);
-template <typename Out>
-constexpr RowsFn<Out> kRows[8] = {linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>, linear_rows<4, Out>,
-                                  linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
+constexpr triforce_linear::RowsFn<float, Out> kRows[triforce_linear::kVectorMaxRows] = {
+    linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>, linear_rows<4, Out>,
+    linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
 
 template <typename Out>
 void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
-  const int64_t n = x.size(0), K = x.size(1), N = w.size(0);
-  const std::vector<float> xf = [&] {
-    std::vector<float> v(static_cast<size_t>(n * K));
-    const auto* xp = x.data_ptr<at::BFloat16>();
-    for (int64_t i = 0; i < n * K; ++i) v[i] = static_cast<float>(xp[i]);
-    return v;
-  }();
-  const RowsFn<Out> rows = kRows<Out>[n - 1];
-  const auto* wp = w.data_ptr<at::BFloat16>();
-  auto* yp = y.data_ptr<Out>();
-  // Grain: at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
-  const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (K * 2));
-  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) { rows(xf.data(), wp, yp, K, N, begin, end); });
+  const int64_t K = x.size(1), N = w.size(0);
+  // The few activation rows, widened once here (a torch op would cost its dispatch on every call).
+  std::vector<float> xf(static_cast<size_t>(x.numel()));
+  const auto* xp = x.data_ptr<at::BFloat16>();
+  for (size_t i = 0; i < xf.size(); ++i) xf[i] = static_cast<float>(xp[i]);
+  triforce_linear::parallel_rows(kRows<Out>[x.size(0) - 1], static_cast<const float*>(xf.data()),
+                                 w.data_ptr<at::BFloat16>(), y.data_ptr<Out>(), K, N);
 }
 
 }  // namespace
 
 // float_out: float32 y, unrounded (logits). allow_amx: ignored (no tiles at this level).
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool /*allow_amx*/) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bfloat16 only");
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [n, K], w [N, K]");
-  TORCH_CHECK(x.size(1) % 32 == 0, "K must be a multiple of 32");
-  TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "1 to 8 rows of x");
-  x = x.contiguous();
-  auto y = torch::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
+  auto y = triforce_linear::checked_output(x, w, float_out, triforce_linear::kVectorMaxRows);
   if (float_out) run<float>(x, w, y);
   else run<at::BFloat16>(x, w, y);
   return y;

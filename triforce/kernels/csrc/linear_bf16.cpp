@@ -5,10 +5,10 @@
 // This kernel streams each row of W once, multiplies it into all n activation rows with AVX512-BF16
 // dot products (_mm512_dpbf16_ps) and splits the rows of W over torch's intra-op threads.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include "amx.h"
+#include "linear_common.h"
 
 namespace triforce_linear {
 template <typename Out>
@@ -38,35 +38,23 @@ void linear_rows(const at::BFloat16* x, const at::BFloat16* w, Out* y, int64_t K
 }
 
 template <typename Out>
-using RowsFn = void (*)(const at::BFloat16*, const at::BFloat16*, Out*, int64_t, int64_t, int64_t, int64_t);
-template <typename Out>
-constexpr RowsFn<Out> kRows[8] = {linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>, linear_rows<4, Out>,
-                                  linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
+constexpr triforce_linear::RowsFn<at::BFloat16, Out> kRows[triforce_linear::kVectorMaxRows] = {
+    linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>, linear_rows<4, Out>,
+    linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
 
 template <typename Out>
 void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
-  const int64_t n = x.size(0), K = x.size(1), N = w.size(0);
-  const RowsFn<Out> rows = kRows<Out>[n - 1];
-  const auto* xp = x.data_ptr<at::BFloat16>();
-  const auto* wp = w.data_ptr<at::BFloat16>();
-  auto* yp = y.data_ptr<Out>();
-  // Grain: at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
-  const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (K * 2));
-  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) { rows(xp, wp, yp, K, N, begin, end); });
+  const int64_t K = x.size(1), N = w.size(0);
+  triforce_linear::parallel_rows(kRows<Out>[x.size(0) - 1], x.data_ptr<at::BFloat16>(), w.data_ptr<at::BFloat16>(),
+                                 y.data_ptr<Out>(), K, N);
 }
 
 }  // namespace
 
 // float_out: float32 y, unrounded (logits: bfloat16's 8-bit mantissa would tie near-equal candidates).
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bfloat16 only");
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [n, K], w [N, K]");
-  TORCH_CHECK(x.size(1) % 32 == 0, "K must be a multiple of 32");
-  TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
   const bool amx = allow_amx && triforce_amx::usable() && w.size(0) % 16 == 0;
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= (amx ? 16 : 8), "1 to 8 rows of x (16 with AMX and N % 16 == 0)");
-  x = x.contiguous();
-  auto y = torch::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
+  auto y = triforce_linear::checked_output(x, w, float_out, amx ? 16 : triforce_linear::kVectorMaxRows);
 #if TRIFORCE_WITH_AMX
   if (amx && float_out) triforce_linear::run_amx<float>(x, w, y);
   else if (amx) triforce_linear::run_amx<at::BFloat16>(x, w, y);
