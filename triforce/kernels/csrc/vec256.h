@@ -4,6 +4,8 @@
 #include <torch/extension.h>
 #include <immintrin.h>
 
+#include "exp_poly.h"
+
 namespace triforce_vec256 {
 
 inline __m256 bf16_to_ps(const at::BFloat16* p) {  // 8 bf16 -> 8 floats (a bf16 is a float's top half)
@@ -17,22 +19,15 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// e^x for 8 floats (clamped below at -87), as vec512.h's exp_ps: 2^k * p(r), r = x - k ln2, degree 6.
+// e^x for 8 floats (exp_poly.h), clamped to [kMin, kMax] so that 2^k fits the exponent field.
 inline __m256 exp_ps(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  // 2^k: k + 127 in the exponent field (k in [-126, 128) after the clamps; 2^128 would be inf anyway).
+  using namespace triforce_exp;
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kMin)), _mm256_set1_ps(kMax));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), x));
+  __m256 p = _mm256_set1_ps(kPoly[0]);
+  for (int i = 1; i <= kDegree; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kPoly[i]));
+  // 2^k: k + 127 in the exponent field (k in [-126, 127] after the clamps).
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
