@@ -6,8 +6,7 @@ refresh = the static choice made by the workers on their shards, kv = committed 
 itself comes over the bulk link, workers/bulk.py). Every request waits at most `timeout_s` for its reply,
 and each of its bulk tensors at most as long again (the link's timeout applies to every transfer, so a
 slow but live leader may take longer in all); a worker that dies or stops answering fails the request with
-a WorkerError instead of a hang. Random draws and accept decisions never leave
-the coordinator.
+a WorkerError instead of a hang. Random draws and accept decisions never leave the coordinator.
 """
 from __future__ import annotations
 

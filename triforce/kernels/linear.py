@@ -47,15 +47,17 @@ def kernel_uses_amx(rows: int) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [n, K] -> [n, N]."""
-    if x.dtype == torch.bfloat16 and kernel_takes(x.shape[0], weight):
+    if x.dtype != torch.bfloat16:
+        return F.linear(x, weight, bias)
+    if kernel_takes(x.shape[0], weight):
         out = _kernel_linear(x, weight, float_out=False)
-        return out if bias is None else out + bias
-    if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not native_bf16():
+    elif x.device.type == "cpu" and not native_bf16():
         # Prefill chunks on a CPU without AVX512-BF16: torch's bfloat16 product is many times slower
         # than float32 there (a 4K prefill on Zen 3: 66 s against 13.5 s), so compute in float32.
         out = _float32_linear(x, weight).to(x.dtype)
-        return out if bias is None else out + bias
-    return F.linear(x, weight, bias)
+    else:
+        return F.linear(x, weight, bias)
+    return out if bias is None else out + bias
 
 
 def _kernel_linear(x: torch.Tensor, weight: torch.Tensor, float_out: bool) -> torch.Tensor:
