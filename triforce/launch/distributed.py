@@ -33,6 +33,13 @@ class GroupTimeouts:
     workers_s: float = 300.0  # a collective of the worker group; the first waits out the slowest shard load
     startup_s: float = 1800.0  # rendezvous and startup barriers: rank 0 may download a model meanwhile
 
+    @classmethod
+    def for_worker_timeout(cls, worker_timeout_s: float) -> "GroupTimeouts":
+        """The worker group's ranks wait in a collective while the leader alone replies, and a bulk reply
+        can hold it one stalled transfer long (the worker timeout; it then raises and the group ends): the
+        group's timeout covers that twice over. A live coordinator takes a reply at the link's speed."""
+        return cls(link_s=worker_timeout_s, workers_s=max(cls.workers_s, 2 * worker_timeout_s))
+
     @property
     def heartbeat_s(self) -> float:
         """How often an idle leader pings its group: several times per timeout, so one late ping is harmless."""
@@ -112,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
     cuda = torch.cuda.is_available() and _worker_device(args, local_rank) != "cpu"
-    # The worker group's ranks wait in a collective while the leader alone replies, and a bulk reply can
-    # hold it one stalled transfer long (the worker timeout; it then raises and the group ends): cover
-    # that twice over. A live coordinator takes a reply at the link's speed (a GiB refresh in seconds).
-    timeouts = GroupTimeouts(link_s=args.worker_timeout, workers_s=max(300.0, 2 * args.worker_timeout))
+    timeouts = GroupTimeouts.for_worker_timeout(args.worker_timeout)
     groups = init_groups(rank, world, local_rank, cuda, timeouts)
     try:
         if args.control_host == "auto":
