@@ -51,13 +51,18 @@ def sweep_table(rows: list[dict], setting: str) -> str:
     return "\n".join(out) + f"\n\n(`ar`: {ar['tokens_per_s']:.1f} tokens/s)"
 
 
+def bench_reports(folder: Path) -> list[tuple[Path, dict]]:
+    """The single `triforce bench` runs of a folder (not sweeps, not other programs' JSON)."""
+    reports = [(p, json.loads(p.read_text())) for p in sorted(folder.glob("*.json")) if not p.name.startswith("sweep_")]
+    return [(p, r) for p, r in reports if isinstance(r, dict) and "results" in r]
+
+
 def isa_table(folder: Path) -> str:
     """One row per `triforce bench` JSON that records its CPU level (benchmarks/isa_levels.sh and the runs
     of the landed code before it): 8K greedy, ar and triforce, transformers where it ran."""
     out = ["| run | dtype | kernels | torch ISA | `ar` tok/s | `triforce` tok/s | triforce / ar | `ar` prefill s | "
            "`transformers` tok/s | `transformers` prefill s | tier-1 acc. | tier-2 acc. | triforce = ar |", "|---" * 13 + "|"]
-    for path in sorted(p for p in folder.glob("*.json") if not p.name.startswith("sweep_")):
-        report = json.loads(path.read_text())
+    for path, report in bench_reports(folder):
         cpu = report.get("cpu") or {"kernel_path": "torch (landed code)", "torch_cpu_capability": ""}
         rows = {r["run"]: r for r in report["results"]}
         ar, tri, hf = rows["ar"], rows["triforce"], rows.get("transformers")
@@ -71,7 +76,7 @@ def isa_table(folder: Path) -> str:
 
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "bench-out")
-    if any("cpu" in json.loads(p.read_text()) for p in folder.glob("*.json") if not p.name.startswith("sweep_")):
+    if any("cpu" in report for _, report in bench_reports(folder)):
         print(f"### instruction-set levels (8K, greedy)\n\n{isa_table(folder)}\n")
     for name in SPEED_FILES:
         speed = load(folder, name)
