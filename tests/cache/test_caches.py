@@ -9,6 +9,7 @@ from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
 from triforce.cache.streaming import StreamingKVCache
 from triforce.models.config import ModelConfig
 from triforce.models.rope import RotaryEmbedding
+from triforce.step import Step
 
 CFG = ModelConfig(model_type="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=4, max_position_embeddings=512)
@@ -16,48 +17,80 @@ ROPE = RotaryEmbedding(CFG)
 HQ, HKV, D = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim
 
 
-def forward(cache, n, seed):
-    """One fake forward of n tokens: random unrotated q, k, v per layer; returns what each layer saw."""
+def forward(cache, n, seed, parents=None):
+    """One fake forward of n tokens (a chain, or the tree `parents`): random unrotated q, k, v per layer;
+    returns what each layer saw, the new q, k, v and the step's positions."""
     g = torch.Generator().manual_seed(seed)
-    cache.begin(n)
+    tokens = [0] * n
+    step = Step.chain(tokens, cache.length) if parents is None else Step.tree(tokens, parents, cache.length)
+    cache.begin(step)
     seen, new = [], []
     for layer in range(CFG.num_layers):
         q, k, v = torch.randn(HQ, n, D, generator=g), torch.randn(HKV, n, D, generator=g), torch.randn(HKV, n, D, generator=g)
         seen.append(cache.append(layer, q, k, v))
         new.append((q, k, v))
     cache.end()
-    return seen, new
+    return seen, new, step.positions
 
 
-def per_token(new, n):
-    """[(k, v) per layer] for each of the n tokens of one forward."""
-    return [[(new[layer][1][:, i], new[layer][2][:, i]) for layer in range(CFG.num_layers)] for i in range(n)]
+def per_token(new, positions):
+    """For each token of one forward: ([(k, v) per layer], position)."""
+    return [([(new[layer][1][:, i], new[layer][2][:, i]) for layer in range(CFG.num_layers)], int(positions[i]))
+            for i in range(len(positions))]
 
 
-ops = st.lists(st.tuples(st.sampled_from(["append", "rollback"]), st.integers(1, 9)), min_size=1, max_size=40)
+def tree_parents(raw):
+    """Hypothesis integers -> a valid parent list (parents[i] in [-1, i))."""
+    return [r % (i + 1) - 1 for i, r in enumerate(raw)]
+
+
+def kept_path(raw, available):
+    """Hypothesis integers -> an increasing path of distinct indices below `available`."""
+    return sorted({r % available for r in raw}) if available else []
+
+
+ops = st.lists(st.tuples(st.sampled_from(["append", "tree", "rollback", "keep"]), st.integers(1, 9),
+                         st.lists(st.integers(0, 50), min_size=9, max_size=9)), min_size=1, max_size=40)
+
+
+def apply_op(cache, history, op, n, raw, step, floor=0, offset=0):
+    """Runs one op on the cache and on `history` (entries: ([(k, v) per layer], position)), whose entry i
+    is the cache's entry offset + i. Returns the forward's (seen, new, positions) or None. `floor`: the
+    oldest entry of `history` a rollback may reach."""
+    if op == "rollback":
+        n = max(0, min(n, len(history) - floor))
+        cache.rollback(n)
+        del history[len(history) - n:]
+        return None
+    if op == "keep":
+        start = max(floor, len(history) - n)
+        path = kept_path(raw, len(history) - start)
+        cache.keep_path(offset + start, path)
+        history[start:] = [history[start + p] for p in path]
+        return None
+    seen, new, positions = forward(cache, n, step, tree_parents(raw[:n]) if op == "tree" else None)
+    history += per_token(new, positions)
+    return seen, new, positions
 
 
 @settings(max_examples=60, deadline=None)
 @given(ops=ops)
 def test_full_cache_matches_reference(ops):
     cache = FullKVCache(CFG, 400, ROPE, torch.float32, "cpu")
-    history = []  # per token: [(k, v) per layer], unrotated
-    for step, (op, n) in enumerate(ops):
-        if op == "rollback":
-            n = min(n, len(history))
-            cache.rollback(n)
-            del history[len(history) - n:]
-            continue
-        seen, new = forward(cache, n, step)
-        history += per_token(new, n)
-        positions = torch.arange(len(history))
-        for layer, (q, keys, values) in enumerate(seen):
-            ks = torch.stack([t[layer][0] for t in history], dim=1)
-            vs = torch.stack([t[layer][1] for t in history], dim=1)
-            torch.testing.assert_close(keys, ROPE.rotate(ks, positions))
-            torch.testing.assert_close(values, vs)
-            torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions[-n:]))
+    history = []  # per entry: ([(k, v) per layer] unrotated, position)
+    for step, (op, n, raw) in enumerate(ops):
+        out = apply_op(cache, history, op, n, raw, step)
         assert cache.length == len(history)
+        if out is None:
+            continue
+        seen, new, positions = out
+        stored = torch.tensor([pos for _, pos in history])
+        for layer, (q, keys, values) in enumerate(seen):
+            ks = torch.stack([t[layer][0] for t, _ in history], dim=1)
+            vs = torch.stack([t[layer][1] for t, _ in history], dim=1)
+            torch.testing.assert_close(keys, ROPE.rotate(ks, stored))
+            torch.testing.assert_close(values, vs)
+            torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions))
 
 
 @settings(max_examples=80, deadline=None)
@@ -66,27 +99,37 @@ def test_streaming_cache_matches_reference(ops, sinks, window):
     max_rollback = 9
     cache = StreamingKVCache(CFG, sinks, window, max_rollback, ROPE, torch.float32, "cpu")
     history, high_water = [], 0
-    for step, (op, n) in enumerate(ops):
+    for step, (op, n, raw) in enumerate(ops):
         high_water = max(high_water, len(history))
-        if op == "rollback":
-            # The contract: never below max_rollback tokens under the longest the cache has been.
-            n = max(0, min(n, len(history), len(history) - (high_water - max_rollback)))
-            cache.rollback(n)
-            del history[len(history) - n:]
-            continue
         before = len(history)
-        seen, new = forward(cache, n, step)
-        history += per_token(new, n)
-        visible = list(range(min(before, sinks))) + list(range(max(sinks, before - window), before))
-        visible += list(range(before, before + n))
-        positions = torch.arange(len(visible))
-        for layer, (q, keys, values) in enumerate(seen):
-            ks = torch.stack([history[t][layer][0] for t in visible], dim=1)
-            vs = torch.stack([history[t][layer][1] for t in visible], dim=1)
-            torch.testing.assert_close(keys, ROPE.rotate(ks, positions))
-            torch.testing.assert_close(values, vs)
-            torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions[-n:]))
+        # The contract: never below max_rollback tokens under the longest the cache has been.
+        out = apply_op(cache, history, op, n, raw, step, floor=max(0, high_water - max_rollback))
         assert cache.length == len(history)
+        if out is None:
+            continue
+        seen, new, positions = out
+        visible = list(range(min(before, sinks))) + list(range(max(sinks, before - window), before))
+        visible += list(range(before, before + len(positions)))
+        # Sinks keep their positions; the window's first key follows them, and the rest keep their offsets.
+        shift = history[max(sinks, before - window)][1] - sinks if before > sinks else 0
+        rotated = torch.tensor([history[t][1] - (shift if t >= sinks else 0) for t in visible])
+        for layer, (q, keys, values) in enumerate(seen):
+            ks = torch.stack([history[t][0][layer][0] for t in visible], dim=1)
+            vs = torch.stack([history[t][0][layer][1] for t in visible], dim=1)
+            torch.testing.assert_close(keys, ROPE.rotate(ks, rotated))
+            torch.testing.assert_close(values, vs)
+            torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions - shift))
+
+
+def test_streaming_positions_of_a_chain_number_the_visible_keys():
+    """The StreamingLLM rule for chains: visible keys at 0..m-1, sinks first, new queries last."""
+    cache = StreamingKVCache(CFG, 2, 5, 4, ROPE, torch.float32, "cpu")
+    for step in range(6):
+        forward(cache, 3, step)
+    seen, new, _ = forward(cache, 3, 99)
+    q, keys, _ = seen[0]
+    assert keys.shape[1] == 2 + 5 + 3
+    torch.testing.assert_close(q, ROPE.rotate(new[0][0], torch.arange(7, 10)))
 
 
 def naive_selection(queries, keys, chunk, count):
@@ -103,8 +146,9 @@ def naive_selection(queries, keys, chunk, count):
     return out
 
 
-retrieval_ops = st.lists(st.tuples(st.sampled_from(["commit", "speculate", "rollback", "rebuild"]),
-                                   st.integers(1, 7)), min_size=1, max_size=25)
+retrieval_ops = st.lists(st.tuples(st.sampled_from(["commit", "speculate", "tree", "rollback", "keep", "rebuild"]),
+                                   st.integers(1, 7), st.lists(st.integers(0, 50), min_size=7, max_size=7)),
+                         min_size=1, max_size=25)
 
 
 @settings(max_examples=60, deadline=None)
@@ -119,6 +163,7 @@ def test_retrieval_cache_matches_reference(ops, policy, full_layers, prompt):
     cache.sync()
     state = {"built_at": 0, "rebuilds": 0}
     selections = {}
+    speculative = []  # this tier's own entries since the last sync: ([(k, v) per layer], position)
 
     def note_rebuild():
         """After a (possible) static rebuild: what the cache must have chosen, recomputed naively."""
@@ -135,21 +180,22 @@ def test_retrieval_cache_matches_reference(ops, policy, full_layers, prompt):
                 selections[layer] = naive_selection(q, keys, chunk, budget // chunk)
 
     note_rebuild()
-    for step, (op, n) in enumerate(ops):
+    for step, (op, n, raw) in enumerate(ops):
         if op == "commit":  # the target absorbs n tokens, then the retrieval cache syncs
             cache.rollback(cache.spec_len)
             forward(source, n, 2000 + step)
             cache.sync()
+            speculative.clear()
             note_rebuild()
         elif op == "rebuild" and policy == "static":
             cache.rebuild()
+            speculative.clear()
             note_rebuild()
-        elif op == "rollback":
-            cache.rollback(min(n, cache.spec_len))
-        elif op == "speculate":
+        elif op in ("rollback", "keep"):
+            apply_op(cache, speculative, op, n, raw, step, offset=cache.synced)  # this tier's own entries only
+        elif op in ("speculate", "tree") and cache.spec_len + n <= cache.max_speculative:
             spec_before = cache.spec_len
-            seen, new = forward(cache, n, 3000 + step)
-            positions = torch.arange(cache.synced, cache.synced + spec_before + n)
+            seen, new, positions = forward(cache, n, 3000 + step, tree_parents(raw[:n]) if op == "tree" else None)
             for layer, (q, keys, values) in enumerate(seen):
                 committed = keys.shape[1] - spec_before - n
                 if policy == "static":
@@ -175,10 +221,17 @@ def test_retrieval_cache_matches_reference(ops, policy, full_layers, prompt):
                     torch.testing.assert_close(got[got_order], want[want_order])
                     torch.testing.assert_close(values[h, :committed][got_order],
                                                source.values[layer, h, tokens][want_order])
-                torch.testing.assert_close(keys[:, committed + spec_before:],
-                                           ROPE.rotate(new[layer][1], positions[spec_before:]))
-                torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions[spec_before:]))
+                if speculative:  # this tier's earlier entries, as kept and rolled back
+                    ks = torch.stack([t[layer][0] for t, _ in speculative], dim=1)
+                    stored = torch.tensor([pos for _, pos in speculative])
+                    torch.testing.assert_close(keys[:, committed:committed + spec_before], ROPE.rotate(ks, stored))
+                    torch.testing.assert_close(values[:, committed:committed + spec_before],
+                                               torch.stack([t[layer][1] for t, _ in speculative], dim=1))
+                torch.testing.assert_close(keys[:, committed + spec_before:], ROPE.rotate(new[layer][1], positions))
+                torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions))
+            speculative += per_token(new, positions)
         assert cache.length == cache.synced + cache.spec_len
+        assert cache.spec_len == len(speculative)
 
 
 def test_streaming_cache_refuses_a_rollback_deeper_than_it_keeps():

@@ -4,6 +4,15 @@ import torch
 from triforce.kernels.attention import attention, kernel_max_rows, reference_attention
 from triforce.kernels.cpu import cpu_kernels, has_amx
 from triforce.kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_tokens, select_chunks
+from triforce.step import ancestor_mask
+
+
+def random_mask(n, m, g):
+    """[n, m] bool over the last m keys: a random tree's ancestor mask among the n new tokens, and random
+    visibility of the m - n entries before them."""
+    parents = [int(torch.randint(-1, i, (), generator=g)) if i else -1 for i in range(n)]
+    earlier = torch.rand(n, m - n, generator=g) < 0.5
+    return torch.cat((earlier, ancestor_mask(parents)), dim=1)
 
 
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (9, 3), (6, 1)])
@@ -11,6 +20,31 @@ from triforce.kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_
 def test_attention_matches_loop_reference(hq, hkv, n, s):
     q, k, v = torch.randn(hq, n, 16), torch.randn(hkv, s, 16), torch.randn(hkv, s, 16)
     torch.testing.assert_close(attention(q, k, v, 0.25), reference_attention(q, k, v, 0.25), atol=1e-5, rtol=1e-5)
+
+
+def test_reference_attention_reads_a_mask_as_the_keys_each_query_sees():
+    """A masked row equals plain attention over exactly the keys it sees; a causal mask equals no mask."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(6, 5, 16, generator=g), torch.randn(3, 30, 16, generator=g), torch.randn(3, 30, 16, generator=g)
+    mask = random_mask(5, 9, g)
+    out = reference_attention(q, k, v, 0.25, mask)
+    for i in range(5):
+        keep = torch.cat((torch.ones(21, dtype=torch.bool), mask[i]))
+        alone = reference_attention(q[:, i:i + 1], k[:, keep], v[:, keep], 0.25, torch.ones(1, 1, dtype=torch.bool))
+        torch.testing.assert_close(out[:, i:i + 1], alone)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    torch.testing.assert_close(reference_attention(q, k, v, 0.25, causal), reference_attention(q, k, v, 0.25))
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (9, 3), (6, 1)])
+@pytest.mark.parametrize("n,m,s", [(1, 4, 20), (5, 5, 5), (5, 5, 40), (7, 12, 40), (16, 16, 300)])
+def test_attention_with_a_mask_matches_loop_reference(hq, hkv, n, m, s):
+    """The torch paths (float32): the masked tail merged with the unmasked past, and SDPA for one row."""
+    g = torch.Generator().manual_seed(n * 100 + m + s)
+    q, k, v = torch.randn(hq, n, 16, generator=g), torch.randn(hkv, s, 16, generator=g), torch.randn(hkv, s, 16, generator=g)
+    mask = random_mask(n, m, g)
+    torch.testing.assert_close(attention(q, k, v, 0.25, mask), reference_attention(q, k, v, 0.25, mask),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_attention_bfloat16_close_to_reference():
@@ -57,3 +91,30 @@ def test_cpu_decode_attention_kernel_matches_reference(level, hq, hkv, d, n, s, 
     torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
     if (hq // hkv) * n <= kernel_max_rows() and amx == has_amx():  # the dispatcher's path
         torch.testing.assert_close(attention(q, k, v, d ** -0.5).float(), got)
+
+
+@pytest.mark.parametrize("amx", [False, True])
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
+@pytest.mark.parametrize("n,m,s", [(1, 5, 40), (7, 7, 7), (6, 6, 1500), (16, 30, 700), (5, 33, 33), (3, 3, 65)])
+def test_cpu_decode_attention_kernel_with_a_mask_matches_reference(level, hq, hkv, d, n, m, s, amx):
+    """Tree masks at every level and path: masked keys inside one block and across block and range ends."""
+    if amx and not has_amx():
+        pytest.skip("no AMX tiles at this level")
+    if (hq // hkv) * n > 128:
+        pytest.skip("more rows than the kernel takes")
+    g = torch.Generator().manual_seed(n * 1000 + m + s)
+    q = (2 * torch.randn(hq, n, d, generator=g)).bfloat16()
+    k, v = torch.randn(hkv, s, d, generator=g).bfloat16(), torch.randn(hkv, s, d, generator=g).bfloat16()
+    mask = random_mask(n, m, g)
+    got = cpu_kernels().decode_attention_bf16(q, k, v, d ** -0.5, allow_amx=amx, mask=mask).float()
+    want = reference_attention(q.float(), k.float(), v.float(), d ** -0.5, mask).float()
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+    if (hq // hkv) * n <= kernel_max_rows() and amx == has_amx():  # the dispatcher's path
+        torch.testing.assert_close(attention(q, k, v, d ** -0.5, mask).float(), got)
+
+
+def test_cpu_decode_attention_kernel_refuses_a_bad_mask(level):
+    q, k, v = torch.randn(3, 4, 64).bfloat16(), torch.randn(1, 10, 64).bfloat16(), torch.randn(1, 10, 64).bfloat16()
+    for bad in (torch.ones(4, 3, dtype=torch.bool), torch.ones(4, 11, dtype=torch.bool), torch.ones(4, 4)):
+        with pytest.raises(RuntimeError, match="mask"):
+            cpu_kernels().decode_attention_bf16(q, k, v, 0.125, mask=bad)

@@ -6,12 +6,14 @@ from triforce.cache.full import FullKVCache
 from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
 from triforce.kernels.cpu import cpu_kernels
 from triforce.models.loader import load_model
+from triforce.step import Step
 
 from checkpoints import write_tiny_checkpoint
 
 def decode(model, fused):
     """A prefill, then forwards of 1 to 7 tokens on a static retrieval cache (speculation) and on the
-    full cache it draws from (commits). Returns every forward's logits and the full cache's state."""
+    full cache it draws from (commits), chains and trees (whose accepted path the full cache keeps).
+    Returns every forward's logits and the full cache's state."""
     saved = model.fused_layers
     model.fused_layers = fused
     try:
@@ -25,6 +27,12 @@ def decode(model, fused):
             tokens = torch.randint(3, 96, (n,), generator=g)
             logits.append(model(tokens, retrieval))
             logits.append(model(tokens, full))
+            retrieval.sync()
+        for parents, path in (([-1, 0, 0, 1, 2, 2, 3], [0, 2, 5]), ([-1, 0, 1, 0], [0, 3])):
+            tokens, start = torch.randint(3, 96, (len(parents),), generator=g), full.length
+            logits.append(model(Step.tree(tokens, parents, start), retrieval))
+            logits.append(model(Step.tree(tokens, parents, start), full))
+            full.keep_path(start, path)
             retrieval.sync()
         return logits, full.keys[:, :, : full.length], full.values[:, :, : full.length], list(full.last_query)
     finally:
@@ -42,7 +50,7 @@ def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, mo
     real = ext.decoder_layers_bf16
     monkeypatch.setattr(ext, "decoder_layers_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     fused = decode(model, model.fused_layers)
-    assert sorted(set(calls)) == [1, 2, 3, 7]  # every forward but the 45-token prefill took it
+    assert sorted(set(calls)) == [1, 2, 3, 4, 7]  # every forward but the 45-token prefill took it
     calls.clear()
     plain = decode(model, None)
     assert not calls

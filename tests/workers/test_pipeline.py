@@ -18,6 +18,7 @@ from triforce.coordinator.remote import RemoteVerifier, WorkerError
 from triforce.coordinator.verifier import LocalVerifier
 from triforce.cache.retrieval import retrieve_from_full
 from triforce.models.loader import load_model
+from triforce.step import Step, ancestor_mask
 from triforce.workers.protocol import PROTOCOL_VERSION, decode, encode
 
 SETTINGS = dict(budget=32, chunk_size=4, sinks=2, window=16, refresh_every=12, full_layers=1)
@@ -67,6 +68,36 @@ def test_worker_group_reproduces_the_single_process_engine(models, tmp_path, wor
                 assert got == expected, (mode, params.temperature)
         stats, _ = group.channel.request("stats")
         assert stats["verified_tokens"] > 0 and stats["errors"] == 0
+    finally:
+        group.close()
+
+
+def test_trees_verify_and_commit_over_the_worker_group(models, tmp_path):
+    """verify carries tokens and parents and the workers run them with the ancestor mask; commit keeps the
+    accepted path: logits equal one process's, before and after the commit; bad trees get error replies."""
+    folder, target, _ = models
+    prompt = torch.randint(3, 96, (120,), generator=torch.Generator().manual_seed(5)).tolist()
+    tokens, parents, path = [7, 30, 41, 12, 55, 9], [-1, 0, 0, 1, 2, 4], [0, 2, 4, 5]
+    group = Group(folder, 2, tmp_path)
+    try:
+        params = SamplingParams(max_tokens=20)
+        verifiers = [LocalVerifier(target, capacity(prompt, params)), remote(group, target, prompt, params)]
+        logits = []
+        for verifier in verifiers:
+            verifier.prefill(prompt)
+            start = verifier.length
+            tree = verifier.forward(Step.tree(tokens, parents, start))
+            verifier.keep_path(start, path)
+            logits.append((tree, verifier.forward(Step.chain([3, 8], verifier.length))))
+        assert verifiers[1].length == len(prompt) + len(path) + 2
+        for got, want in zip(logits[1], logits[0]):
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+        with pytest.raises(WorkerError, match="parents"):
+            verifiers[1].forward(Step(torch.tensor([1, 2]), torch.tensor([0, 1]) + verifiers[1].length,
+                                      verifiers[1].length, (-1, 5), ancestor_mask([-1, 0])))
+        with pytest.raises(WorkerError, match="kept path"):
+            verifiers[1].keep_path(verifiers[1].length - 2, [1, 0])  # the last forward's two tokens, reversed
+        assert verifiers[1].length == len(prompt) + len(path) + 2  # refused before anything ran
     finally:
         group.close()
 

@@ -1,20 +1,26 @@
 """The protocol every KV cache policy follows.
 
-A forward over n new tokens is `begin(n)`, then `append(layer, q, k, v)` once per layer, then `end()`.
-`append` takes unrotated projections (q: [Hq, n, D], k and v: [Hkv, n, D]), rotates them with the
-positions of the cache's own policy and returns (q, keys, values) to attend over, keys and values
-[Hkv, S, D] with the n new tokens last. `length` counts the tokens of the sequence the cache has
-absorbed (visible or evicted); only the cache's own methods change it: `end`, `rollback(n)` (forget
-the last n), `truncate(length)` and `reset`. `sync` is the hook a derived cache (retrieval) uses to
-refresh itself from its source after the target has committed tokens; the others ignore it.
+A forward over a step of n new tokens (triforce/step.py) is `begin(step)`, then `append(layer, q, k, v)`
+once per layer, then `end()`. `append` takes unrotated projections (q: [Hq, n, D], k and v:
+[Hkv, n, D]), rotates them with the step's positions (mapped as the policy requires: the streaming cache
+keeps them within its window) and returns (q, keys, values) to attend over, keys and values [Hkv, S, D]
+with the n new tokens last and the entries of earlier forwards in the order they were absorbed just
+before them, so that a step's mask over the last m keys means the same in every policy. `length` counts
+the entries the cache has absorbed (visible or evicted); only the cache's own methods change it: `end`,
+`rollback(n)` (forget the last n), `truncate(length)`, `keep_path(start, path)` (keep an accepted
+root-to-leaf path of a speculation tree, drop the rest) and `reset`. `sync` is the hook a derived cache
+(retrieval) uses to refresh itself from its source after the target has committed tokens; the others
+ignore it.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
 from ..errors import UserError
+from ..step import Step, check_path
 
 
 class CacheCapacityError(UserError):
@@ -38,14 +44,14 @@ class KVCache:
     length: int = 0
     _n: int = 0  # tokens of the forward in progress
 
-    def begin(self, n: int) -> None:
+    def begin(self, step: Step) -> None:
         raise NotImplementedError
 
     def append(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         raise NotImplementedError
 
     def layer_buffers(self) -> LayerBuffers | None:
-        """After begin(n), instead of `append` for every layer: the buffers the forward writes into, for
+        """After begin(step), instead of `append` for every layer: the buffers the forward writes into, for
         policies whose append is exactly that write; None for the others."""
         return None
 
@@ -65,6 +71,24 @@ class KVCache:
     def reset(self) -> None:
         raise NotImplementedError
 
+    def keep_path(self, start: int, path: Sequence[int]) -> None:
+        """Keep the first `start` entries, then entries start + path[0], start + path[1], ... (an accepted
+        root-to-leaf path of a speculation tree: increasing indices), and forget the rest; the length
+        becomes start + len(path). A chain's accepted prefix is path = 0..a-1, which is truncate(start + a)."""
+        if start < 0:
+            raise ValueError(f"keep_path from {start}")
+        check_path(path, self.length - start)
+        self.rollback(self.length - start - len(path))  # first: it refuses what the policy cannot undo
+        moves = [(start + p, start + k) for k, p in enumerate(path) if p != k]
+        if moves:  # the dropped entries' slots still hold their data: rollback only shortened the cache
+            src, dst = zip(*moves)
+            with torch.inference_mode():  # stores a forward (re)allocated are inference tensors
+                self._move(list(src), list(dst))
+
+    def _move(self, src: list[int], dst: list[int]) -> None:
+        """Copy the entries at sequence indices src[i] to dst[i] (dst[i] < src[i], both increasing)."""
+        raise NotImplementedError
+
     def truncate(self, length: int) -> None:
         """Forget everything past `length` tokens (no-op when the cache is already that short)."""
         if length < self.length:
@@ -72,3 +96,9 @@ class KVCache:
 
     def sync(self) -> None:
         """Called after the target tier commits tokens; only caches derived from another need it."""
+
+
+def move_slots(tensors: Sequence[torch.Tensor], src: list[int], dst: list[int], dim: int) -> None:
+    """Copy slots src -> dst along `dim` of each tensor (the source slots are gathered before writing)."""
+    for t in tensors:
+        t.index_copy_(dim, torch.tensor(dst, device=t.device), t.index_select(dim, torch.tensor(src, device=t.device)))

@@ -5,7 +5,8 @@ import torch
 
 from ..models.config import ModelConfig
 from ..models.rope import RotaryEmbedding
-from .base import CacheCapacityError, KVCache, LayerBuffers
+from ..step import Step
+from .base import CacheCapacityError, KVCache, LayerBuffers, move_slots
 
 
 class FullKVCache(KVCache):
@@ -24,13 +25,13 @@ class FullKVCache(KVCache):
         self._queries = torch.zeros(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
         self._query_rows = self._queries.unbind(0)  # last_query when the fused layer loop fills it
 
-    def begin(self, n: int) -> None:
+    def begin(self, step: Step) -> None:
+        n = step.n
         if self.length + n > self.capacity:
             raise CacheCapacityError(f"full KV cache holds {self.capacity} tokens; "
                                      f"{self.length} + {n} requested")
         self._n = n
-        positions = torch.arange(self.length, self.length + n, device=self.keys.device)
-        self._cos_sin = self.rope.cos_sin(positions, self.keys.dtype)
+        self._cos_sin = self.rope.cos_sin(step.positions, self.keys.dtype)
 
     def append(self, layer, q, k, v):
         # narrow/copy_ on per-layer views: a decode step calls this 30 times, and tensor indexing costs
@@ -47,6 +48,9 @@ class FullKVCache(KVCache):
         self.last_query = list(self._query_rows)
         return LayerBuffers(self._layer_keys, self._layer_values, [self.length] * len(self._layer_keys),
                             *self._cos_sin, self._queries)
+
+    def _move(self, src: list[int], dst: list[int]) -> None:
+        move_slots((self.keys, self.values), src, dst, dim=2)
 
     def reset(self) -> None:
         self.length = 0

@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 
 from ..kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_tokens, select_chunks
-from .base import CacheCapacityError, KVCache, LayerBuffers
+from ..step import Step
+from .base import CacheCapacityError, KVCache, LayerBuffers, move_slots
 from .full import FullKVCache
 
 POLICIES = ("static", "dynamic")
@@ -168,15 +169,15 @@ class RetrievalKVCache(KVCache):
         self._num_means = complete
 
     # --- the KVCache protocol -------------------------------------------------------------------
-    def begin(self, n: int) -> None:
+    def begin(self, step: Step) -> None:
+        n = step.n
         if self.spec_len + n > self.max_speculative or self.length + n > self.source.capacity:
             raise CacheCapacityError(f"retrieval cache holds {self.max_speculative} speculative tokens; "
                                      f"{self.spec_len} + {n} requested")
         if self.policy == "static" and not self._buf_k:
             raise RuntimeError("retrieval cache used before its first sync with the source")
         self._n = n
-        positions = torch.arange(self.length, self.length + n, device=self.source.device)
-        self._cos_sin = self.source.rope.cos_sin(positions, self.source.dtype)
+        self._cos_sin = self.source.rope.cos_sin(step.positions, self.source.dtype)
 
     def append(self, layer, q, k, v):
         q, k = self.source.rope.apply(q, *self._cos_sin), self.source.rope.apply(k, *self._cos_sin)
@@ -214,6 +215,17 @@ class RetrievalKVCache(KVCache):
     def rollback(self, n: int) -> None:
         self._check_rollback(n, self.spec_len)  # committed tokens are the source's, never rolled back
         self.spec_len -= n
+
+    def _move(self, src: list[int], dst: list[int]) -> None:
+        """Speculative entries only (rollback refuses to reach committed ones): in the static buffers past
+        the committed part, in the dynamic policy in the source's free slots."""
+        if self.policy == "dynamic":
+            move_slots((self.source.full.keys, self.source.full.values), src, dst, dim=2)
+            return
+        for layer in range(self.num_layers):
+            shift = self._retrieved[layer] - self._built_at  # buffer index of a sequence index
+            move_slots((self._buf_k[layer], self._buf_v[layer]), [i + shift for i in src], [i + shift for i in dst],
+                       dim=1)
 
     def reset(self) -> None:
         self.synced = self.spec_len = self._num_means = self._built_at = 0

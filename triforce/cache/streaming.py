@@ -1,9 +1,10 @@
 """StreamingKVCache: attention sinks plus a recent window (StreamingLLM, arXiv 2309.17453).
 
-Keys are stored unrotated and rotated at read time with their position *inside the cache*, as
-StreamingLLM does: the visible keys are numbered 0..m-1 (sinks first, then the window), and the new
-queries take the last positions. So the model never sees a position past sinks + window + n, however
-long the text grows.
+Keys are stored unrotated, with their positions, and rotated at read time with their position *inside
+the cache*, as StreamingLLM does: the sinks keep theirs (0..sinks-1) and every later key and query is
+shifted so that the window's first key sits right after the sinks. So the model never sees a position
+past sinks + window + n, however long the text grows. For a chain that numbers the visible keys
+0..m-1, sinks first, the new queries last; tree nodes keep their depths (siblings share a position).
 
 Visible to a forward over n new tokens: the first `sinks` tokens, the last `window` tokens absorbed
 before it, and the n new ones. Rollback after the window has slid is exact because the store keeps
@@ -16,6 +17,7 @@ import torch
 
 from ..models.config import ModelConfig
 from ..models.rope import RotaryEmbedding
+from ..step import Step
 from .base import KVCache
 
 
@@ -29,39 +31,53 @@ class StreamingKVCache(KVCache):
         shape = (cfg.num_layers, cfg.num_kv_heads, sinks, cfg.head_dim)
         self.sink_k = torch.zeros(shape, dtype=dtype, device=device)  # [L, Hkv, sinks, D] unrotated
         self.sink_v = torch.zeros(shape, dtype=dtype, device=device)
+        self.sink_pos = torch.zeros(sinks, dtype=torch.long, device=device)  # [sinks] positions
         self._alloc_recent(2 * self._keep)
         self.length = 0
         self._offset = 0  # sequence index of recent_k[:, :, 0]
         self._n = 0
 
-    def _alloc_recent(self, size: int, keep: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def _alloc_recent(self, size: int, keep: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         like = self.sink_k
         shape = (like.shape[0], like.shape[1], size, like.shape[3])
         new_k = torch.zeros(shape, dtype=like.dtype, device=like.device)  # [L, Hkv, size, D] unrotated
         new_v = torch.zeros_like(new_k)
+        new_pos = torch.zeros(size, dtype=torch.long, device=like.device)  # [size] positions
         if keep is not None:
             n = keep[0].shape[2]
-            new_k[:, :, :n], new_v[:, :, :n] = keep
-        self.recent_k, self.recent_v = new_k, new_v
+            new_k[:, :, :n], new_v[:, :, :n], new_pos[:n] = keep
+        self.recent_k, self.recent_v, self.recent_pos = new_k, new_v, new_pos
 
     def _recent_index(self, seq_index: int) -> int:
         return max(seq_index, self.sinks) - self._offset
 
-    def begin(self, n: int) -> None:
-        stored = self._recent_index(self.length)
+    def begin(self, step: Step) -> None:
+        n, start = step.n, self.length
+        stored = self._recent_index(start)
         if stored + n > self.recent_k.shape[2]:
             # Compact: keep the last `window + max_rollback` tokens at the front of the store.
-            keep_from = max(self.sinks, self.length - self._keep, self._offset)
+            keep_from = max(self.sinks, start - self._keep, self._offset)
             a = keep_from - self._offset
-            kept = (self.recent_k[:, :, a:stored].clone(), self.recent_v[:, :, a:stored].clone())
+            kept = (self.recent_k[:, :, a:stored].clone(), self.recent_v[:, :, a:stored].clone(),
+                    self.recent_pos[a:stored].clone())
             size = max(self.recent_k.shape[2], 2 * (stored - a + n))
             self._alloc_recent(size, kept)
             self._offset = keep_from
+        if step.mask is not None and step.mask.shape[1] - n > self.window:
+            raise ValueError(f"a step's mask reaches {step.mask.shape[1] - n} entries back, past the "
+                             f"streaming window of {self.window}")
         self._n = n
-        visible = min(self.length, self.sinks) + min(max(self.length - self.sinks, 0), self.window) + n
-        cos, sin = self.rope.cos_sin(torch.arange(visible, device=self.sink_k.device), self.sink_k.dtype)
-        self._key_cos_sin = (cos, sin)  # positions 0..visible-1: every visible key, rotated afresh
-        self._query_cos_sin = (cos[visible - n:], sin[visible - n:])
+        to_sink = max(0, min(n, self.sinks - start))
+        self.sink_pos[start:start + to_sink] = step.positions[:to_sink]
+        a = self._recent_index(start + to_sink)
+        self.recent_pos[a:a + n - to_sink] = step.positions[to_sink:]
+        n_sink = min(start + n, self.sinks)
+        self._window = (self._recent_index(max(self.sinks, start - self.window)), self._recent_index(start + n))
+        # Shift every position past the sinks so the window's first key follows them (none before it: 0).
+        shift = self.recent_pos[self._window[0]] - self.sinks if start > self.sinks else 0
+        key_pos = torch.cat((self.sink_pos[:n_sink], self.recent_pos[slice(*self._window)] - shift))
+        self._key_cos_sin = self.rope.cos_sin(key_pos, self.sink_k.dtype)  # every visible key, rotated afresh
+        self._query_cos_sin = self.rope.cos_sin(step.positions - shift, self.sink_k.dtype)
 
     def append(self, layer, q, k, v):
         n, start = self._n, self.length
@@ -74,10 +90,9 @@ class StreamingKVCache(KVCache):
             self.recent_k[layer, :, a:a + n - to_sink] = k[:, to_sink:]
             self.recent_v[layer, :, a:a + n - to_sink] = v[:, to_sink:]
         n_sink = min(start + n, self.sinks)
-        window_from = self._recent_index(max(self.sinks, start - self.window))
-        window_to = self._recent_index(start + n)
-        keys = torch.cat((self.sink_k[layer, :, :n_sink], self.recent_k[layer, :, window_from:window_to]), dim=1)
-        values = torch.cat((self.sink_v[layer, :, :n_sink], self.recent_v[layer, :, window_from:window_to]), dim=1)
+        window = slice(*self._window)
+        keys = torch.cat((self.sink_k[layer, :, :n_sink], self.recent_k[layer, :, window]), dim=1)
+        values = torch.cat((self.sink_v[layer, :, :n_sink], self.recent_v[layer, :, window]), dim=1)
         return self.rope.apply(q, *self._query_cos_sin), self.rope.apply(keys, *self._key_cos_sin), values
 
     def rollback(self, n: int) -> None:
@@ -87,6 +102,18 @@ class StreamingKVCache(KVCache):
             raise ValueError(f"streaming cache cannot roll back {n} tokens: it keeps {self.max_rollback} "
                              "evicted tokens for rollback")
         self.length = new_length
+
+    def _move(self, src: list[int], dst: list[int]) -> None:
+        for a, b in zip(src, dst):  # a few entries (a kept path); increasing, so none is overwritten unread
+            (from_k, from_v, from_pos), i = self._slot(a)
+            (to_k, to_v, to_pos), j = self._slot(b)
+            to_k[:, :, j], to_v[:, :, j], to_pos[j] = from_k[:, :, i], from_v[:, :, i], from_pos[i]
+
+    def _slot(self, seq_index: int):
+        """(the store's keys, values and positions, index) of an entry."""
+        if seq_index < self.sinks:
+            return (self.sink_k, self.sink_v, self.sink_pos), seq_index
+        return (self.recent_k, self.recent_v, self.recent_pos), self._recent_index(seq_index)
 
     def reset(self) -> None:
         self.length, self._offset = 0, 0

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from ..config import SamplingParams
 from ..speculation.sampling import probabilities, sample
 from ..speculation.verify import verify_chain
+from ..step import Step
 from .metrics import RequestMetrics, TierStats
 from .tiers import Tier
 
@@ -88,13 +89,17 @@ class HierarchyEngine:
         p = self.params
         return probabilities(logits, p.temperature, p.top_k, p.top_p)
 
+    def _forward(self, tier: Tier) -> torch.Tensor:
+        """The tier catches up with `seq`: its logits for the tokens it has not seen, [n, V]."""
+        return tier.forward(Step.chain(self.seq[tier.length:], tier.length))
+
     def _produce(self, level: int, count: int) -> tuple[list[int], list[torch.Tensor]]:
         tier, seq, greedy = self.tiers[level], self.seq, self.params.greedy
         tokens: list[int] = []
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each
         while len(tokens) < count:
             if level == 0:
-                row = self._probs(tier.forward(seq[tier.length:])[-1:])[0]
+                row = self._probs(self._forward(tier)[-1:])[0]
                 token = sample(row, self.generator, greedy)
                 seq.append(token)
                 tokens.append(token)
@@ -103,7 +108,7 @@ class HierarchyEngine:
             position = len(seq)
             draft_tokens, draft_rows = self._produce(level - 1, self.gammas[level - 1])
             g = len(draft_tokens)
-            target_probs = self._probs(tier.forward(seq[tier.length:])[-(g + 1):])  # [g+1, V]
+            target_probs = self._probs(self._forward(tier)[-(g + 1):])  # [g+1, V]
             verdict = verify_chain(draft_tokens, torch.stack(draft_rows), target_probs, self.generator, greedy)
             self.stats[level - 1].record(g, verdict.accepted)
             self.tiers[level - 1].observe(g, verdict.accepted)  # how the proposer's tokens fared

@@ -20,6 +20,7 @@ from ..errors import UserError
 from ..workers.bulk import BulkLink, LinkError
 from ..workers.protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode,
                                 parse_description)
+from ..step import Step
 from .verifier import Verifier
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -153,21 +154,22 @@ class RemoteVerifier(Verifier):
             if progress is not None:
                 progress.update(len(piece))
 
-    def forward(self, tokens: list[int]) -> torch.Tensor:
+    def forward(self, step: Step) -> torch.Tensor:
         start = time.perf_counter()
         body, (logits,) = self.channel.request(
-            "verify", {"tokens": tokens, "parents": list(range(-1, len(tokens) - 1)), "start": self._length})
+            "verify", {"tokens": step.tokens.tolist(), "parents": step.parent_list(), "start": step.start})
         self._verify_start, self._length = self._length, body["length"]
         self.seconds += time.perf_counter() - start
         return logits
 
     def truncate(self, length: int) -> None:
-        if length >= self._length:
-            return
-        if length < self._verify_start:
-            raise WorkerError(f"cannot roll the target back to {length}: {self._verify_start} tokens are committed")
-        body, _ = self.channel.request("commit", {"path": list(range(length - self._verify_start)),
-                                                  "start": self._verify_start})
+        if length < self._length:
+            self.keep_path(length, [])
+
+    def keep_path(self, start: int, path: list[int]) -> None:
+        if start < self._verify_start:
+            raise WorkerError(f"cannot roll the target back to {start}: {self._verify_start} tokens are committed")
+        body, _ = self.channel.request("commit", {"path": path, "start": start})
         self._length = body["length"]
 
     def sync(self) -> None:

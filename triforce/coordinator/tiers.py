@@ -1,5 +1,6 @@
 """A tier is a model reading one KV cache policy. The engine sees only this small interface:
-`length`, `forward(tokens) -> logits`, `truncate(length)`, `sync()`, `prefill(tokens)`.
+`length`, `forward(step) -> logits`, `truncate(length)`, `keep_path(start, path)`, `sync()`,
+`prefill(tokens)`; the engine builds every forward's `Step` (tokens, positions, mask).
 
 The target tier sits behind the `Verifier` seam (verifier.py) and offers the same interface, so the
 engine never knows whether the target runs in this process or across a tensor-parallel worker group.
@@ -14,15 +15,16 @@ import torch
 from ..cache.base import KVCache
 from ..cache.retrieval import RetrievalKVCache
 from ..models.llama import LlamaModel
+from ..step import Step
 
 
 def chunked_prefill(model: LlamaModel, cache: KVCache, tokens: list[int], chunk: int, progress=None) -> None:
     """Feeds `tokens` through `model` into `cache` in chunks (bounded attention memory)."""
     for start in range(0, len(tokens), chunk):
-        piece = torch.tensor(tokens[start:start + chunk], dtype=torch.long, device=model.device)
-        model(piece, cache, logits_for="none")
+        step = Step.chain(tokens[start:start + chunk], cache.length, model.device)
+        model(step, cache, logits_for="none")
         if progress is not None:
-            progress.update(piece.shape[0])
+            progress.update(step.n)
 
 
 class Tier:
@@ -39,16 +41,22 @@ class Tier:
     def prefill(self, tokens: list[int], progress=None) -> None:
         chunked_prefill(self.model, self.cache, tokens, self.prefill_chunk, progress)
 
-    def forward(self, tokens: list[int]) -> torch.Tensor:
-        """Appends `tokens`; returns their next-token logits [n, V] as float32 on the CPU."""
+    def forward(self, step: Step) -> torch.Tensor:
+        """Appends the step's tokens (step.start must be `length`); returns their next-token logits [n, V]
+        as float32 on the CPU."""
+        if step.start != self.length:
+            raise ValueError(f"{self.name}: a step from {step.start}, but the cache holds {self.length} tokens")
         start = time.perf_counter()
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.model.device)
-        logits = self.model(ids, self.cache).cpu()
+        logits = self.model(step, self.cache).cpu()
         self.seconds += time.perf_counter() - start
         return logits
 
     def truncate(self, length: int) -> None:
         self.cache.truncate(length)
+
+    def keep_path(self, start: int, path: list[int]) -> None:
+        """Keeps entries [0, start) and then start + path[i] (an accepted tree path), drops the rest."""
+        self.cache.keep_path(start, path)
 
     def sync(self) -> None:
         self.cache.sync()

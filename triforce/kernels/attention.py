@@ -1,15 +1,19 @@
 """Attention of n new queries over a key/value sequence whose last n entries are those same tokens.
 
-Every cache policy hands the model keys laid out so that the new tokens come last, so one rule covers
-prefill chunks, decode and verification: query i (0-based among the n new ones) sees keys [0, S - n + i].
+Every cache policy hands the model keys laid out with the new tokens last (cache/base.py), so one rule
+covers prefill chunks, decode, chain checks and trees: `mask` [n, m] (triforce/step.py) says which of the
+last m keys each new query sees, every earlier key is seen by all; without a mask (a chain) query i
+(0-based among the n new ones) sees keys [0, S - n + i].
 
-Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU); on a CPU
-with the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc decode-attention kernel for
-bfloat16 decode steps and speculative checks (head dim 64 or 128), which reads a cold KV cache faster than
-SDPA and, with AMX tiles, checks a chain of 7 tokens in about the time of one
-(benchmarks/attention_bandwidth.py); on CPU otherwise (prefill chunks), torch's flash attention in two
-unmasked passes merged by log-sum-exp (`_split_attention`); masked SDPA elsewhere.
-`reference_attention` is the plain loop that the tests compare them all against.
+Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU): causal for
+chains, and for a mask an unmasked flash pass over the keys before the last m merged with a small masked
+pass over those m; on a CPU with the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc
+decode-attention kernel for bfloat16 decode steps and speculative checks (head dim 64 or 128), which reads
+a cold KV cache faster than SDPA and, with AMX tiles, checks a chain of 7 tokens in about the time of one
+(benchmarks/attention_bandwidth.py); on CPU otherwise (prefill chunks), torch's flash attention in an
+unmasked pass and a causal (or masked) pass over the last keys, merged by log-sum-exp
+(`_split_attention`); masked SDPA elsewhere. `reference_attention` is the plain loop that the tests
+compare them all against.
 """
 from __future__ import annotations
 
@@ -54,6 +58,16 @@ def causal_tail_mask(n: int, s: int, device) -> torch.Tensor:
     return torch.arange(s, device=device).unsqueeze(0) <= rows
 
 
+def visible_keys(n: int, s: int, mask: torch.Tensor | None, device) -> torch.Tensor:
+    """[n, s] bool: the keys each of the n new queries sees, under `mask` [n, m] over the last m keys
+    (None: the causal tail)."""
+    if mask is None:
+        return causal_tail_mask(n, s, device)
+    visible = torch.ones(n, s, dtype=torch.bool, device=device)
+    visible[:, s - mask.shape[1]:] = mask
+    return visible
+
+
 @functools.lru_cache(maxsize=2)
 def _grouped_tail_mask(n: int, s: int, g: int, device) -> torch.Tensor:
     """causal_tail_mask repeated for the g query heads of a KV head: [g*n, s]. Every layer of a forward
@@ -61,8 +75,10 @@ def _grouped_tail_mask(n: int, s: int, g: int, device) -> torch.Tensor:
     return causal_tail_mask(n, s, device).repeat(g, 1)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [Hq, n, D]; k, v: [Hkv, S, D] with the n new tokens last. Returns [Hq, n, D].
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [Hq, n, D]; k, v: [Hkv, S, D] with the n new tokens last; mask: [n, m] bool over the last m
+    keys, or None for a chain. Returns [Hq, n, D].
 
     Grouped-query attention without repeating K/V: the G query heads that share a KV head are folded
     into the query-length axis, so each KV head is read once.
@@ -71,22 +87,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     hkv, s, _ = k.shape
     q_dtype = q.dtype
     if _flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        if mask is not None:
+            return _split_attention(q, k, v, scale, mask, _cuda_flash).to(q_dtype)
         # flash-attn aligns the causal mask to the bottom right when n < S, which is our rule.
         out = _flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                softmax_scale=scale, causal=True)
         return out[0].transpose(0, 1)
     if q.dtype == torch.bfloat16 and kernel_takes((hq // hkv) * n, k, v):
-        return cpu_kernels().decode_attention_bf16(q, k, v, scale)
+        return cpu_kernels().decode_attention_bf16(q, k, v, scale, True, mask)
     if q.device.type == "cpu" and not native_bf16() and q.dtype == torch.bfloat16:
         # Without AVX512-BF16, torch's bfloat16 attention is far slower than float32 (prefill chunks).
         q, k, v = q.float(), k.float(), v.float()
     if n > 1 and q.device.type == "cpu" and _flash_cpu is not None:
-        return _split_attention(q, k, v, scale).to(q_dtype)
+        return _split_attention(q, k, v, scale, mask, _cpu_flash).to(q_dtype)
     g = hq // hkv
     qg = q.reshape(1, hkv, g * n, d)  # rows ordered (group member, query index)
-    mask = None if n == 1 else _grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
+    if mask is not None:
+        attn_mask = visible_keys(n, s, mask, q.device).repeat(g, 1)
+    else:
+        attn_mask = None if n == 1 else _grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
     # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path.
-    out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=scale)
     return out.reshape(hq, n, d).to(q_dtype)
 
 
@@ -94,36 +115,67 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
 _flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """`attention` for a prefill chunk on CPU, without a mask: the keys before the n new tokens in one
-    unmasked pass (a KV head's query heads folded into rows, so each KV head is read once), the new tokens
-    among themselves in one causal pass, merged by their log-sum-exps. The masked form built and converted
-    a [G*n, S] mask every layer: as long as the attention itself in an 8K prefill. Returns float32."""
+def _cpu_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool):
+    """torch's CPU flash attention: (out [Hq, n, D] float32, lse [Hq, n, 1]). Unmasked, a KV head's query
+    heads are folded into rows so each KV head is read once; causal (the new tokens among themselves,
+    a few keys) repeats the keys per query head instead."""
     hq, n, d = q.shape
-    hkv, s, _ = k.shape
-    g, past = hq // hkv, s - n
-    new_k, new_v = (t[:, past:].repeat_interleave(g, dim=0)[None] for t in (k, v))  # [1, Hq, n, D]: small
-    out_new, lse_new = _flash_cpu(q[None], new_k, new_v, 0.0, True, scale=scale)
-    out_new, lse_new = out_new[0].float(), lse_new[0].unsqueeze(-1)  # [Hq, n, D], [Hq, n, 1]
+    hkv = k.shape[0]
+    g = hq // hkv
+    if causal:
+        out, lse = _flash_cpu(q[None], *(t.repeat_interleave(g, dim=0)[None] for t in (k, v)), 0.0, True, scale=scale)
+        return out[0].float(), lse[0].unsqueeze(-1)
+    out, lse = _flash_cpu(q.reshape(1, hkv, g * n, d), k[None], v[None], 0.0, False, scale=scale)
+    return out.reshape(hq, n, d).float(), lse.reshape(hq, n, 1)
+
+
+def _cuda_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool):  # pragma: no cover
+    """flash-attn's pass with its log-sum-exp: (out [Hq, n, D] float32, lse [Hq, n, 1])."""
+    out, lse, _ = _flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                   softmax_scale=scale, causal=causal, return_attn_probs=True)
+    return out[0].transpose(0, 1).float(), lse[0].unsqueeze(-1)
+
+
+def _masked_tail(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor):
+    """Attention of q [Hq, n, D] over a few keys k, v [Hkv, m, D] under mask [n, m], in float32 torch:
+    (out [Hq, n, D], lse [Hq, n, 1]). Every row sees at least itself (Step checks it)."""
+    g = q.shape[0] // k.shape[0]
+    scores = q.float() @ k.repeat_interleave(g, dim=0).float().transpose(1, 2) * scale  # [Hq, n, m]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.exp(scores - lse) @ v.repeat_interleave(g, dim=0).float(), lse
+
+
+def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None,
+                     flash) -> torch.Tensor:
+    """`attention` without a dense mask: the keys before the last m (= n without a mask) in one unmasked
+    flash pass, the last m in a causal flash pass (a chain) or a small masked one (a tree), merged by
+    their log-sum-exps. `flash` is a backend pass (`_cpu_flash`, `_cuda_flash`). On CPU the dense masked
+    form built and converted a [G*n, S] mask every layer: as long as the attention itself in an 8K
+    prefill. Returns float32."""
+    n, s = q.shape[1], k.shape[1]
+    past = s - (n if mask is None else mask.shape[1])
+    tail_k, tail_v = k[:, past:], v[:, past:]
+    out_new, lse_new = (flash(q, tail_k, tail_v, scale, True) if mask is None
+                        else _masked_tail(q, tail_k, tail_v, scale, mask))
     if past == 0:
         return out_new
-    out_past, lse_past = _flash_cpu(q.reshape(1, hkv, g * n, d), k[None, :, :past], v[None, :, :past], 0.0, False,
-                                    scale=scale)
-    out_past, lse_past = out_past.reshape(hq, n, d).float(), lse_past.reshape(hq, n, 1)
+    out_past, lse_past = flash(q, k[:, :past], v[:, :past], scale, False)
     top = torch.maximum(lse_past, lse_new)
     w_past, w_new = torch.exp(lse_past - top), torch.exp(lse_new - top)
     return (out_past * w_past + out_new * w_new) / (w_past + w_new)
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                        mask: torch.Tensor | None = None) -> torch.Tensor:
     """Loop-based float32 reference of `attention` for tests."""
     hq, n, d = q.shape
     hkv, s, _ = k.shape
+    visible = visible_keys(n, s, None if mask is None else mask.cpu(), "cpu")
     out = torch.empty(hq, n, d, dtype=torch.float32)
     for h in range(hq):
-        kh, vh = k[h // (hq // hkv)].float(), v[h // (hq // hkv)].float()
+        kh, vh = k[h // (hq // hkv)].float().cpu(), v[h // (hq // hkv)].float().cpu()
         for i in range(n):
-            visible = s - n + i + 1
-            weights = torch.softmax((kh[:visible] @ q[h, i].float()) * scale, dim=0)
-            out[h, i] = weights @ vh[:visible]
+            weights = torch.softmax((kh[visible[i]] @ q[h, i].float().cpu()) * scale, dim=0)
+            out[h, i] = weights @ vh[visible[i]]
     return out.to(q.dtype)

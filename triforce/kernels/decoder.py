@@ -35,9 +35,10 @@ class FusedLayers:
             group = cfg.num_heads // cfg.num_kv_heads
             self.max_rows = min(min(linear.kernel_max_rows(w) for w in matrices), attention.kernel_max_rows() // group)
 
-    def __call__(self, x: torch.Tensor, cache) -> torch.Tensor | None:
-        """x: [n, hidden] after the embedding, between cache.begin(n) and cache.end(). The hidden states
-        after the last layer, or None where this forward must take the layer-by-layer path."""
+    def __call__(self, x: torch.Tensor, cache, mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """x: [n, hidden] after the embedding, between cache.begin(step) and cache.end(); mask: the step's.
+        The hidden states after the last layer, or None where this forward must take the layer-by-layer
+        path."""
         n = x.shape[0]
         if n > self.max_rows or x.dtype != torch.bfloat16:
             return None
@@ -49,4 +50,4 @@ class FusedLayers:
             last_query = x.new_empty(len(buffers.keys), self.num_heads, self.head_dim)
         return cpu_kernels().decoder_layers_bf16(
             x, self.weights, buffers.keys, buffers.values, buffers.offsets, buffers.cos, buffers.sin, self.num_heads,
-            self.num_kv_heads, self.eps, self.scale, linear.kernel_uses_amx(n), last_query)
+            self.num_kv_heads, self.eps, self.scale, linear.kernel_uses_amx(n), last_query, mask)

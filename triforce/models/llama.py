@@ -1,8 +1,9 @@
 """A Llama-family decoder (Llama 2/3, Mistral, Qwen2) as a plain module, batch size one.
 
-The model knows nothing of cache policy: every layer hands its unrotated q, k, v to the cache, which
-rotates them with the positions of its own policy and returns the keys and values to attend over, with
-the new tokens last (see kernels/attention.py). q, k, v share one fused projection and gate/up another,
+A forward takes a `Step` (triforce/step.py: tokens, positions, the mask among speculative tokens) and
+passes it down unchanged. The model knows nothing of cache policy: every layer hands its unrotated q, k, v
+to the cache, which rotates them with the step's positions and returns the keys and values to attend
+over, with the new tokens last; attention applies the step's mask (see kernels/attention.py). q, k, v share one fused projection and gate/up another,
 so a decode step reads each weight matrix in one pass.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ..kernels.attention import attention
 from ..kernels.decoder import FusedLayers
 from ..kernels.fused import rms_norm, silu_mul
 from ..kernels.linear import linear
+from ..step import Step
 from .config import ModelConfig
 from .parallel import RowParallelLinear, TensorParallel, VocabParallelEmbedding, VocabParallelHead
 from .rope import RotaryEmbedding
@@ -46,14 +48,14 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, group)
 
-    def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
-        """x: [n, hidden] -> [n, hidden]."""
+    def forward(self, x: torch.Tensor, cache, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [n, hidden] -> [n, hidden]; mask: the step's [n, m] over the last m keys (None: a chain)."""
         n = x.shape[0]
         d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
         qkv = linear(self.input_norm(x), self.qkv_proj.weight, self.qkv_proj.bias)  # [n, (hq + 2 hkv) d]
         q, k, v = qkv.view(n, hq + 2 * hkv, d).transpose(0, 1).split((hq, hkv, hkv))  # [h, n, d] each
         q, keys, values = cache.append(self.index, q, k, v)  # keys/values: [hkv, S, d], new tokens last
-        attn = attention(q, keys, values, self.scale)  # [hq, n, d]
+        attn = attention(q, keys, values, self.scale, mask)  # [hq, n, d]
         x = x + self.o_proj(attn.transpose(0, 1).reshape(n, hq * d))  # all-reduce across TP ranks
         gate_up = linear(self.post_attention_norm(x), self.gate_up_proj.weight)
         return x + self.down_proj(silu_mul(gate_up))  # all-reduce across TP ranks
@@ -97,17 +99,20 @@ class LlamaModel(nn.Module):
         return self.embed_tokens.weight.dtype
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, cache, logits_for: str = "all") -> torch.Tensor | None:
-        """tokens: [n] int64 target ids appended to `cache`. Returns float32 logits [n, V] ('all'),
-        [1, V] ('last') or None ('none', for prefill); V is `output_vocab_size`."""
-        if self.vocab is not None:
-            tokens = self.vocab.encode(tokens)
+    def forward(self, step: Step | torch.Tensor, cache, logits_for: str = "all") -> torch.Tensor | None:
+        """step: the forward's tokens, positions and mask; a tensor of token ids [n] is shorthand for the
+        chain that continues the cache (Step.chain(ids, cache.length)). Returns float32 logits [n, V]
+        ('all'), [1, V] ('last') or None ('none', for prefill); V is `output_vocab_size`."""
+        if not isinstance(step, Step):
+            step = Step.chain(step, cache.length)
+        step = step.to(self.device)
+        tokens = step.tokens if self.vocab is None else self.vocab.encode(step.tokens)
         x = self.embed_tokens(tokens)  # [n, hidden]
-        cache.begin(tokens.shape[0])
-        fused = None if self.fused_layers is None else self.fused_layers(x, cache)
+        cache.begin(step)
+        fused = None if self.fused_layers is None else self.fused_layers(x, cache, step.mask)
         if fused is None:
             for layer in self.layers:
-                x = layer(x, cache)
+                x = layer(x, cache, step.mask)
         else:
             x = fused
         cache.end()

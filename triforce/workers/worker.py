@@ -7,8 +7,8 @@ group as msgpack bytes (never pickled), every rank executes it (the model's forw
 collectives), and the leader replies. Logits travel back as raw tensor frames; KV (refresh, kv) over
 the bulk link to the coordinator (bulk.py), after a reply that describes it.
 
-Requests: handshake, start (a new request: empty the cache), prefill, verify (a chain; trees are
-refused until tree speculation lands), commit (keep the accepted path), refresh (the static retrieval
+Requests: handshake, start (a new request: empty the cache), prefill, verify (a chain or a speculation
+tree, run with its ancestor mask), commit (keep the accepted path, dropping the rest), refresh (the static retrieval
 choice made on each rank's KV heads), kv (committed KV of a range), stats, shutdown.
 
 While no request comes, the leader broadcasts a heartbeat every `heartbeat_s`: the other ranks wait for
@@ -33,6 +33,7 @@ from ..cache.full import FullKVCache
 from ..cache.retrieval import retrieve_from_full
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
+from ..step import Step, check_parents, check_path
 from .bulk import BulkLink
 from .protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, describe,
                        error_reply, reply)
@@ -80,12 +81,15 @@ class VerifierWorker:
                                    f"({length} of {self.cache.capacity})")
             if min(tokens) < 0 or max(tokens) >= self.model.config.vocab_size:
                 raise RequestError("token id outside the vocabulary")
-        if kind == "verify" and body["parents"] != list(range(-1, len(body["tokens"]) - 1)):
-            raise RequestError("only chains are verified for now (parents must be -1, 0, 1, ...)")
-        if kind == "commit":
-            path, start = body["path"], body["start"]
-            if not 0 <= start <= length or start + len(path) > length or path != list(range(len(path))):
-                raise RequestError(f"commit of path {path[:8]} at {start} does not match the cache ({length})")
+        try:
+            if kind == "verify":
+                check_parents(body["parents"], len(body["tokens"]))
+            if kind == "commit":
+                if not 0 <= body["start"] <= length:
+                    raise ValueError(f"commit at {body['start']}, but the cache holds {length} tokens")
+                check_path(body["path"], length - body["start"])
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
         if kind == "kv" and not 0 <= body["start"] <= body["stop"] <= length:
             raise RequestError(f"kv range [{body['start']}, {body['stop']}) outside [0, {length}]")
         if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] % body["chunk_size"]
@@ -105,16 +109,17 @@ class VerifierWorker:
         if kind == "prefill":
             tokens = body["tokens"]
             for i in range(0, len(tokens), self.prefill_chunk):
-                piece = torch.tensor(tokens[i:i + self.prefill_chunk], dtype=torch.long, device=model.device)
-                model(piece, self.cache, logits_for="none")
+                model(Step.chain(tokens[i:i + self.prefill_chunk], self.cache.length, model.device), self.cache,
+                      logits_for="none")
             self.counts["prefilled_tokens"] += len(tokens)
             return {"length": self.cache.length}, []
         if kind == "verify":
-            logits = model(torch.tensor(body["tokens"], dtype=torch.long, device=model.device), self.cache)
+            step = Step.tree(body["tokens"], body["parents"], body["start"], model.device)
+            logits = model(step, self.cache)
             self.counts["verified_tokens"] += len(body["tokens"])
             return {"length": self.cache.length}, [logits.cpu()]
         if kind == "commit":
-            self.cache.truncate(body["start"] + len(body["path"]))
+            self.cache.keep_path(body["start"], body["path"])
             return {"length": self.cache.length}, []
         if kind == "kv":
             keys = self.cache.keys[:, :, body["start"]:body["stop"]]

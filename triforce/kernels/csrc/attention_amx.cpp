@@ -14,7 +14,6 @@
 #include "attention_common.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -28,7 +27,8 @@ constexpr int kKeys = 32;  // keys per block: one A tile of P (16 bf16 pairs per
 
 template <int D>
 void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
-                      int R, int n, int64_t S, int64_t begin, int64_t end, float scale, float* acc, Partial* st) {
+                      int R, const TailMask& mask, int64_t begin, int64_t end, float scale, float* acc,
+                      Partial* st) {
   static_assert(D % 64 == 0, "head dim a multiple of 64");
   constexpr int P = D / 32;  // 32-dim slices of a row: A tiles of K per 16 keys, B tiles of Q^T
   const int groups = (R + 15) / 16;
@@ -38,8 +38,6 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
   const auto* q32 = reinterpret_cast<const int32_t*>(q);
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < D / 2; ++p) qt[((r / 16) * P + p / 16) * 256 + (p % 16) * 16 + r % 16] = q32[r * D / 2 + p];
-  std::vector<int32_t> limit(static_cast<size_t>(groups) * 16, INT_MAX);  // last key each row may see
-  for (int r = 0; r < R; ++r) limit[r] = static_cast<int32_t>(S - n + r % n);
   std::vector<float> row_max(static_cast<size_t>(groups) * 16, -std::numeric_limits<float>::infinity());
   std::vector<float> row_sum(static_cast<size_t>(groups) * 16, 0.0f);
   alignas(64) int32_t vpairs[D / 16][16][16];  // B tiles of V: [16-dim slice][key pair][dim]
@@ -84,7 +82,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         _mm_prefetch(reinterpret_cast<const char*>(k + (b0 + kKeys) * k_row) + j, _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(v + (b0 + kKeys) * k_row) + j, _MM_HINT_T0);
       }
-    const bool masked = nb < kKeys || b0 + kKeys - 1 > S - n;
+    const bool masked = nb < kKeys || b0 + kKeys - 1 >= mask.first();
     for (int g = 0; g < groups; ++g) {
       for (int t = 0; t < kKeys / 16; ++t) {
         _tile_zero(2);
@@ -96,13 +94,16 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         _tile_stored(2, scores[16 * t], 64);
       }
       const __m512 old_max = _mm512_loadu_ps(&row_max[16 * g]);
-      const __m512i lim = _mm512_loadu_si512(&limit[16 * g]);
       __m512 s[kKeys], new_max = old_max;
       for (int j = 0; j < kKeys; ++j) {
         s[j] = _mm512_mul_ps(_mm512_load_ps(scores[j]), _mm512_set1_ps(scale));
-        if (masked) {
-          const __mmask16 hidden = j >= nb ? __mmask16(0xffff)
-                                           : _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(b0 + j)), lim);
+        if (masked) {  // lane r: row 16g + r (rows past R see everything; their results are dropped)
+          __mmask16 hidden = 0xffff;
+          if (j < nb) {
+            hidden = 0;
+            for (int r = 0; r < 16 && 16 * g + r < R; ++r)
+              if (!mask.sees(16 * g + r, b0 + j)) hidden |= static_cast<__mmask16>(1u << r);
+          }
           s[j] = _mm512_mask_mov_ps(s[j], hidden, neg_inf);
         }
         new_max = _mm512_max_ps(new_max, s[j]);
@@ -156,9 +157,9 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
   for (int r = 0; r < R; ++r) st[r] = {row_max[r], row_sum[r]};
 }
 
-template void attend_range_amx<64>(const at::BFloat16*, const at::BFloat16*, const at::BFloat16*, int64_t, int, int,
-                                   int64_t, int64_t, int64_t, float, float*, Partial*);
+template void attend_range_amx<64>(const at::BFloat16*, const at::BFloat16*, const at::BFloat16*, int64_t, int,
+                                   const TailMask&, int64_t, int64_t, float, float*, Partial*);
 template void attend_range_amx<128>(const at::BFloat16*, const at::BFloat16*, const at::BFloat16*, int64_t, int,
-                                    int, int64_t, int64_t, int64_t, float, float*, Partial*);
+                                    const TailMask&, int64_t, int64_t, float, float*, Partial*);
 
 }  // namespace triforce_attention

@@ -47,7 +47,7 @@ inline void scores4(const float* q, const float (*k)[D], float* out, int out_str
 
 template <int D>
 void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
-                  int R, int n, int64_t S, int64_t begin, int64_t end, float scale, float* acc, Partial* st) {
+                  int R, const TailMask& mask, int64_t begin, int64_t end, float scale, float* acc, Partial* st) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   std::vector<float> qf(static_cast<size_t>(R) * D);  // widened, pre-scaled query rows
   for (int r = 0; r < R; ++r)
@@ -68,9 +68,8 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
       for (; r + 2 <= R; r += 2) scores4<D, 2>(qf.data() + r * D, kf + j, &scores[r][j], kBlock);
       if (r < R) scores4<D, 1>(qf.data() + r * D, kf + j, &scores[r][j], kBlock);
     }
+    hide_keys(scores, R, b0, nb, kBlock, mask);
     for (int r = 0; r < R; ++r) {
-      const int64_t limit = std::min<int64_t>(S - n + (r % n), b0 + nb - 1);  // query i sees keys <= S - n + i
-      for (int j = static_cast<int>(std::max<int64_t>(limit - b0 + 1, 0)); j < kBlock; ++j) scores[r][j] = kNegInf;
       __m256 mv = _mm256_set1_ps(st[r].max);
       for (int j = 0; j < kBlock; j += 8) mv = _mm256_max_ps(mv, _mm256_load_ps(&scores[r][j]));
       const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
@@ -107,7 +106,7 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
 }  // namespace triforce_attention
 
 torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale,
-                                    bool /*allow_amx*/) {
+                                    bool /*allow_amx*/, const std::optional<torch::Tensor>& mask) {
   using namespace triforce_attention;
-  return decode_attention(q, k, v, scale, attend_range<64>, attend_range<128>);
+  return decode_attention(q, k, v, scale, mask, attend_range<64>, attend_range<128>);
 }

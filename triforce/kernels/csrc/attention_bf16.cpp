@@ -1,7 +1,7 @@
 // Decode attention for bfloat16 on AVX512-BF16 CPUs: n new queries over S cached keys, new last.
 //
-// out[Hq, n, D] = softmax(scale * q k^T, causal tail) v, where query i of the n new ones sees keys
-// [0, S - n + i]. Grouped-query attention: the G query heads of a KV head and their n queries are the
+// out[Hq, n, D] = softmax(scale * q k^T, masked) v, where query i of the n new ones sees every key before
+// the last m and, among those, what its row of the mask allows (without a mask, m = n: keys [0, S - n + i]). Grouped-query attention: the G query heads of a KV head and their n queries are the
 // R = G * n rows that share one pass over that head's keys and values. Each head's keys are split into
 // ranges processed in parallel with an online softmax (flash-decoding); the partial results are merged
 // at the end. K and V are each read once, in blocks, so the pass runs near memory bandwidth.
@@ -54,7 +54,7 @@ inline void score16(const at::BFloat16* q, const at::BFloat16* k, int64_t k_row,
 // Rows r = (group member, query i) of KV head h, keys [begin, end). acc: [R, D] float, zeroed.
 template <int D>
 void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
-                  int R, int n, int64_t S, int64_t begin, int64_t end, float scale, float* acc, Partial* st) {
+                  int R, const TailMask& mask, int64_t begin, int64_t end, float scale, float* acc, Partial* st) {
   constexpr int DV = D / 16;  // float vectors per row
   alignas(64) float scores[kMaxRows][kBlock];
   alignas(64) __m512i vpairs[kBlock / 2][DV];
@@ -63,13 +63,7 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
     for (int j0 = 0; j0 < nb; j0 += 16)
       score16<D>(q, k + (b0 + j0) * k_row, k_row, std::min(16, nb - j0), R, scale, scores, j0);
-    if (b0 + nb - 1 > S - n) {  // the block reaches the new tokens: query i sees keys <= S - n + i
-      for (int r = 0; r < R; ++r) {
-        const int64_t limit = S - n + (r % n);
-        for (int j = 0; j < nb; ++j)
-          if (b0 + j > limit) scores[r][j] = -std::numeric_limits<float>::infinity();
-      }
-    }
+    hide_keys(scores, R, b0, nb, nb, mask);
     for (int r = 0; r < R; ++r) {
       __m512 mv = _mm512_set1_ps(st[r].max);
       int j = 0;
@@ -140,10 +134,11 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
 
 using namespace triforce_attention;
 
-torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx) {
+torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx,
+                                    const std::optional<torch::Tensor>& mask) {
 #if TRIFORCE_WITH_AMX
   if (allow_amx && triforce_amx::usable())
-    return decode_attention(q, k, v, scale, attend_range_amx<64>, attend_range_amx<128>);
+    return decode_attention(q, k, v, scale, mask, attend_range_amx<64>, attend_range_amx<128>);
 #endif
-  return decode_attention(q, k, v, scale, attend_range<64>, attend_range<128>);
+  return decode_attention(q, k, v, scale, mask, attend_range<64>, attend_range<128>);
 }

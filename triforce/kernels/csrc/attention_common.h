@@ -16,9 +16,10 @@ using triforce_vec::exp_ps;
 using triforce_vec::transpose16;
 
 // Online-softmax state of each row over keys [begin, end) of one KV head, and the unnormalised output
-// acc [R, D] (a RangeFn of flash_decode.h, which merges the ranges). Keys past S - n + (r % n) are masked.
+// acc [R, D] (a RangeFn of flash_decode.h, which merges the ranges); keys a row does not see are skipped.
 template <int D>
 void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
-                      int R, int n, int64_t S, int64_t begin, int64_t end, float scale, float* acc, Partial* st);
+                      int R, const TailMask& mask, int64_t begin, int64_t end, float scale, float* acc,
+                      Partial* st);
 
 }  // namespace triforce_attention

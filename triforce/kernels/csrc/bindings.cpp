@@ -2,7 +2,8 @@
 #include <torch/extension.h>
 
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx);
-torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx);
+torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx,
+                                    const std::optional<torch::Tensor>& mask);
 #include "amx.h"
 torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul_bf16(torch::Tensor gate_up);
@@ -11,16 +12,22 @@ torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tens
                                   const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                                   const std::vector<int64_t>& offsets, torch::Tensor cos, torch::Tensor sin,
                                   int64_t num_heads, int64_t num_kv_heads, double eps, double scale,
-                                  bool linear_amx, torch::Tensor last_query);
+                                  bool linear_amx, torch::Tensor last_query,
+                                  const std::optional<torch::Tensor>& mask);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16", &linear_bf16, "bf16 x . W^T for a few rows of x", py::arg("x"), py::arg("w"),
         py::arg("float_out") = false, py::arg("allow_amx") = true);
-  m.def("decode_attention_bf16", &decode_attention_bf16, "bf16 attention of a few new queries, causal tail",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("allow_amx") = true);
+  m.def("decode_attention_bf16", &decode_attention_bf16,
+        "bf16 attention of a few new queries, causal among them or under a mask [n, m] over the last m keys",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("allow_amx") = true,
+        py::arg("mask") = py::none());
   m.def("amx_usable", &triforce_amx::usable, "AMX-BF16 tiles available to this process");
   m.def("rms_norm_bf16", &rms_norm_bf16, "bf16 RMSNorm with float32 statistics");
   m.def("silu_mul_bf16", &silu_mul_bf16, "silu(gate) * up of [gate | up]");
   m.def("rope_bf16", &rope_bf16, "rotary embedding of [H, n, D]");
-  m.def("decoder_layers_bf16", &decoder_layers_bf16, "the decoder layers of one forward over per-layer KV buffers");
+  m.def("decoder_layers_bf16", &decoder_layers_bf16, "the decoder layers of one forward over per-layer KV buffers",
+        py::arg("x"), py::arg("weights"), py::arg("keys"), py::arg("values"), py::arg("offsets"), py::arg("cos"),
+        py::arg("sin"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("eps"), py::arg("scale"),
+        py::arg("linear_amx"), py::arg("last_query"), py::arg("mask") = py::none());
 }

@@ -8,10 +8,12 @@
 // ops in the same order, so its output is bit-identical to the Python loop's (tests/kernels).
 #include <torch/extension.h>
 
+#include <optional>
 #include <vector>
 
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx);
-torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx);
+torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx,
+                                    const std::optional<torch::Tensor>& mask);
 torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul_bf16(torch::Tensor gate_up);
 torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
@@ -22,12 +24,14 @@ constexpr size_t kWeightsPerLayer = 7;  // input norm, qkv, qkv bias (empty: non
 
 // x: [n, hidden]. weights: kWeightsPerLayer per layer. keys[l], values[l]: [Hkv, capacity, D] buffers
 // that receive the n new rotated keys and values at offsets[l]. cos, sin: [n, D] of the new positions.
-// last_query: [L, Hq, D], receives each layer's rotated query of the last new token.
+// last_query: [L, Hq, D], receives each layer's rotated query of the last new token. mask: the step's
+// [n, m] over the last m keys (none for a chain), as decode_attention_bf16 takes it.
 torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tensor>& weights,
                                   const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                                   const std::vector<int64_t>& offsets, torch::Tensor cos, torch::Tensor sin,
                                   int64_t num_heads, int64_t num_kv_heads, double eps, double scale,
-                                  bool linear_amx, torch::Tensor last_query) {
+                                  bool linear_amx, torch::Tensor last_query,
+                                  const std::optional<torch::Tensor>& mask) {
   const size_t layers = keys.size();
   TORCH_CHECK(weights.size() == layers * kWeightsPerLayer && values.size() == layers && offsets.size() == layers &&
                   last_query.size(0) == static_cast<int64_t>(layers),
@@ -43,7 +47,8 @@ torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tens
     keys[l].narrow(1, at, n).copy_(rope_bf16(heads.narrow(0, hq, hkv), cos, sin));
     values[l].narrow(1, at, n).copy_(heads.narrow(0, hq + hkv, hkv));
     last_query[l].copy_(q.select(1, n - 1));
-    const auto attn = decode_attention_bf16(q, keys[l].narrow(1, 0, at + n), values[l].narrow(1, 0, at + n), scale, true);
+    const auto attn = decode_attention_bf16(q, keys[l].narrow(1, 0, at + n), values[l].narrow(1, 0, at + n), scale,
+                                            true, mask);
     x = x + linear_bf16(attn.transpose(0, 1).reshape({n, hq * d}), w[3], false, linear_amx);
     const auto gate_up = linear_bf16(rms_norm_bf16(x, w[4], eps), w[5], false, linear_amx);
     x = x + linear_bf16(silu_mul_bf16(gate_up), w[6], false, linear_amx);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace triforce_attention {
@@ -19,14 +20,41 @@ struct Partial {  // one row's online-softmax state over a range of keys
   float max, sum;
 };
 
+// Which of a KV head's S keys row r (query r % n of the n new ones) sees: every key before the last m;
+// among the last m (the new tokens last), those its mask row allows, or without a mask (a chain, m == n)
+// the new tokens up to its own. Only blocks that reach key `first()` need a look.
+struct TailMask {
+  const bool* bits;  // [n, m] row-major, or nullptr: causal
+  int n, m;
+  int64_t S;
+  int64_t first() const { return S - m; }
+  bool sees(int r, int64_t key) const {
+    const int64_t t = key - (S - m);
+    if (t < 0) return true;
+    const int i = r % n;
+    return bits ? bits[static_cast<int64_t>(i) * m + t] : t <= i;
+  }
+};
+
+// scores[r][j] = -inf for the keys b0 + j (j < nb) that row r does not see, and for the padding j in
+// [nb, width). Row-major score blocks of the vector kernels.
+template <int W>
+inline void hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, const TailMask& mask) {
+  if (b0 + nb - 1 < mask.first() && nb == width) return;
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < width; ++j)
+      if (j >= nb || !mask.sees(r, b0 + j)) scores[r][j] = -std::numeric_limits<float>::infinity();
+}
+
 // Online-softmax state of each of the R = G * n rows over keys [begin, end) of one KV head, and the
-// unnormalised output acc [R, D] (zeroed by the caller). Keys past S - n + (r % n) are masked.
+// unnormalised output acc [R, D] (zeroed by the caller); keys a row does not see (`mask`) are skipped.
 using RangeFn = void (*)(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
-                         int R, int n, int64_t S, int64_t begin, int64_t end, float scale, float* acc, Partial* st);
+                         int R, const TailMask& mask, int64_t begin, int64_t end, float scale, float* acc,
+                         Partial* st);
 
 template <int D>
 void flash_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, float scale,
-                  RangeFn range, torch::Tensor& out) {
+                  const TailMask& mask, RangeFn range, torch::Tensor& out) {
   const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
   const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
   // Key ranges of at least 512 keys, as many as keep every thread equally busy: the number of
@@ -46,8 +74,8 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::T
     for (int64_t item = b; item < e; ++item) {
       const int64_t h = item / splits, sp = item % splits;
       const int64_t begin = sp * span, end = std::min(S, begin + span);
-      range(qp + h * G * n * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R, static_cast<int>(n),
-            S, begin, end, scale, acc.data() + item * R * D, st.data() + item * R);
+      range(qp + h * G * n * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R, mask, begin, end,
+            scale, acc.data() + item * R * D, st.data() + item * R);
     }
   });
   auto* op = out.data_ptr<at::BFloat16>();
@@ -73,8 +101,9 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 }
 
 // Checks the arguments of decode_attention_bf16 and runs it with the range function for the head dim.
+// mask: [n, m] bool over the last m keys (n <= m <= S), or none for a chain.
 inline torch::Tensor decode_attention(torch::Tensor q, const torch::Tensor& k, const torch::Tensor& v, double scale,
-                                      RangeFn range64, RangeFn range128) {
+                                      const std::optional<torch::Tensor>& mask, RangeFn range64, RangeFn range128) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
               v.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [Hq, n, D], k and v [Hkv, S, D]");
@@ -84,11 +113,19 @@ inline torch::Tensor decode_attention(torch::Tensor q, const torch::Tensor& k, c
   TORCH_CHECK(hq % hkv == 0 && n >= 1 && n <= S && (hq / hkv) * n <= kMaxRows, "heads / rows");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == d && v.stride(1) == d &&
               k.stride(0) == v.stride(0), "k and v rows must be contiguous, with equal head strides");
+  TailMask tail{nullptr, static_cast<int>(n), static_cast<int>(n), S};
+  torch::Tensor bits;
+  if (mask.has_value() && mask->defined()) {
+    bits = mask->contiguous();
+    TORCH_CHECK(bits.scalar_type() == at::kBool && bits.dim() == 2 && bits.size(0) == n && bits.size(1) >= n &&
+                bits.size(1) <= S && bits.device().is_cpu(), "mask: bool [n, m] with n <= m <= S, on the CPU");
+    tail = TailMask{bits.data_ptr<bool>(), static_cast<int>(n), static_cast<int>(bits.size(1)), S};
+  }
   // [Hq, n, D] with the G query heads of each KV head adjacent: row (g, i) of head h is q[h*G + g, i].
   q = q.contiguous();
   auto out = torch::empty_like(q);
-  if (d == 64) flash_decode<64>(q, k, v, static_cast<float>(scale), range64, out);
-  else flash_decode<128>(q, k, v, static_cast<float>(scale), range128, out);
+  if (d == 64) flash_decode<64>(q, k, v, static_cast<float>(scale), tail, range64, out);
+  else flash_decode<128>(q, k, v, static_cast<float>(scale), tail, range128, out);
   return out;
 }
 
