@@ -1,0 +1,107 @@
+"""Sequoia's tree shape (arXiv 2402.12374): the speculation tree that yields the most tokens per check.
+
+Terms. Under Sequoia's *positional acceptance* assumption, when a check reaches a node, its k-th child
+(k = 0, 1, ... in sampling order) is the one accepted with probability `acceptance[k]`, whatever the
+node (the children are tried in order and at most one is accepted, so sum(acceptance) <= 1). A tree's
+*expected tokens* per check is then 1 (the recovered or bonus token) plus, over its proposed nodes, the
+probability that the check reaches and accepts each: the product of acceptance[rank] along its path.
+
+`best_tree` finds, by dynamic programming over (nodes, depth), the tree of at most N proposed nodes and
+at most `max_depth` levels that maximises it. A subtree of n nodes (its root counted) is worth
+    value(n, depth) = 1 + max over n_0 + n_1 + ... = n - 1 of sum_k acceptance[k] * value(n_k, depth - 1),
+where children are used in rank order (a k-th child needs a (k-1)-th). `pick_size` chooses N for the
+machine at hand: the tree whose expected tokens per second is highest, given the verifier's measured
+forward time per number of tokens checked and the proposer's time per level of the tree.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+NEG = float("-inf")
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    parents: list[int]  # level order: parents[i] < i, -1 under the root; siblings in rank order
+    expected_tokens: float  # per check, the recovered or bonus token included
+    depth: int  # levels of proposed nodes (0 for no proposal)
+
+
+def best_tree(acceptance: Sequence[float], nodes: int, max_depth: int | None = None) -> TreeShape:
+    """The tree of at most `nodes` proposed nodes and `max_depth` levels (default: no bound) that
+    maximises the expected tokens per check."""
+    if nodes < 0 or any(not 0 <= a <= 1 for a in acceptance) or sum(acceptance) > 1 + 1e-6:
+        raise ValueError("acceptance rates are probabilities summing to at most 1; nodes >= 0")
+    depth_bound = nodes if max_depth is None else min(max_depth, nodes)
+    ranks = len(acceptance)
+    size = nodes + 1  # subtrees hold 1..nodes + 1 slots (the root slot included)
+    # value[d][n]: best subtree of n slots and at most d levels below its root; split[d][k][m]: the size
+    # given to child k when m slots go to children k, k + 1, ... of a subtree with d levels below it.
+    value = [[NEG] * (size + 1) for _ in range(depth_bound + 1)]
+    split = [[[0] * (size + 1) for _ in range(ranks + 1)] for _ in range(depth_bound + 1)]
+    for d in range(depth_bound + 1):
+        value[d][1] = 1.0
+        if d == 0:
+            continue
+        below = value[d - 1]
+        spread = [[NEG] * (size + 1) for _ in range(ranks + 1)]  # best of m slots among children k..
+        for k in range(ranks, -1, -1):
+            spread[k][0] = 0.0
+            if k == ranks:
+                continue
+            for m in range(1, size):
+                best, arg = NEG, 0
+                for j in range(1, m + 1):  # child k's subtree takes j slots, later children the rest
+                    if below[j] == NEG or spread[k + 1][m - j] == NEG:
+                        continue
+                    v = acceptance[k] * below[j] + spread[k + 1][m - j]
+                    if v > best:
+                        best, arg = v, j
+                spread[k][m], split[d][k][m] = best, arg
+        for n in range(2, size + 1):
+            value[d][n] = 1.0 + spread[0][n - 1] if spread[0][n - 1] != NEG else NEG
+    n_best = max(range(1, size + 1), key=lambda n: (value[depth_bound][n], -n))
+    levels = _build(split, depth_bound, n_best)
+    parents, depth = _level_order(levels)
+    return TreeShape(parents, value[depth_bound][n_best], depth)
+
+
+def _build(split, d: int, n: int) -> list:
+    """The subtree of n slots with d levels below: a list of child subtrees (each such a list)."""
+    children, k, m = [], 0, n - 1
+    while m > 0:
+        j = split[d][k][m]
+        children.append(_build(split, d - 1, j))
+        k, m = k + 1, m - j
+    return children
+
+
+def _level_order(root: list) -> tuple[list[int], int]:
+    """Parents in breadth-first order (a proposer grows one level per forward) and the depth."""
+    parents, frontier, depth = [], [(-1, root)], 0
+    while True:
+        nxt = []
+        for index, children in frontier:
+            for child in children:
+                parents.append(index)
+                nxt.append((len(parents) - 1, child))
+        if not nxt:
+            return parents, depth
+        frontier, depth = nxt, depth + 1
+
+
+def pick_size(acceptance: Sequence[float], check_seconds: dict[int, float], level_seconds: float,
+              max_depth: int | None = None) -> TreeShape:
+    """The tree with the most expected tokens per second: check_seconds maps tokens per verifier forward
+    (the root's token plus the proposed nodes) to its measured time; each level costs the proposer
+    level_seconds. Sizes come from check_seconds' keys (1 = no proposal, plain decoding)."""
+    best, best_rate = None, NEG
+    for tokens in sorted(check_seconds):
+        shape = best_tree(acceptance, tokens - 1, max_depth)
+        rate = shape.expected_tokens / (check_seconds[tokens] + shape.depth * level_seconds)
+        if rate > best_rate:
+            best, best_rate = shape, rate
+    if best is None:
+        raise ValueError("no measured check size to choose from")
+    return best
