@@ -51,9 +51,27 @@ def sweep_table(rows: list[dict], setting: str) -> str:
     return "\n".join(out) + f"\n\n(`ar`: {ar['tokens_per_s']:.1f} tokens/s)"
 
 
+def tree_table(rows: list[dict], setting: str, mode: str, checker: str) -> str:
+    """A tree-size sweep at one temperature: speed against `ar` and against the chain (size 0), and the
+    mean accepted length and proposals per check at the tier that checks the trees."""
+    ar = next(r for r in rows if r["run"] == "ar")
+    runs = sorted((r for r in rows if r["run"] == mode), key=lambda r: str(r[setting]).zfill(4))  # "auto" last
+    chain = next(r for r in runs if str(r[setting]) == "0")
+    stats = [next(t for t in r["tiers"] if t["name"] == checker) for r in runs]
+    out = [f"| {setting} | " + " | ".join(str(r[setting]) for r in runs) + " |", "|---" * (len(runs) + 1) + "|",
+           "| tokens/s | " + " | ".join(f"{r['tokens_per_s']:.1f}" for r in runs) + " |",
+           f"| {mode} / ar | " + " | ".join(f"{r['tokens_per_s'] / ar['tokens_per_s']:.2f}x" for r in runs) + " |",
+           "| tree / chain | " + " | ".join(f"{r['tokens_per_s'] / chain['tokens_per_s']:.2f}x" for r in runs) + " |",
+           f"| {checker}: accepted length per check | " + " | ".join(f"{t['mean_accepted_length']:.2f}" for t in stats)
+           + " |",
+           f"| {checker}: proposals per check | " + " | ".join(f"{t['proposed_per_check']:.1f}" for t in stats) + " |"]
+    return "\n".join(out) + f"\n\n(`ar`: {ar['tokens_per_s']:.1f} tokens/s)"
+
+
 def bench_reports(folder: Path) -> list[tuple[Path, dict]]:
     """The single `triforce bench` runs of a folder (not sweeps, not other programs' JSON)."""
-    reports = [(p, json.loads(p.read_text())) for p in sorted(folder.glob("*.json")) if not p.name.startswith("sweep_")]
+    reports = [(p, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))
+               if not p.name.startswith(("sweep_", "trees_"))]
     return [(p, r) for p, r in reports if isinstance(r, dict) and "results" in r]
 
 
@@ -103,6 +121,13 @@ def main() -> None:
               "| tier-1 (draft by retrieval) | " + " | ".join(acceptance(r, "retrieval") for r in temps) + " |\n"
               "| tier-2 (retrieval by target) | " + " | ".join(acceptance(r, "target") for r in temps) + " |\n"
               "| triforce / ar | " + " | ".join(f"{r['speedup_vs_ar']:.2f}x" for r in temps) + " |\n")
+    for name, setting, mode, checker in (("trees_triforce.json", "tree1", "triforce", "retrieval"),
+                                         ("trees_retrieval.json", "tree2", "retrieval", "target")):
+        rows = load(folder, name)
+        for temperature in sorted({r["temperature"] for r in rows}):
+            at = [r for r in rows if r["temperature"] == temperature]
+            print(f"### {name}: {setting} in `{mode}` mode, temperature {temperature}\n\n"
+                  f"{tree_table(at, setting, mode, checker)}\n")
     for setting in ("budget", "chunk_size", "gamma1", "gamma2", "window"):
         rows = load(folder, f"sweep_{setting}.json")
         if rows:

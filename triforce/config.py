@@ -7,6 +7,7 @@ from .errors import UserError
 
 MODES = ("triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
+MAX_TREE = 64  # nodes per speculation tree
 
 
 class ConfigError(UserError):
@@ -59,6 +60,10 @@ class EngineConfig:
     refresh_every: int = 512  # static policy: rebuild after this many new tokens
     refresh_threshold: float = 0.6  # static policy: rebuild when tier-2 acceptance falls below this...
     refresh_window: int = 32  # ...over this many recent tier-1 proposals
+    # Proposals of the bottom tier as a token tree of up to this many nodes; 0: a chain of gamma; "auto": the
+    # size with the most expected tokens per second for the forward costs measured on this machine.
+    tree1: int | str = 0  # the draft's, to tier 2 (or to the target in `draft` mode)
+    tree2: int | str = 0  # tier 2's to the target, in `retrieval` mode
     sinks: int = 16  # draft tier: attention-sink tokens
     window: int = 256  # draft tier: recent tokens
     prefill_chunk: int = 512
@@ -70,6 +75,15 @@ class EngineConfig:
             raise ConfigError(f"gamma1 and gamma2 must be >= 1 (got {self.gamma1}, {self.gamma2})")
         if self.gamma1 + self.gamma2 > 128:
             raise ConfigError(f"gamma1 + gamma2 must be <= 128 (got {self.gamma1 + self.gamma2})")
+        for name in ("tree1", "tree2"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value.strip().isdigit():
+                object.__setattr__(self, name, value := int(value))
+            if value != "auto" and not (isinstance(value, int) and 0 <= value <= MAX_TREE):
+                raise ConfigError(f"{name} must be 'auto' or a node count in [0, {MAX_TREE}] (got {value!r})")
+        if self.tree2 and self.mode == "triforce":
+            raise ConfigError("tree2 (tier 2's tree to the target) runs in `retrieval` mode only; in `triforce` "
+                              "mode tier 2 hands the target a chain of gamma2 tokens")
         if self.chunk_size < 1:
             raise ConfigError(f"chunk size must be >= 1 (got {self.chunk_size})")
         if self.budget < self.chunk_size or self.budget % self.chunk_size:

@@ -59,6 +59,22 @@ def test_greedy_equals_plain_decoding(models, mode, policy, gammas):
     assert metrics.generated_tokens == 80 and all(t.proposed > 0 for t in metrics.tiers)
 
 
+@pytest.mark.parametrize("mode,policy", MODES)
+@pytest.mark.parametrize("nodes", [3, 10, "auto"])
+def test_greedy_with_trees_equals_plain_decoding(models, mode, policy, nodes):
+    """The bottom tier proposes trees (tree1: the draft's; tree2: the retrieval tier's in retrieval mode)."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    trees = dict(tree2=nodes) if mode == "retrieval" else dict(tree1=nodes)
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, **trees)
+    assert tokens == reference
+    bottom = metrics.tiers[0]
+    assert bottom.checks > 0 and bottom.mean_accepted_length >= 1
+    assert nodes == "auto" or bottom.proposed / bottom.checks > 1  # auto may choose no tree on this machine
+
+
 def test_plain_decoding_equals_transformers_generate(tiny_dir, models):
     from transformers import AutoModelForCausalLM
 
@@ -123,20 +139,24 @@ def assert_two_token_distribution(sample_once, expected, trials):
 
 
 SAMPLING_CASES = [
-    ("triforce", "static", dict(temperature=1.0)),
-    ("triforce", "dynamic", dict(temperature=0.7, top_p=0.9)),
-    ("retrieval", "static", dict(temperature=1.0, top_k=5)),
-    ("draft", "static", dict(temperature=1.0)),
+    ("triforce", "static", dict(temperature=1.0), {}),
+    ("triforce", "dynamic", dict(temperature=0.7, top_p=0.9), {}),
+    ("retrieval", "static", dict(temperature=1.0, top_k=5), {}),
+    ("draft", "static", dict(temperature=1.0), {}),
+    # token trees at the bottom boundary (siblings sampled without replacement)
+    ("triforce", "static", dict(temperature=1.0), dict(tree1=6)),
+    ("retrieval", "dynamic", dict(temperature=1.0, top_k=5), dict(tree2=6)),
+    ("draft", "static", dict(temperature=0.8, top_p=0.9), dict(tree1=6)),
 ]
 
 
-@pytest.mark.parametrize("mode,policy,sampling", SAMPLING_CASES)
-def test_modes_sample_the_target_distribution(small_vocab, mode, policy, sampling):
+@pytest.mark.parametrize("mode,policy,sampling,trees", SAMPLING_CASES)
+def test_modes_sample_the_target_distribution(small_vocab, mode, policy, sampling, trees):
     draft, _, target = small_vocab
     prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
     expected = exact_two_token_distribution(target, prompt, params)
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, gamma1=2, gamma2=3, **SETTINGS)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, gamma1=2, gamma2=3, **trees, **SETTINGS)
 
     def once(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)

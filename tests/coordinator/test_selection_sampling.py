@@ -98,25 +98,28 @@ def first_token_counts(cfg, target, draft, prompt, sampling, trials):
 
 
 CASES = [
-    ("retrieval", "static", dict(temperature=1.0), 3000),
-    ("retrieval", "dynamic", dict(temperature=1.0), 3000),
-    ("triforce", "static", dict(temperature=1.0), 4000),
-    ("triforce", "dynamic", dict(temperature=1.0), 6000),
-    ("draft", "static", dict(temperature=1.0, top_k=5), 2000),
-    ("retrieval", "dynamic", dict(temperature=1.0, top_p=0.8), 2000),
-    ("triforce", "static", dict(temperature=1.0, top_k=4), 2000),
-    ("triforce", "dynamic", dict(temperature=1.0, top_k=6, top_p=0.9), 3000),
+    ("retrieval", "static", dict(temperature=1.0), 3000, {}),
+    ("retrieval", "dynamic", dict(temperature=1.0), 3000, {}),
+    ("triforce", "static", dict(temperature=1.0), 4000, {}),
+    ("triforce", "dynamic", dict(temperature=1.0), 6000, {}),
+    ("draft", "static", dict(temperature=1.0, top_k=5), 2000, {}),
+    ("retrieval", "dynamic", dict(temperature=1.0, top_p=0.8), 2000, {}),
+    ("triforce", "static", dict(temperature=1.0, top_k=4), 2000, {}),
+    ("triforce", "dynamic", dict(temperature=1.0, top_k=6, top_p=0.9), 3000, {}),
+    # token trees: the draft's to the retrieval tier, the retrieval tier's to the target
+    ("triforce", "static", dict(temperature=1.0), 3000, dict(tree1=6)),
+    ("retrieval", "dynamic", dict(temperature=1.0, top_k=6), 3000, dict(tree2=6)),
 ]
 
 
-@pytest.mark.parametrize("mode,policy,sampling,trials", CASES)
-def test_first_token_follows_the_target_with_real_selection(models, prompt, mode, policy, sampling, trials,
+@pytest.mark.parametrize("mode,policy,sampling,trials,trees", CASES)
+def test_first_token_follows_the_target_with_real_selection(models, prompt, mode, policy, sampling, trials, trees,
                                                            selections):
     target, draft = models
     cache = FullKVCache(target.config, len(prompt), target.rope, target.dtype, "cpu")
     logits = target(torch.tensor(prompt), cache, logits_for="last")
     expected = probabilities(logits, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))[0]
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **SETTINGS)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **trees, **SETTINGS)
     counts = first_token_counts(cfg, target, draft, prompt, sampling, trials)
     assert mode == "draft" or any(selections), "the retrieval cache never left a chunk out"
     assert torch.all(counts[expected == 0] == 0), "sampled a token the target gives probability 0"

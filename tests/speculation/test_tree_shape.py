@@ -68,7 +68,8 @@ def test_the_size_follows_the_cost_of_a_check():
     acceptance = [0.5, 0.2, 0.1]
     flat = pick_size(acceptance, {1: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}, level_seconds=0.01)
     steep = pick_size(acceptance, {1: 1.0, 4: 2.0, 8: 4.0, 16: 8.0}, level_seconds=0.01)
-    assert len(flat.parents) == 15 and steep.parents == []
+    assert len(flat.parents) == 15  # a check of 16 costs what one does: the largest tree
+    assert steep.parents == best_tree(acceptance, 3).parents  # cost doubling with size: the smallest offered
 
 
 def test_bad_acceptance_is_refused():

@@ -72,6 +72,24 @@ def test_worker_group_reproduces_the_single_process_engine(models, tmp_path, wor
         group.close()
 
 
+def test_tree_speculation_over_the_worker_group_reproduces_one_process(models, tmp_path):
+    """The retrieval tier's trees checked by the workers (retrieval mode, tree2), and the draft's trees
+    checked by the coordinator's retrieval tier ahead of the workers (triforce mode, tree1)."""
+    folder, target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(3)).tolist()
+    group = Group(folder, 2, tmp_path)
+    try:
+        for params in (SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
+                       SamplingParams(max_tokens=30, temperature=0.9, seed=8, ignore_eos=True)):
+            for mode, trees in (("retrieval", dict(tree2=8)), ("triforce", dict(tree1=8))):
+                expected, _ = run(target, draft, mode, prompt, params, **trees)
+                verifier = RemoteVerifier(group.channel, target, capacity(prompt, params) + 8, prefill_chunk=64)
+                got, _ = run(target, draft, mode, prompt, params, verifier, **trees)
+                assert got == expected, (mode, params.temperature)
+    finally:
+        group.close()
+
+
 def test_trees_verify_and_commit_over_the_worker_group(models, tmp_path):
     """verify carries tokens and parents and the workers run them with the ancestor mask; commit keeps the
     accepted path: logits equal one process's, before and after the commit; bad trees get error replies."""

@@ -218,9 +218,12 @@ class RetrievalKVCache(KVCache):
 
     def _move(self, src: list[int], dst: list[int]) -> None:
         """Speculative entries only (rollback refuses to reach committed ones): in the static buffers past
-        the committed part, in the dynamic policy in the source's free slots."""
+        the committed part, in the dynamic policy in the source's free slots. Those slots are shared: once
+        the target has run past `synced` it has written its own KV there, keeps its own path, and this
+        cache's entries are gone until the next sync, so there is nothing of this cache's to move."""
         if self.policy == "dynamic":
-            move_slots((self.source.full.keys, self.source.full.values), src, dst, dim=2)
+            if self.source.length <= self.synced:
+                move_slots((self.source.full.keys, self.source.full.values), src, dst, dim=2)
             return
         for layer in range(self.num_layers):
             shift = self._retrieved[layer] - self._built_at  # buffer index of a sequence index

@@ -7,7 +7,8 @@ past sinks + window + n, however long the text grows. For a chain that numbers t
 0..m-1, sinks first, the new queries last; tree nodes keep their depths (siblings share a position).
 
 Visible to a forward over n new tokens: the first `sinks` tokens, the last `window` tokens absorbed
-before it, and the n new ones. Rollback after the window has slid is exact because the store keeps
+before it, and the n new ones (a tree grown over several forwards counts its earlier levels' nodes,
+siblings included, against the window). Rollback after the window has slid is exact because the store keeps
 `window + max_rollback` recent tokens: tokens that left the window recently are still there to come
 back. A rollback deeper than `max_rollback` raises rather than silently attending to a wrong window.
 """

@@ -3,14 +3,17 @@
 All tiers share one token sequence `seq` (prompt, committed tokens, then speculative ones). A tier's
 cache holds KV for a prefix `seq[:tier.length]`; a forward feeds `seq[tier.length:]`, so a tier that
 lags (say the draft, after its last proposal was accepted) simply catches up. When a check at position p
-keeps `a` of its proposals, `seq` is cut to p + a and the new token appended, and every tier is
-truncated to the valid prefix p + a. After each target check, `sync` lets the retrieval cache replace
+keeps `a` of its proposals, `seq` is cut to p + a and the new token appended, and every tier keeps
+only the valid prefix p + a. After each target check, `sync` lets the retrieval cache replace
 its speculative KV with the target's.
 
 `_produce(level, n)` returns at least n tokens sampled exactly from tier `level`'s distribution, with
 that tier's probabilities at each: tier 0 samples autoregressively; any higher tier repeatedly takes
-`gammas[level - 1]` tokens from the tier below and verifies them (speculation/verify.py). The output is
-one round of `_produce(top, 1)` after another. Every random draw is made here, with one generator.
+`gammas[level - 1]` tokens from the tier below and verifies them (speculation/verify.py), except that
+with a `TreeShaper` tier 1 checks a token tree that tier 0 grows (Sequoia; coordinator/trees.py,
+speculation/tree.py) in one forward. After a tree check every cache keeps the accepted path of its tree
+entries (`keep_path`); a chain's path is its accepted prefix. The output is one round of
+`_produce(top, 1)` after another. Every random draw is made here, with one generator.
 """
 from __future__ import annotations
 
@@ -21,21 +24,26 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from ..config import SamplingParams
+from ..config import MAX_TREE, SamplingParams
 from ..speculation.sampling import probabilities, sample
+from ..speculation.tree import children_of, verify_tree
 from ..speculation.verify import verify_chain
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
 from .tiers import Tier
+from .trees import TreeShaper, grow_tree, measure_costs, tree_step
 
 PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least this long
 
 
 class HierarchyEngine:
-    def __init__(self, tiers: list[Tier], gammas: list[int]):
+    def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None):
+        """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains)."""
         if len(gammas) != len(tiers) - 1 or any(g < 1 for g in gammas):
             raise ValueError("need one gamma >= 1 per pair of adjacent tiers")
-        self.tiers, self.gammas = tiers, gammas
+        if tree is not None and len(tiers) < 2:
+            raise ValueError("a tree needs a tier to check it")
+        self.tiers, self.gammas, self.tree = tiers, gammas, tree
 
     def generate(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
                  on_tokens: Callable[[list[int]], bool] | None = None,
@@ -53,6 +61,8 @@ class HierarchyEngine:
 
         start = time.perf_counter()
         self._prefill(prompt[:-1], show_progress and len(prompt) >= PROGRESS_MIN_TOKENS)
+        if self.tree is not None and self.tree.auto:  # forward costs on this machine, at this context
+            self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], MAX_TREE + 1)
         metrics.prefill_s = time.perf_counter() - start
         for tier in self.tiers:
             tier.seconds = 0.0
@@ -94,6 +104,7 @@ class HierarchyEngine:
         return tier.forward(Step.chain(self.seq[tier.length:], tier.length))
 
     def _produce(self, level: int, count: int) -> tuple[list[int], list[torch.Tensor]]:
+        """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution for each."""
         tier, seq, greedy = self.tiers[level], self.seq, self.params.greedy
         tokens: list[int] = []
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each
@@ -105,18 +116,56 @@ class HierarchyEngine:
                 tokens.append(token)
                 probs.append(row)
                 continue
-            position = len(seq)
-            draft_tokens, draft_rows = self._produce(level - 1, self.gammas[level - 1])
-            g = len(draft_tokens)
-            target_probs = self._probs(self._forward(tier)[-(g + 1):])  # [g+1, V]
-            verdict = verify_chain(draft_tokens, torch.stack(draft_rows), target_probs, self.generator, greedy)
-            self.stats[level - 1].record(g, verdict.accepted)
-            self.tiers[level - 1].observe(g, verdict.accepted)  # how the proposer's tokens fared
-            valid = position + verdict.accepted
-            del seq[valid:]
-            seq.append(verdict.next_token)
-            for t in self.tiers:
-                t.truncate(valid)
-            tokens += draft_tokens[: verdict.accepted] + [verdict.next_token]
-            probs += list(target_probs[: verdict.accepted + 1])
+            new, rows = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)
+            tokens += new
+            probs += rows
         return tokens, probs
+
+    def _check_chain(self, level: int) -> tuple[list[int], list[torch.Tensor]]:
+        """Tier `level` checks a chain of gamma tokens from the tier below."""
+        position, greedy = len(self.seq), self.params.greedy
+        # The tier below may overshoot (a check yields up to its accepted length + 1): check exactly gamma, so
+        # a check costs what its setting says (the rest are dropped like rejected proposals; exactness holds,
+        # as the first gamma of exact samples are exact samples).
+        g = self.gammas[level - 1]
+        draft_tokens, draft_rows = (x[:g] for x in self._produce(level - 1, g))
+        del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)
+        target_probs = self._probs(self._forward(self.tiers[level])[-(g + 1):])  # [g+1, V]
+        verdict = verify_chain(draft_tokens, torch.stack(draft_rows), target_probs, self.generator, greedy)
+        self.stats[level - 1].record(g, verdict.accepted)
+        self.tiers[level - 1].observe(g, verdict.accepted)  # how the proposer's tokens fared
+        out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
+        return out, list(target_probs[: verdict.accepted + 1])
+
+    def _check_tree(self) -> tuple[list[int], list[torch.Tensor]]:
+        """Tier 1 checks a tree that tier 0 grows (Sequoia) in one forward."""
+        proposer, checker, greedy = self.tiers[0], self.tiers[1], self.params.greedy
+        position = len(self.seq)
+        tokens, parents, draft_probs = grow_tree(proposer, self.seq, self.tree.shape(), self._probs, self.generator,
+                                                 greedy)
+        step = tree_step(self.seq, checker.length, tokens, parents)
+        catch_up = step.n - len(tokens)
+        target_probs = self._probs(checker.forward(step)[catch_up - 1:])  # [N + 1, V]: the root, then each node
+        verdict = verify_tree(tokens, parents, draft_probs, target_probs, self.generator, greedy)
+        accepted = len(verdict.path)
+        self.tree.observe(parents, verdict.path)
+        self.stats[0].record(len(tokens), accepted)
+        # The proposer's own bookkeeping sees the walk as a chain: its accepted nodes, then one rejection
+        # unless the walk ended at a leaf.
+        last_slot = verdict.path[-1] + 1 if verdict.path else 0
+        proposer.observe(accepted + (1 if children_of(parents)[last_slot] else 0), accepted)
+        out = self._commit(position, tokens, verdict.path, verdict.next_token)
+        return out, [target_probs[0]] + [target_probs[i + 1] for i in verdict.path]
+
+    def _commit(self, position: int, proposals: list[int], path: list[int], next_token: int) -> list[int]:
+        """After a check of proposals that followed `seq[:position]`: `seq` continues with the accepted path
+        and the next token (returned), and every cache keeps, of its entries past `position` (proposals in
+        node order), those on the path."""
+        out = [proposals[i] for i in path] + [next_token]
+        del self.seq[position:]
+        self.seq += out
+        for t in self.tiers:
+            held = t.length - position
+            if held > 0:
+                t.keep_path(position, [p for p in path if p < held])
+        return out

@@ -1,26 +1,31 @@
 """Which tiers each mode stacks, cheapest first, and how their caches are sized.
 
-| mode      | tiers                                                       | gammas           |
-|-----------|-------------------------------------------------------------|------------------|
-| triforce  | draft + StreamingKVCache, target + RetrievalKVCache, target | gamma1, gamma2   |
-| retrieval | target + RetrievalKVCache, target                           | gamma2           |
-| draft     | draft + StreamingKVCache, target (the paper's naive policy) | gamma1           |
-| ar        | target + FullKVCache (plain decoding, the baseline)         |                  |
+| mode      | tiers                                                       | gammas           | tree (if > 0) |
+|-----------|-------------------------------------------------------------|------------------|---------------|
+| triforce  | draft + StreamingKVCache, target + RetrievalKVCache, target | gamma1, gamma2   | tree1         |
+| retrieval | target + RetrievalKVCache, target                           | gamma2           | tree2         |
+| draft     | draft + StreamingKVCache, target (the paper's naive policy) | gamma1           | tree1         |
+| ar        | target + FullKVCache (plain decoding, the baseline)         |                  |               |
+
+A tree replaces the bottom tier's chain of gamma tokens: the bottom tier grows a tree of up to that many
+nodes and the tier above checks it in one forward.
 """
 from __future__ import annotations
 
 from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
-from ..config import ConfigError, EngineConfig
+from ..config import MAX_TREE, ConfigError, EngineConfig
 from ..models.llama import LlamaModel
 from .engine import HierarchyEngine
 from .tiers import RetrievalTier, Tier
+from .trees import TreeShaper
 from .verifier import LocalVerifier, Verifier
 
 
 def speculation_slack(cfg: EngineConfig) -> int:
     """Most tokens any cache may hold beyond the committed sequence during one target check."""
-    return cfg.gamma1 + cfg.gamma2 + 4
+    trees = sum(MAX_TREE if t == "auto" else t for t in (cfg.tree1, cfg.tree2))
+    return cfg.gamma1 + cfg.gamma2 + trees + 4
 
 
 def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None, max_length: int,
@@ -47,10 +52,13 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
                                  cfg.full_layers, cfg.refresh_every, max_speculative=slack)
         return RetrievalTier(target, cache, cfg.refresh_threshold, cfg.refresh_window)
 
+    def shaper(nodes: int | str) -> TreeShaper | None:
+        return TreeShaper(nodes) if nodes else None
+
     if cfg.mode == "ar":
         return HierarchyEngine([verifier], [])
     if cfg.mode == "draft":
-        return HierarchyEngine([draft_tier(), verifier], [cfg.gamma1])
+        return HierarchyEngine([draft_tier(), verifier], [cfg.gamma1], shaper(cfg.tree1))
     if cfg.mode == "retrieval":
-        return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2])
-    return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2])
+        return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2], shaper(cfg.tree2))
+    return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2], shaper(cfg.tree1))

@@ -9,23 +9,39 @@ class TierStats:
     """Counts for the proposals a tier *checked* (those of the tier below it)."""
     name: str  # the checking tier
     drafter: str  # the tier whose proposals it checks
-    proposed: int = 0
+    proposed: int = 0  # tokens checked (a tree's nodes, a chain's length)
     accepted: int = 0
+    checks: int = 0
     accepted_lengths: dict[int, int] = field(default_factory=dict)  # accepted length -> verifications
     seconds: float = 0.0  # time in this tier's forward passes
 
     def record(self, proposed: int, accepted: int) -> None:
         self.proposed += proposed
         self.accepted += accepted
+        self.checks += 1
         self.accepted_lengths[accepted] = self.accepted_lengths.get(accepted, 0) + 1
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted over proposed: for trees, most nodes are siblings that cannot all be accepted."""
         return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens gained per check, the recovered or bonus token included (vLLM's mean acceptance length)."""
+        return (self.accepted + self.checks) / self.checks if self.checks else 0.0
+
+    def accepted_per_depth(self) -> list[int]:
+        """Checks that accepted a token at depth d = 1, 2, ... (a chain's position d)."""
+        deepest = max(self.accepted_lengths, default=0)
+        return [sum(n for length, n in self.accepted_lengths.items() if length >= d) for d in range(1, deepest + 1)]
 
     def to_dict(self) -> dict:
         return {"name": self.name, "drafter": self.drafter, "proposed": self.proposed, "accepted": self.accepted,
-                "acceptance_rate": round(self.acceptance_rate, 4),
+                "acceptance_rate": round(self.acceptance_rate, 4), "checks": self.checks,
+                "mean_accepted_length": round(self.mean_accepted_length, 4),
+                "proposed_per_check": round(self.proposed / self.checks, 2) if self.checks else 0.0,
+                "accepted_per_depth": self.accepted_per_depth(),
                 "accepted_length_histogram": {str(k): v for k, v in sorted(self.accepted_lengths.items())},
                 "seconds": round(self.seconds, 4)}
 

@@ -59,7 +59,7 @@ def _parse_sweep(spec: str | None) -> tuple[str | None, list]:
     if name not in field_types or not values:
         raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting (got {spec!r})")
     cast = {"int": int, "float": float}.get(str(field_types[name]), str)
-    return name, [cast(v) for v in values.split(",")]
+    return name, [int(v) if v.isdigit() and "int" in str(field_types[name]) else cast(v) for v in values.split(",")]
 
 
 def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tuple[list[int], str]:
@@ -75,7 +75,8 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
 
 
 def _tier_summary(metrics) -> list[dict]:
-    keys = ("name", "drafter", "proposed", "accepted", "acceptance_rate", "seconds")
+    keys = ("name", "drafter", "proposed", "accepted", "acceptance_rate", "checks", "mean_accepted_length",
+            "proposed_per_check", "accepted_per_depth", "seconds")
     return [{k: t[k] for k in keys} for t in metrics.to_dict()["tiers"]]
 
 

@@ -32,6 +32,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--gamma1", type=int, default=_DEFAULTS.gamma1, help="draft proposals per tier-2 check")
     g.add_argument("--gamma2", type=int, default=_DEFAULTS.gamma2, help="tier-2 tokens per target check")
+    g.add_argument("--tree1", default=_DEFAULTS.tree1, metavar="N|auto",
+                   help="draft proposals as a token tree (Sequoia) of up to N nodes, its shape fitted to the "
+                        "acceptance measured during the run; auto: the size with the most tokens per second "
+                        "for forward costs measured on this machine; 0 (default): a chain of gamma1")
+    g.add_argument("--tree2", default=_DEFAULTS.tree2, metavar="N|auto",
+                   help="in retrieval mode, the retrieval tier's proposals to the target as such a tree; "
+                        "0 (default): a chain of gamma2")
     g.add_argument("--budget", type=int, default=_DEFAULTS.budget, help="tokens in the retrieval cache")
     g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
     g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
@@ -79,9 +86,9 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
 
 
 def engine_settings(args) -> dict:
-    return dict(gamma1=args.gamma1, gamma2=args.gamma2, budget=args.budget, chunk_size=args.chunk_size,
-                retrieval_policy=args.retrieval_policy, full_layers=args.full_layers, sinks=args.sinks,
-                window=args.window)
+    return dict(gamma1=args.gamma1, gamma2=args.gamma2, tree1=args.tree1, tree2=args.tree2, budget=args.budget,
+                chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
+                sinks=args.sinks, window=args.window)
 
 
 def _generate(args) -> int:

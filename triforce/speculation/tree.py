@@ -94,10 +94,9 @@ def _try_children(children: list[int], tokens: Sequence[int], draft: torch.Tenso
 def sample_children(draft: torch.Tensor, k: int, generator: torch.Generator | None, greedy: bool) -> list[int]:
     """Up to k distinct tokens drawn without replacement from draft [V], in draw order (each from the
     distribution renormalised over the tokens not drawn yet); fewer where fewer have probability > 0.
-    Greedy: the k most probable, most probable first."""
-    k = min(k, int((draft > 0).sum()))
-    if k <= 0:
-        return []
+    Greedy: the k highest entries of `draft` (a greedy proposer's distribution is one-hot, so pass its
+    logits to rank more than one child), highest first."""
     if greedy:
-        return torch.topk(draft, k, sorted=True).indices.tolist()
-    return torch.multinomial(draft, k, replacement=False, generator=generator).tolist()
+        return torch.topk(draft, min(k, draft.shape[-1]), sorted=True).indices.tolist()
+    k = min(k, int((draft > 0).sum()))
+    return torch.multinomial(draft, k, replacement=False, generator=generator).tolist() if k > 0 else []

@@ -31,13 +31,20 @@ class TreeShape:
 def best_tree(acceptance: Sequence[float], nodes: int, max_depth: int | None = None) -> TreeShape:
     """The tree of at most `nodes` proposed nodes and `max_depth` levels (default: no bound) that
     maximises the expected tokens per check."""
+    value, split = _tables(acceptance, nodes, max_depth)
+    depth = len(value) - 1
+    slots = max(range(1, nodes + 2), key=lambda n: (value[depth][n], -n))
+    return _shape(value, split, depth, slots)
+
+
+def _tables(acceptance: Sequence[float], nodes: int, max_depth: int | None):
+    """The dynamic program's tables for subtrees of up to nodes + 1 slots (the root slot included).
+    value[d][n]: the best subtree of n slots and at most d levels below its root (-inf: none);
+    split[d][k][m]: the slots given to child k when m slots go to children k, k + 1, ... of such a subtree."""
     if nodes < 0 or any(not 0 <= a <= 1 for a in acceptance) or sum(acceptance) > 1 + 1e-6:
         raise ValueError("acceptance rates are probabilities summing to at most 1; nodes >= 0")
     depth_bound = nodes if max_depth is None else min(max_depth, nodes)
-    ranks = len(acceptance)
-    size = nodes + 1  # subtrees hold 1..nodes + 1 slots (the root slot included)
-    # value[d][n]: best subtree of n slots and at most d levels below its root; split[d][k][m]: the size
-    # given to child k when m slots go to children k, k + 1, ... of a subtree with d levels below it.
+    ranks, size = len(acceptance), nodes + 1
     value = [[NEG] * (size + 1) for _ in range(depth_bound + 1)]
     split = [[[0] * (size + 1) for _ in range(ranks + 1)] for _ in range(depth_bound + 1)]
     for d in range(depth_bound + 1):
@@ -61,10 +68,12 @@ def best_tree(acceptance: Sequence[float], nodes: int, max_depth: int | None = N
                 spread[k][m], split[d][k][m] = best, arg
         for n in range(2, size + 1):
             value[d][n] = 1.0 + spread[0][n - 1] if spread[0][n - 1] != NEG else NEG
-    n_best = max(range(1, size + 1), key=lambda n: (value[depth_bound][n], -n))
-    levels = _build(split, depth_bound, n_best)
-    parents, depth = _level_order(levels)
-    return TreeShape(parents, value[depth_bound][n_best], depth)
+    return value, split
+
+
+def _shape(value, split, depth: int, slots: int) -> TreeShape:
+    parents, levels = _level_order(_build(split, depth, slots))
+    return TreeShape(parents, value[depth][slots], levels)
 
 
 def _build(split, d: int, n: int) -> list:
@@ -92,16 +101,18 @@ def _level_order(root: list) -> tuple[list[int], int]:
 
 
 def pick_size(acceptance: Sequence[float], check_seconds: dict[int, float], level_seconds: float,
-              max_depth: int | None = None) -> TreeShape:
-    """The tree with the most expected tokens per second: check_seconds maps tokens per verifier forward
-    (the root's token plus the proposed nodes) to its measured time; each level costs the proposer
-    level_seconds. Sizes come from check_seconds' keys (1 = no proposal, plain decoding)."""
-    best, best_rate = None, NEG
-    for tokens in sorted(check_seconds):
-        shape = best_tree(acceptance, tokens - 1, max_depth)
-        rate = shape.expected_tokens / (check_seconds[tokens] + shape.depth * level_seconds)
-        if rate > best_rate:
-            best, best_rate = shape, rate
-    if best is None:
-        raise ValueError("no measured check size to choose from")
-    return best
+              max_depth: int = 8) -> TreeShape:
+    """The tree of at least one node with the most expected tokens per second: check_seconds maps tokens per
+    verifier forward (the root's token plus the proposed nodes) to its measured time; each level of the
+    tree costs the proposer level_seconds. Sizes come from check_seconds' keys. (No proposal at all is
+    the choice of a mode, not of a tree: an empty tree would also stop the acceptance from being learnt.)"""
+    if not any(n > 1 for n in check_seconds):
+        raise ValueError("no measured check size with a proposal to choose from")
+    value, split = _tables(acceptance, max(check_seconds) - 1, max_depth)
+
+    def rate(choice):
+        depth, slots = choice
+        return value[depth][slots] / (check_seconds[slots] + depth * level_seconds)
+
+    choices = [(d, n) for n in sorted(check_seconds) if n > 1 for d in range(1, len(value)) if value[d][n] != NEG]
+    return _shape(value, split, *max(choices, key=rate))

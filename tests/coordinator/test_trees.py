@@ -1,0 +1,96 @@
+"""Growing trees (coordinator/trees.py): shapes respected, each node's proposer row is its path's, the
+positional acceptance counted from walks, and cost measurements that leave the caches as they were."""
+import pytest
+import torch
+
+from triforce.cache.full import FullKVCache
+from triforce.cache.streaming import StreamingKVCache
+from triforce.coordinator.tiers import Tier
+from triforce.coordinator.trees import PRIOR, PRIOR_WEIGHT, TreeShaper, grow_tree, measure_costs, tree_step
+from triforce.models.loader import load_model
+from triforce.speculation.sampling import probabilities
+from triforce.step import Step
+
+SHAPE = [-1, -1, 0, 0, 1, 2]  # two under the root, two under the first, one under each of those
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir):
+    return load_model(tiny_dir("trees-model", seed=9, num_layers=2, scale=20))
+
+
+def tier(model, streaming=False):
+    cfg = model.config
+    # a window over the whole text: a tree's siblings count against a sliding window, a chain's do not
+    cache = (StreamingKVCache(cfg, 2, 64, 32, model.rope, model.dtype, "cpu") if streaming
+             else FullKVCache(cfg, 200, model.rope, model.dtype, "cpu"))
+    return Tier("draft", model, cache)
+
+
+def probs(logits):
+    return probabilities(logits, 1.0)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_grown_nodes_carry_their_paths_rows(model, streaming):
+    seq = (torch.arange(40) % 90 + 3).tolist()
+    proposer = tier(model, streaming)
+    proposer.prefill(seq[:-1])
+    tokens, parents, rows = grow_tree(proposer, seq, SHAPE, probs, torch.Generator().manual_seed(0), greedy=False)
+    assert parents == SHAPE and len(set(tokens[:2])) == 2  # siblings are distinct
+    assert proposer.length == len(seq) + 5  # every level but the last was forwarded
+    for node in (0, 2, 3):  # a node's row: the proposer's distribution after its path, run as a chain
+        path = [node] if parents[node] < 0 else [parents[node], node]
+        alone = tier(model, streaming)
+        alone.prefill(seq[:-1])
+        logits = alone.forward(Step.chain(seq[-1:] + [tokens[i] for i in path], alone.length))
+        torch.testing.assert_close(rows[node + 1], probs(logits[-1:])[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(rows[5 + 1], torch.zeros_like(rows[0]))  # a last-level node: never forwarded
+
+
+def test_greedy_children_are_the_proposers_best():
+    """A greedy proposer's rows are one-hot; its children are ranked by its logits instead."""
+    from triforce.speculation.tree import sample_children
+    logits = torch.tensor([0.1, 3.0, -1.0, 2.0])
+    assert sample_children(logits, 3, None, greedy=True) == [1, 3, 0]
+
+
+def test_the_checkers_step_hangs_the_tree_below_the_last_token():
+    step = tree_step([5, 6, 7, 8], 2, [10, 11, 12], [-1, -1, 0])
+    assert step.tokens.tolist() == [7, 8, 10, 11, 12] and step.parent_list() == [-1, 0, 1, 1, 2]
+    assert step.positions.tolist() == [2, 3, 4, 4, 5]
+
+
+def test_shaper_counts_which_rank_a_walk_accepted():
+    shaper = TreeShaper(6)
+    shaper.observe(SHAPE, [1])  # the root's second child accepted, then its only child rejected
+    assert shaper.offered[:3] == [PRIOR_WEIGHT + 2, PRIOR_WEIGHT + 1, PRIOR_WEIGHT]
+    assert shaper.accepted[:2] == [PRIOR_WEIGHT * PRIOR[0], PRIOR_WEIGHT * PRIOR[1] + 1]
+    before = list(shaper.accepted)
+    shaper.observe(SHAPE, [0, 3])  # first child, then its second child, which is a leaf
+    assert [a - b for a, b in zip(shaper.accepted, before)][:2] == [1, 1]
+    assert sum(shaper.acceptance()) <= 1 + 1e-9
+
+
+def test_auto_sizes_wait_for_measured_costs(model):
+    shaper = TreeShaper("auto")
+    with pytest.raises(RuntimeError, match="measured costs"):
+        shaper.shape()
+    shaper.costs = ({1: 1.0, 4: 1.0, 8: 1.0}, 0.001)  # a check of 8 costs what one does: the largest tree
+    assert len(shaper.shape()) == 7
+
+
+def test_measuring_costs_leaves_the_caches_as_they_were(model):
+    seq = (torch.arange(30) % 90 + 3).tolist()
+    checker, proposer = tier(model), tier(model, streaming=True)
+    for t in (checker, proposer):
+        t.prefill(seq)
+    want = [t.forward(Step.chain([4], t.length)) for t in (checker, proposer)]
+    for t in (checker, proposer):
+        t.truncate(len(seq))
+    spent = checker.seconds
+    check, level = measure_costs(checker, proposer, 8)
+    assert sorted(check) == [1, 2, 3, 4, 5, 6, 8] and level > 0 and checker.seconds == spent
+    assert checker.length == proposer.length == len(seq)
+    for t, w in zip((checker, proposer), want):
+        torch.testing.assert_close(t.forward(Step.chain([4], t.length)), w)

@@ -1,0 +1,144 @@
+"""Token trees in the hierarchy: the bottom tier grows a tree, the tier above checks it in one forward.
+
+`grow_tree` runs the proposer level by level (one forward per level, each node seeing its ancestors
+through the step's mask) and samples each node's children without replacement from the proposer's
+distribution there (speculation/tree.py). `TreeShaper` decides the shape: Sequoia's best tree for the
+acceptance measured so far in this run (speculation/tree_shape.py), re-decided every `every` checks.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from ..speculation.tree import children_of, sample_children
+from ..speculation.tree_shape import best_tree, pick_size
+from ..step import Step, ancestor_mask
+from .tiers import Tier
+
+RANKS = 8  # children per node the shaper considers
+# Before any check: a guess of how often the k-th child is the accepted one (a draft that the tier above
+# accepts about half the time), worth PRIOR_WEIGHT observed visits.
+PRIOR = [0.5, 0.15, 0.07, 0.04, 0.02, 0.01, 0.01, 0.01]
+PRIOR_WEIGHT = 8.0
+
+
+def grow_tree(tier: Tier, seq: list[int], shape: list[int], probs: Callable[[torch.Tensor], torch.Tensor],
+              generator: torch.Generator, greedy: bool) -> tuple[list[int], list[int], torch.Tensor]:
+    """The tree `tier` proposes after `seq`, as much of `shape` (parents, level order) as its distribution
+    allows (a node gets fewer children where fewer tokens have probability). Returns (tokens, parents,
+    proposer rows [N + 1, V] per slot: the root, then each node; zero for the last level's nodes, which
+    are never forwarded)."""
+    logits = [tier.forward(Step.chain(seq[tier.length:], tier.length))[-1]]
+    rows = [probs(logits[0][None])[0]]
+    # Children are drawn from the proposer's distribution; greedy ones ranked by its logits (one-hot rows
+    # would allow a single child).
+    ranking = logits if greedy else rows
+    position, shape_children = len(seq), children_of(shape)
+    tokens: list[int] = []
+    parents: list[int] = []
+    frontier = [(0, 0)]  # (slot in the shape, slot in the tree): reached nodes whose children come next
+    while frontier:
+        level: list[tuple[int, int]] = []
+        for shape_slot, slot in frontier:
+            kids = shape_children[shape_slot]
+            for shape_child, token in zip(kids, sample_children(ranking[slot], len(kids), generator, greedy)):
+                tokens.append(token)
+                parents.append(slot - 1)
+                level.append((shape_child + 1, len(tokens)))
+        frontier = [(s, t) for s, t in level if shape_children[s]]
+        if frontier:  # forward the whole level (the cache then holds a prefix of the nodes)
+            nodes = [t - 1 for _, t in level]
+            mask = ancestor_mask(parents)[nodes]  # [n, nodes so far]: each sees its ancestors
+            step = Step(torch.tensor([tokens[i] for i in nodes]), position + mask.sum(1) - 1, tier.length, None, mask)
+            level_logits = tier.forward(step)
+            logits.extend(level_logits)
+            rows.extend(probs(level_logits))
+    rows += [torch.zeros_like(rows[0])] * (len(tokens) + 1 - len(rows))
+    return tokens, parents, torch.stack(rows)
+
+
+def tree_step(seq: list[int], start: int, tokens: list[int], parents: list[int]) -> Step:
+    """The checking tier's forward: the tokens of `seq` it has not seen since `start` (a chain ending in
+    the root's token), then the tree hanging below that last token."""
+    catch_up = seq[start:]
+    c = len(catch_up)
+    chain = list(range(-1, c - 1))
+    return Step.tree(catch_up + tokens, chain + [c - 1 if p < 0 else c + p for p in parents], start)
+
+
+class TreeShaper:
+    """The shape the bottom tier grows: Sequoia's best tree for the positional acceptance rates observed so
+    far (the k-th child's chance to be the accepted one at a reached node), of at most `nodes` proposals,
+    or with nodes="auto" of the size and depth with the most expected tokens per second for the costs in
+    `costs` (measure_costs: the checker's seconds per forward by tokens, the proposer's per level)."""
+
+    def __init__(self, nodes: int | str, every: int = 32):
+        if nodes != "auto" and (not isinstance(nodes, int) or nodes < 1):
+            raise ValueError(f"a tree needs at least one node, or 'auto' (got {nodes!r})")
+        self.nodes, self.every = nodes, every
+        self.costs: tuple[dict[int, float], float] | None = None  # set before the first shape when auto
+        self.accepted = [PRIOR_WEIGHT * p for p in PRIOR]  # per rank: visits where it was the accepted child
+        self.offered = [PRIOR_WEIGHT] * RANKS  # per rank: visits to nodes with a child of that rank
+        self._checks = 0
+        self._shape: list[int] | None = None
+
+    @property
+    def auto(self) -> bool:
+        return self.nodes == "auto"
+
+    def acceptance(self) -> list[float]:
+        rates = [a / o for a, o in zip(self.accepted, self.offered)]
+        total = sum(rates)
+        return [r / total for r in rates] if total > 1 else rates  # the DP needs a sum <= 1
+
+    def shape(self) -> list[int]:
+        if self._shape is None or self._checks % self.every == 0:
+            if self.auto:
+                if self.costs is None:
+                    raise RuntimeError("an auto-sized tree needs measured costs first")
+                self._shape = pick_size(self.acceptance(), *self.costs).parents
+            else:
+                self._shape = best_tree(self.acceptance(), self.nodes).parents
+        return self._shape
+
+    def observe(self, parents: list[int], path: list[int]) -> None:
+        """One check's walk: every reached node (the root, then each accepted one) and which rank of its
+        children, if any, was accepted."""
+        self._checks += 1
+        children = children_of(parents)
+        for depth, slot in enumerate([0] + [p + 1 for p in path]):
+            kids = children[slot]
+            taken = path[depth] if depth < len(path) else None
+            for rank in range(min(len(kids), RANKS)):
+                self.offered[rank] += 1
+                if kids[rank] == taken:
+                    self.accepted[rank] += 1
+
+
+CHECK_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # tokens per check the costs are measured at
+_costs: dict[tuple, tuple[dict[int, float], float]] = {}  # measured once per process, tiers and context size
+
+
+def measure_costs(checker: Tier, proposer: Tier, max_tokens: int) -> tuple[dict[int, float], float]:
+    """Seconds per forward of the checking tier by tokens checked (CHECK_SIZES up to max_tokens) and per
+    level of the proposer (a forward of 4 tokens), each the faster of two runs over the caches as they
+    are (filler tokens, rolled back after). Cached per tier pair and power-of-two context length."""
+    key = (checker.name, id(checker.model), proposer.name, id(proposer.model), max_tokens,
+           max(checker.length, 1).bit_length())
+    if key not in _costs:
+        check = {n: _forward_seconds(checker, n) for n in CHECK_SIZES if n <= max_tokens}
+        _costs[key] = check, _forward_seconds(proposer, 4)
+    return _costs[key]
+
+
+def _forward_seconds(tier: Tier, n: int) -> float:
+    length, best, spent = tier.length, float("inf"), tier.seconds
+    for _ in range(2):
+        start = time.perf_counter()
+        tier.forward(Step.chain([0] * n, length))
+        best = min(best, time.perf_counter() - start)
+        tier.truncate(length)
+    tier.seconds = spent  # a measurement, not the request's work
+    return best
