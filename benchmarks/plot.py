@@ -8,6 +8,7 @@ Each option is optional; each makes one figure:
   temperature  per-tier acceptance of mode triforce vs temperature
   budget       tokens/s and tier-2 acceptance vs retrieval budget
   chunk        tokens/s and tier-2 acceptance vs retrieval chunk size
+  trees        speedup of trees over the chain (size 0) vs tree size, per temperature (tree1 or tree2 sweeps)
 """
 from __future__ import annotations
 
@@ -90,12 +91,32 @@ def plot_sweep(path: str, setting: str, out: Path) -> None:
     fig.savefig(out / f"{setting}_sweep.png", dpi=110)
 
 
+def plot_trees(path: str, out: Path) -> None:
+    """One line per temperature: tokens/s of each numeric tree size over the chain's (size 0)."""
+    data = [r for r in rows(path) if "tree1" in r or "tree2" in r]
+    setting = "tree1" if "tree1" in data[0] else "tree2"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for temperature in sorted({r["temperature"] for r in data}):
+        sized = {int(r[setting]): r["tokens_per_s"] for r in data
+                 if r["temperature"] == temperature and str(r[setting]).isdigit()}
+        sizes = sorted(sized)
+        ax.plot(sizes, [sized[n] / sized[0] for n in sizes], marker="o", label=f"temperature {temperature}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel(f"{setting} (nodes; 0 = the chain)")
+    ax.set_ylabel("tokens/s over the chain's")
+    ax.set_title(f"{data[0]['run']} mode, {data[0]['prompt_tokens']:,}-token prompt", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"{setting}_sweep.png", dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--speedup", nargs="+", help="one or more bench JSON files")
     p.add_argument("--temperature")
     p.add_argument("--budget")
     p.add_argument("--chunk")
+    p.add_argument("--trees", nargs="+", help="tree-size sweeps (--sweep tree1=... or tree2=...)")
     p.add_argument("--out-dir", default="bench-out")
     args = p.parse_args()
     out = Path(args.out_dir)
@@ -108,6 +129,8 @@ def main() -> None:
         plot_sweep(args.budget, "budget", out)
     if args.chunk:
         plot_sweep(args.chunk, "chunk_size", out)
+    for path in args.trees or []:
+        plot_trees(path, out)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def test_auto_sizes_wait_for_measured_costs(model):
     shaper = TreeShaper("auto")
     with pytest.raises(RuntimeError, match="measured costs"):
         shaper.shape()
-    shaper.costs = ({1: 1.0, 4: 1.0, 8: 1.0}, 0.001)  # a check of 8 costs what one does: the largest tree
+    shaper.costs = ({1: 1.0, 4: 1.0, 8: 1.0}, {1: 0.001})  # a check of 8 costs what one does: the largest tree
     assert len(shaper.shape()) == 7
 
 
@@ -90,7 +90,7 @@ def test_measuring_costs_leaves_the_caches_as_they_were(model):
         t.truncate(len(seq))
     spent = checker.seconds
     check, level = measure_costs(checker, proposer, 8)
-    assert sorted(check) == [1, 2, 3, 4, 5, 6, 8] and level > 0 and checker.seconds == spent
+    assert sorted(check) == [1, 2, 3, 4, 5, 6, 8] and sorted(level) == [1, 2, 4, 8] and checker.seconds == spent
     assert checker.length == proposer.length == len(seq)
     for t, w in zip((checker, proposer), want):
         torch.testing.assert_close(t.forward(Step.chain([4], t.length)), w)

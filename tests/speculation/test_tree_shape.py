@@ -66,8 +66,9 @@ def test_one_rank_gives_a_chain():
 
 def test_the_size_follows_the_cost_of_a_check():
     acceptance = [0.5, 0.2, 0.1]
-    flat = pick_size(acceptance, {1: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}, level_seconds=0.01)
-    steep = pick_size(acceptance, {1: 1.0, 4: 2.0, 8: 4.0, 16: 8.0}, level_seconds=0.01)
+    cheap_levels = {1: 0.01, 16: 0.01}
+    flat = pick_size(acceptance, {1: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}, cheap_levels)
+    steep = pick_size(acceptance, {1: 1.0, 4: 2.0, 8: 4.0, 16: 8.0}, cheap_levels)
     assert len(flat.parents) == 15  # a check of 16 costs what one does: the largest tree
     assert steep.parents == best_tree(acceptance, 3).parents  # cost doubling with size: the smallest offered
 
@@ -75,3 +76,13 @@ def test_the_size_follows_the_cost_of_a_check():
 def test_bad_acceptance_is_refused():
     with pytest.raises(ValueError, match="acceptance"):
         best_tree([0.8, 0.5], 4)
+
+
+def test_costly_levels_favour_wide_shallow_trees():
+    """When every proposer forward costs as much as a check, depth is expensive: the best tree of 7 nodes
+    under a cheap proposer is deeper than under a costly one."""
+    acceptance, check = [0.6, 0.2, 0.1], {1: 1.0, 8: 1.0}
+    cheap = pick_size(acceptance, check, {1: 0.001, 8: 0.001})
+    costly = pick_size(acceptance, check, {1: 1.0, 8: 1.0})
+    assert len(cheap.parents) == len(costly.parents) == 7
+    assert costly.depth < cheap.depth

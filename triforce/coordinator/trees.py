@@ -72,13 +72,13 @@ class TreeShaper:
     """The shape the bottom tier grows: Sequoia's best tree for the positional acceptance rates observed so
     far (the k-th child's chance to be the accepted one at a reached node), of at most `nodes` proposals,
     or with nodes="auto" of the size and depth with the most expected tokens per second for the costs in
-    `costs` (measure_costs: the checker's seconds per forward by tokens, the proposer's per level)."""
+    `costs` (measure_costs: the checker's and the proposer's seconds per forward by tokens)."""
 
     def __init__(self, nodes: int | str, every: int = 32):
         if nodes != "auto" and (not isinstance(nodes, int) or nodes < 1):
             raise ValueError(f"a tree needs at least one node, or 'auto' (got {nodes!r})")
         self.nodes, self.every = nodes, every
-        self.costs: tuple[dict[int, float], float] | None = None  # set before the first shape when auto
+        self.costs: tuple[dict[int, float], dict[int, float]] | None = None  # set before the first auto shape
         self.accepted = [PRIOR_WEIGHT * p for p in PRIOR]  # per rank: visits where it was the accepted child
         self.offered = [PRIOR_WEIGHT] * RANKS  # per rank: visits to nodes with a child of that rank
         self._checks = 0
@@ -118,18 +118,20 @@ class TreeShaper:
 
 
 CHECK_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # tokens per check the costs are measured at
-_costs: dict[tuple, tuple[dict[int, float], float]] = {}  # measured once per process, tiers and context size
+LEVEL_SIZES = (1, 2, 4, 8, 16, 32)  # tokens per proposer forward likewise
+_costs: dict[tuple, tuple[dict[int, float], dict[int, float]]] = {}  # once per process, tiers and context
 
 
-def measure_costs(checker: Tier, proposer: Tier, max_tokens: int) -> tuple[dict[int, float], float]:
-    """Seconds per forward of the checking tier by tokens checked (CHECK_SIZES up to max_tokens) and per
-    level of the proposer (a forward of 4 tokens), each the faster of two runs over the caches as they
-    are (filler tokens, rolled back after). Cached per tier pair and power-of-two context length."""
+def measure_costs(checker: Tier, proposer: Tier, max_tokens: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Seconds per forward of the checking tier by tokens checked (CHECK_SIZES up to max_tokens) and of the
+    proposer by tokens (LEVEL_SIZES: its root forward and its levels), each the faster of two runs over
+    the caches as they are (filler tokens, rolled back after). Cached per tier pair and power-of-two
+    context length."""
     key = (checker.name, id(checker.model), proposer.name, id(proposer.model), max_tokens,
            max(checker.length, 1).bit_length())
     if key not in _costs:
         check = {n: _forward_seconds(checker, n) for n in CHECK_SIZES if n <= max_tokens}
-        _costs[key] = check, _forward_seconds(proposer, 4)
+        _costs[key] = check, {n: _forward_seconds(proposer, n) for n in LEVEL_SIZES if n <= max_tokens}
     return _costs[key]
 
 

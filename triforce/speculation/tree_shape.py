@@ -11,7 +11,8 @@ at most `max_depth` levels that maximises it. A subtree of n nodes (its root cou
     value(n, depth) = 1 + max over n_0 + n_1 + ... = n - 1 of sum_k acceptance[k] * value(n_k, depth - 1),
 where children are used in rank order (a k-th child needs a (k-1)-th). `pick_size` chooses N for the
 machine at hand: the tree whose expected tokens per second is highest, given the verifier's measured
-forward time per number of tokens checked and the proposer's time per level of the tree.
+forward time per number of tokens checked and the proposer's per number of tokens it runs (at the root,
+then once per level).
 """
 from __future__ import annotations
 
@@ -100,19 +101,34 @@ def _level_order(root: list) -> tuple[list[int], int]:
         frontier, depth = nxt, depth + 1
 
 
-def pick_size(acceptance: Sequence[float], check_seconds: dict[int, float], level_seconds: float,
+def pick_size(acceptance: Sequence[float], check_seconds: dict[int, float], proposer_seconds: dict[int, float],
               max_depth: int = 8) -> TreeShape:
-    """The tree of at least one node with the most expected tokens per second: check_seconds maps tokens per
-    verifier forward (the root's token plus the proposed nodes) to its measured time; each level of the
-    tree costs the proposer level_seconds. Sizes come from check_seconds' keys. (No proposal at all is
-    the choice of a mode, not of a tree: an empty tree would also stop the acceptance from being learnt.)"""
-    if not any(n > 1 for n in check_seconds):
-        raise ValueError("no measured check size with a proposal to choose from")
+    """The tree of at least one node with the most expected tokens per second. check_seconds: the verifier's
+    measured time per forward by tokens (the root's token plus the proposed nodes); proposer_seconds: the
+    proposer's by tokens, for its forward at the root and one per level but the last (a width between
+    measured ones costs the next measured one). Sizes come from check_seconds' keys. (No proposal at all
+    is the choice of a mode, not of a tree: an empty tree would also stop the acceptance from being learnt.)"""
+    if not any(n > 1 for n in check_seconds) or not proposer_seconds:
+        raise ValueError("no measured check size with a proposal, or no proposer cost, to choose from")
     value, split = _tables(acceptance, max(check_seconds) - 1, max_depth)
+    shapes = [_shape(value, split, d, n) for n in sorted(check_seconds) if n > 1
+              for d in range(1, len(value)) if value[d][n] != NEG]
 
-    def rate(choice):
-        depth, slots = choice
-        return value[depth][slots] / (check_seconds[slots] + depth * level_seconds)
+    def rate(shape: TreeShape) -> float:
+        widths = _level_widths(shape.parents)[:-1]  # the last level is never forwarded
+        seconds = check_seconds[len(shape.parents) + 1] + sum(_at(proposer_seconds, w) for w in [1] + widths)
+        return shape.expected_tokens / seconds
 
-    choices = [(d, n) for n in sorted(check_seconds) if n > 1 for d in range(1, len(value)) if value[d][n] != NEG]
-    return _shape(value, split, *max(choices, key=rate))
+    return max(shapes, key=rate)
+
+
+def _level_widths(parents: list[int]) -> list[int]:
+    depth = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return [depth.count(d) for d in range(max(depth) + 1)] if depth else []
+
+
+def _at(table: dict[int, float], n: int) -> float:
+    """The measured cost at n tokens, or at the next measured size (the largest past the end)."""
+    return table[min((k for k in table if k >= n), default=max(table))]
