@@ -33,7 +33,7 @@ class FusedLayers:
                                                           layer.gate_up_proj.weight, layer.down_proj.weight)]
         if all(linear.kernel_takes(1, w) for w in matrices):
             group = cfg.num_heads // cfg.num_kv_heads
-            self.max_rows = min(min(linear.kernel_max_rows(w) for w in matrices), attention.kernel_max_rows() // group)
+            self.max_rows = min(linear.kernel_max_rows(), attention.kernel_max_rows() // group)
 
     def __call__(self, x: torch.Tensor, cache, mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """x: [n, hidden] after the embedding, between cache.begin(step) and cache.end(); mask: the step's.

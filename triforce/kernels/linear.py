@@ -2,10 +2,10 @@
 
 `linear(x, weight, bias)` is F.linear, except on a CPU with AVX512-BF16 for bfloat16 inputs of a few
 rows (decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights at
-well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): 3 to 16 rows
-with AMX tiles (csrc/linear_amx.cpp, at the same read rate for 3 to 16 rows), else up to 8 with vector
-instructions, whose rate falls with every row; without it, torch's path is used. `reference_linear` is
-what the tests compare it with.
+well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): from 3 rows on
+with AMX tiles (csrc/linear_amx.cpp, at the same read rate for 3 to 16 rows), else with vector
+instructions, whose rate falls with every row; up to KERNEL_MAX_ROWS rows, torch's path past that.
+`reference_linear` is what the tests compare it with.
 
 `logits_linear` is the output head: float32 logits. The kernel hands over its float32 sums unrounded:
 rounded to bfloat16 (8 bits of mantissa, a step of 0.125 at a logit of 20), near-equal candidates tie,
@@ -16,9 +16,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .cpu import cpu_kernels, has_amx, native_bf16
+from .cpu import cpu_kernels, native_bf16
 
-VECTOR_MAX_ROWS, AMX_MAX_ROWS = 8, 16
+# The vector kernel takes 8 rows of x per pass over a tile of W, so W comes from memory once for any row
+# count, but its rate falls with every row (benchmarks/linear_bandwidth.py, Zen 4 AVX512-BF16, 3072 x 576:
+# 28 GB/s at 1 row, 16 at 8, 10 at 16, 7.7 at 24, 5.4 at 32, against torch's 10.9, 9.0, 7.4, 6.2, 5.7).
+KERNEL_MAX_ROWS = 24
 # Below 3 rows the vector path read as fast as the tile path or faster in most runs here (16 against 12
 # GB/s at 1 row while other tenants loaded the memory bus, 16 against 19 when they did not); from 3 rows
 # on the tile path won every run (benchmarks/linear_bandwidth.py).
@@ -27,17 +30,15 @@ MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in p
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
 
-def kernel_max_rows(weight: torch.Tensor) -> int:
-    """Most rows of x the CPU kernel takes for this weight (0: no kernel here)."""
-    if cpu_kernels() is None:
-        return 0
-    return AMX_MAX_ROWS if has_amx() and weight.shape[0] % 16 == 0 else VECTOR_MAX_ROWS
+def kernel_max_rows() -> int:
+    """Most rows of x that `linear` sends to the CPU kernel (0: no kernel here)."""
+    return 0 if cpu_kernels() is None else KERNEL_MAX_ROWS
 
 
 def kernel_takes(rows: int, weight: torch.Tensor) -> bool:
     """Whether `linear` sends `rows` bfloat16 rows times this weight to the CPU kernel."""
     return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.is_contiguous()
-            and weight.shape[1] % 32 == 0 and rows <= kernel_max_rows(weight))
+            and weight.shape[1] % 32 == 0 and rows <= kernel_max_rows())
 
 
 def kernel_uses_amx(rows: int) -> bool:
@@ -70,7 +71,7 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
     if x.shape[0] > MAX_LOGIT_ROWS or not kernel_takes(1, weight):
         return _float32_linear(x, weight)
-    rows = kernel_max_rows(weight)
+    rows = kernel_max_rows()
     if x.shape[0] <= rows:  # a decode step or a check: one piece, no concatenation copy
         return _kernel_linear(x, weight, float_out=True)
     return torch.cat([_kernel_linear(piece, weight, float_out=True) for piece in x.split(rows)])

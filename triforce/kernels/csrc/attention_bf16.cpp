@@ -23,6 +23,27 @@ namespace {
 
 constexpr int kBlock = 64;  // keys per block (scores of a block stay in L1)
 
+// Scores of ROWS rows r0.. against the 16 transposed keys kt: 2 * ROWS independent dot-product chains,
+// enough to hide the instruction's latency (one row alone would wait on it).
+template <int D, int ROWS>
+inline void score_rows(const at::BFloat16* q, const __m512i* kt, int r0, float scale, float (*scores)[kBlock], int j0) {
+  constexpr int P = D / 2;
+  __m512 a[ROWS][2];
+  const int32_t* qr[ROWS];
+  for (int t = 0; t < ROWS; ++t) {
+    a[t][0] = a[t][1] = _mm512_setzero_ps();
+    qr[t] = reinterpret_cast<const int32_t*>(q + static_cast<int64_t>(r0 + t) * D);
+  }
+  for (int p = 0; p < P; p += 2)
+    for (int t = 0; t < ROWS; ++t) {
+      a[t][0] = _mm512_dpbf16_ps(a[t][0], reinterpret_cast<__m512bh>(kt[p]), reinterpret_cast<__m512bh>(_mm512_set1_epi32(qr[t][p])));
+      a[t][1] = _mm512_dpbf16_ps(a[t][1], reinterpret_cast<__m512bh>(kt[p + 1]),
+                                 reinterpret_cast<__m512bh>(_mm512_set1_epi32(qr[t][p + 1])));
+    }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int t = 0; t < ROWS; ++t) _mm512_storeu_ps(&scores[r0 + t][j0], _mm512_mul_ps(_mm512_add_ps(a[t][0], a[t][1]), sc));
+}
+
 // scores[r][0..nk) = scale * q_r . k_j for nk <= 16 keys starting at k. Keys are transposed into
 // "pair-major" order (lane j of kt[p] = bf16 pair p of key j) so one dot-product instruction yields 16
 // keys' partial scores for a row and no horizontal sums are needed.
@@ -38,17 +59,40 @@ inline void score16(const at::BFloat16* q, const at::BFloat16* k, int64_t k_row,
                       : _mm512_setzero_si512();
     transpose16(blk);
   }
-  const __m512 sc = _mm512_set1_ps(scale);
-  for (int r = 0; r < R; ++r) {
-    const int32_t* qr = reinterpret_cast<const int32_t*>(q + static_cast<int64_t>(r) * D);
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    for (int p = 0; p < P; p += 2) {
-      a0 = _mm512_dpbf16_ps(a0, reinterpret_cast<__m512bh>(kt[p]), reinterpret_cast<__m512bh>(_mm512_set1_epi32(qr[p])));
-      a1 = _mm512_dpbf16_ps(a1, reinterpret_cast<__m512bh>(kt[p + 1]),
-                            reinterpret_cast<__m512bh>(_mm512_set1_epi32(qr[p + 1])));
-    }
-    _mm512_storeu_ps(&scores[r][j0], _mm512_mul_ps(_mm512_add_ps(a0, a1), sc));
+  int r = 0;
+  for (; r + 4 <= R; r += 4) score_rows<D, 4>(q, kt, r, scale, scores, j0);
+  switch (R - r) {
+    case 3: score_rows<D, 3>(q, kt, r, scale, scores, j0); break;
+    case 2: score_rows<D, 2>(q, kt, r, scale, scores, j0); break;
+    case 1: score_rows<D, 1>(q, kt, r, scale, scores, j0); break;
   }
+}
+
+// acc[r0..r0+ROWS) += P . V for one block: each row's probabilities rounded to bfloat16 pairs (p[2m], p[2m+1]),
+// as GPU flash attention rounds P before its P . V product; ROWS * D / 16 independent chains.
+template <int D, int ROWS>
+inline void pv_rows(float (*scores)[kBlock], const __m512i (*vpairs)[D / 16], const float* rescales, int r0, int nb, float* acc) {
+  constexpr int DV = D / 16;
+  const int pairs = (nb + 1) / 2;
+  alignas(64) at::BFloat16 pb[ROWS][kBlock];
+  __m512 o[ROWS][DV];
+  for (int t = 0; t < ROWS; ++t) {
+    float* sr = scores[r0 + t];
+    if (nb % 2) sr[nb] = 0.0f;
+    for (int j = 0; j < 2 * pairs; j += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb[t] + j),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(sr + j))));
+    float* ar = acc + static_cast<int64_t>(r0 + t) * D;
+    const __m512 f = _mm512_set1_ps(rescales[r0 + t]);
+    for (int c = 0; c < DV; ++c) o[t][c] = _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * c), f);
+  }
+  for (int m = 0; m < pairs; ++m)
+    for (int t = 0; t < ROWS; ++t) {
+      const __m512bh pp = reinterpret_cast<__m512bh>(_mm512_set1_epi32(reinterpret_cast<const int32_t*>(pb[t])[m]));
+      for (int c = 0; c < DV; ++c) o[t][c] = _mm512_dpbf16_ps(o[t][c], reinterpret_cast<__m512bh>(vpairs[m][c]), pp);
+    }
+  for (int t = 0; t < ROWS; ++t)
+    for (int c = 0; c < DV; ++c) _mm512_storeu_ps(acc + static_cast<int64_t>(r0 + t) * D + 16 * c, o[t][c]);
 }
 
 // Rows r = (group member, query i) of KV head h, keys [begin, end). acc: [R, D] float, zeroed.
@@ -58,42 +102,34 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
   constexpr int DV = D / 16;  // float vectors per row
   alignas(64) float scores[kMaxRows][kBlock];
   alignas(64) __m512i vpairs[kBlock / 2][DV];
+  float rescales[kMaxRows];
   for (int r = 0; r < R; ++r) st[r] = {-std::numeric_limits<float>::infinity(), 0.0f};
   for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
     for (int j0 = 0; j0 < nb; j0 += 16)
       score16<D>(q, k + (b0 + j0) * k_row, k_row, std::min(16, nb - j0), R, scale, scores, j0);
-    hide_keys(scores, R, b0, nb, nb, mask);
+    const int width = (nb + 15) / 16 * 16;  // whole vectors: the padding keys get -inf
+    hide_keys(scores, R, b0, nb, width, mask);
     for (int r = 0; r < R; ++r) {
       __m512 mv = _mm512_set1_ps(st[r].max);
-      int j = 0;
-      for (; j + 16 <= nb; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(&scores[r][j]));
-      float m = _mm512_reduce_max_ps(mv);
-      for (; j < nb; ++j) m = std::max(m, scores[r][j]);
+      for (int j = 0; j < width; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(&scores[r][j]));
+      const float m = _mm512_reduce_max_ps(mv);
       if (m == -std::numeric_limits<float>::infinity()) {  // every key of this block masked
         for (int j = 0; j < nb; ++j) scores[r][j] = 0.0f;
+        rescales[r] = 1.0f;
         continue;
       }
       const float rescale = std::exp(st[r].max - m);
-      float sum = 0.0f;
-      j = 0;
-      for (; j + 16 <= nb; j += 16) {
+      const __m512 mm = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);
+      __m512 sum = _mm512_setzero_ps();
+      for (int j = 0; j < width; j += 16) {
         const __m512 s = _mm512_loadu_ps(&scores[r][j]);
-        const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
-                                             exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+        const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_OQ), exp_ps(_mm512_sub_ps(s, mm)));
         _mm512_storeu_ps(&scores[r][j], p);
-        sum += _mm512_reduce_add_ps(p);
+        sum = _mm512_add_ps(sum, p);
       }
-      for (; j < nb; ++j) {
-        scores[r][j] = std::isinf(scores[r][j]) ? 0.0f : std::exp(scores[r][j] - m);
-        sum += scores[r][j];
-      }
-      st[r] = {m, st[r].sum * rescale + sum};
-      if (rescale != 1.0f) {
-        float* ar = acc + static_cast<int64_t>(r) * D;
-        const __m512 f = _mm512_set1_ps(rescale);
-        for (int c = 0; c < DV; ++c) _mm512_storeu_ps(ar + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * c), f));
-      }
+      st[r] = {m, st[r].sum * rescale + _mm512_reduce_add_ps(sum)};
+      rescales[r] = rescale;
     }
     // P . V with bfloat16 dot products over pairs of keys: lane i of vpairs[m][c] is the pair
     // (v[2m][16c + i], v[2m + 1][16c + i]), and each row's probabilities are rounded to bfloat16 pairs
@@ -110,22 +146,9 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
         vpairs[m][c] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
       }
     }
-    for (int r = 0; r < R; ++r) {
-      if (nb % 2) scores[r][nb] = 0.0f;
-      alignas(64) at::BFloat16 pb[kBlock];
-      for (int j = 0; j < 2 * pairs; j += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + j),
-                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(&scores[r][j]))));
-      const int32_t* p32 = reinterpret_cast<const int32_t*>(pb);
-      float* ar = acc + static_cast<int64_t>(r) * D;
-      __m512 o[DV];
-      for (int c = 0; c < DV; ++c) o[c] = _mm512_loadu_ps(ar + 16 * c);
-      for (int m = 0; m < pairs; ++m) {
-        const __m512bh pp = reinterpret_cast<__m512bh>(_mm512_set1_epi32(p32[m]));
-        for (int c = 0; c < DV; ++c) o[c] = _mm512_dpbf16_ps(o[c], reinterpret_cast<__m512bh>(vpairs[m][c]), pp);
-      }
-      for (int c = 0; c < DV; ++c) _mm512_storeu_ps(ar + 16 * c, o[c]);
-    }
+    int r = 0;
+    for (; r + 2 <= R; r += 2) pv_rows<D, 2>(scores, vpairs, rescales, r, nb, acc);
+    if (r < R) pv_rows<D, 1>(scores, vpairs, rescales, r, nb, acc);
   }
 }
 

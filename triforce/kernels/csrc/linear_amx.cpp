@@ -1,4 +1,4 @@
-// y[n, N] = x[n, K] . W[N, K]^T with AMX-BF16 tiles, for 1 <= n <= 16 rows of x and N a multiple of 16.
+// y[n, N] = x[n, K] . W[N, K]^T with AMX-BF16 tiles, for n rows of x, 16 at a time, and N a multiple of 16.
 //
 // The vector kernel (linear_bf16.cpp) issues one dot product per row of x for every 64 bytes of W, so
 // its read rate fell from 13.9 GB/s at 1 row to 7.6 at 7 (benchmarks/linear_bandwidth.py): a 7-token
@@ -10,6 +10,7 @@
 
 #include "amx.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace triforce_linear {
@@ -62,15 +63,19 @@ template <typename Out>
 void run_amx(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
   const int n = static_cast<int>(x.size(0));
   const int64_t K = x.size(1), N = w.size(0);
-  std::vector<int32_t> xt(static_cast<size_t>(K / 32) * 256, 0);
   const auto* x32 = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
-  for (int t = 0; t < n; ++t)
-    for (int64_t p = 0; p < K / 2; ++p) xt[(p / 16) * 256 + (p % 16) * 16 + t] = x32[t * K / 2 + p];
   const auto* wp = w.data_ptr<at::BFloat16>();
-  auto* yp = y.data_ptr<Out>();
   // Grain: at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
   const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (16 * K * 2));
-  at::parallel_for(0, N / 16, grain, [&](int64_t b, int64_t e) { blocks_amx<Out>(xt.data(), wp, yp, n, K, N, b, e); });
+  for (int r0 = 0; r0 < n; r0 += 16) {  // pieces of 16 rows of x (one B tile's width)
+    const int rows = std::min(16, n - r0);
+    std::vector<int32_t> xt(static_cast<size_t>(K / 32) * 256, 0);
+    for (int t = 0; t < rows; ++t)
+      for (int64_t p = 0; p < K / 2; ++p) xt[(p / 16) * 256 + (p % 16) * 16 + t] = x32[(r0 + t) * K / 2 + p];
+    auto* yp = y.data_ptr<Out>() + r0 * N;
+    at::parallel_for(0, N / 16, grain,
+                     [&](int64_t b, int64_t e) { blocks_amx<Out>(xt.data(), wp, yp, rows, K, N, b, e); });
+  }
 }
 
 template void run_amx<float>(const torch::Tensor&, const torch::Tensor&, torch::Tensor&);

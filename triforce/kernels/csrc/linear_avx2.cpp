@@ -1,4 +1,5 @@
-// y[n, N] = x[n, K] . W[N, K]^T for bfloat16 x and W on AVX2 + FMA CPUs (no AVX512-BF16), n <= 8 rows.
+// y[n, N] = x[n, K] . W[N, K]^T for bfloat16 x and W on AVX2 + FMA CPUs (no AVX512-BF16), n rows of x,
+// 8 at a time.
 //
 // The `avx2` build's linear_bf16 (kernels/cpu.py). Weights stay bfloat16 in memory, half the bytes of
 // float32, which is what a memory-bound decode step pays for; each row of W is widened to float32 in
@@ -37,7 +38,7 @@ void linear_rows(const float* xf, const at::BFloat16* w, Out* y, int64_t K, int6
 }
 
 template <typename Out>
-constexpr triforce_linear::RowsFn<float, Out> kRows[triforce_linear::kVectorMaxRows] = {
+constexpr triforce_linear::RowsFn<float, Out> kRows[triforce_linear::kPieceRows] = {
     linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>, linear_rows<4, Out>,
     linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
 
@@ -48,7 +49,7 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
   std::vector<float> xf(static_cast<size_t>(x.numel()));
   const auto* xp = x.data_ptr<at::BFloat16>();
   for (size_t i = 0; i < xf.size(); ++i) xf[i] = static_cast<float>(xp[i]);
-  triforce_linear::parallel_rows(kRows<Out>[x.size(0) - 1], static_cast<const float*>(xf.data()),
+  triforce_linear::parallel_rows(kRows<Out>, static_cast<int>(x.size(0)), static_cast<const float*>(xf.data()),
                                  w.data_ptr<at::BFloat16>(), y.data_ptr<Out>(), K, N);
 }
 
@@ -56,7 +57,7 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 
 // float_out: float32 y, unrounded (logits). allow_amx: ignored (no tiles at this level).
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool /*allow_amx*/) {
-  auto y = triforce_linear::checked_output(x, w, float_out, triforce_linear::kVectorMaxRows);
+  auto y = triforce_linear::checked_output(x, w, float_out);
   if (float_out) run<float>(x, w, y);
   else run<at::BFloat16>(x, w, y);
   return y;

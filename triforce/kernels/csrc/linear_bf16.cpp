@@ -1,5 +1,5 @@
-// y[n, N] = x[n, K] . W[N, K]^T for bfloat16 x and W, float32 accumulation, n <= 8 rows of x
-// (n <= 16 with AMX tiles, where N is a multiple of 16: linear_amx.cpp).
+// y[n, N] = x[n, K] . W[N, K]^T for bfloat16 x and W, float32 accumulation, n rows of x, 8 at a time
+// (16 at a time with AMX tiles, where N is a multiple of 16: linear_amx.cpp).
 //
 // Decoding multiplies a few activation rows by every weight matrix, so it is bound by reading W.
 // This kernel streams each row of W once, multiplies it into all n activation rows with AVX512-BF16
@@ -38,15 +38,15 @@ void linear_rows(const at::BFloat16* x, const at::BFloat16* w, Out* y, int64_t K
 }
 
 template <typename Out>
-constexpr triforce_linear::RowsFn<at::BFloat16, Out> kRows[triforce_linear::kVectorMaxRows] = {
+constexpr triforce_linear::RowsFn<at::BFloat16, Out> kRows[triforce_linear::kPieceRows] = {
     linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>, linear_rows<4, Out>,
     linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
 
 template <typename Out>
 void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
   const int64_t K = x.size(1), N = w.size(0);
-  triforce_linear::parallel_rows(kRows<Out>[x.size(0) - 1], x.data_ptr<at::BFloat16>(), w.data_ptr<at::BFloat16>(),
-                                 y.data_ptr<Out>(), K, N);
+  triforce_linear::parallel_rows(kRows<Out>, static_cast<int>(x.size(0)), x.data_ptr<at::BFloat16>(),
+                                 w.data_ptr<at::BFloat16>(), y.data_ptr<Out>(), K, N);
 }
 
 }  // namespace
@@ -54,7 +54,7 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 // float_out: float32 y, unrounded (logits: bfloat16's 8-bit mantissa would tie near-equal candidates).
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx) {
   const bool amx = allow_amx && triforce_amx::usable() && w.size(0) % 16 == 0;
-  auto y = triforce_linear::checked_output(x, w, float_out, amx ? 16 : triforce_linear::kVectorMaxRows);
+  auto y = triforce_linear::checked_output(x, w, float_out);
 #if TRIFORCE_WITH_AMX
   if (amx && float_out) triforce_linear::run_amx<float>(x, w, y);
   else if (amx) triforce_linear::run_amx<at::BFloat16>(x, w, y);

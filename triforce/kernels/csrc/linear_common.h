@@ -1,6 +1,8 @@
 // What the decode-linear kernels of every level share (linear_bf16.cpp for AVX512-BF16 and AMX,
 // linear_avx2.cpp for AVX2): the argument checks of linear_bf16 and the split of W's rows over torch's
-// intra-op threads. A level supplies the row function: rows [begin, end) of W against all rows of x.
+// intra-op threads. A level supplies row functions: rows [begin, end) of W against 1..kPieceRows rows
+// of x. More rows of x than that go in pieces over one tile of W rows at a time, so W still comes from
+// memory once and the later pieces read it from the core's cache.
 #pragma once
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -9,26 +11,34 @@
 
 namespace triforce_linear {
 
-constexpr int kVectorMaxRows = 8;  // rows of x the vector paths take (kernels/linear.py: VECTOR_MAX_ROWS)
+constexpr int kPieceRows = 8;  // rows of x one pass of a vector row function takes (its accumulators)
+constexpr int64_t kTileBytes = 64 * 1024;  // W rows per tile: what the later pieces re-read from L2
 
 template <typename X, typename Out>
 using RowsFn = void (*)(const X* x, const at::BFloat16* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end);
 
-// Rows of W over the threads, at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
+// y[n, N] = x[n, K] . W^T with rows[i] the row function for i + 1 rows of x. Rows of W over the threads,
+// at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
 template <typename X, typename Out>
-void parallel_rows(RowsFn<X, Out> rows, const X* x, const at::BFloat16* w, Out* y, int64_t K, int64_t N) {
+void parallel_rows(const RowsFn<X, Out>* rows, int n, const X* x, const at::BFloat16* w, Out* y, int64_t K,
+                   int64_t N) {
   const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (K * 2));
-  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) { rows(x, w, y, K, N, begin, end); });
+  const int64_t tile = n <= kPieceRows ? N : std::max<int64_t>(1, kTileBytes / (K * 2));
+  at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t0 = begin; t0 < end; t0 += tile)
+      for (int r0 = 0; r0 < n; r0 += kPieceRows)
+        rows[std::min(kPieceRows, n - r0) - 1](x + r0 * K, w, y + r0 * N, K, N, t0, std::min(end, t0 + tile));
+  });
 }
 
-// Checks linear_bf16's arguments (x [n, K] with 1 <= n <= max_rows, W [N, K] contiguous, both bfloat16,
+// Checks linear_bf16's arguments (x [n, K] with n >= 1, W [N, K] contiguous, both bfloat16,
 // K a multiple of 32); makes x contiguous; returns y [n, N], float32 (unrounded: logits) or bfloat16.
-inline torch::Tensor checked_output(torch::Tensor& x, const torch::Tensor& w, bool float_out, int64_t max_rows) {
+inline torch::Tensor checked_output(torch::Tensor& x, const torch::Tensor& w, bool float_out) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [n, K], w [N, K]");
   TORCH_CHECK(x.size(1) % 32 == 0, "K must be a multiple of 32");
   TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= max_rows, "1 to ", max_rows, " rows of x here (16 only with AMX and N % 16 == 0)");
+  TORCH_CHECK(x.size(0) >= 1, "at least one row of x");
   x = x.contiguous();
   return torch::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
 }
