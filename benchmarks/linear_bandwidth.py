@@ -30,10 +30,10 @@ def main() -> None:
     weights = [torch.randn(3072, 576).bfloat16() for _ in range(60)]
     kernel = cpu_kernels()
     rows = {}
-    for n in (1, 2, 4, 7, 8, 16):
+    for n in (1, 2, 4, 7, 8, 16, 24, 32):
         x = torch.randn(n, 576).bfloat16()
         rows[n] = {"torch_GBps": bandwidth(lambda w: F.linear(x, w), weights)}
-        if kernel is not None and n <= 8:
+        if kernel is not None:
             rows[n]["vector_kernel_GBps"] = bandwidth(lambda w: kernel.linear_bf16(x, w, allow_amx=False), weights)
         if kernel is not None and kernel.amx_usable():
             rows[n]["amx_kernel_GBps"] = bandwidth(lambda w: kernel.linear_bf16(x, w), weights)

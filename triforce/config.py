@@ -83,7 +83,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be 'auto' or a node count in [0, {MAX_TREE}] (got {value!r})")
         if self.tree2 and self.mode == "triforce":
             raise ConfigError("tree2 (tier 2's tree to the target) runs in `retrieval` mode only; in `triforce` "
-                              "mode tier 2 hands the target a chain of gamma2 tokens")
+                              "mode tier 2 hands the target a chain of gamma2 tokens (the target accepts most of them, so "
+                              "siblings would cost more rows than they add; README, Token trees)")
         if self.chunk_size < 1:
             raise ConfigError(f"chunk size must be >= 1 (got {self.chunk_size})")
         if self.budget < self.chunk_size or self.budget % self.chunk_size:
