@@ -10,6 +10,7 @@ ARCHITECTURES = {
     "llama3": dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
     "linear": dict(model_type="llama", rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "dynamic": dict(model_type="llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
     "yarn": dict(model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                    "original_max_position_embeddings": 128}),
     "mistral": dict(model_type="mistral", sliding_window=None),

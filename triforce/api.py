@@ -58,10 +58,11 @@ def _available_memory_bytes(device: torch.device) -> int | None:
 class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
                  mode: str = "triforce", dtype: str = "auto", device: str | None = None, workers=None,
-                 **engine_settings):
+                 rope_scaling: str | None = None, **engine_settings):
         """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...). `workers`: a
         ControlChannel to a worker group that verifies with the full cache (launch/distributed.py);
-        None verifies in this process."""
+        None verifies in this process. `rope_scaling`: 'KIND:FACTOR' (linear, dynamic, yarn, llama3)
+        stretches target and draft alike over FACTOR times their positions."""
         if dtype not in DTYPE_CHOICES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPE_CHOICES)} (got {dtype!r})")
         unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
@@ -78,8 +79,10 @@ class LLM:
         if draft is None and mode == "draft":
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
         self.draft_path = resolve_model(draft) if draft is not None and mode in ("triforce", "draft") else None
-        self.target = load_model(self.model_path, self.dtype, self.device)
-        self.draft = None if self.draft_path is None else load_model(self.draft_path, self.dtype, self.device)
+        self.rope_scaling = rope_scaling
+        self.target = load_model(self.model_path, self.dtype, self.device, rope_scaling=rope_scaling)
+        self.draft = (None if self.draft_path is None
+                      else load_model(self.draft_path, self.dtype, self.device, rope_scaling=rope_scaling))
         if self.draft is None and mode == "triforce":
             print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",
                   file=sys.stderr)

@@ -80,12 +80,18 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "empty prompt": (["--model", target, "--prompt", ""], "empty prompt"),
         "empty prompt file": (["--model", target, "--prompt-file", empty_file], "empty prompt"),
         "missing prompt file": (["--model", target, "--prompt-file", tmp_path / "none.txt"], "cannot read"),
+        "rope scaling without factor": (["--model", target, *base, "--rope-scaling", "yarn"], "KIND:FACTOR"),
+        "rope scaling of an unknown kind": (["--model", target, *base, "--rope-scaling", "ntk:2"], "KIND:FACTOR"),
+        "rope scaling factor 1": (["--model", target, *base, "--rope-scaling", "linear:1"], "FACTOR > 1"),
+        "rope scaling a scaled model": (["--model", tiny_dir("cli-llama3", tokenizer=True, arch="llama3"), *base,
+                                         "--rope-scaling", "yarn:2"], "already scales RoPE"),
     }
 
 
 CASES = ["missing folder", "corrupt folder", "draft vocabulary", "prompt too long", "draft window past its positions", "budget not multiple",
          "gamma1 < 1", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "empty prompt",
-         "empty prompt file", "missing prompt file"]
+         "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
+         "rope scaling factor 1", "rope scaling a scaled model"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -95,6 +101,16 @@ def test_bad_input_is_one_clear_line(capsys, target, draft, tmp_path, tiny_dir, 
     lines = [line for line in err.splitlines() if line.startswith("triforce: error:")]
     assert code == 2 and len(lines) == 1 and needle in lines[0], err
     assert "Traceback" not in err and out == ""
+
+
+def test_rope_scaling_stretches_the_positions_and_is_recorded(capsys, target, draft):
+    """A prompt past the target's 256 positions runs with --rope-scaling yarn:2 (512), in all three tiers."""
+    long_prompt = " ".join(f"w{3 + i % 90}" for i in range(300))
+    code, out, err = run_cli(capsys, "--model", target, "--draft", draft, "--prompt", long_prompt, "--max-new-tokens",
+                             6, "--ignore-eos", "--json", "--dtype", "float32", "--rope-scaling", "yarn:2")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["rope_scaling"] == "yarn:2" and result["prompt_tokens"] == 300 and len(result["token_ids"]) == 6
 
 
 def test_prompt_larger_than_memory(capsys, target, monkeypatch):

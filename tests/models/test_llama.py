@@ -7,7 +7,8 @@ from safetensors.torch import load_file, save_file
 
 from checkpoints import ARCHITECTURES
 from triforce.cache.full import FullKVCache
-from triforce.models.config import ModelLoadError
+from triforce.errors import UserError
+from triforce.models.config import ROPE_SCALING_KINDS, ModelLoadError
 from triforce.models.loader import load_model
 
 
@@ -32,6 +33,41 @@ def test_logits_match_transformers(tiny_dir, arch, tie):
     ids = torch.randint(0, 96, (300,))  # past the llama3/yarn original context, so scaling matters
     ours = our_logits(load_model(folder), ids, split=217)
     assert (ours - hf_logits(folder, ids)).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("kind", ROPE_SCALING_KINDS)
+def test_rope_scaling_flag_matches_transformers(tiny_dir, kind):
+    """--rope-scaling KIND:2 on a model of 128 positions against transformers with the same rope_parameters,
+    over 256 tokens: past the original length, and exactly the scaled length, where transformers' dynamic
+    NTK (recomputed per forward from the longest position) equals ours (computed once for that length)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tiny_dir("llama2-p128", arch="llama2", seed=6, max_position_embeddings=128)
+    model = load_model(folder, rope_scaling=f"{kind}:2")
+    assert model.config.max_positions == 256
+    params = {"rope_type": kind, "factor": 2.0, "original_max_position_embeddings": 128, "rope_theta": 10000.0}
+    if kind == "llama3":
+        params.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    config = AutoConfig.from_pretrained(folder)
+    config.rope_parameters = params
+    config.max_position_embeddings = 128 if kind == "dynamic" else 256  # dynamic's original length
+    hf = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32).eval()
+    ids = torch.randint(0, 96, (256,))
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+    ours = our_logits(model, ids, split=200)
+    assert (ours - want).abs().max().item() <= 1e-4
+    unscaled = our_logits(load_model(folder), ids[:128], split=100)  # scaling changed the model
+    assert (ours[:128] - unscaled).abs().max().item() > 1e-3
+
+
+def test_rope_scaling_refuses_bad_specs_and_scaled_models(tiny_dir):
+    folder = tiny_dir("llama2-p128", arch="llama2", seed=6, max_position_embeddings=128)
+    for spec in ("yarn", "yarn:1", "yarn:x", "ntk:2", ":2"):
+        with pytest.raises(UserError, match="KIND:FACTOR"):
+            load_model(folder, rope_scaling=spec)
+    with pytest.raises(ModelLoadError, match="already scales RoPE"):
+        load_model(tiny_dir("llama3-tieFalse", arch="llama3", tie=False, seed=3), rope_scaling="yarn:2")
 
 
 def test_sharded_checkpoint_loads_like_single_file(tiny_dir, tmp_path):

@@ -30,10 +30,13 @@ class WorkerError(UserError):
     """The worker group failed a request, or did not answer in time."""
 
 
-def model_identity(folder: Path) -> str:
-    """What the handshake compares: the folder's config and the sizes of its weight files."""
+def model_identity(folder: Path, rope_scaling: str | None = None) -> str:
+    """What the handshake compares: the folder's config, the sizes of its weight files and the RoPE
+    scaling it runs with."""
     folder = Path(folder)
     h = hashlib.sha1((folder / "config.json").read_bytes())
+    if rope_scaling:
+        h.update(f"rope_scaling:{rope_scaling}".encode())
     for f in sorted(folder.glob("*.safetensors")):
         h.update(f"{f.name}:{f.stat().st_size}".encode())
     return h.hexdigest()[:16]

@@ -87,8 +87,10 @@ def run_bench(args) -> int:
     sweep_name, sweep_values = _parse_sweep(args.sweep)
     text = "\n".join(Path(f).read_text(encoding="utf-8") for f in args.text)
     needs_draft = any(m in ("draft", "triforce") for m in args.modes) or "assisted" in args.peers
+    if args.rope_scaling and args.peers:
+        raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
-              args.device, **engine_settings(args))
+              args.device, rope_scaling=args.rope_scaling, **engine_settings(args))
     if "assisted" in args.peers and llm.draft_path is None:
         raise UserError("the assisted peer needs a draft model")
     hf = None
@@ -139,7 +141,8 @@ def run_bench(args) -> int:
                     print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}), file=sys.stderr)
                 results.extend(_compare(rows, llm.tokenizer, key))
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
-              "dtype": llm.dtype, "device": str(llm.device), "max_new_tokens": args.max_new_tokens,
+              "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
+              "max_new_tokens": args.max_new_tokens,
               "top_p": args.top_p, "engine": dataclasses.asdict(base),
               "cpu": {"isa": cpu_isa(), "isa_level": isa_level(), "kernel_path": kernel_path(),
                       "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()},

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..config import MODES, RETRIEVAL_POLICIES, EngineConfig, SamplingParams
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
+from ..models.config import ROPE_SCALING_KINDS
 from ..models.loader import DTYPE_CHOICES
 
 _DEFAULTS = EngineConfig()
@@ -26,6 +27,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "AVX2 CPUs where triforce's kernels built; float32 elsewhere (torch's bfloat16 math is "
                         "slow there)")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    g.add_argument("--rope-scaling", default=None, metavar="KIND:FACTOR",
+                   help="stretch RoPE over FACTOR times the model's positions, for target and draft alike; KIND: "
+                        f"{', '.join(ROPE_SCALING_KINDS)} (transformers' kinds), e.g. yarn:4 for 32K on an 8K "
+                        "model; models whose config already scales RoPE are refused")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -99,7 +104,8 @@ def _generate(args) -> int:
     from ..api import LLM
 
     EngineConfig(mode=args.mode, **engine_settings(args))  # validate before loading any weights
-    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, **engine_settings(args))
+    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
+              **engine_settings(args))
     return run_generation(args, llm)
 
 
@@ -127,7 +133,8 @@ def run_generation(args, llm) -> int:
     if args.json:
         metrics = m.to_dict()
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_tokens": len(out.prompt_token_ids),
-                          "finish_reason": out.finish_reason, "mode": llm.config.mode, "metrics": metrics}))
+                          "finish_reason": out.finish_reason, "mode": llm.config.mode,
+                          "rope_scaling": llm.rope_scaling, "metrics": metrics}))
     else:
         sys.stdout.write("\n")
         tiers = "; ".join(f"{t.name} accepted {t.accepted}/{t.proposed} from {t.drafter}" for t in m.tiers)

@@ -165,7 +165,8 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     link = BulkLink(groups.link, peer=0) if leader else None
     try:
         run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, 512,
-                   heartbeat_s=timeouts.heartbeat_s, coordinator_timeout_s=timeouts.link_s)
+                   heartbeat_s=timeouts.heartbeat_s, coordinator_timeout_s=timeouts.link_s,
+                   rope_scaling=args.rope_scaling)
     except CoordinatorLost:
         return 1  # the leader has logged why; every rank of the group exits alike
     except UserError as exc:
@@ -184,9 +185,9 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
     channel = ControlChannel(f"tcp://{args.control_host}:{args.control_port}", args.worker_timeout,
                              BulkLink(groups.link, peer=1))
     try:
-        channel.handshake(model_identity(path), world - 1)
+        channel.handshake(model_identity(path, args.rope_scaling), world - 1)
         llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=channel,
-                  **engine_settings(args))
+                  rope_scaling=args.rope_scaling, **engine_settings(args))
         return run_generation(args, llm)
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)

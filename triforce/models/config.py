@@ -6,6 +6,7 @@ clear error instead of being loaded wrong.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 from ..errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+ROPE_SCALING_KINDS = ("linear", "dynamic", "yarn", "llama3")  # what --rope-scaling KIND:FACTOR takes
 
 
 class ModelLoadError(UserError):
@@ -51,6 +53,19 @@ class ModelConfig:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ModelLoadError(f"RoPE scaling {rope_type!r} is not supported "
                                  f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+
+    def with_rope_scaling(self, spec: str) -> "ModelConfig":
+        """This config with RoPE stretched over FACTOR times its positions (`--rope-scaling KIND:FACTOR`): the
+        parameters transformers reads for that kind, the original length being max_position_embeddings."""
+        kind, factor = parse_rope_scaling(spec)
+        if self.rope_scaling:
+            raise ModelLoadError(f"--rope-scaling {spec}: the model's config already scales RoPE "
+                                 f"({self.rope_type}); the flag is for models without scaling")
+        original = self.max_position_embeddings
+        params = {"rope_type": kind, "factor": factor, "original_max_position_embeddings": original}
+        if kind == "llama3":
+            params.update(low_freq_factor=1.0, high_freq_factor=4.0)  # Llama 3.1's
+        return dataclasses.replace(self, rope_scaling=params, max_position_embeddings=int(original * factor))
 
     @property
     def rope_type(self) -> str:
@@ -121,3 +136,17 @@ class ModelConfig:
         except (OSError, json.JSONDecodeError) as exc:
             raise ModelLoadError(f"{path}: unreadable config ({exc})") from exc
         return cls.from_hf_dict(raw)
+
+
+def parse_rope_scaling(spec: str) -> tuple[str, float]:
+    """'yarn:4' -> ('yarn', 4.0); a one-line UserError for anything else."""
+    kind, sep, factor = str(spec).partition(":")
+    kind = kind.strip().lower()
+    try:
+        value = float(factor)
+    except ValueError:
+        value = 0.0
+    if not sep or kind not in ROPE_SCALING_KINDS or not value > 1.0:
+        raise UserError(f"--rope-scaling takes KIND:FACTOR with KIND one of {', '.join(ROPE_SCALING_KINDS)} "
+                        f"and FACTOR > 1, e.g. yarn:4 (got {spec!r})")
+    return kind, value

@@ -122,14 +122,18 @@ def _shard_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], tp: Tens
 
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "float32",
-               device: str | torch.device = "cpu", tp: TensorParallel | None = None) -> LlamaModel:
-    """Loads a model folder onto `device` in `dtype`; with `tp`, only this rank's shard. Raises
-    ModelLoadError with a one-line reason."""
+               device: str | torch.device = "cpu", tp: TensorParallel | None = None,
+               rope_scaling: str | None = None) -> LlamaModel:
+    """Loads a model folder onto `device` in `dtype`; with `tp`, only this rank's shard; `rope_scaling`
+    'KIND:FACTOR' stretches its positions (ModelConfig.with_rope_scaling). Raises ModelLoadError with a
+    one-line reason."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a model folder")
     torch_dtype = DTYPES[resolve_dtype(dtype, device)] if isinstance(dtype, str) else dtype
     cfg = ModelConfig.from_folder(folder)
+    if rope_scaling:
+        cfg = cfg.with_rope_scaling(rope_scaling)
     state = _fused_state_dict(cfg, _read_tensors(_checkpoint_files(folder)))
     if tp is not None and tp.size > 1:
         tp.check(cfg)

@@ -3,6 +3,11 @@
 The cos/sin table is computed once in float32 for every position the model supports and cast to the
 activation dtype when applied, as transformers does, so logits agree to float32 rounding.
 Layout is the Hugging Face one (rotate the two halves of the head), not the interleaved GGUF one.
+
+`dynamic` (NTK) is computed once for the model's whole length, as vLLM does: transformers recomputes it
+per forward from the longest position seen so far, so a 7-token check and a one-token step would rotate
+the same position differently and speculation could not reproduce plain decoding. The two agree on a
+forward that reaches the last position.
 """
 from __future__ import annotations
 
@@ -59,6 +64,14 @@ def _yarn_inv_freq(cfg: ModelConfig, dim: int) -> tuple[torch.Tensor, float]:
     return inv_freq, float(attention_factor)
 
 
+def _dynamic_ntk_theta(cfg: ModelConfig) -> float:
+    """The NTK-scaled base for the model's whole length (transformers' formula at that sequence length)."""
+    s, dim = cfg.rope_scaling, cfg.head_dim
+    original = s.get("original_max_position_embeddings", cfg.max_position_embeddings)
+    stretch = s["factor"] * cfg.max_position_embeddings / original - (s["factor"] - 1)
+    return cfg.rope_theta * stretch ** (dim / (dim - 2))
+
+
 def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     """Returns (inv_freq [head_dim/2] float32, attention scaling applied to cos and sin)."""
     dim, kind, s = cfg.head_dim, cfg.rope_type, cfg.rope_scaling
@@ -67,6 +80,8 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
         return inv_freq, 1.0
     if kind == "linear":
         return inv_freq / s["factor"], 1.0
+    if kind == "dynamic":
+        return _base_inv_freq(_dynamic_ntk_theta(cfg), dim), 1.0
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, s), 1.0
     if kind == "yarn":
