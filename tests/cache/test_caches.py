@@ -93,6 +93,21 @@ def test_full_cache_matches_reference(ops):
             torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions))
 
 
+@settings(max_examples=60, deadline=None)
+@given(ops=ops, chunk=st.integers(1, 6), every=st.integers(1, 3))
+def test_full_cache_chunk_means_follow_appends_rollbacks_and_kept_paths(ops, chunk, every):
+    """The incrementally kept chunk means (asked for every `every` ops) equal the means of the keys the
+    cache holds at that moment, through rollbacks and tree paths moved into place."""
+    cache = FullKVCache(CFG, 400, ROPE, torch.float32, "cpu")
+    history = []
+    for step, (op, n, raw) in enumerate(ops):
+        apply_op(cache, history, op, n, raw, step)
+        if step % every == 0:
+            complete = cache.length // chunk
+            want = cache.keys[:, :, : complete * chunk].reshape(CFG.num_layers, HKV, complete, chunk, D).mean(3)
+            torch.testing.assert_close(cache.chunk_means(chunk), want)
+
+
 @settings(max_examples=80, deadline=None)
 @given(ops=ops, sinks=st.integers(0, 4), window=st.integers(1, 12))
 def test_streaming_cache_matches_reference(ops, sinks, window):

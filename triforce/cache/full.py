@@ -7,6 +7,7 @@ from ..models.config import ModelConfig
 from ..models.rope import RotaryEmbedding
 from ..step import Step
 from .base import CacheCapacityError, KVCache, LayerBuffers, move_slots
+from .chunk_means import ChunkMeans
 
 
 class FullKVCache(KVCache):
@@ -24,6 +25,7 @@ class FullKVCache(KVCache):
         self.last_query: list[torch.Tensor | None] = [None] * cfg.num_layers
         self._queries = torch.zeros(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
         self._query_rows = self._queries.unbind(0)  # last_query when the fused layer loop fills it
+        self._means: ChunkMeans | None = None  # built by the first chunk_means call
 
     def begin(self, step: Step) -> None:
         n = step.n
@@ -49,8 +51,25 @@ class FullKVCache(KVCache):
         return LayerBuffers(self._layer_keys, self._layer_values, [self.length] * len(self._layer_keys),
                             *self._cos_sin, self._queries)
 
+    def chunk_means(self, chunk_size: int) -> torch.Tensor:
+        """[L, Hkv, length // chunk_size, D]: mean keys of the complete chunks (the retrieval cache's scores)."""
+        if self._means is None or self._means.chunk_size != chunk_size:
+            self._means = ChunkMeans(self.keys, chunk_size)
+        return self._means.upto(self.length)
+
+    def rollback(self, n: int) -> None:
+        super().rollback(n)
+        self._forget_from(self.length)
+
     def _move(self, src: list[int], dst: list[int]) -> None:
+        if dst:
+            self._forget_from(min(dst))
         move_slots((self.keys, self.values), src, dst, dim=2)
+
+    def _forget_from(self, position: int) -> None:
+        if self._means is not None:
+            self._means.forget_from(position)
 
     def reset(self) -> None:
         self.length = 0
+        self._forget_from(0)

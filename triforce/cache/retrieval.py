@@ -13,6 +13,8 @@ Selection policies:
 - `dynamic` (Quest-style): chunks re-chosen at every forward, from the query of the forward's *first*
   token against the mean keys, which are kept up to date at each sync; the extra cost is reading the
   means, about 1/chunk_size of the keys.
+Both read the source's chunk means (cache/chunk_means.py), which average each chunk once, when it
+completes: a rebuild costs what it selects and the chunks added since the last one, not the context.
 
 Why the first token only (exactness): a forward's row i reports the distribution of position p_0 + i + 1,
 and speculative verification assumes that distribution does not depend on the proposals it checks,
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_tokens, select_chunks
+from ..kernels.retrieval import chunk_token_ids, gather_tokens, select_chunks
 from ..step import Step
 from .base import CacheCapacityError, KVCache, LayerBuffers, move_slots
 from .full import FullKVCache
@@ -58,12 +60,12 @@ def retrieve_from_full(full: FullKVCache, budget: int, chunk_size: int, full_lay
     total, chunk = full.length, chunk_size
     queries = full.last_query if queries is None else queries
     complete = total // chunk
+    means = full.chunk_means(chunk) if total > budget + chunk else None
     out = []
     for layer in range(full.keys.shape[0]):
         keys, values = full.keys[layer, :, :total], full.values[layer, :, :total]
-        if layer >= full_layers and total > budget + chunk:
-            means = chunk_mean_keys(keys[:, : complete * chunk], chunk)
-            chosen = select_chunks(queries[layer].unsqueeze(1), means, budget // chunk)
+        if layer >= full_layers and means is not None:
+            chosen = select_chunks(queries[layer].unsqueeze(1), means[layer], budget // chunk)
             keys, values = gather_tokens(retrieval_token_ids(chosen, chunk, complete, total), full.keys[layer],
                                          full.values[layer])
         out.append((keys, values))
@@ -102,7 +104,7 @@ class RetrievalKVCache(KVCache):
             raise ValueError("the dynamic retrieval policy needs the target's full cache in this process")
         self.source, self.budget, self.chunk_size, self.policy = source, budget, chunk_size, policy
         self.full_layers, self.refresh_every, self.max_speculative = full_layers, refresh_every, max_speculative
-        self.num_layers, hkv, d = source.num_layers, source.num_kv_heads, source.head_dim
+        self.num_layers = source.num_layers
         # Speculative (uncommitted) entries of this tier: static keeps them in its per-layer buffer,
         # right after the committed part; dynamic writes them into the source's free slots past its
         # length, which the target overwrites with its own KV when it checks the same positions.
@@ -115,10 +117,8 @@ class RetrievalKVCache(KVCache):
         self._buf_v: list[torch.Tensor] = []
         self._retrieved: list[int] = []
         self._built_at = 0
-        # dynamic: per-layer mean keys of the source's complete chunks
-        self._means = [torch.zeros(hkv, source.capacity // chunk_size, d, dtype=source.dtype, device=source.device)
-                       for _ in range(self.num_layers)] if policy == "dynamic" else []
-        self._num_means = 0
+        # dynamic: the mean keys of the source's complete chunks at the last sync, [L, Hkv, C, D]
+        self._means: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -145,7 +145,7 @@ class RetrievalKVCache(KVCache):
         self.spec_len = 0
         total = self.source.length
         if self.policy == "dynamic":
-            self._update_means(total)
+            self._means = self.source.full.chunk_means(self.chunk_size)
             self.synced = total
             return
         if not self._buf_k or total - self._built_at > self.refresh_every:
@@ -158,15 +158,6 @@ class RetrievalKVCache(KVCache):
                 b = a + total - self.synced
                 self._buf_k[layer][:, a:b], self._buf_v[layer][:, a:b] = keys[layer], values[layer]
         self.synced = total
-
-    def _update_means(self, total: int) -> None:
-        complete, chunk = total // self.chunk_size, self.chunk_size
-        if complete > self._num_means:
-            lo, hi = self._num_means * chunk, complete * chunk
-            for layer in range(self.num_layers):
-                self._means[layer][:, self._num_means:complete] = chunk_mean_keys(
-                    self.source.full.keys[layer, :, lo:hi], chunk)
-        self._num_means = complete
 
     # --- the KVCache protocol -------------------------------------------------------------------
     def begin(self, step: Step) -> None:
@@ -193,8 +184,9 @@ class RetrievalKVCache(KVCache):
         if layer < self.full_layers or self.synced <= self.budget + self.chunk_size:
             return q, src_k[:, :end], src_v[:, :end]
         # The first row's query only: see the module docstring (a later row may be a proposal).
-        chosen = select_chunks(q[:, :1], self._means[layer][:, : self._num_means], self.budget // self.chunk_size)
-        token_ids = retrieval_token_ids(chosen, self.chunk_size, self._num_means, end)
+        means = self._means[layer]
+        chosen = select_chunks(q[:, :1], means, self.budget // self.chunk_size)
+        token_ids = retrieval_token_ids(chosen, self.chunk_size, means.shape[1], end)
         return (q, *gather_tokens(token_ids, src_k, src_v))
 
     def _static_offset(self, layer: int) -> int:
@@ -231,5 +223,6 @@ class RetrievalKVCache(KVCache):
                        dim=1)
 
     def reset(self) -> None:
-        self.synced = self.spec_len = self._num_means = self._built_at = 0
+        self.synced = self.spec_len = self._built_at = 0
+        self._means = None
         self._buf_k, self._buf_v, self._retrieved = [], [], []

@@ -10,9 +10,9 @@ import torch
 
 
 def chunk_mean_keys(keys: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """keys: [Hkv, C * chunk_size, D] -> [Hkv, C, D] means (accumulated in float32, returned in keys' dtype)."""
-    hkv, s, d = keys.shape
-    return keys.float().view(hkv, s // chunk_size, chunk_size, d).mean(dim=2).to(keys.dtype)
+    """keys: [..., C * chunk_size, D] -> [..., C, D] means (accumulated in float32, returned in keys' dtype)."""
+    *lead, s, d = keys.shape
+    return keys.float().reshape(*lead, s // chunk_size, chunk_size, d).mean(dim=-2).to(keys.dtype)
 
 
 def select_chunks(queries: torch.Tensor, mean_keys: torch.Tensor, num_chunks: int) -> torch.Tensor:
