@@ -45,7 +45,7 @@ def test_every_mode_equals_plain_greedy(smollm2, prompt_ids, shipped_draft):
     runs = [("triforce", "static", {}), ("triforce", "dynamic", {}), ("retrieval", "static", {}),
             ("retrieval", "dynamic", {}), ("draft", "static", {}),  # the default mode first
             ("triforce", "dynamic", {"tree1": 8}), ("retrieval", "static", {"tree2": 8}),
-            ("draft", "static", {"tree1": "auto"})]
+            ("draft", "static", {"tree1": 4})]
     for mode, policy, trees in runs:
         cfg = EngineConfig(mode=mode, retrieval_policy=policy, **settings, **trees)
         tokens, metrics = build_engine(cfg, smollm2, shipped_draft, 2140).generate(prompt_ids, params)
