@@ -64,3 +64,41 @@ def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, mo
 def test_float32_models_take_the_layer_loop(tmp_path):
     model = load_model(write_tiny_checkpoint(tmp_path, hidden_size=256, num_heads=4), "float32")
     assert model.fused_layers.max_rows == 0
+
+
+def decode_batch(model, fused):
+    """Two full caches and a static retrieval cache (on a third) stepped together: chains and trees of 1
+    to 5 tokens per sequence in one forward. Returns every forward's logits and the caches' contents."""
+    saved = model.fused_layers
+    model.fused_layers = fused
+    try:
+        g = torch.Generator().manual_seed(1)
+        fulls = [FullKVCache(model.config, 128, model.rope, model.dtype, "cpu") for _ in range(3)]
+        for full, n in zip(fulls, (30, 45, 52)):
+            model(torch.randint(3, 96, (n,), generator=g), full, logits_for="none")
+        retrieval = RetrievalKVCache(LocalKVSource(fulls[2]), 16, 4, "static", full_layers=1, refresh_every=10,
+                                     max_speculative=40)
+        retrieval.sync()
+        caches, logits = [fulls[0], fulls[1], retrieval], []
+        for shapes in (([-1], [-1, 0, 1], [-1, 0, 0, 1]), ([-1, 0, 0, 1, 1], [-1], [-1, 0])):
+            steps = [Step.tree(torch.randint(3, 96, (len(p),), generator=g), p, c.length) for p, c in zip(shapes, caches)]
+            logits += model.forward_batch(steps, caches)
+        return logits, [f.keys[:, :, :f.length] for f in fulls[:2]], [list(f.last_query) for f in fulls[:2]]
+    finally:
+        model.fused_layers = saved
+
+
+def test_fused_batches_equal_the_layer_loop_bit_for_bit(level, tmp_path, monkeypatch):
+    model = load_model(write_tiny_checkpoint(tmp_path, vocab_size=96, hidden_size=256, num_heads=4, num_kv_heads=2,
+                                             scale=10.0), "bfloat16")
+    calls = []
+    ext = cpu_kernels()
+    real = ext.decoder_layers_bf16
+    monkeypatch.setattr(ext, "decoder_layers_bf16", lambda *a: calls.append(a[5]) or real(*a))
+    fused = decode_batch(model, model.fused_layers)
+    assert calls == [[1, 3, 4], [5, 1, 2]]  # both batched forwards took it, whole
+    plain = decode_batch(model, None)
+    for got, want in zip(fused[0], plain[0]):
+        assert torch.equal(got, want)
+    for got, want in zip(fused[1] + fused[2][0] + fused[2][1], plain[1] + plain[2][0] + plain[2][1]):
+        assert torch.equal(got, want)

@@ -4,7 +4,9 @@ models/llama.py runs a layer as about 20 Python-side torch calls around the kern
 the same calls in C++ where every step of every layer takes the CPU kernels anyway (so both paths give
 bit-identical results) and the cache keeps each layer's keys and values in a buffer that the new tokens
 are written into at an offset (`KVCache.layer_buffers`: the full cache and the static retrieval cache).
-Elsewhere, and with tensor parallelism, the model runs its layers one by one.
+A batch of sequences runs as one call too: the weights are read once per layer for all of them, and each
+sequence attends over its own cache's buffers. Elsewhere, and with tensor parallelism, the model runs its
+layers one by one.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ class FusedLayers:
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.eps, self.scale = cfg.rms_norm_eps, cfg.head_dim ** -0.5
         self.weights: list[torch.Tensor] = []
-        self.max_rows = 0  # most new tokens per forward it takes; 0: never
+        self.max_rows = 0  # most new tokens per forward it takes, all sequences together; 0: never
         if model.tp is not None or model.dtype != torch.bfloat16 or model.device.type != "cpu" or cpu_kernels() is None:
             return
         no_bias = torch.empty(0, dtype=model.dtype)
@@ -31,23 +33,32 @@ class FusedLayers:
                              layer.post_attention_norm.weight, layer.gate_up_proj.weight, layer.down_proj.weight]
         matrices = [w for layer in model.layers for w in (layer.qkv_proj.weight, layer.o_proj.weight,
                                                           layer.gate_up_proj.weight, layer.down_proj.weight)]
-        if all(linear.kernel_takes(1, w) for w in matrices):
-            group = cfg.num_heads // cfg.num_kv_heads
-            self.max_rows = min(linear.kernel_max_rows(), attention.kernel_max_rows() // group)
+        if all(linear.kernel_takes(1, w) for w in matrices):  # (attention's rows are checked per sequence)
+            self.max_rows = linear.kernel_max_rows()
 
-    def __call__(self, x: torch.Tensor, cache, mask: torch.Tensor | None = None) -> torch.Tensor | None:
-        """x: [n, hidden] after the embedding, between cache.begin(step) and cache.end(); mask: the step's.
-        The hidden states after the last layer, or None where this forward must take the layer-by-layer
-        path."""
+    def __call__(self, x: torch.Tensor, caches, masks, rows: list[int]) -> torch.Tensor | None:
+        """x: [n, hidden] after the embedding: the rows of len(caches) sequences one after another (rows[i]
+        each), between every cache's begin(step) and end(); masks: their steps'. The hidden states after the
+        last layer, or None where this forward must take the layer-by-layer path."""
         n = x.shape[0]
+        group = self.num_heads // self.num_kv_heads
         if n > self.max_rows or x.dtype != torch.bfloat16:
             return None
-        buffers = cache.layer_buffers()
-        if buffers is None or not attention.kernel_takes(1, buffers.keys[0], buffers.values[0]):
-            return None
-        last_query = buffers.last_query
-        if last_query is None:
-            last_query = x.new_empty(len(buffers.keys), self.num_heads, self.head_dim)
+        keys, values, offsets, cos, sin, last_queries = [], [], [], [], [], []
+        for cache, r in zip(caches, rows):
+            buffers = cache.layer_buffers()
+            if buffers is None or not attention.kernel_takes(group * r, buffers.keys[0], buffers.values[0]):
+                return None
+            keys += buffers.keys
+            values += buffers.values
+            offsets += buffers.offsets
+            cos.append(buffers.cos)
+            sin.append(buffers.sin)
+            last_query = buffers.last_query
+            if last_query is None:
+                last_query = x.new_empty(len(buffers.keys), self.num_heads, self.head_dim)
+            last_queries.append(last_query)
+        cos, sin = (cos[0], sin[0]) if len(rows) == 1 else (torch.cat(cos), torch.cat(sin))
         return cpu_kernels().decoder_layers_bf16(
-            x, self.weights, buffers.keys, buffers.values, buffers.offsets, buffers.cos, buffers.sin, self.num_heads,
-            self.num_kv_heads, self.eps, self.scale, linear.kernel_uses_amx(n), last_query, mask)
+            x, self.weights, keys, values, offsets, rows, cos, sin, self.num_heads, self.num_kv_heads, self.eps,
+            self.scale, linear.kernel_uses_amx(n), last_queries, list(masks))

@@ -1,12 +1,15 @@
-"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2) as a plain module, batch size one.
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2) as a plain module, over one sequence or a batch.
 
 A forward takes a `Step` (triforce/step.py: tokens, positions, the mask among speculative tokens) and
 passes it down unchanged. The model knows nothing of cache policy: every layer hands its unrotated q, k, v
 to the cache, which rotates them with the step's positions and returns the keys and values to attend
-over, with the new tokens last; attention applies the step's mask (see kernels/attention.py). q, k, v share one fused projection and gate/up another,
-so a decode step reads each weight matrix in one pass.
+over, with the new tokens last; attention applies the step's mask (see kernels/attention.py). q, k, v
+share one fused projection and gate/up another, so a decode step reads each weight matrix in one pass.
+`forward_batch` runs several sequences' steps, each over its own cache, through the weights together.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -48,14 +51,19 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, group)
 
-    def forward(self, x: torch.Tensor, cache, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [n, hidden] -> [n, hidden]; mask: the step's [n, m] over the last m keys (None: a chain)."""
+    def forward(self, x: torch.Tensor, caches, masks, rows: list[int]) -> torch.Tensor:
+        """x: [n, hidden] -> [n, hidden], the rows of len(caches) sequences one after another (rows[i] each);
+        masks: their steps' [rows[i], m] over the last m keys (None: a chain). Every weight is read once for
+        all rows; each sequence attends over its own cache."""
         n = x.shape[0]
         d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
         qkv = linear(self.input_norm(x), self.qkv_proj.weight, self.qkv_proj.bias)  # [n, (hq + 2 hkv) d]
         q, k, v = qkv.view(n, hq + 2 * hkv, d).transpose(0, 1).split((hq, hkv, hkv))  # [h, n, d] each
-        q, keys, values = cache.append(self.index, q, k, v)  # keys/values: [hkv, S, d], new tokens last
-        attn = attention(q, keys, values, self.scale, mask)  # [hq, n, d]
+        parts = []
+        for cache, mask, q_s, k_s, v_s in zip(caches, masks, q.split(rows, 1), k.split(rows, 1), v.split(rows, 1)):
+            q_s, keys, values = cache.append(self.index, q_s, k_s, v_s)  # keys/values: [hkv, S, d], new last
+            parts.append(attention(q_s, keys, values, self.scale, mask))  # [hq, rows, d]
+        attn = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
         x = x + self.o_proj(attn.transpose(0, 1).reshape(n, hq * d))  # all-reduce across TP ranks
         gate_up = linear(self.post_attention_norm(x), self.gate_up_proj.weight)
         return x + self.down_proj(silu_mul(gate_up))  # all-reduce across TP ranks
@@ -105,20 +113,37 @@ class LlamaModel(nn.Module):
         ('all'), [1, V] ('last') or None ('none', for prefill); V is `output_vocab_size`."""
         if not isinstance(step, Step):
             step = Step.chain(step, cache.length)
-        step = step.to(self.device)
-        tokens = step.tokens if self.vocab is None else self.vocab.encode(step.tokens)
-        x = self.embed_tokens(tokens)  # [n, hidden]
-        cache.begin(step)
-        fused = None if self.fused_layers is None else self.fused_layers(x, cache, step.mask)
+        return self.forward_batch([step], [cache], logits_for)[0]
+
+    @torch.inference_mode()
+    def forward_batch(self, steps: Sequence[Step], caches: Sequence, logits_for: str = "all") -> list:
+        """One forward of several sequences, steps[i] over caches[i]: their tokens pass every weight matrix
+        together (each matrix is read once for the batch), each attends over its own cache. Returns each
+        sequence's logits as `forward` does. A sequence's logits are its own alone: its rows see nothing of
+        the others'."""
+        if len(steps) != len(caches) or not steps:
+            raise ValueError("a batch needs one cache per step, and at least one step")
+        steps = [step.to(self.device) for step in steps]
+        rows = [step.n for step in steps]
+        masks = [step.mask for step in steps]
+        tokens = steps[0].tokens if len(steps) == 1 else torch.cat([step.tokens for step in steps])
+        x = self.embed_tokens(tokens if self.vocab is None else self.vocab.encode(tokens))  # [n, hidden]
+        for cache, step in zip(caches, steps):
+            cache.begin(step)
+        fused = None if self.fused_layers is None else self.fused_layers(x, caches, masks, rows)
         if fused is None:
             for layer in self.layers:
-                x = layer(x, cache, step.mask)
+                x = layer(x, caches, masks, rows)
         else:
             x = fused
-        cache.end()
+        for cache in caches:
+            cache.end()
         if logits_for == "none":
-            return None
+            return [None] * len(steps)
         if logits_for == "last":
-            x = x[-1:]
+            x = x[torch.tensor(rows, device=x.device).cumsum(0) - 1]
+            rows = [1] * len(steps)
         logits = self.lm_head(self.norm(x)).float()  # all-gather of vocabulary shards across TP ranks
-        return logits if self.vocab is None else self.vocab.expand_logits(logits)
+        if self.vocab is not None:
+            logits = self.vocab.expand_logits(logits)
+        return list(logits.split(rows))

@@ -10,10 +10,11 @@ torch::Tensor silu_mul_bf16(torch::Tensor gate_up);
 torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tensor>& weights,
                                   const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                                  const std::vector<int64_t>& offsets, torch::Tensor cos, torch::Tensor sin,
-                                  int64_t num_heads, int64_t num_kv_heads, double eps, double scale,
-                                  bool linear_amx, torch::Tensor last_query,
-                                  const std::optional<torch::Tensor>& mask);
+                                  const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
+                                  torch::Tensor cos, torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
+                                  double eps, double scale, bool linear_amx,
+                                  const std::vector<torch::Tensor>& last_query,
+                                  const std::vector<std::optional<torch::Tensor>>& masks);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16", &linear_bf16, "bf16 x . W^T for a few rows of x", py::arg("x"), py::arg("w"),
@@ -26,8 +27,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm_bf16", &rms_norm_bf16, "bf16 RMSNorm with float32 statistics");
   m.def("silu_mul_bf16", &silu_mul_bf16, "silu(gate) * up of [gate | up]");
   m.def("rope_bf16", &rope_bf16, "rotary embedding of [H, n, D]");
-  m.def("decoder_layers_bf16", &decoder_layers_bf16, "the decoder layers of one forward over per-layer KV buffers",
-        py::arg("x"), py::arg("weights"), py::arg("keys"), py::arg("values"), py::arg("offsets"), py::arg("cos"),
-        py::arg("sin"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("eps"), py::arg("scale"),
-        py::arg("linear_amx"), py::arg("last_query"), py::arg("mask") = py::none());
+  m.def("decoder_layers_bf16", &decoder_layers_bf16,
+        "the decoder layers of one forward of a batch of sequences over their per-layer KV buffers",
+        py::arg("x"), py::arg("weights"), py::arg("keys"), py::arg("values"), py::arg("offsets"), py::arg("rows"),
+        py::arg("cos"), py::arg("sin"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("eps"),
+        py::arg("scale"), py::arg("linear_amx"), py::arg("last_query"), py::arg("masks"));
 }

@@ -1,4 +1,5 @@
-// The decoder layers of one bfloat16 forward (a decode step or a speculative check) as one call.
+// The decoder layers of one bfloat16 forward (a decode step or a speculative check, of one sequence or a
+// batch) as one call.
 //
 // models/llama.py runs a layer as about 20 Python-side torch calls around the kernels; over 30 layers
 // that overhead is several milliseconds per forward, as long as reading a tenth of the weights. This is
@@ -22,33 +23,51 @@ namespace {
 constexpr size_t kWeightsPerLayer = 7;  // input norm, qkv, qkv bias (empty: none), o, post norm, gate_up, down
 }
 
-// x: [n, hidden]. weights: kWeightsPerLayer per layer. keys[l], values[l]: [Hkv, capacity, D] buffers
-// that receive the n new rotated keys and values at offsets[l]. cos, sin: [n, D] of the new positions.
-// last_query: [L, Hq, D], receives each layer's rotated query of the last new token. mask: the step's
-// [n, m] over the last m keys (none for a chain), as decode_attention_bf16 takes it.
+// x: [n, hidden], the rows of S sequences one after another (rows[s] each). weights: kWeightsPerLayer per
+// layer. keys[s * L + l], values[s * L + l]: sequence s's [Hkv, capacity, D] buffers of layer l, which
+// receive its new rotated keys and values at offsets[s * L + l]. cos, sin: [n, D] of the new positions.
+// last_query[s]: [L, Hq, D], receives each layer's rotated query of sequence s's last new token. masks[s]:
+// sequence s's [rows[s], m] over its last m keys (none for a chain), as decode_attention_bf16 takes it.
+// The weights are read once per layer for all sequences; each sequence attends over its own buffers.
 torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tensor>& weights,
                                   const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                                  const std::vector<int64_t>& offsets, torch::Tensor cos, torch::Tensor sin,
-                                  int64_t num_heads, int64_t num_kv_heads, double eps, double scale,
-                                  bool linear_amx, torch::Tensor last_query,
-                                  const std::optional<torch::Tensor>& mask) {
-  const size_t layers = keys.size();
-  TORCH_CHECK(weights.size() == layers * kWeightsPerLayer && values.size() == layers && offsets.size() == layers &&
-                  last_query.size(0) == static_cast<int64_t>(layers),
-              "one set of weights, buffers, offset and query row per layer");
-  const int64_t n = x.size(0), d = last_query.size(2), hq = num_heads, hkv = num_kv_heads;
+                                  const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
+                                  torch::Tensor cos, torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
+                                  double eps, double scale, bool linear_amx,
+                                  const std::vector<torch::Tensor>& last_query,
+                                  const std::vector<std::optional<torch::Tensor>>& masks) {
+  const size_t seqs = rows.size();
+  TORCH_CHECK(seqs > 0 && last_query.size() == seqs && masks.size() == seqs, "one row count, query store and mask "
+              "per sequence");
+  const size_t layers = last_query[0].size(0);
+  TORCH_CHECK(weights.size() == layers * kWeightsPerLayer && keys.size() == seqs * layers &&
+                  values.size() == seqs * layers && offsets.size() == seqs * layers,
+              "one set of weights per layer, and buffers and offset per sequence and layer");
+  int64_t total = 0;
+  for (const int64_t r : rows) total += r;
+  TORCH_CHECK(total == x.size(0), "the row counts add up to x's rows");
+  const int64_t n = x.size(0), d = last_query[0].size(2), hq = num_heads, hkv = num_kv_heads;
+  std::vector<torch::Tensor> parts(seqs);
   for (size_t l = 0; l < layers; ++l) {
     const torch::Tensor* w = weights.data() + l * kWeightsPerLayer;
     auto qkv = linear_bf16(rms_norm_bf16(x, w[0], eps), w[1], false, linear_amx);
     if (w[2].numel() > 0) qkv = qkv + w[2];
     const auto heads = qkv.view({n, hq + 2 * hkv, d}).transpose(0, 1);  // [h, n, d]
-    const auto q = rope_bf16(heads.narrow(0, 0, hq), cos, sin);
-    const int64_t at = offsets[l];
-    keys[l].narrow(1, at, n).copy_(rope_bf16(heads.narrow(0, hq, hkv), cos, sin));
-    values[l].narrow(1, at, n).copy_(heads.narrow(0, hq + hkv, hkv));
-    last_query[l].copy_(q.select(1, n - 1));
-    const auto attn = decode_attention_bf16(q, keys[l].narrow(1, 0, at + n), values[l].narrow(1, 0, at + n), scale,
-                                            true, mask);
+    int64_t row = 0;
+    for (size_t s = 0; s < seqs; ++s) {
+      const int64_t ns = rows[s], at = offsets[s * layers + l];
+      const auto mine = heads.narrow(1, row, ns);
+      const auto c = cos.narrow(0, row, ns), sn = sin.narrow(0, row, ns);
+      const auto q = rope_bf16(mine.narrow(0, 0, hq), c, sn);
+      const auto& k = keys[s * layers + l];
+      const auto& v = values[s * layers + l];
+      k.narrow(1, at, ns).copy_(rope_bf16(mine.narrow(0, hq, hkv), c, sn));
+      v.narrow(1, at, ns).copy_(mine.narrow(0, hq + hkv, hkv));
+      last_query[s][l].copy_(q.select(1, ns - 1));
+      parts[s] = decode_attention_bf16(q, k.narrow(1, 0, at + ns), v.narrow(1, 0, at + ns), scale, true, masks[s]);
+      row += ns;
+    }
+    const auto attn = seqs == 1 ? parts[0] : torch::cat(parts, 1);  // [hq, n, d]
     x = x + linear_bf16(attn.transpose(0, 1).reshape({n, hq * d}), w[3], false, linear_amx);
     const auto gate_up = linear_bf16(rms_norm_bf16(x, w[4], eps), w[5], false, linear_amx);
     x = x + linear_bf16(silu_mul_bf16(gate_up), w[6], false, linear_amx);
