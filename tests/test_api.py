@@ -3,6 +3,7 @@ import pytest
 
 from triforce import LLM, SamplingParams
 from triforce.config import ConfigError
+from triforce.errors import UserError
 
 PROMPT = " ".join(f"w{3 + (7 * i) % 90}" for i in range(50))
 
@@ -20,6 +21,44 @@ def test_generate_returns_one_output_per_prompt_in_order(llm):
     assert len(outs) == 2 and all(len(o.token_ids) == 6 for o in outs)
     assert outs[0].token_ids == llm.generate(PROMPT, params)[0].token_ids
     assert outs[0].finish_reason == "length"
+
+
+def test_a_batch_takes_one_params_per_prompt_and_stops_each_on_its_own(llm):
+    prompts = [PROMPT, PROMPT[: len(PROMPT) // 2], PROMPT + " w7 w9"]
+    free = llm.generate(prompts[1], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
+    params = [SamplingParams(max_tokens=9, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[free.text.split()[4]]),
+              SamplingParams(max_tokens=12, temperature=0.9, seed=4, ignore_eos=True)]
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [llm.generate(p, sp)[0].token_ids for p, sp in zip(prompts, params)]
+    assert [len(outs[0].token_ids), len(outs[2].token_ids)] == [9, 12]
+    assert outs[1].finish_reason == "stop" and len(outs[1].token_ids) < 20
+
+
+def test_a_batch_that_does_not_fit_runs_in_parts(llm, monkeypatch):
+    import triforce.api as api
+
+    prompts = [PROMPT, PROMPT + " w5", PROMPT + " w6 w8"]
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    together = [o.token_ids for o in llm.generate(prompts, params)]
+    one = llm._kv_bytes(len(llm.tokenizer(prompts[2]).input_ids), 5)
+    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: int(2.5 * one / 0.9))  # room for two
+    parts = []
+    real = api.SequenceBatch.add
+    monkeypatch.setattr(api.SequenceBatch, "add", lambda self, run: parts.append(id(self)) or real(self, run))
+    assert [o.token_ids for o in llm.generate(prompts, params)] == together
+    assert len(set(parts)) == 2 and parts.count(parts[0]) == 2
+    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: int(0.5 * one))
+    with pytest.raises(UserError, match="GiB"):
+        llm.generate(prompts, params)
+
+
+def test_bad_batches_are_refused(llm):
+    with pytest.raises(UserError, match="2 sampling params for 3 prompts"):
+        llm.generate([PROMPT] * 3, [SamplingParams()] * 2)
+    with pytest.raises(UserError, match="one prompt"):
+        llm.generate([PROMPT] * 2, SamplingParams(max_tokens=2), stream=print)
+    assert llm.generate([], SamplingParams()) == []
 
 
 def test_token_id_prompts(llm):

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, EngineConfig, SamplingParams
+from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import build_engine, speculation_slack
 from .coordinator.metrics import RequestMetrics
 from .detokenize import IncrementalDetokenizer
@@ -139,20 +140,39 @@ class LLM:
             raise UserError(f"prompt token ids must lie in [0, {vocab})")
         return ids
 
-    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
+    def _check_positions(self, prompt_len: int, max_tokens: int) -> None:
         cfg = self.target.config
         if prompt_len + max_tokens > cfg.max_positions:
             raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
                             f"{cfg.max_positions} positions")
-        if self.workers is not None:
-            return  # the full cache lives on the workers, which check their own capacity
+
+    def _kv_bytes(self, prompt_len: int, max_tokens: int) -> int:
+        """The full KV cache one request needs, speculation slack included."""
         itemsize = torch.finfo(self.target.dtype).bits // 8
         capacity = prompt_len + max_tokens + speculation_slack(self.config)
-        kv_bytes = cfg.kv_bytes_per_token(itemsize) * capacity
-        free = _available_memory_bytes(self.device)
-        if free is not None and kv_bytes > 0.9 * free:
-            raise UserError(f"the KV cache for {capacity} tokens needs {kv_bytes / 2**30:.1f} GiB; "
-                            f"only {free / 2**30:.1f} GiB is free on {self.device}")
+        return self.target.config.kv_bytes_per_token(itemsize) * capacity
+
+    def _parts_that_fit(self, sizes: list[tuple[int, int]]) -> list[list[int]]:
+        """The requests (prompt length, max tokens) in order, grouped into batches whose full KV caches fit
+        in the memory free on the device (one group when it is unknown or the workers hold the caches)."""
+        free = None if self.workers is not None else _available_memory_bytes(self.device)
+        if free is None:
+            return [list(range(len(sizes)))]
+        room = 0.9 * free
+        parts: list[list[int]] = [[]]
+        used = 0
+        for i, (prompt_len, max_tokens) in enumerate(sizes):
+            need = self._kv_bytes(prompt_len, max_tokens)
+            if need > room:
+                raise UserError(f"the KV cache for {prompt_len + max_tokens + speculation_slack(self.config)} "
+                                f"tokens needs {need / 2**30:.1f} GiB; only {free / 2**30:.1f} GiB is free on "
+                                f"{self.device}")
+            if parts[-1] and used + need > room:
+                parts.append([])
+                used = 0
+            parts[-1].append(i)
+            used += need
+        return parts
 
     def _eos_ids(self) -> tuple[int, ...]:
         ids = set(self.target.config.eos_token_ids)
@@ -160,47 +180,80 @@ class LLM:
             ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))
 
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]], params: SamplingParams | None = None,
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
                  stream: Callable[[str], None] | None = None, show_progress: bool = False) -> list[RequestOutput]:
-        """One output per prompt, in order. `stream` receives text pieces as they are committed."""
-        params = params or SamplingParams()
+        """One output per prompt, in order. `params`: one SamplingParams for all prompts or one per prompt.
+        The prompts run together as a batch (every tier's forward of all of them as one model call), in
+        parts when their KV caches do not all fit in memory; with a worker group, one after another. A
+        prompt's output is what it would be alone (greedy; and for a seeded request, sampled too).
+        `stream` (one prompt only) receives text pieces as they are committed."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        return [self._generate_one(p, params, stream, show_progress) for p in prompts]
+        if not prompts:
+            return []
+        params = params or SamplingParams()
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(per_prompt) != len(prompts):
+            raise UserError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts: give one, or one "
+                            f"per prompt")
+        if stream is not None and len(prompts) > 1:
+            raise UserError("streaming takes one prompt at a time")
+        ids = [self._encode(p) for p in prompts]
+        for prompt_ids, p in zip(ids, per_prompt):
+            self._check_positions(len(prompt_ids), p.max_tokens)
+        sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]
+        parts = [[i] for i in range(len(ids))] if self.workers is not None else self._parts_that_fit(sizes)
+        outputs: list[RequestOutput | None] = [None] * len(ids)
+        for part in parts:
+            requests = [_Request(self, ids[i], per_prompt[i], stream) for i in part]
+            batch = SequenceBatch()
+            handles = [batch.add(r.engine.run(r.ids, r.params, self._eos_ids(), r.on_tokens, show_progress))
+                       for r in requests]
+            batch.run()
+            for i, request, handle in zip(part, requests, handles):
+                outputs[i] = request.output(*handle.result)
+        return outputs
 
-    def _generate_one(self, prompt, params: SamplingParams, stream, show_progress: bool) -> RequestOutput:
-        ids = self._encode(prompt)
-        self._check_fits(len(ids), params.max_tokens)
+
+class _Request:
+    """One prompt's engine (its own caches), detokenizer and output."""
+
+    def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, stream: Callable[[str], None] | None):
+        self.llm, self.ids, self.params, self.stream = llm, ids, params, stream
         verifier = None
-        if self.workers is not None:
+        if llm.workers is not None:
             from .coordinator.remote import RemoteVerifier
 
-            capacity = len(ids) + params.max_tokens + speculation_slack(self.config)
-            verifier = RemoteVerifier(self.workers, self.target, capacity, self.config.prefill_chunk)
-            sent = (self.workers.messages, self.workers.bytes, self.workers.wait_s, self.workers.bulk_bytes)
-        engine = build_engine(self.config, self.target, self.draft, len(ids) + params.max_tokens, verifier)
-        detok = None if self.tokenizer is None else IncrementalDetokenizer(self.tokenizer, params.stop)
+            capacity = len(ids) + params.max_tokens + speculation_slack(llm.config)
+            verifier = RemoteVerifier(llm.workers, llm.target, capacity, llm.config.prefill_chunk)
+            w = llm.workers
+            self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
+        self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier)
+        self.detok = None if llm.tokenizer is None else IncrementalDetokenizer(llm.tokenizer, params.stop)
 
-        def on_tokens(new: list[int]) -> bool:
-            if detok is None:
-                return False
-            piece = detok.add(new)
-            if stream is not None and piece:
-                stream(piece)
-            return detok.stopped
+    def on_tokens(self, new: list[int]) -> bool:
+        if self.detok is None:
+            return False
+        piece = self.detok.add(new)
+        if self.stream is not None and piece:
+            self.stream(piece)
+        return self.detok.stopped
 
-        tokens, metrics = engine.generate(ids, params, self._eos_ids(), on_tokens, show_progress)
-        if self.workers is not None:
-            metrics.control_messages = self.workers.messages - sent[0]
-            metrics.control_bytes = self.workers.bytes - sent[1]
-            metrics.worker_wait_s = self.workers.wait_s - sent[2]
-            metrics.bulk_bytes = self.workers.bulk_bytes - sent[3]
+    def output(self, tokens: list[int], metrics: RequestMetrics) -> RequestOutput:
+        workers = self.llm.workers
+        if workers is not None:
+            metrics.control_messages = workers.messages - self.sent[0]
+            metrics.control_bytes = workers.bytes - self.sent[1]
+            metrics.worker_wait_s = workers.wait_s - self.sent[2]
+            metrics.bulk_bytes = workers.bulk_bytes - self.sent[3]
         text = ""
-        if detok is not None:
-            rest = detok.finish()
-            if stream is not None and rest:
-                stream(rest)
-            text = detok.text
-        hit_eos = bool(tokens) and tokens[-1] in self._eos_ids() and not params.ignore_eos
-        finish = "stop" if hit_eos or (detok is not None and detok.stopped) else "length"
-        return RequestOutput(ids, tokens, text, finish, metrics)
+        if self.detok is not None:
+            rest = self.detok.finish()
+            if self.stream is not None and rest:
+                self.stream(rest)
+            text = self.detok.text
+        eos = self.llm._eos_ids()
+        hit_eos = bool(tokens) and tokens[-1] in eos and not self.params.ignore_eos
+        finish = "stop" if hit_eos or (self.detok is not None and self.detok.stopped) else "length"
+        return RequestOutput(self.ids, tokens, text, finish, metrics)

@@ -27,6 +27,22 @@ def tier(model, streaming=False):
     return Tier("draft", model, cache)
 
 
+def forward_now(tier):
+    """grow_tree's `forward`: runs the step on `tier` at once (a generator that yields nothing)."""
+    def forward(step):
+        return tier.forward(step)
+        yield
+
+    return forward
+
+
+def run_now(generator):
+    """The value of a generator that yields nothing."""
+    with pytest.raises(StopIteration) as done:
+        next(generator)
+    return done.value.value
+
+
 def probs(logits):
     return probabilities(logits, 1.0)
 
@@ -36,7 +52,8 @@ def test_grown_nodes_carry_their_paths_rows(model, streaming):
     seq = (torch.arange(40) % 90 + 3).tolist()
     proposer = tier(model, streaming)
     proposer.prefill(seq[:-1])
-    tokens, parents, rows = grow_tree(proposer, seq, SHAPE, probs, torch.Generator().manual_seed(0), greedy=False)
+    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, SHAPE, probs,
+                                              torch.Generator().manual_seed(0), greedy=False))
     assert parents == SHAPE and len(set(tokens[:2])) == 2  # siblings are distinct
     assert proposer.length == len(seq) + 5  # every level but the last was forwarded
     for node in (0, 2, 3):  # a node's row: the proposer's distribution after its path, run as a chain

@@ -39,6 +39,26 @@ def test_bench_compares_modes_and_peers(tiny_dir, tmp_path, capsys):
     assert all(len(r["tiers"]) == 2 and r["tiers"][0]["proposed"] > 0 for r in triforce)
 
 
+def test_bench_runs_batches_of_different_texts(tiny_dir, tmp_path):
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
+    rng = random.Random(1)
+    texts = []
+    for i in range(2):
+        texts.append(tmp_path / f"text{i}.txt")
+        texts[-1].write_text(" ".join(f"w{rng.randrange(3, 96)}" for _ in range(500)))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text",
+                 *map(str, texts), "--lengths", "100", "--batch", "1", "3", "--max-new-tokens", "10",
+                 "--modes", "ar", "triforce", "--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16",
+                 "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["batch"], r["run"]) for r in rows] == [(1, "ar"), (1, "triforce"), (3, "ar"), (3, "triforce")]
+    assert [r["generated_tokens"] for r in rows] == [10, 10, 30, 30]
+    assert all(r["equals_ar"] for r in rows if r["run"] == "triforce")  # every request of the batch
+    assert rows[3]["tiers"][0]["checks"] > rows[1]["tiers"][0]["checks"]  # the batch's checks summed
+
+
 def test_widened_draft_proposes_only_its_tokens(tiny_dir):
     import torch
 

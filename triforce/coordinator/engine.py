@@ -13,13 +13,19 @@ that tier's probabilities at each: tier 0 samples autoregressively; any higher t
 with a `TreeShaper` tier 1 checks a token tree that tier 0 grows (Sequoia; coordinator/trees.py,
 speculation/tree.py) in one forward. After a tree check every cache keeps the accepted path of its tree
 entries (`keep_path`); a chain's path is its accepted prefix. The output is one round of
-`_produce(top, 1)` after another. Every random draw is made here, with one generator.
+`_produce(top, 1)` after another. Every random draw is made here, with the request's own generator.
+
+An engine serves one sequence (its tiers hold that sequence's caches). `run` is that sequence's whole
+request as a generator that yields each forward it needs (`Forward`: which tier, which step) and is sent
+the logits back, so that a `SequenceBatch` (batch.py) can run the same forward of many sequences as one
+model call; `generate` runs one request alone. Nothing a sequence decides depends on another's.
 """
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -36,6 +42,19 @@ from .trees import TreeShaper, grow_tree, measure_costs, tree_step
 PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least this long
 
 
+@dataclass
+class Forward:
+    """What a sequence's run needs next: tier `level` of its hierarchy runs `step`. It is sent back the
+    logits (LlamaModel.forward's, per `logits_for`)."""
+    tier: Tier
+    level: int
+    step: Step
+    logits_for: str = "all"
+
+
+Run = Generator[Forward, torch.Tensor | None, tuple[list[int], RequestMetrics]]
+
+
 class HierarchyEngine:
     def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None):
         """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains)."""
@@ -48,8 +67,19 @@ class HierarchyEngine:
     def generate(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
                  on_tokens: Callable[[list[int]], bool] | None = None,
                  show_progress: bool = False) -> tuple[list[int], RequestMetrics]:
-        """Returns (generated token ids, metrics). `on_tokens` sees each round's new tokens and returns
-        True to stop (stop strings); generation also stops at a stop id or after max_tokens."""
+        """Runs one request alone: see `run`."""
+        from .batch import SequenceBatch
+
+        batch = SequenceBatch()
+        handle = batch.add(self.run(prompt, params, stop_ids, on_tokens, show_progress))
+        batch.run()
+        return handle.result
+
+    def run(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
+            on_tokens: Callable[[list[int]], bool] | None = None, show_progress: bool = False) -> Run:
+        """The request as a generator of forwards; returns (generated token ids, metrics). `on_tokens` sees
+        each round's new tokens and returns True to stop (stop strings); generation also stops at a stop id
+        or after max_tokens."""
         if not prompt:
             raise ValueError("empty prompt")
         self.params = params
@@ -60,7 +90,7 @@ class HierarchyEngine:
         metrics = RequestMetrics(prompt_tokens=len(prompt), tiers=self.stats)
 
         start = time.perf_counter()
-        self._prefill(prompt[:-1], show_progress and len(prompt) >= PROGRESS_MIN_TOKENS)
+        yield from self._prefill(prompt[:-1], show_progress and len(prompt) >= PROGRESS_MIN_TOKENS)
         if self.tree is not None and self.tree.auto:  # forward costs on this machine, at this context
             self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], MAX_TREE + 1)
         metrics.prefill_s = time.perf_counter() - start
@@ -71,7 +101,7 @@ class HierarchyEngine:
         generated: list[int] = []
         top = len(self.tiers) - 1
         while len(generated) < params.max_tokens:
-            new, _ = self._produce(top, 1)
+            new, _ = yield from self._produce(top, 1)
             for tier in self.tiers:
                 tier.sync()
             new = new[: params.max_tokens - len(generated)]
@@ -88,20 +118,23 @@ class HierarchyEngine:
         metrics.retrieval_rebuilds = sum(t.rebuilds for t in self.tiers)
         return generated, metrics
 
-    def _prefill(self, tokens: list[int], show_progress: bool) -> None:
+    def _prefill(self, tokens: list[int], show_progress: bool):
         # The target first: caches derived from it (retrieval) build from its KV.
-        for tier in reversed(self.tiers):
+        for level in reversed(range(len(self.tiers))):
+            tier = self.tiers[level]
             with tqdm(total=len(tokens), desc=f"prefill {tier.name}", unit="tok", file=sys.stderr,
                       disable=not show_progress, leave=False) as bar:
-                tier.prefill(tokens, bar)
+                for step in tier.prefill_steps(tokens, bar):
+                    yield Forward(tier, level, step, "none")
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.params
         return probabilities(logits, p.temperature, p.top_k, p.top_p)
 
-    def _forward(self, tier: Tier) -> torch.Tensor:
-        """The tier catches up with `seq`: its logits for the tokens it has not seen, [n, V]."""
-        return tier.forward(Step.chain(self.seq[tier.length:], tier.length))
+    def _forward(self, level: int, step: Step | None = None):
+        """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""
+        tier = self.tiers[level]
+        return (yield Forward(tier, level, step or Step.chain(self.seq[tier.length:], tier.length)))
 
     def _produce(self, level: int, count: int) -> tuple[list[int], list[torch.Tensor]]:
         """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution for each."""
@@ -110,13 +143,14 @@ class HierarchyEngine:
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each
         while len(tokens) < count:
             if level == 0:
-                row = self._probs(self._forward(tier)[-1:])[0]
+                row = self._probs((yield from self._forward(0))[-1:])[0]
                 token = sample(row, self.generator, greedy)
                 seq.append(token)
                 tokens.append(token)
                 probs.append(row)
                 continue
-            new, rows = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)
+            check = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)
+            new, rows = yield from check
             tokens += new
             probs += rows
         return tokens, probs
@@ -128,9 +162,9 @@ class HierarchyEngine:
         # a check costs what its setting says (the rest are dropped like rejected proposals; exactness holds,
         # as the first gamma of exact samples are exact samples).
         g = self.gammas[level - 1]
-        draft_tokens, draft_rows = (x[:g] for x in self._produce(level - 1, g))
+        draft_tokens, draft_rows = (x[:g] for x in (yield from self._produce(level - 1, g)))
         del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)
-        target_probs = self._probs(self._forward(self.tiers[level])[-(g + 1):])  # [g+1, V]
+        target_probs = self._probs((yield from self._forward(level))[-(g + 1):])  # [g+1, V]
         verdict = verify_chain(draft_tokens, torch.stack(draft_rows), target_probs, self.generator, greedy)
         self.stats[level - 1].record(g, verdict.accepted)
         self.tiers[level - 1].observe(g, verdict.accepted)  # how the proposer's tokens fared
@@ -141,11 +175,12 @@ class HierarchyEngine:
         """Tier 1 checks a tree that tier 0 grows (Sequoia) in one forward."""
         proposer, checker, greedy = self.tiers[0], self.tiers[1], self.params.greedy
         position = len(self.seq)
-        tokens, parents, draft_probs = grow_tree(proposer, self.seq, self.tree.shape(), self._probs, self.generator,
-                                                 greedy)
+        tokens, parents, draft_probs = yield from grow_tree(
+            proposer, lambda step: self._forward(0, step), self.seq, self.tree.shape(), self._probs, self.generator,
+            greedy)
         step = tree_step(self.seq, checker.length, tokens, parents)
         catch_up = step.n - len(tokens)
-        target_probs = self._probs(checker.forward(step)[catch_up - 1:])  # [N + 1, V]: the root, then each node
+        target_probs = self._probs((yield from self._forward(1, step))[catch_up - 1:])  # [N + 1, V]: root, nodes
         verdict = verify_tree(tokens, parents, draft_probs, target_probs, self.generator, greedy)
         accepted = len(verdict.path)
         self.tree.observe(parents, verdict.path)

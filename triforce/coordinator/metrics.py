@@ -36,6 +36,17 @@ class TierStats:
         deepest = max(self.accepted_lengths, default=0)
         return [sum(n for length, n in self.accepted_lengths.items() if length >= d) for d in range(1, deepest + 1)]
 
+    @classmethod
+    def merged(cls, stats: list["TierStats"]) -> "TierStats":
+        """One tier's counts over several requests (a batch: they ran together, so seconds is the most)."""
+        out = cls(stats[0].name, stats[0].drafter, seconds=max(s.seconds for s in stats))
+        for s in stats:
+            out.proposed, out.accepted, out.checks = out.proposed + s.proposed, out.accepted + s.accepted, \
+                out.checks + s.checks
+            for length, n in s.accepted_lengths.items():
+                out.accepted_lengths[length] = out.accepted_lengths.get(length, 0) + n
+        return out
+
     def to_dict(self) -> dict:
         return {"name": self.name, "drafter": self.drafter, "proposed": self.proposed, "accepted": self.accepted,
                 "acceptance_rate": round(self.acceptance_rate, 4), "checks": self.checks,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -139,6 +140,8 @@ class RemoteVerifier(Verifier):
     """The target tier, run by the worker group behind `channel`. `model` is the coordinator's copy of
     the target (tier 2 runs it); only its config, rope, dtype and device are used here."""
 
+    batches = False  # the worker group holds one sequence
+
     def __init__(self, channel: ControlChannel, model, capacity: int, prefill_chunk: int = 512):
         self.name, self.model, self.cache, self.prefill_chunk = "target", model, None, prefill_chunk
         self.channel, self.capacity, self.seconds = channel, capacity, 0.0
@@ -149,15 +152,17 @@ class RemoteVerifier(Verifier):
     def length(self) -> int:
         return self._length
 
-    def prefill(self, tokens: list[int], progress=None) -> None:
+    def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
+        """The workers prefill; nothing for the coordinator to forward."""
         for i in range(0, len(tokens), self.prefill_chunk):
             piece = tokens[i:i + self.prefill_chunk]
             body, _ = self.channel.request("prefill", {"tokens": piece, "start": self._length})
             self._length = body["length"]
             if progress is not None:
                 progress.update(len(piece))
+        yield from ()
 
-    def forward(self, step: Step) -> torch.Tensor:
+    def forward(self, step: Step, logits_for: str = "all") -> torch.Tensor:
         start = time.perf_counter()
         body, (logits,) = self.channel.request(
             "verify", {"tokens": step.tokens.tolist(), "parents": step.parent_list(), "start": step.start})

@@ -1,6 +1,7 @@
 """A tier is a model reading one KV cache policy. The engine sees only this small interface:
 `length`, `forward(step) -> logits`, `truncate(length)`, `keep_path(start, path)`, `sync()`,
-`prefill(tokens)`; the engine builds every forward's `Step` (tokens, positions, mask).
+`prefill_steps(tokens)`; the engine builds every forward's `Step` (tokens, positions, mask).
+`forward_together` runs the forwards of several sequences' tiers of one kind as one model call.
 
 The target tier sits behind the `Verifier` seam (verifier.py) and offers the same interface, so the
 engine never knows whether the target runs in this process or across a tensor-parallel worker group.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -18,17 +20,10 @@ from ..models.llama import LlamaModel
 from ..step import Step
 
 
-def chunked_prefill(model: LlamaModel, cache: KVCache, tokens: list[int], chunk: int, progress=None) -> None:
-    """Feeds `tokens` through `model` into `cache` in chunks (bounded attention memory)."""
-    for start in range(0, len(tokens), chunk):
-        step = Step.chain(tokens[start:start + chunk], cache.length, model.device)
-        model(step, cache, logits_for="none")
-        if progress is not None:
-            progress.update(step.n)
-
-
 class Tier:
     """A model + cache policy that computes its own KV (the draft tier; the local target)."""
+
+    batches = True  # several sequences' forwards at this tier can share one model call (forward_together)
 
     def __init__(self, name: str, model: LlamaModel, cache: KVCache, prefill_chunk: int = 512):
         self.name, self.model, self.cache, self.prefill_chunk = name, model, cache, prefill_chunk
@@ -38,18 +33,23 @@ class Tier:
     def length(self) -> int:
         return self.cache.length
 
-    def prefill(self, tokens: list[int], progress=None) -> None:
-        chunked_prefill(self.model, self.cache, tokens, self.prefill_chunk, progress)
+    def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
+        """The forwards (logits unused) that bring this tier's cache to `tokens`: chunks of prefill_chunk
+        tokens (bounded attention memory), each built when the one before has run."""
+        for start in range(0, len(tokens), self.prefill_chunk):
+            step = Step.chain(tokens[start:start + self.prefill_chunk], self.length, self.model.device)
+            yield step
+            if progress is not None:
+                progress.update(step.n)
 
-    def forward(self, step: Step) -> torch.Tensor:
+    def prefill(self, tokens: list[int], progress=None) -> None:
+        for step in self.prefill_steps(tokens, progress):
+            self.forward(step, "none")
+
+    def forward(self, step: Step, logits_for: str = "all") -> torch.Tensor | None:
         """Appends the step's tokens (step.start must be `length`); returns their next-token logits [n, V]
-        as float32 on the CPU."""
-        if step.start != self.length:
-            raise ValueError(f"{self.name}: a step from {step.start}, but the cache holds {self.length} tokens")
-        start = time.perf_counter()
-        logits = self.model(step, self.cache).cpu()
-        self.seconds += time.perf_counter() - start
-        return logits
+        as float32 on the CPU (logits_for as LlamaModel.forward takes it)."""
+        return forward_together([self], [step], [logits_for])[0]
 
     def truncate(self, length: int) -> None:
         self.cache.truncate(length)
@@ -84,8 +84,9 @@ class RetrievalTier(Tier):
         self.threshold, self.recent = threshold, deque(maxlen=window)
         self._rebuild_pending = False
 
-    def prefill(self, tokens: list[int], progress=None) -> None:
+    def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
         self.cache.sync()
+        yield from ()
 
     def observe(self, proposed: int, accepted: int) -> None:
         self.recent.extend([1] * accepted + [0] * (proposed - accepted))
@@ -103,3 +104,21 @@ class RetrievalTier(Tier):
             self.cache.rebuild()
             self.recent.clear()
             self._rebuild_pending = False
+
+
+def forward_together(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequence[str]) -> list:
+    """One forward for each of several sequences at the same kind of tier (tiers[i], each with its own cache,
+    takes steps[i]): one model call for all where the tiers run one model in this process, each tier's
+    own forward otherwise. Every tier is charged the call's time."""
+    if not all(t.batches for t in tiers) or any(t.model is not tiers[0].model for t in tiers):
+        return [t.forward(s, lf) for t, s, lf in zip(tiers, steps, logits_for)]
+    for tier, step in zip(tiers, steps):
+        if step.start != tier.length:
+            raise ValueError(f"{tier.name}: a step from {step.start}, but the cache holds {tier.length} tokens")
+    start = time.perf_counter()
+    logits = tiers[0].model.forward_batch(steps, [t.cache for t in tiers], logits_for)
+    logits = [None if x is None else x.cpu() for x in logits]
+    elapsed = time.perf_counter() - start
+    for tier in tiers:
+        tier.seconds += elapsed
+    return logits

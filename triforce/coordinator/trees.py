@@ -8,7 +8,7 @@ acceptance measured so far in this run (speculation/tree_shape.py), re-decided e
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import torch
 
@@ -24,13 +24,14 @@ PRIOR = [0.5, 0.15, 0.07, 0.04, 0.02, 0.01, 0.01, 0.01]
 PRIOR_WEIGHT = 8.0
 
 
-def grow_tree(tier: Tier, seq: list[int], shape: list[int], probs: Callable[[torch.Tensor], torch.Tensor],
-              generator: torch.Generator, greedy: bool) -> tuple[list[int], list[int], torch.Tensor]:
+def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], shape: list[int],
+              probs: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator, greedy: bool):
     """The tree `tier` proposes after `seq`, as much of `shape` (parents, level order) as its distribution
-    allows (a node gets fewer children where fewer tokens have probability). Returns (tokens, parents,
-    proposer rows [N + 1, V] per slot: the root, then each node; zero for the last level's nodes, which
-    are never forwarded)."""
-    logits = [tier.forward(Step.chain(seq[tier.length:], tier.length))[-1]]
+    allows (a node gets fewer children where fewer tokens have probability). `forward(step)` runs a step
+    on `tier` (a generator that yields what the engine's forwards yield and returns the logits). Returns (tokens,
+    parents, proposer rows [N + 1, V] per slot: the root, then each node; zero for the last level's nodes,
+    which are never forwarded)."""
+    logits = [(yield from forward(Step.chain(seq[tier.length:], tier.length)))[-1]]
     rows = [probs(logits[0][None])[0]]
     # Children are drawn from the proposer's distribution; greedy ones ranked by its logits (one-hot rows
     # would allow a single child).
@@ -52,7 +53,7 @@ def grow_tree(tier: Tier, seq: list[int], shape: list[int], probs: Callable[[tor
             nodes = [t - 1 for _, t in level]
             mask = ancestor_mask(parents)[nodes]  # [n, nodes so far]: each sees its ancestors
             step = Step(torch.tensor([tokens[i] for i in nodes]), position + mask.sum(1) - 1, tier.length, None, mask)
-            level_logits = tier.forward(step)
+            level_logits = yield from forward(step)
             logits.extend(level_logits)
             rows.extend(probs(level_logits))
     rows += [torch.zeros_like(rows[0])] * (len(tokens) + 1 - len(rows))

@@ -3,9 +3,13 @@ in one process; prints JSON (and writes it with --out).
 
 Workloads: `novel` (the first N tokens of the text files: continue a novel) and `passkey` (a five-digit
 key planted a tenth of the way into N tokens of that text and asked for at the end). Every run of one
-(workload, length, temperature) group decodes the same prompt with the same sampling settings; speedups
-divide by the `ar` and `transformers` runs of that group. At temperature 0 each run also reports whether
-its tokens equal `ar`'s, and on `passkey` whether the answer holds the key.
+(workload, length, temperature, batch) group decodes the same prompts with the same sampling settings;
+speedups divide by the `ar` and `transformers` runs of that group. At temperature 0 each run also
+reports whether its tokens equal `ar`'s, and on `passkey` whether the answer holds the key.
+
+With --batch B > 1 a run generates B prompts together: prompt i is N tokens of text file i mod F (of
+F files), from token (i // F) * N on, so a batch of novels holds different novels; `tokens_per_s` is then
+the batch's: all its generated tokens over the longest decode. Peers run at batch 1 only.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..config import MODES, EngineConfig, SamplingParams
+from ..coordinator.metrics import RequestMetrics, TierStats
 from ..errors import UserError
 from ..kernels.cpu import cpu_isa, isa_level, kernel_path
 from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
@@ -41,6 +46,7 @@ def add_bench_parser(sub) -> None:
                    help="transformers: plain generate; assisted: transformers with the draft as assistant_model; "
                         "llamacpp: llama-cpp-python on --gguf (skipped when not installed)")
     p.add_argument("--gguf", default=None, help="GGUF file for the llama.cpp peer")
+    p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes: prompts generated together")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--top-p", type=float, default=1.0)
@@ -103,6 +109,7 @@ def run_bench(args) -> int:
         else:
             cpp = LlamaCppPeer(Path(args.gguf), max(args.lengths) + args.max_new_tokens + 16)
     ids = llm.tokenizer(text).input_ids
+    files = [llm.tokenizer(Path(f).read_text(encoding="utf-8")).input_ids for f in args.text]
     base = llm.config
     llm.config = dataclasses.replace(base, mode="ar")
     llm.generate([ids[:64]], SamplingParams(max_tokens=8))  # warm up kernels and allocator
@@ -115,31 +122,32 @@ def run_bench(args) -> int:
             prompt = ids[:length]
             if workload == "passkey":
                 prompt, key = passkey_prompt(llm.tokenizer, ids, length, args.seed)
-            for temperature in args.temperatures:
-                params = SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature,
-                                        top_p=args.top_p, seed=args.seed, ignore_eos=True)
-                group = {"workload": workload, "prompt_tokens": length, "temperature": temperature}
-                rows = []
-                for mode in args.modes:
-                    for value in (sweep_values if mode != "ar" else [None]):
-                        overrides = {sweep_name: value} if value is not None else {}
-                        llm.config = dataclasses.replace(base, mode=mode, **overrides)
-                        out = llm.generate([prompt], params)[0]
-                        rows.append({**group, "run": mode, **overrides,
-                                     "tokens_per_s": out.metrics.tokens_per_s, "prefill_s": out.metrics.prefill_s,
-                                     "generated_tokens": out.metrics.generated_tokens,
-                                     "retrieval_rebuilds": out.metrics.retrieval_rebuilds,
-                                     "tiers": _tier_summary(out.metrics), "token_ids": out.token_ids})
+            for batch in args.batch:
+                prompts = [prompt] + [batch_prompt(files, i, length) for i in range(1, batch)]
+                if workload == "passkey" and batch > 1:
+                    raise UserError("the passkey workload runs at batch 1")
+                for temperature in args.temperatures:
+                    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature,
+                                            top_p=args.top_p, seed=args.seed, ignore_eos=True)
+                    group = {"workload": workload, "prompt_tokens": length, "temperature": temperature,
+                             "batch": batch}
+                    rows = []
+                    for mode in args.modes:
+                        for value in (sweep_values if mode != "ar" else [None]):
+                            overrides = {sweep_name: value} if value is not None else {}
+                            llm.config = dataclasses.replace(base, mode=mode, **overrides)
+                            outs = llm.generate(prompts, params)
+                            rows.append({**group, "run": mode, **overrides, **_batch_row(outs)})
+                            print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}), file=sys.stderr)
+                    for peer in args.peers if batch == 1 else []:
+                        if peer == "llamacpp" and cpp is None:
+                            continue
+                        runner = cpp.run if peer == "llamacpp" else hf.run
+                        extra = {"assisted": True} if peer == "assisted" else {}
+                        got = runner(prompt, args.max_new_tokens, temperature, args.top_p, args.seed, **extra)
+                        rows.append({**group, "run": peer, **got, "token_ids": [got["token_ids"]]})
                         print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}), file=sys.stderr)
-                for peer in args.peers:
-                    if peer == "llamacpp" and cpp is None:
-                        continue
-                    runner = cpp.run if peer == "llamacpp" else hf.run
-                    extra = {"assisted": True} if peer == "assisted" else {}
-                    got = runner(prompt, args.max_new_tokens, temperature, args.top_p, args.seed, **extra)
-                    rows.append({**group, "run": peer, **got})
-                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}), file=sys.stderr)
-                results.extend(_compare(rows, llm.tokenizer, key))
+                    results.extend(_compare(rows, llm.tokenizer, key))
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens,
@@ -155,6 +163,29 @@ def run_bench(args) -> int:
     return 0
 
 
+def batch_prompt(files: list[list[int]], i: int, length: int) -> list[int]:
+    """Prompt i of a batch: `length` tokens of file i mod F, from token (i // F) * length on."""
+    tokens = files[i % len(files)]
+    start = (i // len(files)) * length
+    if start + length > len(tokens):
+        raise UserError(f"text file {i % len(files) + 1} is too short for prompt {i + 1} of the batch "
+                        f"({length} tokens from token {start}): give more or longer --text files")
+    return tokens[start:start + length]
+
+
+def _batch_row(outs) -> dict:
+    """A run's measurements: one request's, or for a batch all generated tokens over the longest decode
+    (the requests decode together) and its tiers' counts summed."""
+    metrics = [o.metrics for o in outs]
+    generated = sum(m.generated_tokens for m in metrics)
+    decode_s = max(m.decode_s for m in metrics)
+    merged = RequestMetrics(tiers=[TierStats.merged(list(t)) for t in zip(*(m.tiers for m in metrics))])
+    return {"tokens_per_s": generated / decode_s if decode_s > 0 else 0.0,
+            "prefill_s": max(m.prefill_s for m in metrics), "generated_tokens": generated,
+            "retrieval_rebuilds": sum(m.retrieval_rebuilds for m in metrics), "tiers": _tier_summary(merged),
+            "token_ids": [o.token_ids for o in outs]}
+
+
 def _compare(rows: list[dict], tokenizer, key: str | None) -> list[dict]:
     """Adds speedups against the group's ar and transformers runs, equality with ar when greedy, and
     whether the passkey was answered; drops the token ids."""
@@ -168,7 +199,7 @@ def _compare(rows: list[dict], tokenizer, key: str | None) -> list[dict]:
         if ar is not None and greedy and row is not ar:
             row["equals_ar"] = row["token_ids"] == ar["token_ids"]
         if key is not None:
-            row["passkey_found"] = key in tokenizer.decode(row["token_ids"][:16])
+            row["passkey_found"] = key in tokenizer.decode(row["token_ids"][0][:16])
     for row in rows:
         row["tokens_per_s"], row["prefill_s"] = round(row["tokens_per_s"], 3), round(row["prefill_s"], 3)
         del row["token_ids"]

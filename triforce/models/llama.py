@@ -116,20 +116,22 @@ class LlamaModel(nn.Module):
         return self.forward_batch([step], [cache], logits_for)[0]
 
     @torch.inference_mode()
-    def forward_batch(self, steps: Sequence[Step], caches: Sequence, logits_for: str = "all") -> list:
+    def forward_batch(self, steps: Sequence[Step], caches: Sequence,
+                      logits_for: str | Sequence[str] = "all") -> list[torch.Tensor | None]:
         """One forward of several sequences, steps[i] over caches[i]: their tokens pass every weight matrix
         together (each matrix is read once for the batch), each attends over its own cache. Returns each
-        sequence's logits as `forward` does. A sequence's logits are its own alone: its rows see nothing of
-        the others'."""
+        sequence's logits as `forward` does; `logits_for` is one choice for all or one per sequence. A
+        sequence's logits are its own alone: its rows see nothing of the others'."""
         if len(steps) != len(caches) or not steps:
             raise ValueError("a batch needs one cache per step, and at least one step")
+        wants = [logits_for] * len(steps) if isinstance(logits_for, str) else list(logits_for)
         steps = [step.to(self.device) for step in steps]
         rows = [step.n for step in steps]
-        masks = [step.mask for step in steps]
         tokens = steps[0].tokens if len(steps) == 1 else torch.cat([step.tokens for step in steps])
         x = self.embed_tokens(tokens if self.vocab is None else self.vocab.encode(tokens))  # [n, hidden]
         for cache, step in zip(caches, steps):
             cache.begin(step)
+        masks = [step.mask for step in steps]
         fused = None if self.fused_layers is None else self.fused_layers(x, caches, masks, rows)
         if fused is None:
             for layer in self.layers:
@@ -138,12 +140,25 @@ class LlamaModel(nn.Module):
             x = fused
         for cache in caches:
             cache.end()
-        if logits_for == "none":
+        picked = _logit_rows(rows, wants)  # (rows of x, count) per sequence
+        if all(count == 0 for _, count in picked):
             return [None] * len(steps)
-        if logits_for == "last":
-            x = x[torch.tensor(rows, device=x.device).cumsum(0) - 1]
-            rows = [1] * len(steps)
+        if not all(count == r for (_, count), r in zip(picked, rows)):
+            x = x[torch.cat([index for index, _ in picked]).to(x.device)]
         logits = self.lm_head(self.norm(x)).float()  # all-gather of vocabulary shards across TP ranks
         if self.vocab is not None:
             logits = self.vocab.expand_logits(logits)
-        return list(logits.split(rows))
+        parts = logits.split([count for _, count in picked])
+        return [None if want == "none" else part for part, want in zip(parts, wants)]
+
+
+def _logit_rows(rows: list[int], wants: list[str]) -> list[tuple[torch.Tensor, int]]:
+    """Which rows of a batch's hidden states each sequence wants logits for ('all', 'last' or 'none')."""
+    picked, start = [], 0
+    for r, want in zip(rows, wants):
+        if want not in ("all", "last", "none"):
+            raise ValueError(f"logits_for is 'all', 'last' or 'none' (got {want!r})")
+        first = {"all": start, "last": start + r - 1, "none": start + r}[want]
+        picked.append((torch.arange(first, start + r), start + r - first))
+        start += r
+    return picked

@@ -1,0 +1,116 @@
+"""Batches (coordinator/batch.py): several sequences through the hierarchy at once, each exactly as alone."""
+import pytest
+import torch
+
+from triforce.config import EngineConfig, SamplingParams
+from triforce.coordinator.batch import SequenceBatch
+from triforce.coordinator.hierarchy import build_engine
+from triforce.models.llama import LlamaModel
+from triforce.models.loader import load_model
+
+SETTINGS = dict(budget=32, chunk_size=4, sinks=2, window=16, refresh_every=12, full_layers=0, prefill_chunk=64)
+# (mode, policy, tree size at the bottom tier): chains and trees at every tier pair
+CASES = [("ar", "static", 0), ("draft", "static", 0), ("draft", "static", 6), ("retrieval", "static", 0),
+         ("retrieval", "dynamic", 4), ("triforce", "static", 0), ("triforce", "dynamic", 0), ("triforce", "static", 6)]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    target = load_model(tiny_dir("engine-target", seed=11, num_layers=3, scale=25))
+    draft = load_model(tiny_dir("engine-draft", seed=12, num_layers=1, scale=25))
+    return target, draft
+
+
+def prompts(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 96, (n,), generator=g).tolist() for n in lengths]
+
+
+def engine_for(models, mode, policy, tree, prompt, params):
+    target, draft = models
+    tree_setting = {"tree1": tree} if mode in ("draft", "triforce") else {"tree2": tree}
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **SETTINGS, **tree_setting)
+    return build_engine(cfg, target, draft, len(prompt) + params.max_tokens)
+
+
+def alone(models, mode, policy, tree, prompt, params):
+    return engine_for(models, mode, policy, tree, prompt, params).generate(prompt, params)[0]
+
+
+def together(models, mode, policy, tree, batch_prompts, batch_params, join_after=None):
+    """All requests in one SequenceBatch; with join_after=k the last joins after k steps (continuous)."""
+    batch = SequenceBatch()
+    runs = [engine_for(models, mode, policy, tree, p, sp).run(p, sp) for p, sp in zip(batch_prompts, batch_params)]
+    late = runs.pop() if join_after is not None else None
+    handles = [batch.add(r) for r in runs]
+    if late is not None:
+        for _ in range(join_after):
+            batch.step()
+        assert batch.active, "the others should still be running when the last joins"
+        handles.append(batch.add(late))
+    batch.run()
+    return [h.result[0] for h in handles]
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """Records how many sequences each model call carried."""
+    calls = []
+    real = LlamaModel.forward_batch
+
+    def forward_batch(self, steps, caches, logits_for="all"):
+        calls.append(len(steps))
+        return real(self, steps, caches, logits_for)
+
+    monkeypatch.setattr(LlamaModel, "forward_batch", forward_batch)
+    return calls
+
+
+@pytest.mark.parametrize("mode,policy,tree", CASES)
+def test_greedy_batch_equals_each_request_alone(models, mode, policy, tree, count_calls):
+    batch_prompts = prompts([150, 97, 203])
+    batch_params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (40, 25, 33)]
+    expected = [alone(models, mode, policy, tree, p, sp) for p, sp in zip(batch_prompts, batch_params)]
+    alone_calls = len(count_calls)
+    count_calls.clear()
+    assert together(models, mode, policy, tree, batch_prompts, batch_params) == expected
+    assert [len(t) for t in expected] == [40, 25, 33]
+    assert max(count_calls) == 3  # some forwards carried all three sequences
+    assert len(count_calls) < alone_calls  # and the batch took fewer model calls than the requests alone
+
+
+@pytest.mark.parametrize("mode,policy,tree", [("triforce", "static", 0), ("triforce", "dynamic", 6),
+                                              ("retrieval", "static", 4)])
+def test_a_seeded_sample_is_the_same_alone_and_in_any_batch(models, mode, policy, tree):
+    batch_prompts = prompts([120, 88, 140], seed=2)
+    batch_params = [SamplingParams(max_tokens=24, temperature=t, top_k=k, seed=s, ignore_eos=True)
+                    for t, k, s in ((1.0, 0, 5), (0.7, 20, 6), (1.0, 0, 7))]
+    expected = [alone(models, mode, policy, tree, p, sp) for p, sp in zip(batch_prompts, batch_params)]
+    assert together(models, mode, policy, tree, batch_prompts, batch_params) == expected
+    reordered = together(models, mode, policy, tree, batch_prompts[::-1], batch_params[::-1])
+    assert reordered == expected[::-1]
+
+
+def test_a_sequence_joins_a_running_batch(models):
+    batch_prompts = prompts([150, 97, 203], seed=3)
+    batch_params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)] * 3
+    expected = [alone(models, "triforce", "static", 0, p, sp) for p, sp in zip(batch_prompts, batch_params)]
+    got = together(models, "triforce", "static", 0, batch_prompts, batch_params, join_after=25)
+    assert got == expected
+
+
+def test_each_sequence_stops_on_its_own(models):
+    batch_prompts = prompts([130, 110], seed=4)
+    greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    first = alone(models, "triforce", "static", 0, batch_prompts[0], greedy)
+    stop_id = first[12]  # the first request meets this token early; its stop is its own
+    batch_params = [SamplingParams(max_tokens=40, temperature=0), SamplingParams(max_tokens=35, temperature=0)]
+    batch = SequenceBatch()
+    handles = [batch.add(engine_for(models, "triforce", "static", 0, p, sp).run(p, sp, (stop_id,)))
+               for p, sp in zip(batch_prompts, batch_params)]
+    batch.run()
+    stopped, other = handles[0].result[0], handles[1].result[0]
+    assert stopped == first[: first.index(stop_id) + 1] and len(stopped) <= 13
+    want_other = engine_for(models, "triforce", "static", 0, batch_prompts[1], batch_params[1]).generate(
+        batch_prompts[1], batch_params[1], (stop_id,))[0]
+    assert other == want_other

@@ -1,0 +1,80 @@
+"""Many sequences through their hierarchies at once: the forward of every sequence at one tier as one call.
+
+Each sequence is a `HierarchyEngine.run` generator (engine.py) that yields the forwards it needs and is
+sent their logits; its decisions (what to propose, what to accept, every random draw) are its own. A
+`SequenceBatch` repeatedly picks the cheapest tier that some sequence waits on and runs the forward of
+every sequence waiting there in one model call (tiers.forward_together), so the weights are read once
+for all of them. Sequences that need a cheaper tier first (a draft that must propose again after a
+short acceptance) run it while the others wait at the dearer tier, which then checks them all together:
+ragged acceptance costs waiting, never a wrong token. Each sequence waits a bounded number of cheaper
+forwards per check, so none starves.
+
+Sequences join (`add`) and leave (when their run returns) between steps: continuous batching. A run's
+output does not depend on its companions: its rows see only its own cache (LlamaModel.forward_batch),
+and its random draws come from its own generator.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .engine import Forward, Run
+from .tiers import forward_together
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A run in the batch: `waiting` is the forward it asked for; `result` its return value once done."""
+    run: Run
+    waiting: Forward | None = None
+    result: tuple | None = field(default=None)
+
+    @property
+    def done(self) -> bool:
+        return self.waiting is None
+
+
+class SequenceBatch:
+    def __init__(self):
+        self.active: list[Sequence] = []
+
+    def add(self, run: Run) -> Sequence:
+        """Starts `run` (it runs up to its first forward) and returns its handle."""
+        seq = Sequence(run)
+        self._advance(seq, None, first=True)
+        if not seq.done:
+            self.active.append(seq)
+        return seq
+
+    def step(self) -> list[Sequence]:
+        """Runs one forward for every sequence waiting at the cheapest tier any waits at; returns the
+        sequences that finished."""
+        if not self.active:
+            return []
+        level = min(s.waiting.level for s in self.active)
+        groups: dict[tuple, list[Sequence]] = defaultdict(list)
+        for s in self.active:
+            if s.waiting.level == level:
+                groups[type(s.waiting.tier), id(s.waiting.tier.model)].append(s)
+        finished = []
+        for group in groups.values():
+            asks = [s.waiting for s in group]
+            logits = forward_together([a.tier for a in asks], [a.step for a in asks], [a.logits_for for a in asks])
+            for s, out in zip(group, logits):
+                self._advance(s, out)
+                if s.done:
+                    finished.append(s)
+        self.active = [s for s in self.active if not s.done]
+        return finished
+
+    def run(self) -> None:
+        """Steps until every sequence has finished."""
+        while self.active:
+            self.step()
+
+    @staticmethod
+    def _advance(seq: Sequence, logits, first: bool = False) -> None:
+        try:
+            seq.waiting = next(seq.run) if first else seq.run.send(logits)
+        except StopIteration as done:
+            seq.waiting, seq.result = None, done.value
