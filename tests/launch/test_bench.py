@@ -56,6 +56,7 @@ def test_bench_runs_batches_of_different_texts(tiny_dir, tmp_path):
     assert [(r["batch"], r["run"]) for r in rows] == [(1, "ar"), (1, "triforce"), (3, "ar"), (3, "triforce")]
     assert [r["generated_tokens"] for r in rows] == [10, 10, 30, 30]
     assert all(r["equals_ar"] for r in rows if r["run"] == "triforce")  # every request of the batch
+    assert rows[3]["requests_equal_ar"] == 3
     assert rows[3]["tiers"][0]["checks"] > rows[1]["tiers"][0]["checks"]  # the batch's checks summed
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 
 from . import attention, linear
-from .cpu import cpu_kernels
+from .cpu import cpu_kernels, native_bf16
+
+UNLIMITED_ROWS = 1 << 30
 
 
 class FusedLayers:
@@ -34,7 +36,9 @@ class FusedLayers:
         matrices = [w for layer in model.layers for w in (layer.qkv_proj.weight, layer.o_proj.weight,
                                                           layer.gate_up_proj.weight, layer.down_proj.weight)]
         if all(linear.kernel_takes(1, w) for w in matrices):  # (attention's rows are checked per sequence)
-            self.max_rows = linear.kernel_max_rows()
+            # Past the linear kernel's rows `linear` takes torch's product, which the C++ loop calls too;
+            # without native bfloat16 it computes in float32 instead, which the loop does not mirror.
+            self.max_rows = UNLIMITED_ROWS if native_bf16() else linear.kernel_max_rows()
 
     def __call__(self, x: torch.Tensor, caches, masks, rows: list[int]) -> torch.Tensor | None:
         """x: [n, hidden] after the embedding: the rows of len(caches) sequences one after another (rows[i]
@@ -61,4 +65,4 @@ class FusedLayers:
         cos, sin = (cos[0], sin[0]) if len(rows) == 1 else (torch.cat(cos), torch.cat(sin))
         return cpu_kernels().decoder_layers_bf16(
             x, self.weights, keys, values, offsets, rows, cos, sin, self.num_heads, self.num_kv_heads, self.eps,
-            self.scale, linear.kernel_uses_amx(n), last_queries, list(masks))
+            self.scale, linear.kernel_max_rows(), linear.kernel_uses_amx(n), last_queries, list(masks))

@@ -197,7 +197,10 @@ def _compare(rows: list[dict], tokenizer, key: str | None) -> list[dict]:
             if ref is not None and ref is not row:
                 row[f"speedup_vs_{name}"] = round(row["tokens_per_s"] / ref["tokens_per_s"], 3)
         if ar is not None and greedy and row is not ar:
-            row["equals_ar"] = row["token_ids"] == ar["token_ids"]
+            same = [mine == theirs for mine, theirs in zip(row["token_ids"], ar["token_ids"])]
+            row["equals_ar"] = all(same)
+            if len(same) > 1:  # a batch: how many of its requests
+                row["requests_equal_ar"] = sum(same)
         if key is not None:
             row["passkey_found"] = key in tokenizer.decode(row["token_ids"][0][:16])
     for row in rows:

@@ -12,7 +12,7 @@ torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tens
                                   const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                                   const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
                                   torch::Tensor cos, torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
-                                  double eps, double scale, bool linear_amx,
+                                  double eps, double scale, int64_t kernel_rows, bool linear_amx,
                                   const std::vector<torch::Tensor>& last_query,
                                   const std::vector<std::optional<torch::Tensor>>& masks);
 
@@ -31,5 +31,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the decoder layers of one forward of a batch of sequences over their per-layer KV buffers",
         py::arg("x"), py::arg("weights"), py::arg("keys"), py::arg("values"), py::arg("offsets"), py::arg("rows"),
         py::arg("cos"), py::arg("sin"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("eps"),
-        py::arg("scale"), py::arg("linear_amx"), py::arg("last_query"), py::arg("masks"));
+        py::arg("scale"), py::arg("kernel_rows"), py::arg("linear_amx"), py::arg("last_query"), py::arg("masks"));
 }

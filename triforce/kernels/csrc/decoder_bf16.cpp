@@ -21,7 +21,17 @@ torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 
 namespace {
 constexpr size_t kWeightsPerLayer = 7;  // input norm, qkv, qkv bias (empty: none), o, post norm, gate_up, down
+
+// kernels/linear.py's `linear` on a CPU with native bfloat16: the kernel up to kernel_rows rows, torch's
+// product (bias inside) past them.
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+                      int64_t kernel_rows, bool linear_amx) {
+  const bool has_bias = bias.defined() && bias.numel() > 0;
+  if (x.size(0) > kernel_rows) return has_bias ? torch::linear(x, w, bias) : torch::linear(x, w);
+  const auto out = linear_bf16(x, w, false, linear_amx);
+  return has_bias ? out + bias : out;
 }
+}  // namespace
 
 // x: [n, hidden], the rows of S sequences one after another (rows[s] each). weights: kWeightsPerLayer per
 // layer. keys[s * L + l], values[s * L + l]: sequence s's [Hkv, capacity, D] buffers of layer l, which
@@ -29,11 +39,13 @@ constexpr size_t kWeightsPerLayer = 7;  // input norm, qkv, qkv bias (empty: non
 // last_query[s]: [L, Hq, D], receives each layer's rotated query of sequence s's last new token. masks[s]:
 // sequence s's [rows[s], m] over its last m keys (none for a chain), as decode_attention_bf16 takes it.
 // The weights are read once per layer for all sequences; each sequence attends over its own buffers.
+// Products of more than kernel_rows rows take torch's path (only where bfloat16 is native: the caller's
+// choice), as kernels/linear.py does.
 torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tensor>& weights,
                                   const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                                   const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
                                   torch::Tensor cos, torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
-                                  double eps, double scale, bool linear_amx,
+                                  double eps, double scale, int64_t kernel_rows, bool linear_amx,
                                   const std::vector<torch::Tensor>& last_query,
                                   const std::vector<std::optional<torch::Tensor>>& masks) {
   const size_t seqs = rows.size();
@@ -48,10 +60,10 @@ torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tens
   TORCH_CHECK(total == x.size(0), "the row counts add up to x's rows");
   const int64_t n = x.size(0), d = last_query[0].size(2), hq = num_heads, hkv = num_kv_heads;
   std::vector<torch::Tensor> parts(seqs);
+  const torch::Tensor no_bias;
   for (size_t l = 0; l < layers; ++l) {
     const torch::Tensor* w = weights.data() + l * kWeightsPerLayer;
-    auto qkv = linear_bf16(rms_norm_bf16(x, w[0], eps), w[1], false, linear_amx);
-    if (w[2].numel() > 0) qkv = qkv + w[2];
+    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], kernel_rows, linear_amx);
     const auto heads = qkv.view({n, hq + 2 * hkv, d}).transpose(0, 1);  // [h, n, d]
     int64_t row = 0;
     for (size_t s = 0; s < seqs; ++s) {
@@ -68,9 +80,9 @@ torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tens
       row += ns;
     }
     const auto attn = seqs == 1 ? parts[0] : torch::cat(parts, 1);  // [hq, n, d]
-    x = x + linear_bf16(attn.transpose(0, 1).reshape({n, hq * d}), w[3], false, linear_amx);
-    const auto gate_up = linear_bf16(rms_norm_bf16(x, w[4], eps), w[5], false, linear_amx);
-    x = x + linear_bf16(silu_mul_bf16(gate_up), w[6], false, linear_amx);
+    x = x + project(attn.transpose(0, 1).reshape({n, hq * d}), w[3], no_bias, kernel_rows, linear_amx);
+    const auto gate_up = project(rms_norm_bf16(x, w[4], eps), w[5], no_bias, kernel_rows, linear_amx);
+    x = x + project(silu_mul_bf16(gate_up), w[6], no_bias, kernel_rows, linear_amx);
   }
   return x;
 }
