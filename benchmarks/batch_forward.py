@@ -49,7 +49,8 @@ def main() -> None:
                     start = time.perf_counter()
                     model.forward_batch(steps, caches[:b])
                     times[name].append(time.perf_counter() - start)
-            row = {"batch": b, "tokens": n, **{f"{k}_ms": round(1000 * statistics.median(v), 2) for k, v in times.items()}}
+            row = {"batch": b, "tokens": n,
+                   **{f"{k}_ms": round(1000 * statistics.median(v), 2) for k, v in times.items()}}
             row["fused_ms_per_sequence"] = round(row["fused_ms"] / b, 2)
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -5,6 +5,7 @@
 
 Each option is optional; each makes one figure:
   speedup      tokens/s and speedup over ar vs prompt length, per run, per temperature (workload novel)
+  batch        the same vs batch size (bench --batch; tokens/s of the whole batch)
   temperature  per-tier acceptance of mode triforce vs temperature
   budget       tokens/s and tier-2 acceptance vs retrieval budget
   chunk        tokens/s and tier-2 acceptance vs retrieval chunk size
@@ -32,15 +33,16 @@ def tier_acceptance(row: dict, name: str) -> float | None:
     return next((t["acceptance_rate"] for t in row.get("tiers", []) if t["name"] == name), None)
 
 
-def plot_speedup(path: list[str], out: Path) -> None:
-    data = rows(path)
+def plot_speedup(path: list[str], out: Path, x: str = "prompt_tokens") -> None:
+    """x: prompt_tokens (batch 1 runs) or batch (each batch size's runs)."""
+    data = [r for r in rows(path) if x == "batch" or r.get("batch", 1) == 1]
     temps = sorted({r["temperature"] for r in data})
     fig, axes = plt.subplots(2, len(temps), figsize=(5.5 * len(temps), 8), squeeze=False)
     for col, temp in enumerate(temps):
         series = defaultdict(list)
         for r in data:
             if r["temperature"] == temp:
-                series[r["run"]].append((r["prompt_tokens"], r["tokens_per_s"], r.get("speedup_vs_ar", 1.0)))
+                series[r["run"]].append((r[x], r["tokens_per_s"], r.get("speedup_vs_ar", 1.0)))
         for run, pts in sorted(series.items()):
             pts.sort()
             axes[0][col].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=run)
@@ -50,10 +52,10 @@ def plot_speedup(path: list[str], out: Path) -> None:
         axes[1][col].set_ylabel("speedup over ar")
         axes[1][col].axhline(1.0, color="grey", lw=0.5)
         for ax in axes[:, col]:
-            ax.set_xlabel("prompt tokens")
+            ax.set_xlabel("prompt tokens" if x == "prompt_tokens" else "batch size (sequences)")
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "speedup_vs_prompt_length.png", dpi=110)
+    fig.savefig(out / ("speedup_vs_prompt_length.png" if x == "prompt_tokens" else "speedup_vs_batch.png"), dpi=110)
 
 
 def plot_temperature(path: str, out: Path) -> None:
@@ -113,6 +115,7 @@ def plot_trees(path: str, out: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--speedup", nargs="+", help="one or more bench JSON files")
+    p.add_argument("--batch", nargs="+", help="bench JSON files with --batch sizes")
     p.add_argument("--temperature")
     p.add_argument("--budget")
     p.add_argument("--chunk")
@@ -123,6 +126,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.speedup:
         plot_speedup(args.speedup, out)
+    if args.batch:
+        plot_speedup(args.batch, out, x="batch")
     if args.temperature:
         plot_temperature(args.temperature, out)
     if args.budget:

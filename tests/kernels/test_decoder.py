@@ -84,7 +84,8 @@ def decode_batch(model, fused):
         chain = lambda n: list(range(-1, n - 1))  # noqa: E731
         for shapes in (([-1], [-1, 0, 1], [-1, 0, 0, 1]), ([-1, 0, 0, 1, 1], [-1], [-1, 0]),
                        (chain(10), chain(9), chain(8))):  # 27 rows: past the linear kernel's
-            steps = [Step.tree(torch.randint(3, 96, (len(p),), generator=g), p, c.length) for p, c in zip(shapes, caches)]
+            steps = [Step.tree(torch.randint(3, 96, (len(p),), generator=g), p, c.length)
+                     for p, c in zip(shapes, caches)]
             logits += model.forward_batch(steps, caches)
         return logits, [f.keys[:, :, :f.length] for f in fulls[:2]], [list(f.last_query) for f in fulls[:2]]
     finally:

@@ -53,6 +53,7 @@ class Forward:
 
 
 Run = Generator[Forward, torch.Tensor | None, tuple[list[int], RequestMetrics]]
+Produced = Generator[Forward, torch.Tensor, tuple[list[int], list[torch.Tensor]]]  # tokens, distributions
 
 
 class HierarchyEngine:
@@ -118,7 +119,7 @@ class HierarchyEngine:
         metrics.retrieval_rebuilds = sum(t.rebuilds for t in self.tiers)
         return generated, metrics
 
-    def _prefill(self, tokens: list[int], show_progress: bool):
+    def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
         # The target first: caches derived from it (retrieval) build from its KV.
         for level in reversed(range(len(self.tiers))):
             tier = self.tiers[level]
@@ -131,12 +132,12 @@ class HierarchyEngine:
         p = self.params
         return probabilities(logits, p.temperature, p.top_k, p.top_p)
 
-    def _forward(self, level: int, step: Step | None = None):
+    def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""
         tier = self.tiers[level]
         return (yield Forward(tier, level, step or Step.chain(self.seq[tier.length:], tier.length)))
 
-    def _produce(self, level: int, count: int) -> tuple[list[int], list[torch.Tensor]]:
+    def _produce(self, level: int, count: int) -> Produced:
         """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution for each."""
         tier, seq, greedy = self.tiers[level], self.seq, self.params.greedy
         tokens: list[int] = []
@@ -155,7 +156,7 @@ class HierarchyEngine:
             probs += rows
         return tokens, probs
 
-    def _check_chain(self, level: int) -> tuple[list[int], list[torch.Tensor]]:
+    def _check_chain(self, level: int) -> Produced:
         """Tier `level` checks a chain of gamma tokens from the tier below."""
         position, greedy = len(self.seq), self.params.greedy
         # The tier below may overshoot (a check yields up to its accepted length + 1): check exactly gamma, so
@@ -171,7 +172,7 @@ class HierarchyEngine:
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
         return out, list(target_probs[: verdict.accepted + 1])
 
-    def _check_tree(self) -> tuple[list[int], list[torch.Tensor]]:
+    def _check_tree(self) -> Produced:
         """Tier 1 checks a tree that tier 0 grows (Sequoia) in one forward."""
         proposer, checker, greedy = self.tiers[0], self.tiers[1], self.params.greedy
         position = len(self.seq)
