@@ -29,9 +29,12 @@ from .models.vocab import read_draft_metadata, tokenizer_fingerprint
 
 log = logging.getLogger("triforce")
 
-# Drafts shipped inside the package for known targets (made by `triforce train-draft`; see README). For
-# other targets without --draft, mode `triforce` falls back to `retrieval` with a one-line notice.
-DEFAULT_DRAFTS: dict[str, Path] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2"}
+# Drafts for known targets: shipped inside the package (made by `triforce train-draft`; see README), or a
+# known model of the same family (fetched like the target). For other targets without --draft, mode
+# `triforce` falls back to `retrieval` with a one-line notice, and `auto` plans without a draft tier.
+DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",
+                                   "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
+MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
 
 
 @dataclass
@@ -58,7 +61,7 @@ def _available_memory_bytes(device: torch.device) -> int | None:
 
 class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
-                 mode: str = "triforce", dtype: str = "auto", device: str | None = None, workers=None,
+                 mode: str = "auto", dtype: str = "auto", device: str | None = None, workers=None,
                  rope_scaling: str | None = None, **engine_settings):
         """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...). `workers`: a
         ControlChannel to a worker group that verifies with the full cache (launch/distributed.py);
@@ -74,12 +77,13 @@ class LLM:
         self.workers = workers
         EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         self.model_path = resolve_model(model)
-        if draft is None and mode in ("triforce", "draft"):
-            shipped = DEFAULT_DRAFTS.get(str(model))
-            draft = shipped if shipped is not None and (shipped / "config.json").is_file() else None
+        if draft is None and mode in MODES_WITH_DRAFT:
+            draft = DEFAULT_DRAFTS.get(str(model))  # a folder in the package, or a known model's name
+            if isinstance(draft, Path) and not (draft / "config.json").is_file():
+                draft = None
         if draft is None and mode == "draft":
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
-        self.draft_path = resolve_model(draft) if draft is not None and mode in ("triforce", "draft") else None
+        self.draft_path = resolve_model(draft) if draft is not None and mode in MODES_WITH_DRAFT else None
         self.rope_scaling = rope_scaling
         self.target = load_model(self.model_path, self.dtype, self.device, rope_scaling=rope_scaling)
         self.draft = (None if self.draft_path is None

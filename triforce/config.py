@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from .errors import UserError
 
-MODES = ("triforce", "retrieval", "draft", "ar")
+MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 MAX_TREE = 64  # nodes per speculation tree
 
@@ -50,7 +50,7 @@ class SamplingParams:
 class EngineConfig:
     """How the hierarchy is built. Defaults: the paper's gammas, chunk size and sinks; the budget, the
     retrieval policy and full_layers were picked by `triforce bench` on SmolLM2 (see README)."""
-    mode: str = "triforce"
+    mode: str = "auto"  # auto: the tiers and gammas a cost model picks per request (coordinator/auto.py)
     gamma1: int = 2  # tier-1 (draft) proposals per tier-2 check
     gamma2: int = 6  # tier-2 tokens per tier-3 (target) check
     budget: int = 2048  # tokens the retrieval cache holds
@@ -81,6 +81,9 @@ class EngineConfig:
                 object.__setattr__(self, name, value := int(value))
             if value != "auto" and not (isinstance(value, int) and 0 <= value <= MAX_TREE):
                 raise ConfigError(f"{name} must be 'auto' or a node count in [0, {MAX_TREE}] (got {value!r})")
+        if (self.tree1 or self.tree2) and self.mode == "auto":
+            raise ConfigError("tree1 and tree2 take a fixed mode (triforce, retrieval or draft); mode auto plans "
+                              "chains (trees lost to chains on every CPU measured, README, Token trees)")
         if self.tree2 and self.mode == "triforce":
             raise ConfigError("tree2 (tier 2's tree to the target) runs in `retrieval` mode only; in `triforce` "
                               "mode tier 2 hands the target a chain of gamma2 tokens (the target accepts most of them, so "

@@ -29,7 +29,8 @@ def run_cli(capsys, *args):
 
 def test_json_output(capsys, target, draft):
     code, out, err = run_cli(capsys, "--model", target, "--draft", draft, "--prompt", WORDS, "--max-new-tokens", 12,
-                             "--temperature", 0, "--ignore-eos", "--json", "--dtype", "float32", "--window", 64)
+                             "--temperature", 0, "--ignore-eos", "--json", "--dtype", "float32", "--window", 64,
+                             "--mode", "triforce")
     assert code == 0, err
     result = json.loads(out)
     assert set(result) >= {"text", "token_ids", "prompt_tokens", "metrics"}
@@ -49,8 +50,21 @@ def test_streamed_text_equals_json_text(capsys, target, draft):
     assert out.strip() == json.loads(js)["text"].strip() and "tok/s" in err
 
 
+def test_auto_is_the_default_and_says_what_it_chose(capsys, target, draft, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+    code, out, err = run_cli(capsys, "--model", target, "--draft", draft, "--prompt", WORDS, "--max-new-tokens", 40,
+                             "--temperature", 0, "--ignore-eos", "--json", "--dtype", "float32", "--window", 64)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["mode"] == "auto" and len(result["token_ids"]) == 40
+    first = result["metrics"]["auto"][0]
+    assert first["at_token"] == 0 and first["mode"] in ("ar", "draft", "retrieval", "triforce")
+    assert "ar" in first["why"]["predicted_tokens_per_s"] and "draft" in first["why"]["acceptance"]
+
+
 def test_triforce_without_draft_falls_back_with_one_notice(capsys, target):
-    code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, "--json")
+    code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, "--json",
+                             "--mode", "triforce")
     assert code == 0 and json.loads(out)["mode"] == "retrieval"
     assert err.count("falls back to 'retrieval'") == 1
 

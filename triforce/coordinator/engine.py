@@ -47,7 +47,7 @@ class Forward:
     """What a sequence's run needs next: tier `level` of its hierarchy runs `step`. It is sent back the
     logits (LlamaModel.forward's, per `logits_for`)."""
     tier: Tier
-    level: int
+    level: int  # the tier's place in the engine's ladder, cheapest first (a batch runs the lowest first)
     step: Step
     logits_for: str = "all"
 
@@ -64,6 +64,7 @@ class HierarchyEngine:
         if tree is not None and len(tiers) < 2:
             raise ValueError("a tree needs a tier to check it")
         self.tiers, self.gammas, self.tree = tiers, gammas, tree
+        self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
 
     def generate(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
                  on_tokens: Callable[[list[int]], bool] | None = None,
@@ -88,21 +89,21 @@ class HierarchyEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
         self.stats = [TierStats(t.name, self.tiers[i - 1].name) for i, t in enumerate(self.tiers) if i > 0]
-        metrics = RequestMetrics(prompt_tokens=len(prompt), tiers=self.stats)
+        metrics = RequestMetrics(prompt_tokens=len(prompt), tiers=list(self.stats))
 
         start = time.perf_counter()
         yield from self._prefill(prompt[:-1], show_progress and len(prompt) >= PROGRESS_MIN_TOKENS)
         if self.tree is not None and self.tree.auto:  # forward costs on this machine, at this context
             self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], MAX_TREE + 1)
         metrics.prefill_s = time.perf_counter() - start
-        for tier in self.tiers:
+        for tier in self.ladder:
             tier.seconds = 0.0
 
         start = time.perf_counter()
         generated: list[int] = []
-        top = len(self.tiers) - 1
         while len(generated) < params.max_tokens:
-            new, _ = yield from self._produce(top, 1)
+            yield from self._before_round(len(generated), metrics)
+            new, _ = yield from self._produce(len(self.tiers) - 1, 1)
             for tier in self.tiers:
                 tier.sync()
             new = new[: params.max_tokens - len(generated)]
@@ -114,10 +115,14 @@ class HierarchyEngine:
                 break
         metrics.decode_s = time.perf_counter() - start
         metrics.generated_tokens = len(generated)
-        for stat, tier in zip(self.stats, self.tiers[1:]):
-            stat.seconds = tier.seconds
-        metrics.retrieval_rebuilds = sum(t.rebuilds for t in self.tiers)
+        for stat in metrics.tiers:
+            stat.seconds = next(t.seconds for t in self.ladder if t.name == stat.name)
+        metrics.retrieval_rebuilds = sum(t.rebuilds for t in self.ladder)
         return generated, metrics
+
+    def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
+        """Called before each round of the top tier (an engine that re-plans its tiers overrides it)."""
+        yield from ()
 
     def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
         # The target first: caches derived from it (retrieval) build from its KV.
@@ -126,7 +131,7 @@ class HierarchyEngine:
             with tqdm(total=len(tokens), desc=f"prefill {tier.name}", unit="tok", file=sys.stderr,
                       disable=not show_progress, leave=False) as bar:
                 for step in tier.prefill_steps(tokens, bar):
-                    yield Forward(tier, level, step, "none")
+                    yield Forward(tier, self.ladder.index(tier), step, "none")
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.params
@@ -135,7 +140,8 @@ class HierarchyEngine:
     def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""
         tier = self.tiers[level]
-        return (yield Forward(tier, level, step or Step.chain(self.seq[tier.length:], tier.length)))
+        step = step or Step.chain(self.seq[tier.length:], tier.length)
+        return (yield Forward(tier, self.ladder.index(tier), step))
 
     def _produce(self, level: int, count: int) -> Produced:
         """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution for each."""
@@ -167,8 +173,7 @@ class HierarchyEngine:
         del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)
         target_probs = self._probs((yield from self._forward(level))[-(g + 1):])  # [g+1, V]
         verdict = verify_chain(draft_tokens, torch.stack(draft_rows), target_probs, self.generator, greedy)
-        self.stats[level - 1].record(g, verdict.accepted)
-        self.tiers[level - 1].observe(g, verdict.accepted)  # how the proposer's tokens fared
+        self._record(level, g, verdict.accepted)
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
         return out, list(target_probs[: verdict.accepted + 1])
 
@@ -192,6 +197,11 @@ class HierarchyEngine:
         proposer.observe(accepted + (1 if children_of(parents)[last_slot] else 0), accepted)
         out = self._commit(position, tokens, verdict.path, verdict.next_token)
         return out, [target_probs[0]] + [target_probs[i + 1] for i in verdict.path]
+
+    def _record(self, level: int, proposed: int, accepted: int) -> None:
+        """A chain check at `level` accepted `accepted` of the `proposed` tokens from the level below."""
+        self.stats[level - 1].record(proposed, accepted)
+        self.tiers[level - 1].observe(proposed, accepted)  # how the proposer's tokens fared
 
     def _commit(self, position: int, proposals: list[int], path: list[int], next_token: int) -> list[int]:
         """After a check of proposals that followed `seq[:position]`: `seq` continues with the accepted path

@@ -6,6 +6,7 @@
 | retrieval | target + RetrievalKVCache, target                           | gamma2           | tree2         |
 | draft     | draft + StreamingKVCache, target (the paper's naive policy) | gamma1           | tree1         |
 | ar        | target + FullKVCache (plain decoding, the baseline)         |                  |               |
+| auto      | any of the above, picked and re-picked by a cost model      | picked           |               |
 
 A tree replaces the bottom tier's chain of gamma tokens: the bottom tier grows a tree of up to that many
 nodes and the tier above checks it in one forward.
@@ -16,6 +17,7 @@ from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
 from ..models.llama import LlamaModel
+from .auto import MAX_GAMMA, AutoEngine, AutoPlanner
 from .engine import HierarchyEngine
 from .tiers import RetrievalTier, Tier
 from .trees import TreeShaper
@@ -24,6 +26,8 @@ from .verifier import LocalVerifier, Verifier
 
 def speculation_slack(cfg: EngineConfig) -> int:
     """Most tokens any cache may hold beyond the committed sequence during one target check."""
+    if cfg.mode == "auto":
+        return 2 * MAX_GAMMA + 4
     trees = sum(MAX_TREE if t == "auto" else t for t in (cfg.tree1, cfg.tree2))
     return cfg.gamma1 + cfg.gamma2 + trees + 4
 
@@ -55,6 +59,10 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     def shaper(nodes: int | str) -> TreeShaper | None:
         return TreeShaper(nodes) if nodes else None
 
+    if cfg.mode == "auto":
+        ladder = [draft_tier()] if draft is not None else []
+        ladder += [retrieval_tier(), verifier]
+        return AutoEngine(ladder, AutoPlanner({t.name: t for t in ladder}, cfg.budget))
     if cfg.mode == "ar":
         return HierarchyEngine([verifier], [])
     if cfg.mode == "draft":

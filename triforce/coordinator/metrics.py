@@ -71,6 +71,7 @@ class RequestMetrics:
     control_bytes: int | None = None
     bulk_bytes: int | None = None
     worker_wait_s: float | None = None
+    auto: list[dict] | None = None  # --mode auto: each change of plan (when, which tiers and gammas, and why)
 
     @property
     def tokens_per_s(self) -> float:
@@ -85,4 +86,5 @@ class RequestMetrics:
                     "control_messages": self.control_messages, "control_bytes": self.control_bytes,
                     "control_bytes_per_token": round(self.control_bytes / max(1, self.generated_tokens)),
                     "bulk_bytes": self.bulk_bytes,
-                    "worker_wait_s": round(self.worker_wait_s, 4)})}
+                    "worker_wait_s": round(self.worker_wait_s, 4)}),
+                **({} if self.auto is None else {"auto": self.auto})}

@@ -7,7 +7,6 @@ acceptance measured so far in this run (speculation/tree_shape.py), re-decided e
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Generator
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from ..speculation.tree import children_of, sample_children
 from ..speculation.tree_shape import best_tree, pick_size
 from ..step import Step, ancestor_mask
+from .costs import CostTable
 from .tiers import Tier
 
 RANKS = 8  # children per node the shaper considers
@@ -120,28 +120,13 @@ class TreeShaper:
 
 CHECK_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # tokens per check the costs are measured at
 LEVEL_SIZES = (1, 2, 4, 8, 16, 32)  # tokens per proposer forward likewise
-_costs: dict[tuple, tuple[dict[int, float], dict[int, float]]] = {}  # once per process, tiers and context
 
 
-def measure_costs(checker: Tier, proposer: Tier, max_tokens: int) -> tuple[dict[int, float], dict[int, float]]:
+def measure_costs(checker: Tier, proposer: Tier, max_tokens: int,
+                  table: CostTable | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds per forward of the checking tier by tokens checked (CHECK_SIZES up to max_tokens) and of the
-    proposer by tokens (LEVEL_SIZES: its root forward and its levels), each the faster of two runs over
-    the caches as they are (filler tokens, rolled back after). Cached per tier pair and power-of-two
-    context length."""
-    key = (checker.name, id(checker.model), proposer.name, id(proposer.model), max_tokens,
-           max(checker.length, 1).bit_length())
-    if key not in _costs:
-        check = {n: _forward_seconds(checker, n) for n in CHECK_SIZES if n <= max_tokens}
-        _costs[key] = check, {n: _forward_seconds(proposer, n) for n in LEVEL_SIZES if n <= max_tokens}
-    return _costs[key]
-
-
-def _forward_seconds(tier: Tier, n: int) -> float:
-    length, best, spent = tier.length, float("inf"), tier.seconds
-    for _ in range(2):
-        start = time.perf_counter()
-        tier.forward(Step.chain([0] * n, length))
-        best = min(best, time.perf_counter() - start)
-        tier.truncate(length)
-    tier.seconds = spent  # a measurement, not the request's work
-    return best
+    proposer by tokens (LEVEL_SIZES: its root forward and its levels), from the cost table (costs.py:
+    measured on this machine once per tier and context)."""
+    table = table or CostTable.default()
+    return (table.seconds(checker, tuple(n for n in CHECK_SIZES if n <= max_tokens)),
+            table.seconds(proposer, tuple(n for n in LEVEL_SIZES if n <= max_tokens)))

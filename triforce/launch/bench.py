@@ -92,7 +92,7 @@ def run_bench(args) -> int:
 
     sweep_name, sweep_values = _parse_sweep(args.sweep)
     text = "\n".join(Path(f).read_text(encoding="utf-8") for f in args.text)
-    needs_draft = any(m in ("draft", "triforce") for m in args.modes) or "assisted" in args.peers
+    needs_draft = any(m in ("auto", "draft", "triforce") for m in args.modes) or "assisted" in args.peers
     if args.rope_scaling and args.peers:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
@@ -179,11 +179,19 @@ def _batch_row(outs) -> dict:
     metrics = [o.metrics for o in outs]
     generated = sum(m.generated_tokens for m in metrics)
     decode_s = max(m.decode_s for m in metrics)
-    merged = RequestMetrics(tiers=[TierStats.merged(list(t)) for t in zip(*(m.tiers for m in metrics))])
-    return {"tokens_per_s": generated / decode_s if decode_s > 0 else 0.0,
-            "prefill_s": max(m.prefill_s for m in metrics), "generated_tokens": generated,
-            "retrieval_rebuilds": sum(m.retrieval_rebuilds for m in metrics), "tiers": _tier_summary(merged),
-            "token_ids": [o.token_ids for o in outs]}
+    pairs: dict[tuple[str, str], list[TierStats]] = {}  # requests of mode auto may have run different tiers
+    for m in metrics:
+        for t in m.tiers:
+            pairs.setdefault((t.drafter, t.name), []).append(t)
+    merged = RequestMetrics(tiers=[TierStats.merged(stats) for stats in pairs.values()])
+    row = {"tokens_per_s": generated / decode_s if decode_s > 0 else 0.0,
+           "prefill_s": max(m.prefill_s for m in metrics), "generated_tokens": generated,
+           "retrieval_rebuilds": sum(m.retrieval_rebuilds for m in metrics), "tiers": _tier_summary(merged),
+           "token_ids": [o.token_ids for o in outs]}
+    if any(m.auto for m in metrics):  # each request's plans: when, which tiers and gammas (the why is in --json)
+        row["auto_plans"] = [[{k: d[k] for k in ("at_token", "context", "mode", "gammas")} for d in m.auto or []]
+                             for m in metrics]
+    return row
 
 
 def _compare(rows: list[dict], tokenizer, key: str | None) -> list[dict]:

@@ -60,8 +60,10 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
     add_model_args(gen)
-    gen.add_argument("--mode", choices=MODES, default="triforce",
-                     help="triforce: draft -> retrieval -> target; retrieval: retrieval -> target; "
+    gen.add_argument("--mode", choices=MODES, default="auto",
+                     help="auto: the tiers and gammas a cost model picks from forward costs measured on this "
+                          "machine and the acceptance seen so far, re-picked as the request runs; "
+                          "triforce: draft -> retrieval -> target; retrieval: retrieval -> target; "
                           "draft: draft -> target; ar: plain decoding (default %(default)s)")
     samp = gen.add_argument_group("sampling")
     samp.add_argument("--max-new-tokens", type=int, default=128)
@@ -138,7 +140,8 @@ def run_generation(args, llm) -> int:
     else:
         sys.stdout.write("\n")
         tiers = "; ".join(f"{t.name} accepted {t.accepted}/{t.proposed} from {t.drafter}" for t in m.tiers)
-        print(f"[{llm.config.mode}] prompt {m.prompt_tokens} tok, prefill {m.prefill_s:.2f}s; "
+        plans = " -> ".join(f"{d['mode']}{tuple(d['gammas']) if d['gammas'] else ''}" for d in m.auto or [])
+        print(f"[{llm.config.mode}{': ' + plans if plans else ''}] prompt {m.prompt_tokens} tok, prefill {m.prefill_s:.2f}s; "
               f"{m.generated_tokens} tok in {m.decode_s:.2f}s = {m.tokens_per_s:.1f} tok/s"
               + (f"; {tiers}" if tiers else "") + (f"; {m.retrieval_rebuilds} retrieval rebuilds"
                                                    if m.retrieval_rebuilds else ""), file=sys.stderr)

@@ -1,0 +1,214 @@
+"""`--mode auto`: the cost model, the planner's choices, the cost table, and exactness while the plan changes
+between rounds (greedy equality with plain decoding; chi-square at alpha = 1e-3 for sampling)."""
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import triforce.coordinator.auto as auto
+from triforce.cache.full import FullKVCache
+from triforce.config import ConfigError, EngineConfig, SamplingParams
+from triforce.coordinator import costs as costs_module
+from triforce.coordinator.auto import AutoPlanner, Plan, expected_tokens, seconds_per_token
+from triforce.coordinator.costs import CostTable, interpolate
+from triforce.coordinator.hierarchy import build_engine
+from triforce.models.loader import load_model
+from triforce.speculation.sampling import probabilities
+
+ALPHA = 1e-3
+VOCAB = 8
+SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12)
+FLAT = {n: 1.0 for n in (1, 2, 3, 4, 6, 9)}  # a check costs what one token does (a GPU, AMX tiles)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    spec = dict(vocab_size=VOCAB, hidden_size=64, num_heads=4, num_kv_heads=2, scale=4)
+    target = load_model(tiny_dir("auto-target", seed=40, num_layers=3, **spec))
+    draft = load_model(tiny_dir("auto-draft", seed=41, num_layers=1, **spec))
+    return target, draft
+
+
+@pytest.fixture
+def prompt():
+    return torch.randint(0, VOCAB, (80,), generator=torch.Generator().manual_seed(4)).tolist()
+
+
+def test_expected_tokens_is_the_mean_of_a_chain_check():
+    """E(alpha, gamma) against the accepted length's distribution written out: P(a = k) = alpha^k (1 - alpha)
+    for k < gamma and alpha^gamma for k = gamma, plus the recovered or bonus token."""
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        for gamma in (1, 2, 5):
+            mean = sum(k * alpha ** k * (1 - alpha) for k in range(gamma)) + gamma * alpha ** gamma + 1
+            assert expected_tokens(alpha, gamma) == pytest.approx(mean)
+
+
+def test_seconds_per_token_composes_the_levels():
+    costs = {"draft": {1: 0.1}, "retrieval": {1: 0.5, 3: 0.7}, "target": {1: 1.0, 3: 1.2, 4: 1.5}}
+    alphas = {"draft": 0.5, "retrieval": 0.9}
+    assert seconds_per_token(("target",), (), costs, alphas) == 1.0
+    assert seconds_per_token(("draft", "target"), (2,), costs, alphas) == pytest.approx((0.2 + 1.2) / 1.75)
+    level1 = (2 * 0.1 + 0.7) / 1.75
+    level2 = (3 * level1 + 1.5) / expected_tokens(0.9, 3)
+    assert seconds_per_token(("draft", "retrieval", "target"), (2, 3), costs, alphas) == pytest.approx(level2)
+    assert interpolate({1: 1.0, 3: 2.0}, 2) == 1.5 and interpolate({1: 1.0, 3: 2.0}, 5) == 3.0
+
+
+def planner_with(costs: dict, context: int = 1000, budget: int = 100):
+    planner = AutoPlanner({name: None for name in costs}, budget, table=CostTable(None))
+    planner.costs = lambda stacks: costs
+    return planner
+
+
+def test_plain_decoding_where_speculation_cannot_pay():
+    # A draft as dear as the target, and checks that cost a token each: nothing beats plain decoding.
+    same = {"draft": {1: 1.0}, "retrieval": {n: 1.0 + 0.5 * n for n in FLAT}, "target": {n: 1.0 * n for n in FLAT}}
+    assert planner_with(same).plan(1000, 0).mode == "ar"
+
+
+def test_the_full_hierarchy_where_checks_are_cheap():
+    cheap = {"draft": {1: 0.05}, "retrieval": {n: 0.3 for n in FLAT}, "target": FLAT}
+    plan = planner_with(cheap).plan(1000, 0)
+    assert plan.mode == "triforce" and all(g > 1 for g in plan.gammas)
+    assert plan.tokens_per_s > 1.0  # faster than plain decoding's one token per second
+
+
+def test_no_retrieval_tier_below_twice_its_budget():
+    cheap = {"draft": {1: 0.05}, "retrieval": {n: 0.3 for n in FLAT}, "target": FLAT}
+    planner = planner_with(cheap, budget=600)
+    assert planner.plan(1000, 0).mode == "draft"
+    assert planner.plan(1200, 0).mode == "triforce"
+    assert [d["mode"] for d in planner.decisions] == ["draft", "triforce"]  # each change recorded, and why
+    assert set(planner.decisions[0]["why"]["predicted_tokens_per_s"]) == {"ar", "draft"}
+
+
+def test_a_draft_that_is_rejected_is_dropped():
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    assert planner.plan(1000, 0).mode == "draft"  # the prior: a draft accepted 60% of the time pays
+    for _ in range(20):
+        planner.observe("draft", 4, 0)
+    assert planner.plan(1000, 80).mode == "ar"
+    assert planner.decisions[-1]["why"]["acceptance"]["draft"] == pytest.approx(0.6 * 4 / (20 + 4), abs=1e-3)
+
+
+def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path, monkeypatch):
+    from triforce.coordinator.verifier import LocalVerifier
+
+    target, _ = models
+    verifier = LocalVerifier(target, 400)
+    verifier.prefill(list(range(VOCAB)) * 25)  # 200 tokens
+    path = tmp_path / "costs.json"
+    table = CostTable(path)
+    first = table.seconds(verifier, (1, 3))
+    assert set(first) == {1, 3} and all(s > 0 for s in first.values()) and verifier.length == 200
+    assert path.is_file()
+
+    def no_measuring(tier, n):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(costs_module, "forward_seconds", no_measuring)
+    assert CostTable(path).seconds(verifier, (1, 3)) == first  # another process on this machine reuses it
+    verifier.prefill([1] * 20)  # 10% more context: the same entry
+    assert CostTable(path).seconds(verifier, (1, 3)) == first
+    verifier.prefill([1] * 100)  # 60% more: measured anew
+    with pytest.raises(AssertionError, match="measured again"):
+        CostTable(path).seconds(verifier, (1,))
+
+
+class ScriptedPlanner(AutoPlanner):
+    """Cycles through fixed plans, whatever the costs: every switch of tiers, in exactness tests."""
+
+    def __init__(self, tiers, script):
+        super().__init__(tiers, SETTINGS["budget"], table=CostTable(None))
+        self.script, self.calls = script, 0
+
+    def plan(self, context, generated):
+        stack, gammas = self.script[self.calls % len(self.script)]
+        self.calls += 1
+        self.decisions.append({"at_token": generated, "mode": auto.MODES[stack]})
+        return Plan(stack, gammas, 0.0)
+
+
+SCRIPTS = {
+    "ar-first": [(("target",), ()), (("draft", "retrieval", "target"), (2, 2)), (("retrieval", "target"), (3,)),
+                 (("draft", "target"), (2,))],
+    "triforce-first": [(("draft", "retrieval", "target"), (3, 1)), (("target",), ()), (("draft", "target"), (1,)),
+                       (("retrieval", "target"), (2,))],
+}
+
+
+def scripted_engine(models, prompt, max_tokens, script, policy="static"):
+    target, draft = models
+    engine = build_engine(EngineConfig(mode="auto", retrieval_policy=policy, **SETTINGS), target, draft,
+                          len(prompt) + max_tokens)
+    engine.planner = ScriptedPlanner({t.name: t for t in engine.ladder}, SCRIPTS[script])
+    return engine
+
+
+@pytest.fixture
+def replan_every_round(monkeypatch):
+    monkeypatch.setattr(auto, "REPLAN_ROUNDS", 1)
+    monkeypatch.setattr(auto, "MIN_PLANNED_TOKENS", 1)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_greedy_equals_plain_decoding_while_the_plan_changes(models, prompt, script, policy, replan_every_round):
+    target, draft = models
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 140).generate(prompt, params)
+    engine = scripted_engine(models, prompt, 60, script, policy)
+    tokens, metrics = engine.generate(prompt, params)
+    assert tokens == reference
+    assert engine.planner.calls > 8  # every plan of the script ran, twice
+    pairs = {(t.drafter, t.name) for t in metrics.tiers if t.checks}
+    assert pairs == {("draft", "retrieval"), ("retrieval", "target"), ("draft", "target")}
+    assert metrics.auto == engine.planner.decisions
+
+
+@pytest.mark.parametrize("script,trials", [("ar-first", 2000), ("triforce-first", 2000)])
+def test_second_token_follows_the_target_while_the_plan_changes(models, prompt, script, trials, replan_every_round):
+    """The second token's marginal, sum over x1 of p(x1) p(x2 | x1), against runs whose plan changes after
+    the first round (the draft catches up on the tokens it missed, the retrieval tier syncs)."""
+    target, _ = models
+    cache = FullKVCache(target.config, len(prompt) + 2, target.rope, target.dtype, "cpu")
+    first = probabilities(target(torch.tensor(prompt), cache, logits_for="last"), 1.0, 0, 1.0)[0]
+    expected = torch.zeros(VOCAB, dtype=torch.float64)
+    for x1 in range(VOCAB):
+        logits = target(torch.tensor([x1]), cache, logits_for="last")
+        cache.rollback(1)
+        expected += first[x1].double() * probabilities(logits, 1.0, 0, 1.0)[0].double()
+    counts = torch.zeros(VOCAB, dtype=torch.float64)
+    for seed in range(trials):
+        engine = scripted_engine(models, prompt, 2, script)
+        tokens, _ = engine.generate(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed, ignore_eos=True))
+        counts[tokens[1]] += 1
+    assert chisquare(counts.numpy(), (expected / expected.sum() * trials).numpy()).pvalue > ALPHA
+
+
+def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+    target, draft = models
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 128).generate(prompt, params)
+    tokens, metrics = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 128).generate(prompt, params)
+    assert tokens == reference
+    decision = metrics.auto[0]
+    assert decision["mode"] in auto.MODES.values() and decision["at_token"] == 0
+    assert set(decision["why"]["forward_ms"]) == {"draft", "retrieval", "target"}  # 80 tokens >= 2 x budget 12
+    assert (tmp_path / "calibration" / "costs.json").is_file()
+    assert "auto" in metrics.to_dict()
+
+
+def test_short_requests_decode_plainly_without_measuring(models, prompt, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+    target, draft = models
+    engine = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 100)
+    tokens, metrics = engine.generate(prompt, SamplingParams(max_tokens=auto.MIN_PLANNED_TOKENS - 1, ignore_eos=True))
+    assert len(tokens) == auto.MIN_PLANNED_TOKENS - 1 and metrics.tiers == [] and not metrics.auto
+    assert not (tmp_path / "calibration").exists()
+
+
+def test_auto_takes_no_trees():
+    with pytest.raises(ConfigError, match="mode auto plans chains"):
+        EngineConfig(mode="auto", tree1=4)

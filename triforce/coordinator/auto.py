@@ -1,0 +1,196 @@
+"""`--mode auto`: a per-request cost model picks which tiers run and their gammas, and re-decides as the
+context grows or acceptance changes.
+
+The model (TriForce sec. 4.3 and Leviathan et al.'s expected walltime, one level at a time): a proposer
+whose tokens the checker accepts independently with probability alpha gives, per check of gamma tokens,
+E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) tokens (the recovered or bonus token included). With
+c_t(n) the measured seconds of a forward of n tokens at tier t (costs.py), the seconds per token of a
+stack of tiers, cheapest first, are
+
+    s_0 = c_0(1)                                                       (the bottom samples one by one)
+    s_i = (gamma_i * s_{i-1} + c_i(gamma_i + 1)) / E(alpha_i, gamma_i) (gamma_i tokens from below, one check)
+
+and a plan is scored by 1 / s_top. The candidates are every stack the request has (`ar`: the target alone;
+`draft`; `retrieval`; `triforce`) with gammas in 1..MAX_GAMMA; the retrieval tier only once the context is
+at least twice its budget (below that it reads nearly what the target reads). Plain decoding is one of the
+candidates, so a request where speculation does not pay runs `ar`.
+
+Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
+retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model
+(a chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR
+worth PRIOR_TRIALS trials. Plans are scored with an optimistic alpha (mean + one standard deviation), so a
+tier that has been seen little gets tried, and the estimate it then earns decides. Re-decided every
+REPLAN_ROUNDS rounds of the top tier; costs are re-read when the context moves past what they were measured
+at (the table measures once per machine, model and context).
+
+Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
+(every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
+on the tokens committed while it was idle (the draft: forwards over them; the retrieval tier: a sync).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from itertools import product
+
+from .costs import CostTable, interpolate
+from .engine import Forward, HierarchyEngine
+from .metrics import RequestMetrics, TierStats
+from .tiers import Tier
+
+MAX_GAMMA = 8  # tokens per check the planner considers, per level
+CHECK_SIZES = (1, 2, 3, 4, 6, 9)  # tokens per forward whose cost is measured (others interpolated)
+PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
+PRIOR_TRIALS = 4.0  # ...worth this many trials
+REPLAN_ROUNDS = 8
+MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs would take longer than they save
+MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
+         ("draft", "retrieval", "target"): "triforce"}
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens gained per check of gamma proposals each accepted with probability alpha (bonus included)."""
+    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: dict[str, dict[int, float]],
+                      alphas: dict[str, float]) -> float:
+    """The model of the module docstring: `stack` tier names cheapest first, `gammas` one per check,
+    `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted."""
+    seconds = interpolate(costs[stack[0]], 1)
+    for proposer, checker, gamma in zip(stack, stack[1:], gammas):
+        check = gamma * seconds + interpolate(costs[checker], gamma + 1)
+        seconds = check / expected_tokens(alphas[proposer], gamma)
+    return seconds
+
+
+@dataclass(frozen=True)
+class Plan:
+    stack: tuple[str, ...]  # tier names, cheapest first; the last is the target
+    gammas: tuple[int, ...]  # tokens per check at each level above the bottom
+    tokens_per_s: float  # what the model predicts
+
+    @property
+    def mode(self) -> str:
+        return MODES[self.stack]
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "gammas": list(self.gammas), "predicted_tokens_per_s": round(self.tokens_per_s, 2)}
+
+
+@dataclass
+class Acceptance:
+    """A proposer's per-token acceptance: successes over trials of the geometric model, with a prior."""
+    prior: float
+    successes: float = 0.0
+    trials: float = 0.0
+
+    def observe(self, gamma: int, accepted: int) -> None:
+        self.successes += accepted
+        self.trials += accepted + (accepted < gamma)
+
+    @property
+    def mean(self) -> float:
+        return (self.successes + PRIOR_TRIALS * self.prior) / (self.trials + PRIOR_TRIALS)
+
+    @property
+    def optimistic(self) -> float:
+        m = self.mean
+        return min(m + math.sqrt(m * (1 - m) / (self.trials + PRIOR_TRIALS)), 0.99)
+
+
+@dataclass
+class AutoPlanner:
+    """Chooses a Plan for one request from measured costs and the acceptance seen so far."""
+    tiers: dict[str, Tier]  # the request's tiers by name: "target", and "draft" / "retrieval" where it has them
+    budget: int | None = None  # the retrieval cache's, None without one
+    table: CostTable = field(default_factory=CostTable.default)
+    acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
+    decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
+
+    def candidates(self, context: int) -> list[tuple[str, ...]]:
+        names = [n for n in ("draft", "retrieval") if n in self.tiers]
+        if "retrieval" in names and (self.budget is None or context < 2 * self.budget):
+            names.remove("retrieval")
+        return [stack for stack in MODES if set(stack[:-1]) <= set(names)]
+
+    def costs(self, stacks: list[tuple[str, ...]]) -> dict[str, dict[int, float]]:
+        needed = {name for stack in stacks for name in stack}
+        out = {}
+        for name in sorted(needed):
+            tier = self.tiers[name]
+            # An idle retrieval cache is measured as it would run: synced (a static one is built then).
+            out[name] = self.table.seconds(tier, (1,) if name == "draft" else CHECK_SIZES, tier.sync)
+        return out
+
+    def plan(self, context: int, generated: int) -> Plan:
+        """The best plan at this context; recorded in `decisions` when it differs from the last."""
+        stacks = self.candidates(context)
+        costs = self.costs(stacks)
+        optimistic = {name: a.optimistic for name, a in self.acceptance.items()}
+        best: Plan | None = None
+        scored = {}
+        for stack in stacks:
+            for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
+                rate = 1.0 / seconds_per_token(stack, gammas, costs, optimistic)
+                if best is None or rate > best.tokens_per_s:
+                    best = Plan(stack, gammas, rate)
+                if rate > scored.get(MODES[stack], (0.0,))[0]:
+                    scored[MODES[stack]] = (rate, gammas)
+        if not self.decisions or self.decisions[-1]["mode"] != best.mode or \
+                self.decisions[-1]["gammas"] != list(best.gammas):
+            self.decisions.append({
+                "at_token": generated, "context": context, **best.to_dict(),
+                "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _) in scored.items()},
+                        "acceptance": {n: round(a.mean, 3) for n, a in self.acceptance.items()},
+                        "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
+        return best
+
+    def observe(self, proposer: str, gamma: int, accepted: int) -> None:
+        self.acceptance[proposer].observe(gamma, accepted)
+
+
+class AutoEngine(HierarchyEngine):
+    """The hierarchy of whichever of its tiers the planner picks, re-picked between rounds (see above)."""
+
+    def __init__(self, ladder: list[Tier], planner: AutoPlanner):
+        """ladder: the request's tiers cheapest first, the target last."""
+        super().__init__([ladder[-1]], [])
+        self.ladder, self.planner = list(ladder), planner
+        self._rounds = 0
+        self._pairs: dict[tuple[str, str], TierStats] = {}
+
+    def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
+        """The target's prefill, then the first plan and the prefill of the tiers it runs (counted in the
+        request's prefill time, as the prefill of a fixed mode's tiers is)."""
+        yield from super()._prefill(tokens, show_progress)
+        yield from self._replan(0)
+
+    def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
+        self._rounds += 1
+        if self._rounds % REPLAN_ROUNDS == 0:
+            yield from self._replan(generated)
+        self.stats = [self._pair(lower.name, upper.name, metrics) for lower, upper in zip(self.tiers, self.tiers[1:])]
+        metrics.auto = self.planner.decisions or None
+
+    def _replan(self, generated: int) -> Generator[Forward, None, None]:
+        if self.params.max_tokens < MIN_PLANNED_TOKENS:
+            return
+        plan = self.planner.plan(len(self.seq), generated)
+        stack = [next(t for t in self.ladder if t.name == name) for name in plan.stack]
+        for tier in stack:
+            if tier not in self.tiers:  # joins: it catches up on what was committed while it was idle
+                for step in tier.prefill_steps(self.seq[tier.length:-1]):
+                    yield Forward(tier, self.ladder.index(tier), step, "none")
+        self.tiers, self.gammas = stack, list(plan.gammas)
+
+    def _pair(self, drafter: str, checker: str, metrics: RequestMetrics) -> TierStats:
+        if (drafter, checker) not in self._pairs:
+            self._pairs[drafter, checker] = TierStats(checker, drafter)
+            metrics.tiers.append(self._pairs[drafter, checker])
+        return self._pairs[drafter, checker]
+
+    def _record(self, level: int, proposed: int, accepted: int) -> None:
+        super()._record(level, proposed, accepted)
+        self.planner.observe(self.tiers[level - 1].name, proposed, accepted)

@@ -1,0 +1,146 @@
+"""Forward costs measured on this machine: seconds per forward of a tier, by tokens per forward.
+
+A cost is measured over the tier's cache as it is (filler tokens, rolled back after), the faster of two
+runs, and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs.json`), keyed by machine
+(CPU model, kernel path, threads), tier (its name, its model's shape and dtype, its cache's size) and the
+context the forward attends over. So a machine calibrates a model once per context: a later request
+within CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (auto.py) plans from these costs;
+`measure_costs` (trees.py) sizes trees from them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from ..cache.retrieval import RetrievalKVCache
+from ..cache.streaming import StreamingKVCache
+from ..step import Step
+from .tiers import Tier
+
+log = logging.getLogger(__name__)
+CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 15% of c
+
+
+@functools.cache
+def machine_key() -> str:
+    """What makes this machine's forward costs its own: the CPU (or GPU) model, kernel path and threads."""
+    from ..kernels.cpu import kernel_path
+
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.get_device_name()}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}|{kernel_path()}|threads={torch.get_num_threads()}"
+
+
+def tier_key(tier: Tier) -> str:
+    """The tier's kind: its role, its model's shape and dtype, and the part of its cache a forward reads."""
+    cfg = tier.model.config
+    key = (f"{tier.name}|{cfg.model_type}:{cfg.num_layers}x{cfg.hidden_size}:{cfg.intermediate_size}:"
+           f"{cfg.num_heads}/{cfg.num_kv_heads}:{cfg.vocab_size}|{tier.model.dtype}|{tier.model.device.type}")
+    cache = getattr(tier, "cache", None)
+    if isinstance(cache, RetrievalKVCache):
+        key += f"|{cache.policy}:{cache.budget}/{cache.chunk_size}:{cache.full_layers}"
+    return key
+
+
+def cost_context(tier: Tier) -> int:
+    """How many cached tokens a forward of `tier` reads, which is what its cost grows with."""
+    cache = getattr(tier, "cache", None)
+    if isinstance(cache, StreamingKVCache):
+        return cache.sinks + cache.window  # a draft's window is full after its first few hundred tokens
+    if isinstance(cache, RetrievalKVCache) and cache.policy == "static":
+        return min(tier.length, cache.budget)
+    return tier.length
+
+
+class CostTable:
+    """Seconds per forward by (machine, tier, context, tokens); `path` None keeps them in memory only."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path
+        self.entries: dict[str, dict[str, float]] = {}  # "machine||tier||context" -> {tokens: seconds}
+        if path is not None and path.is_file():
+            try:
+                self.entries = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                log.warning("ignoring unreadable cost calibration %s", path)
+
+    @classmethod
+    def default(cls) -> "CostTable":
+        from ..models.hub import triforce_home
+
+        return cls(None if os.environ.get("TRIFORCE_CALIBRATION") == "0"
+                   else triforce_home() / "calibration" / "costs.json")
+
+    def seconds(self, tier: Tier, sizes: tuple[int, ...], prepare=None) -> dict[int, float]:
+        """Seconds per forward of `tier` for each number of tokens in `sizes`, at its current context;
+        `prepare()` runs before any measurement is needed (a retrieval cache's sync, say)."""
+        known = self.entries.setdefault(self._key(tier), {})
+        missing = [n for n in sizes if str(n) not in known]
+        if missing:
+            if prepare is not None:
+                prepare()
+            for n in missing:
+                known[str(n)] = forward_seconds(tier, n)
+            self._save()
+        return {n: known[str(n)] for n in sizes}
+
+    def _key(self, tier: Tier) -> str:
+        """The entry measured nearest to the tier's context, if within CONTEXT_TOLERANCE; else a new one's."""
+        context = cost_context(tier)
+        prefix = f"{machine_key()}||{tier_key(tier)}||"
+        near = [k for k in self.entries if k.startswith(prefix)
+                and abs(int(k[len(prefix):]) - context) <= CONTEXT_TOLERANCE * max(context, 1)]
+        return min(near, key=lambda k: abs(int(k[len(prefix):]) - context)) if near else f"{prefix}{context}"
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.path.with_name(self.path.name + f".{os.getpid()}")
+            partial.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
+            partial.replace(self.path)  # whole or not at all, also with other processes writing
+        except OSError as exc:
+            log.warning("cannot save the cost calibration to %s (%s); it is kept in memory", self.path, exc)
+
+
+def forward_seconds(tier: Tier, n: int) -> float:
+    """The faster of two forwards of n filler tokens over the tier's cache, rolled back after."""
+    length, best, spent = tier.length, float("inf"), tier.seconds
+    for _ in range(2):
+        start = time.perf_counter()
+        tier.forward(Step.chain([0] * n, length))
+        best = min(best, time.perf_counter() - start)
+        tier.truncate(length)
+    tier.seconds = spent  # a measurement, not the request's work
+    return best
+
+
+def interpolate(costs: dict[int, float], n: int) -> float:
+    """Seconds for n tokens from costs measured at some sizes: linear between the nearest two, and past the
+    largest along the last segment's slope."""
+    sizes = sorted(costs)
+    if n in costs:
+        return costs[n]
+    below = [s for s in sizes if s < n]
+    above = [s for s in sizes if s > n]
+    if below and above:
+        a, b = below[-1], above[0]
+    elif len(sizes) >= 2:
+        a, b = (sizes[-2], sizes[-1]) if below else (sizes[0], sizes[1])
+    else:
+        return costs[sizes[0]]
+    return max(costs[a] + (costs[b] - costs[a]) * (n - a) / (b - a), 0.0)
