@@ -91,6 +91,16 @@ def test_a_draft_that_is_rejected_is_dropped():
     assert planner.decisions[-1]["why"]["acceptance"]["draft"] == pytest.approx(0.6 * 4 / (20 + 4), abs=1e-3)
 
 
+def test_costs_follow_what_forwards_really_take():
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    assert planner.plan(1000, 0).mode == "draft"
+    for _ in range(20):
+        planner.observe_cost("draft", 1, 1.0)  # five times what the table says (a busier machine)
+    assert planner.plan(1000, 80).mode == "ar"
+    assert planner.decisions[-1]["why"]["cost_scale"]["draft"] > 4
+
+
 def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path, monkeypatch):
     from triforce.coordinator.verifier import LocalVerifier
 

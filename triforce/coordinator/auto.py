@@ -21,7 +21,9 @@ retrieval tier stands in for the target; and the retrieval tier), successes / tr
 worth PRIOR_TRIALS trials. Plans are scored with an optimistic alpha (mean + one standard deviation), so a
 tier that has been seen little gets tried, and the estimate it then earns decides. Re-decided every
 REPLAN_ROUNDS rounds of the top tier; costs are re-read when the context moves past what they were measured
-at (the table measures once per machine, model and context).
+at (the table measures once per machine, model and context), and each tier's are scaled by how long its
+forwards in this request really took against the table (the machine may be busier or quieter than when it
+was measured).
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
@@ -44,6 +46,7 @@ CHECK_SIZES = (1, 2, 3, 4, 6, 9)  # tokens per forward whose cost is measured (o
 PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
 PRIOR_TRIALS = 4.0  # ...worth this many trials
 REPLAN_ROUNDS = 8
+COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
 MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs would take longer than they save
 MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
          ("draft", "retrieval", "target"): "triforce"}
@@ -108,6 +111,8 @@ class AutoPlanner:
     table: CostTable = field(default_factory=CostTable.default)
     acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
     decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
+    scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
+    _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
 
     def candidates(self, context: int) -> list[tuple[str, ...]]:
         names = [n for n in ("draft", "retrieval") if n in self.tiers]
@@ -127,7 +132,8 @@ class AutoPlanner:
     def plan(self, context: int, generated: int) -> Plan:
         """The best plan at this context; recorded in `decisions` when it differs from the last."""
         stacks = self.candidates(context)
-        costs = self.costs(stacks)
+        self._costs = self.costs(stacks)
+        costs = {name: {n: c * self.scale.get(name, 1.0) for n, c in by_n.items()} for name, by_n in self._costs.items()}
         optimistic = {name: a.optimistic for name, a in self.acceptance.items()}
         best: Plan | None = None
         scored = {}
@@ -144,11 +150,20 @@ class AutoPlanner:
                 "at_token": generated, "context": context, **best.to_dict(),
                 "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _) in scored.items()},
                         "acceptance": {n: round(a.mean, 3) for n, a in self.acceptance.items()},
+                        "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
                         "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
         return best
 
     def observe(self, proposer: str, gamma: int, accepted: int) -> None:
         self.acceptance[proposer].observe(gamma, accepted)
+
+    def observe_cost(self, name: str, tokens: int, seconds: float) -> None:
+        """A forward of the request took `seconds`: the tier's costs are scaled towards what it really takes
+        now (the table's were measured once, perhaps on a quieter or busier machine)."""
+        measured = self._costs.get(name)
+        if measured and seconds > 0:
+            ratio = seconds / max(interpolate(measured, tokens), 1e-9)
+            self.scale[name] = (1 - COST_SMOOTHING) * self.scale.get(name, 1.0) + COST_SMOOTHING * ratio
 
 
 class AutoEngine(HierarchyEngine):
@@ -190,6 +205,13 @@ class AutoEngine(HierarchyEngine):
             self._pairs[drafter, checker] = TierStats(checker, drafter)
             metrics.tiers.append(self._pairs[drafter, checker])
         return self._pairs[drafter, checker]
+
+    def _forward(self, level: int, step=None) -> Generator[Forward, object, object]:
+        tier = self.tiers[level]
+        tokens, spent = step.n if step is not None else len(self.seq) - tier.length, tier.seconds
+        logits = yield from super()._forward(level, step)
+        self.planner.observe_cost(tier.name, tokens, tier.seconds - spent)
+        return logits
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:
         super()._record(level, proposed, accepted)
