@@ -15,6 +15,7 @@ from triforce.coordinator.tiers import Tier
 from triforce.coordinator.verifier import LocalVerifier
 from triforce.models.loader import load_model
 from triforce.speculation.sampling import probabilities
+from triforce.step import Step
 
 ALPHA = 1e-3
 SETTINGS = dict(budget=32, chunk_size=4, sinks=2, window=16, refresh_every=12, full_layers=1)
@@ -228,3 +229,33 @@ def test_low_acceptance_by_the_target_triggers_a_rebuild(models):
         retrieval.observe(1, 0)
     retrieval.sync()
     assert retrieval.rebuilds == before + 1
+
+
+def test_draft_prefill_skips_what_its_window_would_evict(models):
+    """A streaming draft's prefill computes the sinks and the last window only: its next-token logits equal
+    those of a cache fed just those tokens, and it runs far fewer tokens than the prompt holds."""
+    from triforce.cache.streaming import StreamingKVCache
+
+    _, draft = models
+    tokens = torch.randint(3, 96, (300,), generator=torch.Generator().manual_seed(9)).tolist()
+
+    def tier():
+        cache = StreamingKVCache(draft.config, 4, 32, 8, draft.rope, draft.dtype, draft.device)
+        return Tier("draft", draft, cache, prefill_chunk=32)
+
+    skipping = tier()
+    fed = sum(step.n for step in _run_steps(skipping, tokens[:-1]))
+    assert skipping.length == 299 and fed <= 32 + 32
+    reference = tier()
+    reference.forward(Step.chain(tokens[:4] + tokens[267:299], 0), "none")
+    want = reference.forward(Step.chain(tokens[-1:], 36))
+    got = skipping.forward(Step.chain(tokens[-1:], 299))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot roll back"):
+        skipping.cache.rollback(100)  # into the skipped tokens
+
+
+def _run_steps(tier, tokens):
+    for step in tier.prefill_steps(tokens):
+        tier.forward(step, "none")
+        yield step

@@ -97,6 +97,14 @@ class KVCache:
     def sync(self) -> None:
         """Called after the target tier commits tokens; only caches derived from another need it."""
 
+    def skippable(self, end: int) -> int:
+        """How many of the next tokens a prefill up to `end` may leave out (skip), because the cache would
+        evict them unread; 0 for caches that keep every token."""
+        return 0
+
+    def skip(self, n: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} keeps every token")
+
 
 def move_slots(tensors: Sequence[torch.Tensor], src: list[int], dst: list[int], dim: int) -> None:
     """Copy slots src -> dst along `dim` of each tensor (the source slots are gathered before writing)."""

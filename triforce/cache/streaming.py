@@ -73,7 +73,9 @@ class StreamingKVCache(KVCache):
         a = self._recent_index(start + to_sink)
         self.recent_pos[a:a + n - to_sink] = step.positions[to_sink:]
         n_sink = min(start + n, self.sinks)
-        self._window = (self._recent_index(max(self.sinks, start - self.window)), self._recent_index(start + n))
+        # The window: the last `window` tokens before the step, of those stored (none before a skip).
+        self._window = (self._recent_index(max(self.sinks, start - self.window, self._offset)),
+                        self._recent_index(start + n))
         # Shift every position past the sinks so the window's first key follows them (none before it: 0).
         shift = self.recent_pos[self._window[0]] - self.sinks if start > self.sinks else 0
         key_pos = torch.cat((self.sink_pos[:n_sink], self.recent_pos[slice(*self._window)] - shift))
@@ -95,6 +97,20 @@ class StreamingKVCache(KVCache):
         keys = torch.cat((self.sink_k[layer, :, :n_sink], self.recent_k[layer, :, window]), dim=1)
         values = torch.cat((self.sink_v[layer, :, :n_sink], self.recent_v[layer, :, window]), dim=1)
         return self.rope.apply(q, *self._query_cos_sin), self.rope.apply(keys, *self._key_cos_sin), values
+
+    def skippable(self, end: int) -> int:
+        """How many of the next tokens need no KV when the cache is to hold the sequence up to `end`: those
+        that would leave the window before the forward after `end` reads it (the sinks are always kept)."""
+        return max(0, end - self.window - max(self.length, self.sinks)) if self.length >= self.sinks else 0
+
+    def skip(self, n: int) -> None:
+        """Counts the next n tokens as absorbed and already evicted, without computing them (a prefill of a
+        long prompt needs only the sinks and the last window). Later tokens see the sinks and the tokens fed
+        after the skip; a rollback into the skipped tokens raises."""
+        if self.length < self.sinks or n < 0:
+            raise ValueError(f"a streaming cache skips tokens past its {self.sinks} sinks only")
+        self.length += n
+        self._offset = self.length  # the store starts afresh with the next token
 
     def rollback(self, n: int) -> None:
         self._check_rollback(n, self.length)

@@ -34,13 +34,21 @@ class Tier:
         return self.cache.length
 
     def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
-        """The forwards (logits unused) that bring this tier's cache to `tokens`: chunks of prefill_chunk
-        tokens (bounded attention memory), each built when the one before has run."""
-        for start in range(0, len(tokens), self.prefill_chunk):
-            step = Step.chain(tokens[start:start + self.prefill_chunk], self.length, self.model.device)
-            yield step
+        """The forwards (logits unused) that bring this tier's cache through `tokens`: chunks of prefill_chunk
+        tokens (bounded attention memory), each built when the one before has run. Tokens the cache would
+        evict unread are skipped (a streaming cache keeps its sinks and the last window only)."""
+        end, fed = self.length + len(tokens), 0
+        while fed < len(tokens):
+            skip = min(self.cache.skippable(end), len(tokens) - fed)
+            if skip:
+                self.cache.skip(skip)
+            else:
+                step = Step.chain(tokens[fed:fed + self.prefill_chunk], self.length, self.model.device)
+                yield step
+                skip = step.n
+            fed += skip
             if progress is not None:
-                progress.update(step.n)
+                progress.update(skip)
 
     def prefill(self, tokens: list[int], progress=None) -> None:
         for step in self.prefill_steps(tokens, progress):
