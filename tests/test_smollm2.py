@@ -38,18 +38,21 @@ def shipped_draft():
     return load_model(DEFAULT_DRAFTS["smollm2"], "float32")
 
 
-def test_every_mode_equals_plain_greedy(smollm2, prompt_ids, shipped_draft):
+def test_every_mode_equals_plain_greedy(smollm2, prompt_ids, shipped_draft, monkeypatch):
+    monkeypatch.setenv("TRIFORCE_CALIBRATION", "0")  # mode auto measures its costs afresh, keeps them in memory
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     settings = dict(budget=256, chunk_size=8, full_layers=2)
     reference, _ = build_engine(EngineConfig(mode="ar"), smollm2, None, 2140).generate(prompt_ids, params)
     runs = [("triforce", "static", {}), ("triforce", "dynamic", {}), ("retrieval", "static", {}),
             ("retrieval", "dynamic", {}), ("draft", "static", {}),  # the default mode first
             ("triforce", "dynamic", {"tree1": 8}), ("retrieval", "static", {"tree2": 8}),
-            ("draft", "static", {"tree1": 4})]
+            ("draft", "static", {"tree1": 4}), ("auto", "static", {})]
     for mode, policy, trees in runs:
         cfg = EngineConfig(mode=mode, retrieval_policy=policy, **settings, **trees)
         tokens, metrics = build_engine(cfg, smollm2, shipped_draft, 2140).generate(prompt_ids, params)
         assert tokens == reference, (mode, policy, trees)
+        if mode == "auto":  # planned from costs measured on SmolLM2 at this context
+            assert metrics.auto and set(metrics.auto[0]["why"]["forward_ms"]) == {"draft", "retrieval", "target"}
         if 8 in trees.values():  # trees of 8 were checked: more nodes per check than either chain's gamma
             assert metrics.tiers[0].proposed > 6 * metrics.tiers[0].checks, (mode, trees)
         if mode == "retrieval":  # the target's own weights over 256 of 2,100 tokens agree most of the time
@@ -73,7 +76,7 @@ def test_default_model_runs_three_tiers_with_the_shipped_draft(capsys):
 
     prompt = Path(__file__).parents[1] / "examples" / "long_prompt.txt"
     assert main(["generate", "--prompt-file", str(prompt), "--max-new-tokens", "48", "--temperature", "0",
-                 "--json", "--no-progress"]) == 0
+                 "--json", "--no-progress", "--mode", "triforce"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert result["mode"] == "triforce" and "falls back" not in captured.err

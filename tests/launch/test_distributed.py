@@ -23,7 +23,7 @@ def test_workers_flag_matches_the_single_process_run(folders, capfd):
     target, draft = folders
     common = ["generate", "--model", str(target), "--draft", str(draft), "--prompt", " ".join(f"w{i}" for i in
               range(3, 90)), "--max-new-tokens", "24", "--temperature", "0", "--ignore-eos", "--dtype", "float32",
-              "--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16", "--json", "--device", "cpu"]
+              "--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16", "--json", "--device", "cpu", "--mode", "triforce"]
     assert main(common) == 0
     single = json.loads(capfd.readouterr().out)
     assert main(common + ["--workers", "2", "--control-port", str(free_port()), "--worker-device", "cpu"]) == 0
