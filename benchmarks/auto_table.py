@@ -1,0 +1,52 @@
+"""Markdown table of `triforce bench` reports that ran mode auto beside the fixed modes (what the README
+shows): per prompt length, temperature and batch, each mode's tokens/s, the best fixed mode, auto against
+it and against ar, and the plans auto ran.
+
+    python benchmarks/auto_table.py benchmarks/results/issue12/auto_smollm2.json [more.json ...]
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+FIXED = ("ar", "draft", "retrieval", "triforce")
+
+
+def plans(row: dict) -> str:
+    """Auto's plans of the batch's first request, in order, repeats of one mode folded."""
+    out: list[str] = []
+    for plan in (row.get("auto_plans") or [[]])[0]:
+        name = plan["mode"] + (f" {','.join(map(str, plan['gammas']))}" if plan["gammas"] else "")
+        if not out or out[-1].split(" ")[0] != plan["mode"]:
+            out.append(name)
+    return " -> ".join(out)
+
+
+def acceptance(row: dict) -> str:
+    return " / ".join(f"{t['acceptance_rate']:.2f}" for t in row.get("tiers", []))
+
+
+def table(paths: list[Path]) -> str:
+    lines = ["| report | prompt | T | batch | " + " | ".join(f"`{m}`" for m in FIXED) + " | `auto` | best fixed | "
+             "auto / best | auto / ar | auto's plans | auto's acceptance |",
+             "|" + "---|" * (4 + len(FIXED) + 1 + 5)]
+    for path in paths:
+        rows = json.loads(path.read_text())["results"]
+        groups: dict[tuple, dict[str, dict]] = {}
+        for r in rows:
+            groups.setdefault((r["prompt_tokens"], r["temperature"], r.get("batch", 1)), {})[r["run"]] = r
+        for (length, temperature, batch), runs in groups.items():
+            if "auto" not in runs:
+                continue
+            speed = {m: runs[m]["tokens_per_s"] for m in (*FIXED, "auto") if m in runs}
+            best = max((m for m in FIXED if m in speed), key=speed.get)
+            cells = [f"{speed[m]:.1f}" if m in speed else "" for m in (*FIXED, "auto")]
+            lines.append(f"| {path.stem} | {length} | {temperature} | {batch} | " + " | ".join(cells) +
+                         f" | {best} | {speed['auto'] / speed[best]:.2f}x | "
+                         f"{speed['auto'] / speed['ar']:.2f}x | {plans(runs['auto'])} | {acceptance(runs['auto'])} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table([Path(p) for p in sys.argv[1:]]))
