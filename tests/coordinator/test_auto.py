@@ -101,6 +101,19 @@ def test_costs_follow_what_forwards_really_take():
     assert planner.decisions[-1]["why"]["cost_scale"]["draft"] > 4
 
 
+def test_a_mode_slower_than_its_model_is_dropped():
+    """Sampling and verification between forwards are outside the cost model: a mode that runs at half
+    the speed its forwards predict is scored at what it reached."""
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft"
+    planner.observe_rate(plan, 0.5 / seconds_per_token(plan.stack, plan.gammas, costs,
+                                                       {n: a.mean for n, a in planner.acceptance.items()}))
+    assert planner.realized["draft"] == pytest.approx(0.5)
+    assert planner.plan(1000, 80).mode == "ar"
+
+
 def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path, monkeypatch):
     from triforce.coordinator.verifier import LocalVerifier
 

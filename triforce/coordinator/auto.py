@@ -19,7 +19,10 @@ Acceptance is learned from the request's own checks: per proposer (the draft, wh
 retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model
 (a chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR
 worth PRIOR_TRIALS trials. Plans are scored with an optimistic alpha (mean + one standard deviation), so a
-tier that has been seen little gets tried, and the estimate it then earns decides. Re-decided every
+tier that has been seen little gets tried, and the estimate it then earns decides. What the model leaves
+out (sampling, verification and bookkeeping between forwards: at temperature > 0 a top-p sort of the
+vocabulary per row) is learned too: each mode's prediction is scaled by the speed it really reached,
+over the rounds it last ran, against what the model predicts for them. Re-decided every
 REPLAN_ROUNDS rounds of the top tier; costs are re-read when the context moves past what they were measured
 at (the table measures once per machine, model and context), and each tier's are scaled by how long its
 forwards in this request really took against the table (the machine may be busier or quieter than when it
@@ -32,6 +35,7 @@ on the tokens committed while it was idle (the draft: forwards over them; the re
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from itertools import product
@@ -47,6 +51,7 @@ PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any che
 PRIOR_TRIALS = 4.0  # ...worth this many trials
 REPLAN_ROUNDS = 8
 COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
+RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs would take longer than they save
 MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
          ("draft", "retrieval", "target"): "triforce"}
@@ -112,7 +117,9 @@ class AutoPlanner:
     acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
     decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
     scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
+    realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
     _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
+    _scaled: dict[str, dict[int, float]] = field(default_factory=dict)  # the same, scaled as planned with
 
     def candidates(self, context: int) -> list[tuple[str, ...]]:
         names = [n for n in ("draft", "retrieval") if n in self.tiers]
@@ -134,12 +141,13 @@ class AutoPlanner:
         stacks = self.candidates(context)
         self._costs = self.costs(stacks)
         costs = {name: {n: c * self.scale.get(name, 1.0) for n, c in by_n.items()} for name, by_n in self._costs.items()}
+        self._scaled = costs
         optimistic = {name: a.optimistic for name, a in self.acceptance.items()}
         best: Plan | None = None
         scored = {}
         for stack in stacks:
             for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
-                rate = 1.0 / seconds_per_token(stack, gammas, costs, optimistic)
+                rate = self.realized.get(MODES[stack], 1.0) / seconds_per_token(stack, gammas, costs, optimistic)
                 if best is None or rate > best.tokens_per_s:
                     best = Plan(stack, gammas, rate)
                 if rate > scored.get(MODES[stack], (0.0,))[0]:
@@ -151,11 +159,24 @@ class AutoPlanner:
                 "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _) in scored.items()},
                         "acceptance": {n: round(a.mean, 3) for n, a in self.acceptance.items()},
                         "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
+                        "realized": {m: round(x, 3) for m, x in self.realized.items()},
                         "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
         return best
 
     def observe(self, proposer: str, gamma: int, accepted: int) -> None:
         self.acceptance[proposer].observe(gamma, accepted)
+
+    def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
+        """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
+        verification and bookkeeping between them). Against what the model predicts for that plan now (the
+        acceptance seen, the costs as scaled), this mode's later predictions are scaled likewise."""
+        if any(name not in self._scaled for name in plan.stack):
+            return  # a plan this planner did not score
+        alphas = {name: a.mean for name, a in self.acceptance.items()}
+        predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, self._scaled, alphas)
+        old = self.realized.get(plan.mode)
+        ratio = tokens_per_s / predicted
+        self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
 
     def observe_cost(self, name: str, tokens: int, seconds: float) -> None:
         """A forward of the request took `seconds`: the tier's costs are scaled towards what it really takes
@@ -175,6 +196,7 @@ class AutoEngine(HierarchyEngine):
         self.ladder, self.planner = list(ladder), planner
         self._rounds = 0
         self._pairs: dict[tuple[str, str], TierStats] = {}
+        self._running: tuple[Plan, int, float] | None = None  # the plan running, since which token, when
 
     def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
         """The target's prefill, then the first plan and the prefill of the tiers it runs (counted in the
@@ -192,6 +214,9 @@ class AutoEngine(HierarchyEngine):
     def _replan(self, generated: int) -> Generator[Forward, None, None]:
         if self.params.max_tokens < MIN_PLANNED_TOKENS:
             return
+        if self._running is not None and generated > self._running[1]:
+            ran, since, start = self._running
+            self.planner.observe_rate(ran, (generated - since) / (time.perf_counter() - start))
         plan = self.planner.plan(len(self.seq), generated)
         stack = [next(t for t in self.ladder if t.name == name) for name in plan.stack]
         for tier in stack:
@@ -199,6 +224,7 @@ class AutoEngine(HierarchyEngine):
                 for step in tier.prefill_steps(self.seq[tier.length:-1]):
                     yield Forward(tier, self.ladder.index(tier), step, "none")
         self.tiers, self.gammas = stack, list(plan.gammas)
+        self._running = (plan, generated, time.perf_counter())
 
     def _pair(self, drafter: str, checker: str, metrics: RequestMetrics) -> TierStats:
         if (drafter, checker) not in self._pairs:
