@@ -103,7 +103,7 @@ def test_costs_follow_what_forwards_really_take():
 
 def test_a_mode_slower_than_its_model_is_dropped():
     """Sampling and verification between forwards are outside the cost model: a mode that runs at half
-    the speed its forwards predict is scored at what it reached."""
+    the speed its forwards predict is scored at what it reached; an untried mode at the tried ones' mean."""
     costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     planner = planner_with(costs)
     plan = planner.plan(1000, 0)
@@ -111,7 +111,28 @@ def test_a_mode_slower_than_its_model_is_dropped():
     planner.observe_rate(plan, 0.5 / seconds_per_token(plan.stack, plan.gammas, costs,
                                                        {n: a.mean for n, a in planner.acceptance.items()}))
     assert planner.realized["draft"] == pytest.approx(0.5)
-    assert planner.plan(1000, 80).mode == "ar"
+    assert planner.plan(1000, 80).mode == "draft"  # untried, ar is guessed to lose as much
+    planner.observe_rate(Plan(("target",), (), 0.0), 1 / costs["target"][1])  # ar ran as modelled
+    assert planner.plan(1000, 160).mode == "ar"
+
+
+def test_the_running_mode_stays_unless_another_is_clearly_faster():
+    """A switch costs a catch-up and chases noise when the two are close: ar must promise SWITCH_MARGIN
+    more than the running draft mode to replace it."""
+    target = {n: 1.0 + 0.05 * (n - 1) for n in FLAT}
+
+    def ar_over_draft(d):  # with the draft's acceptance known exactly (0.3)
+        draft = max(1 / seconds_per_token(("draft", "target"), (g,), {"draft": {1: d}, "target": target},
+                                          {"draft": 0.3}) for g in range(1, auto.MAX_GAMMA + 1))
+        return 1.0 / draft
+
+    close = next(d / 1000 for d in range(1, 500) if 1.0 < ar_over_draft(d / 1000) < auto.SWITCH_MARGIN)
+    clear = next(d / 1000 for d in range(1, 500) if ar_over_draft(d / 1000) > 1.1)
+    for d, expected in ((close, "draft"), (clear, "ar")):
+        planner = planner_with({"draft": {1: d}, "target": target})
+        planner.acceptance["draft"] = auto.Acceptance(0.3, 0.3e6, 1e6)
+        planner.decisions.append({"mode": "draft", "gammas": [1]})  # draft mode is running
+        assert planner.plan(1000, 8).mode == expected, d
 
 
 def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path, monkeypatch):

@@ -23,7 +23,8 @@ tier that has been seen little gets tried, and the estimate it then earns decide
 out (sampling, verification and bookkeeping between forwards: at temperature > 0 a top-p sort of the
 vocabulary per row) is learned too: each mode's prediction is scaled by the speed it really reached,
 over the rounds it last ran, against what the model predicts for them. Re-decided every
-REPLAN_ROUNDS rounds of the top tier; costs are re-read when the context moves past what they were measured
+REPLAN_ROUNDS rounds of the top tier (the running mode stays unless another promises SWITCH_MARGIN more);
+costs are re-read when the context moves past what they were measured
 at (the table measures once per machine, model and context), and each tier's are scaled by how long its
 forwards in this request really took against the table (the machine may be busier or quieter than when it
 was measured).
@@ -52,6 +53,7 @@ PRIOR_TRIALS = 4.0  # ...worth this many trials
 REPLAN_ROUNDS = 8
 COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
+SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
 MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs would take longer than they save
 MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
          ("draft", "retrieval", "target"): "triforce"}
@@ -147,16 +149,20 @@ class AutoPlanner:
         scored = {}
         for stack in stacks:
             for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
-                rate = self.realized.get(MODES[stack], 1.0) / seconds_per_token(stack, gammas, costs, optimistic)
+                rate = self._realized(MODES[stack]) / seconds_per_token(stack, gammas, costs, optimistic)
                 if best is None or rate > best.tokens_per_s:
                     best = Plan(stack, gammas, rate)
                 if rate > scored.get(MODES[stack], (0.0,))[0]:
-                    scored[MODES[stack]] = (rate, gammas)
+                    scored[MODES[stack]] = (rate, gammas, stack)
+        running = self.decisions[-1]["mode"] if self.decisions else None
+        if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
+            rate, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
+            best = Plan(stack, gammas, rate)
         if not self.decisions or self.decisions[-1]["mode"] != best.mode or \
                 self.decisions[-1]["gammas"] != list(best.gammas):
             self.decisions.append({
                 "at_token": generated, "context": context, **best.to_dict(),
-                "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _) in scored.items()},
+                "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
                         "acceptance": {n: round(a.mean, 3) for n, a in self.acceptance.items()},
                         "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
                         "realized": {m: round(x, 3) for m, x in self.realized.items()},
@@ -165,6 +171,13 @@ class AutoPlanner:
 
     def observe(self, proposer: str, gamma: int, accepted: int) -> None:
         self.acceptance[proposer].observe(gamma, accepted)
+
+    def _realized(self, mode: str) -> float:
+        """How a mode's speed compares with its prediction: measured where it ran, else the mean of the
+        modes that ran (their overhead is the best guess at its own, and favours no mode untried)."""
+        if mode in self.realized or not self.realized:
+            return self.realized.get(mode, 1.0)
+        return sum(self.realized.values()) / len(self.realized)
 
     def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
         """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
