@@ -51,6 +51,9 @@ def test_seconds_per_token_composes_the_levels():
     level2 = (3 * level1 + 1.5) / expected_tokens(0.9, 3)
     assert seconds_per_token(("draft", "retrieval", "target"), (2, 3), costs, alphas) == pytest.approx(level2)
     assert interpolate({1: 1.0, 3: 2.0}, 2) == 1.5 and interpolate({1: 1.0, 3: 2.0}, 5) == 3.0
+    # every row a forward returns pays the sampling processing r
+    with_rows = seconds_per_token(("draft", "target"), (2,), costs, alphas, row_seconds=0.01)
+    assert with_rows == pytest.approx((2 * (0.1 + 0.01) + 1.2 + 3 * 0.01) / 1.75)
 
 
 def planner_with(costs: dict, context: int = 1000, budget: int = 100):
@@ -70,6 +73,17 @@ def test_the_full_hierarchy_where_checks_are_cheap():
     plan = planner_with(cheap).plan(1000, 0)
     assert plan.mode == "triforce" and all(g > 1 for g in plan.gammas)
     assert plan.tokens_per_s > 1.0  # faster than plain decoding's one token per second
+
+
+def test_dear_sampling_favours_fewer_rows():
+    """Checks cost rows of logits that plain decoding never computes: where processing a row costs as
+    much as a forward, speculation that wins on forwards alone loses."""
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    assert planner.plan(1000, 0).mode == "draft"
+    planner.row_seconds = 1.0
+    planner.decisions.clear()
+    assert planner.plan(1000, 0).mode == "ar"
 
 
 def test_no_retrieval_tier_below_twice_its_budget():

@@ -7,27 +7,30 @@ E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) tokens (the recovered or b
 c_t(n) the measured seconds of a forward of n tokens at tier t (costs.py), the seconds per token of a
 stack of tiers, cheapest first, are
 
-    s_0 = c_0(1)                                                       (the bottom samples one by one)
-    s_i = (gamma_i * s_{i-1} + c_i(gamma_i + 1)) / E(alpha_i, gamma_i) (gamma_i tokens from below, one check)
+    s_0 = c_0(1) + r                                                         (the bottom samples one by one)
+    s_i = (gamma_i s_{i-1} + c_i(gamma_i + 1) + (gamma_i + 1) r) / E(alpha_i, gamma_i)  (one check of gamma_i)
 
-and a plan is scored by 1 / s_top. The candidates are every stack the request has (`ar`: the target alone;
-`draft`; `retrieval`; `triforce`) with gammas in 1..MAX_GAMMA; the retrieval tier only once the context is
-at least twice its budget (below that it reads nearly what the target reads). Plain decoding is one of the
-candidates, so a request where speculation does not pay runs `ar`.
+where r is what turning one row of logits into the request's distribution costs (at temperature > 0 with
+top-p, a sort of the vocabulary; timed once per request). A plan is scored by 1 / s_top. The candidates
+are every stack the request has (`ar`: the target alone; `draft`; `retrieval`; `triforce`) with gammas in
+1..MAX_GAMMA; the retrieval tier only once the context is at least twice its budget (below that it reads
+nearly what the target reads). Plain decoding is one of the candidates, so a request where speculation
+does not pay runs `ar`.
 
 Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
 retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model
 (a chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR
 worth PRIOR_TRIALS trials. Plans are scored with an optimistic alpha (mean + one standard deviation), so a
 tier that has been seen little gets tried, and the estimate it then earns decides. What the model leaves
-out (sampling, verification and bookkeeping between forwards: at temperature > 0 a top-p sort of the
-vocabulary per row) is learned too: each mode's prediction is scaled by the speed it really reached,
-over the rounds it last ran, against what the model predicts for them. Re-decided every
-REPLAN_ROUNDS rounds of the top tier (the running mode stays unless another promises SWITCH_MARGIN more);
-costs are re-read when the context moves past what they were measured
-at (the table measures once per machine, model and context), and each tier's are scaled by how long its
-forwards in this request really took against the table (the machine may be busier or quieter than when it
-was measured).
+out (verification and bookkeeping between forwards) is learned too: each mode's prediction is scaled by
+the speed it really reached over the rounds it last ran, against what the model predicts for them (an
+untried mode by the mean of the tried ones).
+
+Re-decided every REPLAN_ROUNDS rounds of the top tier; the running mode stays unless another promises
+SWITCH_MARGIN more. Costs are re-read when the context moves past what they were measured at (the table
+measures once per machine, model and context), and each tier's are scaled by how long its forwards in
+this request really took against the table (the machine may be busier or quieter than when it was
+measured).
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
@@ -40,6 +43,8 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from itertools import product
+
+import torch
 
 from .costs import CostTable, interpolate
 from .engine import Forward, HierarchyEngine
@@ -65,12 +70,13 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 
 
 def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: dict[str, dict[int, float]],
-                      alphas: dict[str, float]) -> float:
+                      alphas: dict[str, float], row_seconds: float = 0.0) -> float:
     """The model of the module docstring: `stack` tier names cheapest first, `gammas` one per check,
-    `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted."""
-    seconds = interpolate(costs[stack[0]], 1)
+    `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted,
+    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it)."""
+    seconds = interpolate(costs[stack[0]], 1) + row_seconds
     for proposer, checker, gamma in zip(stack, stack[1:], gammas):
-        check = gamma * seconds + interpolate(costs[checker], gamma + 1)
+        check = gamma * seconds + interpolate(costs[checker], gamma + 1) + (gamma + 1) * row_seconds
         seconds = check / expected_tokens(alphas[proposer], gamma)
     return seconds
 
@@ -120,6 +126,7 @@ class AutoPlanner:
     decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
     scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
     realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
+    row_seconds: float = 0.0  # turning one row of logits into the request's distribution (measured per request)
     _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
     _scaled: dict[str, dict[int, float]] = field(default_factory=dict)  # the same, scaled as planned with
 
@@ -149,7 +156,8 @@ class AutoPlanner:
         scored = {}
         for stack in stacks:
             for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
-                rate = self._realized(MODES[stack]) / seconds_per_token(stack, gammas, costs, optimistic)
+                rate = self._realized(MODES[stack]) / seconds_per_token(stack, gammas, costs, optimistic,
+                                                                        self.row_seconds)
                 if best is None or rate > best.tokens_per_s:
                     best = Plan(stack, gammas, rate)
                 if rate > scored.get(MODES[stack], (0.0,))[0]:
@@ -166,6 +174,7 @@ class AutoPlanner:
                         "acceptance": {n: round(a.mean, 3) for n, a in self.acceptance.items()},
                         "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
                         "realized": {m: round(x, 3) for m, x in self.realized.items()},
+                        "row_ms": round(1e3 * self.row_seconds, 3),
                         "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
         return best
 
@@ -186,7 +195,7 @@ class AutoPlanner:
         if any(name not in self._scaled for name in plan.stack):
             return  # a plan this planner did not score
         alphas = {name: a.mean for name, a in self.acceptance.items()}
-        predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, self._scaled, alphas)
+        predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, self._scaled, alphas, self.row_seconds)
         old = self.realized.get(plan.mode)
         ratio = tokens_per_s / predicted
         self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
@@ -198,6 +207,17 @@ class AutoPlanner:
         if measured and seconds > 0:
             ratio = seconds / max(interpolate(measured, tokens), 1e-9)
             self.scale[name] = (1 - COST_SMOOTHING) * self.scale.get(name, 1.0) + COST_SMOOTHING * ratio
+
+
+def row_seconds(probs, vocab: int, rows: int = 8) -> float:
+    """Seconds per row of `probs` (logits [n, V] -> distributions), the faster of two runs over `rows` rows."""
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        probs(logits)
+        best = min(best, time.perf_counter() - start)
+    return best / rows
 
 
 class AutoEngine(HierarchyEngine):
@@ -227,6 +247,8 @@ class AutoEngine(HierarchyEngine):
     def _replan(self, generated: int) -> Generator[Forward, None, None]:
         if self.params.max_tokens < MIN_PLANNED_TOKENS:
             return
+        if self._running is None:  # the request's sampling settings: what a row of logits costs to process
+            self.planner.row_seconds = row_seconds(self._probs, self.ladder[-1].model.config.vocab_size)
         if self._running is not None and generated > self._running[1]:
             ran, since, start = self._running
             self.planner.observe_rate(ran, (generated - since) / (time.perf_counter() - start))
