@@ -24,7 +24,7 @@ worth PRIOR_TRIALS trials. Plans are scored with an optimistic alpha (mean + one
 tier that has been seen little gets tried, and the estimate it then earns decides. What the model leaves
 out (verification and bookkeeping between forwards) is learned too: each mode's prediction is scaled by
 the speed it really reached over the rounds it last ran, against what the model predicts for them (an
-untried mode by the mean of the tried ones).
+untried speculative mode by the mean of the speculative modes tried; `ar`, which verifies nothing, by 1).
 
 Re-decided every REPLAN_ROUNDS rounds of the top tier; the running mode stays unless another promises
 SWITCH_MARGIN more. Costs are re-read when the context moves past what they were measured at (the table
@@ -182,11 +182,13 @@ class AutoPlanner:
         self.acceptance[proposer].observe(gamma, accepted)
 
     def _realized(self, mode: str) -> float:
-        """How a mode's speed compares with its prediction: measured where it ran, else the mean of the
-        modes that ran (their overhead is the best guess at its own, and favours no mode untried)."""
-        if mode in self.realized or not self.realized:
-            return self.realized.get(mode, 1.0)
-        return sum(self.realized.values()) / len(self.realized)
+        """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
+        mode, the mean of the speculative modes that ran (verification's overhead is the best guess at its
+        own, and favours no mode untried); for `ar`, which verifies nothing, 1."""
+        if mode in self.realized:
+            return self.realized[mode]
+        seen = [x for m, x in self.realized.items() if m != "ar"]
+        return sum(seen) / len(seen) if seen and mode != "ar" else 1.0
 
     def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
         """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
