@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 12's items 3 and 4: --mode auto against every fixed mode, and the real pretrained pair.
-# Nothing else may run meanwhile, or the ratios mean nothing. About 90 minutes on a 2-core CPU.
+# Nothing else may run meanwhile, or the ratios mean nothing. About 45 minutes on a 2-core CPU.
 #   benchmarks/auto_and_pair.sh [RESULTS_DIR] [TEXT]
 set -euo pipefail
 OUT=${1:-benchmarks/results/issue12}
@@ -19,6 +19,3 @@ pair=(--model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --text "$TEXT" --max
 $TRIFORCE bench "${pair[@]}" --lengths 7936 --temperatures 0 0.6 "${all[@]}" --out "$OUT/qwen_8k.json"
 # 3. the pair at 16K, batch 1, greedy
 $TRIFORCE bench "${pair[@]}" --lengths 16000 --temperatures 0 --modes ar triforce auto --out "$OUT/qwen_16k.json"
-# 4. the pair at 8K, batch 4 (prompts from four novels), greedy
-$TRIFORCE bench --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --text ../shared/data/austen-*.txt \
-    --max-new-tokens 128 --lengths 7936 --batch 4 --temperatures 0 --modes ar triforce auto --out "$OUT/qwen_8k_batch4.json"

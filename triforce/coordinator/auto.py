@@ -20,7 +20,8 @@ does not pay runs `ar`.
 Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
 retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model
 (a chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR
-worth PRIOR_TRIALS trials. Plans are scored with an optimistic alpha (mean + one standard deviation), so a
+worth PRIOR_TRIALS trials; at each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows
+the text, and a proposer dropped after a bad start drifts back to its prior and is tried again. Plans are scored with an optimistic alpha (mean + one standard deviation), so a
 tier that has been seen little gets tried, and the estimate it then earns decides. What the model leaves
 out (verification and bookkeeping between forwards) is learned too: each mode's prediction is scaled by
 the speed it really reached over the rounds it last ran, against what the model predicts for them (an
@@ -59,6 +60,7 @@ REPLAN_ROUNDS = 8
 COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
+EVIDENCE_KEPT = 0.85  # of the acceptance evidence, at each plan: a memory of about 7 plans
 MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs would take longer than they save
 MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
          ("draft", "retrieval", "target"): "triforce"}
@@ -106,6 +108,11 @@ class Acceptance:
         self.successes += accepted
         self.trials += accepted + (accepted < gamma)
 
+    def forget(self, keep: float) -> None:
+        """Older checks count less (text changes; an idle proposer drifts back to its prior and is retried)."""
+        self.successes *= keep
+        self.trials *= keep
+
     @property
     def mean(self) -> float:
         return (self.successes + PRIOR_TRIALS * self.prior) / (self.trials + PRIOR_TRIALS)
@@ -148,6 +155,8 @@ class AutoPlanner:
     def plan(self, context: int, generated: int) -> Plan:
         """The best plan at this context; recorded in `decisions` when it differs from the last."""
         stacks = self.candidates(context)
+        for estimate in self.acceptance.values():
+            estimate.forget(EVIDENCE_KEPT)
         self._costs = self.costs(stacks)
         costs = {name: {n: c * self.scale.get(name, 1.0) for n, c in by_n.items()} for name, by_n in self._costs.items()}
         self._scaled = costs
