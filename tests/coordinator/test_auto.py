@@ -133,8 +133,13 @@ def test_a_mode_slower_than_its_model_is_dropped():
     assert planner.plan(1000, 80).mode == "ar"  # which verifies nothing: its model is whole
     planner.observe_rate(Plan(("target",), (), 0.0), 0.4 / costs["target"][1])  # ar ran slower still
     assert planner.plan(1000, 160).mode == "draft"
+    # idle while ar ran, the draft's factor faded towards its model: 1 - 0.5 x EVIDENCE_KEPT
+    faded = 1 - 0.5 * auto.EVIDENCE_KEPT
+    assert planner.realized["draft"] == pytest.approx(faded)
     # an untried speculative mode is guessed at the speculative modes' mean, not at ar's
-    assert planner._realized("retrieval") == pytest.approx(0.5)
+    assert planner._realized("retrieval") == pytest.approx(faded)
+    planner.plan(1000, 240)  # draft mode runs: ar's factor fades, the draft's stays
+    assert 0.4 < planner.realized["ar"] < 1 and planner.realized["draft"] == pytest.approx(faded)
 
 
 def test_the_running_mode_stays_unless_another_is_clearly_faster():

@@ -25,7 +25,8 @@ the text, and a proposer dropped after a bad start drifts back to its prior and 
 tier that has been seen little gets tried, and the estimate it then earns decides. What the model leaves
 out (verification and bookkeeping between forwards) is learned too: each mode's prediction is scaled by
 the speed it really reached over the rounds it last ran, against what the model predicts for them (an
-untried speculative mode by the mean of the speculative modes tried; `ar`, which verifies nothing, by 1).
+untried speculative mode by the mean of the speculative modes tried; `ar`, which verifies nothing, by 1;
+an idle mode's factor fades back towards 1 as its acceptance evidence fades).
 
 Re-decided every REPLAN_ROUNDS rounds of the top tier; the running mode stays unless another promises
 SWITCH_MARGIN more. Costs are re-read when the context moves past what they were measured at (the table
@@ -155,8 +156,12 @@ class AutoPlanner:
     def plan(self, context: int, generated: int) -> Plan:
         """The best plan at this context; recorded in `decisions` when it differs from the last."""
         stacks = self.candidates(context)
+        running = self.decisions[-1]["mode"] if self.decisions else None
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT)
+        for mode, ratio in self.realized.items():  # an idle mode's measured speed fades back to its model
+            if mode != running:
+                self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
         self._costs = self.costs(stacks)
         costs = {name: {n: c * self.scale.get(name, 1.0) for n, c in by_n.items()} for name, by_n in self._costs.items()}
         self._scaled = costs
@@ -171,7 +176,6 @@ class AutoPlanner:
                     best = Plan(stack, gammas, rate)
                 if rate > scored.get(MODES[stack], (0.0,))[0]:
                     scored[MODES[stack]] = (rate, gammas, stack)
-        running = self.decisions[-1]["mode"] if self.decisions else None
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
             rate, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
             best = Plan(stack, gammas, rate)
