@@ -19,3 +19,6 @@ pair=(--model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --text "$TEXT" --max
 $TRIFORCE bench "${pair[@]}" --lengths 7936 --temperatures 0 0.6 "${all[@]}" --out "$OUT/qwen_8k.json"
 # 3. the pair at 16K, batch 1, greedy
 $TRIFORCE bench "${pair[@]}" --lengths 16000 --temperatures 0 --modes ar triforce auto --out "$OUT/qwen_16k.json"
+# 2b. auto on the pair again at 8K after its last change (ec067b3), against ar and draft, the modes that
+# led in step 2
+$TRIFORCE bench "${pair[@]}" --lengths 7936 --temperatures 0 0.6 --modes ar draft auto --out "$OUT/qwen_8k_auto.json"
