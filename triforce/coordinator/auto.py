@@ -21,8 +21,9 @@ Acceptance is learned from the request's own checks: per proposer (the draft, wh
 retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model
 (a chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR
 worth PRIOR_TRIALS trials; at each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows
-the text, and a proposer dropped after a bad start drifts back to its prior and is tried again. Plans are scored with an optimistic alpha (mean + one standard deviation), so a
-tier that has been seen little gets tried, and the estimate it then earns decides. What the model leaves
+the text, and a proposer dropped after a bad start drifts back to its prior and is tried again. Plans are
+scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen little gets
+tried, and the estimate it then earns decides. What the model leaves
 out (verification and bookkeeping between forwards) is learned too: each mode's prediction is scaled by
 the speed it really reached over the rounds it last ran, against what the model predicts for them (an
 untried speculative mode by the mean of the speculative modes tried; `ar`, which verifies nothing, by 1;
@@ -63,8 +64,8 @@ RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / 
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
 EVIDENCE_KEPT = 0.85  # of the acceptance evidence, at each plan: a memory of about 7 plans
 MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs would take longer than they save
-MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
-         ("draft", "retrieval", "target"): "triforce"}
+STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
+               ("draft", "retrieval", "target"): "triforce"}
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -92,7 +93,7 @@ class Plan:
 
     @property
     def mode(self) -> str:
-        return MODES[self.stack]
+        return STACK_MODES[self.stack]
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "gammas": list(self.gammas), "predicted_tokens_per_s": round(self.tokens_per_s, 2)}
@@ -142,7 +143,7 @@ class AutoPlanner:
         names = [n for n in ("draft", "retrieval") if n in self.tiers]
         if "retrieval" in names and (self.budget is None or context < 2 * self.budget):
             names.remove("retrieval")
-        return [stack for stack in MODES if set(stack[:-1]) <= set(names)]
+        return [stack for stack in STACK_MODES if set(stack[:-1]) <= set(names)]
 
     def costs(self, stacks: list[tuple[str, ...]]) -> dict[str, dict[int, float]]:
         needed = {name for stack in stacks for name in stack}
@@ -163,19 +164,21 @@ class AutoPlanner:
             if mode != running:
                 self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
         self._costs = self.costs(stacks)
-        costs = {name: {n: c * self.scale.get(name, 1.0) for n, c in by_n.items()} for name, by_n in self._costs.items()}
+        costs = {name: {n: c * self.scale.get(name, 1.0) for n, c in by_n.items()}
+                 for name, by_n in self._costs.items()}
         self._scaled = costs
         optimistic = {name: a.optimistic for name, a in self.acceptance.items()}
         best: Plan | None = None
         scored = {}
         for stack in stacks:
+            mode = STACK_MODES[stack]
+            realized = self._realized(mode)
             for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
-                rate = self._realized(MODES[stack]) / seconds_per_token(stack, gammas, costs, optimistic,
-                                                                        self.row_seconds)
+                rate = realized / seconds_per_token(stack, gammas, costs, optimistic, self.row_seconds)
                 if best is None or rate > best.tokens_per_s:
                     best = Plan(stack, gammas, rate)
-                if rate > scored.get(MODES[stack], (0.0,))[0]:
-                    scored[MODES[stack]] = (rate, gammas, stack)
+                if rate > scored.get(mode, (0.0,))[0]:
+                    scored[mode] = (rate, gammas, stack)
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
             rate, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
             best = Plan(stack, gammas, rate)
@@ -268,7 +271,7 @@ class AutoEngine(HierarchyEngine):
             ran, since, start = self._running
             self.planner.observe_rate(ran, (generated - since) / (time.perf_counter() - start))
         plan = self.planner.plan(len(self.seq), generated)
-        stack = [next(t for t in self.ladder if t.name == name) for name in plan.stack]
+        stack = [self.planner.tiers[name] for name in plan.stack]
         for tier in stack:
             if tier not in self.tiers:  # joins: it catches up on what was committed while it was idle
                 for step in tier.prefill_steps(self.seq[tier.length:-1]):

@@ -26,6 +26,7 @@ from .tiers import Tier
 
 log = logging.getLogger(__name__)
 CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 15% of c
+_TABLES: dict[Path | None, "CostTable"] = {}  # CostTable.default's, one per path
 
 
 @functools.cache
@@ -79,10 +80,14 @@ class CostTable:
 
     @classmethod
     def default(cls) -> "CostTable":
+        """This process's table for `$TRIFORCE_HOME` (read from disk once), or an in-memory one with
+        TRIFORCE_CALIBRATION=0: either way a process measures a tier at a context once."""
         from ..models.hub import triforce_home
 
-        return cls(None if os.environ.get("TRIFORCE_CALIBRATION") == "0"
-                   else triforce_home() / "calibration" / "costs.json")
+        path = None if os.environ.get("TRIFORCE_CALIBRATION") == "0" else triforce_home() / "calibration" / "costs.json"
+        if path not in _TABLES:
+            _TABLES[path] = cls(path)
+        return _TABLES[path]
 
     def seconds(self, tier: Tier, sizes: tuple[int, ...], prepare=None) -> dict[int, float]:
         """Seconds per forward of `tier` for each number of tokens in `sizes`, at its current context;

@@ -122,11 +122,10 @@ CHECK_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # tokens per ch
 LEVEL_SIZES = (1, 2, 4, 8, 16, 32)  # tokens per proposer forward likewise
 
 
-def measure_costs(checker: Tier, proposer: Tier, max_tokens: int,
-                  table: CostTable | None = None) -> tuple[dict[int, float], dict[int, float]]:
+def measure_costs(checker: Tier, proposer: Tier, max_tokens: int) -> tuple[dict[int, float], dict[int, float]]:
     """Seconds per forward of the checking tier by tokens checked (CHECK_SIZES up to max_tokens) and of the
     proposer by tokens (LEVEL_SIZES: its root forward and its levels), from the cost table (costs.py:
     measured on this machine once per tier and context)."""
-    table = table or CostTable.default()
+    table = CostTable.default()
     return (table.seconds(checker, tuple(n for n in CHECK_SIZES if n <= max_tokens)),
             table.seconds(proposer, tuple(n for n in LEVEL_SIZES if n <= max_tokens)))
