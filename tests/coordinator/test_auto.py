@@ -195,7 +195,7 @@ class ScriptedPlanner(AutoPlanner):
     def plan(self, context, generated):
         stack, gammas = self.script[self.calls % len(self.script)]
         self.calls += 1
-        self.decisions.append({"at_token": generated, "mode": auto.MODES[stack]})
+        self.decisions.append({"at_token": generated, "mode": auto.STACK_MODES[stack]})
         return Plan(stack, gammas, 0.0)
 
 
@@ -204,6 +204,12 @@ SCRIPTS = {
                  (("draft", "target"), (2,))],
     "triforce-first": [(("draft", "retrieval", "target"), (3, 1)), (("target",), ()), (("draft", "target"), (1,)),
                        (("retrieval", "target"), (2,))],
+    # The first plan is made after the prefill, the second before round 1: round 1 runs ar (one token), so
+    # the second token always comes from a stack that joined after it.
+    "ar-then-triforce": [(("target",), ()), (("target",), ()), (("draft", "retrieval", "target"), (2, 2)),
+                         (("draft", "target"), (2,))],
+    "ar-then-retrieval": [(("target",), ()), (("target",), ()), (("retrieval", "target"), (3,)),
+                          (("draft", "retrieval", "target"), (1, 2))],
 }
 
 
@@ -221,7 +227,7 @@ def replan_every_round(monkeypatch):
     monkeypatch.setattr(auto, "MIN_PLANNED_TOKENS", 1)
 
 
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.parametrize("script", ["ar-first", "triforce-first"])
 @pytest.mark.parametrize("policy", ["static", "dynamic"])
 def test_greedy_equals_plain_decoding_while_the_plan_changes(models, prompt, script, policy, replan_every_round):
     target, draft = models
@@ -236,10 +242,11 @@ def test_greedy_equals_plain_decoding_while_the_plan_changes(models, prompt, scr
     assert metrics.auto == engine.planner.decisions
 
 
-@pytest.mark.parametrize("script,trials", [("ar-first", 2000), ("triforce-first", 2000)])
+@pytest.mark.parametrize("script,trials", [("ar-then-triforce", 2000), ("ar-then-retrieval", 2000)])
 def test_second_token_follows_the_target_while_the_plan_changes(models, prompt, script, trials, replan_every_round):
-    """The second token's marginal, sum over x1 of p(x1) p(x2 | x1), against runs whose plan changes after
-    the first round (the draft catches up on the tokens it missed, the retrieval tier syncs)."""
+    """The second token's marginal, sum over x1 of p(x1) p(x2 | x1), against runs that produce it with tiers
+    that joined after the first token (the draft catches up on the tokens it missed, the retrieval tier
+    syncs)."""
     target, _ = models
     cache = FullKVCache(target.config, len(prompt) + 2, target.rope, target.dtype, "cpu")
     first = probabilities(target(torch.tensor(prompt), cache, logits_for="last"), 1.0, 0, 1.0)[0]
@@ -251,7 +258,10 @@ def test_second_token_follows_the_target_while_the_plan_changes(models, prompt, 
     counts = torch.zeros(VOCAB, dtype=torch.float64)
     for seed in range(trials):
         engine = scripted_engine(models, prompt, 2, script)
-        tokens, _ = engine.generate(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed, ignore_eos=True))
+        tokens, metrics = engine.generate(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed,
+                                                                 ignore_eos=True))
+        # three plans (after the prefill, before rounds 1 and 2): round 2 checked with the joined tiers
+        assert engine.planner.calls == 3 and all(t.checks for t in metrics.tiers) and metrics.tiers
         counts[tokens[1]] += 1
     assert chisquare(counts.numpy(), (expected / expected.sum() * trials).numpy()).pvalue > ALPHA
 
@@ -264,7 +274,7 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, tmp_path
     tokens, metrics = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 128).generate(prompt, params)
     assert tokens == reference
     decision = metrics.auto[0]
-    assert decision["mode"] in auto.MODES.values() and decision["at_token"] == 0
+    assert decision["mode"] in auto.STACK_MODES.values() and decision["at_token"] == 0
     assert set(decision["why"]["forward_ms"]) == {"draft", "retrieval", "target"}  # 80 tokens >= 2 x budget 12
     assert (tmp_path / "calibration" / "costs.json").is_file()
     assert "auto" in metrics.to_dict()
