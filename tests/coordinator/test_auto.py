@@ -156,7 +156,7 @@ def test_the_running_mode_stays_unless_another_is_clearly_faster():
     clear = next(d / 1000 for d in range(1, 500) if ar_over_draft(d / 1000) > 1.1)
     for d, expected in ((close, "draft"), (clear, "ar")):
         planner = planner_with({"draft": {1: d}, "target": target})
-        planner.acceptance["draft"] = auto.Acceptance(0.3, 0.3e6, 1e6)
+        planner.acceptance["draft"] = auto.Acceptance(0.3, successes=0.3e6, trials=1e6)
         planner.decisions.append({"mode": "draft", "gammas": [1]})  # draft mode is running
         assert planner.plan(1000, 8).mode == expected, d
 

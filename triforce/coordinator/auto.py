@@ -20,7 +20,9 @@ does not pay runs `ar`.
 Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
 retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model
 (a chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR
-worth PRIOR_TRIALS trials; at each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows
+worth PRIOR_TRIALS trials, or, where earlier requests of the same kind (machine, models, sampling settings)
+ran, from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors below too); at
+each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows
 the text, and a proposer dropped after a bad start drifts back to its prior and is tried again. Plans are
 scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen little gets
 tried, and the estimate it then earns decides. What the model leaves
@@ -50,8 +52,9 @@ from itertools import product
 import torch
 
 from .costs import CostTable, interpolate
-from .engine import Forward, HierarchyEngine
+from .engine import Forward, HierarchyEngine, Run
 from .metrics import RequestMetrics, TierStats
+from .priors import LEARNED_TRIALS, MIN_TRIALS, Priors, request_key
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
@@ -101,8 +104,10 @@ class Plan:
 
 @dataclass
 class Acceptance:
-    """A proposer's per-token acceptance: successes over trials of the geometric model, with a prior."""
+    """A proposer's per-token acceptance: successes over trials of the geometric model, with a prior worth
+    `prior_trials` trials."""
     prior: float
+    prior_trials: float = PRIOR_TRIALS
     successes: float = 0.0
     trials: float = 0.0
 
@@ -117,12 +122,17 @@ class Acceptance:
 
     @property
     def mean(self) -> float:
-        return (self.successes + PRIOR_TRIALS * self.prior) / (self.trials + PRIOR_TRIALS)
+        return (self.successes + self.prior_trials * self.prior) / (self.trials + self.prior_trials)
 
     @property
     def optimistic(self) -> float:
         m = self.mean
-        return min(m + math.sqrt(m * (1 - m) / (self.trials + PRIOR_TRIALS)), 0.99)
+        return min(m + math.sqrt(m * (1 - m) / (self.trials + self.prior_trials)), 0.99)
+
+    @property
+    def observed(self) -> float | None:
+        """The acceptance of the checks seen (faded as they are), without the prior; None with too few."""
+        return self.successes / self.trials if self.trials >= MIN_TRIALS else None
 
 
 @dataclass
@@ -136,6 +146,10 @@ class AutoPlanner:
     scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
     realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
     row_seconds: float = 0.0  # turning one row of logits into the request's distribution (measured per request)
+    priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
+    _key: str | None = None  # this request's kind, in `priors`
+    _prior_source: str = "defaults"
+    _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
     _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
     _scaled: dict[str, dict[int, float]] = field(default_factory=dict)  # the same, scaled as planned with
 
@@ -188,6 +202,7 @@ class AutoPlanner:
                 "at_token": generated, "context": context, **best.to_dict(),
                 "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
                         "acceptance": {n: round(a.mean, 3) for n, a in self.acceptance.items()},
+                        "prior": self._prior_source,
                         "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
                         "realized": {m: round(x, 3) for m, x in self.realized.items()},
                         "row_ms": round(1e3 * self.row_seconds, 3),
@@ -196,6 +211,26 @@ class AutoPlanner:
 
     def observe(self, proposer: str, gamma: int, accepted: int) -> None:
         self.acceptance[proposer].observe(gamma, accepted)
+
+    def recall(self, key: str) -> None:
+        """Starts the request of kind `key` from what earlier ones saw (priors.py), where they saw it."""
+        self._key = key
+        if self.priors is None:
+            return
+        known = self.priors.recall(key)
+        for name, mean in known["acceptance"].items():
+            if name in self.acceptance:
+                self.acceptance[name] = Acceptance(mean, LEARNED_TRIALS)
+        self.realized.update(known["realized"])
+        if known["acceptance"] or known["realized"]:
+            self._prior_source = "earlier requests"
+
+    def remember(self) -> None:
+        """The request ends: what it saw joins what later requests of its kind start from."""
+        if self.priors is None or self._key is None:
+            return
+        seen = {name: a.observed for name, a in self.acceptance.items() if a.observed is not None}
+        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured})
 
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
@@ -217,6 +252,7 @@ class AutoPlanner:
         old = self.realized.get(plan.mode)
         ratio = tokens_per_s / predicted
         self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
+        self._measured.add(plan.mode)
 
     def observe_cost(self, name: str, tokens: int, seconds: float) -> None:
         """A forward of the request took `seconds`: the tier's costs are scaled towards what it really takes
@@ -248,6 +284,13 @@ class AutoEngine(HierarchyEngine):
         self._rounds = 0
         self._pairs: dict[tuple[str, str], TierStats] = {}
         self._running: tuple[Plan, int, float] | None = None  # the plan running, since which token, when
+
+    def run(self, prompt: list[int], params, *args, **kwargs) -> Run:
+        """HierarchyEngine.run, starting from what earlier requests of this kind saw and adding to it."""
+        self.planner.recall(request_key(self.ladder, params))
+        result = yield from super().run(prompt, params, *args, **kwargs)
+        self.planner.remember()
+        return result
 
     def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
         """The target's prefill, then the first plan and the prefill of the tiers it runs (counted in the

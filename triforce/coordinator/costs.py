@@ -10,9 +10,6 @@ within CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (auto.py
 from __future__ import annotations
 
 import functools
-import json
-import logging
-import os
 import platform
 import time
 from pathlib import Path
@@ -22,11 +19,10 @@ import torch
 from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
 from ..step import Step
+from .calibration import CalibrationFile
 from .tiers import Tier
 
-log = logging.getLogger(__name__)
 CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 15% of c
-_TABLES: dict[Path | None, "CostTable"] = {}  # CostTable.default's, one per path
 
 
 @functools.cache
@@ -66,28 +62,11 @@ def cost_context(tier: Tier) -> int:
     return tier.length
 
 
-class CostTable:
-    """Seconds per forward by (machine, tier, context, tokens); `path` None keeps them in memory only."""
+class CostTable(CalibrationFile):
+    """Seconds per forward by (machine, tier, context, tokens): entries "machine||tier||context" ->
+    {tokens: seconds}; `path` None keeps them in memory only."""
 
-    def __init__(self, path: Path | None = None):
-        self.path = path
-        self.entries: dict[str, dict[str, float]] = {}  # "machine||tier||context" -> {tokens: seconds}
-        if path is not None and path.is_file():
-            try:
-                self.entries = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                log.warning("ignoring unreadable cost calibration %s", path)
-
-    @classmethod
-    def default(cls) -> "CostTable":
-        """This process's table for `$TRIFORCE_HOME` (read from disk once), or an in-memory one with
-        TRIFORCE_CALIBRATION=0: either way a process measures a tier at a context once."""
-        from ..models.hub import triforce_home
-
-        path = None if os.environ.get("TRIFORCE_CALIBRATION") == "0" else triforce_home() / "calibration" / "costs.json"
-        if path not in _TABLES:
-            _TABLES[path] = cls(path)
-        return _TABLES[path]
+    filename = "costs.json"
 
     def seconds(self, tier: Tier, sizes: tuple[int, ...], prepare=None) -> dict[int, float]:
         """Seconds per forward of `tier` for each number of tokens in `sizes`, at its current context;
@@ -99,7 +78,7 @@ class CostTable:
                 prepare()
             for n in missing:
                 known[str(n)] = forward_seconds(tier, n)
-            self._save()
+            self.save()
         return {n: known[str(n)] for n in sizes}
 
     def _key(self, tier: Tier) -> str:
@@ -109,17 +88,6 @@ class CostTable:
         near = [k for k in self.entries if k.startswith(prefix)
                 and abs(int(k[len(prefix):]) - context) <= CONTEXT_TOLERANCE * max(context, 1)]
         return min(near, key=lambda k: abs(int(k[len(prefix):]) - context)) if near else f"{prefix}{context}"
-
-    def _save(self) -> None:
-        if self.path is None:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            partial = self.path.with_name(self.path.name + f".{os.getpid()}")
-            partial.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
-            partial.replace(self.path)  # whole or not at all, also with other processes writing
-        except OSError as exc:
-            log.warning("cannot save the cost calibration to %s (%s); it is kept in memory", self.path, exc)
 
 
 def forward_seconds(tier: Tier, n: int) -> float:

@@ -19,6 +19,7 @@ from ..config import MAX_TREE, ConfigError, EngineConfig
 from ..models.llama import LlamaModel
 from .auto import MAX_GAMMA, AutoEngine, AutoPlanner
 from .engine import HierarchyEngine
+from .priors import Priors
 from .tiers import RetrievalTier, Tier
 from .trees import TreeShaper
 from .verifier import LocalVerifier, Verifier
@@ -62,7 +63,7 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     if cfg.mode == "auto":
         ladder = [draft_tier()] if draft is not None else []
         ladder += [retrieval_tier(), verifier]
-        return AutoEngine(ladder, AutoPlanner({t.name: t for t in ladder}, cfg.budget))
+        return AutoEngine(ladder, AutoPlanner({t.name: t for t in ladder}, cfg.budget, priors=Priors.default()))
     if cfg.mode == "ar":
         return HierarchyEngine([verifier], [])
     if cfg.mode == "draft":

@@ -191,6 +191,8 @@ def _batch_row(outs) -> dict:
     if any(m.auto for m in metrics):  # each request's plans: when, which tiers and gammas (the why is in --json)
         row["auto_plans"] = [[{k: d[k] for k in ("at_token", "context", "mode", "gammas")} for d in m.auto or []]
                              for m in metrics]
+        # whether each request's first plan started from earlier requests' acceptance (priors.py) or the defaults
+        row["auto_prior"] = [m.auto[0]["why"]["prior"] if m.auto else None for m in metrics]
     return row
 
 

@@ -1,0 +1,109 @@
+"""What earlier requests taught `--mode auto` (coordinator/priors.py): kept per kind of request, merged as
+requests end, and the start of the next request's plan."""
+import pytest
+import torch
+
+from triforce.config import EngineConfig, SamplingParams
+from triforce.coordinator import auto
+from triforce.coordinator.auto import AutoPlanner
+from triforce.coordinator.costs import CostTable
+from triforce.coordinator.hierarchy import build_engine
+from triforce.coordinator.priors import LEARNED_TRIALS, NEW_WEIGHT, Priors, request_key
+from triforce.models.loader import load_model
+
+FLAT = {n: 1.0 for n in (1, 2, 3, 4, 6, 9)}
+SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12)
+
+
+def test_requests_merge_into_what_later_ones_recall(tmp_path):
+    path = tmp_path / "priors.json"
+    store = Priors(path)
+    assert store.recall("k") == {"acceptance": {}, "realized": {}}
+    store.remember("k", {"draft": 0.8}, {"draft": 0.9})
+    store.remember("k", {"draft": 0.4, "retrieval": 0.95}, {"ar": 1.1})
+    again = Priors(path).recall("k")  # another process reads what this one wrote
+    assert again["acceptance"] == {"draft": pytest.approx((1 - NEW_WEIGHT) * 0.8 + NEW_WEIGHT * 0.4),
+                                   "retrieval": 0.95}
+    assert again["realized"] == {"draft": 0.9, "ar": 1.1}
+    assert Priors(path).recall("other") == {"acceptance": {}, "realized": {}}
+
+
+def planner_with(costs, priors=None):
+    planner = AutoPlanner({name: None for name in costs}, 100, table=CostTable(None), priors=priors)
+    planner.costs = lambda stacks: costs
+    return planner
+
+
+def test_a_request_starts_from_what_earlier_ones_saw():
+    """A draft that pays at the generic prior (60%) but that earlier requests of this kind saw accepted 10%
+    of the time: the first plan is plain decoding, and says where its acceptance came from."""
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    cold = planner_with(costs, Priors(None))
+    cold.recall("k")
+    assert cold.plan(1000, 0).mode == "draft" and cold.decisions[0]["why"]["prior"] == "defaults"
+
+    store = Priors(None)
+    store.remember("k", {"draft": 0.1}, {})
+    warm = planner_with(costs, store)
+    warm.recall("k")
+    assert warm.acceptance["draft"].prior_trials == LEARNED_TRIALS
+    plan = warm.plan(1000, 0)
+    assert plan.mode == "ar" and warm.decisions[0]["why"]["prior"] == "earlier requests"
+    assert warm.decisions[0]["why"]["acceptance"]["draft"] == pytest.approx(0.1)
+    # the request's own checks still decide: a draft accepted every time is taken up
+    for _ in range(6):
+        warm.observe("draft", 4, 4)
+    assert warm.plan(1000, 40).mode == "draft"
+
+
+def test_a_request_remembers_what_it_measured():
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    store = Priors(None)
+    planner = planner_with(costs, store)
+    planner.recall("k")
+    planner.realized["ar"] = 0.7  # a factor it did not measure itself is not passed on
+    plan = planner.plan(1000, 0)
+    for _ in range(3):
+        planner.observe("draft", 4, 2)  # 6 of 9 trials
+    planner.observe_rate(plan, 0.5 * plan.tokens_per_s)
+    planner.remember()
+    known = store.recall("k")
+    assert known["acceptance"] == {"draft": pytest.approx(6 / 9, abs=1e-4)}
+    assert set(known["realized"]) == {"draft"}
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    spec = dict(vocab_size=8, hidden_size=64, num_heads=4, num_kv_heads=2, scale=4)
+    return (load_model(tiny_dir("priors-target", seed=50, num_layers=3, **spec)),
+            load_model(tiny_dir("priors-draft", seed=51, num_layers=1, **spec)))
+
+
+def test_auto_requests_learn_per_kind(models, tiny_dir, tmp_path, monkeypatch):
+    """The second greedy request of a kind starts from the first's acceptance (and stays exact); a request
+    at another temperature, or with another draft, is another kind."""
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+    target, draft = models
+    prompt = torch.randint(0, 8, (80,), generator=torch.Generator().manual_seed(5)).tolist()
+    greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 128).generate(prompt, greedy)
+
+    def run(params):
+        engine = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 128)
+        return engine, *engine.generate(prompt, params)
+
+    engine, tokens, metrics = run(greedy)
+    assert tokens == reference and metrics.auto[0]["why"]["prior"] == "defaults"
+    store = Priors(tmp_path / "calibration" / "priors.json")
+    assert list(store.entries) == [request_key(engine.ladder, greedy)]
+    _, tokens, metrics = run(greedy)
+    assert tokens == reference and metrics.auto[0]["why"]["prior"] == "earlier requests"
+    sampled = SamplingParams(max_tokens=48, temperature=0.7, seed=1, ignore_eos=True)
+    assert request_key(engine.ladder, sampled) != request_key(engine.ladder, greedy)
+    _, _, metrics = run(sampled)
+    assert metrics.auto[0]["why"]["prior"] == "defaults"
+    other = load_model(tiny_dir("priors-draft-2", seed=52, num_layers=1, vocab_size=8, hidden_size=64,
+                                num_heads=4, num_kv_heads=2, scale=4))  # the same shape, other weights
+    other_ladder = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, other, 128).ladder[0],
+                    *engine.ladder[1:]]
+    assert request_key(other_ladder, greedy) != request_key(engine.ladder, greedy)

@@ -1,0 +1,50 @@
+"""What a machine learns once and keeps: a JSON file under `$TRIFORCE_HOME/calibration/`, read once per
+process and rewritten whole after each change (costs.py: forward costs; priors.py: what earlier requests
+of `--mode auto` saw). With TRIFORCE_CALIBRATION=0 a process keeps them in memory only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+_FILES: dict[tuple[type, Path | None], "CalibrationFile"] = {}  # `default`'s, one per kind and path
+
+
+class CalibrationFile:
+    """A dict of entries kept in `path` (None: in memory only)."""
+
+    filename = "calibration.json"  # each kind's own file
+
+    def __init__(self, path: Path | None = None):
+        self.path = path
+        self.entries: dict[str, dict] = {}
+        if path is not None and path.is_file():
+            try:
+                self.entries = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                log.warning("ignoring unreadable calibration file %s", path)
+
+    @classmethod
+    def default(cls):
+        """This process's file of this kind for `$TRIFORCE_HOME` (read from disk once), or an in-memory one
+        with TRIFORCE_CALIBRATION=0: either way a process learns a thing once."""
+        from ..models.hub import triforce_home
+
+        path = None if os.environ.get("TRIFORCE_CALIBRATION") == "0" else triforce_home() / "calibration" / cls.filename
+        if (cls, path) not in _FILES:
+            _FILES[cls, path] = cls(path)
+        return _FILES[cls, path]
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.path.with_name(self.path.name + f".{os.getpid()}")
+            partial.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
+            partial.replace(self.path)  # whole or not at all, also with other processes writing
+        except OSError as exc:
+            log.warning("cannot save %s (%s); it is kept in memory", self.path, exc)

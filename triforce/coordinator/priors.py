@@ -1,0 +1,64 @@
+"""What earlier requests taught `--mode auto` about a model pair on this machine, so that a new request's
+first plan starts from it instead of generic guesses.
+
+For each kind of request (the machine; each tier's kind and the fingerprint of its model's weights; the
+sampling settings, since acceptance depends on the temperature), `priors.json` beside the costs holds:
+- `acceptance`: per proposer, the per-token acceptance its checks saw lately (the draft's, the retrieval
+  tier's); the planner takes it as its prior, worth LEARNED_TRIALS trials (a generic prior is worth
+  fewer: the planner explores less where it already knows);
+- `realized`: per mode, the speed reached over the speed the cost model predicted (auto.py), as last
+  measured.
+A request that ends merges its own into the entry: acceptance by an even average with what was there, so
+that one odd text does not erase the history; a realized factor replaced by the newest. The request's own
+checks then decide as before: remembered evidence fades at each plan like the request's own.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from ..config import SamplingParams
+from .calibration import CalibrationFile
+from .costs import machine_key, tier_key
+from .tiers import Tier
+
+LEARNED_TRIALS = 12.0  # what a remembered acceptance is worth, in checks of one token
+MIN_TRIALS = 4.0  # a request remembers a proposer's acceptance only after this much evidence
+NEW_WEIGHT = 0.5  # a request's acceptance against what earlier ones left
+
+
+def weights_key(model) -> str:
+    """A short fingerprint of a model's weights (a few rows of its embedding and output head), so that two
+    checkpoints of one shape are told apart; computed once per model."""
+    if not hasattr(model, "_weights_key"):
+        digest = hashlib.sha256()
+        for weight in (model.embed_tokens.weight, model.lm_head.weight):
+            digest.update(weight[:8].detach().float().cpu().numpy().tobytes())
+        model._weights_key = digest.hexdigest()[:16]
+    return model._weights_key
+
+
+def request_key(ladder: list[Tier], params: SamplingParams) -> str:
+    """The kind of request: machine, tiers (kind and weights) and sampling settings."""
+    tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
+    sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}"
+    return f"{machine_key()}||{tiers}||{sampling}"
+
+
+class Priors(CalibrationFile):
+    """Entries "request key" -> {"acceptance": {proposer: mean}, "realized": {mode: factor}}."""
+
+    filename = "priors.json"
+
+    def recall(self, key: str) -> dict[str, dict[str, float]]:
+        entry = self.entries.get(key, {})
+        return {"acceptance": dict(entry.get("acceptance", {})), "realized": dict(entry.get("realized", {}))}
+
+    def remember(self, key: str, acceptance: dict[str, float], realized: dict[str, float]) -> None:
+        if not acceptance and not realized:
+            return
+        entry = self.entries.setdefault(key, {"acceptance": {}, "realized": {}})
+        for name, mean in acceptance.items():
+            old = entry["acceptance"].get(name)
+            entry["acceptance"][name] = round(mean if old is None else (1 - NEW_WEIGHT) * old + NEW_WEIGHT * mean, 4)
+        entry["realized"].update({mode: round(x, 4) for mode, x in realized.items()})
+        self.save()
