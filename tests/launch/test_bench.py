@@ -60,6 +60,29 @@ def test_bench_runs_batches_of_different_texts(tiny_dir, tmp_path):
     assert rows[3]["tiers"][0]["checks"] > rows[1]["tiers"][0]["checks"]  # the batch's checks summed
 
 
+def test_bench_repeats_take_turns_and_report_medians(tiny_dir, tmp_path, capsys):
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
+    rng = random.Random(2)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{rng.randrange(3, 96)}" for _ in range(300)))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
+                 "--lengths", "100", "--max-new-tokens", "40", "--modes", "ar", "auto", "--repeats", "3",
+                 "--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16", "--out", str(out)]) == 0
+    shown = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    assert [(r["repeat"], r["run"]) for r in shown] == [(i, m) for i in range(3) for m in ("ar", "auto")]
+    rows = json.loads(out.read_text())["results"]
+    assert [r["run"] for r in rows] == ["ar", "auto"]
+    for row in rows:
+        runs = [r["tokens_per_s"] for r in shown if r["run"] == row["run"]]
+        assert row["tokens_per_s_runs"] == [round(x, 3) for x in runs]
+        assert row["tokens_per_s"] == round(sorted(runs)[1], 3)
+    # auto's later repeats start from what its first saw (priors.py)
+    assert [r["auto_prior"][0] for r in shown if r["run"] == "auto"][1:] == ["earlier requests"] * 2
+    assert main(["bench", "--model", str(target), "--text", str(text), "--lengths", "100", "--repeats", "0"]) == 2
+
+
 def test_widened_draft_proposes_only_its_tokens(tiny_dir):
     import torch
 

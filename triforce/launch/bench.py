@@ -10,6 +10,10 @@ reports whether its tokens equal `ar`'s, and on `passkey` whether the answer hol
 With --batch B > 1 a run generates B prompts together: prompt i is N tokens of text file i mod F (of
 F files), from token (i // F) * N on, so a batch of novels holds different novels; `tokens_per_s` is then
 the batch's: all its generated tokens over the longest decode. Peers run at batch 1 only.
+
+With --repeats R every run of a group runs R times, the group's runs taking turns (so that a machine
+that slows down or speeds up for a while touches every run alike); a run reports its median tokens/s
+and prefill, every repeat's tokens/s in `tokens_per_s_runs`, and the rest of its median repeat.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -53,6 +58,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sweep", default=None, metavar="SETTING=V1,V2,...",
                    help="repeat every non-ar mode for each value of one engine setting, e.g. budget=256,512,1024")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run each group's runs this many times, taking turns, and report medians (default 1)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.set_defaults(func=run_bench)
 
@@ -93,6 +100,8 @@ def run_bench(args) -> int:
     sweep_name, sweep_values = _parse_sweep(args.sweep)
     text = "\n".join(Path(f).read_text(encoding="utf-8") for f in args.text)
     needs_draft = any(m in ("auto", "draft", "triforce") for m in args.modes) or "assisted" in args.peers
+    if args.repeats < 1:
+        raise UserError("--repeats must be at least 1")
     if args.rope_scaling and args.peers:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
@@ -132,22 +141,23 @@ def run_bench(args) -> int:
                     group = {"workload": workload, "prompt_tokens": length, "temperature": temperature,
                              "batch": batch}
                     rows = []
-                    for mode in args.modes:
-                        for value in (sweep_values if mode != "ar" else [None]):
-                            overrides = {sweep_name: value} if value is not None else {}
-                            llm.config = dataclasses.replace(base, mode=mode, **overrides)
-                            outs = llm.generate(prompts, params)
-                            rows.append({**group, "run": mode, **overrides, **_batch_row(outs)})
-                            print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}), file=sys.stderr)
-                    for peer in args.peers if batch == 1 else []:
-                        if peer == "llamacpp" and cpp is None:
-                            continue
-                        runner = cpp.run if peer == "llamacpp" else hf.run
-                        extra = {"assisted": True} if peer == "assisted" else {}
-                        got = runner(prompt, args.max_new_tokens, temperature, args.top_p, args.seed, **extra)
-                        rows.append({**group, "run": peer, **got, "token_ids": [got["token_ids"]]})
-                        print(json.dumps({k: v for k, v in rows[-1].items() if k != "token_ids"}), file=sys.stderr)
-                    results.extend(_compare(rows, llm.tokenizer, key))
+                    for repeat in range(args.repeats):
+                        for mode in args.modes:
+                            for value in (sweep_values if mode != "ar" else [None]):
+                                overrides = {sweep_name: value} if value is not None else {}
+                                llm.config = dataclasses.replace(base, mode=mode, **overrides)
+                                outs = llm.generate(prompts, params)
+                                rows.append({**group, "run": mode, **overrides, **_batch_row(outs)})
+                                _show(rows[-1], repeat)
+                        for peer in args.peers if batch == 1 else []:
+                            if peer == "llamacpp" and cpp is None:
+                                continue
+                            runner = cpp.run if peer == "llamacpp" else hf.run
+                            extra = {"assisted": True} if peer == "assisted" else {}
+                            got = runner(prompt, args.max_new_tokens, temperature, args.top_p, args.seed, **extra)
+                            rows.append({**group, "run": peer, **got, "token_ids": [got["token_ids"]]})
+                            _show(rows[-1], repeat)
+                    results.extend(_compare(_medians(rows, sweep_name), llm.tokenizer, key))
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens,
@@ -161,6 +171,28 @@ def run_bench(args) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text_out)
     return 0
+
+
+def _show(row: dict, repeat: int) -> None:
+    print(json.dumps({"repeat": repeat, **{k: v for k, v in row.items() if k != "token_ids"}}), file=sys.stderr)
+
+
+def _medians(rows: list[dict], sweep_name: str | None) -> list[dict]:
+    """One row per run (mode or peer, and sweep value) of its repeats: the repeat of median tokens/s (the
+    lower of the two middle ones), with the median tokens/s and prefill and every repeat's tokens/s."""
+    runs: dict[tuple, list[dict]] = {}
+    for row in rows:
+        runs.setdefault((row["run"], row.get(sweep_name)), []).append(row)
+    if all(len(repeats) == 1 for repeats in runs.values()):
+        return rows
+    out = []
+    for repeats in runs.values():
+        ranked = sorted(repeats, key=lambda r: r["tokens_per_s"])
+        middle = ranked[(len(ranked) - 1) // 2]
+        out.append({**middle, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in repeats),
+                    "prefill_s": statistics.median(r["prefill_s"] for r in repeats),
+                    "tokens_per_s_runs": [round(r["tokens_per_s"], 3) for r in repeats]})
+    return out
 
 
 def batch_prompt(files: list[list[int]], i: int, length: int) -> list[int]:
