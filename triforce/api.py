@@ -18,7 +18,7 @@ import torch
 
 from .config import ConfigError, EngineConfig, SamplingParams
 from .coordinator.batch import SequenceBatch
-from .coordinator.hierarchy import build_engine, speculation_slack
+from .coordinator.hierarchy import build_engine, cache_bytes, speculation_slack
 from .coordinator.metrics import RequestMetrics
 from .detokenize import IncrementalDetokenizer
 from .errors import UserError
@@ -151,10 +151,10 @@ class LLM:
                             f"{cfg.max_positions} positions")
 
     def _kv_bytes(self, prompt_len: int, max_tokens: int) -> int:
-        """The full KV cache one request needs, speculation slack included."""
+        """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""
         itemsize = torch.finfo(self.target.dtype).bits // 8
-        capacity = prompt_len + max_tokens + speculation_slack(self.config)
-        return self.target.config.kv_bytes_per_token(itemsize) * capacity
+        draft = self.draft.config if self.draft is not None else None
+        return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize)
 
     def _parts_that_fit(self, sizes: list[tuple[int, int]]) -> list[list[int]]:
         """The requests (prompt length, max tokens) in order, grouped into batches whose full KV caches fit
@@ -168,9 +168,8 @@ class LLM:
         for i, (prompt_len, max_tokens) in enumerate(sizes):
             need = self._kv_bytes(prompt_len, max_tokens)
             if need > room:
-                raise UserError(f"the KV cache for {prompt_len + max_tokens + speculation_slack(self.config)} "
-                                f"tokens needs {need / 2**30:.1f} GiB; only {free / 2**30:.1f} GiB is free on "
-                                f"{self.device}")
+                raise UserError(f"the caches for {prompt_len + max_tokens} tokens need {need / 2**30:.1f} GiB; "
+                                f"only {free / 2**30:.1f} GiB is free on {self.device}")
             if parts[-1] and used + need > room:
                 parts.append([])
                 used = 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
+from ..models.config import ModelConfig
 from ..models.llama import LlamaModel
 from .auto import MAX_GAMMA, AutoEngine, AutoPlanner
 from .engine import HierarchyEngine
@@ -31,6 +32,29 @@ def speculation_slack(cfg: EngineConfig) -> int:
         return 2 * MAX_GAMMA + 4
     trees = sum(MAX_TREE if t == "auto" else t for t in (cfg.tree1, cfg.tree2))
     return cfg.gamma1 + cfg.gamma2 + trees + 4
+
+
+def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, tokens: int,
+                itemsize: int) -> int:
+    """What one request's caches hold for `tokens` (prompt + new tokens) in the tiers its mode stacks: the
+    target's full KV cache and its chunk means; the retrieval tier's own buffers (a static cache copies its
+    `full_layers` whole and the budget of the others, each with room for tokens until its next rebuild);
+    the draft's sinks and its recent tokens' double buffer. Small per-request state beside these (the
+    last queries, positions) is left out."""
+    slack = speculation_slack(cfg)
+    per_token = target.kv_bytes_per_token(itemsize)
+    capacity = tokens + slack
+    total = per_token * capacity
+    if cfg.mode in ("retrieval", "triforce", "auto"):
+        per_layer = per_token // target.num_layers
+        room = cfg.refresh_every + slack
+        total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
+        if cfg.retrieval_policy == "static":
+            layers = min(cfg.full_layers, target.num_layers)
+            total += per_layer * (layers * (capacity + room) + (target.num_layers - layers) * (cfg.budget + room))
+    if draft is not None and cfg.mode in ("draft", "triforce", "auto"):
+        total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack))  # a double buffer
+    return total
 
 
 def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None, max_length: int,

@@ -1,0 +1,52 @@
+"""hierarchy.cache_bytes, the memory check's estimate of one request's caches, against the bytes the caches
+of a real request hold once it has run (every tier's tensors, each storage counted once)."""
+import pytest
+import torch
+
+from triforce.config import EngineConfig, SamplingParams
+from triforce.coordinator.hierarchy import build_engine, cache_bytes
+from triforce.models.loader import load_model
+from triforce.models.rope import RotaryEmbedding
+
+
+def held_bytes(objects) -> int:
+    """Bytes of the tensors reachable from `objects` through attributes, lists and dicts (not the models'
+    nor their RoPE tables, which every request shares)."""
+    seen_objects, storages, total = set(), set(), 0
+    stack = list(objects)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen_objects or isinstance(obj, (torch.nn.Module, RotaryEmbedding)):
+            continue
+        seen_objects.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in storages:
+                storages.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("triforce"):
+            stack.extend(vars(obj).values())
+    return total
+
+
+@pytest.mark.parametrize("mode,policy", [("ar", "static"), ("draft", "static"), ("triforce", "static"),
+                                         ("triforce", "dynamic"), ("auto", "static")])
+def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy):
+    spec = dict(vocab_size=64, hidden_size=64, num_heads=4, num_kv_heads=2)
+    target = load_model(tiny_dir("bytes-target", seed=60, num_layers=4, **spec))
+    draft = load_model(tiny_dir("bytes-draft", seed=61, num_layers=1, **spec))
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, budget=32, chunk_size=8, full_layers=1, sinks=4,
+                       window=32, refresh_every=16)
+    prompt = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(6)).tolist()
+    engine = build_engine(cfg, target, draft if mode != "ar" else None, 300 + 40)
+    engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    held = held_bytes([tier.cache for tier in engine.ladder])
+    estimate = cache_bytes(cfg, target.config, draft.config if mode != "ar" else None, 340, 4)
+    full = target.config.kv_bytes_per_token(4) * 340
+    assert held > (full if mode == "ar" else 1.1 * full)  # the other tiers' caches are real bytes too
+    # all but small state (queries, positions, RoPE angles), a few percent of this toy cache of 16-wide heads
+    assert 0.95 * held <= estimate <= 1.1 * held, (held, estimate)
