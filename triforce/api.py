@@ -22,6 +22,7 @@ from .coordinator.hierarchy import build_engine, cache_bytes, speculation_slack
 from .coordinator.metrics import RequestMetrics
 from .detokenize import IncrementalDetokenizer
 from .errors import UserError
+from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError
 from .models.hub import DEFAULT_MODEL, resolve_model
 from .models.loader import DTYPE_CHOICES, load_model, resolve_dtype
@@ -44,19 +45,6 @@ class RequestOutput:
     text: str
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     metrics: RequestMetrics
-
-
-def _available_memory_bytes(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 class LLM:
@@ -157,8 +145,9 @@ class LLM:
         return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize)
 
     def _parts_that_fit(self, sizes: list[tuple[int, int]]) -> list[list[int]]:
-        """The requests (prompt length, max tokens) in order, grouped into batches whose full KV caches fit
-        in the memory free on the device (one group when it is unknown or the workers hold the caches)."""
+        """The requests (prompt length, max tokens) in order, grouped into batches whose caches fit in the
+        memory free on the device (one group when it is unknown or the workers hold the full caches: each
+        worker refuses a sequence that does not fit its memory)."""
         free = None if self.workers is not None else _available_memory_bytes(self.device)
         if free is None:
             return [list(range(len(sizes)))]
@@ -187,9 +176,9 @@ class LLM:
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  stream: Callable[[str], None] | None = None, show_progress: bool = False) -> list[RequestOutput]:
         """One output per prompt, in order. `params`: one SamplingParams for all prompts or one per prompt.
-        The prompts run together as a batch (every tier's forward of all of them as one model call), in
-        parts when their KV caches do not all fit in memory; with a worker group, one after another. A
-        prompt's output is what it would be alone (greedy; and for a seeded request, sampled too).
+        The prompts run together as a batch (every tier's forward of all of them as one model call; with a
+        worker group, each target check of all of them as one request), in parts when their caches do not
+        all fit in memory. A prompt's output is what it would be alone (greedy; and for a seeded request, sampled too).
         `stream` (one prompt only) receives text pieces as they are committed."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -206,16 +195,21 @@ class LLM:
         for prompt_ids, p in zip(ids, per_prompt):
             self._check_positions(len(prompt_ids), p.max_tokens)
         sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]
-        parts = [[i] for i in range(len(ids))] if self.workers is not None else self._parts_that_fit(sizes)
         outputs: list[RequestOutput | None] = [None] * len(ids)
-        for part in parts:
-            requests = [_Request(self, ids[i], per_prompt[i], stream) for i in part]
-            batch = SequenceBatch()
-            handles = [batch.add(r.engine.run(r.ids, r.params, self._eos_ids(), r.on_tokens, show_progress))
-                       for r in requests]
-            batch.run()
-            for i, request, handle in zip(part, requests, handles):
-                outputs[i] = request.output(*handle.result)
+        for part in self._parts_that_fit(sizes):
+            requests: list[_Request] = []
+            try:
+                for i in part:
+                    requests.append(_Request(self, ids[i], per_prompt[i], stream))
+                batch = SequenceBatch()
+                handles = [batch.add(r.engine.run(r.ids, r.params, self._eos_ids(), r.on_tokens, show_progress))
+                           for r in requests]
+                batch.run()
+                for i, request, handle in zip(part, requests, handles):
+                    outputs[i] = request.output(*handle.result)
+            finally:
+                for request in requests:
+                    request.close()
         return outputs
 
 
@@ -233,7 +227,13 @@ class _Request:
             w = llm.workers
             self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
         self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier)
+        self.verifier = verifier
         self.detok = None if llm.tokenizer is None else IncrementalDetokenizer(llm.tokenizer, params.stop)
+
+    def close(self) -> None:
+        """A worker group frees the request's sequence (also when the request failed)."""
+        if self.verifier is not None:
+            self.verifier.close()
 
     def on_tokens(self, new: list[int]) -> bool:
         if self.detok is None:

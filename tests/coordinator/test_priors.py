@@ -8,10 +8,11 @@ from triforce.coordinator import auto
 from triforce.coordinator.auto import AutoPlanner
 from triforce.coordinator.costs import CostTable
 from triforce.coordinator.hierarchy import build_engine
-from triforce.coordinator.priors import LEARNED_TRIALS, NEW_WEIGHT, Priors, request_key
+from triforce.coordinator.priors import DRIFT, LEARNED_TRIALS, NEW_WEIGHT, Priors, request_key
 from triforce.models.loader import load_model
 
 FLAT = {n: 1.0 for n in (1, 2, 3, 4, 6, 9)}
+GENERIC = auto.PRIOR
 SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12)
 
 
@@ -19,13 +20,25 @@ def test_requests_merge_into_what_later_ones_recall(tmp_path):
     path = tmp_path / "priors.json"
     store = Priors(path)
     assert store.recall("k") == {"acceptance": {}, "realized": {}}
-    store.remember("k", {"draft": 0.8}, {"draft": 0.9})
-    store.remember("k", {"draft": 0.4, "retrieval": 0.95}, {"ar": 1.1})
+    store.remember("k", {"draft": 0.8}, {"draft": 0.9}, GENERIC)
+    store.remember("k", {"draft": 0.4, "retrieval": 0.95}, {"ar": 1.1}, GENERIC)
     again = Priors(path).recall("k")  # another process reads what this one wrote
     assert again["acceptance"] == {"draft": pytest.approx((1 - NEW_WEIGHT) * 0.8 + NEW_WEIGHT * 0.4),
                                    "retrieval": 0.95}
-    assert again["realized"] == {"draft": 0.9, "ar": 1.1}
+    assert again["realized"] == {"draft": pytest.approx(1 + (1 - DRIFT) * (0.9 - 1)), "ar": 1.1}
     assert Priors(path).recall("other") == {"acceptance": {}, "realized": {}}
+
+
+def test_what_requests_no_longer_see_drifts_back_to_the_generic_prior():
+    """A draft that a bad stretch made look poor, in a request that then stopped running it: later
+    requests that do not run it either move its record back towards the generic prior, so it is retried."""
+    store = Priors(None)
+    store.remember("k", {"draft": 0.1}, {"draft": 0.5}, GENERIC)
+    for _ in range(4):
+        store.remember("k", {"draft": None, "retrieval": 0.9}, {"ar": 1.0}, GENERIC)
+    known = store.recall("k")
+    assert known["acceptance"]["draft"] == pytest.approx(0.6 + (0.1 - 0.6) * DRIFT ** 4, abs=1e-3)
+    assert known["realized"]["draft"] == pytest.approx(1 - 0.5 * (1 - DRIFT) ** 4, abs=1e-3)
 
 
 def planner_with(costs, priors=None):
@@ -43,7 +56,7 @@ def test_a_request_starts_from_what_earlier_ones_saw():
     assert cold.plan(1000, 0).mode == "draft" and cold.decisions[0]["why"]["prior"] == "defaults"
 
     store = Priors(None)
-    store.remember("k", {"draft": 0.1}, {})
+    store.remember("k", {"draft": 0.1}, {}, GENERIC)
     warm = planner_with(costs, store)
     warm.recall("k")
     assert warm.acceptance["draft"].prior_trials == LEARNED_TRIALS

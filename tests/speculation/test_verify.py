@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from triforce.speculation.verify import verify_chain
+from triforce.speculation.verify import verify_chain, verify_chains
 
 ALPHA = 1e-3
 TRIALS = 6000
@@ -69,3 +69,34 @@ def test_greedy_accepts_the_matching_prefix_then_corrects():
     verdict = verify_chain([2, 0, 3], draft, target, None, greedy=True)
     assert (verdict.accepted, verdict.next_token) == (2, 1)
     assert verify_chain([2, 0, 1], draft, target, None, greedy=True).next_token == 3
+
+
+def test_chains_verified_together_get_each_its_verdict_alone():
+    """verify_chains on a flattened batch (ragged lengths, an empty chain, greedy beside sampled): every
+    sequence's verdict, and its generator's state after, are what verifying it alone gives."""
+    vocab = 12
+    lengths, greedy = [3, 0, 5, 1, 4], [False, False, True, False, False]
+    chains, drafts, targets = [], [], []
+    for b, g in enumerate(lengths):
+        draft = rand_probs(g, vocab, 100 + b, sharp=1.0 + b)
+        target = rand_probs(g + 1, vocab, 200 + b)
+        if greedy[b]:
+            draft = torch.nn.functional.one_hot(draft.argmax(-1), vocab).float()
+            target = torch.nn.functional.one_hot(target.argmax(-1), vocab).float()
+            target[1] = draft[1]  # the greedy chain keeps some proposals when they match
+        chains.append([int(torch.multinomial(row, 1, generator=torch.Generator().manual_seed(b))) for row in draft])
+        if greedy[b]:
+            chains[-1] = draft.argmax(-1).tolist()
+        drafts.append(draft)
+        targets.append(target)
+    for seed in range(40):
+        alone, together = [], []
+        gens_alone = [torch.Generator().manual_seed(seed * 10 + b) for b in range(len(lengths))]
+        gens_together = [torch.Generator().manual_seed(seed * 10 + b) for b in range(len(lengths))]
+        for b in range(len(lengths)):
+            alone.append(verify_chain(chains[b], drafts[b], targets[b], gens_alone[b], greedy[b]))
+        together = verify_chains(chains, torch.cat(drafts), torch.cat(targets), gens_together, greedy)
+        assert together == alone
+        for a, t in zip(gens_alone, gens_together):
+            assert torch.equal(a.get_state(), t.get_state())  # the same draws, in the same order
+    assert {v.accepted for v in together} != {0}  # some chains kept proposals

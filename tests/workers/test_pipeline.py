@@ -13,6 +13,7 @@ import zmq
 from worker_group import Group
 
 from triforce.config import EngineConfig, SamplingParams
+from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine, speculation_slack
 from triforce.coordinator.remote import RemoteVerifier, WorkerError
 from triforce.coordinator.verifier import LocalVerifier
@@ -68,6 +69,40 @@ def test_worker_group_reproduces_the_single_process_engine(models, tmp_path, wor
                 assert got == expected, (mode, params.temperature)
         stats, _ = group.channel.request("stats")
         assert stats["verified_tokens"] > 0 and stats["errors"] == 0
+    finally:
+        group.close()
+
+
+@pytest.mark.parametrize("mode", ["triforce", "ar"])
+def test_a_batch_over_the_worker_group_reproduces_each_sequence_alone(models, tmp_path, mode):
+    """Three sequences of different lengths and sampling settings in one SequenceBatch, each with its own
+    sequence in one worker group: their target checks go out together (one verify request for several
+    sequences), and each output equals its single-process run alone; the group frees every sequence."""
+    folder, target, draft = models
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(3, 96, (n,), generator=gen).tolist() for n in (150, 90, 120)]
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=24, temperature=0.9, seed=5, ignore_eos=True),
+              SamplingParams(max_tokens=36, temperature=0.7, top_k=20, seed=6, ignore_eos=True)]
+    expected = [run(target, draft, mode, p, sp)[0] for p, sp in zip(prompts, params)]
+    group = Group(folder, 2, tmp_path)
+    sent = []
+    request = group.channel.request
+    group.channel.request = lambda kind, body=None, **kw: (sent.append((kind, body)), request(kind, body, **kw))[1]
+    try:
+        cfg = EngineConfig(mode=mode, **SETTINGS)
+        verifiers = [remote(group, target, p, sp) for p, sp in zip(prompts, params)]
+        batch = SequenceBatch()
+        handles = [batch.add(build_engine(cfg, target, draft, len(p) + sp.max_tokens, v).run(p, sp))
+                   for p, sp, v in zip(prompts, params, verifiers)]
+        batch.run()
+        assert [h.result[0] for h in handles] == expected
+        verifies = [len(body["seqs"]) for kind, body in sent if kind == "verify"]
+        assert max(verifies) == 3  # checked together
+        for verifier in verifiers:
+            verifier.close()
+        stats, _ = request("stats")
+        assert stats["sequences"] == 0 and stats["errors"] == 0
     finally:
         group.close()
 
@@ -145,11 +180,14 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
     try:
         bad = {
             "garbage": [b"\xc1\xc1\xc1"],
-            "truncated": [encode("prefill", {"tokens": [1, 2, 3], "start": 0})[0][:-2]],
+            "truncated": [encode("prefill", {"seq": 1, "tokens": [1, 2, 3], "start": 0})[0][:-2]],
             "wrong version": [encode("stats")[0].replace(b"\xa1v" + bytes([PROTOCOL_VERSION]), b"\xa1v\x63", 1)],
-            "wrong schema": encode("prefill", {"tokens": "abc", "start": 0}),
+            "wrong schema": encode("prefill", {"seq": 1, "tokens": "abc", "start": 0}),
             "oversized": [encode("stats")[0], b"\x00" * (300 * 2**20)],
-            "out of order": encode("verify", {"tokens": [1], "parents": [-1], "start": 0}),
+            "out of order": encode("verify", {"seqs": [1], "tokens": [[1]], "parents": [[-1]], "starts": [0]}),
+            "never started": encode("commit", {"seq": 7, "path": [], "start": 0}),
+            "a sequence twice": encode("verify", {"seqs": [1, 1], "tokens": [[1], [2]], "parents": [[-1], [-1]],
+                                                  "starts": [0, 0]}),
         }
         for name, frames in bad.items():
             sock.send_multipart(frames)

@@ -10,9 +10,10 @@ from triforce.workers.protocol import (PROTOCOL_VERSION, ProtocolError, decode, 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
 def test_round_trip_with_tensors(dtype):
     t = (torch.randn(3, 4, 5) * 100).to(dtype)
-    frames = encode("verify", {"tokens": [5, 6, 7], "parents": [-1, 0, 1], "start": 10}, [t, t[0, :0]])
+    sent = {"seqs": [1, 4], "tokens": [[5, 6, 7], [8]], "parents": [[-1, 0, 1], [-1]], "starts": [10, 3]}
+    frames = encode("verify", sent, [t, t[0, :0]])
     kind, body, tensors = decode(frames)
-    assert kind == "verify" and body == {"tokens": [5, 6, 7], "parents": [-1, 0, 1], "start": 10}
+    assert kind == "verify" and body == sent
     assert torch.equal(tensors[0], t) and tensors[0].dtype == dtype and tensors[1].shape == (0, 5)
 
 
@@ -30,14 +31,16 @@ def header(**override):
 @pytest.mark.parametrize("frames,why", [
     ([], "frames"),
     ([b"\xc1garbage"], "unreadable"),
-    ([encode("prefill", {"tokens": [1, 2], "start": 0})[0][:-3]], "unreadable"),  # truncated
+    ([encode("prefill", {"seq": 1, "tokens": [1, 2], "start": 0})[0][:-3]], "unreadable"),  # truncated
     ([msgpack.packb([1, 2])], "not a map"),
     ([header(v=PROTOCOL_VERSION + 1)], "version"),
     ([header(kind="format_disk")], "unknown message kind"),
-    ([header(kind="prefill", body={"tokens": [1], "start": 0, "extra": 1})], "unknown fields"),
-    ([header(kind="prefill", body={"tokens": [1, "x"], "start": 0})], "wrong type"),
-    ([header(kind="prefill", body={"tokens": [1], "start": True})], "wrong type"),
-    ([header(kind="verify", body={"tokens": [1], "start": 0})], "missing"),
+    ([header(kind="prefill", body={"seq": 1, "tokens": [1], "start": 0, "extra": 1})], "unknown fields"),
+    ([header(kind="prefill", body={"seq": 1, "tokens": [1, "x"], "start": 0})], "wrong type"),
+    ([header(kind="prefill", body={"seq": 1, "tokens": [1], "start": True})], "wrong type"),
+    ([header(kind="prefill", body={"tokens": [1], "start": 0})], "missing"),  # which sequence?
+    ([header(kind="verify", body={"seqs": [1], "tokens": [1], "parents": [[-1]], "starts": [0]})], "wrong type"),
+    ([header(kind="verify", body={"seqs": [1], "tokens": [[1]], "starts": [0]})], "missing"),
     ([header(tensors=[["float32", [2]]])], "declares 1 tensors"),
     ([header(tensors=[["float32", [2]]]), b"\x00" * 7], "bytes"),
     ([header(tensors=[["object", [1]]]), b"\x00"], "bad tensor"),
@@ -49,6 +52,6 @@ def test_bad_messages_are_refused(frames, why):
 
 
 def test_oversized_message_is_refused_before_parsing():
-    frames = encode("prefill", {"tokens": list(range(1000)), "start": 0})
+    frames = encode("prefill", {"seq": 1, "tokens": list(range(1000)), "start": 0})
     with pytest.raises(ProtocolError, match="exceeds"):
         decode(frames, max_bytes=100)

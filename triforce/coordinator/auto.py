@@ -229,8 +229,8 @@ class AutoPlanner:
         """The request ends: what it saw joins what later requests of its kind start from."""
         if self.priors is None or self._key is None:
             return
-        seen = {name: a.observed for name, a in self.acceptance.items() if a.observed is not None}
-        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured})
+        seen = {name: a.observed for name, a in self.acceptance.items()}
+        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, PRIOR)
 
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative

@@ -9,6 +9,11 @@ short acceptance) run it while the others wait at the dearer tier, which then ch
 ragged acceptance costs waiting, never a wrong token. Each sequence waits a bounded number of cheaper
 forwards per check, so none starves.
 
+After the forward of a chain check a run yields a `Check`; the batch verifies every sequence waiting on
+one in one call (`check_together`: each sampling setting's logits processed together, then all the
+chains flattened into `verify_chains`, vLLM's shape), and each sequence's draws still come from its own
+generator.
+
 Sequences join (`add`) and leave (when their run returns) between steps: continuous batching. A run's
 output does not depend on its companions: its rows see only its own cache (LlamaModel.forward_batch),
 and its random draws come from its own generator.
@@ -18,15 +23,20 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .engine import Forward, Run
+import torch
+
+from ..speculation.sampling import probabilities
+from ..speculation.verify import ChainVerdict, verify_chains
+from .engine import Check, Forward, Run
 from .tiers import forward_together
 
 
 @dataclass(eq=False)
 class Sequence:
-    """A run in the batch: `waiting` is the forward it asked for; `result` its return value once done."""
+    """A run in the batch: `waiting` is the forward or check it asked for; `result` its return value once
+    done."""
     run: Run
-    waiting: Forward | None = None
+    waiting: Forward | Check | None = None
     result: tuple | None = field(default=None)
 
     @property
@@ -56,14 +66,15 @@ class SequenceBatch:
         for s in self.active:
             if s.waiting.level == level:
                 groups[type(s.waiting.tier), id(s.waiting.tier.model)].append(s)
-        finished = []
         for group in groups.values():
             asks = [s.waiting for s in group]
             logits = forward_together([a.tier for a in asks], [a.step for a in asks], [a.logits_for for a in asks])
             for s, out in zip(group, logits):
                 self._advance(s, out)
-                if s.done:
-                    finished.append(s)
+        while checks := [s for s in self.active if isinstance(s.waiting, Check)]:
+            for s, result in zip(checks, check_together([s.waiting for s in checks])):
+                self._advance(s, result)
+        finished = [s for s in self.active if s.done]
         self.active = [s for s in self.active if not s.done]
         return finished
 
@@ -78,3 +89,19 @@ class SequenceBatch:
             seq.waiting = next(seq.run) if first else seq.run.send(logits)
         except StopIteration as done:
             seq.waiting, seq.result = None, done.value
+
+
+def check_together(checks: list[Check]) -> list[tuple[ChainVerdict, torch.Tensor]]:
+    """Verifies many sequences' chains: (verdict, the checker's distributions [g + 1, V]) for each. The
+    logits of the checks that share sampling settings become distributions in one call."""
+    settings: dict[tuple, list[int]] = defaultdict(list)
+    for i, c in enumerate(checks):
+        settings[c.params.temperature, c.params.top_k, c.params.top_p].append(i)
+    target: list[torch.Tensor | None] = [None] * len(checks)
+    for (temperature, top_k, top_p), members in settings.items():
+        rows = probabilities(torch.cat([checks[i].logits for i in members]), temperature, top_k, top_p)
+        for i, part in zip(members, rows.split([checks[i].logits.shape[0] for i in members])):
+            target[i] = part
+    verdicts = verify_chains([c.draft_tokens for c in checks], torch.cat([c.draft_probs for c in checks]),
+                             torch.cat(target), [c.generator for c in checks], [c.params.greedy for c in checks])
+    return list(zip(verdicts, target))

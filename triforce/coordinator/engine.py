@@ -9,7 +9,8 @@ its speculative KV with the target's.
 
 `_produce(level, n)` returns at least n tokens sampled exactly from tier `level`'s distribution, with
 that tier's probabilities at each: tier 0 samples autoregressively; any higher tier repeatedly takes
-`gammas[level - 1]` tokens from the tier below and verifies them (speculation/verify.py), except that
+`gammas[level - 1]` tokens from the tier below and verifies them (speculation/verify.py; the run yields
+a `Check`, so that a batch verifies all its sequences' chains in one flattened call), except that
 with a `TreeShaper` tier 1 checks a token tree that tier 0 grows (Sequoia; coordinator/trees.py,
 speculation/tree.py) in one forward. After a tree check every cache keeps the accepted path of its tree
 entries (`keep_path`); a chain's path is its accepted prefix. The output is one round of
@@ -33,7 +34,6 @@ from tqdm import tqdm
 from ..config import MAX_TREE, SamplingParams
 from ..speculation.sampling import probabilities, sample
 from ..speculation.tree import children_of, verify_tree
-from ..speculation.verify import verify_chain
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
 from .tiers import Tier
@@ -52,8 +52,20 @@ class Forward:
     logits_for: str = "all"
 
 
-Run = Generator[Forward, torch.Tensor | None, tuple[list[int], RequestMetrics]]
-Produced = Generator[Forward, torch.Tensor, tuple[list[int], list[torch.Tensor]]]  # tokens, distributions
+@dataclass
+class Check:
+    """What a sequence's run needs after the forward of a chain check: its proposals verified against the
+    checker's rows. It is sent back (verdict, the checker's distributions [g + 1, V]); a `SequenceBatch`
+    verifies every sequence waiting on one together (batch.check_together)."""
+    draft_tokens: list[int]
+    draft_probs: torch.Tensor  # [g, V]: the proposer's distribution for each proposal
+    logits: torch.Tensor  # [g + 1, V]: the checker's, at each proposal and one past the last
+    params: SamplingParams
+    generator: torch.Generator
+
+
+Run = Generator[Forward | Check, object, tuple[list[int], RequestMetrics]]
+Produced = Generator[Forward | Check, object, tuple[list[int], list[torch.Tensor]]]  # tokens, distributions
 
 
 class HierarchyEngine:
@@ -164,15 +176,15 @@ class HierarchyEngine:
 
     def _check_chain(self, level: int) -> Produced:
         """Tier `level` checks a chain of gamma tokens from the tier below."""
-        position, greedy = len(self.seq), self.params.greedy
+        position = len(self.seq)
         # The tier below may overshoot (a check yields up to its accepted length + 1): check exactly gamma, so
         # a check costs what its setting says (the rest are dropped like rejected proposals; exactness holds,
         # as the first gamma of exact samples are exact samples).
         g = self.gammas[level - 1]
         draft_tokens, draft_rows = (x[:g] for x in (yield from self._produce(level - 1, g)))
         del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)
-        target_probs = self._probs((yield from self._forward(level))[-(g + 1):])  # [g+1, V]
-        verdict = verify_chain(draft_tokens, torch.stack(draft_rows), target_probs, self.generator, greedy)
+        logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
+        verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), logits, self.params, self.generator)
         self._record(level, g, verdict.accepted)
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
         return out, list(target_probs[: verdict.accepted + 1])

@@ -9,8 +9,11 @@ sampling settings, since acceptance depends on the temperature), `priors.json` b
 - `realized`: per mode, the speed reached over the speed the cost model predicted (auto.py), as last
   measured.
 A request that ends merges its own into the entry: acceptance by an even average with what was there, so
-that one odd text does not erase the history; a realized factor replaced by the newest. The request's own
-checks then decide as before: remembered evidence fades at each plan like the request's own.
+that one odd text does not erase the history; a realized factor replaced by the newest. What a request did
+not see enough of (a proposer it checked less than MIN_TRIALS times, a mode it did not run) drifts back
+halfway towards the generic prior (a factor of 1), so a tier that a bad stretch made look poor is tried
+again a few requests later instead of being locked out by its own record. The request's own checks then
+decide as before: remembered evidence fades at each plan like the request's own.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from .tiers import Tier
 LEARNED_TRIALS = 12.0  # what a remembered acceptance is worth, in checks of one token
 MIN_TRIALS = 4.0  # a request remembers a proposer's acceptance only after this much evidence
 NEW_WEIGHT = 0.5  # a request's acceptance against what earlier ones left
+DRIFT = 0.5  # how far what a request did not see moves back towards the generic prior
 
 
 def weights_key(model) -> str:
@@ -53,12 +57,22 @@ class Priors(CalibrationFile):
         entry = self.entries.get(key, {})
         return {"acceptance": dict(entry.get("acceptance", {})), "realized": dict(entry.get("realized", {}))}
 
-    def remember(self, key: str, acceptance: dict[str, float], realized: dict[str, float]) -> None:
-        if not acceptance and not realized:
+    def remember(self, key: str, acceptance: dict[str, float | None], realized: dict[str, float],
+                 generic: dict[str, float]) -> None:
+        """A request of kind `key` ended: `acceptance` per proposer (None: too little evidence), the
+        `realized` factors of the modes it ran; `generic` the acceptance priors a new kind starts from."""
+        if not any(a is not None for a in acceptance.values()) and not realized:
             return
         entry = self.entries.setdefault(key, {"acceptance": {}, "realized": {}})
+        known = entry["acceptance"]
         for name, mean in acceptance.items():
-            old = entry["acceptance"].get(name)
-            entry["acceptance"][name] = round(mean if old is None else (1 - NEW_WEIGHT) * old + NEW_WEIGHT * mean, 4)
+            old = known.get(name)
+            if mean is not None:
+                known[name] = round(mean if old is None else (1 - NEW_WEIGHT) * old + NEW_WEIGHT * mean, 4)
+            elif old is not None:
+                known[name] = round(old + DRIFT * (generic[name] - old), 4)
+        for mode, x in entry["realized"].items():
+            if mode not in realized:
+                entry["realized"][mode] = round(1 + (1 - DRIFT) * (x - 1), 4)
         entry["realized"].update({mode: round(x, 4) for mode, x in realized.items()})
         self.save()

@@ -1,7 +1,9 @@
 """The coordinator's side of the distributed pipeline: the target verified by a remote worker group.
 
-`RemoteVerifier` is the `Verifier` seam over ZeroMQ: prefill, verify (a chain, as a tree whose parents
-are -1, 0, 1, ...), commit (the accepted path) and the retrieval cache's reads (`RemoteKVSource`:
+`RemoteVerifier` is the `Verifier` seam over ZeroMQ for one sequence of the group (the group holds many,
+each under the number its channel gave it): prefill, verify (a chain, as a tree whose parents are -1, 0,
+1, ...; the sequences of a batch waiting at the target are verified in one request and one forward,
+`forward_many`), commit (the accepted path), end (`close`) and the retrieval cache's reads (`RemoteKVSource`:
 refresh = the static choice made by the workers on their shards, kv = committed KV for the tail; the KV
 itself comes over the bulk link, workers/bulk.py). Every request waits at most `timeout_s` for its reply,
 and each of its bulk tensors at most as long again (the link's timeout applies to every transfer, so a
@@ -59,6 +61,12 @@ class ControlChannel:
         self.messages = self.bytes = self.bulk_bytes = 0
         self.wait_s = 0.0
         self.broken = False
+        self._sequences = 0  # numbers handed to RemoteVerifiers so far
+
+    def new_sequence(self) -> int:
+        """A number no other sequence on this channel has had."""
+        self._sequences += 1
+        return self._sequences
 
     def request(self, kind: str, body: dict | None = None,
                 timeout_s: float | None = None) -> tuple[dict, list[torch.Tensor]]:
@@ -126,27 +134,29 @@ class RemoteKVSource:
 
     def retrieve(self, budget: int, chunk_size: int, full_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         _, tensors = self.verifier.channel.request(
-            "refresh", {"budget": budget, "chunk_size": chunk_size, "full_layers": full_layers,
-                        "start": self.length})
+            "refresh", {"seq": self.verifier.seq, "budget": budget, "chunk_size": chunk_size,
+                        "full_layers": full_layers, "start": self.length})
         tensors = [t.to(self.device, self.dtype) for t in tensors]
         return list(zip(tensors[0::2], tensors[1::2]))
 
     def committed(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _, (keys, values) = self.verifier.channel.request("kv", {"start": start, "stop": stop})
+        _, (keys, values) = self.verifier.channel.request("kv", {"seq": self.verifier.seq, "start": start,
+                                                                 "stop": stop})
         return keys.to(self.device, self.dtype), values.to(self.device, self.dtype)
 
 
 class RemoteVerifier(Verifier):
-    """The target tier, run by the worker group behind `channel`. `model` is the coordinator's copy of
-    the target (tier 2 runs it); only its config, rope, dtype and device are used here."""
-
-    batches = False  # the worker group holds one sequence
+    """The target tier of one sequence, run by the worker group behind `channel`. `model` is the
+    coordinator's copy of the target (tier 2 runs it); only its config, rope, dtype and device are used
+    here."""
 
     def __init__(self, channel: ControlChannel, model, capacity: int, prefill_chunk: int = 512):
         self.name, self.model, self.cache, self.prefill_chunk = "target", model, None, prefill_chunk
         self.channel, self.capacity, self.seconds = channel, capacity, 0.0
         self._length = self._verify_start = 0
-        channel.request("start", {"capacity": capacity})
+        self.seq = channel.new_sequence()
+        channel.request("start", {"seq": self.seq, "capacity": capacity})
+        self.open = True
 
     @property
     def length(self) -> int:
@@ -156,19 +166,36 @@ class RemoteVerifier(Verifier):
         """The workers prefill; nothing for the coordinator to forward."""
         for i in range(0, len(tokens), self.prefill_chunk):
             piece = tokens[i:i + self.prefill_chunk]
-            body, _ = self.channel.request("prefill", {"tokens": piece, "start": self._length})
+            body, _ = self.channel.request("prefill", {"seq": self.seq, "tokens": piece, "start": self._length})
             self._length = body["length"]
             if progress is not None:
                 progress.update(len(piece))
         yield from ()
 
-    def forward(self, step: Step, logits_for: str = "all") -> torch.Tensor:
+    @staticmethod
+    def forward_many(tiers: list["RemoteVerifier"], steps: list[Step], logits_for: list[str]) -> list:
+        """One verify request, and one forward of the group, for several sequences of one channel (of
+        several groups: one request each)."""
+        channel = tiers[0].channel
+        if any(t.channel is not channel for t in tiers):
+            return [RemoteVerifier.forward_many([t], [s], [lf])[0] for t, s, lf in zip(tiers, steps, logits_for)]
         start = time.perf_counter()
-        body, (logits,) = self.channel.request(
-            "verify", {"tokens": step.tokens.tolist(), "parents": step.parent_list(), "start": step.start})
-        self._verify_start, self._length = self._length, body["length"]
-        self.seconds += time.perf_counter() - start
-        return logits
+        body, (logits,) = channel.request("verify", {
+            "seqs": [t.seq for t in tiers], "tokens": [s.tokens.tolist() for s in steps],
+            "parents": [s.parent_list() for s in steps], "starts": [s.start for s in steps]})
+        elapsed = time.perf_counter() - start
+        out = []
+        for tier, part, length, want in zip(tiers, logits.split([s.n for s in steps]), body["lengths"], logits_for):
+            tier._verify_start, tier._length = tier._length, length
+            tier.seconds += elapsed
+            out.append(None if want == "none" else part[-1:] if want == "last" else part)
+        return out
+
+    def close(self) -> None:
+        """The request is done: the group frees the sequence's cache (not once the group is lost)."""
+        if self.open and not self.channel.broken:
+            self.channel.request("end", {"seq": self.seq})
+        self.open = False
 
     def truncate(self, length: int) -> None:
         if length < self._length:
@@ -177,7 +204,7 @@ class RemoteVerifier(Verifier):
     def keep_path(self, start: int, path: list[int]) -> None:
         if start < self._verify_start:
             raise WorkerError(f"cannot roll the target back to {start}: {self._verify_start} tokens are committed")
-        body, _ = self.channel.request("commit", {"path": path, "start": start})
+        body, _ = self.channel.request("commit", {"seq": self.seq, "path": path, "start": start})
         self._length = body["length"]
 
     def sync(self) -> None:

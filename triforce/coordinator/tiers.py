@@ -23,8 +23,6 @@ from ..step import Step
 class Tier:
     """A model + cache policy that computes its own KV (the draft tier; the local target)."""
 
-    batches = True  # several sequences' forwards at this tier can share one model call (forward_together)
-
     def __init__(self, name: str, model: LlamaModel, cache: KVCache, prefill_chunk: int = 512):
         self.name, self.model, self.cache, self.prefill_chunk = name, model, cache, prefill_chunk
         self.seconds = 0.0
@@ -57,7 +55,22 @@ class Tier:
     def forward(self, step: Step, logits_for: str = "all") -> torch.Tensor | None:
         """Appends the step's tokens (step.start must be `length`); returns their next-token logits [n, V]
         as float32 on the CPU (logits_for as LlamaModel.forward takes it)."""
-        return forward_together([self], [step], [logits_for])[0]
+        return self.forward_many([self], [step], [logits_for])[0]
+
+    @staticmethod
+    def forward_many(tiers: Sequence["Tier"], steps: Sequence[Step], logits_for: Sequence[str]) -> list:
+        """The forwards of several sequences' tiers of this class and model as one call (forward_together):
+        one model call in this process. Every tier is charged the call's time."""
+        for tier, step in zip(tiers, steps):
+            if step.start != tier.length:
+                raise ValueError(f"{tier.name}: a step from {step.start}, but the cache holds {tier.length} tokens")
+        start = time.perf_counter()
+        logits = tiers[0].model.forward_batch(steps, [t.cache for t in tiers], logits_for)
+        logits = [None if x is None else x.cpu() for x in logits]
+        elapsed = time.perf_counter() - start
+        for tier in tiers:
+            tier.seconds += elapsed
+        return logits
 
     def truncate(self, length: int) -> None:
         self.cache.truncate(length)
@@ -116,17 +129,9 @@ class RetrievalTier(Tier):
 
 def forward_together(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequence[str]) -> list:
     """One forward for each of several sequences at the same kind of tier (tiers[i], each with its own cache,
-    takes steps[i]): one model call for all where the tiers run one model in this process, each tier's
-    own forward otherwise. Every tier is charged the call's time."""
-    if not all(t.batches for t in tiers) or any(t.model is not tiers[0].model for t in tiers):
+    takes steps[i]): one call for all where the tiers are of one class and run one model (in this process,
+    or in one worker group: the class's `forward_many`), each tier's own forward otherwise."""
+    kind = type(tiers[0])
+    if not all(type(t) is kind and t.model is tiers[0].model for t in tiers):
         return [t.forward(s, lf) for t, s, lf in zip(tiers, steps, logits_for)]
-    for tier, step in zip(tiers, steps):
-        if step.start != tier.length:
-            raise ValueError(f"{tier.name}: a step from {step.start}, but the cache holds {tier.length} tokens")
-    start = time.perf_counter()
-    logits = tiers[0].model.forward_batch(steps, [t.cache for t in tiers], logits_for)
-    logits = [None if x is None else x.cpu() for x in logits]
-    elapsed = time.perf_counter() - start
-    for tier in tiers:
-        tier.seconds += elapsed
-    return logits
+    return kind.forward_many(tiers, steps, logits_for)

@@ -20,24 +20,27 @@ import math
 import msgpack
 import torch
 
-PROTOCOL_VERSION = 2  # 2: KV replies over the bulk link instead of tensor frames
+PROTOCOL_VERSION = 3  # 2: KV replies over the bulk link instead of tensor frames; 3: many sequences
 MAX_MESSAGE_BYTES = 256 * 2**20  # a generous bound; larger messages are refused unread
 MAX_FRAMES = 64
 
 _INT, _STR, _BOOL = (int,), (str,), (bool,)
-_INTS = ("ints",)
+_INTS, _INT_LISTS = ("ints",), ("int lists",)
 
-# kind -> {field: expected type}; "ints" is a list of ints.
+# kind -> {field: expected type}; "ints" is a list of ints, "int lists" a list of them. `seq` names one of
+# the sequences the group holds (the coordinator picks the numbers).
 REQUESTS: dict[str, dict[str, object]] = {
     "handshake": {"model": _STR, "tp_size": _INT, "protocol": _INT},
-    "start": {"capacity": _INT},  # a new request: reset the cache, size it for `capacity` tokens
-    "prefill": {"tokens": _INTS, "start": _INT},
-    # A speculation tree over positions start.., nodes in topological order; parents[i] < i or -1 for a
-    # child of the committed prefix. A chain is parents = [-1, 0, 1, ...].
-    "verify": {"tokens": _INTS, "parents": _INTS, "start": _INT},
-    "commit": {"path": _INTS, "start": _INT},  # node indices of the accepted path, root first
-    "refresh": {"budget": _INT, "chunk_size": _INT, "full_layers": _INT, "start": _INT},
-    "kv": {"start": _INT, "stop": _INT},  # the committed KV of positions [start, stop)
+    "start": {"seq": _INT, "capacity": _INT},  # a new sequence: a cache for `capacity` tokens
+    "end": {"seq": _INT},  # the sequence is done: its cache is freed
+    "prefill": {"seq": _INT, "tokens": _INTS, "start": _INT},
+    # One forward of several sequences together: for each, a speculation tree over positions starts[i]..,
+    # nodes in topological order; parents[i][j] < j or -1 for a child of the committed prefix (a chain is
+    # -1, 0, 1, ...). The reply's one tensor holds every sequence's logits, in order.
+    "verify": {"seqs": _INTS, "tokens": _INT_LISTS, "parents": _INT_LISTS, "starts": _INTS},
+    "commit": {"seq": _INT, "path": _INTS, "start": _INT},  # node indices of the accepted path, root first
+    "refresh": {"seq": _INT, "budget": _INT, "chunk_size": _INT, "full_layers": _INT, "start": _INT},
+    "kv": {"seq": _INT, "start": _INT, "stop": _INT},  # the committed KV of positions [start, stop)
     "stats": {},
     "shutdown": {},
 }
@@ -106,11 +109,17 @@ def _check_body(kind: str, body: dict, schema: dict) -> None:
     for name, expected in schema.items():
         value = body[name]
         if expected == _INTS:
-            ok = isinstance(value, list) and all(type(x) is int for x in value)
+            ok = _ints(value)
+        elif expected == _INT_LISTS:
+            ok = isinstance(value, list) and all(_ints(x) for x in value)
         else:
             ok = isinstance(value, expected) and not (expected != _BOOL and isinstance(value, bool))
         if not ok:
             raise ProtocolError(f"{kind}: field {name!r} has the wrong type")
+
+
+def _ints(value) -> bool:
+    return isinstance(value, list) and all(type(x) is int for x in value)
 
 
 def describe(tensors: list[torch.Tensor]) -> list[list]:

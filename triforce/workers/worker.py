@@ -7,9 +7,12 @@ group as msgpack bytes (never pickled), every rank executes it (the model's forw
 collectives), and the leader replies. Logits travel back as raw tensor frames; KV (refresh, kv) over
 the bulk link to the coordinator (bulk.py), after a reply that describes it.
 
-Requests: handshake, start (a new request: empty the cache), prefill, verify (a chain or a speculation
-tree, run with its ancestor mask), commit (keep the accepted path, dropping the rest), refresh (the static retrieval
-choice made on each rank's KV heads), kv (committed KV of a range), stats, shutdown.
+The group holds several sequences at once, each with its own full KV cache, named by the number the
+coordinator gave it. Requests: handshake, start (a new sequence: an empty cache), end (free it), prefill,
+verify (one forward of several sequences together, each a chain or a speculation tree run with its
+ancestor mask: the weights are read once for all of them), commit (keep the accepted path, dropping the
+rest), refresh (the static retrieval choice made on each rank's KV heads), kv (committed KV of a range),
+stats, shutdown.
 
 While no request comes, the leader broadcasts a heartbeat every `heartbeat_s`: the other ranks wait for
 the next request inside a collective, which fails after the group's timeout, so an idle group would
@@ -31,6 +34,7 @@ import torch.distributed as dist
 
 from ..cache.full import FullKVCache
 from ..cache.retrieval import retrieve_from_full
+from ..memory import available_bytes
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
 from ..step import Step, check_parents, check_path
@@ -46,6 +50,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT = "heartbeat"  # a group-internal request: never sent over ZeroMQ, never executed
 ORPHANED = "orphaned"  # group-internal too: the leader's decision that the coordinator is gone
 DEFAULT_COORDINATOR_TIMEOUT_S = 30.0
+MAX_SEQUENCES = 256  # sequences a group holds at once
 
 
 class CoordinatorLost(RuntimeError):
@@ -62,40 +67,62 @@ class VerifierWorker:
         """kv_heads: the whole model's KV heads (model.config counts this rank's)."""
         self.model, self.tp, self.model_id, self.prefill_chunk = model, tp, model_id, prefill_chunk
         self.replicas = max(1, tp.size // kv_heads)  # ranks holding the same KV head
-        self.cache: FullKVCache | None = None
+        self.caches: dict[int, FullKVCache] = {}
         self.counts = {"requests": 0, "errors": 0, "verified_tokens": 0, "prefilled_tokens": 0, "heartbeats": 0}
 
     # --- checks: run on the leader before broadcasting, so every rank executes or none does --------
     def check(self, kind: str, body: dict) -> None:
-        if kind in ("prefill", "verify", "commit", "refresh", "kv") and self.cache is None:
-            raise RequestError(f"{kind} before start")
-        length = self.cache.length if self.cache is not None else 0
-        if kind == "start" and not 0 < body["capacity"] <= self.model.config.max_positions + 256:
-            raise RequestError(f"capacity {body['capacity']} outside (0, {self.model.config.max_positions + 256}]")
-        if kind in ("prefill", "verify"):
-            tokens = body["tokens"]
-            if body["start"] != length:
-                raise RequestError(f"{kind} at position {body['start']}, but the cache holds {length} tokens")
-            if not tokens or length + len(tokens) > self.cache.capacity:
-                raise RequestError(f"{kind} of {len(tokens)} tokens does not fit the cache "
-                                   f"({length} of {self.cache.capacity})")
-            if min(tokens) < 0 or max(tokens) >= self.model.config.vocab_size:
-                raise RequestError("token id outside the vocabulary")
-        try:
-            if kind == "verify":
-                check_parents(body["parents"], len(body["tokens"]))
-            if kind == "commit":
+        if kind in ("end", "prefill", "commit", "refresh", "kv") and body["seq"] not in self.caches:
+            raise RequestError(f"{kind} of sequence {body['seq']}, which was not started")
+        if kind == "start":
+            if not 0 < body["capacity"] <= self.model.config.max_positions + 256:
+                raise RequestError(f"capacity {body['capacity']} outside (0, {self.model.config.max_positions + 256}]")
+            if body["seq"] not in self.caches and len(self.caches) >= MAX_SEQUENCES:
+                raise RequestError(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
+            need = self.model.config.kv_bytes_per_token(torch.finfo(self.model.dtype).bits // 8) * body["capacity"]
+            free = available_bytes(self.model.device)
+            if free is not None and need > 0.9 * free:
+                raise RequestError(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB per rank; "
+                                   f"{free / 2**30:.1f} GiB is free on the leader's {self.model.device}")
+        if kind == "prefill":
+            self._check_tokens(kind, body["seq"], body["tokens"], body["start"])
+        if kind == "verify":
+            seqs = body["seqs"]
+            if not seqs or len(set(seqs)) != len(seqs) or \
+                    not len(body["tokens"]) == len(body["parents"]) == len(body["starts"]) == len(seqs):
+                raise RequestError("verify needs distinct sequences, each with its tokens, parents and start")
+            for seq, tokens, parents, start in zip(seqs, body["tokens"], body["parents"], body["starts"]):
+                if seq not in self.caches:
+                    raise RequestError(f"verify of sequence {seq}, which was not started")
+                self._check_tokens(kind, seq, tokens, start)
+                try:
+                    check_parents(parents, len(tokens))
+                except ValueError as exc:
+                    raise RequestError(str(exc)) from None
+        length = self.caches[body["seq"]].length if kind in ("commit", "kv", "refresh") else 0
+        if kind == "commit":
+            try:
                 if not 0 <= body["start"] <= length:
                     raise ValueError(f"commit at {body['start']}, but the cache holds {length} tokens")
                 check_path(body["path"], length - body["start"])
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
         if kind == "kv" and not 0 <= body["start"] <= body["stop"] <= length:
             raise RequestError(f"kv range [{body['start']}, {body['stop']}) outside [0, {length}]")
         if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] % body["chunk_size"]
                                   or body["start"] != length):
             raise RequestError(f"refresh needs a budget that is a positive multiple of the chunk size, at the "
                                f"cache's length {length}")
+
+    def _check_tokens(self, kind: str, seq: int, tokens: list[int], start: int) -> None:
+        cache = self.caches[seq]
+        if start != cache.length:
+            raise RequestError(f"{kind} at position {start}, but sequence {seq}'s cache holds {cache.length} tokens")
+        if not tokens or cache.length + len(tokens) > cache.capacity:
+            raise RequestError(f"{kind} of {len(tokens)} tokens does not fit the cache "
+                               f"({cache.length} of {cache.capacity})")
+        if min(tokens) < 0 or max(tokens) >= self.model.config.vocab_size:
+            raise RequestError("token id outside the vocabulary")
 
     # --- execution: every rank -----------------------------------------------------------------
     def execute(self, kind: str, body: dict) -> tuple[dict, list[torch.Tensor]]:
@@ -104,44 +131,50 @@ class VerifierWorker:
             return {"model": self.model_id, "tp_size": self.tp.size, "protocol": PROTOCOL_VERSION,
                     "vocab_size": model.config.vocab_size}, []
         if kind == "start":
-            self.cache = FullKVCache(model.config, body["capacity"], model.rope, model.dtype, model.device)
+            self.caches[body["seq"]] = FullKVCache(model.config, body["capacity"], model.rope, model.dtype,
+                                                   model.device)
             return {}, []
+        if kind == "end":
+            del self.caches[body["seq"]]
+            return {}, []
+        if kind == "verify":
+            steps = [Step.tree(tokens, parents, start, model.device)
+                     for tokens, parents, start in zip(body["tokens"], body["parents"], body["starts"])]
+            caches = [self.caches[seq] for seq in body["seqs"]]
+            logits = model.forward_batch(steps, caches)
+            self.counts["verified_tokens"] += sum(step.n for step in steps)
+            return {"lengths": [c.length for c in caches]}, [torch.cat(logits).cpu()]
+        if kind == "stats":
+            return {**self.counts, "sequences": len(self.caches)}, []
+        if kind == "shutdown":
+            return {}, []
+        cache = self.caches[body["seq"]]
         if kind == "prefill":
             tokens = body["tokens"]
             for i in range(0, len(tokens), self.prefill_chunk):
-                model(Step.chain(tokens[i:i + self.prefill_chunk], self.cache.length, model.device), self.cache,
+                model(Step.chain(tokens[i:i + self.prefill_chunk], cache.length, model.device), cache,
                       logits_for="none")
             self.counts["prefilled_tokens"] += len(tokens)
-            return {"length": self.cache.length}, []
-        if kind == "verify":
-            step = Step.tree(body["tokens"], body["parents"], body["start"], model.device)
-            logits = model(step, self.cache)
-            self.counts["verified_tokens"] += len(body["tokens"])
-            return {"length": self.cache.length}, [logits.cpu()]
+            return {"length": cache.length}, []
         if kind == "commit":
-            self.cache.keep_path(body["start"], body["path"])
-            return {"length": self.cache.length}, []
+            cache.keep_path(body["start"], body["path"])
+            return {"length": cache.length}, []
         if kind == "kv":
-            keys = self.cache.keys[:, :, body["start"]:body["stop"]]
-            values = self.cache.values[:, :, body["start"]:body["stop"]]
+            keys = cache.keys[:, :, body["start"]:body["stop"]]
+            values = cache.values[:, :, body["start"]:body["stop"]]
             return {}, self._gather_heads([keys, values], head_dim=1)
         if kind == "refresh":
-            queries = self._kv_group_queries() if self.replicas > 1 else None
-            chosen = retrieve_from_full(self.cache, body["budget"], body["chunk_size"], body["full_layers"],
-                                        queries)
+            queries = self._kv_group_queries(cache) if self.replicas > 1 else None
+            chosen = retrieve_from_full(cache, body["budget"], body["chunk_size"], body["full_layers"], queries)
             # Layers differ in token count (full layers keep everything): one tensor per layer and kind.
             flat = [t for pair in chosen for t in pair]
-            return {"length": self.cache.length}, self._gather_heads(flat, head_dim=0)
-        if kind == "stats":
-            return dict(self.counts), []
-        if kind == "shutdown":
-            return {}, []
+            return {"length": cache.length}, self._gather_heads(flat, head_dim=0)
         raise RequestError(f"unhandled request {kind!r}")
 
-    def _kv_group_queries(self) -> torch.Tensor:
+    def _kv_group_queries(self, cache: FullKVCache) -> torch.Tensor:
         """[L, Hq of the group, D]: the latest query of every query head sharing this rank's replicated KV
         head, gathered from its replicas in head order, so the chunks are scored as in one process."""
-        mine = torch.stack(self.cache.last_query).contiguous()  # [L, Hq local, D]
+        mine = torch.stack(cache.last_query).contiguous()  # [L, Hq local, D]
         parts = [torch.empty_like(mine) for _ in range(self.tp.size)]
         dist.all_gather(parts, mine, group=self.tp.group)
         first = self.tp.rank // self.replicas * self.replicas  # replicas of a KV head are consecutive ranks

@@ -1,0 +1,19 @@
+"""How much memory a device has free: the coordinator's batch check (api.py) and a worker's check before
+it allocates a sequence's cache (workers/worker.py) ask the same question."""
+from __future__ import annotations
+
+import torch
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free bytes on `device` (a GPU's free memory; on a CPU, the system's MemAvailable); None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
