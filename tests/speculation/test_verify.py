@@ -95,7 +95,7 @@ def test_chains_verified_together_get_each_its_verdict_alone():
         gens_together = [torch.Generator().manual_seed(seed * 10 + b) for b in range(len(lengths))]
         for b in range(len(lengths)):
             alone.append(verify_chain(chains[b], drafts[b], targets[b], gens_alone[b], greedy[b]))
-        together = verify_chains(chains, torch.cat(drafts), torch.cat(targets), gens_together, greedy)
+        together = verify_chains(chains, drafts, targets, gens_together, greedy)
         assert together == alone
         for a, t in zip(gens_alone, gens_together):
             assert torch.equal(a.get_state(), t.get_state())  # the same draws, in the same order

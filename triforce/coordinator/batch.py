@@ -10,9 +10,8 @@ ragged acceptance costs waiting, never a wrong token. Each sequence waits a boun
 forwards per check, so none starves.
 
 After the forward of a chain check a run yields a `Check`; the batch verifies every sequence waiting on
-one in one call (`check_together`: each sampling setting's logits processed together, then all the
-chains flattened into `verify_chains`, vLLM's shape), and each sequence's draws still come from its own
-generator.
+one in one call (`check_together`, `verify_chains`: the accept decisions and next-token distributions of
+all of them computed together), and each sequence's draws still come from its own generator.
 
 Sequences join (`add`) and leave (when their run returns) between steps: continuous batching. A run's
 output does not depend on its companions: its rows see only its own cache (LlamaModel.forward_batch),
@@ -92,16 +91,9 @@ class SequenceBatch:
 
 
 def check_together(checks: list[Check]) -> list[tuple[ChainVerdict, torch.Tensor]]:
-    """Verifies many sequences' chains: (verdict, the checker's distributions [g + 1, V]) for each. The
-    logits of the checks that share sampling settings become distributions in one call."""
-    settings: dict[tuple, list[int]] = defaultdict(list)
-    for i, c in enumerate(checks):
-        settings[c.params.temperature, c.params.top_k, c.params.top_p].append(i)
-    target: list[torch.Tensor | None] = [None] * len(checks)
-    for (temperature, top_k, top_p), members in settings.items():
-        rows = probabilities(torch.cat([checks[i].logits for i in members]), temperature, top_k, top_p)
-        for i, part in zip(members, rows.split([checks[i].logits.shape[0] for i in members])):
-            target[i] = part
-    verdicts = verify_chains([c.draft_tokens for c in checks], torch.cat([c.draft_probs for c in checks]),
-                             torch.cat(target), [c.generator for c in checks], [c.params.greedy for c in checks])
+    """Verifies many sequences' chains in one `verify_chains`: (verdict, the checker's distributions
+    [g + 1, V]) for each."""
+    target = [probabilities(c.logits, c.params.temperature, c.params.top_k, c.params.top_p) for c in checks]
+    verdicts = verify_chains([c.draft_tokens for c in checks], [c.draft_probs for c in checks], target,
+                             [c.generator for c in checks], [c.params.greedy for c in checks])
     return list(zip(verdicts, target))

@@ -28,53 +28,53 @@ class ChainVerdict:
 def verify_chain(draft_tokens: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
                  generator: torch.Generator | None, greedy: bool) -> ChainVerdict:
     """One sequence's chain: draft_probs [g, V]; target_probs [g + 1, V] (float32, same device)."""
-    return verify_chains([draft_tokens], draft_probs, target_probs, [generator], [greedy])[0]
+    return verify_chains([draft_tokens], [draft_probs], [target_probs], [generator], [greedy])[0]
 
 
-def verify_chains(draft_tokens: list[list[int]], draft_probs: torch.Tensor, target_probs: torch.Tensor,
+def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor], target_probs: list[torch.Tensor],
                   generators: list[torch.Generator | None], greedy: list[bool]) -> list[ChainVerdict]:
-    """Many sequences' chains at once, flattened as vLLM's rejection sampler takes them: sequence b
-    proposed g_b = len(draft_tokens[b]) tokens; `draft_probs` [sum g_b, V] holds their distributions in
-    sequence order and `target_probs` [sum (g_b + 1), V] the checker's, g_b + 1 rows per sequence.
+    """Many sequences' chains at once: sequence b proposed g_b = len(draft_tokens[b]) tokens, with its
+    proposer's distributions draft_probs[b] [g_b, V] and its checker's target_probs[b] [g_b + 1, V]. The
+    accept decisions of all sequences ([B, max g] padded) and their next-token distributions ([B, V]) are
+    computed together; the distributions themselves stay where they are (copying every row into one flat
+    tensor, as vLLM's sampler takes them on a GPU, costs more than it saves on a CPU).
 
     Each sequence draws from its own generator, in the order a chain alone would: g_b uniforms (none
     when greedy), then the recovered or bonus token. So a sequence's verdict is the same alone and in
-    any batch; the arithmetic on all sequences' rows is done together."""
+    any batch."""
     counts = [len(t) for t in draft_tokens]
-    batch, device = len(counts), target_probs.device
+    device = target_probs[0].device
     width = max(counts, default=0)
-    # [B, G] views of the flat rows, padded past each sequence's g_b
-    seq = torch.arange(batch, device=device)
-    pos = torch.arange(width, device=device)
-    draft_start = torch.tensor([0] + counts[:-1], device=device).cumsum(0)
-    target_start = draft_start + seq  # each earlier sequence has one target row more
-    real = pos[None, :] < torch.tensor(counts, device=device)[:, None]  # [B, G]
-    draft_row = (draft_start[:, None] + pos[None, :]).where(real, 0)
-    tokens = torch.zeros(batch, width, dtype=torch.long, device=device)
+    count = torch.tensor(counts, device=device)
+    accepted = torch.zeros(len(counts), dtype=torch.long, device=device)
     if width:
-        tokens[real] = torch.tensor([t for chain in draft_tokens for t in chain], device=device)
-        p_target = target_probs[(target_start[:, None] + pos[None, :]).where(real, 0), tokens]  # [B, G]
-        p_draft = draft_probs[draft_row, tokens]
-        uniform = torch.zeros(batch, width, device=device)
-        for b, (g, gen, is_greedy) in enumerate(zip(counts, generators, greedy)):
-            if g and not is_greedy:
-                uniform[b, :g] = torch.rand(g, generator=gen, device=device)
+        # each proposal's probability at the checker and at the proposer, [B, G] padded past g_b
+        p_target = torch.zeros(len(counts), width, device=device)
+        p_draft = torch.ones(len(counts), width, device=device)
+        uniform = torch.zeros(len(counts), width, device=device)
+        for b, (tokens, g) in enumerate(zip(draft_tokens, counts)):
+            if g:
+                index, rows = torch.tensor(tokens, device=device), torch.arange(g, device=device)
+                p_target[b, :g], p_draft[b, :g] = target_probs[b][rows, index], draft_probs[b][rows, index]
+                if not greedy[b]:
+                    uniform[b, :g] = torch.rand(g, generator=generators[b], device=device)
+        real = torch.arange(width, device=device)[None, :] < count[:, None]
         greedy_rows = torch.tensor(greedy, device=device)[:, None]
         # greedy: one-hot rows, so the draft token is kept when it is the target's argmax
         keep = torch.where(greedy_rows, p_target >= p_draft, uniform * p_draft < p_target) | ~real
-        accepted = keep.long().cumprod(dim=1).sum(dim=1).minimum(torch.tensor(counts, device=device))  # [B]
-    else:
-        accepted = torch.zeros(batch, dtype=torch.long, device=device)
+        accepted = keep.long().cumprod(dim=1).sum(dim=1).minimum(count)  # [B]
+    kept = accepted.tolist()
+    rejected = [a < g for a, g in zip(kept, counts)]
     # the distribution of each sequence's next token: the residual at its first rejection, else the bonus row
-    rejected = accepted < torch.tensor(counts, device=device)
-    target_rows = target_probs[target_start + accepted]  # [B, V]
-    draft_rows = draft_probs[(draft_start + accepted).where(rejected, 0)] if width else torch.zeros_like(target_rows)
+    target_rows = torch.stack([t[a] for t, a in zip(target_probs, kept)])  # [B, V]
+    draft_rows = torch.stack([d[a] if r else torch.zeros_like(t[0])
+                              for d, t, a, r in zip(draft_probs, target_probs, kept, rejected)])
     residual = (target_rows - draft_rows).clamp_min(0)
     total = residual.sum(dim=1, keepdim=True)
     # A rejection leaves positive residual mass in exact arithmetic; if rounding erased it the two
     # distributions were equal to float precision, and the target's is the limit.
-    use_residual = rejected[:, None] & (total > 1e-12)
+    use_residual = torch.tensor(rejected, device=device)[:, None] & (total > 1e-12)
     next_probs = torch.where(use_residual, residual / total.clamp_min(1e-30), target_rows)
     argmax = next_probs.argmax(dim=1).tolist()
     return [ChainVerdict(a, argmax[b] if is_greedy else sample(next_probs[b], gen, False))
-            for b, (a, gen, is_greedy) in enumerate(zip(accepted.tolist(), generators, greedy))]
+            for b, (a, gen, is_greedy) in enumerate(zip(kept, generators, greedy))]
