@@ -1,9 +1,12 @@
 """The kernels' build: every build input ships in the wheel, the instruction-set level is chosen as
 documented (TRIFORCE_CPU_ISA), and a failed build says so once and falls back."""
 import logging
+import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -103,3 +106,16 @@ def test_avx2_switch_takes_torch_down_to_avx2_too():
     code = "import triforce, torch; print(torch.backends.cpu.get_cpu_capability())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "AVX2"
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on_forever(tmp_path, caplog):
+    lock = tmp_path / "lock"
+    lock.touch()
+    os.utime(lock, (time.time() - 30, time.time() - 30))
+    start = time.monotonic()
+    cpu._clear_stale_lock(lock, stale_s=10, poll_s=0.01)
+    assert not lock.exists() and time.monotonic() - start < 1 and "never finished" in caplog.text
+    lock.touch()  # a fresh lock: another process is building; waited on until it goes
+    threading.Timer(0.3, lock.unlink).start()
+    cpu._clear_stale_lock(lock, stale_s=600, poll_s=0.01)
+    assert not lock.exists()

@@ -19,11 +19,13 @@ import functools
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from ..errors import UserError
 
 log = logging.getLogger(__name__)
+STALE_LOCK_S = 600.0  # a kernel build's lock file older than this was left by a build that was killed
 LEVELS = ("avx2", "avx512", "amx")  # lowest first
 CSRC = Path(__file__).parent / "csrc"
 _VECTOR_SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp")
@@ -101,10 +103,27 @@ def _build(level: str):
     name = f"triforce_cpu_{level}"
     sources, flags = BUILDS[level]
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    _clear_stale_lock(build_dir / "lock")
     if not (build_dir / f"{name}.so").exists():
         print(f"triforce: compiling the CPU kernels for {level} (a minute or two, once)", file=sys.stderr)
     return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
                               extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def _clear_stale_lock(lock: Path, stale_s: float = STALE_LOCK_S, poll_s: float = 2.0) -> None:
+    """torch's builder waits, without end, for the lock file of the build in progress to go; a build killed
+    midway leaves it behind, and every later process would hang. Waits for another process's build up to
+    `stale_s` after the lock was made (a build takes a minute or two), then removes the lock, saying so."""
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > stale_s:
+            log.warning("removing %s, left %.0f s ago by a kernel build that never finished", lock, age)
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(poll_s)
 
 
 @functools.cache
