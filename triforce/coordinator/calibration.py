@@ -16,7 +16,7 @@ _FILES: dict[tuple[type, Path | None], "CalibrationFile"] = {}  # `default`'s, o
 class CalibrationFile:
     """A dict of entries kept in `path` (None: in memory only)."""
 
-    filename = "calibration.json"  # each kind's own file
+    filename: str  # each kind's own file, under $TRIFORCE_HOME/calibration
 
     def __init__(self, path: Path | None = None):
         self.path = path

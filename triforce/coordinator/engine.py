@@ -10,7 +10,7 @@ its speculative KV with the target's.
 `_produce(level, n)` returns at least n tokens sampled exactly from tier `level`'s distribution, with
 that tier's probabilities at each: tier 0 samples autoregressively; any higher tier repeatedly takes
 `gammas[level - 1]` tokens from the tier below and verifies them (speculation/verify.py; the run yields
-a `Check`, so that a batch verifies all its sequences' chains in one flattened call), except that
+a `Check`, so that a batch verifies all its sequences' chains in one call), except that
 with a `TreeShaper` tier 1 checks a token tree that tier 0 grows (Sequoia; coordinator/trees.py,
 speculation/tree.py) in one forward. After a tree check every cache keeps the accepted path of its tree
 entries (`keep_path`); a chain's path is its accepted prefix. The output is one round of

@@ -67,8 +67,8 @@ def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor]
     rejected = [a < g for a, g in zip(kept, counts)]
     # the distribution of each sequence's next token: the residual at its first rejection, else the bonus row
     target_rows = torch.stack([t[a] for t, a in zip(target_probs, kept)])  # [B, V]
-    draft_rows = torch.stack([d[a] if r else torch.zeros_like(t[0])
-                              for d, t, a, r in zip(draft_probs, target_probs, kept, rejected)])
+    no_draft = torch.zeros_like(target_rows[0])  # a bonus row has no proposal to take away
+    draft_rows = torch.stack([d[a] if r else no_draft for d, a, r in zip(draft_probs, kept, rejected)])
     residual = (target_rows - draft_rows).clamp_min(0)
     total = residual.sum(dim=1, keepdim=True)
     # A rejection leaves positive residual mass in exact arithmetic; if rounding erased it the two
