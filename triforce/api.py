@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, EngineConfig, SamplingParams
+from .coordinator.planning import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import build_engine, cache_bytes, speculation_slack
 from .coordinator.metrics import RequestMetrics
@@ -198,9 +199,10 @@ class LLM:
         outputs: list[RequestOutput | None] = [None] * len(ids)
         for part in self._parts_that_fit(sizes):
             requests: list[_Request] = []
+            mates = Batchmates()
             try:
                 for i in part:
-                    requests.append(_Request(self, ids[i], per_prompt[i], stream))
+                    requests.append(_Request(self, ids[i], per_prompt[i], stream, mates))
                 batch = SequenceBatch()
                 handles = [batch.add(r.engine.run(r.ids, r.params, self._eos_ids(), r.on_tokens, show_progress))
                            for r in requests]
@@ -216,7 +218,8 @@ class LLM:
 class _Request:
     """One prompt's engine (its own caches), detokenizer and output."""
 
-    def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, stream: Callable[[str], None] | None):
+    def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, stream: Callable[[str], None] | None,
+                 batchmates: Batchmates):
         self.llm, self.ids, self.params, self.stream = llm, ids, params, stream
         verifier = None
         if llm.workers is not None:
@@ -226,7 +229,8 @@ class _Request:
             verifier = RemoteVerifier(llm.workers, llm.target, capacity, llm.config.prefill_chunk)
             w = llm.workers
             self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
-        self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier)
+        self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,
+                                   batchmates)
         self.verifier = verifier
         self.detok = None if llm.tokenizer is None else IncrementalDetokenizer(llm.tokenizer, params.stop)
 

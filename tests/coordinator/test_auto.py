@@ -5,10 +5,11 @@ import torch
 from scipy.stats import chisquare
 
 import triforce.coordinator.auto as auto
+import triforce.coordinator.planning as planning
 from triforce.cache.full import FullKVCache
 from triforce.config import ConfigError, EngineConfig, SamplingParams
 from triforce.coordinator import costs as costs_module
-from triforce.coordinator.auto import AutoPlanner, Plan, expected_tokens, seconds_per_token
+from triforce.coordinator.planning import AutoPlanner, Plan, expected_tokens, seconds_per_token
 from triforce.coordinator.costs import CostTable, interpolate
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
@@ -58,7 +59,7 @@ def test_seconds_per_token_composes_the_levels():
 
 def planner_with(costs: dict, context: int = 1000, budget: int = 100):
     planner = AutoPlanner({name: None for name in costs}, budget, table=CostTable(None))
-    planner.costs = lambda stacks: costs
+    planner.costs = lambda stacks, mates=(): costs
     return planner
 
 
@@ -102,7 +103,7 @@ def test_a_draft_that_is_rejected_is_dropped():
     for _ in range(20):
         planner.observe("draft", 4, 0)
     assert planner.plan(1000, 80).mode == "ar"
-    kept = auto.EVIDENCE_KEPT
+    kept = planning.EVIDENCE_KEPT
     assert planner.decisions[-1]["why"]["acceptance"]["draft"] == pytest.approx(
         (0.6 * 4) / (20 * kept + 4), abs=1e-3)  # the 20 rejections, counted once less at this plan
     # idle, its evidence fades: after a while it is tried again (a bad start is not the last word)
@@ -134,7 +135,7 @@ def test_a_mode_slower_than_its_model_is_dropped():
     planner.observe_rate(Plan(("target",), (), 0.0), 0.4 / costs["target"][1])  # ar ran slower still
     assert planner.plan(1000, 160).mode == "draft"
     # idle while ar ran, the draft's factor faded towards its model: 1 - 0.5 x EVIDENCE_KEPT
-    faded = 1 - 0.5 * auto.EVIDENCE_KEPT
+    faded = 1 - 0.5 * planning.EVIDENCE_KEPT
     assert planner.realized["draft"] == pytest.approx(faded)
     # an untried speculative mode is guessed at the speculative modes' mean, not at ar's
     assert planner._realized("retrieval") == pytest.approx(faded)
@@ -149,14 +150,14 @@ def test_the_running_mode_stays_unless_another_is_clearly_faster():
 
     def ar_over_draft(d):  # with the draft's acceptance known exactly (0.3)
         draft = max(1 / seconds_per_token(("draft", "target"), (g,), {"draft": {1: d}, "target": target},
-                                          {"draft": 0.3}) for g in range(1, auto.MAX_GAMMA + 1))
+                                          {"draft": 0.3}) for g in range(1, planning.MAX_GAMMA + 1))
         return 1.0 / draft
 
-    close = next(d / 1000 for d in range(1, 500) if 1.0 < ar_over_draft(d / 1000) < auto.SWITCH_MARGIN)
+    close = next(d / 1000 for d in range(1, 500) if 1.0 < ar_over_draft(d / 1000) < planning.SWITCH_MARGIN)
     clear = next(d / 1000 for d in range(1, 500) if ar_over_draft(d / 1000) > 1.1)
     for d, expected in ((close, "draft"), (clear, "ar")):
         planner = planner_with({"draft": {1: d}, "target": target})
-        planner.acceptance["draft"] = auto.Acceptance(0.3, successes=0.3e6, trials=1e6)
+        planner.acceptance["draft"] = planning.Acceptance(0.3, successes=0.3e6, trials=1e6)
         planner.decisions.append({"mode": "draft", "gammas": [1]})  # draft mode is running
         assert planner.plan(1000, 8).mode == expected, d
 
@@ -173,7 +174,7 @@ def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path
     assert set(first) == {1, 3} and all(s > 0 for s in first.values()) and verifier.length == 200
     assert path.is_file()
 
-    def no_measuring(tier, n):
+    def no_measuring(tier, n, batch=1):
         raise AssertionError("measured again")
 
     monkeypatch.setattr(costs_module, "forward_seconds", no_measuring)
@@ -183,6 +184,70 @@ def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path
     verifier.prefill([1] * 100)  # 60% more: measured anew
     with pytest.raises(AssertionError, match="measured again"):
         CostTable(path).seconds(verifier, (1,))
+
+
+def test_a_batch_is_measured_as_one_call_of_all_its_sequences(models, tmp_path, monkeypatch):
+    """A batch's cost: one call of every sequence's tier (each over its own cache), keyed by the batch
+    size, every cache as it was after."""
+    from triforce.coordinator.verifier import LocalVerifier
+
+    target, _ = models
+    verifiers = [LocalVerifier(target, 400) for _ in range(4)]
+    for i, v in enumerate(verifiers):
+        v.prefill(list(range(VOCAB)) * (25 + i))
+    spent = [v.seconds for v in verifiers]
+    table = CostTable(tmp_path / "costs.json")
+    calls = []
+    real = type(target).forward_batch
+
+    def forward_batch(self, steps, caches, logits_for="all"):
+        calls.append([id(c) for c in caches])
+        return real(self, steps, caches, logits_for)
+
+    monkeypatch.setattr(type(target), "forward_batch", forward_batch)
+    alone, together = table.seconds(verifiers[0], (1, 3)), table.seconds(verifiers, (1, 3))
+    assert [len(c) for c in calls] == [1] * 4 + [4] * 4  # two runs of each size, alone, then the four
+    assert all(len(set(c)) == len(c) for c in calls)  # each sequence over its own cache
+    assert [v.length for v in verifiers] == [200, 208, 216, 224] and [v.seconds for v in verifiers] == spent
+    assert sorted(key.rsplit("||", 2)[1].endswith("|batch=4") for key in table.entries) == [False, True]
+    assert set(together) == {1, 3} and together != alone
+    assert table.seconds(verifiers, (1, 3)) == together and len(calls) == 8  # kept, not measured again
+
+
+class FixedBatch(planning.Batchmates):
+    """A batch of `size` prefilled requests, as far as a planner can tell."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def measured_with(self, planner):
+        return [None] * (planning.power_of_two_below(self.size) - 1)
+
+
+def test_a_batch_plans_per_token_of_the_whole_batch():
+    """A forward of B sequences reads the weights once and each sequence's cache: alone the draft's cheap
+    weights pay most (draft mode), at batch 8 the full caches the target reads cost most and the retrieval
+    tier's small one pays (triforce)."""
+    def call_costs(b):  # seconds of one call of b sequences: weights once, each one's cache and rows
+        return {"draft": {1: 0.15 + b * 0.01}, "retrieval": {n: 1.0 + b * (0.05 + 0.02 * n) for n in FLAT},
+                "target": {n: 1.0 + b * (1.0 + 0.02 * n) for n in FLAT}}
+
+    planner = AutoPlanner({n: None for n in ("draft", "retrieval", "target")}, 100, table=CostTable(None),
+                          batchmates=FixedBatch(1))
+    planner.costs = lambda stacks, mates: call_costs(1 + len(mates))
+    assert planner.plan(1000, 0).mode == "draft"
+    planner.batchmates = FixedBatch(11)  # planned as 8: costs are measured at powers of two
+    plan = planner.plan(1000, 8)
+    assert plan.mode == "triforce" and planner.decisions[-1]["why"]["batch"] == 8
+    # predicted per token of the batch
+    alphas = {n: a.optimistic for n, a in planner.acceptance.items()}
+    per_sequence = {n: {k: c / 8 for k, c in by_n.items()} for n, by_n in call_costs(8).items()}
+    assert plan.tokens_per_s == pytest.approx(1 / seconds_per_token(plan.stack, plan.gammas, per_sequence, alphas))
+    # a sequence that reaches 1/8 of it reached what the model predicts for the batch
+    planner.acceptance = {n: planning.Acceptance(a) for n, a in alphas.items()}
+    planner.observe_rate(plan, plan.tokens_per_s / 8)
+    assert planner.realized["triforce"] == pytest.approx(1.0)
 
 
 class ScriptedPlanner(AutoPlanner):
@@ -195,7 +260,7 @@ class ScriptedPlanner(AutoPlanner):
     def plan(self, context, generated):
         stack, gammas = self.script[self.calls % len(self.script)]
         self.calls += 1
-        self.decisions.append({"at_token": generated, "mode": auto.STACK_MODES[stack]})
+        self.decisions.append({"at_token": generated, "mode": planning.STACK_MODES[stack]})
         return Plan(stack, gammas, 0.0)
 
 
@@ -274,10 +339,38 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, tmp_path
     tokens, metrics = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 128).generate(prompt, params)
     assert tokens == reference
     decision = metrics.auto[0]
-    assert decision["mode"] in auto.STACK_MODES.values() and decision["at_token"] == 0
+    assert decision["mode"] in planning.STACK_MODES.values() and decision["at_token"] == 0
     assert set(decision["why"]["forward_ms"]) == {"draft", "retrieval", "target"}  # 80 tokens >= 2 x budget 12
     assert (tmp_path / "calibration" / "costs.json").is_file()
     assert "auto" in metrics.to_dict()
+
+
+def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(models, tmp_path, monkeypatch):
+    """Three requests run together on one plan, made by the first for the batch (costs measured with one
+    batchmate: 2 is the power of two below 3); each still equals plain decoding alone."""
+    from triforce.coordinator.batch import SequenceBatch
+
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+    target, draft = models
+    g = torch.Generator().manual_seed(9)
+    batch_prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (80, 64, 96)]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    plain = [build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 140).generate(p, params)[0]
+             for p in batch_prompts]
+    mates = planning.Batchmates()
+    engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 140, batchmates=mates)
+               for _ in batch_prompts]
+    batch = SequenceBatch()
+    handles = [batch.add(e.run(p, params)) for e, p in zip(engines, batch_prompts)]
+    assert mates.engines == engines
+    batch.run()
+    assert [h.result[0] for h in handles] == plain and mates.engines == []
+    plans = [h.result[1].auto for h in handles]
+    assert all(p[0]["why"]["batch"] == 2 for p in plans)
+    assert len({(p[0]["mode"], tuple(p[0]["gammas"])) for p in plans}) == 1  # the leader's plan, for all
+    assert all(d.get("from") == "the batch's leader" for p in plans[1:] for d in p)
+    costs = CostTable(tmp_path / "calibration" / "costs.json").entries
+    assert any("|batch=2||" in key for key in costs)
 
 
 def test_short_requests_decode_plainly_without_measuring(models, prompt, tmp_path, monkeypatch):

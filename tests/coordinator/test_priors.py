@@ -4,15 +4,15 @@ import pytest
 import torch
 
 from triforce.config import EngineConfig, SamplingParams
-from triforce.coordinator import auto
-from triforce.coordinator.auto import AutoPlanner
+from triforce.coordinator import planning
+from triforce.coordinator.planning import AutoPlanner
 from triforce.coordinator.costs import CostTable
 from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.priors import DRIFT, LEARNED_TRIALS, NEW_WEIGHT, Priors, request_key
 from triforce.models.loader import load_model
 
 FLAT = {n: 1.0 for n in (1, 2, 3, 4, 6, 9)}
-GENERIC = auto.PRIOR
+GENERIC = planning.PRIOR
 SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12)
 
 
@@ -43,7 +43,7 @@ def test_what_requests_no_longer_see_drifts_back_to_the_generic_prior():
 
 def planner_with(costs, priors=None):
     planner = AutoPlanner({name: None for name in costs}, 100, table=CostTable(None), priors=priors)
-    planner.costs = lambda stacks: costs
+    planner.costs = lambda stacks, mates=(): costs
     return planner
 
 

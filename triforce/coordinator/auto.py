@@ -1,41 +1,10 @@
-"""`--mode auto`: a per-request cost model picks which tiers run and their gammas, and re-decides as the
-context grows or acceptance changes.
+"""`--mode auto`: a per-request cost model (planning.py) picks which tiers run and their gammas, and
+re-decides as the context grows or acceptance changes.
 
-The model (TriForce sec. 4.3 and Leviathan et al.'s expected walltime, one level at a time): a proposer
-whose tokens the checker accepts independently with probability alpha gives, per check of gamma tokens,
-E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) tokens (the recovered or bonus token included). With
-c_t(n) the measured seconds of a forward of n tokens at tier t (costs.py), the seconds per token of a
-stack of tiers, cheapest first, are
-
-    s_0 = c_0(1) + r                                                         (the bottom samples one by one)
-    s_i = (gamma_i s_{i-1} + c_i(gamma_i + 1) + (gamma_i + 1) r) / E(alpha_i, gamma_i)  (one check of gamma_i)
-
-where r is what turning one row of logits into the request's distribution costs (at temperature > 0 with
-top-p, a sort of the vocabulary; timed once per request). A plan is scored by 1 / s_top. The candidates
-are every stack the request has (`ar`: the target alone; `draft`; `retrieval`; `triforce`) with gammas in
-1..MAX_GAMMA; the retrieval tier only once the context is at least twice its budget (below that it reads
-nearly what the target reads). Plain decoding is one of the candidates, so a request where speculation
-does not pay runs `ar`.
-
-Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
-retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model
-(a chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR
-worth PRIOR_TRIALS trials, or, where earlier requests of the same kind (machine, models, sampling settings)
-ran, from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors below too); at
-each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows
-the text, and a proposer dropped after a bad start drifts back to its prior and is tried again. Plans are
-scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen little gets
-tried, and the estimate it then earns decides. What the model leaves
-out (verification and bookkeeping between forwards) is learned too: each mode's prediction is scaled by
-the speed it really reached over the rounds it last ran, against what the model predicts for them (an
-untried speculative mode by the mean of the speculative modes tried; `ar`, which verifies nothing, by 1;
-an idle mode's factor fades back towards 1 as its acceptance evidence fades).
-
-Re-decided every REPLAN_ROUNDS rounds of the top tier; the running mode stays unless another promises
-SWITCH_MARGIN more. Costs are re-read when the context moves past what they were measured at (the table
-measures once per machine, model and context), and each tier's are scaled by how long its forwards in
-this request really took against the table (the machine may be busier or quieter than when it was
-measured).
+Re-decided every REPLAN_ROUNDS rounds of the top tier, between rounds. Requests shorter than
+MIN_PLANNED_TOKENS decode plainly. The first plan is made once the target holds the prompt (and, in a
+batch, recalls what earlier requests of its kind and batch size saw: priors.py); at its end the request
+adds what it saw.
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
@@ -43,235 +12,17 @@ on the tokens committed while it was idle (the draft: forwards over them; the re
 """
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
-from itertools import product
 
-import torch
-
-from .costs import CostTable, interpolate
 from .engine import Forward, HierarchyEngine, Run
 from .metrics import RequestMetrics, TierStats
-from .priors import LEARNED_TRIALS, MIN_TRIALS, Priors, request_key
+from .planning import AutoPlanner, Plan, power_of_two_below, row_seconds
+from .priors import request_key
 from .tiers import Tier
 
-MAX_GAMMA = 8  # tokens per check the planner considers, per level
-CHECK_SIZES = (1, 2, 3, 4, 6, 9)  # tokens per forward whose cost is measured (others interpolated)
-PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
-PRIOR_TRIALS = 4.0  # ...worth this many trials
 REPLAN_ROUNDS = 8
-COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
-RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
-SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
-EVIDENCE_KEPT = 0.85  # of the acceptance evidence, at each plan: a memory of about 7 plans
 MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs would take longer than they save
-STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
-               ("draft", "retrieval", "target"): "triforce"}
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Tokens gained per check of gamma proposals each accepted with probability alpha (bonus included)."""
-    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
-def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: dict[str, dict[int, float]],
-                      alphas: dict[str, float], row_seconds: float = 0.0) -> float:
-    """The model of the module docstring: `stack` tier names cheapest first, `gammas` one per check,
-    `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted,
-    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it)."""
-    seconds = interpolate(costs[stack[0]], 1) + row_seconds
-    for proposer, checker, gamma in zip(stack, stack[1:], gammas):
-        check = gamma * seconds + interpolate(costs[checker], gamma + 1) + (gamma + 1) * row_seconds
-        seconds = check / expected_tokens(alphas[proposer], gamma)
-    return seconds
-
-
-@dataclass(frozen=True)
-class Plan:
-    stack: tuple[str, ...]  # tier names, cheapest first; the last is the target
-    gammas: tuple[int, ...]  # tokens per check at each level above the bottom
-    tokens_per_s: float  # what the model predicts
-
-    @property
-    def mode(self) -> str:
-        return STACK_MODES[self.stack]
-
-    def to_dict(self) -> dict:
-        return {"mode": self.mode, "gammas": list(self.gammas), "predicted_tokens_per_s": round(self.tokens_per_s, 2)}
-
-
-@dataclass
-class Acceptance:
-    """A proposer's per-token acceptance: successes over trials of the geometric model, with a prior worth
-    `prior_trials` trials."""
-    prior: float
-    prior_trials: float = PRIOR_TRIALS
-    successes: float = 0.0
-    trials: float = 0.0
-
-    def observe(self, gamma: int, accepted: int) -> None:
-        self.successes += accepted
-        self.trials += accepted + (accepted < gamma)
-
-    def forget(self, keep: float) -> None:
-        """Older checks count less (text changes; an idle proposer drifts back to its prior and is retried)."""
-        self.successes *= keep
-        self.trials *= keep
-
-    @property
-    def mean(self) -> float:
-        return (self.successes + self.prior_trials * self.prior) / (self.trials + self.prior_trials)
-
-    @property
-    def optimistic(self) -> float:
-        m = self.mean
-        return min(m + math.sqrt(m * (1 - m) / (self.trials + self.prior_trials)), 0.99)
-
-    @property
-    def observed(self) -> float | None:
-        """The acceptance of the checks seen (faded as they are), without the prior; None with too few."""
-        return self.successes / self.trials if self.trials >= MIN_TRIALS else None
-
-
-@dataclass
-class AutoPlanner:
-    """Chooses a Plan for one request from measured costs and the acceptance seen so far."""
-    tiers: dict[str, Tier]  # the request's tiers by name: "target", and "draft" / "retrieval" where it has them
-    budget: int | None = None  # the retrieval cache's, None without one
-    table: CostTable = field(default_factory=CostTable.default)
-    acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
-    decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
-    scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
-    realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
-    row_seconds: float = 0.0  # turning one row of logits into the request's distribution (measured per request)
-    priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
-    _key: str | None = None  # this request's kind, in `priors`
-    _prior_source: str = "defaults"
-    _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
-    _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
-    _scaled: dict[str, dict[int, float]] = field(default_factory=dict)  # the same, scaled as planned with
-
-    def candidates(self, context: int) -> list[tuple[str, ...]]:
-        names = [n for n in ("draft", "retrieval") if n in self.tiers]
-        if "retrieval" in names and (self.budget is None or context < 2 * self.budget):
-            names.remove("retrieval")
-        return [stack for stack in STACK_MODES if set(stack[:-1]) <= set(names)]
-
-    def costs(self, stacks: list[tuple[str, ...]]) -> dict[str, dict[int, float]]:
-        needed = {name for stack in stacks for name in stack}
-        out = {}
-        for name in sorted(needed):
-            tier = self.tiers[name]
-            # An idle retrieval cache is measured as it would run: synced (a static one is built then).
-            out[name] = self.table.seconds(tier, (1,) if name == "draft" else CHECK_SIZES, tier.sync)
-        return out
-
-    def plan(self, context: int, generated: int) -> Plan:
-        """The best plan at this context; recorded in `decisions` when it differs from the last."""
-        stacks = self.candidates(context)
-        running = self.decisions[-1]["mode"] if self.decisions else None
-        for estimate in self.acceptance.values():
-            estimate.forget(EVIDENCE_KEPT)
-        for mode, ratio in self.realized.items():  # an idle mode's measured speed fades back to its model
-            if mode != running:
-                self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
-        self._costs = self.costs(stacks)
-        costs = {name: {n: c * self.scale.get(name, 1.0) for n, c in by_n.items()}
-                 for name, by_n in self._costs.items()}
-        self._scaled = costs
-        optimistic = {name: a.optimistic for name, a in self.acceptance.items()}
-        best: Plan | None = None
-        scored = {}
-        for stack in stacks:
-            mode = STACK_MODES[stack]
-            realized = self._realized(mode)
-            for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
-                rate = realized / seconds_per_token(stack, gammas, costs, optimistic, self.row_seconds)
-                if best is None or rate > best.tokens_per_s:
-                    best = Plan(stack, gammas, rate)
-                if rate > scored.get(mode, (0.0,))[0]:
-                    scored[mode] = (rate, gammas, stack)
-        if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
-            rate, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
-            best = Plan(stack, gammas, rate)
-        if not self.decisions or self.decisions[-1]["mode"] != best.mode or \
-                self.decisions[-1]["gammas"] != list(best.gammas):
-            self.decisions.append({
-                "at_token": generated, "context": context, **best.to_dict(),
-                "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
-                        "acceptance": {n: round(a.mean, 3) for n, a in self.acceptance.items()},
-                        "prior": self._prior_source,
-                        "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
-                        "realized": {m: round(x, 3) for m, x in self.realized.items()},
-                        "row_ms": round(1e3 * self.row_seconds, 3),
-                        "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
-        return best
-
-    def observe(self, proposer: str, gamma: int, accepted: int) -> None:
-        self.acceptance[proposer].observe(gamma, accepted)
-
-    def recall(self, key: str) -> None:
-        """Starts the request of kind `key` from what earlier ones saw (priors.py), where they saw it."""
-        self._key = key
-        if self.priors is None:
-            return
-        known = self.priors.recall(key)
-        for name, mean in known["acceptance"].items():
-            if name in self.acceptance:
-                self.acceptance[name] = Acceptance(mean, LEARNED_TRIALS)
-        self.realized.update(known["realized"])
-        if known["acceptance"] or known["realized"]:
-            self._prior_source = "earlier requests"
-
-    def remember(self) -> None:
-        """The request ends: what it saw joins what later requests of its kind start from."""
-        if self.priors is None or self._key is None:
-            return
-        seen = {name: a.observed for name, a in self.acceptance.items()}
-        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, PRIOR)
-
-    def _realized(self, mode: str) -> float:
-        """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
-        mode, the mean of the speculative modes that ran (verification's overhead is the best guess at its
-        own, and favours no mode untried); for `ar`, which verifies nothing, 1."""
-        if mode in self.realized:
-            return self.realized[mode]
-        seen = [x for m, x in self.realized.items() if m != "ar"]
-        return sum(seen) / len(seen) if seen and mode != "ar" else 1.0
-
-    def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
-        """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
-        verification and bookkeeping between them). Against what the model predicts for that plan now (the
-        acceptance seen, the costs as scaled), this mode's later predictions are scaled likewise."""
-        if any(name not in self._scaled for name in plan.stack):
-            return  # a plan this planner did not score
-        alphas = {name: a.mean for name, a in self.acceptance.items()}
-        predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, self._scaled, alphas, self.row_seconds)
-        old = self.realized.get(plan.mode)
-        ratio = tokens_per_s / predicted
-        self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
-        self._measured.add(plan.mode)
-
-    def observe_cost(self, name: str, tokens: int, seconds: float) -> None:
-        """A forward of the request took `seconds`: the tier's costs are scaled towards what it really takes
-        now (the table's were measured once, perhaps on a quieter or busier machine)."""
-        measured = self._costs.get(name)
-        if measured and seconds > 0:
-            ratio = seconds / max(interpolate(measured, tokens), 1e-9)
-            self.scale[name] = (1 - COST_SMOOTHING) * self.scale.get(name, 1.0) + COST_SMOOTHING * ratio
-
-
-def row_seconds(probs, vocab: int, rows: int = 8) -> float:
-    """Seconds per row of `probs` (logits [n, V] -> distributions), the faster of two runs over `rows` rows."""
-    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
-    best = float("inf")
-    for _ in range(2):
-        start = time.perf_counter()
-        probs(logits)
-        best = min(best, time.perf_counter() - start)
-    return best / rows
 
 
 class AutoEngine(HierarchyEngine):
@@ -284,13 +35,28 @@ class AutoEngine(HierarchyEngine):
         self._rounds = 0
         self._pairs: dict[tuple[str, str], TierStats] = {}
         self._running: tuple[Plan, int, float] | None = None  # the plan running, since which token, when
+        self._prompt_length: int | None = None
+        self._rows_timed = False
+        self._adopted: dict | None = None  # the batch leader's decision this request last took
 
     def run(self, prompt: list[int], params, *args, **kwargs) -> Run:
-        """HierarchyEngine.run, starting from what earlier requests of this kind saw and adding to it."""
-        self.planner.recall(request_key(self.ladder, params))
-        result = yield from super().run(prompt, params, *args, **kwargs)
-        self.planner.remember()
-        return result
+        """HierarchyEngine.run, adding what it saw to what later requests of its kind start from (its first
+        plan recalls what earlier ones saw); a member of its batch meanwhile."""
+        mates, self._prompt_length = self.planner.batchmates, len(prompt)
+        if mates is not None:
+            mates.engines.append(self)
+        try:
+            result = yield from super().run(prompt, params, *args, **kwargs)
+            self.planner.remember()
+            return result
+        finally:
+            if mates is not None:
+                mates.engines.remove(self)
+
+    @property
+    def prefilled(self) -> bool:
+        """Whether the target holds this request's prompt (its tiers can be measured with a batchmate's)."""
+        return self._prompt_length is not None and self.ladder[-1].length >= self._prompt_length - 1
 
     def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
         """The target's prefill, then the first plan and the prefill of the tiers it runs (counted in the
@@ -300,23 +66,46 @@ class AutoEngine(HierarchyEngine):
 
     def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
         self._rounds += 1
+        mates = self.planner.batchmates
         if self._rounds % REPLAN_ROUNDS == 0:
             yield from self._replan(generated)
+        elif mates is not None and self._running is not None and mates.plan not in (None, self._running[0]):
+            yield from self._adopt(mates.plan, generated, mates.decision)  # the batch's leader re-planned
         self.stats = [self._pair(lower.name, upper.name, metrics) for lower, upper in zip(self.tiers, self.tiers[1:])]
         metrics.auto = self.planner.decisions or None
 
     def _replan(self, generated: int) -> Generator[Forward, None, None]:
+        """Alone, or as its batch's leader: plans (for the batch). Another member: takes the batch's plan."""
         if self.params.max_tokens < MIN_PLANNED_TOKENS:
             return
-        if self._running is None:  # the request's sampling settings: what a row of logits costs to process
+        mates = self.planner.batchmates
+        if self._running is None:  # the first plan, once the batch has joined
+            batch = 1 if mates is None else power_of_two_below(len(mates.engines))
+            self.planner.recall(request_key(self.ladder, self.params, batch))
+        if mates is not None and mates.leader() is not self and mates.plan is not None:
+            self.planner.fade()
+            yield from self._adopt(mates.plan, generated, mates.decision)
+            return
+        if not self._rows_timed:  # the request's sampling settings: what a row of logits costs to process
             self.planner.row_seconds = row_seconds(self._probs, self.ladder[-1].model.config.vocab_size)
+            self._rows_timed = True
         if self._running is not None and generated > self._running[1]:
             ran, since, start = self._running
             self.planner.observe_rate(ran, (generated - since) / (time.perf_counter() - start))
         plan = self.planner.plan(len(self.seq), generated)
+        if mates is not None:
+            mates.plan, mates.decision = plan, self.planner.decisions[-1]
+        yield from self._adopt(plan, generated)
+
+    def _adopt(self, plan: Plan, generated: int, decision: dict | None = None) -> Generator[Forward, None, None]:
+        """Runs `plan` from the next round: the tiers that join catch up on what was committed while they
+        were idle. `decision`: the batch leader's record of it, kept in this request's too."""
+        if decision is not None and decision is not self._adopted:
+            self.planner.decisions.append({**decision, "at_token": generated, "from": "the batch's leader"})
+            self._adopted = decision
         stack = [self.planner.tiers[name] for name in plan.stack]
         for tier in stack:
-            if tier not in self.tiers:  # joins: it catches up on what was committed while it was idle
+            if tier not in self.tiers:
                 for step in tier.prefill_steps(self.seq[tier.length:-1]):
                     yield Forward(tier, self.ladder.index(tier), step, "none")
         self.tiers, self.gammas = stack, list(plan.gammas)

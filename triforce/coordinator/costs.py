@@ -2,9 +2,11 @@
 
 A cost is measured over the tier's cache as it is (filler tokens, rolled back after), the faster of two
 runs, and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs.json`), keyed by machine
-(CPU model, kernel path, threads), tier (its name, its model's shape and dtype, its cache's size) and the
-context the forward attends over. So a machine calibrates a model once per context: a later request
-within CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (auto.py) plans from these costs;
+(CPU model, kernel path, threads), tier (its name, its model's shape and dtype, its cache's size), the
+context the forward attends over, and the batch: B sequences' forwards run as one call (the weights read
+once for all, each sequence's own cache), measured as such a call of B sequences' tiers, n tokens each.
+So a machine calibrates a model once per context and batch size: a later request
+within CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (planning.py) plans from these costs;
 `measure_costs` (trees.py) sizes trees from them.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
 from ..step import Step
 from .calibration import CalibrationFile
-from .tiers import Tier
+from .tiers import Tier, forward_together
 
 CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 15% of c
 
@@ -68,37 +70,43 @@ class CostTable(CalibrationFile):
 
     filename = "costs.json"
 
-    def seconds(self, tier: Tier, sizes: tuple[int, ...], prepare=None) -> dict[int, float]:
-        """Seconds per forward of `tier` for each number of tokens in `sizes`, at its current context;
-        `prepare()` runs before any measurement is needed (a retrieval cache's sync, say)."""
-        known = self.entries.setdefault(self._key(tier), {})
+    def seconds(self, tiers: Tier | list[Tier], sizes: tuple[int, ...], prepare=None) -> dict[int, float]:
+        """Seconds per forward call of `tiers` (one tier; or the same tier of each sequence of a batch, each
+        over its own cache) for each number of tokens per sequence in `sizes`, at the first one's current
+        context; `prepare()` runs before any measurement is needed (a retrieval cache's sync, say)."""
+        tiers = [tiers] if isinstance(tiers, Tier) else list(tiers)
+        known = self.entries.setdefault(self._key(tiers[0], len(tiers)), {})
         missing = [n for n in sizes if str(n) not in known]
         if missing:
             if prepare is not None:
                 prepare()
             for n in missing:
-                known[str(n)] = forward_seconds(tier, n)
+                known[str(n)] = forward_seconds(tiers, n)
             self.save()
         return {n: known[str(n)] for n in sizes}
 
-    def _key(self, tier: Tier) -> str:
+    def _key(self, tier: Tier, batch: int = 1) -> str:
         """The entry measured nearest to the tier's context, if within CONTEXT_TOLERANCE; else a new one's."""
         context = cost_context(tier)
-        prefix = f"{machine_key()}||{tier_key(tier)}||"
+        prefix = f"{machine_key()}||{tier_key(tier)}{f'|batch={batch}' if batch > 1 else ''}||"
         near = [k for k in self.entries if k.startswith(prefix)
                 and abs(int(k[len(prefix):]) - context) <= CONTEXT_TOLERANCE * max(context, 1)]
         return min(near, key=lambda k: abs(int(k[len(prefix):]) - context)) if near else f"{prefix}{context}"
 
 
-def forward_seconds(tier: Tier, n: int) -> float:
-    """The faster of two forwards of n filler tokens over the tier's cache, rolled back after."""
-    length, best, spent = tier.length, float("inf"), tier.seconds
+def forward_seconds(tiers: Tier | list[Tier], n: int) -> float:
+    """The faster of two forwards of n filler tokens over each tier's cache, all in one call, each cache
+    rolled back after."""
+    tiers = [tiers] if isinstance(tiers, Tier) else list(tiers)
+    lengths, spent, best = [t.length for t in tiers], [t.seconds for t in tiers], float("inf")
     for _ in range(2):
         start = time.perf_counter()
-        tier.forward(Step.chain([0] * n, length))
+        forward_together(tiers, [Step.chain([0] * n, length) for length in lengths], ["all"] * len(tiers))
         best = min(best, time.perf_counter() - start)
-        tier.truncate(length)
-    tier.seconds = spent  # a measurement, not the request's work
+        for tier, length in zip(tiers, lengths):
+            tier.truncate(length)
+    for tier, seconds in zip(tiers, spent):
+        tier.seconds = seconds  # a measurement, not the request's work
     return best
 
 

@@ -18,7 +18,8 @@ from ..cache.streaming import StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
 from ..models.config import ModelConfig
 from ..models.llama import LlamaModel
-from .auto import MAX_GAMMA, AutoEngine, AutoPlanner
+from .auto import AutoEngine
+from .planning import MAX_GAMMA, AutoPlanner, Batchmates
 from .engine import HierarchyEngine
 from .priors import Priors
 from .tiers import RetrievalTier, Tier
@@ -58,8 +59,9 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
 
 
 def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None, max_length: int,
-                 verifier: Verifier | None = None) -> HierarchyEngine:
-    """max_length: prompt + max_new_tokens. `verifier` defaults to an in-process one."""
+                 verifier: Verifier | None = None, batchmates: Batchmates | None = None) -> HierarchyEngine:
+    """max_length: prompt + max_new_tokens. `verifier` defaults to an in-process one. `batchmates`: the
+    requests run together with this one (mode auto plans for the batch)."""
     slack = speculation_slack(cfg)
     if verifier is None:
         verifier = LocalVerifier(target, max_length + slack, cfg.prefill_chunk)
@@ -87,7 +89,8 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     if cfg.mode == "auto":
         ladder = [draft_tier()] if draft is not None else []
         ladder += [retrieval_tier(), verifier]
-        return AutoEngine(ladder, AutoPlanner({t.name: t for t in ladder}, cfg.budget, priors=Priors.default()))
+        return AutoEngine(ladder, AutoPlanner({t.name: t for t in ladder}, cfg.budget, priors=Priors.default(),
+                                              batchmates=batchmates))
     if cfg.mode == "ar":
         return HierarchyEngine([verifier], [])
     if cfg.mode == "draft":

@@ -2,11 +2,11 @@
 first plan starts from it instead of generic guesses.
 
 For each kind of request (the machine; each tier's kind and the fingerprint of its model's weights; the
-sampling settings, since acceptance depends on the temperature), `priors.json` beside the costs holds:
+sampling settings, since acceptance depends on the temperature; the batch size planned for), `priors.json` beside the costs holds:
 - `acceptance`: per proposer, the per-token acceptance its checks saw lately (the draft's, the retrieval
   tier's); the planner takes it as its prior, worth LEARNED_TRIALS trials (a generic prior is worth
   fewer: the planner explores less where it already knows);
-- `realized`: per mode, the speed reached over the speed the cost model predicted (auto.py), as last
+- `realized`: per mode, the speed reached over the speed the cost model predicted (planning.py), as last
   measured.
 A request that ends merges its own into the entry: acceptance by an even average with what was there, so
 that one odd text does not erase the history; a realized factor replaced by the newest. What a request did
@@ -41,11 +41,12 @@ def weights_key(model) -> str:
     return model._weights_key
 
 
-def request_key(ladder: list[Tier], params: SamplingParams) -> str:
-    """The kind of request: machine, tiers (kind and weights) and sampling settings."""
+def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1) -> str:
+    """The kind of request: machine, tiers (kind and weights), sampling settings and the batch size it
+    plans for (a mode's speed against its model differs with it)."""
     tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}"
-    return f"{machine_key()}||{tiers}||{sampling}"
+    return f"{machine_key()}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
 
 
 class Priors(CalibrationFile):

@@ -1,0 +1,324 @@
+"""How `--mode auto` (auto.py) chooses: a cost model scores every stack of tiers and gammas from measured
+forward costs and the acceptance seen so far; `AutoPlanner` keeps those estimates for one request.
+
+The model (TriForce sec. 4.3 and Leviathan et al.'s expected walltime, one level at a time): a proposer
+whose tokens the checker accepts independently with probability alpha gives, per check of gamma tokens,
+E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) tokens (the recovered or bonus token included). With
+c_t(n) the measured seconds of a forward of n tokens at tier t (costs.py), the seconds per token of a
+stack of tiers, cheapest first, are
+
+    s_0 = c_0(1) + r                                                         (the bottom samples one by one)
+    s_i = (gamma_i s_{i-1} + c_i(gamma_i + 1) + (gamma_i + 1) r) / E(alpha_i, gamma_i)  (one check of gamma_i)
+
+where r is what turning one row of logits into the request's distribution costs (at temperature > 0 with
+top-p, a sort of the vocabulary; timed once per request). A plan is scored by 1 / s_top. The candidates
+are every stack the request has (`ar`: the target alone; `draft`; `retrieval`; `triforce`) with gammas in
+1..MAX_GAMMA; the retrieval tier only once the context is at least twice its budget (below that it reads
+nearly what the target reads). Plain decoding is one of the candidates, so a request where speculation
+does not pay runs `ar`.
+
+Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
+retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model
+(a chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR
+worth PRIOR_TRIALS trials, or, where earlier requests of the same kind (machine, models, sampling settings)
+ran, from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors below too); at
+each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows the text, and a proposer
+dropped after a bad start drifts back to its prior and is tried again. Plans are scored with an optimistic
+alpha (mean + one standard deviation), so a tier that has been seen little gets tried, and the estimate it
+then earns decides. What the model leaves out (verification and bookkeeping between forwards) is learned too: each mode's prediction is scaled by
+the speed it really reached over the rounds it last ran, against what the model predicts for them (an
+untried speculative mode by the mean of the speculative modes tried; `ar`, which verifies nothing, by 1;
+an idle mode's factor fades back towards 1 as its acceptance evidence fades).
+
+In a batch (LLM.generate's prompts run together) each request still plans for itself, but from what a
+forward of the batch costs: c_t(n) is then the seconds of one call that runs tier t of B sequences (this
+one's and those of B - 1 batchmates that have been prefilled; B a power of two, so a batch that shrinks as
+requests end is measured a few times, not at every size), n tokens each, over B; a mode is scored by the
+tokens per second of the whole batch if every request ran it. At batch 8 the weights are read once for
+eight sequences and each one's KV cache is what costs, which favours the retrieval tier over the draft
+where one sequence alone would not.
+
+The running mode stays unless another promises SWITCH_MARGIN more. Costs are re-read when the
+context moves past what they were measured at (the table measures once per machine, model, context and
+batch size), and each tier's are scaled by how long its forwards in this request really took against the
+table (the machine may be busier or quieter than when it was measured).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from itertools import product
+
+import torch
+
+from .costs import CostTable, interpolate
+from .priors import LEARNED_TRIALS, MIN_TRIALS, Priors
+from .tiers import Tier
+
+MAX_GAMMA = 8  # tokens per check the planner considers, per level
+CHECK_SIZES = (1, 2, 3, 4, 6, 9)  # tokens per forward whose cost is measured (others interpolated)
+PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
+PRIOR_TRIALS = 4.0  # ...worth this many trials
+COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
+RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
+SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
+EVIDENCE_KEPT = 0.85  # of the acceptance evidence, at each plan: a memory of about 7 plans
+STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
+               ("draft", "retrieval", "target"): "triforce"}
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens gained per check of gamma proposals each accepted with probability alpha (bonus included)."""
+    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: dict[str, dict[int, float]],
+                      alphas: dict[str, float], row_seconds: float = 0.0) -> float:
+    """The model of the module docstring: `stack` tier names cheapest first, `gammas` one per check,
+    `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted,
+    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it)."""
+    seconds = interpolate(costs[stack[0]], 1) + row_seconds
+    for proposer, checker, gamma in zip(stack, stack[1:], gammas):
+        check = gamma * seconds + interpolate(costs[checker], gamma + 1) + (gamma + 1) * row_seconds
+        seconds = check / expected_tokens(alphas[proposer], gamma)
+    return seconds
+
+
+@dataclass(frozen=True)
+class Plan:
+    stack: tuple[str, ...]  # tier names, cheapest first; the last is the target
+    gammas: tuple[int, ...]  # tokens per check at each level above the bottom
+    tokens_per_s: float  # what the model predicts
+
+    @property
+    def mode(self) -> str:
+        return STACK_MODES[self.stack]
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "gammas": list(self.gammas), "predicted_tokens_per_s": round(self.tokens_per_s, 2)}
+
+
+@dataclass
+class Acceptance:
+    """A proposer's per-token acceptance: successes over trials of the geometric model, with a prior worth
+    `prior_trials` trials."""
+    prior: float
+    prior_trials: float = PRIOR_TRIALS
+    successes: float = 0.0
+    trials: float = 0.0
+
+    def observe(self, gamma: int, accepted: int) -> None:
+        self.successes += accepted
+        self.trials += accepted + (accepted < gamma)
+
+    def forget(self, keep: float) -> None:
+        """Older checks count less (text changes; an idle proposer drifts back to its prior and is retried)."""
+        self.successes *= keep
+        self.trials *= keep
+
+    @property
+    def mean(self) -> float:
+        return (self.successes + self.prior_trials * self.prior) / (self.trials + self.prior_trials)
+
+    @property
+    def optimistic(self) -> float:
+        m = self.mean
+        return min(m + math.sqrt(m * (1 - m) / (self.trials + self.prior_trials)), 0.99)
+
+    @property
+    def observed(self) -> float | None:
+        """The acceptance of the checks seen (faded as they are), without the prior; None with too few."""
+        return self.successes / self.trials if self.trials >= MIN_TRIALS else None
+
+
+def power_of_two_below(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+@dataclass(eq=False)
+class Batchmates:
+    """The requests run together now, by their engines (AutoEngine.run joins at its start, leaves at its
+    end), and the plan they all run: one stack and gammas for the batch, so that every forward carries
+    all of them (sequences on different stacks or gammas would wait for each other's tiers). Its leader,
+    the first member whose prompt is prefilled, makes it; the others take it between their rounds."""
+    engines: list = field(default_factory=list)
+    plan: Plan | None = None
+    decision: dict | None = None  # the leader's record of the plan, and why
+
+    def leader(self):
+        return next((e for e in self.engines if e.prefilled), None)
+
+    def measured_with(self, planner: "AutoPlanner") -> list:
+        """The other members whose tiers `planner`'s costs are measured with, one call for all: those
+        prefilled, as many as make the batch a power of two."""
+        others = [e for e in self.engines if e.planner is not planner and e.prefilled]
+        return others[: power_of_two_below(len(others) + 1) - 1]
+
+    def pooled(self, planner: "AutoPlanner") -> dict[str, Acceptance]:
+        """Each proposer's acceptance over the checks of `planner`'s request and every prefilled member."""
+        members = [planner] + [e.planner for e in self.engines if e.planner is not planner and e.prefilled]
+        return {name: Acceptance(a.prior, a.prior_trials, sum(m.acceptance[name].successes for m in members),
+                                 sum(m.acceptance[name].trials for m in members))
+                for name, a in planner.acceptance.items()}
+
+
+@dataclass
+class AutoPlanner:
+    """Chooses a Plan for one request from measured costs and the acceptance seen so far."""
+    tiers: dict[str, Tier]  # the request's tiers by name: "target", and "draft" / "retrieval" where it has them
+    budget: int | None = None  # the retrieval cache's, None without one
+    table: CostTable = field(default_factory=CostTable.default)
+    acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
+    decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
+    scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
+    realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
+    row_seconds: float = 0.0  # turning one row of logits into the request's distribution (measured per request)
+    priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
+    batchmates: Batchmates | None = None  # the requests run together with this one (None: it runs alone)
+    _key: str | None = None  # this request's kind, in `priors`
+    _prior_source: str = "defaults"
+    _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
+    _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
+    _scaled: dict[str, dict[int, float]] = field(default_factory=dict)  # per token of the batch, as planned with
+    _batch: int = 1  # the batch size of the last plan
+
+    def candidates(self, context: int) -> list[tuple[str, ...]]:
+        names = [n for n in ("draft", "retrieval") if n in self.tiers]
+        if "retrieval" in names and (self.budget is None or context < 2 * self.budget):
+            names.remove("retrieval")
+        return [stack for stack in STACK_MODES if set(stack[:-1]) <= set(names)]
+
+    def costs(self, stacks: list[tuple[str, ...]], mates: list = ()) -> dict[str, dict[int, float]]:
+        """Seconds per forward call of each tier the stacks use, this sequence's and the same tier of each
+        batchmate in `mates` (engines) in one call."""
+        needed = {name for stack in stacks for name in stack}
+        out = {}
+        for name in sorted(needed):
+            tier = self.tiers[name]
+            group = [tier] + [m.planner.tiers[name] for m in mates]
+            # An idle retrieval cache is measured as it would run: synced (a static one is built then); a
+            # batchmate's only where it is idle (one it runs is in the middle of its round).
+            idle = [tier] + [t for m, t in zip(mates, group[1:]) if t not in m.tiers]
+            out[name] = self.table.seconds(group, (1,) if name == "draft" else CHECK_SIZES,
+                                           lambda idle=idle: [t.sync() for t in idle])
+        return out
+
+    def fade(self) -> None:
+        """At each plan (in a batch, at each member's): older acceptance evidence counts less, and an idle
+        mode's measured speed fades back towards its model."""
+        running = self.decisions[-1]["mode"] if self.decisions else None
+        for estimate in self.acceptance.values():
+            estimate.forget(EVIDENCE_KEPT)
+        for mode, ratio in self.realized.items():
+            if mode != running:
+                self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
+
+    def estimates(self) -> dict[str, Acceptance]:
+        """The acceptance plans are scored with: this request's, or in a batch its prefilled members' pooled."""
+        return self.acceptance if self.batchmates is None else self.batchmates.pooled(self)
+
+    def plan(self, context: int, generated: int) -> Plan:
+        """The best plan at this context; recorded in `decisions` when it differs from the last."""
+        stacks = self.candidates(context)
+        running = self.decisions[-1]["mode"] if self.decisions else None
+        self.fade()
+        mates = [] if self.batchmates is None else self.batchmates.measured_with(self)
+        self._batch = 1 + len(mates)
+        self._costs = self.costs(stacks, mates)
+        costs = {name: {n: c * self.scale.get(name, 1.0) / self._batch for n, c in by_n.items()}
+                 for name, by_n in self._costs.items()}
+        self._scaled = costs
+        estimates = self.estimates()
+        optimistic = {name: a.optimistic for name, a in estimates.items()}
+        best: Plan | None = None
+        scored = {}
+        for stack in stacks:
+            mode = STACK_MODES[stack]
+            realized = self._realized(mode)
+            for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
+                rate = realized / seconds_per_token(stack, gammas, costs, optimistic, self.row_seconds)
+                if best is None or rate > best.tokens_per_s:
+                    best = Plan(stack, gammas, rate)
+                if rate > scored.get(mode, (0.0,))[0]:
+                    scored[mode] = (rate, gammas, stack)
+        if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
+            rate, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
+            best = Plan(stack, gammas, rate)
+        if not self.decisions or self.decisions[-1]["mode"] != best.mode or \
+                self.decisions[-1]["gammas"] != list(best.gammas):
+            self.decisions.append({
+                "at_token": generated, "context": context, **best.to_dict(),
+                "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
+                        "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
+                        "prior": self._prior_source, "batch": self._batch,
+                        "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
+                        "realized": {m: round(x, 3) for m, x in self.realized.items()},
+                        "row_ms": round(1e3 * self.row_seconds, 3),
+                        "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
+        return best
+
+    def observe(self, proposer: str, gamma: int, accepted: int) -> None:
+        self.acceptance[proposer].observe(gamma, accepted)
+
+    def recall(self, key: str) -> None:
+        """Starts the request of kind `key` from what earlier ones saw (priors.py), where they saw it."""
+        self._key = key
+        if self.priors is None:
+            return
+        known = self.priors.recall(key)
+        for name, mean in known["acceptance"].items():
+            if name in self.acceptance:
+                self.acceptance[name] = Acceptance(mean, LEARNED_TRIALS)
+        self.realized.update(known["realized"])
+        if known["acceptance"] or known["realized"]:
+            self._prior_source = "earlier requests"
+
+    def remember(self) -> None:
+        """The request ends: what it saw joins what later requests of its kind start from."""
+        if self.priors is None or self._key is None:
+            return
+        seen = {name: a.observed for name, a in self.acceptance.items()}
+        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, PRIOR)
+
+    def _realized(self, mode: str) -> float:
+        """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
+        mode, the mean of the speculative modes that ran (verification's overhead is the best guess at its
+        own, and favours no mode untried); for `ar`, which verifies nothing, 1."""
+        if mode in self.realized:
+            return self.realized[mode]
+        seen = [x for m, x in self.realized.items() if m != "ar"]
+        return sum(seen) / len(seen) if seen and mode != "ar" else 1.0
+
+    def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
+        """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
+        verification and bookkeeping between them). Against what the model predicts for that plan now (the
+        acceptance seen, the costs as scaled; per sequence of the batch), this mode's later predictions are
+        scaled likewise."""
+        if any(name not in self._scaled for name in plan.stack):
+            return  # a plan this planner did not score
+        alphas = {name: a.mean for name, a in self.estimates().items()}
+        predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, self._scaled, alphas, self.row_seconds)
+        old = self.realized.get(plan.mode)
+        ratio = tokens_per_s * self._batch / predicted
+        self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
+        self._measured.add(plan.mode)
+
+    def observe_cost(self, name: str, tokens: int, seconds: float) -> None:
+        """A forward of the request took `seconds`: the tier's costs are scaled towards what it really takes
+        now (the table's were measured once, perhaps on a quieter or busier machine)."""
+        measured = self._costs.get(name)
+        if measured and seconds > 0:
+            ratio = seconds / max(interpolate(measured, tokens), 1e-9)
+            self.scale[name] = (1 - COST_SMOOTHING) * self.scale.get(name, 1.0) + COST_SMOOTHING * ratio
+
+
+def row_seconds(probs, vocab: int, rows: int = 8) -> float:
+    """Seconds per row of `probs` (logits [n, V] -> distributions), the faster of two runs over `rows` rows."""
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        probs(logits)
+        best = min(best, time.perf_counter() - start)
+    return best / rows
