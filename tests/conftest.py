@@ -14,6 +14,15 @@ def _quiet_torch():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def calibration(tmp_path_factory, monkeypatch):
+    """Each test's own calibration folder (mode auto's costs and priors), so that no test plans from what
+    another test, or an earlier run on this machine, measured."""
+    folder = tmp_path_factory.mktemp("calibration")
+    monkeypatch.setenv("TRIFORCE_CALIBRATION", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """Writes (and memoizes) tiny random checkpoints: tiny_dir(name, **kwargs) -> folder."""

@@ -331,8 +331,7 @@ def test_second_token_follows_the_target_while_the_plan_changes(models, prompt, 
     assert chisquare(counts.numpy(), (expected / expected.sum() * trials).numpy()).pvalue > ALPHA
 
 
-def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, calibration):
     target, draft = models
     params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
     reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 128).generate(prompt, params)
@@ -341,16 +340,15 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, tmp_path
     decision = metrics.auto[0]
     assert decision["mode"] in planning.STACK_MODES.values() and decision["at_token"] == 0
     assert set(decision["why"]["forward_ms"]) == {"draft", "retrieval", "target"}  # 80 tokens >= 2 x budget 12
-    assert (tmp_path / "calibration" / "costs.json").is_file()
+    assert (calibration / "costs.json").is_file()
     assert "auto" in metrics.to_dict()
 
 
-def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(models, tmp_path, monkeypatch):
+def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(models, calibration):
     """Three requests run together on one plan, made by the first for the batch (costs measured with one
     batchmate: 2 is the power of two below 3); each still equals plain decoding alone."""
     from triforce.coordinator.batch import SequenceBatch
 
-    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
     target, draft = models
     g = torch.Generator().manual_seed(9)
     batch_prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (80, 64, 96)]
@@ -369,17 +367,16 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
     assert all(p[0]["why"]["batch"] == 2 for p in plans)
     assert len({(p[0]["mode"], tuple(p[0]["gammas"])) for p in plans}) == 1  # the leader's plan, for all
     assert all(d.get("from") == "the batch's leader" for p in plans[1:] for d in p)
-    costs = CostTable(tmp_path / "calibration" / "costs.json").entries
+    costs = CostTable(calibration / "costs.json").entries
     assert any("|batch=2||" in key for key in costs)
 
 
-def test_short_requests_decode_plainly_without_measuring(models, prompt, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+def test_short_requests_decode_plainly_without_measuring(models, prompt, calibration):
     target, draft = models
     engine = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 100)
     tokens, metrics = engine.generate(prompt, SamplingParams(max_tokens=auto.MIN_PLANNED_TOKENS - 1, ignore_eos=True))
     assert len(tokens) == auto.MIN_PLANNED_TOKENS - 1 and metrics.tiers == [] and not metrics.auto
-    assert not (tmp_path / "calibration").exists()
+    assert not any(calibration.iterdir())
 
 
 def test_auto_takes_no_trees():

@@ -35,8 +35,7 @@ def held_bytes(objects) -> int:
 
 @pytest.mark.parametrize("mode,policy", [("ar", "static"), ("draft", "static"), ("triforce", "static"),
                                          ("triforce", "dynamic"), ("auto", "static")])
-def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))  # auto's costs and priors: this test's own
+def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy):
     spec = dict(vocab_size=64, hidden_size=64, num_heads=4, num_kv_heads=2)
     target = load_model(tiny_dir("bytes-target", seed=60, num_layers=4, **spec))
     draft = load_model(tiny_dir("bytes-draft", seed=61, num_layers=1, **spec))

@@ -92,10 +92,9 @@ def models(tiny_dir):
             load_model(tiny_dir("priors-draft", seed=51, num_layers=1, **spec)))
 
 
-def test_auto_requests_learn_per_kind(models, tiny_dir, tmp_path, monkeypatch):
+def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
     """The second greedy request of a kind starts from the first's acceptance (and stays exact); a request
     at another temperature, or with another draft, is another kind."""
-    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
     target, draft = models
     prompt = torch.randint(0, 8, (80,), generator=torch.Generator().manual_seed(5)).tolist()
     greedy = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
@@ -107,7 +106,7 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, tmp_path, monkeypatch):
 
     engine, tokens, metrics = run(greedy)
     assert tokens == reference and metrics.auto[0]["why"]["prior"] == "defaults"
-    store = Priors(tmp_path / "calibration" / "priors.json")
+    store = Priors(calibration / "priors.json")
     assert list(store.entries) == [request_key(engine.ladder, greedy)]
     _, tokens, metrics = run(greedy)
     assert tokens == reference and metrics.auto[0]["why"]["prior"] == "earlier requests"

@@ -50,8 +50,7 @@ def test_streamed_text_equals_json_text(capsys, target, draft):
     assert out.strip() == json.loads(js)["text"].strip() and "tok/s" in err
 
 
-def test_auto_is_the_default_and_says_what_it_chose(capsys, target, draft, tmp_path, monkeypatch):
-    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+def test_auto_is_the_default_and_says_what_it_chose(capsys, target, draft):
     code, out, err = run_cli(capsys, "--model", target, "--draft", draft, "--prompt", WORDS, "--max-new-tokens", 40,
                              "--temperature", 0, "--ignore-eos", "--json", "--dtype", "float32", "--window", 64)
     assert code == 0, err

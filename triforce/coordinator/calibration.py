@@ -1,6 +1,7 @@
 """What a machine learns once and keeps: a JSON file under `$TRIFORCE_HOME/calibration/`, read once per
 process and rewritten whole after each change (costs.py: forward costs; priors.py: what earlier requests
-of `--mode auto` saw). With TRIFORCE_CALIBRATION=0 a process keeps them in memory only.
+of `--mode auto` saw). TRIFORCE_CALIBRATION=FOLDER keeps them there instead (a calibration shared by a
+cluster's jobs, or a test's own), and TRIFORCE_CALIBRATION=0 in this process's memory only.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ _FILES: dict[tuple[type, Path | None], "CalibrationFile"] = {}  # `default`'s, o
 class CalibrationFile:
     """A dict of entries kept in `path` (None: in memory only)."""
 
-    filename: str  # each kind's own file, under $TRIFORCE_HOME/calibration
+    filename: str  # each kind's own file, in calibration_folder()
 
     def __init__(self, path: Path | None = None):
         self.path = path
@@ -29,11 +30,10 @@ class CalibrationFile:
 
     @classmethod
     def default(cls):
-        """This process's file of this kind for `$TRIFORCE_HOME` (read from disk once), or an in-memory one
-        with TRIFORCE_CALIBRATION=0: either way a process learns a thing once."""
-        from ..models.hub import triforce_home
-
-        path = None if os.environ.get("TRIFORCE_CALIBRATION") == "0" else triforce_home() / "calibration" / cls.filename
+        """This process's file of this kind in calibration_folder() (read from disk once), or an in-memory
+        one with TRIFORCE_CALIBRATION=0: either way a process learns a thing once."""
+        folder = calibration_folder()
+        path = None if folder is None else folder / cls.filename
         if (cls, path) not in _FILES:
             _FILES[cls, path] = cls(path)
         return _FILES[cls, path]
@@ -48,3 +48,14 @@ class CalibrationFile:
             partial.replace(self.path)  # whole or not at all, also with other processes writing
         except OSError as exc:
             log.warning("cannot save %s (%s); it is kept in memory", self.path, exc)
+
+
+def calibration_folder() -> Path | None:
+    """Where calibration files are kept: TRIFORCE_CALIBRATION if it names a folder, None (memory only) if it
+    is 0, else $TRIFORCE_HOME/calibration."""
+    from ..models.hub import triforce_home
+
+    chosen = os.environ.get("TRIFORCE_CALIBRATION")
+    if chosen == "0":
+        return None
+    return Path(chosen) if chosen else triforce_home() / "calibration"
