@@ -117,7 +117,8 @@ class LLM:
         if draft_tok.get_vocab() != self.tokenizer.get_vocab():
             raise ModelLoadError("draft tokenizer differs from the target's; the draft must share it")
 
-    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """A prompt's token ids (text through the target's tokenizer), checked against the vocabulary."""
         if isinstance(prompt, str):
             if not prompt:
                 raise UserError("empty prompt")
@@ -133,13 +134,14 @@ class LLM:
             raise UserError(f"prompt token ids must lie in [0, {vocab})")
         return ids
 
-    def _check_positions(self, prompt_len: int, max_tokens: int) -> None:
+    def check_positions(self, prompt_len: int, max_tokens: int) -> None:
+        """Raises UserError where the prompt and the tokens asked for pass the model's positions."""
         cfg = self.target.config
         if prompt_len + max_tokens > cfg.max_positions:
             raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
                             f"{cfg.max_positions} positions")
 
-    def _kv_bytes(self, prompt_len: int, max_tokens: int) -> int:
+    def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
         """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""
         itemsize = torch.finfo(self.target.dtype).bits // 8
         draft = self.draft.config if self.draft is not None else None
@@ -156,7 +158,7 @@ class LLM:
         parts: list[list[int]] = [[]]
         used = 0
         for i, (prompt_len, max_tokens) in enumerate(sizes):
-            need = self._kv_bytes(prompt_len, max_tokens)
+            need = self.cache_bytes_for(prompt_len, max_tokens)
             if need > room:
                 raise UserError(f"the caches for {prompt_len + max_tokens} tokens need {need / 2**30:.1f} GiB; "
                                 f"only {free / 2**30:.1f} GiB is free on {self.device}")
@@ -167,7 +169,8 @@ class LLM:
             used += need
         return parts
 
-    def _eos_ids(self) -> tuple[int, ...]:
+    def eos_ids(self) -> tuple[int, ...]:
+        """The ids that end generation: the model's end-of-sequence ids and the tokenizer's."""
         ids = set(self.target.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
@@ -192,20 +195,19 @@ class LLM:
                             f"per prompt")
         if stream is not None and len(prompts) > 1:
             raise UserError("streaming takes one prompt at a time")
-        ids = [self._encode(p) for p in prompts]
+        ids = [self.encode(p) for p in prompts]
         for prompt_ids, p in zip(ids, per_prompt):
-            self._check_positions(len(prompt_ids), p.max_tokens)
+            self.check_positions(len(prompt_ids), p.max_tokens)
         sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]
         outputs: list[RequestOutput | None] = [None] * len(ids)
         for part in self._parts_that_fit(sizes):
-            requests: list[_Request] = []
+            requests: list[Request] = []
             mates = Batchmates()
             try:
                 for i in part:
-                    requests.append(_Request(self, ids[i], per_prompt[i], stream, mates))
+                    requests.append(Request(self, ids[i], per_prompt[i], stream, mates))
                 batch = SequenceBatch()
-                handles = [batch.add(r.engine.run(r.ids, r.params, self._eos_ids(), r.on_tokens, show_progress))
-                           for r in requests]
+                handles = [batch.add(r.run(show_progress)) for r in requests]
                 batch.run()
                 for i, request, handle in zip(part, requests, handles):
                     outputs[i] = request.output(*handle.result)
@@ -215,11 +217,13 @@ class LLM:
         return outputs
 
 
-class _Request:
-    """One prompt's engine (its own caches), detokenizer and output."""
+class Request:
+    """One prompt's engine (its own caches), detokenizer and output. `run()` is its generation, for a
+    `SequenceBatch` (LLM.generate's, or a server's that requests join and leave); `cancel()` ends it after
+    the round in progress."""
 
     def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, stream: Callable[[str], None] | None,
-                 batchmates: Batchmates):
+                 batchmates: Batchmates | None = None):
         self.llm, self.ids, self.params, self.stream = llm, ids, params, stream
         verifier = None
         if llm.workers is not None:
@@ -233,6 +237,13 @@ class _Request:
                                    batchmates)
         self.verifier = verifier
         self.detok = None if llm.tokenizer is None else IncrementalDetokenizer(llm.tokenizer, params.stop)
+        self.cancelled = False
+
+    def run(self, show_progress: bool = False):
+        return self.engine.run(self.ids, self.params, self.llm.eos_ids(), self.on_tokens, show_progress)
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
     def close(self) -> None:
         """A worker group frees the request's sequence (also when the request failed)."""
@@ -241,11 +252,11 @@ class _Request:
 
     def on_tokens(self, new: list[int]) -> bool:
         if self.detok is None:
-            return False
+            return self.cancelled
         piece = self.detok.add(new)
         if self.stream is not None and piece:
             self.stream(piece)
-        return self.detok.stopped
+        return self.detok.stopped or self.cancelled
 
     def output(self, tokens: list[int], metrics: RequestMetrics) -> RequestOutput:
         workers = self.llm.workers
@@ -260,7 +271,7 @@ class _Request:
             if self.stream is not None and rest:
                 self.stream(rest)
             text = self.detok.text
-        eos = self.llm._eos_ids()
+        eos = self.llm.eos_ids()
         hit_eos = bool(tokens) and tokens[-1] in eos and not self.params.ignore_eos
         finish = "stop" if hit_eos or (self.detok is not None and self.detok.stopped) else "length"
         return RequestOutput(self.ids, tokens, text, finish, metrics)

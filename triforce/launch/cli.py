@@ -1,4 +1,4 @@
-"""`triforce` command line: generate, bench, fetch-model, train-draft. One layer that maps flags onto the config
+"""`triforce` command line: generate, serve, bench, fetch-model, train-draft. One layer that maps flags onto the config
 dataclasses; errors in the user's input print one line and exit 2."""
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "model; models whose config already scales RoPE are refused")
 
 
+def add_mode_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=MODES, default="auto",
+                   help="auto: the tiers and gammas a cost model picks from forward costs measured on this "
+                        "machine and the acceptance seen so far, re-picked as the request runs; "
+                        "triforce: draft -> retrieval -> target; retrieval: retrieval -> target; "
+                        "draft: draft -> target; ar: plain decoding (default %(default)s)")
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--gamma1", type=int, default=_DEFAULTS.gamma1, help="draft proposals per tier-2 check")
@@ -60,11 +68,7 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
     add_model_args(gen)
-    gen.add_argument("--mode", choices=MODES, default="auto",
-                     help="auto: the tiers and gammas a cost model picks from forward costs measured on this "
-                          "machine and the acceptance seen so far, re-picked as the request runs; "
-                          "triforce: draft -> retrieval -> target; retrieval: retrieval -> target; "
-                          "draft: draft -> target; ar: plain decoding (default %(default)s)")
+    add_mode_arg(gen)
     samp = gen.add_argument_group("sampling")
     samp.add_argument("--max-new-tokens", type=int, default=128)
     samp.add_argument("--temperature", type=float, default=0.6, help="0 = greedy (default %(default)s)")
@@ -174,9 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(func=_fetch)
 
     from .bench import add_bench_parser
+    from .serve import add_serve_parser
     from .train_draft import add_train_draft_parser
 
     add_bench_parser(sub)
+    add_serve_parser(sub)
     add_train_draft_parser(sub)
     return parser
 

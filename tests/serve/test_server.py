@@ -1,0 +1,214 @@
+"""`triforce serve` (serve/): the OpenAI wire format over FastAPI's TestClient, against LLM.generate on the
+same tiny models: whole and streamed answers, chat, concurrent requests on one batch, errors, the key,
+the queue and cancellation."""
+import json
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+
+from triforce import LLM, SamplingParams
+from triforce.models.llama import LlamaModel
+from triforce.serve.app import create_app
+from triforce.serve.openai import ApiError, parse
+from triforce.serve.scheduler import Scheduler
+
+PROMPT = " ".join(f"w{3 + (7 * i) % 90}" for i in range(40))
+TEMPLATE = "{% for m in messages %}w3 {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w4{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dir):
+    target = tiny_dir("serve-target", tokenizer=True, seed=71)
+    draft = tiny_dir("serve-draft", tokenizer=True, seed=72, num_layers=1)
+    model = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4)
+    model.tokenizer.chat_template = TEMPLATE
+    return model
+
+
+@pytest.fixture
+def client(llm):
+    with TestClient(create_app(llm, "tiny")) as c:
+        yield c
+
+
+def plain(llm, prompt, max_tokens, **sampling):
+    return llm.generate(prompt, SamplingParams(max_tokens=max_tokens, **sampling))[0]
+
+
+def events(response) -> list:
+    """The data of each server-sent event of a streamed response."""
+    lines = [line for line in response.text.split("\n") if line]
+    assert all(line.startswith("data: ") for line in lines)
+    return [line[len("data: "):] for line in lines]
+
+
+def test_a_completion_is_what_generate_gives(llm, client):
+    expected = plain(llm, PROMPT, 12, temperature=0, ignore_eos=True)
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 12,
+                                             "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["model"] == "tiny"
+    assert body["choices"][0]["text"] == expected.text and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52}
+    seeded = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0.9, "seed": 3, "top_k": 20}
+    sample = plain(llm, PROMPT, 8, temperature=0.9, seed=3, top_k=20)
+    assert client.post("/v1/completions", json=seeded).json()["choices"][0]["text"] == sample.text
+
+
+def test_a_stream_carries_the_same_text_and_ends_with_done(llm, client):
+    expected = plain(llm, PROMPT, 10, temperature=0, ignore_eos=True)
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True,
+                                             "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    data = events(r)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == expected.text
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 10 and len({c["id"] for c in chunks}) == 1
+
+
+def test_chat_uses_the_template_and_streams_deltas(llm, client):
+    messages = [{"role": "user", "content": "w10 w11 w12"}]
+    ids = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    expected = plain(llm, ids, 8, temperature=0, ignore_eos=True)
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    r = client.post("/v1/chat/completions", json=body).json()
+    assert r["object"] == "chat.completion" and r["choices"][0]["message"] == {"role": "assistant",
+                                                                             "content": expected.text}
+    assert r["usage"]["prompt_tokens"] == len(ids)
+    chunks = [json.loads(d) for d in events(client.post("/v1/chat/completions", json={**body, "stream": True}))[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == expected.text
+    assert chunks[-1]["object"] == "chat.completion.chunk" and chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_concurrent_requests_run_together_and_each_gets_its_own(llm, client, monkeypatch):
+    prompts = [PROMPT, PROMPT + " w5 w9", " ".join(PROMPT.split()[:25])]
+    expected = [plain(llm, p, 14, temperature=0, ignore_eos=True).text for p in prompts]
+    sizes = []
+    real = LlamaModel.forward_batch
+
+    def forward_batch(self, steps, caches, logits_for="all"):
+        sizes.append(len(steps))
+        return real(self, steps, caches, logits_for)
+
+    monkeypatch.setattr(LlamaModel, "forward_batch", forward_batch)
+    got = [None] * len(prompts)
+    start = threading.Barrier(len(prompts))
+
+    def ask(i):
+        start.wait()
+        r = client.post("/v1/completions", json={"prompt": prompts[i], "max_tokens": 14, "temperature": 0,
+                                                 "ignore_eos": True})
+        got[i] = r.json()["choices"][0]["text"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == expected  # never mixed up
+    assert max(sizes) >= 2  # some forwards carried several requests
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/v1/completions", {"model": "gpt-4", "prompt": PROMPT}, 404, "model"),
+    ("/v1/completions", {"prompt": PROMPT, "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": PROMPT, "logprobs": 5}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": PROMPT, "frobnicate": True}, 400, "frobnicate"),
+    ("/v1/completions", {"prompt": PROMPT, "temperature": -1}, 400, None),
+    ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": PROMPT, "seed": "x"}, 400, "seed"),
+    ("/v1/completions", {"prompt": PROMPT, "stop": [1]}, 400, None),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [5, 100000]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**6}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": " ".join(["w5"] * 5000)}, 413, "max_tokens"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "max_completion_tokens": 0}, 400, None),
+    ("/v1/nothing", {}, 404, None),
+])
+def test_bad_requests_get_openai_errors(client, path, body, status, param):
+    r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["type"] and error["param"] == param
+
+
+def test_malformed_json_is_a_400(client):
+    r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+
+
+def test_models_health_and_the_api_key(llm):
+    with TestClient(create_app(llm, "tiny", api_key="sesame")) as c:
+        assert c.get("/health").status_code == 200  # open
+        assert c.get("/v1/models").status_code == 401
+        assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).json()["error"]["code"] == "invalid_api_key"
+        models = c.get("/v1/models", headers={"Authorization": "Bearer sesame"}).json()
+        assert [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, monkeypatch):
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "ignore_eos": True,
+                               "stream": True}, llm, "tiny")
+    held = Scheduler(llm, max_queue=1)
+    monkeypatch.setattr(held, "_admit", lambda: None)  # nothing leaves the queue
+    held.submit(job, lambda *_: None)
+    with pytest.raises(ApiError) as refused:
+        held.submit(job, lambda *_: None)
+    assert refused.value.status == 503 and refused.value.code == "queue_full"
+    held.stop()
+
+    long_job = parse("completion", {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+                                    "stream": True}, llm, "tiny")
+    scheduler = Scheduler(llm)
+    first, done, seen = threading.Event(), threading.Event(), []
+
+    def on_event(kind, data):
+        seen.append((kind, data))
+        (first if kind == "text" else done if kind == "done" else threading.Event()).set()
+
+    ticket = scheduler.submit(long_job, on_event)
+    assert first.wait(60)
+    ticket.cancel()  # the client went away after its first piece
+    assert done.wait(60)
+    assert 0 < len(seen[-1][1].token_ids) < 400  # ended after the round in progress, not at max_tokens
+    scheduler.stop()
+
+
+def test_triforce_serve_answers_over_http(tiny_dir):
+    """The command line end to end: `triforce serve` on a free port, a completion through a real socket."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    target = tiny_dir("serve-target", tokenizer=True, seed=71)
+    server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", "--model", str(target), "--mode", "ar",
+                               "--dtype", "float32", "--port", str(port), "--served-model-name", "tiny"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 5}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 5
+        assert httpx.get(f"{url}/v1/nope").json()["error"]["type"] == "not_found_error"
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    assert "serving tiny" in out

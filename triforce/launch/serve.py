@@ -1,0 +1,54 @@
+"""`triforce serve`: the OpenAI-compatible HTTP server (serve/app.py) on the models and engine settings of
+`triforce generate`."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..config import EngineConfig
+from ..errors import UserError
+from .cli import add_engine_args, add_mode_arg, add_model_args, engine_settings
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="An OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streaming as "
+                    "server-sent events), /v1/models, /health. Concurrent requests run together on one "
+                    "continuous batch; output is distributed exactly as plain sampling from the target.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_args(p)
+    add_mode_arg(p)
+    add_engine_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", default=os.environ.get("TRIFORCE_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1/ (default: $TRIFORCE_API_KEY; none: open)")
+    g.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for room in the batch; more get 503")
+    g.add_argument("--served-model-name", default=None, help="the model id clients name (default: --model)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args) -> int:
+    if args.max_queue < 1 or not 0 < args.port < 65536:
+        raise UserError("--max-queue must be >= 1 and --port in 1..65535")
+    try:
+        import uvicorn
+
+        from ..serve.app import create_app
+    except ImportError as exc:
+        raise UserError(f"triforce serve needs fastapi and uvicorn ({exc}): pip install fastapi uvicorn") from None
+    from ..api import LLM
+
+    EngineConfig(mode=args.mode, **engine_settings(args))  # validate before loading any weights
+    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
+              **engine_settings(args))
+    name = args.served_model_name or str(args.model)
+    app = create_app(llm, name, args.api_key, args.max_queue)
+    print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"
+          + (" (API key required)" if args.api_key else ""), file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0

@@ -1,0 +1,141 @@
+"""`triforce serve`: an OpenAI-compatible HTTP server (FastAPI), for the clients users already have.
+
+Endpoints: GET /health, GET /v1/models, POST /v1/completions and /v1/chat/completions (the tokenizer's
+chat template), each whole or streamed as server-sent events ending in `data: [DONE]`, with `usage`.
+Requests run on one continuous batch (scheduler.py). With an API key, /v1/ wants `Authorization: Bearer
+KEY`. Every error is OpenAI's JSON with its status: 400 bad parameters, 401 bad key, 404 unknown model or
+path, 413 a prompt longer than the model or the memory allows, 503 queue full, 500 a failure of the
+server (logged, never a traceback to the client). A client that disconnects cancels its request.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..api import LLM
+from . import openai
+from .openai import ApiError
+from .scheduler import Scheduler
+
+log = logging.getLogger("triforce.serve")
+POLL_S = 0.25  # how often a request that does not stream checks that its client is still there
+
+
+def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue: int = 64) -> FastAPI:
+    scheduler = Scheduler(llm, max_queue)
+
+    @asynccontextmanager
+    async def lifespan(_):
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="triforce", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.scheduler = scheduler
+    started = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def api_error(_, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind).body(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, exc: RequestValidationError):
+        return JSONResponse(ApiError(400, f"invalid request: {exc.errors()}").body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def failure(_, exc: Exception):
+        log.exception("unexpected error", exc_info=exc)
+        body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body()
+        return JSONResponse(body, status_code=500)
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        if api_key is not None and request.url.path.startswith("/v1/") and \
+                request.headers.get("authorization") != f"Bearer {api_key}":
+            return JSONResponse(ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                         code="invalid_api_key").body(), status_code=401)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "waiting": len(scheduler.waiting), "running": len(scheduler.running)}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list",
+                "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "triforce"}]}
+
+    async def complete(kind: str, request: Request):
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not valid JSON") from None
+        job = openai.parse(kind, body, llm, model_name)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        ticket = scheduler.submit(job, lambda event, data: loop.call_soon_threadsafe(events.put_nowait, (event, data)))
+        if job.stream:
+            return StreamingResponse(_stream(job, model_name, ticket, events), media_type="text/event-stream")
+        try:
+            while True:
+                try:
+                    event, data = await asyncio.wait_for(events.get(), POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        ticket.cancel()
+                        return JSONResponse({}, status_code=499)  # nobody reads it
+                    continue
+                if event == "done":
+                    return openai.response(job, model_name, data.text, data.finish_reason, len(data.token_ids))
+                if event == "error":
+                    raise ApiError(500, f"generation failed: {data}", "server_error")
+        finally:
+            ticket.cancel()  # no effect once it is done
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete("completion", request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await complete("chat", request)
+
+    return app
+
+
+def _sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+async def _stream(job: openai.Job, model: str, ticket, events: asyncio.Queue):
+    """The events of one request as server-sent events; cancels it if the client goes away."""
+    first = True
+    try:
+        while True:
+            event, data = await events.get()
+            if event == "text":
+                yield _sse(openai.chunk(job, model, data, first=first))
+                first = False
+            elif event == "done":
+                yield _sse(openai.chunk(job, model, None, data.finish_reason, first=first))
+                if job.include_usage:
+                    yield _sse(openai.usage_chunk(job, model, len(data.token_ids)))
+                yield _sse("[DONE]")
+                return
+            else:
+                yield _sse(ApiError(500, f"generation failed: {data}", "server_error").body())
+                yield _sse("[DONE]")
+                return
+    finally:
+        ticket.cancel()

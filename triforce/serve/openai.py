@@ -1,0 +1,166 @@
+"""The OpenAI wire format: request bodies checked and turned into a `Job` (token ids, SamplingParams), and
+the response objects and stream chunks of /v1/completions and /v1/chat/completions.
+
+A parameter this server does not support gets a 400 that names it, unless it asks for what the server
+does anyway (n = 1, no logprobs, zero penalties...), since clients send such defaults. Errors are
+`ApiError`s, rendered as OpenAI's `{"error": {"message", "type", "param", "code"}}` with their status.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from ..config import ConfigError, SamplingParams
+
+# Fields taken as they are; the others are refused unless they hold what the server does anyway.
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
+          "stream_options", "user", "ignore_eos"}
+FIELDS = {"completion": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
+HARMLESS = {"logprobs": (None, False, 0), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+            "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
+            "top_logprobs": (None, 0), "parallel_tool_calls": (None,), "tools": (None, []),
+            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
+DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16, and for chat what the context allows
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Job:
+    """A checked request: what to generate and how to answer."""
+    kind: str  # "completion" or "chat"
+    ids: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    id: str
+    created: int
+
+
+def parse(kind: str, body: object, llm, model_name: str) -> Job:
+    """The body of a /v1/completions ('completion') or /v1/chat/completions ('chat') request, checked."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    for name, value in body.items():
+        if name in FIELDS[kind]:
+            continue
+        if name in HARMLESS and value in HARMLESS[name]:
+            continue
+        raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
+                       param="model", code="model_not_found")
+    if body.get("n", 1) != 1:
+        raise ApiError(400, "only n = 1 is supported", param="n")
+    ids = _prompt_ids(kind, body, llm)
+    limit = llm.target.config.max_positions
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS[kind]))
+    if max_tokens is None:
+        max_tokens = max(1, limit - len(ids))
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ApiError(400, "'seed' must be an integer", param="seed")
+    stop = body.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else stop
+    try:
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            raise ConfigError("max_tokens must be an integer")
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+            raise ConfigError("stop must be a string or a list of up to 4 non-empty strings")
+        params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
+                                top_p=_number(body, "top_p", 1.0), top_k=int(_number(body, "top_k", 0)),
+                                seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")))
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise ApiError(400, str(exc)) from None
+    if len(ids) + max_tokens > limit:
+        raise ApiError(413 if len(ids) >= limit else 400,
+                       f"the prompt ({len(ids)} tokens) and max_tokens ({max_tokens}) pass the model's "
+                       f"{limit} positions", param="max_tokens", code="context_length_exceeded")
+    options = body.get("stream_options") or {}
+    return Job(kind, ids, params, bool(body.get("stream")), bool(options.get("include_usage")),
+               f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()))
+
+
+def _number(body: dict, name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be a number", param=name)
+    return float(value)
+
+
+def _prompt_ids(kind: str, body: dict, llm) -> list[int]:
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages):
+            raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects with text content",
+                           param="messages")
+        tokenizer = llm.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+        prompt = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+                                               add_generation_prompt=True, tokenize=True)
+        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)  # a BatchEncoding, or ids
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt))):
+            raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt per request)",
+                           param="prompt")
+    try:
+        return llm.encode(prompt)
+    except Exception as exc:  # UserError: empty, ids outside the vocabulary, no tokenizer
+        raise ApiError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
+
+
+def usage(job: Job, completion_tokens: int) -> dict:
+    return {"prompt_tokens": len(job.ids), "completion_tokens": completion_tokens,
+            "total_tokens": len(job.ids) + completion_tokens}
+
+
+def response(job: Job, model: str, text: str, finish_reason: str, completion_tokens: int) -> dict:
+    """The whole answer of a request that does not stream."""
+    if job.kind == "completion":
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        obj = "text_completion"
+    else:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason,
+                  "logprobs": None}
+        obj = "chat.completion"
+    return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice],
+            "usage": usage(job, completion_tokens)}
+
+
+def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
+    """One server-sent event of a stream: a piece of text, or (text None) the end with its finish reason."""
+    if job.kind == "completion":
+        choice = {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+        obj = "text_completion"
+    else:
+        delta = {} if text is None else {"content": text}
+        if first:
+            delta = {"role": "assistant", **delta}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        obj = "chat.completion.chunk"
+    return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
+
+
+def usage_chunk(job: Job, model: str, completion_tokens: int) -> dict:
+    obj = "text_completion" if job.kind == "completion" else "chat.completion.chunk"
+    return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [],
+            "usage": usage(job, completion_tokens)}

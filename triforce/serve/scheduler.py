@@ -1,0 +1,144 @@
+"""Every request of a server on one continuous batch, in a background thread.
+
+Requests wait in a FIFO queue of at most `max_queue`; between steps of the batch the first waiting one
+joins it when its caches fit in the memory free then (or when nothing else runs), so requests run
+together and the weights are read once for all of them (coordinator/batch.py: a request's output does
+not depend on its companions). A request that could not fit even alone is refused at once (413). Each
+request reports through its `on_event(kind, data)`, called from the scheduler's thread: ("text", piece)
+as its text is committed (streaming requests), then ("done", RequestOutput) or ("error", message).
+`cancel()` drops a waiting request, and ends a running one after its round in progress (a client that
+went away).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..api import LLM, Request
+from ..coordinator.batch import SequenceBatch
+from ..coordinator.planning import Batchmates
+from ..memory import available_bytes
+from .openai import ApiError, Job
+
+log = logging.getLogger("triforce.serve")
+MEMORY_SHARE = 0.9  # of the free memory that requests' caches may take
+
+
+@dataclass(eq=False)
+class Ticket:
+    job: Job
+    on_event: Callable[[str, object], None]
+    bytes: int = 0  # what its caches take
+    request: Request | None = None
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.request is not None:
+            self.request.cancel()
+
+
+@dataclass(eq=False)
+class Scheduler:
+    llm: LLM
+    max_queue: int = 64
+    waiting: deque = field(default_factory=deque)
+    running: dict = field(default_factory=dict)  # batch sequence -> its ticket
+
+    def __post_init__(self):
+        self._batch, self._mates = SequenceBatch(), Batchmates()
+        self._lock, self._wake, self._stop = threading.Lock(), threading.Event(), False
+        self._thread = threading.Thread(target=self._loop, name="triforce-scheduler", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job, on_event: Callable[[str, object], None]) -> Ticket:
+        """Queues a checked request; raises ApiError 413 (it can never fit) or 503 (the queue is full)."""
+        need = self.llm.cache_bytes_for(len(job.ids), job.params.max_tokens)
+        free = self._free()
+        with self._lock:
+            held = sum(t.bytes for t in self.running.values())
+        if free is not None and need > MEMORY_SHARE * (free + held):
+            raise ApiError(413, f"the caches for {len(job.ids) + job.params.max_tokens} tokens need "
+                                f"{need / 2**30:.2f} GiB; this server has {(free + held) / 2**30:.2f} GiB for them",
+                           code="context_length_exceeded")
+        with self._lock:
+            if len(self.waiting) >= self.max_queue:
+                raise ApiError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
+                               kind="server_error", code="queue_full")
+            ticket = Ticket(job, on_event, need)
+            self.waiting.append(ticket)
+        self._wake.set()
+        return ticket
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _free(self) -> int | None:
+        return None if self.llm.workers is not None else available_bytes(self.llm.device)
+
+    def _admit(self) -> None:
+        """Moves waiting requests into the batch, first come first served, while their caches fit."""
+        while True:
+            with self._lock:
+                if not self.waiting:
+                    return
+                ticket = self.waiting[0]
+                if not ticket.cancelled and self.running:
+                    free = self._free()
+                    if free is not None and ticket.bytes > MEMORY_SHARE * free:
+                        return  # it waits for a running request to end
+                self.waiting.popleft()
+            if ticket.cancelled:
+                continue
+            job = ticket.job
+            stream = (lambda piece, t=ticket: t.on_event("text", piece)) if job.stream else None
+            try:
+                ticket.request = Request(self.llm, job.ids, job.params, stream, self._mates)
+                seq = self._batch.add(ticket.request.run())
+                with self._lock:
+                    self.running[seq] = ticket
+                if seq.done:
+                    self._finish(seq)
+            except Exception as exc:  # noqa: BLE001 (a request's failure must not stop the server)
+                self._fail([ticket], exc)
+
+    def _loop(self) -> None:
+        while not self._stop:
+            self._admit()
+            if not self._batch.active:
+                self._wake.wait(0.1)
+                self._wake.clear()
+                continue
+            try:
+                finished = self._batch.step()
+            except Exception as exc:  # noqa: BLE001
+                # A step runs every request's forward together: which one failed is not known, so all end.
+                with self._lock:
+                    failed = list(self.running.values())
+                    self.running.clear()
+                self._fail(failed, exc)
+                self._batch = SequenceBatch()
+                continue
+            for seq in finished:
+                self._finish(seq)
+
+    def _finish(self, seq) -> None:
+        with self._lock:
+            ticket = self.running.pop(seq)
+        try:
+            output = ticket.request.output(*seq.result)
+        finally:
+            ticket.request.close()
+        ticket.on_event("done", output)
+
+    def _fail(self, tickets: list[Ticket], exc: Exception) -> None:
+        log.exception("request failed", exc_info=exc)
+        for ticket in tickets:
+            if ticket.request is not None:
+                ticket.request.close()
+            ticket.on_event("error", f"{type(exc).__name__}: {exc}")
