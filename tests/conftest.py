@@ -46,3 +46,19 @@ def smollm2_dir():
     from triforce.models.hub import fetch_model
 
     return fetch_model("smollm2")
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """Records how many sequences each model call carried."""
+    from triforce.models.llama import LlamaModel
+
+    calls = []
+    real = LlamaModel.forward_batch
+
+    def forward_batch(self, steps, caches, logits_for="all"):
+        calls.append(len(steps))
+        return real(self, steps, caches, logits_for)
+
+    monkeypatch.setattr(LlamaModel, "forward_batch", forward_batch)
+    return calls

@@ -5,7 +5,6 @@ import torch
 from triforce.config import EngineConfig, SamplingParams
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine
-from triforce.models.llama import LlamaModel
 from triforce.models.loader import load_model
 
 SETTINGS = dict(budget=32, chunk_size=4, sinks=2, window=16, refresh_every=12, full_layers=0, prefill_chunk=64)
@@ -50,20 +49,6 @@ def together(models, mode, policy, tree, batch_prompts, batch_params, join_after
         handles.append(batch.add(late))
     batch.run()
     return [h.result[0] for h in handles]
-
-
-@pytest.fixture
-def count_calls(monkeypatch):
-    """Records how many sequences each model call carried."""
-    calls = []
-    real = LlamaModel.forward_batch
-
-    def forward_batch(self, steps, caches, logits_for="all"):
-        calls.append(len(steps))
-        return real(self, steps, caches, logits_for)
-
-    monkeypatch.setattr(LlamaModel, "forward_batch", forward_batch)
-    return calls
 
 
 @pytest.mark.parametrize("mode,policy,tree", CASES)
