@@ -6,9 +6,11 @@ import torch
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Free bytes on `device` (a GPU's free memory; on a CPU, the system's MemAvailable); None if unknown."""
+    """Free bytes on `device` (a GPU's free memory, with what torch's allocator holds unused; on a CPU, the
+    system's MemAvailable); None if unknown."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
+            torch.cuda.memory_allocated(device)
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -59,7 +59,7 @@ def test_seconds_per_token_composes_the_levels():
 
 def planner_with(costs: dict, context: int = 1000, budget: int = 100):
     planner = AutoPlanner({name: None for name in costs}, budget, table=CostTable(None))
-    planner.costs = lambda stacks, mates=(): costs
+    planner.costs = lambda stacks: costs
     return planner
 
 
@@ -215,14 +215,14 @@ def test_a_batch_is_measured_as_one_call_of_all_its_sequences(models, tmp_path, 
 
 
 class FixedBatch(planning.Batchmates):
-    """A batch of `size` prefilled requests, as far as a planner can tell."""
+    """A batch of `n` prefilled requests, as far as a planner can tell."""
 
-    def __init__(self, size: int):
+    def __init__(self, n: int):
         super().__init__()
-        self.size = size
+        self.n = n
 
-    def measured_with(self, planner):
-        return [None] * (planning.power_of_two_below(self.size) - 1)
+    def size(self, planner):
+        return planning.power_of_two_below(self.n)
 
 
 def test_a_batch_plans_per_token_of_the_whole_batch():
@@ -235,7 +235,12 @@ def test_a_batch_plans_per_token_of_the_whole_batch():
 
     planner = AutoPlanner({n: None for n in ("draft", "retrieval", "target")}, 100, table=CostTable(None),
                           batchmates=FixedBatch(1))
-    planner.costs = lambda stacks, mates: call_costs(1 + len(mates))
+
+    def costs(stacks):
+        planner._batch = planner.batchmates.size(planner)
+        return call_costs(planner._batch)
+
+    planner.costs = costs
     assert planner.plan(1000, 0).mode == "draft"
     planner.batchmates = FixedBatch(11)  # planned as 8: costs are measured at powers of two
     plan = planner.plan(1000, 8)
@@ -344,29 +349,33 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, calibrat
     assert "auto" in metrics.to_dict()
 
 
-def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(models, calibration):
-    """Three requests run together on one plan, made by the first for the batch (costs measured with one
-    batchmate: 2 is the power of two below 3); each still equals plain decoding alone."""
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(models, calibration, policy):
+    """Three requests run together on one plan, made by the first that plans for the batch (costs measured
+    with the other: 2 requests plan, the third is too short to), re-planned as the contexts grow past the
+    costs measured (measured then without the others, which are mid-round) and led by the last one once
+    the first has ended; each equals plain decoding alone."""
     from triforce.coordinator.batch import SequenceBatch
 
     target, draft = models
     g = torch.Generator().manual_seed(9)
     batch_prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (80, 64, 96)]
-    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    plain = [build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 140).generate(p, params)[0]
-             for p in batch_prompts]
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (40, 20, 56)]
+    plain = [build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 160).generate(p, sp)[0]
+             for p, sp in zip(batch_prompts, params)]
     mates = planning.Batchmates()
-    engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 140, batchmates=mates)
-               for _ in batch_prompts]
+    cfg = EngineConfig(mode="auto", **{**SETTINGS, "retrieval_policy": policy})
+    engines = [build_engine(cfg, target, draft, 160, batchmates=mates) for _ in batch_prompts]
     batch = SequenceBatch()
-    handles = [batch.add(e.run(p, params)) for e, p in zip(engines, batch_prompts)]
+    handles = [batch.add(e.run(p, sp)) for e, p, sp in zip(engines, batch_prompts, params)]
     assert mates.engines == engines
     batch.run()
-    assert [h.result[0] for h in handles] == plain and mates.engines == []
-    plans = [h.result[1].auto for h in handles]
+    assert [h.result[0] for h in handles] == plain and mates.engines == [] and mates.plan is None
+    plans = [handles[0].result[1].auto, handles[2].result[1].auto]
+    assert handles[1].result[1].auto is None  # 20 tokens: plain decoding, no plan, never the leader
     assert all(p[0]["why"]["batch"] == 2 for p in plans)
-    assert len({(p[0]["mode"], tuple(p[0]["gammas"])) for p in plans}) == 1  # the leader's plan, for all
-    assert all(d.get("from") == "the batch's leader" for p in plans[1:] for d in p)
+    assert (plans[0][0]["mode"], plans[0][0]["gammas"]) == (plans[1][0]["mode"], plans[1][0]["gammas"])
+    assert plans[1][0].get("from") == "the batch's leader"
     costs = CostTable(calibration / "costs.json").entries
     assert any("|batch=2||" in key for key in costs)
 

@@ -116,6 +116,7 @@ def test_concurrent_requests_run_together_and_each_gets_its_own(llm, client, cou
     ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", {"prompt": PROMPT, "seed": "x"}, 400, "seed"),
     ("/v1/completions", {"prompt": PROMPT, "stop": [1]}, 400, None),
+    ("/v1/completions", {"prompt": PROMPT, "stream": True, "stream_options": 3}, 400, "stream_options"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": [5, 100000]}, 400, "prompt"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**6}, 400, "max_tokens"),

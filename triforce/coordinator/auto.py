@@ -44,19 +44,27 @@ class AutoEngine(HierarchyEngine):
         plan recalls what earlier ones saw); a member of its batch meanwhile."""
         mates, self._prompt_length = self.planner.batchmates, len(prompt)
         if mates is not None:
-            mates.engines.append(self)
+            mates.join(self)
         try:
             result = yield from super().run(prompt, params, *args, **kwargs)
             self.planner.remember()
             return result
         finally:
             if mates is not None:
-                mates.engines.remove(self)
+                mates.leave(self)
 
     @property
-    def prefilled(self) -> bool:
-        """Whether the target holds this request's prompt (its tiers can be measured with a batchmate's)."""
-        return self._prompt_length is not None and self.ladder[-1].length >= self._prompt_length - 1
+    def plans(self) -> bool:
+        """Whether this request plans (it is long enough) and its target holds its prompt, so that it may
+        lead its batch and its tiers may be measured with a batchmate's."""
+        params = getattr(self, "params", None)
+        return self._prompt_length is not None and params is not None and params.max_tokens >= MIN_PLANNED_TOKENS \
+            and self.ladder[-1].length >= self._prompt_length - 1
+
+    @property
+    def rounds(self) -> int:
+        """Rounds begun so far."""
+        return self._rounds
 
     def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
         """The target's prefill, then the first plan and the prefill of the tiers it runs (counted in the
@@ -80,7 +88,7 @@ class AutoEngine(HierarchyEngine):
             return
         mates = self.planner.batchmates
         if self._running is None:  # the first plan, once the batch has joined
-            batch = 1 if mates is None else power_of_two_below(len(mates.engines))
+            batch = 1 if mates is None else mates.size(self.planner)
             self.planner.recall(request_key(self.ladder, self.params, batch))
         if mates is not None and mates.leader() is not self and mates.plan is not None:
             self.planner.fade()

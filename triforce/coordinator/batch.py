@@ -15,7 +15,9 @@ all of them computed together), and each sequence's draws still come from its ow
 
 Sequences join (`add`) and leave (when their run returns) between steps: continuous batching. A run's
 output does not depend on its companions: its rows see only its own cache (LlamaModel.forward_batch),
-and its random draws come from its own generator.
+and its random draws come from its own generator. (In mode auto a batch runs one plan, so which tiers a
+seeded request's draws go through, and so its sample, may depend on the batch; its distribution does
+not, and greedy output is the same.)
 """
 from __future__ import annotations
 

@@ -70,20 +70,30 @@ class CostTable(CalibrationFile):
 
     filename = "costs.json"
 
-    def seconds(self, tiers: Tier | list[Tier], sizes: tuple[int, ...], prepare=None) -> dict[int, float]:
+    def seconds(self, tiers: Tier | list[Tier], sizes: tuple[int, ...], prepare=None,
+                batch: int | None = None) -> dict[int, float]:
         """Seconds per forward call of `tiers` (one tier; or the same tier of each sequence of a batch, each
         over its own cache) for each number of tokens per sequence in `sizes`, at the first one's current
-        context; `prepare()` runs before any measurement is needed (a retrieval cache's sync, say)."""
+        context, for a batch of `batch` sequences (default: as many as `tiers`; an entry the table lacks is
+        measured, which takes that many); `prepare()` runs before any measurement (a retrieval cache's sync)."""
         tiers = [tiers] if isinstance(tiers, Tier) else list(tiers)
-        known = self.entries.setdefault(self._key(tiers[0], len(tiers)), {})
+        batch = batch or len(tiers)
+        known = self.entries.setdefault(self._key(tiers[0], batch), {})
         missing = [n for n in sizes if str(n) not in known]
         if missing:
+            if len(tiers) != batch:
+                raise ValueError(f"measuring a batch of {batch} takes {batch} tiers, not {len(tiers)}")
             if prepare is not None:
                 prepare()
             for n in missing:
                 known[str(n)] = forward_seconds(tiers, n)
             self.save()
         return {n: known[str(n)] for n in sizes}
+
+    def known(self, tier: Tier, sizes: tuple[int, ...], batch: int = 1) -> bool:
+        """Whether the table holds every size for `tier` at its context and this batch size (nothing to measure)."""
+        entry = self.entries.get(self._key(tier, batch), {})
+        return all(str(n) in entry for n in sizes)
 
     def _key(self, tier: Tier, batch: int = 1) -> str:
         """The entry measured nearest to the tier's context, if within CONTEXT_TOLERANCE; else a new one's."""

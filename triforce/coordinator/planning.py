@@ -146,18 +146,34 @@ class Batchmates:
     plan: Plan | None = None
     decision: dict | None = None  # the leader's record of the plan, and why
 
-    def leader(self):
-        return next((e for e in self.engines if e.prefilled), None)
+    def join(self, engine) -> None:
+        self.engines.append(engine)
 
-    def measured_with(self, planner: "AutoPlanner") -> list:
-        """The other members whose tiers `planner`'s costs are measured with, one call for all: those
-        prefilled, as many as make the batch a power of two."""
-        others = [e for e in self.engines if e.planner is not planner and e.prefilled]
-        return others[: power_of_two_below(len(others) + 1) - 1]
+    def leave(self, engine) -> None:
+        self.engines.remove(engine)
+        if not self.engines:  # the next batch plans afresh
+            self.plan = self.decision = None
+
+    def leader(self):
+        return next((e for e in self.engines if e.plans), None)
+
+    def others(self, planner: "AutoPlanner") -> list:
+        """The members planned with `planner`'s request: those prefilled that plan, but its own."""
+        return [e for e in self.engines if e.planner is not planner and e.plans]
+
+    def size(self, planner: "AutoPlanner") -> int:
+        """The batch size `planner` plans for: its request and the others, rounded down to a power of two."""
+        return power_of_two_below(1 + len(self.others(planner)))
+
+    def measurable(self, planner: "AutoPlanner") -> list:
+        """The others whose tiers a batch cost may be measured with: only those that have not begun to
+        decode (a member in the middle of a round holds speculative entries that filler tokens, rolled
+        back after, could overwrite: a dynamic retrieval cache writes into its target's free slots)."""
+        return [e for e in self.others(planner) if e.rounds == 0]
 
     def pooled(self, planner: "AutoPlanner") -> dict[str, Acceptance]:
-        """Each proposer's acceptance over the checks of `planner`'s request and every prefilled member."""
-        members = [planner] + [e.planner for e in self.engines if e.planner is not planner and e.prefilled]
+        """Each proposer's acceptance over the checks of `planner`'s request and the others'."""
+        members = [planner] + [e.planner for e in self.others(planner)]
         return {name: Acceptance(a.prior, a.prior_trials, sum(m.acceptance[name].successes for m in members),
                                  sum(m.acceptance[name].trials for m in members))
                 for name, a in planner.acceptance.items()}
@@ -189,19 +205,29 @@ class AutoPlanner:
             names.remove("retrieval")
         return [stack for stack in STACK_MODES if set(stack[:-1]) <= set(names)]
 
-    def costs(self, stacks: list[tuple[str, ...]], mates: list = ()) -> dict[str, dict[int, float]]:
-        """Seconds per forward call of each tier the stacks use, this sequence's and the same tier of each
-        batchmate in `mates` (engines) in one call."""
-        needed = {name for stack in stacks for name in stack}
+    def costs(self, stacks: list[tuple[str, ...]]) -> dict[str, dict[int, float]]:
+        """Seconds per forward call of each tier the stacks use, for a batch of `_batch` requests: from the
+        table where it knows them; else measured, this request's tier and the same tier of batchmates
+        that have not begun to decode in one call (then `_batch` is as many as those make)."""
+        needed = sorted({name for stack in stacks for name in stack})
+        sizes = {name: (1,) if name == "draft" else CHECK_SIZES for name in needed}
+        if self.batchmates is None:
+            self._batch, mates = 1, []
+        else:
+            self._batch = self.batchmates.size(self)
+            if all(self.table.known(self.tiers[n], sizes[n], self._batch) for n in needed):
+                mates = []  # no measuring: nobody's caches are touched
+            else:
+                mates = self.batchmates.measurable(self)[: self._batch - 1]
+                self._batch = power_of_two_below(1 + len(mates))
+                mates = mates[: self._batch - 1]
         out = {}
-        for name in sorted(needed):
+        for name in needed:
             tier = self.tiers[name]
             group = [tier] + [m.planner.tiers[name] for m in mates]
-            # An idle retrieval cache is measured as it would run: synced (a static one is built then); a
-            # batchmate's only where it is idle (one it runs is in the middle of its round).
-            idle = [tier] + [t for m, t in zip(mates, group[1:]) if t not in m.tiers]
-            out[name] = self.table.seconds(group, (1,) if name == "draft" else CHECK_SIZES,
-                                           lambda idle=idle: [t.sync() for t in idle])
+            # An idle retrieval cache is measured as it would run: synced (a static one is built then).
+            out[name] = self.table.seconds(group, sizes[name], lambda group=group: [t.sync() for t in group],
+                                           self._batch)
         return out
 
     def fade(self) -> None:
@@ -223,9 +249,7 @@ class AutoPlanner:
         stacks = self.candidates(context)
         running = self.decisions[-1]["mode"] if self.decisions else None
         self.fade()
-        mates = [] if self.batchmates is None else self.batchmates.measured_with(self)
-        self._batch = 1 + len(mates)
-        self._costs = self.costs(stacks, mates)
+        self._costs = self.costs(stacks)
         costs = {name: {n: c * self.scale.get(name, 1.0) / self._batch for n, c in by_n.items()}
                  for name, by_n in self._costs.items()}
         self._scaled = costs

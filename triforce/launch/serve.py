@@ -29,12 +29,14 @@ def add_serve_parser(sub) -> None:
     g.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for room in the batch; more get 503")
     g.add_argument("--served-model-name", default=None, help="the model id clients name (default: --model)")
+    g.add_argument("--chat-max-tokens", type=int, default=1024,
+                   help="new tokens of a chat request that names no max_tokens, as far as the context allows")
     p.set_defaults(func=_serve)
 
 
 def _serve(args) -> int:
-    if args.max_queue < 1 or not 0 < args.port < 65536:
-        raise UserError("--max-queue must be >= 1 and --port in 1..65535")
+    if args.max_queue < 1 or args.chat_max_tokens < 1 or not 0 < args.port < 65536:
+        raise UserError("--max-queue and --chat-max-tokens must be >= 1, --port in 1..65535")
     try:
         import uvicorn
 
@@ -47,7 +49,7 @@ def _serve(args) -> int:
     llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
               **engine_settings(args))
     name = args.served_model_name or str(args.model)
-    app = create_app(llm, name, args.api_key, args.max_queue)
+    app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens)
     print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")

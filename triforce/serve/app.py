@@ -10,6 +10,7 @@ server (logged, never a traceback to the client). A client that disconnects canc
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -29,7 +30,9 @@ log = logging.getLogger("triforce.serve")
 POLL_S = 0.25  # how often a request that does not stream checks that its client is still there
 
 
-def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue: int = 64) -> FastAPI:
+def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue: int = 64,
+               chat_max_tokens: int = 1024) -> FastAPI:
+    """The app serving `llm` as `model_name`. chat_max_tokens: what a chat request without max_tokens gets."""
     scheduler = Scheduler(llm, max_queue)
 
     @asynccontextmanager
@@ -62,14 +65,17 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
 
     @app.middleware("http")
     async def check_key(request: Request, call_next):
+        given = request.headers.get("authorization", "").encode()
         if api_key is not None and request.url.path.startswith("/v1/") and \
-                request.headers.get("authorization") != f"Bearer {api_key}":
+                not hmac.compare_digest(given, f"Bearer {api_key}".encode()):
             return JSONResponse(ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
                                          code="invalid_api_key").body(), status_code=401)
         return await call_next(request)
 
     @app.get("/health")
     async def health():
+        if not scheduler.alive:
+            return JSONResponse(ApiError(503, "the scheduler has stopped", "server_error").body(), status_code=503)
         return {"status": "ok", "waiting": len(scheduler.waiting), "running": len(scheduler.running)}
 
     @app.get("/v1/models")
@@ -82,7 +88,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ApiError(400, "the request body is not valid JSON") from None
-        job = openai.parse(kind, body, llm, model_name)
+        job = openai.parse(kind, body, llm, model_name, chat_max_tokens)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         ticket = scheduler.submit(job, lambda event, data: loop.call_soon_threadsafe(events.put_nowait, (event, data)))
         if job.stream:

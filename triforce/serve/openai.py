@@ -21,7 +21,7 @@ HARMLESS = {"logprobs": (None, False, 0), "echo": (None, False), "best_of": (Non
             "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
             "top_logprobs": (None, 0), "parallel_tool_calls": (None,), "tools": (None, []),
             "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
-DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16, and for chat what the context allows
+DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 
 
 class ApiError(Exception):
@@ -46,8 +46,10 @@ class Job:
     created: int
 
 
-def parse(kind: str, body: object, llm, model_name: str) -> Job:
-    """The body of a /v1/completions ('completion') or /v1/chat/completions ('chat') request, checked."""
+def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Job:
+    """The body of a /v1/completions ('completion') or /v1/chat/completions ('chat') request, checked.
+    A chat request without max_tokens gets up to `chat_max_tokens`, as far as the context allows (a whole
+    context's worth would reserve its caches for every such request)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     for name, value in body.items():
@@ -66,7 +68,7 @@ def parse(kind: str, body: object, llm, model_name: str) -> Job:
     limit = llm.target.config.max_positions
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS[kind]))
     if max_tokens is None:
-        max_tokens = max(1, limit - len(ids))
+        max_tokens = max(1, min(chat_max_tokens, limit - len(ids)))
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise ApiError(400, "'seed' must be an integer", param="seed")
@@ -87,6 +89,8 @@ def parse(kind: str, body: object, llm, model_name: str) -> Job:
                        f"the prompt ({len(ids)} tokens) and max_tokens ({max_tokens}) pass the model's "
                        f"{limit} positions", param="max_tokens", code="context_length_exceeded")
     options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", param="stream_options")
     return Job(kind, ids, params, bool(body.get("stream")), bool(options.get("include_usage")),
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()))
 
@@ -111,8 +115,11 @@ def _prompt_ids(kind: str, body: dict, llm) -> list[int]:
         tokenizer = llm.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
-        prompt = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
-                                               add_generation_prompt=True, tokenize=True)
+        try:
+            prompt = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+                                                   add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # the template's own checks (roles, order): the request's fault
+            raise ApiError(400, f"the chat template refused these messages: {exc}", param="messages") from None
         prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)  # a BatchEncoding, or ids
     else:
         prompt = body.get("prompt")

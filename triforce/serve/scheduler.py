@@ -3,7 +3,7 @@
 Requests wait in a FIFO queue of at most `max_queue`; between steps of the batch the first waiting one
 joins it when its caches fit in the memory free then (or when nothing else runs), so requests run
 together and the weights are read once for all of them (coordinator/batch.py: a request's output does
-not depend on its companions). A request that could not fit even alone is refused at once (413). Each
+not depend on its companions, except which seeded sample mode auto's batch plan draws). A request that could not fit even alone is refused at once (413). Each
 request reports through its `on_event(kind, data)`, called from the scheduler's thread: ("text", piece)
 as its text is committed (streaming requests), then ("done", RequestOutput) or ("error", message).
 `cancel()` drops a waiting request, and ends a running one after its round in progress (a client that
@@ -55,7 +55,10 @@ class Scheduler:
         self._thread.start()
 
     def submit(self, job: Job, on_event: Callable[[str, object], None]) -> Ticket:
-        """Queues a checked request; raises ApiError 413 (it can never fit) or 503 (the queue is full)."""
+        """Queues a checked request; raises ApiError 413 (it can never fit) or 503 (the queue is full, or
+        the scheduler has stopped)."""
+        if not self.alive:
+            raise ApiError(503, "the server's scheduler has stopped; see its log", kind="server_error")
         need = self.llm.cache_bytes_for(len(job.ids), job.params.max_tokens)
         free = self._free()
         with self._lock:
@@ -72,6 +75,10 @@ class Scheduler:
             self.waiting.append(ticket)
         self._wake.set()
         return ticket
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         self._stop = True
@@ -99,6 +106,8 @@ class Scheduler:
             stream = (lambda piece, t=ticket: t.on_event("text", piece)) if job.stream else None
             try:
                 ticket.request = Request(self.llm, job.ids, job.params, stream, self._mates)
+                if ticket.cancelled:  # while its caches were allocated
+                    ticket.request.cancel()
                 seq = self._batch.add(ticket.request.run())
                 with self._lock:
                     self.running[seq] = ticket
@@ -119,9 +128,11 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001
                 # A step runs every request's forward together: which one failed is not known, so all end.
                 with self._lock:
-                    failed = list(self.running.values())
+                    failed = list(self.running.items())
                     self.running.clear()
-                self._fail(failed, exc)
+                for seq, _ in failed:
+                    seq.run.close()  # its engine leaves the batchmates
+                self._fail([ticket for _, ticket in failed], exc)
                 self._batch = SequenceBatch()
                 continue
             for seq in finished:
@@ -132,13 +143,25 @@ class Scheduler:
             ticket = self.running.pop(seq)
         try:
             output = ticket.request.output(*seq.result)
-        finally:
-            ticket.request.close()
-        ticket.on_event("done", output)
+        except Exception as exc:  # noqa: BLE001
+            self._fail([ticket], exc)
+            return
+        ticket.request.close()
+        self._tell(ticket, "done", output)
 
     def _fail(self, tickets: list[Ticket], exc: Exception) -> None:
-        log.exception("request failed", exc_info=exc)
+        log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
         for ticket in tickets:
-            if ticket.request is not None:
-                ticket.request.close()
-            ticket.on_event("error", f"{type(exc).__name__}: {exc}")
+            try:
+                if ticket.request is not None:
+                    ticket.request.close()
+            except Exception as close_exc:  # noqa: BLE001 (a worker group gone, say)
+                log.warning("could not free a failed request's sequence: %s", close_exc)
+            self._tell(ticket, "error", f"{type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _tell(ticket: Ticket, kind: str, data) -> None:
+        try:
+            ticket.on_event(kind, data)
+        except Exception:  # noqa: BLE001 (the client's side is gone; the server goes on)
+            log.exception("could not deliver a request's %s", kind)
