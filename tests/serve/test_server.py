@@ -205,3 +205,28 @@ def test_triforce_serve_answers_over_http(tiny_dir):
         server.terminate()
         out, _ = server.communicate(timeout=30)
     assert "serving tiny" in out
+
+
+def test_metrics_count_requests_tokens_and_speculation(llm):
+    """/metrics in Prometheus' format: after two requests, their tokens, reasons and each tier's checks."""
+    with TestClient(create_app(llm, "tiny")) as c:
+        outs = [c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": n, "temperature": 0,
+                                                "ignore_eos": True}).json() for n in (9, 7)]
+        text = c.get("/metrics").text
+    expected = plain(llm, PROMPT, 9, temperature=0, ignore_eos=True).metrics
+
+    def value(line_start):
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
+
+    assert value('vllm:generation_tokens_total{model_name="tiny"}') == 16
+    assert value('vllm:prompt_tokens_total{model_name="tiny"}') == 80
+    assert value('vllm:request_success_total{finished_reason="length",model_name="tiny"}') == 2
+    assert value('vllm:num_requests_waiting{model_name="tiny"}') == 0
+    assert value('vllm:time_to_first_token_seconds_count{model_name="tiny"}') == 2
+    tier = expected.tiers[-1]  # the target, checking the retrieval tier's tokens
+    prefix = f'vllm:spec_decode_num_drafts_total{{drafter="{tier.drafter}",model_name="tiny",tier="{tier.name}"}}'
+    assert value(prefix) >= tier.checks > 0
+    accepted = value(f'vllm:spec_decode_num_accepted_tokens_total{{drafter="{tier.drafter}",model_name="tiny",'
+                     f'tier="{tier.name}"}}')
+    per_pos = value('vllm:spec_decode_num_accepted_tokens_per_pos_total{drafter="retrieval"')
+    assert accepted == per_pos > 0 and all(o["usage"]["completion_tokens"] for o in outs)

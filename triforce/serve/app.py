@@ -1,6 +1,6 @@
 """`triforce serve`: an OpenAI-compatible HTTP server (FastAPI), for the clients users already have.
 
-Endpoints: GET /health, GET /v1/models, POST /v1/completions and /v1/chat/completions (the tokenizer's
+Endpoints: GET /health, GET /metrics (Prometheus, metrics.py), GET /v1/models, POST /v1/completions and /v1/chat/completions (the tokenizer's
 chat template), each whole or streamed as server-sent events ending in `data: [DONE]`, with `usage`.
 Requests run on one continuous batch (scheduler.py). With an API key, /v1/ wants `Authorization: Bearer
 KEY`. Every error is OpenAI's JSON with its status: 400 bad parameters, 401 bad key, 404 unknown model or
@@ -18,12 +18,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..api import LLM
 from . import openai
 from .openai import ApiError
+from .metrics import ServerMetrics
 from .scheduler import Scheduler
 
 log = logging.getLogger("triforce.serve")
@@ -34,6 +35,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
                chat_max_tokens: int = 1024) -> FastAPI:
     """The app serving `llm` as `model_name`. chat_max_tokens: what a chat request without max_tokens gets."""
     scheduler = Scheduler(llm, max_queue)
+    scheduler.metrics = metrics = ServerMetrics(model_name, scheduler)
 
     @asynccontextmanager
     async def lifespan(_):
@@ -77,6 +79,10 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
         if not scheduler.alive:
             return JSONResponse(ApiError(503, "the scheduler has stopped", "server_error").body(), status_code=503)
         return {"status": "ok", "waiting": len(scheduler.waiting), "running": len(scheduler.running)}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models():

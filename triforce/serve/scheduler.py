@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class Ticket:
     bytes: int = 0  # what its caches take
     request: Request | None = None
     cancelled: bool = False
+    queued_at: float = field(default_factory=time.perf_counter)
+    queued_s: float = 0.0  # how long it waited for the batch
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -47,6 +50,7 @@ class Scheduler:
     max_queue: int = 64
     waiting: deque = field(default_factory=deque)
     running: dict = field(default_factory=dict)  # batch sequence -> its ticket
+    metrics: object = None  # a ServerMetrics (metrics.py), told of every request that ends
 
     def __post_init__(self):
         self._batch, self._mates = SequenceBatch(), Batchmates()
@@ -103,6 +107,7 @@ class Scheduler:
             if ticket.cancelled:
                 continue
             job = ticket.job
+            ticket.queued_s = time.perf_counter() - ticket.queued_at
             stream = (lambda piece, t=ticket: t.on_event("text", piece)) if job.stream else None
             try:
                 ticket.request = Request(self.llm, job.ids, job.params, stream, self._mates)
@@ -147,6 +152,8 @@ class Scheduler:
             self._fail([ticket], exc)
             return
         ticket.request.close()
+        if self.metrics is not None:
+            self.metrics.finished(output.finish_reason, output.metrics, ticket.queued_s)
         self._tell(ticket, "done", output)
 
     def _fail(self, tickets: list[Ticket], exc: Exception) -> None:
@@ -157,6 +164,8 @@ class Scheduler:
                     ticket.request.close()
             except Exception as close_exc:  # noqa: BLE001 (a worker group gone, say)
                 log.warning("could not free a failed request's sequence: %s", close_exc)
+            if self.metrics is not None:
+                self.metrics.failed()
             self._tell(ticket, "error", f"{type(exc).__name__}: {exc}")
 
     @staticmethod
