@@ -108,7 +108,7 @@ class Scheduler:
                 continue
             job = ticket.job
             ticket.queued_s = time.perf_counter() - ticket.queued_at
-            stream = (lambda piece, t=ticket: t.on_event("text", piece)) if job.stream else None
+            stream = (lambda piece, t=ticket: self._tell(t, "text", piece)) if job.stream else None
             try:
                 ticket.request = Request(self.llm, job.ids, job.params, stream, self._mates)
                 if ticket.cancelled:  # while its caches were allocated
