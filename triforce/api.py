@@ -51,11 +51,13 @@ class RequestOutput:
 class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
                  mode: str = "auto", dtype: str = "auto", device: str | None = None, workers=None,
-                 rope_scaling: str | None = None, **engine_settings):
+                 rope_scaling: str | None = None, revision: str | None = None, **engine_settings):
         """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...). `workers`: a
         ControlChannel to a worker group that verifies with the full cache (launch/distributed.py);
         None verifies in this process. `rope_scaling`: 'KIND:FACTOR' (linear, dynamic, yarn, llama3)
-        stretches target and draft alike over FACTOR times their positions."""
+        stretches target and draft alike over FACTOR times their positions. `model` and `draft` may be
+        Hugging Face ids (org/name), resolved in the hub cache (HF_HOME, HF_HUB_OFFLINE); `revision` is
+        the target's."""
         if dtype not in DTYPE_CHOICES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPE_CHOICES)} (got {dtype!r})")
         unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
@@ -65,7 +67,7 @@ class LLM:
         self.dtype = resolve_dtype(dtype, self.device)  # 'auto' decided once, for target and draft alike
         self.workers = workers
         EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
-        self.model_path = resolve_model(model)
+        self.model_path = resolve_model(model, revision)
         if draft is None and mode in MODES_WITH_DRAFT:
             draft = DEFAULT_DRAFTS.get(str(model))  # a folder in the package, or a known model's name
             if isinstance(draft, Path) and not (draft / "config.json").is_file():

@@ -93,3 +93,43 @@ def test_shards_bound_the_conversion_and_load(tmp_path, monkeypatch, tiny_dir):
         cache = FullKVCache(m.config, 32, m.rope, m.dtype, m.device)
         outs.append(m.forward(Step.chain(ids.tolist(), 0), cache))
     assert torch.equal(outs[0], outs[1])
+
+
+def fake_hub(root, repo: str, refs: dict[str, object]) -> None:
+    """A Hugging Face hub cache as huggingface_hub lays it out: refs/NAME holds a commit, whose snapshot
+    folder holds the files (here: copies of a tiny checkpoint folder per ref)."""
+    import shutil
+
+    base = root / "hub" / ("models--" + repo.replace("/", "--"))
+    (base / "refs").mkdir(parents=True)
+    for i, (ref, folder) in enumerate(refs.items()):
+        commit = f"{i + 1:040x}"
+        (base / "refs" / ref).write_text(commit)
+        shutil.copytree(folder, base / "snapshots" / commit)
+
+
+def test_hugging_face_ids_resolve_in_the_hub_cache_offline(tiny_dir, tmp_path, monkeypatch, capsys):
+    from triforce import LLM, SamplingParams
+    from triforce.launch.cli import main
+    from triforce.models.config import ModelLoadError
+    from triforce.models.hub import resolve_model
+
+    first = tiny_dir("hub-first", tokenizer=True, seed=81)
+    second = tiny_dir("hub-second", tokenizer=True, seed=82)
+    fake_hub(tmp_path, "acme/tiny", {"main": first, "v1": second})
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert (resolve_model("acme/tiny") / "config.json").read_text() == (first / "config.json").read_text()
+    assert (resolve_model("acme/tiny", "v1") / "model.safetensors").read_bytes() == \
+        (second / "model.safetensors").read_bytes()
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    by_id = LLM("acme/tiny", mode="ar", dtype="float32", revision="v1").generate("w5 w6 w7", params)[0]
+    assert by_id.token_ids == LLM(second, mode="ar", dtype="float32").generate("w5 w6 w7", params)[0].token_ids
+    with pytest.raises(ModelLoadError, match="acme/missing not found in .* HF_HUB_OFFLINE is set") as missing:
+        resolve_model("acme/missing")
+    assert "\n" not in str(missing.value)
+    capsys.readouterr()
+    assert main(["generate", "--model", "acme/missing", "--prompt", "w5", "--mode", "ar"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "acme/missing" in err

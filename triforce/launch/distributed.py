@@ -143,13 +143,13 @@ def _leader_host(rank: int, control) -> str:
     return bytes(buf[buf != 0].tolist()).decode()
 
 
-def _resolve_once(spec, rank: int, control):
+def _resolve_once(spec, rank: int, control, revision: str | None = None):
     """Rank 0 fetches or converts a model first; the others then find it ready."""
     from ..models.hub import resolve_model
 
-    path = resolve_model(spec) if rank == 0 else None
+    path = resolve_model(spec, revision) if rank == 0 else None
     dist.barrier(group=control)
-    return path if rank == 0 else resolve_model(spec)
+    return path if rank == 0 else resolve_model(spec, revision)
 
 
 def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: GroupTimeouts) -> int:
@@ -158,7 +158,7 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     from ..workers.group import run_worker
     from ..workers.worker import CoordinatorLost
 
-    path = _resolve_once(args.model, rank, groups.control)
+    path = _resolve_once(args.model, rank, groups.control, args.revision)
     tp = TensorParallel(rank - 1, world - 1, groups.workers)
     leader = rank == 1
     endpoint = f"tcp://{args.control_bind}:{args.control_port}" if leader else None
@@ -181,13 +181,13 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
     from ..workers.bulk import BulkLink
     from .cli import engine_settings, run_generation
 
-    path = _resolve_once(args.model, 0, groups.control)
+    path = _resolve_once(args.model, 0, groups.control, args.revision)
     channel = ControlChannel(f"tcp://{args.control_host}:{args.control_port}", args.worker_timeout,
                              BulkLink(groups.link, peer=1))
     try:
         channel.handshake(model_identity(path, args.rope_scaling), world - 1)
         llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=channel,
-                  rope_scaling=args.rope_scaling, **engine_settings(args))
+                  rope_scaling=args.rope_scaling, revision=args.revision, **engine_settings(args))
         return run_generation(args, llm)
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)

@@ -47,7 +47,7 @@ def _serve(args) -> int:
 
     EngineConfig(mode=args.mode, **engine_settings(args))  # validate before loading any weights
     llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
-              **engine_settings(args))
+              revision=args.revision, **engine_settings(args))
     name = args.served_model_name or str(args.model)
     app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens)
     print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,8 +64,9 @@ def triforce_home() -> Path:
     return Path(os.environ.get("TRIFORCE_HOME") or Path.home() / ".cache" / "triforce")
 
 
-def resolve_model(spec: str | os.PathLike) -> Path:
-    """A known name, a .gguf file or a model folder -> a safetensors model folder."""
+def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
+    """A known name, a .gguf file, a model folder or a Hugging Face model id (org/name, at `revision`) ->
+    a safetensors model folder."""
     spec_str = str(spec)
     if spec_str in KNOWN_MODELS:
         return fetch_model(spec_str)
@@ -73,8 +75,34 @@ def resolve_model(spec: str | os.PathLike) -> Path:
         return convert_gguf_cached(path)
     if path.is_dir():
         return path
+    if HUB_ID.fullmatch(spec_str):
+        return hub_snapshot(spec_str, revision)
     known = ", ".join(KNOWN_MODELS)
-    raise ModelLoadError(f"{spec_str}: no such model folder or .gguf file (known names: {known})")
+    raise ModelLoadError(f"{spec_str}: no such model folder, .gguf file or Hugging Face id (known names: {known})")
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]  # config, weights, tokenizer
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+    """The folder of a Hugging Face model id in the hub cache ($HF_HUB_CACHE, else $HF_HOME/hub),
+    downloaded there first unless HF_HUB_OFFLINE is set (then it must be cached already)."""
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    cache = os.environ.get("HF_HUB_CACHE") or \
+        Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+    wanted = repo_id + (f"@{revision}" if revision else "")
+    try:
+        folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_FILES,
+                                        local_files_only=offline))
+    except Exception as exc:  # not cached offline, not on the hub, no network, gated: one line either way
+        how = "HF_HUB_OFFLINE is set and it is not cached" if offline else f"{type(exc).__name__}: {exc}"
+        raise ModelLoadError(f"Hugging Face model {wanted} not found in {cache}: {how}".splitlines()[0]) from None
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"Hugging Face model {wanted} in {folder} has no config.json")
+    return folder
 
 
 def fetch_model(name: str) -> Path:
