@@ -1,4 +1,4 @@
-"""`triforce` command line: generate, serve, bench, fetch-model, train-draft. One layer that maps flags onto the config
+"""`triforce` command line: generate, serve, batch, bench, fetch-model, train-draft. One layer that maps flags onto the config
 dataclasses; errors in the user's input print one line and exit 2."""
 from __future__ import annotations
 
@@ -179,12 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS))
     fetch.set_defaults(func=_fetch)
 
+    from .batch_jobs import add_batch_parser
     from .bench import add_bench_parser
     from .serve import add_serve_parser
     from .train_draft import add_train_draft_parser
 
     add_bench_parser(sub)
     add_serve_parser(sub)
+    add_batch_parser(sub)
     add_train_draft_parser(sub)
     return parser
 

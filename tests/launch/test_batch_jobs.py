@@ -1,0 +1,67 @@
+"""`triforce batch` (launch/batch_jobs.py): OpenAI Batch API lines in, results out, against LLM.generate;
+bad lines become error lines; a resumed run skips what is written; shards split the lines."""
+import json
+
+import pytest
+
+from triforce import LLM, SamplingParams
+from triforce.errors import UserError
+from triforce.launch.batch_jobs import shard_of
+from triforce.launch.cli import main
+
+PROMPT = " ".join(f"w{3 + (5 * i) % 90}" for i in range(30))
+
+
+def request(custom_id, prompt, max_tokens, url="/v1/completions"):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def run(target, inp, out, *extra):
+    return main(["batch", "--input", str(inp), "--output", str(out), "--model", str(target), "--mode", "ar",
+                 "--dtype", "float32", "--served-model-name", "tiny", "--batch-size", "2", *extra])
+
+
+def results(path):
+    return {r["custom_id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    prompts = {"a": PROMPT, "b": PROMPT + " w7", "c": " ".join(PROMPT.split()[:12])}
+    lines = [request(k, p, 6) for k, p in prompts.items()]
+    lines += ["{not json", request("d", PROMPT, 6, url="/v1/embeddings"),
+              json.dumps({"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": {"prompt": PROMPT,
+                                                                                                "n": 3}})]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    llm = LLM(target, mode="ar", dtype="float32")
+    expected = {k: llm.generate(p, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].text
+                for k, p in prompts.items()}
+    out.write_text(json.dumps({"custom_id": "b", "response": {"status_code": 200, "body": {}}, "error": None})
+                   + "\n" + '{"custom_id": "c", "resp')  # a run killed mid-write: b done, c torn
+    assert run(target, inp, out) == 0
+    got = results(out)
+    assert sorted(got) == ["a", "b", "c", "d", "e", "line-4"]
+    assert len(out.read_text().splitlines()) == 6  # b kept once, the torn line gone
+    for k in ("a", "c"):
+        body = got[k]["response"]["body"]
+        assert body["choices"][0]["text"] == expected[k] and body["model"] == "tiny" and got[k]["error"] is None
+    assert got["b"]["response"]["body"] == {}  # not run again
+    assert got["line-4"]["error"]["code"] == "invalid_json" and got["line-4"]["response"] is None
+    assert "url" in got["d"]["error"]["message"] and got["e"]["error"]["message"] == "only n = 1 is supported"
+    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 6  # all done: nothing added
+
+
+def test_shards_split_the_lines(tiny_dir, tmp_path):
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(request(f"r{i}", PROMPT, 2) for i in range(5)) + "\n")
+    for i in range(2):
+        assert run(target, inp, tmp_path / f"out{i}.jsonl", "--shard", f"{i}/2") == 0
+    assert sorted(results(tmp_path / "out0.jsonl")) == ["r0", "r2", "r4"]
+    assert sorted(results(tmp_path / "out1.jsonl")) == ["r1", "r3"]
+    assert shard_of(None, {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4", "RANK": "1"}) == (3, 4)
+    assert shard_of(None, {"RANK": "1", "WORLD_SIZE": "2"}) == (1, 2) and shard_of(None, {}) == (0, 1)
+    with pytest.raises(UserError, match="I must be in"):
+        shard_of("2/2")

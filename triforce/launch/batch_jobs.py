@@ -1,0 +1,141 @@
+"""`triforce batch`: OpenAI Batch API jobs from a JSONL file, for cluster batch jobs.
+
+Each input line is `{"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
+"body"}`; each output line is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
+"error"}`, with `error` set (and `response` null) for a line that cannot run: bad JSON, another url, a
+body the server would refuse (serve/openai.py checks it the same way). Requests run `--batch-size` at a
+time through LLM.generate. Each result line is written whole and flushed, so a killed job loses at most
+the requests in flight; run again, it skips the custom_ids the output already has (a torn last line, if
+the kill came mid-write, is dropped first). `--shard I/N` takes lines I, I + N, ... (default: the Slurm
+array task, else torchrun's rank and world size, else all).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..errors import UserError
+from .cli import add_engine_args, add_mode_arg, add_model_args, engine_settings
+
+URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+
+
+def add_batch_parser(sub) -> None:
+    p = sub.add_parser("batch", help="run OpenAI Batch API requests from a JSONL file (resumable, shardable)",
+                       description=__doc__.split("\n\n")[0] + " Output is distributed exactly as plain sampling "
+                                   "from the target.")
+    p.add_argument("--input", required=True, help="JSONL of requests (custom_id, method, url, body)")
+    p.add_argument("--output", required=True, help="JSONL of results; an existing one is resumed")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="take lines I, I+N, ... (default: SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, else "
+                        "RANK/WORLD_SIZE, else 0/1)")
+    p.add_argument("--batch-size", type=int, default=8, help="requests generated together")
+    p.add_argument("--chat-max-tokens", type=int, default=1024, help="new tokens of a chat request without max_tokens")
+    p.add_argument("--served-model-name", default=None, help="the model name results carry (default: --model)")
+    add_model_args(p)
+    add_mode_arg(p)
+    add_engine_args(p)
+    p.set_defaults(func=_batch)
+
+
+def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
+    """(I, N) from --shard I/N, else the Slurm array task, else torchrun's rank, else (0, 1)."""
+    if spec is None:
+        if "SLURM_ARRAY_TASK_ID" in env:
+            spec = f"{env['SLURM_ARRAY_TASK_ID']}/{env.get('SLURM_ARRAY_TASK_COUNT', '1')}"
+        elif "RANK" in env and "WORLD_SIZE" in env:
+            spec = f"{env['RANK']}/{env['WORLD_SIZE']}"
+        else:
+            return 0, 1
+    try:
+        index, count = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise UserError(f"--shard must be I/N (got {spec!r})") from None
+    if not 0 <= index < count:
+        raise UserError(f"--shard {spec}: I must be in 0..N-1")
+    return index, count
+
+
+def done_ids(output: Path) -> set[str]:
+    """custom_ids already answered in `output`; a torn last line (a kill mid-write) is cut off."""
+    if not output.exists():
+        return set()
+    data = output.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        output.write_bytes(data)
+    return {json.loads(line)["custom_id"] for line in data.decode().splitlines() if line.strip()}
+
+
+def _batch(args) -> int:
+    from ..api import LLM
+    from ..config import EngineConfig
+    from ..serve import openai
+
+    index, count = shard_of(args.shard)
+    if args.batch_size < 1:
+        raise UserError("--batch-size must be >= 1")
+    try:
+        lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {args.input}: {exc}") from None
+    output = Path(args.output)
+    finished = done_ids(output)
+    mine = [(n, line) for n, line in enumerate(lines) if n % count == index and line.strip()]
+    EngineConfig(mode=args.mode, **engine_settings(args))
+    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
+              revision=args.revision, **engine_settings(args))
+    model = args.served_model_name or str(args.model)
+    with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
+                                                          file=sys.stderr) as bar:
+        def write(record: dict) -> None:
+            out.write(json.dumps(record) + "\n")  # one write per line, then flushed: never half a result
+            out.flush()
+
+        pending = []
+        for n, line in mine:
+            custom_id, job = f"line-{n + 1}", None
+            try:
+                request = json.loads(line)
+                custom_id = str(request.get("custom_id") or custom_id) if isinstance(request, dict) else custom_id
+                if custom_id in finished:
+                    bar.update(1)
+                    continue
+                if not isinstance(request, dict) or request.get("method", "POST") != "POST" or \
+                        request.get("url") not in URLS:
+                    raise openai.ApiError(400, "each line needs method POST and url /v1/completions or "
+                                               "/v1/chat/completions")
+                job = openai.parse(URLS[request["url"]], request.get("body"), llm, model, args.chat_max_tokens)
+            except json.JSONDecodeError as exc:
+                error = {"code": "invalid_json", "message": f"line {n + 1}: {exc}"}
+            except openai.ApiError as exc:
+                error = {"code": exc.code or exc.kind, "message": exc.message}
+            if job is None:
+                if custom_id not in finished:  # a bad line's error is written once too
+                        write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": None,
+                           "error": error})
+                bar.update(1)
+                continue
+            pending.append((custom_id, job))
+            if len(pending) == args.batch_size:
+                _run(llm, model, pending, write, bar)
+                pending = []
+        if pending:
+            _run(llm, model, pending, write, bar)
+    return 0
+
+
+def _run(llm, model, pending, write, bar) -> None:
+    from ..serve import openai
+
+    outs = llm.generate([job.ids for _, job in pending], [job.params for _, job in pending])
+    for (custom_id, job), out in zip(pending, outs):
+        body = openai.response(job, model, out.text, out.finish_reason, len(out.token_ids))
+        write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
+               "response": {"status_code": 200, "request_id": job.id, "body": body}, "error": None})
+        bar.update(1)
