@@ -37,6 +37,7 @@ log = logging.getLogger("triforce")
 DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",
                                    "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
 MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
+MEMORY_SHARE = 0.9  # of the memory free on the device, what requests' caches may take
 
 
 @dataclass
@@ -153,10 +154,10 @@ class LLM:
         """The requests (prompt length, max tokens) in order, grouped into batches whose caches fit in the
         memory free on the device (one group when it is unknown or the workers hold the full caches: each
         worker refuses a sequence that does not fit its memory)."""
-        free = None if self.workers is not None else _available_memory_bytes(self.device)
+        free = self.free_memory()
         if free is None:
             return [list(range(len(sizes)))]
-        room = 0.9 * free
+        room = MEMORY_SHARE * free
         parts: list[list[int]] = [[]]
         used = 0
         for i, (prompt_len, max_tokens) in enumerate(sizes):
@@ -170,6 +171,11 @@ class LLM:
             parts[-1].append(i)
             used += need
         return parts
+
+    def free_memory(self) -> int | None:
+        """Bytes free for this process's caches: None where unknown, or where a worker group holds the full
+        caches (each worker checks its own memory as a sequence starts)."""
+        return None if self.workers is not None else _available_memory_bytes(self.device)
 
     def eos_ids(self) -> tuple[int, ...]:
         """The ids that end generation: the model's end-of-sequence ids and the tokenizer's."""

@@ -32,7 +32,7 @@ class AutoEngine(HierarchyEngine):
         """ladder: the request's tiers cheapest first, the target last."""
         super().__init__([ladder[-1]], [])
         self.ladder, self.planner = list(ladder), planner
-        self._rounds = 0
+        self.rounds = 0  # rounds begun (a batchmate that has begun none may be measured with)
         self._pairs: dict[tuple[str, str], TierStats] = {}
         self._running: tuple[Plan, int, float] | None = None  # the plan running, since which token, when
         self._prompt_length: int | None = None
@@ -57,14 +57,9 @@ class AutoEngine(HierarchyEngine):
     def plans(self) -> bool:
         """Whether this request plans (it is long enough) and its target holds its prompt, so that it may
         lead its batch and its tiers may be measured with a batchmate's."""
-        params = getattr(self, "params", None)
-        return self._prompt_length is not None and params is not None and params.max_tokens >= MIN_PLANNED_TOKENS \
-            and self.ladder[-1].length >= self._prompt_length - 1
-
-    @property
-    def rounds(self) -> int:
-        """Rounds begun so far."""
-        return self._rounds
+        params = getattr(self, "params", None)  # set once the run starts
+        return params is not None and params.max_tokens >= MIN_PLANNED_TOKENS and \
+            self.ladder[-1].length >= self._prompt_length - 1
 
     def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
         """The target's prefill, then the first plan and the prefill of the tiers it runs (counted in the
@@ -73,9 +68,9 @@ class AutoEngine(HierarchyEngine):
         yield from self._replan(0)
 
     def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
-        self._rounds += 1
+        self.rounds += 1
         mates = self.planner.batchmates
-        if self._rounds % REPLAN_ROUNDS == 0:
+        if self.rounds % REPLAN_ROUNDS == 0:
             yield from self._replan(generated)
         elif mates is not None and self._running is not None and mates.plan not in (None, self._running[0]):
             yield from self._adopt(mates.plan, generated, mates.decision)  # the batch's leader re-planned

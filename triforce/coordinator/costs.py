@@ -5,8 +5,8 @@ runs, and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs.jso
 (CPU model, kernel path, threads), tier (its name, its model's shape and dtype, its cache's size), the
 context the forward attends over, and the batch: B sequences' forwards run as one call (the weights read
 once for all, each sequence's own cache), measured as such a call of B sequences' tiers, n tokens each.
-So a machine calibrates a model once per context and batch size: a later request
-within CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (planning.py) plans from these costs;
+So a machine calibrates a model once per context and batch size: a later request within
+CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (planning.py) plans from these costs;
 `measure_costs` (trees.py) sizes trees from them.
 """
 from __future__ import annotations
@@ -104,10 +104,9 @@ class CostTable(CalibrationFile):
         return min(near, key=lambda k: abs(int(k[len(prefix):]) - context)) if near else f"{prefix}{context}"
 
 
-def forward_seconds(tiers: Tier | list[Tier], n: int) -> float:
+def forward_seconds(tiers: list[Tier], n: int) -> float:
     """The faster of two forwards of n filler tokens over each tier's cache, all in one call, each cache
     rolled back after."""
-    tiers = [tiers] if isinstance(tiers, Tier) else list(tiers)
     lengths, spent, best = [t.length for t in tiers], [t.seconds for t in tiers], float("inf")
     for _ in range(2):
         start = time.perf_counter()

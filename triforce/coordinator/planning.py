@@ -25,18 +25,21 @@ ran, from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realiz
 each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows the text, and a proposer
 dropped after a bad start drifts back to its prior and is tried again. Plans are scored with an optimistic
 alpha (mean + one standard deviation), so a tier that has been seen little gets tried, and the estimate it
-then earns decides. What the model leaves out (verification and bookkeeping between forwards) is learned too: each mode's prediction is scaled by
-the speed it really reached over the rounds it last ran, against what the model predicts for them (an
-untried speculative mode by the mean of the speculative modes tried; `ar`, which verifies nothing, by 1;
-an idle mode's factor fades back towards 1 as its acceptance evidence fades).
+then earns decides. What the model leaves out (verification and bookkeeping between forwards) is learned
+too: each mode's prediction is scaled by the speed it really reached over the rounds it last ran, against
+what the model predicts for them (an untried speculative mode by the mean of the speculative modes tried;
+`ar`, which verifies nothing, by 1; an idle mode's factor fades back towards 1 as its acceptance evidence
+fades).
 
-In a batch (LLM.generate's prompts run together) each request still plans for itself, but from what a
-forward of the batch costs: c_t(n) is then the seconds of one call that runs tier t of B sequences (this
-one's and those of B - 1 batchmates that have been prefilled; B a power of two, so a batch that shrinks as
-requests end is measured a few times, not at every size), n tokens each, over B; a mode is scored by the
-tokens per second of the whole batch if every request ran it. At batch 8 the weights are read once for
-eight sequences and each one's KV cache is what costs, which favours the retrieval tier over the draft
-where one sequence alone would not.
+In a batch (LLM.generate's prompts, a server's running requests) one plan serves every request
+(`Batchmates`): its leader, the first request that plans, makes it from the acceptance of all members'
+checks pooled, and from what a forward of the batch costs: c_t(n) is then the seconds of one call that
+runs tier t of B requests, n tokens each, over B, so a mode is scored by the tokens per second of the
+whole batch. B is the members that plan, rounded down to a power of two (a batch that shrinks as requests
+end is measured a few times, not at every size); a cost the table lacks is measured with batchmates that
+have not begun to decode, or alone. At batch 8 the weights are read once for eight sequences and each
+one's KV cache is what costs, which favours the retrieval tier over the draft where one sequence alone
+would not.
 
 The running mode stays unless another promises SWITCH_MARGIN more. Costs are re-read when the
 context moves past what they were measured at (the table measures once per machine, model, context and
@@ -211,16 +214,12 @@ class AutoPlanner:
         that have not begun to decode in one call (then `_batch` is as many as those make)."""
         needed = sorted({name for stack in stacks for name in stack})
         sizes = {name: (1,) if name == "draft" else CHECK_SIZES for name in needed}
-        if self.batchmates is None:
-            self._batch, mates = 1, []
-        else:
-            self._batch = self.batchmates.size(self)
-            if all(self.table.known(self.tiers[n], sizes[n], self._batch) for n in needed):
-                mates = []  # no measuring: nobody's caches are touched
-            else:
-                mates = self.batchmates.measurable(self)[: self._batch - 1]
-                self._batch = power_of_two_below(1 + len(mates))
-                mates = mates[: self._batch - 1]
+        mates = []
+        self._batch = 1 if self.batchmates is None else self.batchmates.size(self)
+        if not all(self.table.known(self.tiers[n], sizes[n], self._batch) for n in needed):
+            measurable = [] if self.batchmates is None else self.batchmates.measurable(self)
+            self._batch = min(self._batch, power_of_two_below(1 + len(measurable)))
+            mates = measurable[: self._batch - 1]
         out = {}
         for name in needed:
             tier = self.tiers[name]
@@ -230,10 +229,14 @@ class AutoPlanner:
                                            self._batch)
         return out
 
+    @property
+    def running(self) -> str | None:
+        return self.decisions[-1]["mode"] if self.decisions else None
+
     def fade(self) -> None:
         """At each plan (in a batch, at each member's): older acceptance evidence counts less, and an idle
         mode's measured speed fades back towards its model."""
-        running = self.decisions[-1]["mode"] if self.decisions else None
+        running = self.running
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT)
         for mode, ratio in self.realized.items():
@@ -246,8 +249,7 @@ class AutoPlanner:
 
     def plan(self, context: int, generated: int) -> Plan:
         """The best plan at this context; recorded in `decisions` when it differs from the last."""
-        stacks = self.candidates(context)
-        running = self.decisions[-1]["mode"] if self.decisions else None
+        stacks, running = self.candidates(context), self.running
         self.fade()
         self._costs = self.costs(stacks)
         costs = {name: {n: c * self.scale.get(name, 1.0) / self._batch for n, c in by_n.items()}

@@ -2,7 +2,8 @@
 first plan starts from it instead of generic guesses.
 
 For each kind of request (the machine; each tier's kind and the fingerprint of its model's weights; the
-sampling settings, since acceptance depends on the temperature; the batch size planned for), `priors.json` beside the costs holds:
+sampling settings, since acceptance depends on the temperature; the batch size planned for),
+`priors.json` beside the costs holds:
 - `acceptance`: per proposer, the per-token acceptance its checks saw lately (the draft's, the retrieval
   tier's); the planner takes it as its prior, worth LEARNED_TRIALS trials (a generic prior is worth
   fewer: the planner explores less where it already knows);

@@ -20,7 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import UserError
-from .cli import add_engine_args, add_mode_arg, add_model_args, engine_settings
+from .cli import add_engine_args, add_mode_arg, add_model_args, llm_from_args
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
 
@@ -73,8 +73,6 @@ def done_ids(output: Path) -> set[str]:
 
 
 def _batch(args) -> int:
-    from ..api import LLM
-    from ..config import EngineConfig
     from ..serve import openai
 
     index, count = shard_of(args.shard)
@@ -87,9 +85,7 @@ def _batch(args) -> int:
     output = Path(args.output)
     finished = done_ids(output)
     mine = [(n, line) for n, line in enumerate(lines) if n % count == index and line.strip()]
-    EngineConfig(mode=args.mode, **engine_settings(args))
-    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
-              revision=args.revision, **engine_settings(args))
+    llm = llm_from_args(args)
     model = args.served_model_name or str(args.model)
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
                                                           file=sys.stderr) as bar:
@@ -117,7 +113,7 @@ def _batch(args) -> int:
                 error = {"code": exc.code or exc.kind, "message": exc.message}
             if job is None:
                 if custom_id not in finished:  # a bad line's error is written once too
-                        write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": None,
+                    write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": None,
                            "error": error})
                 bar.update(1)
                 continue

@@ -1,5 +1,5 @@
-"""`triforce` command line: generate, serve, batch, bench, fetch-model, train-draft. One layer that maps flags onto the config
-dataclasses; errors in the user's input print one line and exit 2."""
+"""`triforce` command line: generate, serve, batch, bench, fetch-model, train-draft. One layer that maps flags
+onto the config dataclasses; errors in the user's input print one line and exit 2."""
 from __future__ import annotations
 
 import argparse
@@ -104,17 +104,22 @@ def engine_settings(args) -> dict:
                 sinks=args.sinks, window=args.window)
 
 
+def llm_from_args(args, **extra):
+    """The LLM that the model, mode and engine flags of `args` describe, its settings checked before any
+    weights load; `extra`: more LLM arguments (a worker group's channel)."""
+    from ..api import LLM
+
+    EngineConfig(mode=args.mode, **engine_settings(args))
+    return LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
+               revision=args.revision, **extra, **engine_settings(args))
+
+
 def _generate(args) -> int:
     if args.workers:
         from .distributed import launch_with_torchrun
 
         return launch_with_torchrun(args)
-    from ..api import LLM
-
-    EngineConfig(mode=args.mode, **engine_settings(args))  # validate before loading any weights
-    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
-              revision=args.revision, **engine_settings(args))
-    return run_generation(args, llm)
+    return run_generation(args, llm_from_args(args))
 
 
 def read_prompt(args) -> str:

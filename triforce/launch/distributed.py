@@ -176,19 +176,16 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
 
 
 def _coordinate(args, world, groups: PipelineGroups) -> int:
-    from ..api import LLM
     from ..coordinator.remote import ControlChannel, model_identity
     from ..workers.bulk import BulkLink
-    from .cli import engine_settings, run_generation
+    from .cli import llm_from_args, run_generation
 
     path = _resolve_once(args.model, 0, groups.control, args.revision)
     channel = ControlChannel(f"tcp://{args.control_host}:{args.control_port}", args.worker_timeout,
                              BulkLink(groups.link, peer=1))
     try:
         channel.handshake(model_identity(path, args.rope_scaling), world - 1)
-        llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=channel,
-                  rope_scaling=args.rope_scaling, revision=args.revision, **engine_settings(args))
-        return run_generation(args, llm)
+        return run_generation(args, llm_from_args(args, workers=channel))
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2

@@ -6,9 +6,8 @@ import argparse
 import os
 import sys
 
-from ..config import EngineConfig
 from ..errors import UserError
-from .cli import add_engine_args, add_mode_arg, add_model_args, engine_settings
+from .cli import add_engine_args, add_mode_arg, add_model_args, llm_from_args
 
 
 def add_serve_parser(sub) -> None:
@@ -43,11 +42,7 @@ def _serve(args) -> int:
         from ..serve.app import create_app
     except ImportError as exc:
         raise UserError(f"triforce serve needs fastapi and uvicorn ({exc}): pip install fastapi uvicorn") from None
-    from ..api import LLM
-
-    EngineConfig(mode=args.mode, **engine_settings(args))  # validate before loading any weights
-    llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
-              revision=args.revision, **engine_settings(args))
+    llm = llm_from_args(args)
     name = args.served_model_name or str(args.model)
     app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens)
     print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"

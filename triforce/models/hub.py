@@ -64,6 +64,10 @@ def triforce_home() -> Path:
     return Path(os.environ.get("TRIFORCE_HOME") or Path.home() / ".cache" / "triforce")
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]  # config, weights, tokenizer
+
+
 def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
     """A known name, a .gguf file, a model folder or a Hugging Face model id (org/name, at `revision`) ->
     a safetensors model folder."""
@@ -79,10 +83,6 @@ def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
         return hub_snapshot(spec_str, revision)
     known = ", ".join(KNOWN_MODELS)
     raise ModelLoadError(f"{spec_str}: no such model folder, .gguf file or Hugging Face id (known names: {known})")
-
-
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]  # config, weights, tokenizer
 
 
 def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:

@@ -3,8 +3,8 @@
 Requests wait in a FIFO queue of at most `max_queue`; between steps of the batch the first waiting one
 joins it when its caches fit in the memory free then (or when nothing else runs), so requests run
 together and the weights are read once for all of them (coordinator/batch.py: a request's output does
-not depend on its companions, except which seeded sample mode auto's batch plan draws). A request that could not fit even alone is refused at once (413). Each
-request reports through its `on_event(kind, data)`, called from the scheduler's thread: ("text", piece)
+not depend on its companions, except which seeded sample mode auto's batch plan draws). A request that
+could not fit even alone is refused at once (413). Each request reports through its `on_event(kind, data)`, called from the scheduler's thread: ("text", piece)
 as its text is committed (streaming requests), then ("done", RequestOutput) or ("error", message).
 `cancel()` drops a waiting request, and ends a running one after its round in progress (a client that
 went away).
@@ -18,14 +18,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..api import LLM, Request
+from ..api import LLM, MEMORY_SHARE, Request
 from ..coordinator.batch import SequenceBatch
 from ..coordinator.planning import Batchmates
-from ..memory import available_bytes
 from .openai import ApiError, Job
 
 log = logging.getLogger("triforce.serve")
-MEMORY_SHARE = 0.9  # of the free memory that requests' caches may take
 
 
 @dataclass(eq=False)
@@ -64,7 +62,7 @@ class Scheduler:
         if not self.alive:
             raise ApiError(503, "the server's scheduler has stopped; see its log", kind="server_error")
         need = self.llm.cache_bytes_for(len(job.ids), job.params.max_tokens)
-        free = self._free()
+        free = self.llm.free_memory()
         with self._lock:
             held = sum(t.bytes for t in self.running.values())
         if free is not None and need > MEMORY_SHARE * (free + held):
@@ -89,9 +87,6 @@ class Scheduler:
         self._wake.set()
         self._thread.join(timeout=10)
 
-    def _free(self) -> int | None:
-        return None if self.llm.workers is not None else available_bytes(self.llm.device)
-
     def _admit(self) -> None:
         """Moves waiting requests into the batch, first come first served, while their caches fit."""
         while True:
@@ -100,7 +95,7 @@ class Scheduler:
                     return
                 ticket = self.waiting[0]
                 if not ticket.cancelled and self.running:
-                    free = self._free()
+                    free = self.llm.free_memory()
                     if free is not None and ticket.bytes > MEMORY_SHARE * free:
                         return  # it waits for a running request to end
                 self.waiting.popleft()
