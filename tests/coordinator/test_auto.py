@@ -352,20 +352,23 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, calibrat
 @pytest.mark.parametrize("policy", ["static", "dynamic"])
 def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(models, calibration, policy):
     """Three requests run together on one plan, made by the first that plans for the batch (costs measured
-    with the other: 2 requests plan, the third is too short to), re-planned as the contexts grow past the
-    costs measured (measured then without the others, which are mid-round) and led by the last one once
+    with the other one that plans: the second is too short to, and never leads), then by the third once
     the first has ended; each equals plain decoding alone."""
     from triforce.coordinator.batch import SequenceBatch
 
     target, draft = models
     g = torch.Generator().manual_seed(9)
     batch_prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (80, 64, 96)]
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (40, 20, 56)]
-    plain = [build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 160).generate(p, sp)[0]
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (40, 20, 160)]
+    plain = [build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 260).generate(p, sp)[0]
              for p, sp in zip(batch_prompts, params)]
     mates = planning.Batchmates()
     cfg = EngineConfig(mode="auto", **{**SETTINGS, "retrieval_policy": policy})
-    engines = [build_engine(cfg, target, draft, 160, batchmates=mates) for _ in batch_prompts]
+    engines = [build_engine(cfg, target, draft, 260, batchmates=mates) for _ in batch_prompts]
+    led = []  # the third request's own plans: it plans only as the leader
+    third_plan = engines[2].planner.plan
+    engines[2].planner.plan = lambda context, generated: led.append(engines[0] in mates.engines) or \
+        third_plan(context, generated)
     batch = SequenceBatch()
     handles = [batch.add(e.run(p, sp)) for e, p, sp in zip(engines, batch_prompts, params)]
     assert mates.engines == engines
@@ -376,6 +379,7 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
     assert all(p[0]["why"]["batch"] == 2 for p in plans)
     assert (plans[0][0]["mode"], plans[0][0]["gammas"]) == (plans[1][0]["mode"], plans[1][0]["gammas"])
     assert plans[1][0].get("from") == "the batch's leader"
+    assert led and not any(led)  # it led once the first had ended (120 tokens after it: 13 rounds or more)
     costs = CostTable(calibration / "costs.json").entries
     assert any("|batch=2||" in key for key in costs)
 

@@ -141,7 +141,8 @@ def test_models_health_and_the_api_key(llm):
     with TestClient(create_app(llm, "tiny", api_key="sesame")) as c:
         assert c.get("/health").status_code == 200  # open
         assert c.get("/v1/models").status_code == 401
-        assert c.get("/v1/models", headers={"Authorization": "Bearer wrong"}).json()["error"]["code"] == "invalid_api_key"
+        wrong = c.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
         models = c.get("/v1/models", headers={"Authorization": "Bearer sesame"}).json()
         assert [m["id"] for m in models["data"]] == ["tiny"]
 
