@@ -49,6 +49,13 @@ class RequestOutput:
     metrics: RequestMetrics
 
 
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The token ids of `messages` ({role, content}) laid out by the tokenizer's chat template, ending
+    where the assistant's answer begins."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding, or the ids
+
+
 class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
                  mode: str = "auto", dtype: str = "auto", device: str | None = None, workers=None,

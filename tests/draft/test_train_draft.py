@@ -55,10 +55,14 @@ def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_pat
     argv = ["train-draft", "--target", str(target), "--text", str(text), "--out", str(out), "--work-dir", str(work),
             "--layers", "1", "--hidden", "32", "--intermediate", "64", "--heads", "2", "--kv-heads", "1",
             "--vocab", str(vocab), "--steps", "6", "--batch-size", "2", "--seq-len", "64", "--top-k", "8",
-            "--heldout-fraction", "0.2", "--heldout-sequences", "2", "--checkpoint-every", "3"]
+            "--heldout-fraction", "0.2", "--heldout-sequences", "2", "--checkpoint-every", "3",
+            "--local-tokens", "256", "--answers", "8", "--answer-tokens", "24", "--answer-batch", "4"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert 0 <= report["top1_agreement"] <= 1 and 0 < report["expected_acceptance"] <= 1
+    assert set(report["data_tokens"]) == set(report["genres"]) == {"prose", "code", "chat"}
+    for genre in report["genres"].values():
+        assert genre["tokens"] == 2 * 64
+        assert 0 <= genre["top1_agreement"] <= 1 and 0 < genre["expected_acceptance"] <= 1
     (checkpoint,) = work.glob("checkpoint-*.pt")
     assert torch.load(checkpoint, weights_only=True)["step"] == 6
     labels_before = sorted(p.stat().st_mtime_ns for p in work.glob("labels-*/*.pt"))

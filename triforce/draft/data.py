@@ -1,4 +1,4 @@
-"""Training data for a draft: the target's tokens of long texts cut into sequences, the vocabulary the
+"""Training data for a draft: the target's tokens of texts packed into sequences, the vocabulary the
 draft keeps, and the target's top-k next-token log-probabilities, computed once and cached on disk in
 shards so that an interrupted run resumes where it stopped."""
 from __future__ import annotations
@@ -23,14 +23,21 @@ def read_texts(paths: list[str | Path]) -> list[str]:
     return texts
 
 
-def to_sequences(tokenizer, texts: list[str], seq_len: int) -> torch.Tensor:
-    """Each text's tokens cut into whole sequences of seq_len -> [N, seq_len] int64 (remainders dropped)."""
-    rows = []
-    for text in texts:
-        ids = torch.tensor(tokenizer(text).input_ids, dtype=torch.long)
-        usable = ids.numel() // seq_len * seq_len
-        rows.append(ids[:usable].view(-1, seq_len))
-    sequences = torch.cat(rows) if rows else torch.empty(0, seq_len, dtype=torch.long)
+def pack(id_lists: list[list[int]], seq_len: int, separator: int | None = None) -> torch.Tensor:
+    """The lists of ids one after another (`separator` between two that do not end with it) cut into
+    whole sequences of seq_len -> [N, seq_len] int64 (the remainder dropped)."""
+    stream: list[int] = []
+    for ids in id_lists:
+        if separator is not None and stream and stream[-1] != separator:
+            stream.append(separator)
+        stream += ids
+    usable = len(stream) // seq_len * seq_len
+    return torch.tensor(stream[:usable], dtype=torch.long).view(-1, seq_len)
+
+
+def to_sequences(tokenizer, texts: list[str], seq_len: int, separator: int | None = None) -> torch.Tensor:
+    """The texts' tokens packed into whole sequences of seq_len (see `pack`)."""
+    sequences = pack([tokenizer(text).input_ids for text in texts], seq_len, separator)
     if sequences.shape[0] == 0:
         raise UserError(f"the text holds no complete sequence of {seq_len} tokens")
     return sequences
@@ -74,7 +81,7 @@ class TargetLabels:
         if not todo:
             return
         cache = FullKVCache(target.config, seq_len, target.rope, target.dtype, target.device)
-        bar = tqdm(total=len(todo) * self.SHARD * seq_len, desc="target labels", unit="tok", unit_scale=True)
+        bar = tqdm(total=len(todo) * self.SHARD * seq_len, desc=f"target labels ({self.folder.name})", unit="tok", unit_scale=True)
         for s in todo:
             ids, logp = [], []
             for row in sequences[s * self.SHARD:(s + 1) * self.SHARD]:

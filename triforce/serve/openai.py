@@ -11,6 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from ..api import chat_ids
 from ..config import ConfigError, SamplingParams
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
@@ -116,11 +117,9 @@ def _prompt_ids(kind: str, body: dict, llm) -> list[int]:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
         try:
-            prompt = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
-                                                   add_generation_prompt=True, tokenize=True)
+            prompt = chat_ids(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
         except Exception as exc:  # the template's own checks (roles, order): the request's fault
             raise ApiError(400, f"the chat template refused these messages: {exc}", param="messages") from None
-        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)  # a BatchEncoding, or ids
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):

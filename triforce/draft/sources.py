@@ -1,0 +1,53 @@
+"""The data mix a draft trains and is evaluated on: named sources of token sequences (long prose, code and
+documentation installed on the machine, the target's own answers to varied instructions), each labelled
+by the target and cached on its own, so that adding a source or changing one's size leaves the others'
+labels in place."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from .data import TargetLabels, pack, to_sequences
+from .generated import GeneratedSamples, GenerationSettings
+from .local_text import installed_texts
+from .train import fingerprint
+
+def prose(tokenizer, texts: list[str], seq_len: int, max_tokens: int) -> torch.Tensor:
+    return to_sequences(tokenizer, texts, seq_len, tokenizer.eos_token_id)[: max(1, max_tokens // seq_len)]
+
+
+def installed(tokenizer, tokens: int, seq_len: int, heldout: bool = False) -> torch.Tensor:
+    """Up to `tokens` tokens of installed source code and documentation (draft/local_text.py)."""
+    id_lists, total = [], 0
+    for text in installed_texts(heldout):
+        if total >= tokens + seq_len:  # a separator per file: a little more than asked for
+            break
+        id_lists.append(tokenizer(text).input_ids)
+        total += len(id_lists[-1]) + 1
+    return pack(id_lists, seq_len, tokenizer.eos_token_id)[: tokens // seq_len]
+
+
+def answers(llm, work: Path, settings: GenerationSettings, seq_len: int) -> torch.Tensor:
+    """The target's answers (generated once into work/, then reused), packed into sequences."""
+    folder = work / f"answers-{fingerprint(str(llm.model_path.resolve()), settings)}"
+    samples = GeneratedSamples(folder, settings)
+    samples.generate(llm)
+    return pack(samples.token_lists(), seq_len, llm.tokenizer.eos_token_id)
+
+
+def digest(sequences: torch.Tensor) -> str:
+    return hashlib.sha1(sequences.numpy().tobytes()).hexdigest()
+
+
+def labelled(target, sources: dict[str, torch.Tensor], work: Path, top_k: int, target_key: str):
+    """Every source's target labels (computed or loaded) -> (sequences, label ids, label log-probs), the
+    sources one after another."""
+    parts = []
+    for name, sequences in sources.items():
+        key = fingerprint(target_key, name, digest(sequences), top_k)
+        labels = TargetLabels(work / f"labels-{name}-{key}", top_k)
+        labels.compute(target, sequences)
+        parts.append((sequences, *labels.load(sequences.shape[0])))
+    return tuple(torch.cat(column) for column in zip(*parts))
