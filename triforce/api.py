@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError, EngineConfig, SamplingParams
+from .cache.prefixes import PrefixStore
+from .config import PREFIX_CACHE_GB, ConfigError, EngineConfig, SamplingParams
 from .coordinator.planning import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import build_engine, cache_bytes, speculation_slack
@@ -59,13 +60,15 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
 class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
                  mode: str = "auto", dtype: str = "auto", device: str | None = None, workers=None,
-                 rope_scaling: str | None = None, revision: str | None = None, **engine_settings):
+                 rope_scaling: str | None = None, revision: str | None = None,
+                 prefix_cache_gb: float = PREFIX_CACHE_GB, **engine_settings):
         """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...). `workers`: a
         ControlChannel to a worker group that verifies with the full cache (launch/distributed.py);
         None verifies in this process. `rope_scaling`: 'KIND:FACTOR' (linear, dynamic, yarn, llama3)
         stretches target and draft alike over FACTOR times their positions. `model` and `draft` may be
         Hugging Face ids (org/name), resolved in the hub cache (HF_HOME, HF_HUB_OFFLINE); `revision` is
-        the target's."""
+        the target's. `prefix_cache_gb`: the target KV of recent prompts kept so that a prompt beginning
+        the same way skips prefilling that part (0: off; with an in-process target only)."""
         if dtype not in DTYPE_CHOICES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPE_CHOICES)} (got {dtype!r})")
         unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
@@ -94,6 +97,11 @@ class LLM:
         self.config = EngineConfig(mode=mode, **engine_settings)
         self.tokenizer = self._load_tokenizer()
         self._check_draft_vocabulary()
+        if not prefix_cache_gb >= 0:
+            raise ConfigError(f"prefix_cache_gb must be >= 0 (got {prefix_cache_gb})")
+        self.prefixes = None  # a worker group holds the target's KV itself
+        if prefix_cache_gb > 0 and workers is None:
+            self.prefixes = PrefixStore(int(prefix_cache_gb * 2**30), self.config.prefill_chunk)
 
     def _load_tokenizer(self):
         from transformers import AutoTokenizer
@@ -249,7 +257,7 @@ class Request:
             w = llm.workers
             self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
         self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,
-                                   batchmates)
+                                   batchmates, llm.prefixes)
         self.verifier = verifier
         self.detok = None if llm.tokenizer is None else IncrementalDetokenizer(llm.tokenizer, params.stop)
         self.cancelled = False

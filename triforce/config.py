@@ -8,6 +8,7 @@ from .errors import UserError
 MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 MAX_TREE = 64  # nodes per speculation tree
+PREFIX_CACHE_GB = 1.0  # default bound of the recent prompts' target KV kept for reuse (cache/prefixes.py)
 
 
 class ConfigError(UserError):

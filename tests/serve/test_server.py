@@ -50,7 +50,8 @@ def test_a_completion_is_what_generate_gives(llm, client):
     body = r.json()
     assert body["object"] == "text_completion" and body["model"] == "tiny"
     assert body["choices"][0]["text"] == expected.text and body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52}
+    assert body["usage"] == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     seeded = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0.9, "seed": 3, "top_k": 20}
     sample = plain(llm, PROMPT, 8, temperature=0.9, seed=3, top_k=20)
     assert client.post("/v1/completions", json=seeded).json()["choices"][0]["text"] == sample.text

@@ -57,6 +57,20 @@ class FullKVCache(KVCache):
             self._means = ChunkMeans(self.keys, chunk_size)
         return self._means.upto(self.length)
 
+    def read(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the keys and values of positions [start, start + n): [L, Hkv, n, D] each."""
+        return self.keys[:, :, start:start + n].clone(), self.values[:, :, start:start + n].clone()
+
+    def write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Sets positions [start, start + n) to keys and values that `read` gave (of the same tokens at the
+        same positions); the cache then holds start + n tokens. Only extends a cache: start == length."""
+        if start != self.length:
+            raise ValueError(f"a write extends the cache at {self.length}, not at {start}")
+        n = keys.shape[2]
+        self.keys[:, :, start:start + n].copy_(keys)
+        self.values[:, :, start:start + n].copy_(values)
+        self.length = start + n
+
     def rollback(self, n: int) -> None:
         super().rollback(n)
         self._forget_from(self.length)

@@ -108,6 +108,7 @@ class HierarchyEngine:
         if self.tree is not None and self.tree.auto:  # forward costs on this machine, at this context
             self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], MAX_TREE + 1)
         metrics.prefill_s = time.perf_counter() - start
+        metrics.cached_prompt_tokens = self.ladder[-1].reused_tokens
         for tier in self.ladder:
             tier.seconds = 0.0
 

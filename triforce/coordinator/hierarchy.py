@@ -59,12 +59,14 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
 
 
 def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None, max_length: int,
-                 verifier: Verifier | None = None, batchmates: Batchmates | None = None) -> HierarchyEngine:
-    """max_length: prompt + max_new_tokens. `verifier` defaults to an in-process one. `batchmates`: the
-    requests run together with this one (mode auto plans for the batch)."""
+                 verifier: Verifier | None = None, batchmates: Batchmates | None = None,
+                 prefixes: PrefixStore | None = None) -> HierarchyEngine:
+    """max_length: prompt + max_new_tokens. `verifier` defaults to an in-process one, which reuses the
+    prompt blocks `prefixes` holds. `batchmates`: the requests run together with this one (mode auto plans
+    for the batch)."""
     slack = speculation_slack(cfg)
     if verifier is None:
-        verifier = LocalVerifier(target, max_length + slack, cfg.prefill_chunk)
+        verifier = LocalVerifier(target, max_length + slack, cfg.prefill_chunk, prefixes)
 
     def draft_tier() -> Tier:
         if draft is None:

@@ -62,6 +62,7 @@ class RequestMetrics:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     prefill_s: float = 0.0
+    cached_prompt_tokens: int = 0  # restored from the prefix store instead of prefilled
     decode_s: float = 0.0
     retrieval_rebuilds: int = 0
     tiers: list[TierStats] = field(default_factory=list)
@@ -79,7 +80,8 @@ class RequestMetrics:
 
     def to_dict(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
-                "prefill_s": round(self.prefill_s, 4), "decode_s": round(self.decode_s, 4),
+                "prefill_s": round(self.prefill_s, 4),
+                "cached_prompt_tokens": self.cached_prompt_tokens, "decode_s": round(self.decode_s, 4),
                 "tokens_per_s": round(self.tokens_per_s, 3), "retrieval_rebuilds": self.retrieval_rebuilds,
                 "tiers": [t.to_dict() for t in self.tiers],
                 **({} if self.control_messages is None else {

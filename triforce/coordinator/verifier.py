@@ -7,22 +7,43 @@ a remote one that speaks ZeroMQ to a tensor-parallel worker group. The engine ne
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from ..cache.full import FullKVCache
+from ..cache.prefixes import PrefixStore
 from ..cache.retrieval import LocalKVSource
 from ..models.llama import LlamaModel
+from ..step import Step
 from .tiers import Tier
 
 
 class Verifier(Tier):
+    reused_tokens = 0  # prompt tokens restored from a prefix store instead of prefilled
+
     def kv_source(self):
         """What the retrieval cache reads: a LocalKVSource, or a remote source with the same methods."""
         raise NotImplementedError
 
 
 class LocalVerifier(Verifier):
-    def __init__(self, model: LlamaModel, capacity: int, prefill_chunk: int = 512):
+    def __init__(self, model: LlamaModel, capacity: int, prefill_chunk: int = 512, prefixes: PrefixStore | None = None):
         cache = FullKVCache(model.config, capacity, model.rope, model.dtype, model.device)
         super().__init__("target", model, cache, prefill_chunk)
+        if prefixes is not None and prefixes.block != prefill_chunk:
+            raise ValueError(f"prefix blocks of {prefixes.block} tokens need prefill chunks of as many")
+        self.prefixes = prefixes
+
+    def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
+        """Tier.prefill_steps after restoring the stored blocks the prompt begins with; the prompt's blocks
+        are stored once its prefill has run."""
+        if self.prefixes is None or self.length:
+            yield from super().prefill_steps(tokens, progress)
+            return
+        self.reused_tokens = self.prefixes.restore(tokens, self.cache)
+        if progress is not None:
+            progress.update(self.reused_tokens)
+        yield from super().prefill_steps(tokens[self.reused_tokens:], progress)
+        self.prefixes.store(tokens, self.cache)
 
     def kv_source(self) -> LocalKVSource:
         return LocalKVSource(self.cache)

@@ -20,7 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import UserError
-from .cli import add_engine_args, add_mode_arg, add_model_args, llm_from_args
+from .cli import add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg, llm_from_args
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
 
@@ -40,6 +40,7 @@ def add_batch_parser(sub) -> None:
     add_model_args(p)
     add_mode_arg(p)
     add_engine_args(p)
+    add_prefix_cache_arg(p)
     p.set_defaults(func=_batch)
 
 
@@ -131,7 +132,7 @@ def _run(llm, model, pending, write, bar) -> None:
 
     outs = llm.generate([job.ids for _, job in pending], [job.params for _, job in pending])
     for (custom_id, job), out in zip(pending, outs):
-        body = openai.response(job, model, out.text, out.finish_reason, len(out.token_ids))
+        body = openai.response(job, model, out)
         write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
                "response": {"status_code": 200, "request_id": job.id, "body": body}, "error": None})
         bar.update(1)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import MODES, RETRIEVAL_POLICIES, EngineConfig, SamplingParams
+from ..config import MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, EngineConfig, SamplingParams
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from ..models.config import ROPE_SCALING_KINDS
@@ -98,6 +98,14 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
                       help="seconds a request may wait for the workers before failing (default %(default)s)")
 
 
+def add_prefix_cache_arg(p: argparse.ArgumentParser) -> None:
+    """For commands that serve many prompts (serve, batch)."""
+    p.add_argument("--prefix-cache-gb", type=float, default=PREFIX_CACHE_GB,
+                   help="GB of recent prompts' target KV kept, so that a prompt beginning the same way (many "
+                        "questions about one document) skips prefilling that part; least recently used "
+                        "goes first; 0 = off (default %(default)s)")
+
+
 def engine_settings(args) -> dict:
     return dict(gamma1=args.gamma1, gamma2=args.gamma2, tree1=args.tree1, tree2=args.tree2, budget=args.budget,
                 chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
@@ -111,7 +119,8 @@ def llm_from_args(args, **extra):
 
     EngineConfig(mode=args.mode, **engine_settings(args))
     return LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
-               revision=args.revision, **extra, **engine_settings(args))
+               revision=args.revision, prefix_cache_gb=getattr(args, "prefix_cache_gb", 0), **extra,
+               **engine_settings(args))
 
 
 def _generate(args) -> int:

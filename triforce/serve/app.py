@@ -109,7 +109,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
                         return JSONResponse({}, status_code=499)  # nobody reads it
                     continue
                 if event == "done":
-                    return openai.response(job, model_name, data.text, data.finish_reason, len(data.token_ids))
+                    return openai.response(job, model_name, data)
                 if event == "error":
                     raise ApiError(500, f"generation failed: {data}", "server_error")
         finally:
@@ -142,7 +142,7 @@ async def _stream(job: openai.Job, model: str, ticket, events: asyncio.Queue):
             elif event == "done":
                 yield _sse(openai.chunk(job, model, None, data.finish_reason, first=first))
                 if job.include_usage:
-                    yield _sse(openai.usage_chunk(job, model, len(data.token_ids)))
+                    yield _sse(openai.usage_chunk(job, model, data))
                 yield _sse("[DONE]")
                 return
             else:

@@ -134,22 +134,25 @@ def _prompt_ids(kind: str, body: dict, llm) -> list[int]:
         raise ApiError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
 
 
-def usage(job: Job, completion_tokens: int) -> dict:
-    return {"prompt_tokens": len(job.ids), "completion_tokens": completion_tokens,
-            "total_tokens": len(job.ids) + completion_tokens}
+def usage(job: Job, output) -> dict:
+    """Token counts of a finished request (`output`: its RequestOutput); cached tokens are the prompt's
+    part whose prefill the prefix store saved."""
+    completion = len(output.token_ids)
+    return {"prompt_tokens": len(job.ids), "completion_tokens": completion, "total_tokens": len(job.ids) + completion,
+            "prompt_tokens_details": {"cached_tokens": output.metrics.cached_prompt_tokens}}
 
 
-def response(job: Job, model: str, text: str, finish_reason: str, completion_tokens: int) -> dict:
-    """The whole answer of a request that does not stream."""
+def response(job: Job, model: str, output) -> dict:
+    """The whole answer of a request that does not stream (`output`: its RequestOutput)."""
     if job.kind == "completion":
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": 0, "text": output.text, "finish_reason": output.finish_reason, "logprobs": None}
         obj = "text_completion"
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason,
-                  "logprobs": None}
+        choice = {"index": 0, "message": {"role": "assistant", "content": output.text},
+                  "finish_reason": output.finish_reason, "logprobs": None}
         obj = "chat.completion"
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice],
-            "usage": usage(job, completion_tokens)}
+            "usage": usage(job, output)}
 
 
 def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
@@ -166,7 +169,7 @@ def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = No
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
 
 
-def usage_chunk(job: Job, model: str, completion_tokens: int) -> dict:
+def usage_chunk(job: Job, model: str, output) -> dict:
     obj = "text_completion" if job.kind == "completion" else "chat.completion.chunk"
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [],
-            "usage": usage(job, completion_tokens)}
+            "usage": usage(job, output)}

@@ -1,0 +1,151 @@
+"""Long-document prefix reuse (cache/prefixes.py): a prompt that begins with a recently prefilled one
+restores the target's KV of the shared blocks instead of prefilling them, and its output is a cold run's,
+in every mode; the store keeps shared blocks once and evicts the least recently used."""
+import pytest
+import torch
+
+from triforce import LLM, SamplingParams
+from triforce.cache.full import FullKVCache
+from triforce.cache.prefixes import PrefixStore
+
+DOCUMENT = [3 + (11 * i + i * i) % 90 for i in range(300)]
+QUESTIONS = [[5, 6, 7, 8, 9], [40, 41, 42], [70, 71, 72, 73, 74, 75, 76]]
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    return (tiny_dir("prefix-target", seed=91, num_layers=3, scale=25, max_position_embeddings=2048),
+            tiny_dir("prefix-draft", seed=92, num_layers=1, scale=25))
+
+
+def make(models, mode, gb, **settings):
+    target, draft = models
+    return LLM(target, draft, mode=mode, dtype="float32", budget=32, chunk_size=4, sinks=4, window=32,
+               prefill_chunk=64, full_layers=0, prefix_cache_gb=gb, **settings)
+
+
+@pytest.mark.parametrize("mode", ["ar", "triforce", "retrieval", "auto"])
+def test_questions_about_one_document_equal_cold_runs(models, mode):
+    cold = make(models, mode, 0)
+    warm = make(models, mode, 1.0)
+    assert cold.prefixes is None
+    for i, question in enumerate(QUESTIONS):
+        prompt = DOCUMENT + question
+        expected = cold.generate(prompt, GREEDY)[0]
+        got = warm.generate(prompt, GREEDY)[0]
+        assert got.token_ids == expected.token_ids
+        # The first prompt prefills everything; later ones restore the document's whole 64-token blocks.
+        assert got.metrics.cached_prompt_tokens == (0 if i == 0 else 256)
+        assert expected.metrics.cached_prompt_tokens == 0
+
+
+def test_sampled_output_with_a_seed_equals_the_cold_run(models):
+    cold, warm = make(models, "triforce", 0), make(models, "triforce", 1.0)
+    params = SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True)
+    warm.generate(DOCUMENT + QUESTIONS[0], params)
+    prompt = DOCUMENT + QUESTIONS[1]
+    got = warm.generate(prompt, params)[0]
+    assert got.metrics.cached_prompt_tokens == 256
+    assert got.token_ids == cold.generate(prompt, params)[0].token_ids
+
+
+def test_restored_keys_and_values_are_the_prefilled_ones_bit_for_bit(models):
+    llm = make(models, "ar", 1.0)
+    llm.generate(DOCUMENT + QUESTIONS[0], GREEDY)
+    cfg = llm.target.config
+    fresh = FullKVCache(cfg, 400, llm.target.rope, torch.float32, "cpu")
+    assert llm.prefixes.restore(DOCUMENT + QUESTIONS[2], fresh) == 256 and fresh.length == 256
+    cold = FullKVCache(cfg, 400, llm.target.rope, torch.float32, "cpu")
+    from triforce.coordinator.tiers import Tier
+
+    Tier("target", llm.target, cold, 64).prefill(DOCUMENT)
+    assert torch.equal(fresh.keys[:, :, :256], cold.keys[:, :, :256])
+    assert torch.equal(fresh.values[:, :, :256], cold.values[:, :, :256])
+
+
+def test_a_prompt_that_differs_early_reuses_only_the_blocks_before_the_difference(models):
+    llm = make(models, "ar", 1.0)
+    llm.generate(DOCUMENT + QUESTIONS[0], GREEDY)
+    changed = list(DOCUMENT)
+    changed[150] = 4  # in the third block
+    out = llm.generate(changed + QUESTIONS[0], GREEDY)[0]
+    assert out.metrics.cached_prompt_tokens == 128
+    assert out.token_ids == make(models, "ar", 0).generate(changed + QUESTIONS[0], GREEDY)[0].token_ids
+
+
+def test_shared_blocks_are_held_once_and_least_recently_used_go_first():
+    block = 4
+    class Cache:  # read() as FullKVCache's, of keys and values that hold their token ids
+        def __init__(self, tokens):
+            self.length = len(tokens)
+            self.keys = torch.tensor(tokens, dtype=torch.float32).view(1, 1, -1, 1).expand(2, 1, -1, 4).clone()
+
+        def read(self, start, n):
+            return self.keys[:, :, start:start + n].clone(), self.keys[:, :, start:start + n].clone()
+
+    block_bytes = 2 * 1 * block * 4 * 4 * 2  # keys and values of one block, float32
+    store = PrefixStore(max_bytes=5 * block_bytes, block=block)
+    a = list(range(100, 112))  # three blocks
+    b = a[:8] + [7, 7, 7, 7]  # shares two blocks with a
+    store.store(a, Cache(a))
+    store.store(b, Cache(b))
+    assert len(store.blocks) == 4 and store.bytes == 4 * block_bytes  # a's two shared blocks held once
+    c = list(range(200, 212))
+    store.store(c, Cache(c))  # 7 blocks > 5: the two least recently used go (a's last, then b's last)
+    assert len(store.blocks) == 5 and store.bytes == 5 * block_bytes
+
+    class Target:
+        def __init__(self):
+            self.length, self.written = 0, []
+
+        def write(self, start, keys, values):
+            self.written.append((start, keys[0, 0, :, 0].tolist()))
+            self.length = start + keys.shape[2]
+
+    for prompt, reused in ((a + [1], 8), (b + [1], 8), (c + [1], 12)):
+        target = Target()
+        assert store.restore(prompt, target) == reused
+        assert [tokens for _, tokens in target.written] == [prompt[i:i + block] for i in range(0, reused, block)]
+    # Reuse never covers the whole prompt: its last token is always prefilled.
+    assert store.restore(c, Target()) == 8
+
+
+def test_zero_gigabytes_keeps_no_prefixes_and_a_negative_bound_is_refused(models):
+    assert make(models, "ar", 0).prefixes is None
+    with pytest.raises(Exception, match="prefix_cache_gb"):
+        make(models, "ar", -1)
+
+
+def test_the_server_reports_cached_prompt_tokens(models):
+    from fastapi.testclient import TestClient
+
+    from triforce.serve.app import create_app
+
+    llm = make(models, "triforce", 1.0)
+    with TestClient(create_app(llm, "tiny")) as client:
+        bodies = [client.post("/v1/completions", json={"prompt": DOCUMENT + q, "max_tokens": 8, "temperature": 0,
+                                                        "ignore_eos": True}).json() for q in QUESTIONS[:2]]
+        metrics = client.get("/metrics").text
+    assert [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies] == [0, 256]
+    assert 'vllm:prefix_cache_hits_total{model_name="tiny"} 256.0' in metrics
+
+
+def test_batch_jobs_reuse_the_document_across_batches(models, tmp_path):
+    """At the default prefill chunk (blocks of 512 tokens)."""
+    import json
+
+    from triforce.launch.cli import main
+
+    document = DOCUMENT * 4  # 1,200 tokens: two whole blocks
+    lines = [json.dumps({"custom_id": str(i), "method": "POST", "url": "/v1/completions",
+                         "body": {"prompt": document + q, "max_tokens": 6, "temperature": 0, "ignore_eos": True}})
+             for i, q in enumerate(QUESTIONS)]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    argv = ["batch", "--input", str(inp), "--output", str(out), "--model", str(models[0]), "--mode", "ar",
+            "--dtype", "float32", "--batch-size", "1"]
+    assert main(argv + ["--prefix-cache-gb", "0.5"]) == 0
+    cached = {r["custom_id"]: r["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+              for r in map(json.loads, out.read_text().splitlines())}
+    assert cached == {"0": 0, "1": 1024, "2": 1024}
