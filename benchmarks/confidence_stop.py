@@ -58,7 +58,7 @@ def main() -> None:
             return costs[lo] + (n - lo) * (costs[sizes[-1]] - costs[sizes[-2]]) / (sizes[-1] - sizes[-2])
         return costs[lo] + (costs[hi] - costs[lo]) * (n - lo) / (hi - lo)
 
-    llm = LLM(mode="draft")
+    llm = LLM(mode="draft", prefix_cache_gb=0)
     ids = llm.tokenizer(open(args.text, encoding="utf-8").read()[:400_000]).input_ids[:args.context]
     out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True))[0]
     text = ids + out.token_ids

@@ -21,7 +21,7 @@ def main() -> None:
     p.add_argument("--rope-scaling", default="yarn:4")
     p.add_argument("--text", default="../shared/data/austen-emma.txt")
     args = p.parse_args()
-    llm = LLM("smollm2", mode="triforce", rope_scaling=args.rope_scaling)
+    llm = LLM("smollm2", mode="triforce", rope_scaling=args.rope_scaling, prefix_cache_gb=0)
     ids = llm.tokenizer(open(args.text, encoding="utf-8").read()).input_ids[: args.tokens]
     params = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
     for label in ("scaled", "unscaled"):

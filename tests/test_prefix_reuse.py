@@ -9,7 +9,8 @@ from triforce.cache.full import FullKVCache
 from triforce.cache.prefixes import PrefixStore
 
 DOCUMENT = [3 + (11 * i + i * i) % 90 for i in range(300)]
-QUESTIONS = [[5, 6, 7, 8, 9], [40, 41, 42], [70, 71, 72, 73, 74, 75, 76]]
+# the last one ends the prompt's first 320 tokens on a block boundary (the engine prefills all but the last)
+QUESTIONS = [[5, 6, 7, 8, 9], [40, 41, 42], [70, 71, 72, 73, 74, 75, 76], list(range(20, 41))]
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
@@ -38,6 +39,15 @@ def test_questions_about_one_document_equal_cold_runs(models, mode):
         # The first prompt prefills everything; later ones restore the document's whole 64-token blocks.
         assert got.metrics.cached_prompt_tokens == (0 if i == 0 else 256)
         assert expected.metrics.cached_prompt_tokens == 0
+
+
+def test_prompts_of_one_batch_restore_and_equal_cold_runs(models):
+    cold, warm = make(models, "triforce", 0), make(models, "triforce", 1.0)
+    warm.generate(DOCUMENT + QUESTIONS[0], GREEDY)
+    prompts = [DOCUMENT + q for q in QUESTIONS[1:]]
+    got = warm.generate(prompts, GREEDY)
+    assert [o.metrics.cached_prompt_tokens for o in got] == [256] * len(prompts)
+    assert [o.token_ids for o in got] == [o.token_ids for o in cold.generate(prompts, GREEDY)]
 
 
 def test_sampled_output_with_a_seed_equals_the_cold_run(models):
@@ -84,6 +94,9 @@ def test_shared_blocks_are_held_once_and_least_recently_used_go_first():
         def read(self, start, n):
             return self.keys[:, :, start:start + n].clone(), self.keys[:, :, start:start + n].clone()
 
+        def block_bytes(self, n):
+            return 2 * self.keys[:, :, :n].numel() * 4
+
     block_bytes = 2 * 1 * block * 4 * 4 * 2  # keys and values of one block, float32
     store = PrefixStore(max_bytes=5 * block_bytes, block=block)
     a = list(range(100, 112))  # three blocks
@@ -110,6 +123,14 @@ def test_shared_blocks_are_held_once_and_least_recently_used_go_first():
     # Reuse never covers the whole prompt: its last token is always prefilled.
     assert store.restore(c, Target()) == 8
 
+    # A bound of two blocks keeps a prompt's first two; one smaller than a block keeps nothing.
+    small = PrefixStore(max_bytes=2 * block_bytes, block=block)
+    small.store(a, Cache(a))
+    assert small.bytes == 2 * block_bytes and small.restore(a + [1], Target()) == 8
+    tiny = PrefixStore(max_bytes=block_bytes - 1, block=block)
+    tiny.store(a, Cache(a))
+    assert tiny.bytes == 0 and tiny.restore(a + [1], Target()) == 0
+
 
 def test_zero_gigabytes_keeps_no_prefixes_and_a_negative_bound_is_refused(models):
     assert make(models, "ar", 0).prefixes is None
@@ -129,6 +150,8 @@ def test_the_server_reports_cached_prompt_tokens(models):
         metrics = client.get("/metrics").text
     assert [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies] == [0, 256]
     assert 'vllm:prefix_cache_hits_total{model_name="tiny"} 256.0' in metrics
+    queries = sum(len(DOCUMENT + q) for q in QUESTIONS[:2])
+    assert f'vllm:prefix_cache_queries_total{{model_name="tiny"}} {queries}.0' in metrics
 
 
 def test_batch_jobs_reuse_the_document_across_batches(models, tmp_path):
@@ -148,4 +171,4 @@ def test_batch_jobs_reuse_the_document_across_batches(models, tmp_path):
     assert main(argv + ["--prefix-cache-gb", "0.5"]) == 0
     cached = {r["custom_id"]: r["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
               for r in map(json.loads, out.read_text().splitlines())}
-    assert cached == {"0": 0, "1": 1024, "2": 1024}
+    assert cached == {"0": 0, "1": 1024, "2": 1024, "3": 1024}

@@ -97,8 +97,8 @@ class LLM:
         self.config = EngineConfig(mode=mode, **engine_settings)
         self.tokenizer = self._load_tokenizer()
         self._check_draft_vocabulary()
-        if not prefix_cache_gb >= 0:
-            raise ConfigError(f"prefix_cache_gb must be >= 0 (got {prefix_cache_gb})")
+        if not 0 <= prefix_cache_gb < float("inf"):
+            raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         self.prefixes = None  # a worker group holds the target's KV itself
         if prefix_cache_gb > 0 and workers is None:
             self.prefixes = PrefixStore(int(prefix_cache_gb * 2**30), self.config.prefill_chunk)
@@ -190,7 +190,12 @@ class LLM:
     def free_memory(self) -> int | None:
         """Bytes free for this process's caches: None where unknown, or where a worker group holds the full
         caches (each worker checks its own memory as a sequence starts)."""
-        return None if self.workers is not None else _available_memory_bytes(self.device)
+        if self.workers is not None:
+            return None
+        free = _available_memory_bytes(self.device)
+        if free is None or self.prefixes is None:
+            return free
+        return max(0, free - self.prefixes.room())  # what the prefix store may still grow into
 
     def eos_ids(self) -> tuple[int, ...]:
         """The ids that end generation: the model's end-of-sequence ids and the tokenizer's."""

@@ -80,11 +80,16 @@ def test_generation_resumes_at_the_first_missing_shard(llm, tmp_path):
     first = [r["answer"].tolist() for r in samples.load()]
     shards = sorted((tmp_path / "r").glob("samples-*.pt"))
     assert len(shards) == 3
-    kept_mtime = shards[0].stat().st_mtime_ns
+    kept = [shards[i].stat().st_mtime_ns for i in (0, 2)]
     shards[1].unlink()
     samples.generate(llm)
-    assert shards[0].stat().st_mtime_ns == kept_mtime  # not generated again
-    assert [r["answer"].tolist() for r in samples.load()] == first  # each sample has its own seed
+    assert [shards[i].stat().st_mtime_ns for i in (0, 2)] == kept  # not generated again
+    assert [r["answer"].tolist() for r in samples.load()] == first
+    # Each sample has its own seed: batched otherwise, the answers are the same.
+    other = GeneratedSamples(tmp_path / "r5", GenerationSettings(samples=10, max_tokens=6, temperatures=(0.7,),
+                                                                 batch=5))
+    other.generate(llm)
+    assert [r["answer"].tolist() for r in other.load()] == first
 
 
 def test_heldout_subjects_are_never_training_prompts():
@@ -96,9 +101,16 @@ def test_heldout_subjects_are_never_training_prompts():
         assert not any(subject in text for text in train)
 
 
+def test_a_prompt_asked_again_is_answered_at_another_temperature(llm, tmp_path):
+    n = prompts.prompt_count()
+    samples = GeneratedSamples(tmp_path / "t", GenerationSettings(samples=2 * n, temperatures=(0.0, 0.7, 1.0)))
+    pairs = prompts.prompts(2 * n)
+    for i in (0, 1, 5, n - 1):
+        assert pairs[i] == pairs[i + n] and samples.temperature(i) != samples.temperature(i + n)
+
+
 def test_chat_prompt_uses_the_template(llm):
     tokenizer = llm.tokenizer
-    assert chat_prompt(tokenizer, "w5 w6") == tokenizer("w5 w6\n").input_ids  # no template
     tokenizer.chat_template = "{% for m in messages %}w3 {{ m['content'] }}{% endfor %} w4"
     try:
         assert chat_prompt(tokenizer, "w5 w6") == [3, 5, 6, 4]

@@ -47,8 +47,23 @@ def _cache(model, n):
     return FullKVCache(model.config, n, model.rope, model.dtype, "cpu")
 
 
+@pytest.fixture
+def installed_packages(tmp_path, monkeypatch):
+    """A site-packages of twenty small packages stands in for the machine's (draft/local_text.py)."""
+    from triforce.draft import local_text
+
+    root = tmp_path / "site-packages"
+    for i in range(20):
+        (root / f"pkg{i}").mkdir(parents=True)
+        write_corpus(root / f"pkg{i}" / "module.py", words=400, seed=i)
+    monkeypatch.setattr(local_text, "roots", lambda: [root])
+    assert any(local_text._heldout(f"pkg{i}") for i in range(20)) and not all(
+        local_text._heldout(f"pkg{i}") for i in range(20))
+    return root
+
+
 @pytest.mark.parametrize("vocab", [40, 0])
-def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_path, capsys, vocab):
+def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_path, capsys, vocab, installed_packages):
     target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
     text = write_corpus(tmp_path / "corpus.txt")
     out, work = tmp_path / "draft", tmp_path / "work"
@@ -65,12 +80,17 @@ def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_pat
         assert 0 <= genre["top1_agreement"] <= 1 and 0 < genre["expected_acceptance"] <= 1
     (checkpoint,) = work.glob("checkpoint-*.pt")
     assert torch.load(checkpoint, weights_only=True)["step"] == 6
-    labels_before = sorted(p.stat().st_mtime_ns for p in work.glob("labels-*/*.pt"))
+    def cached():
+        return sorted(p.stat().st_mtime_ns for p in [*work.glob("labels-*/*.pt"), *work.glob("answers-*/*.pt"),
+                                                     *work.glob("installed-*.pt")])
 
-    # Resuming: the labels are reused and no training step runs again, so the draft is the same.
+    before = cached()
+    assert len(before) >= 6
+
+    # Resuming: data and labels are reused and no training step runs again, so the draft is the same.
     weights = (out / "model.safetensors").read_bytes()
     assert main(argv) == 0
-    assert sorted(p.stat().st_mtime_ns for p in work.glob("labels-*/*.pt")) == labels_before
+    assert cached() == before
     assert (out / "model.safetensors").read_bytes() == weights
 
     from triforce import LLM, SamplingParams

@@ -57,6 +57,10 @@ class FullKVCache(KVCache):
             self._means = ChunkMeans(self.keys, chunk_size)
         return self._means.upto(self.length)
 
+    def block_bytes(self, n: int) -> int:
+        """Bytes of the keys and values of n tokens."""
+        return 2 * self.keys[:, :, :1].numel() * n * self.keys.element_size()
+
     def read(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the keys and values of positions [start, start + n): [L, Hkv, n, D] each."""
         return self.keys[:, :, start:start + n].clone(), self.values[:, :, start:start + n].clone()

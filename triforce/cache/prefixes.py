@@ -8,9 +8,10 @@ warm prefill runs the same chunks, at the same positions, over the same cache co
 and gives the same keys and values bit for bit; the output is the cold run's. At least one prompt token
 is always prefilled (the forward that leaves the last prompt token's query for the retrieval cache).
 
-Bounded by `max_bytes`; least recently used blocks go first. A reuse touches a prompt's blocks from the
-last to the first, so a prompt's first block is its most recent and eviction takes deep blocks before
-the blocks they extend (a block whose predecessor is gone can never be reached again).
+Bounded by `max_bytes`: a prompt stores as many of its leading blocks as the bound holds, and the least
+recently used blocks of other prompts make room. A use touches a prompt's blocks from the last to the
+first, so its first block is its most recent and eviction takes deep blocks before the blocks they
+extend (a block whose predecessor is gone can never be reached again).
 """
 from __future__ import annotations
 
@@ -23,13 +24,18 @@ from .full import FullKVCache
 
 
 class PrefixStore:
+    """Used from one thread at a time (LLM.generate's, or the server's scheduler thread)."""
+
     def __init__(self, max_bytes: int, block: int):
         if block < 1:
             raise ValueError("prefix blocks need at least one token")
         self.max_bytes, self.block = max_bytes, block
         self.blocks: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()  # LRU first
         self.bytes = 0
-        self.reused_tokens = 0  # every restore's, for metrics and tests
+
+    def room(self) -> int:
+        """Bytes the store may still take."""
+        return max(0, self.max_bytes - self.bytes)
 
     def _names(self, tokens: list[int], count: int) -> list[bytes]:
         """The names of the first `count` blocks of `tokens`: a hash chain over the blocks."""
@@ -45,37 +51,31 @@ class PrefixStore:
         found = 0
         while found < len(names) and names[found] in self.blocks:
             found += 1
-        for i in reversed(range(found)):
-            self.blocks.move_to_end(names[i])
+        self._touch(names[:found])
         for i in range(found):
             keys, values = self.blocks[names[i]]
             cache.write(i * self.block, keys, values)
-        self.reused_tokens += found * self.block
         return found * self.block
 
     def store(self, tokens: list[int], cache: FullKVCache) -> None:
-        """Keeps the complete blocks of `tokens` whose keys and values `cache` holds."""
-        if self.max_bytes <= 0:
-            return
-        count = min(len(tokens), cache.length) // self.block
+        """Keeps the leading complete blocks of `tokens` whose keys and values `cache` holds, as many as the
+        bound holds; the least recently used blocks of other prompts make room."""
+        size = cache.block_bytes(self.block)
+        count = min(min(len(tokens), cache.length) // self.block, self.max_bytes // size)
         names = self._names(tokens, count)
-        for i in reversed(range(count)):
-            if names[i] in self.blocks:
-                self.blocks.move_to_end(names[i])
+        self._touch(names)  # this prompt's stored blocks are not the ones evicted below
+        for i, name in enumerate(names):
+            if name in self.blocks:
                 continue
-            keys, values = cache.read(i * self.block, self.block)
-            size = keys.numel() * keys.element_size() * 2
-            if size > self.max_bytes:
-                return
-            self.blocks[names[i]] = (keys, values)
+            while self.bytes + size > self.max_bytes:  # never this prompt's: count blocks fit
+                self.blocks.popitem(last=False)
+                self.bytes -= size
+            self.blocks[name] = cache.read(i * self.block, self.block)
             self.bytes += size
-        self._evict()
+        self._touch(names)
 
-    def _evict(self) -> None:
-        while self.bytes > self.max_bytes:
-            _, (keys, values) = self.blocks.popitem(last=False)
-            self.bytes -= keys.numel() * keys.element_size() * 2
-
-    def clear(self) -> None:
-        self.blocks.clear()
-        self.bytes = 0
+    def _touch(self, names: list[bytes]) -> None:
+        """Marks the blocks most recently used, the first block most of all."""
+        for name in reversed(names):
+            if name in self.blocks:
+                self.blocks.move_to_end(name)

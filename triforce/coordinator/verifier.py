@@ -29,9 +29,8 @@ class LocalVerifier(Verifier):
     def __init__(self, model: LlamaModel, capacity: int, prefill_chunk: int = 512, prefixes: PrefixStore | None = None):
         cache = FullKVCache(model.config, capacity, model.rope, model.dtype, model.device)
         super().__init__("target", model, cache, prefill_chunk)
-        if prefixes is not None and prefixes.block != prefill_chunk:
-            raise ValueError(f"prefix blocks of {prefixes.block} tokens need prefill chunks of as many")
-        self.prefixes = prefixes
+        # blocks are reused only where they are this verifier's prefill chunks (a bench sweep may change them)
+        self.prefixes = prefixes if prefixes is not None and prefixes.block == prefill_chunk else None
 
     def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
         """Tier.prefill_steps after restoring the stored blocks the prompt begins with; the prompt's blocks

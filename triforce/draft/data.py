@@ -3,6 +3,7 @@ draft keeps, and the target's top-k next-token log-probabilities, computed once 
 shards so that an interrupted run resumes where it stopped."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -81,7 +82,8 @@ class TargetLabels:
         if not todo:
             return
         cache = FullKVCache(target.config, seq_len, target.rope, target.dtype, target.device)
-        bar = tqdm(total=len(todo) * self.SHARD * seq_len, desc=f"target labels ({self.folder.name})", unit="tok", unit_scale=True)
+        bar = tqdm(total=len(todo) * self.SHARD * seq_len, desc=f"target labels ({self.folder.name})", unit="tok",
+                   unit_scale=True)
         for s in todo:
             ids, logp = [], []
             for row in sequences[s * self.SHARD:(s + 1) * self.SHARD]:
@@ -91,7 +93,7 @@ class TargetLabels:
                 ids.append(top.indices.to(torch.int32).cpu())
                 logp.append(top.values.to(torch.float16).cpu())
                 bar.update(seq_len)
-            tmp = self._shard_path(s).with_suffix(".tmp")
+            tmp = self._shard_path(s).with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
             torch.save({"ids": torch.stack(ids), "logp": torch.stack(logp)}, tmp)
             tmp.rename(self._shard_path(s))  # a shard exists only once complete
         bar.close()

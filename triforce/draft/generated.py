@@ -7,6 +7,7 @@ so an interrupted run resumes at the first missing shard and a finished set is r
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tqdm import tqdm
 from ..api import chat_ids
 from ..config import SamplingParams
 from ..errors import UserError
-from .prompts import prompts
+from .prompts import prompt_count, prompts
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,23 @@ class GeneratedSamples:
         for shard in todo:
             indices = self._indices(shard)
             ids = [chat_prompt(llm.tokenizer, pairs[i][1]) for i in indices]
-            params = [SamplingParams(max_tokens=s.max_tokens, temperature=s.temperatures[i % len(s.temperatures)],
+            params = [SamplingParams(max_tokens=s.max_tokens, temperature=self.temperature(i),
                                      seed=s.seed * 1_000_003 + i) for i in indices]
             outputs = llm.generate(ids, params)
             rows = [{"genre": pairs[i][0], "prompt": torch.tensor(p, dtype=torch.int32),
                      "answer": torch.tensor(o.token_ids, dtype=torch.int32), "temperature": q.temperature}
                     for i, p, o, q in zip(indices, ids, outputs, params)]
-            tmp = self._shard_path(shard).with_suffix(".tmp")
+            tmp = self._shard_path(shard).with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
             torch.save(rows, tmp)
             tmp.rename(self._shard_path(shard))  # a shard exists only once complete
             bar.update(len(indices))
         bar.close()
+
+    def temperature(self, i: int) -> float:
+        """Sample i's: the temperatures in turn, shifted by one on each pass over the prompts, so that a
+        prompt asked again is answered at another temperature."""
+        t = self.settings.temperatures
+        return t[(i + i // prompt_count(self.settings.heldout)) % len(t)]
 
     def _indices(self, shard: int) -> range:
         return range(shard * self.settings.batch, min((shard + 1) * self.settings.batch, self.settings.samples))

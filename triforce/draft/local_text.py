@@ -19,6 +19,7 @@ PER_FILE_CHARS = 16_000  # taken from the start of a file, so that many files co
 HELDOUT_BUCKETS = 10  # one package in ten is held out
 # tests, caches, and other installations nested in a root (the standard library's own site-packages)
 SKIPPED = {"test", "tests", "__pycache__", "site-packages", "dist-packages"}
+METADATA = (".dist-info", ".egg-info")  # licenses and records, not code or documentation
 
 
 def roots() -> list[Path]:
@@ -43,7 +44,7 @@ def _heldout(package: str) -> bool:
 def _candidates(root: Path):
     for path in sorted(root.rglob("*")):
         parts = path.relative_to(root).parts
-        if path.suffix not in SUFFIXES or any(p in SKIPPED for p in parts):
+        if path.suffix not in SUFFIXES or any(p in SKIPPED or p.endswith(METADATA) for p in parts):
             continue
         try:
             size = path.stat().st_size

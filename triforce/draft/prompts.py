@@ -58,10 +58,20 @@ def subjects(heldout: bool) -> list[str]:
     return [s for i, s in enumerate(SUBJECTS) if (i % HELDOUT_EVERY == HELDOUT_EVERY - 1) == heldout]
 
 
+def _pairs(heldout: bool) -> list[tuple[str, str]]:
+    return [(genre, template.format(s=s)) for genre, templates in GENRES.items() for template in templates
+            for s in subjects(heldout)]
+
+
+def prompt_count(heldout: bool = False) -> int:
+    """How many different prompts the split has."""
+    return len(_pairs(heldout))
+
+
 def prompts(count: int, heldout: bool = False, seed: int = 0) -> list[tuple[str, str]]:
     """`count` (genre, instruction) pairs over the split's subjects: every template with every subject,
-    shuffled (by `seed`), repeated if `count` asks for more than there are."""
-    pairs = [(genre, template.format(s=s)) for genre, templates in GENRES.items() for template in templates
-             for s in subjects(heldout)]
+    shuffled (by `seed`), repeated if `count` asks for more than there are. The i-th pair does not depend
+    on `count`."""
+    pairs = _pairs(heldout)
     random.Random(seed).shuffle(pairs)
     return [pairs[i % len(pairs)] for i in range(count)]

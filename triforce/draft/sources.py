@@ -5,6 +5,7 @@ labels in place."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -14,24 +15,34 @@ from .generated import GeneratedSamples, GenerationSettings
 from .local_text import installed_texts
 from .train import fingerprint
 
+
 def prose(tokenizer, texts: list[str], seq_len: int, max_tokens: int) -> torch.Tensor:
     return to_sequences(tokenizer, texts, seq_len, tokenizer.eos_token_id)[: max(1, max_tokens // seq_len)]
 
 
-def installed(tokenizer, tokens: int, seq_len: int, heldout: bool = False) -> torch.Tensor:
-    """Up to `tokens` tokens of installed source code and documentation (draft/local_text.py)."""
+def installed(tokenizer, tokens: int, seq_len: int, work: Path, target_key: str,
+              heldout: bool = False) -> torch.Tensor:
+    """Up to `tokens` tokens of installed source code and documentation (draft/local_text.py), chosen once
+    and kept in work/, so that installing a package later does not change a run's data."""
+    path = work / f"installed-{fingerprint(target_key, tokens, seq_len, heldout)}.pt"
+    if path.is_file():
+        return torch.load(path, weights_only=True)
     id_lists, total = [], 0
     for text in installed_texts(heldout):
         if total >= tokens + seq_len:  # a separator per file: a little more than asked for
             break
         id_lists.append(tokenizer(text).input_ids)
         total += len(id_lists[-1]) + 1
-    return pack(id_lists, seq_len, tokenizer.eos_token_id)[: tokens // seq_len]
+    sequences = pack(id_lists, seq_len, tokenizer.eos_token_id)[: tokens // seq_len]
+    work.mkdir(parents=True, exist_ok=True)
+    torch.save(sequences, path)
+    return sequences
 
 
 def answers(llm, work: Path, settings: GenerationSettings, seq_len: int) -> torch.Tensor:
-    """The target's answers (generated once into work/, then reused), packed into sequences."""
-    folder = work / f"answers-{fingerprint(str(llm.model_path.resolve()), settings)}"
+    """The target's answers (generated once into work/, then reused), packed into sequences. Asking for
+    more answers later keeps the ones generated (sample i does not depend on how many there are)."""
+    folder = work / f"answers-{fingerprint(str(llm.model_path.resolve()), replace(settings, samples=0))}"
     samples = GeneratedSamples(folder, settings)
     samples.generate(llm)
     return pack(samples.token_lists(), seq_len, llm.tokenizer.eos_token_id)

@@ -21,6 +21,7 @@ from ..models.loader import load_model
 from ..models.vocab import ReducedVocabulary, tokenizer_fingerprint
 
 _SHAPE, _TRAIN, _GEN = DraftShape(), TrainSettings(), GenerationSettings()
+HELDOUT_ANSWER_TOKENS = 256  # a guess at an answer's tokens with its prompt, to size the held-out answers
 
 
 def add_train_draft_parser(sub) -> None:
@@ -83,7 +84,7 @@ def _data(args, llm, work: Path) -> tuple[dict, dict]:
     """-> (training sources, held-out genres), each a name -> [N, seq_len] sequences."""
     tokenizer, seq_len, n_heldout = llm.tokenizer, args.seq_len, args.heldout_sequences
     answers = GenerationSettings(args.answers, args.answer_tokens, tuple(args.answer_temperatures),
-                                 args.answer_batch, seed=args.seed)
+                                 args.answer_batch)  # their own seed: another training seed reuses them
     train_sources, genres = {}, {}
     texts = read_texts(args.text)
     if args.heldout is None:  # the ends of the training texts
@@ -91,19 +92,28 @@ def _data(args, llm, work: Path) -> tuple[dict, dict]:
         heldout_prose = {"prose": heldout_texts} if texts else {}
     else:  # each file a genre of its own, named by the file
         heldout_prose = {Path(f).stem: read_texts([f]) for f in args.heldout}
+        if len(heldout_prose) < len(args.heldout) or {"code", "chat"} & set(heldout_prose):
+            raise UserError("held-out files need different names, and not 'code' or 'chat' (genres of their own)")
     if texts:
         train_sources["prose"] = sources.prose(tokenizer, texts, seq_len, args.max_train_tokens)
     for name, held in heldout_prose.items():
         genres[name] = sources.prose(tokenizer, held, seq_len, n_heldout * seq_len)
+    key = str(llm.model_path.resolve())
     if args.local_tokens > 0:
-        train_sources["code"] = sources.installed(tokenizer, args.local_tokens, seq_len)
-        genres["code"] = sources.installed(tokenizer, n_heldout * seq_len, seq_len, heldout=True)
+        train_sources["code"] = sources.installed(tokenizer, args.local_tokens, seq_len, work, key)
+        genres["code"] = sources.installed(tokenizer, n_heldout * seq_len, seq_len, work, key, heldout=True)
     if args.answers > 0:
         train_sources["chat"] = sources.answers(llm, work, answers, seq_len)
-        held = replace(answers, samples=max(answers.batch, n_heldout * seq_len // 256), heldout=True)
+        held = replace(answers, samples=max(answers.batch, n_heldout * seq_len // HELDOUT_ANSWER_TOKENS),
+                       heldout=True)
         genres["chat"] = sources.answers(llm, work, held, seq_len)[:n_heldout]
-    if not train_sources or not any(s.shape[0] for s in train_sources.values()):
-        raise UserError("no training data: give --text files, --local-tokens or --answers")
+    train_sources = {name: seqs for name, seqs in train_sources.items() if seqs.shape[0]}
+    if not train_sources:
+        raise UserError(f"no training data: give --text files, --local-tokens or --answers that make at least "
+                        f"one sequence of {seq_len} tokens")
+    for name, seqs in genres.items():
+        if seqs.shape[0] < n_heldout:
+            _log(f"held-out {name} has {seqs.shape[0]} of the {n_heldout} sequences asked for")
     for name, seqs in train_sources.items():
         _log(f"{name}: {seqs.numel():,} training tokens")
     for name, seqs in genres.items():
@@ -117,7 +127,7 @@ def run_train_draft(args) -> int:
     started = time.time()
     if args.seq_len < 16 or args.heldout_sequences < 1:
         raise UserError("--seq-len must be >= 16 and --heldout-sequences >= 1")
-    llm = LLM(args.target, mode="ar", dtype="bfloat16")
+    llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
     if llm.tokenizer is None:
         raise UserError(f"{llm.model_path} has no tokenizer; train-draft needs one")
     target, tokenizer = llm.target, llm.tokenizer
@@ -159,7 +169,8 @@ def run_train_draft(args) -> int:
     report = {"draft": str(out), "parameters": sum(p.numel() for p in model.parameters()),
               "bytes": sum(f.stat().st_size for f in out.iterdir()), "data_tokens": mix,
               "genres": evaluate_genres(draft, target, genres), "draft_ms_per_token": decode_ms_per_token(draft),
-              "target_ms_per_token": decode_ms_per_token(target), "train_minutes_this_run": (time.time() - started) / 60}
+              "target_ms_per_token": decode_ms_per_token(target),
+              "train_minutes_this_run": (time.time() - started) / 60}
     meta_path = out / "triforce_draft.json"
     meta = json.loads(meta_path.read_text())
     meta["heldout_eval"] = report
