@@ -3,7 +3,7 @@
 # first 7,936 tokens of Emma (Austen, held out of training) and of KJV Genesis (not Austen; made by
 # benchmarks/texts/make_kjv_genesis.sh), SmolLM2 bfloat16, 256 new tokens, greedy and temperature 0.6:
 # `ar`, `draft` and `triforce` tokens/s and each tier's acceptance. The drafts take turns per text.
-#   benchmarks/draft_generalises.sh OUT_DIR DRAFT_DIR...
+#   benchmarks/draft_generalises.sh OUT_DIR DRAFT_DIR...   (a draft folder's name labels its results)
 set -euo pipefail
 OUT=$1; shift
 TRIFORCE=${TRIFORCE:-triforce}

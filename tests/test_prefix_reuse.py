@@ -172,3 +172,13 @@ def test_batch_jobs_reuse_the_document_across_batches(models, tmp_path):
     cached = {r["custom_id"]: r["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
               for r in map(json.loads, out.read_text().splitlines())}
     assert cached == {"0": 0, "1": 1024, "2": 1024, "3": 1024}
+
+
+def test_admission_leaves_the_store_its_room(models, monkeypatch):
+    import triforce.api as api
+
+    llm = make(models, "ar", 0.25)
+    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: 2**30)
+    assert llm.free_memory() == 2**30 - 2**28
+    llm.generate(DOCUMENT + QUESTIONS[0], GREEDY)
+    assert 0 < llm.prefixes.bytes and llm.free_memory() == 2**30 - 2**28 + llm.prefixes.bytes

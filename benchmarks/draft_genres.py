@@ -1,0 +1,44 @@
+"""Held-out evaluation per genre of one or more drafts against SmolLM2, on the sequences train-draft
+evaluates (its work folder's cached installed code and answers; the --heldout files): top-1 agreement
+and expected acceptance at temperature 0.6. Prints JSON, one line per draft.
+
+    python benchmarks/draft_genres.py DRAFT_DIR... [--heldout FILE...] [--work-dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+from triforce import LLM
+from triforce.draft import sources
+from triforce.draft.evaluate import evaluate_genres
+from triforce.draft.generated import GenerationSettings
+from triforce.models.hub import triforce_home
+from triforce.models.loader import load_model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("drafts", nargs="+")
+    p.add_argument("--heldout", nargs="*", default=["../shared/data/austen-emma.txt", "benchmarks/texts/kjv-genesis.txt"])
+    p.add_argument("--work-dir", default=str(triforce_home() / "train-draft" / "smollm2"))
+    p.add_argument("--sequences", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=1024)
+    args = p.parse_args()
+    from pathlib import Path
+
+    llm = LLM("smollm2", mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
+    tok, n, L, work = llm.tokenizer, args.sequences, args.seq_len, Path(args.work_dir)
+    key = str(llm.model_path.resolve())
+    genres = {Path(f).stem: sources.prose(tok, [open(f, encoding="utf-8").read()], L, n * L) for f in args.heldout}
+    genres["code"] = sources.installed(tok, n * L, L, work, key, heldout=True)
+    held = replace(GenerationSettings(), samples=max(32, n * L // 256), heldout=True)
+    genres["chat"] = sources.answers(llm, work, held, L)[:n]
+    for d in args.drafts:
+        draft = load_model(d, "bfloat16")
+        print(json.dumps({"draft": d, "genres": evaluate_genres(draft, llm.target, genres)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
