@@ -182,3 +182,14 @@ def test_admission_leaves_the_store_its_room(models, monkeypatch):
     assert llm.free_memory() == 2**30 - 2**28
     llm.generate(DOCUMENT + QUESTIONS[0], GREEDY)
     assert 0 < llm.prefixes.bytes and llm.free_memory() == 2**30 - 2**28 + llm.prefixes.bytes
+
+
+def test_a_server_without_the_store_counts_no_prefix_queries(models):
+    from fastapi.testclient import TestClient
+
+    from triforce.serve.app import create_app
+
+    with TestClient(create_app(make(models, "ar", 0), "tiny")) as client:
+        client.post("/v1/completions", json={"prompt": DOCUMENT, "max_tokens": 2})
+        metrics = client.get("/metrics").text
+    assert 'vllm:prefix_cache_queries_total{model_name="tiny"}' not in metrics

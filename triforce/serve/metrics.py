@@ -22,6 +22,7 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 2
 class ServerMetrics:
     def __init__(self, model: str, scheduler):
         self.registry, self.model = CollectorRegistry(), model
+        self.reuses_prefixes = scheduler.llm.prefixes is not None
         spec = ["model_name", "tier", "drafter"]
 
         def counter(name, doc, labels=("model_name",)):
@@ -53,8 +54,9 @@ class ServerMetrics:
         self.success.labels(m, finish_reason).inc()
         self.prompt_tokens.labels(m).inc(metrics.prompt_tokens)
         self.generation_tokens.labels(m).inc(metrics.generated_tokens)
-        self.prefix_queries.labels(m).inc(metrics.prompt_tokens)
-        self.prefix_hits.labels(m).inc(metrics.cached_prompt_tokens)
+        if self.reuses_prefixes:
+            self.prefix_queries.labels(m).inc(metrics.prompt_tokens)
+            self.prefix_hits.labels(m).inc(metrics.cached_prompt_tokens)
         self.ttft.labels(m).observe(queued_s + metrics.prefill_s)
         if metrics.generated_tokens:
             self.tpot.labels(m).observe(metrics.decode_s / metrics.generated_tokens)
