@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+from pathlib import Path
 
 from triforce import LLM
 from triforce.draft import sources
@@ -21,20 +21,16 @@ from triforce.models.loader import load_model
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("drafts", nargs="+")
-    p.add_argument("--heldout", nargs="*", default=["../shared/data/austen-emma.txt", "benchmarks/texts/kjv-genesis.txt"])
+    p.add_argument("--heldout", nargs="*",
+                   default=["../shared/data/austen-emma.txt", "benchmarks/texts/kjv-genesis.txt"])
     p.add_argument("--work-dir", default=str(triforce_home() / "train-draft" / "smollm2"))
     p.add_argument("--sequences", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=1024)
     args = p.parse_args()
-    from pathlib import Path
-
     llm = LLM("smollm2", mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
-    tok, n, L, work = llm.tokenizer, args.sequences, args.seq_len, Path(args.work_dir)
-    key = str(llm.model_path.resolve())
-    genres = {Path(f).stem: sources.prose(tok, [open(f, encoding="utf-8").read()], L, n * L) for f in args.heldout}
-    genres["code"] = sources.installed(tok, n * L, L, work, key, heldout=True)
-    held = replace(GenerationSettings(), samples=max(32, n * L // 256), heldout=True)
-    genres["chat"] = sources.answers(llm, work, held, L)[:n]
+    prose = {Path(f).stem: [Path(f).read_text(encoding="utf-8")] for f in args.heldout}
+    genres = sources.heldout_genres(llm, Path(args.work_dir), prose, args.sequences, args.seq_len, local=True,
+                                    answer_settings=GenerationSettings())
     for d in args.drafts:
         draft = load_model(d, "bfloat16")
         print(json.dumps({"draft": d, "genres": evaluate_genres(draft, llm.target, genres)}), flush=True)

@@ -15,6 +15,8 @@ from .generated import GeneratedSamples, GenerationSettings
 from .local_text import installed_texts
 from .train import fingerprint
 
+HELDOUT_ANSWER_TOKENS = 256  # a guess at an answer's tokens with its prompt, to size the held-out answers
+
 
 def prose(tokenizer, texts: list[str], seq_len: int, max_tokens: int) -> torch.Tensor:
     return to_sequences(tokenizer, texts, seq_len, tokenizer.eos_token_id)[: max(1, max_tokens // seq_len)]
@@ -46,6 +48,22 @@ def answers(llm, work: Path, settings: GenerationSettings, seq_len: int) -> torc
     samples = GeneratedSamples(folder, settings)
     samples.generate(llm)
     return pack(samples.token_lists(), seq_len, llm.tokenizer.eos_token_id)
+
+
+def heldout_genres(llm, work: Path, prose_texts: dict[str, list[str]], sequences: int, seq_len: int,
+                   local: bool, answer_settings: GenerationSettings | None) -> dict[str, torch.Tensor]:
+    """The held-out evaluation sets, `sequences` rows each: every named prose (its texts), `code` from
+    held-out installed packages (when `local`), and `chat`, the target's answers on held-out subjects
+    (when `answer_settings`; about HELDOUT_ANSWER_TOKENS per answer with its prompt sizes how many)."""
+    tokenizer, tokens = llm.tokenizer, sequences * seq_len
+    genres = {name: prose(tokenizer, texts, seq_len, tokens) for name, texts in prose_texts.items()}
+    if local:
+        genres["code"] = installed(tokenizer, tokens, seq_len, work, str(llm.model_path.resolve()), heldout=True)
+    if answer_settings is not None:
+        held = replace(answer_settings, samples=max(answer_settings.batch, tokens // HELDOUT_ANSWER_TOKENS),
+                       heldout=True)
+        genres["chat"] = answers(llm, work, held, seq_len)[:sequences]
+    return genres
 
 
 def digest(sequences: torch.Tensor) -> str:

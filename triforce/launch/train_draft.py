@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -21,7 +21,6 @@ from ..models.loader import load_model
 from ..models.vocab import ReducedVocabulary, tokenizer_fingerprint
 
 _SHAPE, _TRAIN, _GEN = DraftShape(), TrainSettings(), GenerationSettings()
-HELDOUT_ANSWER_TOKENS = 256  # a guess at an answer's tokens with its prompt, to size the held-out answers
 
 
 def add_train_draft_parser(sub) -> None:
@@ -80,12 +79,12 @@ def _log(message: str) -> None:
     print(f"train-draft: {message}", file=sys.stderr)
 
 
-def _data(args, llm, work: Path) -> tuple[dict, dict]:
+def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
     """-> (training sources, held-out genres), each a name -> [N, seq_len] sequences."""
     tokenizer, seq_len, n_heldout = llm.tokenizer, args.seq_len, args.heldout_sequences
     answers = GenerationSettings(args.answers, args.answer_tokens, tuple(args.answer_temperatures),
                                  args.answer_batch)  # their own seed: another training seed reuses them
-    train_sources, genres = {}, {}
+    train_sources = {}
     texts = read_texts(args.text)
     if args.heldout is None:  # the ends of the training texts
         texts, heldout_texts = split_heldout(tokenizer, texts, args.heldout_fraction)
@@ -96,28 +95,21 @@ def _data(args, llm, work: Path) -> tuple[dict, dict]:
             raise UserError("held-out files need different names, and not 'code' or 'chat' (genres of their own)")
     if texts:
         train_sources["prose"] = sources.prose(tokenizer, texts, seq_len, args.max_train_tokens)
-    for name, held in heldout_prose.items():
-        genres[name] = sources.prose(tokenizer, held, seq_len, n_heldout * seq_len)
-    key = str(llm.model_path.resolve())
     if args.local_tokens > 0:
-        train_sources["code"] = sources.installed(tokenizer, args.local_tokens, seq_len, work, key)
-        genres["code"] = sources.installed(tokenizer, n_heldout * seq_len, seq_len, work, key, heldout=True)
+        train_sources["code"] = sources.installed(tokenizer, args.local_tokens, seq_len, work, target_key)
     if args.answers > 0:
         train_sources["chat"] = sources.answers(llm, work, answers, seq_len)
-        held = replace(answers, samples=max(answers.batch, n_heldout * seq_len // HELDOUT_ANSWER_TOKENS),
-                       heldout=True)
-        genres["chat"] = sources.answers(llm, work, held, seq_len)[:n_heldout]
     train_sources = {name: seqs for name, seqs in train_sources.items() if seqs.shape[0]}
     if not train_sources:
         raise UserError(f"no training data: give --text files, --local-tokens or --answers that make at least "
                         f"one sequence of {seq_len} tokens")
-    for name, seqs in genres.items():
-        if seqs.shape[0] < n_heldout:
-            _log(f"held-out {name} has {seqs.shape[0]} of the {n_heldout} sequences asked for")
+    genres = sources.heldout_genres(llm, work, heldout_prose, n_heldout, seq_len, args.local_tokens > 0,
+                                    answers if args.answers > 0 else None)
     for name, seqs in train_sources.items():
         _log(f"{name}: {seqs.numel():,} training tokens")
     for name, seqs in genres.items():
-        _log(f"held-out {name}: {seqs.numel():,} tokens")
+        short = f" (of the {n_heldout} sequences asked for, {seqs.shape[0]})" if seqs.shape[0] < n_heldout else ""
+        _log(f"held-out {name}: {seqs.numel():,} tokens{short}")
     return train_sources, genres
 
 
@@ -139,8 +131,8 @@ def run_train_draft(args) -> int:
                              seed=args.seed, checkpoint_every=args.checkpoint_every)
     out = Path(args.out)
     work = Path(args.work_dir) if args.work_dir else triforce_home() / "train-draft" / out.resolve().name
-    train_sources, genres = _data(args, llm, work)
     target_key = str(llm.model_path.resolve())
+    train_sources, genres = _data(args, llm, work, target_key)
     sequences, label_ids, label_logp = sources.labelled(target, train_sources, work, args.top_k, target_key)
     if args.data_only:
         _log(f"data ready in {work}")
