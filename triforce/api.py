@@ -60,14 +60,14 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
 class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
                  mode: str = "auto", dtype: str = "auto", device: str | None = None, workers=None,
-                 rope_scaling: str | None = None, revision: str | None = None,
+                 rope_scaling: str | None = None, revision: str | None = None, draft_revision: str | None = None,
                  prefix_cache_gb: float = PREFIX_CACHE_GB, **engine_settings):
         """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...). `workers`: a
         ControlChannel to a worker group that verifies with the full cache (launch/distributed.py);
         None verifies in this process. `rope_scaling`: 'KIND:FACTOR' (linear, dynamic, yarn, llama3)
         stretches target and draft alike over FACTOR times their positions. `model` and `draft` may be
-        Hugging Face ids (org/name), resolved in the hub cache (HF_HOME, HF_HUB_OFFLINE); `revision` is
-        the target's. `prefix_cache_gb`: the target KV of recent prompts kept so that a prompt beginning
+        Hugging Face ids (org/name), resolved in the hub cache (HF_HOME, HF_HUB_OFFLINE) at `revision` and
+        `draft_revision` (a branch, tag or commit; default the main branch). `prefix_cache_gb`: the target KV of recent prompts kept so that a prompt beginning
         the same way skips prefilling that part (0: off; with an in-process target only)."""
         if dtype not in DTYPE_CHOICES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPE_CHOICES)} (got {dtype!r})")
@@ -85,7 +85,7 @@ class LLM:
                 draft = None
         if draft is None and mode == "draft":
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
-        self.draft_path = resolve_model(draft) if draft is not None and mode in MODES_WITH_DRAFT else None
+        self.draft_path = resolve_model(draft, draft_revision) if draft is not None and mode in MODES_WITH_DRAFT else None
         self.rope_scaling = rope_scaling
         self.target = load_model(self.model_path, self.dtype, self.device, rope_scaling=rope_scaling)
         self.draft = (None if self.draft_path is None

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from triforce.draft.train import DraftShape, TrainSettings, distillation_loss, init_draft, train
+from triforce.draft.train import DraftShape, TrainSettings, distillation_loss, init_draft, sample_order, train
 from triforce.launch.cli import main
 from triforce.models.loader import load_model
 
@@ -110,3 +110,31 @@ def test_train_draft_rejects_a_bad_shape(tiny_dir, tmp_path, capsys):
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
                  "--hidden", "30", "--heads", "4"])
     assert code == 2 and "must divide" in capsys.readouterr().err
+
+
+def test_sample_order_weighs_sequences_by_their_repeats():
+    repeats = torch.tensor([2, 1, 0, 3])
+    order = sample_order(repeats, 600, seed=5)
+    counts = torch.bincount(order, minlength=4)
+    # Passes of 6 draws (2 + 1 + 3) shuffled together: 600 of the 606 drawn differ from exact by at most 6.
+    assert counts[2] == 0 and counts.sum() == 600
+    for i in (0, 1, 3):
+        assert abs(counts[i].item() - 100 * repeats[i].item()) <= 6
+    assert torch.equal(sample_order(repeats, 600, seed=5), order)  # a resumed run continues the same order
+    assert not torch.equal(sample_order(repeats, 600, seed=6), order)
+    # Once each: the order training used before weights existed, so older work folders resume the same.
+    legacy = torch.randperm(7 * 4, generator=torch.Generator().manual_seed(1)) % 7
+    assert torch.equal(sample_order(torch.ones(7, dtype=torch.long), 21, seed=1), legacy[:21])
+
+
+@pytest.mark.parametrize("spec, message", [(["poetry=2"], "one of this run's sources (prose)"),
+                                           (["prose=x"], "expected SOURCE=N"),
+                                           (["prose=0"], "leaves every source out")])
+def test_train_draft_rejects_a_bad_repeat_before_building_data(tiny_dir, tmp_path, capsys, spec, message):
+    target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
+    text = write_corpus(tmp_path / "corpus.txt", words=500)
+    work = tmp_path / "work"
+    code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
+                 "--work-dir", str(work), "--local-tokens", "0", "--answers", "0", "--repeat", *spec])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not work.exists()

@@ -126,6 +126,10 @@ def test_hugging_face_ids_resolve_in_the_hub_cache_offline(tiny_dir, tmp_path, m
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     by_id = LLM("acme/tiny", mode="ar", dtype="float32", revision="v1").generate("w5 w6 w7", params)[0]
     assert by_id.token_ids == LLM(second, mode="ar", dtype="float32").generate("w5 w6 w7", params)[0].token_ids
+    drafted = LLM(first, draft="acme/tiny", draft_revision="v1", mode="draft", dtype="float32", sinks=2, window=16)
+    assert drafted.draft_path == resolve_model("acme/tiny", "v1") != resolve_model("acme/tiny")
+    plain = LLM(first, mode="ar", dtype="float32").generate("w5 w6 w7", params)[0]
+    assert drafted.generate("w5 w6 w7", params)[0].token_ids == plain.token_ids
     with pytest.raises(ModelLoadError, match="acme/missing not found in .* HF_HUB_OFFLINE is set") as missing:
         resolve_model("acme/missing")
     assert "\n" not in str(missing.value)

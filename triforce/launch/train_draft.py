@@ -56,6 +56,9 @@ def add_train_draft_parser(sub) -> None:
     mix.add_argument("--answer-temperatures", type=float, nargs="+", default=list(_GEN.temperatures),
                      help="temperatures the answers are sampled at, in turn")
     mix.add_argument("--answer-batch", type=int, default=_GEN.batch, help="answers generated together")
+    mix.add_argument("--repeat", nargs="+", default=[], metavar="SOURCE=N",
+                     help="weigh the sources: each sequence of SOURCE (prose, code or chat) is trained on N "
+                          "times per pass over the data (default 1; 0 leaves it out of training)")
     shape = p.add_argument_group("draft shape (knobs for a smaller, faster draft)")
     shape.add_argument("--layers", type=int, default=_SHAPE.layers)
     shape.add_argument("--hidden", type=int, default=_SHAPE.hidden)
@@ -113,12 +116,30 @@ def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
     return train_sources, genres
 
 
+def _repeats(args) -> dict[str, int]:
+    """--repeat SOURCE=N ... -> {source: N}, only the ones that differ from 1; checked before any data is
+    built."""
+    train_sources = [name for name, asked in [("prose", args.text), ("code", args.local_tokens > 0),
+                                              ("chat", args.answers > 0)] if asked]
+    repeat = {}
+    for spec in args.repeat:
+        name, _, count = spec.partition("=")
+        if name not in train_sources or not count.isdigit():
+            raise UserError(f"--repeat {spec}: expected SOURCE=N with N >= 0 and SOURCE one of this run's "
+                            f"sources ({', '.join(train_sources)})")
+        repeat[name] = int(count)
+    if not any(repeat.get(name, 1) for name in train_sources):
+        raise UserError("--repeat leaves every source out of training")
+    return {name: n for name, n in repeat.items() if n != 1}
+
+
 def run_train_draft(args) -> int:
     from .. import LLM
 
     started = time.time()
     if args.seq_len < 16 or args.heldout_sequences < 1:
         raise UserError("--seq-len must be >= 16 and --heldout-sequences >= 1")
+    repeat = _repeats(args)
     llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
     if llm.tokenizer is None:
         raise UserError(f"{llm.model_path} has no tokenizer; train-draft needs one")
@@ -149,12 +170,13 @@ def run_train_draft(args) -> int:
             _log(f"the {n_kept} kept tokens cover {(to_draft[seqs] < n_kept).float().mean().item():.1%} of {name}")
 
     model = init_draft(shape, target, kept, args.seed)
-    run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), asdict(settings))
-    losses = train(model, sequences, label_ids, label_logp, to_draft, n_kept, settings, work, run_key)
+    run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), asdict(settings), repeat)
+    per_sequence = torch.cat([torch.full((seqs.shape[0],), repeat.get(name, 1)) for name, seqs in train_sources.items()])
+    losses = train(model, sequences, label_ids, label_logp, to_draft, n_kept, settings, work, run_key, per_sequence)
     mix = {name: seqs.numel() for name, seqs in train_sources.items()}
     export(model, out, kept, vocab_total, {
         "target_tokenizer": tokenizer_fingerprint(tokenizer), "shape": asdict(shape), "training": asdict(settings),
-        "data_tokens": mix, "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
+        "data_tokens": mix, "repeat": repeat, "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
         "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None})
 
     draft = load_model(out, "bfloat16")
