@@ -248,7 +248,7 @@ class LLM:
 class Request:
     """One prompt's engine (its own caches), detokenizer and output. `run()` is its generation, for a
     `SequenceBatch` (LLM.generate's, or a server's that requests join and leave); `cancel()` ends it after
-    the round in progress."""
+    the round or prefill chunk in progress."""
 
     def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, stream: Callable[[str], None] | None,
                  batchmates: Batchmates | None = None):
@@ -268,7 +268,8 @@ class Request:
         self.cancelled = False
 
     def run(self, show_progress: bool = False):
-        return self.engine.run(self.ids, self.params, self.llm.eos_ids(), self.on_tokens, show_progress)
+        return self.engine.run(self.ids, self.params, self.llm.eos_ids(), self.on_tokens, show_progress,
+                               lambda: self.cancelled)
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -176,6 +176,28 @@ def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, 
     scheduler.stop()
 
 
+@pytest.mark.parametrize("mode", ["triforce", "auto"])
+def test_a_request_cancelled_in_its_prefill_stops_there(tiny_dir, mode):
+    from triforce.api import Request
+    from triforce.coordinator.batch import SequenceBatch
+
+    target = tiny_dir("serve-target", tokenizer=True, seed=71)
+    draft = tiny_dir("serve-draft", tokenizer=True, seed=72, num_layers=1)
+    llm = LLM(target, draft, mode=mode, dtype="float32", window=64, budget=16, chunk_size=4, prefill_chunk=8)
+    ids = llm.tokenizer(PROMPT).input_ids  # 40 tokens: 5 prefill chunks of the target
+    request = Request(llm, ids, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), None)
+    batch = SequenceBatch()
+    seq = batch.add(request.run())
+    target_tier = request.engine.ladder[-1]
+    while target_tier.length < 8:  # the first chunk ran
+        assert not batch.step()
+    request.cancel()
+    assert batch.step() == [seq]  # after the chunk it had handed the batch, not after the prompt
+    tokens, metrics = seq.result
+    assert tokens == [] and target_tier.length == 16 and metrics.generated_tokens == 0
+    assert request.output(tokens, metrics).token_ids == []
+
+
 def test_triforce_serve_answers_over_http(tiny_dir):
     """The command line end to end: `triforce serve` on a free port, a completion through a real socket."""
     import socket

@@ -13,7 +13,7 @@ on the tokens committed while it was idle (the draft: forwards over them; the re
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 from .engine import Forward, HierarchyEngine, Run
 from .metrics import RequestMetrics, TierStats
@@ -61,11 +61,14 @@ class AutoEngine(HierarchyEngine):
         return params is not None and params.max_tokens >= MIN_PLANNED_TOKENS and \
             self.ladder[-1].length >= self._prompt_length - 1
 
-    def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
+    def _prefill(self, tokens: list[int], show_progress: bool,
+                 cancelled: Callable[[], bool]) -> Generator[Forward, None, bool]:
         """The target's prefill, then the first plan and the prefill of the tiers it runs (counted in the
         request's prefill time, as the prefill of a fixed mode's tiers is)."""
-        yield from super()._prefill(tokens, show_progress)
+        if not (yield from super()._prefill(tokens, show_progress, cancelled)):
+            return False
         yield from self._replan(0)
+        return True
 
     def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
         self.rounds += 1

@@ -90,10 +90,12 @@ class HierarchyEngine:
         return handle.result
 
     def run(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
-            on_tokens: Callable[[list[int]], bool] | None = None, show_progress: bool = False) -> Run:
+            on_tokens: Callable[[list[int]], bool] | None = None, show_progress: bool = False,
+            cancelled: Callable[[], bool] | None = None) -> Run:
         """The request as a generator of forwards; returns (generated token ids, metrics). `on_tokens` sees
         each round's new tokens and returns True to stop (stop strings); generation also stops at a stop id
-        or after max_tokens."""
+        or after max_tokens. `cancelled` is asked between prefill chunks: True ends the request there
+        with no tokens (a long prompt's client that went away frees the batch at once)."""
         if not prompt:
             raise ValueError("empty prompt")
         self.params = params
@@ -104,7 +106,11 @@ class HierarchyEngine:
         metrics = RequestMetrics(prompt_tokens=len(prompt), tiers=list(self.stats))
 
         start = time.perf_counter()
-        yield from self._prefill(prompt[:-1], show_progress and len(prompt) >= PROGRESS_MIN_TOKENS)
+        prefilled = yield from self._prefill(prompt[:-1], show_progress and len(prompt) >= PROGRESS_MIN_TOKENS,
+                                             cancelled or (lambda: False))
+        if not prefilled:
+            metrics.prefill_s = time.perf_counter() - start
+            return [], metrics
         if self.tree is not None and self.tree.auto:  # forward costs on this machine, at this context
             self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], MAX_TREE + 1)
         metrics.prefill_s = time.perf_counter() - start
@@ -137,14 +143,20 @@ class HierarchyEngine:
         """Called before each round of the top tier (an engine that re-plans its tiers overrides it)."""
         yield from ()
 
-    def _prefill(self, tokens: list[int], show_progress: bool) -> Generator[Forward, None, None]:
+    def _prefill(self, tokens: list[int], show_progress: bool,
+                 cancelled: Callable[[], bool]) -> Generator[Forward, None, bool]:
+        """Every tier through `tokens`; returns False when `cancelled` stopped it between two chunks (the
+        caches are then half built and the engine is done)."""
         # The target first: caches derived from it (retrieval) build from its KV.
         for level in reversed(range(len(self.tiers))):
             tier = self.tiers[level]
             with tqdm(total=len(tokens), desc=f"prefill {tier.name}", unit="tok", file=sys.stderr,
                       disable=not show_progress, leave=False) as bar:
                 for step in tier.prefill_steps(tokens, bar):
+                    if cancelled():
+                        return False
                     yield Forward(tier, self.ladder.index(tier), step, "none")
+        return True
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.params
