@@ -8,6 +8,7 @@ from .errors import UserError
 MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 MAX_TREE = 64  # nodes per speculation tree
+MAX_LOOKUP = 16  # tokens a prompt lookup matches
 PREFIX_CACHE_GB = 1.0  # default bound of the recent prompts' target KV kept for reuse (cache/prefixes.py)
 
 
@@ -68,6 +69,9 @@ class EngineConfig:
     sinks: int = 16  # draft tier: attention-sink tokens
     window: int = 256  # draft tier: recent tokens
     prefill_chunk: int = 512
+    # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's chain proposals, the token
+    # that followed the latest earlier occurrence of the last n tokens; 0: off.
+    lookup: int = 0
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -97,6 +101,8 @@ class EngineConfig:
         if self.retrieval_policy not in RETRIEVAL_POLICIES:
             raise ConfigError(f"retrieval policy must be one of {RETRIEVAL_POLICIES} "
                               f"(got {self.retrieval_policy!r})")
+        if not 0 <= self.lookup <= MAX_LOOKUP:
+            raise ConfigError(f"lookup must be an n-gram length in [0, {MAX_LOOKUP}] (0: off; got {self.lookup})")
         if self.full_layers < 0 or self.sinks < 0 or self.window < 1 or self.prefill_chunk < 1:
             raise ConfigError("full_layers and sinks must be >= 0, window and prefill_chunk >= 1")
         if not 0 <= self.refresh_threshold <= 1 or self.refresh_every < 1 or self.refresh_window < 1:

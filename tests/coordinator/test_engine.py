@@ -259,3 +259,17 @@ def _run_steps(tier, tokens):
     for step in tier.prefill_steps(tokens):
         tier.forward(step, "none")
         yield step
+
+
+@pytest.mark.parametrize("mode,policy", MODES + [("auto", "static")])
+def test_greedy_with_prompt_lookup_equals_plain_decoding(models, mode, policy):
+    """The bottom tier's proposals mixed with copies of the sequence's own 2-grams (speculation/lookup.py).
+    The prompt repeats a block, so the lookup's weight nears 1 and its copies win the argmax; the tiny
+    target does not continue the block, so they are rejected and the checks must recover."""
+    target, draft = models
+    prompt = (torch.randint(3, 96, (20,), generator=torch.Generator().manual_seed(1)).tolist() * 8)[:150]
+    params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, lookup=2)
+    assert tokens == reference
+    assert metrics.lookup["candidates"] > 100 and metrics.lookup["weight"] > 0.9

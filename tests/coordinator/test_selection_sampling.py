@@ -126,3 +126,43 @@ def test_first_token_follows_the_target_with_real_selection(models, prompt, mode
     support = expected > 0
     wanted = expected[support].double() / expected[support].double().sum() * trials  # float32 sums to 1 roughly
     assert chisquare(counts[support].double().numpy(), wanted.numpy()).pvalue > ALPHA
+
+
+@pytest.fixture(scope="module")
+def periodic_prompt():
+    """A block of 16 random tokens five times: nearly every 3-gram's latest earlier occurrence is
+    followed by the token that follows it now, so the prompt lookup's weight nears 1."""
+    block = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(9)).tolist()
+    return (block * 6)[:PROMPT_LEN]
+
+
+LOOKUP_CASES = [
+    ("triforce", "static", dict(temperature=1.0), 3000),
+    ("retrieval", "dynamic", dict(temperature=1.0, top_k=6), 2000),
+    ("draft", "static", dict(temperature=1.0, top_p=0.8), 2000),
+]
+
+
+@pytest.mark.parametrize("mode,policy,sampling,trials", LOOKUP_CASES)
+def test_first_token_follows_the_target_with_prompt_lookup(models, periodic_prompt, mode, policy, sampling, trials,
+                                                          selections):
+    """The bottom tier proposes from its distribution mixed with the lookup's copy (speculation/lookup.py),
+    here with weight 0.85, while the target does not continue the period: copies are proposed far more
+    often than the target samples them, and only exact checks against the mixture keep the output right."""
+    target, draft = models
+    prompt = periodic_prompt
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, lookup=3, **SETTINGS)
+    probe = build_engine(cfg, target, draft, len(prompt) + 1)
+    metrics = probe.generate(prompt, SamplingParams(max_tokens=1, ignore_eos=True, seed=0, **sampling))[1]
+    assert metrics.lookup["weight"] > 0.8 and metrics.lookup["candidates"] > 60
+    cache = FullKVCache(target.config, len(prompt), target.rope, target.dtype, "cpu")
+    logits = target(torch.tensor(prompt), cache, logits_for="last")
+    expected = probabilities(logits, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))[0]
+    copy = prompt[len(prompt) - 16]  # what the period continues with
+    assert expected[copy] < 0.5, "the target continues the period: the lookup would be right anyway"
+    counts = first_token_counts(cfg, target, draft, prompt, sampling, trials)
+    assert mode == "draft" or any(selections), "the retrieval cache never left a chunk out"
+    assert torch.all(counts[expected == 0] == 0), "sampled a token the target gives probability 0"
+    support = expected > 0
+    wanted = expected[support].double() / expected[support].double().sum() * trials
+    assert chisquare(counts[support].double().numpy(), wanted.numpy()).pvalue > ALPHA

@@ -32,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import MAX_TREE, SamplingParams
+from ..speculation.lookup import ContextLookup
 from ..speculation.sampling import probabilities, sample
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
@@ -69,13 +70,16 @@ Produced = Generator[Forward | Check, object, tuple[list[int], list[torch.Tensor
 
 
 class HierarchyEngine:
-    def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None):
-        """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains)."""
+    def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None, lookup: int = 0):
+        """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains).
+        lookup: n > 0 mixes copies of the sequence's own n-grams into the bottom tier's chain proposals
+        (speculation/lookup.py)."""
         if len(gammas) != len(tiers) - 1 or any(g < 1 for g in gammas):
             raise ValueError("need one gamma >= 1 per pair of adjacent tiers")
         if tree is not None and len(tiers) < 2:
             raise ValueError("a tree needs a tier to check it")
-        self.tiers, self.gammas, self.tree = tiers, gammas, tree
+        self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
+        self.lookup: ContextLookup | None = None
         self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
 
     def generate(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
@@ -102,6 +106,7 @@ class HierarchyEngine:
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()))
         self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
+        self.lookup = ContextLookup(self.lookup_n) if self.lookup_n else None
         self.stats = [TierStats(t.name, self.tiers[i - 1].name) for i, t in enumerate(self.tiers) if i > 0]
         metrics = RequestMetrics(prompt_tokens=len(prompt), tiers=list(self.stats))
 
@@ -115,6 +120,7 @@ class HierarchyEngine:
             self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], MAX_TREE + 1)
         metrics.prefill_s = time.perf_counter() - start
         metrics.cached_prompt_tokens = self.ladder[-1].reused_tokens
+        self._advance_lookup()
         for tier in self.ladder:
             tier.seconds = 0.0
 
@@ -130,6 +136,7 @@ class HierarchyEngine:
             if stop_at is not None:
                 new = new[: stop_at + 1]
             generated += new
+            self._advance_lookup()
             if stop_at is not None or (on_tokens is not None and on_tokens(new)):
                 break
         metrics.decode_s = time.perf_counter() - start
@@ -137,7 +144,13 @@ class HierarchyEngine:
         for stat in metrics.tiers:
             stat.seconds = next(t.seconds for t in self.ladder if t.name == stat.name)
         metrics.retrieval_rebuilds = sum(t.rebuilds for t in self.ladder)
+        metrics.lookup = None if self.lookup is None else self.lookup.to_dict()
         return generated, metrics
+
+    def _advance_lookup(self) -> None:
+        """Between rounds all of `seq` is final (the top tier committed it): the lookup indexes it."""
+        if self.lookup is not None:
+            self.lookup.advance(self.seq, len(self.seq))
 
     def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
         """Called before each round of the top tier (an engine that re-plans its tiers overrides it)."""
@@ -176,6 +189,8 @@ class HierarchyEngine:
         while len(tokens) < count:
             if level == 0:
                 row = self._probs((yield from self._forward(0))[-1:])[0]
+                if self.lookup is not None and len(self.tiers) > 1:  # a proposer (not the target alone)
+                    row = self.lookup.propose(seq, row)
                 token = sample(row, self.generator, greedy)
                 seq.append(token)
                 tokens.append(token)

@@ -73,6 +73,7 @@ class RequestMetrics:
     bulk_bytes: int | None = None
     worker_wait_s: float | None = None
     auto: list[dict] | None = None  # --mode auto: each change of plan (when, which tiers and gammas, and why)
+    lookup: dict | None = None  # --lookup: the prompt lookup's n, candidates, right ones and final weight
 
     @property
     def tokens_per_s(self) -> float:
@@ -89,4 +90,5 @@ class RequestMetrics:
                     "control_bytes_per_token": round(self.control_bytes / max(1, self.generated_tokens)),
                     "bulk_bytes": self.bulk_bytes,
                     "worker_wait_s": round(self.worker_wait_s, 4)}),
-                **({} if self.auto is None else {"auto": self.auto})}
+                **({} if self.auto is None else {"auto": self.auto}),
+                **({} if self.lookup is None else {"lookup": self.lookup})}

@@ -56,6 +56,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tree2", default=_DEFAULTS.tree2, metavar="N|auto",
                    help="in retrieval mode, the retrieval tier's proposals to the target as such a tree; "
                         "0 (default): a chain of gamma2")
+    g.add_argument("--lookup", type=int, default=_DEFAULTS.lookup, metavar="N",
+                   help="prompt lookup: mix into the bottom tier's chain proposals the token that followed the "
+                        "latest earlier occurrence of the last N tokens, weighted by how often such copies were "
+                        "right so far (loops and quotes of the prompt); exact; 0 = off (default %(default)s)")
     g.add_argument("--budget", type=int, default=_DEFAULTS.budget, help="tokens in the retrieval cache")
     g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
     g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
@@ -111,7 +115,7 @@ def add_prefix_cache_arg(p: argparse.ArgumentParser) -> None:
 def engine_settings(args) -> dict:
     return dict(gamma1=args.gamma1, gamma2=args.gamma2, tree1=args.tree1, tree2=args.tree2, budget=args.budget,
                 chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
-                sinks=args.sinks, window=args.window)
+                sinks=args.sinks, window=args.window, lookup=args.lookup)
 
 
 def llm_from_args(args, **extra):

@@ -1,0 +1,49 @@
+"""Prompt lookup (speculation/lookup.py): its index, candidates, weight and mixture."""
+import pytest
+import torch
+
+from triforce.speculation.lookup import ContextLookup
+
+
+def naive_candidate(seq, final, n):
+    """The token after the latest occurrence, ending before `final`, of seq's last n tokens."""
+    key = seq[-n:]
+    for start in range(final - n - 1, -1, -1):
+        if seq[start:start + n] == key:
+            return seq[start + n]
+    return None
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_candidates_and_weight_match_a_naive_scan(n):
+    gen = torch.Generator().manual_seed(n)
+    seq = torch.randint(0, 5, (300,), generator=gen).tolist()
+    lookup = ContextLookup(n)
+    right = candidates = 0
+    final = 0
+    for step in [40, 1, 7, 30, 100, 122]:  # rounds of committed tokens
+        final += step
+        # what the lookup proposes mid-round: the final tokens plus some speculative ones
+        for extra in range(0, 4):
+            tail = seq[:final] + seq[final:final + extra]
+            assert lookup.candidate(tail) == naive_candidate(tail, lookup.final, n)
+        lookup.advance(seq, final)
+    for j in range(n, final):
+        c = naive_candidate(seq[:j], j, n)
+        candidates += c is not None
+        right += c is not None and c == seq[j]
+    assert (lookup.candidates, lookup.right) == (candidates, right) and candidates > 0
+    assert lookup.weight == pytest.approx((right + 1) / (candidates + 2))
+
+
+def test_the_mixture_is_a_distribution_with_the_copy_weighted():
+    lookup = ContextLookup(2)
+    seq = [1, 2, 3, 1, 2, 3, 1, 2]
+    lookup.advance(seq, len(seq))  # positions 5..7 each had the right candidate: weight 4/5
+    assert lookup.weight == pytest.approx(0.8)
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    mixed = lookup.propose(seq, probs)  # the last 2 tokens (1, 2) were followed by 3
+    torch.testing.assert_close(mixed, torch.tensor([0.02, 0.04, 0.06, 0.08 + 0.8]))
+    assert torch.equal(lookup.propose([4, 4], probs), probs)  # no earlier occurrence: the tier's own
+    with pytest.raises(ValueError):
+        ContextLookup(0)
