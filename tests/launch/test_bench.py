@@ -99,3 +99,20 @@ def test_widened_draft_proposes_only_its_tokens(tiny_dir):
         theirs = wide(ids[None]).logits[0]
     mine = ours(ids, FullKVCache(ours.config, 8, ours.rope, ours.dtype, "cpu"))
     torch.testing.assert_close(theirs, mine, atol=1e-4, rtol=1e-4)
+
+
+def test_bench_sweeps_an_engine_setting(tiny_dir, tmp_path):
+    """--sweep lookup=0,2: one row per value (ar once), each with the setting it ran and, with the lookup on,
+    what the lookup did."""
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{3 + i % 17}" for i in range(300)))  # periodic: the lookup finds copies
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
+                 "--lengths", "100", "--max-new-tokens", "20", "--modes", "ar", "triforce", "--sweep", "lookup=0,2",
+                 "--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["run"], r.get("lookup")) for r in rows] == [("ar", None), ("triforce", 0), ("triforce", 2)]
+    assert "lookup_stats" not in rows[1] and rows[2]["lookup_stats"][0]["candidates"] > 0
+    assert all(r["equals_ar"] for r in rows[1:])

@@ -223,7 +223,7 @@ def _batch_row(outs) -> dict:
            "retrieval_rebuilds": sum(m.retrieval_rebuilds for m in metrics), "tiers": _tier_summary(merged),
            "token_ids": [o.token_ids for o in outs]}
     if any(m.lookup for m in metrics):  # each request's prompt lookup: candidates, right ones, weight
-        row["lookup"] = [m.lookup for m in metrics]
+        row["lookup_stats"] = [m.lookup for m in metrics]
     if any(m.auto for m in metrics):  # each request's plans: when, which tiers and gammas (the why is in --json)
         row["auto_plans"] = [[{k: d[k] for k in ("at_token", "context", "mode", "gammas")} for d in m.auto or []]
                              for m in metrics]

@@ -17,7 +17,11 @@ rarely recur as they did, it stays low and q' is nearly q.
 Why it stays exact: q' at a position depends only on the tokens before it (the candidate on the sequence
 so far, w on tokens already committed), so it is a proposer's distribution like any other, and the
 checker verifies the proposal against q' (min(1, p/q'), the residual max(p - q', 0)). Greedy proposes
-q''s argmax: c when w + (1 - w) q(c) > (1 - w) max q, else q's own argmax.
+q''s argmax; there q is one-hot, so that is c when w > 1/2, else q's own argmax.
+
+Measured (README, Prompt lookup): the weight counted over the whole prompt stays near the prompt's own
+share (0.38 on Emma, 0.50 on Genesis), so greedy never copied there, and at temperature 0.6 tier-1
+acceptance rose while tokens/s did not; hence off by default.
 """
 from __future__ import annotations
 
