@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from triforce.speculation.lookup import ContextLookup
+from triforce.speculation.lookup import RECENT, ContextLookup
 
 
 def naive_candidate(seq, final, n):
@@ -19,7 +19,6 @@ def test_candidates_and_weight_match_a_naive_scan(n):
     gen = torch.Generator().manual_seed(n)
     seq = torch.randint(0, 5, (300,), generator=gen).tolist()
     lookup = ContextLookup(n)
-    right = candidates = 0
     final = 0
     for step in [40, 1, 7, 30, 100, 122]:  # rounds of committed tokens
         final += step
@@ -28,12 +27,14 @@ def test_candidates_and_weight_match_a_naive_scan(n):
             tail = seq[:final] + seq[final:final + extra]
             assert lookup.candidate(tail) == naive_candidate(tail, lookup.final, n)
         lookup.advance(seq, final)
+    outcomes = []
     for j in range(n, final):
         c = naive_candidate(seq[:j], j, n)
-        candidates += c is not None
-        right += c is not None and c == seq[j]
-    assert (lookup.candidates, lookup.right) == (candidates, right) and candidates > 0
-    assert lookup.weight == pytest.approx((right + 1) / (candidates + 2))
+        if c is not None:
+            outcomes.append(c == seq[j])
+    assert (lookup.candidates, lookup.right) == (len(outcomes), sum(outcomes)) and len(outcomes) > RECENT
+    recent = outcomes[-RECENT:]  # the weight counts the latest candidates only
+    assert lookup.weight == pytest.approx((sum(recent) + 1) / (RECENT + 2))
 
 
 def test_the_mixture_is_a_distribution_with_the_copy_weighted():

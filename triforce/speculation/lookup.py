@@ -9,23 +9,27 @@ the bottom tier proposes from the mixture
 
     q'(x) = (1 - w) q(x) + w [x = c],
 
-q being the tier's own distribution (after temperature, top-k, top-p). The weight w is how often, so far,
-a position's candidate was the token the target committed there: (right + 1) / (candidates + 2), counted
-over the prompt and the tokens committed in earlier rounds. On a loop w nears 1; on prose whose n-grams
-rarely recur as they did, it stays low and q' is nearly q.
+q being the tier's own distribution (after temperature, top-k, top-p). The weight w is how often a position's
+candidate was the token the target committed there, over the latest RECENT positions that had one (the
+prompt's, then those committed in earlier rounds): (right + 1) / (count + 2). On a loop w nears 1 within
+a few rounds; on prose whose n-grams rarely recur as they did, it stays low and q' is nearly q.
 
 Why it stays exact: q' at a position depends only on the tokens before it (the candidate on the sequence
 so far, w on tokens already committed), so it is a proposer's distribution like any other, and the
 checker verifies the proposal against q' (min(1, p/q'), the residual max(p - q', 0)). Greedy proposes
 q''s argmax; there q is one-hot, so that is c when w > 1/2, else q's own argmax.
 
-Measured (README, Prompt lookup): the weight counted over the whole prompt stays near the prompt's own
-share (0.38 on Emma, 0.50 on Genesis), so greedy never copied there, and at temperature 0.6 tier-1
-acceptance rose while tokens/s did not; hence off by default.
+Measured (README, Prompt lookup): counted over the whole prompt, w stayed at the prompt's share (0.38 on
+Emma, 0.50 on Genesis) and greedy never copied; over the latest 32 it reached 0.85-0.97 and lifted
+`triforce` on both texts and at both temperatures.
 """
 from __future__ import annotations
 
+from collections import deque
+
 import torch
+
+RECENT = 32  # candidates the weight counts: the latest, so that a loop that starts late lifts it soon
 
 
 class ContextLookup:
@@ -39,10 +43,11 @@ class ContextLookup:
         self.final = 0  # seq[:final] is indexed (committed, never rewritten)
         self.candidates = 0  # final positions that had a candidate
         self.right = 0  # ... where it was the committed token
+        self.recent: deque[bool] = deque(maxlen=RECENT)  # whether each of the latest candidates was right
 
     @property
     def weight(self) -> float:
-        return (self.right + 1) / (self.candidates + 2)
+        return (sum(self.recent) + 1) / (len(self.recent) + 2)
 
     def advance(self, seq: list[int], final: int) -> None:
         """seq[:final] is final: scores the candidate each newly final position had, and indexes it."""
@@ -52,6 +57,7 @@ class ContextLookup:
             if before is not None:
                 self.candidates += 1
                 self.right += seq[before] == seq[j]
+                self.recent.append(seq[before] == seq[j])
             self.after[key] = j
         self.final = max(self.final, final)
 
