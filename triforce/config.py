@@ -103,6 +103,9 @@ class EngineConfig:
                               f"(got {self.retrieval_policy!r})")
         if not 0 <= self.lookup <= MAX_LOOKUP:
             raise ConfigError(f"lookup must be an n-gram length in [0, {MAX_LOOKUP}] (0: off; got {self.lookup})")
+        if self.lookup and (self.tree1 or self.tree2):
+            raise ConfigError("lookup mixes its copies into chain proposals; with tree1 or tree2 it would do "
+                              "nothing: leave one of them at 0")
         if self.full_layers < 0 or self.sinks < 0 or self.window < 1 or self.prefill_chunk < 1:
             raise ConfigError("full_layers and sinks must be >= 0, window and prefill_chunk >= 1")
         if not 0 <= self.refresh_threshold <= 1 or self.refresh_every < 1 or self.refresh_window < 1:

@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 from checkpoints import write_reduced_vocabulary
 from triforce.cache.full import FullKVCache
-from triforce.config import EngineConfig, SamplingParams
+from triforce.config import ConfigError, EngineConfig, SamplingParams
 from triforce.coordinator.engine import HierarchyEngine
 from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.tiers import Tier
@@ -273,3 +273,9 @@ def test_greedy_with_prompt_lookup_equals_plain_decoding(models, mode, policy):
     tokens, metrics = run(target, draft, mode, prompt, params, policy, lookup=2)
     assert tokens == reference
     assert metrics.lookup["candidates"] > 100 and metrics.lookup["weight"] > 0.9
+    assert metrics.tiers and metrics.tiers[0].proposed > 0  # a bottom tier proposed (auto: in some plan)
+
+
+def test_lookup_takes_no_trees():
+    with pytest.raises(ConfigError, match="lookup mixes its copies into chain proposals"):
+        EngineConfig(mode="triforce", lookup=3, tree1=4)

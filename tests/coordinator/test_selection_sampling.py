@@ -147,7 +147,7 @@ LOOKUP_CASES = [
 def test_first_token_follows_the_target_with_prompt_lookup(models, periodic_prompt, mode, policy, sampling, trials,
                                                           selections):
     """The bottom tier proposes from its distribution mixed with the lookup's copy (speculation/lookup.py),
-    here with weight 0.85, while the target does not continue the period: copies are proposed far more
+    here with weight above 0.8, while the target does not continue the period: copies are proposed far more
     often than the target samples them, and only exact checks against the mixture keep the output right."""
     target, draft = models
     prompt = periodic_prompt
