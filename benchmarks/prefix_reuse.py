@@ -5,7 +5,12 @@ The first question prefills the whole document (cold); the next ones restore its
 JSON: per question, time to first token (the call to the first streamed text) cold and warm, prefill
 seconds, and the prompt tokens restored.
 
-    python benchmarks/prefix_reuse.py --text ../shared/data/austen-emma.txt --tokens 7936 [--mode triforce]
+With --together the questions arrive at once instead, as one `generate` call (one batch): without a store
+every one of them prefills the document; with one, the first prefills each block and the others restore
+it as soon as it is stored. Prints the call's seconds, each question's prefill seconds and restored
+tokens, both ways.
+
+    python benchmarks/prefix_reuse.py --text ../shared/data/austen-emma.txt --tokens 7936 [--mode triforce] [--together]
 """
 from __future__ import annotations
 
@@ -35,11 +40,14 @@ def main() -> None:
     p.add_argument("--mode", default="triforce")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--together", action="store_true", help="the questions as one batch (see above)")
     args = p.parse_args()
     warm = LLM(args.model, mode=args.mode, dtype=args.dtype, prefix_cache_gb=2.0)
     cold = LLM(args.model, mode=args.mode, dtype=args.dtype, prefix_cache_gb=0)
     document = warm.encode(open(args.text, encoding="utf-8").read())[: args.tokens]
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, ignore_eos=True)
+    if args.together:
+        return together(args, warm, cold, [document + warm.encode(q) for q in QUESTIONS], params)
     rows = []
     for question in QUESTIONS:
         prompt = document + warm.encode(question)
@@ -57,6 +65,19 @@ def main() -> None:
                       "ttft_cold_s": sum(r["ttft_cold_s"] for r in later) / len(later),
                       "ttft_warm_s": sum(r["ttft_warm_s"] for r in later) / len(later),
                       "all_same_output": all(r["same_output"] for r in rows), "questions": rows}))
+
+
+def together(args, warm: LLM, cold: LLM, prompts: list[list[int]], params: SamplingParams) -> None:
+    report = {"model": args.model, "mode": args.mode, "document_tokens": args.tokens, "questions": len(prompts)}
+    outputs = {}
+    for name, llm in (("cold", cold), ("warm", warm)):
+        start = time.perf_counter()
+        outputs[name] = llm.generate(prompts, params)
+        report[f"{name}_s"] = round(time.perf_counter() - start, 3)
+        report[f"{name}_prefill_s"] = [round(o.metrics.prefill_s, 3) for o in outputs[name]]
+        report[f"{name}_cached_prompt_tokens"] = [o.metrics.cached_prompt_tokens for o in outputs[name]]
+    report["same_output"] = [a.token_ids == b.token_ids for a, b in zip(outputs["cold"], outputs["warm"])]
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,55 @@ def test_prompts_of_one_batch_restore_and_equal_cold_runs(models):
     assert [o.token_ids for o in got] == [o.token_ids for o in cold.generate(prompts, GREEDY)]
 
 
+@pytest.mark.parametrize("mode", ["ar", "triforce", "auto"])
+def test_questions_in_one_batch_prefill_the_document_once(models, mode):
+    """Arriving together, the first prompt prefills each document block under its claim and the others
+    wait for it and restore it, one block behind: the target runs the document's chunks once."""
+    cold, warm = make(models, mode, 0), make(models, mode, 1.0)
+    prompts = [DOCUMENT + q for q in QUESTIONS]
+    prefilled = count_prefilled_rows(warm)
+    got = warm.generate(prompts, GREEDY)
+    assert [o.metrics.cached_prompt_tokens for o in got] == [0] + [256] * (len(prompts) - 1)
+    # the document's 4 blocks once, then each prompt's tail past them (all but its last token)
+    assert prefilled == [64] * 4 + [len(p) - 1 - 256 for p in prompts]
+    assert [o.token_ids for o in got] == [o.token_ids for o in cold.generate(prompts, GREEDY)]
+    assert not warm.prefixes.claims
+
+
+def count_prefilled_rows(llm) -> list[int]:
+    """The rows of each target forward that computes no logits (prefill chunks), as they run."""
+    rows, forward = [], llm.target.forward_batch
+
+    def counting(steps, caches, logits_for="all", *args, **kwargs):
+        wanted = logits_for if isinstance(logits_for, list) else [logits_for] * len(steps)
+        rows.extend(step.n for step, want in zip(steps, wanted) if want == "none")
+        return forward(steps, caches, logits_for, *args, **kwargs)
+
+    llm.target.forward_batch = counting
+    return rows
+
+
+def test_a_claim_whose_owner_went_away_does_not_stall_a_batch(models):
+    """A prefill that stopped between chunks (a request cancelled there) leaves no claim behind; one left
+    anyway (an owner never closed) is dropped once every sequence waits on it."""
+    from triforce.api import Request
+    from triforce.coordinator.batch import SequenceBatch
+
+    cold, warm = make(models, "triforce", 0), make(models, "triforce", 1.0)
+    prompt = DOCUMENT + QUESTIONS[0]
+    request, batch = Request(warm, prompt, GREEDY, None), SequenceBatch()
+    batch.add(request.run())
+    assert len(warm.prefixes.claims) == 1  # its first block, being prefilled
+    request.cancel()
+    batch.run()  # the first block's forward runs, and it is stored; the request ends before the second
+    assert not warm.prefixes.claims and len(warm.prefixes.blocks) == 1
+    names = warm.prefixes.reusable(prompt[:-1])
+    warm.prefixes.claim(names[1], object())  # an owner that will never store it
+    got = warm.generate(prompt, GREEDY)[0]
+    assert got.token_ids == cold.generate(prompt, GREEDY)[0].token_ids
+    assert not warm.prefixes.claims and got.metrics.cached_prompt_tokens == 64
+
+
 def test_sampled_output_with_a_seed_equals_the_cold_run(models):
     cold, warm = make(models, "triforce", 0), make(models, "triforce", 1.0)
     params = SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True)

@@ -12,6 +12,11 @@ Bounded by `max_bytes`: a prompt stores as many of its leading blocks as the bou
 recently used blocks of other prompts make room. A use touches a prompt's blocks from the last to the
 first, so its first block is its most recent and eviction takes deep blocks before the blocks they
 extend (a block whose predecessor is gone can never be reached again).
+
+Prompts of one batch share blocks too: a sequence that is prefilling a block the store will keep claims
+it, and another sequence that needs the same block waits (LocalVerifier.prefill_steps yields a `Wait`)
+until it is stored, then restores it: several questions about one document arriving together prefill
+the document once. A claim whose owner went away is dropped when every sequence of its batch waits.
 """
 from __future__ import annotations
 
@@ -32,12 +37,13 @@ class PrefixStore:
         self.max_bytes, self.block = max_bytes, block
         self.blocks: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()  # LRU first
         self.bytes = 0
+        self.claims: dict[bytes, object] = {}  # block name -> the sequence prefilling it now
 
     def room(self) -> int:
         """Bytes the store may still take."""
         return max(0, self.max_bytes - self.bytes)
 
-    def _names(self, tokens: list[int], count: int) -> list[bytes]:
+    def names(self, tokens: list[int], count: int) -> list[bytes]:
         """The names of the first `count` blocks of `tokens`: a hash chain over the blocks."""
         names, h = [], hashlib.sha256()
         for i in range(count):
@@ -45,34 +51,65 @@ class PrefixStore:
             names.append(h.copy().digest())
         return names
 
+    def reusable(self, tokens: list[int]) -> list[bytes]:
+        """The names of the blocks of a prompt's prefill (`tokens`) that a later prompt may restore: every
+        whole block but the one holding its last token, which is always prefilled."""
+        return self.names(tokens, (len(tokens) - 1) // self.block)
+
+    def kept_blocks(self, cache: FullKVCache) -> int:
+        """How many leading blocks of a prompt the bound holds."""
+        return self.max_bytes // cache.block_bytes(self.block)
+
     def restore(self, tokens: list[int], cache: FullKVCache) -> int:
         """Writes the stored blocks that `tokens` begins with into the empty `cache`; -> tokens restored."""
-        names = self._names(tokens, (len(tokens) - 1) // self.block)
+        names = self.reusable(tokens)
         found = 0
-        while found < len(names) and names[found] in self.blocks:
+        while found < len(names) and self.restore_block(names, found, cache):
             found += 1
-        self._touch(names[:found])
-        for i in range(found):
-            keys, values = self.blocks[names[i]]
-            cache.write(i * self.block, keys, values)
         return found * self.block
+
+    def restore_block(self, names: list[bytes], i: int, cache: FullKVCache) -> bool:
+        """Writes block i (`names` are the prompt's) into `cache`, which holds the blocks before it, when
+        the store has it."""
+        if names[i] not in self.blocks:
+            return False
+        self._touch(names[:i + 1])
+        cache.write(i * self.block, *self.blocks[names[i]])
+        return True
 
     def store(self, tokens: list[int], cache: FullKVCache) -> None:
         """Keeps the leading complete blocks of `tokens` whose keys and values `cache` holds, as many as the
         bound holds; the least recently used blocks of other prompts make room."""
+        names = self.names(tokens, min(len(tokens), cache.length) // self.block)
+        for i in range(len(names)):
+            self.store_block(names, i, cache)
+
+    def store_block(self, names: list[bytes], i: int, cache: FullKVCache) -> None:
+        """Keeps block i of a prompt (`names`: its blocks' names) from `cache`, unless the bound cannot hold
+        blocks 0..i together; the least recently used blocks of other prompts make room."""
         size = cache.block_bytes(self.block)
-        count = min(min(len(tokens), cache.length) // self.block, self.max_bytes // size)
-        names = self._names(tokens, count)
-        self._touch(names)  # this prompt's stored blocks are not the ones evicted below
-        for i, name in enumerate(names):
-            if name in self.blocks:
-                continue
-            while self.bytes + size > self.max_bytes:  # never this prompt's: count blocks fit
+        if i >= self.max_bytes // size:
+            return
+        self._touch(names[:i])  # this prompt's blocks are not the ones evicted below
+        if names[i] not in self.blocks:
+            while self.bytes + size > self.max_bytes:  # never this prompt's: blocks 0..i fit
                 self.blocks.popitem(last=False)
                 self.bytes -= size
-            self.blocks[name] = cache.read(i * self.block, self.block)
+            self.blocks[names[i]] = cache.read(i * self.block, self.block)
             self.bytes += size
-        self._touch(names)
+        self._touch(names[:i + 1])
+
+    def claim(self, name: bytes, owner: object) -> bool:
+        """`owner` is about to prefill the block `name`: True when no other sequence is (it now holds it)."""
+        return self.claims.setdefault(name, owner) is owner
+
+    def release(self, owner: object) -> None:
+        """`owner` prefills nothing any more."""
+        self.claims = {name: o for name, o in self.claims.items() if o is not owner}
+
+    def drop_claim(self, name: bytes) -> None:
+        """Forgets who prefills block `name` (its owner went away without releasing it)."""
+        self.claims.pop(name, None)
 
     def _touch(self, names: list[bytes]) -> None:
         """Marks the blocks most recently used, the first block most of all."""

@@ -13,6 +13,9 @@ After the forward of a chain check a run yields a `Check`; the batch verifies ev
 one in one call (`check_together`, `verify_chains`: the accept decisions and next-token distributions of
 all of them computed together), and each sequence's draws still come from its own generator.
 
+A run that yields a `Wait` (its prompt's next block is being prefilled by another sequence, for the
+prefix store: cache/prefixes.py) is asked again after the step's forwards.
+
 Sequences join (`add`) and leave (when their run returns) between steps: continuous batching. A run's
 output does not depend on its companions: its rows see only its own cache (LlamaModel.forward_batch),
 and its random draws come from its own generator. (In mode auto a batch runs one plan, so which tiers a
@@ -29,15 +32,15 @@ import torch
 from ..speculation.sampling import probabilities
 from ..speculation.verify import ChainVerdict, verify_chains
 from .engine import Check, Forward, Run
-from .tiers import forward_together
+from .tiers import Wait, forward_together
 
 
 @dataclass(eq=False)
 class Sequence:
-    """A run in the batch: `waiting` is the forward or check it asked for; `result` its return value once
-    done."""
+    """A run in the batch: `waiting` is the forward, check or wait it asked for; `result` its return value
+    once done."""
     run: Run
-    waiting: Forward | Check | None = None
+    waiting: Forward | Check | Wait | None = None
     result: tuple | None = field(default=None)
 
     @property
@@ -62,9 +65,14 @@ class SequenceBatch:
         sequences that finished."""
         if not self.active:
             return []
-        level = min(s.waiting.level for s in self.active)
+        waits = [s for s in self.active if isinstance(s.waiting, Wait)]
+        ready = [s for s in self.active if not isinstance(s.waiting, Wait)]
+        if not ready:  # what they wait for is prefilled by no sequence here: its claim is stale
+            for s in waits:
+                s.waiting.stale()
+        level = min((s.waiting.level for s in ready), default=None)
         groups: dict[tuple, list[Sequence]] = defaultdict(list)
-        for s in self.active:
+        for s in ready:
             if s.waiting.level == level:
                 groups[type(s.waiting.tier), id(s.waiting.tier.model)].append(s)
         for group in groups.values():
@@ -75,6 +83,8 @@ class SequenceBatch:
         while checks := [s for s in self.active if isinstance(s.waiting, Check)]:
             for s, result in zip(checks, check_together([s.waiting for s in checks])):
                 self._advance(s, result)
+        for s in waits:  # after the forwards: the blocks waited on may be stored now
+            self._advance(s, None)
         finished = [s for s in self.active if s.done]
         self.active = [s for s in self.active if not s.done]
         return finished

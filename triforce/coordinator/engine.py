@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Generator
+from contextlib import closing
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,7 @@ from ..speculation.sampling import probabilities, sample
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
-from .tiers import Tier
+from .tiers import Tier, Wait
 from .trees import TreeShaper, grow_tree, measure_costs, tree_step
 
 PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least this long
@@ -65,7 +66,7 @@ class Check:
     generator: torch.Generator
 
 
-Run = Generator[Forward | Check, object, tuple[list[int], RequestMetrics]]
+Run = Generator[Forward | Check | Wait, object, tuple[list[int], RequestMetrics]]
 Produced = Generator[Forward | Check, object, tuple[list[int], list[torch.Tensor]]]  # tokens, distributions
 
 
@@ -164,11 +165,11 @@ class HierarchyEngine:
         for level in reversed(range(len(self.tiers))):
             tier = self.tiers[level]
             with tqdm(total=len(tokens), desc=f"prefill {tier.name}", unit="tok", file=sys.stderr,
-                      disable=not show_progress, leave=False) as bar:
-                for step in tier.prefill_steps(tokens, bar):
+                      disable=not show_progress, leave=False) as bar, closing(tier.prefill_steps(tokens, bar)) as steps:
+                for step in steps:  # closed on the way out: a prefix claim it holds is released
                     if cancelled():
                         return False
-                    yield Forward(tier, self.ladder.index(tier), step, "none")
+                    yield step if isinstance(step, Wait) else Forward(tier, self.ladder.index(tier), step, "none")
         return True
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:

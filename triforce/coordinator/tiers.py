@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +19,15 @@ from ..cache.base import KVCache
 from ..cache.retrieval import RetrievalKVCache
 from ..models.llama import LlamaModel
 from ..step import Step
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What a tier's prefill yields instead of a step when it cannot go on yet: a block of the prompt that
+    another sequence is prefilling right now will be in the prefix store after that sequence's next
+    forward (cache/prefixes.py). `stale` drops the claim waited on: a batch calls it when every sequence
+    in it waits, since then the claim's owner is not among them."""
+    stale: Callable[[], None]
 
 
 class Tier:
@@ -49,8 +59,12 @@ class Tier:
                 progress.update(skip)
 
     def prefill(self, tokens: list[int], progress=None) -> None:
+        """Alone, outside any batch: nobody else prefills, so a claim waited on is stale."""
         for step in self.prefill_steps(tokens, progress):
-            self.forward(step, "none")
+            if isinstance(step, Wait):
+                step.stale()
+            else:
+                self.forward(step, "none")
 
     def forward(self, step: Step, logits_for: str = "all") -> torch.Tensor | None:
         """Appends the step's tokens (step.start must be `length`); returns their next-token logits [n, V]

@@ -8,13 +8,14 @@ a remote one that speaks ZeroMQ to a tensor-parallel worker group. The engine ne
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
 from ..cache.full import FullKVCache
 from ..cache.prefixes import PrefixStore
 from ..cache.retrieval import LocalKVSource
 from ..models.llama import LlamaModel
 from ..step import Step
-from .tiers import Tier
+from .tiers import Tier, Wait
 
 
 class Verifier(Tier):
@@ -32,17 +33,34 @@ class LocalVerifier(Verifier):
         # blocks are reused only where they are this verifier's prefill chunks (a bench sweep may change them)
         self.prefixes = prefixes if prefixes is not None and prefixes.block == prefill_chunk else None
 
-    def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
-        """Tier.prefill_steps after restoring the stored blocks the prompt begins with; the prompt's blocks
-        are stored once its prefill has run."""
+    def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step | Wait]:
+        """Tier.prefill_steps block by block through the prefix store: a block it holds is restored; one
+        that another sequence is prefilling now (its claim) is waited for, then restored; any other is
+        prefilled under this verifier's claim and stored."""
         if self.prefixes is None or self.length:
             yield from super().prefill_steps(tokens, progress)
             return
-        self.reused_tokens = self.prefixes.restore(tokens, self.cache)
-        if progress is not None:
-            progress.update(self.reused_tokens)
-        yield from super().prefill_steps(tokens[self.reused_tokens:], progress)
-        self.prefixes.store(tokens, self.cache)
+        store, block = self.prefixes, self.prefill_chunk
+        names = store.reusable(tokens)[:store.kept_blocks(self.cache)]
+        try:
+            i = 0
+            while i < len(names):
+                if store.restore_block(names, i, self.cache):
+                    self.reused_tokens += block
+                    if progress is not None:
+                        progress.update(block)
+                elif store.claim(names[i], self):
+                    yield from super().prefill_steps(tokens[i * block:(i + 1) * block], progress)
+                    store.store_block(names, i, self.cache)
+                    store.release(self)
+                else:
+                    yield Wait(partial(store.drop_claim, names[i]))
+                    continue
+                i += 1
+            yield from super().prefill_steps(tokens[len(names) * block:], progress)
+            store.store(tokens, self.cache)  # a last whole block, the one that holds the last token
+        finally:
+            store.release(self)
 
     def kv_source(self) -> LocalKVSource:
         return LocalKVSource(self.cache)
