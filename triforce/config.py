@@ -9,6 +9,7 @@ MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 MAX_TREE = 64  # nodes per speculation tree
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
+DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given and proposals are chains (README, Prompt lookup)
 PREFIX_CACHE_GB = 1.0  # default bound of the recent prompts' target KV kept for reuse (cache/prefixes.py)
 
 
@@ -70,8 +71,9 @@ class EngineConfig:
     window: int = 256  # draft tier: recent tokens
     prefill_chunk: int = 512
     # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's chain proposals, the token
-    # that followed the latest earlier occurrence of the last n tokens; 0: off.
-    lookup: int = 0
+    # that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP with
+    # chains, off with trees (it feeds chains only). The n in effect is `lookup_n`.
+    lookup: int | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -101,7 +103,7 @@ class EngineConfig:
         if self.retrieval_policy not in RETRIEVAL_POLICIES:
             raise ConfigError(f"retrieval policy must be one of {RETRIEVAL_POLICIES} "
                               f"(got {self.retrieval_policy!r})")
-        if not 0 <= self.lookup <= MAX_LOOKUP:
+        if self.lookup is not None and not 0 <= self.lookup <= MAX_LOOKUP:
             raise ConfigError(f"lookup must be an n-gram length in [0, {MAX_LOOKUP}] (0: off; got {self.lookup})")
         if self.lookup and (self.tree1 or self.tree2):
             raise ConfigError("lookup mixes its copies into chain proposals; with tree1 or tree2 it would do "
@@ -110,3 +112,10 @@ class EngineConfig:
             raise ConfigError("full_layers and sinks must be >= 0, window and prefill_chunk >= 1")
         if not 0 <= self.refresh_threshold <= 1 or self.refresh_every < 1 or self.refresh_window < 1:
             raise ConfigError("refresh_threshold must be in [0, 1], refresh_every and refresh_window >= 1")
+
+    @property
+    def lookup_n(self) -> int:
+        """The prompt lookup's n-gram length in effect (0: off)."""
+        if self.lookup is None:
+            return 0 if self.tree1 or self.tree2 else DEFAULT_LOOKUP
+        return self.lookup

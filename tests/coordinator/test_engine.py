@@ -1,5 +1,6 @@
 """Lossless: every mode reproduces plain decoding (greedy, float32) and the target's distribution
 (sampling, chi-square at alpha = 1e-3) on tiny random checkpoints."""
+import dataclasses
 import itertools
 
 import pytest
@@ -8,7 +9,7 @@ from scipy.stats import chisquare
 
 from checkpoints import write_reduced_vocabulary
 from triforce.cache.full import FullKVCache
-from triforce.config import ConfigError, EngineConfig, SamplingParams
+from triforce.config import DEFAULT_LOOKUP, ConfigError, EngineConfig, SamplingParams
 from triforce.coordinator.engine import HierarchyEngine
 from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.tiers import Tier
@@ -279,3 +280,13 @@ def test_greedy_with_prompt_lookup_equals_plain_decoding(models, mode, policy):
 def test_lookup_takes_no_trees():
     with pytest.raises(ConfigError, match="lookup mixes its copies into chain proposals"):
         EngineConfig(mode="triforce", lookup=3, tree1=4)
+
+
+def test_lookup_is_on_by_default_for_chains_only():
+    """Left unset, the lookup feeds chains with DEFAULT_LOOKUP and stays off with trees, also when a setting
+    is replaced (bench sweeps replace one field of a config)."""
+    assert EngineConfig().lookup_n == DEFAULT_LOOKUP > 0
+    assert EngineConfig(mode="draft", tree1=4).lookup_n == 0
+    assert EngineConfig(mode="retrieval", tree2="auto").lookup_n == 0
+    assert dataclasses.replace(EngineConfig(mode="triforce"), tree1=8).lookup_n == 0
+    assert EngineConfig(mode="draft", lookup=0).lookup_n == 0

@@ -163,7 +163,7 @@ def run_bench(args) -> int:
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens,
-              "top_p": args.top_p, "engine": dataclasses.asdict(base),
+              "top_p": args.top_p, "engine": {**dataclasses.asdict(base), "lookup": base.lookup_n},
               "cpu": {"isa": cpu_isa(), "isa_level": isa_level(), "kernel_path": kernel_path(),
                       "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()},
               "results": results}

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, EngineConfig, SamplingParams
+from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, EngineConfig, SamplingParams
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from ..models.config import ROPE_SCALING_KINDS
@@ -56,10 +56,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tree2", default=_DEFAULTS.tree2, metavar="N|auto",
                    help="in retrieval mode, the retrieval tier's proposals to the target as such a tree; "
                         "0 (default): a chain of gamma2")
-    g.add_argument("--lookup", type=int, default=_DEFAULTS.lookup, metavar="N",
+    g.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="prompt lookup: mix into the bottom tier's chain proposals the token that followed the "
                         "latest earlier occurrence of the last N tokens, weighted by how often such copies were "
-                        "right lately (loops, quotes of the prompt); exact; 0 = off (default %(default)s)")
+                        f"right lately (loops, quotes of the prompt); exact; 0 = off (default {DEFAULT_LOOKUP}, "
+                        "off with --tree1/--tree2)")
     g.add_argument("--budget", type=int, default=_DEFAULTS.budget, help="tokens in the retrieval cache")
     g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
     g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
