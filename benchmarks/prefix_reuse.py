@@ -47,7 +47,7 @@ def main() -> None:
     document = warm.encode(open(args.text, encoding="utf-8").read())[: args.tokens]
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, ignore_eos=True)
     if args.together:
-        return together(args, warm, cold, [document + warm.encode(q) for q in QUESTIONS], params)
+        return together(args, warm, cold, len(document), [document + warm.encode(q) for q in QUESTIONS], params)
     rows = []
     for question in QUESTIONS:
         prompt = document + warm.encode(question)
@@ -67,8 +67,8 @@ def main() -> None:
                       "all_same_output": all(r["same_output"] for r in rows), "questions": rows}))
 
 
-def together(args, warm: LLM, cold: LLM, prompts: list[list[int]], params: SamplingParams) -> None:
-    report = {"model": args.model, "mode": args.mode, "document_tokens": args.tokens, "questions": len(prompts)}
+def together(args, warm: LLM, cold: LLM, document_tokens: int, prompts: list[list[int]], params: SamplingParams) -> None:
+    report = {"model": args.model, "mode": args.mode, "document_tokens": document_tokens, "questions": len(prompts)}
     outputs = {}
     for name, llm in (("cold", cold), ("warm", warm)):
         start = time.perf_counter()

@@ -3,7 +3,7 @@
 The server runs in this process (uvicorn on a free local port, the app of `triforce serve`); clients are
 threads speaking HTTP to it, each with prompts cut from a different place in the text (so no two share a
 prefix block), greedy, `max_tokens` each. For each concurrency: the wall time, the generated tokens per
-second of the whole server, and each request's latency (mean, p50, max) and its time in the queue. With
+second of the whole server, and the requests' latency (mean, p50, max). A failed request stops it. With
 C = 1 the requests run alone; with more, the scheduler batches them (coordinator/batch.py). Prints one
 JSON line per concurrency, then a summary.
 
@@ -92,6 +92,8 @@ def main() -> None:
                 t.join()
             wall = time.perf_counter() - start
             done = [r for rs in results for r in rs]
+            if len(done) != c * args.requests_per_client:
+                raise SystemExit(f"{c * args.requests_per_client - len(done)} requests failed (see above)")
             latencies = [r["latency_s"] for r in done]
             row = {"concurrency": c, "requests": len(done), "wall_s": round(wall, 2),
                    "generated_tokens": sum(r["completion_tokens"] for r in done),

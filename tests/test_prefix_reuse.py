@@ -56,8 +56,9 @@ def test_questions_in_one_batch_prefill_the_document_once(models, mode):
     wait for it and restore it, one block behind: the target runs the document's chunks once."""
     cold, warm = make(models, mode, 0), make(models, mode, 1.0)
     prompts = [DOCUMENT + q for q in QUESTIONS]
-    prefilled = count_prefilled_rows(warm)
+    calls = forward_log(warm)
     got = warm.generate(prompts, GREEDY)
+    prefilled = [n for call in calls for n, want in call if want == "none"]
     assert [o.metrics.cached_prompt_tokens for o in got] == [0] + [256] * (len(prompts) - 1)
     # the document's 4 blocks once, then each prompt's tail past them (all but its last token)
     assert prefilled == [64] * 4 + [len(p) - 1 - 256 for p in prompts]
@@ -65,22 +66,23 @@ def test_questions_in_one_batch_prefill_the_document_once(models, mode):
     assert not warm.prefixes.claims
 
 
-def count_prefilled_rows(llm) -> list[int]:
-    """The rows of each target forward that computes no logits (prefill chunks), as they run."""
-    rows, forward = [], llm.target.forward_batch
+def forward_log(llm) -> list[list[tuple[int, str]]]:
+    """Each call of the target's weights from now on (target and retrieval tiers): (rows, logits wanted)
+    of every sequence in it; a prefill chunk wants none."""
+    calls, forward = [], llm.target.forward_batch
 
-    def counting(steps, caches, logits_for="all", *args, **kwargs):
+    def logging(steps, caches, logits_for="all", *args, **kwargs):
         wanted = logits_for if isinstance(logits_for, list) else [logits_for] * len(steps)
-        rows.extend(step.n for step, want in zip(steps, wanted) if want == "none")
+        calls.append([(step.n, want) for step, want in zip(steps, wanted)])
         return forward(steps, caches, logits_for, *args, **kwargs)
 
-    llm.target.forward_batch = counting
-    return rows
+    llm.target.forward_batch = logging
+    return calls
 
 
 def test_a_claim_whose_owner_went_away_does_not_stall_a_batch(models):
     """A prefill that stopped between chunks (a request cancelled there) leaves no claim behind; one left
-    anyway (an owner never closed) is dropped once every sequence waits on it."""
+    anyway (an owner never closed) is dropped when no forward of its owner is in the batch."""
     from triforce.api import Request
     from triforce.coordinator.batch import SequenceBatch
 
@@ -94,7 +96,14 @@ def test_a_claim_whose_owner_went_away_does_not_stall_a_batch(models):
     assert not warm.prefixes.claims and len(warm.prefixes.blocks) == 1
     names = warm.prefixes.reusable(prompt[:-1])
     warm.prefixes.claim(names[1], object())  # an owner that will never store it
-    got = warm.generate(prompt, GREEDY)[0]
+    # beside a sequence that keeps running (another prompt, decoding long), the claim is dropped at once, not
+    # when that sequence ends: the prompt's second block is prefilled before the other's last check
+    other = [90 - t for t in DOCUMENT[:40]]
+    calls = forward_log(warm)
+    got, _ = warm.generate([prompt, other], [GREEDY, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)])
+    first_block = next(i for i, call in enumerate(calls) if (64, "none") in call)
+    last_check = max(i for i, call in enumerate(calls) if any(want != "none" for _, want in call))
+    assert first_block < last_check / 4
     assert got.token_ids == cold.generate(prompt, GREEDY)[0].token_ids
     assert not warm.prefixes.claims and got.metrics.cached_prompt_tokens == 64
 

@@ -231,15 +231,17 @@ class LLM:
         for part in self._parts_that_fit(sizes):
             requests: list[Request] = []
             mates = Batchmates()
+            batch = SequenceBatch()
             try:
                 for i in part:
                     requests.append(Request(self, ids[i], per_prompt[i], stream, mates))
-                batch = SequenceBatch()
                 handles = [batch.add(r.run(show_progress)) for r in requests]
                 batch.run()
                 for i, request, handle in zip(part, requests, handles):
                     outputs[i] = request.output(*handle.result)
             finally:
+                for seq in batch.active:  # runs an error or an interrupt left midway: their prefix claims go
+                    seq.run.close()
                 for request in requests:
                     request.close()
         return outputs

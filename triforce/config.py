@@ -72,7 +72,7 @@ class EngineConfig:
     prefill_chunk: int = 512
     # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's chain proposals, the token
     # that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP with
-    # chains, off with trees (it feeds chains only). The n in effect is `lookup_n`.
+    # chains, off when the mode's bottom tier proposes trees (it feeds chains only). In effect: `lookup_n`.
     lookup: int | None = None
 
     def __post_init__(self):
@@ -105,17 +105,23 @@ class EngineConfig:
                               f"(got {self.retrieval_policy!r})")
         if self.lookup is not None and not 0 <= self.lookup <= MAX_LOOKUP:
             raise ConfigError(f"lookup must be an n-gram length in [0, {MAX_LOOKUP}] (0: off; got {self.lookup})")
-        if self.lookup and (self.tree1 or self.tree2):
-            raise ConfigError("lookup mixes its copies into chain proposals; with tree1 or tree2 it would do "
-                              "nothing: leave one of them at 0")
+        if self.lookup and self.proposal_tree:
+            raise ConfigError("lookup mixes its copies into chain proposals; with this mode's tree "
+                              f"({'tree2' if self.mode == 'retrieval' else 'tree1'}) it would do nothing: leave one "
+                              "of them at 0")
         if self.full_layers < 0 or self.sinks < 0 or self.window < 1 or self.prefill_chunk < 1:
             raise ConfigError("full_layers and sinks must be >= 0, window and prefill_chunk >= 1")
         if not 0 <= self.refresh_threshold <= 1 or self.refresh_every < 1 or self.refresh_window < 1:
             raise ConfigError("refresh_threshold must be in [0, 1], refresh_every and refresh_window >= 1")
 
     @property
+    def proposal_tree(self) -> int | str:
+        """The tree setting of this mode's bottom tier (0: it proposes chains)."""
+        return {"draft": self.tree1, "triforce": self.tree1, "retrieval": self.tree2}.get(self.mode, 0)
+
+    @property
     def lookup_n(self) -> int:
         """The prompt lookup's n-gram length in effect (0: off)."""
         if self.lookup is None:
-            return 0 if self.tree1 or self.tree2 else DEFAULT_LOOKUP
+            return 0 if self.proposal_tree else DEFAULT_LOOKUP
         return self.lookup

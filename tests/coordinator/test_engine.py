@@ -290,3 +290,6 @@ def test_lookup_is_on_by_default_for_chains_only():
     assert EngineConfig(mode="retrieval", tree2="auto").lookup_n == 0
     assert dataclasses.replace(EngineConfig(mode="triforce"), tree1=8).lookup_n == 0
     assert EngineConfig(mode="draft", lookup=0).lookup_n == 0
+    # only the tree of the mode's own bottom tier counts: retrieval mode's proposals are tree2's
+    assert EngineConfig(mode="retrieval", tree1=4).lookup_n == DEFAULT_LOOKUP
+    assert EngineConfig(mode="draft", tree2=4, lookup=2).lookup_n == 2

@@ -107,7 +107,9 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
     engine, tokens, metrics = run(greedy)
     assert tokens == reference and metrics.auto[0]["why"]["prior"] == "defaults"
     store = Priors(calibration / "priors.json")
-    assert list(store.entries) == [request_key(engine.ladder, greedy)]
+    assert list(store.entries) == [request_key(engine.ladder, greedy, lookup=engine.lookup_n)]
+    assert engine.lookup_n and request_key(engine.ladder, greedy, lookup=engine.lookup_n) != \
+        request_key(engine.ladder, greedy, lookup=0)  # the prompt lookup changes what the draft proposes
     _, tokens, metrics = run(greedy)
     assert tokens == reference and metrics.auto[0]["why"]["prior"] == "earlier requests"
     sampled = SamplingParams(max_tokens=48, temperature=0.7, seed=1, ignore_eos=True)

@@ -16,7 +16,7 @@ extend (a block whose predecessor is gone can never be reached again).
 Prompts of one batch share blocks too: a sequence that is prefilling a block the store will keep claims
 it, and another sequence that needs the same block waits (LocalVerifier.prefill_steps yields a `Wait`)
 until it is stored, then restores it: several questions about one document arriving together prefill
-the document once. A claim whose owner went away is dropped when every sequence of its batch waits.
+the document once. A claim whose owner went away is dropped once no forward of that owner is in the batch.
 """
 from __future__ import annotations
 
@@ -87,9 +87,9 @@ class PrefixStore:
     def store_block(self, names: list[bytes], i: int, cache: FullKVCache) -> None:
         """Keeps block i of a prompt (`names`: its blocks' names) from `cache`, unless the bound cannot hold
         blocks 0..i together; the least recently used blocks of other prompts make room."""
-        size = cache.block_bytes(self.block)
-        if i >= self.max_bytes // size:
+        if i >= self.kept_blocks(cache):
             return
+        size = cache.block_bytes(self.block)
         self._touch(names[:i])  # this prompt's blocks are not the ones evicted below
         if names[i] not in self.blocks:
             while self.bytes + size > self.max_bytes:  # never this prompt's: blocks 0..i fit

@@ -87,7 +87,7 @@ class AutoEngine(HierarchyEngine):
         mates = self.planner.batchmates
         if self._running is None:  # the first plan, once the batch has joined
             batch = 1 if mates is None else mates.size(self.planner)
-            self.planner.recall(request_key(self.ladder, self.params, batch))
+            self.planner.recall(request_key(self.ladder, self.params, batch, self.lookup_n))
         if mates is not None and mates.leader() is not self and mates.plan is not None:
             self.planner.fade()
             yield from self._adopt(mates.plan, generated, mates.decision)

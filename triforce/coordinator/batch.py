@@ -66,9 +66,10 @@ class SequenceBatch:
         if not self.active:
             return []
         waits = [s for s in self.active if isinstance(s.waiting, Wait)]
-        ready = [s for s in self.active if not isinstance(s.waiting, Wait)]
-        if not ready:  # what they wait for is prefilled by no sequence here: its claim is stale
-            for s in waits:
+        ready = [s for s in self.active if not isinstance(s.waiting, Wait)]  # forwards (checks ran last step)
+        holders = {id(s.waiting.tier) for s in ready}
+        for s in waits:
+            if id(s.waiting.owner) not in holders:  # the block's claim has no forward here: its owner is gone
                 s.waiting.stale()
         level = min((s.waiting.level for s in ready), default=None)
         groups: dict[tuple, list[Sequence]] = defaultdict(list)

@@ -42,12 +42,14 @@ def weights_key(model) -> str:
     return model._weights_key
 
 
-def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1) -> str:
-    """The kind of request: machine, tiers (kind and weights), sampling settings and the batch size it
-    plans for (a mode's speed against its model differs with it)."""
+def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, lookup: int = 0) -> str:
+    """The kind of request: machine, tiers (kind and weights), sampling settings, the batch size it
+    plans for (a mode's speed against its model differs with it) and the prompt lookup's n (it changes
+    what the bottom tier proposes)."""
     tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}"
-    return f"{machine_key()}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
+    return (f"{machine_key()}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
+            + (f"||lookup={lookup}" if lookup else ""))
 
 
 class Priors(CalibrationFile):

@@ -25,8 +25,10 @@ from ..step import Step
 class Wait:
     """What a tier's prefill yields instead of a step when it cannot go on yet: a block of the prompt that
     another sequence is prefilling right now will be in the prefix store after that sequence's next
-    forward (cache/prefixes.py). `stale` drops the claim waited on: a batch calls it when every sequence
-    in it waits, since then the claim's owner is not among them."""
+    forward (cache/prefixes.py). `owner` is that sequence's tier, which holds the claim while its forward
+    of the block waits in the batch; `stale` drops the claim, for a batch in which no forward of `owner`
+    waits (its run went away without releasing it)."""
+    owner: object
     stale: Callable[[], None]
 
 

@@ -54,7 +54,7 @@ class LocalVerifier(Verifier):
                     store.store_block(names, i, self.cache)
                     store.release(self)
                 else:
-                    yield Wait(partial(store.drop_claim, names[i]))
+                    yield Wait(store.claims[names[i]], partial(store.drop_claim, names[i]))
                     continue
                 i += 1
             yield from super().prefill_steps(tokens[len(names) * block:], progress)
