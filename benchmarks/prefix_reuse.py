@@ -67,7 +67,8 @@ def main() -> None:
                       "all_same_output": all(r["same_output"] for r in rows), "questions": rows}))
 
 
-def together(args, warm: LLM, cold: LLM, document_tokens: int, prompts: list[list[int]], params: SamplingParams) -> None:
+def together(args, warm: LLM, cold: LLM, document_tokens: int, prompts: list[list[int]],
+             params: SamplingParams) -> None:
     report = {"model": args.model, "mode": args.mode, "document_tokens": document_tokens, "questions": len(prompts)}
     outputs = {}
     for name, llm in (("cold", cold), ("warm", warm)):
