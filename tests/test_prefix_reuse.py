@@ -14,6 +14,26 @@ QUESTIONS = [[5, 6, 7, 8, 9], [40, 41, 42], [70, 71, 72, 73, 74, 75, 76], list(r
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
+def reusable(store: PrefixStore, tokens: list[int]) -> list[bytes]:
+    return store.names(tokens, store.reusable_blocks(tokens))
+
+
+def restore(store: PrefixStore, tokens: list[int], cache) -> int:
+    """The stored blocks `tokens` begins with, written into the empty `cache`, as a verifier's prefill
+    restores them; -> tokens restored."""
+    names, found = reusable(store, tokens), 0
+    while found < len(names) and store.restore_block(names, found, cache):
+        found += 1
+    return found * store.block
+
+
+def store_prompt(store: PrefixStore, tokens: list[int], cache) -> None:
+    """Every whole block of `tokens` that `cache` holds, stored in order as a verifier's prefill does."""
+    names = store.names(tokens, min(len(tokens), cache.length) // store.block)
+    for i in range(len(names)):
+        store.store_block(names, i, cache)
+
+
 @pytest.fixture(scope="module")
 def models(tiny_dir):
     return (tiny_dir("prefix-target", seed=91, num_layers=3, scale=25, max_position_embeddings=2048),
@@ -94,7 +114,7 @@ def test_a_claim_whose_owner_went_away_does_not_stall_a_batch(models):
     request.cancel()
     batch.run()  # the first block's forward runs, and it is stored; the request ends before the second
     assert not warm.prefixes.claims and len(warm.prefixes.blocks) == 1
-    names = warm.prefixes.reusable(prompt[:-1])
+    names = reusable(warm.prefixes, prompt[:-1])
     warm.prefixes.claim(names[1], object())  # an owner that will never store it
     # beside a sequence that keeps running (another prompt, decoding long), the claim is dropped at once, not
     # when that sequence ends: the prompt's second block is prefilled before the other's last check
@@ -123,7 +143,7 @@ def test_restored_keys_and_values_are_the_prefilled_ones_bit_for_bit(models):
     llm.generate(DOCUMENT + QUESTIONS[0], GREEDY)
     cfg = llm.target.config
     fresh = FullKVCache(cfg, 400, llm.target.rope, torch.float32, "cpu")
-    assert llm.prefixes.restore(DOCUMENT + QUESTIONS[2], fresh) == 256 and fresh.length == 256
+    assert restore(llm.prefixes, DOCUMENT + QUESTIONS[2], fresh) == 256 and fresh.length == 256
     cold = FullKVCache(cfg, 400, llm.target.rope, torch.float32, "cpu")
     from triforce.coordinator.tiers import Tier
 
@@ -159,11 +179,11 @@ def test_shared_blocks_are_held_once_and_least_recently_used_go_first():
     store = PrefixStore(max_bytes=5 * block_bytes, block=block)
     a = list(range(100, 112))  # three blocks
     b = a[:8] + [7, 7, 7, 7]  # shares two blocks with a
-    store.store(a, Cache(a))
-    store.store(b, Cache(b))
+    store_prompt(store, a, Cache(a))
+    store_prompt(store, b, Cache(b))
     assert len(store.blocks) == 4 and store.bytes == 4 * block_bytes  # a's two shared blocks held once
     c = list(range(200, 212))
-    store.store(c, Cache(c))  # 7 blocks > 5: the two least recently used go (a's last, then b's last)
+    store_prompt(store, c, Cache(c))  # 7 blocks > 5: the two least recently used go (a's last, then b's last)
     assert len(store.blocks) == 5 and store.bytes == 5 * block_bytes
 
     class Target:
@@ -176,18 +196,18 @@ def test_shared_blocks_are_held_once_and_least_recently_used_go_first():
 
     for prompt, reused in ((a + [1], 8), (b + [1], 8), (c + [1], 12)):
         target = Target()
-        assert store.restore(prompt, target) == reused
+        assert restore(store, prompt, target) == reused
         assert [tokens for _, tokens in target.written] == [prompt[i:i + block] for i in range(0, reused, block)]
     # Reuse never covers the whole prompt: its last token is always prefilled.
-    assert store.restore(c, Target()) == 8
+    assert restore(store, c, Target()) == 8
 
     # A bound of two blocks keeps a prompt's first two; one smaller than a block keeps nothing.
     small = PrefixStore(max_bytes=2 * block_bytes, block=block)
-    small.store(a, Cache(a))
-    assert small.bytes == 2 * block_bytes and small.restore(a + [1], Target()) == 8
+    store_prompt(small, a, Cache(a))
+    assert small.bytes == 2 * block_bytes and restore(small, a + [1], Target()) == 8
     tiny = PrefixStore(max_bytes=block_bytes - 1, block=block)
-    tiny.store(a, Cache(a))
-    assert tiny.bytes == 0 and tiny.restore(a + [1], Target()) == 0
+    store_prompt(tiny, a, Cache(a))
+    assert tiny.bytes == 0 and restore(tiny, a + [1], Target()) == 0
 
 
 def test_zero_gigabytes_keeps_no_prefixes_and_a_negative_bound_is_refused(models):

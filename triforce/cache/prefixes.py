@@ -51,22 +51,14 @@ class PrefixStore:
             names.append(h.copy().digest())
         return names
 
-    def reusable(self, tokens: list[int]) -> list[bytes]:
-        """The names of the blocks of a prompt's prefill (`tokens`) that a later prompt may restore: every
-        whole block but the one holding its last token, which is always prefilled."""
-        return self.names(tokens, (len(tokens) - 1) // self.block)
+    def reusable_blocks(self, tokens: list[int]) -> int:
+        """How many blocks of a prompt's prefill (`tokens`) may be restored: every whole block but the one
+        holding its last token, which is always prefilled."""
+        return (len(tokens) - 1) // self.block
 
     def kept_blocks(self, cache: FullKVCache) -> int:
         """How many leading blocks of a prompt the bound holds."""
         return self.max_bytes // cache.block_bytes(self.block)
-
-    def restore(self, tokens: list[int], cache: FullKVCache) -> int:
-        """Writes the stored blocks that `tokens` begins with into the empty `cache`; -> tokens restored."""
-        names = self.reusable(tokens)
-        found = 0
-        while found < len(names) and self.restore_block(names, found, cache):
-            found += 1
-        return found * self.block
 
     def restore_block(self, names: list[bytes], i: int, cache: FullKVCache) -> bool:
         """Writes block i (`names` are the prompt's) into `cache`, which holds the blocks before it, when
@@ -76,13 +68,6 @@ class PrefixStore:
         self._touch(names[:i + 1])
         cache.write(i * self.block, *self.blocks[names[i]])
         return True
-
-    def store(self, tokens: list[int], cache: FullKVCache) -> None:
-        """Keeps the leading complete blocks of `tokens` whose keys and values `cache` holds, as many as the
-        bound holds; the least recently used blocks of other prompts make room."""
-        names = self.names(tokens, min(len(tokens), cache.length) // self.block)
-        for i in range(len(names)):
-            self.store_block(names, i, cache)
 
     def store_block(self, names: list[bytes], i: int, cache: FullKVCache) -> None:
         """Keeps block i of a prompt (`names`: its blocks' names) from `cache`, unless the bound cannot hold

@@ -41,10 +41,11 @@ class LocalVerifier(Verifier):
             yield from super().prefill_steps(tokens, progress)
             return
         store, block = self.prefixes, self.prefill_chunk
-        names = store.reusable(tokens)[:store.kept_blocks(self.cache)]
+        names = store.names(tokens, min(len(tokens) // block, store.kept_blocks(self.cache)))  # what it will keep
+        reusable = min(len(names), store.reusable_blocks(tokens))
         try:
             i = 0
-            while i < len(names):
+            while i < reusable:
                 if store.restore_block(names, i, self.cache):
                     self.reused_tokens += block
                     if progress is not None:
@@ -57,8 +58,9 @@ class LocalVerifier(Verifier):
                     yield Wait(store.claims[names[i]], partial(store.drop_claim, names[i]))
                     continue
                 i += 1
-            yield from super().prefill_steps(tokens[len(names) * block:], progress)
-            store.store(tokens, self.cache)  # a last whole block, the one that holds the last token
+            yield from super().prefill_steps(tokens[reusable * block:], progress)
+            for i in range(reusable, len(names)):  # a last whole block, the one that holds the last token
+                store.store_block(names, i, self.cache)
         finally:
             store.release(self)
 

@@ -59,8 +59,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="prompt lookup: mix into the bottom tier's chain proposals the token that followed the "
                         "latest earlier occurrence of the last N tokens, weighted by how often such copies were "
-                        f"right lately (loops, quotes of the prompt); exact; 0 = off (default {DEFAULT_LOOKUP}, "
-                        "off with --tree1/--tree2)")
+                        f"right lately (loops, quotes of the prompt); exact; 0 = off (default {DEFAULT_LOOKUP}; "
+                        "off where the mode's proposals are a tree: --tree1 in draft and triforce, --tree2 in retrieval)")
     g.add_argument("--budget", type=int, default=_DEFAULTS.budget, help="tokens in the retrieval cache")
     g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
     g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
