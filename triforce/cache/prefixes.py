@@ -53,8 +53,8 @@ class PrefixStore:
 
     def reusable_blocks(self, tokens: list[int]) -> int:
         """How many blocks of a prompt's prefill (`tokens`) may be restored: every whole block but the one
-        holding its last token, which is always prefilled."""
-        return (len(tokens) - 1) // self.block
+        holding its last token, which is always prefilled (none of an empty prefill)."""
+        return max(0, len(tokens) - 1) // self.block
 
     def kept_blocks(self, cache: FullKVCache) -> int:
         """How many leading blocks of a prompt the bound holds."""
