@@ -82,3 +82,93 @@ def test_groups_get_timeouts_and_each_rank_its_gpu_before_nccl_starts(monkeypatc
     calls.clear()
     init_groups(0, 3, 0, False, GroupTimeouts(link_s=7.0))
     assert [c[0] for c in calls] == ["init", "group", "group", "group"] and calls[0][1] == "gloo"
+
+
+def completions(custom_ids_and_prompts) -> str:
+    return "".join(json.dumps({"custom_id": k, "method": "POST", "url": "/v1/completions", "body": {
+        "prompt": p, "max_tokens": 8, "temperature": 0, "ignore_eos": True}}) + "\n" for k, p in custom_ids_and_prompts)
+
+
+def test_batch_with_workers_answers_every_line_and_the_group_reuses_the_document(tiny_dir, tmp_path, capfd):
+    """`triforce batch --workers 2`: rank 0 runs the whole job (torchrun's RANK 0 of 3 is no shard) with the
+    worker group verifying; each answer equals the single-process job's, and the questions after the
+    first about one document get its first 512-token block from the workers' prefix store."""
+    target = tiny_dir("dist-long-target", hidden_size=48, num_heads=12, num_kv_heads=6, num_layers=2, scale=25,
+                      tokenizer=True, seed=82, max_position_embeddings=1024)
+    document = " ".join(f"w{3 + (7 * i) % 90}" for i in range(600))
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(completions((k, document + q) for k, q in (("a", " w5 w6"), ("b", " w9"), ("c", " w11 w12"))))
+    common = ["batch", "--input", str(inp), "--model", str(target), "--dtype", "float32", "--device", "cpu",
+              "--mode", "retrieval", "--budget", "32", "--chunk-size", "4", "--batch-size", "2"]
+    assert main(common + ["--output", str(tmp_path / "one.jsonl"), "--prefix-cache-gb", "0"]) == 0
+    assert main(common + ["--output", str(tmp_path / "group.jsonl"), "--workers", "2", "--control-port",
+                          str(free_port()), "--worker-device", "cpu"]) == 0
+    capfd.readouterr()
+    one, group = ({r["custom_id"]: r["response"]["body"] for r in map(json.loads, (tmp_path / name).read_text().splitlines())}
+                  for name in ("one.jsonl", "group.jsonl"))
+    assert sorted(group) == ["a", "b", "c"]
+    for k in group:
+        assert group[k]["choices"][0]["text"] == one[k]["choices"][0]["text"]
+    cached = [group[k]["usage"]["prompt_tokens_details"]["cached_tokens"] for k in "abc"]
+    assert cached == [0, 512, 512]
+
+
+def test_serve_with_workers_answers_and_a_sigterm_ends_every_rank(folders, tmp_path):
+    """`triforce serve --workers 1` over HTTP: a completion equals the single-process generate; SIGTERM to
+    the command (as `kill` or a job manager sends) ends torchrun and every rank, none left serving."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    from triforce import LLM, SamplingParams
+
+    target, _ = folders
+    prompt = " ".join(f"w{3 + (5 * i) % 90}" for i in range(40))
+    port, control_port = free_port(), free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:  # a file, not a pipe: ranks left behind must not hold the test up
+        server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", "--model", str(target), "--mode",
+                                   "retrieval", "--budget", "16", "--chunk-size", "4", "--dtype", "float32", "--device",
+                                   "cpu", "--port", str(port), "--workers", "1", "--control-port", str(control_port),
+                                   "--worker-device", "cpu"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(1200):
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert server.poll() is None, log.read_text()
+                time.sleep(0.1)
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                                      "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200, r.text
+        llm = LLM(target, mode="retrieval", dtype="float32", device="cpu", budget=16, chunk_size=4)
+        expected = llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].text
+        assert r.json()["choices"][0]["text"] == expected
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+    def ranks_left():
+        left = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and f"{control_port}".encode() in (proc / "cmdline").read_bytes():
+                    left.append(int(proc.name))
+            except OSError:
+                pass
+        return [pid for pid in left if pid != os.getpid()]
+
+    for _ in range(300):
+        if not ranks_left():
+            break
+        time.sleep(0.1)
+    left = ranks_left()
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left, log.read_text()

@@ -107,6 +107,41 @@ def test_a_batch_over_the_worker_group_reproduces_each_sequence_alone(models, tm
         group.close()
 
 
+def test_the_group_restores_a_documents_prompt_blocks_and_outputs_equal_cold_runs(models, tmp_path):
+    """Questions about one document, one after another and then two about another document together in
+    one batch: the group's prefix store restores the document's whole blocks for every prompt after the
+    first, never the block that ends a prompt, and each output equals its single-process run without a
+    store (sampled, float32)."""
+    folder, target, draft = models
+    gen = torch.Generator().manual_seed(12)
+    tokens = lambda n: torch.randint(3, 96, (n,), generator=gen).tolist()  # noqa: E731
+    document, other = tokens(200), tokens(140)
+    # The target prefills all but a prompt's last token (its first check runs that). The document then two
+    # questions (3 whole blocks of 64 shared), then its first 193 tokens (3 whole blocks prefilled; the
+    # last ends the prefill: forwarded); then two prompts on `other` (2 whole blocks) in one batch.
+    one_by_one = [document + tokens(20), document + tokens(30), document[:193]]
+    together = [other + tokens(10), other + tokens(25)]
+    params = SamplingParams(max_tokens=24, temperature=0.9, seed=3, ignore_eos=True)
+    expected = [run(target, draft, "triforce", p, params)[0] for p in one_by_one + together]
+    group = Group(folder, 2, tmp_path, prefill_chunk=64, prefix_bytes=2**20)
+    try:
+        results = [run(target, draft, "triforce", p, params, remote(group, target, p, params))
+                   for p in one_by_one]
+        cfg = EngineConfig(mode="triforce", **SETTINGS)
+        batch = SequenceBatch()
+        handles = [batch.add(build_engine(cfg, target, draft, len(p) + params.max_tokens,
+                                          remote(group, target, p, params)).run(p, params)) for p in together]
+        batch.run()
+        results += [h.result for h in handles]
+        assert [tokens for tokens, _ in results] == expected
+        assert [m.cached_prompt_tokens for _, m in results] == [0, 192, 128, 0, 128]
+        stats, _ = group.channel.request("stats")
+        prefilled = sum(len(p) - 1 for p in one_by_one + together)
+        assert stats["prefilled_tokens"] == prefilled - 448 and stats["errors"] == 0
+    finally:
+        group.close()
+
+
 def test_tree_speculation_over_the_worker_group_reproduces_one_process(models, tmp_path):
     """The retrieval tier's trees checked by the workers (retrieval mode, tree2), and the draft's trees
     checked by the coordinator's retrieval tier ahead of the workers (triforce mode, tree1)."""
@@ -182,7 +217,7 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
             "garbage": [b"\xc1\xc1\xc1"],
             "truncated": [encode("prefill", {"seq": 1, "tokens": [1, 2, 3], "start": 0})[0][:-2]],
             "wrong version": [encode("stats")[0].replace(b"\xa1v" + bytes([PROTOCOL_VERSION]), b"\xa1v\x63", 1)],
-            "wrong schema": encode("prefill", {"seq": 1, "tokens": "abc", "start": 0}),
+            "wrong schema": encode("prefill", {"seq": 1, "tokens": "abc", "start": 0, "final": True}),
             "oversized": [encode("stats")[0], b"\x00" * (300 * 2**20)],
             "out of order": encode("verify", {"seqs": [1], "tokens": [[1]], "parents": [[-1]], "starts": [0]}),
             "never started": encode("commit", {"seq": 7, "path": [], "start": 0}),

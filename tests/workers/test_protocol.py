@@ -35,10 +35,11 @@ def header(**override):
     ([msgpack.packb([1, 2])], "not a map"),
     ([header(v=PROTOCOL_VERSION + 1)], "version"),
     ([header(kind="format_disk")], "unknown message kind"),
-    ([header(kind="prefill", body={"seq": 1, "tokens": [1], "start": 0, "extra": 1})], "unknown fields"),
-    ([header(kind="prefill", body={"seq": 1, "tokens": [1, "x"], "start": 0})], "wrong type"),
-    ([header(kind="prefill", body={"seq": 1, "tokens": [1], "start": True})], "wrong type"),
-    ([header(kind="prefill", body={"tokens": [1], "start": 0})], "missing"),  # which sequence?
+    ([header(kind="prefill", body={"seq": 1, "tokens": [1], "start": 0, "final": True, "extra": 1})], "unknown fields"),
+    ([header(kind="prefill", body={"seq": 1, "tokens": [1, "x"], "start": 0, "final": True})], "wrong type"),
+    ([header(kind="prefill", body={"seq": 1, "tokens": [1], "start": True, "final": True})], "wrong type"),
+    ([header(kind="prefill", body={"tokens": [1], "start": 0, "final": True})], "missing"),  # which sequence?
+    ([header(kind="prefill", body={"seq": 1, "tokens": [1], "start": 0, "final": 1})], "wrong type"),
     ([header(kind="verify", body={"seqs": [1], "tokens": [1], "parents": [[-1]], "starts": [0]})], "wrong type"),
     ([header(kind="verify", body={"seqs": [1], "tokens": [[1]], "starts": [0]})], "missing"),
     ([header(tensors=[["float32", [2]]])], "declares 1 tensors"),

@@ -28,6 +28,20 @@ import torch
 from .full import FullKVCache
 
 
+class BlockNames:
+    """The names of a prompt's blocks as they come, for a prefill that arrives in pieces (a worker
+    group's): each name hashes every token from the start of the prompt through its block."""
+
+    def __init__(self):
+        self.names: list[bytes] = []
+        self._hash = hashlib.sha256()
+
+    def add(self, block_tokens: list[int]) -> bytes:
+        self._hash.update(torch.tensor(block_tokens, dtype=torch.int64).numpy().tobytes())
+        self.names.append(self._hash.copy().digest())
+        return self.names[-1]
+
+
 class PrefixStore:
     """Used from one thread at a time (LLM.generate's, or the server's scheduler thread)."""
 
@@ -45,11 +59,10 @@ class PrefixStore:
 
     def names(self, tokens: list[int], count: int) -> list[bytes]:
         """The names of the first `count` blocks of `tokens`: a hash chain over the blocks."""
-        names, h = [], hashlib.sha256()
+        chain = BlockNames()
         for i in range(count):
-            h.update(torch.tensor(tokens[i * self.block:(i + 1) * self.block], dtype=torch.int64).numpy().tobytes())
-            names.append(h.copy().digest())
-        return names
+            chain.add(tokens[i * self.block:(i + 1) * self.block])
+        return chain.names
 
     def reusable_blocks(self, tokens: list[int]) -> int:
         """How many blocks of a prompt's prefill (`tokens`) may be restored: every whole block but the one

@@ -13,6 +13,7 @@ a WorkerError instead of a hang. Random draws and accept decisions never leave t
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,7 +49,8 @@ def model_identity(folder: Path, rope_scaling: str | None = None) -> str:
 class ControlChannel:
     """A REQ socket to the worker group's leader, and the bulk link that brings its KV replies; counts
     messages, bytes (ZeroMQ's; bulk_bytes apart) and time spent waiting. `link` may be None for a
-    channel that never asks for KV."""
+    channel that never asks for KV. One request at a time: a server's scheduler thread sends them, and
+    the main thread the last (shutdown)."""
 
     def __init__(self, endpoint: str, timeout_s: float = DEFAULT_TIMEOUT_S, link: BulkLink | None = None,
                  max_bytes: int = MAX_MESSAGE_BYTES):
@@ -62,6 +64,7 @@ class ControlChannel:
         self.wait_s = 0.0
         self.broken = False
         self._sequences = 0  # numbers handed to RemoteVerifiers so far
+        self._lock = threading.Lock()
 
     def new_sequence(self) -> int:
         """A number no other sequence on this channel has had."""
@@ -70,6 +73,10 @@ class ControlChannel:
 
     def request(self, kind: str, body: dict | None = None,
                 timeout_s: float | None = None) -> tuple[dict, list[torch.Tensor]]:
+        with self._lock:
+            return self._request(kind, body, timeout_s)
+
+    def _request(self, kind: str, body: dict | None, timeout_s: float | None) -> tuple[dict, list[torch.Tensor]]:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         if self.broken:
             raise WorkerError("the worker group stopped answering earlier; start a new session")
@@ -163,11 +170,14 @@ class RemoteVerifier(Verifier):
         return self._length
 
     def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
-        """The workers prefill; nothing for the coordinator to forward."""
+        """The workers prefill (restoring the blocks their prefix store holds); nothing for the coordinator
+        to forward."""
         for i in range(0, len(tokens), self.prefill_chunk):
             piece = tokens[i:i + self.prefill_chunk]
-            body, _ = self.channel.request("prefill", {"seq": self.seq, "tokens": piece, "start": self._length})
+            body, _ = self.channel.request("prefill", {"seq": self.seq, "tokens": piece, "start": self._length,
+                                                       "final": i + len(piece) == len(tokens)})
             self._length = body["length"]
+            self.reused_tokens += body["reused"]
             if progress is not None:
                 progress.update(len(piece))
         yield from ()

@@ -7,7 +7,8 @@ body the server would refuse (serve/openai.py checks it the same way). Requests 
 time through LLM.generate. Each result line is written whole and flushed, so a killed job loses at most
 the requests in flight; run again, it skips the custom_ids the output already has (a torn last line, if
 the kill came mid-write, is dropped first). `--shard I/N` takes lines I, I + N, ... (default: the Slurm
-array task, else torchrun's rank and world size, else all).
+array task, else torchrun's rank and world size, else all; with --workers, where torchrun's ranks are
+one pipeline, the Slurm array task, else all).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import UserError
-from .cli import add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg, llm_from_args
+from .cli import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg,
+                  llm_from_args)
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
 
@@ -41,6 +43,7 @@ def add_batch_parser(sub) -> None:
     add_mode_arg(p)
     add_engine_args(p)
     add_prefix_cache_arg(p)
+    add_distributed_args(p)
     p.set_defaults(func=_batch)
 
 
@@ -76,7 +79,9 @@ def done_ids(output: Path) -> set[str]:
 def _batch(args) -> int:
     from ..serve import openai
 
-    index, count = shard_of(args.shard)
+    pipeline = getattr(args, "worker_channel", None) is not None  # torchrun's ranks are one pipeline, not shards
+    index, count = shard_of(args.shard, {k: v for k, v in os.environ.items()
+                                         if not (pipeline and k in ("RANK", "WORLD_SIZE"))})
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
     try:

@@ -89,7 +89,12 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     add_engine_args(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     gen.add_argument("--no-progress", action="store_true", help="hide the prefill progress bar")
-    dist = gen.add_argument_group("distributed (a coordinator and a tensor-parallel worker group)")
+    add_distributed_args(gen)
+
+
+def add_distributed_args(p: argparse.ArgumentParser) -> None:
+    """For commands that may verify on a worker group (generate, serve, batch): launch/distributed.py."""
+    dist = p.add_argument_group("distributed (a coordinator and a tensor-parallel worker group)")
     dist.add_argument("--workers", type=int, default=0,
                       help="verify on W worker processes started with torchrun (tensor-parallel target); "
                            "0 = in this process")
@@ -110,7 +115,8 @@ def add_prefix_cache_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache-gb", type=float, default=PREFIX_CACHE_GB,
                    help="GB of recent prompts' target KV kept, so that a prompt beginning the same way (many "
                         "questions about one document) skips prefilling that part; least recently used "
-                        "goes first; 0 = off (default %(default)s)")
+                        "goes first; with --workers, on each worker (its share of the heads); 0 = off "
+                        "(default %(default)s)")
 
 
 def engine_settings(args) -> dict:
@@ -119,22 +125,21 @@ def engine_settings(args) -> dict:
                 sinks=args.sinks, window=args.window, lookup=args.lookup)
 
 
-def llm_from_args(args, **extra):
+def llm_from_args(args):
     """The LLM that the model, mode and engine flags of `args` describe, its settings checked before any
-    weights load; `extra`: more LLM arguments (a worker group's channel)."""
+    weights load; verifying on the worker group of `args.worker_channel` when the torchrun entry
+    (launch/distributed.py) set one, where the workers keep the prompt blocks."""
     from ..api import LLM
 
     EngineConfig(mode=args.mode, **engine_settings(args))
-    return LLM(args.model, args.draft, args.mode, args.dtype, args.device, rope_scaling=args.rope_scaling,
-               revision=args.revision, draft_revision=args.draft_revision, prefix_cache_gb=getattr(args, "prefix_cache_gb", 0), **extra,
-               **engine_settings(args))
+    workers = getattr(args, "worker_channel", None)
+    prefix_cache_gb = getattr(args, "prefix_cache_gb", 0) if workers is None else 0
+    return LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
+               rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
+               prefix_cache_gb=prefix_cache_gb, **engine_settings(args))
 
 
 def _generate(args) -> int:
-    if args.workers:
-        from .distributed import launch_with_torchrun
-
-        return launch_with_torchrun(args)
     return run_generation(args, llm_from_args(args))
 
 
@@ -216,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if getattr(args, "workers", 0):
+            from .distributed import launch_with_torchrun
+
+            return launch_with_torchrun(args)
         return args.func(args)
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)

@@ -1,9 +1,13 @@
 """The torchrun entry of the distributed pipeline: rank 0 is the coordinator (tiers 1 and 2, the
 retrieval cache, every random draw), ranks 1..N-1 are one tensor-parallel worker group holding the
-target and its full KV cache sharded (NCCL on CUDA, gloo on CPU).
+target and its full KV cache sharded (NCCL on CUDA, gloo on CPU). Rank 0 runs the command named first
+(generate, the default; serve; batch) with the group as its verifier; the workers keep the recent prompts'
+blocks for reuse (--prefix-cache-gb of serve and batch, on each worker).
 
-    torchrun --nproc-per-node 3 -m triforce.launch.distributed --prompt-file F [generate flags]
+    torchrun --nproc-per-node 3 -m triforce.launch.distributed [generate] --prompt-file F [generate flags]
+    torchrun --nproc-per-node 3 -m triforce.launch.distributed serve [serve flags]
     triforce generate --workers 2 --prompt-file F ...        # the same, torchrun started for you
+    triforce serve --workers 2 ...
 
 Only the group's rank 0 (global rank 1) talks to the coordinator: control messages over ZeroMQ at
 --control-port on --control-bind (loopback by default; name an interface for multi-node runs and point
@@ -14,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -74,23 +80,37 @@ def check_distributed_settings(args) -> None:
                         "it in the coordinator's process: it cannot run with --workers (use static)")
 
 
+COMMANDS = ("generate", "serve", "batch")  # what rank 0 may run; the first argument, generate by default
+
+
 def launch_with_torchrun(args) -> int:
-    """`triforce generate --workers W`: re-run this command under torchrun with W + 1 processes."""
+    """`triforce generate|serve|batch --workers W`: re-run this command under torchrun with W + 1 processes."""
     check_distributed_settings(args)
     argv, skip = [], False
-    for i, a in enumerate(args.argv):  # drop the subcommand and --workers W
+    for a in args.argv:  # drop --workers W
         if skip:
             skip = False
             continue
         if a == "--workers":
             skip = True
             continue
-        if a.startswith("--workers=") or (i == 0 and a == "generate"):
-            continue
-        argv.append(a)
+        if not a.startswith("--workers="):
+            argv.append(a)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers + 1}",
            "-m", "triforce.launch.distributed", *argv]
-    return subprocess.call(cmd)
+    torchrun = subprocess.Popen(cmd)
+    if threading.current_thread() is not threading.main_thread():
+        return torchrun.wait()
+    # `kill` or a job manager ends this process with SIGTERM: torchrun gets it too, and ends every rank,
+    # rather than serve on, orphaned. (Ctrl-C reaches the whole foreground process group by itself.)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: torchrun.send_signal(signum))
+    try:
+        try:
+            return torchrun.wait()
+        except KeyboardInterrupt:  # torchrun got the Ctrl-C too: let it end the ranks first
+            return torchrun.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _worker_device(args, local_rank: int) -> str:
@@ -98,13 +118,23 @@ def _worker_device(args, local_rank: int) -> str:
     return f"cuda:{local_rank}" if choice == "cuda" else choice
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .cli import add_generate_args
+def parse_command(argv: list[str]) -> argparse.Namespace:
+    """The command's flags, as `triforce COMMAND` parses them (generate when the first argument names none)."""
+    from .cli import build_parser
 
-    parser = argparse.ArgumentParser(prog="python -m triforce.launch.distributed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_generate_args(parser)
-    args = parser.parse_args(argv)
+    if not argv or argv[0] not in COMMANDS:
+        argv = ["generate", *argv]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    args = parse_command(argv)
     try:
         rank, world, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     except KeyError:
@@ -166,7 +196,7 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     try:
         run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, 512,
                    heartbeat_s=timeouts.heartbeat_s, coordinator_timeout_s=timeouts.link_s,
-                   rope_scaling=args.rope_scaling)
+                   rope_scaling=args.rope_scaling, prefix_bytes=int(getattr(args, "prefix_cache_gb", 0) * 2**30))
     except CoordinatorLost:
         return 1  # the leader has logged why; every rank of the group exits alike
     except UserError as exc:
@@ -176,22 +206,27 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
 
 
 def _coordinate(args, world, groups: PipelineGroups) -> int:
-    from ..coordinator.remote import ControlChannel, model_identity
+    from ..coordinator.remote import ControlChannel, WorkerError, model_identity
     from ..workers.bulk import BulkLink
-    from .cli import llm_from_args, run_generation
 
     path = _resolve_once(args.model, 0, groups.control, args.revision)
     channel = ControlChannel(f"tcp://{args.control_host}:{args.control_port}", args.worker_timeout,
                              BulkLink(groups.link, peer=1))
     try:
         channel.handshake(model_identity(path, args.rope_scaling), world - 1)
-        return run_generation(args, llm_from_args(args, workers=channel))
+        args.worker_channel, args.workers = channel, 0  # the command's LLM verifies on the group
+        return args.func(args)
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
     finally:
-        if not channel.broken:
-            channel.request("shutdown")
+        try:
+            if not channel.broken:  # a group that Ctrl-C ended too does not answer: do not wait long
+                channel.request("shutdown", timeout_s=min(5.0, args.worker_timeout))
+        except WorkerError:
+            pass
         channel.close()
 
 

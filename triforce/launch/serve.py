@@ -7,7 +7,8 @@ import os
 import sys
 
 from ..errors import UserError
-from .cli import add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg, llm_from_args
+from .cli import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg,
+                  llm_from_args)
 
 
 def add_serve_parser(sub) -> None:
@@ -21,6 +22,7 @@ def add_serve_parser(sub) -> None:
     add_mode_arg(p)
     add_engine_args(p)
     add_prefix_cache_arg(p)
+    add_distributed_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     g.add_argument("--port", type=int, default=8000)

@@ -15,12 +15,14 @@ from .worker import DEFAULT_COORDINATOR_TIMEOUT_S, VerifierWorker, serve
 def run_worker(model_path: str | Path, dtype: str, device: str, tp: TensorParallel, endpoint: str | None,
                link: BulkLink | None, prefill_chunk: int = 512, max_bytes: int = MAX_MESSAGE_BYTES,
                heartbeat_s: float | None = None,
-               coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S, rope_scaling: str | None = None) -> None:
+               coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S, rope_scaling: str | None = None,
+               prefix_bytes: int = 0) -> None:
     """Returns after the coordinator's shutdown request; raises CoordinatorLost (worker.py) on every rank
     when the coordinator went away without one. `endpoint` (bound) and `link` (to the coordinator) are
-    the group's rank 0's only."""
+    the group's rank 0's only. `prefix_bytes`: each rank's bound on the recent prompts' KV it keeps."""
     model = load_model(model_path, dtype, device, tp if tp.size > 1 else None, rope_scaling)
     kv_heads = ModelConfig.from_folder(Path(model_path)).num_kv_heads
-    worker = VerifierWorker(model, tp, model_identity(Path(model_path), rope_scaling), kv_heads, prefill_chunk)
+    worker = VerifierWorker(model, tp, model_identity(Path(model_path), rope_scaling), kv_heads, prefill_chunk,
+                            prefix_bytes)
     serve(worker, endpoint if tp.rank == 0 else None, link if tp.rank == 0 else None, max_bytes, heartbeat_s,
           coordinator_timeout_s)

@@ -20,7 +20,8 @@ import math
 import msgpack
 import torch
 
-PROTOCOL_VERSION = 3  # 2: KV replies over the bulk link instead of tensor frames; 3: many sequences
+PROTOCOL_VERSION = 4  # 2: KV replies over the bulk link instead of tensor frames; 3: many sequences;
+# 4: a prefill says whether it ends the prompt (the group may restore prompt blocks it keeps)
 MAX_MESSAGE_BYTES = 256 * 2**20  # a generous bound; larger messages are refused unread
 MAX_FRAMES = 64
 
@@ -33,7 +34,9 @@ REQUESTS: dict[str, dict[str, object]] = {
     "handshake": {"model": _STR, "tp_size": _INT, "protocol": _INT},
     "start": {"seq": _INT, "capacity": _INT},  # a new sequence: a cache for `capacity` tokens
     "end": {"seq": _INT},  # the sequence is done: its cache is freed
-    "prefill": {"seq": _INT, "tokens": _INTS, "start": _INT},
+    # `final`: these tokens end the prompt. The reply's `reused` counts tokens restored from the group's
+    # prefix store instead of forwarded (worker.py).
+    "prefill": {"seq": _INT, "tokens": _INTS, "start": _INT, "final": _BOOL},
     # One forward of several sequences together: for each, a speculation tree over positions starts[i]..,
     # nodes in topological order; parents[i][j] < j or -1 for a child of the committed prefix (a chain is
     # -1, 0, 1, ...). The reply's one tensor holds every sequence's logits, in order.

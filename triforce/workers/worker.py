@@ -8,7 +8,12 @@ collectives), and the leader replies. Logits travel back as raw tensor frames; K
 the bulk link to the coordinator (bulk.py), after a reply that describes it.
 
 The group holds several sequences at once, each with its own full KV cache, named by the number the
-coordinator gave it. Requests: handshake, start (a new sequence: an empty cache), end (free it), prefill,
+coordinator gave it. With a prefix store (`prefix_bytes`), each rank keeps the KV of its heads for recent
+prompts' blocks (cache/prefixes.py; a block is one prefill chunk): a prompt prefilled one whole block per
+request (the coordinator's chunks) restores each block the store holds instead of forwarding it, except
+a block that ends the prompt (`final`), whose forward leaves the last query the retrieval choice reads.
+Every rank holds as many KV heads as the others and sees the same requests in the same order, so their
+stores restore, keep and evict alike and every rank forwards (enters the collectives) or none does. Requests: handshake, start (a new sequence: an empty cache), end (free it), prefill,
 verify (one forward of several sequences together, each a chain or a speculation tree run with its
 ancestor mask: the weights are read once for all of them), commit (keep the accepted path, dropping the
 rest), refresh (the static retrieval choice made on each rank's KV heads), kv (committed KV of a range),
@@ -33,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ..cache.full import FullKVCache
+from ..cache.prefixes import BlockNames, PrefixStore
 from ..cache.retrieval import retrieve_from_full
 from ..memory import available_bytes
 from ..models.llama import LlamaModel
@@ -63,11 +69,14 @@ class RequestError(ValueError):
 
 class VerifierWorker:
     def __init__(self, model: LlamaModel, tp: TensorParallel, model_id: str, kv_heads: int,
-                 prefill_chunk: int = 512):
-        """kv_heads: the whole model's KV heads (model.config counts this rank's)."""
+                 prefill_chunk: int = 512, prefix_bytes: int = 0):
+        """kv_heads: the whole model's KV heads (model.config counts this rank's). prefix_bytes: this rank's
+        bound on the prompt KV it keeps for reuse (0: none)."""
         self.model, self.tp, self.model_id, self.prefill_chunk = model, tp, model_id, prefill_chunk
         self.replicas = max(1, tp.size // kv_heads)  # ranks holding the same KV head
         self.caches: dict[int, FullKVCache] = {}
+        self.prefixes = PrefixStore(prefix_bytes, prefill_chunk) if prefix_bytes > 0 else None
+        self.prompts: dict[int, BlockNames] = {}  # per sequence while it was prefilled in whole blocks only
         self.counts = {"requests": 0, "errors": 0, "verified_tokens": 0, "prefilled_tokens": 0, "heartbeats": 0}
 
     # --- checks: run on the leader before broadcasting, so every rank executes or none does --------
@@ -81,6 +90,8 @@ class VerifierWorker:
                 raise RequestError(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
             need = self.model.config.kv_bytes_per_token(torch.finfo(self.model.dtype).bits // 8) * body["capacity"]
             free = available_bytes(self.model.device)
+            if free is not None and self.prefixes is not None:
+                free = max(0, free - self.prefixes.room())  # what the prefix store may still grow into
             if free is not None and need > 0.9 * free:
                 raise RequestError(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB per rank; "
                                    f"{free / 2**30:.1f} GiB is free on the leader's {self.model.device}")
@@ -133,11 +144,16 @@ class VerifierWorker:
         if kind == "start":
             self.caches[body["seq"]] = FullKVCache(model.config, body["capacity"], model.rope, model.dtype,
                                                    model.device)
+            if self.prefixes is not None:
+                self.prompts[body["seq"]] = BlockNames()
             return {}, []
         if kind == "end":
             del self.caches[body["seq"]]
+            self.prompts.pop(body["seq"], None)
             return {}, []
         if kind == "verify":
+            for seq in body["seqs"]:
+                self.prompts.pop(seq, None)
             steps = [Step.tree(tokens, parents, start, model.device)
                      for tokens, parents, start in zip(body["tokens"], body["parents"], body["starts"])]
             caches = [self.caches[seq] for seq in body["seqs"]]
@@ -150,12 +166,9 @@ class VerifierWorker:
             return {}, []
         cache = self.caches[body["seq"]]
         if kind == "prefill":
-            tokens = body["tokens"]
-            for i in range(0, len(tokens), self.prefill_chunk):
-                model(Step.chain(tokens[i:i + self.prefill_chunk], cache.length, model.device), cache,
-                      logits_for="none")
-            self.counts["prefilled_tokens"] += len(tokens)
-            return {"length": cache.length}, []
+            reused = self._prefill(body["seq"], cache, body["tokens"], body["final"])
+            self.counts["prefilled_tokens"] += len(body["tokens"]) - reused
+            return {"length": cache.length, "reused": reused}, []
         if kind == "commit":
             cache.keep_path(body["start"], body["path"])
             return {"length": cache.length}, []
@@ -170,6 +183,24 @@ class VerifierWorker:
             flat = [t for pair in chosen for t in pair]
             return {"length": cache.length}, self._gather_heads(flat, head_dim=0)
         raise RequestError(f"unhandled request {kind!r}")
+
+    def _prefill(self, seq: int, cache: FullKVCache, tokens: list[int], final: bool) -> int:
+        """Forwards `tokens`, or restores them from the prefix store (see the module's docstring); returns
+        how many were restored."""
+        prompt = self.prompts.pop(seq, None)
+        whole_block = len(tokens) == self.prefill_chunk and prompt is not None and \
+            cache.length == len(prompt.names) * self.prefill_chunk
+        if self.prefixes is not None and whole_block:
+            self.prompts[seq] = prompt
+            prompt.add(tokens)
+            if not final and self.prefixes.restore_block(prompt.names, len(prompt.names) - 1, cache):
+                return len(tokens)
+        for i in range(0, len(tokens), self.prefill_chunk):
+            self.model(Step.chain(tokens[i:i + self.prefill_chunk], cache.length, self.model.device), cache,
+                       logits_for="none")
+        if self.prefixes is not None and whole_block:
+            self.prefixes.store_block(prompt.names, len(prompt.names) - 1, cache)
+        return 0
 
     def _kv_group_queries(self, cache: FullKVCache) -> torch.Tensor:
         """[L, Hq of the group, D]: the latest query of every query head sharing this rank's replicated KV
