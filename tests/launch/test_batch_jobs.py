@@ -65,3 +65,35 @@ def test_shards_split_the_lines(tiny_dir, tmp_path):
     assert shard_of(None, {"RANK": "1", "WORLD_SIZE": "2"}) == (1, 2) and shard_of(None, {}) == (0, 1)
     with pytest.raises(UserError, match="I must be in"):
         shard_of("2/2")
+
+
+def test_a_job_killed_mid_run_and_restarted_answers_every_line_once(tiny_dir, tmp_path):
+    """SIGKILL of a running `triforce batch` (no chance to clean up), then the same command again: every
+    custom_id is in the output exactly once, each with the answer LLM.generate gives."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    prompts = {f"r{i}": " ".join(PROMPT.split()[i % 7:]) for i in range(40)}
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(request(k, p, 40) for k, p in prompts.items()) + "\n")
+    argv = [sys.executable, "-m", "triforce", "batch", "--input", str(inp), "--output", str(out), "--model",
+            str(target), "--mode", "ar", "--dtype", "float32", "--batch-size", "1"]
+    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(1200):
+        if out.exists() and out.read_text().count("\n") >= 3 or job.poll() is not None:
+            break
+        time.sleep(0.01)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    written = out.read_text().count("\n")
+    assert 3 <= written < len(prompts)  # killed mid-run
+    assert subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in lines) == sorted(prompts)  # each exactly once
+    llm = LLM(target, mode="ar", dtype="float32")
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    expected = dict(zip(prompts, (o.text for o in llm.generate(list(prompts.values()), params))))
+    assert {r["custom_id"]: r["response"]["body"]["choices"][0]["text"] for r in lines} == expected

@@ -1,0 +1,223 @@
+"""The real `openai` client against `triforce serve`'s app on a free loopback port (uvicorn in a thread):
+completions, chat and streams equal `triforce generate` and LLM.generate; every error status arrives as
+the client's exception; 16 clients at once each get their own answer; a client that leaves mid-stream
+frees its slot; /metrics, read with prometheus_client's parser, agrees with the responses' usage."""
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from triforce import LLM, SamplingParams
+from triforce.launch.cli import main
+from triforce.serve.app import create_app
+
+TEMPLATE = "{% for m in messages %}w3 {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w4{% endif %}"
+KEY = "sk-test"
+SETTINGS = ["--mode", "triforce", "--dtype", "float32", "--window", "64", "--budget", "16", "--chunk-size", "4"]
+
+
+def words(n: int, step: int = 7, first: int = 0) -> str:
+    return " ".join(f"w{3 + (first + step * i) % 90}" for i in range(n))
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    return (tiny_dir("serve-target", tokenizer=True, seed=71),
+            tiny_dir("serve-draft", tokenizer=True, seed=72, num_layers=1))
+
+
+@pytest.fixture(scope="module")
+def llm(models):
+    target, draft = models
+    model = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4)
+    model.tokenizer.chat_template = TEMPLATE
+    return model
+
+
+class Server:
+    """The app on a free loopback port, served by uvicorn in a thread until `close()`."""
+
+    def __init__(self, app):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.app, self.url = app, f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        for _ in range(300):
+            try:
+                if httpx.get(f"{self.url}/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("the server did not start")
+
+    def client(self, key: str = KEY, timeout: float = 120) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=timeout)
+
+    def metrics(self) -> dict:
+        """(name, frozen labels) -> value of every sample of /metrics."""
+        text = httpx.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    s = Server(create_app(llm, "tiny", api_key=KEY))
+    yield s
+    s.close()
+
+
+def greedy(llm, prompt, max_tokens) -> str:
+    return llm.generate(prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))[0].text
+
+
+def test_a_completion_equals_triforce_generate(models, server, capsys):
+    target, draft = models
+    prompt = words(40)
+    r = server.client().completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert main(["generate", "--model", str(target), "--draft", str(draft), "--prompt", prompt, "--json",
+                 "--temperature", "0", "--max-new-tokens", "12", "--ignore-eos", *SETTINGS]) == 0
+    generated = json.loads(capsys.readouterr().out)
+    assert r.choices[0].text == generated["text"] and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 12 and r.usage.prompt_tokens == generated["prompt_tokens"]
+
+
+def test_streams_and_chat_equal_whole_answers(llm, server):
+    client, prompt = server.client(), words(30, first=5)
+    pieces = [c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=10, temperature=0, stream=True, extra_body={"ignore_eos": True})]
+    assert "".join(pieces) == greedy(llm, prompt, 10) and len(pieces) > 1
+    messages = [{"role": "user", "content": words(12)}]
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    templated = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    templated = getattr(templated, "input_ids", templated)
+    expected = llm.generate([list(templated)], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+    assert whole.choices[0].message.content == expected.text and whole.choices[0].message.role == "assistant"
+    streamed = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                              stream=True, stream_options={"include_usage": True},
+                                              extra_body={"ignore_eos": True})
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+def test_every_error_status_reaches_the_client_as_its_exception(llm):
+    server = Server(create_app(llm, "tiny", api_key=KEY, max_queue=1))
+    client, prompt = server.client(), words(20)
+    try:
+        with pytest.raises(openai.AuthenticationError):  # 401
+            server.client(key="wrong").completions.create(model="tiny", prompt=prompt, max_tokens=2)
+        with pytest.raises(openai.NotFoundError) as unknown:  # 404
+            client.completions.create(model="gpt-4", prompt=prompt, max_tokens=2)
+        assert unknown.value.body["param"] == "model"
+        with pytest.raises(openai.BadRequestError) as bad:  # 400
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=2, n=2)
+        assert bad.value.body["param"] == "n"
+        with pytest.raises(openai.APIStatusError) as too_long:  # 413
+            client.completions.create(model="tiny", prompt=" ".join(["w5"] * 5000), max_tokens=2)
+        assert too_long.value.status_code == 413
+        scheduler = server.app.state.scheduler
+        scheduler._admit = lambda: None  # nothing leaves the queue from now on
+        outcome = []
+
+        def wait_in_the_queue():
+            try:
+                server.client(timeout=5).completions.create(model="tiny", prompt=prompt, max_tokens=2)
+            except openai.APITimeoutError as exc:
+                outcome.append(exc)
+
+        waiting = threading.Thread(target=wait_in_the_queue)
+        waiting.start()
+        for _ in range(100):
+            if scheduler.waiting:
+                break
+            time.sleep(0.05)
+        with pytest.raises(openai.InternalServerError) as full:  # 503: the one place in the queue is taken
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+        assert full.value.status_code == 503 and full.value.body["code"] == "queue_full"
+        waiting.join()
+        assert len(outcome) == 1  # the waiting request never ran
+        del scheduler._admit  # admitting again, the scheduler drops the request its client left
+        for _ in range(100):
+            if not scheduler.waiting:
+                break
+            time.sleep(0.05)
+        assert not scheduler.waiting and not scheduler.running
+    finally:
+        server.close()
+
+
+def test_sixteen_clients_at_once_each_get_their_own_answer(llm, server):
+    prompts = [words(20 + i, step=3 + i % 5, first=i) for i in range(16)]
+    expected = [greedy(llm, p, 8) for p in prompts]
+    got = [None] * 16
+    start = threading.Barrier(16)
+
+    def ask(i):
+        client = server.client()
+        start.wait()
+        if i % 2:
+            stream = client.completions.create(model="tiny", prompt=prompts[i], max_tokens=8, temperature=0,
+                                               stream=True, extra_body={"ignore_eos": True})
+            got[i] = "".join(c.choices[0].text for c in stream)
+        else:
+            got[i] = client.completions.create(model="tiny", prompt=prompts[i], max_tokens=8, temperature=0,
+                                               extra_body={"ignore_eos": True}).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == expected
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
+    before = server.metrics()
+    tokens = ("vllm:generation_tokens_total", frozenset({("model_name", "tiny")}))
+    running = ("vllm:num_requests_running", frozenset({("model_name", "tiny")}))
+    stream = server.client().completions.create(model="tiny", prompt=words(30), max_tokens=400, temperature=0,
+                                                stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()  # the client goes away after its first piece
+    for _ in range(200):
+        after = server.metrics()
+        if after[running] == 0 and after.get(tokens, 0) > before.get(tokens, 0):
+            break
+        time.sleep(0.05)
+    assert after[running] == 0
+    assert 0 < after[tokens] - before.get(tokens, 0) < 400  # ended early, not at max_tokens
+
+
+def test_metrics_parse_and_agree_with_the_responses_usage(llm):
+    server = Server(create_app(llm, "tiny", api_key=KEY))
+    try:
+        client, usages = server.client(), []
+        for i, max_tokens in enumerate((6, 9, 4)):
+            r = client.completions.create(model="tiny", prompt=words(25 + i, first=i), max_tokens=max_tokens,
+                                          temperature=0, extra_body={"ignore_eos": True})
+            usages.append(r.usage)
+        m, model = server.metrics(), frozenset({("model_name", "tiny")})
+        assert m[("vllm:prompt_tokens_total", model)] == sum(u.prompt_tokens for u in usages)
+        assert m[("vllm:generation_tokens_total", model)] == sum(u.completion_tokens for u in usages) == 19
+        assert m[("vllm:request_success_total", model | {("finished_reason", "length")})] == 3
+        assert m[("vllm:time_to_first_token_seconds_count", model)] == 3
+        drafts = sum(v for (name, _), v in m.items() if name == "vllm:spec_decode_num_drafts_total")
+        assert drafts > 0  # mode triforce: its tiers' checks are counted
+    finally:
+        server.close()
