@@ -68,7 +68,8 @@ class LLM:
         stretches target and draft alike over FACTOR times their positions. `model` and `draft` may be
         Hugging Face ids (org/name), resolved in the hub cache (HF_HOME, HF_HUB_OFFLINE) at `revision` and
         `draft_revision` (a branch, tag or commit; default the main branch). `prefix_cache_gb`: the target KV of recent prompts kept so that a prompt beginning
-        the same way skips prefilling that part (0: off; with an in-process target only)."""
+        the same way skips prefilling that part (0: off). With `workers` the group keeps them under its own
+        bound (run_worker's `prefix_bytes`: serve's and batch's --prefix-cache-gb), and this one is unused."""
         if dtype not in DTYPE_CHOICES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPE_CHOICES)} (got {dtype!r})")
         unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
