@@ -61,6 +61,23 @@ def test_questions_about_one_document_equal_cold_runs(models, mode):
         assert expected.metrics.cached_prompt_tokens == 0
 
 
+def test_a_document_evicted_under_the_bound_is_prefilled_again_and_equals_cold_runs(models):
+    """A bound of five blocks: a second document's four blocks evict the first's deep blocks, least
+    recently used first; asked again, the first document restores what is left (its first block),
+    prefills and stores the rest (evicting the second's in turn), and every output is the cold run's."""
+    cold = make(models, "triforce", 0)
+    block_bytes = cold.target.config.kv_bytes_per_token(4) * 64
+    warm = make(models, "triforce", 5 * block_bytes / 2**30)
+    other = [3 + (7 * i + 5) % 90 for i in range(300)]
+    asks = [(DOCUMENT, 0), (other, 0), (DOCUMENT, 64), (other, 64)]
+    for document, cached in asks:
+        prompt = document + QUESTIONS[0]
+        got = warm.generate(prompt, GREEDY)[0]
+        assert got.token_ids == cold.generate(prompt, GREEDY)[0].token_ids
+        assert got.metrics.cached_prompt_tokens == cached
+        assert warm.prefixes.bytes <= 5 * block_bytes
+
+
 def test_prompts_of_one_batch_restore_and_equal_cold_runs(models):
     cold, warm = make(models, "triforce", 0), make(models, "triforce", 1.0)
     warm.generate(DOCUMENT + QUESTIONS[0], GREEDY)
