@@ -1,8 +1,8 @@
 """`triforce generate --workers W` (torchrun, gloo, loopback) prints what the single-process run prints."""
 import json
-import socket
 
 import pytest
+from servers import free_port, wait_healthy
 
 from triforce.launch.cli import main
 
@@ -11,12 +11,6 @@ from triforce.launch.cli import main
 def folders(tiny_dir):
     spec = dict(hidden_size=48, num_heads=12, num_kv_heads=6, num_layers=2, scale=25, tokenizer=True)
     return tiny_dir("dist-target", seed=80, **spec), tiny_dir("dist-draft", seed=81, num_layers=1, scale=25)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_workers_flag_matches_the_single_process_run(folders, capfd):
@@ -137,13 +131,7 @@ def test_serve_with_workers_answers_and_a_sigterm_ends_every_rank(folders, tmp_p
                                    "--worker-device", "cpu"], stdout=out, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(1200):
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert server.poll() is None, log.read_text()
-                time.sleep(0.1)
+        wait_healthy(url, server, log)
         r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
                                                       "ignore_eos": True}, timeout=60)
         assert r.status_code == 200, r.text

@@ -3,7 +3,6 @@ completions, chat and streams equal `triforce generate` and LLM.generate; every 
 the client's exception; 16 clients at once each get their own answer; a client that leaves mid-stream
 frees its slot; /metrics, read with prometheus_client's parser, agrees with the responses' usage."""
 import json
-import socket
 import threading
 import time
 
@@ -12,6 +11,7 @@ import openai
 import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
+from servers import free_port, wait_healthy
 
 from triforce import LLM, SamplingParams
 from triforce.launch.cli import main
@@ -44,20 +44,12 @@ class Server:
     """The app on a free loopback port, served by uvicorn in a thread until `close()`."""
 
     def __init__(self, app):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.app, self.url = app, f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        for _ in range(300):
-            try:
-                if httpx.get(f"{self.url}/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise RuntimeError("the server did not start")
+        wait_healthy(self.url)
 
     def client(self, key: str = KEY, timeout: float = 120) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=timeout)

@@ -200,28 +200,20 @@ def test_a_request_cancelled_in_its_prefill_stops_there(tiny_dir, mode):
 
 def test_triforce_serve_answers_over_http(tiny_dir):
     """The command line end to end: `triforce serve` on a free port, a completion through a real socket."""
-    import socket
     import subprocess
     import sys
-    import time
 
     import httpx
+    from servers import free_port, wait_healthy
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     target = tiny_dir("serve-target", tokenizer=True, seed=71)
     server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", "--model", str(target), "--mode", "ar",
                                "--dtype", "float32", "--port", str(port), "--served-model-name", "tiny"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(url, server)
         r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 5}, timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 5
         assert httpx.get(f"{url}/v1/nope").json()["error"]["type"] == "not_found_error"

@@ -1,0 +1,28 @@
+"""Helpers for tests that start a server: a free loopback port, and waiting until /health answers."""
+import socket
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, process=None, log=None, timeout_s: float = 120.0) -> None:
+    """Until GET url/health answers 200; fails at once if `process` (a Popen) has exited, showing `log`
+    (a path) if given."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the server exited with {process.returncode}"
+                                 + (f":\n{log.read_text()}" if log is not None else ""))
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not become healthy within {timeout_s:g} s")
