@@ -1,11 +1,11 @@
 """A worker group for tests: spawned processes (ranks 1..N of a gloo world, as under torchrun) serving a
 model folder, and this process as their coordinator (rank 0) with a ControlChannel and the bulk link."""
 import multiprocessing
-import socket
 import time
 
 import torch
 import torch.distributed as dist
+from servers import free_port
 
 from triforce.coordinator.remote import ControlChannel, model_identity
 from triforce.launch.distributed import GroupTimeouts, init_groups
@@ -31,9 +31,7 @@ def _worker(rank: int, size: int, init: str, folder: str, endpoint: str, timeout
 
 
 def free_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 class Group:
