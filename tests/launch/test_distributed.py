@@ -160,3 +160,15 @@ def test_serve_with_workers_answers_and_a_sigterm_ends_every_rank(folders, tmp_p
     for pid in left:
         os.kill(pid, 9)
     assert not left, log.read_text()
+
+
+def test_torchrun_processes_get_an_even_share_of_the_cores_unless_the_user_chose(monkeypatch):
+    """torchrun alone would give every process one OpenMP thread (a CPU coordinator on one core)."""
+    import os
+
+    from triforce.launch.distributed import process_environment
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert process_environment(3, {"PATH": "/bin"}) == {"PATH": "/bin", "OMP_NUM_THREADS": "5"}
+    assert process_environment(32, {})["OMP_NUM_THREADS"] == "1"
+    assert process_environment(3, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"

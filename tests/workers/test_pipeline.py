@@ -142,6 +142,29 @@ def test_the_group_restores_a_documents_prompt_blocks_and_outputs_equal_cold_run
         group.close()
 
 
+def test_mode_auto_over_the_worker_group_measures_the_group_apart(models, tmp_path, monkeypatch):
+    """Mode auto plans from forward costs measured on this machine: a target behind a worker group is
+    measured under its own key (another cost than an in-process target's), and the output equals the
+    single-process run's."""
+    from triforce.coordinator.costs import CostTable, tier_key
+
+    monkeypatch.setenv("TRIFORCE_CALIBRATION", "0")  # this process's memory only
+    folder, target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(5)).tolist()
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)  # auto plans from 32 tokens on
+    group = Group(folder, 2, tmp_path)
+    try:
+        expected, _ = run(target, draft, "auto", prompt, params)
+        verifier = remote(group, target, prompt, params)
+        got, _ = run(target, draft, "auto", prompt, params, verifier)
+        assert got == expected
+    finally:
+        group.close()
+    local_key = tier_key(LocalVerifier(target, 64))
+    assert tier_key(verifier) == local_key + "|workers=2"
+    assert any(f"||{local_key}|workers=2||" in key for key in CostTable.default().entries)  # auto measured it
+
+
 def test_tree_speculation_over_the_worker_group_reproduces_one_process(models, tmp_path):
     """The retrieval tier's trees checked by the workers (retrieval mode, tree2), and the draft's trees
     checked by the coordinator's retrieval tier ahead of the workers (triforce mode, tree1)."""

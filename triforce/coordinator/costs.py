@@ -2,7 +2,8 @@
 
 A cost is measured over the tier's cache as it is (filler tokens, rolled back after), the faster of two
 runs, and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs.json`), keyed by machine
-(CPU model, kernel path, threads), tier (its name, its model's shape and dtype, its cache's size), the
+(CPU model, kernel path, threads), tier (its name, its model's shape and dtype, whether a worker group
+runs it, its cache's size), the
 context the forward attends over, and the batch: B sequences' forwards run as one call (the weights read
 once for all, each sequence's own cache), measured as such a call of B sequences' tiers, n tokens each.
 So a machine calibrates a model once per context and batch size: a later request within
@@ -44,10 +45,13 @@ def machine_key() -> str:
 
 
 def tier_key(tier: Tier) -> str:
-    """The tier's kind: its role, its model's shape and dtype, and the part of its cache a forward reads."""
+    """The tier's kind: its role, its model's shape and dtype, where it runs (this process, or a worker
+    group of N ranks) and the part of its cache a forward reads."""
     cfg = tier.model.config
     key = (f"{tier.name}|{cfg.model_type}:{cfg.num_layers}x{cfg.hidden_size}:{cfg.intermediate_size}:"
            f"{cfg.num_heads}/{cfg.num_kv_heads}:{cfg.vocab_size}|{tier.model.dtype}|{tier.model.device.type}")
+    if tier.placement != "local":
+        key += f"|{tier.placement}"
     cache = getattr(tier, "cache", None)
     if isinstance(cache, RetrievalKVCache):
         key += f"|{cache.policy}:{cache.budget}/{cache.chunk_size}:{cache.full_layers}"

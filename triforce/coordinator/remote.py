@@ -63,6 +63,7 @@ class ControlChannel:
         self.messages = self.bytes = self.bulk_bytes = 0
         self.wait_s = 0.0
         self.broken = False
+        self.tp_size = 0  # the group's ranks, once the handshake told
         self._sequences = 0  # numbers handed to RemoteVerifiers so far
         self._lock = threading.Lock()
 
@@ -121,6 +122,7 @@ class ControlChannel:
             raise WorkerError(f"the workers serve another model ({body['model']}, expected {model_id})")
         if tp_size and body["tp_size"] != tp_size:
             raise WorkerError(f"the worker group has {body['tp_size']} ranks, expected {tp_size}")
+        self.tp_size = body["tp_size"]
         return body
 
     def close(self) -> None:
@@ -159,6 +161,7 @@ class RemoteVerifier(Verifier):
 
     def __init__(self, channel: ControlChannel, model, capacity: int, prefill_chunk: int = 512):
         self.name, self.model, self.cache, self.prefill_chunk = "target", model, None, prefill_chunk
+        self.placement = f"workers={channel.tp_size}"  # costs differ from a local target's
         self.channel, self.capacity, self.seconds = channel, capacity, 0.0
         self._length = self._verify_start = 0
         self.seq = channel.new_sequence()

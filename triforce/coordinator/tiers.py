@@ -35,6 +35,8 @@ class Wait:
 class Tier:
     """A model + cache policy that computes its own KV (the draft tier; the local target)."""
 
+    placement = "local"  # where its forwards run, for the forward costs measured on this machine (costs.py)
+
     def __init__(self, name: str, model: LlamaModel, cache: KVCache, prefill_chunk: int = 512):
         self.name, self.model, self.cache, self.prefill_chunk = name, model, cache, prefill_chunk
         self.seconds = 0.0

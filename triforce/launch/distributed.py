@@ -83,6 +83,17 @@ def check_distributed_settings(args) -> None:
 COMMANDS = ("generate", "serve", "batch")  # what rank 0 may run; the first argument, generate by default
 
 
+def process_environment(processes: int, env=os.environ) -> dict:
+    """torchrun's processes' environment: torchrun gives each one OpenMP thread unless OMP_NUM_THREADS is
+    set, which leaves a CPU run's coordinator (tiers 1 and 2) and CPU workers one core each however many
+    the machine has; so unless the user set it, each process gets an even share of this process's cores."""
+    env = dict(env)
+    if "OMP_NUM_THREADS" not in env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cores // processes))
+    return env
+
+
 def launch_with_torchrun(args) -> int:
     """`triforce generate|serve|batch --workers W`: re-run this command under torchrun with W + 1 processes."""
     check_distributed_settings(args)
@@ -98,7 +109,7 @@ def launch_with_torchrun(args) -> int:
             argv.append(a)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers + 1}",
            "-m", "triforce.launch.distributed", *argv]
-    torchrun = subprocess.Popen(cmd)
+    torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1))
     if threading.current_thread() is not threading.main_thread():
         return torchrun.wait()
     # `kill` or a job manager ends this process with SIGTERM: torchrun gets it too, and ends every rank,
