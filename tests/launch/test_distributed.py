@@ -172,3 +172,15 @@ def test_torchrun_processes_get_an_even_share_of_the_cores_unless_the_user_chose
     assert process_environment(3, {"PATH": "/bin"}) == {"PATH": "/bin", "OMP_NUM_THREADS": "5"}
     assert process_environment(32, {})["OMP_NUM_THREADS"] == "1"
     assert process_environment(3, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+
+
+def test_an_error_on_the_coordinator_is_one_line_and_its_status(folders, capfd):
+    """A request the coordinator refuses after torchrun started: its one-line error and exit status 2,
+    without torchrun's multi-line failure report."""
+    target, draft = folders
+    argv = ["generate", "--model", str(target), "--draft", str(draft), "--prompt", "w3 w4 w5", "--max-new-tokens",
+            "600", "--dtype", "float32", "--device", "cpu", "--workers", "2", "--control-port", str(free_port()),
+            "--worker-device", "cpu"]
+    assert main(argv) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("triforce: error:") and "positions" in err and "\n" not in err, err

@@ -107,7 +107,7 @@ def launch_with_torchrun(args) -> int:
             continue
         if not a.startswith("--workers="):
             argv.append(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers + 1}",
+    cmd = [sys.executable, "-m", "triforce.launch.torchrun", "--standalone", f"--nproc-per-node={args.workers + 1}",
            "-m", "triforce.launch.distributed", *argv]
     torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1))
     if threading.current_thread() is not threading.main_thread():

@@ -1,0 +1,29 @@
+"""torchrun for `triforce ... --workers W` (distributed.launch_with_torchrun): `python -m
+torch.distributed.run` with its arguments, but a failed rank ends the run with that rank's exit status
+and a line of its own, not torchrun's multi-line failure report: the rank printed its one-line error (or
+its traceback) already."""
+from __future__ import annotations
+
+import logging
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import get_args_parser, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    # its "failed (exitcode: N) local_rank: R" line too; torchrun's other warnings (rendezvous) stay
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    try:
+        run(get_args_parser().parse_args(argv))
+    except ChildFailedError as exc:
+        failures = sorted(exc.failures.items())
+        for rank, failure in failures:
+            if failure.exitcode < 0:  # no chance to say why itself
+                print(f"triforce: error: rank {rank} was ended by signal {-failure.exitcode}", file=sys.stderr)
+        return next((f.exitcode for _, f in failures if f.exitcode > 0), 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
