@@ -104,6 +104,11 @@ class LLM:
         if prefix_cache_gb > 0 and workers is None:
             self.prefixes = PrefixStore(int(prefix_cache_gb * 2**30), self.config.prefill_chunk)
 
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether recent prompts' blocks are kept for reuse: here, or by the worker group."""
+        return self.prefixes is not None or (self.workers is not None and self.workers.prefix_bytes > 0)
+
     def _load_tokenizer(self):
         from transformers import AutoTokenizer
 

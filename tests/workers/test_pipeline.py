@@ -12,6 +12,7 @@ import torch
 import zmq
 from worker_group import Group
 
+from triforce import LLM
 from triforce.config import EngineConfig, SamplingParams
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine, speculation_slack
@@ -138,6 +139,11 @@ def test_the_group_restores_a_documents_prompt_blocks_and_outputs_equal_cold_run
         stats, _ = group.channel.request("stats")
         prefilled = sum(len(p) - 1 for p in one_by_one + together)
         assert stats["prefilled_tokens"] == prefilled - 448 and stats["errors"] == 0
+        # The Python API on the group: LLM(workers=...) keeps no store of its own, the group's serves it.
+        llm = LLM(folder, mode="retrieval", dtype="float32", workers=group.channel, budget=32, chunk_size=4,
+                  prefill_chunk=64)
+        assert llm.reuses_prefixes and llm.prefixes is None and group.channel.prefix_bytes == 2**20
+        assert llm.generate([document + tokens(5)], params)[0].metrics.cached_prompt_tokens == 192
     finally:
         group.close()
 

@@ -63,7 +63,7 @@ class ControlChannel:
         self.messages = self.bytes = self.bulk_bytes = 0
         self.wait_s = 0.0
         self.broken = False
-        self.tp_size = 0  # the group's ranks, once the handshake told
+        self.tp_size = self.prefix_bytes = 0  # the group's ranks and each one's prefix store, once the handshake told
         self._sequences = 0  # numbers handed to RemoteVerifiers so far
         self._lock = threading.Lock()
 
@@ -122,7 +122,7 @@ class ControlChannel:
             raise WorkerError(f"the workers serve another model ({body['model']}, expected {model_id})")
         if tp_size and body["tp_size"] != tp_size:
             raise WorkerError(f"the worker group has {body['tp_size']} ranks, expected {tp_size}")
-        self.tp_size = body["tp_size"]
+        self.tp_size, self.prefix_bytes = body["tp_size"], body.get("prefix_bytes", 0)
         return body
 
     def close(self) -> None:

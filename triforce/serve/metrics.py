@@ -22,7 +22,7 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 2
 class ServerMetrics:
     def __init__(self, model: str, scheduler):
         self.registry, self.model = CollectorRegistry(), model
-        self.reuses_prefixes = scheduler.llm.prefixes is not None
+        self.reuses_prefixes = scheduler.llm.reuses_prefixes
         spec = ["model_name", "tier", "drafter"]
 
         def counter(name, doc, labels=("model_name",)):

@@ -140,7 +140,8 @@ class VerifierWorker:
         model = self.model
         if kind == "handshake":
             return {"model": self.model_id, "tp_size": self.tp.size, "protocol": PROTOCOL_VERSION,
-                    "vocab_size": model.config.vocab_size}, []
+                    "vocab_size": model.config.vocab_size,
+                    "prefix_bytes": self.prefixes.max_bytes if self.prefixes is not None else 0}, []
         if kind == "start":
             self.caches[body["seq"]] = FullKVCache(model.config, body["capacity"], model.rope, model.dtype,
                                                    model.device)
