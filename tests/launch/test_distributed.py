@@ -109,7 +109,8 @@ def test_batch_with_workers_answers_every_line_and_the_group_reuses_the_document
 
 def test_serve_with_workers_answers_and_a_sigterm_ends_every_rank(folders, tmp_path):
     """`triforce serve --workers 1` over HTTP: a completion equals the single-process generate; SIGTERM to
-    the command (as `kill` or a job manager sends) ends torchrun and every rank, none left serving."""
+    the command (as `kill` or a job manager sends; twice) ends torchrun and every rank, none left serving,
+    and no traceback."""
     import os
     import subprocess
     import sys
@@ -140,6 +141,8 @@ def test_serve_with_workers_answers_and_a_sigterm_ends_every_rank(folders, tmp_p
         assert r.json()["choices"][0]["text"] == expected
     finally:
         server.terminate()
+        time.sleep(0.5)
+        server.terminate()  # an impatient second SIGTERM while the ranks shut down
         server.wait(timeout=60)
 
     def ranks_left():
@@ -160,6 +163,7 @@ def test_serve_with_workers_answers_and_a_sigterm_ends_every_rank(folders, tmp_p
     for pid in left:
         os.kill(pid, 9)
     assert not left, log.read_text()
+    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 def test_torchrun_processes_get_an_even_share_of_the_cores_unless_the_user_chose(monkeypatch):

@@ -1,12 +1,14 @@
 """torchrun for `triforce ... --workers W` (distributed.launch_with_torchrun): `python -m
 torch.distributed.run` with its arguments, but a failed rank ends the run with that rank's exit status
 and a line of its own, not torchrun's multi-line failure report: the rank printed its one-line error (or
-its traceback) already."""
+its traceback) already. A SIGTERM or SIGINT (also a second one while the ranks shut down) ends it with
+status 128 + the signal, without a traceback."""
 from __future__ import annotations
 
 import logging
 import sys
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
@@ -22,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
             if failure.exitcode < 0:  # no chance to say why itself
                 print(f"triforce: error: rank {rank} was ended by signal {-failure.exitcode}", file=sys.stderr)
         return next((f.exitcode for _, f in failures if f.exitcode > 0), 1)
+    except SignalException as exc:  # SIGTERM or SIGINT: torchrun has passed it on to the ranks
+        return 128 + int(exc.sigval)
     return 0
 
 
