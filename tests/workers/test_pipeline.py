@@ -171,6 +171,38 @@ def test_mode_auto_over_the_worker_group_measures_the_group_apart(models, tmp_pa
     assert any(f"||{local_key}|workers=2||" in key for key in CostTable.default().entries)  # auto measured it
 
 
+def test_a_long_prompt_prefilling_on_the_group_does_not_stall_a_decoding_sequence(models, tmp_path):
+    """A prompt's chunks are target forwards in the batch, each sent beside a decoding neighbour's check
+    (the group prefills a chunk per request), so the neighbour keeps decoding while a long prompt
+    arrives (before, the whole prompt's prefill ran in one go); both outputs equal their runs alone."""
+    folder, target, draft = models
+    gen = torch.Generator().manual_seed(21)
+    decoding, arriving = (torch.randint(3, 96, (n,), generator=gen).tolist() for n in (40, 400))
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    expected = [run(target, draft, "triforce", p, params)[0] for p in (decoding, arriving)]
+    group = Group(folder, 2, tmp_path)
+    sent = []
+    request = group.channel.request
+    group.channel.request = lambda kind, body=None, **kw: (sent.append((kind, body)), request(kind, body, **kw))[1]
+    try:
+        cfg = EngineConfig(mode="triforce", **SETTINGS)
+        engine = lambda p: build_engine(cfg, target, draft, len(p) + params.max_tokens,  # noqa: E731
+                                        remote(group, target, p, params)).run(p, params)
+        batch = SequenceBatch()
+        first = batch.add(engine(decoding))
+        while not any(kind == "verify" for kind, _ in sent):
+            batch.step()
+        second = batch.add(engine(arriving))
+        batch.run()
+        assert [first.result[0], second.result[0]] == expected
+        prefills = [i for i, (kind, body) in enumerate(sent) if kind == "prefill" and len(body["tokens"]) == 64]
+        assert len(prefills) == 6  # the arriving prompt's whole chunks
+        between = [kind for kind, _ in sent[prefills[0]:prefills[-1]]]
+        assert between.count("verify") >= len(prefills) - 1  # the decoding sequence checked beside each chunk
+    finally:
+        group.close()
+
+
 def test_tree_speculation_over_the_worker_group_reproduces_one_process(models, tmp_path):
     """The retrieval tier's trees checked by the workers (retrieval mode, tree2), and the draft's trees
     checked by the coordinator's retrieval tier ahead of the workers (triforce mode, tree1)."""

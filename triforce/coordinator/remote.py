@@ -164,6 +164,7 @@ class RemoteVerifier(Verifier):
         self.placement = f"workers={channel.tp_size}"  # costs differ from a local target's
         self.channel, self.capacity, self.seconds = channel, capacity, 0.0
         self._length = self._verify_start = 0
+        self._chunk: tuple[Step, bool] | None = None  # the prompt chunk yielded last, and whether it ends the prompt
         self.seq = channel.new_sequence()
         channel.request("start", {"seq": self.seq, "capacity": capacity})
         self.open = True
@@ -173,25 +174,52 @@ class RemoteVerifier(Verifier):
         return self._length
 
     def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
-        """The workers prefill (restoring the blocks their prefix store holds); nothing for the coordinator
-        to forward."""
+        """A chunk per step, as Tier.prefill_steps: the batch runs it with the other sequences' target
+        forwards (forward_many), so a long prompt waits for a decoding neighbour's check instead of
+        stalling it; the workers prefill it in a request of its own (restoring the blocks their prefix
+        store holds)."""
         for i in range(0, len(tokens), self.prefill_chunk):
             piece = tokens[i:i + self.prefill_chunk]
-            body, _ = self.channel.request("prefill", {"seq": self.seq, "tokens": piece, "start": self._length,
-                                                       "final": i + len(piece) == len(tokens)})
-            self._length = body["length"]
-            self.reused_tokens += body["reused"]
+            self._chunk = Step.chain(piece, self._length, self.model.device), i + len(piece) == len(tokens)
+            yield self._chunk[0]
             if progress is not None:
                 progress.update(len(piece))
-        yield from ()
+        self._chunk = None
+
+    def _prefill(self, step: Step) -> None:
+        body, _ = self.channel.request("prefill", {"seq": self.seq, "tokens": step.tokens.tolist(),
+                                                   "start": step.start, "final": self._chunk[1]})
+        self._length = body["length"]
+        self.reused_tokens += body["reused"]
 
     @staticmethod
     def forward_many(tiers: list["RemoteVerifier"], steps: list[Step], logits_for: list[str]) -> list:
         """One verify request, and one forward of the group, for several sequences of one channel (of
-        several groups: one request each)."""
+        several groups: one request each); prompt chunks (prefill_steps') a prefill request each, first."""
+        chunks = [tier._prefilling(step) for tier, step in zip(tiers, steps)]
+        for tier, step, chunk in zip(tiers, steps, chunks):
+            if chunk:
+                start = time.perf_counter()
+                tier._prefill(step)
+                tier.seconds += time.perf_counter() - start
+        out = [None] * len(tiers)
+        checks = [i for i, chunk in enumerate(chunks) if not chunk]
+        if checks:
+            verified = RemoteVerifier._verify_many([tiers[i] for i in checks], [steps[i] for i in checks],
+                                                   [logits_for[i] for i in checks])
+            for i, logits in zip(checks, verified):
+                out[i] = logits
+        return out
+
+    def _prefilling(self, step: Step) -> bool:
+        """Whether `step` is the prompt chunk prefill_steps yielded last (and not sent yet)."""
+        return self._chunk is not None and step is self._chunk[0] and step.start == self._length
+
+    @staticmethod
+    def _verify_many(tiers: list["RemoteVerifier"], steps: list[Step], logits_for: list[str]) -> list:
         channel = tiers[0].channel
         if any(t.channel is not channel for t in tiers):
-            return [RemoteVerifier.forward_many([t], [s], [lf])[0] for t, s, lf in zip(tiers, steps, logits_for)]
+            return [RemoteVerifier._verify_many([t], [s], [lf])[0] for t, s, lf in zip(tiers, steps, logits_for)]
         start = time.perf_counter()
         body, (logits,) = channel.request("verify", {
             "seqs": [t.seq for t in tiers], "tokens": [s.tokens.tolist() for s in steps],
