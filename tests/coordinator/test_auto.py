@@ -395,3 +395,37 @@ def test_short_requests_decode_plainly_without_measuring(models, prompt, calibra
 def test_auto_takes_no_trees():
     with pytest.raises(ConfigError, match="mode auto plans chains"):
         EngineConfig(mode="auto", tree1=4)
+
+
+def test_forwards_beside_a_batchmates_prompt_teach_the_planner_nothing(models, calibration):
+    """A request decodes in auto mode when another's long prompt arrives: the forwards that ran beside the
+    newcomer's prompt chunks (slowed by them) neither scale the planner's costs nor count as the running
+    mode's speed, and the output still equals plain decoding."""
+    from triforce.coordinator.batch import SequenceBatch
+
+    target, draft = models
+    g = torch.Generator().manual_seed(11)
+    decoding, arriving = (torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (80, 200))
+    params = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
+    plain = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 400).generate(decoding, params)[0]
+    mates = planning.Batchmates()
+    cfg = EngineConfig(mode="auto", **{**SETTINGS, "prefill_chunk": 8})
+    first, second = (build_engine(cfg, target, draft, 400, batchmates=mates) for _ in range(2))
+    learned = []  # whether the first request's tier had shared its call, at each cost or rate it learned
+    target_tier = first.planner.tiers["target"]
+    observe_cost, observe_rate = first.planner.observe_cost, first.planner.observe_rate
+    first.planner.observe_cost = lambda name, *a: learned.append(first.planner.tiers[name].shared_prefill) or \
+        observe_cost(name, *a)
+    first.planner.observe_rate = lambda *a: learned.append(first._shared) or observe_rate(*a)
+    batch = SequenceBatch()
+    handle = batch.add(first.run(decoding, params))
+    while first.rounds < 2:
+        batch.step()
+    batch.add(second.run(arriving, params))
+    shared = []
+    while batch.active:
+        batch.step()
+        shared.append(target_tier.shared_prefill)
+    assert handle.result[0] == plain
+    assert max(shared) > 0  # some of its checks ran beside the newcomer's chunks
+    assert learned and not any(learned)

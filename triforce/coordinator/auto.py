@@ -6,6 +6,12 @@ MIN_PLANNED_TOKENS decode plainly. The first plan is made once the target holds 
 batch, recalls what earlier requests of its kind and batch size saw: priors.py); at its end the request
 adds what it saw.
 
+What the planner learns from the request's own forwards and rounds (planning.py: costs scaled towards
+what forwards took, each mode's realized speed) leaves out those that ran beside a batchmate's prompt
+chunks: a newcomer's prefill slows whatever runs then, and learning that as the running mode's speed
+made auto drop speculation for plain decoding just when each target forward cost a chunk, which
+speculation amortises over more tokens.
+
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
 on the tokens committed while it was idle (the draft: forwards over them; the retrieval tier: a sync).
@@ -38,6 +44,7 @@ class AutoEngine(HierarchyEngine):
         self._prompt_length: int | None = None
         self._rows_timed = False
         self._adopted: dict | None = None  # the batch leader's decision this request last took
+        self._shared = False  # whether a forward since the plan began ran beside another's prompt chunks
 
     def run(self, prompt: list[int], params, *args, **kwargs) -> Run:
         """HierarchyEngine.run, adding what it saw to what later requests of its kind start from (its first
@@ -95,7 +102,7 @@ class AutoEngine(HierarchyEngine):
         if not self._rows_timed:  # the request's sampling settings: what a row of logits costs to process
             self.planner.row_seconds = row_seconds(self._probs, self.ladder[-1].model.config.vocab_size)
             self._rows_timed = True
-        if self._running is not None and generated > self._running[1]:
+        if self._running is not None and generated > self._running[1] and not self._shared:
             ran, since, start = self._running
             self.planner.observe_rate(ran, (generated - since) / (time.perf_counter() - start))
         plan = self.planner.plan(len(self.seq), generated)
@@ -115,7 +122,7 @@ class AutoEngine(HierarchyEngine):
                 for step in tier.prefill_steps(self.seq[tier.length:-1]):
                     yield Forward(tier, self.ladder.index(tier), step, "none")
         self.tiers, self.gammas = stack, list(plan.gammas)
-        self._running = (plan, generated, time.perf_counter())
+        self._running, self._shared = (plan, generated, time.perf_counter()), False
 
     def _pair(self, drafter: str, checker: str, metrics: RequestMetrics) -> TierStats:
         if (drafter, checker) not in self._pairs:
@@ -127,7 +134,10 @@ class AutoEngine(HierarchyEngine):
         tier = self.tiers[level]
         tokens, spent = step.n if step is not None else len(self.seq) - tier.length, tier.seconds
         logits = yield from super()._forward(level, step)
-        self.planner.observe_cost(tier.name, tokens, tier.seconds - spent)
+        if tier.shared_prefill:  # a batchmate's prompt chunk slowed it: no evidence of this plan's speed
+            self._shared = True
+        else:
+            self.planner.observe_cost(tier.name, tokens, tier.seconds - spent)
         return logits
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:

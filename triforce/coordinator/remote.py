@@ -25,6 +25,7 @@ from ..workers.bulk import BulkLink, LinkError
 from ..workers.protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode,
                                 parse_description)
 from ..step import Step
+from .tiers import charge_call
 from .verifier import Verifier
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -197,11 +198,11 @@ class RemoteVerifier(Verifier):
         """One verify request, and one forward of the group, for several sequences of one channel (of
         several groups: one request each); prompt chunks (prefill_steps') a prefill request each, first."""
         chunks = [tier._prefilling(step) for tier, step in zip(tiers, steps)]
+        start = time.perf_counter()
         for tier, step, chunk in zip(tiers, steps, chunks):
             if chunk:
-                start = time.perf_counter()
                 tier._prefill(step)
-                tier.seconds += time.perf_counter() - start
+        prefill_s = time.perf_counter() - start
         out = [None] * len(tiers)
         checks = [i for i, chunk in enumerate(chunks) if not chunk]
         if checks:
@@ -209,6 +210,8 @@ class RemoteVerifier(Verifier):
                                                    [logits_for[i] for i in checks])
             for i, logits in zip(checks, verified):
                 out[i] = logits
+        # The chunks' requests are the step's, as a local call's rows are: charged to every tier alike.
+        charge_call(tiers, steps, ["none" if chunk else "all" for chunk in chunks], prefill_s)
         return out
 
     def _prefilling(self, step: Step) -> bool:

@@ -36,6 +36,7 @@ class Tier:
     """A model + cache policy that computes its own KV (the draft tier; the local target)."""
 
     placement = "local"  # where its forwards run, for the forward costs measured on this machine (costs.py)
+    shared_prefill = 0  # prompt tokens of other sequences that its last forward's call ran too
 
     def __init__(self, name: str, model: LlamaModel, cache: KVCache, prefill_chunk: int = 512):
         self.name, self.model, self.cache, self.prefill_chunk = name, model, cache, prefill_chunk
@@ -78,7 +79,7 @@ class Tier:
     @staticmethod
     def forward_many(tiers: Sequence["Tier"], steps: Sequence[Step], logits_for: Sequence[str]) -> list:
         """The forwards of several sequences' tiers of this class and model as one call (forward_together):
-        one model call in this process. Every tier is charged the call's time."""
+        one model call in this process. Every tier is charged the call's time (charge_call)."""
         for tier, step in zip(tiers, steps):
             if step.start != tier.length:
                 raise ValueError(f"{tier.name}: a step from {step.start}, but the cache holds {tier.length} tokens")
@@ -86,8 +87,7 @@ class Tier:
         logits = tiers[0].model.forward_batch(steps, [t.cache for t in tiers], logits_for)
         logits = [None if x is None else x.cpu() for x in logits]
         elapsed = time.perf_counter() - start
-        for tier in tiers:
-            tier.seconds += elapsed
+        charge_call(tiers, steps, logits_for, elapsed)
         return logits
 
     def truncate(self, length: int) -> None:
@@ -143,6 +143,15 @@ class RetrievalTier(Tier):
             self.cache.rebuild()
             self.recent.clear()
             self._rebuild_pending = False
+
+
+def charge_call(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequence[str], seconds: float) -> None:
+    """Each tier of one call is charged its time, and told how many prompt tokens of the others' (forwards
+    whose logits nobody reads: prefill chunks) it ran beside, which a cost observed then includes."""
+    prompt = sum(s.n for s, lf in zip(steps, logits_for) if lf == "none")
+    for tier, step, want in zip(tiers, steps, logits_for):
+        tier.seconds += seconds
+        tier.shared_prefill = prompt - (step.n if want == "none" else 0)
 
 
 def forward_together(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequence[str]) -> list:
