@@ -76,6 +76,22 @@ def test_the_full_hierarchy_where_checks_are_cheap():
     assert plan.tokens_per_s > 1.0  # faster than plain decoding's one token per second
 
 
+def test_a_batchmates_prefill_favours_fewer_target_forwards():
+    """While a batchmate prefills, every target forward carries one of its prompt chunks: a plan that plain
+    decoding wins alone (checks dear, below twice the budget) turns to the retrieval tier, though the
+    context is below twice its budget, checking many tokens per target forward; without a known chunk cost
+    nothing changes."""
+    costs = {"draft": {1: 0.9}, "retrieval": {n: 0.8 + 0.2 * n for n in FLAT},
+             "target": {n: 1.0 + 0.3 * n for n in FLAT}}
+    planner = planner_with(costs, budget=600)  # context 1000 < 2 x 600
+    assert planner.plan(1000, 0).mode == "ar"
+    assert planner.plan(1000, 0, busy=True).mode == "ar"  # what a chunk adds is not known yet
+    planner.chunk_seconds = 20.0
+    busy = planner.plan(1000, 0, busy=True)
+    assert busy.stack[-2:] == ("retrieval", "target") and busy.gammas[-1] >= 6
+    assert planner.decisions[-1]["why"]["batchmate_chunk_ms"] == 20000.0
+
+
 def test_dear_sampling_favours_fewer_rows():
     """Checks cost rows of logits that plain decoding never computes: where processing a row costs as
     much as a forward, speculation that wins on forwards alone loses."""
@@ -262,7 +278,7 @@ class ScriptedPlanner(AutoPlanner):
         super().__init__(tiers, SETTINGS["budget"], table=CostTable(None))
         self.script, self.calls = script, 0
 
-    def plan(self, context, generated):
+    def plan(self, context, generated, busy=False):
         stack, gammas = self.script[self.calls % len(self.script)]
         self.calls += 1
         self.decisions.append({"at_token": generated, "mode": planning.STACK_MODES[stack]})
@@ -367,8 +383,8 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
     engines = [build_engine(cfg, target, draft, 260, batchmates=mates) for _ in batch_prompts]
     led = []  # the third request's own plans: it plans only as the leader
     third_plan = engines[2].planner.plan
-    engines[2].planner.plan = lambda context, generated: led.append(engines[0] in mates.engines) or \
-        third_plan(context, generated)
+    engines[2].planner.plan = lambda context, generated, busy=False: led.append(engines[0] in mates.engines) or \
+        third_plan(context, generated, busy)
     batch = SequenceBatch()
     handles = [batch.add(e.run(p, sp)) for e, p, sp in zip(engines, batch_prompts, params)]
     assert mates.engines == engines
@@ -400,7 +416,8 @@ def test_auto_takes_no_trees():
 def test_forwards_beside_a_batchmates_prompt_teach_the_planner_nothing(models, calibration):
     """A request decodes in auto mode when another's long prompt arrives: the forwards that ran beside the
     newcomer's prompt chunks (slowed by them) neither scale the planner's costs nor count as the running
-    mode's speed, and the output still equals plain decoding."""
+    mode's speed; what a chunk adds is learned apart and planned with while the prefill lasts; the output
+    still equals plain decoding."""
     from triforce.coordinator.batch import SequenceBatch
 
     target, draft = models
@@ -417,6 +434,9 @@ def test_forwards_beside_a_batchmates_prompt_teach_the_planner_nothing(models, c
     first.planner.observe_cost = lambda name, *a: learned.append(first.planner.tiers[name].shared_prefill) or \
         observe_cost(name, *a)
     first.planner.observe_rate = lambda *a: learned.append(first._shared) or observe_rate(*a)
+    planned, plan = [], first.planner.plan  # (round, busy) of each of its plans
+    first.planner.plan = lambda context, generated, busy=False: planned.append((first.rounds, busy)) or \
+        plan(context, generated, busy)
     batch = SequenceBatch()
     handle = batch.add(first.run(decoding, params))
     while first.rounds < 2:
@@ -429,3 +449,8 @@ def test_forwards_beside_a_batchmates_prompt_teach_the_planner_nothing(models, c
     assert handle.result[0] == plain
     assert max(shared) > 0  # some of its checks ran beside the newcomer's chunks
     assert learned and not any(learned)
+    # It planned again as soon as the chunks' cost was known (not only every REPLAN_ROUNDS), with it, and
+    # again without it once the newcomer's prompt was in.
+    busy = [r for r, b in planned if b]
+    assert busy and busy[0] % auto.REPLAN_ROUNDS and first.planner.chunk_seconds > 0
+    assert not planned[-1][1]

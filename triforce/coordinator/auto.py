@@ -6,11 +6,12 @@ MIN_PLANNED_TOKENS decode plainly. The first plan is made once the target holds 
 batch, recalls what earlier requests of its kind and batch size saw: priors.py); at its end the request
 adds what it saw.
 
-What the planner learns from the request's own forwards and rounds (planning.py: costs scaled towards
-what forwards took, each mode's realized speed) leaves out those that ran beside a batchmate's prompt
-chunks: a newcomer's prefill slows whatever runs then, and learning that as the running mode's speed
-made auto drop speculation for plain decoding just when each target forward cost a chunk, which
-speculation amortises over more tokens.
+While a batchmate prefills, each of this request's target forwards carries one of its prompt chunks
+(a batch runs the cheapest tier waited at, and the chunks wait at the target): speculation that checks
+more tokens per target forward amortises them. So what the planner learns from the request's own
+forwards and rounds (planning.py: costs scaled towards what forwards took, each mode's realized speed)
+leaves out those that ran beside such chunks; what a chunk adds to a target forward is learned apart, and
+a plan is made again as soon as a batchmate's prefill begins or ends, with that cost or without it.
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
@@ -45,6 +46,7 @@ class AutoEngine(HierarchyEngine):
         self._rows_timed = False
         self._adopted: dict | None = None  # the batch leader's decision this request last took
         self._shared = False  # whether a forward since the plan began ran beside another's prompt chunks
+        self._planned_busy = False  # whether the running plan was made for a batchmate's prefill
 
     def run(self, prompt: list[int], params, *args, **kwargs) -> Run:
         """HierarchyEngine.run, adding what it saw to what later requests of its kind start from (its first
@@ -61,12 +63,22 @@ class AutoEngine(HierarchyEngine):
                 mates.leave(self)
 
     @property
+    def prefilled(self) -> bool:
+        """Whether its target holds its prompt (before, its prompt chunks ride on the batch's target forwards)."""
+        return self._prompt_length is not None and self.ladder[-1].length >= self._prompt_length - 1
+
+    @property
     def plans(self) -> bool:
         """Whether this request plans (it is long enough) and its target holds its prompt, so that it may
         lead its batch and its tiers may be measured with a batchmate's."""
         params = getattr(self, "params", None)  # set once the run starts
-        return params is not None and params.max_tokens >= MIN_PLANNED_TOKENS and \
-            self.ladder[-1].length >= self._prompt_length - 1
+        return params is not None and params.max_tokens >= MIN_PLANNED_TOKENS and self.prefilled
+
+    def _busy(self) -> bool:
+        """Whether a batchmate is prefilling, and what its chunks add to a target forward is known."""
+        mates = self.planner.batchmates
+        return mates is not None and self.planner.chunk_seconds is not None and \
+            any(not e.prefilled for e in mates.engines if e is not self)
 
     def _prefill(self, tokens: list[int], show_progress: bool,
                  cancelled: Callable[[], bool]) -> Generator[Forward, None, bool]:
@@ -80,8 +92,8 @@ class AutoEngine(HierarchyEngine):
     def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
         self.rounds += 1
         mates = self.planner.batchmates
-        if self.rounds % REPLAN_ROUNDS == 0:
-            yield from self._replan(generated)
+        if self.rounds % REPLAN_ROUNDS == 0 or (self._running is not None and self._busy() != self._planned_busy):
+            yield from self._replan(generated)  # also as soon as a batchmate's prefill begins or ends
         elif mates is not None and self._running is not None and mates.plan not in (None, self._running[0]):
             yield from self._adopt(mates.plan, generated, mates.decision)  # the batch's leader re-planned
         self.stats = [self._pair(lower.name, upper.name, metrics) for lower, upper in zip(self.tiers, self.tiers[1:])]
@@ -105,7 +117,8 @@ class AutoEngine(HierarchyEngine):
         if self._running is not None and generated > self._running[1] and not self._shared:
             ran, since, start = self._running
             self.planner.observe_rate(ran, (generated - since) / (time.perf_counter() - start))
-        plan = self.planner.plan(len(self.seq), generated)
+        self._planned_busy = self._busy()
+        plan = self.planner.plan(len(self.seq), generated, self._planned_busy)
         if mates is not None:
             mates.plan, mates.decision = plan, self.planner.decisions[-1]
         yield from self._adopt(plan, generated)
@@ -136,6 +149,8 @@ class AutoEngine(HierarchyEngine):
         logits = yield from super()._forward(level, step)
         if tier.shared_prefill:  # a batchmate's prompt chunk slowed it: no evidence of this plan's speed
             self._shared = True
+            if tier is self.ladder[-1]:
+                self.planner.observe_chunk(tokens, tier.seconds - spent)
         else:
             self.planner.observe_cost(tier.name, tokens, tier.seconds - spent)
         return logits

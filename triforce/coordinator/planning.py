@@ -193,6 +193,7 @@ class AutoPlanner:
     scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
     realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
     row_seconds: float = 0.0  # turning one row of logits into the request's distribution (measured per request)
+    chunk_seconds: float | None = None  # what a batchmate's prompt chunk adds to a target forward (observed)
     priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
     batchmates: Batchmates | None = None  # the requests run together with this one (None: it runs alone)
     _key: str | None = None  # this request's kind, in `priors`
@@ -202,9 +203,11 @@ class AutoPlanner:
     _scaled: dict[str, dict[int, float]] = field(default_factory=dict)  # per token of the batch, as planned with
     _batch: int = 1  # the batch size of the last plan
 
-    def candidates(self, context: int) -> list[tuple[str, ...]]:
+    def candidates(self, context: int, busy: bool = False) -> list[tuple[str, ...]]:
+        """The stacks worth scoring: the retrieval tier once the context is twice its budget, or while the
+        target is busy with a batchmate's prefill (its checks then cost a chunk, the retrieval tier's not)."""
         names = [n for n in ("draft", "retrieval") if n in self.tiers]
-        if "retrieval" in names and (self.budget is None or context < 2 * self.budget):
+        if "retrieval" in names and not busy and (self.budget is None or context < 2 * self.budget):
             names.remove("retrieval")
         return [stack for stack in STACK_MODES if set(stack[:-1]) <= set(names)]
 
@@ -247,14 +250,19 @@ class AutoPlanner:
         """The acceptance plans are scored with: this request's, or in a batch its prefilled members' pooled."""
         return self.acceptance if self.batchmates is None else self.batchmates.pooled(self)
 
-    def plan(self, context: int, generated: int) -> Plan:
-        """The best plan at this context; recorded in `decisions` when it differs from the last."""
-        stacks, running = self.candidates(context), self.running
+    def plan(self, context: int, generated: int, busy: bool = False) -> Plan:
+        """The best plan at this context; recorded in `decisions` when it differs from the last. `busy`: a
+        batchmate is prefilling, so each target forward also carries one of its prompt chunks (what that
+        adds is `chunk_seconds`): fewer target forwards per token pay more then."""
+        stacks, running = self.candidates(context, busy and self.chunk_seconds is not None), self.running
         self.fade()
         self._costs = self.costs(stacks)
         costs = {name: {n: c * self.scale.get(name, 1.0) / self._batch for n, c in by_n.items()}
                  for name, by_n in self._costs.items()}
         self._scaled = costs
+        chunk = self.chunk_seconds if busy and self.chunk_seconds else 0.0
+        if chunk:
+            costs = {**costs, "target": {n: c + chunk / self._batch for n, c in costs["target"].items()}}
         estimates = self.estimates()
         optimistic = {name: a.optimistic for name, a in estimates.items()}
         best: Plan | None = None
@@ -278,6 +286,7 @@ class AutoPlanner:
                 "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
                         "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
                         "prior": self._prior_source, "batch": self._batch,
+                        "batchmate_chunk_ms": round(1e3 * chunk, 2),
                         "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
                         "realized": {m: round(x, 3) for m, x in self.realized.items()},
                         "row_ms": round(1e3 * self.row_seconds, 3),
@@ -329,6 +338,15 @@ class AutoPlanner:
         ratio = tokens_per_s * self._batch / predicted
         self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
         self._measured.add(plan.mode)
+
+    def observe_chunk(self, tokens: int, seconds: float) -> None:
+        """A target forward of `tokens` took `seconds` beside a batchmate's prompt chunk: what the chunk
+        added, over what the forward alone costs now."""
+        alone = self._costs.get("target")
+        if alone:
+            added = max(0.0, seconds - interpolate(alone, tokens) * self.scale.get("target", 1.0))
+            self.chunk_seconds = added if self.chunk_seconds is None else \
+                (1 - COST_SMOOTHING) * self.chunk_seconds + COST_SMOOTHING * added
 
     def observe_cost(self, name: str, tokens: int, seconds: float) -> None:
         """A forward of the request took `seconds`: the tier's costs are scaled towards what it really takes
