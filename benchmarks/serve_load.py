@@ -109,9 +109,14 @@ def main() -> None:
     summary = {"model": args.model, "mode": args.mode, "dtype": llm.dtype, "prompt_tokens": args.prompt_tokens,
                "max_tokens": args.max_tokens, "requests_per_client": args.requests_per_client,
                "throughput_vs_first": [round(r["tokens_per_s"] / base, 2) for r in runs], "runs": runs}
+    report(summary, args.out)
+
+
+def report(summary: dict, out: str | None) -> None:
+    """Prints the summary line, and writes it to `out` too where given."""
     print(json.dumps(summary))
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump(summary, f, indent=1)
 
 

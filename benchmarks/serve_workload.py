@@ -24,7 +24,7 @@ import threading
 import time
 
 import httpx
-from serve_load import start_server
+from serve_load import report, start_server
 
 from triforce import LLM
 from triforce.serve.app import create_app
@@ -145,11 +145,7 @@ def main() -> None:
                        for q in questions]
             record({"workload": "document", "mode": args.document_mode, "prefix_cache_gb": gb, "dtype": str(llm.dtype),
                     **run(llm, prompts, args.clients, args.max_tokens)})
-    summary = {"model": args.model, "texts": args.text, "max_tokens": args.max_tokens, "runs": runs}
-    print(json.dumps(summary))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=1)
+    report({"model": args.model, "texts": args.text, "max_tokens": args.max_tokens, "runs": runs}, args.out)
 
 
 if __name__ == "__main__":
