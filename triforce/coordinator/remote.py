@@ -216,7 +216,7 @@ class RemoteVerifier(Verifier):
 
     def _prefilling(self, step: Step) -> bool:
         """Whether `step` is the prompt chunk prefill_steps yielded last (and not sent yet)."""
-        return self._chunk is not None and step is self._chunk[0] and step.start == self._length
+        return self._chunk is not None and step is self._chunk[0]
 
     @staticmethod
     def _verify_many(tiers: list["RemoteVerifier"], steps: list[Step], logits_for: list[str]) -> list:

@@ -13,11 +13,12 @@ prompts' blocks (cache/prefixes.py; a block is one prefill chunk): a prompt pref
 request (the coordinator's chunks) restores each block the store holds instead of forwarding it, except
 a block that ends the prompt (`final`), whose forward leaves the last query the retrieval choice reads.
 Every rank holds as many KV heads as the others and sees the same requests in the same order, so their
-stores restore, keep and evict alike and every rank forwards (enters the collectives) or none does. Requests: handshake, start (a new sequence: an empty cache), end (free it), prefill,
-verify (one forward of several sequences together, each a chain or a speculation tree run with its
-ancestor mask: the weights are read once for all of them), commit (keep the accepted path, dropping the
-rest), refresh (the static retrieval choice made on each rank's KV heads), kv (committed KV of a range),
-stats, shutdown.
+stores restore, keep and evict alike and every rank forwards (enters the collectives) or none does.
+
+Requests: handshake, start (a new sequence: an empty cache), end (free it), prefill, verify (one forward
+of several sequences together, each a chain or a speculation tree run with its ancestor mask: the
+weights are read once for all of them), commit (keep the accepted path, dropping the rest), refresh (the
+static retrieval choice made on each rank's KV heads), kv (committed KV of a range), stats, shutdown.
 
 While no request comes, the leader broadcasts a heartbeat every `heartbeat_s`: the other ranks wait for
 the next request inside a collective, which fails after the group's timeout, so an idle group would
@@ -188,10 +189,10 @@ class VerifierWorker:
     def _prefill(self, seq: int, cache: FullKVCache, tokens: list[int], final: bool) -> int:
         """Forwards `tokens`, or restores them from the prefix store (see the module's docstring); returns
         how many were restored."""
-        prompt = self.prompts.pop(seq, None)
-        whole_block = len(tokens) == self.prefill_chunk and prompt is not None and \
+        prompt = self.prompts.pop(seq, None)  # tracked only with a prefix store
+        whole_block = prompt is not None and len(tokens) == self.prefill_chunk and \
             cache.length == len(prompt.names) * self.prefill_chunk
-        if self.prefixes is not None and whole_block:
+        if whole_block:
             self.prompts[seq] = prompt
             prompt.add(tokens)
             if not final and self.prefixes.restore_block(prompt.names, len(prompt.names) - 1, cache):
@@ -199,7 +200,7 @@ class VerifierWorker:
         for i in range(0, len(tokens), self.prefill_chunk):
             self.model(Step.chain(tokens[i:i + self.prefill_chunk], cache.length, self.model.device), cache,
                        logits_for="none")
-        if self.prefixes is not None and whole_block:
+        if whole_block:
             self.prefixes.store_block(prompt.names, len(prompt.names) - 1, cache)
         return 0
 
