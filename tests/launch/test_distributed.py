@@ -188,3 +188,32 @@ def test_an_error_on_the_coordinator_is_one_line_and_its_status(folders, capfd):
     assert main(argv) == 2
     err = capfd.readouterr().err.strip()
     assert err.startswith("triforce: error:") and "positions" in err and "\n" not in err, err
+
+
+def test_workers_without_a_control_port_get_a_free_one(monkeypatch):
+    """Two groups on one machine must not collide on the leader's port: `--workers` picks a free one
+    unless --control-port is given; torchrun by hand keeps the documented default."""
+    import subprocess
+
+    from triforce.launch import distributed
+    from triforce.launch.cli import DEFAULT_CONTROL_PORT, build_parser
+
+    launched = []
+
+    class Torchrun:
+        def __init__(self, cmd, env):
+            launched.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Torchrun)
+    for argv in (["generate", "--prompt", "x", "--workers", "1"],
+                 ["serve", "--workers", "1", "--control-port", "4242"]):
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        assert distributed.launch_with_torchrun(args) == 0
+    chosen = launched[0][launched[0].index("--control-port") + 1]
+    assert int(chosen) != DEFAULT_CONTROL_PORT and "--workers" not in launched[0]
+    assert launched[1].count("--control-port") == 1 and "4242" in launched[1] and "serve" in launched[1]
+    assert distributed.control_port(build_parser().parse_args(["generate", "--prompt", "x"])) == DEFAULT_CONTROL_PORT

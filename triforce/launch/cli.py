@@ -14,6 +14,7 @@ from ..models.config import ROPE_SCALING_KINDS
 from ..models.loader import DTYPE_CHOICES
 
 _DEFAULTS = EngineConfig()
+DEFAULT_CONTROL_PORT = 29650
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -103,7 +104,9 @@ def add_distributed_args(p: argparse.ArgumentParser) -> None:
                            "the leader for its host name (multi-node runs)")
     dist.add_argument("--control-bind", default="127.0.0.1",
                       help="address the leader binds (0.0.0.0 or an interface for multi-node runs)")
-    dist.add_argument("--control-port", type=int, default=29650, help="the leader's ZeroMQ port")
+    dist.add_argument("--control-port", type=int, default=None,
+                      help=f"the leader's ZeroMQ port (default: with --workers a free one, so that several "
+                           f"groups can run on one machine; under torchrun by hand {DEFAULT_CONTROL_PORT})")
     dist.add_argument("--worker-device", default=None,
                       help="device of the workers: cpu, or cuda for cuda:LOCAL_RANK (default: cuda if available)")
     dist.add_argument("--worker-timeout", type=float, default=30.0,

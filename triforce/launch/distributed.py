@@ -83,6 +83,14 @@ def check_distributed_settings(args) -> None:
 COMMANDS = ("generate", "serve", "batch")  # what rank 0 may run; the first argument, generate by default
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def process_environment(processes: int, env=os.environ) -> dict:
     """torchrun's processes' environment: torchrun gives each one OpenMP thread unless OMP_NUM_THREADS is
     set, which leaves a CPU run's coordinator (tiers 1 and 2) and CPU workers one core each however many
@@ -107,6 +115,8 @@ def launch_with_torchrun(args) -> int:
             continue
         if not a.startswith("--workers="):
             argv.append(a)
+    if args.control_port is None:  # one machine: a free port, so that a second group does not collide
+        argv += ["--control-port", str(free_port())]
     cmd = [sys.executable, "-m", "triforce.launch.torchrun", "--standalone", f"--nproc-per-node={args.workers + 1}",
            "-m", "triforce.launch.distributed", *argv]
     torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1))
@@ -122,6 +132,12 @@ def launch_with_torchrun(args) -> int:
             return torchrun.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def control_port(args) -> int:
+    from .cli import DEFAULT_CONTROL_PORT
+
+    return DEFAULT_CONTROL_PORT if args.control_port is None else args.control_port
 
 
 def _worker_device(args, local_rank: int) -> str:
@@ -202,7 +218,7 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     path = _resolve_once(args.model, rank, groups.control, args.revision)
     tp = TensorParallel(rank - 1, world - 1, groups.workers)
     leader = rank == 1
-    endpoint = f"tcp://{args.control_bind}:{args.control_port}" if leader else None
+    endpoint = f"tcp://{args.control_bind}:{control_port(args)}" if leader else None
     link = BulkLink(groups.link, peer=0) if leader else None
     try:
         run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, 512,
@@ -221,7 +237,7 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
     from ..workers.bulk import BulkLink
 
     path = _resolve_once(args.model, 0, groups.control, args.revision)
-    channel = ControlChannel(f"tcp://{args.control_host}:{args.control_port}", args.worker_timeout,
+    channel = ControlChannel(f"tcp://{args.control_host}:{control_port(args)}", args.worker_timeout,
                              BulkLink(groups.link, peer=1))
     try:
         channel.handshake(model_identity(path, args.rope_scaling), world - 1)
