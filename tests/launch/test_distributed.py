@@ -217,3 +217,20 @@ def test_workers_without_a_control_port_get_a_free_one(monkeypatch):
     assert int(chosen) != DEFAULT_CONTROL_PORT and "--workers" not in launched[0]
     assert launched[1].count("--control-port") == 1 and "4242" in launched[1] and "serve" in launched[1]
     assert distributed.control_port(build_parser().parse_args(["generate", "--prompt", "x"])) == DEFAULT_CONTROL_PORT
+
+
+def test_a_control_port_in_use_is_a_one_line_error(folders, capfd):
+    import zmq
+
+    target, _ = folders
+    port = free_port()
+    taken = zmq.Context.instance().socket(zmq.REP)
+    taken.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        argv = ["generate", "--model", str(target), "--prompt", "w3 w4 w5", "--mode", "ar", "--dtype", "float32",
+                "--device", "cpu", "--workers", "1", "--control-port", str(port), "--worker-device", "cpu"]
+        assert main(argv) == 2
+    finally:
+        taken.close(0)
+    err = capfd.readouterr().err.strip()
+    assert "cannot listen on" in err and "--control-port" in err and "Traceback" not in err, err

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ..cache.full import FullKVCache
+from ..errors import UserError
 from ..cache.prefixes import BlockNames, PrefixStore
 from ..cache.retrieval import retrieve_from_full
 from ..memory import available_bytes
@@ -284,7 +285,13 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
         watch = CoordinatorWatch(sock, coordinator_timeout_s)
-        sock.bind(endpoint)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            watch.close()
+            sock.close(0)
+            raise UserError(f"cannot listen on {endpoint}: {exc} (another worker group there? pick another "
+                            f"--control-port)") from None
         log.info("worker leader listening on %s", endpoint)
     try:
         while True:
