@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import threading
 import time
@@ -22,13 +21,8 @@ import httpx
 import uvicorn
 
 from triforce import LLM
+from triforce.launch.distributed import free_port
 from triforce.serve.app import create_app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(app) -> tuple[uvicorn.Server, str]:
@@ -83,14 +77,8 @@ def main() -> None:
                     offset = (offset + args.prompt_tokens) % max(1, len(tokens) - args.prompt_tokens)
                 per_client.append(prompts)
             results: list[list[dict]] = [[] for _ in range(c)]
-            threads = [threading.Thread(target=client, args=(url, prompts, args.max_tokens, results[i]))
-                       for i, prompts in enumerate(per_client)]
-            start = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - start
+            wall = run_clients([threading.Thread(target=client, args=(url, prompts, args.max_tokens, results[i]))
+                                for i, prompts in enumerate(per_client)])
             done = [r for rs in results for r in rs]
             if len(done) != c * args.requests_per_client:
                 raise SystemExit(f"{c * args.requests_per_client - len(done)} requests failed (see above)")
@@ -110,6 +98,16 @@ def main() -> None:
                "max_tokens": args.max_tokens, "requests_per_client": args.requests_per_client,
                "throughput_vs_first": [round(r["tokens_per_s"] / base, 2) for r in runs], "runs": runs}
     report(summary, args.out)
+
+
+def run_clients(threads: list[threading.Thread]) -> float:
+    """Starts the client threads together and waits for all; -> the wall seconds."""
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
 
 
 def report(summary: dict, out: str | None) -> None:

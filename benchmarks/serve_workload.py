@@ -24,7 +24,7 @@ import threading
 import time
 
 import httpx
-from serve_load import report, start_server
+from serve_load import report, run_clients, start_server
 
 from triforce import LLM
 from triforce.serve.app import create_app
@@ -79,13 +79,7 @@ def run(llm: LLM, prompts: list[list[int]], clients: int, max_tokens: int) -> di
                         i, prompt = todo.pop(0)
                     done[i] = ask(http, url, prompt, max_tokens)
 
-        threads = [threading.Thread(target=client) for _ in range(clients)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - start
+        wall = run_clients([threading.Thread(target=client) for _ in range(clients)])
     finally:
         server.should_exit = True
     if any(d is None for d in done):

@@ -1,14 +1,10 @@
-"""Helpers for tests that start a server: a free loopback port, and waiting until /health answers."""
-import socket
+"""Helpers for tests that start a server: a free loopback port (the launcher's), and waiting until
+/health answers."""
 import time
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from triforce.launch.distributed import free_port  # noqa: F401 (the tests' free port is the launcher's)
 
 
 def wait_healthy(url: str, process=None, log=None, timeout_s: float = 120.0) -> None:

@@ -254,13 +254,14 @@ class AutoPlanner:
         """The best plan at this context; recorded in `decisions` when it differs from the last. `busy`: a
         batchmate is prefilling, so each target forward also carries one of its prompt chunks (what that
         adds is `chunk_seconds`): fewer target forwards per token pay more then."""
-        stacks, running = self.candidates(context, busy and self.chunk_seconds is not None), self.running
+        busy = busy and self.chunk_seconds is not None  # a chunk's cost unknown yet: planned as quiet
+        stacks, running = self.candidates(context, busy), self.running
         self.fade()
         self._costs = self.costs(stacks)
         costs = {name: {n: c * self.scale.get(name, 1.0) / self._batch for n, c in by_n.items()}
                  for name, by_n in self._costs.items()}
         self._scaled = costs
-        chunk = self.chunk_seconds if busy and self.chunk_seconds else 0.0
+        chunk = self.chunk_seconds if busy else 0.0
         if chunk:
             costs = {**costs, "target": {n: c + chunk / self._batch for n, c in costs["target"].items()}}
         estimates = self.estimates()

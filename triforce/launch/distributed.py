@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -84,8 +85,7 @@ COMMANDS = ("generate", "serve", "batch")  # what rank 0 may run; the first argu
 
 
 def free_port() -> int:
-    import socket
-
+    """A free loopback port (for the control channel; the tests' and benchmarks' servers use it too)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
