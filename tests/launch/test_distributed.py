@@ -107,11 +107,14 @@ def test_batch_with_workers_answers_every_line_and_the_group_reuses_the_document
     assert cached == [0, 512, 512]
 
 
-def test_serve_with_workers_answers_and_a_sigterm_ends_every_rank(folders, tmp_path):
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_path, how):
     """`triforce serve --workers 1` over HTTP: a completion equals the single-process generate; SIGTERM to
-    the command (as `kill` or a job manager sends; twice) ends torchrun and every rank, none left serving,
-    and no traceback."""
+    the command (as `kill` or a job manager sends), or Ctrl-C (SIGINT to its process group: the command
+    and torchrun, which passes it on to the ranks, each in a session of its own), twice, ends torchrun and
+    every rank, none left serving, and no traceback."""
     import os
+    import signal
     import subprocess
     import sys
     import time
@@ -129,7 +132,9 @@ def test_serve_with_workers_answers_and_a_sigterm_ends_every_rank(folders, tmp_p
         server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", "--model", str(target), "--mode",
                                    "retrieval", "--budget", "16", "--chunk-size", "4", "--dtype", "float32", "--device",
                                    "cpu", "--port", str(port), "--workers", "1", "--control-port", str(control_port),
-                                   "--worker-device", "cpu"], stdout=out, stderr=subprocess.STDOUT)
+                                   "--worker-device", "cpu"], stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # a terminal's foreground job of its own
+    stop = (lambda: server.terminate()) if how == "sigterm" else (lambda: os.killpg(server.pid, signal.SIGINT))
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, server, log)
@@ -140,9 +145,9 @@ def test_serve_with_workers_answers_and_a_sigterm_ends_every_rank(folders, tmp_p
         expected = llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].text
         assert r.json()["choices"][0]["text"] == expected
     finally:
-        server.terminate()
+        stop()
         time.sleep(0.5)
-        server.terminate()  # an impatient second SIGTERM while the ranks shut down
+        stop()  # an impatient second one while the ranks shut down
         server.wait(timeout=60)
 
     def ranks_left():
@@ -234,3 +239,24 @@ def test_a_control_port_in_use_is_a_one_line_error(folders, capfd):
         taken.close(0)
     err = capfd.readouterr().err.strip()
     assert "cannot listen on" in err and "--control-port" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("exits, lines, status", [
+    ({0: 2, 2: -15}, [], 2),  # rank 0 failed, torchrun stopped rank 2: the race CI once lost
+    ({0: 2, 1: -9}, ["rank 1 was ended by signal 9"], 2),  # the kernel's OOM killer is news
+    ({1: -15, 2: -15}, ["rank 1 was ended by signal 15", "rank 2 was ended by signal 15"], 1),  # kill by hand
+])
+def test_torchrun_names_the_ranks_a_signal_ended_unless_torchrun_sent_it(monkeypatch, capsys, exits, lines, status):
+    """A failed run's report: one line per rank that a signal ended, but not the SIGTERM with which torchrun
+    stops the other ranks once one failed with an error status (that rank said why already)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from triforce.launch import torchrun
+
+    def failing_run(args):
+        failures = {rank: ProcessFailure(rank, 1000 + rank, code, "/nonexistent") for rank, code in exits.items()}
+        raise ChildFailedError("triforce", failures)
+
+    monkeypatch.setattr(torchrun, "run", failing_run)
+    assert torchrun.main(["--nproc-per-node", "3", "-m", "triforce"]) == status
+    assert [line.removeprefix("triforce: error: ") for line in capsys.readouterr().err.splitlines()] == lines

@@ -123,13 +123,15 @@ def launch_with_torchrun(args) -> int:
     if threading.current_thread() is not threading.main_thread():
         return torchrun.wait()
     # `kill` or a job manager ends this process with SIGTERM: torchrun gets it too, and ends every rank,
-    # rather than serve on, orphaned. (Ctrl-C reaches the whole foreground process group by itself.)
+    # rather than serve on, orphaned. (Ctrl-C reaches torchrun by itself, in this foreground process group,
+    # and torchrun passes it on to the ranks.)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: torchrun.send_signal(signum))
     try:
-        try:
-            return torchrun.wait()
-        except KeyboardInterrupt:  # torchrun got the Ctrl-C too: let it end the ranks first
-            return torchrun.wait()
+        while True:
+            try:
+                return torchrun.wait()
+            except KeyboardInterrupt:  # torchrun got the Ctrl-C too (and ends on a second): wait for it
+                continue
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -175,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
+    # torchrun passes a Ctrl-C on to every rank as SIGINT (each rank runs in a session of its own): a rank
+    # ends at once, as SIGTERM ends it, rather than unwind mid-collective into a traceback per rank.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     cuda = torch.cuda.is_available() and _worker_device(args, local_rank) != "cpu"
     timeouts = GroupTimeouts.for_worker_timeout(args.worker_timeout)
     groups = init_groups(rank, world, local_rank, cuda, timeouts)
@@ -246,11 +251,9 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
     finally:
         try:
-            if not channel.broken:  # a group that Ctrl-C ended too does not answer: do not wait long
+            if not channel.broken:  # a group that a signal ended too does not answer: do not wait long
                 channel.request("shutdown", timeout_s=min(5.0, args.worker_timeout))
         except WorkerError:
             pass
