@@ -22,6 +22,7 @@ from .coordinator.planning import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import build_engine, cache_bytes, speculation_slack
 from .coordinator.metrics import RequestMetrics
+from .coordinator.remote import GroupFull, RemoteVerifier
 from .detokenize import IncrementalDetokenizer
 from .errors import UserError
 from .memory import available_bytes as _available_memory_bytes
@@ -195,7 +196,8 @@ class LLM:
 
     def free_memory(self) -> int | None:
         """Bytes free for this process's caches: None where unknown, or where a worker group holds the full
-        caches (each worker checks its own memory as a sequence starts)."""
+        caches (each worker checks its own memory as a sequence starts, and a refusal for now, GroupFull,
+        makes a batch run in parts or a served request wait)."""
         if self.workers is not None:
             return None
         free = _available_memory_bytes(self.device)
@@ -234,13 +236,22 @@ class LLM:
             self.check_positions(len(prompt_ids), p.max_tokens)
         sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]
         outputs: list[RequestOutput | None] = [None] * len(ids)
-        for part in self._parts_that_fit(sizes):
+        parts = self._parts_that_fit(sizes)
+        while parts:
+            part = parts.pop(0)
             requests: list[Request] = []
             mates = Batchmates()
             batch = SequenceBatch()
             try:
-                for i in part:
-                    requests.append(Request(self, ids[i], per_prompt[i], stream, mates))
+                for n, i in enumerate(part):
+                    try:
+                        requests.append(Request(self, ids[i], per_prompt[i], stream, mates))
+                    except GroupFull:
+                        if not requests:
+                            raise  # the group is full of other sequences
+                        parts.insert(0, part[n:])  # the rest runs once these have ended
+                        part = part[:n]
+                        break
                 handles = [batch.add(r.run(show_progress)) for r in requests]
                 batch.run()
                 for i, request, handle in zip(part, requests, handles):
@@ -263,10 +274,8 @@ class Request:
         self.llm, self.ids, self.params, self.stream = llm, ids, params, stream
         verifier = None
         if llm.workers is not None:
-            from .coordinator.remote import RemoteVerifier
-
             capacity = len(ids) + params.max_tokens + speculation_slack(llm.config)
-            verifier = RemoteVerifier(llm.workers, llm.target, capacity, llm.config.prefill_chunk)
+            verifier = RemoteVerifier(llm.workers, llm.target, capacity)
             w = llm.workers
             self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
         self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,

@@ -43,7 +43,7 @@ def capacity(prompt, params) -> int:
 
 
 def remote(group, target, prompt, params):
-    return RemoteVerifier(group.channel, target, capacity(prompt, params), prefill_chunk=64)
+    return RemoteVerifier(group.channel, target, capacity(prompt, params))
 
 
 def assert_same_kv(got, expected):
@@ -139,9 +139,10 @@ def test_the_group_restores_a_documents_prompt_blocks_and_outputs_equal_cold_run
         stats, _ = group.channel.request("stats")
         prefilled = sum(len(p) - 1 for p in one_by_one + together)
         assert stats["prefilled_tokens"] == prefilled - 448 and stats["errors"] == 0
-        # The Python API on the group: LLM(workers=...) keeps no store of its own, the group's serves it.
+        # The Python API on the group: LLM(workers=...) keeps no store of its own, the group's serves it, in
+        # the group's blocks whatever the coordinator's own prefill chunk.
         llm = LLM(folder, mode="retrieval", dtype="float32", workers=group.channel, budget=32, chunk_size=4,
-                  prefill_chunk=64)
+                  prefill_chunk=48)
         assert llm.reuses_prefixes and llm.prefixes is None and group.channel.prefix_bytes == 2**20
         assert llm.generate([document + tokens(5)], params)[0].metrics.cached_prompt_tokens == 192
     finally:
@@ -180,7 +181,7 @@ def test_a_long_prompt_prefilling_on_the_group_does_not_stall_a_decoding_sequenc
     decoding, arriving = (torch.randint(3, 96, (n,), generator=gen).tolist() for n in (40, 400))
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     expected = [run(target, draft, "triforce", p, params)[0] for p in (decoding, arriving)]
-    group = Group(folder, 2, tmp_path)
+    group = Group(folder, 2, tmp_path, prefill_chunk=64)
     sent = []
     request = group.channel.request
     group.channel.request = lambda kind, body=None, **kw: (sent.append((kind, body)), request(kind, body, **kw))[1]
@@ -203,6 +204,43 @@ def test_a_long_prompt_prefilling_on_the_group_does_not_stall_a_decoding_sequenc
         group.close()
 
 
+def test_a_full_group_runs_a_batch_in_parts_and_a_server_queues_what_it_refused(models, tmp_path):
+    """A group that holds two sequences at once: LLM.generate of five prompts runs them in parts as the
+    group refuses a sequence for now, and a server keeps a refused request waiting until a running one
+    ends; every output equals the one-process run (before, the refusal failed the batch and the request)."""
+    import threading
+
+    from triforce.serve.openai import Job
+    from triforce.serve.scheduler import Scheduler
+
+    folder = models[0]
+    gen = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(3, 96, (n,), generator=gen).tolist() for n in (70, 40, 90, 55, 64)]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    settings = dict(mode="triforce", dtype="float32", budget=32, chunk_size=4)
+    expected = [out.token_ids for out in LLM(folder, **settings).generate(prompts, params)]
+    group = Group(folder, 1, tmp_path, max_sequences=2)
+    try:
+        llm = LLM(folder, workers=group.channel, **settings)
+        assert [out.token_ids for out in llm.generate(prompts, params)] == expected
+        refused = group.channel.request("stats")[0]["errors"]
+        assert refused == 2  # the third and the fifth prompt: parts of 2, 2 and 1
+        scheduler = Scheduler(llm)
+        events, done = [], threading.Semaphore(0)
+        for i, ids in enumerate(prompts[:3]):
+            scheduler.submit(Job("completion", ids, params, False, False, f"r{i}", 0),
+                             lambda kind, data, i=i: kind in ("done", "error") and
+                             (events.append((i, kind, data)), done.release()))
+        assert all(done.acquire(timeout=60) for _ in range(3))
+        scheduler.stop()
+        assert sorted((i, kind, data.token_ids) for i, kind, data in events) == \
+            [(i, "done", expected[i]) for i in range(3)]
+        stats, _ = group.channel.request("stats")
+        assert stats["errors"] > refused and stats["sequences"] == 0  # the server's third waited
+    finally:
+        group.close()
+
+
 def test_tree_speculation_over_the_worker_group_reproduces_one_process(models, tmp_path):
     """The retrieval tier's trees checked by the workers (retrieval mode, tree2), and the draft's trees
     checked by the coordinator's retrieval tier ahead of the workers (triforce mode, tree1)."""
@@ -214,7 +252,7 @@ def test_tree_speculation_over_the_worker_group_reproduces_one_process(models, t
                        SamplingParams(max_tokens=30, temperature=0.9, seed=8, ignore_eos=True)):
             for mode, trees in (("retrieval", dict(tree2=8)), ("triforce", dict(tree1=8))):
                 expected, _ = run(target, draft, mode, prompt, params, **trees)
-                verifier = RemoteVerifier(group.channel, target, capacity(prompt, params) + 8, prefill_chunk=64)
+                verifier = RemoteVerifier(group.channel, target, capacity(prompt, params) + 8)
                 got, _ = run(target, draft, mode, prompt, params, verifier, **trees)
                 assert got == expected, (mode, params.temperature)
     finally:

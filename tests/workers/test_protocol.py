@@ -1,4 +1,7 @@
-"""The control-plane codec: round trips, and every kind of bad message is refused with ProtocolError."""
+"""The control plane: the codec (round trips, and every kind of bad message is refused with ProtocolError)
+and the coordinator's channel closing under a request in flight."""
+import time
+
 import msgpack
 import pytest
 import torch
@@ -56,3 +59,33 @@ def test_oversized_message_is_refused_before_parsing():
     frames = encode("prefill", {"seq": 1, "tokens": list(range(1000)), "start": 0})
     with pytest.raises(ProtocolError, match="exceeds"):
         decode(frames, max_bytes=100)
+
+
+def test_closing_the_channel_waits_for_a_request_in_flight_on_another_thread():
+    """A server's scheduler thread may be waiting on the group when the coordinator shuts down: close()
+    waits until that request has its answer or timed out, and no later request uses the closed socket."""
+    import threading
+
+    from servers import free_port
+
+    from triforce.coordinator.remote import ControlChannel, WorkerError
+
+    channel = ControlChannel(f"tcp://127.0.0.1:{free_port()}", timeout_s=1.0)  # nobody answers there
+    events = []
+
+    def in_flight():
+        try:
+            channel.request("stats")
+        except WorkerError as exc:
+            events.append(("timed out", str(exc)))
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    while not channel._lock.locked():  # the request is in flight
+        time.sleep(0.01)
+    channel.close()
+    events.append(("closed", ""))
+    thread.join()
+    assert [e for e, _ in events] == ["timed out", "closed"] and "did not answer" in events[0][1]
+    with pytest.raises(WorkerError, match="closed"):
+        channel.request("stats")

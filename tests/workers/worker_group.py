@@ -15,10 +15,13 @@ from triforce.workers.protocol import MAX_MESSAGE_BYTES
 
 
 def _worker(rank: int, size: int, init: str, folder: str, endpoint: str, timeouts: GroupTimeouts,
-            max_bytes: int, prefill_chunk: int, prefix_bytes: int) -> None:
+            max_bytes: int, prefill_chunk: int, prefix_bytes: int, max_sequences: int | None) -> None:
     """Worker `rank` of `size`: global rank rank + 1, as under torchrun (the coordinator is rank 0)."""
+    import triforce.workers.worker as worker
     from triforce.workers.group import run_worker
 
+    if max_sequences is not None:
+        worker.MAX_SEQUENCES = max_sequences
     torch.set_num_threads(1)
     groups = init_groups(rank + 1, size + 1, rank, False, timeouts, init)
     try:
@@ -37,16 +40,18 @@ def free_endpoint() -> str:
 class Group:
     """`size` worker processes serving `folder`, with this process as the coordinator (rank 0) of their
     world; shut down (or killed) on exit. `group_timeout_s`: the worker group's collective timeout;
-    `prefill_chunk` and `prefix_bytes` (its prefix store per rank) as run_worker's."""
+    `prefill_chunk` and `prefix_bytes` (its prefix store per rank) as run_worker's; `max_sequences`: how
+    many sequences it holds at once (worker.MAX_SEQUENCES)."""
 
     def __init__(self, folder, size, tmp_path, timeout_s=60.0, max_bytes=MAX_MESSAGE_BYTES, group_timeout_s=300.0,
-                 prefill_chunk=512, prefix_bytes=0):
+                 prefill_chunk=512, prefix_bytes=0, max_sequences=None):
         self.endpoint = free_endpoint()
         ctx = multiprocessing.get_context("spawn")
         init = f"file://{tmp_path}/rendezvous-{time.monotonic_ns()}"
         timeouts = GroupTimeouts(link_s=timeout_s, workers_s=group_timeout_s, startup_s=60)
         self.procs = [ctx.Process(target=_worker, args=(r, size, init, str(folder), self.endpoint, timeouts,
-                                                         max_bytes, prefill_chunk, prefix_bytes), daemon=True) for r in range(size)]
+                                                         max_bytes, prefill_chunk, prefix_bytes, max_sequences),
+                                 daemon=True) for r in range(size)]
         for p in self.procs:
             p.start()
         self.channel = None

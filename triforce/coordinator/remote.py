@@ -35,6 +35,11 @@ class WorkerError(UserError):
     """The worker group failed a request, or did not answer in time."""
 
 
+class GroupFull(WorkerError):
+    """The group refused a new sequence for now: its memory or sequence slots are taken by others, and it
+    may fit once one of them ends (a request waits, or a batch runs in parts)."""
+
+
 def model_identity(folder: Path, rope_scaling: str | None = None) -> str:
     """What the handshake compares: the folder's config, the sizes of its weight files and the RoPE
     scaling it runs with."""
@@ -63,8 +68,9 @@ class ControlChannel:
         self.sock.connect(endpoint)
         self.messages = self.bytes = self.bulk_bytes = 0
         self.wait_s = 0.0
-        self.broken = False
+        self.broken = self.closed = False
         self.tp_size = self.prefix_bytes = 0  # the group's ranks and each one's prefix store, once the handshake told
+        self.prefill_chunk = 512  # the workers' prompt block (their prefix store's unit), once the handshake told
         self._sequences = 0  # numbers handed to RemoteVerifiers so far
         self._lock = threading.Lock()
 
@@ -80,6 +86,8 @@ class ControlChannel:
 
     def _request(self, kind: str, body: dict | None, timeout_s: float | None) -> tuple[dict, list[torch.Tensor]]:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        if self.closed:
+            raise WorkerError("the channel to the worker group is closed (the coordinator is shutting down)")
         if self.broken:
             raise WorkerError("the worker group stopped answering earlier; start a new session")
         if kind in BULK_REPLIES and self.link is None:
@@ -104,7 +112,8 @@ class ControlChannel:
         except ProtocolError as exc:
             raise WorkerError(f"unreadable reply from the worker group: {exc}") from exc
         if not reply_body.get("ok"):
-            raise WorkerError(f"worker group refused {kind!r}: {reply_body.get('error')}")
+            refusal = GroupFull if reply_body.get("full") else WorkerError
+            raise refusal(f"worker group refused {kind!r}: {reply_body.get('error')}")
         if kind in BULK_REPLIES:
             try:
                 tensors = self.link.receive(descriptions)
@@ -123,11 +132,16 @@ class ControlChannel:
             raise WorkerError(f"the workers serve another model ({body['model']}, expected {model_id})")
         if tp_size and body["tp_size"] != tp_size:
             raise WorkerError(f"the worker group has {body['tp_size']} ranks, expected {tp_size}")
-        self.tp_size, self.prefix_bytes = body["tp_size"], body.get("prefix_bytes", 0)
+        self.tp_size, self.prefix_bytes = body["tp_size"], body["prefix_bytes"]
+        self.prefill_chunk = body["prefill_chunk"]
         return body
 
     def close(self) -> None:
-        self.sock.close(0)
+        """Closes the socket once a request in flight on another thread (a server's scheduler) has its
+        reply or timed out, so that no thread uses it closed; later requests fail with a WorkerError."""
+        with self._lock:
+            self.closed = True
+            self.sock.close(0)
 
 
 class RemoteKVSource:
@@ -158,10 +172,10 @@ class RemoteKVSource:
 class RemoteVerifier(Verifier):
     """The target tier of one sequence, run by the worker group behind `channel`. `model` is the
     coordinator's copy of the target (tier 2 runs it); only its config, rope, dtype and device are used
-    here."""
+    here. Prompts go to the workers in their block size (the handshake's), which their prefix store keeps."""
 
-    def __init__(self, channel: ControlChannel, model, capacity: int, prefill_chunk: int = 512):
-        self.name, self.model, self.cache, self.prefill_chunk = "target", model, None, prefill_chunk
+    def __init__(self, channel: ControlChannel, model, capacity: int):
+        self.name, self.model, self.cache, self.prefill_chunk = "target", model, None, channel.prefill_chunk
         self.placement = f"workers={channel.tp_size}"  # costs differ from a local target's
         self.channel, self.capacity, self.seconds = channel, capacity, 0.0
         self._length = self._verify_start = 0

@@ -12,6 +12,7 @@ went away).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..api import LLM, MEMORY_SHARE, Request
+from ..coordinator.remote import GroupFull
 from ..coordinator.batch import SequenceBatch
 from ..coordinator.planning import Batchmates
 from .openai import ApiError, Job
@@ -35,6 +37,7 @@ class Ticket:
     cancelled: bool = False
     queued_at: float = field(default_factory=time.perf_counter)
     queued_s: float = 0.0  # how long it waited for the batch
+    refused_beside: float = math.inf  # running requests beside which the worker group refused it (GroupFull)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -98,6 +101,8 @@ class Scheduler:
                     free = self.llm.free_memory()
                     if free is not None and ticket.bytes > MEMORY_SHARE * free:
                         return  # it waits for a running request to end
+                    if len(self.running) >= ticket.refused_beside:
+                        return  # as does a request the worker group refused beside as many
                 self.waiting.popleft()
             if ticket.cancelled:
                 continue
@@ -105,7 +110,15 @@ class Scheduler:
             ticket.queued_s = time.perf_counter() - ticket.queued_at
             stream = (lambda piece, t=ticket: self._tell(t, "text", piece)) if job.stream else None
             try:
-                ticket.request = Request(self.llm, job.ids, job.params, stream, self._mates)
+                try:
+                    ticket.request = Request(self.llm, job.ids, job.params, stream, self._mates)
+                except GroupFull:
+                    with self._lock:
+                        if self.running:  # it waits, first in line, for a running request to end
+                            ticket.refused_beside = len(self.running)
+                            self.waiting.appendleft(ticket)
+                            return
+                    raise
                 if ticket.cancelled:  # while its caches were allocated
                     ticket.request.cancel()
                 seq = self._batch.add(ticket.request.run())

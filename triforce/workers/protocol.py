@@ -71,8 +71,9 @@ def reply(body: dict | None = None, tensors: list[torch.Tensor] = ()) -> list[by
     return encode(REPLY, {"ok": True, **(body or {})}, tensors)
 
 
-def error_reply(message: str) -> list[bytes]:
-    return encode(REPLY, {"ok": False, "error": message})
+def error_reply(message: str, full: bool = False) -> list[bytes]:
+    """`full`: the refusal is for now only (the group's memory or sequence slots are taken)."""
+    return encode(REPLY, {"ok": False, "error": message, **({"full": True} if full else {})})
 
 
 def decode(frames: list[bytes], max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str, dict, list[torch.Tensor]]:

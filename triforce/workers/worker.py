@@ -39,9 +39,9 @@ import torch
 import torch.distributed as dist
 
 from ..cache.full import FullKVCache
-from ..errors import UserError
 from ..cache.prefixes import BlockNames, PrefixStore
 from ..cache.retrieval import retrieve_from_full
+from ..errors import UserError
 from ..memory import available_bytes
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
@@ -69,6 +69,10 @@ class RequestError(ValueError):
     """A well-formed request that this worker cannot serve (wrong position, too long, ...)."""
 
 
+class NoRoom(RequestError):
+    """A sequence that does not fit beside the ones the group holds now; it may once one of them ends."""
+
+
 class VerifierWorker:
     def __init__(self, model: LlamaModel, tp: TensorParallel, model_id: str, kv_heads: int,
                  prefill_chunk: int = 512, prefix_bytes: int = 0):
@@ -89,14 +93,15 @@ class VerifierWorker:
             if not 0 < body["capacity"] <= self.model.config.max_positions + 256:
                 raise RequestError(f"capacity {body['capacity']} outside (0, {self.model.config.max_positions + 256}]")
             if body["seq"] not in self.caches and len(self.caches) >= MAX_SEQUENCES:
-                raise RequestError(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
+                raise NoRoom(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
             need = self.model.config.kv_bytes_per_token(torch.finfo(self.model.dtype).bits // 8) * body["capacity"]
             free = available_bytes(self.model.device)
             if free is not None and self.prefixes is not None:
                 free = max(0, free - self.prefixes.room())  # what the prefix store may still grow into
             if free is not None and need > 0.9 * free:
-                raise RequestError(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB per rank; "
-                                   f"{free / 2**30:.1f} GiB is free on the leader's {self.model.device}")
+                refusal = NoRoom if self.caches else RequestError  # for now, or for good
+                raise refusal(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB per rank; "
+                              f"{free / 2**30:.1f} GiB is free on the leader's {self.model.device}")
         if kind == "prefill":
             self._check_tokens(kind, body["seq"], body["tokens"], body["start"])
         if kind == "verify":
@@ -143,7 +148,8 @@ class VerifierWorker:
         if kind == "handshake":
             return {"model": self.model_id, "tp_size": self.tp.size, "protocol": PROTOCOL_VERSION,
                     "vocab_size": model.config.vocab_size,
-                    "prefix_bytes": self.prefixes.max_bytes if self.prefixes is not None else 0}, []
+                    "prefix_bytes": self.prefixes.max_bytes if self.prefixes is not None else 0,
+                    "prefill_chunk": self.prefill_chunk}, []
         if kind == "start":
             self.caches[body["seq"]] = FullKVCache(model.config, body["capacity"], model.rope, model.dtype,
                                                    model.device)
@@ -311,7 +317,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
                     worker.check(kind, body)
                 except (ProtocolError, RequestError) as exc:
                     worker.counts["errors"] += 1
-                    sock.send_multipart(error_reply(str(exc)))
+                    sock.send_multipart(error_reply(str(exc), full=isinstance(exc, NoRoom)))
                     continue
                 payload = msgpack.packb({"kind": kind, "body": body})
             request = msgpack.unpackb(_broadcast_bytes(payload, tp), raw=False)
