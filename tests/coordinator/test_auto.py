@@ -184,7 +184,7 @@ def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path
     target, _ = models
     verifier = LocalVerifier(target, 400)
     verifier.prefill(list(range(VOCAB)) * 25)  # 200 tokens
-    path = tmp_path / "costs.json"
+    path = tmp_path / "costs-2.json"
     table = CostTable(path)
     first = table.seconds(verifier, (1, 3))
     assert set(first) == {1, 3} and all(s > 0 for s in first.values()) and verifier.length == 200
@@ -202,6 +202,24 @@ def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path
         CostTable(path).seconds(verifier, (1,))
 
 
+def test_a_drafts_cost_is_measured_over_a_full_window(models, tmp_path, monkeypatch):
+    """Auto plans before it prefills the tiers it runs: a draft measured then, over its empty streaming
+    cache, read and rotated no keys and cost about half its step in the request. The measurement fills
+    the window with filler first and leaves the cache as it found it."""
+    from triforce.cache.streaming import StreamingKVCache
+    from triforce.coordinator.tiers import Tier
+
+    _, draft = models
+    cache = StreamingKVCache(draft.config, 2, 16, 8, draft.rope, draft.dtype, "cpu")
+    tier = Tier("draft", draft, cache)
+    starts, forward_together = [], costs_module.forward_together
+    monkeypatch.setattr(costs_module, "forward_together", lambda tiers, steps, logits_for: starts.append(
+        [(s.start, s.n, lf) for s, lf in zip(steps, logits_for)]) or forward_together(tiers, steps, logits_for))
+    CostTable(tmp_path / "costs-2.json").seconds(tier, (1,))
+    measured = [call[0][0] for call in starts if call[0][2] == "all"]
+    assert measured == [18, 18] and tier.length == 0 and costs_module.cost_context(tier) == 18
+
+
 def test_a_batch_is_measured_as_one_call_of_all_its_sequences(models, tmp_path, monkeypatch):
     """A batch's cost: one call of every sequence's tier (each over its own cache), keyed by the batch
     size, every cache as it was after."""
@@ -212,7 +230,7 @@ def test_a_batch_is_measured_as_one_call_of_all_its_sequences(models, tmp_path, 
     for i, v in enumerate(verifiers):
         v.prefill(list(range(VOCAB)) * (25 + i))
     spent = [v.seconds for v in verifiers]
-    table = CostTable(tmp_path / "costs.json")
+    table = CostTable(tmp_path / "costs-2.json")
     calls = []
     real = type(target).forward_batch
 
@@ -361,7 +379,7 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, calibrat
     decision = metrics.auto[0]
     assert decision["mode"] in planning.STACK_MODES.values() and decision["at_token"] == 0
     assert set(decision["why"]["forward_ms"]) == {"draft", "retrieval", "target"}  # 80 tokens >= 2 x budget 12
-    assert (calibration / "costs.json").is_file()
+    assert (calibration / "costs-2.json").is_file()
     assert "auto" in metrics.to_dict()
 
 
@@ -396,7 +414,7 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
     assert (plans[0][0]["mode"], plans[0][0]["gammas"]) == (plans[1][0]["mode"], plans[1][0]["gammas"])
     assert plans[1][0].get("from") == "the batch's leader"
     assert led and not any(led)  # it led once the first had ended (120 tokens after it: 13 rounds or more)
-    costs = CostTable(calibration / "costs.json").entries
+    costs = CostTable(calibration / "costs-2.json").entries
     assert any("|batch=2||" in key for key in costs)
 
 
@@ -457,3 +475,31 @@ def test_forwards_beside_a_batchmates_prompt_teach_the_planner_nothing(models, c
     busy = [r for r, b in planned if b]
     assert busy and busy[0] == chunk_rounds[0] + 1 and first.planner.chunk_seconds > 0  # the next round
     assert any(not b for r, b in planned if r > busy[-1])
+
+
+def test_a_follower_replans_once_when_a_batchmates_prefill_ends(models, calibration):
+    """A short request leads its batch while a longer one that joined first prefills, and plans for the
+    chunks beside its checks; when the prefill ends the longer one leads. The short one takes the new
+    plan once: before, as a follower it never recorded that the prefill had ended, re-planned every round
+    and faded its acceptance evidence each time (0.85 a round instead of every REPLAN_ROUNDS)."""
+    from triforce.coordinator.batch import SequenceBatch
+
+    target, draft = models
+    g = torch.Generator().manual_seed(12)
+    long_prompt, short_prompt = (torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (96, 16))
+    params = SamplingParams(max_tokens=160, temperature=0, ignore_eos=True)
+    mates = planning.Batchmates()
+    cfg = EngineConfig(mode="auto", **{**SETTINGS, "prefill_chunk": 8})
+    first, second = (build_engine(cfg, target, draft, 400, batchmates=mates) for _ in range(2))
+    busy_plans, fades, fade = [], [], second.planner.fade
+    plan = second.planner.plan
+    second.planner.plan = lambda context, generated, busy=False: busy_plans.append(busy) or \
+        plan(context, generated, busy)
+    second.planner.fade = lambda: fades.append((second.rounds, first.prefilled)) or fade()
+    batch = SequenceBatch()
+    batch.add(first.run(long_prompt, params))
+    batch.add(second.run(short_prompt, params))
+    batch.run()
+    assert any(busy_plans)  # it led while the first prefilled, planning with the chunks' cost
+    after = [rounds for rounds, prefilled in fades if prefilled]
+    assert after and len(after) <= (after[-1] - after[0]) // auto.REPLAN_ROUNDS + 2

@@ -107,6 +107,7 @@ class AutoEngine(HierarchyEngine):
         if self._running is None:  # the first plan, once the batch has joined
             batch = 1 if mates is None else mates.size(self.planner)
             self.planner.recall(request_key(self.ladder, self.params, batch, self.lookup_n))
+        self._planned_busy = self._busy()  # a follower's too: else it re-plans every round once it differs
         if mates is not None and mates.leader() is not self and mates.plan is not None:
             self.planner.fade()
             yield from self._adopt(mates.plan, generated, mates.decision)
@@ -117,7 +118,6 @@ class AutoEngine(HierarchyEngine):
         if self._running is not None and generated > self._running[1] and not self._shared:
             ran, since, start = self._running
             self.planner.observe_rate(ran, (generated - since) / (time.perf_counter() - start))
-        self._planned_busy = self._busy()
         plan = self.planner.plan(len(self.seq), generated, self._planned_busy)
         if mates is not None:
             mates.plan, mates.decision = plan, self.planner.decisions[-1]

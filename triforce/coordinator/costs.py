@@ -1,7 +1,7 @@
 """Forward costs measured on this machine: seconds per forward of a tier, by tokens per forward.
 
 A cost is measured over the tier's cache as it is (filler tokens, rolled back after), the faster of two
-runs, and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs.json`), keyed by machine
+runs, and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs-2.json`), keyed by machine
 (CPU model, kernel path, threads), tier (its name, its model's shape and dtype, whether a worker group
 runs it, its cache's size), the
 context the forward attends over, and the batch: B sequences' forwards run as one call (the weights read
@@ -72,7 +72,7 @@ class CostTable(CalibrationFile):
     """Seconds per forward by (machine, tier, context, tokens): entries "machine||tier||context" ->
     {tokens: seconds}; `path` None keeps them in memory only."""
 
-    filename = "costs.json"
+    filename = "costs-2.json"  # 2: a draft measured over a full window (before: an empty one)
 
     def seconds(self, tiers: Tier | list[Tier], sizes: tuple[int, ...], prepare=None,
                 batch: int | None = None) -> dict[int, float]:
@@ -110,14 +110,25 @@ class CostTable(CalibrationFile):
 
 def forward_seconds(tiers: list[Tier], n: int) -> float:
     """The faster of two forwards of n filler tokens over each tier's cache, all in one call, each cache
-    rolled back after."""
+    rolled back after. A cache that holds fewer tokens than the context its cost is kept for (a draft's
+    window before its prefill: auto plans before it prefills the tiers it runs) is first filled with filler
+    tokens, so that the forward reads, and rotates, as many keys as it will; measured empty, a draft's step
+    cost about half what it does in a request."""
     lengths, spent, best = [t.length for t in tiers], [t.seconds for t in tiers], float("inf")
+    for tier, length in zip(tiers, lengths):
+        missing = cost_context(tier) - length
+        if missing > 0:
+            for step in tier.prefill_steps([0] * missing):
+                forward_together([tier], [step], ["none"])
+    filled = [t.length for t in tiers]
     for _ in range(2):
         start = time.perf_counter()
-        forward_together(tiers, [Step.chain([0] * n, length) for length in lengths], ["all"] * len(tiers))
+        forward_together(tiers, [Step.chain([0] * n, length) for length in filled], ["all"] * len(tiers))
         best = min(best, time.perf_counter() - start)
-        for tier, length in zip(tiers, lengths):
+        for tier, length in zip(tiers, filled):
             tier.truncate(length)
+    for tier, length in zip(tiers, lengths):
+        tier.truncate(length)
     for tier, seconds in zip(tiers, spent):
         tier.seconds = seconds  # a measurement, not the request's work
     return best
