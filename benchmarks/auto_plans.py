@@ -1,0 +1,48 @@
+"""Why `--mode auto` plans what it plans: one request, and each plan change with the planner's reasons.
+
+    python benchmarks/auto_plans.py [--text F] [--context 7936] [--max-new-tokens 128] [--temperature 0]
+                                    [--lookup N] [--out FILE]
+
+Generates after the first `--context` tokens of the text with the default model, draft and mode (auto),
+and prints a JSON line per plan change: the token it came at, the mode and gammas, and the planner's
+`why` (predicted tokens/s per mode, acceptance estimates, realized-speed factors, cost scales, where its
+prior came from); then one line with the request's decode speed. Run with TRIFORCE_CPU_ISA to see a lower
+kernel path's plans.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from triforce.api import LLM
+from triforce.config import SamplingParams
+
+WHY = ("predicted_tokens_per_s", "acceptance", "realized", "cost_scale", "prior")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--text", default="../shared/data/austen-emma.txt")
+    p.add_argument("--context", type=int, default=7936)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--lookup", type=int, default=None, help="prompt lookup's N (default: the engine's)")
+    p.add_argument("--out", help="also append the lines to this file")
+    args = p.parse_args()
+    llm = LLM(**({} if args.lookup is None else {"lookup": args.lookup}))
+    with open(args.text) as f:
+        ids = llm.tokenizer.encode(f.read())[:args.context]
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, ignore_eos=True)
+    metrics = llm.generate([ids], params)[0].metrics
+    lines = [{"at_token": d["at_token"], "mode": d["mode"], "gammas": d["gammas"],
+              **{k: d.get("why", {}).get(k) for k in WHY}} for d in metrics.auto or []]
+    lines.append({"context": len(ids), "lookup": args.lookup, "tokens_per_s": metrics.to_dict()["tokens_per_s"]})
+    for line in lines:
+        print(json.dumps(line))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+if __name__ == "__main__":
+    main()
