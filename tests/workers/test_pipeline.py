@@ -51,9 +51,10 @@ def assert_same_kv(got, expected):
     assert len(got) == len(expected)
     for (keys, values), (want_keys, want_values) in zip(got, expected):
         assert keys.shape == want_keys.shape
-        # Tensor parallelism sums in another order: a few ulps apart; another chunk would be O(1) apart.
-        torch.testing.assert_close(keys, want_keys, rtol=1e-3, atol=1e-4)
-        torch.testing.assert_close(values, want_values, rtol=1e-3, atol=1e-4)
+        # Tensor parallelism sums in another order: a few ulps apart per layer, which 40 layers compound
+        # to about 2e-4 on keys of magnitude 1 to 4; another chunk would be O(1) apart.
+        torch.testing.assert_close(keys, want_keys, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(values, want_values, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("workers", [2, 3])
