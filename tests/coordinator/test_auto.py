@@ -127,6 +127,18 @@ def test_a_draft_that_is_rejected_is_dropped():
     assert "draft" in modes
 
 
+def test_an_idle_drafts_evidence_brings_it_back_at_the_next_plan():
+    """A draft dropped after a bad start: what it would have proposed while idle (auto.py's evidence) puts it
+    back at the next plan, instead of after its old evidence has faded."""
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    for _ in range(20):
+        planner.observe("draft", 4, 0)
+    assert planner.plan(1000, 80).mode == "ar"
+    planner.observe_idle("draft", 7.5, 8.0)  # 8 tokens of `ar`, where it would have done well
+    assert planner.plan(1000, 88).mode == "draft"
+
+
 def test_costs_follow_what_forwards_really_take():
     costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     planner = planner_with(costs)
@@ -304,6 +316,7 @@ class ScriptedPlanner(AutoPlanner):
 
 
 SCRIPTS = {
+    "ar-only": [(("target",), ())],
     "ar-first": [(("target",), ()), (("draft", "retrieval", "target"), (2, 2)), (("retrieval", "target"), (3,)),
                  (("draft", "target"), (2,))],
     "triforce-first": [(("draft", "retrieval", "target"), (3, 1)), (("target",), ()), (("draft", "target"), (1,)),
@@ -503,3 +516,34 @@ def test_a_follower_replans_once_when_a_batchmates_prefill_ends(models, calibrat
     assert any(busy_plans)  # it led while the first prefilled, planning with the chunks' cost
     after = [rounds for rounds, prefilled in fades if prefilled]
     assert after and len(after) <= (after[-1] - after[0]) // auto.REPLAN_ROUNDS + 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_idle_draft_reports_how_its_proposals_would_have_fared(models, temperature, monkeypatch):
+    """While `ar` runs, the draft catches up at each re-plan and reports, for each generated token x, the
+    chance min(1, q(x) / p(x)) that its proposal there would have been accepted (greedy: whether its argmax
+    is x): the same sums as the draft and the target over the whole output in one forward each."""
+    monkeypatch.setattr(auto, "REPLAN_ROUNDS", 4)
+    monkeypatch.setattr(auto, "MIN_PLANNED_TOKENS", 1)
+    target, draft = models
+    prompt = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(5)).tolist()
+    engine = scripted_engine(models, prompt, 40, "ar-only")  # 60 tokens: the draft's window holds them all
+    seen = []
+    engine.planner.observe_idle = lambda name, accepted, tokens: seen.append((name, accepted, tokens))
+    tokens, _ = engine.generate(prompt, SamplingParams(max_tokens=40, temperature=temperature, seed=3,
+                                                       ignore_eos=True))
+    # re-plans before rounds 4, 8, ..., 40: the first sees 3 tokens, each later one 4 more
+    assert {name for name, _, _ in seen} == {"draft"} and [n for _, _, n in seen] == [3] + [4] * 9
+    covered = 39
+    sequence = torch.tensor(prompt + tokens)
+
+    def probs(model):
+        cache = FullKVCache(model.config, len(sequence), model.rope, model.dtype, "cpu")
+        return probabilities(model(sequence[:-1], cache), temperature, 0, 1.0)[len(prompt) - 1:]
+
+    rows = torch.arange(covered)
+    x = sequence[len(prompt):][:covered]
+    q, p = probs(draft)[rows, x], probs(target)[rows, x]
+    expected = torch.minimum(torch.ones(covered), q / p).sum()
+    assert sum(a for _, a, _ in seen) == pytest.approx(float(expected), rel=1e-4)
+    assert 0 < expected < covered  # a draft neither always right nor always wrong here

@@ -13,6 +13,16 @@ forwards and rounds (planning.py: costs scaled towards what forwards took, each 
 leaves out those that ran beside such chunks; what a chunk adds to a target forward is learned apart, and
 a plan is made again as soon as a batchmate's prefill begins or ends, with that cost or without it.
 
+An idle draft (the plan runs `ar` or `retrieval`) still tells the planner how it would fare: at each
+re-plan it catches up on the tokens committed since (as it must before it runs again anyway) with its
+logits kept, and for each committed token x, drawn from the target's distribution p, min(1, q(x) / p(x))
+with q the draft's distribution there is an unbiased estimate of the chance that the draft's proposal
+at that position is accepted (its expectation over x ~ p is sum_x min(p(x), q(x)); greedy: whether the
+draft's argmax is x). So a draft that a few early checks made look poor is tried again as soon as the
+text shows it would pay, not after its estimate has faded back to the prior (56-72 tokens of `ar` in
+the runs that found it); it costs one forward of the draft per REPLAN_ROUNDS target steps. (Prompt
+lookup's proposals are left out of this estimate: it is, if anything, low.)
+
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
 on the tokens committed while it was idle (the draft: forwards over them; the retrieval tier: a sync).
@@ -47,6 +57,7 @@ class AutoEngine(HierarchyEngine):
         self._adopted: dict | None = None  # the batch leader's decision this request last took
         self._shared = False  # whether a forward since the plan began ran beside another's prompt chunks
         self._planned_busy = False  # whether the running plan was made for a batchmate's prefill
+        self._target_p: list[float] = []  # per generated token: the target's probability of it
 
     def run(self, prompt: list[int], params, *args, **kwargs) -> Run:
         """HierarchyEngine.run, adding what it saw to what later requests of its kind start from (its first
@@ -93,6 +104,7 @@ class AutoEngine(HierarchyEngine):
         self.rounds += 1
         mates = self.planner.batchmates
         if self.rounds % REPLAN_ROUNDS == 0 or (self._running is not None and self._busy() != self._planned_busy):
+            yield from self._watch_idle_draft()
             yield from self._replan(generated)  # also as soon as a batchmate's prefill begins or ends
         elif mates is not None and self._running is not None and mates.plan not in (None, self._running[0]):
             yield from self._adopt(mates.plan, generated, mates.decision)  # the batch's leader re-planned
@@ -136,6 +148,29 @@ class AutoEngine(HierarchyEngine):
                     yield Forward(tier, self.ladder.index(tier), step, "none")
         self.tiers, self.gammas = stack, list(plan.gammas)
         self._running, self._shared = (plan, generated, time.perf_counter()), False
+
+    def _emitted(self, tokens: list[int], rows: list) -> None:
+        self._target_p += [float(row[token]) for token, row in zip(tokens, rows)]
+
+    def _watch_idle_draft(self) -> Generator[Forward, object, None]:
+        """An idle draft catches up on the committed tokens, and what it would have proposed for the
+        generated ones becomes acceptance evidence (the module docstring)."""
+        draft = next((t for t in self.ladder if t.name == "draft"), None)
+        if draft is None or draft in self.tiers or self._running is None:
+            return
+        first = self._prompt_length  # seq's index of the first generated token
+        accepted = tokens = 0.0
+        for step in draft.prefill_steps(self.seq[draft.length:-1]):
+            if step.start + step.n < first:  # its rows predict prompt tokens only
+                yield Forward(draft, self.ladder.index(draft), step, "none")
+                continue
+            logits = yield Forward(draft, self.ladder.index(draft), step)
+            skip = max(0, first - step.start - 1)  # rows that predict prompt tokens
+            q = self._probs(logits[skip:])
+            for row, at in zip(q, range(step.start + 1 + skip, step.start + 1 + step.n)):
+                accepted += min(1.0, float(row[self.seq[at]]) / self._target_p[at - first])
+                tokens += 1
+        self.planner.observe_idle(draft.name, accepted, tokens)
 
     def _pair(self, drafter: str, checker: str, metrics: RequestMetrics) -> TierStats:
         if (drafter, checker) not in self._pairs:

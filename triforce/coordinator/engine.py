@@ -129,13 +129,14 @@ class HierarchyEngine:
         generated: list[int] = []
         while len(generated) < params.max_tokens:
             yield from self._before_round(len(generated), metrics)
-            new, _ = yield from self._produce(len(self.tiers) - 1, 1)
+            new, rows = yield from self._produce(len(self.tiers) - 1, 1)
             for tier in self.tiers:
                 tier.sync()
             new = new[: params.max_tokens - len(generated)]
             stop_at = None if params.ignore_eos else next((i for i, t in enumerate(new) if t in stop_ids), None)
             if stop_at is not None:
                 new = new[: stop_at + 1]
+            self._emitted(new, rows[: len(new)])
             generated += new
             self._advance_lookup()
             if stop_at is not None or (on_tokens is not None and on_tokens(new)):
@@ -156,6 +157,10 @@ class HierarchyEngine:
     def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
         """Called before each round of the top tier (an engine that re-plans its tiers overrides it)."""
         yield from ()
+
+    def _emitted(self, tokens: list[int], rows: list[torch.Tensor]) -> None:
+        """Told each round's output tokens and the target's distribution at each (an engine that learns
+        from them overrides it)."""
 
     def _prefill(self, tokens: list[int], show_progress: bool,
                  cancelled: Callable[[], bool]) -> Generator[Forward, None, bool]:

@@ -23,7 +23,8 @@ retrieval tier stands in for the target; and the retrieval tier), successes / tr
 worth PRIOR_TRIALS trials, or, where earlier requests of the same kind (machine, models, sampling settings)
 ran, from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors below too); at
 each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows the text, and a proposer
-dropped after a bad start drifts back to its prior and is tried again. Plans are scored with an optimistic
+dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
+evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py). Plans are scored with an optimistic
 alpha (mean + one standard deviation), so a tier that has been seen little gets tried, and the estimate it
 then earns decides. What the model leaves out (verification and bookkeeping between forwards) is learned
 too: each mode's prediction is scaled by the speed it really reached over the rounds it last ran, against
@@ -114,6 +115,12 @@ class Acceptance:
     def observe(self, gamma: int, accepted: int) -> None:
         self.successes += accepted
         self.trials += accepted + (accepted < gamma)
+
+    def observe_expected(self, accepted: float, tokens: float) -> None:
+        """Per-token evidence: `tokens` positions where the proposer's token would have been accepted
+        `accepted` times in expectation (an idle draft's, auto.py)."""
+        self.successes += accepted
+        self.trials += tokens
 
     def forget(self, keep: float) -> None:
         """Older checks count less (text changes; an idle proposer drifts back to its prior and is retried)."""
@@ -296,6 +303,10 @@ class AutoPlanner:
 
     def observe(self, proposer: str, gamma: int, accepted: int) -> None:
         self.acceptance[proposer].observe(gamma, accepted)
+
+    def observe_idle(self, proposer: str, accepted: float, tokens: float) -> None:
+        """An idle proposer's expected acceptance over `tokens` committed tokens (auto.py)."""
+        self.acceptance[proposer].observe_expected(accepted, tokens)
 
     def recall(self, key: str) -> None:
         """Starts the request of kind `key` from what earlier ones saw (priors.py), where they saw it."""
