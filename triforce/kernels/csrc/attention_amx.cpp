@@ -76,12 +76,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         _mm512_store_si512(vpairs[2 * h + 1][m], _mm512_permutex2var_epi16(a, kPairHi, b));
       }
     }
-    if (b0 + 2 * kKeys <= end)  // the next block (rows are contiguous: k_row == D); +15% read rate at 8K
-                                // in 12 interleaved development runs (not kept)
-      for (int j = 0; j < kKeys * D * 2; j += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(k + (b0 + kKeys) * k_row) + j, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(v + (b0 + kKeys) * k_row) + j, _MM_HINT_T0);
-      }
+    prefetch_keys<D>(k, v, b0 + kKeys, kKeys, end);  // the next block
     const bool masked = nb < kKeys || b0 + kKeys - 1 >= mask.first();
     for (int g = 0; g < groups; ++g) {
       for (int t = 0; t < kKeys / 16; ++t) {
