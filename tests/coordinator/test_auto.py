@@ -1,5 +1,7 @@
 """`--mode auto`: the cost model, the planner's choices, the cost table, and exactness while the plan changes
 between rounds (greedy equality with plain decoding; chi-square at alpha = 1e-3 for sampling)."""
+import copy
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -135,8 +137,10 @@ def test_an_idle_drafts_evidence_brings_it_back_at_the_next_plan():
     for _ in range(20):
         planner.observe("draft", 4, 0)
     assert planner.plan(1000, 80).mode == "ar"
+    without = copy.deepcopy(planner)
     planner.observe_idle("draft", 7.5, 8.0)  # 8 tokens of `ar`, where it would have done well
     assert planner.plan(1000, 88).mode == "draft"
+    assert without.plan(1000, 88).mode == "ar"  # what the old evidence alone said
 
 
 def test_costs_follow_what_forwards_really_take():

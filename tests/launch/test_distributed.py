@@ -244,11 +244,13 @@ def test_a_control_port_in_use_is_a_one_line_error(folders, capfd):
 @pytest.mark.parametrize("exits, lines, status", [
     ({0: 2, 2: -15}, [], 2),  # rank 0 failed, torchrun stopped rank 2: the race CI once lost
     ({0: 2, 1: -9}, ["rank 1 was ended by signal 9"], 2),  # the kernel's OOM killer is news
+    ({1: -9, 2: -15}, ["rank 1 was ended by signal 9"], 1),  # ... and torchrun then stopped rank 2
     ({1: -15, 2: -15}, ["rank 1 was ended by signal 15", "rank 2 was ended by signal 15"], 1),  # kill by hand
 ])
 def test_torchrun_names_the_ranks_a_signal_ended_unless_torchrun_sent_it(monkeypatch, capsys, exits, lines, status):
     """A failed run's report: one line per rank that a signal ended, but not the SIGTERM with which torchrun
-    stops the other ranks once one failed with an error status (that rank said why already)."""
+    stops the other ranks once one failed otherwise (with an error status: that rank said why already;
+    or by another signal, which has its own line)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
     from triforce.launch import torchrun

@@ -20,8 +20,9 @@ with q the draft's distribution there is an unbiased estimate of the chance that
 at that position is accepted (its expectation over x ~ p is sum_x min(p(x), q(x)); greedy: whether the
 draft's argmax is x). So a draft that a few early checks made look poor is tried again as soon as the
 text shows it would pay, not after its estimate has faded back to the prior (56-72 tokens of `ar` in
-the runs that found it); it costs one forward of the draft per REPLAN_ROUNDS target steps. (Prompt
-lookup's proposals are left out of this estimate: it is, if anything, low.)
+the runs that found it); it costs one forward of the draft per REPLAN_ROUNDS target steps (the first
+time, a draft never run prefills its window), which the running plan's measured speed leaves out.
+(Prompt lookup's proposals are left out of this estimate: it is, if anything, low.)
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
@@ -158,19 +159,19 @@ class AutoEngine(HierarchyEngine):
         draft = next((t for t in self.ladder if t.name == "draft"), None)
         if draft is None or draft in self.tiers or self._running is None:
             return
+        start, level = time.perf_counter(), self.ladder.index(draft)
         first = self._prompt_length  # seq's index of the first generated token
+        for step in draft.prefill_steps(self.seq[draft.length:first - 1]):  # rows that predict the prompt
+            yield Forward(draft, level, step, "none")
         accepted = tokens = 0.0
-        for step in draft.prefill_steps(self.seq[draft.length:-1]):
-            if step.start + step.n < first:  # its rows predict prompt tokens only
-                yield Forward(draft, self.ladder.index(draft), step, "none")
-                continue
-            logits = yield Forward(draft, self.ladder.index(draft), step)
-            skip = max(0, first - step.start - 1)  # rows that predict prompt tokens
-            q = self._probs(logits[skip:])
-            for row, at in zip(q, range(step.start + 1 + skip, step.start + 1 + step.n)):
+        for step in draft.prefill_steps(self.seq[draft.length:-1]):  # rows that predict generated tokens
+            q = self._probs((yield Forward(draft, level, step)))
+            for row, at in zip(q, range(step.start + 1, step.start + 1 + step.n)):
                 accepted += min(1.0, float(row[self.seq[at]]) / self._target_p[at - first])
                 tokens += 1
         self.planner.observe_idle(draft.name, accepted, tokens)
+        plan, since, began = self._running  # the running plan's measured speed leaves this time out
+        self._running = (plan, since, began + time.perf_counter() - start)
 
     def _pair(self, drafter: str, checker: str, metrics: RequestMetrics) -> TierStats:
         if (drafter, checker) not in self._pairs:

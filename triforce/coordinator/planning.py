@@ -24,9 +24,9 @@ worth PRIOR_TRIALS trials, or, where earlier requests of the same kind (machine,
 ran, from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors below too); at
 each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows the text, and a proposer
 dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
-evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py). Plans are scored with an optimistic
-alpha (mean + one standard deviation), so a tier that has been seen little gets tried, and the estimate it
-then earns decides. What the model leaves out (verification and bookkeeping between forwards) is learned
+evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py).
+Plans are scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen
+little gets tried, and the estimate it then earns decides. What the model leaves out (verification and bookkeeping between forwards) is learned
 too: each mode's prediction is scaled by the speed it really reached over the rounds it last ran, against
 what the model predicts for them (an untried speculative mode by the mean of the speculative modes tried;
 `ar`, which verifies nothing, by 1; an idle mode's factor fades back towards 1 as its acceptance evidence

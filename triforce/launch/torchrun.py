@@ -2,8 +2,9 @@
 torch.distributed.run` with its arguments, but a failed rank ends the run with that rank's exit status
 and a line of its own, not torchrun's multi-line failure report: the rank printed its one-line error (or
 its traceback) already. A rank ended by a signal gets a line too, unless it is the SIGTERM with which
-torchrun stops the others once one rank failed with an error status. A SIGTERM or SIGINT (also a second one while the ranks shut down) ends it with
-status 128 + the signal, without a traceback."""
+torchrun stops the others once one rank failed otherwise (with an error status, or another signal). A
+SIGTERM or SIGINT (also a second one while the ranks shut down) ends it with status 128 + the signal,
+without a traceback."""
 from __future__ import annotations
 
 import logging
@@ -22,12 +23,12 @@ def main(argv: list[str] | None = None) -> int:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as exc:
         failures = sorted(exc.failures.items())
-        status = next((f.exitcode for _, f in failures if f.exitcode > 0), None)
+        first_cause = any(f.exitcode != -signal.SIGTERM for _, f in failures)
         for rank, failure in failures:
-            stopped_by_torchrun = status is not None and failure.exitcode == -signal.SIGTERM
+            stopped_by_torchrun = first_cause and failure.exitcode == -signal.SIGTERM
             if failure.exitcode < 0 and not stopped_by_torchrun:  # no chance to say why itself
                 print(f"triforce: error: rank {rank} was ended by signal {-failure.exitcode}", file=sys.stderr)
-        return status or 1
+        return next((f.exitcode for _, f in failures if f.exitcode > 0), 1)
     except SignalException as exc:  # SIGTERM or SIGINT: torchrun has passed it on to the ranks
         return 128 + int(exc.sigval)
     return 0

@@ -76,7 +76,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         _mm512_store_si512(vpairs[2 * h + 1][m], _mm512_permutex2var_epi16(a, kPairHi, b));
       }
     }
-    prefetch_keys<D>(k, v, b0 + kKeys, kKeys, end);  // the next block
+    prefetch_keys<D>(k, v, k_row, b0 + kKeys, kKeys, end);  // the next block
     const bool masked = nb < kKeys || b0 + kKeys - 1 >= mask.first();
     for (int g = 0; g < groups; ++g) {
       for (int t = 0; t < kKeys / 16; ++t) {

@@ -113,7 +113,7 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
   for (int r = 0; r < R; ++r) st[r] = {-std::numeric_limits<float>::infinity(), 0.0f};
   for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
-    prefetch_keys<D>(k, v, b0 + kBlock, kBlock, end);  // the next block
+    prefetch_keys<D>(k, v, k_row, b0 + kBlock, kBlock, end);  // the next block
     for (int j0 = 0; j0 < nb; j0 += 16)
       score16<D>(q, k + (b0 + j0) * k_row, k_row, std::min(16, nb - j0), R, scale, scores, j0);
     const int width = (nb + 15) / 16 * 16;  // whole vectors: the padding keys get -inf

@@ -47,20 +47,23 @@ inline void hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, 
       if (j >= nb || !mask.sees(r, b0 + j)) scores[r][j] = -std::numeric_limits<float>::infinity();
 }
 
-// Asks for K and V of keys [from, from + keys) of one head (rows contiguous: k_row == D) while the range
+// Asks for K and V of keys [from, from + keys) of one head (rows of k_row elements) while the range
 // function computes on the keys before them, where the hardware prefetcher alone left it waiting on
 // memory: the next block, asked for at the start of each, raised the AMX tile path's read rate at 8K by
 // 15% (12 interleaved development runs), and took 8-25% off the AVX512-BF16 vector path's time on an
 // AMX Xeon (benchmarks/attention_bandwidth.py, n = 1, 2 and 7, two interleaved runs). The AVX2 path,
 // which widens each block into L1 first, gained nothing measurable from it, as a burst or spread out.
 template <int D>
-inline void prefetch_keys(const at::BFloat16* k, const at::BFloat16* v, int64_t from, int keys, int64_t end) {
+inline void prefetch_keys(const at::BFloat16* k, const at::BFloat16* v, int64_t k_row, int64_t from, int keys,
+                          int64_t end) {
   if (from + keys > end) return;
-  const char* kb = reinterpret_cast<const char*>(k + from * D);
-  const char* vb = reinterpret_cast<const char*>(v + from * D);
-  for (int64_t j = 0; j < static_cast<int64_t>(keys) * D * 2; j += 64) {
-    _mm_prefetch(kb + j, _MM_HINT_T0);
-    _mm_prefetch(vb + j, _MM_HINT_T0);
+  for (int64_t key = from; key < from + keys; ++key) {
+    const char* kb = reinterpret_cast<const char*>(k + key * k_row);
+    const char* vb = reinterpret_cast<const char*>(v + key * k_row);
+    for (int j = 0; j < D * 2; j += 64) {  // a row's 64-byte lines
+      _mm_prefetch(kb + j, _MM_HINT_T0);
+      _mm_prefetch(vb + j, _MM_HINT_T0);
+    }
   }
 }
 
