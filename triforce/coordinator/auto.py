@@ -156,7 +156,7 @@ class AutoEngine(HierarchyEngine):
     def _watch_idle_draft(self) -> Generator[Forward, object, None]:
         """An idle draft catches up on the committed tokens, and what it would have proposed for the
         generated ones becomes acceptance evidence (the module docstring)."""
-        draft = next((t for t in self.ladder if t.name == "draft"), None)
+        draft = self.planner.tiers.get("draft")
         if draft is None or draft in self.tiers or self._running is None:
             return
         start, level = time.perf_counter(), self.ladder.index(draft)
