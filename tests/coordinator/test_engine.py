@@ -10,12 +10,13 @@ from scipy.stats import chisquare
 from checkpoints import write_reduced_vocabulary
 from triforce.cache.full import FullKVCache
 from triforce.config import DEFAULT_LOOKUP, ConfigError, EngineConfig, SamplingParams
+from triforce.coordinator import engine as engine_module
 from triforce.coordinator.engine import HierarchyEngine
 from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.tiers import Tier
 from triforce.coordinator.verifier import LocalVerifier
 from triforce.models.loader import load_model
-from triforce.speculation.sampling import probabilities
+from triforce.speculation.sampling import probabilities, top_probability
 from triforce.step import Step
 
 ALPHA = 1e-3
@@ -293,3 +294,69 @@ def test_lookup_is_on_by_default_for_chains_only():
     # only the tree of the mode's own bottom tier counts: retrieval mode's proposals are tree2's
     assert EngineConfig(mode="retrieval", tree1=4).lookup_n == DEFAULT_LOOKUP
     assert EngineConfig(mode="draft", tree2=4, lookup=2).lookup_n == 2
+
+
+# --- chains that end early (stop_below: HierarchyEngine._produce) ---------------------------------------
+
+def record_confidences(monkeypatch) -> list[float]:
+    """The bottom tier's confidence in each proposal it makes from now on (its model's top probability)."""
+    seen = []
+
+    def recorded(logits):
+        seen.append(top_probability(logits))
+        return seen[-1]
+
+    monkeypatch.setattr(engine_module, "top_probability", recorded)
+    return seen
+
+
+@pytest.mark.parametrize("mode,policy", MODES)
+def test_greedy_with_chains_that_end_early_equals_plain_decoding(models, mode, policy, monkeypatch):
+    """The bottom tier ends a chain after a proposal it was less sure of than the threshold: the median of
+    its confidences here, so that some chains end early and some run to gamma."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    seen = record_confidences(monkeypatch)
+    run(target, draft, mode, prompt, params, policy, gamma1=4, gamma2=4, stop_below=1e-9)  # stops never
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, gamma1=4, gamma2=4,
+                          stop_below=float(torch.tensor(seen).median()))
+    assert tokens == reference
+    bottom = metrics.tiers[0]
+    assert bottom.checks < bottom.proposed < 4 * bottom.checks  # some chains ended early, not all at once
+
+
+@pytest.mark.parametrize("mode,policy,sampling", [("draft", "static", dict(temperature=1.0)),
+                                                  ("triforce", "dynamic", dict(temperature=0.8, top_p=0.9)),
+                                                  ("retrieval", "static", dict(temperature=1.0, top_k=5))])
+def test_chains_that_end_early_sample_the_target_distribution(small_vocab, mode, policy, sampling, monkeypatch):
+    """The threshold lies just above the bottom tier's confidence in its first proposal (which depends on
+    the prompt only), so the first chain always ends after one token; later chains end where they do."""
+    draft, _, target = small_vocab
+    prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
+    params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
+    expected = exact_two_token_distribution(target, prompt, params)
+    settings = dict(mode=mode, retrieval_policy=policy, gamma1=3, gamma2=3, **SETTINGS)
+    seen = record_confidences(monkeypatch)
+    build_engine(EngineConfig(**settings, stop_below=1e-9), target, draft, len(prompt) + 2).generate(prompt, params)
+    cfg = EngineConfig(**settings, stop_below=seen[0] + 1e-4)
+    probe = build_engine(cfg, target, draft, len(prompt) + 2)
+    checked = []
+    probe._record = lambda level, proposed, accepted: checked.append((level, proposed))
+    probe.generate(prompt, params)
+    assert checked[0] == (1, 1)
+
+    def once(seed):
+        engine = build_engine(cfg, target, draft, len(prompt) + 2)
+        return engine.generate(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))[0]
+
+    assert_two_token_distribution(once, expected, trials=2000)
+
+
+def test_chain_stop_settings():
+    for bad in (1.0, -0.1):
+        with pytest.raises(ConfigError, match="stop_below must be a probability"):
+            EngineConfig(stop_below=bad)
+    with pytest.raises(ConfigError, match="stop_below ends chains early"):
+        EngineConfig(mode="draft", tree1=4, stop_below=0.3)

@@ -46,9 +46,9 @@ MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs woul
 class AutoEngine(HierarchyEngine):
     """The hierarchy of whichever of its tiers the planner picks, re-picked between rounds (see above)."""
 
-    def __init__(self, ladder: list[Tier], planner: AutoPlanner, lookup: int = 0):
-        """ladder: the request's tiers cheapest first, the target last; lookup: HierarchyEngine's."""
-        super().__init__([ladder[-1]], [], lookup=lookup)
+    def __init__(self, ladder: list[Tier], planner: AutoPlanner, lookup: int = 0, stop_below: float = 0.0):
+        """ladder: the request's tiers cheapest first, the target last; lookup, stop_below: HierarchyEngine's."""
+        super().__init__([ladder[-1]], [], lookup=lookup, stop_below=stop_below)
         self.ladder, self.planner = list(ladder), planner
         self.rounds = 0  # rounds begun (a batchmate that has begun none may be measured with)
         self._pairs: dict[tuple[str, str], TierStats] = {}

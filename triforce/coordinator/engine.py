@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from ..config import MAX_TREE, SamplingParams
 from ..speculation.lookup import ContextLookup
-from ..speculation.sampling import probabilities, sample
+from ..speculation.sampling import probabilities, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
@@ -71,15 +71,18 @@ Produced = Generator[Forward | Check, object, tuple[list[int], list[torch.Tensor
 
 
 class HierarchyEngine:
-    def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None, lookup: int = 0):
+    def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None, lookup: int = 0,
+                 stop_below: float = 0.0):
         """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains).
         lookup: n > 0 mixes copies of the sequence's own n-grams into the bottom tier's chain proposals
-        (speculation/lookup.py)."""
+        (speculation/lookup.py). stop_below: the bottom tier's chains end after a proposal its model was
+        less sure of than this (`_produce`)."""
         if len(gammas) != len(tiers) - 1 or any(g < 1 for g in gammas):
             raise ValueError("need one gamma >= 1 per pair of adjacent tiers")
         if tree is not None and len(tiers) < 2:
             raise ValueError("a tree needs a tier to check it")
         self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
+        self.stop_below = stop_below
         self.lookup: ContextLookup | None = None
         self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
 
@@ -188,19 +191,32 @@ class HierarchyEngine:
         return (yield Forward(tier, self.ladder.index(tier), step))
 
     def _produce(self, level: int, count: int) -> Produced:
-        """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution for each."""
+        """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution for each.
+
+        As a proposer (below the target) the bottom tier may return fewer: with `stop_below`, it ends its
+        chain after a token whose row its model gave a top probability, at temperature 1, below that (a
+        proposal unlikely to survive, and the ones after it less likely still), so that the check holds
+        fewer tokens. Sampling stays exact: where a chain ends is decided from the proposer's own state
+        before the checker sees the chain, and verification is exact for a chain of any length (each
+        position's accept-or-resample rule reads only the two tiers' rows there; the check draws the token
+        after the chain from the checker)."""
         tier, seq, greedy = self.tiers[level], self.seq, self.params.greedy
+        proposing = len(self.tiers) > 1  # the bottom tier proposes to a tier above (not the target alone)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each
+        stop_below = self.stop_below if proposing else 0.0
         while len(tokens) < count:
             if level == 0:
-                row = self._probs((yield from self._forward(0))[-1:])[0]
-                if self.lookup is not None and len(self.tiers) > 1:  # a proposer (not the target alone)
+                logits = (yield from self._forward(0))[-1]
+                row = self._probs(logits[None])[0]
+                if self.lookup is not None and proposing:
                     row = self.lookup.propose(seq, row)
                 token = sample(row, self.generator, greedy)
                 seq.append(token)
                 tokens.append(token)
                 probs.append(row)
+                if stop_below and top_probability(logits) < stop_below:
+                    break
                 continue
             check = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)
             new, rows = yield from check
@@ -216,6 +232,7 @@ class HierarchyEngine:
         # as the first gamma of exact samples are exact samples).
         g = self.gammas[level - 1]
         draft_tokens, draft_rows = (x[:g] for x in (yield from self._produce(level - 1, g)))
+        g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below)
         del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
         verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), logits, self.params, self.generator)

@@ -62,6 +62,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "latest earlier occurrence of the last N tokens, weighted by how often such copies were "
                         f"right lately (loops, quotes of the prompt); exact; 0 = off (default {DEFAULT_LOOKUP}; "
                         "off where the mode's proposals are a tree: --tree1 in draft and triforce, --tree2 in retrieval)")
+    g.add_argument("--stop-below", type=float, default=_DEFAULTS.stop_below, metavar="P",
+                   help="the bottom tier ends a chain early after a proposal whose model gave its top token less "
+                        "than probability P (an unlikely survivor: the check is shorter and cheaper); exact; pays "
+                        "where a check costs more with every token it holds (CPUs without AVX512-BF16), loses "
+                        "where it does not (README, The AVX2 path); 0 = chains of gamma always "
+                        "(default %(default)s)")
     g.add_argument("--budget", type=int, default=_DEFAULTS.budget, help="tokens in the retrieval cache")
     g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
     g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
@@ -125,7 +131,8 @@ def add_prefix_cache_arg(p: argparse.ArgumentParser) -> None:
 def engine_settings(args) -> dict:
     return dict(gamma1=args.gamma1, gamma2=args.gamma2, tree1=args.tree1, tree2=args.tree2, budget=args.budget,
                 chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
-                sinks=args.sinks, window=args.window, lookup=args.lookup)
+                sinks=args.sinks, window=args.window, lookup=args.lookup,
+                stop_below=args.stop_below)
 
 
 def llm_from_args(args):

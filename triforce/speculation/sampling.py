@@ -29,6 +29,13 @@ def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
     return logits.softmax(dim=-1)
 
 
+def top_probability(logits: torch.Tensor) -> float:
+    """logits: [V] -> the probability the model gives its most likely token at temperature 1 (its own
+    confidence, whatever the request's sampling settings)."""
+    logits = logits.float()
+    return float(torch.exp(logits.max() - torch.logsumexp(logits, dim=-1)))
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool) -> int:
     """probs: [V]. Greedy takes the argmax without consuming randomness."""
     if greedy:
