@@ -175,6 +175,29 @@ def test_a_mode_slower_than_its_model_is_dropped():
     assert 0.4 < planner.realized["ar"] < 1 and planner.realized["draft"] == pytest.approx(faded)
 
 
+def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_factor():
+    """A draft that a stretch of text defeats: 1 token accepted in 10 checks, and the mode ran at what
+    the model predicts for that acceptance. Its realized factor (what the model leaves out) stays 1; only
+    its acceptance estimate falls (before, measured against the prior-weighted estimate, the factor fell
+    too, and the draft paid for the stretch twice: it lost its mode at the next plan on this evidence)."""
+    costs = {"draft": {1: 0.1}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = planning.Acceptance(0.8, planning.LEARNED_TRIALS)  # earlier requests saw 0.8
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft"
+    for _ in range(9):
+        planner.observe("draft", plan.gammas[0], 0)
+    planner.observe("draft", plan.gammas[0], 1)
+    stretch = 1 / (10 + (plan.gammas[0] > 1))  # successes over trials: a failure at every check but a full one
+    planner.observe_rate(plan, 1 / seconds_per_token(plan.stack, plan.gammas, costs, {"draft": stretch}))
+    assert planner.realized["draft"] == pytest.approx(1.0)
+    assert planner.acceptance["draft"].mean < 0.8
+    planner.plan(1000, 10)
+    # a later stretch of no checks (the draft idle) is measured at the estimate, as before
+    planner.observe_rate(Plan(("target",), (), 0.0), 1 / costs["target"][1])
+    assert planner.realized["ar"] == pytest.approx(1.0)
+
+
 def test_the_running_mode_stays_unless_another_is_clearly_faster():
     """A switch costs a catch-up and chases noise when the two are close: ar must promise SWITCH_MARGIN
     more than the running draft mode to replace it."""

@@ -28,9 +28,10 @@ evidence: at each plan, what it would have proposed for the tokens committed mea
 Plans are scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen
 little gets tried, and the estimate it then earns decides. What the model leaves out (verification and bookkeeping between forwards) is learned
 too: each mode's prediction is scaled by the speed it really reached over the rounds it last ran, against
-what the model predicts for them (an untried speculative mode by the mean of the speculative modes tried;
-`ar`, which verifies nothing, by 1; an idle mode's factor fades back towards 1 as its acceptance evidence
-fades).
+what the model predicts for them at the acceptance those rounds' own checks saw (so the factor holds only
+what the model leaves out: a stretch of poor proposals lowers the acceptance estimate, not also the
+mode's factor); an untried speculative mode by the mean of the speculative modes tried; `ar`, which
+verifies nothing, by 1; an idle mode's factor fades back towards 1 as its acceptance evidence fades.
 
 In a batch (LLM.generate's prompts, a server's running requests) one plan serves every request
 (`Batchmates`): its leader, the first request that plans, makes it from the acceptance of all members'
@@ -203,6 +204,7 @@ class AutoPlanner:
     chunk_seconds: float | None = None  # what a batchmate's prompt chunk adds to a target forward (observed)
     priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
     batchmates: Batchmates | None = None  # the requests run together with this one (None: it runs alone)
+    _stretch: dict[str, Acceptance] = field(default_factory=dict)  # per proposer: its checks since the last plan
     _key: str | None = None  # this request's kind, in `priors`
     _prior_source: str = "defaults"
     _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
@@ -299,10 +301,12 @@ class AutoPlanner:
                         "realized": {m: round(x, 3) for m, x in self.realized.items()},
                         "row_ms": round(1e3 * self.row_seconds, 3),
                         "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
+        self._stretch = {}
         return best
 
     def observe(self, proposer: str, gamma: int, accepted: int) -> None:
         self.acceptance[proposer].observe(gamma, accepted)
+        self._stretch.setdefault(proposer, Acceptance(0.0, 0.0)).observe(gamma, accepted)
 
     def observe_idle(self, proposer: str, accepted: float, tokens: float) -> None:
         """An idle proposer's expected acceptance over `tokens` committed tokens (auto.py)."""
@@ -339,12 +343,14 @@ class AutoPlanner:
 
     def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
         """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
-        verification and bookkeeping between them). Against what the model predicts for that plan now (the
-        acceptance seen, the costs as scaled; per sequence of the batch), this mode's later predictions are
+        verification and bookkeeping between them) since the last plan. Against what the model predicts for
+        that plan at the acceptance its checks saw since then (a proposer not checked meanwhile: its
+        estimate) and the costs as scaled (per sequence of the batch), this mode's later predictions are
         scaled likewise."""
         if any(name not in self._scaled for name in plan.stack):
             return  # a plan this planner did not score
         alphas = {name: a.mean for name, a in self.estimates().items()}
+        alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
         predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, self._scaled, alphas, self.row_seconds)
         old = self.realized.get(plan.mode)
         ratio = tokens_per_s * self._batch / predicted
