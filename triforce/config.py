@@ -74,9 +74,10 @@ class EngineConfig:
     # that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP with
     # chains, off when the mode's bottom tier proposes trees (it feeds chains only). In effect: `lookup_n`.
     lookup: int | None = None
-    # HierarchyEngine._produce: P > 0 ends the bottom tier's chain early after a proposal whose
-    # model gave its top token less than probability P; 0: chains of gamma always.
-    stop_below: float = 0.0
+    # HierarchyEngine._produce: P > 0 ends the bottom tier's chain early after a proposal whose model gave its
+    # top token less than probability P; 0: chains of gamma always; None: in mode auto the planner's choice
+    # (AutoPlanner.stop_below: on where checks grow steeply with their tokens), 0 in the fixed modes.
+    stop_below: float | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -112,7 +113,7 @@ class EngineConfig:
             raise ConfigError("lookup mixes its copies into chain proposals; with this mode's tree "
                               f"({'tree2' if self.mode == 'retrieval' else 'tree1'}) it would do nothing: leave one "
                               "of them at 0")
-        if not 0 <= self.stop_below < 1:
+        if self.stop_below is not None and not 0 <= self.stop_below < 1:
             raise ConfigError(f"stop_below must be a probability in [0, 1) (0: off; got {self.stop_below!r})")
         if self.stop_below and self.proposal_tree:
             raise ConfigError("stop_below ends chains early; this mode's proposals are a tree, which the tree's "

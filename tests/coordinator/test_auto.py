@@ -198,6 +198,38 @@ def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_f
     assert planner.realized["ar"] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("growth,expected", [(0.02, 0.0), (0.5, planning.STOP_BELOW)])
+def test_chains_end_early_where_checks_grow_steeply(growth, expected):
+    """With tiles a check of 4 tokens costs about one token's (growth 0.02 a token): chains run to gamma.
+    Where each token adds half a token's cost (vector arithmetic), the draft ends a chain after an unsure
+    proposal. The decision is recorded with the plan."""
+    costs = {"draft": {1: 0.05}, "target": {n: 1.0 + growth * (n - 1) for n in FLAT}}
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = planning.Acceptance(0.9, successes=9e3, trials=1e4)
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft" and planner.stop_below(plan) == expected
+    assert planner.decisions[-1]["stop_below"] == expected
+    assert planner.stop_below(Plan(("target",), (), 0.0)) == 0.0
+
+
+def test_auto_ends_chains_as_its_planner_says(models, prompt, replan_every_round, monkeypatch):
+    """Greedy still equals plain decoding while the plans change and the chains end early (a threshold
+    at which some do), and a fixed stop_below overrides the planner's."""
+    target, draft = models
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 140).generate(prompt, params)
+    monkeypatch.setattr(ScriptedPlanner, "stop_below", lambda self, plan: 0.6)
+    engine = scripted_engine(models, prompt, 60, "triforce-first")
+    tokens, metrics = engine.generate(prompt, params)
+    assert tokens == reference and engine.stop_below == 0.6
+    pair = next(t for t in metrics.tiers if (t.drafter, t.name) == ("draft", "retrieval"))
+    assert 0 < pair.proposed < 3 * pair.checks  # some of the draft's chains of 3 (triforce-first) ended early
+    fixed = build_engine(EngineConfig(mode="auto", stop_below=0.2, **SETTINGS), target, draft, 140)
+    fixed.planner = ScriptedPlanner({t.name: t for t in fixed.ladder}, SCRIPTS["triforce-first"])
+    fixed.generate(prompt, params)
+    assert fixed.stop_below == 0.2
+
+
 def test_the_running_mode_stays_unless_another_is_clearly_faster():
     """A switch costs a catch-up and chases noise when the two are close: ar must promise SWITCH_MARGIN
     more than the running draft mode to replace it."""

@@ -46,9 +46,11 @@ MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs woul
 class AutoEngine(HierarchyEngine):
     """The hierarchy of whichever of its tiers the planner picks, re-picked between rounds (see above)."""
 
-    def __init__(self, ladder: list[Tier], planner: AutoPlanner, lookup: int = 0, stop_below: float = 0.0):
-        """ladder: the request's tiers cheapest first, the target last; lookup, stop_below: HierarchyEngine's."""
-        super().__init__([ladder[-1]], [], lookup=lookup, stop_below=stop_below)
+    def __init__(self, ladder: list[Tier], planner: AutoPlanner, lookup: int = 0, stop_below: float | None = None):
+        """ladder: the request's tiers cheapest first, the target last; lookup, stop_below: HierarchyEngine's
+        (stop_below None: the planner's, per plan)."""
+        super().__init__([ladder[-1]], [], lookup=lookup, stop_below=stop_below or 0.0)
+        self.planned_stop = stop_below is None
         self.ladder, self.planner = list(ladder), planner
         self.rounds = 0  # rounds begun (a batchmate that has begun none may be measured with)
         self._pairs: dict[tuple[str, str], TierStats] = {}
@@ -148,6 +150,8 @@ class AutoEngine(HierarchyEngine):
                 for step in tier.prefill_steps(self.seq[tier.length:-1]):
                     yield Forward(tier, self.ladder.index(tier), step, "none")
         self.tiers, self.gammas = stack, list(plan.gammas)
+        if self.planned_stop:
+            self.stop_below = self.planner.stop_below(plan)
         self._running, self._shared = (plan, generated, time.perf_counter()), False
 
     def _emitted(self, tokens: list[int], rows: list) -> None:

@@ -97,9 +97,9 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
         return HierarchyEngine([verifier], [])
     if cfg.mode == "draft":
         return HierarchyEngine([draft_tier(), verifier], [cfg.gamma1], shaper(cfg.tree1), cfg.lookup_n,
-                               cfg.stop_below)
+                               cfg.stop_below or 0.0)
     if cfg.mode == "retrieval":
         return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2], shaper(cfg.tree2), cfg.lookup_n,
-                               cfg.stop_below)
+                               cfg.stop_below or 0.0)
     return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2], shaper(cfg.tree1),
-                           cfg.lookup_n, cfg.stop_below)
+                           cfg.lookup_n, cfg.stop_below or 0.0)

@@ -43,6 +43,9 @@ have not begun to decode, or alone. At batch 8 the weights are read once for eig
 one's KV cache is what costs, which favours the retrieval tier over the draft where one sequence alone
 would not.
 
+Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
+the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py).
+
 The running mode stays unless another promises SWITCH_MARGIN more. Costs are re-read when the
 context moves past what they were measured at (the table measures once per machine, model, context and
 batch size), and each tier's are scaled by how long its forwards in this request really took against the
@@ -68,6 +71,8 @@ PRIOR_TRIALS = 4.0  # ...worth this many trials
 COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
+STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability...
+STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (README, The AVX2 path)
 EVIDENCE_KEPT = 0.85  # of the acceptance evidence, at each plan: a memory of about 7 plans
 STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
                ("draft", "retrieval", "target"): "triforce"}
@@ -292,7 +297,7 @@ class AutoPlanner:
         if not self.decisions or self.decisions[-1]["mode"] != best.mode or \
                 self.decisions[-1]["gammas"] != list(best.gammas):
             self.decisions.append({
-                "at_token": generated, "context": context, **best.to_dict(),
+                "at_token": generated, "context": context, **best.to_dict(), "stop_below": self.stop_below(best),
                 "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
                         "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
                         "prior": self._prior_source, "batch": self._batch,
@@ -303,6 +308,15 @@ class AutoPlanner:
                         "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
         self._stretch = {}
         return best
+
+    def stop_below(self, plan: Plan) -> float:
+        """The bottom tier's `stop_below` under `plan`: STOP_BELOW where the tier that checks its chains costs
+        STEEP_CHECKS times as much for 4 tokens as for 1 (costs as last planned with), else 0 (with tiles a
+        longer check costs about what a shorter one does, and ending chains early only loses tokens)."""
+        check = self._scaled.get(plan.stack[1]) if len(plan.stack) > 1 else None
+        if not check:
+            return 0.0
+        return STOP_BELOW if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0
 
     def observe(self, proposer: str, gamma: int, accepted: int) -> None:
         self.acceptance[proposer].observe(gamma, accepted)

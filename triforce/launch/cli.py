@@ -66,8 +66,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the bottom tier ends a chain early after a proposal whose model gave its top token less "
                         "than probability P (an unlikely survivor: the check is shorter and cheaper); exact; pays "
                         "where a check costs more with every token it holds (CPUs without AVX512-BF16), loses "
-                        "where it does not (README, The AVX2 path); 0 = chains of gamma always "
-                        "(default %(default)s)")
+                        "where it does not (README, The AVX2 path); 0 = chains of gamma always (default: in mode "
+                        "auto 0.3 where this machine's checks grow steeply with their tokens, else 0; 0 in the "
+                        "fixed modes)")
     g.add_argument("--budget", type=int, default=_DEFAULTS.budget, help="tokens in the retrieval cache")
     g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
     g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
