@@ -116,3 +116,12 @@ def test_bench_sweeps_an_engine_setting(tiny_dir, tmp_path):
     assert [(r["run"], r.get("lookup")) for r in rows] == [("ar", None), ("triforce", 0), ("triforce", 2)]
     assert "lookup_stats" not in rows[1] and rows[2]["lookup_stats"][0]["candidates"] > 0
     assert all(r["equals_ar"] for r in rows[1:])
+
+
+def test_a_sweep_casts_each_value_to_its_settings_type():
+    from triforce.launch.bench import _parse_sweep
+
+    assert _parse_sweep("stop_below=0,0.3") == ("stop_below", [0.0, 0.3])  # float | None
+    assert _parse_sweep("tree1=auto,4") == ("tree1", ["auto", 4])  # int | str
+    assert _parse_sweep("lookup=0,3") == ("lookup", [0, 3])  # int | None
+    assert _parse_sweep("budget=256,512") == ("budget", [256, 512])

@@ -93,13 +93,14 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
         ladder += [retrieval_tier(), verifier]
         return AutoEngine(ladder, AutoPlanner({t.name: t for t in ladder}, cfg.budget, priors=Priors.default(),
                                               batchmates=batchmates), cfg.lookup_n, cfg.stop_below)
+    stop_below = cfg.stop_below or 0.0  # the fixed modes' (None: 0)
     if cfg.mode == "ar":
         return HierarchyEngine([verifier], [])
     if cfg.mode == "draft":
         return HierarchyEngine([draft_tier(), verifier], [cfg.gamma1], shaper(cfg.tree1), cfg.lookup_n,
-                               cfg.stop_below or 0.0)
+                               stop_below)
     if cfg.mode == "retrieval":
         return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2], shaper(cfg.tree2), cfg.lookup_n,
-                               cfg.stop_below or 0.0)
+                               stop_below)
     return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2], shaper(cfg.tree1),
-                           cfg.lookup_n, cfg.stop_below or 0.0)
+                           cfg.lookup_n, stop_below)

@@ -71,7 +71,7 @@ def _parse_sweep(spec: str | None) -> tuple[str | None, list]:
     field_types = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
     if name not in field_types or not values:
         raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting (got {spec!r})")
-    cast = {"int": int, "float": float}.get(str(field_types[name]), str)
+    cast = {"int": int, "float": float, "float | None": float}.get(str(field_types[name]), str)
     return name, [int(v) if v.isdigit() and "int" in str(field_types[name]) else cast(v) for v in values.split(",")]
 
 
