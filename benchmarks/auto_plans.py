@@ -40,6 +40,7 @@ def main() -> None:
         def logged(self, context, generated, busy=False):
             best = plan(self, context, generated, busy)
             every.append({"at_token": generated, "mode": best.mode, "gammas": list(best.gammas),
+                          "stop_below": best.stop_below,
                           "predicted_tokens_per_s": round(best.tokens_per_s, 2),
                           "acceptance": {n: [round(a.mean, 3), round(a.optimistic, 3), round(a.trials, 1)]
                                          for n, a in self.estimates().items()},

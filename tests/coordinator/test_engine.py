@@ -337,7 +337,7 @@ def test_chains_that_end_early_sample_the_target_distribution(small_vocab, mode,
     prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
     expected = exact_two_token_distribution(target, prompt, params)
-    settings = dict(mode=mode, retrieval_policy=policy, gamma1=3, gamma2=3, **SETTINGS)
+    settings = dict(mode=mode, retrieval_policy=policy, gamma1=3, gamma2=3, lookup=0, **SETTINGS)  # no copies
     seen = record_confidences(monkeypatch)
     build_engine(EngineConfig(**settings, stop_below=1e-9), target, draft, len(prompt) + 2).generate(prompt, params)
     cfg = EngineConfig(**settings, stop_below=seen[0] + 1e-4)
@@ -352,6 +352,20 @@ def test_chains_that_end_early_sample_the_target_distribution(small_vocab, mode,
         return engine.generate(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))[0]
 
     assert_two_token_distribution(once, expected, trials=2000)
+
+
+def test_a_lookup_copy_does_not_end_a_chain(models, monkeypatch):
+    """A proposal copied by the prompt lookup is as sure as the lookup's record, not as the model: with a
+    threshold above every confidence of the tiny draft, chains still run past their copies (the repeated
+    block makes the lookup's copies win the argmax), and greedy still equals plain decoding."""
+    target, draft = models
+    prompt = (torch.randint(3, 96, (20,), generator=torch.Generator().manual_seed(1)).tolist() * 8)[:150]
+    params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    seen = record_confidences(monkeypatch)
+    tokens, metrics = run(target, draft, "draft", prompt, params, lookup=2, gamma1=4, stop_below=0.99)
+    assert tokens == reference and max(seen) < 0.99
+    assert metrics.tiers[0].proposed > metrics.tiers[0].checks  # some chains went on past a proposal
 
 
 def test_chain_stop_settings():

@@ -46,11 +46,10 @@ MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs woul
 class AutoEngine(HierarchyEngine):
     """The hierarchy of whichever of its tiers the planner picks, re-picked between rounds (see above)."""
 
-    def __init__(self, ladder: list[Tier], planner: AutoPlanner, lookup: int = 0, stop_below: float | None = None):
-        """ladder: the request's tiers cheapest first, the target last; lookup, stop_below: HierarchyEngine's
-        (stop_below None: the planner's, per plan)."""
-        super().__init__([ladder[-1]], [], lookup=lookup, stop_below=stop_below or 0.0)
-        self.planned_stop = stop_below is None
+    def __init__(self, ladder: list[Tier], planner: AutoPlanner, lookup: int = 0):
+        """ladder: the request's tiers cheapest first, the target last; lookup: HierarchyEngine's. Each plan
+        carries its stop_below (the planner's, or the user's: AutoPlanner.fixed_stop)."""
+        super().__init__([ladder[-1]], [], lookup=lookup)
         self.ladder, self.planner = list(ladder), planner
         self.rounds = 0  # rounds begun (a batchmate that has begun none may be measured with)
         self._pairs: dict[tuple[str, str], TierStats] = {}
@@ -121,7 +120,7 @@ class AutoEngine(HierarchyEngine):
         mates = self.planner.batchmates
         if self._running is None:  # the first plan, once the batch has joined
             batch = 1 if mates is None else mates.size(self.planner)
-            self.planner.recall(request_key(self.ladder, self.params, batch, self.lookup_n))
+            self.planner.recall(request_key(self.ladder, self.params, batch, self.lookup_n, self.planner.fixed_stop))
         self._planned_busy = self._busy()  # a follower's too: else it re-plans every round once it differs
         if mates is not None and mates.leader() is not self and mates.plan is not None:
             self.planner.fade()
@@ -149,10 +148,9 @@ class AutoEngine(HierarchyEngine):
             if tier not in self.tiers:
                 for step in tier.prefill_steps(self.seq[tier.length:-1]):
                     yield Forward(tier, self.ladder.index(tier), step, "none")
-        self.tiers, self.gammas = stack, list(plan.gammas)
-        if self.planned_stop:
-            self.stop_below = self.planner.stop_below(plan)
+        self.tiers, self.gammas, self.stop_below = stack, list(plan.gammas), plan.stop_below
         self._running, self._shared = (plan, generated, time.perf_counter()), False
+        self.planner.begin_stretch()
 
     def _emitted(self, tokens: list[int], rows: list) -> None:
         self._target_p += [float(row[token]) for token, row in zip(tokens, rows)]

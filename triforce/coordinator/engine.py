@@ -8,13 +8,13 @@ only the valid prefix p + a. After each target check, `sync` lets the retrieval 
 its speculative KV with the target's.
 
 `_produce(level, n)` returns at least n tokens sampled exactly from tier `level`'s distribution, with
-that tier's probabilities at each: tier 0 samples autoregressively; any higher tier repeatedly takes
-`gammas[level - 1]` tokens from the tier below and verifies them (speculation/verify.py; the run yields
-a `Check`, so that a batch verifies all its sequences' chains in one call), except that
-with a `TreeShaper` tier 1 checks a token tree that tier 0 grows (Sequoia; coordinator/trees.py,
-speculation/tree.py) in one forward. After a tree check every cache keeps the accepted path of its tree
-entries (`keep_path`); a chain's path is its accepted prefix. The output is one round of
-`_produce(top, 1)` after another. Every random draw is made here, with the request's own generator.
+that tier's probabilities at each: tier 0 samples autoregressively (as a proposer it may end a chain
+early: `stop_below`); any higher tier repeatedly takes up to `gammas[level - 1]` tokens from the tier
+below and verifies them (speculation/verify.py; the run yields a `Check`, so that a batch verifies all
+its sequences' chains in one call), except that with a `TreeShaper` tier 1 checks a token tree that
+tier 0 grows (Sequoia; coordinator/trees.py, speculation/tree.py) in one forward. After a tree check
+every cache keeps the accepted path of its tree entries (`keep_path`); a chain's path is its accepted
+prefix. The output is one round of `_produce(top, 1)` after another. Every random draw is made here, with the request's own generator.
 
 An engine serves one sequence (its tiers hold that sequence's caches). `run` is that sequence's whole
 request as a generator that yields each forward it needs (`Forward`: which tier, which step) and is sent
@@ -196,7 +196,8 @@ class HierarchyEngine:
         As a proposer (below the target) the bottom tier may return fewer: with `stop_below`, it ends its
         chain after a token whose row its model gave a top probability, at temperature 1, below that (a
         proposal unlikely to survive, and the ones after it less likely still), so that the check holds
-        fewer tokens. Sampling stays exact: where a chain ends is decided from the proposer's own state
+        fewer tokens; not after the prompt lookup's copy, which is as sure as the lookup's record, not as
+        the model. Sampling stays exact: where a chain ends is decided from the proposer's own state
         before the checker sees the chain, and verification is exact for a chain of any length (each
         position's accept-or-resample rule reads only the two tiers' rows there; the check draws the token
         after the chain from the checker)."""
@@ -209,13 +210,14 @@ class HierarchyEngine:
             if level == 0:
                 logits = (yield from self._forward(0))[-1]
                 row = self._probs(logits[None])[0]
-                if self.lookup is not None and proposing:
+                copy = self.lookup.candidate(seq) if self.lookup is not None and proposing else None
+                if copy is not None:
                     row = self.lookup.propose(seq, row)
                 token = sample(row, self.generator, greedy)
                 seq.append(token)
                 tokens.append(token)
                 probs.append(row)
-                if stop_below and top_probability(logits) < stop_below:
+                if stop_below and token != copy and top_probability(logits) < stop_below:
                     break
                 continue
             check = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)
@@ -225,7 +227,7 @@ class HierarchyEngine:
         return tokens, probs
 
     def _check_chain(self, level: int) -> Produced:
-        """Tier `level` checks a chain of gamma tokens from the tier below."""
+        """Tier `level` checks a chain of up to gamma tokens from the tier below."""
         position = len(self.seq)
         # The tier below may overshoot (a check yields up to its accepted length + 1): check exactly gamma, so
         # a check costs what its setting says (the rest are dropped like rejected proposals; exactness holds,

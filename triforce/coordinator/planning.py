@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 
 import torch
@@ -100,13 +100,15 @@ class Plan:
     stack: tuple[str, ...]  # tier names, cheapest first; the last is the target
     gammas: tuple[int, ...]  # tokens per check at each level above the bottom
     tokens_per_s: float  # what the model predicts
+    stop_below: float = 0.0  # the bottom tier's chains end after a proposal it was less sure of (engine.py)
 
     @property
     def mode(self) -> str:
         return STACK_MODES[self.stack]
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "gammas": list(self.gammas), "predicted_tokens_per_s": round(self.tokens_per_s, 2)}
+        return {"mode": self.mode, "gammas": list(self.gammas), "stop_below": self.stop_below,
+                "predicted_tokens_per_s": round(self.tokens_per_s, 2)}
 
 
 @dataclass
@@ -209,6 +211,7 @@ class AutoPlanner:
     chunk_seconds: float | None = None  # what a batchmate's prompt chunk adds to a target forward (observed)
     priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
     batchmates: Batchmates | None = None  # the requests run together with this one (None: it runs alone)
+    fixed_stop: float | None = None  # the request's stop_below where the user set one (None: chosen per plan)
     _stretch: dict[str, Acceptance] = field(default_factory=dict)  # per proposer: its checks since the last plan
     _key: str | None = None  # this request's kind, in `priors`
     _prior_source: str = "defaults"
@@ -294,10 +297,11 @@ class AutoPlanner:
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
             rate, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
             best = Plan(stack, gammas, rate)
-        if not self.decisions or self.decisions[-1]["mode"] != best.mode or \
-                self.decisions[-1]["gammas"] != list(best.gammas):
+        best = replace(best, stop_below=self._stop_below(best.stack))
+        last = self.decisions[-1] if self.decisions else {}
+        if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
             self.decisions.append({
-                "at_token": generated, "context": context, **best.to_dict(), "stop_below": self.stop_below(best),
+                "at_token": generated, "context": context, **best.to_dict(),
                 "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
                         "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
                         "prior": self._prior_source, "batch": self._batch,
@@ -306,17 +310,23 @@ class AutoPlanner:
                         "realized": {m: round(x, 3) for m, x in self.realized.items()},
                         "row_ms": round(1e3 * self.row_seconds, 3),
                         "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
-        self._stretch = {}
         return best
 
-    def stop_below(self, plan: Plan) -> float:
-        """The bottom tier's `stop_below` under `plan`: STOP_BELOW where the tier that checks its chains costs
-        STEEP_CHECKS times as much for 4 tokens as for 1 (costs as last planned with), else 0 (with tiles a
-        longer check costs about what a shorter one does, and ending chains early only loses tokens)."""
-        check = self._scaled.get(plan.stack[1]) if len(plan.stack) > 1 else None
+    def _stop_below(self, stack: tuple[str, ...]) -> float:
+        """The bottom tier's `stop_below` on `stack`: the user's where set; else STOP_BELOW where the tier
+        that checks its chains costs STEEP_CHECKS times as much for 4 tokens as for 1 (the costs planned
+        with), and 0 otherwise (with tiles a longer check costs about what a shorter one does, and ending
+        chains early only loses tokens)."""
+        if self.fixed_stop is not None:
+            return self.fixed_stop
+        check = self._scaled.get(stack[1]) if len(stack) > 1 else None
         if not check:
             return 0.0
         return STOP_BELOW if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0
+
+    def begin_stretch(self) -> None:
+        """A plan starts running (or runs on after a re-plan): its checks from now on are its stretch's."""
+        self._stretch = {}
 
     def observe(self, proposer: str, gamma: int, accepted: int) -> None:
         self.acceptance[proposer].observe(gamma, accepted)

@@ -3,7 +3,7 @@ first plan starts from it instead of generic guesses.
 
 For each kind of request (the machine; each tier's kind and the fingerprint of its model's weights; the
 sampling settings, since acceptance depends on the temperature; the batch size planned for),
-`priors.json` beside the costs holds:
+`priors-2.json` beside the costs holds:
 - `acceptance`: per proposer, the per-token acceptance its checks saw lately (the draft's, the retrieval
   tier's); the planner takes it as its prior, worth LEARNED_TRIALS trials (a generic prior is worth
   fewer: the planner explores less where it already knows);
@@ -42,20 +42,22 @@ def weights_key(model) -> str:
     return model._weights_key
 
 
-def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, lookup: int = 0) -> str:
+def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, lookup: int = 0,
+                stop_below: float | None = None) -> str:
     """The kind of request: machine, tiers (kind and weights), sampling settings, the batch size it
-    plans for (a mode's speed against its model differs with it) and the prompt lookup's n (it changes
-    what the bottom tier proposes)."""
+    plans for (a mode's speed against its model differs with it), the prompt lookup's n (it changes
+    what the bottom tier proposes) and a stop_below the user fixed (it changes which proposals are
+    checked; None, the planner's choice, is the same on one machine)."""
     tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}"
     return (f"{machine_key()}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
-            + (f"||lookup={lookup}" if lookup else ""))
+            + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else ""))
 
 
 class Priors(CalibrationFile):
     """Entries "request key" -> {"acceptance": {proposer: mean}, "realized": {mode: factor}}."""
 
-    filename = "priors.json"
+    filename = "priors-2.json"  # 2: speed factors measured at each stretch's own acceptance (planning.py)
 
     def recall(self, key: str) -> dict[str, dict[str, float]]:
         entry = self.entries.get(key, {})

@@ -71,8 +71,12 @@ def _parse_sweep(spec: str | None) -> tuple[str | None, list]:
     field_types = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
     if name not in field_types or not values:
         raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting (got {spec!r})")
-    cast = {"int": int, "float": float, "float | None": float}.get(str(field_types[name]), str)
-    return name, [int(v) if v.isdigit() and "int" in str(field_types[name]) else cast(v) for v in values.split(",")]
+    kind = str(field_types[name])
+    cast = float if "float" in kind else int if kind == "int" else str
+    try:
+        return name, [int(v) if v.isdigit() and "int" in kind else cast(v) for v in values.split(",")]
+    except ValueError:
+        raise UserError(f"--sweep {name} takes {kind} values (got {values!r})") from None
 
 
 def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tuple[list[int], str]:
