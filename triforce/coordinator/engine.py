@@ -14,7 +14,8 @@ below and verifies them (speculation/verify.py; the run yields a `Check`, so tha
 its sequences' chains in one call), except that with a `TreeShaper` tier 1 checks a token tree that
 tier 0 grows (Sequoia; coordinator/trees.py, speculation/tree.py) in one forward. After a tree check
 every cache keeps the accepted path of its tree entries (`keep_path`); a chain's path is its accepted
-prefix. The output is one round of `_produce(top, 1)` after another. Every random draw is made here, with the request's own generator.
+prefix. The output is one round of `_produce(top, 1)` after another. Every random draw is made here,
+with the request's own generator.
 
 An engine serves one sequence (its tiers hold that sequence's caches). `run` is that sequence's whole
 request as a generator that yields each forward it needs (`Forward`: which tier, which step) and is sent
@@ -211,8 +212,7 @@ class HierarchyEngine:
                 logits = (yield from self._forward(0))[-1]
                 row = self._probs(logits[None])[0]
                 copy = self.lookup.candidate(seq) if self.lookup is not None and proposing else None
-                if copy is not None:
-                    row = self.lookup.propose(seq, row)
+                row = self.lookup.mix(row, copy) if copy is not None else row
                 token = sample(row, self.generator, greedy)
                 seq.append(token)
                 tokens.append(token)

@@ -26,12 +26,13 @@ each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows t
 dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
 evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py).
 Plans are scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen
-little gets tried, and the estimate it then earns decides. What the model leaves out (verification and bookkeeping between forwards) is learned
-too: each mode's prediction is scaled by the speed it really reached over the rounds it last ran, against
-what the model predicts for them at the acceptance those rounds' own checks saw (so the factor holds only
-what the model leaves out: a stretch of poor proposals lowers the acceptance estimate, not also the
-mode's factor); an untried speculative mode by the mean of the speculative modes tried; `ar`, which
-verifies nothing, by 1; an idle mode's factor fades back towards 1 as its acceptance evidence fades.
+little gets tried, and the estimate it then earns decides. What the model leaves out (verification and
+bookkeeping between forwards) is learned too: each mode's prediction is scaled by the speed it really
+reached over the rounds it last ran, against what the model predicts for them at the acceptance those
+rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
+lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
+the speculative modes tried; `ar`, which verifies nothing, by 1; an idle mode's factor fades back towards
+1 as its acceptance evidence fades.
 
 In a batch (LLM.generate's prompts, a server's running requests) one plan serves every request
 (`Batchmates`): its leader, the first request that plans, makes it from the acceptance of all members'
@@ -212,7 +213,7 @@ class AutoPlanner:
     priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
     batchmates: Batchmates | None = None  # the requests run together with this one (None: it runs alone)
     fixed_stop: float | None = None  # the request's stop_below where the user set one (None: chosen per plan)
-    _stretch: dict[str, Acceptance] = field(default_factory=dict)  # per proposer: its checks since the last plan
+    _stretch: dict[str, Acceptance] = field(default_factory=dict)  # per proposer: its checks since begin_stretch
     _key: str | None = None  # this request's kind, in `priors`
     _prior_source: str = "defaults"
     _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured

@@ -70,7 +70,10 @@ class ContextLookup:
 
     def propose(self, seq: list[int], probs: torch.Tensor) -> torch.Tensor:
         """The bottom tier's distribution `probs` [V] for the token after `seq`, mixed with the candidate."""
-        token = self.candidate(seq)
+        return self.mix(probs, self.candidate(seq))
+
+    def mix(self, probs: torch.Tensor, token: int | None) -> torch.Tensor:
+        """`probs` [V] mixed with the candidate `token` (None: unchanged)."""
         if token is None:
             return probs
         w = self.weight
