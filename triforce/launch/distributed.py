@@ -130,7 +130,8 @@ def launch_with_torchrun(args) -> int:
         while True:
             try:
                 return torchrun.wait()
-            except KeyboardInterrupt:  # torchrun got the Ctrl-C too (and ends on a second): wait for it
+            except KeyboardInterrupt:  # torchrun got the Ctrl-C too and ends the ranks: wait for it, deaf to
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # more, which reach torchrun by themselves
                 continue
     finally:
         signal.signal(signal.SIGTERM, previous)

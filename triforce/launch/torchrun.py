@@ -16,6 +16,13 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 
+def ignore_further_signals() -> None:
+    """From here on SIGINT and SIGTERM do nothing: the process is ending anyway, and a signal that lands in
+    the interpreter's exit (torch's atexit finalizers) would print a traceback instead."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
     # its "failed (exitcode: N) local_rank: R" line too; torchrun's other warnings (rendezvous) stay
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
@@ -30,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"triforce: error: rank {rank} was ended by signal {-failure.exitcode}", file=sys.stderr)
         return next((f.exitcode for _, f in failures if f.exitcode > 0), 1)
     except SignalException as exc:  # SIGTERM or SIGINT: torchrun has passed it on to the ranks
+        ignore_further_signals()  # one more (an impatient Ctrl-C) must not interrupt the exit into a traceback
         return 128 + int(exc.sigval)
     return 0
 
