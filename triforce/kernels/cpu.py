@@ -9,7 +9,7 @@ Levels, lowest first (what each needs from the CPU):
 
 The level is the CPU's best, or lower with TRIFORCE_CPU_ISA=avx2|avx512|amx (a level the CPU lacks is
 refused), or none with TRIFORCE_CPU_KERNELS=0. Each level is its own extension (triforce_cpu_<level>),
-compiled once by torch (about two minutes here) and cached in ~/.cache/torch_extensions. A build that
+compiled once by torch (20-25 s on the 2-core Xeon) and cached in ~/.cache/torch_extensions. A build that
 fails on a CPU that should have the kernels logs one warning saying so and what runs instead (the next
 level down, or torch's paths).
 """
@@ -105,7 +105,7 @@ def _build(level: str):
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
     _clear_stale_lock(build_dir / "lock")
     if not (build_dir / f"{name}.so").exists():
-        print(f"triforce: compiling the CPU kernels for {level} (a minute or two, once)", file=sys.stderr)
+        print(f"triforce: compiling the CPU kernels for {level} (half a minute or so, once)", file=sys.stderr)
     return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
                               extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
 
@@ -113,7 +113,7 @@ def _build(level: str):
 def _clear_stale_lock(lock: Path, stale_s: float = STALE_LOCK_S, poll_s: float = 2.0) -> None:
     """torch's builder waits, without end, for the lock file of the build in progress to go; a build killed
     midway leaves it behind, and every later process would hang. Waits for another process's build up to
-    `stale_s` after the lock was made (a build takes a minute or two), then removes the lock, saying so."""
+    `stale_s` after the lock was made (a build takes under a minute), then removes the lock, saying so."""
     while True:
         try:
             age = time.time() - lock.stat().st_mtime

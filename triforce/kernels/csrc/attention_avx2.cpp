@@ -4,7 +4,7 @@
 // and values stay bfloat16 in memory and are widened to float32 a block at a time in L1; scores and the
 // P . V product are float32 FMA; the online softmax uses vec256.h's exp. Query rows are widened and
 // pre-scaled once per range. Each block of K and V is read once for all R = G * n rows.
-#include <torch/extension.h>
+#include "aten.h"
 #include <immintrin.h>
 
 #include "flash_decode.h"
@@ -105,8 +105,8 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
 }  // namespace
 }  // namespace triforce_attention
 
-torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale,
-                                    bool /*allow_amx*/, const std::optional<torch::Tensor>& mask) {
+at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
+                                    bool /*allow_amx*/, const std::optional<at::Tensor>& mask) {
   using namespace triforce_attention;
   return decode_attention(q, k, v, scale, mask, attend_range<64>, attend_range<128>);
 }

@@ -9,8 +9,7 @@
 // A range is computed with AMX tiles where the CPU has them (attention_amx.cpp), else with AVX512-BF16
 // vector dot products (below), whose cost grows with every row: 2 to 4 rows share each pass so the
 // dot products' latency is hidden (one row alone waited on it; 20-25% slower at 8 to 16 new tokens).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten.h"
 #include <immintrin.h>
 
 #include "amx.h"
@@ -165,8 +164,8 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
 
 using namespace triforce_attention;
 
-torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx,
-                                    const std::optional<torch::Tensor>& mask) {
+at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
+                                    const std::optional<at::Tensor>& mask) {
 #if TRIFORCE_WITH_AMX
   if (allow_amx && triforce_amx::usable())
     return decode_attention(q, k, v, scale, mask, attend_range_amx<64>, attend_range_amx<128>);

@@ -1,7 +1,7 @@
 // What the AVX-512 decode-attention kernels share (attention_bf16.cpp, attention_amx.cpp); flash_decode.h
 // holds what every level shares.
 #pragma once
-#include <torch/extension.h>
+#include "aten.h"
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The CPU kernels of triforce as one torch extension (see triforce/kernels/cpu.py).
-#include <torch/extension.h>
+#include <torch/python.h>  // pybind11 and its tensor casters, without the rest of the C++ API (aten.h)
 
 torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx);
 torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx,

@@ -7,27 +7,30 @@
 // new rotated keys and values into a per-layer buffer at an offset and attend over the buffer up to
 // the new tokens (KVCache.layer_buffers). It calls the same kernels with the same arguments and torch
 // ops in the same order, so its output is bit-identical to the Python loop's (tests/kernels).
-#include <torch/extension.h>
+#include "aten.h"
+#include <ATen/TensorOperators.h>  // x + y
+#include <ATen/ops/cat.h>
+#include <ATen/ops/linear.h>
 
 #include <optional>
 #include <vector>
 
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx);
-torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx,
-                                    const std::optional<torch::Tensor>& mask);
-torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
-torch::Tensor silu_mul_bf16(torch::Tensor gate_up);
-torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_amx);
+at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
+                                    const std::optional<at::Tensor>& mask);
+at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);
+at::Tensor silu_mul_bf16(at::Tensor gate_up);
+at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin);
 
 namespace {
 constexpr size_t kWeightsPerLayer = 7;  // input norm, qkv, qkv bias (empty: none), o, post norm, gate_up, down
 
 // kernels/linear.py's `linear` on a CPU with native bfloat16: the kernel up to kernel_rows rows, torch's
 // product (bias inside) past them.
-torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
                       int64_t kernel_rows, bool linear_amx) {
   const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (x.size(0) > kernel_rows) return has_bias ? torch::linear(x, w, bias) : torch::linear(x, w);
+  if (x.size(0) > kernel_rows) return has_bias ? at::linear(x, w, bias) : at::linear(x, w);
   const auto out = linear_bf16(x, w, false, linear_amx);
   return has_bias ? out + bias : out;
 }
@@ -41,13 +44,13 @@ torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torc
 // The weights are read once per layer for all sequences; each sequence attends over its own buffers.
 // Products of more than kernel_rows rows take torch's path (only where bfloat16 is native: the caller's
 // choice), as kernels/linear.py does.
-torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tensor>& weights,
-                                  const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weights,
+                                  const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                                   const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
-                                  torch::Tensor cos, torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
+                                  at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
                                   double eps, double scale, int64_t kernel_rows, bool linear_amx,
-                                  const std::vector<torch::Tensor>& last_query,
-                                  const std::vector<std::optional<torch::Tensor>>& masks) {
+                                  const std::vector<at::Tensor>& last_query,
+                                  const std::vector<std::optional<at::Tensor>>& masks) {
   const size_t seqs = rows.size();
   TORCH_CHECK(seqs > 0 && last_query.size() == seqs && masks.size() == seqs, "one row count, query store and mask "
               "per sequence");
@@ -59,10 +62,10 @@ torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tens
   for (const int64_t r : rows) total += r;
   TORCH_CHECK(total == x.size(0), "the row counts add up to x's rows");
   const int64_t n = x.size(0), d = last_query[0].size(2), hq = num_heads, hkv = num_kv_heads;
-  std::vector<torch::Tensor> parts(seqs);
-  const torch::Tensor no_bias;
+  std::vector<at::Tensor> parts(seqs);
+  const at::Tensor no_bias;
   for (size_t l = 0; l < layers; ++l) {
-    const torch::Tensor* w = weights.data() + l * kWeightsPerLayer;
+    const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
     const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], kernel_rows, linear_amx);
     const auto heads = qkv.view({n, hq + 2 * hkv, d}).transpose(0, 1);  // [h, n, d]
     int64_t row = 0;
@@ -79,7 +82,7 @@ torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tens
       parts[s] = decode_attention_bf16(q, k.narrow(1, 0, at + ns), v.narrow(1, 0, at + ns), scale, true, masks[s]);
       row += ns;
     }
-    const auto attn = seqs == 1 ? parts[0] : torch::cat(parts, 1);  // [hq, n, d]
+    const auto attn = seqs == 1 ? parts[0] : at::cat(parts, 1);  // [hq, n, d]
     x = x + project(attn.transpose(0, 1).reshape({n, hq * d}), w[3], no_bias, kernel_rows, linear_amx);
     const auto gate_up = project(rms_norm_bf16(x, w[4], eps), w[5], no_bias, kernel_rows, linear_amx);
     x = x + project(silu_mul_bf16(gate_up), w[6], no_bias, kernel_rows, linear_amx);

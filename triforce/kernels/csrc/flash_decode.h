@@ -3,8 +3,7 @@
 // into ranges processed in parallel (flash-decoding), and the merge of the ranges' partial results.
 // A level supplies only the range function: the online-softmax pass over keys [begin, end) of one head.
 #pragma once
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten.h"
 #include <xmmintrin.h>
 
 #include <algorithm>
@@ -74,8 +73,8 @@ using RangeFn = void (*)(const at::BFloat16* q, const at::BFloat16* k, const at:
                          Partial* st);
 
 template <int D>
-void flash_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, float scale,
-                  const TailMask& mask, RangeFn range, torch::Tensor& out) {
+void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, float scale,
+                  const TailMask& mask, RangeFn range, at::Tensor& out) {
   const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
   const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
   // Key ranges of at least 512 keys, as many as keep every thread equally busy: the number of
@@ -123,8 +122,8 @@ void flash_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 
 // Checks the arguments of decode_attention_bf16 and runs it with the range function for the head dim.
 // mask: [n, m] bool over the last m keys (n <= m <= S), or none for a chain.
-inline torch::Tensor decode_attention(torch::Tensor q, const torch::Tensor& k, const torch::Tensor& v, double scale,
-                                      const std::optional<torch::Tensor>& mask, RangeFn range64, RangeFn range128) {
+inline at::Tensor decode_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                      const std::optional<at::Tensor>& mask, RangeFn range64, RangeFn range128) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
               v.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [Hq, n, D], k and v [Hkv, S, D]");
@@ -135,7 +134,7 @@ inline torch::Tensor decode_attention(torch::Tensor q, const torch::Tensor& k, c
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == d && v.stride(1) == d &&
               k.stride(0) == v.stride(0), "k and v rows must be contiguous, with equal head strides");
   TailMask tail{nullptr, static_cast<int>(n), static_cast<int>(n), S};
-  torch::Tensor bits;
+  at::Tensor bits;
   if (mask.has_value() && mask->defined()) {
     bits = mask->contiguous();
     TORCH_CHECK(bits.scalar_type() == at::kBool && bits.dim() == 2 && bits.size(0) == n && bits.size(1) >= n &&
@@ -144,7 +143,7 @@ inline torch::Tensor decode_attention(torch::Tensor q, const torch::Tensor& k, c
   }
   // [Hq, n, D] with the G query heads of each KV head adjacent: row (g, i) of head h is q[h*G + g, i].
   q = q.contiguous();
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   if (d == 64) flash_decode<64>(q, k, v, static_cast<float>(scale), tail, range64, out);
   else flash_decode<128>(q, k, v, static_cast<float>(scale), tail, range128, out);
   return out;

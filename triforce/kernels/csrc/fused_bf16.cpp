@@ -3,7 +3,7 @@
 // A decode step spends as long in per-op overhead as in these ops' arithmetic, so each is fused. The
 // rounding follows the torch expressions they replace (models/llama.py, models/rope.py) step by step:
 // every intermediate that torch rounds to bfloat16 is rounded here too.
-#include <torch/extension.h>
+#include "aten.h"
 #include <immintrin.h>
 
 // Compiled in every build of kernels/cpu.py: silu_mul takes 16 lanes with AVX512-BF16, 8 with AVX2.
@@ -60,12 +60,12 @@ inline void silu_mul_lanes(const bf16* gate, const bf16* up, bf16* out) {
 }  // namespace
 
 // weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(bf16), rows of x: [n, H].
-torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && x.size(1) == weight.size(0), "x [n, H], weight [H]");
   x = x.contiguous();
   const int64_t n = x.size(0), h = x.size(1);
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   const bf16* xp = x.data_ptr<bf16>();
   const bf16* wp = weight.contiguous().data_ptr<bf16>();
   bf16* op = out.data_ptr<bf16>();
@@ -83,12 +83,12 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps) {
 // silu(gate) * up for gate_up = [gate | up]: [n, 2I] -> [n, I]. kLanes at a time: e^-g by the
 // polynomial of vec512.h / vec256.h (within 2 float ulps), both roundings to bf16 to nearest even, as
 // torch rounds, so results match torch's bit for bit nearly always.
-torch::Tensor silu_mul_bf16(torch::Tensor gate_up) {
+at::Tensor silu_mul_bf16(at::Tensor gate_up) {
   TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16 && gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
               "bfloat16 [n, 2I]");
   gate_up = gate_up.contiguous();
   const int64_t n = gate_up.size(0), half = gate_up.size(1) / 2;
-  auto out = torch::empty({n, half}, gate_up.options());
+  auto out = at::empty({n, half}, gate_up.options());
   const bf16* gp = gate_up.data_ptr<bf16>();
   bf16* op = out.data_ptr<bf16>();
   for (int64_t r = 0; r < n; ++r) {
@@ -106,7 +106,7 @@ torch::Tensor silu_mul_bf16(torch::Tensor gate_up) {
 }
 
 // x * cos + cat(-x2, x1) * sin for x [H, n, D] (any strides), cos and sin [n, D]: a new [H, n, D].
-torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kBFloat16 &&
               sin.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(x.dim() == 3 && cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(2) &&
@@ -115,7 +115,7 @@ torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   TORCH_CHECK(x.stride(2) == 1, "x rows must be contiguous");
   cos = cos.contiguous();
   sin = sin.contiguous();
-  auto out = torch::empty({H, n, D}, x.options());
+  auto out = at::empty({H, n, D}, x.options());
   const bf16* xp = x.data_ptr<bf16>();
   const bf16* cp = cos.data_ptr<bf16>();
   const bf16* sp = sin.data_ptr<bf16>();

@@ -5,8 +5,7 @@
 // check read the weights at half speed. Here y^T = W . x^T: 16 rows of W load straight from memory as
 // an A tile, x^T is packed once per call into B tiles (bf16 pairs of x's columns), and one tile
 // instruction does 16 outputs x 16 rows of x, so up to 16 rows cost what one does.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten.h"
 
 #include "amx.h"
 
@@ -60,7 +59,7 @@ void blocks_amx(const int32_t* xt, const at::BFloat16* w, Out* y, int n, int64_t
 }
 
 template <typename Out>
-void run_amx(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
+void run_amx(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int n = static_cast<int>(x.size(0));
   const int64_t K = x.size(1), N = w.size(0);
   const auto* x32 = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
@@ -78,7 +77,7 @@ void run_amx(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
   }
 }
 
-template void run_amx<float>(const torch::Tensor&, const torch::Tensor&, torch::Tensor&);
-template void run_amx<at::BFloat16>(const torch::Tensor&, const torch::Tensor&, torch::Tensor&);
+template void run_amx<float>(const at::Tensor&, const at::Tensor&, at::Tensor&);
+template void run_amx<at::BFloat16>(const at::Tensor&, const at::Tensor&, at::Tensor&);
 
 }  // namespace triforce_linear

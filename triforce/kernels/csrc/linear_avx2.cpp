@@ -6,7 +6,7 @@
 // registers (a bfloat16 is the top half of a float32: shift left by 16) and multiplied into all n
 // activation rows, which were widened once, with FMA. Float32 accumulation, rounded once, like
 // reference_linear; rows of W are split over torch's intra-op threads.
-#include <torch/extension.h>
+#include "aten.h"
 #include <immintrin.h>
 
 #include <vector>
@@ -43,7 +43,7 @@ constexpr triforce_linear::RowsFn<float, Out> kRows[triforce_linear::kPieceRows]
     linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
 
 template <typename Out>
-void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
+void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t K = x.size(1), N = w.size(0);
   // The few activation rows, widened once here (a torch op would cost its dispatch on every call).
   std::vector<float> xf(static_cast<size_t>(x.numel()));
@@ -56,7 +56,7 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 }  // namespace
 
 // float_out: float32 y, unrounded (logits). allow_amx: ignored (no tiles at this level).
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool /*allow_amx*/) {
+at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool /*allow_amx*/) {
   auto y = triforce_linear::checked_output(x, w, float_out);
   if (float_out) run<float>(x, w, y);
   else run<at::BFloat16>(x, w, y);

@@ -4,7 +4,7 @@
 // Decoding multiplies a few activation rows by every weight matrix, so it is bound by reading W.
 // This kernel streams each row of W once, multiplies it into all n activation rows with AVX512-BF16
 // dot products (_mm512_dpbf16_ps) and splits the rows of W over torch's intra-op threads.
-#include <torch/extension.h>
+#include "aten.h"
 #include <immintrin.h>
 
 #include "amx.h"
@@ -12,7 +12,7 @@
 
 namespace triforce_linear {
 template <typename Out>
-void run_amx(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y);
+void run_amx(const at::Tensor& x, const at::Tensor& w, at::Tensor& y);
 }  // namespace triforce_linear
 
 namespace {
@@ -43,7 +43,7 @@ constexpr triforce_linear::RowsFn<at::BFloat16, Out> kRows[triforce_linear::kPie
     linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
 
 template <typename Out>
-void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
+void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t K = x.size(1), N = w.size(0);
   triforce_linear::parallel_rows(kRows<Out>, static_cast<int>(x.size(0)), x.data_ptr<at::BFloat16>(),
                                  w.data_ptr<at::BFloat16>(), y.data_ptr<Out>(), K, N);
@@ -52,7 +52,7 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 }  // namespace
 
 // float_out: float32 y, unrounded (logits: bfloat16's 8-bit mantissa would tie near-equal candidates).
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx) {
+at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_amx) {
   const bool amx = allow_amx && triforce_amx::usable() && w.size(0) % 16 == 0;
   auto y = triforce_linear::checked_output(x, w, float_out);
 #if TRIFORCE_WITH_AMX

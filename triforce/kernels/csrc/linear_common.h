@@ -4,8 +4,7 @@
 // of x. More rows of x than that go in pieces over one tile of W rows at a time, so W still comes from
 // memory once and the later pieces read it from the core's cache.
 #pragma once
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "aten.h"
 
 #include <algorithm>
 
@@ -33,14 +32,14 @@ void parallel_rows(const RowsFn<X, Out>* rows, int n, const X* x, const at::BFlo
 
 // Checks linear_bf16's arguments (x [n, K] with n >= 1, W [N, K] contiguous, both bfloat16,
 // K a multiple of 32); makes x contiguous; returns y [n, N], float32 (unrounded: logits) or bfloat16.
-inline torch::Tensor checked_output(torch::Tensor& x, const torch::Tensor& w, bool float_out) {
+inline at::Tensor checked_output(at::Tensor& x, const at::Tensor& w, bool float_out) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [n, K], w [N, K]");
   TORCH_CHECK(x.size(1) % 32 == 0, "K must be a multiple of 32");
   TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
   TORCH_CHECK(x.size(0) >= 1, "at least one row of x");
   x = x.contiguous();
-  return torch::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
+  return at::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
 }
 
 }  // namespace triforce_linear

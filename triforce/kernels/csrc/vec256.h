@@ -1,7 +1,7 @@
 // AVX2 + FMA helpers shared by the `avx2` build's kernels (attention_avx2.cpp, linear_avx2.cpp,
 // fused_bf16.cpp), the counterparts of vec512.h.
 #pragma once
-#include <torch/extension.h>
+#include "aten.h"
 #include <immintrin.h>
 
 #include "exp_poly.h"

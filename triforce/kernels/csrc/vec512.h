@@ -1,6 +1,6 @@
 // AVX-512 helpers shared by the CPU kernels (attention, fused element-wise steps).
 #pragma once
-#include <torch/extension.h>
+#include "aten.h"
 #include <immintrin.h>
 
 #include "exp_poly.h"
