@@ -19,21 +19,36 @@ namespace {
 using triforce_vec256::bf16_to_ps;
 using triforce_vec256::hsum;
 
-// Rows [begin, end) of W against N_ROWS float32 rows of x (xf: [N_ROWS, K]); K a multiple of 16.
+// One row of W against ROWS <= 4 float32 rows of x (xf: [ROWS, K], K a multiple of 16) into y[t * N],
+// two accumulator chains per row to hide the FMA latency. The sums run in the same order for every ROWS,
+// so a row's result does not depend on how many rows share the pass.
+template <int ROWS, typename Out>
+inline void row_times_x(const float* xf, const at::BFloat16* wrow, Out* y, int64_t K, int64_t N) {
+  __m256 acc0[ROWS], acc1[ROWS];
+  for (int t = 0; t < ROWS; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __m256 w0 = bf16_to_ps(wrow + k), w1 = bf16_to_ps(wrow + k + 8);
+    for (int t = 0; t < ROWS; ++t) {
+      acc0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xf + t * K + k), acc0[t]);
+      acc1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xf + t * K + k + 8), acc1[t]);
+    }
+  }
+  for (int t = 0; t < ROWS; ++t) y[t * N] = Out(hsum(_mm256_add_ps(acc0[t], acc1[t])));
+}
+
+// Rows [begin, end) of W against N_ROWS float32 rows of x, at most 4 at a time: two chains for each of
+// 8 rows would not fit the 16 vector registers (they spilled, and 8 rows read W at 9 GB/s, 4 at 12; in
+// two passes over each row of W, 8 rows read it at 11-14 GB/s, benchmarks/linear_bandwidth.py).
 template <int N_ROWS, typename Out>
 void linear_rows(const float* xf, const at::BFloat16* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
-    const at::BFloat16* wrow = w + r * K;
-    __m256 acc0[N_ROWS], acc1[N_ROWS];  // two chains per row hide the FMA latency
-    for (int t = 0; t < N_ROWS; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-      const __m256 w0 = bf16_to_ps(wrow + k), w1 = bf16_to_ps(wrow + k + 8);
-      for (int t = 0; t < N_ROWS; ++t) {
-        acc0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xf + t * K + k), acc0[t]);
-        acc1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xf + t * K + k + 8), acc1[t]);
-      }
+    triforce_linear::prefetch_row_ahead(w, r, K, end);
+    if constexpr (N_ROWS <= 4) {
+      row_times_x<N_ROWS>(xf, w + r * K, y + r, K, N);
+    } else {
+      row_times_x<4>(xf, w + r * K, y + r, K, N);
+      row_times_x<N_ROWS - 4>(xf + 4 * K, w + r * K, y + 4 * N + r, K, N);
     }
-    for (int t = 0; t < N_ROWS; ++t) y[t * N + r] = Out(hsum(_mm256_add_ps(acc0[t], acc1[t])));
   }
 }
 
