@@ -119,3 +119,26 @@ def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on_forever(tmp_path
     threading.Timer(0.3, lock.unlink).start()
     cpu._clear_stale_lock(lock, stale_s=600, poll_s=0.01)
     assert not lock.exists()
+
+
+def test_forward_costs_are_kept_apart_by_the_kernel_sources(tmp_path, monkeypatch):
+    """Costs calibrated with one version's kernels must not plan for another's: the machine key carries a
+    digest of csrc/, which any change to a source changes."""
+    from triforce.coordinator import costs
+
+    shutil.copytree(cpu.CSRC, tmp_path / "csrc")
+    source = (cpu.CSRC / "flash_decode.h").read_text()
+    monkeypatch.setattr(cpu, "CSRC", tmp_path / "csrc")
+    monkeypatch.setattr(cpu, "loaded_kernels", lambda: ("avx2", object()))
+    digests = []
+    try:
+        for edit in ("", "// a comment\n"):
+            (tmp_path / "csrc" / "flash_decode.h").write_text(source + edit)
+            cpu.kernel_sources_digest.cache_clear()
+            digests.append(cpu.kernel_sources_digest())
+        costs.machine_key.cache_clear()
+        key = costs.machine_key()
+    finally:  # the real digest and key for the tests after this one
+        cpu.kernel_sources_digest.cache_clear()
+        costs.machine_key.cache_clear()
+    assert digests[0] != digests[1] and f"|avx2@{digests[1]}|" in key

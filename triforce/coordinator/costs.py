@@ -2,10 +2,10 @@
 
 A cost is measured over the tier's cache as it is (filler tokens, rolled back after), the faster of two
 runs, and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs-2.json`), keyed by machine
-(CPU model, kernel path, threads), tier (its name, its model's shape and dtype, whether a worker group
-runs it, its cache's size), the
-context the forward attends over, and the batch: B sequences' forwards run as one call (the weights read
-once for all, each sequence's own cache), measured as such a call of B sequences' tiers, n tokens each.
+(CPU model, kernel path and sources, threads), tier (its name, its model's shape and dtype, whether a
+worker group runs it, its cache's size), the context the forward attends over, and the batch: B
+sequences' forwards run as one call (the weights read once for all, each sequence's own cache),
+measured as such a call of B sequences' tiers, n tokens each.
 So a machine calibrates a model once per context and batch size: a later request within
 CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (planning.py) plans from these costs;
 `measure_costs` (trees.py) sizes trees from them.
@@ -30,8 +30,9 @@ CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 
 
 @functools.cache
 def machine_key() -> str:
-    """What makes this machine's forward costs its own: the CPU (or GPU) model, kernel path and threads."""
-    from ..kernels.cpu import kernel_path
+    """What makes this machine's forward costs its own: the CPU (or GPU) model, kernel path (and the
+    kernels' sources) and threads."""
+    from ..kernels.cpu import kernel_path, kernel_sources_digest
 
     if torch.cuda.is_available():
         return f"cuda:{torch.cuda.get_device_name()}"
@@ -41,7 +42,8 @@ def machine_key() -> str:
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{cpu}|{kernel_path()}|threads={torch.get_num_threads()}"
+    kernels = kernel_path() if kernel_path() == "torch" else f"{kernel_path()}@{kernel_sources_digest()}"
+    return f"{cpu}|{kernels}|threads={torch.get_num_threads()}"
 
 
 def tier_key(tier: Tier) -> str:

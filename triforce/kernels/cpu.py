@@ -16,6 +16,7 @@ level down, or torch's paths).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -152,6 +153,16 @@ def cpu_kernels():
 def kernel_path() -> str:
     """What runs the CPU's bfloat16 decode work: 'amx', 'avx512', 'avx2' (our kernels) or 'torch'."""
     return loaded_kernels()[0] or "torch"
+
+
+@functools.cache
+def kernel_sources_digest() -> str:
+    """A short digest of csrc/: forward costs measured with other kernel sources (another version of
+    triforce) are not this build's, and the calibration keys them apart."""
+    digest = hashlib.sha256()
+    for path in sorted(CSRC.glob("*.[ch]*")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 @functools.cache
