@@ -214,6 +214,21 @@ def test_chains_end_early_where_checks_grow_steeply(growth, expected):
     assert planner.plan(1000, 8).stop_below == 0.2 and planner.decisions[-1]["stop_below"] == 0.2
 
 
+
+@pytest.mark.parametrize("growth,shortest", [(0.02, 1), (0.3, planning.STOP_MIN_GAMMA)])
+def test_with_the_stop_on_gamma_is_a_cap_of_at_least_two(growth, shortest):
+    """At a poor acceptance (a bad start) the model's best gamma is 1. With the stop on (steep checks) it
+    is not: the stop ends chains where the draft is unsure, and a gamma of 1 would also cut its confident
+    stretches short. Without the stop (flat checks) a gamma of 1 stays possible."""
+    costs = {"draft": {1: 0.05}, "target": {n: 1.0 + growth * (n - 1) for n in FLAT}}
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = planning.Acceptance(0.5, successes=5e3, trials=1e4)
+    unconstrained = max(range(1, planning.MAX_GAMMA + 1), key=lambda g: 1 / seconds_per_token(
+        ("draft", "target"), (g,), costs, {"draft": planner.acceptance["draft"].optimistic}))
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft"
+    assert plan.gammas == (max(unconstrained, shortest),) and (growth < 0.1 or unconstrained == 1)
+
 def test_auto_ends_chains_as_its_plans_say(models, prompt, replan_every_round):
     """Greedy still equals plain decoding while the plans change and chains end early (at 0.6 some do); a
     stop_below in the settings reaches the planner, and the request's priors are kept apart by it."""

@@ -74,6 +74,8 @@ RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / 
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
 STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability...
 STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (README, The AVX2 path)
+STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
+# chains where the draft is unsure, what a gamma of 1 does everywhere, confident stretches included
 EVIDENCE_KEPT = 0.85  # of the acceptance evidence, at each plan: a memory of about 7 plans
 STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
                ("draft", "retrieval", "target"): "triforce"}
@@ -289,7 +291,10 @@ class AutoPlanner:
         for stack in stacks:
             mode = STACK_MODES[stack]
             realized = self._realized(mode)
+            shortest = STOP_MIN_GAMMA if self._stop_below(stack) else 1
             for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
+                if gammas and gammas[0] < shortest:
+                    continue
                 rate = realized / seconds_per_token(stack, gammas, costs, optimistic, self.row_seconds)
                 if best is None or rate > best.tokens_per_s:
                     best = Plan(stack, gammas, rate)
