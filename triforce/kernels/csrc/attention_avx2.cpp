@@ -137,7 +137,7 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
 }  // namespace triforce_attention
 
 at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
-                                    bool /*allow_amx*/, const std::optional<at::Tensor>& mask) {
+                                 bool /*allow_amx*/, const std::optional<at::Tensor>& mask) {
   using namespace triforce_attention;
   return decode_attention(q, k, v, scale, mask, attend_range<64>, attend_range<128>);
 }

@@ -165,7 +165,7 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
 using namespace triforce_attention;
 
 at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
-                                    const std::optional<at::Tensor>& mask) {
+                                 const std::optional<at::Tensor>& mask) {
 #if TRIFORCE_WITH_AMX
   if (allow_amx && triforce_amx::usable())
     return decode_attention(q, k, v, scale, mask, attend_range_amx<64>, attend_range_amx<128>);

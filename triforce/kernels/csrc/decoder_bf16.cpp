@@ -17,7 +17,7 @@
 
 at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_amx);
 at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
-                                    const std::optional<at::Tensor>& mask);
+                                 const std::optional<at::Tensor>& mask);
 at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);
 at::Tensor silu_mul_bf16(at::Tensor gate_up);
 at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin);
@@ -28,7 +28,7 @@ constexpr size_t kWeightsPerLayer = 7;  // input norm, qkv, qkv bias (empty: non
 // kernels/linear.py's `linear` on a CPU with native bfloat16: the kernel up to kernel_rows rows, torch's
 // product (bias inside) past them.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
-                      int64_t kernel_rows, bool linear_amx) {
+                   int64_t kernel_rows, bool linear_amx) {
   const bool has_bias = bias.defined() && bias.numel() > 0;
   if (x.size(0) > kernel_rows) return has_bias ? at::linear(x, w, bias) : at::linear(x, w);
   const auto out = linear_bf16(x, w, false, linear_amx);
@@ -45,12 +45,12 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
 // Products of more than kernel_rows rows take torch's path (only where bfloat16 is native: the caller's
 // choice), as kernels/linear.py does.
 at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weights,
-                                  const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
-                                  const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
-                                  at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
-                                  double eps, double scale, int64_t kernel_rows, bool linear_amx,
-                                  const std::vector<at::Tensor>& last_query,
-                                  const std::vector<std::optional<at::Tensor>>& masks) {
+                               const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                               const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
+                               at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
+                               double eps, double scale, int64_t kernel_rows, bool linear_amx,
+                               const std::vector<at::Tensor>& last_query,
+                               const std::vector<std::optional<at::Tensor>>& masks) {
   const size_t seqs = rows.size();
   TORCH_CHECK(seqs > 0 && last_query.size() == seqs && masks.size() == seqs, "one row count, query store and mask "
               "per sequence");

@@ -123,7 +123,7 @@ void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // Checks the arguments of decode_attention_bf16 and runs it with the range function for the head dim.
 // mask: [n, m] bool over the last m keys (n <= m <= S), or none for a chain.
 inline at::Tensor decode_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                      const std::optional<at::Tensor>& mask, RangeFn range64, RangeFn range128) {
+                                   const std::optional<at::Tensor>& mask, RangeFn range64, RangeFn range128) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
               v.scalar_type() == at::kBFloat16, "bfloat16 only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [Hq, n, D], k and v [Hkv, S, D]");
