@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 from .errors import UserError
 
+PREFILL_CHUNK = 512  # prompt tokens per prefill forward: also the unit of the prefix stores and the workers' blocks
+
 MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 MAX_TREE = 64  # nodes per speculation tree
@@ -69,7 +71,7 @@ class EngineConfig:
     tree2: int | str = 0  # tier 2's to the target, in `retrieval` mode
     sinks: int = 16  # draft tier: attention-sink tokens
     window: int = 256  # draft tier: recent tokens
-    prefill_chunk: int = 512
+    prefill_chunk: int = PREFILL_CHUNK
     # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's chain proposals, the token
     # that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP with
     # chains, off when the mode's bottom tier proposes trees (it feeds chains only). In effect: `lookup_n`.

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import PREFILL_CHUNK
 from ..errors import UserError
 from ..workers.bulk import BulkLink, LinkError
 from ..workers.protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode,
@@ -70,7 +71,8 @@ class ControlChannel:
         self.wait_s = 0.0
         self.broken = self.closed = False
         self.tp_size = self.prefix_bytes = 0  # the group's ranks and each one's prefix store, once the handshake told
-        self.prefill_chunk = 512  # the workers' prompt block (their prefix store's unit), once the handshake told
+        self.prefill_chunk = PREFILL_CHUNK  # the workers' prompt block (their prefix store's unit), as the
+        # handshake tells
         self._sequences = 0  # numbers handed to RemoteVerifiers so far
         self._lock = threading.Lock()
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cache.base import KVCache
+from ..config import PREFILL_CHUNK
 from ..cache.retrieval import RetrievalKVCache
 from ..models.llama import LlamaModel
 from ..step import Step
@@ -38,7 +39,7 @@ class Tier:
     placement = "local"  # where its forwards run, for the forward costs measured on this machine (costs.py)
     shared_prefill = 0  # prompt tokens of other sequences that its last forward's call ran too
 
-    def __init__(self, name: str, model: LlamaModel, cache: KVCache, prefill_chunk: int = 512):
+    def __init__(self, name: str, model: LlamaModel, cache: KVCache, prefill_chunk: int = PREFILL_CHUNK):
         self.name, self.model, self.cache, self.prefill_chunk = name, model, cache, prefill_chunk
         self.seconds = 0.0
 

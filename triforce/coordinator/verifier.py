@@ -13,6 +13,7 @@ from functools import partial
 from ..cache.full import FullKVCache
 from ..cache.prefixes import PrefixStore
 from ..cache.retrieval import LocalKVSource
+from ..config import PREFILL_CHUNK
 from ..models.llama import LlamaModel
 from ..step import Step
 from .tiers import Tier, Wait
@@ -27,7 +28,8 @@ class Verifier(Tier):
 
 
 class LocalVerifier(Verifier):
-    def __init__(self, model: LlamaModel, capacity: int, prefill_chunk: int = 512, prefixes: PrefixStore | None = None):
+    def __init__(self, model: LlamaModel, capacity: int, prefill_chunk: int = PREFILL_CHUNK,
+                 prefixes: PrefixStore | None = None):
         cache = FullKVCache(model.config, capacity, model.rope, model.dtype, model.device)
         super().__init__("target", model, cache, prefill_chunk)
         # blocks are reused only where they are this verifier's prefill chunks (a bench sweep may change them)

@@ -29,6 +29,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..config import PREFILL_CHUNK
 from ..errors import UserError
 
 
@@ -227,7 +228,7 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     endpoint = f"tcp://{args.control_bind}:{control_port(args)}" if leader else None
     link = BulkLink(groups.link, peer=0) if leader else None
     try:
-        run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, 512,
+        run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, PREFILL_CHUNK,
                    heartbeat_s=timeouts.heartbeat_s, coordinator_timeout_s=timeouts.link_s,
                    rope_scaling=args.rope_scaling, prefix_bytes=int(getattr(args, "prefix_cache_gb", 0) * 2**30))
     except CoordinatorLost:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..config import PREFILL_CHUNK
 from ..coordinator.remote import model_identity
 from ..models.config import ModelConfig
 from ..models.loader import load_model
@@ -13,7 +14,7 @@ from .worker import DEFAULT_COORDINATOR_TIMEOUT_S, VerifierWorker, serve
 
 
 def run_worker(model_path: str | Path, dtype: str, device: str, tp: TensorParallel, endpoint: str | None,
-               link: BulkLink | None, prefill_chunk: int = 512, max_bytes: int = MAX_MESSAGE_BYTES,
+               link: BulkLink | None, prefill_chunk: int = PREFILL_CHUNK, max_bytes: int = MAX_MESSAGE_BYTES,
                heartbeat_s: float | None = None,
                coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S, rope_scaling: str | None = None,
                prefix_bytes: int = 0) -> None:

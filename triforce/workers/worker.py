@@ -41,6 +41,7 @@ import torch.distributed as dist
 from ..cache.full import FullKVCache
 from ..cache.prefixes import BlockNames, PrefixStore
 from ..cache.retrieval import retrieve_from_full
+from ..config import PREFILL_CHUNK
 from ..errors import UserError
 from ..memory import available_bytes
 from ..models.llama import LlamaModel
@@ -75,7 +76,7 @@ class NoRoom(RequestError):
 
 class VerifierWorker:
     def __init__(self, model: LlamaModel, tp: TensorParallel, model_id: str, kv_heads: int,
-                 prefill_chunk: int = 512, prefix_bytes: int = 0):
+                 prefill_chunk: int = PREFILL_CHUNK, prefix_bytes: int = 0):
         """kv_heads: the whole model's KV heads (model.config counts this rank's). prefix_bytes: this rank's
         bound on the prompt KV it keeps for reuse (0: none)."""
         self.model, self.tp, self.model_id, self.prefill_chunk = model, tp, model_id, prefill_chunk
