@@ -8,6 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from checkpoints import write_reduced_vocabulary
+from sampling_runs import outputs
 from triforce.cache.full import FullKVCache
 from triforce.config import DEFAULT_LOOKUP, ConfigError, EngineConfig, SamplingParams
 from triforce.coordinator import engine as engine_module
@@ -125,10 +126,10 @@ def exact_two_token_distribution(target, prompt, params):
     return {(a, b): float(first[a] * dist(prompt + [a])[b]) for a, b in itertools.product(range(8), repeat=2)}
 
 
-def assert_two_token_distribution(sample_once, expected, trials):
+def assert_two_token_distribution(make_run, expected, trials):
+    """make_run(seed): a seeded request's run of two tokens (HierarchyEngine.run)."""
     counts = dict.fromkeys(expected, 0)
-    for seed in range(trials):
-        tokens = sample_once(seed)
+    for tokens in outputs(make_run, range(trials)):
         counts[(tokens[0], tokens[1])] += 1
     for outcome, count in counts.items():
         assert expected[outcome] > 0 or count == 0, f"sampled {outcome}, which has target probability 0"
@@ -161,11 +162,11 @@ def test_modes_sample_the_target_distribution(small_vocab, mode, policy, samplin
     expected = exact_two_token_distribution(target, prompt, params)
     cfg = EngineConfig(mode=mode, retrieval_policy=policy, gamma1=2, gamma2=3, **trees, **SETTINGS)
 
-    def once(seed):
+    def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
-        return engine.generate(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))[0]
+        return engine.run(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))
 
-    assert_two_token_distribution(once, expected, trials=2000)
+    assert_two_token_distribution(run_of, expected, trials=2000)
 
 
 def test_reduced_vocabulary_draft_samples_the_target_distribution(tiny_dir, small_vocab):
@@ -179,11 +180,11 @@ def test_reduced_vocabulary_draft_samples_the_target_distribution(tiny_dir, smal
     expected = exact_two_token_distribution(target, prompt, params)
     cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SETTINGS)
 
-    def once(seed):
+    def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
-        return engine.generate(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, temperature=1.0))[0]
+        return engine.run(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, temperature=1.0))
 
-    assert_two_token_distribution(once, expected, trials=2000)
+    assert_two_token_distribution(run_of, expected, trials=2000)
 
 
 @pytest.mark.parametrize("case", ["distinct", "draft_equals_target", "middle_equals_draft"])
@@ -197,13 +198,13 @@ def test_three_distinct_models_sample_the_target_distribution(small_vocab, case)
     params = SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True)
     expected = exact_two_token_distribution(target, prompt, params)
 
-    def once(seed):
+    def run_of(seed):
         tiers = [Tier(name, m, FullKVCache(m.config, 40, m.rope, m.dtype, "cpu"))
                  for name, m in (("draft", draft), ("middle", middle))]
         engine = HierarchyEngine(tiers + [LocalVerifier(target, 40)], [2, 3])
-        return engine.generate(prompt, SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True, seed=seed))[0]
+        return engine.run(prompt, SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True, seed=seed))
 
-    assert_two_token_distribution(once, expected, trials=2000)
+    assert_two_token_distribution(run_of, expected, trials=2000)
 
 
 def test_retrieval_tier_learns_how_the_target_judged_its_proposals(models):
@@ -347,11 +348,11 @@ def test_chains_that_end_early_sample_the_target_distribution(small_vocab, mode,
     probe.generate(prompt, params)
     assert checked[0] == (1, 1)
 
-    def once(seed):
+    def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
-        return engine.generate(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))[0]
+        return engine.run(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))
 
-    assert_two_token_distribution(once, expected, trials=2000)
+    assert_two_token_distribution(run_of, expected, trials=2000)
 
 
 def test_a_lookup_copy_does_not_end_a_chain(models, monkeypatch):

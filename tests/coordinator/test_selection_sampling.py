@@ -19,6 +19,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from sampling_runs import outputs
 import triforce.cache.retrieval as retrieval
 from triforce.cache.full import FullKVCache
 from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
@@ -89,11 +90,13 @@ def test_reported_distribution_ignores_the_proposals_it_checks(models, prompt, p
 
 
 def first_token_counts(cfg, target, draft, prompt, sampling, trials):
-    counts = torch.zeros(VOCAB)
-    for seed in range(trials):
-        engine = build_engine(cfg, target, draft, len(prompt) + 1)
+    def run(seed):
         params = SamplingParams(max_tokens=1, ignore_eos=True, seed=seed, **sampling)
-        counts[engine.generate(prompt, params)[0][0]] += 1
+        return build_engine(cfg, target, draft, len(prompt) + 1).run(prompt, params)
+
+    counts = torch.zeros(VOCAB)
+    for tokens in outputs(run, range(trials)):
+        counts[tokens[0]] += 1
     return counts
 
 
