@@ -28,11 +28,12 @@ def test_silu_mul(level, n, width):
     assert (got == want).float().mean() > 0.99
 
 
-@pytest.mark.parametrize("n", [1, 7])
-def test_rope_on_a_strided_view(level, n):
-    qkv = torch.randn(n, 15 * 64).bfloat16()
-    x = qkv[:, : 9 * 64].view(n, 9, 64).transpose(0, 1)  # [H, n, D] as the model hands it over
-    cos, sin = torch.randn(n, 64).bfloat16(), torch.randn(n, 64).bfloat16()
-    rotated = torch.cat((-x[..., 32:], x[..., :32]), dim=-1)
+@pytest.mark.parametrize("n,head_dim", [(1, 64), (7, 64), (300, 128), (5, 36)])  # 36: not 8 lanes a half
+def test_rope_on_a_strided_view(level, n, head_dim):
+    qkv = torch.randn(n, 15 * head_dim).bfloat16()
+    x = qkv[:, : 9 * head_dim].view(n, 9, head_dim).transpose(0, 1)  # [H, n, D] as the model hands it over
+    cos, sin = torch.randn(n, head_dim).bfloat16(), torch.randn(n, head_dim).bfloat16()
+    half = head_dim // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     assert torch.equal(cpu_kernels().rope_bf16(x, cos, sin), x * cos + rotated * sin)
     assert torch.equal(fused.rope(x, cos, sin), x * cos + rotated * sin)

@@ -9,9 +9,8 @@
 // Compiled in every build of kernels/cpu.py: silu_mul takes 16 lanes with AVX512-BF16, 8 with AVX2.
 #if defined(__AVX512BF16__)
 #include "vec512.h"
-#else
-#include "vec256.h"
 #endif
+#include "vec256.h"  // AVX2, which every level has: rope's 8 lanes
 
 #include <cmath>
 
@@ -19,6 +18,37 @@ using bf16 = at::BFloat16;
 
 namespace {
 inline float round_bf16(float x) { return static_cast<float>(bf16(x)); }
+
+// Round to nearest even at bfloat16 precision, 8 lanes, kept as float32 bit patterns: what bf16(x) does
+// for finite x (no NaNs here: silu and rope of finite bfloat16 values are finite).
+inline __m256i round_bits(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+  return _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
+inline __m256 round8(__m256 x) { return _mm256_castsi256_ps(round_bits(x)); }
+
+inline void store8(bf16* out, __m256 x) {  // rounded to bfloat16 as bf16(x) rounds
+  const __m256i y = _mm256_srli_epi32(round_bits(x), 16);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
+}
+
+// One rope row, 8 lanes of each half at a time (half % 8 == 0), rounded as the scalar loop of rope_bf16:
+// x * c and rot * s each to bfloat16 (both products are exact in float32: 8-bit mantissas), their sum too.
+inline void rope_row8(const bf16* x, const bf16* c, const bf16* s, bf16* o, int64_t half) {
+  using triforce_vec256::bf16_to_ps;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < half; i += 8) {
+    const __m256 x1 = bf16_to_ps(x + i), x2 = bf16_to_ps(x + half + i);
+    store8(o + i, _mm256_add_ps(round8(_mm256_mul_ps(x1, bf16_to_ps(c + i))),
+                                round8(_mm256_mul_ps(_mm256_xor_ps(x2, sign), bf16_to_ps(s + i)))));
+    store8(o + half + i, _mm256_add_ps(round8(_mm256_mul_ps(x2, bf16_to_ps(c + half + i))),
+                                       round8(_mm256_mul_ps(x1, bf16_to_ps(s + half + i)))));
+  }
+}
 
 #if defined(__AVX512BF16__)
 constexpr int kLanes = 16;
@@ -39,22 +69,11 @@ inline void silu_mul_lanes(const bf16* gate, const bf16* up, bf16* out) {
 #else
 constexpr int kLanes = 8;
 
-// Round to nearest even at bfloat16 precision, 8 lanes, kept as float32 bit patterns (no NaNs here:
-// silu of a finite bfloat16 is finite).
-inline __m256i round_bits(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
-  return _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
-}
-
 inline void silu_mul_lanes(const bf16* gate, const bf16* up, bf16* out) {
   const __m256 g = triforce_vec256::bf16_to_ps(gate);
   const __m256 e = triforce_vec256::exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g));
-  const __m256 silu = _mm256_castsi256_ps(round_bits(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e))));
-  const __m256i y = _mm256_srli_epi32(round_bits(_mm256_mul_ps(silu, triforce_vec256::bf16_to_ps(up))), 16);
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
+  const __m256 silu = round8(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+  store8(out, _mm256_mul_ps(silu, triforce_vec256::bf16_to_ps(up)));
 }
 #endif
 }  // namespace
@@ -126,6 +145,10 @@ at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin) {
       const bf16* c = cp + t * D;
       const bf16* s = sp + t * D;
       bf16* o = op + (h * n + t) * D;
+      if (half % 8 == 0) {  // head_dim 64 or 128: 8 lanes (a streaming draft rotates its window every step)
+        rope_row8(row, c, s, o, half);
+        continue;
+      }
       for (int64_t i = 0; i < D; ++i) {
         const float rot = i < half ? -static_cast<float>(row[i + half]) : static_cast<float>(row[i - half]);
         const float a = round_bf16(static_cast<float>(row[i]) * static_cast<float>(c[i]));
