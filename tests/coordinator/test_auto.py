@@ -289,6 +289,22 @@ def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path
         CostTable(path).seconds(verifier, (1,))
 
 
+def test_an_idle_retrieval_tier_is_kept_at_the_context_it_runs_at(models, prompt, tmp_path, monkeypatch):
+    """An idle retrieval cache is synced before it is measured, and its entry keyed at the context it then
+    reads (the budget), not at the none it held before: the next plan finds the entry. Keyed at 0, a
+    machine's first auto request measured the tier again at its next plan, in the middle of decoding."""
+    target, draft = models
+    engine = build_engine(EngineConfig(mode="retrieval", **SETTINGS), target, draft, 128)
+    retrieval, verifier = engine.tiers
+    verifier.prefill(prompt)
+    table = CostTable(tmp_path / "costs-2.json")
+    assert retrieval.length == 0
+    first = table.seconds(retrieval, (1, 3), retrieval.sync)
+    assert retrieval.length == len(prompt) and costs_module.cost_context(retrieval) == SETTINGS["budget"]
+    monkeypatch.setattr(costs_module, "forward_seconds", lambda tiers, n: pytest.fail("measured again"))
+    assert table.seconds(retrieval, (1, 3), retrieval.sync) == first
+
+
 def test_a_drafts_cost_is_measured_over_a_full_window(models, tmp_path, monkeypatch):
     """Auto plans before it prefills the tiers it runs: a draft measured then, over its empty streaming
     cache, read and rotated no keys and cost about half its step in the request. The measurement fills
