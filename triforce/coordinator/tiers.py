@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from ..cache.base import KVCache
-from ..config import PREFILL_CHUNK
 from ..cache.retrieval import RetrievalKVCache
+from ..config import PREFILL_CHUNK
 from ..models.llama import LlamaModel
 from ..step import Step
 
