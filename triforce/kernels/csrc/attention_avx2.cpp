@@ -4,7 +4,7 @@
 // and values stay bfloat16 in memory and are widened to float32 a block at a time in L1; scores and the
 // P . V product are float32 FMA; the online softmax uses vec256.h's exp. Query rows are widened and
 // pre-scaled once per range. Each block of K and V is read once for all R = G * n rows.
-#include "aten.h"
+#include "kernels.h"  // what this file defines, declared as its callers see it
 #include <immintrin.h>
 
 #include "flash_decode.h"

@@ -9,7 +9,7 @@
 // A range is computed with AMX tiles where the CPU has them (attention_amx.cpp), else with AVX512-BF16
 // vector dot products (below), whose cost grows with every row: 2 to 4 rows share each pass so the
 // dot products' latency is hidden (one row alone waited on it; 20-25% slower at 8 to 16 new tokens).
-#include "aten.h"
+#include "kernels.h"  // what this file defines, declared as its callers see it
 #include <immintrin.h>
 
 #include "amx.h"

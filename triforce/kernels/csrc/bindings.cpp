@@ -1,20 +1,8 @@
 // The CPU kernels of triforce as one torch extension (see triforce/kernels/cpu.py).
 #include <torch/python.h>  // pybind11 and its tensor casters, without the rest of the C++ API (aten.h)
 
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool float_out, bool allow_amx);
-torch::Tensor decode_attention_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, bool allow_amx,
-                                    const std::optional<torch::Tensor>& mask);
 #include "amx.h"
-torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor weight, double eps);
-torch::Tensor silu_mul_bf16(torch::Tensor gate_up);
-torch::Tensor rope_bf16(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
-torch::Tensor decoder_layers_bf16(torch::Tensor x, const std::vector<torch::Tensor>& weights,
-                                  const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                                  const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
-                                  torch::Tensor cos, torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
-                                  double eps, double scale, int64_t kernel_rows, bool linear_amx,
-                                  const std::vector<torch::Tensor>& last_query,
-                                  const std::vector<std::optional<torch::Tensor>>& masks);
+#include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16", &linear_bf16, "bf16 x . W^T for a few rows of x", py::arg("x"), py::arg("w"),

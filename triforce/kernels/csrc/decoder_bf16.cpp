@@ -7,20 +7,10 @@
 // new rotated keys and values into a per-layer buffer at an offset and attend over the buffer up to
 // the new tokens (KVCache.layer_buffers). It calls the same kernels with the same arguments and torch
 // ops in the same order, so its output is bit-identical to the Python loop's (tests/kernels).
-#include "aten.h"
+#include "kernels.h"
 #include <ATen/TensorOperators.h>  // x + y
 #include <ATen/ops/cat.h>
 #include <ATen/ops/linear.h>
-
-#include <optional>
-#include <vector>
-
-at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_amx);
-at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
-                                 const std::optional<at::Tensor>& mask);
-at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);
-at::Tensor silu_mul_bf16(at::Tensor gate_up);
-at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin);
 
 namespace {
 constexpr size_t kWeightsPerLayer = 7;  // input norm, qkv, qkv bias (empty: none), o, post norm, gate_up, down

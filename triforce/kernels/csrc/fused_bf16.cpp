@@ -3,7 +3,7 @@
 // A decode step spends as long in per-op overhead as in these ops' arithmetic, so each is fused. The
 // rounding follows the torch expressions they replace (models/llama.py, models/rope.py) step by step:
 // every intermediate that torch rounds to bfloat16 is rounded here too.
-#include "aten.h"
+#include "kernels.h"  // what this file defines, declared as its callers see it
 #include <immintrin.h>
 
 // Compiled in every build of kernels/cpu.py: silu_mul takes 16 lanes with AVX512-BF16, 8 with AVX2.

@@ -6,7 +6,7 @@
 // registers (a bfloat16 is the top half of a float32: shift left by 16) and multiplied into all n
 // activation rows, which were widened once, with FMA. Float32 accumulation, rounded once, like
 // reference_linear; rows of W are split over torch's intra-op threads.
-#include "aten.h"
+#include "kernels.h"  // what this file defines, declared as its callers see it
 #include <immintrin.h>
 
 #include <vector>

@@ -4,7 +4,7 @@
 // Decoding multiplies a few activation rows by every weight matrix, so it is bound by reading W.
 // This kernel streams each row of W once, multiplies it into all n activation rows with AVX512-BF16
 // dot products (_mm512_dpbf16_ps) and splits the rows of W over torch's intra-op threads.
-#include "aten.h"
+#include "kernels.h"  // what this file defines, declared as its callers see it
 #include <immintrin.h>
 
 #include "amx.h"

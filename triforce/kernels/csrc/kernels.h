@@ -1,0 +1,21 @@
+// The entry points of the CPU kernels, declared once: bindings.cpp exports them to Python, decoder_bf16.cpp's
+// layer loop calls them, and each level's sources (kernels/cpu.py's BUILDS) define them against this.
+#pragma once
+#include "aten.h"
+
+#include <optional>
+#include <vector>
+
+at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_amx);
+at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
+                                 const std::optional<at::Tensor>& mask);
+at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);
+at::Tensor silu_mul_bf16(at::Tensor gate_up);
+at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin);
+at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weights,
+                               const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                               const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
+                               at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
+                               double eps, double scale, int64_t kernel_rows, bool linear_amx,
+                               const std::vector<at::Tensor>& last_query,
+                               const std::vector<std::optional<at::Tensor>>& masks);
