@@ -144,12 +144,18 @@ def test_every_error_status_reaches_the_client_as_its_exception(llm):
         assert full.value.status_code == 503 and full.value.body["code"] == "queue_full"
         waiting.join()
         assert len(outcome) == 1  # the waiting request never ran
+        left = scheduler.waiting[0]
+        for _ in range(100):  # the server notices the client left at its next poll (POLL_S)
+            if left.cancelled:
+                break
+            time.sleep(0.05)
+        assert left.cancelled, "the server did not notice that the client left"
         del scheduler._admit  # admitting again, the scheduler drops the request its client left
         for _ in range(100):
             if not scheduler.waiting:
                 break
             time.sleep(0.05)
-        assert not scheduler.waiting and not scheduler.running
+        assert not scheduler.waiting and not scheduler.running and left.request is None  # dropped, never run
     finally:
         server.close()
 

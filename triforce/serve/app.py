@@ -31,6 +31,25 @@ log = logging.getLogger("triforce.serve")
 POLL_S = 0.25  # how often a request that does not stream checks that its client is still there
 
 
+class ApiKey:
+    """Refuses /v1/ requests without `Authorization: Bearer KEY` (401). Plain ASGI: Starlette's
+    BaseHTTPMiddleware (`app.middleware("http")`) hands the endpoint a wrapped `receive` that never
+    reports the client's disconnect, so a request whose client had gone stayed queued and then ran."""
+
+    def __init__(self, app, key: str):
+        self.app, self.want = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.want):
+                body = ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                code="invalid_api_key").body()
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue: int = 64,
                chat_max_tokens: int = 1024) -> FastAPI:
     """The app serving `llm` as `model_name`. chat_max_tokens: what a chat request without max_tokens gets."""
@@ -65,14 +84,8 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
         body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body()
         return JSONResponse(body, status_code=500)
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        given = request.headers.get("authorization", "").encode()
-        if api_key is not None and request.url.path.startswith("/v1/") and \
-                not hmac.compare_digest(given, f"Bearer {api_key}".encode()):
-            return JSONResponse(ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                                         code="invalid_api_key").body(), status_code=401)
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(ApiKey, key=api_key)
 
     @app.get("/health")
     async def health():
