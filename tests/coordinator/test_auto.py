@@ -289,18 +289,22 @@ def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path
         CostTable(path).seconds(verifier, (1,))
 
 
-def test_an_idle_retrieval_tier_is_kept_at_the_context_it_runs_at(models, prompt, tmp_path, monkeypatch):
-    """An idle retrieval cache is synced before it is measured, and its entry keyed at the context it then
-    reads (the budget), not at the none it held before: the next plan finds the entry. Keyed at 0, a
-    machine's first auto request measured the tier again at its next plan, in the middle of decoding."""
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_an_idle_retrieval_tier_is_kept_at_the_context_it_runs_at(models, prompt, tmp_path, monkeypatch, policy):
+    """An idle retrieval cache holds nothing until it is synced (for its measurement, or when a plan takes
+    it): its cost is kept at the context it reads once synced, so the entry is found before and after the
+    sync. Keyed at 0, a machine's first auto request measured the tier again at its next plan, in the
+    middle of decoding, and the planner's check for known costs missed it."""
     target, draft = models
-    engine = build_engine(EngineConfig(mode="retrieval", **SETTINGS), target, draft, 128)
+    engine = build_engine(EngineConfig(mode="retrieval", retrieval_policy=policy, **SETTINGS), target, draft, 128)
     retrieval, verifier = engine.tiers
     verifier.prefill(prompt)
+    synced = SETTINGS["budget"] if policy == "static" else len(prompt)
+    assert retrieval.length == 0 and costs_module.cost_context(retrieval) == synced
     table = CostTable(tmp_path / "costs-2.json")
-    assert retrieval.length == 0
     first = table.seconds(retrieval, (1, 3), retrieval.sync)
-    assert retrieval.length == len(prompt) and costs_module.cost_context(retrieval) == SETTINGS["budget"]
+    assert retrieval.length == len(prompt) and costs_module.cost_context(retrieval) == synced
+    assert table.known(retrieval, (1, 3))
     monkeypatch.setattr(costs_module, "forward_seconds", lambda tiers, n: pytest.fail("measured again"))
     assert table.seconds(retrieval, (1, 3), retrieval.sync) == first
 

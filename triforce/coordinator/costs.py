@@ -65,8 +65,11 @@ def cost_context(tier: Tier) -> int:
     cache = getattr(tier, "cache", None)
     if isinstance(cache, StreamingKVCache):
         return cache.sinks + cache.window  # a draft's window is full after its first few hundred tokens
-    if isinstance(cache, RetrievalKVCache) and cache.policy == "static":
-        return min(tier.length, cache.budget)
+    if isinstance(cache, RetrievalKVCache):
+        # As it runs, synced with the target: an idle one holds nothing until its sync (keyed at 0, a
+        # machine's first auto request measured it again at its next plan, in the middle of decoding).
+        context = max(tier.length, cache.source.length)
+        return min(context, cache.budget) if cache.policy == "static" else context
     return tier.length
 
 
@@ -84,15 +87,13 @@ class CostTable(CalibrationFile):
         measured, which takes that many); `prepare()` runs before any measurement (a retrieval cache's sync)."""
         tiers = [tiers] if isinstance(tiers, Tier) else list(tiers)
         batch = batch or len(tiers)
-        if prepare is not None and not self.known(tiers[0], sizes, batch):
-            # Before the key: the context a tier runs at is what its entry is kept for (an idle retrieval
-            # cache holds nothing until synced; keyed at 0, the next plan measured it again, mid-request).
-            prepare()
         known = self.entries.setdefault(self._key(tiers[0], batch), {})
         missing = [n for n in sizes if str(n) not in known]
         if missing:
             if len(tiers) != batch:
                 raise ValueError(f"measuring a batch of {batch} takes {batch} tiers, not {len(tiers)}")
+            if prepare is not None:
+                prepare()
             for n in missing:
                 known[str(n)] = forward_seconds(tiers, n)
             self.save()
