@@ -41,7 +41,7 @@ class ApiKey:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
+            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
             if not hmac.compare_digest(given, self.want):
                 body = ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
                                 code="invalid_api_key").body()

@@ -20,7 +20,8 @@ namespace {
 inline float round_bf16(float x) { return static_cast<float>(bf16(x)); }
 
 // Round to nearest even at bfloat16 precision, 8 lanes, kept as float32 bit patterns: what bf16(x) does
-// for finite x (no NaNs here: silu and rope of finite bfloat16 values are finite).
+// for any x but NaN (silu of a finite value is finite; rope's sum is NaN only where both products
+// overflow with opposite signs, which cos and sin within [-1, 1] never make).
 inline __m256i round_bits(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
