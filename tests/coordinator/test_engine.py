@@ -79,6 +79,25 @@ def test_greedy_with_trees_equals_plain_decoding(models, mode, policy, nodes):
     assert nodes == "auto" or bottom.proposed / bottom.checks > 1  # auto may choose no tree on this machine
 
 
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_a_check_above_trees_takes_every_token_of_the_last_round(models, policy):
+    """In triforce mode tier 2's tree checks yield several tokens each; the target's check holds all that
+    its rounds produced (gamma2 is the least), not the first gamma2 of them. The target drafts for itself
+    (its streaming window and the retrieval budget hold the whole sequence), so that tier 2 accepts long
+    paths."""
+    target, _ = models
+    draft = target
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    tokens, metrics = run(target, draft, "triforce", prompt, params, policy, tree1=10, gamma2=2,
+                         window=240, budget=256, prefill_chunk=128)
+    assert tokens == reference
+    retrieval, top = metrics.tiers
+    assert retrieval.mean_accepted_length > 2  # the rounds overshoot gamma2 ...
+    assert top.proposed / top.checks > 2  # ... and the target checks what they overshot
+
+
 def test_plain_decoding_equals_transformers_generate(tiny_dir, models):
     from transformers import AutoModelForCausalLM
 
@@ -151,6 +170,8 @@ SAMPLING_CASES = [
     ("triforce", "static", dict(temperature=1.0), dict(tree1=6)),
     ("retrieval", "dynamic", dict(temperature=1.0, top_k=5), dict(tree2=6)),
     ("draft", "static", dict(temperature=0.8, top_p=0.9), dict(tree1=6)),
+    # the target checks every token of tier 2's tree checks, here more than gamma2: lengths the rounds decide
+    ("triforce", "dynamic", dict(temperature=1.0), dict(tree1=6, gamma2=1)),
 ]
 
 
@@ -160,7 +181,7 @@ def test_modes_sample_the_target_distribution(small_vocab, mode, policy, samplin
     prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
     expected = exact_two_token_distribution(target, prompt, params)
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, gamma1=2, gamma2=3, **trees, **SETTINGS)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{"gamma1": 2, "gamma2": 3, **trees}, **SETTINGS)
 
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)

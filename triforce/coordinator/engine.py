@@ -229,11 +229,16 @@ class HierarchyEngine:
     def _check_chain(self, level: int) -> Produced:
         """Tier `level` checks a chain of up to gamma tokens from the tier below."""
         position = len(self.seq)
-        # The tier below may overshoot (a check yields up to its accepted length + 1): check exactly gamma, so
-        # a check costs what its setting says (the rest are dropped like rejected proposals; exactness holds,
-        # as the first gamma of exact samples are exact samples).
+        # The tier below may overshoot (a check yields up to its accepted length + 1). Above chains, check
+        # exactly gamma, so a check costs what its setting says (the rest are dropped like rejected
+        # proposals; the first gamma of exact samples are exact samples). Above a tier that checks trees,
+        # whose rounds yield several tokens more, check them all: dropping them threw away a third of that
+        # tier's output (README, Token trees). Exact either way: how many tokens a check holds is decided
+        # by the rounds below before this tier sees any of them (a stopping time, as `stop_below`).
         g = self.gammas[level - 1]
-        draft_tokens, draft_rows = (x[:g] for x in (yield from self._produce(level - 1, g)))
+        draft_tokens, draft_rows = yield from self._produce(level - 1, g)
+        if not (level == 2 and self.tree is not None):
+            draft_tokens, draft_rows = draft_tokens[:g], draft_rows[:g]
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below)
         del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
