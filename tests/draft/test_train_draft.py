@@ -75,8 +75,9 @@ def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_pat
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(report["data_tokens"]) == set(report["genres"]) == {"prose", "code", "chat"}
-    for genre in report["genres"].values():
-        assert genre["tokens"] == 2 * 64
+    for name, genre in report["genres"].items():
+        # chat: the sampled answers on held-out subjects, which may end early, fill one or both sequences
+        assert genre["tokens"] == 2 * 64 or (name == "chat" and genre["tokens"] == 64)
         assert 0 <= genre["top1_agreement"] <= 1 and 0 < genre["expected_acceptance"] <= 1
     (checkpoint,) = work.glob("checkpoint-*.pt")
     assert torch.load(checkpoint, weights_only=True)["step"] == 6

@@ -1,7 +1,12 @@
+import itertools
+
 import pytest
 import torch
+from scipy.stats import chisquare
 
-from triforce.speculation.sampling import probabilities, sample
+from triforce.speculation.sampling import probabilities, sample, sample_distinct
+
+ALPHA = 1e-3
 
 
 def test_greedy_is_one_hot_on_first_argmax_without_nan():
@@ -38,3 +43,37 @@ def test_seeded_sampling_is_reproducible():
     draws = [[sample(probs, g, False) for _ in range(20)] for g in (torch.Generator().manual_seed(7),
                                                                      torch.Generator().manual_seed(7))]
     assert draws[0] == draws[1]
+
+
+def test_sample_follows_the_distribution_and_never_draws_a_zero():
+    probs = torch.tensor([0.0, 0.35, 0.0, 0.05, 0.4, 0.0, 0.2, 0.0])
+    g = torch.Generator().manual_seed(3)
+    counts = torch.bincount(torch.tensor([sample(probs, g, False) for _ in range(8000)]), minlength=8)
+    assert counts[probs == 0].sum() == 0
+    support = probs > 0
+    assert chisquare(counts[support].numpy(), (probs[support] * 8000).numpy()).pvalue > ALPHA
+
+
+def test_distinct_draws_follow_sampling_without_replacement():
+    """Three draws from five tokens (zeros between them, weights not summing to 1): every ordered triple as
+    often as drawing one at a time and renormalising over the tokens left, whichever of the tokens
+    around a draw were drawn before it."""
+    probs = torch.tensor([0.1, 0.0, 0.4, 0.25, 0.0, 0.15, 0.3, 0.0]) * 3
+    g = torch.Generator().manual_seed(5)
+    trials = 12000
+    counts: dict[tuple, int] = {}
+    for _ in range(trials):
+        triple = tuple(sample_distinct(probs, 3, g))
+        counts[triple] = counts.get(triple, 0) + 1
+    expected = {}
+    for triple in itertools.permutations(torch.nonzero(probs).flatten().tolist(), 3):
+        p, left = 1.0, float(probs.sum())
+        for token in triple:
+            p *= float(probs[token]) / left
+            left -= float(probs[token])
+        expected[triple] = p
+    assert set(counts) <= set(expected)
+    outcomes = list(expected)
+    total = sum(expected.values())  # 1 up to rounding
+    assert chisquare([counts.get(o, 0) for o in outcomes], [expected[o] * trials / total for o in outcomes]).pvalue > ALPHA
+    assert sorted(sample_distinct(probs, 9, g)) == [0, 2, 3, 5, 6]  # only five tokens have mass

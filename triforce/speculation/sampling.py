@@ -40,4 +40,32 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool)
     """probs: [V]. Greedy takes the argmax without consuming randomness."""
     if greedy:
         return int(probs.argmax())
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return sample_distinct(probs, 1, generator)[0]
+
+
+def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
+    """Up to k distinct tokens drawn without replacement from probs [V] (non-negative, any total), in draw
+    order: each from the distribution renormalised over the tokens not drawn yet; fewer where fewer have
+    probability > 0.
+
+    By inverse CDF over one float64 cumulative sum: a uniform u on the mass not drawn yet is carried past
+    the intervals of the tokens already drawn (in index order), then the token is the first whose
+    cumulative mass exceeds it, so tokens of probability 0 are never drawn. About 60 us at V = 49,152,
+    against about 0.9 ms for torch.multinomial, whose exponential draws dominate a tree's growth."""
+    if k > 1:
+        k = min(k, int(torch.count_nonzero(probs)))
+    cumulative = probs.double().cumsum(0)
+    left = float(cumulative[-1])
+    drawn: list[int] = []
+    for _ in range(k):
+        x = float(torch.rand((), generator=generator, dtype=torch.float64)) * left
+        for token in sorted(drawn):
+            if token > 0 and x < float(cumulative[token - 1]):  # below the drawn token's interval
+                break
+            x += float(probs[token])
+        token = int(torch.searchsorted(cumulative, torch.tensor([x], dtype=torch.float64), right=True))
+        if token == len(probs) or token in drawn:  # rounding carried x past the last token of mass
+            token = max(i for i in torch.nonzero(probs).flatten().tolist() if i not in drawn)
+        drawn.append(token)
+        left -= float(probs[token])
+    return drawn

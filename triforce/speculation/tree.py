@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import sample
+from .sampling import sample, sample_distinct
 
 
 @dataclass(frozen=True)
@@ -98,5 +98,4 @@ def sample_children(draft: torch.Tensor, k: int, generator: torch.Generator | No
     logits to rank more than one child), highest first."""
     if greedy:
         return torch.topk(draft, min(k, draft.shape[-1]), sorted=True).indices.tolist()
-    k = min(k, int((draft > 0).sum()))
-    return torch.multinomial(draft, k, replacement=False, generator=generator).tolist() if k > 0 else []
+    return sample_distinct(draft, k, generator)
