@@ -12,7 +12,8 @@ that tier's probabilities at each: tier 0 samples autoregressively (as a propose
 early: `stop_below`); any higher tier repeatedly takes up to `gammas[level - 1]` tokens from the tier
 below and verifies them (speculation/verify.py; the run yields a `Check`, so that a batch verifies all
 its sequences' chains in one call), except that with a `TreeShaper` tier 1 checks a token tree that
-tier 0 grows (Sequoia; coordinator/trees.py, speculation/tree.py) in one forward. After a tree check
+tier 0 grows (Sequoia; coordinator/trees.py, speculation/tree.py) in one forward, and the tier above it
+takes at least its gamma: every token of tier 1's rounds. After a tree check
 every cache keeps the accepted path of its tree entries (`keep_path`); a chain's path is its accepted
 prefix. The output is one round of `_produce(top, 1)` after another. Every random draw is made here,
 with the request's own generator.
@@ -237,7 +238,8 @@ class HierarchyEngine:
         # by the rounds below before this tier sees any of them (a stopping time, as `stop_below`).
         g = self.gammas[level - 1]
         draft_tokens, draft_rows = yield from self._produce(level - 1, g)
-        if not (level == 2 and self.tree is not None):
+        above_trees = level == 2 and self.tree is not None  # tier 1 checks tier 0's trees
+        if not above_trees:
             draft_tokens, draft_rows = draft_tokens[:g], draft_rows[:g]
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below)
         del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)

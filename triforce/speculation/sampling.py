@@ -50,8 +50,8 @@ def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | No
 
     By inverse CDF over one float64 cumulative sum: a uniform u on the mass not drawn yet is carried past
     the intervals of the tokens already drawn (in index order), then the token is the first whose
-    cumulative mass exceeds it, so tokens of probability 0 are never drawn. About 60 us at V = 49,152,
-    against about 0.9 ms for torch.multinomial, whose exponential draws dominate a tree's growth."""
+    cumulative mass exceeds it, so tokens of probability 0 are never drawn. At V = 49,152 about 0.09 ms
+    for one token and 0.15 ms for four, against 0.9 ms for torch.multinomial (its exponential draws)."""
     if k > 1:
         k = min(k, int(torch.count_nonzero(probs)))
     cumulative = probs.double().cumsum(0)

@@ -1,0 +1,48 @@
+"""Tree sizes against the chain over several sample paths: one `triforce bench --sweep tree1=...` (or
+tree2) JSON per seed, as benchmarks/results/issue11/amx_takeall/run.sh writes them.
+
+    python benchmarks/tree_seeds.py FILE.json [FILE.json ...]
+
+At a temperature above 0 the path a seed samples decides how often the tiers agree, so one seed's ratio
+says little (0.83x to 1.38x for one tree); this prints, per temperature and tree size, the ratio of the
+summed decode time of the chain to the tree's over the same seeds (the speedup of running them all), the
+range of the per-seed ratios, and the mean accepted length per check of the tier the tree is checked by."""
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+
+def main(paths: list[str]) -> None:
+    seconds: dict = defaultdict(dict)  # (temperature, size) -> {file: seconds per token}
+    accepted: dict = defaultdict(list)
+    setting = None
+    for path in paths:
+        for r in json.load(open(path))["results"]:
+            if r["run"] == "ar":
+                size = "ar"
+            else:
+                setting = next(k for k in ("tree1", "tree2") if k in r)
+                size = r[setting]
+                accepted[(r["temperature"], size)].append(r["tiers"][0]["mean_accepted_length"])
+            seconds[(r["temperature"], size)][path] = 1 / r["tokens_per_s"]
+    for temperature in sorted({t for t, _ in seconds}):
+        sizes = [s for t, s in seconds if t == temperature and s != "ar"]
+        chain = seconds[(temperature, 0)]
+        print(f"\n#### {setting} at temperature {temperature} ({len(chain)} bench run(s), one per seed)\n")
+        print(f"| {setting} | tokens/s | over the chain | per path | over `ar` | accepted per check |")
+        print("|---|---|---|---|---|---|")
+        for size in sorted(sizes, key=lambda s: (isinstance(s, str), s)):
+            own = seconds[(temperature, size)]
+            common = [p for p in own if p in chain]
+            ar = seconds[(temperature, "ar")]
+            ratios = sorted(chain[p] / own[p] for p in common)
+            mean_acc = sum(accepted[(temperature, size)]) / len(accepted[(temperature, size)])
+            print(f"| {size} | {len(own) / sum(own.values()):.1f} | {sum(chain[p] for p in common) / sum(own[p] for p in common):.2f}x "
+                  f"| {ratios[0]:.2f}-{ratios[-1]:.2f}x | {sum(ar[p] for p in common) / sum(own[p] for p in common):.2f}x "
+                  f"| {mean_acc:.2f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
