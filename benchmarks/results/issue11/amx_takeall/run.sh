@@ -20,3 +20,5 @@ done
 # an AVX512-BF16 CPU such as Zen 4) and at the avx2 level (every x86-64 CPU of the last decade).
 TRIFORCE_CPU_ISA=avx512 run greedy_avx512 --temperatures 0 --sweep tree1=0,4,8 --repeats 2
 TRIFORCE_CPU_ISA=avx2 run greedy_avx2 --temperatures 0 --sweep tree1=0,4,8 --repeats 2
+# Longer chains instead of trees (gamma1, the draft's chain per tier-2 check; tree1 = 0), for comparison.
+run greedy_chains --temperatures 0 --sweep gamma1=2,4,8 --repeats 2
