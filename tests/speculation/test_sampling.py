@@ -77,3 +77,26 @@ def test_distinct_draws_follow_sampling_without_replacement():
     total = sum(expected.values())  # 1 up to rounding
     assert chisquare([counts.get(o, 0) for o in outcomes], [expected[o] * trials / total for o in outcomes]).pvalue > ALPHA
     assert sorted(sample_distinct(probs, 9, g)) == [0, 2, 3, 5, 6]  # only five tokens have mass
+
+
+def test_distinct_draws_after_a_token_that_holds_almost_all_the_mass():
+    """Top-k keeps one token of probability ~1 and three of ~1e-20, which a float64 cumulative sum that
+    includes the big one gives no width: once it is drawn, the tiny ones are still drawn by their own
+    weights, and a token of probability 0 never is."""
+    logits = torch.full((1, 32), -10.0)
+    logits[0, [7, 3, 9, 20]] = torch.tensor([46.0, 0.0, 0.3, 0.6])
+    row = probabilities(logits, 1.0, top_k=4)[0]
+    g = torch.Generator().manual_seed(0)
+    seconds = torch.zeros(32)
+    for _ in range(3000):
+        first, second, *rest = sample_distinct(row, 6, g)
+        assert first == 7 and sorted([second, *rest]) == [3, 9, 20]
+        seconds[second] += 1
+    tail = row.double()[[3, 9, 20]]
+    assert chisquare(seconds[[3, 9, 20]].numpy(), (tail / tail.sum() * 3000).numpy()).pvalue > ALPHA
+
+
+def test_an_empty_distribution_draws_nothing_and_sampling_it_is_an_error():
+    assert sample_distinct(torch.zeros(5), 3, None) == [] and sample_distinct(torch.zeros(5), 1, None) == []
+    with pytest.raises(ValueError, match="no probability mass"):
+        sample(torch.zeros(5), None, greedy=False)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+# sample_distinct sums the mass afresh once what is left falls below this fraction of the sum it draws from
+REFRESH_BELOW = 1e-6
+
 
 def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """logits: [n, V] -> probabilities [n, V] float32."""
@@ -40,7 +43,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool)
     """probs: [V]. Greedy takes the argmax without consuming randomness."""
     if greedy:
         return int(probs.argmax())
-    return sample_distinct(probs, 1, generator)[0]
+    drawn = sample_distinct(probs, 1, generator)
+    if not drawn:
+        raise ValueError("cannot sample from a distribution with no probability mass")
+    return drawn[0]
 
 
 def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
@@ -48,24 +54,32 @@ def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | No
     order: each from the distribution renormalised over the tokens not drawn yet; fewer where fewer have
     probability > 0.
 
-    By inverse CDF over one float64 cumulative sum: a uniform u on the mass not drawn yet is carried past
-    the intervals of the tokens already drawn (in index order), then the token is the first whose
-    cumulative mass exceeds it, so tokens of probability 0 are never drawn. At V = 49,152 about 0.09 ms
-    for one token and 0.15 ms for four, against 0.9 ms for torch.multinomial (its exponential draws)."""
-    if k > 1:
-        k = min(k, int(torch.count_nonzero(probs)))
-    cumulative = probs.double().cumsum(0)
-    left = float(cumulative[-1])
+    By inverse CDF over a float64 cumulative sum: a uniform on the mass not drawn yet is carried past the
+    intervals of the tokens already drawn (in index order), then the token is the first whose cumulative
+    mass exceeds it, so tokens of probability 0 are never drawn. Once the mass left falls below the sum's
+    rounding (a large token drawn before tiny ones, which the sum gave no width), the sum is taken afresh
+    over the tokens left. At V = 49,152 about 0.1 ms for one token and 0.17 ms for four, against 0.9 ms
+    for torch.multinomial (its exponential draws)."""
+    weights = probs.double()
+    k = min(k, int(torch.count_nonzero(weights)))
+    cumulative, carried = weights.cumsum(0), []  # carried: drawn tokens still inside `cumulative`
     drawn: list[int] = []
     for _ in range(k):
+        total = float(cumulative[-1])
+        left = total - sum(float(weights[t]) for t in carried)
+        if left <= REFRESH_BELOW * total:
+            weights = weights.clone()
+            weights[drawn] = 0
+            cumulative, carried = weights.cumsum(0), []
+            left = float(cumulative[-1])
         x = float(torch.rand((), generator=generator, dtype=torch.float64)) * left
-        for token in sorted(drawn):
+        for token in sorted(carried):
             if token > 0 and x < float(cumulative[token - 1]):  # below the drawn token's interval
                 break
-            x += float(probs[token])
+            x += float(weights[token])
         token = int(torch.searchsorted(cumulative, torch.tensor([x], dtype=torch.float64), right=True))
-        if token == len(probs) or token in drawn:  # rounding carried x past the last token of mass
-            token = max(i for i in torch.nonzero(probs).flatten().tolist() if i not in drawn)
+        if token == len(weights) or token in drawn:  # rounding carried x past the last token of mass
+            token = max(i for i in torch.nonzero(weights).flatten().tolist() if i not in drawn)
         drawn.append(token)
-        left -= float(probs[token])
+        carried.append(token)
     return drawn
