@@ -1,5 +1,6 @@
 """Tree sizes against the chain over several sample paths: one `triforce bench --sweep tree1=...` (or
-tree2) JSON per seed, as benchmarks/results/issue11/amx_takeall/run.sh writes them.
+tree2, gamma1, gamma2) JSON per seed, as benchmarks/results/issue11/amx_takeall/run.sh writes them. The
+baseline is the sweep's first value (0, the chain, for tree sizes).
 
     python benchmarks/tree_seeds.py FILE.json [FILE.json ...]
 
@@ -13,25 +14,29 @@ import json
 import sys
 from collections import defaultdict
 
+SETTINGS = ("tree1", "tree2", "gamma1", "gamma2")  # the swept setting, found in each run's row
+
 
 def main(paths: list[str]) -> None:
     seconds: dict = defaultdict(dict)  # (temperature, size) -> {file: seconds per token}
     accepted: dict = defaultdict(list)
     setting = None
+    first: dict = {}  # per temperature: the sweep's first value, the baseline (the chain for tree sizes)
     for path in paths:
         for r in json.load(open(path))["results"]:
             if r["run"] == "ar":
                 size = "ar"
             else:
-                setting = next(k for k in ("tree1", "tree2") if k in r)
+                setting = next(k for k in SETTINGS if k in r)
                 size = r[setting]
+                first.setdefault(r["temperature"], size)
                 accepted[(r["temperature"], size)].append(r["tiers"][0]["mean_accepted_length"])
             seconds[(r["temperature"], size)][path] = 1 / r["tokens_per_s"]
     for temperature in sorted({t for t, _ in seconds}):
         sizes = [s for t, s in seconds if t == temperature and s != "ar"]
-        chain = seconds[(temperature, 0)]
+        chain = seconds[(temperature, first[temperature])]
         print(f"\n#### {setting} at temperature {temperature} ({len(chain)} bench run(s), one per seed)\n")
-        print(f"| {setting} | tokens/s | over the chain | per path | over `ar` | accepted per check |")
+        print(f"| {setting} | tokens/s | over {setting} {first[temperature]} | per path | over `ar` | accepted per check |")
         print("|---|---|---|---|---|---|")
         for size in sorted(sizes, key=lambda s: (isinstance(s, str), s)):
             own = seconds[(temperature, size)]

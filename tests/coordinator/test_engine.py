@@ -80,7 +80,7 @@ def test_greedy_with_trees_equals_plain_decoding(models, mode, policy, nodes):
 
 
 @pytest.mark.parametrize("policy", ["static", "dynamic"])
-def test_a_check_above_trees_takes_every_token_of_the_last_round(models, policy):
+def test_a_check_above_trees_takes_every_token_of_the_rounds_below(models, policy):
     """In triforce mode tier 2's tree checks yield several tokens each; the target's check holds all that
     its rounds produced (gamma2 is the least), not the first gamma2 of them. The target drafts for itself
     (its streaming window and the retrieval budget hold the whole sequence), so that tier 2 accepts long

@@ -228,7 +228,8 @@ class HierarchyEngine:
         return tokens, probs
 
     def _check_chain(self, level: int) -> Produced:
-        """Tier `level` checks a chain of up to gamma tokens from the tier below."""
+        """Tier `level` checks a chain of tokens from the tier below: gamma of them (fewer where the bottom
+        tier stopped early), or every token of the rounds below when that tier checks trees."""
         position = len(self.seq)
         # The tier below may overshoot (a check yields up to its accepted length + 1). Above chains, check
         # exactly gamma, so a check costs what its setting says (the rest are dropped like rejected
