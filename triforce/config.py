@@ -56,7 +56,7 @@ class EngineConfig:
     """How the hierarchy is built. Defaults: the paper's gammas, chunk size and sinks; the budget, the
     retrieval policy and full_layers were picked by `triforce bench` on SmolLM2 (see README)."""
     mode: str = "auto"  # auto: the tiers and gammas a cost model picks per request (coordinator/auto.py)
-    gamma1: int = 2  # tier-1 (draft) proposals per tier-2 check
+    gamma1: int = 4  # tier-1 (draft) proposals per tier-2 check (README, Defaults)
     gamma2: int = 6  # tier-2 tokens per tier-3 (target) check
     budget: int = 2048  # tokens the retrieval cache holds
     chunk_size: int = 8

@@ -12,8 +12,8 @@ that tier's probabilities at each: tier 0 samples autoregressively (as a propose
 early: `stop_below`); any higher tier repeatedly takes up to `gammas[level - 1]` tokens from the tier
 below and verifies them (speculation/verify.py; the run yields a `Check`, so that a batch verifies all
 its sequences' chains in one call), except that with a `TreeShaper` tier 1 checks a token tree that
-tier 0 grows (Sequoia; coordinator/trees.py, speculation/tree.py) in one forward, and the tier above it
-takes at least its gamma: every token of tier 1's rounds. After a tree check
+tier 0 grows (Sequoia; coordinator/trees.py, speculation/tree.py) in one forward. A tier above tier 1
+checks every token of the rounds below once they reach its gamma (`_check_chain`). After a tree check
 every cache keeps the accepted path of its tree entries (`keep_path`); a chain's path is its accepted
 prefix. The output is one round of `_produce(top, 1)` after another. Every random draw is made here,
 with the request's own generator.
@@ -73,6 +73,10 @@ Produced = Generator[Forward | Check, object, tuple[list[int], list[torch.Tensor
 
 
 class HierarchyEngine:
+    # Whether a check above tier 1 holds exactly its gamma (True) or every token of the rounds below once
+    # they reach it (False): see `_check_chain`. Mode auto's engine plans from costs of exactly gamma.
+    checks_exact_gamma = False
+
     def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None, lookup: int = 0,
                  stop_below: float = 0.0):
         """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains).
@@ -229,18 +233,18 @@ class HierarchyEngine:
 
     def _check_chain(self, level: int) -> Produced:
         """Tier `level` checks a chain of tokens from the tier below: gamma of them (fewer where the bottom
-        tier stopped early), or every token of the rounds below when that tier checks trees."""
+        tier stopped early), or more where that tier's rounds overshot gamma (`checks_exact_gamma`)."""
         position = len(self.seq)
-        # The tier below may overshoot (a check yields up to its accepted length + 1). Above chains, check
-        # exactly gamma, so a check costs what its setting says (the rest are dropped like rejected
-        # proposals; the first gamma of exact samples are exact samples). Above a tier that checks trees,
-        # whose rounds yield several tokens more, check them all: dropping them threw away a third of that
-        # tier's output (README, Token trees). Exact either way: how many tokens a check holds is decided
-        # by the rounds below before this tier sees any of them (a stopping time, as `stop_below`).
+        # The tier below may overshoot: above tier 1, whose checks yield up to their accepted length + 1
+        # tokens each, its rounds stop past gamma. Those extra tokens are exact samples of the tier below
+        # like the first gamma, and checking them costs the tier above little (a check of a few tokens
+        # more costs about what one does), while dropping them threw away a third of tier 1's output
+        # (README, Token trees). So a check takes them all, unless the engine plans from costs of exactly
+        # gamma (mode auto). Exact either way: how many tokens a check holds is decided by the rounds below
+        # before this tier sees any of them (a stopping time, as `stop_below`).
         g = self.gammas[level - 1]
         draft_tokens, draft_rows = yield from self._produce(level - 1, g)
-        above_trees = level == 2 and self.tree is not None  # tier 1 checks tier 0's trees
-        if not above_trees:
+        if self.checks_exact_gamma:
             draft_tokens, draft_rows = draft_tokens[:g], draft_rows[:g]
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below)
         del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)
