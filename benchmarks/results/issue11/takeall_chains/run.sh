@@ -1,0 +1,19 @@
+#!/bin/bash
+# Fixed-mode chains whose target checks take every token of tier 2's rounds (the rounds overshoot gamma2
+# by up to gamma1), swept over gamma1; then trees against the chain of gamma1 4 that became the default.
+# Greedy: one bench with two repeats. 0.6: one bench per seed (a single sample path decides acceptance).
+# Resumable: a finished file is kept. Run from the repository root at commit 6358076 (before the prompt
+# lookup fed trees): bash benchmarks/results/issue11/takeall_chains/run.sh
+set -e
+out=benchmarks/results/issue11/takeall_chains
+text=${TEXT:-../shared/data/austen-emma.txt}
+common="--text $text --lengths 7936 --max-new-tokens 256 --modes ar triforce"
+run() {  # name, then bench arguments
+  local file=$out/$1.json; shift
+  [ -f $file ] || { triforce bench $common "$@" --out $file.tmp > $out/${file##*/}.log 2>&1 && mv $file.tmp $file; }
+}
+run greedy_gamma1 --temperatures 0 --sweep gamma1=2,3,4,6 --repeats 2
+for seed in 0 1 2; do run sampled_gamma1_seed$seed --temperatures 0.6 --sweep gamma1=2,4 --seed $seed; done
+TRIFORCE_CPU_ISA=avx2 run greedy_gamma1_avx2 --temperatures 0 --sweep gamma1=2,4 --repeats 2
+run greedy_trees --temperatures 0 --sweep tree1=0,8 --repeats 2 --gamma1 4
+for seed in 0 1 2; do run sampled_trees_seed$seed --temperatures 0.6 --sweep tree1=0,8 --seed $seed --gamma1 4; done
