@@ -72,9 +72,8 @@ class EngineConfig:
     sinks: int = 16  # draft tier: attention-sink tokens
     window: int = 256  # draft tier: recent tokens
     prefill_chunk: int = PREFILL_CHUNK
-    # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's chain proposals, the token
-    # that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP with
-    # chains, off when the mode's bottom tier proposes trees (it feeds chains only). In effect: `lookup_n`.
+    # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's proposals (chains and trees),
+    # the token that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP.
     lookup: int | None = None
     # HierarchyEngine._produce: P > 0 ends the bottom tier's chain early after a proposal whose model gave its
     # top token less than probability P; 0: chains of gamma always; None: in mode auto the planner's choice
@@ -111,10 +110,6 @@ class EngineConfig:
                               f"(got {self.retrieval_policy!r})")
         if self.lookup is not None and not 0 <= self.lookup <= MAX_LOOKUP:
             raise ConfigError(f"lookup must be an n-gram length in [0, {MAX_LOOKUP}] (0: off; got {self.lookup})")
-        if self.lookup and self.proposal_tree:
-            raise ConfigError("lookup mixes its copies into chain proposals; with this mode's tree "
-                              f"({'tree2' if self.mode == 'retrieval' else 'tree1'}) it would do nothing: leave one "
-                              "of them at 0")
         if self.stop_below is not None and not 0 <= self.stop_below < 1:
             raise ConfigError(f"stop_below must be a probability in [0, 1) (0: off; got {self.stop_below!r})")
         if self.stop_below and self.proposal_tree:
@@ -133,6 +128,4 @@ class EngineConfig:
     @property
     def lookup_n(self) -> int:
         """The prompt lookup's n-gram length in effect (0: off)."""
-        if self.lookup is None:
-            return 0 if self.proposal_tree else DEFAULT_LOOKUP
-        return self.lookup
+        return DEFAULT_LOOKUP if self.lookup is None else self.lookup

@@ -181,6 +181,9 @@ SAMPLING_CASES = [
     # the target checks every token of tier 2's checks, here more than gamma2: lengths the rounds decide
     ("triforce", "dynamic", dict(temperature=1.0), dict(tree1=6, gamma2=1)),
     ("triforce", "static", dict(temperature=1.0), dict(gamma1=3, gamma2=1)),
+    # a tree's nodes mixed with the prompt lookup's copies (1-grams: a 40-token prompt over 8 tokens has
+    # a candidate at every node)
+    ("triforce", "static", dict(temperature=1.0), dict(tree1=6, lookup=1)),
 ]
 
 
@@ -294,37 +297,29 @@ def _run_steps(tier, tokens):
         yield step
 
 
-@pytest.mark.parametrize("mode,policy", MODES + [("auto", "static")])
-def test_greedy_with_prompt_lookup_equals_plain_decoding(models, mode, policy):
-    """The bottom tier's proposals mixed with copies of the sequence's own 2-grams (speculation/lookup.py).
-    The prompt repeats a block, so the lookup's weight nears 1 and its copies win the argmax; the tiny
-    target does not continue the block, so they are rejected and the checks must recover."""
+@pytest.mark.parametrize("mode,policy,trees", [(m, p, {}) for m, p in MODES] + [("auto", "static", {})] + [
+    ("triforce", "dynamic", dict(tree1=6)), ("draft", "static", dict(tree1=6)), ("retrieval", "static", dict(tree2=6))])
+def test_greedy_with_prompt_lookup_equals_plain_decoding(models, mode, policy, trees):
+    """The bottom tier's proposals, chains or trees, mixed with copies of the sequence's own 2-grams
+    (speculation/lookup.py). The prompt repeats a block, so the lookup's weight nears 1 and its copies
+    win the argmax (a tree's first child)."""
     target, draft = models
     prompt = (torch.randint(3, 96, (20,), generator=torch.Generator().manual_seed(1)).tolist() * 8)[:150]
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
     reference, _ = run(target, draft, "ar", prompt, params)
-    tokens, metrics = run(target, draft, mode, prompt, params, policy, lookup=2)
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, lookup=2, **trees)
     assert tokens == reference
     assert metrics.lookup["candidates"] > 100 and metrics.lookup["weight"] > 0.9
     assert metrics.tiers and metrics.tiers[0].proposed > 0  # a bottom tier proposed (auto: in some plan)
 
 
-def test_lookup_takes_no_trees():
-    with pytest.raises(ConfigError, match="lookup mixes its copies into chain proposals"):
-        EngineConfig(mode="triforce", lookup=3, tree1=4)
-
-
-def test_lookup_is_on_by_default_for_chains_only():
-    """Left unset, the lookup feeds chains with DEFAULT_LOOKUP and stays off with trees, also when a setting
-    is replaced (bench sweeps replace one field of a config)."""
+def test_lookup_is_on_by_default_for_chains_and_trees():
+    """Left unset, the lookup feeds the bottom tier's proposals with DEFAULT_LOOKUP, chains and trees alike."""
     assert EngineConfig().lookup_n == DEFAULT_LOOKUP > 0
-    assert EngineConfig(mode="draft", tree1=4).lookup_n == 0
-    assert EngineConfig(mode="retrieval", tree2="auto").lookup_n == 0
-    assert dataclasses.replace(EngineConfig(mode="triforce"), tree1=8).lookup_n == 0
+    assert EngineConfig(mode="draft", tree1=4).lookup_n == DEFAULT_LOOKUP
+    assert dataclasses.replace(EngineConfig(mode="triforce"), tree1=8).lookup_n == DEFAULT_LOOKUP
     assert EngineConfig(mode="draft", lookup=0).lookup_n == 0
-    # only the tree of the mode's own bottom tier counts: retrieval mode's proposals are tree2's
-    assert EngineConfig(mode="retrieval", tree1=4).lookup_n == DEFAULT_LOOKUP
-    assert EngineConfig(mode="draft", tree2=4, lookup=2).lookup_n == 2
+    assert EngineConfig(mode="retrieval", tree2=4, lookup=2).lookup_n == 2
 
 
 # --- chains that end early (stop_below: HierarchyEngine._produce) ---------------------------------------

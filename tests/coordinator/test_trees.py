@@ -65,6 +65,37 @@ def test_grown_nodes_carry_their_paths_rows(model, streaming):
     assert torch.equal(rows[5 + 1], torch.zeros_like(rows[0]))  # a last-level node: never forwarded
 
 
+@pytest.mark.parametrize("greedy", [False, True])
+def test_grown_nodes_mix_in_the_lookups_copy_for_their_path(model, greedy):
+    """With a prompt lookup, each node's row is the proposer's mixed with the copy for its own path (the
+    chain's mixture, speculation/lookup.py), and a greedy proposer's first child is the copy where the
+    lookup's weight is over 1/2."""
+    from triforce.speculation.lookup import ContextLookup
+
+    seq = ([3, 4, 5, 6, 7] * 8)[:39]
+    lookup = ContextLookup(2)
+    lookup.advance(seq, len(seq))  # a loop: every candidate right, so the weight nears 1
+    assert lookup.weight > 0.9
+    proposer, plain = tier(model), tier(model)
+    for t in (proposer, plain):
+        t.prefill(seq[:-1])
+    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, SHAPE, probs,
+                                              torch.Generator().manual_seed(0), greedy, lookup))
+    _, _, unmixed = run_now(grow_tree(plain, forward_now(plain), seq, SHAPE, probs,
+                                      torch.Generator().manual_seed(0), greedy))
+    root_copy = lookup.candidate(seq)
+    assert root_copy == 7  # what followed ..., 5, 6 earlier
+    torch.testing.assert_close(rows[0], lookup.mix(unmixed[0].clone(), root_copy))
+    for node in (0, 1, 2, 3):  # every forwarded node: mixed with the copy after its own path
+        path = [tokens[node]] if parents[node] < 0 else [tokens[parents[node]], tokens[node]]
+        copy = lookup.candidate(seq, path)
+        assert copy == lookup.candidate(seq + path)
+        if copy is not None:
+            assert rows[node + 1][copy] >= lookup.weight
+    if greedy:
+        assert tokens[0] == root_copy
+
+
 def test_greedy_children_are_the_proposers_best():
     """A greedy proposer's rows are one-hot; its children are ranked by its logits instead."""
     from triforce.speculation.tree import sample_children

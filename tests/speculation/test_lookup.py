@@ -26,6 +26,8 @@ def test_candidates_and_weight_match_a_naive_scan(n):
         for extra in range(0, 4):
             tail = seq[:final] + seq[final:final + extra]
             assert lookup.candidate(tail) == naive_candidate(tail, lookup.final, n)
+            for split in range(len(tail) - 5, len(tail) + 1):  # a tree node's: seq, then its path below
+                assert lookup.candidate(tail[:split], tail[split:]) == naive_candidate(tail, lookup.final, n)
         lookup.advance(seq, final)
     outcomes = []
     for j in range(n, final):
@@ -48,3 +50,18 @@ def test_the_mixture_is_a_distribution_with_the_copy_weighted():
     assert torch.equal(lookup.propose([4, 4], probs), probs)  # no earlier occurrence: the tier's own
     with pytest.raises(ValueError):
         ContextLookup(0)
+
+
+def test_a_greedy_proposers_children_hold_the_copy_where_the_mixture_would_pick_it_first():
+    """The copy is the first child where w > 1/2 (the mixture's argmax, as a greedy chain proposes), else
+    the second; the children stay as many and distinct."""
+    sure, unsure = ContextLookup(1), ContextLookup(1)
+    sure.advance([1, 2, 1, 2, 1, 2], 6)  # every candidate right: w 5/6
+    unsure.advance([1, 2, 1, 3, 1, 4], 6)  # every candidate wrong: w 1/4
+    assert sure.weight > 0.5 > unsure.weight
+    assert sure.greedy_order([5, 6, 7], 9) == [9, 5, 6]
+    assert sure.greedy_order([5, 6, 7], 6) == [6, 5, 7]
+    assert unsure.greedy_order([5, 6, 7], 9) == [5, 9, 6]
+    assert unsure.greedy_order([5, 6, 7], 5) == [5, 6, 7]
+    assert unsure.greedy_order([5], 9) == [5] and sure.greedy_order([5], 9) == [9]
+    assert sure.greedy_order([5, 6], None) == [5, 6]

@@ -80,8 +80,8 @@ class HierarchyEngine:
     def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None, lookup: int = 0,
                  stop_below: float = 0.0):
         """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains).
-        lookup: n > 0 mixes copies of the sequence's own n-grams into the bottom tier's chain proposals
-        (speculation/lookup.py). stop_below: the bottom tier's chains end after a proposal its model was
+        lookup: n > 0 mixes copies of the sequence's own n-grams into the bottom tier's proposals, chains
+        and trees (speculation/lookup.py). stop_below: the bottom tier's chains end after a proposal its model was
         less sure of than this (`_produce`)."""
         if len(gammas) != len(tiers) - 1 or any(g < 1 for g in gammas):
             raise ValueError("need one gamma >= 1 per pair of adjacent tiers")
@@ -260,7 +260,7 @@ class HierarchyEngine:
         position = len(self.seq)
         tokens, parents, draft_probs = yield from grow_tree(
             proposer, lambda step: self._forward(0, step), self.seq, self.tree.shape(), self._probs, self.generator,
-            greedy)
+            greedy, self.lookup)
         step = tree_step(self.seq, checker.length, tokens, parents)
         catch_up = step.n - len(tokens)
         target_probs = self._probs((yield from self._forward(1, step))[catch_up - 1:])  # [N + 1, V]: root, nodes

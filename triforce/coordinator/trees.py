@@ -11,6 +11,7 @@ from collections.abc import Callable, Generator
 
 import torch
 
+from ..speculation.lookup import ContextLookup
 from ..speculation.tree import children_of, sample_children
 from ..speculation.tree_shape import best_tree, pick_size
 from ..step import Step, ancestor_mask
@@ -25,28 +26,38 @@ PRIOR_WEIGHT = 8.0
 
 
 def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], shape: list[int],
-              probs: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator, greedy: bool):
+              probs: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator, greedy: bool,
+              lookup: ContextLookup | None = None):
     """The tree `tier` proposes after `seq`, as much of `shape` (parents, level order) as its distribution
     allows (a node gets fewer children where fewer tokens have probability). `forward(step)` runs a step
-    on `tier` (a generator that yields what the engine's forwards yield and returns the logits). Returns (tokens,
-    parents, proposer rows [N + 1, V] per slot: the root, then each node; zero for the last level's nodes,
-    which are never forwarded)."""
+    on `tier` (a generator that yields what the engine's forwards yield and returns the logits). With
+    `lookup`, a node's children come from the proposer's distribution there mixed with the prompt lookup's
+    copy for its path (speculation/lookup.py; greedy: the copy among the children), as a chain's tokens
+    do. Returns (tokens, parents, proposer rows [N + 1, V] per slot: the root, then each node; zero for
+    the last level's nodes, which are never forwarded)."""
     logits = [(yield from forward(Step.chain(seq[tier.length:], tier.length)))[-1]]
     rows = [probs(logits[0][None])[0]]
-    # Children are drawn from the proposer's distribution; greedy ones ranked by its logits (one-hot rows
-    # would allow a single child).
-    ranking = logits if greedy else rows
     position, shape_children = len(seq), children_of(shape)
     tokens: list[int] = []
     parents: list[int] = []
+    paths: list[list[int]] = [[]]  # per slot: the tokens from below seq's end down to it
     frontier = [(0, 0)]  # (slot in the shape, slot in the tree): reached nodes whose children come next
     while frontier:
         level: list[tuple[int, int]] = []
         for shape_slot, slot in frontier:
             kids = shape_children[shape_slot]
-            for shape_child, token in zip(kids, sample_children(ranking[slot], len(kids), generator, greedy)):
+            copy = None if lookup is None else lookup.candidate(seq, paths[slot])
+            if copy is not None:
+                rows[slot] = lookup.mix(rows[slot], copy)
+            if greedy:  # ranked by the proposer's logits (its one-hot row would allow a single child)
+                drawn = sample_children(logits[slot], len(kids), None, True)
+                drawn = drawn if lookup is None else lookup.greedy_order(drawn, copy)
+            else:
+                drawn = sample_children(rows[slot], len(kids), generator, False)
+            for shape_child, token in zip(kids, drawn):
                 tokens.append(token)
                 parents.append(slot - 1)
+                paths.append(paths[slot] + [token])
                 level.append((shape_child + 1, len(tokens)))
         frontier = [(s, t) for s, t in level if shape_children[s]]
         if frontier:  # forward the whole level (the cache then holds a prefix of the nodes)

@@ -58,10 +58,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="in retrieval mode, the retrieval tier's proposals to the target as such a tree; "
                         "0 (default): a chain of gamma2")
     g.add_argument("--lookup", type=int, default=None, metavar="N",
-                   help="prompt lookup: mix into the bottom tier's chain proposals the token that followed the "
-                        "latest earlier occurrence of the last N tokens, weighted by how often such copies were "
-                        f"right lately (loops, quotes of the prompt); exact; 0 = off (default {DEFAULT_LOOKUP}; "
-                        "off where the mode's proposals are a tree: --tree1 in draft and triforce, --tree2 in retrieval)")
+                   help="prompt lookup: mix into the bottom tier's proposals (chains and trees) the token that "
+                        "followed the latest earlier occurrence of the last N tokens, weighted by how often such "
+                        f"copies were right lately (loops, quotes of the prompt); exact; 0 = off (default {DEFAULT_LOOKUP})")
     g.add_argument("--stop-below", type=float, default=_DEFAULTS.stop_below, metavar="P",
                    help="the bottom tier ends a chain early after a proposal whose model gave its top token less "
                         "than probability P (an unlikely survivor: the check is shorter and cheaper); exact; pays "

@@ -61,12 +61,23 @@ class ContextLookup:
             self.after[key] = j
         self.final = max(self.final, final)
 
-    def candidate(self, seq: list[int]) -> int | None:
-        """The token that followed the latest final occurrence of seq's last n tokens, if any."""
-        if len(seq) < self.n:
+    def candidate(self, seq: list[int], path: list[int] | tuple[int, ...] = ()) -> int | None:
+        """The token that followed the latest final occurrence of the last n tokens of seq + path, if any
+        (path: a tree node's tokens below the end of seq, so that seq itself is not copied)."""
+        if len(seq) + len(path) < self.n:
             return None
-        after = self.after.get(tuple(seq[-self.n:]))
+        tail = tuple(path[-self.n:]) if len(path) >= self.n else tuple(seq[len(seq) - self.n + len(path):]) + tuple(path)
+        after = self.after.get(tail)
         return None if after is None else seq[after]
+
+    def greedy_order(self, ranked: list[int], token: int | None) -> list[int]:
+        """A greedy proposer's children: its own `ranked` tokens (best first) with the candidate `token`
+        among them, first where the mixture's argmax is the copy (w > 1/2, what a chain proposes), else
+        second; as many as `ranked`."""
+        if token is None or not ranked:
+            return ranked
+        first = token if self.weight > 0.5 else ranked[0]
+        return list(dict.fromkeys([first, token] + ranked))[: len(ranked)]
 
     def propose(self, seq: list[int], probs: torch.Tensor) -> torch.Tensor:
         """The bottom tier's distribution `probs` [V] for the token after `seq`, mixed with the candidate."""
