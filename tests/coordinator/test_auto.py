@@ -11,7 +11,8 @@ import triforce.coordinator.planning as planning
 from triforce.cache.full import FullKVCache
 from triforce.config import ConfigError, EngineConfig, SamplingParams
 from triforce.coordinator import costs as costs_module
-from triforce.coordinator.planning import AutoPlanner, Plan, expected_tokens, seconds_per_token
+from triforce.coordinator.planning import (AutoPlanner, Plan, check_sizes, check_yields, expected_tokens,
+                                           seconds_per_token)
 from triforce.coordinator.costs import CostTable, interpolate
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
@@ -51,12 +52,48 @@ def test_seconds_per_token_composes_the_levels():
     assert seconds_per_token(("target",), (), costs, alphas) == 1.0
     assert seconds_per_token(("draft", "target"), (2,), costs, alphas) == pytest.approx((0.2 + 1.2) / 1.75)
     level1 = (2 * 0.1 + 0.7) / 1.75
-    level2 = (3 * level1 + 1.5) / expected_tokens(0.9, 3)
+    # the target's check takes every token of the retrieval tier's rounds (each yields 1, 2 or 3 tokens
+    # with probability 1/2, 1/4, 1/4) once they reach 3: it holds 3, 4 or 5 tokens
+    sizes = rounds_until(3, {1: 0.5, 2: 0.25, 3: 0.25})
+    assert set(sizes) == {3, 4, 5}
+    held = sum(n * p for n, p in sizes.items())
+    target = {4: 1.5, 5: 1.8, 6: 2.1}  # c(n + 1), past 4 along the 3-4 slope
+    level2 = (held * level1 + sum(p * target[n + 1] for n, p in sizes.items())) / sum(
+        p * expected_tokens(0.9, n) for n, p in sizes.items())
     assert seconds_per_token(("draft", "retrieval", "target"), (2, 3), costs, alphas) == pytest.approx(level2)
     assert interpolate({1: 1.0, 3: 2.0}, 2) == 1.5 and interpolate({1: 1.0, 3: 2.0}, 5) == 3.0
     # every row a forward returns pays the sampling processing r
     with_rows = seconds_per_token(("draft", "target"), (2,), costs, alphas, row_seconds=0.01)
     assert with_rows == pytest.approx((2 * (0.1 + 0.01) + 1.2 + 3 * 0.01) / 1.75)
+
+
+def rounds_until(gamma: int, round_yields: dict[int, float]) -> dict[int, float]:
+    """Every sequence of rounds, each yielding k tokens with probability round_yields[k], until their sum
+    reaches gamma, written out: the sum's distribution."""
+    out: dict[int, float] = {}
+
+    def walk(total, p):
+        if total >= gamma:
+            out[total] = out.get(total, 0.0) + p
+            return
+        for k, q in round_yields.items():
+            walk(total + k, p * q)
+
+    walk(0, 1.0)
+    return out
+
+
+@pytest.mark.parametrize("alpha,gamma1,gamma2", [(0.5, 2, 3), (0.8, 4, 6), (0.3, 1, 5), (1.0, 3, 2)])
+def test_a_check_above_a_checking_tier_holds_what_its_rounds_overshoot(alpha, gamma1, gamma2):
+    """A check of gamma1 proposals yields k tokens with probability alpha^(k-1) (1 - alpha), up to
+    gamma1 + 1 (all accepted); the check above takes the rounds' tokens once they reach gamma2."""
+    yields = check_yields(alpha, {gamma1: 1.0})
+    written = {k: alpha ** (k - 1) * (1 - alpha) for k in range(1, gamma1 + 1)} | {gamma1 + 1: alpha ** gamma1}
+    assert yields == pytest.approx(written) and sum(yields.values()) == pytest.approx(1)
+    assert sum(k * p for k, p in yields.items()) == pytest.approx(expected_tokens(alpha, gamma1))
+    sizes = check_sizes(yields, gamma2)
+    assert sizes == pytest.approx(rounds_until(gamma2, yields))
+    assert min(sizes) >= gamma2 and max(sizes) <= gamma2 + gamma1
 
 
 def planner_with(costs: dict, context: int = 1000, budget: int = 100):
@@ -371,8 +408,8 @@ def test_a_batch_plans_per_token_of_the_whole_batch():
     weights pay most (draft mode), at batch 8 the full caches the target reads cost most and the retrieval
     tier's small one pays (triforce)."""
     def call_costs(b):  # seconds of one call of b sequences: weights once, each one's cache and rows
-        return {"draft": {1: 0.15 + b * 0.01}, "retrieval": {n: 1.0 + b * (0.05 + 0.02 * n) for n in FLAT},
-                "target": {n: 1.0 + b * (1.0 + 0.02 * n) for n in FLAT}}
+        return {"draft": {1: 0.15 + b * 0.01}, "retrieval": {n: 1.4 + b * (0.05 + 0.02 * n) for n in FLAT},
+                "target": {n: 1.4 + b * (1.0 + 0.02 * n) for n in FLAT}}
 
     planner = AutoPlanner({n: None for n in ("draft", "retrieval", "target")}, 100, table=CostTable(None),
                           batchmates=FixedBatch(1))

@@ -83,27 +83,20 @@ def test_greedy_with_trees_equals_plain_decoding(models, mode, policy, nodes):
 @pytest.mark.parametrize("shape", [dict(tree1=10), dict(gamma1=4)])
 def test_a_check_above_tier_1_takes_every_token_of_the_rounds_below(models, policy, shape):
     """In triforce mode tier 2's checks of a tree or a chain yield several tokens each; the target's check
-    holds all that its rounds produced (gamma2 is the least), not the first gamma2 of them, unless the
-    engine checks exactly gamma (mode auto's does). The target drafts for itself (its streaming window and
-    the retrieval budget hold the whole sequence), so that tier 2 accepts long paths."""
+    holds all that its rounds produced (gamma2 is the least), not the first gamma2 of them. The target
+    drafts for itself (its streaming window and the retrieval budget hold the whole sequence), so that
+    tier 2 accepts long paths."""
     target, _ = models
     draft = target
     prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
     reference, _ = run(target, draft, "ar", prompt, params)
-    cfg = EngineConfig(mode="triforce", retrieval_policy=policy, **{**SETTINGS, **shape, "gamma2": 2,
-                                                                    "window": 240, "budget": 256, "prefill_chunk": 128})
-    for exact in (False, True):
-        engine = build_engine(cfg, target, draft, len(prompt) + params.max_tokens)
-        engine.checks_exact_gamma = exact
-        tokens, metrics = engine.generate(prompt, params)
-        assert tokens == reference
-        retrieval, top = metrics.tiers
-        assert retrieval.mean_accepted_length > 2  # the rounds overshoot gamma2 ...
-        if exact:
-            assert top.proposed == 2 * top.checks  # ... and the target checks gamma2 of them
-        else:
-            assert top.proposed / top.checks > 2  # ... or everything they overshot
+    tokens, metrics = run(target, draft, "triforce", prompt, params, policy, **shape, gamma2=2, window=240,
+                          budget=256, prefill_chunk=128)
+    assert tokens == reference
+    retrieval, top = metrics.tiers
+    assert retrieval.mean_accepted_length > 2  # the rounds overshoot gamma2 ...
+    assert top.proposed / top.checks > 2  # ... and the target checks everything they overshot
 
 
 def test_plain_decoding_equals_transformers_generate(tiny_dir, models):

@@ -46,8 +46,6 @@ MIN_PLANNED_TOKENS = 32  # shorter requests decode plainly: measuring costs woul
 class AutoEngine(HierarchyEngine):
     """The hierarchy of whichever of its tiers the planner picks, re-picked between rounds (see above)."""
 
-    checks_exact_gamma = True  # the planner prices a target check at exactly its gamma2 tokens
-
     def __init__(self, ladder: list[Tier], planner: AutoPlanner, lookup: int = 0):
         """ladder: the request's tiers cheapest first, the target last; lookup: HierarchyEngine's. Each plan
         carries its stop_below (the planner's, or the user's: AutoPlanner.fixed_stop)."""

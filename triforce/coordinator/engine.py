@@ -73,10 +73,6 @@ Produced = Generator[Forward | Check, object, tuple[list[int], list[torch.Tensor
 
 
 class HierarchyEngine:
-    # Whether a check above tier 1 holds exactly its gamma (True) or every token of the rounds below once
-    # they reach it (False): see `_check_chain`. Mode auto's engine plans from costs of exactly gamma.
-    checks_exact_gamma = False
-
     def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None, lookup: int = 0,
                  stop_below: float = 0.0):
         """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains).
@@ -233,19 +229,17 @@ class HierarchyEngine:
 
     def _check_chain(self, level: int) -> Produced:
         """Tier `level` checks a chain of tokens from the tier below: gamma of them (fewer where the bottom
-        tier stopped early), or more where that tier's rounds overshot gamma (`checks_exact_gamma`)."""
+        tier stopped early), or more where that tier's rounds overshot gamma."""
         position = len(self.seq)
         # The tier below may overshoot: above tier 1, whose checks yield up to their accepted length + 1
         # tokens each, its rounds stop past gamma. Those extra tokens are exact samples of the tier below
         # like the first gamma, and checking them costs the tier above little (a check of a few tokens
         # more costs about what one does), while dropping them threw away a third of tier 1's output
-        # (README, Token trees). So a check takes them all, unless the engine plans from costs of exactly
-        # gamma (mode auto). Exact either way: how many tokens a check holds is decided by the rounds below
+        # (README, Token trees). So a check takes them all (mode auto's planner models that:
+        # planning.check_sizes). Exact: how many tokens a check holds is decided by the rounds below
         # before this tier sees any of them (a stopping time, as `stop_below`).
         g = self.gammas[level - 1]
         draft_tokens, draft_rows = yield from self._produce(level - 1, g)
-        if self.checks_exact_gamma:
-            draft_tokens, draft_rows = draft_tokens[:g], draft_rows[:g]
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below)
         del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]

@@ -10,6 +10,11 @@ stack of tiers, cheapest first, are
     s_0 = c_0(1) + r                                                         (the bottom samples one by one)
     s_i = (gamma_i s_{i-1} + c_i(gamma_i + 1) + (gamma_i + 1) r) / E(alpha_i, gamma_i)  (one check of gamma_i)
 
+for a check of the bottom tier's chain of gamma_i tokens. A check above a tier that itself checks (the
+target above the retrieval tier) takes every token of that tier's rounds once they reach gamma_i
+(engine.py), so it holds n >= gamma_i tokens, n distributed as where the rounds' summed yields first pass
+gamma_i (`check_sizes`), and gamma_i, c_i(gamma_i + 1) and E above are averaged over n.
+
 where r is what turning one row of logits into the request's distribution costs (at temperature > 0 with
 top-p, a sort of the vocabulary; timed once per request). A plan is scored by 1 / s_top. The candidates
 are every stack the request has (`ar`: the target alone; `draft`; `retrieval`; `triforce`) with gammas in
@@ -86,15 +91,47 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def check_yields(alpha: float, sizes: dict[int, float]) -> dict[int, float]:
+    """How many tokens a check yields (its accepted proposals and the next token), by probability, when it
+    holds n proposals with probability sizes[n], each accepted with probability alpha until the first not."""
+    out: dict[int, float] = {}
+    for n, p in sizes.items():
+        for k in range(1, n + 2):
+            q = alpha ** (k - 1) * ((1 - alpha) if k <= n else 1.0)
+            out[k] = out.get(k, 0.0) + p * q
+    return out
+
+
+def check_sizes(round_yields: dict[int, float], gamma: int) -> dict[int, float]:
+    """How many tokens a check holds, by probability, that takes every token of the rounds below once they
+    reach gamma (engine.py: `_check_chain`), each round yielding k tokens with probability round_yields[k]."""
+    reached = {0: 1.0}  # partial sums below gamma, by the probability the rounds pass through them
+    sizes: dict[int, float] = {}
+    for total in range(gamma):
+        p = reached.pop(total, 0.0)
+        for k, q in round_yields.items():
+            into = sizes if total + k >= gamma else reached
+            into[total + k] = into.get(total + k, 0.0) + p * q
+    return sizes
+
+
 def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: dict[str, dict[int, float]],
                       alphas: dict[str, float], row_seconds: float = 0.0) -> float:
     """The model of the module docstring: `stack` tier names cheapest first, `gammas` one per check,
     `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted,
-    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it)."""
+    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it). The bottom
+    tier's chains hold gamma tokens; a check above a tier that checks takes every token of its rounds, so
+    it holds gamma or more (`check_sizes`), and its cost and gain are averaged over those sizes."""
     seconds = interpolate(costs[stack[0]], 1) + row_seconds
+    below: dict[int, float] | None = None  # what the checks of the level below yield, by probability
     for proposer, checker, gamma in zip(stack, stack[1:], gammas):
-        check = gamma * seconds + interpolate(costs[checker], gamma + 1) + (gamma + 1) * row_seconds
-        seconds = check / expected_tokens(alphas[proposer], gamma)
+        sizes = {gamma: 1.0} if below is None else check_sizes(below, gamma)
+        alpha = alphas[proposer]
+        held = sum(n * p for n, p in sizes.items())
+        check = held * seconds + sum(p * (interpolate(costs[checker], n + 1) + (n + 1) * row_seconds)
+                                     for n, p in sizes.items())
+        seconds = check / sum(p * expected_tokens(alpha, n) for n, p in sizes.items())
+        below = check_yields(alpha, sizes)
     return seconds
 
 

@@ -66,8 +66,9 @@ class ContextLookup:
         (path: a tree node's tokens below the end of seq, so that seq itself is not copied)."""
         if len(seq) + len(path) < self.n:
             return None
-        tail = tuple(path[-self.n:]) if len(path) >= self.n else tuple(seq[len(seq) - self.n + len(path):]) + tuple(path)
-        after = self.after.get(tail)
+        from_seq = self.n - len(path)  # how many of the n tokens come from seq
+        key = tuple(seq[len(seq) - from_seq:]) + tuple(path) if from_seq > 0 else tuple(path[-self.n:])
+        after = self.after.get(key)
         return None if after is None else seq[after]
 
     def greedy_order(self, ranked: list[int], token: int | None) -> list[int]:

@@ -8,17 +8,14 @@ set -e
 out=benchmarks/results/issue11/amx_takeall
 text=${TEXT:-../shared/data/austen-emma.txt}
 common="--text $text --lengths 7936 --max-new-tokens 256 --modes ar triforce"
-run() {  # name, then bench arguments
-  local file=$out/$1.json; shift
-  [ -f $file ] || { triforce bench $common "$@" --out $file.tmp > $out/${file##*/}.log 2>&1 && mv $file.tmp $file; }
-}
-run greedy --temperatures 0 --sweep tree1=0,4,8,12,auto --repeats 2
+source benchmarks/resumable_bench.sh
+resumable greedy --temperatures 0 --sweep tree1=0,4,8,12,auto --repeats 2
 for seed in 0 1 2 3 4 5; do
-  run sampled_seed$seed --temperatures 0.6 1.0 --sweep tree1=0,4,8,12 --seed $seed
+  resumable sampled_seed$seed --temperatures 0.6 1.0 --sweep tree1=0,4,8,12 --seed $seed
 done
 # The same greedy sweep with the kernels at the avx512 level (vector units only, no AMX tiles: the path of
 # an AVX512-BF16 CPU such as Zen 4) and at the avx2 level (every x86-64 CPU of the last decade).
-TRIFORCE_CPU_ISA=avx512 run greedy_avx512 --temperatures 0 --sweep tree1=0,4,8 --repeats 2
-TRIFORCE_CPU_ISA=avx2 run greedy_avx2 --temperatures 0 --sweep tree1=0,4,8 --repeats 2
+TRIFORCE_CPU_ISA=avx512 resumable greedy_avx512 --temperatures 0 --sweep tree1=0,4,8 --repeats 2
+TRIFORCE_CPU_ISA=avx2 resumable greedy_avx2 --temperatures 0 --sweep tree1=0,4,8 --repeats 2
 # Longer chains instead of trees (gamma1, the draft's chain per tier-2 check; tree1 = 0), for comparison.
-run greedy_chains --temperatures 0 --sweep gamma1=2,4,8 --repeats 2
+resumable greedy_chains --temperatures 0 --sweep gamma1=2,4,8 --repeats 2

@@ -6,9 +6,6 @@ set -e
 out=benchmarks/results/issue11/lookup_trees
 text=${TEXT:-../shared/data/austen-emma.txt}
 common="--text $text --lengths 7936 --max-new-tokens 256 --modes ar triforce"
-run() {  # name, then bench arguments
-  local file=$out/$1.json; shift
-  [ -f $file ] || { triforce bench $common "$@" --out $file.tmp > $out/${file##*/}.log 2>&1 && mv $file.tmp $file; }
-}
-run greedy --temperatures 0 --sweep tree1=0,4,8 --repeats 2
-for seed in 0 1 2; do run sampled_seed$seed --temperatures 0.6 --sweep tree1=0,4,8 --seed $seed; done
+source benchmarks/resumable_bench.sh
+resumable greedy --temperatures 0 --sweep tree1=0,4,8 --repeats 2
+for seed in 0 1 2; do resumable sampled_seed$seed --temperatures 0.6 --sweep tree1=0,4,8 --seed $seed; done

@@ -8,12 +8,9 @@ set -e
 out=benchmarks/results/issue11/takeall_chains
 text=${TEXT:-../shared/data/austen-emma.txt}
 common="--text $text --lengths 7936 --max-new-tokens 256 --modes ar triforce"
-run() {  # name, then bench arguments
-  local file=$out/$1.json; shift
-  [ -f $file ] || { triforce bench $common "$@" --out $file.tmp > $out/${file##*/}.log 2>&1 && mv $file.tmp $file; }
-}
-run greedy_gamma1 --temperatures 0 --sweep gamma1=2,3,4,6 --repeats 2
-for seed in 0 1 2; do run sampled_gamma1_seed$seed --temperatures 0.6 --sweep gamma1=2,4 --seed $seed; done
-TRIFORCE_CPU_ISA=avx2 run greedy_gamma1_avx2 --temperatures 0 --sweep gamma1=2,4 --repeats 2
-run greedy_trees --temperatures 0 --sweep tree1=0,8 --repeats 2 --gamma1 4
-for seed in 0 1 2; do run sampled_trees_seed$seed --temperatures 0.6 --sweep tree1=0,8 --seed $seed --gamma1 4; done
+source benchmarks/resumable_bench.sh
+resumable greedy_gamma1 --temperatures 0 --sweep gamma1=2,3,4,6 --repeats 2
+for seed in 0 1 2; do resumable sampled_gamma1_seed$seed --temperatures 0.6 --sweep gamma1=2,4 --seed $seed; done
+TRIFORCE_CPU_ISA=avx2 resumable greedy_gamma1_avx2 --temperatures 0 --sweep gamma1=2,4 --repeats 2
+resumable greedy_trees --temperatures 0 --sweep tree1=0,8 --repeats 2 --gamma1 4
+for seed in 0 1 2; do resumable sampled_trees_seed$seed --temperatures 0.6 --sweep tree1=0,8 --seed $seed --gamma1 4; done
