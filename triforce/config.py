@@ -11,7 +11,7 @@ MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 MAX_TREE = 64  # nodes per speculation tree
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
-DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given and proposals are chains (README, Prompt lookup)
+DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given (README, Prompt lookup)
 PREFIX_CACHE_GB = 1.0  # default bound of the recent prompts' target KV kept for reuse (cache/prefixes.py)
 
 
@@ -57,7 +57,7 @@ class EngineConfig:
     the retrieval policy and full_layers were picked by `triforce bench` on SmolLM2 (see README)."""
     mode: str = "auto"  # auto: the tiers and gammas a cost model picks per request (coordinator/auto.py)
     gamma1: int = 4  # tier-1 (draft) proposals per tier-2 check (README, Defaults)
-    gamma2: int = 6  # tier-2 tokens per tier-3 (target) check
+    gamma2: int = 6  # tier-2 tokens per tier-3 (target) check: the least (it takes all of tier 2's rounds)
     budget: int = 2048  # tokens the retrieval cache holds
     chunk_size: int = 8
     retrieval_policy: str = "static"

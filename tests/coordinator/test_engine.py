@@ -99,6 +99,19 @@ def test_a_check_above_tier_1_takes_every_token_of_the_rounds_below(models, poli
     assert top.proposed / top.checks > 2  # ... and the target checks everything they overshot
 
 
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_the_largest_checks_that_take_every_token_fit_the_caches(models, policy):
+    """gamma1 = gamma2 = 8: the target's checks hold 8 to 16 tokens (a round of up to 9 on top of up to 7),
+    all of which every cache must hold speculatively; the retrieval tier selects from a budget of 32."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    tokens, metrics = run(target, draft, "triforce", prompt, params, policy, gamma1=8, gamma2=8)
+    assert tokens == reference
+    assert metrics.tiers[1].proposed / metrics.tiers[1].checks > 8
+
+
 def test_plain_decoding_equals_transformers_generate(tiny_dir, models):
     from transformers import AutoModelForCausalLM
 

@@ -17,7 +17,7 @@ SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refr
 
 
 def test_requests_merge_into_what_later_ones_recall(tmp_path):
-    path = tmp_path / "priors-2.json"
+    path = tmp_path / "priors-3.json"
     store = Priors(path)
     assert store.recall("k") == {"acceptance": {}, "realized": {}}
     store.remember("k", {"draft": 0.8}, {"draft": 0.9}, GENERIC)
@@ -106,7 +106,7 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
 
     engine, tokens, metrics = run(greedy)
     assert tokens == reference and metrics.auto[0]["why"]["prior"] == "defaults"
-    store = Priors(calibration / "priors-2.json")
+    store = Priors(calibration / "priors-3.json")
     assert list(store.entries) == [request_key(engine.ladder, greedy, lookup=engine.lookup_n)]
     assert engine.lookup_n and request_key(engine.ladder, greedy, lookup=engine.lookup_n) != \
         request_key(engine.ladder, greedy, lookup=0)  # the prompt lookup changes what the draft proposes

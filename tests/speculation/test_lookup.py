@@ -26,7 +26,7 @@ def test_candidates_and_weight_match_a_naive_scan(n):
         for extra in range(0, 4):
             tail = seq[:final] + seq[final:final + extra]
             assert lookup.candidate(tail) == naive_candidate(tail, lookup.final, n)
-            for split in range(len(tail) - 5, len(tail) + 1):  # a tree node's: seq, then its path below
+            for split in range(max(lookup.final, len(tail) - 5), len(tail) + 1):  # a node's: seq, then its path
                 assert lookup.candidate(tail[:split], tail[split:]) == naive_candidate(tail, lookup.final, n)
         lookup.advance(seq, final)
     outcomes = []

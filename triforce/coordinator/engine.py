@@ -9,8 +9,8 @@ its speculative KV with the target's.
 
 `_produce(level, n)` returns at least n tokens sampled exactly from tier `level`'s distribution, with
 that tier's probabilities at each: tier 0 samples autoregressively (as a proposer it may end a chain
-early: `stop_below`); any higher tier repeatedly takes up to `gammas[level - 1]` tokens from the tier
-below and verifies them (speculation/verify.py; the run yields a `Check`, so that a batch verifies all
+early: `stop_below`); any higher tier repeatedly takes `gammas[level - 1]` tokens from the tier below
+(at least that many above tier 1, whose rounds overshoot) and verifies them (speculation/verify.py; the run yields a `Check`, so that a batch verifies all
 its sequences' chains in one call), except that with a `TreeShaper` tier 1 checks a token tree that
 tier 0 grows (Sequoia; coordinator/trees.py, speculation/tree.py) in one forward. A tier above tier 1
 checks every token of the rounds below once they reach its gamma (`_check_chain`). After a tree check
@@ -240,8 +240,7 @@ class HierarchyEngine:
         # before this tier sees any of them (a stopping time, as `stop_below`).
         g = self.gammas[level - 1]
         draft_tokens, draft_rows = yield from self._produce(level - 1, g)
-        g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below)
-        del self.seq[position + g:]  # caches holding more drop it with the rejected proposals (_commit)
+        g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below), or more
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
         verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), logits, self.params, self.generator)
         self._record(level, g, verdict.accepted)

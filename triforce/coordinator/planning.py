@@ -10,13 +10,13 @@ stack of tiers, cheapest first, are
     s_0 = c_0(1) + r                                                         (the bottom samples one by one)
     s_i = (gamma_i s_{i-1} + c_i(gamma_i + 1) + (gamma_i + 1) r) / E(alpha_i, gamma_i)  (one check of gamma_i)
 
-for a check of the bottom tier's chain of gamma_i tokens. A check above a tier that itself checks (the
-target above the retrieval tier) takes every token of that tier's rounds once they reach gamma_i
-(engine.py), so it holds n >= gamma_i tokens, n distributed as where the rounds' summed yields first pass
-gamma_i (`check_sizes`), and gamma_i, c_i(gamma_i + 1) and E above are averaged over n.
-
 where r is what turning one row of logits into the request's distribution costs (at temperature > 0 with
-top-p, a sort of the vocabulary; timed once per request). A plan is scored by 1 / s_top. The candidates
+top-p, a sort of the vocabulary; timed once per request). That is a check of the bottom tier's chain of
+gamma_i tokens. A check above a tier that itself checks (the target above the retrieval tier) takes every
+token of that tier's rounds once they reach gamma_i (engine.py), so it holds n >= gamma_i tokens, n
+distributed as where the rounds' summed yields first pass gamma_i (`check_sizes`; each round taken as a
+full chain of gamma_{i-1}, though with `stop_below` the bottom tier's chains may end sooner), and gamma_i,
+c_i(gamma_i + 1) and E are averaged over n. A plan is scored by 1 / s_top. The candidates
 are every stack the request has (`ar`: the target alone; `draft`; `retrieval`; `triforce`) with gammas in
 1..MAX_GAMMA; the retrieval tier only once the context is at least twice its budget (below that it reads
 nearly what the target reads). Plain decoding is one of the candidates, so a request where speculation
@@ -71,7 +71,9 @@ from .priors import LEARNED_TRIALS, MIN_TRIALS, Priors
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
-CHECK_SIZES = (1, 2, 3, 4, 6, 9)  # tokens per forward whose cost is measured (others interpolated)
+# Tokens per forward whose cost is measured (others interpolated): a target check above the retrieval tier
+# holds up to gamma2 + gamma1 proposals, 2 MAX_GAMMA + 1 tokens with the next one.
+CHECK_SIZES = (1, 2, 3, 4, 6, 9, 12, 17)
 PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
 PRIOR_TRIALS = 4.0  # ...worth this many trials
 COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale

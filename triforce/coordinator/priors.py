@@ -3,7 +3,7 @@ first plan starts from it instead of generic guesses.
 
 For each kind of request (the machine; each tier's kind and the fingerprint of its model's weights; the
 sampling settings, since acceptance depends on the temperature; the batch size planned for),
-`priors-2.json` beside the costs holds:
+`priors-3.json` beside the costs holds:
 - `acceptance`: per proposer, the per-token acceptance its checks saw lately (the draft's, the retrieval
   tier's); the planner takes it as its prior, worth LEARNED_TRIALS trials (a generic prior is worth
   fewer: the planner explores less where it already knows);
@@ -57,7 +57,9 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
 class Priors(CalibrationFile):
     """Entries "request key" -> {"acceptance": {proposer: mean}, "realized": {mode: factor}}."""
 
-    filename = "priors-2.json"  # 2: speed factors measured at each stretch's own acceptance (planning.py)
+    # 2: speed factors measured at each stretch's own acceptance; 3: against the model of take-all target
+    # checks (planning.check_sizes), not of checks of exactly gamma2
+    filename = "priors-3.json"
 
     def recall(self, key: str) -> dict[str, dict[str, float]]:
         entry = self.entries.get(key, {})

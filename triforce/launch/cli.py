@@ -49,7 +49,7 @@ def add_mode_arg(p: argparse.ArgumentParser) -> None:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--gamma1", type=int, default=_DEFAULTS.gamma1, help="draft proposals per tier-2 check")
-    g.add_argument("--gamma2", type=int, default=_DEFAULTS.gamma2, help="tier-2 tokens per target check")
+    g.add_argument("--gamma2", type=int, default=_DEFAULTS.gamma2, help="tier-2 tokens per target check: the least (it takes every token of tier 2's rounds)")
     g.add_argument("--tree1", default=_DEFAULTS.tree1, metavar="N|auto",
                    help="draft proposals as a token tree (Sequoia) of up to N nodes, its shape fitted to the "
                         "acceptance measured during the run; auto: the size with the most tokens per second "

@@ -17,7 +17,9 @@ a few rounds; on prose whose n-grams rarely recur as they did, it stays low and 
 Why it stays exact: q' at a position depends only on the tokens before it (the candidate on the sequence
 so far, w on tokens already committed), so it is a proposer's distribution like any other, and the
 checker verifies the proposal against q' (min(1, p/q'), the residual max(p - q', 0)). Greedy proposes
-q''s argmax; there q is one-hot, so that is c when w > 1/2, else q's own argmax.
+q''s argmax; there q is one-hot, so that is c when w > 1/2, else q's own argmax. A tree's node draws its
+children from q' for its own path (coordinator/trees.py); a greedy one ranks them by q's logits with c
+among them (`greedy_order`).
 
 Measured (README, Prompt lookup): counted over the whole prompt, w stayed at the prompt's share (0.38 on
 Emma, 0.50 on Genesis) and greedy never copied; over the latest 32 it reached 0.85-0.97 and lifted

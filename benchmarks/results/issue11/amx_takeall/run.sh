@@ -4,6 +4,9 @@
 # seed). Temperatures 0.6 and 1.0: one bench per seed, since a single sample path decides acceptance there
 # (the same tree ran 0.83x to 1.38x the chain on different seeds). Resumable: a finished file is kept.
 # Run from the repository root: bash benchmarks/results/issue11/amx_takeall/run.sh
+# The files here came from the code of ba5274b. To rerun them as they were, run this script (it needs
+# benchmarks/resumable_bench.sh, newer than some of them) with that code first on the path:
+#   git worktree add /tmp/tf-ba5274b ba5274b && PYTHONPATH=/tmp/tf-ba5274b bash benchmarks/results/issue11/amx_takeall/run.sh
 set -e
 out=benchmarks/results/issue11/amx_takeall
 text=${TEXT:-../shared/data/austen-emma.txt}

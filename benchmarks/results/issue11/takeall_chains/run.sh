@@ -2,8 +2,10 @@
 # Fixed-mode chains whose target checks take every token of tier 2's rounds (the rounds overshoot gamma2
 # by up to gamma1), swept over gamma1; then trees against the chain of gamma1 4 that became the default.
 # Greedy: one bench with two repeats. 0.6: one bench per seed (a single sample path decides acceptance).
-# Resumable: a finished file is kept. Run from the repository root at commit 6358076 (before the prompt
-# lookup fed trees): bash benchmarks/results/issue11/takeall_chains/run.sh
+# Resumable: a finished file is kept. Run from the repository root.
+# The files here came from the code of 6358076. To rerun them as they were, run this script (it needs
+# benchmarks/resumable_bench.sh, newer than some of them) with that code first on the path:
+#   git worktree add /tmp/tf-6358076 6358076 && PYTHONPATH=/tmp/tf-6358076 bash benchmarks/results/issue11/takeall_chains/run.sh
 set -e
 out=benchmarks/results/issue11/takeall_chains
 text=${TEXT:-../shared/data/austen-emma.txt}
