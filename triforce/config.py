@@ -95,10 +95,10 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be 'auto' or a node count in [0, {MAX_TREE}] (got {value!r})")
         if (self.tree1 or self.tree2) and self.mode == "auto":
             raise ConfigError("tree1 and tree2 take a fixed mode (triforce, retrieval or draft); mode auto plans "
-                              "chains (trees pay only at greedy, where a longer chain would do as well; README, Token trees)")
+                              "chains (trees did not beat chains that take every token; README, Token trees)")
         if self.tree2 and self.mode == "triforce":
             raise ConfigError("tree2 (tier 2's tree to the target) runs in `retrieval` mode only; in `triforce` "
-                              "mode tier 2 hands the target a chain of gamma2 tokens (the target accepts most of them, so "
+                              "mode tier 2 hands the target a chain of at least gamma2 tokens (the target accepts most of them, so "
                               "siblings would cost more rows than they add; README, Token trees)")
         if self.chunk_size < 1:
             raise ConfigError(f"chunk size must be >= 1 (got {self.chunk_size})")

@@ -86,12 +86,15 @@ def test_grown_nodes_mix_in_the_lookups_copy_for_their_path(model, greedy):
     root_copy = lookup.candidate(seq)
     assert root_copy == 7  # what followed ..., 5, 6 earlier
     torch.testing.assert_close(rows[0], lookup.mix(unmixed[0].clone(), root_copy))
+    copies = 0
     for node in (0, 1, 2, 3):  # every forwarded node: mixed with the copy after its own path
         path = [tokens[node]] if parents[node] < 0 else [tokens[parents[node]], tokens[node]]
         copy = lookup.candidate(seq, path)
         assert copy == lookup.candidate(seq + path)
         if copy is not None:
+            copies += 1
             assert rows[node + 1][copy] >= lookup.weight
+    assert copies > 0  # some node below the root had a copy to mix
     if greedy:
         assert tokens[0] == root_copy
 

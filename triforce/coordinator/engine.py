@@ -10,7 +10,7 @@ its speculative KV with the target's.
 `_produce(level, n)` returns at least n tokens sampled exactly from tier `level`'s distribution, with
 that tier's probabilities at each: tier 0 samples autoregressively (as a proposer it may end a chain
 early: `stop_below`); any higher tier repeatedly takes `gammas[level - 1]` tokens from the tier below
-(at least that many above tier 1, whose rounds overshoot) and verifies them (speculation/verify.py; the run yields a `Check`, so that a batch verifies all
+and verifies them (speculation/verify.py; the run yields a `Check`, so that a batch verifies all
 its sequences' chains in one call), except that with a `TreeShaper` tier 1 checks a token tree that
 tier 0 grows (Sequoia; coordinator/trees.py, speculation/tree.py) in one forward. A tier above tier 1
 checks every token of the rounds below once they reach its gamma (`_check_chain`). After a tree check
