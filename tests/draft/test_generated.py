@@ -44,8 +44,16 @@ def test_greedy_answers_are_the_targets_greedy_continuations_and_labels_its_dist
     with torch.no_grad():
         expected = torch.log_softmax(reference(sequences).logits, -1).topk(8, -1)
     torch.testing.assert_close(logp.float(), expected.values, atol=2e-3, rtol=2e-3)
-    agree = (ids.long()[..., :3] == expected.indices[..., :3]).float().mean().item()
-    assert agree > 0.99  # ties of nearly equal probability may swap
+    # Ids agree wherever the ranks are told apart. Ranks of equal probability come in any order (after
+    # the pad token, whose embedding is zero, every token ties; CPU and CUDA order ties differently).
+    values = expected.values
+    apart = torch.ones_like(values[..., :3], dtype=torch.bool)
+    for j in range(3):
+        for neighbour in (j - 1, j + 1):
+            if neighbour >= 0:
+                apart[..., j] &= (values[..., j] - values[..., neighbour]).abs() > 1e-2
+    assert apart.float().mean() > 0.3  # enough ranks apart for the check to mean something
+    assert torch.equal(ids.long()[..., :3][apart], expected.indices[..., :3][apart])
 
 
 def test_sampled_answers_follow_the_targets_distribution(llm, tmp_path):

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from triforce.kernels import cpu
 from triforce.models.loader import resolve_dtype
@@ -137,8 +138,24 @@ def test_forward_costs_are_kept_apart_by_the_kernel_sources(tmp_path, monkeypatc
             cpu.kernel_sources_digest.cache_clear()
             digests.append(cpu.kernel_sources_digest())
         costs.machine_key.cache_clear()
-        key = costs.machine_key()
+        key = costs.machine_key("cpu")
     finally:  # the real digest and key for the tests after this one
         cpu.kernel_sources_digest.cache_clear()
         costs.machine_key.cache_clear()
     assert digests[0] != digests[1] and f"|avx2@{digests[1]}|" in key
+
+
+def test_tiers_on_the_cpu_of_a_machine_with_a_gpu_are_costed_as_the_cpus(monkeypatch):
+    """A draft on the CPU beside a target on the GPU (or any CPU tier of a GPU machine) runs the CPU
+    kernels: its costs are keyed by the CPU, the GPU tiers' by the GPU (seen on an H100 machine, where
+    every tier was keyed by the GPU)."""
+    from triforce.coordinator import costs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "Test GPU")
+    costs.machine_key.cache_clear()
+    try:
+        on_cpu, on_gpu = costs.machine_key("cpu"), costs.machine_key("cuda")
+    finally:
+        costs.machine_key.cache_clear()
+    assert on_gpu == "cuda:Test GPU" and "GPU" not in on_cpu and "threads=" in on_cpu

@@ -29,12 +29,13 @@ CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 
 
 
 @functools.cache
-def machine_key() -> str:
-    """What makes this machine's forward costs its own: the CPU (or GPU) model, kernel path (and the
-    kernels' sources) and threads."""
+def machine_key(device_type: str = "cpu") -> str:
+    """What makes this machine's forward costs on a device of `device_type` their own: the GPU's model
+    for 'cuda'; else the CPU's model, kernel path (and the kernels' sources) and threads, also on a
+    machine that has a GPU beside (a tier on its CPU runs the CPU kernels)."""
     from ..kernels.cpu import kernel_path, kernel_sources_digest
 
-    if torch.cuda.is_available():
+    if device_type == "cuda":
         return f"cuda:{torch.cuda.get_device_name()}"
     cpu = platform.processor() or platform.machine()
     try:
@@ -107,7 +108,7 @@ class CostTable(CalibrationFile):
     def _key(self, tier: Tier, batch: int = 1) -> str:
         """The entry measured nearest to the tier's context, if within CONTEXT_TOLERANCE; else a new one's."""
         context = cost_context(tier)
-        prefix = f"{machine_key()}||{tier_key(tier)}{f'|batch={batch}' if batch > 1 else ''}||"
+        prefix = f"{machine_key(tier.model.device.type)}||{tier_key(tier)}{f'|batch={batch}' if batch > 1 else ''}||"
         near = [k for k in self.entries if k.startswith(prefix)
                 and abs(int(k[len(prefix):]) - context) <= CONTEXT_TOLERANCE * max(context, 1)]
         return min(near, key=lambda k: abs(int(k[len(prefix):]) - context)) if near else f"{prefix}{context}"

@@ -50,7 +50,8 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
     checked; None, the planner's choice, is the same on one machine)."""
     tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}"
-    return (f"{machine_key()}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
+    machine = "+".join(sorted({machine_key(t.model.device.type) for t in ladder}))
+    return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
             + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else ""))
 
 
