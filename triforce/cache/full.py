@@ -9,6 +9,10 @@ from ..step import Step
 from .base import CacheCapacityError, KVCache, LayerBuffers, move_slots
 from .chunk_means import ChunkMeans
 
+# Rows of a fused forward whose queries the cache keeps for `last_query`: more than any check holds (a
+# tree's 64 nodes and its root; a take-all chain check's 2 * 8 + 1 tokens).
+QUERY_ROWS = 80
+
 
 class FullKVCache(KVCache):
     def __init__(self, cfg: ModelConfig, capacity: int, rope: RotaryEmbedding,
@@ -20,11 +24,13 @@ class FullKVCache(KVCache):
         self.capacity, self.rope, self.length = capacity, rope, 0
         self._n = 0
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None  # of the current forward's positions
-        # The rotated query of the last token of the latest forward, per layer: [Hq, D]. The retrieval
-        # cache scores chunks against it when it rebuilds (TriForce: "the last prompt token's query").
-        self.last_query: list[torch.Tensor | None] = [None] * cfg.num_layers
-        self._queries = torch.zeros(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
-        self._query_rows = self._queries.unbind(0)  # last_query when the fused layer loop fills it
+        # The rotated queries of the latest forward, for `last_query`: each layer's [Hq, n, D] on the
+        # layer-by-layer path; on the fused one, the last QUERY_ROWS rows in this store.
+        self._layer_queries: list[torch.Tensor] | None = None
+        self._queries = torch.zeros(cfg.num_layers, cfg.num_heads, QUERY_ROWS, cfg.head_dim, dtype=dtype,
+                                    device=device)
+        self._forward = (0, 0)  # the latest forward's first position and its row count
+        self._moved: dict[int, int] = {}  # since that forward, position -> the slot its entry came from
         self._means: ChunkMeans | None = None  # built by the first chunk_means call
 
     def begin(self, step: Step) -> None:
@@ -34,6 +40,7 @@ class FullKVCache(KVCache):
                                      f"{self.length} + {n} requested")
         self._n = n
         self._cos_sin = self.rope.cos_sin(step.positions, self.keys.dtype)
+        self._forward, self._moved, self._layer_queries = (self.length, n), {}, [None] * len(self._layer_keys)
 
     def append(self, layer, q, k, v):
         # narrow/copy_ on per-layer views: a decode step calls this 30 times, and tensor indexing costs
@@ -43,11 +50,28 @@ class FullKVCache(KVCache):
         keys, values = self._layer_keys[layer], self._layer_values[layer]
         keys.narrow(1, start, n).copy_(self.rope.apply(k, *self._cos_sin))
         values.narrow(1, start, n).copy_(v)
-        self.last_query[layer] = q.select(1, n - 1)
+        self._layer_queries[layer] = q
         return q, keys.narrow(1, 0, start + n), values.narrow(1, 0, start + n)
 
+    @property
+    def last_query(self) -> list[torch.Tensor | None]:
+        """Each layer's rotated query [Hq, D] of the cache's last token: TriForce scores chunks against it
+        when the retrieval cache (re)builds ("the last prompt token's query"). After a check that is the
+        last accepted token's row, not the check's last row (a rejected proposal, gone from the cache),
+        wherever the accepted path moved it; the latest forward's last row if that token is not among its
+        rows. None per layer before any forward."""
+        first, n = self._forward
+        if n == 0:
+            return [None] * len(self._layer_keys)
+        row = self._moved.get(self.length - 1, self.length - 1) - first
+        back = n - 1 - row if 0 <= row < n else 0  # rows before the forward's last
+        if self._layer_queries is None:  # the fused loop kept the last QUERY_ROWS rows
+            kept = min(n, QUERY_ROWS)
+            return list(self._queries[:, :, kept - 1 - (back if back < kept else 0)].unbind(0))
+        return [q[:, n - 1 - back] for q in self._layer_queries]
+
     def layer_buffers(self) -> LayerBuffers:
-        self.last_query = list(self._query_rows)
+        self._layer_queries = None
         return LayerBuffers(self._layer_keys, self._layer_values, [self.length] * len(self._layer_keys),
                             *self._cos_sin, self._queries)
 
@@ -82,6 +106,7 @@ class FullKVCache(KVCache):
     def _move(self, src: list[int], dst: list[int]) -> None:
         if dst:
             self._forget_from(min(dst))
+        self._moved.update({d: self._moved.get(s, s) for s, d in zip(src, dst)})
         move_slots((self.keys, self.values), src, dst, dim=2)
 
     def _forget_from(self, position: int) -> None:

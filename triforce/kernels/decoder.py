@@ -60,7 +60,7 @@ class FusedLayers:
             sin.append(buffers.sin)
             last_query = buffers.last_query
             if last_query is None:
-                last_query = x.new_empty(len(buffers.keys), self.num_heads, self.head_dim)
+                last_query = x.new_empty(len(buffers.keys), self.num_heads, 1, self.head_dim)
             last_queries.append(last_query)
         cos, sin = (cos[0], sin[0]) if len(rows) == 1 else (torch.cat(cos), torch.cat(sin))
         return cpu_kernels().decoder_layers_bf16(

@@ -8,6 +8,7 @@
 // the new tokens (KVCache.layer_buffers). It calls the same kernels with the same arguments and torch
 // ops in the same order, so its output is bit-identical to the Python loop's (tests/kernels).
 #include "kernels.h"
+#include <algorithm>  // std::min
 #include <ATen/TensorOperators.h>  // x + y
 #include <ATen/ops/cat.h>
 #include <ATen/ops/linear.h>
@@ -29,7 +30,8 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
 // x: [n, hidden], the rows of S sequences one after another (rows[s] each). weights: kWeightsPerLayer per
 // layer. keys[s * L + l], values[s * L + l]: sequence s's [Hkv, capacity, D] buffers of layer l, which
 // receive its new rotated keys and values at offsets[s * L + l]. cos, sin: [n, D] of the new positions.
-// last_query[s]: [L, Hq, D], receives each layer's rotated query of sequence s's last new token. masks[s]:
+// last_query[s]: [L, Hq, R, D], receives each layer's rotated queries of sequence s's last min(rows[s], R)
+// new tokens (the cache's `last_query` picks the accepted one after a check). masks[s]:
 // sequence s's [rows[s], m] over its last m keys (none for a chain), as decode_attention_bf16 takes it.
 // The weights are read once per layer for all sequences; each sequence attends over its own buffers.
 // Products of more than kernel_rows rows take torch's path (only where bfloat16 is native: the caller's
@@ -51,7 +53,7 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
   int64_t total = 0;
   for (const int64_t r : rows) total += r;
   TORCH_CHECK(total == x.size(0), "the row counts add up to x's rows");
-  const int64_t n = x.size(0), d = last_query[0].size(2), hq = num_heads, hkv = num_kv_heads;
+  const int64_t n = x.size(0), d = last_query[0].size(3), hq = num_heads, hkv = num_kv_heads;
   std::vector<at::Tensor> parts(seqs);
   const at::Tensor no_bias;
   for (size_t l = 0; l < layers; ++l) {
@@ -68,7 +70,8 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
       const auto& v = values[s * layers + l];
       k.narrow(1, at, ns).copy_(rope_bf16(mine.narrow(0, hq, hkv), c, sn));
       v.narrow(1, at, ns).copy_(mine.narrow(0, hq + hkv, hkv));
-      last_query[s][l].copy_(q.select(1, ns - 1));
+      const int64_t kept = std::min<int64_t>(ns, last_query[s].size(2));  // the last rows' queries
+      last_query[s][l].narrow(1, 0, kept).copy_(q.narrow(1, ns - kept, kept));
       parts[s] = decode_attention_bf16(q, k.narrow(1, 0, at + ns), v.narrow(1, 0, at + ns), scale, true, masks[s]);
       row += ns;
     }

@@ -1,0 +1,51 @@
+"""The query a static retrieval cache (re)builds from (TriForce: the latest token's): after a check, the
+last kept token's, as a cache that ran only the kept tokens holds it, on the layer-by-layer path and on
+the fused CPU loop; not the check's last row, a proposal the check rejected."""
+import pytest
+import torch
+
+from triforce.cache.full import FullKVCache
+from triforce.kernels.cpu import cpu_kernels
+from triforce.models.loader import load_model
+from triforce.step import Step
+
+from checkpoints import write_tiny_checkpoint
+
+# (parents of the check's tokens, None for a chain; the kept path: a chain's prefix or a tree's root-to-leaf)
+CHECKS = [(None, [0]), (None, [0, 1, 2]), (None, list(range(7))),
+          ([-1, 0, 0, 1, 2, 2, 3], [0, 2, 5]), ([-1, 0, 1, 0], [0, 3])]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("q") / "m", vocab_size=96, hidden_size=256, num_heads=4,
+                                 num_kv_heads=2, scale=10.0)
+
+
+def queries(cache):
+    return torch.stack(cache.last_query).float()
+
+
+@pytest.mark.parametrize("dtype,fused", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
+@pytest.mark.parametrize("parents,path", CHECKS)
+def test_last_query_is_the_last_kept_tokens_own(folder, dtype, fused, parents, path):
+    model = load_model(folder, dtype)
+    if fused and cpu_kernels() is None:
+        pytest.skip("no CPU bfloat16 kernels here")
+    if not fused:
+        model.fused_layers = None
+    g = torch.Generator().manual_seed(len(path))
+    prompt, check = torch.randint(3, 96, (20,), generator=g), torch.randint(3, 96, (7 if parents is None else
+                                                                                     len(parents),), generator=g)
+    checked = FullKVCache(model.config, 64, model.rope, model.dtype, "cpu")
+    model(prompt, checked, logits_for="none")
+    step = Step.chain(check, 20) if parents is None else Step.tree(check, parents, 20)
+    model(step, checked, logits_for="none")
+    last_row = queries(checked)  # no row dropped yet: the check's last
+    checked.keep_path(20, path)
+    alone = FullKVCache(model.config, 64, model.rope, model.dtype, "cpu")
+    model(torch.cat((prompt, check[path])), alone, logits_for="none")
+    tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == "float32" else dict(atol=0.1, rtol=0.05)
+    torch.testing.assert_close(queries(checked), queries(alone), **tolerance)
+    if path[-1] != len(check) - 1:  # the check's last row is another token's query, and far from this one
+        assert not torch.allclose(queries(checked), last_row, **tolerance)
