@@ -1,6 +1,7 @@
 """The query a static retrieval cache (re)builds from (TriForce: the latest token's): after a check, the
 last kept token's, as a cache that ran only the kept tokens holds it, on the layer-by-layer path and on
-the fused CPU loop; not the check's last row, a proposal the check rejected."""
+the fused CPU loop (whose prompt here is too long for it: it takes the buffers, then leaves the forward to
+the layers); not the check's last row, a proposal the check rejected."""
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from triforce.step import Step
 from checkpoints import write_tiny_checkpoint
 
 # (parents of the check's tokens, None for a chain; the kept path: a chain's prefix or a tree's root-to-leaf)
+PROMPT = 80  # 2 query heads per KV head x 80 rows: more than the CPU attention kernel takes (128)
 CHECKS = [(None, [0]), (None, [0, 1, 2]), (None, list(range(7))),
           ([-1, 0, 0, 1, 2, 2, 3], [0, 2, 5]), ([-1, 0, 1, 0], [0, 3])]
 
@@ -35,15 +37,15 @@ def test_last_query_is_the_last_kept_tokens_own(folder, dtype, fused, parents, p
     if not fused:
         model.fused_layers = None
     g = torch.Generator().manual_seed(len(path))
-    prompt, check = torch.randint(3, 96, (20,), generator=g), torch.randint(3, 96, (7 if parents is None else
+    prompt, check = torch.randint(3, 96, (PROMPT,), generator=g), torch.randint(3, 96, (7 if parents is None else
                                                                                      len(parents),), generator=g)
-    checked = FullKVCache(model.config, 64, model.rope, model.dtype, "cpu")
+    checked = FullKVCache(model.config, 128, model.rope, model.dtype, "cpu")
     model(prompt, checked, logits_for="none")
-    step = Step.chain(check, 20) if parents is None else Step.tree(check, parents, 20)
+    step = Step.chain(check, PROMPT) if parents is None else Step.tree(check, parents, PROMPT)
     model(step, checked, logits_for="none")
     last_row = queries(checked)  # no row dropped yet: the check's last
-    checked.keep_path(20, path)
-    alone = FullKVCache(model.config, 64, model.rope, model.dtype, "cpu")
+    checked.keep_path(PROMPT, path)
+    alone = FullKVCache(model.config, 128, model.rope, model.dtype, "cpu")
     model(torch.cat((prompt, check[path])), alone, logits_for="none")
     tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == "float32" else dict(atol=0.1, rtol=0.05)
     torch.testing.assert_close(queries(checked), queries(alone), **tolerance)

@@ -50,6 +50,8 @@ class FullKVCache(KVCache):
         keys, values = self._layer_keys[layer], self._layer_values[layer]
         keys.narrow(1, start, n).copy_(self.rope.apply(k, *self._cos_sin))
         values.narrow(1, start, n).copy_(v)
+        if self._layer_queries is None:  # the fused loop took the buffers, then left this forward to the layers
+            self._layer_queries = [None] * len(self._layer_keys)
         self._layer_queries[layer] = q
         return q, keys.narrow(1, 0, start + n), values.narrow(1, 0, start + n)
 

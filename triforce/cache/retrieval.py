@@ -7,7 +7,8 @@ speculative entries and appends the committed tokens from the source, so generat
 budget stay correct.
 
 Selection policies:
-- `static` (the paper): chunks chosen once by `rebuild` with the source's latest query; tokens committed
+- `static` (the paper): chunks chosen once by `rebuild` with the query of the source's last token (after
+  a target check, the last it kept: `FullKVCache.last_query`, not a rejected proposal's); tokens committed
   since are appended as a tail; rebuilt when the tail reaches `refresh_every` tokens or on request
   (the tier asks when acceptance drops).
 - `dynamic` (Quest-style): chunks re-chosen at every forward, from the query of the forward's *first*
