@@ -11,8 +11,8 @@ accepted 0.81 of the time at gamma 2 against 0.88 at gamma 4; at temperature 0.6
 the geometric alpha fitted to gamma 4's checks was 0.58-0.76 against 0.48-0.63 at gamma 2's. A planner
 that had run gamma 2 only priced gamma 4 at gamma 2's alpha, kept gamma 2 and ran at 0.72-0.80x of
 gamma 4's speed. So a gamma is scored from its own checks once it has some (the pooled estimate their
-prior), and a gamma never run is tried once where the model, at the pooled alpha, puts it near the best
-(planning.EXPLORE_MARGIN).
+prior), and a longer gamma never run is tried once where the model, at the pooled alpha, puts it near the
+best (planning.EXPLORE_MARGIN).
 """
 from __future__ import annotations
 

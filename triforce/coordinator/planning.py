@@ -31,7 +31,11 @@ each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows t
 dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
 evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py).
 Plans are scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen
-little gets tried, and the estimate it then earns decides. What the model leaves out (verification and
+little gets tried, and the estimate it then earns decides. A gamma's alpha comes from the checks run at
+that gamma, with the proposer's pooled estimate as their prior (acceptance.py: which positions begin a
+round depends on gamma, and with them the acceptance); once the running gamma has checks of its own, the
+best plan of the same stack whose bottom gamma is longer and was never run is run for one stretch if it
+scores within EXPLORE_MARGIN of the best (never two such stretches in a row). What the model leaves out (verification and
 bookkeeping between forwards) is learned too: each mode's prediction is scaled by the speed it really
 reached over the rounds it last ran, against what the model predicts for them at the acceptance those
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
@@ -77,7 +81,7 @@ CHECK_SIZES = (1, 2, 3, 4, 6, 9, 12, 17)
 COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
-EXPLORE_MARGIN = 0.9  # a bottom gamma never run is tried once where scored within this of the best plan
+EXPLORE_MARGIN = 0.9  # a longer bottom gamma never run is tried once where scored within this of the best
 STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability...
 STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (README, The AVX2 path)
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
@@ -324,13 +328,16 @@ class AutoPlanner:
         return best
 
     def _untried_near(self, best: Plan, rates: dict) -> Plan | None:
-        """A plan of `best`'s stack whose bottom gamma the bottom proposer never ran, scored within
-        EXPLORE_MARGIN of `best` (whose own bottom gamma it ran): the best such, tried for one stretch, since
-        only its own checks tell its acceptance (acceptance.py). None where there is none."""
+        """A plan of `best`'s stack whose bottom gamma, longer than best's, the bottom proposer never ran,
+        scored within EXPLORE_MARGIN of `best` (whose own bottom gamma it ran): the best such, tried for one
+        stretch, since only its own checks tell its acceptance (acceptance.py). Longer only: the alpha
+        fitted at one gamma underrated longer chains in every measurement (acceptance.py), never shorter
+        ones, so a shorter gamma scores as well as it will. None where there is none."""
         if len(best.stack) < 2 or not self.by_gamma[best.stack[0]].tried(best.gammas[0]):
             return None
         near = [(rate, gammas) for (stack, gammas), rate in rates.items() if stack == best.stack
-                and not self.by_gamma[stack[0]].tried(gammas[0]) and rate >= EXPLORE_MARGIN * best.tokens_per_s]
+                and gammas[0] > best.gammas[0] and not self.by_gamma[stack[0]].tried(gammas[0])
+                and rate >= EXPLORE_MARGIN * best.tokens_per_s]
         if not near:
             return None
         rate, gammas = max(near)
