@@ -180,26 +180,6 @@ def test_an_idle_drafts_evidence_brings_it_back_at_the_next_plan():
     assert without.plan(1000, 88).mode == "ar"  # what the old evidence alone said
 
 
-def test_each_gamma_is_scored_from_its_own_checks_and_a_longer_one_never_run_is_tried():
-    """Which positions begin a round depends on gamma, so checks at one gamma do not tell the acceptance at
-    another (acceptance.py): once the running gamma has checks of its own, a longer gamma never run that the
-    model scores within EXPLORE_MARGIN of it is tried for a stretch (never two stretches in a row); after
-    that each gamma is scored from its own checks, whatever the pooled estimate says."""
-    costs = {"draft": {1: 0.02}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
-    planner = planner_with(costs)
-    tries = lambda: planner.decisions[-1]["why"]["tries_untried_gamma"]  # noqa: E731
-    assert planner.plan(1000, 0).gammas == (7,) and not tries()
-    for _ in range(30):
-        planner.observe("draft", 7, 4, 7)
-    assert planner.plan(1000, 80).gammas == (8,) and tries()  # 7 has checks of its own: 8, scored near, is tried
-    assert planner.plan(1000, 88).gammas == (7,) and not tries()  # not two tries in a row
-    for _ in range(10):
-        planner.observe("draft", 8, 8, 8)  # fewer checks than 7's, every proposal accepted
-    pooled = planner.acceptance["draft"].mean
-    assert planner.by_gamma["draft"].at(8, planner.acceptance["draft"]).mean > pooled + 0.1
-    assert planner.plan(1000, 96).gammas == (8,)  # 8's own checks beat 7's, though 7's weigh most in the pool
-
-
 def test_costs_follow_what_forwards_really_take():
     costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     planner = planner_with(costs)

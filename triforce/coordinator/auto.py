@@ -195,4 +195,4 @@ class AutoEngine(HierarchyEngine):
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:
         super()._record(level, proposed, accepted)
-        self.planner.observe(self.tiers[level - 1].name, proposed, accepted, self.gammas[level - 1])
+        self.planner.observe(self.tiers[level - 1].name, proposed, accepted)

@@ -108,7 +108,8 @@ class CostTable(CalibrationFile):
     def _key(self, tier: Tier, batch: int = 1) -> str:
         """The entry measured nearest to the tier's context, if within CONTEXT_TOLERANCE; else a new one's."""
         context = cost_context(tier)
-        prefix = f"{machine_key(tier.model.device.type)}||{tier_key(tier)}{f'|batch={batch}' if batch > 1 else ''}||"
+        batched = f"|batch={batch}" if batch > 1 else ""
+        prefix = f"{machine_key(tier.model.device.type)}||{tier_key(tier)}{batched}||"
         near = [k for k in self.entries if k.startswith(prefix)
                 and abs(int(k[len(prefix):]) - context) <= CONTEXT_TOLERANCE * max(context, 1)]
         return min(near, key=lambda k: abs(int(k[len(prefix):]) - context)) if near else f"{prefix}{context}"

@@ -31,11 +31,7 @@ each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows t
 dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
 evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py).
 Plans are scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen
-little gets tried, and the estimate it then earns decides. A gamma's alpha comes from the checks run at
-that gamma, with the proposer's pooled estimate as their prior (acceptance.py: which positions begin a
-round depends on gamma, and with them the acceptance); once the running gamma has checks of its own, the
-best plan of the same stack whose bottom gamma is longer and was never run is run for one stretch if it
-scores within EXPLORE_MARGIN of the best (never two such stretches in a row). What the model leaves out (verification and
+little gets tried, and the estimate it then earns decides. What the model leaves out (verification and
 bookkeeping between forwards) is learned too: each mode's prediction is scaled by the speed it really
 reached over the rounds it last ran, against what the model predicts for them at the acceptance those
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
@@ -63,25 +59,26 @@ table (the machine may be busier or quieter than when it was measured).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from itertools import product
 
 import torch
 
-from .acceptance import PRIOR, PRIOR_TRIALS, Acceptance, AcceptanceByGamma  # noqa: F401 (PRIOR_TRIALS: tests)
 from .costs import CostTable, interpolate
-from .priors import LEARNED_TRIALS, Priors
+from .priors import LEARNED_TRIALS, MIN_TRIALS, Priors
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
 # Tokens per forward whose cost is measured (others interpolated): a target check above the retrieval tier
 # holds up to gamma2 + gamma1 proposals, 2 MAX_GAMMA + 1 tokens with the next one.
 CHECK_SIZES = (1, 2, 3, 4, 6, 9, 12, 17)
+PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
+PRIOR_TRIALS = 4.0  # ...worth this many trials
 COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
-EXPLORE_MARGIN = 0.9  # a longer bottom gamma never run is tried once where scored within this of the best
 STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability...
 STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (README, The AVX2 path)
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
@@ -156,6 +153,45 @@ class Plan:
                 "predicted_tokens_per_s": round(self.tokens_per_s, 2)}
 
 
+@dataclass
+class Acceptance:
+    """A proposer's per-token acceptance: successes over trials of the geometric model, with a prior worth
+    `prior_trials` trials."""
+    prior: float
+    prior_trials: float = PRIOR_TRIALS
+    successes: float = 0.0
+    trials: float = 0.0
+
+    def observe(self, gamma: int, accepted: int) -> None:
+        self.successes += accepted
+        self.trials += accepted + (accepted < gamma)
+
+    def observe_expected(self, accepted: float, tokens: float) -> None:
+        """Per-token evidence: `tokens` positions where the proposer's token would have been accepted
+        `accepted` times in expectation (an idle draft's, auto.py)."""
+        self.successes += accepted
+        self.trials += tokens
+
+    def forget(self, keep: float) -> None:
+        """Older checks count less (text changes; an idle proposer drifts back to its prior and is retried)."""
+        self.successes *= keep
+        self.trials *= keep
+
+    @property
+    def mean(self) -> float:
+        return (self.successes + self.prior_trials * self.prior) / (self.trials + self.prior_trials)
+
+    @property
+    def optimistic(self) -> float:
+        m = self.mean
+        return min(m + math.sqrt(m * (1 - m) / (self.trials + self.prior_trials)), 0.99)
+
+    @property
+    def observed(self) -> float | None:
+        """The acceptance of the checks seen (faded as they are), without the prior; None with too few."""
+        return self.successes / self.trials if self.trials >= MIN_TRIALS else None
+
+
 def power_of_two_below(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
@@ -210,7 +246,6 @@ class AutoPlanner:
     budget: int | None = None  # the retrieval cache's, None without one
     table: CostTable = field(default_factory=CostTable.default)
     acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
-    by_gamma: dict[str, AcceptanceByGamma] = field(default_factory=lambda: {n: AcceptanceByGamma() for n in PRIOR})
     decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
     scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
     realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
@@ -226,7 +261,6 @@ class AutoPlanner:
     _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
     _scaled: dict[str, dict[int, float]] = field(default_factory=dict)  # per token of the batch, as planned with
     _batch: int = 1  # the batch size of the last plan
-    _explored: bool = False  # whether the last plan tries a gamma never run
 
     def candidates(self, context: int, busy: bool = False) -> list[tuple[str, ...]]:
         """The stacks worth scoring: the retrieval tier once the context is twice its budget, or while the
@@ -265,7 +299,7 @@ class AutoPlanner:
         """At each plan (in a batch, at each member's): older acceptance evidence counts less, and an idle
         mode's measured speed fades back towards its model."""
         running = self.running
-        for estimate in [*self.acceptance.values(), *self.by_gamma.values()]:
+        for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT)
         for mode, ratio in self.realized.items():
             if mode != running:
@@ -290,8 +324,9 @@ class AutoPlanner:
         if chunk:
             costs = {**costs, "target": {n: c + chunk / self._batch for n, c in costs["target"].items()}}
         estimates = self.estimates()
+        optimistic = {name: a.optimistic for name, a in estimates.items()}
         best: Plan | None = None
-        scored, rates = {}, {}
+        scored = {}
         for stack in stacks:
             mode = STACK_MODES[stack]
             realized = self._realized(mode)
@@ -299,9 +334,7 @@ class AutoPlanner:
             for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
                 if gammas and gammas[0] < shortest:
                     continue
-                alphas = {name: self.by_gamma[name].at(g, estimates[name]).optimistic for name, g in zip(stack, gammas)}
-                rate = realized / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
-                rates[stack, gammas] = rate
+                rate = realized / seconds_per_token(stack, gammas, costs, optimistic, self.row_seconds)
                 if best is None or rate > best.tokens_per_s:
                     best = Plan(stack, gammas, rate)
                 if rate > scored.get(mode, (0.0,))[0]:
@@ -309,15 +342,12 @@ class AutoPlanner:
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
             rate, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
             best = Plan(stack, gammas, rate)
-        explored = None if self._explored else self._untried_near(best, rates)  # never two stretches in a row
-        self._explored = explored is not None
-        best = replace(explored or best, stop_below=self._stop_below(best.stack))
+        best = replace(best, stop_below=self._stop_below(best.stack))
         last = self.decisions[-1] if self.decisions else {}
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
             self.decisions.append({
                 "at_token": generated, "context": context, **best.to_dict(),
                 "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
-                        "tries_untried_gamma": explored is not None,
                         "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
                         "prior": self._prior_source, "batch": self._batch,
                         "batchmate_chunk_ms": round(1e3 * chunk, 2),
@@ -326,22 +356,6 @@ class AutoPlanner:
                         "row_ms": round(1e3 * self.row_seconds, 3),
                         "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
         return best
-
-    def _untried_near(self, best: Plan, rates: dict) -> Plan | None:
-        """A plan of `best`'s stack whose bottom gamma, longer than best's, the bottom proposer never ran,
-        scored within EXPLORE_MARGIN of `best` (whose own bottom gamma it ran): the best such, tried for one
-        stretch, since only its own checks tell its acceptance (acceptance.py). Longer only: the alpha
-        fitted at one gamma underrated longer chains in every measurement (acceptance.py), never shorter
-        ones, so a shorter gamma scores as well as it will. None where there is none."""
-        if len(best.stack) < 2 or not self.by_gamma[best.stack[0]].tried(best.gammas[0]):
-            return None
-        near = [(rate, gammas) for (stack, gammas), rate in rates.items() if stack == best.stack
-                and gammas[0] > best.gammas[0] and not self.by_gamma[stack[0]].tried(gammas[0])
-                and rate >= EXPLORE_MARGIN * best.tokens_per_s]
-        if not near:
-            return None
-        rate, gammas = max(near)
-        return Plan(best.stack, gammas, rate)
 
     def _stop_below(self, stack: tuple[str, ...]) -> float:
         """The bottom tier's `stop_below` on `stack`: the user's where set; else STOP_BELOW where the tier
@@ -359,12 +373,9 @@ class AutoPlanner:
         """A plan starts running (or runs on after a re-plan): its checks from now on are its stretch's."""
         self._stretch = {}
 
-    def observe(self, proposer: str, proposed: int, accepted: int, gamma: int | None = None) -> None:
-        """A check of `proposed` tokens from `proposer` accepted `accepted`; `gamma`: its level's in the plan
-        (default `proposed`)."""
-        self.acceptance[proposer].observe(proposed, accepted)
-        self.by_gamma[proposer].observe(proposed if gamma is None else gamma, proposed, accepted)
-        self._stretch.setdefault(proposer, Acceptance(0.0, 0.0)).observe(proposed, accepted)
+    def observe(self, proposer: str, gamma: int, accepted: int) -> None:
+        self.acceptance[proposer].observe(gamma, accepted)
+        self._stretch.setdefault(proposer, Acceptance(0.0, 0.0)).observe(gamma, accepted)
 
     def observe_idle(self, proposer: str, accepted: float, tokens: float) -> None:
         """An idle proposer's expected acceptance over `tokens` committed tokens (auto.py)."""
