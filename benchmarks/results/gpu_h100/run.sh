@@ -16,3 +16,7 @@ python3 -m pytest -q -n 10 --timeout 90 -rfE --tb=short tests/test_prefix_reuse.
 #   3. profile_triforce.txt, cprofile_triforce.txt:
 python3 benchmarks/gpu_profile.py --model /tmp/random-smollm2 --draft triforce/drafts/smollm2 --context 4096 \
   --tokens 32 --modes triforce --out "$OUT"
+# profile_summary.jsonl: the JSON lines gpu_profile.py printed in calls 2 and 3 (its gpu_busy_ms_per_token
+# then counted each kernel's time twice, through the op that launched it too: the tables' "Self CUDA time
+# total", 175.9 and 212.4 ms over the whole generate, prefill included, is the GPU's busy time; the script
+# now counts kernels only, as gpu_busy_ms_per_token_with_prefill).
