@@ -8,6 +8,7 @@
 # Needs $GPU_KIT (default .gpu), made by benchmarks/gpu_kit.sh: whl/ (wheels the machine lacks), tok/
 # (SmolLM2's config.json and tokenizer files), austen-emma.txt. Carry it: device run, carry [".gpu"].
 # Writes into $OUT: env.txt, bench_bf16.json, bench_f32.json (with logs), calibration.tar, pytest.log.
+case "${1:-}" in -h|--help) sed -n '2,/^case /p' "$0" | sed '$d'; exit 0;; esac
 set -uo pipefail
 kit=${GPU_KIT:-.gpu}; OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 { nvidia-smi -L; python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"

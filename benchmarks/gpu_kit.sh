@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Fills $GPU_KIT (default .gpu; git-ignored: add "/.gpu/" to .git/info/exclude) with what a lent GPU
-# machine lacks for benchmarks/gpu_check.sh: wheels for its Python 3.12 (it has torch, transformers,
-# numpy, msgpack, scipy, pytest, pytest-xdist, but none of these), SmolLM2's config and tokenizer (from the
+# machine lacks for benchmarks/gpu_check.sh: wheels for its Python 3.12 (it has torch, numpy, msgpack,
+# scipy, pytest, pytest-xdist and transformers 5.17, none of these; transformers 5.24 comes too, the version
+# this project's tests ran with here), SmolLM2's config and tokenizer (from the
 # converted model, `triforce generate` fetches it once) and Emma. About 25 MB; the machine takes 64 MiB.
+case "${1:-}" in -h|--help) sed -n '2,/^case /p' "$0" | sed '$d'; exit 0;; esac
 set -euo pipefail
 kit=${GPU_KIT:-.gpu}; home=${TRIFORCE_HOME:-$HOME/.cache/triforce}
 mkdir -p "$kit/whl" "$kit/tok"

@@ -1,7 +1,9 @@
 """Where a GPU's decode time goes: each mode's generate under torch's profiler and under cProfile.
 
-    python benchmarks/gpu_profile.py --model FOLDER [--draft FOLDER] [--context 4096] [--tokens 48]
-        [--modes ar triforce] [--temperature 0.6] [--out DIR]
+    python benchmarks/gpu_profile.py --model FOLDER [--draft FOLDER] [--device cuda] [--context 4096]
+        [--tokens 48] [--modes ar triforce] [--temperature 0.6] [--out DIR]
+
+bfloat16 weights and caches.
 
 A decode step of a small model on a GPU is bound by the host (Python, dispatch, kernel launches,
 device-to-host syncs), not by the GPU: this says by how much and where. Per mode, after one warm-up
@@ -57,7 +59,7 @@ def profile_mode(mode: str, args, ids: list[int], out: Path) -> dict:
     n = metrics.generated_tokens
     return {"mode": mode, "tokens_per_s": round(metrics.tokens_per_s, 1), "prefill_s": round(metrics.prefill_s, 3),
             "gpu_busy_ms_per_token_with_prefill": round(busy_us / 1e3 / n, 2),
-            "host_ms_per_token": round(1e3 / metrics.tokens_per_s, 2) if metrics.tokens_per_s else None,
+            "ms_per_token": round(1e3 / metrics.tokens_per_s, 2) if metrics.tokens_per_s else None,
             "launches_per_token": round(count(LAUNCHES) / n, 1), "syncs_per_token": round(count(SYNCS) / n, 1),
             "copies_per_token": round(count(("cudaMemcpyAsync",)) / n, 1)}
 

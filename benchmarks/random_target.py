@@ -26,7 +26,7 @@ def main() -> None:
 
     config = AutoConfig.from_pretrained(args.like)
     torch.manual_seed(args.seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config)  # float32
     model.save_pretrained(args.out)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
         if (args.like / name).is_file():

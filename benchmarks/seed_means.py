@@ -32,6 +32,9 @@ def main() -> None:
         means = {m: round(sum(s[m] for s in seeds.values() if m in s) / sum(m in s for s in seeds.values()), 1)
                  for m in modes}
         ratios = [s["auto"] / s[args.against] for s in seeds.values() if "auto" in s and args.against in s]
+        if not ratios:
+            print(json.dumps({"label": label, "seeds": sorted(seeds), "mean_tokens_per_s": means}))
+            continue
         print(json.dumps({"label": label, "seeds": sorted(seeds), "mean_tokens_per_s": means,
                           f"auto_over_{args.against}": {
                               "geometric_mean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),

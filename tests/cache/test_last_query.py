@@ -43,6 +43,7 @@ def test_last_query_is_the_last_kept_tokens_own(folder, dtype, fused, parents, p
     model(prompt, checked, logits_for="none")
     step = Step.chain(check, PROMPT) if parents is None else Step.tree(check, parents, PROMPT)
     model(step, checked, logits_for="none")
+    assert (checked._layer_queries is None) == fused  # the fused loop ran the check, and kept its queries
     last_row = queries(checked)  # no row dropped yet: the check's last
     checked.keep_path(PROMPT, path)
     alone = FullKVCache(model.config, 128, model.rope, model.dtype, "cpu")
@@ -51,3 +52,24 @@ def test_last_query_is_the_last_kept_tokens_own(folder, dtype, fused, parents, p
     torch.testing.assert_close(queries(checked), queries(alone), **tolerance)
     if path[-1] != len(check) - 1:  # the check's last row is another token's query, and far from this one
         assert not torch.allclose(queries(checked), last_row, **tolerance)
+
+
+def test_a_check_as_long_as_the_fused_loop_takes_keeps_the_accepted_query(tmp_path):
+    """With a KV head per query head the fused loop takes checks of up to 128 tokens: the queries the cache
+    keeps cover all of them (a window shorter than the check returned the check's last row, silently)."""
+    if cpu_kernels() is None:
+        pytest.skip("no CPU bfloat16 kernels here")
+    folder = write_tiny_checkpoint(tmp_path / "mha", vocab_size=96, hidden_size=256, num_heads=4, num_kv_heads=4,
+                                   scale=10.0)
+    model = load_model(folder, "bfloat16")
+    g = torch.Generator().manual_seed(1)
+    prompt, check = torch.randint(3, 96, (20,), generator=g), torch.randint(3, 96, (120,), generator=g)
+    checked = FullKVCache(model.config, 160, model.rope, model.dtype, "cpu")
+    model(prompt, checked, logits_for="none")
+    model(Step.chain(check, 20), checked, logits_for="none")
+    if model.fused_layers.max_rows >= len(check):
+        assert checked._layer_queries is None
+    checked.keep_path(20, list(range(5)))
+    alone = FullKVCache(model.config, 160, model.rope, model.dtype, "cpu")
+    model(torch.cat((prompt, check[:5])), alone, logits_for="none")
+    torch.testing.assert_close(queries(checked), queries(alone), atol=0.1, rtol=0.05)

@@ -44,8 +44,9 @@ def test_greedy_answers_are_the_targets_greedy_continuations_and_labels_its_dist
     with torch.no_grad():
         expected = torch.log_softmax(reference(sequences).logits, -1).topk(8, -1)
     torch.testing.assert_close(logp.float(), expected.values, atol=2e-3, rtol=2e-3)
-    # Ids agree wherever the ranks are told apart. Ranks of equal probability come in any order (after
-    # the pad token, whose embedding is zero, every token ties; CPU and CUDA order ties differently).
+    # Ids agree wherever the ranks are told apart. Ranks of equal probability come in any order (in runs
+    # of the pad token, to which the tiny tokenizer maps the prompts' unknown words and whose embedding is
+    # zero, every token ties; CPU and CUDA order ties differently).
     values = expected.values
     apart = torch.ones_like(values[..., :3], dtype=torch.bool)
     for j in range(3):

@@ -145,13 +145,12 @@ def test_forward_costs_are_kept_apart_by_the_kernel_sources(tmp_path, monkeypatc
     assert digests[0] != digests[1] and f"|avx2@{digests[1]}|" in key
 
 
-def test_tiers_on_the_cpu_of_a_machine_with_a_gpu_are_costed_as_the_cpus(monkeypatch):
+def test_the_machine_key_of_a_cpu_tier_is_the_cpus_on_a_machine_with_a_gpu(monkeypatch):
     """A draft on the CPU beside a target on the GPU (or any CPU tier of a GPU machine) runs the CPU
-    kernels: its costs are keyed by the CPU, the GPU tiers' by the GPU (seen on an H100 machine, where
-    every tier was keyed by the GPU)."""
+    kernels: costs and priors key it by the CPU, a GPU tier by the GPU (costs.py and priors.py pass each
+    tier's device type; on an H100 machine every tier was keyed by the GPU)."""
     from triforce.coordinator import costs
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "Test GPU")
     costs.machine_key.cache_clear()
     try:
@@ -159,3 +158,17 @@ def test_tiers_on_the_cpu_of_a_machine_with_a_gpu_are_costed_as_the_cpus(monkeyp
     finally:
         costs.machine_key.cache_clear()
     assert on_gpu == "cuda:Test GPU" and "GPU" not in on_cpu and "threads=" in on_cpu
+    # the cost table keys each tier by its own device
+    from types import SimpleNamespace
+
+    from triforce.models.config import ModelConfig
+
+    cfg = ModelConfig(model_type="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=2,
+                      num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+    keys = {}
+    for device in ("cpu", "cuda"):
+        model = SimpleNamespace(config=cfg, dtype=torch.bfloat16, device=torch.device(device))
+        tier = SimpleNamespace(name="draft", model=model, placement="local", cache=None, length=100)
+        keys[device] = costs.CostTable(None)._key(tier)
+    costs.machine_key.cache_clear()
+    assert keys["cpu"].startswith(on_cpu + "||") and keys["cuda"].startswith("cuda:Test GPU||")

@@ -9,9 +9,10 @@ from ..step import Step
 from .base import CacheCapacityError, KVCache, LayerBuffers, move_slots
 from .chunk_means import ChunkMeans
 
-# Rows of a fused forward whose queries the cache keeps for `last_query`: more than any check holds (a
-# tree's 64 nodes and its root; a take-all chain check's 2 * 8 + 1 tokens).
-QUERY_ROWS = 80
+# A forward's last rows whose queries the cache keeps for `last_query`: as many as the fused CPU loop takes
+# (kernels/attention.py KERNEL_MAX_ROWS: 128 query rows per KV head), so it never cuts a check short; the
+# layer-by-layer path keeps the same window.
+QUERY_ROWS = 128
 
 
 class FullKVCache(KVCache):
@@ -22,13 +23,14 @@ class FullKVCache(KVCache):
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self._layer_keys, self._layer_values = self.keys.unbind(0), self.values.unbind(0)  # views
         self.capacity, self.rope, self.length = capacity, rope, 0
+        self._num_heads = cfg.num_heads  # query heads: the fused loop's query store has a row for each
         self._n = 0
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None  # of the current forward's positions
-        # The rotated queries of the latest forward, for `last_query`: each layer's [Hq, n, D] on the
-        # layer-by-layer path; on the fused one, the last QUERY_ROWS rows in this store.
+        # The rotated queries of the latest forward's last QUERY_ROWS rows, for `last_query`: each layer's
+        # [Hq, rows, D] on the layer-by-layer path; the store [L, Hq, QUERY_ROWS, D] on the fused one (made
+        # at its first use: the fused loop runs on CPUs with the bfloat16 kernels only).
         self._layer_queries: list[torch.Tensor] | None = None
-        self._queries = torch.zeros(cfg.num_layers, cfg.num_heads, QUERY_ROWS, cfg.head_dim, dtype=dtype,
-                                    device=device)
+        self._queries: torch.Tensor | None = None
         self._forward = (0, 0)  # the latest forward's first position and its row count
         self._moved: dict[int, int] = {}  # since that forward, position -> the slot its entry came from
         self._means: ChunkMeans | None = None  # built by the first chunk_means call
@@ -52,7 +54,7 @@ class FullKVCache(KVCache):
         values.narrow(1, start, n).copy_(v)
         if self._layer_queries is None:  # the fused loop took the buffers, then left this forward to the layers
             self._layer_queries = [None] * len(self._layer_keys)
-        self._layer_queries[layer] = q
+        self._layer_queries[layer] = q if n <= QUERY_ROWS else q[:, n - QUERY_ROWS:].clone()
         return q, keys.narrow(1, 0, start + n), values.narrow(1, 0, start + n)
 
     @property
@@ -65,14 +67,17 @@ class FullKVCache(KVCache):
         first, n = self._forward
         if n == 0:
             return [None] * len(self._layer_keys)
-        row = self._moved.get(self.length - 1, self.length - 1) - first
-        back = n - 1 - row if 0 <= row < n else 0  # rows before the forward's last
-        if self._layer_queries is None:  # the fused loop kept the last QUERY_ROWS rows
-            kept = min(n, QUERY_ROWS)
-            return list(self._queries[:, :, kept - 1 - (back if back < kept else 0)].unbind(0))
-        return [q[:, n - 1 - back] for q in self._layer_queries]
+        kept = min(n, QUERY_ROWS)
+        row = self._moved.get(self.length - 1, self.length - 1) - first - (n - kept)  # in the kept window
+        row = row if 0 <= row < kept else kept - 1
+        if self._layer_queries is None:
+            return list(self._queries[:, :, row].unbind(0))
+        return [q[:, row] for q in self._layer_queries]
 
     def layer_buffers(self) -> LayerBuffers:
+        if self._queries is None:
+            shape = (len(self._layer_keys), self._num_heads, QUERY_ROWS, self.keys.shape[-1])
+            self._queries = self.keys.new_zeros(shape)
         self._layer_queries = None
         return LayerBuffers(self._layer_keys, self._layer_values, [self.length] * len(self._layer_keys),
                             *self._cos_sin, self._queries)
@@ -118,3 +123,4 @@ class FullKVCache(KVCache):
     def reset(self) -> None:
         self.length = 0
         self._forget_from(0)
+        self._forward, self._moved, self._layer_queries = (0, 0), {}, None  # no token, no query

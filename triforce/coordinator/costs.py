@@ -29,14 +29,16 @@ CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 
 
 
 @functools.cache
-def machine_key(device_type: str = "cpu") -> str:
-    """What makes this machine's forward costs on a device of `device_type` their own: the GPU's model
-    for 'cuda'; else the CPU's model, kernel path (and the kernels' sources) and threads, also on a
-    machine that has a GPU beside (a tier on its CPU runs the CPU kernels)."""
+def machine_key(device_type: str) -> str:
+    """What makes this machine's forward costs on a device of `device_type` their own: for 'cpu', the
+    CPU's model, kernel path (and the kernels' sources) and threads, also on a machine with a GPU beside
+    (a tier on its CPU runs the CPU kernels); for 'cuda', the GPU's model; else the device type."""
     from ..kernels.cpu import kernel_path, kernel_sources_digest
 
     if device_type == "cuda":
         return f"cuda:{torch.cuda.get_device_name()}"
+    if device_type != "cpu":
+        return device_type
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
