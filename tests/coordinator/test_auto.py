@@ -190,6 +190,39 @@ def test_costs_follow_what_forwards_really_take():
     assert planner.decisions[-1]["why"]["cost_scale"]["draft"] > 4
 
 
+def test_costs_a_request_found_far_off_are_rescaled_for_the_next(tmp_path):
+    """A cost table measured in a slow spell (the target at 8x its cost) steered every later request (seen at
+    4K on a shared machine): a request whose forwards took far from the table's costs scales the entry it
+    planned with by what they took; a tier near the table's is left, and a table another request has
+    rescaled since is not rescaled again (factors would compound in a batch)."""
+    from types import SimpleNamespace
+
+    from triforce.models.config import ModelConfig
+
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    planner.plan(1000, 0)
+    calls = []
+    planner.table = SimpleNamespace(rescale=lambda *args: calls.append(args))
+    for _ in range(planning.RESCALE_FORWARDS):
+        planner.observe_cost("target", 1, 0.125 * interpolate(costs["target"], 1))  # an eighth of the table's
+        planner.observe_cost("draft", 1, 0.21)  # about the table's
+    planner.remember()
+    assert [(tier, planned, batch) for tier, planned, _, batch in calls] == [(None, costs["target"], 1)]
+    assert calls[0][2] == pytest.approx(0.125, rel=0.1)  # the scale's moving average, near the eighth
+
+    table = CostTable(tmp_path / "costs.json")
+    config = ModelConfig(model_type="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=2,
+                         num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+    model = SimpleNamespace(config=config, dtype=torch.float32, device=torch.device("cpu"))
+    tier = SimpleNamespace(name="target", model=model, placement="local", cache=None, length=1000)
+    table.entries[table._key(tier)] = {"1": 0.8, "4": 1.6}
+    table.rescale(tier, {1: 0.8}, 0.125)
+    assert CostTable(tmp_path / "costs.json").entries[table._key(tier)] == {"1": 0.1, "4": 0.2}  # kept on disk
+    table.rescale(tier, {1: 0.8}, 0.125)  # planned with the old entry: another request rescaled it since
+    assert table.entries[table._key(tier)] == {"1": 0.1, "4": 0.2}
+
+
 def test_a_mode_slower_than_its_model_is_dropped():
     """Sampling and verification between forwards are outside the cost model: a mode that runs at half
     the speed its forwards predict is scored at what it reached."""

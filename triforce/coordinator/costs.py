@@ -102,6 +102,18 @@ class CostTable(CalibrationFile):
             self.save()
         return {n: known[str(n)] for n in sizes}
 
+    def rescale(self, tier: Tier, planned: dict[int, float], factor: float, batch: int = 1) -> None:
+        """Scales `tier`'s entry at its context and this batch size by `factor`, what a request's forwards
+        took against the costs it `planned` with (planning.py: a table measured in a slow or quiet spell of
+        the machine would otherwise steer every later request); not if the entry changed since (another
+        request rescaled it), so that requests do not compound their factors."""
+        key = self._key(tier, batch)
+        entry = self.entries.get(key)
+        if entry is None or any(entry.get(str(n)) != seconds for n, seconds in planned.items()):
+            return
+        self.entries[key] = {n: seconds * factor for n, seconds in entry.items()}
+        self.save()
+
     def known(self, tier: Tier, sizes: tuple[int, ...], batch: int = 1) -> bool:
         """Whether the table holds every size for `tier` at its context and this batch size (nothing to measure)."""
         entry = self.entries.get(self._key(tier, batch), {})

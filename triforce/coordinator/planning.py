@@ -77,6 +77,8 @@ CHECK_SIZES = (1, 2, 3, 4, 6, 9, 12, 17)
 PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
 PRIOR_TRIALS = 4.0  # ...worth this many trials
 COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
+RESCALE_BEYOND = 1.5  # a request whose forwards took this many times the table's (or 1 / this) rescales it...
+RESCALE_FORWARDS = 20  # ...after at least this many of them
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
 STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability...
@@ -261,6 +263,7 @@ class AutoPlanner:
     _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
     _scaled: dict[str, dict[int, float]] = field(default_factory=dict)  # per token of the batch, as planned with
     _batch: int = 1  # the batch size of the last plan
+    _forwards: dict[str, int] = field(default_factory=dict)  # per tier: forwards that fed its cost scale
 
     def candidates(self, context: int, busy: bool = False) -> list[tuple[str, ...]]:
         """The stacks worth scoring: the retrieval tier once the context is twice its budget, or while the
@@ -395,7 +398,14 @@ class AutoPlanner:
             self._prior_source = "earlier requests"
 
     def remember(self) -> None:
-        """The request ends: what it saw joins what later requests of its kind start from."""
+        """The request ends: what it saw joins what later requests of its kind start from; and a tier whose
+        forwards took RESCALE_BEYOND times what the cost table says (after RESCALE_FORWARDS of them), or
+        less than 1 / that, has its entry scaled by what they took (the table is measured once per
+        context, perhaps in a slow spell of a shared machine)."""
+        for name, factor in self.scale.items():
+            far = not 1 / RESCALE_BEYOND < factor < RESCALE_BEYOND
+            if far and self._forwards.get(name, 0) >= RESCALE_FORWARDS and name in self._costs:
+                self.table.rescale(self.tiers[name], self._costs[name], factor, self._batch)
         if self.priors is None or self._key is None:
             return
         seen = {name: a.observed for name, a in self.acceptance.items()}
@@ -442,6 +452,7 @@ class AutoPlanner:
         if measured and seconds > 0:
             ratio = seconds / max(interpolate(measured, tokens), 1e-9)
             self.scale[name] = (1 - COST_SMOOTHING) * self.scale.get(name, 1.0) + COST_SMOOTHING * ratio
+            self._forwards[name] = self._forwards.get(name, 0) + 1
 
 
 def row_seconds(probs, vocab: int, rows: int = 8) -> float:
