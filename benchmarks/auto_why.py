@@ -1,8 +1,9 @@
-"""What mode auto decided and why, request by request: SmolLM2 on the first N tokens of a text, one
-request per seed, in one process (each later request starts from what the earlier ones saw: priors.py).
+"""What mode auto decided and why, request by request: a model (SmolLM2 unless --model) on the first N
+tokens of a text, one request per seed, in one process (each later request starts from what the earlier
+ones saw: priors.py; and restores the prompt's KV from the first's, unless --prefix-cache-gb 0).
 
     python benchmarks/auto_why.py [--length 4096] [--seeds 0 1] [--temperature 0.6] [--decisions 3]
-        [--text ../shared/data/austen-emma.txt]
+        [--text ../shared/data/austen-emma.txt] [--model qwen2.5-coder-1.5b] [--costs]
 
 Run it with a fresh TRIFORCE_HOME to see a machine's first requests (symlink its `models` folder to skip
 the download). Prints per request its decode tokens/s and its first decisions: mode, gammas, the
@@ -22,17 +23,27 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--decisions", type=int, default=3)
     p.add_argument("--text", default="../shared/data/austen-emma.txt")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--draft", default=None, help="default: the model's own default draft")
+    p.add_argument("--prefix-cache-gb", type=float, default=2.0)
+    p.add_argument("--costs", action="store_true", help="also print each decision's forward costs (ms)")
     args = p.parse_args()
-    llm = LLM("smollm2", mode="auto")
+    llm = LLM(args.model, draft=args.draft, mode="auto", prefix_cache_gb=args.prefix_cache_gb)
     ids = llm.tokenizer(open(args.text).read())["input_ids"][: args.length]
+    print(f"{len(ids)} prompt tokens", flush=True)
     for seed in args.seeds:
         params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, seed=seed)
         metrics = llm.generate([ids], params)[0].metrics
-        print(f"seed {seed}: {metrics.tokens_per_s:.1f} tokens/s")
+        print(f"seed {seed}: {metrics.tokens_per_s:.1f} tokens/s; prefill {metrics.prefill_s:.0f} s"
+              f" ({metrics.cached_prompt_tokens} prompt tokens restored); " +
+              "; ".join(f"{t.drafter}->{t.name} {t.accepted}/{t.proposed} in {t.checks} checks" for t in metrics.tiers),
+              flush=True)
         for d in (metrics.auto or [])[: args.decisions]:
             why = d.get("why", {})
             print(f"  at {d['at_token']}: {d['mode']} {d['gammas']}; predicted {why.get('predicted_tokens_per_s')};"
                   f" acceptance {why.get('acceptance')}; realized {why.get('realized')}; prior {why.get('prior')}")
+            if args.costs:
+                print(f"    cost scale {why.get('cost_scale')}; forward ms {why.get('forward_ms')}")
 
 
 if __name__ == "__main__":

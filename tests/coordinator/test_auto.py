@@ -108,6 +108,56 @@ def test_plain_decoding_where_speculation_cannot_pay():
     assert planner_with(same).plan(1000, 0).mode == "ar"
 
 
+def test_speculation_runs_only_where_its_expected_speed_beats_plain_decoding():
+    """Optimism picks among the plans that pay at the mean acceptance; it never takes a request off plain
+    decoding onto a plan that the mean says is slower (Qwen2.5-Coder at 32K: every mode within 10% of
+    `ar`, where the optimistic bonus of faded evidence is as large as the differences)."""
+    costs = {"draft": {1: 0.6}, "target": {n: 1.0 + 0.02 * (n - 1) for n in FLAT}}  # ar: 1 token/s
+
+    def draft_rates(acceptance):  # draft mode's best tokens/s over gammas, at the mean and optimistic alpha
+        return [max(1 / seconds_per_token(("draft", "target"), (g,), costs, {"draft": alpha})
+                    for g in range(1, planning.MAX_GAMMA + 1)) for alpha in (acceptance.mean, acceptance.optimistic)]
+
+    seen_little = planning.Acceptance(0.5, successes=2.0, trials=4.0)
+    mean_rate, optimistic_rate = draft_rates(seen_little)
+    assert mean_rate < 1.0 < optimistic_rate  # the case this test is about
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = seen_little
+    plain = planner.plan(1000, 0)
+    why = planner.decisions[-1]["why"]
+    assert plain.mode == "ar" and not why["probe"]
+    assert why["expected_tokens_per_s"]["draft"] == pytest.approx(mean_rate, abs=0.01)
+    assert "draft" not in why["predicted_tokens_per_s"]
+    # where the mean pays, the draft runs (plain decoding measured as the model predicts it)
+    planner.observe_rate(plain, 1.0)
+    paying = planning.Acceptance(0.7, successes=2.8, trials=4.0)
+    assert draft_rates(paying)[0] > 1.0
+    planner.acceptance["draft"] = paying
+    assert planner.plan(1000, 8).mode == "draft"
+
+
+def test_plain_decoding_is_measured_before_a_plan_that_beats_it_by_little():
+    """A request that has not run `ar` runs it for a stretch before a plan expected to beat it by less
+    than AR_PROBE; then the plan runs, or `ar` stays if it ran faster than the model said."""
+    costs = {"draft": {1: 0.3}, "target": {n: 1.0 + 0.02 * (n - 1) for n in FLAT}}
+    acceptance = planning.Acceptance(0.6, successes=600.0, trials=1000.0)
+    expected = max(1 / seconds_per_token(("draft", "target"), (g,), costs, {"draft": acceptance.mean})
+                   for g in range(1, planning.MAX_GAMMA + 1))
+    assert 1.0 < expected < planning.AR_PROBE  # the case this test is about (ar: 1 token/s)
+    for ar_rate, then in ((1.0, "draft"), (1.3 * expected, "ar")):
+        planner = planner_with(costs)
+        planner.acceptance["draft"] = copy.deepcopy(acceptance)
+        probe = planner.plan(1000, 0)
+        assert probe.mode == "ar" and planner.decisions[-1]["why"]["probe"]
+        planner.observe_rate(probe, ar_rate)
+        assert planner.plan(1000, 8).mode == then
+        assert planner.plan(1000, 16).mode == then  # probed once
+    # far ahead of plain decoding, the plan runs from the start
+    cheap = planner_with({**costs, "draft": {1: 0.02}})
+    cheap.acceptance["draft"] = copy.deepcopy(acceptance)
+    assert cheap.plan(1000, 0).mode == "draft" and not cheap.decisions[-1]["why"]["probe"]
+
+
 def test_the_full_hierarchy_where_checks_are_cheap():
     cheap = {"draft": {1: 0.05}, "retrieval": {n: 0.3 for n in FLAT}, "target": FLAT}
     plan = planner_with(cheap).plan(1000, 0)
@@ -173,7 +223,9 @@ def test_an_idle_drafts_evidence_brings_it_back_at_the_next_plan():
     planner = planner_with(costs)
     for _ in range(20):
         planner.observe("draft", 4, 0)
-    assert planner.plan(1000, 80).mode == "ar"
+    plain = planner.plan(1000, 80)
+    assert plain.mode == "ar"
+    planner.observe_rate(plain, plain.tokens_per_s)  # its stretch ran as predicted
     without = copy.deepcopy(planner)
     planner.observe_idle("draft", 7.5, 8.0)  # 8 tokens of `ar`, where it would have done well
     assert planner.plan(1000, 88).mode == "draft"
@@ -188,6 +240,33 @@ def test_costs_follow_what_forwards_really_take():
         planner.observe_cost("draft", 1, 1.0)  # five times what the table says (a busier machine)
     assert planner.plan(1000, 80).mode == "ar"
     assert planner.decisions[-1]["why"]["cost_scale"]["draft"] > 4
+
+
+def test_each_mode_is_planned_at_what_its_own_forwards_took(monkeypatch):
+    """A target interleaved with a draft ran slower than the table (which times forwards back to back, as
+    `ar` steps): that slows the prediction of the mode it ran in, and of `ar` only until `ar` has run and
+    shown its own (Qwen2.5-Coder-1.5B at 32K: 10% slower in `triforce` mode, so `ar` looked slower than
+    it was and auto never ran it)."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    costs = {"draft": {1: 0.1}, "target": {n: 1.0 + 0.02 * (n - 1) for n in FLAT}}
+    planner = planner_with(costs)
+    assert planner.plan(1000, 0).mode == "draft"
+    for _ in range(30):
+        planner.observe_cost("target", 4, 1.5 * interpolate(costs["target"], 4))
+    planner.plan(1000, 8)
+    why = planner.decisions[-1]["why"]
+    assert why["mode_cost_scale"]["draft"]["target"] == pytest.approx(1.5, rel=1e-2)
+    assert planner._scaled["ar"]["target"][1] == pytest.approx(1.5, rel=1e-2)  # not run: the tier's lately
+    planner.decisions.append({"mode": "ar", "gammas": []})  # `ar` runs: its steps take the table's time
+    for _ in range(30):
+        planner.observe_cost("target", 1, costs["target"][1])
+    planner.decisions.append({"mode": "draft", "gammas": [4]})  # and the draft again, as slow as before
+    for _ in range(30):
+        planner.observe_cost("target", 4, 1.5 * interpolate(costs["target"], 4))
+    planner.plan(1000, 16)
+    assert planner._scaled["ar"]["target"][1] == pytest.approx(1.0, rel=1e-2)
+    assert planner._scaled["draft"]["target"][4] == pytest.approx(1.5 * interpolate(costs["target"], 4), rel=1e-2)
+    assert planner.scale["target"] == pytest.approx(1.5, rel=1e-2)  # the tier's, for the table's rescale
 
 
 def test_costs_a_request_found_far_off_are_rescaled_for_the_next(tmp_path):
@@ -286,10 +365,11 @@ def test_chains_end_early_where_checks_grow_steeply(growth, expected):
 
 
 @pytest.mark.parametrize("growth,shortest", [(0.02, 1), (0.3, planning.STOP_MIN_GAMMA)])
-def test_with_the_stop_on_gamma_is_a_cap_of_at_least_two(growth, shortest):
+def test_with_the_stop_on_gamma_is_a_cap_of_at_least_two(growth, shortest, monkeypatch):
     """At a poor acceptance (a bad start) the model's best gamma is 1. With the stop on (steep checks) it
     is not: the stop ends chains where the draft is unsure, and a gamma of 1 would also cut its confident
     stretches short. Without the stop (flat checks) a gamma of 1 stays possible."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)  # the draft beats `ar` by little: no probe of `ar` first
     costs = {"draft": {1: 0.05}, "target": {n: 1.0 + growth * (n - 1) for n in FLAT}}
     planner = planner_with(costs)
     planner.acceptance["draft"] = planning.Acceptance(0.5, successes=5e3, trials=1e4)
@@ -316,9 +396,10 @@ def test_auto_ends_chains_as_its_plans_say(models, prompt, replan_every_round):
     assert build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 140).planner.fixed_stop is None
 
 
-def test_the_running_mode_stays_unless_another_is_clearly_faster():
+def test_the_running_mode_stays_unless_another_is_clearly_faster(monkeypatch):
     """A switch costs a catch-up and chases noise when the two are close: ar must promise SWITCH_MARGIN
     more than the running draft mode to replace it."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)  # `ar` taken as measured: no probe of it first
     target = {n: 1.0 + 0.05 * (n - 1) for n in FLAT}
 
     def ar_over_draft(d):  # with the draft's acceptance known exactly (0.3)

@@ -31,7 +31,10 @@ each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows t
 dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
 evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py).
 Plans are scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen
-little gets tried, and the estimate it then earns decides. What the model leaves out (verification and
+little gets tried, and the estimate it then earns decides; but only plans whose speed at the mean alpha
+beats plain decoding's (the running mode's: within SWITCH_MARGIN of it) are scored (faded evidence keeps the optimistic bonus at a few percent, as large as
+the differences between modes where none pays much), and before a plan expected to beat plain decoding by
+less than AR_PROBE a request runs `ar` for one stretch, so that the floor is measured, not assumed. What the model leaves out (verification and
 bookkeeping between forwards) is learned too: each mode's prediction is scaled by the speed it really
 reached over the rounds it last ran, against what the model predicts for them at the acceptance those
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
@@ -55,7 +58,10 @@ the bottom tier's chains end early after a proposal its model was unsure of (`st
 The running mode stays unless another promises SWITCH_MARGIN more. Costs are re-read when the
 context moves past what they were measured at (the table measures once per machine, model, context and
 batch size), and each tier's are scaled by how long its forwards in this request really took against the
-table (the machine may be busier or quieter than when it was measured).
+table (the machine may be busier or quieter than when it was measured), per mode: the table times a
+tier's forwards back to back, as `ar` runs the target, and a tier interleaved with others in a speculative
+mode runs slower (Qwen2.5-Coder-1.5B at 32K: about 10%), so a mode that ran is scaled by what its own
+forwards took, one that has not by what the tier's took lately.
 """
 from __future__ import annotations
 
@@ -81,6 +87,7 @@ RESCALE_BEYOND = 1.5  # a request whose forwards took this many times the table'
 RESCALE_FORWARDS = 20  # ...after at least this many of them
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
+AR_PROBE = 1.25  # a request runs plain decoding for a stretch before a plan expected to beat it by less
 STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability...
 STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (README, The AVX2 path)
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
@@ -250,6 +257,7 @@ class AutoPlanner:
     acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
     decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
     scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
+    mode_scale: dict[str, dict[str, float]] = field(default_factory=dict)  # the same, per mode that ran
     realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
     row_seconds: float = 0.0  # turning one row of logits into the request's distribution (measured per request)
     chunk_seconds: float | None = None  # what a batchmate's prompt chunk adds to a target forward (observed)
@@ -261,7 +269,8 @@ class AutoPlanner:
     _prior_source: str = "defaults"
     _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
     _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
-    _scaled: dict[str, dict[int, float]] = field(default_factory=dict)  # per token of the batch, as planned with
+    _scaled: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)  # per mode, per tier: seconds
+    # per forward per sequence of the batch, as planned with
     _batch: int = 1  # the batch size of the last plan
     _forwards: dict[str, int] = field(default_factory=dict)  # per tier: forwards that fed its cost scale
 
@@ -320,44 +329,61 @@ class AutoPlanner:
         stacks, running = self.candidates(context, busy), self.running
         self.fade()
         self._costs = self.costs(stacks)
-        costs = {name: {n: c * self.scale.get(name, 1.0) / self._batch for n, c in by_n.items()}
-                 for name, by_n in self._costs.items()}
-        self._scaled = costs
+        self._scaled = {STACK_MODES[stack]: {name: self._scaled_costs(STACK_MODES[stack], name) for name in stack}
+                        for stack in stacks}
         chunk = self.chunk_seconds if busy else 0.0
-        if chunk:
-            costs = {**costs, "target": {n: c + chunk / self._batch for n, c in costs["target"].items()}}
         estimates = self.estimates()
         optimistic = {name: a.optimistic for name, a in estimates.items()}
+        means = {name: a.mean for name, a in estimates.items()}
+
+        def rate(stack, gammas, alphas):
+            costs = self._scaled[STACK_MODES[stack]]
+            if chunk:
+                costs = {**costs, "target": {n: c + chunk / self._batch for n, c in costs["target"].items()}}
+            return self._realized(STACK_MODES[stack]) / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
+
+        plain = rate(("target",), (), means)
         best: Plan | None = None
-        scored = {}
+        scored, expected = {}, {}
         for stack in stacks:
             mode = STACK_MODES[stack]
-            realized = self._realized(mode)
             shortest = STOP_MIN_GAMMA if self._stop_below(stack) else 1
             for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
                 if gammas and gammas[0] < shortest:
                     continue
-                rate = realized / seconds_per_token(stack, gammas, costs, optimistic, self.row_seconds)
-                if best is None or rate > best.tokens_per_s:
-                    best = Plan(stack, gammas, rate)
-                if rate > scored.get(mode, (0.0,))[0]:
-                    scored[mode] = (rate, gammas, stack)
+                mean_rate = rate(stack, gammas, means)
+                expected[mode] = max(expected.get(mode, 0.0), mean_rate)
+                if len(stack) > 1 and mean_rate < plain / (SWITCH_MARGIN if mode == running else 1.0):
+                    continue  # speculation must be expected to pay; optimism only picks among plans that do
+                optimistic_rate = rate(stack, gammas, optimistic)
+                if best is None or optimistic_rate > best.tokens_per_s:
+                    best = Plan(stack, gammas, optimistic_rate)
+                if optimistic_rate > scored.get(mode, (0.0,))[0]:
+                    scored[mode] = (optimistic_rate, gammas, stack)
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
             rate, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
             best = Plan(stack, gammas, rate)
+        probe = best.mode != "ar" and "ar" not in self._measured and expected[best.mode] < AR_PROBE * plain
+        if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it
+            best = Plan(("target",), (), plain)
         best = replace(best, stop_below=self._stop_below(best.stack))
         last = self.decisions[-1] if self.decisions else {}
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
             self.decisions.append({
                 "at_token": generated, "context": context, **best.to_dict(),
                 "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
+                        "probe": probe,
+                        "expected_tokens_per_s": {m: round(r, 2) for m, r in expected.items()},
                         "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
                         "prior": self._prior_source, "batch": self._batch,
                         "batchmate_chunk_ms": round(1e3 * chunk, 2),
                         "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
+                        "mode_cost_scale": {m: {n: round(x, 3) for n, x in by_tier.items()}
+                                            for m, by_tier in self.mode_scale.items()},
                         "realized": {m: round(x, 3) for m, x in self.realized.items()},
                         "row_ms": round(1e3 * self.row_seconds, 3),
-                        "forward_ms": {n: {k: round(1e3 * v, 2) for k, v in c.items()} for n, c in costs.items()}}})
+                        "forward_ms": {n: {k: round(1e3 * v * self.scale.get(n, 1.0) / self._batch, 2)
+                                           for k, v in c.items()} for n, c in self._costs.items()}}})
         return best
 
     def _stop_below(self, stack: tuple[str, ...]) -> float:
@@ -367,7 +393,7 @@ class AutoPlanner:
         chains early only loses tokens)."""
         if self.fixed_stop is not None:
             return self.fixed_stop
-        check = self._scaled.get(stack[1]) if len(stack) > 1 else None
+        check = self._scaled.get(STACK_MODES[stack], {}).get(stack[1]) if len(stack) > 1 else None
         if not check:
             return 0.0
         return STOP_BELOW if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0
@@ -426,11 +452,12 @@ class AutoPlanner:
         that plan at the acceptance its checks saw since then (a proposer not checked meanwhile: its
         estimate) and the costs as scaled (per sequence of the batch), this mode's later predictions are
         scaled likewise."""
-        if any(name not in self._scaled for name in plan.stack):
+        costs = self._scaled.get(plan.mode)
+        if costs is None:
             return  # a plan this planner did not score
         alphas = {name: a.mean for name, a in self.estimates().items()}
         alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
-        predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, self._scaled, alphas, self.row_seconds)
+        predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
         old = self.realized.get(plan.mode)
         ratio = tokens_per_s * self._batch / predicted
         self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
@@ -451,8 +478,19 @@ class AutoPlanner:
         measured = self._costs.get(name)
         if measured and seconds > 0:
             ratio = seconds / max(interpolate(measured, tokens), 1e-9)
+            if self.running is not None:
+                own = self.mode_scale.setdefault(self.running, {})
+                own[name] = (1 - COST_SMOOTHING) * own.get(name, self.scale.get(name, 1.0)) + COST_SMOOTHING * ratio
             self.scale[name] = (1 - COST_SMOOTHING) * self.scale.get(name, 1.0) + COST_SMOOTHING * ratio
             self._forwards[name] = self._forwards.get(name, 0) + 1
+
+    def _scaled_costs(self, mode: str, name: str) -> dict[int, float]:
+        """Tier `name`'s seconds per forward, per sequence of the batch, as `mode` runs it: the table's, scaled
+        by what its forwards took while `mode` ran (a tier interleaved with others runs slower than one
+        stepping alone, as the table measures it: Qwen2.5-Coder at 32K, 10% in `triforce` mode), or, where
+        `mode` has not run, by what they took lately in whichever mode ran (the machine's busyness)."""
+        scale = self.mode_scale.get(mode, {}).get(name, self.scale.get(name, 1.0))
+        return {n: c * scale / self._batch for n, c in self._costs[name].items()}
 
 
 def row_seconds(probs, vocab: int, rows: int = 8) -> float:
