@@ -19,7 +19,7 @@ import time
 from triforce import LLM, SamplingParams
 from triforce.api import Request
 from triforce.coordinator.batch import SequenceBatch
-from triforce.coordinator.planning import Batchmates
+from triforce.coordinator.batchmates import Batchmates
 
 
 def timed(request: Request, times: list) -> Request:

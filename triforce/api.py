@@ -18,7 +18,7 @@ import torch
 
 from .cache.prefixes import PrefixStore
 from .config import PREFIX_CACHE_GB, ConfigError, EngineConfig, SamplingParams
-from .coordinator.planning import Batchmates
+from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import build_engine, cache_bytes, speculation_slack
 from .coordinator.metrics import RequestMetrics

@@ -11,8 +11,10 @@ import triforce.coordinator.planning as planning
 from triforce.cache.full import FullKVCache
 from triforce.config import ConfigError, EngineConfig, SamplingParams
 from triforce.coordinator import costs as costs_module
-from triforce.coordinator.planning import (AutoPlanner, Plan, check_sizes, check_yields, expected_tokens,
-                                           seconds_per_token)
+from triforce.coordinator.batchmates import Batchmates, power_of_two_below
+from triforce.coordinator.planning import AutoPlanner
+from triforce.coordinator.speed_model import (STACK_MODES, Acceptance, Plan, check_sizes, check_yields,
+                                              expected_tokens, seconds_per_token)
 from triforce.coordinator.costs import CostTable, interpolate
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
@@ -118,7 +120,7 @@ def test_speculation_runs_only_where_its_expected_speed_beats_plain_decoding():
         return [max(1 / seconds_per_token(("draft", "target"), (g,), costs, {"draft": alpha})
                     for g in range(1, planning.MAX_GAMMA + 1)) for alpha in (acceptance.mean, acceptance.optimistic)]
 
-    seen_little = planning.Acceptance(0.5, successes=2.0, trials=4.0)
+    seen_little = Acceptance(0.5, successes=2.0, trials=4.0)
     mean_rate, optimistic_rate = draft_rates(seen_little)
     assert mean_rate < 1.0 < optimistic_rate  # the case this test is about
     planner = planner_with(costs)
@@ -130,7 +132,7 @@ def test_speculation_runs_only_where_its_expected_speed_beats_plain_decoding():
     assert "draft" not in why["predicted_tokens_per_s"]
     # where the mean pays, the draft runs (plain decoding measured as the model predicts it)
     planner.observe_rate(plain, 1.0)
-    paying = planning.Acceptance(0.7, successes=2.8, trials=4.0)
+    paying = Acceptance(0.7, successes=2.8, trials=4.0)
     assert draft_rates(paying)[0] > 1.0
     planner.acceptance["draft"] = paying
     assert planner.plan(1000, 8).mode == "draft"
@@ -140,7 +142,7 @@ def test_plain_decoding_is_measured_before_a_plan_that_beats_it_by_little():
     """A request that has not run `ar` runs it for a stretch before a plan expected to beat it by less
     than AR_PROBE; then the plan runs, or `ar` stays if it ran faster than the model said."""
     costs = {"draft": {1: 0.3}, "target": {n: 1.0 + 0.02 * (n - 1) for n in FLAT}}
-    acceptance = planning.Acceptance(0.6, successes=600.0, trials=1000.0)
+    acceptance = Acceptance(0.6, successes=600.0, trials=1000.0)
     expected = max(1 / seconds_per_token(("draft", "target"), (g,), costs, {"draft": acceptance.mean})
                    for g in range(1, planning.MAX_GAMMA + 1))
     assert 1.0 < expected < planning.AR_PROBE  # the case this test is about (ar: 1 token/s)
@@ -263,17 +265,19 @@ def test_each_mode_is_planned_at_what_its_own_forwards_took(monkeypatch):
     planner.decisions.append({"mode": "draft", "gammas": [4]})  # and the draft again, as slow as before
     for _ in range(30):
         planner.observe_cost("target", 4, 1.5 * interpolate(costs["target"], 4))
-    planner.plan(1000, 16)
-    assert planner._scaled["ar"]["target"][1] == pytest.approx(1.0, rel=1e-2)
+    planner.plan(1000, 16)  # `ar` idle since: its scale fades once towards the tier's
+    kept = planning.EVIDENCE_KEPT
+    assert planner._scaled["ar"]["target"][1] == pytest.approx(1.5 + (1.0 - 1.5) * kept, rel=1e-2)
     assert planner._scaled["draft"]["target"][4] == pytest.approx(1.5 * interpolate(costs["target"], 4), rel=1e-2)
     assert planner.scale["target"] == pytest.approx(1.5, rel=1e-2)  # the tier's, for the table's rescale
 
 
-def test_costs_a_request_found_far_off_are_rescaled_for_the_next(tmp_path):
+def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
     """A cost table measured in a slow spell (the target at 8x its cost) steered every later request (seen at
-    4K on a shared machine): a request whose forwards took far from the table's costs scales the entry it
-    planned with by what they took; a tier near the table's is left, and a table another request has
-    rescaled since is not rescaled again (factors would compound in a batch)."""
+    4K on a shared machine): a request whose forwards took far from the table's costs has the entry it
+    planned with measured again by the next request; a tier near the table's is left, and an entry another
+    request has measured since is kept. (Scaling the entry by what the request saw, as before, once made a
+    slow spell of one request the draft's cost for good: priced 10x, it never ran to show otherwise.)"""
     from types import SimpleNamespace
 
     from triforce.models.config import ModelConfig
@@ -282,13 +286,12 @@ def test_costs_a_request_found_far_off_are_rescaled_for_the_next(tmp_path):
     planner = planner_with(costs)
     planner.plan(1000, 0)
     calls = []
-    planner.table = SimpleNamespace(rescale=lambda *args: calls.append(args))
-    for _ in range(planning.RESCALE_FORWARDS):
+    planner.table = SimpleNamespace(forget=lambda *args: calls.append(args))
+    for _ in range(planning.REMEASURE_FORWARDS):
         planner.observe_cost("target", 1, 0.125 * interpolate(costs["target"], 1))  # an eighth of the table's
         planner.observe_cost("draft", 1, 0.21)  # about the table's
     planner.remember()
-    assert [(tier, planned, batch) for tier, planned, _, batch in calls] == [(None, costs["target"], 1)]
-    assert calls[0][2] == pytest.approx(0.125, rel=0.1)  # the scale's moving average, near the eighth
+    assert calls == [(None, costs["target"], 1)]
 
     table = CostTable(tmp_path / "costs.json")
     config = ModelConfig(model_type="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=2,
@@ -296,10 +299,27 @@ def test_costs_a_request_found_far_off_are_rescaled_for_the_next(tmp_path):
     model = SimpleNamespace(config=config, dtype=torch.float32, device=torch.device("cpu"))
     tier = SimpleNamespace(name="target", model=model, placement="local", cache=None, length=1000)
     table.entries[table._key(tier)] = {"1": 0.8, "4": 1.6}
-    table.rescale(tier, {1: 0.8}, 0.125)
-    assert CostTable(tmp_path / "costs.json").entries[table._key(tier)] == {"1": 0.1, "4": 0.2}  # kept on disk
-    table.rescale(tier, {1: 0.8}, 0.125)  # planned with the old entry: another request rescaled it since
-    assert table.entries[table._key(tier)] == {"1": 0.1, "4": 0.2}
+    table.forget(tier, {1: 0.7})  # planned with another entry: measured again since
+    assert CostTable(tmp_path / "costs.json").entries == {} and table.entries[table._key(tier)] == {"1": 0.8, "4": 1.6}
+    table.forget(tier, {1: 0.8})
+    assert table._key(tier) not in table.entries and not table.known(tier, (1,))
+    assert CostTable(tmp_path / "costs.json").entries == {}  # gone on disk too
+
+
+def test_an_idle_tiers_cost_scale_fades_back_to_the_table(monkeypatch):
+    """A slow spell while the draft ran (its forwards 10x the table's) drops it; idle, its cost scale fades
+    back towards the table's at each plan, as an idle proposer's acceptance fades to its prior, so the
+    draft is tried again instead of priced out for the rest of the request."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    costs = {"draft": {1: 0.1}, "target": {n: 1.0 + 0.02 * (n - 1) for n in FLAT}}
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = Acceptance(0.7, successes=70.0, trials=100.0)
+    assert planner.plan(1000, 0).mode == "draft"
+    for _ in range(30):
+        planner.observe_cost("draft", 1, 1.0)
+    modes = [planner.plan(1000, 8 * i).mode for i in range(1, 30)]
+    assert modes[0] == "ar" and "draft" in modes[1:20]
+    assert planner.decisions[-1]["mode"] == "draft" and planner.decisions[-1]["why"]["cost_scale"]["draft"] < 5
 
 
 def test_a_mode_slower_than_its_model_is_dropped():
@@ -331,7 +351,7 @@ def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_f
     too, and the draft paid for the stretch twice: it lost its mode at the next plan on this evidence)."""
     costs = {"draft": {1: 0.1}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     planner = planner_with(costs)
-    planner.acceptance["draft"] = planning.Acceptance(0.8, planning.LEARNED_TRIALS)  # earlier requests saw 0.8
+    planner.acceptance["draft"] = Acceptance(0.8, planning.LEARNED_TRIALS)  # earlier requests saw 0.8
     plan = planner.plan(1000, 0)
     assert plan.mode == "draft"
     for _ in range(9):
@@ -355,7 +375,7 @@ def test_chains_end_early_where_checks_grow_steeply(growth, expected):
     proposal. The plan carries the choice and its record says it; a stop_below the user set wins."""
     costs = {"draft": {1: 0.05}, "target": {n: 1.0 + growth * (n - 1) for n in FLAT}}
     planner = planner_with(costs)
-    planner.acceptance["draft"] = planning.Acceptance(0.9, successes=9e3, trials=1e4)
+    planner.acceptance["draft"] = Acceptance(0.9, successes=9e3, trials=1e4)
     plan = planner.plan(1000, 0)
     assert plan.mode == "draft" and plan.stop_below == expected
     assert planner.decisions[-1]["stop_below"] == expected
@@ -372,7 +392,7 @@ def test_with_the_stop_on_gamma_is_a_cap_of_at_least_two(growth, shortest, monke
     monkeypatch.setattr(planning, "AR_PROBE", 0.0)  # the draft beats `ar` by little: no probe of `ar` first
     costs = {"draft": {1: 0.05}, "target": {n: 1.0 + growth * (n - 1) for n in FLAT}}
     planner = planner_with(costs)
-    planner.acceptance["draft"] = planning.Acceptance(0.5, successes=5e3, trials=1e4)
+    planner.acceptance["draft"] = Acceptance(0.5, successes=5e3, trials=1e4)
     unconstrained = max(range(1, planning.MAX_GAMMA + 1), key=lambda g: 1 / seconds_per_token(
         ("draft", "target"), (g,), costs, {"draft": planner.acceptance["draft"].optimistic}))
     plan = planner.plan(1000, 0)
@@ -411,7 +431,7 @@ def test_the_running_mode_stays_unless_another_is_clearly_faster(monkeypatch):
     clear = next(d / 1000 for d in range(1, 500) if ar_over_draft(d / 1000) > 1.1)
     for d, expected in ((close, "draft"), (clear, "ar")):
         planner = planner_with({"draft": {1: d}, "target": target})
-        planner.acceptance["draft"] = planning.Acceptance(0.3, successes=0.3e6, trials=1e6)
+        planner.acceptance["draft"] = Acceptance(0.3, successes=0.3e6, trials=1e6)
         planner.decisions.append({"mode": "draft", "gammas": [1]})  # draft mode is running
         assert planner.plan(1000, 8).mode == expected, d
 
@@ -506,7 +526,7 @@ def test_a_batch_is_measured_as_one_call_of_all_its_sequences(models, tmp_path, 
     assert table.seconds(verifiers, (1, 3)) == together and len(calls) == 8  # kept, not measured again
 
 
-class FixedBatch(planning.Batchmates):
+class FixedBatch(Batchmates):
     """A batch of `n` prefilled requests, as far as a planner can tell."""
 
     def __init__(self, n: int):
@@ -514,7 +534,7 @@ class FixedBatch(planning.Batchmates):
         self.n = n
 
     def size(self, planner):
-        return planning.power_of_two_below(self.n)
+        return power_of_two_below(self.n)
 
 
 def test_a_batch_plans_per_token_of_the_whole_batch():
@@ -543,7 +563,7 @@ def test_a_batch_plans_per_token_of_the_whole_batch():
     per_sequence = {n: {k: c / 8 for k, c in by_n.items()} for n, by_n in call_costs(8).items()}
     assert plan.tokens_per_s == pytest.approx(1 / seconds_per_token(plan.stack, plan.gammas, per_sequence, alphas))
     # a sequence that reaches 1/8 of it reached what the model predicts for the batch
-    planner.acceptance = {n: planning.Acceptance(a) for n, a in alphas.items()}
+    planner.acceptance = {n: Acceptance(a) for n, a in alphas.items()}
     planner.observe_rate(plan, plan.tokens_per_s / 8)
     assert planner.realized["triforce"] == pytest.approx(1.0)
 
@@ -559,7 +579,7 @@ class ScriptedPlanner(AutoPlanner):
     def plan(self, context, generated, busy=False):
         stack, gammas = self.script[self.calls % len(self.script)]
         self.calls += 1
-        self.decisions.append({"at_token": generated, "mode": planning.STACK_MODES[stack]})
+        self.decisions.append({"at_token": generated, "mode": STACK_MODES[stack]})
         return Plan(stack, gammas, 0.0, self.stop)
 
 
@@ -638,7 +658,7 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, calibrat
     tokens, metrics = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 128).generate(prompt, params)
     assert tokens == reference
     decision = metrics.auto[0]
-    assert decision["mode"] in planning.STACK_MODES.values() and decision["at_token"] == 0
+    assert decision["mode"] in STACK_MODES.values() and decision["at_token"] == 0
     assert set(decision["why"]["forward_ms"]) == {"draft", "retrieval", "target"}  # 80 tokens >= 2 x budget 12
     assert (calibration / "costs-2.json").is_file()
     assert "auto" in metrics.to_dict()
@@ -657,7 +677,7 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (40, 20, 160)]
     plain = [build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 260).generate(p, sp)[0]
              for p, sp in zip(batch_prompts, params)]
-    mates = planning.Batchmates()
+    mates = Batchmates()
     cfg = EngineConfig(mode="auto", **{**SETTINGS, "retrieval_policy": policy})
     engines = [build_engine(cfg, target, draft, 260, batchmates=mates) for _ in batch_prompts]
     led = []  # the third request's own plans: it plans only as the leader
@@ -705,7 +725,7 @@ def test_forwards_beside_a_batchmates_prompt_teach_the_planner_nothing(models, c
     decoding, arriving = (torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (80, 72))
     params = SamplingParams(max_tokens=160, temperature=0, ignore_eos=True)
     plain = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 400).generate(decoding, params)[0]
-    mates = planning.Batchmates()
+    mates = Batchmates()
     cfg = EngineConfig(mode="auto", **{**SETTINGS, "prefill_chunk": 8})
     first, second = (build_engine(cfg, target, draft, 400, batchmates=mates) for _ in range(2))
     learned = []  # whether the first request's tier had shared its call, at each cost or rate it learned
@@ -749,7 +769,7 @@ def test_a_follower_replans_once_when_a_batchmates_prefill_ends(models, calibrat
     g = torch.Generator().manual_seed(12)
     long_prompt, short_prompt = (torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (96, 16))
     params = SamplingParams(max_tokens=160, temperature=0, ignore_eos=True)
-    mates = planning.Batchmates()
+    mates = Batchmates()
     cfg = EngineConfig(mode="auto", **{**SETTINGS, "prefill_chunk": 8})
     first, second = (build_engine(cfg, target, draft, 400, batchmates=mates) for _ in range(2))
     busy_plans, fades, fade = [], [], second.planner.fade

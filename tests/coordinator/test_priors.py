@@ -4,15 +4,15 @@ import pytest
 import torch
 
 from triforce.config import EngineConfig, SamplingParams
-from triforce.coordinator import planning
 from triforce.coordinator.planning import AutoPlanner
 from triforce.coordinator.costs import CostTable
 from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.priors import DRIFT, LEARNED_TRIALS, NEW_WEIGHT, Priors, request_key
+from triforce.coordinator.speed_model import PRIOR
 from triforce.models.loader import load_model
 
 FLAT = {n: 1.0 for n in (1, 2, 3, 4, 6, 9)}
-GENERIC = planning.PRIOR
+GENERIC = PRIOR
 SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12)
 
 

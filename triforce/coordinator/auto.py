@@ -35,8 +35,9 @@ from collections.abc import Callable, Generator
 
 from .engine import Forward, HierarchyEngine, Run
 from .metrics import RequestMetrics, TierStats
-from .planning import AutoPlanner, Plan, power_of_two_below, row_seconds
+from .planning import AutoPlanner, row_seconds
 from .priors import request_key
+from .speed_model import Plan
 from .tiers import Tier
 
 REPLAN_ROUNDS = 8

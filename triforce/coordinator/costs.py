@@ -102,16 +102,18 @@ class CostTable(CalibrationFile):
             self.save()
         return {n: known[str(n)] for n in sizes}
 
-    def rescale(self, tier: Tier, planned: dict[int, float], factor: float, batch: int = 1) -> None:
-        """Scales `tier`'s entry at its context and this batch size by `factor`, what a request's forwards
-        took against the costs it `planned` with (planning.py: a table measured in a slow or quiet spell of
-        the machine would otherwise steer every later request); not if the entry changed since (another
-        request rescaled it), so that requests do not compound their factors."""
+    def forget(self, tier: Tier, planned: dict[int, float], batch: int = 1) -> None:
+        """Drops `tier`'s entry at its context and this batch size, so that the next request measures it
+        again: a request found its forwards far from the costs it `planned` with (planning.py: a table
+        measured in a slow or quiet spell of the machine would otherwise steer every later request; and
+        scaling the entry by what one request saw, as before, once made a spell of that request's a tier's
+        cost for good: the draft, priced 10x, never ran to show otherwise). Not if the entry changed since
+        (another request forgot or measured it)."""
         key = self._key(tier, batch)
         entry = self.entries.get(key)
         if entry is None or any(entry.get(str(n)) != seconds for n, seconds in planned.items()):
             return
-        self.entries[key] = {n: seconds * factor for n, seconds in entry.items()}
+        del self.entries[key]
         self.save()
 
     def known(self, tier: Tier, sizes: tuple[int, ...], batch: int = 1) -> bool:

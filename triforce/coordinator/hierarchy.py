@@ -19,8 +19,9 @@ from ..config import MAX_TREE, ConfigError, EngineConfig
 from ..models.config import ModelConfig
 from ..models.llama import LlamaModel
 from .auto import AutoEngine
-from .planning import MAX_GAMMA, AutoPlanner, Batchmates
+from .batchmates import Batchmates
 from .engine import HierarchyEngine
+from .planning import MAX_GAMMA, AutoPlanner
 from .priors import Priors
 from .tiers import RetrievalTier, Tier
 from .trees import TreeShaper

@@ -1,56 +1,24 @@
 """How `--mode auto` (auto.py) chooses: a cost model scores every stack of tiers and gammas from measured
 forward costs and the acceptance seen so far; `AutoPlanner` keeps those estimates for one request.
 
-The model (TriForce sec. 4.3 and Leviathan et al.'s expected walltime, one level at a time): a proposer
-whose tokens the checker accepts independently with probability alpha gives, per check of gamma tokens,
-E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) tokens (the recovered or bonus token included). With
-c_t(n) the measured seconds of a forward of n tokens at tier t (costs.py), the seconds per token of a
-stack of tiers, cheapest first, are
+The candidates are every stack the request has (`ar`: the target alone; `draft`; `retrieval`;
+`triforce`) with gammas in 1..MAX_GAMMA; the retrieval tier only once the context is at least twice its
+budget (below that it reads nearly what the target reads). Each is scored by the model of speed_model.py
+(seconds per token from forward costs and acceptance) and the plan with the most tokens per second runs.
+Plain decoding is one of the candidates, so a request where speculation does not pay runs `ar`.
 
-    s_0 = c_0(1) + r                                                         (the bottom samples one by one)
-    s_i = (gamma_i s_{i-1} + c_i(gamma_i + 1) + (gamma_i + 1) r) / E(alpha_i, gamma_i)  (one check of gamma_i)
-
-where r is what turning one row of logits into the request's distribution costs (at temperature > 0 with
-top-p, a sort of the vocabulary; timed once per request). That is a check of the bottom tier's chain of
-gamma_i tokens. A check above a tier that itself checks (the target above the retrieval tier) takes every
-token of that tier's rounds once they reach gamma_i (engine.py), so it holds n >= gamma_i tokens, n
-distributed as where the rounds' summed yields first pass gamma_i (`check_sizes`; each round taken as a
-full chain of gamma_{i-1}, though with `stop_below` the bottom tier's chains may end sooner), and gamma_i,
-c_i(gamma_i + 1) and E are averaged over n. A plan is scored by 1 / s_top. The candidates
-are every stack the request has (`ar`: the target alone; `draft`; `retrieval`; `triforce`) with gammas in
-1..MAX_GAMMA; the retrieval tier only once the context is at least twice its budget (below that it reads
-nearly what the target reads). Plain decoding is one of the candidates, so a request where speculation
-does not pay runs `ar`.
-
-Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
-retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model
-(a chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR
-worth PRIOR_TRIALS trials, or, where earlier requests of the same kind (machine, models, sampling settings)
-ran, from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors below too); at
-each plan older evidence counts EVIDENCE_KEPT as much, so the estimate follows the text, and a proposer
-dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
-evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py).
 Plans are scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen
 little gets tried, and the estimate it then earns decides; but only plans whose speed at the mean alpha
-beats plain decoding's (the running mode's: within SWITCH_MARGIN of it) are scored (faded evidence keeps the optimistic bonus at a few percent, as large as
-the differences between modes where none pays much), and before a plan expected to beat plain decoding by
-less than AR_PROBE a request runs `ar` for one stretch, so that the floor is measured, not assumed. What the model leaves out (verification and
+beats plain decoding's (the running mode's: within SWITCH_MARGIN of it) are scored: faded evidence keeps
+the optimistic bonus at a few percent, as large as the differences between modes where none pays much.
+And before a plan expected to beat plain decoding by less than AR_PROBE, a request runs `ar` for one
+stretch, so that the floor is measured, not assumed. What the model leaves out (verification and
 bookkeeping between forwards) is learned too: each mode's prediction is scaled by the speed it really
 reached over the rounds it last ran, against what the model predicts for them at the acceptance those
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
 lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
 the speculative modes tried; `ar`, which verifies nothing, by 1; an idle mode's factor fades back towards
-1 as its acceptance evidence fades.
-
-In a batch (LLM.generate's prompts, a server's running requests) one plan serves every request
-(`Batchmates`): its leader, the first request that plans, makes it from the acceptance of all members'
-checks pooled, and from what a forward of the batch costs: c_t(n) is then the seconds of one call that
-runs tier t of B requests, n tokens each, over B, so a mode is scored by the tokens per second of the
-whole batch. B is the members that plan, rounded down to a power of two (a batch that shrinks as requests
-end is measured a few times, not at every size); a cost the table lacks is measured with batchmates that
-have not begun to decode, or alone. At batch 8 the weights are read once for eight sequences and each
-one's KV cache is what costs, which favours the retrieval tier over the draft where one sequence alone
-would not.
+1 as its acceptance evidence fades. In a batch one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
 the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py).
@@ -65,26 +33,25 @@ forwards took, one that has not by what the tier's took lately.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 from itertools import product
 
 import torch
 
+from .batchmates import Batchmates, power_of_two_below
 from .costs import CostTable, interpolate
-from .priors import LEARNED_TRIALS, MIN_TRIALS, Priors
+from .priors import LEARNED_TRIALS, Priors
+from .speed_model import PRIOR, STACK_MODES, Acceptance, Plan, seconds_per_token
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
 # Tokens per forward whose cost is measured (others interpolated): a target check above the retrieval tier
 # holds up to gamma2 + gamma1 proposals, 2 MAX_GAMMA + 1 tokens with the next one.
 CHECK_SIZES = (1, 2, 3, 4, 6, 9, 12, 17)
-PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
-PRIOR_TRIALS = 4.0  # ...worth this many trials
 COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
-RESCALE_BEYOND = 1.5  # a request whose forwards took this many times the table's (or 1 / this) rescales it...
-RESCALE_FORWARDS = 20  # ...after at least this many of them
+REMEASURE_BEYOND = 1.5  # a request whose forwards took this many times the table's (or 1 / this) has it...
+REMEASURE_FORWARDS = 20  # ...measured again by the next request, after at least this many of them
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
 AR_PROBE = 1.25  # a request runs plain decoding for a stretch before a plan expected to beat it by less
@@ -93,159 +60,6 @@ STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (RE
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
 # chains where the draft is unsure, what a gamma of 1 does everywhere, confident stretches included
 EVIDENCE_KEPT = 0.85  # of the acceptance evidence, at each plan: a memory of about 7 plans
-STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
-               ("draft", "retrieval", "target"): "triforce"}
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Tokens gained per check of gamma proposals each accepted with probability alpha (bonus included)."""
-    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
-def check_yields(alpha: float, sizes: dict[int, float]) -> dict[int, float]:
-    """How many tokens a check yields (its accepted proposals and the next token), by probability, when it
-    holds n proposals with probability sizes[n], each accepted with probability alpha until the first not."""
-    out: dict[int, float] = {}
-    for n, p in sizes.items():
-        for k in range(1, n + 2):
-            q = alpha ** (k - 1) * ((1 - alpha) if k <= n else 1.0)
-            out[k] = out.get(k, 0.0) + p * q
-    return out
-
-
-def check_sizes(round_yields: dict[int, float], gamma: int) -> dict[int, float]:
-    """How many tokens a check holds, by probability, that takes every token of the rounds below once they
-    reach gamma (engine.py: `_check_chain`), each round yielding k tokens with probability round_yields[k]."""
-    reached = {0: 1.0}  # partial sums below gamma, by the probability the rounds pass through them
-    sizes: dict[int, float] = {}
-    for total in range(gamma):
-        p = reached.pop(total, 0.0)
-        for k, q in round_yields.items():
-            into = sizes if total + k >= gamma else reached
-            into[total + k] = into.get(total + k, 0.0) + p * q
-    return sizes
-
-
-def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: dict[str, dict[int, float]],
-                      alphas: dict[str, float], row_seconds: float = 0.0) -> float:
-    """The model of the module docstring: `stack` tier names cheapest first, `gammas` one per check,
-    `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted,
-    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it). The bottom
-    tier's chains hold gamma tokens; a check above a tier that checks takes every token of its rounds, so
-    it holds gamma or more (`check_sizes`), and its cost and gain are averaged over those sizes."""
-    seconds = interpolate(costs[stack[0]], 1) + row_seconds
-    below: dict[int, float] | None = None  # what the checks of the level below yield, by probability
-    for proposer, checker, gamma in zip(stack, stack[1:], gammas):
-        sizes = {gamma: 1.0} if below is None else check_sizes(below, gamma)
-        alpha = alphas[proposer]
-        held = sum(n * p for n, p in sizes.items())
-        check = held * seconds + sum(p * (interpolate(costs[checker], n + 1) + (n + 1) * row_seconds)
-                                     for n, p in sizes.items())
-        seconds = check / sum(p * expected_tokens(alpha, n) for n, p in sizes.items())
-        below = check_yields(alpha, sizes)
-    return seconds
-
-
-@dataclass(frozen=True)
-class Plan:
-    stack: tuple[str, ...]  # tier names, cheapest first; the last is the target
-    gammas: tuple[int, ...]  # tokens per check at each level above the bottom
-    tokens_per_s: float  # what the model predicts
-    stop_below: float = 0.0  # the bottom tier's chains end after a proposal it was less sure of (engine.py)
-
-    @property
-    def mode(self) -> str:
-        return STACK_MODES[self.stack]
-
-    def to_dict(self) -> dict:
-        return {"mode": self.mode, "gammas": list(self.gammas), "stop_below": self.stop_below,
-                "predicted_tokens_per_s": round(self.tokens_per_s, 2)}
-
-
-@dataclass
-class Acceptance:
-    """A proposer's per-token acceptance: successes over trials of the geometric model, with a prior worth
-    `prior_trials` trials."""
-    prior: float
-    prior_trials: float = PRIOR_TRIALS
-    successes: float = 0.0
-    trials: float = 0.0
-
-    def observe(self, gamma: int, accepted: int) -> None:
-        self.successes += accepted
-        self.trials += accepted + (accepted < gamma)
-
-    def observe_expected(self, accepted: float, tokens: float) -> None:
-        """Per-token evidence: `tokens` positions where the proposer's token would have been accepted
-        `accepted` times in expectation (an idle draft's, auto.py)."""
-        self.successes += accepted
-        self.trials += tokens
-
-    def forget(self, keep: float) -> None:
-        """Older checks count less (text changes; an idle proposer drifts back to its prior and is retried)."""
-        self.successes *= keep
-        self.trials *= keep
-
-    @property
-    def mean(self) -> float:
-        return (self.successes + self.prior_trials * self.prior) / (self.trials + self.prior_trials)
-
-    @property
-    def optimistic(self) -> float:
-        m = self.mean
-        return min(m + math.sqrt(m * (1 - m) / (self.trials + self.prior_trials)), 0.99)
-
-    @property
-    def observed(self) -> float | None:
-        """The acceptance of the checks seen (faded as they are), without the prior; None with too few."""
-        return self.successes / self.trials if self.trials >= MIN_TRIALS else None
-
-
-def power_of_two_below(n: int) -> int:
-    return 1 << (max(n, 1).bit_length() - 1)
-
-
-@dataclass(eq=False)
-class Batchmates:
-    """The requests run together now, by their engines (AutoEngine.run joins at its start, leaves at its
-    end), and the plan they all run: one stack and gammas for the batch, so that every forward carries
-    all of them (sequences on different stacks or gammas would wait for each other's tiers). Its leader,
-    the first member whose prompt is prefilled, makes it; the others take it between their rounds."""
-    engines: list = field(default_factory=list)
-    plan: Plan | None = None
-    decision: dict | None = None  # the leader's record of the plan, and why
-
-    def join(self, engine) -> None:
-        self.engines.append(engine)
-
-    def leave(self, engine) -> None:
-        self.engines.remove(engine)
-        if not self.engines:  # the next batch plans afresh
-            self.plan = self.decision = None
-
-    def leader(self):
-        return next((e for e in self.engines if e.plans), None)
-
-    def others(self, planner: "AutoPlanner") -> list:
-        """The members planned with `planner`'s request: those prefilled that plan, but its own."""
-        return [e for e in self.engines if e.planner is not planner and e.plans]
-
-    def size(self, planner: "AutoPlanner") -> int:
-        """The batch size `planner` plans for: its request and the others, rounded down to a power of two."""
-        return power_of_two_below(1 + len(self.others(planner)))
-
-    def measurable(self, planner: "AutoPlanner") -> list:
-        """The others whose tiers a batch cost may be measured with: only those that have not begun to
-        decode (a member in the middle of a round holds speculative entries that filler tokens, rolled
-        back after, could overwrite: a dynamic retrieval cache writes into its target's free slots)."""
-        return [e for e in self.others(planner) if e.rounds == 0]
-
-    def pooled(self, planner: "AutoPlanner") -> dict[str, Acceptance]:
-        """Each proposer's acceptance over the checks of `planner`'s request and the others'."""
-        members = [planner] + [e.planner for e in self.others(planner)]
-        return {name: Acceptance(a.prior, a.prior_trials, sum(m.acceptance[name].successes for m in members),
-                                 sum(m.acceptance[name].trials for m in members))
-                for name, a in planner.acceptance.items()}
 
 
 @dataclass
@@ -308,14 +122,25 @@ class AutoPlanner:
         return self.decisions[-1]["mode"] if self.decisions else None
 
     def fade(self) -> None:
-        """At each plan (in a batch, at each member's): older acceptance evidence counts less, and an idle
-        mode's measured speed fades back towards its model."""
+        """At each plan (in a batch, at each member's): older acceptance evidence counts less; an idle
+        mode's measured speed fades back towards its model, its cost scales towards the tiers' own, and
+        an idle tier's cost scale towards the table (a tier that a slow spell made look dear is tried
+        again, as a proposer a bad start made look poor is)."""
         running = self.running
+        active = next((stack for stack, mode in STACK_MODES.items() if mode == running), ())
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT)
         for mode, ratio in self.realized.items():
             if mode != running:
                 self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
+        for name, scale in self.scale.items():
+            if name not in active:
+                self.scale[name] = 1 + (scale - 1) * EVIDENCE_KEPT
+        for mode, by_tier in self.mode_scale.items():
+            if mode != running:
+                for name, scale in by_tier.items():
+                    tier = self.scale.get(name, 1.0)
+                    by_tier[name] = tier + (scale - tier) * EVIDENCE_KEPT
 
     def estimates(self) -> dict[str, Acceptance]:
         """The acceptance plans are scored with: this request's, or in a batch its prefilled members' pooled."""
@@ -336,13 +161,13 @@ class AutoPlanner:
         optimistic = {name: a.optimistic for name, a in estimates.items()}
         means = {name: a.mean for name, a in estimates.items()}
 
-        def rate(stack, gammas, alphas):
+        def speed(stack, gammas, alphas):  # tokens/s the model predicts, as this mode realizes it
             costs = self._scaled[STACK_MODES[stack]]
             if chunk:
                 costs = {**costs, "target": {n: c + chunk / self._batch for n, c in costs["target"].items()}}
             return self._realized(STACK_MODES[stack]) / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
 
-        plain = rate(("target",), (), means)
+        plain = speed(("target",), (), means)
         best: Plan | None = None
         scored, expected = {}, {}
         for stack in stacks:
@@ -351,40 +176,42 @@ class AutoPlanner:
             for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
                 if gammas and gammas[0] < shortest:
                     continue
-                mean_rate = rate(stack, gammas, means)
+                mean_rate = speed(stack, gammas, means)
                 expected[mode] = max(expected.get(mode, 0.0), mean_rate)
                 if len(stack) > 1 and mean_rate < plain / (SWITCH_MARGIN if mode == running else 1.0):
                     continue  # speculation must be expected to pay; optimism only picks among plans that do
-                optimistic_rate = rate(stack, gammas, optimistic)
+                optimistic_rate = speed(stack, gammas, optimistic)
                 if best is None or optimistic_rate > best.tokens_per_s:
                     best = Plan(stack, gammas, optimistic_rate)
                 if optimistic_rate > scored.get(mode, (0.0,))[0]:
                     scored[mode] = (optimistic_rate, gammas, stack)
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
-            rate, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
-            best = Plan(stack, gammas, rate)
+            kept, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
+            best = Plan(stack, gammas, kept)
         probe = best.mode != "ar" and "ar" not in self._measured and expected[best.mode] < AR_PROBE * plain
         if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it
             best = Plan(("target",), (), plain)
         best = replace(best, stop_below=self._stop_below(best.stack))
         last = self.decisions[-1] if self.decisions else {}
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
-            self.decisions.append({
-                "at_token": generated, "context": context, **best.to_dict(),
-                "why": {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
-                        "probe": probe,
-                        "expected_tokens_per_s": {m: round(r, 2) for m, r in expected.items()},
-                        "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
-                        "prior": self._prior_source, "batch": self._batch,
-                        "batchmate_chunk_ms": round(1e3 * chunk, 2),
-                        "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
-                        "mode_cost_scale": {m: {n: round(x, 3) for n, x in by_tier.items()}
-                                            for m, by_tier in self.mode_scale.items()},
-                        "realized": {m: round(x, 3) for m, x in self.realized.items()},
-                        "row_ms": round(1e3 * self.row_seconds, 3),
-                        "forward_ms": {n: {k: round(1e3 * v * self.scale.get(n, 1.0) / self._batch, 2)
-                                           for k, v in c.items()} for n, c in self._costs.items()}}})
+            why = {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
+                   "expected_tokens_per_s": {m: round(r, 2) for m, r in expected.items()}, "probe": probe,
+                   "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
+                   "batchmate_chunk_ms": round(1e3 * chunk, 2)}
+            self.decisions.append({"at_token": generated, "context": context, **best.to_dict(),
+                                   "why": {**why, **self._state()}})
         return best
+
+    def _state(self) -> dict:
+        """What the planner held at a decision, for its record: priors, batch, cost scales and costs."""
+        return {"prior": self._prior_source, "batch": self._batch,
+                "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
+                "mode_cost_scale": {m: {n: round(x, 3) for n, x in by_tier.items()}
+                                    for m, by_tier in self.mode_scale.items()},
+                "realized": {m: round(x, 3) for m, x in self.realized.items()},
+                "row_ms": round(1e3 * self.row_seconds, 3),
+                "forward_ms": {n: {k: round(1e3 * v * self.scale.get(n, 1.0) / self._batch, 2)
+                                   for k, v in c.items()} for n, c in self._costs.items()}}
 
     def _stop_below(self, stack: tuple[str, ...]) -> float:
         """The bottom tier's `stop_below` on `stack`: the user's where set; else STOP_BELOW where the tier
@@ -425,13 +252,13 @@ class AutoPlanner:
 
     def remember(self) -> None:
         """The request ends: what it saw joins what later requests of its kind start from; and a tier whose
-        forwards took RESCALE_BEYOND times what the cost table says (after RESCALE_FORWARDS of them), or
-        less than 1 / that, has its entry scaled by what they took (the table is measured once per
-        context, perhaps in a slow spell of a shared machine)."""
+        forwards took REMEASURE_BEYOND times what the cost table says (after REMEASURE_FORWARDS of them), or
+        less than 1 / that, has its entry measured again by the next request (the table is measured once
+        per context, perhaps in a slow spell of a shared machine)."""
         for name, factor in self.scale.items():
-            far = not 1 / RESCALE_BEYOND < factor < RESCALE_BEYOND
-            if far and self._forwards.get(name, 0) >= RESCALE_FORWARDS and name in self._costs:
-                self.table.rescale(self.tiers[name], self._costs[name], factor, self._batch)
+            far = not 1 / REMEASURE_BEYOND < factor < REMEASURE_BEYOND
+            if far and self._forwards.get(name, 0) >= REMEASURE_FORWARDS and name in self._costs:
+                self.table.forget(self.tiers[name], self._costs[name], self._batch)
         if self.priors is None or self._key is None:
             return
         seen = {name: a.observed for name, a in self.acceptance.items()}

@@ -59,7 +59,7 @@ class Priors(CalibrationFile):
     """Entries "request key" -> {"acceptance": {proposer: mean}, "realized": {mode: factor}}."""
 
     # 2: speed factors measured at each stretch's own acceptance; 3: against the model of take-all target
-    # checks (planning.check_sizes), not of checks of exactly gamma2
+    # checks (speed_model.check_sizes), not of checks of exactly gamma2
     filename = "priors-3.json"
 
     def recall(self, key: str) -> dict[str, dict[str, float]]:

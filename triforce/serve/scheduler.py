@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from ..api import LLM, MEMORY_SHARE, Request
 from ..coordinator.remote import GroupFull
 from ..coordinator.batch import SequenceBatch
-from ..coordinator.planning import Batchmates
+from ..coordinator.batchmates import Batchmates
 from .openai import ApiError, Job
 
 log = logging.getLogger("triforce.serve")

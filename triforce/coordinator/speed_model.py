@@ -1,0 +1,145 @@
+"""What a stack of tiers decodes per second (`--mode auto`, planning.py), and the acceptance estimates it
+takes.
+
+The model (TriForce sec. 4.3 and Leviathan et al.'s expected walltime, one level at a time): a proposer
+whose tokens the checker accepts independently with probability alpha gives, per check of gamma tokens,
+E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha) tokens (the recovered or bonus token included). With
+c_t(n) the measured seconds of a forward of n tokens at tier t (costs.py), the seconds per token of a
+stack of tiers, cheapest first, are
+
+    s_0 = c_0(1) + r                                                         (the bottom samples one by one)
+    s_i = (gamma_i s_{i-1} + c_i(gamma_i + 1) + (gamma_i + 1) r) / E(alpha_i, gamma_i)  (one check of gamma_i)
+
+where r is what turning one row of logits into the request's distribution costs (at temperature > 0 with
+top-p, a sort of the vocabulary; timed once per request). That is a check of the bottom tier's chain of
+gamma_i tokens. A check above a tier that itself checks (the target above the retrieval tier) takes every
+token of that tier's rounds once they reach gamma_i (engine.py), so it holds n >= gamma_i tokens, n
+distributed as where the rounds' summed yields first pass gamma_i (`check_sizes`; each round taken as a
+full chain of gamma_{i-1}, though with `stop_below` the bottom tier's chains may end sooner), and gamma_i,
+c_i(gamma_i + 1) and E are averaged over n. A plan is scored by 1 / s_top.
+
+Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
+retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model (a
+chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR worth
+PRIOR_TRIALS trials, or, where earlier requests of the same kind (machine, models, sampling settings) ran,
+from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors too: planning.py); at
+each plan older evidence counts planning.EVIDENCE_KEPT as much, so the estimate follows the text, and a
+proposer dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
+evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .costs import interpolate
+from .priors import MIN_TRIALS
+
+PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
+PRIOR_TRIALS = 4.0  # ...worth this many trials
+STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
+               ("draft", "retrieval", "target"): "triforce"}
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens gained per check of gamma proposals each accepted with probability alpha (bonus included)."""
+    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def check_yields(alpha: float, sizes: dict[int, float]) -> dict[int, float]:
+    """How many tokens a check yields (its accepted proposals and the next token), by probability, when it
+    holds n proposals with probability sizes[n], each accepted with probability alpha until the first not."""
+    out: dict[int, float] = {}
+    for n, p in sizes.items():
+        for k in range(1, n + 2):
+            q = alpha ** (k - 1) * ((1 - alpha) if k <= n else 1.0)
+            out[k] = out.get(k, 0.0) + p * q
+    return out
+
+
+def check_sizes(round_yields: dict[int, float], gamma: int) -> dict[int, float]:
+    """How many tokens a check holds, by probability, that takes every token of the rounds below once they
+    reach gamma (engine.py: `_check_chain`), each round yielding k tokens with probability round_yields[k]."""
+    reached = {0: 1.0}  # partial sums below gamma, by the probability the rounds pass through them
+    sizes: dict[int, float] = {}
+    for total in range(gamma):
+        p = reached.pop(total, 0.0)
+        for k, q in round_yields.items():
+            into = sizes if total + k >= gamma else reached
+            into[total + k] = into.get(total + k, 0.0) + p * q
+    return sizes
+
+
+def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: dict[str, dict[int, float]],
+                      alphas: dict[str, float], row_seconds: float = 0.0) -> float:
+    """The model of the module docstring: `stack` tier names cheapest first, `gammas` one per check,
+    `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted,
+    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it). The bottom
+    tier's chains hold gamma tokens; a check above a tier that checks takes every token of its rounds, so
+    it holds gamma or more (`check_sizes`), and its cost and gain are averaged over those sizes."""
+    seconds = interpolate(costs[stack[0]], 1) + row_seconds
+    below: dict[int, float] | None = None  # what the checks of the level below yield, by probability
+    for proposer, checker, gamma in zip(stack, stack[1:], gammas):
+        sizes = {gamma: 1.0} if below is None else check_sizes(below, gamma)
+        alpha = alphas[proposer]
+        held = sum(n * p for n, p in sizes.items())
+        check = held * seconds + sum(p * (interpolate(costs[checker], n + 1) + (n + 1) * row_seconds)
+                                     for n, p in sizes.items())
+        seconds = check / sum(p * expected_tokens(alpha, n) for n, p in sizes.items())
+        below = check_yields(alpha, sizes)
+    return seconds
+
+
+@dataclass(frozen=True)
+class Plan:
+    stack: tuple[str, ...]  # tier names, cheapest first; the last is the target
+    gammas: tuple[int, ...]  # tokens per check at each level above the bottom
+    tokens_per_s: float  # what the model predicts
+    stop_below: float = 0.0  # the bottom tier's chains end after a proposal it was less sure of (engine.py)
+
+    @property
+    def mode(self) -> str:
+        return STACK_MODES[self.stack]
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "gammas": list(self.gammas), "stop_below": self.stop_below,
+                "predicted_tokens_per_s": round(self.tokens_per_s, 2)}
+
+
+@dataclass
+class Acceptance:
+    """A proposer's per-token acceptance: successes over trials of the geometric model, with a prior worth
+    `prior_trials` trials."""
+    prior: float
+    prior_trials: float = PRIOR_TRIALS
+    successes: float = 0.0
+    trials: float = 0.0
+
+    def observe(self, gamma: int, accepted: int) -> None:
+        self.successes += accepted
+        self.trials += accepted + (accepted < gamma)
+
+    def observe_expected(self, accepted: float, tokens: float) -> None:
+        """Per-token evidence: `tokens` positions where the proposer's token would have been accepted
+        `accepted` times in expectation (an idle draft's, auto.py)."""
+        self.successes += accepted
+        self.trials += tokens
+
+    def forget(self, keep: float) -> None:
+        """Older checks count less (text changes; an idle proposer drifts back to its prior and is retried)."""
+        self.successes *= keep
+        self.trials *= keep
+
+    @property
+    def mean(self) -> float:
+        return (self.successes + self.prior_trials * self.prior) / (self.trials + self.prior_trials)
+
+    @property
+    def optimistic(self) -> float:
+        m = self.mean
+        return min(m + math.sqrt(m * (1 - m) / (self.trials + self.prior_trials)), 0.99)
+
+    @property
+    def observed(self) -> float | None:
+        """The acceptance of the checks seen (faded as they are), without the prior; None with too few."""
+        return self.successes / self.trials if self.trials >= MIN_TRIALS else None
