@@ -29,7 +29,9 @@ batch size), and each tier's are scaled by how long its forwards in this request
 table (the machine may be busier or quieter than when it was measured), per mode: the table times a
 tier's forwards back to back, as `ar` runs the target, and a tier interleaved with others in a speculative
 mode runs slower (Qwen2.5-Coder-1.5B at 32K: about 10%), so a mode that ran is scaled by what its own
-forwards took, one that has not by what the tier's took lately.
+forwards took, one that has not by what the tier's took lately. Idle, a mode's scales fade towards the
+tiers', and an idle tier's towards the table's (`fade`). A request that found a tier far off the table has
+its entry measured again by the next (`remember`).
 """
 from __future__ import annotations
 
