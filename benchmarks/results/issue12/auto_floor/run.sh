@@ -10,10 +10,9 @@ label=${1:?label}
 out=benchmarks/results/issue12/auto_floor
 text=${TEXT:-../shared/data/austen-emma.txt}
 home=${HOME_FOR_RUN:-/tmp/triforce_home_floor_$label}
-mkdir -p $home
-for d in models downloads; do ln -sfn ${TRIFORCE_HOME:-$HOME/.cache/triforce}/$d $home/$d; done
 common="--text $text --max-new-tokens 256 --modes ar draft triforce auto"
 source benchmarks/resumable_bench.sh
+calibration_home $home
 for length in ${LENGTHS:-2048 4096 7936}; do
   TRIFORCE_HOME=$home resumable ${label}_l${length}_greedy --lengths $length --temperatures 0
   for seed in ${SEEDS:-0 1 2 3 4}; do

@@ -14,10 +14,9 @@ label=${1:?before or after}
 out=benchmarks/results/issue12/auto_gammas
 text=${TEXT:-../shared/data/austen-emma.txt}
 home=${HOME_FOR_RUN:-/tmp/triforce_home_gammas_$label}
-mkdir -p $home
-for d in models downloads; do ln -sfn ${TRIFORCE_HOME:-$HOME/.cache/triforce}/$d $home/$d; done
 common="--text $text --lengths 7936 --max-new-tokens 256"
 source benchmarks/resumable_bench.sh
+calibration_home $home
 TRIFORCE_HOME=$home resumable ${label}_greedy --temperatures 0 --repeats 2 --modes ar triforce auto
 for seed in 0 1 2; do TRIFORCE_HOME=$home resumable ${label}_sampled_seed$seed --temperatures 0.6 --seed $seed --modes ar triforce auto; done
 # More seeds at 0.6 (one run's auto/fixed ratio is mostly its sample path: auto's differs from the fixed

@@ -8,10 +8,9 @@ set -e
 out=benchmarks/results/issue12/auto_grid_seeds
 text=${TEXT:-../shared/data/austen-emma.txt}
 home=${HOME_FOR_RUN:-/tmp/triforce_home_grid_seeds}
-mkdir -p $home
-for d in models downloads; do ln -sfn ${TRIFORCE_HOME:-$HOME/.cache/triforce}/$d $home/$d; done
 common="--text $text --max-new-tokens 256 --modes ar draft triforce auto"
 source benchmarks/resumable_bench.sh
+calibration_home $home
 for length in 2048 4096; do
   TRIFORCE_HOME=$home resumable greedy_${length} --lengths $length --temperatures 0
   for seed in 0 1 2 3 4; do

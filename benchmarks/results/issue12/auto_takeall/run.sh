@@ -12,9 +12,8 @@ label=${1:?before or after}
 out=benchmarks/results/issue12/auto_takeall
 text=${TEXT:-../shared/data/austen-emma.txt}
 home=${HOME_FOR_RUN:-/tmp/triforce_home_$label}
-mkdir -p $home
-for d in models downloads; do ln -sfn ${TRIFORCE_HOME:-$HOME/.cache/triforce}/$d $home/$d; done
 common="--text $text --lengths 7936 --max-new-tokens 256 --modes ar triforce auto"
 source benchmarks/resumable_bench.sh
+calibration_home $home
 TRIFORCE_HOME=$home resumable ${label}_greedy --temperatures 0 --repeats 2
 for seed in 0 1 2; do TRIFORCE_HOME=$home resumable ${label}_sampled_seed$seed --temperatures 0.6 --seed $seed; done

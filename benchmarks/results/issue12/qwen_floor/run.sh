@@ -10,9 +10,8 @@ label=${1:?label}
 out=benchmarks/results/issue12/qwen_floor
 text=${TEXT:-../shared/data/austen-emma.txt}
 home=${HOME_FOR_RUN:-/tmp/triforce_home_qwen_$label}
-mkdir -p $home
-for d in models downloads; do ln -sfn ${TRIFORCE_HOME:-$HOME/.cache/triforce}/$d $home/$d; done
 common="--model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --text $text --max-new-tokens 128"
 source benchmarks/resumable_bench.sh
+calibration_home $home
 TRIFORCE_HOME=$home resumable ${label}_8k --lengths 7936 --temperatures 0 0.6 --modes ar draft retrieval triforce auto
 TRIFORCE_HOME=$home resumable ${label}_32k --lengths 32000 --temperatures 0 --modes ar auto
