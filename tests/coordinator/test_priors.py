@@ -107,12 +107,17 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
     engine, tokens, metrics = run(greedy)
     assert tokens == reference and metrics.auto[0]["why"]["prior"] == "defaults"
     store = Priors(calibration / "priors-3.json")
-    assert list(store.entries) == [request_key(engine.ladder, greedy, lookup=engine.lookup_n)]
+    assert list(store.entries) == [request_key(engine.ladder, greedy, lookup=engine.lookup_n, context=len(prompt))]
     assert engine.lookup_n and request_key(engine.ladder, greedy, lookup=engine.lookup_n) != \
         request_key(engine.ladder, greedy, lookup=0)  # the prompt lookup changes what the draft proposes
     assert request_key(engine.ladder, greedy, stop_below=0.3) != request_key(engine.ladder, greedy)  # and a stop
+    # contexts in the same power of two are one kind, in another not (80 tokens: 64..127)
+    assert request_key(engine.ladder, greedy, context=80) == request_key(engine.ladder, greedy, context=127)
+    assert request_key(engine.ladder, greedy, context=80) != request_key(engine.ladder, greedy, context=128)
     _, tokens, metrics = run(greedy)
     assert tokens == reference and metrics.auto[0]["why"]["prior"] == "earlier requests"
+    _, metrics = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 128).generate(prompt[:60], greedy)
+    assert metrics.auto[0]["why"]["prior"] == "defaults"  # 60 tokens: another context's kind
     sampled = SamplingParams(max_tokens=48, temperature=0.7, seed=1, ignore_eos=True)
     assert request_key(engine.ladder, sampled) != request_key(engine.ladder, greedy)
     _, _, metrics = run(sampled)

@@ -43,16 +43,19 @@ def weights_key(model) -> str:
 
 
 def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, lookup: int = 0,
-                stop_below: float | None = None) -> str:
+                stop_below: float | None = None, context: int | None = None) -> str:
     """The kind of request: machine, tiers (kind and weights), sampling settings, the batch size it
     plans for (a mode's speed against its model differs with it), the prompt lookup's n (it changes
-    what the bottom tier proposes) and a stop_below the user fixed (it changes which proposals are
-    checked; None, the planner's choice, is the same on one machine)."""
+    what the bottom tier proposes), a stop_below the user fixed (it changes which proposals are
+    checked; None, the planner's choice, is the same on one machine) and the context's power of two
+    (Qwen2.5-Coder's draft was accepted 0.79 of the time after 8K tokens and 0.10 after 32K: a 32K
+    request that started from the 8K requests' acceptance opened with a long draft chain)."""
     tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}"
     machine = "+".join(sorted({machine_key(t.model.device.type) for t in ladder}))
     return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
-            + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else ""))
+            + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else "")
+            + (f"||context={1 << (context.bit_length() - 1)}" if context else ""))
 
 
 class Priors(CalibrationFile):
