@@ -269,7 +269,7 @@ def test_each_mode_is_planned_at_what_its_own_forwards_took(monkeypatch):
     kept = planning.EVIDENCE_KEPT
     assert planner._scaled["ar"]["target"][1] == pytest.approx(1.5 + (1.0 - 1.5) * kept, rel=1e-2)
     assert planner._scaled["draft"]["target"][4] == pytest.approx(1.5 * interpolate(costs["target"], 4), rel=1e-2)
-    assert planner.scale["target"] == pytest.approx(1.5, rel=1e-2)  # the tier's, for the table's rescale
+    assert planner.scale["target"] == pytest.approx(1.5, rel=1e-2)  # the tier's, for the table's re-measurement
 
 
 def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
