@@ -43,7 +43,8 @@ def main() -> None:
             print(f"  at {d['at_token']}: {d['mode']} {d['gammas']}; predicted {why.get('predicted_tokens_per_s')};"
                   f" acceptance {why.get('acceptance')}; realized {why.get('realized')}; prior {why.get('prior')}")
             if args.costs:
-                print(f"    cost scale {why.get('cost_scale')}; forward ms {why.get('forward_ms')}")
+                print(f"    cost scale {why.get('cost_scale')}; forward ms {why.get('forward_ms')}; "
+                      f"overhead ms {why.get('overhead_ms')}")
 
 
 if __name__ == "__main__":

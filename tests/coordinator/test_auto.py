@@ -384,6 +384,32 @@ def test_chains_end_early_where_checks_grow_steeply(growth, expected):
 
 
 
+def test_a_mode_runs_the_users_gammas_unless_others_promise_much_more(monkeypatch):
+    """The model's speed is flat in gamma near its best, and real speed is not smooth there (a greedy text's
+    rounds begin at other positions), so auto runs gamma1 / gamma2 unless other gammas promise
+    GAMMA_MARGIN more; a poor draft still gets short chains, and the user's gammas are the preferred ones."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    costs = {"draft": {1: 0.05}, "target": dict(FLAT)}
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = Acceptance(0.8, successes=8e3, trials=1e4)
+    rate = {g: 1 / seconds_per_token(("draft", "target"), (g,), costs, {"draft": planner.acceptance["draft"].optimistic})
+            for g in range(1, planning.MAX_GAMMA + 1)}
+    assert max(rate, key=rate.get) == 8 and rate[8] < planning.GAMMA_MARGIN * rate[4]  # the model alone: 8
+    assert planner.plan(1000, 0).gammas == (8,)
+    planner = planner_with(costs)
+    planner.preferred_gammas = (4, 6)
+    planner.acceptance["draft"] = Acceptance(0.8, successes=8e3, trials=1e4)
+    assert planner.plan(1000, 0).gammas == (4,)
+    planner.preferred_gammas = (5, 6)  # --gamma1 5
+    assert planner.plan(1000, 8).gammas == (5,)
+    planner.acceptance["draft"] = Acceptance(0.15, successes=1.5e3, trials=1e4)  # a poor draft: 1 pays much more
+    rate = {g: 1 / seconds_per_token(("draft", "target"), (g,), costs, {"draft": planner.acceptance["draft"].optimistic})
+            for g in (1, 5)}
+    assert rate[1] > planning.GAMMA_MARGIN * rate[5]
+    plan = planner.plan(1000, 16)
+    assert plan.mode == "draft" and plan.gammas == (1,)
+
+
 @pytest.mark.parametrize("growth,shortest", [(0.02, 1), (0.3, planning.STOP_MIN_GAMMA)])
 def test_with_the_stop_on_gamma_is_a_cap_of_at_least_two(growth, shortest, monkeypatch):
     """At a poor acceptance (a bad start) the model's best gamma is 1. With the stop on (steep checks) it
@@ -610,6 +636,49 @@ def scripted_engine(models, prompt, max_tokens, script, policy="static"):
 def replan_every_round(monkeypatch):
     monkeypatch.setattr(auto, "REPLAN_ROUNDS", 1)
     monkeypatch.setattr(auto, "MIN_PLANNED_TOKENS", 1)
+
+
+def test_overhead_per_draft_step_shortens_the_chains():
+    """A draft step's overhead (sampling, lookup, bookkeeping past the row cost) is paid gamma times per
+    check: planned for, it shortens the chains a forward's cost alone would choose."""
+    costs = {"draft": {1: 0.05}, "target": dict(FLAT)}
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = Acceptance(0.8, successes=8e3, trials=1e4)
+    planner.row_seconds = 0.01
+    long = planner.plan(1000, 0).gammas[0]
+    for _ in range(50):
+        planner.observe_overhead("draft", "bottom", 0.16, 1)  # 0.15 past its row's 0.01
+    assert planner.overhead["draft/bottom"] == pytest.approx(0.15)
+    short = planner.plan(1000, 8).gammas[0]
+    alpha = planner.acceptance["draft"].optimistic
+    costs["draft"] = {1: 0.2}
+    assert short < long and short == max(range(1, planning.MAX_GAMMA + 1), key=lambda g: 1 / seconds_per_token(
+        ("draft", "target"), (g,), costs, {"draft": alpha}, 0.01))
+
+
+def test_the_time_between_forwards_is_each_tiers_overhead_in_its_role(models, prompt, monkeypatch):
+    """What passes between one forward and the next is charged to the first's tier in its role (it
+    proposes: "bottom"; it checks: "check"), past its rows' modelled cost; never across a plan (whose
+    catch-up forwards and own time are no forward's overhead), so each stretch of a plan with k forwards
+    gives k - 1."""
+    monkeypatch.setattr(auto, "REPLAN_ROUNDS", 3)
+    engine = scripted_engine(models, prompt, 60, "triforce-first")
+    planner, seen, forwards, stretches = engine.planner, [], [0], [0]
+    observe_overhead, observe_cost, begin_stretch = planner.observe_overhead, planner.observe_cost, planner.begin_stretch
+    planner.observe_overhead = lambda name, role, seconds, rows: seen.append((name, role, seconds, rows, planner.running)) \
+        or observe_overhead(name, role, seconds, rows)
+    planner.observe_cost = lambda *a: forwards.__setitem__(0, forwards[0] + 1) or observe_cost(*a)
+    planner.begin_stretch = lambda: stretches.__setitem__(0, stretches[0] + 1) or begin_stretch()
+    engine.generate(prompt, SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
+    stacks = {mode: stack for stack, mode in STACK_MODES.items()}
+    roles = {(stack[0], "bottom") for stack in stacks.values()} | {(n, "check") for s in stacks.values() for n in s[1:]}
+    assert {(name, role) for name, role, *_ in seen} <= roles
+    assert all((name, role) == (stacks[running][0], "bottom") or name in stacks[running][1:]
+               for name, role, _, _, running in seen)
+    assert all(seconds >= 0 and (rows == 1 if role == "bottom" else rows >= 1) for _, role, seconds, rows, _ in seen)
+    assert {name for name, *_ in seen} == {"draft", "retrieval", "target"}
+    assert len(seen) == forwards[0] - stretches[0] > 0
+    assert set(planner.overhead) == {f"{name}/{role}" for name, role, *_ in seen}
 
 
 @pytest.mark.parametrize("script", ["ar-first", "triforce-first"])

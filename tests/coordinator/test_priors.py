@@ -17,16 +17,17 @@ SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refr
 
 
 def test_requests_merge_into_what_later_ones_recall(tmp_path):
-    path = tmp_path / "priors-3.json"
+    path = tmp_path / "priors-4.json"
     store = Priors(path)
-    assert store.recall("k") == {"acceptance": {}, "realized": {}}
-    store.remember("k", {"draft": 0.8}, {"draft": 0.9}, GENERIC)
-    store.remember("k", {"draft": 0.4, "retrieval": 0.95}, {"ar": 1.1}, GENERIC)
+    assert store.recall("k") == {"acceptance": {}, "realized": {}, "overhead": {}}
+    store.remember("k", {"draft": 0.8}, {"draft": 0.9}, GENERIC, {"draft/bottom": 0.002, "target/check": 0.001})
+    store.remember("k", {"draft": 0.4, "retrieval": 0.95}, {"ar": 1.1}, GENERIC, {"draft/bottom": 0.003})
     again = Priors(path).recall("k")  # another process reads what this one wrote
     assert again["acceptance"] == {"draft": pytest.approx((1 - NEW_WEIGHT) * 0.8 + NEW_WEIGHT * 0.4),
                                    "retrieval": 0.95}
     assert again["realized"] == {"draft": pytest.approx(1 + (1 - DRIFT) * (0.9 - 1)), "ar": 1.1}
-    assert Priors(path).recall("other") == {"acceptance": {}, "realized": {}}
+    assert again["overhead"] == {"draft/bottom": 0.003, "target/check": 0.001}  # the newest of each
+    assert Priors(path).recall("other") == {"acceptance": {}, "realized": {}, "overhead": {}}
 
 
 def test_what_requests_no_longer_see_drifts_back_to_the_generic_prior():
@@ -106,7 +107,7 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
 
     engine, tokens, metrics = run(greedy)
     assert tokens == reference and metrics.auto[0]["why"]["prior"] == "defaults"
-    store = Priors(calibration / "priors-3.json")
+    store = Priors(calibration / "priors-4.json")
     assert list(store.entries) == [request_key(engine.ladder, greedy, lookup=engine.lookup_n, context=len(prompt))]
     assert engine.lookup_n and request_key(engine.ladder, greedy, lookup=engine.lookup_n) != \
         request_key(engine.ladder, greedy, lookup=0)  # the prompt lookup changes what the draft proposes

@@ -61,6 +61,9 @@ class AutoEngine(HierarchyEngine):
         self._shared = False  # whether a forward since the plan began ran beside another's prompt chunks
         self._planned_busy = False  # whether the running plan was made for a batchmate's prefill
         self._target_p: list[float] = []  # per generated token: the target's probability of it
+        # The last forward: tier, role, rows its logits give, when it was asked for and what it took (None
+        # after a plan, whose time and catch-up forwards are no forward's overhead)
+        self._last: tuple[str, str, int, float, float] | None = None
 
     def run(self, prompt: list[int], params, *args, **kwargs) -> Run:
         """HierarchyEngine.run, adding what it saw to what later requests of its kind start from (its first
@@ -151,7 +154,7 @@ class AutoEngine(HierarchyEngine):
                 for step in tier.prefill_steps(self.seq[tier.length:-1]):
                     yield Forward(tier, self.ladder.index(tier), step, "none")
         self.tiers, self.gammas, self.stop_below = stack, list(plan.gammas), plan.stop_below
-        self._running, self._shared = (plan, generated, time.perf_counter()), False
+        self._running, self._shared, self._last = (plan, generated, time.perf_counter()), False, None
         self.planner.begin_stretch()
 
     def _emitted(self, tokens: list[int], rows: list) -> None:
@@ -163,7 +166,7 @@ class AutoEngine(HierarchyEngine):
         draft = self.planner.tiers.get("draft")
         if draft is None or draft in self.tiers or self._running is None:
             return
-        start, level = time.perf_counter(), self.ladder.index(draft)
+        start, level, self._last = time.perf_counter(), self.ladder.index(draft), None
         first = self._prompt_length  # seq's index of the first generated token
         for step in draft.prefill_steps(self.seq[draft.length:first - 1]):  # rows that predict the prompt
             yield Forward(draft, level, step, "none")
@@ -184,15 +187,23 @@ class AutoEngine(HierarchyEngine):
         return self._pairs[drafter, checker]
 
     def _forward(self, level: int, step=None) -> Generator[Forward, object, object]:
-        tier = self.tiers[level]
+        tier, began = self.tiers[level], time.perf_counter()
         tokens, spent = step.n if step is not None else len(self.seq) - tier.length, tier.seconds
+        if self._last is not None:  # what ran since the last forward ended: its logits' processing and so on
+            name, role, rows, entered, seconds = self._last
+            self.planner.observe_overhead(name, role, began - entered - seconds, rows)
         logits = yield from super()._forward(level, step)
+        seconds = tier.seconds - spent
         if tier.shared_prefill:  # a batchmate's prompt chunk slowed it: no evidence of this plan's speed
             self._shared = True
             if tier is self.ladder[-1]:
-                self.planner.observe_chunk(tokens, tier.seconds - spent)
+                self.planner.observe_chunk(tokens, seconds)
         else:
-            self.planner.observe_cost(tier.name, tokens, tier.seconds - spent)
+            self.planner.observe_cost(tier.name, tokens, seconds)
+        alone = self.planner.batchmates is None or len(self.planner.batchmates.engines) == 1
+        # In a batch the time between this request's forwards holds its batchmates' forwards too.
+        self._last = (tier.name, "check" if level else "bottom", tokens if level else 1, began, seconds) \
+            if alone and not tier.shared_prefill else None
         return logits
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:

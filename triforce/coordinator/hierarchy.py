@@ -94,7 +94,8 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
         ladder = [draft_tier()] if draft is not None else []
         ladder += [retrieval_tier(), verifier]
         return AutoEngine(ladder, AutoPlanner({t.name: t for t in ladder}, cfg.budget, priors=Priors.default(),
-                                              batchmates=batchmates, fixed_stop=cfg.stop_below), cfg.lookup_n)
+                                              batchmates=batchmates, fixed_stop=cfg.stop_below,
+                                              preferred_gammas=(cfg.gamma1, cfg.gamma2)), cfg.lookup_n)
     stop_below = cfg.stop_below or 0.0  # the fixed modes' (None: 0)
     if cfg.mode == "ar":
         return HierarchyEngine([verifier], [])

@@ -56,6 +56,7 @@ REMEASURE_BEYOND = 1.5  # a request whose forwards took this many times the tabl
 REMEASURE_FORWARDS = 20  # ...measured again by the next request, after at least this many of them
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
+GAMMA_MARGIN = 1.15  # a mode runs gamma1 / gamma2 unless other gammas promise this much more (the docstring)
 AR_PROBE = 1.25  # a request runs plain decoding for a stretch before a plan expected to beat it by less
 STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability...
 STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (README, The AVX2 path)
@@ -75,11 +76,15 @@ class AutoPlanner:
     scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
     mode_scale: dict[str, dict[str, float]] = field(default_factory=dict)  # the same, per mode that ran
     realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
+    overhead: dict[str, float] = field(default_factory=dict)  # per tier and role ("draft/bottom",
+    # "target/check"): seconds from the end of one of its forwards to the next forward, past its rows' r
     row_seconds: float = 0.0  # turning one row of logits into the request's distribution (measured per request)
     chunk_seconds: float | None = None  # what a batchmate's prompt chunk adds to a target forward (observed)
     priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
     batchmates: Batchmates | None = None  # the requests run together with this one (None: it runs alone)
     fixed_stop: float | None = None  # the request's stop_below where the user set one (None: chosen per plan)
+    preferred_gammas: tuple[int, int] | None = None  # gamma1 and gamma2 (EngineConfig's: the user's or the
+    # defaults), which a mode runs unless other gammas promise GAMMA_MARGIN more (None: the model picks)
     _stretch: dict[str, Acceptance] = field(default_factory=dict)  # per proposer: its checks since begin_stretch
     _key: str | None = None  # this request's kind, in `priors`
     _prior_source: str = "defaults"
@@ -164,18 +169,16 @@ class AutoPlanner:
         means = {name: a.mean for name, a in estimates.items()}
 
         def speed(stack, gammas, alphas):  # tokens/s the model predicts, as this mode realizes it
-            costs = self._scaled[STACK_MODES[stack]]
-            if chunk:
-                costs = {**costs, "target": {n: c + chunk / self._batch for n, c in costs["target"].items()}}
+            costs = self._planned_costs(stack, chunk)
             return self._realized(STACK_MODES[stack]) / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
 
         plain = speed(("target",), (), means)
-        best: Plan | None = None
-        scored, expected = {}, {}
+        scored, anchored, expected = {}, {}, {}
         for stack in stacks:
-            mode = STACK_MODES[stack]
+            mode, anchor = STACK_MODES[stack], self._anchor(stack)
             shortest = STOP_MIN_GAMMA if self._stop_below(stack) else 1
-            for gammas in product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1):
+            options = set(product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1)) | ({anchor} if anchor else set())
+            for gammas in sorted(options):
                 if gammas and gammas[0] < shortest:
                     continue
                 mean_rate = speed(stack, gammas, means)
@@ -183,10 +186,15 @@ class AutoPlanner:
                 if len(stack) > 1 and mean_rate < plain / (SWITCH_MARGIN if mode == running else 1.0):
                     continue  # speculation must be expected to pay; optimism only picks among plans that do
                 optimistic_rate = speed(stack, gammas, optimistic)
-                if best is None or optimistic_rate > best.tokens_per_s:
-                    best = Plan(stack, gammas, optimistic_rate)
+                if gammas == anchor:
+                    anchored[mode] = (optimistic_rate, gammas, stack)
                 if optimistic_rate > scored.get(mode, (0.0,))[0]:
                     scored[mode] = (optimistic_rate, gammas, stack)
+        for mode, plan in anchored.items():  # the model's gain from other gammas is within its error
+            if GAMMA_MARGIN * plan[0] >= scored[mode][0]:
+                scored[mode] = plan
+        rate, gammas, stack = max(scored.values())
+        best = Plan(stack, gammas, rate)
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
             kept, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
             best = Plan(stack, gammas, kept)
@@ -212,8 +220,16 @@ class AutoPlanner:
                                     for m, by_tier in self.mode_scale.items()},
                 "realized": {m: round(x, 3) for m, x in self.realized.items()},
                 "row_ms": round(1e3 * self.row_seconds, 3),
+                "overhead_ms": {k: round(1e3 * x, 3) for k, x in self.overhead.items()},
                 "forward_ms": {n: {k: round(1e3 * v * self.scale.get(n, 1.0) / self._batch, 2)
                                    for k, v in c.items()} for n, c in self._costs.items()}}
+
+    def _anchor(self, stack: tuple[str, ...]) -> tuple[int, ...] | None:
+        """The preferred gammas of `stack` (gamma1 for the draft's chains, gamma2 for the retrieval tier's),
+        or None where there are none."""
+        if self.preferred_gammas is None:
+            return None
+        return tuple(self.preferred_gammas[0] if name == "draft" else self.preferred_gammas[1] for name in stack[:-1])
 
     def _stop_below(self, stack: tuple[str, ...]) -> float:
         """The bottom tier's `stop_below` on `stack`: the user's where set; else STOP_BELOW where the tier
@@ -249,6 +265,7 @@ class AutoPlanner:
             if name in self.acceptance:
                 self.acceptance[name] = Acceptance(mean, LEARNED_TRIALS)
         self.realized.update(known["realized"])
+        self.overhead.update(known["overhead"])
         if known["acceptance"] or known["realized"]:
             self._prior_source = "earlier requests"
 
@@ -264,7 +281,7 @@ class AutoPlanner:
         if self.priors is None or self._key is None:
             return
         seen = {name: a.observed for name, a in self.acceptance.items()}
-        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, PRIOR)
+        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, PRIOR, self.overhead)
 
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
@@ -281,9 +298,9 @@ class AutoPlanner:
         that plan at the acceptance its checks saw since then (a proposer not checked meanwhile: its
         estimate) and the costs as scaled (per sequence of the batch), this mode's later predictions are
         scaled likewise."""
-        costs = self._scaled.get(plan.mode)
-        if costs is None:
+        if plan.mode not in self._scaled:
             return  # a plan this planner did not score
+        costs = self._planned_costs(plan.stack)
         alphas = {name: a.mean for name, a in self.estimates().items()}
         alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
         predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
@@ -312,6 +329,28 @@ class AutoPlanner:
                 own[name] = (1 - COST_SMOOTHING) * own.get(name, self.scale.get(name, 1.0)) + COST_SMOOTHING * ratio
             self.scale[name] = (1 - COST_SMOOTHING) * self.scale.get(name, 1.0) + COST_SMOOTHING * ratio
             self._forwards[name] = self._forwards.get(name, 0) + 1
+
+    def observe_overhead(self, name: str, role: str, seconds: float, rows: int) -> None:
+        """`seconds` passed from the end of a forward of tier `name` as `role` ("bottom": it proposes, or
+        `ar`'s target samples; "check": it checks the tier below) to the next forward, which processed
+        `rows` rows of its logits: what that took past the rows' modelled cost (`row_seconds`) is the
+        tier's overhead in that role (sampling, prompt lookup, verification, bookkeeping): a chain of
+        gamma proposals pays the bottom tier's gamma times, which one speed factor per mode would spread
+        over every gamma alike, favouring long chains."""
+        extra, key = max(0.0, seconds - rows * self.row_seconds), f"{name}/{role}"
+        old = self.overhead.get(key)
+        self.overhead[key] = extra if old is None else (1 - COST_SMOOTHING) * old + COST_SMOOTHING * extra
+
+    def _planned_costs(self, stack: tuple[str, ...], chunk: float = 0.0) -> dict[str, dict[int, float]]:
+        """Seconds per forward per sequence of the batch of each tier of `stack`, as its mode runs them
+        (`_scaled_costs`), with each tier's overhead in its role there, and a batchmate's prompt `chunk`
+        on every target forward."""
+        out = {}
+        for i, name in enumerate(stack):
+            extra = self.overhead.get(f"{name}/{'bottom' if i == 0 else 'check'}", 0.0)
+            extra += chunk if name == "target" else 0.0
+            out[name] = {n: c + extra / self._batch for n, c in self._scaled[STACK_MODES[stack]][name].items()}
+        return out
 
     def _scaled_costs(self, mode: str, name: str) -> dict[int, float]:
         """Tier `name`'s seconds per forward, per sequence of the batch, as `mode` runs it: the table's, scaled

@@ -3,12 +3,14 @@ first plan starts from it instead of generic guesses.
 
 For each kind of request (the machine; each tier's kind and the fingerprint of its model's weights; the
 sampling settings, since acceptance depends on the temperature; the batch size planned for),
-`priors-3.json` beside the costs holds:
+`priors-4.json` beside the costs holds:
 - `acceptance`: per proposer, the per-token acceptance its checks saw lately (the draft's, the retrieval
   tier's); the planner takes it as its prior, worth LEARNED_TRIALS trials (a generic prior is worth
   fewer: the planner explores less where it already knows);
 - `realized`: per mode, the speed reached over the speed the cost model predicted (planning.py), as last
-  measured.
+  measured;
+- `overhead`: per tier and role, the seconds from one of its forwards to the next past the model's
+  (planning.py: `observe_overhead`), as last measured.
 A request that ends merges its own into the entry: acceptance by an even average with what was there, so
 that one odd text does not erase the history; a realized factor replaced by the newest. What a request did
 not see enough of (a proposer it checked less than MIN_TRIALS times, a mode it did not run) drifts back
@@ -62,20 +64,23 @@ class Priors(CalibrationFile):
     """Entries "request key" -> {"acceptance": {proposer: mean}, "realized": {mode: factor}}."""
 
     # 2: speed factors measured at each stretch's own acceptance; 3: against the model of take-all target
-    # checks (speed_model.check_sizes), not of checks of exactly gamma2
-    filename = "priors-3.json"
+    # checks (speed_model.check_sizes), not of checks of exactly gamma2; 4: past the overhead between
+    # forwards, now modelled per tier and role
+    filename = "priors-4.json"
 
     def recall(self, key: str) -> dict[str, dict[str, float]]:
         entry = self.entries.get(key, {})
-        return {"acceptance": dict(entry.get("acceptance", {})), "realized": dict(entry.get("realized", {}))}
+        return {part: dict(entry.get(part, {})) for part in ("acceptance", "realized", "overhead")}
 
     def remember(self, key: str, acceptance: dict[str, float | None], realized: dict[str, float],
-                 generic: dict[str, float]) -> None:
+                 generic: dict[str, float], overhead: dict[str, float] | None = None) -> None:
         """A request of kind `key` ended: `acceptance` per proposer (None: too little evidence), the
-        `realized` factors of the modes it ran; `generic` the acceptance priors a new kind starts from."""
+        `realized` factors of the modes it ran, the `overhead` it measured; `generic` the acceptance priors
+        a new kind starts from."""
         if not any(a is not None for a in acceptance.values()) and not realized:
             return
         entry = self.entries.setdefault(key, {"acceptance": {}, "realized": {}})
+        entry.setdefault("overhead", {}).update({k: round(x, 6) for k, x in (overhead or {}).items()})
         known = entry["acceptance"]
         for name, mean in acceptance.items():
             old = known.get(name)
