@@ -7,6 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 import triforce.coordinator.auto as auto
+import triforce.coordinator.forward_times as forward_times
 import triforce.coordinator.planning as planning
 from triforce.cache.full import FullKVCache
 from triforce.config import ConfigError, EngineConfig, SamplingParams
@@ -177,7 +178,7 @@ def test_a_batchmates_prefill_favours_fewer_target_forwards():
     planner = planner_with(costs, budget=600)  # context 1000 < 2 x 600
     assert planner.plan(1000, 0).mode == "ar"
     assert planner.plan(1000, 0, busy=True).mode == "ar"  # what a chunk adds is not known yet
-    planner.chunk_seconds = 20.0
+    planner.times.chunk_seconds = 20.0
     busy = planner.plan(1000, 0, busy=True)
     assert busy.stack[-2:] == ("retrieval", "target") and busy.gammas[-1] >= 6
     assert planner.decisions[-1]["why"]["batchmate_chunk_ms"] == 20000.0
@@ -239,7 +240,7 @@ def test_costs_follow_what_forwards_really_take():
     planner = planner_with(costs)
     assert planner.plan(1000, 0).mode == "draft"
     for _ in range(20):
-        planner.observe_cost("draft", 1, 1.0)  # five times what the table says (a busier machine)
+        planner.times.observe_cost(planner.running, "draft", 1, 1.0)  # five times what the table says (a busier machine)
     assert planner.plan(1000, 80).mode == "ar"
     assert planner.decisions[-1]["why"]["cost_scale"]["draft"] > 4
 
@@ -254,22 +255,22 @@ def test_each_mode_is_planned_at_what_its_own_forwards_took(monkeypatch):
     planner = planner_with(costs)
     assert planner.plan(1000, 0).mode == "draft"
     for _ in range(30):
-        planner.observe_cost("target", 4, 1.5 * interpolate(costs["target"], 4))
+        planner.times.observe_cost(planner.running, "target", 4, 1.5 * interpolate(costs["target"], 4))
     planner.plan(1000, 8)
     why = planner.decisions[-1]["why"]
     assert why["mode_cost_scale"]["draft"]["target"] == pytest.approx(1.5, rel=1e-2)
-    assert planner._scaled["ar"]["target"][1] == pytest.approx(1.5, rel=1e-2)  # not run: the tier's lately
+    assert planner.times.scaled["ar"]["target"][1] == pytest.approx(1.5, rel=1e-2)  # not run: the tier's lately
     planner.decisions.append({"mode": "ar", "gammas": []})  # `ar` runs: its steps take the table's time
     for _ in range(30):
-        planner.observe_cost("target", 1, costs["target"][1])
+        planner.times.observe_cost(planner.running, "target", 1, costs["target"][1])
     planner.decisions.append({"mode": "draft", "gammas": [4]})  # and the draft again, as slow as before
     for _ in range(30):
-        planner.observe_cost("target", 4, 1.5 * interpolate(costs["target"], 4))
+        planner.times.observe_cost(planner.running, "target", 4, 1.5 * interpolate(costs["target"], 4))
     planner.plan(1000, 16)  # `ar` idle since: its scale fades once towards the tier's
     kept = planning.EVIDENCE_KEPT
-    assert planner._scaled["ar"]["target"][1] == pytest.approx(1.5 + (1.0 - 1.5) * kept, rel=1e-2)
-    assert planner._scaled["draft"]["target"][4] == pytest.approx(1.5 * interpolate(costs["target"], 4), rel=1e-2)
-    assert planner.scale["target"] == pytest.approx(1.5, rel=1e-2)  # the tier's, for the table's re-measurement
+    assert planner.times.scaled["ar"]["target"][1] == pytest.approx(1.5 + (1.0 - 1.5) * kept, rel=1e-2)
+    assert planner.times.scaled["draft"]["target"][4] == pytest.approx(1.5 * interpolate(costs["target"], 4), rel=1e-2)
+    assert planner.times.scale["target"] == pytest.approx(1.5, rel=1e-2)  # the tier's, for the table's re-measurement
 
 
 def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
@@ -286,10 +287,10 @@ def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
     planner = planner_with(costs)
     planner.plan(1000, 0)
     calls = []
-    planner.table = SimpleNamespace(forget=lambda *args: calls.append(args))
-    for _ in range(planning.REMEASURE_FORWARDS):
-        planner.observe_cost("target", 1, 0.125 * interpolate(costs["target"], 1))  # an eighth of the table's
-        planner.observe_cost("draft", 1, 0.21)  # about the table's
+    planner.times.table = SimpleNamespace(forget=lambda *args: calls.append(args))
+    for _ in range(forward_times.REMEASURE_FORWARDS):
+        planner.times.observe_cost(planner.running, "target", 1, 0.125 * interpolate(costs["target"], 1))  # 1/8 the table
+        planner.times.observe_cost(planner.running, "draft", 1, 0.21)  # about the table's
     planner.remember()
     assert calls == [(None, costs["target"], 1)]
 
@@ -316,7 +317,7 @@ def test_an_idle_tiers_cost_scale_fades_back_to_the_table(monkeypatch):
     planner.acceptance["draft"] = Acceptance(0.7, successes=70.0, trials=100.0)
     assert planner.plan(1000, 0).mode == "draft"
     for _ in range(30):
-        planner.observe_cost("draft", 1, 1.0)
+        planner.times.observe_cost(planner.running, "draft", 1, 1.0)
     modes = [planner.plan(1000, 8 * i).mode for i in range(1, 30)]
     assert modes[0] == "ar" and "draft" in modes[1:20]
     assert planner.decisions[-1]["mode"] == "draft" and planner.decisions[-1]["why"]["cost_scale"]["draft"] < 5
@@ -647,8 +648,8 @@ def test_overhead_per_draft_step_shortens_the_chains():
     planner.row_seconds = 0.01
     long = planner.plan(1000, 0).gammas[0]
     for _ in range(50):
-        planner.observe_overhead("draft", "bottom", 0.16, 1)  # 0.15 past its row's 0.01
-    assert planner.overhead["draft/bottom"] == pytest.approx(0.15)
+        planner.times.observe_overhead("draft", "bottom", 0.16, 1, planner.row_seconds)  # 0.15 past its row's 0.01
+    assert planner.times.overhead["draft/bottom"] == pytest.approx(0.15)
     short = planner.plan(1000, 8).gammas[0]
     alpha = planner.acceptance["draft"].optimistic
     costs["draft"] = {1: 0.2}
@@ -664,10 +665,11 @@ def test_the_time_between_forwards_is_each_tiers_overhead_in_its_role(models, pr
     monkeypatch.setattr(auto, "REPLAN_ROUNDS", 3)
     engine = scripted_engine(models, prompt, 60, "triforce-first")
     planner, seen, forwards, stretches = engine.planner, [], [0], [0]
-    observe_overhead, observe_cost, begin_stretch = planner.observe_overhead, planner.observe_cost, planner.begin_stretch
-    planner.observe_overhead = lambda name, role, seconds, rows: seen.append((name, role, seconds, rows, planner.running)) \
-        or observe_overhead(name, role, seconds, rows)
-    planner.observe_cost = lambda *a: forwards.__setitem__(0, forwards[0] + 1) or observe_cost(*a)
+    times = planner.times
+    observe_overhead, observe_cost, begin_stretch = times.observe_overhead, times.observe_cost, planner.begin_stretch
+    times.observe_overhead = lambda name, role, seconds, rows, r: seen.append((name, role, seconds, rows, planner.running)) \
+        or observe_overhead(name, role, seconds, rows, r)
+    times.observe_cost = lambda *a: forwards.__setitem__(0, forwards[0] + 1) or observe_cost(*a)
     planner.begin_stretch = lambda: stretches.__setitem__(0, stretches[0] + 1) or begin_stretch()
     engine.generate(prompt, SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
     stacks = {mode: stack for stack, mode in STACK_MODES.items()}
@@ -678,7 +680,7 @@ def test_the_time_between_forwards_is_each_tiers_overhead_in_its_role(models, pr
     assert all(seconds >= 0 and (rows == 1 if role == "bottom" else rows >= 1) for _, role, seconds, rows, _ in seen)
     assert {name for name, *_ in seen} == {"draft", "retrieval", "target"}
     assert len(seen) == forwards[0] - stretches[0] > 0
-    assert set(planner.overhead) == {f"{name}/{role}" for name, role, *_ in seen}
+    assert set(times.overhead) == {f"{name}/{role}" for name, role, *_ in seen}
 
 
 @pytest.mark.parametrize("script", ["ar-first", "triforce-first"])
@@ -799,13 +801,13 @@ def test_forwards_beside_a_batchmates_prompt_teach_the_planner_nothing(models, c
     first, second = (build_engine(cfg, target, draft, 400, batchmates=mates) for _ in range(2))
     learned = []  # whether the first request's tier had shared its call, at each cost or rate it learned
     target_tier = first.planner.tiers["target"]
-    observe_cost, observe_rate = first.planner.observe_cost, first.planner.observe_rate
-    first.planner.observe_cost = lambda name, *a: learned.append(first.planner.tiers[name].shared_prefill) or \
-        observe_cost(name, *a)
+    observe_cost, observe_rate = first.planner.times.observe_cost, first.planner.observe_rate
+    first.planner.times.observe_cost = lambda mode, name, *a: learned.append(first.planner.tiers[name].shared_prefill) \
+        or observe_cost(mode, name, *a)
     first.planner.observe_rate = lambda *a: learned.append(first._shared) or observe_rate(*a)
     planned, plan = [], first.planner.plan  # (round, busy) of each of its plans
-    chunk_rounds, observe_chunk = [], first.planner.observe_chunk  # rounds in which a chunk's cost was seen
-    first.planner.observe_chunk = lambda *a: chunk_rounds.append(first.rounds) or observe_chunk(*a)
+    chunk_rounds, observe_chunk = [], first.planner.times.observe_chunk  # rounds in which a chunk's cost was seen
+    first.planner.times.observe_chunk = lambda *a: chunk_rounds.append(first.rounds) or observe_chunk(*a)
     first.planner.plan = lambda context, generated, busy=False: planned.append((first.rounds, busy)) or \
         plan(context, generated, busy)
     batch = SequenceBatch()
@@ -823,7 +825,7 @@ def test_forwards_beside_a_batchmates_prompt_teach_the_planner_nothing(models, c
     # It planned again as soon as the chunks' cost was known (not only every REPLAN_ROUNDS), with it, and
     # again without it once the newcomer's prompt was in.
     busy = [r for r, b in planned if b]
-    assert busy and busy[0] == chunk_rounds[0] + 1 and first.planner.chunk_seconds > 0  # the next round
+    assert busy and busy[0] == chunk_rounds[0] + 1 and first.planner.times.chunk_seconds > 0  # the next round
     assert any(not b for r, b in planned if r > busy[-1])
 
 

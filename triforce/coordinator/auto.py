@@ -94,7 +94,7 @@ class AutoEngine(HierarchyEngine):
     def _busy(self) -> bool:
         """Whether a batchmate is prefilling, and what its chunks add to a target forward is known."""
         mates = self.planner.batchmates
-        return mates is not None and self.planner.chunk_seconds is not None and \
+        return mates is not None and self.planner.times.chunk_seconds is not None and \
             any(not e.prefilled for e in mates.engines if e is not self)
 
     def _prefill(self, tokens: list[int], show_progress: bool,
@@ -191,15 +191,15 @@ class AutoEngine(HierarchyEngine):
         tokens, spent = step.n if step is not None else len(self.seq) - tier.length, tier.seconds
         if self._last is not None:  # what ran since the last forward ended: its logits' processing and so on
             name, role, rows, entered, seconds = self._last
-            self.planner.observe_overhead(name, role, began - entered - seconds, rows)
+            self.planner.times.observe_overhead(name, role, began - entered - seconds, rows, self.planner.row_seconds)
         logits = yield from super()._forward(level, step)
         seconds = tier.seconds - spent
         if tier.shared_prefill:  # a batchmate's prompt chunk slowed it: no evidence of this plan's speed
             self._shared = True
             if tier is self.ladder[-1]:
-                self.planner.observe_chunk(tokens, seconds)
+                self.planner.times.observe_chunk(tokens, seconds)
         else:
-            self.planner.observe_cost(tier.name, tokens, seconds)
+            self.planner.times.observe_cost(self.planner.running, tier.name, tokens, seconds)
         alone = self.planner.batchmates is None or len(self.planner.batchmates.engines) == 1
         # In a batch the time between this request's forwards holds its batchmates' forwards too.
         self._last = (tier.name, "check" if level else "bottom", tokens if level else 1, began, seconds) \

@@ -5,15 +5,21 @@ The candidates are every stack the request has (`ar`: the target alone; `draft`;
 `triforce`) with gammas in 1..MAX_GAMMA; the retrieval tier only once the context is at least twice its
 budget (below that it reads nearly what the target reads). Each is scored by the model of speed_model.py
 (seconds per token from forward costs and acceptance) and the plan with the most tokens per second runs.
-Plain decoding is one of the candidates, so a request where speculation does not pay runs `ar`.
+Plain decoding is one of the candidates, so a request where speculation does not pay runs `ar`. Within a
+mode, the gammas the user set (gamma1, gamma2; by default 4 and 6) run unless others promise GAMMA_MARGIN
+more: near its best the model's speed is flat in gamma while the real one is not smooth (at 4K of *Emma*,
+greedy, fixed `draft` ran 71.9 / 77.6 / 59.3 / 55.3 / 79.1 tokens/s at gamma 3 / 4 / 5 / 6 / 8: which
+positions begin a round), so a gamma the model prefers by a few percent is a guess, where the defaults
+were swept.
 
 Plans are scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen
 little gets tried, and the estimate it then earns decides; but only plans whose speed at the mean alpha
 beats plain decoding's (the running mode's: within SWITCH_MARGIN of it) are scored: faded evidence keeps
 the optimistic bonus at a few percent, as large as the differences between modes where none pays much.
 And before a plan expected to beat plain decoding by less than AR_PROBE, a request runs `ar` for one
-stretch, so that the floor is measured, not assumed. What the model leaves out (verification and
-bookkeeping between forwards) is learned too: each mode's prediction is scaled by the speed it really
+stretch, so that the floor is measured, not assumed. Forward costs are the table's as this request's
+forwards showed them, per mode, with the overhead between forwards per tier and role (forward_times.py);
+what the model still leaves out is learned too: each mode's prediction is scaled by the speed it really
 reached over the rounds it last ran, against what the model predicts for them at the acceptance those
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
 lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
@@ -23,15 +29,9 @@ the speculative modes tried; `ar`, which verifies nothing, by 1; an idle mode's 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
 the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py).
 
-The running mode stays unless another promises SWITCH_MARGIN more. Costs are re-read when the
-context moves past what they were measured at (the table measures once per machine, model, context and
-batch size), and each tier's are scaled by how long its forwards in this request really took against the
-table (the machine may be busier or quieter than when it was measured), per mode: the table times a
-tier's forwards back to back, as `ar` runs the target, and a tier interleaved with others in a speculative
-mode runs slower (Qwen2.5-Coder-1.5B at 32K: about 10%), so a mode that ran is scaled by what its own
-forwards took, one that has not by what the tier's took lately. Idle, a mode's scales fade towards the
-tiers', and an idle tier's towards the table's (`fade`). A request that found a tier far off the table has
-its entry measured again by the next (`remember`).
+The running mode stays unless another promises SWITCH_MARGIN more. Costs are re-read when the context
+moves past what they were measured at (the table measures once per machine, model, context and batch
+size).
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ import torch
 
 from .batchmates import Batchmates, power_of_two_below
 from .costs import CostTable, interpolate
+from .forward_times import ForwardTimes
 from .priors import LEARNED_TRIALS, Priors
 from .speed_model import PRIOR, STACK_MODES, Acceptance, Plan, seconds_per_token
 from .tiers import Tier
@@ -51,9 +52,6 @@ MAX_GAMMA = 8  # tokens per check the planner considers, per level
 # Tokens per forward whose cost is measured (others interpolated): a target check above the retrieval tier
 # holds up to gamma2 + gamma1 proposals, 2 MAX_GAMMA + 1 tokens with the next one.
 CHECK_SIZES = (1, 2, 3, 4, 6, 9, 12, 17)
-COST_SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale
-REMEASURE_BEYOND = 1.5  # a request whose forwards took this many times the table's (or 1 / this) has it...
-REMEASURE_FORWARDS = 20  # ...measured again by the next request, after at least this many of them
 RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
 GAMMA_MARGIN = 1.15  # a mode runs gamma1 / gamma2 unless other gammas promise this much more (the docstring)
@@ -73,13 +71,8 @@ class AutoPlanner:
     table: CostTable = field(default_factory=CostTable.default)
     acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
     decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
-    scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
-    mode_scale: dict[str, dict[str, float]] = field(default_factory=dict)  # the same, per mode that ran
     realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
-    overhead: dict[str, float] = field(default_factory=dict)  # per tier and role ("draft/bottom",
-    # "target/check"): seconds from the end of one of its forwards to the next forward, past its rows' r
     row_seconds: float = 0.0  # turning one row of logits into the request's distribution (measured per request)
-    chunk_seconds: float | None = None  # what a batchmate's prompt chunk adds to a target forward (observed)
     priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
     batchmates: Batchmates | None = None  # the requests run together with this one (None: it runs alone)
     fixed_stop: float | None = None  # the request's stop_below where the user set one (None: chosen per plan)
@@ -89,11 +82,11 @@ class AutoPlanner:
     _key: str | None = None  # this request's kind, in `priors`
     _prior_source: str = "defaults"
     _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
-    _costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's, at the last plan
-    _scaled: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)  # per mode, per tier: seconds
-    # per forward per sequence of the batch, as planned with
-    _batch: int = 1  # the batch size of the last plan
-    _forwards: dict[str, int] = field(default_factory=dict)  # per tier: forwards that fed its cost scale
+    _batch: int = 1  # the batch size of the plan being made
+    times: ForwardTimes = field(init=False)  # what this request's forwards take (forward_times.py)
+
+    def __post_init__(self):
+        self.times = ForwardTimes(self.table)
 
     def candidates(self, context: int, busy: bool = False) -> list[tuple[str, ...]]:
         """The stacks worth scoring: the retrieval tier once the context is twice its budget, or while the
@@ -134,20 +127,12 @@ class AutoPlanner:
         an idle tier's cost scale towards the table (a tier that a slow spell made look dear is tried
         again, as a proposer a bad start made look poor is)."""
         running = self.running
-        active = next((stack for stack, mode in STACK_MODES.items() if mode == running), ())
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT)
         for mode, ratio in self.realized.items():
             if mode != running:
                 self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
-        for name, scale in self.scale.items():
-            if name not in active:
-                self.scale[name] = 1 + (scale - 1) * EVIDENCE_KEPT
-        for mode, by_tier in self.mode_scale.items():
-            if mode != running:
-                for name, scale in by_tier.items():
-                    tier = self.scale.get(name, 1.0)
-                    by_tier[name] = tier + (scale - tier) * EVIDENCE_KEPT
+        self.times.fade(running, EVIDENCE_KEPT)
 
     def estimates(self) -> dict[str, Acceptance]:
         """The acceptance plans are scored with: this request's, or in a batch its prefilled members' pooled."""
@@ -157,19 +142,17 @@ class AutoPlanner:
         """The best plan at this context; recorded in `decisions` when it differs from the last. `busy`: a
         batchmate is prefilling, so each target forward also carries one of its prompt chunks (what that
         adds is `chunk_seconds`): fewer target forwards per token pay more then."""
-        busy = busy and self.chunk_seconds is not None  # a chunk's cost unknown yet: planned as quiet
+        busy = busy and self.times.chunk_seconds is not None  # a chunk's cost unknown yet: planned as quiet
         stacks, running = self.candidates(context, busy), self.running
         self.fade()
-        self._costs = self.costs(stacks)
-        self._scaled = {STACK_MODES[stack]: {name: self._scaled_costs(STACK_MODES[stack], name) for name in stack}
-                        for stack in stacks}
-        chunk = self.chunk_seconds if busy else 0.0
+        self.times.plan_with(self.costs(stacks), self._batch, stacks)
+        chunk = self.times.chunk_seconds if busy else 0.0
         estimates = self.estimates()
         optimistic = {name: a.optimistic for name, a in estimates.items()}
         means = {name: a.mean for name, a in estimates.items()}
 
         def speed(stack, gammas, alphas):  # tokens/s the model predicts, as this mode realizes it
-            costs = self._planned_costs(stack, chunk)
+            costs = self.times.per_sequence(stack, chunk)
             return self._realized(STACK_MODES[stack]) / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
 
         plain = speed(("target",), (), means)
@@ -215,14 +198,8 @@ class AutoPlanner:
     def _state(self) -> dict:
         """What the planner held at a decision, for its record: priors, batch, cost scales and costs."""
         return {"prior": self._prior_source, "batch": self._batch,
-                "cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
-                "mode_cost_scale": {m: {n: round(x, 3) for n, x in by_tier.items()}
-                                    for m, by_tier in self.mode_scale.items()},
                 "realized": {m: round(x, 3) for m, x in self.realized.items()},
-                "row_ms": round(1e3 * self.row_seconds, 3),
-                "overhead_ms": {k: round(1e3 * x, 3) for k, x in self.overhead.items()},
-                "forward_ms": {n: {k: round(1e3 * v * self.scale.get(n, 1.0) / self._batch, 2)
-                                   for k, v in c.items()} for n, c in self._costs.items()}}
+                "row_ms": round(1e3 * self.row_seconds, 3), **self.times.state()}
 
     def _anchor(self, stack: tuple[str, ...]) -> tuple[int, ...] | None:
         """The preferred gammas of `stack` (gamma1 for the draft's chains, gamma2 for the retrieval tier's),
@@ -238,7 +215,7 @@ class AutoPlanner:
         chains early only loses tokens)."""
         if self.fixed_stop is not None:
             return self.fixed_stop
-        check = self._scaled.get(STACK_MODES[stack], {}).get(stack[1]) if len(stack) > 1 else None
+        check = self.times.scaled.get(STACK_MODES[stack], {}).get(stack[1]) if len(stack) > 1 else None
         if not check:
             return 0.0
         return STOP_BELOW if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0
@@ -265,23 +242,18 @@ class AutoPlanner:
             if name in self.acceptance:
                 self.acceptance[name] = Acceptance(mean, LEARNED_TRIALS)
         self.realized.update(known["realized"])
-        self.overhead.update(known["overhead"])
+        self.times.overhead.update(known["overhead"])
         if known["acceptance"] or known["realized"]:
             self._prior_source = "earlier requests"
 
     def remember(self) -> None:
-        """The request ends: what it saw joins what later requests of its kind start from; and a tier whose
-        forwards took REMEASURE_BEYOND times what the cost table says (after REMEASURE_FORWARDS of them), or
-        less than 1 / that, has its entry measured again by the next request (the table is measured once
-        per context, perhaps in a slow spell of a shared machine)."""
-        for name, factor in self.scale.items():
-            far = not 1 / REMEASURE_BEYOND < factor < REMEASURE_BEYOND
-            if far and self._forwards.get(name, 0) >= REMEASURE_FORWARDS and name in self._costs:
-                self.table.forget(self.tiers[name], self._costs[name], self._batch)
+        """The request ends: what it saw joins what later requests of its kind start from; a cost-table
+        entry its forwards found far off is measured again by the next (ForwardTimes.remeasure)."""
+        self.times.remeasure(self.tiers)
         if self.priors is None or self._key is None:
             return
         seen = {name: a.observed for name, a in self.acceptance.items()}
-        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, PRIOR, self.overhead)
+        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, PRIOR, self.times.overhead)
 
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
@@ -298,9 +270,9 @@ class AutoPlanner:
         that plan at the acceptance its checks saw since then (a proposer not checked meanwhile: its
         estimate) and the costs as scaled (per sequence of the batch), this mode's later predictions are
         scaled likewise."""
-        if plan.mode not in self._scaled:
+        if plan.mode not in self.times.scaled:
             return  # a plan this planner did not score
-        costs = self._planned_costs(plan.stack)
+        costs = self.times.per_sequence(plan.stack)
         alphas = {name: a.mean for name, a in self.estimates().items()}
         alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
         predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
@@ -308,57 +280,6 @@ class AutoPlanner:
         ratio = tokens_per_s * self._batch / predicted
         self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
         self._measured.add(plan.mode)
-
-    def observe_chunk(self, tokens: int, seconds: float) -> None:
-        """A target forward of `tokens` took `seconds` beside a batchmate's prompt chunk: what the chunk
-        added, over what the forward alone costs now."""
-        alone = self._costs.get("target")
-        if alone:
-            added = max(0.0, seconds - interpolate(alone, tokens) * self.scale.get("target", 1.0))
-            self.chunk_seconds = added if self.chunk_seconds is None else \
-                (1 - COST_SMOOTHING) * self.chunk_seconds + COST_SMOOTHING * added
-
-    def observe_cost(self, name: str, tokens: int, seconds: float) -> None:
-        """A forward of the request took `seconds`: the tier's costs are scaled towards what it really takes
-        now (the table's were measured once, perhaps on a quieter or busier machine)."""
-        measured = self._costs.get(name)
-        if measured and seconds > 0:
-            ratio = seconds / max(interpolate(measured, tokens), 1e-9)
-            if self.running is not None:
-                own = self.mode_scale.setdefault(self.running, {})
-                own[name] = (1 - COST_SMOOTHING) * own.get(name, self.scale.get(name, 1.0)) + COST_SMOOTHING * ratio
-            self.scale[name] = (1 - COST_SMOOTHING) * self.scale.get(name, 1.0) + COST_SMOOTHING * ratio
-            self._forwards[name] = self._forwards.get(name, 0) + 1
-
-    def observe_overhead(self, name: str, role: str, seconds: float, rows: int) -> None:
-        """`seconds` passed from the end of a forward of tier `name` as `role` ("bottom": it proposes, or
-        `ar`'s target samples; "check": it checks the tier below) to the next forward, which processed
-        `rows` rows of its logits: what that took past the rows' modelled cost (`row_seconds`) is the
-        tier's overhead in that role (sampling, prompt lookup, verification, bookkeeping): a chain of
-        gamma proposals pays the bottom tier's gamma times, which one speed factor per mode would spread
-        over every gamma alike, favouring long chains."""
-        extra, key = max(0.0, seconds - rows * self.row_seconds), f"{name}/{role}"
-        old = self.overhead.get(key)
-        self.overhead[key] = extra if old is None else (1 - COST_SMOOTHING) * old + COST_SMOOTHING * extra
-
-    def _planned_costs(self, stack: tuple[str, ...], chunk: float = 0.0) -> dict[str, dict[int, float]]:
-        """Seconds per forward per sequence of the batch of each tier of `stack`, as its mode runs them
-        (`_scaled_costs`), with each tier's overhead in its role there, and a batchmate's prompt `chunk`
-        on every target forward."""
-        out = {}
-        for i, name in enumerate(stack):
-            extra = self.overhead.get(f"{name}/{'bottom' if i == 0 else 'check'}", 0.0)
-            extra += chunk if name == "target" else 0.0
-            out[name] = {n: c + extra / self._batch for n, c in self._scaled[STACK_MODES[stack]][name].items()}
-        return out
-
-    def _scaled_costs(self, mode: str, name: str) -> dict[int, float]:
-        """Tier `name`'s seconds per forward, per sequence of the batch, as `mode` runs it: the table's, scaled
-        by what its forwards took while `mode` ran (a tier interleaved with others runs slower than one
-        stepping alone, as the table measures it: Qwen2.5-Coder at 32K, 10% in `triforce` mode), or, where
-        `mode` has not run, by what they took lately in whichever mode ran (the machine's busyness)."""
-        scale = self.mode_scale.get(mode, {}).get(name, self.scale.get(name, 1.0))
-        return {n: c * scale / self._batch for n, c in self._costs[name].items()}
 
 
 def row_seconds(probs, vocab: int, rows: int = 8) -> float:

@@ -1,0 +1,129 @@
+"""What one request's forwards really take, for `--mode auto`'s plans (planning.py).
+
+The cost table (costs.py) times a tier's forwards back to back, once per machine, model, context and batch
+size. A request scales them by what its own forwards took: per tier (the machine may be busier or quieter
+than when the table was measured), and per mode (a tier interleaved with others in a speculative mode runs
+slower than one stepping alone, as `ar` runs the target and the table measures it: Qwen2.5-Coder-1.5B at
+32K, about 10% in `triforce` mode), so a mode that ran is planned at what its own forwards took, one that
+has not at what the tier's took lately. Idle, a mode's scales fade towards the tier's, and an idle tier's
+towards the table's (`fade`). A request that found a tier far off the table has its entry measured again
+by the next (`remeasure`).
+
+Beside the forwards themselves: what passes from the end of one forward to the next past the modelled
+cost of its rows (sampling, prompt lookup, verification, bookkeeping) is each tier's overhead in its role
+(it proposes: "bottom", as `ar`'s target does too; it checks the tier below: "check"), added to that
+tier's forwards; a chain of gamma pays its bottom tier's gamma times, which one speed factor per mode
+would spread over every gamma alike. And what a batchmate's prompt chunk adds to a target forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .costs import CostTable, interpolate
+from .speed_model import STACK_MODES
+from .tiers import Tier
+
+SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale, overhead and chunk cost
+REMEASURE_BEYOND = 1.5  # a request whose forwards took this many times the table's (or 1 / this) has it...
+REMEASURE_FORWARDS = 20  # ...measured again by the next request, after at least this many of them
+
+
+def role(stack: tuple[str, ...], name: str) -> str:
+    return "bottom" if name == stack[0] else "check"
+
+
+@dataclass
+class ForwardTimes:
+    """Seconds per forward of a request's tiers as its modes run them (the module docstring)."""
+    table: CostTable
+    costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's per call, at the last plan
+    batch: int = 1  # the batch size of the last plan: costs per sequence are per call / batch
+    scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
+    mode_scale: dict[str, dict[str, float]] = field(default_factory=dict)  # the same, per mode that ran
+    overhead: dict[str, float] = field(default_factory=dict)  # per "tier/role": seconds between forwards
+    chunk_seconds: float | None = None  # what a batchmate's prompt chunk adds to a target forward (observed)
+    scaled: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)  # per mode, per tier:
+    # seconds per forward per sequence of the batch, as the last plan was made with
+    _forwards: dict[str, int] = field(default_factory=dict)  # per tier: forwards that fed its cost scale
+
+    def plan_with(self, costs: dict[str, dict[int, float]], batch: int, stacks: list[tuple[str, ...]]) -> None:
+        """A plan is made from the table's `costs` per call for a batch of `batch`, for these stacks."""
+        self.costs, self.batch = costs, batch
+        self.scaled = {STACK_MODES[stack]: {name: self._scaled(STACK_MODES[stack], name) for name in stack}
+                       for stack in stacks}
+
+    def per_sequence(self, stack: tuple[str, ...], chunk: float = 0.0) -> dict[str, dict[int, float]]:
+        """Seconds per forward per sequence of the batch of each tier of `stack`, as its mode runs them,
+        with each tier's overhead in its role there, and a batchmate's prompt `chunk` on every target
+        forward."""
+        out = {}
+        for name in stack:
+            extra = self.overhead.get(f"{name}/{role(stack, name)}", 0.0) + (chunk if name == "target" else 0.0)
+            out[name] = {n: c + extra / self.batch for n, c in self.scaled[STACK_MODES[stack]][name].items()}
+        return out
+
+    def fade(self, running: str | None, kept: float) -> None:
+        """At each plan: an idle mode's cost scales fade towards the tiers' own and an idle tier's towards
+        the table (a tier that a slow spell made look dear is tried again), keeping `kept` of the gap."""
+        active = next((stack for stack, mode in STACK_MODES.items() if mode == running), ())
+        for name, scale in self.scale.items():
+            if name not in active:
+                self.scale[name] = 1 + (scale - 1) * kept
+        for mode, by_tier in self.mode_scale.items():
+            if mode != running:
+                for name, scale in by_tier.items():
+                    tier = self.scale.get(name, 1.0)
+                    by_tier[name] = tier + (scale - tier) * kept
+
+    def observe_cost(self, running: str | None, name: str, tokens: int, seconds: float) -> None:
+        """A forward of the request took `seconds` while mode `running` ran: the tier's costs (and that
+        mode's) are scaled towards what it really takes now."""
+        measured = self.costs.get(name)
+        if measured and seconds > 0:
+            ratio = seconds / max(interpolate(measured, tokens), 1e-9)
+            if running is not None:
+                own = self.mode_scale.setdefault(running, {})
+                own[name] = (1 - SMOOTHING) * own.get(name, self.scale.get(name, 1.0)) + SMOOTHING * ratio
+            self.scale[name] = (1 - SMOOTHING) * self.scale.get(name, 1.0) + SMOOTHING * ratio
+            self._forwards[name] = self._forwards.get(name, 0) + 1
+
+    def observe_overhead(self, name: str, role: str, seconds: float, rows: int, row_seconds: float) -> None:
+        """`seconds` passed from the end of a forward of tier `name` as `role` to the next forward, which
+        processed `rows` rows of its logits at `row_seconds` each (modelled apart): the rest is the tier's
+        overhead in that role."""
+        extra, key = max(0.0, seconds - rows * row_seconds), f"{name}/{role}"
+        old = self.overhead.get(key)
+        self.overhead[key] = extra if old is None else (1 - SMOOTHING) * old + SMOOTHING * extra
+
+    def observe_chunk(self, tokens: int, seconds: float) -> None:
+        """A target forward of `tokens` took `seconds` beside a batchmate's prompt chunk: what the chunk
+        added, over what the forward alone costs now."""
+        alone = self.costs.get("target")
+        if alone:
+            added = max(0.0, seconds - interpolate(alone, tokens) * self.scale.get("target", 1.0))
+            self.chunk_seconds = added if self.chunk_seconds is None else \
+                (1 - SMOOTHING) * self.chunk_seconds + SMOOTHING * added
+
+    def remeasure(self, tiers: dict[str, Tier]) -> None:
+        """The request ends: a tier whose forwards took REMEASURE_BEYOND times what the table says (after
+        REMEASURE_FORWARDS of them), or less than 1 / that, has its entry measured again by the next request
+        (the table is measured once per context, perhaps in a slow spell of a shared machine)."""
+        for name, factor in self.scale.items():
+            far = not 1 / REMEASURE_BEYOND < factor < REMEASURE_BEYOND
+            if far and self._forwards.get(name, 0) >= REMEASURE_FORWARDS and name in self.costs:
+                self.table.forget(tiers[name], self.costs[name], self.batch)
+
+    def state(self) -> dict:
+        """For a decision's record: the scales, the overheads and the forward costs planned with (ms)."""
+        return {"cost_scale": {n: round(x, 3) for n, x in self.scale.items()},
+                "mode_cost_scale": {m: {n: round(x, 3) for n, x in by_tier.items()}
+                                    for m, by_tier in self.mode_scale.items()},
+                "overhead_ms": {k: round(1e3 * x, 3) for k, x in self.overhead.items()},
+                "forward_ms": {n: {k: round(1e3 * v * self.scale.get(n, 1.0) / self.batch, 2)
+                                   for k, v in c.items()} for n, c in self.costs.items()}}
+
+    def _scaled(self, mode: str, name: str) -> dict[int, float]:
+        """Tier `name`'s seconds per forward, per sequence of the batch, as `mode` runs it: the table's scaled
+        by what its forwards took while `mode` ran, or, where `mode` has not run, lately in any mode."""
+        scale = self.mode_scale.get(mode, {}).get(name, self.scale.get(name, 1.0))
+        return {n: c * scale / self.batch for n, c in self.costs[name].items()}
