@@ -257,8 +257,7 @@ def test_each_mode_is_planned_at_what_its_own_forwards_took(monkeypatch):
     for _ in range(30):
         planner.times.observe_cost(planner.running, "target", 4, 1.5 * interpolate(costs["target"], 4))
     planner.plan(1000, 8)
-    why = planner.decisions[-1]["why"]
-    assert why["mode_cost_scale"]["draft"]["target"] == pytest.approx(1.5, rel=1e-2)
+    assert planner.times.state()["mode_cost_scale"]["draft"]["target"] == pytest.approx(1.5, rel=1e-2)
     assert planner.times.scaled["ar"]["target"][1] == pytest.approx(1.5, rel=1e-2)  # not run: the tier's lately
     planner.decisions.append({"mode": "ar", "gammas": []})  # `ar` runs: its steps take the table's time
     for _ in range(30):
@@ -383,6 +382,26 @@ def test_chains_end_early_where_checks_grow_steeply(growth, expected):
     planner.fixed_stop = 0.2
     assert planner.plan(1000, 8).stop_below == 0.2 and planner.decisions[-1]["stop_below"] == 0.2
 
+
+
+def test_the_mean_picks_a_modes_gammas_and_optimism_its_score(monkeypatch):
+    """Optimism (mean + one standard deviation) is for trying tiers seen little; it lifts deep proposals
+    most (alpha^k), so a mode's gammas are the best at the mean acceptance, and the mode is scored at them
+    with the optimistic one."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    costs = {"draft": {1: 0.1}, "target": dict(FLAT)}
+    planner = planner_with(costs)  # the generic prior: 0.6 worth 4 trials
+    draft = planner.acceptance["draft"]
+    mean, optimistic = draft.mean, draft.optimistic  # no evidence yet: fading leaves them
+
+    def best(alpha):
+        return max(range(1, planning.MAX_GAMMA + 1), key=lambda g: 1 / seconds_per_token(
+            ("draft", "target"), (g,), costs, {"draft": alpha}))
+    assert best(optimistic) > best(mean)
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft" and plan.gammas == (best(mean),)
+    assert plan.tokens_per_s == pytest.approx(1 / seconds_per_token(("draft", "target"), plan.gammas, costs,
+                                                                     {"draft": optimistic}))
 
 
 def test_a_mode_runs_the_users_gammas_unless_others_promise_much_more(monkeypatch):

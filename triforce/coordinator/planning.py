@@ -12,10 +12,15 @@ greedy, fixed `draft` ran 71.9 / 77.6 / 59.3 / 55.3 / 79.1 tokens/s at gamma 3 /
 positions begin a round), so a gamma the model prefers by a few percent is a guess, where the defaults
 were swept.
 
-Plans are scored with an optimistic alpha (mean + one standard deviation), so a tier that has been seen
+Modes are compared at an optimistic alpha (mean + one standard deviation), so a tier that has been seen
 little gets tried, and the estimate it then earns decides; but only plans whose speed at the mean alpha
 beats plain decoding's (the running mode's: within SWITCH_MARGIN of it) are scored: faded evidence keeps
 the optimistic bonus at a few percent, as large as the differences between modes where none pays much.
+A mode's gammas are picked at the mean alpha: optimism is for trying tiers, and it favours long chains
+(a proposal at depth k is accepted with probability alpha^k, so a higher alpha lifts the deep ones most;
+SmolLM2 at 8K greedy on the AMX Xeon, `benchmarks/auto_why.py`: a request starting from an earlier one's
+0.90, worth 12 trials, scored chains of 8 at an optimistic 0.98; in the grid such an opening's first 7
+checks accepted 2 of their 56 proposals).
 And before a plan expected to beat plain decoding by less than AR_PROBE, a request runs `ar` for one
 stretch, so that the floor is measured, not assumed. Forward costs are the table's as this request's
 forwards showed them, per mode, with the overhead between forwards per tier and role (forward_times.py);
@@ -156,26 +161,24 @@ class AutoPlanner:
             return self._realized(STACK_MODES[stack]) / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
 
         plain = speed(("target",), (), means)
-        scored, anchored, expected = {}, {}, {}
+        scored, expected = {}, {}
         for stack in stacks:
             mode, anchor = STACK_MODES[stack], self._anchor(stack)
             shortest = STOP_MIN_GAMMA if self._stop_below(stack) else 1
             options = set(product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1)) | ({anchor} if anchor else set())
-            for gammas in sorted(options):
+            paying = {}  # gammas -> tokens/s at the mean acceptance, of the plans expected to pay
+            for gammas in options:
                 if gammas and gammas[0] < shortest:
                     continue
                 mean_rate = speed(stack, gammas, means)
                 expected[mode] = max(expected.get(mode, 0.0), mean_rate)
-                if len(stack) > 1 and mean_rate < plain / (SWITCH_MARGIN if mode == running else 1.0):
-                    continue  # speculation must be expected to pay; optimism only picks among plans that do
-                optimistic_rate = speed(stack, gammas, optimistic)
-                if gammas == anchor:
-                    anchored[mode] = (optimistic_rate, gammas, stack)
-                if optimistic_rate > scored.get(mode, (0.0,))[0]:
-                    scored[mode] = (optimistic_rate, gammas, stack)
-        for mode, plan in anchored.items():  # the model's gain from other gammas is within its error
-            if GAMMA_MARGIN * plan[0] >= scored[mode][0]:
-                scored[mode] = plan
+                if len(stack) == 1 or mean_rate >= plain / (SWITCH_MARGIN if mode == running else 1.0):
+                    paying[gammas] = mean_rate  # speculation must be expected to pay
+            if paying:  # the mean picks the gammas, optimism the mode (the module docstring)
+                gammas = max(sorted(paying), key=paying.get)
+                if anchor in paying and GAMMA_MARGIN * paying[anchor] >= paying[gammas]:
+                    gammas = anchor  # the model's gain from other gammas is within its error
+                scored[mode] = (speed(stack, gammas, optimistic), gammas, stack)
         rate, gammas, stack = max(scored.values())
         best = Plan(stack, gammas, rate)
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
