@@ -80,6 +80,8 @@ def test_bench_repeats_take_turns_and_report_medians(tiny_dir, tmp_path, capsys)
         assert row["tokens_per_s"] == round(sorted(runs)[1], 3)
     # auto's later repeats start from what its first saw (priors.py)
     assert [r["auto_prior"][0] for r in shown if r["run"] == "auto"][1:] == ["earlier requests"] * 2
+    first = next(r for r in shown if r["run"] == "auto")["auto_plans"][0][0]  # each plan keeps the gist of why
+    assert first["why"]["predicted_tokens_per_s"][first["mode"]] > 0 and "draft" in first["why"]["acceptance"]
     assert main(["bench", "--model", str(target), "--text", str(text), "--lengths", "100", "--repeats", "0"]) == 2
 
 

@@ -34,6 +34,8 @@ from ..kernels.cpu import cpu_isa, isa_level, kernel_path
 from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
 
 WORKLOADS = ("novel", "passkey")
+# Of each auto plan's why (coordinator/planning.py), what a report keeps (the rest is in `triforce generate --json`)
+WHY_KEPT = ("predicted_tokens_per_s", "expected_tokens_per_s", "probe", "acceptance", "realized", "overhead_ms")
 
 
 def add_bench_parser(sub) -> None:
@@ -228,9 +230,10 @@ def _batch_row(outs) -> dict:
            "token_ids": [o.token_ids for o in outs]}
     if any(m.lookup for m in metrics):  # each request's prompt lookup: candidates, right ones, weight
         row["lookup_stats"] = [m.lookup for m in metrics]
-    if any(m.auto for m in metrics):  # each request's plans: when, which tiers and gammas (the why is in --json)
-        row["auto_plans"] = [[{k: d[k] for k in ("at_token", "context", "mode", "gammas")} for d in m.auto or []]
-                             for m in metrics]
+    if any(m.auto for m in metrics):  # each request's plans: when, which tiers and gammas, and the gist of why
+        row["auto_plans"] = [[{**{k: d[k] for k in ("at_token", "context", "mode", "gammas")},
+                               "why": {k: d["why"][k] for k in WHY_KEPT if k in d.get("why", {})}}
+                              for d in m.auto or []] for m in metrics]
         # whether each request's first plan started from earlier requests' acceptance (priors.py) or the defaults
         row["auto_prior"] = [m.auto[0]["why"]["prior"] if m.auto else None for m in metrics]
     return row
