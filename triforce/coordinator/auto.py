@@ -9,9 +9,11 @@ adds what it saw.
 While a batchmate prefills, each of this request's target forwards carries one of its prompt chunks
 (a batch runs the cheapest tier waited at, and the chunks wait at the target): speculation that checks
 more tokens per target forward amortises them. So what the planner learns from the request's own
-forwards and rounds (planning.py: costs scaled towards what forwards took, each mode's realized speed)
-leaves out those that ran beside such chunks; what a chunk adds to a target forward is learned apart, and
-a plan is made again as soon as a batchmate's prefill begins or ends, with that cost or without it.
+forwards and rounds (forward_times.py: costs scaled towards what forwards took, the time between them;
+planning.py: each mode's realized speed) leaves out those that ran beside such chunks; what a chunk adds
+to a target forward is learned apart, and a plan is made again as soon as a batchmate's prefill begins or
+ends, with that cost or without it. The time between forwards is learned only while the request runs
+alone: in a batch it holds the batchmates' forwards too.
 
 An idle draft (the plan runs `ar` or `retrieval`) still tells the planner how it would fare: at each
 re-plan it catches up on the tokens committed since (as it must before it runs again anyway) with its
