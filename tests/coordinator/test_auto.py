@@ -99,6 +99,11 @@ def test_a_check_above_a_checking_tier_holds_what_its_rounds_overshoot(alpha, ga
     assert min(sizes) >= gamma2 and max(sizes) <= gamma2 + gamma1
 
 
+def draft_rate(costs: dict, gamma: int, alpha: float, row_seconds: float = 0.0) -> float:
+    """Tokens/s the model gives `draft` mode at `gamma` and per-token acceptance `alpha`."""
+    return 1 / seconds_per_token(("draft", "target"), (gamma,), costs, {"draft": alpha}, row_seconds)
+
+
 def planner_with(costs: dict, context: int = 1000, budget: int = 100):
     planner = AutoPlanner({name: None for name in costs}, budget, table=CostTable(None))
     planner.costs = lambda stacks: costs
@@ -395,13 +400,11 @@ def test_the_mean_picks_a_modes_gammas_and_optimism_its_score(monkeypatch):
     mean, optimistic = draft.mean, draft.optimistic  # no evidence yet: fading leaves them
 
     def best(alpha):
-        return max(range(1, planning.MAX_GAMMA + 1), key=lambda g: 1 / seconds_per_token(
-            ("draft", "target"), (g,), costs, {"draft": alpha}))
+        return max(range(1, planning.MAX_GAMMA + 1), key=lambda g: draft_rate(costs, g, alpha))
     assert best(optimistic) > best(mean)
     plan = planner.plan(1000, 0)
     assert plan.mode == "draft" and plan.gammas == (best(mean),)
-    assert plan.tokens_per_s == pytest.approx(1 / seconds_per_token(("draft", "target"), plan.gammas, costs,
-                                                                     {"draft": optimistic}))
+    assert plan.tokens_per_s == pytest.approx(draft_rate(costs, plan.gammas[0], optimistic))
 
 
 def test_a_mode_runs_the_users_gammas_unless_others_promise_much_more(monkeypatch):
@@ -412,8 +415,7 @@ def test_a_mode_runs_the_users_gammas_unless_others_promise_much_more(monkeypatc
     costs = {"draft": {1: 0.05}, "target": dict(FLAT)}
     planner = planner_with(costs)
     planner.acceptance["draft"] = Acceptance(0.8, successes=8e3, trials=1e4)
-    rate = {g: 1 / seconds_per_token(("draft", "target"), (g,), costs, {"draft": planner.acceptance["draft"].optimistic})
-            for g in range(1, planning.MAX_GAMMA + 1)}
+    rate = {g: draft_rate(costs, g, planner.acceptance["draft"].mean) for g in range(1, planning.MAX_GAMMA + 1)}
     assert max(rate, key=rate.get) == 8 and rate[8] < planning.GAMMA_MARGIN * rate[4]  # the model alone: 8
     assert planner.plan(1000, 0).gammas == (8,)
     planner = planner_with(costs)
@@ -423,8 +425,7 @@ def test_a_mode_runs_the_users_gammas_unless_others_promise_much_more(monkeypatc
     planner.preferred_gammas = (5, 6)  # --gamma1 5
     assert planner.plan(1000, 8).gammas == (5,)
     planner.acceptance["draft"] = Acceptance(0.15, successes=1.5e3, trials=1e4)  # a poor draft: 1 pays much more
-    rate = {g: 1 / seconds_per_token(("draft", "target"), (g,), costs, {"draft": planner.acceptance["draft"].optimistic})
-            for g in (1, 5)}
+    rate = {g: draft_rate(costs, g, planner.acceptance["draft"].mean) for g in (1, 5)}
     assert rate[1] > planning.GAMMA_MARGIN * rate[5]
     plan = planner.plan(1000, 16)
     assert plan.mode == "draft" and plan.gammas == (1,)
@@ -439,8 +440,8 @@ def test_with_the_stop_on_gamma_is_a_cap_of_at_least_two(growth, shortest, monke
     costs = {"draft": {1: 0.05}, "target": {n: 1.0 + growth * (n - 1) for n in FLAT}}
     planner = planner_with(costs)
     planner.acceptance["draft"] = Acceptance(0.5, successes=5e3, trials=1e4)
-    unconstrained = max(range(1, planning.MAX_GAMMA + 1), key=lambda g: 1 / seconds_per_token(
-        ("draft", "target"), (g,), costs, {"draft": planner.acceptance["draft"].optimistic}))
+    unconstrained = max(range(1, planning.MAX_GAMMA + 1),
+                        key=lambda g: draft_rate(costs, g, planner.acceptance["draft"].mean))
     plan = planner.plan(1000, 0)
     assert plan.mode == "draft"
     assert plan.gammas == (max(unconstrained, shortest),) and (growth < 0.1 or unconstrained == 1)
@@ -670,10 +671,10 @@ def test_overhead_per_draft_step_shortens_the_chains():
         planner.times.observe_overhead("draft", "bottom", 0.16, 1, planner.row_seconds)  # 0.15 past its row's 0.01
     assert planner.times.overhead["draft/bottom"] == pytest.approx(0.15)
     short = planner.plan(1000, 8).gammas[0]
-    alpha = planner.acceptance["draft"].optimistic
+    alpha = planner.acceptance["draft"].mean  # a mode's gammas are picked at the mean
     costs["draft"] = {1: 0.2}
-    assert short < long and short == max(range(1, planning.MAX_GAMMA + 1), key=lambda g: 1 / seconds_per_token(
-        ("draft", "target"), (g,), costs, {"draft": alpha}, 0.01))
+    assert short < long and short == max(range(1, planning.MAX_GAMMA + 1),
+                                         key=lambda g: draft_rate(costs, g, alpha, 0.01))
 
 
 def test_the_time_between_forwards_is_each_tiers_overhead_in_its_role(models, prompt, monkeypatch):

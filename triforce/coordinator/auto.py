@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Generator
 
 from .engine import Forward, HierarchyEngine, Run
+from .forward_times import role_at
 from .metrics import RequestMetrics, TierStats
 from .planning import AutoPlanner, row_seconds
 from .priors import request_key
@@ -204,7 +205,7 @@ class AutoEngine(HierarchyEngine):
             self.planner.times.observe_cost(self.planner.running, tier.name, tokens, seconds)
         alone = self.planner.batchmates is None or len(self.planner.batchmates.engines) == 1
         # In a batch the time between this request's forwards holds its batchmates' forwards too.
-        self._last = (tier.name, "check" if level else "bottom", tokens if level else 1, began, seconds) \
+        self._last = (tier.name, role_at(level), tokens if level else 1, began, seconds) \
             if alone and not tier.shared_prefill else None
         return logits
 

@@ -28,8 +28,9 @@ REMEASURE_BEYOND = 1.5  # a request whose forwards took this many times the tabl
 REMEASURE_FORWARDS = 20  # ...measured again by the next request, after at least this many of them
 
 
-def role(stack: tuple[str, ...], name: str) -> str:
-    return "bottom" if name == stack[0] else "check"
+def role_at(level: int) -> str:
+    """A tier's role at `level` of its stack (0: the bottom): it proposes, or it checks the tier below."""
+    return "check" if level else "bottom"
 
 
 @dataclass
@@ -57,8 +58,8 @@ class ForwardTimes:
         with each tier's overhead in its role there, and a batchmate's prompt `chunk` on every target
         forward."""
         out = {}
-        for name in stack:
-            extra = self.overhead.get(f"{name}/{role(stack, name)}", 0.0) + (chunk if name == "target" else 0.0)
+        for level, name in enumerate(stack):
+            extra = self.overhead.get(f"{name}/{role_at(level)}", 0.0) + (chunk if name == "target" else 0.0)
             out[name] = {n: c + extra / self.batch for n, c in self.scaled[STACK_MODES[stack]][name].items()}
         return out
 

@@ -10,7 +10,7 @@ sampling settings, since acceptance depends on the temperature; the batch size p
 - `realized`: per mode, the speed reached over the speed the cost model predicted (planning.py), as last
   measured;
 - `overhead`: per tier and role, the seconds from one of its forwards to the next past the model's
-  (planning.py: `observe_overhead`), as last measured.
+  (forward_times.py: `observe_overhead`), as last measured.
 A request that ends merges its own into the entry: acceptance by an even average with what was there, so
 that one odd text does not erase the history; a realized factor replaced by the newest. What a request did
 not see enough of (a proposer it checked less than MIN_TRIALS times, a mode it did not run) drifts back
@@ -61,7 +61,8 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
 
 
 class Priors(CalibrationFile):
-    """Entries "request key" -> {"acceptance": {proposer: mean}, "realized": {mode: factor}}."""
+    """Entries "request key" -> {"acceptance": {proposer: mean}, "realized": {mode: factor},
+    "overhead": {"tier/role": seconds}}."""
 
     # 2: speed factors measured at each stretch's own acceptance; 3: against the model of take-all target
     # checks (speed_model.check_sizes), not of checks of exactly gamma2; 4: past the overhead between
@@ -79,8 +80,8 @@ class Priors(CalibrationFile):
         a new kind starts from."""
         if not any(a is not None for a in acceptance.values()) and not realized:
             return
-        entry = self.entries.setdefault(key, {"acceptance": {}, "realized": {}})
-        entry.setdefault("overhead", {}).update({k: round(x, 6) for k, x in (overhead or {}).items()})
+        entry = self.entries.setdefault(key, {"acceptance": {}, "realized": {}, "overhead": {}})
+        entry["overhead"].update({k: round(x, 6) for k, x in (overhead or {}).items()})
         known = entry["acceptance"]
         for name, mean in acceptance.items():
             old = known.get(name)
