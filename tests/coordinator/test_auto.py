@@ -21,6 +21,8 @@ from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
 from triforce.speculation.sampling import probabilities
 
+from scripted_planner import follow_script
+
 ALPHA = 1e-3
 VOCAB = 8
 SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12)
@@ -615,21 +617,6 @@ def test_a_batch_plans_per_token_of_the_whole_batch():
     assert planner.realized["triforce"] == pytest.approx(1.0)
 
 
-class ScriptedPlanner(AutoPlanner):
-    """Cycles through fixed plans, whatever the costs: every switch of tiers, in exactness tests (their
-    chains end early below `stop`)."""
-
-    def __init__(self, tiers, script):
-        super().__init__(tiers, SETTINGS["budget"], table=CostTable(None))
-        self.script, self.calls, self.stop = script, 0, 0.0
-
-    def plan(self, context, generated, busy=False):
-        stack, gammas = self.script[self.calls % len(self.script)]
-        self.calls += 1
-        self.decisions.append({"at_token": generated, "mode": STACK_MODES[stack]})
-        return Plan(stack, gammas, 0.0, self.stop)
-
-
 SCRIPTS = {
     "ar-only": [(("target",), ())],
     "ar-first": [(("target",), ()), (("draft", "retrieval", "target"), (2, 2)), (("retrieval", "target"), (3,)),
@@ -649,8 +636,7 @@ def scripted_engine(models, prompt, max_tokens, script, policy="static"):
     target, draft = models
     engine = build_engine(EngineConfig(mode="auto", retrieval_policy=policy, **SETTINGS), target, draft,
                           len(prompt) + max_tokens)
-    engine.planner = ScriptedPlanner({t.name: t for t in engine.ladder}, SCRIPTS[script])
-    return engine
+    return follow_script(engine, SETTINGS["budget"], SCRIPTS[script])
 
 
 @pytest.fixture
