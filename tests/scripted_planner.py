@@ -12,7 +12,7 @@ class ScriptedPlanner(AutoPlanner):
         super().__init__(tiers, budget, table=CostTable(None))
         self.script, self.calls, self.stop = script, 0, 0.0
 
-    def plan(self, context, generated, busy=False):
+    def plan(self, context, generated, busy=False, measure=True):
         stack, gammas = self.script[self.calls % len(self.script)]
         self.calls += 1
         self.decisions.append({"at_token": generated, "mode": STACK_MODES[stack]})

@@ -108,7 +108,7 @@ def draft_rate(costs: dict, gamma: int, alpha: float, row_seconds: float = 0.0) 
 
 def planner_with(costs: dict, context: int = 1000, budget: int = 100):
     planner = AutoPlanner({name: None for name in costs}, budget, table=CostTable(None))
-    planner.costs = lambda stacks: costs
+    planner.costs = lambda stacks, measure=True: costs
     return planner
 
 
@@ -311,6 +311,38 @@ def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
     table.forget(tier, {1: 0.8})
     assert table._key(tier) not in table.entries and not table.known(tier, (1,))
     assert CostTable(tmp_path / "costs.json").entries == {}  # gone on disk too
+
+
+def test_a_batch_near_its_end_plans_with_a_batch_size_the_table_knows(tmp_path):
+    """A batch shrinks as its members end; measuring the new size's costs takes seconds (the Qwen pair at
+    8K, batch 4 down to 2: 5 s of a 28 s decode, benchmarks/batch_timeline.py), so with few tokens left
+    (`measure` off) the nearest batch size the table knows stands in; with many left it is measured."""
+    from types import SimpleNamespace
+
+    from triforce.models.config import ModelConfig
+
+    config = ModelConfig(model_type="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=2,
+                         num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+    model = SimpleNamespace(config=config, dtype=torch.float32, device=torch.device("cpu"))
+    tiers = {name: SimpleNamespace(name=name, model=model, placement="local", cache=None, length=1000)
+             for name in ("draft", "target")}
+    table = CostTable(tmp_path / "costs.json")
+    table.entries[table._key(tiers["draft"], 4)] = {"1": 0.1}
+    table.entries[table._key(tiers["target"], 4)] = {str(n): 1.0 for n in planning.CHECK_SIZES}
+    measured, seconds = [], table.seconds
+
+    def measuring(group, sizes, prepare, batch):
+        if table.known(group[0], sizes, batch):
+            return seconds(group, sizes, prepare, batch)
+        measured.append((group[0].name, batch))
+        return {n: 1.0 for n in sizes}
+
+    table.seconds = measuring
+    planner = AutoPlanner(tiers, None, table=table, batchmates=FixedBatch(2))
+    planner.plan(1000, 100, measure=False)
+    assert measured == [] and planner.decisions[-1]["why"]["batch"] == 4
+    planner.plan(1000, 100)  # no batchmate to measure with: measured alone
+    assert measured == [("draft", 1), ("target", 1)]
 
 
 def test_an_idle_tiers_cost_scale_fades_back_to_the_table(monkeypatch):
@@ -598,7 +630,7 @@ def test_a_batch_plans_per_token_of_the_whole_batch():
     planner = AutoPlanner({n: None for n in ("draft", "retrieval", "target")}, 100, table=CostTable(None),
                           batchmates=FixedBatch(1))
 
-    def costs(stacks):
+    def costs(stacks, measure=True):
         planner._batch = planner.batchmates.size(planner)
         return call_costs(planner._batch)
 
@@ -759,8 +791,9 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
     engines = [build_engine(cfg, target, draft, 260, batchmates=mates) for _ in batch_prompts]
     led = []  # the third request's own plans: it plans only as the leader
     third_plan = engines[2].planner.plan
-    engines[2].planner.plan = lambda context, generated, busy=False: led.append(engines[0] in mates.engines) or \
-        third_plan(context, generated, busy)
+    engines[2].planner.plan = lambda context, generated, busy=False, measure=True: \
+        led.append(engines[0] in mates.engines) or \
+        third_plan(context, generated, busy, measure)
     batch = SequenceBatch()
     handles = [batch.add(e.run(p, sp)) for e, p, sp in zip(engines, batch_prompts, params)]
     assert mates.engines == engines
@@ -814,8 +847,8 @@ def test_forwards_beside_a_batchmates_prompt_teach_the_planner_nothing(models, c
     planned, plan = [], first.planner.plan  # (round, busy) of each of its plans
     chunk_rounds, observe_chunk = [], first.planner.times.observe_chunk  # rounds in which a chunk's cost was seen
     first.planner.times.observe_chunk = lambda *a: chunk_rounds.append(first.rounds) or observe_chunk(*a)
-    first.planner.plan = lambda context, generated, busy=False: planned.append((first.rounds, busy)) or \
-        plan(context, generated, busy)
+    first.planner.plan = lambda context, generated, busy=False, measure=True: planned.append((first.rounds, busy)) or \
+        plan(context, generated, busy, measure)
     batch = SequenceBatch()
     handle = batch.add(first.run(decoding, params))
     while first.rounds < 2:
@@ -851,8 +884,8 @@ def test_a_follower_replans_once_when_a_batchmates_prefill_ends(models, calibrat
     first, second = (build_engine(cfg, target, draft, 400, batchmates=mates) for _ in range(2))
     busy_plans, fades, fade = [], [], second.planner.fade
     plan = second.planner.plan
-    second.planner.plan = lambda context, generated, busy=False: busy_plans.append(busy) or \
-        plan(context, generated, busy)
+    second.planner.plan = lambda context, generated, busy=False, measure=True: busy_plans.append(busy) or \
+        plan(context, generated, busy, measure)
     second.planner.fade = lambda: fades.append((second.rounds, first.prefilled)) or fade()
     batch = SequenceBatch()
     batch.add(first.run(long_prompt, params))
@@ -861,6 +894,18 @@ def test_a_follower_replans_once_when_a_batchmates_prefill_ends(models, calibrat
     assert any(busy_plans)  # it led while the first prefilled, planning with the chunks' cost
     after = [rounds for rounds, prefilled in fades if prefilled]
     assert after and len(after) <= (after[-1] - after[0]) // auto.REPLAN_ROUNDS + 2
+
+
+def test_the_draft_is_prefilled_with_the_prompt_whatever_the_first_plan(models, prompt):
+    """The draft's window is prefilled with the target's (prefill time), before the first plan, even one
+    that runs `ar`: a draft that joins later catches up on a few tokens, not its window mid-decode."""
+    engine = scripted_engine(models, prompt, 40, "ar-only")
+    draft, first_plan = engine.planner.tiers["draft"], []
+    plan = engine.planner.plan
+    engine.planner.plan = lambda context, generated, *rest: first_plan.append(draft.length) or \
+        plan(context, generated, *rest)
+    engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    assert first_plan[0] == len(prompt) - 1  # all but the last prompt token, as the target holds it
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

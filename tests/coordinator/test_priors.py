@@ -44,7 +44,7 @@ def test_what_requests_no_longer_see_drifts_back_to_the_generic_prior():
 
 def planner_with(costs, priors=None):
     planner = AutoPlanner({name: None for name in costs}, 100, table=CostTable(None), priors=priors)
-    planner.costs = lambda stacks: costs
+    planner.costs = lambda stacks, measure=True: costs
     return planner
 
 

@@ -22,8 +22,8 @@ with q the draft's distribution there is an unbiased estimate of the chance that
 at that position is accepted (its expectation over x ~ p is sum_x min(p(x), q(x)); greedy: whether the
 draft's argmax is x). So a draft that a few early checks made look poor is tried again as soon as the
 text shows it would pay, not after its estimate has faded back to the prior (56-72 tokens of `ar` in
-the runs that found it); it costs one forward of the draft per REPLAN_ROUNDS target steps (the first
-time, a draft never run prefills its window), which the running plan's measured speed leaves out.
+the runs that found it); it costs one forward of the draft per REPLAN_ROUNDS target steps (its window
+was prefilled with the prompt), which the running plan's measured speed leaves out.
 (Prompt lookup's proposals are left out of this estimate: it is, if anything, low.)
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
@@ -102,12 +102,23 @@ class AutoEngine(HierarchyEngine):
 
     def _prefill(self, tokens: list[int], show_progress: bool,
                  cancelled: Callable[[], bool]) -> Generator[Forward, None, bool]:
-        """The target's prefill, then the first plan and the prefill of the tiers it runs (counted in the
-        request's prefill time, as the prefill of a fixed mode's tiers is)."""
+        """The target's prefill, the draft's (its window: a few hundred tokens), then the first plan and the
+        prefill of the tiers it runs, all counted in the request's prefill time, as the prefill of a fixed
+        mode's tiers is. The draft is prefilled whatever the plan: when it joins later its catch-up is
+        then a few tokens, not its window in the middle of the decode (the Qwen pair at 8K, batch 4: 1.7 s
+        of a 24 s decode, benchmarks/batch_timeline.py), and its costs are measured at its real context."""
         if not (yield from super()._prefill(tokens, show_progress, cancelled)):
             return False
+        draft = self.planner.tiers.get("draft")
+        if draft is not None and self.plans:
+            yield from self._catch_up(draft, len(self.seq) - 1)
         yield from self._replan(0)
         return True
+
+    def _catch_up(self, tier: Tier, end: int) -> Generator[Forward, None, None]:
+        """Forwards (logits unused) that bring an idle tier's cache through seq[:end]."""
+        for step in tier.prefill_steps(self.seq[tier.length:end]):
+            yield Forward(tier, self.ladder.index(tier), step, "none")
 
     def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
         self.rounds += 1
@@ -140,7 +151,10 @@ class AutoEngine(HierarchyEngine):
         if self._running is not None and generated > self._running[1] and not self._shared:
             ran, since, start = self._running
             self.planner.observe_rate(ran, (generated - since) / (time.perf_counter() - start))
-        plan = self.planner.plan(len(self.seq), generated, self._planned_busy)
+        # Measuring a batch size's costs takes seconds (a batch shrinks as its members end): worth it only
+        # with as many tokens left as a request needs to be planned at all.
+        measure = self.params.max_tokens - generated >= MIN_PLANNED_TOKENS
+        plan = self.planner.plan(len(self.seq), generated, self._planned_busy, measure)
         if mates is not None:
             mates.plan, mates.decision = plan, self.planner.decisions[-1]
         yield from self._adopt(plan, generated)
@@ -154,8 +168,7 @@ class AutoEngine(HierarchyEngine):
         stack = [self.planner.tiers[name] for name in plan.stack]
         for tier in stack:
             if tier not in self.tiers:
-                for step in tier.prefill_steps(self.seq[tier.length:-1]):
-                    yield Forward(tier, self.ladder.index(tier), step, "none")
+                yield from self._catch_up(tier, len(self.seq) - 1)
         self.tiers, self.gammas, self.stop_below = stack, list(plan.gammas), plan.stop_below
         self._running, self._shared, self._last = (plan, generated, time.perf_counter()), False, None
         self.planner.begin_stretch()
@@ -171,8 +184,7 @@ class AutoEngine(HierarchyEngine):
             return
         start, level, self._last = time.perf_counter(), self.ladder.index(draft), None
         first = self._prompt_length  # seq's index of the first generated token
-        for step in draft.prefill_steps(self.seq[draft.length:first - 1]):  # rows that predict the prompt
-            yield Forward(draft, level, step, "none")
+        yield from self._catch_up(draft, first - 1)  # rows that predict the prompt
         accepted = tokens = 0.0
         for step in draft.prefill_steps(self.seq[draft.length:-1]):  # rows that predict generated tokens
             q = self._probs((yield Forward(draft, level, step)))

@@ -66,6 +66,7 @@ STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (RE
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
 # chains where the draft is unsure, what a gamma of 1 does everywhere, confident stretches included
 EVIDENCE_KEPT = 0.85  # of the acceptance evidence, at each plan: a memory of about 7 plans
+MAX_BATCH_LOG2 = 8  # batch sizes whose costs may stand in for an unmeasured one: 1, 2, 4, ..., 256
 
 
 @dataclass
@@ -101,15 +102,24 @@ class AutoPlanner:
             names.remove("retrieval")
         return [stack for stack in STACK_MODES if set(stack[:-1]) <= set(names)]
 
-    def costs(self, stacks: list[tuple[str, ...]]) -> dict[str, dict[int, float]]:
+    def costs(self, stacks: list[tuple[str, ...]], measure: bool = True) -> dict[str, dict[int, float]]:
         """Seconds per forward call of each tier the stacks use, for a batch of `_batch` requests: from the
-        table where it knows them; else measured, this request's tier and the same tier of batchmates
-        that have not begun to decode in one call (then `_batch` is as many as those make)."""
+        table where it knows them; else, with `measure`, measured: this request's tier and the same tier of
+        batchmates that have not begun to decode in one call (then `_batch` is as many as those make).
+        Without `measure` (a few tokens are left: a batch that shrank as its members ended), those of the
+        nearest batch size the table knows stand in, where it knows one."""
         needed = sorted({name for stack in stacks for name in stack})
         sizes = {name: (1,) if name == "draft" else CHECK_SIZES for name in needed}
         mates = []
         self._batch = 1 if self.batchmates is None else self.batchmates.size(self)
-        if not all(self.table.known(self.tiers[n], sizes[n], self._batch) for n in needed):
+
+        def known(batch):
+            return all(self.table.known(self.tiers[n], sizes[n], batch) for n in needed)
+
+        if not measure and not known(self._batch):
+            nearest = sorted((1 << k for k in range(MAX_BATCH_LOG2 + 1)), key=lambda b: abs(b - self._batch))
+            self._batch = next((b for b in nearest if known(b)), self._batch)
+        if not known(self._batch):
             measurable = [] if self.batchmates is None else self.batchmates.measurable(self)
             self._batch = min(self._batch, power_of_two_below(1 + len(measurable)))
             mates = measurable[: self._batch - 1]
@@ -143,14 +153,15 @@ class AutoPlanner:
         """The acceptance plans are scored with: this request's, or in a batch its prefilled members' pooled."""
         return self.acceptance if self.batchmates is None else self.batchmates.pooled(self)
 
-    def plan(self, context: int, generated: int, busy: bool = False) -> Plan:
+    def plan(self, context: int, generated: int, busy: bool = False, measure: bool = True) -> Plan:
         """The best plan at this context; recorded in `decisions` when it differs from the last. `busy`: a
         batchmate is prefilling, so each target forward also carries one of its prompt chunks (what that
-        adds is `chunk_seconds`): fewer target forwards per token pay more then."""
+        adds is `chunk_seconds`): fewer target forwards per token pay more then. `measure`: whether costs
+        the table lacks may be measured now (`costs`)."""
         busy = busy and self.times.chunk_seconds is not None  # a chunk's cost unknown yet: planned as quiet
         stacks, running = self.candidates(context, busy), self.running
         self.fade()
-        self.times.plan_with(self.costs(stacks), self._batch, stacks)
+        self.times.plan_with(self.costs(stacks, measure), self._batch, stacks)
         chunk = self.times.chunk_seconds if busy else 0.0
         estimates = self.estimates()
         optimistic = {name: a.optimistic for name, a in estimates.items()}
