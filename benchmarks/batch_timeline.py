@@ -1,7 +1,9 @@
 """Where a batch's decode time goes, per mode: every batched forward (tier, how many sequences, tokens each,
 seconds) and every batched chain verification, logged while LLM.generate runs the same prompts in each mode.
-Prints JSON: per mode the decode seconds (the longest request's), the seconds in forwards per tier and
-number of sequences in the call, in verification, and the rest (sampling, proposals, plans, bookkeeping).
+Prints a JSON line per mode: `decode_s` from the end of the target's prefill (so mode auto's first plan and
+the draft's prefill count in it), `metrics_decode_s` the longest request's own decode time (what the bench
+divides by), and the seconds in forwards per tier and number of sequences in the call, in verification, in
+auto's plans (with any cost measurement they make), and outside all of them (sampling, bookkeeping).
 
     python benchmarks/batch_timeline.py --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
         --text ../shared/data/austen-emma.txt --length 7936 --batch 4 --temperature 0.6 --modes ar auto
