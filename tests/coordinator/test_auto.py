@@ -339,10 +339,17 @@ def test_a_batch_near_its_end_plans_with_a_batch_size_the_table_knows(tmp_path):
 
     table.seconds = measuring
     planner = AutoPlanner(tiers, None, table=table, batchmates=FixedBatch(2))
-    planner.plan(1000, 100, measure=False)
+    plan = planner.plan(1000, 100, measure=False)
     assert measured == [] and planner.decisions[-1]["why"]["batch"] == 4
-    planner.plan(1000, 100)  # no batchmate to measure with: measured alone
+    # two sequences' forwards and speed against four's costs: no evidence of either
+    planner.times.observe_cost(plan.mode, "target", 1, 0.5)
+    planner.observe_rate(plan, 100.0)
+    assert planner.times.scale == {} and planner.realized == {}
+    plan = planner.plan(1000, 100)  # no batchmate to measure with: measured alone
     assert measured == [("draft", 1), ("target", 1)]
+    planner.times.observe_cost(plan.mode, "target", 1, 0.5)
+    planner.observe_rate(plan, 100.0)
+    assert planner.times.scale["target"] < 1 and plan.mode in planner.realized
 
 
 def test_an_idle_tiers_cost_scale_fades_back_to_the_table(monkeypatch):
@@ -791,9 +798,8 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
     engines = [build_engine(cfg, target, draft, 260, batchmates=mates) for _ in batch_prompts]
     led = []  # the third request's own plans: it plans only as the leader
     third_plan = engines[2].planner.plan
-    engines[2].planner.plan = lambda context, generated, busy=False, measure=True: \
-        led.append(engines[0] in mates.engines) or \
-        third_plan(context, generated, busy, measure)
+    engines[2].planner.plan = lambda context, generated, *rest: led.append(engines[0] in mates.engines) or \
+        third_plan(context, generated, *rest)
     batch = SequenceBatch()
     handles = [batch.add(e.run(p, sp)) for e, p, sp in zip(engines, batch_prompts, params)]
     assert mates.engines == engines

@@ -39,6 +39,8 @@ class ForwardTimes:
     table: CostTable
     costs: dict[str, dict[int, float]] = field(default_factory=dict)  # the table's per call, at the last plan
     batch: int = 1  # the batch size of the last plan: costs per sequence are per call / batch
+    evidence: bool = True  # whether the forwards since the last plan may scale the costs (not where
+    # another batch size's costs stood in for the batch's own: planning.AutoPlanner.costs)
     scale: dict[str, float] = field(default_factory=dict)  # per tier: seconds observed / seconds in the table
     mode_scale: dict[str, dict[str, float]] = field(default_factory=dict)  # the same, per mode that ran
     overhead: dict[str, float] = field(default_factory=dict)  # per "tier/role": seconds between forwards
@@ -47,9 +49,11 @@ class ForwardTimes:
     # seconds per forward per sequence of the batch, as the last plan was made with
     _forwards: dict[str, int] = field(default_factory=dict)  # per tier: forwards that fed its cost scale
 
-    def plan_with(self, costs: dict[str, dict[int, float]], batch: int, stacks: list[tuple[str, ...]]) -> None:
-        """A plan is made from the table's `costs` per call for a batch of `batch`, for these stacks."""
-        self.costs, self.batch = costs, batch
+    def plan_with(self, costs: dict[str, dict[int, float]], batch: int, stacks: list[tuple[str, ...]],
+                  evidence: bool = True) -> None:
+        """A plan is made from the table's `costs` per call for a batch of `batch`, for these stacks;
+        `evidence`: whether its forwards may scale those costs."""
+        self.costs, self.batch, self.evidence = costs, batch, evidence
         self.scaled = {STACK_MODES[stack]: {name: self._scaled(STACK_MODES[stack], name) for name in stack}
                        for stack in stacks}
 
@@ -80,7 +84,7 @@ class ForwardTimes:
         """A forward of the request took `seconds` while mode `running` ran: the tier's costs (and that
         mode's) are scaled towards what it really takes now."""
         measured = self.costs.get(name)
-        if measured and seconds > 0:
+        if measured and seconds > 0 and self.evidence:
             ratio = seconds / max(interpolate(measured, tokens), 1e-9)
             if running is not None:
                 own = self.mode_scale.setdefault(running, {})

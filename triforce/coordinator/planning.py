@@ -161,7 +161,10 @@ class AutoPlanner:
         busy = busy and self.times.chunk_seconds is not None  # a chunk's cost unknown yet: planned as quiet
         stacks, running = self.candidates(context, busy), self.running
         self.fade()
-        self.times.plan_with(self.costs(stacks, measure), self._batch, stacks)
+        wanted = 1 if self.batchmates is None else self.batchmates.size(self)
+        costs = self.costs(stacks, measure)
+        # Another batch size's costs standing in: what this plan's forwards and speed show is no evidence
+        self.times.plan_with(costs, self._batch, stacks, evidence=measure or self._batch == wanted)
         chunk = self.times.chunk_seconds if busy else 0.0
         estimates = self.estimates()
         optimistic = {name: a.optimistic for name, a in estimates.items()}
@@ -284,8 +287,8 @@ class AutoPlanner:
         that plan at the acceptance its checks saw since then (a proposer not checked meanwhile: its
         estimate) and the costs as scaled (per sequence of the batch), this mode's later predictions are
         scaled likewise."""
-        if plan.mode not in self.times.scaled:
-            return  # a plan this planner did not score
+        if plan.mode not in self.times.scaled or not self.times.evidence:
+            return  # a plan this planner did not score, or made with another batch size's costs
         costs = self.times.per_sequence(plan.stack)
         alphas = {name: a.mean for name, a in self.estimates().items()}
         alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
