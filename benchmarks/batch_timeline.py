@@ -67,14 +67,12 @@ def main() -> None:
     base = llm.config
     ids = llm.tokenizer(open(args.text).read())["input_ids"]
     prompts = [ids[i * args.length:(i + 1) * args.length] for i in range(args.batch)]
-    report = {}
     for mode in args.modes:
         llm.config = dataclasses.replace(base, mode=mode)
         log.clear()
         outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature,
                                                     seed=args.seed, ignore_eos=True))
-        report[mode] = summary(log, outs)
-        print(json.dumps({mode: report[mode]}), flush=True)
+        print(json.dumps({mode: summary(log, outs)}), flush=True)
 
 
 def summary(log: list[tuple], outs) -> dict:
