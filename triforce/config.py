@@ -9,6 +9,7 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward: also the unit of the p
 
 MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
+TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/confident_trees.py
 MAX_TREE = 64  # nodes per speculation tree
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
 DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given (README, Prompt lookup)
@@ -69,6 +70,10 @@ class EngineConfig:
     # size with the most expected tokens per second for the forward costs measured on this machine.
     tree1: int | str = 0  # the draft's, to tier 2 (or to the target in `draft` mode)
     tree2: int | str = 0  # tier 2's to the target, in `retrieval` mode
+    # How trees are shaped: "sequoia", before each check from positional acceptance rates; "confidence", as
+    # they grow, by the proposer's confidence at each node and what a node costs (a chain of the mode's gamma,
+    # then the nodes that pay; up to tree1 / tree2 nodes, "auto": MAX_TREE).
+    tree_shape: str = "sequoia"
     sinks: int = 16  # draft tier: attention-sink tokens
     window: int = 256  # draft tier: recent tokens
     prefill_chunk: int = PREFILL_CHUNK
@@ -93,9 +98,14 @@ class EngineConfig:
                 object.__setattr__(self, name, value := int(value))
             if value != "auto" and not (isinstance(value, int) and 0 <= value <= MAX_TREE):
                 raise ConfigError(f"{name} must be 'auto' or a node count in [0, {MAX_TREE}] (got {value!r})")
+        if self.tree_shape not in TREE_SHAPES:
+            raise ConfigError(f"tree_shape must be one of {', '.join(TREE_SHAPES)} (got {self.tree_shape!r})")
         if (self.tree1 or self.tree2) and self.mode == "auto":
             raise ConfigError("tree1 and tree2 take a fixed mode (triforce, retrieval or draft); mode auto plans "
                               "chains (trees did not beat chains that take every token; README, Token trees)")
+        if isinstance(self.tree1, int) and self.tree1 > self.window and self.mode in ("draft", "triforce"):
+            raise ConfigError(f"tree1 ({self.tree1} nodes) must fit the draft's streaming window ({self.window} "
+                              "tokens): a tree's nodes attend to each other there")
         if self.tree2 and self.mode == "triforce":
             raise ConfigError("tree2 (tier 2's tree to the target) runs in `retrieval` mode only; in `triforce` "
                               "mode tier 2 hands the target a chain of at least gamma2 tokens (the target accepts most of them, so "

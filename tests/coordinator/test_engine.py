@@ -74,13 +74,16 @@ def test_greedy_equals_plain_decoding(models, mode, policy, gammas):
 
 @pytest.mark.parametrize("mode,policy", MODES)
 @pytest.mark.parametrize("nodes", [3, 10, "auto"])
-def test_greedy_with_trees_equals_plain_decoding(models, mode, policy, nodes):
-    """The bottom tier proposes trees (tree1: the draft's; tree2: the retrieval tier's in retrieval mode)."""
+@pytest.mark.parametrize("shape", ["sequoia", "confidence"])
+def test_greedy_with_trees_equals_plain_decoding(models, mode, policy, nodes, shape):
+    """The bottom tier proposes trees (tree1: the draft's; tree2: the retrieval tier's in retrieval mode),
+    shaped before each check (Sequoia) or as they grow (confidence)."""
     target, draft = models
     prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
     reference, _ = run(target, draft, "ar", prompt, params)
     trees = dict(tree2=nodes) if mode == "retrieval" else dict(tree1=nodes)
+    trees["tree_shape"] = shape
     tokens, metrics = run(target, draft, mode, prompt, params, policy, **trees)
     assert tokens == reference
     bottom = metrics.tiers[0]
@@ -193,6 +196,9 @@ SAMPLING_CASES = [
     ("triforce", "static", dict(temperature=1.0), dict(tree1=6)),
     ("retrieval", "dynamic", dict(temperature=1.0, top_k=5), dict(tree2=6)),
     ("draft", "static", dict(temperature=0.8, top_p=0.9), dict(tree1=6)),
+    # trees shaped as they grow, by the proposer's confidence at each node
+    ("triforce", "static", dict(temperature=1.0), dict(tree1=6, tree_shape="confidence", gamma2=1)),
+    ("retrieval", "dynamic", dict(temperature=1.0, top_k=5), dict(tree2=6, tree_shape="confidence")),
     # the target checks every token of tier 2's checks, here more than gamma2: lengths the rounds decide
     ("triforce", "dynamic", dict(temperature=1.0), dict(tree1=6, gamma2=1)),
     ("triforce", "static", dict(temperature=1.0), dict(gamma1=3, gamma2=1)),
@@ -415,3 +421,11 @@ def test_chain_stop_settings():
             EngineConfig(stop_below=bad)
     with pytest.raises(ConfigError, match="stop_below ends chains early"):
         EngineConfig(mode="draft", tree1=4, stop_below=0.3)
+
+
+def test_tree_settings():
+    with pytest.raises(ConfigError, match="tree_shape must be one of sequoia, confidence"):
+        EngineConfig(mode="triforce", tree1=4, tree_shape="eagle")
+    with pytest.raises(ConfigError, match="must fit the draft's streaming window"):
+        EngineConfig(mode="triforce", tree1=20, window=16)
+    assert EngineConfig(mode="retrieval", tree2=20, window=16).tree2 == 20  # the retrieval tier has no window

@@ -1,12 +1,16 @@
 """Growing trees (coordinator/trees.py): shapes respected, each node's proposer row is its path's, the
-positional acceptance counted from walks, and cost measurements that leave the caches as they were."""
+positional acceptance counted from walks, and cost measurements that leave the caches as they were; trees
+shaped by confidence (coordinator/confident_trees.py) as they grow."""
+import math
+
 import pytest
 import torch
 
 from triforce.cache.full import FullKVCache
 from triforce.cache.streaming import StreamingKVCache
+from triforce.coordinator import confident_trees as ct
 from triforce.coordinator.tiers import Tier
-from triforce.coordinator.trees import PRIOR, PRIOR_WEIGHT, TreeShaper, grow_tree, measure_costs, tree_step
+from triforce.coordinator.trees import PRIOR, PRIOR_WEIGHT, FixedShape, TreeShaper, grow_tree, measure_costs, rank_of, tree_step
 from triforce.models.loader import load_model
 from triforce.speculation.sampling import probabilities
 from triforce.step import Step
@@ -52,7 +56,7 @@ def test_grown_nodes_carry_their_paths_rows(model, streaming):
     seq = (torch.arange(40) % 90 + 3).tolist()
     proposer = tier(model, streaming)
     proposer.prefill(seq[:-1])
-    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, SHAPE, probs,
+    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape(SHAPE), probs,
                                               torch.Generator().manual_seed(0), greedy=False))
     assert parents == SHAPE and len(set(tokens[:2])) == 2  # siblings are distinct
     assert proposer.length == len(seq) + 5  # every level but the last was forwarded
@@ -79,9 +83,9 @@ def test_grown_nodes_mix_in_the_lookups_copy_for_their_path(model, greedy):
     proposer, plain = tier(model), tier(model)
     for t in (proposer, plain):
         t.prefill(seq[:-1])
-    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, SHAPE, probs,
+    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape(SHAPE), probs,
                                               torch.Generator().manual_seed(0), greedy, lookup))
-    _, _, unmixed = run_now(grow_tree(plain, forward_now(plain), seq, SHAPE, probs,
+    _, _, unmixed = run_now(grow_tree(plain, forward_now(plain), seq, FixedShape(SHAPE), probs,
                                       torch.Generator().manual_seed(0), greedy))
     root_copy = lookup.candidate(seq)
     assert root_copy == 7  # what followed ..., 5, 6 earlier
@@ -145,3 +149,66 @@ def test_measuring_costs_leaves_the_caches_as_they_were(model):
     assert checker.length == proposer.length == len(seq)
     for t, w in zip((checker, proposer), want):
         torch.testing.assert_close(t.forward(Step.chain([4], t.length)), w)
+
+
+def peaked(p: float, vocab: int = 50) -> torch.Tensor:
+    """Logits whose top probability at temperature 1 is p."""
+    logits = torch.zeros(vocab)
+    logits[0] = math.log(p * (vocab - 1) / (1 - p))
+    return logits
+
+
+# The checker's seconds by tokens (1 ms more per token) and the proposer's (flat), as measure_costs gives them
+STEEP = ({1: 0.020, 64: 0.020 + 63 * 0.001}, {1: 0.003, 64: 0.003})
+
+
+def test_unsure_nodes_get_siblings_and_sure_ones_one_child():
+    """Before any check (the prior: a calibrated proposer), a node where the proposer is sure gets one child
+    (a second would be accepted too rarely to pay for the token it adds to the check), and one where it is
+    unsure several."""
+    shaper = ct.ConfidenceShaper(8)
+    shaper.costs = STEEP
+    assert ct.bucket(peaked(0.95)) == len(ct.CONFIDENCE_EDGES) and ct.bucket(peaked(0.1)) == 0
+    assert shaper.growth().children([0], [peaked(0.95)], []) == [1]
+    assert shaper.growth().children([0], [peaked(0.1)], [])[0] > 1
+
+
+@pytest.mark.parametrize("check_per_token,want_more", [(1.0, False), (0.0, True)])
+def test_confident_trees_grow_a_spine_and_what_pays(model, check_per_token, want_more):
+    """The spine (a chain of first children) grows whatever it costs; beyond it, nodes only where they pay
+    (none when a check's every token costs a second, many when tokens are free), within the caps."""
+    seq = (torch.arange(40) % 90 + 3).tolist()
+    proposer = tier(model)
+    proposer.prefill(seq[:-1])
+    shaper = ct.ConfidenceShaper(12, spine=3)
+    shaper.costs = ({1: 0.02, 64: 0.02 + 63 * check_per_token}, {1: 1e-4, 64: 1e-4})
+    growth = shaper.growth()
+    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, growth, probs,
+                                              torch.Generator().manual_seed(0), greedy=False))
+    first_child = {parents[i]: i for i in reversed(range(len(parents)))}  # node (-1: the root) -> its first child
+    spine = [first_child[-1]]
+    while len(spine) < 3 and spine[-1] in first_child:
+        spine.append(first_child[spine[-1]])
+    assert len(spine) == 3 and all(rank_of(i, parents) == 0 for i in spine)
+    assert (len(parents) > 3) == want_more and len(parents) <= 12
+    depths = [1 if p < 0 else 0 for p in parents]
+    for i, p in enumerate(parents):
+        depths[i] = 1 if p < 0 else depths[p] + 1
+    assert max(depths) <= ct.MAX_DEPTH
+    for node in range(len(parents)):  # siblings are distinct
+        assert tokens[node] not in [tokens[j] for j in range(node) if parents[j] == parents[node]]
+    assert set(growth.buckets) >= {0, 1, 2}  # the spine's forwarded slots were bucketed
+
+
+def test_confident_shaper_counts_walks_per_bucket():
+    shaper = ct.ConfidenceShaper(8)
+    shaper.costs = STEEP
+    growth = shaper.growth()
+    parents = [-1, -1, 0]  # two under the root, one under the first
+    growth.buckets.update({0: 0, 1: 4})  # an unsure root, a sure first child
+    before = [list(row) for row in shaper.offered], list(shaper.deep)
+    shaper.observe(parents, [0, 2])  # the root's first child, then its child (a leaf)
+    assert shaper.offered[0][:2] == [before[0][0][0] + 1, before[0][0][1] + 1]
+    assert shaper.offered[4][0] == before[0][4][0] + 1 and shaper.deep[1] == before[1][1] + 1
+    assert shaper.accepted[0][0] == ct.PRIOR_WEIGHT * ct.prior(0, 0) + 1
+    assert shaper.rate(0, 1) <= shaper.rate(0, 0)

@@ -42,6 +42,15 @@ def test_json_output(capsys, target, draft):
     assert all({"proposed", "accepted", "acceptance_rate"} <= set(t) for t in metrics["tiers"])
 
 
+def test_confidence_shaped_trees_from_the_command_line(capsys, target, draft):
+    code, out, err = run_cli(capsys, "--model", target, "--draft", draft, "--prompt", WORDS, "--max-new-tokens", 12,
+                             "--temperature", 0.8, "--seed", 1, "--ignore-eos", "--json", "--dtype", "float32",
+                             "--window", 64, "--mode", "triforce", "--tree1", 6, "--tree-shape", "confidence")
+    assert code == 0, err
+    tier2 = json.loads(out)["metrics"]["tiers"][0]
+    assert tier2["drafter"] == "draft" and tier2["proposed_per_check"] >= 4  # at least the spine of gamma1
+
+
 def test_streamed_text_equals_json_text(capsys, target, draft):
     common = ["--model", target, "--draft", draft, "--prompt", WORDS, "--max-new-tokens", 10, "--seed", 3,
               "--temperature", 0.9, "--ignore-eos", "--dtype", "float32", "--window", 64]
@@ -86,6 +95,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "draft window past its positions": (["--model", target, "--draft", draft, *base, "--window", 600], "positions"),
         "budget not multiple": (["--model", target, *base, "--budget", 30, "--chunk-size", 8], "multiple"),
         "gamma1 < 1": (["--model", target, *base, "--gamma1", 0], "gamma"),
+        "tree past the draft's window": (["--model", target, "--draft", draft, *base, "--mode", "triforce",
+                                          "--tree1", 20, "--window", 16], "streaming window"),
         "gamma2 < 1": (["--model", target, *base, "--gamma2", -1], "gamma"),
         "temperature < 0": (["--model", target, *base, "--temperature", -0.5], "temperature"),
         "top-p 0": (["--model", target, *base, "--top-p", 0], "top_p"),
@@ -102,7 +113,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
 
 
 CASES = ["missing folder", "corrupt folder", "draft vocabulary", "prompt too long", "draft window past its positions", "budget not multiple",
-         "gamma1 < 1", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "empty prompt",
+         "gamma1 < 1", "tree past the draft's window", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
          "rope scaling factor 1", "rope scaling a scaled model"]
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from ..config import MAX_TREE, SamplingParams
+from ..config import SamplingParams
 from ..speculation.lookup import ContextLookup
 from ..speculation.sampling import probabilities, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
@@ -122,8 +122,8 @@ class HierarchyEngine:
         if not prefilled:
             metrics.prefill_s = time.perf_counter() - start
             return [], metrics
-        if self.tree is not None and self.tree.auto:  # forward costs on this machine, at this context
-            self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], MAX_TREE + 1)
+        if self.tree is not None and self.tree.needs_costs:  # forward costs on this machine, at this context
+            self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], self.tree.largest + 1)
         metrics.prefill_s = time.perf_counter() - start
         metrics.cached_prompt_tokens = self.ladder[-1].reused_tokens
         self._advance_lookup()
@@ -252,7 +252,7 @@ class HierarchyEngine:
         proposer, checker, greedy = self.tiers[0], self.tiers[1], self.params.greedy
         position = len(self.seq)
         tokens, parents, draft_probs = yield from grow_tree(
-            proposer, lambda step: self._forward(0, step), self.seq, self.tree.shape(), self._probs, self.generator,
+            proposer, lambda step: self._forward(0, step), self.seq, self.tree.growth(), self._probs, self.generator,
             greedy, self.lookup)
         step = tree_step(self.seq, checker.length, tokens, parents)
         catch_up = step.n - len(tokens)

@@ -24,6 +24,7 @@ from .engine import HierarchyEngine
 from .planning import MAX_GAMMA, AutoPlanner
 from .priors import Priors
 from .tiers import RetrievalTier, Tier
+from .confident_trees import ConfidenceShaper
 from .trees import TreeShaper
 from .verifier import LocalVerifier, Verifier
 
@@ -87,8 +88,13 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
                                  cfg.full_layers, cfg.refresh_every, max_speculative=slack)
         return RetrievalTier(target, cache, cfg.refresh_threshold, cfg.refresh_window)
 
-    def shaper(nodes: int | str) -> TreeShaper | None:
-        return TreeShaper(nodes) if nodes else None
+    def shaper(nodes: int | str, gamma: int, cap: int = MAX_TREE) -> TreeShaper | ConfidenceShaper | None:
+        """The bottom tier's tree policy (None: chains of gamma); an auto size holds at most `cap` nodes."""
+        if not nodes:
+            return None
+        if cfg.tree_shape == "confidence":
+            return ConfidenceShaper(min(cap, MAX_TREE) if nodes == "auto" else nodes, spine=gamma)
+        return TreeShaper(nodes, cap)
 
     if cfg.mode == "auto":
         ladder = [draft_tier()] if draft is not None else []
@@ -100,10 +106,10 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     if cfg.mode == "ar":
         return HierarchyEngine([verifier], [])
     if cfg.mode == "draft":
-        return HierarchyEngine([draft_tier(), verifier], [cfg.gamma1], shaper(cfg.tree1), cfg.lookup_n,
+        return HierarchyEngine([draft_tier(), verifier], [cfg.gamma1], shaper(cfg.tree1, cfg.gamma1, cfg.window), cfg.lookup_n,
                                stop_below)
     if cfg.mode == "retrieval":
-        return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2], shaper(cfg.tree2), cfg.lookup_n,
+        return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2], shaper(cfg.tree2, cfg.gamma2), cfg.lookup_n,
                                stop_below)
-    return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2], shaper(cfg.tree1),
+    return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2], shaper(cfg.tree1, cfg.gamma1, cfg.window),
                            cfg.lookup_n, stop_below)

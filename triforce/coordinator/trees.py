@@ -8,9 +8,11 @@ acceptance measured so far in this run (speculation/tree_shape.py), re-decided e
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from typing import Protocol
 
 import torch
 
+from ..config import MAX_TREE
 from ..speculation.lookup import ContextLookup
 from ..speculation.tree import children_of, sample_children
 from ..speculation.tree_shape import best_tree, pick_size
@@ -25,43 +27,44 @@ PRIOR = [0.5, 0.15, 0.07, 0.04, 0.02, 0.01, 0.01, 0.01]
 PRIOR_WEIGHT = 8.0
 
 
-def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], shape: list[int],
+def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], growth: "Growth",
               probs: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator, greedy: bool,
               lookup: ContextLookup | None = None):
-    """The tree `tier` proposes after `seq`, as much of `shape` (parents, level order) as its distribution
-    allows (a node gets fewer children where fewer tokens have probability). `forward(step)` runs a step
-    on `tier` (a generator that yields what the engine's forwards yield and returns the logits). With
-    `lookup`, a node's children come from the proposer's distribution there mixed with the prompt lookup's
-    copy for its path (speculation/lookup.py; greedy: the copy among the children), as a chain's tokens
-    do. Returns (tokens, parents, proposer rows [N + 1, V] per slot: the root, then each node; zero for
-    the last level's nodes, which are never forwarded)."""
+    """The tree `tier` proposes after `seq`, shaped as `growth` decides level by level (a node gets fewer
+    children where fewer tokens have probability). `forward(step)` runs a step on `tier` (a generator that
+    yields what the engine's forwards yield and returns the logits). With `lookup`, a node's children come
+    from the proposer's distribution there mixed with the prompt lookup's copy for its path
+    (speculation/lookup.py; greedy: the copy among the children), as a chain's tokens do. Returns (tokens,
+    parents, proposer rows [N + 1, V] per slot: the root, then each node; zero for the last level's nodes,
+    which are never forwarded)."""
     logits = [(yield from forward(Step.chain(seq[tier.length:], tier.length)))[-1]]
     rows = [probs(logits[0][None])[0]]
-    position, shape_children = len(seq), children_of(shape)
+    position = len(seq)
     tokens: list[int] = []
     parents: list[int] = []
     paths: list[list[int]] = [[]]  # per slot: the tokens from below seq's end down to it
-    frontier = [(0, 0)]  # (slot in the shape, slot in the tree): reached nodes whose children come next
+    frontier = [0]  # slots (0: the root, i + 1: node i) forwarded, whose children come next
     while frontier:
-        level: list[tuple[int, int]] = []
-        for shape_slot, slot in frontier:
-            kids = shape_children[shape_slot]
+        level: list[int] = []
+        for slot, k in zip(frontier, growth.children(frontier, [logits[s] for s in frontier], parents)):
+            if not k:
+                continue
             copy = None if lookup is None else lookup.candidate(seq, paths[slot])
             if copy is not None:
                 rows[slot] = lookup.mix(rows[slot], copy)
             if greedy:  # ranked by the proposer's logits (its one-hot row would allow a single child)
-                drawn = sample_children(logits[slot], len(kids), None, True)
+                drawn = sample_children(logits[slot], k, None, True)
                 drawn = drawn if lookup is None else lookup.greedy_order(drawn, copy)
             else:
-                drawn = sample_children(rows[slot], len(kids), generator, False)
-            for shape_child, token in zip(kids, drawn):
+                drawn = sample_children(rows[slot], k, generator, False)
+            for token in drawn:
                 tokens.append(token)
                 parents.append(slot - 1)
                 paths.append(paths[slot] + [token])
-                level.append((shape_child + 1, len(tokens)))
-        frontier = [(s, t) for s, t in level if shape_children[s]]
+                level.append(len(tokens))
+        frontier = level if level and growth.forward_level(level, parents) else []
         if frontier:  # forward the whole level (the cache then holds a prefix of the nodes)
-            nodes = [t - 1 for _, t in level]
+            nodes = [s - 1 for s in level]
             mask = ancestor_mask(parents)[nodes]  # [n, nodes so far]: each sees its ancestors
             step = Step(torch.tensor([tokens[i] for i in nodes]), position + mask.sum(1) - 1, tier.length, None, mask)
             level_logits = yield from forward(step)
@@ -69,6 +72,41 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], 
             rows.extend(probs(level_logits))
     rows += [torch.zeros_like(rows[0])] * (len(tokens) + 1 - len(rows))
     return tokens, parents, torch.stack(rows)
+
+
+class Growth(Protocol):
+    """How one tree grows: asked, level by level, how many children each reached node gets and whether a
+    level is worth the proposer's forward. Exact whatever it answers from what it is shown (the nodes, their
+    proposer logits, the tree so far): a node's child count never depends on the children drawn below it."""
+
+    def children(self, slots: list[int], logits: list[torch.Tensor], parents: list[int]) -> list[int]: ...
+
+    def forward_level(self, slots: list[int], parents: list[int]) -> bool: ...
+
+
+def rank_of(node: int, parents: list[int]) -> int:
+    """Which child of its parent node `node` is (0: the first drawn)."""
+    return parents[:node].count(parents[node])
+
+
+class FixedShape:
+    """Growth along a shape decided before the tree (parents, level order; siblings in rank order)."""
+
+    def __init__(self, shape: list[int]):
+        self.kids = children_of(shape)
+        self.place = {0: 0}  # tree slot -> shape slot
+
+    def _shape_slot(self, slot: int, parents: list[int]) -> int:
+        if slot not in self.place:
+            node = slot - 1
+            self.place[slot] = self.kids[self._shape_slot(parents[node] + 1, parents)][rank_of(node, parents)] + 1
+        return self.place[slot]
+
+    def children(self, slots, logits, parents):
+        return [len(self.kids[self._shape_slot(s, parents)]) for s in slots]
+
+    def forward_level(self, slots, parents):
+        return any(self.children(slots, [], parents))
 
 
 def tree_step(seq: list[int], start: int, tokens: list[int], parents: list[int]) -> Step:
@@ -86,10 +124,12 @@ class TreeShaper:
     or with nodes="auto" of the size and depth with the most expected tokens per second for the costs in
     `costs` (measure_costs: the checker's and the proposer's seconds per forward by tokens)."""
 
-    def __init__(self, nodes: int | str, every: int = 32):
+    def __init__(self, nodes: int | str, cap: int = MAX_TREE, every: int = 32):
+        """cap: the most nodes an auto size may hold."""
         if nodes != "auto" and (not isinstance(nodes, int) or nodes < 1):
             raise ValueError(f"a tree needs at least one node, or 'auto' (got {nodes!r})")
         self.nodes, self.every = nodes, every
+        self.largest = min(cap, MAX_TREE) if nodes == "auto" else nodes  # nodes the largest tree may hold
         self.costs: tuple[dict[int, float], dict[int, float]] | None = None  # set before the first auto shape
         self.accepted = [PRIOR_WEIGHT * p for p in PRIOR]  # per rank: visits where it was the accepted child
         self.offered = [PRIOR_WEIGHT] * RANKS  # per rank: visits to nodes with a child of that rank
@@ -97,7 +137,7 @@ class TreeShaper:
         self._shape: list[int] | None = None
 
     @property
-    def auto(self) -> bool:
+    def needs_costs(self) -> bool:
         return self.nodes == "auto"
 
     def acceptance(self) -> list[float]:
@@ -105,9 +145,13 @@ class TreeShaper:
         total = sum(rates)
         return [r / total for r in rates] if total > 1 else rates  # the DP needs a sum <= 1
 
+    def growth(self) -> FixedShape:
+        """This check's tree: grown along `shape`."""
+        return FixedShape(self.shape())
+
     def shape(self) -> list[int]:
         if self._shape is None or self._checks % self.every == 0:
-            if self.auto:
+            if self.needs_costs:
                 if self.costs is None:
                     raise RuntimeError("an auto-sized tree needs measured costs first")
                 self._shape = pick_size(self.acceptance(), *self.costs).parents

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, EngineConfig, SamplingParams
+from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig, SamplingParams
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from ..models.config import ROPE_SCALING_KINDS
@@ -57,6 +57,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tree2", default=_DEFAULTS.tree2, metavar="N|auto",
                    help="in retrieval mode, the retrieval tier's proposals to the target as such a tree; "
                         "0 (default): a chain of gamma2")
+    g.add_argument("--tree-shape", default=_DEFAULTS.tree_shape, choices=TREE_SHAPES,
+                   help="how --tree1/--tree2 trees are shaped: sequoia (default), before each check from how often "
+                        "the k-th child was accepted; confidence, as each grows, from the proposer's confidence at "
+                        "each node and this machine's forward costs: a chain of the mode's gamma, then only nodes "
+                        "that pay (EAGLE-2's dynamic trees, kept exact; README, Token trees)")
     g.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="prompt lookup: mix into the bottom tier's proposals (chains and trees) the token that "
                         "followed the latest earlier occurrence of the last N tokens, weighted by how often such "
@@ -129,7 +134,7 @@ def add_prefix_cache_arg(p: argparse.ArgumentParser) -> None:
 
 
 def engine_settings(args) -> dict:
-    return dict(gamma1=args.gamma1, gamma2=args.gamma2, tree1=args.tree1, tree2=args.tree2, budget=args.budget,
+    return dict(gamma1=args.gamma1, gamma2=args.gamma2, tree1=args.tree1, tree2=args.tree2, tree_shape=args.tree_shape, budget=args.budget,
                 chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
                 sinks=args.sinks, window=args.window, lookup=args.lookup,
                 stop_below=args.stop_below)
