@@ -191,9 +191,9 @@ def test_confident_trees_grow_a_spine_and_what_pays(model, check_per_token, want
         spine.append(first_child[spine[-1]])
     assert len(spine) == 3 and all(rank_of(i, parents) == 0 for i in spine)
     assert (len(parents) > 3) == want_more and len(parents) <= 12
-    depths = [1 if p < 0 else 0 for p in parents]
-    for i, p in enumerate(parents):
-        depths[i] = 1 if p < 0 else depths[p] + 1
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
     assert max(depths) <= ct.MAX_DEPTH
     for node in range(len(parents)):  # siblings are distinct
         assert tokens[node] not in [tokens[j] for j in range(node) if parents[j] == parents[node]]

@@ -15,7 +15,7 @@ and the rank of its next child) are taken in order of value while each one raise
 tokens per second, alone or with a chain below it (at the rate first children below the root were
 accepted), against the costs measured on this machine: the checker's time for the tokens it adds, and
 the proposer's for widening the levels below; up to `nodes` in all. A level past the spine is forwarded
-while chains below its nodes would pay for the forwards; at most MAX_DEPTH levels past the spine.
+while chains below its nodes would pay for the forwards; at most MAX_DEPTH levels (or the spine's).
 
 Exact: a node's child count is decided from its own logits, its path, and the rest of the tree above and
 beside it, never from the children drawn below it, and siblings are drawn without replacement in rank

@@ -20,11 +20,11 @@ from ..models.config import ModelConfig
 from ..models.llama import LlamaModel
 from .auto import AutoEngine
 from .batchmates import Batchmates
+from .confident_trees import ConfidenceShaper
 from .engine import HierarchyEngine
 from .planning import MAX_GAMMA, AutoPlanner
 from .priors import Priors
 from .tiers import RetrievalTier, Tier
-from .confident_trees import ConfidenceShaper
 from .trees import TreeShaper
 from .verifier import LocalVerifier, Verifier
 
@@ -106,10 +106,10 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     if cfg.mode == "ar":
         return HierarchyEngine([verifier], [])
     if cfg.mode == "draft":
-        return HierarchyEngine([draft_tier(), verifier], [cfg.gamma1], shaper(cfg.tree1, cfg.gamma1, cfg.window), cfg.lookup_n,
-                               stop_below)
+        return HierarchyEngine([draft_tier(), verifier], [cfg.gamma1], shaper(cfg.tree1, cfg.gamma1, cfg.window),
+                               cfg.lookup_n, stop_below)
     if cfg.mode == "retrieval":
-        return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2], shaper(cfg.tree2, cfg.gamma2), cfg.lookup_n,
-                               stop_below)
-    return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2], shaper(cfg.tree1, cfg.gamma1, cfg.window),
-                           cfg.lookup_n, stop_below)
+        return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2], shaper(cfg.tree2, cfg.gamma2),
+                               cfg.lookup_n, stop_below)
+    return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2],
+                           shaper(cfg.tree1, cfg.gamma1, cfg.window), cfg.lookup_n, stop_below)

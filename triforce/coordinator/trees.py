@@ -2,8 +2,10 @@
 
 `grow_tree` runs the proposer level by level (one forward per level, each node seeing its ancestors
 through the step's mask) and samples each node's children without replacement from the proposer's
-distribution there (speculation/tree.py). `TreeShaper` decides the shape: Sequoia's best tree for the
-acceptance measured so far in this run (speculation/tree_shape.py), re-decided every `every` checks.
+distribution there (speculation/tree.py), as many as a `Growth` decides at each level. `TreeShaper`
+decides a shape before each tree (`FixedShape`): Sequoia's best tree for the acceptance measured so far
+in this run (speculation/tree_shape.py), re-decided every `every` checks; confident_trees.py decides
+while the tree grows.
 """
 from __future__ import annotations
 
