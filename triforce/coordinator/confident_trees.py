@@ -20,6 +20,9 @@ while chains below its nodes would pay for the forwards; at most MAX_DEPTH level
 Exact: a node's child count is decided from its own logits, its path, and the rest of the tree above and
 beside it, never from the children drawn below it, and siblings are drawn without replacement in rank
 order as in every tree (speculation/tree.py); tree verification is exact for any such tree.
+
+Measured on the 2-core AMX Xeon (README, Token trees): 0.94x the chain of 4 at greedy and 1.02x at 0.6,
+so chains stay the default and this shape is an option.
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ DEEP_PRIOR = 0.6  # before any check, a first child below the root is accepted t
 
 
 def bucket(logits: torch.Tensor) -> int:
+    """The confidence bucket of a node whose proposer logits are `logits` [V]."""
     return bisect_right(CONFIDENCE_EDGES, top_probability(logits))
 
 
