@@ -16,12 +16,9 @@ from pathlib import Path
 from triforce import LLM, SamplingParams
 from triforce.coordinator import trees
 
-TEXT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "austen-emma.txt"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--text", default=str(TEXT))
+    p.add_argument("--text", default="../shared/data/austen-emma.txt", help="run from the repository root")
     p.add_argument("--length", type=int, default=7936, help="prompt tokens")
     p.add_argument("--new", type=int, default=256, help="new tokens per run")
     p.add_argument("--temperature", type=float, default=0.6)
