@@ -112,7 +112,7 @@ CASES = [
     # token trees: the draft's to the retrieval tier, the retrieval tier's to the target
     ("triforce", "static", dict(temperature=1.0), 3000, dict(tree1=6)),
     ("retrieval", "dynamic", dict(temperature=1.0, top_k=6), 3000, dict(tree2=6)),
-    ("triforce", "static", dict(temperature=1.0), 3000, dict(tree1=6, tree_shape="confidence")),
+    ("triforce", "static", dict(temperature=1.0), 2000, dict(tree1=6, tree_shape="confidence")),
 ]
 
 
