@@ -10,7 +10,8 @@ from triforce.cache.full import FullKVCache
 from triforce.cache.streaming import StreamingKVCache
 from triforce.coordinator import confident_trees as ct
 from triforce.coordinator.tiers import Tier
-from triforce.coordinator.trees import PRIOR, PRIOR_WEIGHT, FixedShape, TreeShaper, grow_tree, measure_costs, rank_of, tree_step
+from triforce.coordinator.trees import (PRIOR, PRIOR_WEIGHT, FixedShape, TreeShaper, grow_tree, measure_costs, rank_of,
+                                        tree_step)
 from triforce.models.loader import load_model
 from triforce.speculation.sampling import probabilities
 from triforce.step import Step

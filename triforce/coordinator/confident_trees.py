@@ -173,7 +173,8 @@ class ConfidentGrowth:
         """Whether a node of `value` raises the round's tokens per second, alone or with a chain of up to
         `below` proposals under it (their checks, and the forwards they would take: a level's first node
         costs its whole forward, a later one what it widens it by)."""
-        widen = interpolate(self.level, width + 1) - interpolate(self.level, width) if width else interpolate(self.level, 1)
+        level = self.level
+        widen = interpolate(level, width + 1) - interpolate(level, width) if width else interpolate(level, 1)
         for h in range(max(below, 0) + 1):
             promise, cost = value * (1 + self._chain(h)), self._extra_check(n, 1 + h) + h * widen
             if (tokens + promise) * seconds >= tokens * (seconds + cost):

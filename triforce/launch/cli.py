@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig, SamplingParams
+from ..config import (DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig,
+                      SamplingParams)
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from ..models.config import ROPE_SCALING_KINDS
