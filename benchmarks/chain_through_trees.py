@@ -8,21 +8,16 @@ alike; a gap that persists would point at a difference in how the two sample.
 Prints one JSON line per seed and run, then the means per run."""
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-from pathlib import Path
 
 from triforce import LLM, SamplingParams
 from triforce.coordinator import trees
+from sampled_paths import path_parser, prompt_ids, seeds  # beside this script
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--text", default="../shared/data/austen-emma.txt", help="run from the repository root")
-    p.add_argument("--length", type=int, default=7936, help="prompt tokens")
-    p.add_argument("--new", type=int, default=256, help="new tokens per run")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--seeds", default="1,2,3,4")
+    p = path_parser(__doc__.splitlines()[0], seeds="1,2,3,4")
     p.add_argument("--mode", default="triforce", choices=["triforce", "draft"])
     p.add_argument("--gamma1", type=int, default=4)
     args = p.parse_args()
@@ -31,9 +26,9 @@ def main() -> None:
     runs = {"chain": LLM(model="smollm2", mode=args.mode, dtype="bfloat16", gamma1=args.gamma1),
             "chain through trees": LLM(model="smollm2", mode=args.mode, dtype="bfloat16", gamma1=args.gamma1,
                                        tree1=args.gamma1)}
-    ids = runs["chain"].tokenizer.encode(Path(args.text).read_text())[: args.length]
+    ids = prompt_ids(runs["chain"].tokenizer, args)
     accepted: dict[str, list[list[float]]] = {name: [] for name in runs}
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    for seed in seeds(args):
         for name, llm in runs.items():
             params = SamplingParams(max_tokens=args.new, temperature=args.temperature, seed=seed, ignore_eos=True)
             m = llm.generate([ids], params)[0].metrics

@@ -12,10 +12,8 @@ bounded; d1 is heavy-tailed, its z less telling). Prints one JSON line per seed 
 the means, their standard errors and z."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
-from pathlib import Path
 
 import torch
 
@@ -24,26 +22,23 @@ from triforce.cache.full import FullKVCache
 from triforce.coordinator.tiers import Tier
 from triforce.speculation.sampling import probabilities
 from triforce.step import Step
+from sampled_paths import path_parser, prompt_ids, seeds  # beside this script
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--text", default="../shared/data/austen-emma.txt", help="run from the repository root")
-    p.add_argument("--length", type=int, default=7936, help="prompt tokens")
-    p.add_argument("--new", type=int, default=256, help="new tokens per run")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--seeds", default="1,2,3")
+    p = path_parser(__doc__.splitlines()[0], seeds="1,2,3")
     p.add_argument("--modes", nargs="+", default=["ar", "triforce"])
     args = p.parse_args()
     llms = {mode: LLM(model="smollm2", mode=mode, dtype="bfloat16") for mode in args.modes}
     first = next(iter(llms.values()))
-    ids = first.tokenizer.encode(Path(args.text).read_text())[: args.length]
+    ids = prompt_ids(first.tokenizer, args)
     target = first.target
     scorer = Tier("target", target, FullKVCache(target.config, len(ids) + args.new + 1, target.rope, target.dtype,
                                                 target.device))
     scorer.prefill(ids[:-1])
     base = scorer.length
     sums = {mode: [0.0, 0.0, 0.0, 0.0, 0] for mode in llms}  # d1, d1^2, d2, d2^2, tokens
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    for seed in seeds(args):
         for mode, llm in llms.items():
             params = SamplingParams(max_tokens=args.new, temperature=args.temperature, seed=seed, ignore_eos=True)
             tokens = llm.generate([ids], params)[0].token_ids

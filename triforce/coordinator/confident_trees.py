@@ -104,10 +104,6 @@ class ConfidenceShaper:
                 self.deep[1] += 1
                 self.deep[0] += kids[0] == taken
 
-    def to_dict(self) -> dict:
-        return {"rates": [[round(self.rate(b, k), 3) for k in range(RANKS)] for b in range(len(self.offered))],
-                "offered": [int(o[0] - PRIOR_WEIGHT) for o in self.offered], "deep_rate": round(self.deep_rate(), 3)}
-
 
 class ConfidentGrowth:
     """One tree's growth (trees.Growth): each node's value, its bucket once forwarded, and the round's
