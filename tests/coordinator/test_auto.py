@@ -19,6 +19,7 @@ from triforce.coordinator.speed_model import (STACK_MODES, Acceptance, Plan, che
 from triforce.coordinator.costs import CostTable, interpolate
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
+from triforce.speculation.lookup import RECENT
 from triforce.speculation.sampling import probabilities
 
 from scripted_planner import follow_script
@@ -671,9 +672,9 @@ SCRIPTS = {
 }
 
 
-def scripted_engine(models, prompt, max_tokens, script, policy="static"):
+def scripted_engine(models, prompt, max_tokens, script, policy="static", **settings):
     target, draft = models
-    engine = build_engine(EngineConfig(mode="auto", retrieval_policy=policy, **SETTINGS), target, draft,
+    engine = build_engine(EngineConfig(mode="auto", retrieval_policy=policy, **SETTINGS, **settings), target, draft,
                           len(prompt) + max_tokens)
     return follow_script(engine, SETTINGS["budget"], SCRIPTS[script])
 
@@ -914,16 +915,35 @@ def test_the_draft_is_prefilled_with_the_prompt_whatever_the_first_plan(models, 
     assert first_plan[0] == len(prompt) - 1  # all but the last prompt token, as the target holds it
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_an_idle_draft_reports_how_its_proposals_would_have_fared(models, temperature, monkeypatch):
+def lookup_mixture(q, sequence, first, n):
+    """The prompt lookup's mixture of each row of q (the proposer's distribution for sequence[first + i]),
+    computed naively: the candidate is the token after the latest earlier occurrence of the n tokens before,
+    weighted by (right + 1) / (count + 2) over the latest RECENT earlier positions that had a candidate."""
+    outcomes, mixed = [], q.clone()
+    for j in range(n, len(sequence)):
+        key = sequence[j - n:j]
+        candidate = next((sequence[s + n] for s in range(j - n - 1, -1, -1) if sequence[s:s + n] == key), None)
+        if candidate is None:
+            continue
+        weight = (sum(outcomes[-RECENT:]) + 1) / (len(outcomes[-RECENT:]) + 2)
+        if first <= j < first + len(q):
+            mixed[j - first] *= 1 - weight
+            mixed[j - first, candidate] += weight
+        outcomes.append(candidate == sequence[j])
+    return mixed
+
+
+@pytest.mark.parametrize("temperature,lookup", [(0.0, 0), (1.0, 0), (0.0, 3), (1.0, 3)])
+def test_an_idle_draft_reports_how_its_proposals_would_have_fared(models, temperature, lookup, monkeypatch):
     """While `ar` runs, the draft catches up at each re-plan and reports, for each generated token x, the
     chance min(1, q(x) / p(x)) that its proposal there would have been accepted (greedy: whether its argmax
-    is x): the same sums as the draft and the target over the whole output in one forward each."""
+    is x), q mixed with the prompt lookup's copy as a chain proposes: the same sums as the draft and the
+    target over the whole output in one forward each, and a lookup computed naively."""
     monkeypatch.setattr(auto, "REPLAN_ROUNDS", 4)
     monkeypatch.setattr(auto, "MIN_PLANNED_TOKENS", 1)
     target, draft = models
     prompt = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(5)).tolist()
-    engine = scripted_engine(models, prompt, 40, "ar-only")  # 60 tokens: the draft's window holds them all
+    engine = scripted_engine(models, prompt, 40, "ar-only", lookup=lookup)  # 60 tokens: all in the draft's window
     seen = []
     engine.planner.observe_idle = lambda name, accepted, tokens: seen.append((name, accepted, tokens))
     tokens, _ = engine.generate(prompt, SamplingParams(max_tokens=40, temperature=temperature, seed=3,
@@ -939,7 +959,12 @@ def test_an_idle_draft_reports_how_its_proposals_would_have_fared(models, temper
 
     rows = torch.arange(covered)
     x = sequence[len(prompt):][:covered]
-    q, p = probs(draft)[rows, x], probs(target)[rows, x]
+    q = probs(draft)[:covered]
+    if lookup:
+        q = lookup_mixture(q, sequence.tolist(), len(prompt), lookup)
+        if temperature == 0:  # a greedy chain proposes the mixture's argmax
+            q = torch.nn.functional.one_hot(q.argmax(dim=-1), VOCAB).float()
+    q, p = q[rows, x], probs(target)[rows, x]
     expected = torch.minimum(torch.ones(covered), q / p).sum()
     assert sum(a for _, a, _ in seen) == pytest.approx(float(expected), rel=1e-4)
     assert 0 < expected < covered  # a draft neither always right nor always wrong here

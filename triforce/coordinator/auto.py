@@ -20,11 +20,10 @@ re-plan it catches up on the tokens committed since (as it must before it runs a
 logits kept, and for each committed token x, drawn from the target's distribution p, min(1, q(x) / p(x))
 with q the draft's distribution there is an unbiased estimate of the chance that the draft's proposal
 at that position is accepted (its expectation over x ~ p is sum_x min(p(x), q(x)); greedy: whether the
-draft's argmax is x). So a draft that a few early checks made look poor is tried again as soon as the
+draft's argmax is x), q mixed with the prompt lookup's copy as a chain would have proposed there. So a draft that a few early checks made look poor is tried again as soon as the
 text shows it would pay, not after its estimate has faded back to the prior (56-72 tokens of `ar` in
 the runs that found it); it costs one forward of the draft per REPLAN_ROUNDS target steps (its window
 was prefilled with the prompt), which the running plan's measured speed leaves out.
-(Prompt lookup's proposals are left out of this estimate: it is, if anything, low.)
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
@@ -34,6 +33,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
+
+import torch
 
 from .engine import Forward, HierarchyEngine, Run
 from .forward_times import role_at
@@ -189,11 +190,20 @@ class AutoEngine(HierarchyEngine):
         for step in draft.prefill_steps(self.seq[draft.length:-1]):  # rows that predict generated tokens
             q = self._probs((yield Forward(draft, level, step)))
             for row, at in zip(q, range(step.start + 1, step.start + 1 + step.n)):
-                accepted += min(1.0, float(row[self.seq[at]]) / self._target_p[at - first])
+                accepted += min(1.0, float(self._as_proposed(row, at)[self.seq[at]]) / self._target_p[at - first])
                 tokens += 1
         self.planner.observe_idle(draft.name, accepted, tokens)
         plan, since, began = self._running  # the running plan's measured speed leaves this time out
         self._running = (plan, since, began + time.perf_counter() - start)
+
+    def _as_proposed(self, row: torch.Tensor, at: int) -> torch.Tensor:
+        """The bottom tier's distribution `row` for seq[at] as a chain would have proposed from it: mixed
+        with the prompt lookup's copy there (speculation/lookup.py); greedy, its argmax as a one-hot."""
+        if self.lookup is not None:
+            row = self.lookup.offered(at, row)
+        if self.params.greedy:
+            row = torch.nn.functional.one_hot(row.argmax(), row.shape[-1]).float()
+        return row
 
     def _pair(self, drafter: str, checker: str, metrics: RequestMetrics) -> TierStats:
         if (drafter, checker) not in self._pairs:

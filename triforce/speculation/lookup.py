@@ -32,6 +32,7 @@ from collections import deque
 import torch
 
 RECENT = 32  # candidates the weight counts: the latest, so that a loop that starts late lifts it soon
+OFFERS_KEPT = 1024  # final positions whose candidate and weight are remembered (`offered`)
 
 
 class ContextLookup:
@@ -46,6 +47,7 @@ class ContextLookup:
         self.candidates = 0  # final positions that had a candidate
         self.right = 0  # ... where it was the committed token
         self.recent: deque[bool] = deque(maxlen=RECENT)  # whether each of the latest candidates was right
+        self.offers: dict[int, tuple[int, float]] = {}  # latest final positions: (their candidate, weight then)
 
     @property
     def weight(self) -> float:
@@ -57,11 +59,22 @@ class ContextLookup:
             key = tuple(seq[j - self.n:j])
             before = self.after.get(key)
             if before is not None:
+                self.offers[j] = (seq[before], self.weight)
                 self.candidates += 1
                 self.right += seq[before] == seq[j]
                 self.recent.append(seq[before] == seq[j])
             self.after[key] = j
         self.final = max(self.final, final)
+        if len(self.offers) > 2 * OFFERS_KEPT:
+            for j in sorted(self.offers)[:-OFFERS_KEPT]:
+                del self.offers[j]
+
+    def offered(self, position: int, probs: torch.Tensor) -> torch.Tensor:
+        """`probs` [V], a bottom tier's distribution for the final token at `position`, mixed as the lookup
+        would have mixed it there (its candidate then, at the weight it had then; unchanged where it had
+        none or that position is no longer remembered): what an idle proposer would have offered."""
+        offer = self.offers.get(position)
+        return probs if offer is None else mixed_with(probs, *offer)
 
     def candidate(self, seq: list[int], path: list[int] | tuple[int, ...] = ()) -> int | None:
         """The token that followed the latest final occurrence of the last n tokens of seq + path, if any
@@ -88,12 +101,14 @@ class ContextLookup:
 
     def mix(self, probs: torch.Tensor, token: int | None) -> torch.Tensor:
         """`probs` [V] mixed with the candidate `token` (None: unchanged)."""
-        if token is None:
-            return probs
-        w = self.weight
-        mixed = probs * (1 - w)
-        mixed[token] += w
-        return mixed
+        return probs if token is None else mixed_with(probs, token, self.weight)
 
     def to_dict(self) -> dict:
         return {"n": self.n, "candidates": self.candidates, "right": self.right, "weight": round(self.weight, 4)}
+
+
+def mixed_with(probs: torch.Tensor, token: int, weight: float) -> torch.Tensor:
+    """The mixture (1 - weight) probs + weight [x = token] of the module docstring."""
+    mixed = probs * (1 - weight)
+    mixed[token] += weight
+    return mixed
