@@ -1,5 +1,5 @@
 """Tree sizes against the chain over several sample paths: one `triforce bench --sweep tree1=...` (or
-tree2, gamma1, gamma2) JSON per seed, as benchmarks/results/issue11/amx_takeall/run.sh writes them. The
+tree2, gamma1, gamma2, budget) JSON per seed, as benchmarks/results/issue11/amx_takeall/run.sh writes them. The
 baseline is the sweep's first value (0, the chain, for tree sizes).
 
     python benchmarks/tree_seeds.py FILE.json [FILE.json ...]
@@ -14,7 +14,7 @@ import json
 import sys
 from collections import defaultdict
 
-SETTINGS = ("tree1", "tree2", "gamma1", "gamma2")  # the swept setting, found in each run's row
+SETTINGS = ("tree1", "tree2", "gamma1", "gamma2", "budget")  # the swept setting, found in each run's row
 
 
 def main(paths: list[str]) -> None:
@@ -22,13 +22,15 @@ def main(paths: list[str]) -> None:
     accepted: dict = defaultdict(list)
     setting = None
     first: dict = {}  # per temperature: the sweep's first value, the baseline (the chain for tree sizes)
+    rows = [r for path in paths for r in json.load(open(path))["results"]]
+    modes = {r["run"] for r in rows} - {"ar"}  # several (a budget sweep beside `draft`): each value named by mode
     for path in paths:
         for r in json.load(open(path))["results"]:
             if r["run"] == "ar":
                 size = "ar"
             else:
                 setting = next(k for k in SETTINGS if k in r)
-                size = r[setting]
+                size = r[setting] if len(modes) == 1 else f"{r['run']} {r[setting]}"
                 first.setdefault(r["temperature"], size)
                 accepted[(r["temperature"], size)].append(r["tiers"][0]["mean_accepted_length"])
             seconds[(r["temperature"], size)][path] = 1 / r["tokens_per_s"]
