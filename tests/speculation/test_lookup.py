@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from triforce.speculation.lookup import RECENT, ContextLookup
+from triforce.speculation.lookup import OFFERS_KEPT, RECENT, ContextLookup
 
 
 def naive_candidate(seq, final, n):
@@ -65,3 +65,27 @@ def test_a_greedy_proposers_children_hold_the_copy_where_the_mixture_would_pick_
     assert unsure.greedy_order([5, 6, 7], 5) == [5, 6, 7]
     assert unsure.greedy_order([5], 9) == [5] and sure.greedy_order([5], 9) == [9]
     assert sure.greedy_order([5, 6], None) == [5, 6]
+
+
+def test_a_final_position_is_offered_as_the_lookup_proposed_it_then():
+    """`offered` mixes a final position's row with the candidate it had and the weight the lookup had just
+    before it (what an idle proposer's evidence needs, coordinator/auto.py); the latest OFFERS_KEPT
+    positions are remembered, older ones come back unchanged."""
+    gen = torch.Generator().manual_seed(7)
+    seq = torch.randint(0, 3, (3 * OFFERS_KEPT,), generator=gen).tolist()
+    lookup, final, outcomes = ContextLookup(2), 0, []
+    weights = {}  # position -> the weight before it, counted naively
+    for j in range(2, len(seq)):
+        c = naive_candidate(seq[:j], j, 2)
+        if c is not None:
+            weights[j] = (sum(outcomes[-RECENT:]) + 1) / (len(outcomes[-RECENT:]) + 2)
+            outcomes.append(c == seq[j])
+    for step in [500, 1, 700, 33, len(seq) - 1234]:
+        final += step
+        lookup.advance(seq, final)
+    probs = torch.full((3,), 1 / 3)
+    for j in range(len(seq) - OFFERS_KEPT, len(seq)):
+        expected = probs * (1 - weights[j])
+        expected[naive_candidate(seq[:j], j, 2)] += weights[j]
+        torch.testing.assert_close(lookup.offered(j, probs), expected)
+    assert torch.equal(lookup.offered(100, probs), probs)  # long forgotten
