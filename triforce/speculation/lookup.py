@@ -28,6 +28,7 @@ Emma, 0.50 on Genesis) and greedy never copied; over the latest 32 it reached 0.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 
 import torch
 
@@ -47,11 +48,12 @@ class ContextLookup:
         self.candidates = 0  # final positions that had a candidate
         self.right = 0  # ... where it was the committed token
         self.recent: deque[bool] = deque(maxlen=RECENT)  # whether each of the latest candidates was right
+        self.recent_right = 0  # how many of them were
         self.offers: dict[int, tuple[int, float]] = {}  # latest final positions: (their candidate, weight then)
 
     @property
     def weight(self) -> float:
-        return (sum(self.recent) + 1) / (len(self.recent) + 2)
+        return (self.recent_right + 1) / (len(self.recent) + 2)
 
     def advance(self, seq: list[int], final: int) -> None:
         """seq[:final] is final: scores the candidate each newly final position had, and indexes it."""
@@ -59,15 +61,16 @@ class ContextLookup:
             key = tuple(seq[j - self.n:j])
             before = self.after.get(key)
             if before is not None:
+                right = seq[before] == seq[j]
                 self.offers[j] = (seq[before], self.weight)
                 self.candidates += 1
-                self.right += seq[before] == seq[j]
-                self.recent.append(seq[before] == seq[j])
+                self.right += right
+                self.recent_right += right - (self.recent[0] if len(self.recent) == RECENT else 0)
+                self.recent.append(right)
             self.after[key] = j
         self.final = max(self.final, final)
-        if len(self.offers) > 2 * OFFERS_KEPT:
-            for j in sorted(self.offers)[:-OFFERS_KEPT]:
-                del self.offers[j]
+        if len(self.offers) > 2 * OFFERS_KEPT:  # positions come in order: the first are the oldest
+            self.offers = dict(islice(self.offers.items(), len(self.offers) - OFFERS_KEPT, None))
 
     def offered(self, position: int, probs: torch.Tensor) -> torch.Tensor:
         """`probs` [V], a bottom tier's distribution for the final token at `position`, mixed as the lookup
