@@ -1,6 +1,6 @@
 """Tree sizes against the chain over several sample paths: one `triforce bench --sweep tree1=...` (or
-tree2, gamma1, gamma2, budget) JSON per seed, as benchmarks/results/issue11/amx_takeall/run.sh writes them. The
-baseline is the sweep's first value (0, the chain, for tree sizes).
+tree2, gamma1, gamma2, budget) JSON per seed, as benchmarks/results/issue11/amx_takeall/run.sh writes
+them. The baseline is the sweep's first value (0, the chain, for tree sizes).
 
     python benchmarks/tree_seeds.py FILE.json [FILE.json ...]
 
@@ -22,18 +22,17 @@ def main(paths: list[str]) -> None:
     accepted: dict = defaultdict(list)
     setting = None
     first: dict = {}  # per temperature: the sweep's first value, the baseline (the chain for tree sizes)
-    rows = [r for path in paths for r in json.load(open(path))["results"]]
-    modes = {r["run"] for r in rows} - {"ar"}  # several (a budget sweep beside `draft`): each value named by mode
-    for path in paths:
-        for r in json.load(open(path))["results"]:
-            if r["run"] == "ar":
-                size = "ar"
-            else:
-                setting = next(k for k in SETTINGS if k in r)
-                size = r[setting] if len(modes) == 1 else f"{r['run']} {r[setting]}"
-                first.setdefault(r["temperature"], size)
-                accepted[(r["temperature"], size)].append(r["tiers"][0]["mean_accepted_length"])
-            seconds[(r["temperature"], size)][path] = 1 / r["tokens_per_s"]
+    rows = [(path, r) for path in paths for r in json.load(open(path))["results"]]
+    modes = {r["run"] for _, r in rows} - {"ar"}  # several (a budget sweep beside `draft`): each value named by mode
+    for path, r in rows:
+        if r["run"] == "ar":
+            size = "ar"
+        else:
+            setting = next(k for k in SETTINGS if k in r)
+            size = r[setting] if len(modes) == 1 else f"{r['run']} {r[setting]}"
+            first.setdefault(r["temperature"], size)
+            accepted[(r["temperature"], size)].append(r["tiers"][0]["mean_accepted_length"])
+        seconds[(r["temperature"], size)][path] = 1 / r["tokens_per_s"]
     for temperature in sorted({t for t, _ in seconds}):
         sizes = [s for t, s in seconds if t == temperature and s != "ar"]
         chain = seconds[(temperature, first[temperature])]
