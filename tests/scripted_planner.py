@@ -2,7 +2,7 @@
 switch of tiers (a planner that measures could keep a tiny model on plain decoding on a busy machine)."""
 from triforce.coordinator.costs import CostTable
 from triforce.coordinator.planning import AutoPlanner
-from triforce.coordinator.speed_model import STACK_MODES, Plan
+from triforce.coordinator.speed_model import Plan
 
 
 class ScriptedPlanner(AutoPlanner):
@@ -15,8 +15,9 @@ class ScriptedPlanner(AutoPlanner):
     def plan(self, context, generated, busy=False, measure=True):
         stack, gammas = self.script[self.calls % len(self.script)]
         self.calls += 1
-        self.decisions.append({"at_token": generated, "mode": STACK_MODES[stack]})
-        return Plan(stack, gammas, 0.0, self.stop)
+        plan = Plan(stack, gammas, 0.0, self.stop)
+        self.decisions.append({"at_token": generated, "mode": plan.mode})
+        return plan
 
 
 def follow_script(engine, budget, script):

@@ -55,8 +55,9 @@ def test_every_mode_equals_plain_greedy(smollm2, prompt_ids, shipped_draft, monk
         assert tokens == reference, (mode, policy, trees)
         if mode == "draft" and not trees.get("tree1"):
             draft_acceptance[cfg.lookup_n] = metrics.tiers[0].acceptance_rate
-        if mode == "auto":  # planned from costs measured on SmolLM2 at this context
-            assert metrics.auto and set(metrics.auto[0]["why"]["forward_ms"]) == {"draft", "retrieval", "target"}
+        if mode == "auto":  # planned from costs measured on SmolLM2 at this context, for budgets 256-1024
+            assert metrics.auto and set(metrics.auto[0]["why"]["forward_ms"]) == {
+                "draft", "retrieval", "retrieval@512", "retrieval@1024", "target"}
         if 8 in trees.values():  # trees of 8 were checked: more nodes per check than either chain's gamma
             assert metrics.tiers[0].proposed > 6 * metrics.tiers[0].checks, (mode, trees)
         if mode == "retrieval":  # the target's own weights over 256 of 2,100 tokens agree most of the time

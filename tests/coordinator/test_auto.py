@@ -212,6 +212,23 @@ def test_no_retrieval_tier_below_twice_its_budget():
     assert set(planner.decisions[0]["why"]["predicted_tokens_per_s"]) == {"ar", "draft"}
 
 
+def test_a_larger_budget_runs_where_its_checks_pay():
+    """Mode auto holds a retrieval tier per candidate budget: each is scored once the context is twice its
+    budget, on its own acceptance, so a dearer budget whose proposals the target accepts more wins
+    where the configured one's are rejected; its mode is named with its budget."""
+    costs = {"draft": {1: 0.05}, "retrieval": {n: 0.3 for n in FLAT}, "retrieval@200": {n: 0.4 for n in FLAT},
+             "target": FLAT}
+    planner = planner_with(costs, budget=100)
+    assert planner.plan(300, 0).stack == ("draft", "retrieval", "target")  # 300 < 2 x 200; the prior alike
+    assert planner.plan(1000, 0).stack == ("draft", "retrieval", "target")  # the cheaper of two alike
+    planner.acceptance["retrieval"] = Acceptance(0.85, successes=10.0, trials=40.0)
+    planner.acceptance["retrieval@200"] = Acceptance(0.85, successes=38.0, trials=40.0)
+    plan = planner.plan(1000, 0)
+    assert plan.stack == ("draft", "retrieval@200", "target") and plan.mode == "triforce@200"
+    assert {"triforce", "triforce@200", "retrieval@200"} <= set(planner.decisions[-1]["why"]["predicted_tokens_per_s"])
+    assert [d["mode"] for d in planner.decisions] == ["triforce", "triforce@200"]
+
+
 def test_a_draft_that_is_rejected_is_dropped():
     costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     planner = planner_with(costs)
@@ -669,6 +686,9 @@ SCRIPTS = {
                          (("draft", "target"), (2,))],
     "ar-then-retrieval": [(("target",), ()), (("target",), ()), (("retrieval", "target"), (3,)),
                           (("draft", "retrieval", "target"), (1, 2))],
+    # budgets 12, 24 and 48 (auto_budgets), swapped between rounds
+    "budgets": [(("draft", "retrieval@24", "target"), (2, 3)), (("retrieval@48", "target"), (3,)),
+                (("draft", "retrieval", "target"), (2, 2)), (("draft", "target"), (2,))],
 }
 
 
@@ -744,6 +764,38 @@ def test_greedy_equals_plain_decoding_while_the_plan_changes(models, prompt, scr
     assert metrics.auto == engine.planner.decisions
 
 
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_budgets_swap_exactly_and_an_idle_one_frees_its_cache(models, prompt, policy, replan_every_round):
+    """The plan moves between the retrieval tiers of three budgets: greedy equals plain decoding, each
+    budget's cache chooses chunks (80 tokens: more than any budget), and at every plan only the running
+    plan's retrieval tier holds a cache (the memory check counts one, of the largest budget)."""
+    target, _ = models
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 140).generate(prompt, params)
+    engine = scripted_engine(models, prompt, 60, "budgets", policy)
+    retrieval = [t for t in engine.ladder if t.name.startswith("retrieval")]
+    assert [t.cache.budget for t in retrieval] == [12, 24, 48]
+    held, chosen, plan = [], set(), engine.planner.plan
+
+    def plan_and_look(*args, **kwargs):
+        running = [t for t in retrieval if t in engine.tiers] if engine.planner.calls else []
+        held.append({t.name for t in retrieval if t.length} - {t.name for t in running})
+        if policy == "static":  # its budget's chunks and the incomplete one, not the whole cache
+            chosen.update((t.cache.budget, n) for t in running for n in t.cache._retrieved)
+        return plan(*args, **kwargs)
+
+    engine.planner.plan = plan_and_look
+    tokens, metrics = engine.generate(prompt, params)
+    assert tokens == reference
+    assert engine.planner.calls > 8 and held and not any(held)
+    pairs = {(t.drafter, t.name) for t in metrics.tiers if t.checks}
+    assert {("draft", "retrieval@24"), ("retrieval@24", "target"), ("retrieval@48", "target"),
+            ("draft", "retrieval")} <= pairs
+    if policy == "static":
+        assert {budget for budget, _ in chosen} == {12, 24, 48}
+        assert all(budget <= n < budget + SETTINGS["chunk_size"] for budget, n in chosen)
+
+
 @pytest.mark.parametrize("script,trials", [("ar-then-triforce", 2000), ("ar-then-retrieval", 2000)])
 def test_second_token_follows_the_target_while_the_plan_changes(models, prompt, script, trials, replan_every_round):
     """The second token's marginal, sum over x1 of p(x1) p(x2 | x1), against runs that produce it with tiers
@@ -775,8 +827,9 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, calibrat
     tokens, metrics = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 128).generate(prompt, params)
     assert tokens == reference
     decision = metrics.auto[0]
-    assert decision["mode"] in STACK_MODES.values() and decision["at_token"] == 0
-    assert set(decision["why"]["forward_ms"]) == {"draft", "retrieval", "target"}  # 80 tokens >= 2 x budget 12
+    assert decision["mode"].partition("@")[0] in STACK_MODES.values() and decision["at_token"] == 0
+    # the retrieval tiers of budgets 12 and 24 (80 tokens >= 2 x 24), not of 48
+    assert set(decision["why"]["forward_ms"]) == {"draft", "retrieval", "retrieval@24", "target"}
     assert (calibration / "costs-2.json").is_file()
     assert "auto" in metrics.to_dict()
 

@@ -170,6 +170,9 @@ class AutoEngine(HierarchyEngine):
             self.planner.decisions.append({**decision, "at_token": generated, "from": "the batch's leader"})
             self._adopted = decision
         stack = [self.planner.tiers[name] for name in plan.stack]
+        for tier in self.tiers:
+            if tier not in stack:
+                tier.release()  # a retrieval tier dropped, or swapped for another budget's, frees its cache
         for tier in stack:
             if tier not in self.tiers:
                 yield from self._catch_up(tier, len(self.seq) - 1)

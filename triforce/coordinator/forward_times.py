@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .costs import CostTable, interpolate
-from .speed_model import STACK_MODES
+from .speed_model import mode_stack, stack_mode
 from .tiers import Tier
 
 SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale, overhead and chunk cost
@@ -54,7 +54,7 @@ class ForwardTimes:
         """A plan is made from the table's `costs` per call for a batch of `batch`, for these stacks;
         `evidence`: whether its forwards may scale those costs."""
         self.costs, self.batch, self.evidence = costs, batch, evidence
-        self.scaled = {STACK_MODES[stack]: {name: self._scaled(STACK_MODES[stack], name) for name in stack}
+        self.scaled = {stack_mode(stack): {name: self._scaled(stack_mode(stack), name) for name in stack}
                        for stack in stacks}
 
     def per_sequence(self, stack: tuple[str, ...], chunk: float = 0.0) -> dict[str, dict[int, float]]:
@@ -64,13 +64,13 @@ class ForwardTimes:
         out = {}
         for level, name in enumerate(stack):
             extra = self.overhead.get(f"{name}/{role_at(level)}", 0.0) + (chunk if name == "target" else 0.0)
-            out[name] = {n: c + extra / self.batch for n, c in self.scaled[STACK_MODES[stack]][name].items()}
+            out[name] = {n: c + extra / self.batch for n, c in self.scaled[stack_mode(stack)][name].items()}
         return out
 
     def fade(self, running: str | None, kept: float) -> None:
         """At each plan: an idle mode's cost scales fade towards the tiers' own and an idle tier's towards
         the table (a tier that a slow spell made look dear is tried again), keeping `kept` of the gap."""
-        active = next((stack for stack, mode in STACK_MODES.items() if mode == running), ())
+        active = mode_stack(running) if running else ()
         for name, scale in self.scale.items():
             if name not in active:
                 self.scale[name] = 1 + (scale - 1) * kept

@@ -6,7 +6,8 @@
 | retrieval | target + RetrievalKVCache, target                           | gamma2           | tree2         |
 | draft     | draft + StreamingKVCache, target (the paper's naive policy) | gamma1           | tree1         |
 | ar        | target + FullKVCache (plain decoding, the baseline)         |                  |               |
-| auto      | any of the above, picked and re-picked by a cost model      | picked           |               |
+| auto      | any of the above, picked and re-picked by a cost model; the | picked           |               |
+|           | retrieval budget too, among auto_budgets                    |                  |               |
 
 A tree replaces the bottom tier's chain of gamma tokens: the bottom tier grows a tree of up to that many
 nodes and the tier above checks it in one forward.
@@ -24,9 +25,19 @@ from .confident_trees import ConfidenceShaper
 from .engine import HierarchyEngine
 from .planning import MAX_GAMMA, AutoPlanner
 from .priors import Priors
+from .speed_model import retrieval_name
 from .tiers import RetrievalTier, Tier
 from .trees import TreeShaper
 from .verifier import LocalVerifier, Verifier
+
+AUTO_BUDGET_FACTORS = (1, 2, 4)
+
+
+def auto_budgets(cfg: EngineConfig) -> list[int]:
+    """The budgets mode auto chooses among, a retrieval tier for each (planning.py scores each once the
+    context is twice it): the configured one and AUTO_BUDGET_FACTORS times it. A quarter of the context
+    paid best at 8K and at 32K (SmolLM2 + yarn:4 on the AMX Xeon, README: Longer contexts)."""
+    return [cfg.budget * factor for factor in AUTO_BUDGET_FACTORS]
 
 
 def speculation_slack(cfg: EngineConfig) -> int:
@@ -55,7 +66,9 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
         total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
         if cfg.retrieval_policy == "static":
             layers = min(cfg.full_layers, target.num_layers)
-            total += per_layer * (layers * (capacity + room) + (target.num_layers - layers) * (cfg.budget + room))
+            # mode auto holds one of its budgets' caches at a time (the others are released while idle)
+            budget = min(max(auto_budgets(cfg)) if cfg.mode == "auto" else cfg.budget, capacity)
+            total += per_layer * (layers * (capacity + room) + (target.num_layers - layers) * (budget + room))
     if draft is not None and cfg.mode in ("draft", "triforce", "auto"):
         total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack))  # a double buffer
     return total
@@ -83,10 +96,11 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
         cache = StreamingKVCache(draft.config, cfg.sinks, cfg.window, slack, draft.rope, draft.dtype, draft.device)
         return Tier("draft", draft, cache, chunk)
 
-    def retrieval_tier() -> Tier:
-        cache = RetrievalKVCache(verifier.kv_source(), cfg.budget, cfg.chunk_size, cfg.retrieval_policy,
+    def retrieval_tier(budget: int = cfg.budget) -> Tier:
+        cache = RetrievalKVCache(verifier.kv_source(), budget, cfg.chunk_size, cfg.retrieval_policy,
                                  cfg.full_layers, cfg.refresh_every, max_speculative=slack)
-        return RetrievalTier(target, cache, cfg.refresh_threshold, cfg.refresh_window)
+        return RetrievalTier(target, cache, cfg.refresh_threshold, cfg.refresh_window,
+                             retrieval_name(budget, cfg.budget))
 
     def shaper(nodes: int | str, gamma: int, cap: int = MAX_TREE) -> TreeShaper | ConfidenceShaper | None:
         """The bottom tier's tree policy (None: chains of gamma); an auto size holds at most `cap` nodes."""
@@ -98,7 +112,7 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
 
     if cfg.mode == "auto":
         ladder = [draft_tier()] if draft is not None else []
-        ladder += [retrieval_tier(), verifier]
+        ladder += [retrieval_tier(budget) for budget in auto_budgets(cfg)] + [verifier]
         return AutoEngine(ladder, AutoPlanner({t.name: t for t in ladder}, cfg.budget, priors=Priors.default(),
                                               batchmates=batchmates, fixed_stop=cfg.stop_below,
                                               preferred_gammas=(cfg.gamma1, cfg.gamma2)), cfg.lookup_n)

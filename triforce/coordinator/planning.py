@@ -2,9 +2,12 @@
 forward costs and the acceptance seen so far; `AutoPlanner` keeps those estimates for one request.
 
 The candidates are every stack the request has (`ar`: the target alone; `draft`; `retrieval`;
-`triforce`) with gammas in 1..MAX_GAMMA; the retrieval tier only once the context is at least twice its
-budget (below that it reads nearly what the target reads). Each is scored by the model of speed_model.py
-(seconds per token from forward costs and acceptance) and the plan with the most tokens per second runs.
+`triforce`) with gammas in 1..MAX_GAMMA, and with each of the retrieval budgets it holds a tier for
+(hierarchy.auto_budgets: the configured one, twice and four times it), each once the context is at least
+twice that budget (below that it reads nearly what the target reads). Each budget's tier has its own
+acceptance estimate and costs; its modes are named with it (`triforce@8192`), the configured one's not.
+Each is scored by the model of speed_model.py (seconds per token from forward costs and acceptance) and
+the plan with the most tokens per second runs.
 Plain decoding is one of the candidates, so a request where speculation does not pay runs `ar`. Within a
 mode, the gammas the user set (gamma1, gamma2; by default 4 and 6) run unless others promise GAMMA_MARGIN
 more: near its best the model's speed is flat in gamma while the real one is not smooth (at 4K of *Emma*,
@@ -50,7 +53,7 @@ from .batchmates import Batchmates, power_of_two_below
 from .costs import CostTable, interpolate
 from .forward_times import ForwardTimes
 from .priors import LEARNED_TRIALS, Priors
-from .speed_model import PRIOR, STACK_MODES, Acceptance, Plan, seconds_per_token
+from .speed_model import PRIOR, Acceptance, Plan, mode_stack, seconds_per_token, stack_mode, tier_kind
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
@@ -72,8 +75,9 @@ MAX_BATCH_LOG2 = 8  # batch sizes whose costs may stand in for an unmeasured one
 @dataclass
 class AutoPlanner:
     """Chooses a Plan for one request from measured costs and the acceptance seen so far."""
-    tiers: dict[str, Tier]  # the request's tiers by name: "target", and "draft" / "retrieval" where it has them
-    budget: int | None = None  # the retrieval cache's, None without one
+    tiers: dict[str, Tier]  # the request's tiers by name: "target", and "draft" / "retrieval" /
+    # "retrieval@B" (one per candidate budget B: speed_model.retrieval_name) where it has them
+    budget: int | None = None  # the configured retrieval budget (tier "retrieval"), None without one
     table: CostTable = field(default_factory=CostTable.default)
     acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
     decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
@@ -93,14 +97,24 @@ class AutoPlanner:
 
     def __post_init__(self):
         self.times = ForwardTimes(self.table)
+        for name in self.tiers:  # a retrieval tier per candidate budget, each its own acceptance
+            if tier_kind(name) != "target":
+                self.acceptance.setdefault(name, Acceptance(PRIOR[tier_kind(name)]))
 
     def candidates(self, context: int, busy: bool = False) -> list[tuple[str, ...]]:
-        """The stacks worth scoring: the retrieval tier once the context is twice its budget, or while the
-        target is busy with a batchmate's prefill (its checks then cost a chunk, the retrieval tier's not)."""
-        names = [n for n in ("draft", "retrieval") if n in self.tiers]
-        if "retrieval" in names and not busy and (self.budget is None or context < 2 * self.budget):
-            names.remove("retrieval")
-        return [stack for stack in STACK_MODES if set(stack[:-1]) <= set(names)]
+        """The stacks worth scoring: each retrieval tier once the context is twice its budget; the one of the
+        configured budget also while the target is busy with a batchmate's prefill (its checks then cost a
+        chunk, the retrieval tier's not)."""
+        drafts = [("draft",)] if "draft" in self.tiers else []
+        retrievals = [(name,) for name in self.tiers if tier_kind(name) == "retrieval"
+                      and (context >= 2 * self._budget(name) or (busy and name == "retrieval"))]
+        below = [()] + drafts + retrievals + [draft + retrieval for retrieval in retrievals for draft in drafts]
+        return [stack + ("target",) for stack in below]
+
+    def _budget(self, name: str) -> int:
+        """The budget of retrieval tier `name` (speed_model.retrieval_name)."""
+        budget = name.partition("@")[2]
+        return int(budget) if budget else self.budget
 
     def costs(self, stacks: list[tuple[str, ...]], measure: bool = True) -> dict[str, dict[int, float]]:
         """Seconds per forward call of each tier the stacks use, for a batch of `_batch` requests: from the
@@ -123,13 +137,20 @@ class AutoPlanner:
             measurable = [] if self.batchmates is None else self.batchmates.measurable(self)
             self._batch = min(self._batch, power_of_two_below(1 + len(measurable)))
             mates = measurable[: self._batch - 1]
-        out = {}
+        out, running = {}, mode_stack(self.running) if self.running else ()
         for name in needed:
-            tier = self.tiers[name]
-            group = [tier] + [m.planner.tiers[name] for m in mates]
-            # An idle retrieval cache is measured as it would run: synced (a static one is built then).
-            out[name] = self.table.seconds(group, sizes[name], lambda group=group: [t.sync() for t in group],
-                                           self._batch)
+            group, synced = [self.tiers[name]] + [m.planner.tiers[name] for m in mates], []
+
+            def sync(group=group, synced=synced):
+                for tier in group:
+                    tier.sync()
+                    synced.append(tier)
+
+            # An idle retrieval cache is measured as it would run: synced (a static one is built then), and
+            # gives its memory back after (mode auto holds one per candidate budget and runs one at a time).
+            out[name] = self.table.seconds(group, sizes[name], sync, self._batch)
+            for tier in synced if name not in running else ():
+                tier.release()
         return out
 
     @property
@@ -172,12 +193,12 @@ class AutoPlanner:
 
         def speed(stack, gammas, alphas):  # tokens/s the model predicts, as this mode realizes it
             costs = self.times.per_sequence(stack, chunk)
-            return self._realized(STACK_MODES[stack]) / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
+            return self._realized(stack_mode(stack)) / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
 
         plain = speed(("target",), (), means)
         scored, expected = {}, {}
         for stack in stacks:
-            mode, anchor = STACK_MODES[stack], self._anchor(stack)
+            mode, anchor = stack_mode(stack), self._anchor(stack)
             shortest = STOP_MIN_GAMMA if self._stop_below(stack) else 1
             options = set(product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1)) | ({anchor} if anchor else set())
             paying = {}  # gammas -> tokens/s at the mean acceptance, of the plans expected to pay
@@ -232,7 +253,7 @@ class AutoPlanner:
         chains early only loses tokens)."""
         if self.fixed_stop is not None:
             return self.fixed_stop
-        check = self.times.scaled.get(STACK_MODES[stack], {}).get(stack[1]) if len(stack) > 1 else None
+        check = self.times.scaled.get(stack_mode(stack), {}).get(stack[1]) if len(stack) > 1 else None
         if not check:
             return 0.0
         return STOP_BELOW if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0
@@ -270,7 +291,8 @@ class AutoPlanner:
         if self.priors is None or self._key is None:
             return
         seen = {name: a.observed for name, a in self.acceptance.items()}
-        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, PRIOR, self.times.overhead)
+        generic = {name: PRIOR[tier_kind(name)] for name in seen}
+        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, generic, self.times.overhead)
 
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative

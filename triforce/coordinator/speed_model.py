@@ -35,10 +35,35 @@ from dataclasses import dataclass
 from .costs import interpolate
 from .priors import MIN_TRIALS
 
-PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check...
+PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check, by kind of tier...
 PRIOR_TRIALS = 4.0  # ...worth this many trials
 STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
                ("draft", "retrieval", "target"): "triforce"}
+
+
+def retrieval_name(budget: int, configured: int) -> str:
+    """The name of the retrieval tier of `budget` in mode auto, which holds one per candidate budget
+    (hierarchy.py): "retrieval" for the configured budget, as in the fixed modes; "retrieval@B" for others."""
+    return "retrieval" if budget == configured else f"retrieval@{budget}"
+
+
+def tier_kind(name: str) -> str:
+    """"draft", "retrieval" or "target": what a tier named `name` is, whatever its budget."""
+    return name.partition("@")[0]
+
+
+def stack_mode(stack: tuple[str, ...]) -> str:
+    """The mode that runs `stack` (STACK_MODES), with the budget of a retrieval tier other than the
+    configured one: ("draft", "retrieval@8192", "target") runs "triforce@8192"."""
+    budget = "".join(name.partition("@")[2] for name in stack)
+    return STACK_MODES[tuple(tier_kind(name) for name in stack)] + (f"@{budget}" if budget else "")
+
+
+def mode_stack(mode: str) -> tuple[str, ...]:
+    """The stack that `mode` (stack_mode's name) runs."""
+    base, _, budget = mode.partition("@")
+    stack = next(stack for stack, name in STACK_MODES.items() if name == base)
+    return tuple(f"{name}@{budget}" if budget and name == "retrieval" else name for name in stack)
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -99,7 +124,7 @@ class Plan:
 
     @property
     def mode(self) -> str:
-        return STACK_MODES[self.stack]
+        return stack_mode(self.stack)
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "gammas": list(self.gammas), "stop_below": self.stop_below,

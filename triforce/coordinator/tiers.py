@@ -101,6 +101,10 @@ class Tier:
     def sync(self) -> None:
         self.cache.sync()
 
+    def release(self) -> None:
+        """Mode auto leaves this tier idle: it frees what it can rebuild when it runs again (a retrieval
+        cache); a tier that would have to compute its cache again keeps it."""
+
     def observe(self, proposed: int, accepted: int) -> None:
         """Told how many of this tier's proposals the tier above accepted (used by adaptive tiers)."""
 
@@ -119,8 +123,9 @@ class RetrievalTier(Tier):
     this tier: a weak draft says nothing about the cache.)
     """
 
-    def __init__(self, model: LlamaModel, cache: RetrievalKVCache, threshold: float, window: int):
-        super().__init__("retrieval", model, cache)
+    def __init__(self, model: LlamaModel, cache: RetrievalKVCache, threshold: float, window: int,
+                 name: str = "retrieval"):
+        super().__init__(name, model, cache)
         self.threshold, self.recent = threshold, deque(maxlen=window)
         self._rebuild_pending = False
 
@@ -137,6 +142,12 @@ class RetrievalTier(Tier):
     @property
     def rebuilds(self) -> int:
         return self.cache.rebuilds
+
+    def release(self) -> None:
+        """Empties the cache, which its next sync rebuilds from the target's (a fresh choice of chunks)."""
+        self.cache.reset()
+        self.recent.clear()
+        self._rebuild_pending = False
 
     def sync(self) -> None:
         self.cache.sync()
