@@ -9,6 +9,7 @@ from scipy.stats import chisquare
 import triforce.coordinator.auto as auto
 import triforce.coordinator.forward_times as forward_times
 import triforce.coordinator.planning as planning
+import triforce.coordinator.speed_model as speed_model
 from triforce.cache.full import FullKVCache
 from triforce.config import ConfigError, EngineConfig, SamplingParams
 from triforce.coordinator import costs as costs_module
@@ -227,6 +228,24 @@ def test_a_larger_budget_runs_where_its_checks_pay():
     assert plan.stack == ("draft", "retrieval@200", "target") and plan.mode == "triforce@200"
     assert {"triforce", "triforce@200", "retrieval@200"} <= set(planner.decisions[-1]["why"]["predicted_tokens_per_s"])
     assert [d["mode"] for d in planner.decisions] == ["triforce", "triforce@200"]
+
+
+def test_a_budget_far_below_a_quarter_of_the_context_starts_from_a_lower_prior():
+    """Where no earlier request ran, a retrieval tier starts from PRIOR_STEP less per halving of its
+    budget below a quarter of the context: at 1,600 tokens the tier of 400 is tried before the cheaper
+    one of 100, which the same prior for all would pick."""
+    assert speed_model.prior("retrieval@8192", 8192, 32000) == speed_model.PRIOR["retrieval"]
+    assert speed_model.prior("retrieval", 2048, 32768) == pytest.approx(speed_model.PRIOR["retrieval"]
+                                                                        - 2 * speed_model.PRIOR_STEP)
+    assert speed_model.prior("draft", 2048, 32768) == speed_model.PRIOR["draft"]
+    costs = {"draft": {1: 0.05}, "retrieval": {n: 0.3 for n in FLAT}, "retrieval@400": {n: 0.35 for n in FLAT},
+             "target": FLAT}
+    same = planner_with(costs, budget=100)
+    assert same.plan(1600, 0).stack == ("draft", "retrieval", "target")
+    planner = planner_with(costs, budget=100)
+    planner.recall("a kind no request ran", 1600)
+    assert planner.acceptance["retrieval"].mean == pytest.approx(0.85 - 2 * speed_model.PRIOR_STEP)
+    assert planner.plan(1600, 0).stack == ("draft", "retrieval@400", "target")
 
 
 def test_a_draft_that_is_rejected_is_dropped():

@@ -143,7 +143,7 @@ class AutoEngine(HierarchyEngine):
         if self._running is None:  # the first plan, once the batch has joined
             batch = 1 if mates is None else mates.size(self.planner)
             self.planner.recall(request_key(self.ladder, self.params, batch, self.lookup_n, self.planner.fixed_stop,
-                                            len(self.seq)))
+                                            len(self.seq)), len(self.seq))
         self._planned_busy = self._busy()  # a follower's too: else it re-plans every round once it differs
         if mates is not None and mates.leader() is not self and mates.plan is not None:
             self.planner.fade()

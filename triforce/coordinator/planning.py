@@ -53,7 +53,7 @@ from .batchmates import Batchmates, power_of_two_below
 from .costs import CostTable, interpolate
 from .forward_times import ForwardTimes
 from .priors import LEARNED_TRIALS, Priors
-from .speed_model import PRIOR, Acceptance, Plan, mode_stack, seconds_per_token, stack_mode, tier_kind
+from .speed_model import PRIOR, Acceptance, Plan, mode_stack, prior, seconds_per_token, stack_mode, tier_kind
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
@@ -91,6 +91,7 @@ class AutoPlanner:
     _stretch: dict[str, Acceptance] = field(default_factory=dict)  # per proposer: its checks since begin_stretch
     _key: str | None = None  # this request's kind, in `priors`
     _prior_source: str = "defaults"
+    _generic: dict[str, float] = field(default_factory=dict)  # per proposer: the generic prior (`recall`)
     _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
     _batch: int = 1  # the batch size of the plan being made
     times: ForwardTimes = field(init=False)  # what this request's forwards take (forward_times.py)
@@ -99,7 +100,7 @@ class AutoPlanner:
         self.times = ForwardTimes(self.table)
         for name in self.tiers:  # a retrieval tier per candidate budget, each its own acceptance
             if tier_kind(name) != "target":
-                self.acceptance.setdefault(name, Acceptance(PRIOR[tier_kind(name)]))
+                self.acceptance.setdefault(name, Acceptance(prior(name)))
 
     def candidates(self, context: int, busy: bool = False) -> list[tuple[str, ...]]:
         """The stacks worth scoring: each retrieval tier once the context is twice its budget; the one of the
@@ -270,9 +271,14 @@ class AutoPlanner:
         """An idle proposer's expected acceptance over `tokens` committed tokens (auto.py)."""
         self.acceptance[proposer].observe_expected(accepted, tokens)
 
-    def recall(self, key: str) -> None:
-        """Starts the request of kind `key` from what earlier ones saw (priors.py), where they saw it."""
+    def recall(self, key: str, context: int | None = None) -> None:
+        """Starts the request of kind `key` from what earlier ones saw (priors.py), where they saw it; else
+        from the generic priors, a retrieval tier's for its budget at this `context` (speed_model.prior)."""
         self._key = key
+        for name, estimate in self.acceptance.items():
+            if tier_kind(name) == "retrieval" and not estimate.trials:
+                self.acceptance[name] = Acceptance(prior(name, self._budget(name), context))
+        self._generic = {name: estimate.prior for name, estimate in self.acceptance.items()}
         if self.priors is None:
             return
         known = self.priors.recall(key)
@@ -291,8 +297,8 @@ class AutoPlanner:
         if self.priors is None or self._key is None:
             return
         seen = {name: a.observed for name, a in self.acceptance.items()}
-        generic = {name: PRIOR[tier_kind(name)] for name in seen}
-        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, generic, self.times.overhead)
+        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, self._generic,
+                             self.times.overhead)
 
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative

@@ -74,7 +74,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "where it does not (README, The AVX2 path); 0 = chains of gamma always (default: in mode "
                         "auto 0.3 where this machine's checks grow steeply with their tokens, else 0; 0 in the "
                         "fixed modes)")
-    g.add_argument("--budget", type=int, default=_DEFAULTS.budget, help="tokens in the retrieval cache")
+    g.add_argument("--budget", type=int, default=_DEFAULTS.budget,
+                   help="tokens in the retrieval cache (mode auto chooses among this, twice and four times it)")
     g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
     g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
                    help="static: chunks chosen once per rebuild (the paper); dynamic: re-chosen every step")

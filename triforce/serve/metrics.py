@@ -1,6 +1,7 @@
 """/metrics in Prometheus' text format (prometheus_client), with vLLM's names where vLLM has them.
 
-Speculation, per checking tier (label `tier`: "retrieval" or "target") and the tier whose proposals it
+Speculation, per checking tier (label `tier`: "retrieval", "target", or in mode auto a retrieval tier of
+another budget, "retrieval@8192") and the tier whose proposals it
 checked (`drafter`): `vllm:spec_decode_num_drafts` (checks), `vllm:spec_decode_num_draft_tokens` (tokens
 proposed), `vllm:spec_decode_num_accepted_tokens`, and `..._per_pos` (accepted at position `position`
 of a chain, 1 first). Requests: `vllm:request_success` by `finished_reason` (stop, length), failures
