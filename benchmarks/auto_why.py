@@ -4,15 +4,37 @@ ones saw: priors.py; and restores the prompt's KV from the first's, unless --pre
 
     python benchmarks/auto_why.py [--length 4096] [--seeds 0 1] [--temperature 0.6] [--decisions 3]
         [--text ../shared/data/austen-emma.txt] [--model qwen2.5-coder-1.5b] [--costs]
+        [--rope-scaling yarn:4] [--stretches]
 
 Run it with a fresh TRIFORCE_HOME to see a machine's first requests (symlink its `models` folder to skip
 the download). Prints per request its decode tokens/s and its first decisions: mode, gammas, the
-predicted tokens/s of each mode, the acceptance, the realized factors and where the prior came from."""
+predicted tokens/s of each mode, the acceptance, the realized factors and where the prior came from.
+With --stretches, also each stretch of a plan as it ends: the tokens/s it reached, and what the speed
+model predicts at the acceptance the stretch's own checks saw and at the estimate the planner held."""
 from __future__ import annotations
 
 import argparse
 
+import triforce.coordinator.planning as planning
 from triforce import LLM, SamplingParams
+from triforce.coordinator.speed_model import seconds_per_token
+
+
+def print_stretches() -> None:
+    """Wraps AutoPlanner.observe_rate (called as each stretch ends) to print the stretch."""
+    observe_rate = planning.AutoPlanner.observe_rate
+
+    def observed(self, plan, tokens_per_s):
+        costs, held = self.times.per_sequence(plan.stack), {n: a.mean for n, a in self.estimates().items()}
+        own = {**held, **{n: a.mean for n, a in self._stretch.items() if a.trials}}
+        at_own, at_held = (1 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
+                           for alphas in (own, held))
+        checks = ", ".join(f"{n} {a.mean:.2f} over {a.trials:.0f}" for n, a in self._stretch.items())
+        print(f"    stretch {plan.mode} {list(plan.gammas)}: {tokens_per_s:.1f} tokens/s; the model "
+              f"{at_own:.1f} at its checks' acceptance ({checks}), {at_held:.1f} at the estimate", flush=True)
+        return observe_rate(self, plan, tokens_per_s)
+
+    planning.AutoPlanner.observe_rate = observed
 
 
 def main() -> None:
@@ -27,8 +49,13 @@ def main() -> None:
     p.add_argument("--draft", default=None, help="default: the model's own default draft")
     p.add_argument("--prefix-cache-gb", type=float, default=2.0)
     p.add_argument("--costs", action="store_true", help="also print each decision's forward costs (ms)")
+    p.add_argument("--rope-scaling", default=None, help="KIND:FACTOR, as `triforce generate` takes it")
+    p.add_argument("--stretches", action="store_true", help="print each stretch of a plan as it ends")
     args = p.parse_args()
-    llm = LLM(args.model, draft=args.draft, mode="auto", prefix_cache_gb=args.prefix_cache_gb)
+    if args.stretches:
+        print_stretches()
+    llm = LLM(args.model, draft=args.draft, mode="auto", prefix_cache_gb=args.prefix_cache_gb,
+              rope_scaling=args.rope_scaling)
     ids = llm.tokenizer(open(args.text).read())["input_ids"][: args.length]
     print(f"{len(ids)} prompt tokens", flush=True)
     for seed in args.seeds:

@@ -19,12 +19,13 @@ full chain of gamma_{i-1}, though with `stop_below` the bottom tier's chains may
 c_i(gamma_i + 1) and E are averaged over n. A plan is scored by 1 / s_top.
 
 Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
-retrieval tier stands in for the target; and the retrieval tier), successes / trials of a geometric model (a
-chain check that accepted a of gamma is a successes and one failure if a < gamma), starting from PRIOR worth
-PRIOR_TRIALS trials, or, where earlier requests of the same kind (machine, models, sampling settings) ran,
-from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors too: planning.py); at
-each plan older evidence counts planning.EVIDENCE_KEPT as much, so the estimate follows the text, and a
-proposer dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
+retrieval tier stands in for the target; and each retrieval tier, one per budget in mode auto), successes /
+trials of a geometric model (a chain check that accepted a of gamma is a successes and one failure if
+a < gamma), starting from PRIOR worth PRIOR_TRIALS trials (a retrieval tier's lower where its budget is far
+below the context: `prior`), or, where earlier requests of the same kind (machine, models, sampling
+settings) ran, from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors too:
+planning.py); at each plan older evidence counts planning.EVIDENCE_KEPT as much, so the estimate follows the
+text, and a proposer dropped after a bad start drifts back to its prior and is tried again. An idle draft keeps adding
 evidence: at each plan, what it would have proposed for the tokens committed meanwhile (auto.py).
 """
 from __future__ import annotations
