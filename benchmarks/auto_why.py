@@ -25,6 +25,8 @@ def print_stretches() -> None:
     observe_rate = planning.AutoPlanner.observe_rate
 
     def observed(self, plan, tokens_per_s):
+        if plan.mode not in self.times.scaled:  # a plan this planner did not score (a batch leader's)
+            return observe_rate(self, plan, tokens_per_s)
         costs, held = self.times.per_sequence(plan.stack), {n: a.mean for n, a in self.estimates().items()}
         own = {**held, **{n: a.mean for n, a in self._stretch.items() if a.trials}}
         at_own, at_held = (1 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)

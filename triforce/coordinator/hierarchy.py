@@ -52,10 +52,11 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
                 itemsize: int) -> int:
     """What one request's caches hold for `tokens` (prompt + new tokens) in the tiers its mode stacks: the
     target's full KV cache and its chunk means; the retrieval tier's own buffers (a static cache copies its
-    `full_layers` whole and the budget of the others, each with room for tokens until its next rebuild);
-    the draft's sinks and its recent tokens' double buffer. Small per-request state beside these is left
-    out: positions, RoPE angles, the target's queries of a forward's last QUERY_ROWS rows (what a
-    retrieval rebuild scores with; about 1% of a 7B model's 8K-token cache, on CPUs with the fused loop)."""
+    `full_layers` whole and the budget of the others, each with room for tokens until its next rebuild;
+    mode auto's tiers, one per budget, hold two such caches at most, see below); the draft's sinks and its
+    recent tokens' double buffer. Small per-request state beside these is left out: positions, RoPE
+    angles, the target's queries of a forward's last QUERY_ROWS rows (what a retrieval rebuild scores
+    with; about 1% of a 7B model's 8K-token cache, on CPUs with the fused loop)."""
     slack = speculation_slack(cfg)
     per_token = target.kv_bytes_per_token(itemsize)
     capacity = tokens + slack
@@ -66,9 +67,12 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
         total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
         if cfg.retrieval_policy == "static":
             layers = min(cfg.full_layers, target.num_layers)
-            # mode auto holds one of its budgets' caches at a time (the others are released while idle)
-            budget = min(max(auto_budgets(cfg)) if cfg.mode == "auto" else cfg.budget, capacity)
-            total += per_layer * (layers * (capacity + room) + (target.num_layers - layers) * (budget + room))
+            # Mode auto runs one of its budgets' caches and releases the others while idle, but measuring an
+            # idle one's cost builds it beside the running one: two at once, the largest two.
+            held = sorted(auto_budgets(cfg))[-2:] if cfg.mode == "auto" else [cfg.budget]
+            for budget in held:
+                total += per_layer * (layers * (capacity + room)
+                                      + (target.num_layers - layers) * (min(budget, capacity) + room))
     if draft is not None and cfg.mode in ("draft", "triforce", "auto"):
         total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack))  # a double buffer
     return total
