@@ -787,7 +787,7 @@ def test_greedy_equals_plain_decoding_while_the_plan_changes(models, prompt, scr
 def test_budgets_swap_exactly_and_an_idle_one_frees_its_cache(models, prompt, policy, replan_every_round):
     """The plan moves between the retrieval tiers of three budgets: greedy equals plain decoding, each
     budget's cache chooses chunks (80 tokens: more than any budget), and at every plan only the running
-    plan's retrieval tier holds a cache (the memory check counts one, of the largest budget)."""
+    plan's retrieval tier holds a cache (the memory check counts two: one running, one built to measure)."""
     target, _ = models
     params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
     reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 140).generate(prompt, params)
