@@ -427,6 +427,21 @@ def test_a_mode_slower_than_its_model_is_dropped():
     assert 0.4 < planner.realized["ar"] < 1 and planner.realized["draft"] == pytest.approx(faded)
 
 
+@pytest.mark.parametrize("ar_factor,guess", [(0.8, 0.8), (1.3, 1.0)])
+def test_an_untried_mode_is_not_favoured_by_what_slowed_plain_decoding(ar_factor, guess):
+    """Plain decoding ran at 0.8 of its model (sampling and bookkeeping between forwards, as at batch 2 on
+    the AVX2 EPYC) and no speculative mode has run: an untried one is guessed at ar's factor, since its
+    rounds pay the same between forwards, so a draft the model scores below ar is not tried on that margin
+    alone (at a factor of 1 it was). A factor above 1 gives no untried mode a bonus."""
+    costs = {"draft": {1: 0.7}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    assert planner.plan(1000, 0).mode == "ar"  # below AR_PROBE: plain decoding is measured first
+    planner.observe_rate(Plan(("target",), (), 0.0), ar_factor / costs["target"][1])
+    assert planner._realized("draft") == pytest.approx(guess)
+    if ar_factor < 1:
+        assert planner.plan(1000, 80).mode == "ar"
+
+
 def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_factor():
     """A draft that a stretch of text defeats: 1 token accepted in 10 checks, and the mode ran at what
     the model predicts for that acceptance. Its realized factor (what the model leaves out) stays 1; only

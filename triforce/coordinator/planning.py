@@ -31,7 +31,7 @@ what the model still leaves out is learned too: each mode's prediction is scaled
 reached over the rounds it last ran, against what the model predicts for them at the acceptance those
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
 lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
-the speculative modes tried; `ar`, which verifies nothing, by 1; an idle mode's factor fades back towards
+the speculative modes tried (none tried: by `ar`'s, if below 1); `ar`, which verifies nothing, by 1; an idle mode's factor fades back towards
 1 as its acceptance evidence fades. In a batch one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
@@ -303,11 +303,16 @@ class AutoPlanner:
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
         mode, the mean of the speculative modes that ran (verification's overhead is the best guess at its
-        own, and favours no mode untried); for `ar`, which verifies nothing, 1."""
+        own, and favours no mode untried), or with none run, `ar`'s where that is below 1 (what slows a
+        round of plain decoding, sampling and bookkeeping between forwards, slows a speculative one too: at
+        batch 2 on the AVX2 EPYC `ar` ran at 0.82 of its model, and an untried mode kept at 1 was tried on
+        that margin alone); for `ar`, which verifies nothing, 1."""
         if mode in self.realized:
             return self.realized[mode]
+        if mode == "ar":
+            return 1.0
         seen = [x for m, x in self.realized.items() if m != "ar"]
-        return sum(seen) / len(seen) if seen and mode != "ar" else 1.0
+        return sum(seen) / len(seen) if seen else min(1.0, self.realized.get("ar", 1.0))
 
     def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
         """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
