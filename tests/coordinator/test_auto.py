@@ -23,6 +23,7 @@ from triforce.models.loader import load_model
 from triforce.speculation.lookup import RECENT
 from triforce.speculation.sampling import probabilities
 
+from sampling_runs import results
 from scripted_planner import follow_script
 
 ALPHA = 1e-3
@@ -843,11 +844,15 @@ def test_second_token_follows_the_target_while_the_plan_changes(models, prompt, 
         logits = target(torch.tensor([x1]), cache, logits_for="last")
         cache.rollback(1)
         expected += first[x1].double() * probabilities(logits, 1.0, 0, 1.0)[0].double()
+    engines = []
+
+    def run(seed):
+        engines.append(scripted_engine(models, prompt, 2, script))
+        return engines[-1].run(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed, ignore_eos=True))
+
+    runs = results(run, range(trials))  # together in batches: each as it runs alone (tests/sampling_runs.py)
     counts = torch.zeros(VOCAB, dtype=torch.float64)
-    for seed in range(trials):
-        engine = scripted_engine(models, prompt, 2, script)
-        tokens, metrics = engine.generate(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed,
-                                                                 ignore_eos=True))
+    for engine, (tokens, metrics) in zip(engines, runs):
         # three plans (after the prefill, before rounds 1 and 2): round 2 checked with the joined tiers
         assert engine.planner.calls == 3 and all(t.checks for t in metrics.tiers) and metrics.tiers
         counts[tokens[1]] += 1
