@@ -1,6 +1,7 @@
 """`--mode auto`: the cost model, the planner's choices, the cost table, and exactness while the plan changes
 between rounds (greedy equality with plain decoding; chi-square at alpha = 1e-3 for sampling)."""
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -441,6 +442,34 @@ def test_an_untried_mode_is_not_favoured_by_what_slowed_plain_decoding(ar_factor
     assert planner._realized("draft") == pytest.approx(guess)
     if ar_factor < 1:
         assert planner.plan(1000, 80).mode == "ar"
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_an_idle_modes_speed_factor_holds_in_a_batch(together):
+    """Alone, the overhead between forwards is measured and an idle mode's factor fades back towards 1;
+    in a batch that overhead is not measured (the time between a request's forwards holds its batchmates'),
+    the factors carry it, and a mode measured slow stays so while `ar` runs, instead of being tried again."""
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    if together:
+        mates = Batchmates()
+        for member in (planner, AutoPlanner({}, None)):
+            mates.join(SimpleNamespace(planner=member, plans=[None]))
+        planner.batchmates = mates
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft"
+    planner.observe_rate(plan, 0.6 / seconds_per_token(plan.stack, plan.gammas, costs,
+                                                       {n: a.mean for n, a in planner.acceptance.items()}))
+    modes = []
+    for i in range(1, 9):
+        modes.append(planner.plan(1000, 8 * i).mode)
+        if modes[-1] == "ar":
+            planner.observe_rate(Plan(("target",), (), 0.0), 1 / costs["target"][1])  # at its model
+    assert modes[0] == "ar"
+    if together:
+        assert set(modes) == {"ar"} and planner.realized["draft"] == pytest.approx(0.6)
+    else:
+        assert "draft" in modes[1:]  # its factor faded back far enough to try it again
 
 
 def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_factor():

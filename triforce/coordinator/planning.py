@@ -31,8 +31,10 @@ what the model still leaves out is learned too: each mode's prediction is scaled
 reached over the rounds it last ran, against what the model predicts for them at the acceptance those
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
 lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
-the speculative modes tried (none tried: by `ar`'s, if below 1); `ar`, which verifies nothing, by 1; an idle mode's factor fades back towards
-1 as its acceptance evidence fades. In a batch one plan serves every request (batchmates.py).
+the speculative modes tried (none tried: by `ar`'s, if below 1); `ar`, which verifies nothing, by 1; an
+idle mode's factor fades back towards 1 as its acceptance evidence fades (alone: in a batch, where the
+overhead between forwards goes unmeasured, the factors hold it). In a batch one plan serves every request
+(batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
 the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py).
@@ -160,14 +162,18 @@ class AutoPlanner:
 
     def fade(self) -> None:
         """At each plan (in a batch, at each member's): older acceptance evidence counts less; an idle
-        mode's measured speed fades back towards its model, its cost scales towards the tiers' own, and
-        an idle tier's cost scale towards the table (a tier that a slow spell made look dear is tried
-        again, as a proposer a bad start made look poor is)."""
+        mode's measured speed fades back towards its model (alone; in a batch it holds), its cost scales
+        towards the tiers' own, and an idle tier's cost scale towards the table (a tier that a slow spell
+        made look dear is tried again, as a proposer a bad start made look poor is)."""
         running = self.running
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT)
+        # In a batch the overhead between forwards is not measured (AutoEngine._forward: that time holds
+        # batchmates' forwards), so the factors carry it, and it does not fade: at batch 2 on the AVX2
+        # EPYC, `draft` measured at 0.8 of its model faded back within 3 plans of `ar` and ran again.
+        together = self.batchmates is not None and self.batchmates.size(self) > 1
         for mode, ratio in self.realized.items():
-            if mode != running:
+            if mode != running and not together:
                 self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
         self.times.fade(running, EVIDENCE_KEPT)
 
