@@ -40,9 +40,9 @@ from collections.abc import Callable, Generator
 import torch
 
 from .engine import Forward, HierarchyEngine, Run
-from .forward_times import role_at
+from .forward_times import role_at, row_seconds
 from .metrics import RequestMetrics, TierStats
-from .planning import AutoPlanner, row_seconds
+from .planning import AutoPlanner
 from .priors import request_key
 from .speed_model import Plan
 from .tiers import Tier

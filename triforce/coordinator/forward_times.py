@@ -17,7 +17,10 @@ would spread over every gamma alike. And what a batchmate's prompt chunk adds to
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+
+import torch
 
 from .costs import CostTable, interpolate
 from .speed_model import mode_stack, stack_mode
@@ -132,3 +135,14 @@ class ForwardTimes:
         by what its forwards took while `mode` ran, or, where `mode` has not run, lately in any mode."""
         scale = self.mode_scale.get(mode, {}).get(name, self.scale.get(name, 1.0))
         return {n: c * scale / self.batch for n, c in self.costs[name].items()}
+
+
+def row_seconds(probs, vocab: int, rows: int = 8) -> float:
+    """Seconds per row of `probs` (logits [n, V] -> distributions), the faster of two runs over `rows` rows."""
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        probs(logits)
+        best = min(best, time.perf_counter() - start)
+    return best / rows

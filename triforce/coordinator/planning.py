@@ -31,10 +31,10 @@ what the model still leaves out is learned too: each mode's prediction is scaled
 reached over the rounds it last ran, against what the model predicts for them at the acceptance those
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
 lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
-the speculative modes tried (none tried: by `ar`'s, if below 1); `ar`, which verifies nothing, by 1; an
-idle mode's factor fades back towards 1 as its acceptance evidence fades (alone: in a batch, where the
-overhead between forwards goes unmeasured, the factors hold it). In a batch one plan serves every request
-(batchmates.py).
+the speculative modes tried (none tried: by 1, but in a batch by `ar`'s, if below 1); `ar`, which
+verifies nothing, by 1; an idle mode's factor fades back towards 1 as its acceptance evidence fades
+(alone: in a batch, where the overhead between forwards goes unmeasured, the factors hold it). In a batch
+one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
 the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py).
@@ -45,11 +45,8 @@ size).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from itertools import product
-
-import torch
 
 from .batchmates import Batchmates, power_of_two_below
 from .costs import CostTable, interpolate
@@ -168,10 +165,10 @@ class AutoPlanner:
         running = self.running
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT)
-        # In a batch the overhead between forwards is not measured (AutoEngine._forward: that time holds
-        # batchmates' forwards), so the factors carry it, and it does not fade: at batch 2 on the AVX2
-        # EPYC, `draft` measured at 0.8 of its model faded back within 3 plans of `ar` and ran again.
-        together = self.batchmates is not None and self.batchmates.size(self) > 1
+        # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
+        # not fade: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back within 3
+        # plans of `ar` and ran again.
+        together = self._together
         for mode, ratio in self.realized.items():
             if mode != running and not together:
                 self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
@@ -306,18 +303,25 @@ class AutoPlanner:
         self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, self._generic,
                              self.times.overhead)
 
+    @property
+    def _together(self) -> bool:
+        """Planned with batchmates: the overhead between this request's forwards goes unmeasured then (that
+        time holds the batchmates' forwards: AutoEngine._forward), so the realized factors carry it."""
+        return self.batchmates is not None and self.batchmates.size(self) > 1
+
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
         mode, the mean of the speculative modes that ran (verification's overhead is the best guess at its
-        own, and favours no mode untried), or with none run, `ar`'s where that is below 1 (what slows a
-        round of plain decoding, sampling and bookkeeping between forwards, slows a speculative one too: at
-        batch 2 on the AVX2 EPYC `ar` ran at 0.82 of its model, and an untried mode kept at 1 was tried on
-        that margin alone); for `ar`, which verifies nothing, 1."""
+        own, and favours no mode untried); with none run, 1 alone, but in a batch `ar`'s where that is below
+        1 (the unmeasured overhead that slows a batch's round of plain decoding slows a speculative one too:
+        at batch 2 on the AVX2 EPYC `ar` ran at 0.82 of its model, and an untried mode kept at 1 was tried on
+        that margin alone; alone, where that overhead is measured per tier, `ar`'s factor is its own, and
+        taking it moved 8K greedy there from `draft` to a 0.81x detour); for `ar`, which verifies nothing, 1."""
         if mode in self.realized:
             return self.realized[mode]
-        if mode == "ar":
-            return 1.0
         seen = [x for m, x in self.realized.items() if m != "ar"]
+        if mode == "ar" or not (seen or self._together):
+            return 1.0
         return sum(seen) / len(seen) if seen else min(1.0, self.realized.get("ar", 1.0))
 
     def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
@@ -337,13 +341,3 @@ class AutoPlanner:
         self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
         self._measured.add(plan.mode)
 
-
-def row_seconds(probs, vocab: int, rows: int = 8) -> float:
-    """Seconds per row of `probs` (logits [n, V] -> distributions), the faster of two runs over `rows` rows."""
-    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
-    best = float("inf")
-    for _ in range(2):
-        start = time.perf_counter()
-        probs(logits)
-        best = min(best, time.perf_counter() - start)
-    return best / rows
