@@ -9,17 +9,12 @@ from triforce.coordinator.engine import Run
 TOGETHER = 250  # requests per batch
 
 
-def results(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER) -> list[tuple]:
-    """What `make_run(seed)` (a HierarchyEngine.run) returns, (tokens, metrics), for each seed, in order."""
+def outputs(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER) -> list[list[int]]:
+    """The generated tokens of `make_run(seed)` (a HierarchyEngine.run) for each seed, in order."""
     seeds, out = list(seeds), []
     for first in range(0, len(seeds), together):
         batch = SequenceBatch()
         handles = [batch.add(make_run(seed)) for seed in seeds[first:first + together]]
         batch.run()
-        out += [handle.result for handle in handles]
+        out += [handle.result[0] for handle in handles]
     return out
-
-
-def outputs(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER) -> list[list[int]]:
-    """The generated tokens of `make_run(seed)` for each seed, in order."""
-    return [tokens for tokens, _ in results(make_run, seeds, together)]

@@ -24,7 +24,7 @@ from triforce.models.loader import load_model
 from triforce.speculation.lookup import RECENT
 from triforce.speculation.sampling import probabilities
 
-from sampling_runs import results
+from sampling_runs import outputs
 from scripted_planner import follow_script
 
 ALPHA = 1e-3
@@ -433,7 +433,7 @@ def in_a_batch(planner: AutoPlanner) -> AutoPlanner:
     """`planner` planning for a batch of two (a batchmate whose prompt is prefilled)."""
     planner.batchmates = Batchmates()
     for member in (planner, AutoPlanner({}, None)):
-        planner.batchmates.join(SimpleNamespace(planner=member, plans=[None]))
+        planner.batchmates.join(SimpleNamespace(planner=member, plans=True))
     return planner
 
 
@@ -448,7 +448,7 @@ def test_an_untried_mode_in_a_batch_is_not_favoured_by_what_slowed_plain_decodin
     planner = planner_with(costs)
     if together:
         in_a_batch(planner)
-    assert planner.plan(1000, 0).mode == "ar"  # below AR_PROBE: plain decoding is measured first
+    assert planner.plan(1000, 0).mode == "ar"  # the draft does not pay at the mean acceptance
     planner.observe_rate(Plan(("target",), (), 0.0), ar_factor / costs["target"][1])
     assert planner._realized("draft") == pytest.approx(guess)
     if together and ar_factor < 1:
@@ -881,17 +881,16 @@ def test_second_token_follows_the_target_while_the_plan_changes(models, prompt, 
         logits = target(torch.tensor([x1]), cache, logits_for="last")
         cache.rollback(1)
         expected += first[x1].double() * probabilities(logits, 1.0, 0, 1.0)[0].double()
-    engines = []
-
     def run(seed):
-        engines.append(scripted_engine(models, prompt, 2, script))
-        return engines[-1].run(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed, ignore_eos=True))
-
-    runs = results(run, range(trials))  # together in batches: each as it runs alone (tests/sampling_runs.py)
-    counts = torch.zeros(VOCAB, dtype=torch.float64)
-    for engine, (tokens, metrics) in zip(engines, runs):
+        engine = scripted_engine(models, prompt, 2, script)
+        tokens, metrics = yield from engine.run(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed,
+                                                                       ignore_eos=True))
         # three plans (after the prefill, before rounds 1 and 2): round 2 checked with the joined tiers
         assert engine.planner.calls == 3 and all(t.checks for t in metrics.tiers) and metrics.tiers
+        return tokens, metrics
+
+    counts = torch.zeros(VOCAB, dtype=torch.float64)
+    for tokens in outputs(run, range(trials)):  # in batches, each as it runs alone (tests/sampling_runs.py)
         counts[tokens[1]] += 1
     assert chisquare(counts.numpy(), (expected / expected.sum() * trials).numpy()).pvalue > ALPHA
 

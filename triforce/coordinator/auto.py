@@ -231,8 +231,7 @@ class AutoEngine(HierarchyEngine):
                 self.planner.times.observe_chunk(tokens, seconds)
         else:
             self.planner.times.observe_cost(self.planner.running, tier.name, tokens, seconds)
-        alone = self.planner.batchmates is None or len(self.planner.batchmates.engines) == 1
-        # In a batch the time between this request's forwards holds its batchmates' forwards too.
+        alone = self.planner.batchmates is None or not self.planner.batchmates.together
         self._last = (tier.name, role_at(level), tokens if level else 1, began, seconds) \
             if alone and not tier.shared_prefill else None
         return logits

@@ -305,9 +305,9 @@ class AutoPlanner:
 
     @property
     def _together(self) -> bool:
-        """Planned with batchmates: the overhead between this request's forwards goes unmeasured then (that
-        time holds the batchmates' forwards: AutoEngine._forward), so the realized factors carry it."""
-        return self.batchmates is not None and self.batchmates.size(self) > 1
+        """Run with batchmates (Batchmates.together): the realized factors carry the overhead between
+        forwards, unmeasured then."""
+        return self.batchmates is not None and self.batchmates.together
 
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
