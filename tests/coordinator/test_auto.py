@@ -881,6 +881,7 @@ def test_second_token_follows_the_target_while_the_plan_changes(models, prompt, 
         logits = target(torch.tensor([x1]), cache, logits_for="last")
         cache.rollback(1)
         expected += first[x1].double() * probabilities(logits, 1.0, 0, 1.0)[0].double()
+
     def run(seed):
         engine = scripted_engine(models, prompt, 2, script)
         tokens, metrics = yield from engine.run(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed,

@@ -340,4 +340,3 @@ class AutoPlanner:
         ratio = tokens_per_s * self._batch / predicted
         self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
         self._measured.add(plan.mode)
-
