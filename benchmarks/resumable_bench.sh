@@ -11,3 +11,12 @@ calibration_home() {
   mkdir -p "$1"
   for d in models downloads; do ln -sfn "${TRIFORCE_HOME:-$HOME/.cache/triforce}/$d" "$1/$d"; done
 }
+# `labelled_runs FOLDER TAG LABEL`: a label's results go in FOLDER/LABEL ($out), its runs use $home
+# (HOME_FOR_RUN, else a fresh calibration home /tmp/triforce_home_TAG_LABEL) and read $text (TEXT, else Emma).
+labelled_runs() {
+  out=$1/$3
+  home=${HOME_FOR_RUN:-/tmp/triforce_home_$2_$3}
+  text=${TEXT:-../shared/data/austen-emma.txt}
+  mkdir -p "$out"
+  calibration_home "$home"
+}

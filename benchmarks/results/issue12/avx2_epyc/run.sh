@@ -9,13 +9,9 @@
 #         python benchmarks/seed_means.py benchmarks/results/issue12/avx2_epyc/LABEL/l7936*.json --against best
 set -e
 label=${1:?usage: run.sh LABEL}
-out=benchmarks/results/issue12/avx2_epyc/$label
-text=${TEXT:-../shared/data/austen-emma.txt}
-home=${HOME_FOR_RUN:-/tmp/triforce_home_avx2_epyc_$label}
-common="--text $text --max-new-tokens 256 --modes ${MODES:-ar draft retrieval triforce auto}"
 source benchmarks/resumable_bench.sh
-mkdir -p $out
-calibration_home $home
+labelled_runs benchmarks/results/issue12/avx2_epyc avx2_epyc $label
+common="--text $text --max-new-tokens 256 --modes ${MODES:-ar draft retrieval triforce auto}"
 for length in ${LENGTHS:-7936 4096 2048}; do
   TRIFORCE_HOME=$home resumable greedy_${length} --lengths $length --temperatures 0
   for seed in ${SEEDS:-0 1 2}; do

@@ -6,13 +6,9 @@
 # Tables: python benchmarks/auto_table.py benchmarks/results/issue12/avx2_epyc/LABEL/yarn_*.json
 set -e
 label=${1:?usage: yarn.sh LABEL}
-out=benchmarks/results/issue12/avx2_epyc/$label
-text=${TEXT:-../shared/data/austen-emma.txt}
-home=${HOME_FOR_RUN:-/tmp/triforce_home_avx2_epyc_yarn_$label}
-common="--text $text --max-new-tokens 256 --rope-scaling yarn:4"
 source benchmarks/resumable_bench.sh
-mkdir -p $out
-calibration_home $home
+labelled_runs benchmarks/results/issue12/avx2_epyc avx2_epyc_yarn $label
+common="--text $text --max-new-tokens 256 --rope-scaling yarn:4"
 TRIFORCE_HOME=$home resumable yarn_greedy_16000 --lengths 16000 --temperatures 0 --modes ${MODES:-ar draft triforce auto}
 TRIFORCE_HOME=$home resumable yarn_sampled_16000_seed0 --lengths 16000 --temperatures 0.6 --seed 0 --modes ${MODES:-ar draft triforce auto}
 TRIFORCE_HOME=$home resumable yarn_greedy_32000 --lengths 32000 --temperatures 0 --modes ${MODES_32K:-ar draft auto}

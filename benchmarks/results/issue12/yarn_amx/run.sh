@@ -10,13 +10,9 @@
 #         python benchmarks/seed_means.py benchmarks/results/issue12/yarn_amx/LABEL/l32000*.json --against best
 set -e
 label=${1:?usage: run.sh LABEL}
-out=benchmarks/results/issue12/yarn_amx/$label
-text=${TEXT:-../shared/data/austen-emma.txt}
-home=${HOME_FOR_RUN:-/tmp/triforce_home_yarn_amx_$label}
-common="--text $text --max-new-tokens 256 --rope-scaling yarn:4 --modes ${MODES:-ar draft retrieval triforce auto}"
 source benchmarks/resumable_bench.sh
-mkdir -p $out
-calibration_home $home
+labelled_runs benchmarks/results/issue12/yarn_amx yarn_amx $label
+common="--text $text --max-new-tokens 256 --rope-scaling yarn:4 --modes ${MODES:-ar draft retrieval triforce auto}"
 for length in 16000 32000; do
   TRIFORCE_HOME=$home resumable greedy_${length} --lengths $length --temperatures 0
   for seed in 0 1 2; do
