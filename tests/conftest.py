@@ -1,12 +1,29 @@
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    # `make test` runs a worker per core (pytest -n auto): tiny models' forwards are many small ops, which a
+    # second thread per op slows rather than speeds (two workers of two threads on two cores took longer
+    # than one process). Set before torch starts its thread pool; subprocesses inherit it.
+    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from checkpoints import write_tiny_checkpoint, write_tiny_tokenizer  # noqa: E402
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core this process may run on (xdist's own count ignores CPU affinity)."""
+    return usable_cores()
 
 
 @pytest.fixture(autouse=True)

