@@ -324,6 +324,7 @@ def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
     planned with measured again by the next request; a tier near the table's is left, and an entry another
     request has measured since is kept. (Scaling the entry by what the request saw, as before, once made a
     slow spell of one request the draft's cost for good: priced 10x, it never ran to show otherwise.)"""
+    from types import SimpleNamespace
 
     from triforce.models.config import ModelConfig
 
@@ -355,6 +356,7 @@ def test_a_batch_near_its_end_plans_with_a_batch_size_the_table_knows(tmp_path):
     """A batch shrinks as its members end; measuring the new size's costs takes seconds (the Qwen pair at
     8K, batch 4 down to 2: 5 s of a 28 s decode, benchmarks/batch_timeline.py), so with few tokens left
     (`measure` off) the nearest batch size the table knows stands in; with many left it is measured."""
+    from types import SimpleNamespace
 
     from triforce.models.config import ModelConfig
 
@@ -435,25 +437,29 @@ def in_a_batch(planner: AutoPlanner) -> AutoPlanner:
     return planner
 
 
-@pytest.mark.parametrize("together", [False, True])
-@pytest.mark.parametrize("ar_factor", [0.8, 1.3])
-def test_an_untried_mode_is_not_guessed_at_plain_decodings_factor(ar_factor, together):
-    """With no speculative mode run, an untried one is guessed at its model (a factor of 1), whatever `ar`
-    ran at, alone or in a batch (whose overhead between forwards is measured as alone's: OwnTime): `ar`'s
-    factor is its own (taking it moved 8K greedy on the AVX2 EPYC from `draft` to a 0.81x detour)."""
+@pytest.mark.parametrize("together,ar_factor,guess", [(True, 0.8, 0.8), (True, 1.3, 1.0), (False, 0.8, 1.0)])
+def test_an_untried_mode_in_a_batch_is_not_favoured_by_what_slowed_plain_decoding(together, ar_factor, guess):
+    """In a batch, plain decoding ran at 0.8 of its model (the overhead between forwards, unmeasured there,
+    as at batch 2 on the AVX2 EPYC) and no speculative mode has run: an untried one is guessed at ar's
+    factor, since its rounds pay the same between forwards, so a draft the model scores below ar is not
+    tried on that margin alone (at a factor of 1 it was). A factor above 1 gives no untried mode a bonus,
+    and alone (that overhead measured per tier) ar's factor is its own."""
     costs = {"draft": {1: 0.7}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     planner = planner_with(costs)
     if together:
         in_a_batch(planner)
     assert planner.plan(1000, 0).mode == "ar"  # the draft does not pay at the mean acceptance
     planner.observe_rate(Plan(("target",), (), 0.0), ar_factor / costs["target"][1])
-    assert planner.realized["ar"] == pytest.approx(ar_factor) and planner._realized("draft") == 1.0
+    assert planner._realized("draft") == pytest.approx(guess)
+    if together and ar_factor < 1:
+        assert planner.plan(1000, 80).mode == "ar"
 
 
 @pytest.mark.parametrize("together", [False, True])
-def test_an_idle_modes_speed_factor_fades_back_and_it_is_tried_again(together):
-    """A mode measured slow (0.6 of its model) fades back towards its model while `ar` runs at its own,
-    and is tried again, alone or in a batch: a slow spell does not lock it out."""
+def test_an_idle_modes_speed_factor_holds_in_a_batch(together):
+    """Alone, the overhead between forwards is measured and an idle mode's factor fades back towards 1;
+    in a batch that overhead is not measured (the time between a request's forwards holds its batchmates'),
+    the factors carry it, and a mode measured slow stays so while `ar` runs, instead of being tried again."""
     costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     planner = planner_with(costs)
     if together:
@@ -467,7 +473,11 @@ def test_an_idle_modes_speed_factor_fades_back_and_it_is_tried_again(together):
         modes.append(planner.plan(1000, 8 * i).mode)
         if modes[-1] == "ar":
             planner.observe_rate(Plan(("target",), (), 0.0), 1 / costs["target"][1])  # at its model
-    assert modes[0] == "ar" and "draft" in modes[1:]
+    assert modes[0] == "ar"
+    if together:
+        assert set(modes) == {"ar"} and planner.realized["draft"] == pytest.approx(0.6)
+    else:
+        assert "draft" in modes[1:]  # its factor faded back far enough to try it again
 
 
 def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_factor():
