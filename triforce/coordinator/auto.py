@@ -12,8 +12,8 @@ more tokens per target forward amortises them. So what the planner learns from t
 forwards and rounds (forward_times.py: costs scaled towards what forwards took, the time between them;
 planning.py: each mode's realized speed) leaves out those that ran beside such chunks; what a chunk adds
 to a target forward is learned apart, and a plan is made again as soon as a batchmate's prefill begins or
-ends, with that cost or without it. The overhead between forwards is the request's own work there
-(forward_times.OwnTime), alone or in a batch.
+ends, with that cost or without it. The time between forwards is learned only while the request runs
+alone: in a batch it holds the batchmates' forwards too.
 
 An idle draft (the plan runs `ar` or `retrieval`) still tells the planner how it would fare: at each
 re-plan it catches up on the tokens committed since (as it must before it runs again anyway) with its
@@ -40,7 +40,7 @@ from collections.abc import Callable, Generator
 import torch
 
 from .engine import Forward, HierarchyEngine, Run
-from .forward_times import OwnTime, role_at, row_seconds
+from .forward_times import role_at, row_seconds
 from .metrics import RequestMetrics, TierStats
 from .planning import AutoPlanner
 from .priors import request_key
@@ -68,10 +68,9 @@ class AutoEngine(HierarchyEngine):
         self._shared = False  # whether a forward since the plan began ran beside another's prompt chunks
         self._planned_busy = False  # whether the running plan was made for a batchmate's prefill
         self._target_p: list[float] = []  # per generated token: the target's probability of it
-        self.own = OwnTime()  # the request's own work, between forwards (the overhead of forward_times.py)
-        # The last forward: tier, role, rows its logits give and `own` at its end (None after a plan, whose
-        # time and catch-up forwards are no forward's overhead)
-        self._last: tuple[str, str, int, float] | None = None
+        # The last forward: tier, role, rows its logits give, when it was asked for and what it took (None
+        # after a plan, whose time and catch-up forwards are no forward's overhead)
+        self._last: tuple[str, str, int, float, float] | None = None
 
     def run(self, prompt: list[int], params, *args, **kwargs) -> Run:
         """HierarchyEngine.run, adding what it saw to what later requests of its kind start from (its first
@@ -80,7 +79,7 @@ class AutoEngine(HierarchyEngine):
         if mates is not None:
             mates.join(self)
         try:
-            result = yield from self.own.timed(super().run(prompt, params, *args, **kwargs))
+            result = yield from super().run(prompt, params, *args, **kwargs)
             self.planner.remember()
             return result
         finally:
@@ -219,11 +218,11 @@ class AutoEngine(HierarchyEngine):
         return self._pairs[drafter, checker]
 
     def _forward(self, level: int, step=None) -> Generator[Forward, object, object]:
-        tier = self.tiers[level]
+        tier, began = self.tiers[level], time.perf_counter()
         tokens, spent = step.n if step is not None else len(self.seq) - tier.length, tier.seconds
-        if self._last is not None:  # the work since the last forward ended: its logits' processing and so on
-            name, role, rows, ended = self._last
-            self.planner.times.observe_overhead(name, role, self.own.now() - ended, rows, self.planner.row_seconds)
+        if self._last is not None:  # what ran since the last forward ended: its logits' processing and so on
+            name, role, rows, entered, seconds = self._last
+            self.planner.times.observe_overhead(name, role, began - entered - seconds, rows, self.planner.row_seconds)
         logits = yield from super()._forward(level, step)
         seconds = tier.seconds - spent
         if tier.shared_prefill:  # a batchmate's prompt chunk slowed it: no evidence of this plan's speed
@@ -232,7 +231,9 @@ class AutoEngine(HierarchyEngine):
                 self.planner.times.observe_chunk(tokens, seconds)
         else:
             self.planner.times.observe_cost(self.planner.running, tier.name, tokens, seconds)
-        self._last = (tier.name, role_at(level), tokens if level else 1, self.own.now())
+        alone = self.planner.batchmates is None or not self.planner.batchmates.together
+        self._last = (tier.name, role_at(level), tokens if level else 1, began, seconds) \
+            if alone and not tier.shared_prefill else None
         return logits
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:

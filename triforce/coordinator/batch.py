@@ -24,7 +24,6 @@ not, and greedy output is the same.)
 """
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -106,12 +105,8 @@ class SequenceBatch:
 
 def check_together(checks: list[Check]) -> list[tuple[ChainVerdict, torch.Tensor]]:
     """Verifies many sequences' chains in one `verify_chains`: (verdict, the checker's distributions
-    [g + 1, V]) for each. Each check is told its share of the time (`Check.seconds`)."""
-    start = time.perf_counter()
+    [g + 1, V]) for each."""
     target = [probabilities(c.logits, c.params.temperature, c.params.top_k, c.params.top_p) for c in checks]
     verdicts = verify_chains([c.draft_tokens for c in checks], [c.draft_probs for c in checks], target,
                              [c.generator for c in checks], [c.params.greedy for c in checks])
-    share = (time.perf_counter() - start) / len(checks)
-    for check in checks:
-        check.seconds = share
     return list(zip(verdicts, target))

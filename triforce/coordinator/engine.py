@@ -66,7 +66,6 @@ class Check:
     logits: torch.Tensor  # [g + 1, V]: the checker's, at each proposal and one past the last
     params: SamplingParams
     generator: torch.Generator
-    seconds: float = 0.0  # set by the batch that verified it: its share of that verification's time
 
 
 Run = Generator[Forward | Check | Wait, object, tuple[list[int], RequestMetrics]]

@@ -9,18 +9,15 @@ has not at what the tier's took lately. Idle, a mode's scales fade towards the t
 towards the table's (`fade`). A request that found a tier far off the table has its entry measured again
 by the next (`remeasure`).
 
-Beside the forwards themselves: the request's own work from the end of one forward to the next past the
-modelled cost of its rows (sampling, prompt lookup, its share of its batch's verification, bookkeeping:
-`OwnTime`) is each tier's overhead in its role (it proposes: "bottom", as `ar`'s target does too; it
-checks the tier below: "check"), added to that tier's forwards for each sequence of a batch; a chain of
-gamma pays its bottom tier's gamma times, which one speed factor per mode would spread over every gamma
-alike. Own work, not the wall time between forwards: in a batch that holds the batchmates' work and
-forwards too. And what a batchmate's prompt chunk adds to a target forward.
+Beside the forwards themselves: what passes from the end of one forward to the next past the modelled
+cost of its rows (sampling, prompt lookup, verification, bookkeeping) is each tier's overhead in its role
+(it proposes: "bottom", as `ar`'s target does too; it checks the tier below: "check"), added to that
+tier's forwards; a chain of gamma pays its bottom tier's gamma times, which one speed factor per mode
+would spread over every gamma alike. And what a batchmate's prompt chunk adds to a target forward.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -70,7 +67,7 @@ class ForwardTimes:
         out = {}
         for level, name in enumerate(stack):
             extra = self.overhead.get(f"{name}/{role_at(level)}", 0.0) + (chunk if name == "target" else 0.0)
-            out[name] = {n: c + extra for n, c in self.scaled[stack_mode(stack)][name].items()}
+            out[name] = {n: c + extra / self.batch for n, c in self.scaled[stack_mode(stack)][name].items()}
         return out
 
     def fade(self, running: str | None, kept: float) -> None:
@@ -99,7 +96,7 @@ class ForwardTimes:
             self._forwards[name] = self._forwards.get(name, 0) + 1
 
     def observe_overhead(self, name: str, role: str, seconds: float, rows: int, row_seconds: float) -> None:
-        """The request worked `seconds` from the end of a forward of tier `name` as `role` to its next, which
+        """`seconds` passed from the end of a forward of tier `name` as `role` to the next forward, which
         processed `rows` rows of its logits at `row_seconds` each (modelled apart): the rest is the tier's
         overhead in that role."""
         extra, key = max(0.0, seconds - rows * row_seconds), f"{name}/{role}"
@@ -149,35 +146,3 @@ def row_seconds(probs, vocab: int, rows: int = 8) -> float:
         probs(logits)
         best = min(best, time.perf_counter() - start)
     return best / rows
-
-
-class OwnTime:
-    """The seconds a request has spent on its own work: running its `run` generator (sampling, the prompt
-    lookup, bookkeeping) and its share of the checks its batch verified together (`Check.seconds`); not the
-    forwards it waited for, nor its batchmates' work between them. Alone that is the time between its
-    forwards; in a batch, what it adds to each step of the batch."""
-
-    def __init__(self):
-        self.spent = 0.0
-        self._since: float | None = None  # when the generator was resumed, while it runs
-
-    def now(self) -> float:
-        """The seconds spent so far (read from inside the generator while it runs)."""
-        return self.spent + (0.0 if self._since is None else time.perf_counter() - self._since)
-
-    def timed(self, run: Generator):
-        """`run`'s requests and result, with the time it runs counted."""
-        sent = None
-        try:
-            while True:
-                self._since = time.perf_counter()
-                try:
-                    request = run.send(sent)
-                except StopIteration as done:
-                    return done.value
-                finally:
-                    self.spent, self._since = self.now(), None
-                sent = yield request
-                self.spent += getattr(request, "seconds", 0.0)  # a Check's share of its batch's verification
-        finally:
-            run.close()
