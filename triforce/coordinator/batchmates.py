@@ -44,6 +44,12 @@ class Batchmates:
         if not self.engines:  # the next batch plans afresh
             self.plan = self.decision = None
 
+    @property
+    def together(self) -> bool:
+        """More than one request runs: the time between one's forwards holds the others' forwards, so the
+        overhead between its own goes unmeasured (AutoEngine._forward), and the realized factors carry it."""
+        return len(self.engines) > 1
+
     def leader(self):
         return next((e for e in self.engines if e.plans), None)
 

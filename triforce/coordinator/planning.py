@@ -31,9 +31,10 @@ what the model still leaves out is learned too: each mode's prediction is scaled
 reached over the rounds it last ran, against what the model predicts for them at the acceptance those
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
 lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
-the speculative modes tried (none tried: by 1); `ar`, which verifies nothing, by 1; an idle mode's factor
-fades back towards 1 as its acceptance evidence fades. In a batch one plan serves every request
-(batchmates.py).
+the speculative modes tried (none tried: by 1, but in a batch by `ar`'s, if below 1); `ar`, which
+verifies nothing, by 1; an idle mode's factor fades back towards 1 as its acceptance evidence fades
+(alone: in a batch, where the overhead between forwards goes unmeasured, the factors hold it). In a batch
+one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
 the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py).
@@ -158,14 +159,18 @@ class AutoPlanner:
 
     def fade(self) -> None:
         """At each plan (in a batch, at each member's): older acceptance evidence counts less; an idle
-        mode's measured speed fades back towards its model, its cost scales
+        mode's measured speed fades back towards its model (alone; in a batch it holds), its cost scales
         towards the tiers' own, and an idle tier's cost scale towards the table (a tier that a slow spell
         made look dear is tried again, as a proposer a bad start made look poor is)."""
         running = self.running
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT)
+        # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
+        # not fade: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back within 3
+        # plans of `ar` and ran again.
+        together = self._together
         for mode, ratio in self.realized.items():
-            if mode != running:
+            if mode != running and not together:
                 self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
         self.times.fade(running, EVIDENCE_KEPT)
 
@@ -298,15 +303,26 @@ class AutoPlanner:
         self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, self._generic,
                              self.times.overhead)
 
+    @property
+    def _together(self) -> bool:
+        """Run with batchmates (Batchmates.together): the realized factors carry the overhead between
+        forwards, unmeasured then."""
+        return self.batchmates is not None and self.batchmates.together
+
     def _realized(self, mode: str) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
         mode, the mean of the speculative modes that ran (verification's overhead is the best guess at its
-        own, and favours no mode untried); with none run, 1 (`ar`'s factor is its own: taking it moved 8K greedy
-        on the AVX2 EPYC from `draft` to a 0.81x detour); for `ar`, which verifies nothing, 1."""
+        own, and favours no mode untried); with none run, 1 alone, but in a batch `ar`'s where that is below
+        1 (the unmeasured overhead that slows a batch's round of plain decoding slows a speculative one too:
+        at batch 2 on the AVX2 EPYC `ar` ran at 0.82 of its model, and an untried mode kept at 1 was tried on
+        that margin alone; alone, where that overhead is measured per tier, `ar`'s factor is its own, and
+        taking it moved 8K greedy there from `draft` to a 0.81x detour); for `ar`, which verifies nothing, 1."""
         if mode in self.realized:
             return self.realized[mode]
         seen = [x for m, x in self.realized.items() if m != "ar"]
-        return sum(seen) / len(seen) if mode != "ar" and seen else 1.0
+        if mode == "ar" or not (seen or self._together):
+            return 1.0
+        return sum(seen) / len(seen) if seen else min(1.0, self.realized.get("ar", 1.0))
 
     def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
         """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
