@@ -8,7 +8,7 @@ def usable_cores() -> int:
 
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
-    # `make test` runs a worker per core (pytest -n auto): tiny models' forwards are many small ops, which a
+    # `make test` runs a worker per CPU (pytest -n auto): tiny models' forwards are many small ops, which a
     # second thread per op slows rather than speeds (two workers of two threads on two cores took longer
     # than one process). Set before torch starts its thread pool; subprocesses inherit it.
     os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
@@ -16,14 +16,19 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.env
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # should a plugin have started torch first
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from checkpoints import write_tiny_checkpoint, write_tiny_tokenizer  # noqa: E402
 
 
+@pytest.hookimpl(optionalhook=True)  # without xdist, plain pytest does not know this hook
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: a worker per core this process may run on (xdist's own count ignores CPU affinity)."""
-    return usable_cores()
+    """`-n auto`: a worker per CPU this process may run on (xdist's own count ignores CPU affinity), unless
+    PYTEST_XDIST_AUTO_NUM_WORKERS says otherwise."""
+    return None if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else usable_cores()
 
 
 @pytest.fixture(autouse=True)

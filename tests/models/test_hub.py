@@ -155,14 +155,21 @@ def test_processes_fetching_one_model_at_once_fetch_it_once(tmp_path, monkeypatc
         (dest / hub._READY).write_text("toy")
 
     monkeypatch.setattr(hub, "_fetch", slow_fetch)
+    waiting, flock = threading.Event(), hub.fcntl.flock
+
+    def watched_flock(fd, how):
+        if not how & hub.fcntl.LOCK_NB:
+            waiting.set()  # the second caller found the lock taken and waits
+        return flock(fd, how)
+
+    monkeypatch.setattr(hub.fcntl, "flock", watched_flock)
     found = []
     first = threading.Thread(target=lambda: found.append(hub.fetch_model("smollm2")))
     first.start()
     assert fetching.wait(5)
     second = threading.Thread(target=lambda: found.append(hub.fetch_model("smollm2")))
     second.start()
-    second.join(0.3)
-    assert second.is_alive(), "the second caller did not wait for the first's fetch"
+    assert waiting.wait(5), "the second caller did not wait for the first's fetch"
     done.set()
     first.join(5)
     second.join(5)

@@ -18,7 +18,6 @@ started together, test workers) take turns on a lock file beside it: the first f
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -33,6 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: processes making one model at once are not kept apart
+    fcntl = None
 
 from .config import ModelLoadError
 
@@ -121,15 +125,27 @@ def _made_once(dest: Path, make: Callable[[], None]) -> Path:
     find it ready."""
     if not (dest / _READY).is_file():
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with open(dest.with_name(dest.name + ".lock"), "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"triforce: waiting for another process making {dest}", file=sys.stderr)
-                fcntl.flock(lock, fcntl.LOCK_EX)
+        lock = os.open(dest.with_name(dest.name + ".lock"), os.O_RDONLY | os.O_CREAT, 0o666)
+        try:
+            _take_turn(lock, dest)
             if not (dest / _READY).is_file():
                 make()
+        finally:
+            os.close(lock)  # releases the lock
     return dest
+
+
+def _take_turn(lock: int, dest: Path) -> None:
+    """Waits for the lock on file descriptor `lock`; where the file system cannot lock, goes on without."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"triforce: waiting for another process making {dest}", file=sys.stderr)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    except OSError as exc:  # e.g. NFS or Lustre mounted without flock
+        log.warning("cannot lock %s (%s): going on without", dest, exc)
 
 
 def _fetch(name: str, dest: Path) -> None:
