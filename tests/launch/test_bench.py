@@ -2,6 +2,8 @@
 import json
 import random
 
+import torch
+
 from checkpoints import write_reduced_vocabulary
 from triforce.kernels import cpu
 from triforce.launch.cli import main
@@ -26,6 +28,7 @@ def test_bench_compares_modes_and_peers(tiny_dir, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == report
     # which kernels produced the numbers
     assert (report["cpu"]["kernel_path"], report["cpu"]["isa_level"]) == (cpu.kernel_path(), cpu.isa_level())
+    assert report["cpu"]["model"] == cpu.cpu_model() != "" and report["cpu"]["threads"] == torch.get_num_threads()
     rows = report["results"]
     assert len(rows) == 2 * 2 * 4  # workloads x temperatures x (ar, triforce, transformers, assisted)
     for row in rows:

@@ -13,9 +13,7 @@ CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (planning.py) p
 from __future__ import annotations
 
 import functools
-import platform
 import time
-from pathlib import Path
 
 import torch
 
@@ -33,20 +31,14 @@ def machine_key(device_type: str) -> str:
     """What makes this machine's forward costs on a device of `device_type` their own: for 'cpu', the
     CPU's model, kernel path (and the kernels' sources) and threads, also on a machine with a GPU beside
     (a tier on its CPU runs the CPU kernels); for 'cuda', the GPU's model; else the device type."""
-    from ..kernels.cpu import kernel_path, kernel_sources_digest
+    from ..kernels.cpu import cpu_model, kernel_path, kernel_sources_digest
 
     if device_type == "cuda":
         return f"cuda:{torch.cuda.get_device_name()}"
     if device_type != "cpu":
         return device_type
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     kernels = kernel_path() if kernel_path() == "torch" else f"{kernel_path()}@{kernel_sources_digest()}"
-    return f"{cpu}|{kernels}|threads={torch.get_num_threads()}"
+    return f"{cpu_model()}|{kernels}|threads={torch.get_num_threads()}"
 
 
 def tier_key(tier: Tier) -> str:

@@ -56,6 +56,18 @@ def _cpu_flags() -> set[str]:
 
 
 @functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` says."""
+    import platform
+
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+@functools.cache
 def cpu_isa() -> str | None:
     """The highest level this CPU has (None: not even AVX2 + FMA, or not x86-64 Linux)."""
     flags, best = _cpu_flags(), None

@@ -30,7 +30,7 @@ import torch
 from ..config import MODES, EngineConfig, SamplingParams
 from ..coordinator.metrics import RequestMetrics, TierStats
 from ..errors import UserError
-from ..kernels.cpu import cpu_isa, isa_level, kernel_path
+from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
 from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
 
 WORKLOADS = ("novel", "passkey")
@@ -170,7 +170,8 @@ def run_bench(args) -> int:
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens,
               "top_p": args.top_p, "engine": {**dataclasses.asdict(base), "lookup": base.lookup_n},
-              "cpu": {"isa": cpu_isa(), "isa_level": isa_level(), "kernel_path": kernel_path(),
+              "cpu": {"model": cpu_model(), "threads": torch.get_num_threads(), "isa": cpu_isa(),
+                      "isa_level": isa_level(), "kernel_path": kernel_path(),
                       "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()},
               "results": results}
     text_out = json.dumps(report, indent=1)
