@@ -19,6 +19,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -58,8 +59,6 @@ def _cpu_flags() -> set[str]:
 @functools.cache
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), else what `platform` says."""
-    import platform
-
     try:
         return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("model name"))
