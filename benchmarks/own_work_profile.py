@@ -7,8 +7,9 @@ cProfile of one request, its time per call in the coordinator's functions, as JS
 The profiler inflates functions made of many small torch calls several-fold: read it for where the time
 goes, then time what it points at directly. SmolLM2 at 7,936 tokens of Emma, `retrieval` mode, greedy, 96
 new tokens, on the 2-core AVX2 EPYC: the retrieval tier's sync after each check showed 3.0 ms here (19
-calls), but the cache's sync of 3 tokens timed alone at 8K took 0.37 ms; a rebuild of its chunks 96 ms
-(2 calls), the batch's verification 2.1 ms per check; the target's forwards 43.4 of the 43.9 s.
+calls), several times what the cache's sync of a few tokens takes when timed alone (a RetrievalKVCache
+over a FullKVCache of SmolLM2's shape at 8K; not a script here yet); a rebuild of its chunks 96 ms (2
+calls), the batch's verification 2.1 ms per check; the target's forwards 43.4 of the 43.9 s.
 """
 import argparse
 import cProfile
