@@ -1,53 +1,102 @@
 """Where a request's own work between forwards goes (what mode auto's overhead per tier and role holds):
-cProfile of one request, its time per call in the coordinator's functions, as JSON.
+one request, or a batch of them, with the coordinator's steps timed directly, as JSON.
 
-    python benchmarks/own_work_profile.py [--mode retrieval] [--length 7936] [--max-new-tokens 96]
-        [--text ../shared/data/austen-emma.txt] [--model smollm2]
+    python benchmarks/own_work_profile.py [--mode retrieval] [--length 7936] [--batch 1]
+        [--max-new-tokens 96] [--text ../shared/data/austen-emma.txt ...] [--model smollm2]
 
-The profiler inflates functions made of many small torch calls several-fold: read it for where the time
-goes, then time what it points at directly. SmolLM2 at 7,936 tokens of Emma, `retrieval` mode, greedy, 96
-new tokens, on the 2-core AVX2 EPYC: the retrieval tier's sync after each check showed 3.0 ms here (19
-calls), several times what the cache's sync of a few tokens takes when timed alone (a RetrievalKVCache
-over a FullKVCache of SmolLM2's shape at 8K; not a script here yet); a rebuild of its chunks 96 ms (2
-calls), the batch's verification 2.1 ms per check; the target's forwards 43.4 of the 43.9 s.
+Each function of WATCHED is wrapped in a timer (perf_counter around the call; inclusive: a function's
+seconds hold those of the watched functions it calls), so the figures are wall time as the run spends it;
+cProfile, used before, inflated functions made of many small torch calls several-fold. Of the batch's steps
+whose model calls carried no prompt chunk (decoding), `between_forwards_s` is what they spent outside
+model calls: the runs' own work (sampling, verification, syncs, bookkeeping), also per target check of a
+sequence. "prefill" and "prefill forwards" are the other steps' seconds (the retrieval cache's first
+build falls there).
 """
 import argparse
-import cProfile
+import functools
 import json
-import pstats
 import time
+from collections import defaultdict
 
 from triforce.api import LLM
+from triforce.cache import retrieval
 from triforce.config import SamplingParams
+from triforce.coordinator import batch, engine, tiers
 
-WATCHED = ("retrieval.py", "tiers.py", "engine.py", "verify.py", "sampling.py", "batch.py", "lookup.py")
+# (owner, attribute): what to time. `batch.forward_together` is every model call of a batch step.
+WATCHED = [(batch, "forward_together"), (batch, "check_together"), (batch.SequenceBatch, "step"),
+           (batch.SequenceBatch, "_advance"), (tiers.RetrievalTier, "sync"), (tiers.Tier, "keep_path"),
+           (retrieval.RetrievalKVCache, "rebuild"), (retrieval.RetrievalKVCache, "sync"),
+           (engine.HierarchyEngine, "_commit"), (engine.HierarchyEngine, "_probs")]
+
+
+def watch(clock: dict) -> None:
+    """Wraps each WATCHED function so that `clock[name]` = [calls, seconds]; and splits the batch's steps
+    into "prefill" (a step whose model calls carried a prompt chunk) and "decode", each with its seconds
+    inside model calls ("... forwards")."""
+    for owner, attr in WATCHED:
+        real = getattr(owner, attr)
+        name = f"{getattr(owner, '__name__', owner)}.{attr}".replace("triforce.coordinator.", "")
+        is_static = isinstance(owner.__dict__.get(attr), staticmethod)
+
+        def timed(*args, _real=real, _name=name, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                entry = clock[_name]
+                entry[0] += 1
+                entry[1] += elapsed
+                if _name == "batch.forward_together":
+                    clock["_step"]["forwards"] += elapsed
+                    clock["_step"]["prefill"] |= "none" in args[2]
+                elif _name == "SequenceBatch.step":
+                    phase = "prefill" if clock["_step"]["prefill"] else "decode"
+                    for key, seconds in ((phase, elapsed), (f"{phase} forwards", clock["_step"]["forwards"])):
+                        clock[key][0] += 1
+                        clock[key][1] += seconds
+                    clock["_step"] = {"forwards": 0.0, "prefill": False}
+
+        functools.update_wrapper(timed, real)
+        setattr(owner, attr, staticmethod(timed) if is_static else timed)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", default="retrieval")
     p.add_argument("--length", type=int, default=7936)
+    p.add_argument("--batch", type=int, default=1, help="prompts run together, one per text (cycled)")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--text", default="../shared/data/austen-emma.txt")
+    p.add_argument("--text", nargs="+", default=["../shared/data/austen-emma.txt"])
     p.add_argument("--model", default="smollm2")
     args = p.parse_args()
     llm = LLM(args.model, mode=args.mode, prefix_cache_gb=0)
-    with open(args.text) as f:
-        prompt = llm.tokenizer.decode(llm.tokenizer(f.read())["input_ids"][:args.length])
-    profile = cProfile.Profile()
+    prompts = []
+    for i in range(args.batch):
+        with open(args.text[i % len(args.text)]) as f:
+            prompts.append(llm.tokenizer(f.read())["input_ids"][:args.length])
+    clock: dict = defaultdict(lambda: [0, 0.0])
+    clock["_step"] = {"forwards": 0.0, "prefill": False}
+    watch(clock)
     start = time.perf_counter()
-    profile.enable()
-    llm.generate([prompt], SamplingParams(max_tokens=args.max_new_tokens, temperature=0, ignore_eos=True))
-    profile.disable()
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=args.max_new_tokens, temperature=0, ignore_eos=True))
     wall = time.perf_counter() - start
-    rows = []
-    for (file, line, name), (_, calls, _, cumulative, _) in pstats.Stats(profile).stats.items():
-        if file.endswith(WATCHED) and "triforce" in file:
-            rows.append({"function": f"{file.split('triforce/')[-1]}:{line}({name})", "calls": calls,
-                         "seconds": round(cumulative, 4), "ms_per_call": round(1e3 * cumulative / calls, 3)})
-    rows.sort(key=lambda r: -r["seconds"])
-    print(json.dumps({"mode": args.mode, "length": args.length, "max_new_tokens": args.max_new_tokens,
-                      "wall_s": round(wall, 2), "functions": rows[:40]}, indent=1))
+    prefill = max(o.metrics.prefill_s for o in outputs)
+    checks = sum(o.metrics.tiers[-1].checks for o in outputs if o.metrics.tiers)
+    decode = max(o.metrics.decode_s for o in outputs)
+    clock.pop("_step")
+    steps, forwards = clock.pop("decode", [0, 0.0])[1], clock.pop("decode forwards", [0, 0.0])[1]
+    print(json.dumps({
+        "mode": args.mode, "length": args.length, "batch": args.batch, "max_new_tokens": args.max_new_tokens,
+        "wall_s": round(wall, 2), "prefill_s": round(prefill, 2), "decode_s": round(decode, 3),
+        "target_checks": checks, "decode_steps_s": round(steps, 3), "decode_forwards_s": round(forwards, 3),
+        "between_forwards_s": round(steps - forwards, 3),
+        "between_forwards_ms_per_target_check": round(1e3 * (steps - forwards) / max(checks, 1), 2),
+        "functions": {name: {"calls": calls, "seconds": round(seconds, 4),
+                             "ms_per_call": round(1e3 * seconds / max(calls, 1), 3)}
+                      for name, (calls, seconds) in sorted(clock.items(), key=lambda kv: -kv[1][1])}},
+        indent=1))
 
 
 if __name__ == "__main__":
