@@ -109,6 +109,26 @@ def test_avx2_switch_takes_torch_down_to_avx2_too():
     assert out.strip() == "AVX2"
 
 
+def test_the_build_runs_the_ninja_our_install_brings(monkeypatch):
+    """torch runs the first `ninja` on PATH. Ours (the `ninja` package, a dependency) is in the environment's
+    bin folder, off PATH where the environment is not activated (`make run`): the build failed there on a
+    machine without a system ninja, and alternating with a system one rebuilt the kernels each time."""
+    ninja = pytest.importorskip("ninja")
+    from torch.utils import cpp_extension
+
+    seen = {}
+
+    def load(**kwargs):
+        seen["ninja"] = shutil.which("ninja")
+        return "the extension"
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert cpu._build("avx2") == "the extension"
+    assert seen["ninja"] and Path(seen["ninja"]).parent == Path(ninja.BIN_DIR)
+    assert os.environ["PATH"] == "/nonexistent"  # as it was, after the build
+
+
 def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on_forever(tmp_path, caplog):
     lock = tmp_path / "lock"
     lock.touch()

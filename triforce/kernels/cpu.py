@@ -15,6 +15,7 @@ level down, or torch's paths).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -118,8 +119,31 @@ def _build(level: str):
     _clear_stale_lock(build_dir / "lock")
     if not (build_dir / f"{name}.so").exists():
         print(f"triforce: compiling the CPU kernels for {level} (half a minute or so, once)", file=sys.stderr)
-    return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
-                              extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
+    with _our_ninja_first():
+        return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
+                                  extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+@contextlib.contextmanager
+def _our_ninja_first():
+    """torch runs whichever `ninja` is first on PATH. The one our install brings (the `ninja` package, a
+    dependency) sits in the environment's bin folder, which is not on PATH where that environment is not
+    activated (`make run` calls .venv/bin/triforce): without a system ninja the build then failed ("pip
+    install ninja to get it", though it was installed), and with one, runs that alternated between the
+    two rebuilt the kernels each time (their build logs differ: 40-60 s each on the 2-core EPYC, in the
+    middle of the test suite). So the build runs with ours first, where it is installed."""
+    try:
+        import ninja
+        folder = ninja.BIN_DIR
+    except (ImportError, AttributeError):
+        yield
+        return
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = folder + os.pathsep + path if path else folder
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
 
 
 def _clear_stale_lock(lock: Path, stale_s: float = STALE_LOCK_S, poll_s: float = 2.0) -> None:
