@@ -1,0 +1,271 @@
+"""What `--mode auto`'s planner (planning.py) learns as a request runs, on given costs: acceptance from
+checks (and an idle draft's), forward costs and overheads from its forwards, each mode's speed against
+its model, alone and in a batch; what it forgets as it goes."""
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import triforce.coordinator.forward_times as forward_times
+import triforce.coordinator.planning as planning
+from triforce.coordinator.batchmates import Batchmates
+from triforce.coordinator.planning import AutoPlanner
+from triforce.coordinator.speed_model import Acceptance, Plan, seconds_per_token
+from triforce.coordinator.costs import CostTable, interpolate
+
+from given_costs import FLAT, FixedBatch, planner_with
+
+
+def test_a_draft_that_is_rejected_is_dropped():
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    assert planner.plan(1000, 0).mode == "draft"  # the prior: a draft accepted 60% of the time pays
+    for _ in range(20):
+        planner.observe("draft", 4, 0)
+    assert planner.plan(1000, 80).mode == "ar"
+    kept = planning.EVIDENCE_KEPT
+    assert planner.decisions[-1]["why"]["acceptance"]["draft"] == pytest.approx(
+        (0.6 * 4) / (20 * kept + 4), abs=1e-3)  # the 20 rejections, counted once less at this plan
+    # idle, its evidence fades: after a while it is tried again (a bad start is not the last word)
+    modes = [planner.plan(1000, 80 + 8 * i).mode for i in range(1, 40)]
+    assert "draft" in modes
+
+
+def test_an_idle_drafts_evidence_brings_it_back_at_the_next_plan():
+    """A draft dropped after a bad start: what it would have proposed while idle (auto.py's evidence) puts it
+    back at the next plan, instead of after its old evidence has faded."""
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    for _ in range(20):
+        planner.observe("draft", 4, 0)
+    plain = planner.plan(1000, 80)
+    assert plain.mode == "ar"
+    planner.observe_rate(plain, plain.tokens_per_s)  # its stretch ran as predicted
+    without = copy.deepcopy(planner)
+    planner.observe_idle("draft", 7.5, 8.0)  # 8 tokens of `ar`, where it would have done well
+    assert planner.plan(1000, 88).mode == "draft"
+    assert without.plan(1000, 88).mode == "ar"  # what the old evidence alone said
+
+
+def test_costs_follow_what_forwards_really_take():
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    assert planner.plan(1000, 0).mode == "draft"
+    for _ in range(20):
+        planner.times.observe_cost(planner.running, "draft", 1, 1.0)  # five times what the table says (a busier machine)
+    assert planner.plan(1000, 80).mode == "ar"
+    assert planner.decisions[-1]["why"]["cost_scale"]["draft"] > 4
+
+
+def test_each_mode_is_planned_at_what_its_own_forwards_took(monkeypatch):
+    """A target interleaved with a draft ran slower than the table (which times forwards back to back, as
+    `ar` steps): that slows the prediction of the mode it ran in, and of `ar` only until `ar` has run and
+    shown its own (Qwen2.5-Coder-1.5B at 32K: 10% slower in `triforce` mode, so `ar` looked slower than
+    it was and auto never ran it)."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    costs = {"draft": {1: 0.1}, "target": {n: 1.0 + 0.02 * (n - 1) for n in FLAT}}
+    planner = planner_with(costs)
+    assert planner.plan(1000, 0).mode == "draft"
+    for _ in range(30):
+        planner.times.observe_cost(planner.running, "target", 4, 1.5 * interpolate(costs["target"], 4))
+    planner.plan(1000, 8)
+    assert planner.times.state()["mode_cost_scale"]["draft"]["target"] == pytest.approx(1.5, rel=1e-2)
+    assert planner.times.scaled["ar"]["target"][1] == pytest.approx(1.5, rel=1e-2)  # not run: the tier's lately
+    planner.decisions.append({"mode": "ar", "gammas": []})  # `ar` runs: its steps take the table's time
+    for _ in range(30):
+        planner.times.observe_cost(planner.running, "target", 1, costs["target"][1])
+    planner.decisions.append({"mode": "draft", "gammas": [4]})  # and the draft again, as slow as before
+    for _ in range(30):
+        planner.times.observe_cost(planner.running, "target", 4, 1.5 * interpolate(costs["target"], 4))
+    planner.plan(1000, 16)  # `ar` idle since: its scale fades once towards the tier's
+    kept = planning.EVIDENCE_KEPT
+    assert planner.times.scaled["ar"]["target"][1] == pytest.approx(1.5 + (1.0 - 1.5) * kept, rel=1e-2)
+    assert planner.times.scaled["draft"]["target"][4] == pytest.approx(1.5 * interpolate(costs["target"], 4), rel=1e-2)
+    assert planner.times.scale["target"] == pytest.approx(1.5, rel=1e-2)  # the tier's, for the table's re-measurement
+
+
+def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
+    """A cost table measured in a slow spell (the target at 8x its cost) steered every later request (seen at
+    4K on a shared machine): a request whose forwards took far from the table's costs has the entry it
+    planned with measured again by the next request; a tier near the table's is left, and an entry another
+    request has measured since is kept. (Scaling the entry by what the request saw, as before, once made a
+    slow spell of one request the draft's cost for good: priced 10x, it never ran to show otherwise.)"""
+    from types import SimpleNamespace
+
+    from triforce.models.config import ModelConfig
+
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    planner.plan(1000, 0)
+    calls = []
+    planner.times.table = SimpleNamespace(forget=lambda *args: calls.append(args))
+    for _ in range(forward_times.REMEASURE_FORWARDS):
+        planner.times.observe_cost(planner.running, "target", 1, 0.125 * interpolate(costs["target"], 1))  # 1/8 the table
+        planner.times.observe_cost(planner.running, "draft", 1, 0.21)  # about the table's
+    planner.remember()
+    assert calls == [(None, costs["target"], 1)]
+
+    table = CostTable(tmp_path / "costs.json")
+    config = ModelConfig(model_type="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=2,
+                         num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+    model = SimpleNamespace(config=config, dtype=torch.float32, device=torch.device("cpu"))
+    tier = SimpleNamespace(name="target", model=model, placement="local", cache=None, length=1000)
+    table.entries[table._key(tier)] = {"1": 0.8, "4": 1.6}
+    table.forget(tier, {1: 0.7})  # planned with another entry: measured again since
+    assert CostTable(tmp_path / "costs.json").entries == {} and table.entries[table._key(tier)] == {"1": 0.8, "4": 1.6}
+    table.forget(tier, {1: 0.8})
+    assert table._key(tier) not in table.entries and not table.known(tier, (1,))
+    assert CostTable(tmp_path / "costs.json").entries == {}  # gone on disk too
+
+
+def test_a_batch_near_its_end_plans_with_a_batch_size_the_table_knows(tmp_path):
+    """A batch shrinks as its members end; measuring the new size's costs takes seconds (the Qwen pair at
+    8K, batch 4 down to 2: 5 s of a 28 s decode, benchmarks/batch_timeline.py), so with few tokens left
+    (`measure` off) the nearest batch size the table knows stands in; with many left it is measured."""
+    from types import SimpleNamespace
+
+    from triforce.models.config import ModelConfig
+
+    config = ModelConfig(model_type="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=2,
+                         num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+    model = SimpleNamespace(config=config, dtype=torch.float32, device=torch.device("cpu"))
+    tiers = {name: SimpleNamespace(name=name, model=model, placement="local", cache=None, length=1000)
+             for name in ("draft", "target")}
+    table = CostTable(tmp_path / "costs.json")
+    table.entries[table._key(tiers["draft"], 4)] = {"1": 0.1}
+    table.entries[table._key(tiers["target"], 4)] = {str(n): 1.0 for n in planning.CHECK_SIZES}
+    measured, seconds = [], table.seconds
+
+    def measuring(group, sizes, prepare, batch):
+        if table.known(group[0], sizes, batch):
+            return seconds(group, sizes, prepare, batch)
+        measured.append((group[0].name, batch))
+        return {n: 1.0 for n in sizes}
+
+    table.seconds = measuring
+    planner = AutoPlanner(tiers, None, table=table, batchmates=FixedBatch(2))
+    plan = planner.plan(1000, 100, measure=False)
+    assert measured == [] and planner.decisions[-1]["why"]["batch"] == 4
+    # two sequences' forwards and speed against four's costs: no evidence of either
+    planner.times.observe_cost(plan.mode, "target", 1, 0.5)
+    planner.observe_rate(plan, 100.0)
+    assert planner.times.scale == {} and planner.realized == {}
+    plan = planner.plan(1000, 100)  # no batchmate to measure with: measured alone
+    assert measured == [("draft", 1), ("target", 1)]
+    planner.times.observe_cost(plan.mode, "target", 1, 0.5)
+    planner.observe_rate(plan, 100.0)
+    assert planner.times.scale["target"] < 1 and plan.mode in planner.realized
+
+
+def test_an_idle_tiers_cost_scale_fades_back_to_the_table(monkeypatch):
+    """A slow spell while the draft ran (its forwards 10x the table's) drops it; idle, its cost scale fades
+    back towards the table's at each plan, as an idle proposer's acceptance fades to its prior, so the
+    draft is tried again instead of priced out for the rest of the request."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    costs = {"draft": {1: 0.1}, "target": {n: 1.0 + 0.02 * (n - 1) for n in FLAT}}
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = Acceptance(0.7, successes=70.0, trials=100.0)
+    assert planner.plan(1000, 0).mode == "draft"
+    for _ in range(30):
+        planner.times.observe_cost(planner.running, "draft", 1, 1.0)
+    modes = [planner.plan(1000, 8 * i).mode for i in range(1, 30)]
+    assert modes[0] == "ar" and "draft" in modes[1:20]
+    assert planner.decisions[-1]["mode"] == "draft" and planner.decisions[-1]["why"]["cost_scale"]["draft"] < 5
+
+
+def test_a_mode_slower_than_its_model_is_dropped():
+    """Sampling and verification between forwards are outside the cost model: a mode that runs at half
+    the speed its forwards predict is scored at what it reached."""
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft"
+    planner.observe_rate(plan, 0.5 / seconds_per_token(plan.stack, plan.gammas, costs,
+                                                       {n: a.mean for n, a in planner.acceptance.items()}))
+    assert planner.realized["draft"] == pytest.approx(0.5)
+    assert planner.plan(1000, 80).mode == "ar"  # which verifies nothing: its model is whole
+    planner.observe_rate(Plan(("target",), (), 0.0), 0.4 / costs["target"][1])  # ar ran slower still
+    assert planner.plan(1000, 160).mode == "draft"
+    # idle while ar ran, the draft's factor faded towards its model: 1 - 0.5 x EVIDENCE_KEPT
+    faded = 1 - 0.5 * planning.EVIDENCE_KEPT
+    assert planner.realized["draft"] == pytest.approx(faded)
+    # an untried speculative mode is guessed at the speculative modes' mean, not at ar's
+    assert planner._realized("retrieval") == pytest.approx(faded)
+    planner.plan(1000, 240)  # draft mode runs: ar's factor fades, the draft's stays
+    assert 0.4 < planner.realized["ar"] < 1 and planner.realized["draft"] == pytest.approx(faded)
+
+
+def in_a_batch(planner: AutoPlanner) -> AutoPlanner:
+    """`planner` planning for a batch of two (a batchmate whose prompt is prefilled)."""
+    planner.batchmates = Batchmates()
+    for member in (planner, AutoPlanner({}, None)):
+        planner.batchmates.join(SimpleNamespace(planner=member, plans=True))
+    return planner
+
+
+@pytest.mark.parametrize("together,ar_factor,guess", [(True, 0.8, 0.8), (True, 1.3, 1.0), (False, 0.8, 1.0)])
+def test_an_untried_mode_in_a_batch_is_not_favoured_by_what_slowed_plain_decoding(together, ar_factor, guess):
+    """In a batch, plain decoding ran at 0.8 of its model (the overhead between forwards, unmeasured there,
+    as at batch 2 on the AVX2 EPYC) and no speculative mode has run: an untried one is guessed at ar's
+    factor, since its rounds pay the same between forwards, so a draft the model scores below ar is not
+    tried on that margin alone (at a factor of 1 it was). A factor above 1 gives no untried mode a bonus,
+    and alone (that overhead measured per tier) ar's factor is its own."""
+    costs = {"draft": {1: 0.7}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    if together:
+        in_a_batch(planner)
+    assert planner.plan(1000, 0).mode == "ar"  # the draft does not pay at the mean acceptance
+    planner.observe_rate(Plan(("target",), (), 0.0), ar_factor / costs["target"][1])
+    assert planner._realized("draft") == pytest.approx(guess)
+    if together and ar_factor < 1:
+        assert planner.plan(1000, 80).mode == "ar"
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_an_idle_modes_speed_factor_holds_in_a_batch(together):
+    """Alone, the overhead between forwards is measured and an idle mode's factor fades back towards 1;
+    in a batch that overhead is not measured (the time between a request's forwards holds its batchmates'),
+    the factors carry it, and a mode measured slow stays so while `ar` runs, instead of being tried again."""
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    if together:
+        in_a_batch(planner)
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft"
+    planner.observe_rate(plan, 0.6 / seconds_per_token(plan.stack, plan.gammas, costs,
+                                                       {n: a.mean for n, a in planner.acceptance.items()}))
+    modes = []
+    for i in range(1, 9):
+        modes.append(planner.plan(1000, 8 * i).mode)
+        if modes[-1] == "ar":
+            planner.observe_rate(Plan(("target",), (), 0.0), 1 / costs["target"][1])  # at its model
+    assert modes[0] == "ar"
+    if together:
+        assert set(modes) == {"ar"} and planner.realized["draft"] == pytest.approx(0.6)
+    else:
+        assert "draft" in modes[1:]  # its factor faded back far enough to try it again
+
+
+def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_factor():
+    """A draft that a stretch of text defeats: 1 token accepted in 10 checks, and the mode ran at what
+    the model predicts for that acceptance. Its realized factor (what the model leaves out) stays 1; only
+    its acceptance estimate falls (before, measured against the prior-weighted estimate, the factor fell
+    too, and the draft paid for the stretch twice: it lost its mode at the next plan on this evidence)."""
+    costs = {"draft": {1: 0.1}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = Acceptance(0.8, planning.LEARNED_TRIALS)  # earlier requests saw 0.8
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft"
+    for _ in range(9):
+        planner.observe("draft", plan.gammas[0], 0)
+    planner.observe("draft", plan.gammas[0], 1)
+    stretch = 1 / (10 + (plan.gammas[0] > 1))  # successes over trials: a failure at every check but a full one
+    planner.observe_rate(plan, 1 / seconds_per_token(plan.stack, plan.gammas, costs, {"draft": stretch}))
+    assert planner.realized["draft"] == pytest.approx(1.0)
+    assert planner.acceptance["draft"].mean < 0.8
+    plan = planner.plan(1000, 10)
+    planner.begin_stretch()  # the plan runs on (AutoEngine._adopt): a stretch without checks so far...
+    alphas = {n: a.mean for n, a in planner.acceptance.items()}
+    planner.observe_rate(plan, 1 / seconds_per_token(plan.stack, plan.gammas, costs, alphas))
+    assert planner.realized["draft"] == pytest.approx(1.0)  # ...is measured at the estimate, not the last one

@@ -1,0 +1,65 @@
+"""`--mode auto`'s cost model (speed_model.py): the tokens a check yields, the seconds per token of a
+stack of tiers, and how many tokens a check above a checking tier holds."""
+import pytest
+
+from triforce.coordinator.speed_model import check_sizes, check_yields, expected_tokens, seconds_per_token
+from triforce.coordinator.costs import interpolate
+
+
+def test_expected_tokens_is_the_mean_of_a_chain_check():
+    """E(alpha, gamma) against the accepted length's distribution written out: P(a = k) = alpha^k (1 - alpha)
+    for k < gamma and alpha^gamma for k = gamma, plus the recovered or bonus token."""
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        for gamma in (1, 2, 5):
+            mean = sum(k * alpha ** k * (1 - alpha) for k in range(gamma)) + gamma * alpha ** gamma + 1
+            assert expected_tokens(alpha, gamma) == pytest.approx(mean)
+
+
+def test_seconds_per_token_composes_the_levels():
+    costs = {"draft": {1: 0.1}, "retrieval": {1: 0.5, 3: 0.7}, "target": {1: 1.0, 3: 1.2, 4: 1.5}}
+    alphas = {"draft": 0.5, "retrieval": 0.9}
+    assert seconds_per_token(("target",), (), costs, alphas) == 1.0
+    assert seconds_per_token(("draft", "target"), (2,), costs, alphas) == pytest.approx((0.2 + 1.2) / 1.75)
+    level1 = (2 * 0.1 + 0.7) / 1.75
+    # the target's check takes every token of the retrieval tier's rounds (each yields 1, 2 or 3 tokens
+    # with probability 1/2, 1/4, 1/4) once they reach 3: it holds 3, 4 or 5 tokens
+    sizes = rounds_until(3, {1: 0.5, 2: 0.25, 3: 0.25})
+    assert set(sizes) == {3, 4, 5}
+    held = sum(n * p for n, p in sizes.items())
+    target = {4: 1.5, 5: 1.8, 6: 2.1}  # c(n + 1), past 4 along the 3-4 slope
+    level2 = (held * level1 + sum(p * target[n + 1] for n, p in sizes.items())) / sum(
+        p * expected_tokens(0.9, n) for n, p in sizes.items())
+    assert seconds_per_token(("draft", "retrieval", "target"), (2, 3), costs, alphas) == pytest.approx(level2)
+    assert interpolate({1: 1.0, 3: 2.0}, 2) == 1.5 and interpolate({1: 1.0, 3: 2.0}, 5) == 3.0
+    # every row a forward returns pays the sampling processing r
+    with_rows = seconds_per_token(("draft", "target"), (2,), costs, alphas, row_seconds=0.01)
+    assert with_rows == pytest.approx((2 * (0.1 + 0.01) + 1.2 + 3 * 0.01) / 1.75)
+
+
+def rounds_until(gamma: int, round_yields: dict[int, float]) -> dict[int, float]:
+    """Every sequence of rounds, each yielding k tokens with probability round_yields[k], until their sum
+    reaches gamma, written out: the sum's distribution."""
+    out: dict[int, float] = {}
+
+    def walk(total, p):
+        if total >= gamma:
+            out[total] = out.get(total, 0.0) + p
+            return
+        for k, q in round_yields.items():
+            walk(total + k, p * q)
+
+    walk(0, 1.0)
+    return out
+
+
+@pytest.mark.parametrize("alpha,gamma1,gamma2", [(0.5, 2, 3), (0.8, 4, 6), (0.3, 1, 5), (1.0, 3, 2), (0.0, 3, 4)])
+def test_a_check_above_a_checking_tier_holds_what_its_rounds_overshoot(alpha, gamma1, gamma2):
+    """A check of gamma1 proposals yields k tokens with probability alpha^(k-1) (1 - alpha), up to
+    gamma1 + 1 (all accepted); the check above takes the rounds' tokens once they reach gamma2."""
+    yields = check_yields(alpha, {gamma1: 1.0})
+    written = {k: alpha ** (k - 1) * (1 - alpha) for k in range(1, gamma1 + 1)} | {gamma1 + 1: alpha ** gamma1}
+    assert yields == pytest.approx(written) and sum(yields.values()) == pytest.approx(1)
+    assert sum(k * p for k, p in yields.items()) == pytest.approx(expected_tokens(alpha, gamma1))
+    sizes = check_sizes(yields, gamma2)
+    assert sizes == pytest.approx(rounds_until(gamma2, yields))
+    assert min(sizes) >= gamma2 and max(sizes) <= gamma2 + gamma1
