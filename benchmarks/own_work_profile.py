@@ -10,7 +10,8 @@ cProfile, used before, inflated functions made of many small torch calls several
 whose model calls carried no prompt chunk (decoding), `between_forwards_s` is what they spent outside
 model calls: the runs' own work (sampling, verification, syncs, bookkeeping), also per target check of a
 sequence. "prefill" and "prefill forwards" are the other steps' seconds (the retrieval cache's first
-build falls there).
+build falls there). "forward TIER xB n=N": decoding model calls of a tier for B sequences, the first of
+them with N tokens.
 """
 import argparse
 import functools
@@ -51,6 +52,10 @@ def watch(clock: dict) -> None:
                 if _name == "batch.forward_together":
                     clock["_step"]["forwards"] += elapsed
                     clock["_step"]["prefill"] |= "none" in args[2]
+                    if "none" not in args[2]:  # a decoding forward: by tier and tokens per sequence
+                        by_tier = clock[f"forward {args[0][0].name} x{len(args[0])} n={args[1][0].n}"]
+                        by_tier[0] += 1
+                        by_tier[1] += elapsed
                 elif _name == "SequenceBatch.step":
                     phase = "prefill" if clock["_step"]["prefill"] else "decode"
                     for key, seconds in ((phase, elapsed), (f"{phase} forwards", clock["_step"]["forwards"])):
