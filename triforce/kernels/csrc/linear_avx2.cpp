@@ -2,9 +2,9 @@
 // 8 at a time.
 //
 // The `avx2` build's linear_bf16 (kernels/cpu.py). Weights stay bfloat16 in memory, half the bytes of
-// float32, which is what a memory-bound decode step pays for; each row of W is widened to float32 in
-// registers (a bfloat16 is the top half of a float32: shift left by 16) and multiplied into all n
-// activation rows, which were widened once, with FMA. Float32 accumulation, rounded once, like
+// float32, which is what a memory-bound decode step pays for; rows of W are widened to float32 in
+// registers (a bfloat16 is the top half of a float32: shift left by 16), three at a time, and multiplied
+// into the activation rows, which were widened once, with FMA. Float32 accumulation, rounded once, like
 // reference_linear; rows of W are split over torch's intra-op threads.
 #include "kernels.h"  // what this file defines, declared as its callers see it
 #include <immintrin.h>
@@ -21,7 +21,7 @@ using triforce_vec256::hsum;
 
 // One row of W against ROWS <= 4 float32 rows of x (xf: [ROWS, K], K a multiple of 16) into y[t * N],
 // two accumulator chains per row to hide the FMA latency. The sums run in the same order for every ROWS,
-// so a row's result does not depend on how many rows share the pass.
+// so up to 4 rows a row's result does not depend on how many rows share the pass.
 template <int ROWS, typename Out>
 inline void row_times_x(const float* xf, const at::BFloat16* wrow, Out* y, int64_t K, int64_t N) {
   __m256 acc0[ROWS], acc1[ROWS];
@@ -36,19 +36,63 @@ inline void row_times_x(const float* xf, const at::BFloat16* wrow, Out* y, int64
   for (int t = 0; t < ROWS; ++t) y[t * N] = Out(hsum(_mm256_add_ps(acc0[t], acc1[t])));
 }
 
-// Rows [begin, end) of W against N_ROWS float32 rows of x, at most 4 at a time: two chains for each of
-// 8 rows would not fit the 16 vector registers (they spilled, and 8 rows read W at 9 GB/s, 4 at 12; in
-// two passes over each row of W, 8 rows read it at 11-14 GB/s, benchmarks/linear_bandwidth.py).
+// W_ROWS rows of W (w: the first) against X_ROWS <= 4 float32 rows of x (xf: [X_ROWS, K], K a multiple of
+// 8) into y[t * N + i]: one accumulator per (row of W, row of x), summed over k in steps of 8, added
+// across its lanes at the end (the same order however the rows of W are blocked). 3 x 4 accumulators,
+// 3 widened rows of W and one of x fill the 16 vector registers: each load of x feeds three FMAs and each
+// widened row of W four, where row_times_x loads x for every FMA. Where the FMAs bound the pass (5 or
+// more rows of x), that took a microbenchmark (1,536-1,560 x 576 in cache, one core of the AVX2 EPYC)
+// from 44-48 to 63-79 GFLOP/s; where memory does (1 to 4 rows), its three streams of W read slower
+// than row_times_x's one (benchmarks/linear_bandwidth.py: 16.9 against 23.3 GB/s at 1 row).
+template <int W_ROWS, int X_ROWS, typename Out>
+inline void block_times_x(const float* xf, const at::BFloat16* w, Out* y, int64_t K, int64_t N) {
+  __m256 acc[W_ROWS][X_ROWS];
+  for (int i = 0; i < W_ROWS; ++i)
+    for (int t = 0; t < X_ROWS; ++t) acc[i][t] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv[W_ROWS];
+    for (int i = 0; i < W_ROWS; ++i) wv[i] = bf16_to_ps(w + i * K + k);
+    for (int t = 0; t < X_ROWS; ++t) {
+      const __m256 xv = _mm256_loadu_ps(xf + t * K + k);
+      for (int i = 0; i < W_ROWS; ++i) acc[i][t] = _mm256_fmadd_ps(wv[i], xv, acc[i][t]);
+    }
+  }
+  for (int i = 0; i < W_ROWS; ++i)
+    for (int t = 0; t < X_ROWS; ++t) y[t * N + i] = Out(hsum(acc[i][t]));
+}
+
+// W_ROWS rows of W against all N_ROWS <= 8 rows of x, at most 4 at a time (the accumulators).
+template <int W_ROWS, int N_ROWS, typename Out>
+inline void block_times_all_x(const float* xf, const at::BFloat16* w, Out* y, int64_t K, int64_t N) {
+  if constexpr (N_ROWS <= 4) {
+    block_times_x<W_ROWS, N_ROWS>(xf, w, y, K, N);
+  } else {
+    block_times_x<W_ROWS, 4>(xf, w, y, K, N);
+    block_times_x<W_ROWS, N_ROWS - 4>(xf + 4 * K, w, y + 4 * N, K, N);
+  }
+}
+
+// Rows [begin, end) of W against N_ROWS float32 rows of x: up to 4 rows, one row of W at a time
+// (row_times_x); 5 to 8 (the FMAs' regime), three at a time, the last one or two alone. So a row's sums
+// run in one order for every count of rows up to 4 and in another from 5 on.
 template <int N_ROWS, typename Out>
 void linear_rows(const float* xf, const at::BFloat16* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end) {
-  for (int64_t r = begin; r < end; ++r) {
-    triforce_linear::prefetch_row_ahead(w, r, K, end);
-    if constexpr (N_ROWS <= 4) {
+  if constexpr (N_ROWS <= 4) {
+    for (int64_t r = begin; r < end; ++r) {
+      triforce_linear::prefetch_row_ahead(w, r, K, end);
       row_times_x<N_ROWS>(xf, w + r * K, y + r, K, N);
-    } else {
-      row_times_x<4>(xf, w + r * K, y + r, K, N);
-      row_times_x<N_ROWS - 4>(xf + 4 * K, w + r * K, y + 4 * N + r, K, N);
     }
+    return;
+  }
+  constexpr int kBlock = 3;
+  int64_t r = begin;
+  for (; r + kBlock <= end; r += kBlock) {
+    for (int i = 0; i < kBlock; ++i) triforce_linear::prefetch_row_ahead(w, r + i, K, end);
+    block_times_all_x<kBlock, N_ROWS>(xf, w + r * K, y + r, K, N);
+  }
+  for (; r < end; ++r) {
+    triforce_linear::prefetch_row_ahead(w, r, K, end);
+    block_times_all_x<1, N_ROWS>(xf, w + r * K, y + r, K, N);
   }
 }
 
