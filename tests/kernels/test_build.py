@@ -109,11 +109,13 @@ def test_avx2_switch_takes_torch_down_to_avx2_too():
     assert out.strip() == "AVX2"
 
 
-def test_the_build_runs_the_ninja_our_install_brings(monkeypatch):
+@pytest.mark.parametrize("path", ["/nonexistent", None])
+def test_the_build_runs_the_ninja_our_install_brings(monkeypatch, tmp_path, path):
     """torch runs the first `ninja` on PATH. Ours (the `ninja` package, a dependency) is in the environment's
     bin folder, off PATH where the environment is not activated (`make run`): the build failed there on a
-    machine without a system ninja, and alternating with a system one rebuilt the kernels each time."""
-    ninja = pytest.importorskip("ninja")
+    machine without a system ninja, and alternating with a system one rebuilt the kernels each time. After
+    the build PATH is as it was, unset included."""
+    import ninja
     from torch.utils import cpp_extension
 
     seen = {}
@@ -123,10 +125,14 @@ def test_the_build_runs_the_ninja_our_install_brings(monkeypatch):
         return "the extension"
 
     monkeypatch.setattr(cpp_extension, "load", load)
-    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    if path is None:
+        monkeypatch.delenv("PATH", raising=False)
+    else:
+        monkeypatch.setenv("PATH", path)
     assert cpu._build("avx2") == "the extension"
     assert seen["ninja"] and Path(seen["ninja"]).parent == Path(ninja.BIN_DIR)
-    assert os.environ["PATH"] == "/nonexistent"  # as it was, after the build
+    assert os.environ.get("PATH") == path
 
 
 def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on_forever(tmp_path, caplog):

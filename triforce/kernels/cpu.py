@@ -22,6 +22,7 @@ import logging
 import os
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 STALE_LOCK_S = 600.0  # a kernel build's lock file older than this was left by a build that was killed
 LEVELS = ("avx2", "avx512", "amx")  # lowest first
 CSRC = Path(__file__).parent / "csrc"
+_PATH_LOCK = threading.Lock()  # _our_ninja_first
 _VECTOR_SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp")
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mavx2"]
 BUILDS = {  # level -> (sources, compiler flags)
@@ -131,19 +133,26 @@ def _our_ninja_first():
     activated (`make run` calls .venv/bin/triforce): without a system ninja the build then failed ("pip
     install ninja to get it", though it was installed), and with one, runs that alternated between the
     two rebuilt the kernels each time (their build logs differ: 40-60 s each on the 2-core EPYC, in the
-    middle of the test suite). So the build runs with ours first, where it is installed."""
+    middle of the test suite). So the build runs with that folder first on PATH (the whole folder: the
+    environment's python and pip come first too, for the build's half a minute), then PATH as it was."""
     try:
         import ninja
         folder = ninja.BIN_DIR
     except (ImportError, AttributeError):
+        folder = None
+    if folder is None:
         yield
         return
-    path = os.environ.get("PATH", "")
-    os.environ["PATH"] = folder + os.pathsep + path if path else folder
-    try:
-        yield
-    finally:
-        os.environ["PATH"] = path
+    with _PATH_LOCK:  # two threads' builds would otherwise restore each other's PATH
+        path = os.environ.get("PATH")
+        os.environ["PATH"] = folder + os.pathsep + path if path else folder
+        try:
+            yield
+        finally:
+            if path is None:
+                del os.environ["PATH"]
+            else:
+                os.environ["PATH"] = path
 
 
 def _clear_stale_lock(lock: Path, stale_s: float = STALE_LOCK_S, poll_s: float = 2.0) -> None:
