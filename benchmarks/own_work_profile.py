@@ -5,16 +5,18 @@ one request, or a batch of them, with the coordinator's steps timed directly, as
         [--max-new-tokens 96] [--text ../shared/data/austen-emma.txt ...] [--model smollm2]
 
 Each function of WATCHED is wrapped in a timer (perf_counter around the call; inclusive: a function's
-seconds hold those of the watched functions it calls), so the figures are wall time as the run spends it;
-cProfile, used before, inflated functions made of many small torch calls several-fold. Of the batch's steps
-whose model calls carried no prompt chunk (decoding), `between_forwards_s` is what they spent outside
-model calls: the runs' own work (sampling, verification, syncs, bookkeeping), also per target check of a
-sequence. "prefill" and "prefill forwards" are the other steps' seconds (the retrieval cache's first
-build falls there). "forward TIER xB n=N": decoding model calls of a tier for B sequences, the first of
-them with N tokens.
+seconds hold those of the watched functions it calls), so the figures are wall time as the run spends it,
+without a profiler's cost per call (cProfile, used before, adds it to every small torch call). Of the
+batch's steps whose model calls carried no prompt chunk (decoding), `between_forwards_s` is what they
+spent outside model calls: the runs' own work (sampling, verification, syncs, bookkeeping), also per
+target check of a sequence. "prefill" and "mixed" (some sequences prefilling, others decoding) and their
+"... forwards" are the other steps' seconds (the retrieval cache's first build falls in prefill).
+"forward TIER xB n=N": decoding model calls of a tier for B sequences, the first of them with N tokens.
+In mode auto the cost table's measurements (costs.py, not wrapped) count as own work.
 """
 import argparse
 import functools
+import inspect
 import json
 import time
 from collections import defaultdict
@@ -33,12 +35,12 @@ WATCHED = [(batch, "forward_together"), (batch, "check_together"), (batch.Sequen
 
 def watch(clock: dict) -> None:
     """Wraps each WATCHED function so that `clock[name]` = [calls, seconds]; and splits the batch's steps
-    into "prefill" (a step whose model calls carried a prompt chunk) and "decode", each with its seconds
-    inside model calls ("... forwards")."""
+    into "prefill" (every model call carried prompt chunks only), "decode" (none did) and "mixed", each
+    with its seconds inside model calls ("... forwards")."""
     for owner, attr in WATCHED:
         real = getattr(owner, attr)
         name = f"{getattr(owner, '__name__', owner)}.{attr}".replace("triforce.coordinator.", "")
-        is_static = isinstance(owner.__dict__.get(attr), staticmethod)
+        is_static = isinstance(inspect.getattr_static(owner, attr), staticmethod)
 
         def timed(*args, _real=real, _name=name, **kwargs):
             start = time.perf_counter()
@@ -52,16 +54,18 @@ def watch(clock: dict) -> None:
                 if _name == "batch.forward_together":
                     clock["_step"]["forwards"] += elapsed
                     clock["_step"]["prefill"] |= "none" in args[2]
+                    clock["_step"]["decode"] |= any(want != "none" for want in args[2])
                     if "none" not in args[2]:  # a decoding forward: by tier and tokens per sequence
                         by_tier = clock[f"forward {args[0][0].name} x{len(args[0])} n={args[1][0].n}"]
                         by_tier[0] += 1
                         by_tier[1] += elapsed
                 elif _name == "SequenceBatch.step":
-                    phase = "prefill" if clock["_step"]["prefill"] else "decode"
+                    step = clock["_step"]
+                    phase = "mixed" if step["prefill"] and step["decode"] else "prefill" if step["prefill"] else "decode"
                     for key, seconds in ((phase, elapsed), (f"{phase} forwards", clock["_step"]["forwards"])):
                         clock[key][0] += 1
                         clock[key][1] += seconds
-                    clock["_step"] = {"forwards": 0.0, "prefill": False}
+                    clock["_step"] = {"forwards": 0.0, "prefill": False, "decode": False}
 
         functools.update_wrapper(timed, real)
         setattr(owner, attr, staticmethod(timed) if is_static else timed)
@@ -82,7 +86,7 @@ def main() -> None:
         with open(args.text[i % len(args.text)]) as f:
             prompts.append(llm.tokenizer(f.read())["input_ids"][:args.length])
     clock: dict = defaultdict(lambda: [0, 0.0])
-    clock["_step"] = {"forwards": 0.0, "prefill": False}
+    clock["_step"] = {"forwards": 0.0, "prefill": False, "decode": False}
     watch(clock)
     start = time.perf_counter()
     outputs = llm.generate(prompts, SamplingParams(max_tokens=args.max_new_tokens, temperature=0, ignore_eos=True))
