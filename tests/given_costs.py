@@ -1,5 +1,6 @@
 """Planners of mode auto on given forward costs instead of measured ones, for tests of what they choose
-(tests/coordinator/test_planning.py) and what they learn (tests/coordinator/test_planner_learning.py)."""
+(tests/coordinator/test_planning.py) and what they learn (tests/coordinator/test_planner_learning.py,
+test_priors.py)."""
 from triforce.coordinator.batchmates import Batchmates, power_of_two_below
 from triforce.coordinator.costs import CostTable
 from triforce.coordinator.planning import AutoPlanner
@@ -13,9 +14,10 @@ def draft_rate(costs: dict, gamma: int, alpha: float, row_seconds: float = 0.0) 
     return 1 / seconds_per_token(("draft", "target"), (gamma,), costs, {"draft": alpha}, row_seconds)
 
 
-def planner_with(costs: dict, context: int = 1000, budget: int = 100) -> AutoPlanner:
-    """A planner whose tiers (by the names in `costs`) cost what `costs` says, in seconds by tokens."""
-    planner = AutoPlanner({name: None for name in costs}, budget, table=CostTable(None))
+def planner_with(costs: dict, budget: int = 100, priors=None) -> AutoPlanner:
+    """A planner whose tiers (by the names in `costs`) cost what `costs` says, in seconds by tokens, starting
+    from `priors` (priors.py) where given."""
+    planner = AutoPlanner({name: None for name in costs}, budget, table=CostTable(None), priors=priors)
     planner.costs = lambda stacks, measure=True: costs
     return planner
 

@@ -44,8 +44,8 @@ def test_every_mode_equals_plain_greedy(smollm2, prompt_ids, shipped_draft, monk
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     settings = dict(budget=256, chunk_size=8, full_layers=2)
     # The runs share the prompt's target KV, which the reference's cold prefill stores (cache/prefixes.py: a
-    # warm prefill gives the cold one's keys and values bit for bit), so each prefills only the prompt's last
-    # block and its draft
+    # warm prefill gives the cold one's keys and values bit for bit, tests/test_prefix_reuse.py), so each
+    # prefills only the prompt's last block and its draft; each is compared with the cold reference
     prefixes = PrefixStore(max_bytes=2**30, block=EngineConfig().prefill_chunk)
     reference, cold = build_engine(EngineConfig(mode="ar"), smollm2, None, 2140, prefixes=prefixes).generate(
         prompt_ids, params)

@@ -4,14 +4,13 @@ import pytest
 import torch
 
 from triforce.config import EngineConfig, SamplingParams
-from triforce.coordinator.planning import AutoPlanner
-from triforce.coordinator.costs import CostTable
 from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.priors import DRIFT, LEARNED_TRIALS, NEW_WEIGHT, Priors, request_key
 from triforce.coordinator.speed_model import PRIOR
 from triforce.models.loader import load_model
 
-FLAT = {n: 1.0 for n in (1, 2, 3, 4, 6, 9)}
+from given_costs import FLAT, planner_with
+
 GENERIC = PRIOR
 SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12)
 
@@ -42,23 +41,17 @@ def test_what_requests_no_longer_see_drifts_back_to_the_generic_prior():
     assert known["realized"]["draft"] == pytest.approx(1 - 0.5 * (1 - DRIFT) ** 4, abs=1e-3)
 
 
-def planner_with(costs, priors=None):
-    planner = AutoPlanner({name: None for name in costs}, 100, table=CostTable(None), priors=priors)
-    planner.costs = lambda stacks, measure=True: costs
-    return planner
-
-
 def test_a_request_starts_from_what_earlier_ones_saw():
     """A draft that pays at the generic prior (60%) but that earlier requests of this kind saw accepted 10%
     of the time: the first plan is plain decoding, and says where its acceptance came from."""
     costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
-    cold = planner_with(costs, Priors(None))
+    cold = planner_with(costs, priors=Priors(None))
     cold.recall("k")
     assert cold.plan(1000, 0).mode == "draft" and cold.decisions[0]["why"]["prior"] == "defaults"
 
     store = Priors(None)
     store.remember("k", {"draft": 0.1}, {}, GENERIC)
-    warm = planner_with(costs, store)
+    warm = planner_with(costs, priors=store)
     warm.recall("k")
     assert warm.acceptance["draft"].prior_trials == LEARNED_TRIALS
     plan = warm.plan(1000, 0)
@@ -73,7 +66,7 @@ def test_a_request_starts_from_what_earlier_ones_saw():
 def test_a_request_remembers_what_it_measured():
     costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     store = Priors(None)
-    planner = planner_with(costs, store)
+    planner = planner_with(costs, priors=store)
     planner.recall("k")
     planner.realized["ar"] = 0.7  # a factor it did not measure itself is not passed on
     plan = planner.plan(1000, 0)

@@ -7,12 +7,13 @@ from triforce.kernels.linear import linear, logits_linear, reference_linear
 
 
 @pytest.mark.parametrize("amx", [False, True])
-@pytest.mark.parametrize("n", [1, 2, 5, 8, 9, 16, 21, 40])
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 8, 9, 16, 21, 40])
 @pytest.mark.parametrize("k,out", [(576, 1728), (1536, 576), (64, 3), (96, 80)])
 def test_cpu_bf16_kernel_matches_float32_reference(level, n, k, out, amx):
     """At every level: the vector path (AVX2 or AVX512-BF16; 8 rows of x per pass, so 9, 21 and 40 rows
     take several passes over each tile of W, and 1728 rows of W at K = 576 several tiles, the last one
-    ragged) and the AMX path (16 rows per pass, N a multiple of 16: 1728 = 36 blocks of 16 takes its
+    ragged; at AVX2 from 5 rows three rows of W at a time, 4 rows of x and then 1 to 4, and the last one or
+    two rows of W of a tile alone: 3, 80 and 576 rows of W are not multiples of 3, nor are some tiles) and the AMX path (16 rows per pass, N a multiple of 16: 1728 = 36 blocks of 16 takes its
     three-block loop, 80 = 5 blocks its tail too)."""
     if amx and not has_amx():
         pytest.skip("no AMX tiles at this level")
