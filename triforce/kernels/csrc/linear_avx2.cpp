@@ -4,8 +4,8 @@
 // The `avx2` build's linear_bf16 (kernels/cpu.py). Weights stay bfloat16 in memory, half the bytes of
 // float32, which is what a memory-bound decode step pays for; rows of W are widened to float32 in
 // registers (a bfloat16 is the top half of a float32: shift left by 16), one at a time up to 4 rows of x
-// and three at a time from 5, and multiplied into the activation rows, which were widened once, with FMA. Float32 accumulation, rounded once, like
-// reference_linear; rows of W are split over torch's intra-op threads.
+// and three at a time from 5, and multiplied into the activation rows, which were widened once, with
+// FMA. Float32 accumulation, rounded once, like reference_linear; rows of W are split over torch's intra-op threads.
 #include "kernels.h"  // what this file defines, declared as its callers see it
 #include <immintrin.h>
 
@@ -61,15 +61,12 @@ inline void block_times_x(const float* xf, const at::BFloat16* w, Out* y, int64_
     for (int t = 0; t < X_ROWS; ++t) y[t * N + i] = Out(hsum(acc[i][t]));
 }
 
-// W_ROWS rows of W against all N_ROWS <= 8 rows of x, at most 4 at a time (the accumulators).
+// W_ROWS rows of W against all 5 <= N_ROWS <= 8 rows of x: 4, then the rest (the accumulators).
 template <int W_ROWS, int N_ROWS, typename Out>
 inline void block_times_all_x(const float* xf, const at::BFloat16* w, Out* y, int64_t K, int64_t N) {
-  if constexpr (N_ROWS <= 4) {
-    block_times_x<W_ROWS, N_ROWS>(xf, w, y, K, N);
-  } else {
-    block_times_x<W_ROWS, 4>(xf, w, y, K, N);
-    block_times_x<W_ROWS, N_ROWS - 4>(xf + 4 * K, w, y + 4 * N, K, N);
-  }
+  static_assert(N_ROWS > 4 && N_ROWS <= 8);
+  block_times_x<W_ROWS, 4>(xf, w, y, K, N);
+  block_times_x<W_ROWS, N_ROWS - 4>(xf + 4 * K, w, y + 4 * N, K, N);
 }
 
 // Rows [begin, end) of W against N_ROWS float32 rows of x: up to 4 rows, one row of W at a time
@@ -82,17 +79,17 @@ void linear_rows(const float* xf, const at::BFloat16* w, Out* y, int64_t K, int6
       triforce_linear::prefetch_row_ahead(w, r, K, end);
       row_times_x<N_ROWS>(xf, w + r * K, y + r, K, N);
     }
-    return;
-  }
-  constexpr int kBlock = 3;
-  int64_t r = begin;
-  for (; r + kBlock <= end; r += kBlock) {
-    for (int i = 0; i < kBlock; ++i) triforce_linear::prefetch_row_ahead(w, r + i, K, end);
-    block_times_all_x<kBlock, N_ROWS>(xf, w + r * K, y + r, K, N);
-  }
-  for (; r < end; ++r) {
-    triforce_linear::prefetch_row_ahead(w, r, K, end);
-    block_times_all_x<1, N_ROWS>(xf, w + r * K, y + r, K, N);
+  } else {
+    constexpr int kBlock = 3;
+    int64_t r = begin;
+    for (; r + kBlock <= end; r += kBlock) {
+      for (int i = 0; i < kBlock; ++i) triforce_linear::prefetch_row_ahead(w, r + i, K, end);
+      block_times_all_x<kBlock, N_ROWS>(xf, w + r * K, y + r, K, N);
+    }
+    for (; r < end; ++r) {
+      triforce_linear::prefetch_row_ahead(w, r, K, end);
+      block_times_all_x<1, N_ROWS>(xf, w + r * K, y + r, K, N);
+    }
   }
 }
 
