@@ -135,6 +135,18 @@ def test_the_build_runs_the_ninja_our_install_brings(monkeypatch, tmp_path, path
     assert os.environ.get("PATH") == path
 
 
+def test_the_kernels_build_where_the_cpu_and_a_compiler_can():
+    """The kernel tests skip a level whose build fails (a machine without a compiler still passes): here,
+    on an x86-64 CPU with AVX2 and a C++ compiler, a build that fails (a source that does not compile, no
+    ninja found) fails instead of leaving every kernel test skipped."""
+    if cpu.cpu_isa() is None:
+        pytest.skip("not an x86-64 CPU with AVX2 and FMA")
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler on PATH")
+    for level in cpu.available_levels():
+        assert cpu.extension(level) is not None
+
+
 def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on_forever(tmp_path, caplog):
     lock = tmp_path / "lock"
     lock.touch()
