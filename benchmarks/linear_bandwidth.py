@@ -4,7 +4,7 @@
     python benchmarks/linear_bandwidth.py     # prints JSON: GB/s per number of activation rows
 
 60 distinct 3072x576 matrices (SmolLM2's gate/up shape, 212 MB in all) so the weights come from memory,
-not cache; best of 5 passes. Rows of x: 1, 2, 4 to 8 and 16 to 32: a decode step, the checks of chains
+not cache; best of 5 passes. Rows of x: 1, 2, 4 to 8, 16, 24 and 32: a decode step, the checks of chains
 (5: gamma1 4 and the next token) and batches of them.
 """
 import json
