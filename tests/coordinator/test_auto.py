@@ -403,7 +403,7 @@ def test_a_follower_replans_once_when_a_batchmates_prefill_ends(models, calibrat
     plan = second.planner.plan
     second.planner.plan = lambda context, generated, busy=False, measure=True: busy_plans.append(busy) or \
         plan(context, generated, busy, measure)
-    second.planner.fade = lambda: fades.append((second.rounds, first.prefilled)) or fade()
+    second.planner.fade = lambda generated: fades.append((second.rounds, first.prefilled)) or fade(generated)
     batch = SequenceBatch()
     batch.add(first.run(long_prompt, params))
     batch.add(second.run(short_prompt, params))

@@ -24,9 +24,9 @@ def test_a_draft_that_is_rejected_is_dropped():
     for _ in range(20):
         planner.observe("draft", 4, 0)
     assert planner.plan(1000, 80).mode == "ar"
-    kept = planning.EVIDENCE_KEPT
+    kept = planning.EVIDENCE_KEPT ** (80 / planning.EVIDENCE_TOKENS)
     assert planner.decisions[-1]["why"]["acceptance"]["draft"] == pytest.approx(
-        (0.6 * 4) / (20 * kept + 4), abs=1e-3)  # the 20 rejections, counted once less at this plan
+        (0.6 * 4) / (20 * kept + 4), abs=1e-3)  # the 20 rejections, 80 tokens behind at this plan
     # idle, its evidence fades: after a while it is tried again (a bad start is not the last word)
     modes = [planner.plan(1000, 80 + 8 * i).mode for i in range(1, 40)]
     assert "draft" in modes
@@ -39,13 +39,31 @@ def test_an_idle_drafts_evidence_brings_it_back_at_the_next_plan():
     planner = planner_with(costs)
     for _ in range(20):
         planner.observe("draft", 4, 0)
-    plain = planner.plan(1000, 80)
+    plain = planner.plan(1000, 8)
     assert plain.mode == "ar"
     planner.observe_rate(plain, plain.tokens_per_s)  # its stretch ran as predicted
     without = copy.deepcopy(planner)
     planner.observe_idle("draft", 7.5, 8.0)  # 8 tokens of `ar`, where it would have done well
-    assert planner.plan(1000, 88).mode == "draft"
-    assert without.plan(1000, 88).mode == "ar"  # what the old evidence alone said
+    assert planner.plan(1000, 16).mode == "draft"
+    assert without.plan(1000, 16).mode == "ar"  # what the old evidence alone said
+
+
+def test_evidence_fades_by_the_tokens_committed_not_by_the_plans_made():
+    """Rejections seen 64 tokens ago count as much whether one plan came since or eight (a mode of long
+    rounds re-plans seldom): before, they faded once per plan, so a draft rejected early stayed rated poor
+    through a slow mode's long stretches after its proposals had all been accepted."""
+    costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
+    seldom, often = planner_with(costs), planner_with(costs)
+    for planner in (seldom, often):
+        planner.plan(1000, 0)
+        for _ in range(20):
+            planner.observe("draft", 4, 0)
+    seldom.plan(1000, 64)
+    for generated in range(8, 72, 8):
+        often.plan(1000, generated)
+    faded = planning.EVIDENCE_KEPT ** (64 / planning.EVIDENCE_TOKENS)
+    for planner in (seldom, often):
+        assert planner.acceptance["draft"].trials == pytest.approx(20 * faded)
 
 
 def test_costs_follow_what_forwards_really_take():

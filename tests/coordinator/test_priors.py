@@ -57,10 +57,13 @@ def test_a_request_starts_from_what_earlier_ones_saw():
     plan = warm.plan(1000, 0)
     assert plan.mode == "ar" and warm.decisions[0]["why"]["prior"] == "earlier requests"
     assert warm.decisions[0]["why"]["acceptance"]["draft"] == pytest.approx(0.1)
-    # the request's own checks still decide: a draft accepted every time is taken up
-    for _ in range(6):
-        warm.observe("draft", 4, 4)
-    assert warm.plan(1000, 40).mode == "draft"
+    # the request's own checks still decide: a draft accepted every time (two checks of 4 every 10 tokens)
+    # is taken up
+    for generated in (10, 20, 30):
+        for _ in range(2):
+            warm.observe("draft", 4, 4)
+        plan = warm.plan(1000, generated)
+    assert plan.mode == "draft"
 
 
 def test_a_request_remembers_what_it_measured():

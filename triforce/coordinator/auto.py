@@ -146,7 +146,7 @@ class AutoEngine(HierarchyEngine):
                                             len(self.seq)), len(self.seq))
         self._planned_busy = self._busy()  # a follower's too: else it re-plans every round once it differs
         if mates is not None and mates.leader() is not self and mates.plan is not None:
-            self.planner.fade()
+            self.planner.fade(generated)
             yield from self._adopt(mates.plan, generated, mates.decision)
             return
         if not self._rows_timed:  # the request's sampling settings: what a row of logits costs to process

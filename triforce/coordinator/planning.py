@@ -67,7 +67,8 @@ STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less t
 STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (README, The AVX2 path)
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
 # chains where the draft is unsure, what a gamma of 1 does everywhere, confident stretches included
-EVIDENCE_KEPT = 0.85  # of the acceptance evidence, at each plan: a memory of about 7 plans
+EVIDENCE_KEPT = 0.85  # of the acceptance evidence, for each EVIDENCE_TOKENS tokens committed since it was
+EVIDENCE_TOKENS = 8  # seen (a memory of about 50 tokens; an idle mode's factor and costs: at each plan)
 MAX_BATCH_LOG2 = 8  # batch sizes whose costs may stand in for an unmeasured one: 1, 2, 4, ..., 256
 
 
@@ -93,6 +94,7 @@ class AutoPlanner:
     _generic: dict[str, float] = field(default_factory=dict)  # per proposer: the generic prior (`recall`)
     _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
     _batch: int = 1  # the batch size of the plan being made
+    _faded_at: int = 0  # the request's generated tokens when its acceptance evidence last faded (`fade`)
     times: ForwardTimes = field(init=False)  # what this request's forwards take (forward_times.py)
 
     def __post_init__(self):
@@ -157,14 +159,21 @@ class AutoPlanner:
     def running(self) -> str | None:
         return self.decisions[-1]["mode"] if self.decisions else None
 
-    def fade(self) -> None:
-        """At each plan (in a batch, at each member's): older acceptance evidence counts less; an idle
-        mode's measured speed fades back towards its model (alone; in a batch it holds), its cost scales
-        towards the tiers' own, and an idle tier's cost scale towards the table (a tier that a slow spell
-        made look dear is tried again, as a proposer a bad start made look poor is)."""
-        running = self.running
+    def fade(self, generated: int) -> None:
+        """At each plan (in a batch, at each member's), `generated` tokens into the request: older acceptance
+        evidence counts less, by the tokens committed since the last plan (the text it was seen on is that
+        far behind); an idle mode's measured speed fades back towards its model (alone; in a batch it
+        holds), its cost scales towards the tiers' own, and an idle tier's cost scale towards the table (a
+        tier that a slow spell made look dear is tried again, as a proposer a bad start made look poor is).
+        Per plan, as the acceptance faded before, a plan of `ar` (REPLAN_ROUNDS tokens) forgot as much as
+        one of `triforce` (about 50): SmolLM2 + yarn:4 at 32K of Emma, greedy, on the AVX2 EPYC, the draft
+        rejected in the first 31 tokens was still rated 0.77 at token 95, though the retrieval tier took every
+        one of its proposals from token 31 on (96 of 96 by token 183), and `draft` mode, 1.10x auto's
+        speed there, ran only from token 183."""
+        running, moved = self.running, max(0, generated - self._faded_at)
+        self._faded_at = max(self._faded_at, generated)
         for estimate in self.acceptance.values():
-            estimate.forget(EVIDENCE_KEPT)
+            estimate.forget(EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS))
         # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
         # not fade: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back within 3
         # plans of `ar` and ran again.
@@ -185,7 +194,7 @@ class AutoPlanner:
         the table lacks may be measured now (`costs`)."""
         busy = busy and self.times.chunk_seconds is not None  # a chunk's cost unknown yet: planned as quiet
         stacks, running = self.candidates(context, busy), self.running
-        self.fade()
+        self.fade(generated)
         wanted = 1 if self.batchmates is None else self.batchmates.size(self)
         costs = self.costs(stacks, measure)
         # Another batch size's costs standing in: what this plan's forwards and speed show is no evidence

@@ -16,7 +16,7 @@ that one odd text does not erase the history; a realized factor replaced by the 
 not see enough of (a proposer it checked less than MIN_TRIALS times, a mode it did not run) drifts back
 halfway towards the generic prior (a factor of 1), so a tier that a bad stretch made look poor is tried
 again a few requests later instead of being locked out by its own record. The request's own checks then
-decide as before: remembered evidence fades at each plan like the request's own.
+decide as before, from a remembered acceptance worth LEARNED_TRIALS trials where there is one.
 """
 from __future__ import annotations
 
