@@ -170,8 +170,7 @@ class AutoPlanner:
         rejected in the first 31 tokens was still rated 0.77 at token 95, though the retrieval tier took every
         one of its proposals from token 31 on (96 of 96 by token 183), and `draft` mode, 1.10x auto's
         speed there, ran only from token 183."""
-        running, moved = self.running, max(0, generated - self._faded_at)
-        self._faded_at = max(self._faded_at, generated)
+        running, moved, self._faded_at = self.running, generated - self._faded_at, generated
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS))
         # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
