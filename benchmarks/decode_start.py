@@ -8,7 +8,8 @@ every allocation and kernel already warm).
 Mode auto measures a mode over its first stretch (8 rounds; `ar`: 8 tokens) and scales that mode's
 predictions by what it saw, so a slow start would count against whichever mode runs first. Prints one
 JSON line per request: the first 16 gaps in ms, the mean over the first 8, over the next 8 and over the
-rest, and the request's decode tokens/s. Prefix reuse is off, so each request prefills."""
+rest, and the request's decode tokens/s; the first piece's latency (the first forward after the prefill)
+is not among the gaps. Prefix reuse is off, so each request prefills."""
 from __future__ import annotations
 
 import argparse
@@ -38,6 +39,9 @@ def main() -> None:
                                 ignore_eos=True)
         out = llm.generate([ids], params, stream=lambda _: stamps.append(time.perf_counter()))[0]
         gaps = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:])]
+        if len(gaps) <= 16:
+            raise SystemExit(f"only {len(gaps) + 1} pieces streamed (a speculative mode commits several tokens "
+                             f"a round): raise --max-new-tokens")
         print(json.dumps({"request": request, "mode": args.mode, "first_16_ms": [round(g, 1) for g in gaps[:16]],
                           "mean_first_8_ms": round(statistics.mean(gaps[:8]), 2),
                           "mean_next_8_ms": round(statistics.mean(gaps[8:16]), 2),

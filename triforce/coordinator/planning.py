@@ -32,8 +32,8 @@ reached over the rounds it last ran, against what the model predicts for them at
 rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
 lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
 the speculative modes tried (none tried: by 1, but in a batch by `ar`'s, if below 1); `ar`, which
-verifies nothing, by 1; an idle mode's factor fades back towards 1 as its acceptance evidence fades
-(alone: in a batch, where the overhead between forwards goes unmeasured, the factors hold it). In a batch
+verifies nothing, by 1; an idle mode's factor fades back towards 1 at each plan, as acceptance evidence
+fades with the tokens committed (alone: in a batch, where the overhead between forwards goes unmeasured, the factors hold it). In a batch
 one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
