@@ -33,8 +33,8 @@ rounds' own checks saw (so the factor holds only what the model leaves out: a st
 lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
 the speculative modes tried (none tried: by 1, but in a batch by `ar`'s, if below 1); `ar`, which
 verifies nothing, by 1; an idle mode's factor fades back towards 1 at each plan, as acceptance evidence
-fades with the tokens committed (alone: in a batch, where the overhead between forwards goes unmeasured, the factors hold it). In a batch
-one plan serves every request (batchmates.py).
+fades with the tokens committed (alone: in a batch, where the overhead between forwards goes unmeasured,
+the factors hold it). In a batch one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
 the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py).
@@ -169,7 +169,9 @@ class AutoPlanner:
         one of `triforce` (about 50): SmolLM2 + yarn:4 at 32K of Emma, greedy, on the AVX2 EPYC, the draft
         rejected in the first 31 tokens was still rated 0.77 at token 95, though the retrieval tier took every
         one of its proposals from token 31 on (96 of 96 by token 183), and `draft` mode, 1.10x auto's
-        speed there, ran only from token 183."""
+        speed there, ran only from token 183. Still all evidence fades here at once, so the checks of the
+        stretch this plan ends fade as much as older ones (after 50 tokens of `triforce`, to 0.36 against
+        the prior); fading each check by its own age would be exact (README, The AVX2 path)."""
         running, moved, self._faded_at = self.running, generated - self._faded_at, generated
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS))

@@ -1,9 +1,9 @@
 #!/bin/bash
-# Mode auto of two versions of the code on one machine, each version's runs from a copy of the same cost
-# table and no priors (its seeds then share its home in order, priors and any re-measured cost building
-# up there as in the grid), interleaved: OLD (a commit, run from a worktree with its own kernel build) against the
-# working tree. 7,936 tokens of Emma at 0.6 (seeds 0-2; each version's seeds share one home in order, as
-# the grid's do), then 32,000 with yarn:4 greedy; 256 new tokens, auto only. Results in $out/LABEL.
+# Mode auto of two versions of the code on one machine, interleaved: OLD (a commit, run from a worktree
+# with its own kernel build) against the working tree, each starting from a copy of the same cost table and
+# no priors. 7,936 tokens of Emma at 0.6 (seeds 0-2, which share their version's home in order as the
+# grid's do: priors and any re-measured cost build up there), then 32,000 with yarn:4 greedy; 256 new
+# tokens, auto only. Results in $out/LABEL.
 #   PATH=$PWD/.venv/bin:$PATH bash benchmarks/results/issue12/avx2_epyc/auto_ab.sh OLD LABEL HOME_8K HOME_32K
 # HOME_8K / HOME_32K: calibration homes whose cost tables the runs copy (here run.sh's and yarn.sh's of OLD).
 # Tables: python benchmarks/auto_table.py benchmarks/results/issue12/avx2_epyc/LABEL/*.json
