@@ -1,7 +1,7 @@
 #!/bin/bash
 # Mode auto of two versions of the code on one machine, interleaved: OLD (a commit, run from a worktree
 # with its own kernel build) against the working tree, each starting from a copy of the same cost table and
-# no priors. 7,936 tokens of Emma at 0.6 (seeds 0-2, which share their version's home in order as the
+# no priors. 7,936 tokens of Emma at 0.6 (seeds $SEEDS, by default 0-2, which share their version's home in order as the
 # grid's do: priors and any re-measured cost build up there), then 32,000 with yarn:4 greedy; 256 new
 # tokens, auto only. Results in $out/LABEL.
 #   PATH=$PWD/.venv/bin:$PATH bash benchmarks/results/issue12/avx2_epyc/auto_ab.sh OLD LABEL HOME_8K HOME_32K
@@ -35,7 +35,7 @@ homes=/tmp/triforce_ab_$label
 if [ ! -d "$homes" ]; then
   for which in old new; do prep "$homes/${which}8" "$costs8"; prep "$homes/${which}32" "$costs32"; done
 fi
-for seed in 0 1 2; do
+for seed in ${SEEDS:-0 1 2}; do
   for which in old new; do
     run $which "$homes/${which}8" ${which}_7936_sampled_seed$seed --lengths 7936 --temperatures 0.6 --seed $seed
   done
