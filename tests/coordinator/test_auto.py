@@ -455,7 +455,7 @@ def test_an_idle_draft_reports_how_its_proposals_would_have_fared(models, temper
     prompt = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(5)).tolist()
     engine = scripted_engine(models, prompt, 40, "ar-only", lookup=lookup)  # 60 tokens: all in the draft's window
     seen = []
-    engine.planner.observe_idle = lambda name, chances, generated: seen.append((name, sum(chances), len(chances)))
+    engine.planner.observe_idle = lambda name, accepted, tokens: seen.append((name, accepted, tokens))
     tokens, _ = engine.generate(prompt, SamplingParams(max_tokens=40, temperature=temperature, seed=3,
                                                        ignore_eos=True))
     # re-plans before rounds 4, 8, ..., 40: the first sees 3 tokens, each later one 4 more

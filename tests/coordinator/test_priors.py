@@ -61,7 +61,7 @@ def test_a_request_starts_from_what_earlier_ones_saw():
     # is taken up
     for generated in (10, 20, 30):
         for _ in range(2):
-            warm.observe("draft", 4, 4, generated)
+            warm.observe("draft", 4, 4)
         plan = warm.plan(1000, generated)
     assert plan.mode == "draft"
 
@@ -74,7 +74,7 @@ def test_a_request_remembers_what_it_measured():
     planner.realized["ar"] = 0.7  # a factor it did not measure itself is not passed on
     plan = planner.plan(1000, 0)
     for _ in range(3):
-        planner.observe("draft", 4, 2, 0)  # 6 of 9 trials
+        planner.observe("draft", 4, 2)  # 6 of 9 trials
     planner.observe_rate(plan, 0.5 * plan.tokens_per_s)
     planner.remember()
     known = store.recall("k")

@@ -192,12 +192,13 @@ class AutoEngine(HierarchyEngine):
         start, level, self._last = time.perf_counter(), self.ladder.index(draft), None
         first = self._prompt_length  # seq's index of the first generated token
         yield from self._catch_up(draft, first - 1)  # rows that predict the prompt
-        chances = []
+        accepted = tokens = 0.0
         for step in draft.prefill_steps(self.seq[draft.length:-1]):  # rows that predict generated tokens
             q = self._probs((yield Forward(draft, level, step)))
             for row, at in zip(q, range(step.start + 1, step.start + 1 + step.n)):
-                chances.append(min(1.0, float(self._as_proposed(row, at)[self.seq[at]]) / self._target_p[at - first]))
-        self.planner.observe_idle(draft.name, chances, len(self.seq) - first)
+                accepted += min(1.0, float(self._as_proposed(row, at)[self.seq[at]]) / self._target_p[at - first])
+                tokens += 1
+        self.planner.observe_idle(draft.name, accepted, tokens)
         plan, since, began = self._running  # the running plan's measured speed leaves this time out
         self._running = (plan, since, began + time.perf_counter() - start)
 
@@ -237,4 +238,4 @@ class AutoEngine(HierarchyEngine):
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:
         super()._record(level, proposed, accepted)
-        self.planner.observe(self.tiers[level - 1].name, proposed, accepted, len(self.seq) - self._prompt_length)
+        self.planner.observe(self.tiers[level - 1].name, proposed, accepted)

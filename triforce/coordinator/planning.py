@@ -67,8 +67,8 @@ STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less t
 STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (README, The AVX2 path)
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
 # chains where the draft is unsure, what a gamma of 1 does everywhere, confident stretches included
-EVIDENCE_KEPT = 0.85  # of a check's weight, for each EVIDENCE_TOKENS tokens committed since it was seen
-EVIDENCE_TOKENS = 8  # (a memory of about 50 tokens; an idle mode's factor and costs keep it at each plan)
+EVIDENCE_KEPT = 0.85  # of the acceptance evidence, for each EVIDENCE_TOKENS tokens committed since it was
+EVIDENCE_TOKENS = 8  # seen (a memory of about 50 tokens; an idle mode's factor and costs: at each plan)
 MAX_BATCH_LOG2 = 8  # batch sizes whose costs may stand in for an unmeasured one: 1, 2, 4, ..., 256
 
 
@@ -94,7 +94,7 @@ class AutoPlanner:
     _generic: dict[str, float] = field(default_factory=dict)  # per proposer: the generic prior (`recall`)
     _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
     _batch: int = 1  # the batch size of the plan being made
-    _aged_at: int = 0  # the request's generated tokens when its acceptance evidence last aged (`_age`)
+    _faded_at: int = 0  # the request's generated tokens when its acceptance evidence last faded (`fade`)
     times: ForwardTimes = field(init=False)  # what this request's forwards take (forward_times.py)
 
     def __post_init__(self):
@@ -160,13 +160,22 @@ class AutoPlanner:
         return self.decisions[-1]["mode"] if self.decisions else None
 
     def fade(self, generated: int) -> None:
-        """At each plan (in a batch, at each member's), `generated` tokens into the request: the acceptance
-        evidence ages to now (`_age`); an idle mode's measured speed fades back towards its model (alone; in
-        a batch it holds), its cost scales towards the tiers' own, and an idle tier's cost scale towards the
-        table (a tier that a slow spell made look dear is tried again, as a proposer a bad start made look
-        poor is)."""
-        self._age(generated)
-        running = self.running
+        """At each plan (in a batch, at each member's), `generated` tokens into the request: older acceptance
+        evidence counts less, by the tokens committed since the last plan (the text it was seen on is that
+        far behind); an idle mode's measured speed fades back towards its model (alone; in a batch it
+        holds), its cost scales towards the tiers' own, and an idle tier's cost scale towards the table (a
+        tier that a slow spell made look dear is tried again, as a proposer a bad start made look poor is).
+        Per plan, as the acceptance faded before, a plan of `ar` (REPLAN_ROUNDS tokens) forgot as much as
+        one of `triforce` (about 50): SmolLM2 + yarn:4 at 32K of Emma, greedy, on the AVX2 EPYC, the draft
+        rejected in the first 31 tokens was still rated 0.77 at token 95, though the retrieval tier took every
+        one of its proposals from token 31 on (96 of 96 by token 183), and `draft` mode, 1.10x auto's
+        speed there, ran only from token 183. Still all evidence fades here at once, so the checks of the
+        stretch this plan ends fade as much as older ones (after 50 tokens of `triforce`, to 0.36 against
+        the prior). Fading each check by its own age instead (7793651, a longer memory) ran 0.92x this at
+        8K and 0.6 (six seeds) and 0.96x at 32K greedy in an A/B on the AVX2 EPYC: reverted (README)."""
+        running, moved, self._faded_at = self.running, generated - self._faded_at, generated
+        for estimate in self.acceptance.values():
+            estimate.forget(EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS))
         # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
         # not fade: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back within 3
         # plans of `ar` and ran again.
@@ -175,21 +184,6 @@ class AutoPlanner:
             if mode != running and not together:
                 self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
         self.times.fade(running, EVIDENCE_KEPT)
-
-    def _age(self, generated: int) -> None:
-        """Every check counts `_kept(t)` as much once t more tokens are committed after it: the evidence
-        held fades by the tokens committed since it last aged. Each check fades by its own age, so what a
-        plan's own stretch saw weighs more than older checks when the plan ends (before, all evidence faded
-        at once at each plan: a stretch of 50 tokens of `triforce` entered the next plan at 0.36 of its
-        weight, as old as the evidence before it). By tokens, not plans: a plan of `ar` (REPLAN_ROUNDS
-        tokens) would forget as much as one of `triforce` (about 50): SmolLM2 + yarn:4 at 32K of Emma,
-        greedy, on the AVX2 EPYC, a draft rejected in the first 31 tokens was still rated 0.77 at token 95,
-        though the retrieval tier took every one of its proposals from token 31 on (96 of 96 by token 183),
-        and `draft` mode, 1.10x auto's speed there, ran only from token 183 (README, The AVX2 path)."""
-        moved, self._aged_at = generated - self._aged_at, max(generated, self._aged_at)
-        if moved > 0:
-            for estimate in self.acceptance.values():
-                estimate.forget(_kept(moved))
 
     def estimates(self) -> dict[str, Acceptance]:
         """The acceptance plans are scored with: this request's, or in a batch its prefilled members' pooled."""
@@ -283,18 +277,13 @@ class AutoPlanner:
         """A plan starts running (or runs on after a re-plan): its checks from now on are its stretch's."""
         self._stretch = {}
 
-    def observe(self, proposer: str, gamma: int, accepted: int, generated: int) -> None:
-        """A check of `gamma` proposals accepted `accepted`, `generated` tokens into the request."""
-        self._age(generated)
+    def observe(self, proposer: str, gamma: int, accepted: int) -> None:
         self.acceptance[proposer].observe(gamma, accepted)
         self._stretch.setdefault(proposer, Acceptance(0.0, 0.0)).observe(gamma, accepted)
 
-    def observe_idle(self, proposer: str, chances: list[float], generated: int) -> None:
-        """An idle proposer's chance of acceptance at each of the last len(chances) tokens committed,
-        `generated` in all (auto.py): per-token evidence, each token's as old as it is."""
-        self._age(generated)
-        weights = [_kept(age) for age in range(len(chances) - 1, -1, -1)]
-        self.acceptance[proposer].observe_expected(sum(w * c for w, c in zip(weights, chances)), sum(weights))
+    def observe_idle(self, proposer: str, accepted: float, tokens: float) -> None:
+        """An idle proposer's expected acceptance over `tokens` committed tokens (auto.py)."""
+        self.acceptance[proposer].observe_expected(accepted, tokens)
 
     def recall(self, key: str, context: int | None = None) -> None:
         """Starts the request of kind `key` from what earlier ones saw (priors.py), where they saw it; else
@@ -362,8 +351,3 @@ class AutoPlanner:
         ratio = tokens_per_s * self._batch / predicted
         self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
         self._measured.add(plan.mode)
-
-
-def _kept(tokens: float) -> float:
-    """How much a check counts once `tokens` more are committed after it."""
-    return EVIDENCE_KEPT ** (tokens / EVIDENCE_TOKENS)
