@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from triforce.cache.full import FullKVCache
-from triforce.models import hub
+from triforce.models import gguf_convert, hub
 from triforce.models.config import ModelLoadError
 from triforce.models.loader import load_model
 from triforce.step import Step
@@ -81,8 +81,8 @@ def test_shards_bound_the_conversion_and_load(tmp_path, monkeypatch, tiny_dir):
         state.update(load_file(f))
     out = tmp_path / "sharded"
     out.mkdir()
-    monkeypatch.setattr(hub, "SHARD_BYTES", max(t.numel() * 4 for t in state.values()) * 2)
-    hub._save_shards(state, out)
+    monkeypatch.setattr(gguf_convert, "SHARD_BYTES", max(t.numel() * 4 for t in state.values()) * 2)
+    gguf_convert.write_shards([(name, t.numel() * 4, lambda t=t: t) for name, t in state.items()], out)
     assert len(list(out.glob("model-*.safetensors"))) > 2 and (out / "model.safetensors.index.json").is_file()
     for extra in folder.iterdir():
         if not extra.name.endswith(".safetensors"):

@@ -199,11 +199,8 @@ def run_generation(args, llm) -> int:
 
 def _fetch(args) -> int:
     from ..models.hub import fetch_model
-    from ..models.loader import load_model
 
-    folder = fetch_model(args.name)
-    load_model(folder)
-    print(folder)
+    print(fetch_model(args.name))  # a folder it returns has loaded once already (hub.convert_gguf)
     return 0
 
 

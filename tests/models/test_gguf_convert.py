@@ -1,0 +1,108 @@
+"""gguf_convert.py turns GGUF tensors into a Hugging Face checkpoint tensor by tensor: on tiny GGUF files this
+test writes (llama, whose q/k rows llama.cpp reorders, and qwen2, with biases and without), every tensor
+equals what transformers reads from the same file, shards included."""
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from triforce.models import gguf_convert
+from triforce.models.config import ModelLoadError
+
+gguf = pytest.importorskip("gguf")
+
+HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 64, 4, 2, 96, 32, 2
+
+
+def write_gguf(path, arch: str, tied: bool) -> None:
+    """A random Llama-family GGUF: F32 norms and biases, Q8_0 matrices (as most GGUFs quantize them)."""
+    rng = np.random.default_rng(7)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(VOCAB)
+
+    def matrix(name, rows, cols):
+        q = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+    def vector(name, n):
+        w.add_tensor(name, rng.standard_normal(n).astype(np.float32))
+
+    head = HIDDEN // HEADS
+    matrix("token_embd.weight", VOCAB, HIDDEN)
+    vector("output_norm.weight", HIDDEN)
+    if not tied:
+        matrix("output.weight", VOCAB, HIDDEN)
+    for i in range(LAYERS):
+        for name, rows in (("attn_q", HIDDEN), ("attn_k", KV_HEADS * head), ("attn_v", KV_HEADS * head)):
+            matrix(f"blk.{i}.{name}.weight", rows, HIDDEN)
+            if arch == "qwen2":
+                vector(f"blk.{i}.{name}.bias", rows)
+        matrix(f"blk.{i}.attn_output.weight", HIDDEN, HIDDEN)
+        matrix(f"blk.{i}.ffn_gate.weight", FFN, HIDDEN)
+        matrix(f"blk.{i}.ffn_up.weight", FFN, HIDDEN)
+        matrix(f"blk.{i}.ffn_down.weight", HIDDEN, FFN)
+        vector(f"blk.{i}.attn_norm.weight", HIDDEN)
+        vector(f"blk.{i}.ffn_norm.weight", HIDDEN)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def transformers_tensors(path) -> dict:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+
+
+@pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen2", False)])
+def test_tensors_equal_what_transformers_reads(tmp_path, monkeypatch, arch, tied):
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(path, arch, tied)
+    config = {"num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS}
+    tensors = gguf_convert.gguf_tensors(gguf.GGUFReader(path), arch, config)
+    monkeypatch.setattr(gguf_convert, "SHARD_BYTES", 4 * FFN * HIDDEN * 3)  # several shards
+    out = tmp_path / "out"
+    out.mkdir()
+    gguf_convert.write_shards(tensors, out)
+    files = sorted(out.glob("model-*.safetensors"))
+    assert len(files) > 2 and (out / "model.safetensors.index.json").is_file()
+    ours = {}
+    for f in files:
+        ours.update(load_file(f))
+    theirs = transformers_tensors(path)
+    assert set(ours) == set(theirs) and ("lm_head.weight" in ours) != tied
+    for name, t in theirs.items():
+        assert torch.equal(ours[name], t.float()), name
+    # the reordering was undone: llama's q rows differ from the file's order, qwen2's do not
+    raw = gguf_convert.gguf_tensors(gguf.GGUFReader(path), "qwen2", config)
+    q = dict((n, make) for n, _, make in raw)["model.layers.0.self_attn.q_proj.weight"]()
+    assert torch.equal(q, ours["model.layers.0.self_attn.q_proj.weight"]) == (arch == "qwen2")
+
+
+def test_an_unknown_tensor_or_architecture_is_a_clear_error(tmp_path):
+    for name in ("blk.0.ssm_a.weight", "blk.0", "token_embd"):
+        with pytest.raises(ModelLoadError, match=f"'{name}' has no place in a Llama-family model"):
+            gguf_convert.hf_name(name)
+    assert gguf_convert.hf_name("rope_freqs.weight") is None
+    path = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match="architecture 'gpt2'; triforce reads llama, qwen2"):
+        gguf_convert.write_hf_folder(path, tmp_path)

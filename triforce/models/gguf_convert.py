@@ -1,0 +1,121 @@
+"""A Llama-family GGUF file (llama, mistral, qwen2) as a float32 safetensors folder that loader.py reads.
+
+Tensor by tensor: each GGUF tensor is dequantized (the `gguf` package), renamed to its Hugging Face name
+and written into the shard it belongs to, so the conversion holds about one shard (SHARD_BYTES) and one
+tensor at a time. Before, transformers built the whole float32 model from the whole dequantized
+checkpoint, both in memory (with the loader's copies, fetching Qwen2.5-Coder-1.5B, 7.1 GB in float32,
+peaked at 17.8 GB; now 4.7: README, The Qwen2.5-Coder pair). The config and the tokenizer still come
+from transformers, which reads them from the GGUF's metadata.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import ModelLoadError
+
+SHARD_BYTES = 1 << 30  # safetensors serialises a file in memory: shards bound the conversion's peak
+ARCHITECTURES = ("llama", "qwen2")  # GGUF's names: mistral's GGUFs say llama
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_DERIVED = ("rope_freqs",)  # llama.cpp's copy of what the config's rope scaling computes: not a weight
+
+Tensors = list[tuple[str, int, Callable[[], torch.Tensor]]]  # (name, bytes, the tensor when wanted)
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of GGUF tensor `gguf_name` (`blk.3.attn_q.weight` -> `model.layers.3.
+    self_attn.q_proj.weight`); None for one that holds no weight (`rope_freqs`)."""
+    layer = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    top = re.fullmatch(r"(\w+)\.(weight|bias)", gguf_name)
+    if layer and layer[2] in _LAYER:
+        return f"model.layers.{layer[1]}.{_LAYER[layer[2]]}.{layer[3]}"
+    if top and top[1] in _TOP:
+        return f"{_TOP[top[1]]}.{top[2]}"
+    if top and top[1] in _DERIVED:
+        return None
+    raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no place in a Llama-family model")
+
+
+def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undoes llama.cpp's reordering of a llama q or k projection's rows (weight or bias) for its RoPE:
+    within each of `heads` heads, the rows of the two rotated halves were interleaved."""
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_tensors(reader, architecture: str, config: dict) -> Tensors:
+    """The checkpoint's tensors in `reader` (a gguf.GGUFReader), each dequantized to float32 only when
+    asked for."""
+    from gguf import dequantize
+
+    heads = {"attn_q": config["num_attention_heads"],
+             "attn_k": config.get("num_key_value_heads") or config["num_attention_heads"]}
+
+    def tensor(t) -> torch.Tensor:
+        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        part = t.name.split(".")[2] if t.name.startswith("blk.") else None
+        if architecture == "llama" and part in heads:
+            w = unpermute(w, heads[part])
+        return torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a copy: the file's pages stay shared
+
+    out = []
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is not None:
+            out.append((name, int(t.n_elements) * 4, lambda t=t: tensor(t)))
+    return out
+
+
+def write_shards(tensors: Tensors, folder: Path) -> None:
+    """`tensors` as safetensors files of about SHARD_BYTES each (Hugging Face's index where several), each
+    made only while its shard is written."""
+    from safetensors.torch import save_file
+
+    shards: list[Tensors] = [[]]
+    size = 0
+    for item in tensors:
+        if shards[-1] and size + item[1] > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(item)
+        size += item[1]
+    files = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for file, shard in zip(files, shards):
+        save_file({name: make() for name, _, make in shard}, str(folder / file), metadata={"format": "pt"})
+    if len(shards) > 1:
+        weight_map = {name: file for file, shard in zip(files, shards) for name, _, _ in shard}
+        total = sum(nbytes for _, nbytes, _ in tensors)
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+
+
+def write_hf_folder(gguf: Path, folder: Path) -> None:
+    """Dequantizes a Llama-family GGUF into `folder` as a float32 safetensors HF folder (config, tokenizer)."""
+    from gguf import GGUFReader
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        reader = GGUFReader(gguf)
+        field = reader.fields.get("general.architecture")
+        architecture = bytes(field.parts[field.data[0]]).decode() if field else "none named"
+        if architecture not in ARCHITECTURES:
+            raise ModelLoadError(f"architecture {architecture!r}; triforce reads {', '.join(ARCHITECTURES)}")
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tensors = gguf_tensors(reader, architecture, config)
+    except Exception as exc:  # transformers and gguf raise many types for unreadable or unsupported GGUF
+        raise ModelLoadError(f"{gguf}: cannot read as a Llama-family GGUF ({exc})") from exc
+    config.pop("quantization_config", None)
+    config["dtype"] = "float32"
+    write_shards(tensors, folder)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(folder)
