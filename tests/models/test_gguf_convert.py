@@ -3,6 +3,7 @@ test writes (llama, whose q/k rows llama.cpp reorders, and qwen2, with biases an
 equals what transformers reads from the same file, shards included."""
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 from safetensors.torch import load_file
 
@@ -76,7 +77,16 @@ def test_tensors_equal_what_transformers_reads(tmp_path, monkeypatch, arch, tied
     monkeypatch.setattr(gguf_convert, "SHARD_BYTES", 4 * FFN * HIDDEN * 3)  # several shards
     out = tmp_path / "out"
     out.mkdir()
-    gguf_convert.write_shards(tensors, out)
+    events = []  # each tensor is made only while its shard is written
+    made = [(name, nbytes, lambda name=name, make=make: events.append(name) or make())
+            for name, nbytes, make in tensors]
+    save = safetensors.torch.save_file
+    monkeypatch.setattr(safetensors.torch, "save_file",
+                        lambda shard, *args, **kw: events.append(set(shard)) or save(shard, *args, **kw))
+    gguf_convert.write_shards(made, out)
+    saves = [i for i, e in enumerate(events) if isinstance(e, set)]
+    for start, end in zip([-1] + saves, saves):
+        assert set(events[start + 1:end]) == events[end]
     files = sorted(out.glob("model-*.safetensors"))
     assert len(files) > 2 and (out / "model.safetensors.index.json").is_file()
     ours = {}
@@ -106,3 +116,8 @@ def test_an_unknown_tensor_or_architecture_is_a_clear_error(tmp_path):
     w.close()
     with pytest.raises(ModelLoadError, match="architecture 'gpt2'; triforce reads llama, qwen2"):
         gguf_convert.write_hf_folder(path, tmp_path)
+    truncated = tmp_path / "truncated.gguf"
+    write_gguf(tmp_path / "whole.gguf", "llama", True)
+    truncated.write_bytes((tmp_path / "whole.gguf").read_bytes()[:-4096])
+    with pytest.raises(ModelLoadError, match="truncated.gguf: cannot convert as a Llama-family GGUF"):
+        gguf_convert.write_hf_folder(truncated, tmp_path)

@@ -1,15 +1,16 @@
 """A Llama-family GGUF file (llama, mistral, qwen2) as a float32 safetensors folder that loader.py reads.
 
 Tensor by tensor: each GGUF tensor is dequantized (the `gguf` package), renamed to its Hugging Face name
-and written into the shard it belongs to, so the conversion holds about one shard (SHARD_BYTES) and one
-tensor at a time. Before, transformers built the whole float32 model from the whole dequantized
-checkpoint, both in memory (with the loader's copies, fetching Qwen2.5-Coder-1.5B, 7.1 GB in float32,
-peaked at 17.8 GB; now 4.7: README, The Qwen2.5-Coder pair). The config and the tokenizer still come
-from transformers, which reads them from the GGUF's metadata.
+and written into the shard it belongs to, so the conversion holds about a shard (SHARD_BYTES) twice at
+most: its tensors and safetensors' serialised copy of them. Before, transformers built the whole float32
+model from the whole dequantized checkpoint, both in memory (with the loader's copies, fetching
+Qwen2.5-Coder-1.5B, 7.1 GB in float32, peaked at 17.8 GB; now 4.7: README, The Qwen2.5-Coder pair).
+The config and the tokenizer still come from transformers, which reads them from the GGUF's metadata.
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +20,15 @@ import torch
 
 from .config import ModelLoadError
 
+log = logging.getLogger(__name__)
+
 SHARD_BYTES = 1 << 30  # safetensors serialises a file in memory: shards bound the conversion's peak
 ARCHITECTURES = ("llama", "qwen2")  # GGUF's names: mistral's GGUFs say llama
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-_DERIVED = ("rope_freqs",)  # llama.cpp's copy of what the config's rope scaling computes: not a weight
+_DERIVED = ("rope_freqs",)  # llama.cpp's llama3 RoPE factors: not a weight (write_hf_folder warns)
 
 Tensors = list[tuple[str, int, Callable[[], torch.Tensor]]]  # (name, bytes, the tensor when wanted)
 
@@ -64,7 +67,8 @@ def gguf_tensors(reader, architecture: str, config: dict) -> Tensors:
         part = t.name.split(".")[2] if t.name.startswith("blk.") else None
         if architecture == "llama" and part in heads:
             w = unpermute(w, heads[part])
-        return torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # a copy: the file's pages stay shared
+        # F32 tensors are views of the mapped file: copied; the rest are new arrays already
+        return torch.from_numpy(np.array(w) if np.may_share_memory(w, t.data) else np.ascontiguousarray(w))
 
     out = []
     for t in reader.tensors:
@@ -108,14 +112,20 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
         field = reader.fields.get("general.architecture")
         architecture = bytes(field.parts[field.data[0]]).decode() if field else "none named"
         if architecture not in ARCHITECTURES:
-            raise ModelLoadError(f"architecture {architecture!r}; triforce reads {', '.join(ARCHITECTURES)}")
+            raise ModelLoadError(f"{gguf}: architecture {architecture!r}; triforce reads {', '.join(ARCHITECTURES)}")
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tensors = gguf_tensors(reader, architecture, config)
-    except Exception as exc:  # transformers and gguf raise many types for unreadable or unsupported GGUF
-        raise ModelLoadError(f"{gguf}: cannot read as a Llama-family GGUF ({exc})") from exc
-    config.pop("quantization_config", None)
-    config["dtype"] = "float32"
-    write_shards(tensors, folder)
+        if any(t.name.startswith("rope_freqs.") for t in reader.tensors) and not config.get("rope_scaling"):
+            log.warning("%s holds llama3 RoPE factors that its config does not carry: positions run unscaled "
+                        "(see --rope-scaling)", gguf.name)
+        config.pop("quantization_config", None)
+        config["dtype"] = "float32"
+        write_shards(tensors, folder)  # the tensors are read and dequantized here
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # transformers, gguf and numpy raise many types for unreadable or unsupported
+        # GGUF (and the disk can fill): one line that names both ends
+        raise ModelLoadError(f"{gguf}: cannot convert as a Llama-family GGUF into {folder} ({exc})") from exc
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(folder)
