@@ -39,41 +39,59 @@ def shipped_draft():
     return load_model(DEFAULT_DRAFTS["smollm2"], "float32")
 
 
-def test_every_mode_equals_plain_greedy(smollm2, prompt_ids, shipped_draft, monkeypatch):
-    monkeypatch.setenv("TRIFORCE_CALIBRATION", "0")  # mode auto measures its costs afresh, keeps them in memory
-    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    settings = dict(budget=256, chunk_size=8, full_layers=2)
-    # The runs share the prompt's target KV, which the reference's cold prefill stores (cache/prefixes.py: a
-    # warm prefill gives the cold one's keys and values bit for bit, tests/test_prefix_reuse.py), so each
-    # prefills only the prompt's last block and its draft; each is compared with the cold reference
+PARAMS = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+SETTINGS = dict(budget=256, chunk_size=8, full_layers=2)
+RUNS = [("triforce", "static", {}), ("triforce", "dynamic", {}), ("retrieval", "static", {}),  # the default
+        ("retrieval", "dynamic", {}), ("triforce", "dynamic", {"tree1": 8}),  # mode first
+        ("retrieval", "static", {"tree2": 8}), ("draft", "static", {"tree1": 4}), ("auto", "static", {}),
+        ("triforce", "static", {"lookup": 0})]  # prompt lookup off; `draft` chains: the lookup test below
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(smollm2, prompt_ids):
+    """Plain greedy decoding's tokens, and the store of the prompt's target KV that its cold prefill filled:
+    the runs share it (cache/prefixes.py: a warm prefill gives the cold one's keys and values bit for bit,
+    tests/test_prefix_reuse.py), so each prefills only the prompt's last block and its draft, and each is
+    compared with the cold reference."""
     prefixes = PrefixStore(max_bytes=2**30, block=EngineConfig().prefill_chunk)
     reference, cold = build_engine(EngineConfig(mode="ar"), smollm2, None, 2140, prefixes=prefixes).generate(
-        prompt_ids, params)
+        prompt_ids, PARAMS)
     assert cold.cached_prompt_tokens == 0
-    runs = [("triforce", "static", {}), ("triforce", "dynamic", {}), ("retrieval", "static", {}),
-            ("retrieval", "dynamic", {}), ("draft", "static", {}),  # the default mode first
-            ("triforce", "dynamic", {"tree1": 8}), ("retrieval", "static", {"tree2": 8}),
-            ("draft", "static", {"tree1": 4}), ("auto", "static", {}),
-            ("draft", "static", {"lookup": 0}), ("triforce", "static", {"lookup": 0})]  # prompt lookup off
-    draft_acceptance = {}
-    for mode, policy, trees in runs:
-        cfg = EngineConfig(mode=mode, retrieval_policy=policy, **settings, **trees)
-        engine = build_engine(cfg, smollm2, shipped_draft, 2140, prefixes=prefixes)
-        tokens, metrics = engine.generate(prompt_ids, params)
-        assert tokens == reference, (mode, policy, trees)
-        assert metrics.cached_prompt_tokens > 0
-        if mode == "draft" and not trees.get("tree1"):
-            draft_acceptance[cfg.lookup_n] = metrics.tiers[0].acceptance_rate
-        if mode == "auto":  # planned from costs measured on SmolLM2 at this context, for budgets 256-1024
-            assert metrics.auto and set(metrics.auto[0]["why"]["forward_ms"]) == {
-                "draft", "retrieval", "retrieval@512", "retrieval@1024", "target"}
-        if 8 in trees.values():  # trees of 8 were checked: more nodes per check than either chain's gamma
-            assert metrics.tiers[0].proposed > 6 * metrics.tiers[0].checks, (mode, trees)
-        if mode == "retrieval":  # the target's own weights over 256 of 2,100 tokens agree most of the time
-            target = metrics.tiers[-1]  # (a tree's siblings cannot all be accepted: count tokens per check)
-            assert (target.mean_accepted_length > 2) if trees else (target.acceptance_rate > 0.5)
-    # Source code repeats its names: copies of the prompt's 3-grams lift what the target accepts.
-    assert draft_acceptance[3] > draft_acceptance[0], draft_acceptance
+    return reference, prefixes
+
+
+def run_greedy(smollm2, shipped_draft, prompt_ids, greedy_reference, mode, policy, extra):
+    """One run of `mode`, asserted equal to plain decoding token for token; its metrics."""
+    reference, prefixes = greedy_reference
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **SETTINGS, **extra)
+    tokens, metrics = build_engine(cfg, smollm2, shipped_draft, 2140, prefixes=prefixes).generate(prompt_ids, PARAMS)
+    assert tokens == reference, (mode, policy, extra)
+    assert metrics.cached_prompt_tokens > 0
+    return metrics
+
+
+@pytest.mark.parametrize("mode,policy,extra", RUNS, ids=[f"{m}-{p}-{e}" for m, p, e in RUNS])
+def test_every_mode_equals_plain_greedy(smollm2, prompt_ids, shipped_draft, greedy_reference, monkeypatch,
+                                        mode, policy, extra):
+    monkeypatch.setenv("TRIFORCE_CALIBRATION", "0")  # mode auto measures its costs afresh, keeps them in memory
+    metrics = run_greedy(smollm2, shipped_draft, prompt_ids, greedy_reference, mode, policy, extra)
+    if mode == "auto":  # planned from costs measured on SmolLM2 at this context, for budgets 256-1024
+        assert metrics.auto and set(metrics.auto[0]["why"]["forward_ms"]) == {
+            "draft", "retrieval", "retrieval@512", "retrieval@1024", "target"}
+    if 8 in extra.values():  # trees of 8 were checked: more nodes per check than either chain's gamma
+        assert metrics.tiers[0].proposed > 6 * metrics.tiers[0].checks, (mode, extra)
+    if mode == "retrieval":  # the target's own weights over 256 of 2,100 tokens agree most of the time
+        target = metrics.tiers[-1]  # (a tree's siblings cannot all be accepted: count tokens per check)
+        assert (target.mean_accepted_length > 2) if extra else (target.acceptance_rate > 0.5)
+
+
+def test_prompt_lookup_lifts_the_drafts_acceptance(smollm2, prompt_ids, shipped_draft, greedy_reference):
+    """`draft` chains, with the prompt lookup (the default) and without, both equal to plain decoding: source
+    code repeats its names, so copies of the prompt's 3-grams lift what the target accepts."""
+    on, off = (run_greedy(smollm2, shipped_draft, prompt_ids, greedy_reference, "draft", "static", extra)
+               for extra in ({}, {"lookup": 0}))
+    assert EngineConfig().lookup_n == 3
+    assert on.tiers[0].acceptance_rate > off.tiers[0].acceptance_rate, (on.tiers[0], off.tiers[0])
 
 
 def test_cli_generates_from_the_default_model(capsys):
