@@ -1,6 +1,9 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+import triforce.kernels.attention as attention_module
 from triforce.kernels.attention import attention, kernel_max_rows, reference_attention
 from triforce.kernels.cpu import cpu_kernels, has_amx
 from triforce.kernels.retrieval import chunk_mean_keys, chunk_token_ids, gather_tokens, select_chunks
@@ -15,11 +18,23 @@ def random_mask(n, m, g):
     return torch.cat((earlier, ancestor_mask(parents)), dim=1)
 
 
+@pytest.fixture(params=["dense", "split"])
+def torch_path(request, monkeypatch):
+    """Which float32 CPU path `attention` takes for several new tokens: one masked SDPA pass, or the split
+    flash passes (a threshold on the mask's size picks one; here each is forced)."""
+    monkeypatch.setattr(attention_module, "DENSE_MASK_ENTRIES", 1 << 62 if request.param == "dense" else 0)
+    splits = []
+    real = attention_module._split_attention
+    monkeypatch.setattr(attention_module, "_split_attention", lambda *a: splits.append(1) or real(*a))
+    return SimpleNamespace(name=request.param, splits=splits)
+
+
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (9, 3), (6, 1)])
 @pytest.mark.parametrize("n,s", [(1, 1), (1, 37), (5, 5), (7, 40)])
-def test_attention_matches_loop_reference(hq, hkv, n, s):
+def test_attention_matches_loop_reference(hq, hkv, n, s, torch_path):
     q, k, v = torch.randn(hq, n, 16), torch.randn(hkv, s, 16), torch.randn(hkv, s, 16)
     torch.testing.assert_close(attention(q, k, v, 0.25), reference_attention(q, k, v, 0.25), atol=1e-5, rtol=1e-5)
+    assert bool(torch_path.splits) == (torch_path.name == "split" and n > 1)
 
 
 def test_reference_attention_reads_a_mask_as_the_keys_each_query_sees():
@@ -38,13 +53,15 @@ def test_reference_attention_reads_a_mask_as_the_keys_each_query_sees():
 
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (9, 3), (6, 1)])
 @pytest.mark.parametrize("n,m,s", [(1, 4, 20), (5, 5, 5), (5, 5, 40), (7, 12, 40), (16, 16, 300)])
-def test_attention_with_a_mask_matches_loop_reference(hq, hkv, n, m, s):
-    """The torch paths (float32): the masked tail merged with the unmasked past, and SDPA for one row."""
+def test_attention_with_a_mask_matches_loop_reference(hq, hkv, n, m, s, torch_path):
+    """The torch paths (float32): the masked tail merged with the unmasked past, and SDPA for one row or
+    under the threshold."""
     g = torch.Generator().manual_seed(n * 100 + m + s)
     q, k, v = torch.randn(hq, n, 16, generator=g), torch.randn(hkv, s, 16, generator=g), torch.randn(hkv, s, 16, generator=g)
     mask = random_mask(n, m, g)
     torch.testing.assert_close(attention(q, k, v, 0.25, mask), reference_attention(q, k, v, 0.25, mask),
                                atol=1e-5, rtol=1e-5)
+    assert bool(torch_path.splits) == (torch_path.name == "split" and n > 1)
 
 
 def test_attention_bfloat16_close_to_reference():
