@@ -46,20 +46,26 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     threshold = attn.DENSE_MASK_ENTRIES
-    for hq, hkv, d, n, s, tree in SHAPES:
-        g = torch.Generator().manual_seed(n * s)
-        q, k, v = (torch.randn(h, length, d, generator=g) for h, length in ((hq, n), (hkv, s), (hkv, s)))
-        mask = ancestor_mask([-1] + [(i - 1) // 2 for i in range(1, n)]) if tree else None
-        paths = {}
-        for name, entries in (("split", 0), ("dense", 1 << 62)):
-            attn.DENSE_MASK_ENTRIES = entries
-            paths[name] = timed(lambda: attn.attention(q, k, v, 0.125, mask), hq * n * s * d)
-        entries = hq // hkv * n * s
-        print(json.dumps({"heads": [hq, hkv, d], "new_tokens": n, "keys": s, "tree": tree, "mask_entries": entries,
-                          "split_us": round(paths["split"], 1), "dense_us": round(paths["dense"], 1),
-                          "dense_over_split": round(paths["dense"] / paths["split"], 2)}))
-    attn.DENSE_MASK_ENTRIES = threshold
+    try:
+        for hq, hkv, d, n, s, tree in SHAPES:
+            print(json.dumps(compare(hq, hkv, d, n, s, tree)))
+    finally:
+        attn.DENSE_MASK_ENTRIES = threshold
     print(json.dumps({"threads": args.threads, "dense_mask_entries": threshold}))
+
+
+def compare(hq: int, hkv: int, d: int, n: int, s: int, tree: bool) -> dict:
+    """Both paths, each forced, on one shape."""
+    g = torch.Generator().manual_seed(n * s)
+    q, k, v = (torch.randn(h, length, d, generator=g) for h, length in ((hq, n), (hkv, s), (hkv, s)))
+    mask = ancestor_mask([-1] + [(i - 1) // 2 for i in range(1, n)]) if tree else None
+    paths = {}
+    for name, entries in (("split", 0), ("dense", 1 << 62)):
+        attn.DENSE_MASK_ENTRIES = entries
+        paths[name] = timed(lambda: attn.attention(q, k, v, 0.125, mask), hq * n * s * d)
+    return {"heads": [hq, hkv, d], "new_tokens": n, "keys": s, "tree": tree, "mask_entries": hq // hkv * n * s,
+            "split_us": round(paths["split"], 1), "dense_us": round(paths["dense"], 1),
+            "dense_over_split": round(paths["dense"] / paths["split"], 2)}
 
 
 if __name__ == "__main__":

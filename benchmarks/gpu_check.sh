@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# What a lent GPU machine checks in one call (device tool; see README "What has run on a GPU"):
+# What a lent GPU machine checks in one call (device tool; see README "On a GPU"):
 #   1. `triforce bench` on CUDA over a random-weight target of SmolLM2's shape (benchmarks/random_target.py;
 #      the real weights cannot travel) with the shipped draft, float32 greedy, where every mode must equal
 #      `ar` token for token: chains at batch 1, then token trees at batch 1 and 4;
 #   2. the test suite without the `slow` marker (no network there to fetch SmolLM2), in parallel; tests
 #      that build an `LLM` without a device run on cuda there;
-#   3. the bench in bfloat16 at batch 1 and 8 (BF16_BATCHES; BF16_ARGS adds options such as --repeats), every mode at temperatures 0 and 0.6 (speed).
+#   3. the bench in bfloat16 at batch 1 and 8, every mode at temperatures 0 and 0.6 (speed).
+# Knobs: SPEED_ONLY=1 (step 3 alone), BF16_BATCHES (default "1 8"), BF16_ARGS (more bench options, such as
+# --repeats 2), TREE1 (step 1's tree size, 8); time limits BENCH_F32_S, BENCH_TREES_S, SUITE_S, BENCH_S.
 # First what breaks most often, so that a call cut short has still checked it.
 # Needs $GPU_KIT (default .gpu), made by benchmarks/gpu_kit.sh: whl/ (wheels the machine lacks), tok/
 # (SmolLM2's config.json and tokenizer files), austen-emma.txt. Carry it: device run, carry [".gpu"].
@@ -25,15 +27,15 @@ python3 benchmarks/random_target.py --like "$kit/tok" --out /tmp/random-smollm2 
 common=(--model /tmp/random-smollm2 --draft triforce/drafts/smollm2 --text "$kit/austen-emma.txt" --lengths 7936
         --device cuda)
 if [ -z "${SPEED_ONLY:-}" ]; then  # SPEED_ONLY=1: step 3 alone
-timeout -k 10 ${BENCH_F32_S:-60} python3 -m triforce bench "${common[@]}" --dtype float32 --temperatures 0 \
-  --max-new-tokens 96 --modes ar draft retrieval triforce --out "$OUT/bench_f32.json" > "$OUT/bench_f32.log" 2>&1
-echo "bench f32 rc=$?"; tail -5 "$OUT/bench_f32.log"
-timeout -k 10 ${BENCH_TREES_S:-60} python3 -m triforce bench "${common[@]}" --dtype float32 --temperatures 0 \
-  --max-new-tokens 96 --modes ar draft triforce --tree1 ${TREE1:-8} --batch 1 4 \
-  --out "$OUT/bench_f32_trees.json" > "$OUT/bench_f32_trees.log" 2>&1
-echo "bench f32 trees rc=$?"; tail -5 "$OUT/bench_f32_trees.log"
-OMP_NUM_THREADS=1 timeout -s INT -k 30 ${SUITE_S:-300} python3 -m pytest -q -m "not slow" -n ${JOBS:-14} \
-  -p no:cacheprovider --timeout 240 -rfE --tb=short 2>&1 | tee "$OUT/pytest.log" | tail -${TAIL:-60}
+  timeout -k 10 ${BENCH_F32_S:-60} python3 -m triforce bench "${common[@]}" --dtype float32 --temperatures 0 \
+    --max-new-tokens 96 --modes ar draft retrieval triforce --out "$OUT/bench_f32.json" > "$OUT/bench_f32.log" 2>&1
+  echo "bench f32 rc=$?"; tail -5 "$OUT/bench_f32.log"
+  timeout -k 10 ${BENCH_TREES_S:-60} python3 -m triforce bench "${common[@]}" --dtype float32 --temperatures 0 \
+    --max-new-tokens 96 --modes ar draft triforce --tree1 ${TREE1:-8} --batch 1 4 \
+    --out "$OUT/bench_f32_trees.json" > "$OUT/bench_f32_trees.log" 2>&1
+  echo "bench f32 trees rc=$?"; tail -5 "$OUT/bench_f32_trees.log"
+  OMP_NUM_THREADS=1 timeout -s INT -k 30 ${SUITE_S:-300} python3 -m pytest -q -m "not slow" -n ${JOBS:-14} \
+    -p no:cacheprovider --timeout 240 -rfE --tb=short 2>&1 | tee "$OUT/pytest.log" | tail -${TAIL:-60}
 fi
 timeout -k 10 ${BENCH_S:-150} python3 -m triforce bench "${common[@]}" --dtype bfloat16 --batch ${BF16_BATCHES:-1 8} \
   --temperatures 0 0.6 --max-new-tokens 128 --modes ar draft retrieval triforce auto ${BF16_ARGS:-} \

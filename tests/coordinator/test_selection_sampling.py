@@ -21,6 +21,7 @@ from scipy.stats import chisquare
 
 from sampling_runs import outputs
 import triforce.cache.retrieval as retrieval
+import triforce.kernels.attention as attention_module
 from triforce.cache.full import FullKVCache
 from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
 from triforce.config import EngineConfig, SamplingParams
@@ -68,10 +69,14 @@ def selections(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("attention_path", ["dense", "split"])
 @pytest.mark.parametrize("policy", ["static", "dynamic"])
-def test_reported_distribution_ignores_the_proposals_it_checks(models, prompt, policy, selections):
+def test_reported_distribution_ignores_the_proposals_it_checks(models, prompt, policy, selections, attention_path,
+                                                              monkeypatch):
     """Row i of a check (the distribution of proposal i's position) must be the same whatever the proposals
-    from i on are: the old dynamic policy chose chunks from all rows' queries and failed this."""
+    from i on are: the old dynamic policy chose chunks from all rows' queries and failed this. Both float32
+    attention paths (one masked pass for small masks, the split flash passes for large ones) keep it."""
+    monkeypatch.setattr(attention_module, "DENSE_MASK_ENTRIES", 1 << 62 if attention_path == "dense" else 0)
     target, _ = models
     full = FullKVCache(target.config, 128, target.rope, target.dtype, "cpu")
     target(torch.tensor(prompt[:-1]), full, logits_for="none")

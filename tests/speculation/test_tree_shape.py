@@ -64,6 +64,15 @@ def test_one_rank_gives_a_chain():
     assert shape.expected_tokens == pytest.approx(sum(0.7 ** i for i in range(6)))
 
 
+def test_a_shape_is_the_callers_own_though_the_search_is_memoized():
+    acceptance = [0.6, 0.2, 0.1]
+    first = best_tree(acceptance, 8)
+    want = list(first.parents)
+    first.parents.clear()
+    again = best_tree(acceptance, 8)
+    assert again.parents == want and again.parents is not first.parents
+
+
 def test_the_size_follows_the_cost_of_a_check():
     acceptance = [0.5, 0.2, 0.1]
     cheap_levels = {1: 0.01, 16: 0.01}

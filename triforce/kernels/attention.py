@@ -10,10 +10,10 @@ chains, and for a mask an unmasked flash pass over the keys before the last m me
 pass over those m; on a CPU with the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc
 decode-attention kernel for bfloat16 decode steps and speculative checks (head dim 64 or 128), which reads
 a cold KV cache faster than SDPA and, with AMX tiles, checks a chain of 7 tokens in about the time of one
-(benchmarks/attention_bandwidth.py); on CPU otherwise, for masks past DENSE_MASK_ENTRIES (prefill
-chunks, long checks in float32), torch's flash attention in an unmasked pass and a causal (or masked)
-pass over the last keys, merged by log-sum-exp (`_split_attention`); masked SDPA elsewhere. `reference_attention` is the plain loop that the tests
-compare them all against.
+(benchmarks/attention_bandwidth.py); on CPU otherwise, except float32 under DENSE_MASK_ENTRIES, torch's
+flash attention in an unmasked pass and a causal (or masked) pass over the last keys, merged by
+log-sum-exp (`_split_attention`); masked SDPA elsewhere. `reference_attention` is the plain loop that the
+tests compare them all against.
 """
 from __future__ import annotations
 
@@ -30,10 +30,11 @@ from .cpu import cpu_kernels, native_bf16
 # 126 rows 84 ms against 246; at the AVX2 level 126 rows took 198 ms against float32 flash's 369.
 KERNEL_MAX_ROWS = 128
 
-# Up to this many mask entries (query heads per KV head x new tokens x keys), one masked SDPA pass beats the
-# split one (two flash passes and their merge, about ten ops). One core of the AVX2 EPYC: 1.6-3.5x faster
-# up to 2.5e4 entries (5.5x for the tests' tiny heads), 1.15x at 5e4, level at 2e5, and 1.1x slower past
-# that (an 8K prefill chunk's dense mask cost as much as its attention). `benchmarks/attention_paths.py`.
+# Up to this many mask entries (query heads per KV head x new tokens x keys), one masked float32 SDPA pass
+# beats the split one (two flash passes and their merge, about ten ops). One core of the AVX2 EPYC: 1.6-3.5x
+# faster up to 2.5e4 entries (1.1-5.6x for the tests' tiny heads), 1.16x at 5e4, and 1.02-1.13x slower from
+# 2e5 on (an 8K prefill chunk's dense mask cost as much as its attention). `benchmarks/attention_paths.py`;
+# bfloat16 (CPUs with native bfloat16) keeps the split pass: not measured there.
 DENSE_MASK_ENTRIES = 1 << 16
 
 
@@ -103,7 +104,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         # Without AVX512-BF16, torch's bfloat16 attention is far slower than float32 (prefill chunks).
         q, k, v = q.float(), k.float(), v.float()
     g = hq // hkv
-    if n > 1 and q.device.type == "cpu" and _flash_cpu is not None and g * n * s > DENSE_MASK_ENTRIES:
+    small = q.dtype == torch.float32 and g * n * s <= DENSE_MASK_ENTRIES
+    if n > 1 and q.device.type == "cpu" and _flash_cpu is not None and not small:
         return _split_attention(q, k, v, scale, mask, _cpu_flash).to(q_dtype)
     qg = q.reshape(1, hkv, g * n, d)  # rows ordered (group member, query index)
     if mask is not None:
