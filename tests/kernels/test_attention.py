@@ -18,15 +18,30 @@ def random_mask(n, m, g):
     return torch.cat((earlier, ancestor_mask(parents)), dim=1)
 
 
+def count_splits(monkeypatch) -> list:
+    """A list that gains an entry each time `attention` takes the split flash passes."""
+    splits = []
+    real = attention_module._split_attention
+    monkeypatch.setattr(attention_module, "_split_attention", lambda *a: splits.append(1) or real(*a))
+    return splits
+
+
 @pytest.fixture(params=["dense", "split"])
 def torch_path(request, monkeypatch):
     """Which float32 CPU path `attention` takes for several new tokens: one masked SDPA pass, or the split
     flash passes (a threshold on the mask's size picks one; here each is forced)."""
     monkeypatch.setattr(attention_module, "DENSE_MASK_ENTRIES", 1 << 62 if request.param == "dense" else 0)
-    splits = []
-    real = attention_module._split_attention
-    monkeypatch.setattr(attention_module, "_split_attention", lambda *a: splits.append(1) or real(*a))
-    return SimpleNamespace(name=request.param, splits=splits)
+    return SimpleNamespace(name=request.param, splits=count_splits(monkeypatch))
+
+
+def test_small_float32_masks_take_one_pass_and_large_ones_the_split_passes(monkeypatch):
+    splits = count_splits(monkeypatch)
+    for s, split in ((1000, False), (2000, True)):  # 3 x 16 x S mask entries: under 2^16, then over
+        q, k, v = torch.randn(9, 16, 64), torch.randn(3, s, 64), torch.randn(3, s, 64)
+        torch.testing.assert_close(attention(q, k, v, 0.125), reference_attention(q, k, v, 0.125),
+                                   atol=1e-5, rtol=1e-5)
+        assert bool(splits) == split
+        splits.clear()
 
 
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (9, 3), (6, 1)])
