@@ -5,14 +5,17 @@
 #      `ar` token for token: chains at batch 1, then token trees at batch 1 and 4;
 #   2. the test suite without the `slow` marker (no network there to fetch SmolLM2), in parallel; tests
 #      that build an `LLM` without a device run on cuda there;
-#   3. the bench in bfloat16 at batch 1 and 8, every mode at temperatures 0 and 0.6 (speed).
-# Knobs: SPEED_ONLY=1 (step 3 alone), BF16_BATCHES (default "1 8"), BF16_ARGS (more bench options, such as
-# --repeats 2), TREE1 (step 1's tree size, 8); time limits BENCH_F32_S, BENCH_TREES_S, SUITE_S, BENCH_S.
+#   3. with PROFILE_MODES (e.g. "ar triforce"): benchmarks/gpu_profile.py on those modes with the CUDA graphs
+#      of models/cuda_graphs.py and without (TRIFORCE_CUDA_GRAPHS=0), bfloat16, 4,096 tokens of context;
+#   4. the bench in bfloat16 at batch 1 and 8, every mode at temperatures 0 and 0.6 (speed).
+# Knobs: SPEED_ONLY=1 (step 4 alone), SUITE=0 (no step 2), BF16_BATCHES (default "1 8"; "" skips step 4),
+# BF16_ARGS (more bench options, such as --repeats 2), TREE1 (step 1's tree size, 8); time limits
+# BENCH_F32_S, BENCH_TREES_S, SUITE_S, PROFILE_S (each), BENCH_S. Step 1 starts with the CUDA graph tests.
 # First what breaks most often, so that a call cut short has still checked it.
 # Needs $GPU_KIT (default .gpu), made by benchmarks/gpu_kit.sh: whl/ (wheels the machine lacks), tok/
 # (SmolLM2's config.json and tokenizer files), austen-emma.txt. Carry it: device run, carry [".gpu"].
-# Writes into $OUT: env.txt, bench_f32.json, bench_f32_trees.json, pytest.log, bench_bf16.json (with logs),
-# calibration.tar.
+# Writes into $OUT: env.txt, pytest_graphs.log, bench_f32.json, bench_f32_trees.json, pytest.log,
+# profile.jsonl and profile_graphs{1,0}/, bench_bf16.json (with logs), calibration.tar.
 case "${1:-}" in -h|--help) sed -n '2,/^case /p' "$0" | sed '$d'; exit 0;; esac
 set -uo pipefail
 kit=${GPU_KIT:-.gpu}; OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -26,7 +29,9 @@ cat "$OUT/env.txt"
 python3 benchmarks/random_target.py --like "$kit/tok" --out /tmp/random-smollm2 || exit 1
 common=(--model /tmp/random-smollm2 --draft triforce/drafts/smollm2 --text "$kit/austen-emma.txt" --lengths 7936
         --device cuda)
-if [ -z "${SPEED_ONLY:-}" ]; then  # SPEED_ONLY=1: step 3 alone
+if [ -z "${SPEED_ONLY:-}" ]; then  # SPEED_ONLY=1: step 4 alone
+  timeout -k 10 120 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/models/test_cuda_graphs.py \
+    2>&1 | tee "$OUT/pytest_graphs.log" | tail -15
   timeout -k 10 ${BENCH_F32_S:-60} python3 -m triforce bench "${common[@]}" --dtype float32 --temperatures 0 \
     --max-new-tokens 96 --modes ar draft retrieval triforce --out "$OUT/bench_f32.json" > "$OUT/bench_f32.log" 2>&1
   echo "bench f32 rc=$?"; tail -5 "$OUT/bench_f32.log"
@@ -34,10 +39,18 @@ if [ -z "${SPEED_ONLY:-}" ]; then  # SPEED_ONLY=1: step 3 alone
     --max-new-tokens 96 --modes ar draft triforce --tree1 ${TREE1:-8} --batch 1 4 \
     --out "$OUT/bench_f32_trees.json" > "$OUT/bench_f32_trees.log" 2>&1
   echo "bench f32 trees rc=$?"; tail -5 "$OUT/bench_f32_trees.log"
-  OMP_NUM_THREADS=1 timeout -s INT -k 30 ${SUITE_S:-300} python3 -m pytest -q -m "not slow" -n ${JOBS:-14} \
-    -p no:cacheprovider --timeout 240 -rfE --tb=short 2>&1 | tee "$OUT/pytest.log" | tail -${TAIL:-60}
+  [ "${SUITE:-1}" = 0 ] || OMP_NUM_THREADS=1 timeout -s INT -k 30 ${SUITE_S:-300} python3 -m pytest -q \
+    -m "not slow" -n ${JOBS:-14} -p no:cacheprovider --timeout 240 -rfE --tb=short 2>&1 | tee "$OUT/pytest.log" \
+    | tail -${TAIL:-60}
+  for graphs in 1 0; do
+    [ -n "${PROFILE_MODES:-}" ] || break
+    mkdir -p "$OUT/profile_graphs$graphs"
+    TRIFORCE_CUDA_GRAPHS=$graphs timeout -k 10 ${PROFILE_S:-120} python3 benchmarks/gpu_profile.py \
+      --model /tmp/random-smollm2 --draft triforce/drafts/smollm2 --modes $PROFILE_MODES \
+      --out "$OUT/profile_graphs$graphs" 2>&1 | tee -a "$OUT/profile.jsonl" | tail -4
+  done
 fi
-timeout -k 10 ${BENCH_S:-150} python3 -m triforce bench "${common[@]}" --dtype bfloat16 --batch ${BF16_BATCHES:-1 8} \
+[ -z "${BF16_BATCHES-1 8}" ] || timeout -k 10 ${BENCH_S:-150} python3 -m triforce bench "${common[@]}" --dtype bfloat16 --batch ${BF16_BATCHES:-1 8} \
   --temperatures 0 0.6 --max-new-tokens 128 --modes ar draft retrieval triforce auto ${BF16_ARGS:-} \
   --out "$OUT/bench_bf16.json" > "$OUT/bench_bf16.log" 2>&1; echo "bench bf16 rc=$?"; tail -5 "$OUT/bench_bf16.log"
 tar -C "$TRIFORCE_HOME" -cf "$OUT/calibration.tar" calibration 2>/dev/null

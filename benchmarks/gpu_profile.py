@@ -9,13 +9,15 @@ A decode step of a small model on a GPU is bound by the host (Python, dispatch, 
 device-to-host syncs), not by the GPU: this says by how much and where. Per mode, after one warm-up
 generate of the same request: tokens/s of the decode, the GPU's busy time (the sum of its kernels'
 times) per token, kernel launches and host syncs per token (JSON on stdout), and, in DIR, the
-profiler's top ops by host time and cProfile's top Python functions by their own time."""
+profiler's top ops by host time and cProfile's top Python functions by their own time. The target's
+forwards of a few tokens replay as CUDA graphs (models/cuda_graphs.py) unless TRIFORCE_CUDA_GRAPHS=0."""
 from __future__ import annotations
 
 import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import time
 from pathlib import Path
@@ -57,7 +59,8 @@ def profile_mode(mode: str, args, ids: list[int], out: Path) -> dict:
     pstats.Stats(py, stream=stats).sort_stats("tottime").print_stats(40)
     (out / f"cprofile_{mode}.txt").write_text(stats.getvalue())
     n = metrics.generated_tokens
-    return {"mode": mode, "tokens_per_s": round(metrics.tokens_per_s, 1), "prefill_s": round(metrics.prefill_s, 3),
+    return {"mode": mode, "cuda_graphs": os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") != "0",
+            "tokens_per_s": round(metrics.tokens_per_s, 1), "prefill_s": round(metrics.prefill_s, 3),
             "gpu_busy_ms_per_token_with_prefill": round(busy_us / 1e3 / n, 2),
             "ms_per_token": round(1e3 / metrics.tokens_per_s, 2) if metrics.tokens_per_s else None,
             "launches_per_token": round(count(LAUNCHES) / n, 1), "syncs_per_token": round(count(SYNCS) / n, 1),

@@ -1,6 +1,8 @@
 """FullKVCache: every token's rotated keys and values, preallocated to the request's maximum length."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..models.config import ModelConfig
@@ -35,14 +37,22 @@ class FullKVCache(KVCache):
         self._moved: dict[int, int] = {}  # since that forward, position -> the slot its entry came from
         self._means: ChunkMeans | None = None  # built by the first chunk_means call
 
-    def begin(self, step: Step) -> None:
+    def begin(self, step: Step, rotate: bool = True) -> None:
+        """rotate=False: the forward rotates and writes its keys and values itself, at slots length ..
+        length + n - 1 of `keys` and `values` (models/cuda_graphs.py), then hands over its queries with
+        `written` before `end`."""
         n = step.n
         if self.length + n > self.capacity:
             raise CacheCapacityError(f"full KV cache holds {self.capacity} tokens; "
                                      f"{self.length} + {n} requested")
         self._n = n
-        self._cos_sin = self.rope.cos_sin(step.positions, self.keys.dtype)
+        self._cos_sin = self.rope.cos_sin(step.positions, self.keys.dtype) if rotate else None
         self._forward, self._moved, self._layer_queries = (self.length, n), {}, [None] * len(self._layer_keys)
+
+    def written(self, queries: Sequence[torch.Tensor]) -> None:
+        """Each layer's rotated queries [Hq, n <= QUERY_ROWS, D] of a forward that wrote its keys and values
+        itself (kept, not copied: that forward's next run overwrites them, and begins a new forward here)."""
+        self._layer_queries = list(queries)
 
     def append(self, layer, q, k, v):
         # narrow/copy_ on per-layer views: a decode step calls this 30 times, and tensor indexing costs

@@ -7,7 +7,7 @@ last m keys each new query sees, every earlier key is seen by all; without a mas
 
 Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU): causal for
 chains, and for a mask an unmasked flash pass over the keys before the last m merged with a small masked
-pass over those m; on a CPU with the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc
+pass over those m (a mask over every key, as a CUDA graph's forward has, takes masked SDPA); on a CPU with the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc
 decode-attention kernel for bfloat16 decode steps and speculative checks (head dim 64 or 128), which reads
 a cold KV cache faster than SDPA and, with AMX tiles, checks a chain of 7 tokens in about the time of one
 (benchmarks/attention_bandwidth.py); on CPU otherwise, except float32 under DENSE_MASK_ENTRIES, torch's
@@ -91,7 +91,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     hq, n, d = q.shape
     hkv, s, _ = k.shape
     q_dtype = q.dtype
-    if _flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+    if (_flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and (mask is None or mask.shape[1] < s)):  # a mask over every key (a CUDA graph's): SDPA below
         if mask is not None:
             return _split_attention(q, k, v, scale, mask, _cuda_flash).to(q_dtype)
         # flash-attn aligns the causal mask to the bottom right when n < S, which is our rule.

@@ -20,6 +20,7 @@ from ..kernels.fused import rms_norm, silu_mul
 from ..kernels.linear import linear
 from ..step import Step
 from .config import ModelConfig
+from .cuda_graphs import ForwardGraphs
 from .parallel import RowParallelLinear, TensorParallel, VocabParallelEmbedding, VocabParallelHead
 from .rope import RotaryEmbedding
 from .vocab import ReducedVocabulary
@@ -86,6 +87,7 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope: RotaryEmbedding | None = None  # built by `finalize` once weights sit on their device
         self.fused_layers: FusedLayers | None = None  # likewise: the layer loop in one kernel call
+        self.forward_graphs: ForwardGraphs | None = None  # likewise: small forwards as CUDA graphs
         self.vocab: ReducedVocabulary | None = None  # a draft over part of its target's vocabulary
 
     @property
@@ -96,6 +98,7 @@ class LlamaModel(nn.Module):
     def finalize(self) -> "LlamaModel":
         self.rope = RotaryEmbedding(self.config, self.embed_tokens.weight.device)
         self.fused_layers = FusedLayers(self)
+        self.forward_graphs = ForwardGraphs.for_model(self)
         return self.eval().requires_grad_(False)
 
     @property
@@ -125,6 +128,12 @@ class LlamaModel(nn.Module):
         if len(steps) != len(caches) or not steps:
             raise ValueError("a batch needs one cache per step, and at least one step")
         wants = [logits_for] * len(steps) if isinstance(logits_for, str) else list(logits_for)
+        if any(want not in ("all", "last", "none") for want in wants):
+            raise ValueError(f"logits_for is 'all', 'last' or 'none' (got {logits_for!r})")
+        if self.forward_graphs is not None:
+            graphed = self.forward_graphs(steps, caches, wants)
+            if graphed is not None:
+                return graphed
         steps = [step.to(self.device) for step in steps]
         rows = [step.n for step in steps]
         tokens = steps[0].tokens if len(steps) == 1 else torch.cat([step.tokens for step in steps])
@@ -156,8 +165,6 @@ def _logit_rows(rows: list[int], wants: list[str]) -> list[tuple[torch.Tensor, i
     """Which rows of a batch's hidden states each sequence wants logits for ('all', 'last' or 'none')."""
     picked, start = [], 0
     for r, want in zip(rows, wants):
-        if want not in ("all", "last", "none"):
-            raise ValueError(f"logits_for is 'all', 'last' or 'none' (got {want!r})")
         first = {"all": start, "last": start + r - 1, "none": start + r}[want]
         picked.append((torch.arange(first, start + r), start + r - first))
         start += r

@@ -1,0 +1,162 @@
+"""A model's forwards of a few tokens over a full KV cache, replayed as CUDA graphs.
+
+On a GPU a decode step of a small model waits on the host, not on the GPU: SmolLM2's took about 1,150
+kernel launches and 17 ms a token on an H100 while its kernels ran 3.7 ms (benchmarks/gpu_profile.py,
+README "On a GPU"). A CUDA graph launches a whole forward's kernels at once, but it replays fixed shapes
+at fixed addresses, so `StaticForward` is the forward of n tokens written for that:
+
+- its inputs are tensors filled before each run: token ids, positions, the cache length (the first slot
+  the new keys and values go to) and the step's mask among its own tokens (a chain's is causal);
+- every layer writes the rotated keys and values into the cache's buffers with `index_copy_` at those
+  slots, and attends over the cache's whole capacity under a visibility mask built from them: every key
+  before the first slot, the step's mask over the new ones, nothing after. Reading the unused slots
+  costs a little bandwidth; it buys one graph per (cache buffers, n) that replays at every length.
+
+`ForwardGraphs` is the policy: which forwards it takes (one sequence over a FullKVCache, at most
+MAX_TOKENS new tokens whose mask reaches no earlier entries, no tensor parallelism, a whole vocabulary)
+and the graphs it keeps (captured at a size's first use for a cache's buffers, which the next request's
+cache of the same size usually reuses; the least recently used go past MAX_GRAPHS). Models on CUDA get
+one unless TRIFORCE_CUDA_GRAPHS=0. The same StaticForward runs without capture on any device: the tests
+compare it with the model's own forward on the CPU.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from ..cache.full import FullKVCache
+from ..step import Step
+from .rope import RotaryEmbedding
+
+MAX_TOKENS = 64  # a decode step and every check size the engine proposes (trees of up to 64 nodes)
+MAX_GRAPHS = 64  # graphs kept over all live caches; the least recently used goes first
+
+
+class _StaticCache:
+    """What the model's layers see of a FullKVCache inside a StaticForward (the cache protocol's `append`):
+    the new keys and values go to the step's slots, attention reads the whole buffers."""
+
+    def __init__(self, queries: torch.Tensor):
+        self.queries = queries.unbind(0)
+        self.keys = self.values = self.cos = self.sin = self.slots = None  # set per run
+
+    def append(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        q = RotaryEmbedding.apply(q, self.cos, self.sin)
+        self.keys[layer].index_copy_(1, self.slots, RotaryEmbedding.apply(k, self.cos, self.sin))
+        self.values[layer].index_copy_(1, self.slots, v)
+        self.queries[layer].copy_(q)
+        return q, self.keys[layer], self.values[layer]
+
+
+def buffers_key(cache: FullKVCache, n: int) -> tuple:
+    """What a StaticForward of n tokens is captured for: the cache's buffers (their addresses and shape),
+    not the cache object. A request's cache dies with it, and the next request's of the same capacity
+    usually gets the same memory back from the allocator: its graphs are then already captured."""
+    return cache.keys.data_ptr(), cache.values.data_ptr(), tuple(cache.keys.shape), cache.keys.dtype, n
+
+
+class StaticForward:
+    """One forward of n tokens over one pair of FullKVCache buffers, all of its shapes and addresses fixed.
+    A captured graph holds no reference to the buffers: they go back to the allocator with their cache."""
+
+    def __init__(self, model, cache: FullKVCache, n: int, capture: bool, pool=None):
+        cfg, device = model.config, model.device
+        self.model, self.n = model, n
+        self.ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.start = torch.zeros(1, dtype=torch.long, device=device)  # the cache length before the step
+        self.tail = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # the step's mask
+        self.causal = self.tail.clone()
+        self.offsets = torch.arange(n, device=device)
+        self.key_index = torch.arange(cache.capacity, device=device).unsqueeze(0)  # [1, capacity]
+        self.queries = torch.zeros(cfg.num_layers, cfg.num_heads, n, cfg.head_dim, dtype=model.dtype, device=device)
+        self.view = _StaticCache(self.queries)
+        self.logits: torch.Tensor | None = None  # [n, V] float32, written by every run
+        self.capture, self.pool = capture, pool
+        self.graph = None
+
+    def _run(self) -> None:
+        n, model, view = self.n, self.model, self.view
+        view.slots = self.start + self.offsets  # [n]
+        view.cos, view.sin = model.rope.cos_sin(self.positions, model.dtype)
+        visible = (self.key_index < self.start).repeat(n, 1)  # [n, capacity]: the keys before the step
+        visible.index_copy_(1, view.slots, self.tail)
+        x = model.embed_tokens(self.ids)
+        for layer in model.layers:
+            x = layer(x, [view], [visible], [n])
+        self.logits = model.lm_head(model.norm(x)).float()
+
+    def __call__(self, step: Step, cache: FullKVCache, want: str) -> torch.Tensor | None:
+        """Runs `step` (n tokens, mask None or [n, n]) over `cache` as the model's forward would, and
+        returns its logits as forward_batch does for `want` ('all', 'last', 'none')."""
+        cache.begin(step, rotate=False)  # checks the room for n more, before anything is written
+        self.ids.copy_(step.tokens, non_blocking=True)
+        self.positions.copy_(step.positions, non_blocking=True)
+        self.start.fill_(cache.length)
+        self.tail.copy_(self.causal if step.mask is None else step.mask, non_blocking=True)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.view.keys, self.view.values = cache.keys.unbind(0), cache.values.unbind(0)
+            self._capture() if self.capture else self._run()
+            self.view.keys = self.view.values = None
+        cache.written(self.queries.unbind(0))
+        cache.end()
+        if want == "none":
+            return None
+        return (self.logits if want == "all" else self.logits[-1:]).clone()  # the next run overwrites them
+
+    def _capture(self) -> None:  # pragma: no cover - CUDA only
+        # A first run on a side stream warms up what a graph cannot allocate while capturing (cuBLAS
+        # workspaces, the caching allocator); it computes this step, and the capture runs nothing.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._run()
+        self.graph = graph
+
+
+class ForwardGraphs:
+    """A model's StaticForwards, one per (cache buffers, token count), and which forwards they take."""
+
+    def __init__(self, model, capture: bool):
+        self.model, self.capture = model, capture
+        self.pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for all graphs
+        self._forwards: dict[tuple, StaticForward] = {}  # in order of last use
+
+    @classmethod
+    def for_model(cls, model) -> "ForwardGraphs | None":
+        """Graphs for a model on CUDA (None elsewhere, or with TRIFORCE_CUDA_GRAPHS=0)."""
+        if model.device.type != "cuda" or os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") == "0":
+            return None
+        return cls(model, capture=True)
+
+    def takes(self, steps: Sequence[Step], caches: Sequence) -> bool:
+        if len(steps) != 1 or type(caches[0]) is not FullKVCache or self.model.tp is not None:
+            return False
+        step, cache = steps[0], caches[0]
+        return (step.n <= MAX_TOKENS and (step.mask is None or step.mask.shape[1] == step.n)
+                and self.model.vocab is None and cache.keys.device == self.model.device)
+
+    def __call__(self, steps: Sequence[Step], caches: Sequence, wants: Sequence[str]) -> list | None:
+        """forward_batch's result for these steps, or None where the model must run its own forward."""
+        if not self.takes(steps, caches):
+            return None
+        step, cache = steps[0], caches[0]
+        key = buffers_key(cache, step.n)
+        forward = self._forwards.pop(key, None)
+        if forward is None:
+            forward = StaticForward(self.model, cache, step.n, self.capture, self.pool)
+            while len(self._forwards) >= MAX_GRAPHS:
+                self._forwards.pop(next(iter(self._forwards)))
+        self._forwards[key] = forward
+        return [forward(step, cache, wants[0])]
+
+    def __len__(self) -> int:
+        return len(self._forwards)
