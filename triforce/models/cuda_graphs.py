@@ -96,12 +96,12 @@ class StaticForward:
         self.positions.copy_(step.positions, non_blocking=True)
         self.start.fill_(cache.length)
         self.tail.copy_(self.causal if step.mask is None else step.mask, non_blocking=True)
-        if self.graph is not None:
-            self.graph.replay()
-        else:
+        if self.graph is None:
             self.view.keys, self.view.values = cache.keys.unbind(0), cache.values.unbind(0)
             self._capture() if self.capture else self._run()
             self.view.keys = self.view.values = None
+        if self.graph is not None:
+            self.graph.replay()  # a capture records the kernels without running them
         cache.written(self.queries.unbind(0))
         cache.end()
         if want == "none":
@@ -110,7 +110,8 @@ class StaticForward:
 
     def _capture(self) -> None:  # pragma: no cover - CUDA only
         # A first run on a side stream warms up what a graph cannot allocate while capturing (cuBLAS
-        # workspaces, the caching allocator); it computes this step, and the capture runs nothing.
+        # workspaces, the caching allocator). The capture runs nothing: the caller replays it (writing the
+        # same keys and values again) for this step's logits.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
