@@ -81,10 +81,13 @@ def test_a_job_killed_mid_run_and_restarted_answers_every_line_once(tiny_dir, tm
     inp.write_text("\n".join(request(k, p, 40) for k, p in prompts.items()) + "\n")
     argv = [sys.executable, "-m", "triforce", "batch", "--input", str(inp), "--output", str(out), "--model",
             str(target), "--mode", "ar", "--dtype", "float32", "--batch-size", "1"]
-    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(1200):
-        if out.exists() and out.read_text().count("\n") >= 3 or job.poll() is not None:
-            break
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
+    deadline = time.monotonic() + 120  # a loaded machine starting torch (and CUDA) takes its time
+    while not (out.exists() and out.read_text().count("\n") >= 3) and time.monotonic() < deadline:
+        if job.poll() is not None:
+            pytest.fail(f"the job ended before it was killed (exit {job.returncode}): {log.read_text()[-2000:]}")
         time.sleep(0.01)
     job.send_signal(signal.SIGKILL)
     job.wait()

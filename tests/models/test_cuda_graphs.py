@@ -21,8 +21,8 @@ def model(request, tiny_dir):
     return model
 
 
-def graphs_for(model):
-    return ForwardGraphs(model, capture=model.device.type == "cuda")
+def graphs_for(model, first_use=1):
+    return ForwardGraphs(model, capture=model.device.type == "cuda", first_use=first_use)
 
 
 def full_cache(model, capacity=80):
@@ -131,3 +131,18 @@ def test_the_model_replays_through_its_graphs_and_generates_as_without(model):
     replayed, forwards = greedy(graphs_for(model))
     assert replayed == greedy(None)[0]
     assert forwards == 2  # the prompt's 27 tokens (within MAX_TOKENS) and the decode steps' one
+
+
+def test_by_default_a_size_is_taken_at_its_second_forward(model):
+    graphs = ForwardGraphs(model, capture=model.device.type == "cuda")
+    cache = full_cache(model)
+    assert graphs([Step.chain(list(range(3, 30)), 0)], [cache], ["last"]) is None  # a prompt: the model's own
+    model(torch.arange(3, 30), cache, logits_for="none")
+    assert graphs([Step.chain([5], 27)], [cache], ["last"]) is None
+    model(torch.tensor([5]), cache, logits_for="none")
+    twin = full_cache(model)
+    twin.write(0, *cache.read(0, cache.length))
+    expected = model(Step.chain([6], 28), twin, logits_for="last")
+    got = graphs([Step.chain([6], 28)], [cache], ["last"])[0]  # the second one-token forward: taken
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert len(graphs) == 1 and cache.length == twin.length == 29

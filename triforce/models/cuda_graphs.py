@@ -126,10 +126,14 @@ class StaticForward:
 class ForwardGraphs:
     """A model's StaticForwards, one per (cache buffers, token count), and which forwards they take."""
 
-    def __init__(self, model, capture: bool):
-        self.model, self.capture = model, capture
+    def __init__(self, model, capture: bool, first_use: int = 2):
+        """first_use: the how-manieth forward of a size over a cache's buffers is the first a StaticForward
+        runs; those before run the model's own forward. At 2, a size that comes once (a short prompt's
+        prefill) never pays for a capture (a warm-up forward, the capture, a replay)."""
+        self.model, self.capture, self.first_use = model, capture, first_use
         self.pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for all graphs
         self._forwards: dict[tuple, StaticForward] = {}  # in order of last use
+        self._uses: dict[tuple, int] = {}  # forwards of a size not yet taken, per buffers_key
 
     @classmethod
     def for_model(cls, model) -> "ForwardGraphs | None":
@@ -153,6 +157,12 @@ class ForwardGraphs:
         key = buffers_key(cache, step.n)
         forward = self._forwards.pop(key, None)
         if forward is None:
+            uses = self._uses.pop(key, 0) + 1
+            if uses < self.first_use:
+                while len(self._uses) >= MAX_GRAPHS:
+                    self._uses.pop(next(iter(self._uses)))
+                self._uses[key] = uses
+                return None
             forward = StaticForward(self.model, cache, step.n, self.capture, self.pool)
             while len(self._forwards) >= MAX_GRAPHS:
                 self._forwards.pop(next(iter(self._forwards)))
