@@ -1,5 +1,7 @@
 """Mode auto on a fixed script of plans, whatever the measured costs: exactness tests that must see every
 switch of tiers (a planner that measures could keep a tiny model on plain decoding on a busy machine)."""
+import math
+
 from triforce.coordinator.costs import CostTable
 from triforce.coordinator.planning import AutoPlanner
 from triforce.coordinator.speed_model import Plan
@@ -11,11 +13,12 @@ class ScriptedPlanner(AutoPlanner):
     def __init__(self, tiers, budget, script):
         super().__init__(tiers, budget, table=CostTable(None))
         self.script, self.calls, self.stop = script, 0, 0.0
+        self.draft_upside = math.inf  # an idle draft is always worth watching, unless a test says otherwise
 
     def plan(self, context, generated, busy=False, measure=True):
         stack, gammas = self.script[self.calls % len(self.script)]
         self.calls += 1
-        plan = Plan(stack, gammas, 0.0, self.stop)
+        plan = Plan(stack, gammas, 0.0, self.stop, self.draft_upside)
         self.decisions.append({"at_token": generated, "mode": plan.mode})
         return plan
 

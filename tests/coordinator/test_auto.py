@@ -425,6 +425,25 @@ def test_the_draft_is_prefilled_with_the_prompt_whatever_the_first_plan(models, 
     assert first_plan[0] == len(prompt) - 1  # all but the last prompt token, as the target holds it
 
 
+@pytest.mark.parametrize("script", ["ar-only", "ar-first"])
+def test_an_idle_draft_goes_unwatched_where_it_could_not_gain_what_watching_costs(models, script, monkeypatch):
+    """With no predicted gain from the draft (upside 1), the first watch measures what watching costs and
+    none follows; where a plan then takes the draft, it catches up on every token it skipped, exactly."""
+    monkeypatch.setattr(auto, "REPLAN_ROUNDS", 4)
+    monkeypatch.setattr(auto, "MIN_PLANNED_TOKENS", 1)
+    target, _ = models
+    prompt = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(5)).tolist()
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 60).generate(prompt, params)
+    engine = scripted_engine(models, prompt, 40, script)
+    engine.planner.draft_upside = 1.0
+    seen = []
+    engine.planner.observe_idle = lambda name, accepted, tokens: seen.append(tokens)
+    tokens, _ = engine.generate(prompt, params)
+    assert tokens == reference  # ar-first: the draft joins after idle stretches it did not watch
+    assert seen == [3] and engine._watch_cost > 0  # the first watch, at round 4 under ar; none after it
+
+
 def lookup_mixture(q, sequence, first, n):
     """The prompt lookup's mixture of each row of q (the proposer's distribution for sequence[first + i]),
     computed naively: the candidate is the token after the latest earlier occurrence of the n tokens before,

@@ -39,12 +39,14 @@ def test_speculation_runs_only_where_its_expected_speed_beats_plain_decoding():
     assert plain.mode == "ar" and not why["probe"]
     assert why["expected_tokens_per_s"]["draft"] == pytest.approx(mean_rate, abs=0.01)
     assert "draft" not in why["predicted_tokens_per_s"]
+    # what an idle draft could gain (auto.py watches it only where that exceeds what watching costs)
+    assert plain.draft_upside == pytest.approx(optimistic_rate, rel=1e-3) and why["draft_upside"] > 1
     # where the mean pays, the draft runs (plain decoding measured as the model predicts it)
     planner.observe_rate(plain, 1.0)
     paying = Acceptance(0.7, successes=2.8, trials=4.0)
     assert draft_rates(paying)[0] > 1.0
     planner.acceptance["draft"] = paying
-    assert planner.plan(1000, 8).mode == "draft"
+    assert planner.plan(1000, 8).mode == "draft" and planner.plan(1000, 16).draft_upside == 0  # it runs
 
 
 def test_plain_decoding_is_measured_before_a_plan_that_beats_it_by_little():

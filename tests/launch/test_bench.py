@@ -63,6 +63,24 @@ def test_bench_runs_batches_of_different_texts(tiny_dir, tmp_path):
     assert rows[3]["tiers"][0]["checks"] > rows[1]["tiers"][0]["checks"]  # the batch's checks summed
 
 
+def test_bench_runs_after_the_first_may_restore_the_prompts_kv(tiny_dir, tmp_path):
+    # a prompt of more than one prefill chunk (512 tokens, the store's block)
+    target = tiny_dir("bench-target-1k", tokenizer=True, seed=50, num_layers=2, scale=25, max_position_embeddings=1024)
+    draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
+    rng = random.Random(2)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{rng.randrange(3, 96)}" for _ in range(700)))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
+                 "--lengths", "530", "--max-new-tokens", "8", "--modes", "ar", "triforce", "--budget", "32",
+                 "--chunk-size", "4", "--sinks", "2", "--window", "16", "--prefix-cache-gb", "1",
+                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    ar, triforce = report["results"]
+    assert "cached_prompt_tokens" not in ar and triforce["cached_prompt_tokens"] == 512  # one prefill chunk
+    assert triforce["equals_ar"] and report["prefix_cache_gb"] == 1
+
+
 def test_bench_repeats_take_turns_and_report_medians(tiny_dir, tmp_path, capsys):
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
     draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)

@@ -211,7 +211,7 @@ class AutoPlanner:
             return self._realized(stack_mode(stack)) / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
 
         plain = speed(("target",), (), means)
-        scored, expected = {}, {}
+        scored, expected, with_draft = {}, {}, 0.0
         for stack in stacks:
             mode, anchor = stack_mode(stack), self._anchor(stack)
             shortest = STOP_MIN_GAMMA if self._stop_below(stack) else 1
@@ -222,6 +222,8 @@ class AutoPlanner:
                     continue
                 mean_rate = speed(stack, gammas, means)
                 expected[mode] = max(expected.get(mode, 0.0), mean_rate)
+                if "draft" in stack:
+                    with_draft = max(with_draft, speed(stack, gammas, optimistic))
                 if len(stack) == 1 or mean_rate >= plain / (SWITCH_MARGIN if mode == running else 1.0):
                     paying[gammas] = mean_rate  # speculation must be expected to pay
             if paying:  # the mean picks the gammas, optimism the mode (the module docstring)
@@ -237,12 +239,14 @@ class AutoPlanner:
         probe = best.mode != "ar" and "ar" not in self._measured and expected[best.mode] < AR_PROBE * plain
         if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it
             best = Plan(("target",), (), plain)
-        best = replace(best, stop_below=self._stop_below(best.stack))
+        upside = 0.0 if "draft" in best.stack or not with_draft else with_draft / best.tokens_per_s
+        best = replace(best, stop_below=self._stop_below(best.stack), draft_upside=upside)
         last = self.decisions[-1] if self.decisions else {}
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
             why = {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
                    "expected_tokens_per_s": {m: round(r, 2) for m, r in expected.items()}, "probe": probe,
                    "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
+                   "draft_upside": round(best.draft_upside, 3),
                    "batchmate_chunk_ms": round(1e3 * chunk, 2)}
             self.decisions.append({"at_token": generated, "context": context, **best.to_dict(),
                                    "why": {**why, **self._state()}})

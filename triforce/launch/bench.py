@@ -35,7 +35,8 @@ from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
 
 WORKLOADS = ("novel", "passkey")
 # Of each auto plan's why (coordinator/planning.py), what a report keeps (the rest is in `triforce generate --json`)
-WHY_KEPT = ("predicted_tokens_per_s", "expected_tokens_per_s", "probe", "acceptance", "realized", "overhead_ms")
+WHY_KEPT = ("predicted_tokens_per_s", "expected_tokens_per_s", "probe", "acceptance", "draft_upside", "realized",
+            "overhead_ms")
 
 
 def add_bench_parser(sub) -> None:
@@ -62,6 +63,10 @@ def add_bench_parser(sub) -> None:
                    help="repeat every non-ar mode for each value of one engine setting, e.g. budget=256,512,1024")
     p.add_argument("--repeats", type=int, default=1,
                    help="run each group's runs this many times, taking turns, and report medians (default 1)")
+    p.add_argument("--prefix-cache-gb", type=float, default=0.0,
+                   help="keep this much of the prompts' target KV for the runs after the first, which then "
+                        "restore it instead of prefilling (their prefill_s measures the restore; decoding is "
+                        "the same). Default 0: every run prefills, as a document's first request would")
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.set_defaults(func=run_bench)
 
@@ -112,7 +117,7 @@ def run_bench(args) -> int:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
               args.device, rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
-              prefix_cache_gb=0,  # every run prefills its prompt, as the first request of a document would
+              prefix_cache_gb=args.prefix_cache_gb,
               **engine_settings(args))
     if "assisted" in args.peers and llm.draft_path is None:
         raise UserError("the assisted peer needs a draft model")
@@ -168,7 +173,7 @@ def run_bench(args) -> int:
                     results.extend(_compare(_medians(rows, sweep_name), llm.tokenizer, key))
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
-              "max_new_tokens": args.max_new_tokens,
+              "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
               "top_p": args.top_p, "engine": {**dataclasses.asdict(base), "lookup": base.lookup_n},
               "cpu": {"model": cpu_model(), "threads": torch.get_num_threads(), "isa": cpu_isa(),
                       "isa_level": isa_level(), "kernel_path": kernel_path(),
@@ -229,6 +234,8 @@ def _batch_row(outs) -> dict:
            "prefill_s": max(m.prefill_s for m in metrics), "generated_tokens": generated,
            "retrieval_rebuilds": sum(m.retrieval_rebuilds for m in metrics), "tiers": _tier_summary(merged),
            "token_ids": [o.token_ids for o in outs]}
+    if any(m.cached_prompt_tokens for m in metrics):  # restored, not prefilled (--prefix-cache-gb)
+        row["cached_prompt_tokens"] = sum(m.cached_prompt_tokens for m in metrics)
     if any(m.lookup for m in metrics):  # each request's prompt lookup: candidates, right ones, weight
         row["lookup_stats"] = [m.lookup for m in metrics]
     if any(m.auto for m in metrics):  # each request's plans: when, which tiers and gammas, and the gist of why
