@@ -441,7 +441,7 @@ def test_an_idle_draft_goes_unwatched_where_it_could_not_gain_what_watching_cost
     engine.planner.observe_idle = lambda name, accepted, tokens: seen.append(tokens)
     tokens, _ = engine.generate(prompt, params)
     assert tokens == reference  # ar-first: the draft joins after idle stretches it did not watch
-    assert seen == [3] and engine._watch_cost > 0  # the first watch, at round 4 under ar; none after it
+    assert seen == [3] and engine._watch_seconds > 0  # the first watch, at round 4 under ar; none after it
 
 
 def lookup_mixture(q, sequence, first, n):

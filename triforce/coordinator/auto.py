@@ -27,12 +27,13 @@ So a draft that a few early checks made look poor is tried again as soon as the 
 not after its estimate has faded back to the prior (56-72 tokens of `ar` in the runs that found it); it
 costs one forward of the draft per REPLAN_ROUNDS target steps (its window was prefilled with the
 prompt), which the running plan's measured speed leaves out. It watches only while that can pay: once a
-watch has shown what watching costs per generated token, as a fraction of the running plan's time per
-token, a plan under which the best stack with the draft is predicted (at the optimistic acceptance) to
-gain less than that fraction leaves it unwatched, since no evidence would then make the draft worth its
-watching. The Qwen pair in a batch of four at 8K on the AVX2 EPYC ran `ar` throughout while watching the
-0.5B draft cost a fifth of the decode (auto 0.83x `ar`); a small draft beside a long context costs a few
-percent and is watched as before.
+watch has shown what watching costs per generated token, a plan under which the best stack with the draft
+is predicted (at the optimistic acceptance, as plans are chosen) to gain less than that cost as a fraction
+of the plan's measured time per token leaves it unwatched (a heuristic: evidence could still lift the
+optimism, but the first watch has given some, and a longer context that slows the target lowers the
+fraction). The Qwen pair in a batch of four at 8K on the AVX2 EPYC ran `ar` throughout while watching
+the 0.5B draft cost about a fifth of the decode (auto 0.83x `ar`; with the gate 0.89-0.94x); a small
+draft beside a long context costs a few percent and is watched as before.
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
@@ -74,7 +75,7 @@ class AutoEngine(HierarchyEngine):
         self._shared = False  # whether a forward since the plan began ran beside another's prompt chunks
         self._planned_busy = False  # whether the running plan was made for a batchmate's prefill
         self._target_p: list[float] = []  # per generated token: the target's probability of it
-        self._watch_cost: float | None = None  # a watch's seconds per token it covers x the running plan's tokens/s
+        self._watch_seconds: float | None = None  # the latest watch's seconds per generated token it covered
         # The last forward: tier, role, rows its logits give, when it was asked for and what it took (None
         # after a plan, whose time and catch-up forwards are no forward's overhead)
         self._last: tuple[str, str, int, float, float] | None = None
@@ -197,9 +198,11 @@ class AutoEngine(HierarchyEngine):
         if draft is None or draft in self.tiers or self._running is None:
             return
         plan, since, began = self._running
-        if self._watch_cost is not None and plan.draft_upside - 1 <= self._watch_cost:
-            return
-        start, level, self._last = time.perf_counter(), self.ladder.index(draft), None
+        start, level = time.perf_counter(), self.ladder.index(draft)
+        if self._watch_seconds is not None and generated > since:  # as a fraction of the plan's time per token
+            if plan.draft_upside - 1 <= self._watch_seconds * (generated - since) / (start - began):
+                return
+        self._last = None
         first = self._prompt_length  # seq's index of the first generated token
         yield from self._catch_up(draft, first - 1)  # rows that predict the prompt
         accepted = tokens = 0.0
@@ -210,8 +213,8 @@ class AutoEngine(HierarchyEngine):
                 tokens += 1
         self.planner.observe_idle(draft.name, accepted, tokens)
         seconds = time.perf_counter() - start
-        if tokens and generated > since:  # the running plan's own tokens/s, earlier watches left out
-            self._watch_cost = seconds / tokens * (generated - since) / (start - began)
+        if tokens:
+            self._watch_seconds = seconds / tokens
         self._running = (plan, since, began + seconds)  # the running plan's measured speed leaves this out
 
     def _as_proposed(self, row: torch.Tensor, at: int) -> torch.Tensor:

@@ -7,13 +7,13 @@ last m keys each new query sees, every earlier key is seen by all; without a mas
 
 Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU): causal for
 chains, and for a mask an unmasked flash pass over the keys before the last m merged with a small masked
-pass over those m (a mask over every key, as a CUDA graph's forward has, takes masked SDPA); on a CPU with the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc
-decode-attention kernel for bfloat16 decode steps and speculative checks (head dim 64 or 128), which reads
-a cold KV cache faster than SDPA and, with AMX tiles, checks a chain of 7 tokens in about the time of one
-(benchmarks/attention_bandwidth.py); on CPU otherwise, except float32 under DENSE_MASK_ENTRIES, torch's
-flash attention in an unmasked pass and a causal (or masked) pass over the last keys, merged by
-log-sum-exp (`_split_attention`); masked SDPA elsewhere. `reference_attention` is the plain loop that the
-tests compare them all against.
+pass over those m (a mask over every key, as a CUDA graph's forward has, takes masked SDPA); on a CPU with
+the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc decode-attention kernel for bfloat16 decode
+steps and speculative checks (head dim 64 or 128), which reads a cold KV cache faster than SDPA and, with
+AMX tiles, checks a chain of 7 tokens in about the time of one (benchmarks/attention_bandwidth.py); on CPU
+otherwise, except float32 under DENSE_MASK_ENTRIES, torch's flash attention in an unmasked pass and a causal
+(or masked) pass over the last keys, merged by log-sum-exp (`_split_attention`); masked SDPA elsewhere.
+`reference_attention` is the plain loop that the tests compare them all against.
 """
 from __future__ import annotations
 

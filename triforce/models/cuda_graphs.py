@@ -9,18 +9,25 @@ at fixed addresses, so `StaticForward` is the forward of n tokens written for th
   the new keys and values go to) and the step's mask among its own tokens (a chain's is causal);
 - every layer writes the rotated keys and values into the cache's buffers with `index_copy_` at those
   slots, and attends over the cache's whole capacity under a visibility mask built from them: every key
-  before the first slot, the step's mask over the new ones, nothing after. Reading the unused slots
-  costs a little bandwidth; it buys one graph per (cache buffers, n) that replays at every length.
+  before the first slot, the step's mask over the new ones, nothing after. That buys one graph per
+  (cache buffers, n) that replays at every length, and costs reading the slots past the context: little
+  where a cache is sized for its request (prompt + new tokens), as the engine sizes them; graphs per
+  bucket of lengths would bound it otherwise.
 
 `ForwardGraphs` is the policy: which forwards it takes (one sequence over a FullKVCache, at most
-MAX_TOKENS new tokens whose mask reaches no earlier entries, no tensor parallelism, a whole vocabulary)
-and the graphs it keeps (captured at a size's first use for a cache's buffers, which the next request's
-cache of the same size usually reuses; the least recently used go past MAX_GRAPHS). Models on CUDA get
-one unless TRIFORCE_CUDA_GRAPHS=0. The same StaticForward runs without capture on any device: the tests
+MAX_TOKENS new tokens whose mask reaches no earlier entries, no tensor parallelism, a whole vocabulary,
+the cache in the model's dtype) and the StaticForwards it keeps (one per cache buffers and size, which
+the next request's cache of the same size usually gets back from the allocator; the least recently used
+go past MAX_GRAPHS). Every forward it takes runs the same static math, so a step's rounding never depends
+on what ran before; a size is captured at its CAPTURE_AT-th forward (a short prompt's one-off prefill
+runs uncaptured), and a capture that fails leaves that size uncaptured, with a warning. Models on CUDA get
+one unless TRIFORCE_CUDA_GRAPHS=0. The graphs hold the addresses of the model's weights and rope tables,
+which a model keeps once finalized. Without capture the same StaticForward runs on any device: the tests
 compare it with the model's own forward on the CPU.
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 
@@ -31,7 +38,10 @@ from ..step import Step
 from .rope import RotaryEmbedding
 
 MAX_TOKENS = 64  # a decode step and every check size the engine proposes (trees of up to 64 nodes)
-MAX_GRAPHS = 64  # graphs kept over all live caches; the least recently used goes first
+MAX_GRAPHS = 64  # static forwards kept over all live caches; the least recently used goes first
+CAPTURE_AT = 2  # a size's forward over the same buffers that is captured (the earlier ones run uncaptured)
+
+log = logging.getLogger(__name__)
 
 
 class _StaticCache:
@@ -62,6 +72,7 @@ class StaticForward:
     A captured graph holds no reference to the buffers: they go back to the allocator with their cache."""
 
     def __init__(self, model, cache: FullKVCache, n: int, capture: bool, pool=None):
+        """capture: whether its CAPTURE_AT-th run captures a CUDA graph that later runs replay."""
         cfg, device = model.config, model.device
         self.model, self.n = model, n
         self.ids = torch.zeros(n, dtype=torch.long, device=device)
@@ -73,8 +84,8 @@ class StaticForward:
         self.key_index = torch.arange(cache.capacity, device=device).unsqueeze(0)  # [1, capacity]
         self.queries = torch.zeros(cfg.num_layers, cfg.num_heads, n, cfg.head_dim, dtype=model.dtype, device=device)
         self.view = _StaticCache(self.queries)
-        self.logits: torch.Tensor | None = None  # [n, V] float32, written by every run
-        self.capture, self.pool = capture, pool
+        self.logits = torch.zeros(n, cfg.vocab_size, device=device)  # float32, written by every run
+        self.capture, self.pool, self.runs = capture, pool, 0
         self.graph = None
 
     def _run(self) -> None:
@@ -86,7 +97,7 @@ class StaticForward:
         x = model.embed_tokens(self.ids)
         for layer in model.layers:
             x = layer(x, [view], [visible], [n])
-        self.logits = model.lm_head(model.norm(x)).float()
+        self.logits.copy_(model.lm_head(model.norm(x)))
 
     def __call__(self, step: Step, cache: FullKVCache, want: str) -> torch.Tensor | None:
         """Runs `step` (n tokens, mask None or [n, n]) over `cache` as the model's forward would, and
@@ -96,10 +107,16 @@ class StaticForward:
         self.positions.copy_(step.positions, non_blocking=True)
         self.start.fill_(cache.length)
         self.tail.copy_(self.causal if step.mask is None else step.mask, non_blocking=True)
+        self.runs += 1
         if self.graph is None:
             self.view.keys, self.view.values = cache.keys.unbind(0), cache.values.unbind(0)
-            self._capture() if self.capture else self._run()
-            self.view.keys = self.view.values = None
+            try:
+                if self.capture and self.runs >= CAPTURE_AT:
+                    self._capture()
+                else:
+                    self._run()
+            finally:
+                self.view.keys = self.view.values = None
         if self.graph is not None:
             self.graph.replay()  # a capture records the kernels without running them
         cache.written(self.queries.unbind(0))
@@ -110,30 +127,34 @@ class StaticForward:
 
     def _capture(self) -> None:  # pragma: no cover - CUDA only
         # A first run on a side stream warms up what a graph cannot allocate while capturing (cuBLAS
-        # workspaces, the caching allocator). The capture runs nothing: the caller replays it (writing the
-        # same keys and values again) for this step's logits.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self._run()
-        self.graph = graph
+        # workspaces, the caching allocator); it computes this step. The capture runs nothing: the caller
+        # replays it (writing the same keys and values again). Errors from other threads' CUDA calls (a
+        # server's) do not break a capture in thread_local mode.
+        with torch.cuda.device(self.model.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._run()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                    self._run()
+            except RuntimeError as error:
+                self.capture = False  # this size runs uncaptured from now on; the warm-up computed the step
+                log.warning("CUDA graph capture of a %d-token forward failed (%s); it runs uncaptured", self.n,
+                            error)
+                return
+            self.graph = graph
 
 
 class ForwardGraphs:
     """A model's StaticForwards, one per (cache buffers, token count), and which forwards they take."""
 
-    def __init__(self, model, capture: bool, first_use: int = 2):
-        """first_use: the how-manieth forward of a size over a cache's buffers is the first a StaticForward
-        runs; those before run the model's own forward. At 2, a size that comes once (a short prompt's
-        prefill) never pays for a capture (a warm-up forward, the capture, a replay)."""
-        self.model, self.capture, self.first_use = model, capture, first_use
+    def __init__(self, model, capture: bool):
+        self.model, self.capture = model, capture
         self.pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for all graphs
         self._forwards: dict[tuple, StaticForward] = {}  # in order of last use
-        self._uses: dict[tuple, int] = {}  # forwards of a size not yet taken, per buffers_key
 
     @classmethod
     def for_model(cls, model) -> "ForwardGraphs | None":
@@ -147,7 +168,8 @@ class ForwardGraphs:
             return False
         step, cache = steps[0], caches[0]
         return (step.n <= MAX_TOKENS and (step.mask is None or step.mask.shape[1] == step.n)
-                and self.model.vocab is None and cache.keys.device == self.model.device)
+                and self.model.vocab is None and cache.keys.device == self.model.device
+                and cache.keys.dtype == self.model.dtype)
 
     def __call__(self, steps: Sequence[Step], caches: Sequence, wants: Sequence[str]) -> list | None:
         """forward_batch's result for these steps, or None where the model must run its own forward."""
@@ -157,12 +179,6 @@ class ForwardGraphs:
         key = buffers_key(cache, step.n)
         forward = self._forwards.pop(key, None)
         if forward is None:
-            uses = self._uses.pop(key, 0) + 1
-            if uses < self.first_use:
-                while len(self._uses) >= MAX_GRAPHS:
-                    self._uses.pop(next(iter(self._uses)))
-                self._uses[key] = uses
-                return None
             forward = StaticForward(self.model, cache, step.n, self.capture, self.pool)
             while len(self._forwards) >= MAX_GRAPHS:
                 self._forwards.pop(next(iter(self._forwards)))
