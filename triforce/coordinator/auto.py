@@ -32,8 +32,8 @@ is predicted (at the optimistic acceptance, as plans are chosen) to gain less th
 of the plan's measured time per token leaves it unwatched (a heuristic: evidence could still lift the
 optimism, but the first watch has given some, and a longer context that slows the target lowers the
 fraction). The Qwen pair in a batch of four at 8K on the AVX2 EPYC ran `ar` throughout while watching
-the 0.5B draft cost about a fifth of the decode (auto 0.83x `ar`; with the gate 0.89-0.94x); a small
-draft beside a long context costs a few percent and is watched as before.
+the 0.5B draft cost about a fifth of the decode (auto 0.83x `ar`; with the gate 0.886x in one run, 0.95x
+the median of three); a small draft beside a long context costs a few percent and is watched as before.
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
