@@ -66,7 +66,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--prefix-cache-gb", type=float, default=0.0,
                    help="keep this much of the prompts' target KV for the runs after the first, which then "
                         "restore it instead of prefilling (their prefill_s measures the restore; decoding is "
-                        "the same). Default 0: every run prefills, as a document's first request would")
+                        "the same; with --repeats the median prefill_s mixes the two). Default 0: every run "
+                        "prefills, as a document's first request would")
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.set_defaults(func=run_bench)
 
