@@ -9,20 +9,27 @@ from triforce.kernels import cpu
 from triforce.launch.cli import main
 from triforce.launch.peers import widened_draft
 
+SMALL_TIERS = ["--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16"]
+
+
+def random_words(path, seed: int, count: int):
+    """A text of `count` words the tiny tokenizer knows, written to `path`."""
+    rng = random.Random(seed)
+    path.write_text(" ".join(f"w{rng.randrange(3, 96)}" for _ in range(count)))
+    return path
+
 
 def test_bench_compares_modes_and_peers(tiny_dir, tmp_path, capsys):
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
     kept = list(range(0, 96, 2))
     draft = write_reduced_vocabulary(tiny_dir("bench-draft", seed=51, num_layers=1, scale=25,
                                               vocab_size=len(kept) + 1), kept, 96)
-    rng = random.Random(0)
-    text = tmp_path / "text.txt"
-    text.write_text(" ".join(f"w{rng.randrange(3, 96)}" for _ in range(600)))
+    text = random_words(tmp_path / "text.txt", 0, 600)
     out = tmp_path / "bench.json"
     code = main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
                  "--workloads", "novel", "passkey", "--lengths", "120", "--max-new-tokens", "12",
                  "--temperatures", "0", "0.8", "--modes", "ar", "triforce", "--peers", "transformers", "assisted",
-                 "--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16", "--out", str(out)])
+                 *SMALL_TIERS, "--out", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out) == report
@@ -45,16 +52,11 @@ def test_bench_compares_modes_and_peers(tiny_dir, tmp_path, capsys):
 def test_bench_runs_batches_of_different_texts(tiny_dir, tmp_path):
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
     draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
-    rng = random.Random(1)
-    texts = []
-    for i in range(2):
-        texts.append(tmp_path / f"text{i}.txt")
-        texts[-1].write_text(" ".join(f"w{rng.randrange(3, 96)}" for _ in range(500)))
+    texts = [random_words(tmp_path / f"text{i}.txt", 1 + 10 * i, 500) for i in range(2)]
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text",
                  *map(str, texts), "--lengths", "100", "--batch", "1", "3", "--max-new-tokens", "10",
-                 "--modes", "ar", "triforce", "--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16",
-                 "--out", str(out)]) == 0
+                 "--modes", "ar", "triforce", *SMALL_TIERS, "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
     assert [(r["batch"], r["run"]) for r in rows] == [(1, "ar"), (1, "triforce"), (3, "ar"), (3, "triforce")]
     assert [r["generated_tokens"] for r in rows] == [10, 10, 30, 30]
@@ -67,14 +69,11 @@ def test_bench_runs_after_the_first_may_restore_the_prompts_kv(tiny_dir, tmp_pat
     # a prompt of more than one prefill chunk (512 tokens, the store's block)
     target = tiny_dir("bench-target-1k", tokenizer=True, seed=50, num_layers=2, scale=25, max_position_embeddings=1024)
     draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
-    rng = random.Random(2)
-    text = tmp_path / "text.txt"
-    text.write_text(" ".join(f"w{rng.randrange(3, 96)}" for _ in range(700)))
+    text = random_words(tmp_path / "text.txt", 2, 700)
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
-                 "--lengths", "530", "--max-new-tokens", "8", "--modes", "ar", "triforce", "--budget", "32",
-                 "--chunk-size", "4", "--sinks", "2", "--window", "16", "--prefix-cache-gb", "1",
-                 "--out", str(out)]) == 0
+                 "--lengths", "530", "--max-new-tokens", "8", "--modes", "ar", "triforce", *SMALL_TIERS,
+                 "--prefix-cache-gb", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     ar, triforce = report["results"]
     assert "cached_prompt_tokens" not in ar and triforce["cached_prompt_tokens"] == 512  # one prefill chunk
@@ -84,13 +83,11 @@ def test_bench_runs_after_the_first_may_restore_the_prompts_kv(tiny_dir, tmp_pat
 def test_bench_repeats_take_turns_and_report_medians(tiny_dir, tmp_path, capsys):
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
     draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
-    rng = random.Random(2)
-    text = tmp_path / "text.txt"
-    text.write_text(" ".join(f"w{rng.randrange(3, 96)}" for _ in range(300)))
+    text = random_words(tmp_path / "text.txt", 2, 300)
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
                  "--lengths", "100", "--max-new-tokens", "40", "--modes", "ar", "auto", "--repeats", "3",
-                 "--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16", "--out", str(out)]) == 0
+                 *SMALL_TIERS, "--out", str(out)]) == 0
     shown = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     assert [(r["repeat"], r["run"]) for r in shown] == [(i, m) for i in range(3) for m in ("ar", "auto")]
     rows = json.loads(out.read_text())["results"]
@@ -134,7 +131,7 @@ def test_bench_sweeps_an_engine_setting(tiny_dir, tmp_path):
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
                  "--lengths", "100", "--max-new-tokens", "20", "--modes", "ar", "triforce", "--sweep", "lookup=0,2",
-                 "--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16", "--out", str(out)]) == 0
+                 *SMALL_TIERS, "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
     assert [(r["run"], r.get("lookup")) for r in rows] == [("ar", None), ("triforce", 0), ("triforce", 2)]
     assert "lookup_stats" not in rows[1] and rows[2]["lookup_stats"][0]["candidates"] > 0

@@ -38,8 +38,9 @@ def test_static_forwards_equal_the_models_own(model):
     for cache in (own, static):
         model(prompt, cache, logits_for="none")
     trees = {6: ([-1, 0, 0, 1, 1, 2], [0, 1, 3]), 5: ([-1, -1, 0, 1, 3], [1, 3, 4])}  # parents, a kept path
-    for n in (1, 4, 6, 1, 5, 4):
-        step = Step.tree(ids(n), trees[n][0], own.length) if n in trees else Step.chain(ids(n), own.length)
+    # sizes and whether a tree: the forward of 6 runs a tree, then a chain (its mask back to causal)
+    for n, tree in ((1, False), (4, False), (6, True), (1, False), (5, True), (4, False), (6, False)):
+        step = Step.tree(ids(n), trees[n][0], own.length) if tree else Step.chain(ids(n), own.length)
         expected = model(step, own)
         got = graphs([step], [static], ["all"])[0]
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
@@ -48,7 +49,7 @@ def test_static_forwards_equal_the_models_own(model):
         torch.testing.assert_close(static.values[:, :, :own.length], own.values[:, :, :own.length], atol=1e-5, rtol=0)
         for a, b in zip(static.last_query, own.last_query):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
-        if step.mask is not None:  # keep a root-to-leaf path of the tree, as a verifier does
+        if tree:  # keep a root-to-leaf path of the tree, as a verifier does
             for cache in (own, static):
                 cache.keep_path(step.start, trees[n][1])
     assert len(graphs) == 4  # token counts 1, 4, 6 and 5: one static forward each, reused at every length

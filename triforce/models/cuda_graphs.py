@@ -80,10 +80,11 @@ class StaticForward:
         self.start = torch.zeros(1, dtype=torch.long, device=device)  # the cache length before the step
         self.tail = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # the step's mask
         self.causal = self.tail.clone()
+        self.tail_is_causal = True  # a chain after a chain needs no copy into `tail`
         self.offsets = torch.arange(n, device=device)
         self.key_index = torch.arange(cache.capacity, device=device).unsqueeze(0)  # [1, capacity]
-        self.queries = torch.zeros(cfg.num_layers, cfg.num_heads, n, cfg.head_dim, dtype=model.dtype, device=device)
-        self.view = _StaticCache(self.queries)
+        self.view = _StaticCache(torch.zeros(cfg.num_layers, cfg.num_heads, n, cfg.head_dim, dtype=model.dtype,
+                                             device=device))  # each layer's rotated queries, for last_query
         self.logits = torch.zeros(n, cfg.vocab_size, device=device)  # float32, written by every run
         self.capture, self.pool, self.runs = capture, pool, 0
         self.graph = None
@@ -106,7 +107,9 @@ class StaticForward:
         self.ids.copy_(step.tokens, non_blocking=True)
         self.positions.copy_(step.positions, non_blocking=True)
         self.start.fill_(cache.length)
-        self.tail.copy_(self.causal if step.mask is None else step.mask, non_blocking=True)
+        if step.mask is not None or not self.tail_is_causal:
+            self.tail.copy_(self.causal if step.mask is None else step.mask, non_blocking=True)
+            self.tail_is_causal = step.mask is None
         self.runs += 1
         if self.graph is None:
             self.view.keys, self.view.values = cache.keys.unbind(0), cache.values.unbind(0)
@@ -119,7 +122,7 @@ class StaticForward:
                 self.view.keys = self.view.values = None
         if self.graph is not None:
             self.graph.replay()  # a capture records the kernels without running them
-        cache.written(self.queries.unbind(0))
+        cache.written(self.view.queries)
         cache.end()
         if want == "none":
             return None
