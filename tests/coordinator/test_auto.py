@@ -425,10 +425,13 @@ def test_the_draft_is_prefilled_with_the_prompt_whatever_the_first_plan(models, 
     assert first_plan[0] == len(prompt) - 1  # all but the last prompt token, as the target holds it
 
 
+@pytest.mark.parametrize("upside,watches", [(1.0, []), (1.0001, [3])])
 @pytest.mark.parametrize("script", ["ar-only", "ar-first"])
-def test_an_idle_draft_goes_unwatched_where_it_could_not_gain_what_watching_costs(models, script, monkeypatch):
-    """With no predicted gain from the draft (upside 1), the first watch measures what watching costs and
-    none follows; where a plan then takes the draft, it catches up on every token it skipped, exactly."""
+def test_an_idle_draft_goes_unwatched_where_it_could_not_gain_what_watching_costs(models, script, upside, watches,
+                                                                                 monkeypatch):
+    """With no predicted gain from the draft (upside 1) it is never watched; with a gain too small to pay
+    for watching, the first watch measures what watching costs and none follows. Where a plan then takes
+    the draft, it catches up on every token it skipped, exactly."""
     monkeypatch.setattr(auto, "REPLAN_ROUNDS", 4)
     monkeypatch.setattr(auto, "MIN_PLANNED_TOKENS", 1)
     target, _ = models
@@ -436,12 +439,13 @@ def test_an_idle_draft_goes_unwatched_where_it_could_not_gain_what_watching_cost
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 60).generate(prompt, params)
     engine = scripted_engine(models, prompt, 40, script)
-    engine.planner.draft_upside = 1.0
+    engine.planner.draft_upside = upside
     seen = []
     engine.planner.observe_idle = lambda name, accepted, tokens: seen.append(tokens)
     tokens, _ = engine.generate(prompt, params)
     assert tokens == reference  # ar-first: the draft joins after idle stretches it did not watch
-    assert seen == [3] and engine._watch_seconds > 0  # the first watch, at round 4 under ar; none after it
+    assert seen == watches  # the first watch at round 4 under ar (3 tokens generated); none after it
+    assert (engine._watch_seconds is not None) == bool(watches)
 
 
 def lookup_mixture(q, sequence, first, n):

@@ -26,12 +26,12 @@ the mixture's argmax is x). Without the copies it rated the draft 0.28-0.36 in `
 So a draft that a few early checks made look poor is tried again as soon as the text shows it would pay,
 not after its estimate has faded back to the prior (56-72 tokens of `ar` in the runs that found it); it
 costs one forward of the draft per REPLAN_ROUNDS target steps (its window was prefilled with the
-prompt), which the running plan's measured speed leaves out. It watches only while that can pay: once a
-watch has shown what watching costs per generated token, a plan under which the best stack with the draft
-is predicted (at the optimistic acceptance, as plans are chosen) to gain less than that cost as a fraction
-of the plan's measured time per token leaves it unwatched (a heuristic: evidence could still lift the
-optimism, but the first watch has given some, and a longer context that slows the target lowers the
-fraction). The Qwen pair in a batch of four at 8K on the AVX2 EPYC ran `ar` throughout while watching
+prompt), which the running plan's measured speed leaves out. It watches only while that can pay: a plan
+under which the best stack with the draft is predicted (at the optimistic acceptance, as plans are chosen)
+to gain nothing leaves it unwatched, and once a watch has shown what watching costs per generated token,
+so does one predicted to gain less than that cost as a fraction of the plan's measured time per token (a
+heuristic: evidence could still lift the optimism, but the optimism already holds the doubt, and a longer
+context that slows the target lowers the fraction). The Qwen pair in a batch of four at 8K on the AVX2 EPYC ran `ar` throughout while watching
 the 0.5B draft cost about a fifth of the decode (auto 0.83x `ar`; with the gate 0.886x in one run, 0.95x
 the median of three); a small draft beside a long context costs a few percent and is watched as before.
 
@@ -199,9 +199,11 @@ class AutoEngine(HierarchyEngine):
             return
         plan, since, began = self._running
         start, level = time.perf_counter(), self.ladder.index(draft)
-        if self._watch_seconds is not None and generated > since:  # as a fraction of the plan's time per token
-            if plan.draft_upside - 1 <= self._watch_seconds * (generated - since) / (start - began):
-                return
+        cost = 0.0  # what watching costs as a fraction of the plan's time per token, once a watch measured it
+        if self._watch_seconds is not None and generated > since:
+            cost = self._watch_seconds * (generated - since) / (start - began)
+        if plan.draft_upside - 1 <= cost:
+            return
         self._last = None
         first = self._prompt_length  # seq's index of the first generated token
         yield from self._catch_up(draft, first - 1)  # rows that predict the prompt
