@@ -65,19 +65,22 @@ def test_bench_runs_batches_of_different_texts(tiny_dir, tmp_path):
     assert rows[3]["tiers"][0]["checks"] > rows[1]["tiers"][0]["checks"]  # the batch's checks summed
 
 
-def test_bench_runs_after_the_first_may_restore_the_prompts_kv(tiny_dir, tmp_path):
-    # a prompt of more than one prefill chunk (512 tokens, the store's block)
+def test_bench_runs_restore_every_prompts_kv_with_a_prefix_cache(tiny_dir, tmp_path):
+    """Each batch's prompts are prefilled once, untimed, so every run restores all of them: the batch of two
+    repeats the first batch's prompt, and a run that restored one prompt beside another's prefill would
+    count that prefill in its decode."""
+    # prompts of more than one prefill chunk (512 tokens, the store's block)
     target = tiny_dir("bench-target-1k", tokenizer=True, seed=50, num_layers=2, scale=25, max_position_embeddings=1024)
     draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
-    text = random_words(tmp_path / "text.txt", 2, 700)
+    texts = [random_words(tmp_path / f"text{i}.txt", 2 + i, 700) for i in range(2)]
     out = tmp_path / "bench.json"
-    assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
-                 "--lengths", "530", "--max-new-tokens", "8", "--modes", "ar", "triforce", *SMALL_TIERS,
-                 "--prefix-cache-gb", "1", "--out", str(out)]) == 0
+    assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text",
+                 *map(str, texts), "--lengths", "530", "--batch", "1", "2", "--max-new-tokens", "8", "--modes", "ar",
+                 "triforce", *SMALL_TIERS, "--prefix-cache-gb", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    ar, triforce = report["results"]
-    assert "cached_prompt_tokens" not in ar and triforce["cached_prompt_tokens"] == 512  # one prefill chunk
-    assert triforce["equals_ar"] and report["prefix_cache_gb"] == 1
+    assert [(r["batch"], r["run"], r["cached_prompt_tokens"]) for r in report["results"]] == \
+        [(1, "ar", 512), (1, "triforce", 512), (2, "ar", 1024), (2, "triforce", 1024)]  # one chunk a prompt
+    assert all(r["equals_ar"] for r in report["results"] if r["run"] == "triforce") and report["prefix_cache_gb"] == 1
 
 
 def test_bench_repeats_take_turns_and_report_medians(tiny_dir, tmp_path, capsys):

@@ -64,10 +64,11 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="run each group's runs this many times, taking turns, and report medians (default 1)")
     p.add_argument("--prefix-cache-gb", type=float, default=0.0,
-                   help="keep this much of the prompts' target KV for the runs after the first, which then "
-                        "restore it instead of prefilling (their prefill_s measures the restore; decoding is "
-                        "the same; with --repeats the median prefill_s mixes the two). Default 0: every run "
-                        "prefills, as a document's first request would")
+                   help="keep this much of the prompts' target KV: a batch's prompts are prefilled once, "
+                        "untimed, and every run restores them instead (prefill_s measures the restore; "
+                        "decoding is the same). Size it for the largest batch's prompts (a restored "
+                        "sequence's decode would otherwise wait on a batchmate's prefill). Default 0: every "
+                        "run prefills, as a document's first request would")
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.set_defaults(func=run_bench)
 
@@ -149,6 +150,9 @@ def run_bench(args) -> int:
                 prompts = [prompt] + [batch_prompt(files, i, length) for i in range(1, batch)]
                 if workload == "passkey" and batch > 1:
                     raise UserError("the passkey workload runs at batch 1")
+                if llm.prefixes is not None:  # every run restores them all, none beside another's prefill
+                    llm.config = dataclasses.replace(base, mode="ar")
+                    llm.generate(prompts, SamplingParams(max_tokens=1))
                 for temperature in args.temperatures:
                     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature,
                                             top_p=args.top_p, seed=args.seed, ignore_eos=True)
