@@ -4,15 +4,22 @@
 # `ar`, `draft` and auto (the modes that led at 8K and 16K here; `retrieval` and `triforce` ran 0.66x and
 # 0.74x `ar` at 8K, and cost most of an hour more at 32K). One fresh calibration per label, shared by its
 # runs in order. Models from TRIFORCE_HOME (`triforce fetch-model qwen2.5-coder-1.5b`, `qwen2.5-coder-0.5b`).
-# Results in $out/LABEL/qwen_*; resumable:
+# RUNS: which of the two (default "batch4 long"); PREFIX_CACHE_GB: bench --prefix-cache-gb (only the first
+# mode's prompts are prefilled; 32K of Qwen's KV is 0.92 GB). Results in $out/LABEL/qwen_*; resumable:
 #   TRIFORCE_HOME=... PATH=$PWD/.venv/bin:$PATH bash benchmarks/results/issue12/avx2_epyc/qwen_long.sh LABEL
 # Tables: python benchmarks/auto_table.py benchmarks/results/issue12/avx2_epyc/LABEL/qwen_*.json
 set -e
 label=${1:?usage: qwen_long.sh LABEL}
 source benchmarks/resumable_bench.sh
 labelled_runs benchmarks/results/issue12/avx2_epyc avx2_epyc_qwen $label
-common="--model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --max-new-tokens 128 --temperatures 0"
+common="--model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --max-new-tokens 128 --temperatures 0
+  --prefix-cache-gb ${PREFIX_CACHE_GB:-0}"
 modes=${MODES:-ar draft auto}
-TRIFORCE_HOME=$home resumable qwen_greedy_7936_batch4 --text ${NOVELS:-../shared/data/austen-*.txt} --lengths 7936 \
-  --batch 4 --modes $modes
-TRIFORCE_HOME=$home resumable qwen_greedy_32000 --text $text --lengths 32000 --modes $modes
+runs=${RUNS:-batch4 long}
+if [[ $runs == *batch4* ]]; then
+  TRIFORCE_HOME=$home resumable qwen_greedy_7936_batch4 --text ${NOVELS:-../shared/data/austen-*.txt} --lengths 7936 \
+    --batch 4 --modes $modes
+fi
+if [[ $runs == *long* ]]; then
+  TRIFORCE_HOME=$home resumable qwen_greedy_32000 --text $text --lengths 32000 --modes $modes
+fi
