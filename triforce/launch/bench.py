@@ -150,7 +150,7 @@ def run_bench(args) -> int:
                 prompts = [prompt] + [batch_prompt(files, i, length) for i in range(1, batch)]
                 if workload == "passkey" and batch > 1:
                     raise UserError("the passkey workload runs at batch 1")
-                if llm.prefixes is not None:  # every run restores them all, none beside another's prefill
+                if llm.reuses_prefixes:  # every run restores them all, none beside another's prefill
                     llm.config = dataclasses.replace(base, mode="ar")
                     llm.generate(prompts, SamplingParams(max_tokens=1))
                 for temperature in args.temperatures:
