@@ -15,7 +15,7 @@ import json
 import pstats
 
 from triforce import LLM, SamplingParams
-from triforce.launch.bench import batch_prompt
+from triforce.launch.bench import batch_prompt, fill_prefix_store
 
 
 def main() -> None:
@@ -30,14 +30,14 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--modes", nargs="+", default=["ar", "auto", "ar", "auto"])
     parser.add_argument("--top", type=int, default=12, help="functions shown per turn")
+    parser.add_argument("--prefix-cache-gb", type=float, default=4.0, help="must hold the batch's prompts' KV")
     args = parser.parse_args()
 
-    llm = LLM(args.model, args.draft, "auto", prefix_cache_gb=args.batch * 0.25 + 1)
+    llm = LLM(args.model, args.draft, "auto", prefix_cache_gb=args.prefix_cache_gb)
     base = llm.config
     files = [llm.tokenizer(open(path, encoding="utf-8").read())["input_ids"] for path in args.text]
     prompts = [batch_prompt(files, i, args.length) for i in range(args.batch)]
-    llm.config = dataclasses.replace(base, mode="ar")
-    llm.generate(prompts, SamplingParams(max_tokens=1))  # into the prefix store, untimed
+    fill_prefix_store(llm, base, prompts)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, seed=0, ignore_eos=True)
     for turn, mode in enumerate(args.modes):
         llm.config = dataclasses.replace(base, mode=mode)

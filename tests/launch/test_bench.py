@@ -65,7 +65,7 @@ def test_bench_runs_batches_of_different_texts(tiny_dir, tmp_path):
     assert rows[3]["tiers"][0]["checks"] > rows[1]["tiers"][0]["checks"]  # the batch's checks summed
 
 
-def test_bench_runs_restore_every_prompts_kv_with_a_prefix_cache(tiny_dir, tmp_path):
+def test_bench_runs_restore_every_prompts_kv_with_a_prefix_cache(tiny_dir, tmp_path, capsys):
     """Each batch's prompts are prefilled once, untimed, so every run restores all of them: the batch of two
     repeats the first batch's prompt, and a run that restored one prompt beside another's prefill would
     count that prefill in its decode."""
@@ -81,6 +81,10 @@ def test_bench_runs_restore_every_prompts_kv_with_a_prefix_cache(tiny_dir, tmp_p
     assert [(r["batch"], r["run"], r["cached_prompt_tokens"]) for r in report["results"]] == \
         [(1, "ar", 512), (1, "triforce", 512), (2, "ar", 1024), (2, "triforce", 1024)]  # one chunk a prompt
     assert all(r["equals_ar"] for r in report["results"] if r["run"] == "triforce") and report["prefix_cache_gb"] == 1
+    # a store that cannot hold the batch's prompts is an error, not runs that prefill beside others' decode
+    assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", str(texts[0]), "--lengths", "530",
+                 "--max-new-tokens", "8", "--modes", "ar", "--prefix-cache-gb", "1e-6"]) == 2
+    assert "--prefix-cache-gb holds 0 of the batch's 512 reusable prompt tokens" in capsys.readouterr().err
 
 
 def test_bench_repeats_take_turns_and_report_medians(tiny_dir, tmp_path, capsys):

@@ -150,9 +150,8 @@ def run_bench(args) -> int:
                 prompts = [prompt] + [batch_prompt(files, i, length) for i in range(1, batch)]
                 if workload == "passkey" and batch > 1:
                     raise UserError("the passkey workload runs at batch 1")
-                if llm.reuses_prefixes:  # every run restores them all, none beside another's prefill
-                    llm.config = dataclasses.replace(base, mode="ar")
-                    llm.generate(prompts, SamplingParams(max_tokens=1))
+                if llm.prefixes is not None:
+                    fill_prefix_store(llm, base, prompts)
                 for temperature in args.temperatures:
                     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature,
                                             top_p=args.top_p, seed=args.seed, ignore_eos=True)
@@ -212,6 +211,19 @@ def _medians(rows: list[dict], sweep_name: str | None) -> list[dict]:
                     "prefill_s": statistics.median(r["prefill_s"] for r in repeats),
                     "tokens_per_s_runs": [round(r["tokens_per_s"], 3) for r in repeats]})
     return out
+
+
+def fill_prefix_store(llm, base, prompts: list[list[int]]) -> None:
+    """Prefills `prompts` into the LLM's prefix store, untimed, and checks that it holds every block of them
+    it may restore, so that each later run restores them all and none decodes beside a batchmate's prefill
+    (a store too small for the batch would leave some to prefill, and their prefill in the others' decode)."""
+    llm.config = dataclasses.replace(base, mode="ar")
+    llm.generate(prompts, SamplingParams(max_tokens=1))
+    restored = sum(o.metrics.cached_prompt_tokens for o in llm.generate(prompts, SamplingParams(max_tokens=1)))
+    wanted = sum(llm.prefixes.reusable_blocks(p) for p in prompts) * llm.prefixes.block
+    if restored < wanted:
+        raise UserError(f"--prefix-cache-gb holds {restored} of the batch's {wanted} reusable prompt tokens: "
+                        f"raise it to hold a whole batch's prompts, or leave it at 0")
 
 
 def batch_prompt(files: list[list[int]], i: int, length: int) -> list[int]:

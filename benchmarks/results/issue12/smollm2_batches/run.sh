@@ -3,8 +3,8 @@
 # from novel i mod 6), 128 new tokens each, greedy and 0.6; every fixed mode and auto, with a fresh
 # calibration per label. Run from the repository root with the label's code first on the path:
 #   git worktree add /tmp/tf-X X && PYTHONPATH=/tmp/tf-X bash benchmarks/results/issue12/smollm2_batches/run.sh LABEL
-# OUT: another results folder (a CPU's own); PREFIX_CACHE_GB: bench --prefix-cache-gb (runs after the first
-# restore the prompts' KV instead of prefilling them again); REPEATS: bench --repeats (modes take turns).
+# OUT: another results folder (a CPU's own); PREFIX_CACHE_GB: bench --prefix-cache-gb (each batch's prompts
+# are prefilled once and every run restores them; 3 holds SmolLM2's eight 8K prompts); REPEATS: bench --repeats (modes take turns).
 # Table: python benchmarks/auto_table.py benchmarks/results/issue12/smollm2_batches/*.json
 set -e
 label=${1:?label}
