@@ -445,7 +445,7 @@ def test_an_idle_draft_goes_unwatched_where_it_could_not_gain_what_watching_cost
     tokens, _ = engine.generate(prompt, params)
     assert tokens == reference  # ar-first: the draft joins after idle stretches it did not watch
     assert seen == watches  # the first watch at round 4 under ar (3 tokens generated); none after it
-    assert (engine._watch_seconds is not None) == bool(watches)
+    assert engine._watch_seconds > 0 if watches else engine._watch_seconds is None
 
 
 def lookup_mixture(q, sequence, first, n):

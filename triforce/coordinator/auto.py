@@ -31,10 +31,11 @@ under which the best stack with the draft is predicted (at the optimistic accept
 to gain nothing leaves it unwatched, and once a watch has shown what watching costs per generated token,
 so does one predicted to gain less than that cost as a fraction of the plan's measured time per token (a
 heuristic: evidence could still lift the optimism, but the optimism already holds the doubt, and a longer
-context that slows the target lowers the fraction). The Qwen pair in a batch of four at 8K on the AVX2
-EPYC ran `ar` throughout while watching the 0.5B draft cost about a fifth of the decode (auto 0.83x `ar`;
-with the gate 0.886x in one run, 0.95x the median of three); a small draft beside a long context costs a
-few percent and is watched as before.
+context that slows the target lowers the fraction; a request whose plans all predict no gain gives its
+draft no evidence, and only a later plan's upside, or later requests' priors, can open the gate). The
+Qwen pair in a batch of four at 8K on the AVX2 EPYC ran `ar` throughout while watching the 0.5B draft
+cost about a fifth of the decode (auto 0.83x `ar`; with the gate 0.886x in one run, 0.95x the median of
+three); a small draft beside a long context costs a few percent and is watched as before.
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up
