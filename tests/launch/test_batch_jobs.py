@@ -32,25 +32,34 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     lines = [request(k, p, 6) for k, p in prompts.items()]
     lines += ["{not json", request("d", PROMPT, 6, url="/v1/embeddings"),
               json.dumps({"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": {"prompt": PROMPT,
-                                                                                                "n": 3}})]
+                                                                                                "n": 0}})]
+    sampled = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 11, "n": 3}  # choices: seeds 11-13
+    lines.append(json.dumps({"custom_id": "f", "method": "POST", "url": "/v1/completions", "body": sampled}))
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("\n".join(lines) + "\n")
     llm = LLM(target, mode="ar", dtype="float32")
     expected = {k: llm.generate(p, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].text
                 for k, p in prompts.items()}
+    choices = llm.generate([PROMPT] * 3, [SamplingParams(max_tokens=6, temperature=0.8, seed=s) for s in (11, 12, 13)])
+    assert len({o.text for o in choices}) > 1  # the seeds differ
     out.write_text(json.dumps({"custom_id": "b", "response": {"status_code": 200, "body": {}}, "error": None})
                    + "\n" + '{"custom_id": "c", "resp')  # a run killed mid-write: b done, c torn
     assert run(target, inp, out) == 0
     got = results(out)
-    assert sorted(got) == ["a", "b", "c", "d", "e", "line-4"]
-    assert len(out.read_text().splitlines()) == 6  # b kept once, the torn line gone
+    assert sorted(got) == ["a", "b", "c", "d", "e", "f", "line-4"]
+    assert len(out.read_text().splitlines()) == 7  # b kept once, the torn line gone
     for k in ("a", "c"):
         body = got[k]["response"]["body"]
         assert body["choices"][0]["text"] == expected[k] and body["model"] == "tiny" and got[k]["error"] is None
     assert got["b"]["response"]["body"] == {}  # not run again
     assert got["line-4"]["error"]["code"] == "invalid_json" and got["line-4"]["response"] is None
-    assert "url" in got["d"]["error"]["message"] and got["e"]["error"]["message"] == "only n = 1 is supported"
-    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 6  # all done: nothing added
+    assert "url" in got["d"]["error"]["message"] and got["e"]["error"]["message"] == "'n' must be an integer from 1 to 128"
+    body = got["f"]["response"]["body"]
+    assert [c["text"] for c in body["choices"]] == [o.text for o in choices]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert body["usage"]["prompt_tokens"] == 30
+    assert body["usage"]["completion_tokens"] == sum(len(o.token_ids) for o in choices)
+    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 7  # all done: nothing added
 
 
 def test_shards_split_the_lines(tiny_dir, tmp_path):

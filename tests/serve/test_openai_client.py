@@ -106,6 +106,10 @@ def test_streams_and_chat_equal_whole_answers(llm, server):
     chunks = list(streamed)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
     assert chunks[-1].usage.completion_tokens == 8
+    sampled = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0.9, seed=4,
+                                             n=2)  # choice i: seed 4 + i
+    alone = llm.generate([list(templated)] * 2, [SamplingParams(max_tokens=8, temperature=0.9, seed=s) for s in (4, 5)])
+    assert [c.message.content for c in sampled.choices] == [o.text for o in alone]
 
 
 def test_every_error_status_reaches_the_client_as_its_exception(llm):
@@ -118,7 +122,7 @@ def test_every_error_status_reaches_the_client_as_its_exception(llm):
             client.completions.create(model="gpt-4", prompt=prompt, max_tokens=2)
         assert unknown.value.body["param"] == "model"
         with pytest.raises(openai.BadRequestError) as bad:  # 400
-            client.completions.create(model="tiny", prompt=prompt, max_tokens=2, n=2)
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=2, n=0)
         assert bad.value.body["param"] == "n"
         with pytest.raises(openai.APIStatusError) as too_long:  # 413
             client.completions.create(model="tiny", prompt=" ".join(["w5"] * 5000), max_tokens=2)
@@ -156,6 +160,12 @@ def test_every_error_status_reaches_the_client_as_its_exception(llm):
                 break
             time.sleep(0.05)
         assert not scheduler.waiting and not scheduler.running and left.request is None  # dropped, never run
+        scheduler._admit = lambda: None
+        with pytest.raises(openai.InternalServerError) as full:  # n = 2: the first choice queued, the second not
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=2, n=2)
+        assert full.value.body["code"] == "queue_full" and len(scheduler.waiting) == 1
+        assert scheduler.waiting[0].cancelled  # the choice that was queued does not run alone
+        del scheduler._admit
     finally:
         server.close()
 

@@ -108,9 +108,40 @@ def test_concurrent_requests_run_together_and_each_gets_its_own(llm, client, cou
     assert max(count_calls) >= 2  # some forwards carried several requests
 
 
+def test_n_choices_are_the_requests_of_their_seeds(llm, client):
+    """n = 3 with a seed: choice i is what the request alone with seed + i gives (choice 0: the n = 1
+    answer), whole and streamed (the choices' chunks interleave, each in its order), and usage counts the
+    prompt once and every choice's tokens."""
+    sampling = dict(temperature=0.9, top_k=20)
+    expected = [plain(llm, PROMPT, 8, seed=5 + i, **sampling) for i in range(3)]
+    assert len({e.text for e in expected}) > 1
+    body = {"prompt": PROMPT, "max_tokens": 8, "seed": 5, "n": 3, **sampling}
+    r = client.post("/v1/completions", json=body).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert [c["text"] for c in r["choices"]] == [e.text for e in expected]
+    assert r["usage"]["prompt_tokens"] == 40
+    assert r["usage"]["completion_tokens"] == sum(len(e.token_ids) for e in expected)
+    data = events(client.post("/v1/completions", json={**body, "stream": True,
+                                                        "stream_options": {"include_usage": True}}))
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    for i, e in enumerate(expected):
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert "".join(c["text"] for c in mine) == e.text and mine[-1]["finish_reason"] == e.finish_reason
+    assert chunks[-1]["usage"] == r["usage"]
+    chat = {"messages": [{"role": "user", "content": "w10 w11"}], "max_tokens": 4, "n": 2, "stream": True}
+    firsts = {}
+    for c in (json.loads(d) for d in events(client.post("/v1/chat/completions", json=chat))[:-1]):
+        firsts.setdefault(c["choices"][0]["index"], c["choices"][0]["delta"])
+    assert sorted(firsts) == [0, 1] and all(d["role"] == "assistant" for d in firsts.values())
+
+
 @pytest.mark.parametrize("path,body,status,param", [
     ("/v1/completions", {"model": "gpt-4", "prompt": PROMPT}, 404, "model"),
-    ("/v1/completions", {"prompt": PROMPT, "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": PROMPT, "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": PROMPT, "n": 129}, 400, "n"),
+    ("/v1/completions", {"prompt": PROMPT, "n": 2, "best_of": 3}, 400, "best_of"),
+    ("/v1/completions", {"prompt": PROMPT, "n": 2, "seed": 2**64 - 1}, 400, "seed"),
     ("/v1/completions", {"prompt": PROMPT, "logprobs": 5}, 400, "logprobs"),
     ("/v1/completions", {"prompt": PROMPT, "frobnicate": True}, 400, "frobnicate"),
     ("/v1/completions", {"prompt": PROMPT, "temperature": -1}, 400, None),

@@ -4,7 +4,7 @@ Each input line is `{"custom_id", "method": "POST", "url": "/v1/completions" | "
 "body"}`; each output line is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
 "error"}`, with `error` set (and `response` null) for a line that cannot run: bad JSON, another url, a
 body the server would refuse (serve/openai.py checks it the same way). Requests run `--batch-size` at a
-time through LLM.generate. Each result line is written whole and flushed, so a killed job loses at most
+time through LLM.generate (a request's `n` choices together, as n sequences of that batch). Each result line is written whole and flushed, so a killed job loses at most
 the requests in flight; run again, it skips the custom_ids the output already has (a torn last line, if
 the kill came mid-write, is dropped first). `--shard I/N` takes lines I, I + N, ... (default: the Slurm
 array task, else torchrun's rank and world size, else all; with --workers, where torchrun's ranks are
@@ -135,9 +135,10 @@ def _batch(args) -> int:
 def _run(llm, model, pending, write, bar) -> None:
     from ..serve import openai
 
-    outs = llm.generate([job.ids for _, job in pending], [job.params for _, job in pending])
-    for (custom_id, job), out in zip(pending, outs):
-        body = openai.response(job, model, out)
+    runs = [(job, params) for _, job in pending for params in job.choices()]  # a line's n choices run together
+    outs = iter(llm.generate([job.ids for job, _ in runs], [params for _, params in runs]))
+    for custom_id, job in pending:
+        body = openai.response(job, model, [next(outs) for _ in range(job.n)])
         write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
                "response": {"status_code": 200, "request_id": job.id, "body": body}, "error": None})
         bar.update(1)

@@ -2,7 +2,7 @@
 
 Endpoints: GET /health, GET /metrics (Prometheus, metrics.py), GET /v1/models, POST /v1/completions and
 /v1/chat/completions (the tokenizer's chat template), each whole or streamed as server-sent events ending in `data: [DONE]`, with `usage`.
-Requests run on one continuous batch (scheduler.py). With an API key, /v1/ wants `Authorization: Bearer
+Requests run on one continuous batch (scheduler.py), a request's `n` choices as n of its sequences. With an API key, /v1/ wants `Authorization: Bearer
 KEY`. Every error is OpenAI's JSON with its status: 400 bad parameters, 401 bad key, 404 unknown model or
 path, 413 a prompt longer than the model or the memory allows, 503 queue full, 500 a failure of the
 server (logged, never a traceback to the client). A client that disconnects cancels its request.
@@ -109,24 +109,32 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
             raise ApiError(400, "the request body is not valid JSON") from None
         job = openai.parse(kind, body, llm, model_name, chat_max_tokens)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        ticket = scheduler.submit(job, lambda event, data: loop.call_soon_threadsafe(events.put_nowait, (event, data)))
-        if job.stream:
-            return StreamingResponse(_stream(job, model_name, ticket, events), media_type="text/event-stream")
+        tickets = []  # one per choice; events arrive as (choice, kind, data)
         try:
-            while True:
+            for index, params in enumerate(job.choices()):
+                tell = lambda event, data, i=index: loop.call_soon_threadsafe(events.put_nowait, (i, event, data))
+                tickets.append(scheduler.submit(job, tell, params))
+        except ApiError:
+            _cancel(tickets)
+            raise
+        if job.stream:
+            return StreamingResponse(_stream(job, model_name, tickets, events), media_type="text/event-stream")
+        outputs = [None] * job.n
+        try:
+            while any(out is None for out in outputs):
                 try:
-                    event, data = await asyncio.wait_for(events.get(), POLL_S)
+                    index, event, data = await asyncio.wait_for(events.get(), POLL_S)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
-                        ticket.cancel()
                         return JSONResponse({}, status_code=499)  # nobody reads it
                     continue
-                if event == "done":
-                    return openai.response(job, model_name, data)
                 if event == "error":
                     raise ApiError(500, f"generation failed: {data}", "server_error")
+                if event == "done":
+                    outputs[index] = data
+            return openai.response(job, model_name, outputs)
         finally:
-            ticket.cancel()  # no effect once it is done
+            _cancel(tickets)  # no effect on those done
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -143,24 +151,30 @@ def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
-async def _stream(job: openai.Job, model: str, ticket, events: asyncio.Queue):
-    """The events of one request as server-sent events; cancels it if the client goes away."""
-    first = True
+def _cancel(tickets) -> None:
+    for ticket in tickets:
+        ticket.cancel()
+
+
+async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue):
+    """The events of one request's choices as server-sent events, each choice's in its order (choices
+    interleave); cancels them if the client goes away."""
+    first, outputs = [True] * job.n, [None] * job.n
     try:
-        while True:
-            event, data = await events.get()
+        while any(out is None for out in outputs):
+            index, event, data = await events.get()
             if event == "text":
-                yield _sse(openai.chunk(job, model, data, first=first))
-                first = False
+                yield _sse(openai.chunk(job, model, data, first=first[index], index=index))
+                first[index] = False
             elif event == "done":
-                yield _sse(openai.chunk(job, model, None, data.finish_reason, first=first))
-                if job.include_usage:
-                    yield _sse(openai.usage_chunk(job, model, data))
-                yield _sse("[DONE]")
-                return
+                yield _sse(openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index))
+                outputs[index] = data
             else:
                 yield _sse(ApiError(500, f"generation failed: {data}", "server_error").body())
                 yield _sse("[DONE]")
                 return
+        if job.include_usage:
+            yield _sse(openai.usage_chunk(job, model, outputs))
+        yield _sse("[DONE]")
     finally:
-        ticket.cancel()
+        _cancel(tickets)

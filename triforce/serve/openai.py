@@ -2,27 +2,34 @@
 the response objects and stream chunks of /v1/completions and /v1/chat/completions.
 
 A parameter this server does not support gets a 400 that names it, unless it asks for what the server
-does anyway (n = 1, no logprobs, zero penalties...), since clients send such defaults. Errors are
+does anyway (no logprobs, zero penalties...), since clients send such defaults. Errors are
 `ApiError`s, rendered as OpenAI's `{"error": {"message", "type", "param", "code"}}` with their status.
+
+`n` > 1 asks for n choices of one prompt: n requests of the batch (`Job.choices`), choice i seeded with
+seed + i when the request has a seed (choice 0 is then what n = 1 gives), each unseeded otherwise. Their
+prompt is prefilled once where a prefix store is on (requests of a batch share the blocks they prefill,
+cache/prefixes.py); usage counts the prompt once and the completion tokens of every choice.
 """
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..api import chat_ids
 from ..config import ConfigError, SamplingParams
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "best_of", "stream",
           "stream_options", "user", "ignore_eos"}
 FIELDS = {"completion": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
-HARMLESS = {"logprobs": (None, False, 0), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+HARMLESS = {"logprobs": (None, False, 0), "echo": (None, False), "suffix": (None, ""),
             "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
             "top_logprobs": (None, 0), "parallel_tool_calls": (None,), "tools": (None, []),
             "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
+MAX_CHOICES = 128  # OpenAI's limit on n
+SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
 
 
 class ApiError(Exception):
@@ -45,6 +52,12 @@ class Job:
     include_usage: bool
     id: str
     created: int
+    n: int = 1  # choices
+
+    def choices(self) -> list[SamplingParams]:
+        """Each choice's sampling settings: seed + i for choice i of a seeded request."""
+        seed = self.params.seed
+        return [replace(self.params, seed=None if seed is None else seed + i) for i in range(self.n)]
 
 
 def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Job:
@@ -63,16 +76,18 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if model is not None and model != model_name:
         raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
                        param="model", code="model_not_found")
-    if body.get("n", 1) != 1:
-        raise ApiError(400, "only n = 1 is supported", param="n")
+    n = _count(body, "n", MAX_CHOICES)
+    if body.get("best_of") not in (None, n):  # vLLM's best_of: ranks choices by log-probability, not kept here
+        raise ApiError(400, "'best_of' other than n is not supported", param="best_of")
     ids = _prompt_ids(kind, body, llm)
     limit = llm.target.config.max_positions
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS[kind]))
     if max_tokens is None:
         max_tokens = max(1, min(chat_max_tokens, limit - len(ids)))
     seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise ApiError(400, "'seed' must be an integer", param="seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
+                             or not SEEDS[0] <= seed <= SEEDS[1] - (n - 1)):
+        raise ApiError(400, f"'seed' must be an integer from {SEEDS[0]} to {SEEDS[1]} (less n - 1)", param="seed")
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
     try:
@@ -93,7 +108,16 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
     return Job(kind, ids, params, bool(body.get("stream")), bool(options.get("include_usage")),
-               f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()))
+               f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n)
+
+
+def _count(body: dict, name: str, most: int) -> int:
+    value = body.get(name)
+    if value is None:
+        return 1
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+        raise ApiError(400, f"'{name}' must be an integer from 1 to {most}", param=name)
+    return value
 
 
 def _number(body: dict, name: str, default: float) -> float:
@@ -134,42 +158,47 @@ def _prompt_ids(kind: str, body: dict, llm) -> list[int]:
         raise ApiError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
 
 
-def usage(job: Job, output) -> dict:
-    """Token counts of a finished request (`output`: its RequestOutput); cached tokens are the prompt's
-    part whose prefill the prefix store saved."""
-    completion = len(output.token_ids)
+def usage(job: Job, outputs: list) -> dict:
+    """Token counts of a finished request (`outputs`: the RequestOutput of each choice): its prompt once,
+    every choice's completion; cached tokens are the prompt's part whose prefill the prefix store saved
+    for the first choice to read it (the others may reuse what that one prefilled)."""
+    completion = sum(len(output.token_ids) for output in outputs)
+    cached = min(output.metrics.cached_prompt_tokens for output in outputs)
     return {"prompt_tokens": len(job.ids), "completion_tokens": completion, "total_tokens": len(job.ids) + completion,
-            "prompt_tokens_details": {"cached_tokens": output.metrics.cached_prompt_tokens}}
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def response(job: Job, model: str, output) -> dict:
-    """The whole answer of a request that does not stream (`output`: its RequestOutput)."""
+def response(job: Job, model: str, outputs: list) -> dict:
+    """The whole answer of a request that does not stream (`outputs`: each choice's RequestOutput)."""
     if job.kind == "completion":
-        choice = {"index": 0, "text": output.text, "finish_reason": output.finish_reason, "logprobs": None}
+        choices = [{"index": i, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
+                   for i, out in enumerate(outputs)]
         obj = "text_completion"
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": output.text},
-                  "finish_reason": output.finish_reason, "logprobs": None}
+        choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
+                    "finish_reason": out.finish_reason, "logprobs": None} for i, out in enumerate(outputs)]
         obj = "chat.completion"
-    return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice],
-            "usage": usage(job, output)}
+    return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": choices,
+            "usage": usage(job, outputs)}
 
 
-def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
-    """One server-sent event of a stream: a piece of text, or (text None) the end with its finish reason."""
+def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = None, first: bool = False,
+          index: int = 0) -> dict:
+    """One server-sent event of a stream: a piece of choice `index`'s text, or (text None) its end with
+    its finish reason. `first`: the choice's first event (a chat delta then carries the role)."""
     if job.kind == "completion":
-        choice = {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
         obj = "text_completion"
     else:
         delta = {} if text is None else {"content": text}
         if first:
             delta = {"role": "assistant", **delta}
-        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
         obj = "chat.completion.chunk"
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
 
 
-def usage_chunk(job: Job, model: str, output) -> dict:
+def usage_chunk(job: Job, model: str, outputs: list) -> dict:
     obj = "text_completion" if job.kind == "completion" else "chat.completion.chunk"
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [],
-            "usage": usage(job, output)}
+            "usage": usage(job, outputs)}

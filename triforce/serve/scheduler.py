@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..api import LLM, MEMORY_SHARE, Request
+from ..config import SamplingParams
 from ..coordinator.remote import GroupFull
 from ..coordinator.batch import SequenceBatch
 from ..coordinator.batchmates import Batchmates
@@ -31,6 +32,7 @@ log = logging.getLogger("triforce.serve")
 @dataclass(eq=False)
 class Ticket:
     job: Job
+    params: SamplingParams  # its choice's (Job.choices)
     on_event: Callable[[str, object], None]
     bytes: int = 0  # what its caches take
     request: Request | None = None
@@ -59,9 +61,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="triforce-scheduler", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, on_event: Callable[[str, object], None]) -> Ticket:
-        """Queues a checked request; raises ApiError 413 (it can never fit) or 503 (the queue is full, or
-        the scheduler has stopped)."""
+    def submit(self, job: Job, on_event: Callable[[str, object], None], params: SamplingParams | None = None) -> Ticket:
+        """Queues a checked request, or one of its choices (`params`: that choice's, Job.choices); raises
+        ApiError 413 (it can never fit) or 503 (the queue is full, or the scheduler has stopped)."""
         if not self.alive:
             raise ApiError(503, "the server's scheduler has stopped; see its log", kind="server_error")
         need = self.llm.cache_bytes_for(len(job.ids), job.params.max_tokens)
@@ -76,7 +78,7 @@ class Scheduler:
             if len(self.waiting) >= self.max_queue:
                 raise ApiError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
                                kind="server_error", code="queue_full")
-            ticket = Ticket(job, on_event, need)
+            ticket = Ticket(job, params or job.params, on_event, need)
             self.waiting.append(ticket)
         self._wake.set()
         return ticket
@@ -111,7 +113,7 @@ class Scheduler:
             stream = (lambda piece, t=ticket: self._tell(t, "text", piece)) if job.stream else None
             try:
                 try:
-                    ticket.request = Request(self.llm, job.ids, job.params, stream, self._mates)
+                    ticket.request = Request(self.llm, job.ids, ticket.params, stream, self._mates)
                 except GroupFull:
                     with self._lock:
                         if self.running:  # it waits, first in line, for a running request to end
