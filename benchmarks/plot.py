@@ -53,6 +53,8 @@ def plot_speedup(path: list[str], out: Path, x: str = "prompt_tokens") -> None:
         axes[1][col].axhline(1.0, color="grey", lw=0.5)
         for ax in axes[:, col]:
             ax.set_xlabel("prompt tokens" if x == "prompt_tokens" else "batch size (sequences)")
+            if x == "prompt_tokens":
+                ax.set_xscale("log", base=2)  # contexts double: 2K ... 32K
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / ("speedup_vs_prompt_length.png" if x == "prompt_tokens" else "speedup_vs_batch.png"), dpi=110)

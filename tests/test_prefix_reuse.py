@@ -249,6 +249,26 @@ def test_the_server_reports_cached_prompt_tokens(models):
     assert f'vllm:prefix_cache_queries_total{{model_name="tiny"}} {queries}.0' in metrics
 
 
+def test_n_choices_prefill_their_prompt_once(models):
+    """A request of n = 3 choices: one choice prefills the prompt's whole blocks, the two others wait for
+    them and restore them (256 tokens each); usage reports what the store held for every choice (none),
+    and each greedy choice is the cold run's."""
+    from fastapi.testclient import TestClient
+
+    from triforce.serve.app import create_app
+
+    prompt = DOCUMENT[::-1] + QUESTIONS[0]
+    expected = make(models, "triforce", 0).generate(prompt, GREEDY)[0].text
+    with TestClient(create_app(make(models, "triforce", 1.0), "tiny")) as client:
+        body = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                                                     "ignore_eos": True, "n": 3}).json()
+        metrics = client.get("/metrics").text
+    assert [c["text"] for c in body["choices"]] == [expected] * 3
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert body["usage"]["completion_tokens"] == 72 and body["usage"]["prompt_tokens"] == len(prompt)
+    assert 'vllm:prefix_cache_hits_total{model_name="tiny"} 512.0' in metrics
+
+
 def test_batch_jobs_reuse_the_document_across_batches(models, tmp_path):
     """At the default prefill chunk (blocks of 512 tokens)."""
     import json

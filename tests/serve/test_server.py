@@ -189,6 +189,16 @@ def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, 
         held.submit(job, lambda *_: None)
     assert refused.value.status == 503 and refused.value.code == "queue_full"
     held.stop()
+    pair = parse("completion", {"prompt": PROMPT, "max_tokens": 4, "n": 2}, llm, "tiny")
+    held = Scheduler(llm, max_queue=3)
+    monkeypatch.setattr(held, "_admit", lambda: None)
+    waiting = held.submit_choices(pair, [lambda *_: None] * 2)
+    with pytest.raises(ApiError) as refused:  # all of a request's choices or none: 2 + 2 > 3
+        held.submit_choices(pair, [lambda *_: None] * 2)
+    assert refused.value.code == "queue_full" and len(held.waiting) == 2
+    waiting[0].cancel()  # a cancelled request waiting to be dropped holds no place
+    assert len(held.submit_choices(pair, [lambda *_: None] * 2)) == 2
+    held.stop()
 
     long_job = parse("completion", {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
                                     "stream": True}, llm, "tiny")

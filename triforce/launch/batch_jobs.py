@@ -36,7 +36,7 @@ def add_batch_parser(sub) -> None:
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="take lines I, I+N, ... (default: SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, else "
                         "RANK/WORLD_SIZE, else 0/1)")
-    p.add_argument("--batch-size", type=int, default=8, help="requests generated together")
+    p.add_argument("--batch-size", type=int, default=8, help="request lines generated together (a line's n choices are n sequences)")
     p.add_argument("--chat-max-tokens", type=int, default=1024, help="new tokens of a chat request without max_tokens")
     p.add_argument("--served-model-name", default=None, help="the model name results carry (default: --model)")
     add_model_args(p)

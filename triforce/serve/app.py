@@ -109,14 +109,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
             raise ApiError(400, "the request body is not valid JSON") from None
         job = openai.parse(kind, body, llm, model_name, chat_max_tokens)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        tickets = []  # one per choice; events arrive as (choice, kind, data)
-        try:
-            for index, params in enumerate(job.choices()):
-                tell = lambda event, data, i=index: loop.call_soon_threadsafe(events.put_nowait, (i, event, data))
-                tickets.append(scheduler.submit(job, tell, params))
-        except ApiError:
-            _cancel(tickets)
-            raise
+        tickets = scheduler.submit_choices(job, [  # events arrive as (choice, kind, data)
+            lambda event, data, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, event, data))
+            for i in range(job.n)])
         if job.stream:
             return StreamingResponse(_stream(job, model_name, tickets, events), media_type="text/event-stream")
         outputs = [None] * job.n

@@ -6,9 +6,10 @@ does anyway (no logprobs, zero penalties...), since clients send such defaults. 
 `ApiError`s, rendered as OpenAI's `{"error": {"message", "type", "param", "code"}}` with their status.
 
 `n` > 1 asks for n choices of one prompt: n requests of the batch (`Job.choices`), choice i seeded with
-seed + i when the request has a seed (choice 0 is then what n = 1 gives), each unseeded otherwise. Their
-prompt is prefilled once where a prefix store is on (requests of a batch share the blocks they prefill,
-cache/prefixes.py); usage counts the prompt once and the completion tokens of every choice.
+seed + i when the request has a seed (outside mode auto, choice 0 is then what n = 1 gives), each
+unseeded otherwise. Where a prefix store is on, the prompt's whole prefill blocks are prefilled once
+(requests of a batch share the blocks they prefill, cache/prefixes.py); usage counts the prompt once and
+the completion tokens of every choice.
 """
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ def _prompt_ids(kind: str, body: dict, llm) -> list[int]:
 def usage(job: Job, outputs: list) -> dict:
     """Token counts of a finished request (`outputs`: the RequestOutput of each choice): its prompt once,
     every choice's completion; cached tokens are the prompt's part whose prefill the prefix store saved
-    for the first choice to read it (the others may reuse what that one prefilled)."""
+    every choice (the least over the choices: the others may restore what one of them prefilled)."""
     completion = sum(len(output.token_ids) for output in outputs)
     cached = min(output.metrics.cached_prompt_tokens for output in outputs)
     return {"prompt_tokens": len(job.ids), "completion_tokens": completion, "total_tokens": len(job.ids) + completion,

@@ -61,9 +61,16 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="triforce-scheduler", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, on_event: Callable[[str, object], None], params: SamplingParams | None = None) -> Ticket:
-        """Queues a checked request, or one of its choices (`params`: that choice's, Job.choices); raises
-        ApiError 413 (it can never fit) or 503 (the queue is full, or the scheduler has stopped)."""
+    def submit(self, job: Job, on_event: Callable[[str, object], None]) -> Ticket:
+        """Queues a checked request of one choice: `submit_choices` with its one callback."""
+        return self.submit_choices(job, [on_event])[0]
+
+    def submit_choices(self, job: Job, on_events: list[Callable[[str, object], None]]) -> list[Ticket]:
+        """Queues a checked request's choices (Job.choices), all or none, choice i telling on_events[i];
+        raises ApiError 413 (they can never fit), 400 (more choices than the queue holds) or 503 (the
+        queue is full, or the scheduler has stopped)."""
+        if len(on_events) != job.n:
+            raise ValueError(f"{len(on_events)} callbacks for {job.n} choices")
         if not self.alive:
             raise ApiError(503, "the server's scheduler has stopped; see its log", kind="server_error")
         need = self.llm.cache_bytes_for(len(job.ids), job.params.max_tokens)
@@ -74,14 +81,17 @@ class Scheduler:
             raise ApiError(413, f"the caches for {len(job.ids) + job.params.max_tokens} tokens need "
                                 f"{need / 2**30:.2f} GiB; this server has {(free + held) / 2**30:.2f} GiB for them",
                            code="context_length_exceeded")
+        if len(on_events) > self.max_queue:
+            raise ApiError(400, f"n = {len(on_events)} choices need as many places in this server's queue, "
+                                f"which holds {self.max_queue} (--max-queue)", param="n")
         with self._lock:
-            if len(self.waiting) >= self.max_queue:
+            if sum(not t.cancelled for t in self.waiting) + len(on_events) > self.max_queue:
                 raise ApiError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
                                kind="server_error", code="queue_full")
-            ticket = Ticket(job, params or job.params, on_event, need)
-            self.waiting.append(ticket)
+            tickets = [Ticket(job, params, tell, need) for params, tell in zip(job.choices(), on_events)]
+            self.waiting.extend(tickets)
         self._wake.set()
-        return ticket
+        return tickets
 
     @property
     def alive(self) -> bool:
