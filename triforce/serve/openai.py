@@ -77,7 +77,9 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if model is not None and model != model_name:
         raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
                        param="model", code="model_not_found")
-    n = _count(body, "n", MAX_CHOICES)
+    n = 1 if body.get("n") is None else body["n"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")
     if body.get("best_of") not in (None, n):  # vLLM's best_of: ranks choices by log-probability, not kept here
         raise ApiError(400, "'best_of' other than n is not supported", param="best_of")
     ids = _prompt_ids(kind, body, llm)
@@ -110,15 +112,6 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
     return Job(kind, ids, params, bool(body.get("stream")), bool(options.get("include_usage")),
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n)
-
-
-def _count(body: dict, name: str, most: int) -> int:
-    value = body.get(name)
-    if value is None:
-        return 1
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
-        raise ApiError(400, f"'{name}' must be an integer from 1 to {most}", param=name)
-    return value
 
 
 def _number(body: dict, name: str, default: float) -> float:
