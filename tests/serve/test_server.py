@@ -136,6 +136,22 @@ def test_n_choices_are_the_requests_of_their_seeds(llm, client):
     assert sorted(firsts) == [0, 1] and all(d["role"] == "assistant" for d in firsts.values())
 
 
+def test_a_list_of_prompts_gets_each_prompts_choices_in_order(llm, client):
+    """prompt: [text, token ids] with n = 2 (as evaluation harnesses batch them): choices prompt after
+    prompt, each what that prompt asked alone with its seed gives; usage sums the prompts."""
+    short = llm.encode(" ".join(PROMPT.split()[:12]))
+    expected = [plain(llm, p, 6, temperature=0.8, seed=9 + i) for p in (PROMPT, short) for i in range(2)]
+    r = client.post("/v1/completions", json={"prompt": [PROMPT, short], "max_tokens": 6, "temperature": 0.8,
+                                             "seed": 9, "n": 2}).json()
+    assert [c["text"] for c in r["choices"]] == [e.text for e in expected]
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+    assert r["usage"]["prompt_tokens"] == 40 + 12
+    chunks = [json.loads(d) for d in events(client.post("/v1/completions", json={
+        "prompt": [PROMPT, short], "max_tokens": 6, "temperature": 0.8, "seed": 9, "n": 2, "stream": True}))[:-1]]
+    assert ["".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i) for i in range(4)] == \
+        [e.text for e in expected]
+
+
 @pytest.mark.parametrize("path,body,status,param", [
     ("/v1/completions", {"model": "gpt-4", "prompt": PROMPT}, 404, "model"),
     ("/v1/completions", {"prompt": PROMPT, "n": 0}, 400, "n"),
@@ -151,6 +167,9 @@ def test_n_choices_are_the_requests_of_their_seeds(llm, client):
     ("/v1/completions", {"prompt": PROMPT, "stream": True, "stream_options": 3}, 400, "stream_options"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": [5, 100000]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [PROMPT, 5]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [PROMPT, ""]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [PROMPT] * 2049}, 400, "prompt"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**6}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": " ".join(["w5"] * 5000)}, 413, "max_tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),

@@ -229,7 +229,7 @@ def test_a_full_group_runs_a_batch_in_parts_and_a_server_queues_what_it_refused(
         scheduler = Scheduler(llm)
         events, done = [], threading.Semaphore(0)
         for i, ids in enumerate(prompts[:3]):
-            scheduler.submit(Job("completion", ids, params, False, False, f"r{i}", 0),
+            scheduler.submit(Job("completion", [ids], params, False, False, f"r{i}", 0),
                              lambda kind, data, i=i: kind in ("done", "error") and
                              (events.append((i, kind, data)), done.release()))
         assert all(done.acquire(timeout=60) for _ in range(3))

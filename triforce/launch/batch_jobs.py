@@ -137,10 +137,10 @@ def _batch(args) -> int:
 def _run(llm, model, pending, write, bar) -> None:
     from ..serve import openai
 
-    runs = [(job, params) for _, job in pending for params in job.choices()]  # a line's n choices run together
-    outs = iter(llm.generate([job.ids for job, _ in runs], [params for _, params in runs]))
-    for custom_id, job in pending:
-        body = openai.response(job, model, [next(outs) for _ in range(job.n)])
+    choices = [job.choices() for _, job in pending]  # a line's prompts x n choices run together
+    outs = iter(llm.generate([ids for c in choices for ids, _ in c], [params for c in choices for _, params in c]))
+    for (custom_id, job), mine in zip(pending, choices):
+        body = openai.response(job, model, [next(outs) for _ in mine])
         write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
                "response": {"status_code": 200, "request_id": job.id, "body": body}, "error": None})
         bar.update(1)

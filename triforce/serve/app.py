@@ -112,10 +112,10 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         tickets = scheduler.submit_choices(job, [  # events arrive as (choice, kind, data)
             lambda event, data, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, event, data))
-            for i in range(job.n)])
+            for i in range(len(job.prompts) * job.n)])
         if job.stream:
             return StreamingResponse(_stream(job, model_name, tickets, events), media_type="text/event-stream")
-        outputs = [None] * job.n
+        outputs = [None] * len(tickets)
         try:
             while any(out is None for out in outputs):
                 try:
@@ -155,7 +155,7 @@ def _cancel(tickets) -> None:
 async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue):
     """The events of one request's choices as server-sent events, each choice's in its order (choices
     interleave); cancels them if the client goes away."""
-    first, outputs = [True] * job.n, [None] * job.n
+    first, outputs = [True] * len(tickets), [None] * len(tickets)
     try:
         while any(out is None for out in outputs):
             index, event, data = await events.get()

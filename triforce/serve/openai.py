@@ -1,15 +1,17 @@
-"""The OpenAI wire format: request bodies checked and turned into a `Job` (token ids, SamplingParams), and
+"""The OpenAI wire format: request bodies checked and turned into a `Job` (prompts, SamplingParams), and
 the response objects and stream chunks of /v1/completions and /v1/chat/completions.
 
 A parameter this server does not support gets a 400 that names it, unless it asks for what the server
 does anyway (no logprobs, zero penalties...), since clients send such defaults. Errors are
 `ApiError`s, rendered as OpenAI's `{"error": {"message", "type", "param", "code"}}` with their status.
 
-`n` > 1 asks for n choices of one prompt: n requests of the batch (`Job.choices`), choice i seeded with
+`n` > 1 asks for n choices of a prompt: n requests of the batch (`Job.choices`), choice i seeded with
 seed + i when the request has a seed (outside mode auto, choice 0 is then what n = 1 gives), each
 unseeded otherwise. Where a prefix store is on, the prompt's whole prefill blocks are prefilled once
 (requests of a batch share the blocks they prefill, cache/prefixes.py); usage counts the prompt once and
-the completion tokens of every choice.
+the completion tokens of every choice. A completion's `prompt` may be a list of prompts (strings or
+token-id lists, as evaluation harnesses send them): each gets its n choices, prompt after prompt in
+`choices` (index = prompt x n + choice), each as it would be asked alone.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ HARMLESS = {"logprobs": (None, False, 0), "echo": (None, False), "suffix": (None
             "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
+MAX_PROMPTS = 2048  # prompts of one completion request
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
 
 
@@ -47,18 +50,20 @@ class ApiError(Exception):
 class Job:
     """A checked request: what to generate and how to answer."""
     kind: str  # "completion" or "chat"
-    ids: list[int]
+    prompts: list[list[int]]  # token ids; a chat request's one
     params: SamplingParams
     stream: bool
     include_usage: bool
     id: str
     created: int
-    n: int = 1  # choices
+    n: int = 1  # choices per prompt
 
-    def choices(self) -> list[SamplingParams]:
-        """Each choice's sampling settings: seed + i for choice i of a seeded request."""
+    def choices(self) -> list[tuple[list[int], SamplingParams]]:
+        """Each choice's prompt and sampling settings, prompt after prompt: seed + i for a prompt's choice i
+        of a seeded request."""
         seed = self.params.seed
-        return [replace(self.params, seed=None if seed is None else seed + i) for i in range(self.n)]
+        return [(ids, replace(self.params, seed=None if seed is None else seed + i))
+                for ids in self.prompts for i in range(self.n)]
 
 
 def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Job:
@@ -82,10 +87,11 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")
     if body.get("best_of") not in (None, n):  # vLLM's best_of: ranks choices by log-probability, not kept here
         raise ApiError(400, "'best_of' other than n is not supported", param="best_of")
-    ids = _prompt_ids(kind, body, llm)
+    prompts = _prompts(kind, body, llm)
+    ids = max(prompts, key=len)  # the longest is the one to check
     limit = llm.target.config.max_positions
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS[kind]))
-    if max_tokens is None:
+    if max_tokens is None:  # chat: one prompt
         max_tokens = max(1, min(chat_max_tokens, limit - len(ids)))
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
@@ -110,7 +116,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
-    return Job(kind, ids, params, bool(body.get("stream")), bool(options.get("include_usage")),
+    return Job(kind, prompts, params, bool(body.get("stream")), bool(options.get("include_usage")),
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n)
 
 
@@ -123,7 +129,7 @@ def _number(body: dict, name: str, default: float) -> float:
     return float(value)
 
 
-def _prompt_ids(kind: str, body: dict, llm) -> list[int]:
+def _prompts(kind: str, body: dict, llm) -> list[list[int]]:
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
@@ -138,27 +144,37 @@ def _prompt_ids(kind: str, body: dict, llm) -> list[int]:
             prompt = chat_ids(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
         except Exception as exc:  # the template's own checks (roles, order): the request's fault
             raise ApiError(400, f"the chat template refused these messages: {exc}", param="messages") from None
+        prompts = [prompt]
     else:
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of one
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt))):
-            raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt per request)",
-                           param="prompt")
+        prompts = [prompt] if _one_prompt(prompt) else prompt
+        if not (isinstance(prompts, list) and prompts and all(_one_prompt(p) for p in prompts)):
+            raise ApiError(400, "'prompt' must be a string, a list of token ids, or a list of those (several "
+                                "prompts)", param="prompt")
+        if len(prompts) > MAX_PROMPTS:
+            raise ApiError(400, f"{len(prompts)} prompts in one request; at most {MAX_PROMPTS}", param="prompt")
     try:
-        return llm.encode(prompt)
+        return [llm.encode(prompt) for prompt in prompts]
     except Exception as exc:  # UserError: empty, ids outside the vocabulary, no tokenizer
         raise ApiError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
 
 
+def _one_prompt(prompt) -> bool:
+    """A string or a list of token ids (the encoder refuses an empty one)."""
+    return isinstance(prompt, str) or (isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt))
+
+
 def usage(job: Job, outputs: list) -> dict:
-    """Token counts of a finished request (`outputs`: the RequestOutput of each choice): its prompt once,
-    every choice's completion; cached tokens are the prompt's part whose prefill the prefix store saved
-    every choice (the least over the choices: the others may restore what one of them prefilled)."""
+    """Token counts of a finished request (`outputs`: the RequestOutput of each choice, Job.choices' order):
+    each prompt once, every choice's completion; cached tokens are each prompt's part whose prefill the
+    prefix store saved every choice of it (the least over its choices: the others may restore what one of
+    them prefilled)."""
     completion = sum(len(output.token_ids) for output in outputs)
-    cached = min(output.metrics.cached_prompt_tokens for output in outputs)
-    return {"prompt_tokens": len(job.ids), "completion_tokens": completion, "total_tokens": len(job.ids) + completion,
+    per_prompt = [outputs[i:i + job.n] for i in range(0, len(outputs), job.n)]
+    cached = sum(min(out.metrics.cached_prompt_tokens for out in choices) for choices in per_prompt)
+    prompt = sum(len(ids) for ids in job.prompts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 

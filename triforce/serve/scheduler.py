@@ -32,7 +32,8 @@ log = logging.getLogger("triforce.serve")
 @dataclass(eq=False)
 class Ticket:
     job: Job
-    params: SamplingParams  # its choice's (Job.choices)
+    ids: list[int]  # its choice's prompt and sampling settings (Job.choices)
+    params: SamplingParams
     on_event: Callable[[str, object], None]
     bytes: int = 0  # what its caches take
     request: Request | None = None
@@ -69,26 +70,30 @@ class Scheduler:
         """Queues a checked request's choices (Job.choices), all or none, choice i telling on_events[i];
         raises ApiError 413 (they can never fit), 400 (more choices than the queue holds) or 503 (the
         queue is full, or the scheduler has stopped)."""
-        if len(on_events) != job.n:
-            raise ValueError(f"{len(on_events)} callbacks for {job.n} choices")
+        choices = job.choices()
+        if len(on_events) != len(choices):
+            raise ValueError(f"{len(on_events)} callbacks for {len(choices)} choices")
         if not self.alive:
             raise ApiError(503, "the server's scheduler has stopped; see its log", kind="server_error")
-        need = self.llm.cache_bytes_for(len(job.ids), job.params.max_tokens)
+        longest = max(len(ids) for ids in job.prompts)
+        need = self.llm.cache_bytes_for(longest, job.params.max_tokens)
         free = self.llm.free_memory()
         with self._lock:
             held = sum(t.bytes for t in self.running.values())
         if free is not None and need > MEMORY_SHARE * (free + held):
-            raise ApiError(413, f"the caches for {len(job.ids) + job.params.max_tokens} tokens need "
+            raise ApiError(413, f"the caches for {longest + job.params.max_tokens} tokens need "
                                 f"{need / 2**30:.2f} GiB; this server has {(free + held) / 2**30:.2f} GiB for them",
                            code="context_length_exceeded")
         if len(on_events) > self.max_queue:
-            raise ApiError(400, f"n = {len(on_events)} choices need as many places in this server's queue, "
-                                f"which holds {self.max_queue} (--max-queue)", param="n")
+            raise ApiError(400, f"{len(on_events)} choices (prompts x n) need as many places in this server's "
+                                f"queue, which holds {self.max_queue} (--max-queue)",
+                           param="n" if job.n > 1 else "prompt")
         with self._lock:
             if sum(not t.cancelled for t in self.waiting) + len(on_events) > self.max_queue:
                 raise ApiError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
                                kind="server_error", code="queue_full")
-            tickets = [Ticket(job, params, tell, need) for params, tell in zip(job.choices(), on_events)]
+            tickets = [Ticket(job, ids, params, tell, self.llm.cache_bytes_for(len(ids), params.max_tokens))
+                       for (ids, params), tell in zip(choices, on_events)]
             self.waiting.extend(tickets)
         self._wake.set()
         return tickets
@@ -123,7 +128,7 @@ class Scheduler:
             stream = (lambda piece, t=ticket: self._tell(t, "text", piece)) if job.stream else None
             try:
                 try:
-                    ticket.request = Request(self.llm, job.ids, ticket.params, stream, self._mates)
+                    ticket.request = Request(self.llm, ticket.ids, ticket.params, stream, self._mates)
                 except GroupFull:
                     with self._lock:
                         if self.running:  # it waits, first in line, for a running request to end
