@@ -35,6 +35,8 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
                                                                                                 "n": 0}})]
     sampled = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 11, "n": 3}  # choices: seeds 11-13
     lines.append(json.dumps({"custom_id": "f", "method": "POST", "url": "/v1/completions", "body": sampled}))
+    listed = {"prompt": [prompts["a"], prompts["c"]], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    lines.append(json.dumps({"custom_id": "g", "method": "POST", "url": "/v1/completions", "body": listed}))
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("\n".join(lines) + "\n")
     llm = LLM(target, mode="ar", dtype="float32")
@@ -46,8 +48,8 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
                    + "\n" + '{"custom_id": "c", "resp')  # a run killed mid-write: b done, c torn
     assert run(target, inp, out) == 0
     got = results(out)
-    assert sorted(got) == ["a", "b", "c", "d", "e", "f", "line-4"]
-    assert len(out.read_text().splitlines()) == 7  # b kept once, the torn line gone
+    assert sorted(got) == ["a", "b", "c", "d", "e", "f", "g", "line-4"]
+    assert len(out.read_text().splitlines()) == 8  # b kept once, the torn line gone
     for k in ("a", "c"):
         body = got[k]["response"]["body"]
         assert body["choices"][0]["text"] == expected[k] and body["model"] == "tiny" and got[k]["error"] is None
@@ -59,7 +61,8 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert body["usage"]["prompt_tokens"] == 30
     assert body["usage"]["completion_tokens"] == sum(len(o.token_ids) for o in choices)
-    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 7  # all done: nothing added
+    assert [c["text"] for c in got["g"]["response"]["body"]["choices"]] == [expected["a"], expected["c"]]
+    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 8  # all done: nothing added
 
 
 def test_shards_split_the_lines(tiny_dir, tmp_path):
