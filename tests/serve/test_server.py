@@ -150,6 +150,14 @@ def test_a_list_of_prompts_gets_each_prompts_choices_in_order(llm, client):
         "prompt": [PROMPT, short], "max_tokens": 6, "temperature": 0.8, "seed": 9, "n": 2, "stream": True}))[:-1]]
     assert ["".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i) for i in range(4)] == \
         [e.text for e in expected]
+    too_many = parse_error({"prompt": [PROMPT] * 2049}, llm)
+    assert too_many.param == "prompt" and "at most 2048" in too_many.message
+
+
+def parse_error(body: dict, llm) -> ApiError:
+    with pytest.raises(ApiError) as refused:
+        parse("completion", body, llm, "tiny")
+    return refused.value
 
 
 @pytest.mark.parametrize("path,body,status,param", [
@@ -169,7 +177,6 @@ def test_a_list_of_prompts_gets_each_prompts_choices_in_order(llm, client):
     ("/v1/completions", {"prompt": [5, 100000]}, 400, "prompt"),
     ("/v1/completions", {"prompt": [PROMPT, 5]}, 400, "prompt"),
     ("/v1/completions", {"prompt": [PROMPT, ""]}, 400, "prompt"),
-    ("/v1/completions", {"prompt": [PROMPT] * 2049}, 400, "prompt"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**6}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": " ".join(["w5"] * 5000)}, 413, "max_tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),

@@ -11,7 +11,7 @@ unseeded otherwise. Where a prefix store is on, the prompt's whole prefill block
 (requests of a batch share the blocks they prefill, cache/prefixes.py); usage counts the prompt once and
 the completion tokens of every choice. A completion's `prompt` may be a list of prompts (strings or
 token-id lists, as evaluation harnesses send them): each gets its n choices, prompt after prompt in
-`choices` (index = prompt x n + choice), each as it would be asked alone.
+`choices` (index = prompt x n + choice), each (outside mode auto) as it would be asked alone.
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     ids = max(prompts, key=len)  # the longest is the one to check
     limit = llm.target.config.max_positions
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS[kind]))
-    if max_tokens is None:  # chat: one prompt
+    if max_tokens is None:  # as much as the longest prompt leaves, up to chat_max_tokens
         max_tokens = max(1, min(chat_max_tokens, limit - len(ids)))
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
