@@ -4,12 +4,12 @@ Each input line is `{"custom_id", "method": "POST", "url": "/v1/completions" | "
 "body"}`; each output line is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
 "error"}`, with `error` set (and `response` null) for a line that cannot run: bad JSON, another url, a
 body the server would refuse (serve/openai.py checks it the same way). Requests run `--batch-size` at a
-time through LLM.generate (a request's `n` choices together, as n sequences of that batch). Each result
-line is written whole and flushed, so a killed job loses at most the requests in flight; run again, it
-skips the custom_ids the output already has (a torn last line, if the kill came mid-write, is dropped
-first). `--shard I/N` takes lines I, I + N, ... (default: the Slurm
-array task, else torchrun's rank and world size, else all; with --workers, where torchrun's ranks are
-one pipeline, the Slurm array task, else all).
+time through LLM.generate (a request's prompts x `n` choices together, as sequences of that batch). Each
+result line is written whole and flushed, so a killed job loses at most the requests in flight; run
+again, it skips the custom_ids the output already has (a torn last line, if the kill came mid-write, is
+dropped first). `--shard I/N` takes lines I, I + N, ... (default: the Slurm array task, else torchrun's
+rank and world size, else all; with --workers, where torchrun's ranks are one pipeline, the Slurm array
+task, else all).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def add_batch_parser(sub) -> None:
                    help="take lines I, I+N, ... (default: SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, else "
                         "RANK/WORLD_SIZE, else 0/1)")
     p.add_argument("--batch-size", type=int, default=8,
-                   help="request lines generated together (a line's n choices are n sequences)")
+                   help="request lines generated together (a line's prompts x n choices are that many sequences)")
     p.add_argument("--chat-max-tokens", type=int, default=1024, help="new tokens of a chat request without max_tokens")
     p.add_argument("--served-model-name", default=None, help="the model name results carry (default: --model)")
     add_model_args(p)
