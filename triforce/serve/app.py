@@ -115,9 +115,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
             for i in range(len(job.prompts) * job.n)])
         if job.stream:
             return StreamingResponse(_stream(job, model_name, tickets, events), media_type="text/event-stream")
-        outputs = [None] * len(tickets)
+        outputs, left = [None] * len(tickets), len(tickets)
         try:
-            while any(out is None for out in outputs):
+            while left:
                 try:
                     index, event, data = await asyncio.wait_for(events.get(), POLL_S)
                 except asyncio.TimeoutError:
@@ -127,7 +127,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
                 if event == "error":
                     raise ApiError(500, f"generation failed: {data}", "server_error")
                 if event == "done":
-                    outputs[index] = data
+                    outputs[index], left = data, left - 1
             return openai.response(job, model_name, outputs)
         finally:
             _cancel(tickets)  # no effect on those done
@@ -155,16 +155,16 @@ def _cancel(tickets) -> None:
 async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue):
     """The events of one request's choices as server-sent events, each choice's in its order (choices
     interleave); cancels them if the client goes away."""
-    first, outputs = [True] * len(tickets), [None] * len(tickets)
+    first, outputs, left = [True] * len(tickets), [None] * len(tickets), len(tickets)
     try:
-        while any(out is None for out in outputs):
+        while left:
             index, event, data = await events.get()
             if event == "text":
                 yield _sse(openai.chunk(job, model, data, first=first[index], index=index))
                 first[index] = False
             elif event == "done":
                 yield _sse(openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index))
-                outputs[index] = data
+                outputs[index], left = data, left - 1
             else:
                 yield _sse(ApiError(500, f"generation failed: {data}", "server_error").body())
                 yield _sse("[DONE]")
