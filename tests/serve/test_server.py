@@ -195,6 +195,43 @@ def test_malformed_json_is_a_400(client):
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
 
 
+def test_a_request_being_tokenized_holds_up_neither_health_nor_streams(llm, monkeypatch):
+    """Requests are checked and tokenized off the event loop: while one request's encoding is stuck,
+    /health answers and a stream already running goes on to its end."""
+    parsed, entered, release, real = threading.Event(), threading.Event(), threading.Event(), llm.encode
+
+    def encode(prompt):
+        if prompt == "w7 w8":
+            entered.set()
+            release.wait(30)
+        ids = real(prompt)
+        parsed.set()  # the stream's, which is encoded first (one request at a time)
+        return ids
+
+    monkeypatch.setattr(llm, "encode", encode)
+    with TestClient(create_app(llm, "tiny")) as c:
+        streamed = []
+        stream = threading.Thread(target=lambda: streamed.append(c.post("/v1/completions", json={
+            "prompt": PROMPT, "max_tokens": 20, "temperature": 0, "ignore_eos": True, "stream": True})))
+        stuck = threading.Thread(target=lambda: c.post("/v1/completions", json={"prompt": "w7 w8", "max_tokens": 2}))
+        answered = []
+        health = threading.Thread(target=lambda: answered.append(c.get("/health").status_code))
+        try:
+            stream.start()
+            assert parsed.wait(10)
+            stuck.start()
+            assert entered.wait(10)
+            health.start()
+            health.join(10)
+            stream.join(60)
+            assert answered == [200]
+            assert streamed and events(streamed[0])[-1] == "[DONE]"
+        finally:
+            release.set()
+            for t in (stream, stuck, health):
+                t.join(60)
+
+
 def test_models_health_and_the_api_key(llm):
     with TestClient(create_app(llm, "tiny", api_key="sesame")) as c:
         assert c.get("/health").status_code == 200  # open

@@ -15,6 +15,7 @@ import hmac
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -57,10 +58,15 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
     scheduler = Scheduler(llm, max_queue)
     scheduler.metrics = metrics = ServerMetrics(model_name, scheduler)
 
+    # Requests are checked and tokenized one at a time off the event loop: a long prompt, or a list of
+    # thousands, would otherwise hold every stream and /health while it is encoded.
+    parsing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="triforce-parse")
+
     @asynccontextmanager
     async def lifespan(_):
         yield
         scheduler.stop()
+        parsing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="triforce", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.scheduler = scheduler
@@ -108,8 +114,8 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ApiError(400, "the request body is not valid JSON") from None
-        job = openai.parse(kind, body, llm, model_name, chat_max_tokens)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        job = await loop.run_in_executor(parsing, openai.parse, kind, body, llm, model_name, chat_max_tokens)
         tickets = scheduler.submit_choices(job, [  # events arrive as (choice, kind, data)
             lambda event, data, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, event, data))
             for i in range(len(job.prompts) * job.n)])
