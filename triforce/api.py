@@ -25,6 +25,7 @@ from .coordinator.metrics import RequestMetrics
 from .coordinator.remote import GroupFull, RemoteVerifier
 from .detokenize import IncrementalDetokenizer
 from .errors import UserError
+from .logprobs import TokenLogprobs
 from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError
 from .models.hub import DEFAULT_MODEL, resolve_model
@@ -49,6 +50,7 @@ class RequestOutput:
     text: str
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     metrics: RequestMetrics
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when SamplingParams.logprobs asked
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -320,4 +322,5 @@ class Request:
         eos = self.llm.eos_ids()
         hit_eos = bool(tokens) and tokens[-1] in eos and not self.params.ignore_eos
         finish = "stop" if hit_eos or (self.detok is not None and self.detok.stopped) else "length"
-        return RequestOutput(self.ids, tokens, text, finish, metrics)
+        logprobs = None if self.params.logprobs is None else self.engine.logprobs
+        return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs)

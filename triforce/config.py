@@ -30,6 +30,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # None: no log-probabilities; k >= 0: each generated token's, and the k most likely tokens' there
+    # (the target's, before temperature, top-k and top-p: logprobs.py)
+    logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -46,6 +49,9 @@ class SamplingParams:
             raise ConfigError(f"top_k must be >= 0 (got {self.top_k})")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
+                                           or self.logprobs < 0):
+            raise ConfigError(f"logprobs must be None or an integer >= 0 (got {self.logprobs!r})")
 
     @property
     def greedy(self) -> bool:

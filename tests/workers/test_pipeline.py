@@ -79,26 +79,35 @@ def test_worker_group_reproduces_the_single_process_engine(models, tmp_path, wor
 def test_a_batch_over_the_worker_group_reproduces_each_sequence_alone(models, tmp_path, mode):
     """Three sequences of different lengths and sampling settings in one SequenceBatch, each with its own
     sequence in one worker group: their target checks go out together (one verify request for several
-    sequences), and each output equals its single-process run alone; the group frees every sequence."""
+    sequences), and each output equals its single-process run alone, log-probabilities too (from the
+    group's rows of the target); the group frees every sequence."""
     folder, target, draft = models
     gen = torch.Generator().manual_seed(9)
     prompts = [torch.randint(3, 96, (n,), generator=gen).tolist() for n in (150, 90, 120)]
-    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
+    params = [SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, logprobs=2),
               SamplingParams(max_tokens=24, temperature=0.9, seed=5, ignore_eos=True),
-              SamplingParams(max_tokens=36, temperature=0.7, top_k=20, seed=6, ignore_eos=True)]
-    expected = [run(target, draft, mode, p, sp)[0] for p, sp in zip(prompts, params)]
+              SamplingParams(max_tokens=36, temperature=0.7, top_k=20, seed=6, ignore_eos=True, logprobs=1)]
+    cfg = EngineConfig(mode=mode, **SETTINGS)
+    alone = [build_engine(cfg, target, draft, len(p) + sp.max_tokens) for p, sp in zip(prompts, params)]
+    expected = [engine.generate(p, sp)[0] for engine, p, sp in zip(alone, prompts, params)]
     group = Group(folder, 2, tmp_path)
     sent = []
     request = group.channel.request
     group.channel.request = lambda kind, body=None, **kw: (sent.append((kind, body)), request(kind, body, **kw))[1]
     try:
-        cfg = EngineConfig(mode=mode, **SETTINGS)
         verifiers = [remote(group, target, p, sp) for p, sp in zip(prompts, params)]
-        batch = SequenceBatch()
-        handles = [batch.add(build_engine(cfg, target, draft, len(p) + sp.max_tokens, v).run(p, sp))
+        engines = [build_engine(cfg, target, draft, len(p) + sp.max_tokens, v)
                    for p, sp, v in zip(prompts, params, verifiers)]
+        batch = SequenceBatch()
+        handles = [batch.add(engine.run(p, sp)) for engine, p, sp in zip(engines, prompts, params)]
         batch.run()
         assert [h.result[0] for h in handles] == expected
+        assert [len(e.logprobs) for e in engines] == [30, 0, 36]
+        for engine, single in zip(engines, alone):  # tensor parallelism sums in another order: a few ulps
+            assert [(lp.token, [t for t, _ in lp.top]) for lp in engine.logprobs] == \
+                [(lp.token, [t for t, _ in lp.top]) for lp in single.logprobs]
+            torch.testing.assert_close(torch.tensor([lp.logprob for lp in engine.logprobs]),
+                                       torch.tensor([lp.logprob for lp in single.logprobs]), atol=1e-4, rtol=0)
         verifies = [len(body["seqs"]) for kind, body in sent if kind == "verify"]
         assert max(verifies) == 3  # checked together
         for verifier in verifiers:

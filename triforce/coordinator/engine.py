@@ -35,6 +35,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import SamplingParams
+from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.lookup import ContextLookup
 from ..speculation.sampling import probabilities, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
@@ -69,7 +70,8 @@ class Check:
 
 
 Run = Generator[Forward | Check | Wait, object, tuple[list[int], RequestMetrics]]
-Produced = Generator[Forward | Check, object, tuple[list[int], list[torch.Tensor]]]  # tokens, distributions
+# tokens, the tier's distribution at each [V], and its model's logits there [V] (before temperature, top-k, top-p)
+Produced = Generator[Forward | Check, object, tuple[list[int], list[torch.Tensor], list[torch.Tensor]]]
 
 
 class HierarchyEngine:
@@ -86,6 +88,7 @@ class HierarchyEngine:
         self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
         self.stop_below = stop_below
         self.lookup: ContextLookup | None = None
+        self.logprobs: list[TokenLogprobs] = []  # per generated token, when the request asks (SamplingParams.logprobs)
         self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
 
     def generate(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
@@ -112,6 +115,7 @@ class HierarchyEngine:
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()))
         self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
+        self.logprobs = []
         self.lookup = ContextLookup(self.lookup_n) if self.lookup_n else None
         self.stats = [TierStats(t.name, self.tiers[i - 1].name) for i, t in enumerate(self.tiers) if i > 0]
         metrics = RequestMetrics(prompt_tokens=len(prompt), tiers=list(self.stats))
@@ -134,7 +138,7 @@ class HierarchyEngine:
         generated: list[int] = []
         while len(generated) < params.max_tokens:
             yield from self._before_round(len(generated), metrics)
-            new, rows = yield from self._produce(len(self.tiers) - 1, 1)
+            new, rows, logits = yield from self._produce(len(self.tiers) - 1, 1)
             for tier in self.tiers:
                 tier.sync()
             new = new[: params.max_tokens - len(generated)]
@@ -142,6 +146,8 @@ class HierarchyEngine:
             if stop_at is not None:
                 new = new[: stop_at + 1]
             self._emitted(new, rows[: len(new)])
+            if params.logprobs is not None:
+                self.logprobs += token_logprobs(logits[: len(new)], new, params.logprobs)
             generated += new
             self._advance_lookup()
             if stop_at is not None or (on_tokens is not None and on_tokens(new)):
@@ -193,7 +199,8 @@ class HierarchyEngine:
         return (yield Forward(tier, self.ladder.index(tier), step))
 
     def _produce(self, level: int, count: int) -> Produced:
-        """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution for each.
+        """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution and its
+        model's logits for each.
 
         As a proposer (below the target) the bottom tier may return fewer: with `stop_below`, it ends its
         chain after a token whose row its model gave a top probability, at temperature 1, below that (a
@@ -207,6 +214,7 @@ class HierarchyEngine:
         proposing = len(self.tiers) > 1  # the bottom tier proposes to a tier above (not the target alone)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each
+        raw: list[torch.Tensor] = []  # and its logits there
         stop_below = self.stop_below if proposing else 0.0
         while len(tokens) < count:
             if level == 0:
@@ -218,14 +226,16 @@ class HierarchyEngine:
                 seq.append(token)
                 tokens.append(token)
                 probs.append(row)
+                raw.append(logits)
                 if stop_below and token != copy and top_probability(logits) < stop_below:
                     break
                 continue
             check = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)
-            new, rows = yield from check
+            new, rows, logits = yield from check
             tokens += new
             probs += rows
-        return tokens, probs
+            raw += logits
+        return tokens, probs, raw
 
     def _check_chain(self, level: int) -> Produced:
         """Tier `level` checks a chain of tokens from the tier below: gamma of them (fewer where the bottom
@@ -239,13 +249,14 @@ class HierarchyEngine:
         # speed_model.check_sizes). Exact: how many tokens a check holds is decided by the rounds below
         # before this tier sees any of them (a stopping time, as `stop_below`).
         g = self.gammas[level - 1]
-        draft_tokens, draft_rows = yield from self._produce(level - 1, g)
+        draft_tokens, draft_rows, _ = yield from self._produce(level - 1, g)
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below), or more
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
         verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), logits, self.params, self.generator)
         self._record(level, g, verdict.accepted)
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
-        return out, list(target_probs[: verdict.accepted + 1])
+        kept = verdict.accepted + 1
+        return out, list(target_probs[:kept]), list(logits[:kept])
 
     def _check_tree(self) -> Produced:
         """Tier 1 checks a tree that tier 0 grows (Sequoia) in one forward."""
@@ -256,7 +267,8 @@ class HierarchyEngine:
             greedy, self.lookup)
         step = tree_step(self.seq, checker.length, tokens, parents)
         catch_up = step.n - len(tokens)
-        target_probs = self._probs((yield from self._forward(1, step))[catch_up - 1:])  # [N + 1, V]: root, nodes
+        logits = (yield from self._forward(1, step))[catch_up - 1:]  # [N + 1, V]: root, nodes
+        target_probs = self._probs(logits)
         verdict = verify_tree(tokens, parents, draft_probs, target_probs, self.generator, greedy)
         accepted = len(verdict.path)
         self.tree.observe(parents, verdict.path)
@@ -266,7 +278,8 @@ class HierarchyEngine:
         last_slot = verdict.path[-1] + 1 if verdict.path else 0
         proposer.observe(accepted + (1 if children_of(parents)[last_slot] else 0), accepted)
         out = self._commit(position, tokens, verdict.path, verdict.next_token)
-        return out, [target_probs[0]] + [target_probs[i + 1] for i in verdict.path]
+        rows = [0] + [i + 1 for i in verdict.path]
+        return out, [target_probs[r] for r in rows], [logits[r] for r in rows]
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:
         """A chain check at `level` accepted `accepted` of the `proposed` tokens from the level below."""
