@@ -285,6 +285,15 @@ class Request:
         self.verifier = verifier
         self.detok = None if llm.tokenizer is None else IncrementalDetokenizer(llm.tokenizer, params.stop)
         self.cancelled = False
+        self._logprobs_taken = 0
+
+    def new_logprobs(self) -> list[TokenLogprobs] | None:
+        """The log-probability entries of the tokens generated since the last call (None: not asked for)."""
+        if self.params.logprobs is None:
+            return None
+        new = self.engine.logprobs[self._logprobs_taken:]
+        self._logprobs_taken += len(new)
+        return new
 
     def run(self, show_progress: bool = False):
         return self.engine.run(self.ids, self.params, self.llm.eos_ids(), self.on_tokens, show_progress,

@@ -30,11 +30,14 @@ def run_cli(capsys, *args):
 def test_json_output(capsys, target, draft):
     code, out, err = run_cli(capsys, "--model", target, "--draft", draft, "--prompt", WORDS, "--max-new-tokens", 12,
                              "--temperature", 0, "--ignore-eos", "--json", "--dtype", "float32", "--window", 64,
-                             "--mode", "triforce")
+                             "--mode", "triforce", "--logprobs", 2)
     assert code == 0, err
     result = json.loads(out)
-    assert set(result) >= {"text", "token_ids", "prompt_tokens", "metrics"}
+    assert set(result) >= {"text", "token_ids", "prompt_tokens", "metrics", "logprobs"}
     assert len(result["token_ids"]) == 12 and result["prompt_tokens"] == 60
+    entries = result["logprobs"]  # greedy: each token is the most likely there
+    assert [e["token"] for e in entries] == [e["top"][0][0] for e in entries] == result["token_ids"]
+    assert all(len(e["top"]) == 2 and e["logprob"] == e["top"][0][1] < 0 for e in entries)
     metrics = result["metrics"]
     assert {"prefill_s", "decode_s", "tokens_per_s"} <= set(metrics)
     assert [t["name"] for t in metrics["tiers"]] == ["retrieval", "target"]
@@ -101,6 +104,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "temperature < 0": (["--model", target, *base, "--temperature", -0.5], "temperature"),
         "top-p 0": (["--model", target, *base, "--top-p", 0], "top_p"),
         "top-p > 1": (["--model", target, *base, "--top-p", 1.5], "top_p"),
+        "logprobs without json": (["--model", target, *base, "--logprobs", 2], "--json"),
+        "logprobs < 0": (["--model", target, *base, "--logprobs", -1, "--json"], "logprobs"),
         "empty prompt": (["--model", target, "--prompt", ""], "empty prompt"),
         "empty prompt file": (["--model", target, "--prompt-file", empty_file], "empty prompt"),
         "missing prompt file": (["--model", target, "--prompt-file", tmp_path / "none.txt"], "cannot read"),
@@ -113,7 +118,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
 
 
 CASES = ["missing folder", "corrupt folder", "draft vocabulary", "prompt too long", "draft window past its positions", "budget not multiple",
-         "gamma1 < 1", "tree past the draft's window", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "empty prompt",
+         "gamma1 < 1", "tree past the draft's window", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
+         "logprobs < 0", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
          "rope scaling factor 1", "rope scaling a scaled model"]
 

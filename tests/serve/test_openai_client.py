@@ -112,6 +112,46 @@ def test_streams_and_chat_equal_whole_answers(llm, server):
     assert [c.message.content for c in sampled.choices] == [o.text for o in alone]
 
 
+def test_logprobs_whole_and_streamed_are_the_targets_as_generate_gives_them(llm, server):
+    """Completions (`logprobs` k) and chat (`logprobs`, `top_logprobs` k), parsed by the client: one entry
+    per generated token, equal to LLM.generate's (the target's log-probabilities), the k most likely beside
+    each; a stream's chunks carry the same entries between them."""
+    client, prompt = server.client(), words(30, first=2)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=2)
+    expected = llm.generate(prompt, params)[0]
+    completion = dict(model="tiny", prompt=prompt, max_tokens=10, temperature=0, logprobs=2,
+                      extra_body={"ignore_eos": True})
+    whole = client.completions.create(**completion).choices[0]
+    texts = [llm.tokenizer.decode([e.token]) for e in expected.logprobs]
+    assert whole.text == expected.text and whole.logprobs.tokens == texts
+    assert whole.logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs])
+    for top, entry, text in zip(whole.logprobs.top_logprobs, expected.logprobs, texts):
+        assert top[text] == pytest.approx(entry.logprob) == max(top.values()) and len(top) == 2  # greedy
+    assert whole.logprobs.text_offset == [sum(map(len, texts[:i])) for i in range(10)]
+    streamed = [c.choices[0].logprobs for c in client.completions.create(**completion, stream=True)
+                if c.choices[0].logprobs is not None]
+    assert sum((c.tokens for c in streamed), []) == texts and len(streamed) > 1
+    assert sum((c.text_offset for c in streamed), []) == whole.logprobs.text_offset
+    assert sum((c.token_logprobs for c in streamed), []) == whole.logprobs.token_logprobs
+
+    messages = [{"role": "user", "content": words(12)}]
+    templated = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    expected = llm.generate([list(getattr(templated, "input_ids", templated))],
+                            SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3))[0]
+    chat = dict(model="tiny", messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3,
+                extra_body={"ignore_eos": True})
+    content = client.chat.completions.create(**chat).choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([e.logprob for e in expected.logprobs])
+    assert [t.logprob for c in content for t in c.top_logprobs] == \
+        pytest.approx([v for e in expected.logprobs for _, v in e.top])
+    assert all(c.bytes == list(c.token.encode()) and c.top_logprobs[0].token == c.token for c in content)  # greedy
+    streamed = sum((c.choices[0].logprobs.content for c in client.chat.completions.create(**chat, stream=True)
+                    if c.choices and c.choices[0].logprobs is not None), [])
+    assert [c.model_dump() for c in streamed] == [c.model_dump() for c in content]
+    plain = client.chat.completions.create(**{**chat, "logprobs": None, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
+
+
 def test_every_error_status_reaches_the_client_as_its_exception(llm):
     server = Server(create_app(llm, "tiny", api_key=KEY, max_queue=1))
     client, prompt = server.client(), words(20)

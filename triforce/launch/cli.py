@@ -102,6 +102,9 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
     add_engine_args(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    gen.add_argument("--logprobs", type=int, default=None, metavar="K",
+                     help="with --json: each generated token's log-probability under the target (before "
+                          "temperature, top-k and top-p) and the K most likely tokens there")
     gen.add_argument("--no-progress", action="store_true", help="hide the prefill progress bar")
     add_distributed_args(gen)
 
@@ -157,6 +160,8 @@ def llm_from_args(args):
 
 
 def _generate(args) -> int:
+    if args.logprobs is not None and not args.json:
+        raise UserError("--logprobs needs --json (the log-probabilities are printed in the JSON object)")
     return run_generation(args, llm_from_args(args))
 
 
@@ -177,15 +182,18 @@ def run_generation(args, llm) -> int:
     """Generates from the prompt of `args` with `llm`; streams text or prints the JSON object."""
     prompt = read_prompt(args)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+                            top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+                            logprobs=args.logprobs)
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
     out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
     m = out.metrics
     if args.json:
         metrics = m.to_dict()
+        extra = {} if out.logprobs is None else {"logprobs": [
+            {"token": e.token, "logprob": e.logprob, "top": [[t, lp] for t, lp in e.top]} for e in out.logprobs]}
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_tokens": len(out.prompt_token_ids),
                           "finish_reason": out.finish_reason, "mode": llm.config.mode,
-                          "rope_scaling": llm.rope_scaling, "metrics": metrics}))
+                          "rope_scaling": llm.rope_scaling, "metrics": metrics, **extra}))
     else:
         sys.stdout.write("\n")
         tiers = "; ".join(f"{t.name} accepted {t.accepted}/{t.proposed} from {t.drafter}" for t in m.tiers)

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 
 from ..api import LLM
 from . import openai
+from .logprobs import StreamedLogprobs
 from .openai import ApiError
 from .metrics import ServerMetrics
 from .scheduler import Scheduler
@@ -162,14 +163,18 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue):
     """The events of one request's choices as server-sent events, each choice's in its order (choices
     interleave); cancels them if the client goes away."""
     first, outputs, left = [True] * len(tickets), [None] * len(tickets), len(tickets)
+    logprobs = [StreamedLogprobs(job.kind, job.texts) for _ in tickets]
     try:
         while left:
             index, event, data = await events.get()
             if event == "text":
-                yield _sse(openai.chunk(job, model, data, first=first[index], index=index))
+                piece, entries = data
+                yield _sse(openai.chunk(job, model, piece, first=first[index], index=index,
+                                        logprobs=logprobs[index].take(entries)))
                 first[index] = False
             elif event == "done":
-                yield _sse(openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index))
+                yield _sse(openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index,
+                                        logprobs=logprobs[index].rest(data.logprobs)))
                 outputs[index], left = data, left - 1
             else:
                 yield _sse(ApiError(500, f"generation failed: {data}", "server_error").body())

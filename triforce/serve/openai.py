@@ -2,7 +2,9 @@
 the response objects and stream chunks of /v1/completions and /v1/chat/completions.
 
 A parameter this server does not support gets a 400 that names it, unless it asks for what the server
-does anyway (no logprobs, zero penalties...), since clients send such defaults. Errors are
+does anyway (no echo, zero penalties...), since clients send such defaults. Log-probabilities
+(completions: `logprobs` k; chat: `logprobs` true, `top_logprobs` k; k up to MAX_LOGPROBS) are the
+target's, in logprobs.py's objects. Errors are
 `ApiError`s, rendered as OpenAI's `{"error": {"message", "type", "param", "code"}}` with their status.
 
 `n` > 1 asks for n choices of a prompt: n requests of the batch (`Job.choices`), choice i seeded with
@@ -21,18 +23,20 @@ from dataclasses import dataclass, replace
 
 from ..api import chat_ids
 from ..config import ConfigError, SamplingParams
+from .logprobs import TokenTexts, choice_logprobs
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "best_of", "stream",
-          "stream_options", "user", "ignore_eos"}
-FIELDS = {"completion": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
-HARMLESS = {"logprobs": (None, False, 0), "echo": (None, False), "suffix": (None, ""),
+          "stream_options", "user", "ignore_eos", "logprobs"}
+FIELDS = {"completion": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
+HARMLESS = {"echo": (None, False), "suffix": (None, ""),
             "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
-            "top_logprobs": (None, 0), "parallel_tool_calls": (None,), "tools": (None, []),
+            "parallel_tool_calls": (None,), "tools": (None, []),
             "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
 MAX_PROMPTS = 2048  # prompts of one completion request
+MAX_LOGPROBS = 20  # most likely tokens listed beside each (OpenAI's chat limit; vLLM's default)
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
 
 
@@ -57,6 +61,7 @@ class Job:
     id: str
     created: int
     n: int = 1  # choices per prompt
+    texts: TokenTexts | None = None  # token texts, for log-probabilities
 
     def choices(self) -> list[tuple[list[int], SamplingParams]]:
         """Each choice's prompt and sampling settings, prompt after prompt: seed + i for a prompt's choice i
@@ -106,7 +111,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
             raise ConfigError("stop must be a string or a list of up to 4 non-empty strings")
         params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
                                 top_p=_number(body, "top_p", 1.0), top_k=int(_number(body, "top_k", 0)),
-                                seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")))
+                                seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")),
+                                logprobs=_logprobs(kind, body))
     except (ConfigError, TypeError, ValueError) as exc:
         raise ApiError(400, str(exc)) from None
     if len(ids) + max_tokens > limit:
@@ -117,7 +123,29 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
     return Job(kind, prompts, params, bool(body.get("stream")), bool(options.get("include_usage")),
-               f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n)
+               f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n,
+               TokenTexts(llm.tokenizer))
+
+
+def _logprobs(kind: str, body: dict) -> int | None:
+    """SamplingParams.logprobs: how many likely tokens to list beside each generated one; None: no entries."""
+    def count(name: str) -> int:
+        value = body.get(name) or 0
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LOGPROBS:
+            raise ApiError(400, f"'{name}' must be an integer from 0 to {MAX_LOGPROBS}", param=name)
+        return value
+
+    if kind == "completion":
+        given = body.get("logprobs")
+        return None if given is None or given is False else count("logprobs")
+    wanted = body.get("logprobs")
+    if wanted not in (None, True, False):
+        raise ApiError(400, "'logprobs' must be true or false", param="logprobs")
+    if not wanted:
+        if body.get("top_logprobs") is not None:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        return None
+    return count("top_logprobs")
 
 
 def _number(body: dict, name: str, default: float) -> float:
@@ -181,29 +209,31 @@ def usage(job: Job, outputs: list) -> dict:
 def response(job: Job, model: str, outputs: list) -> dict:
     """The whole answer of a request that does not stream (`outputs`: each choice's RequestOutput)."""
     if job.kind == "completion":
-        choices = [{"index": i, "text": out.text, "finish_reason": out.finish_reason, "logprobs": None}
-                   for i, out in enumerate(outputs)]
+        choices = [{"index": i, "text": out.text, "finish_reason": out.finish_reason,
+                    "logprobs": choice_logprobs(job.kind, job.texts, out.logprobs)} for i, out in enumerate(outputs)]
         obj = "text_completion"
     else:
         choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
-                    "finish_reason": out.finish_reason, "logprobs": None} for i, out in enumerate(outputs)]
+                    "finish_reason": out.finish_reason, "logprobs": choice_logprobs(job.kind, job.texts, out.logprobs)}
+                   for i, out in enumerate(outputs)]
         obj = "chat.completion"
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": choices,
             "usage": usage(job, outputs)}
 
 
 def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = None, first: bool = False,
-          index: int = 0) -> dict:
+          index: int = 0, logprobs: dict | None = None) -> dict:
     """One server-sent event of a stream: a piece of choice `index`'s text, or (text None) its end with
-    its finish reason. `first`: the choice's first event (a chat delta then carries the role)."""
+    its finish reason. `first`: the choice's first event (a chat delta then carries the role); `logprobs`:
+    the entries of the tokens it carries (logprobs.StreamedLogprobs)."""
     if job.kind == "completion":
-        choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "text_completion"
     else:
         delta = {} if text is None else {"content": text}
         if first:
             delta = {"role": "assistant", **delta}
-        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
 

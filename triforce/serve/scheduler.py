@@ -4,8 +4,10 @@ Requests wait in a FIFO queue of at most `max_queue`; between steps of the batch
 joins it when its caches fit in the memory free then (or when nothing else runs), so requests run
 together and the weights are read once for all of them (coordinator/batch.py: a request's output does
 not depend on its companions, except which seeded sample mode auto's batch plan draws). A request that
-could not fit even alone is refused at once (413). Each request reports through its `on_event(kind, data)`, called from the scheduler's thread: ("text", piece)
-as its text is committed (streaming requests), then ("done", RequestOutput) or ("error", message).
+could not fit even alone is refused at once (413). Each request reports through its `on_event(kind,
+data)`, called from the scheduler's thread: ("text", (piece, entries)) as its text is committed
+(streaming requests; entries: the log-probabilities of the tokens since the last piece,
+Request.new_logprobs), then ("done", RequestOutput) or ("error", message).
 `cancel()` drops a waiting request, and ends a running one after its round in progress (a client that
 went away).
 """
@@ -125,7 +127,8 @@ class Scheduler:
                 continue
             job = ticket.job
             ticket.queued_s = time.perf_counter() - ticket.queued_at
-            stream = (lambda piece, t=ticket: self._tell(t, "text", piece)) if job.stream else None
+            stream = (lambda piece, t=ticket: self._tell(t, "text", (piece, t.request.new_logprobs()))
+                      if job.stream else None)
             try:
                 try:
                     ticket.request = Request(self.llm, ticket.ids, ticket.params, stream, self._mates)
