@@ -51,6 +51,7 @@ class RequestOutput:
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     metrics: RequestMetrics
     logprobs: list[TokenLogprobs] | None = None  # one per token id, when SamplingParams.logprobs asked
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (None first), when asked
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -332,4 +333,5 @@ class Request:
         hit_eos = bool(tokens) and tokens[-1] in eos and not self.params.ignore_eos
         finish = "stop" if hit_eos or (self.detok is not None and self.detok.stopped) else "length"
         logprobs = None if self.params.logprobs is None else self.engine.logprobs
-        return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs)
+        prompt_logprobs = None if self.params.prompt_logprobs is None else self.engine.prompt_logprobs
+        return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, prompt_logprobs)

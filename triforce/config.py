@@ -33,14 +33,16 @@ class SamplingParams:
     # None: no log-probabilities; k >= 0: each generated token's, and the k most likely tokens' there
     # (the target's, before temperature, top-k and top-p: logprobs.py)
     logprobs: int | None = None
+    # the same for every prompt token but the first (None there), from the target's prefill (vLLM's name)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1 (got {self.max_tokens})")
+        if self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
+            raise ConfigError(f"max_tokens must be >= 1, or 0 with prompt_logprobs (got {self.max_tokens})")
         if not self.temperature >= 0:
             raise ConfigError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
@@ -49,9 +51,10 @@ class SamplingParams:
             raise ConfigError(f"top_k must be >= 0 (got {self.top_k})")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
-                                           or self.logprobs < 0):
-            raise ConfigError(f"logprobs must be None or an integer >= 0 (got {self.logprobs!r})")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+                raise ConfigError(f"{name} must be None or an integer >= 0 (got {k!r})")
 
     @property
     def greedy(self) -> bool:

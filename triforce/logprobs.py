@@ -1,6 +1,7 @@
 """Log-probabilities of generated tokens, as OpenAI's `logprobs` and vLLM's `SamplingParams.logprobs` give them.
 
-They are the target model's: log softmax of its logits at the position where the token was chosen, before
+They are the target model's (of generated tokens; with `prompt_logprobs`, of the prompt's too, from the
+target's prefill): log softmax of its logits at the position where the token was chosen, before
 temperature, top-k and top-p (vLLM's default, "raw" logprobs), so that they say how likely the model
 found a token whatever the request sampled with, and greedy requests get real numbers. Every mode
 computes them from the target's own rows (the top tier's check of the accepted tokens, or `ar`'s
@@ -21,11 +22,13 @@ class TokenLogprobs:
     top: list[tuple[int, float]]  # the k most likely tokens there, most likely first (k = SamplingParams.logprobs)
 
 
-def token_logprobs(logits: list[torch.Tensor], tokens: list[int], k: int) -> list[TokenLogprobs]:
-    """logits: the target's row [V] at each of `tokens`; k: how many of the most likely to list beside each."""
+def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:
+    """logits: the target's row [V] at each of `tokens` (a list, or [n, V]); k: how many of the most likely
+    to list beside each."""
     if not tokens:
         return []
-    logp = torch.log_softmax(torch.stack(logits).float(), dim=-1)  # [n, V]
+    rows = torch.stack(logits) if isinstance(logits, list) else logits
+    logp = torch.log_softmax(rows.float(), dim=-1)  # [n, V]
     chosen = logp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
     top_values, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1) if k else (None, None)
     out = []

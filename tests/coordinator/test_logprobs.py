@@ -77,3 +77,44 @@ def test_no_logprobs_unless_asked_and_zero_lists_none_beside(models):
 def test_bad_logprobs_are_refused(bad):
     with pytest.raises(ConfigError, match="logprobs"):
         SamplingParams(logprobs=bad)
+
+
+@pytest.mark.parametrize("name", ["ar", "triforce", "auto"])
+def test_prompt_logprobs_are_the_targets_over_the_prompt_even_where_a_prefix_store_holds_it(models, name):
+    """With prompt_logprobs the target scores every prompt token but the first while it prefills: its rows
+    equal one forward over the prompt, also when a prefix store holds the prompt's blocks (they are run, not
+    restored), and max_tokens may be 0 (scoring only)."""
+    from triforce.cache.prefixes import PrefixStore
+
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(2)).tolist()
+    cfg = EngineConfig(**{**SETTINGS, **CONFIGS[name], "prefill_chunk": 32})
+    store = PrefixStore(2**24, 32)
+    reference = target_logprobs(target, prompt[:1], prompt[1:])
+
+    def generate_with_the_store(params):
+        engine = build_engine(cfg, target, draft, len(prompt) + params.max_tokens, prefixes=store)
+        if cfg.mode == "auto":
+            follow_script(engine, cfg.budget, AUTO_SCRIPT)
+        tokens, metrics = engine.generate(prompt, params)
+        return engine, tokens, metrics
+
+    plain = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    generate_with_the_store(plain)  # stores the prompt's blocks
+    assert generate_with_the_store(plain)[2].cached_prompt_tokens == 128  # and a plain request restores them
+    for max_tokens in (6, 0):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, prompt_logprobs=2)
+        engine, tokens, metrics = generate_with_the_store(params)
+        assert len(tokens) == max_tokens and engine.prompt_logprobs[0] is None
+        assert metrics.cached_prompt_tokens == 0  # nothing restored
+        entries = engine.prompt_logprobs[1:]
+        assert [e.token for e in entries] == prompt[1:]
+        got = torch.tensor([e.logprob for e in entries])
+        torch.testing.assert_close(got, reference[torch.arange(149), torch.tensor(prompt[1:])], atol=1e-4, rtol=0)
+        assert [[t for t, _ in e.top] for e in entries] == reference.topk(2, dim=-1).indices.tolist()
+
+
+def test_max_tokens_zero_only_scores_the_prompt():
+    with pytest.raises(ConfigError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    assert SamplingParams(max_tokens=0, prompt_logprobs=0).max_tokens == 0

@@ -355,6 +355,47 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
 MESSAGE_LIMIT = 64 * 2**10  # lowered for the test, as 256 MiB is to a 7B model's refresh
 
 
+def test_scored_prompts_over_the_group_split_their_logits_under_the_message_limit(models, tmp_path):
+    """Prompt log-probabilities over the group: the target's prompt chunks come back as logits, in chunks
+    and requests that each fit the message limit (two sequences' chunks do not fit one), and equal one
+    process's, as do the generated tokens' log-probabilities."""
+    folder, target, draft = models
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 96, (n,), generator=gen).tolist() for n in (150, 120)]
+    params = [SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2, prompt_logprobs=2),
+              SamplingParams(max_tokens=0, prompt_logprobs=1)]
+    cfg = EngineConfig(mode="triforce", **SETTINGS)
+    alone = [build_engine(cfg, target, draft, len(p) + sp.max_tokens) for p, sp in zip(prompts, params)]
+    expected = [engine.generate(p, sp)[0] for engine, p, sp in zip(alone, prompts, params)]
+    group = Group(folder, 2, tmp_path, max_bytes=MESSAGE_LIMIT)
+    sent = []
+    request = group.channel.request
+    group.channel.request = lambda kind, body=None, **kw: (sent.append((kind, body)), request(kind, body, **kw))[1]
+    try:
+        verifiers = [remote(group, target, p, sp) for p, sp in zip(prompts, params)]
+        engines = [build_engine(cfg, target, draft, len(p) + sp.max_tokens, v)
+                   for p, sp, v in zip(prompts, params, verifiers)]
+        batch = SequenceBatch()
+        handles = [batch.add(engine.run(p, sp)) for engine, p, sp in zip(engines, prompts, params)]
+        batch.run()
+        assert [h.result[0] for h in handles] == expected
+        rows = [sum(len(t) for t in body["tokens"]) for kind, body in sent if kind == "verify"]
+        chunk = MESSAGE_LIMIT // 2 // (4 * target.output_vocab_size)  # 85 rows of 96 logits
+        assert max(rows) == chunk and rows[:2] == [chunk, chunk]  # the first chunks of both: a request each
+        for engine, single in zip(engines, alone):
+            for got, want in ((engine.prompt_logprobs[1:], single.prompt_logprobs[1:]),
+                              (engine.logprobs, single.logprobs)):
+                assert [(e.token, [t for t, _ in e.top]) for e in got] == \
+                    [(e.token, [t for t, _ in e.top]) for e in want]
+                torch.testing.assert_close(torch.tensor([e.logprob for e in got]),
+                                           torch.tensor([e.logprob for e in want]), atol=1e-4, rtol=0)
+        assert len(engines[0].prompt_logprobs) == 150 and len(engines[1].prompt_logprobs) == 120
+        for verifier in verifiers:
+            verifier.close()
+    finally:
+        group.close()
+
+
 def test_forty_layers_with_kv_beyond_the_message_limit_match_one_process(tiny_dir, models, tmp_path):
     """A 7B model's layer count (a refresh reply once carried 1 + 2 x layers frames, over the 64-frame
     cap) and a refresh whose KV is several times the message limit: it comes over the bulk link."""

@@ -89,6 +89,7 @@ class HierarchyEngine:
         self.stop_below = stop_below
         self.lookup: ContextLookup | None = None
         self.logprobs: list[TokenLogprobs] = []  # per generated token, when the request asks (SamplingParams.logprobs)
+        self.prompt_logprobs: list[TokenLogprobs | None] = []  # per prompt token (the first: None), when asked
         self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
 
     def generate(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
@@ -116,6 +117,7 @@ class HierarchyEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
         self.logprobs = []
+        self.prompt_logprobs = [] if params.prompt_logprobs is None else [None]
         self.lookup = ContextLookup(self.lookup_n) if self.lookup_n else None
         self.stats = [TierStats(t.name, self.tiers[i - 1].name) for i, t in enumerate(self.tiers) if i > 0]
         metrics = RequestMetrics(prompt_tokens=len(prompt), tiers=list(self.stats))
@@ -126,7 +128,7 @@ class HierarchyEngine:
         if not prefilled:
             metrics.prefill_s = time.perf_counter() - start
             return [], metrics
-        if self.tree is not None and self.tree.needs_costs:  # forward costs on this machine, at this context
+        if self.tree is not None and self.tree.needs_costs and params.max_tokens:  # forward costs here, at this context
             self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], self.tree.largest + 1)
         metrics.prefill_s = time.perf_counter() - start
         metrics.cached_prompt_tokens = self.ladder[-1].reused_tokens
@@ -176,16 +178,25 @@ class HierarchyEngine:
     def _prefill(self, tokens: list[int], show_progress: bool,
                  cancelled: Callable[[], bool]) -> Generator[Forward, None, bool]:
         """Every tier through `tokens`; returns False when `cancelled` stopped it between two chunks (the
-        caches are then half built and the engine is done)."""
+        caches are then half built and the engine is done). With SamplingParams.prompt_logprobs the target
+        scores the prompt as it goes: its rows for every chunk, none restored from a prefix store."""
         # The target first: caches derived from it (retrieval) build from its KV.
         for level in reversed(range(len(self.tiers))):
             tier = self.tiers[level]
+            scoring = level == len(self.tiers) - 1 and self.params.prompt_logprobs is not None
             with tqdm(total=len(tokens), desc=f"prefill {tier.name}", unit="tok", file=sys.stderr,
-                      disable=not show_progress, leave=False) as bar, closing(tier.prefill_steps(tokens, bar)) as steps:
+                      disable=not show_progress, leave=False) as bar, \
+                    closing(tier.scoring_steps(tokens, bar) if scoring else tier.prefill_steps(tokens, bar)) as steps:
                 for step in steps:  # closed on the way out: a prefix claim it holds is released
                     if cancelled():
                         return False
-                    yield step if isinstance(step, Wait) else Forward(tier, self.ladder.index(tier), step, "none")
+                    if isinstance(step, Wait):
+                        yield step
+                        continue
+                    logits = yield Forward(tier, self.ladder.index(tier), step, "all" if scoring else "none")
+                    if scoring:  # row i of a chunk from `start` chose seq[start + i + 1]
+                        chosen = self.seq[step.start + 1:step.start + 1 + step.n]
+                        self.prompt_logprobs += token_logprobs(logits, chosen, self.params.prompt_logprobs)
         return True
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:

@@ -230,6 +230,15 @@ class RemoteVerifier(Verifier):
         charge_call(tiers, steps, ["none" if chunk else "all" for chunk in chunks], prefill_s)
         return out
 
+    @property
+    def scoring_chunk(self) -> int:
+        """A prompt chunk whose logits, scored (Tier.scoring_steps), fit in half a message."""
+        return max(1, min(self.prefill_chunk, self.channel.max_bytes // 2 // self._row_bytes))
+
+    @property
+    def _row_bytes(self) -> int:
+        return 4 * self.model.output_vocab_size  # a row of float32 logits
+
     def _prefilling(self, step: Step) -> bool:
         """Whether `step` is the prompt chunk prefill_steps yielded last (and not sent yet)."""
         return self._chunk is not None and step is self._chunk[0]
@@ -239,6 +248,10 @@ class RemoteVerifier(Verifier):
         channel = tiers[0].channel
         if any(t.channel is not channel for t in tiers):
             return [RemoteVerifier._verify_many([t], [s], [lf])[0] for t, s, lf in zip(tiers, steps, logits_for)]
+        parts = RemoteVerifier._parts_that_fit(steps, channel.max_bytes // 2 // tiers[0]._row_bytes)
+        if len(parts) > 1:  # the logits of a large batch's checks (or scored prompt chunks) pass a message
+            return [out for a, b in parts
+                    for out in RemoteVerifier._verify_many(tiers[a:b], steps[a:b], logits_for[a:b])]
         start = time.perf_counter()
         body, (logits,) = channel.request("verify", {
             "seqs": [t.seq for t in tiers], "tokens": [s.tokens.tolist() for s in steps],
@@ -250,6 +263,17 @@ class RemoteVerifier(Verifier):
             tier.seconds += elapsed
             out.append(None if want == "none" else part[-1:] if want == "last" else part)
         return out
+
+    @staticmethod
+    def _parts_that_fit(steps: list[Step], rows: int) -> list[tuple[int, int]]:
+        """Consecutive (start, end) ranges of `steps` of at most `rows` tokens each (a longer step alone)."""
+        parts, start, held = [], 0, 0
+        for i, step in enumerate(steps):
+            if i > start and held + step.n > rows:
+                parts.append((start, i))
+                start, held = i, 0
+            held += step.n
+        return parts + [(start, len(steps))]
 
     def close(self) -> None:
         """The request is done: the group frees the sequence's cache (not once the group is lost)."""

@@ -1,6 +1,6 @@
 """A tier is a model reading one KV cache policy. The engine sees only this small interface:
 `length`, `forward(step) -> logits`, `truncate(length)`, `keep_path(start, path)`, `sync()`,
-`prefill_steps(tokens)`; the engine builds every forward's `Step` (tokens, positions, mask).
+`prefill_steps(tokens)`, `scoring_steps(tokens)` (the target's, for a prompt's log-probabilities); the engine builds every forward's `Step` (tokens, positions, mask).
 `forward_together` runs the forwards of several sequences' tiers of one kind as one model call.
 
 The target tier sits behind the `Verifier` seam (verifier.py) and offers the same interface, so the
@@ -63,6 +63,20 @@ class Tier:
             fed += skip
             if progress is not None:
                 progress.update(skip)
+
+    @property
+    def scoring_chunk(self) -> int:
+        """Tokens per forward of `scoring_steps`."""
+        return self.prefill_chunk
+
+    def scoring_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
+        """Forwards through `tokens` whose logits are read (a prompt's log-probabilities): chunks of
+        scoring_chunk, every token run (none skipped or restored)."""
+        for fed in range(0, len(tokens), self.scoring_chunk):
+            step = Step.chain(tokens[fed:fed + self.scoring_chunk], self.length, self.model.device)
+            yield step
+            if progress is not None:
+                progress.update(step.n)
 
     def prefill(self, tokens: list[int], progress=None) -> None:
         """Alone, outside any batch: nobody else prefills, so a claim waited on is stale."""
