@@ -288,6 +288,11 @@ class Request:
         self.cancelled = False
         self._logprobs_taken = 0
 
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprobs | None] | None:
+        """The prompt tokens' entries (complete once the prompt is prefilled; None: not asked for)."""
+        return None if self.params.prompt_logprobs is None else self.engine.prompt_logprobs
+
     def new_logprobs(self) -> list[TokenLogprobs] | None:
         """The log-probability entries of the tokens generated since the last call (None: not asked for)."""
         if self.params.logprobs is None:
@@ -333,5 +338,4 @@ class Request:
         hit_eos = bool(tokens) and tokens[-1] in eos and not self.params.ignore_eos
         finish = "stop" if hit_eos or (self.detok is not None and self.detok.stopped) else "length"
         logprobs = None if self.params.logprobs is None else self.engine.logprobs
-        prompt_logprobs = None if self.params.prompt_logprobs is None else self.engine.prompt_logprobs
-        return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, prompt_logprobs)
+        return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs)

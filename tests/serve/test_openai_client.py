@@ -152,6 +152,34 @@ def test_logprobs_whole_and_streamed_are_the_targets_as_generate_gives_them(llm,
     assert plain.choices[0].logprobs is None
 
 
+def test_echo_puts_the_prompt_and_its_logprobs_first_and_max_tokens_0_scores_only(llm, server):
+    """How evaluation harnesses ask for a text's log-likelihood (echo, logprobs, max_tokens 0): the prompt's
+    entries are the target's (LLM.generate's prompt_logprobs), the first null; with generated tokens, theirs
+    follow, whole and streamed alike; token-id prompts echo as decoded."""
+    client, prompt = server.client(), words(20, first=3)
+    ids = llm.encode(prompt)
+    scored = llm.generate(prompt, SamplingParams(max_tokens=0, prompt_logprobs=1))[0]
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=1).choices[0]
+    assert r.text == prompt and r.logprobs.tokens == [llm.tokenizer.decode([t]) for t in ids]
+    assert r.logprobs.token_logprobs[0] is None and r.logprobs.top_logprobs[0] is None
+    assert r.logprobs.token_logprobs[1:] == pytest.approx([e.logprob for e in scored.prompt_logprobs[1:]])
+    assert all(len(top) in (1, 2) for top in r.logprobs.top_logprobs[1:])
+
+    generated = llm.generate(prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=1))[0]
+    asked = dict(model="tiny", prompt=ids, max_tokens=6, temperature=0, echo=True, logprobs=1,
+                 extra_body={"ignore_eos": True})
+    whole = client.completions.create(**asked).choices[0]
+    assert whole.text == llm.tokenizer.decode(ids, skip_special_tokens=True) + generated.text
+    assert whole.logprobs.token_logprobs[:len(ids)] == pytest.approx(r.logprobs.token_logprobs)
+    assert whole.logprobs.token_logprobs[len(ids):] == pytest.approx([e.logprob for e in generated.logprobs])
+    chunks = [c.choices[0] for c in client.completions.create(**asked, stream=True)]
+    assert "".join(c.text for c in chunks) == whole.text
+    for field in ("tokens", "token_logprobs", "text_offset"):
+        assert sum((getattr(c.logprobs, field) for c in chunks if c.logprobs), []) == getattr(whole.logprobs, field)
+    plain = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True).choices[0]
+    assert plain.text == prompt and plain.logprobs is None
+
+
 def test_every_error_status_reaches_the_client_as_its_exception(llm):
     server = Server(create_app(llm, "tiny", api_key=KEY, max_queue=1))
     client, prompt = server.client(), words(20)

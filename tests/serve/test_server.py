@@ -168,6 +168,9 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "n": 2, "seed": 2**64 - 1}, 400, "seed"),
     ("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {"prompt": PROMPT, "logprobs": True}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "echo": "yes"}, 400, "echo"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "echo": True}, 400, "echo"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "logprobs": 2}, 400, "logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "top_logprobs": 2}, 400,
      "top_logprobs"),
@@ -186,7 +189,8 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**6}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": " ".join(["w5"] * 5000)}, 413, "max_tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "max_completion_tokens": 0}, 400, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "max_completion_tokens": 0}, 400,
+     "max_completion_tokens"),
     ("/v1/nothing", {}, 404, None),
 ])
 def test_bad_requests_get_openai_errors(client, path, body, status, param):

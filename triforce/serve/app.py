@@ -167,6 +167,12 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue):
     try:
         while left:
             index, event, data = await events.get()
+            if first[index] and job.echoed is not None and event != "error":  # the prompt, before the text
+                entries = data.prompt_logprobs if event == "done" else tickets[index].request.prompt_logprobs
+                echoed = logprobs[index].prompt(job.prompts[index // job.n],
+                                                entries if job.params.logprobs is not None else None)
+                yield _sse(openai.chunk(job, model, job.echoed[index // job.n], index=index, logprobs=echoed))
+                first[index] = False
             if event == "text":
                 piece, entries = data
                 yield _sse(openai.chunk(job, model, piece, first=first[index], index=index,

@@ -2,9 +2,12 @@
 the response objects and stream chunks of /v1/completions and /v1/chat/completions.
 
 A parameter this server does not support gets a 400 that names it, unless it asks for what the server
-does anyway (no echo, zero penalties...), since clients send such defaults. Log-probabilities
+does anyway (zero penalties, no tools...), since clients send such defaults. Log-probabilities
 (completions: `logprobs` k; chat: `logprobs` true, `top_logprobs` k; k up to MAX_LOGPROBS) are the
-target's, in logprobs.py's objects. Errors are
+target's, in logprobs.py's objects. A completion's `echo` puts the prompt before the text (a string
+prompt as given, token ids decoded) and, with `logprobs`, the prompt tokens' entries before the
+generated ones (the target scores the prompt as it prefills); with `echo`, `max_tokens` may be 0, which
+scores the prompt only (how evaluation harnesses ask for log-likelihoods). Errors are
 `ApiError`s, rendered as OpenAI's `{"error": {"message", "type", "param", "code"}}` with their status.
 
 `n` > 1 asks for n choices of a prompt: n requests of the batch (`Job.choices`), choice i seeded with
@@ -23,12 +26,13 @@ from dataclasses import dataclass, replace
 
 from ..api import chat_ids
 from ..config import ConfigError, SamplingParams
-from .logprobs import TokenTexts, choice_logprobs
+from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "best_of", "stream",
           "stream_options", "user", "ignore_eos", "logprobs"}
-FIELDS = {"completion": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
+FIELDS = {"completion": COMMON | {"prompt", "echo"},
+          "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 HARMLESS = {"echo": (None, False), "suffix": (None, ""),
             "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}),
             "parallel_tool_calls": (None,), "tools": (None, []),
@@ -62,6 +66,7 @@ class Job:
     created: int
     n: int = 1  # choices per prompt
     texts: TokenTexts | None = None  # token texts, for log-probabilities
+    echoed: list[str] | None = None  # with `echo`: each prompt's text, which its choices' texts begin with
 
     def choices(self) -> list[tuple[list[int], SamplingParams]]:
         """Each choice's prompt and sampling settings, prompt after prompt: seed + i for a prompt's choice i
@@ -92,7 +97,10 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")
     if body.get("best_of") not in (None, n):  # vLLM's best_of: ranks choices by log-probability, not kept here
         raise ApiError(400, "'best_of' other than n is not supported", param="best_of")
-    prompts = _prompts(kind, body, llm)
+    prompts, given = _prompts(kind, body, llm)
+    echo = body.get("echo") if kind == "completion" else None
+    if echo not in (None, True, False):
+        raise ApiError(400, "'echo' must be true or false", param="echo")
     ids = max(prompts, key=len)  # the longest is the one to check
     limit = llm.target.config.max_positions
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS[kind]))
@@ -104,6 +112,11 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, f"'seed' must be an integer from {SEEDS[0]} to {SEEDS[1]} (less n - 1)", param="seed")
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
+    if max_tokens == 0 and not echo:
+        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        raise ApiError(400, f"'{name}' must be at least 1{' (0 only with echo)' if kind == 'completion' else ''}",
+                       param=name)
+    logprobs = _logprobs(kind, body)
     try:
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
             raise ConfigError("max_tokens must be an integer")
@@ -112,7 +125,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
                                 top_p=_number(body, "top_p", 1.0), top_k=int(_number(body, "top_k", 0)),
                                 seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")),
-                                logprobs=_logprobs(kind, body))
+                                logprobs=logprobs, prompt_logprobs=_scored(echo, logprobs, max_tokens))
     except (ConfigError, TypeError, ValueError) as exc:
         raise ApiError(400, str(exc)) from None
     if len(ids) + max_tokens > limit:
@@ -124,7 +137,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
     return Job(kind, prompts, params, bool(body.get("stream")), bool(options.get("include_usage")),
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n,
-               TokenTexts(llm.tokenizer))
+               TokenTexts(llm.tokenizer), [_text(p, ids, llm) for p, ids in zip(given, prompts)] if echo else None)
 
 
 def _logprobs(kind: str, body: dict) -> int | None:
@@ -157,7 +170,23 @@ def _number(body: dict, name: str, default: float) -> float:
     return float(value)
 
 
-def _prompts(kind: str, body: dict, llm) -> list[list[int]]:
+def _scored(echo: bool | None, logprobs: int | None, max_tokens: int) -> int | None:
+    """SamplingParams.prompt_logprobs: with `echo`, the prompt's entries as the generated tokens' (and with
+    max_tokens 0, whose request does nothing else, scored all the same)."""
+    if not echo:
+        return None
+    return logprobs if logprobs is not None or max_tokens else 0
+
+
+def _text(prompt: str | list[int], ids: list[int], llm) -> str:
+    """What `echo` puts before a prompt's text: the prompt as given, or its token ids decoded."""
+    if isinstance(prompt, str):
+        return prompt
+    return "" if llm.tokenizer is None else llm.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _prompts(kind: str, body: dict, llm) -> tuple[list[list[int]], list]:
+    """The token ids of each prompt, and each as given."""
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
@@ -182,7 +211,7 @@ def _prompts(kind: str, body: dict, llm) -> list[list[int]]:
         if len(prompts) > MAX_PROMPTS:
             raise ApiError(400, f"{len(prompts)} prompts in one request; at most {MAX_PROMPTS}", param="prompt")
     try:
-        return [llm.encode(prompt) for prompt in prompts]
+        return [llm.encode(prompt) for prompt in prompts], prompts
     except Exception as exc:  # UserError: empty, ids outside the vocabulary, no tokenizer
         raise ApiError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
 
@@ -211,6 +240,10 @@ def response(job: Job, model: str, outputs: list) -> dict:
     if job.kind == "completion":
         choices = [{"index": i, "text": out.text, "finish_reason": out.finish_reason,
                     "logprobs": choice_logprobs(job.kind, job.texts, out.logprobs)} for i, out in enumerate(outputs)]
+        if job.echoed is not None:
+            for i, (choice, out) in enumerate(zip(choices, outputs)):
+                choice["text"] = job.echoed[i // job.n] + out.text
+                choice["logprobs"] = echoed_logprobs(job.texts, out, job.prompts[i // job.n])
         obj = "text_completion"
     else:
         choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
