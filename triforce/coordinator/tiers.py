@@ -1,6 +1,7 @@
 """A tier is a model reading one KV cache policy. The engine sees only this small interface:
 `length`, `forward(step) -> logits`, `truncate(length)`, `keep_path(start, path)`, `sync()`,
-`prefill_steps(tokens)`, `scoring_steps(tokens)` (the target's, for a prompt's log-probabilities); the engine builds every forward's `Step` (tokens, positions, mask).
+`prefill_steps(tokens)`, `scoring_steps(tokens)` (the target's, for a prompt's log-probabilities); the
+engine builds every forward's `Step` (tokens, positions, mask).
 `forward_together` runs the forwards of several sequences' tiers of one kind as one model call.
 
 The target tier sits behind the `Verifier` seam (verifier.py) and offers the same interface, so the
