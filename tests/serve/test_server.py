@@ -290,6 +290,26 @@ def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, 
     scheduler.stop()
 
 
+def test_a_streamed_request_admitted_with_others_gets_its_own_text(llm):
+    """Requests admitted in one pass of the scheduler, a streamed one first: the stream's pieces reach it
+    and join to its text (once its callback read the last admitted request's settings, lost its text)."""
+    streamed = parse("completion", {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True,
+                                    "stream": True, "logprobs": 1}, llm, "tiny")
+    whole = parse("completion", {"prompt": PROMPT + " w9", "max_tokens": 10, "temperature": 0}, llm, "tiny")
+    scheduler = Scheduler(llm)
+    admit, scheduler._admit = scheduler._admit, lambda: None  # both wait, then join in one pass
+    seen, done = [], threading.Event()
+    scheduler.submit(streamed, lambda kind, data: (seen.append((kind, data)), kind == "done" and done.set()))
+    scheduler.submit(whole, lambda *_: None)
+    scheduler._admit = admit
+    assert done.wait(60)
+    scheduler.stop()
+    pieces = [data for kind, data in seen if kind == "text"]
+    output = seen[-1][1]
+    assert "".join(piece for piece, _ in pieces) == output.text and len(pieces) > 1
+    assert [e for _, entries in pieces for e in entries] == output.logprobs  # each entry once, in order
+
+
 @pytest.mark.parametrize("mode", ["triforce", "auto"])
 def test_a_request_cancelled_in_its_prefill_stops_there(tiny_dir, mode):
     from triforce.api import Request

@@ -127,8 +127,9 @@ class Scheduler:
                 continue
             job = ticket.job
             ticket.queued_s = time.perf_counter() - ticket.queued_at
-            stream = (lambda piece, t=ticket: self._tell(t, "text", (piece, t.request.new_logprobs()))
-                      if job.stream else None)
+            stream = None
+            if job.stream:
+                stream = lambda piece, t=ticket: self._tell(t, "text", (piece, t.request.new_logprobs()))  # noqa: E731
             try:
                 try:
                     ticket.request = Request(self.llm, ticket.ids, ticket.params, stream, self._mates)
