@@ -71,11 +71,18 @@ def test_token_id_prompts(llm):
 def test_stop_string_cuts_text_and_ends_generation(llm):
     free = llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
     words = free.text.split()
-    stop = words[6]
+    stop = words[3]  # inside the first round (a triforce round here yields 7 tokens)
     first = free.text.index(stop)
-    out = llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[stop]))[0]
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[stop],
+                                              logprobs=1))[0]
     assert out.text == free.text[:first] and out.finish_reason == "stop"
-    assert len(out.token_ids) < 20
+    # The output keeps the tokens through the one that completed the stop string (its round went on: a
+    # triforce round yields several), and one log-probability entry per token kept.
+    end = first + len(stop)
+    kept = len(out.token_ids)
+    assert out.token_ids == free.token_ids[:kept] and kept < out.metrics.generated_tokens
+    assert len(llm.tokenizer.decode(out.token_ids)) >= end > len(llm.tokenizer.decode(out.token_ids[:-1]))
+    assert [e.token for e in out.logprobs] == out.token_ids
 
 
 def test_streamed_pieces_join_to_the_text(llm):

@@ -294,10 +294,12 @@ class Request:
         return None if self.params.prompt_logprobs is None else self.engine.prompt_logprobs
 
     def new_logprobs(self) -> list[TokenLogprobs] | None:
-        """The log-probability entries of the tokens generated since the last call (None: not asked for)."""
+        """The log-probability entries of the tokens generated since the last call, up to the one that
+        completed a stop string (None: not asked for)."""
         if self.params.logprobs is None:
             return None
-        new = self.engine.logprobs[self._logprobs_taken:]
+        end = len(self.engine.logprobs) if self.detok is None else self.detok.tokens_through_stop()
+        new = self.engine.logprobs[self._logprobs_taken:end]
         self._logprobs_taken += len(new)
         return new
 
@@ -329,13 +331,15 @@ class Request:
             metrics.worker_wait_s = workers.wait_s - self.sent[2]
             metrics.bulk_bytes = workers.bulk_bytes - self.sent[3]
         text = ""
+        logprobs = None if self.params.logprobs is None else self.engine.logprobs
         if self.detok is not None:
             rest = self.detok.finish()
             if self.stream is not None and rest:
                 self.stream(rest)
             text = self.detok.text
+            kept = self.detok.tokens_through_stop()  # the round that completed a stop string may have gone on
+            tokens, logprobs = tokens[:kept], logprobs if logprobs is None else logprobs[:kept]
         eos = self.llm.eos_ids()
         hit_eos = bool(tokens) and tokens[-1] in eos and not self.params.ignore_eos
         finish = "stop" if hit_eos or (self.detok is not None and self.detok.stopped) else "length"
-        logprobs = None if self.params.logprobs is None else self.engine.logprobs
         return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs)

@@ -20,6 +20,9 @@ class ConfigError(UserError):
     """A setting outside its valid range; the message names the setting."""
 
 
+MAX_LOGPROBS = 20  # most likely tokens listed beside each token's log-probability (vLLM's default bound)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What to sample and when to stop. temperature 0 is greedy."""
@@ -30,8 +33,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    # None: no log-probabilities; k >= 0: each generated token's, and the k most likely tokens' there
-    # (the target's, before temperature, top-k and top-p: logprobs.py)
+    # None: no log-probabilities; k (0 to MAX_LOGPROBS): each generated token's, and the k most likely
+    # tokens' there (the target's, before temperature, top-k and top-p: logprobs.py)
     logprobs: int | None = None
     # the same for every prompt token but the first (None there), from the target's prefill (vLLM's name)
     prompt_logprobs: int | None = None
@@ -41,8 +44,9 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        if self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
-            raise ConfigError(f"max_tokens must be >= 1, or 0 with prompt_logprobs (got {self.max_tokens})")
+        if self.max_tokens < 0:
+            raise ConfigError(f"max_tokens must be >= 0 (got {self.max_tokens}; 0 prefills only: a prompt's "
+                              f"log-probabilities with prompt_logprobs, or its KV for the prefix store)")
         if not self.temperature >= 0:
             raise ConfigError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
@@ -53,8 +57,8 @@ class SamplingParams:
             raise ConfigError("stop strings must be non-empty")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
-            if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
-                raise ConfigError(f"{name} must be None or an integer >= 0 (got {k!r})")
+            if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):
+                raise ConfigError(f"{name} must be None or an integer from 0 to {MAX_LOGPROBS} (got {k!r})")
 
     @property
     def greedy(self) -> bool:

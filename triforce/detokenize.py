@@ -8,7 +8,8 @@ U+FFFD is held back, since the next tokens may complete a multibyte character; `
 
 Stop strings are searched in the new text and the characters held back before it: while no stop string
 is found, the last len(longest stop) - 1 characters are not handed out, so a stop string that two rounds
-complete between them is found, and no part of it is ever streamed.
+complete between them is found, and no part of it is ever streamed. The output keeps the tokens up to
+the one that completed it (`tokens_through_stop`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class IncrementalDetokenizer:
         self._hold = max((len(s) for s in stops), default=1) - 1
         self._prefix = 0  # first token of the context window
         self._read = 0  # first token not yet decoded into `text`
+        self._stop_end = 0  # where the stop string found ends in the decoded text
+        self._kept: int | None = None  # tokens_through_stop, once found
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -53,9 +56,26 @@ class IncrementalDetokenizer:
         start = len(self.text)
         self.text += window[len(context):]
         region = max(0, start - self._hold)  # a stop string may begin in the held-back characters
-        hits = [at for at in (self.text.find(s, region) for s in self.stops) if at >= 0]
+        hits = [(at, at + len(s)) for at, s in ((self.text.find(s, region), s) for s in self.stops) if at >= 0]
         if hits:
-            self.text, self.stopped = self.text[: min(hits)], True
+            at, self._stop_end = min(hits)
+            self.text, self.stopped = self.text[:at], True
+
+    def tokens_through_stop(self) -> int:
+        """How many of the tokens the output keeps: all, or, once a stop string was found, those up to
+        the one that completed it (the round that produced it may have gone on), as vLLM keeps them."""
+        if not self.stopped:
+            return len(self.tokens)
+        if self._kept is None:
+            low, high = 1, len(self.tokens)  # the least n whose text reaches the stop string's end
+            while low < high:
+                mid = (low + high) // 2
+                if len(self._decode(self.tokens[:mid])) >= self._stop_end:
+                    high = mid
+                else:
+                    low = mid + 1
+            self._kept = low
+        return self._kept
 
     def _take(self, final: bool) -> str:
         end = len(self.text) if final else max(self._shown, len(self.text) - self._hold)

@@ -27,12 +27,12 @@ def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int],
     to list beside each."""
     if not tokens:
         return []
-    rows = torch.stack(logits) if isinstance(logits, list) else logits
-    logp = torch.log_softmax(rows.float(), dim=-1)  # [n, V]
-    chosen = logp[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
-    top_values, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1) if k else (None, None)
-    out = []
-    for i, (token, value) in enumerate(zip(tokens, chosen)):
-        top = [] if not k else list(zip(top_ids[i].tolist(), top_values[i].tolist()))
-        out.append(TokenLogprobs(token, value, top))
-    return out
+    rows = torch.stack(logits) if isinstance(logits, list) else logits  # [n, V]
+    norm = torch.logsumexp(rows.float(), dim=-1)  # [n]: log softmax is each logit less this
+    chosen = (rows.gather(1, torch.tensor(tokens)[:, None])[:, 0].float() - norm).tolist()
+    if not k:
+        return [TokenLogprobs(token, value, []) for token, value in zip(tokens, chosen)]
+    top_values, top_ids = rows.topk(min(k, rows.shape[-1]), dim=-1)
+    top_values = (top_values.float() - norm[:, None]).tolist()
+    return [TokenLogprobs(token, value, list(zip(ids, values)))
+            for token, value, ids, values in zip(tokens, chosen, top_ids.tolist(), top_values)]

@@ -114,7 +114,17 @@ def test_prompt_logprobs_are_the_targets_over_the_prompt_even_where_a_prefix_sto
         assert [[t for t, _ in e.top] for e in entries] == reference.topk(2, dim=-1).indices.tolist()
 
 
-def test_max_tokens_zero_only_scores_the_prompt():
-    with pytest.raises(ConfigError, match="max_tokens"):
-        SamplingParams(max_tokens=0)
-    assert SamplingParams(max_tokens=0, prompt_logprobs=0).max_tokens == 0
+def test_max_tokens_zero_prefills_only_the_target(models):
+    """A request of no new tokens (a prompt scored, or kept for reuse) runs no draft or retrieval tier."""
+    target, draft = models
+    prompt = list(range(3, 90))
+    engine = build_engine(EngineConfig(**{**SETTINGS, **CONFIGS["triforce"]}), target, draft, len(prompt))
+    tokens, _ = engine.generate(prompt, SamplingParams(max_tokens=0, prompt_logprobs=0))
+    assert tokens == [] and len(engine.prompt_logprobs) == len(prompt)
+    assert [t.length for t in engine.tiers] == [0, 0, len(prompt) - 1]  # draft, retrieval, target
+
+
+@pytest.mark.parametrize("bad", [dict(max_tokens=-1), dict(logprobs=21), dict(prompt_logprobs=-1)])
+def test_bad_counts_are_refused(bad):
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        SamplingParams(**bad)

@@ -122,8 +122,8 @@ def test_logprobs_whole_and_streamed_are_the_targets_as_generate_gives_them(llm,
     completion = dict(model="tiny", prompt=prompt, max_tokens=10, temperature=0, logprobs=2,
                       extra_body={"ignore_eos": True})
     whole = client.completions.create(**completion).choices[0]
-    texts = [llm.tokenizer.decode([e.token]) for e in expected.logprobs]
-    assert whole.text == expected.text and whole.logprobs.tokens == texts
+    texts = whole.logprobs.tokens  # each token's text where it stands: they join to the text
+    assert whole.text == expected.text == "".join(texts) and len(texts) == 10
     assert whole.logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs])
     for top, entry, text in zip(whole.logprobs.top_logprobs, expected.logprobs, texts):
         assert top[text] == pytest.approx(entry.logprob) == max(top.values()) and len(top) == 2  # greedy
@@ -133,6 +133,11 @@ def test_logprobs_whole_and_streamed_are_the_targets_as_generate_gives_them(llm,
     assert sum((c.tokens for c in streamed), []) == texts and len(streamed) > 1
     assert sum((c.text_offset for c in streamed), []) == whole.logprobs.text_offset
     assert sum((c.token_logprobs for c in streamed), []) == whole.logprobs.token_logprobs
+    stop = whole.text.split()[3]  # entries end with the token that completed a stop string, whole and streamed
+    cut = client.completions.create(**completion, stop=[stop]).choices[0]
+    assert stop in "".join(cut.logprobs.tokens)[len(cut.text):] and len(cut.logprobs.tokens) < 10
+    assert sum((c.choices[0].logprobs.tokens for c in client.completions.create(**completion, stop=[stop], stream=True)
+                if c.choices[0].logprobs), []) == cut.logprobs.tokens
 
     messages = [{"role": "user", "content": words(12)}]
     templated = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -160,10 +165,12 @@ def test_echo_puts_the_prompt_and_its_logprobs_first_and_max_tokens_0_scores_onl
     ids = llm.encode(prompt)
     scored = llm.generate(prompt, SamplingParams(max_tokens=0, prompt_logprobs=1))[0]
     r = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=1).choices[0]
-    assert r.text == prompt and r.logprobs.tokens == [llm.tokenizer.decode([t]) for t in ids]
+    assert r.text == prompt == "".join(r.logprobs.tokens) and len(r.logprobs.tokens) == len(ids)
     assert r.logprobs.token_logprobs[0] is None and r.logprobs.top_logprobs[0] is None
     assert r.logprobs.token_logprobs[1:] == pytest.approx([e.logprob for e in scored.prompt_logprobs[1:]])
-    assert all(len(top) in (1, 2) for top in r.logprobs.top_logprobs[1:])
+    for top, text, entry in zip(r.logprobs.top_logprobs[1:], r.logprobs.tokens[1:], scored.prompt_logprobs[1:]):
+        assert top[text] == pytest.approx(entry.logprob) and max(top.values()) == pytest.approx(entry.top[0][1])
+        assert len(top) == (1 if entry.top[0][0] == entry.token else 2)  # the most likely, and the chosen
 
     generated = llm.generate(prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=1))[0]
     asked = dict(model="tiny", prompt=ids, max_tokens=6, temperature=0, echo=True, logprobs=1,

@@ -50,7 +50,7 @@ PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least t
 @dataclass
 class Forward:
     """What a sequence's run needs next: tier `level` of its hierarchy runs `step`. It is sent back the
-    logits (LlamaModel.forward's, per `logits_for`)."""
+    logits (Tier.forward's, per `logits_for`)."""
     tier: Tier
     level: int  # the tier's place in the engine's ladder, cheapest first (a batch runs the lowest first)
     step: Step
@@ -180,10 +180,12 @@ class HierarchyEngine:
         """Every tier through `tokens`; returns False when `cancelled` stopped it between two chunks (the
         caches are then half built and the engine is done). With SamplingParams.prompt_logprobs the target
         scores the prompt as it goes: its rows for every chunk, none restored from a prefix store."""
-        # The target first: caches derived from it (retrieval) build from its KV.
-        for level in reversed(range(len(self.tiers))):
+        # The target first: caches derived from it (retrieval) build from its KV. A request of no new
+        # tokens (max_tokens 0: a prompt scored, or stored for reuse) needs only the target's.
+        top = len(self.tiers) - 1
+        for level in reversed(range(0 if self.params.max_tokens else top, top + 1)):
             tier = self.tiers[level]
-            scoring = level == len(self.tiers) - 1 and self.params.prompt_logprobs is not None
+            scoring = level == top and self.params.prompt_logprobs is not None
             with tqdm(total=len(tokens), desc=f"prefill {tier.name}", unit="tok", file=sys.stderr,
                       disable=not show_progress, leave=False) as bar, \
                     closing(tier.scoring_steps(tokens, bar) if scoring else tier.prefill_steps(tokens, bar)) as steps:
@@ -193,7 +195,7 @@ class HierarchyEngine:
                     if isinstance(step, Wait):
                         yield step
                         continue
-                    logits = yield Forward(tier, self.ladder.index(tier), step, "all" if scoring else "none")
+                    logits = yield Forward(tier, self.ladder.index(tier), step, "prompt" if scoring else "none")
                     if scoring:  # row i of a chunk from `start` chose seq[start + i + 1]
                         chosen = self.seq[step.start + 1:step.start + 1 + step.n]
                         self.prompt_logprobs += token_logprobs(logits, chosen, self.params.prompt_logprobs)

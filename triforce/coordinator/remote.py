@@ -227,7 +227,7 @@ class RemoteVerifier(Verifier):
             for i, logits in zip(checks, verified):
                 out[i] = logits
         # The chunks' requests are the step's, as a local call's rows are: charged to every tier alike.
-        charge_call(tiers, steps, ["none" if chunk else "all" for chunk in chunks], prefill_s)
+        charge_call(tiers, steps, ["none" if chunk else want for chunk, want in zip(chunks, logits_for)], prefill_s)
         return out
 
     @property

@@ -23,6 +23,9 @@ from ..models.llama import LlamaModel
 from ..step import Step
 
 
+PROMPT_ROWS = ("none", "prompt")  # what forwards of prompt chunks ask for (Tier.forward)
+
+
 @dataclass(frozen=True)
 class Wait:
     """What a tier's prefill yields instead of a step when it cannot go on yet: a block of the prompt that
@@ -89,7 +92,8 @@ class Tier:
 
     def forward(self, step: Step, logits_for: str = "all") -> torch.Tensor | None:
         """Appends the step's tokens (step.start must be `length`); returns their next-token logits [n, V]
-        as float32 on the CPU (logits_for as LlamaModel.forward takes it)."""
+        as float32 on the CPU (logits_for as LlamaModel.forward takes it, or "prompt": all rows of a prompt
+        chunk being scored, which `charge_call` counts as prompt tokens as it does "none")."""
         return self.forward_many([self], [step], [logits_for])[0]
 
     @staticmethod
@@ -100,7 +104,8 @@ class Tier:
             if step.start != tier.length:
                 raise ValueError(f"{tier.name}: a step from {step.start}, but the cache holds {tier.length} tokens")
         start = time.perf_counter()
-        logits = tiers[0].model.forward_batch(steps, [t.cache for t in tiers], logits_for)
+        wants = ["all" if want == "prompt" else want for want in logits_for]
+        logits = tiers[0].model.forward_batch(steps, [t.cache for t in tiers], wants)
         logits = [None if x is None else x.cpu() for x in logits]
         elapsed = time.perf_counter() - start
         charge_call(tiers, steps, logits_for, elapsed)
@@ -175,10 +180,10 @@ class RetrievalTier(Tier):
 def charge_call(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequence[str], seconds: float) -> None:
     """Each tier of one call is charged its time, and told how many prompt tokens of the others' (forwards
     whose logits nobody reads: prefill chunks) it ran beside, which a cost observed then includes."""
-    prompt = sum(s.n for s, lf in zip(steps, logits_for) if lf == "none")
+    prompt = sum(s.n for s, lf in zip(steps, logits_for) if lf in PROMPT_ROWS)
     for tier, step, want in zip(tiers, steps, logits_for):
         tier.seconds += seconds
-        tier.shared_prefill = prompt - (step.n if want == "none" else 0)
+        tier.shared_prefill = prompt - (step.n if want in PROMPT_ROWS else 0)
 
 
 def forward_together(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequence[str]) -> list:

@@ -121,7 +121,8 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
             lambda event, data, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, event, data))
             for i in range(len(job.prompts) * job.n)])
         if job.stream:
-            return StreamingResponse(_stream(job, model_name, tickets, events), media_type="text/event-stream")
+            return StreamingResponse(_stream(job, model_name, tickets, events, parsing),
+                                     media_type="text/event-stream")
         outputs, left = [None] * len(tickets), len(tickets)
         try:
             while left:
@@ -135,7 +136,8 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
                     raise ApiError(500, f"generation failed: {data}", "server_error")
                 if event == "done":
                     outputs[index], left = data, left - 1
-            return openai.response(job, model_name, outputs)
+            # off the event loop: the texts of a long echo's or many choices' tokens take a while
+            return await loop.run_in_executor(parsing, openai.response, job, model_name, outputs)
         finally:
             _cancel(tickets)  # no effect on those done
 
@@ -159,18 +161,22 @@ def _cancel(tickets) -> None:
         ticket.cancel()
 
 
-async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue):
+async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, formatting: ThreadPoolExecutor):
     """The events of one request's choices as server-sent events, each choice's in its order (choices
-    interleave); cancels them if the client goes away."""
+    interleave); cancels them if the client goes away. An echo's log-probabilities (a whole prompt's
+    token texts) are formatted off the event loop, in `formatting`."""
     first, outputs, left = [True] * len(tickets), [None] * len(tickets), len(tickets)
     logprobs = [StreamedLogprobs(job.kind, job.texts) for _ in tickets]
+    loop = asyncio.get_running_loop()
     try:
         while left:
             index, event, data = await events.get()
             if first[index] and job.echoed is not None and event != "error":  # the prompt, before the text
-                entries = data.prompt_logprobs if event == "done" else tickets[index].request.prompt_logprobs
-                echoed = logprobs[index].prompt(job.prompts[index // job.n],
-                                                entries if job.params.logprobs is not None else None)
+                echoed = None
+                if job.params.logprobs is not None:
+                    entries = data.prompt_logprobs if event == "done" else tickets[index].request.prompt_logprobs
+                    echoed = await loop.run_in_executor(formatting, logprobs[index].prompt,
+                                                        job.prompts[index // job.n], entries)
                 yield _sse(openai.chunk(job, model, job.echoed[index // job.n], index=index, logprobs=echoed))
                 first[index] = False
             if event == "text":

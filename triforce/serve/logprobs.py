@@ -5,72 +5,105 @@ temperature, top-k and top-p, as vLLM gives them).
 entry a map of the k most likely tokens' texts, and the chosen one's, to their log-probabilities; with
 `echo` the prompt's tokens come first, the first of them with null entries (nothing precedes it);
 /v1/chat/completions (`logprobs`: true, `top_logprobs`: k) answers {content: [{token, logprob, bytes,
-top_logprobs: [{token, logprob, bytes}]}]}. A token's text is its own decoding (a piece of a character
-that several tokens spell reads U+FFFD); a model without a tokenizer names tokens `token_id:N`, as
-vLLM does. The list covers every generated token the usage counts: with a stop string, also those of
-the round in which the stop string appeared (the text ends before it). A stream sends each token's entry
-with the chunk that carries its text, or in its last chunk.
+top_logprobs: [{token, logprob, bytes}]}]}. A token's text is what it adds where it stands, after the
+few tokens before it in its part (the prompt, or the generated text, each decoded on its own as the
+text is: a SentencePiece word marker is a space only after other text, detokenize.py; a piece of a
+character that several tokens spell reads U+FFFD), special tokens by their names, so that a part's
+token texts join to its text where it has none; `text_offset` counts their lengths, as vLLM does. A model without a tokenizer names
+tokens `token_id:N`, as vLLM does. The list covers the tokens of `token_ids` (with a stop string, up to
+the one that completed it). A stream sends each token's entry with the chunk that carries its text, or
+in its last chunk.
 """
 from __future__ import annotations
 
 from ..logprobs import TokenLogprobs
 
+CONTEXT = 4  # tokens before a token that its text is decoded after
+
 
 class TokenTexts:
-    """Each token's text, decoded once."""
+    """Each token's text where it stands (its decoding after up to CONTEXT tokens, less theirs), cached."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.known = tokenizer, {}
+        self.tokenizer, self.known, self.decoded = tokenizer, {}, {}
 
-    def __call__(self, token: int) -> str:
-        text = self.known.get(token)
+    def __call__(self, token: int, before: tuple[int, ...] = ()) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{token}"
+        key = (before, token)
+        text = self.known.get(key)
         if text is None:
-            text = f"token_id:{token}" if self.tokenizer is None else self.tokenizer.decode([token])
-            self.known[token] = text
+            head, whole = self._decode(before), self._decode(before + (token,))
+            text = whole[len(head):] if whole.startswith(head) else self._decode((token,))
+            self.known[key] = text
         return text
+
+    def _decode(self, tokens: tuple[int, ...]) -> str:
+        if not tokens:
+            return ""
+        text = self.decoded.get(tokens)
+        if text is None:
+            text = self.decoded[tokens] = self.tokenizer.decode(list(tokens), skip_special_tokens=False)
+        return text
+
+    def contexts(self, before: list[int], tokens: list[int]) -> list[tuple[int, ...]]:
+        """What each of `tokens`, following `before`, is decoded after."""
+        window = list(before)[-CONTEXT:]
+        out = []
+        for token in tokens:
+            out.append(tuple(window))
+            window = (window + [token])[-CONTEXT:]
+        return out
 
 
 def completion_logprobs(texts: TokenTexts, tokens: list[int], items: list[TokenLogprobs | None],
-                        offset: int = 0) -> dict:
-    """A completion choice's `logprobs` for `tokens`, items[i] the entry of tokens[i] (None: the prompt's
-    first); `offset`: where the first token's text begins in the choice's text."""
-    pieces = [texts(token) for token in tokens]
+                        offset: int = 0, before: list[int] = ()) -> dict:
+    """A completion choice's `logprobs` for `tokens` (which follow `before`), items[i] the entry of
+    tokens[i] (None: the prompt's first); `offset`: where the first token's text begins in the choice's."""
+    contexts = texts.contexts(list(before), tokens)
+    pieces = [texts(token, context) for token, context in zip(tokens, contexts)]
     offsets = []
     for piece in pieces:
         offsets.append(offset)
         offset += len(piece)
     return {"tokens": pieces, "token_logprobs": [None if item is None else item.logprob for item in items],
             "top_logprobs": [None if item is None else
-                             {**{texts(t): lp for t, lp in item.top}, piece: item.logprob}
-                             for item, piece in zip(items, pieces)],
+                             {**{texts(t, context): lp for t, lp in item.top}, piece: item.logprob}
+                             for item, piece, context in zip(items, pieces, contexts)],
             "text_offset": offsets}
 
 
-def chat_logprobs(texts: TokenTexts, items: list[TokenLogprobs]) -> dict:
-    """A chat choice's `logprobs`."""
-    def entry(token: int, logprob: float) -> dict:
-        text = texts(token)
+def chat_logprobs(texts: TokenTexts, items: list[TokenLogprobs], before: list[int] = ()) -> dict:
+    """A chat choice's `logprobs` for the entries `items`, whose tokens follow `before`."""
+    def entry(token: int, logprob: float, context: tuple[int, ...]) -> dict:
+        text = texts(token, context)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    return {"content": [{**entry(item.token, item.logprob), "top_logprobs": [entry(t, lp) for t, lp in item.top]}
-                        for item in items], "refusal": None}
+    contexts = texts.contexts(list(before), [item.token for item in items])
+    return {"content": [{**entry(item.token, item.logprob, context),
+                         "top_logprobs": [entry(t, lp, context) for t, lp in item.top]}
+                        for item, context in zip(items, contexts)], "refusal": None}
 
 
-def choice_logprobs(kind: str, texts: TokenTexts, items: list[TokenLogprobs] | None,
+def choice_logprobs(kind: str, texts: TokenTexts, items: list[TokenLogprobs] | None, before: list[int] = (),
                     offset: int = 0) -> dict | None:
-    """The `logprobs` of generated tokens' entries `items` (None: the request asked for none)."""
+    """The `logprobs` of generated tokens' entries `items`, which follow the generated tokens `before` (None:
+    the request asked for none)."""
     if items is None:
         return None
     if kind == "chat":
-        return chat_logprobs(texts, items)
-    return completion_logprobs(texts, [item.token for item in items], items, offset)
+        return chat_logprobs(texts, items, before)
+    return completion_logprobs(texts, [item.token for item in items], items, offset, before)
 
 
 def echoed_logprobs(texts: TokenTexts, output, prompt: list[int]) -> dict | None:
     """A completion choice's `logprobs` with `echo`: the prompt's entries, then the generated tokens'."""
     if output.logprobs is None:
         return None
-    return completion_logprobs(texts, prompt + output.token_ids, output.prompt_logprobs + output.logprobs)
+    head = completion_logprobs(texts, prompt, output.prompt_logprobs)
+    offset = sum(len(piece) for piece in head["tokens"])
+    tail = completion_logprobs(texts, output.token_ids, output.logprobs, offset)
+    return {name: head[name] + tail[name] for name in head}
 
 
 class StreamedLogprobs:
@@ -79,20 +112,24 @@ class StreamedLogprobs:
     With `echo`, a first chunk carries the prompt's (`prompt`)."""
 
     def __init__(self, kind: str, texts: TokenTexts):
-        self.kind, self.texts, self.sent, self.offset = kind, texts, 0, 0
+        self.kind, self.texts, self.before = kind, texts, []  # the last generated tokens sent
+        self.sent = self.offset = 0
 
-    def prompt(self, tokens: list[int], items: list[TokenLogprobs | None] | None) -> dict | None:
-        """The echo chunk's: the prompt's entries (None: not asked for)."""
-        self.offset = sum(len(self.texts(token)) for token in tokens)
-        return None if items is None else completion_logprobs(self.texts, tokens, items)
+    def prompt(self, tokens: list[int], items: list[TokenLogprobs | None]) -> dict:
+        """The echo chunk's `logprobs`: the prompt's entries."""
+        out = completion_logprobs(self.texts, tokens, items)
+        self.offset = sum(len(piece) for piece in out["tokens"])
+        return out
 
     def take(self, new: list[TokenLogprobs] | None) -> dict | None:
         """The `logprobs` of a chunk with the entries `new` (None: the request asked for none)."""
         if new is None:
             return None
-        out = choice_logprobs(self.kind, self.texts, new, self.offset)
+        out = choice_logprobs(self.kind, self.texts, new, self.before, self.offset)
         self.sent += len(new)
-        self.offset += sum(len(self.texts(item.token)) for item in new)
+        self.before = (self.before + [item.token for item in new])[-CONTEXT:]
+        if self.kind == "completion":
+            self.offset += sum(len(piece) for piece in out["tokens"])
         return out
 
     def rest(self, items: list[TokenLogprobs] | None) -> dict | None:

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, replace
 
 from ..api import chat_ids
-from ..config import ConfigError, SamplingParams
+from ..config import MAX_LOGPROBS, ConfigError, SamplingParams
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
@@ -40,7 +40,6 @@ HARMLESS = {"echo": (None, False), "suffix": (None, ""),
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
 MAX_PROMPTS = 2048  # prompts of one completion request
-MAX_LOGPROBS = 20  # most likely tokens listed beside each (OpenAI's chat limit; vLLM's default)
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
 
 
@@ -125,7 +124,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
                                 top_p=_number(body, "top_p", 1.0), top_k=int(_number(body, "top_k", 0)),
                                 seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")),
-                                logprobs=logprobs, prompt_logprobs=_scored(echo, logprobs, max_tokens))
+                                logprobs=logprobs, prompt_logprobs=logprobs if echo else None)
     except (ConfigError, TypeError, ValueError) as exc:
         raise ApiError(400, str(exc)) from None
     if len(ids) + max_tokens > limit:
@@ -168,14 +167,6 @@ def _number(body: dict, name: str, default: float) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ApiError(400, f"'{name}' must be a number", param=name)
     return float(value)
-
-
-def _scored(echo: bool | None, logprobs: int | None, max_tokens: int) -> int | None:
-    """SamplingParams.prompt_logprobs: with `echo`, the prompt's entries as the generated tokens' (and with
-    max_tokens 0, whose request does nothing else, scored all the same)."""
-    if not echo:
-        return None
-    return logprobs if logprobs is not None or max_tokens else 0
 
 
 def _text(prompt: str | list[int], ids: list[int], llm) -> str:
@@ -237,21 +228,19 @@ def usage(job: Job, outputs: list) -> dict:
 
 def response(job: Job, model: str, outputs: list) -> dict:
     """The whole answer of a request that does not stream (`outputs`: each choice's RequestOutput)."""
-    if job.kind == "completion":
-        choices = [{"index": i, "text": out.text, "finish_reason": out.finish_reason,
-                    "logprobs": choice_logprobs(job.kind, job.texts, out.logprobs)} for i, out in enumerate(outputs)]
-        if job.echoed is not None:
-            for i, (choice, out) in enumerate(zip(choices, outputs)):
-                choice["text"] = job.echoed[i // job.n] + out.text
-                choice["logprobs"] = echoed_logprobs(job.texts, out, job.prompts[i // job.n])
-        obj = "text_completion"
-    else:
-        choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
-                    "finish_reason": out.finish_reason, "logprobs": choice_logprobs(job.kind, job.texts, out.logprobs)}
-                   for i, out in enumerate(outputs)]
-        obj = "chat.completion"
-    return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": choices,
-            "usage": usage(job, outputs)}
+    choices = []
+    for i, out in enumerate(outputs):
+        prompt, choice = job.prompts[i // job.n], {"index": i}
+        if job.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": out.text}
+        else:
+            choice["text"] = out.text if job.echoed is None else job.echoed[i // job.n] + out.text
+        choice["finish_reason"] = out.finish_reason
+        choice["logprobs"] = (choice_logprobs(job.kind, job.texts, out.logprobs) if job.echoed is None
+                              else echoed_logprobs(job.texts, out, prompt))
+        choices.append(choice)
+    return {"id": job.id, "object": "text_completion" if job.kind == "completion" else "chat.completion",
+            "created": job.created, "model": model, "choices": choices, "usage": usage(job, outputs)}
 
 
 def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = None, first: bool = False,
