@@ -1,0 +1,53 @@
+"""serve/logprobs.py's token texts: each token's text where it stands, so that a part's texts join to its
+text, also for a SentencePiece-style tokenizer whose word marker is a space only after other text."""
+import pytest
+
+from triforce.logprobs import TokenLogprobs
+from triforce.serve.logprobs import StreamedLogprobs, TokenTexts, completion_logprobs, echoed_logprobs
+
+
+@pytest.fixture(scope="module")
+def metaspace():
+    """Words with a leading word marker, as Llama 2's and Mistral's SentencePiece vocabularies have."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "</s>"] + [f"\u2581{w}" for w in ("It", "is", "a", "truth", "universally", "acknowledged")]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+
+
+def entries(tokens):
+    return [TokenLogprobs(t, -0.5 * i, [(t, -0.5 * i)]) for i, t in enumerate(tokens)]
+
+
+def test_texts_where_they_stand_join_to_the_text_and_name_special_tokens(metaspace):
+    ids = metaspace("It is a truth universally acknowledged").input_ids
+    texts = TokenTexts(metaspace)
+    out = completion_logprobs(texts, ids, entries(ids))
+    assert "".join(out["tokens"]) == metaspace.decode(ids) == "It is a truth universally acknowledged"
+    assert out["tokens"][:2] == ["It", " is"]  # each alone would read "It", "is": the space is lost
+    assert out["text_offset"] == [0, 2, 5, 7, 13, 25]
+    assert completion_logprobs(texts, [1], entries([1]))["tokens"] == ["</s>"]
+    assert completion_logprobs(TokenTexts(None), [5], entries([5]))["tokens"] == ["token_id:5"]
+
+
+def test_a_stream_and_an_echo_give_the_texts_of_the_whole(metaspace):
+    prompt, generated = metaspace("It is a").input_ids, metaspace("truth universally acknowledged").input_ids
+    texts = TokenTexts(metaspace)
+    whole = completion_logprobs(texts, generated, entries(generated))
+    stream = StreamedLogprobs("completion", texts)
+    chunks = [stream.take(entries(generated)[:1]), stream.take(entries(generated)[1:])]
+    for field in ("tokens", "text_offset", "token_logprobs"):
+        assert chunks[0][field] + chunks[1][field] == whole[field]
+
+    class Output:
+        token_ids, logprobs = generated, entries(generated)
+        prompt_logprobs = [None] + entries(prompt)[1:]
+
+    echoed = echoed_logprobs(texts, Output, prompt)
+    assert "".join(echoed["tokens"]) == "It is a" + "truth universally acknowledged"  # each part as decoded alone
+    assert echoed["token_logprobs"][0] is None and echoed["top_logprobs"][0] is None
+    assert echoed["text_offset"][len(prompt)] == len("It is a")
