@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from triforce import LLM, SamplingParams
+from triforce.kernels.cpu import cpu_isa, cpu_model
 
 
 def main() -> None:
@@ -43,6 +44,7 @@ def main() -> None:
             runs[name]["prefill_s"].append(round(m.prefill_s, 2))
     out = {"model": args.model, "mode": args.mode, "prompt_tokens": len(prompt), "max_new_tokens": args.max_new_tokens,
            "temperature": args.temperature, "top": args.top, "threads": torch.get_num_threads(),
+           "cpu": cpu_model(), "isa": cpu_isa(),
            "dtype": str(llm.target.dtype), "runs": runs,
            "median": {name: {k: statistics.median(v) for k, v in r.items()} for name, r in runs.items()}}
     print(json.dumps(out, indent=1))

@@ -17,7 +17,7 @@ import json
 import time
 
 from triforce import LLM, SamplingParams
-from triforce.api import Request
+from triforce.request import Request
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.batchmates import Batchmates
 

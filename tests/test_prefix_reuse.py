@@ -120,7 +120,7 @@ def forward_log(llm) -> list[list[tuple[int, str]]]:
 def test_a_claim_whose_owner_went_away_does_not_stall_a_batch(models):
     """A prefill that stopped between chunks (a request cancelled there) leaves no claim behind; one left
     anyway (an owner never closed) is dropped when no forward of its owner is in the batch."""
-    from triforce.api import Request
+    from triforce.request import Request
     from triforce.coordinator.batch import SequenceBatch
 
     cold, warm = make(models, "triforce", 0), make(models, "triforce", 1.0)

@@ -312,7 +312,7 @@ def test_a_streamed_request_admitted_with_others_gets_its_own_text(llm):
 
 @pytest.mark.parametrize("mode", ["triforce", "auto"])
 def test_a_request_cancelled_in_its_prefill_stops_there(tiny_dir, mode):
-    from triforce.api import Request
+    from triforce.request import Request
     from triforce.coordinator.batch import SequenceBatch
 
     target = tiny_dir("serve-target", tokenizer=True, seed=71)

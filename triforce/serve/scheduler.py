@@ -21,7 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..api import LLM, MEMORY_SHARE, Request
+from ..api import LLM, MEMORY_SHARE
+from ..request import Request
 from ..config import SamplingParams
 from ..coordinator.remote import GroupFull
 from ..coordinator.batch import SequenceBatch

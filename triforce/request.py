@@ -1,0 +1,108 @@
+"""One request: its engine (its own caches), detokenizer and output, for LLM.generate and a server's
+continuous batch alike (`Request.run` is its generation, for a SequenceBatch)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .config import SamplingParams
+from .coordinator.batchmates import Batchmates
+from .coordinator.hierarchy import build_engine, speculation_slack
+from .coordinator.metrics import RequestMetrics
+from .coordinator.remote import RemoteVerifier
+from .detokenize import IncrementalDetokenizer
+from .logprobs import TokenLogprobs
+
+if TYPE_CHECKING:
+    from .api import LLM
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    metrics: RequestMetrics
+    logprobs: list[TokenLogprobs] | None = None  # one per token id, when SamplingParams.logprobs asked
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (None first), when asked
+
+
+
+class Request:
+    """One prompt's engine (its own caches), detokenizer and output. `run()` is its generation, for a
+    `SequenceBatch` (LLM.generate's, or a server's that requests join and leave); `cancel()` ends it after
+    the round or prefill chunk in progress."""
+
+    def __init__(self, llm: LLM, ids: list[int], params: SamplingParams, stream: Callable[[str], None] | None,
+                 batchmates: Batchmates | None = None):
+        self.llm, self.ids, self.params, self.stream = llm, ids, params, stream
+        verifier = None
+        if llm.workers is not None:
+            capacity = len(ids) + params.max_tokens + speculation_slack(llm.config)
+            verifier = RemoteVerifier(llm.workers, llm.target, capacity)
+            w = llm.workers
+            self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
+        self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,
+                                   batchmates, llm.prefixes)
+        self.verifier = verifier
+        self.detok = None if llm.tokenizer is None else IncrementalDetokenizer(llm.tokenizer, params.stop)
+        self.cancelled = False
+        self._logprobs_taken = 0
+
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprobs | None] | None:
+        """The prompt tokens' entries (complete once the prompt is prefilled; None: not asked for)."""
+        return None if self.params.prompt_logprobs is None else self.engine.prompt_logprobs
+
+    def new_logprobs(self) -> list[TokenLogprobs] | None:
+        """The log-probability entries of the tokens generated since the last call, up to the one that
+        completed a stop string (None: not asked for)."""
+        if self.params.logprobs is None:
+            return None
+        end = len(self.engine.logprobs) if self.detok is None else self.detok.tokens_through_stop()
+        new = self.engine.logprobs[self._logprobs_taken:end]
+        self._logprobs_taken += len(new)
+        return new
+
+    def run(self, show_progress: bool = False):
+        return self.engine.run(self.ids, self.params, self.llm.eos_ids(), self.on_tokens, show_progress,
+                               lambda: self.cancelled)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def close(self) -> None:
+        """A worker group frees the request's sequence (also when the request failed)."""
+        if self.verifier is not None:
+            self.verifier.close()
+
+    def on_tokens(self, new: list[int]) -> bool:
+        if self.detok is None:
+            return self.cancelled
+        piece = self.detok.add(new)
+        if self.stream is not None and piece:
+            self.stream(piece)
+        return self.detok.stopped or self.cancelled
+
+    def output(self, tokens: list[int], metrics: RequestMetrics) -> RequestOutput:
+        workers = self.llm.workers
+        if workers is not None:
+            metrics.control_messages = workers.messages - self.sent[0]
+            metrics.control_bytes = workers.bytes - self.sent[1]
+            metrics.worker_wait_s = workers.wait_s - self.sent[2]
+            metrics.bulk_bytes = workers.bulk_bytes - self.sent[3]
+        text = ""
+        logprobs = None if self.params.logprobs is None else self.engine.logprobs
+        if self.detok is not None:
+            rest = self.detok.finish()
+            if self.stream is not None and rest:
+                self.stream(rest)
+            text = self.detok.text
+            kept = self.detok.tokens_through_stop()  # the round that completed a stop string may have gone on
+            tokens, logprobs = tokens[:kept], logprobs if logprobs is None else logprobs[:kept]
+        eos = self.llm.eos_ids()
+        hit_eos = bool(tokens) and tokens[-1] in eos and not self.params.ignore_eos
+        finish = "stop" if hit_eos or (self.detok is not None and self.detok.stopped) else "length"
+        return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs)
