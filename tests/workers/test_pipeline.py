@@ -46,6 +46,30 @@ def remote(group, target, prompt, params):
     return RemoteVerifier(group.channel, target, capacity(prompt, params))
 
 
+def batch_over_the_group(group, target, draft, cfg, prompts, params):
+    """The prompts as one SequenceBatch whose target verifies on `group`: (the engines, each one's tokens,
+    every request sent to the group as (kind, body)); the group frees each sequence after."""
+    sent, request = [], group.channel.request
+    group.channel.request = lambda kind, body=None, **kw: (sent.append((kind, body)), request(kind, body, **kw))[1]
+    verifiers = [remote(group, target, p, sp) for p, sp in zip(prompts, params)]
+    engines = [build_engine(cfg, target, draft, len(p) + sp.max_tokens, v)
+               for p, sp, v in zip(prompts, params, verifiers)]
+    batch = SequenceBatch()
+    handles = [batch.add(engine.run(p, sp)) for engine, p, sp in zip(engines, prompts, params)]
+    batch.run()
+    for verifier in verifiers:
+        verifier.close()
+    return engines, [h.result[0] for h in handles], sent
+
+
+def assert_same_logprobs(got, want):
+    """Log-probability entries over the group and in one process: the same tokens and top tokens, values
+    a few ulps apart (tensor parallelism sums in another order)."""
+    assert [(e.token, [t for t, _ in e.top]) for e in got] == [(e.token, [t for t, _ in e.top]) for e in want]
+    torch.testing.assert_close(torch.tensor([e.logprob for e in got]), torch.tensor([e.logprob for e in want]),
+                               atol=1e-4, rtol=0)
+
+
 def assert_same_kv(got, expected):
     """Per layer (keys, values) of a remote refresh against one process's: same tokens, same heads."""
     assert len(got) == len(expected)
@@ -91,28 +115,15 @@ def test_a_batch_over_the_worker_group_reproduces_each_sequence_alone(models, tm
     alone = [build_engine(cfg, target, draft, len(p) + sp.max_tokens) for p, sp in zip(prompts, params)]
     expected = [engine.generate(p, sp)[0] for engine, p, sp in zip(alone, prompts, params)]
     group = Group(folder, 2, tmp_path)
-    sent = []
-    request = group.channel.request
-    group.channel.request = lambda kind, body=None, **kw: (sent.append((kind, body)), request(kind, body, **kw))[1]
     try:
-        verifiers = [remote(group, target, p, sp) for p, sp in zip(prompts, params)]
-        engines = [build_engine(cfg, target, draft, len(p) + sp.max_tokens, v)
-                   for p, sp, v in zip(prompts, params, verifiers)]
-        batch = SequenceBatch()
-        handles = [batch.add(engine.run(p, sp)) for engine, p, sp in zip(engines, prompts, params)]
-        batch.run()
-        assert [h.result[0] for h in handles] == expected
+        engines, outputs, sent = batch_over_the_group(group, target, draft, cfg, prompts, params)
+        assert outputs == expected
         assert [len(e.logprobs) for e in engines] == [30, 0, 36]
-        for engine, single in zip(engines, alone):  # tensor parallelism sums in another order: a few ulps
-            assert [(lp.token, [t for t, _ in lp.top]) for lp in engine.logprobs] == \
-                [(lp.token, [t for t, _ in lp.top]) for lp in single.logprobs]
-            torch.testing.assert_close(torch.tensor([lp.logprob for lp in engine.logprobs]),
-                                       torch.tensor([lp.logprob for lp in single.logprobs]), atol=1e-4, rtol=0)
+        for engine, single in zip(engines, alone):
+            assert_same_logprobs(engine.logprobs, single.logprobs)
         verifies = [len(body["seqs"]) for kind, body in sent if kind == "verify"]
         assert max(verifies) == 3  # checked together
-        for verifier in verifiers:
-            verifier.close()
-        stats, _ = request("stats")
+        stats, _ = group.channel.request("stats")
         assert stats["sequences"] == 0 and stats["errors"] == 0
     finally:
         group.close()
@@ -368,30 +379,19 @@ def test_scored_prompts_over_the_group_split_their_logits_under_the_message_limi
     alone = [build_engine(cfg, target, draft, len(p) + sp.max_tokens) for p, sp in zip(prompts, params)]
     expected = [engine.generate(p, sp)[0] for engine, p, sp in zip(alone, prompts, params)]
     group = Group(folder, 2, tmp_path, max_bytes=MESSAGE_LIMIT)
-    sent = []
-    request = group.channel.request
-    group.channel.request = lambda kind, body=None, **kw: (sent.append((kind, body)), request(kind, body, **kw))[1]
     try:
-        verifiers = [remote(group, target, p, sp) for p, sp in zip(prompts, params)]
-        engines = [build_engine(cfg, target, draft, len(p) + sp.max_tokens, v)
-                   for p, sp, v in zip(prompts, params, verifiers)]
-        batch = SequenceBatch()
-        handles = [batch.add(engine.run(p, sp)) for engine, p, sp in zip(engines, prompts, params)]
-        batch.run()
-        assert [h.result[0] for h in handles] == expected
+        engines, outputs, sent = batch_over_the_group(group, target, draft, cfg, prompts, params)
+        assert outputs == expected
         rows = [sum(len(t) for t in body["tokens"]) for kind, body in sent if kind == "verify"]
         chunk = MESSAGE_LIMIT // 2 // (4 * target.output_vocab_size)  # 85 rows of 96 logits
         assert max(rows) == chunk and rows[:2] == [chunk, chunk]  # the first chunks of both: a request each
         for engine, single in zip(engines, alone):
-            for got, want in ((engine.prompt_logprobs[1:], single.prompt_logprobs[1:]),
-                              (engine.logprobs, single.logprobs)):
-                assert [(e.token, [t for t, _ in e.top]) for e in got] == \
-                    [(e.token, [t for t, _ in e.top]) for e in want]
-                torch.testing.assert_close(torch.tensor([e.logprob for e in got]),
-                                           torch.tensor([e.logprob for e in want]), atol=1e-4, rtol=0)
+            assert_same_logprobs(engine.prompt_logprobs[1:], single.prompt_logprobs[1:])
+            assert_same_logprobs(engine.logprobs, single.logprobs)
         assert len(engines[0].prompt_logprobs) == 150 and len(engines[1].prompt_logprobs) == 120
-        for verifier in verifiers:
-            verifier.close()
+        # the tiers built on the scored prefill (the retrieval cache from the group's KV) checked as alone
+        checks = [[(t.proposed, t.accepted) for t in engine.stats] for engine in (engines[0], alone[0])]
+        assert checks[0] == checks[1] and checks[0][0][0] > 0
     finally:
         group.close()
 
