@@ -38,8 +38,19 @@ class SamplingParams:
     logprobs: int | None = None
     # the same for every prompt token but the first (None there), from the target's prefill (vLLM's name)
     prompt_logprobs: int | None = None
+    # (token, value) pairs added to every tier's logits before the rest (OpenAI's logit_bias; a dict is
+    # taken too); values from -100 (never) to 100 (always, in practice)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        try:
+            bias = tuple(sorted((int(token), float(value)) for token, value in bias))
+        except (TypeError, ValueError):
+            raise ConfigError("logit_bias must map token ids to numbers") from None
+        if any(token < 0 or not -100 <= value <= 100 for token, value in bias) or len({t for t, _ in bias}) < len(bias):
+            raise ConfigError("logit_bias takes token ids >= 0, once each, with values from -100 to 100")
+        object.__setattr__(self, "logit_bias", bias)
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:

@@ -18,7 +18,7 @@ from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.tiers import Tier
 from triforce.coordinator.verifier import LocalVerifier
 from triforce.models.loader import load_model
-from triforce.speculation.sampling import probabilities, top_probability
+from triforce.speculation.sampling import processed, top_probability
 from triforce.step import Step
 
 ALPHA = 1e-3
@@ -70,6 +70,22 @@ def test_greedy_equals_plain_decoding(models, mode, policy, gammas):
     tokens, metrics = run(target, draft, mode, prompt, params, policy, gamma1=gammas[0], gamma2=gammas[1])
     assert tokens == reference
     assert metrics.generated_tokens == 80 and all(t.proposed > 0 for t in metrics.tiers)
+
+
+@pytest.mark.parametrize("mode,policy", MODES + [("auto", "static")])
+def test_greedy_with_a_logit_bias_equals_plain_decoding_with_it(models, mode, policy):
+    """A logit bias changes every tier's rows alike: each mode follows `ar` with the same bias, which
+    here bans the tokens plain decoding chose most and boosts another."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    free, _ = run(target, draft, "ar", prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    banned = sorted(set(free), key=free.count)[-2:]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True,
+                            logit_bias={**{t: -100 for t in banned}, 50: 5.0})
+    reference, _ = run(target, draft, "ar", prompt, params)
+    assert not set(banned) & set(reference) and reference != free
+    tokens, metrics = run(target, draft, mode, prompt, params, policy)
+    assert tokens == reference and all(t.checks > 0 for t in metrics.tiers)
 
 
 @pytest.mark.parametrize("mode,policy", MODES)
@@ -165,7 +181,7 @@ def exact_two_token_distribution(target, prompt, params):
     def dist(tokens):
         cache = FullKVCache(target.config, len(tokens), target.rope, target.dtype, "cpu")
         logits = target(torch.tensor(tokens), cache, logits_for="last")
-        return probabilities(logits, params.temperature, params.top_k, params.top_p)[0]
+        return processed(logits, params)[0]
 
     first = dist(prompt)
     return {(a, b): float(first[a] * dist(prompt + [a])[b]) for a, b in itertools.product(range(8), repeat=2)}
@@ -205,6 +221,9 @@ SAMPLING_CASES = [
     # a tree's nodes mixed with the prompt lookup's copies (1-grams: a 40-token prompt over 8 tokens has
     # a candidate at every node)
     ("triforce", "static", dict(temperature=1.0), dict(tree1=6, lookup=1)),
+    # a logit bias (every tier's rows): one token boosted, one banned
+    ("triforce", "static", dict(temperature=1.0, logit_bias={3: 2.0, 5: -100}), dict(tree1=6)),
+    ("retrieval", "dynamic", dict(temperature=0.8, logit_bias={1: 1.5, 6: -100}), {}),
 ]
 
 

@@ -187,6 +187,19 @@ def test_echo_puts_the_prompt_and_its_logprobs_first_and_max_tokens_0_scores_onl
     assert plain.text == prompt and plain.logprobs is None
 
 
+def test_a_logit_bias_bans_and_boosts_tokens_as_generate_does(llm, server):
+    """OpenAI's logit_bias (token id strings to values), through the client: the answer is
+    LLM.generate's with the same bias, the banned tokens absent and the answer changed."""
+    client, prompt = server.client(), words(24, first=4)
+    free = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    banned = sorted(set(free.token_ids), key=free.token_ids.count)[-2:]
+    bias = {**{str(t): -100 for t in banned}, "40": 3}
+    expected = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logit_bias=bias))[0]
+    got = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, logit_bias=bias,
+                                    extra_body={"ignore_eos": True}).choices[0].text
+    assert got == expected.text != free.text and not set(banned) & set(expected.token_ids)
+
+
 def test_every_error_status_reaches_the_client_as_its_exception(llm):
     server = Server(create_app(llm, "tiny", api_key=KEY, max_queue=1))
     client, prompt = server.client(), words(20)

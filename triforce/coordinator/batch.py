@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..speculation.sampling import probabilities
+from ..speculation.sampling import processed
 from ..speculation.verify import ChainVerdict, verify_chains
 from .engine import Check, Forward, Run
 from .tiers import Wait, forward_together
@@ -106,7 +106,7 @@ class SequenceBatch:
 def check_together(checks: list[Check]) -> list[tuple[ChainVerdict, torch.Tensor]]:
     """Verifies many sequences' chains in one `verify_chains`: (verdict, the checker's distributions
     [g + 1, V]) for each."""
-    target = [probabilities(c.logits, c.params.temperature, c.params.top_k, c.params.top_p) for c in checks]
+    target = [processed(c.logits, c.params) for c in checks]
     verdicts = verify_chains([c.draft_tokens for c in checks], [c.draft_probs for c in checks], target,
                              [c.generator for c in checks], [c.params.greedy for c in checks])
     return list(zip(verdicts, target))

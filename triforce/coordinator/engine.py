@@ -37,7 +37,7 @@ from tqdm import tqdm
 from ..config import SamplingParams
 from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.lookup import ContextLookup
-from ..speculation.sampling import probabilities, sample, top_probability
+from ..speculation.sampling import processed, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
@@ -202,8 +202,7 @@ class HierarchyEngine:
         return True
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        p = self.params
-        return probabilities(logits, p.temperature, p.top_k, p.top_p)
+        return processed(logits, self.params)
 
     def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""

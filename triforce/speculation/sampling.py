@@ -1,7 +1,8 @@
 """From logits to the distribution a tier samples from, and drawing from it.
 
-Every tier applies the same processing (temperature, top-k, top-p), so each tier's distribution is
-the one plain sampling from that tier's model would use; the target's is the output distribution.
+Every tier applies the same processing (logit bias, temperature, top-k, top-p: `processed`), so each
+tier's distribution is the one plain sampling from that tier's model would use; the target's is the
+output distribution.
 Temperature 0 means greedy: a one-hot distribution on the argmax (first index on ties), so the
 speculative-sampling rules reduce to exact greedy matching without any division by zero.
 """
@@ -13,9 +14,20 @@ import torch
 REFRESH_BELOW = 1e-6
 
 
-def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """logits: [n, V] -> probabilities [n, V] float32."""
+def processed(logits: torch.Tensor, params) -> torch.Tensor:
+    """A request's distributions: `probabilities` with its SamplingParams' settings (every tier's rows)."""
+    return probabilities(logits, params.temperature, params.top_k, params.top_p, params.logit_bias)
+
+
+def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                  bias: tuple[tuple[int, float], ...] = ()) -> torch.Tensor:
+    """logits: [n, V] -> probabilities [n, V] float32. `bias`: (token, value) pairs added to the logits
+    first (OpenAI's logit_bias; a token a reduced-vocabulary draft lacks stays impossible for it)."""
     logits = logits.float()
+    if bias:
+        ids, values = zip(*bias)
+        logits = logits.clone()
+        logits[..., list(ids)] += torch.tensor(values, dtype=logits.dtype)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     logits = logits / temperature
