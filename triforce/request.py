@@ -29,7 +29,6 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (None first), when asked
 
 
-
 class Request:
     """One prompt's engine (its own caches), detokenizer and output. `run()` is its generation, for a
     `SequenceBatch` (LLM.generate's, or a server's that requests join and leave); `cancel()` ends it after

@@ -1,6 +1,7 @@
 """A worker group for tests: spawned processes (ranks 1..N of a gloo world, as under torchrun) serving a
 model folder, and this process as their coordinator (rank 0) with a ControlChannel and the bulk link."""
 import multiprocessing
+import os
 import time
 
 import torch
@@ -33,6 +34,29 @@ def _worker(rank: int, size: int, init: str, folder: str, endpoint: str, timeout
         dist.destroy_process_group()
 
 
+START_ATTEMPTS = 3
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """The TCP ports process `pid` listens on (Linux: its socket inodes in /proc/net/tcp, state LISTEN)."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:  # it exited, or the fds changed while read
+        return set()
+    ports = set()
+    with open("/proc/net/tcp") as table:
+        for line in list(table)[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
+class LeaderExited(RuntimeError):
+    """The worker leader exited before it listened: most likely another test's connection took the port
+    chosen for it (a free port stays free only until someone binds it)."""
+
+
 def free_endpoint() -> str:
     return f"tcp://127.0.0.1:{free_port()}"
 
@@ -45,6 +69,17 @@ class Group:
 
     def __init__(self, folder, size, tmp_path, timeout_s=60.0, max_bytes=MAX_MESSAGE_BYTES, group_timeout_s=300.0,
                  prefill_chunk=512, prefix_bytes=0, max_sequences=None):
+        for attempt in range(START_ATTEMPTS):
+            try:
+                self._start(folder, size, tmp_path, timeout_s, max_bytes, group_timeout_s, prefill_chunk,
+                            prefix_bytes, max_sequences)
+                return
+            except LeaderExited:
+                if attempt == START_ATTEMPTS - 1:
+                    raise
+
+    def _start(self, folder, size, tmp_path, timeout_s, max_bytes, group_timeout_s, prefill_chunk, prefix_bytes,
+               max_sequences):
         self.endpoint = free_endpoint()
         ctx = multiprocessing.get_context("spawn")
         init = f"file://{tmp_path}/rendezvous-{time.monotonic_ns()}"
@@ -57,11 +92,25 @@ class Group:
         self.channel = None
         groups = init_groups(0, size + 1, 0, False, timeouts, init)
         try:
+            self._wait_listening()
             self.channel = ControlChannel(self.endpoint, timeout_s, BulkLink(groups.link, peer=1), max_bytes)
             self.channel.handshake(model_identity(folder), size)
         except BaseException:
             self.close()
             raise
+
+    def _wait_listening(self, timeout_s: float = 120.0) -> None:
+        """Until the leader listens on the endpoint; LeaderExited at once if it exited first (its bind
+        failed), rather than the handshake's wait of minutes."""
+        port, deadline = int(self.endpoint.rsplit(":", 1)[1]), time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            leader = self.procs[0]
+            if leader.exitcode is not None:
+                raise LeaderExited(f"the worker leader exited ({leader.exitcode}) before listening on {port}")
+            if port in _listening_ports(leader.pid):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"the worker leader did not listen on {port} within {timeout_s:g} s")
 
     def close(self):
         if self.channel is not None:
