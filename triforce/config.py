@@ -20,6 +20,15 @@ class ConfigError(UserError):
     """A setting outside its valid range; the message names the setting."""
 
 
+def _token_id(token) -> int:
+    """A logit_bias key: an integer, or its decimal string (OpenAI's JSON keys); ValueError otherwise."""
+    if isinstance(token, int) and not isinstance(token, bool):
+        return token
+    if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+        return int(token)
+    raise ValueError(f"not a token id: {token!r}")
+
+
 MAX_LOGPROBS = 20  # most likely tokens listed beside each token's log-probability (vLLM's default bound)
 
 
@@ -45,9 +54,9 @@ class SamplingParams:
     def __post_init__(self):
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         try:
-            bias = tuple(sorted((int(token), float(value)) for token, value in bias))
+            bias = tuple(sorted((_token_id(token), float(value)) for token, value in bias))
         except (TypeError, ValueError):
-            raise ConfigError("logit_bias must map token ids to numbers") from None
+            raise ConfigError("logit_bias must map token ids (integers, or their strings) to numbers") from None
         if any(token < 0 or not -100 <= value <= 100 for token, value in bias) or len({t for t, _ in bias}) < len(bias):
             raise ConfigError("logit_bias takes token ids >= 0, once each, with values from -100 to 100")
         object.__setattr__(self, "logit_bias", bias)

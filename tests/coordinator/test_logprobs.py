@@ -124,7 +124,9 @@ def test_max_tokens_zero_prefills_only_the_target(models):
     assert [t.length for t in engine.tiers] == [0, 0, len(prompt) - 1]  # draft, retrieval, target
 
 
-@pytest.mark.parametrize("bad", [dict(max_tokens=-1), dict(logprobs=21), dict(prompt_logprobs=-1)])
+@pytest.mark.parametrize("bad", [dict(max_tokens=-1), dict(logprobs=21), dict(prompt_logprobs=-1),
+                                 dict(logit_bias={5.7: 1.0}), dict(logit_bias={True: 1.0}),
+                                 dict(logit_bias={3: 101})])
 def test_bad_counts_are_refused(bad):
     with pytest.raises(ConfigError, match=next(iter(bad))):
         SamplingParams(**bad)

@@ -44,11 +44,14 @@ def _listening_ports(pid: int) -> set[int]:
     except OSError:  # it exited, or the fds changed while read
         return set()
     ports = set()
-    with open("/proc/net/tcp") as table:
-        for line in list(table)[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:
-                ports.add(int(fields[1].split(":")[1], 16))
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(name):
+            continue
+        with open(name) as table:
+            for line in list(table)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 
 
@@ -102,11 +105,14 @@ class Group:
     def _wait_listening(self, timeout_s: float = 120.0) -> None:
         """Until the leader listens on the endpoint; LeaderExited at once if it exited first (its bind
         failed), rather than the handshake's wait of minutes."""
+        if not os.path.exists("/proc/net/tcp"):  # no /proc (not Linux): the handshake's wait alone
+            return
         port, deadline = int(self.endpoint.rsplit(":", 1)[1]), time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             leader = self.procs[0]
             if leader.exitcode is not None:
-                raise LeaderExited(f"the worker leader exited ({leader.exitcode}) before listening on {port}")
+                raise LeaderExited(f"the worker leader exited ({leader.exitcode}) before listening on {port} "
+                                   f"(most likely another process took the port)")
             if port in _listening_ports(leader.pid):
                 return
             time.sleep(0.05)

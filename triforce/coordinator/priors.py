@@ -46,7 +46,8 @@ def weights_key(model) -> str:
 
 def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, lookup: int = 0,
                 stop_below: float | None = None, context: int | None = None) -> str:
-    """The kind of request: machine, tiers (kind and weights), sampling settings, the batch size it
+    """The kind of request: machine, tiers (kind and weights), sampling settings (a logit bias by its
+    hash), the batch size it
     plans for (a mode's speed against its model differs with it), the prompt lookup's n (it changes
     what the bottom tier proposes), a stop_below the user fixed (it changes which proposals are
     checked; None, the planner's choice, is the same on one machine) and the context's power of two
@@ -54,6 +55,8 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
     request that started from the 8K requests' acceptance opened with a long draft chain)."""
     tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}"
+    if params.logit_bias:  # it changes every tier's rows, so how often they agree
+        sampling += f",bias={hashlib.sha256(repr(params.logit_bias).encode()).hexdigest()[:8]}"
     machine = "+".join(sorted({machine_key(t.model.device.type) for t in ladder}))
     return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
             + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else "")

@@ -116,7 +116,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, f"'{name}' must be at least 1{' (0 only with echo)' if kind == 'completion' else ''}",
                        param=name)
     logprobs = _logprobs(kind, body)
-    bias = body.get("logit_bias") or {}
+    bias = {} if body.get("logit_bias") is None else body["logit_bias"]
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must map token ids to values from -100 to 100", param="logit_bias")
     try:

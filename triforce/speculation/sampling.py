@@ -27,7 +27,7 @@ def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
     if bias:
         ids, values = zip(*bias)
         logits = logits.clone()
-        logits[..., list(ids)] += torch.tensor(values, dtype=logits.dtype)
+        logits[..., list(ids)] += torch.tensor(values, dtype=logits.dtype, device=logits.device)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     logits = logits / temperature
