@@ -138,9 +138,10 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+    echoed = [_text(p, tokens, llm) for p, tokens in zip(given, prompts)] if echo else None
     return Job(kind, prompts, params, bool(body.get("stream")), bool(options.get("include_usage")),
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n,
-               TokenTexts(llm.tokenizer), [_text(p, ids, llm) for p, ids in zip(given, prompts)] if echo else None)
+               TokenTexts(llm.tokenizer), echoed)
 
 
 def _logprobs(kind: str, body: dict) -> int | None:
