@@ -26,11 +26,15 @@ def count_splits(monkeypatch) -> list:
     return splits
 
 
-@pytest.fixture(params=["dense", "split"])
+@pytest.fixture(params=["dense", "split", "matmul"])
 def torch_path(request, monkeypatch):
-    """Which float32 CPU path `attention` takes for several new tokens: one masked SDPA pass, or the split
-    flash passes (a threshold on the mask's size picks one; here each is forced)."""
-    monkeypatch.setattr(attention_module, "DENSE_MASK_ENTRIES", 1 << 62 if request.param == "dense" else 0)
+    """Which float32 torch path `attention` takes for several new tokens: one masked SDPA pass, or the split
+    flash passes (a threshold on the mask's size picks one on CPU; here each is forced), or CUDA's plain
+    matmuls (forced onto the CPU)."""
+    monkeypatch.setattr(attention_module, "DENSE_MASK_ENTRIES", 1 << 62 if request.param != "split" else 0)
+    if request.param == "matmul":
+        monkeypatch.setattr(attention_module, "takes_matmul", lambda q, rows: True)
+        monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", None)  # must not be called
     return SimpleNamespace(name=request.param, splits=count_splits(monkeypatch))
 
 
@@ -150,3 +154,23 @@ def test_cpu_decode_attention_kernel_refuses_a_bad_mask(level):
     for bad in (torch.ones(4, 3, dtype=torch.bool), torch.ones(4, 11, dtype=torch.bool), torch.ones(4, 4)):
         with pytest.raises(RuntimeError, match="mask"):
             cpu_kernels().decode_attention_bf16(q, k, v, 0.125, mask=bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.parametrize("n", [1, 5])
+def test_cuda_float32_checks_take_plain_matmuls_and_match_the_reference(n, monkeypatch):
+    """On CUDA, float32 decode steps and checks avoid SDPA's memory-efficient kernel (one block per KV head
+    over every key); prefill chunks keep it."""
+    calls = []
+    real = attention_module._matmul_attention
+    monkeypatch.setattr(attention_module, "_matmul_attention", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(n)
+    q, k, v = torch.randn(9, n, 64, generator=g), torch.randn(3, 3000, 64, generator=g), torch.randn(3, 3000, 64, generator=g)
+    mask = random_mask(n, 40, g)
+    got = attention(q.cuda(), k.cuda(), v.cuda(), 0.125, mask.cuda())
+    torch.testing.assert_close(got.cpu(), reference_attention(q, k, v, 0.125, mask), atol=1e-5, rtol=1e-5)
+    assert calls
+    big = torch.randn(9, 100, 64, generator=g).cuda()
+    calls.clear()
+    attention(big, k.cuda(), v.cuda(), 0.125)
+    assert not calls and not attention_module.takes_matmul(q, 3 * n)  # 300 rows: SDPA; a CPU tensor: never

@@ -12,7 +12,8 @@ the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc decode-attentio
 steps and speculative checks (head dim 64 or 128), which reads a cold KV cache faster than SDPA and, with
 AMX tiles, checks a chain of 7 tokens in about the time of one (benchmarks/attention_bandwidth.py); on CPU
 otherwise, except float32 under DENSE_MASK_ENTRIES, torch's flash attention in an unmasked pass and a causal
-(or masked) pass over the last keys, merged by log-sum-exp (`_split_attention`); masked SDPA elsewhere.
+(or masked) pass over the last keys, merged by log-sum-exp (`_split_attention`); on CUDA in float32 for a
+few rows, plain matmuls and a softmax (`_matmul_attention`); masked SDPA elsewhere.
 `reference_attention` is the plain loop that the tests compare them all against.
 """
 from __future__ import annotations
@@ -36,6 +37,12 @@ KERNEL_MAX_ROWS = 128
 # 2e5 on (an 8K prefill chunk's dense mask cost as much as its attention). `benchmarks/attention_paths.py`;
 # bfloat16 (CPUs with native bfloat16) keeps the split pass: not measured there.
 DENSE_MASK_ENTRIES = 1 << 16
+
+# On CUDA, float32 SDPA takes the memory-efficient kernel, which gives a KV head's few query rows one block
+# that walks every key: about 1 ms a layer at 8K keys on an H200, 93% of a float32 decode step (27 tokens/s
+# with CUDA graphs). Three plain ops (scores, masked softmax, weighted sum) spread the keys over the whole
+# GPU instead; `_matmul_attention` takes up to this many query rows per KV head (a prefill chunk keeps SDPA).
+MATMUL_MAX_ROWS = 256
 
 
 def kernel_max_rows() -> int:
@@ -113,9 +120,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         attn_mask = visible_keys(n, s, mask, q.device).repeat(g, 1)
     else:
         attn_mask = None if n == 1 else _grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
-    # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path.
-    out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=scale)
+    if takes_matmul(q, g * n):
+        out = _matmul_attention(qg, k, v, scale, attn_mask)
+    else:  # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path
+        out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=scale)
     return out.reshape(hq, n, d).to(q_dtype)
+
+
+def takes_matmul(q: torch.Tensor, rows: int) -> bool:
+    """Whether `attention` computes q's rows (query heads per KV head x new tokens) as `_matmul_attention`."""
+    return q.is_cuda and q.dtype == torch.float32 and rows <= MATMUL_MAX_ROWS
+
+
+def _matmul_attention(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                      attn_mask: torch.Tensor | None) -> torch.Tensor:
+    """SDPA's result in plain ops: qg [1, Hkv, R, D] over k, v [Hkv, S, D] under attn_mask [R, S] (None:
+    every key). Returns [1, Hkv, R, D]."""
+    scores = torch.matmul(qg[0], k.transpose(1, 2)) * scale  # [Hkv, R, S]
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v).unsqueeze(0)
 
 
 # torch's CPU flash attention, which also returns each row's log-sum-exp (internal; absent: the masked path)
