@@ -50,6 +50,11 @@ class SamplingParams:
     # (token, value) pairs added to every tier's logits before the rest (OpenAI's logit_bias; a dict is
     # taken too); values from -100 (never) to 100 (always, in practice)
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # OpenAI's presence and frequency penalties (-2 to 2) and vLLM's repetition penalty (> 0; 1 is off), on
+    # every tier's rows, each by the tokens before it (speculation/penalties.py), then logit_bias
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
@@ -75,6 +80,12 @@ class SamplingParams:
             raise ConfigError(f"top_k must be >= 0 (got {self.top_k})")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ConfigError(f"{name} must be from -2 to 2 (got {getattr(self, name)})")
+        if not 0 < self.repetition_penalty <= 100:
+            raise ConfigError(f"repetition_penalty must be above 0, at most 100 (1 is off; got "
+                              f"{self.repetition_penalty})")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):

@@ -8,6 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from checkpoints import write_reduced_vocabulary
+from penalty_reference import reference_penalized
 from sampling_runs import outputs
 from scripted_planner import follow_script
 from triforce.cache.full import FullKVCache
@@ -18,7 +19,7 @@ from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.tiers import Tier
 from triforce.coordinator.verifier import LocalVerifier
 from triforce.models.loader import load_model
-from triforce.speculation.sampling import processed, top_probability
+from triforce.speculation.sampling import probabilities, processed, top_probability
 from triforce.step import Step
 
 ALPHA = 1e-3
@@ -85,6 +86,25 @@ def test_greedy_with_a_logit_bias_equals_plain_decoding_with_it(models, mode, po
     reference, _ = run(target, draft, "ar", prompt, params)
     assert not set(banned) & set(reference) and reference != free
     tokens, metrics = run(target, draft, mode, prompt, params, policy)
+    assert tokens == reference and all(t.checks > 0 for t in metrics.tiers)
+
+
+PENALTIES = dict(presence_penalty=0.8, frequency_penalty=0.6, repetition_penalty=1.4)
+
+
+@pytest.mark.parametrize("mode,policy,trees", [(m, p, {}) for m, p in MODES] + [
+    ("auto", "static", {}), ("triforce", "static", dict(tree1=8)), ("retrieval", "dynamic", dict(tree2=8)),
+    ("draft", "static", dict(tree1=8, tree_shape="confidence"))])
+def test_greedy_with_penalties_equals_plain_decoding_with_them(models, mode, policy, trees):
+    """Every tier's row is penalized by its own position's history (a chain's earlier proposals, a tree
+    node's ancestors): each mode follows `ar` with the same penalties, which change what it says."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    free, _ = run(target, draft, "ar", prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, **PENALTIES)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    assert reference != free
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, **trees)
     assert tokens == reference and all(t.checks > 0 for t in metrics.tiers)
 
 
@@ -180,8 +200,12 @@ def small_vocab(tiny_dir):
 def exact_two_token_distribution(target, prompt, params):
     def dist(tokens):
         cache = FullKVCache(target.config, len(tokens), target.rope, target.dtype, "cpu")
-        logits = target(torch.tensor(tokens), cache, logits_for="last")
-        return processed(logits, params)[0]
+        logits = target(torch.tensor(tokens), cache, logits_for="last")[0].clone()
+        for token, value in params.logit_bias:  # vLLM's order: the bias, then the penalties
+            logits[token] += value
+        logits = reference_penalized(logits, prompt, tokens[len(prompt):], params.presence_penalty,
+                                     params.frequency_penalty, params.repetition_penalty)
+        return probabilities(logits[None], params.temperature, params.top_k, params.top_p)[0]
 
     first = dist(prompt)
     return {(a, b): float(first[a] * dist(prompt + [a])[b]) for a, b in itertools.product(range(8), repeat=2)}
@@ -224,6 +248,10 @@ SAMPLING_CASES = [
     # a logit bias (every tier's rows): one token boosted, one banned
     ("triforce", "static", dict(temperature=1.0, logit_bias={3: 2.0, 5: -100}), dict(tree1=6)),
     ("retrieval", "dynamic", dict(temperature=0.8, logit_bias={1: 1.5, 6: -100}), {}),
+    # penalties: the second token's rows (the target's, a tree node's) by the first token on their path
+    ("triforce", "static", dict(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.5,
+                                repetition_penalty=1.3, logit_bias={3: 2.0}), dict(tree1=6)),
+    ("retrieval", "dynamic", dict(temperature=0.8, frequency_penalty=2.0), {}),
 ]
 
 

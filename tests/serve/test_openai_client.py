@@ -200,6 +200,24 @@ def test_a_logit_bias_bans_and_boosts_tokens_as_generate_does(llm, server):
     assert got == expected.text != free.text and not set(banned) & set(expected.token_ids)
 
 
+def test_penalties_change_the_answer_as_generate_does(llm, server):
+    """OpenAI's presence and frequency penalties and vLLM's repetition_penalty (an extra field), through the
+    client: the answer is LLM.generate's with the same penalties, and differs from the plain one; a value
+    out of range is a 400 that names its field."""
+    client, prompt = server.client(), words(24, first=4)
+    free = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    penalties = dict(presence_penalty=1.5, frequency_penalty=1.0)
+    asked = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, repetition_penalty=2.0, **penalties)
+    expected = llm.generate(prompt, asked)[0]
+    got = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, **penalties,
+                                    extra_body={"ignore_eos": True, "repetition_penalty": 2.0}).choices[0].text
+    assert got == expected.text != free.text
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=2,
+                                       frequency_penalty=3)
+    assert bad.value.body["param"] == "frequency_penalty"
+
+
 def test_every_error_status_reaches_the_client_as_its_exception(llm):
     server = Server(create_app(llm, "tiny", api_key=KEY, max_queue=1))
     client, prompt = server.client(), words(20)

@@ -37,12 +37,13 @@ from tqdm import tqdm
 from ..config import SamplingParams
 from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.lookup import ContextLookup
+from ..speculation.penalties import Penalties
 from ..speculation.sampling import processed, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
 from .tiers import Tier, Wait
-from .trees import TreeShaper, grow_tree, measure_costs, tree_step
+from .trees import TreeShaper, grow_tree, measure_costs, node_paths, tree_step
 
 PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least this long
 
@@ -88,6 +89,7 @@ class HierarchyEngine:
         self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
         self.stop_below = stop_below
         self.lookup: ContextLookup | None = None
+        self.penalties: Penalties | None = None  # the request's, from `run`
         self.logprobs: list[TokenLogprobs] = []  # per generated token, when the request asks (SamplingParams.logprobs)
         self.prompt_logprobs: list[TokenLogprobs | None] = []  # per prompt token (the first: None), when asked
         self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
@@ -116,6 +118,7 @@ class HierarchyEngine:
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()))
         self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
+        self.penalties = Penalties.of(params, prompt)
         self.logprobs = []
         self.prompt_logprobs = [] if params.prompt_logprobs is None else [None]
         self.lookup = ContextLookup(self.lookup_n) if self.lookup_n else None
@@ -204,6 +207,13 @@ class HierarchyEngine:
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         return processed(logits, self.params)
 
+    def _penalized(self, logits: torch.Tensor, paths: list[list[int]], upto: int | None = None) -> torch.Tensor:
+        """logits [n, V] of rows where row i follows seq[:upto] (all of seq by default), then paths[i]: with
+        the request's penalties (speculation/penalties.py), the same tensor where it has none."""
+        if self.penalties is None:
+            return logits
+        return self.penalties.apply(logits, self.seq if upto is None else self.seq[:upto], paths)
+
     def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""
         tier = self.tiers[level]
@@ -231,7 +241,7 @@ class HierarchyEngine:
         while len(tokens) < count:
             if level == 0:
                 logits = (yield from self._forward(0))[-1]
-                row = self._probs(logits[None])[0]
+                row = self._probs(self._penalized(logits[None], [[]]))[0]
                 copy = self.lookup.candidate(seq) if self.lookup is not None and proposing else None
                 row = self.lookup.mix(row, copy) if copy is not None else row
                 token = sample(row, self.generator, greedy)
@@ -264,7 +274,8 @@ class HierarchyEngine:
         draft_tokens, draft_rows, _ = yield from self._produce(level - 1, g)
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below), or more
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
-        verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), logits, self.params, self.generator)
+        rows = self._penalized(logits, [draft_tokens[:i] for i in range(g + 1)], position)
+        verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), rows, self.params, self.generator)
         self._record(level, g, verdict.accepted)
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
         kept = verdict.accepted + 1
@@ -276,11 +287,11 @@ class HierarchyEngine:
         position = len(self.seq)
         tokens, parents, draft_probs = yield from grow_tree(
             proposer, lambda step: self._forward(0, step), self.seq, self.tree.growth(), self._probs, self.generator,
-            greedy, self.lookup)
+            greedy, self.lookup, self._penalized)
         step = tree_step(self.seq, checker.length, tokens, parents)
         catch_up = step.n - len(tokens)
         logits = (yield from self._forward(1, step))[catch_up - 1:]  # [N + 1, V]: root, nodes
-        target_probs = self._probs(logits)
+        target_probs = self._probs(self._penalized(logits, [[]] + node_paths(tokens, parents)))
         verdict = verify_tree(tokens, parents, draft_probs, target_probs, self.generator, greedy)
         accepted = len(verdict.path)
         self.tree.observe(parents, verdict.path)

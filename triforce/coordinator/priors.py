@@ -57,6 +57,9 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}"
     if params.logit_bias:  # it changes every tier's rows, so how often they agree
         sampling += f",bias={hashlib.sha256(repr(params.logit_bias).encode()).hexdigest()[:8]}"
+    penalties = (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)
+    if penalties != (0, 0, 1):  # likewise
+        sampling += ",penalties={:g}/{:g}/{:g}".format(*penalties)
     machine = "+".join(sorted({machine_key(t.model.device.type) for t in ladder}))
     return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
             + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else "")

@@ -40,7 +40,7 @@ WHY_KEPT = ("predicted_tokens_per_s", "expected_tokens_per_s", "probe", "accepta
 
 
 def add_bench_parser(sub) -> None:
-    from .cli import add_engine_args, add_model_args
+    from .cli import add_engine_args, add_model_args, add_penalty_args
 
     p = sub.add_parser("bench", help="compare modes and peers on the same prompts; prints JSON",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,6 +59,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    add_penalty_args(p)
     p.add_argument("--sweep", default=None, metavar="SETTING=V1,V2,...",
                    help="repeat every non-ar mode for each value of one engine setting, e.g. budget=256,512,1024")
     p.add_argument("--repeats", type=int, default=1,
@@ -108,7 +109,7 @@ def _tier_summary(metrics) -> list[dict]:
 
 def run_bench(args) -> int:
     from ..api import LLM
-    from .cli import engine_settings
+    from .cli import engine_settings, penalties
 
     sweep_name, sweep_values = _parse_sweep(args.sweep)
     text = "\n".join(Path(f).read_text(encoding="utf-8") for f in args.text)
@@ -154,7 +155,7 @@ def run_bench(args) -> int:
                     fill_prefix_store(llm, base, prompts)
                 for temperature in args.temperatures:
                     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature,
-                                            top_p=args.top_p, seed=args.seed, ignore_eos=True)
+                                            top_p=args.top_p, seed=args.seed, ignore_eos=True, **penalties(args))
                     group = {"workload": workload, "prompt_tokens": length, "temperature": temperature,
                              "batch": batch}
                     rows = []
@@ -178,7 +179,8 @@ def run_bench(args) -> int:
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
-              "top_p": args.top_p, "engine": {**dataclasses.asdict(base), "lookup": base.lookup_n},
+              "top_p": args.top_p, "penalties": penalties(args),
+              "engine": {**dataclasses.asdict(base), "lookup": base.lookup_n},
               "cpu": {"model": cpu_model(), "threads": torch.get_num_threads(), "isa": cpu_isa(),
                       "isa_level": isa_level(),  # the CPU kernels are built only where they run (22 s on a GPU's host)
                       "kernel_path": kernel_path() if llm.device.type == "cpu" else None,

@@ -100,6 +100,7 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
     samp.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    add_penalty_args(samp)
     add_engine_args(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     gen.add_argument("--logprobs", type=int, default=None, metavar="K",
@@ -178,12 +179,29 @@ def read_prompt(args) -> str:
     return prompt
 
 
+def add_penalty_args(group) -> None:
+    """--presence-penalty, --frequency-penalty, --repetition-penalty (SamplingParams; `penalties(args)`)."""
+    group.add_argument("--presence-penalty", type=float, default=0.0,
+                       help="-2 to 2: subtracted from the logit of every token generated before (OpenAI's)")
+    group.add_argument("--frequency-penalty", type=float, default=0.0,
+                       help="-2 to 2: subtracted once per time a token was generated before (OpenAI's)")
+    group.add_argument("--repetition-penalty", type=float, default=1.0,
+                       help="> 0, 1 = off: divides the positive logits of tokens in the prompt or generated "
+                            "before, multiplies the others (vLLM's)")
+
+
+def penalties(args) -> dict:
+    """The SamplingParams fields of add_penalty_args' flags."""
+    return dict(presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                repetition_penalty=args.repetition_penalty)
+
+
 def run_generation(args, llm) -> int:
     """Generates from the prompt of `args` with `llm`; streams text or prints the JSON object."""
     prompt = read_prompt(args)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
-                            logprobs=args.logprobs)
+                            logprobs=args.logprobs, **penalties(args))
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
     out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
     m = out.metrics

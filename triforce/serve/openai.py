@@ -30,11 +30,11 @@ from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "best_of", "stream",
-          "stream_options", "user", "ignore_eos", "logprobs", "logit_bias"}
+          "stream_options", "user", "ignore_eos", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
+          "repetition_penalty"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 HARMLESS = {"echo": (None, False), "suffix": (None, ""),
-            "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
             "parallel_tool_calls": (None,), "tools": (None, []),
             "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
@@ -127,10 +127,14 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
                                 top_p=_number(body, "top_p", 1.0), top_k=int(_number(body, "top_k", 0)),
                                 seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")),
-                                logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias)
+                                logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
+                                presence_penalty=_number(body, "presence_penalty", 0.0),
+                                frequency_penalty=_number(body, "frequency_penalty", 0.0),
+                                repetition_penalty=_number(body, "repetition_penalty", 1.0))
         llm.check_logit_bias(params)
-    except (ConfigError, TypeError, ValueError) as exc:
-        raise ApiError(400, str(exc), param="logit_bias" if "logit_bias" in str(exc) else None) from None
+    except (ConfigError, TypeError, ValueError) as exc:  # their messages begin with the setting's name
+        name = str(exc).split(" ", 1)[0]
+        raise ApiError(400, str(exc), param=name if name in FIELDS[kind] else None) from None
     if len(ids) + max_tokens > limit:
         raise ApiError(413 if len(ids) >= limit else 400,
                        f"the prompt ({len(ids)} tokens) and max_tokens ({max_tokens}) pass the model's "

@@ -1,0 +1,61 @@
+"""Presence, frequency and repetition penalties against vLLM's rule written out token by token."""
+import pytest
+import torch
+
+from triforce.config import ConfigError, SamplingParams
+from penalty_reference import reference_penalized
+from triforce.speculation.penalties import Penalties
+
+
+@pytest.mark.parametrize("presence,frequency,repetition", [(0.7, 0, 1), (0, 0.4, 1), (0, 0, 1.5), (-0.5, 1.2, 0.8),
+                                                          (2, 2, 3)])
+def test_rows_are_penalized_by_their_own_history(presence, frequency, repetition):
+    """Row i follows the shared history and then its own path (a chain's earlier proposals, a tree node's
+    ancestors): each row equals the rule applied to exactly that sequence."""
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 12, (9,), generator=g).tolist()
+    history = prompt + [3, 3, 17, 5]  # four generated so far
+    paths = [[], [17], [17, 2], [4], [4, 4, 19], [3]]
+    logits = torch.randn(len(paths), 20, generator=g) * 3
+    penalties = Penalties.of(SamplingParams(presence_penalty=presence, frequency_penalty=frequency,
+                                            repetition_penalty=repetition), prompt)
+    got = penalties.apply(logits, history, paths)
+    for i, path in enumerate(paths):
+        expected = reference_penalized(logits[i], prompt, history[len(prompt):] + path, presence, frequency, repetition)
+        torch.testing.assert_close(got[i], expected)
+    assert not torch.equal(got, logits)
+
+
+def test_the_repetition_penalty_applies_after_the_logit_bias_as_vllms_does():
+    """vLLM adds the bias first and penalizes the sum; the engine adds the bias after `apply` (where every
+    row is processed), so `apply` plus the bias must equal the rule applied to the biased logits: a bias
+    that turns a seen token's logit positive is divided, not multiplied."""
+    g = torch.Generator().manual_seed(2)
+    prompt, history, paths = [1, 2, 3], [1, 2, 3, 7], [[], [9]]
+    logits = torch.randn(2, 12, generator=g)
+    logits[:, 7] = -1.0
+    bias = ((2, -3.0), (7, 4.0), (11, 1.5))
+    params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, logit_bias=dict(bias))
+    got = Penalties.of(params, prompt).apply(logits, history, paths)
+    biased = logits.clone()
+    for token, value in bias:
+        biased[:, token] += value
+    for i, path in enumerate(paths):
+        expected = reference_penalized(biased[i], prompt, history[3:] + path, 0, 0.5, 2.0)
+        torch.testing.assert_close(got[i] + (biased[i] - logits[i]), expected)
+    assert got[0, 7] + 4.0 == pytest.approx((-1.0 + 4.0) / 2 - 0.5)
+
+
+def test_no_penalty_is_none_and_bad_values_are_refused():
+    assert Penalties.of(SamplingParams(), [1, 2]) is None
+    assert Penalties.of(SamplingParams(presence_penalty=-0.1), [1, 2]) is not None
+    for bad in (dict(presence_penalty=2.5), dict(frequency_penalty=-3), dict(repetition_penalty=0),
+                dict(repetition_penalty=float("nan")), dict(presence_penalty=float("nan"))):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            SamplingParams(**bad)
+
+
+def test_rows_and_paths_must_match():
+    penalties = Penalties.of(SamplingParams(frequency_penalty=1.0), [1])
+    with pytest.raises(ValueError, match="3 rows need 3 paths"):
+        penalties.apply(torch.zeros(3, 5), [1], [[], []])

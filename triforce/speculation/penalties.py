@@ -1,0 +1,101 @@
+"""Presence, frequency and repetition penalties: a row's logits changed by the tokens before that row.
+
+OpenAI's `presence_penalty` p and `frequency_penalty` f and vLLM's `repetition_penalty` r, as vLLM applies
+them, after the logit bias b: for each token v, with c(v) how often v was generated before the row (the
+prompt not counted), first, where v is in the prompt or was generated (r != 1), a logit x + b becomes
+(x + b) / r if positive, else (x + b) * r; then f * c(v) and p * [c(v) > 0] are subtracted. The bias itself
+is added where every tier's rows are processed (sampling.processed), after this: `apply` returns the
+logits that, with b added, are vLLM's (for the subtractions the order makes no difference).
+
+Speculation stays exact when every tier's row at a position is penalized by that position's own history:
+the committed sequence, then the proposals on the way to it (a chain's earlier tokens, a tree node's
+ancestors and itself). The target's rows are then exactly the penalized target's distributions that
+verification compares against, and a proposer's rows are what it sampled from. `Penalties.apply` takes
+the rows' histories that way: one shared sequence and each row's own path after it.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class Penalties:
+    """A request's penalties (`of` gives None where they change nothing)."""
+
+    def __init__(self, presence: float, frequency: float, repetition: float, prompt: Sequence[int],
+                 bias: Sequence[tuple[int, float]] = ()):
+        """bias: the request's logit_bias, (token, value) pairs sorted by token."""
+        self.presence, self.frequency, self.repetition = presence, frequency, repetition
+        self._bias_tokens = torch.tensor([t for t, _ in bias], dtype=torch.long)
+        self._bias_values = torch.tensor([v for _, v in bias], dtype=torch.float32)
+        self.prompt_length = len(prompt)
+        self._prompt = torch.tensor(list(prompt), dtype=torch.long)
+        self._prompt_sorted: torch.Tensor | None = None  # its distinct tokens, made at first use
+
+    @classmethod
+    def of(cls, params, prompt: Sequence[int]) -> "Penalties | None":
+        """The penalties of SamplingParams `params` for a request of `prompt` (None: all off)."""
+        if params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1:
+            return None
+        return cls(params.presence_penalty, params.frequency_penalty, params.repetition_penalty, prompt,
+                   params.logit_bias)
+
+    def apply(self, logits: torch.Tensor, history: Sequence[int], paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """logits [n, V] (float32) of rows where row i follows `history` (the prompt, then the tokens
+        generated so far) and then paths[i]: the penalized logits, a new tensor. Only the columns of the
+        tokens seen are read and written: the prompt's (for the repetition penalty), then the others."""
+        n = logits.shape[0]
+        if len(paths) != n:
+            raise ValueError(f"{n} rows need {n} paths (got {len(paths)})")
+        generated = torch.tensor(list(history[self.prompt_length:]), dtype=torch.long)
+        path_rows = torch.tensor([i for i, path in enumerate(paths) for _ in path], dtype=torch.long)
+        path_tokens = torch.tensor([t for path in paths for t in path], dtype=torch.long)
+        prompt = self._prompt_tokens() if self.repetition != 1 else torch.empty(0, dtype=torch.long)
+        tokens = torch.cat((generated, path_tokens))
+        others = torch.unique(tokens[~_member(tokens, prompt)])  # sorted, a few hundred at most
+
+        def column(t: torch.Tensor) -> torch.Tensor:  # where each token's column is among (prompt, others)
+            return torch.where(_member(t, prompt), _rank(prompt, t), len(prompt) + _rank(others, t))
+
+        width = len(prompt) + len(others)
+        counts = torch.zeros(width).index_add_(0, column(generated), torch.ones(len(generated)))
+        counts = counts.expand(n, width).clone()
+        counts.index_put_((path_rows, column(path_tokens)), torch.ones(len(path_rows)), accumulate=True)
+        counts = counts.to(logits.device)
+        index = torch.cat((prompt, others)).to(logits.device)
+        x = logits.float()[:, index]  # [n, width]
+        if self.repetition != 1:
+            seen = (counts > 0) | (torch.arange(width, device=logits.device) < len(prompt))
+            bias = self._bias_of(torch.cat((prompt, others))).to(logits.device)
+            x = x + bias
+            x = torch.where(seen, torch.where(x > 0, x / self.repetition, x * self.repetition), x) - bias
+        x = x - self.frequency * counts - self.presence * (counts > 0).float()
+        out = logits.float().clone()
+        out[:, index] = x
+        return out
+
+    def _bias_of(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The logit bias of each token (0 for most)."""
+        out = torch.zeros(len(tokens))
+        biased = _member(tokens, self._bias_tokens)
+        out[biased] = self._bias_values[_rank(self._bias_tokens, tokens[biased])]
+        return out
+
+    def _prompt_tokens(self) -> torch.Tensor:
+        """The prompt's distinct tokens, sorted."""
+        if self._prompt_sorted is None:
+            self._prompt_sorted = torch.unique(self._prompt)
+        return self._prompt_sorted
+
+
+def _rank(ordered: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Each token's index in `ordered` (sorted), where it is there."""
+    return torch.searchsorted(ordered, tokens)
+
+
+def _member(tokens: torch.Tensor, ordered: torch.Tensor) -> torch.Tensor:
+    """Whether each token is in `ordered` (sorted)."""
+    if not len(ordered):
+        return torch.zeros(tokens.shape, dtype=torch.bool)
+    return ordered[_rank(ordered, tokens).clamp_max(len(ordered) - 1)] == tokens
