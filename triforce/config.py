@@ -51,7 +51,7 @@ class SamplingParams:
     # taken too); values from -100 (never) to 100 (always, in practice)
     logit_bias: tuple[tuple[int, float], ...] = ()
     # OpenAI's presence and frequency penalties (-2 to 2) and vLLM's repetition penalty (> 0; 1 is off), on
-    # every tier's rows, each by the tokens before it (speculation/penalties.py), then logit_bias
+    # every tier's rows, each by the tokens before it, after logit_bias as in vLLM (speculation/penalties.py)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
