@@ -13,7 +13,8 @@
 # Knobs: SPEED_ONLY=1 (step 4 alone), SUITE=0 (no step 2), BF16_BATCHES (default "1 8"; "" skips step 4),
 # BF16_ARGS (more bench options, such as --repeats 2), PROFILE_ARGS, PROFILE_BENCH, TREE1 (step 1's tree size, 8); time limits
 # BENCH_F32_S, BENCH_TREES_S, SUITE_S, PROFILE_S (each), BENCH_S. Step 1 starts with the CUDA graph tests.
-# First what breaks most often, so that a call cut short has still checked it.
+# First what breaks most often, so that a call cut short has still checked it (a profile, when asked, comes
+# right after the graph tests: its question came first that time).
 # Needs $GPU_KIT (default .gpu), made by benchmarks/gpu_kit.sh: whl/ (wheels the machine lacks), tok/
 # (SmolLM2's config.json and tokenizer files), austen-emma.txt. Carry it: device run, carry [".gpu"].
 # Writes into $OUT: env.txt, pytest_graphs.log, bench_f32.json, bench_f32_trees.json, pytest.log,

@@ -33,7 +33,7 @@ def torch_path(request, monkeypatch):
     matmuls (forced onto the CPU)."""
     monkeypatch.setattr(attention_module, "DENSE_MASK_ENTRIES", 1 << 62 if request.param != "split" else 0)
     if request.param == "matmul":
-        monkeypatch.setattr(attention_module, "takes_matmul", lambda q, rows: True)
+        monkeypatch.setattr(attention_module, "takes_matmul", lambda *a: True)
         monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", None)  # must not be called
     return SimpleNamespace(name=request.param, splits=count_splits(monkeypatch))
 
@@ -173,4 +173,5 @@ def test_cuda_float32_checks_take_plain_matmuls_and_match_the_reference(n, monke
     big = torch.randn(9, 100, 64, generator=g).cuda()
     calls.clear()
     attention(big, k.cuda(), v.cuda(), 0.125)
-    assert not calls and not attention_module.takes_matmul(q, 3 * n)  # 300 rows: SDPA; a CPU tensor: never
+    assert not calls and not attention_module.takes_matmul(q, 3 * n, 3000, 3)  # 300 rows: SDPA; CPU: never
+    assert not attention_module.takes_matmul(q.cuda(), 3, attention_module.MATMUL_MAX_SCORES // 9 + 1, 3)

@@ -26,6 +26,34 @@ def test_rows_are_penalized_by_their_own_history(presence, frequency, repetition
     assert not torch.equal(got, logits)
 
 
+@pytest.mark.parametrize("presence,frequency,repetition", [(0.7, 0.4, 1), (0, 0, 1.5), (-0.5, 1.2, 0.8)])
+def test_a_chains_rows_are_its_prefixes(presence, frequency, repetition):
+    """apply_chain: row i follows the history and then the chain's first i tokens."""
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 12, (9,), generator=g).tolist()
+    history, chain = prompt + [3, 17], [17, 2, 17, 5, 3]
+    logits = torch.randn(len(chain) + 1, 20, generator=g) * 3
+    penalties = Penalties.of(SamplingParams(presence_penalty=presence, frequency_penalty=frequency,
+                                            repetition_penalty=repetition), prompt)
+    got = penalties.apply_chain(logits, history, chain)
+    torch.testing.assert_close(got, penalties.apply(logits, history, [chain[:i] for i in range(len(chain) + 1)]))
+    for i in range(len(chain) + 1):
+        expected = reference_penalized(logits[i], prompt, history[len(prompt):] + chain[:i], presence, frequency,
+                                       repetition)
+        torch.testing.assert_close(got[i], expected)
+
+
+def test_a_row_is_the_same_whatever_the_other_rows_hold():
+    """A row's penalized logits depend on its own history alone, bit for bit (a check's row equals `ar`'s
+    step there), here with a logit bias on a token another row's path holds."""
+    prompt, history = [1, 2, 3], [1, 2, 3, 4]
+    logits = torch.randn(2, 12, generator=torch.Generator().manual_seed(4))
+    penalties = Penalties.of(SamplingParams(repetition_penalty=1.3, logit_bias={7: 100.0, 2: -3.0}), prompt)
+    alone = penalties.apply(logits[:1], history, [[]])
+    together = penalties.apply(logits, history, [[], [7, 9]])
+    assert torch.equal(alone[0], together[0]) and not torch.equal(together[1], logits[1])
+
+
 def test_the_repetition_penalty_applies_after_the_logit_bias_as_vllms_does():
     """vLLM adds the bias first and penalizes the sum; the engine adds the bias after `apply` (where every
     row is processed), so `apply` plus the bias must equal the rule applied to the biased logits: a bias

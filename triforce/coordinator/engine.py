@@ -65,7 +65,7 @@ class Check:
     verifies every sequence waiting on one together (batch.check_together)."""
     draft_tokens: list[int]
     draft_probs: torch.Tensor  # [g, V]: the proposer's distribution for each proposal
-    logits: torch.Tensor  # [g + 1, V]: the checker's, at each proposal and one past the last
+    logits: torch.Tensor  # [g + 1, V]: the checker's, at each proposal and one past the last (penalized)
     params: SamplingParams
     generator: torch.Generator
 
@@ -207,12 +207,16 @@ class HierarchyEngine:
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         return processed(logits, self.params)
 
-    def _penalized(self, logits: torch.Tensor, paths: list[list[int]], upto: int | None = None) -> torch.Tensor:
-        """logits [n, V] of rows where row i follows seq[:upto] (all of seq by default), then paths[i]: with
-        the request's penalties (speculation/penalties.py), the same tensor where it has none."""
+    def _penalized(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        """logits [n, V] of rows where row i follows seq, then paths[i]: with the request's penalties
+        (speculation/penalties.py), the same tensor where it has none."""
+        return logits if self.penalties is None else self.penalties.apply(logits, self.seq, paths)
+
+    def _penalized_chain(self, logits: torch.Tensor, start: int) -> torch.Tensor:
+        """`_penalized` for rows where row i follows seq[:start + i]."""
         if self.penalties is None:
             return logits
-        return self.penalties.apply(logits, self.seq if upto is None else self.seq[:upto], paths)
+        return self.penalties.apply_chain(logits, self.seq[:start], self.seq[start:start + len(logits) - 1])
 
     def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""
@@ -274,8 +278,9 @@ class HierarchyEngine:
         draft_tokens, draft_rows, _ = yield from self._produce(level - 1, g)
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below), or more
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
-        rows = self._penalized(logits, [draft_tokens[:i] for i in range(g + 1)], position)
-        verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), rows, self.params, self.generator)
+        penalized = self._penalized_chain(logits, position)  # seq[position:] holds the draft tokens
+        verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), penalized, self.params,
+                                            self.generator)
         self._record(level, g, verdict.accepted)
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
         kept = verdict.accepted + 1

@@ -41,8 +41,10 @@ DENSE_MASK_ENTRIES = 1 << 16
 # On CUDA, float32 SDPA takes the memory-efficient kernel, which gives a KV head's few query rows one block
 # that walks every key: about 1 ms a layer at 8K keys on an H200, 93% of a float32 decode step (27 tokens/s
 # with CUDA graphs). Three plain ops (scores, masked softmax, weighted sum) spread the keys over the whole
-# GPU instead; `_matmul_attention` takes up to this many query rows per KV head (a prefill chunk keeps SDPA).
+# GPU instead; `_matmul_attention` takes up to this many query rows per KV head (a prefill chunk keeps SDPA),
+# and scores of up to MATMUL_MAX_SCORES entries (KV heads x rows x keys; 512 MiB in float32).
 MATMUL_MAX_ROWS = 256
+MATMUL_MAX_SCORES = 1 << 27
 
 
 def kernel_max_rows() -> int:
@@ -120,25 +122,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         attn_mask = visible_keys(n, s, mask, q.device).repeat(g, 1)
     else:
         attn_mask = None if n == 1 else _grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
-    if takes_matmul(q, g * n):
+    if takes_matmul(q, g * n, s, hkv):
         out = _matmul_attention(qg, k, v, scale, attn_mask)
     else:  # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path
         out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=scale)
     return out.reshape(hq, n, d).to(q_dtype)
 
 
-def takes_matmul(q: torch.Tensor, rows: int) -> bool:
-    """Whether `attention` computes q's rows (query heads per KV head x new tokens) as `_matmul_attention`."""
-    return q.is_cuda and q.dtype == torch.float32 and rows <= MATMUL_MAX_ROWS
+def takes_matmul(q: torch.Tensor, rows: int, keys: int, kv_heads: int) -> bool:
+    """Whether `attention` computes q's rows (query heads per KV head x new tokens) over `keys` keys as
+    `_matmul_attention`."""
+    return (q.is_cuda and q.dtype == torch.float32 and rows <= MATMUL_MAX_ROWS
+            and kv_heads * rows * keys <= MATMUL_MAX_SCORES)
 
 
 def _matmul_attention(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                       attn_mask: torch.Tensor | None) -> torch.Tensor:
     """SDPA's result in plain ops: qg [1, Hkv, R, D] over k, v [Hkv, S, D] under attn_mask [R, S] (None:
     every key). Returns [1, Hkv, R, D]."""
-    scores = torch.matmul(qg[0], k.transpose(1, 2)) * scale  # [Hkv, R, S]
+    scores = torch.matmul(qg[0] * scale, k.transpose(1, 2))  # [Hkv, R, S]
     if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
+        scores.masked_fill_(~attn_mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v).unsqueeze(0)
 
 

@@ -109,15 +109,18 @@ def _tier_summary(metrics) -> list[dict]:
 
 def run_bench(args) -> int:
     from ..api import LLM
-    from .cli import engine_settings, penalties
+    from .cli import engine_settings, penalty_settings
 
     sweep_name, sweep_values = _parse_sweep(args.sweep)
-    text = "\n".join(Path(f).read_text(encoding="utf-8") for f in args.text)
+    texts = [_read_text(f) for f in args.text]
+    text = "\n".join(texts)
     needs_draft = any(m in ("auto", "draft", "triforce") for m in args.modes) or "assisted" in args.peers
     if args.repeats < 1:
         raise UserError("--repeats must be at least 1")
     if args.rope_scaling and args.peers:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
+    if args.peers and (args.presence_penalty, args.frequency_penalty, args.repetition_penalty) != (0, 0, 1):
+        raise UserError("the peers decode without penalties: leave out --peers with the penalty flags")
     llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
               args.device, rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
               prefix_cache_gb=args.prefix_cache_gb,
@@ -134,7 +137,7 @@ def run_bench(args) -> int:
         else:
             cpp = LlamaCppPeer(Path(args.gguf), max(args.lengths) + args.max_new_tokens + 16)
     ids = llm.tokenizer(text).input_ids
-    files = [llm.tokenizer(Path(f).read_text(encoding="utf-8")).input_ids for f in args.text]
+    files = [llm.tokenizer(t).input_ids for t in texts]
     base = llm.config
     llm.config = dataclasses.replace(base, mode="ar")
     llm.generate([ids[:64]], SamplingParams(max_tokens=8))  # warm up kernels and allocator
@@ -155,7 +158,7 @@ def run_bench(args) -> int:
                     fill_prefix_store(llm, base, prompts)
                 for temperature in args.temperatures:
                     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature,
-                                            top_p=args.top_p, seed=args.seed, ignore_eos=True, **penalties(args))
+                                            top_p=args.top_p, seed=args.seed, ignore_eos=True, **penalty_settings(args))
                     group = {"workload": workload, "prompt_tokens": length, "temperature": temperature,
                              "batch": batch}
                     rows = []
@@ -179,7 +182,7 @@ def run_bench(args) -> int:
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
-              "top_p": args.top_p, "penalties": penalties(args),
+              "top_p": args.top_p, "penalties": penalty_settings(args),
               "engine": {**dataclasses.asdict(base), "lookup": base.lookup_n},
               "cpu": {"model": cpu_model(), "threads": torch.get_num_threads(), "isa": cpu_isa(),
                       "isa_level": isa_level(),  # the CPU kernels are built only where they run (22 s on a GPU's host)
@@ -192,6 +195,13 @@ def run_bench(args) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text_out)
     return 0
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read --text {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
 
 
 def _show(row: dict, repeat: int) -> None:

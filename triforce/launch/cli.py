@@ -180,7 +180,7 @@ def read_prompt(args) -> str:
 
 
 def add_penalty_args(group) -> None:
-    """--presence-penalty, --frequency-penalty, --repetition-penalty (SamplingParams; `penalties(args)`)."""
+    """--presence-penalty, --frequency-penalty, --repetition-penalty (SamplingParams; `penalty_settings`)."""
     group.add_argument("--presence-penalty", type=float, default=0.0,
                        help="-2 to 2: subtracted from the logit of every token generated before (OpenAI's)")
     group.add_argument("--frequency-penalty", type=float, default=0.0,
@@ -190,7 +190,7 @@ def add_penalty_args(group) -> None:
                             "before, multiplies the others (vLLM's)")
 
 
-def penalties(args) -> dict:
+def penalty_settings(args) -> dict:
     """The SamplingParams fields of add_penalty_args' flags."""
     return dict(presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
                 repetition_penalty=args.repetition_penalty)
@@ -201,7 +201,7 @@ def run_generation(args, llm) -> int:
     prompt = read_prompt(args)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
-                            logprobs=args.logprobs, **penalties(args))
+                            logprobs=args.logprobs, **penalty_settings(args))
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
     out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
     m = out.metrics

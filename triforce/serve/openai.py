@@ -2,7 +2,7 @@
 the response objects and stream chunks of /v1/completions and /v1/chat/completions.
 
 A parameter this server does not support gets a 400 that names it, unless it asks for what the server
-does anyway (zero penalties, no tools...), since clients send such defaults. Log-probabilities
+does anyway (no tools, a plain text format...), since clients send such defaults. Log-probabilities
 (completions: `logprobs` k; chat: `logprobs` true, `top_logprobs` k; k up to MAX_LOGPROBS) are the
 target's, in logprobs.py's objects. A completion's `echo` puts the prompt before the text (a string
 prompt as given, token ids decoded) and, with `logprobs`, the prompt tokens' entries before the
@@ -134,6 +134,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         llm.check_logit_bias(params)
     except (ConfigError, TypeError, ValueError) as exc:  # their messages begin with the setting's name
         name = str(exc).split(" ", 1)[0]
+        if name == "max_tokens" and "max_completion_tokens" in body:
+            name = "max_completion_tokens"
         raise ApiError(400, str(exc), param=name if name in FIELDS[kind] else None) from None
     if len(ids) + max_tokens > limit:
         raise ApiError(413 if len(ids) >= limit else 400,

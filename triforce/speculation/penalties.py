@@ -43,16 +43,36 @@ class Penalties:
 
     def apply(self, logits: torch.Tensor, history: Sequence[int], paths: Sequence[Sequence[int]]) -> torch.Tensor:
         """logits [n, V] (float32) of rows where row i follows `history` (the prompt, then the tokens
-        generated so far) and then paths[i]: the penalized logits, a new tensor. Only the columns of the
-        tokens seen are read and written: the prompt's (for the repetition penalty), then the others."""
+        generated so far) and then paths[i] (a tree's nodes): the penalized logits, a new tensor."""
+        if len(paths) != logits.shape[0]:
+            raise ValueError(f"{logits.shape[0]} rows need {logits.shape[0]} paths (got {len(paths)})")
+        rows = torch.tensor([i for i, path in enumerate(paths) for _ in path], dtype=torch.long)
+
+        def add(counts: torch.Tensor, columns: torch.Tensor) -> None:
+            counts.index_put_((rows, columns), torch.ones(len(rows)), accumulate=True)
+
+        return self._penalized(logits, history, [t for path in paths for t in path], add)
+
+    def apply_chain(self, logits: torch.Tensor, history: Sequence[int], chain: Sequence[int]) -> torch.Tensor:
+        """`apply` where row i follows `history` and then chain[:i] (a chain's check, rows of a prefill)."""
+        chain = list(chain[:logits.shape[0] - 1])
+
+        def add(counts: torch.Tensor, columns: torch.Tensor) -> None:
+            steps = torch.zeros_like(counts)
+            steps[torch.arange(1, len(chain) + 1), columns] = 1.0  # row i + 1 sees chain[i] once more
+            counts += steps.cumsum(0)
+
+        return self._penalized(logits, history, chain, add)
+
+    def _penalized(self, logits: torch.Tensor, history: Sequence[int], extra: list[int], add) -> torch.Tensor:
+        """The rows' logits penalized by `history`'s generated tokens and the `extra` tokens of their paths,
+        which add(counts, their columns) counts into each row's counts. Only the columns of tokens seen
+        are read and written: the prompt's (for the repetition penalty), then the others."""
         n = logits.shape[0]
-        if len(paths) != n:
-            raise ValueError(f"{n} rows need {n} paths (got {len(paths)})")
         generated = torch.tensor(list(history[self.prompt_length:]), dtype=torch.long)
-        path_rows = torch.tensor([i for i, path in enumerate(paths) for _ in path], dtype=torch.long)
-        path_tokens = torch.tensor([t for path in paths for t in path], dtype=torch.long)
+        extra_tokens = torch.tensor(extra, dtype=torch.long)
         prompt = self._prompt_tokens() if self.repetition != 1 else torch.empty(0, dtype=torch.long)
-        tokens = torch.cat((generated, path_tokens))
+        tokens = torch.cat((generated, extra_tokens))
         others = torch.unique(tokens[~_member(tokens, prompt)])  # sorted, a few hundred at most
 
         def column(t: torch.Tensor) -> torch.Tensor:  # where each token's column is among (prompt, others)
@@ -61,25 +81,25 @@ class Penalties:
         width = len(prompt) + len(others)
         counts = torch.zeros(width).index_add_(0, column(generated), torch.ones(len(generated)))
         counts = counts.expand(n, width).clone()
-        counts.index_put_((path_rows, column(path_tokens)), torch.ones(len(path_rows)), accumulate=True)
+        add(counts, column(extra_tokens))
         counts = counts.to(logits.device)
-        index = torch.cat((prompt, others)).to(logits.device)
-        x = logits.float()[:, index]  # [n, width]
+        index = torch.cat((prompt, others))
+        x = logits.float()[:, index.to(logits.device)]  # [n, width]
         if self.repetition != 1:
             seen = (counts > 0) | (torch.arange(width, device=logits.device) < len(prompt))
-            bias = self._bias_of(torch.cat((prompt, others))).to(logits.device)
-            x = x + bias
-            x = torch.where(seen, torch.where(x > 0, x / self.repetition, x * self.repetition), x) - bias
+            bias = self._bias_of(index).to(logits.device)  # vLLM penalizes x + bias; processed adds it later
+            x = torch.where(seen, _repeated(x + bias, self.repetition) - bias, x)
         x = x - self.frequency * counts - self.presence * (counts > 0).float()
         out = logits.float().clone()
-        out[:, index] = x
+        out[:, index.to(logits.device)] = x
         return out
 
     def _bias_of(self, tokens: torch.Tensor) -> torch.Tensor:
         """The logit bias of each token (0 for most)."""
         out = torch.zeros(len(tokens))
-        biased = _member(tokens, self._bias_tokens)
-        out[biased] = self._bias_values[_rank(self._bias_tokens, tokens[biased])]
+        if len(self._bias_tokens):
+            biased = _member(tokens, self._bias_tokens)
+            out[biased] = self._bias_values[_rank(self._bias_tokens, tokens[biased])]
         return out
 
     def _prompt_tokens(self) -> torch.Tensor:
@@ -87,6 +107,11 @@ class Penalties:
         if self._prompt_sorted is None:
             self._prompt_sorted = torch.unique(self._prompt)
         return self._prompt_sorted
+
+
+def _repeated(x: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The repetition penalty on logits x: divided where positive, multiplied elsewhere."""
+    return torch.where(x > 0, x / penalty, x * penalty)
 
 
 def _rank(ordered: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
