@@ -72,3 +72,18 @@ def test_word_tokenizer_stops_at_a_stop_string(tiny_dir):
     pieces = stream_rounds(detok, tokens, 0)
     whole = tokenizer.decode(tokens, skip_special_tokens=True)
     assert "".join(pieces) == detok.text == whole[: whole.index("w7 w12")] and detok.stopped
+
+
+def test_a_stop_string_within_the_first_min_tokens_does_not_count(smollm2_tokenizer):
+    """vLLM's min_tokens: a stop string whose text ends within the first min_tokens tokens' is passed over,
+    the next one stops; one that ends just past them stops."""
+    tokens = smollm2_tokenizer(TEXT).input_ids
+    line = TEXT.index("\n") + 1  # "Zürich" occurs once per line
+    first = len(smollm2_tokenizer(TEXT[:TEXT.index("Zürich") + len("Zürich")]).input_ids)
+    for seed in range(4):
+        detok = IncrementalDetokenizer(smollm2_tokenizer, ("Zürich",), min_tokens=first)
+        pieces = stream_rounds(detok, tokens, seed)
+        assert detok.stopped and "".join(pieces) == detok.text == TEXT[: line + TEXT.index("Zürich")]
+        detok = IncrementalDetokenizer(smollm2_tokenizer, ("Zürich",), min_tokens=first - 1)
+        stream_rounds(detok, tokens, seed)
+        assert detok.text == TEXT[: TEXT.index("Zürich")]

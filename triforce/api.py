@@ -156,11 +156,13 @@ class LLM:
             raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
                             f"{cfg.max_positions} positions")
 
-    def check_logit_bias(self, params: SamplingParams) -> None:
-        """Raises UserError where params.logit_bias names a token outside the vocabulary."""
+    def check_token_ids(self, params: SamplingParams) -> None:
+        """Raises UserError where params.logit_bias or stop_token_ids name a token outside the vocabulary."""
         vocab = self.target.config.vocab_size
-        if params.logit_bias and params.logit_bias[-1][0] >= vocab:  # sorted by token
-            raise UserError(f"logit_bias names token {params.logit_bias[-1][0]}, outside the vocabulary [0, {vocab})")
+        for name, last in (("logit_bias", params.logit_bias[-1][0] if params.logit_bias else -1),  # both sorted
+                           ("stop_token_ids", params.stop_token_ids[-1] if params.stop_token_ids else -1)):
+            if last >= vocab:
+                raise UserError(f"{name} names token {last}, outside the vocabulary [0, {vocab})")
 
     def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
         """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""
@@ -230,7 +232,7 @@ class LLM:
         ids = [self.encode(p) for p in prompts]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
-            self.check_logit_bias(p)
+            self.check_token_ids(p)
         sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]
         outputs: list[RequestOutput | None] = [None] * len(ids)
         parts = self._parts_that_fit(sizes)

@@ -21,7 +21,7 @@ class ConfigError(UserError):
 
 
 def _token_id(token) -> int:
-    """A logit_bias key: an integer, or its decimal string (OpenAI's JSON keys); ValueError otherwise."""
+    """A token id: an integer, or its decimal string (logit_bias's JSON keys); ValueError otherwise."""
     if isinstance(token, int) and not isinstance(token, bool):
         return token
     if isinstance(token, str) and token.strip().lstrip("-").isdigit():
@@ -55,6 +55,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # token ids that end generation besides end-of-sequence (even with ignore_eos), kept as its last token
+    stop_token_ids: tuple[int, ...] = ()
+    # no end-of-sequence (unless ignore_eos), stop_token_ids or stop string before this many tokens (vLLM's)
+    min_tokens: int = 0
 
     def __post_init__(self):
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
@@ -65,6 +69,12 @@ class SamplingParams:
         if any(token < 0 or not -100 <= value <= 100 for token, value in bias) or len({t for t, _ in bias}) < len(bias):
             raise ConfigError("logit_bias takes token ids >= 0, once each, with values from -100 to 100")
         object.__setattr__(self, "logit_bias", bias)
+        try:
+            object.__setattr__(self, "stop_token_ids", tuple(sorted({_token_id(t) for t in self.stop_token_ids})))
+        except (TypeError, ValueError):
+            raise ConfigError("stop_token_ids must be a list of token ids") from None
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ConfigError("stop_token_ids must be token ids >= 0")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -80,6 +90,9 @@ class SamplingParams:
             raise ConfigError(f"top_k must be >= 0 (got {self.top_k})")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ConfigError(f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}; got "
+                              f"{self.min_tokens!r})")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ConfigError(f"{name} must be from -2 to 2 (got {getattr(self, name)})")

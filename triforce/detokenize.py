@@ -9,7 +9,8 @@ U+FFFD is held back, since the next tokens may complete a multibyte character; `
 Stop strings are searched in the new text and the characters held back before it: while no stop string
 is found, the last len(longest stop) - 1 characters are not handed out, so a stop string that two rounds
 complete between them is found, and no part of it is ever streamed. The output keeps the tokens up to
-the one that completed it (`tokens_through_stop`).
+the one that completed it (`tokens_through_stop`). With min_tokens, a stop string that ends within the
+text of the first min_tokens tokens does not count (vLLM looks for none before then).
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stops: tuple[str, ...] = ()):
-        self.tokenizer, self.stops = tokenizer, stops
+    def __init__(self, tokenizer, stops: tuple[str, ...] = (), min_tokens: int = 0):
+        self.tokenizer, self.stops, self.min_tokens = tokenizer, stops, min_tokens
+        self._floor: int | None = None if min_tokens else 0  # characters of the first min_tokens tokens' text
         self.tokens: list[int] = []
         self.text = ""  # the text decoded so far, cut before the first stop string
         self.stopped = False  # a stop string was found
@@ -55,11 +57,22 @@ class IncrementalDetokenizer:
         self._prefix, self._read = self._read, len(self.tokens)
         start = len(self.text)
         self.text += window[len(context):]
+        if self._floor is None:
+            if len(self.tokens) < self.min_tokens:
+                return
+            self._floor = len(self._decode(self.tokens[:self.min_tokens]))
         region = max(0, start - self._hold)  # a stop string may begin in the held-back characters
-        hits = [(at, at + len(s)) for at, s in ((self.text.find(s, region), s) for s in self.stops) if at >= 0]
+        hits = [hit for hit in (self._first_after_floor(s, region) for s in self.stops) if hit is not None]
         if hits:
             at, self._stop_end = min(hits)
             self.text, self.stopped = self.text[:at], True
+
+    def _first_after_floor(self, stop: str, region: int) -> tuple[int, int] | None:
+        """(start, end) of the first `stop` at or after `region` that ends past the floor."""
+        at = self.text.find(stop, region)
+        while at >= 0 and at + len(stop) <= self._floor:
+            at = self.text.find(stop, at + 1)
+        return None if at < 0 else (at, at + len(stop))
 
     def tokens_through_stop(self) -> int:
         """How many of the tokens the output keeps: all, or, once a stop string was found, those up to

@@ -23,7 +23,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    finish_reason: str  # "stop" (EOS, a stop token id or a stop string) or "length"
     metrics: RequestMetrics
     logprobs: list[TokenLogprobs] | None = None  # one per token id, when SamplingParams.logprobs asked
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (None first), when asked
@@ -46,7 +46,8 @@ class Request:
         self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,
                                    batchmates, llm.prefixes)
         self.verifier = verifier
-        self.detok = None if llm.tokenizer is None else IncrementalDetokenizer(llm.tokenizer, params.stop)
+        self.detok = (None if llm.tokenizer is None
+                      else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens))
         self.cancelled = False
         self._logprobs_taken = 0
 
@@ -101,7 +102,7 @@ class Request:
             text = self.detok.text
             kept = self.detok.tokens_through_stop()  # the round that completed a stop string may have gone on
             tokens, logprobs = tokens[:kept], logprobs if logprobs is None else logprobs[:kept]
-        eos = self.llm.eos_ids()
-        hit_eos = bool(tokens) and tokens[-1] in eos and not self.params.ignore_eos
-        finish = "stop" if hit_eos or (self.detok is not None and self.detok.stopped) else "length"
+        ends = set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(self.llm.eos_ids()))
+        hit_end = bool(tokens) and tokens[-1] in ends
+        finish = "stop" if hit_end or (self.detok is not None and self.detok.stopped) else "length"
         return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs)

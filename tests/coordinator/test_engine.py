@@ -108,6 +108,39 @@ def test_greedy_with_penalties_equals_plain_decoding_with_them(models, mode, pol
     assert tokens == reference and all(t.checks > 0 for t in metrics.tiers)
 
 
+@pytest.mark.parametrize("mode", ["draft", "triforce"])
+def test_a_proposer_equal_to_its_checker_is_always_accepted_under_penalties(models, mode):
+    """The proposers' rows are penalized as the checkers' are (greedy equality cannot tell: a proposer's
+    rows never change the output): a draft that is the target, its window holding the whole sequence,
+    has every proposal accepted, in chains."""
+    target, _ = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, **PENALTIES)
+    cfg = EngineConfig(mode=mode, budget=256, chunk_size=4, sinks=2, window=250, full_layers=1)
+    _, metrics = build_engine(cfg, target, target, len(prompt) + 40).generate(prompt, params)
+    assert all(t.proposed > 0 and t.accepted == t.proposed for t in metrics.tiers)
+
+
+@pytest.mark.parametrize("mode,policy,trees", [(m, p, {}) for m, p in MODES] + [
+    ("auto", "static", {}), ("triforce", "static", dict(tree1=8)), ("retrieval", "dynamic", dict(tree2=8))])
+def test_greedy_with_min_tokens_and_stop_token_ids_equals_plain_decoding(models, mode, policy, trees):
+    """A stop token id ends generation even with ignore_eos; with min_tokens it is impossible in every
+    tier's rows before then (each row by its own length), after which it may end it: each mode follows
+    `ar`, which no longer stops where it did."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    free, _ = run(target, draft, "ar", prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    stop = free[4]
+    stopped, _ = run(target, draft, "ar", prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True,
+                                                                 stop_token_ids=(stop,)))
+    assert stopped == free[:free.index(stop) + 1]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=(stop,), min_tokens=25)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    assert len(reference) >= 25 and stop not in reference[:25] and reference[:5] != free[:5]
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, **trees)
+    assert tokens == reference and all(t.checks > 0 for t in metrics.tiers)
+
+
 @pytest.mark.parametrize("mode,policy", MODES)
 @pytest.mark.parametrize("nodes", [3, 10, "auto"])
 @pytest.mark.parametrize("shape", ["sequoia", "confidence"])
@@ -203,6 +236,8 @@ def exact_two_token_distribution(target, prompt, params):
         logits = target(torch.tensor(tokens), cache, logits_for="last")[0].clone()
         for token, value in params.logit_bias:  # vLLM's order: the bias, then the penalties
             logits[token] += value
+        if len(tokens) - len(prompt) < params.min_tokens:
+            logits[list(params.stop_token_ids)] = float("-inf")
         logits = reference_penalized(logits, prompt, tokens[len(prompt):], params.presence_penalty,
                                      params.frequency_penalty, params.repetition_penalty)
         return probabilities(logits[None], params.temperature, params.top_k, params.top_p)[0]
@@ -252,6 +287,9 @@ SAMPLING_CASES = [
     ("triforce", "static", dict(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.5,
                                 repetition_penalty=1.3, logit_bias={3: 2.0}), dict(tree1=6)),
     ("retrieval", "dynamic", dict(temperature=0.8, frequency_penalty=2.0), {}),
+    # min_tokens: the first token's rows (every tier's) without the stop token, the second's with it
+    ("triforce", "static", dict(temperature=1.0, min_tokens=1, stop_token_ids=(3,)), dict(tree1=6)),
+    ("retrieval", "dynamic", dict(temperature=1.0, min_tokens=1, stop_token_ids=(3,)), {}),
 ]
 
 

@@ -218,6 +218,24 @@ def test_penalties_change_the_answer_as_generate_does(llm, server):
     assert bad.value.body["param"] == "frequency_penalty"
 
 
+def test_stop_token_ids_and_min_tokens_answer_as_generate_does(llm, server):
+    """vLLM's stop_token_ids (generation ends at one, even with ignore_eos: finish_reason "stop") and
+    min_tokens (none of them before that many tokens), as extra fields through the client."""
+    client, prompt = server.client(), words(24, first=4)
+    free = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    stop = free.token_ids[3]
+    for min_tokens in (0, 8):
+        asked = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=(stop,),
+                               min_tokens=min_tokens)
+        expected = llm.generate(prompt, asked)[0]
+        got = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, extra_body={
+            "ignore_eos": True, "stop_token_ids": [stop], "min_tokens": min_tokens}).choices[0]
+        assert (got.text, got.finish_reason) == (expected.text, expected.finish_reason)
+        assert stop not in expected.token_ids[:min_tokens]
+        if not min_tokens:
+            assert expected.token_ids[-1] == stop and len(expected.token_ids) <= 4 and got.finish_reason == "stop"
+
+
 def test_every_error_status_reaches_the_client_as_its_exception(llm):
     server = Server(create_app(llm, "tiny", api_key=KEY, max_queue=1))
     client, prompt = server.client(), words(20)

@@ -4,7 +4,7 @@ import torch
 
 from triforce.config import ConfigError, SamplingParams
 from penalty_reference import reference_penalized
-from triforce.speculation.penalties import Penalties
+from triforce.speculation.penalties import MinTokens, Penalties
 
 
 @pytest.mark.parametrize("presence,frequency,repetition", [(0.7, 0, 1), (0, 0.4, 1), (0, 0, 1.5), (-0.5, 1.2, 0.8),
@@ -87,3 +87,20 @@ def test_rows_and_paths_must_match():
     penalties = Penalties.of(SamplingParams(frequency_penalty=1.0), [1])
     with pytest.raises(ValueError, match="3 rows need 3 paths"):
         penalties.apply(torch.zeros(3, 5), [1], [[], []])
+
+
+def test_min_tokens_bans_the_stop_tokens_in_rows_that_come_too_early():
+    """Rows after fewer than min_tokens generated tokens (their lengths count the prompt's 5) lose the stop
+    tokens; the others keep every logit; no early row: the same tensor back."""
+    rule = MinTokens.of(SamplingParams(min_tokens=3, max_tokens=8), (2, 6), prompt_length=5)
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(5))
+    got = rule.apply(logits, [6, 7, 8, 9])  # 1, 2, 3 and 4 generated before each row
+    assert torch.isinf(got[:2, [2, 6]]).all() and torch.equal(got[:2, [0, 1, 3, 4, 5, 7, 8]], logits[:2, [0, 1, 3, 4, 5, 7, 8]])
+    assert torch.equal(got[2:], logits[2:])
+    assert rule.apply(logits, [8, 9, 10, 11]) is logits
+    assert MinTokens.of(SamplingParams(min_tokens=3), (), 5) is None and MinTokens.of(SamplingParams(), (2,), 5) is None
+    for bad in (dict(min_tokens=-1), dict(min_tokens=9, max_tokens=8), dict(min_tokens=1.5)):
+        with pytest.raises(ConfigError, match="min_tokens"):
+            SamplingParams(**bad)
+    with pytest.raises(ConfigError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=[-1])

@@ -212,7 +212,7 @@ class AutoEngine(HierarchyEngine):
         accepted = tokens = 0.0
         for step in draft.prefill_steps(self.seq[draft.length:-1]):  # rows that predict generated tokens
             begin = step.start + 1  # row i predicts seq[begin + i], after seq[:begin + i]
-            q = self._probs(self._penalized_chain((yield Forward(draft, level, step)), begin))
+            q = self._probs(self._by_history_chain((yield Forward(draft, level, step)), begin))
             for row, at in zip(q, range(begin, begin + step.n)):
                 accepted += min(1.0, float(self._as_proposed(row, at)[self.seq[at]]) / self._target_p[at - first])
                 tokens += 1

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from ..config import SamplingParams
 from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.lookup import ContextLookup
-from ..speculation.penalties import Penalties
+from ..speculation.penalties import MinTokens, Penalties
 from ..speculation.sampling import processed, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
@@ -90,6 +90,7 @@ class HierarchyEngine:
         self.stop_below = stop_below
         self.lookup: ContextLookup | None = None
         self.penalties: Penalties | None = None  # the request's, from `run`
+        self.min_tokens: MinTokens | None = None  # likewise
         self.logprobs: list[TokenLogprobs] = []  # per generated token, when the request asks (SamplingParams.logprobs)
         self.prompt_logprobs: list[TokenLogprobs | None] = []  # per prompt token (the first: None), when asked
         self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
@@ -119,6 +120,8 @@ class HierarchyEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
         self.penalties = Penalties.of(params, prompt)
+        ends = set(params.stop_token_ids) | (set() if params.ignore_eos else set(stop_ids))  # tokens that end it
+        self.min_tokens = MinTokens.of(params, ends, len(prompt))
         self.logprobs = []
         self.prompt_logprobs = [] if params.prompt_logprobs is None else [None]
         self.lookup = ContextLookup(self.lookup_n) if self.lookup_n else None
@@ -147,7 +150,7 @@ class HierarchyEngine:
             for tier in self.tiers:
                 tier.sync()
             new = new[: params.max_tokens - len(generated)]
-            stop_at = None if params.ignore_eos else next((i for i, t in enumerate(new) if t in stop_ids), None)
+            stop_at = next((i for i, t in enumerate(new) if t in ends), None)
             if stop_at is not None:
                 new = new[: stop_at + 1]
             self._emitted(new, rows[: len(new)])
@@ -155,7 +158,8 @@ class HierarchyEngine:
                 self.logprobs += token_logprobs(logits[: len(new)], new, params.logprobs)
             generated += new
             self._advance_lookup()
-            if stop_at is not None or (on_tokens is not None and on_tokens(new)):
+            stopped = on_tokens is not None and on_tokens(new)  # the round that ends it is shown too
+            if stop_at is not None or stopped:
                 break
         metrics.decode_s = time.perf_counter() - start
         metrics.generated_tokens = len(generated)
@@ -207,16 +211,23 @@ class HierarchyEngine:
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         return processed(logits, self.params)
 
-    def _penalized(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
-        """logits [n, V] of rows where row i follows seq, then paths[i]: with the request's penalties
-        (speculation/penalties.py), the same tensor where it has none."""
-        return logits if self.penalties is None else self.penalties.apply(logits, self.seq, paths)
+    def _by_history(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        """logits [n, V] of rows where row i follows seq, then paths[i], under the request's rules that read
+        what came before a row (speculation/penalties.py: its penalties, min_tokens' ban on stop tokens);
+        the same tensor where it has none."""
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits, self.seq, paths)
+        if self.min_tokens is not None:
+            logits = self.min_tokens.apply(logits, [len(self.seq) + len(path) for path in paths])
+        return logits
 
-    def _penalized_chain(self, logits: torch.Tensor, start: int) -> torch.Tensor:
-        """`_penalized` for rows where row i follows seq[:start + i]."""
-        if self.penalties is None:
-            return logits
-        return self.penalties.apply_chain(logits, self.seq[:start], self.seq[start:start + len(logits) - 1])
+    def _by_history_chain(self, logits: torch.Tensor, start: int) -> torch.Tensor:
+        """`_by_history` for rows where row i follows seq[:start + i]."""
+        if self.penalties is not None:
+            logits = self.penalties.apply_chain(logits, self.seq[:start], self.seq[start:start + len(logits) - 1])
+        if self.min_tokens is not None:
+            logits = self.min_tokens.apply(logits, range(start, start + len(logits)))
+        return logits
 
     def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""
@@ -245,7 +256,7 @@ class HierarchyEngine:
         while len(tokens) < count:
             if level == 0:
                 logits = (yield from self._forward(0))[-1]
-                row = self._probs(self._penalized(logits[None], [[]]))[0]
+                row = self._probs(self._by_history(logits[None], [[]]))[0]
                 copy = self.lookup.candidate(seq) if self.lookup is not None and proposing else None
                 row = self.lookup.mix(row, copy) if copy is not None else row
                 token = sample(row, self.generator, greedy)
@@ -278,7 +289,7 @@ class HierarchyEngine:
         draft_tokens, draft_rows, _ = yield from self._produce(level - 1, g)
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below), or more
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
-        penalized = self._penalized_chain(logits, position)  # seq[position:] holds the draft tokens
+        penalized = self._by_history_chain(logits, position)  # seq[position:] holds the draft tokens
         verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), penalized, self.params,
                                             self.generator)
         self._record(level, g, verdict.accepted)
@@ -292,11 +303,11 @@ class HierarchyEngine:
         position = len(self.seq)
         tokens, parents, draft_probs = yield from grow_tree(
             proposer, lambda step: self._forward(0, step), self.seq, self.tree.growth(), self._probs, self.generator,
-            greedy, self.lookup, self._penalized)
+            greedy, self.lookup, self._by_history)
         step = tree_step(self.seq, checker.length, tokens, parents)
         catch_up = step.n - len(tokens)
         logits = (yield from self._forward(1, step))[catch_up - 1:]  # [N + 1, V]: root, nodes
-        target_probs = self._probs(self._penalized(logits, [[]] + node_paths(tokens, parents)))
+        target_probs = self._probs(self._by_history(logits, [[]] + node_paths(tokens, parents)))
         verdict = verify_tree(tokens, parents, draft_probs, target_probs, self.generator, greedy)
         accepted = len(verdict.path)
         self.tree.observe(parents, verdict.path)

@@ -32,18 +32,18 @@ PRIOR_WEIGHT = 8.0
 def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], growth: "Growth",
               probs: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator, greedy: bool,
               lookup: ContextLookup | None = None,
-              penalize: Callable[[torch.Tensor, list[list[int]]], torch.Tensor] | None = None):
+              by_history: Callable[[torch.Tensor, list[list[int]]], torch.Tensor] | None = None):
     """The tree `tier` proposes after `seq`, shaped as `growth` decides level by level (a node gets fewer
     children where fewer tokens have probability). `forward(step)` runs a step on `tier` (a generator that
     yields what the engine's forwards yield and returns the logits). With `lookup`, a node's children come
     from the proposer's distribution there mixed with the prompt lookup's copy for its path
-    (speculation/lookup.py; greedy: the copy among the children), as a chain's tokens do. `penalize(logits,
-    paths)` changes the rows of a forward, row i after seq and then paths[i] (the request's penalties:
-    speculation/penalties.py), before anything reads them. Returns (tokens,
+    (speculation/lookup.py; greedy: the copy among the children), as a chain's tokens do. `by_history(logits,
+    paths)` changes the rows of a forward, row i after seq and then paths[i] (the request's penalties and
+    min_tokens: speculation/penalties.py), before anything reads them. Returns (tokens,
     parents, proposer rows [N + 1, V] per slot: the root, then each node; zero for the last level's nodes,
     which are never forwarded)."""
-    penalize = penalize or (lambda rows, _: rows)
-    logits = [penalize((yield from forward(Step.chain(seq[tier.length:], tier.length)))[-1:], [[]])[0]]
+    by_history = by_history or (lambda rows, _: rows)
+    logits = [by_history((yield from forward(Step.chain(seq[tier.length:], tier.length)))[-1:], [[]])[0]]
     rows = [probs(logits[0][None])[0]]
     position = len(seq)
     tokens: list[int] = []
@@ -73,7 +73,7 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], 
             nodes = [s - 1 for s in level]
             mask = ancestor_mask(parents)[nodes]  # [n, nodes so far]: each sees its ancestors
             step = Step(torch.tensor([tokens[i] for i in nodes]), position + mask.sum(1) - 1, tier.length, None, mask)
-            level_logits = penalize((yield from forward(step)), [paths[s] for s in level])
+            level_logits = by_history((yield from forward(step)), [paths[s] for s in level])
             logits.extend(level_logits)
             rows.extend(probs(level_logits))
     rows += [torch.zeros_like(rows[0])] * (len(tokens) + 1 - len(rows))

@@ -100,6 +100,11 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
     samp.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    samp.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
+                      help="a token id that ends generation, as end-of-sequence does (repeatable)")
+    samp.add_argument("--min-tokens", type=int, default=0,
+                      help="generate at least this many tokens before end-of-sequence, a stop token id or a stop "
+                           "string may end it")
     add_penalty_args(samp)
     add_engine_args(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -201,7 +206,8 @@ def run_generation(args, llm) -> int:
     prompt = read_prompt(args)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
-                            logprobs=args.logprobs, **penalty_settings(args))
+                            logprobs=args.logprobs, stop_token_ids=tuple(args.stop_token_id),
+                            min_tokens=args.min_tokens, **penalty_settings(args))
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
     out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
     m = out.metrics

@@ -31,7 +31,7 @@ from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "best_of", "stream",
           "stream_options", "user", "ignore_eos", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
-          "repetition_penalty"}
+          "repetition_penalty", "stop_token_ids", "min_tokens"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 HARMLESS = {"echo": (None, False), "suffix": (None, ""),
@@ -130,8 +130,10 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
                                 presence_penalty=_number(body, "presence_penalty", 0.0),
                                 frequency_penalty=_number(body, "frequency_penalty", 0.0),
-                                repetition_penalty=_number(body, "repetition_penalty", 1.0))
-        llm.check_logit_bias(params)
+                                repetition_penalty=_number(body, "repetition_penalty", 1.0),
+                                stop_token_ids=_token_ids(body, "stop_token_ids"),
+                                min_tokens=0 if body.get("min_tokens") is None else body["min_tokens"])
+        llm.check_token_ids(params)
     except (ConfigError, TypeError, ValueError) as exc:  # their messages begin with the setting's name
         name = str(exc).split(" ", 1)[0]
         if name == "max_tokens" and "max_completion_tokens" in body:
@@ -169,6 +171,13 @@ def _logprobs(kind: str, body: dict) -> int | None:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         return None
     return count("top_logprobs")
+
+
+def _token_ids(body: dict, name: str) -> tuple[int, ...]:
+    value = body.get(name) or ()
+    if not isinstance(value, list | tuple) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ApiError(400, f"'{name}' must be a list of token ids", param=name)
+    return tuple(value)
 
 
 def _number(body: dict, name: str, default: float) -> float:

@@ -1,4 +1,5 @@
-"""Presence, frequency and repetition penalties: a row's logits changed by the tokens before that row.
+"""Rules on a row's logits that read the tokens before that row: presence, frequency and repetition
+penalties (`Penalties`), and min_tokens' ban on the tokens that end generation (`MinTokens`).
 
 OpenAI's `presence_penalty` p and `frequency_penalty` f and vLLM's `repetition_penalty` r, as vLLM applies
 them, after the logit bias b: for each token v, with c(v) how often v was generated before the row (the
@@ -11,7 +12,8 @@ Speculation stays exact when every tier's row at a position is penalized by that
 the committed sequence, then the proposals on the way to it (a chain's earlier tokens, a tree node's
 ancestors and itself). The target's rows are then exactly the penalized target's distributions that
 verification compares against, and a proposer's rows are what it sampled from. `Penalties.apply` takes
-the rows' histories that way: one shared sequence and each row's own path after it.
+the rows' histories that way: one shared sequence and each row's own path after it; `MinTokens.apply`
+each row's length. (The same holds for min_tokens: a row is banned its stop tokens by its own length.)
 """
 from __future__ import annotations
 
@@ -107,6 +109,30 @@ class Penalties:
         if self._prompt_sorted is None:
             self._prompt_sorted = torch.unique(self._prompt)
         return self._prompt_sorted
+
+
+class MinTokens:
+    """vLLM's min_tokens: the tokens that end generation (end-of-sequence unless ignored, stop_token_ids)
+    are impossible in a row that follows fewer than `min_tokens` generated tokens."""
+
+    def __init__(self, min_tokens: int, stop_ids: Sequence[int], prompt_length: int):
+        self.min_tokens, self.prompt_length = min_tokens, prompt_length
+        self._ids = torch.tensor(sorted(set(stop_ids)), dtype=torch.long)
+
+    @classmethod
+    def of(cls, params, stop_ids: Sequence[int], prompt_length: int) -> "MinTokens | None":
+        """The rule for SamplingParams `params` whose generation ends at `stop_ids` (None: it bans nothing)."""
+        return cls(params.min_tokens, stop_ids, prompt_length) if params.min_tokens and stop_ids else None
+
+    def apply(self, logits: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        """logits [n, V] of rows where row i follows lengths[i] tokens (the prompt's included): the same
+        tensor, or a copy with the stop tokens at -inf in the rows that come too early."""
+        early = [i for i, length in enumerate(lengths) if length - self.prompt_length < self.min_tokens]
+        if not early:
+            return logits
+        out = logits.clone()
+        out[torch.tensor(early, device=logits.device)[:, None], self._ids.to(logits.device)[None, :]] = float("-inf")
+        return out
 
 
 def _repeated(x: torch.Tensor, penalty: float) -> torch.Tensor:
