@@ -12,3 +12,7 @@ for turn in 1 2; do
   triforce bench "${common[@]}" --presence-penalty 0.5 --frequency-penalty 0.5 --repetition-penalty 1.2 \
     --out $out/on_turn$turn.json > /dev/null
 done
+# mode auto against ar with the same penalties (medians of two repeats, taking turns):
+triforce bench --text ../shared/data/austen-emma.txt --lengths 2048 --temperatures 0 0.6 --max-new-tokens 128 \
+  --modes ar auto --presence-penalty 0.5 --frequency-penalty 0.5 --repetition-penalty 1.2 --repeats 2 \
+  --out $out/auto.json > /dev/null
