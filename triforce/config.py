@@ -39,6 +39,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
+    min_p: float = 0.0  # drops tokens less likely than min_p times the most likely one (vLLM's; 0 is off)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -88,6 +89,8 @@ class SamplingParams:
             raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0 (got {self.top_k})")
+        if not 0 <= self.min_p <= 1:
+            raise ConfigError(f"min_p must be from 0 to 1 (got {self.min_p})")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:

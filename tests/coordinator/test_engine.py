@@ -240,7 +240,7 @@ def exact_two_token_distribution(target, prompt, params):
             logits[list(params.stop_token_ids)] = float("-inf")
         logits = reference_penalized(logits, prompt, tokens[len(prompt):], params.presence_penalty,
                                      params.frequency_penalty, params.repetition_penalty)
-        return probabilities(logits[None], params.temperature, params.top_k, params.top_p)[0]
+        return probabilities(logits[None], params.temperature, params.top_k, params.top_p, min_p=params.min_p)[0]
 
     first = dist(prompt)
     return {(a, b): float(first[a] * dist(prompt + [a])[b]) for a, b in itertools.product(range(8), repeat=2)}
@@ -287,6 +287,9 @@ SAMPLING_CASES = [
     ("triforce", "static", dict(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.5,
                                 repetition_penalty=1.3, logit_bias={3: 2.0}), dict(tree1=6)),
     ("retrieval", "dynamic", dict(temperature=0.8, frequency_penalty=2.0), {}),
+    # min_p (vLLM's): after the temperature, before top-k
+    ("triforce", "static", dict(temperature=1.0, min_p=0.2), dict(tree1=6)),
+    ("retrieval", "dynamic", dict(temperature=0.7, min_p=0.1, top_k=4), {}),
     # min_tokens: the first token's rows (every tier's) without the stop token, the second's with it
     ("triforce", "static", dict(temperature=1.0, min_tokens=1, stop_token_ids=(3,)), dict(tree1=6)),
     ("retrieval", "dynamic", dict(temperature=1.0, min_tokens=1, stop_token_ids=(3,)), {}),

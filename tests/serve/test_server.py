@@ -188,6 +188,7 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "presence_penalty": "high"}, 400, "presence_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "stop_token_ids": [1.5]}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": PROMPT, "min_p": 1.5}, 400, "min_p"),
     ("/v1/completions", {"prompt": PROMPT, "stop_token_ids": [10**6]}, 400, "stop_token_ids"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
     ("/v1/completions", {"prompt": PROMPT, "stream": True, "stream_options": 3}, 400, "stream_options"),

@@ -38,6 +38,19 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p():
         torch.testing.assert_close(probs[:kept], base[:kept] / base[:kept].sum())
 
 
+def test_min_p_keeps_the_tokens_at_least_min_p_times_the_most_likely_after_the_temperature():
+    base = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = base.log().unsqueeze(0)
+    for min_p, kept in [(0.0, 4), (0.1, 3), (0.3, 3), (0.31, 2), (0.6, 2), (0.61, 1), (1.0, 1)]:
+        probs = probabilities(logits, 1.0, min_p=min_p)[0]
+        assert int((probs > 0).sum()) == kept, min_p
+        torch.testing.assert_close(probs[:kept], base[:kept] / base[:kept].sum())
+    # at temperature 2 the ratios are square roots: 0.15 / 0.5 -> 0.55, so min_p 0.5 keeps three
+    assert int((probabilities(logits, 2.0, min_p=0.5)[0] > 0).sum()) == 3
+    # then top-k, on what min_p kept
+    assert int((probabilities(logits, 1.0, top_k=3, min_p=0.5)[0] > 0).sum()) == 2
+
+
 def test_seeded_sampling_is_reproducible():
     probs = torch.softmax(torch.randn(50), 0)
     draws = [[sample(probs, g, False) for _ in range(20)] for g in (torch.Generator().manual_seed(7),

@@ -54,7 +54,8 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
     (Qwen2.5-Coder's draft was accepted 0.79 of the time after 8K tokens and 0.10 after 32K: a 32K
     request that started from the 8K requests' acceptance opened with a long draft chain)."""
     tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
-    sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}"
+    sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}" + (
+        f",min_p={params.min_p:g}" if params.min_p else "")
     if params.logit_bias:  # it changes every tier's rows, so how often they agree
         sampling += f",bias={hashlib.sha256(repr(params.logit_bias).encode()).hexdigest()[:8]}"
     penalties = (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)

@@ -97,6 +97,8 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     samp.add_argument("--temperature", type=float, default=0.6, help="0 = greedy (default %(default)s)")
     samp.add_argument("--top-p", type=float, default=0.9)
     samp.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
+    samp.add_argument("--min-p", type=float, default=0.0,
+                      help="drop tokens less likely than this times the most likely one (0 disables)")
     samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
     samp.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
@@ -205,7 +207,8 @@ def run_generation(args, llm) -> int:
     """Generates from the prompt of `args` with `llm`; streams text or prints the JSON object."""
     prompt = read_prompt(args)
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+                            top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
+                            ignore_eos=args.ignore_eos,
                             logprobs=args.logprobs, stop_token_ids=tuple(args.stop_token_id),
                             min_tokens=args.min_tokens, **penalty_settings(args))
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))

@@ -29,7 +29,7 @@ from ..config import MAX_LOGPROBS, ConfigError, SamplingParams
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "best_of", "stream",
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of", "stream",
           "stream_options", "user", "ignore_eos", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "stop_token_ids", "min_tokens"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
@@ -126,6 +126,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
             raise ConfigError("stop must be a string or a list of up to 4 non-empty strings")
         params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
                                 top_p=_number(body, "top_p", 1.0), top_k=int(_number(body, "top_k", 0)),
+                                min_p=_number(body, "min_p", 0.0),
                                 seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")),
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
                                 presence_penalty=_number(body, "presence_penalty", 0.0),

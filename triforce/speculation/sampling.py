@@ -16,13 +16,15 @@ REFRESH_BELOW = 1e-6
 
 def processed(logits: torch.Tensor, params) -> torch.Tensor:
     """A request's distributions: `probabilities` with its SamplingParams' settings (every tier's rows)."""
-    return probabilities(logits, params.temperature, params.top_k, params.top_p, params.logit_bias)
+    return probabilities(logits, params.temperature, params.top_k, params.top_p, params.logit_bias, params.min_p)
 
 
 def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                  bias: tuple[tuple[int, float], ...] = ()) -> torch.Tensor:
+                  bias: tuple[tuple[int, float], ...] = (), min_p: float = 0.0) -> torch.Tensor:
     """logits: [n, V] -> probabilities [n, V] float32. `bias`: (token, value) pairs added to the logits
-    first (OpenAI's logit_bias; a token a reduced-vocabulary draft lacks stays impossible for it)."""
+    first (OpenAI's logit_bias; a token a reduced-vocabulary draft lacks stays impossible for it). After
+    the temperature, in vLLM's order: `min_p` drops the tokens less likely than min_p times the most
+    likely one, then top-k, then top-p."""
     logits = logits.float()
     if bias:
         ids, values = zip(*bias)
@@ -31,6 +33,9 @@ def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     logits = logits / temperature
+    if min_p > 0:
+        probs = logits.softmax(dim=-1)
+        logits = logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     if 0 < top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
