@@ -1,6 +1,7 @@
 """Frozen, validated settings. The CLI and the Python API both map their arguments onto these."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import UserError
@@ -71,6 +72,8 @@ class SamplingParams:
             raise ConfigError("logit_bias takes token ids >= 0, once each, with values from -100 to 100")
         object.__setattr__(self, "logit_bias", bias)
         try:
+            if isinstance(self.stop_token_ids, str | bytes):
+                raise TypeError("a string is not a list of token ids")
             object.__setattr__(self, "stop_token_ids", tuple(sorted({_token_id(t) for t in self.stop_token_ids})))
         except (TypeError, ValueError):
             raise ConfigError("stop_token_ids must be a list of token ids") from None
@@ -93,7 +96,8 @@ class SamplingParams:
             raise ConfigError(f"min_p must be from 0 to 1 (got {self.min_p})")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+        if (not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool)
+                or not 0 <= self.min_tokens <= self.max_tokens):
             raise ConfigError(f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}; got "
                               f"{self.min_tokens!r})")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -110,6 +114,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def end_ids(self, eos_ids: Sequence[int]) -> frozenset[int]:
+        """The tokens that end generation: stop_token_ids, and the model's end-of-sequence ids unless
+        ignore_eos. (min_tokens bans all of them, end-of-sequence even where ignored, as vLLM does.)"""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else frozenset(eos_ids))
 
 
 @dataclass(frozen=True)

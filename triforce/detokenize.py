@@ -10,7 +10,8 @@ Stop strings are searched in the new text and the characters held back before it
 is found, the last len(longest stop) - 1 characters are not handed out, so a stop string that two rounds
 complete between them is found, and no part of it is ever streamed. The output keeps the tokens up to
 the one that completed it (`tokens_through_stop`). With min_tokens, a stop string that ends within the
-text of the first min_tokens tokens does not count (vLLM looks for none before then).
+text of the first min_tokens tokens does not count (vLLM looks for none before then). The token that
+ended generation (end-of-sequence, a stop token id) is kept, its text left out, as vLLM does.
 """
 from __future__ import annotations
 
@@ -32,13 +33,16 @@ class IncrementalDetokenizer:
         self._read = 0  # first token not yet decoded into `text`
         self._stop_end = 0  # where the stop string found ends in the decoded text
         self._kept: int | None = None  # tokens_through_stop, once found
+        self._end: int | None = None  # the token that ended generation, not decoded
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
-    def add(self, new: list[int]) -> str:
-        """Takes a round's new tokens; returns the text that is now final ('' while held back)."""
+    def add(self, new: list[int], end: int | None = None) -> str:
+        """Takes a round's new tokens, and the token that ended generation after them if one did (kept
+        among the output's tokens, not decoded); returns the text that is now final ('' while held back)."""
         self.tokens += new
+        self._end = end
         if not self.stopped:
             self._decode_window(final=False)
         return self._take(final=self.stopped)
@@ -60,7 +64,7 @@ class IncrementalDetokenizer:
         if self._floor is None:
             if len(self.tokens) < self.min_tokens:
                 return
-            self._floor = len(self._decode(self.tokens[:self.min_tokens]))
+            self._floor = len(self._decode(self.tokens[:self.min_tokens]).rstrip(REPLACEMENT))
         region = max(0, start - self._hold)  # a stop string may begin in the held-back characters
         hits = [hit for hit in (self._first_after_floor(s, region) for s in self.stops) if hit is not None]
         if hits:
@@ -78,7 +82,7 @@ class IncrementalDetokenizer:
         """How many of the tokens the output keeps: all, or, once a stop string was found, those up to
         the one that completed it (the round that produced it may have gone on), as vLLM keeps them."""
         if not self.stopped:
-            return len(self.tokens)
+            return len(self.tokens) + (self._end is not None)
         if self._kept is None:
             low, high = 1, len(self.tokens)  # the least n whose text reaches the stop string's end
             while low < high:

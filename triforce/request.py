@@ -81,7 +81,8 @@ class Request:
     def on_tokens(self, new: list[int]) -> bool:
         if self.detok is None:
             return self.cancelled
-        piece = self.detok.add(new)
+        end = new[-1] if new and new[-1] in self.params.end_ids(self.llm.eos_ids()) else None
+        piece = self.detok.add(new if end is None else new[:-1], end)
         if self.stream is not None and piece:
             self.stream(piece)
         return self.detok.stopped or self.cancelled
@@ -102,7 +103,6 @@ class Request:
             text = self.detok.text
             kept = self.detok.tokens_through_stop()  # the round that completed a stop string may have gone on
             tokens, logprobs = tokens[:kept], logprobs if logprobs is None else logprobs[:kept]
-        ends = set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(self.llm.eos_ids()))
-        hit_end = bool(tokens) and tokens[-1] in ends
+        hit_end = bool(tokens) and tokens[-1] in self.params.end_ids(self.llm.eos_ids())
         finish = "stop" if hit_end or (self.detok is not None and self.detok.stopped) else "length"
         return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs)

@@ -110,12 +110,15 @@ def test_greedy_with_penalties_equals_plain_decoding_with_them(models, mode, pol
 
 @pytest.mark.parametrize("mode", ["draft", "triforce"])
 def test_a_proposer_equal_to_its_checker_is_always_accepted_under_penalties(models, mode):
-    """The proposers' rows are penalized as the checkers' are (greedy equality cannot tell: a proposer's
-    rows never change the output): a draft that is the target, its window holding the whole sequence,
-    has every proposal accepted, in chains."""
+    """The proposers' rows are penalized, and banned their stop tokens (min_tokens), as the checkers' are
+    (greedy equality cannot tell: a proposer's rows never change the output): a draft that is the target,
+    its window holding the whole sequence, has every proposal accepted, in chains."""
     target, _ = models
     prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
-    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, **PENALTIES)
+    free, _ = run(target, None, "ar", prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True,
+                                                             **PENALTIES))
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=(free[3],), min_tokens=30,
+                            **PENALTIES)
     cfg = EngineConfig(mode=mode, budget=256, chunk_size=4, sinks=2, window=250, full_layers=1)
     _, metrics = build_engine(cfg, target, target, len(prompt) + 40).generate(prompt, params)
     assert all(t.proposed > 0 and t.accepted == t.proposed for t in metrics.tiers)

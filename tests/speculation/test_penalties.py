@@ -102,5 +102,8 @@ def test_min_tokens_bans_the_stop_tokens_in_rows_that_come_too_early():
     for bad in (dict(min_tokens=-1), dict(min_tokens=9, max_tokens=8), dict(min_tokens=1.5)):
         with pytest.raises(ConfigError, match="min_tokens"):
             SamplingParams(**bad)
-    with pytest.raises(ConfigError, match="stop_token_ids"):
-        SamplingParams(stop_token_ids=[-1])
+    for bad in ([-1], "50256", [1.5]):
+        with pytest.raises(ConfigError, match="stop_token_ids"):
+            SamplingParams(stop_token_ids=bad)
+    with pytest.raises(ConfigError, match="min_tokens"):
+        SamplingParams(min_tokens=True)

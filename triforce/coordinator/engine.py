@@ -120,8 +120,8 @@ class HierarchyEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
         self.penalties = Penalties.of(params, prompt)
-        ends = set(params.stop_token_ids) | (set() if params.ignore_eos else set(stop_ids))  # tokens that end it
-        self.min_tokens = MinTokens.of(params, ends, len(prompt))
+        ends = params.end_ids(stop_ids)
+        self.min_tokens = MinTokens.of(params, set(params.stop_token_ids) | set(stop_ids), len(prompt))
         self.logprobs = []
         self.prompt_logprobs = [] if params.prompt_logprobs is None else [None]
         self.lookup = ContextLookup(self.lookup_n) if self.lookup_n else None

@@ -175,7 +175,7 @@ def _logprobs(kind: str, body: dict) -> int | None:
 
 
 def _token_ids(body: dict, name: str) -> tuple[int, ...]:
-    value = body.get(name) or ()
+    value = () if body.get(name) is None else body[name]
     if not isinstance(value, list | tuple) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise ApiError(400, f"'{name}' must be a list of token ids", param=name)
     return tuple(value)

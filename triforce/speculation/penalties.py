@@ -130,8 +130,9 @@ class MinTokens:
         early = [i for i, length in enumerate(lengths) if length - self.prompt_length < self.min_tokens]
         if not early:
             return logits
+        ids = self._ids[self._ids < logits.shape[-1]]  # an end-of-sequence id past the vocabulary never comes
         out = logits.clone()
-        out[torch.tensor(early, device=logits.device)[:, None], self._ids.to(logits.device)[None, :]] = float("-inf")
+        out[torch.tensor(early, device=logits.device)[:, None], ids.to(logits.device)[None, :]] = float("-inf")
         return out
 
 

@@ -16,3 +16,7 @@ done
 triforce bench --text ../shared/data/austen-emma.txt --lengths 2048 --temperatures 0 0.6 --max-new-tokens 128 \
   --modes ar auto --presence-penalty 0.5 --frequency-penalty 0.5 --repetition-penalty 1.2 --repeats 2 \
   --out $out/auto.json > /dev/null
+# float32, greedy, 64 new tokens: triforce with the penalties equals ar token for token (f32_greedy.json)
+triforce bench --text ../shared/data/austen-emma.txt --lengths 2048 --temperatures 0 --max-new-tokens 64 \
+  --modes ar triforce --dtype float32 --presence-penalty 0.5 --frequency-penalty 0.5 --repetition-penalty 1.2 \
+  --out $out/f32_greedy.json > /dev/null
