@@ -59,7 +59,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     # token ids that end generation besides end-of-sequence (even with ignore_eos), kept as its last token
     stop_token_ids: tuple[int, ...] = ()
-    # no end-of-sequence (unless ignore_eos), stop_token_ids or stop string before this many tokens (vLLM's)
+    # no end-of-sequence (even with ignore_eos), stop_token_ids or stop string before this many tokens (vLLM's)
     min_tokens: int = 0
 
     def __post_init__(self):

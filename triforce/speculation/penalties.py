@@ -13,7 +13,7 @@ the committed sequence, then the proposals on the way to it (a chain's earlier t
 ancestors and itself). The target's rows are then exactly the penalized target's distributions that
 verification compares against, and a proposer's rows are what it sampled from. `Penalties.apply` takes
 the rows' histories that way: one shared sequence and each row's own path after it; `MinTokens.apply`
-each row's length. (The same holds for min_tokens: a row is banned its stop tokens by its own length.)
+each row's length.
 """
 from __future__ import annotations
 
@@ -86,14 +86,15 @@ class Penalties:
         add(counts, column(extra_tokens))
         counts = counts.to(logits.device)
         index = torch.cat((prompt, others))
-        x = logits.float()[:, index.to(logits.device)]  # [n, width]
+        columns = index.to(logits.device)
+        x = logits.float()[:, columns]  # [n, width]
         if self.repetition != 1:
             seen = (counts > 0) | (torch.arange(width, device=logits.device) < len(prompt))
             bias = self._bias_of(index).to(logits.device)  # vLLM penalizes x + bias; processed adds it later
             x = torch.where(seen, _repeated(x + bias, self.repetition) - bias, x)
         x = x - self.frequency * counts - self.presence * (counts > 0).float()
         out = logits.float().clone()
-        out[:, index.to(logits.device)] = x
+        out[:, columns] = x
         return out
 
     def _bias_of(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -112,8 +113,8 @@ class Penalties:
 
 
 class MinTokens:
-    """vLLM's min_tokens: the tokens that end generation (end-of-sequence unless ignored, stop_token_ids)
-    are impossible in a row that follows fewer than `min_tokens` generated tokens."""
+    """vLLM's min_tokens: the tokens that end generation (stop_token_ids and end-of-sequence, even where
+    ignore_eos lets it pass) are impossible in a row that follows fewer than `min_tokens` generated tokens."""
 
     def __init__(self, min_tokens: int, stop_ids: Sequence[int], prompt_length: int):
         self.min_tokens, self.prompt_length = min_tokens, prompt_length
