@@ -75,7 +75,8 @@ def test_stop_string_cuts_text_and_ends_generation(llm):
     first = free.text.index(stop)
     out = llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[stop],
                                               logprobs=1))[0]
-    assert out.text == free.text[:first] and out.finish_reason == "stop"
+    assert out.text == free.text[:first] and out.finish_reason == "stop" and out.stop_reason == stop
+    assert free.stop_reason is None and free.finish_reason == "length"
     # The output keeps the tokens through the one that completed the stop string (its round went on: a
     # triforce round yields several), and one log-probability entry per token kept.
     end = first + len(stop)
@@ -96,7 +97,7 @@ def test_the_round_that_reaches_a_stop_token_keeps_its_text(llm):
     pieces = []
     out = llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[stop]),
                        stream=pieces.append)[0]
-    assert out.token_ids == kept and out.finish_reason == "stop"
+    assert out.token_ids == kept and out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == "".join(pieces) == llm.tokenizer.decode(kept[:-1], skip_special_tokens=True) != ""
     assert llm.tokenizer.decode([stop], skip_special_tokens=True)  # a token with text, left out
 

@@ -25,6 +25,7 @@ class IncrementalDetokenizer:
         self.tokens: list[int] = []
         self.text = ""  # the text decoded so far, cut before the first stop string
         self.stopped = False  # a stop string was found
+        self.stop_string: str | None = None  # which
         self._shown = 0  # characters of `text` handed out so far
         # While no stop string is found, the last len(longest stop) - 1 characters wait: they may be
         # the start of a stop string that the next round completes.
@@ -68,15 +69,15 @@ class IncrementalDetokenizer:
         region = max(0, start - self._hold)  # a stop string may begin in the held-back characters
         hits = [hit for hit in (self._first_after_floor(s, region) for s in self.stops) if hit is not None]
         if hits:
-            at, self._stop_end = min(hits)
+            at, self._stop_end, self.stop_string = min(hits)
             self.text, self.stopped = self.text[:at], True
 
-    def _first_after_floor(self, stop: str, region: int) -> tuple[int, int] | None:
-        """(start, end) of the first `stop` at or after `region` that ends past the floor."""
+    def _first_after_floor(self, stop: str, region: int) -> tuple[int, int, str] | None:
+        """(start, end, stop) of the first `stop` at or after `region` that ends past the floor."""
         at = self.text.find(stop, region)
         while at >= 0 and at + len(stop) <= self._floor:
             at = self.text.find(stop, at + 1)
-        return None if at < 0 else (at, at + len(stop))
+        return None if at < 0 else (at, at + len(stop), stop)
 
     def tokens_through_stop(self) -> int:
         """How many of the tokens the output keeps: all, or, once a stop string was found, those up to

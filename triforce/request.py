@@ -27,6 +27,7 @@ class RequestOutput:
     metrics: RequestMetrics
     logprobs: list[TokenLogprobs] | None = None  # one per token id, when SamplingParams.logprobs asked
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (None first), when asked
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's; EOS: None)
 
 
 class Request:
@@ -104,5 +105,8 @@ class Request:
             kept = self.detok.tokens_through_stop()  # the round that completed a stop string may have gone on
             tokens, logprobs = tokens[:kept], logprobs if logprobs is None else logprobs[:kept]
         hit_end = bool(tokens) and tokens[-1] in self.params.end_ids(self.llm.eos_ids())
-        finish = "stop" if hit_end or (self.detok is not None and self.detok.stopped) else "length"
-        return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs)
+        stop_string = None if self.detok is None else self.detok.stop_string
+        finish = "stop" if hit_end or stop_string is not None else "length"
+        stop_reason = stop_string if stop_string is not None else (
+            tokens[-1] if hit_end and tokens[-1] in self.params.stop_token_ids else None)
+        return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs, stop_reason)

@@ -50,6 +50,7 @@ def test_a_completion_is_what_generate_gives(llm, client):
     body = r.json()
     assert body["object"] == "text_completion" and body["model"] == "tiny"
     assert body["choices"][0]["text"] == expected.text and body["choices"][0]["finish_reason"] == "length"
+    assert body["choices"][0]["stop_reason"] is None
     assert body["usage"] == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
                              "prompt_tokens_details": {"cached_tokens": 0}}
     seeded = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0.9, "seed": 3, "top_k": 20}
@@ -68,6 +69,21 @@ def test_a_stream_carries_the_same_text_and_ends_with_done(llm, client):
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == expected.text
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
     assert chunks[-1]["usage"]["completion_tokens"] == 10 and len({c["id"] for c in chunks}) == 1
+
+
+def test_the_stop_reason_names_the_stop_string_or_token_id_whole_and_streamed(llm, client):
+    """vLLM's stop_reason: the stop string or stop token id that ended a choice, in the answer and in a
+    stream's last chunk of that choice."""
+    free = plain(llm, PROMPT, 12, temperature=0, ignore_eos=True)
+    stop_id, stop_text = free.token_ids[2], free.text.split()[3]
+    asked = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    for extra, reason in (({"stop_token_ids": [stop_id]}, stop_id), ({"stop": [stop_text]}, stop_text)):
+        whole = client.post("/v1/completions", json={**asked, **extra}).json()["choices"][0]
+        assert (whole["finish_reason"], whole["stop_reason"]) == ("stop", reason)
+        chunks = [json.loads(d) for d in events(client.post("/v1/completions", json={**asked, **extra,
+                                                                                     "stream": True}))[:-1]]
+        assert [(c["choices"][0]["finish_reason"], c["choices"][0].get("stop_reason")) for c in chunks][-1] == (
+            "stop", reason)
 
 
 def test_chat_uses_the_template_and_streams_deltas(llm, client):

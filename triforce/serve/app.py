@@ -186,7 +186,7 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
                 first[index] = False
             elif event == "done":
                 yield _sse(openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index,
-                                        logprobs=logprobs[index].rest(data.logprobs)))
+                                        logprobs=logprobs[index].rest(data.logprobs), stop_reason=data.stop_reason))
                 outputs[index], left = data, left - 1
             else:
                 yield _sse(ApiError(500, f"generation failed: {data}", "server_error").body())

@@ -256,7 +256,7 @@ def response(job: Job, model: str, outputs: list) -> dict:
             choice["message"] = {"role": "assistant", "content": out.text}
         else:
             choice["text"] = out.text if job.echoed is None else job.echoed[i // job.n] + out.text
-        choice["finish_reason"] = out.finish_reason
+        choice["finish_reason"], choice["stop_reason"] = out.finish_reason, out.stop_reason
         choice["logprobs"] = (choice_logprobs(job.kind, job.texts, out.logprobs) if job.echoed is None
                               else echoed_logprobs(job.texts, out, prompt))
         choices.append(choice)
@@ -265,10 +265,10 @@ def response(job: Job, model: str, outputs: list) -> dict:
 
 
 def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = None, first: bool = False,
-          index: int = 0, logprobs: dict | None = None) -> dict:
+          index: int = 0, logprobs: dict | None = None, stop_reason: str | int | None = None) -> dict:
     """One server-sent event of a stream: a piece of choice `index`'s text, or (text None) its end with
-    its finish reason. `first`: the choice's first event (a chat delta then carries the role); `logprobs`:
-    the entries of the tokens it carries (logprobs.StreamedLogprobs)."""
+    its finish reason and stop reason (vLLM's). `first`: the choice's first event (a chat delta then
+    carries the role); `logprobs`: the entries of the tokens it carries (logprobs.StreamedLogprobs)."""
     if job.kind == "completion":
         choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "text_completion"
@@ -278,6 +278,8 @@ def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = No
             delta = {"role": "assistant", **delta}
         choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "chat.completion.chunk"
+    if finish_reason is not None:
+        choice["stop_reason"] = stop_reason
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
 
 
