@@ -286,16 +286,14 @@ SAMPLING_CASES = [
     # a logit bias (every tier's rows): one token boosted, one banned
     ("triforce", "static", dict(temperature=1.0, logit_bias={3: 2.0, 5: -100}), dict(tree1=6)),
     ("retrieval", "dynamic", dict(temperature=0.8, logit_bias={1: 1.5, 6: -100}), {}),
-    # penalties: the second token's rows (the target's, a tree node's) by the first token on their path
+    # penalties: the second token's rows (the target's, a tree node's) by the first token on their path;
+    # min_p (vLLM's: after the temperature, before top-k); min_tokens: the first token's rows (every
+    # tier's) without the stop token, the second's with it
     ("triforce", "static", dict(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.5,
                                 repetition_penalty=1.3, logit_bias={3: 2.0}), dict(tree1=6)),
-    ("retrieval", "dynamic", dict(temperature=0.8, frequency_penalty=2.0), {}),
-    # min_p (vLLM's): after the temperature, before top-k
-    ("triforce", "static", dict(temperature=1.0, min_p=0.2), dict(tree1=6)),
-    ("retrieval", "dynamic", dict(temperature=0.7, min_p=0.1, top_k=4), {}),
-    # min_tokens: the first token's rows (every tier's) without the stop token, the second's with it
-    ("triforce", "static", dict(temperature=1.0, min_tokens=1, stop_token_ids=(3,)), dict(tree1=6)),
-    ("retrieval", "dynamic", dict(temperature=1.0, min_tokens=1, stop_token_ids=(3,)), {}),
+    ("retrieval", "dynamic", dict(temperature=0.8, frequency_penalty=2.0, min_p=0.5, top_k=4, min_tokens=1,
+                                  stop_token_ids=(3,)), {}),
+    ("triforce", "static", dict(temperature=1.0, min_p=0.6, min_tokens=1, stop_token_ids=(3,)), dict(tree1=6)),
 ]
 
 
