@@ -35,6 +35,22 @@ def test_a_batch_takes_one_params_per_prompt_and_stops_each_on_its_own(llm):
     assert outs[1].finish_reason == "stop" and len(outs[1].token_ids) < 20
 
 
+def test_a_batch_of_requests_with_their_own_penalties_and_bans_gives_each_its_own_answer(llm):
+    """Requests with different penalties, min_p, stop token ids and min_tokens in one batch (their checks
+    verified together) each get what they get alone, and the settings change the answers."""
+    free = llm.generate(PROMPT, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
+    params = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, presence_penalty=1.0,
+                             repetition_penalty=1.5),
+              SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, frequency_penalty=2.0,
+                             stop_token_ids=[free.token_ids[1]], min_tokens=10),
+              SamplingParams(max_tokens=16, temperature=0.9, seed=3, min_p=0.3, ignore_eos=True, presence_penalty=0.5)]
+    outs = llm.generate([PROMPT] * 4, params)
+    assert [o.token_ids for o in outs] == [llm.generate(PROMPT, p)[0].token_ids for p in params]
+    assert outs[1].token_ids == free.token_ids and outs[0].token_ids != free.token_ids != outs[2].token_ids
+    assert free.token_ids[1] not in outs[2].token_ids[:10]
+
+
 def test_a_batch_that_does_not_fit_runs_in_parts(llm, monkeypatch):
     import triforce.api as api
 
