@@ -62,7 +62,8 @@ def profile_mode(mode: str, args, ids: list[int], out: Path) -> dict:
     n = metrics.generated_tokens
     return {"mode": mode, "cuda_graphs": os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") != "0",
             "dtype": args.dtype, "context": args.context, "temperature": args.temperature,
-            "cold_tokens_per_s": round(cold.tokens_per_s, 1), "tokens_per_s": round(metrics.tokens_per_s, 1), "prefill_s": round(metrics.prefill_s, 3),
+            "cold_tokens_per_s": round(cold.tokens_per_s, 1), "tokens_per_s": round(metrics.tokens_per_s, 1),
+            "prefill_s": round(metrics.prefill_s, 3),
             "gpu_busy_ms_per_token_with_prefill": round(busy_us / 1e3 / n, 2),
             "ms_per_token": round(1e3 / metrics.tokens_per_s, 2) if metrics.tokens_per_s else None,
             "launches_per_token": round(count(LAUNCHES) / n, 1), "syncs_per_token": round(count(SYNCS) / n, 1),

@@ -165,7 +165,8 @@ def test_cuda_float32_checks_take_plain_matmuls_and_match_the_reference(n, monke
     real = attention_module._matmul_attention
     monkeypatch.setattr(attention_module, "_matmul_attention", lambda *a: calls.append(1) or real(*a))
     g = torch.Generator().manual_seed(n)
-    q, k, v = torch.randn(9, n, 64, generator=g), torch.randn(3, 3000, 64, generator=g), torch.randn(3, 3000, 64, generator=g)
+    q, k, v = (torch.randn(9, n, 64, generator=g), torch.randn(3, 3000, 64, generator=g),
+               torch.randn(3, 3000, 64, generator=g))
     mask = random_mask(n, 40, g)
     got = attention(q.cuda(), k.cuda(), v.cuda(), 0.125, mask.cuda())
     torch.testing.assert_close(got.cpu(), reference_attention(q, k, v, 0.125, mask), atol=1e-5, rtol=1e-5)

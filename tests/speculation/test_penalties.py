@@ -95,7 +95,8 @@ def test_min_tokens_bans_the_stop_tokens_in_rows_that_come_too_early():
     rule = MinTokens.of(SamplingParams(min_tokens=3, max_tokens=8), (2, 6), prompt_length=5)
     logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(5))
     got = rule.apply(logits, [6, 7, 8, 9])  # 1, 2, 3 and 4 generated before each row
-    assert torch.isinf(got[:2, [2, 6]]).all() and torch.equal(got[:2, [0, 1, 3, 4, 5, 7, 8]], logits[:2, [0, 1, 3, 4, 5, 7, 8]])
+    others = [0, 1, 3, 4, 5, 7, 8]
+    assert torch.isinf(got[:2, [2, 6]]).all() and torch.equal(got[:2, others], logits[:2, others])
     assert torch.equal(got[2:], logits[2:])
     assert rule.apply(logits, [8, 9, 10, 11]) is logits
     assert MinTokens.of(SamplingParams(min_tokens=3), (), 5) is None and MinTokens.of(SamplingParams(), (2,), 5) is None
