@@ -70,6 +70,26 @@ def test_grown_nodes_carry_their_paths_rows(model, streaming):
     assert torch.equal(rows[5 + 1], torch.zeros_like(rows[0]))  # a last-level node: never forwarded
 
 
+def test_a_greedy_nodes_first_child_is_what_its_processed_row_picks(model):
+    """Greedy children are ranked by the proposer's logits, but the first is the token its processed row
+    picks: with a logit bias, not the logits' own argmax (the checker's greedy row picks the biased one)."""
+    seq = (torch.arange(40) % 90 + 3).tolist()
+    proposer = tier(model, False)
+    proposer.prefill(seq[:-1])
+    plain = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape(SHAPE),
+                              lambda logits: probabilities(logits, 0.0), None, greedy=True))[0]
+    boosted = next(t for t in range(3, 90) if t not in plain)
+
+    def biased(logits):
+        return probabilities(logits, 0.0, bias=((boosted, 100.0),))
+
+    proposer = tier(model, False)
+    proposer.prefill(seq[:-1])
+    tokens, parents, _ = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape(SHAPE), biased, None,
+                                           greedy=True))
+    assert tokens[0] == boosted and tokens[1] == plain[0] and parents == SHAPE
+
+
 @pytest.mark.parametrize("greedy", [False, True])
 def test_grown_nodes_mix_in_the_lookups_copy_for_their_path(model, greedy):
     """With a prompt lookup, each node's row is the proposer's mixed with the copy for its own path (the

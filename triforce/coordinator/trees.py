@@ -55,11 +55,13 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], 
         for slot, k in zip(frontier, growth.children(frontier, [logits[s] for s in frontier], parents)):
             if not k:
                 continue
+            choice = int(rows[slot].argmax()) if greedy else None  # what its processed row picks (logit_bias)
             copy = None if lookup is None else lookup.candidate(seq, paths[slot])
             if copy is not None:
                 rows[slot] = lookup.mix(rows[slot], copy)
             if greedy:  # ranked by the proposer's logits (its one-hot row would allow a single child)
                 drawn = sample_children(logits[slot], k, None, True)
+                drawn = [choice] + [t for t in drawn if t != choice][:k - 1]
                 drawn = drawn if lookup is None else lookup.greedy_order(drawn, copy)
             else:
                 drawn = sample_children(rows[slot], k, generator, False)
