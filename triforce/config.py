@@ -115,6 +115,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether any of the presence, frequency and repetition penalties is on."""
+        return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (0, 0, 1)
+
     def end_ids(self, eos_ids: Sequence[int]) -> frozenset[int]:
         """The tokens that end generation: stop_token_ids, and the model's end-of-sequence ids unless
         ignore_eos. (min_tokens bans all of them, end-of-sequence even where ignored, as vLLM does.)"""

@@ -47,6 +47,7 @@ class Request:
         self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,
                                    batchmates, llm.prefixes)
         self.verifier = verifier
+        self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round
         self.detok = (None if llm.tokenizer is None
                       else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens))
         self.cancelled = False
@@ -82,7 +83,7 @@ class Request:
     def on_tokens(self, new: list[int]) -> bool:
         if self.detok is None:
             return self.cancelled
-        end = new[-1] if new and new[-1] in self.params.end_ids(self.llm.eos_ids()) else None
+        end = new[-1] if new and new[-1] in self.ends else None
         piece = self.detok.add(new if end is None else new[:-1], end)
         if self.stream is not None and piece:
             self.stream(piece)
@@ -104,7 +105,7 @@ class Request:
             text = self.detok.text
             kept = self.detok.tokens_through_stop()  # the round that completed a stop string may have gone on
             tokens, logprobs = tokens[:kept], logprobs if logprobs is None else logprobs[:kept]
-        hit_end = bool(tokens) and tokens[-1] in self.params.end_ids(self.llm.eos_ids())
+        hit_end = bool(tokens) and tokens[-1] in self.ends
         stop_string = None if self.detok is None else self.detok.stop_string
         finish = "stop" if hit_end or stop_string is not None else "length"
         stop_reason = stop_string if stop_string is not None else (

@@ -58,9 +58,8 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
         f",min_p={params.min_p:g}" if params.min_p else "")
     if params.logit_bias:  # it changes every tier's rows, so how often they agree
         sampling += f",bias={hashlib.sha256(repr(params.logit_bias).encode()).hexdigest()[:8]}"
-    penalties = (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)
-    if penalties != (0, 0, 1):  # likewise
-        sampling += ",penalties={:g}/{:g}/{:g}".format(*penalties)
+    if params.penalized:  # likewise
+        sampling += f",penalties={params.presence_penalty:g}/{params.frequency_penalty:g}/{params.repetition_penalty:g}"
     machine = "+".join(sorted({machine_key(t.model.device.type) for t in ladder}))
     return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
             + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else "")

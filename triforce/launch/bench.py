@@ -119,7 +119,7 @@ def run_bench(args) -> int:
         raise UserError("--repeats must be at least 1")
     if args.rope_scaling and args.peers:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
-    if args.peers and (args.presence_penalty, args.frequency_penalty, args.repetition_penalty) != (0, 0, 1):
+    if args.peers and SamplingParams(**penalty_settings(args)).penalized:
         raise UserError("the peers decode without penalties: leave out --peers with the penalty flags")
     llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
               args.device, rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,

@@ -38,7 +38,7 @@ class Penalties:
     @classmethod
     def of(cls, params, prompt: Sequence[int]) -> "Penalties | None":
         """The penalties of SamplingParams `params` for a request of `prompt` (None: all off)."""
-        if params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1:
+        if not params.penalized:
             return None
         return cls(params.presence_penalty, params.frequency_penalty, params.repetition_penalty, prompt,
                    params.logit_bias)
