@@ -59,6 +59,26 @@ def write_tiny_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
+CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 ABCDEFGHIJKLMNOPQRSTUVWXYZ{}[]:,.\"'!?;()-_+=*/<>@#$%&^~|`\\"
+
+
+def write_char_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer (as GPT-2's, which llguidance reads) whose tokens are single characters:
+    0 pad, 1 bos, 2 eos, then CHARS[:vocab_size - 3] (letters first, then digits and a space), saved beside
+    the weights."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = CHARS[:vocab_size - 3]
+    assert len(chars) == vocab_size - 3, "CHARS is too short for this vocabulary"
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c.replace(" ", "\u0120"): 3 + i for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.BPE(vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(folder)
+
+
 def write_reduced_vocabulary(folder: Path, token_ids: list[int], target_vocab_size: int) -> Path:
     """Marks a checkpoint of vocab_size len(token_ids) + 1 as a draft over part of a target's vocabulary."""
     import json

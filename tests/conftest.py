@@ -21,7 +21,7 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from checkpoints import write_tiny_checkpoint, write_tiny_tokenizer  # noqa: E402
+from checkpoints import write_char_tokenizer, write_tiny_checkpoint, write_tiny_tokenizer  # noqa: E402
 
 
 @pytest.hookimpl(optionalhook=True)  # without xdist, plain pytest does not know this hook
@@ -51,10 +51,13 @@ def tiny_dir(tmp_path_factory):
     made: dict = {}
     root = tmp_path_factory.mktemp("tiny")
 
-    def make(name: str, tokenizer: bool = False, **kwargs) -> Path:
+    def make(name: str, tokenizer: bool | str = False, **kwargs) -> Path:
+        """tokenizer: True, a word-level one; "chars", a byte-level BPE of single characters."""
         if name not in made:
             folder = write_tiny_checkpoint(root / name, **kwargs)
-            if tokenizer:
+            if tokenizer == "chars":
+                write_char_tokenizer(folder, kwargs.get("vocab_size", 96))
+            elif tokenizer:
                 write_tiny_tokenizer(folder, kwargs.get("vocab_size", 96))
             made[name] = folder
         return made[name]

@@ -29,6 +29,7 @@ from .models.hub import DEFAULT_MODEL, resolve_model
 from .models.loader import DTYPE_CHOICES, load_model, resolve_dtype
 from .models.vocab import read_draft_metadata, tokenizer_fingerprint
 from .request import Request, RequestOutput
+from .speculation.guided import Grammars
 
 log = logging.getLogger("triforce")
 
@@ -89,6 +90,7 @@ class LLM:
         self.config = EngineConfig(mode=mode, **engine_settings)
         self.tokenizer = self._load_tokenizer()
         self._check_draft_vocabulary()
+        self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
         if not 0 <= prefix_cache_gb < float("inf"):
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         self.prefixes = None  # a worker group holds the target's KV itself
@@ -155,6 +157,13 @@ class LLM:
         if prompt_len + max_tokens > cfg.max_positions:
             raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
                             f"{cfg.max_positions} positions")
+
+    def check_request(self, params: SamplingParams) -> None:
+        """Raises UserError where params.logit_bias or stop_token_ids name a token outside the vocabulary, or
+        params.structured_outputs is not a valid constraint (ConfigError, naming it)."""
+        self.check_token_ids(params)
+        if params.structured_outputs is not None:
+            self.grammars.check(params.structured_outputs)
 
     def check_token_ids(self, params: SamplingParams) -> None:
         """Raises UserError where params.logit_bias or stop_token_ids name a token outside the vocabulary."""
@@ -232,7 +241,7 @@ class LLM:
         ids = [self.encode(p) for p in prompts]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
-            self.check_token_ids(p)
+            self.check_request(p)
         sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]
         outputs: list[RequestOutput | None] = [None] * len(ids)
         parts = self._parts_that_fit(sizes)

@@ -34,6 +34,52 @@ MAX_LOGPROBS = 20  # most likely tokens listed beside each token's log-probabili
 
 
 @dataclass(frozen=True)
+class StructuredOutputs:
+    """A constraint on the generated text (vLLM's StructuredOutputsParams): exactly one of a JSON schema
+    (`json`: a dict, or its JSON text), any JSON object (`json_object`), a regular expression (`regex`,
+    Rust's syntax), one of some strings (`choice`) or a Lark grammar (`grammar`). Every tier's rows keep
+    only the tokens that the constraint allows after their history (speculation/guided.py), and the
+    output ends where the constrained text is complete (end-of-sequence, even with ignore_eos)."""
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self):
+        import json
+
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ConfigError("structured_outputs takes exactly one of json, json_object, regex, choice and grammar "
+                              f"(got {', '.join(given) or 'none'})")
+        if self.json is not None:
+            try:
+                schema = json.loads(self.json) if isinstance(self.json, str) else self.json
+                text = json.dumps(schema, sort_keys=True)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"structured_outputs json must be a JSON schema (an object): {exc}") from None
+            if not isinstance(schema, dict):
+                raise ConfigError("structured_outputs json must be a JSON schema (an object)")
+            object.__setattr__(self, "json", text)  # a string: the params stay hashable
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not all(isinstance(c, str) and c for c in self.choice) or not self.choice:
+                raise ConfigError("structured_outputs choice must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None and not (isinstance(getattr(self, name), str) and getattr(self, name)):
+                raise ConfigError(f"structured_outputs {name} must be a non-empty string")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: json, json_object, regex, choice or grammar."""
+        if self.json_object:
+            return "json_object"
+        return next(n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None)
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """What to sample and when to stop. temperature 0 is greedy."""
     max_tokens: int = 128
@@ -61,6 +107,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     # no end-of-sequence (even with ignore_eos), stop_token_ids or stop string before this many tokens (vLLM's)
     min_tokens: int = 0
+    # a JSON schema, regular expression, choice or grammar the text must follow (a dict of those fields too)
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self):
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
@@ -106,6 +154,13 @@ class SamplingParams:
         if not 0 < self.repetition_penalty <= 100:
             raise ConfigError(f"repetition_penalty must be above 0, at most 100 (1 is off; got "
                               f"{self.repetition_penalty})")
+        if isinstance(self.structured_outputs, dict):
+            object.__setattr__(self, "structured_outputs", StructuredOutputs(**self.structured_outputs))
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
+            raise ConfigError("structured_outputs must be a StructuredOutputs (or a dict of its fields)")
+        if self.structured_outputs is not None and self.min_tokens:
+            raise ConfigError("min_tokens cannot be combined with structured_outputs: the constraint decides where "
+                              "the text may end")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):
@@ -122,8 +177,10 @@ class SamplingParams:
 
     def end_ids(self, eos_ids: Sequence[int]) -> frozenset[int]:
         """The tokens that end generation: stop_token_ids, and the model's end-of-sequence ids unless
-        ignore_eos. (min_tokens bans all of them, end-of-sequence even where ignored, as vLLM does.)"""
-        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else frozenset(eos_ids))
+        ignore_eos without structured_outputs (whose constraint allows end-of-sequence only where its text is
+        complete). (min_tokens bans all of them, end-of-sequence even where ignored, as vLLM does.)"""
+        eos = frozenset() if self.ignore_eos and self.structured_outputs is None else frozenset(eos_ids)
+        return frozenset(self.stop_token_ids) | eos
 
 
 @dataclass(frozen=True)

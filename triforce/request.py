@@ -48,6 +48,7 @@ class Request:
                                    batchmates, llm.prefixes)
         self.verifier = verifier
         self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round
+        self.guide = llm.grammars.guide(params.structured_outputs)
         self.detok = (None if llm.tokenizer is None
                       else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens))
         self.cancelled = False
@@ -70,7 +71,7 @@ class Request:
 
     def run(self, show_progress: bool = False):
         return self.engine.run(self.ids, self.params, self.llm.eos_ids(), self.on_tokens, show_progress,
-                               lambda: self.cancelled)
+                               lambda: self.cancelled, self.guide)
 
     def cancel(self) -> None:
         self.cancelled = True

@@ -7,18 +7,19 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from checkpoints import write_reduced_vocabulary
+from checkpoints import CHARS, write_char_tokenizer, write_reduced_vocabulary
 from penalty_reference import reference_penalized
 from sampling_runs import outputs
 from scripted_planner import follow_script
 from triforce.cache.full import FullKVCache
-from triforce.config import DEFAULT_LOOKUP, ConfigError, EngineConfig, SamplingParams
+from triforce.config import DEFAULT_LOOKUP, ConfigError, EngineConfig, SamplingParams, StructuredOutputs
 from triforce.coordinator import engine as engine_module
 from triforce.coordinator.engine import HierarchyEngine
 from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.tiers import Tier
 from triforce.coordinator.verifier import LocalVerifier
 from triforce.models.loader import load_model
+from triforce.speculation.guided import Grammars
 from triforce.speculation.sampling import probabilities, processed, top_probability
 from triforce.step import Step
 
@@ -41,12 +42,16 @@ AUTO_SCRIPT = [(("draft", "target"), (4,)), (("target",), ()), (("draft", "retri
                (("retrieval", "target"), (3,))]
 
 
-def run(target, draft, mode, prompt, params, policy="static", **overrides):
+EOS = 2  # the tiny checkpoints' end-of-sequence id
+
+
+def run(target, draft, mode, prompt, params, policy="static", guide=None, **overrides):
+    """guide: a structured-output constraint's Guide (end-of-sequence then ends the request)."""
     cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{**SETTINGS, **overrides})
     engine = build_engine(cfg, target, draft, len(prompt) + params.max_tokens)
     if mode == "auto":
         follow_script(engine, cfg.budget, AUTO_SCRIPT)
-    return engine.generate(prompt, params)
+    return engine.generate(prompt, params, (EOS,) if guide is not None else (), guide=guide)
 
 
 def test_greedy_with_a_reduced_vocabulary_draft_equals_plain_decoding(tiny_dir, models):
@@ -196,6 +201,42 @@ def test_the_largest_checks_that_take_every_token_fit_the_caches(models, policy)
     assert metrics.tiers[1].proposed / metrics.tiers[1].checks > 8
 
 
+@pytest.fixture(scope="module")
+def char_grammars(tmp_path_factory):
+    """Structured outputs over the tiny models' vocabularies read as single characters (checkpoints.CHARS)."""
+    from transformers import AutoTokenizer
+
+    made = {}
+    for vocab in (96, 8):
+        folder = tmp_path_factory.mktemp(f"chars{vocab}")
+        write_char_tokenizer(folder, vocab)
+        made[vocab] = Grammars(AutoTokenizer.from_pretrained(folder), vocab, [EOS])
+    return made
+
+
+SENTENCE = StructuredOutputs(regex=r"(ab|[c-k][a-z]*)( [a-z0-9]+)*\.")
+
+
+@pytest.mark.parametrize("mode,policy,trees", [(m, p, {}) for m, p in MODES] + [
+    ("auto", "static", {}), ("triforce", "static", dict(tree1=8)), ("retrieval", "dynamic", dict(tree2=8)),
+    ("draft", "static", dict(tree1=8, tree_shape="confidence"))])
+def test_greedy_with_structured_outputs_equals_plain_decoding_with_them(models, char_grammars, mode, policy, trees):
+    """Every tier's row is masked by the constraint after its own history (a chain's earlier proposals, a
+    tree node's path): each mode follows `ar` under the same constraint, whose text it keeps to."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    free, _ = run(target, draft, "ar", prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    params = SamplingParams(max_tokens=40, temperature=0, structured_outputs=SENTENCE)
+    grammars = char_grammars[96]
+    reference, _ = run(target, draft, "ar", prompt, params, guide=grammars.guide(SENTENCE))
+    assert reference != free
+    checker = grammars.guide(SENTENCE)  # the text is one the constraint takes, or a prefix of one
+    text = reference[:-1] if reference[-1] == EOS else reference
+    assert all(checker.allowed(text[:i]) is not None for i in range(len(text) + 1))
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, guide=grammars.guide(SENTENCE), **trees)
+    assert tokens == reference and all(t.checks > 0 for t in metrics.tiers)
+
+
 def test_plain_decoding_equals_transformers_generate(tiny_dir, models):
     from transformers import AutoModelForCausalLM
 
@@ -233,7 +274,16 @@ def small_vocab(tiny_dir):
     return [load_model(tiny_dir(f"v8-{i}", seed=20 + i, num_layers=1 + i % 2, **spec)) for i in range(3)]
 
 
-def exact_two_token_distribution(target, prompt, params):
+def exact_two_token_distribution(target, prompt, params, grammars=None):
+    """grammars: with params.structured_outputs, each row masked by a fresh llguidance matcher of it."""
+    def allowed(history):
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(grammars._ll_tokenizer(), grammars.check(params.structured_outputs), log_level=0)
+        if matcher.try_consume_tokens(history) < len(history):  # a first token of probability 0
+            return torch.ones(8, dtype=torch.bool)
+        return torch.tensor(list(matcher.compute_logit_bias()[:8])) > 0
+
     def dist(tokens):
         cache = FullKVCache(target.config, len(tokens), target.rope, target.dtype, "cpu")
         logits = target(torch.tensor(tokens), cache, logits_for="last")[0].clone()
@@ -243,6 +293,8 @@ def exact_two_token_distribution(target, prompt, params):
             logits[list(params.stop_token_ids)] = float("-inf")
         logits = reference_penalized(logits, prompt, tokens[len(prompt):], params.presence_penalty,
                                      params.frequency_penalty, params.repetition_penalty)
+        if params.structured_outputs is not None:
+            logits[~allowed(tokens[len(prompt):])] = float("-inf")
         return probabilities(logits[None], params.temperature, params.top_k, params.top_p, min_p=params.min_p)[0]
 
     first = dist(prompt)
@@ -294,20 +346,30 @@ SAMPLING_CASES = [
     ("retrieval", "dynamic", dict(temperature=0.8, frequency_penalty=2.0, min_p=0.5, top_k=4, min_tokens=1,
                                   stop_token_ids=(3,)), {}),
     ("triforce", "static", dict(temperature=1.0, min_p=0.6, min_tokens=1, stop_token_ids=(3,)), dict(tree1=6)),
+    # structured outputs: the first token one of a, b, c (ids 3-5), the second one of b-e (4-7); the prompt
+    # lookup's 1-gram copies are often tokens the constraint refuses
+    ("triforce", "static", dict(temperature=1.0, structured_outputs=StructuredOutputs(regex="[a-c][b-e]+")),
+     dict(tree1=6, lookup=1)),
+    ("retrieval", "dynamic", dict(temperature=0.8, top_k=3, structured_outputs=StructuredOutputs(regex="[a-c][b-e]+")),
+     dict(lookup=1)),
+    ("triforce", "dynamic", dict(temperature=1.0, structured_outputs=StructuredOutputs(choice=["ab", "bd", "ce", "cc"])),
+     dict(gamma1=3, gamma2=1)),
 ]
 
 
 @pytest.mark.parametrize("mode,policy,sampling,trees", SAMPLING_CASES)
-def test_modes_sample_the_target_distribution(small_vocab, mode, policy, sampling, trees):
+def test_modes_sample_the_target_distribution(small_vocab, char_grammars, mode, policy, sampling, trees):
     draft, _, target = small_vocab
     prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
-    expected = exact_two_token_distribution(target, prompt, params)
+    grammars = char_grammars[8]
+    expected = exact_two_token_distribution(target, prompt, params, grammars)
     cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{"gamma1": 2, "gamma2": 3, **trees}, **SETTINGS)
 
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
-        return engine.run(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))
+        return engine.run(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling),
+                          guide=grammars.guide(params.structured_outputs))
 
     assert_two_token_distribution(run_of, expected, trials=2000)
 

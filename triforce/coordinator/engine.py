@@ -37,6 +37,7 @@ from tqdm import tqdm
 from ..config import SamplingParams
 from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.lookup import ContextLookup
+from ..speculation.guided import Guide
 from ..speculation.penalties import MinTokens, Penalties
 from ..speculation.sampling import processed, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
@@ -91,28 +92,31 @@ class HierarchyEngine:
         self.lookup: ContextLookup | None = None
         self.penalties: Penalties | None = None  # the request's, from `run`
         self.min_tokens: MinTokens | None = None  # likewise
+        self.guide: Guide | None = None  # the request's structured-output constraint, from `run`
+        self.prompt_length = 0
         self.logprobs: list[TokenLogprobs] = []  # per generated token, when the request asks (SamplingParams.logprobs)
         self.prompt_logprobs: list[TokenLogprobs | None] = []  # per prompt token (the first: None), when asked
         self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
 
     def generate(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
-                 on_tokens: Callable[[list[int]], bool] | None = None,
-                 show_progress: bool = False) -> tuple[list[int], RequestMetrics]:
+                 on_tokens: Callable[[list[int]], bool] | None = None, show_progress: bool = False,
+                 guide: Guide | None = None) -> tuple[list[int], RequestMetrics]:
         """Runs one request alone: see `run`."""
         from .batch import SequenceBatch
 
         batch = SequenceBatch()
-        handle = batch.add(self.run(prompt, params, stop_ids, on_tokens, show_progress))
+        handle = batch.add(self.run(prompt, params, stop_ids, on_tokens, show_progress, guide=guide))
         batch.run()
         return handle.result
 
     def run(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
             on_tokens: Callable[[list[int]], bool] | None = None, show_progress: bool = False,
-            cancelled: Callable[[], bool] | None = None) -> Run:
+            cancelled: Callable[[], bool] | None = None, guide: Guide | None = None) -> Run:
         """The request as a generator of forwards; returns (generated token ids, metrics). `on_tokens` sees
         each round's new tokens and returns True to stop (stop strings); generation also stops at a stop id
         or after max_tokens. `cancelled` is asked between prefill chunks: True ends the request there
-        with no tokens (a long prompt's client that went away frees the batch at once)."""
+        with no tokens (a long prompt's client that went away frees the batch at once). `guide`: the
+        request's structured_outputs constraint (speculation/guided.py; Grammars.guide makes it)."""
         if not prompt:
             raise ValueError("empty prompt")
         self.params = params
@@ -122,6 +126,7 @@ class HierarchyEngine:
         self.penalties = Penalties.of(params, prompt)
         ends = params.end_ids(stop_ids)
         self.min_tokens = MinTokens.of(params, set(params.stop_token_ids) | set(stop_ids), len(prompt))
+        self.guide, self.prompt_length = guide, len(prompt)
         self.logprobs = []
         self.prompt_logprobs = [] if params.prompt_logprobs is None else [None]
         self.lookup = ContextLookup(self.lookup_n) if self.lookup_n else None
@@ -213,12 +218,15 @@ class HierarchyEngine:
 
     def _by_history(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
         """logits [n, V] of rows where row i follows seq, then paths[i], under the request's rules that read
-        what came before a row (speculation/penalties.py: its penalties, min_tokens' ban on stop tokens);
-        the same tensor where it has none."""
+        what came before a row (speculation/penalties.py: its penalties, min_tokens' ban on stop tokens;
+        speculation/guided.py: its structured-output constraint); the same tensor where it has none."""
         if self.penalties is not None:
             logits = self.penalties.apply(logits, self.seq, paths)
         if self.min_tokens is not None:
             logits = self.min_tokens.apply(logits, [len(self.seq) + len(path) for path in paths])
+        if self.guide is not None:
+            generated = self.seq[self.prompt_length:]
+            logits = self.guide.apply(logits, [generated + path for path in paths])
         return logits
 
     def _by_history_chain(self, logits: torch.Tensor, start: int) -> torch.Tensor:
@@ -227,6 +235,8 @@ class HierarchyEngine:
             logits = self.penalties.apply_chain(logits, self.seq[:start], self.seq[start:start + len(logits) - 1])
         if self.min_tokens is not None:
             logits = self.min_tokens.apply(logits, range(start, start + len(logits)))
+        if self.guide is not None:
+            logits = self.guide.apply(logits, [self.seq[self.prompt_length:start + i] for i in range(len(logits))])
         return logits
 
     def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:

@@ -60,6 +60,8 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
         sampling += f",bias={hashlib.sha256(repr(params.logit_bias).encode()).hexdigest()[:8]}"
     if params.penalized:  # likewise
         sampling += f",penalties={params.presence_penalty:g}/{params.frequency_penalty:g}/{params.repetition_penalty:g}"
+    if params.structured_outputs is not None:  # likewise: the constraint masks every tier's rows
+        sampling += f",guided={hashlib.sha256(repr(params.structured_outputs).encode()).hexdigest()[:8]}"
     machine = "+".join(sorted({machine_key(t.model.device.type) for t in ladder}))
     return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
             + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else "")

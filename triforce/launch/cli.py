@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..config import (DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig,
-                      SamplingParams)
+                      SamplingParams, StructuredOutputs)
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from ..models.config import ROPE_SCALING_KINDS
@@ -108,6 +108,14 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
                       help="generate at least this many tokens before end-of-sequence, a stop token id or a stop "
                            "string may end it")
     add_penalty_args(samp)
+    guided = gen.add_argument_group("structured output (every tier keeps only the tokens it allows)")
+    shape = guided.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="SCHEMA",
+                       help="the text is JSON that follows this JSON schema (the schema, or a file holding it)")
+    shape.add_argument("--json-object", action="store_true", help="the text is a JSON object")
+    shape.add_argument("--regex", help="the text matches this regular expression (Rust's regex syntax)")
+    shape.add_argument("--choice", action="append", metavar="TEXT", help="the text is one of these (repeatable)")
+    shape.add_argument("--grammar", metavar="LARK", help="the text follows this Lark grammar (or a file holding it)")
     add_engine_args(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     gen.add_argument("--logprobs", type=int, default=None, metavar="K",
@@ -203,6 +211,21 @@ def penalty_settings(args) -> dict:
                 repetition_penalty=args.repetition_penalty)
 
 
+def structured_outputs(args) -> StructuredOutputs | None:
+    """The constraint of the structured-output flags (None without one)."""
+    def text_or_file(value: str) -> str:
+        path = Path(value)
+        return path.read_text(encoding="utf-8") if len(value) < 4096 and path.is_file() else value
+
+    if args.json_schema is not None:
+        return StructuredOutputs(json=text_or_file(args.json_schema))
+    if args.grammar is not None:
+        return StructuredOutputs(grammar=text_or_file(args.grammar))
+    if args.json_object or args.regex is not None or args.choice:
+        return StructuredOutputs(json_object=args.json_object, regex=args.regex, choice=args.choice)
+    return None
+
+
 def run_generation(args, llm) -> int:
     """Generates from the prompt of `args` with `llm`; streams text or prints the JSON object."""
     prompt = read_prompt(args)
@@ -210,7 +233,8 @@ def run_generation(args, llm) -> int:
                             top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
                             ignore_eos=args.ignore_eos,
                             logprobs=args.logprobs, stop_token_ids=tuple(args.stop_token_id),
-                            min_tokens=args.min_tokens, **penalty_settings(args))
+                            min_tokens=args.min_tokens, structured_outputs=structured_outputs(args),
+                            **penalty_settings(args))
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
     out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
     m = out.metrics

@@ -25,22 +25,24 @@ import uuid
 from dataclasses import dataclass, replace
 
 from ..api import chat_ids
-from ..config import MAX_LOGPROBS, ConfigError, SamplingParams
+from ..config import MAX_LOGPROBS, ConfigError, SamplingParams, StructuredOutputs
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of", "stream",
           "stream_options", "user", "ignore_eos", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
-          "repetition_penalty", "stop_token_ids", "min_tokens"}
+          "repetition_penalty", "stop_token_ids", "min_tokens", "response_format", "structured_outputs",
+          "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 HARMLESS = {"echo": (None, False), "suffix": (None, ""),
             "parallel_tool_calls": (None,), "tools": (None, []),
-            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
+            "tool_choice": (None, "none")}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
 MAX_PROMPTS = 2048  # prompts of one completion request
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 class ApiError(Exception):
@@ -116,6 +118,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, f"'{name}' must be at least 1{' (0 only with echo)' if kind == 'completion' else ''}",
                        param=name)
     logprobs = _logprobs(kind, body)
+    source, structured = _structured(body)
     bias = {} if body.get("logit_bias") is None else body["logit_bias"]
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must map token ids to values from -100 to 100", param="logit_bias")
@@ -133,8 +136,14 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
                                 frequency_penalty=_number(body, "frequency_penalty", 0.0),
                                 repetition_penalty=_number(body, "repetition_penalty", 1.0),
                                 stop_token_ids=_token_ids(body, "stop_token_ids"),
-                                min_tokens=0 if body.get("min_tokens") is None else body["min_tokens"])
+                                min_tokens=0 if body.get("min_tokens") is None else body["min_tokens"],
+                                structured_outputs=structured)
         llm.check_token_ids(params)
+        if structured is not None:
+            try:
+                llm.grammars.check(structured)
+            except ConfigError as exc:
+                raise ConfigError(f"{source} is not a valid constraint: {exc}") from None
     except (ConfigError, TypeError, ValueError) as exc:  # their messages begin with the setting's name
         name = str(exc).split(" ", 1)[0]
         if name == "max_tokens" and "max_completion_tokens" in body:
@@ -195,6 +204,43 @@ def _text(prompt: str | list[int], ids: list[int], llm) -> str:
     if isinstance(prompt, str):
         return prompt
     return "" if llm.tokenizer is None else llm.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _structured(body: dict) -> tuple[str | None, StructuredOutputs | None]:
+    """The constraint a request asks for, and the field it came in: OpenAI's response_format (json_object,
+    json_schema), vLLM's structured_outputs object, or vLLM's older guided_json, guided_regex, guided_choice
+    and guided_grammar."""
+    asked: dict[str, dict] = {}
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kinds = ("text", "json_object", "json_schema")
+        if not isinstance(fmt, dict) or fmt.get("type") not in kinds:
+            raise ApiError(400, "'response_format' must be an object whose type is text, json_object or json_schema",
+                           param="response_format")
+        if fmt["type"] == "json_object":
+            asked["response_format"] = {"json_object": True}
+        elif fmt["type"] == "json_schema":
+            schema = fmt.get("json_schema")
+            if not isinstance(schema, dict) or not isinstance(schema.get("schema"), dict):
+                raise ApiError(400, "'response_format' of type json_schema needs json_schema.schema, an object",
+                               param="response_format")
+            asked["response_format"] = {"json": schema["schema"]}
+    for name, field in GUIDED.items():
+        if body.get(name) is not None:
+            asked[name] = {field: body[name]}
+    if body.get("structured_outputs") is not None:
+        if not isinstance(body["structured_outputs"], dict):
+            raise ApiError(400, "'structured_outputs' must be an object", param="structured_outputs")
+        asked["structured_outputs"] = body["structured_outputs"]
+    if len(asked) > 1:
+        raise ApiError(400, f"give one constraint, not {' and '.join(asked)}", param=list(asked)[-1])
+    if not asked:
+        return None, None
+    (source, fields), = asked.items()
+    try:
+        return source, StructuredOutputs(**fields)
+    except (ConfigError, TypeError) as exc:
+        raise ApiError(400, f"'{source}' is not a valid constraint: {exc}", param=source) from None
 
 
 def _prompts(kind: str, body: dict, llm) -> tuple[list[list[int]], list]:

@@ -1,0 +1,123 @@
+"""Structured outputs' masks (speculation/guided.py): a Guide, which moves one matcher between the rows'
+histories, masks every history as a fresh matcher does; constraints compile from each kind, and bad ones
+are refused by name."""
+import random
+
+import pytest
+import torch
+from llguidance import LLMatcher
+from transformers import AutoTokenizer
+
+from checkpoints import CHARS, write_char_tokenizer
+from triforce.config import ConfigError, SamplingParams, StructuredOutputs
+from triforce.speculation.guided import Grammars, Guide, grammar_text
+
+VOCAB = 96
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def grammars(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chars")
+    write_char_tokenizer(folder, VOCAB)
+    return Grammars(AutoTokenizer.from_pretrained(folder), VOCAB, [EOS])
+
+
+def ids(text: str) -> list[int]:
+    return [3 + CHARS.index(c) for c in text]
+
+
+def fresh_mask(grammars, spec, history) -> torch.Tensor | None:
+    """The reference: a new matcher that consumes the history, then its mask."""
+    matcher = LLMatcher(grammars._ll_tokenizer(), grammars.check(spec), log_level=0)
+    if matcher.try_consume_tokens(list(history)) < len(history):
+        return None
+    return torch.tensor(list(matcher.compute_logit_bias()[:VOCAB])) > 0
+
+
+SPEC = StructuredOutputs(regex=r"(ab|[c-k][a-z]*)( [a-z0-9]+)*\.")
+
+
+def test_a_guide_masks_every_history_as_a_fresh_matcher_does(grammars):
+    """Histories as the tiers ask for them: a path grows by allowed tokens, falls back to a shorter
+    prefix (a rejection), branches, asks again for one it asked before, and tries a refused token."""
+    guide = grammars.guide(SPEC)
+    rng = random.Random(0)
+    history: list[int] = []
+    for _ in range(300):
+        mask = guide.allowed(history)
+        expected = fresh_mask(grammars, SPEC, history)
+        assert mask is not None and expected is not None and torch.equal(mask, expected)
+        allowed = mask.nonzero().flatten().tolist()
+        move = rng.random()
+        if move < 0.1:  # a token the constraint refuses: no mask, and the matcher stays usable
+            refused = rng.choice([t for t in range(3, VOCAB) if t not in allowed])
+            assert guide.allowed(history + [refused]) is None
+        if move < 0.25 and history:
+            del history[rng.randrange(len(history)):]
+        elif allowed and allowed != [EOS]:
+            history.append(rng.choice([t for t in allowed if t != EOS]))
+        else:
+            history = []
+
+
+def test_rows_outside_the_constraint_get_minus_infinity(grammars):
+    guide = grammars.guide(StructuredOutputs(choice=["cab", "cd"]))
+    logits = torch.randn(4, VOCAB)
+    histories = [[], ids("c"), ids("ca"), ids("x")]  # the last refused: its row stays as it is
+    out = guide.apply(logits, histories)
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == ids("c")
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == ids("ad")
+    assert torch.isfinite(out[2]).nonzero().flatten().tolist() == ids("b")
+    assert torch.equal(out[3], logits[3]) and torch.isfinite(logits).all()  # a new tensor
+    done = guide.allowed(ids("cd"))
+    assert done.nonzero().flatten().tolist() == [EOS]  # complete: only end-of-sequence
+
+
+@pytest.mark.parametrize("spec,good,bad", [
+    (StructuredOutputs(choice=["a.b", "(c)"]), ["a.b", "(c)"], ["axb", "c", "a.b."]),
+    (StructuredOutputs(json={"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"],
+                             "additionalProperties": False}), ['{"k": 12}', '{"k":-3}'], ['{"k": "x"}', '{}', '[1]']),
+    (StructuredOutputs(json_object=True), ['{"x": [1, {"y": null}]}', "{}"], ["[]", "12", '"s"']),
+    (StructuredOutputs(regex=r"[a-c]+[0-9]?"), ["abc", "cab7"], ["d", "a77"]),
+    (StructuredOutputs(grammar='start: "x" num\nnum: /[0-9]+/'), ["x1", "x42"], ["x", "y1"]),
+])
+def test_each_kind_of_constraint_accepts_its_texts_and_no_others(grammars, spec, good, bad):
+    matcher = LLMatcher(grammars._ll_tokenizer(), grammar_text(spec), log_level=0)
+    for text, fits in [(t, True) for t in good] + [(t, False) for t in bad]:
+        matcher.reset()
+        tokens = ids(text)
+        complete = matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+        assert complete == fits, text
+
+
+def test_bad_constraints_are_refused_by_name(grammars):
+    with pytest.raises(ConfigError, match="^structured_outputs regex"):
+        grammars.check(StructuredOutputs(regex="(ab"))
+    with pytest.raises(ConfigError, match="^structured_outputs grammar"):
+        grammars.check(StructuredOutputs(grammar="start: undefined_rule"))
+    for fields in [{}, dict(regex="a", choice=["b"]), dict(json="[1]"), dict(json="{not json"), dict(choice=[]),
+                   dict(choice="ab"), dict(regex="")]:
+        with pytest.raises(ConfigError, match="^structured_outputs"):
+            StructuredOutputs(**fields)
+    with pytest.raises(ConfigError, match="^min_tokens"):
+        SamplingParams(min_tokens=2, structured_outputs=StructuredOutputs(regex="a+"))
+    with pytest.raises(ConfigError, match="^structured_outputs need the model's tokenizer"):
+        Grammars(None, VOCAB, [EOS]).check(StructuredOutputs(regex="a"))
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_a_clear_error(tmp_path):
+    from checkpoints import write_tiny_tokenizer
+
+    write_tiny_tokenizer(tmp_path, VOCAB)  # word-level, no decoder
+    with pytest.raises(ConfigError, match="cannot read this model's tokenizer"):
+        Grammars(AutoTokenizer.from_pretrained(tmp_path), VOCAB, [EOS]).check(StructuredOutputs(regex="a"))
+
+
+def test_a_constrained_request_ends_at_end_of_sequence_even_with_ignore_eos():
+    spec = StructuredOutputs(regex="a+")
+    assert SamplingParams(ignore_eos=True).end_ids([EOS]) == frozenset()
+    assert SamplingParams(ignore_eos=True, structured_outputs=spec).end_ids([EOS]) == {EOS}
+    # a dict of the fields is taken too; the schema is kept as text, so the params stay hashable
+    params = SamplingParams(structured_outputs={"json": {"type": "object"}})
+    assert params.structured_outputs == StructuredOutputs(json='{"type": "object"}') and hash(params)

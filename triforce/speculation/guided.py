@@ -1,0 +1,160 @@
+"""Structured outputs (vLLM's guided decoding): every tier's rows keep only the tokens that a constraint (a
+JSON schema, any JSON object, a regular expression, a choice of strings, a Lark grammar) allows after that
+row's history, as llguidance's matcher computes it from the tokens before the row.
+
+Speculation stays exact as it does with penalties (speculation/penalties.py): a row's mask depends only on
+the tokens before it (the generated ones, then the row's own path: a chain's earlier proposals, a tree
+node's ancestors), and every tier masks its row at a position by that same history. The target's rows
+are then the constrained target's distributions that verification compares with, a proposer's rows are
+what it sampled from, and the output is distributed as plain decoding under the same constraint (greedy:
+equal token for token). A row after a history the constraint refuses (a token the mask did not allow,
+such as a prompt lookup's copy mixed into a proposer's row) is left as it is: verification rejects that
+token before any row after it counts.
+
+One matcher serves all of a request's rows: `Guide` moves it to each row's history by rolling back to
+the longest prefix it shares with the tokens consumed and consuming the rest, and keeps the masks of
+recent histories (the tiers ask for the same positions in turn).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from ..config import ConfigError, StructuredOutputs
+
+RECENT_MASKS = 64  # histories whose masks a Guide keeps (a round asks for a few dozen)
+REGEX_SPECIAL = set("\\.+*?()|[]{}^$#&-~")
+
+
+def _literal(text: str) -> str:
+    """`text` as a regular expression that matches only itself (llguidance's syntax: Rust's regex crate)."""
+    return "".join("\\" + c if c in REGEX_SPECIAL else c for c in text)
+
+
+def grammar_text(spec: StructuredOutputs) -> str:
+    """llguidance's grammar for a constraint."""
+    from llguidance import LLMatcher
+
+    if spec.json is not None:
+        return LLMatcher.grammar_from_json_schema(spec.json)
+    if spec.json_object:
+        return LLMatcher.grammar_from_json_schema({"type": "object"})
+    if spec.regex is not None:
+        return LLMatcher.grammar_from_regex(spec.regex)
+    if spec.choice is not None:
+        return LLMatcher.grammar_from_regex("|".join(_literal(c) for c in spec.choice))
+    return LLMatcher.grammar_from_lark(spec.grammar)
+
+
+def _common_prefix(a: list[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share (in practice they part near their ends)."""
+    n = min(len(a), len(b))
+    if a[:n] == list(b[:n]):
+        return n
+    low, step = n - 1, 1
+    while low > 0 and a[:low] != list(b[:low]):
+        low, step = max(0, low - step), step * 2
+    while low < n and a[low] == b[low]:
+        low += 1
+    return low
+
+
+class Guide:
+    """One request's constraint: the tokens allowed after each row's history."""
+
+    def __init__(self, matcher, vocab_size: int):
+        """matcher: a fresh llguidance LLMatcher of the constraint; vocab_size: the logits' width."""
+        self.matcher, self.vocab_size = matcher, vocab_size
+        self.consumed: list[int] = []  # the history the matcher is at
+        self._masks: OrderedDict[tuple[int, ...], torch.Tensor | None] = OrderedDict()
+        self._bits = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+        self._shifts = torch.arange(32, dtype=torch.int32)
+
+    def allowed(self, history: Sequence[int]) -> torch.Tensor | None:
+        """bool [V]: the tokens the constraint allows after `history` (the generated tokens before a row);
+        None where it refuses the history itself."""
+        key = tuple(history)
+        if key in self._masks:
+            self._masks.move_to_end(key)
+            return self._masks[key]
+        mask = None
+        if self._go_to(key):
+            self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
+            mask = ((self._bits[:, None] >> self._shifts) & 1).flatten()[:self.vocab_size].bool()
+        self._masks[key] = mask
+        if len(self._masks) > RECENT_MASKS:
+            self._masks.popitem(last=False)
+        return mask
+
+    def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
+        """logits [n, V] of rows after histories[i], with the tokens the constraint does not allow at -inf (a
+        new tensor; rows after a refused history unchanged)."""
+        masks = [self.allowed(h) for h in histories]
+        refused = torch.stack([torch.zeros(self.vocab_size, dtype=torch.bool) if m is None else ~m for m in masks])
+        return logits.masked_fill(refused.to(logits.device), float("-inf"))
+
+    def _go_to(self, history: tuple[int, ...]) -> bool:
+        """Moves the matcher to `history`; False where the constraint refuses it (the matcher then stands at
+        its longest allowed prefix)."""
+        common = _common_prefix(self.consumed, history)
+        if common < len(self.consumed):
+            self.matcher.rollback(len(self.consumed) - common)
+            del self.consumed[common:]
+        rest = list(history[common:])
+        taken = self.matcher.try_consume_tokens(rest) if rest else 0
+        self.consumed += rest[:taken]
+        if self.matcher.is_error():
+            raise RuntimeError(f"structured output matcher failed: {self.matcher.get_error()}")
+        return taken == len(rest)
+
+
+class Grammars:
+    """The constraints of one model: its tokenizer as llguidance reads it (built on first use: about 0.4 s
+    for SmolLM2's) and each constraint's grammar, compiled and checked once."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: Sequence[int]):
+        self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, list(eos_ids)
+        self._ll = None
+        self._grammars: dict[StructuredOutputs, str] = {}
+
+    def _ll_tokenizer(self):
+        if self._ll is None:
+            if self.tokenizer is None:
+                raise ConfigError("structured_outputs need the model's tokenizer; this model has none")
+            try:
+                import llguidance.hf
+            except ImportError:
+                raise ConfigError("structured_outputs need the llguidance package (pip install llguidance)") from None
+            try:
+                self._ll = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_ids)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"structured_outputs: llguidance cannot read this model's tokenizer ({exc})") from None
+        return self._ll
+
+    def check(self, spec: StructuredOutputs) -> str:
+        """The constraint's grammar; ConfigError (naming structured_outputs) where it is not a valid one."""
+        if spec not in self._grammars:
+            from llguidance import LLMatcher
+
+            tokenizer = self._ll_tokenizer()
+            try:
+                grammar = grammar_text(spec)
+            except ValueError as exc:
+                raise ConfigError(f"structured_outputs {spec.kind}: {exc}") from None
+            failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+            if failed:
+                raise ConfigError(f"structured_outputs {spec.kind}: {messages[0]}")
+            if len(self._grammars) >= RECENT_MASKS:
+                self._grammars.pop(next(iter(self._grammars)))
+            self._grammars[spec] = grammar
+        return self._grammars[spec]
+
+    def guide(self, spec: StructuredOutputs | None) -> Guide | None:
+        """A new request's Guide (None without a constraint)."""
+        if spec is None:
+            return None
+        from llguidance import LLMatcher
+
+        return Guide(LLMatcher(self._ll_tokenizer(), self.check(spec), log_level=0), self.vocab_size)
