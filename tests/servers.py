@@ -1,10 +1,16 @@
-"""Helpers for tests that start a server: a free loopback port (the launcher's), and waiting until
-/health answers."""
+"""Helpers for tests that start a server: a free loopback port (the launcher's), waiting until /health
+answers, and an app served by uvicorn in a thread."""
+import threading
 import time
 
 import httpx
+import openai
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from triforce.launch.distributed import free_port  # noqa: F401 (the tests' free port is the launcher's)
+
+KEY = "sk-test"
 
 
 def wait_healthy(url: str, process=None, log=None, timeout_s: float = 120.0) -> None:
@@ -22,3 +28,28 @@ def wait_healthy(url: str, process=None, log=None, timeout_s: float = 120.0) -> 
                                  + (f":\n{log.read_text()}" if log is not None else ""))
         time.sleep(0.1)
     raise AssertionError(f"{url} did not become healthy within {timeout_s:g} s")
+
+
+class Server:
+    """The app on a free loopback port, served by uvicorn in a thread until `close()`."""
+
+    def __init__(self, app):
+        port = free_port()
+        self.app, self.url = app, f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_healthy(self.url)
+
+    def client(self, key: str = KEY, timeout: float = 120) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=timeout)
+
+    def metrics(self) -> dict:
+        """(name, frozen labels) -> value of every sample of /metrics."""
+        text = httpx.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(30)

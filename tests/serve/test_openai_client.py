@@ -9,16 +9,13 @@ import time
 import httpx
 import openai
 import pytest
-import uvicorn
-from prometheus_client.parser import text_string_to_metric_families
-from servers import free_port, wait_healthy
+from servers import KEY, Server
 
 from triforce import LLM, SamplingParams
 from triforce.launch.cli import main
 from triforce.serve.app import create_app
 
 TEMPLATE = "{% for m in messages %}w3 {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w4{% endif %}"
-KEY = "sk-test"
 SETTINGS = ["--mode", "triforce", "--dtype", "float32", "--window", "64", "--budget", "16", "--chunk-size", "4"]
 
 
@@ -38,31 +35,6 @@ def llm(models):
     model = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4)
     model.tokenizer.chat_template = TEMPLATE
     return model
-
-
-class Server:
-    """The app on a free loopback port, served by uvicorn in a thread until `close()`."""
-
-    def __init__(self, app):
-        port = free_port()
-        self.app, self.url = app, f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        wait_healthy(self.url)
-
-    def client(self, key: str = KEY, timeout: float = 120) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=timeout)
-
-    def metrics(self) -> dict:
-        """(name, frozen labels) -> value of every sample of /metrics."""
-        text = httpx.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-        return {(s.name, frozenset(s.labels.items())): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(30)
 
 
 @pytest.fixture(scope="module")

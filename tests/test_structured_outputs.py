@@ -1,0 +1,136 @@
+"""Structured outputs where users reach them: LLM.generate (SamplingParams.structured_outputs), the
+server (OpenAI's response_format, vLLM's structured_outputs and guided_* fields, through the `openai`
+client too) and `triforce generate` flags, on tiny models whose tokens are single characters."""
+import json
+import re
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from servers import Server
+from triforce import LLM, SamplingParams
+from triforce.config import ConfigError, StructuredOutputs
+from triforce.launch.cli import main
+from triforce.serve.app import create_app
+
+SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}},
+          "required": ["id", "ok"], "additionalProperties": False}
+SETTINGS = dict(dtype="float32", window=64, budget=16, chunk_size=4)
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}>{% endif %}"
+PROMPT = "the quick brown fox jumps over 13 lazy dogs, then {\"id\": 7, \"ok\": true} and red-blue-green. " * 3
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dir):
+    return (tiny_dir("chars-target", tokenizer="chars", seed=91, scale=25),
+            tiny_dir("chars-draft", tokenizer="chars", seed=92, num_layers=1, scale=25))
+
+
+@pytest.fixture(scope="module")
+def llm(models):
+    target, draft = models
+    model = LLM(target, draft, mode="triforce", **SETTINGS)
+    model.tokenizer.chat_template = CHAT_TEMPLATE
+    return model
+
+
+def test_each_constraint_shapes_the_text_and_every_mode_agrees(llm, models):
+    target, draft = models
+    free = llm.generate(PROMPT, SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))[0]
+    cases = [(StructuredOutputs(json=SCHEMA), lambda t: set(json.loads(t)) == {"id", "ok"}),
+             (StructuredOutputs(json_object=True), lambda t: isinstance(json.loads(t), dict)),
+             (StructuredOutputs(regex="[a-f]{3}-[0-9]+"), lambda t: re.fullmatch("[a-f]{3}-[0-9]+", t)),
+             (StructuredOutputs(choice=["red", "green", "blue"]), lambda t: t in ("red", "green", "blue"))]
+    ar = LLM(target, None, mode="ar", **SETTINGS)
+    for spec, fits in cases:
+        params = SamplingParams(max_tokens=60, temperature=0, structured_outputs=spec)
+        out = llm.generate(PROMPT, params)[0]
+        if out.finish_reason == "stop":  # complete: the constraint's whole text, ended by end-of-sequence
+            assert fits(out.text), (spec, out.text)
+        assert out.text != free.text and out.token_ids == ar.generate(PROMPT, params)[0].token_ids
+    # sampled too: every text is the constraint's
+    for seed in range(3):
+        params = SamplingParams(max_tokens=60, temperature=1.0, seed=seed,
+                                structured_outputs=StructuredOutputs(choice=["red", "green", "blue"]))
+        assert llm.generate(PROMPT, params)[0].text in ("red", "green", "blue")
+
+
+def test_a_bad_constraint_is_refused_before_anything_runs(llm):
+    with pytest.raises(ConfigError, match="^structured_outputs regex"):
+        llm.generate(PROMPT, SamplingParams(structured_outputs=StructuredOutputs(regex="[a-")))
+
+
+@pytest.fixture
+def client(llm):
+    with TestClient(create_app(llm, "tiny")) as c:
+        yield c
+
+
+@pytest.mark.parametrize("fields,spec", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}},
+     StructuredOutputs(json=SCHEMA)),
+    ({"response_format": {"type": "json_object"}}, StructuredOutputs(json_object=True)),
+    ({"guided_regex": "[a-f]{3}-[0-9]+"}, StructuredOutputs(regex="[a-f]{3}-[0-9]+")),
+    ({"guided_choice": ["red", "green"]}, StructuredOutputs(choice=["red", "green"])),
+    ({"guided_json": SCHEMA}, StructuredOutputs(json=SCHEMA)),
+    ({"structured_outputs": {"regex": "ab+"}}, StructuredOutputs(regex="ab+")),
+])
+def test_the_server_takes_each_way_of_asking_as_generate_does(llm, client, fields, spec):
+    expected = llm.generate(PROMPT, SamplingParams(max_tokens=40, temperature=0, structured_outputs=spec))[0]
+    for path, body in (("/v1/completions", {"prompt": PROMPT}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab"}]})):
+        r = client.post(path, json={**body, "max_tokens": 40, "temperature": 0, **fields})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        text = choice["text"] if "text" in choice else choice["message"]["content"]
+        if path == "/v1/completions":
+            assert text == expected.text
+        assert llm.grammars.guide(spec).allowed(llm.tokenizer.encode(text)) is not None, text  # chat's too
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"guided_regex": "(unclosed"}, "guided_regex"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"structured_outputs": {"yaml": "a"}}, "structured_outputs"),
+    ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
+    ({"guided_json": {"type": "object"}, "min_tokens": 2}, "min_tokens"),
+])
+def test_bad_constraints_get_a_400_naming_the_field(client, fields, param):
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, **fields})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_the_openai_client_asks_for_a_json_schema(llm):
+    """The client's own response_format shape (json_schema with a name and strict), over HTTP."""
+    server = Server(create_app(llm, "tiny"))
+    try:
+        answer = server.client().chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "ab"}], max_tokens=60, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "row", "schema": SCHEMA, "strict": True}})
+        with pytest.raises(openai.BadRequestError, match="guided_regex"):
+            server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=4,
+                                               extra_body={"guided_regex": "(unclosed"})
+    finally:
+        server.close()
+    text = answer.choices[0].message.content
+    assert answer.choices[0].finish_reason == "length" or set(json.loads(text)) == {"id", "ok"}
+
+
+def test_generate_flags(capsys, models):
+    target, draft = models
+    args = ["generate", "--model", target, "--draft", draft, "--mode", "triforce", "--dtype", "float32", "--window",
+            "64", "--budget", "16", "--chunk-size", "4", "--prompt", PROMPT, "--max-new-tokens", "40",
+            "--temperature", "0", "--json"]
+    assert main([*map(str, args), "--choice", "red", "--choice", "blue"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] in ("red", "blue")
+    assert main([*map(str, args), "--regex", "[0-9]+x"]) == 0
+    assert re.fullmatch("[0-9]+x?", json.loads(capsys.readouterr().out)["text"])
+    assert main([*map(str, args), "--json-schema", json.dumps(SCHEMA)]) == 0
+    capsys.readouterr()
+    assert main([*map(str, args), "--regex", "[0-9"]) == 2
+    assert capsys.readouterr().err.startswith("triforce: error: structured_outputs regex")
