@@ -56,6 +56,19 @@ def test_each_constraint_shapes_the_text_and_every_mode_agrees(llm, models):
         assert llm.generate(PROMPT, params)[0].text in ("red", "green", "blue")
 
 
+def test_a_batch_of_requests_with_their_own_constraints_gives_each_what_it_gets_alone(llm):
+    """Each request of a batch has its own matcher (and none): its answer is what it gets alone."""
+    specs = [StructuredOutputs(json=SCHEMA), None, StructuredOutputs(regex="[a-f]{3}-[0-9]+"),
+             StructuredOutputs(choice=["red", "green", "blue"])]
+    params = [SamplingParams(max_tokens=40, temperature=t, seed=5, ignore_eos=spec is None, structured_outputs=spec)
+              for spec, t in zip(specs, (0, 0.8, 1.0, 0))]
+    prompts = [PROMPT, PROMPT[:90], PROMPT[30:], PROMPT[:150]]
+    together = llm.generate(prompts, params)
+    alone = [llm.generate(p, sp)[0] for p, sp in zip(prompts, params)]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    assert together[3].text in ("red", "green", "blue") and len(together[1].token_ids) == 40
+
+
 def test_a_bad_constraint_is_refused_before_anything_runs(llm):
     with pytest.raises(ConfigError, match="^structured_outputs regex"):
         llm.generate(PROMPT, SamplingParams(structured_outputs=StructuredOutputs(regex="[a-")))
