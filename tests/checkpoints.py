@@ -79,6 +79,19 @@ def write_char_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
+def metaspace_tokenizer(words: list[str]):
+    """A word-level tokenizer over `words` with a leading word marker, as Llama 2's and Mistral's SentencePiece
+    vocabularies have (0 <unk>, 1 </s>, then the words): a word is a space only after other text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = ["<unk>", "</s>"] + [f"\u2581{w}" for w in words]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+
+
 def write_reduced_vocabulary(folder: Path, token_ids: list[int], target_vocab_size: int) -> Path:
     """Marks a checkpoint of vocab_size len(token_ids) + 1 as a draft over part of a target's vocabulary."""
     import json

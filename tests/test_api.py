@@ -8,6 +8,12 @@ from triforce.errors import UserError
 PROMPT = " ".join(f"w{3 + (7 * i) % 90}" for i in range(50))
 
 
+def continuation(llm, prompt: str, ids: list[int]) -> str:
+    """What the prompt is followed by when its tokens and then `ids` are decoded (a generated text)."""
+    head = llm.encode(prompt)
+    return llm.tokenizer.decode(head + ids, skip_special_tokens=True)[len(llm.tokenizer.decode(head)):]
+
+
 @pytest.fixture(scope="module")
 def llm(tiny_dir):
     target = tiny_dir("api-target", tokenizer=True, seed=51)
@@ -98,7 +104,7 @@ def test_stop_string_cuts_text_and_ends_generation(llm):
     end = first + len(stop)
     kept = len(out.token_ids)
     assert out.token_ids == free.token_ids[:kept] and kept < out.metrics.generated_tokens
-    assert len(llm.tokenizer.decode(out.token_ids)) >= end > len(llm.tokenizer.decode(out.token_ids[:-1]))
+    assert len(continuation(llm, PROMPT, out.token_ids)) >= end > len(continuation(llm, PROMPT, out.token_ids[:-1]))
     assert [e.token for e in out.logprobs] == out.token_ids
 
 
@@ -114,7 +120,7 @@ def test_the_round_that_reaches_a_stop_token_keeps_its_text(llm):
     out = llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[stop]),
                        stream=pieces.append)[0]
     assert out.token_ids == kept and out.finish_reason == "stop" and out.stop_reason == stop
-    assert out.text == "".join(pieces) == llm.tokenizer.decode(kept[:-1], skip_special_tokens=True) != ""
+    assert out.text == "".join(pieces) == continuation(llm, PROMPT, kept[:-1]) != ""
     assert llm.tokenizer.decode([stop], skip_special_tokens=True)  # a token with text, left out
 
 

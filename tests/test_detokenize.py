@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from checkpoints import metaspace_tokenizer
 from triforce.detokenize import IncrementalDetokenizer
 
 TEXT = ("It is a truth universally acknowledged, that a café owner in Zürich — naïve or not — serves "
@@ -87,3 +88,20 @@ def test_a_stop_string_within_the_first_min_tokens_does_not_count(smollm2_tokeni
         detok = IncrementalDetokenizer(smollm2_tokenizer, ("Zürich",), min_tokens=first - 1)
         stream_rounds(detok, tokens, seed)
         assert detok.text == TEXT[: TEXT.index("Zürich")]
+
+
+def test_the_text_is_what_the_prompt_is_followed_by():
+    """A SentencePiece word marker is a space after other text: the first generated word, decoded after
+    the prompt, keeps it (" truth" after "It is a", as vLLM gives it; alone it would read "truth"), and
+    stop strings, min_tokens' floor and the tokens kept count in that text."""
+    tok = metaspace_tokenizer(["It", "is", "a", "truth", "universally", "acknowledged", "that"])
+    prompt, generated = tok("It is a").input_ids, tok("truth universally acknowledged that truth").input_ids
+    for seed in range(3):
+        detok = IncrementalDetokenizer(tok, prompt=prompt)
+        pieces = stream_rounds(detok, generated, seed)
+        assert "".join(pieces) == detok.text == " truth universally acknowledged that truth"
+    assert IncrementalDetokenizer(tok).add(generated[:1]) == "truth"  # without the prompt: no space
+    detok = IncrementalDetokenizer(tok, (" truth",), min_tokens=1, prompt=prompt)  # the first passed over
+    detok.add(generated + tok("is a truth").input_ids)  # one round, going on past the stop string
+    assert detok.stopped and detok.text == " truth universally acknowledged that"
+    assert detok.tokens_through_stop() == 5  # up to the token that completed it

@@ -3,8 +3,10 @@
 Decoding the whole output again every round is quadratic in its length. `IncrementalDetokenizer` decodes
 only a short window: the tokens since the last piece it emitted, plus the tokens of that piece as context
 (vLLM's prefix and read offsets). Context matters because a tokenizer may render a token differently
-at the start of a text (a SentencePiece word marker loses its space there). A window whose text ends in
-U+FFFD is held back, since the next tokens may complete a multibyte character; `finish` emits it as is.
+at the start of a text (a SentencePiece word marker loses its space there): so the first window is
+decoded after the prompt's last few tokens, and the text is what the prompt is followed by (" Paris" after
+"The capital of France is", as vLLM gives it, not "Paris"). A window whose text ends in U+FFFD is held
+back, since the next tokens may complete a multibyte character; `finish` emits it as is.
 
 Stop strings are searched in the new text and the characters held back before it: while no stop string
 is found, the last len(longest stop) - 1 characters are not handed out, so a stop string that two rounds
@@ -15,12 +17,18 @@ ended generation (end-of-sequence, a stop token id) is kept, its text left out, 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 REPLACEMENT = "\ufffd"
+PROMPT_CONTEXT = 4  # the prompt's last tokens that the generated text is decoded after
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stops: tuple[str, ...] = (), min_tokens: int = 0):
+    def __init__(self, tokenizer, stops: tuple[str, ...] = (), min_tokens: int = 0, prompt: Sequence[int] = ()):
+        """prompt: the request's prompt (its last PROMPT_CONTEXT tokens are the first window's context)."""
         self.tokenizer, self.stops, self.min_tokens = tokenizer, stops, min_tokens
+        self._context = list(prompt)[-PROMPT_CONTEXT:]
+        self._context_chars = len(self._decode(self._context))
         self._floor: int | None = None if min_tokens else 0  # characters of the first min_tokens tokens' text
         self.tokens: list[int] = []
         self.text = ""  # the text decoded so far, cut before the first stop string
@@ -54,9 +62,17 @@ class IncrementalDetokenizer:
             self._decode_window(final=True)
         return self._take(final=True)
 
+    def _after_prompt(self, start: int, end: int | None = None) -> list[int]:
+        """Generated tokens [start:end], after the prompt's context where they begin the text."""
+        return (self._context if start == 0 else []) + self.tokens[start:end]
+
+    def _chars(self, n: int) -> int:
+        """The length of the first n generated tokens' text (without an incomplete character at its end)."""
+        return len(self._decode(self._context + self.tokens[:n]).rstrip(REPLACEMENT)) - self._context_chars
+
     def _decode_window(self, final: bool) -> None:
-        context = self._decode(self.tokens[self._prefix:self._read])
-        window = self._decode(self.tokens[self._prefix:])
+        context = self._decode(self._after_prompt(self._prefix, self._read))
+        window = self._decode(self._after_prompt(self._prefix))
         if len(window) <= len(context) or (window.endswith(REPLACEMENT) and not final):
             return
         self._prefix, self._read = self._read, len(self.tokens)
@@ -65,7 +81,7 @@ class IncrementalDetokenizer:
         if self._floor is None:
             if len(self.tokens) < self.min_tokens:
                 return
-            self._floor = len(self._decode(self.tokens[:self.min_tokens]).rstrip(REPLACEMENT))
+            self._floor = self._chars(self.min_tokens)
         region = max(0, start - self._hold)  # a stop string may begin in the held-back characters
         hits = [hit for hit in (self._first_after_floor(s, region) for s in self.stops) if hit is not None]
         if hits:
@@ -88,7 +104,7 @@ class IncrementalDetokenizer:
             low, high = 1, len(self.tokens)  # the least n whose text reaches the stop string's end
             while low < high:
                 mid = (low + high) // 2
-                if len(self._decode(self.tokens[:mid])) >= self._stop_end:
+                if self._chars(mid) >= self._stop_end:
                     high = mid
                 else:
                     low = mid + 1

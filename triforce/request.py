@@ -50,7 +50,7 @@ class Request:
         self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round
         self.guide = llm.grammars.guide(params.structured_outputs)
         self.detok = (None if llm.tokenizer is None
-                      else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens))
+                      else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens, ids))
         self.cancelled = False
         self._logprobs_taken = 0
 

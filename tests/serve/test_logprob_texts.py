@@ -2,21 +2,14 @@
 text, also for a SentencePiece-style tokenizer whose word marker is a space only after other text."""
 import pytest
 
+from checkpoints import metaspace_tokenizer
 from triforce.logprobs import TokenLogprobs
 from triforce.serve.logprobs import StreamedLogprobs, TokenTexts, completion_logprobs, echoed_logprobs
 
 
 @pytest.fixture(scope="module")
 def metaspace():
-    """Words with a leading word marker, as Llama 2's and Mistral's SentencePiece vocabularies have."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<unk>", "</s>"] + [f"\u2581{w}" for w in ("It", "is", "a", "truth", "universally", "acknowledged")]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+    return metaspace_tokenizer(["It", "is", "a", "truth", "universally", "acknowledged"])
 
 
 def entries(tokens):
@@ -37,8 +30,9 @@ def test_texts_where_they_stand_join_to_the_text_and_name_special_tokens(metaspa
 def test_a_stream_and_an_echo_give_the_texts_of_the_whole(metaspace):
     prompt, generated = metaspace("It is a").input_ids, metaspace("truth universally acknowledged").input_ids
     texts = TokenTexts(metaspace)
-    whole = completion_logprobs(texts, generated, entries(generated))
-    stream = StreamedLogprobs("completion", texts)
+    whole = completion_logprobs(texts, generated, entries(generated), before=prompt)
+    assert whole["tokens"][0] == " truth"  # after the prompt, as the text is decoded (detokenize.py)
+    stream = StreamedLogprobs("completion", texts, prompt)
     chunks = [stream.take(entries(generated)[:1]), stream.take(entries(generated)[1:])]
     for field in ("tokens", "text_offset", "token_logprobs"):
         assert chunks[0][field] + chunks[1][field] == whole[field]
@@ -48,6 +42,6 @@ def test_a_stream_and_an_echo_give_the_texts_of_the_whole(metaspace):
         prompt_logprobs = [None] + entries(prompt)[1:]
 
     echoed = echoed_logprobs(texts, Output, prompt)
-    assert "".join(echoed["tokens"]) == "It is a" + "truth universally acknowledged"  # each part as decoded alone
+    assert "".join(echoed["tokens"]) == "It is a truth universally acknowledged"  # the whole, as decoded
     assert echoed["token_logprobs"][0] is None and echoed["top_logprobs"][0] is None
     assert echoed["text_offset"][len(prompt)] == len("It is a")

@@ -166,7 +166,7 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
     interleave); cancels them if the client goes away. An echo's log-probabilities (a whole prompt's
     token texts) are formatted off the event loop, in `formatting`."""
     first, outputs, left = [True] * len(tickets), [None] * len(tickets), len(tickets)
-    logprobs = [StreamedLogprobs(job.kind, job.texts) for _ in tickets]
+    logprobs = [StreamedLogprobs(job.kind, job.texts, job.prompts[i // job.n]) for i in range(len(tickets))]
     loop = asyncio.get_running_loop()
     try:
         while left:

@@ -6,10 +6,10 @@ entry a map of the k most likely tokens' texts, and the chosen one's, to their l
 `echo` the prompt's tokens come first, the first of them with null entries (nothing precedes it);
 /v1/chat/completions (`logprobs`: true, `top_logprobs`: k) answers {content: [{token, logprob, bytes,
 top_logprobs: [{token, logprob, bytes}]}]}. A token's text is what it adds where it stands, after the
-few tokens before it in its part (the prompt, or the generated text, each decoded on its own as the
-text is: a SentencePiece word marker is a space only after other text, detokenize.py; a piece of a
-character that several tokens spell reads U+FFFD), special tokens by their names, so that a part's
-token texts join to its text where it has none; `text_offset` counts their lengths, as vLLM does. A model without a tokenizer names
+few tokens before it (a generated token's first ones are the prompt's, as the text is decoded after the
+prompt: a SentencePiece word marker is a space only after other text, detokenize.py; a piece of a
+character that several tokens spell reads U+FFFD), special tokens by their names, so that the token
+texts join to the text where it has none; `text_offset` counts their lengths, as vLLM does. A model without a tokenizer names
 tokens `token_id:N`, as vLLM does. The list covers the tokens of `token_ids` (with a stop string, up to
 the one that completed it). A stream sends each token's entry with the chunk that carries its text, or
 in its last chunk.
@@ -87,8 +87,8 @@ def chat_logprobs(texts: TokenTexts, items: list[TokenLogprobs], before: list[in
 
 def choice_logprobs(kind: str, texts: TokenTexts, items: list[TokenLogprobs] | None, before: list[int] = (),
                     offset: int = 0) -> dict | None:
-    """The `logprobs` of generated tokens' entries `items`, which follow the generated tokens `before` (None:
-    the request asked for none)."""
+    """The `logprobs` of generated tokens' entries `items`, which follow the tokens `before` (the prompt, then
+    the tokens generated before them; None: the request asked for none)."""
     if items is None:
         return None
     if kind == "chat":
@@ -102,7 +102,7 @@ def echoed_logprobs(texts: TokenTexts, output, prompt: list[int]) -> dict | None
         return None
     head = completion_logprobs(texts, prompt, output.prompt_logprobs)
     offset = sum(len(piece) for piece in head["tokens"])
-    tail = completion_logprobs(texts, output.token_ids, output.logprobs, offset)
+    tail = completion_logprobs(texts, output.token_ids, output.logprobs, offset, prompt)
     return {name: head[name] + tail[name] for name in head}
 
 
@@ -111,8 +111,9 @@ class StreamedLogprobs:
     the last (Request.new_logprobs), its last chunk those of tokens whose text came to nothing (an EOS).
     With `echo`, a first chunk carries the prompt's (`prompt`)."""
 
-    def __init__(self, kind: str, texts: TokenTexts):
-        self.kind, self.texts, self.before = kind, texts, []  # the last generated tokens sent
+    def __init__(self, kind: str, texts: TokenTexts, prompt: list[int] = ()):
+        self.kind, self.texts = kind, texts
+        self.before = list(prompt)[-CONTEXT:]  # the last tokens before the next entry's: the prompt's, then sent ones
         self.sent = self.offset = 0
 
     def prompt(self, tokens: list[int], items: list[TokenLogprobs | None]) -> dict:

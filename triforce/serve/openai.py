@@ -303,7 +303,7 @@ def response(job: Job, model: str, outputs: list) -> dict:
         else:
             choice["text"] = out.text if job.echoed is None else job.echoed[i // job.n] + out.text
         choice["finish_reason"], choice["stop_reason"] = out.finish_reason, out.stop_reason
-        choice["logprobs"] = (choice_logprobs(job.kind, job.texts, out.logprobs) if job.echoed is None
+        choice["logprobs"] = (choice_logprobs(job.kind, job.texts, out.logprobs, prompt) if job.echoed is None
                               else echoed_logprobs(job.texts, out, prompt))
         choices.append(choice)
     return {"id": job.id, "object": "text_completion" if job.kind == "completion" else "chat.completion",
