@@ -42,10 +42,10 @@ MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (t
 MEMORY_SHARE = 0.9  # of the memory free on the device, what requests' caches may take
 
 
-def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     """The token ids of `messages` ({role, content}) laid out by the tokenizer's chat template, ending
-    where the assistant's answer begins."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    where the assistant's answer begins; `tools` (OpenAI's function tools) as the template shows them."""
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding, or the ids
 
 

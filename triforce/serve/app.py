@@ -179,7 +179,16 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
                                                         job.prompts[index // job.n], entries)
                 yield _sse(openai.chunk(job, model, job.echoed[index // job.n], index=index, logprobs=echoed))
                 first[index] = False
-            if event == "text":
+            held = job.tools is not None and job.tools.may_call  # calls or content: known at the end
+            if event == "text" and held:
+                continue
+            if event == "done" and held:
+                for event_chunk in openai.held_chunks(job, model, data, index, first[index],
+                                                      logprobs[index].rest(data.logprobs)):
+                    yield _sse(event_chunk)
+                first[index] = False
+                outputs[index], left = data, left - 1
+            elif event == "text":
                 piece, entries = data
                 yield _sse(openai.chunk(job, model, piece, first=first[index], index=index,
                                         logprobs=logprobs[index].take(entries)))

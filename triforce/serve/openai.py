@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from ..api import chat_ids
 from ..config import MAX_LOGPROBS, ConfigError, SamplingParams, StructuredOutputs
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
+from .tools import ToolError, ToolPlan, template_messages
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of", "stream",
@@ -34,10 +35,8 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed
           "repetition_penalty", "stop_token_ids", "min_tokens", "response_format", "structured_outputs",
           "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
-          "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
-HARMLESS = {"echo": (None, False), "suffix": (None, ""),
-            "parallel_tool_calls": (None,), "tools": (None, []),
-            "tool_choice": (None, "none")}
+          "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}}
+HARMLESS = {"echo": (None, False), "suffix": (None, ""), "parallel_tool_calls": (None, True)}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
 MAX_PROMPTS = 2048  # prompts of one completion request
@@ -68,6 +67,7 @@ class Job:
     n: int = 1  # choices per prompt
     texts: TokenTexts | None = None  # token texts, for log-probabilities
     echoed: list[str] | None = None  # with `echo`: each prompt's text, which its choices' texts begin with
+    tools: ToolPlan | None = None  # a chat request's tools and tool_choice
 
     def choices(self) -> list[tuple[list[int], SamplingParams]]:
         """Each choice's prompt and sampling settings, prompt after prompt: seed + i for a prompt's choice i
@@ -98,7 +98,11 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")
     if body.get("best_of") not in (None, n):  # vLLM's best_of: ranks choices by log-probability, not kept here
         raise ApiError(400, "'best_of' other than n is not supported", param="best_of")
-    prompts, given = _prompts(kind, body, llm)
+    try:
+        tools = ToolPlan.parse(body, getattr(llm.tokenizer, "chat_template", None)) if kind == "chat" else None
+    except ToolError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
+    prompts, given = _prompts(kind, body, llm, tools)
     echo = body.get("echo") if kind == "completion" else None
     if echo not in (None, True, False):
         raise ApiError(400, "'echo' must be true or false", param="echo")
@@ -119,6 +123,11 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
                        param=name)
     logprobs = _logprobs(kind, body)
     source, structured = _structured(body)
+    if tools is not None and tools.constraint is not None:
+        if structured is not None:
+            raise ApiError(400, f"'tool_choice' {tools.choice} constrains the answer; '{source}' cannot too",
+                           param=source)
+        source, structured = "tool_choice", tools.constraint
     bias = {} if body.get("logit_bias") is None else body["logit_bias"]
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must map token ids to values from -100 to 100", param="logit_bias")
@@ -159,7 +168,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     echoed = [_text(p, tokens, llm) for p, tokens in zip(given, prompts)] if echo else None
     return Job(kind, prompts, params, bool(body.get("stream")), bool(options.get("include_usage")),
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n,
-               TokenTexts(llm.tokenizer), echoed)
+               TokenTexts(llm.tokenizer), echoed, tools)
 
 
 def _logprobs(kind: str, body: dict) -> int | None:
@@ -243,20 +252,20 @@ def _structured(body: dict) -> tuple[str | None, StructuredOutputs | None]:
         raise ApiError(400, f"'{source}' is not a valid constraint: {exc}", param=source) from None
 
 
-def _prompts(kind: str, body: dict, llm) -> tuple[list[list[int]], list]:
+def _prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[list[list[int]], list]:
     """The token ids of each prompt, and each as given."""
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
-            raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects with text content",
-                           param="messages")
+                isinstance(m, dict) and isinstance(m.get("role"), str) and (isinstance(m.get("content"), str) or (
+                    m.get("content") is None and isinstance(m.get("tool_calls"), list))) for m in messages):
+            raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects with text content "
+                                "(or an assistant's tool_calls)", param="messages")
         tokenizer = llm.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
         try:
-            prompt = chat_ids(tokenizer, [{"role": m["role"], "content": m["content"]} for m in messages])
+            prompt = chat_ids(tokenizer, template_messages(messages), body.get("tools") if tools else None)
         except Exception as exc:  # the template's own checks (roles, order): the request's fault
             raise ApiError(400, f"the chat template refused these messages: {exc}", param="messages") from None
         prompts = [prompt]
@@ -298,11 +307,14 @@ def response(job: Job, model: str, outputs: list) -> dict:
     choices = []
     for i, out in enumerate(outputs):
         prompt, choice = job.prompts[i // job.n], {"index": i}
-        if job.kind == "chat":
+        finish = out.finish_reason
+        if job.kind == "chat" and job.tools is not None:
+            choice["message"], finish = job.tools.message(out.text, finish)
+        elif job.kind == "chat":
             choice["message"] = {"role": "assistant", "content": out.text}
         else:
             choice["text"] = out.text if job.echoed is None else job.echoed[i // job.n] + out.text
-        choice["finish_reason"], choice["stop_reason"] = out.finish_reason, out.stop_reason
+        choice["finish_reason"], choice["stop_reason"] = finish, out.stop_reason
         choice["logprobs"] = (choice_logprobs(job.kind, job.texts, out.logprobs, prompt) if job.echoed is None
                               else echoed_logprobs(job.texts, out, prompt))
         choices.append(choice)
@@ -327,6 +339,18 @@ def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = No
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
+
+
+def held_chunks(job: Job, model: str, output, index: int, first: bool, logprobs: dict | None = None) -> list[dict]:
+    """The end of a streamed answer that may hold tool calls (Job.tools.may_call; its text was held back):
+    one delta with the whole message (its content or calls) and `logprobs`, then its end."""
+    message, finish = job.tools.message(output.text, output.finish_reason)
+    delta = {key: value for key, value in message.items() if key != "role" or first}
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
+    head = chunk(job, model, None, index=index, logprobs=logprobs)
+    head["choices"][0]["delta"] = delta
+    return [head, chunk(job, model, None, finish, index=index, stop_reason=output.stop_reason)]
 
 
 def usage_chunk(job: Job, model: str, outputs: list) -> dict:

@@ -1,0 +1,152 @@
+"""Tool calls (serve/tools.py): tool_choice naming a function or "required" constrains the answer to the
+calls' JSON (structured outputs) and answers tool_calls, whole, streamed and through the `openai` client;
+"auto" parses Hermes <tool_call> blocks where the chat template writes them; the tools reach the
+template; malformed tools are 400s that name the field."""
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from servers import Server
+from triforce import LLM, SamplingParams
+from triforce.api import chat_ids
+from triforce.config import StructuredOutputs
+from triforce.serve.app import create_app
+from triforce.serve.tools import ToolError, ToolPlan, template_messages
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "today's weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
+    "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+# A chat template that shows the tools and earlier calls; {# <tool_call> #} marks it as writing Hermes blocks
+TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}. {% endif %}"
+            "{% for m in messages %}{{ m.role }}: {{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+            "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}. {% endfor %}"
+            "{% if add_generation_prompt %}>{% endif %}")
+MESSAGES = [{"role": "user", "content": "what is the weather in paris for 3 days?"}]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dir):
+    target = tiny_dir("chars-target", tokenizer="chars", seed=91, scale=25)
+    draft = tiny_dir("chars-draft", tokenizer="chars", seed=92, num_layers=1, scale=25)
+    model = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4)
+    model.tokenizer.chat_template = TEMPLATE
+    return model
+
+
+@pytest.fixture
+def client(llm):
+    with TestClient(create_app(llm, "tiny")) as c:
+        yield c
+
+
+def ask(client, **fields):
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 60, "temperature": 0,
+                                                  "tools": TOOLS, **fields})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def test_a_named_tool_choice_answers_a_call_of_it_with_arguments_that_fit(llm, client):
+    choice = ask(client, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call, = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert call["type"] == "function" and call["id"].startswith("call_") and call["function"]["name"] == "get_weather"
+    arguments = json.loads(call["function"]["arguments"])
+    assert set(arguments) == {"city", "days"} and isinstance(arguments["days"], int)
+    # what the engine gives for the template's prompt with the tools, under the parameters' schema
+    prompt = chat_ids(llm.tokenizer, MESSAGES, TOOLS)
+    assert llm.tokenizer.decode(prompt).startswith("tools: get_weather get_time. user:")
+    spec = StructuredOutputs(json=WEATHER["function"]["parameters"])
+    assert call["function"]["arguments"] == llm.generate(prompt, SamplingParams(
+        max_tokens=60, temperature=0, structured_outputs=spec))[0].text
+
+
+def test_required_answers_one_or_more_calls_of_the_tools(client):
+    """This random model lists calls until max_tokens: the whole ones of the list come back."""
+    choice = ask(client, tool_choice="required")
+    calls = choice["message"]["tool_calls"]
+    assert calls and all(c["function"]["name"] in ("get_weather", "get_time") for c in calls)
+    for c in calls:
+        json.loads(c["function"]["arguments"])
+    assert choice["finish_reason"] == "length"
+    plan = ToolPlan.parse({"tools": TOOLS, "tool_choice": "required"}, None)
+    whole = '[{"name": "get_time", "arguments": {"zone": "cet"}}, {"name": "get_weather", "arguments": {}}]'
+    message, finish = plan.message(whole, "stop")
+    assert finish == "tool_calls" and [c["function"]["name"] for c in message["tool_calls"]] == [
+        "get_time", "get_weather"]
+
+
+def test_none_and_auto_without_a_call_format_answer_content(llm, client):
+    for choice_field in ({"tool_choice": "none"}, {}):
+        choice = ask(client, **choice_field)
+        assert choice["message"]["content"] and "tool_calls" not in choice["message"]
+        assert choice["finish_reason"] in ("stop", "length")
+
+
+def test_a_streamed_call_comes_whole_before_its_end(client):
+    r = client.post("/v1/chat/completions", json={
+        "messages": MESSAGES, "max_tokens": 60, "temperature": 0, "tools": TOOLS, "stream": True,
+        "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    chunks = [json.loads(line[6:]) for line in r.text.split("\n") if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0]["role"] == "assistant" and deltas[0]["tool_calls"][0]["index"] == 0
+    assert json.loads(deltas[0]["tool_calls"][0]["function"]["arguments"])["zone"] in ("utc", "cet")
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_conversation_with_earlier_calls_and_their_results_is_taken(client):
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "paris", "days": 3}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    r = client.post("/v1/chat/completions", json={"messages": history, "max_tokens": 8, "tools": TOOLS})
+    assert r.status_code == 200, r.text
+    rendered = template_messages(history)
+    assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"city": "paris", "days": 3}
+    assert rendered[2]["tool_call_id"] == "call_1"
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_bad_tools_get_a_400_naming_the_field(client, fields, param):
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8, **fields})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_auto_with_a_hermes_template_parses_its_blocks():
+    plan = ToolPlan.parse({"tools": TOOLS}, "... {# <tool_call> #} ...")
+    text = 'Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+    message, finish = plan.message(text, "stop")
+    assert finish == "tool_calls" and message["content"] == "Let me check."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("get_time", {"zone": "utc"})]
+    assert plan.message("No call here.", "stop") == ({"role": "assistant", "content": "No call here."}, "stop")
+    assert plan.constraint is None and plan.may_call
+    assert not ToolPlan.parse({"tools": TOOLS}, "a template without calls").may_call
+    with pytest.raises(ToolError):
+        ToolPlan.parse({"tools": TOOLS, "tool_choice": {"type": "function"}}, None)
+
+
+def test_the_openai_client_gets_its_tool_calls(llm):
+    server = Server(create_app(llm, "tiny"))
+    try:
+        answer = server.client().chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=60, temperature=0, tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    finally:
+        server.close()
+    call = answer.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city", "days"}

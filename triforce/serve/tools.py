@@ -1,0 +1,160 @@
+"""Tool calls: OpenAI's `tools` and `tool_choice` on /v1/chat/completions, built on structured outputs.
+
+The tools reach the model through its chat template (transformers' `tools`), and `tool_choice` decides
+what the answer may be:
+- {"type": "function", "function": {"name": N}}: N's arguments, constrained to its `parameters` schema
+  (speculation/guided.py: exact at every tier), answered as one call of N (as vLLM does);
+- "required": a JSON list of one or more calls, each {"name": a tool's, "arguments": its parameters},
+  constrained likewise;
+- "auto" (the default with tools): the model decides. Where the chat template writes calls as Hermes'
+  `<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks (Qwen2.5's does), the answer's blocks
+  become tool calls and the rest its content; a template without a call format leaves the model no way to
+  call, and the answer is its content;
+- "none": the answer is content.
+A call's `arguments` is JSON text, as OpenAI's; a call cut short by max_tokens keeps what was generated.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from ..config import StructuredOutputs
+
+HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class ToolError(ValueError):
+    """A request's tools or tool_choice is malformed; `param` names which."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    tools: dict[str, dict]  # name -> its parameters' JSON schema
+    choice: str  # "none", "auto", "required" or a tool's name
+    hermes: bool  # the chat template writes calls as <tool_call> blocks
+
+    @classmethod
+    def parse(cls, body: dict, chat_template: str | None) -> ToolPlan | None:
+        """The request's plan (None without tools); ToolError where tools or tool_choice is malformed."""
+        tools, choice = body.get("tools"), body.get("tool_choice")
+        if not tools:
+            if choice not in (None, "none"):
+                raise ToolError("tool_choice", "'tool_choice' needs 'tools'")
+            return None
+        if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function"
+                                                  and isinstance(t.get("function"), dict) for t in tools):
+            raise ToolError("tools", "'tools' must be a list of {type: function, function: {name, parameters}}")
+        schemas = {}
+        for tool in tools:
+            function = tool["function"]
+            name, schema = function.get("name"), function.get("parameters", {"type": "object", "properties": {}})
+            if not isinstance(name, str) or not NAME.match(name) or name in schemas:
+                raise ToolError("tools", f"tool names must be distinct, of letters, digits, _ and - (got {name!r})")
+            if not isinstance(schema, dict):
+                raise ToolError("tools", f"the parameters of {name} must be a JSON schema (an object)")
+            schemas[name] = schema
+        if choice is None:
+            choice = "auto"
+        elif isinstance(choice, dict):
+            function = choice.get("function") if choice.get("type") == "function" else None
+            choice = function.get("name") if isinstance(function, dict) else None
+            if choice not in schemas:
+                raise ToolError("tool_choice", f"'tool_choice' names no tool of this request ({choice!r})")
+        elif choice not in ("none", "auto", "required"):
+            raise ToolError("tool_choice", "'tool_choice' must be none, auto, required or {type: function, "
+                                           "function: {name}}")
+        return cls(schemas, choice, "<tool_call>" in (chat_template or ""))
+
+    @property
+    def constraint(self) -> StructuredOutputs | None:
+        """What the answer must follow (None: free text)."""
+        if self.choice in self.tools:
+            return StructuredOutputs(json=self.tools[self.choice])
+        if self.choice == "required":
+            calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                      "properties": {"name": {"const": name}, "arguments": schema}}
+                     for name, schema in self.tools.items()]
+            return StructuredOutputs(json={"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+        return None
+
+    @property
+    def may_call(self) -> bool:
+        """Whether an answer may hold calls (a stream then sends it whole at its end: only then is it known
+        to be calls or content)."""
+        return self.choice != "none" and (self.choice != "auto" or self.hermes)
+
+    def message(self, text: str, finish_reason: str) -> tuple[dict, str]:
+        """The assistant message of an answer's text, and its finish reason ("tool_calls" for calls that ended)."""
+        if self.choice in self.tools:
+            calls, content = [(self.choice, text)], None
+        elif self.choice == "required":
+            calls, content = _listed_calls(text), None
+        elif self.choice == "auto" and self.hermes:
+            calls = [call for block in HERMES.findall(text) if (call := _call(block)) is not None]
+            content = HERMES.sub("", text).strip() or None if calls else text
+        else:
+            calls, content = [], text
+        if not calls:
+            return {"role": "assistant", "content": text}, finish_reason
+        message = {"role": "assistant", "content": content, "tool_calls": [
+            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+            for name, args in calls]}
+        return message, "tool_calls" if finish_reason == "stop" else finish_reason
+
+
+def _call(block: str) -> tuple[str, str] | None:
+    """(name, arguments as JSON text) of one {"name", "arguments"} object's text; None where it is not one."""
+    try:
+        call = json.loads(block)
+    except ValueError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    return call["name"], json.dumps(call.get("arguments", {}))
+
+
+def _listed_calls(text: str) -> list[tuple[str, str]]:
+    """The calls of a "required" answer (a JSON list of them; of a list cut short by max_tokens, its whole
+    calls)."""
+    decoder, calls = json.JSONDecoder(), []
+    at = text.find("[") + 1
+    while 0 < at < len(text):
+        while at < len(text) and text[at] in " \t\r\n,":
+            at += 1
+        try:
+            call, at = decoder.raw_decode(text, at)
+        except ValueError:
+            break
+        calls.append((call["name"], json.dumps(call["arguments"])))
+    return calls
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI chat messages as chat templates take them: an assistant's tool calls with their arguments as
+    objects (OpenAI sends JSON text), a tool's answer with its call id."""
+    out = []
+    for m in messages:
+        message = {"role": m["role"], "content": m.get("content")}
+        if m.get("tool_calls"):
+            message["tool_calls"] = [{**call, "function": {**call["function"], "arguments": _arguments(call)}}
+                                     for call in m["tool_calls"]]
+        for key in ("tool_call_id", "name"):
+            if key in m:
+                message[key] = m[key]
+        out.append(message)
+    return out
+
+
+def _arguments(call: dict):
+    arguments = call["function"].get("arguments", {})
+    try:
+        return json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        return arguments
