@@ -2,7 +2,7 @@
 the response objects and stream chunks of /v1/completions and /v1/chat/completions.
 
 A parameter this server does not support gets a 400 that names it, unless it asks for what the server
-does anyway (no tools, a plain text format...), since clients send such defaults. Log-probabilities
+does anyway (parallel tool calls, an empty suffix...), since clients send such defaults. Log-probabilities
 (completions: `logprobs` k; chat: `logprobs` true, `top_logprobs` k; k up to MAX_LOGPROBS) are the
 target's, in logprobs.py's objects. A completion's `echo` puts the prompt before the text (a string
 prompt as given, token ids decoded) and, with `logprobs`, the prompt tokens' entries before the
