@@ -12,7 +12,7 @@ from triforce import LLM, SamplingParams
 from triforce.api import chat_ids
 from triforce.config import StructuredOutputs
 from triforce.serve.app import create_app
-from triforce.serve.tools import ToolError, ToolPlan, template_messages
+from triforce.serve.constraints import ConstraintError, ToolPlan, template_messages
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "today's weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
@@ -136,7 +136,7 @@ def test_auto_with_a_hermes_template_parses_its_blocks():
     assert plan.message("No call here.", "stop") == ({"role": "assistant", "content": "No call here."}, "stop")
     assert plan.constraint is None and plan.may_call
     assert not ToolPlan.parse({"tools": TOOLS}, "a template without calls").may_call
-    with pytest.raises(ToolError):
+    with pytest.raises(ConstraintError):
         ToolPlan.parse({"tools": TOOLS, "tool_choice": {"type": "function"}}, None)
 
 

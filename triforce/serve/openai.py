@@ -25,9 +25,9 @@ import uuid
 from dataclasses import dataclass, replace
 
 from ..api import chat_ids
-from ..config import MAX_LOGPROBS, ConfigError, SamplingParams, StructuredOutputs
+from ..config import MAX_LOGPROBS, ConfigError, SamplingParams
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
-from .tools import ToolError, ToolPlan, template_messages
+from .constraints import ConstraintError, ToolPlan, constraints, template_messages
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of", "stream",
@@ -41,7 +41,6 @@ DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat 
 MAX_CHOICES = 128  # OpenAI's limit on n
 MAX_PROMPTS = 2048  # prompts of one completion request
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
-GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 class ApiError(Exception):
@@ -99,8 +98,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if body.get("best_of") not in (None, n):  # vLLM's best_of: ranks choices by log-probability, not kept here
         raise ApiError(400, "'best_of' other than n is not supported", param="best_of")
     try:
-        tools = ToolPlan.parse(body, getattr(llm.tokenizer, "chat_template", None)) if kind == "chat" else None
-    except ToolError as exc:
+        tools, source, structured = constraints(body, getattr(llm.tokenizer, "chat_template", None), kind == "chat")
+    except ConstraintError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
     prompts, given = _prompts(kind, body, llm, tools)
     echo = body.get("echo") if kind == "completion" else None
@@ -122,12 +121,6 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, f"'{name}' must be at least 1{' (0 only with echo)' if kind == 'completion' else ''}",
                        param=name)
     logprobs = _logprobs(kind, body)
-    source, structured = _structured(body)
-    if tools is not None and tools.constraint is not None:
-        if structured is not None:
-            raise ApiError(400, f"'tool_choice' {tools.choice} constrains the answer; '{source}' cannot too",
-                           param=source)
-        source, structured = "tool_choice", tools.constraint
     bias = {} if body.get("logit_bias") is None else body["logit_bias"]
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must map token ids to values from -100 to 100", param="logit_bias")
@@ -213,43 +206,6 @@ def _text(prompt: str | list[int], ids: list[int], llm) -> str:
     if isinstance(prompt, str):
         return prompt
     return "" if llm.tokenizer is None else llm.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def _structured(body: dict) -> tuple[str | None, StructuredOutputs | None]:
-    """The constraint a request asks for, and the field it came in: OpenAI's response_format (json_object,
-    json_schema), vLLM's structured_outputs object, or vLLM's older guided_json, guided_regex, guided_choice
-    and guided_grammar."""
-    asked: dict[str, dict] = {}
-    fmt = body.get("response_format")
-    if fmt is not None:
-        kinds = ("text", "json_object", "json_schema")
-        if not isinstance(fmt, dict) or fmt.get("type") not in kinds:
-            raise ApiError(400, "'response_format' must be an object whose type is text, json_object or json_schema",
-                           param="response_format")
-        if fmt["type"] == "json_object":
-            asked["response_format"] = {"json_object": True}
-        elif fmt["type"] == "json_schema":
-            schema = fmt.get("json_schema")
-            if not isinstance(schema, dict) or not isinstance(schema.get("schema"), dict):
-                raise ApiError(400, "'response_format' of type json_schema needs json_schema.schema, an object",
-                               param="response_format")
-            asked["response_format"] = {"json": schema["schema"]}
-    for name, field in GUIDED.items():
-        if body.get(name) is not None:
-            asked[name] = {field: body[name]}
-    if body.get("structured_outputs") is not None:
-        if not isinstance(body["structured_outputs"], dict):
-            raise ApiError(400, "'structured_outputs' must be an object", param="structured_outputs")
-        asked["structured_outputs"] = body["structured_outputs"]
-    if len(asked) > 1:
-        raise ApiError(400, f"give one constraint, not {' and '.join(asked)}", param=list(asked)[-1])
-    if not asked:
-        return None, None
-    (source, fields), = asked.items()
-    try:
-        return source, StructuredOutputs(**fields)
-    except (ConfigError, TypeError) as exc:
-        raise ApiError(400, f"'{source}' is not a valid constraint: {exc}", param=source) from None
 
 
 def _prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[list[list[int]], list]:

@@ -1,6 +1,8 @@
-"""Tool calls: OpenAI's `tools` and `tool_choice` on /v1/chat/completions, built on structured outputs.
+"""What a request asks its answer to follow: structured outputs (`structured_outputs`, from OpenAI's
+`response_format` or vLLM's fields) and tool calls.
 
-The tools reach the model through its chat template (transformers' `tools`), and `tool_choice` decides
+Tool calls: OpenAI's `tools` and `tool_choice` on /v1/chat/completions, built on structured outputs. The
+tools reach the model through its chat template (transformers' `tools`), and `tool_choice` decides
 what the answer may be:
 - {"type": "function", "function": {"name": N}}: N's arguments, constrained to its `parameters` schema
   (speculation/guided.py: exact at every tier), answered as one call of N (as vLLM does);
@@ -20,18 +22,70 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..config import StructuredOutputs
+from ..config import ConfigError, StructuredOutputs
 
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-class ToolError(ValueError):
-    """A request's tools or tool_choice is malformed; `param` names which."""
+class ConstraintError(ValueError):
+    """A request's constraint, tools or tool_choice is malformed; `param` names the field."""
 
     def __init__(self, param: str, message: str):
         super().__init__(message)
         self.param = param
+
+
+def constraints(body: dict, chat_template: str | None, chat: bool) -> tuple[ToolPlan | None, str | None,
+                                                                             StructuredOutputs | None]:
+    """A request's tools (chat only), the constraint its answer must follow and the field that asked for it
+    (tool_choice where it names a function or is "required"); ConstraintError where one is malformed, or
+    two ask."""
+    tools = ToolPlan.parse(body, chat_template) if chat else None
+    source, structured = structured_outputs(body)
+    if tools is not None and tools.constraint is not None:
+        if structured is not None:
+            raise ConstraintError(source, f"'tool_choice' {tools.choice} constrains the answer; '{source}' cannot too")
+        source, structured = "tool_choice", tools.constraint
+    return tools, source, structured
+
+
+def structured_outputs(body: dict) -> tuple[str | None, StructuredOutputs | None]:
+    """The constraint a request asks for, and the field it came in: OpenAI's response_format (json_object,
+    json_schema), vLLM's structured_outputs object, or vLLM's older guided_json, guided_regex, guided_choice
+    and guided_grammar."""
+    asked: dict[str, dict] = {}
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kinds = ("text", "json_object", "json_schema")
+        if not isinstance(fmt, dict) or fmt.get("type") not in kinds:
+            raise ConstraintError("response_format",
+                                  "'response_format' must be an object whose type is text, json_object or json_schema")
+        if fmt["type"] == "json_object":
+            asked["response_format"] = {"json_object": True}
+        elif fmt["type"] == "json_schema":
+            schema = fmt.get("json_schema")
+            if not isinstance(schema, dict) or not isinstance(schema.get("schema"), dict):
+                raise ConstraintError("response_format",
+                                      "'response_format' of type json_schema needs json_schema.schema, an object")
+            asked["response_format"] = {"json": schema["schema"]}
+    for name, field in GUIDED.items():
+        if body.get(name) is not None:
+            asked[name] = {field: body[name]}
+    if body.get("structured_outputs") is not None:
+        if not isinstance(body["structured_outputs"], dict):
+            raise ConstraintError("structured_outputs", "'structured_outputs' must be an object")
+        asked["structured_outputs"] = body["structured_outputs"]
+    if len(asked) > 1:
+        raise ConstraintError(list(asked)[-1], f"give one constraint, not {' and '.join(asked)}")
+    if not asked:
+        return None, None
+    (source, fields), = asked.items()
+    try:
+        return source, StructuredOutputs(**fields)
+    except (ConfigError, TypeError) as exc:
+        raise ConstraintError(source, f"'{source}' is not a valid constraint: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -42,23 +96,23 @@ class ToolPlan:
 
     @classmethod
     def parse(cls, body: dict, chat_template: str | None) -> ToolPlan | None:
-        """The request's plan (None without tools); ToolError where tools or tool_choice is malformed."""
+        """The request's plan (None without tools); ConstraintError where tools or tool_choice is malformed."""
         tools, choice = body.get("tools"), body.get("tool_choice")
         if not tools:
             if choice not in (None, "none"):
-                raise ToolError("tool_choice", "'tool_choice' needs 'tools'")
+                raise ConstraintError("tool_choice", "'tool_choice' needs 'tools'")
             return None
         if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function"
                                                   and isinstance(t.get("function"), dict) for t in tools):
-            raise ToolError("tools", "'tools' must be a list of {type: function, function: {name, parameters}}")
+            raise ConstraintError("tools", "'tools' must be a list of {type: function, function: {name, parameters}}")
         schemas = {}
         for tool in tools:
             function = tool["function"]
             name, schema = function.get("name"), function.get("parameters", {"type": "object", "properties": {}})
             if not isinstance(name, str) or not NAME.match(name) or name in schemas:
-                raise ToolError("tools", f"tool names must be distinct, of letters, digits, _ and - (got {name!r})")
+                raise ConstraintError("tools", f"tool names must be distinct, of letters, digits, _ and - (got {name!r})")
             if not isinstance(schema, dict):
-                raise ToolError("tools", f"the parameters of {name} must be a JSON schema (an object)")
+                raise ConstraintError("tools", f"the parameters of {name} must be a JSON schema (an object)")
             schemas[name] = schema
         if choice is None:
             choice = "auto"
@@ -66,9 +120,9 @@ class ToolPlan:
             function = choice.get("function") if choice.get("type") == "function" else None
             choice = function.get("name") if isinstance(function, dict) else None
             if choice not in schemas:
-                raise ToolError("tool_choice", f"'tool_choice' names no tool of this request ({choice!r})")
+                raise ConstraintError("tool_choice", f"'tool_choice' names no tool of this request ({choice!r})")
         elif choice not in ("none", "auto", "required"):
-            raise ToolError("tool_choice", "'tool_choice' must be none, auto, required or {type: function, "
+            raise ConstraintError("tool_choice", "'tool_choice' must be none, auto, required or {type: function, "
                                            "function: {name}}")
         return cls(schemas, choice, "<tool_call>" in (chat_template or ""))
 
