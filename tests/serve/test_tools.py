@@ -1,4 +1,4 @@
-"""Tool calls (serve/tools.py): tool_choice naming a function or "required" constrains the answer to the
+"""Tool calls (serve/constraints.py): tool_choice naming a function or "required" constrains the answer to the
 calls' JSON (structured outputs) and answers tool_calls, whole, streamed and through the `openai` client;
 "auto" parses Hermes <tool_call> blocks where the chat template writes them; the tools reach the
 template; malformed tools are 400s that name the field."""
