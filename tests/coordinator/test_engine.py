@@ -237,6 +237,33 @@ def test_greedy_with_structured_outputs_equals_plain_decoding_with_them(models, 
     assert tokens == reference and all(t.checks > 0 for t in metrics.tiers)
 
 
+@pytest.mark.parametrize("mode", ["ar", "draft", "triforce"])
+def test_a_token_the_constraint_forces_is_taken_without_a_forward(models, char_grammars, monkeypatch, mode):
+    """Where the constraint allows one token (a literal's next, end-of-sequence after a complete text, and
+    after that) the bottom tier takes it without a forward: a choice of one text costs `ar` no decode
+    forward at all, and the other modes only the checks that commit it, each accepting all it is shown;
+    the output is that text, as plain decoding gives it."""
+    from triforce.models.llama import LlamaModel
+
+    target, draft = models
+    decoding = []  # the model calls that return logits (the prefill's return none)
+    real = LlamaModel.forward_batch
+
+    def forward_batch(self, steps, caches, logits_for="all"):
+        if "none" not in (logits_for if isinstance(logits_for, list) else [logits_for]):
+            decoding.append(len(steps))
+        return real(self, steps, caches, logits_for)
+
+    monkeypatch.setattr(LlamaModel, "forward_batch", forward_batch)
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    spec = StructuredOutputs(choice=["hello world"])
+    params = SamplingParams(max_tokens=40, temperature=0.8, seed=3, structured_outputs=spec)
+    tokens, metrics = run(target, draft, mode, prompt, params, guide=char_grammars[96].guide(spec))
+    assert tokens == [3 + CHARS.index(c) for c in "hello world"] + [EOS]
+    assert len(decoding) == sum(t.checks for t in metrics.tiers) == (0 if mode == "ar" else len(decoding))
+    assert all(t.accepted == t.proposed for t in metrics.tiers)
+
+
 def test_plain_decoding_equals_transformers_generate(tiny_dir, models):
     from transformers import AutoModelForCausalLM
 

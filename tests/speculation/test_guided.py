@@ -74,6 +74,16 @@ def test_rows_outside_the_constraint_get_minus_infinity(grammars):
     assert done.nonzero().flatten().tolist() == [EOS]  # complete: only end-of-sequence
 
 
+def test_the_token_a_constraint_forces(grammars):
+    """One allowed token is forced: a literal's next one, end-of-sequence after a complete text, and
+    end-of-sequence again after that (nothing there is output); none where several are allowed."""
+    guide = grammars.guide(StructuredOutputs(choice=["cab", "cd"]))
+    assert guide.forced([]) == ids("c")[0] and guide.forced(ids("c")) is None
+    assert guide.forced(ids("ca")) == ids("b")[0]
+    assert guide.forced(ids("cd")) == EOS and guide.forced(ids("cd") + [EOS, EOS]) == EOS
+    assert guide.forced(ids("x")) is None and guide.allowed(ids("x")) is None  # refused
+
+
 @pytest.mark.parametrize("spec,good,bad", [
     (StructuredOutputs(choice=["a.b", "(c)"]), ["a.b", "(c)"], ["axb", "c", "a.b."]),
     (StructuredOutputs(json={"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"],

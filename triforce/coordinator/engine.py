@@ -264,6 +264,12 @@ class HierarchyEngine:
         raw: list[torch.Tensor] = []  # and its logits there
         stop_below = self.stop_below if proposing else 0.0
         while len(tokens) < count:
+            if level == 0 and (forced := self._forced(tier)) is not None:  # no forward needed to sample it
+                seq.append(forced[0])
+                tokens.append(forced[0])
+                probs.append(forced[1])
+                raw.append(forced[1].log())
+                continue
             if level == 0:
                 logits = (yield from self._forward(0))[-1]
                 row = self._probs(self._by_history(logits[None], [[]]))[0]
@@ -283,6 +289,20 @@ class HierarchyEngine:
             probs += rows
             raw += logits
         return tokens, probs, raw
+
+    def _forced(self, tier: Tier) -> tuple[int, torch.Tensor] | None:
+        """(token, its one-hot distribution) where the request's constraint allows only that token next
+        (Guide.forced): every tier's row there is that one-hot whatever its logits, so the bottom tier
+        takes it without a forward (its next forward catches up), and a check accepts it. None elsewhere,
+        and where the request asks for log-probabilities (they need the target's logits)."""
+        if self.guide is None or self.params.logprobs is not None:
+            return None
+        token = self.guide.forced(self.seq[self.prompt_length:])
+        if token is None:
+            return None
+        row = torch.zeros(self.guide.vocab_size, device=tier.model.device)
+        row[token] = 1.0
+        return token, row
 
     def _check_chain(self, level: int) -> Produced:
         """Tier `level` checks a chain of tokens from the tier below: gamma of them (fewer where the bottom

@@ -64,29 +64,48 @@ def _common_prefix(a: list[int], b: Sequence[int]) -> int:
 class Guide:
     """One request's constraint: the tokens allowed after each row's history."""
 
-    def __init__(self, matcher, vocab_size: int):
-        """matcher: a fresh llguidance LLMatcher of the constraint; vocab_size: the logits' width."""
-        self.matcher, self.vocab_size = matcher, vocab_size
+    def __init__(self, matcher, vocab_size: int, eos: int | None = None):
+        """matcher: a fresh llguidance LLMatcher of the constraint; vocab_size: the logits' width; eos: the
+        end-of-sequence id that ends a complete text."""
+        self.matcher, self.vocab_size, self.eos = matcher, vocab_size, eos
         self.consumed: list[int] = []  # the history the matcher is at
-        self._masks: OrderedDict[tuple[int, ...], torch.Tensor | None] = OrderedDict()
+        # history -> (mask, the one token it allows or None); (None, None) where the history is refused
+        self._masks: OrderedDict[tuple[int, ...], tuple[torch.Tensor | None, int | None]] = OrderedDict()
         self._bits = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
         self._shifts = torch.arange(32, dtype=torch.int32)
 
     def allowed(self, history: Sequence[int]) -> torch.Tensor | None:
         """bool [V]: the tokens the constraint allows after `history` (the generated tokens before a row);
         None where it refuses the history itself."""
+        return self._entry(history)[0]
+
+    def forced(self, history: Sequence[int]) -> int | None:
+        """The token after `history` where the constraint allows just one (a literal's next token, the
+        end-of-sequence of a complete text): sampling there picks it whatever the logits, so no forward is
+        needed to choose it. None elsewhere."""
+        return self._entry(history)[1]
+
+    def _entry(self, history: Sequence[int]) -> tuple[torch.Tensor | None, int | None]:
         key = tuple(history)
         if key in self._masks:
             self._masks.move_to_end(key)
             return self._masks[key]
-        mask = None
+        entry = (None, None)
         if self._go_to(key):
             self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
             mask = ((self._bits[:, None] >> self._shifts) & 1).flatten()[:self.vocab_size].bool()
-        self._masks[key] = mask
+            only = mask.nonzero()[:2]
+            entry = (mask, int(only[0]) if len(only) == 1 else None)
+        elif key[len(self.consumed)] == self.eos and self.matcher.is_accepting():
+            # after the end of a complete text: nothing here is ever output (generation ends at the end
+            # token), so a proposer's rows may as well repeat it, at no forward's cost
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+            mask[self.eos] = True
+            entry = (mask, self.eos)
+        self._masks[key] = entry
         if len(self._masks) > RECENT_MASKS:
             self._masks.popitem(last=False)
-        return mask
+        return entry
 
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
         """logits [n, V] of rows after histories[i], with the tokens the constraint does not allow at -inf (a
@@ -157,4 +176,5 @@ class Grammars:
             return None
         from llguidance import LLMatcher
 
-        return Guide(LLMatcher(self._ll_tokenizer(), self.check(spec), log_level=0), self.vocab_size)
+        return Guide(LLMatcher(self._ll_tokenizer(), self.check(spec), log_level=0), self.vocab_size,
+                     self.eos_ids[0] if self.eos_ids else None)
