@@ -264,7 +264,7 @@ class HierarchyEngine:
         raw: list[torch.Tensor] = []  # and its logits there
         stop_below = self.stop_below if proposing else 0.0
         while len(tokens) < count:
-            if level == 0 and (forced := self._forced(tier)) is not None:  # no forward needed to sample it
+            if (forced := self._forced(tier)) is not None:  # no forward (nor, above the bottom, a check) needed
                 seq.append(forced[0])
                 tokens.append(forced[0])
                 probs.append(forced[1])
@@ -292,9 +292,9 @@ class HierarchyEngine:
 
     def _forced(self, tier: Tier) -> tuple[int, torch.Tensor] | None:
         """(token, its one-hot distribution) where the request's constraint allows only that token next
-        (Guide.forced): every tier's row there is that one-hot whatever its logits, so the bottom tier
-        takes it without a forward (its next forward catches up), and a check accepts it. None elsewhere,
-        and where the request asks for log-probabilities (they need the target's logits)."""
+        (Guide.forced): every tier's row there is that one-hot whatever its logits, so any tier takes it
+        without a forward or a check of the tiers below (its next forward catches up). None elsewhere, and
+        where the request asks for log-probabilities (they need the target's logits)."""
         if self.guide is None or self.params.logprobs is not None:
             return None
         token = self.guide.forced(self.seq[self.prompt_length:])
