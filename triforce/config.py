@@ -57,7 +57,7 @@ class StructuredOutputs:
         if self.json is not None:
             try:
                 schema = json.loads(self.json) if isinstance(self.json, str) else self.json
-                text = json.dumps(schema, sort_keys=True)
+                text = json.dumps(schema)  # keys kept in order: properties are generated in the schema's
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"structured_outputs json must be a JSON schema (an object): {exc}") from None
             if not isinstance(schema, dict):

@@ -20,14 +20,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 REPLACEMENT = "\ufffd"
-PROMPT_CONTEXT = 4  # the prompt's last tokens that the generated text is decoded after
+DECODE_CONTEXT = 4  # tokens before a piece of text that it is decoded after (the prompt's, first)
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, stops: tuple[str, ...] = (), min_tokens: int = 0, prompt: Sequence[int] = ()):
-        """prompt: the request's prompt (its last PROMPT_CONTEXT tokens are the first window's context)."""
+        """prompt: the request's prompt (its last DECODE_CONTEXT tokens are the first window's context)."""
         self.tokenizer, self.stops, self.min_tokens = tokenizer, stops, min_tokens
-        self._context = list(prompt)[-PROMPT_CONTEXT:]
+        self._context = list(prompt)[-DECODE_CONTEXT:]
         self._context_chars = len(self._decode(self._context))
         self._floor: int | None = None if min_tokens else 0  # characters of the first min_tokens tokens' text
         self.tokens: list[int] = []

@@ -240,8 +240,9 @@ def test_greedy_with_structured_outputs_equals_plain_decoding_with_them(models, 
 @pytest.mark.parametrize("mode", ["ar", "draft", "triforce"])
 def test_a_token_the_constraint_forces_is_taken_without_a_forward(models, char_grammars, monkeypatch, mode):
     """Where the constraint allows one token (a literal's next, end-of-sequence after a complete text) every
-    tier takes it without a forward or a check: a choice of one text costs no decode forward in any mode,
-    and the output is that text, as plain decoding gives it."""
+    tier takes it without a forward or a check (above the bottom tier, while the caches lag by fewer than
+    FORCED_LAG tokens): a choice of one text costs `ar` no decode forward, and the other modes a check of
+    each tier per FORCED_LAG tokens, which accepts all it is shown; the output is that text."""
     from triforce.models.llama import LlamaModel
 
     target, draft = models
@@ -259,7 +260,23 @@ def test_a_token_the_constraint_forces_is_taken_without_a_forward(models, char_g
     params = SamplingParams(max_tokens=40, temperature=0.8, seed=3, structured_outputs=spec)
     tokens, metrics = run(target, draft, mode, prompt, params, guide=char_grammars[96].guide(spec))
     assert tokens == [3 + CHARS.index(c) for c in "hello world"] + [EOS]
-    assert len(decoding) == sum(t.checks for t in metrics.tiers) == 0
+    assert len(decoding) == sum(t.checks for t in metrics.tiers)
+    assert len(decoding) <= (len(metrics.tiers) * -(-len(tokens) // engine_module.FORCED_LAG) if metrics.tiers else 0)
+    assert all(t.accepted == t.proposed for t in metrics.tiers)
+
+
+@pytest.mark.parametrize("mode,policy", [("triforce", "static"), ("triforce", "dynamic"), ("retrieval", "static")])
+def test_a_long_forced_literal_before_free_text_fits_the_caches(models, char_grammars, mode, policy):
+    """A literal of 44 forced tokens, then free text: the tiers above the bottom stop taking forced tokens
+    once the caches lag by FORCED_LAG (the retrieval cache holds only so many tokens past its last sync),
+    and the output equals plain decoding's under the constraint."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    spec = StructuredOutputs(regex=r"the quick brown fox jumps over the lazy dog, [a-z ]+\.")
+    params = SamplingParams(max_tokens=70, temperature=0, structured_outputs=spec)
+    reference, _ = run(target, draft, "ar", prompt, params, guide=char_grammars[96].guide(spec))
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, guide=char_grammars[96].guide(spec))
+    assert tokens == reference and len(tokens) > 50 and all(t.checks > 0 for t in metrics.tiers)
 
 
 def test_plain_decoding_equals_transformers_generate(tiny_dir, models):
@@ -413,6 +430,29 @@ def test_reduced_vocabulary_draft_samples_the_target_distribution(tiny_dir, smal
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
         return engine.run(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, temperature=1.0))
+
+    assert_two_token_distribution(run_of, expected, trials=2000)
+
+
+def test_a_reduced_vocabulary_draft_under_a_constraint_samples_the_target_distribution(tiny_dir, small_vocab,
+                                                                                      char_grammars):
+    """The draft lacks both tokens the constraint allows first (b and d: ids 4 and 6): its row there would
+    give every token probability 0; it proposes uniformly among the allowed ones instead."""
+    _, _, target = small_vocab
+    folder = tiny_dir("v8-reduced", seed=30, num_layers=1, vocab_size=6, hidden_size=32, num_heads=4,
+                      num_kv_heads=2, scale=4)
+    draft = load_model(write_reduced_vocabulary(folder, [0, 2, 3, 5, 7], 8))
+    prompt = [int(t) for t in torch.randint(0, 8, (30,), generator=torch.Generator().manual_seed(7))]
+    sampling = dict(max_tokens=2, ignore_eos=True, temperature=1.0,
+                    structured_outputs=StructuredOutputs(regex="[bd][a-e]"))
+    grammars = char_grammars[8]
+    expected = exact_two_token_distribution(target, prompt, SamplingParams(**sampling), grammars)
+    cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SETTINGS)
+
+    def run_of(seed):
+        engine = build_engine(cfg, target, draft, len(prompt) + 2)
+        return engine.run(prompt, SamplingParams(seed=seed, **sampling),
+                          guide=grammars.guide(sampling["structured_outputs"]))
 
     assert_two_token_distribution(run_of, expected, trials=2000)
 

@@ -45,7 +45,7 @@ def client(llm):
 
 
 def ask(client, **fields):
-    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 60, "temperature": 0,
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 120, "temperature": 0,
                                                   "tools": TOOLS, **fields})
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
@@ -54,7 +54,7 @@ def ask(client, **fields):
 def test_a_named_tool_choice_answers_a_call_of_it_with_arguments_that_fit(llm, client):
     choice = ask(client, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     call, = choice["message"]["tool_calls"]
-    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] is None  # named: as OpenAI's
     assert call["type"] == "function" and call["id"].startswith("call_") and call["function"]["name"] == "get_weather"
     arguments = json.loads(call["function"]["arguments"])
     assert set(arguments) == {"city", "days"} and isinstance(arguments["days"], int)
@@ -63,22 +63,41 @@ def test_a_named_tool_choice_answers_a_call_of_it_with_arguments_that_fit(llm, c
     assert llm.tokenizer.decode(prompt).startswith("tools: get_weather get_time. user:")
     spec = StructuredOutputs(json=WEATHER["function"]["parameters"])
     assert call["function"]["arguments"] == llm.generate(prompt, SamplingParams(
-        max_tokens=60, temperature=0, structured_outputs=spec))[0].text
+        max_tokens=120, temperature=0, structured_outputs=spec))[0].text
 
 
 def test_required_answers_one_or_more_calls_of_the_tools(client):
-    """This random model lists calls until max_tokens: the whole ones of the list come back."""
     choice = ask(client, tool_choice="required")
     calls = choice["message"]["tool_calls"]
     assert calls and all(c["function"]["name"] in ("get_weather", "get_time") for c in calls)
     for c in calls:
         json.loads(c["function"]["arguments"])
-    assert choice["finish_reason"] == "length"
+    assert choice["finish_reason"] in ("tool_calls", "length")
     plan = ToolPlan.parse({"tools": TOOLS, "tool_choice": "required"}, None)
     whole = '[{"name": "get_time", "arguments": {"zone": "cet"}}, {"name": "get_weather", "arguments": {}}]'
     message, finish = plan.message(whole, "stop")
     assert finish == "tool_calls" and [c["function"]["name"] for c in message["tool_calls"]] == [
         "get_time", "get_weather"]
+    message, finish = plan.message(whole[:-20], "length")  # cut short: its whole calls
+    assert finish == "length" and [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
+
+
+def test_required_keeps_each_tools_definitions_and_parallel_false_allows_one_call(llm):
+    """A tool whose parameters refer to their own $defs (as pydantic writes them) still compiles inside
+    the list of calls; parallel_tool_calls false makes the list one call long."""
+    located = {"type": "function", "function": {"name": "locate", "parameters": {
+        "type": "object", "properties": {"where": {"$ref": "#/$defs/Place"}}, "required": ["where"],
+        "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}}}
+    plan = ToolPlan.parse({"tools": [located, WEATHER], "tool_choice": "required",
+                           "parallel_tool_calls": False}, None)
+    spec = plan.constraint
+    llm.grammars.check(spec)  # would fail: Pointer '/$defs/Place' does not exist
+    schema = json.loads(spec.json)
+    assert schema["maxItems"] == 1 and set(schema["$defs"]) == {"locate__Place"}
+    guide = llm.grammars.guide(spec)
+    text = '[{"name": "locate", "arguments": {"where": {"city": "bath"}}}]'
+    assert guide.allowed(llm.tokenizer.encode(text)) is not None
+    assert guide.allowed(llm.tokenizer.encode(text[:-1] + ', {"name"')) is None  # no second call
 
 
 def test_none_and_auto_without_a_call_format_answer_content(llm, client):
@@ -96,10 +115,10 @@ def test_a_streamed_call_comes_whole_before_its_end(client):
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert deltas[0]["role"] == "assistant" and deltas[0]["tool_calls"][0]["index"] == 0
     assert json.loads(deltas[0]["tool_calls"][0]["function"]["arguments"])["zone"] in ("utc", "cet")
-    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_a_conversation_with_earlier_calls_and_their_results_is_taken(client):
+def test_a_conversation_with_earlier_calls_and_their_results_is_taken(llm, client):
     history = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "get_weather", "arguments": '{"city": "paris", "days": 3}'}}]},
@@ -109,6 +128,8 @@ def test_a_conversation_with_earlier_calls_and_their_results_is_taken(client):
     rendered = template_messages(history)
     assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"city": "paris", "days": 3}
     assert rendered[2]["tool_call_id"] == "call_1"
+    text = llm.tokenizer.decode(chat_ids(llm.tokenizer, rendered, TOOLS))  # what the template made of them
+    assert text.endswith('assistant: get_weather{"city": "paris", "days": 3}. tool: sunny. >')
 
 
 @pytest.mark.parametrize("fields,param", [
@@ -150,3 +171,12 @@ def test_the_openai_client_gets_its_tool_calls(llm):
         server.close()
     call = answer.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city", "days"}
+
+
+def test_a_completion_takes_the_defaults_clients_send_and_refuses_tools(client):
+    """Clients send empty tools and tool_choice none with every request: a completion takes them (and has
+    no tool calls), and refuses real tools by name."""
+    body = {"prompt": "ab", "max_tokens": 4}
+    assert client.post("/v1/completions", json={**body, "tools": [], "tool_choice": "none"}).status_code == 200
+    r = client.post("/v1/completions", json={**body, "tools": TOOLS})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"

@@ -74,6 +74,18 @@ def test_rows_outside_the_constraint_get_minus_infinity(grammars):
     assert done.nonzero().flatten().tolist() == [EOS]  # complete: only end-of-sequence
 
 
+def test_a_row_without_an_allowed_token_proposes_uniformly_among_them(grammars):
+    """A reduced-vocabulary draft's row gives tokens it lacks -inf: where it lacks all the constraint
+    allows, the row is uniform over them (its softmax would be NaN), and other rows are as masked."""
+    guide = grammars.guide(StructuredOutputs(choice=["cab", "cd"]))
+    logits = torch.full((2, VOCAB), float("-inf"))
+    logits[:, ids("x")] = 3.0  # only a token the constraint refuses after "c"
+    logits[1, ids("d")] = 1.0
+    out = guide.apply(logits, [ids("c"), ids("c")])
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == ids("ad") and (out[0][ids("ad")] == 0).all()
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == ids("d") and out[1][ids("d")] == 1.0
+
+
 def test_the_token_a_constraint_forces(grammars):
     """One allowed token is forced: a literal's next one, end-of-sequence after a complete text, and
     end-of-sequence again after that (nothing there is output); none where several are allowed."""

@@ -71,7 +71,6 @@ class AutoEngine(HierarchyEngine):
         self.rounds = 0  # rounds begun (a batchmate that has begun none may be measured with)
         self._pairs: dict[tuple[str, str], TierStats] = {}
         self._running: tuple[Plan, int, float] | None = None  # the plan running, since which token, when
-        self._prompt_length: int | None = None
         self._rows_timed = False
         self._adopted: dict | None = None  # the batch leader's decision this request last took
         self._shared = False  # whether a forward since the plan began ran beside another's prompt chunks
@@ -85,7 +84,7 @@ class AutoEngine(HierarchyEngine):
     def run(self, prompt: list[int], params, *args, **kwargs) -> Run:
         """HierarchyEngine.run, adding what it saw to what later requests of its kind start from (its first
         plan recalls what earlier ones saw); a member of its batch meanwhile."""
-        mates, self._prompt_length = self.planner.batchmates, len(prompt)
+        mates, self.prompt_length = self.planner.batchmates, len(prompt)
         if mates is not None:
             mates.join(self)
         try:
@@ -99,7 +98,7 @@ class AutoEngine(HierarchyEngine):
     @property
     def prefilled(self) -> bool:
         """Whether its target holds its prompt (before, its prompt chunks ride on the batch's target forwards)."""
-        return self._prompt_length is not None and self.ladder[-1].length >= self._prompt_length - 1
+        return self.prompt_length is not None and self.ladder[-1].length >= self.prompt_length - 1
 
     @property
     def plans(self) -> bool:
@@ -207,7 +206,7 @@ class AutoEngine(HierarchyEngine):
         if plan.draft_upside - 1 <= cost:
             return
         self._last = None
-        first = self._prompt_length  # seq's index of the first generated token
+        first = self.prompt_length  # seq's index of the first generated token
         yield from self._catch_up(draft, first - 1)  # rows that predict the prompt
         accepted = tokens = 0.0
         for step in draft.prefill_steps(self.seq[draft.length:-1]):  # rows that predict generated tokens

@@ -47,6 +47,9 @@ from .tiers import Tier, Wait
 from .trees import TreeShaper, grow_tree, measure_costs, node_paths, tree_step
 
 PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least this long
+# Tokens a constraint forces that a tier above the bottom takes without a forward, while every cache
+# lags the sequence by fewer than this (its next forward catches them up: hierarchy.speculation_slack)
+FORCED_LAG = 8
 
 
 @dataclass
@@ -93,7 +96,7 @@ class HierarchyEngine:
         self.penalties: Penalties | None = None  # the request's, from `run`
         self.min_tokens: MinTokens | None = None  # likewise
         self.guide: Guide | None = None  # the request's structured-output constraint, from `run`
-        self.prompt_length = 0
+        self.prompt_length: int | None = None  # the request's, from `run`
         self.logprobs: list[TokenLogprobs] = []  # per generated token, when the request asks (SamplingParams.logprobs)
         self.prompt_logprobs: list[TokenLogprobs | None] = []  # per prompt token (the first: None), when asked
         self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
@@ -124,7 +127,7 @@ class HierarchyEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
         self.penalties = Penalties.of(params, prompt)
-        ends = params.end_ids(stop_ids)
+        ends = params.end_ids(stop_ids) | (guide.eos if guide is not None else frozenset())
         self.min_tokens = MinTokens.of(params, set(params.stop_token_ids) | set(stop_ids), len(prompt))
         self.guide, self.prompt_length = guide, len(prompt)
         self.logprobs = []
@@ -264,7 +267,7 @@ class HierarchyEngine:
         raw: list[torch.Tensor] = []  # and its logits there
         stop_below = self.stop_below if proposing else 0.0
         while len(tokens) < count:
-            if (forced := self._forced(tier)) is not None:  # no forward (nor, above the bottom, a check) needed
+            if (forced := self._forced(level)) is not None:  # no forward (nor, above the bottom, a check) needed
                 seq.append(forced[0])
                 tokens.append(forced[0])
                 probs.append(forced[1])
@@ -290,17 +293,20 @@ class HierarchyEngine:
             raw += logits
         return tokens, probs, raw
 
-    def _forced(self, tier: Tier) -> tuple[int, torch.Tensor] | None:
+    def _forced(self, level: int) -> tuple[int, torch.Tensor] | None:
         """(token, its one-hot distribution) where the request's constraint allows only that token next
-        (Guide.forced): every tier's row there is that one-hot whatever its logits, so any tier takes it
-        without a forward or a check of the tiers below (its next forward catches up). None elsewhere, and
-        where the request asks for log-probabilities (they need the target's logits)."""
+        (Guide.forced): every tier's row there is that one-hot whatever its logits, so tier `level` takes it
+        without a forward or a check of the tiers below (its next forward catches up; above the bottom
+        tier, whose chains bound how far the others lag, while every cache lags by fewer than FORCED_LAG).
+        None elsewhere, and where the request asks for log-probabilities (they need the target's logits)."""
         if self.guide is None or self.params.logprobs is not None:
+            return None
+        if level > 0 and max(len(self.seq) - t.length for t in self.tiers) >= FORCED_LAG:
             return None
         token = self.guide.forced(self.seq[self.prompt_length:])
         if token is None:
             return None
-        row = torch.zeros(self.guide.vocab_size, device=tier.model.device)
+        row = torch.zeros(self.guide.vocab_size, device=self.tiers[level].model.device)
         row[token] = 1.0
         return token, row
 

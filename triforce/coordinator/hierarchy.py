@@ -22,7 +22,7 @@ from ..models.llama import LlamaModel
 from .auto import AutoEngine
 from .batchmates import Batchmates
 from .confident_trees import ConfidenceShaper
-from .engine import HierarchyEngine
+from .engine import FORCED_LAG, HierarchyEngine
 from .planning import MAX_GAMMA, AutoPlanner
 from .priors import Priors
 from .speed_model import retrieval_name
@@ -41,11 +41,12 @@ def auto_budgets(cfg: EngineConfig) -> list[int]:
 
 
 def speculation_slack(cfg: EngineConfig) -> int:
-    """Most tokens any cache may hold beyond the committed sequence during one target check."""
+    """Most tokens any cache may hold beyond the committed sequence during one target check (and those a
+    structured output's constraint forced, which the tiers above the bottom take without a forward)."""
     if cfg.mode == "auto":
-        return 2 * MAX_GAMMA + 4
+        return 2 * MAX_GAMMA + 4 + FORCED_LAG
     trees = sum(MAX_TREE if t == "auto" else t for t in (cfg.tree1, cfg.tree2))
-    return cfg.gamma1 + cfg.gamma2 + trees + 4
+    return cfg.gamma1 + cfg.gamma2 + trees + 4 + FORCED_LAG
 
 
 def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, tokens: int,

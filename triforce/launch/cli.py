@@ -214,8 +214,15 @@ def penalty_settings(args) -> dict:
 def structured_outputs(args) -> StructuredOutputs | None:
     """The constraint of the structured-output flags (None without one)."""
     def text_or_file(value: str) -> str:
-        path = Path(value)
-        return path.read_text(encoding="utf-8") if len(value) < 4096 and path.is_file() else value
+        try:
+            if not Path(value).is_file():
+                return value
+        except OSError:  # too long to name a file: the text itself
+            return value
+        try:
+            return Path(value).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read {value}: {exc}") from None
 
     if args.json_schema is not None:
         return StructuredOutputs(json=text_or_file(args.json_schema))

@@ -5,9 +5,10 @@ Tool calls: OpenAI's `tools` and `tool_choice` on /v1/chat/completions, built on
 tools reach the model through its chat template (transformers' `tools`), and `tool_choice` decides
 what the answer may be:
 - {"type": "function", "function": {"name": N}}: N's arguments, constrained to its `parameters` schema
-  (speculation/guided.py: exact at every tier), answered as one call of N (as vLLM does);
-- "required": a JSON list of one or more calls, each {"name": a tool's, "arguments": its parameters},
-  constrained likewise;
+  (speculation/guided.py: exact at every tier), answered as one call of N (as vLLM does; finish_reason
+  "stop", as OpenAI's);
+- "required": a JSON list of one or more calls (one with parallel_tool_calls false), each {"name": a
+  tool's, "arguments": its parameters, whose $defs move to the list's root}, constrained likewise;
 - "auto" (the default with tools): the model decides. Where the chat template writes calls as Hermes'
   `<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks (Qwen2.5's does), the answer's blocks
   become tool calls and the rest its content; a template without a call format leaves the model no way to
@@ -93,6 +94,7 @@ class ToolPlan:
     tools: dict[str, dict]  # name -> its parameters' JSON schema
     choice: str  # "none", "auto", "required" or a tool's name
     hermes: bool  # the chat template writes calls as <tool_call> blocks
+    parallel: bool = True  # more than one call per answer (OpenAI's parallel_tool_calls)
 
     @classmethod
     def parse(cls, body: dict, chat_template: str | None) -> ToolPlan | None:
@@ -124,7 +126,10 @@ class ToolPlan:
         elif choice not in ("none", "auto", "required"):
             raise ConstraintError("tool_choice", "'tool_choice' must be none, auto, required or {type: function, "
                                            "function: {name}}")
-        return cls(schemas, choice, "<tool_call>" in (chat_template or ""))
+        parallel = body.get("parallel_tool_calls")
+        if parallel not in (None, True, False):
+            raise ConstraintError("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
+        return cls(schemas, choice, "<tool_call>" in (chat_template or ""), parallel is not False)
 
     @property
     def constraint(self) -> StructuredOutputs | None:
@@ -132,10 +137,14 @@ class ToolPlan:
         if self.choice in self.tools:
             return StructuredOutputs(json=self.tools[self.choice])
         if self.choice == "required":
+            definitions: dict[str, dict] = {}
             calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                      "properties": {"name": {"const": name}, "arguments": schema}}
+                      "properties": {"name": {"const": name}, "arguments": _hoisted(name, schema, definitions)}}
                      for name, schema in self.tools.items()]
-            return StructuredOutputs(json={"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+            listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+            if not self.parallel:
+                listed["maxItems"] = 1
+            return StructuredOutputs(json={**listed, **({"$defs": definitions} if definitions else {})})
         return None
 
     @property
@@ -152,6 +161,7 @@ class ToolPlan:
             calls, content = _listed_calls(text), None
         elif self.choice == "auto" and self.hermes:
             calls = [call for block in HERMES.findall(text) if (call := _call(block)) is not None]
+            calls = calls if self.parallel else calls[:1]
             content = HERMES.sub("", text).strip() or None if calls else text
         else:
             calls, content = [], text
@@ -160,7 +170,9 @@ class ToolPlan:
         message = {"role": "assistant", "content": content, "tool_calls": [
             {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
             for name, args in calls]}
-        return message, "tool_calls" if finish_reason == "stop" else finish_reason
+        # a call the request named ends as "stop", as OpenAI's and vLLM's; calls the model chose, "tool_calls"
+        named = self.choice in self.tools
+        return message, "tool_calls" if finish_reason == "stop" and not named else finish_reason
 
 
 def _call(block: str) -> tuple[str, str] | None:
@@ -171,7 +183,8 @@ def _call(block: str) -> tuple[str, str] | None:
         return None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
-    return call["name"], json.dumps(call.get("arguments", {}))
+    arguments = call.get("arguments", {})
+    return call["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
 def _listed_calls(text: str) -> list[tuple[str, str]]:
@@ -188,6 +201,28 @@ def _listed_calls(text: str) -> list[tuple[str, str]]:
             break
         calls.append((call["name"], json.dumps(call["arguments"])))
     return calls
+
+
+def _hoisted(name: str, schema: dict, definitions: dict[str, dict]) -> dict:
+    """A tool's parameters schema to nest in a list of calls: its definitions ($defs, definitions) moved
+    into `definitions` (the list's root $defs) under the tool's name, its references rewritten to them."""
+    local = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+
+    def rewrite(node):
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {key: rewrite(value) for key, value in node.items() if key not in ("$defs", "definitions")}
+        ref = node.get("$ref")
+        for prefix in ("#/$defs/", "#/definitions/"):
+            if isinstance(ref, str) and ref.startswith(prefix):
+                out["$ref"] = f"#/$defs/{name}__{ref[len(prefix):]}"
+        return out
+
+    for key, value in local.items():
+        definitions[f"{name}__{key}"] = rewrite(value)
+    return rewrite(schema)
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

@@ -16,9 +16,8 @@ in its last chunk.
 """
 from __future__ import annotations
 
+from ..detokenize import DECODE_CONTEXT as CONTEXT
 from ..logprobs import TokenLogprobs
-
-CONTEXT = 4  # tokens before a token that its text is decoded after
 
 
 class TokenTexts:

@@ -2,7 +2,7 @@
 the response objects and stream chunks of /v1/completions and /v1/chat/completions.
 
 A parameter this server does not support gets a 400 that names it, unless it asks for what the server
-does anyway (parallel tool calls, an empty suffix...), since clients send such defaults. Log-probabilities
+does anyway (no tools for a completion, an empty suffix...), since clients send such defaults. Log-probabilities
 (completions: `logprobs` k; chat: `logprobs` true, `top_logprobs` k; k up to MAX_LOGPROBS) are the
 target's, in logprobs.py's objects. A completion's `echo` puts the prompt before the text (a string
 prompt as given, token ids decoded) and, with `logprobs`, the prompt tokens' entries before the
@@ -35,8 +35,9 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed
           "repetition_penalty", "stop_token_ids", "min_tokens", "response_format", "structured_outputs",
           "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
-          "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}}
-HARMLESS = {"echo": (None, False), "suffix": (None, ""), "parallel_tool_calls": (None, True)}
+          "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                            "parallel_tool_calls"}}
+HARMLESS = {"echo": (None, False), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none")}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
 MAX_PROMPTS = 2048  # prompts of one completion request

@@ -17,6 +17,7 @@ recent histories (the tiers ask for the same positions in turn).
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -64,10 +65,10 @@ def _common_prefix(a: list[int], b: Sequence[int]) -> int:
 class Guide:
     """One request's constraint: the tokens allowed after each row's history."""
 
-    def __init__(self, matcher, vocab_size: int, eos: int | None = None):
+    def __init__(self, matcher, vocab_size: int, eos: Sequence[int] = ()):
         """matcher: a fresh llguidance LLMatcher of the constraint; vocab_size: the logits' width; eos: the
-        end-of-sequence id that ends a complete text."""
-        self.matcher, self.vocab_size, self.eos = matcher, vocab_size, eos
+        end-of-sequence ids, which end a complete text."""
+        self.matcher, self.vocab_size, self.eos = matcher, vocab_size, frozenset(eos)
         self.consumed: list[int] = []  # the history the matcher is at
         # history -> (mask, the one token it allows or None); (None, None) where the history is refused
         self._masks: OrderedDict[tuple[int, ...], tuple[torch.Tensor | None, int | None]] = OrderedDict()
@@ -96,12 +97,12 @@ class Guide:
             mask = ((self._bits[:, None] >> self._shifts) & 1).flatten()[:self.vocab_size].bool()
             only = mask.nonzero()[:2]
             entry = (mask, int(only[0]) if len(only) == 1 else None)
-        elif key[len(self.consumed)] == self.eos and self.matcher.is_accepting():
+        elif (end := key[len(self.consumed)]) in self.eos and self.matcher.is_accepting():
             # after the end of a complete text: nothing here is ever output (generation ends at the end
             # token), so a proposer's rows may as well repeat it, at no forward's cost
             mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-            mask[self.eos] = True
-            entry = (mask, self.eos)
+            mask[end] = True
+            entry = (mask, end)
         self._masks[key] = entry
         if len(self._masks) > RECENT_MASKS:
             self._masks.popitem(last=False)
@@ -112,7 +113,14 @@ class Guide:
         new tensor; rows after a refused history unchanged)."""
         masks = [self.allowed(h) for h in histories]
         refused = torch.stack([torch.zeros(self.vocab_size, dtype=torch.bool) if m is None else ~m for m in masks])
-        return logits.masked_fill(refused.to(logits.device), float("-inf"))
+        refused = refused.to(logits.device)
+        out = logits.masked_fill(refused, float("-inf"))
+        # A row that gave every allowed token probability 0 (a reduced-vocabulary draft's can): uniform over
+        # them instead, a distribution to propose from (a checker's logits are finite everywhere)
+        empty = torch.isneginf(out).all(-1)
+        if empty.any():
+            out[empty] = torch.zeros_like(out[empty]).masked_fill(refused[empty], float("-inf"))
+        return out
 
     def _go_to(self, history: tuple[int, ...]) -> bool:
         """Moves the matcher to `history`; False where the constraint refuses it (the matcher then stands at
@@ -137,38 +145,44 @@ class Grammars:
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, list(eos_ids)
         self._ll = None
         self._grammars: dict[StructuredOutputs, str] = {}
+        self._lock = threading.RLock()  # a server checks requests in one thread and starts them in another
 
     def _ll_tokenizer(self):
-        if self._ll is None:
-            if self.tokenizer is None:
-                raise ConfigError("structured_outputs need the model's tokenizer; this model has none")
-            try:
-                import llguidance.hf
-            except ImportError:
-                raise ConfigError("structured_outputs need the llguidance package (pip install llguidance)") from None
-            try:
-                self._ll = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_ids)
-            except (ValueError, TypeError) as exc:
-                raise ConfigError(f"structured_outputs: llguidance cannot read this model's tokenizer ({exc})") from None
-        return self._ll
+        with self._lock:
+            if self._ll is None:
+                if self.tokenizer is None:
+                    raise ConfigError("structured_outputs need the model's tokenizer; this model has none")
+                try:
+                    import llguidance.hf
+                except ImportError:
+                    raise ConfigError("structured_outputs need the llguidance package (pip install llguidance)") \
+                        from None
+                try:
+                    self._ll = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size,
+                                                            eos_token=self.eos_ids)
+                except (ValueError, TypeError) as exc:
+                    raise ConfigError(f"structured_outputs: llguidance cannot read this model's tokenizer "
+                                      f"({exc})") from None
+            return self._ll
 
     def check(self, spec: StructuredOutputs) -> str:
         """The constraint's grammar; ConfigError (naming structured_outputs) where it is not a valid one."""
-        if spec not in self._grammars:
-            from llguidance import LLMatcher
+        with self._lock:
+            if spec not in self._grammars:
+                from llguidance import LLMatcher
 
-            tokenizer = self._ll_tokenizer()
-            try:
-                grammar = grammar_text(spec)
-            except ValueError as exc:
-                raise ConfigError(f"structured_outputs {spec.kind}: {exc}") from None
-            failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-            if failed:
-                raise ConfigError(f"structured_outputs {spec.kind}: {messages[0]}")
-            if len(self._grammars) >= RECENT_MASKS:
-                self._grammars.pop(next(iter(self._grammars)))
-            self._grammars[spec] = grammar
-        return self._grammars[spec]
+                tokenizer = self._ll_tokenizer()
+                try:
+                    grammar = grammar_text(spec)
+                except ValueError as exc:
+                    raise ConfigError(f"structured_outputs {spec.kind}: {exc}") from None
+                failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+                if failed:
+                    raise ConfigError(f"structured_outputs {spec.kind}: {messages[0]}")
+                if len(self._grammars) >= RECENT_MASKS:
+                    self._grammars.pop(next(iter(self._grammars)))
+                self._grammars[spec] = grammar
+            return self._grammars[spec]
 
     def guide(self, spec: StructuredOutputs | None) -> Guide | None:
         """A new request's Guide (None without a constraint)."""
@@ -176,5 +190,4 @@ class Grammars:
             return None
         from llguidance import LLMatcher
 
-        return Guide(LLMatcher(self._ll_tokenizer(), self.check(spec), log_level=0), self.vocab_size,
-                     self.eos_ids[0] if self.eos_ids else None)
+        return Guide(LLMatcher(self._ll_tokenizer(), self.check(spec), log_level=0), self.vocab_size, self.eos_ids)
