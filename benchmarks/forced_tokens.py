@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from pathlib import Path
 
 import torch
 
-from structured_outputs import QUESTION, SCHEMA
+from structured_outputs import QUESTION, SCHEMA, document_chat, report
 from triforce import LLM, SamplingParams
 from triforce.config import StructuredOutputs
 from triforce.kernels.cpu import cpu_isa, cpu_model
@@ -54,10 +53,7 @@ def main() -> None:
     results = []
     for mode in args.modes:
         llm = LLM(args.model, mode=mode)
-        document = llm.encode(Path(args.text).read_text(encoding="utf-8"))[:args.length - 64]
-        turn = [{"role": "user", "content": llm.tokenizer.decode(document) + "\n\n" + question}]
-        ids = llm.encode(llm.tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False))
-        llm.generate(ids, SamplingParams(max_tokens=1))  # the document prefilled once, kept for the runs
+        ids = document_chat(llm, args.text, args.length, question)
         runs, texts = {name: [] for name in settings}, {}
         for r in range(args.repeats):
             for name, forced in settings.items():
@@ -77,10 +73,7 @@ def main() -> None:
     out = {"model": args.model, "prompt_tokens": len(ids), "constraint": args.constraint,
            "temperature": args.temperature, "threads": torch.get_num_threads(), "cpu": cpu_model(), "isa": cpu_isa(),
            "results": results}
-    text = json.dumps(out, indent=1)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    report(out, args.out)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,26 @@ def fits(text: str) -> bool:
             and all(set(c) == {"name", "role"} for c in answer["characters"]))
 
 
+def document_chat(llm: LLM, path: str, length: int, question: str) -> list[int]:
+    """A chat request of about `length` tokens: the start of the text at `path`, then `question`; prefilled
+    once here, so that the prefix store restores it for the runs."""
+    frame = len(llm.encode(llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "\n\n" + question}], add_generation_prompt=True, tokenize=False)))
+    document = llm.encode(Path(path).read_text(encoding="utf-8"))[:length - frame - 16]
+    turn = [{"role": "user", "content": llm.tokenizer.decode(document) + "\n\n" + question}]
+    ids = llm.encode(llm.tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False))
+    llm.generate(ids, SamplingParams(max_tokens=1))
+    return ids
+
+
+def report(out: dict, path: str | None) -> None:
+    """Prints the results' JSON, and writes it to `path` if given."""
+    text = json.dumps(out, indent=1)
+    if path:
+        Path(path).write_text(text)
+    print(text)
+
+
 def timed_masks() -> dict:
     """Wraps Guide.apply so that clock["s"] sums its seconds."""
     clock = {"s": 0.0}
@@ -78,12 +98,7 @@ def main() -> None:
     results, answers = [], []
     for mode in args.modes:
         llm = LLM(args.model, mode=mode)
-        frame = len(llm.encode(llm.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "\n\n" + QUESTION}], add_generation_prompt=True, tokenize=False)))
-        document = llm.encode(Path(args.text).read_text(encoding="utf-8"))[:args.length - frame - 16]
-        turn = [{"role": "user", "content": llm.tokenizer.decode(document) + "\n\n" + QUESTION}]
-        ids = llm.encode(llm.tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False))
-        llm.generate(ids, SamplingParams(max_tokens=1))  # the document prefilled once, kept for the runs
+        ids = document_chat(llm, args.text, args.length, QUESTION)
         for temperature in args.temperatures:
             runs = {"free": [], "schema": []}
             for r in range(args.repeats):
@@ -110,10 +125,7 @@ def main() -> None:
     out = {"model": args.model, "prompt_tokens": len(ids), "max_new_tokens": args.max_new_tokens,
            "threads": torch.get_num_threads(), "cpu": cpu_model(), "isa": cpu_isa(), "schema": SCHEMA,
            "results": results, "answers": answers}
-    text = json.dumps(out, indent=1)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    report(out, args.out)
 
 
 if __name__ == "__main__":
