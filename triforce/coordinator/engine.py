@@ -36,8 +36,8 @@ from tqdm import tqdm
 
 from ..config import SamplingParams
 from ..logprobs import TokenLogprobs, token_logprobs
-from ..speculation.lookup import ContextLookup
 from ..speculation.guided import Guide
+from ..speculation.lookup import ContextLookup
 from ..speculation.penalties import MinTokens, Penalties
 from ..speculation.sampling import processed, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
