@@ -155,6 +155,11 @@ def test_auto_with_a_hermes_template_parses_its_blocks():
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
         ("get_time", {"zone": "utc"})]
     assert plan.message("No call here.", "stop") == ({"role": "assistant", "content": "No call here."}, "stop")
+    fenced = '```json\n{"name": "get_time", "arguments": {"zone": "cet"}}\n```'  # Qwen2.5-Coder-1.5B's way
+    message, finish = plan.message(fenced, "stop")
+    assert finish == "tool_calls" and message["tool_calls"][0]["function"]["name"] == "get_time"
+    other = '{"name": "get_date", "arguments": {}}'  # names no tool of the request: content
+    assert plan.message(other, "stop") == ({"role": "assistant", "content": other}, "stop")
     assert plan.constraint is None and plan.may_call
     assert not ToolPlan.parse({"tools": TOOLS}, "a template without calls").may_call
     with pytest.raises(ConstraintError):

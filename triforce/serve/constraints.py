@@ -11,8 +11,9 @@ what the answer may be:
   tool's, "arguments": its parameters, whose $defs move to the list's root}, constrained likewise;
 - "auto" (the default with tools): the model decides. Where the chat template writes calls as Hermes'
   `<tool_call>{"name": ..., "arguments": ...}</tool_call>` blocks (Qwen2.5's does), the answer's blocks
-  become tool calls and the rest its content; a template without a call format leaves the model no way to
-  call, and the answer is its content;
+  become tool calls and the rest its content, and an answer that is nothing but one such object naming a
+  tool (bare, or in a ```json fence, as Qwen2.5-Coder-1.5B writes it) is that call; a template without a
+  call format leaves the model no way to call, and the answer is its content;
 - "none": the answer is content.
 A call's `arguments` is JSON text, as OpenAI's; a call cut short by max_tokens keeps what was generated.
 """
@@ -27,6 +28,7 @@ from ..config import ConfigError, StructuredOutputs
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")  # a Markdown code fence around an answer
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -163,6 +165,8 @@ class ToolPlan:
             calls = [call for block in HERMES.findall(text) if (call := _call(block)) is not None]
             calls = calls if self.parallel else calls[:1]
             content = HERMES.sub("", text).strip() or None if calls else text
+            if not calls and (call := _call(FENCE.sub("", text.strip()))) is not None and call[0] in self.tools:
+                calls, content = [call], None  # the whole answer one call, bare or in a ```json fence
         else:
             calls, content = [], text
         if not calls:
