@@ -12,7 +12,7 @@ from triforce import LLM, SamplingParams
 from triforce.api import chat_ids
 from triforce.config import StructuredOutputs
 from triforce.serve.app import create_app
-from triforce.serve.constraints import ConstraintError, ToolPlan, template_messages
+from triforce.serve.constraints import ConstraintError, StreamedContent, ToolPlan, template_messages
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "today's weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
@@ -185,3 +185,39 @@ def test_a_completion_takes_the_defaults_clients_send_and_refuses_tools(client):
     assert client.post("/v1/completions", json={**body, "tools": [], "tool_choice": "none"}).status_code == 200
     r = client.post("/v1/completions", json={**body, "tools": TOOLS})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_a_streamed_answer_sends_its_content_until_a_call_may_begin():
+    """With tool_choice auto and a Hermes template, the content before a <tool_call> tag streams as it
+    comes (a tail that may begin the tag waits), an answer that opens as a call object waits whole, and
+    the end's delta holds the calls and only the content not yet sent."""
+    plan = ToolPlan.parse({"tools": TOOLS}, "{# <tool_call> #}")
+    pieces = ["Let me ", "check.\n<tool", '_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>']
+    streamed = StreamedContent()
+    assert [streamed.add(p) for p in pieces] == ["Let me ", "check.\n", ""]
+    end = streamed.rest(plan.message("".join(pieces), "stop")[0])
+    assert end["content"] is None and end["tool_calls"][0]["index"] == 0
+    assert end["tool_calls"][0]["function"]["name"] == "get_time"
+    streamed = StreamedContent()
+    whole = '```json\n{"name": "get_time", "arguments": {"zone": "cet"}}\n```'
+    assert [streamed.add(p) for p in (whole[:9], whole[9:])] == ["", ""]  # may be one call object: waits
+    assert streamed.rest(plan.message(whole, "stop")[0])["tool_calls"][0]["function"]["name"] == "get_time"
+    streamed = StreamedContent()
+    assert "".join(streamed.add(p) for p in ("It is ", "sunny <", "3")) == "It is sunny <3"
+    end = streamed.rest(plan.message("It is sunny <3", "stop")[0])
+    assert end["content"] is None and "tool_calls" not in end
+
+
+def test_auto_with_a_hermes_template_streams_content_as_it_comes(llm, client):
+    """The answer (this random model writes no call) streams in several pieces that join to the whole
+    answer's content."""
+    llm.tokenizer.chat_template = TEMPLATE + "{# <tool_call> #}"
+    try:
+        body = {"messages": MESSAGES, "max_tokens": 40, "temperature": 0, "tools": TOOLS}
+        whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        r = client.post("/v1/chat/completions", json={**body, "stream": True})
+    finally:
+        llm.tokenizer.chat_template = TEMPLATE
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.text.split("\n") if line.startswith("data: {")]
+    pieces = [d["content"] for d in deltas if d.get("content")]
+    assert "tool_calls" not in whole and len(pieces) > 1 and "".join(pieces) == whole["content"]

@@ -167,6 +167,7 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
     token texts) are formatted off the event loop, in `formatting`."""
     first, outputs, left = [True] * len(tickets), [None] * len(tickets), len(tickets)
     logprobs = [StreamedLogprobs(job.kind, job.texts, job.prompts[i // job.n]) for i in range(len(tickets))]
+    streamed = [openai.StreamedContent() for _ in tickets]  # content sent of answers that may hold tool calls
     loop = asyncio.get_running_loop()
     try:
         while left:
@@ -179,11 +180,14 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
                                                         job.prompts[index // job.n], entries)
                 yield _sse(openai.chunk(job, model, job.echoed[index // job.n], index=index, logprobs=echoed))
                 first[index] = False
-            held = job.tools is not None and job.tools.may_call  # calls or content: known at the end
+            held = job.tools is not None and job.tools.may_call  # the text may hold calls: sent as known
             if event == "text" and held:
-                continue
-            if event == "done" and held:
-                for event_chunk in openai.held_chunks(job, model, data, index, first[index],
+                piece = streamed[index].add(data[0])
+                if piece:
+                    yield _sse(openai.chunk(job, model, piece, first=first[index], index=index))
+                    first[index] = False
+            elif event == "done" and held:
+                for event_chunk in openai.held_chunks(job, model, data, index, first[index], streamed[index],
                                                       logprobs[index].rest(data.logprobs)):
                     yield _sse(event_chunk)
                 first[index] = False

@@ -179,6 +179,43 @@ class ToolPlan:
         return message, "tool_calls" if finish_reason == "stop" and not named else finish_reason
 
 
+class StreamedContent:
+    """What a streamed answer that may hold tool calls sends as it comes: its content up to where a call may
+    begin. An answer that opens with `{` or a code fence may be one call object, and waits whole; otherwise
+    the text before a `<tool_call>` tag goes out, less a tail that may begin one."""
+    TAG = "<tool_call>"
+
+    def __init__(self):
+        self.text, self.sent = "", ""
+
+    def add(self, piece: str) -> str:
+        """Takes a piece of the answer's text; returns the content to send now ('' while held)."""
+        self.text += piece
+        head = self.text.lstrip()
+        if not head or head[0] in "{`":
+            return ""
+        end = self.text.find(self.TAG)
+        if end < 0:
+            end = len(self.text) - next((k for k in range(len(self.TAG) - 1, 0, -1)
+                                         if self.text.endswith(self.TAG[:k])), 0)
+        out = self.text[len(self.sent):max(end, len(self.sent))]
+        self.sent += out
+        return out
+
+    def rest(self, message: dict) -> dict:
+        """The end's delta of `message` (ToolPlan.message of the whole text): its calls, and the content
+        not sent yet."""
+        content, sent = message.get("content"), self.sent
+        if "tool_calls" not in message:
+            content = content[len(sent):]
+        elif content is not None and sent.strip():
+            content = content[len(sent.strip()):].strip() if content.startswith(sent.strip()) else content
+        delta = {**message, "content": content or None}
+        if "tool_calls" in delta:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
+        return delta
+
+
 def _call(block: str) -> tuple[str, str] | None:
     """(name, arguments as JSON text) of one {"name", "arguments"} object's text; None where it is not one."""
     try:

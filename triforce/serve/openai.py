@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from ..api import chat_ids
 from ..config import MAX_LOGPROBS, ConfigError, SamplingParams
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
-from .constraints import ConstraintError, ToolPlan, constraints, template_messages
+from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints, template_messages
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of", "stream",
@@ -298,13 +298,14 @@ def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = No
     return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
 
 
-def held_chunks(job: Job, model: str, output, index: int, first: bool, logprobs: dict | None = None) -> list[dict]:
-    """The end of a streamed answer that may hold tool calls (Job.tools.may_call; its text was held back):
-    one delta with the whole message (its content or calls) and `logprobs`, then its end."""
+def held_chunks(job: Job, model: str, output, index: int, first: bool, streamed: StreamedContent,
+                logprobs: dict | None = None) -> list[dict]:
+    """The end of a streamed answer that may hold tool calls (Job.tools.may_call; `streamed`: the content
+    sent so far): one delta with its calls and the content not yet sent, and `logprobs`, then its end."""
     message, finish = job.tools.message(output.text, output.finish_reason)
-    delta = {key: value for key, value in message.items() if key != "role" or first}
-    if "tool_calls" in delta:
-        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
+    delta = streamed.rest(message)
+    if not first:
+        delta.pop("role")
     head = chunk(job, model, None, index=index, logprobs=logprobs)
     head["choices"][0]["delta"] = delta
     return [head, chunk(job, model, None, finish, index=index, stop_reason=output.stop_reason)]
