@@ -240,9 +240,9 @@ def test_greedy_with_structured_outputs_equals_plain_decoding_with_them(models, 
 @pytest.mark.parametrize("mode", ["ar", "draft", "triforce"])
 def test_a_token_the_constraint_forces_is_taken_without_a_forward(models, char_grammars, monkeypatch, mode):
     """Where the constraint allows one token (a literal's next, end-of-sequence after a complete text) every
-    tier takes it without a forward or a check (above the bottom tier, while the caches lag by fewer than
-    FORCED_LAG tokens): a choice of one text costs `ar` no decode forward, and the other modes a check of
-    each tier per FORCED_LAG tokens, which accepts all it is shown; the output is that text."""
+    tier takes it without a forward or a check, while it and the tiers below lag by fewer than FORCED_LAG
+    tokens: a choice of one text costs each tier a forward per FORCED_LAG tokens at most (checks that accept
+    all they are shown), where a forward a token would be needed otherwise; the output is that text."""
     from triforce.models.llama import LlamaModel
 
     target, draft = models
@@ -260,12 +260,13 @@ def test_a_token_the_constraint_forces_is_taken_without_a_forward(models, char_g
     params = SamplingParams(max_tokens=40, temperature=0.8, seed=3, structured_outputs=spec)
     tokens, metrics = run(target, draft, mode, prompt, params, guide=char_grammars[96].guide(spec))
     assert tokens == [3 + CHARS.index(c) for c in "hello world"] + [EOS]
-    assert len(decoding) == sum(t.checks for t in metrics.tiers)
-    assert len(decoding) <= (len(metrics.tiers) * -(-len(tokens) // engine_module.FORCED_LAG) if metrics.tiers else 0)
+    tiers = len(metrics.tiers) + 1
+    assert len(decoding) <= tiers * -(-len(tokens) // engine_module.FORCED_LAG)  # without: a forward a token
     assert all(t.accepted == t.proposed for t in metrics.tiers)
 
 
-@pytest.mark.parametrize("mode,policy", [("triforce", "static"), ("triforce", "dynamic"), ("retrieval", "static")])
+@pytest.mark.parametrize("mode,policy", [("triforce", "static"), ("triforce", "dynamic"), ("retrieval", "static"),
+                                         ("auto", "static")])
 def test_a_long_forced_literal_before_free_text_fits_the_caches(models, char_grammars, mode, policy):
     """A literal of 44 forced tokens, then free text: the tiers above the bottom stop taking forced tokens
     once the caches lag by FORCED_LAG (the retrieval cache holds only so many tokens past its last sync),
@@ -276,7 +277,7 @@ def test_a_long_forced_literal_before_free_text_fits_the_caches(models, char_gra
     params = SamplingParams(max_tokens=70, temperature=0, structured_outputs=spec)
     reference, _ = run(target, draft, "ar", prompt, params, guide=char_grammars[96].guide(spec))
     tokens, metrics = run(target, draft, mode, prompt, params, policy, guide=char_grammars[96].guide(spec))
-    assert tokens == reference and len(tokens) > 50 and all(t.checks > 0 for t in metrics.tiers)
+    assert tokens == reference and len(tokens) > 50 and (mode == "auto" or all(t.checks > 0 for t in metrics.tiers))
 
 
 def test_plain_decoding_equals_transformers_generate(tiny_dir, models):

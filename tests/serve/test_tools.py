@@ -116,6 +116,11 @@ def test_a_streamed_call_comes_whole_before_its_end(client):
     assert deltas[0]["role"] == "assistant" and deltas[0]["tool_calls"][0]["index"] == 0
     assert json.loads(deltas[0]["tool_calls"][0]["function"]["arguments"])["zone"] in ("utc", "cet")
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    r = client.post("/v1/chat/completions", json={  # a required list of calls: none of it is content
+        "messages": MESSAGES, "max_tokens": 120, "temperature": 0, "tools": TOOLS, "stream": True,
+        "tool_choice": "required"})
+    deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.text.split("\n") if line.startswith("data: {")]
+    assert not any(d.get("content") for d in deltas) and deltas[0]["tool_calls"]
 
 
 def test_a_conversation_with_earlier_calls_and_their_results_is_taken(llm, client):
@@ -193,16 +198,21 @@ def test_a_streamed_answer_sends_its_content_until_a_call_may_begin():
     the end's delta holds the calls and only the content not yet sent."""
     plan = ToolPlan.parse({"tools": TOOLS}, "{# <tool_call> #}")
     pieces = ["Let me ", "check.\n<tool", '_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>']
-    streamed = StreamedContent()
+    streamed = StreamedContent(plan)
     assert [streamed.add(p) for p in pieces] == ["Let me ", "check.\n", ""]
     end = streamed.rest(plan.message("".join(pieces), "stop")[0])
     assert end["content"] is None and end["tool_calls"][0]["index"] == 0
+    streamed = StreamedContent(plan)  # content after the calls: the streamed pieces join to the message's
+    text = 'Hi.\n<tool_call>{"name": "get_time", "arguments": {"zone": "utc"}}</tool_call>\nDone.'
+    sent = streamed.add(text)
+    message = plan.message(text, "stop")[0]
+    assert sent + streamed.rest(message)["content"] == message["content"] == "Hi.\n\nDone."
     assert end["tool_calls"][0]["function"]["name"] == "get_time"
-    streamed = StreamedContent()
+    streamed = StreamedContent(plan)
     whole = '```json\n{"name": "get_time", "arguments": {"zone": "cet"}}\n```'
     assert [streamed.add(p) for p in (whole[:9], whole[9:])] == ["", ""]  # may be one call object: waits
     assert streamed.rest(plan.message(whole, "stop")[0])["tool_calls"][0]["function"]["name"] == "get_time"
-    streamed = StreamedContent()
+    streamed = StreamedContent(plan)
     assert "".join(streamed.add(p) for p in ("It is ", "sunny <", "3")) == "It is sunny <3"
     end = streamed.rest(plan.message("It is sunny <3", "stop")[0])
     assert end["content"] is None and "tool_calls" not in end

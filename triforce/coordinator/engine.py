@@ -47,8 +47,8 @@ from .tiers import Tier, Wait
 from .trees import TreeShaper, grow_tree, measure_costs, node_paths, tree_step
 
 PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least this long
-# Tokens a constraint forces that a tier above the bottom takes without a forward, while every cache
-# lags the sequence by fewer than this (its next forward catches them up: hierarchy.speculation_slack)
+# Tokens a constraint forces that a tier takes without a forward, while it and the tiers below lag the
+# sequence by fewer than this (their next forwards catch them up: hierarchy.speculation_slack)
 FORCED_LAG = 8
 
 
@@ -296,12 +296,12 @@ class HierarchyEngine:
     def _forced(self, level: int) -> tuple[int, torch.Tensor] | None:
         """(token, its one-hot distribution) where the request's constraint allows only that token next
         (Guide.forced): every tier's row there is that one-hot whatever its logits, so tier `level` takes it
-        without a forward or a check of the tiers below (its next forward catches up; above the bottom
-        tier, whose chains bound how far the others lag, while every cache lags by fewer than FORCED_LAG).
-        None elsewhere, and where the request asks for log-probabilities (they need the target's logits)."""
+        without a forward or a check of the tiers below (their next forwards catch up), while none of them
+        lags by FORCED_LAG tokens (a tier above holds it as a proposal of its round). None elsewhere, and
+        where the request asks for log-probabilities (they need the target's logits)."""
         if self.guide is None or self.params.logprobs is not None:
             return None
-        if level > 0 and max(len(self.seq) - t.length for t in self.tiers) >= FORCED_LAG:
+        if max(len(self.seq) - t.length for t in self.tiers[:level + 1]) >= FORCED_LAG:
             return None
         token = self.guide.forced(self.seq[self.prompt_length:])
         if token is None:

@@ -167,7 +167,7 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
     token texts) are formatted off the event loop, in `formatting`."""
     first, outputs, left = [True] * len(tickets), [None] * len(tickets), len(tickets)
     logprobs = [StreamedLogprobs(job.kind, job.texts, job.prompts[i // job.n]) for i in range(len(tickets))]
-    streamed = [openai.StreamedContent() for _ in tickets]  # content sent of answers that may hold tool calls
+    streamed = [openai.StreamedContent(job.tools) if job.tools is not None else None for _ in tickets]
     loop = asyncio.get_running_loop()
     try:
         while left:

@@ -185,14 +185,15 @@ class StreamedContent:
     the text before a `<tool_call>` tag goes out, less a tail that may begin one."""
     TAG = "<tool_call>"
 
-    def __init__(self):
+    def __init__(self, plan: ToolPlan):
         self.text, self.sent = "", ""
+        self.open = plan.choice == "auto"  # a named or required answer is the calls: none of it is content
 
     def add(self, piece: str) -> str:
         """Takes a piece of the answer's text; returns the content to send now ('' while held)."""
         self.text += piece
         head = self.text.lstrip()
-        if not head or head[0] in "{`":
+        if not self.open or not head or head[0] in "{`":
             return ""
         end = self.text.find(self.TAG)
         if end < 0:
@@ -208,8 +209,8 @@ class StreamedContent:
         content, sent = message.get("content"), self.sent
         if "tool_calls" not in message:
             content = content[len(sent):]
-        elif content is not None and sent.strip():
-            content = content[len(sent.strip()):].strip() if content.startswith(sent.strip()) else content
+        elif content is not None and sent:
+            content = HERMES.sub("", self.text)[len(sent):].rstrip()  # the message's content is this, stripped
         delta = {**message, "content": content or None}
         if "tool_calls" in delta:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
@@ -225,7 +226,13 @@ def _call(block: str) -> tuple[str, str] | None:
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
     arguments = call.get("arguments", {})
-    return call["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)
+    if isinstance(arguments, str):  # JSON text already, or a bare string that is not
+        try:
+            json.loads(arguments)
+            return call["name"], arguments
+        except ValueError:
+            pass
+    return call["name"], json.dumps(arguments)
 
 
 def _listed_calls(text: str) -> list[tuple[str, str]]:
