@@ -139,3 +139,37 @@ def test_unknown_engine_setting_is_refused(tiny_dir):
 def test_one_token_prompt(llm):
     out = llm.generate([[5]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4
+
+
+def test_bad_words_and_allowed_token_ids_change_what_generate_says(llm):
+    """bad_words (words of the tokenizer, here one token each and a pair) never appear, allowed_token_ids
+    are all that appears; each answer equals the one given the same bans as token ids."""
+    free = llm.generate(PROMPT, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
+    words = free.text.split()
+    bad = [max(set(words), key=words.count), f"{words[5]} {words[6]}"]
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, bad_words=bad))[0]
+    ids = tuple(tuple(llm.tokenizer.encode(w, add_special_tokens=False)) for w in bad)
+    by_ids = llm.generate(PROMPT, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, bad_words_ids=ids))[0]
+    assert out.token_ids == by_ids.token_ids != free.token_ids
+    assert bad[0] not in out.text.split() and bad[1] not in out.text
+    allowed = sorted(set(free.token_ids))[:3]
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=24, temperature=0.9, seed=1, ignore_eos=True,
+                                              allowed_token_ids=allowed))[0]
+    assert set(out.token_ids) <= set(allowed)
+    for bad_params in (dict(allowed_token_ids=[5, 96]), dict(bad_words_ids=[[4, 100]])):
+        with pytest.raises(UserError, match=f"{next(iter(bad_params))} names token"):
+            llm.generate(PROMPT, SamplingParams(**bad_params))
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_and_the_stop_tokens_text(llm):
+    free = llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
+    stop = " ".join(free.text.split()[3:5])
+    cut, kept = (llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=[stop],
+                                                     include_stop_str_in_output=flag))[0] for flag in (False, True))
+    assert kept.text == cut.text + stop and kept.token_ids == cut.token_ids and kept.stop_reason == stop
+    token = free.token_ids[6]
+    cut, kept = (llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True,
+                                                     stop_token_ids=[token], include_stop_str_in_output=flag))[0]
+                 for flag in (False, True))
+    assert kept.token_ids == cut.token_ids and kept.token_ids[-1] == token
+    assert kept.text == continuation(llm, PROMPT, kept.token_ids) != cut.text == continuation(llm, PROMPT, cut.token_ids[:-1])

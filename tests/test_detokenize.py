@@ -105,3 +105,32 @@ def test_the_text_is_what_the_prompt_is_followed_by():
     detok.add(generated + tok("is a truth").input_ids)  # one round, going on past the stop string
     assert detok.stopped and detok.text == " truth universally acknowledged that"
     assert detok.tokens_through_stop() == 5  # up to the token that completed it
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(tiny_dir):
+    """vLLM's include_stop_str_in_output: the text runs through the stop string, the pieces join to it,
+    and the tokens kept are the same as without it (through the one that completed it)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir("detok-words", tokenizer=True, vocab_size=40))
+    tokens = [3 + (5 * i) % 37 for i in range(200)]
+    whole = tokenizer.decode(tokens, skip_special_tokens=True)
+    end = whole.index("w7 w12") + len("w7 w12")
+    for seed in range(3):
+        detok = IncrementalDetokenizer(tokenizer, ("w7 w12",), include_stop=True)
+        pieces = stream_rounds(detok, tokens, seed)
+        without = IncrementalDetokenizer(tokenizer, ("w7 w12",))
+        stream_rounds(without, tokens, seed)
+        assert detok.stopped and "".join(pieces) == detok.text == whole[:end]
+        assert detok.tokens_through_stop() == without.tokens_through_stop() < len(tokens)
+
+
+def test_special_tokens_are_left_out_unless_asked_for(tiny_dir):
+    """skip_special_tokens (vLLM's, on by default): a special token's text is left out; off, it is kept."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir("detok-words", tokenizer=True, vocab_size=40))
+    tokens = [5, 6, 1, 7, 2, 8]  # 1 and 2: <s> and </s>
+    for skip, expected in ((True, "w5 w6 w7 w8"), (False, "w5 w6 <s> w7 </s> w8")):
+        detok = IncrementalDetokenizer(tokenizer, skip_special=skip)
+        assert "".join(stream_rounds(detok, tokens, 0)) == detok.text == expected

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from .models.loader import DTYPE_CHOICES, load_model, resolve_dtype
 from .models.vocab import read_draft_metadata, tokenizer_fingerprint
 from .request import Request, RequestOutput
 from .speculation.guided import Grammars
+from .speculation.rules import bad_word_ids
 
 log = logging.getLogger("triforce")
 
@@ -158,20 +159,25 @@ class LLM:
             raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
                             f"{cfg.max_positions} positions")
 
-    def check_request(self, params: SamplingParams) -> None:
-        """Raises UserError where params.logit_bias or stop_token_ids name a token outside the vocabulary, or
-        params.structured_outputs is not a valid constraint (ConfigError, naming it)."""
-        self.check_token_ids(params)
+    def prepare(self, params: SamplingParams) -> SamplingParams:
+        """`params` checked against this model, with its bad_words' token sequences added to bad_words_ids
+        (each word alone and after a space, as vLLM tokenizes them). Raises UserError where a token id
+        setting names a token outside the vocabulary, or structured_outputs is not a valid constraint
+        (ConfigError, naming it)."""
+        if params.bad_words:
+            if self.tokenizer is None:
+                raise UserError(f"bad_words need the model's tokenizer ({self.model_path} has none); pass "
+                                f"bad_words_ids")
+            params = replace(params, bad_words_ids=params.bad_words_ids + bad_word_ids(self.tokenizer, params.bad_words))
+        vocab = self.target.config.vocab_size
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids),
+                          ("allowed_token_ids", params.allowed_token_ids or ()),
+                          ("bad_words_ids", [t for s in params.bad_words_ids for t in s])):
+            if ids and max(ids) >= vocab:
+                raise UserError(f"{name} names token {max(ids)}, outside the vocabulary [0, {vocab})")
         if params.structured_outputs is not None:
             self.grammars.check(params.structured_outputs)
-
-    def check_token_ids(self, params: SamplingParams) -> None:
-        """Raises UserError where params.logit_bias or stop_token_ids name a token outside the vocabulary."""
-        vocab = self.target.config.vocab_size
-        for name, last in (("logit_bias", params.logit_bias[-1][0] if params.logit_bias else -1),  # both sorted
-                           ("stop_token_ids", params.stop_token_ids[-1] if params.stop_token_ids else -1)):
-            if last >= vocab:
-                raise UserError(f"{name} names token {last}, outside the vocabulary [0, {vocab})")
+        return params
 
     def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
         """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""
@@ -239,9 +245,9 @@ class LLM:
         if stream is not None and len(prompts) > 1:
             raise UserError("streaming takes one prompt at a time")
         ids = [self.encode(p) for p in prompts]
+        per_prompt = [self.prepare(p) for p in per_prompt]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
-            self.check_request(p)
         sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]
         outputs: list[RequestOutput | None] = [None] * len(ids)
         parts = self._parts_that_fit(sizes)

@@ -30,6 +30,30 @@ def _token_id(token) -> int:
     raise ValueError(f"not a token id: {token!r}")
 
 
+def _token_ids(value, name: str) -> tuple[int, ...]:
+    """A list of token ids (integers >= 0, or their strings), sorted without repeats; ConfigError naming
+    `name` otherwise."""
+    try:
+        if isinstance(value, str | bytes):
+            raise TypeError("a string is not a list of token ids")
+        ids = tuple(sorted({_token_id(t) for t in value}))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a list of token ids") from None
+    if any(t < 0 for t in ids):
+        raise ConfigError(f"{name} must be token ids >= 0")
+    return ids
+
+
+def _token_ids_in_order(value) -> tuple[int, ...]:
+    """A non-empty sequence of token ids >= 0, in its order; ValueError otherwise."""
+    if isinstance(value, str | bytes):
+        raise TypeError("a string is not a list of token ids")
+    ids = tuple(_token_id(t) for t in value)
+    if not ids or min(ids) < 0:
+        raise ValueError("need token ids >= 0")
+    return ids
+
+
 MAX_LOGPROBS = 20  # most likely tokens listed beside each token's log-probability (vLLM's default bound)
 
 
@@ -109,6 +133,15 @@ class SamplingParams:
     min_tokens: int = 0
     # a JSON schema, regular expression, choice or grammar the text must follow (a dict of those fields too)
     structured_outputs: StructuredOutputs | None = None
+    # the only token ids that may be generated, at every tier (vLLM's; None: any)
+    allowed_token_ids: tuple[int, ...] | None = None
+    # words never generated (vLLM's): LLM.prepare adds each one's tokens, alone and after a space, to
+    # bad_words_ids, token sequences (transformers' name) whose last token is banned at every tier where
+    # the generated tokens before it end with the rest (speculation/penalties.py)
+    bad_words: tuple[str, ...] = ()
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    include_stop_str_in_output: bool = False  # the text keeps the stop string, or the stop token's text
+    skip_special_tokens: bool = True  # the text leaves out special tokens' text
 
     def __post_init__(self):
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
@@ -119,14 +152,8 @@ class SamplingParams:
         if any(token < 0 or not -100 <= value <= 100 for token, value in bias) or len({t for t, _ in bias}) < len(bias):
             raise ConfigError("logit_bias takes token ids >= 0, once each, with values from -100 to 100")
         object.__setattr__(self, "logit_bias", bias)
-        try:
-            if isinstance(self.stop_token_ids, str | bytes):
-                raise TypeError("a string is not a list of token ids")
-            object.__setattr__(self, "stop_token_ids", tuple(sorted({_token_id(t) for t in self.stop_token_ids})))
-        except (TypeError, ValueError):
-            raise ConfigError("stop_token_ids must be a list of token ids") from None
-        if any(t < 0 for t in self.stop_token_ids):
-            raise ConfigError("stop_token_ids must be token ids >= 0")
+        object.__setattr__(self, "stop_token_ids", _token_ids(self.stop_token_ids, "stop_token_ids"))
+        self._check_banned()
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -161,10 +188,33 @@ class SamplingParams:
         if self.structured_outputs is not None and self.min_tokens:
             raise ConfigError("min_tokens cannot be combined with structured_outputs: the constraint decides where "
                               "the text may end")
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):
                 raise ConfigError(f"{name} must be None or an integer from 0 to {MAX_LOGPROBS} (got {k!r})")
+
+    def _check_banned(self) -> None:
+        """allowed_token_ids, bad_words and bad_words_ids, normalised and checked."""
+        if self.allowed_token_ids is not None:
+            allowed = _token_ids(self.allowed_token_ids, "allowed_token_ids")
+            if not allowed:
+                raise ConfigError("allowed_token_ids must name at least one token (None allows all)")
+            object.__setattr__(self, "allowed_token_ids", allowed)
+        words = (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words
+        if not all(isinstance(w, str) and w.strip() for w in words):
+            raise ConfigError("bad_words must be a list of words (non-blank strings)")
+        object.__setattr__(self, "bad_words", tuple(words))
+        try:
+            sequences = tuple(sorted({_token_ids_in_order(s) for s in self.bad_words_ids}))
+        except (TypeError, ValueError):
+            raise ConfigError("bad_words_ids must be a list of non-empty lists of token ids >= 0") from None
+        object.__setattr__(self, "bad_words_ids", sequences)
+        banned = {s[0] for s in sequences if len(s) == 1}
+        if self.allowed_token_ids is not None and banned.issuperset(self.allowed_token_ids):
+            raise ConfigError("bad_words_ids ban every token of allowed_token_ids")
 
     @property
     def greedy(self) -> bool:

@@ -13,7 +13,10 @@ is found, the last len(longest stop) - 1 characters are not handed out, so a sto
 complete between them is found, and no part of it is ever streamed. The output keeps the tokens up to
 the one that completed it (`tokens_through_stop`). With min_tokens, a stop string that ends within the
 text of the first min_tokens tokens does not count (vLLM looks for none before then). The token that
-ended generation (end-of-sequence, a stop token id) is kept, its text left out, as vLLM does.
+ended generation (end-of-sequence, a stop token id) is kept, its text left out, as vLLM does; with
+`include_stop` (vLLM's include_stop_str_in_output) the text keeps the stop string, and the caller passes
+the ending token as an ordinary one. `skip_special` leaves special tokens' text out (vLLM's
+skip_special_tokens, on by default).
 """
 from __future__ import annotations
 
@@ -24,9 +27,11 @@ DECODE_CONTEXT = 4  # tokens before a piece of text that it is decoded after (th
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stops: tuple[str, ...] = (), min_tokens: int = 0, prompt: Sequence[int] = ()):
+    def __init__(self, tokenizer, stops: tuple[str, ...] = (), min_tokens: int = 0, prompt: Sequence[int] = (),
+                 include_stop: bool = False, skip_special: bool = True):
         """prompt: the request's prompt (its last DECODE_CONTEXT tokens are the first window's context)."""
         self.tokenizer, self.stops, self.min_tokens = tokenizer, stops, min_tokens
+        self.include_stop, self.skip_special = include_stop, skip_special
         self._context = list(prompt)[-DECODE_CONTEXT:]
         self._context_chars = len(self._decode(self._context))
         self._floor: int | None = None if min_tokens else 0  # characters of the first min_tokens tokens' text
@@ -45,7 +50,7 @@ class IncrementalDetokenizer:
         self._end: int | None = None  # the token that ended generation, not decoded
 
     def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special)
 
     def add(self, new: list[int], end: int | None = None) -> str:
         """Takes a round's new tokens, and the token that ended generation after them if one did (kept
@@ -86,7 +91,7 @@ class IncrementalDetokenizer:
         hits = [hit for hit in (self._first_after_floor(s, region) for s in self.stops) if hit is not None]
         if hits:
             at, self._stop_end, self.stop_string = min(hits)
-            self.text, self.stopped = self.text[:at], True
+            self.text, self.stopped = self.text[:self._stop_end if self.include_stop else at], True
 
     def _first_after_floor(self, stop: str, region: int) -> tuple[int, int, str] | None:
         """(start, end, stop) of the first `stop` at or after `region` that ends past the floor."""

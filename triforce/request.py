@@ -50,7 +50,8 @@ class Request:
         self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round
         self.guide = llm.grammars.guide(params.structured_outputs)
         self.detok = (None if llm.tokenizer is None
-                      else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens, ids))
+                      else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens, ids,
+                                                 params.include_stop_str_in_output, params.skip_special_tokens))
         self.cancelled = False
         self._logprobs_taken = 0
 
@@ -84,7 +85,8 @@ class Request:
     def on_tokens(self, new: list[int]) -> bool:
         if self.detok is None:
             return self.cancelled
-        end = new[-1] if new and new[-1] in self.ends else None
+        # the token that ended generation: its text left out, unless the request asks for it
+        end = new[-1] if new and new[-1] in self.ends and not self.params.include_stop_str_in_output else None
         piece = self.detok.add(new if end is None else new[:-1], end)
         if self.stream is not None and piece:
             self.stream(piece)

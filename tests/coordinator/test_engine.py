@@ -20,7 +20,7 @@ from triforce.coordinator.tiers import Tier
 from triforce.coordinator.verifier import LocalVerifier
 from triforce.models.loader import load_model
 from triforce.speculation.guided import Grammars
-from triforce.speculation.sampling import probabilities, processed, top_probability
+from triforce.speculation.sampling import probabilities, top_probability
 from triforce.step import Step
 
 ALPHA = 1e-3
@@ -109,6 +109,33 @@ def test_greedy_with_penalties_equals_plain_decoding_with_them(models, mode, pol
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, **PENALTIES)
     reference, _ = run(target, draft, "ar", prompt, params)
     assert reference != free
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, **trees)
+    assert tokens == reference and all(t.checks > 0 for t in metrics.tiers)
+
+
+def has_sequence(tokens: list[int], sequence: tuple[int, ...]) -> bool:
+    return any(tuple(tokens[i:i + len(sequence)]) == sequence for i in range(len(tokens) - len(sequence) + 1))
+
+
+@pytest.mark.parametrize("mode,policy,trees", [(m, p, {}) for m, p in MODES] + [
+    ("auto", "static", {}), ("triforce", "static", dict(tree1=8)), ("retrieval", "dynamic", dict(tree2=8)),
+    ("draft", "static", dict(tree1=8, tree_shape="confidence"))])
+def test_greedy_with_allowed_tokens_and_bad_words_equals_plain_decoding_with_them(models, mode, policy, trees):
+    """allowed_token_ids mask every tier's rows alike; a bad word's last token is banned in each row whose
+    own history (a chain's earlier proposals, a tree node's ancestors) ends with its other tokens: each
+    mode follows `ar` with both, which never says a bad word and only allowed tokens."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    allowed = tuple(range(3, 60))
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, allowed_token_ids=allowed)
+    free, _ = run(target, draft, "ar", prompt, params)
+    assert set(free) <= set(allowed)
+    pair = next((a, b) for a, b in zip(free, free[1:]) if a != b)  # a bigram plain decoding says
+    bad = ((max(set(free), key=free.count),), pair, tuple(free[5:8]))
+    params = dataclasses.replace(params, bad_words_ids=bad)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    assert set(reference) <= set(allowed) and reference != free
+    assert not any(has_sequence(reference, s) for s in bad)
     tokens, metrics = run(target, draft, mode, prompt, params, policy, **trees)
     assert tokens == reference and all(t.checks > 0 for t in metrics.tiers)
 
@@ -332,6 +359,12 @@ def exact_two_token_distribution(target, prompt, params, grammars=None):
         logits = target(torch.tensor(tokens), cache, logits_for="last")[0].clone()
         for token, value in params.logit_bias:  # vLLM's order: the bias, then the penalties
             logits[token] += value
+        if params.allowed_token_ids is not None:
+            logits[[t for t in range(8) if t not in params.allowed_token_ids]] = float("-inf")
+        generated = tokens[len(prompt):]
+        for bad in params.bad_words_ids:
+            if len(generated) >= len(bad) - 1 and tuple(generated[len(generated) - len(bad) + 1:]) == bad[:-1]:
+                logits[bad[-1]] = float("-inf")
         if len(tokens) - len(prompt) < params.min_tokens:
             logits[list(params.stop_token_ids)] = float("-inf")
         logits = reference_penalized(logits, prompt, tokens[len(prompt):], params.presence_penalty,
@@ -389,6 +422,10 @@ SAMPLING_CASES = [
     ("retrieval", "dynamic", dict(temperature=0.8, frequency_penalty=2.0, min_p=0.5, top_k=4, min_tokens=1,
                                   stop_token_ids=(3,)), {}),
     ("triforce", "static", dict(temperature=1.0, min_p=0.6, min_tokens=1, stop_token_ids=(3,)), dict(tree1=6)),
+    # allowed token ids and bad words (a token; a bigram banned in the second token's rows after its first)
+    ("triforce", "static", dict(temperature=1.0, allowed_token_ids=(0, 2, 3, 4, 6),
+                                bad_words_ids=((2,), (3, 4), (6, 6))), dict(tree1=6)),
+    ("retrieval", "dynamic", dict(temperature=0.8, top_k=3, bad_words_ids=((1, 1), (5,), (4, 0, 2))), dict(lookup=1)),
     # structured outputs: the first token one of a, b, c (ids 3-5), the second one of b-e (4-7); the prompt
     # lookup's 1-gram copies are often tokens the constraint refuses
     ("triforce", "static", dict(temperature=1.0, structured_outputs=StructuredOutputs(regex="[a-c][b-e]+")),
@@ -435,17 +472,19 @@ def test_reduced_vocabulary_draft_samples_the_target_distribution(tiny_dir, smal
     assert_two_token_distribution(run_of, expected, trials=2000)
 
 
+@pytest.mark.parametrize("rule", [dict(structured_outputs=StructuredOutputs(regex="[bd][a-e]")),
+                                  dict(allowed_token_ids=(1, 4, 6))])
 def test_a_reduced_vocabulary_draft_under_a_constraint_samples_the_target_distribution(tiny_dir, small_vocab,
-                                                                                      char_grammars):
-    """The draft lacks both tokens the constraint allows first (b and d: ids 4 and 6): its row there would
-    give every token probability 0; it proposes uniformly among the allowed ones instead."""
+                                                                                      char_grammars, rule):
+    """The draft lacks every token the constraint allows first (b and d: ids 4 and 6; or the allowed
+    token ids): its row there would give every token probability 0; it proposes uniformly among the
+    allowed ones instead."""
     _, _, target = small_vocab
     folder = tiny_dir("v8-reduced", seed=30, num_layers=1, vocab_size=6, hidden_size=32, num_heads=4,
                       num_kv_heads=2, scale=4)
     draft = load_model(write_reduced_vocabulary(folder, [0, 2, 3, 5, 7], 8))
     prompt = [int(t) for t in torch.randint(0, 8, (30,), generator=torch.Generator().manual_seed(7))]
-    sampling = dict(max_tokens=2, ignore_eos=True, temperature=1.0,
-                    structured_outputs=StructuredOutputs(regex="[bd][a-e]"))
+    sampling = dict(max_tokens=2, ignore_eos=True, temperature=1.0, **rule)
     grammars = char_grammars[8]
     expected = exact_two_token_distribution(target, prompt, SamplingParams(**sampling), grammars)
     cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SETTINGS)
@@ -453,7 +492,7 @@ def test_a_reduced_vocabulary_draft_under_a_constraint_samples_the_target_distri
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
         return engine.run(prompt, SamplingParams(seed=seed, **sampling),
-                          guide=grammars.guide(sampling["structured_outputs"]))
+                          guide=grammars.guide(sampling.get("structured_outputs")))
 
     assert_two_token_distribution(run_of, expected, trials=2000)
 

@@ -6,7 +6,6 @@ import json
 import threading
 import time
 
-import httpx
 import openai
 import pytest
 from servers import KEY, Server
@@ -170,6 +169,22 @@ def test_a_logit_bias_bans_and_boosts_tokens_as_generate_does(llm, server):
     got = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, logit_bias=bias,
                                     extra_body={"ignore_eos": True}).choices[0].text
     assert got == expected.text != free.text and not set(banned) & set(expected.token_ids)
+
+
+def test_vllms_bans_and_stop_options_act_as_in_generate(llm, server):
+    """vLLM's allowed_token_ids, bad_words and include_stop_str_in_output (extra fields), through the
+    client: each answer is LLM.generate's with the same settings, and differs from the plain one."""
+    client, prompt = server.client(), words(24, first=4)
+    free = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    settings = [dict(allowed_token_ids=sorted(set(free.token_ids))[1:4]),
+                dict(bad_words=[max(set(free.text.split()), key=free.text.split().count)]),
+                dict(stop=[free.text.split()[3]], include_stop_str_in_output=True)]
+    for extra in settings:
+        expected = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, **extra))[0]
+        stop = extra.pop("stop", None)
+        got = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, stop=stop,
+                                        extra_body={"ignore_eos": True, **extra}).choices[0].text
+        assert got == expected.text != free.text
 
 
 def test_penalties_change_the_answer_as_generate_does(llm, server):

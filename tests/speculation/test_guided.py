@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from checkpoints import CHARS, write_char_tokenizer
 from triforce.config import ConfigError, SamplingParams, StructuredOutputs
-from triforce.speculation.guided import Grammars, Guide, grammar_text
+from triforce.speculation.guided import Grammars, grammar_text
 
 VOCAB = 96
 EOS = 2

@@ -38,7 +38,7 @@ from ..config import SamplingParams
 from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.guided import Guide
 from ..speculation.lookup import ContextLookup
-from ..speculation.penalties import MinTokens, Penalties
+from ..speculation.rules import RowRules
 from ..speculation.sampling import processed, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
@@ -93,8 +93,7 @@ class HierarchyEngine:
         self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
         self.stop_below = stop_below
         self.lookup: ContextLookup | None = None
-        self.penalties: Penalties | None = None  # the request's, from `run`
-        self.min_tokens: MinTokens | None = None  # likewise
+        self.rules: RowRules | None = None  # the request's rules that read a row's history, from `run`
         self.guide: Guide | None = None  # the request's structured-output constraint, from `run`
         self.prompt_length: int | None = None  # the request's, from `run`
         self.logprobs: list[TokenLogprobs] = []  # per generated token, when the request asks (SamplingParams.logprobs)
@@ -126,9 +125,8 @@ class HierarchyEngine:
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()))
         self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
-        self.penalties = Penalties.of(params, prompt)
         ends = params.end_ids(stop_ids) | (guide.eos if guide is not None else frozenset())
-        self.min_tokens = MinTokens.of(params, set(params.stop_token_ids) | set(stop_ids), len(prompt))
+        self.rules = RowRules.of(params, prompt, set(params.stop_token_ids) | set(stop_ids), guide)
         self.guide, self.prompt_length = guide, len(prompt)
         self.logprobs = []
         self.prompt_logprobs = [] if params.prompt_logprobs is None else [None]
@@ -221,26 +219,13 @@ class HierarchyEngine:
 
     def _by_history(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
         """logits [n, V] of rows where row i follows seq, then paths[i], under the request's rules that read
-        what came before a row (speculation/penalties.py: its penalties, min_tokens' ban on stop tokens;
-        speculation/guided.py: its structured-output constraint); the same tensor where it has none."""
-        if self.penalties is not None:
-            logits = self.penalties.apply(logits, self.seq, paths)
-        if self.min_tokens is not None:
-            logits = self.min_tokens.apply(logits, [len(self.seq) + len(path) for path in paths])
-        if self.guide is not None:
-            generated = self.seq[self.prompt_length:]
-            logits = self.guide.apply(logits, [generated + path for path in paths])
-        return logits
+        what came before a row (speculation/rules.py: penalties, min_tokens, bad words, structured outputs);
+        the same tensor where it has none."""
+        return logits if self.rules is None else self.rules.apply(logits, self.seq, paths)
 
     def _by_history_chain(self, logits: torch.Tensor, start: int) -> torch.Tensor:
         """`_by_history` for rows where row i follows seq[:start + i]."""
-        if self.penalties is not None:
-            logits = self.penalties.apply_chain(logits, self.seq[:start], self.seq[start:start + len(logits) - 1])
-        if self.min_tokens is not None:
-            logits = self.min_tokens.apply(logits, range(start, start + len(logits)))
-        if self.guide is not None:
-            logits = self.guide.apply(logits, [self.seq[self.prompt_length:start + i] for i in range(len(logits))])
-        return logits
+        return logits if self.rules is None else self.rules.apply_chain(logits, self.seq, start)
 
     def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""
@@ -260,7 +245,7 @@ class HierarchyEngine:
         before the checker sees the chain, and verification is exact for a chain of any length (each
         position's accept-or-resample rule reads only the two tiers' rows there; the check draws the token
         after the chain from the checker)."""
-        tier, seq, greedy = self.tiers[level], self.seq, self.params.greedy
+        seq, greedy = self.seq, self.params.greedy
         proposing = len(self.tiers) > 1  # the bottom tier proposes to a tier above (not the target alone)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each

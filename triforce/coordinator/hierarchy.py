@@ -14,6 +14,8 @@ nodes and the tier above checks it in one forward.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
@@ -29,6 +31,9 @@ from .speed_model import retrieval_name
 from .tiers import RetrievalTier, Tier
 from .trees import TreeShaper
 from .verifier import LocalVerifier, Verifier
+
+if TYPE_CHECKING:
+    from ..cache.prefixes import PrefixStore
 
 AUTO_BUDGET_FACTORS = (1, 2, 4)
 

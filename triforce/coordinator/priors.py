@@ -46,8 +46,8 @@ def weights_key(model) -> str:
 
 def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, lookup: int = 0,
                 stop_below: float | None = None, context: int | None = None) -> str:
-    """The kind of request: machine, tiers (kind and weights), sampling settings (a logit bias by its
-    hash), the batch size it
+    """The kind of request: machine, tiers (kind and weights), sampling settings (a logit bias, allowed
+    token ids, bad words and a constraint by their hashes), the batch size it
     plans for (a mode's speed against its model differs with it), the prompt lookup's n (it changes
     what the bottom tier proposes), a stop_below the user fixed (it changes which proposals are
     checked; None, the planner's choice, is the same on one machine) and the context's power of two
@@ -56,12 +56,13 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
     tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}" + (
         f",min_p={params.min_p:g}" if params.min_p else "")
-    if params.logit_bias:  # it changes every tier's rows, so how often they agree
-        sampling += f",bias={hashlib.sha256(repr(params.logit_bias).encode()).hexdigest()[:8]}"
+    # each of these changes every tier's rows, so how often they agree: by its hash
+    for name, value in (("bias", params.logit_bias), ("allowed", params.allowed_token_ids),
+                        ("banned", params.bad_words_ids), ("guided", params.structured_outputs)):
+        if value:
+            sampling += f",{name}={hashlib.sha256(repr(value).encode()).hexdigest()[:8]}"
     if params.penalized:  # likewise
         sampling += f",penalties={params.presence_penalty:g}/{params.frequency_penalty:g}/{params.repetition_penalty:g}"
-    if params.structured_outputs is not None:  # likewise: the constraint masks every tier's rows
-        sampling += f",guided={hashlib.sha256(repr(params.structured_outputs).encode()).hexdigest()[:8]}"
     machine = "+".join(sorted({machine_key(t.model.device.type) for t in ladder}))
     return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
             + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else "")

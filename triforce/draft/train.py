@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch

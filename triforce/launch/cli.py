@@ -107,7 +107,13 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     samp.add_argument("--min-tokens", type=int, default=0,
                       help="generate at least this many tokens before end-of-sequence, a stop token id or a stop "
                            "string may end it")
+    samp.add_argument("--include-stop-str", action="store_true",
+                      help="keep the stop string (or the stop token's text) that ended generation in the text")
     add_penalty_args(samp)
+    samp.add_argument("--bad-word", action="append", default=[], metavar="WORD",
+                      help="never generate this word, alone or after a space (vLLM's bad_words; repeatable)")
+    samp.add_argument("--allowed-token-id", type=int, action="append", default=None, metavar="ID",
+                      help="generate only these token ids (repeatable; default: any)")
     guided = gen.add_argument_group("structured output (every tier keeps only the tokens it allows)")
     shape = guided.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", metavar="SCHEMA",
@@ -241,7 +247,8 @@ def run_generation(args, llm) -> int:
                             ignore_eos=args.ignore_eos,
                             logprobs=args.logprobs, stop_token_ids=tuple(args.stop_token_id),
                             min_tokens=args.min_tokens, structured_outputs=structured_outputs(args),
-                            **penalty_settings(args))
+                            bad_words=tuple(args.bad_word), allowed_token_ids=args.allowed_token_id,
+                            include_stop_str_in_output=args.include_stop_str, **penalty_settings(args))
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
     out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
     m = out.metrics

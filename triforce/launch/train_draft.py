@@ -1,7 +1,6 @@
 """`triforce train-draft`: the command line of draft distillation (see triforce/draft/)."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time

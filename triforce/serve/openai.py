@@ -24,34 +24,25 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-from ..api import chat_ids
-from ..config import MAX_LOGPROBS, ConfigError, SamplingParams
+from ..config import ConfigError, SamplingParams
+from ..errors import UserError
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
-from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints, template_messages
+from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints
+from .fields import ApiError, echoed_text, flag, logprobs_field, number, prompts, strings, token_ids
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of", "stream",
           "stream_options", "user", "ignore_eos", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "stop_token_ids", "min_tokens", "response_format", "structured_outputs",
-          "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
+          "guided_json", "guided_regex", "guided_choice", "guided_grammar", "allowed_token_ids", "bad_words",
+          "include_stop_str_in_output", "skip_special_tokens"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                             "parallel_tool_calls"}}
 HARMLESS = {"echo": (None, False), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none")}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
-MAX_PROMPTS = 2048  # prompts of one completion request
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -102,11 +93,11 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         tools, source, structured = constraints(body, getattr(llm.tokenizer, "chat_template", None), kind == "chat")
     except ConstraintError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
-    prompts, given = _prompts(kind, body, llm, tools)
+    ids_of, given = prompts(kind, body, llm, tools)
     echo = body.get("echo") if kind == "completion" else None
     if echo not in (None, True, False):
         raise ApiError(400, "'echo' must be true or false", param="echo")
-    ids = max(prompts, key=len)  # the longest is the one to check
+    ids = max(ids_of, key=len)  # the longest is the one to check
     limit = llm.target.config.max_positions
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS[kind]))
     if max_tokens is None:  # as much as the longest prompt leaves, up to chat_max_tokens
@@ -121,7 +112,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         raise ApiError(400, f"'{name}' must be at least 1{' (0 only with echo)' if kind == 'completion' else ''}",
                        param=name)
-    logprobs = _logprobs(kind, body)
+    logprobs = logprobs_field(kind, body)
     bias = {} if body.get("logit_bias") is None else body["logit_bias"]
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must map token ids to values from -100 to 100", param="logit_bias")
@@ -130,24 +121,29 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
             raise ConfigError("max_tokens must be an integer")
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
             raise ConfigError("stop must be a string or a list of up to 4 non-empty strings")
-        params = SamplingParams(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
-                                top_p=_number(body, "top_p", 1.0), top_k=int(_number(body, "top_k", 0)),
-                                min_p=_number(body, "min_p", 0.0),
+        params = SamplingParams(max_tokens=max_tokens, temperature=number(body, "temperature", 1.0),
+                                top_p=number(body, "top_p", 1.0), top_k=int(number(body, "top_k", 0)),
+                                min_p=number(body, "min_p", 0.0),
                                 seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")),
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
-                                presence_penalty=_number(body, "presence_penalty", 0.0),
-                                frequency_penalty=_number(body, "frequency_penalty", 0.0),
-                                repetition_penalty=_number(body, "repetition_penalty", 1.0),
-                                stop_token_ids=_token_ids(body, "stop_token_ids"),
+                                presence_penalty=number(body, "presence_penalty", 0.0),
+                                frequency_penalty=number(body, "frequency_penalty", 0.0),
+                                repetition_penalty=number(body, "repetition_penalty", 1.0),
+                                stop_token_ids=token_ids(body, "stop_token_ids"),
                                 min_tokens=0 if body.get("min_tokens") is None else body["min_tokens"],
-                                structured_outputs=structured)
-        llm.check_token_ids(params)
-        if structured is not None:
-            try:
-                llm.grammars.check(structured)
-            except ConfigError as exc:
-                raise ConfigError(f"{source} is not a valid constraint: {exc}") from None
-    except (ConfigError, TypeError, ValueError) as exc:  # their messages begin with the setting's name
+                                structured_outputs=structured,
+                                allowed_token_ids=None if body.get("allowed_token_ids") is None else
+                                token_ids(body, "allowed_token_ids"),
+                                bad_words=strings(body, "bad_words"),
+                                include_stop_str_in_output=flag(body, "include_stop_str_in_output", False),
+                                skip_special_tokens=flag(body, "skip_special_tokens", True))
+        try:
+            params = llm.prepare(params)
+        except ConfigError as exc:
+            if not str(exc).startswith("structured_outputs"):
+                raise
+            raise ConfigError(f"{source} is not a valid constraint: {exc}") from None
+    except (UserError, TypeError, ValueError) as exc:  # their messages begin with the setting's name
         name = str(exc).split(" ", 1)[0]
         if name == "max_tokens" and "max_completion_tokens" in body:
             name = "max_completion_tokens"
@@ -159,91 +155,10 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
-    echoed = [_text(p, tokens, llm) for p, tokens in zip(given, prompts)] if echo else None
-    return Job(kind, prompts, params, bool(body.get("stream")), bool(options.get("include_usage")),
+    echoed = [echoed_text(p, tokens, llm) for p, tokens in zip(given, ids_of)] if echo else None
+    return Job(kind, ids_of, params, bool(body.get("stream")), bool(options.get("include_usage")),
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n,
                TokenTexts(llm.tokenizer), echoed, tools)
-
-
-def _logprobs(kind: str, body: dict) -> int | None:
-    """SamplingParams.logprobs: how many likely tokens to list beside each generated one; None: no entries."""
-    def count(name: str) -> int:
-        value = body.get(name) or 0
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LOGPROBS:
-            raise ApiError(400, f"'{name}' must be an integer from 0 to {MAX_LOGPROBS}", param=name)
-        return value
-
-    if kind == "completion":
-        given = body.get("logprobs")
-        return None if given is None or given is False else count("logprobs")
-    wanted = body.get("logprobs")
-    if wanted not in (None, True, False):
-        raise ApiError(400, "'logprobs' must be true or false", param="logprobs")
-    if not wanted:
-        if body.get("top_logprobs") is not None:
-            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-        return None
-    return count("top_logprobs")
-
-
-def _token_ids(body: dict, name: str) -> tuple[int, ...]:
-    value = () if body.get(name) is None else body[name]
-    if not isinstance(value, list | tuple) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise ApiError(400, f"'{name}' must be a list of token ids", param=name)
-    return tuple(value)
-
-
-def _number(body: dict, name: str, default: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be a number", param=name)
-    return float(value)
-
-
-def _text(prompt: str | list[int], ids: list[int], llm) -> str:
-    """What `echo` puts before a prompt's text: the prompt as given, or its token ids decoded."""
-    if isinstance(prompt, str):
-        return prompt
-    return "" if llm.tokenizer is None else llm.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def _prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[list[list[int]], list]:
-    """The token ids of each prompt, and each as given."""
-    if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and (isinstance(m.get("content"), str) or (
-                    m.get("content") is None and isinstance(m.get("tool_calls"), list))) for m in messages):
-            raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects with text content "
-                                "(or an assistant's tool_calls)", param="messages")
-        tokenizer = llm.tokenizer
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
-        try:
-            prompt = chat_ids(tokenizer, template_messages(messages), body.get("tools") if tools else None)
-        except Exception as exc:  # the template's own checks (roles, order): the request's fault
-            raise ApiError(400, f"the chat template refused these messages: {exc}", param="messages") from None
-        prompts = [prompt]
-    else:
-        prompt = body.get("prompt")
-        prompts = [prompt] if _one_prompt(prompt) else prompt
-        if not (isinstance(prompts, list) and prompts and all(_one_prompt(p) for p in prompts)):
-            raise ApiError(400, "'prompt' must be a string, a list of token ids, or a list of those (several "
-                                "prompts)", param="prompt")
-        if len(prompts) > MAX_PROMPTS:
-            raise ApiError(400, f"{len(prompts)} prompts in one request; at most {MAX_PROMPTS}", param="prompt")
-    try:
-        return [llm.encode(prompt) for prompt in prompts], prompts
-    except Exception as exc:  # UserError: empty, ids outside the vocabulary, no tokenizer
-        raise ApiError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
-
-
-def _one_prompt(prompt) -> bool:
-    """A string or a list of token ids (the encoder refuses an empty one)."""
-    return isinstance(prompt, str) or (isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt))
 
 
 def usage(job: Job, outputs: list) -> dict:

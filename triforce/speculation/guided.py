@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from ..config import ConfigError, StructuredOutputs
+from .sampling import only_allowed
 
 RECENT_MASKS = 64  # histories whose masks a Guide keeps (a round asks for a few dozen)
 REGEX_SPECIAL = set("\\.+*?()|[]{}^$#&-~")
@@ -113,14 +114,7 @@ class Guide:
         new tensor; rows after a refused history unchanged)."""
         masks = [self.allowed(h) for h in histories]
         refused = torch.stack([torch.zeros(self.vocab_size, dtype=torch.bool) if m is None else ~m for m in masks])
-        refused = refused.to(logits.device)
-        out = logits.masked_fill(refused, float("-inf"))
-        # A row that gave every allowed token probability 0 (a reduced-vocabulary draft's can): uniform over
-        # them instead, a distribution to propose from (a checker's logits are finite everywhere)
-        empty = torch.isneginf(out).all(-1)
-        if empty.any():
-            out[empty] = torch.zeros_like(out[empty]).masked_fill(refused[empty], float("-inf"))
-        return out
+        return only_allowed(logits, refused.to(logits.device))
 
     def _go_to(self, history: tuple[int, ...]) -> bool:
         """Moves the matcher to `history`; False where the constraint refuses it (the matcher then stands at

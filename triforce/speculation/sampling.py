@@ -1,12 +1,15 @@
 """From logits to the distribution a tier samples from, and drawing from it.
 
-Every tier applies the same processing (logit bias, temperature, top-k, top-p: `processed`), so each
+Every tier applies the same processing (logit bias, allowed token ids, temperature, min-p, top-k, top-p:
+`processed`), so each
 tier's distribution is the one plain sampling from that tier's model would use; the target's is the
 output distribution.
 Temperature 0 means greedy: a one-hot distribution on the argmax (first index on ties), so the
 speculative-sampling rules reduce to exact greedy matching without any division by zero.
 """
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 
@@ -16,20 +19,25 @@ REFRESH_BELOW = 1e-6
 
 def processed(logits: torch.Tensor, params) -> torch.Tensor:
     """A request's distributions: `probabilities` with its SamplingParams' settings (every tier's rows)."""
-    return probabilities(logits, params.temperature, params.top_k, params.top_p, params.logit_bias, params.min_p)
+    return probabilities(logits, params.temperature, params.top_k, params.top_p, params.logit_bias, params.min_p,
+                         params.allowed_token_ids)
 
 
 def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                  bias: tuple[tuple[int, float], ...] = (), min_p: float = 0.0) -> torch.Tensor:
+                  bias: tuple[tuple[int, float], ...] = (), min_p: float = 0.0,
+                  allowed: tuple[int, ...] | None = None) -> torch.Tensor:
     """logits: [n, V] -> probabilities [n, V] float32. `bias`: (token, value) pairs added to the logits
-    first (OpenAI's logit_bias; a token a reduced-vocabulary draft lacks stays impossible for it). After
-    the temperature, in vLLM's order: `min_p` drops the tokens less likely than min_p times the most
-    likely one, then top-k, then top-p."""
+    first (OpenAI's logit_bias; a token a reduced-vocabulary draft lacks stays impossible for it). Then
+    only the `allowed` token ids keep their logits (vLLM's allowed_token_ids; None: all). After the
+    temperature, in vLLM's order: `min_p` drops the tokens less likely than min_p times the most likely
+    one, then top-k, then top-p."""
     logits = logits.float()
     if bias:
         ids, values = zip(*bias)
         logits = logits.clone()
         logits[..., list(ids)] += torch.tensor(values, dtype=logits.dtype, device=logits.device)
+    if allowed is not None:
+        logits = only_allowed(logits, _refused(allowed, logits.shape[-1], logits.device))
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     logits = logits / temperature
@@ -47,6 +55,27 @@ def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)
+
+
+def only_allowed(logits: torch.Tensor, refused: torch.Tensor) -> torch.Tensor:
+    """logits [n, V] with the `refused` tokens (bool, [V] or [n, V]) at -inf, a new tensor. A row left with
+    no finite logit (a reduced-vocabulary draft lacking every allowed token; rules that contradict each
+    other) becomes uniform over the tokens not refused: a distribution to propose from, where
+    verification corrects it (a target's logits are finite everywhere)."""
+    out = logits.masked_fill(refused, float("-inf"))
+    empty = torch.isneginf(out).all(-1)
+    if empty.any():
+        refused = refused.expand_as(out)
+        out[empty] = torch.zeros_like(out[empty]).masked_fill(refused[empty], float("-inf"))
+    return out
+
+
+@lru_cache(maxsize=16)
+def _refused(allowed: tuple[int, ...], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """bool [V]: the tokens outside `allowed` (ids past the vocabulary ignored)."""
+    refused = torch.ones(vocab_size, dtype=torch.bool)
+    refused[[t for t in allowed if t < vocab_size]] = False
+    return refused.to(device)
 
 
 def top_probability(logits: torch.Tensor) -> float:

@@ -1,0 +1,116 @@
+"""A request body's fields, read and checked: each bad one an `ApiError` (OpenAI's error object, with its
+status) that names it."""
+from __future__ import annotations
+
+from ..api import chat_ids
+from ..config import MAX_LOGPROBS
+from .constraints import ToolPlan, template_messages
+
+MAX_PROMPTS = 2048  # prompts of one completion request
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def logprobs_field(kind: str, body: dict) -> int | None:
+    """SamplingParams.logprobs: how many likely tokens to list beside each generated one; None: no entries."""
+    def count(name: str) -> int:
+        value = body.get(name) or 0
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LOGPROBS:
+            raise ApiError(400, f"'{name}' must be an integer from 0 to {MAX_LOGPROBS}", param=name)
+        return value
+
+    if kind == "completion":
+        given = body.get("logprobs")
+        return None if given is None or given is False else count("logprobs")
+    wanted = body.get("logprobs")
+    if wanted not in (None, True, False):
+        raise ApiError(400, "'logprobs' must be true or false", param="logprobs")
+    if not wanted:
+        if body.get("top_logprobs") is not None:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        return None
+    return count("top_logprobs")
+
+
+def token_ids(body: dict, name: str) -> tuple[int, ...]:
+    value = () if body.get(name) is None else body[name]
+    if not isinstance(value, list | tuple) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ApiError(400, f"'{name}' must be a list of token ids", param=name)
+    return tuple(value)
+
+
+def strings(body: dict, name: str) -> tuple[str, ...]:
+    value = () if body.get(name) is None else body[name]
+    if not isinstance(value, list | tuple) or not all(isinstance(w, str) for w in value):
+        raise ApiError(400, f"'{name}' must be a list of strings", param=name)
+    return tuple(value)
+
+
+def flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false", param=name)
+    return value
+
+
+def number(body: dict, name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be a number", param=name)
+    return float(value)
+
+
+def echoed_text(prompt: str | list[int], ids: list[int], llm) -> str:
+    """What `echo` puts before a prompt's text: the prompt as given, or its token ids decoded."""
+    if isinstance(prompt, str):
+        return prompt
+    return "" if llm.tokenizer is None else llm.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[list[list[int]], list]:
+    """The token ids of each prompt, and each as given."""
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and (isinstance(m.get("content"), str) or (
+                    m.get("content") is None and isinstance(m.get("tool_calls"), list))) for m in messages):
+            raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects with text content "
+                                "(or an assistant's tool_calls)", param="messages")
+        tokenizer = llm.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+        try:
+            prompt = chat_ids(tokenizer, template_messages(messages), body.get("tools") if tools else None)
+        except Exception as exc:  # the template's own checks (roles, order): the request's fault
+            raise ApiError(400, f"the chat template refused these messages: {exc}", param="messages") from None
+        prompts = [prompt]
+    else:
+        prompt = body.get("prompt")
+        prompts = [prompt] if one_prompt(prompt) else prompt
+        if not (isinstance(prompts, list) and prompts and all(one_prompt(p) for p in prompts)):
+            raise ApiError(400, "'prompt' must be a string, a list of token ids, or a list of those (several "
+                                "prompts)", param="prompt")
+        if len(prompts) > MAX_PROMPTS:
+            raise ApiError(400, f"{len(prompts)} prompts in one request; at most {MAX_PROMPTS}", param="prompt")
+    try:
+        return [llm.encode(prompt) for prompt in prompts], prompts
+    except Exception as exc:  # UserError: empty, ids outside the vocabulary, no tokenizer
+        raise ApiError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
+
+
+def one_prompt(prompt) -> bool:
+    """A string or a list of token ids (the encoder refuses an empty one)."""
+    return isinstance(prompt, str) or (isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt))
