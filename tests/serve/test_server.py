@@ -233,6 +233,31 @@ def test_bad_requests_get_openai_errors(client, path, body, status, param):
     assert error["message"] and error["type"] and error["param"] == param
 
 
+def test_tokenize_gives_the_ids_a_request_would_generate_from_and_detokenize_their_text(llm, client):
+    """vLLM's /tokenize: a prompt's ids as a completion's (with the tokenizer's special tokens unless asked
+    not to), a chat's as the template lays them out (the usage of the same chat request counts them);
+    /detokenize gives their text back; bad bodies are 400s that name the field."""
+    r = client.post("/tokenize", json={"prompt": "w5 w6 w7", "return_token_strs": True}).json()
+    assert r["tokens"] == llm.encode("w5 w6 w7") and r["count"] == len(r["tokens"])
+    assert r["token_strs"] == llm.tokenizer.convert_ids_to_tokens(r["tokens"])
+    assert r["max_model_len"] == llm.target.config.max_positions
+    bare = client.post("/tokenize", json={"prompt": "w5 w6 w7", "add_special_tokens": False}).json()
+    assert bare["tokens"] == llm.tokenizer("w5 w6 w7", add_special_tokens=False).input_ids and bare["token_strs"] is None
+    messages = [{"role": "user", "content": "w10 w11"}]
+    chat = client.post("/tokenize", json={"messages": messages}).json()
+    asked = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()
+    assert chat["tokens"][-1] == 4 and chat["count"] == asked["usage"]["prompt_tokens"]  # ... w4 (the template's)
+    text = client.post("/detokenize", json={"tokens": chat["tokens"]}).json()["prompt"]
+    assert text == llm.tokenizer.decode(chat["tokens"]) and "w10 w11" in text
+    for path, body, param in (("/tokenize", {"prompt": "w5", "messages": messages}, "prompt"),
+                              ("/tokenize", {"prompt": ""}, "prompt"), ("/tokenize", {"prompt": "w5", "n": 2}, "n"),
+                              ("/tokenize", {"messages": []}, "messages"),
+                              ("/tokenize", {"prompt": "w5", "model": "gpt-4"}, "model"),
+                              ("/detokenize", {"tokens": [5, 96]}, "tokens"), ("/detokenize", {"tokens": "5"}, "tokens")):
+        r = client.post(path, json=body)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, (path, body, r.text)
+
+
 def test_malformed_json_is_a_400(client):
     r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]

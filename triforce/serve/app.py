@@ -2,9 +2,9 @@
 
 Endpoints: GET /health, GET /metrics (Prometheus, metrics.py), GET /v1/models, POST /v1/completions and
 /v1/chat/completions (the tokenizer's chat template), each whole or streamed as server-sent events ending
-in `data: [DONE]`, with `usage`. Requests run on one continuous batch (scheduler.py), a request's `n`
-choices as n of its sequences. With an API key, /v1/ wants `Authorization: Bearer KEY`. Every error is
-OpenAI's JSON with its status: 400 bad parameters, 401 bad key, 404 unknown model or path, 413 a prompt
+in `data: [DONE]`, with `usage`; POST /tokenize and /detokenize (vLLM's: tokens.py). Requests run on one
+continuous batch (scheduler.py), a request's `n` choices as n of its sequences. With an API key, /v1/
+wants `Authorization: Bearer KEY` (as in vLLM, the other paths do not). Every error is OpenAI's JSON with its status: 400 bad parameters, 401 bad key, 404 unknown model or path, 413 a prompt
 longer than the model or the memory allows, 503 queue full, 500 a failure of the server (logged, never a
 traceback to the client). A client that disconnects cancels its request.
 """
@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..api import LLM
-from . import openai
+from . import openai, tokens
 from .logprobs import StreamedLogprobs
 from .openai import ApiError
 from .metrics import ServerMetrics
@@ -111,10 +111,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
                 "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "triforce"}]}
 
     async def complete(kind: str, request: Request):
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, "the request body is not valid JSON") from None
+        body = await _json(request)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         job = await loop.run_in_executor(parsing, openai.parse, kind, body, llm, model_name, chat_max_tokens)
         tickets = scheduler.submit_choices(job, [  # events arrive as (choice, kind, data)
@@ -141,6 +138,19 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
         finally:
             _cancel(tickets)  # no effect on those done
 
+    async def answer(handler, request: Request) -> dict:
+        """A small request's answer, computed off the event loop."""
+        body = await _json(request)
+        return await asyncio.get_running_loop().run_in_executor(parsing, handler, body, llm, model_name)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await answer(tokens.tokenize, request)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await answer(tokens.detokenize, request)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await complete("completion", request)
@@ -150,6 +160,13 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
         return await complete("chat", request)
 
     return app
+
+
+async def _json(request: Request):
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON") from None
 
 
 def _sse(obj: dict | str) -> str:

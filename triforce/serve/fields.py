@@ -19,6 +19,21 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+def checked_body(body: object, allowed: set[str], model_name: str, harmless: dict | None = None) -> dict:
+    """`body` where it is a JSON object of `allowed` fields (or fields holding what `harmless` maps them to:
+    what the server does anyway) that names this server's model or none."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    for name, value in body.items():
+        if name not in allowed and not (name in (harmless or {}) and value in harmless[name]):
+            raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
+                       param="model", code="model_not_found")
+    return body
+
+
 def logprobs_field(kind: str, body: dict) -> int | None:
     """SamplingParams.logprobs: how many likely tokens to list beside each generated one; None: no entries."""
     def count(name: str) -> int:

@@ -28,7 +28,7 @@ from ..config import ConfigError, SamplingParams
 from ..errors import UserError
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints
-from .fields import ApiError, echoed_text, flag, logprobs_field, number, prompts, strings, token_ids
+from .fields import ApiError, checked_body, echoed_text, flag, logprobs_field, number, prompts, strings, token_ids
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of", "stream",
@@ -72,18 +72,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     """The body of a /v1/completions ('completion') or /v1/chat/completions ('chat') request, checked.
     A chat request without max_tokens gets up to `chat_max_tokens`, as far as the context allows (a whole
     context's worth would reserve its caches for every such request)."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    for name, value in body.items():
-        if name in FIELDS[kind]:
-            continue
-        if name in HARMLESS and value in HARMLESS[name]:
-            continue
-        raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
-    model = body.get("model")
-    if model is not None and model != model_name:
-        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
-                       param="model", code="model_not_found")
+    body = checked_body(body, FIELDS[kind], model_name, HARMLESS)
     n = 1 if body.get("n") is None else body["n"]
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
         raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")
