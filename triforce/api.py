@@ -43,10 +43,15 @@ MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (t
 MEMORY_SHARE = 0.9  # of the memory free on the device, what requests' caches may take
 
 
-def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, template_kwargs: dict | None = None) -> list[int]:
     """The token ids of `messages` ({role, content}) laid out by the tokenizer's chat template, ending
-    where the assistant's answer begins; `tools` (OpenAI's function tools) as the template shows them."""
-    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    where the assistant's answer begins (or, with continue_final_message, inside the last message, which
+    the answer continues; without add_generation_prompt, after the last message); `tools` (OpenAI's
+    function tools) as the template shows them; `template_kwargs`: more of the template's variables."""
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                        continue_final_message=continue_final_message, tokenize=True,
+                                        **(template_kwargs or {}))
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding, or the ids
 
 
@@ -244,8 +249,8 @@ class LLM:
                             f"per prompt")
         if stream is not None and len(prompts) > 1:
             raise UserError("streaming takes one prompt at a time")
-        ids = [self.encode(p) for p in prompts]
         per_prompt = [self.prepare(p) for p in per_prompt]
+        ids = [self.encode(p)[-(sp.truncate_prompt_tokens or 0):] for p, sp in zip(prompts, per_prompt)]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
         sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]

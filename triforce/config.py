@@ -140,6 +140,8 @@ class SamplingParams:
     # the generated tokens before it end with the rest (speculation/penalties.py)
     bad_words: tuple[str, ...] = ()
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    # keep only the prompt's last this many tokens (vLLM's; None: all of it)
+    truncate_prompt_tokens: int | None = None
     include_stop_str_in_output: bool = False  # the text keeps the stop string, or the stop token's text
     skip_special_tokens: bool = True  # the text leaves out special tokens' text
 
@@ -188,6 +190,9 @@ class SamplingParams:
         if self.structured_outputs is not None and self.min_tokens:
             raise ConfigError("min_tokens cannot be combined with structured_outputs: the constraint decides where "
                               "the text may end")
+        k = self.truncate_prompt_tokens
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise ConfigError(f"truncate_prompt_tokens must be None or an integer >= 1 (got {k!r})")
         for name in ("include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false")

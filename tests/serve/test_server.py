@@ -222,6 +222,15 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**6}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": " ".join(["w5"] * 5000)}, 413, "max_tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "continue_final_message": True}, 400,
+     "continue_final_message"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "chat_template_kwargs": {"tools": []}},
+     400, "chat_template_kwargs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "add_generation_prompt": "no"}, 400,
+     "add_generation_prompt"),
+    ("/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "max_completion_tokens": 0}, 400,
      "max_completion_tokens"),
     ("/v1/nothing", {}, 404, None),
@@ -256,6 +265,46 @@ def test_tokenize_gives_the_ids_a_request_would_generate_from_and_detokenize_the
                               ("/detokenize", {"tokens": [5, 96]}, "tokens"), ("/detokenize", {"tokens": "5"}, "tokens")):
         r = client.post(path, json=body)
         assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, (path, body, r.text)
+
+
+def test_chat_template_options_and_text_parts_reach_the_template(llm, client, monkeypatch):
+    """Text parts join as one content; add_generation_prompt false ends after the last message;
+    continue_final_message ends inside it, which the answer continues; chat_template_kwargs are the
+    template's variables: each prompt is the template's with the same options, counted in usage."""
+    monkeypatch.setattr(llm.tokenizer, "chat_template", "{% if greeting %}w9 {% endif %}{% for m in messages %}w3 "
+                        "{{ m['content'] }} w5 {% endfor %}{% if add_generation_prompt %}w4{% endif %}")
+    messages = [{"role": "user", "content": "w10 w11"}, {"role": "assistant", "content": "w20 w21"}]
+    parts = [messages[0], {"role": "assistant", "content": [{"type": "text", "text": "w20"},
+                                                            {"type": "text", "text": "w21"}]}]
+
+    def template(ms, **options):
+        ids = llm.tokenizer.apply_chat_template(ms, tokenize=True, **options)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    joined = [messages[0], {"role": "assistant", "content": "w20\nw21"}]
+    cases = [(dict(messages=parts), template(joined, add_generation_prompt=True)),
+             (dict(messages=messages, add_generation_prompt=False), template(messages)),
+             (dict(messages=messages, add_generation_prompt=False, continue_final_message=True),
+              template(messages, continue_final_message=True)),
+             (dict(messages=messages, chat_template_kwargs={"greeting": True}),
+              template(messages, add_generation_prompt=True, greeting=True))]
+    plainly = template(messages, add_generation_prompt=True)
+    assert len({tuple(plainly)} | {tuple(ids) for _, ids in cases[1:]}) == 4  # the options change the prompt
+    for body, ids in cases:
+        assert client.post("/tokenize", json=body).json()["tokens"] == ids
+        r = client.post("/v1/chat/completions", json={**body, "max_tokens": 4, "temperature": 0}).json()
+        assert r["usage"]["prompt_tokens"] == len(ids)
+        assert r["choices"][0]["message"]["content"] == plain(llm, ids, 4, temperature=0).text
+
+
+def test_truncate_prompt_tokens_keeps_each_prompts_last_tokens(llm, client):
+    ids = llm.encode(PROMPT)
+    expected = plain(llm, ids[-12:], 6, temperature=0, ignore_eos=True)
+    assert plain(llm, PROMPT, 6, temperature=0, ignore_eos=True, truncate_prompt_tokens=12).token_ids == expected.token_ids
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                                             "truncate_prompt_tokens": 12, "echo": True}).json()
+    assert r["usage"]["prompt_tokens"] == 12
+    assert r["choices"][0]["text"] == llm.tokenizer.decode(ids[-12:], skip_special_tokens=True) + expected.text
 
 
 def test_malformed_json_is_a_400(client):

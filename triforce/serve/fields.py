@@ -7,6 +7,9 @@ from ..config import MAX_LOGPROBS
 from .constraints import ToolPlan, template_messages
 
 MAX_PROMPTS = 2048  # prompts of one completion request
+# what the server passes the chat template itself, which chat_template_kwargs may not change
+RESERVED = {"messages", "tools", "add_generation_prompt", "continue_final_message", "tokenize", "return_dict",
+            "conversation", "documents", "chat_template"}
 
 
 class ApiError(Exception):
@@ -99,15 +102,25 @@ def prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and (isinstance(m.get("content"), str) or (
+                isinstance(m, dict) and isinstance(m.get("role"), str) and (_text(m.get("content")) is not None or (
                     m.get("content") is None and isinstance(m.get("tool_calls"), list))) for m in messages):
             raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects with text content "
-                                "(or an assistant's tool_calls)", param="messages")
+                                "(a string or text parts; or an assistant's tool_calls)", param="messages")
+        messages = [{**m, "content": _text(m.get("content"))} for m in messages]
         tokenizer = llm.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+        generation, final = flag(body, "add_generation_prompt", True), flag(body, "continue_final_message", False)
+        if generation and final:
+            raise ApiError(400, "'continue_final_message' needs 'add_generation_prompt': false",
+                           param="continue_final_message")
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict) or RESERVED & set(kwargs):
+            raise ApiError(400, f"'chat_template_kwargs' must be an object of the template's variables other than "
+                                f"{', '.join(sorted(RESERVED))}", param="chat_template_kwargs")
         try:
-            prompt = chat_ids(tokenizer, template_messages(messages), body.get("tools") if tools else None)
+            prompt = chat_ids(tokenizer, template_messages(messages), body.get("tools") if tools else None,
+                              generation, final, kwargs)
         except Exception as exc:  # the template's own checks (roles, order): the request's fault
             raise ApiError(400, f"the chat template refused these messages: {exc}", param="messages") from None
         prompts = [prompt]
@@ -123,6 +136,17 @@ def prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[
         return [llm.encode(prompt) for prompt in prompts], prompts
     except Exception as exc:  # UserError: empty, ids outside the vocabulary, no tokenizer
         raise ApiError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
+
+
+def _text(content) -> str | None:
+    """A message's text: a string, or OpenAI's text parts joined by newlines (as vLLM joins them); None
+    for anything else (images, audio: this server reads text)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return "\n".join(p["text"] for p in content)
+    return None
 
 
 def one_prompt(prompt) -> bool:

@@ -35,10 +35,11 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed
           "stream_options", "user", "ignore_eos", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "stop_token_ids", "min_tokens", "response_format", "structured_outputs",
           "guided_json", "guided_regex", "guided_choice", "guided_grammar", "allowed_token_ids", "bad_words",
-          "include_stop_str_in_output", "skip_special_tokens"}
+          "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                            "parallel_tool_calls"}}
+                            "parallel_tool_calls", "add_generation_prompt", "continue_final_message",
+                            "chat_template_kwargs"}}
 HARMLESS = {"echo": (None, False), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none")}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
@@ -83,6 +84,12 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     except ConstraintError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
     ids_of, given = prompts(kind, body, llm, tools)
+    truncate = body.get("truncate_prompt_tokens")
+    if truncate is not None:  # vLLM's: each prompt's last tokens (echo gives their text)
+        if not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < 1:
+            raise ApiError(400, "'truncate_prompt_tokens' must be an integer >= 1", param="truncate_prompt_tokens")
+        given = [g if len(i) <= truncate else i[-truncate:] for g, i in zip(given, ids_of)]
+        ids_of = [i[-truncate:] for i in ids_of]
     echo = body.get("echo") if kind == "completion" else None
     if echo not in (None, True, False):
         raise ApiError(400, "'echo' must be true or false", param="echo")
@@ -125,7 +132,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
                                 token_ids(body, "allowed_token_ids"),
                                 bad_words=strings(body, "bad_words"),
                                 include_stop_str_in_output=flag(body, "include_stop_str_in_output", False),
-                                skip_special_tokens=flag(body, "skip_special_tokens", True))
+                                skip_special_tokens=flag(body, "skip_special_tokens", True),
+                                truncate_prompt_tokens=truncate)
         try:
             params = llm.prepare(params)
         except ConfigError as exc:

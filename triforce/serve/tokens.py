@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from .fields import ApiError, checked_body, flag, prompts, token_ids
 
-TOKENIZE_FIELDS = {"model", "prompt", "messages", "tools", "add_special_tokens", "return_token_strs"}
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "tools", "add_special_tokens", "return_token_strs",
+                   "add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
 
 
 def tokenize(body: object, llm, model_name: str) -> dict:
     """{"prompt": text} (`add_special_tokens`, default true: the beginning-of-sequence token a completion's
-    prompt gets) or {"messages": [...], "tools": [...]} (laid out by the chat template, as a chat request
-    is) -> {"count", "max_model_len", "tokens", "token_strs" (with `return_token_strs`, else None)}."""
+    prompt gets) or {"messages": [...], "tools": [...]} (laid out by the chat template as a chat request is,
+    with its add_generation_prompt, continue_final_message and chat_template_kwargs) -> {"count",
+    "max_model_len", "tokens", "token_strs" (with `return_token_strs`, else None)}."""
     body = checked_body(body, TOKENIZE_FIELDS, model_name)
     if ("prompt" in body) == ("messages" in body):
         raise ApiError(400, "give either 'prompt' or 'messages'", param="prompt")
