@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..api import LLM
-from . import openai, tokens
+from . import openai, responses, tokens
 from .logprobs import StreamedLogprobs
 from .openai import ApiError
 from .metrics import ServerMetrics
@@ -110,16 +110,18 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
         return {"object": "list",
                 "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "triforce"}]}
 
-    async def complete(kind: str, request: Request):
+    async def complete(request: Request, parse, answer, stream):
+        """A generation request: `parse(body)` -> a Job; `answer(job, outputs)` -> the whole answer, or
+        `stream(job, chunks)` -> the events of a streamed one from its chat or completion chunks."""
         body = await _json(request)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        job = await loop.run_in_executor(parsing, openai.parse, kind, body, llm, model_name, chat_max_tokens)
+        job = await loop.run_in_executor(parsing, parse, body)
         tickets = scheduler.submit_choices(job, [  # events arrive as (choice, kind, data)
             lambda event, data, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, event, data))
             for i in range(len(job.prompts) * job.n)])
         if job.stream:
-            return StreamingResponse(_stream(job, model_name, tickets, events, parsing),
-                                     media_type="text/event-stream")
+            chunks = _stream(job, model_name, tickets, events, parsing)
+            return StreamingResponse(_sse_events(stream(job, chunks)), media_type="text/event-stream")
         outputs, left = [None] * len(tickets), len(tickets)
         try:
             while left:
@@ -134,9 +136,27 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
                 if event == "done":
                     outputs[index], left = data, left - 1
             # off the event loop: the texts of a long echo's or many choices' tokens take a while
-            return await loop.run_in_executor(parsing, openai.response, job, model_name, outputs)
+            return await loop.run_in_executor(parsing, answer, job, outputs)
         finally:
             _cancel(tickets)  # no effect on those done
+
+    def openai_kind(kind: str):
+        return (lambda body: openai.parse(kind, body, llm, model_name, chat_max_tokens),
+                lambda job, outputs: openai.response(job, model_name, outputs), lambda job, chunks: chunks)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, *openai_kind("completion"))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await complete(request, *openai_kind("chat"))
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        return await complete(request, lambda body: responses.parse(body, llm, model_name, chat_max_tokens),
+                              lambda job, outputs: responses.response(job, model_name, outputs),
+                              lambda job, chunks: responses.events(job, model_name, chunks))
 
     async def answer(handler, request: Request) -> dict:
         """A small request's answer, computed off the event loop."""
@@ -151,14 +171,6 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
     async def detokenize(request: Request):
         return await answer(tokens.detokenize, request)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await complete("completion", request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await complete("chat", request)
-
     return app
 
 
@@ -170,7 +182,14 @@ async def _json(request: Request):
 
 
 def _sse(obj: dict | str) -> str:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+    """A server-sent event: a Responses event names its type, as OpenAI's do."""
+    head = f"event: {obj['type']}\n" if isinstance(obj, dict) and "sequence_number" in obj else ""
+    return f"{head}data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+async def _sse_events(objects):
+    async for obj in objects:
+        yield _sse(obj)
 
 
 def _cancel(tickets) -> None:
@@ -179,7 +198,7 @@ def _cancel(tickets) -> None:
 
 
 async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, formatting: ThreadPoolExecutor):
-    """The events of one request's choices as server-sent events, each choice's in its order (choices
+    """The chunks of one request's choices (dicts; "[DONE]" last), each choice's in its order (choices
     interleave); cancels them if the client goes away. An echo's log-probabilities (a whole prompt's
     token texts) are formatted off the event loop, in `formatting`."""
     first, outputs, left = [True] * len(tickets), [None] * len(tickets), len(tickets)
@@ -195,35 +214,35 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
                     entries = data.prompt_logprobs if event == "done" else tickets[index].request.prompt_logprobs
                     echoed = await loop.run_in_executor(formatting, logprobs[index].prompt,
                                                         job.prompts[index // job.n], entries)
-                yield _sse(openai.chunk(job, model, job.echoed[index // job.n], index=index, logprobs=echoed))
+                yield openai.chunk(job, model, job.echoed[index // job.n], index=index, logprobs=echoed)
                 first[index] = False
             held = job.tools is not None and job.tools.may_call  # the text may hold calls: sent as known
             if event == "text" and held:
                 piece = streamed[index].add(data[0])
                 if piece:
-                    yield _sse(openai.chunk(job, model, piece, first=first[index], index=index))
+                    yield openai.chunk(job, model, piece, first=first[index], index=index)
                     first[index] = False
             elif event == "done" and held:
                 for event_chunk in openai.held_chunks(job, model, data, index, first[index], streamed[index],
                                                       logprobs[index].rest(data.logprobs)):
-                    yield _sse(event_chunk)
+                    yield event_chunk
                 first[index] = False
                 outputs[index], left = data, left - 1
             elif event == "text":
                 piece, entries = data
-                yield _sse(openai.chunk(job, model, piece, first=first[index], index=index,
-                                        logprobs=logprobs[index].take(entries)))
+                yield openai.chunk(job, model, piece, first=first[index], index=index,
+                                   logprobs=logprobs[index].take(entries))
                 first[index] = False
             elif event == "done":
-                yield _sse(openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index,
-                                        logprobs=logprobs[index].rest(data.logprobs), stop_reason=data.stop_reason))
+                yield openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index,
+                                   logprobs=logprobs[index].rest(data.logprobs), stop_reason=data.stop_reason)
                 outputs[index], left = data, left - 1
             else:
-                yield _sse(ApiError(500, f"generation failed: {data}", "server_error").body())
-                yield _sse("[DONE]")
+                yield ApiError(500, f"generation failed: {data}", "server_error").body()
+                yield "[DONE]"
                 return
         if job.include_usage:
-            yield _sse(openai.usage_chunk(job, model, outputs))
-        yield _sse("[DONE]")
+            yield openai.usage_chunk(job, model, outputs)
+        yield "[DONE]"
     finally:
         _cancel(tickets)

@@ -1,0 +1,125 @@
+"""OpenAI's Responses API (serve/responses.py) through the `openai` client: a response is the chat
+answer to its instructions and input, whole and streamed as Response events; text.format constrains it as
+response_format does; function tools answer function_call items; a conversation's call items reach the
+chat template; what the server cannot do is a 400 that names the field."""
+import json
+
+import httpx
+import pytest
+
+from servers import Server
+from triforce import LLM
+from triforce.serve.app import create_app
+
+TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}. {% endif %}"
+            "{% for m in messages %}{{ m.role }}: {{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+            "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}. {% endfor %}"
+            "{% if add_generation_prompt %}>{% endif %}")
+PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
+              "required": ["city", "days"], "additionalProperties": False}
+TOOL = {"type": "function", "name": "get_weather", "description": "today's weather", "parameters": PARAMETERS}
+CHAT_TOOL = {"type": "function", "function": {k: TOOL[k] for k in ("name", "description", "parameters")}}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    target = tiny_dir("chars-target", tokenizer="chars", seed=91, scale=25)
+    draft = tiny_dir("chars-draft", tokenizer="chars", seed=92, num_layers=1, scale=25)
+    llm = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4)
+    llm.tokenizer.chat_template = TEMPLATE
+    served = Server(create_app(llm, "tiny"))
+    yield served
+    served.close()
+
+
+def chat(server, **body) -> dict:
+    r = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "tiny", "temperature": 0, **body}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def streamed(client, **fields) -> list:
+    return list(client.responses.create(model="tiny", temperature=0, stream=True, **fields))
+
+
+def test_a_response_is_the_chat_answer_to_its_instructions_and_input(server):
+    client = server.client()
+    expected = chat(server, messages=[{"role": "system", "content": "be brief"},
+                                      {"role": "user", "content": "what is the weather?"}], max_tokens=5)
+    r = client.responses.create(model="tiny", instructions="be brief", input="what is the weather?",
+                                max_output_tokens=5, temperature=0)
+    assert r.output_text == expected["choices"][0]["message"]["content"] and r.object == "response"
+    assert expected["choices"][0]["finish_reason"] == "length" and r.status == "incomplete"
+    assert r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.input_tokens == expected["usage"]["prompt_tokens"]
+    assert r.usage.output_tokens == expected["usage"]["completion_tokens"]
+    assert r.instructions == "be brief" and r.max_output_tokens == 5
+    events = streamed(client, instructions="be brief", input="what is the weather?", max_output_tokens=5)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events[:4]] == ["response.created", "response.in_progress", "response.output_item.added",
+                                            "response.content_part.added"]
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == r.output_text == events[-1].response.output_text
+    assert events[-1].type == f"response.{r.status}" and events[-1].response.usage.input_tokens == r.usage.input_tokens
+
+
+def test_text_format_constrains_the_answer_as_response_format_does(server):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    expected = chat(server, messages=[{"role": "user", "content": "fine?"}], max_tokens=40,
+                    response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    r = server.client().responses.create(model="tiny", input="fine?", max_output_tokens=40, temperature=0,
+                                         text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
+    assert r.status == "completed" and r.output_text == expected["choices"][0]["message"]["content"] and json.loads(r.output_text)["ok"] in (
+        True, False)
+
+
+def test_a_named_function_tool_answers_a_function_call_item(server):
+    client = server.client()
+    question = "what is the weather in paris for 3 days?"
+    expected = chat(server, messages=[{"role": "user", "content": question}], max_tokens=120, tools=[CHAT_TOOL],
+                    tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    arguments = expected["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    fields = dict(input=question, max_output_tokens=120, tools=[TOOL],
+                  tool_choice={"type": "function", "name": "get_weather"})
+    r = client.responses.create(model="tiny", temperature=0, **fields)
+    call, = r.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.arguments == arguments
+    assert set(json.loads(call.arguments)) == {"city", "days"} and r.tools[0].name == "get_weather"
+    events = streamed(client, **fields)
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.type, i.name, i.arguments) for i in done] == [("function_call", "get_weather", arguments)]
+    assert events[-1].response.output[0].call_id == done[0].call_id
+
+
+def test_a_conversations_call_items_reach_the_template_as_chat_messages(server):
+    """function_call and function_call_output items are the assistant's tool_calls and a tool message:
+    the prompt counts what the chat request with those messages counts."""
+    call = {"name": "get_weather", "arguments": '{"city": "bath", "days": 1}'}
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "weather in bath?"}]},
+             {"type": "function_call", "call_id": "call_1", **call},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+    messages = [{"role": "user", "content": "weather in bath?"},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "call_1", "type": "function", "function": call}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    expected = chat(server, messages=messages, max_tokens=8, tools=[CHAT_TOOL], tool_choice="none")
+    r = server.client().responses.create(model="tiny", input=items, max_output_tokens=8, temperature=0,
+                                         tools=[TOOL], tool_choice="none")
+    assert r.usage.input_tokens == expected["usage"]["prompt_tokens"]
+    assert r.output_text == expected["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "hi", "store": True}, "store"),
+    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": 5}, "input"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+    ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text"),
+    ({"input": "hi", "model": "gpt-5"}, "model"),
+])
+def test_what_the_server_cannot_do_is_a_400_naming_the_field(server, body, param):
+    r = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
+    assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
