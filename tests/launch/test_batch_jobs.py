@@ -10,6 +10,7 @@ from triforce.launch.batch_jobs import shard_of
 from triforce.launch.cli import main
 
 PROMPT = " ".join(f"w{3 + (5 * i) % 90}" for i in range(30))
+TEMPLATE = "{% for m in messages %}w3 {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w4{% endif %}"
 
 
 def request(custom_id, prompt, max_tokens, url="/v1/completions"):
@@ -37,9 +38,13 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     lines.append(json.dumps({"custom_id": "f", "method": "POST", "url": "/v1/completions", "body": sampled}))
     listed = {"prompt": [prompts["a"], prompts["c"]], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
     lines.append(json.dumps({"custom_id": "g", "method": "POST", "url": "/v1/completions", "body": listed}))
+    asked = {"input": [{"role": "user", "content": "w5 w6"}], "max_output_tokens": 4, "temperature": 0}
+    lines.append(json.dumps({"custom_id": "h", "method": "POST", "url": "/v1/responses", "body": asked}))
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("\n".join(lines) + "\n")
     llm = LLM(target, mode="ar", dtype="float32")
+    llm.tokenizer.chat_template = TEMPLATE
+    llm.tokenizer.save_pretrained(target)  # the job's model has the template too
     expected = {k: llm.generate(p, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].text
                 for k, p in prompts.items()}
     choices = llm.generate([PROMPT] * 3, [SamplingParams(max_tokens=6, temperature=0.8, seed=s) for s in (11, 12, 13)])
@@ -48,8 +53,8 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
                    + "\n" + '{"custom_id": "c", "resp')  # a run killed mid-write: b done, c torn
     assert run(target, inp, out) == 0
     got = results(out)
-    assert sorted(got) == ["a", "b", "c", "d", "e", "f", "g", "line-4"]
-    assert len(out.read_text().splitlines()) == 8  # b kept once, the torn line gone
+    assert sorted(got) == ["a", "b", "c", "d", "e", "f", "g", "h", "line-4"]
+    assert len(out.read_text().splitlines()) == 9  # b kept once, the torn line gone
     for k in ("a", "c"):
         body = got[k]["response"]["body"]
         assert body["choices"][0]["text"] == expected[k] and body["model"] == "tiny" and got[k]["error"] is None
@@ -62,7 +67,12 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     assert body["usage"]["prompt_tokens"] == 30
     assert body["usage"]["completion_tokens"] == sum(len(o.token_ids) for o in choices)
     assert [c["text"] for c in got["g"]["response"]["body"]["choices"]] == [expected["a"], expected["c"]]
-    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 8  # all done: nothing added
+    answer = got["h"]["response"]["body"]
+    ids = llm.tokenizer.apply_chat_template(asked["input"], add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert answer["object"] == "response" and answer["output"][0]["content"][0]["text"] == llm.generate(
+        ids, SamplingParams(max_tokens=4, temperature=0))[0].text
+    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 9  # all done: nothing added
 
 
 def test_shards_split_the_lines(tiny_dir, tmp_path):

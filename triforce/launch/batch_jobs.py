@@ -1,9 +1,9 @@
 """`triforce batch`: OpenAI Batch API jobs from a JSONL file, for cluster batch jobs.
 
-Each input line is `{"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions",
-"body"}`; each output line is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
+Each input line is `{"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions" |
+"/v1/responses", "body"}`; each output line is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
 "error"}`, with `error` set (and `response` null) for a line that cannot run: bad JSON, another url, a
-body the server would refuse (serve/openai.py checks it the same way). Requests run `--batch-size` at a
+body the server would refuse (serve/openai.py and responses.py check it the same way). Requests run `--batch-size` at a
 time through LLM.generate (a request's prompts x `n` choices together, as sequences of that batch). Each
 result line is written whole and flushed, so a killed job loses at most the requests in flight; run
 again, it skips the custom_ids the output already has (a torn last line, if the kill came mid-write, is
@@ -25,7 +25,7 @@ from ..errors import UserError
 from .cli import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg,
                   llm_from_args)
 
-URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
 
 
 def add_batch_parser(sub) -> None:
@@ -79,7 +79,7 @@ def done_ids(output: Path) -> set[str]:
 
 
 def _batch(args) -> int:
-    from ..serve import openai
+    from ..serve import openai, responses
 
     pipeline = getattr(args, "worker_channel", None) is not None  # torchrun's ranks are one pipeline, not shards
     index, count = shard_of(args.shard, {k: v for k, v in os.environ.items()
@@ -112,9 +112,11 @@ def _batch(args) -> int:
                     continue
                 if not isinstance(request, dict) or request.get("method", "POST") != "POST" or \
                         request.get("url") not in URLS:
-                    raise openai.ApiError(400, "each line needs method POST and url /v1/completions or "
-                                               "/v1/chat/completions")
-                job = openai.parse(URLS[request["url"]], request.get("body"), llm, model, args.chat_max_tokens)
+                    raise openai.ApiError(400, "each line needs method POST and url /v1/completions, "
+                                               "/v1/chat/completions or /v1/responses")
+                kind, body = URLS[request["url"]], request.get("body")
+                job = responses.parse(body, llm, model, args.chat_max_tokens) if kind == "response" else \
+                    openai.parse(kind, body, llm, model, args.chat_max_tokens)
             except json.JSONDecodeError as exc:
                 error = {"code": "invalid_json", "message": f"line {n + 1}: {exc}"}
             except openai.ApiError as exc:
@@ -135,12 +137,13 @@ def _batch(args) -> int:
 
 
 def _run(llm, model, pending, write, bar) -> None:
-    from ..serve import openai
+    from ..serve import openai, responses
 
     choices = [job.choices() for _, job in pending]  # a line's prompts x n choices run together
     outs = iter(llm.generate([ids for c in choices for ids, _ in c], [params for c in choices for _, params in c]))
     for (custom_id, job), mine in zip(pending, choices):
-        body = openai.response(job, model, [next(outs) for _ in mine])
+        answer = responses.response if isinstance(job, responses.ResponsesJob) else openai.response
+        body = answer(job, model, [next(outs) for _ in mine])
         write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
                "response": {"status_code": 200, "request_id": job.id, "body": body}, "error": None})
         bar.update(1)
