@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a lent GPU machine checks in one call (device tool; see README "On a GPU"):
+# What a lent GPU machine checks in one call (device tool; see docs/gpu.md):
 #   1. `triforce bench` on CUDA over a random-weight target of SmolLM2's shape (benchmarks/random_target.py;
 #      the real weights cannot travel) with the shipped draft, float32 greedy, where every mode must equal
 #      `ar` token for token: chains at batch 1, then token trees at batch 1 and 4;

@@ -13,7 +13,7 @@ RETRIEVAL_POLICIES = ("static", "dynamic")
 TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/confident_trees.py
 MAX_TREE = 64  # nodes per speculation tree
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
-DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given (README, Prompt lookup)
+DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given (docs/draft.md, Prompt lookup)
 PREFIX_CACHE_GB = 1.0  # default bound of the recent prompts' target KV kept for reuse (cache/prefixes.py)
 
 
@@ -243,7 +243,7 @@ class EngineConfig:
     """How the hierarchy is built. Defaults: the paper's gamma2, chunk size and sinks; gamma1, the budget,
     the retrieval policy and full_layers were picked by `triforce bench` on SmolLM2 (see README)."""
     mode: str = "auto"  # auto: the tiers and gammas a cost model picks per request (coordinator/auto.py)
-    gamma1: int = 4  # tier-1 (draft) proposals per tier-2 check (README, Defaults)
+    gamma1: int = 4  # tier-1 (draft) proposals per tier-2 check (docs/defaults.md)
     gamma2: int = 6  # tier-2 tokens per tier-3 (target) check: the least (it takes all of tier 2's rounds)
     budget: int = 2048  # tokens the retrieval cache holds
     chunk_size: int = 8
@@ -288,14 +288,14 @@ class EngineConfig:
             raise ConfigError(f"tree_shape must be one of {', '.join(TREE_SHAPES)} (got {self.tree_shape!r})")
         if (self.tree1 or self.tree2) and self.mode == "auto":
             raise ConfigError("tree1 and tree2 take a fixed mode (triforce, retrieval or draft); mode auto plans "
-                              "chains (trees did not beat chains that take every token; README, Token trees)")
+                              "chains (trees did not beat chains that take every token; docs/trees.md)")
         if isinstance(self.tree1, int) and self.tree1 > self.window and self.mode in ("draft", "triforce"):
             raise ConfigError(f"tree1 ({self.tree1} nodes) must fit the draft's streaming window ({self.window} "
                               "tokens): a tree's nodes attend to each other there")
         if self.tree2 and self.mode == "triforce":
             raise ConfigError("tree2 (tier 2's tree to the target) runs in `retrieval` mode only; in `triforce` "
                               "mode tier 2 hands the target a chain of at least gamma2 tokens (the target accepts most of them, so "
-                              "siblings would cost more rows than they add; README, Token trees)")
+                              "siblings would cost more rows than they add; docs/trees.md)")
         if self.chunk_size < 1:
             raise ConfigError(f"chunk size must be >= 1 (got {self.chunk_size})")
         if self.budget < self.chunk_size or self.budget % self.chunk_size:

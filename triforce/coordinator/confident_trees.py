@@ -3,7 +3,7 @@
 
 Sequoia's shape comes from positional acceptance rates averaged over every node, so it spends the same
 siblings under a node where the draft is sure as where it is not, and on this machine its trees lost to a
-chain of 4 (README, Token trees). Here a node's children are decided once the node has been forwarded,
+chain of 4 (docs/trees.md). Here a node's children are decided once the node has been forwarded,
 from its *confidence* there (the proposer's top probability at temperature 1, in one of the buckets of
 CONFIDENCE_EDGES) and its *value*: the probability that the check accepts it, estimated as the product
 along its path of `rate(bucket, rank)`, how often a child of that rank under a parent of that confidence
@@ -21,7 +21,7 @@ Exact: a node's child count is decided from its own logits, its path, and the re
 beside it, never from the children drawn below it, and siblings are drawn without replacement in rank
 order as in every tree (speculation/tree.py); tree verification is exact for any such tree.
 
-Measured on the 2-core AMX Xeon (README, Token trees): 0.94x the chain of 4 at greedy and 1.02x at 0.6,
+Measured on the 2-core AMX Xeon (docs/trees.md): 0.94x the chain of 4 at greedy and 1.02x at 0.6,
 so chains stay the default and this shape is an option.
 """
 from __future__ import annotations

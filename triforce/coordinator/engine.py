@@ -303,7 +303,7 @@ class HierarchyEngine:
         # tokens each, its rounds stop past gamma. Those extra tokens are exact samples of the tier below
         # like the first gamma, and checking them costs the tier above little (a check of a few tokens
         # more costs about what one does), while dropping them threw away a third of tier 1's output
-        # (README, Token trees). So a check takes them all (mode auto's planner models that:
+        # (docs/trees.md). So a check takes them all (mode auto's planner models that:
         # speed_model.check_sizes). Exact: how many tokens a check holds is decided by the rounds below
         # before this tier sees any of them (a stopping time, as `stop_below`).
         g = self.gammas[level - 1]

@@ -64,7 +64,7 @@ SWITCH_MARGIN = 1.05  # another mode must promise this much more than the runnin
 GAMMA_MARGIN = 1.15  # a mode runs gamma1 / gamma2 unless other gammas promise this much more (the docstring)
 AR_PROBE = 1.25  # a request runs plain decoding for a stretch before a plan expected to beat it by less
 STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability...
-STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (README, The AVX2 path)
+STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (docs/avx2.md)
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
 # chains where the draft is unsure, what a gamma of 1 does everywhere, confident stretches included
 EVIDENCE_KEPT = 0.85  # of the acceptance evidence, for each EVIDENCE_TOKENS tokens committed since it was

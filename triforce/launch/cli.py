@@ -62,7 +62,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="how --tree1/--tree2 trees are shaped: sequoia (default), before each check from how often "
                         "the k-th child was accepted; confidence, as each grows, from the proposer's confidence at "
                         "each node and this machine's forward costs: a chain of the mode's gamma, then only nodes "
-                        "that pay (EAGLE-2's dynamic trees, kept exact; README, Token trees)")
+                        "that pay (EAGLE-2's dynamic trees, kept exact; docs/trees.md)")
     g.add_argument("--lookup", type=int, default=None, metavar="N",
                    help="prompt lookup: mix into the bottom tier's proposals (chains and trees) the token that "
                         "followed the latest earlier occurrence of the last N tokens, weighted by how often such "
@@ -71,7 +71,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the bottom tier ends a chain early after a proposal whose model gave its top token less "
                         "than probability P (an unlikely survivor: the check is shorter and cheaper); exact; pays "
                         "where a check costs more with every token it holds (CPUs without AVX512-BF16), loses "
-                        "where it does not (README, The AVX2 path); 0 = chains of gamma always (default: in mode "
+                        "where it does not (docs/avx2.md); 0 = chains of gamma always (default: in mode "
                         "auto 0.3 where this machine's checks grow steeply with their tokens, else 0; 0 in the "
                         "fixed modes)")
     g.add_argument("--budget", type=int, default=_DEFAULTS.budget,

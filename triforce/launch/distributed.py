@@ -12,7 +12,7 @@ blocks for reuse (--prefix-cache-gb of serve and batch, on each worker).
 Only the group's rank 0 (global rank 1) talks to the coordinator: control messages over ZeroMQ at
 --control-port on --control-bind (loopback by default; name an interface for multi-node runs and point
 --control-host at it), KV over a gloo group of ranks 0 and 1 (workers/bulk.py). Recipes for one GPU
-node, two RTX 4090s and Slurm are in the README.
+node, two RTX 4090s and Slurm are in docs/distributed.md.
 """
 from __future__ import annotations
 

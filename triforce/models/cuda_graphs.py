@@ -2,7 +2,7 @@
 
 On a GPU a decode step of a small model waits on the host, not on the GPU: SmolLM2's took about 1,150
 kernel launches and 17 ms a token on an H100 while its kernels ran 3.7 ms (benchmarks/gpu_profile.py,
-README "On a GPU"). A CUDA graph launches a whole forward's kernels at once, but it replays fixed shapes
+docs/gpu.md). A CUDA graph launches a whole forward's kernels at once, but it replays fixed shapes
 at fixed addresses, so `StaticForward` is the forward of n tokens written for that:
 
 - its inputs are tensors filled before each run: token ids, positions, the cache length (the first slot

@@ -4,7 +4,7 @@ Tensor by tensor: each GGUF tensor is dequantized (the `gguf` package), renamed 
 and written into the shard it belongs to, so the conversion holds about a shard (SHARD_BYTES) twice at
 most: its tensors and safetensors' serialised copy of them. Before, transformers built the whole float32
 model from the whole dequantized checkpoint, both in memory (with the loader's copies, fetching
-Qwen2.5-Coder-1.5B, 7.1 GB in float32, peaked at 17.8 GB; now 4.7: README, The Qwen2.5-Coder pair).
+Qwen2.5-Coder-1.5B, 7.1 GB in float32, peaked at 17.8 GB; now 4.7: docs/qwen.md).
 The config and the tokenizer still come from transformers, which reads them from the GGUF's metadata.
 """
 from __future__ import annotations

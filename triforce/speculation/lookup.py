@@ -21,7 +21,7 @@ q''s argmax; there q is one-hot, so that is c when w > 1/2, else q's own argmax.
 children from q' for its own path (coordinator/trees.py); a greedy one ranks them by q's logits with c
 among them (`greedy_order`).
 
-Measured (README, Prompt lookup): counted over the whole prompt, w stayed at the prompt's share (0.38 on
+Measured (docs/draft.md, Prompt lookup): counted over the whole prompt, w stayed at the prompt's share (0.38 on
 Emma, 0.50 on Genesis) and greedy never copied; over the latest 32 it reached 0.85-0.97 and lifted
 `triforce` on both texts and at both temperatures.
 """

@@ -1,5 +1,5 @@
 #!/bin/bash
-# How the runs beside this file were made (README, The AVX2 path): auto's speed factor measured at the
+# How the runs beside this file were made (docs/avx2.md): auto's speed factor measured at the
 # acceptance its stretch saw, before (a worktree of commit 5cf154e at /tmp/wt_before: `git worktree add
 # /tmp/wt_before 5cf154e`) and after (this checkout at /work/main), taking turns; each run with its own copy
 # of the same calibration folder (the machine's costs and priors), so that neither learns from the other.
