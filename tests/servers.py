@@ -11,6 +11,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from triforce.launch.distributed import free_port  # noqa: F401 (the tests' free port is the launcher's)
 
 KEY = "sk-test"
+# A chat template that shows the tools and earlier calls; {# <tool_call> #} marks it as writing Hermes blocks
+TOOLS_TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}. {% endif %}"
+                  "{% for m in messages %}{{ m.role }}: {{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+                  "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}. {% endfor %}"
+                  "{% if add_generation_prompt %}>{% endif %}")
+
+
+def chars_llm(tiny_dir, template: str = TOOLS_TEMPLATE):
+    """An LLM of tiny models over single-character tokens (structured outputs can constrain them), with a
+    chat template."""
+    from triforce import LLM
+
+    target = tiny_dir("chars-target", tokenizer="chars", seed=91, scale=25)
+    draft = tiny_dir("chars-draft", tokenizer="chars", seed=92, num_layers=1, scale=25)
+    model = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4)
+    model.tokenizer.chat_template = template
+    return model
 
 
 def wait_healthy(url: str, process=None, log=None, timeout_s: float = 120.0) -> None:

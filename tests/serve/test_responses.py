@@ -7,14 +7,9 @@ import json
 import httpx
 import pytest
 
-from servers import Server
-from triforce import LLM
+from servers import Server, chars_llm
 from triforce.serve.app import create_app
 
-TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}. {% endif %}"
-            "{% for m in messages %}{{ m.role }}: {{ m.content or '' }}{% for c in m.tool_calls or [] %}"
-            "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}. {% endfor %}"
-            "{% if add_generation_prompt %}>{% endif %}")
 PARAMETERS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
               "required": ["city", "days"], "additionalProperties": False}
 TOOL = {"type": "function", "name": "get_weather", "description": "today's weather", "parameters": PARAMETERS}
@@ -23,10 +18,7 @@ CHAT_TOOL = {"type": "function", "function": {k: TOOL[k] for k in ("name", "desc
 
 @pytest.fixture(scope="module")
 def server(tiny_dir):
-    target = tiny_dir("chars-target", tokenizer="chars", seed=91, scale=25)
-    draft = tiny_dir("chars-draft", tokenizer="chars", seed=92, num_layers=1, scale=25)
-    llm = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4)
-    llm.tokenizer.chat_template = TEMPLATE
+    llm = chars_llm(tiny_dir)
     served = Server(create_app(llm, "tiny"))
     yield served
     served.close()

@@ -7,8 +7,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from servers import Server
-from triforce import LLM, SamplingParams
+from servers import TOOLS_TEMPLATE as TEMPLATE, Server, chars_llm
+from triforce import SamplingParams
 from triforce.api import chat_ids
 from triforce.config import StructuredOutputs
 from triforce.serve.app import create_app
@@ -21,21 +21,12 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
     "additionalProperties": False}}}
 TOOLS = [WEATHER, TIME]
-# A chat template that shows the tools and earlier calls; {# <tool_call> #} marks it as writing Hermes blocks
-TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}. {% endif %}"
-            "{% for m in messages %}{{ m.role }}: {{ m.content or '' }}{% for c in m.tool_calls or [] %}"
-            "{{ c.function.name }}{{ c.function.arguments | tojson }}{% endfor %}. {% endfor %}"
-            "{% if add_generation_prompt %}>{% endif %}")
 MESSAGES = [{"role": "user", "content": "what is the weather in paris for 3 days?"}]
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_dir):
-    target = tiny_dir("chars-target", tokenizer="chars", seed=91, scale=25)
-    draft = tiny_dir("chars-draft", tokenizer="chars", seed=92, num_layers=1, scale=25)
-    model = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4)
-    model.tokenizer.chat_template = TEMPLATE
-    return model
+    return chars_llm(tiny_dir)
 
 
 @pytest.fixture
