@@ -131,20 +131,44 @@ def test_streaming_cache_matches_reference(ops, sinks, window):
         for layer, (q, keys, values) in enumerate(seen):
             ks = torch.stack([history[t][0][layer][0] for t in visible], dim=1)
             vs = torch.stack([history[t][0][layer][1] for t in visible], dim=1)
-            torch.testing.assert_close(keys, ROPE.rotate(ks, rotated))
+            # the attention scores of StreamingLLM's numbering (the cache rotates at other positions with
+            # the same distances, which is all RoPE scores see)
+            torch.testing.assert_close(scores(q, keys), scores(signed_rotate(new[layer][0], positions - shift),
+                                                               signed_rotate(ks, rotated)))
             torch.testing.assert_close(values, vs)
-            torch.testing.assert_close(q, ROPE.rotate(new[layer][0], positions - shift))
 
 
-def test_streaming_positions_of_a_chain_number_the_visible_keys():
+def signed_rotate(x, positions):
+    """ROPE.rotate at positions of either sign (StreamingLLM's numbering of a window that a tree's node at
+    depth 1 begins puts a sibling at depth 0 below it)."""
+    cos, sin = ROPE.cos[positions.abs()], ROPE.sin[positions.abs()] * positions.sign()[:, None]
+    return ROPE.apply(x, cos, sin)
+
+
+def scores(q, keys):
+    """q [Hq, n, D] . keys [Hkv, S, D] -> [Hq, n, S], each query head with its KV head."""
+    return q @ keys.repeat_interleave(HQ // HKV, dim=0).transpose(1, 2)
+
+
+YARN = CFG.with_rope_scaling("yarn:4")  # max_position_embeddings 512 -> 2048
+
+
+@pytest.mark.parametrize("cfg", [CFG, YARN])  # yarn: cos and sin carry an attention scaling
+def test_streaming_positions_of_a_chain_number_the_visible_keys(cfg):
     """The StreamingLLM rule for chains: visible keys at 0..m-1, sinks first, new queries last."""
-    cache = StreamingKVCache(CFG, 2, 5, 4, ROPE, torch.float32, "cpu")
+    rope = RotaryEmbedding(cfg)
+    cache = StreamingKVCache(cfg, 2, 5, 4, rope, torch.float32, "cpu")
+    history = []
     for step in range(6):
-        forward(cache, 3, step)
-    seen, new, _ = forward(cache, 3, 99)
+        history += per_token(*forward(cache, 3, step)[1:])
+    seen, new, positions = forward(cache, 3, 99)
+    history += per_token(new, positions)
     q, keys, _ = seen[0]
     assert keys.shape[1] == 2 + 5 + 3
-    torch.testing.assert_close(q, ROPE.rotate(new[0][0], torch.arange(7, 10)))
+    visible = [0, 1] + list(range(13, 21))
+    ks = torch.stack([history[t][0][0][0] for t in visible], dim=1)
+    torch.testing.assert_close(scores(q, keys), scores(rope.rotate(new[0][0], torch.arange(7, 10)),
+                                                       rope.rotate(ks, torch.arange(10))))
 
 
 def naive_selection(queries, keys, chunk, count):

@@ -4,6 +4,7 @@ import torch
 
 from triforce.cache.full import FullKVCache
 from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
+from triforce.cache.streaming import StreamingKVCache
 from triforce.kernels.cpu import cpu_kernels, native_bf16
 from triforce.models.loader import load_model
 from triforce.step import Step
@@ -60,6 +61,45 @@ def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, mo
     assert torch.equal(fused[1], plain[1]) and torch.equal(fused[2], plain[2])
     for got, want in zip(fused[3], plain[3]):
         assert torch.equal(got, want)
+
+
+def decode_streaming(model, fused):
+    """A draft's streaming cache (4 sinks, a window of 12) through a prefill, chains and trees that slide
+    the window, a rollback and kept paths. Returns every forward's logits and the cache's stored keys."""
+    saved = model.fused_layers
+    model.fused_layers = fused
+    try:
+        g = torch.Generator().manual_seed(2)
+        cache = StreamingKVCache(model.config, 4, 12, 16, model.rope, model.dtype, "cpu")
+        logits = [model(torch.randint(3, 96, (30,), generator=g), cache)]
+        for n in (1, 3, 5, 2, 1, 4):
+            logits.append(model(torch.randint(3, 96, (n,), generator=g), cache))
+        cache.rollback(3)
+        for parents, path in (([-1, 0, 0, 1, 2, 2, 3], [0, 2, 5]), ([-1, -1, 0, 1], [1, 3])):
+            tokens, start = torch.randint(3, 96, (len(parents),), generator=g), cache.length
+            logits.append(model(Step.tree(tokens, parents, start), cache))
+            cache.keep_path(start, path)
+            logits.append(model(torch.randint(3, 96, (2,), generator=g), cache))
+        return logits, cache.recent_k.clone(), cache.sink_k.clone()
+    finally:
+        model.fused_layers = saved
+
+
+def test_a_streaming_cache_takes_the_fused_loop_bit_for_bit(level, tmp_path, monkeypatch):
+    """Past its sinks, a draft's forwards of a few tokens run the fused loop over the streaming cache's
+    sinks and window (copied into one buffer per layer) and store what the layer loop stores."""
+    model = load_model(write_tiny_checkpoint(tmp_path, vocab_size=96, hidden_size=256, num_heads=4, num_kv_heads=2,
+                                             scale=10.0), "bfloat16")
+    calls = []
+    ext = cpu_kernels()
+    real = ext.decoder_layers_bf16
+    monkeypatch.setattr(ext, "decoder_layers_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    fused = decode_streaming(model, model.fused_layers)
+    assert calls == [1, 3, 5, 2, 1, 4, 7, 2, 4, 2]  # every forward but the prefill (it fills the sinks)
+    plain = decode_streaming(model, None)
+    for got, want in zip(fused[0], plain[0]):
+        assert torch.equal(got, want)
+    assert torch.equal(fused[1], plain[1]) and torch.equal(fused[2], plain[2])
 
 
 def test_float32_models_take_the_layer_loop(tmp_path):

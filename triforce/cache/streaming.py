@@ -1,25 +1,36 @@
 """StreamingKVCache: attention sinks plus a recent window (StreamingLLM, arXiv 2309.17453).
 
-Keys are stored unrotated, with their positions, and rotated at read time with their position *inside
-the cache*, as StreamingLLM does: the sinks keep theirs (0..sinks-1) and every later key and query is
-shifted so that the window's first key sits right after the sinks. So the model never sees a position
-past sinks + window + n, however long the text grows. For a chain that numbers the visible keys
-0..m-1, sinks first, the new queries last; tree nodes keep their depths (siblings share a position).
+StreamingLLM numbers the keys by their place *inside the cache*: the sinks keep their positions
+(0..sinks-1) and the window's first key sits right after them, the rest and the new queries following at
+their offsets, so the model never sees a distance past sinks + window + n, however long the text grows.
+RoPE scores depend only on the distance between a query's and a key's positions, so the same scores come
+from rotating every window key and query at its own position in the text, once, and turning only the
+sinks by the shift (the window's first position less `sinks`) each forward: keys are stored rotated,
+and a forward rotates its sinks and its new tokens, not the window. Tree nodes keep their depths
+(siblings share a position).
 
 Visible to a forward over n new tokens: the first `sinks` tokens, the last `window` tokens absorbed
 before it, and the n new ones (a tree grown over several forwards counts its earlier levels' nodes,
 siblings included, against the window). Rollback after the window has slid is exact because the store keeps
 `window + max_rollback` recent tokens: tokens that left the window recently are still there to come
 back. A rollback deeper than `max_rollback` raises rather than silently attending to a wrong window.
+
+The fused layer loop (kernels/decoder.py) takes a forward of up to VIEW_ROWS tokens past the sinks
+(`layer_buffers`): the visible keys and values are copied into one buffer per layer, sinks then window
+(a few hundred entries), the loop writes the new tokens after them, and `end` copies those into the store,
+so that the draft's steps run as one kernel call instead of about 20 torch calls per layer.
 """
 from __future__ import annotations
 
 import torch
 
+from ..kernels.fused import rope as rotate
 from ..models.config import ModelConfig
 from ..models.rope import RotaryEmbedding
 from ..step import Step
-from .base import KVCache
+from .base import KVCache, LayerBuffers
+
+VIEW_ROWS = 64  # new tokens of a forward that the fused layer loop takes (chains, tree levels; not prefill chunks)
 
 
 class StreamingKVCache(KVCache):
@@ -37,6 +48,8 @@ class StreamingKVCache(KVCache):
         self.length = 0
         self._offset = 0  # sequence index of recent_k[:, :, 0]
         self._n = 0
+        self._view: tuple[torch.Tensor, torch.Tensor] | None = None  # [L, Hkv, capacity, D] keys, values
+        self._fused = False  # the forward in progress writes into the view (layer_buffers), not the store
 
     def _alloc_recent(self, size: int, keep: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         like = self.sink_k
@@ -72,18 +85,25 @@ class StreamingKVCache(KVCache):
         self.sink_pos[start:start + to_sink] = step.positions[:to_sink]
         a = self._recent_index(start + to_sink)
         self.recent_pos[a:a + n - to_sink] = step.positions[to_sink:]
-        n_sink = min(start + n, self.sinks)
         # The window: the last `window` tokens before the step, of those stored (none before a skip).
         self._window = (self._recent_index(max(self.sinks, start - self.window, self._offset)),
                         self._recent_index(start + n))
-        # Shift every position past the sinks so the window's first key follows them (none before it: 0).
-        shift = self.recent_pos[self._window[0]] - self.sinks if start > self.sinks else 0
-        key_pos = torch.cat((self.sink_pos[:n_sink], self.recent_pos[slice(*self._window)] - shift))
-        self._key_cos_sin = self.rope.cos_sin(key_pos, self.sink_k.dtype)  # every visible key, rotated afresh
-        self._query_cos_sin = self.rope.cos_sin(step.positions - shift, self.sink_k.dtype)
+        self.rope.reach(start + n)
+        self._cos_sin = self.rope.cos_sin(step.positions, self.sink_k.dtype)  # the new tokens' own positions
+        # The sinks, turned by the shift (the window's first position less `sinks`; none while the window
+        # follows them) to sit right before the window: [L, Hkv, sinks, D]
+        self._sinks_now = self.sink_k[:, :, :min(start + n, self.sinks)]
+        if start > self.sinks > 0:
+            layers, heads, _, dim = self.sink_k.shape
+            # a tensor (no sync); negative where a tree's siblings left the window's first position low
+            shift = (self.recent_pos[self._window[0]] - self.sinks).expand(self.sinks)
+            self._sinks_now = rotate(self.sink_k.reshape(layers * heads, self.sinks, dim),
+                                     *self.rope.turn(shift, self.sink_k.dtype)).view(layers, heads, self.sinks, dim)
 
     def append(self, layer, q, k, v):
+        self._fused = False  # the layer loop runs: it writes the store itself
         n, start = self._n, self.length
+        q, k = rotate(q, *self._cos_sin), rotate(k, *self._cos_sin)
         to_sink = max(0, min(n, self.sinks - start))
         if to_sink:
             self.sink_k[layer, :, start:start + to_sink] = k[:, :to_sink]
@@ -94,9 +114,38 @@ class StreamingKVCache(KVCache):
             self.recent_v[layer, :, a:a + n - to_sink] = v[:, to_sink:]
         n_sink = min(start + n, self.sinks)
         window = slice(*self._window)
-        keys = torch.cat((self.sink_k[layer, :, :n_sink], self.recent_k[layer, :, window]), dim=1)
+        keys = torch.cat((self._sinks_now[layer], self.recent_k[layer, :, window]), dim=1)
         values = torch.cat((self.sink_v[layer, :, :n_sink], self.recent_v[layer, :, window]), dim=1)
-        return self.rope.apply(q, *self._query_cos_sin), self.rope.apply(keys, *self._key_cos_sin), values
+        return q, keys, values
+
+    def layer_buffers(self) -> LayerBuffers | None:
+        """For a forward of up to VIEW_ROWS tokens past the sinks: every layer's visible keys and values
+        copied into a buffer, sinks then window, for the new tokens to follow (`end` stores them)."""
+        n, start = self._n, self.length
+        if n > VIEW_ROWS or start < self.sinks:
+            return None
+        first, end = self._window[0], self._window[1] - n  # the window before the new tokens
+        before = self.sinks + end - first
+        layers, heads, _, dim = self.sink_k.shape
+        if self._view is None or self._view[0].shape[2] < before + n:
+            shape = (layers, heads, self.sinks + self.window + VIEW_ROWS, dim)
+            self._view = (self.sink_k.new_zeros(shape), self.sink_k.new_zeros(shape))
+        keys, values = self._view
+        keys[:, :, :self.sinks], values[:, :, :self.sinks] = self._sinks_now, self.sink_v
+        keys[:, :, self.sinks:before], values[:, :, self.sinks:before] = (self.recent_k[:, :, first:end],
+                                                                            self.recent_v[:, :, first:end])
+        self._fused = True
+        return LayerBuffers(list(keys), list(values), [before] * layers, *self._cos_sin, None)
+
+    def end(self) -> None:
+        if self._fused:  # the new tokens' rotated keys and values, from the view into the store
+            n, (keys, values) = self._n, self._view
+            before = self.sinks + self._window[1] - n - self._window[0]
+            a = self._recent_index(self.length)
+            self.recent_k[:, :, a:a + n] = keys[:, :, before:before + n]
+            self.recent_v[:, :, a:a + n] = values[:, :, before:before + n]
+            self._fused = False
+        super().end()
 
     def skippable(self, end: int) -> int:
         """How many of the next tokens need no KV when the cache is to hold the sequence up to `end`: those

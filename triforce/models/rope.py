@@ -95,15 +95,31 @@ POSITION_MARGIN = 256
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin for positions [0, max_positions + margin); `rotate(x, positions)` applies them."""
+    """Precomputed cos/sin for positions [0, max_positions + margin) (more on `reach`); `rotate(x, positions)`
+    applies them."""
 
     def __init__(self, cfg: ModelConfig, device: torch.device | str = "cpu"):
-        inv_freq, scale = inverse_frequencies(cfg)
-        positions = torch.arange(cfg.max_position_embeddings + POSITION_MARGIN, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)  # [P, D/2]
+        self.inv_freq, self.scale = inverse_frequencies(cfg)
+        self.cos, self.sin = self._rows(0, cfg.max_position_embeddings + POSITION_MARGIN, device)
+
+    def _rows(self, start: int, end: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(start, end, dtype=torch.float32)
+        freqs = torch.outer(positions, self.inv_freq)  # [P, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-        self.cos = (emb.cos() * scale).to(device)
-        self.sin = (emb.sin() * scale).to(device)
+        return (emb.cos() * self.scale).to(device), (emb.sin() * self.scale).to(device)
+
+    def turn(self, by: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [n, D] that turn vectors already rotated by `by` [n] more positions (either sign),
+        without a second attention scaling."""
+        cos, sin = self.cos[by.abs()], self.sin[by.abs()] * by.sign()[:, None]
+        return (cos / self.scale).to(dtype), (sin / self.scale).to(dtype)
+
+    def reach(self, position: int) -> None:
+        """Makes the table cover `position` (a streaming cache rotates keys at their positions in the text,
+        which pass a draft's own); the entries it had stay as they were."""
+        if position >= len(self.cos):
+            cos, sin = self._rows(len(self.cos), max(position + POSITION_MARGIN, 2 * len(self.cos)), self.cos.device)
+            self.cos, self.sin = torch.cat((self.cos, cos)), torch.cat((self.sin, sin))
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [n] int64 -> (cos, sin), each [n, D] in `dtype`; computed once per forward."""
