@@ -15,3 +15,12 @@ for turn in 1 2; do
       --out "$out/bench_${commit}_turn$turn.json" > "$out/bench_${commit}_turn$turn.log" 2>&1
   done
 done
+# Then `draft` mode alone at 2K greedy, three turns of two repeats each (draft2k_*.json), and the step
+# itself, fused against the layer loop in one process: python benchmarks/draft_step.py > draft_step.json
+for turn in 1 2 3; do
+  for commit in "$base" "$new"; do
+    PYTHONPATH="/tmp/wt_$commit" .venv/bin/python -m triforce bench --text "$text" --lengths 2048 \
+      --temperatures 0 --max-new-tokens 256 --modes ar draft --repeats 2 \
+      --out "$out/draft2k_${commit}_turn$turn.json" > /dev/null 2>&1
+  done
+done
