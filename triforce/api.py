@@ -250,7 +250,8 @@ class LLM:
         if stream is not None and len(prompts) > 1:
             raise UserError("streaming takes one prompt at a time")
         per_prompt = [self.prepare(p) for p in per_prompt]
-        ids = [self.encode(p)[-(sp.truncate_prompt_tokens or 0):] for p, sp in zip(prompts, per_prompt)]
+        ids = [self.encode(p) for p in prompts]
+        ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
         sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]

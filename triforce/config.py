@@ -123,7 +123,7 @@ class SamplingParams:
     # taken too); values from -100 (never) to 100 (always, in practice)
     logit_bias: tuple[tuple[int, float], ...] = ()
     # OpenAI's presence and frequency penalties (-2 to 2) and vLLM's repetition penalty (> 0; 1 is off), on
-    # every tier's rows, each by the tokens before it, after logit_bias as in vLLM (speculation/penalties.py)
+    # every tier's rows, each by the tokens before it, after logit_bias as in vLLM (speculation/rules.py)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -137,7 +137,7 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
     # words never generated (vLLM's): LLM.prepare adds each one's tokens, alone and after a space, to
     # bad_words_ids, token sequences (transformers' name) whose last token is banned at every tier where
-    # the generated tokens before it end with the rest (speculation/penalties.py)
+    # the generated tokens before it end with the rest (speculation/rules.py)
     bad_words: tuple[str, ...] = ()
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     # keep only the prompt's last this many tokens (vLLM's; None: all of it)

@@ -64,15 +64,18 @@ def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, mo
 
 
 def decode_streaming(model, fused):
-    """A draft's streaming cache (4 sinks, a window of 12) through a prefill, chains and trees that slide
-    the window, a rollback and kept paths. Returns every forward's logits and the cache's stored keys."""
+    """A draft's streaming cache (4 sinks, a window of 12, a store of 2 x (12 + 8) entries) through a
+    prefill, a skip, chains and trees that slide the window past compactions of the store, a rollback and
+    kept paths; then a batch beside a fresh streaming cache whose sinks are not full (it declines the
+    fused loop, so both run the layer loop). Returns every forward's logits and the caches' stored keys."""
     saved = model.fused_layers
     model.fused_layers = fused
     try:
         g = torch.Generator().manual_seed(2)
-        cache = StreamingKVCache(model.config, 4, 12, 16, model.rope, model.dtype, "cpu")
+        cache = StreamingKVCache(model.config, 4, 12, 8, model.rope, model.dtype, "cpu")
         logits = [model(torch.randint(3, 96, (30,), generator=g), cache)]
-        for n in (1, 3, 5, 2, 1, 4):
+        cache.skip(20)
+        for n in (1, 3, 5, 2, 1, 4) * 4:
             logits.append(model(torch.randint(3, 96, (n,), generator=g), cache))
         cache.rollback(3)
         for parents, path in (([-1, 0, 0, 1, 2, 2, 3], [0, 2, 5]), ([-1, -1, 0, 1], [1, 3])):
@@ -80,6 +83,10 @@ def decode_streaming(model, fused):
             logits.append(model(Step.tree(tokens, parents, start), cache))
             cache.keep_path(start, path)
             logits.append(model(torch.randint(3, 96, (2,), generator=g), cache))
+        fresh = StreamingKVCache(model.config, 4, 12, 8, model.rope, model.dtype, "cpu")
+        steps = [Step.chain(torch.randint(3, 96, (2,), generator=g), c.length) for c in (cache, fresh)]
+        logits += model.forward_batch(steps, [cache, fresh])
+        logits.append(model(torch.randint(3, 96, (3,), generator=g), cache))
         return logits, cache.recent_k.clone(), cache.sink_k.clone()
     finally:
         model.fused_layers = saved
@@ -95,7 +102,8 @@ def test_a_streaming_cache_takes_the_fused_loop_bit_for_bit(level, tmp_path, mon
     real = ext.decoder_layers_bf16
     monkeypatch.setattr(ext, "decoder_layers_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     fused = decode_streaming(model, model.fused_layers)
-    assert calls == [1, 3, 5, 2, 1, 4, 7, 2, 4, 2]  # every forward but the prefill (it fills the sinks)
+    # every forward but the prefill (it fills the sinks) and the batch beside a cache whose sinks are not full
+    assert calls == [1, 3, 5, 2, 1, 4] * 4 + [7, 2, 4, 2, 3]
     plain = decode_streaming(model, None)
     for got, want in zip(fused[0], plain[0]):
         assert torch.equal(got, want)

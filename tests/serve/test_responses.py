@@ -106,6 +106,7 @@ def test_a_conversations_call_items_reach_the_template_as_chat_messages(server):
     ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "hi", "store": True}, "store"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": "hi", "tools": 5}, "tools"),
     ({"input": 5}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),

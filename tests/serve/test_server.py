@@ -228,6 +228,9 @@ def parse_error(body: dict, llm) -> ApiError:
      "continue_final_message"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "chat_template_kwargs": {"tools": []}},
      400, "chat_template_kwargs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}],  # the tokenizer's own options
+                              "chat_template_kwargs": {"padding": "max_length", "max_length": 10**9}}, 400,
+     "chat_template_kwargs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "add_generation_prompt": "no"}, 400,
      "add_generation_prompt"),
     ("/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens"),

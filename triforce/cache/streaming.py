@@ -41,7 +41,7 @@ class StreamingKVCache(KVCache):
         self.sinks, self.window, self.max_rollback, self.rope = sinks, window, max_rollback, rope
         self._keep = window + max_rollback  # recent tokens that must survive a compaction
         shape = (cfg.num_layers, cfg.num_kv_heads, sinks, cfg.head_dim)
-        self.sink_k = torch.zeros(shape, dtype=dtype, device=device)  # [L, Hkv, sinks, D] unrotated
+        self.sink_k = torch.zeros(shape, dtype=dtype, device=device)  # [L, Hkv, sinks, D] rotated at their positions
         self.sink_v = torch.zeros(shape, dtype=dtype, device=device)
         self.sink_pos = torch.zeros(sinks, dtype=torch.long, device=device)  # [sinks] positions
         self._alloc_recent(2 * self._keep)
@@ -54,7 +54,7 @@ class StreamingKVCache(KVCache):
     def _alloc_recent(self, size: int, keep: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         like = self.sink_k
         shape = (like.shape[0], like.shape[1], size, like.shape[3])
-        new_k = torch.zeros(shape, dtype=like.dtype, device=like.device)  # [L, Hkv, size, D] unrotated
+        new_k = torch.zeros(shape, dtype=like.dtype, device=like.device)  # [L, Hkv, size, D] rotated likewise
         new_v = torch.zeros_like(new_k)
         new_pos = torch.zeros(size, dtype=torch.long, device=like.device)  # [size] positions
         if keep is not None:
@@ -127,7 +127,7 @@ class StreamingKVCache(KVCache):
         first, end = self._window[0], self._window[1] - n  # the window before the new tokens
         before = self.sinks + end - first
         layers, heads, _, dim = self.sink_k.shape
-        if self._view is None or self._view[0].shape[2] < before + n:
+        if self._view is None:  # room for the most it holds: sinks, a full window, VIEW_ROWS new
             shape = (layers, heads, self.sinks + self.window + VIEW_ROWS, dim)
             self._view = (self.sink_k.new_zeros(shape), self.sink_k.new_zeros(shape))
         keys, values = self._view

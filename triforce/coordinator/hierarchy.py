@@ -97,12 +97,15 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     def draft_tier() -> Tier:
         if draft is None:
             raise ValueError(f"mode {cfg.mode!r} needs a draft model")
-        # The draft sees positions up to sinks + window + the tokens of one forward; prefill chunks no
-        # longer than the window keep that within the positions it was trained on.
+        # The draft sees distances up to sinks + window + the tokens of one forward; prefill chunks no
+        # longer than the window keep that within the positions it was trained on. Its keys are rotated at
+        # their positions in the text: the table covers them all before the first forward (it does not
+        # grow beneath a forward, nor under a CUDA graph that holds its address).
         chunk = min(cfg.prefill_chunk, cfg.window)
         if cfg.sinks + cfg.window + max(chunk, slack) > draft.config.max_positions:
             raise ConfigError(f"draft attends over sinks + window = {cfg.sinks + cfg.window} tokens plus "
                               f"{max(chunk, slack)} new ones, past its {draft.config.max_positions} positions")
+        draft.rope.reach(max_length + slack)
         cache = StreamingKVCache(draft.config, cfg.sinks, cfg.window, slack, draft.rope, draft.dtype, draft.device)
         return Tier("draft", draft, cache, chunk)
 

@@ -56,17 +56,23 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
     tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}" + (
         f",min_p={params.min_p:g}" if params.min_p else "")
-    # each of these changes every tier's rows, so how often they agree: by its hash
-    for name, value in (("bias", params.logit_bias), ("allowed", params.allowed_token_ids),
-                        ("banned", params.bad_words_ids), ("guided", params.structured_outputs)):
-        if value:
-            sampling += f",{name}={hashlib.sha256(repr(value).encode()).hexdigest()[:8]}"
+    if params.logit_bias:  # it changes every tier's rows, so how often they agree
+        sampling += f",bias={_hash(params.logit_bias)}"
     if params.penalized:  # likewise
         sampling += f",penalties={params.presence_penalty:g}/{params.frequency_penalty:g}/{params.repetition_penalty:g}"
+    if params.structured_outputs is not None:  # likewise: the constraint masks every tier's rows
+        sampling += f",guided={_hash(params.structured_outputs)}"
+    for name, value in (("allowed", params.allowed_token_ids), ("banned", params.bad_words_ids)):  # likewise
+        if value:
+            sampling += f",{name}={_hash(value)}"
     machine = "+".join(sorted({machine_key(t.model.device.type) for t in ladder}))
     return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
             + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else "")
             + (f"||context={1 << (context.bit_length() - 1)}" if context else ""))
+
+
+def _hash(value) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:8]
 
 
 class Priors(CalibrationFile):

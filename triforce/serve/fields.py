@@ -2,14 +2,16 @@
 status) that names it."""
 from __future__ import annotations
 
+import inspect
+
 from ..api import chat_ids
 from ..config import MAX_LOGPROBS
 from .constraints import ToolPlan, template_messages
 
 MAX_PROMPTS = 2048  # prompts of one completion request
-# what the server passes the chat template itself, which chat_template_kwargs may not change
-RESERVED = {"messages", "tools", "add_generation_prompt", "continue_final_message", "tokenize", "return_dict",
-            "conversation", "documents", "chat_template"}
+# what the server passes the chat template itself, which chat_template_kwargs may not change (besides the
+# tokenizer's own options: apply_chat_template's parameters)
+RESERVED = {"messages", "tools", "add_generation_prompt", "continue_final_message"}
 
 
 class ApiError(Exception):
@@ -115,9 +117,12 @@ def prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[
             raise ApiError(400, "'continue_final_message' needs 'add_generation_prompt': false",
                            param="continue_final_message")
         kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict) or RESERVED & set(kwargs):
-            raise ApiError(400, f"'chat_template_kwargs' must be an object of the template's variables other than "
-                                f"{', '.join(sorted(RESERVED))}", param="chat_template_kwargs")
+        reserved = RESERVED | {name for name, p in inspect.signature(tokenizer.apply_chat_template).parameters.items()
+                               if p.kind is not p.VAR_KEYWORD}
+        if not isinstance(kwargs, dict) or reserved & set(kwargs):
+            raise ApiError(400, f"'chat_template_kwargs' must be an object of the template's variables, not "
+                                f"{', '.join(sorted(reserved & set(kwargs))) or 'a ' + type(kwargs).__name__}",
+                           param="chat_template_kwargs")
         try:
             prompt = chat_ids(tokenizer, template_messages(messages), body.get("tools") if tools else None,
                               generation, final, kwargs)

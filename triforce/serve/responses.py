@@ -52,6 +52,8 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
                          ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls")):
         if body.get(ours) is not None:
             chat[theirs] = body[ours]
+    if body.get("tools") is not None and not isinstance(body["tools"], list):
+        raise ApiError(400, "'tools' must be a list of function tools", param="tools")
     if body.get("tools"):
         chat["tools"] = [_tool(t) for t in body["tools"]]
         chat["tool_choice"] = _tool_choice(body.get("tool_choice", "auto"))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..config import ConfigError
 from .guided import Guide
 from .penalties import MinTokens, Penalties
 
@@ -65,6 +66,8 @@ def bad_word_ids(tokenizer, words: Sequence[str]) -> tuple[tuple[int, ...], ...]
     for word in words:
         alone = tokenizer.encode(word.lstrip(), add_special_tokens=False)
         spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if not alone:
+            raise ConfigError(f"bad_words: the tokenizer writes {word!r} as no tokens")
         out.append(tuple(alone))
         if spaced[0] != alone[0] and len(spaced) == len(alone):
             out.append(tuple(spaced))

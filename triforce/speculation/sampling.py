@@ -63,11 +63,8 @@ def only_allowed(logits: torch.Tensor, refused: torch.Tensor) -> torch.Tensor:
     other) becomes uniform over the tokens not refused: a distribution to propose from, where
     verification corrects it (a target's logits are finite everywhere)."""
     out = logits.masked_fill(refused, float("-inf"))
-    empty = torch.isneginf(out).all(-1)
-    if empty.any():
-        refused = refused.expand_as(out)
-        out[empty] = torch.zeros_like(out[empty]).masked_fill(refused[empty], float("-inf"))
-    return out
+    empty = torch.isneginf(out).all(-1, keepdim=True)  # chosen per row without a host sync
+    return torch.where(empty, torch.zeros_like(out).masked_fill(refused, float("-inf")), out)
 
 
 @lru_cache(maxsize=16)
