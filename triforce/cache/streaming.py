@@ -50,6 +50,7 @@ class StreamingKVCache(KVCache):
         self._n = 0
         self._view: tuple[torch.Tensor, torch.Tensor] | None = None  # [L, Hkv, capacity, D] keys, values
         self._fused = False  # the forward in progress writes into the view (layer_buffers), not the store
+        self._before = 0  # where in the view it writes: after the sinks and the window
 
     def _alloc_recent(self, size: int, keep: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         like = self.sink_k
@@ -125,7 +126,7 @@ class StreamingKVCache(KVCache):
         if n > VIEW_ROWS or start < self.sinks:
             return None
         first, end = self._window[0], self._window[1] - n  # the window before the new tokens
-        before = self.sinks + end - first
+        before = self._before = self.sinks + end - first
         layers, heads, _, dim = self.sink_k.shape
         if self._view is None:  # room for the most it holds: sinks, a full window, VIEW_ROWS new
             shape = (layers, heads, self.sinks + self.window + VIEW_ROWS, dim)
@@ -139,8 +140,7 @@ class StreamingKVCache(KVCache):
 
     def end(self) -> None:
         if self._fused:  # the new tokens' rotated keys and values, from the view into the store
-            n, (keys, values) = self._n, self._view
-            before = self.sinks + self._window[1] - n - self._window[0]
+            n, before, (keys, values) = self._n, self._before, self._view
             a = self._recent_index(self.length)
             self.recent_k[:, :, a:a + n] = keys[:, :, before:before + n]
             self.recent_v[:, :, a:a + n] = values[:, :, before:before + n]
