@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..cache.retrieval import RetrievalKVCache
-from ..cache.streaming import StreamingKVCache
+from ..cache.streaming import VIEW_ROWS, StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
 from ..models.config import ModelConfig
 from ..models.llama import LlamaModel
@@ -59,8 +59,8 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
     """What one request's caches hold for `tokens` (prompt + new tokens) in the tiers its mode stacks: the
     target's full KV cache and its chunk means; the retrieval tier's own buffers (a static cache copies its
     `full_layers` whole and the budget of the others, each with room for tokens until its next rebuild;
-    mode auto's tiers, one per budget, hold two such caches at most, see below); the draft's sinks and its
-    recent tokens' double buffer. Small per-request state beside these is left out: positions, RoPE
+    mode auto's tiers, one per budget, hold two such caches at most, see below); the draft's sinks, its
+    recent tokens' double buffer and the fused layer loop's copy of sinks and window. Small per-request state beside these is left out: positions, RoPE
     angles, the target's queries of a forward's last QUERY_ROWS rows (what a retrieval rebuild scores
     with; about 1% of a 7B model's 8K-token cache, on CPUs with the fused loop)."""
     slack = speculation_slack(cfg)
@@ -80,7 +80,9 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
                 total += per_layer * (layers * (capacity + room)
                                       + (target.num_layers - layers) * (min(budget, capacity) + room))
     if draft is not None and cfg.mode in ("draft", "triforce", "auto"):
-        total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack))  # a double buffer
+        # a double buffer of recent tokens, and the fused loop's copy of sinks and window (bfloat16 CPUs)
+        total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack)
+                                                       + cfg.sinks + cfg.window + VIEW_ROWS)
     return total
 
 
