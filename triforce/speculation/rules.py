@@ -100,8 +100,8 @@ class RowRules:
         if self.bad_words is not None:
             logits = self.bad_words.apply(logits, [self.bad_words.banned(seq, len(seq), path) for path in paths])
         if self.guide is not None:
-            generated = list(seq[self.prompt_length:])
-            logits = self.guide.apply(logits, [generated + list(path) for path in paths])
+            generated = seq[self.prompt_length:]
+            logits = self.guide.apply(logits, [[*generated, *path] for path in paths])
         return logits
 
     def apply_chain(self, logits: torch.Tensor, seq: Sequence[int], start: int) -> torch.Tensor:

@@ -64,7 +64,7 @@ def only_allowed(logits: torch.Tensor, refused: torch.Tensor) -> torch.Tensor:
     verification corrects it (a target's logits are finite everywhere)."""
     out = logits.masked_fill(refused, float("-inf"))
     empty = torch.isneginf(out).all(-1, keepdim=True)  # chosen per row without a host sync
-    return torch.where(empty, torch.zeros_like(out).masked_fill(refused, float("-inf")), out)
+    return out.masked_fill(empty & ~refused, 0.0)
 
 
 @lru_cache(maxsize=16)
