@@ -1,0 +1,77 @@
+"""A change to the CPU attention kernel against a base revision, both built and timed in one process.
+
+    python benchmarks/kernel_ab.py [--base HEAD] [--level avx512] [--tokens 8000 300] [--new 1 7]
+
+Builds the kernels of one level (`triforce/kernels/csrc/`) twice, from the base revision and from the
+working tree, as separate modules, and times SmolLM2-shaped decode attention (9 query heads, 3 KV heads,
+head dim 64, 30 layers, a K/V buffer per layer so a long cache comes from memory) with the two builds
+taking turns, the order swapped every repetition. On these shared machines two runs minutes apart
+differ by 20-30%, more than most kernel changes: compare builds within one process, never across runs.
+Prints a JSON line per (tokens, new tokens): median and best ms of each build and new / base."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from triforce.kernels import cpu
+
+
+def build(name: str, folder: Path, level: str):
+    from torch.utils import cpp_extension
+
+    sources, flags = cpu.BUILDS[level]
+    return cpp_extension.load(name=name, sources=[str(folder / s) for s in sources],
+                              extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def base_sources(rev: str, into: Path) -> Path:
+    """The csrc folder of revision `rev`, written under `into`."""
+    root = Path(subprocess.check_output(["git", "rev-parse", "--show-toplevel"], text=True).strip())
+    relative = cpu.CSRC.relative_to(root)
+    names = subprocess.check_output(["git", "ls-tree", "--name-only", f"{rev}:{relative}"], text=True, cwd=root)
+    for name in names.split():
+        (into / name).write_bytes(subprocess.check_output(["git", "show", f"{rev}:{relative}/{name}"], cwd=root))
+    return into
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", default="HEAD", help="the git revision to compare with (default HEAD)")
+    p.add_argument("--level", default=None, help="avx2, avx512 or amx (default: this CPU's level)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[8000, 300], help="cached keys")
+    p.add_argument("--new", type=int, nargs="+", default=[1, 7], help="new tokens (query rows per query head)")
+    p.add_argument("--reps", type=int, default=12, help="timed passes of each build")
+    args = p.parse_args()
+    level = args.level or cpu.isa_level()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = build(f"triforce_ab_base_{level}", base_sources(args.base, Path(tmp)), level)
+    new = build(f"triforce_ab_new_{level}", cpu.CSRC, level)
+    layers = 30
+    for s in args.tokens:
+        keys, values = torch.randn(layers, 3, s, 64).bfloat16(), torch.randn(layers, 3, s, 64).bfloat16()
+        for n in args.new:
+            q = torch.randn(9, n, 64).bfloat16()
+            times: dict[str, list[float]] = {"base": [], "new": []}
+            for rep in range(args.reps + 1):
+                builds = [("base", base), ("new", new)]
+                for name, ext in builds if rep % 2 else builds[::-1]:
+                    start = time.perf_counter()
+                    for layer in range(layers):
+                        ext.decode_attention_bf16(q, keys[layer], values[layer], 0.125, allow_amx=level == "amx")
+                    if rep:  # the first pass of each warms up
+                        times[name].append(time.perf_counter() - start)
+            median = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
+            print(json.dumps({"level": level, "tokens": s, "new_tokens": n, "threads": torch.get_num_threads(),
+                              **{f"{k}_median_ms": round(v, 2) for k, v in median.items()},
+                              **{f"{k}_best_ms": round(min(v) * 1e3, 2) for k, v in times.items()},
+                              "new_over_base": round(median["new"] / median["base"], 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
