@@ -9,7 +9,6 @@ under those rules, which verification compares with, and a proposer's rows are w
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
@@ -27,20 +26,24 @@ class BadWords:
     def __init__(self, sequences: Sequence[Sequence[int]], prompt_length: int):
         self.prompt_length = prompt_length
         self.always = sorted({s[0] for s in sequences if len(s) == 1})
-        self.after: dict[tuple[int, ...], list[int]] = defaultdict(list)  # tokens before -> last tokens
+        # the token a row follows -> (tokens before the last, last tokens) of the sequences ending with it
+        self.after: dict[int, dict[tuple[int, ...], list[int]]] = {}
         for s in sequences:
             if len(s) > 1:
-                self.after[tuple(s[:-1])].append(s[-1])
+                self.after.setdefault(s[-2], {}).setdefault(tuple(s[:-1]), []).append(s[-1])
 
     @classmethod
     def of(cls, params, prompt_length: int) -> "BadWords | None":
         return cls(params.bad_words_ids, prompt_length) if params.bad_words_ids else None
 
     def banned(self, seq: Sequence[int], end: int, path: Sequence[int]) -> list[int]:
-        """The tokens banned in a row after seq[:end] and then `path`."""
+        """The tokens banned in a row after seq[:end] and then `path`: only the sequences whose token before
+        the last is the row's previous one are compared."""
         out = list(self.always)
         generated = end - self.prompt_length + len(path)
-        for before, last in self.after.items():
+        if generated < 1:
+            return out
+        for before, last in self.after.get(path[-1] if path else seq[end - 1], {}).items():
             k = len(before)
             if generated < k:
                 continue
