@@ -60,7 +60,10 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
         assert body["choices"][0]["text"] == expected[k] and body["model"] == "tiny" and got[k]["error"] is None
     assert got["b"]["response"]["body"] == {}  # not run again
     assert got["line-4"]["error"]["code"] == "invalid_json" and got["line-4"]["response"] is None
-    assert "url" in got["d"]["error"]["message"] and got["e"]["error"]["message"] == "'n' must be an integer from 1 to 128"
+    assert "url" in got["d"]["error"]["message"] and got["d"]["response"] is None
+    refused = got["e"]["response"]  # what the server answers: its status and error body, as OpenAI's batches
+    assert got["e"]["error"] is None and refused["status_code"] == 400
+    assert refused["body"]["error"]["message"] == "'n' must be an integer from 1 to 128"
     body = got["f"]["response"]["body"]
     assert [c["text"] for c in body["choices"]] == [o.text for o in choices]
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
@@ -73,6 +76,24 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     assert answer["object"] == "response" and answer["output"][0]["content"][0]["text"] == llm.generate(
         ids, SamplingParams(max_tokens=4, temperature=0))[0].text
     assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 9  # all done: nothing added
+
+
+def test_an_output_that_is_not_a_results_file_and_repeated_ids_are_refused_untouched(tiny_dir, tmp_path, capsys):
+    """The input as the output (its request lines would read as done), a file of other text (its last line,
+    unterminated, read as torn), a missing folder and a custom_id on two lines: one-line errors before
+    anything runs, and the files as they were."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    inp, notes = tmp_path / "in.jsonl", tmp_path / "notes.txt"
+    inp.write_text(request("a", PROMPT, 2) + "\n")
+    notes.write_text("my notes\nthe last line, unterminated")
+    for out, message in ((inp, "is the --input file"), (notes, "not a results file"),
+                         (tmp_path / "none" / "out.jsonl", "no folder")):
+        before = out.read_text() if out.exists() else None
+        assert run(target, inp, out) == 2 and message in capsys.readouterr().err
+        assert (out.read_text() if out.exists() else None) == before
+    inp.write_text("\n".join([request("a", PROMPT, 2), request("b", PROMPT, 2), request("a", PROMPT, 3)]) + "\n")
+    assert run(target, inp, tmp_path / "out.jsonl") == 2 and "'a' is on lines 1 and 3" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_shards_split_the_lines(tiny_dir, tmp_path):

@@ -1,13 +1,14 @@
 """`triforce batch`: OpenAI Batch API jobs from a JSONL file, for cluster batch jobs.
 
 Each input line is `{"custom_id", "method": "POST", "url": "/v1/completions" | "/v1/chat/completions" |
-"/v1/responses", "body"}`; each output line is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
-"error"}`, with `error` set (and `response` null) for a line that cannot run: bad JSON, another url, a
-body the server would refuse (serve/openai.py and responses.py check it the same way). Requests run `--batch-size` at a
-time through LLM.generate (a request's prompts x `n` choices together, as sequences of that batch). Each
-result line is written whole and flushed, so a killed job loses at most the requests in flight; run
-again, it skips the custom_ids the output already has (a torn last line, if the kill came mid-write, is
-dropped first). `--shard I/N` takes lines I, I + N, ... (default: the Slurm array task, else torchrun's
+"/v1/responses", "body"}`, each custom_id on one line only; each output line is `{"id", "custom_id",
+"response": {"status_code", "request_id", "body"}, "error"}`, as OpenAI's: a body the server would refuse
+(serve/openai.py and responses.py check it the same way) gets its status and error body as the response;
+a line that is not a request (bad JSON, another url) gets `error` and a null response. Requests run
+`--batch-size` at a time through LLM.generate (a request's prompts x `n` choices together, as sequences of
+that batch). Each result line is written whole and flushed, so a killed job loses at most the requests in
+flight; run again, it skips the custom_ids the output already has (a torn last line, if the kill came
+mid-write, is dropped first; an output that is not a results file is refused, untouched). `--shard I/N` takes lines I, I + N, ... (default: the Slurm array task, else torchrun's
 rank and world size, else all; with --workers, where torchrun's ranks are one pipeline, the Slurm array
 task, else all).
 """
@@ -68,14 +69,48 @@ def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
 
 
 def done_ids(output: Path) -> set[str]:
-    """custom_ids already answered in `output`; a torn last line (a kill mid-write) is cut off."""
+    """custom_ids already answered in `output`; a torn last line (a kill mid-write) is cut off. A file that
+    is not a results file (a line that is not a result) is a UserError, and left as it is."""
     if not output.exists():
         return set()
-    data = output.read_bytes()
-    if data and not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-        output.write_bytes(data)
-    return {json.loads(line)["custom_id"] for line in data.decode().splitlines() if line.strip()}
+    try:
+        data = output.read_bytes().decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read --output {output}: {exc}") from None
+    whole, torn = data[: data.rfind("\n") + 1], data[data.rfind("\n") + 1:]
+    done = set()
+    for n, line in enumerate(whole.splitlines()):
+        try:
+            record = json.loads(line) if line.strip() else {}
+        except json.JSONDecodeError:
+            record = None
+        if line.strip() and not (isinstance(record, dict) and "custom_id" in record and
+                                 ("response" in record or "error" in record)):
+            raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
+                            "name a new file, or one an earlier run of this job wrote")
+        if line.strip():
+            done.add(record["custom_id"])
+    if torn:
+        output.write_text(whole, encoding="utf-8")
+    return done
+
+
+def request_lines(lines: list[str]) -> list[tuple[int, str]]:
+    """The non-blank lines with their indices; a custom_id given on two lines is a UserError (as OpenAI's
+    Batch API refuses such a file: each result names its request by it)."""
+    seen: dict[str, int] = {}
+    for n, line in enumerate(lines):
+        try:
+            request = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        custom_id = request.get("custom_id") if isinstance(request, dict) else None
+        if custom_id is not None:
+            if str(custom_id) in seen:
+                raise UserError(f"custom_id {str(custom_id)!r} is on lines {seen[str(custom_id)] + 1} and {n + 1}: "
+                                "each request needs its own")
+            seen[str(custom_id)] = n
+    return [(n, line) for n, line in enumerate(lines) if line.strip()]
 
 
 def _batch(args) -> int:
@@ -91,8 +126,12 @@ def _batch(args) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read {args.input}: {exc}") from None
     output = Path(args.output)
+    if output.exists() and Path(args.input).exists() and output.samefile(args.input):
+        raise UserError("--output is the --input file: results go to a file of their own")
+    if not output.parent.is_dir():
+        raise UserError(f"--output {output}: no folder {output.parent}")
     finished = done_ids(output)
-    mine = [(n, line) for n, line in enumerate(lines) if n % count == index and line.strip()]
+    mine = [(n, line) for n, line in request_lines(lines) if n % count == index]
     llm = llm_from_args(args)
     model = args.served_model_name or str(args.model)
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
@@ -112,19 +151,21 @@ def _batch(args) -> int:
                     continue
                 if not isinstance(request, dict) or request.get("method", "POST") != "POST" or \
                         request.get("url") not in URLS:
-                    raise openai.ApiError(400, "each line needs method POST and url /v1/completions, "
-                                               "/v1/chat/completions or /v1/responses")
-                kind, body = URLS[request["url"]], request.get("body")
-                job = responses.parse(body, llm, model, args.chat_max_tokens) if kind == "response" else \
-                    openai.parse(kind, body, llm, model, args.chat_max_tokens)
+                    error = {"code": "invalid_request", "message": f"line {n + 1}: each line needs method POST "
+                             "and url /v1/completions, /v1/chat/completions or /v1/responses"}
+                else:
+                    kind, body = URLS[request["url"]], request.get("body")
+                    job = responses.parse(body, llm, model, args.chat_max_tokens) if kind == "response" else \
+                        openai.parse(kind, body, llm, model, args.chat_max_tokens)
             except json.JSONDecodeError as exc:
                 error = {"code": "invalid_json", "message": f"line {n + 1}: {exc}"}
-            except openai.ApiError as exc:
-                error = {"code": exc.code or exc.kind, "message": exc.message}
-            if job is None:
-                if custom_id not in finished:  # a bad line's error is written once too
-                    write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": None,
-                           "error": error})
+            except openai.ApiError as exc:  # what the server answers it: a response with its status, as OpenAI's
+                error = {"status_code": exc.status, "request_id": f"req_{uuid.uuid4().hex}", "body": exc.body()}
+            if job is None:  # a line that cannot run: its error once (the custom_id may be the line's number)
+                refused = "status_code" in error
+                if custom_id not in finished:
+                    write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
+                           "response": error if refused else None, "error": None if refused else error})
                 bar.update(1)
                 continue
             pending.append((custom_id, job))
