@@ -82,6 +82,11 @@ def test_bad_batches_are_refused(llm):
     with pytest.raises(UserError, match="one prompt"):
         llm.generate([PROMPT] * 2, SamplingParams(max_tokens=2), stream=print)
     assert llm.generate([], SamplingParams()) == []
+    for prompts, params, message in ((["w5"], {"max_tokens": 2}, "params must be a SamplingParams"),
+                                     ([None], None, "a prompt must be"), (5, None, "prompts must be"),
+                                     ([[5, 1.5]], None, "a prompt must be")):
+        with pytest.raises(UserError, match=message):
+            llm.generate(prompts, params)
 
 
 def test_token_id_prompts(llm):

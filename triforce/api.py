@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from .errors import UserError
 from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError
 from .models.hub import DEFAULT_MODEL, resolve_model
-from .models.loader import DTYPE_CHOICES, load_model, resolve_dtype
+from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
 from .models.vocab import read_draft_metadata, tokenizer_fingerprint
 from .request import Request, RequestOutput
 from .speculation.guided import Grammars
@@ -73,7 +74,7 @@ class LLM:
         unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
         if unknown:
             raise ConfigError(f"unknown engine settings: {', '.join(sorted(unknown))}")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)  # 'auto' decided once, for target and draft alike
         self.workers = workers
         EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
@@ -149,7 +150,10 @@ class LLM:
                 raise UserError(f"{self.model_path} has no tokenizer; pass token ids")
             ids = self.tokenizer(prompt).input_ids
         else:
-            ids = [int(t) for t in prompt]
+            try:
+                ids = [operator.index(t) for t in prompt]  # ints, numpy's and torch's integers
+            except TypeError:
+                raise UserError(f"a prompt must be a string or a list of token ids (got {prompt!r:.40})") from None
         if not ids:
             raise UserError("empty prompt")
         vocab = self.target.config.vocab_size
@@ -238,12 +242,17 @@ class LLM:
         worker group, each target check of all of them as one request), in parts when their caches do not
         all fit in memory. A prompt's output is what it would be alone (greedy; and for a seeded request, sampled too).
         `stream` (one prompt only) receives text pieces as they are committed."""
+        if not isinstance(prompts, (str, Sequence)):
+            raise UserError(f"prompts must be a string, a list of token ids or a list of those (got "
+                            f"{type(prompts).__name__})")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not prompts:
             return []
         params = params or SamplingParams()
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if not all(isinstance(p, SamplingParams) for p in per_prompt):
+            raise UserError("params must be a SamplingParams or a list of them, one per prompt")
         if len(per_prompt) != len(prompts):
             raise UserError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts: give one, or one "
                             f"per prompt")

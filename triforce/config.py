@@ -1,6 +1,7 @@
 """Frozen, validated settings. The CLI and the Python API both map their arguments onto these."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,18 @@ PREFIX_CACHE_GB = 1.0  # default bound of the recent prompts' target KV kept for
 
 class ConfigError(UserError):
     """A setting outside its valid range; the message names the setting."""
+
+
+SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    """A finite real number (not a bool, not a string)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _token_id(token) -> int:
@@ -160,15 +173,22 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        if self.max_tokens < 0:
-            raise ConfigError(f"max_tokens must be >= 0 (got {self.max_tokens}; 0 prefills only: a prompt's "
-                              f"log-probabilities with prompt_logprobs, or its KV for the prefix store)")
+        if not _is_integer(self.max_tokens) or self.max_tokens < 0:
+            raise ConfigError(f"max_tokens must be an integer >= 0 (got {self.max_tokens!r}; 0 prefills only: a "
+                              f"prompt's log-probabilities with prompt_logprobs, or its KV for the prefix store)")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if not _is_number(getattr(self, name)):
+                raise ConfigError(f"{name} must be a finite number (got {getattr(self, name)!r})")
         if not self.temperature >= 0:
             raise ConfigError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (got {self.top_k})")
+        if not _is_integer(self.top_k) or self.top_k < -1:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 or -1: off; got {self.top_k!r})")
+        if self.top_k == -1:  # vLLM's other spelling of off
+            object.__setattr__(self, "top_k", 0)
+        if self.seed is not None and (not _is_integer(self.seed) or not SEEDS[0] <= self.seed <= SEEDS[1]):
+            raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {SEEDS[1]} (got {self.seed!r})")
         if not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be from 0 to 1 (got {self.min_p})")
         if any(not s for s in self.stop):

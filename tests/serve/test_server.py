@@ -220,7 +220,14 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": [PROMPT, 5]}, 400, "prompt"),
     ("/v1/completions", {"prompt": [PROMPT, ""]}, 400, "prompt"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**6}, 400, "max_tokens"),
-    ("/v1/completions", {"prompt": " ".join(["w5"] * 5000)}, 413, "max_tokens"),
+    ("/v1/completions", {"prompt": " ".join(["w5"] * 5000)}, 413, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": " ".join(["w5"] * 5000)}]}, 413, "messages"),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": -4}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2.5}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "top_k": 2.5}, 400, "top_k"),
+    ("/v1/completions", {"prompt": PROMPT, "stream": "yes"}, 400, "stream"),
+    ("/v1/responses", {"input": "w5", "max_output_tokens": 0}, 400, "max_output_tokens"),
+    ("/v1/responses", {"input": "w5", "stream": 1}, 400, "stream"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      400, "messages"),
@@ -243,6 +250,15 @@ def test_bad_requests_get_openai_errors(client, path, body, status, param):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["message"] and error["type"] and error["param"] == param
+    if path == "/v1/responses":  # named as the request named it, not as the chat request it becomes
+        assert "max_completion_tokens" not in error["message"] and "messages" not in error["message"]
+
+
+def test_an_infinite_temperature_is_refused(client):
+    """JSON's Infinity (Python's json reads it) would sample uniformly: a 400 naming the field."""
+    r = client.post("/v1/completions", content=f'{{"prompt": "{PROMPT}", "temperature": Infinity}}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature", r.text
 
 
 def test_tokenize_gives_the_ids_a_request_would_generate_from_and_detokenize_their_text(llm, client):

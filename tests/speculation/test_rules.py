@@ -67,6 +67,7 @@ def test_bad_settings_are_refused():
     assert SamplingParams(allowed_token_ids=["3", 1, 3]).allowed_token_ids == (1, 3)
     assert SamplingParams(bad_words_ids=[[2, 1], (2, 1), [4]]).bad_words_ids == ((2, 1), (4,))
     assert SamplingParams(bad_words="hello").bad_words == ("hello",)
+    assert SamplingParams(top_k=-1).top_k == 0  # vLLM's other spelling of off
     for bad, name in ((dict(allowed_token_ids=[]), "allowed_token_ids"),
                       (dict(allowed_token_ids=[-1]), "allowed_token_ids"),
                       (dict(allowed_token_ids="12"), "allowed_token_ids"),
@@ -75,7 +76,11 @@ def test_bad_settings_are_refused():
                       (dict(bad_words_ids=[[1, -2]]), "bad_words_ids"),
                       (dict(allowed_token_ids=[1, 2], bad_words_ids=[[1], [2]]), "bad_words_ids"),
                       (dict(include_stop_str_in_output=1), "include_stop_str_in_output"),
-                      (dict(skip_special_tokens="no"), "skip_special_tokens")):
+                      (dict(skip_special_tokens="no"), "skip_special_tokens"),
+                      (dict(max_tokens=5.5), "max_tokens"), (dict(max_tokens=None), "max_tokens"),
+                      (dict(top_k=2.5), "top_k"), (dict(top_k=-2), "top_k"), (dict(temperature="0.5"), "temperature"),
+                      (dict(temperature=float("inf")), "temperature"), (dict(top_p=float("nan")), "top_p"),
+                      (dict(seed=1.5), "seed"), (dict(seed="abc"), "seed"), (dict(seed=2**70), "seed")):
         with pytest.raises(ConfigError, match=name):
             SamplingParams(**bad)
 

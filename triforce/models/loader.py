@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..errors import UserError
 from .config import ModelConfig, ModelLoadError
 from .llama import LlamaModel
 from .parallel import TensorParallel
@@ -14,6 +15,25 @@ from .vocab import ReducedVocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)
+
+
+def resolve_device(spec: str | torch.device | None) -> torch.device:
+    """`spec` ('cpu', 'cuda', 'cuda:N'; None: cuda where this process has a GPU, else cpu) as a device this
+    process can run on; a UserError naming it where it is none."""
+    if spec is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UserError(f"device must be cpu, cuda or cuda:N (got {spec!r})")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {spec}: this process sees no CUDA GPU (a CPU-only torch, or no GPU here); "
+                             "use cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"device {spec}: this process sees {torch.cuda.device_count()} CUDA GPU(s)")
+    return device
 
 
 def resolve_dtype(dtype: str, device: str | torch.device) -> str:

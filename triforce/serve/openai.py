@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 
-from ..config import ConfigError, SamplingParams
+from ..config import SEEDS, ConfigError, SamplingParams
 from ..errors import UserError
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints
@@ -43,7 +43,6 @@ FIELDS = {"completion": COMMON | {"prompt", "echo"},
 HARMLESS = {"echo": (None, False), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none")}
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
-SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
 
 
 @dataclass
@@ -67,6 +66,11 @@ class Job:
         seed = self.params.seed
         return [(ids, replace(self.params, seed=None if seed is None else seed + i))
                 for ids in self.prompts for i in range(self.n)]
+
+
+def _integer_valued(x: float) -> int | float:
+    """A JSON number as an int where it is a whole one (2.0 -> 2; 2.5 stays, for the setting to refuse)."""
+    return int(x) if x == int(x) else x
 
 
 def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Job:
@@ -101,24 +105,24 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
                              or not SEEDS[0] <= seed <= SEEDS[1] - (n - 1)):
-        raise ApiError(400, f"'seed' must be an integer from {SEEDS[0]} to {SEEDS[1]} (less n - 1)", param="seed")
+        raise ApiError(400, f"'seed' must be an integer from {SEEDS[0]} to {SEEDS[1] - (n - 1)} (choice i takes "
+                            "seed + i)" if n > 1 else f"'seed' must be an integer from {SEEDS[0]} to {SEEDS[1]}",
+                       param="seed")
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
-    if max_tokens == 0 and not echo:
-        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        raise ApiError(400, f"'{name}' must be at least 1{' (0 only with echo)' if kind == 'completion' else ''}",
-                       param=name)
+    least, name = (0 if echo else 1), ("max_completion_tokens" if "max_completion_tokens" in body else "max_tokens")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < least:
+        raise ApiError(400, f"'{name}' must be an integer >= {least}"
+                            f"{' (0 only with echo)' if kind == 'completion' and not echo else ''}", param=name)
     logprobs = logprobs_field(kind, body)
     bias = {} if body.get("logit_bias") is None else body["logit_bias"]
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must map token ids to values from -100 to 100", param="logit_bias")
     try:
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-            raise ConfigError("max_tokens must be an integer")
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
             raise ConfigError("stop must be a string or a list of up to 4 non-empty strings")
         params = SamplingParams(max_tokens=max_tokens, temperature=number(body, "temperature", 1.0),
-                                top_p=number(body, "top_p", 1.0), top_k=int(number(body, "top_k", 0)),
+                                top_p=number(body, "top_p", 1.0), top_k=_integer_valued(number(body, "top_k", 0)),
                                 min_p=number(body, "min_p", 0.0),
                                 seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")),
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
@@ -145,15 +149,17 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         if name == "max_tokens" and "max_completion_tokens" in body:
             name = "max_completion_tokens"
         raise ApiError(400, str(exc), param=name if name in FIELDS[kind] else None) from None
+    if len(ids) >= limit:
+        raise ApiError(413, f"the prompt ({len(ids)} tokens) fills the model's {limit} positions",
+                       param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
     if len(ids) + max_tokens > limit:
-        raise ApiError(413 if len(ids) >= limit else 400,
-                       f"the prompt ({len(ids)} tokens) and max_tokens ({max_tokens}) pass the model's "
-                       f"{limit} positions", param="max_tokens", code="context_length_exceeded")
+        raise ApiError(400, f"the prompt ({len(ids)} tokens) and {name} ({max_tokens}) pass the model's "
+                            f"{limit} positions", param=name, code="context_length_exceeded")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
     echoed = [echoed_text(p, tokens, llm) for p, tokens in zip(given, ids_of)] if echo else None
-    return Job(kind, ids_of, params, bool(body.get("stream")), bool(options.get("include_usage")),
+    return Job(kind, ids_of, params, flag(body, "stream", False), bool(options.get("include_usage")),
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n,
                TokenTexts(llm.tokenizer), echoed, tools)
 

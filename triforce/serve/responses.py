@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from . import openai
-from .fields import ApiError, checked_body
+from .fields import ApiError, checked_body, flag
 
 # Taken as they are, or passed through to the chat request (vLLM's sampling extensions)
 FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "text", "tools",
@@ -46,7 +46,7 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
                                 f"(it keeps no responses and returns text)", param=name)
     chat = {name: body[name] for name in PASSED & set(body)}
     chat["messages"] = _messages(body)
-    chat["stream"] = bool(body.get("stream"))
+    chat["stream"] = flag(body, "stream", False)
     chat["stream_options"] = {"include_usage": True}
     for ours, theirs in (("max_output_tokens", "max_completion_tokens"), ("temperature", "temperature"),
                          ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls")):
@@ -62,8 +62,10 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
         chat["response_format"] = _response_format(format_)
     try:
         job = openai.parse("chat", chat, llm, model_name, chat_max_tokens)
-    except ApiError as exc:
+    except ApiError as exc:  # named as this request named it
         exc.param = SOURCES.get(exc.param, exc.param)
+        for theirs, ours in SOURCES.items():
+            exc.message = exc.message.replace(theirs, ours)
         raise
     request = {name: body.get(name) for name in ("instructions", "max_output_tokens", "metadata")}
     request.update(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
