@@ -2,6 +2,7 @@
 import json
 import random
 
+import pytest
 import torch
 
 from checkpoints import write_reduced_vocabulary
@@ -152,3 +153,14 @@ def test_a_sweep_casts_each_value_to_its_settings_type():
     assert _parse_sweep("tree1=auto,4") == ("tree1", ["auto", 4])  # int | str
     assert _parse_sweep("lookup=0,3") == ("lookup", [0, 3])  # int | None
     assert _parse_sweep("budget=256,512") == ("budget", [256, 512])
+
+
+@pytest.mark.parametrize("flag,value", [("--lengths", "-5"), ("--batch", "0"), ("--max-new-tokens", "0"),
+                                        ("--repeats", "0")])
+def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value):
+    """A negative length cut the text from its end and was reported as "prompt_tokens": -5; batch 0 ran."""
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "50",
+                 "--max-new-tokens", "4", "--modes", "ar", flag, value]) == 2
+    assert f"{flag} must be at least 1" in capsys.readouterr().err

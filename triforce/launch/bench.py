@@ -48,14 +48,14 @@ def add_bench_parser(sub) -> None:
     add_engine_args(p)
     p.add_argument("--text", nargs="+", required=True, help="text files the prompts are cut from")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["novel"])
-    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 7936], help="prompt lengths in tokens")
+    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 7936], help="prompt lengths in tokens (default: 2048 4096 7936)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=["ar", "retrieval"])
     p.add_argument("--peers", nargs="*", choices=PEERS, default=[],
                    help="transformers: plain generate; assisted: transformers with the draft as assistant_model; "
                         "llamacpp: llama-cpp-python on --gguf (skipped when not installed)")
     p.add_argument("--gguf", default=None, help="GGUF file for the llama.cpp peer")
-    p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes: prompts generated together")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes: prompts generated together (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens each run generates (default 256)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -115,8 +115,10 @@ def run_bench(args) -> int:
     texts = [_read_text(f) for f in args.text]
     text = "\n".join(texts)
     needs_draft = any(m in ("auto", "draft", "triforce") for m in args.modes) or "assisted" in args.peers
-    if args.repeats < 1:
-        raise UserError("--repeats must be at least 1")
+    for name, values in (("--lengths", args.lengths), ("--batch", args.batch), ("--repeats", [args.repeats]),
+                         ("--max-new-tokens", [args.max_new_tokens])):
+        if min(values) < 1:
+            raise UserError(f"{name} must be at least 1 (got {min(values)})")
     if args.rope_scaling and args.peers:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     if args.peers and SamplingParams(**penalty_settings(args)).penalized:
