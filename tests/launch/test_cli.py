@@ -159,3 +159,21 @@ def test_console_entry_point_prints_no_traceback(tmp_path):
     done = subprocess.run([sys.executable, "-m", "triforce", "generate", "--model", str(tmp_path / "missing"),
                            "--prompt", "hi"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("triforce: error:") and "Traceback" not in done.stderr
+
+
+def test_every_option_with_a_default_states_it_once():
+    """Each command's --help names the default of every option that has one, and no option's twice (serve's
+    used to append argparse's "(default: None)" after the text's own)."""
+    import argparse
+
+    from triforce.launch.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        formatter = command._get_formatter()
+        for action in command._actions:
+            if not action.option_strings or action.default in (None, False, [], argparse.SUPPRESS):
+                continue
+            text = formatter._expand_help(action) if action.help else ""
+            assert text.count("default") == 1, (name, action.option_strings, text)
+        assert "(default: None)" not in command.format_help(), name

@@ -17,7 +17,6 @@ and prefill, every repeat's tokens/s in `tokens_per_s_runs`, and the rest of its
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import random
@@ -43,22 +42,23 @@ def add_bench_parser(sub) -> None:
     from .cli import add_engine_args, add_model_args, add_penalty_args
 
     p = sub.add_parser("bench", help="compare modes and peers on the same prompts; prints JSON",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__)
     add_model_args(p)
     add_engine_args(p)
     p.add_argument("--text", nargs="+", required=True, help="text files the prompts are cut from")
-    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["novel"])
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["novel"],
+                   help="novel: prompts cut from --text; passkey: a key planted in it, asked for at the end")
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 7936], help="prompt lengths in tokens (default: 2048 4096 7936)")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=["ar", "retrieval"])
+    p.add_argument("--modes", nargs="+", choices=MODES, default=["ar", "retrieval"], help="modes to run, in turn")
     p.add_argument("--peers", nargs="*", choices=PEERS, default=[],
                    help="transformers: plain generate; assisted: transformers with the draft as assistant_model; "
                         "llamacpp: llama-cpp-python on --gguf (skipped when not installed)")
     p.add_argument("--gguf", default=None, help="GGUF file for the llama.cpp peer")
     p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes: prompts generated together (default: 1)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens each run generates (default 256)")
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0], help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="the sampled runs' seed")
     add_penalty_args(p)
     p.add_argument("--sweep", default=None, metavar="SETTING=V1,V2,...",
                    help="repeat every non-ar mode for each value of one engine setting, e.g. budget=256,512,1024")

@@ -93,9 +93,10 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     add_model_args(gen)
     add_mode_arg(gen)
     samp = gen.add_argument_group("sampling")
-    samp.add_argument("--max-new-tokens", type=int, default=128)
+    samp.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most")
     samp.add_argument("--temperature", type=float, default=0.6, help="0 = greedy (default %(default)s)")
-    samp.add_argument("--top-p", type=float, default=0.9)
+    samp.add_argument("--top-p", type=float, default=0.9,
+                      help="nucleus sampling: the most likely tokens that reach this probability (1 = off)")
     samp.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
     samp.add_argument("--min-p", type=float, default=0.0,
                       help="drop tokens less likely than this times the most likely one (0 disables)")
@@ -277,6 +278,23 @@ def _fetch(args) -> int:
     return 0
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Every command's help: each option's default stated where its text does not state it already and it
+    has one to state."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        if not action.option_strings or "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        value = action.default
+        shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
+
+
+class RawDefaultsShown(argparse.RawDescriptionHelpFormatter, DefaultsShown):
+    pass
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="triforce", description="Lossless hierarchical speculative decoding (TriForce) for long contexts.")
@@ -289,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
 
     fetch = sub.add_parser("fetch-model", help="download and convert a known model into $TRIFORCE_HOME")
-    fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS))
+    fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS),
+                       help=f"the model to fetch (default {DEFAULT_MODEL})")
     fetch.set_defaults(func=_fetch)
 
     from .batch_jobs import add_batch_parser
@@ -301,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_batch_parser(sub)
     add_train_draft_parser(sub)
+    for command in sub.choices.values():  # a description of several lines (a module's docstring) as written
+        command.formatter_class = RawDefaultsShown if "\n" in (command.description or "") else DefaultsShown
     return parser
 
 

@@ -2,7 +2,6 @@
 `triforce generate`."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -14,10 +13,10 @@ from .cli import (add_distributed_args, add_engine_args, add_mode_arg, add_model
 def add_serve_parser(sub) -> None:
     p = sub.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
-        description="An OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streaming as "
-                    "server-sent events), /v1/models, /health. Concurrent requests run together on one "
-                    "continuous batch; output is distributed exactly as plain sampling from the target.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description="An OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/responses "
+                    "(each streaming as server-sent events), /v1/models, /tokenize, /detokenize, /health and "
+                    "/metrics (Prometheus). Concurrent requests run together on one continuous batch; output is "
+                    "distributed exactly as plain sampling from the target.")
     add_model_args(p)
     add_mode_arg(p)
     add_engine_args(p)
@@ -25,7 +24,7 @@ def add_serve_parser(sub) -> None:
     add_distributed_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--port", type=int, default=8000, help="port to listen on")
     g.add_argument("--api-key", default=os.environ.get("TRIFORCE_API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1/ (default: $TRIFORCE_API_KEY; none: open)")
     g.add_argument("--max-queue", type=int, default=64,

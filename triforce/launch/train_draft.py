@@ -39,7 +39,8 @@ def add_train_draft_parser(sub) -> None:
     p.add_argument("--heldout", nargs="*", default=None,
                    help="held-out prose files, each evaluated as a genre of its own (default: the last "
                         "--heldout-fraction of each --text file, as the genre 'prose')")
-    p.add_argument("--heldout-fraction", type=float, default=0.03)
+    p.add_argument("--heldout-fraction", type=float, default=0.03,
+                   help="the end of each --text file kept out of training, for the held-out evaluation")
     p.add_argument("--heldout-sequences", type=int, default=16, help="held-out sequences evaluated per genre")
     p.add_argument("--out", required=True, help="folder the draft is written to (replaced)")
     p.add_argument("--work-dir", default=None,
@@ -59,21 +60,22 @@ def add_train_draft_parser(sub) -> None:
                      help="weigh the sources: each sequence of SOURCE (prose, code or chat) is trained on N "
                           "times per pass over the data (default 1; 0 leaves it out of training)")
     shape = p.add_argument_group("draft shape (knobs for a smaller, faster draft)")
-    shape.add_argument("--layers", type=int, default=_SHAPE.layers)
-    shape.add_argument("--hidden", type=int, default=_SHAPE.hidden)
-    shape.add_argument("--intermediate", type=int, default=_SHAPE.intermediate)
-    shape.add_argument("--heads", type=int, default=_SHAPE.heads)
-    shape.add_argument("--kv-heads", type=int, default=_SHAPE.kv_heads)
+    shape.add_argument("--layers", type=int, default=_SHAPE.layers, help="decoder layers")
+    shape.add_argument("--hidden", type=int, default=_SHAPE.hidden, help="hidden size")
+    shape.add_argument("--intermediate", type=int, default=_SHAPE.intermediate, help="MLP size")
+    shape.add_argument("--heads", type=int, default=_SHAPE.heads, help="query heads")
+    shape.add_argument("--kv-heads", type=int, default=_SHAPE.kv_heads, help="key/value heads")
     shape.add_argument("--vocab", type=int, default=_SHAPE.vocab,
                        help="target tokens the draft can propose: the most frequent in the data (0 = all)")
     tr = p.add_argument_group("training")
-    tr.add_argument("--steps", type=int, default=_TRAIN.steps)
+    tr.add_argument("--steps", type=int, default=_TRAIN.steps, help="optimizer steps")
     tr.add_argument("--batch-size", type=int, default=_TRAIN.batch_size, help="sequences per step")
-    tr.add_argument("--seq-len", type=int, default=_TRAIN.seq_len)
-    tr.add_argument("--lr", type=float, default=_TRAIN.lr)
+    tr.add_argument("--seq-len", type=int, default=_TRAIN.seq_len, help="tokens per training sequence")
+    tr.add_argument("--lr", type=float, default=_TRAIN.lr, help="peak learning rate")
     tr.add_argument("--top-k", type=int, default=32, help="target log-probabilities kept per position")
-    tr.add_argument("--seed", type=int, default=_TRAIN.seed)
-    tr.add_argument("--checkpoint-every", type=int, default=_TRAIN.checkpoint_every)
+    tr.add_argument("--seed", type=int, default=_TRAIN.seed, help="initialisation and data order")
+    tr.add_argument("--checkpoint-every", type=int, default=_TRAIN.checkpoint_every,
+                    help="steps between checkpoints (a rerun resumes from the last)")
     p.set_defaults(func=run_train_draft)
 
 
