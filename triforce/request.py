@@ -23,7 +23,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" (EOS, a stop token id or a stop string) or "length"
+    # "stop" (EOS, a stop token id or a stop string), "length", or "abort" (cancelled first: a server's client gone)
+    finish_reason: str
     metrics: RequestMetrics
     logprobs: list[TokenLogprobs] | None = None  # one per token id, when SamplingParams.logprobs asked
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (None first), when asked
@@ -110,7 +111,8 @@ class Request:
             tokens, logprobs = tokens[:kept], logprobs if logprobs is None else logprobs[:kept]
         hit_end = bool(tokens) and tokens[-1] in self.ends
         stop_string = None if self.detok is None else self.detok.stop_string
-        finish = "stop" if hit_end or stop_string is not None else "length"
+        finish = "stop" if hit_end or stop_string is not None else (
+            "abort" if self.cancelled and len(tokens) < self.params.max_tokens else "length")
         stop_reason = stop_string if stop_string is not None else (
             tokens[-1] if hit_end and tokens[-1] in self.params.stop_token_ids else None)
         return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs, stop_reason)

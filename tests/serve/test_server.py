@@ -3,6 +3,7 @@ same tiny models: whole and streamed answers, chat, concurrent requests on one b
 the queue and cancellation."""
 import json
 import threading
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -374,8 +375,13 @@ def test_models_health_and_the_api_key(llm):
         assert c.get("/v1/models").status_code == 401
         wrong = c.get("/v1/models", headers={"Authorization": "Bearer wrong"})
         assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
-        models = c.get("/v1/models", headers={"Authorization": "Bearer sesame"}).json()
+        key = {"Authorization": "Bearer sesame"}
+        models = c.get("/v1/models", headers=key).json()
         assert [m["id"] for m in models["data"]] == ["tiny"]
+        assert c.get("/v1/models/tiny", headers=key).json() == models["data"][0]  # the openai client's retrieve
+        unknown = c.get("/v1/models/org/other", headers=key)
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+        assert c.get("/v1/models/tiny").status_code == 401
 
 
 def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, monkeypatch):
@@ -413,6 +419,7 @@ def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, 
     ticket.cancel()  # the client went away after its first piece
     assert done.wait(60)
     assert 0 < len(seen[-1][1].token_ids) < 400  # ended after the round in progress, not at max_tokens
+    assert seen[-1][1].finish_reason == "abort"  # and says so (/metrics counts it apart from "length")
     scheduler.stop()
 
 
@@ -506,3 +513,42 @@ def test_metrics_count_requests_tokens_and_speculation(llm):
                      f'tier="{tier.name}"}}')
     per_pos = value('vllm:spec_decode_num_accepted_tokens_per_pos_total{drafter="retrieval"')
     assert accepted == per_pos > 0 and all(o["usage"]["completion_tokens"] for o in outs)
+
+
+def test_a_server_shutting_down_ends_its_requests_and_refuses_new_ones(llm, monkeypatch):
+    """Ctrl-C or SIGTERM (launch/serve.py's server calls Scheduler.drain before uvicorn's own shutdown): the
+    running request ends after its round with finish_reason "abort" (its stream closes properly), a waiting
+    one gets an error, and a new one a 503; uvicorn's server alone waited for every stream to run out."""
+    import uvicorn
+
+    from triforce.launch.serve import draining_server
+
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+                               "stream": True}, llm, "tiny")
+    scheduler = Scheduler(llm, max_queue=4)
+    first, events = threading.Event(), {0: [], 1: []}
+
+    def tell(i):
+        return lambda kind, data: (events[i].append((kind, data)), kind == "text" and first.set())
+
+    scheduler.submit(job, tell(0))
+    assert first.wait(60)
+    monkeypatch.setattr(scheduler, "_admit", lambda: None)  # the next one waits
+    scheduler.submit(job, tell(1))
+    app = create_app(llm, "tiny")
+    app.state.scheduler.stop()  # its own, which this test does not use
+    app.state.scheduler = scheduler
+    exits = []
+    monkeypatch.setattr(uvicorn.Server, "handle_exit", lambda self, sig, frame: exits.append(sig))
+    draining_server(uvicorn)(uvicorn.Config(app)).handle_exit(2, None)  # outside an event loop: at once
+    assert exits == [2]
+    with pytest.raises(ApiError) as refused:
+        scheduler.submit(job, lambda *_: None)
+    assert refused.value.status == 503 and "shutting down" in refused.value.message
+    deadline = time.time() + 60
+    while not any(kind == "done" for kind, _ in events[0]) and time.time() < deadline:
+        time.sleep(0.05)
+    done = [data for kind, data in events[0] if kind == "done"]
+    assert done and done[0].finish_reason == "abort" and len(done[0].token_ids) < 400
+    assert events[1] == [("error", "the server is shutting down")]
+    scheduler.stop()

@@ -2,12 +2,16 @@
 `triforce generate`."""
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 
 from ..errors import UserError
 from .cli import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg,
                   llm_from_args)
+
+
+SHUTDOWN_GRACE_S = 5  # seconds open streams get to end on Ctrl-C or SIGTERM before they are cut
 
 
 def add_serve_parser(sub) -> None:
@@ -38,6 +42,8 @@ def add_serve_parser(sub) -> None:
 def _serve(args) -> int:
     if args.max_queue < 1 or args.chat_max_tokens < 1 or not 0 < args.port < 65536:
         raise UserError("--max-queue and --chat-max-tokens must be >= 1, --port in 1..65535")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise UserError("--served-model-name must not be blank")
     try:
         import uvicorn
 
@@ -49,5 +55,23 @@ def _serve(args) -> int:
     app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens)
     print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    draining_server(uvicorn)(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                           timeout_graceful_shutdown=SHUTDOWN_GRACE_S)).run()
     return 0
+
+
+def draining_server(uvicorn):
+    """uvicorn's Server, which on Ctrl-C or SIGTERM first ends the app's requests (Scheduler.drain), so that
+    their streams close with a last chunk; uvicorn's own waited for each to run to its end. Streams still
+    open SHUTDOWN_GRACE_S later are cut."""
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            scheduler = self.config.app.state.scheduler
+            try:  # in the event loop, not inside the signal handler (the scheduler takes a lock)
+                asyncio.get_running_loop().call_soon_threadsafe(scheduler.drain)
+            except RuntimeError:
+                scheduler.drain()
+            super().handle_exit(sig, frame)
+
+    return Server

@@ -1,6 +1,6 @@
 """`triforce serve`: an OpenAI-compatible HTTP server (FastAPI), for the clients users already have.
 
-Endpoints: GET /health, GET /metrics (Prometheus, metrics.py), GET /v1/models, POST /v1/completions and
+Endpoints: GET /health, GET /metrics (Prometheus, metrics.py), GET /v1/models and /v1/models/{id}, POST /v1/completions and
 /v1/chat/completions (the tokenizer's chat template), each whole or streamed as server-sent events ending
 in `data: [DONE]`, with `usage`; POST /tokenize and /detokenize (vLLM's: tokens.py). Requests run on one
 continuous batch (scheduler.py), a request's `n` choices as n of its sequences. With an API key, /v1/
@@ -105,10 +105,18 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    card = {"id": model_name, "object": "model", "created": started, "owned_by": "triforce"}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list",
-                "data": [{"id": model_name, "object": "model", "created": started, "owned_by": "triforce"}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name != model_name:
+            raise ApiError(404, f"the model '{name}' does not exist; this server serves '{model_name}'",
+                           param="model", code="model_not_found")
+        return card
 
     async def complete(request: Request, parse, answer, stream):
         """A generation request: `parse(body)` -> a Job; `answer(job, outputs)` -> the whole answer, or

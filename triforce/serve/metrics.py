@@ -4,7 +4,7 @@ Speculation, per checking tier (label `tier`: "retrieval", "target", or in mode 
 another budget, "retrieval@8192") and the tier whose proposals it
 checked (`drafter`): `vllm:spec_decode_num_drafts` (checks), `vllm:spec_decode_num_draft_tokens` (tokens
 proposed), `vllm:spec_decode_num_accepted_tokens`, and `..._per_pos` (accepted at position `position`
-of a chain, 1 first). Requests: `vllm:request_success` by `finished_reason` (stop, length), failures
+of a chain, 1 first). Requests: `vllm:request_success` by `finished_reason` (stop, length, abort: a client gone), failures
 (`triforce:request_failures`), `vllm:prompt_tokens` and `vllm:generation_tokens`, prompt tokens looked
 up in and found in the prefix store (`vllm:prefix_cache_queries`, `vllm:prefix_cache_hits`), the queue
 (`vllm:num_requests_waiting`, `vllm:num_requests_running`), and histograms of time to first token (the

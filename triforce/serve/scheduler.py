@@ -9,7 +9,7 @@ data)`, called from the scheduler's thread: ("text", (piece, entries)) as its te
 (streaming requests; entries: the log-probabilities of the tokens since the last piece,
 Request.new_logprobs), then ("done", RequestOutput) or ("error", message).
 `cancel()` drops a waiting request, and ends a running one after its round in progress (a client that
-went away).
+went away); `drain()` does that to all of them when the server shuts down.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class Scheduler:
 
     def __post_init__(self):
         self._batch, self._mates = SequenceBatch(), Batchmates()
-        self._lock, self._wake, self._stop = threading.Lock(), threading.Event(), False
+        self._lock, self._wake, self._stop, self._draining = threading.Lock(), threading.Event(), False, False
         self._thread = threading.Thread(target=self._loop, name="triforce-scheduler", daemon=True)
         self._thread.start()
 
@@ -78,6 +78,8 @@ class Scheduler:
             raise ValueError(f"{len(on_events)} callbacks for {len(choices)} choices")
         if not self.alive:
             raise ApiError(503, "the server's scheduler has stopped; see its log", kind="server_error")
+        if self._draining:
+            raise ApiError(503, "the server is shutting down", kind="server_error")
         longest = max(len(ids) for ids in job.prompts)
         need = self.llm.cache_bytes_for(longest, job.params.max_tokens)
         free = self.llm.free_memory()
@@ -104,6 +106,20 @@ class Scheduler:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def drain(self) -> None:
+        """The server is shutting down: waiting requests get an error, running ones end after their round in
+        progress (finish_reason "abort"), so their streams close properly; new ones are refused (503)."""
+        with self._lock:
+            self._draining = True
+            waiting, self.waiting = list(self.waiting), deque()
+            running = list(self.running.values())
+        for ticket in waiting:
+            ticket.cancel()
+            self._tell(ticket, "error", "the server is shutting down")
+        for ticket in running:
+            ticket.cancel()
+        self._wake.set()
 
     def stop(self) -> None:
         self._stop = True
