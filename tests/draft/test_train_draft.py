@@ -139,3 +139,17 @@ def test_train_draft_rejects_a_bad_repeat_before_building_data(tiny_dir, tmp_pat
                  "--work-dir", str(work), "--local-tokens", "0", "--answers", "0", "--repeat", *spec])
     assert code == 2 and message in capsys.readouterr().err
     assert not work.exists()
+
+
+@pytest.mark.parametrize("extra, message", [(["--steps", "-1"], "--steps must be >= 1"),
+                                            (["--lr", "0"], "--lr must be"),
+                                            (["--local-tokens", "0", "--answers", "0"], "no training sources")])
+def test_train_draft_rejects_bad_settings_before_building_data(tiny_dir, tmp_path, capsys, extra, message):
+    """--steps -1 went on to generate the target's answers and write the work folder; no sources at all
+    blamed --repeat, which was not given."""
+    target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
+    work = tmp_path / "work"
+    code = main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d"), "--work-dir", str(work),
+                 *extra])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not work.exists()

@@ -232,7 +232,10 @@ def structured_outputs(args) -> StructuredOutputs | None:
             raise UserError(f"cannot read {value}: {exc}") from None
 
     if args.json_schema is not None:
-        return StructuredOutputs(json=text_or_file(args.json_schema))
+        schema = text_or_file(args.json_schema)
+        if schema is args.json_schema and not schema.lstrip().startswith("{"):
+            raise UserError(f"--json-schema {schema}: no such file, nor a JSON schema (an object)")
+        return StructuredOutputs(json=schema)
     if args.grammar is not None:
         return StructuredOutputs(grammar=text_or_file(args.grammar))
     if args.json_object or args.regex is not None or args.choice:

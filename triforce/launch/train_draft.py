@@ -122,6 +122,8 @@ def _repeats(args) -> dict[str, int]:
     built."""
     train_sources = [name for name, asked in [("prose", args.text), ("code", args.local_tokens > 0),
                                               ("chat", args.answers > 0)] if asked]
+    if not train_sources:
+        raise UserError("no training sources: give --text files, --local-tokens > 0 or --answers > 0")
     repeat = {}
     for spec in args.repeat:
         name, _, count = spec.partition("=")
@@ -140,6 +142,12 @@ def run_train_draft(args) -> int:
     started = time.time()
     if args.seq_len < 16 or args.heldout_sequences < 1:
         raise UserError("--seq-len must be >= 16 and --heldout-sequences >= 1")
+    for flag, least in (("steps", 1), ("batch_size", 1), ("checkpoint_every", 1), ("top_k", 1), ("answers", 0),
+                        ("answer_tokens", 1), ("answer_batch", 1), ("local_tokens", 0), ("max_train_tokens", 1)):
+        if getattr(args, flag) < least:
+            raise UserError(f"--{flag.replace('_', '-')} must be >= {least} (got {getattr(args, flag)})")
+    if not 0 < args.lr < float("inf") or not 0 <= args.heldout_fraction < 1:
+        raise UserError("--lr must be a number > 0, --heldout-fraction in [0, 1)")
     repeat = _repeats(args)
     llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
     if llm.tokenizer is None:
