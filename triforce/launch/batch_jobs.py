@@ -8,9 +8,9 @@ a line that is not a request (bad JSON, another url) gets `error` and a null res
 `--batch-size` at a time through LLM.generate (a request's prompts x `n` choices together, as sequences of
 that batch). Each result line is written whole and flushed, so a killed job loses at most the requests in
 flight; run again, it skips the custom_ids the output already has (a torn last line, if the kill came
-mid-write, is dropped first; an output that is not a results file is refused, untouched). `--shard I/N` takes lines I, I + N, ... (default: the Slurm array task, else torchrun's
-rank and world size, else all; with --workers, where torchrun's ranks are one pipeline, the Slurm array
-task, else all).
+mid-write, is dropped first; an output that is not a results file is refused, untouched). `--shard I/N`
+takes lines I, I + N, ... (default: the Slurm array task, else torchrun's rank and world size, else all;
+with --workers, where torchrun's ranks are one pipeline, the Slurm array task, else all).
 """
 from __future__ import annotations
 

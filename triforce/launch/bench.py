@@ -48,14 +48,14 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--text", nargs="+", required=True, help="text files the prompts are cut from")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["novel"],
                    help="novel: prompts cut from --text; passkey: a key planted in it, asked for at the end")
-    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 7936], help="prompt lengths in tokens (default: 2048 4096 7936)")
+    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 7936], help="prompt lengths in tokens")
     p.add_argument("--modes", nargs="+", choices=MODES, default=["ar", "retrieval"], help="modes to run, in turn")
     p.add_argument("--peers", nargs="*", choices=PEERS, default=[],
                    help="transformers: plain generate; assisted: transformers with the draft as assistant_model; "
                         "llamacpp: llama-cpp-python on --gguf (skipped when not installed)")
     p.add_argument("--gguf", default=None, help="GGUF file for the llama.cpp peer")
-    p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes: prompts generated together (default: 1)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens each run generates (default 256)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes: prompts generated together")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens each run generates")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0], help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="the sampled runs' seed")

@@ -78,12 +78,12 @@ def init_groups(rank: int, world: int, local_rank: int, cuda: bool, timeouts: Gr
 
 def check_distributed_settings(args) -> None:
     """What a worker group cannot serve, refused before any process starts."""
-    if args.workers < 0:
-        raise UserError(f"--workers must be >= 0 (got {args.workers})")
-    if args.worker_device not in (None, "cpu", "cuda"):
-        raise UserError(f"--worker-device must be cpu or cuda (got {args.worker_device!r}); each worker takes "
-                        "cuda:LOCAL_RANK")
-    if args.worker_device == "cuda":
+    workers, device = getattr(args, "workers", 0), getattr(args, "worker_device", None)
+    if workers < 0:
+        raise UserError(f"--workers must be >= 0 (got {workers})")
+    if device not in (None, "cpu", "cuda"):
+        raise UserError(f"--worker-device must be cpu or cuda (got {device!r}); each worker takes cuda:LOCAL_RANK")
+    if device == "cuda":
         resolve_device("cuda")
     if args.retrieval_policy == "dynamic" and args.mode not in ("draft", "ar"):
         raise UserError("--retrieval-policy dynamic reads the target's full cache at every step, so it needs "
