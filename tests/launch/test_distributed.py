@@ -107,12 +107,12 @@ def test_batch_with_workers_answers_every_line_and_the_group_reuses_the_document
     assert cached == [0, 512, 512]
 
 
-@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c", "sigint-to-the-command"])
 def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_path, how):
     """`triforce serve --workers 1` over HTTP: a completion equals the single-process generate; SIGTERM to
-    the command (as `kill` or a job manager sends), or Ctrl-C (SIGINT to its process group: the command
-    and torchrun, which passes it on to the ranks, each in a session of its own), twice, ends torchrun and
-    every rank, none left serving, and no traceback."""
+    the command (as `kill` or a job manager sends), Ctrl-C (SIGINT to its process group) or SIGINT to the
+    command alone (`kill -INT`, which once left the group serving), twice, ends torchrun and every rank
+    (each in a session of its own), none left serving, and no traceback."""
     import os
     import signal
     import subprocess
@@ -134,7 +134,8 @@ def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_pa
                                    "cpu", "--port", str(port), "--workers", "1", "--control-port", str(control_port),
                                    "--worker-device", "cpu"], stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)  # a terminal's foreground job of its own
-    stop = (lambda: server.terminate()) if how == "sigterm" else (lambda: os.killpg(server.pid, signal.SIGINT))
+    stop = {"sigterm": lambda: server.terminate(), "ctrl-c": lambda: os.killpg(server.pid, signal.SIGINT),
+            "sigint-to-the-command": lambda: os.kill(server.pid, signal.SIGINT)}[how]
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, server, log)

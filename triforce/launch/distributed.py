@@ -128,22 +128,24 @@ def launch_with_torchrun(args) -> int:
         argv += ["--control-port", str(free_port())]
     cmd = [sys.executable, "-m", "triforce.launch.torchrun", "--standalone", f"--nproc-per-node={args.workers + 1}",
            "-m", "triforce.launch.distributed", *argv]
-    torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1))
-    if threading.current_thread() is not threading.main_thread():
-        return torchrun.wait()
-    # `kill` or a job manager ends this process with SIGTERM: torchrun gets it too, and ends every rank,
-    # rather than serve on, orphaned. (Ctrl-C reaches torchrun by itself, in this foreground process group,
-    # and torchrun passes it on to the ranks.)
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: torchrun.send_signal(signum))
+    if threading.current_thread() is not threading.main_thread():  # no signal handlers here: torchrun stays in
+        return subprocess.Popen(cmd, env=process_environment(args.workers + 1)).wait()  # our process group
+    # torchrun in a session of its own, which gets every signal through this process, once: a Ctrl-C (to
+    # the terminal's process group), a SIGINT to this process alone (`kill -INT`, `timeout -s INT`, a
+    # service manager), SIGTERM (`kill`, a job manager) and SIGHUP (the terminal gone) each reach torchrun,
+    # which passes it on to the ranks, so none serves on orphaned. (With torchrun in this process group, a
+    # SIGINT to this process alone reached no rank, and the group served on.)
+    torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1), start_new_session=True)
+
+    def forward(signum, frame) -> None:
+        torchrun.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        while True:
-            try:
-                return torchrun.wait()
-            except KeyboardInterrupt:  # torchrun got the Ctrl-C too and ends the ranks: wait for it, deaf to
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # more, which reach torchrun by themselves
-                continue
+        return torchrun.wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def control_port(args) -> int:
