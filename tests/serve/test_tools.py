@@ -126,6 +126,12 @@ def test_a_conversation_with_earlier_calls_and_their_results_is_taken(llm, clien
     assert rendered[2]["tool_call_id"] == "call_1"
     text = llm.tokenizer.decode(chat_ids(llm.tokenizer, rendered, TOOLS))  # what the template made of them
     assert text.endswith('assistant: get_weather{"city": "paris", "days": 3}. tool: sunny. >')
+    template, llm.tokenizer.chat_template = llm.tokenizer.chat_template, "{% for m in messages %}{{ m['role'] + ': ' + " \
+        "m['content'] + '. ' }}{% endfor %}"  # adds strings to the content, as SmolLM2's does
+    try:
+        assert llm.tokenizer.decode(chat_ids(llm.tokenizer, rendered)).endswith("assistant: . tool: sunny. ")
+    finally:
+        llm.tokenizer.chat_template = template
 
 
 @pytest.mark.parametrize("fields,param", [
