@@ -179,3 +179,18 @@ def test_every_option_with_a_default_states_it_once():
             text = formatter._expand_help(action) if action.help else ""
             assert text.count("default") == 1, (name, action.option_strings, text)
         assert "(default: None)" not in command.format_help(), name
+
+
+def test_the_summary_starts_a_line_of_its_own_when_both_streams_share_a_file(target, tmp_path):
+    """`triforce generate > log 2>&1`: the text's last newline reaches the file before the summary (stdout is
+    block-buffered there; the summary ran onto the text)."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "log"
+    with log.open("w") as out:
+        code = subprocess.run([sys.executable, "-m", "triforce", "generate", "--model", str(target), "--prompt", WORDS,
+                               "--max-new-tokens", "4", "--mode", "ar", "--dtype", "float32"], stdout=out,
+                              stderr=subprocess.STDOUT).returncode
+    assert code == 0, log.read_text()
+    assert log.read_text().splitlines()[-1].startswith("[ar] prompt")

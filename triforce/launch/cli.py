@@ -265,6 +265,7 @@ def run_generation(args, llm) -> int:
                           "rope_scaling": llm.rope_scaling, "metrics": metrics, **extra}))
     else:
         sys.stdout.write("\n")
+        sys.stdout.flush()  # before the summary on stderr, which shares a file or pipe under `2>&1`
         tiers = "; ".join(f"{t.name} accepted {t.accepted}/{t.proposed} from {t.drafter}" for t in m.tiers)
         plans = " -> ".join(f"{d['mode']}{tuple(d['gammas']) if d['gammas'] else ''}" for d in m.auto or [])
         print(f"[{llm.config.mode}{': ' + plans if plans else ''}] prompt {m.prompt_tokens} tok, prefill {m.prefill_s:.2f}s; "
