@@ -187,10 +187,13 @@ def test_the_summary_starts_a_line_of_its_own_when_both_streams_share_a_file(tar
     import subprocess
     import sys
 
+    import os
+
     log = tmp_path / "log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as by default
     with log.open("w") as out:
         code = subprocess.run([sys.executable, "-m", "triforce", "generate", "--model", str(target), "--prompt", WORDS,
                                "--max-new-tokens", "4", "--mode", "ar", "--dtype", "float32"], stdout=out,
-                              stderr=subprocess.STDOUT).returncode
+                              stderr=subprocess.STDOUT, env=env).returncode
     assert code == 0, log.read_text()
     assert log.read_text().splitlines()[-1].startswith("[ar] prompt")
