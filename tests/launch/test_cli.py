@@ -115,6 +115,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "rope scaling a scaled model": (["--model", tiny_dir("cli-llama3", tokenizer=True, arch="llama3"), *base,
                                          "--rope-scaling", "yarn:2"], "already scales RoPE"),
         "workers < 0": (["--model", target, *base, "--workers", -1], "--workers"),
+        "workers that do not split the model": (["--model", target, *base, "--workers", 3], "do not split 3 ways"),
         "a schema file that is not there": (["--model", target, *base, "--json-schema", tmp_path / "none.json"],
                                             "no such file"),
         "unknown device": (["--model", target, *base, "--device", "tpu"], "device must be"),
@@ -128,7 +129,7 @@ CASES = ["missing folder", "corrupt folder", "draft vocabulary", "prompt too lon
          "gamma1 < 1", "tree past the draft's window", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
          "logprobs < 0", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
-         "rope scaling factor 1", "rope scaling a scaled model", "workers < 0", "a schema file that is not there", "unknown device", "a GPU this process lacks",
+         "rope scaling factor 1", "rope scaling a scaled model", "workers < 0", "workers that do not split the model", "a schema file that is not there", "unknown device", "a GPU this process lacks",
          "unknown worker device"]
 
 

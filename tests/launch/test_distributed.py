@@ -207,7 +207,7 @@ def test_workers_without_a_control_port_get_a_free_one(monkeypatch):
     launched = []
 
     class Torchrun:
-        def __init__(self, cmd, env):
+        def __init__(self, cmd, env, **options):
             launched.append(cmd)
 
         def wait(self):

@@ -31,7 +31,10 @@ import torch.distributed as dist
 
 from ..config import PREFILL_CHUNK
 from ..errors import UserError
+from ..models.config import ModelConfig, ModelLoadError
+from ..models.hub import resolve_model
 from ..models.loader import resolve_device
+from ..models.parallel import TensorParallel
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,15 @@ def init_groups(rank: int, world: int, local_rank: int, cuda: bool, timeouts: Gr
     return PipelineGroups(workers if world > 2 else None, control, link)
 
 
+def _shards(cfg, size: int) -> bool:
+    """Whether `size` tensor-parallel ranks can split the model (TensorParallel.check)."""
+    try:
+        TensorParallel(0, size).check(cfg)
+    except ModelLoadError:
+        return False
+    return True
+
+
 def check_distributed_settings(args) -> None:
     """What a worker group cannot serve, refused before any process starts."""
     workers, device = getattr(args, "workers", 0), getattr(args, "worker_device", None)
@@ -85,6 +97,13 @@ def check_distributed_settings(args) -> None:
         raise UserError(f"--worker-device must be cpu or cuda (got {device!r}); each worker takes cuda:LOCAL_RANK")
     if device == "cuda":
         resolve_device("cuda")
+    if workers > 1 and getattr(args, "model", None) is not None:  # once here, not an error from every rank
+        cfg = ModelConfig.from_folder(resolve_model(args.model, getattr(args, "revision", None)))
+        fits = [w for w in range(1, cfg.num_heads + 1) if _shards(cfg, w)]
+        if not _shards(cfg, workers):
+            raise UserError(f"--workers {workers}: the target's {cfg.num_heads} attention heads, {cfg.num_kv_heads} "
+                            f"KV heads and MLP width {cfg.intermediate_size} do not split {workers} ways; "
+                            f"--workers may be {', '.join(map(str, fits))} for this model")
     if args.retrieval_policy == "dynamic" and args.mode not in ("draft", "ar"):
         raise UserError("--retrieval-policy dynamic reads the target's full cache at every step, so it needs "
                         "it in the coordinator's process: it cannot run with --workers (use static)")
