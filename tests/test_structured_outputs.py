@@ -150,3 +150,17 @@ def test_generate_flags(capsys, models):
         assert out["finish_reason"] == "stop" and set(json.loads(out["text"])) == {"id", "ok"}
     assert main([*map(str, args), "--regex", "[0-9"]) == 2
     assert capsys.readouterr().err.startswith("triforce: error: structured_outputs regex")
+
+
+def test_bans_that_leave_the_constraint_no_first_token_are_refused(llm):
+    """allowed_token_ids or bad words that exclude every token a constraint may begin with contradict it; the
+    rule applied last won, silently (text breaking the regex, or a banned word). Bans that leave it one run."""
+    digits = [llm.tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
+    letters = [llm.tokenizer.convert_tokens_to_ids(c) for c in "abc"]
+    regex = StructuredOutputs(regex="[0-9]+")
+    for bans in (dict(allowed_token_ids=letters), dict(bad_words_ids=[[d] for d in digits])):
+        with pytest.raises(ConfigError, match="leave no token the constraint allows"):
+            llm.generate(PROMPT, SamplingParams(max_tokens=4, structured_outputs=regex, **bans))
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=4, temperature=0, structured_outputs=regex,
+                                              allowed_token_ids=letters + digits[3:5], bad_words_ids=[[digits[4]]]))[0]
+    assert set(out.text) == {"3"}

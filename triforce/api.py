@@ -186,7 +186,24 @@ class LLM:
                 raise UserError(f"{name} names token {max(ids)}, outside the vocabulary [0, {vocab})")
         if params.structured_outputs is not None:
             self.grammars.check(params.structured_outputs)
+            banned = [s[0] for s in params.bad_words_ids if len(s) == 1]
+            if params.allowed_token_ids is not None or banned:
+                self._check_first_token(params, banned)
         return params
+
+    def _check_first_token(self, params: SamplingParams, banned: list[int]) -> None:
+        """ConfigError where allowed_token_ids and one-token bad words leave none of the tokens the structured
+        output allows first: the rules would contradict each other from the start, and the last one applied
+        would win, silently (sampling.only_allowed)."""
+        left = self.grammars.guide(params.structured_outputs).allowed(()).clone()
+        if params.allowed_token_ids is not None:
+            allowed = torch.zeros_like(left)
+            allowed[list(params.allowed_token_ids)] = True
+            left &= allowed
+        left[banned] = False
+        if not left.any():
+            raise ConfigError("structured_outputs: allowed_token_ids and bad_words leave no token the constraint "
+                              "allows to begin with")
 
     def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
         """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""
