@@ -49,8 +49,9 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
                 for k, p in prompts.items()}
     choices = llm.generate([PROMPT] * 3, [SamplingParams(max_tokens=6, temperature=0.8, seed=s) for s in (11, 12, 13)])
     assert len({o.text for o in choices}) > 1  # the seeds differ
-    out.write_text(json.dumps({"custom_id": "b", "response": {"status_code": 200, "body": {}}, "error": None})
-                   + "\n" + '{"custom_id": "c", "resp')  # a run killed mid-write: b done, c torn
+    out.write_text(json.dumps({"id": "batch_req_1", "custom_id": "b", "response": {"status_code": 200, "body": {}},
+                               "error": None}) + "\n" + '{"id": "batch_req_2", "custom_id": "c", "resp')  # killed
+    # mid-write: b done, c torn
     assert run(target, inp, out) == 0
     got = results(out)
     assert sorted(got) == ["a", "b", "c", "d", "e", "f", "g", "h", "line-4"]
@@ -86,13 +87,17 @@ def test_an_output_that_is_not_a_results_file_and_repeated_ids_are_refused_untou
     inp, notes = tmp_path / "in.jsonl", tmp_path / "notes.txt"
     inp.write_text(request("a", PROMPT, 2) + "\n")
     notes.write_text("my notes\nthe last line, unterminated")
-    for out, message in ((inp, "is the --input file"), (notes, "not a results file"),
+    note = tmp_path / "note.txt"
+    note.write_text("one line, unterminated")  # all of it read as torn once, and emptied
+    for out, message in ((inp, "is the --input file"), (notes, "not a results file"), (note, "not a results file"),
                          (tmp_path / "none" / "out.jsonl", "no folder")):
         before = out.read_text() if out.exists() else None
         assert run(target, inp, out) == 2 and message in capsys.readouterr().err
         assert (out.read_text() if out.exists() else None) == before
     inp.write_text("\n".join([request("a", PROMPT, 2), request("b", PROMPT, 2), request("a", PROMPT, 3)]) + "\n")
     assert run(target, inp, tmp_path / "out.jsonl") == 2 and "'a' is on lines 1 and 3" in capsys.readouterr().err
+    inp.write_text("\n".join([request("line-2", PROMPT, 2), json.dumps({"method": "POST"})]) + "\n")  # line 2's id
+    assert run(target, inp, tmp_path / "out.jsonl") == 2 and "'line-2' is on lines 1 and 2" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
 
 

@@ -174,8 +174,9 @@ def test_every_option_with_a_default_states_it_once():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     for name, command in sub.choices.items():
         formatter = command._get_formatter()
-        for action in command._actions:
-            if not action.option_strings or action.default in (None, False, [], argparse.SUPPRESS):
+        for action in command._actions:  # 0 and 0.0 are defaults to state, though they equal False
+            if not action.option_strings or action.default is None or action.default is False or \
+                    action.default == [] or action.default is argparse.SUPPRESS:
                 continue
             text = formatter._expand_help(action) if action.help else ""
             assert text.count("default") == 1, (name, action.option_strings, text)

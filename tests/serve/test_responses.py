@@ -116,3 +116,19 @@ def test_a_conversations_call_items_reach_the_template_as_chat_messages(server):
 def test_what_the_server_cannot_do_is_a_400_naming_the_field(server, body, param):
     r = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
     assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_response_ended_before_its_limit_is_incomplete_and_says_why(tiny_dir):
+    """A request a shutdown ended (finish_reason "abort") is an incomplete response, "interrupted"; it was
+    reported "completed", with its text cut short."""
+    import dataclasses
+
+    from triforce.serve import responses
+
+    llm = chars_llm(tiny_dir)
+    job = responses.parse({"input": "what is the weather?", "max_output_tokens": 5, "temperature": 0}, llm, "tiny")
+    out = llm.generate(job.prompts[0], job.params)[0]
+    ended = responses.response(job, "tiny", [dataclasses.replace(out, finish_reason="abort")])
+    assert ended["status"] == "incomplete" and ended["incomplete_details"] == {"reason": "interrupted"}
+    whole = responses.response(job, "tiny", [dataclasses.replace(out, finish_reason="stop")])
+    assert whole["status"] == "completed" and whole["incomplete_details"] is None

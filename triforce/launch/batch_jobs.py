@@ -27,6 +27,7 @@ from .cli import (add_distributed_args, add_engine_args, add_mode_arg, add_model
                   llm_from_args)
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
+RESULT_START = '{"id": "batch_req_'  # how every line this command writes begins
 
 
 def add_batch_parser(sub) -> None:
@@ -69,8 +70,9 @@ def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
 
 
 def done_ids(output: Path) -> set[str]:
-    """custom_ids already answered in `output`; a torn last line (a kill mid-write) is cut off. A file that
-    is not a results file (a line that is not a result) is a UserError, and left as it is."""
+    """custom_ids already answered in `output`; a torn last line (what a kill mid-write leaves: the start of
+    a line this command writes) is cut off. A file that is not a results file (a line that is not a result)
+    is a UserError, and left as it is."""
     if not output.exists():
         return set()
     try:
@@ -78,6 +80,8 @@ def done_ids(output: Path) -> set[str]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read --output {output}: {exc}") from None
     whole, torn = data[: data.rfind("\n") + 1], data[data.rfind("\n") + 1:]
+    if torn and not torn.startswith(RESULT_START[: len(torn)]):  # not what a kill mid-write leaves: a line
+        whole, torn = whole + torn + "\n", ""  # to check as the others (the newline written if it passes)
     done = set()
     for n, line in enumerate(whole.splitlines()):
         try:
@@ -90,27 +94,31 @@ def done_ids(output: Path) -> set[str]:
                             "name a new file, or one an earlier run of this job wrote")
         if line.strip():
             done.add(record["custom_id"])
-    if torn:
+    if whole != data:
         output.write_text(whole, encoding="utf-8")
     return done
 
 
-def request_lines(lines: list[str]) -> list[tuple[int, str]]:
-    """The non-blank lines with their indices; a custom_id given on two lines is a UserError (as OpenAI's
-    Batch API refuses such a file: each result names its request by it)."""
-    seen: dict[str, int] = {}
+def request_lines(lines: list[str]) -> list[tuple[int, str, object, str | None]]:
+    """Each non-blank line as (its index, its custom_id: the line's own, else line-N, the parsed request or
+    None, the JSON error or None). A custom_id on two lines is a UserError (as OpenAI's Batch API refuses such
+    a file: each result names its request by it)."""
+    out, seen = [], {}
     for n, line in enumerate(lines):
-        try:
-            request = json.loads(line)
-        except json.JSONDecodeError:
+        if not line.strip():
             continue
-        custom_id = request.get("custom_id") if isinstance(request, dict) else None
-        if custom_id is not None:
-            if str(custom_id) in seen:
-                raise UserError(f"custom_id {str(custom_id)!r} is on lines {seen[str(custom_id)] + 1} and {n + 1}: "
-                                "each request needs its own")
-            seen[str(custom_id)] = n
-    return [(n, line) for n, line in enumerate(lines) if line.strip()]
+        try:
+            request, error = json.loads(line), None
+        except json.JSONDecodeError as exc:
+            request, error = None, f"line {n + 1}: {exc}"
+        given = request.get("custom_id") if isinstance(request, dict) else None
+        custom_id = str(given) if given not in (None, "") else f"line-{n + 1}"
+        if custom_id in seen:
+            raise UserError(f"custom_id {custom_id!r} is on lines {seen[custom_id] + 1} and {n + 1}: each request "
+                            "needs its own")
+        seen[custom_id] = n
+        out.append((n, custom_id, request, error))
+    return out
 
 
 def _batch(args) -> int:
@@ -131,7 +139,7 @@ def _batch(args) -> int:
     if not output.parent.is_dir():
         raise UserError(f"--output {output}: no folder {output.parent}")
     finished = done_ids(output)
-    mine = [(n, line) for n, line in request_lines(lines) if n % count == index]
+    mine = [line for line in request_lines(lines) if line[0] % count == index]
     llm = llm_from_args(args)
     model = args.served_model_name or str(args.model)
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
@@ -141,31 +149,28 @@ def _batch(args) -> int:
             out.flush()
 
         pending = []
-        for n, line in mine:
-            custom_id, job = f"line-{n + 1}", None
-            try:
-                request = json.loads(line)
-                custom_id = str(request.get("custom_id") or custom_id) if isinstance(request, dict) else custom_id
-                if custom_id in finished:
-                    bar.update(1)
-                    continue
-                if not isinstance(request, dict) or request.get("method", "POST") != "POST" or \
-                        request.get("url") not in URLS:
-                    error = {"code": "invalid_request", "message": f"line {n + 1}: each line needs method POST "
-                             "and url /v1/completions, /v1/chat/completions or /v1/responses"}
-                else:
-                    kind, body = URLS[request["url"]], request.get("body")
+        for n, custom_id, request, error in mine:
+            if custom_id in finished:
+                bar.update(1)
+                continue
+            job = None
+            if error is not None:
+                error = {"code": "invalid_json", "message": error}
+            elif not isinstance(request, dict) or request.get("method", "POST") != "POST" or \
+                    request.get("url") not in URLS:
+                error = {"code": "invalid_request", "message": f"line {n + 1}: each line needs method POST and url "
+                         "/v1/completions, /v1/chat/completions or /v1/responses"}
+            else:
+                kind, body = URLS[request["url"]], request.get("body")
+                try:
                     job = responses.parse(body, llm, model, args.chat_max_tokens) if kind == "response" else \
                         openai.parse(kind, body, llm, model, args.chat_max_tokens)
-            except json.JSONDecodeError as exc:
-                error = {"code": "invalid_json", "message": f"line {n + 1}: {exc}"}
-            except openai.ApiError as exc:  # what the server answers it: a response with its status, as OpenAI's
-                error = {"status_code": exc.status, "request_id": f"req_{uuid.uuid4().hex}", "body": exc.body()}
-            if job is None:  # a line that cannot run: its error once (the custom_id may be the line's number)
+                except openai.ApiError as exc:  # what the server answers it: a response with its status, as OpenAI's
+                    error = {"status_code": exc.status, "request_id": f"req_{uuid.uuid4().hex}", "body": exc.body()}
+            if job is None:  # a line that cannot run: its error, once
                 refused = "status_code" in error
-                if custom_id not in finished:
-                    write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
-                           "response": error if refused else None, "error": None if refused else error})
+                write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
+                       "response": error if refused else None, "error": None if refused else error})
                 bar.update(1)
                 continue
             pending.append((custom_id, job))

@@ -282,13 +282,19 @@ def _fetch(args) -> int:
     return 0
 
 
+def stated_default(value) -> bool:
+    """Whether an option's default is one to state: not None, a flag's False, an empty list or suppressed (0
+    and 0.0 are, though they equal False)."""
+    return not (value is None or value is False or value is argparse.SUPPRESS or (isinstance(value, list) and not value))
+
+
 class DefaultsShown(argparse.HelpFormatter):
     """Every command's help: each option's default stated where its text does not state it already and it
     has one to state."""
 
     def _get_help_string(self, action) -> str:
         text = action.help or ""
-        if not action.option_strings or "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+        if not action.option_strings or "default" in text or not stated_default(action.default):
             return text
         value = action.default
         shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)

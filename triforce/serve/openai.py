@@ -149,7 +149,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         if name == "max_tokens" and "max_completion_tokens" in body:
             name = "max_completion_tokens"
         raise ApiError(400, str(exc), param=name if name in FIELDS[kind] else None) from None
-    if len(ids) >= limit:
+    if len(ids) > limit or (len(ids) == limit and max_tokens > 0):  # a whole context may be scored (echo)
         raise ApiError(413, f"the prompt ({len(ids)} tokens) fills the model's {limit} positions",
                        param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
     if len(ids) + max_tokens > limit:

@@ -149,13 +149,22 @@ def response(job: ResponsesJob, model: str, outputs: list) -> dict:
     message = choice["message"]
     items = [_message_item(job, message["content"])] if message.get("content") else []
     items += [_call_item(call) for call in message.get("tool_calls") or []]
-    return _response(job, model, "incomplete" if choice["finish_reason"] == "length" else "completed", items,
-                     chat["usage"])
+    finish = choice["finish_reason"]
+    return _response(job, model, _status(finish), items, chat["usage"], finish)
 
 
-def _response(job: ResponsesJob, model: str, status: str, output: list, usage: dict | None) -> dict:
+# why a response is incomplete, by its finish_reason: max_output_tokens reached, or ended first (a shutdown)
+INCOMPLETE = {"length": "max_output_tokens", "abort": "interrupted"}
+
+
+def _status(finish: str | None) -> str:
+    return "incomplete" if finish in INCOMPLETE else "completed"
+
+
+def _response(job: ResponsesJob, model: str, status: str, output: list, usage: dict | None,
+              finish: str | None = None) -> dict:
     return {"id": job.id, "object": "response", "created_at": job.created, "status": status, "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "incomplete_details": {"reason": INCOMPLETE[finish]} if status == "incomplete" else None,
             "model": model, "output": output, "usage": None if usage is None else _usage(usage), **job.request}
 
 
@@ -231,5 +240,5 @@ async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncI
                     name=done["name"], arguments=done["arguments"])
         yield event("response.output_item.done", output_index=len(output), item=done)
         output.append(done)
-    status = "incomplete" if finish == "length" else "completed"
-    yield event(f"response.{status}", response=_response(job, model, status, output, usage))
+    status = _status(finish)
+    yield event(f"response.{status}", response=_response(job, model, status, output, usage, finish))
