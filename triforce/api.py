@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import operator
 import os
 import sys
@@ -262,7 +263,7 @@ class LLM:
         if not isinstance(prompts, (str, Sequence)):
             raise UserError(f"prompts must be a string, a list of token ids or a list of those (got "
                             f"{type(prompts).__name__})")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
         if not prompts:
             return []

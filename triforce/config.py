@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,12 +27,13 @@ SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
 
 
 def _is_integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer: Python's or numpy's (not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_number(value) -> bool:
-    """A finite real number (not a bool, not a string)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite real number: Python's or numpy's (not a bool, not a string)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _token_id(token) -> int:
@@ -189,6 +191,11 @@ class SamplingParams:
             object.__setattr__(self, "top_k", 0)
         if self.seed is not None and (not _is_integer(self.seed) or not SEEDS[0] <= self.seed <= SEEDS[1]):
             raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {SEEDS[1]} (got {self.seed!r})")
+        for name, kind in (("max_tokens", int), ("top_k", int), ("seed", int), ("temperature", float),
+                           ("top_p", float), ("min_p", float), ("presence_penalty", float),
+                           ("frequency_penalty", float), ("repetition_penalty", float)):
+            if getattr(self, name) is not None:  # numpy's numbers as Python's
+                object.__setattr__(self, name, kind(getattr(self, name)))
         if not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be from 0 to 1 (got {self.min_p})")
         if any(not s for s in self.stop):

@@ -257,9 +257,10 @@ def test_bad_requests_get_openai_errors(client, path, body, status, param):
 
 def test_an_infinite_temperature_is_refused(client):
     """JSON's Infinity (Python's json reads it) would sample uniformly: a 400 naming the field."""
-    r = client.post("/v1/completions", content=f'{{"prompt": "{PROMPT}", "temperature": Infinity}}',
-                    headers={"content-type": "application/json"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature", r.text
+    for field, value in (("temperature", "Infinity"), ("top_k", "1e999")):  # 1e999 parses as inf too
+        r = client.post("/v1/completions", content=f'{{"prompt": "{PROMPT}", "{field}": {value}}}',
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
 
 def test_tokenize_gives_the_ids_a_request_would_generate_from_and_detokenize_their_text(llm, client):
@@ -552,3 +553,27 @@ def test_a_server_shutting_down_ends_its_requests_and_refuses_new_ones(llm, monk
     assert done and done[0].finish_reason == "abort" and len(done[0].token_ids) < 400
     assert events[1] == [("error", "the server is shutting down")]
     scheduler.stop()
+
+
+def test_a_request_admitted_while_the_server_drains_is_ended_too(llm, monkeypatch):
+    """drain() between a request leaving the queue and joining the batch (it is in neither list then): the
+    request still ends early, "abort", rather than run to max_tokens behind a closed server."""
+    from triforce.serve import scheduler as scheduling
+
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True}, llm,
+                "tiny")
+    held = Scheduler(llm)
+    real = scheduling.Request
+
+    def allocated_during_the_drain(*args, **kwargs):
+        request = real(*args, **kwargs)
+        held.drain()
+        return request
+
+    monkeypatch.setattr(scheduling, "Request", allocated_during_the_drain)
+    done = threading.Event()
+    seen = []
+    held.submit(job, lambda kind, data: (seen.append((kind, data)), kind == "done" and done.set()))
+    assert done.wait(60)
+    held.stop()
+    assert seen[-1][1].finish_reason == "abort" and len(seen[-1][1].token_ids) < 400

@@ -68,6 +68,9 @@ def test_bad_settings_are_refused():
     assert SamplingParams(bad_words_ids=[[2, 1], (2, 1), [4]]).bad_words_ids == ((2, 1), (4,))
     assert SamplingParams(bad_words="hello").bad_words == ("hello",)
     assert SamplingParams(top_k=-1).top_k == 0  # vLLM's other spelling of off
+    numpy = pytest.importorskip("numpy")
+    given = SamplingParams(max_tokens=numpy.int64(5), temperature=numpy.float32(0.5), seed=numpy.int64(3))
+    assert (given.max_tokens, given.temperature, given.seed) == (5, 0.5, 3) and type(given.max_tokens) is int
     for bad, name in ((dict(allowed_token_ids=[]), "allowed_token_ids"),
                       (dict(allowed_token_ids=[-1]), "allowed_token_ids"),
                       (dict(allowed_token_ids="12"), "allowed_token_ids"),

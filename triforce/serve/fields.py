@@ -3,6 +3,7 @@ status) that names it."""
 from __future__ import annotations
 
 import inspect
+import math
 
 from ..api import chat_ids
 from ..config import MAX_LOGPROBS
@@ -87,8 +88,8 @@ def number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be a number", param=name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ApiError(400, f"'{name}' must be a finite number", param=name)  # JSON's Infinity and 1e999 parse
     return float(value)
 
 

@@ -152,7 +152,7 @@ class Scheduler:
                     ticket.request = Request(self.llm, ticket.ids, ticket.params, stream, self._mates)
                 except GroupFull:
                     with self._lock:
-                        if self.running:  # it waits, first in line, for a running request to end
+                        if self.running and not self._draining:  # it waits, first in line, for one to end
                             ticket.refused_beside = len(self.running)
                             self.waiting.appendleft(ticket)
                             return
@@ -162,6 +162,9 @@ class Scheduler:
                 seq = self._batch.add(ticket.request.run())
                 with self._lock:
                     self.running[seq] = ticket
+                    draining = self._draining  # drain() may have run while it was in neither list
+                if draining:
+                    ticket.cancel()
                 if seq.done:
                     self._finish(seq)
             except Exception as exc:  # noqa: BLE001 (a request's failure must not stop the server)
