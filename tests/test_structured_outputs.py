@@ -159,7 +159,7 @@ def test_bans_that_leave_the_constraint_no_first_token_are_refused(llm):
     letters = [llm.tokenizer.convert_tokens_to_ids(c) for c in "abc"]
     regex = StructuredOutputs(regex="[0-9]+")
     for bans in (dict(allowed_token_ids=letters), dict(bad_words_ids=[[d] for d in digits])):
-        with pytest.raises(ConfigError, match="leave no token the constraint allows"):
+        with pytest.raises(ConfigError, match="leave no token the structured output allows"):
             llm.generate(PROMPT, SamplingParams(max_tokens=4, structured_outputs=regex, **bans))
     out = llm.generate(PROMPT, SamplingParams(max_tokens=4, temperature=0, structured_outputs=regex,
                                               allowed_token_ids=letters + digits[3:5], bad_words_ids=[[digits[4]]]))[0]

@@ -203,8 +203,8 @@ class LLM:
             left &= allowed
         left[banned] = False
         if not left.any():
-            raise ConfigError("structured_outputs: allowed_token_ids and bad_words leave no token the constraint "
-                              "allows to begin with")
+            raise ConfigError("allowed_token_ids and bad_words leave no token the structured output allows to "
+                              "begin with")
 
     def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
         """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""

@@ -95,8 +95,6 @@ def check_distributed_settings(args) -> None:
         raise UserError(f"--workers must be >= 0 (got {workers})")
     if device not in (None, "cpu", "cuda"):
         raise UserError(f"--worker-device must be cpu or cuda (got {device!r}); each worker takes cuda:LOCAL_RANK")
-    if device == "cuda":
-        resolve_device("cuda")
     if workers > 1 and getattr(args, "model", None) is not None:  # once here, not an error from every rank
         cfg = ModelConfig.from_folder(resolve_model(args.model, getattr(args, "revision", None)))
         fits = [w for w in range(1, cfg.num_heads + 1) if _shards(cfg, w)]
@@ -133,6 +131,8 @@ def process_environment(processes: int, env=os.environ) -> dict:
 def launch_with_torchrun(args) -> int:
     """`triforce generate|serve|batch --workers W`: re-run this command under torchrun with W + 1 processes."""
     check_distributed_settings(args)
+    if args.worker_device == "cuda":  # the workers run here (by hand, on several nodes, only theirs need one)
+        resolve_device("cuda")
     argv, skip = [], False
     for a in args.argv:  # drop --workers W
         if skip:
@@ -154,13 +154,21 @@ def launch_with_torchrun(args) -> int:
     # service manager), SIGTERM (`kill`, a job manager) and SIGHUP (the terminal gone) each reach torchrun,
     # which passes it on to the ranks, so none serves on orphaned. (With torchrun in this process group, a
     # SIGINT to this process alone reached no rank, and the group served on.)
-    torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1), start_new_session=True)
+    started, pending = [], []  # a signal before torchrun has started waits for it
 
     def forward(signum, frame) -> None:
-        torchrun.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        sent = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+        if started:
+            started[0].send_signal(sent)
+        else:
+            pending.append(sent)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
+        torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1), start_new_session=True)
+        started.append(torchrun)
+        for sent in pending:
+            torchrun.send_signal(sent)
         return torchrun.wait()
     finally:
         for s, handler in previous.items():

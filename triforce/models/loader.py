@@ -20,7 +20,7 @@ DTYPE_CHOICES = ("auto", *DTYPES)
 def resolve_device(spec: str | torch.device | None) -> torch.device:
     """`spec` ('cpu', 'cuda', 'cuda:N'; None: cuda where this process has a GPU, else cpu) as a device this
     process can run on; a UserError naming it where it is none."""
-    if spec is None:
+    if not spec:  # None, or an empty --device "$UNSET"
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(spec)

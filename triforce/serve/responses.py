@@ -65,7 +65,7 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
     except ApiError as exc:  # named as this request named it
         exc.param = SOURCES.get(exc.param, exc.param)
         for theirs, ours in SOURCES.items():
-            exc.message = exc.message.replace(theirs, ours)
+            exc.message = exc.message.replace(f"'{theirs}'", f"'{ours}'")
         raise
     request = {name: body.get(name) for name in ("instructions", "max_output_tokens", "metadata")}
     request.update(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
