@@ -191,17 +191,11 @@ class SamplingParams:
             object.__setattr__(self, "top_k", 0)
         if self.seed is not None and (not _is_integer(self.seed) or not SEEDS[0] <= self.seed <= SEEDS[1]):
             raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {SEEDS[1]} (got {self.seed!r})")
-        for name, kind in (("max_tokens", int), ("top_k", int), ("seed", int), ("temperature", float),
-                           ("top_p", float), ("min_p", float), ("presence_penalty", float),
-                           ("frequency_penalty", float), ("repetition_penalty", float)):
-            if getattr(self, name) is not None:  # numpy's numbers as Python's
-                object.__setattr__(self, name, kind(getattr(self, name)))
         if not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be from 0 to 1 (got {self.min_p})")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
-        if (not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool)
-                or not 0 <= self.min_tokens <= self.max_tokens):
+        if not _is_integer(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ConfigError(f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}; got "
                               f"{self.min_tokens!r})")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -218,15 +212,21 @@ class SamplingParams:
             raise ConfigError("min_tokens cannot be combined with structured_outputs: the constraint decides where "
                               "the text may end")
         k = self.truncate_prompt_tokens
-        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        if k is not None and (not _is_integer(k) or k < 1):
             raise ConfigError(f"truncate_prompt_tokens must be None or an integer >= 1 (got {k!r})")
         for name in ("include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
-            if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_LOGPROBS):
+            if k is not None and (not _is_integer(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise ConfigError(f"{name} must be None or an integer from 0 to {MAX_LOGPROBS} (got {k!r})")
+        for name, kind in (("max_tokens", int), ("top_k", int), ("seed", int), ("min_tokens", int),
+                           ("truncate_prompt_tokens", int), ("logprobs", int), ("prompt_logprobs", int),
+                           ("temperature", float), ("top_p", float), ("min_p", float), ("presence_penalty", float),
+                           ("frequency_penalty", float), ("repetition_penalty", float)):
+            if getattr(self, name) is not None:  # checked above; numpy's numbers as Python's
+                object.__setattr__(self, name, kind(getattr(self, name)))
 
     def _check_banned(self) -> None:
         """allowed_token_ids, bad_words and bad_words_ids, normalised and checked."""
