@@ -149,26 +149,26 @@ def launch_with_torchrun(args) -> int:
            "-m", "triforce.launch.distributed", *argv]
     if threading.current_thread() is not threading.main_thread():  # no signal handlers here: torchrun stays in
         return subprocess.Popen(cmd, env=process_environment(args.workers + 1)).wait()  # our process group
-    # torchrun in a session of its own, which gets every signal through this process, once: a Ctrl-C (to
-    # the terminal's process group), a SIGINT to this process alone (`kill -INT`, `timeout -s INT`, a
-    # service manager), SIGTERM (`kill`, a job manager) and SIGHUP (the terminal gone) each reach torchrun,
-    # which passes it on to the ranks, so none serves on orphaned. (With torchrun in this process group, a
-    # SIGINT to this process alone reached no rank, and the group served on.)
+    # torchrun in a session of its own, which gets the first signal through this process: a Ctrl-C (to the
+    # terminal's process group), a SIGINT to this process alone (`kill -INT`, `timeout -s INT`, a service
+    # manager), SIGTERM (`kill`, a job manager) or SIGHUP (the terminal gone) reaches torchrun, which passes
+    # it on to the ranks, so none serves on orphaned. (With torchrun in this process group, a SIGINT to this
+    # process alone reached no rank, and the group served on.) Later ones are not passed on: a second one
+    # while torchrun shut down sometimes broke its cleanup into a traceback.
     started, pending = [], []  # a signal before torchrun has started waits for it
 
     def forward(signum, frame) -> None:
         sent = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
-        if started:
+        if started and not pending:
             started[0].send_signal(sent)
-        else:
-            pending.append(sent)
+        pending.append(sent)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1), start_new_session=True)
         started.append(torchrun)
-        for sent in pending:
-            torchrun.send_signal(sent)
+        if pending:
+            torchrun.send_signal(pending[0])
         return torchrun.wait()
     finally:
         for s, handler in previous.items():
