@@ -84,16 +84,16 @@ def done_ids(output: Path) -> set[str]:
         whole, torn = whole + torn + "\n", ""  # to check as the others (the newline written if it passes)
     done = set()
     for n, line in enumerate(whole.splitlines()):
+        if not line.strip():
+            continue
         try:
-            record = json.loads(line) if line.strip() else {}
+            record = json.loads(line)
         except json.JSONDecodeError:
             record = None
-        if line.strip() and not (isinstance(record, dict) and "custom_id" in record and
-                                 ("response" in record or "error" in record)):
+        if not (isinstance(record, dict) and "custom_id" in record and ("response" in record or "error" in record)):
             raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
                             "name a new file, or one an earlier run of this job wrote")
-        if line.strip():
-            done.add(record["custom_id"])
+        done.add(record["custom_id"])
     if whole != data:
         output.write_text(whole, encoding="utf-8")
     return done

@@ -150,21 +150,18 @@ def response(job: ResponsesJob, model: str, outputs: list) -> dict:
     items = [_message_item(job, message["content"])] if message.get("content") else []
     items += [_call_item(call) for call in message.get("tool_calls") or []]
     finish = choice["finish_reason"]
-    return _response(job, model, _status(finish), items, chat["usage"], finish)
+    return _response(job, model, items, chat["usage"], finish)
 
 
 # why a response is incomplete, by its finish_reason: max_output_tokens reached, or ended first (a shutdown)
 INCOMPLETE = {"length": "max_output_tokens", "abort": "interrupted"}
 
 
-def _status(finish: str | None) -> str:
-    return "incomplete" if finish in INCOMPLETE else "completed"
-
-
-def _response(job: ResponsesJob, model: str, status: str, output: list, usage: dict | None,
-              finish: str | None = None) -> dict:
+def _response(job: ResponsesJob, model: str, output: list, usage: dict | None, finish: str | None) -> dict:
+    """The Response object: in progress (`finish` None), else completed or incomplete by its finish_reason."""
+    status = "in_progress" if finish is None else "incomplete" if finish in INCOMPLETE else "completed"
     return {"id": job.id, "object": "response", "created_at": job.created, "status": status, "error": None,
-            "incomplete_details": {"reason": INCOMPLETE[finish]} if status == "incomplete" else None,
+            "incomplete_details": {"reason": INCOMPLETE[finish]} if finish in INCOMPLETE else None,
             "model": model, "output": output, "usage": None if usage is None else _usage(usage), **job.request}
 
 
@@ -198,8 +195,8 @@ async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncI
         return {"type": kind, "sequence_number": number - 1, **data}
 
     text, calls, finish, usage, item = "", [], None, None, _message_item(job, "", "in_progress")
-    yield event("response.created", response=_response(job, model, "in_progress", [], None))
-    yield event("response.in_progress", response=_response(job, model, "in_progress", [], None))
+    yield event("response.created", response=_response(job, model, [], None, None))
+    yield event("response.in_progress", response=_response(job, model, [], None, None))
     try:
         async for chunk in chunks:
             if chunk == "[DONE]":
@@ -240,5 +237,5 @@ async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncI
                     name=done["name"], arguments=done["arguments"])
         yield event("response.output_item.done", output_index=len(output), item=done)
         output.append(done)
-    status = _status(finish)
-    yield event(f"response.{status}", response=_response(job, model, status, output, usage, finish))
+    done = _response(job, model, output, usage, finish or "stop")
+    yield event(f"response.{done['status']}", response=done)
