@@ -100,6 +100,9 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "gamma1 < 1": (["--model", target, *base, "--gamma1", 0], "gamma"),
         "tree past the draft's window": (["--model", target, "--draft", draft, *base, "--mode", "triforce",
                                           "--tree1", 20, "--window", 16], "streaming window"),
+        "a tree in mode ar": (["--model", target, *base, "--mode", "ar", "--tree1", 8], "mode ar does not run"),
+        "tier 2's tree in mode draft": (["--model", target, "--draft", draft, *base, "--mode", "draft", "--tree2", 8],
+                                        "takes mode retrieval"),
         "gamma2 < 1": (["--model", target, *base, "--gamma2", -1], "gamma"),
         "temperature < 0": (["--model", target, *base, "--temperature", -0.5], "temperature"),
         "top-p 0": (["--model", target, *base, "--top-p", 0], "top_p"),
@@ -126,7 +129,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
 
 
 CASES = ["missing folder", "corrupt folder", "draft vocabulary", "prompt too long", "draft window past its positions", "budget not multiple",
-         "gamma1 < 1", "tree past the draft's window", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
+         "gamma1 < 1", "tree past the draft's window", "a tree in mode ar",
+         "tier 2's tree in mode draft", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
          "logprobs < 0", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
          "rope scaling factor 1", "rope scaling a scaled model", "workers < 0", "workers that do not split the model", "a schema file that is not there", "unknown device", "a GPU this process lacks",

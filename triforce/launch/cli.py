@@ -174,12 +174,22 @@ def llm_from_args(args):
     (launch/distributed.py) set one, where the workers keep the prompt blocks."""
     from ..api import LLM
 
-    EngineConfig(mode=args.mode, **engine_settings(args))
+    _refuse_unused_trees(EngineConfig(mode=args.mode, **engine_settings(args)))
     workers = getattr(args, "worker_channel", None)
     prefix_cache_gb = getattr(args, "prefix_cache_gb", 0) if workers is None else 0
     return LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
                rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
                prefix_cache_gb=prefix_cache_gb, **engine_settings(args))
+
+
+def _refuse_unused_trees(config: EngineConfig) -> None:
+    """A tree flag whose tier the user's mode does not run would be ignored without a word (the bench's
+    sweeps and the triforce -> retrieval fallback reuse one config across modes, so EngineConfig lets it be)."""
+    used = {"draft": ("tree1",), "triforce": ("tree1",), "retrieval": ("tree2",)}.get(config.mode, ())
+    for name in ("tree1", "tree2"):
+        if getattr(config, name) and name not in used:
+            takes = "draft or triforce" if name == "tree1" else "retrieval"
+            raise UserError(f"--{name} shapes a tier that mode {config.mode} does not run: it takes mode {takes}")
 
 
 def _generate(args) -> int:
