@@ -153,3 +153,23 @@ def test_train_draft_rejects_bad_settings_before_building_data(tiny_dir, tmp_pat
                  *extra])
     assert code == 2 and message in capsys.readouterr().err
     assert not work.exists()
+
+
+@pytest.mark.parametrize("out, message", [("precious", "holds files that are not a draft"), (".", "name a folder below"),
+                                          ("..", "name a folder below"), ("note.txt", "is a file"),
+                                          ("missing/d", "no folder")])
+def test_train_draft_refuses_an_out_folder_it_would_destroy(tiny_dir, tmp_path, capsys, monkeypatch, out, message):
+    """The export replaces --out whole: it deleted a folder of someone's files, and `--out ..` the folder above."""
+    target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
+    text = write_corpus(tmp_path / "corpus.txt", words=500)
+    here = tmp_path / "here"
+    (here / "precious").mkdir(parents=True)
+    (here / "precious" / "thesis.txt").write_text("important")
+    (here / "note.txt").write_text("important")
+    monkeypatch.chdir(here)
+    work = tmp_path / "work"
+    code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", out, "--work-dir", str(work),
+                 "--local-tokens", "0", "--answers", "0", "--steps", "2"])
+    assert code == 2 and message in capsys.readouterr().err
+    assert (here / "precious" / "thesis.txt").read_text() == "important" and (here / "note.txt").is_file()
+    assert not work.exists()

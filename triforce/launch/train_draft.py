@@ -17,7 +17,7 @@ from ..draft.train import DraftShape, TrainSettings, export, fingerprint, init_d
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, triforce_home
 from ..models.loader import load_model
-from ..models.vocab import ReducedVocabulary, tokenizer_fingerprint
+from ..models.vocab import DRAFT_FILE, ReducedVocabulary, tokenizer_fingerprint
 
 _SHAPE, _TRAIN, _GEN = DraftShape(), TrainSettings(), GenerationSettings()
 
@@ -42,7 +42,7 @@ def add_train_draft_parser(sub) -> None:
     p.add_argument("--heldout-fraction", type=float, default=0.03,
                    help="the end of each --text file kept out of training, for the held-out evaluation")
     p.add_argument("--heldout-sequences", type=int, default=16, help="held-out sequences evaluated per genre")
-    p.add_argument("--out", required=True, help="folder the draft is written to (replaced)")
+    p.add_argument("--out", required=True, help="folder the draft is written to: a new one, an empty one or an earlier draft's (replaced)")
     p.add_argument("--work-dir", default=None,
                    help="cache of data, labels and checkpoints (default $TRIFORCE_HOME/train-draft/<out name>)")
     p.add_argument("--data-only", action="store_true", help="build and cache the data and labels, then stop")
@@ -136,6 +136,22 @@ def _repeats(args) -> dict[str, int]:
     return {name: n for name, n in repeat.items() if n != 1}
 
 
+def _out_folder(name: str) -> Path:
+    """--out, resolved; the export replaces it, so it must be new, empty or an earlier draft (never a folder of
+    other files, nor the working directory or one above it)."""
+    out = Path(name).resolve()
+    if out == Path.cwd() or out in Path.cwd().parents:
+        raise UserError(f"--out {name}: the draft replaces its folder; name a folder below this one")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {name} is a file; the draft is written as a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / DRAFT_FILE).is_file():
+        raise UserError(f"--out {name} holds files that are not a draft; the draft replaces its folder, so name "
+                        "a new folder, an empty one or an earlier draft's")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {name}: no folder {out.parent}")
+    return out
+
+
 def run_train_draft(args) -> int:
     from .. import LLM
 
@@ -149,6 +165,7 @@ def run_train_draft(args) -> int:
     if not 0 < args.lr < float("inf") or not 0 <= args.heldout_fraction < 1:
         raise UserError("--lr must be a number > 0, --heldout-fraction in [0, 1)")
     repeat = _repeats(args)
+    out = _out_folder(args.out)
     llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
     if llm.tokenizer is None:
         raise UserError(f"{llm.model_path} has no tokenizer; train-draft needs one")
@@ -159,7 +176,6 @@ def run_train_draft(args) -> int:
     shape.check(vocab_total)
     settings = TrainSettings(args.steps, args.batch_size, args.seq_len, args.lr, min(60, args.steps // 10 + 1),
                              seed=args.seed, checkpoint_every=args.checkpoint_every)
-    out = Path(args.out)
     work = Path(args.work_dir) if args.work_dir else triforce_home() / "train-draft" / out.resolve().name
     target_key = str(llm.model_path.resolve())
     train_sources, genres = _data(args, llm, work, target_key)
