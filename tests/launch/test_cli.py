@@ -115,6 +115,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "rope scaling without factor": (["--model", target, *base, "--rope-scaling", "yarn"], "KIND:FACTOR"),
         "rope scaling of an unknown kind": (["--model", target, *base, "--rope-scaling", "ntk:2"], "KIND:FACTOR"),
         "rope scaling factor 1": (["--model", target, *base, "--rope-scaling", "linear:1"], "FACTOR > 1"),
+        "rope scaling factor past 64": (["--model", target, *base, "--rope-scaling", "yarn:inf"], "at most 64"),
         "rope scaling a scaled model": (["--model", tiny_dir("cli-llama3", tokenizer=True, arch="llama3"), *base,
                                          "--rope-scaling", "yarn:2"], "already scales RoPE"),
         "workers < 0": (["--model", target, *base, "--workers", -1], "--workers"),
@@ -133,7 +134,7 @@ CASES = ["missing folder", "corrupt folder", "draft vocabulary", "prompt too lon
          "tier 2's tree in mode draft", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
          "logprobs < 0", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
-         "rope scaling factor 1", "rope scaling a scaled model", "workers < 0", "workers that do not split the model", "a schema file that is not there", "unknown device", "a GPU this process lacks",
+         "rope scaling factor 1", "rope scaling factor past 64", "rope scaling a scaled model", "workers < 0", "workers that do not split the model", "a schema file that is not there", "unknown device", "a GPU this process lacks",
          "unknown worker device"]
 
 

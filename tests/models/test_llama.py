@@ -63,7 +63,7 @@ def test_rope_scaling_flag_matches_transformers(tiny_dir, kind):
 
 def test_rope_scaling_refuses_bad_specs_and_scaled_models(tiny_dir):
     folder = tiny_dir("llama2-p128", arch="llama2", seed=6, max_position_embeddings=128)
-    for spec in ("yarn", "yarn:1", "yarn:x", "ntk:2", ":2"):
+    for spec in ("yarn", "yarn:1", "yarn:x", "ntk:2", ":2", "yarn:inf", "yarn:1e6", "linear:65"):  # a table of 1e6 x 128
         with pytest.raises(UserError, match="KIND:FACTOR"):
             load_model(folder, rope_scaling=spec)
     with pytest.raises(ModelLoadError, match="already scales RoPE"):
@@ -107,6 +107,23 @@ def test_unsupported_architecture_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 10}))
     with pytest.raises(ModelLoadError, match="gpt2"):
         load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps([{"model_type": "llama"}]))
+    with pytest.raises(ModelLoadError, match="holds a list"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("act, loads", [("gelu", False), ("relu", False), ("silu", True), ("swish", True)])
+def test_only_a_silu_gate_loads(tiny_dir, tmp_path, act, loads):
+    """A Llama config with another hidden_act loaded and ran SiLU: log-probabilities off by up to 0.96."""
+    folder = tiny_dir("llama2-act", arch="llama2", seed=6)
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": act}))
+    (tmp_path / "model.safetensors").symlink_to(folder / "model.safetensors")
+    if loads:
+        assert load_model(tmp_path).config.num_layers == config["num_hidden_layers"]
+    else:
+        with pytest.raises(ModelLoadError, match=f"hidden_act '{act}'"):
+            load_model(tmp_path)
 
 
 @pytest.mark.slow

@@ -16,6 +16,8 @@ from ..errors import UserError
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "yarn", "llama3")  # what --rope-scaling KIND:FACTOR takes
+MAX_ROPE_FACTOR = 64  # the RoPE table covers every stretched position up front (models/rope.py)
+SUPPORTED_ACTIVATIONS = ("silu", "swish")  # the MLP's gate; transformers' names for one function
 
 
 class ModelLoadError(UserError):
@@ -85,10 +87,15 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, raw: dict) -> "ModelConfig":
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"config.json holds a {type(raw).__name__}, not an object of settings")
         model_type = raw.get("model_type", "llama")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelLoadError(
                 f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        activation = raw.get("hidden_act", "silu")
+        if activation not in SUPPORTED_ACTIVATIONS:
+            raise ModelLoadError(f"hidden_act {activation!r} is not supported (the MLP gate is SiLU)")
         try:
             num_heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
@@ -146,7 +153,7 @@ def parse_rope_scaling(spec: str) -> tuple[str, float]:
         value = float(factor)
     except ValueError:
         value = 0.0
-    if not sep or kind not in ROPE_SCALING_KINDS or not value > 1.0:
+    if not sep or kind not in ROPE_SCALING_KINDS or not 1.0 < value <= MAX_ROPE_FACTOR:
         raise UserError(f"--rope-scaling takes KIND:FACTOR with KIND one of {', '.join(ROPE_SCALING_KINDS)} "
-                        f"and FACTOR > 1, e.g. yarn:4 (got {spec!r})")
+                        f"and FACTOR > 1 (at most {MAX_ROPE_FACTOR}), e.g. yarn:4 (got {spec!r})")
     return kind, value
