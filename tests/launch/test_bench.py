@@ -164,3 +164,42 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "50",
                  "--max-new-tokens", "4", "--modes", "ar", flag, value]) == 2
     assert f"{flag} must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lengths", "50", "5000"], "past the model's"), (["--lengths", "50", "240"], "tokens of --text"),
+    (["--temperatures", "0", "-1"], "temperature"), (["--sweep", "budget=32,-5"], "budget"),
+    (["--sweep", "mode=ar,retrieval"], "other than the mode"), (["--workloads", "novel", "passkey", "--batch", "1", "2"], "batch 1"),
+    (["--out", "."], "is a folder")])
+def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, capsys, extra, message):
+    """A bad value met in a later group threw away the groups before it (and `--sweep mode=` was a traceback)."""
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    args = ["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "50",
+            "--max-new-tokens", "4", "--modes", "ar", "retrieval", *SMALL_TIERS]
+    assert main(args + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err.splitlines()[-1] and '"run"' not in err  # no run reported before it
+
+
+def test_bench_keeps_the_groups_that_ended_when_interrupted(tiny_dir, tmp_path, capsys, monkeypatch):
+    from triforce.api import LLM
+
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 300)
+    calls = []
+    generate = LLM.generate
+
+    def generate_until_the_third_group(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1 + 2 * 2 + 1:  # the warm-up, two groups of two modes, then Ctrl-C
+            raise KeyboardInterrupt
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLM, "generate", generate_until_the_third_group)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "40", "60",
+                 "80", "--max-new-tokens", "4", "--modes", "ar", "retrieval", *SMALL_TIERS, "--out", str(out)]) == 130
+    report = json.loads(out.read_text())
+    assert report["interrupted"] and [r["prompt_tokens"] for r in report["results"]] == [40, 40, 60, 60]
+    assert json.loads(capsys.readouterr().out) == report

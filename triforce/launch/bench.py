@@ -78,9 +78,10 @@ def _parse_sweep(spec: str | None) -> tuple[str | None, list]:
     if spec is None:
         return None, [None]
     name, _, values = spec.partition("=")
-    field_types = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
+    field_types = {f.name: f.type for f in dataclasses.fields(EngineConfig) if f.name != "mode"}  # --modes
     if name not in field_types or not values:
-        raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting (got {spec!r})")
+        raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting other than the mode "
+                        f"(--modes; got {spec!r})")
     kind = str(field_types[name])
     cast = float if "float" in kind else int if kind == "int" else str
     try:
@@ -141,21 +142,65 @@ def run_bench(args) -> int:
     ids = llm.tokenizer(text).input_ids
     files = [llm.tokenizer(t).input_ids for t in texts]
     base = llm.config
+    _check_plan(args, llm, ids, files, base, sweep_name, sweep_values)
     llm.config = dataclasses.replace(base, mode="ar")
     llm.generate([ids[:64]], SamplingParams(max_tokens=8))  # warm up kernels and allocator
     results = []
+    try:
+        _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, results)
+    except KeyboardInterrupt:  # the groups that ended are kept
+        _write(args, _report(args, llm, base, results, interrupted=True))
+        raise
+    _write(args, _report(args, llm, base, results))
+    return 0
+
+
+def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineConfig, sweep_name, sweep_values) -> None:
+    """Every setting of the run checked before the first one runs (a bad value met late threw away the runs
+    before it), the --out file included."""
+    from .cli import penalty_settings
+
+    if "passkey" in args.workloads and max(args.batch) > 1:
+        raise UserError("the passkey workload runs at batch 1: run it apart from --batch > 1")
+    for length in args.lengths:
+        if length + args.max_new_tokens > llm.target.config.max_positions:
+            raise UserError(f"prompt length {length} + {args.max_new_tokens} new tokens is past the model's "
+                            f"{llm.target.config.max_positions} positions")
+        if length > len(ids):
+            raise UserError(f"prompt length {length} is past the {len(ids)} tokens of --text")
+        for i in range(1, max(args.batch)):
+            batch_prompt(files, i, length)
+        if "passkey" in args.workloads:
+            passkey_prompt(llm.tokenizer, ids, length, args.seed)
+    for temperature in args.temperatures:
+        SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p, seed=args.seed,
+                       **penalty_settings(args))
+    for mode in args.modes:
+        for value in (sweep_values if mode != "ar" else [None]):
+            dataclasses.replace(base, mode=mode, **({sweep_name: value} if value is not None else {}))
+    if args.out:
+        out = Path(args.out)
+        if out.is_dir():
+            raise UserError(f"--out {out} is a folder; name a file")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.touch()
+        except OSError as exc:
+            raise UserError(f"cannot write --out {out}: {exc.strerror}") from None
+
+
+def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, results: list[dict]) -> None:
+    """Runs every (workload, length, batch, temperature) group, appending each group's rows to `results`."""
+    from .cli import penalty_settings
+
     for workload in args.workloads:
         for length in args.lengths:
-            if length + args.max_new_tokens > llm.target.config.max_positions or length > len(ids):
-                raise UserError(f"prompt length {length} + {args.max_new_tokens} does not fit the model or the text")
             key = None
             prompt = ids[:length]
             if workload == "passkey":
                 prompt, key = passkey_prompt(llm.tokenizer, ids, length, args.seed)
             for batch in args.batch:
                 prompts = [prompt] + [batch_prompt(files, i, length) for i in range(1, batch)]
-                if workload == "passkey" and batch > 1:
-                    raise UserError("the passkey workload runs at batch 1")
                 if llm.prefixes is not None:
                     fill_prefix_store(llm, base, prompts)
                 for temperature in args.temperatures:
@@ -181,6 +226,11 @@ def run_bench(args) -> int:
                             rows.append({**group, "run": peer, **got, "token_ids": [got["token_ids"]]})
                             _show(rows[-1], repeat)
                     results.extend(_compare(_medians(rows, sweep_name), llm.tokenizer, key))
+
+
+def _report(args, llm, base: EngineConfig, results: list[dict], interrupted: bool = False) -> dict:
+    from .cli import penalty_settings
+
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
@@ -191,12 +241,16 @@ def run_bench(args) -> int:
                       "kernel_path": kernel_path() if llm.device.type == "cpu" else None,
                       "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()},
               "results": results}
+    if interrupted:
+        report["interrupted"] = True  # by Ctrl-C: the groups that ended before it
+    return report
+
+
+def _write(args, report: dict) -> None:
     text_out = json.dumps(report, indent=1)
     print(text_out)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text_out)
-    return 0
 
 
 def _read_text(path: str) -> str:
