@@ -1,5 +1,6 @@
 """The CLI: JSON and streamed output, and one clear line with exit code 2 for each kind of bad input."""
 import json
+import os
 import subprocess
 import sys
 
@@ -191,11 +192,6 @@ def test_every_option_with_a_default_states_it_once():
 def test_the_summary_starts_a_line_of_its_own_when_both_streams_share_a_file(target, tmp_path):
     """`triforce generate > log 2>&1`: the text's last newline reaches the file before the summary (stdout is
     block-buffered there; the summary ran onto the text)."""
-    import subprocess
-    import sys
-
-    import os
-
     log = tmp_path / "log"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as by default
     with log.open("w") as out:
@@ -204,3 +200,18 @@ def test_the_summary_starts_a_line_of_its_own_when_both_streams_share_a_file(tar
                               stderr=subprocess.STDOUT, env=env).returncode
     assert code == 0, log.read_text()
     assert log.read_text().splitlines()[-1].startswith("[ar] prompt")
+
+
+@pytest.mark.parametrize("output, unbuffered", [("text", True), ("json", False)])  # a stream, a last print
+def test_a_reader_that_leaves_early_ends_the_command_quietly(target, unbuffered, output):
+    """`triforce generate ... | head -c 20` printed a 30-line BrokenPipeError traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    run = subprocess.Popen([sys.executable, "-m", "triforce", "generate", "--model", str(target), "--prompt", WORDS,
+                            "--max-new-tokens", "40", "--mode", "ar", "--dtype", "float32",
+                            *(["--json"] if output == "json" else [])],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    run.stdout.close()  # the reader is gone before the first token
+    err = run.stderr.read()
+    assert run.wait(120) == 141 and "Traceback" not in err and "Error" not in err, err

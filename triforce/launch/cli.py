@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -352,13 +353,19 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "workers", 0):
             from .distributed import launch_with_torchrun
 
-            return launch_with_torchrun(args)
-        return args.func(args)
+            code = launch_with_torchrun(args)
+        else:
+            code = args.func(args)
+        sys.stdout.flush()  # here, where a reader gone is caught below, not at exit
+        return code
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other commands do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 141  # 128 + SIGPIPE, what a shell reports for such a command
 
 
 if __name__ == "__main__":
