@@ -57,6 +57,9 @@ def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None, a
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding, or the ids
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # a folder with one of these has a tokenizer
+
+
 class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
                  mode: str = "auto", dtype: str = "auto", device: str | None = None, workers=None,
@@ -115,7 +118,12 @@ class LLM:
 
         try:
             return AutoTokenizer.from_pretrained(self.model_path)
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError) as exc:
+            present = [n for n in TOKENIZER_FILES if (self.model_path / n).is_file()]
+            if present:  # there is one, and it is damaged: not the same as none
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ModelLoadError(f"cannot read the tokenizer in {self.model_path} ({', '.join(present)}): "
+                                     f"{reason}") from None
             log.info("no tokenizer in %s: prompts must be token ids", self.model_path)
             return None
 

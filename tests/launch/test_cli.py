@@ -86,6 +86,12 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
     corrupt.mkdir()
     (corrupt / "config.json").write_text((target / "config.json").read_text())
     (corrupt / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    broken_tokenizer = tmp_path / "broken-tokenizer"
+    broken_tokenizer.mkdir()
+    for file in target.iterdir():
+        (broken_tokenizer / file.name).symlink_to(file)
+    (broken_tokenizer / "tokenizer.json").unlink()
+    (broken_tokenizer / "tokenizer.json").write_text('{"garbage": ')
     other_vocab = tiny_dir("cli-draft-v64", tokenizer=True, seed=33, vocab_size=64, num_layers=1)
     empty_file = tmp_path / "empty.txt"
     empty_file.write_text("")
@@ -94,6 +100,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
     return {
         "missing folder": (["--model", tmp_path / "nope", *base], "no such model folder"),
         "corrupt folder": (["--model", corrupt, *base], "corrupt"),
+        "corrupt tokenizer": (["--model", broken_tokenizer, *base], "cannot read the tokenizer"),  # was "no tokenizer"
         "draft vocabulary": (["--model", target, "--draft", other_vocab, *base], "vocabulary"),
         "prompt too long": (["--model", target, "--prompt", long_prompt], "positions"),
         "draft window past its positions": (["--model", target, "--draft", draft, *base, "--window", 600], "positions"),
@@ -130,7 +137,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
     }
 
 
-CASES = ["missing folder", "corrupt folder", "draft vocabulary", "prompt too long", "draft window past its positions", "budget not multiple",
+CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long", "draft window past its positions", "budget not multiple",
          "gamma1 < 1", "tree past the draft's window", "a tree in mode ar",
          "tier 2's tree in mode draft", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
          "logprobs < 0", "empty prompt",
