@@ -29,7 +29,7 @@ from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError
 from .models.hub import DEFAULT_MODEL, resolve_model
 from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
-from .models.vocab import read_draft_metadata, tokenizer_fingerprint
+from .models.vocab import check_draft_vocabulary
 from .request import Request, RequestOutput
 from .speculation.guided import Grammars
 from .speculation.rules import bad_word_ids
@@ -100,7 +100,8 @@ class LLM:
             mode = "retrieval"
         self.config = EngineConfig(mode=mode, **engine_settings)
         self.tokenizer = self._load_tokenizer()
-        self._check_draft_vocabulary()
+        if self.draft is not None:
+            check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
         if not 0 <= prefix_cache_gb < float("inf"):
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
@@ -126,29 +127,6 @@ class LLM:
                                      f"{reason}") from None
             log.info("no tokenizer in %s: prompts must be token ids", self.model_path)
             return None
-
-    def _check_draft_vocabulary(self) -> None:
-        if self.draft is None:
-            return
-        target_vocab, draft_vocab = self.target.config.vocab_size, self.draft.output_vocab_size
-        if target_vocab != draft_vocab:
-            raise ModelLoadError(f"draft vocabulary ({draft_vocab} tokens) differs from the target's "
-                                 f"({target_vocab}); the draft must share the target's tokenizer")
-        if self.tokenizer is None:
-            return
-        recorded = read_draft_metadata(self.draft_path).get("target_tokenizer")
-        if recorded is not None:
-            if recorded != tokenizer_fingerprint(self.tokenizer):
-                raise ModelLoadError("draft was trained for a target with a different tokenizer")
-            return
-        from transformers import AutoTokenizer
-
-        try:
-            draft_tok = AutoTokenizer.from_pretrained(self.draft_path)
-        except (OSError, ValueError, TypeError):
-            return
-        if draft_tok.get_vocab() != self.tokenizer.get_vocab():
-            raise ModelLoadError("draft tokenizer differs from the target's; the draft must share it")
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """A prompt's token ids (text through the target's tokenizer), checked against the vocabulary."""

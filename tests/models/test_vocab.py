@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from checkpoints import write_reduced_vocabulary
 from triforce.cache.full import FullKVCache
@@ -11,6 +12,7 @@ from triforce.models.loader import load_model
 from triforce.models.vocab import ReducedVocabulary
 
 KEPT = [0, 2, 3, 5, 7]  # of an 8-token target vocabulary
+VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 def test_encode_and_expand():
@@ -44,3 +46,38 @@ def test_bad_reduced_vocabulary_is_refused(tiny_dir, tmp_path, ids, why):
     (folder / "triforce_draft.json").write_text(json.dumps({"target_vocab_size": 8, "token_ids": ids}))
     with pytest.raises(ModelLoadError, match=why):
         load_model(folder)
+
+
+@pytest.mark.parametrize("target_rows, draft_rows", [(96, 112), (112, 100)])
+def test_a_draft_padded_to_other_rows_over_one_tokenizer_is_exact(tiny_dir, tmp_path, target_rows, draft_rows):
+    """Embeddings padded past the tokenizer to different sizes (Qwen2.5-7B against -0.5B) were refused as a
+    different tokenizer; the draft now reads and proposes the tokenizer's 96 tokens, and greedy equals `ar`."""
+    from checkpoints import write_tiny_tokenizer
+    from triforce import LLM, SamplingParams
+
+    target = tiny_dir(f"padded-target-{target_rows}", seed=61, vocab_size=target_rows, scale=25)
+    draft = tmp_path / "draft"  # the target's weights over draft_rows rows: it proposes what the target would
+    draft.mkdir()
+    config = json.loads((target / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "vocab_size": draft_rows}))
+    rows = {name: t[:draft_rows] if t.shape[0] >= draft_rows else torch.cat((t, torch.randn(draft_rows - t.shape[0], *t.shape[1:])))
+            for name, t in load_file(str(target / "model.safetensors")).items() if name in VOCAB_ROWS}
+    save_file({**load_file(str(target / "model.safetensors")), **rows}, str(draft / "model.safetensors"))
+    for folder in (target, draft):
+        write_tiny_tokenizer(folder, 96)  # ids 0-95; rows past them pad the embedding
+    prompt = " ".join(f"w{3 + i * 7 % 90}" for i in range(40))
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = LLM(str(target), mode="ar", dtype="float32").generate(prompt, params)[0].token_ids
+    for mode in ("draft", "triforce"):
+        llm = LLM(str(target), str(draft), mode=mode, dtype="float32", budget=32, chunk_size=4, sinks=2, window=64)
+        assert llm.draft.output_vocab_size == target_rows and llm.draft.vocab.size == 96
+        out = llm.generate(prompt, params)[0]
+        assert out.token_ids == plain and out.metrics.tiers[0].accepted > 0, mode
+
+
+def test_a_draft_of_another_tokenizer_is_refused(tiny_dir):
+    from triforce import LLM
+
+    target = tiny_dir("padded-target-96", seed=61, vocab_size=96, scale=25, tokenizer=True)
+    with pytest.raises(ModelLoadError, match="draft tokenizer differs"):
+        LLM(str(target), str(tiny_dir("other-tokens-80", seed=62, vocab_size=80, tokenizer=True)), mode="draft")

@@ -81,3 +81,32 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
     items = sorted(tokenizer.get_vocab().items())
     return hashlib.sha1(json.dumps(items).encode()).hexdigest()[:16]
+
+
+def check_draft_vocabulary(draft, draft_path: Path, target_vocab: int, tokenizer) -> None:
+    """Refuses a draft (a loaded model) whose tokens are not its target's, by the tokenizer a trained draft
+    recorded, or else the draft folder's own. A draft whose embedding is padded to another number of rows
+    than the target's over the same tokenizer (Qwen2.5-7B has 152,064 rows, -0.5B 151,936, for 151,665
+    tokens) is given a ReducedVocabulary over the tokenizer's ids: it reads and proposes those only."""
+    draft_vocab, draft_tokens = draft.output_vocab_size, None
+    recorded = read_draft_metadata(draft_path).get("target_tokenizer") if tokenizer is not None else None
+    if recorded is not None and recorded != tokenizer_fingerprint(tokenizer):
+        raise ModelLoadError("draft was trained for a target with a different tokenizer")
+    if tokenizer is not None and recorded is None:
+        from transformers import AutoTokenizer
+
+        try:
+            draft_tokens = AutoTokenizer.from_pretrained(draft_path).get_vocab()
+        except (OSError, ValueError, TypeError):
+            pass  # a draft without a tokenizer: its rows must be the target's
+        if draft_tokens is not None and draft_tokens != tokenizer.get_vocab():
+            raise ModelLoadError(f"draft tokenizer differs from the target's ({len(draft_tokens)} tokens against "
+                                 f"{len(tokenizer.get_vocab())}); the draft must share the target's vocabulary")
+    if draft_vocab == target_vocab:
+        return
+    tokens = 1 + max(draft_tokens.values()) if draft_tokens else 0
+    if not draft_tokens or draft.vocab is not None or tokens > min(draft_vocab, target_vocab) or \
+            tokens == draft_vocab < target_vocab:  # no draft row left to stand for the target's padding ids
+        raise ModelLoadError(f"draft vocabulary ({draft_vocab} tokens) differs from the target's ({target_vocab}); "
+                             "the draft must share the target's tokenizer")
+    draft.vocab = ReducedVocabulary(torch.arange(tokens), target_vocab).to(draft.embed_tokens.weight.device)
