@@ -135,3 +135,16 @@ def test_smollm2_logits_match_transformers(smollm2_dir):
     ids = torch.randint(0, cfg.vocab_size, (256,), generator=torch.Generator().manual_seed(0))
     ours = our_logits(load_model(smollm2_dir), ids, 200)
     assert (ours - hf_logits(smollm2_dir, ids)).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype, value", [("float32", float("nan")), ("float16", 1e6)])
+def test_weights_that_are_not_finite_are_refused(tiny_dir, tmp_path, dtype, value):
+    """Damaged bytes (NaN) ran and answered token 0 again and again; 1e6 is past float16's range."""
+    folder = tiny_dir("llama2-act", arch="llama2", seed=6)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = value
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match="up_proj.*NaN or infinite"):
+        load_model(tmp_path, dtype)
+    assert load_model(folder, dtype).config.num_layers == 2
