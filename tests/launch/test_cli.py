@@ -222,3 +222,32 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(target, unbuffered,
     run.stdout.close()  # the reader is gone before the first token
     err = run.stderr.read()
     assert run.wait(120) == 141 and "Traceback" not in err and "Error" not in err, err
+
+
+def test_a_prompt_from_standard_input_or_a_file_with_a_byte_order_mark_is_the_same_prompt(capsys, target, tmp_path,
+                                                                                           monkeypatch):
+    """--prompt-file - read a file named "-"; a UTF-8 byte-order mark was kept as text (3 more tokens)."""
+    import io
+
+    args = ["--model", target, "--max-new-tokens", 3, "--mode", "ar", "--dtype", "float32", "--json", "--temperature", 0]
+    plain = json.loads(run_cli(capsys, *args, "--prompt", WORDS)[1])
+    marked = tmp_path / "bom.txt"
+    marked.write_bytes(b"\xef\xbb\xbf" + WORDS.encode())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbf" + WORDS.encode())))
+    for source in (marked, "-"):
+        code, out, err = run_cli(capsys, *args, "--prompt-file", source)
+        assert code == 0, err
+        assert json.loads(out)["prompt_tokens"] == plain["prompt_tokens"] and \
+            json.loads(out)["token_ids"] == plain["token_ids"], source
+    code, out, err = run_cli(capsys, *args, "--prompt", "w5 \udcff w6")  # how Python hands over bytes not UTF-8
+    assert code == 2 and err.strip() == "triforce: error: --prompt is not valid UTF-8 text"
+
+
+def test_ctrl_c_while_streaming_ends_the_text_with_a_newline(capsys, target, monkeypatch):
+    def interrupted(self, prompt, params, stream=None, **kwargs):
+        stream("some text")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api.LLM, "generate", interrupted)
+    code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--mode", "ar")
+    assert code == 130 and out == "some text\n" and "Traceback" not in err

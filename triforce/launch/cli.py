@@ -90,7 +90,7 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     """The flags of `triforce generate`, shared with the torchrun entry (launch/distributed.py)."""
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8)")
+    src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8); - reads standard input")
     add_model_args(gen)
     add_mode_arg(gen)
     samp = gen.add_argument_group("sampling")
@@ -200,13 +200,21 @@ def _generate(args) -> int:
 
 
 def read_prompt(args) -> str:
+    """--prompt, or --prompt-file's text (`-`: standard input), UTF-8 with or without a byte-order mark."""
     if args.prompt_file is not None:
         try:
-            prompt = Path(args.prompt_file).read_text(encoding="utf-8")
+            if args.prompt_file == "-":
+                prompt = sys.stdin.buffer.read().decode("utf-8-sig")
+            else:
+                prompt = Path(args.prompt_file).read_text(encoding="utf-8-sig")
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read prompt file {args.prompt_file}: {exc}") from exc
     else:
         prompt = args.prompt
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the locale could not decode, kept as surrogates by Python
+            raise UserError("--prompt is not valid UTF-8 text") from None
     if not prompt:
         raise UserError("empty prompt")
     return prompt
@@ -265,7 +273,13 @@ def run_generation(args, llm) -> int:
                             bad_words=tuple(args.bad_word), allowed_token_ids=args.allowed_token_id,
                             include_stop_str_in_output=args.include_stop_str, **penalty_settings(args))
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
-    out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
+    try:
+        out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
+    except KeyboardInterrupt:
+        if stream is not None:  # the shell's prompt on a line of its own after the text so far
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        raise
     m = out.metrics
     if args.json:
         metrics = m.to_dict()
