@@ -152,8 +152,10 @@ class LLM:
         """Raises UserError where the prompt and the tokens asked for pass the model's positions."""
         cfg = self.target.config
         if prompt_len + max_tokens > cfg.max_positions:
+            window = " (its sliding window: attention past it is not implemented)" \
+                if cfg.max_positions < cfg.max_position_embeddings else ""
             raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
-                            f"{cfg.max_positions} positions")
+                            f"{cfg.max_positions} positions{window}")
 
     def prepare(self, params: SamplingParams) -> SamplingParams:
         """`params` checked against this model, with its bad_words' token sequences added to bad_words_ids

@@ -92,6 +92,13 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         (broken_tokenizer / file.name).symlink_to(file)
     (broken_tokenizer / "tokenizer.json").unlink()
     (broken_tokenizer / "tokenizer.json").write_text('{"garbage": ')
+    windowed = tmp_path / "sliding-window"  # Mistral-style: attention within a band of 32 tokens
+    windowed.mkdir()
+    for file in target.iterdir():
+        if file.name != "config.json":
+            (windowed / file.name).symlink_to(file)
+    (windowed / "config.json").write_text(json.dumps({**json.loads((target / "config.json").read_text()),
+                                                      "model_type": "mistral", "sliding_window": 32}))
     other_vocab = tiny_dir("cli-draft-v64", tokenizer=True, seed=33, vocab_size=64, num_layers=1)
     empty_file = tmp_path / "empty.txt"
     empty_file.write_text("")
@@ -103,6 +110,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "corrupt tokenizer": (["--model", broken_tokenizer, *base], "cannot read the tokenizer"),  # was "no tokenizer"
         "draft vocabulary": (["--model", target, "--draft", other_vocab, *base], "vocabulary"),
         "prompt too long": (["--model", target, "--prompt", long_prompt], "positions"),
+        "prompt past a sliding window": (["--model", windowed, *base], "32 positions (its sliding window"),
         "draft window past its positions": (["--model", target, "--draft", draft, *base, "--window", 600], "positions"),
         "budget not multiple": (["--model", target, *base, "--budget", 30, "--chunk-size", 8], "multiple"),
         "gamma1 < 1": (["--model", target, *base, "--gamma1", 0], "gamma"),
@@ -137,7 +145,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
     }
 
 
-CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long", "draft window past its positions", "budget not multiple",
+CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long", "prompt past a sliding window", "draft window past its positions", "budget not multiple",
          "gamma1 < 1", "tree past the draft's window", "a tree in mode ar",
          "tier 2's tree in mode draft", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
          "logprobs < 0", "empty prompt",
