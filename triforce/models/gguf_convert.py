@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from .config import ModelLoadError
 
@@ -78,6 +80,12 @@ def gguf_tensors(reader, architecture: str, config: dict) -> Tensors:
     return out
 
 
+def _made(make, nbytes: int, bar: tqdm):
+    tensor = make()
+    bar.update(nbytes)
+    return tensor
+
+
 def write_shards(tensors: Tensors, folder: Path) -> None:
     """`tensors` as safetensors files of about SHARD_BYTES each (Hugging Face's index where several), each
     made only while its shard is written."""
@@ -93,8 +101,11 @@ def write_shards(tensors: Tensors, folder: Path) -> None:
         size += item[1]
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    for file, shard in zip(files, shards):
-        save_file({name: make() for name, _, make in shard}, str(folder / file), metadata={"format": "pt"})
+    with tqdm(total=sum(nbytes for _, nbytes, _ in tensors), desc="convert", unit="B", unit_scale=True,
+              file=sys.stderr, leave=False) as bar:
+        for file, shard in zip(files, shards):
+            save_file({name: _made(make, nbytes, bar) for name, nbytes, make in shard}, str(folder / file),
+                      metadata={"format": "pt"})
     if len(shards) > 1:
         weight_map = {name: file for file, shard in zip(files, shards) for name, _, _ in shard}
         total = sum(nbytes for _, nbytes, _ in tensors)
