@@ -121,8 +121,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
                                         "takes mode retrieval"),
         "gamma2 < 1": (["--model", target, *base, "--gamma2", -1], "gamma"),
         "temperature < 0": (["--model", target, *base, "--temperature", -0.5], "temperature"),
-        "top-p 0": (["--model", target, *base, "--top-p", 0], "top_p"),
-        "top-p > 1": (["--model", target, *base, "--top-p", 1.5], "top_p"),
+        "top-p 0": (["--model", target, *base, "--top-p", 0], "--top-p"),
+        "top-p > 1": (["--model", target, *base, "--top-p", 1.5], "--top-p"),
         "logprobs without json": (["--model", target, *base, "--logprobs", 2], "--json"),
         "logprobs < 0": (["--model", target, *base, "--logprobs", -1, "--json"], "logprobs"),
         "empty prompt": (["--model", target, "--prompt", ""], "empty prompt"),
@@ -259,3 +259,12 @@ def test_ctrl_c_while_streaming_ends_the_text_with_a_newline(capsys, target, mon
     monkeypatch.setattr(api.LLM, "generate", interrupted)
     code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--mode", "ar")
     assert code == 130 and out == "some text\n" and "Traceback" not in err
+
+
+def test_errors_name_the_flags_not_the_api_fields(capsys, target):
+    """"max_tokens must be ..." answered --max-new-tokens -1."""
+    code, _, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--min-tokens", 10, "--max-new-tokens", 4)
+    assert code == 2 and err.strip().startswith("triforce: error: --min-tokens must be an integer from 0 to "
+                                                "--max-new-tokens"), err
+    code, _, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--gamma1", 0)
+    assert code == 2 and "--gamma1 and --gamma2 must be" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -360,8 +361,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# SamplingParams fields whose flag is not their name with dashes
+FIELD_FLAGS = {"max_tokens": "--max-new-tokens", "stop_token_ids": "--stop-token-id", "bad_words": "--bad-word",
+               "allowed_token_ids": "--allowed-token-id", "include_stop_str_in_output": "--include-stop-str"}
+
+
+def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
+    """`message` with the setting names it quotes (SamplingParams' and EngineConfig's, as the Python API
+    names them) written as the flags that set them: max_tokens -> --max-new-tokens, top_k -> --top-k.
+    Names without an underscore or digit (window, budget) are left alone, being words as well."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {o for command in sub.choices.values() for a in command._actions for o in a.option_strings}
+
+    def flag(match: re.Match) -> str:
+        name = match.group(0)
+        dashed = FIELD_FLAGS.get(name, "--" + name.replace("_", "-"))
+        return dashed if dashed in flags else name
+
+    return re.sub(r"(?<![-\w])[a-z]+(?:_[a-z]+)+\b|(?<![-\w])[a-z]+\d\b", flag, message)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if getattr(args, "workers", 0):
@@ -373,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a reader gone is caught below, not at exit
         return code
     except UserError as exc:
-        print(f"triforce: error: {exc}", file=sys.stderr)
+        print(f"triforce: error: {flag_names(str(exc), parser)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
