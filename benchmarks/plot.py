@@ -26,7 +26,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def rows(paths: str | list[str], workload: str = "novel") -> list[dict]:
     paths = [paths] if isinstance(paths, str) else paths
-    return [r for p in paths for r in json.loads(Path(p).read_text())["results"] if r["workload"] == workload]
+    found = []
+    for path in paths:
+        try:
+            found += [r for r in json.loads(Path(path).read_text())["results"] if r["workload"] == workload]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"plot: cannot read {path} as a bench JSON ({type(exc).__name__}: {exc})") from None
+    return found
+
+
+def need(data: list[dict], what: str, paths) -> list[dict]:
+    """`data`, or an exit naming what the plot needs where the files hold none of it."""
+    if not data:
+        raise SystemExit(f"plot: {paths} holds no {what}")
+    return data
 
 
 def tier_acceptance(row: dict, name: str) -> float | None:
@@ -35,7 +48,7 @@ def tier_acceptance(row: dict, name: str) -> float | None:
 
 def plot_speedup(path: list[str], out: Path, x: str = "prompt_tokens") -> None:
     """x: prompt_tokens (batch 1 runs) or batch (each batch size's runs)."""
-    data = [r for r in rows(path) if x == "batch" or r.get("batch", 1) == 1]
+    data = need([r for r in rows(path) if x == "batch" or r.get("batch", 1) == 1], "rows of the novel workload", path)
     temps = sorted({r["temperature"] for r in data})
     fig, axes = plt.subplots(2, len(temps), figsize=(5.5 * len(temps), 8), squeeze=False)
     for col, temp in enumerate(temps):
@@ -61,7 +74,8 @@ def plot_speedup(path: list[str], out: Path, x: str = "prompt_tokens") -> None:
 
 
 def plot_temperature(path: str, out: Path) -> None:
-    data = sorted((r for r in rows(path) if r["run"] == "triforce"), key=lambda r: r["temperature"])
+    data = sorted(need([r for r in rows(path) if r["run"] == "triforce"], "triforce runs", path),
+                  key=lambda r: r["temperature"])
     fig, ax = plt.subplots(figsize=(6, 4))
     for tier, label in (("retrieval", "tier 1 (draft) accepted by tier 2 (retrieval)"),
                         ("target", "tier 2 accepted by the target")):
@@ -75,7 +89,7 @@ def plot_temperature(path: str, out: Path) -> None:
 
 
 def plot_sweep(path: str, setting: str, out: Path) -> None:
-    data = [r for r in rows(path) if setting in r]
+    data = need([r for r in rows(path) if setting in r], f"runs of a --sweep {setting}=...", path)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax2 = ax.twinx()
     for run in sorted({r["run"] for r in data}):
@@ -97,7 +111,7 @@ def plot_sweep(path: str, setting: str, out: Path) -> None:
 
 def plot_trees(path: str, out: Path) -> None:
     """One line per temperature: tokens/s of each numeric tree size over the chain's (size 0)."""
-    data = [r for r in rows(path) if "tree1" in r or "tree2" in r]
+    data = need([r for r in rows(path) if "tree1" in r or "tree2" in r], "runs of a --sweep tree1= or tree2=", path)
     setting = "tree1" if "tree1" in data[0] else "tree2"
     fig, ax = plt.subplots(figsize=(6, 4))
     for temperature in sorted({r["temperature"] for r in data}):
@@ -124,6 +138,8 @@ def main() -> None:
     p.add_argument("--trees", nargs="+", help="tree-size sweeps (--sweep tree1=... or tree2=...)")
     p.add_argument("--out-dir", default="bench-out")
     args = p.parse_args()
+    if not any((args.speedup, args.batch, args.temperature, args.budget, args.chunk, args.trees)):
+        p.error("name at least one plot: --speedup, --batch, --temperature, --budget, --chunk or --trees")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if args.speedup:
