@@ -136,6 +136,12 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
                                          "--rope-scaling", "yarn:2"], "already scales RoPE"),
         "workers < 0": (["--model", target, *base, "--workers", -1], "--workers"),
         "workers that do not split the model": (["--model", target, *base, "--workers", 3], "do not split 3 ways"),
+        "one worker and no model": (["--model", tmp_path / "nope", *base, "--workers", 1], "no such model folder"),
+        "worker timeout 0": (["--model", target, *base, "--workers", 1, "--worker-timeout", 0], "--worker-timeout"),
+        "worker timeout nan": (["--model", target, *base, "--workers", 1, "--worker-timeout", "nan"],
+                               "--worker-timeout"),
+        "control port past 65535": (["--model", target, *base, "--workers", 1, "--control-port", 70000],
+                                    "--control-port"),
         "a schema file that is not there": (["--model", target, *base, "--json-schema", tmp_path / "none.json"],
                                             "no such file"),
         "unknown device": (["--model", target, *base, "--device", "tpu"], "device must be"),
@@ -150,7 +156,8 @@ CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabul
          "tier 2's tree in mode draft", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
          "logprobs < 0", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
-         "rope scaling factor 1", "rope scaling factor past 64", "rope scaling a scaled model", "workers < 0", "workers that do not split the model", "a schema file that is not there", "unknown device", "a GPU this process lacks",
+         "rope scaling factor 1", "rope scaling factor past 64", "rope scaling a scaled model", "workers < 0", "workers that do not split the model",
+         "one worker and no model", "worker timeout 0", "worker timeout nan", "control port past 65535", "a schema file that is not there", "unknown device", "a GPU this process lacks",
          "unknown worker device"]
 
 
@@ -268,3 +275,9 @@ def test_errors_name_the_flags_not_the_api_fields(capsys, target):
                                                 "--max-new-tokens"), err
     code, _, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--gamma1", 0)
     assert code == 2 and "--gamma1 and --gamma2 must be" in err
+
+
+def test_serve_with_workers_refuses_a_negative_prefix_cache(capsys, target):
+    """Without --workers the LLM refuses it; with them the workers' store was silently off."""
+    assert main(["serve", "--model", str(target), "--workers", "1", "--prefix-cache-gb", "-1"]) == 2
+    assert "--prefix-cache-gb must be a number >= 0" in capsys.readouterr().err

@@ -95,7 +95,14 @@ def check_distributed_settings(args) -> None:
         raise UserError(f"--workers must be >= 0 (got {workers})")
     if device not in (None, "cpu", "cuda"):
         raise UserError(f"--worker-device must be cpu or cuda (got {device!r}); each worker takes cuda:LOCAL_RANK")
-    if workers > 1 and getattr(args, "model", None) is not None:  # once here, not an error from every rank
+    timeout, port = getattr(args, "worker_timeout", 30.0), getattr(args, "control_port", None)
+    if not 0 < timeout < float("inf"):
+        raise UserError(f"--worker-timeout must be a number of seconds > 0 (got {timeout})")
+    if port is not None and not 1 <= port <= 65535:
+        raise UserError(f"--control-port must be a port in 1-65535 (got {port})")
+    if not 0 <= getattr(args, "prefix_cache_gb", 0) < float("inf"):
+        raise UserError(f"--prefix-cache-gb must be a number >= 0 (got {args.prefix_cache_gb})")
+    if workers > 0 and getattr(args, "model", None) is not None:  # once here, not an error from every rank
         cfg = ModelConfig.from_folder(resolve_model(args.model, getattr(args, "revision", None)))
         fits = [w for w in range(1, cfg.num_heads + 1) if _shards(cfg, w)]
         if not _shards(cfg, workers):
