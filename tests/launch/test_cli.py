@@ -275,6 +275,12 @@ def test_errors_name_the_flags_not_the_api_fields(capsys, target):
                                                 "--max-new-tokens"), err
     code, _, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--gamma1", 0)
     assert code == 2 and "--gamma1 and --gamma2 must be" in err
+    from triforce.config import ConfigError
+    from triforce.launch.cli import settings_named_by_flags
+
+    with pytest.raises(ConfigError) as raised, settings_named_by_flags():  # paths, quotes, words and fields
+        raise ConfigError("top_k and gamma1 (got 'top_k' in /tmp/max_tokens/x.json; prompt_logprobs; window)")
+    assert str(raised.value) == "--top-k and --gamma1 (got 'top_k' in /tmp/max_tokens/x.json; prompt_logprobs; window)"
 
 
 def test_serve_with_workers_refuses_a_negative_prefix_cache(capsys, target):

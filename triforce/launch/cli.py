@@ -3,14 +3,16 @@ onto the config dataclasses; errors in the user's input print one line and exit 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import re
 import sys
 from pathlib import Path
 
-from ..config import (DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig,
-                      SamplingParams, StructuredOutputs)
+from ..config import (DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, ConfigError,
+                      EngineConfig, SamplingParams, StructuredOutputs)
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from ..models.config import ROPE_SCALING_KINDS
@@ -170,13 +172,38 @@ def engine_settings(args) -> dict:
                 stop_below=args.stop_below)
 
 
+# SamplingParams fields whose flag is not their name with dashes
+FIELD_FLAGS = {"max_tokens": "--max-new-tokens", "stop_token_ids": "--stop-token-id", "bad_words": "--bad-word",
+               "allowed_token_ids": "--allowed-token-id", "include_stop_str_in_output": "--include-stop-str"}
+
+
+@contextlib.contextmanager
+def settings_named_by_flags():
+    """A ConfigError about settings made from generate's flags (SamplingParams, EngineConfig), with the
+    fields it names as the Python API does (max_tokens, top_k, gamma1) written as those flags (--max-new-tokens,
+    --top-k, --gamma1). Only field names with an underscore or a digit, outside quotes and paths: window or
+    budget are words as well."""
+    try:
+        yield
+    except ConfigError as exc:
+        commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+        options = {o for a in commands.choices["generate"]._actions for o in a.option_strings}
+        names = {f.name for f in (*dataclasses.fields(SamplingParams), *dataclasses.fields(EngineConfig))}
+        flags = {name: FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in names
+                 if re.search(r"_|\d", name)}
+        flags = {name: flag for name, flag in flags.items() if flag in options}
+        pattern = r"(?<![\w/.'\"-])(" + "|".join(sorted(flags, key=len, reverse=True)) + r")(?![\w/.'\"-])"
+        raise ConfigError(re.sub(pattern, lambda m: flags[m.group(1)], str(exc))) from None
+
+
 def llm_from_args(args):
     """The LLM that the model, mode and engine flags of `args` describe, its settings checked before any
     weights load; verifying on the worker group of `args.worker_channel` when the torchrun entry
     (launch/distributed.py) set one, where the workers keep the prompt blocks."""
     from ..api import LLM
 
-    _refuse_unused_trees(EngineConfig(mode=args.mode, **engine_settings(args)))
+    with settings_named_by_flags():
+        _refuse_unused_trees(EngineConfig(mode=args.mode, **engine_settings(args)))
     workers = getattr(args, "worker_channel", None)
     prefix_cache_gb = getattr(args, "prefix_cache_gb", 0) if workers is None else 0
     return LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
@@ -266,13 +293,14 @@ def structured_outputs(args) -> StructuredOutputs | None:
 def run_generation(args, llm) -> int:
     """Generates from the prompt of `args` with `llm`; streams text or prints the JSON object."""
     prompt = read_prompt(args)
-    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
-                            ignore_eos=args.ignore_eos,
-                            logprobs=args.logprobs, stop_token_ids=tuple(args.stop_token_id),
-                            min_tokens=args.min_tokens, structured_outputs=structured_outputs(args),
-                            bad_words=tuple(args.bad_word), allowed_token_ids=args.allowed_token_id,
-                            include_stop_str_in_output=args.include_stop_str, **penalty_settings(args))
+    with settings_named_by_flags():
+        params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
+                                ignore_eos=args.ignore_eos, logprobs=args.logprobs,
+                                stop_token_ids=tuple(args.stop_token_id), min_tokens=args.min_tokens,
+                                structured_outputs=structured_outputs(args), bad_words=tuple(args.bad_word),
+                                allowed_token_ids=args.allowed_token_id,
+                                include_stop_str_in_output=args.include_stop_str, **penalty_settings(args))
     stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
     try:
         out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
@@ -361,29 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# SamplingParams fields whose flag is not their name with dashes
-FIELD_FLAGS = {"max_tokens": "--max-new-tokens", "stop_token_ids": "--stop-token-id", "bad_words": "--bad-word",
-               "allowed_token_ids": "--allowed-token-id", "include_stop_str_in_output": "--include-stop-str"}
-
-
-def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
-    """`message` with the setting names it quotes (SamplingParams' and EngineConfig's, as the Python API
-    names them) written as the flags that set them: max_tokens -> --max-new-tokens, top_k -> --top-k.
-    Names without an underscore or digit (window, budget) are left alone, being words as well."""
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    flags = {o for command in sub.choices.values() for a in command._actions for o in a.option_strings}
-
-    def flag(match: re.Match) -> str:
-        name = match.group(0)
-        dashed = FIELD_FLAGS.get(name, "--" + name.replace("_", "-"))
-        return dashed if dashed in flags else name
-
-    return re.sub(r"(?<![-\w])[a-z]+(?:_[a-z]+)+\b|(?<![-\w])[a-z]+\d\b", flag, message)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if getattr(args, "workers", 0):
@@ -395,13 +402,18 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a reader gone is caught below, not at exit
         return code
     except UserError as exc:
-        print(f"triforce: error: {flag_names(str(exc), parser)}", file=sys.stderr)
+        print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other commands do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
-        return 141  # 128 + SIGPIPE, what a shell reports for such a command
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def reader_gone() -> int:
+    """The exit status once stdout's reader has left (`| head`): quiet, as other commands are."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+    return 141  # 128 + SIGPIPE, what a shell reports for such a command
 
 
 if __name__ == "__main__":

@@ -293,10 +293,16 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
     try:
         channel.handshake(model_identity(path, args.rope_scaling), world - 1)
         args.worker_channel, args.workers = channel, 0  # the command's LLM verifies on the group
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        from .cli import reader_gone
+
+        return reader_gone()
     finally:
         try:
             if not channel.broken:  # a group that a signal ended too does not answer: do not wait long
