@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from checkpoints import write_reduced_vocabulary
+from triforce.errors import UserError
 from triforce.kernels import cpu
 from triforce.launch.cli import main
 from triforce.launch.peers import widened_draft
@@ -182,7 +183,10 @@ def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, cap
     assert message in err.splitlines()[-1] and '"run"' not in err  # no run reported before it
 
 
-def test_bench_keeps_the_groups_that_ended_when_interrupted(tiny_dir, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("stop, code, why", [(KeyboardInterrupt, 130, "Ctrl-C"),
+                                             (UserError("the caches need 9 GiB"), 2, "UserError: the caches need 9 GiB")])
+def test_bench_keeps_the_groups_that_ended_when_interrupted(tiny_dir, tmp_path, capsys, monkeypatch, stop, code, why):
+    """Ctrl-C, or a later group the memory check refuses: the groups before it are written."""
     from triforce.api import LLM
 
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
@@ -193,13 +197,13 @@ def test_bench_keeps_the_groups_that_ended_when_interrupted(tiny_dir, tmp_path, 
     def generate_until_the_third_group(self, *args, **kwargs):
         calls.append(1)
         if len(calls) == 1 + 2 * 2 + 1:  # the warm-up, two groups of two modes, then Ctrl-C
-            raise KeyboardInterrupt
+            raise stop
         return generate(self, *args, **kwargs)
 
     monkeypatch.setattr(LLM, "generate", generate_until_the_third_group)
     out = tmp_path / "b.json"
     assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "40", "60",
-                 "80", "--max-new-tokens", "4", "--modes", "ar", "retrieval", *SMALL_TIERS, "--out", str(out)]) == 130
+                 "80", "--max-new-tokens", "4", "--modes", "ar", "retrieval", *SMALL_TIERS, "--out", str(out)]) == code
     report = json.loads(out.read_text())
-    assert report["interrupted"] and [r["prompt_tokens"] for r in report["results"]] == [40, 40, 60, 60]
+    assert report["interrupted"] == why and [r["prompt_tokens"] for r in report["results"]] == [40, 40, 60, 60]
     assert json.loads(capsys.readouterr().out) == report

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import statistics
 import sys
@@ -30,6 +31,8 @@ from ..config import MODES, EngineConfig, SamplingParams
 from ..coordinator.metrics import RequestMetrics, TierStats
 from ..errors import UserError
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
+from ..models.vocab import read_draft_metadata
+from .cli import penalty_settings
 from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
 
 WORKLOADS = ("novel", "passkey")
@@ -110,7 +113,7 @@ def _tier_summary(metrics) -> list[dict]:
 
 def run_bench(args) -> int:
     from ..api import LLM
-    from .cli import engine_settings, penalty_settings
+    from .cli import engine_settings
 
     sweep_name, sweep_values = _parse_sweep(args.sweep)
     texts = [_read_text(f) for f in args.text]
@@ -130,6 +133,10 @@ def run_bench(args) -> int:
               **engine_settings(args))
     if "assisted" in args.peers and llm.draft_path is None:
         raise UserError("the assisted peer needs a draft model")
+    if "assisted" in args.peers and llm.draft.config.vocab_size != llm.target.config.vocab_size and \
+            read_draft_metadata(llm.draft_path).get("token_ids") is None:
+        raise UserError("the assisted peer needs a draft with the target's vocabulary rows (transformers refuses "
+                        "a draft padded to another size)")
     hf = None
     if {"transformers", "assisted"} & set(args.peers):
         hf = TransformersPeer(llm.model_path, llm.dtype, llm.draft_path if "assisted" in args.peers else None)
@@ -148,8 +155,9 @@ def run_bench(args) -> int:
     results = []
     try:
         _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, results)
-    except KeyboardInterrupt:  # the groups that ended are kept
-        _write(args, _report(args, llm, base, results, interrupted=True))
+    except BaseException as exc:  # Ctrl-C, or a later group that does not fit: the groups that ended are kept
+        if results:
+            _write(args, _report(args, llm, base, results, stopped_by=exc))
         raise
     _write(args, _report(args, llm, base, results))
     return 0
@@ -158,8 +166,6 @@ def run_bench(args) -> int:
 def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineConfig, sweep_name, sweep_values) -> None:
     """Every setting of the run checked before the first one runs (a bad value met late threw away the runs
     before it), the --out file included."""
-    from .cli import penalty_settings
-
     if "passkey" in args.workloads and max(args.batch) > 1:
         raise UserError("the passkey workload runs at batch 1: run it apart from --batch > 1")
     for length in args.lengths:
@@ -184,15 +190,14 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
             raise UserError(f"--out {out} is a folder; name a file")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.touch()
         except OSError as exc:
             raise UserError(f"cannot write --out {out}: {exc.strerror}") from None
+        if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+            raise UserError(f"cannot write --out {out}: permission denied")
 
 
 def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, results: list[dict]) -> None:
     """Runs every (workload, length, batch, temperature) group, appending each group's rows to `results`."""
-    from .cli import penalty_settings
-
     for workload in args.workloads:
         for length in args.lengths:
             key = None
@@ -228,9 +233,7 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                     results.extend(_compare(_medians(rows, sweep_name), llm.tokenizer, key))
 
 
-def _report(args, llm, base: EngineConfig, results: list[dict], interrupted: bool = False) -> dict:
-    from .cli import penalty_settings
-
+def _report(args, llm, base: EngineConfig, results: list[dict], stopped_by: BaseException | None = None) -> dict:
     report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
@@ -241,8 +244,9 @@ def _report(args, llm, base: EngineConfig, results: list[dict], interrupted: boo
                       "kernel_path": kernel_path() if llm.device.type == "cpu" else None,
                       "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()},
               "results": results}
-    if interrupted:
-        report["interrupted"] = True  # by Ctrl-C: the groups that ended before it
+    if stopped_by is not None:  # the groups that ended before it
+        report["interrupted"] = "Ctrl-C" if isinstance(stopped_by, KeyboardInterrupt) else \
+            f"{type(stopped_by).__name__}: {stopped_by}"
     return report
 
 
