@@ -66,7 +66,7 @@ def installed_packages(tmp_path, monkeypatch):
 def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_path, capsys, vocab, installed_packages):
     target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
     text = write_corpus(tmp_path / "corpus.txt")
-    out, work = tmp_path / "draft", tmp_path / "work"
+    out, work = tmp_path / "drafts" / "new", tmp_path / "work"  # its parent made too
     argv = ["train-draft", "--target", str(target), "--text", str(text), "--out", str(out), "--work-dir", str(work),
             "--layers", "1", "--hidden", "32", "--intermediate", "64", "--heads", "2", "--kv-heads", "1",
             "--vocab", str(vocab), "--steps", "6", "--batch-size", "2", "--seq-len", "64", "--top-k", "8",
@@ -157,7 +157,7 @@ def test_train_draft_rejects_bad_settings_before_building_data(tiny_dir, tmp_pat
 
 @pytest.mark.parametrize("out, message", [("precious", "holds files that are not a draft"), (".", "name a folder below"),
                                           ("..", "name a folder below"), ("note.txt", "is a file"),
-                                          ("missing/d", "no folder")])
+                                          ("d", "--work-dir")])
 def test_train_draft_refuses_an_out_folder_it_would_destroy(tiny_dir, tmp_path, capsys, monkeypatch, out, message):
     """The export replaces --out whole: it deleted a folder of someone's files, and `--out ..` the folder above."""
     target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
@@ -167,7 +167,7 @@ def test_train_draft_refuses_an_out_folder_it_would_destroy(tiny_dir, tmp_path, 
     (here / "precious" / "thesis.txt").write_text("important")
     (here / "note.txt").write_text("important")
     monkeypatch.chdir(here)
-    work = tmp_path / "work"
+    work = here / "d" / "work" if message == "--work-dir" else tmp_path / "work"  # the cached data, in --out
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", out, "--work-dir", str(work),
                  "--local-tokens", "0", "--answers", "0", "--steps", "2"])
     assert code == 2 and message in capsys.readouterr().err

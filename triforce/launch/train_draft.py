@@ -147,8 +147,6 @@ def _out_folder(name: str) -> Path:
     if out.is_dir() and any(out.iterdir()) and not (out / DRAFT_FILE).is_file():
         raise UserError(f"--out {name} holds files that are not a draft; the draft replaces its folder, so name "
                         "a new folder, an empty one or an earlier draft's")
-    if not out.parent.is_dir():
-        raise UserError(f"--out {name}: no folder {out.parent}")
     return out
 
 
@@ -176,8 +174,11 @@ def run_train_draft(args) -> int:
     shape.check(vocab_total)
     settings = TrainSettings(args.steps, args.batch_size, args.seq_len, args.lr, min(60, args.steps // 10 + 1),
                              seed=args.seed, checkpoint_every=args.checkpoint_every)
-    work = Path(args.work_dir) if args.work_dir else triforce_home() / "train-draft" / out.resolve().name
-    writable_folder(work.parent)
+    work = Path(args.work_dir) if args.work_dir else triforce_home() / "train-draft" / out.name
+    if work.resolve() == out or out in work.resolve().parents:
+        raise UserError(f"--work-dir {work} lies in --out {args.out}, which the draft replaces")
+    if args.work_dir is None:
+        writable_folder(work.parent)
     target_key = str(llm.model_path.resolve())
     train_sources, genres = _data(args, llm, work, target_key)
     sequences, label_ids, label_logp = sources.labelled(target, train_sources, work, args.top_k, target_key)
