@@ -95,6 +95,9 @@ class LLM:
         self.draft = (None if self.draft_path is None
                       else load_model(self.draft_path, self.dtype, self.device, rope_scaling=rope_scaling))
         if self.draft is None and mode == "triforce":
+            if engine_settings.get("tree1"):
+                raise ConfigError("tree1 shapes the draft's proposals, and this target has no draft (mode "
+                                  "'triforce' would fall back to 'retrieval', which takes tree2)")
             print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",
                   file=sys.stderr)
             mode = "retrieval"

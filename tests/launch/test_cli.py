@@ -116,6 +116,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "gamma1 < 1": (["--model", target, *base, "--gamma1", 0], "gamma"),
         "tree past the draft's window": (["--model", target, "--draft", draft, *base, "--mode", "triforce",
                                           "--tree1", 20, "--window", 16], "streaming window"),
+        "a draft's tree without a draft": (["--model", target, *base, "--mode", "triforce", "--tree1", 8],
+                                           "this target has no draft"),
         "a tree in mode ar": (["--model", target, *base, "--mode", "ar", "--tree1", 8], "mode ar does not run"),
         "tier 2's tree in mode draft": (["--model", target, "--draft", draft, *base, "--mode", "draft", "--tree2", 8],
                                         "takes mode retrieval"),
@@ -152,7 +154,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
 
 
 CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long", "prompt past a sliding window", "draft window past its positions", "budget not multiple",
-         "gamma1 < 1", "tree past the draft's window", "a tree in mode ar",
+         "gamma1 < 1", "tree past the draft's window", "a draft's tree without a draft", "a tree in mode ar",
          "tier 2's tree in mode draft", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
          "logprobs < 0", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",

@@ -24,8 +24,11 @@ class CalibrationFile:
         self.entries: dict[str, dict] = {}
         if path is not None and path.is_file():
             try:
-                self.entries = json.loads(path.read_text())
-            except (OSError, ValueError):  # unreadable, not JSON, not UTF-8
+                entries = json.loads(path.read_text())
+                if not isinstance(entries, dict):
+                    raise ValueError(f"a {type(entries).__name__}, not an object")
+                self.entries = entries
+            except (OSError, ValueError):  # unreadable, not JSON, not UTF-8, not an object
                 log.warning("ignoring unreadable calibration file %s", path)
 
     @classmethod

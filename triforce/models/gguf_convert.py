@@ -102,7 +102,7 @@ def write_shards(tensors: Tensors, folder: Path) -> None:
     files = ["model.safetensors"] if len(shards) == 1 else \
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     with tqdm(total=sum(nbytes for _, nbytes, _ in tensors), desc="convert", unit="B", unit_scale=True,
-              file=sys.stderr, leave=False) as bar:
+              file=sys.stderr, leave=False, disable=None) as bar:  # None: only on a terminal
         for file, shard in zip(files, shards):
             save_file({name: _made(make, nbytes, bar) for name, nbytes, make in shard}, str(folder / file),
                       metadata={"format": "pt"})
