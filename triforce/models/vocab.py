@@ -104,6 +104,9 @@ def check_draft_vocabulary(draft, draft_path: Path, target_vocab: int, tokenizer
                                  f"{len(tokenizer.get_vocab())}); the draft must share the target's vocabulary")
     if draft_vocab == target_vocab:
         return
+    if recorded is not None:  # a trained draft over its target's tokenizer, for a target of other rows
+        raise ModelLoadError(f"draft was trained for a target of {draft_vocab} vocabulary rows; this one has "
+                             f"{target_vocab} (train it for this target)")
     tokens = 1 + max(draft_tokens.values()) if draft_tokens else 0
     if not draft_tokens or draft.vocab is not None or tokens > min(draft_vocab, target_vocab) or \
             tokens == draft_vocab < target_vocab:  # no draft row left to stand for the target's padding ids
