@@ -577,3 +577,33 @@ def test_a_request_admitted_while_the_server_drains_is_ended_too(llm, monkeypatc
     assert done.wait(60)
     held.stop()
     assert seen[-1][1].finish_reason == "abort" and len(seen[-1][1].token_ids) < 400
+
+
+def test_a_worker_group_that_stops_answering_stops_the_server(llm, monkeypatch):
+    """A hung worker failed the requests in flight, then the server stayed up saying ok at /health and failing
+    every request; now its scheduler stops for good, says why and ends the server (torchrun ends the group)."""
+    from types import SimpleNamespace
+
+    from triforce.coordinator.batch import SequenceBatch
+    from triforce.coordinator.remote import WorkerError
+
+    def group_gone(self):
+        monkeypatch.setattr(llm, "workers", SimpleNamespace(broken=True))  # as ControlChannel marks itself
+        raise WorkerError("the worker group at tcp://x failed 'verify': it did not answer within 30 s")
+
+    monkeypatch.setattr(SequenceBatch, "step", group_gone)
+    fatal, seen, done = [], [], threading.Event()
+    scheduler = Scheduler(llm, on_fatal=fatal.append)
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}, llm, "tiny")
+    scheduler.submit(job, lambda kind, data: (seen.append(kind), done.set()))
+    assert done.wait(60) and seen == ["error"]
+    scheduler._thread.join(10)
+    assert fatal and isinstance(fatal[0], WorkerError) and not scheduler.alive
+    with pytest.raises(ApiError, match="did not answer") as refused:
+        scheduler.submit(job, lambda *_: None)
+    assert refused.value.status == 503
+    client = TestClient(create_app(llm, "tiny"))
+    client.app.state.scheduler._stop_for_good(fatal[0])
+    health = client.get("/health")
+    assert health.status_code == 503 and "did not answer" in health.json()["error"]["message"]
+    client.app.state.scheduler.stop()

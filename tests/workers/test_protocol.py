@@ -89,3 +89,34 @@ def test_closing_the_channel_waits_for_a_request_in_flight_on_another_thread():
     assert [e for e, _ in events] == ["timed out", "closed"] and "did not answer" in events[0][1]
     with pytest.raises(WorkerError, match="closed"):
         channel.request("stats")
+
+
+def test_an_abandoned_channel_fails_the_request_in_flight_at_once():
+    """The server's shutdown, whose signal ended the group's ranks too: the round waiting on them fails within
+    a poll (it waited out --worker-timeout, past the grace uvicorn gives streams, which were cut)."""
+    import threading
+
+    from servers import free_port
+
+    from triforce.coordinator.remote import POLL_S, ControlChannel, WorkerError
+
+    channel = ControlChannel(f"tcp://127.0.0.1:{free_port()}", timeout_s=60.0)  # nobody answers there
+    failed = []
+
+    def in_flight():
+        start = time.perf_counter()
+        try:
+            channel.request("stats")
+        except WorkerError as exc:
+            failed.append((str(exc), time.perf_counter() - start))
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    while not channel._lock.locked():
+        time.sleep(0.01)
+    time.sleep(0.2)
+    channel.abandon()
+    thread.join(10)
+    assert failed and "shutting down" in failed[0][0] and failed[0][1] < 0.2 + 5 * POLL_S + 1
+    assert channel.broken
+    channel.close()

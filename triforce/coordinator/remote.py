@@ -30,6 +30,7 @@ from .tiers import charge_call
 from .verifier import Verifier
 
 DEFAULT_TIMEOUT_S = 30.0
+POLL_S = 0.1  # how often a request waiting on the group looks whether it was abandoned
 
 
 class WorkerError(UserError):
@@ -69,7 +70,7 @@ class ControlChannel:
         self.sock.connect(endpoint)
         self.messages = self.bytes = self.bulk_bytes = 0
         self.wait_s = 0.0
-        self.broken = self.closed = False
+        self.broken = self.closed = self.abandoned = False
         self.tp_size = self.prefix_bytes = 0  # the group's ranks and each one's prefix store, once the handshake told
         self.prefill_chunk = PREFILL_CHUNK  # the workers' prompt block (their prefix store's unit), as the
         # handshake tells
@@ -97,10 +98,12 @@ class ControlChannel:
         frames = encode(kind, body)
         start = time.perf_counter()
         self.sock.send_multipart(frames)
-        if not self.sock.poll(int(timeout_s * 1000)):
-            self.broken = True
-            raise WorkerError(f"the worker group at {self.endpoint} did not answer {kind!r} within "
-                              f"{timeout_s:g} s (a worker died or hangs)")
+        while not self.sock.poll(int(1000 * min(POLL_S, max(0.0, start + timeout_s - time.perf_counter())))):
+            if self.abandoned or time.perf_counter() >= start + timeout_s:
+                self.broken = True
+                why = "the coordinator is shutting down" if self.abandoned else \
+                    f"it did not answer within {timeout_s:g} s (a worker died or hangs)"
+                raise WorkerError(f"the worker group at {self.endpoint} failed {kind!r}: {why}")
         answer = self.sock.recv_multipart()
         self.messages += 2
         self.bytes += sum(len(f) for f in frames) + sum(len(f) for f in answer)
@@ -125,6 +128,11 @@ class ControlChannel:
             self.bulk_bytes += sum(t.nbytes for t in tensors)
         self.wait_s += time.perf_counter() - start
         return reply_body, tensors
+
+    def abandon(self) -> None:
+        """Stops waiting for the group: the request in progress, if any, fails within POLL_S (from another
+        thread; the server's shutdown, whose signal ended the group's ranks too)."""
+        self.abandoned = True
 
     def handshake(self, model_id: str, tp_size: int, startup_timeout_s: float = 300.0) -> dict:
         """The first request: waits for the workers to load their shards (up to startup_timeout_s)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 
@@ -12,6 +13,8 @@ from .cli import (add_distributed_args, add_engine_args, add_mode_arg, add_model
 
 
 SHUTDOWN_GRACE_S = 5  # seconds open streams get to end on Ctrl-C or SIGTERM before they are cut
+WORKERS_GRACE_S = 3  # of them, how long a round may wait on a worker group before it fails (the signal that
+# ends the server ends its ranks too): its streams then end with an error before they are cut
 
 
 def add_serve_parser(sub) -> None:
@@ -55,8 +58,13 @@ def _serve(args) -> int:
     app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens)
     print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), file=sys.stderr)
-    draining_server(uvicorn)(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                                           timeout_graceful_shutdown=SHUTDOWN_GRACE_S)).run()
+    server = draining_server(uvicorn)(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+    scheduler = app.state.scheduler
+    scheduler.on_fatal = lambda exc: setattr(server, "should_exit", True)  # torchrun then ends the group
+    server.run()
+    if scheduler.fatal is not None:
+        raise UserError(f"the server stopped: {scheduler.fatal}")
     return 0
 
 
@@ -68,10 +76,11 @@ def draining_server(uvicorn):
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             scheduler = self.config.app.state.scheduler
+            drain = functools.partial(scheduler.drain, abandon_after_s=WORKERS_GRACE_S)
             try:  # in the event loop, not inside the signal handler (the scheduler takes a lock)
-                asyncio.get_running_loop().call_soon_threadsafe(scheduler.drain)
+                asyncio.get_running_loop().call_soon_threadsafe(drain)
             except RuntimeError:
-                scheduler.drain()
+                drain()
             super().handle_exit(sig, frame)
 
     return Server

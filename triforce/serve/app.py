@@ -98,7 +98,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
     @app.get("/health")
     async def health():
         if not scheduler.alive:
-            return JSONResponse(ApiError(503, "the scheduler has stopped", "server_error").body(), status_code=503)
+            why = f": {scheduler.fatal}" if scheduler.fatal is not None else ""
+            return JSONResponse(ApiError(503, f"the scheduler has stopped{why}", "server_error").body(),
+                                status_code=503)
         return {"status": "ok", "waiting": len(scheduler.waiting), "running": len(scheduler.running)}
 
     @app.get("/metrics")

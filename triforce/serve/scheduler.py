@@ -58,8 +58,10 @@ class Scheduler:
     waiting: deque = field(default_factory=deque)
     running: dict = field(default_factory=dict)  # batch sequence -> its ticket
     metrics: object = None  # a ServerMetrics (metrics.py), told of every request that ends
+    on_fatal: Callable[[Exception], None] | None = None  # told once the worker group has stopped answering
 
     def __post_init__(self):
+        self.fatal: Exception | None = None  # why the scheduler stopped for good (a worker group gone)
         self._batch, self._mates = SequenceBatch(), Batchmates()
         self._lock, self._wake, self._stop, self._draining = threading.Lock(), threading.Event(), False, False
         self._thread = threading.Thread(target=self._loop, name="triforce-scheduler", daemon=True)
@@ -77,7 +79,8 @@ class Scheduler:
         if len(on_events) != len(choices):
             raise ValueError(f"{len(on_events)} callbacks for {len(choices)} choices")
         if not self.alive:
-            raise ApiError(503, "the server's scheduler has stopped; see its log", kind="server_error")
+            why = f": {self.fatal}" if self.fatal is not None else "; see its log"
+            raise ApiError(503, f"the server's scheduler has stopped{why}", kind="server_error")
         if self._draining:
             raise ApiError(503, "the server is shutting down", kind="server_error")
         longest = max(len(ids) for ids in job.prompts)
@@ -105,11 +108,18 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and self.fatal is None
 
-    def drain(self) -> None:
+    def drain(self, abandon_after_s: float | None = None) -> None:
         """The server is shutting down: waiting requests get an error, running ones end after their round in
-        progress (finish_reason "abort"), so their streams close properly; new ones are refused (503)."""
+        progress (finish_reason "abort"), so their streams close properly; new ones are refused (503). With
+        a worker group, a round still waiting on it `abandon_after_s` later fails instead (a signal that
+        ended the server ended its ranks too), so its streams end with an error before they are cut."""
+        workers = getattr(self.llm, "workers", None)
+        if workers is not None and abandon_after_s is not None:
+            timer = threading.Timer(abandon_after_s, workers.abandon)
+            timer.daemon = True
+            timer.start()
         with self._lock:
             self._draining = True
             waiting, self.waiting = list(self.waiting), deque()
@@ -171,7 +181,7 @@ class Scheduler:
                 self._fail([ticket], exc)
 
     def _loop(self) -> None:
-        while not self._stop:
+        while not self._stop and self.fatal is None:
             self._admit()
             if not self._batch.active:
                 self._wake.wait(0.1)
@@ -192,6 +202,19 @@ class Scheduler:
             for seq in finished:
                 self._finish(seq)
 
+    def _stop_for_good(self, exc: Exception) -> None:
+        """The worker group stopped answering: no request can run again. The others fail, /health says
+        503, and `on_fatal` ends the server, so that torchrun ends the group (a server that stayed up failed
+        every request)."""
+        self.fatal = exc
+        with self._lock:
+            ended = list(self.waiting) + list(self.running.values())
+            self.waiting, self.running = deque(), {}
+        for ticket in ended:
+            self._tell(ticket, "error", f"{type(exc).__name__}: {exc}")
+        if self.on_fatal is not None:
+            self.on_fatal(exc)
+
     def _finish(self, seq) -> None:
         with self._lock:
             ticket = self.running.pop(seq)
@@ -206,7 +229,8 @@ class Scheduler:
         self._tell(ticket, "done", output)
 
     def _fail(self, tickets: list[Ticket], exc: Exception) -> None:
-        log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        group_gone = getattr(getattr(self.llm, "workers", None), "broken", False)
+        log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=None if group_gone else exc)
         for ticket in tickets:
             try:
                 if ticket.request is not None:
@@ -216,6 +240,8 @@ class Scheduler:
             if self.metrics is not None:
                 self.metrics.failed()
             self._tell(ticket, "error", f"{type(exc).__name__}: {exc}")
+        if group_gone and self.fatal is None:
+            self._stop_for_good(exc)
 
     @staticmethod
     def _tell(ticket: Ticket, kind: str, data) -> None:
