@@ -107,12 +107,13 @@ def test_batch_with_workers_answers_every_line_and_the_group_reuses_the_document
     assert cached == [0, 512, 512]
 
 
-@pytest.mark.parametrize("how", ["sigterm", "ctrl-c", "sigint-to-the-command"])
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c", "sigint-to-the-command", "sigkill", "sigkill-to-torchrun"])
 def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_path, how):
     """`triforce serve --workers 1` over HTTP: a completion equals the single-process generate; SIGTERM to
     the command (as `kill` or a job manager sends), Ctrl-C (SIGINT to its process group) or SIGINT to the
     command alone (`kill -INT`, which once left the group serving), twice, ends torchrun and every rank
-    (each in a session of its own), none left serving, and no traceback."""
+    (each in a session of its own), none left serving, and no traceback. SIGKILL to the command or to
+    torchrun (the OOM killer; nothing to pass on) left the group serving: the child is told of its parent's end."""
     import os
     import signal
     import subprocess
@@ -134,8 +135,25 @@ def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_pa
                                    "cpu", "--port", str(port), "--workers", "1", "--control-port", str(control_port),
                                    "--worker-device", "cpu"], stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)  # a terminal's foreground job of its own
+    def kill_torchrun():
+        for pid in group_processes():
+            if b"triforce.launch.torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+
     stop = {"sigterm": lambda: server.terminate(), "ctrl-c": lambda: os.killpg(server.pid, signal.SIGINT),
-            "sigint-to-the-command": lambda: os.kill(server.pid, signal.SIGINT)}[how]
+            "sigint-to-the-command": lambda: os.kill(server.pid, signal.SIGINT), "sigkill": server.kill,
+            "sigkill-to-torchrun": kill_torchrun}[how]
+
+    def group_processes():
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and f"{control_port}".encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                pass
+        return [pid for pid in found if pid != os.getpid()]
+
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, server, log)
@@ -151,21 +169,11 @@ def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_pa
         stop()  # an impatient second one while the ranks shut down
         server.wait(timeout=60)
 
-    def ranks_left():
-        left = []
-        for proc in Path("/proc").iterdir():
-            try:
-                if proc.name.isdigit() and f"{control_port}".encode() in (proc / "cmdline").read_bytes():
-                    left.append(int(proc.name))
-            except OSError:
-                pass
-        return [pid for pid in left if pid != os.getpid()]
-
     for _ in range(300):
-        if not ranks_left():
+        if not group_processes():
             break
         time.sleep(0.1)
-    left = ranks_left()
+    left = group_processes()
     for pid in left:
         os.kill(pid, 9)
     assert not left, log.read_text()

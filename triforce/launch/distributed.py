@@ -17,6 +17,7 @@ node, two RTX 4090s and Slurm are in docs/distributed.md.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -155,7 +156,8 @@ def launch_with_torchrun(args) -> int:
     cmd = [sys.executable, "-m", "triforce.launch.torchrun", "--standalone", f"--nproc-per-node={args.workers + 1}",
            "-m", "triforce.launch.distributed", *argv]
     if threading.current_thread() is not threading.main_thread():  # no signal handlers here: torchrun stays in
-        return subprocess.Popen(cmd, env=process_environment(args.workers + 1)).wait()  # our process group
+        return subprocess.Popen(cmd, env=process_environment(args.workers + 1),  # in our process group
+                                preexec_fn=end_with_parent).wait()
     # torchrun in a session of its own, which gets the first signal through this process: a Ctrl-C (to the
     # terminal's process group), a SIGINT to this process alone (`kill -INT`, `timeout -s INT`, a service
     # manager), SIGTERM (`kill`, a job manager) or SIGHUP (the terminal gone) reaches torchrun, which passes
@@ -172,7 +174,8 @@ def launch_with_torchrun(args) -> int:
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1), start_new_session=True)
+        torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1), start_new_session=True,
+                                    preexec_fn=end_with_parent)
         started.append(torchrun)
         if pending:
             torchrun.send_signal(pending[0])
@@ -180,6 +183,21 @@ def launch_with_torchrun(args) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def end_with_parent() -> None:
+    """From now on this process gets SIGTERM when its parent dies, however it died (SIGKILL, the OOM killer:
+    no signal of its own to pass on); Linux only, elsewhere nothing. torchrun's (of the `--workers`
+    command) and each rank's (of torchrun), so that none serves on orphaned."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def control_port(args) -> int:
@@ -209,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
+    end_with_parent()  # torchrun's end is this rank's, however torchrun ended
     args = parse_command(argv)
     try:
         rank, world, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
