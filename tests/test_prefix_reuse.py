@@ -308,3 +308,15 @@ def test_a_server_without_the_store_counts_no_prefix_queries(models):
         client.post("/v1/completions", json={"prompt": DOCUMENT, "max_tokens": 2})
         metrics = client.get("/metrics").text
     assert 'vllm:prefix_cache_queries_total{model_name="tiny"}' not in metrics
+
+
+def test_a_store_bound_past_the_free_memory_is_refused_and_the_default_capped(models, monkeypatch):
+    """prefix_cache_gb=100 on a 24 GB machine made every request fail as too large for the memory left."""
+    from triforce import api
+    from triforce.config import PREFIX_CACHE_GB
+
+    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: 2**30)
+    with pytest.raises(api.ConfigError, match="prefix_cache_gb 100 is more than the 1.0 GiB free"):
+        make(models, "ar", 100)
+    assert make(models, "ar", PREFIX_CACHE_GB).prefixes.max_bytes == 2**29  # half of what is free
+    assert make(models, "ar", 0.25).prefixes.max_bytes == 2**28  # as asked

@@ -110,7 +110,18 @@ class LLM:
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         self.prefixes = None  # a worker group holds the target's KV itself
         if prefix_cache_gb > 0 and workers is None:
-            self.prefixes = PrefixStore(int(prefix_cache_gb * 2**30), self.config.prefill_chunk)
+            self.prefixes = PrefixStore(self._prefix_bound(prefix_cache_gb), self.config.prefill_chunk)
+
+    def _prefix_bound(self, prefix_cache_gb: float) -> int:
+        """The prefix store's bound in bytes: at most half the memory free now (the rest is the running
+        requests'); a bound asked past all of it is refused (every request then failed as too large)."""
+        asked, free = int(prefix_cache_gb * 2**30), _available_memory_bytes(self.device)
+        if free is None or asked <= free // 2:
+            return asked
+        if prefix_cache_gb != PREFIX_CACHE_GB and asked > free:
+            raise ConfigError(f"prefix_cache_gb {prefix_cache_gb:g} is more than the {free / 2**30:.1f} GiB free on "
+                              f"{self.device}, which requests' caches need too")
+        return free // 2
 
     @property
     def reuses_prefixes(self) -> bool:
