@@ -210,7 +210,8 @@ def test_workers_without_a_control_port_get_a_free_one(monkeypatch):
     import subprocess
 
     from triforce.launch import distributed
-    from triforce.launch.cli import DEFAULT_CONTROL_PORT, build_parser
+    from triforce.launch.cli import build_parser
+    from triforce.launch.flags import DEFAULT_CONTROL_PORT
 
     launched = []
 

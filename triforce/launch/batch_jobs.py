@@ -23,8 +23,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import UserError
-from .cli import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg,
-                  llm_from_args)
+from .cli import llm_from_args
+from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
 RESULT_START = '{"id": "batch_req_'  # how every line this command writes begins

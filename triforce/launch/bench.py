@@ -32,7 +32,7 @@ from ..coordinator.metrics import RequestMetrics, TierStats
 from ..errors import UserError
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
 from ..models.vocab import read_draft_metadata
-from .cli import penalty_settings
+from .flags import add_engine_args, add_model_args, add_penalty_args, engine_settings, penalty_settings
 from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
 
 WORKLOADS = ("novel", "passkey")
@@ -42,8 +42,6 @@ WHY_KEPT = ("predicted_tokens_per_s", "expected_tokens_per_s", "probe", "accepta
 
 
 def add_bench_parser(sub) -> None:
-    from .cli import add_engine_args, add_model_args, add_penalty_args
-
     p = sub.add_parser("bench", help="compare modes and peers on the same prompts; prints JSON",
                        description=__doc__)
     add_model_args(p)
@@ -113,7 +111,6 @@ def _tier_summary(metrics) -> list[dict]:
 
 def run_bench(args) -> int:
     from ..api import LLM
-    from .cli import engine_settings
 
     sweep_name, sweep_values = _parse_sweep(args.sweep)
     texts = [_read_text(f) for f in args.text]

@@ -201,7 +201,7 @@ def end_with_parent() -> None:
 
 
 def control_port(args) -> int:
-    from .cli import DEFAULT_CONTROL_PORT
+    from .flags import DEFAULT_CONTROL_PORT
 
     return DEFAULT_CONTROL_PORT if args.control_port is None else args.control_port
 

@@ -8,8 +8,8 @@ import os
 import sys
 
 from ..errors import UserError
-from .cli import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg,
-                  llm_from_args)
+from .cli import llm_from_args
+from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg
 
 
 SHUTDOWN_GRACE_S = 5  # seconds open streams get to end on Ctrl-C or SIGTERM before they are cut

