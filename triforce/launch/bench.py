@@ -21,24 +21,20 @@ import dataclasses
 import json
 import os
 import random
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 from ..config import MODES, EngineConfig, SamplingParams
-from ..coordinator.metrics import RequestMetrics, TierStats
 from ..errors import UserError
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
 from ..models.vocab import read_draft_metadata
+from .bench_rows import batch_row, compare, medians
 from .flags import add_engine_args, add_model_args, add_penalty_args, engine_settings, penalty_settings
 from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
 
 WORKLOADS = ("novel", "passkey")
-# Of each auto plan's why (coordinator/planning.py), what a report keeps (the rest is in `triforce generate --json`)
-WHY_KEPT = ("predicted_tokens_per_s", "expected_tokens_per_s", "probe", "acceptance", "draft_upside", "realized",
-            "overhead_ms")
 
 
 def add_bench_parser(sub) -> None:
@@ -101,12 +97,6 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
         raise UserError(f"passkey prompt of {length} tokens does not fit the text")
     at = body // 10
     return filler[:at] + plant + filler[at:body] + question, key
-
-
-def _tier_summary(metrics) -> list[dict]:
-    keys = ("name", "drafter", "proposed", "accepted", "acceptance_rate", "checks", "mean_accepted_length",
-            "proposed_per_check", "accepted_per_depth", "seconds")
-    return [{k: t[k] for k in keys} for t in metrics.to_dict()["tiers"]]
 
 
 def run_bench(args) -> int:
@@ -217,7 +207,7 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                                 overrides = {sweep_name: value} if value is not None else {}
                                 llm.config = dataclasses.replace(base, mode=mode, **overrides)
                                 outs = llm.generate(prompts, params)
-                                rows.append({**group, "run": mode, **overrides, **_batch_row(outs)})
+                                rows.append({**group, "run": mode, **overrides, **batch_row(outs)})
                                 _show(rows[-1], repeat)
                         for peer in args.peers if batch == 1 else []:
                             if peer == "llamacpp" and cpp is None:
@@ -227,7 +217,7 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                             got = runner(prompt, args.max_new_tokens, temperature, args.top_p, args.seed, **extra)
                             rows.append({**group, "run": peer, **got, "token_ids": [got["token_ids"]]})
                             _show(rows[-1], repeat)
-                    results.extend(_compare(_medians(rows, sweep_name), llm.tokenizer, key))
+                    results.extend(compare(medians(rows, sweep_name), llm.tokenizer, key))
 
 
 def _report(args, llm, base: EngineConfig, results: list[dict], stopped_by: BaseException | None = None) -> dict:
@@ -265,24 +255,6 @@ def _show(row: dict, repeat: int) -> None:
     print(json.dumps({"repeat": repeat, **{k: v for k, v in row.items() if k != "token_ids"}}), file=sys.stderr)
 
 
-def _medians(rows: list[dict], sweep_name: str | None) -> list[dict]:
-    """One row per run (mode or peer, and sweep value) of its repeats: the repeat of median tokens/s (the
-    lower of the two middle ones), with the median tokens/s and prefill and every repeat's tokens/s."""
-    runs: dict[tuple, list[dict]] = {}
-    for row in rows:
-        runs.setdefault((row["run"], row.get(sweep_name)), []).append(row)
-    if all(len(repeats) == 1 for repeats in runs.values()):
-        return rows
-    out = []
-    for repeats in runs.values():
-        ranked = sorted(repeats, key=lambda r: r["tokens_per_s"])
-        middle = ranked[(len(ranked) - 1) // 2]
-        out.append({**middle, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in repeats),
-                    "prefill_s": statistics.median(r["prefill_s"] for r in repeats),
-                    "tokens_per_s_runs": [round(r["tokens_per_s"], 3) for r in repeats]})
-    return out
-
-
 def fill_prefix_store(llm, base, prompts: list[list[int]]) -> None:
     """Prefills `prompts` into the LLM's prefix store, untimed, and checks that it holds every block of them
     it may restore, so that each later run restores them all and none decodes beside a batchmate's prefill
@@ -305,53 +277,3 @@ def batch_prompt(files: list[list[int]], i: int, length: int) -> list[int]:
                         f"({length} tokens from token {start}): give more or longer --text files")
     return tokens[start:start + length]
 
-
-def _batch_row(outs) -> dict:
-    """A run's measurements: one request's, or for a batch all generated tokens over the longest decode
-    (the requests decode together) and its tiers' counts summed."""
-    metrics = [o.metrics for o in outs]
-    generated = sum(m.generated_tokens for m in metrics)
-    decode_s = max(m.decode_s for m in metrics)
-    pairs: dict[tuple[str, str], list[TierStats]] = {}  # requests of mode auto may have run different tiers
-    for m in metrics:
-        for t in m.tiers:
-            pairs.setdefault((t.drafter, t.name), []).append(t)
-    merged = RequestMetrics(tiers=[TierStats.merged(stats) for stats in pairs.values()])
-    row = {"tokens_per_s": generated / decode_s if decode_s > 0 else 0.0,
-           "prefill_s": max(m.prefill_s for m in metrics), "generated_tokens": generated,
-           "retrieval_rebuilds": sum(m.retrieval_rebuilds for m in metrics), "tiers": _tier_summary(merged),
-           "token_ids": [o.token_ids for o in outs]}
-    if any(m.cached_prompt_tokens for m in metrics):  # restored, not prefilled (--prefix-cache-gb)
-        row["cached_prompt_tokens"] = sum(m.cached_prompt_tokens for m in metrics)
-    if any(m.lookup for m in metrics):  # each request's prompt lookup: candidates, right ones, weight
-        row["lookup_stats"] = [m.lookup for m in metrics]
-    if any(m.auto for m in metrics):  # each request's plans: when, which tiers and gammas, and the gist of why
-        row["auto_plans"] = [[{**{k: d[k] for k in ("at_token", "context", "mode", "gammas")},
-                               "why": {k: d["why"][k] for k in WHY_KEPT if k in d.get("why", {})}}
-                              for d in m.auto or []] for m in metrics]
-        # whether each request's first plan started from earlier requests' acceptance (priors.py) or the defaults
-        row["auto_prior"] = [m.auto[0]["why"]["prior"] if m.auto else None for m in metrics]
-    return row
-
-
-def _compare(rows: list[dict], tokenizer, key: str | None) -> list[dict]:
-    """Adds speedups against the group's ar and transformers runs, equality with ar when greedy, and
-    whether the passkey was answered; drops the token ids."""
-    ar = next((r for r in rows if r["run"] == "ar"), None)
-    plain = next((r for r in rows if r["run"] == "transformers"), None)
-    greedy = rows[0]["temperature"] == 0 if rows else False
-    for row in rows:
-        for name, ref in (("ar", ar), ("transformers", plain)):
-            if ref is not None and ref is not row:
-                row[f"speedup_vs_{name}"] = round(row["tokens_per_s"] / ref["tokens_per_s"], 3)
-        if ar is not None and greedy and row is not ar:
-            same = [mine == theirs for mine, theirs in zip(row["token_ids"], ar["token_ids"])]
-            row["equals_ar"] = all(same)
-            if len(same) > 1:  # a batch: how many of its requests
-                row["requests_equal_ar"] = sum(same)
-        if key is not None:
-            row["passkey_found"] = key in tokenizer.decode(row["token_ids"][0][:16])
-    for row in rows:
-        row["tokens_per_s"], row["prefill_s"] = round(row["tokens_per_s"], 3), round(row["prefill_s"], 3)
-        del row["token_ids"]
-    return rows
