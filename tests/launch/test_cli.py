@@ -289,3 +289,17 @@ def test_serve_with_workers_refuses_a_negative_prefix_cache(capsys, target):
     """Without --workers the LLM refuses it; with them the workers' store was silently off."""
     assert main(["serve", "--model", str(target), "--workers", "1", "--prefix-cache-gb", "-1"]) == 2
     assert "--prefix-cache-gb must be a number >= 0" in capsys.readouterr().err
+
+
+def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(capsys, target, monkeypatch):
+    """It said "serving ... at" and loaded the model, then uvicorn failed to bind and exited 3."""
+    import socket
+
+    monkeypatch.setattr(api.LLM, "__init__", lambda *a, **k: pytest.fail("the model loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--model", str(target), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"triforce: error: cannot listen on 127.0.0.1:{port}: Address already in use", err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import socket
 import sys
 
 from ..errors import UserError
@@ -53,6 +54,7 @@ def _serve(args) -> int:
         from ..serve.app import create_app
     except ImportError as exc:
         raise UserError(f"triforce serve needs fastapi and uvicorn ({exc}): pip install fastapi uvicorn") from None
+    _check_address(args.host, args.port)  # before the model loads, and before "serving" is said
     llm = llm_from_args(args)
     name = args.served_model_name or str(args.model)
     app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens)
@@ -66,6 +68,18 @@ def _serve(args) -> int:
     if scheduler.fatal is not None:
         raise UserError(f"the server stopped: {scheduler.fatal}")
     return 0
+
+
+def _check_address(host: str, port: int) -> None:
+    """A one-line error where --host/--port cannot be bound (a port in use was said to be served, then
+    uvicorn exited 3); bound as uvicorn binds it, address reuse allowed, and let go at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 def draining_server(uvicorn):
