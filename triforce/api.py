@@ -27,7 +27,7 @@ from .coordinator.remote import GroupFull
 from .errors import UserError
 from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError
-from .models.hub import DEFAULT_MODEL, resolve_model
+from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model
 from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
 from .models.vocab import check_draft_vocabulary
 from .request import Request, RequestOutput
@@ -91,9 +91,8 @@ class LLM:
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
         self.draft_path = resolve_model(draft, draft_revision) if draft is not None and mode in MODES_WITH_DRAFT else None
         self.rope_scaling = rope_scaling
-        self.target = load_model(self.model_path, self.dtype, self.device, rope_scaling=rope_scaling)
-        self.draft = (None if self.draft_path is None
-                      else load_model(self.draft_path, self.dtype, self.device, rope_scaling=rope_scaling))
+        self.target = self._load(self.model_path)
+        self.draft = None if self.draft_path is None else self._load(self.draft_path)
         if self.draft is None and mode == "triforce":
             if engine_settings.get("tree1"):
                 raise ConfigError("tree1 shapes the draft's proposals, and this target has no draft (mode "
@@ -111,6 +110,12 @@ class LLM:
         self.prefixes = None  # a worker group holds the target's KV itself
         if prefix_cache_gb > 0 and workers is None:
             self.prefixes = PrefixStore(self._prefix_bound(prefix_cache_gb), self.config.prefill_chunk)
+
+    def _load(self, folder: Path):
+        try:
+            return load_model(folder, self.dtype, self.device, rope_scaling=self.rope_scaling)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{exc}{refetch_hint(folder)}") from None
 
     def _prefix_bound(self, prefix_cache_gb: float) -> int:
         """The prefix store's bound in bytes: at most half the memory free now (the rest is the running

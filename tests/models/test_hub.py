@@ -195,3 +195,21 @@ def test_a_home_that_cannot_hold_the_model_is_one_line(tmp_path, monkeypatch, ho
     message = "is a file where the model's folder goes" if home_kind == "model folder a file" else "cannot write in"
     with pytest.raises(ModelLoadError, match=message):
         hub.fetch_model("smollm2")
+
+
+def test_a_fetched_model_that_will_not_load_names_how_to_fetch_it_anew(tmp_path, monkeypatch, tiny_dir):
+    """A damaged model.safetensors in a folder made once was a dead end: fetch-model trusted it."""
+    from triforce import LLM
+
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+    dest = tmp_path / "models" / "smollm2"
+    dest.mkdir(parents=True)
+    (dest / "config.json").write_text((tiny_dir("hub-tiny", seed=3) / "config.json").read_text())
+    (dest / "model.safetensors").write_bytes(b"\x00damaged" * 8)
+    (dest / hub._READY).write_text("smollm2.gguf")
+    with pytest.raises(ModelLoadError, match=r"`triforce fetch-model smollm2 --again` fetches it anew"):
+        LLM("smollm2", mode="ar")
+    fetched = []
+    monkeypatch.setattr(hub, "_fetch", lambda name, folder: (fetched.append(name), (folder / hub._READY).write_text("x")))
+    assert hub.fetch_model("smollm2") == dest and fetched == []  # trusted as made
+    assert hub.fetch_model("smollm2", again=True) == dest and fetched == ["smollm2"]

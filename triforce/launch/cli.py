@@ -208,7 +208,7 @@ def run_generation(args, llm) -> int:
 def _fetch(args) -> int:
     from ..models.hub import fetch_model
 
-    print(fetch_model(args.name))  # a folder it returns has loaded once already (hub.convert_gguf)
+    print(fetch_model(args.name, args.again))  # a folder it returns has loaded once already (hub.convert_gguf)
     return 0
 
 
@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser("fetch-model", help="download and convert a known model into $TRIFORCE_HOME")
     fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS),
                        help=f"the model to fetch (default {DEFAULT_MODEL})")
+    fetch.add_argument("--again", action="store_true",
+                       help="fetch and convert it anew, however it is now (a damaged file that will not load)")
     fetch.set_defaults(func=_fetch)
 
     from .batch_jobs import add_batch_parser

@@ -124,11 +124,23 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
     return folder
 
 
-def fetch_model(name: str) -> Path:
+def fetch_model(name: str, again: bool = False) -> Path:
+    """A known model's folder, fetched and converted once; `again`: fetched again however it is now (a
+    damaged file: its folder is trusted once it was made)."""
     if name not in KNOWN_MODELS:
         raise ModelLoadError(f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)})")
     dest = triforce_home() / "models" / name
+    if again:
+        (dest / _READY).unlink(missing_ok=True)
     return _made_once(dest, lambda: _fetch(name, dest))
+
+
+def refetch_hint(folder: Path) -> str:
+    """How to mend a known model's folder that will not load ('' for any other folder)."""
+    for name in KNOWN_MODELS:
+        if Path(folder) == triforce_home() / "models" / name:
+            return f" (`triforce fetch-model {name} --again` fetches it anew)"
+    return ""
 
 
 def _made_once(dest: Path, make: Callable[[], None]) -> Path:
