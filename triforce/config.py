@@ -14,6 +14,7 @@ MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/confident_trees.py
 MAX_TREE = 64  # nodes per speculation tree
+PROPOSAL_TREE = {"draft": "tree1", "triforce": "tree1", "retrieval": "tree2"}  # the tree setting of each mode's bottom tier
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
 DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given (docs/draft.md, Prompt lookup)
 PREFIX_CACHE_GB = 1.0  # default bound of the recent prompts' target KV kept for reuse (cache/prefixes.py)
@@ -346,7 +347,8 @@ class EngineConfig:
     @property
     def proposal_tree(self) -> int | str:
         """The tree setting of this mode's bottom tier (0: it proposes chains)."""
-        return {"draft": self.tree1, "triforce": self.tree1, "retrieval": self.tree2}.get(self.mode, 0)
+        name = PROPOSAL_TREE.get(self.mode)
+        return 0 if name is None else getattr(self, name)
 
     @property
     def lookup_n(self) -> int:

@@ -97,9 +97,10 @@ class ControlChannel:
             raise WorkerError(f"{kind!r} needs the bulk link to the worker leader (a torch.distributed group)")
         frames = encode(kind, body)
         start = time.perf_counter()
+        deadline = start + timeout_s
         self.sock.send_multipart(frames)
-        while not self.sock.poll(int(1000 * min(POLL_S, max(0.0, start + timeout_s - time.perf_counter())))):
-            if self.abandoned or time.perf_counter() >= start + timeout_s:
+        while not self.sock.poll(int(1000 * min(POLL_S, max(0.0, deadline - time.perf_counter())))):
+            if self.abandoned or time.perf_counter() >= deadline:
                 self.broken = True
                 why = "the coordinator is shutting down" if self.abandoned else \
                     f"it did not answer within {timeout_s:g} s (a worker died or hangs)"

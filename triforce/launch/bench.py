@@ -150,6 +150,13 @@ def run_bench(args) -> int:
     return 0
 
 
+def _runs(modes: list[str], sweep_name: str | None, sweep_values: list):
+    """(mode, engine settings over the base's) of each run of a group: every non-ar mode once per swept value."""
+    for mode in modes:
+        for value in (sweep_values if mode != "ar" else [None]):
+            yield mode, ({sweep_name: value} if value is not None else {})
+
+
 def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineConfig, sweep_name, sweep_values) -> None:
     """Every setting of the run checked before the first one runs (a bad value met late threw away the runs
     before it), the --out file included."""
@@ -168,9 +175,8 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
     for temperature in args.temperatures:
         SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p, seed=args.seed,
                        **penalty_settings(args))
-    for mode in args.modes:
-        for value in (sweep_values if mode != "ar" else [None]):
-            dataclasses.replace(base, mode=mode, **({sweep_name: value} if value is not None else {}))
+    for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
+        dataclasses.replace(base, mode=mode, **overrides)
     if args.out:
         out = Path(args.out)
         if out.is_dir():
@@ -202,13 +208,11 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                              "batch": batch}
                     rows = []
                     for repeat in range(args.repeats):
-                        for mode in args.modes:
-                            for value in (sweep_values if mode != "ar" else [None]):
-                                overrides = {sweep_name: value} if value is not None else {}
-                                llm.config = dataclasses.replace(base, mode=mode, **overrides)
-                                outs = llm.generate(prompts, params)
-                                rows.append({**group, "run": mode, **overrides, **batch_row(outs)})
-                                _show(rows[-1], repeat)
+                        for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
+                            llm.config = dataclasses.replace(base, mode=mode, **overrides)
+                            outs = llm.generate(prompts, params)
+                            rows.append({**group, "run": mode, **overrides, **batch_row(outs)})
+                            _show(rows[-1], repeat)
                         for peer in args.peers if batch == 1 else []:
                             if peer == "llamacpp" and cpp is None:
                                 continue

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..config import ConfigError, EngineConfig, SamplingParams, StructuredOutputs
+from ..config import PROPOSAL_TREE, ConfigError, EngineConfig, SamplingParams, StructuredOutputs
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from .flags import (DefaultsShown, RawDefaultsShown, add_distributed_args, add_engine_args, add_mode_arg,
@@ -107,10 +107,9 @@ def llm_from_args(args):
 def _refuse_unused_trees(config: EngineConfig) -> None:
     """A tree flag whose tier the user's mode does not run would be ignored without a word (the bench's
     sweeps and the triforce -> retrieval fallback reuse one config across modes, so EngineConfig lets it be)."""
-    used = {"draft": ("tree1",), "triforce": ("tree1",), "retrieval": ("tree2",)}.get(config.mode, ())
     for name in ("tree1", "tree2"):
-        if getattr(config, name) and name not in used:
-            takes = "draft or triforce" if name == "tree1" else "retrieval"
+        if getattr(config, name) and PROPOSAL_TREE.get(config.mode) != name:
+            takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
             raise UserError(f"--{name} shapes a tier that mode {config.mode} does not run: it takes mode {takes}")
 
 
