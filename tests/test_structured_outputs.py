@@ -11,7 +11,10 @@ from fastapi.testclient import TestClient
 from servers import Server
 from triforce import LLM, SamplingParams
 from triforce.config import ConfigError, StructuredOutputs
+from triforce.coordinator.batch import SequenceBatch
+from triforce.coordinator.batchmates import Batchmates
 from triforce.launch.cli import main
+from triforce.request import Request
 from triforce.serve.app import create_app
 
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}},
@@ -150,6 +153,17 @@ def test_generate_flags(capsys, models):
         assert out["finish_reason"] == "stop" and set(json.loads(out["text"])) == {"id", "ok"}
     assert main([*map(str, args), "--regex", "[0-9"]) == 2
     assert capsys.readouterr().err.startswith("triforce: error: structured_outputs regex")
+    # rules that contradict each other after a streamed token: the error on a line of its own
+    a, b = (target_tokenizer_id(target, c) for c in "ab")
+    streamed = [str(arg) for arg in args if arg != "--json"]
+    assert main([*streamed, "--regex", "a[0-9]", "--allowed-token-id", str(a), "--allowed-token-id", str(b)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "a\n" and out.err.startswith("triforce: error: allowed_token_ids and the structured output")
+
+
+def target_tokenizer_id(model, token: str) -> int:
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(token)
 
 
 def test_bans_that_leave_the_constraint_no_first_token_are_refused(llm):
@@ -164,3 +178,48 @@ def test_bans_that_leave_the_constraint_no_first_token_are_refused(llm):
     out = llm.generate(PROMPT, SamplingParams(max_tokens=4, temperature=0, structured_outputs=regex,
                                               allowed_token_ids=letters + digits[3:5], bad_words_ids=[[digits[4]]]))[0]
     assert set(out.text) == {"3"}
+
+
+def test_rules_that_contradict_each_other_later_end_the_request_with_an_error(llm, client):
+    """Where the rules leave no token after some tokens (allowed_token_ids that the constraint rules out
+    after its first letter; a two-token bad word that bans the last allowed token), the target's row fell
+    back on the tokens of the rule applied last, and the text silently broke the other. Now the request
+    fails naming the rules; over the server alone (400), its batchmate's answer untouched."""
+    ids = {c: llm.tokenizer.convert_tokens_to_ids(c) for c in "ab0"}
+    regex = StructuredOutputs(regex="a[0-9]")
+    cases = [(dict(structured_outputs=regex, allowed_token_ids=[ids["a"], ids["b"]]),
+              "allowed_token_ids and the structured output leave no token to choose after 1 generated token:"),
+             (dict(allowed_token_ids=[ids["a"], ids["b"]], bad_words_ids=[[ids["b"]], [ids["a"], ids["a"]]]),
+              "allowed_token_ids and bad_words leave no token to choose after 1 generated token:"),
+             (dict(structured_outputs=regex, bad_words_ids=[[ids["a"], d] for d in range(len(llm.tokenizer))]),
+              "bad_words and the structured output leave no token to choose after 1 generated token:")]
+    for mode in ("ar", "triforce"):
+        model = llm if mode == "triforce" else LLM(llm.model_path, None, mode="ar", **SETTINGS)
+        for settings, message in cases:
+            for temperature in (0, 1.0):
+                with pytest.raises(ConfigError, match=message):
+                    model.generate(PROMPT, SamplingParams(max_tokens=6, temperature=temperature, seed=3, **settings))
+    # in a batch, the request whose rules contradict each other ends alone: its batchmate's answer is its own
+    params = [SamplingParams(max_tokens=6, temperature=0, **cases[0][0]),
+              SamplingParams(max_tokens=6, temperature=0.8, seed=4)]
+    batch, mates = SequenceBatch(), Batchmates()
+    requests = [Request(llm, llm.encode(PROMPT), p, None, mates) for p in params]
+    handles = [batch.add(r.run()) for r in requests]
+    batch.run()
+    with pytest.raises(ConfigError, match="contradict each other"):
+        handles[0].result
+    assert handles[1].result[0] == llm.generate(PROMPT, params[1])[0].token_ids
+    # the regex alone, and the same allowed ids without it, still run
+    assert llm.generate(PROMPT, SamplingParams(max_tokens=6, temperature=0, structured_outputs=regex))[0].text[0] == "a"
+    free = SamplingParams(max_tokens=6, temperature=0, allowed_token_ids=[ids["a"], ids["b"]])
+    assert set(llm.generate(PROMPT, free)[0].text) <= {"a", "b"}
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "guided_regex": "a[0-9]",
+            "allowed_token_ids": [ids["a"], ids["b"]]}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400 and "contradict each other" in r.json()["error"]["message"], r.text
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert "contradict each other" in events[-2] and events[-1] == "data: [DONE]"
+    r = client.post("/v1/completions", json={**body, "allowed_token_ids": None})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == llm.generate(
+        PROMPT, SamplingParams(max_tokens=6, temperature=0, structured_outputs=regex))[0].text

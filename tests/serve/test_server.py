@@ -551,7 +551,8 @@ def test_a_server_shutting_down_ends_its_requests_and_refuses_new_ones(llm, monk
         time.sleep(0.05)
     done = [data for kind, data in events[0] if kind == "done"]
     assert done and done[0].finish_reason == "abort" and len(done[0].token_ids) < 400
-    assert events[1] == [("error", "the server is shutting down")]
+    [(kind, error)] = events[1]
+    assert kind == "error" and (error.status, error.message) == (503, "the server is shutting down")
     scheduler.stop()
 
 

@@ -38,7 +38,7 @@ from ..config import SamplingParams
 from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.guided import Guide
 from ..speculation.lookup import ContextLookup
-from ..speculation.rules import RowRules
+from ..speculation.rules import RowRules, check_obeyed
 from ..speculation.sampling import processed, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
@@ -128,6 +128,7 @@ class HierarchyEngine:
         ends = params.end_ids(stop_ids) | (guide.eos if guide is not None else frozenset())
         self.rules = RowRules.of(params, prompt, set(params.stop_token_ids) | set(stop_ids), guide)
         self.guide, self.prompt_length = guide, len(prompt)
+        allowed = None if params.allowed_token_ids is None else frozenset(params.allowed_token_ids)
         self.logprobs = []
         self.prompt_logprobs = [] if params.prompt_logprobs is None else [None]
         self.lookup = ContextLookup(self.lookup_n) if self.lookup_n else None
@@ -155,10 +156,13 @@ class HierarchyEngine:
             new, rows, logits = yield from self._produce(len(self.tiers) - 1, 1)
             for tier in self.tiers:
                 tier.sync()
+            start = len(self.seq) - len(new)  # the top tier committed them
             new = new[: params.max_tokens - len(generated)]
             stop_at = next((i for i, t in enumerate(new) if t in ends), None)
             if stop_at is not None:
                 new = new[: stop_at + 1]
+            if self.rules is not None or allowed is not None:
+                check_obeyed(self.rules, allowed, self.seq, start, start + len(new), self.prompt_length)
             self._emitted(new, rows[: len(new)])
             if params.logprobs is not None:
                 self.logprobs += token_logprobs(logits[: len(new)], new, params.logprobs)

@@ -176,11 +176,14 @@ def run_generation(args, llm) -> int:
                                 structured_outputs=structured_outputs(args), bad_words=tuple(args.bad_word),
                                 allowed_token_ids=args.allowed_token_id,
                                 include_stop_str_in_output=args.include_stop_str, **penalty_settings(args))
-    stream = None if args.json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+    streamed: list[str] = []
+    stream = None if args.json else (
+        lambda piece: (streamed.append(piece), sys.stdout.write(piece), sys.stdout.flush()))
     try:
         out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
-    except KeyboardInterrupt:
-        if stream is not None:  # the shell's prompt on a line of its own after the text so far
+    except (KeyboardInterrupt, UserError) as exc:
+        # the error, or the shell's prompt after Ctrl-C, on a line of its own after the text so far
+        if streamed or (stream is not None and isinstance(exc, KeyboardInterrupt)):
             sys.stdout.write("\n")
             sys.stdout.flush()
         raise

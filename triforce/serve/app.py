@@ -142,7 +142,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
                         return JSONResponse({}, status_code=499)  # nobody reads it
                     continue
                 if event == "error":
-                    raise ApiError(500, f"generation failed: {data}", "server_error")
+                    raise data
                 if event == "done":
                     outputs[index], left = data, left - 1
             # off the event loop: the texts of a long echo's or many choices' tokens take a while
@@ -248,7 +248,7 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
                                    logprobs=logprobs[index].rest(data.logprobs), stop_reason=data.stop_reason)
                 outputs[index], left = data, left - 1
             else:
-                yield ApiError(500, f"generation failed: {data}", "server_error").body()
+                yield data.body()
                 yield "[DONE]"
                 return
         if job.include_usage:

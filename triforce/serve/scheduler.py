@@ -7,7 +7,8 @@ not depend on its companions, except which seeded sample mode auto's batch plan 
 could not fit even alone is refused at once (413). Each request reports through its `on_event(kind,
 data)`, called from the scheduler's thread: ("text", (piece, entries)) as its text is committed
 (streaming requests; entries: the log-probabilities of the tokens since the last piece,
-Request.new_logprobs), then ("done", RequestOutput) or ("error", message).
+Request.new_logprobs), then ("done", RequestOutput) or ("error", ApiError): 400 where the request's own
+settings ended it (its rules contradict each other), 500 or 503 where the server failed it.
 `cancel()` drops a waiting request, and ends a running one after its round in progress (a client that
 went away); `drain()` does that to all of them when the server shuts down.
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..api import LLM, MEMORY_SHARE
+from ..errors import UserError
 from ..request import Request
 from ..config import SamplingParams
 from ..coordinator.remote import GroupFull
@@ -126,7 +128,7 @@ class Scheduler:
             running = list(self.running.values())
         for ticket in waiting:
             ticket.cancel()
-            self._tell(ticket, "error", "the server is shutting down")
+            self._tell(ticket, "error", ApiError(503, "the server is shutting down", "server_error"))
         for ticket in running:
             ticket.cancel()
         self._wake.set()
@@ -211,7 +213,7 @@ class Scheduler:
             ended = list(self.waiting) + list(self.running.values())
             self.waiting, self.running = deque(), {}
         for ticket in ended:
-            self._tell(ticket, "error", f"{type(exc).__name__}: {exc}")
+            self._tell(ticket, "error", _failure(exc))
         if self.on_fatal is not None:
             self.on_fatal(exc)
 
@@ -230,7 +232,8 @@ class Scheduler:
 
     def _fail(self, tickets: list[Ticket], exc: Exception) -> None:
         group_gone = getattr(getattr(self.llm, "workers", None), "broken", False)
-        log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=None if group_gone else exc)
+        log.error("request failed: %s: %s", type(exc).__name__, exc,
+                  exc_info=None if group_gone or isinstance(exc, UserError) else exc)
         for ticket in tickets:
             try:
                 if ticket.request is not None:
@@ -239,7 +242,7 @@ class Scheduler:
                 log.warning("could not free a failed request's sequence: %s", close_exc)
             if self.metrics is not None:
                 self.metrics.failed()
-            self._tell(ticket, "error", f"{type(exc).__name__}: {exc}")
+            self._tell(ticket, "error", _failure(exc))
         if group_gone and self.fatal is None:
             self._stop_for_good(exc)
 
@@ -249,3 +252,10 @@ class Scheduler:
             ticket.on_event(kind, data)
         except Exception:  # noqa: BLE001 (the client's side is gone; the server goes on)
             log.exception("could not deliver a request's %s", kind)
+
+
+def _failure(exc: Exception) -> ApiError:
+    """What a client is told of the exception that failed its request: a UserError is its own (400)."""
+    if isinstance(exc, UserError):
+        return ApiError(400, str(exc))
+    return ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")

@@ -119,11 +119,16 @@ class MinTokens:
     def __init__(self, min_tokens: int, stop_ids: Sequence[int], prompt_length: int):
         self.min_tokens, self.prompt_length = min_tokens, prompt_length
         self._ids = torch.tensor(sorted(set(stop_ids)), dtype=torch.long)
+        self._banned = frozenset(stop_ids)
 
     @classmethod
     def of(cls, params, stop_ids: Sequence[int], prompt_length: int) -> "MinTokens | None":
         """The rule for SamplingParams `params` whose generation ends at `stop_ids` (None: it bans nothing)."""
         return cls(params.min_tokens, stop_ids, prompt_length) if params.min_tokens and stop_ids else None
+
+    def refuses(self, length: int, token: int) -> bool:
+        """Whether the rule bans `token` in a row that follows `length` tokens (the prompt's included)."""
+        return length - self.prompt_length < self.min_tokens and token in self._banned
 
     def apply(self, logits: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
         """logits [n, V] of rows where row i follows lengths[i] tokens (the prompt's included): the same

@@ -107,6 +107,16 @@ class RowRules:
             logits = self.guide.apply(logits, [[*generated, *path] for path in paths])
         return logits
 
+    def refuses(self, seq: Sequence[int], position: int) -> bool:
+        """Whether a rule refuses seq[position] in the row after seq[:position]."""
+        token = seq[position]
+        if self.min_tokens is not None and self.min_tokens.refuses(position, token):
+            return True
+        if self.bad_words is not None and token in self.bad_words.banned(seq, position, ()):
+            return True
+        mask = None if self.guide is None else self.guide.allowed(seq[self.prompt_length:position])
+        return self.guide is not None and (mask is None or not mask[token])
+
     def apply_chain(self, logits: torch.Tensor, seq: Sequence[int], start: int) -> torch.Tensor:
         """`apply` for rows where row i follows seq[:start + i]."""
         n = len(logits)
@@ -119,3 +129,27 @@ class RowRules:
         if self.guide is not None:
             logits = self.guide.apply(logits, [seq[self.prompt_length:start + i] for i in range(n)])
         return logits
+
+
+class RulesContradict(ConfigError):
+    """A request's rules left no token to choose at some point of its generation."""
+
+
+def check_obeyed(rules: RowRules | None, allowed: frozenset[int] | None, seq: Sequence[int], start: int,
+                 end: int, prompt_length: int) -> None:
+    """Raises RulesContradict where a token of seq[start:end] (output, sampled from the target's rows)
+    breaks one of the request's rules: allowed_token_ids, or a RowRules rule. Each rule drops tokens from a
+    row in turn, and a row left with none falls back on the tokens the last one applied allows
+    (sampling.only_allowed), so a token that breaks a rule is the sign that the rules contradicted each
+    other in its row (allowed_token_ids that the structured output or a bad word rules out after some
+    tokens, say), which no check before generation can see. Failing there beats an answer that silently
+    breaks one of them."""
+    for position in range(start, end):
+        if (allowed is not None and seq[position] not in allowed) or (
+                rules is not None and rules.refuses(seq, position)):
+            on = [name for name, rule in (("allowed_token_ids", allowed), ("min_tokens", rules and rules.min_tokens),
+                                          ("bad_words", rules and rules.bad_words),
+                                          ("the structured output", rules and rules.guide)) if rule is not None]
+            after = position - prompt_length
+            raise RulesContradict(f"{', '.join(on[:-1])} and {on[-1]} leave no token to choose after {after} "
+                                  f"generated token{'' if after == 1 else 's'}: they contradict each other there")
