@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from .cache.prefixes import PrefixStore
-from .config import PREFIX_CACHE_GB, ConfigError, EngineConfig, SamplingParams
+from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import cache_bytes
@@ -41,7 +41,6 @@ log = logging.getLogger("triforce")
 # `triforce` falls back to `retrieval` with a one-line notice, and `auto` plans without a draft tier.
 DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",
                                    "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
-MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
 MEMORY_SHARE = 0.9  # of the memory free on the device, what requests' caches may take
 
 

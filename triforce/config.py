@@ -14,6 +14,7 @@ MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/confident_trees.py
 MAX_TREE = 64  # nodes per speculation tree
+MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
 PROPOSAL_TREE = {"draft": "tree1", "triforce": "tree1", "retrieval": "tree2"}  # the tree setting of each mode's bottom tier
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
 DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given (docs/draft.md, Prompt lookup)

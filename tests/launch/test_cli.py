@@ -119,6 +119,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "a draft's tree without a draft": (["--model", target, *base, "--mode", "triforce", "--tree1", 8],
                                            "this target has no draft"),
         "a tree in mode ar": (["--model", target, *base, "--mode", "ar", "--tree1", 8], "mode ar does not run"),
+        "a draft in mode retrieval": (["--model", target, "--draft", draft, *base, "--mode", "retrieval"],
+                                      "--draft names a tier that mode retrieval does not run"),
         "tier 2's tree in mode draft": (["--model", target, "--draft", draft, *base, "--mode", "draft", "--tree2", 8],
                                         "takes mode retrieval"),
         "gamma2 < 1": (["--model", target, *base, "--gamma2", -1], "gamma"),
@@ -155,7 +157,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
 
 CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long", "prompt past a sliding window", "draft window past its positions", "budget not multiple",
          "gamma1 < 1", "tree past the draft's window", "a draft's tree without a draft", "a tree in mode ar",
-         "tier 2's tree in mode draft", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
+         "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
          "logprobs < 0", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
          "rope scaling factor 1", "rope scaling factor past 64", "rope scaling a scaled model", "workers < 0", "workers that do not split the model",
@@ -165,7 +167,9 @@ CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabul
 
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_clear_line(capsys, target, draft, tmp_path, tiny_dir, case):
-    args, needle = bad_inputs(target, draft, tmp_path, tiny_dir)[case]
+    cases = bad_inputs(target, draft, tmp_path, tiny_dir)
+    assert set(cases) == set(CASES)  # none written and left out of the run
+    args, needle = cases[case]
     code, out, err = run_cli(capsys, *args)
     lines = [line for line in err.splitlines() if line.startswith("triforce: error:")]
     assert code == 2 and len(lines) == 1 and needle in lines[0], err

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from ..config import PROPOSAL_TREE, ConfigError, EngineConfig, SamplingParams, StructuredOutputs
+from ..config import MODES_WITH_DRAFT, PROPOSAL_TREE, ConfigError, EngineConfig, SamplingParams, StructuredOutputs
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from .flags import (DefaultsShown, RawDefaultsShown, add_distributed_args, add_engine_args, add_mode_arg,
@@ -96,7 +96,7 @@ def llm_from_args(args):
     from ..api import LLM
 
     with settings_named_by_flags():
-        _refuse_unused_trees(EngineConfig(mode=args.mode, **engine_settings(args)))
+        _refuse_unused_settings(EngineConfig(mode=args.mode, **engine_settings(args)), args.draft)
     workers = getattr(args, "worker_channel", None)
     prefix_cache_gb = getattr(args, "prefix_cache_gb", 0) if workers is None else 0
     return LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
@@ -104,9 +104,13 @@ def llm_from_args(args):
                prefix_cache_gb=prefix_cache_gb, **engine_settings(args))
 
 
-def _refuse_unused_trees(config: EngineConfig) -> None:
-    """A tree flag whose tier the user's mode does not run would be ignored without a word (the bench's
-    sweeps and the triforce -> retrieval fallback reuse one config across modes, so EngineConfig lets it be)."""
+def _refuse_unused_settings(config: EngineConfig, draft: str | None) -> None:
+    """A draft or a tree flag whose tier the user's mode does not run would be ignored without a word (the
+    bench's sweeps and the triforce -> retrieval fallback reuse one config across modes, so EngineConfig and
+    LLM let them be)."""
+    if draft is not None and config.mode not in MODES_WITH_DRAFT:
+        raise UserError(f"--draft names a tier that mode {config.mode} does not run: it takes mode "
+                        f"{', '.join(MODES_WITH_DRAFT)}")
     for name in ("tree1", "tree2"):
         if getattr(config, name) and PROPOSAL_TREE.get(config.mode) != name:
             takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
