@@ -100,6 +100,9 @@ class LLM:
                   file=sys.stderr)
             mode = "retrieval"
         self.config = EngineConfig(mode=mode, **engine_settings)
+        if self.config.full_layers > self.target.config.num_layers:
+            raise ConfigError(f"full_layers {self.config.full_layers} is more than the target's "
+                              f"{self.target.config.num_layers} layers")
         self.tokenizer = self._load_tokenizer()
         if self.draft is not None:
             check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)

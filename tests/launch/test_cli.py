@@ -124,6 +124,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "tier 2's tree in mode draft": (["--model", target, "--draft", draft, *base, "--mode", "draft", "--tree2", 8],
                                         "takes mode retrieval"),
         "gamma2 < 1": (["--model", target, *base, "--gamma2", -1], "gamma"),
+        "full layers past the target's": (["--model", target, *base, "--full-layers", 9], "--full-layers 9 is more"),
         "temperature < 0": (["--model", target, *base, "--temperature", -0.5], "temperature"),
         "top-p 0": (["--model", target, *base, "--top-p", 0], "--top-p"),
         "top-p > 1": (["--model", target, *base, "--top-p", 1.5], "--top-p"),
@@ -157,7 +158,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
 
 CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long", "prompt past a sliding window", "draft window past its positions", "budget not multiple",
          "gamma1 < 1", "tree past the draft's window", "a draft's tree without a draft", "a tree in mode ar",
-         "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
+         "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "full layers past the target's", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
          "logprobs < 0", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
          "rope scaling factor 1", "rope scaling factor past 64", "rope scaling a scaled model", "workers < 0", "workers that do not split the model",

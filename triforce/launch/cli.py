@@ -95,13 +95,13 @@ def llm_from_args(args):
     (launch/distributed.py) set one, where the workers keep the prompt blocks."""
     from ..api import LLM
 
-    with settings_named_by_flags():
-        _refuse_unused_settings(EngineConfig(mode=args.mode, **engine_settings(args)), args.draft)
     workers = getattr(args, "worker_channel", None)
     prefix_cache_gb = getattr(args, "prefix_cache_gb", 0) if workers is None else 0
-    return LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
-               rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
-               prefix_cache_gb=prefix_cache_gb, **engine_settings(args))
+    with settings_named_by_flags():
+        _refuse_unused_settings(EngineConfig(mode=args.mode, **engine_settings(args)), args.draft)
+        return LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
+                   rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
+                   prefix_cache_gb=prefix_cache_gb, **engine_settings(args))
 
 
 def _refuse_unused_settings(config: EngineConfig, draft: str | None) -> None:
