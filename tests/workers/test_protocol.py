@@ -120,3 +120,18 @@ def test_an_abandoned_channel_fails_the_request_in_flight_at_once():
     assert failed and "shutting down" in failed[0][0] and failed[0][1] < 0.2 + 5 * POLL_S + 1
     assert channel.broken
     channel.close()
+
+
+def test_a_handshake_nobody_answers_names_the_address_to_check():
+    """A --control-host or --control-port that reaches no leader: the first request waits out its time, then
+    says where it was sent and which flags set that (it said a worker died or hangs)."""
+    from servers import free_port
+
+    from triforce.coordinator.remote import ControlChannel, WorkerError
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    channel = ControlChannel(endpoint, timeout_s=0.3)
+    with pytest.raises(WorkerError, match=f"at {endpoint} failed 'handshake'.*nothing listens there "
+                                          r"\(--control-host, --control-port\)"):
+        channel.handshake("model", 1, startup_timeout_s=0.3)
+    channel.close()

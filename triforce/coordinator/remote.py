@@ -37,6 +37,12 @@ class WorkerError(UserError):
     """The worker group failed a request, or did not answer in time."""
 
 
+# why a request may go unanswered, by its kind: the first one also when nothing listens where it was sent
+SILENT = {None: "a worker died or hangs",
+          "handshake": "nothing listens there (--control-host, --control-port), or the workers did not load the "
+                       "model in that time"}
+
+
 class GroupFull(WorkerError):
     """The group refused a new sequence for now: its memory or sequence slots are taken by others, and it
     may fit once one of them ends (a request waits, or a batch runs in parts)."""
@@ -103,7 +109,7 @@ class ControlChannel:
             if self.abandoned or time.perf_counter() >= deadline:
                 self.broken = True
                 why = "the coordinator is shutting down" if self.abandoned else \
-                    f"it did not answer within {timeout_s:g} s (a worker died or hangs)"
+                    f"it did not answer within {timeout_s:g} s ({SILENT.get(kind, SILENT[None])})"
                 raise WorkerError(f"the worker group at {self.endpoint} failed {kind!r}: {why}")
         answer = self.sock.recv_multipart()
         self.messages += 2
