@@ -71,6 +71,25 @@ def test_required_answers_one_or_more_calls_of_the_tools(client):
         "get_time", "get_weather"]
     message, finish = plan.message(whole[:-20], "length")  # cut short: its whole calls
     assert finish == "length" and [c["function"]["name"] for c in message["tool_calls"]] == ["get_time"]
+    # cut within its first call: that call's name and arguments so far (they came back as content, the
+    # list's raw JSON); cut before any name: no call and no content
+    for cut, calls in ((40, [("get_time", '{"zon')]), (9, [])):
+        message, finish = plan.message(whole[:cut], "length")
+        assert message["content"] is None and finish == "length"
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == calls
+    one = {"messages": MESSAGES, "temperature": 0, "tools": TOOLS, "tool_choice": "required",
+           "parallel_tool_calls": False}
+    whole = client.post("/v1/chat/completions", json={**one, "max_tokens": 120}).json()
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    for stream in (False, True):  # through the server, whole and streamed: the one call cut within its arguments
+        r = client.post("/v1/chat/completions", json={
+            **one, "max_tokens": whole["usage"]["completion_tokens"] - 3, "stream": stream})
+        if stream:
+            deltas = [json.loads(line[6:])["choices"][0] for line in r.text.split("\n") if line.startswith("data: {")]
+            message, finish = deltas[0]["delta"], deltas[-1]["finish_reason"]
+        else:
+            message, finish = r.json()["choices"][0]["message"], r.json()["choices"][0]["finish_reason"]
+        assert finish == "length" and message["content"] is None and message["tool_calls"], message
 
 
 def test_required_keeps_each_tools_definitions_and_parallel_false_allows_one_call(llm):

@@ -29,6 +29,8 @@ from ..config import ConfigError, StructuredOutputs
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")  # a Markdown code fence around an answer
+# a call of a "required" answer's list cut short after its name (the list's schema puts the name first)
+CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(.*)', re.DOTALL)
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -169,6 +171,8 @@ class ToolPlan:
                 calls, content = [call], None  # the whole answer one call, bare or in a ```json fence
         else:
             calls, content = [], text
+        if not calls and self.choice == "required":  # cut short before its first call's name: no call, no content
+            return {"role": "assistant", "content": None, "tool_calls": []}, finish_reason
         if not calls:
             return {"role": "assistant", "content": text}, finish_reason
         message = {"role": "assistant", "content": content, "tool_calls": [
@@ -236,8 +240,9 @@ def _call(block: str) -> tuple[str, str] | None:
 
 
 def _listed_calls(text: str) -> list[tuple[str, str]]:
-    """The calls of a "required" answer (a JSON list of them; of a list cut short by max_tokens, its whole
-    calls)."""
+    """The calls of a "required" answer (a JSON list of them); of a list cut short by max_tokens, its whole
+    calls and the one it cut, as its name and the text of its arguments so far (as a named call cut short
+    has them, and OpenAI's)."""
     decoder, calls = json.JSONDecoder(), []
     at = text.find("[") + 1
     while 0 < at < len(text):
@@ -246,6 +251,8 @@ def _listed_calls(text: str) -> list[tuple[str, str]]:
         try:
             call, at = decoder.raw_decode(text, at)
         except ValueError:
+            if (cut := CUT_CALL.match(text, at)) is not None:
+                calls.append((json.loads(f'"{cut[1]}"'), cut[2]))
             break
         calls.append((call["name"], json.dumps(call["arguments"])))
     return calls
