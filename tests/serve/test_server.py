@@ -221,8 +221,15 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": [PROMPT, 5]}, 400, "prompt"),
     ("/v1/completions", {"prompt": [PROMPT, ""]}, 400, "prompt"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**6}, 400, "max_tokens"),
-    ("/v1/completions", {"prompt": " ".join(["w5"] * 5000)}, 413, "prompt"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": " ".join(["w5"] * 5000)}]}, 413, "messages"),
+    ("/v1/completions", {"prompt": " ".join(["w5"] * 5000)}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": " ".join(["w5"] * 5000)}]}, 400, "messages"),
+    ("/v1/completions", {"prompt": PROMPT, "ignore_eos": "no"}, 400, "ignore_eos"),
+    ("/v1/completions", {"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": "no"}}, 400,
+     "include_usage"),
+    ("/v1/completions", {"prompt": PROMPT, "use_beam_search": True}, 400, "use_beam_search"),
+    ("/v1/completions", {"prompt": PROMPT, "priority": False}, 400, "priority"),
+    ("/v1/completions", {"prompt": PROMPT, "add_special_tokens": False}, 400, "add_special_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "store": True}, 400, "store"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": -4}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2.5}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": PROMPT, "top_k": 2.5}, 400, "top_k"),
@@ -253,6 +260,25 @@ def test_bad_requests_get_openai_errors(client, path, body, status, param):
     assert error["message"] and error["type"] and error["param"] == param
     if path == "/v1/responses":  # named as the request named it, not as the chat request it becomes
         assert "max_completion_tokens" not in error["message"] and "messages" not in error["message"]
+
+
+def test_fields_that_clients_send_at_their_defaults_or_as_null_are_taken(client):
+    """OpenAI's and vLLM's clients send some fields at their defaults (store false, vLLM's use_beam_search
+    false...), tags that change no answer (metadata), and unset fields as null: each asks for what the server
+    does anyway, and a 400 failed the request. A null max_completion_tokens beside max_tokens left max_tokens
+    unread (the answer ran to the server's default length)."""
+    chat = {"messages": [{"role": "user", "content": "w5"}], "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    plain = client.post("/v1/chat/completions", json=chat).json()["choices"][0]["message"]["content"]
+    sent = {"store": False, "metadata": {"run": "a"}, "service_tier": "auto", "modalities": ["text"],
+            "use_beam_search": False, "length_penalty": 1.0, "priority": 0, "add_special_tokens": False,
+            "request_id": "r1", "spaces_between_special_tokens": True, "reasoning_effort": None, "audio": None,
+            "max_completion_tokens": None, "prompt_logprobs": None, "functions": None, "cache_salt": None}
+    r = client.post("/v1/chat/completions", json={**chat, **sent})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+    assert r.json()["choices"][0]["message"]["content"] == plain
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "add_special_tokens": True,
+                                             "stop": ["a", "b", "c", "d", "e"], "user": None})
+    assert r.status_code == 200, r.text  # vLLM takes any number of stop strings (OpenAI: 4)
 
 
 def test_an_infinite_temperature_is_refused(client):

@@ -25,19 +25,37 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+# What OpenAI's and vLLM's clients send at their defaults, asking for what this server does anyway: a field
+# -> the values taken (a type: any value of it, for fields that tag a request and change no answer). A
+# field of null is taken as not given, whatever its name.
+CLIENT_DEFAULTS = {"store": (False,), "service_tier": ("auto", "default"), "modalities": (["text"],),
+                   "metadata": dict, "request_id": str, "prompt_cache_key": str, "safety_identifier": str,
+                   "use_beam_search": (False,), "length_penalty": (1.0,), "priority": (0,),
+                   "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,)}
+
+
 def checked_body(body: object, allowed: set[str], model_name: str, harmless: dict | None = None) -> dict:
-    """`body` where it is a JSON object of `allowed` fields (or fields holding what `harmless` maps them to:
-    what the server does anyway) that names this server's model or none."""
+    """`body` where it is a JSON object of `allowed` fields, or fields that hold what `harmless` or
+    CLIENT_DEFAULTS map them to (what the server does anyway), that names this server's model or none;
+    without its fields of null (not given)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    body = {name: value for name, value in body.items() if value is not None}
+    harmless = {**CLIENT_DEFAULTS, **(harmless or {})}
     for name, value in body.items():
-        if name not in allowed and not (name in (harmless or {}) and value in harmless[name]):
+        if name not in allowed and not _taken(value, harmless.get(name, ())):
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
     model = body.get("model")
     if model is not None and model != model_name:
         raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
                        param="model", code="model_not_found")
     return body
+
+
+def _taken(value, harmless: tuple | type) -> bool:
+    if isinstance(harmless, type):
+        return isinstance(value, harmless)
+    return any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in harmless)  # 0 is not false
 
 
 def logprobs_field(kind: str, body: dict) -> int | None:

@@ -40,7 +40,8 @@ FIELDS = {"completion": COMMON | {"prompt", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                             "parallel_tool_calls", "add_generation_prompt", "continue_final_message",
                             "chat_template_kwargs"}}
-HARMLESS = {"echo": (None, False), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none")}
+HARMLESS = {"echo": (False,), "suffix": ("",), "tools": ([],), "tool_choice": ("none",)}
+ADDS_SPECIAL_TOKENS = {"completion": True, "chat": False}  # vLLM's add_special_tokens, as this server has it
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
 
@@ -77,7 +78,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     """The body of a /v1/completions ('completion') or /v1/chat/completions ('chat') request, checked.
     A chat request without max_tokens gets up to `chat_max_tokens`, as far as the context allows (a whole
     context's worth would reserve its caches for every such request)."""
-    body = checked_body(body, FIELDS[kind], model_name, HARMLESS)
+    body = checked_body(body, FIELDS[kind], model_name, {**HARMLESS, "add_special_tokens": (ADDS_SPECIAL_TOKENS[kind],)})
     n = 1 if body.get("n") is None else body["n"]
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
         raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")
@@ -119,12 +120,12 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must map token ids to values from -100 to 100", param="logit_bias")
     try:
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
-            raise ConfigError("stop must be a string or a list of up to 4 non-empty strings")
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise ConfigError("stop must be a string or a list of non-empty strings")  # OpenAI's four: vLLM's any
         params = SamplingParams(max_tokens=max_tokens, temperature=number(body, "temperature", 1.0),
                                 top_p=number(body, "top_p", 1.0), top_k=_integer_valued(number(body, "top_k", 0)),
                                 min_p=number(body, "min_p", 0.0),
-                                seed=seed, stop=tuple(stop), ignore_eos=bool(body.get("ignore_eos")),
+                                seed=seed, stop=tuple(stop), ignore_eos=flag(body, "ignore_eos", False),
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
                                 presence_penalty=number(body, "presence_penalty", 0.0),
                                 frequency_penalty=number(body, "frequency_penalty", 0.0),
@@ -150,7 +151,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
             name = "max_completion_tokens"
         raise ApiError(400, str(exc), param=name if name in FIELDS[kind] else None) from None
     if len(ids) > limit or (len(ids) == limit and max_tokens > 0):  # a whole context may be scored (echo)
-        raise ApiError(413, f"the prompt ({len(ids)} tokens) fills the model's {limit} positions",
+        raise ApiError(400, f"the prompt ({len(ids)} tokens) fills the model's {limit} positions",
                        param="messages" if kind == "chat" else "prompt", code="context_length_exceeded")
     if len(ids) + max_tokens > limit:
         raise ApiError(400, f"the prompt ({len(ids)} tokens) and {name} ({max_tokens}) pass the model's "
@@ -158,8 +159,9 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+    include_usage = flag(options, "include_usage", False)
     echoed = [echoed_text(p, tokens, llm) for p, tokens in zip(given, ids_of)] if echo else None
-    return Job(kind, ids_of, params, flag(body, "stream", False), bool(options.get("include_usage")),
+    return Job(kind, ids_of, params, flag(body, "stream", False), include_usage,
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n,
                TokenTexts(llm.tokenizer), echoed, tools)
 
