@@ -156,13 +156,13 @@ class HierarchyEngine:
             new, rows, logits = yield from self._produce(len(self.tiers) - 1, 1)
             for tier in self.tiers:
                 tier.sync()
-            start = len(self.seq) - len(new)  # the top tier committed them
+            committed = len(self.seq) - len(new)  # where the top tier's round began
             new = new[: params.max_tokens - len(generated)]
             stop_at = next((i for i, t in enumerate(new) if t in ends), None)
             if stop_at is not None:
                 new = new[: stop_at + 1]
             if self.rules is not None or allowed is not None:
-                check_obeyed(self.rules, allowed, self.seq, start, start + len(new), self.prompt_length)
+                check_obeyed(self.rules, allowed, self.seq, committed, committed + len(new), self.prompt_length)
             self._emitted(new, rows[: len(new)])
             if params.logprobs is not None:
                 self.logprobs += token_logprobs(logits[: len(new)], new, params.logprobs)
