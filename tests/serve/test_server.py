@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from triforce import LLM, SamplingParams
+import triforce
 from triforce.serve.app import create_app
 from triforce.serve.openai import ApiError, parse
 from triforce.serve.scheduler import Scheduler
@@ -70,6 +71,7 @@ def test_a_stream_carries_the_same_text_and_ends_with_done(llm, client):
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == expected.text
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
     assert chunks[-1]["usage"]["completion_tokens"] == 10 and len({c["id"] for c in chunks}) == 1
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1])  # OpenAI's: null but in the last
 
 
 def test_the_stop_reason_names_the_stop_string_or_token_id_whole_and_streamed(llm, client):
@@ -409,6 +411,32 @@ def test_models_health_and_the_api_key(llm):
         unknown = c.get("/v1/models/org/other", headers=key)
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
         assert c.get("/v1/models/tiny").status_code == 401
+        assert models["data"][0]["max_model_len"] == llm.target.config.max_positions  # vLLM's
+        assert c.get("/version").json()["version"] == triforce.__version__
+        preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
+        assert "access-control-allow-origin" not in c.options("/v1/completions", headers=preflight).headers
+    # a web page's scripts, where the server allows their origin (CORS): the browser's preflight carries no key
+    with TestClient(create_app(llm, "tiny", api_key="sesame", allowed_origins=("http://ui.example",))) as c:
+        r = c.options("/v1/completions", headers={**preflight, "Access-Control-Request-Headers": "authorization"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example"
+        r = c.get("/v1/models", headers={**key, "Origin": "http://ui.example"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example"
+        assert c.get("/v1/models", headers={"Origin": "http://ui.example"}).status_code == 401
+        other = c.options("/v1/completions", headers={**preflight, "Origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+
+
+def test_a_lone_surrogate_and_the_developer_role(llm, client, monkeypatch):
+    """JSON's "\\ud83d" alone is no text: a 400 that says so (the tokenizer's own error was cryptic). OpenAI's
+    developer role is the system one (the templates know that name; it reached them as written)."""
+    r = client.post("/v1/completions", content='{"prompt": "w5 \\ud83d w6"}', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"], r.text
+    monkeypatch.setattr(llm.tokenizer, "chat_template", "{% for m in messages %}{{ {'system': 'w7', 'user': 'w8'}"
+                        ".get(m['role'], 'w9') }} {{ m['content'] }} {% endfor %}")
+    as_role = [client.post("/tokenize", json={"messages": [{"role": role, "content": "w5"},
+                                                           {"role": "user", "content": "w6"}]}).json()["tokens"]
+               for role in ("developer", "system")]
+    assert as_role[0] == as_role[1] == llm.encode("w7 w5 w8 w6 ")
 
 
 def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, monkeypatch):

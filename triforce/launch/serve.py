@@ -38,6 +38,9 @@ def add_serve_parser(sub) -> None:
     g.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for room in the batch; more get 503")
     g.add_argument("--served-model-name", default=None, help="the model id clients name (default: --model)")
+    g.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin (https://host:port) whose scripts may call the server (CORS; "
+                        "repeatable; '*': any; default: none, so browsers refuse other pages' scripts)")
     g.add_argument("--chat-max-tokens", type=int, default=1024,
                    help="new tokens of a chat request that names no max_tokens, as far as the context allows")
     p.set_defaults(func=_serve)
@@ -57,7 +60,7 @@ def _serve(args) -> int:
     _check_address(args.host, args.port)  # before the model loads, and before "serving" is said
     llm = llm_from_args(args)
     name = args.served_model_name or str(args.model)
-    app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens)
+    app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens, tuple(args.allowed_origin))
     print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), file=sys.stderr)
     server = draining_server(uvicorn)(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",

@@ -20,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from .. import __version__
 from ..api import LLM
 from . import openai, responses, tokens
 from .logprobs import StreamedLogprobs
@@ -55,8 +57,9 @@ class ApiKey:
 
 
 def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue: int = 64,
-               chat_max_tokens: int = 1024) -> FastAPI:
-    """The app serving `llm` as `model_name`. chat_max_tokens: what a chat request without max_tokens gets."""
+               chat_max_tokens: int = 1024, allowed_origins: tuple[str, ...] = ()) -> FastAPI:
+    """The app serving `llm` as `model_name`. chat_max_tokens: what a chat request without max_tokens gets;
+    allowed_origins: the web pages (origins; '*': any) whose scripts may call it (CORS)."""
     scheduler = Scheduler(llm, max_queue)
     scheduler.metrics = metrics = ServerMetrics(model_name, scheduler)
 
@@ -95,6 +98,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
 
     if api_key is not None:
         app.add_middleware(ApiKey, key=api_key)
+    if allowed_origins:  # added last, so outermost: a browser's preflight carries no key, and needs none
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"])
 
     @app.get("/health")
     async def health():
@@ -108,7 +114,12 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    card = {"id": model_name, "object": "model", "created": started, "owned_by": "triforce"}
+    card = {"id": model_name, "object": "model", "created": started, "owned_by": "triforce",
+            "max_model_len": llm.target.config.max_positions}  # vLLM's
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @app.get("/v1/models")
     async def models():
@@ -187,9 +198,15 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
 
 async def _json(request: Request):
     try:
-        return await request.json()
+        body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ApiError(400, "the request body is not valid JSON") from None
+    try:
+        json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # JSON's "\\ud83d" alone parses into a string that is no text
+        raise ApiError(400, "the request body holds a lone surrogate escape (half of a UTF-16 pair), which is "
+                            "not text") from None
+    return body
 
 
 def _sse(obj: dict | str) -> str:

@@ -215,7 +215,8 @@ def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = No
         obj = "chat.completion.chunk"
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason
-    return {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
+    out = {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
+    return {**out, "usage": None} if job.include_usage else out  # OpenAI's: null but in the last chunk
 
 
 def held_chunks(job: Job, model: str, output, index: int, first: bool, streamed: StreamedContent,

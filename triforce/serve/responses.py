@@ -91,8 +91,7 @@ def _messages(body: dict) -> list[dict]:
     for item in given:
         kind = item.get("type", "message")
         if kind == "message":
-            role = "system" if item.get("role") == "developer" else item.get("role")
-            messages.append({"role": role, "content": _content(item.get("content"))})
+            messages.append({"role": item.get("role"), "content": _content(item.get("content"))})
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
