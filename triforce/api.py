@@ -24,7 +24,7 @@ from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import cache_bytes
 from .coordinator.remote import GroupFull
-from .errors import UserError
+from .errors import TooLarge, UserError
 from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError
 from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model
@@ -234,7 +234,7 @@ class LLM:
         for i, (prompt_len, max_tokens) in enumerate(sizes):
             need = self.cache_bytes_for(prompt_len, max_tokens)
             if need > room:
-                raise UserError(f"the caches for {prompt_len + max_tokens} tokens need {need / 2**30:.1f} GiB; "
+                raise TooLarge(f"the caches for {prompt_len + max_tokens} tokens need {need / 2**30:.1f} GiB; "
                                 f"only {free / 2**30:.1f} GiB is free on {self.device}")
             if parts[-1] and used + need > room:
                 parts.append([])

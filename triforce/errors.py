@@ -4,3 +4,7 @@ exception is a bug in triforce and keeps its traceback."""
 
 class UserError(ValueError):
     """Bad input: a setting, a model folder, a prompt. The message says what and why."""
+
+
+class TooLarge(UserError):
+    """A request whose caches the memory cannot hold even alone (a server's 413)."""

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from triforce import LLM, SamplingParams
+from triforce.api import MEMORY_SHARE
 from triforce.errors import UserError
 from triforce.launch.batch_jobs import shard_of
 from triforce.launch.cli import main
@@ -111,6 +112,10 @@ def test_shards_split_the_lines(tiny_dir, tmp_path):
     assert sorted(results(tmp_path / "out1.jsonl")) == ["r1", "r3"]
     assert shard_of(None, {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4", "RANK": "1"}) == (3, 4)
     assert shard_of(None, {"RANK": "1", "WORLD_SIZE": "2"}) == (1, 2) and shard_of(None, {}) == (0, 1)
+    # an array numbered from 1 (--array=1-8): task 8 is the last shard, task 1 the first (task 8 was refused,
+    # and shard 0 never ran)
+    slurm = {"SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "8"}
+    assert [shard_of(None, {**slurm, "SLURM_ARRAY_TASK_ID": t}) for t in ("1", "8")] == [(0, 8), (7, 8)]
     with pytest.raises(UserError, match="I must be in"):
         shard_of("2/2")
 
@@ -148,3 +153,35 @@ def test_a_job_killed_mid_run_and_restarted_answers_every_line_once(tiny_dir, tm
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     expected = dict(zip(prompts, (o.text for o in llm.generate(list(prompts.values()), params))))
     assert {r["custom_id"]: r["response"]["body"]["choices"][0]["text"] for r in lines} == expected
+
+
+def test_a_line_that_fails_as_it_runs_gets_its_error_and_the_others_their_answers(tiny_dir, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """A line whose rules contradict each other after its first token (allowed_token_ids that a bad word
+    rules out), and one whose caches cannot fit in memory even alone, fail as they run: each gets the status
+    the server answers (400, 413) and the lines batched with them their answers (the job ended, and every
+    rerun met the same line). Besides: a custom_id that is not a string, an input with a byte-order mark, an
+    output that is no file."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    llm = LLM(target, mode="ar", dtype="float32")
+    contradicting = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "allowed_token_ids": [5, 6],
+                     "bad_words": ["w6", "w5 w5"]}  # w5 first, then nothing left
+    lines = [request("a", PROMPT, 6), json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions",
+                                                  "body": contradicting}),
+             request("big", PROMPT, 200), request("b", PROMPT + " w7", 6),
+             json.dumps({"custom_id": 7, "method": "POST", "url": "/v1/completions", "body": {"prompt": PROMPT}})]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n", encoding="utf-8-sig")  # as some editors save it
+    room = (llm.cache_bytes_for(31, 6) + llm.cache_bytes_for(30, 200)) // 2  # "big" alone does not fit
+    monkeypatch.setattr(LLM, "free_memory", lambda self: int(room / MEMORY_SHARE))
+    assert run(target, inp, out) == 0
+    got = results(out)
+    assert sorted(got) == ["a", "b", "big", "line-5", "x"]
+    for k, prompt in (("a", PROMPT), ("b", PROMPT + " w7")):
+        assert got[k]["response"]["body"]["choices"][0]["text"] == llm.generate(
+            prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].text
+    failed = {k: got[k]["response"] for k in ("x", "big")}
+    assert failed["x"]["status_code"] == 400 and "contradict each other" in failed["x"]["body"]["error"]["message"]
+    assert failed["big"]["status_code"] == 413 and "caches" in failed["big"]["body"]["error"]["message"]
+    assert "custom_id must be a string" in got["line-5"]["error"]["message"]
+    assert run(target, inp, "/dev/null") == 2 and "is not a file" in capsys.readouterr().err

@@ -4,7 +4,9 @@ Each input line is `{"custom_id", "method": "POST", "url": "/v1/completions" | "
 "/v1/responses", "body"}`, each custom_id on one line only; each output line is `{"id", "custom_id",
 "response": {"status_code", "request_id", "body"}, "error"}`, as OpenAI's: a body the server would refuse
 (serve/openai.py and responses.py check it the same way) gets its status and error body as the response;
-a line that is not a request (bad JSON, another url) gets `error` and a null response. Requests run
+a line that is not a request (bad JSON, another url) gets `error` and a null response; a request that fails
+as it runs (a UserError: 400, or 413 for caches that cannot fit) gets its error, and the lines batched with it
+run again one by one. Requests run
 `--batch-size` at a time through LLM.generate (a request's prompts x `n` choices together, as sequences of
 that batch). Each result line is written whole and flushed, so a killed job loses at most the requests in
 flight; run again, it skips the custom_ids the output already has (a torn last line, if the kill came
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..errors import UserError
+from ..errors import TooLarge, UserError
 from .cli import llm_from_args
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg
 
@@ -52,10 +54,15 @@ def add_batch_parser(sub) -> None:
 
 
 def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
-    """(I, N) from --shard I/N, else the Slurm array task, else torchrun's rank, else (0, 1)."""
+    """(I, N) from --shard I/N, else the Slurm array task (counted from the array's first, as --array=1-8
+    numbers them too), else torchrun's rank, else (0, 1)."""
     if spec is None:
         if "SLURM_ARRAY_TASK_ID" in env:
-            spec = f"{env['SLURM_ARRAY_TASK_ID']}/{env.get('SLURM_ARRAY_TASK_COUNT', '1')}"
+            try:
+                task = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
+            except ValueError:
+                task = env["SLURM_ARRAY_TASK_ID"]  # refused below, naming it
+            spec = f"{task}/{env.get('SLURM_ARRAY_TASK_COUNT', '1')}"
         elif "RANK" in env and "WORLD_SIZE" in env:
             spec = f"{env['RANK']}/{env['WORLD_SIZE']}"
         else:
@@ -112,7 +119,9 @@ def request_lines(lines: list[str]) -> list[tuple[int, str, object, str | None]]
         except json.JSONDecodeError as exc:
             request, error = None, f"line {n + 1}: {exc}"
         given = request.get("custom_id") if isinstance(request, dict) else None
-        custom_id = str(given) if given not in (None, "") else f"line-{n + 1}"
+        if given is not None and not isinstance(given, str):
+            request, error, given = None, f"line {n + 1}: custom_id must be a string (got {json.dumps(given)})", None
+        custom_id = given or f"line-{n + 1}"
         if custom_id in seen:
             raise UserError(f"custom_id {custom_id!r} is on lines {seen[custom_id] + 1} and {n + 1}: each request "
                             "needs its own")
@@ -129,8 +138,10 @@ def _batch(args) -> int:
                                          if not (pipeline and k in ("RANK", "WORLD_SIZE"))})
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
+    if args.chat_max_tokens < 1:
+        raise UserError("--chat-max-tokens must be >= 1")
     try:
-        lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+        lines = Path(args.input).read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark or none
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read {args.input}: {exc}") from None
     output = Path(args.output)
@@ -138,8 +149,17 @@ def _batch(args) -> int:
         raise UserError("--output is the --input file: results go to a file of their own")
     if not output.parent.is_dir():
         raise UserError(f"--output {output}: no folder {output.parent}")
+    if output.exists() and not output.is_file():  # a pipe or a device: never read back, so never resumed
+        raise UserError(f"--output {output} is not a file: results go to a file, which a rerun resumes")
     finished = done_ids(output)
     mine = [line for line in request_lines(lines) if line[0] % count == index]
+    try:
+        output.open("a").close()  # before the model loads
+    except OSError as exc:
+        raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
+    if any(custom_id.startswith("line-") and custom_id in finished for _, custom_id, _, _ in mine):
+        print("triforce: resuming lines without a custom_id by their line numbers: a line added or removed "
+              "since the first run shifts them", file=sys.stderr)
     llm = llm_from_args(args)
     model = args.served_model_name or str(args.model)
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
@@ -168,9 +188,7 @@ def _batch(args) -> int:
                 except openai.ApiError as exc:  # what the server answers it: a response with its status, as OpenAI's
                     error = {"status_code": exc.status, "request_id": f"req_{uuid.uuid4().hex}", "body": exc.body()}
             if job is None:  # a line that cannot run: its error, once
-                refused = "status_code" in error
-                write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
-                       "response": error if refused else None, "error": None if refused else error})
+                write(_result(custom_id, error) if "status_code" in error else _result(custom_id, error=error))
                 bar.update(1)
                 continue
             pending.append((custom_id, job))
@@ -183,13 +201,31 @@ def _batch(args) -> int:
 
 
 def _run(llm, model, pending, write, bar) -> None:
+    """The lines of `pending` generated together, each result written; where one fails as the server would
+    answer it (its rules contradict each other as it runs, its caches cannot fit: a UserError), each line
+    alone, that one's error written as its response (it failed the whole batch, which every rerun met)."""
     from ..serve import openai, responses
 
     choices = [job.choices() for _, job in pending]  # a line's prompts x n choices run together
-    outs = iter(llm.generate([ids for c in choices for ids, _ in c], [params for c in choices for _, params in c]))
+    try:
+        outs = iter(llm.generate([ids for c in choices for ids, _ in c], [params for c in choices for _, params in c]))
+    except UserError as exc:
+        if len(pending) > 1:
+            for line in pending:
+                _run(llm, model, [line], write, bar)
+            return
+        (custom_id, job), = pending
+        error = openai.ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
+        write(_result(custom_id, {"status_code": error.status, "request_id": job.id, "body": error.body()}))
+        bar.update(1)
+        return
     for (custom_id, job), mine in zip(pending, choices):
         answer = responses.response if isinstance(job, responses.ResponsesJob) else openai.response
         body = answer(job, model, [next(outs) for _ in mine])
-        write({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
-               "response": {"status_code": 200, "request_id": job.id, "body": body}, "error": None})
+        write(_result(custom_id, {"status_code": 200, "request_id": job.id, "body": body}))
         bar.update(1)
+
+
+def _result(custom_id: str, response: dict | None = None, error: dict | None = None) -> dict:
+    """An output line: a response (its status, its body), or the error of a line that is not a request."""
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": response, "error": error}
