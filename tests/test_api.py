@@ -141,6 +141,30 @@ def test_unknown_engine_setting_is_refused(tiny_dir):
         LLM(tiny_dir("api-target", tokenizer=True, seed=51), gamma3=2)
 
 
+def test_settings_of_the_wrong_type_are_refused_at_once(tiny_dir):
+    """A setting of the wrong type is refused as the LLM is built, naming it; fractional gammas, budgets and
+    sinks built the LLM and failed deep in its first generate (torch's zeros() of a float size), and workers=2
+    with an AttributeError there."""
+    target = tiny_dir("api-target", tokenizer=True, seed=51)
+    for settings, message in ((dict(gamma1=2.5), "gamma1 must be an integer"),
+                              (dict(mode="retrieval", gamma2=1.5), "gamma2 must be an integer"),
+                              (dict(sinks=2.5), "sinks must be an integer"), (dict(budget="64"), "budget must be"),
+                              (dict(stop_below="0.5"), "stop_below must be a number"),
+                              (dict(workers=2), "workers must be a channel"),
+                              (dict(prefix_cache_gb="1"), "prefix_cache_gb must be a number")):
+        with pytest.raises(ConfigError, match=message):
+            LLM(target, **settings)
+
+
+def test_vllms_spellings_are_taken(llm):
+    """vLLM's SamplingParams writes its defaults of stop, stop_token_ids, bad_words, logit_bias, min_tokens and
+    top_k as None, and generate's second parameter sampling_params: code written for vLLM runs as it is."""
+    nones = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, stop=None, stop_token_ids=None,
+                           bad_words=None, logit_bias=None, min_tokens=None, top_k=None)
+    assert nones == SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    assert llm.generate(PROMPT, sampling_params=nones)[0].token_ids == llm.generate(PROMPT, nones)[0].token_ids
+
+
 def test_one_token_prompt(llm):
     out = llm.generate([[5]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4

@@ -79,6 +79,9 @@ class LLM:
             raise ConfigError(f"unknown engine settings: {', '.join(sorted(unknown))}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)  # 'auto' decided once, for target and draft alike
+        if workers is not None and not hasattr(workers, "handshake"):
+            raise ConfigError(f"workers must be a channel to a worker group (launch/distributed.py sets one: "
+                              f"`triforce ... --workers N`), or None (got {workers!r})")
         self.workers = workers
         EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         self.model_path = resolve_model(model, revision)
@@ -107,7 +110,7 @@ class LLM:
         if self.draft is not None:
             check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
-        if not 0 <= prefix_cache_gb < float("inf"):
+        if not isinstance(prefix_cache_gb, (int, float)) or not 0 <= prefix_cache_gb < float("inf"):
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         self.prefixes = None  # a worker group holds the target's KV itself
         if prefix_cache_gb > 0 and workers is None:
@@ -262,9 +265,10 @@ class LLM:
         return tuple(sorted(ids))
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  stream: Callable[[str], None] | None = None, show_progress: bool = False) -> list[RequestOutput]:
-        """One output per prompt, in order. `params`: one SamplingParams for all prompts or one per prompt.
+        """One output per prompt, in order. `sampling_params` (vLLM's name): one SamplingParams for all prompts
+        or one per prompt.
         The prompts run together as a batch (every tier's forward of all of them as one model call; with a
         worker group, each target check of all of them as one request), in parts when their caches do not
         all fit in memory. A prompt's output is what it would be alone (greedy; and for a seeded request, sampled too).
@@ -276,10 +280,10 @@ class LLM:
             prompts = [prompts]
         if not prompts:
             return []
-        params = params or SamplingParams()
+        params = sampling_params or SamplingParams()
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if not all(isinstance(p, SamplingParams) for p in per_prompt):
-            raise UserError("params must be a SamplingParams or a list of them, one per prompt")
+            raise UserError("sampling_params must be a SamplingParams or a list of them, one per prompt")
         if len(per_prompt) != len(prompts):
             raise UserError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts: give one, or one "
                             f"per prompt")

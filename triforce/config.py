@@ -120,6 +120,11 @@ class StructuredOutputs:
         return next(n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None)
 
 
+# SamplingParams fields whose default vLLM writes None: None means this default
+VLLM_NONES = {"top_k": 0, "stop": (), "stop_token_ids": (), "logit_bias": (), "min_tokens": 0, "bad_words": (),
+              "bad_words_ids": ()}
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What to sample and when to stop. temperature 0 is greedy."""
@@ -163,6 +168,9 @@ class SamplingParams:
     skip_special_tokens: bool = True  # the text leaves out special tokens' text
 
     def __post_init__(self):
+        for name, unset in VLLM_NONES.items():  # vLLM's defaults of None, as not given
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, unset)
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         try:
             bias = tuple(sorted((_token_id(token), float(value)) for token, value in bias))
@@ -301,6 +309,15 @@ class EngineConfig:
     stop_below: float | None = None
 
     def __post_init__(self):
+        for name in ("gamma1", "gamma2", "budget", "chunk_size", "full_layers", "refresh_every", "refresh_window",
+                     "sinks", "window", "prefill_chunk", "lookup"):
+            value = getattr(self, name)
+            if not (_is_integer(value) or (name == "lookup" and value is None)):
+                raise ConfigError(f"{name} must be an integer (got {value!r})")
+        for name in ("refresh_threshold", "stop_below"):
+            value = getattr(self, name)
+            if not (_is_number(value) or (name == "stop_below" and value is None)):
+                raise ConfigError(f"{name} must be a number (got {value!r})")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {self.mode!r})")
         if self.gamma1 < 1 or self.gamma2 < 1:
