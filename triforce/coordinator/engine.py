@@ -286,16 +286,16 @@ class HierarchyEngine:
         """(token, its one-hot distribution) where the request's constraint allows only that token next
         (Guide.forced): every tier's row there is that one-hot whatever its logits, so tier `level` takes it
         without a forward or a check of the tiers below (their next forwards catch up), while none of them
-        lags by FORCED_LAG tokens (a tier above holds it as a proposal of its round). None elsewhere, where
-        allowed_token_ids leave the token out (the rows there are then uniform over those), and where the
-        request asks for log-probabilities (they need the target's logits)."""
+        lags by FORCED_LAG tokens (a tier above holds it as a proposal of its round). None elsewhere, and
+        where the request asks for log-probabilities (they need the target's logits). (A forced token that
+        allowed_token_ids or a bad word leave out is where the rules contradict each other: the round that
+        outputs it ends the request, rules.check_obeyed.)"""
         if self.guide is None or self.params.logprobs is not None:
             return None
         if max(len(self.seq) - t.length for t in self.tiers[:level + 1]) >= FORCED_LAG:
             return None
         token = self.guide.forced(self.seq[self.prompt_length:])
-        allowed = self.params.allowed_token_ids
-        if token is None or (allowed is not None and token not in allowed):  # (rows with no token left: a forward)
+        if token is None:
             return None
         row = torch.zeros(self.guide.vocab_size, device=self.tiers[level].model.device)
         row[token] = 1.0

@@ -61,7 +61,8 @@ def only_allowed(logits: torch.Tensor, refused: torch.Tensor) -> torch.Tensor:
     """logits [n, V] with the `refused` tokens (bool, [V] or [n, V]) at -inf, a new tensor. A row left with
     no finite logit (a reduced-vocabulary draft lacking every allowed token; rules that contradict each
     other) becomes uniform over the tokens not refused: a distribution to propose from, where
-    verification corrects it (a target's logits are finite everywhere)."""
+    verification corrects it (a target's logits are finite everywhere; where its own rows are left with no
+    token, the request's rules contradict each other, and rules.check_obeyed ends it)."""
     out = logits.masked_fill(refused, float("-inf"))
     empty = torch.isneginf(out).all(-1, keepdim=True)  # chosen per row without a host sync
     return out.masked_fill(empty & ~refused, 0.0)
