@@ -78,7 +78,8 @@ MAX_LOGPROBS = 20  # most likely tokens listed beside each token's log-probabili
 class StructuredOutputs:
     """A constraint on the generated text (vLLM's StructuredOutputsParams): exactly one of a JSON schema
     (`json`: a dict, or its JSON text), any JSON object (`json_object`), a regular expression (`regex`,
-    Rust's syntax), one of some strings (`choice`) or a Lark grammar (`grammar`). Every tier's rows keep
+    Rust's syntax), one of some strings (`choice`) or a Lark or GBNF grammar (`grammar`; llama.cpp's `root ::=`
+    form, which vLLM's examples write). Every tier's rows keep
     only the tokens that the constraint allows after their history (speculation/guided.py), and the
     output ends where the constrained text is complete (end-of-sequence, even with ignore_eos)."""
     json: dict | str | None = None

@@ -56,7 +56,8 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     shape.add_argument("--json-object", action="store_true", help="the text is a JSON object")
     shape.add_argument("--regex", help="the text matches this regular expression (Rust's regex syntax)")
     shape.add_argument("--choice", action="append", metavar="TEXT", help="the text is one of these (repeatable)")
-    shape.add_argument("--grammar", metavar="LARK", help="the text follows this Lark grammar (or a file holding it)")
+    shape.add_argument("--grammar", metavar="GRAMMAR",
+                       help="the text follows this Lark or GBNF (root ::= ...) grammar (or a file holding it)")
     add_engine_args(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     gen.add_argument("--logprobs", type=int, default=None, metavar="K",

@@ -47,7 +47,13 @@ def grammar_text(spec: StructuredOutputs) -> str:
         return LLMatcher.grammar_from_regex(spec.regex)
     if spec.choice is not None:
         return LLMatcher.grammar_from_regex("|".join(_literal(c) for c in spec.choice))
-    return LLMatcher.grammar_from_lark(spec.grammar)
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        lark = any_to_lark(spec.grammar)  # a GBNF grammar (llama.cpp's, vLLM's examples: root ::= ...) as Lark
+    except Exception as exc:  # noqa: BLE001 (the converter's own errors, GbnfToLarkError among them)
+        raise ValueError(f"not a Lark or GBNF grammar: {exc}") from None
+    return LLMatcher.grammar_from_lark(lark)
 
 
 def _common_prefix(a: list[int], b: Sequence[int]) -> int:
