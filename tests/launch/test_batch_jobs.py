@@ -7,7 +7,7 @@ import pytest
 from triforce import LLM, SamplingParams
 from triforce.api import MEMORY_SHARE
 from triforce.errors import UserError
-from triforce.launch.batch_jobs import shard_of
+from triforce.launch.batch_jobs import done_ids, shard_of
 from triforce.launch.cli import main
 
 PROMPT = " ".join(f"w{3 + (5 * i) % 90}" for i in range(30))
@@ -185,3 +185,18 @@ def test_a_line_that_fails_as_it_runs_gets_its_error_and_the_others_their_answer
     assert failed["big"]["status_code"] == 413 and "caches" in failed["big"]["body"]["error"]["message"]
     assert "custom_id must be a string" in got["line-5"]["error"]["message"]
     assert run(target, inp, "/dev/null") == 2 and "is not a file" in capsys.readouterr().err
+
+
+def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path):
+    """What a kill mid-write leaves: the torn line is cut off in place (the file is not rewritten, which a
+    second kill could have emptied), the lines before it untouched; a whole last line gets its newline."""
+    out = tmp_path / "out.jsonl"
+    first = json.dumps({"id": "batch_req_1", "custom_id": "a", "response": None, "error": {"code": "x"}})
+    second = json.dumps({"custom_id": "b", "id": "batch_req_2", "response": None, "error": {"code": "x"}})
+    out.write_text(first + "\n" + second)  # not as this command writes (it would be a torn one): another tool's
+    assert done_ids(out) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
+    inode = out.stat().st_ino
+    with out.open("a") as f:
+        f.write('{"id": "batch_req_3", "custom_id": "c", "resp')
+    assert done_ids(out) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
+    assert out.stat().st_ino == inode

@@ -101,8 +101,11 @@ def done_ids(output: Path) -> set[str]:
             raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
                             "name a new file, or one an earlier run of this job wrote")
         done.add(record["custom_id"])
-    if whole != data:
-        output.write_text(whole, encoding="utf-8")
+    if len(whole) < len(data):  # the torn line cut off in place (rewriting the file risked all of it)
+        os.truncate(output, len(whole.encode()))
+    elif whole != data:  # a whole last line, without its newline
+        with output.open("a", encoding="utf-8") as out:
+            out.write("\n")
     return done
 
 
