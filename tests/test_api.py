@@ -202,3 +202,27 @@ def test_include_stop_str_in_output_keeps_the_stop_string_and_the_stop_tokens_te
                  for flag in (False, True))
     assert kept.token_ids == cut.token_ids and kept.token_ids[-1] == token
     assert kept.text == continuation(llm, PROMPT, kept.token_ids) != cut.text == continuation(llm, PROMPT, cut.token_ids[:-1])
+
+
+def test_chat_lays_each_conversation_out_by_the_template_and_generates(llm, monkeypatch):
+    """vLLM's LLM.chat: OpenAI's messages (text or text parts; OpenAI's developer role as system) through the
+    tokenizer's chat template, one conversation or a list; a model without a template and messages of another
+    shape are one clear error."""
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    with pytest.raises(UserError, match="no chat template"):
+        llm.chat([{"role": "user", "content": "w5"}], params)
+    monkeypatch.setattr(llm.tokenizer, "chat_template", "{% for m in messages %}{% if m['role'] not in ('system', "
+                        "'user') %}{{ raise_exception('no word for ' + m['role']) }}{% endif %}{{ {'system': 'w7', "
+                        "'user': 'w8'}[m['role']] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w9"
+                        "{% endif %}")
+    first = [{"role": "developer", "content": "w5"}, {"role": "user", "content": [{"type": "text", "text": "w6"}]}]
+    second = [{"role": "user", "content": "w10 w11"}]
+    outs = llm.chat([first, second], params)
+    assert [o.prompt_token_ids for o in outs] == [llm.encode("w7 w5 w8 w6 w9"), llm.encode("w8 w10 w11 w9")]
+    assert [o.token_ids for o in outs] == [llm.generate(o.prompt_token_ids, params)[0].token_ids for o in outs]
+    assert llm.chat(first, params)[0].token_ids == outs[0].token_ids  # one conversation alone
+    for bad in ([], [{"content": "w5"}], [{"role": "user", "content": [{"type": "image_url"}]}], "w5"):
+        with pytest.raises(UserError, match="messages must be"):
+            llm.chat(bad, params)
+    with pytest.raises(UserError, match="the chat template refused these messages: no word for tool"):
+        llm.chat([{"role": "tool", "content": "w5"}], params)  # a role the template has no word for

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .cache.prefixes import PrefixStore
+from .chat import conversation_ids
 from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
@@ -42,18 +43,6 @@ log = logging.getLogger("triforce")
 DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",
                                    "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
 MEMORY_SHARE = 0.9  # of the memory free on the device, what requests' caches may take
-
-
-def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, template_kwargs: dict | None = None) -> list[int]:
-    """The token ids of `messages` ({role, content}) laid out by the tokenizer's chat template, ending
-    where the assistant's answer begins (or, with continue_final_message, inside the last message, which
-    the answer continues; without add_generation_prompt, after the last message); `tools` (OpenAI's
-    function tools) as the template shows them; `template_kwargs`: more of the template's variables."""
-    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                        continue_final_message=continue_final_message, tokenize=True,
-                                        **(template_kwargs or {}))
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding, or the ids
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # a folder with one of these has a tokenizer
@@ -263,6 +252,22 @@ class LLM:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             stream: Callable[[str], None] | None = None, show_progress: bool = False, tools: list[dict] | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """vLLM's LLM.chat: a conversation (OpenAI's messages, {role, content}) or a list of them, each laid
+        out by the tokenizer's chat template (with `tools`, OpenAI's function tools, as it shows them), then
+        `generate`d: one output per conversation."""
+        one = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if one else messages
+        if not isinstance(conversations, list) or not conversations:
+            raise UserError("messages must be a list of {role, content} objects, or a list of those")
+        ids = [conversation_ids(self.tokenizer, c, tools, add_generation_prompt, continue_final_message,
+                                chat_template_kwargs) for c in conversations]
+        return self.generate(ids, sampling_params, stream, show_progress)
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -9,10 +9,10 @@ from fastapi.testclient import TestClient
 
 from servers import TOOLS_TEMPLATE as TEMPLATE, Server, chars_llm
 from triforce import SamplingParams
-from triforce.api import chat_ids
+from triforce.chat import chat_ids, template_messages
 from triforce.config import StructuredOutputs
 from triforce.serve.app import create_app
-from triforce.serve.constraints import ConstraintError, StreamedContent, ToolPlan, template_messages
+from triforce.serve.constraints import ConstraintError, StreamedContent, ToolPlan
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "today's weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},

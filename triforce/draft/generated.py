@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..api import chat_ids
+from ..chat import chat_ids
 from ..config import SamplingParams
 from ..errors import UserError
 from .prompts import prompt_count, prompts

@@ -278,31 +278,3 @@ def _hoisted(name: str, schema: dict, definitions: dict[str, dict]) -> dict:
     for key, value in local.items():
         definitions[f"{name}__{key}"] = rewrite(value)
     return rewrite(schema)
-
-
-def template_messages(messages: list[dict]) -> list[dict]:
-    """OpenAI chat messages as chat templates take them: an assistant's tool calls with their arguments as
-    objects (OpenAI sends JSON text), a tool's answer with its call id, and no content as "" (what OpenAI
-    clients send back with calls, and our own answers carry: templates that add strings to the content,
-    SmolLM2's among them, failed on it); OpenAI's `developer` role (its newer name for `system`, which the
-    templates know) as `system`."""
-    out = []
-    for m in messages:
-        message = {"role": "system" if m["role"] == "developer" else m["role"],
-                   "content": "" if m.get("content") is None else m["content"]}
-        if m.get("tool_calls"):
-            message["tool_calls"] = [{**call, "function": {**call["function"], "arguments": _arguments(call)}}
-                                     for call in m["tool_calls"]]
-        for key in ("tool_call_id", "name"):
-            if key in m:
-                message[key] = m[key]
-        out.append(message)
-    return out
-
-
-def _arguments(call: dict):
-    arguments = call["function"].get("arguments", {})
-    try:
-        return json.loads(arguments) if isinstance(arguments, str) else arguments
-    except ValueError:
-        return arguments

@@ -2,17 +2,14 @@
 status) that names it."""
 from __future__ import annotations
 
-import inspect
 import math
 
-from ..api import chat_ids
+from ..chat import conversation_ids
+from ..errors import UserError
 from ..config import MAX_LOGPROBS
-from .constraints import ToolPlan, template_messages
+from .constraints import ToolPlan
 
 MAX_PROMPTS = 2048  # prompts of one completion request
-# what the server passes the chat template itself, which chat_template_kwargs may not change (besides the
-# tokenizer's own options: apply_chat_template's parameters)
-RESERVED = {"messages", "tools", "add_generation_prompt", "continue_final_message"}
 
 
 class ApiError(Exception):
@@ -121,32 +118,14 @@ def echoed_text(prompt: str | list[int], ids: list[int], llm) -> str:
 def prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[list[list[int]], list]:
     """The token ids of each prompt, and each as given."""
     if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and (_text(m.get("content")) is not None or (
-                    m.get("content") is None and isinstance(m.get("tool_calls"), list))) for m in messages):
-            raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects with text content "
-                                "(a string or text parts; or an assistant's tool_calls)", param="messages")
-        messages = [{**m, "content": _text(m.get("content"))} for m in messages]
-        tokenizer = llm.tokenizer
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
-        generation, final = flag(body, "add_generation_prompt", True), flag(body, "continue_final_message", False)
-        if generation and final:
-            raise ApiError(400, "'continue_final_message' needs 'add_generation_prompt': false",
-                           param="continue_final_message")
-        kwargs = body.get("chat_template_kwargs") or {}
-        reserved = RESERVED | {name for name, p in inspect.signature(tokenizer.apply_chat_template).parameters.items()
-                               if p.kind is not p.VAR_KEYWORD}
-        if not isinstance(kwargs, dict) or reserved & set(kwargs):
-            raise ApiError(400, f"'chat_template_kwargs' must be an object of the template's variables, not "
-                                f"{', '.join(sorted(reserved & set(kwargs))) or 'a ' + type(kwargs).__name__}",
-                           param="chat_template_kwargs")
         try:
-            prompt = chat_ids(tokenizer, template_messages(messages), body.get("tools") if tools else None,
-                              generation, final, kwargs)
-        except Exception as exc:  # the template's own checks (roles, order): the request's fault
-            raise ApiError(400, f"the chat template refused these messages: {exc}", param="messages") from None
+            prompt = conversation_ids(llm.tokenizer, body.get("messages"), body.get("tools") if tools else None,
+                                      flag(body, "add_generation_prompt", True),
+                                      flag(body, "continue_final_message", False), body.get("chat_template_kwargs"))
+        except UserError as exc:
+            param = next((name for name in ("continue_final_message", "chat_template_kwargs")
+                          if str(exc).startswith(name)), "messages")
+            raise ApiError(400, str(exc), param=param) from None
         prompts = [prompt]
     else:
         prompt = body.get("prompt")
@@ -160,17 +139,6 @@ def prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[
         return [llm.encode(prompt) for prompt in prompts], prompts
     except Exception as exc:  # UserError: empty, ids outside the vocabulary, no tokenizer
         raise ApiError(400, str(exc), param="messages" if kind == "chat" else "prompt") from None
-
-
-def _text(content) -> str | None:
-    """A message's text: a string, or OpenAI's text parts joined by newlines (as vLLM joins them); None
-    for anything else (images, audio: this server reads text)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and content and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-        return "\n".join(p["text"] for p in content)
-    return None
 
 
 def one_prompt(prompt) -> bool:
