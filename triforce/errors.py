@@ -6,5 +6,10 @@ class UserError(ValueError):
     """Bad input: a setting, a model folder, a prompt. The message says what and why."""
 
 
-class TooLarge(UserError):
+class RequestFailed(UserError):
+    """A request that its own settings fail as it runs: it alone ends (its batchmates run on), and a server
+    answers it as a bad request."""
+
+
+class TooLarge(RequestFailed):
     """A request whose caches the memory cannot hold even alone (a server's 413)."""

@@ -650,8 +650,8 @@ def test_a_worker_group_that_stops_answering_stops_the_server(llm, monkeypatch):
     fatal, seen, done = [], [], threading.Event()
     scheduler = Scheduler(llm, on_fatal=fatal.append)
     job = parse("completion", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}, llm, "tiny")
-    scheduler.submit(job, lambda kind, data: (seen.append(kind), done.set()))
-    assert done.wait(60) and seen == ["error"]
+    scheduler.submit(job, lambda kind, data: (seen.append((kind, data.status)), done.set()))
+    assert done.wait(60) and seen == [("error", 503)]  # the server's failure, not the request's (400)
     scheduler._thread.join(10)
     assert fatal and isinstance(fatal[0], WorkerError) and not scheduler.alive
     with pytest.raises(ApiError, match="did not answer") as refused:
@@ -662,3 +662,18 @@ def test_a_worker_group_that_stops_answering_stops_the_server(llm, monkeypatch):
     health = client.get("/health")
     assert health.status_code == 503 and "did not answer" in health.json()["error"]["message"]
     client.app.state.scheduler.stop()
+
+
+def test_a_failure_is_told_as_whose_it_is():
+    """A request its own settings failed as it ran is a 400 (413: caches too large), the worker group's
+    failure a 503 and anything else a 500, though some of those are UserErrors too (a cache that ran out of
+    room is a bug)."""
+    from triforce.cache.base import CacheCapacityError
+    from triforce.coordinator.remote import WorkerError
+    from triforce.errors import TooLarge
+    from triforce.serve.scheduler import _failure
+    from triforce.speculation.rules import RulesContradict
+
+    for exc, status in ((RulesContradict("x"), 400), (TooLarge("x"), 413), (WorkerError("x"), 503),
+                        (CacheCapacityError("x"), 500), (RuntimeError("x"), 500)):
+        assert _failure(exc).status == status, exc

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..errors import TooLarge, UserError
+from ..errors import RequestFailed, TooLarge, UserError
 from .cli import llm_from_args
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg
 
@@ -205,14 +205,14 @@ def _batch(args) -> int:
 
 def _run(llm, model, pending, write, bar) -> None:
     """The lines of `pending` generated together, each result written; where one fails as the server would
-    answer it (its rules contradict each other as it runs, its caches cannot fit: a UserError), each line
+    answer it (its rules contradict each other as it runs, its caches cannot fit: RequestFailed), each line
     alone, that one's error written as its response (it failed the whole batch, which every rerun met)."""
     from ..serve import openai, responses
 
     choices = [job.choices() for _, job in pending]  # a line's prompts x n choices run together
     try:
         outs = iter(llm.generate([ids for c in choices for ids, _ in c], [params for c in choices for _, params in c]))
-    except UserError as exc:
+    except RequestFailed as exc:
         if len(pending) > 1:
             for line in pending:
                 _run(llm, model, [line], write, bar)

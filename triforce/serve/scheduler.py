@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..api import LLM, MEMORY_SHARE
-from ..errors import UserError
+from ..errors import RequestFailed, TooLarge
 from ..request import Request
 from ..config import SamplingParams
-from ..coordinator.remote import GroupFull
+from ..coordinator.remote import GroupFull, WorkerError
 from ..coordinator.batch import SequenceBatch
 from ..coordinator.batchmates import Batchmates
 from .openai import ApiError, Job
@@ -233,7 +233,7 @@ class Scheduler:
     def _fail(self, tickets: list[Ticket], exc: Exception) -> None:
         group_gone = getattr(getattr(self.llm, "workers", None), "broken", False)
         log.error("request failed: %s: %s", type(exc).__name__, exc,
-                  exc_info=None if group_gone or isinstance(exc, UserError) else exc)
+                  exc_info=None if group_gone or isinstance(exc, RequestFailed) else exc)
         for ticket in tickets:
             try:
                 if ticket.request is not None:
@@ -255,7 +255,9 @@ class Scheduler:
 
 
 def _failure(exc: Exception) -> ApiError:
-    """What a client is told of the exception that failed its request: a UserError is its own (400)."""
-    if isinstance(exc, UserError):
-        return ApiError(400, str(exc))
-    return ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
+    """What a client is told of the exception that failed its request: 400 (413: too large) where its own
+    settings failed it as it ran, 503 where the worker group failed, 500 otherwise (a bug)."""
+    if isinstance(exc, RequestFailed):
+        return ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
+    status = 503 if isinstance(exc, WorkerError) else 500
+    return ApiError(status, f"generation failed: {type(exc).__name__}: {exc}", "server_error")

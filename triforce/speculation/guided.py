@@ -17,6 +17,7 @@ recent histories (the tiers ask for the same positions in turn).
 """
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ import torch
 from ..config import ConfigError, StructuredOutputs
 from .sampling import only_allowed
 
+GBNF_RULE = re.compile(r"(?m)^\s*[\w-]+\s*::=")  # a line that defines a rule in GBNF (Lark writes name: ...)
 RECENT_MASKS = 64  # histories whose masks a Guide keeps (a round asks for a few dozen)
 REGEX_SPECIAL = set("\\.+*?()|[]{}^$#&-~")
 
@@ -47,13 +49,14 @@ def grammar_text(spec: StructuredOutputs) -> str:
         return LLMatcher.grammar_from_regex(spec.regex)
     if spec.choice is not None:
         return LLMatcher.grammar_from_regex("|".join(_literal(c) for c in spec.choice))
-    from llguidance.gbnf_to_lark import any_to_lark
+    if GBNF_RULE.search(spec.grammar) is None:
+        return LLMatcher.grammar_from_lark(spec.grammar)
+    from llguidance.gbnf_to_lark import gbnf_to_lark
 
-    try:
-        lark = any_to_lark(spec.grammar)  # a GBNF grammar (llama.cpp's, vLLM's examples: root ::= ...) as Lark
+    try:  # a GBNF grammar (llama.cpp's; vLLM's guided_grammar examples: root ::= ...) as its Lark twin
+        return LLMatcher.grammar_from_lark(gbnf_to_lark(spec.grammar))
     except Exception as exc:  # noqa: BLE001 (the converter's own errors, GbnfToLarkError among them)
-        raise ValueError(f"not a Lark or GBNF grammar: {exc}") from None
-    return LLMatcher.grammar_from_lark(lark)
+        raise ValueError(f"not a GBNF grammar: {exc}") from None
 
 
 def _common_prefix(a: list[int], b: Sequence[int]) -> int:

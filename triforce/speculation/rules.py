@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from ..config import ConfigError
+from ..errors import RequestFailed
 from .guided import Guide
 from .penalties import MinTokens, Penalties
 
@@ -131,7 +132,7 @@ class RowRules:
         return logits
 
 
-class RulesContradict(ConfigError):
+class RulesContradict(ConfigError, RequestFailed):
     """A request's rules left no token to choose at some point of its generation."""
 
 
