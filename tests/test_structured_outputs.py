@@ -224,6 +224,13 @@ def test_rules_that_contradict_each_other_later_end_the_request_with_an_error(ll
     with pytest.raises(ConfigError, match="contradict each other"):
         handles[0].result
     assert handles[1].result[0] == llm.generate(PROMPT, params[1])[0].token_ids
+    # not a contradiction: allowed ids that leave out the end-of-sequence token, which ends a complete text
+    # (the request failed once the text was complete, with max_tokens past its length)
+    digits = [llm.tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
+    for temperature in (0, 1.0):
+        out = llm.generate(PROMPT, SamplingParams(max_tokens=6, temperature=temperature, seed=2, allowed_token_ids=digits,
+                                                  structured_outputs=StructuredOutputs(regex="[0-9]{2}")))[0]
+        assert re.fullmatch("[0-9]{2}", out.text) and out.finish_reason == "stop", out
     # the regex alone, and the same allowed ids without it, still run
     assert llm.generate(PROMPT, SamplingParams(max_tokens=6, temperature=0, structured_outputs=regex))[0].text[0] == "a"
     free = SamplingParams(max_tokens=6, temperature=0, allowed_token_ids=[ids["a"], ids["b"]])

@@ -188,6 +188,8 @@ class LLM:
                 raise UserError(f"{name} names token {max(ids)}, outside the vocabulary [0, {vocab})")
         if params.structured_outputs is not None:
             self.grammars.check(params.structured_outputs)
+            if params.allowed_token_ids is not None:  # the end of a complete text is no token of it: allowed
+                params = replace(params, allowed_token_ids=tuple(sorted({*params.allowed_token_ids, *self.eos_ids()})))
             banned = [s[0] for s in params.bad_words_ids if len(s) == 1]
             if params.allowed_token_ids is not None or banned:
                 self._check_first_token(params, banned)

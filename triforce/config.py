@@ -156,7 +156,8 @@ class SamplingParams:
     min_tokens: int = 0
     # a JSON schema, regular expression, choice or grammar the text must follow (a dict of those fields too)
     structured_outputs: StructuredOutputs | None = None
-    # the only token ids that may be generated, at every tier (vLLM's; None: any)
+    # the only token ids that may be generated, at every tier (vLLM's; None: any); with a structured output,
+    # the end-of-sequence that ends its complete text too (LLM.prepare adds it)
     allowed_token_ids: tuple[int, ...] | None = None
     # words never generated (vLLM's): LLM.prepare adds each one's tokens, alone and after a space, to
     # bad_words_ids, token sequences (transformers' name) whose last token is banned at every tier where
