@@ -162,7 +162,8 @@ def test_vllms_spellings_are_taken(llm):
     nones = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, stop=None, stop_token_ids=None,
                            bad_words=None, logit_bias=None, min_tokens=None, top_k=None)
     assert nones == SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    assert llm.generate(PROMPT, sampling_params=nones)[0].token_ids == llm.generate(PROMPT, nones)[0].token_ids
+    out = llm.generate(PROMPT, sampling_params=nones)[0]
+    assert len(out.token_ids) == 4 and out.token_ids == llm.generate(PROMPT, nones)[0].token_ids
 
 
 def test_one_token_prompt(llm):
@@ -222,7 +223,10 @@ def test_chat_lays_each_conversation_out_by_the_template_and_generates(llm, monk
     assert [o.token_ids for o in outs] == [llm.generate(o.prompt_token_ids, params)[0].token_ids for o in outs]
     assert llm.chat(first, params)[0].token_ids == outs[0].token_ids  # one conversation alone
     for bad in ([], [{"content": "w5"}], [{"role": "user", "content": [{"type": "image_url"}]}], "w5"):
-        with pytest.raises(UserError, match="messages must be"):
+        with pytest.raises(UserError, match="messages' must be"):
             llm.chat(bad, params)
+    with pytest.raises(UserError, match="'chat_template_kwargs' must be an object of the template's variables, not a"
+                                        " int"):
+        llm.chat(first, params, chat_template_kwargs=5)  # a TypeError as it built the message
     with pytest.raises(UserError, match="the chat template refused these messages: no word for tool"):
         llm.chat([{"role": "tool", "content": "w5"}], params)  # a role the template has no word for

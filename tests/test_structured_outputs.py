@@ -173,7 +173,7 @@ def test_generate_flags(capsys, models):
     streamed = [str(arg) for arg in args if arg != "--json"]
     assert main([*streamed, "--regex", "a[0-9]", "--allowed-token-id", str(a), "--allowed-token-id", str(b)]) == 2
     out = capsys.readouterr()
-    assert out.out == "a\n" and out.err.startswith("triforce: error: allowed_token_ids and the structured output")
+    assert out.out == "a\n" and out.err.startswith("triforce: error: --allowed-token-id and the structured output")
 
 
 def target_tokenizer_id(model, token: str) -> int:

@@ -20,7 +20,7 @@ import torch
 
 from .cache.prefixes import PrefixStore
 from .chat import conversation_ids
-from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, SamplingParams
+from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, SamplingParams, is_number
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import cache_bytes
@@ -92,14 +92,14 @@ class LLM:
                   file=sys.stderr)
             mode = "retrieval"
         self.config = EngineConfig(mode=mode, **engine_settings)
-        if self.config.full_layers > self.target.config.num_layers:
+        if "full_layers" in engine_settings and self.config.full_layers > self.target.config.num_layers:
             raise ConfigError(f"full_layers {self.config.full_layers} is more than the target's "
                               f"{self.target.config.num_layers} layers")
         self.tokenizer = self._load_tokenizer()
         if self.draft is not None:
             check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
-        if not isinstance(prefix_cache_gb, (int, float)) or not 0 <= prefix_cache_gb < float("inf"):
+        if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         self.prefixes = None  # a worker group holds the target's KV itself
         if prefix_cache_gb > 0 and workers is None:
@@ -266,7 +266,7 @@ class LLM:
         one = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
         conversations = [messages] if one else messages
         if not isinstance(conversations, list) or not conversations:
-            raise UserError("messages must be a list of {role, content} objects, or a list of those")
+            raise UserError("'messages' must be a list of {role, content} objects, or a list of those")
         ids = [conversation_ids(self.tokenizer, c, tools, add_generation_prompt, continue_final_message,
                                 chat_template_kwargs) for c in conversations]
         return self.generate(ids, sampling_params, stream, show_progress)

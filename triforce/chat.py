@@ -21,18 +21,22 @@ def conversation_ids(tokenizer, messages, tools: list[dict] | None = None, add_g
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and (message_text(m.get("content")) is not None or (
                 m.get("content") is None and isinstance(m.get("tool_calls"), list))) for m in messages):
-        raise UserError("messages must be a non-empty list of {role, content} objects with text content (a string "
-                        "or text parts; or an assistant's tool_calls)")
+        raise UserError("'messages' must be a non-empty list of {role, content} objects with text content (a "
+                        "string or text parts; or an assistant's tool_calls)")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise UserError("this model has no chat template: give the prompt as text")
+        raise UserError("this model has no chat template: give the prompt as text (/v1/completions, "
+                        "LLM.generate)")
     if add_generation_prompt and continue_final_message:
-        raise UserError("continue_final_message needs add_generation_prompt false")
-    kwargs = template_kwargs or {}
+        raise UserError("'continue_final_message' needs 'add_generation_prompt' false")
+    kwargs = {} if template_kwargs is None else template_kwargs
+    if not isinstance(kwargs, dict):
+        raise UserError(f"'chat_template_kwargs' must be an object of the template's variables, not a "
+                        f"{type(kwargs).__name__}")
     reserved = RESERVED | {name for name, p in inspect.signature(tokenizer.apply_chat_template).parameters.items()
                            if p.kind is not p.VAR_KEYWORD}
-    if not isinstance(kwargs, dict) or reserved & set(kwargs):
-        raise UserError(f"chat_template_kwargs must be an object of the template's variables, not "
-                        f"{', '.join(sorted(reserved & set(kwargs))) or 'a ' + type(kwargs).__name__}")
+    if reserved & set(kwargs):
+        raise UserError(f"'chat_template_kwargs' must be an object of the template's variables, not "
+                        f"{', '.join(sorted(reserved & set(kwargs)))}")
     try:
         return chat_ids(tokenizer, template_messages(messages), tools, add_generation_prompt, continue_final_message,
                         kwargs)

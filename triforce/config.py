@@ -33,7 +33,7 @@ def _is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     """A finite real number: Python's or numpy's (not a bool, not a string)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -191,7 +191,7 @@ class SamplingParams:
             raise ConfigError(f"max_tokens must be an integer >= 0 (got {self.max_tokens!r}; 0 prefills only: a "
                               f"prompt's log-probabilities with prompt_logprobs, or its KV for the prefix store)")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
-            if not _is_number(getattr(self, name)):
+            if not is_number(getattr(self, name)):
                 raise ConfigError(f"{name} must be a finite number (got {getattr(self, name)!r})")
         if not self.temperature >= 0:
             raise ConfigError(f"temperature must be >= 0 (got {self.temperature})")
@@ -318,7 +318,7 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be an integer (got {value!r})")
         for name in ("refresh_threshold", "stop_below"):
             value = getattr(self, name)
-            if not (_is_number(value) or (name == "stop_below" and value is None)):
+            if not (is_number(value) or (name == "stop_below" and value is None)):
                 raise ConfigError(f"{name} must be a number (got {value!r})")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {self.mode!r})")

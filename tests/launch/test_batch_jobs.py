@@ -1,6 +1,7 @@
 """`triforce batch` (launch/batch_jobs.py): OpenAI Batch API lines in, results out, against LLM.generate;
 bad lines become error lines; a resumed run skips what is written; shards split the lines."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +117,8 @@ def test_shards_split_the_lines(tiny_dir, tmp_path):
     # and shard 0 never ran)
     slurm = {"SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "8"}
     assert [shard_of(None, {**slurm, "SLURM_ARRAY_TASK_ID": t}) for t in ("1", "8")] == [(0, 8), (7, 8)]
+    stepped = {"SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_STEP": "2", "SLURM_ARRAY_TASK_COUNT": "8"}  # 0-14:2
+    assert shard_of(None, {**stepped, "SLURM_ARRAY_TASK_ID": "14"}) == (7, 8)
     with pytest.raises(UserError, match="I must be in"):
         shard_of("2/2")
 
@@ -183,11 +186,11 @@ def test_a_line_that_fails_as_it_runs_gets_its_error_and_the_others_their_answer
     failed = {k: got[k]["response"] for k in ("x", "big")}
     assert failed["x"]["status_code"] == 400 and "contradict each other" in failed["x"]["body"]["error"]["message"]
     assert failed["big"]["status_code"] == 413 and "caches" in failed["big"]["body"]["error"]["message"]
-    assert "custom_id must be a string" in got["line-5"]["error"]["message"]
+    assert got["line-5"]["error"] == {"code": "invalid_request", "message": "line 5: custom_id must be a string"}
     assert run(target, inp, "/dev/null") == 2 and "is not a file" in capsys.readouterr().err
 
 
-def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path):
+def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path, monkeypatch):
     """What a kill mid-write leaves: the torn line is cut off in place (the file is not rewritten, which a
     second kill could have emptied), the lines before it untouched; a whole last line gets its newline."""
     out = tmp_path / "out.jsonl"
@@ -195,8 +198,7 @@ def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path):
     second = json.dumps({"custom_id": "b", "id": "batch_req_2", "response": None, "error": {"code": "x"}})
     out.write_text(first + "\n" + second)  # not as this command writes (it would be a torn one): another tool's
     assert done_ids(out) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
-    inode = out.stat().st_ino
     with out.open("a") as f:
         f.write('{"id": "batch_req_3", "custom_id": "c", "resp')
+    monkeypatch.setattr(Path, "write_text", lambda *_, **__: pytest.fail("the output rewritten whole"))
     assert done_ids(out) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
-    assert out.stat().st_ino == inode

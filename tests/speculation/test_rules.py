@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from triforce.config import ConfigError, SamplingParams
-from triforce.speculation.rules import BadWords, RowRules
+from triforce.speculation.rules import BadWords, RowRules, RulesContradict, check_obeyed
 from triforce.speculation.sampling import probabilities
 
 BAD = ((3,), (4, 5), (5, 5), (1, 2, 3), (2, 3, 4, 1))
@@ -103,3 +103,19 @@ def test_bad_words_are_tokenized_alone_and_after_a_space_as_vllm_does():
     from triforce.speculation.rules import bad_word_ids
 
     assert bad_word_ids(StubTokenizer(), [" hello", "big cat", "ab"]) == ((7,), (8,), (3, 4), (9, 4), (1, 2))
+
+
+def test_check_obeyed_names_the_rules_where_an_output_token_breaks_one():
+    """An output token that a rule refuses is where the rules contradicted each other (the row fell back on
+    the last rule's tokens): RulesContradict names the rules in effect; tokens that obey pass."""
+    prompt = [1, 2, 3]
+    params = SamplingParams(max_tokens=8, bad_words_ids=((7, 8),), min_tokens=2)
+    rules = RowRules.of(params, prompt, (0,), None)
+    check_obeyed(rules, None, prompt + [7, 9, 8], 3, 6, 3)  # 8 follows 9, not 7; min_tokens met before any 0
+    with pytest.raises(RulesContradict, match="^min_tokens and bad_words leave no token to choose after 1 generated "
+                                              "token:"):
+        check_obeyed(rules, None, prompt + [7, 8], 3, 5, 3)
+    with pytest.raises(RulesContradict, match="after 1 generated token"):
+        check_obeyed(rules, None, prompt + [5, 0], 3, 5, 3)  # the end id before min_tokens
+    with pytest.raises(RulesContradict, match="^allowed_token_ids leave no token to choose after 2 generated tokens"):
+        check_obeyed(None, frozenset({5}), prompt + [5, 5, 6], 3, 6, 3)

@@ -58,9 +58,10 @@ def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
     numbers them too), else torchrun's rank, else (0, 1)."""
     if spec is None:
         if "SLURM_ARRAY_TASK_ID" in env:
-            try:
-                task = int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))
-            except ValueError:
+            try:  # --array=0-14:2 numbers them 0, 2, ..., 14
+                task = (int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))) // int(
+                    env.get("SLURM_ARRAY_TASK_STEP", "1"))
+            except (ValueError, ZeroDivisionError):
                 task = env["SLURM_ARRAY_TASK_ID"]  # refused below, naming it
             spec = f"{task}/{env.get('SLURM_ARRAY_TASK_COUNT', '1')}"
         elif "RANK" in env and "WORLD_SIZE" in env:
@@ -101,17 +102,21 @@ def done_ids(output: Path) -> set[str]:
             raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
                             "name a new file, or one an earlier run of this job wrote")
         done.add(record["custom_id"])
-    if len(whole) < len(data):  # the torn line cut off in place (rewriting the file risked all of it)
-        os.truncate(output, len(whole.encode()))
-    elif whole != data:  # a whole last line, without its newline
-        with output.open("a", encoding="utf-8") as out:
-            out.write("\n")
+    try:
+        if len(whole) < len(data):  # the torn line cut off in place (rewriting the file risked all of it)
+            os.truncate(output, len(whole.encode()))
+        elif whole != data:  # a whole last line, without its newline
+            with output.open("a", encoding="utf-8") as out:
+                out.write("\n")
+    except OSError as exc:
+        raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
     return done
 
 
-def request_lines(lines: list[str]) -> list[tuple[int, str, object, str | None]]:
+def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]]:
     """Each non-blank line as (its index, its custom_id: the line's own, else line-N, the parsed request or
-    None, the JSON error or None). A custom_id on two lines is a UserError (as OpenAI's Batch API refuses such
+    None, its error as a result's `error` ({code, message}: not JSON, a custom_id that is not a string) or
+    None). A custom_id on two lines is a UserError (as OpenAI's Batch API refuses such
     a file: each result names its request by it)."""
     out, seen = [], {}
     for n, line in enumerate(lines):
@@ -120,10 +125,11 @@ def request_lines(lines: list[str]) -> list[tuple[int, str, object, str | None]]
         try:
             request, error = json.loads(line), None
         except json.JSONDecodeError as exc:
-            request, error = None, f"line {n + 1}: {exc}"
+            request, error = None, {"code": "invalid_json", "message": f"line {n + 1}: {exc}"}
         given = request.get("custom_id") if isinstance(request, dict) else None
         if given is not None and not isinstance(given, str):
-            request, error, given = None, f"line {n + 1}: custom_id must be a string (got {json.dumps(given)})", None
+            request, given = None, None
+            error = {"code": "invalid_request", "message": f"line {n + 1}: custom_id must be a string"}
         custom_id = given or f"line-{n + 1}"
         if custom_id in seen:
             raise UserError(f"custom_id {custom_id!r} is on lines {seen[custom_id] + 1} and {n + 1}: each request "
@@ -177,13 +183,11 @@ def _batch(args) -> int:
                 bar.update(1)
                 continue
             job = None
-            if error is not None:
-                error = {"code": "invalid_json", "message": error}
-            elif not isinstance(request, dict) or request.get("method", "POST") != "POST" or \
-                    request.get("url") not in URLS:
+            if error is None and (not isinstance(request, dict) or request.get("method", "POST") != "POST" or
+                                  request.get("url") not in URLS):
                 error = {"code": "invalid_request", "message": f"line {n + 1}: each line needs method POST and url "
                          "/v1/completions, /v1/chat/completions or /v1/responses"}
-            else:
+            elif error is None:
                 kind, body = URLS[request["url"]], request.get("body")
                 try:
                     job = responses.parse(body, llm, model, args.chat_max_tokens) if kind == "response" else \

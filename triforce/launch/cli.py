@@ -185,7 +185,8 @@ def run_generation(args, llm) -> int:
     stream = None if args.json else (
         lambda piece: (streamed.append(piece), sys.stdout.write(piece), sys.stdout.flush()))
     try:
-        out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
+        with settings_named_by_flags():  # rules that contradict each other, named as set
+            out = llm.generate(prompt, params, stream=stream, show_progress=not args.no_progress)[0]
     except (KeyboardInterrupt, UserError) as exc:
         # the error, or the shell's prompt after Ctrl-C, on a line of its own after the text so far
         if streamed or (stream is not None and isinstance(exc, KeyboardInterrupt)):

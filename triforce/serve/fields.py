@@ -124,7 +124,7 @@ def prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[
                                       flag(body, "continue_final_message", False), body.get("chat_template_kwargs"))
         except UserError as exc:
             param = next((name for name in ("continue_final_message", "chat_template_kwargs")
-                          if str(exc).startswith(name)), "messages")
+                          if str(exc).startswith(f"'{name}'")), "messages")
             raise ApiError(400, str(exc), param=param) from None
         prompts = [prompt]
     else:

@@ -152,5 +152,6 @@ def check_obeyed(rules: RowRules | None, allowed: frozenset[int] | None, seq: Se
                                           ("bad_words", rules and rules.bad_words),
                                           ("the structured output", rules and rules.guide)) if rule is not None]
             after = position - prompt_length
-            raise RulesContradict(f"{', '.join(on[:-1])} and {on[-1]} leave no token to choose after {after} "
+            named = on[0] if len(on) == 1 else f"{', '.join(on[:-1])} and {on[-1]}"
+            raise RulesContradict(f"{named} leave no token to choose after {after} "
                                   f"generated token{'' if after == 1 else 's'}: they contradict each other there")
