@@ -159,6 +159,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+    if options and not flag(body, "stream", False):  # as OpenAI and vLLM refuse it
+        raise ApiError(400, "'stream_options' needs 'stream': true", param="stream_options")
     include_usage = flag(options, "include_usage", False)
     echoed = [echoed_text(p, tokens, llm) for p, tokens in zip(given, ids_of)] if echo else None
     return Job(kind, ids_of, params, flag(body, "stream", False), include_usage,

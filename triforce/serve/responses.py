@@ -47,7 +47,8 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
     chat = {name: body[name] for name in PASSED & set(body)}
     chat["messages"] = _messages(body)
     chat["stream"] = flag(body, "stream", False)
-    chat["stream_options"] = {"include_usage": True}
+    if chat["stream"]:
+        chat["stream_options"] = {"include_usage": True}
     for ours, theirs in (("max_output_tokens", "max_completion_tokens"), ("temperature", "temperature"),
                          ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls")):
         if body.get(ours) is not None:

@@ -19,7 +19,10 @@ def tokenize(body: object, llm, model_name: str) -> dict:
     if llm.tokenizer is None:
         raise ApiError(400, "this model has no tokenizer", param="prompt")
     if "messages" in body:
-        ids = prompts("chat", body, llm, body.get("tools"))[0][0]
+        tools = body.get("tools")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise ApiError(400, "'tools' must be a list of function tools", param="tools")
+        ids = prompts("chat", body, llm, tools)[0][0]
     else:
         text = body["prompt"]
         if not isinstance(text, str) or not text:
