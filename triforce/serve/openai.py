@@ -78,7 +78,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     """The body of a /v1/completions ('completion') or /v1/chat/completions ('chat') request, checked.
     A chat request without max_tokens gets up to `chat_max_tokens`, as far as the context allows (a whole
     context's worth would reserve its caches for every such request)."""
-    body = checked_body(body, FIELDS[kind], model_name, {**HARMLESS, "add_special_tokens": (ADDS_SPECIAL_TOKENS[kind],)})
+    harmless = {**HARMLESS, "add_special_tokens": (ADDS_SPECIAL_TOKENS[kind],)}
+    body = checked_body(body, FIELDS[kind], model_name, harmless)
     n = 1 if body.get("n") is None else body["n"]
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
         raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")

@@ -115,8 +115,10 @@ class RowRules:
             return True
         if self.bad_words is not None and token in self.bad_words.banned(seq, position, ()):
             return True
-        mask = None if self.guide is None else self.guide.allowed(seq[self.prompt_length:position])
-        return self.guide is not None and (mask is None or not mask[token])
+        if self.guide is None:
+            return False
+        mask = self.guide.allowed(seq[self.prompt_length:position])  # None: the history itself was refused
+        return mask is None or not bool(mask[token])
 
     def apply_chain(self, logits: torch.Tensor, seq: Sequence[int], start: int) -> torch.Tensor:
         """`apply` for rows where row i follows seq[:start + i]."""
