@@ -46,6 +46,7 @@ def test_a_response_is_the_chat_answer_to_its_instructions_and_input(server):
     assert r.usage.input_tokens == expected["usage"]["prompt_tokens"]
     assert r.usage.output_tokens == expected["usage"]["completion_tokens"]
     assert r.instructions == "be brief" and r.max_output_tokens == 5
+    assert r.output[0].status == "incomplete" and r.tool_choice == "none"  # as the response is; no tools ran
     events = streamed(client, instructions="be brief", input="what is the weather?", max_output_tokens=5)
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert [e.type for e in events[:4]] == ["response.created", "response.in_progress", "response.output_item.added",
@@ -53,6 +54,7 @@ def test_a_response_is_the_chat_answer_to_its_instructions_and_input(server):
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == r.output_text == events[-1].response.output_text
     assert events[-1].type == f"response.{r.status}" and events[-1].response.usage.input_tokens == r.usage.input_tokens
+    assert [e.item.status for e in events if e.type == "response.output_item.done"] == ["incomplete"]
 
 
 def test_text_format_constrains_the_answer_as_response_format_does(server):

@@ -240,6 +240,7 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "stream": "yes"}, 400, "stream"),
     ("/v1/responses", {"input": "w5", "max_output_tokens": 0}, 400, "max_output_tokens"),
     ("/v1/responses", {"input": "w5", "stream": 1}, 400, "stream"),
+    ("/v1/responses", {"input": "w5", "text": "json"}, 400, "text"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      400, "messages"),

@@ -58,7 +58,9 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
     if body.get("tools"):
         chat["tools"] = [_tool(t) for t in body["tools"]]
         chat["tool_choice"] = _tool_choice(body.get("tool_choice", "auto"))
-    format_ = (body.get("text") or {}).get("format") if isinstance(body.get("text") or {}, dict) else None
+    if not isinstance(body.get("text") or {}, dict):
+        raise ApiError(400, "'text' must be an object ({format: ...})", param="text")
+    format_ = (body.get("text") or {}).get("format")
     if format_ is not None:
         chat["response_format"] = _response_format(format_)
     try:
@@ -71,7 +73,8 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
     request = {name: body.get(name) for name in ("instructions", "max_output_tokens", "metadata")}
     request.update(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
                    parallel_tool_calls=body.get("parallel_tool_calls", True),
-                   tool_choice=body.get("tool_choice", "auto"), tools=body.get("tools") or [],
+                   tool_choice=body.get("tool_choice", "auto") if body.get("tools") else "none",  # as it ran
+                   tools=body.get("tools") or [],
                    text=body.get("text") or {"format": {"type": "text"}})
     fields = {name: getattr(job, name) for name in openai.Job.__dataclass_fields__}
     return ResponsesJob(**{**fields, "id": f"resp_{uuid.uuid4().hex}"}, request=request)
@@ -147,9 +150,9 @@ def response(job: ResponsesJob, model: str, outputs: list) -> dict:
     chat = openai.response(job, model, outputs)
     choice = chat["choices"][0]
     message = choice["message"]
-    items = [_message_item(job, message["content"])] if message.get("content") else []
-    items += [_call_item(call) for call in message.get("tool_calls") or []]
     finish = choice["finish_reason"]
+    items = [_message_item(job, message["content"], _item_status(finish))] if message.get("content") else []
+    items += [_call_item(call) for call in message.get("tool_calls") or []]
     return _response(job, model, items, chat["usage"], finish)
 
 
@@ -171,9 +174,14 @@ def _usage(usage: dict) -> dict:
             "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}}
 
 
+def _item_status(finish: str) -> str:
+    """A finished message item's status: incomplete where its response is (OpenAI's)."""
+    return "incomplete" if finish in INCOMPLETE else "completed"
+
+
 def _message_item(job: ResponsesJob, text: str, status: str = "completed") -> dict:
     return {"type": "message", "id": f"msg_{job.id[len('resp_'):]}", "status": status, "role": "assistant",
-            "content": [] if status != "completed" else [_text_part(text)]}
+            "content": [] if status == "in_progress" else [_text_part(text)]}
 
 
 def _text_part(text: str) -> dict:
@@ -225,7 +233,7 @@ async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncI
                     logprobs=[])
         yield event("response.content_part.done", item_id=item["id"], output_index=0, content_index=0,
                     part=_text_part(text))
-        output.append(_message_item(job, text))
+        output.append(_message_item(job, text, _item_status(finish or "stop")))
         yield event("response.output_item.done", output_index=0, item=output[-1])
     for call in calls:
         done = _call_item(call)
