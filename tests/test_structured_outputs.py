@@ -85,7 +85,8 @@ def test_a_gbnf_grammar_is_taken_as_its_lark_twin(llm, client):
                                 ("lark", 'start: "red" | "blue" ("-" /[0-9]/)*'),
                                 ("lark ?start", '?start: "red" | "blue" ("-" /[0-9]/)*'))}  # Lark's own form
     texts = {syntax: llm.generate(PROMPT, p)[0].text for syntax, p in params.items()}
-    assert texts["gbnf"] == texts["lark"] == texts["lark ?start"] and re.fullmatch(r"red|blue(-[0-9])*", texts["gbnf"]), texts
+    assert texts["gbnf"] == texts["lark"] == texts["lark ?start"], texts
+    assert re.fullmatch(r"red|blue(-[0-9])*", texts["gbnf"]), texts
     r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 20, "temperature": 0,
                                              "guided_grammar": 'root ::= "red" | "blue" ("-" [0-9])*'})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == texts["gbnf"], r.text
@@ -228,7 +229,8 @@ def test_rules_that_contradict_each_other_later_end_the_request_with_an_error(ll
     # (the request failed once the text was complete, with max_tokens past its length)
     digits = [llm.tokenizer.convert_tokens_to_ids(d) for d in "0123456789"]
     for temperature in (0, 1.0):
-        out = llm.generate(PROMPT, SamplingParams(max_tokens=6, temperature=temperature, seed=2, allowed_token_ids=digits,
+        out = llm.generate(PROMPT, SamplingParams(max_tokens=6, temperature=temperature, seed=2,
+                                                  allowed_token_ids=digits,
                                                   structured_outputs=StructuredOutputs(regex="[0-9]{2}")))[0]
         assert re.fullmatch("[0-9]{2}", out.text) and out.finish_reason == "stop", out
     # the regex alone, and the same allowed ids without it, still run

@@ -432,7 +432,8 @@ def test_models_health_and_the_api_key(llm):
 def test_a_lone_surrogate_and_the_developer_role(llm, client, monkeypatch):
     """JSON's "\\ud83d" alone is no text: a 400 that says so (the tokenizer's own error was cryptic). OpenAI's
     developer role is the system one (the templates know that name; it reached them as written)."""
-    r = client.post("/v1/completions", content='{"prompt": "w5 \\ud83d w6"}', headers={"content-type": "application/json"})
+    r = client.post("/v1/completions", content='{"prompt": "w5 \\ud83d w6"}',
+                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"], r.text
     monkeypatch.setattr(llm.tokenizer, "chat_template", "{% for m in messages %}{{ {'system': 'w7', 'user': 'w8'}"
                         ".get(m['role'], 'w9') }} {{ m['content'] }} {% endfor %}")
