@@ -267,7 +267,7 @@ def test_bad_requests_get_openai_errors(client, path, body, status, param):
         assert "max_completion_tokens" not in error["message"] and "messages" not in error["message"]
 
 
-def test_fields_that_clients_send_at_their_defaults_or_as_null_are_taken(client):
+def test_fields_that_clients_send_at_their_defaults_or_as_null_are_taken(llm, client):
     """OpenAI's and vLLM's clients send some fields at their defaults (store false, vLLM's use_beam_search
     false...), tags that change no answer (metadata), and unset fields as null: each asks for what the server
     does anyway, and a 400 failed the request. A null max_completion_tokens beside max_tokens left max_tokens
@@ -284,6 +284,11 @@ def test_fields_that_clients_send_at_their_defaults_or_as_null_are_taken(client)
     r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "add_special_tokens": True,
                                              "stop": ["a", "b", "c", "d", "e"], "user": None})
     assert r.status_code == 200, r.text  # vLLM takes any number of stop strings (OpenAI: 4)
+    # a null that is a field's own: a completion's "max_tokens": null asks for what the context allows (vLLM's)
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": None, "temperature": 0,
+                                             "ignore_eos": True}).json()
+    room = llm.target.config.max_positions - r["usage"]["prompt_tokens"]
+    assert r["usage"]["completion_tokens"] == min(1024, room) > 16, r["usage"]
 
 
 def test_an_infinite_temperature_is_refused(client):

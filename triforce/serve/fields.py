@@ -34,10 +34,11 @@ CLIENT_DEFAULTS = {"store": (False,), "service_tier": ("auto", "default"), "moda
 def checked_body(body: object, allowed: set[str], model_name: str, harmless: dict | None = None) -> dict:
     """`body` where it is a JSON object of `allowed` fields, or fields that hold what `harmless` or
     CLIENT_DEFAULTS map them to (what the server does anyway), that names this server's model or none;
-    without its fields of null (not given)."""
+    without the other fields of null (not given; an `allowed` field's null is its own, as a completion's
+    "max_tokens": null, which asks for as many as the context allows)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    body = {name: value for name, value in body.items() if value is not None}
+    body = {name: value for name, value in body.items() if value is not None or name in allowed}
     harmless = {**CLIENT_DEFAULTS, **(harmless or {})}
     for name, value in body.items():
         if name not in allowed and not _taken(value, harmless.get(name, ())):

@@ -101,7 +101,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         raise ApiError(400, "'echo' must be true or false", param="echo")
     ids = max(ids_of, key=len)  # the longest is the one to check
     limit = llm.target.config.max_positions
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", DEFAULT_MAX_TOKENS[kind]))
+    completion_limit = body.get("max_completion_tokens") is not None  # a null one leaves max_tokens in force
+    max_tokens = body["max_completion_tokens"] if completion_limit else body.get("max_tokens", DEFAULT_MAX_TOKENS[kind])
     if max_tokens is None:  # as much as the longest prompt leaves, up to chat_max_tokens
         max_tokens = max(1, min(chat_max_tokens, limit - len(ids)))
     seed = body.get("seed")
@@ -112,7 +113,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
                        param="seed")
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
-    least, name = (0 if echo else 1), ("max_completion_tokens" if "max_completion_tokens" in body else "max_tokens")
+    least, name = (0 if echo else 1), ("max_completion_tokens" if completion_limit else "max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < least:
         raise ApiError(400, f"'{name}' must be an integer >= {least}"
                             f"{' (0 only with echo)' if kind == 'completion' and not echo else ''}", param=name)
@@ -148,7 +149,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
             raise ConfigError(f"{source} is not a valid constraint: {exc}") from None
     except (UserError, TypeError, ValueError) as exc:  # their messages begin with the setting's name
         name = str(exc).split(" ", 1)[0]
-        if name == "max_tokens" and "max_completion_tokens" in body:
+        if name == "max_tokens" and completion_limit:
             name = "max_completion_tokens"
         raise ApiError(400, str(exc), param=name if name in FIELDS[kind] else None) from None
     if len(ids) > limit or (len(ids) == limit and max_tokens > 0):  # a whole context may be scored (echo)
