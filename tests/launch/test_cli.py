@@ -156,14 +156,16 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
     }
 
 
-CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long", "prompt past a sliding window", "draft window past its positions", "budget not multiple",
-         "gamma1 < 1", "tree past the draft's window", "a draft's tree without a draft", "a tree in mode ar",
-         "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "full layers past the target's", "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json",
-         "logprobs < 0", "empty prompt",
-         "empty prompt file", "missing prompt file", "rope scaling without factor", "rope scaling of an unknown kind",
-         "rope scaling factor 1", "rope scaling factor past 64", "rope scaling a scaled model", "workers < 0", "workers that do not split the model",
-         "one worker and no model", "worker timeout 0", "worker timeout nan", "control port past 65535", "a schema file that is not there", "unknown device", "a GPU this process lacks",
-         "unknown worker device"]
+CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long",
+         "prompt past a sliding window", "draft window past its positions", "budget not multiple", "gamma1 < 1",
+         "tree past the draft's window", "a draft's tree without a draft", "a tree in mode ar",
+         "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "full layers past the target's",
+         "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json", "logprobs < 0", "empty prompt",
+         "empty prompt file", "missing prompt file", "rope scaling without factor",
+         "rope scaling of an unknown kind", "rope scaling factor 1", "rope scaling factor past 64",
+         "rope scaling a scaled model", "workers < 0", "workers that do not split the model",
+         "one worker and no model", "worker timeout 0", "worker timeout nan", "control port past 65535",
+         "a schema file that is not there", "unknown device", "a GPU this process lacks", "unknown worker device"]
 
 
 @pytest.mark.parametrize("case", CASES)
