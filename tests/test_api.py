@@ -230,3 +230,27 @@ def test_chat_lays_each_conversation_out_by_the_template_and_generates(llm, monk
         llm.chat(first, params, chat_template_kwargs=5)  # a TypeError as it built the message
     with pytest.raises(UserError, match="the chat template refused these messages: no word for tool"):
         llm.chat([{"role": "tool", "content": "w5"}], params)  # a role the template has no word for
+
+
+def test_an_end_id_that_only_generation_config_names_ends_generation(tiny_dir, tmp_path):
+    """Qwen2.5's instruct models name <|im_end|> in config.json and add <|endoftext|> in
+    generation_config.json, where transformers and vLLM read it; generation ran on past the second."""
+    import json
+    import shutil
+
+    source = tiny_dir("api-target", tokenizer=True, seed=51)
+    free = LLM(source, mode="ar", dtype="float32").generate(
+        PROMPT, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    end = free.token_ids[4]
+    shutil.copytree(source, tmp_path / "model")
+    (tmp_path / "model" / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, end]}))
+    llm = LLM(tmp_path / "model", mode="ar", dtype="float32")
+    assert llm.eos_ids() == tuple(sorted({2, end}))
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=12, temperature=0))[0]
+    assert out.token_ids == free.token_ids[:free.token_ids.index(end) + 1] and out.finish_reason == "stop"
+    (tmp_path / "model" / "generation_config.json").write_text(json.dumps({"eos_token_id": ["2"]}))
+    with pytest.raises(UserError, match="generation_config.json: eos_token_id must be a token id or a list"):
+        LLM(tmp_path / "model", mode="ar")
+    (tmp_path / "model" / "generation_config.json").write_text(json.dumps({"eos_token_id": 96}))
+    with pytest.raises(UserError, match=r"end-of-sequence ids \[2, 96\] do not all lie in the vocabulary of 96"):
+        LLM(tmp_path / "model", mode="ar")

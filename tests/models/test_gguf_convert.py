@@ -1,6 +1,8 @@
 """gguf_convert.py turns GGUF tensors into a Hugging Face checkpoint tensor by tensor: on tiny GGUF files this
 test writes (llama, whose q/k rows llama.cpp reorders, and qwen2, with biases and without), every tensor
 equals what transformers reads from the same file, shards included."""
+import json
+
 import numpy as np
 import pytest
 import safetensors.torch
@@ -15,10 +17,19 @@ gguf = pytest.importorskip("gguf")
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 64, 4, 2, 96, 32, 2
 
 
-def write_gguf(path, arch: str, tied: bool) -> None:
-    """A random Llama-family GGUF: F32 norms and biases, Q8_0 matrices (as most GGUFs quantize them)."""
+def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None) -> None:
+    """A random Llama-family GGUF: F32 norms and biases, Q8_0 matrices (as most GGUFs quantize them); with
+    `tokens` (VOCAB of them, the last three control tokens, the last the end of sequence), a byte-level BPE
+    tokenizer as Qwen2's GGUFs carry one."""
     rng = np.random.default_rng(7)
     w = gguf.GGUFWriter(str(path), arch)
+    if tokens:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types([gguf.TokenType.NORMAL] * (VOCAB - 3) + [gguf.TokenType.CONTROL] * 3)
+        w.add_token_merges(["a b", "b c"])
+        w.add_eos_token_id(VOCAB - 1)
     w.add_block_count(LAYERS)
     w.add_context_length(256)
     w.add_embedding_length(HIDDEN)
@@ -121,3 +132,25 @@ def test_an_unknown_tensor_or_architecture_is_a_clear_error(tmp_path):
     truncated.write_bytes((tmp_path / "whole.gguf").read_bytes()[:-4096])
     with pytest.raises(ModelLoadError, match="truncated.gguf: cannot convert as a Llama-family GGUF"):
         gguf_convert.write_hf_folder(truncated, tmp_path)
+
+
+def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkeypatch):
+    """Qwen2.5's GGUFs name <|im_end|> the end of sequence; llama.cpp also ends at <|endoftext|>, as
+    Qwen's generation_config does. The conversion wrote config.json's id only, so a text that ended as a
+    document ran on; a folder converted before is given the ids when it is next resolved."""
+    from triforce.models import hub
+    from triforce.models.config import ModelConfig
+
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
+    tokens = ["a", "b", "c", "ab", "bc"] + [f"x{i}" for i in range(VOCAB - 8)] + \
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    path = tmp_path / "qwen.gguf"
+    write_gguf(path, "qwen2", False, tokens)
+    folder = hub.convert_gguf_cached(path)
+    ends = [VOCAB - 1, VOCAB - 3]  # <|im_end|>, then <|endoftext|>; not <|im_start|>
+    assert json.loads((folder / "generation_config.json").read_text()) == {"eos_token_id": ends}
+    assert ModelConfig.from_folder(folder).eos_token_ids == tuple(ends)
+    (folder / "generation_config.json").unlink()  # as converted before
+    assert ModelConfig.from_folder(folder).eos_token_ids == (VOCAB - 1,)
+    assert hub.convert_gguf_cached(path) == folder
+    assert ModelConfig.from_folder(folder).eos_token_ids == tuple(ends)

@@ -1,4 +1,5 @@
-"""ModelConfig: the Llama-family hyperparameters we need, read from a Hugging Face config.json.
+"""ModelConfig: the Llama-family hyperparameters we need, read from a Hugging Face config.json (and the ids
+that end generation from generation_config.json beside it, where transformers and vLLM look for them).
 
 Accepts both config layouts that transformers has written: 4.x (`rope_theta` + `rope_scaling`) and 5.x
 (`rope_parameters`). Architectures: Llama 2/3, Mistral, Qwen2 (qkv bias). Anything else is refused with a
@@ -18,6 +19,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "yarn", "llama3")  # what --rope-scaling KIND:FACTOR takes
 MAX_ROPE_FACTOR = 64  # the RoPE table covers every stretched position up front (models/rope.py)
 SUPPORTED_ACTIVATIONS = ("silu", "swish")  # the MLP's gate; transformers' names for one function
+GENERATION_CONFIG = "generation_config.json"
 
 
 class ModelLoadError(UserError):
@@ -105,7 +107,7 @@ class ModelConfig:
             if rope.get("rope_type", rope.get("type", "default")) == "default":
                 rope = {}
             eos = raw.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            eos_ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
             window = raw.get("sliding_window")
             if model_type == "qwen2" and not raw.get("use_sliding_window", False):
                 window = None
@@ -142,7 +144,28 @@ class ModelConfig:
             raw = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ModelLoadError(f"{path}: unreadable config ({exc})") from exc
-        return cls.from_hf_dict(raw)
+        config = cls.from_hf_dict(raw)
+        eos = tuple(dict.fromkeys(config.eos_token_ids + _generation_eos_ids(Path(folder) / GENERATION_CONFIG)))
+        if any(not 0 <= i < config.vocab_size for i in eos):
+            raise ModelLoadError(f"{folder}: end-of-sequence ids {list(eos)} do not all lie in the vocabulary "
+                                 f"of {config.vocab_size}")
+        return dataclasses.replace(config, eos_token_ids=eos)
+
+
+def _generation_eos_ids(path: Path) -> tuple[int, ...]:
+    """The `eos_token_id` (an id or a list) of generation_config.json at `path`, () without one. Generation
+    ends at these as well as at config.json's: Qwen2.5's instruct models name <|im_end|> there and add
+    <|endoftext|> here, and transformers' and vLLM's generate stop at both."""
+    if not path.is_file():
+        return ()
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except (OSError, json.JSONDecodeError, AttributeError) as exc:
+        raise ModelLoadError(f"{path}: unreadable ({exc})") from exc
+    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(type(i) is int for i in ids):
+        raise ModelLoadError(f"{path}: eos_token_id must be a token id or a list of them, not {eos!r}")
+    return tuple(ids)
 
 
 def parse_rope_scaling(spec: str) -> tuple[str, float]:

@@ -5,12 +5,14 @@ and written into the shard it belongs to, so the conversion holds about a shard 
 most: its tensors and safetensors' serialised copy of them. Before, transformers built the whole float32
 model from the whole dequantized checkpoint, both in memory (with the loader's copies, fetching
 Qwen2.5-Coder-1.5B, 7.1 GB in float32, peaked at 17.8 GB; now 4.7: docs/qwen.md).
-The config and the tokenizer still come from transformers, which reads them from the GGUF's metadata.
+The config and the tokenizer still come from transformers, which reads them from the GGUF's metadata; the
+ids that end generation are llama.cpp's for the same file (write_generation_config).
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .config import ModelLoadError
+from .config import GENERATION_CONFIG, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,9 @@ _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output
 _LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+# llama.cpp ends generation at the GGUF's end-of-sequence id and at any token of these texts (llama-vocab.cpp)
+END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+                     "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
 _DERIVED = ("rope_freqs",)  # llama.cpp's llama3 RoPE factors: not a weight (write_hf_folder warns)
 
 Tensors = list[tuple[str, int, Callable[[], torch.Tensor]]]  # (name, bytes, the tensor when wanted)
@@ -140,3 +145,19 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
         raise ModelLoadError(f"{gguf}: cannot convert as a Llama-family GGUF into {folder} ({exc})") from exc
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(folder)
+
+
+def write_generation_config(folder: Path) -> None:
+    """generation_config.json in converted `folder`: generation ends where llama.cpp ends it on the same GGUF,
+    at config.json's end-of-sequence id and at each token of its tokenizer named in END_OF_GENERATION. The
+    GGUF of an instruct model names its turn's end (Qwen2.5's <|im_end|>, SmolLM2's too); a text that ends
+    as a document (<|endoftext|>) ended nowhere before, and Qwen's own generation_config lists both."""
+    eos = json.loads((folder / "config.json").read_text()).get("eos_token_id")
+    ids = list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
+    vocab = folder / "tokenizer.json"
+    if vocab.is_file():
+        added = json.loads(vocab.read_text()).get("added_tokens", [])
+        ids += sorted(t["id"] for t in added if t.get("content") in END_OF_GENERATION)
+    partial = folder / f"{GENERATION_CONFIG}.{os.getpid()}"  # processes topping up one folder each write whole
+    partial.write_text(json.dumps({"eos_token_id": list(dict.fromkeys(ids))}, indent=2))
+    partial.replace(folder / GENERATION_CONFIG)

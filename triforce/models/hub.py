@@ -37,7 +37,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: processes making one model at once are not kept apart
     fcntl = None
 
-from .config import ModelLoadError
+from .config import GENERATION_CONFIG, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def fetch_model(name: str, again: bool = False) -> Path:
     dest = triforce_home() / "models" / name
     if again:
         (dest / _READY).unlink(missing_ok=True)
-    return _made_once(dest, lambda: _fetch(name, dest))
+    return _with_generation_config(_made_once(dest, lambda: _fetch(name, dest)))
 
 
 def refetch_hint(folder: Path) -> str:
@@ -228,7 +228,21 @@ def convert_gguf_cached(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     dest = triforce_home() / "models" / f"gguf-{gguf.stem}-{key}"
-    return _made_once(dest, lambda: convert_gguf(gguf, dest))
+    return _with_generation_config(_made_once(dest, lambda: convert_gguf(gguf, dest)))
+
+
+def _with_generation_config(folder: Path) -> Path:
+    """Converted `folder`, with the generation_config.json that names where its generation ends (written
+    here, so folders converted before 2026-11-29, whose models ended at config.json's id only, get it too)."""
+    if not (folder / GENERATION_CONFIG).is_file():
+        from .gguf_convert import write_generation_config
+
+        try:
+            write_generation_config(folder)
+        except OSError as exc:  # a shared, read-only home: the model still runs, as it did
+            log.warning("cannot write %s in %s (%s): generation ends at config.json's end id only",
+                        GENERATION_CONFIG, folder, exc)
+    return folder
 
 
 def convert_gguf(gguf: Path, dest: Path) -> None:
