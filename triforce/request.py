@@ -61,6 +61,11 @@ class Request:
         """The prompt tokens' entries (complete once the prompt is prefilled; None: not asked for)."""
         return None if self.params.prompt_logprobs is None else self.engine.prompt_logprobs
 
+    def kept_tokens(self) -> int:
+        """How many generated tokens a streamed output keeps so far (up to the one that completed a stop
+        string; a stream has the tokenizer's text)."""
+        return self.detok.tokens_through_stop()
+
     def new_logprobs(self) -> list[TokenLogprobs] | None:
         """The log-probability entries of the tokens generated since the last call, up to the one that
         completed a stop string (None: not asked for)."""

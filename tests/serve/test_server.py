@@ -1,6 +1,7 @@
 """`triforce serve` (serve/): the OpenAI wire format over FastAPI's TestClient, against LLM.generate on the
 same tiny models: whole and streamed answers, chat, concurrent requests on one batch, errors, the key,
 the queue and cancellation."""
+import itertools
 import json
 import threading
 import time
@@ -72,6 +73,25 @@ def test_a_stream_carries_the_same_text_and_ends_with_done(llm, client):
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
     assert chunks[-1]["usage"]["completion_tokens"] == 10 and len({c["id"] for c in chunks}) == 1
     assert all("usage" in c and c["usage"] is None for c in chunks[:-1])  # OpenAI's: null but in the last
+
+
+def test_continuous_usage_stats_count_each_choices_tokens_in_every_chunk(llm, client):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries its choice's counts so far (it was
+    ignored: null in all but the last chunk); without include_usage it asks for nothing."""
+    expected = [plain(llm, PROMPT, 30, temperature=0.9, seed=7 + i, ignore_eos=True) for i in range(2)]
+    body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0.9, "seed": 7, "n": 2, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = [json.loads(d) for d in events(client.post("/v1/completions", json=body))[:-1]]
+    for i, e in enumerate(expected):
+        mine = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        counts = [c["usage"]["completion_tokens"] for c in mine]
+        assert len(mine) > 2 and counts == sorted(counts) and 0 < counts[0] < counts[-1] == len(e.token_ids)
+        assert "".join(c["choices"][0]["text"] for c in mine) == e.text
+        assert all(c["usage"]["prompt_tokens"] == 40 and c["usage"]["total_tokens"] == 40 + count
+                   for c, count in zip(mine, counts))
+    assert chunks[-1]["usage"]["completion_tokens"] == 60 and not chunks[-1]["choices"]
+    body["stream_options"] = {"continuous_usage_stats": True}
+    assert all("usage" not in json.loads(d) for d in events(client.post("/v1/completions", json=body))[:-1])
 
 
 def test_the_stop_reason_names_the_stop_string_or_token_id_whole_and_streamed(llm, client):
@@ -503,8 +523,9 @@ def test_a_streamed_request_admitted_with_others_gets_its_own_text(llm):
     scheduler.stop()
     pieces = [data for kind, data in seen if kind == "text"]
     output = seen[-1][1]
-    assert "".join(piece for piece, _ in pieces) == output.text and len(pieces) > 1
-    assert [e for _, entries in pieces for e in entries] == output.logprobs  # each entry once, in order
+    assert "".join(piece for piece, _, _ in pieces) == output.text and len(pieces) > 1
+    assert [e for _, entries, _ in pieces for e in entries] == output.logprobs  # each entry once, in order
+    assert [tokens for _, entries, tokens in pieces] == list(itertools.accumulate(len(e) for _, e, _ in pieces))
 
 
 @pytest.mark.parametrize("mode", ["triforce", "auto"])

@@ -232,38 +232,44 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
     first, outputs, left = [True] * len(tickets), [None] * len(tickets), len(tickets)
     logprobs = [StreamedLogprobs(job.kind, job.texts, job.prompts[i // job.n]) for i in range(len(tickets))]
     streamed = [openai.StreamedContent(job.tools) if job.tools is not None else None for _ in tickets]
+    generated = [0] * len(tickets)  # each choice's tokens so far, for usage in every chunk (vLLM's)
     loop = asyncio.get_running_loop()
     try:
         while left:
             index, event, data = await events.get()
+            if event != "error":
+                generated[index] = data[2] if event == "text" else len(data.token_ids)
+            usage = openai.running_usage(job, index, generated[index]) if job.continuous_usage else None
             if first[index] and job.echoed is not None and event != "error":  # the prompt, before the text
                 echoed = None
                 if job.params.logprobs is not None:
                     entries = data.prompt_logprobs if event == "done" else tickets[index].request.prompt_logprobs
                     echoed = await loop.run_in_executor(formatting, logprobs[index].prompt,
                                                         job.prompts[index // job.n], entries)
-                yield openai.chunk(job, model, job.echoed[index // job.n], index=index, logprobs=echoed)
+                yield openai.chunk(job, model, job.echoed[index // job.n], index=index, logprobs=echoed,
+                                   usage=usage)
                 first[index] = False
             held = job.tools is not None and job.tools.may_call  # the text may hold calls: sent as known
             if event == "text" and held:
                 piece = streamed[index].add(data[0])
                 if piece:
-                    yield openai.chunk(job, model, piece, first=first[index], index=index)
+                    yield openai.chunk(job, model, piece, first=first[index], index=index, usage=usage)
                     first[index] = False
             elif event == "done" and held:
                 for event_chunk in openai.held_chunks(job, model, data, index, first[index], streamed[index],
-                                                      logprobs[index].rest(data.logprobs)):
+                                                      logprobs[index].rest(data.logprobs), usage):
                     yield event_chunk
                 first[index] = False
                 outputs[index], left = data, left - 1
             elif event == "text":
-                piece, entries = data
+                piece, entries, _ = data
                 yield openai.chunk(job, model, piece, first=first[index], index=index,
-                                   logprobs=logprobs[index].take(entries))
+                                   logprobs=logprobs[index].take(entries), usage=usage)
                 first[index] = False
             elif event == "done":
                 yield openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index,
-                                   logprobs=logprobs[index].rest(data.logprobs), stop_reason=data.stop_reason)
+                                   logprobs=logprobs[index].rest(data.logprobs), stop_reason=data.stop_reason,
+                                   usage=usage)
                 outputs[index], left = data, left - 1
             else:
                 yield data.body()

@@ -60,6 +60,7 @@ class Job:
     texts: TokenTexts | None = None  # token texts, for log-probabilities
     echoed: list[str] | None = None  # with `echo`: each prompt's text, which its choices' texts begin with
     tools: ToolPlan | None = None  # a chat request's tools and tool_choice
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage in every chunk
 
     def choices(self) -> list[tuple[list[int], SamplingParams]]:
         """Each choice's prompt and sampling settings, prompt after prompt: seed + i for a prompt's choice i
@@ -164,10 +165,11 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if options and not flag(body, "stream", False):  # as OpenAI and vLLM refuse it
         raise ApiError(400, "'stream_options' needs 'stream': true", param="stream_options")
     include_usage = flag(options, "include_usage", False)
+    continuous = flag(options, "continuous_usage_stats", False) and include_usage  # as vLLM takes it
     echoed = [echoed_text(p, tokens, llm) for p, tokens in zip(given, ids_of)] if echo else None
     return Job(kind, ids_of, params, flag(body, "stream", False), include_usage,
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n,
-               TokenTexts(llm.tokenizer), echoed, tools)
+               TokenTexts(llm.tokenizer), echoed, tools, continuous)
 
 
 def usage(job: Job, outputs: list) -> dict:
@@ -203,11 +205,20 @@ def response(job: Job, model: str, outputs: list) -> dict:
             "created": job.created, "model": model, "choices": choices, "usage": usage(job, outputs)}
 
 
+def running_usage(job: Job, index: int, generated: int) -> dict:
+    """The token counts of choice `index` so far, `generated` tokens into its answer: what each chunk
+    carries under vLLM's stream_options.continuous_usage_stats."""
+    prompt = len(job.prompts[index // job.n])
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+
+
 def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = None, first: bool = False,
-          index: int = 0, logprobs: dict | None = None, stop_reason: str | int | None = None) -> dict:
+          index: int = 0, logprobs: dict | None = None, stop_reason: str | int | None = None,
+          usage: dict | None = None) -> dict:
     """One server-sent event of a stream: a piece of choice `index`'s text, or (text None) its end with
     its finish reason and stop reason (vLLM's). `first`: the choice's first event (a chat delta then
-    carries the role); `logprobs`: the entries of the tokens it carries (logprobs.StreamedLogprobs)."""
+    carries the role); `logprobs`: the entries of the tokens it carries (logprobs.StreamedLogprobs);
+    `usage`: its running_usage where the job asked for usage in every chunk."""
     if job.kind == "completion":
         choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "text_completion"
@@ -220,20 +231,20 @@ def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = No
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason
     out = {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
-    return {**out, "usage": None} if job.include_usage else out  # OpenAI's: null but in the last chunk
+    return {**out, "usage": usage} if job.include_usage else out  # OpenAI's: null but in the last chunk
 
 
 def held_chunks(job: Job, model: str, output, index: int, first: bool, streamed: StreamedContent,
-                logprobs: dict | None = None) -> list[dict]:
+                logprobs: dict | None = None, usage: dict | None = None) -> list[dict]:
     """The end of a streamed answer that may hold tool calls (Job.tools.may_call; `streamed`: the content
     sent so far): one delta with its calls and the content not yet sent, and `logprobs`, then its end."""
     message, finish = job.tools.message(output.text, output.finish_reason)
     delta = streamed.rest(message)
     if not first:
         delta.pop("role")
-    head = chunk(job, model, None, index=index, logprobs=logprobs)
+    head = chunk(job, model, None, index=index, logprobs=logprobs, usage=usage)
     head["choices"][0]["delta"] = delta
-    return [head, chunk(job, model, None, finish, index=index, stop_reason=output.stop_reason)]
+    return [head, chunk(job, model, None, finish, index=index, stop_reason=output.stop_reason, usage=usage)]
 
 
 def usage_chunk(job: Job, model: str, outputs: list) -> dict:
