@@ -114,6 +114,7 @@ class Request:
             text = self.detok.text
             kept = self.detok.tokens_through_stop()  # the round that completed a stop string may have gone on
             tokens, logprobs = tokens[:kept], logprobs if logprobs is None else logprobs[:kept]
+            metrics.generated_tokens = len(tokens)  # the output's, as vLLM counts them (and tokens/s)
         hit_end = bool(tokens) and tokens[-1] in self.ends
         stop_string = None if self.detok is None else self.detok.stop_string
         finish = "stop" if hit_end or stop_string is not None else (
