@@ -292,10 +292,12 @@ def test_errors_name_the_flags_not_the_api_fields(capsys, target):
     assert str(raised.value) == "--top-k and --gamma1 (got 'top_k' in /tmp/max_tokens/x.json; prompt_logprobs; window)"
 
 
-def test_serve_with_workers_refuses_a_negative_prefix_cache(capsys, target):
-    """Without --workers the LLM refuses it; with them the workers' store was silently off."""
-    assert main(["serve", "--model", str(target), "--workers", "1", "--prefix-cache-gb", "-1"]) == 2
-    assert "--prefix-cache-gb must be a number >= 0" in capsys.readouterr().err
+@pytest.mark.parametrize("workers", [[], ["--workers", "1"]])
+def test_serve_refuses_a_negative_prefix_cache_by_its_flag(capsys, target, workers):
+    """Without --workers the LLM refuses it (it named prefix_cache_gb, the Python API's name); with them
+    the workers' store was silently off."""
+    assert main(["serve", "--model", str(target), *workers, "--prefix-cache-gb", "-1"]) == 2
+    assert "triforce: error: --prefix-cache-gb must be a number >= 0" in capsys.readouterr().err
 
 
 def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(capsys, target, monkeypatch):

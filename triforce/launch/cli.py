@@ -73,16 +73,18 @@ FIELD_FLAGS = {"max_tokens": "--max-new-tokens", "stop_token_ids": "--stop-token
 
 @contextlib.contextmanager
 def settings_named_by_flags():
-    """A ConfigError about settings made from generate's flags (SamplingParams, EngineConfig), with the
-    fields it names as the Python API does (max_tokens, top_k, gamma1) written as those flags (--max-new-tokens,
-    --top-k, --gamma1). Only field names with an underscore or a digit, outside quotes and paths: window or
-    budget are words as well."""
+    """A ConfigError about settings made from the flags of generate, serve or batch (SamplingParams,
+    EngineConfig, the LLM's prefix_cache_gb), with the fields it names as the Python API does (max_tokens,
+    top_k, gamma1) written as those flags (--max-new-tokens, --top-k, --gamma1). Only field names with an
+    underscore or a digit, outside quotes and paths: window or budget are words as well."""
     try:
         yield
     except ConfigError as exc:
         commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-        options = {o for a in commands.choices["generate"]._actions for o in a.option_strings}
+        options = {o for command in ("generate", "serve", "batch") for a in commands.choices[command]._actions
+                   for o in a.option_strings}
         names = {f.name for f in (*dataclasses.fields(SamplingParams), *dataclasses.fields(EngineConfig))}
+        names.add("prefix_cache_gb")
         flags = {name: FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in names
                  if re.search(r"_|\d", name)}
         flags = {name: flag for name, flag in flags.items() if flag in options}
