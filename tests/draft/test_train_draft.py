@@ -1,5 +1,6 @@
 """`triforce train-draft` on a tiny target: it learns, resumes, and writes a draft the engine accepts."""
 import json
+import os
 import random
 
 import pytest
@@ -81,6 +82,10 @@ def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_pat
         assert 0 <= genre["top1_agreement"] <= 1 and 0 < genre["expected_acceptance"] <= 1
     (checkpoint,) = work.glob("checkpoint-*.pt")
     assert torch.load(checkpoint, weights_only=True)["step"] == 6
+    umask = os.umask(0o022)
+    os.umask(umask)
+    # others may read it as the umask lets them (safetensors wrote the weights 0600: its owner's only)
+    assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {0o666 & ~umask}
     def cached():
         return sorted(p.stat().st_mtime_ns for p in [*work.glob("labels-*/*.pt"), *work.glob("answers-*/*.pt"),
                                                      *work.glob("installed-*.pt")])
@@ -142,11 +147,16 @@ def test_train_draft_rejects_a_bad_repeat_before_building_data(tiny_dir, tmp_pat
 
 
 @pytest.mark.parametrize("extra, message", [(["--steps", "-1"], "--steps must be >= 1"),
-                                            (["--lr", "0"], "--lr must be"),
+                                            (["--lr", "0"], "--lr must be a number > 0 (got 0.0)"),
+                                            (["--heldout-fraction", "1"], "--heldout-fraction must be in [0, 1)"),
+                                            (["--answer-temperatures", "0.6", "nan"], "--answer-temperatures"),
+                                            (["--top-k", "97"], "--top-k 97 is more than the target's 96 tokens"),
                                             (["--local-tokens", "0", "--answers", "0"], "no training sources")])
 def test_train_draft_rejects_bad_settings_before_building_data(tiny_dir, tmp_path, capsys, extra, message):
     """--steps -1 went on to generate the target's answers and write the work folder; no sources at all
-    blamed --repeat, which was not given."""
+    blamed --repeat, which was not given. A --top-k past the vocabulary was a traceback while labelling; a
+    bad answer temperature was found after the model loaded, named as the Python API's; --lr and
+    --heldout-fraction shared one message."""
     target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
     work = tmp_path / "work"
     code = main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d"), "--work-dir", str(work),
@@ -157,9 +167,10 @@ def test_train_draft_rejects_bad_settings_before_building_data(tiny_dir, tmp_pat
 
 @pytest.mark.parametrize("out, message", [("precious", "holds files that are not a draft"), (".", "name a folder below"),
                                           ("..", "name a folder below"), ("note.txt", "is a file"),
-                                          ("d", "--work-dir")])
+                                          ("d", "--work-dir"), ("note.txt/d", "cannot write the draft in")])
 def test_train_draft_refuses_an_out_folder_it_would_destroy(tiny_dir, tmp_path, capsys, monkeypatch, out, message):
-    """The export replaces --out whole: it deleted a folder of someone's files, and `--out ..` the folder above."""
+    """The export replaces --out whole: it deleted a folder of someone's files, and `--out ..` the folder above.
+    An --out that cannot be made was found when the trained draft was written (a traceback, the run lost)."""
     target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
     text = write_corpus(tmp_path / "corpus.txt", words=500)
     here = tmp_path / "here"

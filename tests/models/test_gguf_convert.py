@@ -2,6 +2,7 @@
 test writes (llama, whose q/k rows llama.cpp reorders, and qwen2, with biases and without), every tensor
 equals what transformers reads from the same file, shards included."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -146,11 +147,18 @@ def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkey
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     path = tmp_path / "qwen.gguf"
     write_gguf(path, "qwen2", False, tokens)
+    umask = os.umask(0o022)
+    os.umask(umask)
     folder = hub.convert_gguf_cached(path)
     ends = [VOCAB - 1, VOCAB - 3]  # <|im_end|>, then <|endoftext|>; not <|im_start|>
     assert json.loads((folder / "generation_config.json").read_text()) == {"eos_token_id": ends}
     assert ModelConfig.from_folder(folder).eos_token_ids == tuple(ends)
+    # others may read it as the umask lets them (safetensors wrote the weights 0600: a shared home's
+    # models were the fetching user's only)
+    assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o666 & ~umask}
     (folder / "generation_config.json").unlink()  # as converted before
+    (folder / "model.safetensors").chmod(0o600)
     assert ModelConfig.from_folder(folder).eos_token_ids == (VOCAB - 1,)
     assert hub.convert_gguf_cached(path) == folder
     assert ModelConfig.from_folder(folder).eos_token_ids == tuple(ends)
+    assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask

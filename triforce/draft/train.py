@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from ..errors import UserError
 from ..models.config import ModelConfig
+from ..models.hub import umask_modes
 from ..models.llama import LlamaModel
 from ..models.vocab import DRAFT_FILE
 
@@ -175,6 +176,7 @@ def export(model, out: Path, kept: torch.Tensor | None, target_vocab: int, metad
     if kept is not None:
         info["token_ids"] = kept.tolist()
     (tmp / DRAFT_FILE).write_text(json.dumps(info, indent=1))
+    umask_modes(tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -147,6 +148,12 @@ def _out_folder(name: str) -> Path:
     if out.is_dir() and any(out.iterdir()) and not (out / DRAFT_FILE).is_file():
         raise UserError(f"--out {name} holds files that are not a draft; the draft replaces its folder, so name "
                         "a new folder, an empty one or an earlier draft's")
+    try:  # found now, not when the draft is written at the end of the run
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as exc:
+        raise UserError(f"--out {name}: cannot write the draft in {out.parent} ({exc.strerror or exc})") from None
     return out
 
 
@@ -154,14 +161,17 @@ def run_train_draft(args) -> int:
     from .. import LLM
 
     started = time.time()
-    if args.seq_len < 16 or args.heldout_sequences < 1:
-        raise UserError("--seq-len must be >= 16 and --heldout-sequences >= 1")
-    for flag, least in (("steps", 1), ("batch_size", 1), ("checkpoint_every", 1), ("top_k", 1), ("answers", 0),
-                        ("answer_tokens", 1), ("answer_batch", 1), ("local_tokens", 0), ("max_train_tokens", 1)):
+    for flag, least in (("seq_len", 16), ("heldout_sequences", 1), ("steps", 1), ("batch_size", 1),
+                        ("checkpoint_every", 1), ("top_k", 1), ("answers", 0), ("answer_tokens", 1),
+                        ("answer_batch", 1), ("local_tokens", 0), ("max_train_tokens", 1)):
         if getattr(args, flag) < least:
             raise UserError(f"--{flag.replace('_', '-')} must be >= {least} (got {getattr(args, flag)})")
-    if not 0 < args.lr < float("inf") or not 0 <= args.heldout_fraction < 1:
-        raise UserError("--lr must be a number > 0, --heldout-fraction in [0, 1)")
+    if not 0 < args.lr < float("inf"):
+        raise UserError(f"--lr must be a number > 0 (got {args.lr})")
+    if not 0 <= args.heldout_fraction < 1:
+        raise UserError(f"--heldout-fraction must be in [0, 1) (got {args.heldout_fraction})")
+    if not all(0 <= t < float("inf") for t in args.answer_temperatures):
+        raise UserError(f"--answer-temperatures must be numbers >= 0 (got {args.answer_temperatures})")
     repeat = _repeats(args)
     out = _out_folder(args.out)
     llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
@@ -169,6 +179,8 @@ def run_train_draft(args) -> int:
         raise UserError(f"{llm.model_path} has no tokenizer; train-draft needs one")
     target, tokenizer = llm.target, llm.tokenizer
     vocab_total = target.config.vocab_size
+    if args.top_k > vocab_total:
+        raise UserError(f"--top-k {args.top_k} is more than the target's {vocab_total} tokens")
     shape = DraftShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads,
                        min(args.vocab or vocab_total, vocab_total), max_positions=max(2048, args.seq_len))
     shape.check(vocab_total)

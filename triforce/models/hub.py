@@ -132,7 +132,7 @@ def fetch_model(name: str, again: bool = False) -> Path:
     dest = triforce_home() / "models" / name
     if again:
         (dest / _READY).unlink(missing_ok=True)
-    return _with_generation_config(_made_once(dest, lambda: _fetch(name, dest)))
+    return _up_to_date(_made_once(dest, lambda: _fetch(name, dest)))
 
 
 def refetch_hint(folder: Path) -> str:
@@ -228,21 +228,34 @@ def convert_gguf_cached(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     dest = triforce_home() / "models" / f"gguf-{gguf.stem}-{key}"
-    return _with_generation_config(_made_once(dest, lambda: convert_gguf(gguf, dest)))
+    return _up_to_date(_made_once(dest, lambda: convert_gguf(gguf, dest)))
 
 
-def _with_generation_config(folder: Path) -> Path:
-    """Converted `folder`, with the generation_config.json that names where its generation ends (written
-    here, so folders converted before 2026-11-29, whose models ended at config.json's id only, get it too)."""
+def _up_to_date(folder: Path) -> Path:
+    """Converted `folder`, with the generation_config.json that names where its generation ends and files
+    others may read, both done here once, so folders converted before 2026-11-29 get them too (their models
+    ended at config.json's end id only; their weights were their owner's only, see umask_modes)."""
     if not (folder / GENERATION_CONFIG).is_file():
         from .gguf_convert import write_generation_config
 
         try:
             write_generation_config(folder)
-        except OSError as exc:  # a shared, read-only home: the model still runs, as it did
-            log.warning("cannot write %s in %s (%s): generation ends at config.json's end id only",
-                        GENERATION_CONFIG, folder, exc)
+            umask_modes(folder)
+        except OSError as exc:  # another user's folder in a shared home: the model still runs, as it did
+            log.warning("cannot bring %s up to date (%s): generation ends at config.json's end id only",
+                        folder, exc)
     return folder
+
+
+def umask_modes(folder: Path) -> None:
+    """Gives the files in `folder` the mode new files get under this process's umask (0644 under 0022):
+    safetensors writes its files 0600, so a model fetched into a shared TRIFORCE_HOME, or a draft written
+    into a shared folder, was readable by its owner only."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def convert_gguf(gguf: Path, dest: Path) -> None:
