@@ -27,7 +27,7 @@ from .coordinator.hierarchy import cache_bytes
 from .coordinator.remote import GroupFull
 from .errors import TooLarge, UserError
 from .memory import available_bytes as _available_memory_bytes
-from .models.config import ModelLoadError
+from .models.config import ModelLoadError, rope_scaling_spec
 from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model
 from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
 from .models.vocab import check_draft_vocabulary
@@ -73,6 +73,7 @@ class LLM:
                               f"`triforce ... --workers N`), or None (got {workers!r})")
         self.workers = workers
         EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
+        self.rope_scaling = None if rope_scaling is None else rope_scaling_spec(rope_scaling)
         self.model_path = resolve_model(model, revision)
         if draft is None and mode in MODES_WITH_DRAFT:
             draft = DEFAULT_DRAFTS.get(str(model))  # a folder in the package, or a known model's name
@@ -81,7 +82,6 @@ class LLM:
         if draft is None and mode == "draft":
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
         self.draft_path = resolve_model(draft, draft_revision) if draft is not None and mode in MODES_WITH_DRAFT else None
-        self.rope_scaling = rope_scaling
         self.target = self._load(self.model_path)
         self.draft = None if self.draft_path is None else self._load(self.draft_path)
         if self.draft is None and mode == "triforce":

@@ -134,6 +134,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "empty prompt file": (["--model", target, "--prompt-file", empty_file], "empty prompt"),
         "missing prompt file": (["--model", target, "--prompt-file", tmp_path / "none.txt"], "cannot read"),
         "rope scaling without factor": (["--model", target, *base, "--rope-scaling", "yarn"], "KIND:FACTOR"),
+        "empty rope scaling": (["--model", target, *base, "--rope-scaling", ""], "KIND:FACTOR"),  # was none
         "rope scaling of an unknown kind": (["--model", target, *base, "--rope-scaling", "ntk:2"], "KIND:FACTOR"),
         "rope scaling factor 1": (["--model", target, *base, "--rope-scaling", "linear:1"], "FACTOR > 1"),
         "rope scaling factor past 64": (["--model", target, *base, "--rope-scaling", "yarn:inf"], "at most 64"),
@@ -161,7 +162,7 @@ CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabul
          "tree past the draft's window", "a draft's tree without a draft", "a tree in mode ar",
          "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "full layers past the target's",
          "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json", "logprobs < 0", "empty prompt",
-         "empty prompt file", "missing prompt file", "rope scaling without factor",
+         "empty prompt file", "missing prompt file", "rope scaling without factor", "empty rope scaling",
          "rope scaling of an unknown kind", "rope scaling factor 1", "rope scaling factor past 64",
          "rope scaling a scaled model", "workers < 0", "workers that do not split the model",
          "one worker and no model", "worker timeout 0", "worker timeout nan", "control port past 65535",
@@ -180,10 +181,11 @@ def test_bad_input_is_one_clear_line(capsys, target, draft, tmp_path, tiny_dir, 
 
 
 def test_rope_scaling_stretches_the_positions_and_is_recorded(capsys, target, draft):
-    """A prompt past the target's 256 positions runs with --rope-scaling yarn:2 (512), in all three tiers."""
+    """A prompt past the target's 256 positions runs with --rope-scaling yarn:2 (512), in all three tiers,
+    recorded as the scaling it is however it was written (it was recorded as typed)."""
     long_prompt = " ".join(f"w{3 + i % 90}" for i in range(300))
     code, out, err = run_cli(capsys, "--model", target, "--draft", draft, "--prompt", long_prompt, "--max-new-tokens",
-                             6, "--ignore-eos", "--json", "--dtype", "float32", "--rope-scaling", "yarn:2")
+                             6, "--ignore-eos", "--json", "--dtype", "float32", "--rope-scaling", " YaRN:2.0")
     assert code == 0, err
     result = json.loads(out)
     assert result["rope_scaling"] == "yarn:2" and result["prompt_tokens"] == 300 and len(result["token_ids"]) == 6

@@ -180,3 +180,10 @@ def parse_rope_scaling(spec: str) -> tuple[str, float]:
         raise UserError(f"--rope-scaling takes KIND:FACTOR with KIND one of {', '.join(ROPE_SCALING_KINDS)} "
                         f"and FACTOR > 1 (at most {MAX_ROPE_FACTOR}), e.g. yarn:4 (got {spec!r})")
     return kind, value
+
+
+def rope_scaling_spec(spec: str) -> str:
+    """--rope-scaling as recorded: ' YARN:2.0' -> 'yarn:2'; a one-line UserError where it is not KIND:FACTOR
+    (an empty one too: it stretched nothing, silently)."""
+    kind, factor = parse_rope_scaling(spec)
+    return f"{kind}:{factor:g}"
