@@ -227,10 +227,16 @@ def test_shared_blocks_are_held_once_and_least_recently_used_go_first():
     assert tiny.bytes == 0 and restore(tiny, a + [1], Target()) == 0
 
 
-def test_zero_gigabytes_keeps_no_prefixes_and_a_negative_bound_is_refused(models):
+def test_zero_gigabytes_keeps_no_prefixes_and_a_negative_bound_is_refused(models, caplog):
     assert make(models, "ar", 0).prefixes is None
     with pytest.raises(Exception, match="prefix_cache_gb"):
         make(models, "ar", -1)
+    # a bound under one block (64 tokens x 3 layers x 2 KV heads x 16 x 2 x 4 bytes) keeps nothing: said once
+    block = 64 * 3 * 2 * 16 * 2 * 4
+    for gb, warned in ((block / 2**30, False), ((block - 1) / 2**30, True)):
+        caplog.clear()
+        make(models, "ar", gb)
+        assert ("holds no prompt block" in caplog.text) == warned, caplog.text
 
 
 def test_the_server_reports_cached_prompt_tokens(models):

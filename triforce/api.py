@@ -115,6 +115,12 @@ class LLM:
         """The prefix store's bound in bytes: at most half the memory free now (the rest is the running
         requests'); a bound asked past all of it is refused (every request then failed as too large)."""
         asked, free = int(prefix_cache_gb * 2**30), _available_memory_bytes(self.device)
+        itemsize = torch.finfo(self.target.dtype).bits // 8
+        block = self.config.prefill_chunk * self.target.config.kv_bytes_per_token(itemsize)
+        if asked < block:  # a server or batch job would start without a word and reuse nothing
+            log.warning("a prefix store of %g GB holds no prompt block (%d tokens of this model's keys and values "
+                        "take %.1f MB): no prompt is kept for reuse", prefix_cache_gb, self.config.prefill_chunk,
+                        block / 2**20)
         if free is None or asked <= free // 2:
             return asked
         if prefix_cache_gb != PREFIX_CACHE_GB and asked > free:

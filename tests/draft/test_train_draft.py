@@ -96,6 +96,7 @@ def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_pat
     # Resuming: data and labels are reused and no training step runs again, so the draft is the same.
     weights = (out / "model.safetensors").read_bytes()
     assert main(argv) == 0
+    assert "resuming at step 6 of 6" in capsys.readouterr().err  # a rerun said nothing of it
     assert cached() == before
     assert (out / "model.safetensors").read_bytes() == weights
 
@@ -184,3 +185,13 @@ def test_train_draft_refuses_an_out_folder_it_would_destroy(tiny_dir, tmp_path, 
     assert code == 2 and message in capsys.readouterr().err
     assert (here / "precious" / "thesis.txt").read_text() == "important" and (here / "note.txt").is_file()
     assert not work.exists()
+
+
+def test_a_text_too_short_for_one_sequence_says_how_long_it_is(tiny_dir, tmp_path, capsys):
+    target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
+    text = write_corpus(tmp_path / "corpus.txt", words=40)
+    code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
+                 "--work-dir", str(tmp_path / "work"), "--local-tokens", "0", "--answers", "0", "--seq-len", "64",
+                 "--heldout-fraction", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no complete sequence of 64 tokens (only " in err and "--seq-len" in err, err

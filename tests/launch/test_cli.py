@@ -106,6 +106,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
     base = ["--prompt", WORDS, "--max-new-tokens", 4]
     return {
         "missing folder": (["--model", tmp_path / "nope", *base], "no such model folder"),
+        "a draft that is a plain file": (["--model", target, "--draft", empty_file, *base],
+                                         "empty.txt is a file, not a model folder or a .gguf file"),
         "corrupt folder": (["--model", corrupt, *base], "corrupt"),
         "corrupt tokenizer": (["--model", broken_tokenizer, *base], "cannot read the tokenizer"),  # was "no tokenizer"
         "draft vocabulary": (["--model", target, "--draft", other_vocab, *base], "vocabulary"),
@@ -157,7 +159,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
     }
 
 
-CASES = ["missing folder", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long",
+CASES = ["missing folder", "a draft that is a plain file", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long",
          "prompt past a sliding window", "draft window past its positions", "budget not multiple", "gamma1 < 1",
          "tree past the draft's window", "a draft's tree without a draft", "a tree in mode ar",
          "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "full layers past the target's",

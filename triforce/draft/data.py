@@ -40,7 +40,8 @@ def to_sequences(tokenizer, texts: list[str], seq_len: int, separator: int | Non
     """The texts' tokens packed into whole sequences of seq_len (see `pack`)."""
     sequences = pack([tokenizer(text).input_ids for text in texts], seq_len, separator)
     if sequences.shape[0] == 0:
-        raise UserError(f"the text holds no complete sequence of {seq_len} tokens")
+        raise UserError(f"the text holds no complete sequence of {seq_len} tokens (only "
+                        f"{sum(len(tokenizer(text).input_ids) for text in texts)}): give more text or a lower --seq-len")
     return sequences
 
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +137,7 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
         model.load_state_dict(ckpt["model"])
         optim.load_state_dict(ckpt["optim"])
         start = ckpt["step"]
+        tqdm.write(f"train-draft: resuming at step {start} of {settings.steps} from {ckpt_path}", file=sys.stderr)
     n = sequences.shape[0]
     repeats = torch.ones(n, dtype=torch.long) if repeats is None else repeats
     order = sample_order(repeats, settings.steps * settings.batch_size, settings.seed)

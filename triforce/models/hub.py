@@ -98,6 +98,8 @@ def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
         return convert_gguf_cached(path)
     if path.is_dir():
         return path
+    if path.is_file():
+        raise ModelLoadError(f"{spec_str} is a file, not a model folder or a .gguf file")
     if HUB_ID.fullmatch(spec_str):
         return hub_snapshot(spec_str, revision)
     known = ", ".join(KNOWN_MODELS)
