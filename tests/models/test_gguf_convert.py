@@ -2,7 +2,6 @@
 test writes (llama, whose q/k rows llama.cpp reorders, and qwen2, with biases and without), every tensor
 equals what transformers reads from the same file, shards included."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -135,30 +134,28 @@ def test_an_unknown_tensor_or_architecture_is_a_clear_error(tmp_path):
         gguf_convert.write_hf_folder(truncated, tmp_path)
 
 
-def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkeypatch):
-    """Qwen2.5's GGUFs name <|im_end|> the end of sequence; llama.cpp also ends at <|endoftext|>, as
-    Qwen's generation_config does. The conversion wrote config.json's id only, so a text that ended as a
-    document ran on; a folder converted before is given the ids when it is next resolved."""
+def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkeypatch, umask_022):
+    """Qwen2.5's GGUFs name <|im_end|> the end of sequence; llama.cpp also ends at <|endoftext|> (as Qwen's
+    generation_config does) and at the fill-in-the-middle file separator. The conversion wrote config.json's
+    id only, so a text that ended as a document ran on, and safetensors wrote the weights 0600: a shared
+    home's models were their fetcher's only. A folder converted before is mended when next resolved."""
     from triforce.models import hub
     from triforce.models.config import ModelConfig
 
     monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
-    tokens = ["a", "b", "c", "ab", "bc"] + [f"x{i}" for i in range(VOCAB - 8)] + \
-        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = ["a", "b", "c", "ab", "bc", "<|file_sep|>"] + [f"x{i}" for i in range(VOCAB - 9)] + \
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # the separator a plain token, as llama.cpp reads it too
     path = tmp_path / "qwen.gguf"
     write_gguf(path, "qwen2", False, tokens)
-    umask = os.umask(0o022)
-    os.umask(umask)
     folder = hub.convert_gguf_cached(path)
-    ends = [VOCAB - 1, VOCAB - 3]  # <|im_end|>, then <|endoftext|>; not <|im_start|>
+    ends = [VOCAB - 1, 5, VOCAB - 3]  # <|im_end|>, then <|file_sep|> and <|endoftext|>; not <|im_start|>
     assert json.loads((folder / "generation_config.json").read_text()) == {"eos_token_id": ends}
     assert ModelConfig.from_folder(folder).eos_token_ids == tuple(ends)
-    # others may read it as the umask lets them (safetensors wrote the weights 0600: a shared home's
-    # models were the fetching user's only)
-    assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o666 & ~umask}
-    (folder / "generation_config.json").unlink()  # as converted before
-    (folder / "model.safetensors").chmod(0o600)
-    assert ModelConfig.from_folder(folder).eos_token_ids == (VOCAB - 1,)
-    assert hub.convert_gguf_cached(path) == folder
-    assert ModelConfig.from_folder(folder).eos_token_ids == tuple(ends)
-    assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o644}
+    for resolve in (lambda: hub.convert_gguf_cached(path), lambda: hub.resolve_model(folder)):
+        (folder / "generation_config.json").unlink()  # as converted before
+        (folder / "model.safetensors").chmod(0o600)
+        assert ModelConfig.from_folder(folder).eos_token_ids == (VOCAB - 1,)
+        assert resolve() == folder
+        assert ModelConfig.from_folder(folder).eos_token_ids == tuple(ends)
+        assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o644

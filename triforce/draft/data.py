@@ -38,10 +38,11 @@ def pack(id_lists: list[list[int]], seq_len: int, separator: int | None = None) 
 
 def to_sequences(tokenizer, texts: list[str], seq_len: int, separator: int | None = None) -> torch.Tensor:
     """The texts' tokens packed into whole sequences of seq_len (see `pack`)."""
-    sequences = pack([tokenizer(text).input_ids for text in texts], seq_len, separator)
+    id_lists = [tokenizer(text).input_ids for text in texts]
+    sequences = pack(id_lists, seq_len, separator)
     if sequences.shape[0] == 0:
-        raise UserError(f"the text holds no complete sequence of {seq_len} tokens (only "
-                        f"{sum(len(tokenizer(text).input_ids) for text in texts)}): give more text or a lower --seq-len")
+        raise UserError(f"the text holds no complete sequence of {seq_len} tokens (about "
+                        f"{sum(map(len, id_lists))}): give more text or a lower --seq-len")
     return sequences
 
 

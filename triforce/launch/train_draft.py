@@ -148,12 +148,12 @@ def _out_folder(name: str) -> Path:
     if out.is_dir() and any(out.iterdir()) and not (out / DRAFT_FILE).is_file():
         raise UserError(f"--out {name} holds files that are not a draft; the draft replaces its folder, so name "
                         "a new folder, an empty one or an earlier draft's")
+    above = next(folder for folder in out.parents if folder.exists())  # the export makes the rest
     try:  # found now, not when the draft is written at the end of the run
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out.parent):
+        with tempfile.TemporaryFile(dir=above):
             pass
     except OSError as exc:
-        raise UserError(f"--out {name}: cannot write the draft in {out.parent} ({exc.strerror or exc})") from None
+        raise UserError(f"--out {name}: cannot write the draft in {above} ({exc.strerror or exc})") from None
     return out
 
 

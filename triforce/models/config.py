@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,8 @@ ROPE_SCALING_KINDS = ("linear", "dynamic", "yarn", "llama3")  # what --rope-scal
 MAX_ROPE_FACTOR = 64  # the RoPE table covers every stretched position up front (models/rope.py)
 SUPPORTED_ACTIVATIONS = ("silu", "swish")  # the MLP's gate; transformers' names for one function
 GENERATION_CONFIG = "generation_config.json"
+
+log = logging.getLogger(__name__)
 
 
 class ModelLoadError(UserError):
@@ -146,10 +149,11 @@ class ModelConfig:
             raise ModelLoadError(f"{path}: unreadable config ({exc})") from exc
         config = cls.from_hf_dict(raw)
         eos = tuple(dict.fromkeys(config.eos_token_ids + _generation_eos_ids(Path(folder) / GENERATION_CONFIG)))
-        if any(not 0 <= i < config.vocab_size for i in eos):
-            raise ModelLoadError(f"{folder}: end-of-sequence ids {list(eos)} do not all lie in the vocabulary "
-                                 f"of {config.vocab_size}")
-        return dataclasses.replace(config, eos_token_ids=eos)
+        outside = [i for i in eos if not 0 <= i < config.vocab_size]
+        if outside:  # no logit row can give them (transformers and vLLM load such folders too)
+            log.warning("%s: end-of-sequence ids %s lie outside the vocabulary of %d: left out", folder, outside,
+                        config.vocab_size)
+        return dataclasses.replace(config, eos_token_ids=tuple(i for i in eos if i not in outside))
 
 
 def _generation_eos_ids(path: Path) -> tuple[int, ...]:
@@ -186,4 +190,4 @@ def rope_scaling_spec(spec: str) -> str:
     """--rope-scaling as recorded: ' YARN:2.0' -> 'yarn:2'; a one-line UserError where it is not KIND:FACTOR
     (an empty one too: it stretched nothing, silently)."""
     kind, factor = parse_rope_scaling(spec)
-    return f"{kind}:{factor:g}"
+    return f"{kind}:{repr(factor).removesuffix('.0')}"  # every digit: the factor as parsed, read back

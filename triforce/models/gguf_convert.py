@@ -32,9 +32,13 @@ _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output
 _LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-# llama.cpp ends generation at the GGUF's end-of-sequence id and at any token of these texts (llama-vocab.cpp)
+# llama.cpp ends generation at the GGUF's end-of-sequence id and at any token of these texts (llama-vocab.cpp:
+# its end-of-generation texts, then its fill-in-the-middle pad, repository and file separator tokens, then
+# DeepSeek's end of turn)
 END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-                     "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+                     "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+                     "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+                     "<REPO>", "<reponame>", "<|file_sep|>", "<｜end▁of▁sentence｜>")
 _DERIVED = ("rope_freqs",)  # llama.cpp's llama3 RoPE factors: not a weight (write_hf_folder warns)
 
 Tensors = list[tuple[str, int, Callable[[], torch.Tensor]]]  # (name, bytes, the tensor when wanted)
@@ -156,8 +160,12 @@ def write_generation_config(folder: Path) -> None:
     ids = list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
     vocab = folder / "tokenizer.json"
     if vocab.is_file():
-        added = json.loads(vocab.read_text()).get("added_tokens", [])
-        ids += sorted(t["id"] for t in added if t.get("content") in END_OF_GENERATION)
+        tokenizer = json.loads(vocab.read_text())
+        texts = {t.get("content"): t["id"] for t in tokenizer.get("added_tokens", [])}
+        words = tokenizer.get("model", {}).get("vocab")
+        if isinstance(words, dict):  # BPE's and WordPiece's text -> id
+            texts = {**words, **texts}
+        ids += sorted(texts[text] for text in END_OF_GENERATION if text in texts)
     partial = folder / f"{GENERATION_CONFIG}.{os.getpid()}"  # processes topping up one folder each write whole
     partial.write_text(json.dumps({"eos_token_id": list(dict.fromkeys(ids))}, indent=2))
     partial.replace(folder / GENERATION_CONFIG)

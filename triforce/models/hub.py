@@ -97,7 +97,7 @@ def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf_cached(path)
     if path.is_dir():
-        return path
+        return _up_to_date(path) if (path / _READY).is_file() else path  # a converted folder named by its path
     if path.is_file():
         raise ModelLoadError(f"{spec_str} is a file, not a model folder or a .gguf file")
     if HUB_ID.fullmatch(spec_str):
@@ -234,30 +234,52 @@ def convert_gguf_cached(gguf: Path) -> Path:
 
 
 def _up_to_date(folder: Path) -> Path:
-    """Converted `folder`, with the generation_config.json that names where its generation ends and files
-    others may read, both done here once, so folders converted before 2026-11-29 get them too (their models
-    ended at config.json's end id only; their weights were their owner's only, see umask_modes)."""
+    """Converted `folder` as conversions leave it now (_finish_conversion): one converted before 2026-11-29
+    lacked the generation_config.json that names where generation ends (its model ended at config.json's
+    id only) and held weights only its owner could read. Mended here once; the generation_config, written
+    last, marks it done."""
     if not (folder / GENERATION_CONFIG).is_file():
-        from .gguf_convert import write_generation_config
-
         try:
-            write_generation_config(folder)
-            umask_modes(folder)
+            _finish_conversion(folder)
         except OSError as exc:  # another user's folder in a shared home: the model still runs, as it did
-            log.warning("cannot bring %s up to date (%s): generation ends at config.json's end id only",
-                        folder, exc)
+            log.warning("cannot mend %s, converted by an earlier triforce (%s): generation ends at config.json's "
+                        "end id only; its owner mends it by using it once", folder, exc)
     return folder
+
+
+def _finish_conversion(folder: Path) -> None:
+    from .gguf_convert import write_generation_config
+
+    umask_modes(folder)
+    write_generation_config(folder)
 
 
 def umask_modes(folder: Path) -> None:
     """Gives the files in `folder` the mode new files get under this process's umask (0644 under 0022):
     safetensors writes its files 0600, so a model fetched into a shared TRIFORCE_HOME, or a draft written
     into a shared folder, was readable by its owner only."""
+    mode = 0o666 & ~_umask()
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            try:
+                path.chmod(mode)
+            except FileNotFoundError:  # another process's temporary file, renamed meanwhile
+                pass
+
+
+def _umask() -> int:
+    """This process's umask: read where Linux shows it, since reading it with os.umask sets it for a moment
+    (for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     umask = os.umask(0o022)
     os.umask(umask)
-    for path in folder.iterdir():
-        if path.is_file():
-            path.chmod(0o666 & ~umask)
+    return umask
 
 
 def convert_gguf(gguf: Path, dest: Path) -> None:
@@ -273,6 +295,7 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
     try:
         write_hf_folder(gguf, tmp)
         load_model(tmp, "bfloat16")  # the check: it must load before it is published
+        _finish_conversion(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
