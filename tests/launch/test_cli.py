@@ -159,8 +159,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
     }
 
 
-CASES = ["missing folder", "a draft that is a plain file", "corrupt folder", "corrupt tokenizer", "draft vocabulary", "prompt too long",
-         "prompt past a sliding window", "draft window past its positions", "budget not multiple", "gamma1 < 1",
+CASES = ["missing folder", "a draft that is a plain file", "corrupt folder", "corrupt tokenizer", "draft vocabulary",
+         "prompt too long", "prompt past a sliding window", "draft window past its positions", "budget not multiple", "gamma1 < 1",
          "tree past the draft's window", "a draft's tree without a draft", "a tree in mode ar",
          "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "full layers past the target's",
          "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json", "logprobs < 0", "empty prompt",
@@ -300,7 +300,9 @@ def test_errors_name_the_flags_not_the_api_fields(capsys, target):
 def test_serve_refuses_a_negative_prefix_cache_by_its_flag(capsys, target, workers):
     """Without --workers the LLM refuses it (it named prefix_cache_gb, the Python API's name); with them
     the workers' store was silently off."""
-    assert main(["serve", "--model", str(target), *workers, "--prefix-cache-gb", "-1"]) == 2
+    from triforce.launch.distributed import free_port
+
+    assert main(["serve", "--model", str(target), *workers, "--port", str(free_port()), "--prefix-cache-gb", "-1"]) == 2
     assert "triforce: error: --prefix-cache-gb must be a number >= 0" in capsys.readouterr().err
 
 

@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 from checkpoints import ARCHITECTURES
 from triforce.cache.full import FullKVCache
 from triforce.errors import UserError
-from triforce.models.config import ROPE_SCALING_KINDS, ModelLoadError
+from triforce.models.config import ROPE_SCALING_KINDS, ModelLoadError, parse_rope_scaling, rope_scaling_spec
 from triforce.models.loader import load_model
 
 
@@ -68,6 +68,16 @@ def test_rope_scaling_refuses_bad_specs_and_scaled_models(tiny_dir):
             load_model(folder, rope_scaling=spec)
     with pytest.raises(ModelLoadError, match="already scales RoPE"):
         load_model(tiny_dir("llama3-tieFalse", arch="llama3", tie=False, seed=3), rope_scaling="yarn:2")
+
+
+def test_a_rope_scaling_is_recorded_as_parsed():
+    """Recorded in --json and passed on as written back: every digit kept (six digits made 1.0000001 a
+    factor 1, refused when read again, and 1.23456789 another factor than the workers')."""
+    for spec, recorded in ((" YaRN:2.0", "yarn:2"), ("linear:1.0000001", "linear:1.0000001"),
+                           ("llama3:1.23456789", "llama3:1.23456789"), ("dynamic:8", "dynamic:8")):
+        assert rope_scaling_spec(spec) == recorded and parse_rope_scaling(recorded) == parse_rope_scaling(spec)
+    with pytest.raises(UserError, match="KIND:FACTOR"):
+        rope_scaling_spec("")
 
 
 def test_sharded_checkpoint_loads_like_single_file(tiny_dir, tmp_path):

@@ -92,6 +92,11 @@ def test_continuous_usage_stats_count_each_choices_tokens_in_every_chunk(llm, cl
     assert chunks[-1]["usage"]["completion_tokens"] == 60 and not chunks[-1]["choices"]
     body["stream_options"] = {"continuous_usage_stats": True}
     assert all("usage" not in json.loads(d) for d in events(client.post("/v1/completions", json=body))[:-1])
+    chat = {"messages": [{"role": "user", "content": "w10 w11"}], "max_tokens": 12, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = [json.loads(d) for d in events(client.post("/v1/chat/completions", json=chat))[:-1]]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 12 and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
 
 
 def test_the_stop_reason_names_the_stop_string_or_token_id_whole_and_streamed(llm, client):
@@ -525,7 +530,8 @@ def test_a_streamed_request_admitted_with_others_gets_its_own_text(llm):
     output = seen[-1][1]
     assert "".join(piece for piece, _, _ in pieces) == output.text and len(pieces) > 1
     assert [e for _, entries, _ in pieces for e in entries] == output.logprobs  # each entry once, in order
-    assert [tokens for _, entries, tokens in pieces] == list(itertools.accumulate(len(e) for _, e, _ in pieces))
+    counts = [tokens for _, _, tokens in pieces]  # the tokens kept so far, each piece's and those before
+    assert counts == list(itertools.accumulate(len(e) for _, e, _ in pieces)) and counts[-1] == len(output.token_ids)
 
 
 @pytest.mark.parametrize("mode", ["triforce", "auto"])

@@ -114,10 +114,12 @@ def run_bench(args) -> int:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     if args.peers and SamplingParams(**penalty_settings(args)).penalized:
         raise UserError("the peers decode without penalties: leave out --peers with the penalty flags")
-    llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
-              args.device, rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
-              prefix_cache_gb=args.prefix_cache_gb,
-              **engine_settings(args))
+    from .cli import settings_named_by_flags
+
+    with settings_named_by_flags():
+        llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
+                  args.device, rope_scaling=args.rope_scaling, revision=args.revision,
+                  draft_revision=args.draft_revision, prefix_cache_gb=args.prefix_cache_gb, **engine_settings(args))
     if "assisted" in args.peers and llm.draft_path is None:
         raise UserError("the assisted peer needs a draft model")
     if "assisted" in args.peers and llm.draft.config.vocab_size != llm.target.config.vocab_size and \

@@ -73,7 +73,7 @@ FIELD_FLAGS = {"max_tokens": "--max-new-tokens", "stop_token_ids": "--stop-token
 
 @contextlib.contextmanager
 def settings_named_by_flags():
-    """A ConfigError about settings made from the flags of generate, serve or batch (SamplingParams,
+    """A ConfigError about settings made from the flags of generate, serve, batch or bench (SamplingParams,
     EngineConfig, the LLM's prefix_cache_gb), with the fields it names as the Python API does (max_tokens,
     top_k, gamma1) written as those flags (--max-new-tokens, --top-k, --gamma1). Only field names with an
     underscore or a digit, outside quotes and paths: window or budget are words as well."""
@@ -81,8 +81,8 @@ def settings_named_by_flags():
         yield
     except ConfigError as exc:
         commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-        options = {o for command in ("generate", "serve", "batch") for a in commands.choices[command]._actions
-                   for o in a.option_strings}
+        options = {o for command in ("generate", "serve", "batch", "bench")
+                   for a in commands.choices[command]._actions for o in a.option_strings}
         names = {f.name for f in (*dataclasses.fields(SamplingParams), *dataclasses.fields(EngineConfig))}
         names.add("prefix_cache_gb")
         flags = {name: FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in names

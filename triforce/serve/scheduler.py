@@ -7,8 +7,9 @@ not depend on its companions, except which seeded sample mode auto's batch plan 
 could not fit even alone is refused at once (413). Each request reports through its `on_event(kind,
 data)`, called from the scheduler's thread: ("text", (piece, entries, tokens)) as its text is committed
 (streaming requests; entries: the log-probabilities of the tokens since the last piece,
-Request.new_logprobs; tokens: how many its output keeps so far), then ("done", RequestOutput) or ("error", ApiError): 400 where the request's own
-settings ended it (its rules contradict each other), 500 or 503 where the server failed it.
+Request.new_logprobs; tokens: how many its output keeps so far), then ("done", RequestOutput) or
+("error", ApiError): 400 where the request's own settings ended it (its rules contradict each other), 500
+or 503 where the server failed it.
 `cancel()` drops a waiting request, and ends a running one after its round in progress (a client that
 went away); `drain()` does that to all of them when the server shuts down.
 """
