@@ -248,6 +248,7 @@ def _up_to_date(folder: Path) -> Path:
 
 
 def _finish_conversion(folder: Path) -> None:
+    """The last steps of a conversion: files others may read, then where generation ends."""
     from .gguf_convert import write_generation_config
 
     umask_modes(folder)
