@@ -171,7 +171,7 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--lengths", "50", "5000"], "past the model's"), (["--lengths", "50", "240"], "tokens of --text"),
     (["--temperatures", "0", "-1"], "temperature"), (["--sweep", "budget=32,-5"], "budget"),
     (["--sweep", "mode=ar,retrieval"], "other than the mode"), (["--workloads", "novel", "passkey", "--batch", "1", "2"], "batch 1"),
-    (["--out", "."], "is a folder")])
+    (["--out", "."], "is a folder"), (["--out", "/proc/bench.json"], "cannot write --out /proc/bench.json")])
 def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, capsys, extra, message):
     """A bad value met in a later group threw away the groups before it (and `--sweep mode=` was a traceback)."""
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)

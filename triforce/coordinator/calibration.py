@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
+
+from ..config import is_number
 
 log = logging.getLogger(__name__)
 _FILES: dict[tuple[type, Path | None], "CalibrationFile"] = {}  # `default`'s, one per kind and path
@@ -22,14 +25,24 @@ class CalibrationFile:
     def __init__(self, path: Path | None = None):
         self.path = path
         self.entries: dict[str, dict] = {}
+        self._save_failed = False
         if path is not None and path.is_file():
             try:
                 entries = json.loads(path.read_text())
                 if not isinstance(entries, dict):
                     raise ValueError(f"a {type(entries).__name__}, not an object")
-                self.entries = entries
             except (OSError, ValueError):  # unreadable, not JSON, not UTF-8, not an object
                 log.warning("ignoring unreadable calibration file %s", path)
+                return
+            self.entries = {key: value for key, value in entries.items() if self.valid(key, value)}
+            if len(self.entries) < len(entries):  # a hand edit, another version's file: measured again
+                log.warning("ignoring %d malformed entries of calibration file %s",
+                            len(entries) - len(self.entries), path)
+
+    @staticmethod
+    def valid(key: str, value) -> bool:
+        """Whether an entry read from the file has the shape this kind writes (each kind says)."""
+        return True
 
     @classmethod
     def default(cls):
@@ -44,13 +57,24 @@ class CalibrationFile:
     def save(self) -> None:
         if self.path is None:
             return
+        partial = self.path.with_name(self.path.name + f".{os.getpid()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            partial = self.path.with_name(self.path.name + f".{os.getpid()}")
             partial.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
             partial.replace(self.path)  # whole or not at all, also with other processes writing
         except OSError as exc:
-            log.warning("cannot save %s (%s); it is kept in memory", self.path, exc)
+            try:
+                partial.unlink(missing_ok=True)
+            except OSError:
+                pass
+            if not self._save_failed:  # once: every later save fails the same way
+                log.warning("cannot save %s (%s); it is kept in memory", self.path, exc)
+            self._save_failed = True
+
+
+def numbers(value, low: float = 0.0, high: float = math.inf) -> bool:
+    """A JSON object of finite numbers in [low, high): what calibration entries hold."""
+    return isinstance(value, dict) and all(is_number(x) and low <= x < high for x in value.values())
 
 
 def calibration_folder() -> Path | None:

@@ -20,7 +20,7 @@ import torch
 from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
 from ..step import Step
-from .calibration import CalibrationFile
+from .calibration import CalibrationFile, numbers
 from .tiers import Tier, forward_together
 
 CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 15% of c
@@ -73,6 +73,11 @@ class CostTable(CalibrationFile):
     {tokens: seconds}; `path` None keeps them in memory only."""
 
     filename = "costs-2.json"  # 2: a draft measured over a full window (before: an empty one)
+
+    @staticmethod
+    def valid(key: str, value) -> bool:
+        """"...||context" -> {tokens: seconds > 0}."""
+        return key.rpartition("||")[2].isdigit() and numbers(value, 1e-12) and all(n.isdigit() for n in value)
 
     def seconds(self, tiers: Tier | list[Tier], sizes: tuple[int, ...], prepare=None,
                 batch: int | None = None) -> dict[int, float]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 
 from ..config import SamplingParams
-from .calibration import CalibrationFile
+from .calibration import CalibrationFile, numbers
 from .costs import machine_key, tier_key
 from .tiers import Tier
 
@@ -83,6 +83,13 @@ class Priors(CalibrationFile):
     # checks (speed_model.check_sizes), not of checks of exactly gamma2; 4: past the overhead between
     # forwards, now modelled per tier and role
     filename = "priors-4.json"
+
+    @staticmethod
+    def valid(key: str, value) -> bool:
+        """{"acceptance": {proposer: [0, 1]}, "realized": {mode: factor > 0}, "overhead": {name: seconds}}."""
+        return isinstance(value, dict) and set(value) <= {"acceptance", "realized", "overhead"} and \
+            numbers(value.get("acceptance", {}), 0, 1.0000001) and numbers(value.get("realized", {}), 1e-12) and \
+            numbers(value.get("overhead", {}))
 
     def recall(self, key: str) -> dict[str, dict[str, float]]:
         entry = self.entries.get(key, {})

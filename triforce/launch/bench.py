@@ -22,6 +22,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -183,11 +184,13 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
         out = Path(args.out)
         if out.is_dir():
             raise UserError(f"--out {out} is a folder; name a file")
-        try:
+        try:  # a file made and dropped in its folder: os.access says yes to root where writes fail (/proc)
             out.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=out.parent):
+                pass
         except OSError as exc:
-            raise UserError(f"cannot write --out {out}: {exc.strerror}") from None
-        if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+            raise UserError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+        if out.exists() and not os.access(out, os.W_OK):
             raise UserError(f"cannot write --out {out}: permission denied")
 
 
@@ -247,7 +250,10 @@ def _write(args, report: dict) -> None:
     text_out = json.dumps(report, indent=1)
     print(text_out)
     if args.out:
-        Path(args.out).write_text(text_out)
+        try:
+            Path(args.out).write_text(text_out)
+        except OSError as exc:  # a disk that filled during the runs
+            raise UserError(f"cannot write --out {args.out} ({exc.strerror or exc}); the report is above") from None
 
 
 def _read_text(path: str) -> str:

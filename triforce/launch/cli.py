@@ -92,6 +92,11 @@ def settings_named_by_flags():
         raise ConfigError(re.sub(pattern, lambda m: flags[m.group(1)], str(exc))) from None
 
 
+def plans_text(plans: list[dict]) -> str:
+    """Mode auto's plans for the summary line: 'draft(2) -> ar -> triforce(4, 6)' (it printed draft(2,))."""
+    return " -> ".join(d["mode"] + (f"({', '.join(map(str, d['gammas']))})" if d["gammas"] else "") for d in plans)
+
+
 def llm_from_args(args):
     """The LLM that the model, mode and engine flags of `args` describe, its settings checked before any
     weights load; verifying on the worker group of `args.worker_channel` when the torchrun entry
@@ -207,7 +212,7 @@ def run_generation(args, llm) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()  # before the summary on stderr, which shares a file or pipe under `2>&1`
         tiers = "; ".join(f"{t.name} accepted {t.accepted}/{t.proposed} from {t.drafter}" for t in m.tiers)
-        plans = " -> ".join(f"{d['mode']}{tuple(d['gammas']) if d['gammas'] else ''}" for d in m.auto or [])
+        plans = plans_text(m.auto or [])
         print(f"[{llm.config.mode}{': ' + plans if plans else ''}] prompt {m.prompt_tokens} tok, prefill {m.prefill_s:.2f}s; "
               f"{m.generated_tokens} tok in {m.decode_s:.2f}s = {m.tokens_per_s:.1f} tok/s"
               + (f"; {tiers}" if tiers else "") + (f"; {m.retrieval_rebuilds} retrieval rebuilds"
