@@ -72,7 +72,7 @@ class CalibrationFile:
             self._save_failed = True
 
 
-def numbers(value, low: float = 0.0, high: float = math.inf) -> bool:
+def finite_numbers(value, low: float = 0.0, high: float = math.inf) -> bool:
     """A JSON object of finite numbers in [low, high): what calibration entries hold."""
     return isinstance(value, dict) and all(is_number(x) and low <= x < high for x in value.values())
 

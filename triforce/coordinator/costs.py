@@ -20,7 +20,7 @@ import torch
 from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
 from ..step import Step
-from .calibration import CalibrationFile, numbers
+from .calibration import CalibrationFile, finite_numbers
 from .tiers import Tier, forward_together
 
 CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 15% of c
@@ -76,8 +76,9 @@ class CostTable(CalibrationFile):
 
     @staticmethod
     def valid(key: str, value) -> bool:
-        """"...||context" -> {tokens: seconds > 0}."""
-        return key.rpartition("||")[2].isdigit() and numbers(value, 1e-12) and all(n.isdigit() for n in value)
+        """Entries "...||context" -> {tokens: seconds > 0}."""
+        return key.rpartition("||")[2].isdigit() and finite_numbers(value, 1e-12) and \
+            all(n.isdigit() for n in value)
 
     def seconds(self, tiers: Tier | list[Tier], sizes: tuple[int, ...], prepare=None,
                 batch: int | None = None) -> dict[int, float]:

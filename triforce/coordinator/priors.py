@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 
 from ..config import SamplingParams
-from .calibration import CalibrationFile, numbers
+from .calibration import CalibrationFile, finite_numbers
 from .costs import machine_key, tier_key
 from .tiers import Tier
 
@@ -87,9 +87,10 @@ class Priors(CalibrationFile):
     @staticmethod
     def valid(key: str, value) -> bool:
         """{"acceptance": {proposer: [0, 1]}, "realized": {mode: factor > 0}, "overhead": {name: seconds}}."""
-        return isinstance(value, dict) and set(value) <= {"acceptance", "realized", "overhead"} and \
-            numbers(value.get("acceptance", {}), 0, 1.0000001) and numbers(value.get("realized", {}), 1e-12) and \
-            numbers(value.get("overhead", {}))
+        if not isinstance(value, dict) or not set(value) <= {"acceptance", "realized", "overhead"}:
+            return False
+        return finite_numbers(value.get("acceptance", {}), 0, 1.0000001) and \
+            finite_numbers(value.get("realized", {}), 1e-12) and finite_numbers(value.get("overhead", {}))
 
     def recall(self, key: str) -> dict[str, dict[str, float]]:
         entry = self.entries.get(key, {})
