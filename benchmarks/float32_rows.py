@@ -4,9 +4,9 @@
 
 SmolLM2's forward of n = 1, 2, 4 and 8 tokens at 700 tokens of context, in float32 and bfloat16 (best
 of 5), and torch's float32 linear on the output head's shape ([49152, 576], 113 MB) with the weight as
-stored ([out, in], `F.linear`) and transposed ([in, out], `x @ w_t`). On the 2-core Zen 4 (2ca0cdd; results/float32_rows/zen4.json)
-a float32 forward of 2 tokens cost 1.7x one of 1, a bfloat16 one about the same, and `F.linear` ran at
-half the memory bandwidth at one row and worse at two, where `x @ w_t` ran at the bandwidth.
+stored ([out, in], `F.linear`) and transposed ([in, out], `x @ w_t`). On the 2-core Zen 4 (2ca0cdd;
+results/float32_rows/zen4.json) a float32 forward of 2 tokens cost 1.8x one of 1 (bfloat16 1.0x), and
+`F.linear` ran at half the memory bandwidth at one row and worse at two, where `x @ w_t` ran at it.
 """
 import json
 import time
