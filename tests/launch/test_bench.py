@@ -150,10 +150,11 @@ def test_bench_sweeps_an_engine_setting(tiny_dir, tmp_path):
 def test_a_sweep_casts_each_value_to_its_settings_type():
     from triforce.launch.bench import _parse_sweep
 
-    assert _parse_sweep("stop_below=0,0.3") == ("stop_below", [0.0, 0.3])  # float | None
-    assert _parse_sweep("tree1=auto,4") == ("tree1", ["auto", 4])  # int | str
-    assert _parse_sweep("lookup=0,3") == ("lookup", [0, 3])  # int | None
-    assert _parse_sweep("budget=256,512") == ("budget", [256, 512])
+    modes = ["ar", "triforce"]
+    assert _parse_sweep(["stop_below=0,0.3"], modes) == ("stop_below", [0.0, 0.3])  # float | None
+    assert _parse_sweep(["tree1=auto,4"], modes) == ("tree1", ["auto", 4])  # int | str
+    assert _parse_sweep(["lookup=0,3"], modes) == ("lookup", [0, 3])  # int | None
+    assert _parse_sweep(["budget=256,512"], modes) == ("budget", [256, 512])
 
 
 @pytest.mark.parametrize("flag,value", [("--lengths", "-5"), ("--batch", "0"), ("--max-new-tokens", "0"),
@@ -171,7 +172,12 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--lengths", "50", "5000"], "past the model's"), (["--lengths", "50", "240"], "tokens of --text"),
     (["--temperatures", "0", "-1"], "temperature"), (["--sweep", "budget=32,-5"], "budget"),
     (["--sweep", "mode=ar,retrieval"], "other than the mode"), (["--workloads", "novel", "passkey", "--batch", "1", "2"], "batch 1"),
-    (["--out", "."], "is a folder"), (["--out", "/proc/bench.json"], "cannot write --out /proc/bench.json")])
+    (["--out", "."], "is a folder"),
+    (["--sweep", "budget=32", "--sweep", "gamma1=2"], "one --sweep at a time"),  # the last one ran alone
+    (["--modes", "ar", "--sweep", "budget=32,64"], "runs ar alone"),  # ignored
+    (["--sweep", "tree1=4"], "none of --modes runs"),  # ar and retrieval: tier 1 runs in neither
+    (["--modes", "ar", "ar"], "names a mode twice"),
+    (["--out", "/proc/bench.json"], "cannot write --out /proc/bench.json")])
 def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, capsys, extra, message):
     """A bad value met in a later group threw away the groups before it (and `--sweep mode=` was a traceback)."""
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import MODES, EngineConfig, SamplingParams
+from ..config import MODES, PROPOSAL_TREE, EngineConfig, SamplingParams
 from ..errors import UserError
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
 from ..models.vocab import read_draft_metadata
@@ -58,7 +58,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="the sampled runs' seed")
     add_penalty_args(p)
-    p.add_argument("--sweep", default=None, metavar="SETTING=V1,V2,...",
+    p.add_argument("--sweep", action="append", default=None, metavar="SETTING=V1,V2,...",
                    help="repeat every non-ar mode for each value of one engine setting, e.g. budget=256,512,1024")
     p.add_argument("--repeats", type=int, default=1,
                    help="run each group's runs this many times, taking turns, and report medians (default 1)")
@@ -72,10 +72,19 @@ def add_bench_parser(sub) -> None:
     p.set_defaults(func=run_bench)
 
 
-def _parse_sweep(spec: str | None) -> tuple[str | None, list]:
-    if spec is None:
+def _parse_sweep(specs: list[str] | None, modes: list[str]) -> tuple[str | None, list]:
+    """--sweep's setting and values, checked against the modes that would run them."""
+    if not specs:
         return None, [None]
+    if len(specs) > 1:  # the last replaced the others, silently
+        raise UserError(f"one --sweep at a time (got {', '.join(specs)})")
+    spec = specs[0]
     name, _, values = spec.partition("=")
+    if set(modes) == {"ar"}:
+        raise UserError(f"--sweep {spec} varies the modes other than ar, and --modes runs ar alone")
+    if name in ("tree1", "tree2") and not any(PROPOSAL_TREE.get(mode) == name for mode in modes):
+        takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
+        raise UserError(f"--sweep {spec}: {name} shapes a tier that none of --modes runs (it takes mode {takes})")
     field_types = {f.name: f.type for f in dataclasses.fields(EngineConfig) if f.name != "mode"}  # --modes
     if name not in field_types or not values:
         raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting other than the mode "
@@ -103,7 +112,9 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
 def run_bench(args) -> int:
     from ..api import LLM
 
-    sweep_name, sweep_values = _parse_sweep(args.sweep)
+    if len(set(args.modes)) < len(args.modes):  # which run would the speedups divide by?
+        raise UserError(f"--modes names a mode twice ({' '.join(args.modes)}); --repeats runs each again")
+    sweep_name, sweep_values = _parse_sweep(args.sweep, args.modes)
     texts = [_read_text(f) for f in args.text]
     text = "\n".join(texts)
     needs_draft = any(m in ("auto", "draft", "triforce") for m in args.modes) or "assisted" in args.peers
