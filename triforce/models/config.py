@@ -110,7 +110,7 @@ class ModelConfig:
             if rope.get("rope_type", rope.get("type", "default")) == "default":
                 rope = {}
             eos = raw.get("eos_token_id")
-            eos_ids = tuple(int(i) for i in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
+            eos_ids = tuple(int(i) for i in id_list(eos))
             window = raw.get("sliding_window")
             if model_type == "qwen2" and not raw.get("use_sliding_window", False):
                 window = None
@@ -156,6 +156,11 @@ class ModelConfig:
         return dataclasses.replace(config, eos_token_ids=tuple(i for i in eos if i not in outside))
 
 
+def id_list(value) -> list:
+    """An `eos_token_id` as Hugging Face configs write it (one id, a list of them, or none) as a list."""
+    return list(value) if isinstance(value, list) else [] if value is None else [value]
+
+
 def _generation_eos_ids(path: Path) -> tuple[int, ...]:
     """The `eos_token_id` (an id or a list) of generation_config.json at `path`, () without one. Generation
     ends at these as well as at config.json's: Qwen2.5's instruct models name <|im_end|> there and add
@@ -166,7 +171,7 @@ def _generation_eos_ids(path: Path) -> tuple[int, ...]:
         eos = json.loads(path.read_text()).get("eos_token_id")
     except (OSError, json.JSONDecodeError, AttributeError) as exc:
         raise ModelLoadError(f"{path}: unreadable ({exc})") from exc
-    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    ids = id_list(eos)
     if not all(type(i) is int for i in ids):
         raise ModelLoadError(f"{path}: eos_token_id must be a token id or a list of them, not {eos!r}")
     return tuple(ids)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .config import GENERATION_CONFIG, ModelLoadError
+from .config import GENERATION_CONFIG, ModelLoadError, id_list
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +156,7 @@ def write_generation_config(folder: Path) -> None:
     at config.json's end-of-sequence id and at each token of its tokenizer named in END_OF_GENERATION. The
     GGUF of an instruct model names its turn's end (Qwen2.5's <|im_end|>, SmolLM2's too); a text that ends
     as a document (<|endoftext|>) ended nowhere before, and Qwen's own generation_config lists both."""
-    eos = json.loads((folder / "config.json").read_text()).get("eos_token_id")
-    ids = list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
+    ids = id_list(json.loads((folder / "config.json").read_text()).get("eos_token_id"))
     vocab = folder / "tokenizer.json"
     if vocab.is_file():
         tokenizer = json.loads(vocab.read_text())
