@@ -167,6 +167,52 @@ def test_vllms_spellings_are_taken(llm):
     assert len(out.token_ids) == 4 and out.token_ids == llm.generate(PROMPT, nones)[0].token_ids
 
 
+def test_outputs_have_vllms_shape(llm):
+    """vLLM's RequestOutput: request_id (counting up), prompt (the string given; None for token ids),
+    prompt_token_ids, outputs (CompletionOutput: index, text, token_ids, finish_reason, cumulative_logprob);
+    the flat fields read the first output."""
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=0)
+    by_text, by_ids = llm.generate([PROMPT, llm.encode(PROMPT)], params)
+    assert int(by_ids.request_id) == int(by_text.request_id) + 1
+    assert (by_text.prompt, by_ids.prompt) == (PROMPT, None)
+    assert by_text.prompt_token_ids == by_ids.prompt_token_ids == llm.encode(PROMPT)
+    first = by_text.outputs[0]
+    assert len(by_text.outputs) == 1 and first.index == 0 and by_text.finished
+    assert (first.text, first.token_ids, first.finish_reason) == (by_text.text, by_text.token_ids, "length")
+    assert first.token_ids == by_ids.outputs[0].token_ids and len(first.token_ids) == 5
+    assert first.cumulative_logprob == pytest.approx(sum(e.logprob for e in first.logprobs)) and first.cumulative_logprob < 0
+    assert llm.generate(PROMPT, SamplingParams(max_tokens=2))[0].outputs[0].cumulative_logprob is None
+
+
+def test_n_outputs_per_prompt_are_each_what_its_seed_gives_alone(llm):
+    """SamplingParams.n (vLLM's): n outputs of each prompt, output i what n = 1 with seed + i gives (output
+    0: the request's own seed), run in one batch with the other prompts."""
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=11, ignore_eos=True, n=3)
+    outs = llm.generate([PROMPT, PROMPT + " w5"], params)
+    assert [len(o.outputs) for o in outs] == [3, 3]
+    for prompt, out in zip([PROMPT, PROMPT + " w5"], outs):
+        assert [c.index for c in out.outputs] == [0, 1, 2]
+        alone = [llm.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=11 + i, ignore_eos=True))[0]
+                 for i in range(3)]
+        assert [c.token_ids for c in out.outputs] == [a.token_ids for a in alone]
+        assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # the seeds differ, so do the samples
+    greedy = llm.generate(PROMPT, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, n=2))[0]
+    assert greedy.outputs[0].token_ids == greedy.outputs[1].token_ids == greedy.token_ids
+    unseeded = llm.generate(PROMPT, SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True, n=2))[0]
+    assert [len(c.token_ids) for c in unseeded.outputs] == [6, 6]
+
+
+def test_bad_n_is_refused(llm):
+    for n in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ConfigError, match="n must be an integer >= 1"):
+            SamplingParams(n=n)
+    with pytest.raises(ConfigError, match="output i takes seed"):
+        SamplingParams(n=3, seed=2**64 - 2)
+    assert SamplingParams(n=3, seed=2**64 - 3).choices()[-1].seed == 2**64 - 1
+    with pytest.raises(UserError, match="n = 1"):
+        llm.generate(PROMPT, SamplingParams(max_tokens=2, n=2), stream=print)
+
+
 def test_one_token_prompt(llm):
     out = llm.generate([[5]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4

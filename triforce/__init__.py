@@ -15,8 +15,9 @@ if os.environ.get("TRIFORCE_CPU_ISA", "").strip().lower() == "avx2":
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
-from .api import LLM, RequestOutput  # noqa: E402
+from .api import LLM  # noqa: E402
 from .config import EngineConfig, SamplingParams  # noqa: E402
+from .request import CompletionOutput, RequestOutput  # noqa: E402
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams", "EngineConfig"]
+__all__ = ["LLM", "RequestOutput", "CompletionOutput", "SamplingParams", "EngineConfig"]
 __version__ = "0.1.0"

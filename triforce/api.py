@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import numbers
 import operator
@@ -72,6 +73,7 @@ class LLM:
             raise ConfigError(f"workers must be a channel to a worker group (launch/distributed.py sets one: "
                               f"`triforce ... --workers N`), or None (got {workers!r})")
         self.workers = workers
+        self._request_ids = itertools.count()
         EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         self.rope_scaling = None if rope_scaling is None else rope_scaling_spec(rope_scaling)
         self.model_path = resolve_model(model, revision)
@@ -286,8 +288,8 @@ class LLM:
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  stream: Callable[[str], None] | None = None, show_progress: bool = False) -> list[RequestOutput]:
-        """One output per prompt, in order. `sampling_params` (vLLM's name): one SamplingParams for all prompts
-        or one per prompt.
+        """One RequestOutput per prompt, in order, with SamplingParams.n outputs. `sampling_params` (vLLM's
+        name): one SamplingParams for all prompts or one per prompt.
         The prompts run together as a batch (every tier's forward of all of them as one model call; with a
         worker group, each target check of all of them as one request), in parts when their caches do not
         all fit in memory. A prompt's output is what it would be alone (greedy; and for a seeded request, sampled too).
@@ -306,15 +308,16 @@ class LLM:
         if len(per_prompt) != len(prompts):
             raise UserError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts: give one, or one "
                             f"per prompt")
-        if stream is not None and len(prompts) > 1:
-            raise UserError("streaming takes one prompt at a time")
         per_prompt = [self.prepare(p) for p in per_prompt]
+        if stream is not None and (len(prompts) > 1 or per_prompt[0].n > 1):
+            raise UserError("streaming takes one prompt at a time, with n = 1")
         ids = [self.encode(p) for p in prompts]
         ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
-        sizes = [(len(i), p.max_tokens) for i, p in zip(ids, per_prompt)]
-        outputs: list[RequestOutput | None] = [None] * len(ids)
+        runs = [(k, choice) for k, p in enumerate(per_prompt) for choice in p.choices()]  # prompt k's n outputs
+        sizes = [(len(ids[k]), p.max_tokens) for k, p in runs]
+        outputs: list[RequestOutput | None] = [None] * len(runs)
         parts = self._parts_that_fit(sizes)
         while parts:
             part = parts.pop(0)
@@ -324,7 +327,7 @@ class LLM:
             try:
                 for n, i in enumerate(part):
                     try:
-                        requests.append(Request(self, ids[i], per_prompt[i], stream, mates))
+                        requests.append(Request(self, ids[runs[i][0]], runs[i][1], stream, mates))
                     except GroupFull:
                         if not requests:
                             raise  # the group is full of other sequences
@@ -340,4 +343,13 @@ class LLM:
                     seq.run.close()
                 for request in requests:
                     request.close()
-        return outputs
+        runs_of: list[list[RequestOutput]] = [[] for _ in prompts]
+        for (k, _), output in zip(runs, outputs):
+            runs_of[k].append(output)
+        return [self._request_output(prompt, choices) for prompt, choices in zip(prompts, runs_of)]
+
+    def _request_output(self, prompt, choices: list[RequestOutput]) -> RequestOutput:
+        """One prompt's RequestOutput, from the runs of its n outputs (request ids count up, as vLLM's)."""
+        return RequestOutput(str(next(self._request_ids)), prompt if isinstance(prompt, str) else None,
+                             choices[0].prompt_token_ids, choices[0].prompt_logprobs,
+                             [replace(c.outputs[0], index=i) for i, c in enumerate(choices)])

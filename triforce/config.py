@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import UserError
 
@@ -168,6 +168,8 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     include_stop_str_in_output: bool = False  # the text keeps the stop string, or the stop token's text
     skip_special_tokens: bool = True  # the text leaves out special tokens' text
+    # outputs per prompt (vLLM's): `choices` runs each as its own request, output i seeded with seed + i
+    n: int = 1
 
     def __post_init__(self):
         for name, unset in VLLM_NONES.items():  # vLLM's defaults of None, as not given
@@ -201,8 +203,12 @@ class SamplingParams:
             raise ConfigError(f"top_k must be an integer >= 0 (0 or -1: off; got {self.top_k!r})")
         if self.top_k == -1:  # vLLM's other spelling of off
             object.__setattr__(self, "top_k", 0)
-        if self.seed is not None and (not _is_integer(self.seed) or not SEEDS[0] <= self.seed <= SEEDS[1]):
-            raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {SEEDS[1]} (got {self.seed!r})")
+        if not _is_integer(self.n) or self.n < 1:
+            raise ConfigError(f"n must be an integer >= 1 (got {self.n!r})")
+        last = SEEDS[1] - (self.n - 1)  # output i takes seed + i
+        if self.seed is not None and (not _is_integer(self.seed) or not SEEDS[0] <= self.seed <= last):
+            raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {last} (got {self.seed!r}"
+                              f"{'; output i takes seed + i' if self.n > 1 else ''})")
         if not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be from 0 to 1 (got {self.min_p})")
         if any(not s for s in self.stop):
@@ -233,7 +239,7 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (not _is_integer(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise ConfigError(f"{name} must be None or an integer from 0 to {MAX_LOGPROBS} (got {k!r})")
-        for name, kind in (("max_tokens", int), ("top_k", int), ("seed", int), ("min_tokens", int),
+        for name, kind in (("max_tokens", int), ("top_k", int), ("seed", int), ("min_tokens", int), ("n", int),
                            ("truncate_prompt_tokens", int), ("logprobs", int), ("prompt_logprobs", int),
                            ("temperature", float), ("top_p", float), ("min_p", float), ("presence_penalty", float),
                            ("frequency_penalty", float), ("repetition_penalty", float)):
@@ -259,6 +265,11 @@ class SamplingParams:
         banned = {s[0] for s in sequences if len(s) == 1}
         if self.allowed_token_ids is not None and banned.issuperset(self.allowed_token_ids):
             raise ConfigError("bad_words_ids ban every token of allowed_token_ids")
+
+    def choices(self) -> list[SamplingParams]:
+        """The n requests of one prompt: each with n = 1, output i with seed + i when seeded (so that output 0
+        is what n = 1 gives), unseeded otherwise."""
+        return [replace(self, n=1, seed=None if self.seed is None else self.seed + i) for i in range(self.n)]
 
     @property
     def greedy(self) -> bool:

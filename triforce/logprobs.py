@@ -10,16 +10,44 @@ of the forward that produced the row.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """vLLM's: a token's log-probability and its rank there (1: the most likely). No decoded_token: a
+    token's text is the tokenizer's to give (`tokenizer.decode`)."""
+    logprob: float
+    rank: int
+    decoded_token: None = None
+
+
 @dataclass
-class TokenLogprobs:
+class TokenLogprobs(Mapping):
+    """One position's entry: the token chosen there, its log-probability and rank, and the k most likely.
+    As a mapping it is vLLM's dict {token id: Logprob}: the chosen token first, then the k most likely."""
     token: int
     logprob: float
     top: list[tuple[int, float]]  # the k most likely tokens there, most likely first (k = SamplingParams.logprobs)
+    rank: int = 1  # the chosen token's among the vocabulary (1: the most likely)
+
+    def _entries(self) -> dict[int, Logprob]:
+        entries = {self.token: Logprob(self.logprob, self.rank)}
+        for rank, (token, logprob) in enumerate(self.top, 1):
+            entries.setdefault(token, Logprob(logprob, rank))
+        return entries
+
+    def __getitem__(self, token: int) -> Logprob:
+        return self._entries()[token]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._entries())
+
+    def __len__(self) -> int:
+        return len(self._entries())
 
 
 def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:
@@ -29,10 +57,12 @@ def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int],
         return []
     rows = torch.stack(logits) if isinstance(logits, list) else logits  # [n, V]
     norm = torch.logsumexp(rows.float(), dim=-1)  # [n]: log softmax is each logit less this
-    chosen = (rows.gather(1, torch.tensor(tokens)[:, None])[:, 0].float() - norm).tolist()
+    picked = rows.gather(1, torch.tensor(tokens)[:, None])  # [n, 1]
+    chosen = (picked[:, 0].float() - norm).tolist()
+    ranks = ((rows > picked).sum(dim=-1) + 1).tolist()  # 1 + how many tokens are more likely
     if not k:
-        return [TokenLogprobs(token, value, []) for token, value in zip(tokens, chosen)]
+        return [TokenLogprobs(token, value, [], rank) for token, value, rank in zip(tokens, chosen, ranks)]
     top_values, top_ids = rows.topk(min(k, rows.shape[-1]), dim=-1)
     top_values = (top_values.float() - norm[:, None]).tolist()
-    return [TokenLogprobs(token, value, list(zip(ids, values)))
-            for token, value, ids, values in zip(tokens, chosen, top_ids.tolist(), top_values)]
+    return [TokenLogprobs(token, value, list(zip(ids, values)), rank)
+            for token, value, ids, values, rank in zip(tokens, chosen, top_ids.tolist(), top_values, ranks)]

@@ -19,16 +19,40 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class RequestOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int]
+class CompletionOutput:
+    """One generated sequence of a prompt (vLLM's CompletionOutput, with its metrics beside)."""
+    index: int  # which of the prompt's SamplingParams.n outputs
     text: str
+    token_ids: list[int]
     # "stop" (EOS, a stop token id or a stop string), "length", or "abort" (cancelled first: a server's client gone)
     finish_reason: str
-    metrics: RequestMetrics
+    metrics: RequestMetrics  # this sequence's generation
     logprobs: list[TokenLogprobs] | None = None  # one per token id, when SamplingParams.logprobs asked
-    prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (None first), when asked
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's; EOS: None)
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """The sum of the token ids' log-probabilities (vLLM's; None unless SamplingParams.logprobs asked)."""
+        return None if self.logprobs is None else sum(entry.logprob for entry in self.logprobs)
+
+
+@dataclass
+class RequestOutput:
+    """A prompt's outputs, as vLLM's RequestOutput: `outputs` holds SamplingParams.n of them. `text`,
+    `token_ids`, `finish_reason`, `stop_reason`, `logprobs` and `metrics` read the first's (n = 1: the only one)."""
+    request_id: str
+    prompt: str | None  # the prompt as given, when it was a string
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[TokenLogprobs | None] | None  # one per prompt token (None first), when asked
+    outputs: list[CompletionOutput]
+    finished: bool = True
+
+    text = property(lambda self: self.outputs[0].text)
+    token_ids = property(lambda self: self.outputs[0].token_ids)
+    finish_reason = property(lambda self: self.outputs[0].finish_reason)
+    stop_reason = property(lambda self: self.outputs[0].stop_reason)
+    logprobs = property(lambda self: self.outputs[0].logprobs)
+    metrics = property(lambda self: self.outputs[0].metrics)
 
 
 class Request:
@@ -100,6 +124,7 @@ class Request:
         return self.detok.stopped or self.cancelled
 
     def output(self, tokens: list[int], metrics: RequestMetrics) -> RequestOutput:
+        """The request's output (one), once its generation (`Request.run`) has returned `tokens` and `metrics`."""
         workers = self.llm.workers
         if workers is not None:
             metrics.control_messages = workers.messages - self.sent[0]
@@ -123,4 +148,5 @@ class Request:
         stop_reason = stop_string if stop_string is not None else (
             tokens[-1] if hit_end and (tokens[-1] in self.params.stop_token_ids or tokens[-1] != self.main_eos)
             else None)
-        return RequestOutput(self.ids, tokens, text, finish, metrics, logprobs, self.prompt_logprobs, stop_reason)
+        completion = CompletionOutput(0, text, tokens, finish, metrics, logprobs, stop_reason)
+        return RequestOutput("", None, self.ids, self.prompt_logprobs, [completion])

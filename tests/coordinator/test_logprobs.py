@@ -61,6 +61,27 @@ def test_logprobs_are_the_targets_own_in_every_mode(models, name, params):
     values, ids = reference.topk(3, dim=-1)
     assert [[t for t, _ in lp.top] for lp in logprobs] == ids.tolist()
     torch.testing.assert_close(torch.tensor([[v for _, v in lp.top] for lp in logprobs]), values, atol=1e-4, rtol=0)
+    chosen = reference[torch.arange(len(tokens)), torch.tensor(tokens)]
+    assert [lp.rank for lp in logprobs] == ((reference > chosen[:, None]).sum(-1) + 1).tolist()
+    assert params.greedy or any(lp.rank > 1 for lp in logprobs)  # a sampled run picks a less likely token
+
+
+def test_an_entry_reads_as_vllms_dict_of_logprobs(models):
+    """As vLLM's {token id: Logprob(logprob, rank)}: the chosen token first, then the k most likely not
+    already there, each with its rank; what evaluation code written for vLLM reads."""
+    target, draft = models
+    prompt = list(range(3, 60))
+    params = SamplingParams(max_tokens=30, temperature=1.0, seed=2, ignore_eos=True, logprobs=3)
+    tokens, logprobs, _ = generate(target, draft, CONFIGS["triforce"], prompt, params)
+    for token, entry in zip(tokens, logprobs):
+        top_ids = [t for t, _ in entry.top]
+        assert list(entry) == [token] + [t for t in top_ids if t != token]
+        assert len(entry) == 3 + (token not in top_ids) and token in entry and entry.get(-1) is None
+        assert (entry[token].logprob, entry[token].rank) == (entry.logprob, entry.rank)
+        assert [entry[t].rank for t in top_ids] == [1, 2, 3]
+        assert [entry[t].logprob for t in top_ids] == [v for _, v in entry.top]
+        assert max(entry, key=lambda t: entry[t].logprob) == top_ids[0]
+    assert any(token not in [t for t, _ in e.top] for token, e in zip(tokens, logprobs))  # the k+1 case ran
 
 
 def test_no_logprobs_unless_asked_and_zero_lists_none_beside(models):

@@ -130,7 +130,10 @@ def test_a_response_ended_before_its_limit_is_incomplete_and_says_why(tiny_dir):
     llm = chars_llm(tiny_dir)
     job = responses.parse({"input": "what is the weather?", "max_output_tokens": 5, "temperature": 0}, llm, "tiny")
     out = llm.generate(job.prompts[0], job.params)[0]
-    ended = responses.response(job, "tiny", [dataclasses.replace(out, finish_reason="abort")])
+    def ended_by(reason):
+        return dataclasses.replace(out, outputs=[dataclasses.replace(out.outputs[0], finish_reason=reason)])
+
+    ended = responses.response(job, "tiny", [ended_by("abort")])
     assert ended["status"] == "incomplete" and ended["incomplete_details"] == {"reason": "interrupted"}
-    whole = responses.response(job, "tiny", [dataclasses.replace(out, finish_reason="stop")])
+    whole = responses.response(job, "tiny", [ended_by("stop")])
     assert whole["status"] == "completed" and whole["incomplete_details"] is None

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from ..config import SEEDS, ConfigError, SamplingParams
+from ..config import ConfigError, SamplingParams
 from ..errors import UserError
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints
@@ -56,18 +56,19 @@ class Job:
     include_usage: bool
     id: str
     created: int
-    n: int = 1  # choices per prompt
     texts: TokenTexts | None = None  # token texts, for log-probabilities
     echoed: list[str] | None = None  # with `echo`: each prompt's text, which its choices' texts begin with
     tools: ToolPlan | None = None  # a chat request's tools and tool_choice
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage in every chunk
 
+    @property
+    def n(self) -> int:
+        """Choices per prompt."""
+        return self.params.n
+
     def choices(self) -> list[tuple[list[int], SamplingParams]]:
-        """Each choice's prompt and sampling settings, prompt after prompt: seed + i for a prompt's choice i
-        of a seeded request."""
-        seed = self.params.seed
-        return [(ids, replace(self.params, seed=None if seed is None else seed + i))
-                for ids in self.prompts for i in range(self.n)]
+        """Each choice's prompt and sampling settings, prompt after prompt (SamplingParams.choices)."""
+        return [(ids, params) for ids in self.prompts for params in self.params.choices()]
 
 
 def _integer_valued(x: float) -> int | float:
@@ -106,12 +107,6 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     max_tokens = body["max_completion_tokens"] if completion_limit else body.get("max_tokens", DEFAULT_MAX_TOKENS[kind])
     if max_tokens is None:  # as much as the longest prompt leaves, up to chat_max_tokens
         max_tokens = max(1, min(chat_max_tokens, limit - len(ids)))
-    seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
-                             or not SEEDS[0] <= seed <= SEEDS[1] - (n - 1)):
-        raise ApiError(400, f"'seed' must be an integer from {SEEDS[0]} to {SEEDS[1] - (n - 1)} (choice i takes "
-                            "seed + i)" if n > 1 else f"'seed' must be an integer from {SEEDS[0]} to {SEEDS[1]}",
-                       param="seed")
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else stop
     least, name = (0 if echo else 1), ("max_completion_tokens" if completion_limit else "max_tokens")
@@ -128,7 +123,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         params = SamplingParams(max_tokens=max_tokens, temperature=number(body, "temperature", 1.0),
                                 top_p=number(body, "top_p", 1.0), top_k=_integer_valued(number(body, "top_k", 0)),
                                 min_p=number(body, "min_p", 0.0),
-                                seed=seed, stop=tuple(stop), ignore_eos=flag(body, "ignore_eos", False),
+                                seed=body.get("seed"), n=n, stop=tuple(stop), ignore_eos=flag(body, "ignore_eos", False),
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
                                 presence_penalty=number(body, "presence_penalty", 0.0),
                                 frequency_penalty=number(body, "frequency_penalty", 0.0),
@@ -168,7 +163,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     continuous = flag(options, "continuous_usage_stats", False) and include_usage  # as vLLM takes it
     echoed = [echoed_text(p, tokens, llm) for p, tokens in zip(given, ids_of)] if echo else None
     return Job(kind, ids_of, params, flag(body, "stream", False), include_usage,
-               f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()), n,
+               f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()),
                TokenTexts(llm.tokenizer), echoed, tools, continuous)
 
 
