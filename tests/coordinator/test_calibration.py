@@ -44,5 +44,51 @@ def test_a_file_that_cannot_be_saved_warns_once_and_leaves_nothing_behind(tmp_pa
     table = CalibrationFile(path)
     table.entries["k"] = {"1": 0.1}
     for _ in range(3):
-        table.save()
-    assert caplog.text.count("cannot save") == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["costs-2.json"]
+        table.save("k")
+    assert caplog.text.count("cannot save") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["costs-2.json", "costs-2.json.lock"]  # no partial file
+
+
+def test_processes_sharing_a_file_keep_each_others_entries_and_drops(tmp_path):
+    """Two processes (two tables on one path, each read at its start) that save in turn: each keeps the
+    other's new entries and learns them, a changed entry is the latest saver's, and an entry one dropped
+    stays dropped when the other, which still holds it, saves something else. (Each wrote the whole of
+    what it read at its start: a long-lived server wiped what a bench measured meanwhile.)"""
+    import json
+
+    path = tmp_path / "costs-2.json"
+    path.write_text(json.dumps({"old": {"1": 1.0}, "shared": {"1": 2.0}}))
+    server, bench = CalibrationFile(path), CalibrationFile(path)
+    bench.entries["bench"] = {"1": 3.0}
+    bench.save("bench")
+    server.entries["server"] = {"1": 4.0}
+    server.save("server")
+    on_disk = json.loads(path.read_text())
+    assert on_disk == {"old": {"1": 1.0}, "shared": {"1": 2.0}, "bench": {"1": 3.0}, "server": {"1": 4.0}}
+    assert server.entries == on_disk  # learned the bench's entry
+    del bench.entries["old"]
+    bench.save("old")  # stale: dropped
+    server.entries["shared"] = {"1": 5.0}
+    server.save("shared")  # still held "old": it does not come back
+    on_disk = json.loads(path.read_text())
+    assert "old" not in on_disk and "old" not in server.entries and on_disk["shared"] == {"1": 5.0}
+    bench.entries["other"] = {"1": 6.0}
+    bench.save("other")
+    assert json.loads(path.read_text())["shared"] == {"1": 5.0} == bench.entries["shared"]  # the latest save's
+
+
+def test_saves_of_processes_running_at_once_lose_nothing(tmp_path):
+    """Four processes each saving 25 entries of their own into one file at once: all 100 are there (the
+    lock orders each read-merge-write)."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "costs-2.json"
+    script = (f"import sys; from pathlib import Path; from triforce.coordinator.calibration import CalibrationFile\n"
+              f"t = CalibrationFile(Path({str(path)!r}))\n"
+              f"for i in range(25):\n"
+              f"    t.entries[f'{{sys.argv[1]}}-{{i}}'] = {{'1': 0.5}}; t.save(f'{{sys.argv[1]}}-{{i}}')\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(p)]) for p in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    assert len(json.loads(path.read_text())) == 100

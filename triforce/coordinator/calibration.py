@@ -1,15 +1,27 @@
 """What a machine learns once and keeps: a JSON file under `$TRIFORCE_HOME/calibration/`, read once per
-process and rewritten whole after each change (costs.py: forward costs; priors.py: what earlier requests
-of `--mode auto` saw). TRIFORCE_CALIBRATION=FOLDER keeps them there instead (a calibration shared by a
-cluster's jobs, or a test's own), and TRIFORCE_CALIBRATION=0 in this process's memory only.
+process (costs.py: forward costs; priors.py: what earlier requests of `--mode auto` saw).
+TRIFORCE_CALIBRATION=FOLDER keeps them there instead (a calibration shared by a cluster's jobs, or a
+test's own), and TRIFORCE_CALIBRATION=0 in this process's memory only.
+
+Processes that run at once share the file: a save writes only the entries this process changed or
+dropped, into what the file holds then (read again under a lock), and takes the rest from it. So a
+long-lived server keeps what a bench measured meanwhile, and an entry one process dropped as stale
+stays dropped until some process measures it again (writing the whole of what a process read at its
+start, as before, lost the others' entries and brought dropped ones back).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: saves are still whole (os.replace), only not serialised
+    fcntl = None
 
 from ..config import is_number
 
@@ -24,20 +36,25 @@ class CalibrationFile:
 
     def __init__(self, path: Path | None = None):
         self.path = path
-        self.entries: dict[str, dict] = {}
+        self.entries: dict[str, dict] = {} if path is None else self._read(path)
+        self._changed: set[str] = set()  # keys set or dropped here since the last save
         self._save_failed = False
-        if path is not None and path.is_file():
-            try:
-                entries = json.loads(path.read_text())
-                if not isinstance(entries, dict):
-                    raise ValueError(f"a {type(entries).__name__}, not an object")
-            except (OSError, ValueError):  # unreadable, not JSON, not UTF-8, not an object
-                log.warning("ignoring unreadable calibration file %s", path)
-                return
-            self.entries = {key: value for key, value in entries.items() if self.valid(key, value)}
-            if len(self.entries) < len(entries):  # a hand edit, another version's file: measured again
-                log.warning("ignoring %d malformed entries of calibration file %s",
-                            len(entries) - len(self.entries), path)
+
+    def _read(self, path: Path) -> dict[str, dict]:
+        """The file's valid entries ({} for a missing or unreadable one)."""
+        if not path.is_file():
+            return {}
+        try:
+            entries = json.loads(path.read_text())
+            if not isinstance(entries, dict):
+                raise ValueError(f"a {type(entries).__name__}, not an object")
+        except (OSError, ValueError):  # unreadable, not JSON, not UTF-8, not an object
+            log.warning("ignoring unreadable calibration file %s", path)
+            return {}
+        valid = {key: value for key, value in entries.items() if self.valid(key, value)}
+        if len(valid) < len(entries):  # a hand edit, another version's file: measured again
+            log.warning("ignoring %d malformed entries of calibration file %s", len(entries) - len(valid), path)
+        return valid
 
     @staticmethod
     def valid(key: str, value) -> bool:
@@ -54,14 +71,25 @@ class CalibrationFile:
             _FILES[cls, path] = cls(path)
         return _FILES[cls, path]
 
-    def save(self) -> None:
+    def save(self, key: str) -> None:
+        """Keeps entry `key` as this process has it now (set, changed, or dropped) in the file, with the
+        file's other entries as other processes left them; this process then has those too."""
         if self.path is None:
             return
+        self._changed.add(key)
         partial = self.path.with_name(self.path.name + f".{os.getpid()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps(self.entries, indent=0, sort_keys=True))
-            partial.replace(self.path)  # whole or not at all, also with other processes writing
+            with self._locked():
+                entries = self._read(self.path)
+                for changed in self._changed:
+                    if changed in self.entries:
+                        entries[changed] = self.entries[changed]
+                    else:
+                        entries.pop(changed, None)
+                partial.write_text(json.dumps(entries, indent=0, sort_keys=True))
+                partial.replace(self.path)  # whole or not at all, also for readers that take no lock
+            self.entries, self._changed = entries, set()
         except OSError as exc:
             try:
                 partial.unlink(missing_ok=True)
@@ -70,6 +98,20 @@ class CalibrationFile:
             if not self._save_failed:  # once: every later save fails the same way
                 log.warning("cannot save %s (%s); it is kept in memory", self.path, exc)
             self._save_failed = True
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """Holds the file's lock (a `.lock` beside it) so that saves of processes running at once follow
+        each other."""
+        if fcntl is None:
+            yield
+            return
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def finite_numbers(value, low: float = 0.0, high: float = math.inf) -> bool:

@@ -88,7 +88,8 @@ class CostTable(CalibrationFile):
         measured, which takes that many); `prepare()` runs before any measurement (a retrieval cache's sync)."""
         tiers = [tiers] if isinstance(tiers, Tier) else list(tiers)
         batch = batch or len(tiers)
-        known = self.entries.setdefault(self._key(tiers[0], batch), {})
+        key = self._key(tiers[0], batch)
+        known = self.entries.setdefault(key, {})
         missing = [n for n in sizes if str(n) not in known]
         if missing:
             if len(tiers) != batch:
@@ -97,7 +98,7 @@ class CostTable(CalibrationFile):
                 prepare()
             for n in missing:
                 known[str(n)] = forward_seconds(tiers, n)
-            self.save()
+            self.save(key)
         return {n: known[str(n)] for n in sizes}
 
     def forget(self, tier: Tier, planned: dict[int, float], batch: int = 1) -> None:
@@ -112,7 +113,7 @@ class CostTable(CalibrationFile):
         if entry is None or any(entry.get(str(n)) != seconds for n, seconds in planned.items()):
             return
         del self.entries[key]
-        self.save()
+        self.save(key)
 
     def known(self, tier: Tier, sizes: tuple[int, ...], batch: int = 1) -> bool:
         """Whether the table holds every size for `tier` at its context and this batch size (nothing to measure)."""

@@ -116,4 +116,4 @@ class Priors(CalibrationFile):
             if mode not in realized:
                 entry["realized"][mode] = round(1 + (1 - DRIFT) * (x - 1), 4)
         entry["realized"].update({mode: round(x, 4) for mode, x in realized.items()})
-        self.save()
+        self.save(key)
