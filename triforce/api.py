@@ -27,6 +27,7 @@ from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import cache_bytes
 from .coordinator.remote import GroupFull
 from .errors import TooLarge, UserError
+from .generation_defaults import sampling_defaults
 from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError, rope_scaling_spec
 from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model
@@ -53,7 +54,8 @@ class LLM:
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
                  mode: str = "auto", dtype: str = "auto", device: str | None = None, workers=None,
                  rope_scaling: str | None = None, revision: str | None = None, draft_revision: str | None = None,
-                 prefix_cache_gb: float = PREFIX_CACHE_GB, **engine_settings):
+                 prefix_cache_gb: float = PREFIX_CACHE_GB, generation_config: str | os.PathLike = "auto",
+                 **engine_settings):
         """`engine_settings` are EngineConfig fields (gamma1, gamma2, budget, chunk_size, ...). `workers`: a
         ControlChannel to a worker group that verifies with the full cache (launch/distributed.py);
         None verifies in this process. `rope_scaling`: 'KIND:FACTOR' (linear, dynamic, yarn, llama3)
@@ -61,7 +63,9 @@ class LLM:
         Hugging Face ids (org/name), resolved in the hub cache (HF_HOME, HF_HUB_OFFLINE) at `revision` and
         `draft_revision` (a branch, tag or commit; default the main branch). `prefix_cache_gb`: the target KV of recent prompts kept so that a prompt beginning
         the same way skips prefilling that part (0: off). With `workers` the group keeps them under its own
-        bound (run_worker's `prefix_bytes`: serve's and batch's --prefix-cache-gb), and this one is unused."""
+        bound (run_worker's `prefix_bytes`: serve's and batch's --prefix-cache-gb), and this one is unused.
+        `generation_config` (vLLM's): where requests' sampling defaults come from, 'auto' (the model's
+        generation_config.json), 'vllm' (none) or a folder (generation_defaults.py)."""
         if dtype not in DTYPE_CHOICES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPE_CHOICES)} (got {dtype!r})")
         unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
@@ -84,6 +88,7 @@ class LLM:
         if draft is None and mode == "draft":
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
         self.draft_path = resolve_model(draft, draft_revision) if draft is not None and mode in MODES_WITH_DRAFT else None
+        self.sampling_defaults = sampling_defaults(generation_config, self.model_path)
         self.target = self._load(self.model_path)
         self.draft = None if self.draft_path is None else self._load(self.draft_path)
         if self.draft is None and mode == "triforce":
@@ -269,6 +274,11 @@ class LLM:
             return self.tokenizer.eos_token_id
         return next(iter(self.target.config.eos_token_ids), None)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: what `generate` and `chat` take without sampling_params: SamplingParams() with the model's
+        generation_config defaults (`sampling_defaults`) over it."""
+        return SamplingParams(**self.sampling_defaults)
+
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              stream: Callable[[str], None] | None = None, show_progress: bool = False, tools: list[dict] | None = None,
@@ -301,7 +311,7 @@ class LLM:
             prompts = [prompts]
         if not prompts:
             return []
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if not all(isinstance(p, SamplingParams) for p in per_prompt):
             raise UserError("sampling_params must be a SamplingParams or a list of them, one per prompt")

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from ..errors import RequestFailed, TooLarge, UserError
 from .cli import llm_from_args
-from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg
+from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
 RESULT_START = '{"id": "batch_req_'  # how every line this command writes begins
@@ -48,7 +48,7 @@ def add_batch_parser(sub) -> None:
     add_model_args(p)
     add_mode_arg(p)
     add_engine_args(p)
-    add_prefix_cache_arg(p)
+    add_serving_args(p)
     add_distributed_args(p)
     p.set_defaults(func=_batch)
 

@@ -131,7 +131,8 @@ def run_bench(args) -> int:
     with settings_named_by_flags():
         llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
                   args.device, rope_scaling=args.rope_scaling, revision=args.revision,
-                  draft_revision=args.draft_revision, prefix_cache_gb=args.prefix_cache_gb, **engine_settings(args))
+                  draft_revision=args.draft_revision, prefix_cache_gb=args.prefix_cache_gb, generation_config="vllm",
+                  **engine_settings(args))
     if "assisted" in args.peers and llm.draft_path is None:
         raise UserError("the assisted peer needs a draft model")
     if "assisted" in args.peers and llm.draft.config.vocab_size != llm.target.config.vocab_size and \

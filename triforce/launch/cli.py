@@ -84,7 +84,7 @@ def settings_named_by_flags():
         options = {o for command in ("generate", "serve", "batch", "bench")
                    for a in commands.choices[command]._actions for o in a.option_strings}
         names = {f.name for f in (*dataclasses.fields(SamplingParams), *dataclasses.fields(EngineConfig))}
-        names.add("prefix_cache_gb")
+        names.update(("prefix_cache_gb", "generation_config"))
         flags = {name: FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in names
                  if re.search(r"_|\d", name)}
         flags = {name: flag for name, flag in flags.items() if flag in options}
@@ -109,7 +109,8 @@ def llm_from_args(args):
         _refuse_unused_settings(EngineConfig(mode=args.mode, **engine_settings(args)), args.draft)
         return LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
                    rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
-                   prefix_cache_gb=prefix_cache_gb, **engine_settings(args))
+                   prefix_cache_gb=prefix_cache_gb, generation_config=getattr(args, "generation_config", "vllm"),
+                   **engine_settings(args))
 
 
 def _refuse_unused_settings(config: EngineConfig, draft: str | None) -> None:

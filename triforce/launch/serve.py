@@ -10,7 +10,7 @@ import sys
 
 from ..errors import UserError
 from .cli import llm_from_args
-from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_prefix_cache_arg
+from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args
 
 
 SHUTDOWN_GRACE_S = 5  # seconds open streams get to end on Ctrl-C or SIGTERM before they are cut
@@ -28,7 +28,7 @@ def add_serve_parser(sub) -> None:
     add_model_args(p)
     add_mode_arg(p)
     add_engine_args(p)
-    add_prefix_cache_arg(p)
+    add_serving_args(p)
     add_distributed_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")

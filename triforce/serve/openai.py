@@ -44,6 +44,8 @@ HARMLESS = {"echo": (False,), "suffix": ("",), "tools": ([],), "tool_choice": ("
 ADDS_SPECIAL_TOKENS = {"completion": True, "chat": False}  # vLLM's add_special_tokens, as this server has it
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default
 MAX_CHOICES = 128  # OpenAI's limit on n
+OPENAI_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                   "presence_penalty": 0.0, "frequency_penalty": 0.0}  # a model's generation_config may change some
 
 
 @dataclass
@@ -113,6 +115,12 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < least:
         raise ApiError(400, f"'{name}' must be an integer >= {least}"
                             f"{' (0 only with echo)' if kind == 'completion' and not echo else ''}", param=name)
+    # OpenAI's defaults, under the model's generation_config (vLLM's --generation-config auto), whose
+    # max_new_tokens bounds every request
+    defaults = {**OPENAI_SAMPLING, **llm.sampling_defaults}
+    max_tokens = min(max_tokens, defaults.pop("max_tokens", max_tokens))
+    sampling = {name: number(body, name, default) for name, default in defaults.items()}
+    sampling["top_k"] = _integer_valued(sampling["top_k"])
     logprobs = logprobs_field(kind, body)
     bias = {} if body.get("logit_bias") is None else body["logit_bias"]
     if not isinstance(bias, dict):
@@ -120,14 +128,9 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     try:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ConfigError("stop must be a string or a list of non-empty strings")  # OpenAI's four: vLLM's any
-        params = SamplingParams(max_tokens=max_tokens, temperature=number(body, "temperature", 1.0),
-                                top_p=number(body, "top_p", 1.0), top_k=_integer_valued(number(body, "top_k", 0)),
-                                min_p=number(body, "min_p", 0.0),
-                                seed=body.get("seed"), n=n, stop=tuple(stop), ignore_eos=flag(body, "ignore_eos", False),
+        params = SamplingParams(max_tokens=max_tokens, **sampling, seed=body.get("seed"), n=n, stop=tuple(stop),
+                                ignore_eos=flag(body, "ignore_eos", False),
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
-                                presence_penalty=number(body, "presence_penalty", 0.0),
-                                frequency_penalty=number(body, "frequency_penalty", 0.0),
-                                repetition_penalty=number(body, "repetition_penalty", 1.0),
                                 stop_token_ids=token_ids(body, "stop_token_ids"),
                                 min_tokens=0 if body.get("min_tokens") is None else body["min_tokens"],
                                 structured_outputs=structured,
