@@ -3,7 +3,7 @@ generation_config.json's temperature, top_p, top_k, min_p and repetition_penalty
 requests that leave them out, and its max_new_tokens the default max_tokens (a server's bound on every
 request's). A value equal to transformers' GenerationConfig default is no setting (vLLM reads the file's
 differences from those defaults), and `do_sample` is not read (vLLM does not either). Qwen2.5's instruct
-models ask for temperature 0.7, top_p 0.8, top_k 20 and repetition_penalty 1.05 there; the GGUF
+models ask for temperature 0.7, top_p 0.8 and top_k 20 there; the GGUF
 conversions this project makes name only where generation ends, so they set none.
 
 `generation_config`: 'auto' reads the model folder's file, 'vllm' takes none (vLLM's neutral defaults:
