@@ -223,7 +223,7 @@ class LLM:
 
     def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
         """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""
-        itemsize = torch.finfo(self.target.dtype).bits // 8
+        itemsize = self.target.dtype.itemsize
         draft = self.draft.config if self.draft is not None else None
         return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize)
 

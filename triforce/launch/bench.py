@@ -22,7 +22,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ import torch
 from ..config import MODES, PROPOSAL_TREE, EngineConfig, SamplingParams
 from ..errors import UserError
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
+from ..models.hub import probe_writes
 from ..models.vocab import read_draft_metadata
 from .bench_rows import batch_row, compare, medians
 from .flags import add_engine_args, add_model_args, add_penalty_args, engine_settings, penalty_settings
@@ -196,10 +196,9 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
         out = Path(args.out)
         if out.is_dir():
             raise UserError(f"--out {out} is a folder; name a file")
-        try:  # a file made and dropped in its folder: os.access says yes to root where writes fail (/proc)
+        try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=out.parent):
-                pass
+            probe_writes(out.parent)
         except OSError as exc:
             raise UserError(f"cannot write --out {out}: {exc.strerror or exc}") from None
         if out.exists() and not os.access(out, os.W_OK):

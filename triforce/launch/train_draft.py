@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +15,7 @@ from ..draft.evaluate import decode_ms_per_token, evaluate_genres
 from ..draft.generated import GenerationSettings
 from ..draft.train import DraftShape, TrainSettings, export, fingerprint, init_draft, train
 from ..errors import UserError
-from ..models.hub import DEFAULT_MODEL, triforce_home, writable_folder
+from ..models.hub import DEFAULT_MODEL, probe_writes, triforce_home, writable_folder
 from ..models.loader import load_model
 from ..models.vocab import DRAFT_FILE, ReducedVocabulary, tokenizer_fingerprint
 
@@ -150,8 +149,7 @@ def _out_folder(name: str) -> Path:
                         "a new folder, an empty one or an earlier draft's")
     above = next(folder for folder in out.parents if folder.exists())  # the export makes the rest
     try:  # found now, not when the draft is written at the end of the run
-        with tempfile.TemporaryFile(dir=above):
-            pass
+        probe_writes(above)
     except OSError as exc:
         raise UserError(f"--out {name}: cannot write the draft in {above} ({exc.strerror or exc})") from None
     return out

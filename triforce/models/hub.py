@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,13 +71,19 @@ def triforce_home() -> Path:
     return Path(os.environ.get("TRIFORCE_HOME") or Path.home() / ".cache" / "triforce")
 
 
+def probe_writes(folder: Path) -> None:
+    """Raises the OSError that a write in `folder` meets, by making a file there and dropping it (os.access
+    says yes to root where writes fail: a read-only mount, /proc)."""
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+
+
 def writable_folder(folder: Path) -> Path:
     """`folder`, made if missing; a ModelLoadError naming it where it cannot be (a file in the way, a
     read-only file system, no permission), with where TRIFORCE_HOME points."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied", str(folder))
+        probe_writes(folder)
     except OSError as exc:
         raise ModelLoadError(f"cannot write in {folder} ({exc.strerror or exc}); TRIFORCE_HOME "
                              f"({triforce_home()}) must name a folder this user can write") from None
