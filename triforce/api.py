@@ -111,11 +111,11 @@ class LLM:
         self.prefixes = None  # a worker group holds the target's KV itself
         if prefix_cache_gb > 0 and workers is None:
             self.prefixes = PrefixStore(self._prefix_bound(prefix_cache_gb), self.config.prefill_chunk)
-            block = self.config.prefill_chunk * self.target.config.kv_bytes_per_token(self.target.dtype.itemsize)
-            if self.prefixes.max_bytes < block:  # a server or batch job would reuse nothing, silently
+            token_bytes = self.target.config.kv_bytes_per_token(self.target.dtype.itemsize)
+            if self.prefixes.blocks_held(token_bytes) == 0:  # a server or batch job would reuse nothing, silently
                 log.warning("a prefix store of %.3g GB holds no prompt block (%d tokens of this model's keys and "
                             "values take %.1f MB): no prompt is kept for reuse", self.prefixes.max_bytes / 2**30,
-                            self.config.prefill_chunk, block / 2**20)
+                            self.config.prefill_chunk, self.config.prefill_chunk * token_bytes / 2**20)
 
     def _load(self, folder: Path):
         try:

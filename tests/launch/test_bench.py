@@ -83,10 +83,16 @@ def test_bench_runs_restore_every_prompts_kv_with_a_prefix_cache(tiny_dir, tmp_p
     assert [(r["batch"], r["run"], r["cached_prompt_tokens"]) for r in report["results"]] == \
         [(1, "ar", 512), (1, "triforce", 512), (2, "ar", 1024), (2, "triforce", 1024)]  # one chunk a prompt
     assert all(r["equals_ar"] for r in report["results"] if r["run"] == "triforce") and report["prefix_cache_gb"] == 1
-    # a store that cannot hold the batch's prompts is an error, not runs that prefill beside others' decode
-    assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", str(texts[0]), "--lengths", "530",
-                 "--max-new-tokens", "8", "--modes", "ar", "--prefix-cache-gb", "1e-6"]) == 2
-    assert "--prefix-cache-gb holds 0 of the batch's 512 reusable prompt tokens" in capsys.readouterr().err
+    # a store that cannot hold the largest batch's prompts is an error, not runs that prefill beside others'
+    # decode, found before any group runs (the batch of one would fit 1.5 blocks)
+    from triforce.models.config import ModelConfig
+
+    gb = 1.5 * 512 * ModelConfig.from_folder(target).kv_bytes_per_token(4) / 2**30
+    capsys.readouterr()
+    assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", *map(str, texts), "--lengths",
+                 "530", "--batch", "1", "2", "--max-new-tokens", "8", "--modes", "ar", "--prefix-cache-gb", str(gb)]) == 2
+    err = capsys.readouterr().err
+    assert "holds 512 of the 1024 reusable prompt tokens of a batch of 2 x 530" in err and '"repeat"' not in err
 
 
 def test_bench_repeats_take_turns_and_report_medians(tiny_dir, tmp_path, capsys):
@@ -176,7 +182,9 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--sweep", "budget=32", "--sweep", "gamma1=2"], "one --sweep at a time"),  # the last one ran alone
     (["--modes", "ar", "--sweep", "budget=32,64"], "runs ar alone"),  # ignored
     (["--sweep", "tree1=4"], "none of --modes runs"),  # ar and retrieval: tier 1 runs in neither
-    (["--modes", "ar", "ar"], "names a mode twice"),
+    (["--modes", "ar", "ar"], "--modes names a value twice"), (["--lengths", "50", "50"], "--lengths names a value"),
+    (["--temperatures", "0", "0.0"], "--temperatures names a value twice"),  # each group ran twice
+    (["--batch", "1", "1"], "--batch names a value twice"),
     (["--out", "/proc/bench.json"], "cannot write --out /proc/bench.json")])
 def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, capsys, extra, message):
     """A bad value met in a later group threw away the groups before it (and `--sweep mode=` was a traceback)."""

@@ -71,7 +71,11 @@ class PrefixStore:
 
     def kept_blocks(self, cache: FullKVCache) -> int:
         """How many leading blocks of a prompt the bound holds."""
-        return self.max_bytes // cache.block_bytes(self.block)
+        return self.blocks_held(cache.block_bytes(1))
+
+    def blocks_held(self, token_bytes: int) -> int:
+        """How many blocks the bound holds, at `token_bytes` of keys and values per token."""
+        return self.max_bytes // (self.block * token_bytes)
 
     def restore_block(self, names: list[bytes], i: int, cache: FullKVCache) -> bool:
         """Writes block i (`names` are the prompt's) into `cache`, which holds the blocks before it, when

@@ -112,8 +112,10 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
 def run_bench(args) -> int:
     from ..api import LLM
 
-    if len(set(args.modes)) < len(args.modes):  # which run would the speedups divide by?
-        raise UserError(f"--modes names a mode twice ({' '.join(args.modes)}); --repeats runs each again")
+    for name, values in (("--modes", args.modes), ("--lengths", args.lengths), ("--batch", args.batch),
+                         ("--temperatures", args.temperatures), ("--workloads", args.workloads)):
+        if len(set(values)) < len(values):  # a group run twice (and for --modes: which ar would speedups divide by?)
+            raise UserError(f"{name} names a value twice ({' '.join(map(str, values))}); --repeats runs each again")
     sweep_name, sweep_values = _parse_sweep(args.sweep, args.modes)
     texts = [_read_text(f) for f in args.text]
     text = "\n".join(texts)
@@ -190,6 +192,14 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
     for temperature in args.temperatures:
         SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p, seed=args.seed,
                        **penalty_settings(args))
+    if llm.prefixes is not None:  # each group's fill_prefix_store checks it again, as the store then holds
+        length, batch = max(args.lengths), max(args.batch)
+        wanted = batch * llm.prefixes.reusable_blocks(ids[:length])
+        held = llm.prefixes.blocks_held(llm.target.config.kv_bytes_per_token(llm.target.dtype.itemsize))
+        if held < wanted:
+            raise UserError(f"--prefix-cache-gb {args.prefix_cache_gb:g} holds {held * llm.prefixes.block} of the "
+                            f"{wanted * llm.prefixes.block} reusable prompt tokens of a batch of {batch} x {length}: "
+                            f"raise it to hold a whole batch's prompts, or leave it at 0")
     for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
         dataclasses.replace(base, mode=mode, **overrides)
     if args.out:
