@@ -190,6 +190,38 @@ def test_a_line_that_fails_as_it_runs_gets_its_error_and_the_others_their_answer
     assert run(target, inp, "/dev/null") == 2 and "is not a file" in capsys.readouterr().err
 
 
+def test_a_rerun_refuses_lines_changed_since_their_results_were_written(tiny_dir, tmp_path, capsys):
+    """A result's id is a hash of its line: a rerun after a line's body changed (or lines without a
+    custom_id shifted) is refused, naming them, before anything runs; the same requests written another
+    way (keys in another order, spaces) are the same lines. (A changed body kept its old answer, silently.)"""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    a = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body}
+    nameless = {"method": "POST", "url": "/v1/completions", "body": body}
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(json.dumps(a) + "\n" + json.dumps(nameless) + "\n")
+    assert run(target, inp, out) == 0
+    written = out.read_text()
+    assert sorted(results(out)) == ["a", "line-2"]
+    inp.write_text(json.dumps(dict(reversed(a.items())), indent=1).replace("\n", "") + "\n" + json.dumps(nameless)
+                   + "\n")
+    assert run(target, inp, out) == 0 and out.read_text() == written  # the same requests: nothing to run
+    capsys.readouterr()
+    for changed, named in (([{**a, "body": {**body, "max_tokens": 4}}, nameless], "a"),
+                           ([a, nameless, nameless], None),
+                           ([a, {**nameless, "body": {**body, "max_tokens": 5}}, nameless, nameless], "line-2")):
+        inp.write_text("".join(json.dumps(line) + "\n" for line in changed))
+        if named is None:  # a line added after the others: it runs, the others are as they were (a line
+            # inserted before it shifts the numbers of lines without a custom_id: found as changed below)
+            assert run(target, inp, out) == 0 and sorted(results(out)) == ["a", "line-2", "line-3"]
+            written = out.read_text()
+            continue
+        assert run(target, inp, out) == 2
+        err = capsys.readouterr().err
+        assert f"changed since their results were written to --output {out}: {named}" in err
+        assert out.read_text() == written
+
+
 def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path, monkeypatch):
     """What a kill mid-write leaves: the torn line is cut off in place (the file is not rewritten, which a
     second kill could have emptied), the lines before it untouched; a whole last line gets its newline."""
@@ -197,8 +229,8 @@ def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path, monke
     first = json.dumps({"id": "batch_req_1", "custom_id": "a", "response": None, "error": {"code": "x"}})
     second = json.dumps({"custom_id": "b", "id": "batch_req_2", "response": None, "error": {"code": "x"}})
     out.write_text(first + "\n" + second)  # not as this command writes (it would be a torn one): another tool's
-    assert done_ids(out) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
+    assert set(done_ids(out)) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
     with out.open("a") as f:
         f.write('{"id": "batch_req_3", "custom_id": "c", "resp')
     monkeypatch.setattr(Path, "write_text", lambda *_, **__: pytest.fail("the output rewritten whole"))
-    assert done_ids(out) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
+    assert set(done_ids(out)) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"

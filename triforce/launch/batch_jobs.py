@@ -10,13 +10,15 @@ run again one by one. Requests run
 `--batch-size` at a time through LLM.generate (a request's prompts x `n` choices together, as sequences of
 that batch). Each result line is written whole and flushed, so a killed job loses at most the requests in
 flight; run again, it skips the custom_ids the output already has (a torn last line, if the kill came
-mid-write, is dropped first; an output that is not a results file is refused, untouched). `--shard I/N`
+mid-write, is dropped first; an output that is not a results file is refused, untouched), and refuses to
+go on where a line changed since its result was written (a result's id is a hash of its line). `--shard I/N`
 takes lines I, I + N, ... (default: the Slurm array task, else torchrun's rank and world size, else all;
 with --workers, where torchrun's ranks are one pipeline, the Slurm array task, else all).
 """
 from __future__ import annotations
 
 import json
+import hashlib
 import os
 import sys
 import uuid
@@ -29,7 +31,9 @@ from .cli import llm_from_args
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
-RESULT_START = '{"id": "batch_req_'  # how every line this command writes begins
+RESULT_ID_START = "batch_req_"
+RESULT_START = '{"id": "' + RESULT_ID_START  # how every line this command writes begins
+ID_DIGITS = 40  # of a result id's hash of its line (OpenAI's ids are opaque; a uuid's 32 digits before)
 
 
 def add_batch_parser(sub) -> None:
@@ -77,12 +81,12 @@ def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
     return index, count
 
 
-def done_ids(output: Path) -> set[str]:
-    """custom_ids already answered in `output`; a torn last line (what a kill mid-write leaves: the start of
+def done_ids(output: Path) -> dict[str, str]:
+    """custom_ids already answered in `output`, each with its result's id; a torn last line (what a kill mid-write leaves: the start of
     a line this command writes) is cut off. A file that is not a results file (a line that is not a result)
     is a UserError, and left as it is."""
     if not output.exists():
-        return set()
+        return {}
     try:
         data = output.read_bytes().decode()
     except (OSError, UnicodeDecodeError) as exc:
@@ -90,7 +94,7 @@ def done_ids(output: Path) -> set[str]:
     whole, torn = data[: data.rfind("\n") + 1], data[data.rfind("\n") + 1:]
     if torn and not torn.startswith(RESULT_START[: len(torn)]):  # not what a kill mid-write leaves: a line
         whole, torn = whole + torn + "\n", ""  # to check as the others (the newline written if it passes)
-    done = set()
+    done = {}
     for n, line in enumerate(whole.splitlines()):
         if not line.strip():
             continue
@@ -101,7 +105,7 @@ def done_ids(output: Path) -> set[str]:
         if not (isinstance(record, dict) and "custom_id" in record and ("response" in record or "error" in record)):
             raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
                             "name a new file, or one an earlier run of this job wrote")
-        done.add(record["custom_id"])
+        done[record["custom_id"]] = str(record.get("id"))
     try:
         if len(whole) < len(data):  # the torn line cut off in place (rewriting the file risked all of it)
             os.truncate(output, len(whole.encode()))
@@ -166,9 +170,11 @@ def _batch(args) -> int:
         output.open("a").close()  # before the model loads
     except OSError as exc:
         raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
-    if any(custom_id.startswith("line-") and custom_id in finished for _, custom_id, _, _ in mine):
-        print("triforce: resuming lines without a custom_id by their line numbers: a line added or removed "
-              "since the first run shifts them", file=sys.stderr)
+    changed = changed_lines(mine, lines, finished)
+    if changed:  # their results answer what the lines asked before
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise UserError(f"--input lines changed since their results were written to --output {output}: {shown}. "
+                        "Remove those results from --output to run them again, or name a new --output")
     llm = llm_from_args(args)
     model = args.served_model_name or str(args.model)
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
@@ -195,10 +201,11 @@ def _batch(args) -> int:
                 except openai.ApiError as exc:  # what the server answers it: a response with its status, as OpenAI's
                     error = {"status_code": exc.status, "request_id": f"req_{uuid.uuid4().hex}", "body": exc.body()}
             if job is None:  # a line that cannot run: its error, once
-                write(_result(custom_id, error) if "status_code" in error else _result(custom_id, error=error))
+                write(_result(lines[n], custom_id, error) if "status_code" in error else
+                      _result(lines[n], custom_id, error=error))
                 bar.update(1)
                 continue
-            pending.append((custom_id, job))
+            pending.append((lines[n], custom_id, job))
             if len(pending) == args.batch_size:
                 _run(llm, model, pending, write, bar)
                 pending = []
@@ -213,26 +220,43 @@ def _run(llm, model, pending, write, bar) -> None:
     alone, that one's error written as its response (it failed the whole batch, which every rerun met)."""
     from ..serve import openai, responses
 
-    choices = [job.choices() for _, job in pending]  # a line's prompts x n choices run together
+    choices = [job.choices() for _, _, job in pending]  # a line's prompts x n choices run together
     try:
         outs = iter(llm.generate([ids for c in choices for ids, _ in c], [params for c in choices for _, params in c]))
     except RequestFailed as exc:
         if len(pending) > 1:
-            for line in pending:
-                _run(llm, model, [line], write, bar)
+            for one in pending:
+                _run(llm, model, [one], write, bar)
             return
-        (custom_id, job), = pending
+        (line, custom_id, job), = pending
         error = openai.ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
-        write(_result(custom_id, {"status_code": error.status, "request_id": job.id, "body": error.body()}))
+        write(_result(line, custom_id, {"status_code": error.status, "request_id": job.id, "body": error.body()}))
         bar.update(1)
         return
-    for (custom_id, job), mine in zip(pending, choices):
+    for (line, custom_id, job), mine in zip(pending, choices):
         answer = responses.response if isinstance(job, responses.ResponsesJob) else openai.response
         body = answer(job, model, [next(outs) for _ in mine])
-        write(_result(custom_id, {"status_code": 200, "request_id": job.id, "body": body}))
+        write(_result(line, custom_id, {"status_code": 200, "request_id": job.id, "body": body}))
         bar.update(1)
 
 
-def _result(custom_id: str, response: dict | None = None, error: dict | None = None) -> dict:
+def result_id(line: str) -> str:
+    """A result's id, from what its input line asks (its JSON with keys in order; a line that is not JSON, as
+    it is), so that a rerun finds lines changed since their results were written."""
+    try:
+        line = json.dumps(json.loads(line), sort_keys=True)
+    except json.JSONDecodeError:
+        pass
+    return f"batch_req_{hashlib.sha256(line.encode()).hexdigest()[:ID_DIGITS]}"
+
+
+def changed_lines(mine: list, lines: list[str], finished: dict[str, str]) -> list[str]:
+    """The custom_ids whose results in the output answer another line than theirs now (results of runs
+    before result ids named their lines are taken as they are)."""
+    return [custom_id for n, custom_id, _, _ in mine if custom_id in finished
+            and len(finished[custom_id]) == len(RESULT_ID_START) + ID_DIGITS and finished[custom_id] != result_id(lines[n])]
+
+
+def _result(line: str, custom_id: str, response: dict | None = None, error: dict | None = None) -> dict:
     """An output line: a response (its status, its body), or the error of a line that is not a request."""
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": response, "error": error}
+    return {"id": result_id(line), "custom_id": custom_id, "response": response, "error": error}
