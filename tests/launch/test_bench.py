@@ -176,7 +176,7 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
 
 @pytest.mark.parametrize("extra, message", [
     (["--lengths", "50", "5000"], "past the model's"), (["--lengths", "50", "240"], "tokens of --text"),
-    (["--temperatures", "0", "-1"], "temperature"), (["--sweep", "budget=32,-5"], "budget"),
+    (["--temperatures", "0", "-1"], "temperature"), (["--top-p", "2"], "--top-p must be in (0, 1]"), (["--sweep", "budget=32,-5"], "budget"),
     (["--sweep", "mode=ar,retrieval"], "other than the mode"), (["--workloads", "novel", "passkey", "--batch", "1", "2"], "batch 1"),
     (["--out", "."], "is a folder"),
     (["--sweep", "budget=32", "--sweep", "gamma1=2"], "one --sweep at a time"),  # the last one ran alone

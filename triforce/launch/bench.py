@@ -153,7 +153,8 @@ def run_bench(args) -> int:
     ids = llm.tokenizer(text).input_ids
     files = [llm.tokenizer(t).input_ids for t in texts]
     base = llm.config
-    _check_plan(args, llm, ids, files, base, sweep_name, sweep_values)
+    with settings_named_by_flags():
+        _check_plan(args, llm, ids, files, base, sweep_name, sweep_values)
     llm.config = dataclasses.replace(base, mode="ar")
     llm.generate([ids[:64]], SamplingParams(max_tokens=8))  # warm up kernels and allocator
     results = []
