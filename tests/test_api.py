@@ -203,14 +203,53 @@ def test_n_outputs_per_prompt_are_each_what_its_seed_gives_alone(llm):
 
 
 def test_bad_n_is_refused(llm):
-    for n in (0, -1, 1.5, True, "2"):
-        with pytest.raises(ConfigError, match="n must be an integer >= 1"):
+    import numpy as np
+
+    for n in (0, -1, 1.5, True, "2", 10**9):  # 10**9 built a billion requests' settings, silently
+        with pytest.raises(ConfigError, match="n must be an integer from 1 to 4096"):
             SamplingParams(n=n)
+    with pytest.raises(ConfigError, match="^n must"):  # named, not an impossible seed range
+        SamplingParams(n=2**65, seed=0)
+    numpy_n = SamplingParams(n=np.int64(2), seed=5)  # was an OverflowError
+    assert numpy_n.n == 2 and type(numpy_n.n) is int and [c.seed for c in numpy_n.choices()] == [5, 6]
+    assert SamplingParams(n=2, best_of=2).best_of == 2
+    with pytest.raises(ConfigError, match="best_of must be None or n"):
+        SamplingParams(n=2, best_of=3)
     with pytest.raises(ConfigError, match="output i takes seed"):
         SamplingParams(n=3, seed=2**64 - 2)
     assert SamplingParams(n=3, seed=2**64 - 3).choices()[-1].seed == 2**64 - 1
     with pytest.raises(UserError, match="n = 1"):
         llm.generate(PROMPT, SamplingParams(max_tokens=2, n=2), stream=print)
+
+
+def test_vllms_other_spellings_of_prompts_and_outputs(llm, tiny_dir):
+    """What code written for vLLM passes and reads: TextPrompt and TokensPrompt dicts, use_tqdm,
+    detokenize=False (token ids alone: lm-evaluation-harness's scoring), CompletionOutput built by keyword
+    in vLLM's order, finished(), cumulative_logprob as a field, num_cached_tokens."""
+    import dataclasses
+
+    from triforce import CompletionOutput
+
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=1)
+    plain = llm.generate(PROMPT, params)[0]
+    by_text, by_ids = llm.generate([{"prompt": PROMPT}, {"prompt_token_ids": llm.encode(PROMPT)}], params,
+                                   use_tqdm=False)
+    assert by_text.token_ids == by_ids.token_ids == plain.token_ids and (by_text.prompt, by_ids.prompt) == (PROMPT, None)
+    with pytest.raises(UserError, match="a prompt dict takes one of"):
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {}}, params)
+    bare = llm.generate(PROMPT, dataclasses.replace(params, detokenize=False))[0]
+    assert bare.token_ids == plain.token_ids and bare.text == "" and plain.text
+    with pytest.raises(ConfigError, match="stop strings need detokenize"):
+        SamplingParams(detokenize=False, stop=["w5"])
+    out = plain.outputs[0]
+    assert dataclasses.asdict(out)["cumulative_logprob"] == out.cumulative_logprob and out.finished()
+    made = CompletionOutput(index=0, text="a", token_ids=[1], cumulative_logprob=None, logprobs=None)
+    assert made.finish_reason is None and not made.finished()
+    long_prompt = " ".join([PROMPT] * 14)  # more than one 512-token block of the prefix store
+    roomy = LLM(tiny_dir("api-target-1k", tokenizer=True, seed=51, max_position_embeddings=1024), mode="ar",
+                dtype="float32")
+    first, again = (roomy.generate(long_prompt, SamplingParams(max_tokens=2))[0] for _ in range(2))
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == again.metrics.cached_prompt_tokens == 512
 
 
 def test_one_token_prompt(llm):

@@ -17,7 +17,8 @@ if os.environ.get("TRIFORCE_CPU_ISA", "").strip().lower() == "avx2":
 
 from .api import LLM  # noqa: E402
 from .config import EngineConfig, SamplingParams  # noqa: E402
+from .logprobs import Logprob  # noqa: E402
 from .request import CompletionOutput, RequestOutput  # noqa: E402
 
-__all__ = ["LLM", "RequestOutput", "CompletionOutput", "SamplingParams", "EngineConfig"]
+__all__ = ["LLM", "RequestOutput", "CompletionOutput", "Logprob", "SamplingParams", "EngineConfig"]
 __version__ = "0.1.0"

@@ -283,7 +283,7 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              stream: Callable[[str], None] | None = None, show_progress: bool = False, tools: list[dict] | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None, use_tqdm: bool | None = None) -> list[RequestOutput]:
         """vLLM's LLM.chat: a conversation (OpenAI's messages, {role, content}) or a list of them, each laid
         out by the tokenizer's chat template (with `tools`, OpenAI's function tools, as it shows them), then
         `generate`d: one output per conversation."""
@@ -293,22 +293,28 @@ class LLM:
             raise UserError("'messages' must be a list of {role, content} objects, or a list of those")
         ids = [conversation_ids(self.tokenizer, c, tools, add_generation_prompt, continue_final_message,
                                 chat_template_kwargs) for c in conversations]
-        return self.generate(ids, sampling_params, stream, show_progress)
+        return self.generate(ids, sampling_params, stream, show_progress, use_tqdm)
 
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]] | dict | Sequence[dict],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 stream: Callable[[str], None] | None = None, show_progress: bool = False) -> list[RequestOutput]:
+                 stream: Callable[[str], None] | None = None, show_progress: bool = False,
+                 use_tqdm: bool | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order, with SamplingParams.n outputs. `sampling_params` (vLLM's
         name): one SamplingParams for all prompts or one per prompt.
         The prompts run together as a batch (every tier's forward of all of them as one model call; with a
         worker group, each target check of all of them as one request), in parts when their caches do not
-        all fit in memory. A prompt's output is what it would be alone (greedy; and for a seeded request, sampled too).
-        `stream` (one prompt only) receives text pieces as they are committed."""
-        if not isinstance(prompts, (str, Sequence)):
+        all fit in memory. A prompt's output is what it would be alone (greedy; and for a seeded request, sampled
+        too, outside mode auto, whose plans depend on the batch and on what the machine measured).
+        `stream` (one prompt only) receives text pieces as they are committed. A prompt may also be vLLM's
+        TextPrompt or TokensPrompt ({"prompt": text} or {"prompt_token_ids": ids}); `use_tqdm` is vLLM's
+        name for `show_progress`."""
+        if not isinstance(prompts, (str, Sequence, dict)):
             raise UserError(f"prompts must be a string, a list of token ids or a list of those (got "
                             f"{type(prompts).__name__})")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], numbers.Integral)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
+        prompts = [_unwrapped(p) for p in prompts]
+        show_progress = show_progress if use_tqdm is None else use_tqdm
         if not prompts:
             return []
         params = sampling_params or self.get_default_sampling_params()
@@ -362,4 +368,15 @@ class LLM:
         """One prompt's RequestOutput, from the runs of its n outputs (request ids count up, as vLLM's)."""
         return RequestOutput(str(next(self._request_ids)), prompt if isinstance(prompt, str) else None,
                              choices[0].prompt_token_ids, choices[0].prompt_logprobs,
-                             [replace(c.outputs[0], index=i) for i, c in enumerate(choices)])
+                             [replace(c.outputs[0], index=i) for i, c in enumerate(choices)],
+                             num_cached_tokens=choices[0].num_cached_tokens)
+
+
+def _unwrapped(prompt):
+    """vLLM's TextPrompt or TokensPrompt ({"prompt": text}, {"prompt_token_ids": ids}) as the text or the ids."""
+    if not isinstance(prompt, dict):
+        return prompt
+    if len(prompt) != 1 or not {"prompt", "prompt_token_ids"} & set(prompt):
+        raise UserError(f"a prompt dict takes one of 'prompt' (text) or 'prompt_token_ids' (got keys "
+                        f"{', '.join(map(repr, prompt)) or 'none'})")
+    return next(iter(prompt.values()))

@@ -25,7 +25,8 @@ class ConfigError(UserError):
     """A setting outside its valid range; the message names the setting."""
 
 
-SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes
+SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes (on a CPU, it uses the seed modulo 2**32)
+MAX_N = 4096  # outputs of one prompt (SamplingParams.n): more is a mistake, not a batch
 
 
 def _is_integer(value) -> bool:
@@ -170,6 +171,8 @@ class SamplingParams:
     skip_special_tokens: bool = True  # the text leaves out special tokens' text
     # outputs per prompt (vLLM's): `choices` runs each as its own request, output i seeded with seed + i
     n: int = 1
+    best_of: int | None = None  # vLLM's: only None or n (no choices ranked and dropped here)
+    detokenize: bool = True  # False: no text (vLLM's; the token ids and log-probabilities alone), no stop strings
 
     def __post_init__(self):
         for name, unset in VLLM_NONES.items():  # vLLM's defaults of None, as not given
@@ -203,8 +206,15 @@ class SamplingParams:
             raise ConfigError(f"top_k must be an integer >= 0 (0 or -1: off; got {self.top_k!r})")
         if self.top_k == -1:  # vLLM's other spelling of off
             object.__setattr__(self, "top_k", 0)
-        if not _is_integer(self.n) or self.n < 1:
-            raise ConfigError(f"n must be an integer >= 1 (got {self.n!r})")
+        if not _is_integer(self.n) or not 1 <= self.n <= MAX_N:
+            raise ConfigError(f"n must be an integer from 1 to {MAX_N} (got {self.n!r})")
+        object.__setattr__(self, "n", int(self.n))  # numpy's as Python's, before the seed range below
+        if self.best_of not in (None, self.n):
+            raise ConfigError(f"best_of must be None or n ({self.n}): outputs are not ranked and dropped here")
+        if not isinstance(self.detokenize, bool):
+            raise ConfigError("detokenize must be true or false")
+        if not self.detokenize and self.stop:
+            raise ConfigError("stop strings need detokenize (the text is where they are found)")
         last = SEEDS[1] - (self.n - 1)  # output i takes seed + i
         if self.seed is not None and (not _is_integer(self.seed) or not SEEDS[0] <= self.seed <= last):
             raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {last} (got {self.seed!r}"
@@ -239,7 +249,7 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (not _is_integer(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise ConfigError(f"{name} must be None or an integer from 0 to {MAX_LOGPROBS} (got {k!r})")
-        for name, kind in (("max_tokens", int), ("top_k", int), ("seed", int), ("min_tokens", int), ("n", int),
+        for name, kind in (("max_tokens", int), ("top_k", int), ("seed", int), ("min_tokens", int),
                            ("truncate_prompt_tokens", int), ("logprobs", int), ("prompt_logprobs", int),
                            ("temperature", float), ("top_p", float), ("min_p", float), ("presence_penalty", float),
                            ("frequency_penalty", float), ("repetition_penalty", float)):

@@ -18,17 +18,18 @@ import torch
 
 @dataclass(frozen=True)
 class Logprob:
-    """vLLM's: a token's log-probability and its rank there (1: the most likely). No decoded_token: a
-    token's text is the tokenizer's to give (`tokenizer.decode`)."""
+    """vLLM's: a token's log-probability and its rank there (1: the most likely). decoded_token stays None
+    here: a token's text is the tokenizer's to give (`tokenizer.decode`)."""
     logprob: float
-    rank: int
-    decoded_token: None = None
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class TokenLogprobs(Mapping):
     """One position's entry: the token chosen there, its log-probability and rank, and the k most likely.
-    As a mapping it is vLLM's dict {token id: Logprob}: the chosen token first, then the k most likely."""
+    As a mapping it is vLLM's dict {token id: Logprob}: the chosen token first, then the k most likely (and
+    equal to that dict, as a mapping compares)."""
     token: int
     logprob: float
     top: list[tuple[int, float]]  # the k most likely tokens there, most likely first (k = SamplingParams.logprobs)

@@ -20,20 +20,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class CompletionOutput:
-    """One generated sequence of a prompt (vLLM's CompletionOutput, with its metrics beside)."""
+    """One generated sequence of a prompt: vLLM's CompletionOutput (its fields in its order), and its metrics."""
     index: int  # which of the prompt's SamplingParams.n outputs
     text: str
     token_ids: list[int]
+    cumulative_logprob: float | None  # the sum of the token ids' log-probabilities (None unless logprobs asked)
+    logprobs: list[TokenLogprobs] | None  # one per token id, when SamplingParams.logprobs asked
     # "stop" (EOS, a stop token id or a stop string), "length", or "abort" (cancelled first: a server's client gone)
-    finish_reason: str
-    metrics: RequestMetrics  # this sequence's generation
-    logprobs: list[TokenLogprobs] | None = None  # one per token id, when SamplingParams.logprobs asked
+    finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's; EOS: None)
+    metrics: RequestMetrics | None = None  # this sequence's generation (ours)
 
-    @property
-    def cumulative_logprob(self) -> float | None:
-        """The sum of the token ids' log-probabilities (vLLM's; None unless SamplingParams.logprobs asked)."""
-        return None if self.logprobs is None else sum(entry.logprob for entry in self.logprobs)
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass
@@ -46,6 +45,7 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None  # one per prompt token (None first), when asked
     outputs: list[CompletionOutput]
     finished: bool = True
+    num_cached_tokens: int = 0  # prompt tokens restored from the prefix store, not prefilled
 
     text = property(lambda self: self.outputs[0].text)
     token_ids = property(lambda self: self.outputs[0].token_ids)
@@ -75,7 +75,7 @@ class Request:
         self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round
         self.main_eos = llm.main_eos_id()
         self.guide = llm.grammars.guide(params.structured_outputs)
-        self.detok = (None if llm.tokenizer is None
+        self.detok = (None if llm.tokenizer is None or not params.detokenize
                       else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens, ids,
                                                  params.include_stop_str_in_output, params.skip_special_tokens))
         self.cancelled = False
@@ -148,5 +148,7 @@ class Request:
         stop_reason = stop_string if stop_string is not None else (
             tokens[-1] if hit_end and (tokens[-1] in self.params.stop_token_ids or tokens[-1] != self.main_eos)
             else None)
-        completion = CompletionOutput(0, text, tokens, finish, metrics, logprobs, stop_reason)
-        return RequestOutput("", None, self.ids, self.prompt_logprobs, [completion])
+        cumulative = None if logprobs is None else sum(entry.logprob for entry in logprobs)
+        completion = CompletionOutput(0, text, tokens, cumulative, logprobs, finish, stop_reason, metrics)
+        return RequestOutput("", None, self.ids, self.prompt_logprobs, [completion],
+                             num_cached_tokens=metrics.cached_prompt_tokens)

@@ -81,6 +81,7 @@ def test_an_entry_reads_as_vllms_dict_of_logprobs(models):
         assert [entry[t].rank for t in top_ids] == [1, 2, 3]
         assert [entry[t].logprob for t in top_ids] == [v for _, v in entry.top]
         assert max(entry, key=lambda t: entry[t].logprob) == top_ids[0]
+        assert entry == dict(entry) and dict(entry) == entry  # vLLM's is a dict
     assert any(token not in [t for t, _ in e.top] for token, e in zip(tokens, logprobs))  # the k+1 case ran
 
 

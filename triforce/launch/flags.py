@@ -107,10 +107,10 @@ def add_distributed_args(p: argparse.ArgumentParser) -> None:
 def add_serving_args(p: argparse.ArgumentParser) -> None:
     """For commands that answer OpenAI requests (serve, batch)."""
     p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
-                   help="where requests' sampling defaults come from (vLLM's): auto = the model's "
-                        "generation_config.json (its temperature, top_p, top_k, min_p and repetition_penalty for "
-                        "requests that leave them out, its max_new_tokens as every request's bound), vllm = "
-                        "none (OpenAI's defaults), or a folder holding a generation_config.json (default auto)")
+                   help="the sampling settings of requests that leave them out, as vLLM's: auto = the model's "
+                        "generation_config.json (its temperature, top_p, top_k, min_p and repetition_penalty; "
+                        "its max_new_tokens bounds every request), vllm = none (OpenAI's), or a folder holding "
+                        "a generation_config.json (default auto)")
     p.add_argument("--prefix-cache-gb", type=float, default=PREFIX_CACHE_GB,
                    help="GB of recent prompts' target KV kept, so that a prompt beginning the same way (many "
                         "questions about one document) skips prefilling that part; least recently used "
