@@ -252,6 +252,30 @@ def test_vllms_other_spellings_of_prompts_and_outputs(llm, tiny_dir):
     assert first.num_cached_tokens == 0 and again.num_cached_tokens == again.metrics.cached_prompt_tokens == 512
 
 
+def test_vllms_engine_arguments_are_taken(tiny_dir):
+    """LLM(...) as a vLLM script builds it: seed (unseeded samples repeat from LLM to LLM with the same
+    seed), max_model_len, gpu_memory_utilization, enable_prefix_caching, parallel sizes of 1, and the
+    arguments that change nothing here; what would mean another machine is refused by name."""
+    target = tiny_dir("api-target", tokenizer=True, seed=51)
+    vllm_style = dict(tensor_parallel_size=1, pipeline_parallel_size=1, enforce_eager=True, trust_remote_code=False,
+                      disable_log_stats=True, gpu_memory_utilization=0.5, max_model_len=300, enable_prefix_caching=False)
+    llm = LLM(target, mode="ar", dtype="float32", seed=7, **vllm_style)
+    assert llm.memory_share == 0.5 and llm.prefixes is None and llm.target.config.max_positions == 300
+    with pytest.raises(UserError, match="300 positions \\(max_model_len\\)"):
+        llm.generate(PROMPT, SamplingParams(max_tokens=260))
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+    first = [o.token_ids for o in llm.generate([PROMPT] * 3, sampled)]
+    again = [o.token_ids for o in LLM(target, mode="ar", dtype="float32", seed=7).generate([PROMPT] * 3, sampled)]
+    other = [o.token_ids for o in LLM(target, mode="ar", dtype="float32", seed=8).generate([PROMPT] * 3, sampled)]
+    assert first == again and first != other and len({tuple(t) for t in first}) == 3
+    for bad, message in (({"tensor_parallel_size": 2}, "worker group, launched by torchrun"),
+                         ({"max_model_len": 600}, "more than the model's 512 positions"),
+                         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in"),
+                         ({"seed": "7"}, "seed must be an integer"), ({"swap_space": 4}, "unknown engine settings: swap_space")):
+        with pytest.raises(ConfigError, match=message):
+            LLM(target, mode="ar", dtype="float32", **bad)
+
+
 def test_one_token_prompt(llm):
     out = llm.generate([[5]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4

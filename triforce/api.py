@@ -26,6 +26,7 @@ from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import cache_bytes
 from .coordinator.remote import GroupFull
+from .engine_args import take_vllm_args
 from .errors import TooLarge, UserError
 from .generation_defaults import sampling_defaults
 from .memory import available_bytes as _available_memory_bytes
@@ -44,7 +45,6 @@ log = logging.getLogger("triforce")
 # `triforce` falls back to `retrieval` with a one-line notice, and `auto` plans without a draft tier.
 DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",
                                    "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
-MEMORY_SHARE = 0.9  # of the memory free on the device, what requests' caches may take
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # a folder with one of these has a tokenizer
@@ -68,6 +68,8 @@ class LLM:
         generation_config.json), 'vllm' (none) or a folder (generation_defaults.py)."""
         if dtype not in DTYPE_CHOICES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPE_CHOICES)} (got {dtype!r})")
+        vllm = take_vllm_args(engine_settings)
+        self.memory_share, self._seeds = vllm.memory_share, vllm.seeds
         unknown = set(engine_settings) - {f.name for f in fields(EngineConfig)}
         if unknown:
             raise ConfigError(f"unknown engine settings: {', '.join(sorted(unknown))}")
@@ -90,6 +92,7 @@ class LLM:
         self.draft_path = resolve_model(draft, draft_revision) if draft is not None and mode in MODES_WITH_DRAFT else None
         self.sampling_defaults = sampling_defaults(generation_config, self.model_path)
         self.target = self._load(self.model_path)
+        self._bound_positions(vllm.max_model_len)
         self.draft = None if self.draft_path is None else self._load(self.draft_path)
         if self.draft is None and mode == "triforce":
             if engine_settings.get("tree1"):
@@ -109,13 +112,23 @@ class LLM:
         if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         self.prefixes = None  # a worker group holds the target's KV itself
-        if prefix_cache_gb > 0 and workers is None:
+        if prefix_cache_gb > 0 and workers is None and vllm.prefix_caching:
             self.prefixes = PrefixStore(self._prefix_bound(prefix_cache_gb), self.config.prefill_chunk)
             token_bytes = self.target.config.kv_bytes_per_token(self.target.dtype.itemsize)
             if self.prefixes.blocks_held(token_bytes) == 0:  # a server or batch job would reuse nothing, silently
                 log.warning("a prefix store of %.3g GB holds no prompt block (%d tokens of this model's keys and "
                             "values take %.1f MB): no prompt is kept for reuse", self.prefixes.max_bytes / 2**30,
                             self.config.prefill_chunk, self.config.prefill_chunk * token_bytes / 2**20)
+
+    def _bound_positions(self, max_model_len: int | None) -> None:
+        """vLLM's max_model_len: the target's positions bounded below the model's own."""
+        if max_model_len is None:
+            return
+        own = self.target.config.max_positions
+        if max_model_len > own:
+            raise ConfigError(f"max_model_len {max_model_len} is more than the model's {own} positions "
+                              f"(rope_scaling stretches them)")
+        self.target.config = replace(self.target.config, position_limit=max_model_len)
 
     def _load(self, folder: Path):
         try:
@@ -177,7 +190,8 @@ class LLM:
         """Raises UserError where the prompt and the tokens asked for pass the model's positions."""
         cfg = self.target.config
         if prompt_len + max_tokens > cfg.max_positions:
-            window = " (its sliding window: attention past it is not implemented)" \
+            window = " (max_model_len)" if cfg.max_positions == cfg.position_limit else \
+                " (its sliding window: attention past it is not implemented)" \
                 if cfg.max_positions < cfg.max_position_embeddings else ""
             raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
                             f"{cfg.max_positions} positions{window}")
@@ -234,7 +248,7 @@ class LLM:
         free = self.free_memory()
         if free is None:
             return [list(range(len(sizes)))]
-        room = MEMORY_SHARE * free
+        room = self.memory_share * free
         parts: list[list[int]] = [[]]
         used = 0
         for i, (prompt_len, max_tokens) in enumerate(sizes):
@@ -331,7 +345,7 @@ class LLM:
         ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
-        runs = [(k, choice) for k, p in enumerate(per_prompt) for choice in p.choices()]  # prompt k's n outputs
+        runs = [(k, self._seeded(choice)) for k, p in enumerate(per_prompt) for choice in p.choices()]  # its n outputs
         sizes = [(len(ids[k]), p.max_tokens) for k, p in runs]
         outputs: list[RequestOutput | None] = [None] * len(runs)
         parts = self._parts_that_fit(sizes)
@@ -363,6 +377,12 @@ class LLM:
         for (k, _), output in zip(runs, outputs):
             runs_of[k].append(output)
         return [self._request_output(prompt, choices) for prompt, choices in zip(prompts, runs_of)]
+
+    def _seeded(self, params: SamplingParams) -> SamplingParams:
+        """A request without a seed seeded from the LLM's seed, where it has one (vLLM's LLM(seed=...))."""
+        if params.seed is not None or self._seeds is None:
+            return params
+        return replace(params, seed=self._seeds.randrange(2**63))
 
     def _request_output(self, prompt, choices: list[RequestOutput]) -> RequestOutput:
         """One prompt's RequestOutput, from the runs of its n outputs (request ids count up, as vLLM's)."""

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from triforce import LLM, SamplingParams
-from triforce.api import MEMORY_SHARE
+from triforce.engine_args import MEMORY_SHARE
 from triforce.errors import UserError
 from triforce.launch.batch_jobs import done_ids, shard_of
 from triforce.launch.cli import main

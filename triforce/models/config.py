@@ -48,6 +48,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
+    position_limit: int | None = None  # a bound below the model's own (vLLM's max_model_len)
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -84,11 +85,10 @@ class ModelConfig:
 
     @property
     def max_positions(self) -> int:
-        """Longest sequence (prompt + generation) the model attends over exactly."""
-        if self.sliding_window:
-            # Past the window Mistral-style models attend to a band we do not implement; refuse instead.
-            return min(self.max_position_embeddings, self.sliding_window)
-        return self.max_position_embeddings
+        """Longest sequence (prompt + generation) the model attends over exactly (or position_limit)."""
+        # Past the window Mistral-style models attend to a band we do not implement; refuse instead.
+        bounds = (self.max_position_embeddings, self.sliding_window, self.position_limit)
+        return min(b for b in bounds if b)
 
     @classmethod
     def from_hf_dict(cls, raw: dict) -> "ModelConfig":

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..api import LLM, MEMORY_SHARE
+from ..api import LLM
 from ..errors import RequestFailed, TooLarge
 from ..request import Request
 from ..config import SamplingParams
@@ -91,7 +91,7 @@ class Scheduler:
         free = self.llm.free_memory()
         with self._lock:
             held = sum(t.bytes for t in self.running.values())
-        if free is not None and need > MEMORY_SHARE * (free + held):
+        if free is not None and need > self.llm.memory_share * (free + held):
             raise ApiError(413, f"the caches for {longest + job.params.max_tokens} tokens need "
                                 f"{need / 2**30:.2f} GiB; this server has {(free + held) / 2**30:.2f} GiB for them",
                            code="context_length_exceeded")
@@ -148,7 +148,7 @@ class Scheduler:
                 ticket = self.waiting[0]
                 if not ticket.cancelled and self.running:
                     free = self.llm.free_memory()
-                    if free is not None and ticket.bytes > MEMORY_SHARE * free:
+                    if free is not None and ticket.bytes > self.llm.memory_share * free:
                         return  # it waits for a running request to end
                     if len(self.running) >= ticket.refused_beside:
                         return  # as does a request the worker group refused beside as many

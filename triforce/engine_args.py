@@ -1,0 +1,63 @@
+"""vLLM's `LLM(...)` engine arguments, as this LLM takes them, so that a script written for vLLM builds it
+as it is: `tensor_parallel_size` and `pipeline_parallel_size` of 1 (more is a worker group, which torchrun
+launches: docs/distributed.md), `gpu_memory_utilization` (here: the share of the memory free on the
+device that requests' caches may take), `seed` (the random stream that seeds requests without a seed, so
+that a seeded LLM repeats its samples run after run), `max_model_len` (a bound below the model's
+positions), `enable_prefix_caching` (False: no prefix store); and, as they change nothing here,
+`enforce_eager`, `trust_remote_code` (no model here runs code of its own) and `disable_log_stats`. Any
+other is refused by name, as an unknown engine setting.
+"""
+from __future__ import annotations
+
+import numbers
+import random
+from dataclasses import dataclass
+
+from .config import ConfigError, is_number
+
+MEMORY_SHARE = 0.9  # of the memory free on the device, what requests' caches may take
+HARMLESS = ("enforce_eager", "trust_remote_code", "disable_log_stats")
+TAKEN = ("tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "seed", "max_model_len",
+         "enable_prefix_caching", *HARMLESS)
+
+
+@dataclass
+class VllmArgs:
+    memory_share: float = MEMORY_SHARE
+    seeds: random.Random | None = None  # draws the seeds of requests without one
+    max_model_len: int | None = None
+    prefix_caching: bool = True
+
+
+def take_vllm_args(settings: dict) -> VllmArgs:
+    """vLLM's arguments popped out of LLM's **engine_settings, checked."""
+    given = {name: settings.pop(name) for name in TAKEN if name in settings}
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if given.get(name, 1) != 1:
+            raise ConfigError(f"{name} {given[name]!r}: this LLM runs in one process; a target sharded across "
+                              f"processes is a worker group, launched by torchrun (`triforce serve --workers N`, "
+                              f"docs/distributed.md)")
+    args = VllmArgs()
+    if "gpu_memory_utilization" in given:
+        share = given["gpu_memory_utilization"]
+        if not is_number(share) or not 0 < share <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1] (got {share!r})")
+        args.memory_share = float(share)
+    seed = given.get("seed")
+    if seed is not None:
+        if not _integer(seed):
+            raise ConfigError(f"seed must be an integer or None (got {seed!r})")
+        args.seeds = random.Random(int(seed))
+    length = given.get("max_model_len")
+    if length is not None and (not _integer(length) or length < 2):
+        raise ConfigError(f"max_model_len must be an integer >= 2 or None (got {length!r})")
+    args.max_model_len = None if length is None else int(length)
+    caching = given.get("enable_prefix_caching")
+    if caching not in (None, True, False):
+        raise ConfigError(f"enable_prefix_caching must be true, false or None (got {caching!r})")
+    args.prefix_caching = caching is not False
+    return args
+
+
+def _integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
