@@ -345,7 +345,7 @@ class LLM:
         ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
-        runs = [(k, self._seeded(choice)) for k, p in enumerate(per_prompt) for choice in p.choices()]  # its n outputs
+        runs = [(k, self.seeded(choice)) for k, p in enumerate(per_prompt) for choice in p.choices()]  # its n outputs
         sizes = [(len(ids[k]), p.max_tokens) for k, p in runs]
         outputs: list[RequestOutput | None] = [None] * len(runs)
         parts = self._parts_that_fit(sizes)
@@ -378,7 +378,7 @@ class LLM:
             runs_of[k].append(output)
         return [self._request_output(prompt, choices) for prompt, choices in zip(prompts, runs_of)]
 
-    def _seeded(self, params: SamplingParams) -> SamplingParams:
+    def seeded(self, params: SamplingParams) -> SamplingParams:
         """A request without a seed seeded from the LLM's seed, where it has one (vLLM's LLM(seed=...))."""
         if params.seed is not None or self._seeds is None:
             return params

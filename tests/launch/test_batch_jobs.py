@@ -222,6 +222,29 @@ def test_a_rerun_refuses_lines_changed_since_their_results_were_written(tiny_dir
         assert out.read_text() == written
 
 
+def test_vllms_serving_flags_bound_positions_seed_requests_and_name_themselves(tiny_dir, tmp_path, capsys):
+    """--max-model-len bounds what a request may fill (the server's context-length answer); --seed makes
+    unseeded samples repeat from run to run; a bad --gpu-memory-utilization is an error that names it."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "ignore_eos": True}
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body}) + "\n"
+                   + json.dumps({"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
+    texts = []
+    for name, extra in (("one", ["--seed", "3"]), ("two", ["--seed", "3"]), ("three", ["--seed", "4"])):
+        assert run(target, inp, tmp_path / f"{name}.jsonl", *extra) == 0
+        got = results(tmp_path / f"{name}.jsonl")
+        texts.append([got[k]["response"]["body"]["choices"][0]["text"] for k in ("a", "b")])
+    assert texts[0] == texts[1] != texts[2] and texts[0][0] != texts[0][1]
+    assert run(target, inp, tmp_path / "short.jsonl", "--max-model-len", "35") == 0
+    refused = results(tmp_path / "short.jsonl")["a"]["response"]
+    assert refused["status_code"] == 400 and refused["body"]["error"]["code"] == "context_length_exceeded"
+    assert "35" in refused["body"]["error"]["message"]
+    capsys.readouterr()
+    assert run(target, inp, tmp_path / "x.jsonl", "--gpu-memory-utilization", "2") == 2
+    assert "--gpu-memory-utilization must be in (0, 1]" in capsys.readouterr().err
+
+
 def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path, monkeypatch):
     """What a kill mid-write leaves: the torn line is cut off in place (the file is not rewritten, which a
     second kill could have emptied), the lines before it untouched; a whole last line gets its newline."""

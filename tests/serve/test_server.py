@@ -713,3 +713,15 @@ def test_a_failure_is_told_as_whose_it_is():
     for exc, status in ((RulesContradict("x"), 400), (TooLarge("x"), 413), (WorkerError("x"), 503),
                         (CacheCapacityError("x"), 500), (RuntimeError("x"), 500)):
         assert _failure(exc).status == status, exc
+
+
+def test_a_seeded_server_repeats_the_samples_of_unseeded_requests(tiny_dir):
+    """vLLM's --seed: requests without a seed draw theirs from the LLM's, so a server started again with
+    the same seed answers the same requests the same way (and another seed otherwise)."""
+    target = tiny_dir("serve-target", tokenizer=True, seed=71)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "ignore_eos": True, "n": 2}
+    answers = []
+    for seed in (5, 5, 6):
+        with TestClient(create_app(LLM(target, mode="ar", dtype="float32", seed=seed), "tiny")) as c:
+            answers.append([choice["text"] for choice in c.post("/v1/completions", json=body).json()["choices"]])
+    assert answers[0] == answers[1] != answers[2] and answers[0][0] != answers[0][1]

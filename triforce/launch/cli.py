@@ -84,7 +84,7 @@ def settings_named_by_flags():
         options = {o for command in ("generate", "serve", "batch", "bench")
                    for a in commands.choices[command]._actions for o in a.option_strings}
         names = {f.name for f in (*dataclasses.fields(SamplingParams), *dataclasses.fields(EngineConfig))}
-        names.update(("prefix_cache_gb", "generation_config"))
+        names.update(("prefix_cache_gb", "generation_config", "max_model_len", "gpu_memory_utilization"))
         flags = {name: FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in names
                  if re.search(r"_|\d", name)}
         flags = {name: flag for name, flag in flags.items() if flag in options}
@@ -110,7 +110,13 @@ def llm_from_args(args):
         return LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
                    rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
                    prefix_cache_gb=prefix_cache_gb, generation_config=getattr(args, "generation_config", "vllm"),
-                   **engine_settings(args))
+                   **engine_settings(args), **vllm_settings(args))
+
+
+def vllm_settings(args) -> dict:
+    """The vLLM engine arguments that serve's and batch's flags give (engine_args.py)."""
+    return {name: getattr(args, name) for name in ("max_model_len", "gpu_memory_utilization", "seed")
+            if getattr(args, name, None) is not None}
 
 
 def _refuse_unused_settings(config: EngineConfig, draft: str | None) -> None:

@@ -106,6 +106,14 @@ def add_distributed_args(p: argparse.ArgumentParser) -> None:
 
 def add_serving_args(p: argparse.ArgumentParser) -> None:
     """For commands that answer OpenAI requests (serve, batch)."""
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="positions a request may fill, prompt and answer, below the model's own (vLLM's; default: "
+                        "the model's)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="share of the device's free memory that requests' caches may take (vLLM's name; default 0.9)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seeds the requests that give no seed, so that a rerun repeats their samples (vLLM's; "
+                        "default: none, each unseeded request samples afresh)")
     p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
                    help="the sampling settings of requests that leave them out, as vLLM's: auto = the model's "
                         "generation_config.json (its temperature, top_p, top_k, min_p and repetition_penalty; "
