@@ -49,20 +49,48 @@ def test_a_folder_gives_its_file_and_bad_values_are_left_out_with_a_warning(fold
     other = tmp_path / "other"
     other.mkdir()
     (other / "generation_config.json").write_text(json.dumps({"temperature": "hot", "top_p": 2, "top_k": 20,
-                                                              "max_new_tokens": 0, "min_p": 0.1}))
+                                                              "max_new_tokens": -1, "min_p": 0.1,
+                                                              "repetition_penalty": True}))
     caplog.clear()
     assert LLM(folder, mode="ar", dtype="float32", generation_config=other).sampling_defaults == \
         {"top_k": 20, "min_p": 0.1}
-    assert all(f"{key} {value!r} left out" in caplog.text for key, value in (("temperature", "hot"), ("top_p", 2),
-                                                                            ("max_new_tokens", 0)))
+    assert all(f"{key} {value!r} left out" in caplog.text for key, value in (
+        ("temperature", "hot"), ("top_p", 2), ("max_new_tokens", -1), ("repetition_penalty", True)))
+    assert "max_new_tokens must be an integer >= 1" in caplog.text
     with pytest.raises(ConfigError, match="no generation_config.json in that folder"):
         LLM(folder, mode="ar", dtype="float32", generation_config=tmp_path)
+    for choice, message in ((other / "generation_config.json", "a file; name the folder"),
+                            (tmp_path / "missing", "no such folder"), (None, "must be 'auto', 'vllm' or a folder")):
+        with pytest.raises(ConfigError, match=message):
+            LLM(folder, mode="ar", dtype="float32", generation_config=choice)
     (other / "generation_config.json").write_text("[1]")
     with pytest.raises(ModelLoadError, match="unreadable"):
         LLM(folder, mode="ar", dtype="float32", generation_config=other)
 
 
-def test_the_server_takes_them_for_fields_a_request_leaves_out(llm, folder):
+@pytest.mark.parametrize("settings, taken", [
+    ({"temperature": 1.0, "top_p": 0.95}, {"temperature": 1.0, "top_p": 0.95}),  # 1.0 is no default here
+    ({"do_sample": True, "top_k": 64}, {"temperature": 1.0, "top_k": 64}),  # do_sample: transformers' 1.0
+    ({"do_sample": False, "temperature": 0.7}, {"temperature": 0.7}),  # vLLM reads no do_sample
+    ({"top_k": 50, "top_p": 1.0, "min_p": 0, "repetition_penalty": 1.0}, {})])  # transformers' defaults
+def test_what_a_file_sets(folder, tmp_path, settings, taken):
+    """A model that asks to be sampled is (LLM.generate's own default is greedy, vLLM's temperature 1);
+    transformers' defaults set nothing, as vLLM reads only the file's differences from them."""
+    (tmp_path / "generation_config.json").write_text(json.dumps(settings))
+    assert LLM(folder, mode="ar", dtype="float32", generation_config=tmp_path).sampling_defaults == taken
+
+
+def test_without_sampling_params_max_tokens_stops_where_the_positions_do(folder, tmp_path):
+    """A max_new_tokens past what a prompt leaves of the positions runs to the end of them, as vLLM's does
+    (it failed every call without sampling params)."""
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 100000, "temperature": 0}))
+    llm = LLM(folder, mode="ar", dtype="float32", generation_config=tmp_path)
+    prompt = " ".join([PROMPT] * 12)
+    out = llm.generate(prompt)[0]
+    assert len(out.token_ids) == 512 - len(llm.encode(prompt)) and out.finish_reason == "length"
+
+
+def test_the_server_takes_them_for_fields_a_request_leaves_out(llm, folder, monkeypatch):
     """As vLLM's server: the model's settings under what a request sets, its max_new_tokens the bound of
     every request's max_tokens (a completion's default of 16, a chat's whole context, or one asked)."""
     job = openai.parse("completion", {"prompt": PROMPT}, llm, "m")
@@ -70,7 +98,15 @@ def test_the_server_takes_them_for_fields_a_request_leaves_out(llm, folder):
     job = openai.parse("completion", {"prompt": PROMPT, "temperature": 0.9, "repetition_penalty": 1.0,
                                       "max_tokens": 100}, llm, "m")
     assert (job.params.temperature, job.params.repetition_penalty, job.params.max_tokens) == (0.9, 1.0, 7)
+    from triforce.serve import responses
+
+    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     neutral = LLM(folder, mode="ar", dtype="float32", generation_config="vllm")
+    for model in (llm, neutral):
+        monkeypatch.setattr(model.tokenizer, "chat_template", template, raising=False)
+    job = responses.parse({"input": PROMPT}, llm, "m")  # a Response says what it ran with
+    assert (job.request["temperature"], job.request["max_output_tokens"]) == (0.0, 7)
+    assert responses.parse({"input": PROMPT}, neutral, "m").request["max_output_tokens"] is None
     job = openai.parse("completion", {"prompt": PROMPT}, neutral, "m")
     assert (job.params.temperature, job.params.repetition_penalty, job.params.max_tokens) == (1.0, 1.0, 16)
 

@@ -343,6 +343,10 @@ class LLM:
             raise UserError("streaming takes one prompt at a time, with n = 1")
         ids = [self.encode(p) for p in prompts]
         ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
+        if sampling_params is None:  # the defaults' max_tokens, as far as each prompt's positions reach (vLLM's)
+            room = self.target.config.max_positions
+            per_prompt = [p if len(i) >= room else replace(p, max_tokens=min(p.max_tokens, room - len(i)))
+                          for i, p in zip(ids, per_prompt)]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
         runs = [(k, self.seeded(choice)) for k, p in enumerate(per_prompt) for choice in p.choices()]  # its n outputs

@@ -1,9 +1,11 @@
 """The model's own sampling defaults, as vLLM takes them (its `--generation-config auto`, the default):
 generation_config.json's temperature, top_p, top_k, min_p and repetition_penalty are the defaults of
-requests that leave them out, and its max_new_tokens the default max_tokens (a server's bound on every
-request's). A value equal to transformers' GenerationConfig default is no setting (vLLM reads the file's
-differences from those defaults), and `do_sample` is not read (vLLM does not either). Qwen2.5's instruct
-models ask for temperature 0.7, top_p 0.8 and top_k 20 there; the GGUF
+requests that leave them out, and its max_new_tokens bounds every request's max_tokens (the default of
+those that leave it out, as far as the model's positions reach). As vLLM reads the file's differences
+from transformers' GenerationConfig defaults, a top_p or repetition_penalty of 1, a top_k of 50 or a
+min_p of 0 set nothing; a temperature is taken at any value, and `do_sample: true` without one means
+transformers' 1 (vLLM's own default is 1 where ours, SamplingParams(), is greedy: a model that asks to be
+sampled is). Qwen2.5's instruct models ask for temperature 0.7, top_p 0.8 and top_k 20 there; the GGUF
 conversions this project makes name only where generation ends, so they set none.
 
 `generation_config`: 'auto' reads the model folder's file, 'vllm' takes none (vLLM's neutral defaults:
@@ -21,17 +23,22 @@ from .models.config import GENERATION_CONFIG, ModelLoadError
 
 log = logging.getLogger("triforce")
 
-# the file's key -> (SamplingParams' name, transformers' default: not a setting)
-KEYS = {"temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "top_k": ("top_k", 50),
-        "min_p": ("min_p", None), "repetition_penalty": ("repetition_penalty", 1.0),
+# the file's key -> (SamplingParams' name, the value that sets nothing)
+KEYS = {"temperature": ("temperature", None), "top_p": ("top_p", 1.0), "top_k": ("top_k", 50),
+        "min_p": ("min_p", 0.0), "repetition_penalty": ("repetition_penalty", 1.0),
         "max_new_tokens": ("max_tokens", None)}
 
 
-def sampling_defaults(choice: str | os.PathLike, model_folder: Path) -> dict[str, float | int]:
+def sampling_defaults(choice, model_folder: Path) -> dict[str, float | int]:
     """The SamplingParams settings that generation_config `choice` gives requests that leave them out."""
     if choice == "vllm":
         return {}
+    if not isinstance(choice, (str, os.PathLike)):
+        raise ConfigError(f"generation_config must be 'auto', 'vllm' or a folder (got {choice!r})")
     folder = Path(model_folder if choice == "auto" else choice)
+    if choice != "auto" and not folder.is_dir():
+        raise ConfigError(f"generation_config {str(choice)!r}: " + ("a file; name the folder that holds it"
+                          if folder.is_file() else "no such folder") + " (or auto: the model's; vllm: none)")
     path = folder / GENERATION_CONFIG
     if not path.is_file():
         if choice != "auto":
@@ -44,19 +51,23 @@ def sampling_defaults(choice: str | os.PathLike, model_folder: Path) -> dict[str
             raise ValueError(f"a {type(raw).__name__}, not an object")
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path}: unreadable ({exc})") from None
+    if raw.get("temperature") is None and raw.get("do_sample") is True:
+        raw = {**raw, "temperature": 1.0}  # transformers' temperature, which do_sample asks for
     defaults = {}
     for key, (name, unset) in KEYS.items():
         value = raw.get(key)
-        if value is None or value == unset:
+        if value is None or (value == unset and not isinstance(value, bool)):
             continue
         try:
-            if name == "max_tokens" and value == 0:
-                raise ConfigError("max_tokens must be >= 1 here")
+            if isinstance(value, bool) or (name == "max_tokens" and not (isinstance(value, int) and value >= 1)):
+                raise ConfigError(f"{key} must be {'an integer >= 1' if name == 'max_tokens' else 'a number'}")
             defaults[name] = getattr(SamplingParams(**{name: value}), name)
         except ConfigError as exc:
             log.warning("%s: %s %r left out (%s)", path, key, value, exc)
     if defaults:
-        log.warning("sampling defaults from %s for requests that leave them out: %s (generation_config 'vllm', "
+        bound = defaults.get("max_tokens")
+        log.warning("sampling defaults from %s for requests that leave them out: %s%s (generation_config 'vllm', "
                     "--generation-config vllm, leaves them out)", path,
-                    ", ".join(f"{name}={value}" for name, value in defaults.items()))
+                    ", ".join(f"{name}={value}" for name, value in defaults.items() if name != "max_tokens") or "none",
+                    "" if bound is None else f"; every request's max_tokens at most {bound}")
     return defaults

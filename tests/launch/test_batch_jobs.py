@@ -8,7 +8,8 @@ import pytest
 from triforce import LLM, SamplingParams
 from triforce.engine_args import MEMORY_SHARE
 from triforce.errors import UserError
-from triforce.launch.batch_jobs import done_ids, shard_of
+from triforce.launch.batch_jobs import shard_of
+from triforce.launch.batch_resume import done_ids
 from triforce.launch.cli import main
 
 PROMPT = " ".join(f"w{3 + (5 * i) % 90}" for i in range(30))
@@ -190,36 +191,47 @@ def test_a_line_that_fails_as_it_runs_gets_its_error_and_the_others_their_answer
     assert run(target, inp, "/dev/null") == 2 and "is not a file" in capsys.readouterr().err
 
 
-def test_a_rerun_refuses_lines_changed_since_their_results_were_written(tiny_dir, tmp_path, capsys):
-    """A result's id is a hash of its line: a rerun after a line's body changed (or lines without a
-    custom_id shifted) is refused, naming them, before anything runs; the same requests written another
-    way (keys in another order, spaces) are the same lines. (A changed body kept its old answer, silently.)"""
+def test_a_rerun_refuses_results_of_lines_that_changed_or_are_gone(tiny_dir, tmp_path, capsys):
+    """A result's id carries a hash of its line: a rerun after a line's body changed, or after a line added
+    above lines without a custom_id shifted their numbers, is refused, naming them, before anything runs;
+    the same requests written another way (keys in another order, spaces) are the same lines; equal lines
+    still get ids of their own; an output written before ids carried the hash is resumed with a warning.
+    (A changed body kept its old answer, silently.)"""
     target = tiny_dir("batch-target", tokenizer=True, seed=91)
     body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
     a = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body}
     nameless = {"method": "POST", "url": "/v1/completions", "body": body}
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    inp.write_text(json.dumps(a) + "\n" + json.dumps(nameless) + "\n")
+
+    def write_input(*requests):
+        inp.write_text("".join(json.dumps(r) + "\n" for r in requests))
+
+    write_input(a, nameless, nameless)
     assert run(target, inp, out) == 0
     written = out.read_text()
-    assert sorted(results(out)) == ["a", "line-2"]
-    inp.write_text(json.dumps(dict(reversed(a.items())), indent=1).replace("\n", "") + "\n" + json.dumps(nameless)
-                   + "\n")
+    ids = [results(out)[k]["id"] for k in ("line-2", "line-3")]
+    assert ids[0] != ids[1] and ids[0][-32:] == ids[1][-32:]  # unique, and both name the same line
+    inp.write_text(json.dumps(dict(reversed(a.items())), indent=1).replace("\n", "") + "\n"
+                   + 2 * (json.dumps(nameless) + "\n"))
     assert run(target, inp, out) == 0 and out.read_text() == written  # the same requests: nothing to run
+    write_input(a, nameless, nameless, nameless)  # a line added after the others: it runs
+    assert run(target, inp, out) == 0 and sorted(results(out)) == ["a", "line-2", "line-3", "line-4"]
+    written = out.read_text()
     capsys.readouterr()
-    for changed, named in (([{**a, "body": {**body, "max_tokens": 4}}, nameless], "a"),
-                           ([a, nameless, nameless], None),
-                           ([a, {**nameless, "body": {**body, "max_tokens": 5}}, nameless, nameless], "line-2")):
-        inp.write_text("".join(json.dumps(line) + "\n" for line in changed))
-        if named is None:  # a line added after the others: it runs, the others are as they were (a line
-            # inserted before it shifts the numbers of lines without a custom_id: found as changed below)
-            assert run(target, inp, out) == 0 and sorted(results(out)) == ["a", "line-2", "line-3"]
-            written = out.read_text()
-            continue
+    other = {**nameless, "body": {**body, "max_tokens": 5}}
+    for requests, named, hint in (([{**a, "body": {**body, "max_tokens": 4}}, nameless, nameless, nameless], "a", ""),
+                                  ([a, other, nameless, nameless, nameless], "line-2", "give them custom_ids"),
+                                  ([{**a, "custom_id": "b"}, nameless, nameless, nameless], "a", "no longer in")):
+        write_input(*requests)
         assert run(target, inp, out) == 2
         err = capsys.readouterr().err
-        assert f"changed since their results were written to --output {out}: {named}" in err
+        assert f"--input lines {named} " in err and f"--output {out}" in err and hint in err
         assert out.read_text() == written
+    old = "".join(json.dumps({**r, "id": r["id"][:-32]}) + "\n" for r in map(json.loads, written.splitlines()))
+    out.write_text(old)  # as an earlier triforce wrote it: a uuid alone
+    write_input({**a, "body": {**body, "max_tokens": 4}}, nameless, nameless, nameless)
+    assert run(target, inp, out) == 0 and out.read_text() == old
+    assert "4 results in --output" in capsys.readouterr().err
 
 
 def test_vllms_serving_flags_bound_positions_seed_requests_and_name_themselves(tiny_dir, tmp_path, capsys):

@@ -40,8 +40,8 @@ class CalibrationFile:
         self._changed: set[str] = set()  # keys set or dropped here since the last save
         self._save_failed = False
 
-    def _read(self, path: Path) -> dict[str, dict]:
-        """The file's valid entries ({} for a missing or unreadable one)."""
+    def _read(self, path: Path, warn: bool = True) -> dict[str, dict]:
+        """The file's valid entries ({} for a missing or unreadable one; `warn`: say what was left out)."""
         if not path.is_file():
             return {}
         try:
@@ -49,10 +49,11 @@ class CalibrationFile:
             if not isinstance(entries, dict):
                 raise ValueError(f"a {type(entries).__name__}, not an object")
         except (OSError, ValueError):  # unreadable, not JSON, not UTF-8, not an object
-            log.warning("ignoring unreadable calibration file %s", path)
+            if warn:
+                log.warning("ignoring unreadable calibration file %s", path)
             return {}
         valid = {key: value for key, value in entries.items() if self.valid(key, value)}
-        if len(valid) < len(entries):  # a hand edit, another version's file: measured again
+        if len(valid) < len(entries) and warn:  # a hand edit, another version's file: measured again
             log.warning("ignoring %d malformed entries of calibration file %s", len(entries) - len(valid), path)
         return valid
 
@@ -81,7 +82,7 @@ class CalibrationFile:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._locked():
-                entries = self._read(self.path)
+                entries = self._read(self.path, warn=False)  # said once, as the process read it first
                 for changed in self._changed:
                     if changed in self.entries:
                         entries[changed] = self.entries[changed]

@@ -11,14 +11,13 @@ run again one by one. Requests run
 that batch). Each result line is written whole and flushed, so a killed job loses at most the requests in
 flight; run again, it skips the custom_ids the output already has (a torn last line, if the kill came
 mid-write, is dropped first; an output that is not a results file is refused, untouched), and refuses to
-go on where a line changed since its result was written (a result's id is a hash of its line). `--shard I/N`
+go on where results answer lines that changed since or are gone (batch_resume.py). `--shard I/N`
 takes lines I, I + N, ... (default: the Slurm array task, else torchrun's rank and world size, else all;
 with --workers, where torchrun's ranks are one pipeline, the Slurm array task, else all).
 """
 from __future__ import annotations
 
 import json
-import hashlib
 import os
 import sys
 import uuid
@@ -28,12 +27,10 @@ from tqdm import tqdm
 
 from ..errors import RequestFailed, TooLarge, UserError
 from .cli import llm_from_args
+from .batch_resume import check_resumable, done_ids, result_id
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
-RESULT_ID_START = "batch_req_"
-RESULT_START = '{"id": "' + RESULT_ID_START  # how every line this command writes begins
-ID_DIGITS = 40  # of a result id's hash of its line (OpenAI's ids are opaque; a uuid's 32 digits before)
 
 
 def add_batch_parser(sub) -> None:
@@ -79,42 +76,6 @@ def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
     if not 0 <= index < count:
         raise UserError(f"--shard {spec}: I must be in 0..N-1")
     return index, count
-
-
-def done_ids(output: Path) -> dict[str, str]:
-    """custom_ids already answered in `output`, each with its result's id; a torn last line (what a kill mid-write leaves: the start of
-    a line this command writes) is cut off. A file that is not a results file (a line that is not a result)
-    is a UserError, and left as it is."""
-    if not output.exists():
-        return {}
-    try:
-        data = output.read_bytes().decode()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read --output {output}: {exc}") from None
-    whole, torn = data[: data.rfind("\n") + 1], data[data.rfind("\n") + 1:]
-    if torn and not torn.startswith(RESULT_START[: len(torn)]):  # not what a kill mid-write leaves: a line
-        whole, torn = whole + torn + "\n", ""  # to check as the others (the newline written if it passes)
-    done = {}
-    for n, line in enumerate(whole.splitlines()):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            record = None
-        if not (isinstance(record, dict) and "custom_id" in record and ("response" in record or "error" in record)):
-            raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
-                            "name a new file, or one an earlier run of this job wrote")
-        done[record["custom_id"]] = str(record.get("id"))
-    try:
-        if len(whole) < len(data):  # the torn line cut off in place (rewriting the file risked all of it)
-            os.truncate(output, len(whole.encode()))
-        elif whole != data:  # a whole last line, without its newline
-            with output.open("a", encoding="utf-8") as out:
-                out.write("\n")
-    except OSError as exc:
-        raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
-    return done
 
 
 def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]]:
@@ -165,16 +126,13 @@ def _batch(args) -> int:
     if output.exists() and not output.is_file():  # a pipe or a device: never read back, so never resumed
         raise UserError(f"--output {output} is not a file: results go to a file, which a rerun resumes")
     finished = done_ids(output)
-    mine = [line for line in request_lines(lines) if line[0] % count == index]
+    every = request_lines(lines)
+    mine = [line for line in every if line[0] % count == index]
     try:
         output.open("a").close()  # before the model loads
     except OSError as exc:
         raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
-    changed = changed_lines(mine, lines, finished)
-    if changed:  # their results answer what the lines asked before
-        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-        raise UserError(f"--input lines changed since their results were written to --output {output}: {shown}. "
-                        "Remove those results from --output to run them again, or name a new --output")
+    check_resumable(output, lines, every, mine, finished)
     llm = llm_from_args(args)
     model = args.served_model_name or str(args.model)
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
@@ -238,23 +196,6 @@ def _run(llm, model, pending, write, bar) -> None:
         body = answer(job, model, [next(outs) for _ in mine])
         write(_result(line, custom_id, {"status_code": 200, "request_id": job.id, "body": body}))
         bar.update(1)
-
-
-def result_id(line: str) -> str:
-    """A result's id, from what its input line asks (its JSON with keys in order; a line that is not JSON, as
-    it is), so that a rerun finds lines changed since their results were written."""
-    try:
-        line = json.dumps(json.loads(line), sort_keys=True)
-    except json.JSONDecodeError:
-        pass
-    return f"batch_req_{hashlib.sha256(line.encode()).hexdigest()[:ID_DIGITS]}"
-
-
-def changed_lines(mine: list, lines: list[str], finished: dict[str, str]) -> list[str]:
-    """The custom_ids whose results in the output answer another line than theirs now (results of runs
-    before result ids named their lines are taken as they are)."""
-    return [custom_id for n, custom_id, _, _ in mine if custom_id in finished
-            and len(finished[custom_id]) == len(RESULT_ID_START) + ID_DIGITS and finished[custom_id] != result_id(lines[n])]
 
 
 def _result(line: str, custom_id: str, response: dict | None = None, error: dict | None = None) -> dict:

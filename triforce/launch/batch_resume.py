@@ -1,0 +1,93 @@
+"""Where a rerun of `triforce batch` picks up: the results an output already holds (a torn last line cut
+off), and whether they still answer the input's lines. A result's id is OpenAI's `batch_req_` and 64 hex
+digits: a random 32 (ids stay unique, also for equal lines) and the first 32 of a hash of the line it
+answers (its JSON with keys in order; a line that is not JSON, as it is). A rerun refuses, before the model
+loads, an output whose results answer lines that changed since (an edited body; lines without a
+custom_id, which go by their numbers, shifted by a line added or removed above them) or lines no longer in
+the input; results written before ids carried the hash (32 digits) are taken as they are, with a warning.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from ..errors import UserError
+
+RESULT_ID_START = "batch_req_"
+RESULT_START = '{"id": "' + RESULT_ID_START  # how every line this command writes begins
+HASH_DIGITS = 32
+
+
+def line_hash(line: str) -> str:
+    try:
+        line = json.dumps(json.loads(line), sort_keys=True)
+    except json.JSONDecodeError:
+        pass
+    return hashlib.sha256(line.encode()).hexdigest()[:HASH_DIGITS]
+
+
+def result_id(line: str) -> str:
+    """A new result's id for the input `line` it answers."""
+    return f"{RESULT_ID_START}{uuid.uuid4().hex}{line_hash(line)}"
+
+
+def done_ids(output: Path) -> dict[str, str]:
+    """custom_ids already answered in `output`, each with its result's id; a torn last line (what a kill
+    mid-write leaves: the start of a line this command writes) is cut off. A file that is not a results file (a line that is not a result)
+    is a UserError, and left as it is."""
+    if not output.exists():
+        return {}
+    try:
+        data = output.read_bytes().decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read --output {output}: {exc}") from None
+    whole, torn = data[: data.rfind("\n") + 1], data[data.rfind("\n") + 1:]
+    if torn and not torn.startswith(RESULT_START[: len(torn)]):  # not what a kill mid-write leaves: a line
+        whole, torn = whole + torn + "\n", ""  # to check as the others (the newline written if it passes)
+    done = {}
+    for n, line in enumerate(whole.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not (isinstance(record, dict) and "custom_id" in record and ("response" in record or "error" in record)):
+            raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
+                            "name a new file, or one an earlier run of this job wrote")
+        done[record["custom_id"]] = str(record.get("id"))
+    try:
+        if len(whole) < len(data):  # the torn line cut off in place (rewriting the file risked all of it)
+            os.truncate(output, len(whole.encode()))
+        elif whole != data:  # a whole last line, without its newline
+            with output.open("a", encoding="utf-8") as out:
+                out.write("\n")
+    except OSError as exc:
+        raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
+    return done
+
+
+def check_resumable(output: Path, lines: list[str], every: list, mine: list, finished: dict[str, str]) -> None:
+    """Refuses (UserError) an output whose results answer lines other than the input's now; `every` and
+    `mine`: request_lines of the whole input and of this shard."""
+    known = {custom_id for _, custom_id, _, _ in every}
+    gone = [custom_id for custom_id in finished if custom_id not in known]
+    hashed = len(RESULT_ID_START) + 32 + HASH_DIGITS
+    changed = [custom_id for n, custom_id, _, _ in mine if custom_id in finished and
+               len(finished[custom_id]) == hashed and finished[custom_id][-HASH_DIGITS:] != line_hash(lines[n])]
+    for names, what in ((changed, "changed since their results were written to"),
+                        (gone, "are no longer in --input, though their results are in")):
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            numbered = " (lines without a custom_id go by their numbers, which a line added or removed above " \
+                       "them shifts: give them custom_ids)" if any(n.startswith("line-") for n in names) else ""
+            raise UserError(f"--input lines {shown} {what} --output {output}{numbered}. Remove those results "
+                            f"from --output to run them again, or name a new --output")
+    old = sum(len(finished[custom_id]) != hashed for _, custom_id, _, _ in mine if custom_id in finished)
+    if old:
+        print(f"triforce: {old} results in --output {output} were written before results named their lines: "
+              f"they are taken as they are, unchecked against --input", file=sys.stderr)
