@@ -31,19 +31,8 @@ KEYS = {"temperature": ("temperature", None), "top_p": ("top_p", 1.0), "top_k": 
 
 def sampling_defaults(choice, model_folder: Path) -> dict[str, float | int]:
     """The SamplingParams settings that generation_config `choice` gives requests that leave them out."""
-    if choice == "vllm":
-        return {}
-    if not isinstance(choice, (str, os.PathLike)):
-        raise ConfigError(f"generation_config must be 'auto', 'vllm' or a folder (got {choice!r})")
-    folder = Path(model_folder if choice == "auto" else choice)
-    if choice != "auto" and not folder.is_dir():
-        raise ConfigError(f"generation_config {str(choice)!r}: " + ("a file; name the folder that holds it"
-                          if folder.is_file() else "no such folder") + " (or auto: the model's; vllm: none)")
-    path = folder / GENERATION_CONFIG
-    if not path.is_file():
-        if choice != "auto":
-            raise ConfigError(f"generation_config {str(choice)!r}: no {GENERATION_CONFIG} in that folder (auto: the "
-                              f"model's, if it has one; vllm: none)")
+    path = _file(choice, model_folder)
+    if path is None:
         return {}
     try:
         raw = json.loads(path.read_text())
@@ -71,3 +60,23 @@ def sampling_defaults(choice, model_folder: Path) -> dict[str, float | int]:
                     ", ".join(f"{name}={value}" for name, value in defaults.items() if name != "max_tokens") or "none",
                     "" if bound is None else f"; every request's max_tokens at most {bound}")
     return defaults
+
+
+def _file(choice, model_folder: Path) -> Path | None:
+    """The generation_config.json that `choice` names (None: none to read)."""
+    if choice == "vllm":
+        return None
+    if not isinstance(choice, (str, os.PathLike)):
+        raise ConfigError(f"generation_config must be 'auto', 'vllm' or a folder (got {choice!r})")
+    folder = Path(model_folder if choice == "auto" else choice)
+    if choice == "auto":
+        return folder / GENERATION_CONFIG if (folder / GENERATION_CONFIG).is_file() else None
+    if folder.is_file():
+        why = "a file; name the folder that holds it"
+    elif not folder.is_dir():
+        why = "no such folder"
+    elif not (folder / GENERATION_CONFIG).is_file():
+        why = f"no {GENERATION_CONFIG} in that folder"
+    else:
+        return folder / GENERATION_CONFIG
+    raise ConfigError(f"generation_config {str(choice)!r}: {why} (auto: the model's, if it has one; vllm: none)")
