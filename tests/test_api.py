@@ -212,7 +212,7 @@ def test_bad_n_is_refused(llm):
         SamplingParams(n=2**65, seed=0)
     numpy_n = SamplingParams(n=np.int64(2), seed=5)  # was an OverflowError
     assert numpy_n.n == 2 and type(numpy_n.n) is int and [c.seed for c in numpy_n.choices()] == [5, 6]
-    assert SamplingParams(n=2, best_of=2).best_of == 2
+    assert len(llm.generate(PROMPT, SamplingParams(max_tokens=2, n=2, best_of=2))[0].outputs) == 2
     with pytest.raises(ConfigError, match="best_of must be None or n"):
         SamplingParams(n=2, best_of=3)
     with pytest.raises(ConfigError, match="output i takes seed"):
@@ -260,7 +260,12 @@ def test_vllms_engine_arguments_are_taken(tiny_dir):
     vllm_style = dict(tensor_parallel_size=1, pipeline_parallel_size=1, enforce_eager=True, trust_remote_code=False,
                       disable_log_stats=True, gpu_memory_utilization=0.5, max_model_len=300, enable_prefix_caching=False)
     llm = LLM(target, mode="ar", dtype="float32", seed=7, **vllm_style)
-    assert llm.memory_share == 0.5 and llm.prefixes is None and llm.target.config.max_positions == 300
+    assert llm.prefixes is None and llm.target.config.max_positions == 300
+    one = llm.cache_bytes_for(50, 4)
+    llm.free_memory = lambda: int(3 * one)  # room for one request's caches at half of it, for two at 0.9
+    assert llm._parts_that_fit([(50, 4)] * 2) == [[0], [1]]
+    llm.memory_share = 0.9
+    assert llm._parts_that_fit([(50, 4)] * 2) == [[0, 1]]
     with pytest.raises(UserError, match="300 positions \\(max_model_len\\)"):
         llm.generate(PROMPT, SamplingParams(max_tokens=260))
     sampled = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)

@@ -86,8 +86,9 @@ def test_without_sampling_params_max_tokens_stops_where_the_positions_do(folder,
     (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 100000, "temperature": 0}))
     llm = LLM(folder, mode="ar", dtype="float32", generation_config=tmp_path)
     prompt = " ".join([PROMPT] * 12)
-    out = llm.generate(prompt)[0]
-    assert len(out.token_ids) == 512 - len(llm.encode(prompt)) and out.finish_reason == "length"
+    for params in (None, llm.get_default_sampling_params()):  # given as vLLM's idiom passes them too
+        out = llm.generate(prompt, params)[0]
+        assert len(out.token_ids) == 512 - len(llm.encode(prompt)) and out.finish_reason == "length"
 
 
 def test_the_server_takes_them_for_fields_a_request_leaves_out(llm, folder, monkeypatch):
@@ -106,7 +107,8 @@ def test_the_server_takes_them_for_fields_a_request_leaves_out(llm, folder, monk
         monkeypatch.setattr(model.tokenizer, "chat_template", template, raising=False)
     job = responses.parse({"input": PROMPT}, llm, "m")  # a Response says what it ran with
     assert (job.request["temperature"], job.request["max_output_tokens"]) == (0.0, 7)
-    assert responses.parse({"input": PROMPT}, neutral, "m").request["max_output_tokens"] is None
+    job = responses.parse({"input": PROMPT}, neutral, "m")  # the chat's bound: what the context leaves
+    assert job.request["max_output_tokens"] == job.params.max_tokens == 512 - len(job.prompts[0])
     job = openai.parse("completion", {"prompt": PROMPT}, neutral, "m")
     assert (job.params.temperature, job.params.repetition_penalty, job.params.max_tokens) == (1.0, 1.0, 16)
 

@@ -111,10 +111,13 @@ class LLM:
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
         if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
+        if workers is not None and not vllm.prefix_caching:
+            raise ConfigError("enable_prefix_caching=False: a worker group keeps the prompt blocks under its own "
+                              "bound (--prefix-cache-gb 0 turns it off there)")
         self.prefixes = None  # a worker group holds the target's KV itself
         if prefix_cache_gb > 0 and workers is None and vllm.prefix_caching:
             self.prefixes = PrefixStore(self._prefix_bound(prefix_cache_gb), self.config.prefill_chunk)
-            token_bytes = self.target.config.kv_bytes_per_token(self.target.dtype.itemsize)
+            token_bytes = self.target.kv_bytes_per_token
             if self.prefixes.blocks_held(token_bytes) == 0:  # a server or batch job would reuse nothing, silently
                 log.warning("a prefix store of %.3g GB holds no prompt block (%d tokens of this model's keys and "
                             "values take %.1f MB): no prompt is kept for reuse", self.prefixes.max_bytes / 2**30,
@@ -338,15 +341,16 @@ class LLM:
         if len(per_prompt) != len(prompts):
             raise UserError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts: give one, or one "
                             f"per prompt")
+        defaults = self.get_default_sampling_params()
+        as_defaults = [p == defaults for p in per_prompt]  # their max_tokens stops where the positions do
         per_prompt = [self.prepare(p) for p in per_prompt]
         if stream is not None and (len(prompts) > 1 or per_prompt[0].n > 1):
             raise UserError("streaming takes one prompt at a time, with n = 1")
         ids = [self.encode(p) for p in prompts]
         ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
-        if sampling_params is None:  # the defaults' max_tokens, as far as each prompt's positions reach (vLLM's)
-            room = self.target.config.max_positions
-            per_prompt = [p if len(i) >= room else replace(p, max_tokens=min(p.max_tokens, room - len(i)))
-                          for i, p in zip(ids, per_prompt)]
+        room = self.target.config.max_positions  # the defaults' max_tokens as far as the positions reach (vLLM's)
+        per_prompt = [replace(p, max_tokens=min(p.max_tokens, room - len(i))) if default and len(i) < room else p
+                      for i, p, default in zip(ids, per_prompt, as_defaults)]
         for prompt_ids, p in zip(ids, per_prompt):
             self.check_positions(len(prompt_ids), p.max_tokens)
         runs = [(k, self.seeded(choice)) for k, p in enumerate(per_prompt) for choice in p.choices()]  # its n outputs

@@ -29,7 +29,7 @@ SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes (on a CPU, it uses t
 MAX_N = 4096  # outputs of one prompt (SamplingParams.n): more is a mistake, not a batch
 
 
-def _is_integer(value) -> bool:
+def is_integer(value) -> bool:
     """An integer: Python's or numpy's (not a bool)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -192,7 +192,7 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        if not _is_integer(self.max_tokens) or self.max_tokens < 0:
+        if not is_integer(self.max_tokens) or self.max_tokens < 0:
             raise ConfigError(f"max_tokens must be an integer >= 0 (got {self.max_tokens!r}; 0 prefills only: a "
                               f"prompt's log-probabilities with prompt_logprobs, or its KV for the prefix store)")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
@@ -202,11 +202,11 @@ class SamplingParams:
             raise ConfigError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
-        if not _is_integer(self.top_k) or self.top_k < -1:
+        if not is_integer(self.top_k) or self.top_k < -1:
             raise ConfigError(f"top_k must be an integer >= 0 (0 or -1: off; got {self.top_k!r})")
         if self.top_k == -1:  # vLLM's other spelling of off
             object.__setattr__(self, "top_k", 0)
-        if not _is_integer(self.n) or not 1 <= self.n <= MAX_N:
+        if not is_integer(self.n) or not 1 <= self.n <= MAX_N:
             raise ConfigError(f"n must be an integer from 1 to {MAX_N} (got {self.n!r})")
         object.__setattr__(self, "n", int(self.n))  # numpy's as Python's, before the seed range below
         if self.best_of not in (None, self.n):
@@ -216,14 +216,14 @@ class SamplingParams:
         if not self.detokenize and self.stop:
             raise ConfigError("stop strings need detokenize (the text is where they are found)")
         last = SEEDS[1] - (self.n - 1)  # output i takes seed + i
-        if self.seed is not None and (not _is_integer(self.seed) or not SEEDS[0] <= self.seed <= last):
+        if self.seed is not None and (not is_integer(self.seed) or not SEEDS[0] <= self.seed <= last):
             raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {last} (got {self.seed!r}"
                               f"{'; output i takes seed + i' if self.n > 1 else ''})")
         if not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be from 0 to 1 (got {self.min_p})")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
-        if not _is_integer(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        if not is_integer(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ConfigError(f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}; got "
                               f"{self.min_tokens!r})")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -240,14 +240,14 @@ class SamplingParams:
             raise ConfigError("min_tokens cannot be combined with structured_outputs: the constraint decides where "
                               "the text may end")
         k = self.truncate_prompt_tokens
-        if k is not None and (not _is_integer(k) or k < 1):
+        if k is not None and (not is_integer(k) or k < 1):
             raise ConfigError(f"truncate_prompt_tokens must be None or an integer >= 1 (got {k!r})")
         for name in ("include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
-            if k is not None and (not _is_integer(k) or not 0 <= k <= MAX_LOGPROBS):
+            if k is not None and (not is_integer(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise ConfigError(f"{name} must be None or an integer from 0 to {MAX_LOGPROBS} (got {k!r})")
         for name, kind in (("max_tokens", int), ("top_k", int), ("seed", int), ("min_tokens", int),
                            ("truncate_prompt_tokens", int), ("logprobs", int), ("prompt_logprobs", int),
@@ -279,7 +279,8 @@ class SamplingParams:
     def choices(self) -> list[SamplingParams]:
         """The n requests of one prompt: each with n = 1, output i with seed + i when seeded (so that output 0
         is what n = 1 gives), unseeded otherwise."""
-        return [replace(self, n=1, seed=None if self.seed is None else self.seed + i) for i in range(self.n)]
+        return [replace(self, n=1, best_of=None, seed=None if self.seed is None else self.seed + i)
+                for i in range(self.n)]
 
     @property
     def greedy(self) -> bool:
@@ -335,7 +336,7 @@ class EngineConfig:
         for name in ("gamma1", "gamma2", "budget", "chunk_size", "full_layers", "refresh_every", "refresh_window",
                      "sinks", "window", "prefill_chunk", "lookup"):
             value = getattr(self, name)
-            if not (_is_integer(value) or (name == "lookup" and value is None)):
+            if not (is_integer(value) or (name == "lookup" and value is None)):
                 raise ConfigError(f"{name} must be an integer (got {value!r})")
         for name in ("refresh_threshold", "stop_below"):
             value = getattr(self, name)

@@ -9,11 +9,10 @@ other is refused by name, as an unknown engine setting.
 """
 from __future__ import annotations
 
-import numbers
 import random
 from dataclasses import dataclass
 
-from .config import ConfigError, is_number
+from .config import ConfigError, is_integer, is_number
 
 MEMORY_SHARE = 0.9  # of the memory free on the device, what requests' caches may take
 HARMLESS = ("enforce_eager", "trust_remote_code", "disable_log_stats")
@@ -45,11 +44,11 @@ def take_vllm_args(settings: dict) -> VllmArgs:
         args.memory_share = float(share)
     seed = given.get("seed")
     if seed is not None:
-        if not _integer(seed):
+        if not is_integer(seed):
             raise ConfigError(f"seed must be an integer or None (got {seed!r})")
         args.seeds = random.Random(int(seed))
     length = given.get("max_model_len")
-    if length is not None and (not _integer(length) or length < 2):
+    if length is not None and (not is_integer(length) or length < 2):
         raise ConfigError(f"max_model_len must be an integer >= 2 or None (got {length!r})")
     args.max_model_len = None if length is None else int(length)
     caching = given.get("enable_prefix_caching")
@@ -57,7 +56,3 @@ def take_vllm_args(settings: dict) -> VllmArgs:
         raise ConfigError(f"enable_prefix_caching must be true, false or None (got {caching!r})")
     args.prefix_caching = caching is not False
     return args
-
-
-def _integer(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

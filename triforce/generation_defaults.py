@@ -5,7 +5,7 @@ those that leave it out, as far as the model's positions reach). As vLLM reads t
 from transformers' GenerationConfig defaults, a top_p or repetition_penalty of 1, a top_k of 50 or a
 min_p of 0 set nothing; a temperature is taken at any value, and `do_sample: true` without one means
 transformers' 1 (vLLM's own default is 1 where ours, SamplingParams(), is greedy: a model that asks to be
-sampled is). Qwen2.5's instruct models ask for temperature 0.7, top_p 0.8 and top_k 20 there; the GGUF
+sampled is). Qwen2.5's instruct models ask for temperature 0.7, top_p 0.8 and top_k 20 there, among others; the GGUF
 conversions this project makes name only where generation ends, so they set none.
 
 `generation_config`: 'auto' reads the model folder's file, 'vllm' takes none (vLLM's neutral defaults:
@@ -13,13 +13,12 @@ here, the entry point's own), a folder reads that folder's.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
 
 from .config import ConfigError, SamplingParams
-from .models.config import GENERATION_CONFIG, ModelLoadError
+from .models.config import GENERATION_CONFIG, read_generation_config
 
 log = logging.getLogger("triforce")
 
@@ -34,12 +33,7 @@ def sampling_defaults(choice, model_folder: Path) -> dict[str, float | int]:
     path = _file(choice, model_folder)
     if path is None:
         return {}
-    try:
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, dict):
-            raise ValueError(f"a {type(raw).__name__}, not an object")
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: unreadable ({exc})") from None
+    raw = read_generation_config(path)
     if raw.get("temperature") is None and raw.get("do_sample") is True:
         raw = {**raw, "temperature": 1.0}  # transformers' temperature, which do_sample asks for
     defaults = {}

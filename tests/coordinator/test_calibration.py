@@ -92,3 +92,22 @@ def test_saves_of_processes_running_at_once_lose_nothing(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", script, str(p)]) for p in range(4)]
     assert [p.wait(timeout=120) for p in procs] == [0] * 4
     assert len(json.loads(path.read_text())) == 100
+
+
+def test_cost_entries_keep_the_sizes_each_process_measured(tmp_path):
+    """A server and a bench that measure different sizes of one cost entry keep both (whole entries
+    replaced each other: a later save lost the sizes another process had measured meanwhile)."""
+    import json
+
+    from triforce.coordinator.costs import CostTable
+
+    path = tmp_path / CostTable.filename
+    key = "cpu||target||4096"
+    path.write_text(json.dumps({key: {"1": 0.01, "2": 0.02}}))
+    server, bench = CostTable(path), CostTable(path)
+    bench.entries[key].update({"4": 0.03, "8": 0.05})
+    bench.save(key)
+    server.entries[key].update({"16": 0.09, "1": 0.011})
+    server.save(key)
+    assert json.loads(path.read_text())[key] == {"1": 0.011, "2": 0.02, "4": 0.03, "8": 0.05, "16": 0.09}
+    assert server.entries[key]["8"] == 0.05

@@ -236,7 +236,8 @@ def test_a_rerun_refuses_results_of_lines_that_changed_or_are_gone(tiny_dir, tmp
 
 def test_vllms_serving_flags_bound_positions_seed_requests_and_name_themselves(tiny_dir, tmp_path, capsys):
     """--max-model-len bounds what a request may fill (the server's context-length answer); --seed makes
-    unseeded samples repeat from run to run; a bad --gpu-memory-utilization is an error that names it."""
+    unseeded samples repeat from run to run, also split in shards (each line's seed its own: equal lines
+    differ); a bad --gpu-memory-utilization is an error that names it."""
     target = tiny_dir("batch-target", tokenizer=True, seed=91)
     body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "ignore_eos": True}
     inp = tmp_path / "in.jsonl"
@@ -248,6 +249,10 @@ def test_vllms_serving_flags_bound_positions_seed_requests_and_name_themselves(t
         got = results(tmp_path / f"{name}.jsonl")
         texts.append([got[k]["response"]["body"]["choices"][0]["text"] for k in ("a", "b")])
     assert texts[0] == texts[1] != texts[2] and texts[0][0] != texts[0][1]
+    for shard in ("0/2", "1/2"):  # each line draws its own seed: shards answer as one run does
+        assert run(target, inp, tmp_path / "shards.jsonl", "--seed", "3", "--shard", shard) == 0
+    got = results(tmp_path / "shards.jsonl")
+    assert [got[k]["response"]["body"]["choices"][0]["text"] for k in ("a", "b")] == texts[0]
     assert run(target, inp, tmp_path / "short.jsonl", "--max-model-len", "35") == 0
     refused = results(tmp_path / "short.jsonl")["a"]["response"]
     assert refused["status_code"] == 400 and refused["body"]["error"]["code"] == "context_length_exceeded"

@@ -4,7 +4,8 @@ TRIFORCE_CALIBRATION=FOLDER keeps them there instead (a calibration shared by a 
 test's own), and TRIFORCE_CALIBRATION=0 in this process's memory only.
 
 Processes that run at once share the file: a save writes only the entries this process changed or
-dropped, into what the file holds then (read again under a lock), and takes the rest from it. So a
+dropped, into what the file holds then (read again under a lock; `merged`: how a kind combines its entry
+with the file's), and takes the rest from it. So a
 long-lived server keeps what a bench measured meanwhile, and an entry one process dropped as stale
 stays dropped until some process measures it again (writing the whole of what a process read at its
 start, as before, lost the others' entries and brought dropped ones back).
@@ -62,6 +63,11 @@ class CalibrationFile:
         """Whether an entry read from the file has the shape this kind writes (each kind says)."""
         return True
 
+    @staticmethod
+    def merged(theirs: dict, ours: dict) -> dict:
+        """An entry this process changed, saved over the file's (each kind says how; here: ours whole)."""
+        return ours
+
     @classmethod
     def default(cls):
         """This process's file of this kind in calibration_folder() (read from disk once), or an in-memory
@@ -84,10 +90,11 @@ class CalibrationFile:
             with self._locked():
                 entries = self._read(self.path, warn=False)  # said once, as the process read it first
                 for changed in self._changed:
-                    if changed in self.entries:
-                        entries[changed] = self.entries[changed]
-                    else:
+                    if changed not in self.entries:
                         entries.pop(changed, None)
+                    else:
+                        ours = self.entries[changed]
+                        entries[changed] = ours if changed not in entries else self.merged(entries[changed], ours)
                 partial.write_text(json.dumps(entries, indent=0, sort_keys=True))
                 partial.replace(self.path)  # whole or not at all, also for readers that take no lock
             self.entries, self._changed = entries, set()

@@ -80,6 +80,11 @@ class CostTable(CalibrationFile):
         return key.rpartition("||")[2].isdigit() and finite_numbers(value, 1e-12) and \
             all(n.isdigit() for n in value)
 
+    @staticmethod
+    def merged(theirs: dict, ours: dict) -> dict:
+        """The sizes another process measured kept beside ours (ours where both did)."""
+        return {**theirs, **ours}
+
     def seconds(self, tiers: Tier | list[Tier], sizes: tuple[int, ...], prepare=None,
                 batch: int | None = None) -> dict[int, float]:
         """Seconds per forward call of `tiers` (one tier; or the same tier of each sequence of a batch, each

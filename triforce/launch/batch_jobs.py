@@ -17,6 +17,8 @@ with --workers, where torchrun's ranks are one pipeline, the Slurm array task, e
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -163,6 +165,8 @@ def _batch(args) -> int:
                       _result(lines[n], custom_id, error=error))
                 bar.update(1)
                 continue
+            if args.seed is not None and job.params.seed is None:  # its own, whatever runs before it or beside
+                job.params = dataclasses.replace(job.params, seed=line_seed(args.seed, custom_id))
             pending.append((lines[n], custom_id, job))
             if len(pending) == args.batch_size:
                 _run(llm, model, pending, write, bar)
@@ -196,6 +200,12 @@ def _run(llm, model, pending, write, bar) -> None:
         body = answer(job, model, [next(outs) for _ in mine])
         write(_result(line, custom_id, {"status_code": 200, "request_id": job.id, "body": body}))
         bar.update(1)
+
+
+def line_seed(seed: int, custom_id: str) -> int:
+    """The seed of a line without one under --seed: from --seed and its custom_id, so that shards, a resumed
+    run and a line run again alone draw what an uninterrupted run draws, and equal lines differ."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{custom_id}".encode()).digest()[:7], "big")
 
 
 def _result(line: str, custom_id: str, response: dict | None = None, error: dict | None = None) -> dict:

@@ -20,6 +20,7 @@ from ..errors import UserError
 RESULT_ID_START = "batch_req_"
 RESULT_START = '{"id": "' + RESULT_ID_START  # how every line this command writes begins
 HASH_DIGITS = 32
+UUID_DIGITS = 32  # the random half, before the hash (alone, in ids of results written before)
 
 
 def line_hash(line: str) -> str:
@@ -32,7 +33,7 @@ def line_hash(line: str) -> str:
 
 def result_id(line: str) -> str:
     """A new result's id for the input `line` it answers."""
-    return f"{RESULT_ID_START}{uuid.uuid4().hex}{line_hash(line)}"
+    return f"{RESULT_ID_START}{uuid.uuid4().hex[:UUID_DIGITS]}{line_hash(line)}"
 
 
 def done_ids(output: Path) -> dict[str, str]:
@@ -76,7 +77,7 @@ def check_resumable(output: Path, lines: list[str], every: list, mine: list, fin
     `mine`: request_lines of the whole input and of this shard."""
     known = {custom_id for _, custom_id, _, _ in every}
     gone = [custom_id for custom_id in finished if custom_id not in known]
-    hashed = len(RESULT_ID_START) + 32 + HASH_DIGITS
+    hashed = len(RESULT_ID_START) + UUID_DIGITS + HASH_DIGITS
     changed = [custom_id for n, custom_id, _, _ in mine if custom_id in finished and
                len(finished[custom_id]) == hashed and finished[custom_id][-HASH_DIGITS:] != line_hash(lines[n])]
     for names, what in ((changed, "changed since their results were written to"),

@@ -196,7 +196,7 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
     if llm.prefixes is not None:  # each group's fill_prefix_store checks it again, as the store then holds
         length, batch = max(args.lengths), max(args.batch)
         wanted = batch * llm.prefixes.reusable_blocks(ids[:length])
-        held = llm.prefixes.blocks_held(llm.target.config.kv_bytes_per_token(llm.target.dtype.itemsize))
+        held = llm.prefixes.blocks_held(llm.target.kv_bytes_per_token)
         if held < wanted:
             raise UserError(f"--prefix-cache-gb {args.prefix_cache_gb:g} holds {held * llm.prefixes.block} of the "
                             f"{wanted * llm.prefixes.block} reusable prompt tokens of a batch of {batch} x {length}: "

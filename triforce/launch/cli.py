@@ -114,9 +114,12 @@ def llm_from_args(args):
 
 
 def vllm_settings(args) -> dict:
-    """The vLLM engine arguments that serve's and batch's flags give (engine_args.py)."""
+    """The vLLM engine arguments that serve's and batch's flags give (engine_args.py; generate's --seed seeds
+    its requests alone)."""
+    if not hasattr(args, "max_model_len"):  # not a command with add_serving_args' flags
+        return {}
     return {name: getattr(args, name) for name in ("max_model_len", "gpu_memory_utilization", "seed")
-            if getattr(args, name, None) is not None}
+            if getattr(args, name) is not None}
 
 
 def _refuse_unused_settings(config: EngineConfig, draft: str | None) -> None:

@@ -161,16 +161,24 @@ def id_list(value) -> list:
     return list(value) if isinstance(value, list) else [] if value is None else [value]
 
 
+def read_generation_config(path: Path) -> dict:
+    """generation_config.json at `path` as a dict ({} without one); a ModelLoadError where it is unreadable."""
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        if not isinstance(raw, dict):
+            raise ValueError(f"a {type(raw).__name__}, not an object")
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, not UTF-8, not an object
+        raise ModelLoadError(f"{path}: unreadable ({exc})") from None
+    return raw
+
+
 def _generation_eos_ids(path: Path) -> tuple[int, ...]:
     """The `eos_token_id` (an id or a list) of generation_config.json at `path`, () without one. Generation
     ends at these as well as at config.json's: Qwen2.5's instruct models name <|im_end|> there and add
     <|endoftext|> here, and transformers' and vLLM's generate stop at both."""
-    if not path.is_file():
-        return ()
-    try:
-        eos = json.loads(path.read_text()).get("eos_token_id")
-    except (OSError, json.JSONDecodeError, AttributeError) as exc:
-        raise ModelLoadError(f"{path}: unreadable ({exc})") from exc
+    eos = read_generation_config(path).get("eos_token_id")
     ids = id_list(eos)
     if not all(type(i) is int for i in ids):
         raise ModelLoadError(f"{path}: eos_token_id must be a token id or a list of them, not {eos!r}")

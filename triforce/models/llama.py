@@ -109,6 +109,11 @@ class LlamaModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys and values of one token across all layers, in this model's dtype."""
+        return self.config.kv_bytes_per_token(self.dtype.itemsize)
+
     @torch.inference_mode()
     def forward(self, step: Step | torch.Tensor, cache, logits_for: str = "all") -> torch.Tensor | None:
         """step: the forward's tokens, positions and mask; a tensor of token ids [n] is shorthand for the

@@ -87,8 +87,6 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     n = 1 if body.get("n") is None else body["n"]
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
         raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")
-    if body.get("best_of") not in (None, n):  # vLLM's best_of: ranks choices by log-probability, not kept here
-        raise ApiError(400, "'best_of' other than n is not supported", param="best_of")
     try:
         tools, source, structured = constraints(body, getattr(llm.tokenizer, "chat_template", None), kind == "chat")
     except ConstraintError as exc:
@@ -128,7 +126,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     try:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ConfigError("stop must be a string or a list of non-empty strings")  # OpenAI's four: vLLM's any
-        params = SamplingParams(max_tokens=max_tokens, **sampling, seed=body.get("seed"), n=n, stop=tuple(stop),
+        params = SamplingParams(max_tokens=max_tokens, **sampling, seed=body.get("seed"), n=n, best_of=body.get("best_of"),
+                                stop=tuple(stop),
                                 ignore_eos=flag(body, "ignore_eos", False),
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
                                 stop_token_ids=token_ids(body, "stop_token_ids"),

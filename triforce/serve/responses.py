@@ -72,9 +72,7 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
         raise
     request = {name: body.get(name) for name in ("instructions", "metadata")}
     params = job.params  # what ran: the request's, else the model's generation_config's, else OpenAI's
-    capped = body.get("max_output_tokens") is not None or "max_tokens" in llm.sampling_defaults
-    request.update(temperature=params.temperature, top_p=params.top_p,
-                   max_output_tokens=params.max_tokens if capped else None,
+    request.update(temperature=params.temperature, top_p=params.top_p, max_output_tokens=params.max_tokens,
                    parallel_tool_calls=body.get("parallel_tool_calls", True),
                    tool_choice=body.get("tool_choice", "auto") if body.get("tools") else "none",  # as it ran
                    tools=body.get("tools") or [],

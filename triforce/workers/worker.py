@@ -95,7 +95,7 @@ class VerifierWorker:
                 raise RequestError(f"capacity {body['capacity']} outside (0, {self.model.config.max_positions + 256}]")
             if body["seq"] not in self.caches and len(self.caches) >= MAX_SEQUENCES:
                 raise NoRoom(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
-            need = self.model.config.kv_bytes_per_token(self.model.dtype.itemsize) * body["capacity"]
+            need = self.model.kv_bytes_per_token * body["capacity"]
             free = available_bytes(self.model.device)
             if free is not None and self.prefixes is not None:
                 free = max(0, free - self.prefixes.room())  # what the prefix store may still grow into
