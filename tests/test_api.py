@@ -82,6 +82,10 @@ def test_bad_batches_are_refused(llm):
     with pytest.raises(UserError, match="one prompt"):
         llm.generate([PROMPT] * 2, SamplingParams(max_tokens=2), stream=print)
     assert llm.generate([], SamplingParams()) == []
+    with pytest.raises(UserError, match="0 sampling params for 1 prompts"):  # ran with the defaults
+        llm.generate([PROMPT], [])
+    with pytest.raises(UserError, match="detokenize"):  # its callback never heard a thing
+        llm.generate(PROMPT, SamplingParams(max_tokens=2, detokenize=False), stream=print)
     for prompts, params, message in ((["w5"], {"max_tokens": 2}, "params must be a SamplingParams"),
                                      ([None], None, "a prompt must be"), (5, None, "prompts must be"),
                                      ([[5, 1.5]], None, "a prompt must be")):
@@ -260,20 +264,31 @@ def test_vllms_engine_arguments_are_taken(tiny_dir):
     vllm_style = dict(tensor_parallel_size=1, pipeline_parallel_size=1, enforce_eager=True, trust_remote_code=False,
                       disable_log_stats=True, gpu_memory_utilization=0.5, max_model_len=300, enable_prefix_caching=False)
     llm = LLM(target, mode="ar", dtype="float32", seed=7, **vllm_style)
-    assert llm.prefixes is None and llm.target.config.max_positions == 300
-    one = llm.cache_bytes_for(50, 4)
-    llm.free_memory = lambda: int(3 * one)  # room for one request's caches at half of it, for two at 0.9
-    assert llm._parts_that_fit([(50, 4)] * 2) == [[0], [1]]
-    llm.memory_share = 0.9
-    assert llm._parts_that_fit([(50, 4)] * 2) == [[0, 1]]
-    with pytest.raises(UserError, match="300 positions \\(max_model_len\\)"):
-        llm.generate(PROMPT, SamplingParams(max_tokens=260))
     sampled = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
     first = [o.token_ids for o in llm.generate([PROMPT] * 3, sampled)]
     again = [o.token_ids for o in LLM(target, mode="ar", dtype="float32", seed=7).generate([PROMPT] * 3, sampled)]
     other = [o.token_ids for o in LLM(target, mode="ar", dtype="float32", seed=8).generate([PROMPT] * 3, sampled)]
     assert first == again and first != other and len({tuple(t) for t in first}) == 3
+    assert llm.prefixes is None and llm.target.config.max_positions == 300
+    prompt_len = len(llm.encode(PROMPT))
+    for max_tokens in (260, None):  # as vLLM's engine: generation stops where the positions do
+        out = llm.generate(PROMPT, SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0]
+        assert len(out.token_ids) == 300 - prompt_len and out.finish_reason == "length"
+    with pytest.raises(UserError, match="the prompt \\(350 tokens\\) fills the model's 300 positions \\(max_model_len\\)"):
+        llm.generate([[5] * 350], SamplingParams(max_tokens=1))
+    assert llm.generate([[5] * 300], SamplingParams(max_tokens=0, prompt_logprobs=0))[0].token_ids == []  # scored
+    assert llm.get_tokenizer() is llm.tokenizer
+    one = llm.cache_bytes_for(50, 4)
+    llm.free_memory = lambda: int(3 * one)  # room for one request's caches at half of it, for two at 0.9
+    assert llm._parts_that_fit([(50, 4)] * 2) == [[0], [1]]
+    with pytest.raises(UserError, match="gpu_memory_utilization 0.5 of the"):  # what it may take, and why
+        llm._parts_that_fit([(50, 200)])
+    llm.memory_share = 0.9
+    assert llm._parts_that_fit([(50, 4)] * 2) == [[0, 1]]
+    assert LLM(target, mode="ar", dtype="float32", enable_prefix_caching=0).prefixes is None  # 0 is false too
     for bad, message in (({"tensor_parallel_size": 2}, "worker group, launched by torchrun"),
+                         ({"tensor_parallel_size": "1"}, "must be an integer >= 1"),
+                         ({"enforce_eager": "no"}, "enforce_eager must be true, false or None"),
                          ({"max_model_len": 600}, "more than the model's 512 positions"),
                          ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in"),
                          ({"seed": "7"}, "seed must be an integer"), ({"swap_space": 4}, "unknown engine settings: swap_space")):

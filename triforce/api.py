@@ -189,15 +189,20 @@ class LLM:
             raise UserError(f"prompt token ids must lie in [0, {vocab})")
         return ids
 
-    def check_positions(self, prompt_len: int, max_tokens: int) -> None:
-        """Raises UserError where the prompt and the tokens asked for pass the model's positions."""
+    def within_positions(self, prompt_len: int, params: SamplingParams) -> SamplingParams:
+        """`params` with max_tokens (None: as many as there are) up to what the prompt leaves of the model's
+        positions, where generation stops as vLLM's does ("length"); a UserError where the prompt fills them
+        (all of them may be scored: max_tokens 0)."""
         cfg = self.target.config
-        if prompt_len + max_tokens > cfg.max_positions:
-            window = " (max_model_len)" if cfg.max_positions == cfg.position_limit else \
+        room = cfg.max_positions - prompt_len
+        if room < 0 or (room == 0 and params.max_tokens != 0):
+            why = " (max_model_len)" if cfg.max_positions == cfg.position_limit else \
                 " (its sliding window: attention past it is not implemented)" \
                 if cfg.max_positions < cfg.max_position_embeddings else ""
-            raise UserError(f"prompt ({prompt_len} tokens) + max new tokens ({max_tokens}) exceeds the model's "
-                            f"{cfg.max_positions} positions{window}")
+            raise UserError(f"the prompt ({prompt_len} tokens) fills the model's {cfg.max_positions} positions{why}")
+        if params.max_tokens is not None and params.max_tokens <= room:
+            return params
+        return replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
 
     def prepare(self, params: SamplingParams) -> SamplingParams:
         """`params` checked against this model, with its bad_words' token sequences added to bad_words_ids
@@ -257,8 +262,9 @@ class LLM:
         for i, (prompt_len, max_tokens) in enumerate(sizes):
             need = self.cache_bytes_for(prompt_len, max_tokens)
             if need > room:
-                raise TooLarge(f"the caches for {prompt_len + max_tokens} tokens need {need / 2**30:.1f} GiB; "
-                                f"only {free / 2**30:.1f} GiB is free on {self.device}")
+                raise TooLarge(f"the caches for {prompt_len + max_tokens} tokens need {need / 2**30:.2f} GiB; "
+                               f"requests' caches may take {room / 2**30:.2f} GiB (gpu_memory_utilization "
+                               f"{self.memory_share:g} of the {free / 2**30:.2f} GiB free on {self.device})")
             if parts[-1] and used + need > room:
                 parts.append([])
                 used = 0
@@ -290,6 +296,10 @@ class LLM:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             return self.tokenizer.eos_token_id
         return next(iter(self.target.config.eos_token_ids), None)
+
+    def get_tokenizer(self):
+        """vLLM's: the target's tokenizer (None where its folder has none)."""
+        return self.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: what `generate` and `chat` take without sampling_params: SamplingParams() with the model's
@@ -334,25 +344,19 @@ class LLM:
         show_progress = show_progress if use_tqdm is None else use_tqdm
         if not prompts:
             return []
-        params = sampling_params or self.get_default_sampling_params()
+        params = self.get_default_sampling_params() if sampling_params is None else sampling_params
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if not all(isinstance(p, SamplingParams) for p in per_prompt):
             raise UserError("sampling_params must be a SamplingParams or a list of them, one per prompt")
         if len(per_prompt) != len(prompts):
             raise UserError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts: give one, or one "
                             f"per prompt")
-        defaults = self.get_default_sampling_params()
-        as_defaults = [p == defaults for p in per_prompt]  # their max_tokens stops where the positions do
         per_prompt = [self.prepare(p) for p in per_prompt]
-        if stream is not None and (len(prompts) > 1 or per_prompt[0].n > 1):
-            raise UserError("streaming takes one prompt at a time, with n = 1")
+        if stream is not None and (len(prompts) > 1 or per_prompt[0].n > 1 or not per_prompt[0].detokenize):
+            raise UserError("streaming takes one prompt at a time, with n = 1 and detokenize (the pieces are text)")
         ids = [self.encode(p) for p in prompts]
         ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
-        room = self.target.config.max_positions  # the defaults' max_tokens as far as the positions reach (vLLM's)
-        per_prompt = [replace(p, max_tokens=min(p.max_tokens, room - len(i))) if default and len(i) < room else p
-                      for i, p, default in zip(ids, per_prompt, as_defaults)]
-        for prompt_ids, p in zip(ids, per_prompt):
-            self.check_positions(len(prompt_ids), p.max_tokens)
+        per_prompt = [self.within_positions(len(i), p) for i, p in zip(ids, per_prompt)]
         runs = [(k, self.seeded(choice)) for k, p in enumerate(per_prompt) for choice in p.choices()]  # its n outputs
         sizes = [(len(ids[k]), p.max_tokens) for k, p in runs]
         outputs: list[RequestOutput | None] = [None] * len(runs)

@@ -130,7 +130,7 @@ VLLM_NONES = {"top_k": 0, "stop": (), "stop_token_ids": (), "logit_bias": (), "m
 @dataclass(frozen=True)
 class SamplingParams:
     """What to sample and when to stop. temperature 0 is greedy."""
-    max_tokens: int = 128
+    max_tokens: int | None = 128  # None: as many as the model's positions leave (vLLM's)
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
@@ -192,8 +192,8 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        if not is_integer(self.max_tokens) or self.max_tokens < 0:
-            raise ConfigError(f"max_tokens must be an integer >= 0 (got {self.max_tokens!r}; 0 prefills only: a "
+        if self.max_tokens is not None and (not is_integer(self.max_tokens) or self.max_tokens < 0):
+            raise ConfigError(f"max_tokens must be an integer >= 0 or None (got {self.max_tokens!r}; 0 prefills only: a "
                               f"prompt's log-probabilities with prompt_logprobs, or its KV for the prefix store)")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not is_number(getattr(self, name)):
@@ -223,7 +223,8 @@ class SamplingParams:
             raise ConfigError(f"min_p must be from 0 to 1 (got {self.min_p})")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty")
-        if not is_integer(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        most = self.min_tokens if self.max_tokens is None else self.max_tokens  # None: as many as there are
+        if not is_integer(self.min_tokens) or not 0 <= self.min_tokens <= most:
             raise ConfigError(f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}; got "
                               f"{self.min_tokens!r})")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -275,6 +276,10 @@ class SamplingParams:
         banned = {s[0] for s in sequences if len(s) == 1}
         if self.allowed_token_ids is not None and banned.issuperset(self.allowed_token_ids):
             raise ConfigError("bad_words_ids ban every token of allowed_token_ids")
+
+    def clone(self) -> SamplingParams:
+        """vLLM's: a copy (a frozen one here: `dataclasses.replace(params, ...)` changes fields)."""
+        return replace(self)
 
     def choices(self) -> list[SamplingParams]:
         """The n requests of one prompt: each with n = 1, output i with seed + i when seeded (so that output 0

@@ -32,10 +32,16 @@ def take_vllm_args(settings: dict) -> VllmArgs:
     """vLLM's arguments popped out of LLM's **engine_settings, checked."""
     given = {name: settings.pop(name) for name in TAKEN if name in settings}
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-        if given.get(name, 1) != 1:
-            raise ConfigError(f"{name} {given[name]!r}: this LLM runs in one process; a target sharded across "
-                              f"processes is a worker group, launched by torchrun (`triforce serve --workers N`, "
+        size = given.get(name, 1)
+        if not is_integer(size) or size < 1:
+            raise ConfigError(f"{name} must be an integer >= 1 (got {size!r})")
+        if size != 1:
+            raise ConfigError(f"{name} {size}: this LLM runs in one process; a target sharded across processes "
+                              f"is a worker group, launched by torchrun (`triforce serve --workers N`, "
                               f"docs/distributed.md)")
+    for name in (*HARMLESS, "enable_prefix_caching"):
+        if given.get(name) not in (None, True, False):  # 0, 1 and numpy's bools as Python's
+            raise ConfigError(f"{name} must be true, false or None (got {given[name]!r})")
     args = VllmArgs()
     if "gpu_memory_utilization" in given:
         share = given["gpu_memory_utilization"]
@@ -49,10 +55,7 @@ def take_vllm_args(settings: dict) -> VllmArgs:
         args.seeds = random.Random(int(seed))
     length = given.get("max_model_len")
     if length is not None and (not is_integer(length) or length < 2):
-        raise ConfigError(f"max_model_len must be an integer >= 2 or None (got {length!r})")
+        raise ConfigError(f"max_model_len must be an integer >= 2 (got {length!r})")
     args.max_model_len = None if length is None else int(length)
-    caching = given.get("enable_prefix_caching")
-    if caching not in (None, True, False):
-        raise ConfigError(f"enable_prefix_caching must be true, false or None (got {caching!r})")
-    args.prefix_caching = caching is not False
+    args.prefix_caching = given.get("enable_prefix_caching") in (None, True)
     return args

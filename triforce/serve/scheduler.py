@@ -93,7 +93,9 @@ class Scheduler:
             held = sum(t.bytes for t in self.running.values())
         if free is not None and need > self.llm.memory_share * (free + held):
             raise ApiError(413, f"the caches for {longest + job.params.max_tokens} tokens need "
-                                f"{need / 2**30:.2f} GiB; this server has {(free + held) / 2**30:.2f} GiB for them",
+                                f"{need / 2**30:.2f} GiB; this server has "
+                                f"{self.llm.memory_share * (free + held) / 2**30:.2f} GiB for them "
+                                f"(--gpu-memory-utilization {self.llm.memory_share:g} of {(free + held) / 2**30:.2f})",
                            code="context_length_exceeded")
         if len(on_events) > self.max_queue:
             raise ApiError(400, f"{len(on_events)} choices (prompts x n) need as many places in this server's "
