@@ -68,6 +68,7 @@ def test_bad_settings_are_refused():
     assert SamplingParams(bad_words_ids=[[2, 1], (2, 1), [4]]).bad_words_ids == ((2, 1), (4,))
     assert SamplingParams(bad_words="hello").bad_words == ("hello",)
     assert SamplingParams(top_k=-1).top_k == 0  # vLLM's other spelling of off
+    assert SamplingParams(max_tokens=None, min_tokens=3).max_tokens is None  # vLLM's: as far as the positions reach
     numpy = pytest.importorskip("numpy")
     given = SamplingParams(max_tokens=numpy.int64(5), temperature=numpy.float32(0.5), seed=numpy.int64(3))
     assert (given.max_tokens, given.temperature, given.seed) == (5, 0.5, 3) and type(given.max_tokens) is int
@@ -80,7 +81,7 @@ def test_bad_settings_are_refused():
                       (dict(allowed_token_ids=[1, 2], bad_words_ids=[[1], [2]]), "bad_words_ids"),
                       (dict(include_stop_str_in_output=1), "include_stop_str_in_output"),
                       (dict(skip_special_tokens="no"), "skip_special_tokens"),
-                      (dict(max_tokens=5.5), "max_tokens"), (dict(max_tokens=None), "max_tokens"),
+                      (dict(max_tokens=5.5), "max_tokens"), (dict(max_tokens=-1), "max_tokens"),
                       (dict(top_k=2.5), "top_k"), (dict(top_k=-2), "top_k"), (dict(temperature="0.5"), "temperature"),
                       (dict(temperature=float("inf")), "temperature"), (dict(top_p=float("nan")), "top_p"),
                       (dict(seed=1.5), "seed"), (dict(seed="abc"), "seed"), (dict(seed=2**70), "seed")):
