@@ -262,6 +262,27 @@ def test_vllms_serving_flags_bound_positions_seed_requests_and_name_themselves(t
     assert "--gpu-memory-utilization must be in (0, 1]" in capsys.readouterr().err
 
 
+def test_vllms_launch_flags_are_taken(tiny_dir, tmp_path, capsys):
+    """A vLLM launch line's flags: --no-enable-prefix-caching keeps no prompt for reuse (a repeated long
+    prompt is prefilled again), --tensor-parallel-size 1 and the flags that change nothing run; a larger
+    parallel size is refused, naming --workers."""
+    target = tiny_dir("batch-target-1k", tokenizer=True, seed=91, max_position_embeddings=1024)
+    body = {"prompt": " ".join([PROMPT] * 20), "max_tokens": 2, "temperature": 0}  # > one 512-token block
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": k, "method": "POST", "url": "/v1/completions", "body": body})
+                           + "\n" for k in ("a", "b")))
+    cached = {}
+    for name, extra in (("on", []), ("off", ["--no-enable-prefix-caching", "--tensor-parallel-size", "1",
+                                             "--enforce-eager", "--trust-remote-code", "--disable-log-requests"])):
+        assert run(target, inp, tmp_path / f"{name}.jsonl", "--batch-size", "1", *extra) == 0
+        cached[name] = results(tmp_path / f"{name}.jsonl")["b"]["response"]["body"]["usage"][
+            "prompt_tokens_details"]["cached_tokens"]
+    assert cached == {"on": 512, "off": 0}
+    capsys.readouterr()
+    assert run(target, inp, tmp_path / "x.jsonl", "--tensor-parallel-size", "2") == 2
+    assert "--tensor-parallel-size 2: this LLM runs in one process" in capsys.readouterr().err
+
+
 def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path, monkeypatch):
     """What a kill mid-write leaves: the torn line is cut off in place (the file is not rewritten, which a
     second kill could have emptied), the lines before it untouched; a whole last line gets its newline."""

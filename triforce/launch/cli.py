@@ -84,7 +84,8 @@ def settings_named_by_flags():
         options = {o for command in ("generate", "serve", "batch", "bench")
                    for a in commands.choices[command]._actions for o in a.option_strings}
         names = {f.name for f in (*dataclasses.fields(SamplingParams), *dataclasses.fields(EngineConfig))}
-        names.update(("prefix_cache_gb", "generation_config", "max_model_len", "gpu_memory_utilization"))
+        names.update(("prefix_cache_gb", "generation_config", "max_model_len", "gpu_memory_utilization",
+                      "tensor_parallel_size", "enable_prefix_caching"))
         flags = {name: FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in names
                  if re.search(r"_|\d", name)}
         flags = {name: flag for name, flag in flags.items() if flag in options}
@@ -118,7 +119,8 @@ def vllm_settings(args) -> dict:
     its requests alone)."""
     if not hasattr(args, "max_model_len"):  # not a command with add_serving_args' flags
         return {}
-    return {name: getattr(args, name) for name in ("max_model_len", "gpu_memory_utilization", "seed")
+    return {name: getattr(args, name) for name in ("max_model_len", "gpu_memory_utilization", "seed",
+                                                   "tensor_parallel_size", "enable_prefix_caching")
             if getattr(args, name) is not None}
 
 

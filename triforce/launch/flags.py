@@ -114,6 +114,12 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="seeds the requests that give no seed, so that a rerun repeats their samples (vLLM's; "
                         "default: none, each unseeded request samples afresh)")
+    p.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="vLLM's: 1 here (a target sharded across processes is --workers under torchrun)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's: --no-enable-prefix-caching keeps no prompts for reuse, as --prefix-cache-gb 0")
+    for flag in ("--enforce-eager", "--trust-remote-code", "--disable-log-requests", "--disable-log-stats"):
+        p.add_argument(flag, action="store_true", help="vLLM's, taken from its launch lines: changes nothing here")
     p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
                    help="the sampling settings of requests that leave them out, as vLLM's: auto = the model's "
                         "generation_config.json (its temperature, top_p, top_k, min_p and repetition_penalty; "
