@@ -263,8 +263,8 @@ def test_vllms_serving_flags_bound_positions_seed_requests_and_name_themselves(t
 
 
 def test_vllms_launch_flags_are_taken(tiny_dir, tmp_path, capsys):
-    """A vLLM launch line's flags: --no-enable-prefix-caching keeps no prompt for reuse (a repeated long
-    prompt is prefilled again), --tensor-parallel-size 1 and the flags that change nothing run; a larger
+    """A vLLM launch line's flags (and run_batch's -i/-o): --no-enable-prefix-caching keeps no prompt for
+    reuse (a repeated long prompt is prefilled again), --tensor-parallel-size 1 and the flags that change nothing run; a larger
     parallel size is refused, naming --workers."""
     target = tiny_dir("batch-target-1k", tokenizer=True, seed=91, max_position_embeddings=1024)
     body = {"prompt": " ".join([PROMPT] * 20), "max_tokens": 2, "temperature": 0}  # > one 512-token block
@@ -278,6 +278,8 @@ def test_vllms_launch_flags_are_taken(tiny_dir, tmp_path, capsys):
         cached[name] = results(tmp_path / f"{name}.jsonl")["b"]["response"]["body"]["usage"][
             "prompt_tokens_details"]["cached_tokens"]
     assert cached == {"on": 512, "off": 0}
+    assert main(["batch", "-i", str(inp), "-o", str(tmp_path / "short.jsonl"), "--model", str(target), "--mode", "ar",
+                 "--dtype", "float32"]) == 0 and sorted(results(tmp_path / "short.jsonl")) == ["a", "b"]  # run_batch's
     capsys.readouterr()
     assert run(target, inp, tmp_path / "x.jsonl", "--tensor-parallel-size", "2") == 2
     assert "--tensor-parallel-size 2: this LLM runs in one process" in capsys.readouterr().err

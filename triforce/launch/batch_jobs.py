@@ -39,8 +39,8 @@ def add_batch_parser(sub) -> None:
     p = sub.add_parser("batch", help="run OpenAI Batch API requests from a JSONL file (resumable, shardable)",
                        description=__doc__.split("\n\n")[0] + " Output is distributed exactly as plain sampling "
                                    "from the target.")
-    p.add_argument("--input", required=True, help="JSONL of requests (custom_id, method, url, body)")
-    p.add_argument("--output", required=True, help="JSONL of results; an existing one is resumed")
+    p.add_argument("-i", "--input", required=True, help="JSONL of requests (custom_id, method, url, body)")
+    p.add_argument("-o", "--output", required=True, help="JSONL of results; an existing one is resumed")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="take lines I, I+N, ... (default: SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, else "
                         "RANK/WORLD_SIZE, else 0/1)")
