@@ -264,8 +264,8 @@ def test_vllms_serving_flags_bound_positions_seed_requests_and_name_themselves(t
 
 def test_vllms_launch_flags_are_taken(tiny_dir, tmp_path, capsys):
     """A vLLM launch line's flags (and run_batch's -i/-o): --no-enable-prefix-caching keeps no prompt for
-    reuse (a repeated long prompt is prefilled again), --tensor-parallel-size 1 and the flags that change nothing run; a larger
-    parallel size is refused, naming --workers."""
+    reuse (a repeated long prompt is prefilled again), --tensor-parallel-size 1 and the flags that change
+    nothing run; a larger parallel size is refused, naming --workers."""
     target = tiny_dir("batch-target-1k", tokenizer=True, seed=91, max_position_embeddings=1024)
     body = {"prompt": " ".join([PROMPT] * 20), "max_tokens": 2, "temperature": 0}  # > one 512-token block
     inp = tmp_path / "in.jsonl"
