@@ -193,8 +193,9 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         if self.max_tokens is not None and (not is_integer(self.max_tokens) or self.max_tokens < 0):
-            raise ConfigError(f"max_tokens must be an integer >= 0 or None (got {self.max_tokens!r}; 0 prefills only: a "
-                              f"prompt's log-probabilities with prompt_logprobs, or its KV for the prefix store)")
+            raise ConfigError(f"max_tokens must be an integer >= 0 or None (got {self.max_tokens!r}; 0 prefills "
+                              f"only: a prompt's log-probabilities with prompt_logprobs, or its KV for the prefix "
+                              f"store)")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not is_number(getattr(self, name)):
                 raise ConfigError(f"{name} must be a finite number (got {getattr(self, name)!r})")

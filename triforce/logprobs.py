@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -35,20 +36,22 @@ class TokenLogprobs(Mapping):
     top: list[tuple[int, float]]  # the k most likely tokens there, most likely first (k = SamplingParams.logprobs)
     rank: int = 1  # the chosen token's among the vocabulary (1: the most likely)
 
+    @cached_property
     def _entries(self) -> dict[int, Logprob]:
+        """The dict view, built once (an entry is not changed after it is made)."""
         entries = {self.token: Logprob(self.logprob, self.rank)}
         for rank, (token, logprob) in enumerate(self.top, 1):
             entries.setdefault(token, Logprob(logprob, rank))
         return entries
 
     def __getitem__(self, token: int) -> Logprob:
-        return self._entries()[token]
+        return self._entries[token]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._entries())
+        return iter(self._entries)
 
     def __len__(self) -> int:
-        return len(self._entries())
+        return len(self._entries)
 
 
 def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:

@@ -38,8 +38,8 @@ def result_id(line: str) -> str:
 
 def done_ids(output: Path) -> dict[str, str]:
     """custom_ids already answered in `output`, each with its result's id; a torn last line (what a kill
-    mid-write leaves: the start of a line this command writes) is cut off. A file that is not a results file (a line that is not a result)
-    is a UserError, and left as it is."""
+    mid-write leaves: the start of a line this command writes) is cut off. A file that is not a results
+    file (a line that is not a result) is a UserError, and left as it is."""
     if not output.exists():
         return {}
     try:

@@ -126,8 +126,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     try:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ConfigError("stop must be a string or a list of non-empty strings")  # OpenAI's four: vLLM's any
-        params = SamplingParams(max_tokens=max_tokens, **sampling, seed=body.get("seed"), n=n, best_of=body.get("best_of"),
-                                stop=tuple(stop),
+        params = SamplingParams(max_tokens=max_tokens, **sampling, seed=body.get("seed"), n=n,
+                                best_of=body.get("best_of"), stop=tuple(stop),
                                 ignore_eos=flag(body, "ignore_eos", False),
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
                                 stop_token_ids=token_ids(body, "stop_token_ids"),

@@ -105,7 +105,8 @@ class Scheduler:
             if sum(not t.cancelled for t in self.waiting) + len(on_events) > self.max_queue:
                 raise ApiError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
                                kind="server_error", code="queue_full")
-            tickets = [Ticket(job, ids, self.llm.seeded(params), tell, self.llm.cache_bytes_for(len(ids), params.max_tokens))
+            tickets = [Ticket(job, ids, self.llm.seeded(params), tell,
+                              self.llm.cache_bytes_for(len(ids), params.max_tokens))
                        for (ids, params), tell in zip(choices, on_events)]
             self.waiting.extend(tickets)
         self._wake.set()
