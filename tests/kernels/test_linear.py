@@ -24,15 +24,62 @@ def test_cpu_bf16_kernel_matches_float32_reference(level, n, k, out, amx):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=2 ** -7)
 
 
-def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype():
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 13, 24])
+@pytest.mark.parametrize("k,out", [(576, 1728), (1536, 576), (16, 3), (48, 80)])
+def test_cpu_float32_kernel_matches_float64_reference(level, n, k, out):
+    """At every level the float32 kernel (AVX2 + FMA: one row of W at a time up to 4 rows of x, three from
+    5, several passes of 8 from 9) sums in float32 as closely as torch's float32 product does."""
+    x, w = torch.randn(n, k), torch.randn(out, k)
+    want = (x.double() @ w.double().T)
+    got = cpu_kernels().linear_f32(x, w)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * k ** 0.5, rtol=1e-5)
+
+
+def test_cpu_float32_kernel_rows_do_not_depend_on_how_many_share_a_pass(level):
+    """Up to 4 rows of x a row's sums run in one order: a check of 2-4 tokens gives each token the
+    numbers a decode step of that token alone gives (greedy decoding in float32 then cannot part at a
+    near-tie between one token and several)."""
+    x, w = torch.randn(4, 576), torch.randn(1000, 576)
+    alone = torch.cat([cpu_kernels().linear_f32(row[None], w) for row in x])
+    for n in (2, 3, 4):
+        assert torch.equal(cpu_kernels().linear_f32(x[:n], w), alone[:n])
+
+
+def test_cpu_float32_kernel_refuses_what_it_cannot_take(level):
+    ext = cpu_kernels()
+    with pytest.raises(RuntimeError, match="float32 only"):
+        ext.linear_f32(torch.randn(1, 64).bfloat16(), torch.randn(8, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ext.linear_f32(torch.randn(1, 40), torch.randn(8, 40))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ext.linear_f32(torch.randn(1, 64), torch.randn(64, 8).T)
+
+
+def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype(monkeypatch):
     w, b = torch.randn(96, 64), torch.randn(96)
     for dtype in (torch.float32, torch.bfloat16):
-        for n in (1, 8, 9, 24, 25, 40):  # past KERNEL_MAX_ROWS (25, 40) torch's path even in bfloat16
+        for n in (1, 8, 9, 24, 25, 40):  # past KERNEL_MAX_ROWS (25, 40) torch's path
             x = torch.randn(n, 64).to(dtype)
             ref = torch.nn.functional.linear(x.float(), w, b)
             torch.testing.assert_close(linear(x, w.to(dtype), b.to(dtype)).float(), ref, atol=0.3, rtol=0.05)
-    x = torch.randn(3, 64)
-    assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))  # float32 is torch's, exactly
+    kernel_rows = []
+    real = cpu_kernels()
+    if real is not None:  # float32 rows up to KERNEL_MAX_ROWS go through the float32 kernel
+        class Counting:
+            def linear_f32(self, x, w):
+                kernel_rows.append(x.shape[0])
+                return real.linear_f32(x, w)
+
+        monkeypatch.setattr("triforce.kernels.linear.cpu_kernels", lambda: Counting())
+    for n in (3, 24, 25):
+        x = torch.randn(n, 64)
+        torch.testing.assert_close(linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits_linear(x, w), x @ w.T, atol=1e-5, rtol=1e-5)
+    assert kernel_rows == ([] if real is None else [3, 3, 24, 24])
+    x, w = torch.randn(3, 40), torch.randn(96, 40)  # K not a multiple of 16: torch's product, exactly
+    assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    assert kernel_rows == ([] if real is None else [3, 3, 24, 24])
 
 
 def assert_float32_logits(n):
@@ -55,11 +102,6 @@ def test_bf16_logits_keep_float32_precision(level, n):
 def test_bf16_logits_keep_float32_precision_without_kernels(n, monkeypatch):
     monkeypatch.setattr("triforce.kernels.linear.kernel_takes", lambda *args: False)
     assert_float32_logits(n)
-
-
-def test_float32_logits_are_torchs_exactly():
-    x, w = torch.randn(5, 64), torch.randn(96, 64)
-    assert torch.equal(logits_linear(x, w), torch.nn.functional.linear(x, w))
 
 
 @pytest.mark.parametrize("native", [True, False])

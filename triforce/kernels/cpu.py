@@ -3,6 +3,7 @@
 Levels, lowest first (what each needs from the CPU):
 - `avx2`   AVX2 + FMA (every x86-64 CPU of the last decade): bfloat16 weights and KV cache widened to
            float32 in registers, float32 FMA (csrc/*_avx2.cpp); half the bytes of float32 per decode step.
+           Every level also has this float32 linear kernel for float32 weights (csrc/linear_f32.cpp).
 - `avx512` AVX512-BF16 with AVX512-BW/VL (Intel Cooper Lake and later, AMD Zen 4 and later): the vector
            kernels, compiled without AMX flags, so a toolchain without AMX support still builds them.
 - `amx`    AMX-BF16 tiles as well (Intel Sapphire Rapids and later): the tile paths on top.
@@ -33,10 +34,12 @@ STALE_LOCK_S = 600.0  # a kernel build's lock file older than this was left by a
 LEVELS = ("avx2", "avx512", "amx")  # lowest first
 CSRC = Path(__file__).parent / "csrc"
 _PATH_LOCK = threading.Lock()  # _our_ninja_first
-_VECTOR_SOURCES = ("linear_bf16.cpp", "attention_bf16.cpp", "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp")
+_VECTOR_SOURCES = ("linear_bf16.cpp", "linear_f32.cpp", "attention_bf16.cpp", "fused_bf16.cpp", "decoder_bf16.cpp",
+                   "bindings.cpp")
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mavx2"]
 BUILDS = {  # level -> (sources, compiler flags)
-    "avx2": (("linear_avx2.cpp", "attention_avx2.cpp", "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp"),
+    "avx2": (("linear_avx2.cpp", "linear_f32.cpp", "attention_avx2.cpp", "fused_bf16.cpp", "decoder_bf16.cpp",
+              "bindings.cpp"),
              ["-mavx2", "-mfma", "-DTRIFORCE_WITH_AMX=0"]),
     "avx512": (_VECTOR_SOURCES, _AVX512_FLAGS + ["-DTRIFORCE_WITH_AMX=0"]),
     "amx": (_VECTOR_SOURCES + ("amx.cpp", "linear_amx.cpp", "attention_amx.cpp"),

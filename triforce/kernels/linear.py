@@ -5,7 +5,9 @@ rows (decode steps and speculative checks), where torch's own bf16 matrix-vector
 well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): from 3 rows on
 with AMX tiles (csrc/linear_amx.cpp, at the same read rate for 3 to 16 rows), else with vector
 instructions, whose rate falls with every row; up to KERNEL_MAX_ROWS rows, torch's path past that.
-`reference_linear` is what the tests compare it with.
+`reference_linear` is what the tests compare it with. Float32 inputs of up to KERNEL_MAX_ROWS rows go to
+csrc/linear_f32.cpp on every level (AVX2 + FMA), where torch's float32 product of a few rows read the
+weights at a fraction of the memory bandwidth (benchmarks/float32_rows.py).
 
 `logits_linear` is the output head: float32 logits. The kernel hands over its float32 sums unrounded:
 rounded to bfloat16 (8 bits of mantissa, a step of 0.125 at a logit of 20), near-equal candidates tie,
@@ -41,6 +43,12 @@ def kernel_takes(rows: int, weight: torch.Tensor) -> bool:
             and weight.shape[1] % 32 == 0 and rows <= kernel_max_rows())
 
 
+def float32_kernel_takes(rows: int, weight: torch.Tensor) -> bool:
+    """Whether `linear` sends `rows` float32 rows times this float32 weight to the CPU kernel."""
+    return (weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.is_contiguous()
+            and weight.shape[1] % 16 == 0 and rows <= kernel_max_rows())
+
+
 def kernel_uses_amx(rows: int) -> bool:
     """Whether the kernel may take its tile path for `rows` rows (it still needs AMX and N % 16 == 0)."""
     return rows >= AMX_MIN_ROWS
@@ -48,9 +56,11 @@ def kernel_uses_amx(rows: int) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [n, K] -> [n, N]."""
-    if x.dtype != torch.bfloat16:
+    if x.dtype == torch.float32 and float32_kernel_takes(x.shape[0], weight):
+        out = cpu_kernels().linear_f32(x, weight)
+    elif x.dtype != torch.bfloat16:
         return F.linear(x, weight, bias)
-    if kernel_takes(x.shape[0], weight):
+    elif kernel_takes(x.shape[0], weight):
         out = _kernel_linear(x, weight, float_out=False)
     elif x.device.type == "cpu" and not native_bf16():
         # Prefill chunks on a CPU without AVX512-BF16: torch's bfloat16 product is many times slower
@@ -68,7 +78,7 @@ def _kernel_linear(x: torch.Tensor, weight: torch.Tensor, float_out: bool) -> to
 def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: [n, K] -> float32 [n, N]."""
     if x.dtype == torch.float32:
-        return F.linear(x, weight)
+        return linear(x, weight)
     if x.shape[0] > MAX_LOGIT_ROWS or not kernel_takes(1, weight):
         return _float32_linear(x, weight)
     rows = kernel_max_rows()

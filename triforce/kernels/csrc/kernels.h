@@ -7,6 +7,7 @@
 #include <vector>
 
 at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_amx);
+at::Tensor linear_f32(at::Tensor x, at::Tensor w);
 at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
                                  const std::optional<at::Tensor>& mask);
 at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);

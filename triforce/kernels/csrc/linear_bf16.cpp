@@ -39,7 +39,7 @@ void linear_rows(const at::BFloat16* x, const at::BFloat16* w, Out* y, int64_t K
 }
 
 template <typename Out>
-constexpr triforce_linear::RowsFn<at::BFloat16, Out> kRows[triforce_linear::kPieceRows] = {
+constexpr triforce_linear::RowsFn<at::BFloat16, at::BFloat16, Out> kRows[triforce_linear::kPieceRows] = {
     linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>, linear_rows<4, Out>,
     linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
 

@@ -1,6 +1,6 @@
 // What the decode-linear kernels of every level share (linear_bf16.cpp for AVX512-BF16 and AMX,
-// linear_avx2.cpp for AVX2): the argument checks of linear_bf16 and the split of W's rows over torch's
-// intra-op threads. A level supplies row functions: rows [begin, end) of W against 1..kPieceRows rows
+// linear_avx2.cpp for AVX2, linear_f32.cpp for float32 weights): the argument checks of linear_bf16 and
+// the split of W's rows over torch's intra-op threads. A level supplies row functions: rows [begin, end) of W against 1..kPieceRows rows
 // of x. More rows of x than that go in pieces over one tile of W rows at a time, so W still comes from
 // memory once and the later pieces read it from the core's cache.
 #pragma once
@@ -15,16 +15,16 @@ namespace triforce_linear {
 constexpr int kPieceRows = 8;  // rows of x one pass of a vector row function takes (its accumulators)
 constexpr int64_t kTileBytes = 64 * 1024;  // W rows per tile: what the later pieces re-read from L2
 
-template <typename X, typename Out>
-using RowsFn = void (*)(const X* x, const at::BFloat16* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end);
+template <typename X, typename W, typename Out>
+using RowsFn = void (*)(const X* x, const W* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end);
 
 // y[n, N] = x[n, K] . W^T with rows[i] the row function for i + 1 rows of x. Rows of W over the threads,
 // at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
-template <typename X, typename Out>
-void parallel_rows(const RowsFn<X, Out>* rows, int n, const X* x, const at::BFloat16* w, Out* y, int64_t K,
-                   int64_t N) {
-  const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (K * 2));
-  const int64_t tile = n <= kPieceRows ? N : std::max<int64_t>(1, kTileBytes / (K * 2));
+template <typename X, typename W, typename Out>
+void parallel_rows(const RowsFn<X, W, Out>* rows, int n, const X* x, const W* w, Out* y, int64_t K, int64_t N) {
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W));
+  const int64_t grain = std::max<int64_t>(1, (256 * 1024) / row_bytes);
+  const int64_t tile = n <= kPieceRows ? N : std::max<int64_t>(1, kTileBytes / row_bytes);
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t0 = begin; t0 < end; t0 += tile)
       for (int r0 = 0; r0 < n; r0 += kPieceRows)
@@ -32,17 +32,19 @@ void parallel_rows(const RowsFn<X, Out>* rows, int n, const X* x, const at::BFlo
   });
 }
 
-// Asks for the row of W kAheadBytes past row r (rows of K bfloat16), into L2: the vector row functions
+// Asks for the row of W kAheadBytes past row r (rows of K elements), into L2: the vector row functions
 // call it before each row, and their read rate rose from 16-17 to 22-26 GB/s at 1 row of x and from 12
 // to 18-24 GB/s at 4 (AVX2), 13-14 to 17-19 GB/s at 4 (AVX512-BF16), on the AMX Xeon: the hardware
 // prefetcher alone left the FMA work waiting on memory. Into L1 it would push out the rows of x. (The
 // AMX tile path, which reads 16 rows of W at a time, ran 5-15% slower with it, and goes without.)
-inline void prefetch_row_ahead(const at::BFloat16* w, int64_t r, int64_t K, int64_t end) {
+template <typename W>
+inline void prefetch_row_ahead(const W* w, int64_t r, int64_t K, int64_t end) {
   constexpr int64_t kAheadBytes = 8192;  // 4 KB gained less; 16 and 32 KB no more
-  const int64_t row = r + (kAheadBytes + K * 2 - 1) / (K * 2);
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W));
+  const int64_t row = r + (kAheadBytes + row_bytes - 1) / row_bytes;
   if (row >= end) return;
   const char* next = reinterpret_cast<const char*>(w + row * K);
-  for (int64_t b = 0; b < K * 2; b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
+  for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
 }
 
 // Checks linear_bf16's arguments (x [n, K] with n >= 1, W [N, K] contiguous, both bfloat16,

@@ -13,6 +13,10 @@ inline __m256 bf16_to_ps(const at::BFloat16* p) {  // 8 bf16 -> 8 floats (a bf16
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 
+// 8 weights as floats, whichever type they are stored in (linear_avx2.h).
+inline __m256 to_ps(const at::BFloat16* p) { return bf16_to_ps(p); }
+inline __m256 to_ps(const float* p) { return _mm256_loadu_ps(p); }
+
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
