@@ -322,3 +322,20 @@ def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(capsys, targe
         assert main(["serve", "--model", str(target), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert err.strip() == f"triforce: error: cannot listen on 127.0.0.1:{port}: Address already in use", err
+
+
+def test_serve_takes_the_model_as_vllm_serve_does(capsys, target, monkeypatch):
+    """`triforce serve MODEL` as `vllm serve MODEL` (a vLLM launch line failed on it); the same model
+    also as --model is fine, two different ones an error before anything loads. (The server's own end
+    to end test, tests/serve/test_server.py, launches with the positional model.)"""
+    from triforce.launch import flags
+
+    monkeypatch.setattr(api.LLM, "__init__", lambda *a, **k: pytest.fail("the model loaded"))
+    taken = []
+    real = flags.take_model_tag
+    monkeypatch.setattr("triforce.launch.cli.take_model_tag", lambda args: real(args) or taken.append(args.model))
+    assert main(["serve", str(target), "--model", "smollm3", "--port", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (f"triforce: error: the model is named twice: '{target}' and "
+                                               "--model 'smollm3'; give one")
+    assert main(["serve", str(target), "--model", str(target), "--port", "-1"]) == 2
+    assert taken == [str(target)]

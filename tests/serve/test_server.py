@@ -557,7 +557,8 @@ def test_a_request_cancelled_in_its_prefill_stops_there(tiny_dir, mode):
 
 
 def test_triforce_serve_answers_over_http(tiny_dir):
-    """The command line end to end: `triforce serve` on a free port, a completion through a real socket."""
+    """The command line end to end: `triforce serve` on a free port, a completion through a real socket.
+    The model is given as vLLM's launch lines give it (`vllm serve MODEL`)."""
     import subprocess
     import sys
 
@@ -566,7 +567,7 @@ def test_triforce_serve_answers_over_http(tiny_dir):
 
     port = free_port()
     target = tiny_dir("serve-target", tokenizer=True, seed=71)
-    server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", "--model", str(target), "--mode", "ar",
+    server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", str(target), "--mode", "ar",
                                "--dtype", "float32", "--port", str(port), "--served-model-name", "tiny"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -16,7 +16,7 @@ from ..config import MODES_WITH_DRAFT, PROPOSAL_TREE, ConfigError, EngineConfig,
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from .flags import (DefaultsShown, RawDefaultsShown, add_distributed_args, add_engine_args, add_mode_arg,
-                    add_model_args, add_penalty_args, engine_settings, penalty_settings)
+                    add_model_args, add_penalty_args, engine_settings, penalty_settings, take_model_tag)
 
 
 def add_generate_args(gen: argparse.ArgumentParser) -> None:
@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        take_model_tag(args)
         if getattr(args, "workers", 0):
             from .distributed import launch_with_torchrun
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig
+from ..errors import UserError
 from ..models.config import ROPE_SCALING_KINDS
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from ..models.loader import DTYPE_CHOICES
@@ -36,6 +37,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="stretch RoPE over FACTOR times the model's positions, for target and draft alike; KIND: "
                         f"{', '.join(ROPE_SCALING_KINDS)} (transformers' kinds), e.g. yarn:4 for 32K on an 8K "
                         "model; models whose config already scales RoPE are refused")
+
+
+def take_model_tag(args) -> None:
+    """`triforce serve MODEL` (vLLM's positional model) sets --model; both, naming different models, is an
+    error (which one would run?)."""
+    tag = getattr(args, "model_tag", None)
+    if tag is None:
+        return
+    if args.model not in (DEFAULT_MODEL, tag):
+        raise UserError(f"the model is named twice: {tag!r} and --model {args.model!r}; give one")
+    args.model = tag
 
 
 def add_mode_arg(p: argparse.ArgumentParser) -> None:

@@ -25,6 +25,8 @@ def add_serve_parser(sub) -> None:
                     "(each streaming as server-sent events), /v1/models, /tokenize, /detokenize, /health and "
                     "/metrics (Prometheus). Concurrent requests run together on one continuous batch; output is "
                     "distributed exactly as plain sampling from the target.")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the target, as --model takes it (vLLM's `vllm serve MODEL`); default: --model's")
     add_model_args(p)
     add_mode_arg(p)
     add_engine_args(p)
