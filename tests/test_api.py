@@ -386,3 +386,18 @@ def test_an_end_id_that_only_generation_config_names_ends_generation(tiny_dir, t
     with caplog.at_level("WARNING"):  # no logit row gives 96: left out, as transformers and vLLM load it
         assert LLM(tmp_path / "model", mode="ar").eos_ids() == (2, 5)
     assert "end-of-sequence ids [96] lie outside the vocabulary of 96" in caplog.text
+
+
+def test_chat_takes_a_template_of_its_own(llm, monkeypatch):
+    """vLLM's LLM.chat(chat_template=...): a model without a template chats with the one given, and one
+    given goes before the tokenizer's."""
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    template = "{% for m in messages %}w7 {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w9{% endif %}"
+    conversation = [{"role": "user", "content": "w5"}]
+    out = llm.chat(conversation, params, chat_template=template)[0]
+    assert out.prompt_token_ids == llm.encode("w7 w5 w9")
+    assert out.token_ids == llm.generate(out.prompt_token_ids, params)[0].token_ids
+    monkeypatch.setattr(llm.tokenizer, "chat_template", "{% for m in messages %}w8 {{ m['content'] }}{% endfor %}",
+                        raising=False)
+    assert llm.chat(conversation, params, chat_template=template)[0].prompt_token_ids == llm.encode("w7 w5 w9")
+    assert llm.chat(conversation, params)[0].prompt_token_ids == llm.encode("w8 w5")

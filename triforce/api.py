@@ -310,16 +310,17 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              stream: Callable[[str], None] | None = None, show_progress: bool = False, tools: list[dict] | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
-             chat_template_kwargs: dict | None = None, use_tqdm: bool | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None, use_tqdm: bool | None = None,
+             chat_template: str | None = None) -> list[RequestOutput]:
         """vLLM's LLM.chat: a conversation (OpenAI's messages, {role, content}) or a list of them, each laid
-        out by the tokenizer's chat template (with `tools`, OpenAI's function tools, as it shows them), then
-        `generate`d: one output per conversation."""
+        out by the tokenizer's chat template or `chat_template` (a Jinja template's text; with `tools`,
+        OpenAI's function tools, as it shows them), then `generate`d: one output per conversation."""
         one = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
         conversations = [messages] if one else messages
         if not isinstance(conversations, list) or not conversations:
             raise UserError("'messages' must be a list of {role, content} objects, or a list of those")
         ids = [conversation_ids(self.tokenizer, c, tools, add_generation_prompt, continue_final_message,
-                                chat_template_kwargs) for c in conversations]
+                                chat_template_kwargs, chat_template) for c in conversations]
         return self.generate(ids, sampling_params, stream, show_progress, use_tqdm)
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]] | dict | Sequence[dict],

@@ -13,19 +13,24 @@ RESERVED = {"messages", "tools", "add_generation_prompt", "continue_final_messag
 
 
 def conversation_ids(tokenizer, messages, tools: list[dict] | None = None, add_generation_prompt: bool = True,
-                     continue_final_message: bool = False, template_kwargs: dict | None = None) -> list[int]:
+                     continue_final_message: bool = False, template_kwargs: dict | None = None,
+                     chat_template: str | None = None) -> list[int]:
     """The token ids of a conversation (OpenAI's messages: {role, content} with text content, a string or
     text parts; an assistant's may hold tool_calls instead), checked: UserError, naming what is wrong, for
-    messages of another shape, a tokenizer without a chat template, contradicting flags, template_kwargs
-    that would change what this function passes, and messages the template itself refuses."""
+    messages of another shape, a tokenizer without a chat template (`chat_template`: one given instead of
+    the tokenizer's), contradicting flags, template_kwargs that would change what this function passes, and
+    messages the template itself refuses."""
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and (message_text(m.get("content")) is not None or (
                 m.get("content") is None and isinstance(m.get("tool_calls"), list))) for m in messages):
         raise UserError("'messages' must be a non-empty list of {role, content} objects with text content (a "
                         "string or text parts; or an assistant's tool_calls)")
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise UserError("this model has no chat template: give the prompt as text (/v1/completions, "
+    if tokenizer is None:
+        raise UserError("this model has no tokenizer: give the prompt as token ids (/v1/completions, "
                         "LLM.generate)")
+    if not (chat_template or getattr(tokenizer, "chat_template", None)):
+        raise UserError("this model has no chat template: give one (LLM.chat's chat_template, serve's "
+                        "--chat-template) or the prompt as text (/v1/completions, LLM.generate)")
     if add_generation_prompt and continue_final_message:
         raise UserError("'continue_final_message' needs 'add_generation_prompt' false")
     kwargs = {} if template_kwargs is None else template_kwargs
@@ -39,20 +44,22 @@ def conversation_ids(tokenizer, messages, tools: list[dict] | None = None, add_g
                         f"{', '.join(sorted(reserved & set(kwargs)))}")
     try:
         return chat_ids(tokenizer, template_messages(messages), tools, add_generation_prompt, continue_final_message,
-                        kwargs)
+                        kwargs, chat_template)
     except Exception as exc:  # noqa: BLE001 (the template's own checks: roles, order; the caller's fault)
         raise UserError(f"the chat template refused these messages: {exc}") from None
 
 
 def chat_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, template_kwargs: dict | None = None) -> list[int]:
+             continue_final_message: bool = False, template_kwargs: dict | None = None,
+             chat_template: str | None = None) -> list[int]:
     """The token ids of `messages` ({role, content}) laid out by the tokenizer's chat template, ending
     where the assistant's answer begins (or, with continue_final_message, inside the last message, which
     the answer continues; without add_generation_prompt, after the last message); `tools` (OpenAI's
-    function tools) as the template shows them; `template_kwargs`: more of the template's variables."""
+    function tools) as the template shows them; `template_kwargs`: more of the template's variables;
+    `chat_template`: a template to use instead of the tokenizer's."""
     ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                         continue_final_message=continue_final_message, tokenize=True,
-                                        **(template_kwargs or {}))
+                                        chat_template=chat_template, **(template_kwargs or {}))
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding, or the ids
 
 

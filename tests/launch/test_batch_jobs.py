@@ -297,3 +297,31 @@ def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path, monke
         f.write('{"id": "batch_req_3", "custom_id": "c", "resp')
     monkeypatch.setattr(Path, "write_text", lambda *_, **__: pytest.fail("the output rewritten whole"))
     assert set(done_ids(out)) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
+
+
+def test_batch_lays_chat_lines_out_by_the_chat_template_given(tiny_dir, tmp_path, capsys):
+    """vLLM's --chat-template (a Jinja file, or the template's text): chat lines of a model without a
+    template run with it; without it they are error lines; a file that cannot be read or a template that
+    is not Jinja stops the job before the model loads."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    chat = {"messages": [{"role": "user", "content": "w5 w6"}], "max_tokens": 3, "temperature": 0}
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": chat}))
+    template = tmp_path / "chat.jinja"
+    template.write_text(TEMPLATE)
+    llm = LLM(target, mode="ar", dtype="float32")
+    assert not llm.tokenizer.chat_template
+    want = llm.chat(chat["messages"], SamplingParams(max_tokens=3, temperature=0), chat_template=TEMPLATE)[0]
+    for given in (str(template), TEMPLATE):
+        out.unlink(missing_ok=True)
+        assert run(target, inp, out, "--chat-template", given) == 0
+        body = results(out)["a"]["response"]["body"]
+        assert body["usage"]["prompt_tokens"] == len(want.prompt_token_ids) == len(llm.encode("w3 w5 w6 w4"))
+        assert body["choices"][0]["message"]["content"] == want.text
+    out.unlink()
+    assert run(target, inp, out) == 0
+    assert "no chat template" in results(out)["a"]["response"]["body"]["error"]["message"]
+    for bad, says in ((str(tmp_path / "nope.jinja"), "cannot read it (No such file or directory)"),
+                      ("{% for m in %}", "not a Jinja template")):
+        assert run(target, inp, tmp_path / "x.jsonl", "--chat-template", bad, "--model", "/nonexistent") == 2
+        assert says in capsys.readouterr().err

@@ -314,6 +314,13 @@ def test_fields_that_clients_send_at_their_defaults_or_as_null_are_taken(llm, cl
                                              "ignore_eos": True}).json()
     room = llm.target.config.max_positions - r["usage"]["prompt_tokens"]
     assert r["usage"]["completion_tokens"] == min(1024, room) > 16, r["usage"]
+    # a field the server does not take is a 400 that names it; a request's own chat template (vLLM refuses it
+    # too unless trusted) says where one is set
+    for field, value in (("chat_template", "{{ messages }}"), ("suffix", "w5")):
+        r = client.post("/v1/chat/completions", json={**chat, field: value})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == field and error["code"] == "unsupported_parameter"
+        assert ("--chat-template" in error["message"]) == (field == "chat_template"), error
 
 
 def test_an_infinite_temperature_is_refused(client):

@@ -16,7 +16,8 @@ from ..config import MODES_WITH_DRAFT, PROPOSAL_TREE, ConfigError, EngineConfig,
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from .flags import (DefaultsShown, RawDefaultsShown, add_distributed_args, add_engine_args, add_mode_arg,
-                    add_model_args, add_penalty_args, engine_settings, penalty_settings, take_model_tag)
+                    add_model_args, add_penalty_args, engine_settings, penalty_settings, read_chat_template,
+                    take_model_tag)
 
 
 def add_generate_args(gen: argparse.ArgumentParser) -> None:
@@ -106,12 +107,19 @@ def llm_from_args(args):
 
     workers = getattr(args, "worker_channel", None)
     prefix_cache_gb = getattr(args, "prefix_cache_gb", 0) if workers is None else 0
+    template = getattr(args, "chat_template", None)
+    template = None if template is None else read_chat_template(template)
     with settings_named_by_flags():
         _refuse_unused_settings(EngineConfig(mode=args.mode, **engine_settings(args)), args.draft)
-        return LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
-                   rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
-                   prefix_cache_gb=prefix_cache_gb, generation_config=getattr(args, "generation_config", "vllm"),
-                   **engine_settings(args), **vllm_settings(args))
+        llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
+                  rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
+                  prefix_cache_gb=prefix_cache_gb, generation_config=getattr(args, "generation_config", "vllm"),
+                  **engine_settings(args), **vllm_settings(args))
+    if template is not None:
+        if llm.tokenizer is None:
+            raise UserError(f"--chat-template: {args.model} has no tokenizer to lay conversations out with")
+        llm.tokenizer.chat_template = template  # every chat request's, tools' and /tokenize's
+    return llm
 
 
 def vllm_settings(args) -> dict:

@@ -4,6 +4,7 @@ fields (`engine_settings`, `penalty_settings`)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig
 from ..errors import UserError
@@ -137,11 +138,36 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                         "generation_config.json (its temperature, top_p, top_k, min_p and repetition_penalty; "
                         "its max_new_tokens bounds every request), vllm = none (OpenAI's), or a folder holding "
                         "a generation_config.json (default auto)")
+    p.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                   help="the chat template of chat requests, instead of the tokenizer's: a Jinja file or the "
+                        "template's text itself (vLLM's; default: the tokenizer's)")
     p.add_argument("--prefix-cache-gb", type=float, default=PREFIX_CACHE_GB,
                    help="GB of recent prompts' target KV kept, so that a prompt beginning the same way (many "
                         "questions about one document) skips prefilling that part; least recently used "
                         "goes first; with --workers, on each worker (its share of the heads); 0 = off "
                         "(default %(default)s)")
+
+
+def read_chat_template(value: str) -> str:
+    """A chat template given as vLLM's --chat-template takes one: a Jinja file, or the template's text
+    itself; checked for Jinja syntax before any model loads. UserError naming the flag otherwise."""
+    import jinja2  # transformers' own dependency, which renders chat templates
+
+    if not value.strip():
+        raise UserError("--chat-template must not be empty")
+    if "{" in value:  # a template's text ({{ ... }}, {% ... %}); no file name one would type holds braces
+        text = value
+    else:
+        try:
+            text = Path(value).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"--chat-template {value}: cannot read it ({getattr(exc, 'strerror', None) or exc}); "
+                            "give a Jinja file or the template itself") from None
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise UserError(f"--chat-template: not a Jinja template: {exc.message} (line {exc.lineno})") from None
+    return text
 
 
 def engine_settings(args) -> dict:

@@ -42,7 +42,9 @@ def checked_body(body: object, allowed: set[str], model_name: str, harmless: dic
     harmless = {**CLIENT_DEFAULTS, **(harmless or {})}
     for name, value in body.items():
         if name not in allowed and not _taken(value, harmless.get(name, ())):
-            raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+            hint = "; the server's --chat-template sets one for every request" if name == "chat_template" else ""
+            raise ApiError(400, f"'{name}' is not supported by this server{hint}", param=name,
+                           code="unsupported_parameter")
     model = body.get("model")
     if model is not None and model != model_name:
         raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
