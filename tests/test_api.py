@@ -401,3 +401,32 @@ def test_chat_takes_a_template_of_its_own(llm, monkeypatch):
                         raising=False)
     assert llm.chat(conversation, params, chat_template=template)[0].prompt_token_ids == llm.encode("w7 w5 w9")
     assert llm.chat(conversation, params)[0].prompt_token_ids == llm.encode("w8 w5")
+
+
+def test_logprob_entries_give_each_tokens_text_as_vllms_decoded_token(llm):
+    """vLLM's Logprob.decoded_token: each listed token's text where it stands (after the prompt and the
+    tokens before it; a special token's "" where the text skips them, as vLLM's), so the chosen tokens'
+    texts join to the output's text; the prompt's entries too; None where the request asked for no text
+    (detokenize false)."""
+    special = set(llm.tokenizer.all_special_ids)
+    ids = llm.encode(PROMPT)
+    ids = ids[:10] + [llm.tokenizer.eos_token_id] + ids[10:]  # a special token inside the prompt
+
+    def text_of(token):  # a word, after the space that parts it
+        return "" if token in special else " " + llm.tokenizer.convert_ids_to_tokens(token)
+
+    params = SamplingParams(max_tokens=8, temperature=0.9, seed=3, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    out = llm.generate(ids, params)[0]
+    completion = out.outputs[0]
+    assert "".join(entry[t].decoded_token for t, entry in zip(completion.token_ids, completion.logprobs)) == \
+        completion.text
+    assert all(entry[t].decoded_token == text_of(t) for entry in completion.logprobs for t in entry)
+    assert out.prompt_logprobs[0] is None
+    assert all(entry[t].decoded_token == text_of(t) for entry in out.prompt_logprobs[1:] for t in entry)
+    assert out.prompt_logprobs[10][llm.tokenizer.eos_token_id].decoded_token == ""
+    named = llm.generate(ids, SamplingParams(max_tokens=1, prompt_logprobs=0, skip_special_tokens=False))[0]
+    assert llm.tokenizer.eos_token in named.prompt_logprobs[10][llm.tokenizer.eos_token_id].decoded_token
+    bare = llm.generate(ids, SamplingParams(max_tokens=8, temperature=0.9, seed=3, ignore_eos=True, logprobs=2,
+                                            detokenize=False))[0].outputs[0]
+    assert bare.token_ids == completion.token_ids and bare.text == ""
+    assert all(entry[t].decoded_token is None for entry in bare.logprobs for t in entry)

@@ -10,17 +10,19 @@ of the forward that produced the row.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from functools import cached_property
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 
 import torch
+
+from .detokenize import DECODE_CONTEXT
 
 
 @dataclass(frozen=True)
 class Logprob:
-    """vLLM's: a token's log-probability and its rank there (1: the most likely). decoded_token stays None
-    here: a token's text is the tokenizer's to give (`tokenizer.decode`)."""
+    """vLLM's: a token's log-probability, its rank there (1: the most likely) and its text where it stands
+    (None without a tokenizer or with SamplingParams.detokenize false)."""
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
@@ -35,13 +37,18 @@ class TokenLogprobs(Mapping):
     logprob: float
     top: list[tuple[int, float]]  # the k most likely tokens there, most likely first (k = SamplingParams.logprobs)
     rank: int = 1  # the chosen token's among the vocabulary (1: the most likely)
+    # a token's text at this position (`name_tokens`), read when the dict view is first built: the server,
+    # which reads `top`, never decodes them this way
+    text_of: Callable[[int], str] | None = field(default=None, repr=False)
 
     @cached_property
     def _entries(self) -> dict[int, Logprob]:
         """The dict view, built once (an entry is not changed after it is made)."""
-        entries = {self.token: Logprob(self.logprob, self.rank)}
+        text_of = self.text_of or (lambda token: None)
+        entries = {self.token: Logprob(self.logprob, self.rank, text_of(self.token))}
         for rank, (token, logprob) in enumerate(self.top, 1):
-            entries.setdefault(token, Logprob(logprob, rank))
+            if token not in entries:
+                entries[token] = Logprob(logprob, rank, text_of(token))
         return entries
 
     def __getitem__(self, token: int) -> Logprob:
@@ -70,3 +77,47 @@ def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int],
     top_values = (top_values.float() - norm[:, None]).tolist()
     return [TokenLogprobs(token, value, list(zip(ids, values)), rank)
             for token, value, ids, values, rank in zip(tokens, chosen, top_ids.tolist(), top_values, ranks)]
+
+
+class TokenTexts:
+    """Each token's text where it stands (its decoding after up to DECODE_CONTEXT tokens, less theirs), cached;
+    special tokens by their names, or as "" with `skip_special` (as the request's text has them)."""
+
+    def __init__(self, tokenizer, skip_special: bool = False):
+        self.tokenizer, self.skip_special, self.known, self.decoded = tokenizer, skip_special, {}, {}
+
+    def __call__(self, token: int, before: tuple[int, ...] = ()) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{token}"
+        key = (before, token)
+        text = self.known.get(key)
+        if text is None:
+            head, whole = self._decode(before), self._decode(before + (token,))
+            text = whole[len(head):] if whole.startswith(head) else self._decode((token,))
+            self.known[key] = text
+        return text
+
+    def _decode(self, tokens: tuple[int, ...]) -> str:
+        if not tokens:
+            return ""
+        text = self.decoded.get(tokens)
+        if text is None:
+            text = self.decoded[tokens] = self.tokenizer.decode(list(tokens), skip_special_tokens=self.skip_special)
+        return text
+
+    def contexts(self, before: list[int], tokens: list[int]) -> list[tuple[int, ...]]:
+        """What each of `tokens`, following `before`, is decoded after."""
+        window = list(before)[-DECODE_CONTEXT:]
+        out = []
+        for token in tokens:
+            out.append(tuple(window))
+            window = (window + [token])[-DECODE_CONTEXT:]
+        return out
+
+
+def name_tokens(texts: TokenTexts, before: list[int], tokens: list[int], entries: list[TokenLogprobs | None]) -> None:
+    """Gives each entry, that of tokens[i] (which follow `before`), its tokens' texts where they stand, as
+    vLLM's Logprob.decoded_token (None entries: a prompt's first token)."""
+    for entry, context in zip(entries, texts.contexts(before, tokens)):
+        if entry is not None:
+            entry.text_of = partial(texts, before=context)

@@ -12,7 +12,7 @@ from .coordinator.hierarchy import build_engine, speculation_slack
 from .coordinator.metrics import RequestMetrics
 from .coordinator.remote import RemoteVerifier
 from .detokenize import IncrementalDetokenizer
-from .logprobs import TokenLogprobs
+from .logprobs import TokenLogprobs, TokenTexts, name_tokens
 
 if TYPE_CHECKING:
     from .api import LLM
@@ -149,6 +149,10 @@ class Request:
             tokens[-1] if hit_end and (tokens[-1] in self.params.stop_token_ids or tokens[-1] != self.main_eos)
             else None)
         cumulative = None if logprobs is None else sum(entry.logprob for entry in logprobs)
+        if self.detok is not None:  # vLLM's decoded_token, each decoded when its dict view is first read
+            texts = TokenTexts(self.llm.tokenizer, self.params.skip_special_tokens)
+            name_tokens(texts, self.ids, tokens, logprobs or [])
+            name_tokens(texts, [], self.ids, self.prompt_logprobs or [])
         completion = CompletionOutput(0, text, tokens, cumulative, logprobs, finish, stop_reason, metrics)
         return RequestOutput("", None, self.ids, self.prompt_logprobs, [completion],
                              num_cached_tokens=metrics.cached_prompt_tokens)

@@ -17,42 +17,7 @@ in its last chunk.
 from __future__ import annotations
 
 from ..detokenize import DECODE_CONTEXT as CONTEXT
-from ..logprobs import TokenLogprobs
-
-
-class TokenTexts:
-    """Each token's text where it stands (its decoding after up to CONTEXT tokens, less theirs), cached."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.known, self.decoded = tokenizer, {}, {}
-
-    def __call__(self, token: int, before: tuple[int, ...] = ()) -> str:
-        if self.tokenizer is None:
-            return f"token_id:{token}"
-        key = (before, token)
-        text = self.known.get(key)
-        if text is None:
-            head, whole = self._decode(before), self._decode(before + (token,))
-            text = whole[len(head):] if whole.startswith(head) else self._decode((token,))
-            self.known[key] = text
-        return text
-
-    def _decode(self, tokens: tuple[int, ...]) -> str:
-        if not tokens:
-            return ""
-        text = self.decoded.get(tokens)
-        if text is None:
-            text = self.decoded[tokens] = self.tokenizer.decode(list(tokens), skip_special_tokens=False)
-        return text
-
-    def contexts(self, before: list[int], tokens: list[int]) -> list[tuple[int, ...]]:
-        """What each of `tokens`, following `before`, is decoded after."""
-        window = list(before)[-CONTEXT:]
-        out = []
-        for token in tokens:
-            out.append(tuple(window))
-            window = (window + [token])[-CONTEXT:]
-        return out
+from ..logprobs import TokenLogprobs, TokenTexts
 
 
 def completion_logprobs(texts: TokenTexts, tokens: list[int], items: list[TokenLogprobs | None],
