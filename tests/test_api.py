@@ -430,3 +430,27 @@ def test_logprob_entries_give_each_tokens_text_as_vllms_decoded_token(llm):
                                             detokenize=False))[0].outputs[0]
     assert bare.token_ids == completion.token_ids and bare.text == ""
     assert all(entry[t].decoded_token is None for entry in bare.logprobs for t in entry)
+
+
+def test_a_tokenizer_from_elsewhere_as_vllms_tokenizer_argument(tiny_dir):
+    """vLLM's tokenizer= (a folder, a known name, a .gguf or a Hugging Face id) for a model folder without
+    one; skip_tokenizer_init=True loads none (token ids in, no text out); one with more tokens than the
+    model's vocabulary is another model's, and refused."""
+    bare, tokenized = tiny_dir("api-bare", seed=51), tiny_dir("api-target", tokenizer=True, seed=51)
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    assert LLM(bare, mode="ar", dtype="float32").tokenizer is None
+    llm = LLM(bare, mode="ar", dtype="float32", tokenizer=str(tokenized))
+    want = LLM(tokenized, mode="ar", dtype="float32").generate(PROMPT, params)[0]
+    got = llm.generate(PROMPT, params)[0]
+    assert (got.prompt_token_ids, got.token_ids, got.text) == (want.prompt_token_ids, want.token_ids, want.text)
+    skipped = LLM(tokenized, mode="ar", dtype="float32", skip_tokenizer_init=True)
+    assert skipped.tokenizer is None and skipped.generate([want.prompt_token_ids], params)[0].token_ids == want.token_ids
+    with pytest.raises(UserError, match="skip_tokenizer_init=True loaded no tokenizer; pass token ids"):
+        skipped.generate(PROMPT, params)
+    with pytest.raises(UserError, match="has 200 tokens, more than the 96 of the model's vocabulary"):
+        LLM(bare, mode="ar", dtype="float32", tokenizer=tiny_dir("api-big-vocab", tokenizer=True, vocab_size=200))
+    for bad, message in (({"tokenizer": str(tokenized / "nope")}, "cannot load the tokenizer"),
+                         ({"tokenizer": ""}, "tokenizer must be a non-empty name or path"),
+                         ({"tokenizer": str(tokenized), "skip_tokenizer_init": True}, "loads no tokenizer")):
+        with pytest.raises(UserError, match=message):
+            LLM(bare, mode="ar", dtype="float32", **bad)

@@ -31,7 +31,7 @@ from .errors import TooLarge, UserError
 from .generation_defaults import sampling_defaults
 from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError, rope_scaling_spec
-from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model
+from .models.hub import DEFAULT_MODEL, KNOWN_MODELS, refetch_hint, resolve_model
 from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
 from .models.vocab import check_draft_vocabulary
 from .request import Request, RequestOutput
@@ -105,7 +105,10 @@ class LLM:
         if "full_layers" in engine_settings and self.config.full_layers > self.target.config.num_layers:
             raise ConfigError(f"full_layers {self.config.full_layers} is more than the target's "
                               f"{self.target.config.num_layers} layers")
-        self.tokenizer = self._load_tokenizer()
+        self._skipped_tokenizer = vllm.skip_tokenizer_init
+        self.tokenizer = None if vllm.skip_tokenizer_init else (
+            self._load_tokenizer() if vllm.tokenizer is None else self._given_tokenizer(vllm.tokenizer,
+                                                                                         vllm.tokenizer_revision))
         if self.draft is not None:
             check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
@@ -155,6 +158,23 @@ class LLM:
         """Whether recent prompts' blocks are kept for reuse: here, or by the worker group."""
         return self.prefixes is not None or (self.workers is not None and self.workers.prefix_bytes > 0)
 
+    def _given_tokenizer(self, spec: str, revision: str | None):
+        """vLLM's tokenizer=: a known model's, a folder's or a .gguf file's (converted as a model is), or a
+        Hugging Face id's (transformers reads it from the hub cache)."""
+        from transformers import AutoTokenizer
+
+        source = resolve_model(spec, revision) if spec in KNOWN_MODELS or Path(spec).expanduser().exists() else spec
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+        except (OSError, ValueError, TypeError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelLoadError(f"cannot load the tokenizer {spec}: {reason}") from None
+        rows = self.target.config.vocab_size
+        if len(tokenizer) > rows:
+            raise ModelLoadError(f"the tokenizer {spec} has {len(tokenizer)} tokens, more than the {rows} of the "
+                                 f"model's vocabulary: it is another model's")
+        return tokenizer
+
     def _load_tokenizer(self):
         from transformers import AutoTokenizer
 
@@ -175,7 +195,9 @@ class LLM:
             if not prompt:
                 raise UserError("empty prompt")
             if self.tokenizer is None:
-                raise UserError(f"{self.model_path} has no tokenizer; pass token ids")
+                why = "skip_tokenizer_init=True loaded no tokenizer" if self._skipped_tokenizer else \
+                    f"{self.model_path} has no tokenizer"
+                raise UserError(f"{why}; pass token ids")
             ids = self.tokenizer(prompt).input_ids
         else:
             try:

@@ -3,12 +3,15 @@ as it is: `tensor_parallel_size` and `pipeline_parallel_size` of 1 (more is a wo
 launches: docs/distributed.md), `gpu_memory_utilization` (here: the share of the memory free on the
 device that requests' caches may take), `seed` (the random stream that seeds requests without a seed, so
 that a seeded LLM repeats its samples run after run), `max_model_len` (a bound below the model's
-positions), `enable_prefix_caching` (False: no prefix store); and, as they change nothing here,
+positions), `enable_prefix_caching` (False: no prefix store), `tokenizer` and `tokenizer_revision` (a
+tokenizer from elsewhere than the model's folder, as vLLM takes one for a GGUF file), `skip_tokenizer_init`
+(none: prompts are token ids, outputs have no text); and, as they change nothing here,
 `enforce_eager`, `trust_remote_code` (no model here runs code of its own) and `disable_log_stats`. Any
 other is refused by name, as an unknown engine setting.
 """
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 
@@ -17,7 +20,7 @@ from .config import ConfigError, is_integer, is_number
 MEMORY_SHARE = 0.9  # of the memory free on the device, what requests' caches may take
 HARMLESS = ("enforce_eager", "trust_remote_code", "disable_log_stats")
 TAKEN = ("tensor_parallel_size", "pipeline_parallel_size", "gpu_memory_utilization", "seed", "max_model_len",
-         "enable_prefix_caching", *HARMLESS)
+         "enable_prefix_caching", "tokenizer", "tokenizer_revision", "skip_tokenizer_init", *HARMLESS)
 
 
 @dataclass
@@ -26,6 +29,9 @@ class VllmArgs:
     seeds: random.Random | None = None  # draws the seeds of requests without one
     max_model_len: int | None = None
     prefix_caching: bool = True
+    tokenizer: str | None = None  # a known name, folder, .gguf file or Hugging Face id; None: the model's
+    tokenizer_revision: str | None = None
+    skip_tokenizer_init: bool = False
 
 
 def take_vllm_args(settings: dict) -> VllmArgs:
@@ -39,7 +45,7 @@ def take_vllm_args(settings: dict) -> VllmArgs:
             raise ConfigError(f"{name} {size}: this LLM runs in one process; a target sharded across processes "
                               f"is a worker group, launched by torchrun (`triforce serve --workers N`, "
                               f"docs/distributed.md)")
-    for name in (*HARMLESS, "enable_prefix_caching"):
+    for name in (*HARMLESS, "enable_prefix_caching", "skip_tokenizer_init"):
         if given.get(name) not in (None, True, False):  # 0, 1 and numpy's bools as Python's
             raise ConfigError(f"{name} must be true, false or None (got {given[name]!r})")
     args = VllmArgs()
@@ -58,4 +64,12 @@ def take_vllm_args(settings: dict) -> VllmArgs:
         raise ConfigError(f"max_model_len must be an integer >= 2 (got {length!r})")
     args.max_model_len = None if length is None else int(length)
     args.prefix_caching = given.get("enable_prefix_caching") in (None, True)
+    for name in ("tokenizer", "tokenizer_revision"):
+        value = given.get(name)
+        if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value).strip()):
+            raise ConfigError(f"{name} must be a non-empty name or path, or None (got {value!r})")
+        setattr(args, name, None if value is None else str(value))
+    args.skip_tokenizer_init = bool(given.get("skip_tokenizer_init"))
+    if args.skip_tokenizer_init and args.tokenizer is not None:
+        raise ConfigError("skip_tokenizer_init=True loads no tokenizer, so tokenizer has nothing to name")
     return args

@@ -325,3 +325,21 @@ def test_batch_lays_chat_lines_out_by_the_chat_template_given(tiny_dir, tmp_path
                       ("{% for m in %}", "not a Jinja template")):
         assert run(target, inp, tmp_path / "x.jsonl", "--chat-template", bad, "--model", "/nonexistent") == 2
         assert says in capsys.readouterr().err
+
+
+def test_a_tokenizer_from_elsewhere_by_vllms_flags(tiny_dir, tmp_path):
+    """--tokenizer (vLLM's, as for a GGUF file) gives a model folder without one its text prompts;
+    --skip-tokenizer-init loads none, so a text line is an error line and a token-id line runs."""
+    bare, tokenized = tiny_dir("batch-bare", seed=91), tiny_dir("batch-target", tokenizer=True, seed=91)
+    ids = LLM(tokenized, mode="ar", dtype="float32").encode(PROMPT)
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(request("text", PROMPT, 3) + "\n" + request("ids", ids, 3) + "\n")
+    assert run(bare, inp, out, "--tokenizer", str(tokenized)) == 0
+    got = results(out)
+    assert got["text"]["response"]["body"]["choices"][0]["text"] == got["ids"]["response"]["body"]["choices"][0]["text"]
+    assert got["text"]["response"]["body"]["choices"][0]["text"]  # text, which a model without a tokenizer has not
+    out.unlink()
+    assert run(tokenized, inp, out, "--skip-tokenizer-init") == 0
+    got = results(out)
+    assert "skip_tokenizer_init=True loaded no tokenizer" in got["text"]["response"]["body"]["error"]["message"]
+    assert got["ids"]["response"]["status_code"] == 200

@@ -128,7 +128,8 @@ def vllm_settings(args) -> dict:
     if not hasattr(args, "max_model_len"):  # not a command with add_serving_args' flags
         return {}
     return {name: getattr(args, name) for name in ("max_model_len", "gpu_memory_utilization", "seed",
-                                                   "tensor_parallel_size", "enable_prefix_caching")
+                                                   "tensor_parallel_size", "enable_prefix_caching", "tokenizer",
+                                                   "tokenizer_revision", "skip_tokenizer_init")
             if getattr(args, name) is not None}
 
 

@@ -138,6 +138,12 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                         "generation_config.json (its temperature, top_p, top_k, min_p and repetition_penalty; "
                         "its max_new_tokens bounds every request), vllm = none (OpenAI's), or a folder holding "
                         "a generation_config.json (default auto)")
+    p.add_argument("--tokenizer", default=None,
+                   help="a tokenizer from elsewhere than the model's folder: a folder, known name, .gguf file or "
+                        "Hugging Face id (vLLM's; default: the model's)")
+    p.add_argument("--tokenizer-revision", default=None, help="branch, tag or commit of --tokenizer (vLLM's)")
+    p.add_argument("--skip-tokenizer-init", action="store_true", default=None,
+                   help="load no tokenizer: prompts must be token ids, answers carry no text (vLLM's)")
     p.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
                    help="the chat template of chat requests, instead of the tokenizer's: a Jinja file or the "
                         "template's text itself (vLLM's; default: the tokenizer's)")
