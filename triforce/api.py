@@ -106,9 +106,8 @@ class LLM:
             raise ConfigError(f"full_layers {self.config.full_layers} is more than the target's "
                               f"{self.target.config.num_layers} layers")
         self._skipped_tokenizer = vllm.skip_tokenizer_init
-        self.tokenizer = None if vllm.skip_tokenizer_init else (
-            self._load_tokenizer() if vllm.tokenizer is None else self._given_tokenizer(vllm.tokenizer,
-                                                                                         vllm.tokenizer_revision))
+        self.tokenizer = None if vllm.skip_tokenizer_init else self._load_tokenizer(vllm.tokenizer,
+                                                                                     vllm.tokenizer_revision)
         if self.draft is not None:
             check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
@@ -158,36 +157,31 @@ class LLM:
         """Whether recent prompts' blocks are kept for reuse: here, or by the worker group."""
         return self.prefixes is not None or (self.workers is not None and self.workers.prefix_bytes > 0)
 
-    def _given_tokenizer(self, spec: str, revision: str | None):
-        """vLLM's tokenizer=: a known model's, a folder's or a .gguf file's (converted as a model is), or a
-        Hugging Face id's (transformers reads it from the hub cache)."""
+    def _load_tokenizer(self, spec: str | None = None, revision: str | None = None):
+        """The model folder's tokenizer (None where it has none), or vLLM's tokenizer=: a known model's, a
+        folder's or a .gguf file's (converted as a model is), or a Hugging Face id's (transformers reads it
+        from the hub cache), which must load and fit the model's vocabulary."""
         from transformers import AutoTokenizer
 
-        source = resolve_model(spec, revision) if spec in KNOWN_MODELS or Path(spec).expanduser().exists() else spec
+        source = self.model_path if spec is None else (
+            resolve_model(spec, revision) if spec in KNOWN_MODELS or Path(spec).expanduser().exists() else spec)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
         except (OSError, ValueError, TypeError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ModelLoadError(f"cannot load the tokenizer {spec}: {reason}") from None
-        rows = self.target.config.vocab_size
-        if len(tokenizer) > rows:
-            raise ModelLoadError(f"the tokenizer {spec} has {len(tokenizer)} tokens, more than the {rows} of the "
-                                 f"model's vocabulary: it is another model's")
-        return tokenizer
-
-    def _load_tokenizer(self):
-        from transformers import AutoTokenizer
-
-        try:
-            return AutoTokenizer.from_pretrained(self.model_path)
-        except (OSError, ValueError, TypeError) as exc:
+            if spec is not None:
+                raise ModelLoadError(f"cannot load the tokenizer {spec}: {reason}") from None
             present = [n for n in TOKENIZER_FILES if (self.model_path / n).is_file()]
             if present:  # there is one, and it is damaged: not the same as none
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise ModelLoadError(f"cannot read the tokenizer in {self.model_path} ({', '.join(present)}): "
                                      f"{reason}") from None
             log.info("no tokenizer in %s: prompts must be token ids", self.model_path)
             return None
+        rows = self.target.config.vocab_size
+        if spec is not None and len(tokenizer) > rows:
+            raise ModelLoadError(f"the tokenizer {spec} has {len(tokenizer)} tokens, more than the {rows} of the "
+                                 f"model's vocabulary: it is another model's")
+        return tokenizer
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """A prompt's token ids (text through the target's tokenizer), checked against the vocabulary."""

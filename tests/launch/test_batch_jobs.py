@@ -303,7 +303,7 @@ def test_batch_lays_chat_lines_out_by_the_chat_template_given(tiny_dir, tmp_path
     """vLLM's --chat-template (a Jinja file, or the template's text): chat lines of a model without a
     template run with it; without it they are error lines; a file that cannot be read or a template that
     is not Jinja stops the job before the model loads."""
-    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    target = tiny_dir("batch-no-template", tokenizer=True, seed=91)  # (another test gives batch-target one)
     chat = {"messages": [{"role": "user", "content": "w5 w6"}], "max_tokens": 3, "temperature": 0}
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": chat}))
