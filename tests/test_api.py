@@ -444,7 +444,8 @@ def test_a_tokenizer_from_elsewhere_as_vllms_tokenizer_argument(tiny_dir):
     got = llm.generate(PROMPT, params)[0]
     assert (got.prompt_token_ids, got.token_ids, got.text) == (want.prompt_token_ids, want.token_ids, want.text)
     skipped = LLM(tokenized, mode="ar", dtype="float32", skip_tokenizer_init=True)
-    assert skipped.tokenizer is None and skipped.generate([want.prompt_token_ids], params)[0].token_ids == want.token_ids
+    assert skipped.tokenizer is None
+    assert skipped.generate([want.prompt_token_ids], params)[0].token_ids == want.token_ids
     with pytest.raises(UserError, match="skip_tokenizer_init=True loaded no tokenizer; pass token ids"):
         skipped.generate(PROMPT, params)
     with pytest.raises(UserError, match="has 200 tokens, more than the 96 of the model's vocabulary"):
