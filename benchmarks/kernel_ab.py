@@ -1,11 +1,13 @@
-"""A change to the CPU attention kernel against a base revision, both built and timed in one process.
+"""A change to the CPU attention or linear kernel against a base revision, both built and timed in one process.
 
-    python benchmarks/kernel_ab.py [--base HEAD] [--level avx512] [--tokens 8000 300] [--new 1 7]
+    python benchmarks/kernel_ab.py [--base HEAD] [--level avx512] [--kernel attention|linear]
+                                   [--tokens 8000 300] [--new 1 7]
 
 Builds the kernels of one level (`triforce/kernels/csrc/`) twice, from the base revision and from the
-working tree, as separate modules, and times SmolLM2-shaped decode attention (9 query heads, 3 KV heads,
-head dim 64, 30 layers, a K/V buffer per layer so a long cache comes from memory) with the two builds
-taking turns, the order swapped every repetition. On these shared machines two runs minutes apart
+working tree, as separate modules (a source the base revision lacks is left out of its build), and times
+SmolLM2-shaped decode attention (9 query heads, 3 KV heads, head dim 64, 30 layers, a K/V buffer per
+layer so a long cache comes from memory) or the bfloat16 linear layers of its 30 layers (--new rows of x;
+--tokens unused) with the two builds taking turns, the order swapped every repetition. On these shared machines two runs minutes apart
 differ by 20-30%, more than most kernel changes: compare builds within one process, never across runs.
 Prints a JSON line per (tokens, new tokens): median and best ms of each build and new / base."""
 from __future__ import annotations
@@ -26,7 +28,7 @@ def build(name: str, folder: Path, level: str):
     from torch.utils import cpp_extension
 
     sources, flags = cpu.BUILDS[level]
-    return cpp_extension.load(name=name, sources=[str(folder / s) for s in sources],
+    return cpp_extension.load(name=name, sources=[str(folder / s) for s in sources if (folder / s).exists()],
                               extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -47,27 +49,44 @@ def main() -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[8000, 300], help="cached keys")
     p.add_argument("--new", type=int, nargs="+", default=[1, 7], help="new tokens (query rows per query head)")
     p.add_argument("--reps", type=int, default=12, help="timed passes of each build")
+    p.add_argument("--kernel", choices=("attention", "linear"), default="attention", help="what to time")
     args = p.parse_args()
     level = args.level or cpu.isa_level()
     with tempfile.TemporaryDirectory() as tmp:
         base = build(f"triforce_ab_base_{level}", base_sources(args.base, Path(tmp)), level)
     new = build(f"triforce_ab_new_{level}", cpu.CSRC, level)
     layers = 30
-    for s in args.tokens:
-        keys, values = torch.randn(layers, 3, s, 64).bfloat16(), torch.randn(layers, 3, s, 64).bfloat16()
+    for s in args.tokens if args.kernel == "attention" else [None]:
+        if args.kernel == "attention":
+            keys, values = torch.randn(layers, 3, s, 64).bfloat16(), torch.randn(layers, 3, s, 64).bfloat16()
+        else:  # qkv, o, gate_up and down of each layer: 212 MB in all, read from memory on every pass
+            shapes = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+            weights = [[torch.randn(shape).bfloat16() for shape in shapes] for _ in range(layers)]
         for n in args.new:
-            q = torch.randn(9, n, 64).bfloat16()
+            if args.kernel == "attention":
+                q = torch.randn(9, n, 64).bfloat16()
+
+                def one_pass(ext):
+                    for layer in range(layers):
+                        ext.decode_attention_bf16(q, keys[layer], values[layer], 0.125, allow_amx=level == "amx")
+            else:
+                xs = {k: torch.randn(n, k).bfloat16() for k in (576, 1536)}
+
+                def one_pass(ext):
+                    for layer in weights:
+                        for w in layer:
+                            ext.linear_bf16(xs[w.shape[1]], w, float_out=False, allow_amx=level == "amx")
             times: dict[str, list[float]] = {"base": [], "new": []}
             for rep in range(args.reps + 1):
                 builds = [("base", base), ("new", new)]
                 for name, ext in builds if rep % 2 else builds[::-1]:
                     start = time.perf_counter()
-                    for layer in range(layers):
-                        ext.decode_attention_bf16(q, keys[layer], values[layer], 0.125, allow_amx=level == "amx")
+                    one_pass(ext)
                     if rep:  # the first pass of each warms up
                         times[name].append(time.perf_counter() - start)
             median = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
-            print(json.dumps({"level": level, "tokens": s, "new_tokens": n, "threads": torch.get_num_threads(),
+            print(json.dumps({"level": level, "kernel": args.kernel, "tokens": s, "new_tokens": n,
+                              "threads": torch.get_num_threads(),
                               **{f"{k}_median_ms": round(v, 2) for k, v in median.items()},
                               **{f"{k}_best_ms": round(min(v) * 1e3, 2) for k, v in times.items()},
                               "new_over_base": round(median["new"] / median["base"], 3)}), flush=True)

@@ -1,4 +1,6 @@
 """The Python API: vLLM-shaped LLM.generate, stop strings, streaming, token-id prompts."""
+import pickle
+
 import pytest
 
 from triforce import LLM, SamplingParams
@@ -401,6 +403,8 @@ def test_chat_takes_a_template_of_its_own(llm, monkeypatch):
                         raising=False)
     assert llm.chat(conversation, params, chat_template=template)[0].prompt_token_ids == llm.encode("w7 w5 w9")
     assert llm.chat(conversation, params)[0].prompt_token_ids == llm.encode("w8 w5")
+    with pytest.raises(UserError, match="chat_template must be a Jinja template's text \\(got int\\)"):
+        llm.chat(conversation, params, chat_template=123)
 
 
 def test_logprob_entries_give_each_tokens_text_as_vllms_decoded_token(llm):
@@ -424,6 +428,9 @@ def test_logprob_entries_give_each_tokens_text_as_vllms_decoded_token(llm):
     assert out.prompt_logprobs[0] is None
     assert all(entry[t].decoded_token == text_of(t) for entry in out.prompt_logprobs[1:] for t in entry)
     assert out.prompt_logprobs[10][llm.tokenizer.eos_token_id].decoded_token == ""
+    pickled = pickle.dumps(out)  # (multiprocessing, Ray): with the texts, without the tokenizer that decodes them
+    assert b"TokenTexts" not in pickled and pickle.loads(pickled).outputs[0].logprobs[0] == completion.logprobs[0]
+    assert [dict(e) for e in pickle.loads(pickled).outputs[0].logprobs] == [dict(e) for e in completion.logprobs]
     named = llm.generate(ids, SamplingParams(max_tokens=1, prompt_logprobs=0, skip_special_tokens=False))[0]
     assert llm.tokenizer.eos_token in named.prompt_logprobs[10][llm.tokenizer.eos_token_id].decoded_token
     bare = llm.generate(ids, SamplingParams(max_tokens=8, temperature=0.9, seed=3, ignore_eos=True, logprobs=2,
@@ -448,9 +455,15 @@ def test_a_tokenizer_from_elsewhere_as_vllms_tokenizer_argument(tiny_dir):
     assert skipped.generate([want.prompt_token_ids], params)[0].token_ids == want.token_ids
     with pytest.raises(UserError, match="skip_tokenizer_init=True loaded no tokenizer; pass token ids"):
         skipped.generate(PROMPT, params)
+    for asked, message in (({"stop": ["w5"]}, "stop strings need the model's tokenizer \\(skip_tokenizer_init=True"
+                                              " loaded no tokenizer\\); pass stop_token_ids"),
+                           ({"bad_words": ["w5"]}, "bad_words need .* pass bad_words_ids")):
+        with pytest.raises(UserError, match=message):  # a text to find, and nothing to find it with
+            skipped.generate([want.prompt_token_ids], SamplingParams(max_tokens=5, **asked))
     with pytest.raises(UserError, match="has 200 tokens, more than the 96 of the model's vocabulary"):
         LLM(bare, mode="ar", dtype="float32", tokenizer=tiny_dir("api-big-vocab", tokenizer=True, vocab_size=200))
-    for bad, message in (({"tokenizer": str(tokenized / "nope")}, "cannot load the tokenizer"),
+    for bad, message in (({"tokenizer": str(tokenized / "nope")}, "nope: no such tokenizer folder, .gguf file"),
+                         ({"tokenizer": str(tokenized.parent)}, "no tokenizer in .* \\(none of tokenizer.json"),
                          ({"tokenizer": ""}, "tokenizer must be a non-empty name or path"),
                          ({"tokenizer": str(tokenized), "skip_tokenizer_init": True}, "loads no tokenizer")):
         with pytest.raises(UserError, match=message):

@@ -31,7 +31,7 @@ from .errors import TooLarge, UserError
 from .generation_defaults import sampling_defaults
 from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError, rope_scaling_spec
-from .models.hub import DEFAULT_MODEL, KNOWN_MODELS, refetch_hint, resolve_model
+from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model, tokenizer_source
 from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
 from .models.vocab import check_draft_vocabulary
 from .request import Request, RequestOutput
@@ -163,12 +163,13 @@ class LLM:
         from the hub cache), which must load and fit the model's vocabulary."""
         from transformers import AutoTokenizer
 
-        source = self.model_path if spec is None else (
-            resolve_model(spec, revision) if spec in KNOWN_MODELS or Path(spec).expanduser().exists() else spec)
+        source = self.model_path if spec is None else tokenizer_source(spec, revision)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
         except (OSError, ValueError, TypeError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if spec is not None and not any((Path(source) / n).is_file() for n in TOKENIZER_FILES):
+                raise ModelLoadError(f"no tokenizer in {source} (none of {', '.join(TOKENIZER_FILES)})") from None
             if spec is not None:
                 raise ModelLoadError(f"cannot load the tokenizer {spec}: {reason}") from None
             present = [n for n in TOKENIZER_FILES if (self.model_path / n).is_file()]
@@ -183,15 +184,18 @@ class LLM:
                                  f"model's vocabulary: it is another model's")
         return tokenizer
 
+    def no_tokenizer(self) -> str:
+        """Why this LLM has no tokenizer, for the errors of what needs one."""
+        return ("skip_tokenizer_init=True loaded no tokenizer" if self._skipped_tokenizer
+                else f"{self.model_path} has no tokenizer")
+
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """A prompt's token ids (text through the target's tokenizer), checked against the vocabulary."""
         if isinstance(prompt, str):
             if not prompt:
                 raise UserError("empty prompt")
             if self.tokenizer is None:
-                why = "skip_tokenizer_init=True loaded no tokenizer" if self._skipped_tokenizer else \
-                    f"{self.model_path} has no tokenizer"
-                raise UserError(f"{why}; pass token ids")
+                raise UserError(f"{self.no_tokenizer()}; pass token ids")
             ids = self.tokenizer(prompt).input_ids
         else:
             try:
@@ -225,10 +229,11 @@ class LLM:
         (each word alone and after a space, as vLLM tokenizes them). Raises UserError where a token id
         setting names a token outside the vocabulary, or structured_outputs is not a valid constraint
         (ConfigError, naming it)."""
+        if self.tokenizer is None and (params.stop or params.bad_words):  # texts the tokenizer would find
+            name = "stop strings" if params.stop else "bad_words"
+            other = "stop_token_ids" if params.stop else "bad_words_ids"
+            raise UserError(f"{name} need the model's tokenizer ({self.no_tokenizer()}); pass {other}")
         if params.bad_words:
-            if self.tokenizer is None:
-                raise UserError(f"bad_words need the model's tokenizer ({self.model_path} has none); pass "
-                                f"bad_words_ids")
             params = replace(params, bad_words_ids=params.bad_words_ids + bad_word_ids(self.tokenizer, params.bad_words))
         vocab = self.target.config.vocab_size
         for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids),

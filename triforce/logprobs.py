@@ -51,6 +51,10 @@ class TokenLogprobs(Mapping):
                 entries[token] = Logprob(logprob, rank, text_of(token))
         return entries
 
+    def __getstate__(self) -> dict:
+        """Pickled (or copied) with its tokens' texts decoded, not with the tokenizer that decodes them."""
+        return {**self.__dict__, "_entries": self._entries, "text_of": None}
+
     def __getitem__(self, token: int) -> Logprob:
         return self._entries[token]
 

@@ -312,7 +312,10 @@ def test_batch_lays_chat_lines_out_by_the_chat_template_given(tiny_dir, tmp_path
     llm = LLM(target, mode="ar", dtype="float32")
     assert not llm.tokenizer.chat_template
     want = llm.chat(chat["messages"], SamplingParams(max_tokens=3, temperature=0), chat_template=TEMPLATE)[0]
-    for given in (str(template), TEMPLATE):
+    braced = tmp_path / "in{braces}"  # a file's name may hold braces: read as a file first, as vLLM's
+    braced.mkdir()
+    (braced / "chat.jinja").write_text(TEMPLATE)
+    for given in (str(template), TEMPLATE, str(braced / "chat.jinja")):
         out.unlink(missing_ok=True)
         assert run(target, inp, out, "--chat-template", given) == 0
         body = results(out)["a"]["response"]["body"]

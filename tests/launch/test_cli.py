@@ -334,8 +334,20 @@ def test_serve_takes_the_model_as_vllm_serve_does(capsys, target, monkeypatch):
     taken = []
     real = flags.take_model_tag
     monkeypatch.setattr("triforce.launch.cli.take_model_tag", lambda args: real(args) or taken.append(args.model))
-    assert main(["serve", str(target), "--model", "smollm3", "--port", "1"]) == 2
-    assert capsys.readouterr().err.strip() == (f"triforce: error: the model is named twice: '{target}' and "
-                                               "--model 'smollm3'; give one")
+    for other in ("smollm3", "smollm2"):  # smollm2, the default, given by name is given too
+        assert main(["serve", str(target), "--model", other, "--port", "1"]) == 2
+        assert capsys.readouterr().err.strip() == (f"triforce: error: the model is named twice: '{target}' and "
+                                                   f"--model '{other}'; give one")
     assert main(["serve", str(target), "--model", str(target), "--port", "-1"]) == 2
     assert taken == [str(target)]
+
+
+def test_an_inline_chat_template_reads_its_escapes_as_vllms_does(tmp_path):
+    """vLLM decodes an inline --chat-template's escapes (a shell line writes a newline as \\n); a file's
+    text is taken as it is."""
+    from triforce.launch.flags import read_chat_template
+
+    assert read_chat_template("{{ m }}\\n{{ 'é' }}") == "{{ m }}\n{{ 'é' }}"
+    assert read_chat_template("{{ m }}\\\\n") == "{{ m }}\\n"
+    (tmp_path / "t.jinja").write_text("{{ m }}\\n")
+    assert read_chat_template(str(tmp_path / "t.jinja")) == "{{ m }}\\n"

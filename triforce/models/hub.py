@@ -92,6 +92,7 @@ def writable_folder(folder: Path) -> Path:
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]  # config, weights, tokenizer
+HUB_TOKENIZER_FILES = [pattern for pattern in HUB_FILES if pattern != "*.safetensors"]
 
 
 def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
@@ -113,9 +114,21 @@ def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
     raise ModelLoadError(f"{spec_str}: no such model folder, .gguf file or Hugging Face id (known names: {known})")
 
 
-def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+def tokenizer_source(spec: str | os.PathLike, revision: str | None = None) -> Path:
+    """vLLM's tokenizer=: the folder of a known model, a folder, a .gguf file (converted as a model is) or
+    a Hugging Face id (its tokenizer files alone, as hub_snapshot fetches a model's)."""
+    spec_str = str(spec)
+    if spec_str in KNOWN_MODELS or Path(spec_str).expanduser().exists():
+        return resolve_model(spec_str, revision)
+    if HUB_ID.fullmatch(spec_str):
+        return hub_snapshot(spec_str, revision, HUB_TOKENIZER_FILES)
+    raise ModelLoadError(f"{spec_str}: no such tokenizer folder, .gguf file, known name or Hugging Face id")
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None, patterns: list[str] = HUB_FILES) -> Path:
     """The folder of a Hugging Face model id in the hub cache ($HF_HUB_CACHE, else $HF_HOME/hub),
-    downloaded there first unless HF_HUB_OFFLINE is set (then it must be cached already)."""
+    downloaded there first unless HF_HUB_OFFLINE is set (then it must be cached already); `patterns`:
+    its files to fetch (a model's; HUB_TOKENIZER_FILES: its tokenizer's, which need no config.json)."""
     from huggingface_hub import snapshot_download
 
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
@@ -123,12 +136,12 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
         Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
     wanted = repo_id + (f"@{revision}" if revision else "")
     try:
-        folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_FILES,
+        folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=patterns,
                                         local_files_only=offline))
     except Exception as exc:  # not cached offline, not on the hub, no network, gated: one line either way
         how = "HF_HUB_OFFLINE is set and it is not cached" if offline else f"{type(exc).__name__}: {exc}"
         raise ModelLoadError(f"Hugging Face model {wanted} not found in {cache}: {how}".splitlines()[0]) from None
-    if not (folder / "config.json").is_file():
+    if patterns is HUB_FILES and not (folder / "config.json").is_file():
         raise ModelLoadError(f"Hugging Face model {wanted} in {folder} has no config.json")
     return folder
 
