@@ -346,3 +346,12 @@ def test_a_tokenizer_from_elsewhere_by_vllms_flags(tiny_dir, tmp_path):
     got = results(out)
     assert "skip_tokenizer_init=True loaded no tokenizer" in got["text"]["response"]["body"]["error"]["message"]
     assert got["ids"]["response"]["status_code"] == 200
+    asked = json.loads(request("ids", ids, 3))
+    asked["body"]["return_token_ids"] = True  # the answer's ids, where there is no text
+    inp.write_text(json.dumps(asked) + "\n")
+    out.unlink()
+    assert run(tokenized, inp, out, "--skip-tokenizer-init") == 0
+    choice = results(out)["ids"]["response"]["body"]["choices"][0]
+    want = LLM(tokenized, mode="ar", dtype="float32").generate([ids], SamplingParams(max_tokens=3, temperature=0,
+                                                                                     ignore_eos=True))[0]
+    assert choice["text"] == "" and choice["token_ids"] == want.token_ids and choice["prompt_token_ids"] == ids

@@ -75,6 +75,35 @@ def test_a_stream_carries_the_same_text_and_ends_with_done(llm, client):
     assert all("usage" in c and c["usage"] is None for c in chunks[:-1])  # OpenAI's: null but in the last
 
 
+def test_return_token_ids_gives_each_choices_ids_and_its_prompts_whole_and_streamed(llm, client):
+    """vLLM's return_token_ids: a completion choice's token_ids and prompt_token_ids, a chat answer's
+    prompt_token_ids beside its choices' token_ids; streamed, the ids of a choice's chunks join to its
+    output's (they come with its last chunk), its first chunk with the prompt's. What a model without a
+    tokenizer (--skip-tokenizer-init) answers with."""
+    expected = plain(llm, PROMPT, 7, temperature=0, ignore_eos=True)
+    ids = llm.encode(PROMPT)
+    body = {"prompt": PROMPT, "max_tokens": 7, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert (choice["token_ids"], choice["prompt_token_ids"]) == (expected.token_ids, ids)
+    assert "token_ids" not in client.post("/v1/completions", json={**body, "return_token_ids": False}).json()["choices"][0]
+    chunks = [json.loads(d) for d in events(client.post("/v1/completions", json={**body, "stream": True, "n": 2,
+                                                                                 "echo": True}))[:-1]]
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert sum((c["token_ids"] for c in mine), []) == expected.token_ids
+        assert mine[0]["prompt_token_ids"] == ids and all("prompt_token_ids" not in c for c in mine[1:])
+    messages = [{"role": "user", "content": "w10 w11"}]
+    chat = {"messages": messages, "max_tokens": 5, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    answer = client.post("/v1/chat/completions", json=chat).json()
+    templated = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = list(templated["input_ids"] if hasattr(templated, "keys") else templated)
+    assert answer["prompt_token_ids"] == prompt
+    assert answer["choices"][0]["token_ids"] == plain(llm, [prompt], 5, temperature=0, ignore_eos=True).token_ids
+    chunks = [json.loads(d) for d in events(client.post("/v1/chat/completions", json={**chat, "stream": True}))[:-1]]
+    assert sum((c["choices"][0]["token_ids"] for c in chunks), []) == answer["choices"][0]["token_ids"]
+    assert chunks[0]["prompt_token_ids"] == prompt and all("prompt_token_ids" not in c for c in chunks[1:])
+
+
 def test_continuous_usage_stats_count_each_choices_tokens_in_every_chunk(llm, client):
     """vLLM's stream_options.continuous_usage_stats: every chunk carries its choice's counts so far (it was
     ignored: null in all but the last chunk); without include_usage it asks for nothing."""

@@ -246,7 +246,7 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
                     entries = data.prompt_logprobs if event == "done" else tickets[index].request.prompt_logprobs
                     echoed = await loop.run_in_executor(formatting, logprobs[index].prompt,
                                                         job.prompts[index // job.n], entries)
-                yield openai.chunk(job, model, job.echoed[index // job.n], index=index, logprobs=echoed,
+                yield openai.chunk(job, model, job.echoed[index // job.n], first=True, index=index, logprobs=echoed,
                                    usage=usage)
                 first[index] = False
             held = job.tools is not None and job.tools.may_call  # the text may hold calls: sent as known
@@ -269,7 +269,7 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
             elif event == "done":
                 yield openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index,
                                    logprobs=logprobs[index].rest(data.logprobs), stop_reason=data.stop_reason,
-                                   usage=usage)
+                                   usage=usage, token_ids=data.token_ids)
                 outputs[index], left = data, left - 1
             else:
                 yield data.body()

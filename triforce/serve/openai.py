@@ -35,7 +35,7 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed
           "stream_options", "user", "ignore_eos", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "stop_token_ids", "min_tokens", "response_format", "structured_outputs",
           "guided_json", "guided_regex", "guided_choice", "guided_grammar", "allowed_token_ids", "bad_words",
-          "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens"}
+          "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "return_token_ids"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                             "parallel_tool_calls", "add_generation_prompt", "continue_final_message",
@@ -62,6 +62,7 @@ class Job:
     echoed: list[str] | None = None  # with `echo`: each prompt's text, which its choices' texts begin with
     tools: ToolPlan | None = None  # a chat request's tools and tool_choice
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage in every chunk
+    return_token_ids: bool = False  # vLLM's: each choice's token ids, and its prompt's
 
     @property
     def n(self) -> int:
@@ -166,7 +167,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     echoed = [echoed_text(p, tokens, llm) for p, tokens in zip(given, ids_of)] if echo else None
     return Job(kind, ids_of, params, flag(body, "stream", False), include_usage,
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()),
-               TokenTexts(llm.tokenizer), echoed, tools, continuous)
+               TokenTexts(llm.tokenizer), echoed, tools, continuous, flag(body, "return_token_ids", False))
 
 
 def usage(job: Job, outputs: list) -> dict:
@@ -197,9 +198,16 @@ def response(job: Job, model: str, outputs: list) -> dict:
         choice["finish_reason"], choice["stop_reason"] = finish, out.stop_reason
         choice["logprobs"] = (choice_logprobs(job.kind, job.texts, out.logprobs, prompt) if job.echoed is None
                               else echoed_logprobs(job.texts, out, prompt))
+        if job.return_token_ids:
+            choice["token_ids"] = list(out.token_ids)
+            if job.kind == "completion":
+                choice["prompt_token_ids"] = list(prompt)
         choices.append(choice)
-    return {"id": job.id, "object": "text_completion" if job.kind == "completion" else "chat.completion",
-            "created": job.created, "model": model, "choices": choices, "usage": usage(job, outputs)}
+    answer = {"id": job.id, "object": "text_completion" if job.kind == "completion" else "chat.completion",
+              "created": job.created, "model": model, "choices": choices, "usage": usage(job, outputs)}
+    if job.return_token_ids and job.kind == "chat":
+        answer["prompt_token_ids"] = list(job.prompts[0])
+    return answer
 
 
 def running_usage(job: Job, index: int, generated: int) -> dict:
@@ -211,11 +219,13 @@ def running_usage(job: Job, index: int, generated: int) -> dict:
 
 def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = None, first: bool = False,
           index: int = 0, logprobs: dict | None = None, stop_reason: str | int | None = None,
-          usage: dict | None = None) -> dict:
+          usage: dict | None = None, token_ids: list[int] = ()) -> dict:
     """One server-sent event of a stream: a piece of choice `index`'s text, or (text None) its end with
     its finish reason and stop reason (vLLM's). `first`: the choice's first event (a chat delta then
-    carries the role); `logprobs`: the entries of the tokens it carries (logprobs.StreamedLogprobs);
-    `usage`: its running_usage where the job asked for usage in every chunk."""
+    carries the role; with return_token_ids, the prompt's ids); `logprobs`: the entries of the tokens it
+    carries (logprobs.StreamedLogprobs); `usage`: its running_usage where the job asked for usage in
+    every chunk; `token_ids`: with return_token_ids, the choice's ids it carries (all of them come with
+    its last chunk, so that a client joining each chunk's ids gets the whole list, as from vLLM)."""
     if job.kind == "completion":
         choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "text_completion"
@@ -228,6 +238,10 @@ def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = No
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason
     out = {"id": job.id, "object": obj, "created": job.created, "model": model, "choices": [choice]}
+    if job.return_token_ids:
+        choice["token_ids"] = list(token_ids)
+        if first:
+            (choice if job.kind == "completion" else out)["prompt_token_ids"] = list(job.prompts[index // job.n])
     return {**out, "usage": usage} if job.include_usage else out  # OpenAI's: null but in the last chunk
 
 
@@ -239,9 +253,10 @@ def held_chunks(job: Job, model: str, output, index: int, first: bool, streamed:
     delta = streamed.rest(message)
     if not first:
         delta.pop("role")
-    head = chunk(job, model, None, index=index, logprobs=logprobs, usage=usage)
+    head = chunk(job, model, None, first=first, index=index, logprobs=logprobs, usage=usage)
     head["choices"][0]["delta"] = delta
-    return [head, chunk(job, model, None, finish, index=index, stop_reason=output.stop_reason, usage=usage)]
+    return [head, chunk(job, model, None, finish, index=index, stop_reason=output.stop_reason, usage=usage,
+                        token_ids=output.token_ids)]
 
 
 def usage_chunk(job: Job, model: str, outputs: list) -> dict:
