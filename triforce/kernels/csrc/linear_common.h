@@ -1,8 +1,8 @@
 // What the decode-linear kernels of every level share (linear_bf16.cpp for AVX512-BF16 and AMX,
 // linear_avx2.cpp for AVX2, linear_f32.cpp for float32 weights): the argument checks of linear_bf16 and
-// the split of W's rows over torch's intra-op threads. A level supplies row functions: rows [begin, end) of W against 1..kPieceRows rows
-// of x. More rows of x than that go in pieces over one tile of W rows at a time, so W still comes from
-// memory once and the later pieces read it from the core's cache.
+// the split of W's rows over torch's intra-op threads. A level supplies row functions: rows [begin, end)
+// of W against 1..kPieceRows rows of x. More rows of x than that go in pieces over one tile of W rows at a
+// time, so W still comes from memory once and the later pieces read it from the core's cache.
 #pragma once
 #include "aten.h"
 
@@ -47,16 +47,19 @@ inline void prefetch_row_ahead(const W* w, int64_t r, int64_t K, int64_t end) {
   for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
 }
 
-// Checks linear_bf16's arguments (x [n, K] with n >= 1, W [N, K] contiguous, both bfloat16,
-// K a multiple of 32); makes x contiguous; returns y [n, N], float32 (unrounded: logits) or bfloat16.
-inline at::Tensor checked_output(at::Tensor& x, const at::Tensor& w, bool float_out) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bfloat16 only");
+// Checks a decode linear's arguments (x [n, K] with n >= 1, W [N, K] contiguous, both of `type`, K a
+// multiple of `k_step`: 32 for linear_bf16, 16 for linear_f32); makes x contiguous; returns y [n, N],
+// float32 (unrounded: logits) or of `type`.
+inline at::Tensor checked_output(at::Tensor& x, const at::Tensor& w, bool float_out,
+                                 at::ScalarType type = at::kBFloat16, int64_t k_step = 32) {
+  TORCH_CHECK(x.scalar_type() == type && w.scalar_type() == type,
+              type == at::kFloat ? "float32 only" : "bfloat16 only");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [n, K], w [N, K]");
-  TORCH_CHECK(x.size(1) % 32 == 0, "K must be a multiple of 32");
+  TORCH_CHECK(x.size(1) % k_step == 0, "K must be a multiple of ", k_step);
   TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
   TORCH_CHECK(x.size(0) >= 1, "at least one row of x");
   x = x.contiguous();
-  return at::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
+  return at::empty({x.size(0), w.size(0)}, x.options().dtype(float_out ? at::kFloat : type));
 }
 
 }  // namespace triforce_linear

@@ -11,13 +11,7 @@
 #include "linear_avx2.h"
 
 at::Tensor linear_f32(at::Tensor x, at::Tensor w) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "float32 only");
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [n, K], w [N, K]");
-  TORCH_CHECK(x.size(1) % 16 == 0, "K must be a multiple of 16");
-  TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
-  TORCH_CHECK(x.size(0) >= 1, "at least one row of x");
-  x = x.contiguous();
-  auto y = at::empty({x.size(0), w.size(0)}, x.options());
+  auto y = triforce_linear::checked_output(x, w, /*float_out=*/true, at::kFloat, /*k_step=*/16);
   triforce_linear_avx2::run(x.data_ptr<float>(), static_cast<int>(x.size(0)), w.data_ptr<float>(),
                             y.data_ptr<float>(), x.size(1), w.size(0));
   return y;
