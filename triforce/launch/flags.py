@@ -150,7 +150,8 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                         "Hugging Face id (vLLM's; default: the model's)")
     p.add_argument("--tokenizer-revision", default=None, help="branch, tag or commit of --tokenizer (vLLM's)")
     p.add_argument("--skip-tokenizer-init", action="store_true", default=None,
-                   help="load no tokenizer: prompts must be token ids, answers carry no text (vLLM's)")
+                   help="load no tokenizer: prompts must be token ids, answers carry no text (a request's "
+                        "return_token_ids gives the ids; vLLM's)")
     p.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
                    help="the chat template of chat requests, instead of the tokenizer's: a Jinja file or the "
                         "template's text itself (vLLM's; default: the tokenizer's)")
