@@ -61,7 +61,8 @@ def main() -> None:
                      "x@w_t_ms": best_ms(lambda: x @ transposed, 10),
                      "triforce_linear_ms": best_ms(lambda: triforce_linear(x, weight), 10)}
     print(json.dumps({"cpu": cpu_model(), "kernels": kernel_path(), "threads": torch.get_num_threads(),
-                      "head_linear_float32": linear, "smollm2_forward_ms": {dtype: forwards(dtype) for dtype in ("float32", "bfloat16")}}, indent=1))
+                      "head_linear_float32": linear,
+                      "smollm2_forward_ms": {dtype: forwards(dtype) for dtype in ("float32", "bfloat16")}}, indent=1))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ Builds the kernels of one level (`triforce/kernels/csrc/`) twice, from the base 
 working tree, as separate modules (a source the base revision lacks is left out of its build), and times
 SmolLM2-shaped decode attention (9 query heads, 3 KV heads, head dim 64, 30 layers, a K/V buffer per
 layer so a long cache comes from memory) or the bfloat16 linear layers of its 30 layers (--new rows of x;
---tokens unused) with the two builds taking turns, the order swapped every repetition. On these shared machines two runs minutes apart
-differ by 20-30%, more than most kernel changes: compare builds within one process, never across runs.
+--tokens unused) with the two builds taking turns, the order swapped every repetition. On these shared
+machines two runs minutes apart differ by 20-30%, more than most kernel changes: compare builds within one
+process, never across runs.
 Prints a JSON line per (tokens, new tokens): median and best ms of each build and new / base."""
 from __future__ import annotations
 

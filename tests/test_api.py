@@ -403,36 +403,35 @@ def test_chat_takes_a_template_of_its_own(llm, monkeypatch):
                         raising=False)
     assert llm.chat(conversation, params, chat_template=template)[0].prompt_token_ids == llm.encode("w7 w5 w9")
     assert llm.chat(conversation, params)[0].prompt_token_ids == llm.encode("w8 w5")
-    with pytest.raises(UserError, match="chat_template must be a Jinja template's text \\(got int\\)"):
-        llm.chat(conversation, params, chat_template=123)
+    for bad, got in ((123, "int"), (" ", "' '")):
+        with pytest.raises(UserError, match=f"chat_template must be a Jinja template's text \\(got {got}\\)"):
+            llm.chat(conversation, params, chat_template=bad)
 
 
 def test_logprob_entries_give_each_tokens_text_as_vllms_decoded_token(llm):
     """vLLM's Logprob.decoded_token: each listed token's text where it stands (after the prompt and the
-    tokens before it; a special token's "" where the text skips them, as vLLM's), so the chosen tokens'
-    texts join to the output's text; the prompt's entries too; None where the request asked for no text
-    (detokenize false)."""
+    tokens before it), a special token's name whatever skip_special_tokens says (as vLLM's), so the chosen
+    tokens' texts join to the output's text but for special tokens; the prompt's entries too; None where
+    the request asked for no text (detokenize false)."""
     special = set(llm.tokenizer.all_special_ids)
     ids = llm.encode(PROMPT)
     ids = ids[:10] + [llm.tokenizer.eos_token_id] + ids[10:]  # a special token inside the prompt
 
     def text_of(token):  # a word, after the space that parts it
-        return "" if token in special else " " + llm.tokenizer.convert_ids_to_tokens(token)
+        return " " + llm.tokenizer.convert_ids_to_tokens(token)
 
     params = SamplingParams(max_tokens=8, temperature=0.9, seed=3, ignore_eos=True, logprobs=2, prompt_logprobs=1)
     out = llm.generate(ids, params)[0]
     completion = out.outputs[0]
-    assert "".join(entry[t].decoded_token for t, entry in zip(completion.token_ids, completion.logprobs)) == \
-        completion.text
+    assert "".join(entry[t].decoded_token for t, entry in zip(completion.token_ids, completion.logprobs)
+                   if t not in special) == completion.text
     assert all(entry[t].decoded_token == text_of(t) for entry in completion.logprobs for t in entry)
     assert out.prompt_logprobs[0] is None
     assert all(entry[t].decoded_token == text_of(t) for entry in out.prompt_logprobs[1:] for t in entry)
-    assert out.prompt_logprobs[10][llm.tokenizer.eos_token_id].decoded_token == ""
+    assert out.prompt_logprobs[10][llm.tokenizer.eos_token_id].decoded_token == " " + llm.tokenizer.eos_token
     pickled = pickle.dumps(out)  # (multiprocessing, Ray): with the texts, without the tokenizer that decodes them
     assert b"TokenTexts" not in pickled and pickle.loads(pickled).outputs[0].logprobs[0] == completion.logprobs[0]
     assert [dict(e) for e in pickle.loads(pickled).outputs[0].logprobs] == [dict(e) for e in completion.logprobs]
-    named = llm.generate(ids, SamplingParams(max_tokens=1, prompt_logprobs=0, skip_special_tokens=False))[0]
-    assert llm.tokenizer.eos_token in named.prompt_logprobs[10][llm.tokenizer.eos_token_id].decoded_token
     bare = llm.generate(ids, SamplingParams(max_tokens=8, temperature=0.9, seed=3, ignore_eos=True, logprobs=2,
                                             detokenize=False))[0].outputs[0]
     assert bare.token_ids == completion.token_ids and bare.text == ""
@@ -440,9 +439,9 @@ def test_logprob_entries_give_each_tokens_text_as_vllms_decoded_token(llm):
 
 
 def test_a_tokenizer_from_elsewhere_as_vllms_tokenizer_argument(tiny_dir):
-    """vLLM's tokenizer= (a folder, a known name, a .gguf or a Hugging Face id) for a model folder without
-    one; skip_tokenizer_init=True loads none (token ids in, no text out); one with more tokens than the
-    model's vocabulary is another model's, and refused."""
+    """vLLM's tokenizer= (here a folder; a Hugging Face id: tests/models/test_hub.py) for a model folder
+    without one; skip_tokenizer_init=True loads none (token ids in, no text out); one with more tokens than
+    the model's vocabulary is another model's, and refused."""
     bare, tokenized = tiny_dir("api-bare", seed=51), tiny_dir("api-target", tokenizer=True, seed=51)
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     assert LLM(bare, mode="ar", dtype="float32").tokenizer is None

@@ -231,7 +231,7 @@ class LLM:
         (ConfigError, naming it)."""
         if self.tokenizer is None and (params.stop or params.bad_words):  # texts the tokenizer would find
             name = "stop strings" if params.stop else "bad_words"
-            other = "stop_token_ids" if params.stop else "bad_words_ids"
+            other = "stop_token_ids" if params.stop else "bad_words_ids (or, to a server, logit_bias -100)"
             raise UserError(f"{name} need the model's tokenizer ({self.no_tokenizer()}); pass {other}")
         if params.bad_words:
             params = replace(params, bad_words_ids=params.bad_words_ids + bad_word_ids(self.tokenizer, params.bad_words))

@@ -28,8 +28,9 @@ def conversation_ids(tokenizer, messages, tools: list[dict] | None = None, add_g
     if tokenizer is None:
         raise UserError("this model has no tokenizer: give the prompt as token ids (/v1/completions, "
                         "LLM.generate)")
-    if chat_template is not None and not isinstance(chat_template, str):
-        raise UserError(f"chat_template must be a Jinja template's text (got {type(chat_template).__name__})")
+    if chat_template is not None and (not isinstance(chat_template, str) or not chat_template.strip()):
+        got = repr(chat_template) if isinstance(chat_template, str) else type(chat_template).__name__
+        raise UserError(f"chat_template must be a Jinja template's text (got {got})")
     if not (chat_template or getattr(tokenizer, "chat_template", None)):
         raise UserError("this model has no chat template: give one (LLM.chat's chat_template, serve's "
                         "--chat-template) or the prompt as text (/v1/completions, LLM.generate)")

@@ -72,4 +72,7 @@ def take_vllm_args(settings: dict) -> VllmArgs:
     args.skip_tokenizer_init = bool(given.get("skip_tokenizer_init"))
     if args.skip_tokenizer_init and args.tokenizer is not None:
         raise ConfigError("skip_tokenizer_init=True loads no tokenizer, so tokenizer has nothing to name")
+    if args.tokenizer_revision is not None and args.tokenizer is None:  # the model's own is at its revision
+        raise ConfigError("tokenizer_revision names a revision of tokenizer=, which is not given (the model's "
+                          "own tokenizer is at the model's revision)")
     return args

@@ -21,8 +21,9 @@ from .detokenize import DECODE_CONTEXT
 
 @dataclass(frozen=True)
 class Logprob:
-    """vLLM's: a token's log-probability, its rank there (1: the most likely) and its text where it stands
-    (None without a tokenizer or with SamplingParams.detokenize false)."""
+    """vLLM's: a token's log-probability, its rank there (1: the most likely) and its text where it stands,
+    a special token's name (as vLLM's, whatever skip_special_tokens says; None without a tokenizer or with
+    SamplingParams.detokenize false)."""
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
@@ -85,10 +86,10 @@ def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int],
 
 class TokenTexts:
     """Each token's text where it stands (its decoding after up to DECODE_CONTEXT tokens, less theirs), cached;
-    special tokens by their names, or as "" with `skip_special` (as the request's text has them)."""
+    special tokens by their names."""
 
-    def __init__(self, tokenizer, skip_special: bool = False):
-        self.tokenizer, self.skip_special, self.known, self.decoded = tokenizer, skip_special, {}, {}
+    def __init__(self, tokenizer):
+        self.tokenizer, self.known, self.decoded = tokenizer, {}, {}
 
     def __call__(self, token: int, before: tuple[int, ...] = ()) -> str:
         if self.tokenizer is None:
@@ -106,7 +107,7 @@ class TokenTexts:
             return ""
         text = self.decoded.get(tokens)
         if text is None:
-            text = self.decoded[tokens] = self.tokenizer.decode(list(tokens), skip_special_tokens=self.skip_special)
+            text = self.decoded[tokens] = self.tokenizer.decode(list(tokens), skip_special_tokens=False)
         return text
 
     def contexts(self, before: list[int], tokens: list[int]) -> list[tuple[int, ...]]:

@@ -150,7 +150,7 @@ class Request:
             else None)
         cumulative = None if logprobs is None else sum(entry.logprob for entry in logprobs)
         if self.detok is not None:  # vLLM's decoded_token, each decoded when its dict view is first read
-            texts = TokenTexts(self.llm.tokenizer, self.params.skip_special_tokens)
+            texts = TokenTexts(self.llm.tokenizer)
             name_tokens(texts, self.ids, tokens, logprobs or [])
             name_tokens(texts, [], self.ids, self.prompt_logprobs or [])
         completion = CompletionOutput(0, text, tokens, cumulative, logprobs, finish, stop_reason, metrics)

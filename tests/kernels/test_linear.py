@@ -50,8 +50,11 @@ def test_cpu_float32_kernel_refuses_what_it_cannot_take(level):
     ext = cpu_kernels()
     with pytest.raises(RuntimeError, match="float32 only"):
         ext.linear_f32(torch.randn(1, 64).bfloat16(), torch.randn(8, 64).bfloat16())
-    with pytest.raises(RuntimeError, match="multiple of 16"):
-        ext.linear_f32(torch.randn(1, 40), torch.randn(8, 40))
+    for k in (40, 0):  # K = 0 divided by zero (SIGFPE) in the split of W's rows
+        with pytest.raises(RuntimeError, match="K must be a positive multiple of 16"):
+            ext.linear_f32(torch.randn(1, k), torch.randn(8, k))
+    with pytest.raises(RuntimeError, match="K must be a positive multiple of 32"):
+        ext.linear_bf16(torch.randn(1, 0).bfloat16(), torch.randn(8, 0).bfloat16())
     with pytest.raises(RuntimeError, match="contiguous"):
         ext.linear_f32(torch.randn(1, 64), torch.randn(64, 8).T)
 
@@ -79,6 +82,9 @@ def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype(monkeypatch
     assert kernel_rows == ([] if real is None else [3, 3, 24, 24])
     x, w = torch.randn(3, 40), torch.randn(96, 40)  # K not a multiple of 16: torch's product, exactly
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    for dtype in (torch.float32, torch.bfloat16):  # no rows, or K = 0: torch's empty product, or zeros
+        assert linear(torch.randn(0, 64).to(dtype), torch.randn(96, 64).to(dtype)).shape == (0, 96)
+        assert not linear(torch.randn(2, 0).to(dtype), torch.randn(96, 0).to(dtype)).any()
     assert kernel_rows == ([] if real is None else [3, 3, 24, 24])
 
 

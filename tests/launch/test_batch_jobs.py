@@ -328,6 +328,9 @@ def test_batch_lays_chat_lines_out_by_the_chat_template_given(tiny_dir, tmp_path
                       ("{% for m in %}", "not a Jinja template")):
         assert run(target, inp, tmp_path / "x.jsonl", "--chat-template", bad, "--model", "/nonexistent") == 2
         assert says in capsys.readouterr().err
+    assert run(target, inp, tmp_path / "x.jsonl", "--chat-template", TEMPLATE, "--skip-tokenizer-init", "--model",
+               "/nonexistent") == 2
+    assert "--skip-tokenizer-init loads no tokenizer" in capsys.readouterr().err
 
 
 def test_a_tokenizer_from_elsewhere_by_vllms_flags(tiny_dir, tmp_path):

@@ -1,12 +1,14 @@
 """The CLI: JSON and streamed output, and one clear line with exit code 2 for each kind of bad input."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from triforce import api
+from triforce.errors import UserError
 from triforce.launch.cli import main
 
 WORDS = " ".join(f"w{3 + i % 90}" for i in range(60))
@@ -351,3 +353,6 @@ def test_an_inline_chat_template_reads_its_escapes_as_vllms_does(tmp_path):
     assert read_chat_template("{{ m }}\\\\n") == "{{ m }}\\n"
     (tmp_path / "t.jinja").write_text("{{ m }}\\n")
     assert read_chat_template(str(tmp_path / "t.jinja")) == "{{ m }}\\n"
+    for bad, why in (("{{ m }}\\", "\\ at end of string"), ("{{ '\\x' }}", "truncated \\xXX escape")):
+        with pytest.raises(UserError, match=f"--chat-template: a bad escape in the template's text: {re.escape(why)}"):
+            read_chat_template(bad)  # (a traceback before)

@@ -29,6 +29,12 @@ def test_workers_flag_matches_the_single_process_run(folders, capfd):
     assert metrics["bulk_bytes"] > 0  # the retrieval cache's KV came over the torch.distributed link
 
 
+def test_a_rank_parses_the_positional_model_as_the_launching_command_does():
+    from triforce.launch.distributed import parse_command
+
+    assert parse_command(["serve", "/tmp/some-model", "--port", "8000"]).model == "/tmp/some-model"
+
+
 def test_the_entry_refuses_to_run_outside_torchrun(monkeypatch, capsys):
     from triforce.launch.distributed import main as entry
 
@@ -113,7 +119,9 @@ def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_pa
     the command (as `kill` or a job manager sends), Ctrl-C (SIGINT to its process group) or SIGINT to the
     command alone (`kill -INT`, which once left the group serving), twice, ends torchrun and every rank
     (each in a session of its own), none left serving, and no traceback. SIGKILL to the command or to
-    torchrun (the OOM killer; nothing to pass on) left the group serving: the child is told of its parent's end."""
+    torchrun (the OOM killer; nothing to pass on) left the group serving: the child is told of its parent's end.
+    The model is positional, as in vLLM's launch lines: the ranks, which parse the command again, served
+    the default model before."""
     import os
     import signal
     import subprocess
@@ -130,7 +138,7 @@ def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_pa
     port, control_port = free_port(), free_port()
     log = tmp_path / "serve.log"
     with log.open("w") as out:  # a file, not a pipe: ranks left behind must not hold the test up
-        server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", "--model", str(target), "--mode",
+        server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", str(target), "--mode",  # vLLM's MODEL
                                    "retrieval", "--budget", "16", "--chunk-size", "4", "--dtype", "float32", "--device",
                                    "cpu", "--port", str(port), "--workers", "1", "--control-port", str(control_port),
                                    "--worker-device", "cpu"], stdout=out, stderr=subprocess.STDOUT,

@@ -225,3 +225,31 @@ def test_a_fetched_model_that_will_not_load_names_how_to_fetch_it_anew(tmp_path,
     monkeypatch.setattr(hub, "_fetch", lambda name, folder: (fetched.append(name), (folder / hub._READY).write_text("x")))
     assert hub.fetch_model("smollm2") == dest and fetched == []  # trusted as made
     assert hub.fetch_model("smollm2", again=True) == dest and fetched == ["smollm2"]
+
+
+def test_a_tokenizer_by_hugging_face_id_takes_its_tokenizer_files_alone(tiny_dir, tmp_path, monkeypatch):
+    """vLLM's tokenizer= a Hugging Face id: a repository of tokenizer files, no config.json or weights
+    (resolve_model would refuse it), at tokenizer_revision, from the hub cache offline."""
+    import shutil
+
+    from triforce import LLM, SamplingParams
+    from triforce.config import ConfigError
+
+    bare, tokenized = tiny_dir("hub-bare", seed=81), tiny_dir("hub-first", tokenizer=True, seed=81)
+    files = tmp_path / "files"
+    files.mkdir()
+    for path in tokenized.iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(path, files / path.name)
+    assert not (files / "config.json").exists()
+    fake_hub(tmp_path, "acme/tok", {"v2": files})
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    got = LLM(bare, mode="ar", dtype="float32", tokenizer="acme/tok", tokenizer_revision="v2").generate("w5 w6", params)
+    assert got[0].text == LLM(tokenized, mode="ar", dtype="float32").generate("w5 w6", params)[0].text
+    with pytest.raises(ModelLoadError, match="acme/tok not found in .* HF_HUB_OFFLINE is set"):
+        LLM(bare, mode="ar", dtype="float32", tokenizer="acme/tok")  # no main ref in this cache
+    with pytest.raises(ConfigError, match="tokenizer_revision names a revision of tokenizer="):
+        LLM(bare, mode="ar", dtype="float32", tokenizer_revision="v2")

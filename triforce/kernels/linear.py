@@ -37,16 +37,15 @@ def kernel_max_rows() -> int:
     return 0 if cpu_kernels() is None else KERNEL_MAX_ROWS
 
 
-def kernel_takes(rows: int, weight: torch.Tensor) -> bool:
-    """Whether `linear` sends `rows` bfloat16 rows times this weight to the CPU kernel."""
-    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.is_contiguous()
-            and weight.shape[1] % 32 == 0 and rows <= kernel_max_rows())
+K_STEP = {torch.bfloat16: 32, torch.float32: 16}  # the kernels' K must be a multiple of this
 
 
-def float32_kernel_takes(rows: int, weight: torch.Tensor) -> bool:
-    """Whether `linear` sends `rows` float32 rows times this float32 weight to the CPU kernel."""
-    return (weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.is_contiguous()
-            and weight.shape[1] % 16 == 0 and rows <= kernel_max_rows())
+def kernel_takes(rows: int, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether `linear` sends `rows` rows times this weight, both of `dtype`, to the CPU kernel
+    (csrc/linear_bf16.cpp or linear_avx2.cpp for bfloat16, linear_f32.cpp for float32)."""
+    k = weight.shape[1]
+    return (weight.dtype == dtype and weight.device.type == "cpu" and weight.is_contiguous()
+            and k > 0 and k % K_STEP[dtype] == 0 and 1 <= rows <= kernel_max_rows())
 
 
 def kernel_uses_amx(rows: int) -> bool:
@@ -56,7 +55,7 @@ def kernel_uses_amx(rows: int) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [n, K] -> [n, N]."""
-    if x.dtype == torch.float32 and float32_kernel_takes(x.shape[0], weight):
+    if x.dtype == torch.float32 and kernel_takes(x.shape[0], weight, torch.float32):
         out = cpu_kernels().linear_f32(x, weight)
     elif x.dtype != torch.bfloat16:
         return F.linear(x, weight, bias)

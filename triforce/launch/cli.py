@@ -108,6 +108,9 @@ def llm_from_args(args):
     workers = getattr(args, "worker_channel", None)
     prefix_cache_gb = getattr(args, "prefix_cache_gb", 0) if workers is None else 0
     template = getattr(args, "chat_template", None)
+    if template is not None and getattr(args, "skip_tokenizer_init", None):
+        raise UserError("--chat-template lays conversations out as tokens, and --skip-tokenizer-init loads no "
+                        "tokenizer to do it with")
     template = None if template is None else read_chat_template(template)
     with settings_named_by_flags():
         _refuse_unused_settings(EngineConfig(mode=args.mode, **engine_settings(args)), args.draft)

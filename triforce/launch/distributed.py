@@ -212,13 +212,16 @@ def _worker_device(args, local_rank: int) -> str:
 
 
 def parse_command(argv: list[str]) -> argparse.Namespace:
-    """The command's flags, as `triforce COMMAND` parses them (generate when the first argument names none)."""
+    """The command's flags, as `triforce COMMAND` parses them (generate when the first argument names none;
+    serve's positional model as --model: the launching process refused two different ones)."""
     from .cli import build_parser
+    from .flags import take_model_tag
 
     if not argv or argv[0] not in COMMANDS:
         argv = ["generate", *argv]
     args = build_parser().parse_args(argv)
     args.argv = argv
+    take_model_tag(args)
     return args
 
 

@@ -176,7 +176,10 @@ def read_chat_template(value: str) -> str:
         if not any(c in value for c in "{}\n"):
             raise UserError(f"--chat-template {value}: cannot read it ({getattr(exc, 'strerror', None) or exc}); "
                             "give a Jinja file or the template itself") from None
-        text = value.encode("latin-1", "backslashreplace").decode("unicode_escape")  # any character survives
+        try:
+            text = value.encode("latin-1", "backslashreplace").decode("unicode_escape")  # any character survives
+        except UnicodeDecodeError as bad:  # a lone backslash, a cut \\x or \\u escape
+            raise UserError(f"--chat-template: a bad escape in the template's text: {bad.reason}") from None
     try:
         jinja2.Environment().parse(text)
     except jinja2.TemplateSyntaxError as exc:

@@ -121,14 +121,14 @@ def tokenizer_source(spec: str | os.PathLike, revision: str | None = None) -> Pa
     if spec_str in KNOWN_MODELS or Path(spec_str).expanduser().exists():
         return resolve_model(spec_str, revision)
     if HUB_ID.fullmatch(spec_str):
-        return hub_snapshot(spec_str, revision, HUB_TOKENIZER_FILES)
+        return hub_snapshot(spec_str, revision, tokenizer_only=True)
     raise ModelLoadError(f"{spec_str}: no such tokenizer folder, .gguf file, known name or Hugging Face id")
 
 
-def hub_snapshot(repo_id: str, revision: str | None = None, patterns: list[str] = HUB_FILES) -> Path:
+def hub_snapshot(repo_id: str, revision: str | None = None, tokenizer_only: bool = False) -> Path:
     """The folder of a Hugging Face model id in the hub cache ($HF_HUB_CACHE, else $HF_HOME/hub),
-    downloaded there first unless HF_HUB_OFFLINE is set (then it must be cached already); `patterns`:
-    its files to fetch (a model's; HUB_TOKENIZER_FILES: its tokenizer's, which need no config.json)."""
+    downloaded there first unless HF_HUB_OFFLINE is set (then it must be cached already); `tokenizer_only`:
+    its tokenizer's files alone (no weights, and no config.json needed)."""
     from huggingface_hub import snapshot_download
 
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
@@ -136,12 +136,13 @@ def hub_snapshot(repo_id: str, revision: str | None = None, patterns: list[str] 
         Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
     wanted = repo_id + (f"@{revision}" if revision else "")
     try:
+        patterns = HUB_TOKENIZER_FILES if tokenizer_only else HUB_FILES
         folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=patterns,
                                         local_files_only=offline))
     except Exception as exc:  # not cached offline, not on the hub, no network, gated: one line either way
         how = "HF_HUB_OFFLINE is set and it is not cached" if offline else f"{type(exc).__name__}: {exc}"
         raise ModelLoadError(f"Hugging Face model {wanted} not found in {cache}: {how}".splitlines()[0]) from None
-    if patterns is HUB_FILES and not (folder / "config.json").is_file():
+    if not tokenizer_only and not (folder / "config.json").is_file():
         raise ModelLoadError(f"Hugging Face model {wanted} in {folder} has no config.json")
     return folder
 

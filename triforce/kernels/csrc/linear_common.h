@@ -55,7 +55,7 @@ inline at::Tensor checked_output(at::Tensor& x, const at::Tensor& w, bool float_
   TORCH_CHECK(x.scalar_type() == type && w.scalar_type() == type,
               type == at::kFloat ? "float32 only" : "bfloat16 only");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [n, K], w [N, K]");
-  TORCH_CHECK(x.size(1) % k_step == 0, "K must be a multiple of ", k_step);
+  TORCH_CHECK(x.size(1) > 0 && x.size(1) % k_step == 0, "K must be a positive multiple of ", k_step);
   TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
   TORCH_CHECK(x.size(0) >= 1, "at least one row of x");
   x = x.contiguous();
