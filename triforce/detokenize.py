@@ -100,6 +100,12 @@ class IncrementalDetokenizer:
             at = self.text.find(stop, at + 1)
         return None if at < 0 else (at, at + len(stop), stop)
 
+    def kept_ids(self, start: int = 0) -> list[int]:
+        """The ids of the tokens the output keeps (tokens_through_stop), from `start` on."""
+        end = self.tokens_through_stop()
+        ids = self.tokens[start:end]
+        return ids + [self._end] if end > len(self.tokens) and start <= len(self.tokens) else ids
+
     def tokens_through_stop(self) -> int:
         """How many of the tokens the output keeps: all, or, once a stop string was found, those up to
         the one that completed it (the round that produced it may have gone on), as vLLM keeps them."""

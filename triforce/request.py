@@ -79,7 +79,7 @@ class Request:
                       else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens, ids,
                                                  params.include_stop_str_in_output, params.skip_special_tokens))
         self.cancelled = False
-        self._logprobs_taken = 0
+        self._logprobs_taken = self._ids_taken = 0
 
     @property
     def prompt_logprobs(self) -> list[TokenLogprobs | None] | None:
@@ -90,6 +90,12 @@ class Request:
         """How many generated tokens a streamed output keeps so far (up to the one that completed a stop
         string; a stream has the tokenizer's text)."""
         return self.detok.tokens_through_stop()
+
+    def new_token_ids(self) -> list[int]:
+        """The ids of the kept tokens (kept_tokens) since the last call: a streamed chunk's."""
+        new = self.detok.kept_ids(self._ids_taken)
+        self._ids_taken += len(new)
+        return new
 
     def new_logprobs(self) -> list[TokenLogprobs] | None:
         """The log-probability entries of the tokens generated since the last call, up to the one that

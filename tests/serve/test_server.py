@@ -77,9 +77,9 @@ def test_a_stream_carries_the_same_text_and_ends_with_done(llm, client):
 
 def test_return_token_ids_gives_each_choices_ids_and_its_prompts_whole_and_streamed(llm, client):
     """vLLM's return_token_ids: a completion choice's token_ids and prompt_token_ids, a chat answer's
-    prompt_token_ids beside its choices' token_ids; streamed, the ids of a choice's chunks join to its
-    output's (they come with its last chunk), its first chunk with the prompt's. What a model without a
-    tokenizer (--skip-tokenizer-init) answers with."""
+    prompt_token_ids beside its choices' token_ids; streamed, each chunk carries the ids of the text it
+    carries, so they join to the output's, and a choice's first chunk the prompt's. What a model without
+    a tokenizer (--skip-tokenizer-init) answers with."""
     expected = plain(llm, PROMPT, 7, temperature=0, ignore_eos=True)
     ids = llm.encode(PROMPT)
     body = {"prompt": PROMPT, "max_tokens": 7, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
@@ -92,6 +92,8 @@ def test_return_token_ids_gives_each_choices_ids_and_its_prompts_whole_and_strea
     for index in (0, 1):
         mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
         assert sum((c["token_ids"] for c in mine), []) == expected.token_ids
+        worded = [c for c in mine[1:] if c["text"]]  # (the first: the echo) a word per token here
+        assert worded and all(len(c["token_ids"]) == len(c["text"].split()) > 0 for c in worded)
         assert mine[0]["prompt_token_ids"] == ids and all("prompt_token_ids" not in c for c in mine[1:])
     messages = [{"role": "user", "content": "w10 w11"}]
     chat = {"messages": messages, "max_tokens": 5, "temperature": 0, "ignore_eos": True, "return_token_ids": True}

@@ -233,6 +233,7 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
     logprobs = [StreamedLogprobs(job.kind, job.texts, job.prompts[i // job.n]) for i in range(len(tickets))]
     streamed = [openai.StreamedContent(job.tools) if job.tools is not None else None for _ in tickets]
     generated = [0] * len(tickets)  # each choice's tokens so far, for usage in every chunk (vLLM's)
+    ids_sent = [0] * len(tickets)  # each choice's token ids sent so far (return_token_ids)
     loop = asyncio.get_running_loop()
     try:
         while left:
@@ -262,14 +263,15 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
                 first[index] = False
                 outputs[index], left = data, left - 1
             elif event == "text":
-                piece, entries, _ = data
+                piece, entries, _, ids = data
                 yield openai.chunk(job, model, piece, first=first[index], index=index,
-                                   logprobs=logprobs[index].take(entries), usage=usage)
+                                   logprobs=logprobs[index].take(entries), usage=usage, token_ids=ids)
+                ids_sent[index] += len(ids)
                 first[index] = False
             elif event == "done":
                 yield openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index,
                                    logprobs=logprobs[index].rest(data.logprobs), stop_reason=data.stop_reason,
-                                   usage=usage, token_ids=data.token_ids)
+                                   usage=usage, token_ids=data.token_ids[ids_sent[index]:])
                 outputs[index], left = data, left - 1
             else:
                 yield data.body()

@@ -224,8 +224,8 @@ def chunk(job: Job, model: str, text: str | None, finish_reason: str | None = No
     its finish reason and stop reason (vLLM's). `first`: the choice's first event (a chat delta then
     carries the role; with return_token_ids, the prompt's ids); `logprobs`: the entries of the tokens it
     carries (logprobs.StreamedLogprobs); `usage`: its running_usage where the job asked for usage in
-    every chunk; `token_ids`: with return_token_ids, the choice's ids it carries (all of them come with
-    its last chunk, so that a client joining each chunk's ids gets the whole list, as from vLLM)."""
+    every chunk; `token_ids`: with return_token_ids, the ids of the tokens it adds (joined over a choice's
+    chunks: its output's, as vLLM's)."""
     if job.kind == "completion":
         choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
         obj = "text_completion"
