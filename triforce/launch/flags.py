@@ -146,8 +146,9 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
                         "its max_new_tokens bounds every request), vllm = none (OpenAI's), or a folder holding "
                         "a generation_config.json (default auto)")
     p.add_argument("--tokenizer", default=None,
-                   help="a tokenizer from elsewhere than the model's folder: a folder, known name, .gguf file or "
-                        "Hugging Face id (vLLM's; default: the model's)")
+                   help="a tokenizer from elsewhere than the model's folder: a folder, Hugging Face id (its "
+                        "tokenizer files alone), known name or .gguf file (fetched and converted whole, as a "
+                        "model is) (vLLM's; default: the model's)")
     p.add_argument("--tokenizer-revision", default=None, help="branch, tag or commit of --tokenizer (vLLM's)")
     p.add_argument("--skip-tokenizer-init", action="store_true", default=None,
                    help="load no tokenizer: prompts must be token ids, answers carry no text (a request's "
