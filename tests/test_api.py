@@ -352,6 +352,7 @@ def test_chat_lays_each_conversation_out_by_the_template_and_generates(llm, monk
     second = [{"role": "user", "content": "w10 w11"}]
     outs = llm.chat([first, second], params)
     assert [o.prompt_token_ids for o in outs] == [llm.encode("w7 w5 w8 w6 w9"), llm.encode("w8 w10 w11 w9")]
+    assert [o.prompt for o in outs] == ["w7 w5 w8 w6 w9", "w8 w10 w11 w9"]  # as vLLM's: the laid-out text
     assert [o.token_ids for o in outs] == [llm.generate(o.prompt_token_ids, params)[0].token_ids for o in outs]
     assert llm.chat(first, params)[0].token_ids == outs[0].token_ids  # one conversation alone
     for bad in ([], [{"content": "w5"}], [{"role": "user", "content": [{"type": "image_url"}]}], "w5"):

@@ -342,7 +342,10 @@ class LLM:
             raise UserError("'messages' must be a list of {role, content} objects, or a list of those")
         ids = [conversation_ids(self.tokenizer, c, tools, add_generation_prompt, continue_final_message,
                                 chat_template_kwargs, chat_template) for c in conversations]
-        return self.generate(ids, sampling_params, stream, show_progress, use_tqdm)
+        outputs = self.generate(ids, sampling_params, stream, show_progress, use_tqdm)
+        for output in outputs:  # as vLLM's: the prompt the template laid out, as text
+            output.prompt = self.tokenizer.decode(output.prompt_token_ids, skip_special_tokens=False)
+        return outputs
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]] | dict | Sequence[dict],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -40,7 +40,7 @@ class RequestOutput:
     """A prompt's outputs, as vLLM's RequestOutput: `outputs` holds SamplingParams.n of them. `text`,
     `token_ids`, `finish_reason`, `stop_reason`, `logprobs` and `metrics` read the first's (n = 1: the only one)."""
     request_id: str
-    prompt: str | None  # the prompt as given, when it was a string
+    prompt: str | None  # the prompt as given, when it was a string; a chat's as its template laid it out
     prompt_token_ids: list[int]
     prompt_logprobs: list[TokenLogprobs | None] | None  # one per prompt token (None first), when asked
     outputs: list[CompletionOutput]
