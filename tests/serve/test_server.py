@@ -553,7 +553,8 @@ def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, 
 
 def test_a_streamed_request_admitted_with_others_gets_its_own_text(llm):
     """Requests admitted in one pass of the scheduler, a streamed one first: the stream's pieces reach it
-    and join to its text (once its callback read the last admitted request's settings, lost its text)."""
+    and join to its text (once its callback read the last admitted request's settings, lost its text), its
+    entries and ids (return_token_ids) to its output's."""
     streamed = parse("completion", {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True,
                                     "stream": True, "logprobs": 1}, llm, "tiny")
     whole = parse("completion", {"prompt": PROMPT + " w9", "max_tokens": 10, "temperature": 0}, llm, "tiny")
@@ -567,10 +568,11 @@ def test_a_streamed_request_admitted_with_others_gets_its_own_text(llm):
     scheduler.stop()
     pieces = [data for kind, data in seen if kind == "text"]
     output = seen[-1][1]
-    assert "".join(piece for piece, _, _ in pieces) == output.text and len(pieces) > 1
-    assert [e for _, entries, _ in pieces for e in entries] == output.logprobs  # each entry once, in order
-    counts = [tokens for _, _, tokens in pieces]  # the tokens kept so far, each piece's and those before
-    assert counts == list(itertools.accumulate(len(e) for _, e, _ in pieces)) and counts[-1] == len(output.token_ids)
+    assert "".join(piece for piece, _, _, _ in pieces) == output.text and len(pieces) > 1
+    assert [e for _, entries, _, _ in pieces for e in entries] == output.logprobs  # each entry once, in order
+    assert [i for _, _, _, ids in pieces for i in ids] == output.token_ids  # each id once, in order
+    counts = [tokens for _, _, tokens, _ in pieces]  # the tokens kept so far, each piece's and those before
+    assert counts == list(itertools.accumulate(len(ids) for *_, ids in pieces)) and counts[-1] == len(output.token_ids)
 
 
 @pytest.mark.parametrize("mode", ["triforce", "auto"])
