@@ -468,3 +468,18 @@ def test_a_tokenizer_from_elsewhere_as_vllms_tokenizer_argument(tiny_dir):
                          ({"tokenizer": str(tokenized), "skip_tokenizer_init": True}, "loads no tokenizer")):
         with pytest.raises(UserError, match=message):
             LLM(bare, mode="ar", dtype="float32", **bad)
+
+
+def test_use_tqdm_draws_vllms_bar_over_the_prompts(llm, capfd):
+    """vLLM's use_tqdm: a bar over the prompts as they finish (a scored one too); none without it."""
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    prompts = [PROMPT, PROMPT[:40], {"prompt": PROMPT + " w5"}]
+    quiet = llm.generate(prompts, params)
+    capfd.readouterr()
+    loud = llm.generate(prompts + [PROMPT], [params] * 3 + [SamplingParams(max_tokens=0, prompt_logprobs=0)],
+                        use_tqdm=True)
+    err = capfd.readouterr().err
+    assert "Processed prompts" in err and "4/4" in err
+    assert [o.token_ids for o in loud[:3]] == [o.token_ids for o in quiet]
+    llm.generate(prompts, params, use_tqdm=False)
+    assert "Processed prompts" not in capfd.readouterr().err

@@ -18,6 +18,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from .cache.prefixes import PrefixStore
 from .chat import conversation_ids
@@ -359,7 +360,7 @@ class LLM:
         too, outside mode auto, whose plans depend on the batch and on what the machine measured).
         `stream` (one prompt only) receives text pieces as they are committed. A prompt may also be vLLM's
         TextPrompt or TokensPrompt ({"prompt": text} or {"prompt_token_ids": ids}); `use_tqdm` is vLLM's
-        name for `show_progress`."""
+        name for `show_progress`: a bar over the prompts as they finish (one prompt alone: its prefill's)."""
         if not isinstance(prompts, (str, Sequence, dict)):
             raise UserError(f"prompts must be a string, a list of token ids or a list of those (got "
                             f"{type(prompts).__name__})")
@@ -386,30 +387,38 @@ class LLM:
         sizes = [(len(ids[k]), p.max_tokens) for k, p in runs]
         outputs: list[RequestOutput | None] = [None] * len(runs)
         parts = self._parts_that_fit(sizes)
-        while parts:
-            part = parts.pop(0)
-            requests: list[Request] = []
-            mates = Batchmates()
-            batch = SequenceBatch()
-            try:
-                for n, i in enumerate(part):
-                    try:
-                        requests.append(Request(self, ids[runs[i][0]], runs[i][1], stream, mates))
-                    except GroupFull:
-                        if not requests:
-                            raise  # the group is full of other sequences
-                        parts.insert(0, part[n:])  # the rest runs once these have ended
-                        part = part[:n]
-                        break
-                handles = [batch.add(r.run(show_progress)) for r in requests]
-                batch.run()
-                for i, request, handle in zip(part, requests, handles):
-                    outputs[i] = request.output(*handle.result)
-            finally:
-                for seq in batch.active:  # runs an error or an interrupt left midway: their prefix claims go
-                    seq.run.close()
-                for request in requests:
-                    request.close()
+        # vLLM's bar over the prompts (with several; one prompt alone shows its prefill's bar)
+        prompts_bar = tqdm(total=len(runs), desc="Processed prompts", unit="prompt", file=sys.stderr,
+                           disable=not show_progress or len(runs) == 1)
+        try:
+            while parts:
+                part = parts.pop(0)
+                requests: list[Request] = []
+                mates = Batchmates()
+                batch = SequenceBatch()
+                try:
+                    for n, i in enumerate(part):
+                        try:
+                            requests.append(Request(self, ids[runs[i][0]], runs[i][1], stream, mates))
+                        except GroupFull:
+                            if not requests:
+                                raise  # the group is full of other sequences
+                            parts.insert(0, part[n:])  # the rest runs once these have ended
+                            part = part[:n]
+                            break
+                    handles = [batch.add(r.run(show_progress and len(runs) == 1)) for r in requests]
+                    prompts_bar.update(len(requests) - len(batch.active))  # those that ended as they began
+                    while batch.active:
+                        prompts_bar.update(len(batch.step()))
+                    for i, request, handle in zip(part, requests, handles):
+                        outputs[i] = request.output(*handle.result)
+                finally:
+                    for seq in batch.active:  # runs an error or an interrupt left midway: their prefix claims go
+                        seq.run.close()
+                    for request in requests:
+                        request.close()
+        finally:
+            prompts_bar.close()
         runs_of: list[list[RequestOutput]] = [[] for _ in prompts]
         for (k, _), output in zip(runs, outputs):
             runs_of[k].append(output)
