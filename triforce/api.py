@@ -407,7 +407,6 @@ class LLM:
                             part = part[:n]
                             break
                     handles = [batch.add(r.run(show_progress and len(runs) == 1)) for r in requests]
-                    prompts_bar.update(len(requests) - len(batch.active))  # those that ended as they began
                     while batch.active:
                         prompts_bar.update(len(batch.step()))
                     for i, request, handle in zip(part, requests, handles):

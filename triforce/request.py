@@ -86,13 +86,9 @@ class Request:
         """The prompt tokens' entries (complete once the prompt is prefilled; None: not asked for)."""
         return None if self.params.prompt_logprobs is None else self.engine.prompt_logprobs
 
-    def kept_tokens(self) -> int:
-        """How many generated tokens a streamed output keeps so far (up to the one that completed a stop
-        string; a stream has the tokenizer's text)."""
-        return self.detok.tokens_through_stop()
-
     def new_token_ids(self) -> list[int]:
-        """The ids of the kept tokens (kept_tokens) since the last call: a streamed chunk's."""
+        """The ids of the tokens a streamed output keeps (up to the one that completed a stop string; a stream
+        has the tokenizer's text) since the last call: a chunk's."""
         new = self.detok.kept_ids(self._ids_taken)
         self._ids_taken += len(new)
         return new

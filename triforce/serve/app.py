@@ -232,14 +232,14 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
     first, outputs, left = [True] * len(tickets), [None] * len(tickets), len(tickets)
     logprobs = [StreamedLogprobs(job.kind, job.texts, job.prompts[i // job.n]) for i in range(len(tickets))]
     streamed = [openai.StreamedContent(job.tools) if job.tools is not None else None for _ in tickets]
-    generated = [0] * len(tickets)  # each choice's tokens so far, for usage in every chunk (vLLM's)
-    ids_sent = [0] * len(tickets)  # each choice's token ids sent so far (return_token_ids)
+    generated = [0] * len(tickets)  # each choice's tokens so far: usage in every chunk (vLLM's), ids sent
     loop = asyncio.get_running_loop()
     try:
         while left:
             index, event, data = await events.get()
+            sent = generated[index]  # the ids sent before this event's (return_token_ids)
             if event != "error":
-                generated[index] = data[2] if event == "text" else len(data.token_ids)
+                generated[index] = sent + len(data[2]) if event == "text" else len(data.token_ids)
             usage = openai.running_usage(job, index, generated[index]) if job.continuous_usage else None
             if first[index] and job.echoed is not None and event != "error":  # the prompt, before the text
                 echoed = None
@@ -263,15 +263,14 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
                 first[index] = False
                 outputs[index], left = data, left - 1
             elif event == "text":
-                piece, entries, _, ids = data
+                piece, entries, ids = data
                 yield openai.chunk(job, model, piece, first=first[index], index=index,
                                    logprobs=logprobs[index].take(entries), usage=usage, token_ids=ids)
-                ids_sent[index] += len(ids)
                 first[index] = False
             elif event == "done":
                 yield openai.chunk(job, model, None, data.finish_reason, first=first[index], index=index,
                                    logprobs=logprobs[index].rest(data.logprobs), stop_reason=data.stop_reason,
-                                   usage=usage, token_ids=data.token_ids[ids_sent[index]:])
+                                   usage=usage, token_ids=data.token_ids[sent:])
                 outputs[index], left = data, left - 1
             else:
                 yield data.body()

@@ -5,10 +5,10 @@ joins it when its caches fit in the memory free then (or when nothing else runs)
 together and the weights are read once for all of them (coordinator/batch.py: a request's output does
 not depend on its companions, except which seeded sample mode auto's batch plan draws). A request that
 could not fit even alone is refused at once (413). Each request reports through its `on_event(kind,
-data)`, called from the scheduler's thread: ("text", (piece, entries, tokens, ids)) as its text is committed
+data)`, called from the scheduler's thread: ("text", (piece, entries, ids)) as its text is committed
 (streaming requests; entries: the log-probabilities of the tokens since the last piece,
-Request.new_logprobs; tokens: how many its output keeps so far; ids: the ids of those it keeps since the
-last piece, Request.new_token_ids), then ("done", RequestOutput) or
+Request.new_logprobs; ids: those of the tokens its output keeps since the last piece, Request.new_token_ids,
+which also count them), then ("done", RequestOutput) or
 ("error", ApiError): 400 where the request's own settings ended it (its rules contradict each other), 500
 or 503 where the server failed it.
 `cancel()` drops a waiting request, and ends a running one after its round in progress (a client that
@@ -164,7 +164,7 @@ class Scheduler:
             stream = None
             if job.stream:
                 stream = lambda piece, t=ticket: self._tell(  # noqa: E731
-                    t, "text", (piece, t.request.new_logprobs(), t.request.kept_tokens(), t.request.new_token_ids()))
+                    t, "text", (piece, t.request.new_logprobs(), t.request.new_token_ids()))
             try:
                 try:
                     ticket.request = Request(self.llm, ticket.ids, ticket.params, stream, self._mates)
