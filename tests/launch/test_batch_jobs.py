@@ -9,7 +9,7 @@ from triforce import LLM, SamplingParams
 from triforce.engine_args import MEMORY_SHARE
 from triforce.errors import UserError
 from triforce.launch.batch_jobs import shard_of
-from triforce.launch.batch_resume import done_ids
+from triforce.launch.batch_resume import done_results
 from triforce.launch.cli import main
 
 PROMPT = " ".join(f"w{3 + (5 * i) % 90}" for i in range(30))
@@ -195,8 +195,9 @@ def test_a_rerun_refuses_results_of_lines_that_changed_or_are_gone(tiny_dir, tmp
     """A result's id carries a hash of its line: a rerun after a line's body changed, or after a line added
     above lines without a custom_id shifted their numbers, is refused, naming them, before anything runs;
     the same requests written another way (keys in another order, spaces) are the same lines; equal lines
-    still get ids of their own; an output written before ids carried the hash is resumed with a warning.
-    (A changed body kept its old answer, silently.)"""
+    still get ids of their own; an output written before ids carried the hash is resumed with a warning;
+    answers by another model are refused. (A changed body kept its old answer, silently; a rerun with
+    another model mixed its answers into the first one's.)"""
     target = tiny_dir("batch-target", tokenizer=True, seed=91)
     body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
     a = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body}
@@ -227,6 +228,10 @@ def test_a_rerun_refuses_results_of_lines_that_changed_or_are_gone(tiny_dir, tmp
         err = capsys.readouterr().err
         assert f"--input lines {named} " in err and f"--output {out}" in err and hint in err
         assert out.read_text() == written
+    write_input(a, nameless, nameless, nameless)  # the same lines, answered by another model: refused
+    assert run(target, inp, out, "--served-model-name", "other") == 2
+    err = capsys.readouterr().err
+    assert "answers by model 'tiny'" in err and "'other'" in err and out.read_text() == written
     old = "".join(json.dumps({**r, "id": r["id"][:-32]}) + "\n" for r in map(json.loads, written.splitlines()))
     out.write_text(old)  # as an earlier triforce wrote it: a uuid alone
     write_input({**a, "body": {**body, "max_tokens": 4}}, nameless, nameless, nameless)
@@ -292,11 +297,11 @@ def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path, monke
     first = json.dumps({"id": "batch_req_1", "custom_id": "a", "response": None, "error": {"code": "x"}})
     second = json.dumps({"custom_id": "b", "id": "batch_req_2", "response": None, "error": {"code": "x"}})
     out.write_text(first + "\n" + second)  # not as this command writes (it would be a torn one): another tool's
-    assert set(done_ids(out)) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
+    assert set(done_results(out)) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
     with out.open("a") as f:
         f.write('{"id": "batch_req_3", "custom_id": "c", "resp')
     monkeypatch.setattr(Path, "write_text", lambda *_, **__: pytest.fail("the output rewritten whole"))
-    assert set(done_ids(out)) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
+    assert set(done_results(out)) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
 
 
 def test_batch_lays_chat_lines_out_by_the_chat_template_given(tiny_dir, tmp_path, capsys):

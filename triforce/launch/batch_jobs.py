@@ -11,7 +11,7 @@ run again one by one. Requests run
 that batch). Each result line is written whole and flushed, so a killed job loses at most the requests in
 flight; run again, it skips the custom_ids the output already has (a torn last line, if the kill came
 mid-write, is dropped first; an output that is not a results file is refused, untouched), and refuses to
-go on where results answer lines that changed since or are gone (batch_resume.py). `--shard I/N`
+go on where results answer lines that changed since or are gone, or name another model (batch_resume.py). `--shard I/N`
 takes lines I, I + N, ... (default: the Slurm array task, else torchrun's rank and world size, else all;
 with --workers, where torchrun's ranks are one pipeline, the Slurm array task, else all).
 """
@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from ..errors import RequestFailed, TooLarge, UserError
 from .cli import llm_from_args
-from .batch_resume import check_resumable, done_ids, result_id
+from .batch_resume import check_resumable, done_results, result_id
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
@@ -127,16 +127,16 @@ def _batch(args) -> int:
         raise UserError(f"--output {output}: no folder {output.parent}")
     if output.exists() and not output.is_file():  # a pipe or a device: never read back, so never resumed
         raise UserError(f"--output {output} is not a file: results go to a file, which a rerun resumes")
-    finished = done_ids(output)
+    finished = done_results(output)
     every = request_lines(lines)
     mine = [line for line in every if line[0] % count == index]
     try:
         output.open("a").close()  # before the model loads
     except OSError as exc:
         raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
-    check_resumable(output, lines, every, mine, finished)
-    llm = llm_from_args(args)
     model = args.served_model_name or str(args.model)
+    check_resumable(output, lines, every, mine, finished, model)
+    llm = llm_from_args(args)
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
                                                           file=sys.stderr) as bar:
         def write(record: dict) -> None:

@@ -36,8 +36,8 @@ def result_id(line: str) -> str:
     return f"{RESULT_ID_START}{uuid.uuid4().hex[:UUID_DIGITS]}{line_hash(line)}"
 
 
-def done_ids(output: Path) -> dict[str, str]:
-    """custom_ids already answered in `output`, each with its result's id; a torn last line (what a kill
+def done_results(output: Path) -> dict[str, dict]:
+    """custom_ids already answered in `output`, each with its result line; a torn last line (what a kill
     mid-write leaves: the start of a line this command writes) is cut off. A file that is not a results
     file (a line that is not a result) is a UserError, and left as it is."""
     if not output.exists():
@@ -60,7 +60,7 @@ def done_ids(output: Path) -> dict[str, str]:
         if not (isinstance(record, dict) and "custom_id" in record and ("response" in record or "error" in record)):
             raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
                             "name a new file, or one an earlier run of this job wrote")
-        done[record["custom_id"]] = str(record.get("id"))
+        done[record["custom_id"]] = record
     try:
         if len(whole) < len(data):  # the torn line cut off in place (rewriting the file risked all of it)
             os.truncate(output, len(whole.encode()))
@@ -72,23 +72,41 @@ def done_ids(output: Path) -> dict[str, str]:
     return done
 
 
-def check_resumable(output: Path, lines: list[str], every: list, mine: list, finished: dict[str, str]) -> None:
-    """Refuses (UserError) an output whose results answer lines other than the input's now; `every` and
-    `mine`: request_lines of the whole input and of this shard."""
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def check_resumable(output: Path, lines: list[str], every: list, mine: list, finished: dict[str, dict],
+                    model: str) -> None:
+    """Refuses (UserError) an output whose results answer lines other than the input's now, or name another
+    model than `model` (the name this run's answers carry); `every` and `mine`: request_lines of the whole
+    input and of this shard."""
+    others = {}
+    for custom_id, record in finished.items():
+        response = record.get("response")
+        body = response.get("body") if isinstance(response, dict) else None
+        if isinstance(body, dict) and "model" in body and body["model"] != model:
+            others.setdefault(str(body["model"]), []).append(custom_id)
+    if others:
+        named, names = next(iter(others.items()))
+        raise UserError(f"--output {output} holds answers by model {named!r} (to lines {_listed(names)}), and "
+                        f"this run's answers would name {model!r}: name a new --output, or run with the model "
+                        "(or --served-model-name) that wrote them")
     known = {custom_id for _, custom_id, _, _ in every}
     gone = [custom_id for custom_id in finished if custom_id not in known]
+    ids = {custom_id: str(record.get("id")) for custom_id, record in finished.items()}
     hashed = len(RESULT_ID_START) + UUID_DIGITS + HASH_DIGITS
-    changed = [custom_id for n, custom_id, _, _ in mine if custom_id in finished and
-               len(finished[custom_id]) == hashed and finished[custom_id][-HASH_DIGITS:] != line_hash(lines[n])]
+    changed = [custom_id for n, custom_id, _, _ in mine if custom_id in ids and
+               len(ids[custom_id]) == hashed and ids[custom_id][-HASH_DIGITS:] != line_hash(lines[n])]
     for names, what in ((changed, "changed since their results were written to"),
                         (gone, "are no longer in --input, though their results are in")):
         if names:
-            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            shown = _listed(names)
             numbered = " (lines without a custom_id go by their numbers, which a line added or removed above " \
                        "them shifts: give them custom_ids)" if any(n.startswith("line-") for n in names) else ""
             raise UserError(f"--input lines {shown} {what} --output {output}{numbered}. Remove those results "
                             f"from --output to run them again, or name a new --output")
-    old = sum(len(finished[custom_id]) != hashed for _, custom_id, _, _ in mine if custom_id in finished)
+    old = sum(len(ids[custom_id]) != hashed for _, custom_id, _, _ in mine if custom_id in ids)
     if old:
         print(f"triforce: {old} results in --output {output} were written before results named their lines: "
               f"they are taken as they are, unchecked against --input", file=sys.stderr)
