@@ -263,7 +263,7 @@ class SamplingParams:
         if self.allowed_token_ids is not None:
             allowed = _token_ids(self.allowed_token_ids, "allowed_token_ids")
             if not allowed:
-                raise ConfigError("allowed_token_ids must name at least one token (None allows all)")
+                raise ConfigError("allowed_token_ids must name at least one token (unset, it allows all)")
             object.__setattr__(self, "allowed_token_ids", allowed)
         words = (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words
         if not all(isinstance(w, str) and w.strip() for w in words):

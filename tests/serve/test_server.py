@@ -2,6 +2,7 @@
 same tiny models: whole and streamed answers, chat, concurrent requests on one batch, errors, the key,
 the queue and cancellation."""
 import json
+import re
 import threading
 import time
 
@@ -259,6 +260,12 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "temperature": -1}, 400, "temperature"),
     ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", {"prompt": PROMPT, "seed": "x"}, 400, "seed"),
+    ("/v1/completions", {"prompt": PROMPT, "seed": True}, 400, "seed"),
+    ("/v1/completions", {"prompt": PROMPT, "seed": 1.5}, 400, "seed"),
+    ("/v1/completions", {"prompt": PROMPT, "min_tokens": True}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "best_of": True, "n": 2}, 400, "best_of"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}],
+                              "tools": [{"type": "function", "function": {"name": True}}]}, 400, "tools"),
     ("/v1/completions", {"prompt": PROMPT, "stop": [1]}, 400, "stop"),
     ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "presence_penalty": "high"}, 400, "presence_penalty"),
@@ -319,6 +326,7 @@ def test_bad_requests_get_openai_errors(client, path, body, status, param):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["message"] and error["type"] and error["param"] == param
+    assert not re.search(r"\b(True|False|None)\b", error["message"])  # JSON's words: true, false, null
     if path == "/v1/responses":  # named as the request named it, not as the chat request it becomes
         assert "max_completion_tokens" not in error["message"] and "messages" not in error["message"]
 

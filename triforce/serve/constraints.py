@@ -116,7 +116,7 @@ class ToolPlan:
             function = tool["function"]
             name, schema = function.get("name"), function.get("parameters", {"type": "object", "properties": {}})
             if not isinstance(name, str) or not NAME.match(name) or name in schemas:
-                raise ConstraintError("tools", f"tool names must be distinct, of letters, digits, _ and - (got {name!r})")
+                raise ConstraintError("tools", f"tool names must be distinct, of letters, digits, _ and - (got {json.dumps(name)})")
             if not isinstance(schema, dict):
                 raise ConstraintError("tools", f"the parameters of {name} must be a JSON schema (an object)")
             schemas[name] = schema

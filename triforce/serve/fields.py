@@ -6,7 +6,7 @@ import math
 
 from ..chat import conversation_ids
 from ..errors import UserError
-from ..config import MAX_LOGPROBS
+from ..config import MAX_LOGPROBS, SEEDS
 from .constraints import ToolPlan
 
 MAX_PROMPTS = 2048  # prompts of one completion request
@@ -100,6 +100,23 @@ def flag(body: dict, name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ApiError(400, f"'{name}' must be true or false", param=name)
     return value
+
+
+def integer(body: dict, name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    """An integer field from `low` (to `high`), worded for JSON (SamplingParams' own messages are Python's)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bound = f"an integer >= {low}" if high is None else str(low) if high == low else \
+            f"an integer from {low} to {high}"
+        raise ApiError(400, f"'{name}' must be {bound}", param=name)
+    return value
+
+
+def seed(body: dict, n: int) -> int | None:
+    """A request's seed, or None; choice i of n takes seed + i."""
+    return integer(body, "seed", None, SEEDS[0], SEEDS[1] - (n - 1))
 
 
 def number(body: dict, name: str, default: float) -> float:

@@ -28,7 +28,8 @@ from ..config import ConfigError, SamplingParams
 from ..errors import UserError
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints
-from .fields import ApiError, checked_body, echoed_text, flag, logprobs_field, number, prompts, strings, token_ids
+from .fields import (ApiError, checked_body, echoed_text, flag, integer, logprobs_field, number, prompts, seed, strings,
+                     token_ids)
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of", "stream",
@@ -93,10 +94,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     except ConstraintError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
     ids_of, given = prompts(kind, body, llm, tools)
-    truncate = body.get("truncate_prompt_tokens")
+    truncate = integer(body, "truncate_prompt_tokens", None, 1)
     if truncate is not None:  # vLLM's: each prompt's last tokens (echo gives their text)
-        if not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < 1:
-            raise ApiError(400, "'truncate_prompt_tokens' must be an integer >= 1", param="truncate_prompt_tokens")
         given = [g if len(i) <= truncate else i[-truncate:] for g, i in zip(given, ids_of)]
         ids_of = [i[-truncate:] for i in ids_of]
     echo = body.get("echo") if kind == "completion" else None
@@ -127,12 +126,12 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     try:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ConfigError("stop must be a string or a list of non-empty strings")  # OpenAI's four: vLLM's any
-        params = SamplingParams(max_tokens=max_tokens, **sampling, seed=body.get("seed"), n=n,
-                                best_of=body.get("best_of"), stop=tuple(stop),
+        params = SamplingParams(max_tokens=max_tokens, **sampling, seed=seed(body, n), n=n,
+                                best_of=integer(body, "best_of", None, n, n), stop=tuple(stop),
                                 ignore_eos=flag(body, "ignore_eos", False),
                                 logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
                                 stop_token_ids=token_ids(body, "stop_token_ids"),
-                                min_tokens=0 if body.get("min_tokens") is None else body["min_tokens"],
+                                min_tokens=integer(body, "min_tokens", 0, 0, max_tokens),
                                 structured_outputs=structured,
                                 allowed_token_ids=None if body.get("allowed_token_ids") is None else
                                 token_ids(body, "allowed_token_ids"),
