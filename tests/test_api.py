@@ -243,6 +243,18 @@ def test_vllms_other_spellings_of_prompts_and_outputs(llm, tiny_dir):
     assert by_text.token_ids == by_ids.token_ids == plain.token_ids and (by_text.prompt, by_ids.prompt) == (PROMPT, None)
     with pytest.raises(UserError, match="a prompt dict takes one of"):
         llm.generate({"prompt": PROMPT, "multi_modal_data": {}}, params)
+    # lm-evaluation-harness's calls: older vLLM's prompt_token_ids=, and lora_request (None) always
+    ids = llm.encode(PROMPT)
+    for given in (ids, [ids]):
+        old_style, = llm.generate(prompt_token_ids=given, sampling_params=params, use_tqdm=False, lora_request=None)
+        assert old_style.token_ids == plain.token_ids
+    assert llm.chat([{"role": "user", "content": "w5"}], params, lora_request=None,
+                    chat_template="{{ messages[0]['content'] }}")[0].token_ids
+    assert llm.generate([PROMPT, PROMPT], params, priority=[0, 0])[1].token_ids == plain.token_ids
+    for wrong, message in (({"lora_request": object()}, "LoRA adapters"), ({"priority": [1]}, "one priority"),
+                           ({"prompt_token_ids": ids}, "not both")):
+        with pytest.raises(UserError, match=message):
+            llm.generate(PROMPT, params, **wrong)
     bare = llm.generate(PROMPT, dataclasses.replace(params, detokenize=False))[0]
     assert bare.token_ids == plain.token_ids and bare.text == "" and plain.text
     with pytest.raises(ConfigError, match="stop strings need detokenize"):

@@ -333,7 +333,7 @@ class LLM:
              stream: Callable[[str], None] | None = None, show_progress: bool = False, tools: list[dict] | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              chat_template_kwargs: dict | None = None, use_tqdm: bool | None = None,
-             chat_template: str | None = None) -> list[RequestOutput]:
+             chat_template: str | None = None, lora_request=None) -> list[RequestOutput]:
         """vLLM's LLM.chat: a conversation (OpenAI's messages, {role, content}) or a list of them, each laid
         out by the tokenizer's chat template or `chat_template` (a Jinja template's text; with `tools`,
         OpenAI's function tools, as it shows them), then `generate`d: one output per conversation."""
@@ -343,15 +343,16 @@ class LLM:
             raise UserError("'messages' must be a list of {role, content} objects, or a list of those")
         ids = [conversation_ids(self.tokenizer, c, tools, add_generation_prompt, continue_final_message,
                                 chat_template_kwargs, chat_template) for c in conversations]
-        outputs = self.generate(ids, sampling_params, stream, show_progress, use_tqdm)
+        outputs = self.generate(ids, sampling_params, stream, show_progress, use_tqdm, lora_request)
         for output in outputs:  # as vLLM's: the prompt the template laid out, as text
             output.prompt = self.tokenizer.decode(output.prompt_token_ids, skip_special_tokens=False)
         return outputs
 
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]] | dict | Sequence[dict],
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]] | dict | Sequence[dict] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  stream: Callable[[str], None] | None = None, show_progress: bool = False,
-                 use_tqdm: bool | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool | None = None, lora_request=None, priority: Sequence[int] | None = None,
+                 prompt_token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order, with SamplingParams.n outputs. `sampling_params` (vLLM's
         name): one SamplingParams for all prompts or one per prompt.
         The prompts run together as a batch (every tier's forward of all of them as one model call; with a
@@ -360,7 +361,19 @@ class LLM:
         too, outside mode auto, whose plans depend on the batch and on what the machine measured).
         `stream` (one prompt only) receives text pieces as they are committed. A prompt may also be vLLM's
         TextPrompt or TokensPrompt ({"prompt": text} or {"prompt_token_ids": ids}); `use_tqdm` is vLLM's
-        name for `show_progress`: a bar over the prompts as they finish (one prompt alone: its prefill's)."""
+        name for `show_progress`: a bar over the prompts as they finish (one prompt alone: its prefill's).
+        vLLM's `lora_request` and `priority` are taken unset (None; a priority of all 0s): there are no adapters
+        and one priority here; older vLLM's `prompt_token_ids=` (lm-evaluation-harness's call) stands for
+        `prompts`."""
+        if lora_request is not None:
+            raise UserError("lora_request: LoRA adapters are not supported here (merge the adapter into the "
+                            "model's weights and load that folder)")
+        if priority is not None and any(p != 0 for p in priority):
+            raise UserError("priority: requests have one priority here (vLLM's priority scheduling is not built)")
+        if prompt_token_ids is not None:
+            if prompts is not None:
+                raise UserError("give prompts or prompt_token_ids, not both")
+            prompts = prompt_token_ids
         if not isinstance(prompts, (str, Sequence, dict)):
             raise UserError(f"prompts must be a string, a list of token ids or a list of those (got "
                             f"{type(prompts).__name__})")
