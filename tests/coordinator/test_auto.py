@@ -327,10 +327,14 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
 
 
 def test_short_requests_decode_plainly_without_measuring(models, prompt, calibration):
+    """...and their metrics say so, as a plan's record (they held none: the choice and why were missing)."""
     target, draft = models
     engine = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 100)
     tokens, metrics = engine.generate(prompt, SamplingParams(max_tokens=auto.MIN_PLANNED_TOKENS - 1, ignore_eos=True))
-    assert len(tokens) == auto.MIN_PLANNED_TOKENS - 1 and metrics.tiers == [] and not metrics.auto
+    assert len(tokens) == auto.MIN_PLANNED_TOKENS - 1 and metrics.tiers == []
+    (record,) = metrics.auto
+    assert (record["mode"], record["gammas"], record["at_token"], record["context"]) == ("ar", [], 0, len(prompt))
+    assert record["why"] == {"max_tokens_below": auto.MIN_PLANNED_TOKENS}
     assert not any(calibration.iterdir())
 
 

@@ -88,9 +88,12 @@ class AutoEngine(HierarchyEngine):
         if mates is not None:
             mates.join(self)
         try:
-            result = yield from super().run(prompt, params, *args, **kwargs)
+            generated, metrics = yield from super().run(prompt, params, *args, **kwargs)
             self.planner.remember()
-            return result
+            if metrics.auto is None and params.max_tokens < MIN_PLANNED_TOKENS:  # the choice is in the metrics
+                metrics.auto = [{"at_token": 0, "context": len(prompt), "mode": "ar", "gammas": [], "stop_below": None,
+                                 "predicted_tokens_per_s": None, "why": {"max_tokens_below": MIN_PLANNED_TOKENS}}]
+            return generated, metrics
         finally:
             if mates is not None:
                 mates.leave(self)

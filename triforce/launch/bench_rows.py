@@ -59,7 +59,7 @@ def batch_row(outs) -> dict:
                                "why": {k: d["why"][k] for k in WHY_KEPT if k in d.get("why", {})}}
                               for d in m.auto or []] for m in metrics]
         # whether each request's first plan started from earlier requests' acceptance (priors.py) or the defaults
-        row["auto_prior"] = [m.auto[0]["why"]["prior"] if m.auto else None for m in metrics]
+        row["auto_prior"] = [m.auto[0]["why"].get("prior") if m.auto else None for m in metrics]
     return row
 
 
