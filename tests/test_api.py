@@ -61,19 +61,20 @@ def test_a_batch_of_requests_with_their_own_penalties_and_bans_gives_each_its_ow
 
 def test_a_batch_that_does_not_fit_runs_in_parts(llm, monkeypatch):
     import triforce.api as api
+    from triforce import request_memory
 
     prompts = [PROMPT, PROMPT + " w5", PROMPT + " w6 w8"]
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     together = [o.token_ids for o in llm.generate(prompts, params)]
     one = llm.cache_bytes_for(len(llm.tokenizer(prompts[2]).input_ids), 5)
     monkeypatch.setattr(llm, "prefixes", None)  # its room would come out of the memory below
-    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: int(2.5 * one / 0.9))  # room for two
+    monkeypatch.setattr(request_memory, "available_bytes", lambda device: int(2.5 * one / 0.9))  # room for two
     parts = []
     real = api.SequenceBatch.add
     monkeypatch.setattr(api.SequenceBatch, "add", lambda self, run: parts.append(id(self)) or real(self, run))
     assert [o.token_ids for o in llm.generate(prompts, params)] == together
     assert len(set(parts)) == 2 and parts.count(parts[0]) == 2
-    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: int(0.5 * one))
+    monkeypatch.setattr(request_memory, "available_bytes", lambda device: int(0.5 * one))
     with pytest.raises(UserError, match="GiB"):
         llm.generate(prompts, params)
 

@@ -296,10 +296,10 @@ def test_batch_jobs_reuse_the_document_across_batches(models, tmp_path):
 
 
 def test_admission_leaves_the_store_its_room(models, monkeypatch):
-    import triforce.api as api
+    from triforce import request_memory
 
     llm = make(models, "ar", 0.25)
-    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr(request_memory, "available_bytes", lambda device: 2**30)
     assert llm.free_memory() == 2**30 - 2**28
     llm.generate(DOCUMENT + QUESTIONS[0], GREEDY)
     assert 0 < llm.prefixes.bytes and llm.free_memory() == 2**30 - 2**28 + llm.prefixes.bytes
@@ -318,10 +318,10 @@ def test_a_server_without_the_store_counts_no_prefix_queries(models):
 
 def test_a_store_bound_past_the_free_memory_is_refused_and_the_default_capped(models, monkeypatch):
     """prefix_cache_gb=100 on a 24 GB machine made every request fail as too large for the memory left."""
-    from triforce import api
+    from triforce import api, request_memory
     from triforce.config import PREFIX_CACHE_GB
 
-    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr(request_memory, "available_bytes", lambda device: 2**30)
     with pytest.raises(api.ConfigError, match="prefix_cache_gb 100 is more than the 1.0 GiB free"):
         make(models, "ar", 100)
     assert make(models, "ar", PREFIX_CACHE_GB).prefixes.max_bytes == 2**29  # half of what is free

@@ -10,14 +10,12 @@ from __future__ import annotations
 import itertools
 import logging
 import numbers
-import operator
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from .cache.prefixes import PrefixStore
@@ -25,19 +23,18 @@ from .chat import conversation_ids
 from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, SamplingParams, is_number
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
-from .coordinator.hierarchy import cache_bytes
 from .coordinator.remote import GroupFull
 from .engine_args import take_vllm_args
-from .errors import TooLarge, UserError
+from .errors import UserError
 from .generation_defaults import sampling_defaults
-from .memory import available_bytes as _available_memory_bytes
 from .models.config import ModelLoadError, rope_scaling_spec
 from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model, tokenizer_source
 from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
 from .models.vocab import check_draft_vocabulary
 from .request import Request, RequestOutput
+from .request_checks import RequestChecks
+from .request_memory import RequestMemory
 from .speculation.guided import Grammars
-from .speculation.rules import bad_word_ids
 
 log = logging.getLogger("triforce")
 
@@ -51,7 +48,10 @@ DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "dra
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # a folder with one of these has a tokenizer
 
 
-class LLM:
+class LLM(RequestChecks, RequestMemory):
+    """vLLM's LLM: a target, its draft and the engine settings; `generate` and `chat` run requests. What a
+    request may ask of it: RequestChecks; whether requests fit in memory: RequestMemory."""
+
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
                  mode: str = "auto", dtype: str = "auto", device: str | None = None, workers=None,
                  rope_scaling: str | None = None, revision: str | None = None, draft_revision: str | None = None,
@@ -142,17 +142,6 @@ class LLM:
         except ModelLoadError as exc:
             raise ModelLoadError(f"{exc}{refetch_hint(folder)}") from None
 
-    def _prefix_bound(self, prefix_cache_gb: float) -> int:
-        """The prefix store's bound in bytes: at most half the memory free now (the rest is the running
-        requests'); a bound asked past all of it is refused (every request then failed as too large)."""
-        asked, free = int(prefix_cache_gb * 2**30), _available_memory_bytes(self.device)
-        if free is None or asked <= free // 2:
-            return asked
-        if prefix_cache_gb != PREFIX_CACHE_GB and asked > free:
-            raise ConfigError(f"prefix_cache_gb {prefix_cache_gb:g} is more than the {free / 2**30:.1f} GiB free on "
-                              f"{self.device}, which requests' caches need too")
-        return free // 2
-
     @property
     def reuses_prefixes(self) -> bool:
         """Whether recent prompts' blocks are kept for reuse: here, or by the worker group."""
@@ -184,126 +173,6 @@ class LLM:
             raise ModelLoadError(f"the tokenizer {spec} has {len(tokenizer)} tokens, more than the {rows} of the "
                                  f"model's vocabulary: it is another model's")
         return tokenizer
-
-    def no_tokenizer(self) -> str:
-        """Why this LLM has no tokenizer, for the errors of what needs one."""
-        return ("skip_tokenizer_init=True loaded no tokenizer" if self._skipped_tokenizer
-                else f"{self.model_path} has no tokenizer")
-
-    def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        """A prompt's token ids (text through the target's tokenizer), checked against the vocabulary."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise UserError("empty prompt")
-            if self.tokenizer is None:
-                raise UserError(f"{self.no_tokenizer()}; pass token ids")
-            ids = self.tokenizer(prompt).input_ids
-        else:
-            try:
-                ids = [operator.index(t) for t in prompt]  # ints, numpy's and torch's integers
-            except TypeError:
-                raise UserError(f"a prompt must be a string or a list of token ids (got {prompt!r:.40})") from None
-        if not ids:
-            raise UserError("empty prompt")
-        vocab = self.target.config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise UserError(f"prompt token ids must lie in [0, {vocab})")
-        return ids
-
-    def within_positions(self, prompt_len: int, params: SamplingParams) -> SamplingParams:
-        """`params` with max_tokens (None: as many as there are) up to what the prompt leaves of the model's
-        positions, where generation stops as vLLM's does ("length"); a UserError where the prompt fills them
-        (all of them may be scored: max_tokens 0)."""
-        cfg = self.target.config
-        room = cfg.max_positions - prompt_len
-        if room < 0 or (room == 0 and params.max_tokens != 0):
-            why = " (max_model_len)" if cfg.max_positions == cfg.position_limit else \
-                " (its sliding window: attention past it is not implemented)" \
-                if cfg.max_positions < cfg.max_position_embeddings else ""
-            raise UserError(f"the prompt ({prompt_len} tokens) fills the model's {cfg.max_positions} positions{why}")
-        if params.max_tokens is not None and params.max_tokens <= room:
-            return params
-        return replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
-
-    def prepare(self, params: SamplingParams) -> SamplingParams:
-        """`params` checked against this model, with its bad_words' token sequences added to bad_words_ids
-        (each word alone and after a space, as vLLM tokenizes them). Raises UserError where a token id
-        setting names a token outside the vocabulary, or structured_outputs is not a valid constraint
-        (ConfigError, naming it)."""
-        if self.tokenizer is None and (params.stop or params.bad_words):  # texts the tokenizer would find
-            name = "stop strings" if params.stop else "bad_words"
-            other = "stop_token_ids" if params.stop else "bad_words_ids (or, to a server, logit_bias -100)"
-            raise UserError(f"{name} need the model's tokenizer ({self.no_tokenizer()}); pass {other}")
-        if params.bad_words:
-            params = replace(params, bad_words_ids=params.bad_words_ids + bad_word_ids(self.tokenizer, params.bad_words))
-        vocab = self.target.config.vocab_size
-        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids),
-                          ("allowed_token_ids", params.allowed_token_ids or ()),
-                          ("bad_words_ids", [t for s in params.bad_words_ids for t in s])):
-            if ids and max(ids) >= vocab:
-                raise UserError(f"{name} names token {max(ids)}, outside the vocabulary [0, {vocab})")
-        if params.structured_outputs is not None:
-            self.grammars.check(params.structured_outputs)
-            if params.allowed_token_ids is not None:  # the end of a complete text is no token of it: allowed
-                params = replace(params, allowed_token_ids=tuple(sorted({*params.allowed_token_ids, *self.eos_ids()})))
-            banned = [s[0] for s in params.bad_words_ids if len(s) == 1]
-            if params.allowed_token_ids is not None or banned:
-                self._check_first_token(params, banned)
-        return params
-
-    def _check_first_token(self, params: SamplingParams, banned: list[int]) -> None:
-        """ConfigError where allowed_token_ids and one-token bad words leave none of the tokens the structured
-        output allows first: the rules would contradict each other from the start, and the last one applied
-        would win, silently (sampling.only_allowed)."""
-        left = self.grammars.guide(params.structured_outputs).allowed(()).clone()
-        if params.allowed_token_ids is not None:
-            allowed = torch.zeros_like(left)
-            allowed[list(params.allowed_token_ids)] = True
-            left &= allowed
-        left[banned] = False
-        if not left.any():
-            raise ConfigError("allowed_token_ids and bad_words leave no token the structured output allows to "
-                              "begin with")
-
-    def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
-        """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""
-        itemsize = self.target.dtype.itemsize
-        draft = self.draft.config if self.draft is not None else None
-        return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize)
-
-    def _parts_that_fit(self, sizes: list[tuple[int, int]]) -> list[list[int]]:
-        """The requests (prompt length, max tokens) in order, grouped into batches whose caches fit in the
-        memory free on the device (one group when it is unknown or the workers hold the full caches: each
-        worker refuses a sequence that does not fit its memory)."""
-        free = self.free_memory()
-        if free is None:
-            return [list(range(len(sizes)))]
-        room = self.memory_share * free
-        parts: list[list[int]] = [[]]
-        used = 0
-        for i, (prompt_len, max_tokens) in enumerate(sizes):
-            need = self.cache_bytes_for(prompt_len, max_tokens)
-            if need > room:
-                raise TooLarge(f"the caches for {prompt_len + max_tokens} tokens need {need / 2**30:.2f} GiB; "
-                               f"requests' caches may take {room / 2**30:.2f} GiB (gpu_memory_utilization "
-                               f"{self.memory_share:g} of the {free / 2**30:.2f} GiB free on {self.device})")
-            if parts[-1] and used + need > room:
-                parts.append([])
-                used = 0
-            parts[-1].append(i)
-            used += need
-        return parts
-
-    def free_memory(self) -> int | None:
-        """Bytes free for this process's caches: None where unknown, or where a worker group holds the full
-        caches (each worker checks its own memory as a sequence starts, and a refusal for now, GroupFull,
-        makes a batch run in parts or a served request wait)."""
-        if self.workers is not None:
-            return None
-        free = _available_memory_bytes(self.device)
-        if free is None or self.prefixes is None:
-            return free
-        return max(0, free - self.prefixes.room())  # what the prefix store may still grow into
 
     def eos_ids(self) -> tuple[int, ...]:
         """The ids that end generation: the model's end-of-sequence ids and the tokenizer's."""

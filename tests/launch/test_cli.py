@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from triforce import api
+from triforce import api, request_memory
 from triforce.errors import UserError
 from triforce.launch.cli import main
 
@@ -200,7 +200,7 @@ def test_rope_scaling_stretches_the_positions_and_is_recorded(capsys, target, dr
 
 
 def test_prompt_larger_than_memory(capsys, target, monkeypatch):
-    monkeypatch.setattr(api, "_available_memory_bytes", lambda device: 1000)
+    monkeypatch.setattr(request_memory, "available_bytes", lambda device: 1000)
     code, _, err = run_cli(capsys, "--model", target, "--prompt", WORDS)
     assert code == 2 and "GiB free on" in err
 

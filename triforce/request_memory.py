@@ -1,0 +1,62 @@
+"""Whether requests' caches fit in the memory free on the device, and the prefix store's bound.
+`RequestMemory` is a part of LLM (api.py), which holds the `config`, `target`, `draft`, `device`,
+`workers`, `prefixes` and `memory_share` (vLLM's gpu_memory_utilization) these read."""
+from __future__ import annotations
+
+from .config import PREFIX_CACHE_GB, ConfigError
+from .coordinator.hierarchy import cache_bytes
+from .errors import TooLarge
+from .memory import available_bytes
+
+
+class RequestMemory:
+    def _prefix_bound(self, prefix_cache_gb: float) -> int:
+        """The prefix store's bound in bytes: at most half the memory free now (the rest is the running
+        requests'); a bound asked past all of it is refused (every request then failed as too large)."""
+        asked, free = int(prefix_cache_gb * 2**30), available_bytes(self.device)
+        if free is None or asked <= free // 2:
+            return asked
+        if prefix_cache_gb != PREFIX_CACHE_GB and asked > free:
+            raise ConfigError(f"prefix_cache_gb {prefix_cache_gb:g} is more than the {free / 2**30:.1f} GiB free on "
+                              f"{self.device}, which requests' caches need too")
+        return free // 2
+
+    def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
+        """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""
+        itemsize = self.target.dtype.itemsize
+        draft = self.draft.config if self.draft is not None else None
+        return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize)
+
+    def _parts_that_fit(self, sizes: list[tuple[int, int]]) -> list[list[int]]:
+        """The requests (prompt length, max tokens) in order, grouped into batches whose caches fit in the
+        memory free on the device (one group when it is unknown or the workers hold the full caches: each
+        worker refuses a sequence that does not fit its memory)."""
+        free = self.free_memory()
+        if free is None:
+            return [list(range(len(sizes)))]
+        room = self.memory_share * free
+        parts: list[list[int]] = [[]]
+        used = 0
+        for i, (prompt_len, max_tokens) in enumerate(sizes):
+            need = self.cache_bytes_for(prompt_len, max_tokens)
+            if need > room:
+                raise TooLarge(f"the caches for {prompt_len + max_tokens} tokens need {need / 2**30:.2f} GiB; "
+                               f"requests' caches may take {room / 2**30:.2f} GiB (gpu_memory_utilization "
+                               f"{self.memory_share:g} of the {free / 2**30:.2f} GiB free on {self.device})")
+            if parts[-1] and used + need > room:
+                parts.append([])
+                used = 0
+            parts[-1].append(i)
+            used += need
+        return parts
+
+    def free_memory(self) -> int | None:
+        """Bytes free for this process's caches: None where unknown, or where a worker group holds the full
+        caches (each worker checks its own memory as a sequence starts, and a refusal for now, GroupFull,
+        makes a batch run in parts or a served request wait)."""
+        if self.workers is not None:
+            return None
+        free = available_bytes(self.device)
+        if free is None or self.prefixes is None:
+            return free
+        return max(0, free - self.prefixes.room())  # what the prefix store may still grow into
