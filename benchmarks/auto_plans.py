@@ -17,7 +17,7 @@ import argparse
 import json
 
 from triforce.api import LLM
-from triforce.config import SamplingParams
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator import planning
 
 WHY = ("predicted_tokens_per_s", "acceptance", "realized", "cost_scale", "prior")

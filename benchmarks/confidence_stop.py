@@ -18,7 +18,7 @@ import json
 
 from triforce.api import LLM
 from triforce.cache.streaming import StreamingKVCache
-from triforce.config import SamplingParams
+from triforce.sampling_params import SamplingParams
 from triforce.step import Step
 
 

@@ -11,7 +11,7 @@ import argparse
 import json
 
 from triforce.api import LLM
-from triforce.config import SamplingParams
+from triforce.sampling_params import SamplingParams
 from triforce.models.loader import load_model
 
 

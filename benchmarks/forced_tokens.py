@@ -19,7 +19,7 @@ import torch
 
 from structured_outputs import QUESTION, SCHEMA, document_chat, report
 from triforce import LLM, SamplingParams
-from triforce.config import StructuredOutputs
+from triforce.sampling_params import StructuredOutputs
 from triforce.kernels.cpu import cpu_isa, cpu_model
 from triforce.speculation import guided
 

@@ -23,7 +23,7 @@ from collections import defaultdict
 
 from triforce.api import LLM
 from triforce.cache import retrieval
-from triforce.config import SamplingParams
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator import batch, engine, tiers
 
 # (owner, attribute): what to time. `batch.forward_together` is every model call of a batch step.

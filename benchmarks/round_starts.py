@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from triforce.api import LLM
-from triforce.config import SamplingParams
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.engine import HierarchyEngine
 
 

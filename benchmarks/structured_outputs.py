@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from triforce import LLM, SamplingParams
-from triforce.config import StructuredOutputs
+from triforce.sampling_params import StructuredOutputs
 from triforce.kernels.cpu import cpu_isa, cpu_model
 from triforce.speculation import guided
 

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from triforce.config import SamplingParams
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import check_together
 from triforce.coordinator.engine import Check
 from triforce.speculation.sampling import probabilities

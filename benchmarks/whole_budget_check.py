@@ -12,7 +12,7 @@ import argparse
 import json
 
 from triforce import LLM
-from triforce.config import SamplingParams
+from triforce.sampling_params import SamplingParams
 
 
 def main() -> None:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from triforce.cache.full import FullKVCache
-from triforce.config import EngineConfig, SamplingParams
+from triforce.config import EngineConfig
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
 from triforce.step import Step

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from triforce.cache.prefixes import PrefixStore
-from triforce.config import EngineConfig, SamplingParams
+from triforce.config import EngineConfig
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
 

@@ -10,7 +10,8 @@ from fastapi.testclient import TestClient
 
 from servers import Server
 from triforce import LLM, SamplingParams
-from triforce.config import ConfigError, StructuredOutputs
+from triforce.config import ConfigError
+from triforce.sampling_params import StructuredOutputs
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.batchmates import Batchmates
 from triforce.launch.cli import main

@@ -16,7 +16,8 @@ if os.environ.get("TRIFORCE_CPU_ISA", "").strip().lower() == "avx2":
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 from .api import LLM  # noqa: E402
-from .config import EngineConfig, SamplingParams  # noqa: E402
+from .config import EngineConfig  # noqa: E402
+from .sampling_params import SamplingParams  # noqa: E402
 from .logprobs import Logprob  # noqa: E402
 from .request import CompletionOutput, RequestOutput  # noqa: E402
 

@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from .cache.prefixes import PrefixStore
 from .chat import conversation_ids
-from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, SamplingParams, is_number
+from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, is_number
+from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.remote import GroupFull

@@ -17,7 +17,9 @@ import logging
 import os
 from pathlib import Path
 
-from .config import ConfigError, SamplingParams
+from .config import ConfigError
+
+from .sampling_params import SamplingParams
 from .models.config import GENERATION_CONFIG, read_generation_config
 
 log = logging.getLogger("triforce")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .config import SamplingParams
+from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.hierarchy import build_engine, speculation_slack
 from .coordinator.metrics import RequestMetrics

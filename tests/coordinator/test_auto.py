@@ -7,7 +7,8 @@ from scipy.stats import chisquare
 
 import triforce.coordinator.auto as auto
 from triforce.cache.full import FullKVCache
-from triforce.config import ConfigError, EngineConfig, SamplingParams
+from triforce.config import ConfigError, EngineConfig
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator import costs as costs_module
 from triforce.coordinator.batchmates import Batchmates
 from triforce.coordinator.speed_model import STACK_MODES

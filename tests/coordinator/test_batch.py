@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from triforce.config import EngineConfig, SamplingParams
+from triforce.config import EngineConfig
+
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model

@@ -3,7 +3,9 @@ of a real request hold once it has run (every tier's tensors, each storage count
 import pytest
 import torch
 
-from triforce.config import EngineConfig, SamplingParams
+from triforce.config import EngineConfig
+
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.hierarchy import build_engine, cache_bytes
 from triforce.models.loader import load_model
 from triforce.models.rope import RotaryEmbedding

@@ -12,7 +12,8 @@ from penalty_reference import reference_penalized
 from sampling_runs import outputs
 from scripted_planner import follow_script
 from triforce.cache.full import FullKVCache
-from triforce.config import DEFAULT_LOOKUP, ConfigError, EngineConfig, SamplingParams, StructuredOutputs
+from triforce.config import DEFAULT_LOOKUP, ConfigError, EngineConfig
+from triforce.sampling_params import SamplingParams, StructuredOutputs
 from triforce.coordinator import engine as engine_module
 from triforce.coordinator.engine import HierarchyEngine
 from triforce.coordinator.hierarchy import build_engine

@@ -7,7 +7,8 @@ import torch
 
 from scripted_planner import follow_script
 from triforce.cache.full import FullKVCache
-from triforce.config import ConfigError, EngineConfig, SamplingParams
+from triforce.config import ConfigError, EngineConfig
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
 

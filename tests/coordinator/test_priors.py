@@ -3,7 +3,9 @@ requests end, and the start of the next request's plan."""
 import pytest
 import torch
 
-from triforce.config import EngineConfig, SamplingParams
+from triforce.config import EngineConfig
+
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.priors import DRIFT, LEARNED_TRIALS, NEW_WEIGHT, Priors, request_key
 from triforce.coordinator.speed_model import PRIOR

@@ -24,7 +24,8 @@ import triforce.cache.retrieval as retrieval
 import triforce.kernels.attention as attention_module
 from triforce.cache.full import FullKVCache
 from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
-from triforce.config import EngineConfig, SamplingParams
+from triforce.config import EngineConfig
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
 from triforce.speculation.sampling import probabilities

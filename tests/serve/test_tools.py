@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from servers import TOOLS_TEMPLATE as TEMPLATE, Server, chars_llm
 from triforce import SamplingParams
 from triforce.chat import chat_ids, template_messages
-from triforce.config import StructuredOutputs
+from triforce.sampling_params import StructuredOutputs
 from triforce.serve.app import create_app
 from triforce.serve.constraints import ConstraintError, StreamedContent, ToolPlan
 

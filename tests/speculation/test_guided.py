@@ -9,7 +9,8 @@ from llguidance import LLMatcher
 from transformers import AutoTokenizer
 
 from checkpoints import CHARS, write_char_tokenizer
-from triforce.config import ConfigError, SamplingParams, StructuredOutputs
+from triforce.config import ConfigError
+from triforce.sampling_params import SamplingParams, StructuredOutputs
 from triforce.speculation.guided import Grammars, grammar_text
 
 VOCAB = 96

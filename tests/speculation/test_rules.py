@@ -5,7 +5,9 @@ import random
 import pytest
 import torch
 
-from triforce.config import ConfigError, SamplingParams
+from triforce.config import ConfigError
+
+from triforce.sampling_params import SamplingParams
 from triforce.speculation.rules import BadWords, RowRules, RulesContradict, check_obeyed
 from triforce.speculation.sampling import probabilities
 

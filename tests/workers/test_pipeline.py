@@ -13,7 +13,8 @@ import zmq
 from worker_group import Group
 
 from triforce import LLM
-from triforce.config import EngineConfig, SamplingParams
+from triforce.config import EngineConfig
+from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine, speculation_slack
 from triforce.coordinator.remote import RemoteVerifier, WorkerError

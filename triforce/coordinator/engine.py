@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from ..config import SamplingParams
+from ..sampling_params import SamplingParams
 from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.guided import Guide
 from ..speculation.lookup import ContextLookup

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ..config import SamplingParams
+from ..sampling_params import SamplingParams
 from .calibration import CalibrationFile, finite_numbers
 from .costs import machine_key, tier_key
 from .tiers import Tier

@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from ..chat import chat_ids
-from ..config import SamplingParams
+from ..sampling_params import SamplingParams
 from ..errors import UserError
 from .prompts import prompt_count, prompts
 

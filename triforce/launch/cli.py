@@ -12,7 +12,9 @@ import re
 import sys
 from pathlib import Path
 
-from ..config import MODES_WITH_DRAFT, PROPOSAL_TREE, ConfigError, EngineConfig, SamplingParams, StructuredOutputs
+from ..config import MODES_WITH_DRAFT, PROPOSAL_TREE, ConfigError, EngineConfig
+
+from ..sampling_params import SamplingParams, StructuredOutputs
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from .flags import (DefaultsShown, RawDefaultsShown, add_distributed_args, add_engine_args, add_mode_arg,

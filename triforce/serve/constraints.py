@@ -24,7 +24,9 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..config import ConfigError, StructuredOutputs
+from ..config import ConfigError
+
+from ..sampling_params import StructuredOutputs
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

@@ -6,7 +6,7 @@ import math
 
 from ..chat import conversation_ids
 from ..errors import UserError
-from ..config import MAX_LOGPROBS, SEEDS
+from ..sampling_params import MAX_LOGPROBS, SEEDS
 from .constraints import ToolPlan
 
 MAX_PROMPTS = 2048  # prompts of one completion request

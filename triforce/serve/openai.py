@@ -24,7 +24,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..config import ConfigError, SamplingParams
+from ..config import ConfigError
+
+from ..sampling_params import SamplingParams
 from ..errors import UserError
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
 from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from ..api import LLM
 from ..errors import RequestFailed, TooLarge
 from ..request import Request
-from ..config import SamplingParams
+from ..sampling_params import SamplingParams
 from ..coordinator.remote import GroupFull, WorkerError
 from ..coordinator.batch import SequenceBatch
 from ..coordinator.batchmates import Batchmates

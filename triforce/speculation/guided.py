@@ -24,7 +24,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ..config import ConfigError, StructuredOutputs
+from ..config import ConfigError
+
+from ..sampling_params import StructuredOutputs
 from .sampling import only_allowed
 
 GBNF_RULE = re.compile(r"(?m)^\s*[\w-]+\s*::=")  # a line that defines a rule in GBNF (Lark writes name: ...)
