@@ -318,7 +318,8 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
     batch.run()
     assert [h.result[0] for h in handles] == plain and mates.engines == [] and mates.plan is None
     plans = [handles[0].result[1].auto, handles[2].result[1].auto]
-    assert handles[1].result[1].auto is None  # 20 tokens: plain decoding, no plan, never the leader
+    short, = handles[1].result[1].auto  # 20 tokens: plain decoding, no plan, never the leader
+    assert short["mode"] == "ar" and short["why"] == {"max_tokens_below": auto.MIN_PLANNED_TOKENS}
     assert all(p[0]["why"]["batch"] == 2 for p in plans)
     assert (plans[0][0]["mode"], plans[0][0]["gammas"]) == (plans[1][0]["mode"], plans[1][0]["gammas"])
     assert plans[1][0].get("from") == "the batch's leader"
