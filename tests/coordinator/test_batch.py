@@ -7,6 +7,7 @@ from triforce.config import EngineConfig
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine
+from triforce.kernels.linear import kernel_max_rows
 from triforce.models.loader import load_model
 
 SETTINGS = dict(budget=32, chunk_size=4, sinks=2, window=16, refresh_every=12, full_layers=0, prefill_chunk=64)
@@ -101,3 +102,31 @@ def test_each_sequence_stops_on_its_own(models):
     want_other = engine_for(models, "triforce", "static", 0, batch_prompts[1], batch_params[1]).generate(
         batch_prompts[1], batch_params[1], (stop_id,))[0]
     assert other == want_other
+
+
+@pytest.mark.skipif(kernel_max_rows() == 0, reason="no CPU kernels here: every forward takes torch's product")
+def test_a_prompt_prefilling_beside_a_decoding_one_leaves_both_as_alone_in_bfloat16(tiny_dir):
+    """A's decode steps ran in one call with B's prefill chunks, through torch's product (more rows than the
+    kernels take), whose rounding depends on the row count: in bfloat16 A's logits moved when a long
+    prompt arrived beside it (a server's greedy answer changed with its neighbours). Now a chunk runs in a
+    call of its own: A's log-probabilities and B's, bit for bit, are what they are alone."""
+    target = load_model(tiny_dir("engine-target", seed=11, num_layers=3, scale=25), "bfloat16")
+    a, b = prompts([10, 400], seed=5)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=2)
+    cfg = EngineConfig(mode="ar", **SETTINGS)
+
+    def run(prompts_here):
+        engines = [build_engine(cfg, target, None, len(p) + params.max_tokens) for p in prompts_here]
+        batch = SequenceBatch()
+        handles = [batch.add(e.run(p, params)) for e, p in zip(engines, prompts_here)]
+        steps = 0
+        while batch.active:
+            batch.step()
+            steps += 1
+        return [(h.result[0], [(x.logprob, x.top) for x in e.logprobs]) for h, e in zip(handles, engines)], steps
+
+    (a_alone,), a_steps = run([a])
+    (b_alone,), b_steps = run([b])
+    both, steps = run([a, b])
+    assert steps < a_steps + b_steps - SETTINGS["prefill_chunk"] // 10  # A decoded while B prefilled
+    assert both == [a_alone, b_alone]

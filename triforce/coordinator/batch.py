@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import RequestFailed
+from ..kernels.linear import kernel_max_rows
 from ..speculation.sampling import processed
 from ..speculation.verify import ChainVerdict, verify_chains
 from .engine import Check, Forward, Run
@@ -86,10 +87,11 @@ class SequenceBatch:
             if s.waiting.level == level:
                 groups[type(s.waiting.tier), id(s.waiting.tier.model)].append(s)
         for group in groups.values():
-            asks = [s.waiting for s in group]
-            logits = forward_together([a.tier for a in asks], [a.step for a in asks], [a.logits_for for a in asks])
-            for s, out in zip(group, logits):
-                self._advance(s, out)
+            for call in _calls(group):
+                asks = [s.waiting for s in call]
+                logits = forward_together([a.tier for a in asks], [a.step for a in asks], [a.logits_for for a in asks])
+                for s, out in zip(call, logits):
+                    self._advance(s, out)
         while checks := [s for s in self.active if isinstance(s.waiting, Check)]:
             for s, result in zip(checks, check_together([s.waiting for s in checks])):
                 self._advance(s, result)
@@ -112,6 +114,20 @@ class SequenceBatch:
             seq.waiting, seq.returned = None, done.value
         except RequestFailed as error:  # the request's own (its rules contradict each other): it alone ends
             seq.waiting, seq.error = None, error
+
+
+def _calls(group: list[Sequence]) -> list[list[Sequence]]:
+    """A group's forwards as calls: one call, except that on a CPU whose kernels take a few rows each forward
+    of more rows than they take (a prefill chunk) runs alone. Its rows go through torch's product, whose
+    rounding depends on how many rows it multiplies: decode steps and checks beside a chunk rounded otherwise
+    than alone, in bfloat16 enough to change a greedy answer when a long prompt arrived, and the chunk's own
+    rows rounded otherwise than in the same prompt alone. A chunk costs far more than reading the weights
+    once more (on a GPU, where mixing them is what fills the device, they stay together)."""
+    rows = kernel_max_rows() if group[0].waiting.tier.model.device.type == "cpu" else 0
+    if not rows or len(group) == 1:
+        return [group]
+    small = [s for s in group if s.waiting.step.n <= rows]
+    return ([small] if small else []) + [[s] for s in group if s.waiting.step.n > rows]
 
 
 def check_together(checks: list[Check]) -> list[tuple[ChainVerdict, torch.Tensor]]:
