@@ -279,3 +279,27 @@ def test_streaming_cache_refuses_a_rollback_deeper_than_it_keeps():
         forward(cache, 6, step)
     with pytest.raises(ValueError, match="cannot roll back"):
         cache.rollback(60)  # it keeps window + max_rollback = 7 recent tokens (a few more at most), not 60
+
+
+def test_a_streaming_cache_is_settled_except_between_a_skip_and_the_window_after_it():
+    """`settled` (a cost measurement runs filler over a batchmate's cache and rolls it back) is false only
+    where that rollback would fail: after a skip, before the window it skipped to is fed."""
+    cache = StreamingKVCache(CFG, 2, 4, 3, ROPE, torch.float32, "cpu")
+    assert cache.settled
+    forward(cache, 1, 0)
+    assert cache.settled  # fewer tokens than the window: nothing evicted
+    for step in range(6):
+        forward(cache, 3, step)
+        assert cache.settled
+    cache.skip(cache.skippable(cache.length + 20))
+    assert not cache.settled
+    with pytest.raises(ValueError, match="cannot roll back"):
+        forward(cache, 1, 9)
+        cache.rollback(1)
+    cache = StreamingKVCache(CFG, 2, 4, 3, ROPE, torch.float32, "cpu")
+    forward(cache, 3, 0)
+    cache.skip(cache.skippable(cache.length + 20))
+    forward(cache, 4, 1)  # the window after the skip
+    assert cache.settled
+    forward(cache, 2, 2)
+    cache.rollback(2)  # what a measurement does

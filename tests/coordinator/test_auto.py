@@ -507,3 +507,26 @@ def test_an_idle_draft_reports_how_its_proposals_would_have_fared(models, temper
     expected = torch.minimum(torch.ones(covered), q / p).sum()
     assert sum(a for _, a, _ in seen) == pytest.approx(float(expected), rel=1e-4)
     assert 0 < expected < covered  # a draft neither always right nor always wrong here
+
+
+def test_a_batchmate_catching_up_its_draft_is_not_measured_with(models, calibration):
+    """Two requests whose prompts end in the same step catch their drafts up (a prompt longer than the
+    draft's window skips to its last window, then feeds it); a prefill chunk runs in a call of its own, so
+    the first plans while the second's window is still to be fed, and measuring a batch cost with it rolled
+    its draft's cache back into the skipped tokens (a ValueError that failed the whole generate call)."""
+    from triforce.coordinator.batch import SequenceBatch
+
+    target, draft = models
+    g = torch.Generator().manual_seed(10)
+    batch_prompts = [torch.randint(0, VOCAB, (150,), generator=g).tolist() for _ in range(2)]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    plain = [build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 200).generate(p, params)[0]
+             for p in batch_prompts]
+    mates = Batchmates()
+    engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 200, batchmates=mates)
+               for _ in batch_prompts]
+    batch = SequenceBatch()
+    handles = [batch.add(e.run(p, params)) for e, p in zip(engines, batch_prompts)]
+    batch.run()
+    assert [h.result[0] for h in handles] == plain
+    assert handles[0].result[1].auto[0]["why"]["batch"] == 1  # its batchmate was not measured with

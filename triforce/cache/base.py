@@ -98,6 +98,13 @@ class KVCache:
     def sync(self) -> None:
         """Called after the target tier commits tokens; only caches derived from another need it."""
 
+    @property
+    def settled(self) -> bool:
+        """Whether the cache holds the keys and values its length says (a streaming cache that skipped to a
+        long prompt's last window holds that window once its forward has run): only then may filler tokens
+        be run over it and rolled back (a cost measurement: coordinator/costs.py)."""
+        return True
+
     def skippable(self, end: int) -> int:
         """How many of the next tokens a prefill up to `end` may leave out (skip), because the cache would
         evict them unread; 0 for caches that keep every token."""

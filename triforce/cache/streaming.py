@@ -161,6 +161,10 @@ class StreamingKVCache(KVCache):
         self.length += n
         self._offset = self.length  # the store starts afresh with the next token
 
+    @property
+    def settled(self) -> bool:
+        return max(self.sinks, self.length - self.window) >= self._offset  # what a rollback to it needs
+
     def rollback(self, n: int) -> None:
         self._check_rollback(n, self.length)
         new_length = self.length - n

@@ -64,8 +64,11 @@ class Batchmates:
     def measurable(self, planner: "AutoPlanner") -> list:
         """The others whose tiers a batch cost may be measured with: only those that have not begun to
         decode (a member in the middle of a round holds speculative entries that filler tokens, rolled
-        back after, could overwrite: a dynamic retrieval cache writes into its target's free slots)."""
-        return [e for e in self.others(planner) if e.rounds == 0]
+        back after, could overwrite: a dynamic retrieval cache writes into its target's free slots) and
+        whose caches are settled (a draft catching up on a long prompt skipped to its last window, whose
+        forward has not run yet: filler rolled back there fell into the skipped tokens, a ValueError)."""
+        return [e for e in self.others(planner) if e.rounds == 0 and
+                all(t.cache is None or t.cache.settled for t in e.planner.tiers.values())]
 
     def pooled(self, planner: "AutoPlanner") -> dict[str, Acceptance]:
         """Each proposer's acceptance over the checks of `planner`'s request and the others'."""
