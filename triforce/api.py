@@ -28,6 +28,7 @@ from .coordinator.remote import GroupFull
 from .engine_args import take_vllm_args
 from .errors import UserError
 from .generation_defaults import sampling_defaults
+from .memory import release_freed
 from .models.config import ModelLoadError, rope_scaling_spec
 from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model, tokenizer_source
 from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
@@ -301,6 +302,7 @@ class LLM(RequestChecks, RequestMemory):
                         request.close()
         finally:
             prompts_bar.close()
+            release_freed()  # the requests' caches, back to the system (a batch job calls this for hours)
         runs_of: list[list[RequestOutput]] = [[] for _ in prompts]
         for (k, _), output in zip(runs, outputs):
             runs_of[k].append(output)

@@ -2,6 +2,11 @@
 it allocates a sequence's cache (workers/worker.py) ask the same question."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import time
+
 import torch
 
 
@@ -19,3 +24,28 @@ def available_bytes(device: torch.device) -> int | None:
     except OSError:
         pass
     return None
+
+
+@functools.cache
+def _libc():
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        libc = None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+RELEASE_EVERY_S = 1.0  # at most this often (a trim of a few GB of heaps takes milliseconds)
+_released = [0.0]  # when memory was last handed back
+
+
+def release_freed() -> None:
+    """Hands memory that has been freed back to the system (glibc's malloc_trim; elsewhere nothing), at most
+    once in RELEASE_EVERY_S: glibc keeps freed blocks of its heaps for reuse, and a long-lived server whose
+    threads allocate tensors of many sizes held more and more of them (docs/serving.md). Called as
+    requests finish (the server's scheduler, LLM.generate)."""
+    libc, now = _libc(), time.monotonic()
+    if libc is not None and now - _released[0] >= RELEASE_EVERY_S:
+        libc.malloc_trim(0)
+        _released[0] = now

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from ..api import LLM
 from ..errors import RequestFailed, TooLarge
+from ..memory import release_freed
 from ..request import Request
 from ..sampling_params import SamplingParams
 from ..coordinator.remote import GroupFull, WorkerError
@@ -209,6 +210,8 @@ class Scheduler:
                 continue
             for seq in finished:
                 self._finish(seq)
+            if finished:
+                release_freed()  # what the finished requests freed (their caches), back to the system
 
     def _stop_for_good(self, exc: Exception) -> None:
         """The worker group stopped answering: no request can run again. The others fail, /health says
