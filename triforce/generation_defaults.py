@@ -18,7 +18,6 @@ import os
 from pathlib import Path
 
 from .config import ConfigError
-
 from .sampling_params import SamplingParams
 from .models.config import GENERATION_CONFIG, read_generation_config
 

@@ -11,7 +11,6 @@ from dataclasses import replace
 import torch
 
 from .config import ConfigError
-
 from .sampling_params import SamplingParams
 from .errors import UserError
 from .speculation.rules import bad_word_ids

@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from triforce.config import EngineConfig
-
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine

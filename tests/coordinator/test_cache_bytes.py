@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from triforce.config import EngineConfig
-
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator.hierarchy import build_engine, cache_bytes
 from triforce.models.loader import load_model

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from triforce.config import EngineConfig
-
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.priors import DRIFT, LEARNED_TRIALS, NEW_WEIGHT, Priors, request_key

@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from triforce.config import ConfigError
-
 from triforce.sampling_params import SamplingParams
 from penalty_reference import reference_penalized
 from triforce.speculation.penalties import MinTokens, Penalties

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from triforce.config import ConfigError
-
 from triforce.sampling_params import SamplingParams
 from triforce.speculation.rules import BadWords, RowRules, RulesContradict, check_obeyed
 from triforce.speculation.sampling import probabilities

@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 
 from ..config import MODES, PROPOSAL_TREE, EngineConfig
-
 from ..sampling_params import SamplingParams
 from ..errors import UserError
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from ..config import MODES_WITH_DRAFT, PROPOSAL_TREE, ConfigError, EngineConfig
-
 from ..sampling_params import SamplingParams, StructuredOutputs
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS

@@ -25,7 +25,6 @@ import uuid
 from dataclasses import dataclass
 
 from ..config import ConfigError
-
 from ..sampling_params import StructuredOutputs
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}

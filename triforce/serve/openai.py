@@ -25,7 +25,6 @@ import uuid
 from dataclasses import dataclass
 
 from ..config import ConfigError
-
 from ..sampling_params import SamplingParams
 from ..errors import UserError
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs

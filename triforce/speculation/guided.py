@@ -25,7 +25,6 @@ from collections.abc import Sequence
 import torch
 
 from ..config import ConfigError
-
 from ..sampling_params import StructuredOutputs
 from .sampling import only_allowed
 
