@@ -7,7 +7,7 @@ every 30 s the server's VmRSS and /metrics and a fixed greedy probe.
 
 $SOAK_DATA: the folder of austen-*.txt (default ../shared/data). benchmarks/results/soak/soak.sh starts a
 server and runs it."""
-import json, os, random, sys, threading, time, traceback
+import json, os, random, sys, threading, time
 import httpx
 
 PORT, SPID, DUR = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
