@@ -239,8 +239,9 @@ class LLM(RequestChecks, RequestMemory):
         if lora_request is not None:
             raise UserError("lora_request: LoRA adapters are not supported here (merge the adapter into the "
                             "model's weights and load that folder)")
-        if priority is not None and any(p != 0 for p in priority):
-            raise UserError("priority: requests have one priority here (vLLM's priority scheduling is not built)")
+        if priority is not None and (not isinstance(priority, Sequence) or any(p != 0 for p in priority)):
+            raise UserError("priority: requests have one priority here (vLLM's priority scheduling is not built; "
+                            "None or a list of 0s is taken)")
         if prompt_token_ids is not None:
             if prompts is not None:
                 raise UserError("give prompts or prompt_token_ids, not both")
@@ -302,6 +303,7 @@ class LLM(RequestChecks, RequestMemory):
                         request.close()
         finally:
             prompts_bar.close()
+            requests = handles = batch = mates = None  # the last part's caches, freed before the trim
             release_freed()  # the requests' caches, back to the system (a batch job calls this for hours)
         runs_of: list[list[RequestOutput]] = [[] for _ in prompts]
         for (k, _), output in zip(runs, outputs):

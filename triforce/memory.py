@@ -3,7 +3,6 @@ it allocates a sequence's cache (workers/worker.py) ask the same question."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import time
 
@@ -28,24 +27,23 @@ def available_bytes(device: torch.device) -> int | None:
 
 @functools.cache
 def _libc():
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
+        libc = ctypes.CDLL(None)  # this process's own symbols: glibc's where it runs on glibc
     except OSError:
-        libc = None
-    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 RELEASE_EVERY_S = 1.0  # at most this often (a trim of a few GB of heaps takes milliseconds)
 _released = [0.0]  # when memory was last handed back
 
 
-def release_freed() -> None:
-    """Hands memory that has been freed back to the system (glibc's malloc_trim; elsewhere nothing), at most
-    once in RELEASE_EVERY_S: glibc keeps freed blocks of its heaps for reuse, and a long-lived server whose
+def release_freed(every_s: float = RELEASE_EVERY_S) -> None:
+    """Hands memory that has been freed back to the system (glibc's malloc_trim; elsewhere nothing), unless
+    it did within `every_s`: glibc keeps freed blocks of its heaps for reuse, and a long-lived server whose
     threads allocate tensors of many sizes held more and more of them (docs/serving.md). Called as
-    requests finish (the server's scheduler, LLM.generate)."""
+    requests finish (the server's scheduler, also once it goes idle; LLM.generate)."""
     libc, now = _libc(), time.monotonic()
-    if libc is not None and now - _released[0] >= RELEASE_EVERY_S:
+    if libc is not None and now - _released[0] >= every_s:
         libc.malloc_trim(0)
         _released[0] = now

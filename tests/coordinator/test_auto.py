@@ -16,6 +16,7 @@ from triforce.coordinator.costs import CostTable
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
 from triforce.speculation.lookup import RECENT
+from triforce.step import Step
 from triforce.speculation.sampling import probabilities
 
 from sampling_runs import outputs
@@ -510,23 +511,32 @@ def test_an_idle_draft_reports_how_its_proposals_would_have_fared(models, temper
 
 
 def test_a_batchmate_catching_up_its_draft_is_not_measured_with(models, calibration):
-    """Two requests whose prompts end in the same step catch their drafts up (a prompt longer than the
-    draft's window skips to its last window, then feeds it); a prefill chunk runs in a call of its own, so
-    the first plans while the second's window is still to be fed, and measuring a batch cost with it rolled
-    its draft's cache back into the skipped tokens (a ValueError that failed the whole generate call)."""
-    from triforce.coordinator.batch import SequenceBatch
+    """A batch cost runs filler over the batchmates' caches and rolls it back: a member whose draft skipped
+    to a long prompt's last window and has not fed it yet (its cache is not settled) cannot roll back
+    there (a ValueError that failed the whole generate call, when the first request planned between a
+    batchmate's skip and its window's forward), so it is not measured with; once fed, it is."""
+    from types import SimpleNamespace
 
-    target, draft = models
-    g = torch.Generator().manual_seed(10)
-    batch_prompts = [torch.randint(0, VOCAB, (150,), generator=g).tolist() for _ in range(2)]
-    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    plain = [build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 200).generate(p, params)[0]
-             for p in batch_prompts]
-    mates = Batchmates()
-    engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 200, batchmates=mates)
-               for _ in batch_prompts]
-    batch = SequenceBatch()
-    handles = [batch.add(e.run(p, params)) for e, p in zip(engines, batch_prompts)]
-    batch.run()
-    assert [h.result[0] for h in handles] == plain
-    assert handles[0].result[1].auto[0]["why"]["batch"] == 1  # its batchmate was not measured with
+    from triforce.cache.streaming import StreamingKVCache
+
+    _, draft = models
+    cache = StreamingKVCache(draft.config, 2, 16, 4, draft.rope, draft.dtype, draft.device)
+    member = lambda: SimpleNamespace(planner=SimpleNamespace(tiers={"draft": SimpleNamespace(cache=cache),  # noqa: E731
+                                                                    "target": SimpleNamespace(cache=None)}),
+                                     plans=True, rounds=0)
+    me, mate = member(), member()
+    mates = Batchmates([me, mate])
+
+    def feed(n):
+        cfg = draft.config
+        cache.begin(Step.chain([1] * n, cache.length))
+        for layer in range(cfg.num_layers):
+            kv = torch.zeros(cfg.num_kv_heads, n, cfg.head_dim)
+            cache.append(layer, torch.zeros(cfg.num_heads, n, cfg.head_dim), kv, kv)
+        cache.end()
+
+    feed(2)  # the sinks
+    cache.skip(40)
+    assert not cache.settled and mates.measurable(me.planner) == []
+    feed(16)  # the window skipped to
+    assert cache.settled and mates.measurable(me.planner) == [mate]

@@ -266,6 +266,10 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "best_of": True, "n": 2}, 400, "best_of"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}],
                               "tools": [{"type": "function", "function": {"name": True}}]}, 400, "tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}],
+                              "tool_choice": {"type": "function", "function": {"name": True}}}, 400, "tool_choice"),
+    ("/v1/responses", {"input": "w5", "store": True}, 400, "store"),
     ("/v1/completions", {"prompt": PROMPT, "stop": [1]}, 400, "stop"),
     ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "presence_penalty": "high"}, 400, "presence_penalty"),
@@ -792,9 +796,10 @@ def test_the_scheduler_hands_freed_memory_back_as_requests_finish(llm, monkeypat
     memory.release_freed(), memory.release_freed()
     assert calls == [0]  # once a second at most
     trims = []
-    monkeypatch.setattr(scheduler, "release_freed", lambda: trims.append(time.perf_counter()))
+    monkeypatch.setattr(scheduler, "release_freed", lambda every_s=None: trims.append(every_s))
     with TestClient(create_app(llm, "tiny")) as c:
         for _ in range(2):
             r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3})
             assert r.status_code == 200
-    assert len(trims) == 2
+            time.sleep(0.5)  # the scheduler goes idle
+    assert trims == [None, 0, None, 0]  # as each finished (rate-bound), and once idle (always)

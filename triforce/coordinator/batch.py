@@ -35,7 +35,7 @@ from ..kernels.linear import kernel_max_rows
 from ..speculation.sampling import processed
 from ..speculation.verify import ChainVerdict, verify_chains
 from .engine import Check, Forward, Run
-from .tiers import Wait, forward_together
+from .tiers import PROMPT_ROWS, Wait, forward_in_calls
 
 
 @dataclass(eq=False)
@@ -87,11 +87,11 @@ class SequenceBatch:
             if s.waiting.level == level:
                 groups[type(s.waiting.tier), id(s.waiting.tier.model)].append(s)
         for group in groups.values():
-            for call in _calls(group):
-                asks = [s.waiting for s in call]
-                logits = forward_together([a.tier for a in asks], [a.step for a in asks], [a.logits_for for a in asks])
-                for s, out in zip(call, logits):
-                    self._advance(s, out)
+            asks = [s.waiting for s in group]
+            tiers, steps, wants = [a.tier for a in asks], [a.step for a in asks], [a.logits_for for a in asks]
+            logits = forward_in_calls(tiers, steps, wants, _calls(tiers, wants))
+            for s, out in zip(group, logits):
+                self._advance(s, out)
         while checks := [s for s in self.active if isinstance(s.waiting, Check)]:
             for s, result in zip(checks, check_together([s.waiting for s in checks])):
                 self._advance(s, result)
@@ -116,18 +116,21 @@ class SequenceBatch:
             seq.waiting, seq.error = None, error
 
 
-def _calls(group: list[Sequence]) -> list[list[Sequence]]:
-    """A group's forwards as calls: one call, except that on a CPU whose kernels take a few rows each forward
-    of more rows than they take (a prefill chunk) runs alone. Its rows go through torch's product, whose
-    rounding depends on how many rows it multiplies: decode steps and checks beside a chunk rounded otherwise
-    than alone, in bfloat16 enough to change a greedy answer when a long prompt arrived, and the chunk's own
-    rows rounded otherwise than in the same prompt alone. A chunk costs far more than reading the weights
-    once more (on a GPU, where mixing them is what fills the device, they stay together)."""
-    rows = kernel_max_rows() if group[0].waiting.tier.model.device.type == "cpu" else 0
-    if not rows or len(group) == 1:
-        return [group]
-    small = [s for s in group if s.waiting.step.n <= rows]
-    return ([small] if small else []) + [[s] for s in group if s.waiting.step.n > rows]
+def _calls(tiers: list, logits_for: list[str]) -> list[list[int]]:
+    """Which of a group's forwards run as one model call: all, except that on a CPU whose kernels take the
+    few rows of decode steps and checks, each prompt chunk (a prefill, a catch-up) runs alone. Its rows
+    would take the call past the kernels' rows into torch's product, whose rounding depends on how many
+    rows it multiplies: beside a chunk the others rounded otherwise than alone, in bfloat16 enough to change
+    a greedy answer when a long prompt arrived, and the chunk otherwise than in its prompt alone. A chunk
+    costs far more than reading the weights once more. On a GPU, where mixing them is what fills the
+    device, and for a worker group, which prefills a chunk in a request of its own, they stay together."""
+    tier = tiers[0]
+    apart = [i for i, want in enumerate(logits_for) if want in PROMPT_ROWS]
+    if not apart or len(tiers) == 1 or tier.placement != "local" or tier.model.device.type != "cpu" \
+            or kernel_max_rows() == 0:
+        return [list(range(len(tiers)))]
+    rest = [i for i in range(len(tiers)) if i not in apart]
+    return ([rest] if rest else []) + [[i] for i in apart]
 
 
 def check_together(checks: list[Check]) -> list[tuple[ChainVerdict, torch.Tensor]]:

@@ -186,6 +186,26 @@ def charge_call(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequen
         tier.shared_prefill = prompt - (step.n if want in PROMPT_ROWS else 0)
 
 
+def forward_in_calls(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequence[str],
+                     calls: list[list[int]]) -> list:
+    """forward_together of the forwards in each of `calls` (lists of indices that partition them), charged
+    as one call (charge_call): each tier the seconds of all, and the prompt rows of the others' it waited
+    for, as when they share a call (mode auto learns what a batchmate's prefill costs a decode step)."""
+    if len(calls) == 1:
+        return forward_together(tiers, steps, logits_for)
+    spent, out = [t.seconds for t in tiers], [None] * len(tiers)
+    start = time.perf_counter()
+    for call in calls:
+        logits = forward_together([tiers[i] for i in call], [steps[i] for i in call], [logits_for[i] for i in call])
+        for i, x in zip(call, logits):
+            out[i] = x
+    elapsed = time.perf_counter() - start
+    for tier, seconds in zip(tiers, spent):
+        tier.seconds = seconds
+    charge_call(tiers, steps, logits_for, elapsed)
+    return out
+
+
 def forward_together(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequence[str]) -> list:
     """One forward for each of several sequences at the same kind of tier (tiers[i], each with its own cache,
     takes steps[i]): one call for all where the tiers are of one class and run one model (in this process,

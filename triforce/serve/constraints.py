@@ -127,7 +127,7 @@ class ToolPlan:
             function = choice.get("function") if choice.get("type") == "function" else None
             choice = function.get("name") if isinstance(function, dict) else None
             if choice not in schemas:
-                raise ConstraintError("tool_choice", f"'tool_choice' names no tool of this request ({choice!r})")
+                raise ConstraintError("tool_choice", f"'tool_choice' names no tool of this request ({json.dumps(choice)})")
         elif choice not in ("none", "auto", "required"):
             raise ConstraintError("tool_choice", "'tool_choice' must be none, auto, required or {type: function, "
                                            "function: {name}}")

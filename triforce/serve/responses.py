@@ -42,7 +42,7 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
     body = checked_body(body, FIELDS | PASSED, model_name)
     for name, allowed in HARMLESS.items():
         if body.get(name) not in allowed:
-            raise ApiError(400, f"'{name}' other than {allowed[-1]!r} is not supported by this server "
+            raise ApiError(400, f"'{name}' other than {json.dumps(allowed[-1])} is not supported by this server "
                                 f"(it keeps no responses and returns text)", param=name)
     chat = {name: body[name] for name in PASSED & set(body)}
     chat["messages"] = _messages(body)

@@ -69,6 +69,7 @@ class Scheduler:
         self.fatal: Exception | None = None  # why the scheduler stopped for good (a worker group gone)
         self._batch, self._mates = SequenceBatch(), Batchmates()
         self._lock, self._wake, self._stop, self._draining = threading.Lock(), threading.Event(), False, False
+        self._freed = False  # whether requests finished since the scheduler was last idle
         self._thread = threading.Thread(target=self._loop, name="triforce-scheduler", daemon=True)
         self._thread.start()
 
@@ -193,6 +194,9 @@ class Scheduler:
         while not self._stop and self.fatal is None:
             self._admit()
             if not self._batch.active:
+                if self._freed:  # what the last requests freed, once their answers are gone too
+                    release_freed(every_s=0)
+                    self._freed = False
                 self._wake.wait(0.1)
                 self._wake.clear()
                 continue
@@ -212,6 +216,7 @@ class Scheduler:
                 self._finish(seq)
             if finished:
                 release_freed()  # what the finished requests freed (their caches), back to the system
+                self._freed = True
 
     def _stop_for_good(self, exc: Exception) -> None:
         """The worker group stopped answering: no request can run again. The others fail, /health says
