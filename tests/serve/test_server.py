@@ -779,7 +779,7 @@ def test_a_seeded_server_repeats_the_samples_of_unseeded_requests(tiny_dir):
 
 
 def test_the_scheduler_hands_freed_memory_back_as_requests_finish(llm, monkeypatch):
-    """glibc keeps freed heap blocks for reuse: a soak of the server grew to 4.9 GB in 20 minutes and kept
+    """glibc keeps freed heap blocks for reuse: a soak of the server grew to 4.8 GiB in 20 minutes and kept
     it when idle. Requests' caches, once they finish, go back to the system (malloc_trim, at most once a
     second: memory.release_freed)."""
     import platform
