@@ -253,6 +253,7 @@ def test_vllms_other_spellings_of_prompts_and_outputs(llm, tiny_dir):
                     chat_template="{{ messages[0]['content'] }}")[0].token_ids
     assert llm.generate([PROMPT, PROMPT], params, priority=[0, 0])[1].token_ids == plain.token_ids
     for wrong, message in (({"lora_request": object()}, "LoRA adapters"), ({"priority": [1]}, "one priority"),
+                           ({"priority": [0, 0]}, "one per prompt"), ({"priority": 0}, "one priority"),
                            ({"prompt_token_ids": ids}, "not both")):
         with pytest.raises(UserError, match=message):
             llm.generate(PROMPT, params, **wrong)

@@ -252,6 +252,8 @@ class LLM(RequestChecks, RequestMemory):
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
         prompts = [_unwrapped(p) for p in prompts]
+        if priority is not None and len(priority) != len(prompts):
+            raise UserError(f"priority: one per prompt ({len(priority)} for {len(prompts)} prompts), as vLLM's")
         show_progress = show_progress if use_tqdm is None else use_tqdm
         if not prompts:
             return []

@@ -87,9 +87,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     context's worth would reserve its caches for every such request)."""
     harmless = {**HARMLESS, "add_special_tokens": (ADDS_SPECIAL_TOKENS[kind],)}
     body = checked_body(body, FIELDS[kind], model_name, harmless)
-    n = 1 if body.get("n") is None else body["n"]
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
-        raise ApiError(400, f"'n' must be an integer from 1 to {MAX_CHOICES}", param="n")
+    n = integer(body, "n", 1, 1, MAX_CHOICES)
     try:
         tools, source, structured = constraints(body, getattr(llm.tokenizer, "chat_template", None), kind == "chat")
     except ConstraintError as exc:
