@@ -129,6 +129,23 @@ def test_cpu_decode_attention_kernel_matches_reference(level, hq, hkv, d, n, s, 
         torch.testing.assert_close(attention(q, k, v, d ** -0.5).float(), got)
 
 
+@pytest.mark.parametrize("n,s", [(7, 700), (7, 1027), (24, 1600), (5, 300)])
+def test_cpu_decode_attention_kernel_gives_a_check_what_steps_give(level, n, s):
+    """A chain check of n tokens over s keys gives each token, bit for bit, the attention of a one-token
+    step over the keys up to its own: the kernel splits the keys at fixed offsets (every 512), not at
+    offsets sized by s, so checks whose steps straddle one (1024) sum in the same order. The vector paths
+    (AVX2, AVX512-BF16)."""
+    g = torch.Generator().manual_seed(s)
+    q = (2 * torch.randn(9, n, 64, generator=g)).bfloat16()
+    k, v = torch.randn(3, s, 64, generator=g).bfloat16(), torch.randn(3, s, 64, generator=g).bfloat16()
+    check = cpu_kernels().decode_attention_bf16(q, k, v, 0.125, allow_amx=False)
+    for i in range(n):
+        end = s - n + i + 1
+        step = cpu_kernels().decode_attention_bf16(q[:, i:i + 1].contiguous(), k[:, :end], v[:, :end], 0.125,
+                                                   allow_amx=False)
+        assert torch.equal(check[:, i:i + 1], step), i
+
+
 @pytest.mark.parametrize("amx", [False, True])
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
 @pytest.mark.parametrize("n,m,s", [(1, 5, 40), (7, 7, 7), (6, 6, 1500), (16, 30, 700), (5, 33, 33), (3, 3, 65)])

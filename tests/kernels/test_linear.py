@@ -3,7 +3,7 @@ import torch
 
 from triforce.kernels.attention import attention, reference_attention
 from triforce.kernels.cpu import cpu_kernels, has_amx
-from triforce.kernels.linear import linear, logits_linear, reference_linear
+from triforce.kernels.linear import KERNEL_MAX_ROWS, linear, logits_linear, reference_linear
 
 
 @pytest.mark.parametrize("amx", [False, True])
@@ -12,7 +12,7 @@ from triforce.kernels.linear import linear, logits_linear, reference_linear
 def test_cpu_bf16_kernel_matches_float32_reference(level, n, k, out, amx):
     """At every level: the vector path (AVX2 or AVX512-BF16; 8 rows of x per pass, so 9, 21 and 40 rows
     take several passes over each tile of W, and 1728 rows of W at K = 576 several tiles, the last one
-    ragged; at AVX2 from 5 rows three rows of W at a time, 4 rows of x and then 1 to 4, and the last one or
+    ragged; at AVX2 from 5 rows three rows of W at a time, 2 rows of x at a time and the odd one alone, and the last one or
     two rows of W of a tile alone: 3, 80 and 576 rows of W are not multiples of 3, nor are some tiles) and the AMX path (16 rows per pass, N a multiple of 16: 1728 = 36 blocks of 16 takes its
     three-block loop, 80 = 5 blocks its tail too)."""
     if amx and not has_amx():
@@ -36,14 +36,23 @@ def test_cpu_float32_kernel_matches_float64_reference(level, n, k, out):
     torch.testing.assert_close(got.double(), want, atol=1e-5 * k ** 0.5, rtol=1e-5)
 
 
-def test_cpu_float32_kernel_rows_do_not_depend_on_how_many_share_a_pass(level):
-    """Up to 4 rows of x a row's sums run in one order: a check of 2-4 tokens gives each token the
-    numbers a decode step of that token alone gives (greedy decoding in float32 then cannot part at a
-    near-tie between one token and several)."""
-    x, w = torch.randn(4, 576), torch.randn(1000, 576)
-    alone = torch.cat([cpu_kernels().linear_f32(row[None], w) for row in x])
-    for n in (2, 3, 4):
-        assert torch.equal(cpu_kernels().linear_f32(x[:n], w), alone[:n])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_kernel_rows_do_not_depend_on_how_many_share_a_pass(level, dtype):
+    """Every count of rows the kernels take sums a row in one order (the vector paths: AVX2 one row of W at
+    a time up to 4 rows of x and three from 5, passes of 8 from 9; AVX512-BF16 one row of W at a time): a
+    check of n tokens gives each token the numbers a decode step of that token alone gives, bit for bit,
+    so greedy decoding cannot part from plain decoding at a near-tie (nor a request's answer change with
+    the requests beside it). 1000 rows of W: not a multiple of 3, so some rows of W go alone."""
+    x, w = torch.randn(KERNEL_MAX_ROWS, 576).to(dtype), torch.randn(1000, 576).to(dtype)
+
+    def product(rows):
+        if dtype == torch.float32:
+            return cpu_kernels().linear_f32(rows, w)
+        return cpu_kernels().linear_bf16(rows, w, float_out=True, allow_amx=False)
+
+    alone = torch.cat([product(row[None]) for row in x])
+    for n in range(2, KERNEL_MAX_ROWS + 1):
+        assert torch.equal(product(x[:n]), alone[:n]), n
 
 
 def test_cpu_float32_kernel_refuses_what_it_cannot_take(level):

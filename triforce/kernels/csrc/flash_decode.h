@@ -15,6 +15,7 @@
 namespace triforce_attention {
 
 constexpr int kMaxRows = 128;  // G * n: query rows that share one pass over a KV head
+constexpr int64_t kSpan = 512;  // keys per range processed in parallel (a multiple of every level's block)
 
 struct Partial {  // one row's online-softmax state over a range of keys
   float max, sum;
@@ -77,14 +78,10 @@ void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const TailMask& mask, RangeFn range, at::Tensor& out) {
   const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
   const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
-  // Key ranges of at least 512 keys, as many as keep every thread equally busy: the number of
-  // (head, range) items is a multiple of the thread count where the sequence is long enough.
-  const int64_t threads = at::get_num_threads();
-  int64_t splits = 1;
-  while ((hkv * splits) % threads != 0 || hkv * splits < 2 * threads) ++splits;
-  splits = std::max<int64_t>(1, std::min<int64_t>(splits, (S + 511) / 512));
-  const int64_t span = (S + splits - 1) / splits;
-  splits = (S + span - 1) / span;
+  // Key ranges of kSpan keys at fixed offsets (0, kSpan, 2 kSpan, ...), not sized by S: a row's sums then
+  // run in one order however many keys follow the ones it sees, so a check of n tokens gives each token
+  // the attention a one-token step gives it, bit for bit (keys a row does not see add exact zeros).
+  const int64_t span = kSpan, splits = (S + span - 1) / span;
   std::vector<float> acc(static_cast<size_t>(hkv * splits * R * D), 0.0f);
   std::vector<Partial> st(static_cast<size_t>(hkv * splits * R));
   const auto* qp = q.data_ptr<at::BFloat16>();

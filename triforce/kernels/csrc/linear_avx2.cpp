@@ -5,7 +5,7 @@
 // float32, which is what a memory-bound decode step pays for; rows of W are widened to float32 in
 // registers (a bfloat16 is the top half of a float32: shift left by 16), one at a time up to 4 rows of x
 // and three at a time from 5, and multiplied into the activation rows, which were widened once, with
-// FMA (linear_avx2.h). Float32 accumulation, rounded once, like reference_linear; rows of W are split
+// FMA, a row's sums in one order whatever the count of rows (linear_avx2.h). Float32 accumulation, rounded once, like reference_linear; rows of W are split
 // over torch's intra-op threads.
 #include "kernels.h"  // what this file defines, declared as its callers see it
 

@@ -4,8 +4,8 @@
 // torch's float32 product of a few rows read the weights at half the memory bandwidth at one row of x
 // and slower at two than at four (benchmarks/float32_rows.py: 11.2, 27.4 and 19.3 ms for SmolLM2's
 // 113 MB head at 1, 2 and 4 rows on the 2-core Zen 4), so a float32 forward of 2 tokens cost 1.7x one
-// of 1 and speculation could not pay in float32. Up to 4 rows of x a row's sums run in one order
-// whatever the count (as linear_avx2.h says), from 5 on in another.
+// of 1 and speculation could not pay in float32. A row's sums run in one order whatever the count of
+// rows (as linear_avx2.h says).
 #include "kernels.h"  // what this file defines, declared as its callers see it
 
 #include "linear_avx2.h"
