@@ -120,3 +120,34 @@ def test_default_model_runs_three_tiers_with_the_shipped_draft(capsys):
     # A trained draft on English prose: a good share of its proposals survive the retrieval tier's check
     # (0.31 on this prompt, 0.45-0.57 on Emma in the benchmark).
     assert draft_check["acceptance_rate"] > 0.15, draft_check
+
+
+BF16_RUNS = [("triforce", {}), ("draft", {}), ("retrieval", {}), ("triforce", {"gamma1": 7, "gamma2": 12})]
+
+
+@pytest.fixture(scope="module")
+def bf16_reference(smollm2_dir, prompt_ids):
+    """SmolLM2 in bfloat16 (the default dtype on CPUs), its plain greedy tokens, and the prompt's stored KV."""
+    from triforce.kernels import cpu
+
+    if cpu.isa_level() == "amx":  # TRIFORCE_CPU_ISA=avx512 runs an AMX CPU on the vector paths
+        pytest.skip("AMX tiles round a check of 3 or more rows otherwise than a one-token step")
+    model = load_model(smollm2_dir, "bfloat16")
+    prefixes = PrefixStore(max_bytes=2**30, block=EngineConfig().prefill_chunk)
+    reference, _ = build_engine(EngineConfig(mode="ar"), model, None, 2140, prefixes=prefixes).generate(
+        prompt_ids, PARAMS)
+    return model, reference, prefixes
+
+
+@pytest.mark.parametrize("mode,extra", BF16_RUNS, ids=[f"{m}-{e}" for m, e in BF16_RUNS])
+def test_every_mode_equals_plain_greedy_in_bfloat16(bf16_reference, shipped_draft, prompt_ids, mode, extra):
+    """In bfloat16 too, chains of every mode reproduce plain greedy decoding token for token: on the CPU
+    kernels' vector paths a check of up to 24 tokens gives each token the logits of a one-token step, bit
+    for bit (tests/kernels/test_check_rows.py), so no near-tie can tip; gammas of 7 and 12 check 8 and 13
+    tokens at a time. (Trees are left out: a tree's nodes sit apart from their paths in the cache, so
+    their attention sums in another order.)"""
+    model, reference, prefixes = bf16_reference
+    cfg = EngineConfig(mode=mode, **SETTINGS, **extra)
+    tokens, metrics = build_engine(cfg, model, shipped_draft, 2140, prefixes=prefixes).generate(prompt_ids, PARAMS)
+    assert tokens == reference
+    assert metrics.tiers[-1].checks > 0

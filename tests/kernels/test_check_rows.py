@@ -1,0 +1,39 @@
+"""A bfloat16 model on the CPU kernels gives a check of k tokens what k one-token steps give, bit for bit,
+so greedy speculative decoding cannot part from plain decoding at a near-tie (benchmarks/check_rows.py
+measures it on SmolLM2)."""
+import pytest
+import torch
+
+from triforce.cache.full import FullKVCache
+from triforce.kernels.linear import KERNEL_MAX_ROWS
+from triforce.models.loader import load_model
+from triforce.step import Step
+
+from checkpoints import write_tiny_checkpoint
+
+CONTEXT = 1020  # the checks' keys straddle the attention kernel's split at 1024
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """Kernel-sized: head dim 64, hidden 256 (K a multiple of 32), 2 KV heads for 4 query heads."""
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("rows"), vocab_size=96, hidden_size=256, num_heads=4,
+                                 num_kv_heads=2, num_layers=2, max_position_embeddings=2048)
+
+
+@pytest.mark.parametrize("k", [2, 5, 8, 13, KERNEL_MAX_ROWS])
+def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k):
+    """At the vector levels (AVX2, AVX512-BF16). AMX tiles take a check from 3 rows and round it
+    otherwise (TRIFORCE_CPU_ISA=avx512 keeps an AMX CPU on the vector paths)."""
+    if level == "amx":
+        pytest.skip("AMX tiles round a check of 3 or more rows otherwise than a step")
+    model = load_model(folder, "bfloat16")
+    assert model.fused_layers is not None and model.fused_layers.max_rows >= k  # the kernels' path
+    ids = torch.randint(3, 96, (CONTEXT + k,), generator=torch.Generator().manual_seed(k))
+    caches = [FullKVCache(model.config, CONTEXT + k, model.rope, model.dtype, "cpu") for _ in range(2)]
+    for cache in caches:
+        model(Step.chain(ids[:CONTEXT], 0), cache, logits_for="none")
+    steps = torch.cat([model(ids[CONTEXT + i:CONTEXT + i + 1], caches[0]) for i in range(k)])
+    check = model(ids[CONTEXT:], caches[1])
+    assert torch.equal(check, steps)
+    assert torch.equal(caches[0].keys[:, :, :CONTEXT + k], caches[1].keys[:, :, :CONTEXT + k])
