@@ -497,3 +497,16 @@ def test_use_tqdm_draws_vllms_bar_over_the_prompts(llm, capfd):
     assert [o.token_ids for o in loud[:3]] == [o.token_ids for o in quiet]
     llm.generate(prompts, params, use_tqdm=False)
     assert "Processed prompts" not in capfd.readouterr().err
+
+
+def test_sampling_params_are_found_where_they_lived_before_the_split():
+    """Code outside that imported them from triforce.config (before 69cb54a) gets the same classes; a
+    name that was never there is still an AttributeError."""
+    import triforce.config
+    import triforce.sampling_params
+    from triforce.config import SamplingParams as moved, StructuredOutputs
+
+    assert moved is SamplingParams is triforce.sampling_params.SamplingParams
+    assert StructuredOutputs is triforce.sampling_params.StructuredOutputs
+    with pytest.raises(AttributeError):
+        triforce.config.NoSuchThing

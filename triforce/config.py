@@ -132,3 +132,13 @@ class EngineConfig:
     def lookup_n(self) -> int:
         """The prompt lookup's n-gram length in effect (0: off)."""
         return DEFAULT_LOOKUP if self.lookup is None else self.lookup
+
+
+def __getattr__(name: str):
+    """SamplingParams and StructuredOutputs lived here until 69cb54a moved them to sampling_params.py:
+    `from triforce.config import SamplingParams` in code outside still finds them."""
+    if name in ("SamplingParams", "StructuredOutputs"):
+        from . import sampling_params
+
+        return getattr(sampling_params, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
