@@ -122,7 +122,8 @@ def test_default_model_runs_three_tiers_with_the_shipped_draft(capsys):
     assert draft_check["acceptance_rate"] > 0.15, draft_check
 
 
-BF16_RUNS = [("triforce", {}), ("draft", {}), ("retrieval", {}), ("triforce", {"gamma1": 7, "gamma2": 12})]
+# Each failed before a92c3c3 on the AVX2 EPYC (`draft` mode passed by chance there, and is left out for time).
+BF16_RUNS = [("triforce", {}), ("retrieval", {}), ("triforce", {"gamma1": 7, "gamma2": 12})]
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +142,7 @@ def bf16_reference(smollm2_dir, prompt_ids):
 
 @pytest.mark.parametrize("mode,extra", BF16_RUNS, ids=[f"{m}-{e}" for m, e in BF16_RUNS])
 def test_every_mode_equals_plain_greedy_in_bfloat16(bf16_reference, shipped_draft, prompt_ids, mode, extra):
-    """In bfloat16 too, chains of every mode reproduce plain greedy decoding token for token: on the CPU
+    """In bfloat16 too, chains reproduce plain greedy decoding token for token: on the CPU
     kernels' vector paths a check of up to 24 tokens gives each token the logits of a one-token step, bit
     for bit (tests/kernels/test_check_rows.py), so no near-tie can tip; gammas of 7 and 12 check 8 and 13
     tokens at a time. (Trees are left out: a tree's nodes sit apart from their paths in the cache, so
