@@ -19,6 +19,13 @@ def _token_id(token) -> int:
     raise ValueError(f"not a token id: {token!r}")
 
 
+def _bias_value(value) -> float:
+    """A logit bias: a number (not a bool, not a string: float() would take True and "5"); ValueError otherwise."""
+    if not is_number(value):
+        raise ValueError(value)
+    return float(value)
+
+
 def _token_ids(value, name: str) -> tuple[int, ...]:
     """A list of token ids (integers >= 0, or their strings), sorted without repeats; ConfigError naming
     `name` otherwise."""
@@ -151,7 +158,7 @@ class SamplingParams:
                 object.__setattr__(self, name, unset)
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         try:
-            bias = tuple(sorted((_token_id(token), float(value)) for token, value in bias))
+            bias = tuple(sorted((_token_id(token), _bias_value(value)) for token, value in bias))
         except (TypeError, ValueError):
             raise ConfigError("logit_bias must map token ids (integers, or their strings) to numbers") from None
         if any(token < 0 or not -100 <= value <= 100 for token, value in bias) or len({t for t, _ in bias}) < len(bias):

@@ -97,9 +97,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if truncate is not None:  # vLLM's: each prompt's last tokens (echo gives their text)
         given = [g if len(i) <= truncate else i[-truncate:] for g, i in zip(given, ids_of)]
         ids_of = [i[-truncate:] for i in ids_of]
-    echo = body.get("echo") if kind == "completion" else None
-    if echo not in (None, True, False):
-        raise ApiError(400, "'echo' must be true or false", param="echo")
+    echo = flag(body, "echo", False) if kind == "completion" else None  # (1 == True: `in (True, False)` took it)
     ids = max(ids_of, key=len)  # the longest is the one to check
     limit = llm.target.config.max_positions
     completion_limit = body.get("max_completion_tokens") is not None  # a null one leaves max_tokens in force
