@@ -20,7 +20,7 @@ using triforce_vec256::to_ps;
 // accumulator chains (the first and the second 8 lanes of every 16 k, two chains hide the FMA latency),
 // added lane-wise, then across lanes. So a row of x gets the same numbers whatever rows share its pass,
 // and a check of n tokens gives each token what a one-token step gives it, bit for bit (until
-// 2026-11-30 the blocks of 5 or more rows ran one chain, and a token's logits moved by up to 0.8 in
+// 2026-11-30 the blocks of 5 or more rows ran one chain, and a token's logits moved by up to 0.69 in
 // bfloat16 with the rows beside it: `python benchmarks/check_rows.py`).
 template <int W_ROWS, int X_ROWS, typename W, typename Out>
 inline void block_times_x(const float* xf, const W* w, Out* y, int64_t K, int64_t N) {
