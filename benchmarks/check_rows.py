@@ -41,7 +41,8 @@ def compare(model, ids: torch.Tensor, context: int, k: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
-    p.add_argument("--contexts", type=int, nargs="+", default=[100, 700, 2100], help="tokens before the check")
+    p.add_argument("--contexts", type=int, nargs="+", default=[100, 700, 1020, 2100],
+                   help="tokens before the check (1020: the checks straddle the attention kernel's split at 1024)")
     p.add_argument("--rows", type=int, nargs="+", default=[2, 4, 5, 8, 12, 24], help="tokens per check")
     p.add_argument("--seed", type=int, default=0, help="seeds the random token ids")
     args = p.parse_args()

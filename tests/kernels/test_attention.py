@@ -39,6 +39,8 @@ def torch_path(request, monkeypatch):
 
 
 def test_small_float32_masks_take_one_pass_and_large_ones_the_split_passes(monkeypatch):
+    """Torch's float32 paths, as a CPU without the kernels (or a head dim they lack) takes them."""
+    monkeypatch.setattr(attention_module, "kernel_max_rows", lambda: 0)
     splits = count_splits(monkeypatch)
     for s, split in ((1000, False), (2000, True)):  # 3 x 16 x S mask entries: under 2^16, then over
         q, k, v = torch.randn(9, 16, 64), torch.randn(3, s, 64), torch.randn(3, s, 64)
@@ -129,21 +131,44 @@ def test_cpu_decode_attention_kernel_matches_reference(level, hq, hkv, d, n, s, 
         torch.testing.assert_close(attention(q, k, v, d ** -0.5).float(), got)
 
 
-@pytest.mark.parametrize("n,s", [(7, 700), (7, 1027), (24, 1600), (5, 300)])
-def test_cpu_decode_attention_kernel_gives_a_check_what_steps_give(level, n, s):
+def vector_attention(q, k, v, scale, mask=None):
+    """The CPU kernel's vector path for q's dtype: bfloat16 (AVX2 or AVX512-BF16) or float32 (AVX2)."""
+    if q.dtype == torch.float32:
+        return cpu_kernels().decode_attention_f32(q, k, v, scale, mask)
+    return cpu_kernels().decode_attention_bf16(q, k, v, scale, allow_amx=False, mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("n,s", [(7, 700), (7, 510), (7, 1027), (24, 1600), (5, 300)])
+def test_cpu_decode_attention_kernel_gives_a_check_what_steps_give(level, n, s, d, dtype):
     """A chain check of n tokens over s keys gives each token, bit for bit, the attention of a one-token
     step over the keys up to its own: the kernel splits the keys at fixed offsets (every 512), not at
-    offsets sized by s, so checks whose steps straddle one (1024) sum in the same order. The vector paths
-    (AVX2, AVX512-BF16)."""
+    offsets sized by s, so checks whose steps straddle one (512, 1024) sum in the same order. The vector
+    paths, and the float32 kernel (where torch's paths differed in the last bits)."""
     g = torch.Generator().manual_seed(s)
-    q = (2 * torch.randn(9, n, 64, generator=g)).bfloat16()
-    k, v = torch.randn(3, s, 64, generator=g).bfloat16(), torch.randn(3, s, 64, generator=g).bfloat16()
-    check = cpu_kernels().decode_attention_bf16(q, k, v, 0.125, allow_amx=False)
+    q = (2 * torch.randn(9, n, d, generator=g)).to(dtype)
+    k, v = torch.randn(3, s, d, generator=g).to(dtype), torch.randn(3, s, d, generator=g).to(dtype)
+    check = vector_attention(q, k, v, d ** -0.5)
+    assert check.dtype == dtype
     for i in range(n):
         end = s - n + i + 1
-        step = cpu_kernels().decode_attention_bf16(q[:, i:i + 1].contiguous(), k[:, :end], v[:, :end], 0.125,
-                                                   allow_amx=False)
+        step = vector_attention(q[:, i:i + 1].contiguous(), k[:, :end], v[:, :end], d ** -0.5)
         assert torch.equal(check[:, i:i + 1], step), i
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
+@pytest.mark.parametrize("n,m,s", [(1, 1, 1), (1, 5, 40), (7, 7, 1300), (16, 30, 700), (5, 33, 33)])
+def test_cpu_float32_attention_kernel_matches_reference(level, hq, hkv, d, n, m, s):
+    """The float32 kernel (every level) against the float64 loop, chains and masks; `attention` takes it
+    for float32 on the CPU."""
+    g = torch.Generator().manual_seed(n * 100 + m + s)
+    q, k, v = torch.randn(hq, n, d, generator=g), torch.randn(hkv, s, d, generator=g), torch.randn(hkv, s, d, generator=g)
+    for mask in (None, random_mask(n, m, g)):
+        got = cpu_kernels().decode_attention_f32(q, k, v, d ** -0.5, mask)
+        want = reference_attention(q.double(), k.double(), v.double(), d ** -0.5, mask)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(attention(q, k, v, d ** -0.5, mask), got)
 
 
 @pytest.mark.parametrize("amx", [False, True])

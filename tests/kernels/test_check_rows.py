@@ -1,6 +1,6 @@
-"""A bfloat16 model on the CPU kernels gives a check of k tokens what k one-token steps give, bit for bit,
-so greedy speculative decoding cannot part from plain decoding at a near-tie (benchmarks/check_rows.py
-measures it on SmolLM2)."""
+"""A model on the CPU kernels gives a check of k tokens what k one-token steps give, bit for bit, in
+bfloat16 and in float32, so greedy speculative decoding cannot part from plain decoding at a near-tie
+(benchmarks/check_rows.py measures it on SmolLM2)."""
 import pytest
 import torch
 
@@ -21,14 +21,17 @@ def folder(tmp_path_factory):
                                  num_kv_heads=2, num_layers=2, max_position_embeddings=2048)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("k", [2, 5, 8, 13, KERNEL_MAX_ROWS])
-def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k):
-    """At the vector levels (AVX2, AVX512-BF16). AMX tiles take a check from 3 rows and round it
-    otherwise (TRIFORCE_CPU_ISA=avx512 keeps an AMX CPU on the vector paths)."""
-    if level == "amx":
+def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dtype):
+    """At the vector levels (AVX2, AVX512-BF16; the float32 kernels are AVX2 at every level). AMX tiles
+    take a bfloat16 check from 3 rows and round it otherwise (TRIFORCE_CPU_ISA=avx512 keeps an AMX CPU on
+    the vector paths)."""
+    if level == "amx" and dtype == "bfloat16":
         pytest.skip("AMX tiles round a check of 3 or more rows otherwise than a step")
-    model = load_model(folder, "bfloat16")
-    assert model.fused_layers is not None and model.fused_layers.max_rows >= k  # the kernels' path
+    model = load_model(folder, dtype)
+    if dtype == "bfloat16":
+        assert model.fused_layers.max_rows >= k  # the fused loop's kernels
     ids = torch.randint(3, 96, (CONTEXT + k,), generator=torch.Generator().manual_seed(k))
     caches = [FullKVCache(model.config, CONTEXT + k, model.rope, model.dtype, "cpu") for _ in range(2)]
     for cache in caches:

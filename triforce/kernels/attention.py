@@ -10,7 +10,9 @@ chains, and for a mask an unmasked flash pass over the keys before the last m me
 pass over those m (a mask over every key, as a CUDA graph's forward has, takes masked SDPA); on a CPU with
 the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc decode-attention kernel for bfloat16 decode
 steps and speculative checks (head dim 64 or 128), which reads a cold KV cache faster than SDPA and, with
-AMX tiles, checks a chain of 7 tokens in about the time of one (benchmarks/attention_bandwidth.py); on CPU
+AMX tiles, checks a chain of 7 tokens in about the time of one (benchmarks/attention_bandwidth.py), and
+its AVX2 range pass for float32 ones (csrc/attention_f32.cpp, every level), which, unlike torch's paths,
+sums a check's row as a one-token step sums it (benchmarks/check_rows.py --dtype float32); on CPU
 otherwise, except float32 under DENSE_MASK_ENTRIES, torch's flash attention in an unmasked pass and a causal
 (or masked) pass over the last keys, merged by log-sum-exp (`_split_attention`); on CUDA in float32 for a
 few rows, plain matmuls and a softmax (`_matmul_attention`); masked SDPA elsewhere.
@@ -56,8 +58,8 @@ def kernel_takes(rows: int, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether `attention` sends keys and values k, v [Hkv, S, D] with `rows` query rows per KV head
     (query heads per KV head x new tokens) to the CPU kernel."""
     d = k.shape[-1]
-    return (k.dtype == torch.bfloat16 and k.device.type == "cpu" and d in (64, 128) and k.stride(-1) == 1
-            and k.stride(-2) == d and v.stride() == k.stride() and rows <= kernel_max_rows())
+    return (k.dtype in (torch.bfloat16, torch.float32) and k.device.type == "cpu" and d in (64, 128)
+            and k.stride(-1) == 1 and k.stride(-2) == d and v.stride() == k.stride() and rows <= kernel_max_rows())
 
 
 try:  # pragma: no cover - GPU only
@@ -108,7 +110,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         out = _flash_attn_func(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                softmax_scale=scale, causal=True)
         return out[0].transpose(0, 1)
-    if q.dtype == torch.bfloat16 and kernel_takes((hq // hkv) * n, k, v):
+    if q.dtype == k.dtype and kernel_takes((hq // hkv) * n, k, v):
+        if q.dtype == torch.float32:
+            return cpu_kernels().decode_attention_f32(q, k, v, scale, mask)
         return cpu_kernels().decode_attention_bf16(q, k, v, scale, True, mask)
     if q.device.type == "cpu" and not native_bf16() and q.dtype == torch.bfloat16:
         # Without AVX512-BF16, torch's bfloat16 attention is far slower than float32 (prefill chunks).

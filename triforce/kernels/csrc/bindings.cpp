@@ -12,6 +12,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "bf16 attention of a few new queries, causal among them or under a mask [n, m] over the last m keys",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("allow_amx") = true,
         py::arg("mask") = py::none());
+  m.def("decode_attention_f32", &decode_attention_f32,
+        "float32 attention of a few new queries, causal among them or under a mask [n, m] over the last m keys",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("mask") = py::none());
   m.def("amx_usable", &triforce_amx::usable, "AMX-BF16 tiles available to this process");
   m.def("rms_norm_bf16", &rms_norm_bf16, "bf16 RMSNorm with float32 statistics");
   m.def("silu_mul_bf16", &silu_mul_bf16, "silu(gate) * up of [gate | up]");

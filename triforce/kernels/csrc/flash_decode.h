@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -53,14 +54,13 @@ inline void hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, 
 // 15% (12 interleaved development runs), and took 8-25% off the AVX512-BF16 vector path's time on an
 // AMX Xeon (benchmarks/attention_bandwidth.py, n = 1, 2 and 7, two interleaved runs). The AVX2 path,
 // which widens each block into L1 first, gained nothing measurable from it, as a burst or spread out.
-template <int D>
-inline void prefetch_keys(const at::BFloat16* k, const at::BFloat16* v, int64_t k_row, int64_t from, int keys,
-                          int64_t end) {
+template <int D, typename T>
+inline void prefetch_keys(const T* k, const T* v, int64_t k_row, int64_t from, int keys, int64_t end) {
   if (from + keys > end) return;
   for (int64_t key = from; key < from + keys; ++key) {
     const char* kb = reinterpret_cast<const char*>(k + key * k_row);
     const char* vb = reinterpret_cast<const char*>(v + key * k_row);
-    for (int j = 0; j < D * 2; j += 64) {  // a row's 64-byte lines
+    for (int j = 0; j < D * static_cast<int>(sizeof(T)); j += 64) {  // a row's 64-byte lines
       _mm_prefetch(kb + j, _MM_HINT_T0);
       _mm_prefetch(vb + j, _MM_HINT_T0);
     }
@@ -69,33 +69,38 @@ inline void prefetch_keys(const at::BFloat16* k, const at::BFloat16* v, int64_t 
 
 // Online-softmax state of each of the R = G * n rows over keys [begin, end) of one KV head, and the
 // unnormalised output acc [R, D] (zeroed by the caller); keys a row does not see (`mask`) are skipped.
-using RangeFn = void (*)(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
+template <typename T>  // the element type of q, K, V and the output: at::BFloat16, or float (attention_f32.cpp)
+using RangeFn = void (*)(const T* q, const T* k, const T* v, int64_t k_row,
                          int R, const TailMask& mask, int64_t begin, int64_t end, float scale, float* acc,
                          Partial* st);
 
-template <int D>
+template <int D, typename T>
 void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, float scale,
-                  const TailMask& mask, RangeFn range, at::Tensor& out) {
+                  const TailMask& mask, RangeFn<T> range, at::Tensor& out) {
   const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
   const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
   // Key ranges of kSpan keys at fixed offsets (0, kSpan, 2 kSpan, ...), not sized by S: a row's sums then
   // run in one order however many keys follow the ones it sees, so a check of n tokens gives each token
   // the attention a one-token step gives it, bit for bit (keys a row does not see add exact zeros).
   const int64_t span = kSpan, splits = (S + span - 1) / span;
-  std::vector<float> acc(static_cast<size_t>(hkv * splits * R * D), 0.0f);
+  // Each range's [R, D] sums, zeroed by the thread that fills them (a buffer of ceil(S / 512) ranges per
+  // head: 50 MB at 64K keys, 8 KV heads and 96 rows, which one thread zeroing up front took 30 ms of).
+  std::unique_ptr<float[]> acc(new float[static_cast<size_t>(hkv * splits * R * D)]);
   std::vector<Partial> st(static_cast<size_t>(hkv * splits * R));
-  const auto* qp = q.data_ptr<at::BFloat16>();
-  const auto* kp = k.data_ptr<at::BFloat16>();
-  const auto* vp = v.data_ptr<at::BFloat16>();
+  const auto* qp = q.data_ptr<T>();
+  const auto* kp = k.data_ptr<T>();
+  const auto* vp = v.data_ptr<T>();
   at::parallel_for(0, hkv * splits, 1, [&](int64_t b, int64_t e) {
     for (int64_t item = b; item < e; ++item) {
       const int64_t h = item / splits, sp = item % splits;
       const int64_t begin = sp * span, end = std::min(S, begin + span);
+      float* sums = acc.get() + item * R * D;
+      std::fill_n(sums, R * D, 0.0f);
       range(qp + h * G * n * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R, mask, begin, end,
-            scale, acc.data() + item * R * D, st.data() + item * R);
+            scale, sums, st.data() + item * R);
     }
   });
-  auto* op = out.data_ptr<at::BFloat16>();
+  auto* op = out.data_ptr<T>();
   at::parallel_for(0, hkv * R, 1, [&](int64_t b, int64_t e) {
     for (int64_t hr = b; hr < e; ++hr) {
       const int64_t h = hr / R, r = hr % R;
@@ -108,21 +113,23 @@ void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         if (p.sum == 0.0f) continue;
         const float w = std::exp(p.max - m);
         total += p.sum * w;
-        const float* a = acc.data() + ((h * splits + sp) * R + r) * D;
+        const float* a = acc.get() + ((h * splits + sp) * R + r) * D;
         for (int c = 0; c < D; ++c) row[c] += w * a[c];
       }
-      at::BFloat16* o = op + (h * R + r) * D;  // rows of head h are query heads h*G.. with n queries each
-      for (int c = 0; c < D; ++c) o[c] = at::BFloat16(row[c] / total);
+      T* o = op + (h * R + r) * D;  // rows of head h are query heads h*G.. with n queries each
+      for (int c = 0; c < D; ++c) o[c] = T(row[c] / total);
     }
   });
 }
 
 // Checks the arguments of decode_attention_bf16 and runs it with the range function for the head dim.
 // mask: [n, m] bool over the last m keys (n <= m <= S), or none for a chain.
+template <typename T>
 inline at::Tensor decode_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                   const std::optional<at::Tensor>& mask, RangeFn range64, RangeFn range128) {
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
-              v.scalar_type() == at::kBFloat16, "bfloat16 only");
+                                   const std::optional<at::Tensor>& mask, RangeFn<T> range64, RangeFn<T> range128) {
+  constexpr auto type = c10::CppTypeToScalarType<T>::value;
+  TORCH_CHECK(q.scalar_type() == type && k.scalar_type() == type && v.scalar_type() == type,
+              type == at::kFloat ? "float32 only" : "bfloat16 only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [Hq, n, D], k and v [Hkv, S, D]");
   const int64_t hq = q.size(0), n = q.size(1), d = q.size(2), hkv = k.size(0), S = k.size(1);
   TORCH_CHECK(d == 64 || d == 128, "head dim 64 or 128");
@@ -141,8 +148,8 @@ inline at::Tensor decode_attention(at::Tensor q, const at::Tensor& k, const at::
   // [Hq, n, D] with the G query heads of each KV head adjacent: row (g, i) of head h is q[h*G + g, i].
   q = q.contiguous();
   auto out = at::empty_like(q);
-  if (d == 64) flash_decode<64>(q, k, v, static_cast<float>(scale), tail, range64, out);
-  else flash_decode<128>(q, k, v, static_cast<float>(scale), tail, range128, out);
+  if (d == 64) flash_decode<64, T>(q, k, v, static_cast<float>(scale), tail, range64, out);
+  else flash_decode<128, T>(q, k, v, static_cast<float>(scale), tail, range128, out);
   return out;
 }
 

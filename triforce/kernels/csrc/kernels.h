@@ -10,6 +10,8 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_am
 at::Tensor linear_f32(at::Tensor x, at::Tensor w);
 at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
                                  const std::optional<at::Tensor>& mask);
+at::Tensor decode_attention_f32(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
+                                const std::optional<at::Tensor>& mask);
 at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);
 at::Tensor silu_mul_bf16(at::Tensor gate_up);
 at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin);
