@@ -20,8 +20,9 @@ using triforce_vec256::to_ps;
 // accumulator chains (the first and the second 8 lanes of every 16 k, two chains hide the FMA latency),
 // added lane-wise, then across lanes. So a row of x gets the same numbers whatever rows share its pass,
 // and a check of n tokens gives each token what a one-token step gives it, bit for bit (until
-// 2026-11-30 the blocks of 5 or more rows ran one chain, and a token's logits moved by up to 0.69 in
-// bfloat16 with the rows beside it: `python benchmarks/check_rows.py`).
+// 2026-11-30 the blocks of 5 or more rows ran one chain, and a token's logits moved by up to 0.55 in
+// bfloat16 with the rows beside it at 100 keys, where attention split alike: `python
+// benchmarks/check_rows.py`).
 template <int W_ROWS, int X_ROWS, typename W, typename Out>
 inline void block_times_x(const float* xf, const W* w, Out* y, int64_t K, int64_t N) {
   __m256 acc[2][W_ROWS][X_ROWS];
@@ -41,11 +42,14 @@ inline void block_times_x(const float* xf, const W* w, Out* y, int64_t K, int64_
     for (int t = 0; t < X_ROWS; ++t) y[t * N + i] = Out(hsum(_mm256_add_ps(acc[0][i][t], acc[1][i][t])));
 }
 
-// W_ROWS rows of W against all 5 <= N_ROWS <= 8 rows of x, two at a time: 3 x 2 pairs x 2 chains, 3
-// widened rows of W and one of x fill the 16 vector registers, so each load of x feeds three FMAs and
-// each widened row of W two, where one row of W at a time loads x for every FMA. That pays where the
-// FMAs bound the pass (5 or more rows of x); where memory does (1 to 4 rows), three streams of W read
-// slower than one (benchmarks/linear_bandwidth.py: 16.9 against 23.3 GB/s at 1 row, the AVX2 EPYC).
+// W_ROWS rows of W against all 5 <= N_ROWS <= 8 rows of x, two at a time: 3 rows of W x 2 rows of x x 2
+// chains = 12 accumulators; with 3 widened rows of W and one of x they fill the 16 vector registers, so
+// each load of x feeds three FMAs and each widened row of W two, where one row of W at a time loads x for
+// every FMA. That pays where the FMAs bound the pass (5 or more rows of x); where memory does (1 to 4
+// rows), three streams of W read slower than one (benchmarks/linear_bandwidth.py: 16.9 against 23.3 GB/s
+// at 1 row, the AVX2 EPYC). W's three rows are read again for each pair of x rows: from L1 while they
+// fit beside the rows of x (SmolLM2's K of 576 and 1,536); a K of 8,960 (a 7B model's down projection)
+// reads them from L2 (not measured).
 template <int W_ROWS, int N_ROWS, typename W, typename Out>
 inline void block_times_all_x(const float* xf, const W* w, Out* y, int64_t K, int64_t N) {
   static_assert(N_ROWS > 4 && N_ROWS <= 8);
