@@ -1,5 +1,5 @@
 // The part of decode attention that every instruction-set level shares (attention_bf16.cpp for
-// AVX512-BF16 and AMX, attention_avx2.cpp for AVX2): argument checks, the split of each KV head's keys
+// AVX512-BF16 and AMX, attention_avx2.cpp for AVX2, attention_f32.cpp for float32): argument checks, the split of each KV head's keys
 // into ranges processed in parallel (flash-decoding), and the merge of the ranges' partial results.
 // A level supplies only the range function: the online-softmax pass over keys [begin, end) of one head.
 #pragma once
@@ -122,7 +122,7 @@ void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   });
 }
 
-// Checks the arguments of decode_attention_bf16 and runs it with the range function for the head dim.
+// Checks the arguments of decode_attention_bf16 / _f32 and runs it with the range function for the head dim.
 // mask: [n, m] bool over the last m keys (n <= m <= S), or none for a chain.
 template <typename T>
 inline at::Tensor decode_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v, double scale,
