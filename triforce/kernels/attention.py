@@ -58,8 +58,8 @@ def kernel_takes(rows: int, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether `attention` sends keys and values k, v [Hkv, S, D] with `rows` query rows per KV head
     (query heads per KV head x new tokens) to the CPU kernel."""
     d = k.shape[-1]
-    return (k.dtype in (torch.bfloat16, torch.float32) and k.device.type == "cpu" and d in (64, 128)
-            and k.stride(-1) == 1 and k.stride(-2) == d and v.stride() == k.stride() and rows <= kernel_max_rows())
+    return (k.dtype in (torch.bfloat16, torch.float32) and v.dtype == k.dtype and k.device.type == "cpu"
+            and d in (64, 128) and k.stride(-1) == 1 and k.stride(-2) == d and v.stride() == k.stride() and rows <= kernel_max_rows())
 
 
 try:  # pragma: no cover - GPU only
