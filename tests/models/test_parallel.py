@@ -1,10 +1,11 @@
 """Tensor-parallel layer types and the sharded model against their single-process twins (gloo, CPU).
-Each case spawns `size` processes; a failed check in any of them fails the test."""
+Each case starts `size` processes (tests/processes.py); a failed check in any of them fails the test."""
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import processes
 from triforce.models.config import ModelLoadError
 from triforce.models.parallel import RowParallelLinear, TensorParallel, VocabParallelEmbedding, VocabParallelHead
 
@@ -49,9 +50,15 @@ def _model(rank: int, size: int, init: str, folder: str, expected: torch.Tensor)
         dist.destroy_process_group()
 
 
+def start(fn, args: tuple, size: int) -> None:
+    """fn(rank, *args) in `size` processes; raises where any of them failed."""
+    processes.context()
+    mp.start_processes(fn, args=args, nprocs=size, join=True, start_method=processes.START_METHOD)
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_layer_types_equal_their_single_device_twins(tmp_path, size):
-    mp.spawn(_layer_types, args=(size, f"file://{tmp_path}/rendezvous"), nprocs=size, join=True)
+    start(_layer_types, (size, f"file://{tmp_path}/rendezvous"), size)
 
 
 @pytest.mark.parametrize("heads,kv_heads,size", [(4, 2, 2), (6, 3, 3), (6, 1, 3), (8, 2, 4)])
@@ -65,7 +72,7 @@ def test_sharded_model_equals_the_whole_model(tiny_dir, tmp_path, heads, kv_head
     ids = torch.arange(3, 33) % 96
     cache = FullKVCache(whole.config, 40, whole.rope, whole.dtype, "cpu")
     expected = torch.cat([whole(ids[:20], cache), whole(ids[20:], cache)])
-    mp.spawn(_model, args=(size, f"file://{tmp_path}/rendezvous", str(folder), expected), nprocs=size, join=True)
+    start(_model, (size, f"file://{tmp_path}/rendezvous", str(folder), expected), size)
 
 
 def test_sizes_that_do_not_divide_the_heads_are_refused(tiny_dir):

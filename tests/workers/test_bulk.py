@@ -1,6 +1,5 @@
 """The bulk link over gloo: tensors of any dtype arrive as sent, and a receive never hangs: it fails at
 once when the peer died and within the group's timeout when the peer is alive but sends nothing."""
-import multiprocessing
 import os
 import time
 from datetime import timedelta
@@ -9,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import processes
 from triforce.workers.bulk import BulkLink, LinkError
 
 TIMEOUT_S = 2.0
@@ -39,7 +39,7 @@ def peer_with(tmp_path):
 
     def start(behaviour: str) -> BulkLink:
         init = f"file://{tmp_path}/rendezvous-{time.monotonic_ns()}"
-        procs.append(multiprocessing.get_context("spawn").Process(target=_peer, args=(init, behaviour), daemon=True))
+        procs.append(processes.context().Process(target=_peer, args=(init, behaviour), daemon=True))
         procs[-1].start()
         return link(0, init)
 

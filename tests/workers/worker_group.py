@@ -1,11 +1,11 @@
 """A worker group for tests: spawned processes (ranks 1..N of a gloo world, as under torchrun) serving a
 model folder, and this process as their coordinator (rank 0) with a ControlChannel and the bulk link."""
-import multiprocessing
 import os
 import time
 
 import torch
 import torch.distributed as dist
+import processes
 from servers import free_port
 
 from triforce.coordinator.remote import ControlChannel, model_identity
@@ -84,7 +84,7 @@ class Group:
     def _start(self, folder, size, tmp_path, timeout_s, max_bytes, group_timeout_s, prefill_chunk, prefix_bytes,
                max_sequences):
         self.endpoint = free_endpoint()
-        ctx = multiprocessing.get_context("spawn")
+        ctx = processes.context()
         init = f"file://{tmp_path}/rendezvous-{time.monotonic_ns()}"
         timeouts = GroupTimeouts(link_s=timeout_s, workers_s=group_timeout_s, startup_s=60)
         self.procs = [ctx.Process(target=_worker, args=(r, size, init, str(folder), self.endpoint, timeouts,
