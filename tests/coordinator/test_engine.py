@@ -336,6 +336,20 @@ def test_plain_decoding_equals_transformers_generate(tiny_dir, models):
     assert tokens == expected.tolist()
 
 
+@pytest.mark.parametrize("show", [True, False])
+def test_a_long_prompt_shows_each_tiers_prefill_bar_when_asked(models, capfd, monkeypatch, show):
+    import triforce.coordinator.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PROGRESS_MIN_TOKENS", 30)
+    target, draft = models
+    prompt = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    cfg = EngineConfig(mode="triforce", **SETTINGS)
+    build_engine(cfg, target, draft, 50).generate(prompt, SamplingParams(max_tokens=2, ignore_eos=True),
+                                                  show_progress=show)
+    err = capfd.readouterr().err
+    assert ("prefill target" in err and "prefill draft" in err) == show and ("prefill" in err) == show
+
+
 def test_stops_at_eos_and_max_tokens(models):
     target, draft = models
     prompt = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(3)).tolist()
