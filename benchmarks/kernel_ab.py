@@ -1,13 +1,14 @@
 """A change to the CPU attention or linear kernel against a base revision, both built and timed in one process.
 
     python benchmarks/kernel_ab.py [--base HEAD] [--level avx512] [--kernel attention|linear]
-                                   [--tokens 8000 300] [--new 1 7]
+                                   [--tokens 8000 300] [--new 1 7] [--tree]
 
 Builds the kernels of one level (`triforce/kernels/csrc/`) twice, from the base revision and from the
 working tree, as separate modules (a source the base revision lacks is left out of its build), and times
 SmolLM2-shaped decode attention (9 query heads, 3 KV heads, head dim 64, 30 layers, a K/V buffer per
 layer so a long cache comes from memory) or the bfloat16 linear layers of its 30 layers (--new rows of x;
---tokens unused) with the two builds taking turns, the order swapped every repetition. On these shared
+--tokens unused; --tree: attention of a token tree's mask, a seeded tree whose branches run deep, instead
+of a chain) with the two builds taking turns, the order swapped every repetition. On these shared
 machines two runs minutes apart differ by 20-30%, more than most kernel changes: compare builds within one
 process, never across runs.
 Prints a JSON line per (tokens, new tokens): median and best ms of each build and new / base."""
@@ -23,6 +24,9 @@ from pathlib import Path
 import torch
 
 from triforce.kernels import cpu
+from triforce.step import ancestor_mask
+
+from check_rows import deep_tree
 
 
 def build(name: str, folder: Path, level: str):
@@ -51,6 +55,7 @@ def main() -> None:
     p.add_argument("--new", type=int, nargs="+", default=[1, 7], help="new tokens (query rows per query head)")
     p.add_argument("--reps", type=int, default=12, help="timed passes of each build")
     p.add_argument("--kernel", choices=("attention", "linear"), default="attention", help="what to time")
+    p.add_argument("--tree", action="store_true", help="attention: a token tree of --new nodes, not a chain")
     args = p.parse_args()
     level = args.level or cpu.isa_level()
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,10 +71,12 @@ def main() -> None:
         for n in args.new:
             if args.kernel == "attention":
                 q = torch.randn(9, n, 64).bfloat16()
+                mask = ancestor_mask(deep_tree(n, n)) if args.tree else None
 
                 def one_pass(ext):
                     for layer in range(layers):
-                        ext.decode_attention_bf16(q, keys[layer], values[layer], 0.125, allow_amx=level == "amx")
+                        ext.decode_attention_bf16(q, keys[layer], values[layer], 0.125, allow_amx=level == "amx",
+                                                  mask=mask)
             else:
                 xs = {k: torch.randn(n, k).bfloat16() for k in (576, 1536)}
 
@@ -87,6 +94,7 @@ def main() -> None:
                         times[name].append(time.perf_counter() - start)
             median = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
             print(json.dumps({"level": level, "kernel": args.kernel, "tokens": s, "new_tokens": n,
+                              **({"tree": deep_tree(n, n)} if args.tree else {}),
                               "threads": torch.get_num_threads(),
                               **{f"{k}_median_ms": round(v, 2) for k, v in median.items()},
                               **{f"{k}_best_ms": round(min(v) * 1e3, 2) for k, v in times.items()},

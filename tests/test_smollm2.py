@@ -123,7 +123,8 @@ def test_default_model_runs_three_tiers_with_the_shipped_draft(capsys):
 
 
 # Each failed before a92c3c3 on the AVX2 EPYC (`draft` mode passed by chance there, and is left out for time).
-BF16_RUNS = [("triforce", {}), ("retrieval", {}), ("triforce", {"gamma1": 7, "gamma2": 12})]
+BF16_RUNS = [("triforce", {}), ("retrieval", {}), ("triforce", {"gamma1": 7, "gamma2": 12}),
+             ("triforce", {"tree1": 8}), ("retrieval", {"tree2": 8})]
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +143,10 @@ def bf16_reference(smollm2_dir, prompt_ids):
 
 @pytest.mark.parametrize("mode,extra", BF16_RUNS, ids=[f"{m}-{e}" for m, e in BF16_RUNS])
 def test_every_mode_equals_plain_greedy_in_bfloat16(bf16_reference, shipped_draft, prompt_ids, mode, extra):
-    """In bfloat16 too, chains reproduce plain greedy decoding token for token: on the CPU
-    kernels' vector paths a check of up to 24 tokens gives each token the logits of a one-token step, bit
-    for bit (tests/kernels/test_check_rows.py), so no near-tie can tip; gammas of 7 and 12 check 8 and 13
-    tokens at a time. (Trees are left out: a tree's nodes sit apart from their paths in the cache, so
-    their attention sums in another order.)"""
+    """In bfloat16 too, chains and trees reproduce plain greedy decoding token for token: on the CPU
+    kernels' vector paths a check of up to 24 tokens gives each token (each node: its path's steps) the
+    logits of a one-token step, bit for bit (tests/kernels/test_check_rows.py), so no near-tie can tip;
+    gammas of 7 and 12 check 8 and 13 tokens at a time, trees of 8 nodes from either draft tier."""
     model, reference, prefixes = bf16_reference
     cfg = EngineConfig(mode=mode, **SETTINGS, **extra)
     tokens, metrics = build_engine(cfg, model, shipped_draft, 2140, prefixes=prefixes).generate(prompt_ids, PARAMS)

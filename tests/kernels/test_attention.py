@@ -157,6 +157,37 @@ def test_cpu_decode_attention_kernel_gives_a_check_what_steps_give(level, n, s, 
         assert torch.equal(check[:, i:i + 1], step), i
 
 
+def deep_tree_mask(n, m, g):
+    """[n, m] bool over the last m keys: a tree among the n new tokens whose branches run deep (a node's
+    parent is the node before it three times in four), and random visibility of the m - n entries before
+    them (a tree grown over several forwards), so that a node's keys are scattered among others'."""
+    parents = [-1] + [i - 1 if torch.rand((), generator=g) < 0.75 else int(torch.randint(-1, i, (), generator=g))
+                      for i in range(1, n)]
+    earlier = torch.rand(n, m - n, generator=g) < 0.5
+    return torch.cat((earlier, ancestor_mask(parents)), dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("n,m,s", [(7, 7, 700), (12, 12, 515), (16, 20, 1040), (24, 24, 1600), (9, 14, 70)])
+def test_cpu_decode_attention_kernel_gives_a_tree_check_what_steps_give(level, n, m, s, d, dtype):
+    """A tree check gives each node, bit for bit, the attention of a one-token step after its path (the
+    keys before the tail, then the tail's keys the node sees, adjacent): the kernel runs a node whose keys
+    are scattered over a copy of them in that order, the blocks and the 512-key ranges where the step
+    has them (here paths straddle 512 and 1024 where the tree's own layout does not, and the reverse)."""
+    g = torch.Generator().manual_seed(s + n)
+    mask = deep_tree_mask(n, m, g)
+    q = (2 * torch.randn(9, n, d, generator=g)).to(dtype)
+    k, v = torch.randn(3, s, d, generator=g).to(dtype), torch.randn(3, s, d, generator=g).to(dtype)
+    check = vector_attention(q, k, v, d ** -0.5, mask)
+    first = s - m
+    for i in range(n):
+        keys = list(range(first)) + [first + t for t in range(m) if mask[i, t]]
+        step = vector_attention(q[:, i:i + 1].contiguous(), k[:, keys].contiguous(), v[:, keys].contiguous(),
+                                d ** -0.5)
+        assert torch.equal(check[:, i:i + 1], step), i
+
+
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
 @pytest.mark.parametrize("n,m,s", [(1, 1, 1), (1, 5, 40), (7, 7, 1300), (16, 30, 700), (5, 33, 33)])
 def test_cpu_float32_attention_kernel_matches_reference(level, hq, hkv, d, n, m, s):

@@ -1,13 +1,14 @@
 """A model on the CPU kernels gives a check of k tokens what k one-token steps give, bit for bit, in
-bfloat16 and in float32, so greedy speculative decoding cannot part from plain decoding at a near-tie
-(benchmarks/check_rows.py measures it on SmolLM2)."""
+bfloat16 and in float32, and each node of a token tree what steps along its path give, so greedy
+speculative decoding cannot part from plain decoding at a near-tie (benchmarks/check_rows.py measures
+it on SmolLM2)."""
 import pytest
 import torch
 
 from triforce.cache.full import FullKVCache
 from triforce.kernels.linear import KERNEL_MAX_ROWS
 from triforce.models.loader import load_model
-from triforce.step import Step
+from triforce.step import Step, ancestor_mask
 
 from checkpoints import write_tiny_checkpoint
 
@@ -40,3 +41,35 @@ def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dt
     check = model(ids[CONTEXT:], caches[1])
     assert torch.equal(check, steps)
     assert torch.equal(caches[0].keys[:, :, :CONTEXT + k], caches[1].keys[:, :, :CONTEXT + k])
+
+
+TREE = [-1, 0, 1, 2, 1, 4, 5, 6, 0, 8, 9, 3, 11, 12, 13, 14, 7]  # three branches, down to depth 10
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("context", [CONTEXT, 504])
+def test_a_tree_check_gives_each_node_what_steps_along_its_path_give(level, folder, dtype, context):
+    """Each node's logits, and the keys and values its path keeps (keep_path), equal those of one-token
+    steps along the path; the paths straddle 512 or 1024 at other nodes than the tree's own layout."""
+    if level == "amx" and dtype == "bfloat16":
+        pytest.skip("AMX tiles round a check of 3 or more rows otherwise than a step")
+    model = load_model(folder, dtype)
+    n = len(TREE)
+    ids = torch.randint(3, 96, (context + n,), generator=torch.Generator().manual_seed(context))
+    tree_cache = FullKVCache(model.config, context + n, model.rope, model.dtype, "cpu")
+    model(Step.chain(ids[:context], 0), tree_cache, logits_for="none")
+    tree = model(Step.tree(ids[context:], TREE, context), tree_cache)
+    mask = ancestor_mask(TREE)
+    for leaf in (7, 10, 16):  # the ends of the three branches
+        path = [j for j in range(n) if mask[leaf, j]]
+        cache = FullKVCache(model.config, context + n, model.rope, model.dtype, "cpu")
+        model(Step.chain(ids[:context], 0), cache, logits_for="none")
+        steps = torch.cat([model(ids[context + j:context + j + 1], cache) for j in path])
+        assert torch.equal(tree[path], steps), leaf
+        kept = FullKVCache(model.config, context + n, model.rope, model.dtype, "cpu")
+        model(Step.chain(ids[:context], 0), kept, logits_for="none")
+        model(Step.tree(ids[context:], TREE, context), kept, logits_for="none")
+        kept.keep_path(context, path)
+        end = context + len(path)
+        assert torch.equal(kept.keys[:, :, :end], cache.keys[:, :, :end])
+        assert torch.equal(kept.values[:, :, :end], cache.values[:, :, :end])

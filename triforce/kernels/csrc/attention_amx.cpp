@@ -40,6 +40,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
     for (int p = 0; p < D / 2; ++p) qt[((r / 16) * P + p / 16) * 256 + (p % 16) * 16 + r % 16] = q32[r * D / 2 + p];
   std::vector<float> row_max(static_cast<size_t>(groups) * 16, -std::numeric_limits<float>::infinity());
   std::vector<float> row_sum(static_cast<size_t>(groups) * 16, 0.0f);
+  for (int r = 0; r < R; ++r) row_max[r] = st[r].max, row_sum[r] = st[r].sum;  // the state it continues
   alignas(64) int32_t vpairs[D / 16][16][16];  // B tiles of V: [16-dim slice][key pair][dim]
   alignas(64) float scores[kKeys][16];          // [key][row]
   alignas(64) int32_t p_tile[16][16];           // A tile of P: [row][key pair]

@@ -113,13 +113,11 @@ inline void add_values(const float (*p)[kBlock], const float* rescale, const flo
 template <int D, typename T>
 void attend_range(const T* q, const T* k, const T* v, int64_t k_row, int R, const TailMask& mask, int64_t begin,
                   int64_t end, float scale, float* acc, Partial* st) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   std::vector<float> qf(static_cast<size_t>(R) * D);  // widened, pre-scaled query rows
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < D; ++c) qf[r * D + c] = static_cast<float>(q[r * D + c]) * scale;
   alignas(32) float kf[kBlock][D], vf[kBlock][D];
   alignas(32) float scores[kMaxRows][kBlock];
-  for (int r = 0; r < R; ++r) st[r] = {kNegInf, 0.0f};
   for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
     for (int j = 0; j < kBlock; ++j)  // widen the block; a short block's tail is zero keys, masked below

@@ -101,7 +101,7 @@ inline void pv_rows(float (*scores)[kBlock], const __m512i (*vpairs)[D / 16], co
     for (int c = 0; c < DV; ++c) _mm512_storeu_ps(acc + static_cast<int64_t>(r0 + t) * D + 16 * c, o[t][c]);
 }
 
-// Rows r = (group member, query i) of KV head h, keys [begin, end). acc: [R, D] float, zeroed.
+// Rows r = (group member, query i) of KV head h, keys [begin, end); continues st and acc [R, D] float.
 template <int D>
 void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat16* v, int64_t k_row,
                   int R, const TailMask& mask, int64_t begin, int64_t end, float scale, float* acc, Partial* st) {
@@ -109,7 +109,6 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
   alignas(64) float scores[kMaxRows][kBlock];
   alignas(64) __m512i vpairs[kBlock / 2][DV];
   float rescales[kMaxRows];
-  for (int r = 0; r < R; ++r) st[r] = {-std::numeric_limits<float>::infinity(), 0.0f};
   for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
     prefetch_keys<D>(k, v, k_row, b0 + kBlock, kBlock, end);  // the next block

@@ -16,7 +16,8 @@
 namespace triforce_attention {
 
 constexpr int kMaxRows = 128;  // G * n: query rows that share one pass over a KV head
-constexpr int64_t kSpan = 512;  // keys per range processed in parallel (a multiple of every level's block)
+constexpr int64_t kSpan = 512;  // keys per range processed in parallel (a multiple of kAlign)
+constexpr int64_t kAlign = 64;  // a multiple of every level's keys per block (32 AVX2 and AMX, 64 AVX-512)
 
 struct Partial {  // one row's online-softmax state over a range of keys
   float max, sum;
@@ -68,38 +69,52 @@ inline void prefetch_keys(const T* k, const T* v, int64_t k_row, int64_t from, i
 }
 
 // Online-softmax state of each of the R = G * n rows over keys [begin, end) of one KV head, and the
-// unnormalised output acc [R, D] (zeroed by the caller); keys a row does not see (`mask`) are skipped.
+// unnormalised output acc [R, D]: the pass continues the state st and acc hold (max -inf, sum 0 and zeros
+// for a fresh range; a tree's rows continue theirs over a copy of their keys, flash_decode), block by
+// block from `begin`, so that a range in two calls split at a block boundary sums as it does in one. Keys
+// a row does not see (`mask`) are skipped.
 template <typename T>  // the element type of q, K, V and the output: at::BFloat16, or float (attention_f32.cpp)
 using RangeFn = void (*)(const T* q, const T* k, const T* v, int64_t k_row,
                          int R, const TailMask& mask, int64_t begin, int64_t end, float scale, float* acc,
                          Partial* st);
 
+// A range's fresh state for R rows of D dims: max -inf, sum 0, zero sums.
+inline void start_range(float* sums, Partial* st, int R, int D) {
+  std::fill_n(sums, static_cast<int64_t>(R) * D, 0.0f);
+  std::fill_n(st, R, Partial{-std::numeric_limits<float>::infinity(), 0.0f});
+}
+
+// Each of the n queries' visible keys among the last m, in order, where some query's are not a prefix of
+// them (a tree: a node sees its ancestors, with other branches' nodes between them); empty where every
+// query's are (a chain), whose keys then sit where a one-token step after them would hold them.
+inline std::vector<std::vector<int64_t>> scattered_tails(const TailMask& mask) {
+  std::vector<std::vector<int64_t>> tails(static_cast<size_t>(mask.n));
+  bool scattered = false;
+  for (int i = 0; i < mask.n; ++i) {
+    for (int64_t key = mask.first(); key < mask.S; ++key)
+      if (mask.sees(i, key)) {
+        scattered |= key != mask.first() + static_cast<int64_t>(tails[i].size());
+        tails[i].push_back(key);
+      }
+  }
+  if (!scattered) tails.clear();
+  return tails;
+}
+
+// Copies keys [from, first) then `tail` of one head (rows of D elements, k_row apart) into `to`, rows
+// adjacent: the keys a one-token step after the tail's tokens holds from `from` on.
 template <int D, typename T>
-void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, float scale,
-                  const TailMask& mask, RangeFn<T> range, at::Tensor& out) {
-  const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
-  const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
-  // Key ranges of kSpan keys at fixed offsets (0, kSpan, 2 kSpan, ...), not sized by S: a row's sums then
-  // run in one order however many keys follow the ones it sees, so a check of n tokens gives each token
-  // the attention a one-token step gives it, bit for bit (keys a row does not see add exact zeros).
-  const int64_t span = kSpan, splits = (S + span - 1) / span;
-  // Each range's [R, D] sums, zeroed by the thread that fills them (a buffer of ceil(S / 512) ranges per
-  // head: 50 MB at 64K keys, 8 KV heads and 96 rows, which one thread zeroing up front took 30 ms of).
-  std::unique_ptr<float[]> acc(new float[static_cast<size_t>(hkv * splits * R * D)]);
-  std::vector<Partial> st(static_cast<size_t>(hkv * splits * R));
-  const auto* qp = q.data_ptr<T>();
-  const auto* kp = k.data_ptr<T>();
-  const auto* vp = v.data_ptr<T>();
-  at::parallel_for(0, hkv * splits, 1, [&](int64_t b, int64_t e) {
-    for (int64_t item = b; item < e; ++item) {
-      const int64_t h = item / splits, sp = item % splits;
-      const int64_t begin = sp * span, end = std::min(S, begin + span);
-      float* sums = acc.get() + item * R * D;
-      std::fill_n(sums, R * D, 0.0f);
-      range(qp + h * G * n * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R, mask, begin, end,
-            scale, sums, st.data() + item * R);
-    }
-  });
+inline void gather_keys(const T* src, int64_t k_row, int64_t from, int64_t first, const std::vector<int64_t>& tail,
+                        T* to) {
+  int64_t j = 0;
+  for (int64_t key = from; key < first; ++key, ++j) std::copy_n(src + key * k_row, D, to + j * D);
+  for (int64_t key : tail) std::copy_n(src + key * k_row, D, to + j++ * D);
+}
+
+// out[h, r] = the ranges' sums of row r of head h, rescaled to their common max and normalised.
+template <int D, typename T>
+void merge_ranges(const float* acc, const std::vector<Partial>& st, int64_t hkv, int64_t splits, int R,
+                  at::Tensor& out) {
   auto* op = out.data_ptr<T>();
   at::parallel_for(0, hkv * R, 1, [&](int64_t b, int64_t e) {
     for (int64_t hr = b; hr < e; ++hr) {
@@ -113,13 +128,81 @@ void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         if (p.sum == 0.0f) continue;
         const float w = std::exp(p.max - m);
         total += p.sum * w;
-        const float* a = acc.get() + ((h * splits + sp) * R + r) * D;
+        const float* a = acc + ((h * splits + sp) * R + r) * D;
         for (int c = 0; c < D; ++c) row[c] += w * a[c];
       }
       T* o = op + (h * R + r) * D;  // rows of head h are query heads h*G.. with n queries each
       for (int c = 0; c < D; ++c) o[c] = T(row[c] / total);
     }
   });
+}
+
+template <int D, typename T>
+void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, float scale,
+                  const TailMask& mask, RangeFn<T> range, at::Tensor& out) {
+  const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
+  const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
+  // Key ranges of kSpan keys at fixed offsets (0, kSpan, 2 kSpan, ...), not sized by S: a row's sums then
+  // run in one order however many keys follow the ones it sees, so a check of n tokens gives each token
+  // the attention a one-token step gives it, bit for bit (keys a row does not see add exact zeros).
+  const int64_t span = kSpan, splits = (S + span - 1) / span;
+  // A tree's rows (scattered tails) see their keys from the last kAlign boundary before the tail on in
+  // another order than the cache holds them: all rows run together up to that boundary, and each query's
+  // rows then apart over a copy of its keys in a step's order (the ranges' blocks stay where a step has
+  // them; a row's sums run in one order whatever rows share its pass).
+  const auto tails = scattered_tails(mask);
+  const int64_t together = tails.empty() ? S : mask.first() / kAlign * kAlign;
+  // Each range's [R, D] sums, zeroed by the thread that fills them (a buffer of ceil(S / 512) ranges per
+  // head: 50 MB at 64K keys, 8 KV heads and 96 rows, which one thread zeroing up front took 30 ms of).
+  std::unique_ptr<float[]> acc(new float[static_cast<size_t>(hkv * splits * R * D)]);
+  std::vector<Partial> st(static_cast<size_t>(hkv * splits * R));
+  const auto* qp = q.data_ptr<T>();
+  const auto* kp = k.data_ptr<T>();
+  const auto* vp = v.data_ptr<T>();
+  at::parallel_for(0, hkv * splits, 1, [&](int64_t b, int64_t e) {
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t h = item / splits, sp = item % splits;
+      const int64_t begin = sp * span, end = std::min(together, begin + span);
+      float* sums = acc.get() + item * R * D;
+      start_range(sums, st.data() + item * R, R, D);
+      if (begin < end)
+        range(qp + h * R * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R, mask, begin, end,
+              scale, sums, st.data() + item * R);
+    }
+  });
+  if (!tails.empty()) {  // query i's G rows (one per query head of head h) share its keys' order
+    const TailMask sees_all{nullptr, 1, 0, std::numeric_limits<int64_t>::max()};
+    at::parallel_for(0, hkv * n, 1, [&](int64_t b, int64_t e) {
+      std::vector<T> kc, vc, qc(static_cast<size_t>(G * D));
+      std::vector<float> sums(static_cast<size_t>(G * D));
+      std::vector<Partial> state(static_cast<size_t>(G));
+      for (int64_t hi = b; hi < e; ++hi) {
+        const int64_t h = hi / n, i = hi % n;
+        const auto& tail = tails[i];
+        const int64_t keys = mask.first() + static_cast<int64_t>(tail.size());  // a step's S
+        kc.resize(static_cast<size_t>((keys - together) * D));
+        vc.resize(kc.size());
+        gather_keys<D>(kp + h * k.stride(0), k.stride(1), together, mask.first(), tail, kc.data());
+        gather_keys<D>(vp + h * v.stride(0), v.stride(1), together, mask.first(), tail, vc.data());
+        for (int g = 0; g < G; ++g) std::copy_n(qp + (h * R + g * n + i) * D, D, qc.data() + g * D);
+        for (int64_t a = together; a < keys;) {  // the rest of together's range, then whole ranges
+          const int64_t sp = a / span, end = std::min(keys, (sp + 1) * span), item = h * splits + sp;
+          for (int g = 0; g < G; ++g) {  // the state so far of rows (g, i)
+            std::copy_n(acc.get() + (item * R + g * n + i) * D, D, sums.data() + g * D);
+            state[g] = st[item * R + g * n + i];
+          }
+          range(qc.data(), kc.data(), vc.data(), D, G, sees_all, a - together, end - together, scale, sums.data(),
+                state.data());
+          for (int g = 0; g < G; ++g) {
+            std::copy_n(sums.data() + g * D, D, acc.get() + (item * R + g * n + i) * D);
+            st[item * R + g * n + i] = state[g];
+          }
+          a = end;
+        }
+      }
+    });
+  }
+  merge_ranges<D, T>(acc.get(), st, hkv, splits, R, out);
 }
 
 // Checks the arguments of decode_attention_bf16 / _f32 and runs it with the range function for the head dim.
