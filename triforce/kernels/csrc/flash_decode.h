@@ -1,7 +1,8 @@
 // The part of decode attention that every instruction-set level shares (attention_bf16.cpp for
 // AVX512-BF16 and AMX, attention_avx2.cpp for AVX2, attention_f32.cpp for float32): argument checks, the split of each KV head's keys
-// into ranges processed in parallel (flash-decoding), and the merge of the ranges' partial results.
-// A level supplies only the range function: the online-softmax pass over keys [begin, end) of one head.
+// into ranges processed in parallel (flash-decoding), a token tree's rows over their keys in a step's
+// order, and the merge of the ranges' partial results. A level supplies only the range function: the
+// online-softmax pass over keys [begin, end) of one head.
 #pragma once
 #include "aten.h"
 #include <xmmintrin.h>
