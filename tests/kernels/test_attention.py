@@ -169,14 +169,18 @@ def deep_tree_mask(n, m, g):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("n,m,s", [(7, 7, 700), (12, 12, 515), (16, 20, 1040), (24, 24, 1600), (9, 14, 70)])
+@pytest.mark.parametrize("n,m,s", [(7, 7, 700), (12, 12, 515), (16, 20, 1040), (24, 24, 1600), (9, 14, 70),
+                                   (8, 8, 520), (7, 7, 71), (1, 6, 40)])
 def test_cpu_decode_attention_kernel_gives_a_tree_check_what_steps_give(level, n, m, s, d, dtype):
     """A tree check gives each node, bit for bit, the attention of a one-token step after its path (the
     keys before the tail, then the tail's keys the node sees, adjacent): the kernel runs a node whose keys
     are scattered over a copy of them in that order, the blocks and the 512-key ranges where the step
-    has them (here paths straddle 512 and 1024 where the tree's own layout does not, and the reverse)."""
+    has them (here paths straddle 512 and 1024 where the tree's own layout does not, and the reverse;
+    keys before the tail a multiple of 512 and of 64, none at all; one new token beside earlier entries)."""
     g = torch.Generator().manual_seed(s + n)
     mask = deep_tree_mask(n, m, g)
+    seen = [[t for t in range(m) if mask[i, t]] for i in range(n)]
+    assert any(tail != list(range(len(tail))) for tail in seen), "no node's keys are scattered"
     q = (2 * torch.randn(9, n, d, generator=g)).to(dtype)
     k, v = torch.randn(3, s, d, generator=g).to(dtype), torch.randn(3, s, d, generator=g).to(dtype)
     check = vector_attention(q, k, v, d ** -0.5, mask)

@@ -3,7 +3,7 @@ import torch
 
 from triforce.kernels.attention import attention, reference_attention
 from triforce.kernels.cpu import cpu_kernels, has_amx
-from triforce.kernels.linear import KERNEL_MAX_ROWS, linear, logits_linear, reference_linear
+from triforce.kernels.linear import kernel_max_rows, linear, logits_linear, reference_linear
 
 
 @pytest.mark.parametrize("amx", [False, True])
@@ -42,8 +42,10 @@ def test_cpu_kernel_rows_do_not_depend_on_how_many_share_a_pass(level, dtype):
     a time up to 4 rows of x and three from 5, passes of 8 from 9; AVX512-BF16 one row of W at a time): a
     check of n tokens gives each token the numbers a decode step of that token alone gives, bit for bit,
     so greedy decoding cannot part from plain decoding at a near-tie (nor a request's answer change with
-    the requests beside it). 1000 rows of W: not a multiple of 3, so some rows of W go alone."""
-    x, w = torch.randn(KERNEL_MAX_ROWS, 576).to(dtype), torch.randn(1000, 576).to(dtype)
+    the requests beside it). 1000 rows of W: not a multiple of 3, so some rows of W go alone. Up to the
+    most rows `linear` sends the kernel at this level (bfloat16 at the avx2 level: 64)."""
+    most = kernel_max_rows(dtype)
+    x, w = torch.randn(most, 576).to(dtype), torch.randn(1000, 576).to(dtype)
 
     def product(rows):
         if dtype == torch.float32:
@@ -51,7 +53,7 @@ def test_cpu_kernel_rows_do_not_depend_on_how_many_share_a_pass(level, dtype):
         return cpu_kernels().linear_bf16(rows, w, float_out=True, allow_amx=False)
 
     alone = torch.cat([product(row[None]) for row in x])
-    for n in range(2, KERNEL_MAX_ROWS + 1):
+    for n in range(2, most + 1):
         assert torch.equal(product(x[:n]), alone[:n]), n
 
 
@@ -121,8 +123,8 @@ def test_bf16_logits_keep_float32_precision_without_kernels(n, monkeypatch):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, monkeypatch):
-    """Past the kernel's rows (prefill chunks), a CPU without AVX512-BF16 multiplies in float32 and rounds
-    once; with it, torch's bfloat16 product runs."""
+    """Past the kernel's rows (prefill chunks; 80 rows: past 24, and 64 at the avx2 level), a CPU without
+    AVX512-BF16 multiplies in float32 and rounds once; with it, torch's bfloat16 product runs."""
 
     import triforce.kernels.attention as attention_module
     import triforce.kernels.linear as linear_module
@@ -134,7 +136,7 @@ def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, m
     for module, name in ((linear_module, "_float32_linear"), (attention_module, "_split_attention")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real: float32_inputs.append(a[0].dtype) or real(*a))
-    x, w, b = torch.randn(40, 64).bfloat16(), torch.randn(1500, 64).bfloat16(), torch.randn(1500).bfloat16()
+    x, w, b = torch.randn(80, 64).bfloat16(), torch.randn(1500, 64).bfloat16(), torch.randn(1500).bfloat16()
     want = (x.float() @ w.float().T).bfloat16() + b if not native else torch.nn.functional.linear(x, w, b)
     torch.testing.assert_close(linear(x, w, b), want, atol=0, rtol=0 if native else 2 ** -8)
     q = torch.randn(4, 70, 64).bfloat16()  # 140 rows per KV head: past the attention kernel too

@@ -4,7 +4,8 @@
 rows (decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights at
 well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): from 3 rows on
 with AMX tiles (csrc/linear_amx.cpp, at the same read rate for 3 to 16 rows), else with vector
-instructions, whose rate falls with every row; up to KERNEL_MAX_ROWS rows, torch's path past that.
+instructions, whose rate falls with every row; up to kernel_max_rows() rows (24, or 64 at the avx2
+level), torch's path past that.
 `reference_linear` is what the tests compare it with. Float32 inputs of up to KERNEL_MAX_ROWS rows go to
 csrc/linear_f32.cpp on every level (AVX2 + FMA), where torch's float32 product of a few rows read the
 weights at a fraction of the memory bandwidth (benchmarks/float32_rows.py).
@@ -24,6 +25,14 @@ from .cpu import cpu_kernels, native_bf16
 # count, but its rate falls with every row (benchmarks/linear_bandwidth.py, Zen 4 AVX512-BF16, 3072 x 576:
 # 28 GB/s at 1 row, 16 at 8, 10 at 16, 7.7 at 24, 5.4 at 32, against torch's 10.9, 9.0, 7.4, 6.2, 5.7).
 KERNEL_MAX_ROWS = 24
+# Without native bfloat16 (the avx2 level) torch's path widens W to float32 a block at a time, and the
+# AVX2 kernel stays ahead of it longer: SmolLM2's 30 layers' bfloat16 matrices on the 2-core Zen 3 EPYC,
+# kernel time over that path's in two runs, 0.49 and 0.91 at 32 rows, 0.58 and 0.84 at 48, 1.08 and 0.77
+# at 64, 1.09 and 0.83 at 96, 1.24 at 128 (`python benchmarks/linear_rows.py`;
+# benchmarks/results/linear_rows/). So bfloat16 checks and batches of up to 64 rows (a batch of 8 checking
+# 7 tokens each) take it there, and each row sums as a one-token step's does, bit for bit. Float32 keeps
+# KERNEL_MAX_ROWS: its kernel was 0.83-0.93x torch's float32 product at 24-48 rows and 1.08x at 64.
+AVX2_BF16_MAX_ROWS = 64
 # Below 3 rows the vector path read as fast as the tile path or faster in most runs here (16 against 12
 # GB/s at 1 row while other tenants loaded the memory bus, 16 against 19 when they did not); from 3 rows
 # on the tile path won every run (benchmarks/linear_bandwidth.py).
@@ -32,9 +41,11 @@ MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in p
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
 
-def kernel_max_rows() -> int:
-    """Most rows of x that `linear` sends to the CPU kernel (0: no kernel here)."""
-    return 0 if cpu_kernels() is None else KERNEL_MAX_ROWS
+def kernel_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
+    """Most rows of x of `dtype` that `linear` sends to the CPU kernel (0: no kernel here)."""
+    if cpu_kernels() is None:
+        return 0
+    return AVX2_BF16_MAX_ROWS if dtype == torch.bfloat16 and not native_bf16() else KERNEL_MAX_ROWS
 
 
 K_STEP = {torch.bfloat16: 32, torch.float32: 16}  # the kernels' K must be a multiple of this
@@ -45,7 +56,7 @@ def kernel_takes(rows: int, weight: torch.Tensor, dtype: torch.dtype = torch.bfl
     (csrc/linear_bf16.cpp or linear_avx2.cpp for bfloat16, linear_f32.cpp for float32)."""
     k = weight.shape[1]
     return (weight.dtype == dtype and weight.device.type == "cpu" and weight.is_contiguous()
-            and k > 0 and k % K_STEP[dtype] == 0 and 1 <= rows <= kernel_max_rows())
+            and k > 0 and k % K_STEP[dtype] == 0 and 1 <= rows <= kernel_max_rows(dtype))
 
 
 def kernel_uses_amx(rows: int) -> bool:
