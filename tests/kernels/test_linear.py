@@ -43,7 +43,7 @@ def test_cpu_kernel_rows_do_not_depend_on_how_many_share_a_pass(level, dtype):
     check of n tokens gives each token the numbers a decode step of that token alone gives, bit for bit,
     so greedy decoding cannot part from plain decoding at a near-tie (nor a request's answer change with
     the requests beside it). 1000 rows of W: not a multiple of 3, so some rows of W go alone. Up to the
-    most rows `linear` sends the kernel at this level (bfloat16 at the avx2 level: 64)."""
+    most rows `linear` sends the kernel at this level (bfloat16 at the avx2 level: 96)."""
     most = kernel_max_rows(dtype)
     x, w = torch.randn(most, 576).to(dtype), torch.randn(1000, 576).to(dtype)
 
@@ -123,7 +123,7 @@ def test_bf16_logits_keep_float32_precision_without_kernels(n, monkeypatch):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, monkeypatch):
-    """Past the kernel's rows (prefill chunks; 80 rows: past 24, and 64 at the avx2 level), a CPU without
+    """Past the kernel's rows (prefill chunks; 120 rows: past 24, and 96 at the avx2 level), a CPU without
     AVX512-BF16 multiplies in float32 and rounds once; with it, torch's bfloat16 product runs."""
 
     import triforce.kernels.attention as attention_module
@@ -136,7 +136,7 @@ def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, m
     for module, name in ((linear_module, "_float32_linear"), (attention_module, "_split_attention")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real: float32_inputs.append(a[0].dtype) or real(*a))
-    x, w, b = torch.randn(80, 64).bfloat16(), torch.randn(1500, 64).bfloat16(), torch.randn(1500).bfloat16()
+    x, w, b = torch.randn(120, 64).bfloat16(), torch.randn(1500, 64).bfloat16(), torch.randn(1500).bfloat16()
     want = (x.float() @ w.float().T).bfloat16() + b if not native else torch.nn.functional.linear(x, w, b)
     torch.testing.assert_close(linear(x, w, b), want, atol=0, rtol=0 if native else 2 ** -8)
     q = torch.randn(4, 70, 64).bfloat16()  # 140 rows per KV head: past the attention kernel too

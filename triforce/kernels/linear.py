@@ -4,7 +4,7 @@
 rows (decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights at
 well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): from 3 rows on
 with AMX tiles (csrc/linear_amx.cpp, at the same read rate for 3 to 16 rows), else with vector
-instructions, whose rate falls with every row; up to kernel_max_rows() rows (24, or 64 at the avx2
+instructions, whose rate falls with every row; up to kernel_max_rows() rows (24, or 96 at the avx2
 level), torch's path past that.
 `reference_linear` is what the tests compare it with. Float32 inputs of up to KERNEL_MAX_ROWS rows go to
 csrc/linear_f32.cpp on every level (AVX2 + FMA), where torch's float32 product of a few rows read the
@@ -29,10 +29,12 @@ KERNEL_MAX_ROWS = 24
 # AVX2 kernel stays ahead of it longer: SmolLM2's 30 layers' bfloat16 matrices on the 2-core Zen 3 EPYC,
 # kernel time over that path's in two runs, 0.49 and 0.91 at 32 rows, 0.58 and 0.84 at 48, 1.08 and 0.77
 # at 64, 1.09 and 0.83 at 96, 1.24 at 128 (`python benchmarks/linear_rows.py`;
-# benchmarks/results/linear_rows/). So bfloat16 checks and batches of up to 64 rows (a batch of 8 checking
-# 7 tokens each) take it there, and each row sums as a one-token step's does, bit for bit. Float32 keeps
-# KERNEL_MAX_ROWS: its kernel was 0.83-0.93x torch's float32 product at 24-48 rows and 1.08x at 64.
-AVX2_BF16_MAX_ROWS = 64
+# benchmarks/results/linear_rows/). So bfloat16 checks and batches of up to 96 rows take it there, and
+# each row sums as a one-token step's does, bit for bit: a batch of 8 whose target checks 7 proposals and
+# a catch-up token or two each (at 24 rows 3 of 8 greedy requests equalled `ar` in `triforce bench
+# --batch 8` at 1K, at 64 5, at 96 all 8). Float32 keeps KERNEL_MAX_ROWS: its kernel was 0.83-0.93x
+# torch's float32 product at 24-48 rows and 1.08x at 64.
+AVX2_BF16_MAX_ROWS = 96
 # Below 3 rows the vector path read as fast as the tile path or faster in most runs here (16 against 12
 # GB/s at 1 row while other tenants loaded the memory bus, 16 against 19 when they did not); from 3 rows
 # on the tile path won every run (benchmarks/linear_bandwidth.py).
