@@ -1,5 +1,6 @@
-"""A worker group for tests: spawned processes (ranks 1..N of a gloo world, as under torchrun) serving a
-model folder, and this process as their coordinator (rank 0) with a ControlChannel and the bulk link."""
+"""A worker group for tests: processes (tests/processes.py; ranks 1..N of a gloo world, as under
+torchrun) serving a model folder, and this process as their coordinator (rank 0) with a ControlChannel
+and the bulk link."""
 import os
 import time
 
