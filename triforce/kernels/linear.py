@@ -1,11 +1,11 @@
 """Linear layers for decoding: a CPU bfloat16 kernel for a few rows, torch everywhere else.
 
-`linear(x, weight, bias)` is F.linear, except on a CPU with AVX512-BF16 for bfloat16 inputs of a few
-rows (decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights at
-well under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): from 3 rows on
-with AMX tiles (csrc/linear_amx.cpp, at the same read rate for 3 to 16 rows), else with vector
-instructions, whose rate falls with every row; up to kernel_max_rows() rows (24, or 96 at the avx2
-level), torch's path past that.
+`linear(x, weight, bias)` is F.linear, except on an x86-64 CPU for bfloat16 inputs of a few rows
+(decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights at well
+under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): from 3 rows on with
+AMX tiles (csrc/linear_amx.cpp, at the same read rate for 3 to 16 rows), else with vector instructions
+(AVX512-BF16, or csrc/linear_avx2.cpp), whose rate falls with every row; up to kernel_max_rows() rows
+(24, or 96 at the avx2 level), torch's path past that.
 `reference_linear` is what the tests compare it with. Float32 inputs of up to KERNEL_MAX_ROWS rows go to
 csrc/linear_f32.cpp on every level (AVX2 + FMA), where torch's float32 product of a few rows read the
 weights at a fraction of the memory bandwidth (benchmarks/float32_rows.py).
