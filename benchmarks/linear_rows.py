@@ -6,7 +6,9 @@ SmolLM2's 30 layers' matrices (qkv 960 x 576, o 576 x 576, gate_up 3072 x 576, d
 in bfloat16, each read from memory on every pass) times n rows of x, through the kernel (linear_bf16's
 vector path, or linear_f32) and through the path `linear` takes past the kernel's rows (without native
 bfloat16: W widened to float32 a block at a time, then torch's float32 product; with it, and for float32,
-torch's own product), the two taking turns. Prints a JSON line per row count: the median ms of each and
+torch's own product), the two taking turns. (benchmarks/linear_bandwidth.py measures the bfloat16
+kernel against F.linear itself, one shape, as GB/s; the two should become one program with both
+comparisons.) Prints a JSON line per row count: the median ms of each and
 kernel / torch. kernels/linear.py sets its row bounds from these: on the 2-core Zen 3 EPYC
 (results/linear_rows/avx2_epyc_*.jsonl, two bfloat16 runs and one float32; these machines are noisy,
 so compare within a run), bfloat16 0.41x at 8 rows, 0.68x at 24, 0.49-0.91x at 32, 0.58-0.84x at 48,
