@@ -19,6 +19,7 @@ from collections import defaultdict
 
 import triforce.coordinator.batch as batch_module
 import triforce.coordinator.planning as planning
+import triforce.coordinator.tiers as tiers_module
 from triforce import LLM, SamplingParams
 
 PREFILL_ROWS = 16  # a step of more tokens is a prompt chunk
@@ -38,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
 
     log: list[tuple] = []
-    forward_together, check_together = batch_module.forward_together, batch_module.check_together
+    forward_together, check_together = tiers_module.forward_together, batch_module.check_together
 
     def timed_forward(tiers, steps, logits_for):
         began = time.perf_counter()
@@ -61,7 +62,7 @@ def main() -> None:
                     time.perf_counter()))
         return out
 
-    batch_module.forward_together, batch_module.check_together = timed_forward, timed_check
+    tiers_module.forward_together, batch_module.check_together = timed_forward, timed_check
     planning.AutoPlanner.plan = timed_plan
     llm = LLM(args.model, args.draft, "auto", prefix_cache_gb=4)
     base = llm.config

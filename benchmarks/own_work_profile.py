@@ -26,8 +26,8 @@ from triforce.cache import retrieval
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator import batch, engine, tiers
 
-# (owner, attribute): what to time. `batch.forward_together` is every model call of a batch step.
-WATCHED = [(batch, "forward_together"), (batch, "check_together"), (batch.SequenceBatch, "step"),
+# (owner, attribute): what to time. `tiers.forward_together` is every model call of a batch step.
+WATCHED = [(tiers, "forward_together"), (batch, "check_together"), (batch.SequenceBatch, "step"),
            (batch.SequenceBatch, "_advance"), (tiers.RetrievalTier, "sync"), (tiers.Tier, "keep_path"),
            (retrieval.RetrievalKVCache, "rebuild"), (retrieval.RetrievalKVCache, "sync"),
            (engine.HierarchyEngine, "_commit"), (engine.HierarchyEngine, "_probs")]
@@ -51,7 +51,7 @@ def watch(clock: dict) -> None:
                 entry = clock[_name]
                 entry[0] += 1
                 entry[1] += elapsed
-                if _name == "batch.forward_together":
+                if _name == "tiers.forward_together":
                     clock["_step"]["forwards"] += elapsed
                     clock["_step"]["prefill"] |= "none" in args[2]
                     clock["_step"]["decode"] |= any(want != "none" for want in args[2])
