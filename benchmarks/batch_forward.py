@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[1, 3, 7])
     args = p.parse_args()
     model = load_model(resolve_model("smollm2"), "bfloat16", torch.device("cpu"))
-    caches = [FullKVCache(model.config, args.context + max(args.tokens), model.rope, model.dtype, "cpu")
+    caches = [FullKVCache(model.config, args.context + max(args.tokens), model.dtype, "cpu")
               for _ in range(max(args.batch))]
     for cache in caches:
         cache.keys.normal_()

@@ -36,7 +36,7 @@ from triforce.step import Step, ancestor_mask
 
 
 def compare(model, ids: torch.Tensor, context: int, k: int) -> dict:
-    caches = [FullKVCache(model.config, context + k, model.rope, model.dtype, "cpu") for _ in range(2)]
+    caches = [FullKVCache(model.config, context + k, model.dtype, "cpu") for _ in range(2)]
     for cache in caches:
         model(Step.chain(ids[:context], 0), cache, logits_for="none")
     steps = torch.cat([model(Step.chain(ids[context + i:context + i + 1], context + i), caches[0])
@@ -55,7 +55,7 @@ def deep_tree(k: int, seed: int) -> list[int]:
 
 def compare_tree(model, ids: torch.Tensor, context: int, k: int) -> dict:
     parents = deep_tree(k, context + k)
-    cache = FullKVCache(model.config, context + k, model.rope, model.dtype, "cpu")
+    cache = FullKVCache(model.config, context + k, model.dtype, "cpu")
     model(Step.chain(ids[:context], 0), cache, logits_for="none")
     check = model(Step.tree(ids[context:context + k], parents, context), cache)
     mask, steps = ancestor_mask(parents), [None] * k

@@ -39,7 +39,7 @@ def best_ms(fn, repeats: int = 5) -> float:
 
 def forwards(dtype: str, context: int = 700) -> dict[int, float]:
     model = load_model(fetch_model("smollm2"), dtype)
-    cache = FullKVCache(model.config, context + max(ROWS), model.rope, model.dtype, model.device)
+    cache = FullKVCache(model.config, context + max(ROWS), model.dtype, model.device)
     ids = torch.randint(0, 1000, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     model.forward(Step.chain(ids, 0), cache)
 

@@ -28,7 +28,7 @@ CHUNK = 512
 
 def negative_log_likelihoods(model, ids: torch.Tensor, label: str) -> torch.Tensor:
     """[len(ids) - 1] float64: -log p(ids[i + 1] | ids[:i + 1]) under `model`."""
-    cache = FullKVCache(model.config, len(ids), model.rope, model.dtype, "cpu")
+    cache = FullKVCache(model.config, len(ids), model.dtype, "cpu")
     out = []
     start = time.perf_counter()
     with torch.inference_mode():

@@ -33,7 +33,7 @@ def main() -> None:
     first = next(iter(llms.values()))
     ids = prompt_ids(first.tokenizer, args)
     target = first.target
-    scorer = Tier("target", target, FullKVCache(target.config, len(ids) + args.new + 1, target.rope, target.dtype,
+    scorer = Tier("target", target, FullKVCache(target.config, len(ids) + args.new + 1, target.dtype,
                                                 target.device))
     scorer.prefill(ids[:-1])
     base = scorer.length

@@ -37,14 +37,14 @@ def main() -> None:
             return out
         return wrapper
 
-    for name in ("attention", "linear", "rms_norm", "silu_mul"):  # the names llama.py calls
+    for name in ("attention", "linear", "rms_norm", "silu_mul", "rope"):  # the names llama.py calls
         setattr(llama, name, timed(name, getattr(llama, name)))
     model = load_model(resolve_model("smollm2"), "bfloat16", torch.device("cpu"))
     for layer in model.layers:
         layer.o_proj.forward = timed("o_proj", layer.o_proj.forward)
         layer.down_proj.forward = timed("down_proj", layer.down_proj.forward)
     model.lm_head.forward = timed("lm_head", model.lm_head.forward)
-    cache = FullKVCache(model.config, args.context + max(args.tokens), model.rope, model.dtype, "cpu")
+    cache = FullKVCache(model.config, args.context + max(args.tokens), model.dtype, "cpu")
     cache.append = timed("cache.append", cache.append)
     cache.keys.normal_()
     cache.values.normal_()

@@ -159,9 +159,9 @@ def test_restored_keys_and_values_are_the_prefilled_ones_bit_for_bit(models):
     llm = make(models, "ar", 1.0)
     llm.generate(DOCUMENT + QUESTIONS[0], GREEDY)
     cfg = llm.target.config
-    fresh = FullKVCache(cfg, 400, llm.target.rope, torch.float32, llm.target.device)
+    fresh = FullKVCache(cfg, 400, torch.float32, llm.target.device)
     assert restore(llm.prefixes, DOCUMENT + QUESTIONS[2], fresh) == 256 and fresh.length == 256
-    cold = FullKVCache(cfg, 400, llm.target.rope, torch.float32, llm.target.device)
+    cold = FullKVCache(cfg, 400, torch.float32, llm.target.device)
     from triforce.coordinator.tiers import Tier
 
     Tier("target", llm.target, cold, 64).prefill(DOCUMENT)

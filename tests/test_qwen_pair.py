@@ -46,7 +46,7 @@ def test_logits_equal_transformers(folders, which):
     ours = load_model(folder, "float32")
     assert ours.config.model_type == "qwen2" and ours.config.attention_bias
     assert ours.config.max_positions == 32768
-    cache = FullKVCache(ours.config, 64, ours.rope, ours.dtype, ours.device)
+    cache = FullKVCache(ours.config, 64, ours.dtype, ours.device)
     got = ours.forward(Step.chain(ids.tolist(), 0), cache)
     del ours
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)

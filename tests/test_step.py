@@ -23,7 +23,7 @@ def path_to(node):
 def make_cache(model, policy):
     """A cache of `policy` holding the same 80-token prompt (the retrieval ones select 4 of 20 chunks)."""
     cfg, prompt = model.config, torch.arange(PROMPT) % 90 + 3
-    full = FullKVCache(cfg, 200, model.rope, model.dtype, "cpu")
+    full = FullKVCache(cfg, 200, model.dtype, "cpu")
     if policy == "streaming":
         cache = StreamingKVCache(cfg, 4, 24, 16, model.rope, model.dtype, "cpu")
         model(Step.chain(prompt, 0), cache, logits_for="none")

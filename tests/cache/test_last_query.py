@@ -39,14 +39,14 @@ def test_last_query_is_the_last_kept_tokens_own(folder, dtype, fused, parents, p
     g = torch.Generator().manual_seed(len(path))
     prompt, check = torch.randint(3, 96, (PROMPT,), generator=g), torch.randint(3, 96, (7 if parents is None else
                                                                                      len(parents),), generator=g)
-    checked = FullKVCache(model.config, 128, model.rope, model.dtype, "cpu")
+    checked = FullKVCache(model.config, 128, model.dtype, "cpu")
     model(prompt, checked, logits_for="none")
     step = Step.chain(check, PROMPT) if parents is None else Step.tree(check, parents, PROMPT)
     model(step, checked, logits_for="none")
     assert (checked._layer_queries is None) == fused  # the fused loop ran the check, and kept its queries
     last_row = queries(checked)  # no row dropped yet: the check's last
     checked.keep_path(PROMPT, path)
-    alone = FullKVCache(model.config, 128, model.rope, model.dtype, "cpu")
+    alone = FullKVCache(model.config, 128, model.dtype, "cpu")
     model(torch.cat((prompt, check[path])), alone, logits_for="none")
     tolerance = dict(atol=1e-4, rtol=1e-4) if dtype == "float32" else dict(atol=0.1, rtol=0.05)
     torch.testing.assert_close(queries(checked), queries(alone), **tolerance)
@@ -64,12 +64,12 @@ def test_a_check_as_long_as_the_fused_loop_takes_keeps_the_accepted_query(tmp_pa
     model = load_model(folder, "bfloat16")
     g = torch.Generator().manual_seed(1)
     prompt, check = torch.randint(3, 96, (20,), generator=g), torch.randint(3, 96, (120,), generator=g)
-    checked = FullKVCache(model.config, 160, model.rope, model.dtype, "cpu")
+    checked = FullKVCache(model.config, 160, model.dtype, "cpu")
     model(prompt, checked, logits_for="none")
     model(Step.chain(check, 20), checked, logits_for="none")
     if model.fused_layers.max_rows >= len(check):
         assert checked._layer_queries is None
     checked.keep_path(20, list(range(5)))
-    alone = FullKVCache(model.config, 160, model.rope, model.dtype, "cpu")
+    alone = FullKVCache(model.config, 160, model.dtype, "cpu")
     model(torch.cat((prompt, check[:5])), alone, logits_for="none")
     torch.testing.assert_close(queries(checked), queries(alone), atol=0.1, rtol=0.05)

@@ -257,7 +257,7 @@ def test_second_token_follows_the_target_while_the_plan_changes(models, prompt, 
     that joined after the first token (the draft catches up on the tokens it missed, the retrieval tier
     syncs)."""
     target, _ = models
-    cache = FullKVCache(target.config, len(prompt) + 2, target.rope, target.dtype, "cpu")
+    cache = FullKVCache(target.config, len(prompt) + 2, target.dtype, "cpu")
     first = probabilities(target(torch.tensor(prompt), cache, logits_for="last"), 1.0, 0, 1.0)[0]
     expected = torch.zeros(VOCAB, dtype=torch.float64)
     for x1 in range(VOCAB):
@@ -494,7 +494,7 @@ def test_an_idle_draft_reports_how_its_proposals_would_have_fared(models, temper
     sequence = torch.tensor(prompt + tokens)
 
     def probs(model):
-        cache = FullKVCache(model.config, len(sequence), model.rope, model.dtype, "cpu")
+        cache = FullKVCache(model.config, len(sequence), model.dtype, "cpu")
         return probabilities(model(sequence[:-1], cache), temperature, 0, 1.0)[len(prompt) - 1:]
 
     rows = torch.arange(covered)

@@ -386,7 +386,7 @@ def exact_two_token_distribution(target, prompt, params, grammars=None):
         return torch.tensor(list(matcher.compute_logit_bias()[:8])) > 0
 
     def dist(tokens):
-        cache = FullKVCache(target.config, len(tokens), target.rope, target.dtype, "cpu")
+        cache = FullKVCache(target.config, len(tokens), target.dtype, "cpu")
         logits = target(torch.tensor(tokens), cache, logits_for="last")[0].clone()
         for token, value in params.logit_bias:  # vLLM's order: the bias, then the penalties
             logits[token] += value
@@ -540,7 +540,7 @@ def test_three_distinct_models_sample_the_target_distribution(small_vocab, case)
     expected = exact_two_token_distribution(target, prompt, params)
 
     def run_of(seed):
-        tiers = [Tier(name, m, FullKVCache(m.config, 40, m.rope, m.dtype, "cpu"))
+        tiers = [Tier(name, m, FullKVCache(m.config, 40, m.dtype, "cpu"))
                  for name, m in (("draft", draft), ("middle", middle))]
         engine = HierarchyEngine(tiers + [LocalVerifier(target, 40)], [2, 3])
         return engine.run(prompt, SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True, seed=seed))

@@ -48,7 +48,7 @@ def target_logprobs(target, prompt, tokens):
     float64, the numbers every float32 path approximates."""
     target = copy.deepcopy(target).to(torch.float64)
     ids = prompt + tokens
-    cache = FullKVCache(target.config, len(ids), target.rope, target.dtype, "cpu")
+    cache = FullKVCache(target.config, len(ids), target.dtype, "cpu")
     logits = target.forward(torch.tensor(ids), cache)
     return torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1).float()
 

@@ -79,7 +79,7 @@ def test_reported_distribution_ignores_the_proposals_it_checks(models, prompt, p
     attention paths (one masked pass for small masks, the split flash passes for large ones) keep it."""
     monkeypatch.setattr(attention_module, "DENSE_MASK_ENTRIES", 1 << 62 if attention_path == "dense" else 0)
     target, _ = models
-    full = FullKVCache(target.config, 128, target.rope, target.dtype, "cpu")
+    full = FullKVCache(target.config, 128, target.dtype, "cpu")
     target(torch.tensor(prompt[:-1]), full, logits_for="none")
     target(torch.tensor(prompt[-1:]), full, logits_for="none")  # the target's last query: the static choice
     full.rollback(1)
@@ -126,7 +126,7 @@ CASES = [
 def test_first_token_follows_the_target_with_real_selection(models, prompt, mode, policy, sampling, trials, trees,
                                                            selections):
     target, draft = models
-    cache = FullKVCache(target.config, len(prompt), target.rope, target.dtype, "cpu")
+    cache = FullKVCache(target.config, len(prompt), target.dtype, "cpu")
     logits = target(torch.tensor(prompt), cache, logits_for="last")
     expected = probabilities(logits, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))[0]
     cfg = EngineConfig(mode=mode, retrieval_policy=policy, **trees, **SETTINGS)
@@ -165,7 +165,7 @@ def test_first_token_follows_the_target_with_prompt_lookup(models, periodic_prom
     probe = build_engine(cfg, target, draft, len(prompt) + 1)
     metrics = probe.generate(prompt, SamplingParams(max_tokens=1, ignore_eos=True, seed=0, **sampling))[1]
     assert metrics.lookup["weight"] > 0.8 and metrics.lookup["candidates"] > 60
-    cache = FullKVCache(target.config, len(prompt), target.rope, target.dtype, "cpu")
+    cache = FullKVCache(target.config, len(prompt), target.dtype, "cpu")
     logits = target(torch.tensor(prompt), cache, logits_for="last")
     expected = probabilities(logits, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))[0]
     copy = prompt[len(prompt) - 16]  # what the period continues with

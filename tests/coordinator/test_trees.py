@@ -28,7 +28,7 @@ def tier(model, streaming=False):
     cfg = model.config
     # a window over the whole text: a tree's siblings count against a sliding window, a chain's do not
     cache = (StreamingKVCache(cfg, 2, 64, 32, model.rope, model.dtype, "cpu") if streaming
-             else FullKVCache(cfg, 200, model.rope, model.dtype, "cpu"))
+             else FullKVCache(cfg, 200, model.dtype, "cpu"))
     return Tier("draft", model, cache)
 
 

@@ -44,7 +44,7 @@ def test_training_lowers_the_loss(tiny_dir, tmp_path):
 def _cache(model, n):
     from triforce.cache.full import FullKVCache
 
-    return FullKVCache(model.config, n, model.rope, model.dtype, "cpu")
+    return FullKVCache(model.config, n, model.dtype, "cpu")
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dt
     if dtype == "bfloat16":
         assert model.fused_layers.max_rows >= k  # the fused loop's kernels
     ids = torch.randint(3, 96, (CONTEXT + k,), generator=torch.Generator().manual_seed(k))
-    caches = [FullKVCache(model.config, CONTEXT + k, model.rope, model.dtype, "cpu") for _ in range(2)]
+    caches = [FullKVCache(model.config, CONTEXT + k, model.dtype, "cpu") for _ in range(2)]
     for cache in caches:
         model(Step.chain(ids[:CONTEXT], 0), cache, logits_for="none")
     steps = torch.cat([model(ids[CONTEXT + i:CONTEXT + i + 1], caches[0]) for i in range(k)])
@@ -59,7 +59,7 @@ def test_a_tree_check_gives_each_node_what_steps_along_its_path_give(level, fold
     model = load_model(folder, dtype)
     n = len(TREE)
     ids = torch.randint(3, 96, (context + n,), generator=torch.Generator().manual_seed(context))
-    stepped, kept = (FullKVCache(model.config, context + n, model.rope, model.dtype, "cpu") for _ in range(2))
+    stepped, kept = (FullKVCache(model.config, context + n, model.dtype, "cpu") for _ in range(2))
     for cache in (stepped, kept):
         model(Step.chain(ids[:context], 0), cache, logits_for="none")
     mask = ancestor_mask(TREE)

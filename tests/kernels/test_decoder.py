@@ -22,7 +22,7 @@ def decode(model, fused):
     model.fused_layers = fused
     try:
         g = torch.Generator().manual_seed(0)
-        full = FullKVCache(model.config, 128, model.rope, model.dtype, "cpu")
+        full = FullKVCache(model.config, 128, model.dtype, "cpu")
         retrieval = RetrievalKVCache(LocalKVSource(full), 16, 4, "static", full_layers=1, refresh_every=10,
                                      max_speculative=40)
         logits = [model(torch.randint(3, 96, (PREFILL,), generator=g), full)]
@@ -125,7 +125,7 @@ def decode_batch(model, fused):
     model.fused_layers = fused
     try:
         g = torch.Generator().manual_seed(1)
-        fulls = [FullKVCache(model.config, 128, model.rope, model.dtype, "cpu") for _ in range(3)]
+        fulls = [FullKVCache(model.config, 128, model.dtype, "cpu") for _ in range(3)]
         for full, n in zip(fulls, (30, 45, 52)):
             model(torch.randint(3, 96, (n,), generator=g), full, logits_for="none")
         retrieval = RetrievalKVCache(LocalKVSource(fulls[2]), 16, 4, "static", full_layers=1, refresh_every=10,

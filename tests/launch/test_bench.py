@@ -132,7 +132,7 @@ def test_widened_draft_proposes_only_its_tokens(tiny_dir):
     ids = torch.tensor([1, 2, 7, 4, 6])
     with torch.no_grad():
         theirs = wide(ids[None]).logits[0]
-    mine = ours(ids, FullKVCache(ours.config, 8, ours.rope, ours.dtype, "cpu"))
+    mine = ours(ids, FullKVCache(ours.config, 8, ours.dtype, "cpu"))
     torch.testing.assert_close(theirs, mine, atol=1e-4, rtol=1e-4)
 
 

@@ -12,10 +12,10 @@ from triforce.step import Step
 def caches_for(model, kind):
     cfg = model.config
     if kind == "full":
-        return FullKVCache(cfg, 96, model.rope, model.dtype, "cpu"), None
+        return FullKVCache(cfg, 96, model.dtype, "cpu"), None
     if kind == "streaming":
         return StreamingKVCache(cfg, 2, 8, 16, model.rope, model.dtype, "cpu"), None
-    full = FullKVCache(cfg, 96, model.rope, model.dtype, "cpu")
+    full = FullKVCache(cfg, 96, model.dtype, "cpu")
     return RetrievalKVCache(LocalKVSource(full), 8, 4, kind, full_layers=0, refresh_every=8, max_speculative=16), full
 
 

@@ -26,7 +26,7 @@ def graphs_for(model):
 
 
 def full_cache(model, capacity=80):
-    return FullKVCache(model.config, capacity, model.rope, model.dtype, model.device)
+    return FullKVCache(model.config, capacity, model.dtype, model.device)
 
 
 def test_static_forwards_equal_the_models_own(model):

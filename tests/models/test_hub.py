@@ -93,7 +93,7 @@ def test_shards_bound_the_conversion_and_load(tmp_path, monkeypatch, tiny_dir):
     ids = torch.arange(3, 19)
     outs = []
     for m in (a, b):
-        cache = FullKVCache(m.config, 32, m.rope, m.dtype, m.device)
+        cache = FullKVCache(m.config, 32, m.dtype, m.device)
         outs.append(m.forward(Step.chain(ids.tolist(), 0), cache))
     assert torch.equal(outs[0], outs[1])
 

@@ -22,7 +22,7 @@ def hf_logits(folder, ids):
 
 def our_logits(model, ids, split):
     """Feeds ids in two forwards (prefill, then the rest) to exercise the cache path too."""
-    cache = FullKVCache(model.config, len(ids), model.rope, model.dtype, "cpu")
+    cache = FullKVCache(model.config, len(ids), model.dtype, "cpu")
     return torch.cat([model(ids[:split], cache), model(ids[split:], cache)])
 
 

@@ -41,7 +41,7 @@ def _model(rank: int, size: int, init: str, folder: str, expected: torch.Tensor)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
     try:
         model = load_model(folder, "float32", tp=TensorParallel(rank, size, dist.group.WORLD))
-        cache = FullKVCache(model.config, 40, model.rope, model.dtype, "cpu")
+        cache = FullKVCache(model.config, 40, model.dtype, "cpu")
         assert cache.keys.shape[1] == model.config.num_kv_heads  # this rank's KV heads only
         ids = torch.arange(3, 33) % 96
         logits = torch.cat([model(ids[:20], cache), model(ids[20:], cache)])
@@ -70,7 +70,7 @@ def test_sharded_model_equals_the_whole_model(tiny_dir, tmp_path, heads, kv_head
                       arch="qwen2", seed=60)  # qwen2: qkv bias and tied embeddings, the most to shard
     whole = load_model(folder)
     ids = torch.arange(3, 33) % 96
-    cache = FullKVCache(whole.config, 40, whole.rope, whole.dtype, "cpu")
+    cache = FullKVCache(whole.config, 40, whole.dtype, "cpu")
     expected = torch.cat([whole(ids[:20], cache), whole(ids[20:], cache)])
     start(_model, (size, f"file://{tmp_path}/rendezvous", str(folder), expected), size)
 

@@ -29,10 +29,10 @@ def test_reduced_draft_reads_target_ids(tiny_dir):
     draft = load_model(folder)
     assert draft.output_vocab_size == 8 and draft.config.vocab_size == 6
     ids = torch.tensor([1, 2, 7, 4])  # 1 and 4 are outside the kept set: both read as the "other" id
-    cache = FullKVCache(draft.config, 8, draft.rope, draft.dtype, "cpu")
+    cache = FullKVCache(draft.config, 8, draft.dtype, "cpu")
     logits = draft(ids, cache)
     assert logits.shape == (4, 8) and torch.isinf(logits[:, [1, 4, 6]]).all()
-    same = draft(torch.tensor([6, 2, 7, 1]), FullKVCache(draft.config, 8, draft.rope, draft.dtype, "cpu"))
+    same = draft(torch.tensor([6, 2, 7, 1]), FullKVCache(draft.config, 8, draft.dtype, "cpu"))
     torch.testing.assert_close(same, logits)
 
 

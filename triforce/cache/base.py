@@ -1,9 +1,9 @@
 """The protocol every KV cache policy follows.
 
 A forward over a step of n new tokens (triforce/step.py) is `begin(step)`, then `append(layer, q, k, v)`
-once per layer, then `end()`. `append` takes unrotated projections (q: [Hq, n, D], k and v:
-[Hkv, n, D]), rotates them with the step's positions (mapped as the policy requires: the streaming cache
-keeps them within its window) and returns (q, keys, values) to attend over, keys and values [Hkv, S, D]
+once per layer, then `end()`. `append` takes the layer's projections of the new tokens (q: [Hq, n, D],
+k and v: [Hkv, n, D]), q and k already rotated at the step's positions (the model rotates every row of a
+forward at once: models/llama.py), stores k and v, and returns (keys, values) to attend over, [Hkv, S, D]
 with the n new tokens last and the entries of earlier forwards in the order they were absorbed just
 before them, so that a step's mask over the last m keys means the same in every policy. `length` counts
 the entries the cache has absorbed (visible or evicted); only the cache's own methods change it: `end`,
@@ -30,14 +30,11 @@ class CacheCapacityError(UserError):
 class LayerBuffers(NamedTuple):
     """Where a forward's n new tokens go in each layer, for the fused layer loop (kernels/decoder.py):
     the rotated keys and values into keys[l] and values[l] ([Hkv, capacity, D]) at offsets[l], and
-    attention reads those buffers up to offsets[l] + n. cos, sin: [n, D] of the new positions.
-    last_query ([L, Hq, R, D]), where the cache keeps each layer's rotated queries of the last R new tokens
+    attention reads those buffers up to offsets[l] + n. last_query ([L, Hq, R, D]), where the cache keeps each layer's rotated queries of the last R new tokens
     (the last min(n, R))."""
     keys: list[torch.Tensor] | tuple[torch.Tensor, ...]
     values: list[torch.Tensor] | tuple[torch.Tensor, ...]
     offsets: list[int]
-    cos: torch.Tensor
-    sin: torch.Tensor
     last_query: torch.Tensor | None
 
 

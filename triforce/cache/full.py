@@ -6,7 +6,6 @@ from collections.abc import Sequence
 import torch
 
 from ..models.config import ModelConfig
-from ..models.rope import RotaryEmbedding
 from ..step import Step
 from .base import CacheCapacityError, KVCache, LayerBuffers, move_slots
 from .chunk_means import ChunkMeans
@@ -18,16 +17,14 @@ QUERY_ROWS = 128
 
 
 class FullKVCache(KVCache):
-    def __init__(self, cfg: ModelConfig, capacity: int, rope: RotaryEmbedding,
-                 dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device | str):
         shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)  # [L, Hkv, capacity, D], rotated
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self._layer_keys, self._layer_values = self.keys.unbind(0), self.values.unbind(0)  # views
-        self.capacity, self.rope, self.length = capacity, rope, 0
+        self.capacity, self.length = capacity, 0
         self._num_heads = cfg.num_heads  # query heads: the fused loop's query store has a row for each
         self._n = 0
-        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None  # of the current forward's positions
         # The rotated queries of the latest forward's last QUERY_ROWS rows, for `last_query`: each layer's
         # [Hq, rows, D] on the layer-by-layer path; the store [L, Hq, QUERY_ROWS, D] on the fused one (made
         # at its first use: the fused loop runs on CPUs with the bfloat16 kernels only).
@@ -37,16 +34,14 @@ class FullKVCache(KVCache):
         self._moved: dict[int, int] = {}  # since that forward, position -> the slot its entry came from
         self._means: ChunkMeans | None = None  # built by the first chunk_means call
 
-    def begin(self, step: Step, rotate: bool = True) -> None:
-        """rotate=False: the forward rotates and writes its keys and values itself, at slots length ..
-        length + n - 1 of `keys` and `values` (models/cuda_graphs.py), then hands over its queries with
-        `written` before `end`."""
+    def begin(self, step: Step) -> None:
+        """A forward may write its keys and values itself, at slots length .. length + n - 1 of `keys` and
+        `values` (models/cuda_graphs.py), then hand over its queries with `written` before `end`."""
         n = step.n
         if self.length + n > self.capacity:
             raise CacheCapacityError(f"full KV cache holds {self.capacity} tokens; "
                                      f"{self.length} + {n} requested")
         self._n = n
-        self._cos_sin = self.rope.cos_sin(step.positions, self.keys.dtype) if rotate else None
         self._forward, self._moved, self._layer_queries = (self.length, n), {}, [None] * len(self._layer_keys)
 
     def written(self, queries: Sequence[torch.Tensor]) -> None:
@@ -58,14 +53,13 @@ class FullKVCache(KVCache):
         # narrow/copy_ on per-layer views: a decode step calls this 30 times, and tensor indexing costs
         # several times more Python-side than these method calls.
         start, n = self.length, self._n
-        q = self.rope.apply(q, *self._cos_sin)
         keys, values = self._layer_keys[layer], self._layer_values[layer]
-        keys.narrow(1, start, n).copy_(self.rope.apply(k, *self._cos_sin))
+        keys.narrow(1, start, n).copy_(k)
         values.narrow(1, start, n).copy_(v)
         if self._layer_queries is None:  # the fused loop took the buffers, then left this forward to the layers
             self._layer_queries = [None] * len(self._layer_keys)
         self._layer_queries[layer] = q if n <= QUERY_ROWS else q[:, n - QUERY_ROWS:].clone()
-        return q, keys.narrow(1, 0, start + n), values.narrow(1, 0, start + n)
+        return keys.narrow(1, 0, start + n), values.narrow(1, 0, start + n)
 
     @property
     def last_query(self) -> list[torch.Tensor | None]:
@@ -90,7 +84,7 @@ class FullKVCache(KVCache):
             self._queries = self.keys.new_zeros(shape)
         self._layer_queries = None
         return LayerBuffers(self._layer_keys, self._layer_values, [self.length] * len(self._layer_keys),
-                            *self._cos_sin, self._queries)
+                            self._queries)
 
     def chunk_means(self, chunk_size: int) -> torch.Tensor:
         """[L, Hkv, length // chunk_size, D]: mean keys of the complete chunks (the retrieval cache's scores)."""

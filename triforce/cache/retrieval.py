@@ -78,7 +78,7 @@ class LocalKVSource:
 
     def __init__(self, full: FullKVCache):
         self.full = full
-        self.rope, self.capacity = full.rope, full.capacity
+        self.capacity = full.capacity
         self.num_layers, self.num_kv_heads, _, self.head_dim = full.keys.shape
         self.dtype, self.device = full.keys.dtype, full.keys.device
 
@@ -169,26 +169,24 @@ class RetrievalKVCache(KVCache):
         if self.policy == "static" and not self._buf_k:
             raise RuntimeError("retrieval cache used before its first sync with the source")
         self._n = n
-        self._cos_sin = self.source.rope.cos_sin(step.positions, self.source.dtype)
 
     def append(self, layer, q, k, v):
-        q, k = self.source.rope.apply(q, *self._cos_sin), self.source.rope.apply(k, *self._cos_sin)
         lo, hi = self.spec_len, self.spec_len + self._n
         if self.policy == "static":
             at, end = self._static_offset(layer), self._static_offset(layer) + self._n
             buf_k, buf_v = self._buf_k[layer], self._buf_v[layer]
             buf_k[:, at:end], buf_v[:, at:end] = k, v
-            return q, buf_k[:, :end], buf_v[:, :end]
+            return buf_k[:, :end], buf_v[:, :end]
         src_k, src_v = self.source.full.keys[layer], self.source.full.values[layer]  # [Hkv, capacity, D]
         src_k[:, self.synced + lo: self.synced + hi], src_v[:, self.synced + lo: self.synced + hi] = k, v
         end = self.synced + hi
         if layer < self.full_layers or self.synced <= self.budget + self.chunk_size:
-            return q, src_k[:, :end], src_v[:, :end]
+            return src_k[:, :end], src_v[:, :end]
         # The first row's query only: see the module docstring (a later row may be a proposal).
         means = self._means[layer]
         chosen = select_chunks(q[:, :1], means, self.budget // self.chunk_size)
         token_ids = retrieval_token_ids(chosen, self.chunk_size, means.shape[1], end)
-        return (q, *gather_tokens(token_ids, src_k, src_v))
+        return gather_tokens(token_ids, src_k, src_v)
 
     def _static_offset(self, layer: int) -> int:
         """Where the forward in progress writes its tokens in a static buffer: after the retrieved
@@ -199,7 +197,7 @@ class RetrievalKVCache(KVCache):
         if self.policy != "static":
             return None
         offsets = [self._static_offset(layer) for layer in range(self.num_layers)]
-        return LayerBuffers(self._buf_k, self._buf_v, offsets, *self._cos_sin, None)
+        return LayerBuffers(self._buf_k, self._buf_v, offsets, None)
 
     def end(self) -> None:
         self.spec_len += self._n

@@ -5,8 +5,9 @@ StreamingLLM numbers the keys by their place *inside the cache*: the sinks keep 
 their offsets, so the model never sees a distance past sinks + window + n, however long the text grows.
 RoPE scores depend only on the distance between a query's and a key's positions, so the same scores come
 from rotating every window key and query at its own position in the text, once, and turning only the
-sinks by the shift (the window's first position less `sinks`) each forward: keys are stored rotated,
-and a forward rotates its sinks and its new tokens, not the window. Tree nodes keep their depths
+sinks by the shift (the window's first position less `sinks`) each forward: keys are stored rotated
+(the model rotates a forward's new queries and keys at their positions), and a forward turns the sinks,
+not the window. Tree nodes keep their depths
 (siblings share a position).
 
 Visible to a forward over n new tokens: the first `sinks` tokens, the last `window` tokens absorbed
@@ -89,8 +90,6 @@ class StreamingKVCache(KVCache):
         # The window: the last `window` tokens before the step, of those stored (none before a skip).
         self._window = (self._recent_index(max(self.sinks, start - self.window, self._offset)),
                         self._recent_index(start + n))
-        self.rope.reach(start + n)
-        self._cos_sin = self.rope.cos_sin(step.positions, self.sink_k.dtype)  # the new tokens' own positions
         # The sinks, turned by the shift (the window's first position less `sinks`; none while the window
         # follows them) to sit right before the window: [L, Hkv, sinks, D]
         self._sinks_now = self.sink_k[:, :, :min(start + n, self.sinks)]
@@ -104,7 +103,6 @@ class StreamingKVCache(KVCache):
     def append(self, layer, q, k, v):
         self._fused = False  # the layer loop runs: it writes the store itself
         n, start = self._n, self.length
-        q, k = rotate(q, *self._cos_sin), rotate(k, *self._cos_sin)
         to_sink = max(0, min(n, self.sinks - start))
         if to_sink:
             self.sink_k[layer, :, start:start + to_sink] = k[:, :to_sink]
@@ -117,7 +115,7 @@ class StreamingKVCache(KVCache):
         window = slice(*self._window)
         keys = torch.cat((self._sinks_now[layer], self.recent_k[layer, :, window]), dim=1)
         values = torch.cat((self.sink_v[layer, :, :n_sink], self.recent_v[layer, :, window]), dim=1)
-        return q, keys, values
+        return keys, values
 
     def layer_buffers(self) -> LayerBuffers | None:
         """For a forward of up to VIEW_ROWS tokens past the sinks: every layer's visible keys and values
@@ -136,7 +134,7 @@ class StreamingKVCache(KVCache):
         keys[:, :, self.sinks:before], values[:, :, self.sinks:before] = (self.recent_k[:, :, first:end],
                                                                             self.recent_v[:, :, first:end])
         self._fused = True
-        return LayerBuffers(list(keys), list(values), [before] * layers, *self._cos_sin, None)
+        return LayerBuffers(list(keys), list(values), [before] * layers, None)
 
     def end(self) -> None:
         if self._fused:  # the new tokens' rotated keys and values, from the view into the store

@@ -164,8 +164,8 @@ class ControlChannel:
 class RemoteKVSource:
     """What the retrieval cache reads, fetched from the workers (static policy)."""
 
-    def __init__(self, verifier: "RemoteVerifier", cfg, rope, dtype: torch.dtype, device: torch.device):
-        self.verifier, self.rope, self.dtype, self.device = verifier, rope, dtype, device
+    def __init__(self, verifier: "RemoteVerifier", cfg, dtype: torch.dtype, device: torch.device):
+        self.verifier, self.dtype, self.device = verifier, dtype, device
         self.num_layers, self.num_kv_heads, self.head_dim = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
         self.capacity = verifier.capacity
 
@@ -188,7 +188,7 @@ class RemoteKVSource:
 
 class RemoteVerifier(Verifier):
     """The target tier of one sequence, run by the worker group behind `channel`. `model` is the
-    coordinator's copy of the target (tier 2 runs it); only its config, rope, dtype and device are used
+    coordinator's copy of the target (tier 2 runs it); only its config, dtype and device are used
     here. Prompts go to the workers in their block size (the handshake's), which their prefix store keeps."""
 
     def __init__(self, channel: ControlChannel, model, capacity: int):
@@ -311,4 +311,4 @@ class RemoteVerifier(Verifier):
 
     def kv_source(self) -> RemoteKVSource:
         m = self.model
-        return RemoteKVSource(self, m.config, m.rope, m.dtype, m.device)
+        return RemoteKVSource(self, m.config, m.dtype, m.device)

@@ -30,7 +30,7 @@ class Verifier(Tier):
 class LocalVerifier(Verifier):
     def __init__(self, model: LlamaModel, capacity: int, prefill_chunk: int = PREFILL_CHUNK,
                  prefixes: PrefixStore | None = None):
-        cache = FullKVCache(model.config, capacity, model.rope, model.dtype, model.device)
+        cache = FullKVCache(model.config, capacity, model.dtype, model.device)
         super().__init__("target", model, cache, prefill_chunk)
         # blocks are reused only where they are this verifier's prefill chunks (a bench sweep may change them)
         self.prefixes = prefixes if prefixes is not None and prefixes.block == prefill_chunk else None

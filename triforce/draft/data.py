@@ -83,7 +83,7 @@ class TargetLabels:
         todo = [s for s in shards if not self._shard_path(s).is_file()]
         if not todo:
             return
-        cache = FullKVCache(target.config, seq_len, target.rope, target.dtype, target.device)
+        cache = FullKVCache(target.config, seq_len, target.dtype, target.device)
         bar = tqdm(total=len(todo) * self.SHARD * seq_len, desc=f"target labels ({self.folder.name})", unit="tok",
                    unit_scale=True)
         for s in todo:

@@ -17,7 +17,7 @@ from ..speculation.sampling import probabilities
 
 
 def _logits(model: LlamaModel, row: torch.Tensor) -> torch.Tensor:
-    cache = FullKVCache(model.config, row.numel(), model.rope, model.dtype, model.device)
+    cache = FullKVCache(model.config, row.numel(), model.dtype, model.device)
     return model(row.to(model.device), cache, logits_for="all").cpu()
 
 
@@ -45,7 +45,7 @@ def evaluate_genres(draft: LlamaModel, target: LlamaModel, genres: dict[str, tor
 
 def decode_ms_per_token(draft: LlamaModel, steps: int = 64) -> float:
     """Milliseconds for one single-token draft step (after a 256-token prefill)."""
-    cache = FullKVCache(draft.config, 256 + steps + 1, draft.rope, draft.dtype, draft.device)
+    cache = FullKVCache(draft.config, 256 + steps + 1, draft.dtype, draft.device)
     draft(torch.zeros(256, dtype=torch.long, device=draft.device), cache, logits_for="none")
     token = torch.zeros(1, dtype=torch.long, device=draft.device)
     start = time.perf_counter()

@@ -40,15 +40,17 @@ class FusedLayers:
             # without native bfloat16 it computes in float32 instead, which the loop does not mirror.
             self.max_rows = UNLIMITED_ROWS if native_bf16() else linear.kernel_max_rows()
 
-    def __call__(self, x: torch.Tensor, caches, masks, rows: list[int]) -> torch.Tensor | None:
+    def __call__(self, x: torch.Tensor, caches, masks, rows: list[int], cos: torch.Tensor,
+                 sin: torch.Tensor) -> torch.Tensor | None:
         """x: [n, hidden] after the embedding: the rows of len(caches) sequences one after another (rows[i]
-        each), between every cache's begin(step) and end(); masks: their steps'. The hidden states after the
+        each), between every cache's begin(step) and end(); masks: their steps'; cos, sin: [n, head_dim],
+        each row's position's. The hidden states after the
         last layer, or None where this forward must take the layer-by-layer path."""
         n = x.shape[0]
         group = self.num_heads // self.num_kv_heads
         if n > self.max_rows or x.dtype != torch.bfloat16:
             return None
-        keys, values, offsets, cos, sin, last_queries = [], [], [], [], [], []
+        keys, values, offsets, last_queries = [], [], [], []
         for cache, r in zip(caches, rows):
             buffers = cache.layer_buffers()
             if buffers is None or not attention.kernel_takes(group * r, buffers.keys[0], buffers.values[0]):
@@ -56,13 +58,10 @@ class FusedLayers:
             keys += buffers.keys
             values += buffers.values
             offsets += buffers.offsets
-            cos.append(buffers.cos)
-            sin.append(buffers.sin)
             last_query = buffers.last_query
             if last_query is None:
                 last_query = x.new_empty(len(buffers.keys), self.num_heads, 1, self.head_dim)
             last_queries.append(last_query)
-        cos, sin = (cos[0], sin[0]) if len(rows) == 1 else (torch.cat(cos), torch.cat(sin))
         return cpu_kernels().decoder_layers_bf16(
             x, self.weights, keys, values, offsets, rows, cos, sin, self.num_heads, self.num_kv_heads, self.eps,
             self.scale, linear.kernel_max_rows(), linear.kernel_uses_amx(n), last_queries, list(masks))

@@ -35,7 +35,6 @@ import torch
 
 from ..cache.full import FullKVCache
 from ..step import Step
-from .rope import RotaryEmbedding
 
 MAX_TOKENS = 64  # a decode step and every check size the engine proposes (trees of up to 64 nodes)
 MAX_GRAPHS = 64  # static forwards kept over all live caches; the least recently used goes first
@@ -50,14 +49,13 @@ class _StaticCache:
 
     def __init__(self, queries: torch.Tensor):
         self.queries = queries.unbind(0)
-        self.keys = self.values = self.cos = self.sin = self.slots = None  # set per run
+        self.keys = self.values = self.slots = None  # set per run
 
     def append(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        q = RotaryEmbedding.apply(q, self.cos, self.sin)
-        self.keys[layer].index_copy_(1, self.slots, RotaryEmbedding.apply(k, self.cos, self.sin))
+        self.keys[layer].index_copy_(1, self.slots, k)
         self.values[layer].index_copy_(1, self.slots, v)
         self.queries[layer].copy_(q)
-        return q, self.keys[layer], self.values[layer]
+        return self.keys[layer], self.values[layer]
 
 
 def buffers_key(cache: FullKVCache, n: int) -> tuple:
@@ -92,18 +90,18 @@ class StaticForward:
     def _run(self) -> None:
         n, model, view = self.n, self.model, self.view
         view.slots = self.start + self.offsets  # [n]
-        view.cos, view.sin = model.rope.cos_sin(self.positions, model.dtype)
+        cos, sin = model.rope.cos_sin(self.positions, model.dtype)
         visible = (self.key_index < self.start).repeat(n, 1)  # [n, capacity]: the keys before the step
         visible.index_copy_(1, view.slots, self.tail)
         x = model.embed_tokens(self.ids)
         for layer in model.layers:
-            x = layer(x, [view], [visible], [n])
+            x = layer(x, [view], [visible], [n], cos, sin)
         self.logits.copy_(model.lm_head(model.norm(x)))
 
     def __call__(self, step: Step, cache: FullKVCache, want: str) -> torch.Tensor | None:
         """Runs `step` (n tokens, mask None or [n, n]) over `cache` as the model's forward would, and
         returns its logits as forward_batch does for `want` ('all', 'last', 'none')."""
-        cache.begin(step, rotate=False)  # checks the room for n more, before anything is written
+        cache.begin(step)  # checks the room for n more, before anything is written
         self.ids.copy_(step.tokens, non_blocking=True)
         self.positions.copy_(step.positions, non_blocking=True)
         self.start.fill_(cache.length)

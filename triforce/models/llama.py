@@ -16,7 +16,7 @@ from torch import nn
 
 from ..kernels.attention import attention
 from ..kernels.decoder import FusedLayers
-from ..kernels.fused import rms_norm, silu_mul
+from ..kernels.fused import rms_norm, rope, silu_mul
 from ..kernels.linear import linear
 from ..step import Step
 from .config import ModelConfig
@@ -52,17 +52,21 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, group)
 
-    def forward(self, x: torch.Tensor, caches, masks, rows: list[int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, caches, masks, rows: list[int], cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
         """x: [n, hidden] -> [n, hidden], the rows of len(caches) sequences one after another (rows[i] each);
-        masks: their steps' [rows[i], m] over the last m keys (None: a chain). Every weight is read once for
-        all rows; each sequence attends over its own cache."""
+        masks: their steps' [rows[i], m] over the last m keys (None: a chain); cos, sin: [n, d], each row's
+        position's. Every weight is read once for all rows, and every row's query and key are rotated in
+        one call; each sequence attends over its own cache."""
         n = x.shape[0]
         d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
         qkv = linear(self.input_norm(x), self.qkv_proj.weight, self.qkv_proj.bias)  # [n, (hq + 2 hkv) d]
-        q, k, v = qkv.view(n, hq + 2 * hkv, d).transpose(0, 1).split((hq, hkv, hkv))  # [h, n, d] each
+        heads = qkv.view(n, hq + 2 * hkv, d).transpose(0, 1)  # [h, n, d]
+        q, k = rope(heads[:hq + hkv], cos, sin).split((hq, hkv))  # rotated at the rows' positions
+        v = heads[hq + hkv:]
         parts = []
         for cache, mask, q_s, k_s, v_s in zip(caches, masks, q.split(rows, 1), k.split(rows, 1), v.split(rows, 1)):
-            q_s, keys, values = cache.append(self.index, q_s, k_s, v_s)  # keys/values: [hkv, S, d], new last
+            keys, values = cache.append(self.index, q_s, k_s, v_s)  # [hkv, S, d] each, the new tokens last
             parts.append(attention(q_s, keys, values, self.scale, mask))  # [hq, rows, d]
         attn = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
         x = x + self.o_proj(attn.transpose(0, 1).reshape(n, hq * d))  # all-reduce across TP ranks
@@ -146,10 +150,14 @@ class LlamaModel(nn.Module):
         for cache, step in zip(caches, steps):
             cache.begin(step)
         masks = [step.mask for step in steps]
-        fused = None if self.fused_layers is None else self.fused_layers(x, caches, masks, rows)
+        # Every row's rotation, once per forward: caches store keys rotated at their positions
+        self.rope.reach(max(step.start + step.n for step in steps))
+        positions = steps[0].positions if len(steps) == 1 else torch.cat([step.positions for step in steps])
+        cos, sin = self.rope.cos_sin(positions, self.dtype)
+        fused = None if self.fused_layers is None else self.fused_layers(x, caches, masks, rows, cos, sin)
         if fused is None:
             for layer in self.layers:
-                x = layer(x, caches, masks, rows)
+                x = layer(x, caches, masks, rows, cos, sin)
         else:
             x = fused
         for cache in caches:

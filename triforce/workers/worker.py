@@ -152,7 +152,7 @@ class VerifierWorker:
                     "prefix_bytes": self.prefixes.max_bytes if self.prefixes is not None else 0,
                     "prefill_chunk": self.prefill_chunk}, []
         if kind == "start":
-            self.caches[body["seq"]] = FullKVCache(model.config, body["capacity"], model.rope, model.dtype,
+            self.caches[body["seq"]] = FullKVCache(model.config, body["capacity"], model.dtype,
                                                    model.device)
             if self.prefixes is not None:
                 self.prompts[body["seq"]] = BlockNames()
