@@ -18,7 +18,7 @@ import torch
 
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import check_together
-from triforce.coordinator.engine import Check
+from triforce.coordinator.runs import Check
 from triforce.speculation.sampling import probabilities
 from triforce.speculation.verify import verify_chain
 

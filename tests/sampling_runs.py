@@ -13,7 +13,7 @@ from unittest import mock
 
 import triforce.coordinator.batch as batch_module
 from triforce.coordinator.batch import SequenceBatch
-from triforce.coordinator.engine import Run
+from triforce.coordinator.runs import Run
 
 TOGETHER = 250  # requests per batch
 

@@ -1,8 +1,8 @@
 """The one input of a forward: which tokens, at which positions, seeing which keys.
 
-The engine builds a `Step` and it is passed down unchanged: the model embeds `tokens`, the cache stores
-their keys and values and rotates them with `positions` (a cache never invents positions), and attention
-applies `mask`. A forward attends over keys laid out with the n new tokens last (every cache policy
+The engine builds a `Step` and it is passed down unchanged: the model embeds `tokens` and rotates their
+queries and keys with `positions`, the cache stores the keys and values (a cache never invents
+positions), and attention applies `mask`. A forward attends over keys laid out with the n new tokens last (every cache policy
 returns them so); the keys before them are speculative entries of earlier forwards and, before those,
 the committed prefix.
 

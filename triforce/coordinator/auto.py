@@ -48,7 +48,8 @@ from collections.abc import Callable, Generator
 
 import torch
 
-from .engine import Forward, HierarchyEngine, Run
+from .engine import HierarchyEngine
+from .runs import Forward, Run
 from .forward_times import role_at, row_seconds
 from .metrics import RequestMetrics, TierStats
 from .planning import AutoPlanner

@@ -34,8 +34,8 @@ from ..errors import RequestFailed
 from ..kernels.linear import kernel_max_rows
 from ..speculation.sampling import processed
 from ..speculation.verify import ChainVerdict, verify_chains
-from .engine import Check, Forward, Run
-from .tiers import PROMPT_ROWS, Wait, forward_in_calls
+from .runs import Check, Forward, Run, Wait
+from .tiers import PROMPT_ROWS, forward_in_calls
 
 
 @dataclass(eq=False)

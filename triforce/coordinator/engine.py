@@ -19,7 +19,7 @@ prefix. The output is one round of `_produce(top, 1)` after another. Every rando
 with the request's own generator.
 
 An engine serves one sequence (its tiers hold that sequence's caches). `run` is that sequence's whole
-request as a generator that yields each forward it needs (`Forward`: which tier, which step) and is sent
+request as a generator that yields each forward it needs (`Forward`: which tier, which step; runs.py) and is sent
 the logits back, so that a `SequenceBatch` (batch.py) can run the same forward of many sequences as one
 model call; `generate` runs one request alone. Nothing a sequence decides depends on another's.
 """
@@ -29,7 +29,6 @@ import sys
 import time
 from collections.abc import Callable, Generator
 from contextlib import closing, nullcontext
-from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -43,40 +42,14 @@ from ..speculation.sampling import processed, sample, top_probability
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
-from .tiers import Tier, Wait
+from .runs import Check, Forward, Produced, Run, Wait
+from .tiers import Tier
 from .trees import TreeShaper, grow_tree, measure_costs, node_paths, tree_step
 
 PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least this long
 # Tokens a constraint forces that a tier takes without a forward, while it and the tiers below lag the
 # sequence by fewer than this (their next forwards catch them up: hierarchy.speculation_slack)
 FORCED_LAG = 8
-
-
-@dataclass
-class Forward:
-    """What a sequence's run needs next: tier `level` of its hierarchy runs `step`. It is sent back the
-    logits (Tier.forward's, per `logits_for`)."""
-    tier: Tier
-    level: int  # the tier's place in the engine's ladder, cheapest first (a batch runs the lowest first)
-    step: Step
-    logits_for: str = "all"
-
-
-@dataclass
-class Check:
-    """What a sequence's run needs after the forward of a chain check: its proposals verified against the
-    checker's rows. It is sent back (verdict, the checker's distributions [g + 1, V]); a `SequenceBatch`
-    verifies every sequence waiting on one together (batch.check_together)."""
-    draft_tokens: list[int]
-    draft_probs: torch.Tensor  # [g, V]: the proposer's distribution for each proposal
-    logits: torch.Tensor  # [g + 1, V]: the checker's, at each proposal and one past the last (penalized)
-    params: SamplingParams
-    generator: torch.Generator
-
-
-Run = Generator[Forward | Check | Wait, object, tuple[list[int], RequestMetrics]]
-# tokens, the tier's distribution at each [V], and its model's logits there [V] (before temperature, top-k, top-p)
-Produced = Generator[Forward | Check, object, tuple[list[int], list[torch.Tensor], list[torch.Tensor]]]
 
 
 class HierarchyEngine:

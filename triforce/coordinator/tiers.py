@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -21,20 +20,10 @@ from ..cache.retrieval import RetrievalKVCache
 from ..config import PREFILL_CHUNK
 from ..models.llama import LlamaModel
 from ..step import Step
+from .runs import Wait
 
 
 PROMPT_ROWS = ("none", "prompt")  # what forwards of prompt chunks ask for (Tier.forward)
-
-
-@dataclass(frozen=True)
-class Wait:
-    """What a tier's prefill yields instead of a step when it cannot go on yet: a block of the prompt that
-    another sequence is prefilling right now will be in the prefix store after that sequence's next
-    forward (cache/prefixes.py). `owner` is that sequence's tier, which holds the claim while its forward
-    of the block waits in the batch; `stale` drops the claim, for a batch in which no forward of `owner`
-    waits (its run went away without releasing it)."""
-    owner: object
-    stale: Callable[[], None]
 
 
 class Tier:

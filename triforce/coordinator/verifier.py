@@ -16,7 +16,8 @@ from ..cache.retrieval import LocalKVSource
 from ..config import PREFILL_CHUNK
 from ..models.llama import LlamaModel
 from ..step import Step
-from .tiers import Tier, Wait
+from .runs import Wait
+from .tiers import Tier
 
 
 class Verifier(Tier):

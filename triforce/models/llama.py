@@ -1,9 +1,10 @@
 """A Llama-family decoder (Llama 2/3, Mistral, Qwen2) as a plain module, over one sequence or a batch.
 
 A forward takes a `Step` (triforce/step.py: tokens, positions, the mask among speculative tokens) and
-passes it down unchanged. The model knows nothing of cache policy: every layer hands its unrotated q, k, v
-to the cache, which rotates them with the step's positions and returns the keys and values to attend
-over, with the new tokens last; attention applies the step's mask (see kernels/attention.py). q, k, v
+passes it down unchanged. The model knows nothing of cache policy: it rotates every row's query and key at
+the step's positions (cos and sin once per forward, one call per layer for all sequences), and every
+layer hands q, k, v to the cache, which stores the keys and values and returns those to attend over,
+with the new tokens last; attention applies the step's mask (see kernels/attention.py). q, k, v
 share one fused projection and gate/up another, so a decode step reads each weight matrix in one pass.
 `forward_batch` runs several sequences' steps, each over its own cache, through the weights together.
 """
