@@ -28,7 +28,7 @@ KERNEL_MAX_ROWS = 24
 # Without native bfloat16 (the avx2 level) torch's path widens W to float32 a block at a time, and the
 # AVX2 kernel stays ahead of it longer: SmolLM2's 30 layers' bfloat16 matrices on the 2-core Zen 3 EPYC,
 # kernel time over that path's in two runs, 0.49 and 0.91 at 32 rows, 0.58 and 0.84 at 48, 1.08 and 0.77
-# at 64, 1.09 and 0.83 at 96, 1.24 at 128 (`python benchmarks/linear_rows.py`;
+# at 64, 1.09 and 0.83 at 96, 1.24 at 128 (`python benchmarks/linear_bandwidth.py --past-rows`;
 # benchmarks/results/linear_rows/). So bfloat16 checks and batches of up to 96 rows take it there, and
 # each row sums as a one-token step's does, bit for bit: a batch of 8 whose target checks 7 proposals and
 # a catch-up token or two each (at 24 rows 3 of 8 greedy requests equalled `ar` in `triforce bench
