@@ -2,9 +2,9 @@
 
 The engine builds a `Step` and it is passed down unchanged: the model embeds `tokens` and rotates their
 queries and keys with `positions`, the cache stores the keys and values (a cache never invents
-positions), and attention applies `mask`. A forward attends over keys laid out with the n new tokens last (every cache policy
-returns them so); the keys before them are speculative entries of earlier forwards and, before those,
-the committed prefix.
+positions), and attention applies `mask`. A forward attends over keys laid out with the n new tokens
+last (every cache policy returns them so); the keys before them are speculative entries of earlier
+forwards and, before those, the committed prefix.
 
 - A *chain* (prefill chunks, decode steps, chain speculation): positions start..start+n-1, each token
   sees the whole prefix and the new tokens up to itself. `mask` is None: kernels apply that causal rule

@@ -160,3 +160,26 @@ def test_weights_that_are_not_finite_are_refused(tiny_dir, tmp_path, dtype, valu
     tensors["model.layers.1.mlp.up_proj.weight"].fill_(60.0)  # finite in float16, though its sum is not
     save_file(tensors, str(tmp_path / "model.safetensors"))
     assert load_model(tmp_path, dtype).config.num_layers == 2
+
+
+def test_a_forward_past_the_models_positions_reaches_the_rope_table_before_a_streaming_cache_begins(tiny_dir):
+    """A draft runs past its own positions over a streaming cache. After a skip, the first forward's window
+    starts at its own first token, and the cache turns its sinks by that position (less the sinks) as it
+    begins: the forward makes the rope table reach its positions before any cache begins. Its logits equal
+    those of the same forward over a table extended beforehand."""
+    from triforce.cache.streaming import StreamingKVCache
+    from triforce.models.rope import POSITION_MARGIN
+
+    folder = tiny_dir("short-positions", max_position_embeddings=64)
+    logits = []
+    for extend_first in (False, True):
+        model = load_model(folder)
+        table = len(model.rope.cos)
+        assert table == 64 + POSITION_MARGIN
+        if extend_first:
+            model.rope.reach(3 * table)
+        cache = StreamingKVCache(model.config, 2, 8, 4, model.rope, model.dtype, "cpu")
+        model(torch.tensor([1, 2, 3, 4]), cache, logits_for="none")
+        cache.skip(2 * table)
+        logits.append(model(torch.tensor([5, 6, 7]), cache))
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)

@@ -30,8 +30,8 @@ class CacheCapacityError(UserError):
 class LayerBuffers(NamedTuple):
     """Where a forward's n new tokens go in each layer, for the fused layer loop (kernels/decoder.py):
     the rotated keys and values into keys[l] and values[l] ([Hkv, capacity, D]) at offsets[l], and
-    attention reads those buffers up to offsets[l] + n. last_query ([L, Hq, R, D]), where the cache keeps each layer's rotated queries of the last R new tokens
-    (the last min(n, R))."""
+    attention reads those buffers up to offsets[l] + n. last_query ([L, Hq, R, D]), where the cache keeps
+    each layer's rotated queries of the last R new tokens (the last min(n, R))."""
     keys: list[torch.Tensor] | tuple[torch.Tensor, ...]
     values: list[torch.Tensor] | tuple[torch.Tensor, ...]
     offsets: list[int]

@@ -58,7 +58,8 @@ class FullKVCache(KVCache):
         values.narrow(1, start, n).copy_(v)
         if self._layer_queries is None:  # the fused loop took the buffers, then left this forward to the layers
             self._layer_queries = [None] * len(self._layer_keys)
-        self._layer_queries[layer] = q if n <= QUERY_ROWS else q[:, n - QUERY_ROWS:].clone()
+        # a copy: q is a view of the rotation of every row of the forward's batch, keys too
+        self._layer_queries[layer] = q[:, max(0, n - QUERY_ROWS):].clone()
         return keys.narrow(1, 0, start + n), values.narrow(1, 0, start + n)
 
     @property

@@ -22,7 +22,8 @@ go past MAX_GRAPHS). Every forward it takes runs the same static math, so a step
 on what ran before; a size is captured at its CAPTURE_AT-th forward (a short prompt's one-off prefill
 runs uncaptured), and a capture that fails leaves that size uncaptured, with a warning. Models on CUDA get
 one unless TRIFORCE_CUDA_GRAPHS=0. The graphs hold the addresses of the model's weights and rope tables,
-which a model keeps once finalized. Without capture the same StaticForward runs on any device: the tests
+which a model keeps once finalized (a forward grows the rope table only for positions past the model's
+own, which a request over a full cache never reaches: requests are checked against them). Without capture the same StaticForward runs on any device: the tests
 compare it with the model's own forward on the CPU.
 """
 from __future__ import annotations

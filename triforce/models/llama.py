@@ -148,11 +148,12 @@ class LlamaModel(nn.Module):
         rows = [step.n for step in steps]
         tokens = steps[0].tokens if len(steps) == 1 else torch.cat([step.tokens for step in steps])
         x = self.embed_tokens(tokens if self.vocab is None else self.vocab.encode(tokens))  # [n, hidden]
+        # Every row's rotation, once per forward (caches store keys rotated at their positions); the table
+        # first reaches them, which a streaming cache's begin reads to turn its sinks
+        self.rope.reach(max(step.start + step.n for step in steps))
         for cache, step in zip(caches, steps):
             cache.begin(step)
         masks = [step.mask for step in steps]
-        # Every row's rotation, once per forward: caches store keys rotated at their positions
-        self.rope.reach(max(step.start + step.n for step in steps))
         positions = steps[0].positions if len(steps) == 1 else torch.cat([step.positions for step in steps])
         cos, sin = self.rope.cos_sin(positions, self.dtype)
         fused = None if self.fused_layers is None else self.fused_layers(x, caches, masks, rows, cos, sin)

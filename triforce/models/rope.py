@@ -115,8 +115,9 @@ class RotaryEmbedding:
         return (cos / self.scale).to(dtype), (sin / self.scale).to(dtype)
 
     def reach(self, position: int) -> None:
-        """Makes the table cover `position` (a streaming cache rotates keys at their positions in the text,
-        which pass a draft's own); the entries it had stay as they were."""
+        """Makes the table cover `position` (a draft's keys are rotated at their positions in the text, which
+        pass its own, and its streaming cache turns its sinks by the window's shift); the entries it had
+        stay as they were."""
         if position >= len(self.cos):
             cos, sin = self._rows(len(self.cos), max(position + POSITION_MARGIN, 2 * len(self.cos)), self.cos.device)
             self.cos, self.sin = torch.cat((self.cos, cos)), torch.cat((self.sin, sin))
