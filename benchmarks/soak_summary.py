@@ -1,0 +1,38 @@
+"""What a soak (benchmarks/results/soak/soak.sh) saw, as JSON: answers by status, the greedy probe's
+distinct texts, the median and worst latency of answered requests per stretch, and the server's VmRSS
+(GB) at each sample.
+
+    python benchmarks/soak_summary.py soak-out/NAME [--stretch-s 600]
+
+Reads NAME/requests.jsonl and NAME/monitor.jsonl (benchmarks/soak_load.py writes them)."""
+import argparse
+import collections
+import json
+import statistics
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder", type=Path)
+    p.add_argument("--stretch-s", type=float, default=600.0)
+    args = p.parse_args()
+    requests = [json.loads(line) for line in open(args.folder / "requests.jsonl")]
+    monitor = [json.loads(line) for line in open(args.folder / "monitor.jsonl")]
+    probes = [r for r in requests if r["kind"] == "probe"]
+    stretches = collections.defaultdict(list)
+    for r in requests:
+        if r["status"] == 200 and r["kind"] != "probe":
+            stretches[int(r["t"] // args.stretch_s)].append(r["lat"])
+    print(json.dumps({
+        "requests": len(requests), "by_status": dict(collections.Counter(str(r["status"]) for r in requests)),
+        "probes": len(probes), "probe_texts": len({r.get("text") for r in probes if r["status"] == 200}),
+        "probe_failures": [{k: r.get(k) for k in ("t", "status", "err", "lat")} for r in probes if r["status"] != 200],
+        "latency_s": {f"{int(k * args.stretch_s)}-{int((k + 1) * args.stretch_s)}s":
+                      {"answered": len(v), "median": round(statistics.median(v), 2), "max": round(max(v), 1)}
+                      for k, v in sorted(stretches.items())},
+        "rss_gb": [[round(m["t"]), round(m["rss_kb"] / 1e6, 2)] for m in monitor]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
