@@ -7,8 +7,7 @@ RoPE scores depend only on the distance between a query's and a key's positions,
 from rotating every window key and query at its own position in the text, once, and turning only the
 sinks by the shift (the window's first position less `sinks`) each forward: keys are stored rotated
 (the model rotates a forward's new queries and keys at their positions), and a forward turns the sinks,
-not the window. Tree nodes keep their depths
-(siblings share a position).
+not the window. Tree nodes keep their depths (siblings share a position).
 
 Visible to a forward over n new tokens: the first `sinks` tokens, the last `window` tokens absorbed
 before it, and the n new ones (a tree grown over several forwards counts its earlier levels' nodes,

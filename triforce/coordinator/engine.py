@@ -19,8 +19,8 @@ prefix. The output is one round of `_produce(top, 1)` after another. Every rando
 with the request's own generator.
 
 An engine serves one sequence (its tiers hold that sequence's caches). `run` is that sequence's whole
-request as a generator that yields each forward it needs (`Forward`: which tier, which step; runs.py) and is sent
-the logits back, so that a `SequenceBatch` (batch.py) can run the same forward of many sequences as one
+request as a generator that yields each forward it needs (`Forward`: which tier, which step; runs.py) and
+is sent the logits back, so that a `SequenceBatch` (batch.py) can run the same forward of many sequences as one
 model call; `generate` runs one request alone. Nothing a sequence decides depends on another's.
 """
 from __future__ import annotations
