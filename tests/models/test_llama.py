@@ -1,4 +1,5 @@
-"""Our model's logits against transformers on the same checkpoint (float32, max abs diff <= 1e-4)."""
+"""Our model's logits against transformers on the same checkpoint (float32, max abs diff <= 1e-4), and its
+forwards past its own positions (the rope table)."""
 import json
 
 import pytest
