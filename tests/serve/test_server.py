@@ -660,6 +660,22 @@ def test_metrics_count_requests_tokens_and_speculation(llm):
     assert accepted == per_pos > 0 and all(o["usage"]["completion_tokens"] for o in outs)
 
 
+def test_metrics_show_the_bytes_the_prefix_store_holds(tiny_dir):
+    """triforce:prefix_cache_bytes: none before a request; after one, what the store holds (its prompt's
+    full blocks of 16 tokens)."""
+    llm = LLM(tiny_dir("serve-target", tokenizer=True, seed=71), mode="ar", dtype="float32", prefill_chunk=16)
+    line = 'triforce:prefix_cache_bytes{model_name="tiny"} '
+
+    def held(text):
+        return [float(row[len(line):]) for row in text.splitlines() if row.startswith(line)]
+
+    with TestClient(create_app(llm, "tiny")) as c:
+        before = held(c.get("/metrics").text)
+        assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0}).status_code == 200
+        after = held(c.get("/metrics").text)
+    assert before == [0.0] and after == [float(llm.prefixes.bytes)] and after[0] > 0
+
+
 def test_a_server_shutting_down_ends_its_requests_and_refuses_new_ones(llm, monkeypatch):
     """Ctrl-C or SIGTERM (launch/serve.py's server calls Scheduler.drain before uvicorn's own shutdown): the
     running request ends after its round with finish_reason "abort" (its stream closes properly), a waiting

@@ -6,7 +6,9 @@ checked (`drafter`): `vllm:spec_decode_num_drafts` (checks), `vllm:spec_decode_n
 proposed), `vllm:spec_decode_num_accepted_tokens`, and `..._per_pos` (accepted at position `position`
 of a chain, 1 first). Requests: `vllm:request_success` by `finished_reason` (stop, length, abort: a client gone), failures
 (`triforce:request_failures`), `vllm:prompt_tokens` and `vllm:generation_tokens`, prompt tokens looked
-up in and found in the prefix store (`vllm:prefix_cache_queries`, `vllm:prefix_cache_hits`), the queue
+up in and found in the prefix store (`vllm:prefix_cache_queries`, `vllm:prefix_cache_hits`) and the bytes
+of target KV it holds now (`triforce:prefix_cache_bytes`: this process's store; 0 with --workers, whose
+group keeps its own), the queue
 (`vllm:num_requests_waiting`, `vllm:num_requests_running`), and histograms of time to first token (the
 wait in the queue and the prefill) and of time per output token (decode time over tokens). Counted when a
 request ends, from its RequestMetrics. Each app has its own registry.
@@ -49,6 +51,9 @@ class ServerMetrics:
         running = Gauge("vllm:num_requests_running", "Requests in the batch", ["model_name"], registry=self.registry)
         waiting.labels(model).set_function(lambda: len(scheduler.waiting))
         running.labels(model).set_function(lambda: len(scheduler.running))
+        stored = Gauge("triforce:prefix_cache_bytes", "Bytes of target KV the prefix store holds", ["model_name"],
+                       registry=self.registry)
+        stored.labels(model).set_function(lambda: scheduler.llm.prefixes.bytes if scheduler.llm.prefixes else 0)
 
     def finished(self, finish_reason: str, metrics: RequestMetrics, queued_s: float) -> None:
         m = self.model
