@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from triforce.cache.full import FullKVCache
 from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
 from triforce.cache.streaming import StreamingKVCache
+from triforce.kernels.fused import rope
 from triforce.models.config import ModelConfig
 from triforce.models.rope import RotaryEmbedding
 from triforce.step import Step
@@ -144,7 +145,7 @@ def signed_rotate(x, positions):
     """ROPE.rotate at positions of either sign (StreamingLLM's numbering of a window that a tree's node at
     depth 1 begins puts a sibling at depth 0 below it)."""
     cos, sin = ROPE.cos[positions.abs()], ROPE.sin[positions.abs()] * positions.sign()[:, None]
-    return ROPE.apply(x, cos, sin)
+    return rope(x, cos, sin)
 
 
 def scores(q, keys):

@@ -126,11 +126,6 @@ class RotaryEmbedding:
         """positions: [n] int64 -> (cos, sin), each [n, D] in `dtype`; computed once per forward."""
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [H, n, D] rotated by the (cos, sin) of its n positions."""
-        return rope(x, cos, sin)
-
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [H, n, D]; positions: [n] int64. Returns x rotated, in x's dtype."""
-        return self.apply(x, *self.cos_sin(positions, x.dtype))
+        return rope(x, *self.cos_sin(positions, x.dtype))
