@@ -40,7 +40,7 @@ from .speculation.guided import Grammars
 
 log = logging.getLogger("triforce")
 
-# Drafts for known targets: shipped inside the package (made by `triforce train-draft`; see README), or a
+# Drafts for known targets: shipped inside the package (made by `triforce train-draft`; see docs/draft.md), or a
 # known model of the same family (fetched like the target). For other targets without --draft, mode
 # `triforce` falls back to `retrieval` with a one-line notice, and `auto` plans without a draft tier.
 DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",

@@ -38,7 +38,7 @@ def is_number(value) -> bool:
 @dataclass(frozen=True)
 class EngineConfig:
     """How the hierarchy is built. Defaults: the paper's gamma2, chunk size and sinks; gamma1, the budget,
-    the retrieval policy and full_layers were picked by `triforce bench` on SmolLM2 (see README)."""
+    the retrieval policy and full_layers were picked by `triforce bench` on SmolLM2 (docs/defaults.md)."""
     mode: str = "auto"  # auto: the tiers and gammas a cost model picks per request (coordinator/auto.py)
     gamma1: int = 4  # tier-1 (draft) proposals per tier-2 check (docs/defaults.md)
     gamma2: int = 6  # tier-2 tokens per tier-3 (target) check: the least (it takes all of tier 2's rounds)

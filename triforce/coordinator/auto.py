@@ -22,7 +22,7 @@ with q the draft's distribution there, mixed with the prompt lookup's copy as a 
 it (the copy and the lookup's weight at that position), is an unbiased estimate of the chance that the
 draft's proposal there is accepted (its expectation over x ~ p is sum_x min(p(x), q(x)); greedy: whether
 the mixture's argmax is x). Without the copies it rated the draft 0.28-0.36 in `ar` at 32K of Emma
-(SmolLM2, yarn:4, greedy), where `draft` mode's checks fitted 0.73 and led (README, Longer contexts).
+(SmolLM2, yarn:4, greedy), where `draft` mode's checks fitted 0.73 and led (docs/cli.md, Longer contexts).
 So a draft that a few early checks made look poor is tried again as soon as the text shows it would pay,
 not after its estimate has faded back to the prior (56-72 tokens of `ar` in the runs that found it); it
 costs one forward of the draft per REPLAN_ROUNDS target steps (its window was prefilled with the

@@ -41,7 +41,7 @@ AUTO_BUDGET_FACTORS = (1, 2, 4)
 def auto_budgets(cfg: EngineConfig) -> list[int]:
     """The budgets mode auto chooses among, a retrieval tier for each (planning.py scores each once the
     context is twice it): the configured one and AUTO_BUDGET_FACTORS times it. A quarter of the context
-    paid best at 8K and at 32K (SmolLM2 + yarn:4 on the AMX Xeon, README: Longer contexts)."""
+    paid best at 8K and at 32K (SmolLM2 + yarn:4 on the AMX Xeon, docs/cli.md: Longer contexts)."""
     return [cfg.budget * factor for factor in AUTO_BUDGET_FACTORS]
 
 

@@ -172,7 +172,7 @@ class AutoPlanner:
         speed there, ran only from token 183. Still all evidence fades here at once, so the checks of the
         stretch this plan ends fade as much as older ones (after 50 tokens of `triforce`, to 0.36 against
         the prior). Fading each check by its own age instead (7793651, a longer memory) ran 0.92x this at
-        8K and 0.6 (six seeds) and 0.96x at 32K greedy in an A/B on the AVX2 EPYC: reverted (README)."""
+        8K and 0.6 (six seeds) and 0.96x at 32K greedy in an A/B on the AVX2 EPYC: reverted (docs/avx2.md)."""
         running, moved, self._faded_at = self.running, generated - self._faded_at, generated
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS))

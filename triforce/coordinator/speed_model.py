@@ -61,7 +61,7 @@ def prior(name: str, budget: int | None = None, context: int | None = None) -> f
     its kind; a retrieval tier's PRIOR_STEP lower per halving of its `budget` below a quarter of the
     `context`. The target accepted SmolLM2's (yarn:4, Emma, greedy, AMX Xeon) 0.79 / 0.82 / 0.91 of the
     time at budgets of a sixteenth / an eighth / a quarter of 32K, 0.62-0.65 at an eighth of 16K and
-    0.94 at a quarter (README: Longer contexts); with one prior for all, mode auto tried the cheapest,
+    0.94 at a quarter (docs/cli.md: Longer contexts); with one prior for all, mode auto tried the cheapest,
     poorest budget first."""
     if tier_kind(name) != "retrieval" or not budget or not context:
         return PRIOR[tier_kind(name)]
