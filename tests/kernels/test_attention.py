@@ -85,6 +85,44 @@ def test_attention_with_a_mask_matches_loop_reference(hq, hkv, n, m, s, torch_pa
     assert bool(torch_path.splits) == (torch_path.name == "split" and n > 1)
 
 
+def fake_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False):
+    """flash-attn 2's `flash_attn_func` as its docstring defines it, in float32 torch: q [B, n, Hq, D], k, v
+    [B, s, Hkv, D], query head h reading KV head h // (Hq / Hkv); `causal` aligned to the bottom right
+    (query i sees keys j <= i + s - n); out [B, n, Hq, D] in q's dtype, and with `return_attn_probs`
+    (out, softmax_lse [B, Hq, n] float32, S_dmask)."""
+    n, hq, s, hkv = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
+    keys, values = (t.float().repeat_interleave(hq // hkv, dim=2) for t in (k, v))
+    scores = torch.einsum("bnhd,bshd->bhns", q.float(), keys) * softmax_scale
+    if causal:
+        scores = scores.masked_fill(torch.arange(s) > torch.arange(n)[:, None] + (s - n), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("bhns,bshd->bnhd", torch.exp(scores - lse[..., None]), values).to(q.dtype)
+    return (out, lse, None) if return_attn_probs else out
+
+
+@pytest.mark.parametrize("n,m,s", [(1, None, 40), (5, None, 40), (5, 9, 40), (7, 7, 7)])
+def test_the_flash_attn_branch_gives_the_reference(n, m, s, monkeypatch):
+    """What `attention` does around flash-attn on a GPU (layouts, GQA heads, the causal tail, a tree's
+    masked tail merged by log-sum-exps), run on the CPU with flash-attn's function written out: a chain
+    calls it once, a tree's mask over the last m < s keys runs its unmasked pass over the keys before
+    them, and a mask over every key (a CUDA graph's) goes to SDPA."""
+    calls = []
+    monkeypatch.setattr(attention_module, "_flash_attn_func",
+                        lambda *a, **kw: calls.append(kw) or fake_flash_attn_func(*a, **kw))
+    real = attention_module.takes_flash_attn
+    monkeypatch.setattr(attention_module, "takes_flash_attn",  # q on CUDA: the one condition a CPU cannot meet
+                        lambda q, mask, keys: real(SimpleNamespace(is_cuda=True, dtype=q.dtype), mask, keys))
+    splits = count_splits(monkeypatch)
+    g = torch.Generator().manual_seed(n + s)
+    q, k, v = (torch.randn(6, n, 64, generator=g).bfloat16(), torch.randn(2, s, 64, generator=g).bfloat16(),
+               torch.randn(2, s, 64, generator=g).bfloat16())
+    mask = None if m is None else random_mask(n, m, g)
+    torch.testing.assert_close(attention(q, k, v, 0.125, mask).float(),
+                               reference_attention(q, k, v, 0.125, mask).float(), atol=2e-2, rtol=2e-2)
+    assert [kw["causal"] for kw in calls] == ([True] if m is None else [False] if m < s else [])
+    assert len(splits) == (m is not None and m < s)
+
+
 def test_attention_bfloat16_close_to_reference():
     q, k, v = (torch.randn(9, 4, 64).bfloat16(), torch.randn(3, 300, 64).bfloat16(), torch.randn(3, 300, 64).bfloat16())
     ref = reference_attention(q.float(), k.float(), v.float(), 0.125)

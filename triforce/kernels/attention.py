@@ -102,8 +102,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     hq, n, d = q.shape
     hkv, s, _ = k.shape
     q_dtype = q.dtype
-    if (_flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and (mask is None or mask.shape[1] < s)):  # a mask over every key (a CUDA graph's): SDPA below
+    if takes_flash_attn(q, mask, s):
         if mask is not None:
             return _split_attention(q, k, v, scale, mask, _cuda_flash).to(q_dtype)
         # flash-attn aligns the causal mask to the bottom right when n < S, which is our rule.
@@ -131,6 +130,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     else:  # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path
         out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=scale)
     return out.reshape(hq, n, d).to(q_dtype)
+
+
+def takes_flash_attn(q: torch.Tensor, mask: torch.Tensor | None, keys: int) -> bool:
+    """Whether `attention` runs flash-attn: installed, q on CUDA in half precision, and no mask over all
+    `keys` keys (a CUDA graph's, which SDPA takes)."""
+    return (_flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and (mask is None or mask.shape[1] < keys))
 
 
 def takes_matmul(q: torch.Tensor, rows: int, keys: int, kv_heads: int) -> bool:
