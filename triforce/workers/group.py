@@ -10,7 +10,8 @@ from ..models.loader import load_model
 from ..models.parallel import TensorParallel
 from .bulk import BulkLink
 from .protocol import MAX_MESSAGE_BYTES
-from .worker import DEFAULT_COORDINATOR_TIMEOUT_S, VerifierWorker, serve
+from .loop import DEFAULT_COORDINATOR_TIMEOUT_S, serve
+from .worker import VerifierWorker
 
 
 def run_worker(model_path: str | Path, dtype: str, device: str, tp: TensorParallel, endpoint: str | None,

@@ -1,6 +1,6 @@
 """The worker leader's view of its coordinator: is any peer connected to the control socket?
 
-An idle leader heartbeats its group (worker.py), so a group whose coordinator vanished without a
+An idle leader heartbeats its group (loop.py), so a group whose coordinator vanished without a
 shutdown (its node crashed, or it was killed without torchrun stopping the group) would otherwise poll
 and heartbeat forever. Two ZeroMQ facilities answer "is the coordinator still there" without any new
 message or thread:
@@ -13,7 +13,7 @@ message or thread:
 Simpler alternatives fall short: an idle timeout would end a live idle group; a ping request from the
 coordinator would need a second socket and a thread (REQ strictly alternates); TCP keepalive takes hours.
 
-The leader alone decides (`seconds_left`); worker.py broadcasts the decision so ranks never part ways.
+The leader alone decides (`seconds_left`); loop.py broadcasts the decision so ranks never part ways.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The tensor-parallel verifier: one worker group holding the target sharded and its full KV cache.
 
-Only the group's rank 0 (the leader) talks to the coordinator, over a ZeroMQ REP socket. It decodes and
-checks each request (protocol.py) and its arguments against the cache before anything is broadcast, so
-a bad request gets an error reply and no rank enters a collective for it; a good one is broadcast to the
-group as msgpack bytes (never pickled), every rank executes it (the model's forward holds the
-collectives), and the leader replies. Logits travel back as raw tensor frames; KV (refresh, kv) over
+Only the group's rank 0 (the leader) talks to the coordinator, over a ZeroMQ REP socket (loop.py). It
+decodes and checks each request (protocol.py; its arguments against the cache: `check`) before anything
+is broadcast, so a bad request gets an error reply and no rank enters a collective for it; a good one is
+broadcast to the group as msgpack bytes (never pickled), every rank executes it (`execute`: the model's
+forward holds the collectives), and the leader replies. Logits travel back as raw tensor frames; KV (refresh, kv) over
 the bulk link to the coordinator (bulk.py), after a reply that describes it.
 
 The group holds several sequences at once, each with its own full KV cache, named by the number the
@@ -19,22 +19,9 @@ Requests: handshake, start (a new sequence: an empty cache), end (free it), pref
 of several sequences together, each a chain or a speculation tree run with its ancestor mask: the
 weights are read once for all of them), commit (keep the accepted path, dropping the rest), refresh (the
 static retrieval choice made on each rank's KV heads), kv (committed KV of a range), stats, shutdown.
-
-While no request comes, the leader broadcasts a heartbeat every `heartbeat_s`: the other ranks wait for
-the next request inside a collective, which fails after the group's timeout, so an idle group would
-otherwise fall apart; and a rank that died is noticed even while the group is idle. The heartbeat must not
-outlive the coordinator, though: the leader watches its connection (watch.py), and once no coordinator
-has been connected for `coordinator_timeout_s` it broadcasts ORPHANED, and every rank raises
-CoordinatorLost, so the whole group exits together instead of serving nobody forever.
 """
 from __future__ import annotations
 
-import logging
-import math
-import time
-from typing import TYPE_CHECKING
-
-import msgpack
 import torch
 import torch.distributed as dist
 
@@ -42,23 +29,12 @@ from ..cache.full import FullKVCache
 from ..cache.prefixes import BlockNames, PrefixStore
 from ..cache.retrieval import retrieve_from_full
 from ..config import PREFILL_CHUNK
-from ..errors import UserError
 from ..memory import available_bytes
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
 from ..step import Step, check_parents, check_path
-from .bulk import BulkLink
-from .protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, describe,
-                       error_reply, reply)
+from .protocol import PROTOCOL_VERSION
 
-if TYPE_CHECKING:
-    from .watch import CoordinatorWatch
-
-log = logging.getLogger(__name__)
-
-HEARTBEAT = "heartbeat"  # a group-internal request: never sent over ZeroMQ, never executed
-ORPHANED = "orphaned"  # group-internal too: the leader's decision that the coordinator is gone
-DEFAULT_COORDINATOR_TIMEOUT_S = 30.0
 MAX_SEQUENCES = 256  # sequences a group holds at once
 
 
@@ -234,115 +210,3 @@ class VerifierWorker:
                 distinct = parts[:: self.replicas]
                 out.append(torch.cat(distinct, dim=head_dim).cpu())
         return out
-
-
-def _broadcast_bytes(payload: bytes | None, tp: TensorParallel) -> bytes:
-    """The leader's request bytes to every rank of the group (as uint8 tensors: no pickling)."""
-    if tp.size == 1:
-        return payload
-    src = dist.get_global_rank(tp.group, 0)
-    size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64)
-    dist.broadcast(size, src=src, group=tp.group)
-    buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if tp.rank == 0 else \
-        torch.empty(int(size), dtype=torch.uint8)
-    dist.broadcast(buf, src=src, group=tp.group)
-    return buf.numpy().tobytes()
-
-
-def _leader_wait(sock, watch: CoordinatorWatch, heartbeat_s: float | None):
-    """The leader's next request (its frames), HEARTBEAT when the group is due one, or ORPHANED."""
-    import zmq
-
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    poller.register(watch.monitor, zmq.POLLIN)
-    beat_at = time.monotonic() + heartbeat_s if heartbeat_s else math.inf
-    while True:
-        watch.update()
-        if watch.seconds_left() <= 0:
-            return ORPHANED
-        wait_s = min(beat_at - time.monotonic(), watch.seconds_left())
-        if wait_s <= 0:
-            return HEARTBEAT
-        ready = dict(poller.poll(None if wait_s == math.inf else max(1, int(wait_s * 1000))))
-        if sock in ready:
-            return sock.recv_multipart(copy=True)
-
-
-def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, max_bytes: int = MAX_MESSAGE_BYTES,
-          heartbeat_s: float | None = None, coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S) -> None:
-    """The request loop of every rank of the group; returns after a shutdown request, raises
-    CoordinatorLost when the coordinator is gone. `endpoint` (the leader's ZeroMQ bind address) and
-    `link` (to the coordinator) are the leader's, ignored elsewhere. `heartbeat_s`: well under the worker
-    group's timeout (None: no heartbeat). `coordinator_timeout_s`: how long the leader waits without a
-    connected coordinator (or for a crashed one's connection to go quiet, half of it) before the group
-    gives up."""
-    tp = worker.tp
-    sock = watch = None
-    heartbeat_s = heartbeat_s if tp.size > 1 else None  # a group of one has no collective to keep alive
-    if tp.rank == 0:
-        import zmq
-
-        from .watch import CoordinatorWatch
-
-        if endpoint is None or link is None:
-            raise ValueError("the worker leader needs a ZeroMQ endpoint and the bulk link to the coordinator")
-
-        sock = zmq.Context.instance().socket(zmq.REP)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
-        watch = CoordinatorWatch(sock, coordinator_timeout_s)
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as exc:
-            watch.close()
-            sock.close(0)
-            raise UserError(f"cannot listen on {endpoint}: {exc} (another worker group there? pick another "
-                            f"--control-port)") from None
-        log.info("worker leader listening on %s", endpoint)
-    try:
-        while True:
-            payload = None
-            frames = _leader_wait(sock, watch, heartbeat_s) if tp.rank == 0 else None
-            if frames is ORPHANED:
-                log.error("worker leader: no coordinator connected to %s for %g s; the worker group exits",
-                          endpoint, coordinator_timeout_s)
-                payload = msgpack.packb({"kind": ORPHANED, "body": {}})
-            elif frames is HEARTBEAT:
-                worker.counts["heartbeats"] += 1
-                payload = msgpack.packb({"kind": HEARTBEAT, "body": {}})
-            elif tp.rank == 0:
-                worker.counts["requests"] += 1
-                try:
-                    kind, body, _ = decode(frames, max_bytes)
-                    worker.check(kind, body)
-                except (ProtocolError, RequestError) as exc:
-                    worker.counts["errors"] += 1
-                    sock.send_multipart(error_reply(str(exc), full=isinstance(exc, NoRoom)))
-                    continue
-                payload = msgpack.packb({"kind": kind, "body": body})
-            request = msgpack.unpackb(_broadcast_bytes(payload, tp), raw=False)
-            kind, body = request["kind"], request["body"]
-            if kind == HEARTBEAT:
-                continue
-            if kind == ORPHANED:
-                raise CoordinatorLost(f"the coordinator went away without a shutdown (no connection for "
-                                      f"{coordinator_timeout_s:g} s)")
-            started = time.perf_counter()
-            # Checked above, so a failure here is a bug or a lost rank: let it end the process, and torchrun
-            # the group, rather than leave ranks waiting in different collectives.
-            result, tensors = worker.execute(kind, body)
-            if tp.rank == 0:
-                result["seconds"] = time.perf_counter() - started
-                if kind in BULK_REPLIES:  # the reply says what follows over the link, then the link carries it
-                    sock.send_multipart(reply({**result, "bulk": describe(tensors)}))
-                    link.send(tensors)
-                else:
-                    sock.send_multipart(reply(result, tensors))
-            if kind == "shutdown":
-                return
-    finally:
-        if watch is not None:
-            watch.close()
-        if sock is not None:
-            sock.close(0)
