@@ -21,7 +21,7 @@ import httpx
 import uvicorn
 
 from triforce import LLM
-from triforce.launch.distributed import free_port
+from triforce.launch.with_workers import free_port
 from triforce.serve.app import create_app
 
 

@@ -8,7 +8,7 @@ import openai
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from triforce.launch.distributed import free_port  # noqa: F401 (the tests' free port is the launcher's)
+from triforce.launch.with_workers import free_port  # noqa: F401 (the tests' free port is the launcher's)
 
 KEY = "sk-test"
 # A chat template that shows the tools and earlier calls; {# <tool_call> #} marks it as writing Hermes blocks

@@ -306,7 +306,7 @@ def test_errors_name_the_flags_not_the_api_fields(capsys, target):
 def test_serve_refuses_a_negative_prefix_cache_by_its_flag(capsys, target, workers):
     """Without --workers the LLM refuses it (it named prefix_cache_gb, the Python API's name); with them
     the workers' store was silently off."""
-    from triforce.launch.distributed import free_port
+    from triforce.launch.with_workers import free_port
 
     assert main(["serve", "--model", str(target), *workers, "--port", str(free_port()), "--prefix-cache-gb", "-1"]) == 2
     assert "triforce: error: --prefix-cache-gb must be a number >= 0" in capsys.readouterr().err

@@ -192,7 +192,7 @@ def test_torchrun_processes_get_an_even_share_of_the_cores_unless_the_user_chose
     """torchrun alone would give every process one OpenMP thread (a CPU coordinator on one core)."""
     import os
 
-    from triforce.launch.distributed import process_environment
+    from triforce.launch.with_workers import process_environment
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     assert process_environment(3, {"PATH": "/bin"}) == {"PATH": "/bin", "OMP_NUM_THREADS": "5"}
@@ -217,7 +217,7 @@ def test_workers_without_a_control_port_get_a_free_one(monkeypatch):
     unless --control-port is given; torchrun by hand keeps the documented default."""
     import subprocess
 
-    from triforce.launch import distributed
+    from triforce.launch import distributed, with_workers
     from triforce.launch.cli import build_parser
     from triforce.launch.flags import DEFAULT_CONTROL_PORT
 
@@ -235,7 +235,7 @@ def test_workers_without_a_control_port_get_a_free_one(monkeypatch):
                  ["serve", "--workers", "1", "--control-port", "4242"]):
         args = build_parser().parse_args(argv)
         args.argv = argv
-        assert distributed.launch_with_torchrun(args) == 0
+        assert with_workers.launch_with_torchrun(args) == 0
     chosen = launched[0][launched[0].index("--control-port") + 1]
     assert int(chosen) != DEFAULT_CONTROL_PORT and "--workers" not in launched[0]
     assert launched[1].count("--control-port") == 1 and "4242" in launched[1] and "serve" in launched[1]

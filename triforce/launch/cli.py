@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         take_model_tag(args)
         if getattr(args, "workers", 0):
-            from .distributed import launch_with_torchrun
+            from .with_workers import launch_with_torchrun
 
             code = launch_with_torchrun(args)
         else:

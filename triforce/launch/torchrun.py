@@ -1,4 +1,4 @@
-"""torchrun for `triforce ... --workers W` (distributed.launch_with_torchrun): `python -m
+"""torchrun for `triforce ... --workers W` (with_workers.launch_with_torchrun): `python -m
 torch.distributed.run` with its arguments, but a failed rank ends the run with that rank's exit status
 and a line of its own, not torchrun's multi-line failure report: the rank printed its one-line error (or
 its traceback) already. A rank ended by a signal gets a line too, unless it is the SIGTERM with which

@@ -1,0 +1,80 @@
+"""`triforce generate|serve|batch --workers W`: the command run again under torchrun with W + 1 processes
+(distributed.py is each rank's entry; torchrun.py the torchrun it starts)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+from ..models.loader import resolve_device
+from .distributed import check_distributed_settings, end_with_parent
+
+
+def free_port() -> int:
+    """A free loopback port (for the control channel; the tests' and benchmarks' servers use it too)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_environment(processes: int, env=os.environ) -> dict:
+    """torchrun's processes' environment: torchrun gives each one OpenMP thread unless OMP_NUM_THREADS is
+    set, which leaves a CPU run's coordinator (tiers 1 and 2) and CPU workers one core each however many
+    the machine has; so unless the user set it, each process gets an even share of this process's cores."""
+    env = dict(env)
+    if "OMP_NUM_THREADS" not in env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cores // processes))
+    return env
+
+
+def launch_with_torchrun(args) -> int:
+    """`triforce generate|serve|batch --workers W`: re-run this command under torchrun with W + 1 processes."""
+    check_distributed_settings(args)
+    if args.worker_device == "cuda":  # the workers run here (by hand, on several nodes, only theirs need one)
+        resolve_device("cuda")
+    argv, skip = [], False
+    for a in args.argv:  # drop --workers W
+        if skip:
+            skip = False
+            continue
+        if a == "--workers":
+            skip = True
+            continue
+        if not a.startswith("--workers="):
+            argv.append(a)
+    if args.control_port is None:  # one machine: a free port, so that a second group does not collide
+        argv += ["--control-port", str(free_port())]
+    cmd = [sys.executable, "-m", "triforce.launch.torchrun", "--standalone", f"--nproc-per-node={args.workers + 1}",
+           "-m", "triforce.launch.distributed", *argv]
+    if threading.current_thread() is not threading.main_thread():  # no signal handlers here: torchrun stays in
+        return subprocess.Popen(cmd, env=process_environment(args.workers + 1),  # in our process group
+                                preexec_fn=end_with_parent).wait()
+    # torchrun in a session of its own, which gets the first signal through this process: a Ctrl-C (to the
+    # terminal's process group), a SIGINT to this process alone (`kill -INT`, `timeout -s INT`, a service
+    # manager), SIGTERM (`kill`, a job manager) or SIGHUP (the terminal gone) reaches torchrun, which passes
+    # it on to the ranks, so none serves on orphaned. (With torchrun in this process group, a SIGINT to this
+    # process alone reached no rank, and the group served on.) Later ones are not passed on: a second one
+    # while torchrun shut down sometimes broke its cleanup into a traceback.
+    started, pending = [], []  # a signal before torchrun has started waits for it
+
+    def forward(signum, frame) -> None:
+        sent = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+        if started and not pending:
+            started[0].send_signal(sent)
+        pending.append(sent)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1), start_new_session=True,
+                                    preexec_fn=end_with_parent)
+        started.append(torchrun)
+        if pending:
+            torchrun.send_signal(pending[0])
+        return torchrun.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
