@@ -3,15 +3,13 @@ a request's output is what it gives alone (tests/coordinator/test_batch.py), and
 per-forward overhead that dominates tiny models' runs (a chi-square case ran about twice as fast).
 
 On a CPU whose kernels take decode steps, a batch runs each prompt chunk in a model call of its own
-(batch._calls: so that its rows round as they do alone, which greedy output needs). Here the rows of
+(batch.prompt_chunks_apart: so that its rows round as they do alone, which greedy output needs). Here the rows of
 every prompt chunk of a step share one call instead: rounding moves no distribution these tests check,
 and a few hundred prefills of one short prompt in one call took a quarter off a chi-square case's time
 (500 runs of the triforce + tree case of test_selection_sampling on the 2-core EPYC: 8.1 s -> 5.9 s).
 """
 from collections.abc import Callable, Iterable
-from unittest import mock
 
-import triforce.coordinator.batch as batch_module
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.runs import Run
 
@@ -25,10 +23,9 @@ def _one_call(tiers: list, logits_for: list[str]) -> list[list[int]]:
 def outputs(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER) -> list[list[int]]:
     """The generated tokens of `make_run(seed)` (a HierarchyEngine.run) for each seed, in order."""
     seeds, out = list(seeds), []
-    with mock.patch.object(batch_module, "_calls", _one_call):
-        for first in range(0, len(seeds), together):
-            batch = SequenceBatch()
-            handles = [batch.add(make_run(seed)) for seed in seeds[first:first + together]]
-            batch.run()
-            out += [handle.result[0] for handle in handles]
+    for first in range(0, len(seeds), together):
+        batch = SequenceBatch(calls=_one_call)
+        handles = [batch.add(make_run(seed)) for seed in seeds[first:first + together]]
+        batch.run()
+        out += [handle.result[0] for handle in handles]
     return out

@@ -26,6 +26,7 @@ not, and greedy output is the same.)
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,8 +60,10 @@ class Sequence:
 
 
 class SequenceBatch:
-    def __init__(self):
+    def __init__(self, calls: Callable[[list, list[str]], list[list[int]]] | None = None):
+        """`calls`: which of a group's forwards run as one model call (default: `prompt_chunks_apart`)."""
         self.active: list[Sequence] = []
+        self.calls = prompt_chunks_apart if calls is None else calls
 
     def add(self, run: Run) -> Sequence:
         """Starts `run` (it runs up to its first forward) and returns its handle."""
@@ -89,7 +92,7 @@ class SequenceBatch:
         for group in groups.values():
             asks = [s.waiting for s in group]
             tiers, steps, wants = [a.tier for a in asks], [a.step for a in asks], [a.logits_for for a in asks]
-            logits = forward_in_calls(tiers, steps, wants, _calls(tiers, wants))
+            logits = forward_in_calls(tiers, steps, wants, self.calls(tiers, wants))
             for s, out in zip(group, logits):
                 self._advance(s, out)
         while checks := [s for s in self.active if isinstance(s.waiting, Check)]:
@@ -116,7 +119,7 @@ class SequenceBatch:
             seq.waiting, seq.error = None, error
 
 
-def _calls(tiers: list, logits_for: list[str]) -> list[list[int]]:
+def prompt_chunks_apart(tiers: list, logits_for: list[str]) -> list[list[int]]:
     """Which of a group's forwards run as one model call: all, except that on a CPU whose kernels take the
     few rows of decode steps and checks, each prompt chunk (a prefill, a catch-up) runs alone. Its rows
     would take the call past the kernels' rows into torch's product, whose rounding depends on how many
