@@ -25,7 +25,7 @@ run: setup
 test: setup
 	$(PY) -m pytest -q -n auto
 
-# The README's benchmark: triforce's modes against ar, transformers and assisted generation, passkey,
+# The benchmark of docs/speed.md: triforce's modes against ar, transformers and assisted generation, passkey,
 # temperature and settings sweeps, plots (about 40 minutes on 2 cores; see benchmarks/run.sh).
 bench: setup
 	TRIFORCE=$(VENV)/bin/triforce PYTHON=$(PY) benchmarks/run.sh bench-out

@@ -1,4 +1,4 @@
-"""Decode attention over a cold KV cache: torch SDPA against the CPU bf16 kernel, as the README states.
+"""Decode attention over a cold KV cache: torch SDPA against the CPU bf16 kernel, as docs/speed.md states.
 
     python benchmarks/attention_bandwidth.py [--tokens 8000] [--layers 30]
 

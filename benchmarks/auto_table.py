@@ -1,5 +1,5 @@
-"""Markdown table of `triforce bench` reports that ran mode auto beside the fixed modes (what the README
-shows): per prompt length, temperature and batch, each mode's tokens/s, the best fixed mode, auto against
+"""Markdown table of `triforce bench` reports that ran mode auto beside the fixed modes (what the docs
+show): per prompt length, temperature and batch, each mode's tokens/s, the best fixed mode, auto against
 it and against ar, and the plans auto ran.
 
     python benchmarks/auto_table.py benchmarks/results/issue12/auto_smollm2.json [more.json ...]

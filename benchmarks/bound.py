@@ -9,7 +9,7 @@
   reading the weights and the retrieval budget's KV once; every draft step reads the draft's weights and
   its window. So a check of several tokens costs one read of the weights: the bound assumes the kernels
   keep a check of 7 tokens as cheap as a one-token step (the AMX kernels do, the vector ones did not).
-- `one_token_per_weight_read`: the bound if every tier-2 step yielded one token (what the README used
+- `one_token_per_weight_read`: the bound if every tier-2 step yielded one token (what the docs used
   to call the ceiling, 1.54x at 8K: wrong, since a tier-2 check accepts several draft tokens).
 
 Prints JSON."""

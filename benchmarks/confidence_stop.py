@@ -7,7 +7,7 @@ then runs the shipped draft over the same text: at each position, its top probab
 greedy token is the target's. A chain of up to G proposals that stops after a proposal whose top
 probability is below a threshold (the draft's own state only, so exactness holds) is replayed from those:
 accepted = the leading run of matches. With a target check of n tokens costing `--costs-ms` (interpolated;
-default: the cost table's avx2 entries for SmolLM2 at 8K on the Zen 4 of the README), a draft step
+default: the cost table's avx2 entries for SmolLM2 at 8K on the Zen 4 of docs/avx2.md), a draft step
 `--draft-ms` and `--round-ms` of bookkeeping per round, it prints JSON: the speedup over plain decoding for
 each G and threshold (0 = a fixed chain of G).
 """

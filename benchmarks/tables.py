@@ -1,4 +1,4 @@
-"""Markdown tables of a benchmarks/run.sh results folder (what the README shows).
+"""Markdown tables of a benchmarks/run.sh results folder (what docs/speed.md shows).
 
     python benchmarks/tables.py benchmarks/results/issue3
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 # Runs of `triforce bench` over the novel workload: the main run of benchmarks/run.sh, and later
-# re-runs of it named in the README (each rendered when present).
+# re-runs of it named in docs/speed.md (each rendered when present).
 SPEED_FILES = ("speed.json", "default_budget2048_8k.json", "speed_with_llamacpp.json", "speed_fused.json")
 
 
