@@ -8,7 +8,7 @@ TEXT=${2:-../shared/data/austen-emma.txt}
 TRIFORCE=${TRIFORCE:-triforce}
 mkdir -p "$OUT"
 all=(--modes ar draft retrieval triforce auto)
-# 1. SmolLM2 (bfloat16, the shipped draft): auto against the best fixed mode on the README's single-sequence grid
+# 1. SmolLM2 (bfloat16, the shipped draft): auto against the best fixed mode on the single-sequence grid of docs/status.md
 $TRIFORCE bench --text "$TEXT" --lengths 2048 4096 7936 --temperatures 0 0.6 --max-new-tokens 256 "${all[@]}" \
     --out "$OUT/auto_smollm2.json"
 # 1b. the same at the AVX2 level (as an AVX2-only CPU runs it; issue 10's target), 4K and 8K greedy

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark behind the README's tables and plots (SmolLM2-135M, bfloat16, 256 new tokens, Austen's
+# The benchmark behind docs/speed.md's tables and plots (SmolLM2-135M, bfloat16, 256 new tokens, Austen's
 # Emma, which the shipped draft never saw in training). About 40 minutes on a 2-core CPU; nothing else
 # may run meanwhile, or the ratios mean nothing.
 #   benchmarks/run.sh [RESULTS_DIR] [TEXT]       (make bench runs it into bench-out/)

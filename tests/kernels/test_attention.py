@@ -87,10 +87,14 @@ def test_attention_with_a_mask_matches_loop_reference(hq, hkv, n, m, s, torch_pa
 
 def fake_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False):
     """flash-attn 2's `flash_attn_func` as its docstring defines it, in float32 torch: q [B, n, Hq, D], k, v
-    [B, s, Hkv, D], query head h reading KV head h // (Hq / Hkv); `causal` aligned to the bottom right
-    (query i sees keys j <= i + s - n); out [B, n, Hq, D] in q's dtype, and with `return_attn_probs`
-    (out, softmax_lse [B, Hq, n] float32, S_dmask)."""
+    [B, s, Hkv, D] of one half-precision dtype, the last dimension contiguous, query head h reading KV head
+    h // (Hq / Hkv); scale D^-0.5 unless given; `causal` aligned to the bottom right (query i sees keys
+    j <= i + s - n); out [B, n, Hq, D] in q's dtype, and with `return_attn_probs` (out, softmax_lse
+    [B, Hq, n] float32, S_dmask)."""
     n, hq, s, hkv = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
+    assert q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16), "flash-attn refuses these"
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1 and hq % hkv == 0, "flash-attn refuses these"
+    softmax_scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     keys, values = (t.float().repeat_interleave(hq // hkv, dim=2) for t in (k, v))
     scores = torch.einsum("bnhd,bshd->bhns", q.float(), keys) * softmax_scale
     if causal:
@@ -105,7 +109,10 @@ def test_the_flash_attn_branch_gives_the_reference(n, m, s, monkeypatch):
     """What `attention` does around flash-attn on a GPU (layouts, GQA heads, the causal tail, a tree's
     masked tail merged by log-sum-exps), run on the CPU with flash-attn's function written out: a chain
     calls it once, a tree's mask over the last m < s keys runs its unmasked pass over the keys before
-    them, and a mask over every key (a CUDA graph's) goes to SDPA."""
+    them, and a mask over every key (a CUDA graph's) goes to SDPA (here in float32, as a CPU without the
+    kernels or AVX512-BF16 runs it)."""
+    monkeypatch.setattr(attention_module, "kernel_takes", lambda *a: False)
+    monkeypatch.setattr(attention_module, "native_bf16", lambda: False)
     calls = []
     monkeypatch.setattr(attention_module, "_flash_attn_func",
                         lambda *a, **kw: calls.append(kw) or fake_flash_attn_func(*a, **kw))
@@ -117,8 +124,8 @@ def test_the_flash_attn_branch_gives_the_reference(n, m, s, monkeypatch):
     q, k, v = (torch.randn(6, n, 64, generator=g).bfloat16(), torch.randn(2, s, 64, generator=g).bfloat16(),
                torch.randn(2, s, 64, generator=g).bfloat16())
     mask = None if m is None else random_mask(n, m, g)
-    torch.testing.assert_close(attention(q, k, v, 0.125, mask).float(),
-                               reference_attention(q, k, v, 0.125, mask).float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(attention(q, k, v, 0.1, mask).float(),  # a scale other than D^-0.5: it is passed
+                               reference_attention(q, k, v, 0.1, mask).float(), atol=2e-2, rtol=2e-2)
     assert [kw["causal"] for kw in calls] == ([True] if m is None else [False] if m < s else [])
     assert len(splits) == (m is not None and m < s)
 
