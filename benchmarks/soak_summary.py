@@ -1,6 +1,7 @@
 """What a soak (benchmarks/results/soak/soak.sh) saw, as JSON: answers by status, the greedy probe's
-distinct texts, the median and worst latency of answered requests per stretch, and the server's VmRSS
-(GB) at each sample.
+distinct texts, the median and worst latency of answered requests per stretch, the server's VmRSS (GB)
+at each sample with the prefix store's bytes at that scrape (`triforce:prefix_cache_bytes`, where the
+server reported it), and per stretch the least and most VmRSS beyond the store's bytes.
 
     python benchmarks/soak_summary.py soak-out/NAME [--stretch-s 600]
 
@@ -31,7 +32,25 @@ def main() -> None:
         "latency_s": {f"{int(k * args.stretch_s)}-{int((k + 1) * args.stretch_s)}s":
                       {"answered": len(v), "median": round(statistics.median(v), 2), "max": round(max(v), 1)}
                       for k, v in sorted(stretches.items())},
-        "rss_gb": [[round(m["t"]), round(m["rss_kb"] / 1e6, 2)] for m in monitor]}, indent=1))
+        "rss_gb": [[round(m["t"]), round(m["rss_kb"] / 1e6, 2)]
+                   + ([round(store(m) / 1e9, 2)] if store(m) is not None else []) for m in monitor],
+        "rss_beyond_store_gb": {f"{int(k * args.stretch_s)}-{int((k + 1) * args.stretch_s)}s":
+                                {"min": round(min(v), 2), "max": round(max(v), 2)}
+                                for k, v in sorted(beyond(monitor, args.stretch_s).items())}}, indent=1))
+
+
+def store(sample: dict) -> float | None:
+    """The prefix store's bytes at a monitor sample's scrape (None: the server did not report them)."""
+    return next((v for k, v in sample.get("metrics", {}).items() if k.startswith("triforce:prefix_cache_bytes")), None)
+
+
+def beyond(monitor: list[dict], stretch_s: float) -> dict[int, list[float]]:
+    """Per stretch, each sample's VmRSS less the store's bytes (GB), where the store was reported."""
+    out = collections.defaultdict(list)
+    for m in monitor:
+        if store(m) is not None:
+            out[int(m["t"] // stretch_s)].append((m["rss_kb"] * 1e3 - store(m)) / 1e9)
+    return out
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@
 # starts a server (default settings, its own calibration), runs benchmarks/soak_load.py against it for
 # DURATION_S seconds, and records its VmRSS at the end and 30 s later, then stops it with SIGINT.
 # monitor_before.jsonl: 20 minutes at d7f8cd6 (before release_freed); monitor_trim.jsonl: 12 minutes after.
+# SERVE="python benchmarks/serve_memory_probe.py" runs the server under that probe (records in $OUT/probe.jsonl).
 NAME=$1; PORT=$2; DUR=$3; shift 3
 OUT=soak-out/$NAME
 mkdir -p $OUT
-env "$@" TRIFORCE_CALIBRATION=$OUT/calibration .venv/bin/triforce serve --port $PORT > $OUT/server.log 2>&1 &
+SERVE=${SERVE:-.venv/bin/triforce serve}
+env "$@" TRIFORCE_CALIBRATION=$OUT/calibration PROBE_OUT=$OUT/probe.jsonl $SERVE --port $PORT > $OUT/server.log 2>&1 &
 SPID=$!
 for i in $(seq 120); do curl -s localhost:$PORT/health >/dev/null && break; sleep 1; done
 SOAK_OUT=$OUT .venv/bin/python benchmarks/soak_load.py $PORT $SPID $DUR > $OUT/load.out 2>&1
