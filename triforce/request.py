@@ -80,11 +80,14 @@ class Request:
                                                  params.include_stop_str_in_output, params.skip_special_tokens))
         self.cancelled = False
         self._logprobs_taken = self._ids_taken = 0
+        self._prompt_logprobs: list[TokenLogprobs | None] | None = None  # kept by `close`
 
     @property
     def prompt_logprobs(self) -> list[TokenLogprobs | None] | None:
         """The prompt tokens' entries (complete once the prompt is prefilled; None: not asked for)."""
-        return None if self.params.prompt_logprobs is None else self.engine.prompt_logprobs
+        if self.params.prompt_logprobs is None:
+            return None
+        return self._prompt_logprobs if self.engine is None else self.engine.prompt_logprobs
 
     def new_token_ids(self) -> list[int]:
         """The ids of the tokens a streamed output keeps (up to the one that completed a stop string; a stream
@@ -111,9 +114,16 @@ class Request:
         self.cancelled = True
 
     def close(self) -> None:
-        """A worker group frees the request's sequence (also when the request failed)."""
+        """The request is over (also when it failed): a worker group frees its sequence, and its caches go
+        now, with its engine. A reference cycle through this request (a streamed one's callback names the
+        server's ticket that holds it) would otherwise keep them until Python's cyclic collector ran, which
+        in a server's large heap comes rarely: a 75-minute soak held up to 2 GB of finished requests' caches
+        (docs/serving.md, Memory over hours). The prompt's log-probabilities stay readable."""
         if self.verifier is not None:
             self.verifier.close()
+        if self.engine is not None:
+            self._prompt_logprobs = self.prompt_logprobs
+            self.engine = self.verifier = None
 
     def on_tokens(self, new: list[int]) -> bool:
         if self.detok is None:
