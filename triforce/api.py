@@ -24,7 +24,7 @@ from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig
 from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
-from .coordinator.remote import GroupFull
+from .coordinator.channel import GroupFull
 from .engine_args import take_vllm_args
 from .errors import UserError
 from .generation_defaults import sampling_defaults

@@ -782,7 +782,7 @@ def test_a_worker_group_that_stops_answering_stops_the_server(llm, monkeypatch):
     from types import SimpleNamespace
 
     from triforce.coordinator.batch import SequenceBatch
-    from triforce.coordinator.remote import WorkerError
+    from triforce.coordinator.channel import WorkerError
 
     def group_gone(self):
         monkeypatch.setattr(llm, "workers", SimpleNamespace(broken=True))  # as ControlChannel marks itself
@@ -811,7 +811,7 @@ def test_a_failure_is_told_as_whose_it_is():
     failure a 503 and anything else a 500, though some of those are UserErrors too (a cache that ran out of
     room is a bug)."""
     from triforce.cache.base import CacheCapacityError
-    from triforce.coordinator.remote import WorkerError
+    from triforce.coordinator.channel import WorkerError
     from triforce.errors import TooLarge
     from triforce.serve.scheduler import _failure
     from triforce.speculation.rules import RulesContradict

@@ -17,7 +17,8 @@ from triforce.config import EngineConfig
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine, speculation_slack
-from triforce.coordinator.remote import RemoteVerifier, WorkerError
+from triforce.coordinator.channel import WorkerError
+from triforce.coordinator.remote import RemoteVerifier
 from triforce.coordinator.verifier import LocalVerifier
 from triforce.cache.retrieval import retrieve_from_full
 from triforce.models.loader import load_model

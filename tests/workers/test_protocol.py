@@ -68,7 +68,7 @@ def test_closing_the_channel_waits_for_a_request_in_flight_on_another_thread():
 
     from servers import free_port
 
-    from triforce.coordinator.remote import ControlChannel, WorkerError
+    from triforce.coordinator.channel import ControlChannel, WorkerError
 
     channel = ControlChannel(f"tcp://127.0.0.1:{free_port()}", timeout_s=1.0)  # nobody answers there
     events = []
@@ -98,7 +98,7 @@ def test_an_abandoned_channel_fails_the_request_in_flight_at_once():
 
     from servers import free_port
 
-    from triforce.coordinator.remote import POLL_S, ControlChannel, WorkerError
+    from triforce.coordinator.channel import POLL_S, ControlChannel, WorkerError
 
     channel = ControlChannel(f"tcp://127.0.0.1:{free_port()}", timeout_s=60.0)  # nobody answers there
     failed = []
@@ -127,7 +127,7 @@ def test_a_handshake_nobody_answers_names_the_address_to_check():
     says where it was sent and which flags set that (it said a worker died or hangs)."""
     from servers import free_port
 
-    from triforce.coordinator.remote import ControlChannel, WorkerError
+    from triforce.coordinator.channel import ControlChannel, WorkerError
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     channel = ControlChannel(endpoint, timeout_s=0.3)

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import processes
 from servers import free_port
 
-from triforce.coordinator.remote import ControlChannel, model_identity
+from triforce.coordinator.channel import ControlChannel, model_identity
 from triforce.launch.distributed import GroupTimeouts, init_groups
 from triforce.models.parallel import TensorParallel
 from triforce.workers.bulk import BulkLink

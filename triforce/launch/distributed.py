@@ -235,7 +235,7 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
 
 
 def _coordinate(args, world, groups: PipelineGroups) -> int:
-    from ..coordinator.remote import ControlChannel, WorkerError, model_identity
+    from ..coordinator.channel import ControlChannel, WorkerError, model_identity
     from ..workers.bulk import BulkLink
 
     path = _resolve_once(args.model, 0, groups.control, args.revision)

@@ -29,7 +29,7 @@ from ..errors import RequestFailed, TooLarge
 from ..memory import release_freed
 from ..request import Request
 from ..sampling_params import SamplingParams
-from ..coordinator.remote import GroupFull, WorkerError
+from ..coordinator.channel import GroupFull, WorkerError
 from ..coordinator.batch import SequenceBatch
 from ..coordinator.batchmates import Batchmates
 from .openai import ApiError, Job

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import PREFILL_CHUNK
-from ..coordinator.remote import model_identity
+from ..coordinator.channel import model_identity
 from ..models.config import ModelConfig
 from ..models.loader import load_model
 from ..models.parallel import TensorParallel
