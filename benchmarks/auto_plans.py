@@ -37,15 +37,15 @@ def main() -> None:
     if args.every_plan:
         plan = planning.AutoPlanner.plan
 
-        def logged(self, context, generated, busy=False):
-            best = plan(self, context, generated, busy)
+        def logged(self, context, generated, busy=False, measure=True):
+            best = plan(self, context, generated, busy, measure)
             every.append({"at_token": generated, "mode": best.mode, "gammas": list(best.gammas),
                           "stop_below": best.stop_below,
                           "predicted_tokens_per_s": round(best.tokens_per_s, 2),
                           "acceptance": {n: [round(a.mean, 3), round(a.optimistic, 3), round(a.trials, 1)]
                                          for n, a in self.estimates().items()},
                           "realized": {m: round(x, 3) for m, x in self.realized.items()},
-                          "cost_scale": {n: round(x, 3) for n, x in self.scale.items()}})
+                          "cost_scale": {n: round(x, 3) for n, x in self.times.scale.items()}})
             return best
         planning.AutoPlanner.plan = logged
     llm = LLM(**({} if args.lookup is None else {"lookup": args.lookup}))

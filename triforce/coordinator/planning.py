@@ -52,6 +52,7 @@ from .batchmates import Batchmates, power_of_two_below
 from .costs import CostTable, interpolate
 from .forward_times import ForwardTimes
 from .priors import LEARNED_TRIALS, Priors
+from .realized import RealizedSpeed
 from .speed_model import PRIOR, Acceptance, Plan, mode_stack, prior, seconds_per_token, stack_mode, tier_kind
 from .tiers import Tier
 
@@ -59,7 +60,6 @@ MAX_GAMMA = 8  # tokens per check the planner considers, per level
 # Tokens per forward whose cost is measured (others interpolated): a target check above the retrieval tier
 # holds up to gamma2 + gamma1 proposals, 2 MAX_GAMMA + 1 tokens with the next one.
 CHECK_SIZES = (1, 2, 3, 4, 6, 9, 12, 17)
-RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
 GAMMA_MARGIN = 1.15  # a mode runs gamma1 / gamma2 unless other gammas promise this much more (the docstring)
 AR_PROBE = 1.25  # a request runs plain decoding for a stretch before a plan expected to beat it by less
@@ -81,7 +81,7 @@ class AutoPlanner:
     table: CostTable = field(default_factory=CostTable.default)
     acceptance: dict[str, Acceptance] = field(default_factory=lambda: {n: Acceptance(p) for n, p in PRIOR.items()})
     decisions: list[dict] = field(default_factory=list)  # each plan change: when, what, why
-    realized: dict[str, float] = field(default_factory=dict)  # per mode: tokens/s achieved / tokens/s predicted
+    realized: RealizedSpeed = field(default_factory=RealizedSpeed)  # per mode: tokens/s reached / predicted
     row_seconds: float = 0.0  # turning one row of logits into the request's distribution (measured per request)
     priors: Priors | None = None  # what earlier requests of this kind saw (None: start from PRIOR every time)
     batchmates: Batchmates | None = None  # the requests run together with this one (None: it runs alone)
@@ -92,7 +92,6 @@ class AutoPlanner:
     _key: str | None = None  # this request's kind, in `priors`
     _prior_source: str = "defaults"
     _generic: dict[str, float] = field(default_factory=dict)  # per proposer: the generic prior (`recall`)
-    _measured: set[str] = field(default_factory=set)  # modes whose realized factor this request measured
     _batch: int = 1  # the batch size of the plan being made
     _faded_at: int = 0  # the request's generated tokens when its acceptance evidence last faded (`fade`)
     times: ForwardTimes = field(init=False)  # what this request's forwards take (forward_times.py)
@@ -179,10 +178,8 @@ class AutoPlanner:
         # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
         # not fade: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back within 3
         # plans of `ar` and ran again.
-        together = self._together
-        for mode, ratio in self.realized.items():
-            if mode != running and not together:
-                self.realized[mode] = 1 + (ratio - 1) * EVIDENCE_KEPT
+        if not self._together:
+            self.realized.fade(running, EVIDENCE_KEPT)
         self.times.fade(running, EVIDENCE_KEPT)
 
     def estimates(self) -> dict[str, Acceptance]:
@@ -236,7 +233,7 @@ class AutoPlanner:
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
             kept, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
             best = Plan(stack, gammas, kept)
-        probe = best.mode != "ar" and "ar" not in self._measured and expected[best.mode] < AR_PROBE * plain
+        probe = best.mode != "ar" and "ar" not in self.realized.measured and expected[best.mode] < AR_PROBE * plain
         if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it
             best = Plan(("target",), (), plain)
         upside = 0.0 if "draft" in best.stack or not with_draft else with_draft / best.tokens_per_s
@@ -315,7 +312,7 @@ class AutoPlanner:
         if self.priors is None or self._key is None:
             return
         seen = {name: a.observed for name, a in self.acceptance.items()}
-        self.priors.remember(self._key, seen, {m: self.realized[m] for m in self._measured}, self._generic,
+        self.priors.remember(self._key, seen, self.realized.own(), self._generic,
                              self.times.overhead)
 
     @property
@@ -325,19 +322,8 @@ class AutoPlanner:
         return self.batchmates is not None and self.batchmates.together
 
     def _realized(self, mode: str) -> float:
-        """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
-        mode, the mean of the speculative modes that ran (verification's overhead is the best guess at its
-        own, and favours no mode untried); with none run, 1 alone, but in a batch `ar`'s where that is below
-        1 (the unmeasured overhead that slows a batch's round of plain decoding slows a speculative one too:
-        at batch 2 on the AVX2 EPYC `ar` ran at 0.82 of its model, and an untried mode kept at 1 was tried on
-        that margin alone; alone, where that overhead is measured per tier, `ar`'s factor is its own, and
-        taking it moved 8K greedy there from `draft` to a 0.81x detour); for `ar`, which verifies nothing, 1."""
-        if mode in self.realized:
-            return self.realized[mode]
-        seen = [x for m, x in self.realized.items() if m != "ar"]
-        if mode == "ar" or not (seen or self._together):
-            return 1.0
-        return sum(seen) / len(seen) if seen else min(1.0, self.realized.get("ar", 1.0))
+        """How `mode`'s speed compares with its prediction (RealizedSpeed.factor)."""
+        return self.realized.factor(mode, self._together)
 
     def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
         """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
@@ -351,7 +337,4 @@ class AutoPlanner:
         alphas = {name: a.mean for name, a in self.estimates().items()}
         alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
         predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
-        old = self.realized.get(plan.mode)
-        ratio = tokens_per_s * self._batch / predicted
-        self.realized[plan.mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
-        self._measured.add(plan.mode)
+        self.realized.observe(plan.mode, tokens_per_s * self._batch / predicted)
