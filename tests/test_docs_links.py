@@ -15,7 +15,14 @@ def anchor(heading: str) -> str:
 
 
 def anchors(page: Path) -> set[str]:
-    return {anchor(line.lstrip("#")) for line in page.read_text().splitlines() if line.startswith("#")}
+    """The anchors of `page`'s ATX headings (`#` lines), those in code fences (shell comments) left out."""
+    out, fenced = set(), False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif line.startswith("#") and not fenced:
+            out.add(anchor(line.lstrip("#")))
+    return out
 
 
 def relative_links(page: Path) -> list[tuple[Path, str]]:
@@ -31,6 +38,14 @@ def relative_links(page: Path) -> list[tuple[Path, str]]:
 def test_anchors_follow_githubs_rule():
     assert anchor("The AVX2 path (CPUs without AVX512-BF16)") == "the-avx2-path-cpus-without-avx512-bf16"
     assert anchor("A real pretrained pair: Qwen2.5-Coder 1.5B + 0.5B") == "a-real-pretrained-pair-qwen25-coder-15b--05b"
+
+
+def test_a_comment_in_a_code_fence_is_no_heading(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n```bash\n# run it\ntriforce bench\n```\n## Run it\n")
+    assert anchors(page) == {"title", "run-it"}
+    page.write_text("# Title\n```bash\n# run it twice\n```\n")
+    assert anchors(page) == {"title"}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
