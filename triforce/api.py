@@ -30,8 +30,9 @@ from .errors import UserError
 from .generation_defaults import sampling_defaults
 from .memory import release_freed
 from .models.config import ModelLoadError, rope_scaling_spec
-from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model, tokenizer_source
+from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model
 from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
+from .models.tokenizer import load_tokenizer
 from .models.vocab import check_draft_vocabulary
 from .request import Request, RequestOutput
 from .request_checks import RequestChecks
@@ -45,9 +46,6 @@ log = logging.getLogger("triforce")
 # `triforce` falls back to `retrieval` with a one-line notice, and `auto` plans without a draft tier.
 DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",
                                    "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # a folder with one of these has a tokenizer
 
 
 class LLM(RequestChecks, RequestMemory):
@@ -109,8 +107,8 @@ class LLM(RequestChecks, RequestMemory):
             raise ConfigError(f"full_layers {self.config.full_layers} is more than the target's "
                               f"{self.target.config.num_layers} layers")
         self._skipped_tokenizer = vllm.skip_tokenizer_init
-        self.tokenizer = None if vllm.skip_tokenizer_init else self._load_tokenizer(vllm.tokenizer,
-                                                                                     vllm.tokenizer_revision)
+        self.tokenizer = None if vllm.skip_tokenizer_init else load_tokenizer(
+            self.model_path, self.target.config.vocab_size, vllm.tokenizer, vllm.tokenizer_revision)
         if self.draft is not None:
             check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
@@ -148,33 +146,6 @@ class LLM(RequestChecks, RequestMemory):
     def reuses_prefixes(self) -> bool:
         """Whether recent prompts' blocks are kept for reuse: here, or by the worker group."""
         return self.prefixes is not None or (self.workers is not None and self.workers.prefix_bytes > 0)
-
-    def _load_tokenizer(self, spec: str | None = None, revision: str | None = None):
-        """The model folder's tokenizer (None where it has none), or vLLM's tokenizer=: a known model's, a
-        folder's or a .gguf file's (converted as a model is), or a Hugging Face id's (transformers reads it
-        from the hub cache), which must load and fit the model's vocabulary."""
-        from transformers import AutoTokenizer
-
-        source = self.model_path if spec is None else tokenizer_source(spec, revision)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
-        except (OSError, ValueError, TypeError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if spec is not None and not any((Path(source) / n).is_file() for n in TOKENIZER_FILES):
-                raise ModelLoadError(f"no tokenizer in {source} (none of {', '.join(TOKENIZER_FILES)})") from None
-            if spec is not None:
-                raise ModelLoadError(f"cannot load the tokenizer {spec}: {reason}") from None
-            present = [n for n in TOKENIZER_FILES if (self.model_path / n).is_file()]
-            if present:  # there is one, and it is damaged: not the same as none
-                raise ModelLoadError(f"cannot read the tokenizer in {self.model_path} ({', '.join(present)}): "
-                                     f"{reason}") from None
-            log.info("no tokenizer in %s: prompts must be token ids", self.model_path)
-            return None
-        rows = self.target.config.vocab_size
-        if spec is not None and len(tokenizer) > rows:
-            raise ModelLoadError(f"the tokenizer {spec} has {len(tokenizer)} tokens, more than the {rows} of the "
-                                 f"model's vocabulary: it is another model's")
-        return tokenizer
 
     def eos_ids(self) -> tuple[int, ...]:
         """The ids that end generation: the model's end-of-sequence ids and the tokenizer's."""

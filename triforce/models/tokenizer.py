@@ -1,0 +1,41 @@
+"""A model's tokenizer: the one in its folder, or vLLM's tokenizer= (another source, checked against the
+model's vocabulary)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .config import ModelLoadError
+from .hub import tokenizer_source
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # a folder with one of these has a tokenizer
+
+
+def load_tokenizer(model_path: Path, vocab_size: int, spec: str | None = None, revision: str | None = None):
+    """The tokenizer of the model folder `model_path` (None where it has none), or with `spec` vLLM's
+    tokenizer=: a known model's, a folder's or a .gguf file's (converted as a model is), or a Hugging Face
+    id's (transformers reads it from the hub cache), which must load and fit the model's `vocab_size` rows.
+    A tokenizer that is there but does not load is a ModelLoadError, not taken for none."""
+    from transformers import AutoTokenizer
+
+    source = model_path if spec is None else tokenizer_source(spec, revision)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    except (OSError, ValueError, TypeError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if spec is not None and not any((Path(source) / n).is_file() for n in TOKENIZER_FILES):
+            raise ModelLoadError(f"no tokenizer in {source} (none of {', '.join(TOKENIZER_FILES)})") from None
+        if spec is not None:
+            raise ModelLoadError(f"cannot load the tokenizer {spec}: {reason}") from None
+        present = [n for n in TOKENIZER_FILES if (model_path / n).is_file()]
+        if present:  # there is one, and it is damaged: not the same as none
+            raise ModelLoadError(f"cannot read the tokenizer in {model_path} ({', '.join(present)}): "
+                                 f"{reason}") from None
+        log.info("no tokenizer in %s: prompts must be token ids", model_path)
+        return None
+    if spec is not None and len(tokenizer) > vocab_size:
+        raise ModelLoadError(f"the tokenizer {spec} has {len(tokenizer)} tokens, more than the {vocab_size} of the "
+                             f"model's vocabulary: it is another model's")
+    return tokenizer
