@@ -14,7 +14,7 @@ from triforce import LLM
 from triforce.draft import sources
 from triforce.draft.evaluate import evaluate_genres
 from triforce.draft.generated import GenerationSettings
-from triforce.models.hub import triforce_home
+from triforce.models.folders import triforce_home
 from triforce.models.loader import load_model
 
 

@@ -139,7 +139,7 @@ def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkey
     generation_config does) and at the fill-in-the-middle file separator. The conversion wrote config.json's
     id only, so a text that ended as a document ran on, and safetensors wrote the weights 0600: a shared
     home's models were their fetcher's only. A folder converted before is mended when next resolved."""
-    from triforce.models import hub
+    from triforce.models import folders, hub
     from triforce.models.config import ModelConfig
 
     monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
@@ -147,12 +147,12 @@ def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkey
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # the separator a plain token, as llama.cpp reads it too
     path = tmp_path / "qwen.gguf"
     write_gguf(path, "qwen2", False, tokens)
-    folder = hub.convert_gguf_cached(path)
+    folder = folders.convert_gguf_cached(path)
     ends = [VOCAB - 1, 5, VOCAB - 3]  # <|im_end|>, then <|file_sep|> and <|endoftext|>; not <|im_start|>
     assert json.loads((folder / "generation_config.json").read_text()) == {"eos_token_id": ends}
     assert ModelConfig.from_folder(folder).eos_token_ids == tuple(ends)
     assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o644}
-    for resolve in (lambda: hub.convert_gguf_cached(path), lambda: hub.resolve_model(folder)):
+    for resolve in (lambda: folders.convert_gguf_cached(path), lambda: hub.resolve_model(folder)):
         (folder / "generation_config.json").unlink()  # as converted before
         (folder / "model.safetensors").chmod(0o600)
         assert ModelConfig.from_folder(folder).eos_token_ids == (VOCAB - 1,)

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from triforce.cache.full import FullKVCache
-from triforce.models import gguf_convert, hub
+from triforce.models import folders, gguf_convert, hub
 from triforce.models.config import ModelLoadError
 from triforce.models.loader import load_model
 from triforce.step import Step
@@ -154,17 +154,17 @@ def test_processes_fetching_one_model_at_once_fetch_it_once(tmp_path, monkeypatc
         fetching.set()
         done.wait(5)  # the other caller arrives while this one fetches
         dest.mkdir(parents=True)
-        (dest / hub._READY).write_text("toy")
+        (dest / folders.READY).write_text("toy")
 
     monkeypatch.setattr(hub, "_fetch", slow_fetch)
-    waiting, flock = threading.Event(), hub.fcntl.flock
+    waiting, flock = threading.Event(), folders.fcntl.flock
 
     def watched_flock(fd, how):
-        if not how & hub.fcntl.LOCK_NB:
+        if not how & folders.fcntl.LOCK_NB:
             waiting.set()  # the second caller found the lock taken and waits
         return flock(fd, how)
 
-    monkeypatch.setattr(hub.fcntl, "flock", watched_flock)
+    monkeypatch.setattr(folders.fcntl, "flock", watched_flock)
     found = []
     first = threading.Thread(target=lambda: found.append(hub.fetch_model("smollm2")))
     first.start()
@@ -195,7 +195,7 @@ def test_a_home_that_cannot_hold_the_model_is_one_line(tmp_path, monkeypatch, ho
     if home_kind == "read-only" and os.geteuid() == 0:  # as a user other than root finds it (root writes there)
         def refused(**kwargs):
             raise PermissionError(13, "Permission denied")
-        monkeypatch.setattr(hub.tempfile, "TemporaryFile", refused)
+        monkeypatch.setattr(folders.tempfile, "TemporaryFile", refused)
     message = "is a file where the model's folder goes" if home_kind == "model folder a file" else "cannot write in"
     with pytest.raises(ModelLoadError, match=message):
         hub.fetch_model("smollm2")
@@ -206,7 +206,7 @@ def test_a_folder_where_writes_fail_is_found_by_writing_not_by_asking():
     """os.access says yes to root in a folder where every write fails (/proc/self; a read-only mount): a
     file made there and dropped finds it."""
     with pytest.raises(ModelLoadError, match="cannot write in /proc/self"):
-        hub.writable_folder(Path("/proc/self"))
+        folders.writable_folder(Path("/proc/self"))
 
 
 def test_a_fetched_model_that_will_not_load_names_how_to_fetch_it_anew(tmp_path, monkeypatch, tiny_dir):
@@ -218,11 +218,11 @@ def test_a_fetched_model_that_will_not_load_names_how_to_fetch_it_anew(tmp_path,
     dest.mkdir(parents=True)
     (dest / "config.json").write_text((tiny_dir("hub-tiny", seed=3) / "config.json").read_text())
     (dest / "model.safetensors").write_bytes(b"\x00damaged" * 8)
-    (dest / hub._READY).write_text("smollm2.gguf")
+    (dest / folders.READY).write_text("smollm2.gguf")
     with pytest.raises(ModelLoadError, match=r"`triforce fetch-model smollm2 --again` fetches it anew"):
         LLM("smollm2", mode="ar")
     fetched = []
-    monkeypatch.setattr(hub, "_fetch", lambda name, folder: (fetched.append(name), (folder / hub._READY).write_text("x")))
+    monkeypatch.setattr(hub, "_fetch", lambda name, folder: (fetched.append(name), (folder / folders.READY).write_text("x")))
     assert hub.fetch_model("smollm2") == dest and fetched == []  # trusted as made
     assert hub.fetch_model("smollm2", again=True) == dest and fetched == ["smollm2"]
 

@@ -130,7 +130,7 @@ def finite_numbers(value, low: float = 0.0, high: float = math.inf) -> bool:
 def calibration_folder() -> Path | None:
     """Where calibration files are kept: TRIFORCE_CALIBRATION if it names a folder, None (memory only) if it
     is 0, else $TRIFORCE_HOME/calibration."""
-    from ..models.hub import triforce_home
+    from ..models.folders import triforce_home
 
     chosen = os.environ.get("TRIFORCE_CALIBRATION")
     if chosen == "0":

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..errors import UserError
 from ..models.config import ModelConfig
-from ..models.hub import umask_modes
+from ..models.folders import umask_modes
 from ..models.llama import LlamaModel
 from ..models.vocab import DRAFT_FILE
 

@@ -30,7 +30,7 @@ from ..config import MODES, PROPOSAL_TREE, EngineConfig
 from ..sampling_params import SamplingParams
 from ..errors import UserError
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
-from ..models.hub import probe_writes
+from ..models.folders import probe_writes
 from ..models.vocab import read_draft_metadata
 from .bench_rows import batch_row, compare, medians
 from .flags import add_engine_args, add_model_args, add_penalty_args, engine_settings, penalty_settings

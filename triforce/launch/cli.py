@@ -248,7 +248,7 @@ def run_generation(args, llm) -> int:
 def _fetch(args) -> int:
     from ..models.hub import fetch_model
 
-    print(fetch_model(args.name, args.again))  # a folder it returns has loaded once already (hub.convert_gguf)
+    print(fetch_model(args.name, args.again))  # a folder it returns has loaded once already (folders.convert_gguf)
     return 0
 
 

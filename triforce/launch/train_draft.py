@@ -15,7 +15,8 @@ from ..draft.evaluate import decode_ms_per_token, evaluate_genres
 from ..draft.generated import GenerationSettings
 from ..draft.train import DraftShape, TrainSettings, export, fingerprint, init_draft, train
 from ..errors import UserError
-from ..models.hub import DEFAULT_MODEL, probe_writes, triforce_home, writable_folder
+from ..models.folders import probe_writes, triforce_home, writable_folder
+from ..models.hub import DEFAULT_MODEL
 from ..models.loader import load_model
 from ..models.vocab import DRAFT_FILE, ReducedVocabulary, tokenizer_fingerprint
 

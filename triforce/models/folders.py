@@ -1,0 +1,159 @@
+"""The model folders under $TRIFORCE_HOME (default ~/.cache/triforce): where they go, made once however many
+processes want one at a time (torchrun's ranks on a node, batch jobs started together, test workers take
+turns on a lock file beside it: the first makes it, the rest find it), converted from a GGUF tensor by
+tensor and published once it loads, readable by others (a shared home), and mended once where an earlier
+triforce left them otherwise. hub.py decides which model a name means; this module makes its folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: processes making one model at once are not kept apart
+    fcntl = None
+
+from .config import GENERATION_CONFIG, ModelLoadError
+
+log = logging.getLogger(__name__)
+READY = ".triforce-ready"  # written last: a folder without it is an interrupted conversion
+
+
+def triforce_home() -> Path:
+    return Path(os.environ.get("TRIFORCE_HOME") or Path.home() / ".cache" / "triforce")
+
+
+def probe_writes(folder: Path) -> None:
+    """Raises the OSError that a write in `folder` meets, by making a file there and dropping it (os.access
+    says yes to root where writes fail: a read-only mount, /proc)."""
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+
+
+def writable_folder(folder: Path) -> Path:
+    """`folder`, made if missing; a ModelLoadError naming it where it cannot be (a file in the way, a
+    read-only file system, no permission), with where TRIFORCE_HOME points."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe_writes(folder)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write in {folder} ({exc.strerror or exc}); TRIFORCE_HOME "
+                             f"({triforce_home()}) must name a folder this user can write") from None
+    return folder
+
+
+def made_once(dest: Path, make: Callable[[], None]) -> Path:
+    """Model folder `dest`, made by `make` unless it is ready. Processes that want it at once take turns on
+    a lock file beside it (released with its process, should that die): the first makes it, the others
+    find it ready."""
+    if not (dest / READY).is_file():
+        if dest.exists() and not dest.is_dir():
+            raise ModelLoadError(f"{dest} is a file where the model's folder goes: move it away")
+        writable_folder(dest.parent)
+        lock = os.open(dest.with_name(dest.name + ".lock"), os.O_RDONLY | os.O_CREAT, 0o666)
+        try:
+            _take_turn(lock, dest)
+            if not (dest / READY).is_file():
+                make()
+        finally:
+            os.close(lock)  # releases the lock
+    return dest
+
+
+def _take_turn(lock: int, dest: Path) -> None:
+    """Waits for the lock on file descriptor `lock`; where the file system cannot lock, goes on without."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"triforce: waiting for another process making {dest}", file=sys.stderr)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    except OSError as exc:  # e.g. NFS or Lustre mounted without flock
+        log.warning("cannot lock %s (%s): going on without", dest, exc)
+
+
+def convert_gguf_cached(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    dest = triforce_home() / "models" / f"gguf-{gguf.stem}-{key}"
+    return up_to_date(made_once(dest, lambda: convert_gguf(gguf, dest)))
+
+
+def up_to_date(folder: Path) -> Path:
+    """Converted `folder` as conversions leave it now (_finish_conversion): one converted before 2026-11-29
+    lacked the generation_config.json that names where generation ends (its model ended at config.json's
+    id only) and held weights only its owner could read. Mended here once; the generation_config, written
+    last, marks it done."""
+    if not (folder / GENERATION_CONFIG).is_file():
+        try:
+            _finish_conversion(folder)
+        except OSError as exc:  # another user's folder in a shared home: the model still runs, as it did
+            log.warning("cannot mend %s, converted by an earlier triforce (%s): generation ends at config.json's "
+                        "end id only; its owner mends it by using it once", folder, exc)
+    return folder
+
+
+def _finish_conversion(folder: Path) -> None:
+    """The last steps of a conversion: files others may read, then where generation ends."""
+    from .gguf_convert import write_generation_config
+
+    umask_modes(folder)
+    write_generation_config(folder)
+
+
+def umask_modes(folder: Path) -> None:
+    """Gives the files in `folder` the mode new files get under this process's umask (0644 under 0022):
+    safetensors writes its files 0600, so a model fetched into a shared TRIFORCE_HOME, or a draft written
+    into a shared folder, was readable by its owner only."""
+    mode = 0o666 & ~_umask()
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            try:
+                path.chmod(mode)
+            except FileNotFoundError:  # another process's temporary file, renamed meanwhile
+                pass
+
+
+def _umask() -> int:
+    """This process's umask: read where Linux shows it, since reading it with os.umask sets it for a moment
+    (for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def convert_gguf(gguf: Path, dest: Path) -> None:
+    """Dequantizes a Llama-family GGUF into a float32 safetensors HF folder at `dest` (gguf_convert.py),
+    published once it loads with our loader."""
+    from .gguf_convert import write_hf_folder
+    from .loader import load_model
+
+    print(f"triforce: converting {gguf.name} into {dest}", file=sys.stderr)
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write_hf_folder(gguf, tmp)
+        load_model(tmp, "bfloat16")  # the check: it must load before it is published
+        _finish_conversion(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    (tmp / READY).write_text(str(gguf.name))
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
