@@ -74,7 +74,7 @@ def test_auto_is_the_default_and_says_what_it_chose(capsys, target, draft):
     first = result["metrics"]["auto"][0]
     assert first["at_token"] == 0 and first["mode"] in ("ar", "draft", "retrieval", "triforce")
     assert "ar" in first["why"]["predicted_tokens_per_s"] and "draft" in first["why"]["acceptance"]
-    from triforce.launch.cli import plans_text
+    from triforce.launch.generate import plans_text
 
     assert plans_text([{"mode": "draft", "gammas": [2]}, {"mode": "ar", "gammas": []},
                        {"mode": "triforce", "gammas": [4, 6]}]) == "draft(2) -> ar -> triforce(4, 6)"
