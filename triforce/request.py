@@ -115,15 +115,19 @@ class Request:
 
     def close(self) -> None:
         """The request is over (also when it failed): a worker group frees its sequence, and its caches go
-        now, with its engine. A reference cycle through this request (a streamed one's callback names the
-        server's ticket that holds it) would otherwise keep them until Python's cyclic collector ran, which
-        in a server's large heap comes rarely: a 75-minute soak held up to 2 GB of finished requests' caches
-        (docs/serving.md, Memory over hours). The prompt's log-probabilities stay readable."""
-        if self.verifier is not None:
-            self.verifier.close()
-        if self.engine is not None:
-            self._prompt_logprobs = self.prompt_logprobs
-            self.engine = self.verifier = None
+        now, with its engine, as does its stream callback. A streamed request in a server is in a reference
+        cycle while it runs (its callback names the server's ticket that holds it), which kept its caches
+        until Python's cyclic collector ran, rarely in a server's large heap: a 75-minute soak held up to 2
+        GB of finished requests' caches (docs/serving.md, Memory over hours). The prompt's log-probabilities
+        stay readable."""
+        try:
+            if self.verifier is not None:
+                self.verifier.close()
+        finally:  # the caches go even where the worker group could not end the sequence
+            if self.engine is not None:
+                self._prompt_logprobs = self.prompt_logprobs
+                self.engine = self.verifier = None
+            self.stream = None  # called no more: `output`, before this, streamed the last piece
 
     def on_tokens(self, new: list[int]) -> bool:
         if self.detok is None:

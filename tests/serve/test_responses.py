@@ -109,6 +109,8 @@ def test_a_conversations_call_items_reach_the_template_as_chat_messages(server):
     ({"input": "hi", "store": True}, "store"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
     ({"input": "hi", "tools": 5}, "tools"),
+    ({"input": "hi", "tool_choice": "required"}, "tool_choice"),  # no tools: answered free text
+    ({"input": "hi", "tools": [TOOL], "tool_choice": {"type": "function", "name": ["get_weather"]}}, "tool_choice"),
     ({"input": 5}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),

@@ -514,6 +514,15 @@ def test_models_health_and_the_api_key(llm):
         assert "access-control-allow-origin" not in other.headers
 
 
+@pytest.mark.parametrize("body", ['{"prompt": "w5", "seed": ' + "7" * 5000 + "}",  # past int()'s 4,300 digits
+                                  '{"prompt": ' + "[" * 100000 + "]" * 100000 + "}", "{not json"])
+def test_a_body_python_cannot_read_as_json_is_a_400(client, body):
+    """A huge integer (json.loads raises a plain ValueError) and arrays nested past the recursion limit were
+    500s with a traceback in the log."""
+    r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "the request body is not valid JSON", r.text
+
+
 def test_a_lone_surrogate_and_the_developer_role(llm, client, monkeypatch):
     """JSON's "\\ud83d" alone is no text: a 400 that says so (the tokenizer's own error was cryptic). OpenAI's
     developer role is the system one (the templates know that name; it reached them as written)."""
@@ -546,7 +555,9 @@ def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, 
         held.submit_choices(pair, [lambda *_: None] * 2)
     assert refused.value.code == "queue_full" and len(held.waiting) == 2
     waiting[0].cancel()  # a cancelled request waiting to be dropped holds no place
+    assert held.queued == 1
     assert len(held.submit_choices(pair, [lambda *_: None] * 2)) == 2
+    assert held.queued == 3 and len(held.waiting) == 3  # and is dropped (they piled up behind a blocked head)
     held.stop()
 
     long_job = parse("completion", {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
@@ -569,13 +580,13 @@ def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, 
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_finished_request_frees_its_caches_without_a_garbage_collection(llm, stream):
-    """A request's caches go when it finishes, not when Python's cyclic collector next runs: a streamed
-    request's ticket and request refer to each other (its stream's callback names the ticket), and in a
-    server's large heap a full collection comes rarely (a 75-minute soak held 2 GB of finished requests'
-    caches, then dropped them at once; docs/serving.md)."""
+    """A request's caches go when it finishes, not when Python's cyclic collector next runs, and so does
+    the request: a streamed request's ticket and request refer to each other while it runs (its stream's
+    callback names the ticket), and in a server's large heap a full collection comes rarely (a 75-minute
+    soak held 2 GB of finished requests' caches, then dropped them at once; docs/serving.md)."""
     job = parse("completion", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
                                "stream": stream}, llm, "tiny")
-    scheduler, done, caches = Scheduler(llm), threading.Event(), []
+    scheduler, done, caches, requests = Scheduler(llm), threading.Event(), [], []
 
     def on_event(kind, data):
         if kind == "done":
@@ -588,6 +599,7 @@ def test_a_finished_request_frees_its_caches_without_a_garbage_collection(llm, s
         for ticket in list(scheduler.running.values()):
             if not caches:
                 caches.extend(weakref.ref(tier.cache) for tier in ticket.request.engine.ladder)
+                requests.append(weakref.ref(ticket.request))
 
     scheduler._admit = admit_and_watch
     gc.collect()
@@ -597,8 +609,41 @@ def test_a_finished_request_frees_its_caches_without_a_garbage_collection(llm, s
         assert done.wait(60)
         scheduler.stop()
         assert len(caches) >= 2 and all(ref() is None for ref in caches), "a finished request's caches live on"
+        assert requests[0]() is None, "a finished request is held in a reference cycle"
     finally:
         gc.enable()
+
+
+def test_a_finished_request_whose_sequence_cannot_be_ended_is_answered_and_the_server_goes_on(llm, monkeypatch):
+    """Ending a finished request's sequence on a worker group that just went away (Request.close raising
+    WorkerError) raised in the scheduler's thread, which ended: that request and every other in flight
+    then waited forever. Its answer stands, and the next request is served."""
+    from triforce.coordinator.channel import WorkerError
+    from triforce.request import Request
+
+    close = Request.close
+
+    def failing_close(self):
+        close(self)
+        raise WorkerError("the worker group at tcp://127.0.0.1:1 failed 'end': it did not answer")
+
+    monkeypatch.setattr(Request, "close", failing_close)
+    scheduler = Scheduler(llm)
+    try:
+        for _ in range(2):
+            done, outcome = threading.Event(), []
+
+            def on_event(kind, data, outcome=outcome, done=done):
+                if kind in ("done", "error"):
+                    outcome.append(kind)
+                    done.set()
+
+            scheduler.submit(parse("completion", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}, llm, "tiny"),
+                             on_event)
+            assert done.wait(30) and outcome == ["done"]
+        assert scheduler.alive
+    finally:
+        scheduler.stop()
 
 
 def test_a_streamed_request_admitted_with_others_gets_its_own_text(llm):

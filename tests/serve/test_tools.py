@@ -159,6 +159,11 @@ def test_a_conversation_with_earlier_calls_and_their_results_is_taken(llm, clien
     ({"tools": [WEATHER, WEATHER]}, "tools"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": ["get_time"]}}}, "tool_choice"),  # a 500
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "$defs": None}}}],
+      "tool_choice": "required"}, "tools"),  # a 500
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {  # "#": the list of calls, nested
+        "type": "object", "properties": {"next": {"$ref": "#"}}}}}], "tool_choice": "required"}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
 ])

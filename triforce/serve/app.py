@@ -108,7 +108,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
             why = f": {scheduler.fatal}" if scheduler.fatal is not None else ""
             return JSONResponse(ApiError(503, f"the scheduler has stopped{why}", "server_error").body(),
                                 status_code=503)
-        return {"status": "ok", "waiting": len(scheduler.waiting), "running": len(scheduler.running)}
+        return {"status": "ok", "waiting": scheduler.queued, "running": len(scheduler.running)}
 
     @app.get("/metrics")
     async def prometheus():
@@ -199,7 +199,8 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
 async def _json(request: Request):
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, an integer past Python's 4,300 digits, or
+        # arrays nested past its recursion limit (the last two were 500s)
         raise ApiError(400, "the request body is not valid JSON") from None
     try:
         json.dumps(body, ensure_ascii=False).encode()

@@ -120,13 +120,16 @@ class ToolPlan:
                 raise ConstraintError("tools", f"tool names must be distinct, of letters, digits, _ and - (got {json.dumps(name)})")
             if not isinstance(schema, dict):
                 raise ConstraintError("tools", f"the parameters of {name} must be a JSON schema (an object)")
+            for key in ("$defs", "definitions"):
+                if not isinstance(schema.get(key, {}), dict):
+                    raise ConstraintError("tools", f"the parameters of {name}: '{key}' must be an object")
             schemas[name] = schema
         if choice is None:
             choice = "auto"
         elif isinstance(choice, dict):
             function = choice.get("function") if choice.get("type") == "function" else None
             choice = function.get("name") if isinstance(function, dict) else None
-            if choice not in schemas:
+            if not isinstance(choice, str) or choice not in schemas:
                 raise ConstraintError("tool_choice", f"'tool_choice' names no tool of this request ({json.dumps(choice)})")
         elif choice not in ("none", "auto", "required"):
             raise ConstraintError("tool_choice", "'tool_choice' must be none, auto, required or {type: function, "
@@ -274,6 +277,12 @@ def _hoisted(name: str, schema: dict, definitions: dict[str, dict]) -> dict:
         for prefix in ("#/$defs/", "#/definitions/"):
             if isinstance(ref, str) and ref.startswith(prefix):
                 out["$ref"] = f"#/$defs/{name}__{ref[len(prefix):]}"
+                break
+        else:
+            if isinstance(ref, str) and ref.startswith("#"):  # "#" or "#/properties/...": nested in the list
+                # of calls, it would name another part of that list
+                raise ConstraintError("tools", f"the parameters of {name} refer to {ref!r}: with tool_choice "
+                                               "required, references go to their $defs or definitions only")
         return out
 
     for key, value in local.items():

@@ -49,7 +49,7 @@ class ServerMetrics:
                               ["model_name"], buckets=LATENCY_BUCKETS, registry=self.registry)
         waiting = Gauge("vllm:num_requests_waiting", "Requests in the queue", ["model_name"], registry=self.registry)
         running = Gauge("vllm:num_requests_running", "Requests in the batch", ["model_name"], registry=self.registry)
-        waiting.labels(model).set_function(lambda: len(scheduler.waiting))
+        waiting.labels(model).set_function(lambda: scheduler.queued)
         running.labels(model).set_function(lambda: len(scheduler.running))
         stored = Gauge("triforce:prefix_cache_bytes", "Bytes of target KV the prefix store holds", ["model_name"],
                        registry=self.registry)

@@ -57,7 +57,8 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
         raise ApiError(400, "'tools' must be a list of function tools", param="tools")
     if body.get("tools"):
         chat["tools"] = [_tool(t) for t in body["tools"]]
-        chat["tool_choice"] = _tool_choice(body.get("tool_choice", "auto"))
+    if body.get("tool_choice") is not None:  # without tools, the chat path refuses any but none (it was dropped)
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if not isinstance(body.get("text") or {}, dict):
         raise ApiError(400, "'text' must be an object ({format: ...})", param="text")
     format_ = (body.get("text") or {}).get("format")

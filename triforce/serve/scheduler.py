@@ -105,7 +105,10 @@ class Scheduler:
                                 f"queue, which holds {self.max_queue} (--max-queue)",
                            param="n" if job.n > 1 else "prompt")
         with self._lock:
-            if sum(not t.cancelled for t in self.waiting) + len(on_events) > self.max_queue:
+            # requests whose clients went away wait for nothing (_admit skips them): dropped here, where they
+            # piled up behind a request waiting for memory
+            self.waiting = deque(t for t in self.waiting if not t.cancelled)
+            if len(self.waiting) + len(on_events) > self.max_queue:
                 raise ApiError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
                                kind="server_error", code="queue_full")
             tickets = [Ticket(job, ids, self.llm.seeded(params), tell,
@@ -114,6 +117,12 @@ class Scheduler:
             self.waiting.extend(tickets)
         self._wake.set()
         return tickets
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting to be admitted, those whose clients went away left out (/health, /metrics)."""
+        with self._lock:
+            return sum(not t.cancelled for t in self.waiting)
 
     @property
     def alive(self) -> bool:
@@ -239,21 +248,35 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001
             self._fail([ticket], exc)
             return
-        ticket.request.close()
+        closing = self._close(ticket)
         if self.metrics is not None:
             self.metrics.finished(output.finish_reason, output.metrics, ticket.queued_s)
-        self._tell(ticket, "done", output)
+        self._tell(ticket, "done", output)  # its answer stands, whatever ending its sequence met
+        if closing is not None and self._group_gone() and self.fatal is None:
+            self._stop_for_good(closing)
+
+    @staticmethod
+    def _close(ticket: Ticket) -> Exception | None:
+        """Ends a request (Request.close: its caches, its sequence on a worker group); what that raised (a
+        worker group gone, say: it once ended the scheduler's thread, and every request in flight hung) is
+        logged and returned."""
+        try:
+            if ticket.request is not None:
+                ticket.request.close()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not free a request's sequence: %s", exc)
+            return exc
+        return None
+
+    def _group_gone(self) -> bool:
+        return getattr(getattr(self.llm, "workers", None), "broken", False)
 
     def _fail(self, tickets: list[Ticket], exc: Exception) -> None:
-        group_gone = getattr(getattr(self.llm, "workers", None), "broken", False)
+        group_gone = self._group_gone()
         log.error("request failed: %s: %s", type(exc).__name__, exc,
                   exc_info=None if group_gone or isinstance(exc, RequestFailed) else exc)
         for ticket in tickets:
-            try:
-                if ticket.request is not None:
-                    ticket.request.close()
-            except Exception as close_exc:  # noqa: BLE001 (a worker group gone, say)
-                log.warning("could not free a failed request's sequence: %s", close_exc)
+            self._close(ticket)
             if self.metrics is not None:
                 self.metrics.failed()
             self._tell(ticket, "error", _failure(exc))
