@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .config import ConfigError, is_integer, is_number
+from .speculation.sampling import GREEDY_BELOW
 
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes (on a CPU, it uses the seed modulo 2**32)
 MAX_N = 4096  # outputs of one prompt (SamplingParams.n): more is a mistake, not a batch
@@ -268,7 +269,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperature 0, or one so small that vLLM samples greedily too (speculation/sampling.py)."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def penalized(self) -> bool:

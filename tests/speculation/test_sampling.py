@@ -4,6 +4,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from triforce.sampling_params import SamplingParams
 from triforce.speculation.sampling import probabilities, sample, sample_distinct
 
 ALPHA = 1e-3
@@ -14,6 +15,17 @@ def test_greedy_is_one_hot_on_first_argmax_without_nan():
     probs = probabilities(logits, 0.0)
     assert probs.tolist() == [[0, 1, 0, 0], [0, 1, 0, 0]]
     assert sample(probs[0], None, greedy=True) == 1
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy():
+    """1e-40 made every logit infinite and the distribution NaN (a 200 answer drawn from NaN weights); below
+    1e-5 vLLM samples greedily, and so does this."""
+    logits = torch.tensor([[1.0, 3.0, 2.9, -1.0]])
+    for temperature in (1e-40, 1e-6):
+        assert probabilities(logits, temperature).tolist() == [[0, 1, 0, 0]]
+        assert SamplingParams(temperature=temperature).greedy
+    assert not SamplingParams(temperature=1e-4).greedy
+    assert probabilities(logits, 1e-4)[0, 1] == 1.0 and not probabilities(logits, 1e-4).isnan().any()
 
 
 def test_temperature_scales_logits():

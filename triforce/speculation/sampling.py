@@ -4,8 +4,9 @@ Every tier applies the same processing (logit bias, allowed token ids, temperatu
 `processed`), so each
 tier's distribution is the one plain sampling from that tier's model would use; the target's is the
 output distribution.
-Temperature 0 means greedy: a one-hot distribution on the argmax (first index on ties), so the
-speculative-sampling rules reduce to exact greedy matching without any division by zero.
+Temperature 0 means greedy, as does any below GREEDY_BELOW (vLLM's bound; dividing logits by 1e-40 made
+them infinite and the distribution NaN): a one-hot distribution on the argmax (first index on ties), so
+the speculative-sampling rules reduce to exact greedy matching without any division by zero.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from functools import lru_cache
 
 import torch
 
+GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLING_EPS)
 # sample_distinct sums the mass afresh once what is left falls below this fraction of the sum it draws from
 REFRESH_BELOW = 1e-6
 
@@ -38,7 +40,7 @@ def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
         logits[..., list(ids)] += torch.tensor(values, dtype=logits.dtype, device=logits.device)
     if allowed is not None:
         logits = only_allowed(logits, _refused(allowed, logits.shape[-1], logits.device))
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     logits = logits / temperature
     if min_p > 0:
