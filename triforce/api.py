@@ -81,7 +81,7 @@ class LLM(RequestChecks, RequestMemory):
                               f"`triforce ... --workers N`), or None (got {workers!r})")
         self.workers = workers
         self._request_ids = itertools.count()
-        EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
+        asked = EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         self.rope_scaling = None if rope_scaling is None else rope_scaling_spec(rope_scaling)
         self.model_path = resolve_model(model, revision)
         if draft is None and mode in MODES_WITH_DRAFT:
@@ -96,7 +96,7 @@ class LLM(RequestChecks, RequestMemory):
         self._bound_positions(vllm.max_model_len)
         self.draft = None if self.draft_path is None else self._load(self.draft_path)
         if self.draft is None and mode == "triforce":
-            if engine_settings.get("tree1"):
+            if asked.tree1:  # as EngineConfig reads it (the flag's "0" is 0)
                 raise ConfigError("tree1 shapes the draft's proposals, and this target has no draft (mode "
                                   "'triforce' would fall back to 'retrieval', which takes tree2)")
             print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",

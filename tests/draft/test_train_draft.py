@@ -150,7 +150,9 @@ def test_train_draft_rejects_a_bad_repeat_before_building_data(tiny_dir, tmp_pat
                                             (["--heldout-fraction", "1"], "--heldout-fraction must be in [0, 1)"),
                                             (["--answer-temperatures", "0.6", "nan"], "--answer-temperatures"),
                                             (["--top-k", "97"], "--top-k 97 is more than the target's 96 tokens"),
-                                            (["--local-tokens", "0", "--answers", "0"], "no training sources")])
+                                            (["--local-tokens", "0", "--answers", "0"], "no training sources"),
+                                            (["--work-dir", "/proc/version/w"], "/proc/version is a file"),
+                                            (["--work-dir", "/proc/self/w"], "cannot write in /proc/self")])
 def test_train_draft_rejects_bad_settings_before_building_data(tiny_dir, tmp_path, capsys, extra, message):
     """--steps -1 went on to generate the target's answers and write the work folder; no sources at all
     blamed --repeat, which was not given. A --top-k past the vocabulary was a traceback while labelling; a

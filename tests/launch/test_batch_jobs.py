@@ -82,6 +82,21 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 9  # all done: nothing added
 
 
+def test_a_line_holding_unicode_line_breaks_is_one_request(tiny_dir, tmp_path):
+    """JSON strings may hold U+2028, U+2029 and U+0085 raw (json.dumps with ensure_ascii=False writes them
+    so); str.splitlines broke such a line in two, each half an invalid_json error under a made-up id."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    line = json.dumps({"custom_id": "one\u2028line\u2029of\u0085json", "method": "POST", "url": "/v1/completions",
+                       "body": {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}}, ensure_ascii=False)
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(line + "\r\n" + request("after", PROMPT, 2) + "\n", encoding="utf-8")
+    assert run(target, inp, out) == 0
+    got = results(out)
+    assert sorted(got) == ["after", "one\u2028line\u2029of\u0085json"]
+    assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in got.values())
+    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 2  # resumed: nothing added
+
+
 def test_an_output_that_is_not_a_results_file_and_repeated_ids_are_refused_untouched(tiny_dir, tmp_path, capsys):
     """The input as the output (its request lines would read as done), a file of other text (its last line,
     unterminated, read as torn), a missing folder and a custom_id on two lines: one-line errors before

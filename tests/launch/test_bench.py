@@ -185,7 +185,9 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--modes", "ar", "ar"], "--modes names a value twice"), (["--lengths", "50", "50"], "--lengths names a value"),
     (["--temperatures", "0", "0.0"], "--temperatures names a value twice"),  # each group ran twice
     (["--batch", "1", "1"], "--batch names a value twice"),
-    (["--out", "/proc/bench.json"], "cannot write --out /proc/bench.json")])
+    (["--out", "/proc/bench.json"], "cannot write --out /proc/bench.json"),
+    (["--modes", "ar", "draft"], "--modes draft runs a draft"),  # a ValueError traceback after the ar runs
+    (["--peers", "llamacpp", "--gguf", "/no/such.gguf"], "--gguf /no/such.gguf: no such file")])
 def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, capsys, extra, message):
     """A bad value met in a later group threw away the groups before it (and `--sweep mode=` was a traceback)."""
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
@@ -195,6 +197,15 @@ def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, cap
     assert main(args + extra) == 2
     err = capsys.readouterr().err
     assert message in err.splitlines()[-1] and '"run"' not in err  # no run reported before it
+
+
+def test_bench_on_a_model_without_a_tokenizer_is_one_line(tiny_dir, tmp_path, capsys):
+    """Its prompts are cut from --text with the tokenizer: a folder without one was a TypeError traceback."""
+    target = tiny_dir("bench-untokenized", seed=50, num_layers=2, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "50",
+                 "--max-new-tokens", "4", "--modes", "ar"]) == 2
+    assert "has none" in capsys.readouterr().err.splitlines()[-1]
 
 
 @pytest.mark.parametrize("stop, code, why", [(KeyboardInterrupt, 130, "Ctrl-C"),

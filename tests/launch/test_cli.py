@@ -80,9 +80,10 @@ def test_auto_is_the_default_and_says_what_it_chose(capsys, target, draft):
                        {"mode": "triforce", "gammas": [4, 6]}]) == "draft(2) -> ar -> triforce(4, 6)"
 
 
-def test_triforce_without_draft_falls_back_with_one_notice(capsys, target):
+@pytest.mark.parametrize("extra", [[], ["--tree1", "0"]])  # a chain named as such (the flag's "0" was refused)
+def test_triforce_without_draft_falls_back_with_one_notice(capsys, target, extra):
     code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, "--json",
-                             "--mode", "triforce")
+                             "--mode", "triforce", *extra)
     assert code == 0 and json.loads(out)["mode"] == "retrieval"
     assert err.count("falls back to 'retrieval'") == 1
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from ..errors import RequestFailed, TooLarge, UserError
 from .cli import llm_from_args
-from .batch_resume import check_resumable, done_results, result_id
+from .batch_resume import check_resumable, done_results, jsonl_lines, result_id
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
@@ -42,8 +42,9 @@ def add_batch_parser(sub) -> None:
     p.add_argument("-i", "--input", required=True, help="JSONL of requests (custom_id, method, url, body)")
     p.add_argument("-o", "--output", required=True, help="JSONL of results; an existing one is resumed")
     p.add_argument("--shard", default=None, metavar="I/N",
-                   help="take lines I, I+N, ... (default: SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, else "
-                        "RANK/WORLD_SIZE, else 0/1)")
+                   help="take lines I, I+N, ... (default: a Slurm array task's place in its array, counted "
+                        "from 0 whatever --array numbers it, of SLURM_ARRAY_TASK_COUNT; else torchrun's "
+                        "RANK/WORLD_SIZE, but not under --workers, whose ranks are one pipeline; else 0/1)")
     p.add_argument("--batch-size", type=int, default=8,
                    help="request lines generated together (a line's prompts x n choices are that many sequences)")
     p.add_argument("--chat-max-tokens", type=int, default=1024, help="new tokens of a chat request without max_tokens")
@@ -117,7 +118,7 @@ def _batch(args) -> int:
     if args.chat_max_tokens < 1:
         raise UserError("--chat-max-tokens must be >= 1")
     try:
-        lines = Path(args.input).read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark or none
+        lines = jsonl_lines(Path(args.input).read_text(encoding="utf-8-sig"))  # a byte-order mark or none
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read {args.input}: {exc}") from None
     output = Path(args.output)

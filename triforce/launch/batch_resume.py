@@ -23,6 +23,16 @@ HASH_DIGITS = 32
 UUID_DIGITS = 32  # the random half, before the hash (alone, in ids of results written before)
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSONL `text`, split at newlines alone (and CRLF): str.splitlines also splits at
+    U+2028, U+2029 and U+0085, which JSON strings may hold raw (json.dumps with ensure_ascii=False writes
+    them so), and cut such a request in two."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # what follows the last newline
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def line_hash(line: str) -> str:
     try:
         line = json.dumps(json.loads(line), sort_keys=True)
@@ -50,7 +60,7 @@ def done_results(output: Path) -> dict[str, dict]:
     if torn and not torn.startswith(RESULT_START[: len(torn)]):  # not what a kill mid-write leaves: a line
         whole, torn = whole + torn + "\n", ""  # to check as the others (the newline written if it passes)
     done = {}
-    for n, line in enumerate(whole.splitlines()):
+    for n, line in enumerate(jsonl_lines(whole)):
         if not line.strip():
             continue
         try:

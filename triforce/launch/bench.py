@@ -129,6 +129,8 @@ def run_bench(args) -> int:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     if args.peers and SamplingParams(**penalty_settings(args)).penalized:
         raise UserError("the peers decode without penalties: leave out --peers with the penalty flags")
+    if "llamacpp" in args.peers and args.gguf is not None and not Path(args.gguf).is_file():
+        raise UserError(f"--gguf {args.gguf}: no such file (the llama.cpp peer's model)")
     from .cli import settings_named_by_flags
 
     with settings_named_by_flags():
@@ -151,6 +153,8 @@ def run_bench(args) -> int:
             print("bench: llama.cpp peer skipped (needs llama-cpp-python and --gguf)", file=sys.stderr)
         else:
             cpp = LlamaCppPeer(Path(args.gguf), max(args.lengths) + args.max_new_tokens + 16)
+    if llm.tokenizer is None:
+        raise UserError(f"bench cuts its prompts from --text with the model's tokenizer, and {args.model} has none")
     ids = llm.tokenizer(text).input_ids
     files = [llm.tokenizer(t).input_ids for t in texts]
     base = llm.config
@@ -204,6 +208,8 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
                             f"raise it to hold a whole batch's prompts, or leave it at 0")
     for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
         dataclasses.replace(base, mode=mode, **overrides)
+        if mode in ("draft", "triforce") and llm.draft is None:
+            raise UserError(f"--modes {mode} runs a draft, and {args.model} has no default one: name it with --draft")
     if args.out:
         out = Path(args.out)
         if out.is_dir():

@@ -137,6 +137,18 @@ def _repeats(args) -> dict[str, int]:
     return {name: n for name, n in repeat.items() if n != 1}
 
 
+def _check_work_dir(work: Path) -> None:
+    """Refuses a --work-dir that cannot be made or written, before anything runs (it was a traceback once
+    the target's answers were generated), without making it yet (a run refused later leaves none)."""
+    existing = next(p for p in (work, *work.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"--work-dir {work}: {existing} is a file")
+    try:
+        probe_writes(existing)
+    except OSError as exc:
+        raise UserError(f"--work-dir {work}: cannot write in {existing} ({exc.strerror or exc})") from None
+
+
 def _out_folder(name: str) -> Path:
     """--out, resolved; the export replaces it, so it must be new, empty or an earlier draft (never a folder of
     other files, nor the working directory or one above it)."""
@@ -173,6 +185,13 @@ def run_train_draft(args) -> int:
         raise UserError(f"--answer-temperatures must be numbers >= 0 (got {args.answer_temperatures})")
     repeat = _repeats(args)
     out = _out_folder(args.out)
+    work = Path(args.work_dir) if args.work_dir else triforce_home() / "train-draft" / out.name
+    if work.resolve() == out or out in work.resolve().parents:
+        raise UserError(f"--work-dir {work} lies in --out {args.out}, which the draft replaces")
+    if args.work_dir is None:
+        writable_folder(work.parent)
+    else:
+        _check_work_dir(work)
     llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
     if llm.tokenizer is None:
         raise UserError(f"{llm.model_path} has no tokenizer; train-draft needs one")
@@ -185,11 +204,6 @@ def run_train_draft(args) -> int:
     shape.check(vocab_total)
     settings = TrainSettings(args.steps, args.batch_size, args.seq_len, args.lr, min(60, args.steps // 10 + 1),
                              seed=args.seed, checkpoint_every=args.checkpoint_every)
-    work = Path(args.work_dir) if args.work_dir else triforce_home() / "train-draft" / out.name
-    if work.resolve() == out or out in work.resolve().parents:
-        raise UserError(f"--work-dir {work} lies in --out {args.out}, which the draft replaces")
-    if args.work_dir is None:
-        writable_folder(work.parent)
     target_key = str(llm.model_path.resolve())
     train_sources, genres = _data(args, llm, work, target_key)
     sequences, label_ids, label_logp = sources.labelled(target, train_sources, work, args.top_k, target_key)
