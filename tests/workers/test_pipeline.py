@@ -23,7 +23,7 @@ from triforce.coordinator.verifier import LocalVerifier
 from triforce.cache.retrieval import retrieve_from_full
 from triforce.models.loader import load_model
 from triforce.step import Step, ancestor_mask
-from triforce.workers.protocol import PROTOCOL_VERSION, decode, encode
+from triforce.workers.protocol import PROTOCOL_VERSION, decode, encode, reply
 
 SETTINGS = dict(budget=32, chunk_size=4, sinks=2, window=16, refresh_every=12, full_layers=1)
 
@@ -335,6 +335,7 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(group.endpoint)
     try:
+        group.channel.request("start", {"seq": 99, "capacity": 32})  # a sequence for the refresh below
         bad = {
             "garbage": [b"\xc1\xc1\xc1"],
             "truncated": [encode("prefill", {"seq": 1, "tokens": [1, 2, 3], "start": 0})[0][:-2]],
@@ -345,6 +346,10 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
             "never started": encode("commit", {"seq": 7, "path": [], "start": 0}),
             "a sequence twice": encode("verify", {"seqs": [1, 1], "tokens": [[1], [2]], "parents": [[-1], [-1]],
                                                   "starts": [0, 0]}),
+            # these two reached every rank, which failed executing them, and the group ended
+            "a reply, not a request": reply({}),
+            "a budget below a chunk": encode("refresh", {"seq": 99, "budget": -4, "chunk_size": 4, "full_layers": 0,
+                                                         "start": 0}),
         }
         for name, frames in bad.items():
             sock.send_multipart(frames)
@@ -460,6 +465,46 @@ def test_an_idle_group_outlives_its_collective_timeout(models, tmp_path):
         stats, _ = group.channel.request("stats")
         assert stats["heartbeats"] >= 5
         assert all(p.is_alive() for p in group.procs)
+    finally:
+        group.close()
+
+
+def test_refused_requests_do_not_hold_back_the_heartbeat(models, tmp_path):
+    """A refused request is answered by the leader alone while the other ranks wait in a collective; each
+    one restarted the wait for the next heartbeat, so refusals under the heartbeat's period apart (a client
+    retrying) let the group's collective time out, and the group ended."""
+    group = Group(models[0], 2, tmp_path, timeout_s=2.0, group_timeout_s=2.0)
+    try:
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            with pytest.raises(WorkerError, match="not started"):
+                group.channel.request("commit", {"seq": 77, "path": [], "start": 0})
+            time.sleep(0.1)
+        stats, _ = group.channel.request("stats")
+        assert stats["heartbeats"] >= 5 and stats["errors"] >= 20
+        assert all(p.is_alive() for p in group.procs)
+    finally:
+        group.close()
+
+
+def test_a_request_that_fails_to_build_ends_its_sequence_on_the_group(models, tmp_path, monkeypatch):
+    """The group's sequence starts before the coordinator builds the request's own caches: where that
+    failed (out of memory, say), nothing ended the sequence, whose cache the group then held for good."""
+    import triforce.request
+
+    folder = models[0]
+    group = Group(folder, 1, tmp_path)
+    try:
+        llm = LLM(folder, workers=group.channel, mode="triforce", dtype="float32", budget=32, chunk_size=4)
+
+        def out_of_memory(*args, **kwargs):
+            raise MemoryError("the draft's caches")
+
+        monkeypatch.setattr(triforce.request, "build_engine", out_of_memory)
+        with pytest.raises(MemoryError):
+            llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4))
+        stats, _ = group.channel.request("stats")
+        assert stats["sequences"] == 0
     finally:
         group.close()
 

@@ -241,8 +241,10 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
     path = _resolve_once(args.model, 0, groups.control, args.revision)
     channel = ControlChannel(f"tcp://{args.control_host}:{control_port(args)}", args.worker_timeout,
                              BulkLink(groups.link, peer=1))
+    shaken = False  # a group that refused the handshake is another run's (a shared port): never shut it down
     try:
         channel.handshake(model_identity(path, args.rope_scaling), world - 1)
+        shaken = True
         args.worker_channel, args.workers = channel, 0  # the command's LLM verifies on the group
         code = args.func(args)
         sys.stdout.flush()
@@ -256,7 +258,7 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
         return reader_gone()
     finally:
         try:
-            if not channel.broken:  # a group that a signal ended too does not answer: do not wait long
+            if shaken and not channel.broken:  # a group that a signal ended too does not answer: do not wait long
                 channel.request("shutdown", timeout_s=min(5.0, args.worker_timeout))
         except WorkerError:
             pass

@@ -50,14 +50,14 @@ def _broadcast_bytes(payload: bytes | None, tp: TensorParallel) -> bytes:
     return buf.numpy().tobytes()
 
 
-def _leader_wait(sock, watch: CoordinatorWatch, heartbeat_s: float | None):
-    """The leader's next request (its frames), HEARTBEAT when the group is due one, or ORPHANED."""
+def _leader_wait(sock, watch: CoordinatorWatch, beat_at: float):
+    """The leader's next request (its frames), HEARTBEAT when the group is due one (at `beat_at`, on
+    time.monotonic's clock), or ORPHANED."""
     import zmq
 
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(watch.monitor, zmq.POLLIN)
-    beat_at = time.monotonic() + heartbeat_s if heartbeat_s else math.inf
     while True:
         watch.update()
         if watch.seconds_left() <= 0:
@@ -101,10 +101,15 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
             raise UserError(f"cannot listen on {endpoint}: {exc} (another worker group there? pick another "
                             f"--control-port)") from None
         log.info("worker leader listening on %s", endpoint)
+    # When the other ranks began to wait in the next broadcast: they are due a heartbeat within heartbeat_s
+    # of it, however many requests the leader refused meanwhile (each answered alone; each restarted the
+    # wait before, so refusals under heartbeat_s apart let the group's collective time out)
+    waiting_since = time.monotonic()
     try:
         while True:
             payload = None
-            frames = _leader_wait(sock, watch, heartbeat_s) if tp.rank == 0 else None
+            beat_at = waiting_since + heartbeat_s if heartbeat_s else math.inf
+            frames = _leader_wait(sock, watch, beat_at) if tp.rank == 0 else None
             if frames is ORPHANED:
                 log.error("worker leader: no coordinator connected to %s for %g s; the worker group exits",
                           endpoint, coordinator_timeout_s)
@@ -123,6 +128,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
                     continue
                 payload = msgpack.packb({"kind": kind, "body": body})
             request = msgpack.unpackb(_broadcast_bytes(payload, tp), raw=False)
+            waiting_since = time.monotonic()  # (a heartbeat's: the ranks wait again at once)
             kind, body = request["kind"], request["body"]
             if kind == HEARTBEAT:
                 continue
@@ -133,6 +139,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
             # Checked above, so a failure here is a bug or a lost rank: let it end the process, and torchrun
             # the group, rather than leave ranks waiting in different collectives.
             result, tensors = worker.execute(kind, body)
+            waiting_since = time.monotonic()  # the other ranks go on to the next broadcast
             if tp.rank == 0:
                 result["seconds"] = time.perf_counter() - started
                 if kind in BULK_REPLIES:  # the reply says what follows over the link, then the link carries it

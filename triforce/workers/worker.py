@@ -33,7 +33,7 @@ from ..memory import available_bytes
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
 from ..step import Step, check_parents, check_path
-from .protocol import PROTOCOL_VERSION
+from .protocol import PROTOCOL_VERSION, REQUESTS
 
 MAX_SEQUENCES = 256  # sequences a group holds at once
 
@@ -64,6 +64,8 @@ class VerifierWorker:
 
     # --- checks: run on the leader before broadcasting, so every rank executes or none does --------
     def check(self, kind: str, body: dict) -> None:
+        if kind not in REQUESTS:  # a reply sent to the leader: every rank would fail executing it
+            raise RequestError(f"{kind!r} is not a request")
         if kind in ("end", "prefill", "commit", "refresh", "kv") and body["seq"] not in self.caches:
             raise RequestError(f"{kind} of sequence {body['seq']}, which was not started")
         if kind == "start":
@@ -104,8 +106,8 @@ class VerifierWorker:
                 raise RequestError(str(exc)) from None
         if kind == "kv" and not 0 <= body["start"] <= body["stop"] <= length:
             raise RequestError(f"kv range [{body['start']}, {body['stop']}) outside [0, {length}]")
-        if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] % body["chunk_size"]
-                                  or body["start"] != length):
+        if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] < body["chunk_size"]
+                                  or body["budget"] % body["chunk_size"] or body["start"] != length):
             raise RequestError(f"refresh needs a budget that is a positive multiple of the chunk size, at the "
                                f"cache's length {length}")
 
