@@ -2,6 +2,7 @@
 continuous batch alike (`Request.run` is its generation, for a SequenceBatch)."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -69,15 +70,22 @@ class Request:
             verifier = RemoteVerifier(llm.workers, llm.target, capacity)
             w = llm.workers
             self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
-        self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,
-                                   batchmates, llm.prefixes)
-        self.verifier = verifier
-        self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round
-        self.main_eos = llm.main_eos_id()
-        self.guide = llm.grammars.guide(params.structured_outputs)
-        self.detok = (None if llm.tokenizer is None or not params.detokenize
-                      else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens, ids,
-                                                 params.include_stop_str_in_output, params.skip_special_tokens))
+        try:
+            self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,
+                                       batchmates, llm.prefixes)
+            self.verifier = verifier
+            self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round
+            self.main_eos = llm.main_eos_id()
+            self.guide = llm.grammars.guide(params.structured_outputs)
+            self.detok = (None if llm.tokenizer is None or not params.detokenize
+                          else IncrementalDetokenizer(llm.tokenizer, params.stop, params.min_tokens, ids,
+                                                     params.include_stop_str_in_output, params.skip_special_tokens))
+        except BaseException:  # no Request to close: the group's sequence, started above, would hold its
+            # cache for good (a coordinator out of memory for the draft's caches, say)
+            if verifier is not None:
+                with contextlib.suppress(Exception):
+                    verifier.close()
+            raise
         self.cancelled = False
         self._logprobs_taken = self._ids_taken = 0
         self._prompt_logprobs: list[TokenLogprobs | None] | None = None  # kept by `close`
