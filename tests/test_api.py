@@ -89,6 +89,8 @@ def test_bad_batches_are_refused(llm):
         llm.generate([PROMPT], [])
     with pytest.raises(UserError, match="detokenize"):  # its callback never heard a thing
         llm.generate(PROMPT, SamplingParams(max_tokens=2, detokenize=False), stream=print)
+    with pytest.raises(UserError, match="stream must be a function"):  # vLLM's use_tqdm, once the third argument:
+        llm.generate(PROMPT, SamplingParams(max_tokens=2), True)  # a TypeError after the run
     for prompts, params, message in ((["w5"], {"max_tokens": 2}, "params must be a SamplingParams"),
                                      ([None], None, "a prompt must be"), (5, None, "prompts must be"),
                                      ([[5, 1.5]], None, "a prompt must be")):
@@ -162,6 +164,9 @@ def test_settings_of_the_wrong_type_are_refused_at_once(tiny_dir):
                               (dict(prefix_cache_gb="1"), "prefix_cache_gb must be a number")):
         with pytest.raises(ConfigError, match=message):
             LLM(target, **settings)
+    # a draft's window past its positions: the LLM was built, and every request failed
+    with pytest.raises(ConfigError, match="past its 512 positions"):
+        LLM(target, tiny_dir("api-draft", tokenizer=True, seed=52, num_layers=1), mode="triforce", window=600)
 
 
 def test_vllms_spellings_are_taken(llm):

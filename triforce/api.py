@@ -24,6 +24,7 @@ from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig
 from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
+from .coordinator.hierarchy import check_draft_window
 from .coordinator.channel import GroupFull
 from .engine_args import take_vllm_args
 from .errors import UserError
@@ -82,6 +83,8 @@ class LLM(RequestChecks, RequestMemory):
         self.workers = workers
         self._request_ids = itertools.count()
         asked = EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
+        if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
+            raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         self.rope_scaling = None if rope_scaling is None else rope_scaling_spec(rope_scaling)
         self.model_path = resolve_model(model, revision)
         if draft is None and mode in MODES_WITH_DRAFT:
@@ -110,10 +113,9 @@ class LLM(RequestChecks, RequestMemory):
         self.tokenizer = None if vllm.skip_tokenizer_init else load_tokenizer(
             self.model_path, self.target.config.vocab_size, vllm.tokenizer, vllm.tokenizer_revision)
         if self.draft is not None:
+            check_draft_window(self.config, self.draft.config)
             check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
-        if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
-            raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         if workers is not None and not vllm.prefix_caching:
             raise ConfigError("enable_prefix_caching=False: a worker group keeps the prompt blocks under its own "
                               "bound (--prefix-cache-gb 0 turns it off there)")
@@ -207,6 +209,9 @@ class LLM(RequestChecks, RequestMemory):
         vLLM's `lora_request` and `priority` are taken unset (None; a priority of all 0s): there are no adapters
         and one priority here; older vLLM's `prompt_token_ids=` (lm-evaluation-harness's call) stands for
         `prompts`."""
+        if stream is not None and not callable(stream):  # vLLM's third argument was use_tqdm once
+            raise UserError(f"stream must be a function that takes each text piece (got {stream!r}); show_progress "
+                            f"or use_tqdm turns the progress bar on")
         if lora_request is not None:
             raise UserError("lora_request: LoRA adapters are not supported here (merge the adapter into the "
                             "model's weights and load that folder)")
@@ -236,8 +241,10 @@ class LLM(RequestChecks, RequestMemory):
             raise UserError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts: give one, or one "
                             f"per prompt")
         per_prompt = [self.prepare(p) for p in per_prompt]
-        if stream is not None and (len(prompts) > 1 or per_prompt[0].n > 1 or not per_prompt[0].detokenize):
-            raise UserError("streaming takes one prompt at a time, with n = 1 and detokenize (the pieces are text)")
+        if stream is not None and (len(prompts) > 1 or per_prompt[0].n > 1 or not per_prompt[0].detokenize
+                                   or self.tokenizer is None):
+            raise UserError("streaming takes one prompt at a time, with n = 1, detokenize and a tokenizer (the "
+                            "pieces are text)")
         ids = [self.encode(p) for p in prompts]
         ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
         per_prompt = [self.within_positions(len(i), p) for i, p in zip(ids, per_prompt)]

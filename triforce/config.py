@@ -31,8 +31,14 @@ def is_integer(value) -> bool:
 
 
 def is_number(value) -> bool:
-    """A finite real number: Python's or numpy's (not a bool, not a string)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite real number: Python's or numpy's (not a bool, not a string, not an integer past a float's
+    range, on which math.isfinite raised OverflowError)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from .config import ConfigError, is_integer, is_number
 from .speculation.sampling import GREEDY_BELOW
@@ -86,7 +86,8 @@ class StructuredOutputs:
                 raise ConfigError("structured_outputs json must be a JSON schema (an object)")
             object.__setattr__(self, "json", text)  # a string: the params stay hashable
         if self.choice is not None:
-            if isinstance(self.choice, str) or not all(isinstance(c, str) and c for c in self.choice) or not self.choice:
+            if isinstance(self.choice, str) or not isinstance(self.choice, Sequence) or \
+                    not all(isinstance(c, str) and c for c in self.choice) or not self.choice:
                 raise ConfigError("structured_outputs choice must be a non-empty list of non-empty strings")
             object.__setattr__(self, "choice", tuple(self.choice))
         for name in ("regex", "grammar"):
@@ -167,10 +168,11 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", bias)
         object.__setattr__(self, "stop_token_ids", _token_ids(self.stop_token_ids, "stop_token_ids"))
         self._check_banned()
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if isinstance(stop, (bytes, dict)) or not isinstance(stop, Sequence) or \
+                not all(isinstance(s, str) for s in stop):  # a number or bytes failed deep in the run
+            raise ConfigError(f"stop must be a string or a list of strings (got {self.stop!r})")
+        object.__setattr__(self, "stop", tuple(stop))
         if self.max_tokens is not None and (not is_integer(self.max_tokens) or self.max_tokens < 0):
             raise ConfigError(f"max_tokens must be an integer >= 0 or None (got {self.max_tokens!r}; 0 prefills "
                               f"only: a prompt's log-probabilities with prompt_logprobs, or its KV for the prefix "
@@ -210,10 +212,14 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ConfigError(f"{name} must be from -2 to 2 (got {getattr(self, name)})")
-        if not 0 < self.repetition_penalty <= 100:
-            raise ConfigError(f"repetition_penalty must be above 0, at most 100 (1 is off; got "
+        if not 0.01 <= self.repetition_penalty <= 100:  # 1e-40 divided logits into infinities, rows into NaN
+            raise ConfigError(f"repetition_penalty must be from 0.01 to 100 (1 is off; got "
                               f"{self.repetition_penalty})")
         if isinstance(self.structured_outputs, dict):
+            unknown = set(self.structured_outputs) - {f.name for f in fields(StructuredOutputs)}
+            if unknown:
+                raise ConfigError(f"structured_outputs takes {', '.join(f.name for f in fields(StructuredOutputs))}"
+                                  f" (got {', '.join(sorted(map(str, unknown)))})")
             object.__setattr__(self, "structured_outputs", StructuredOutputs(**self.structured_outputs))
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
             raise ConfigError("structured_outputs must be a StructuredOutputs (or a dict of its fields)")
@@ -223,7 +229,7 @@ class SamplingParams:
         k = self.truncate_prompt_tokens
         if k is not None and (not is_integer(k) or k < 1):
             raise ConfigError(f"truncate_prompt_tokens must be None or an integer >= 1 (got {k!r})")
-        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "ignore_eos"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false")
         for name in ("logprobs", "prompt_logprobs"):
@@ -245,7 +251,7 @@ class SamplingParams:
                 raise ConfigError("allowed_token_ids must name at least one token (unset, it allows all)")
             object.__setattr__(self, "allowed_token_ids", allowed)
         words = (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words
-        if not all(isinstance(w, str) and w.strip() for w in words):
+        if not isinstance(words, Sequence) or not all(isinstance(w, str) and w.strip() for w in words):
             raise ConfigError("bad_words must be a list of words (non-blank strings)")
         object.__setattr__(self, "bad_words", tuple(words))
         try:

@@ -264,6 +264,7 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "frobnicate": True}, 400, "frobnicate"),
     ("/v1/completions", {"prompt": PROMPT, "temperature": -1}, 400, "temperature"),
     ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": PROMPT, "temperature": 10**400}, 400, "temperature"),  # an OverflowError: 500
     ("/v1/completions", {"prompt": PROMPT, "seed": "x"}, 400, "seed"),
     ("/v1/completions", {"prompt": PROMPT, "seed": True}, 400, "seed"),
     ("/v1/completions", {"prompt": PROMPT, "seed": 1.5}, 400, "seed"),

@@ -85,7 +85,16 @@ def test_bad_settings_are_refused():
                       (dict(max_tokens=5.5), "max_tokens"), (dict(max_tokens=-1), "max_tokens"),
                       (dict(top_k=2.5), "top_k"), (dict(top_k=-2), "top_k"), (dict(temperature="0.5"), "temperature"),
                       (dict(temperature=float("inf")), "temperature"), (dict(top_p=float("nan")), "top_p"),
-                      (dict(seed=1.5), "seed"), (dict(seed="abc"), "seed"), (dict(seed=2**70), "seed")):
+                      (dict(seed=1.5), "seed"), (dict(seed="abc"), "seed"), (dict(seed=2**70), "seed"),
+                      # each of these was a TypeError or OverflowError from deep inside, or (the last two)
+                      # a run drawing from NaN weights or ignoring end-of-sequence it was not asked to
+                      (dict(stop=[1]), "stop"), (dict(stop=5), "stop"), (dict(stop=b"END"), "stop"),
+                      (dict(stop=[["x"]]), "stop"), (dict(bad_words=5), "bad_words"),
+                      (dict(temperature=10**400), "temperature"), (dict(logit_bias={1: 10**400}), "logit_bias"),
+                      (dict(structured_outputs={"json": {}, "whitespace_pattern": " "}), "whitespace_pattern"),
+                      (dict(structured_outputs={"choice": 5}), "choice"),
+                      (dict(repetition_penalty=1e-40), "repetition_penalty"),
+                      (dict(ignore_eos="false"), "ignore_eos")):
         with pytest.raises(ConfigError, match=name):
             SamplingParams(**bad)
 

@@ -273,7 +273,7 @@ class HierarchyEngine:
         token = self.guide.forced(self.seq[self.prompt_length:])
         if token is None:
             return None
-        row = torch.zeros(self.guide.vocab_size, device=self.tiers[level].model.device)
+        row = torch.zeros(self.guide.vocab_size)  # on the CPU, as every tier's rows are (tiers.py)
         row[token] = 1.0
         return token, row
 

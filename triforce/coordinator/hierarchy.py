@@ -54,6 +54,16 @@ def speculation_slack(cfg: EngineConfig) -> int:
     return cfg.gamma1 + cfg.gamma2 + trees + 4 + FORCED_LAG
 
 
+def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
+    """The draft sees distances up to sinks + window + the tokens of one forward; prefill chunks no longer
+    than the window keep that within the positions it was trained on. A ConfigError where they do not fit
+    (LLM checks it as it loads, so that no request is taken that every one would fail)."""
+    chunk, slack = min(cfg.prefill_chunk, cfg.window), speculation_slack(cfg)
+    if cfg.sinks + cfg.window + max(chunk, slack) > draft.max_positions:
+        raise ConfigError(f"draft attends over sinks + window = {cfg.sinks + cfg.window} tokens plus "
+                          f"{max(chunk, slack)} new ones, past its {draft.max_positions} positions")
+
+
 def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, tokens: int,
                 itemsize: int) -> int:
     """What one request's caches hold for `tokens` (prompt + new tokens) in the tiers its mode stacks: the
@@ -99,14 +109,10 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     def draft_tier() -> Tier:
         if draft is None:
             raise ValueError(f"mode {cfg.mode!r} needs a draft model")
-        # The draft sees distances up to sinks + window + the tokens of one forward; prefill chunks no
-        # longer than the window keep that within the positions it was trained on. Its keys are rotated at
-        # their positions in the text: the table covers them all before the first forward (it does not
-        # grow beneath a forward, nor under a CUDA graph that holds its address).
+        check_draft_window(cfg, draft.config)
+        # Its keys are rotated at their positions in the text: the table covers them all before the first
+        # forward (it does not grow beneath a forward, nor under a CUDA graph that holds its address).
         chunk = min(cfg.prefill_chunk, cfg.window)
-        if cfg.sinks + cfg.window + max(chunk, slack) > draft.config.max_positions:
-            raise ConfigError(f"draft attends over sinks + window = {cfg.sinks + cfg.window} tokens plus "
-                              f"{max(chunk, slack)} new ones, past its {draft.config.max_positions} positions")
         draft.rope.reach(max_length + slack)
         cache = StreamingKVCache(draft.config, cfg.sinks, cfg.window, slack, draft.rope, draft.dtype, draft.device)
         return Tier("draft", draft, cache, chunk)

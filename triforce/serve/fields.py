@@ -2,9 +2,8 @@
 status) that names it."""
 from __future__ import annotations
 
-import math
-
 from ..chat import conversation_ids
+from ..config import is_number
 from ..errors import UserError
 from ..sampling_params import MAX_LOGPROBS, SEEDS
 from .constraints import ToolPlan
@@ -123,8 +122,8 @@ def number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ApiError(400, f"'{name}' must be a finite number", param=name)  # JSON's Infinity and 1e999 parse
+    if not isinstance(value, (int, float)) or not is_number(value):  # JSON's Infinity, 1e999 and 1 with 400
+        raise ApiError(400, f"'{name}' must be a finite number", param=name)  # zeros parse (the last: an int)
     return float(value)
 
 
