@@ -52,7 +52,7 @@ class RequestMemory:
 
     def free_memory(self) -> int | None:
         """Bytes free for this process's caches: None where unknown, or where a worker group holds the full
-        caches (each worker checks its own memory as a sequence starts, and a refusal for now, GroupFull,
+        caches (the group's leader checks its memory as a sequence starts, and a refusal for now, GroupFull,
         makes a batch run in parts or a served request wait)."""
         if self.workers is not None:
             return None

@@ -73,13 +73,17 @@ class VerifierWorker:
                 raise RequestError(f"capacity {body['capacity']} outside (0, {self.model.config.max_positions + 256}]")
             if body["seq"] not in self.caches and len(self.caches) >= MAX_SEQUENCES:
                 raise NoRoom(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
-            need = self.model.kv_bytes_per_token * body["capacity"]
+            # On a CPU every rank's share comes out of the host's memory (the one-host group of --workers W),
+            # all at once: the leader checks them all (checking its own share alone let a rank's allocation fail)
+            ranks = self.tp.size if self.model.device.type == "cpu" else 1
+            need = ranks * self.model.kv_bytes_per_token * body["capacity"]
             free = available_bytes(self.model.device)
             if free is not None and self.prefixes is not None:
-                free = max(0, free - self.prefixes.room())  # what the prefix store may still grow into
+                free = max(0, free - ranks * self.prefixes.room())  # what the prefix stores may still grow into
             if free is not None and need > 0.9 * free:
                 refusal = NoRoom if self.caches else RequestError  # for now, or for good
-                raise refusal(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB per rank; "
+                raise refusal(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB"
+                              f"{f' for the {ranks} ranks' if ranks > 1 else ' per rank'}; "
                               f"{free / 2**30:.1f} GiB is free on the leader's {self.model.device}")
         if kind == "prefill":
             self._check_tokens(kind, body["seq"], body["tokens"], body["start"])
