@@ -346,8 +346,9 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
             "never started": encode("commit", {"seq": 7, "path": [], "start": 0}),
             "a sequence twice": encode("verify", {"seqs": [1, 1], "tokens": [[1], [2]], "parents": [[-1], [-1]],
                                                   "starts": [0, 0]}),
-            # these two reached every rank, which failed executing them, and the group ended
+            # the first two reached every rank, which failed executing them, and the group ended
             "a reply, not a request": reply({}),
+            "a running sequence started again": encode("start", {"seq": 99, "capacity": 32}),  # it was replaced
             "a budget below a chunk": encode("refresh", {"seq": 99, "budget": -4, "chunk_size": 4, "full_layers": 0,
                                                          "start": 0}),
         }

@@ -71,7 +71,9 @@ class VerifierWorker:
         if kind == "start":
             if not 0 < body["capacity"] <= self.model.config.max_positions + 256:
                 raise RequestError(f"capacity {body['capacity']} outside (0, {self.model.config.max_positions + 256}]")
-            if body["seq"] not in self.caches and len(self.caches) >= MAX_SEQUENCES:
+            if body["seq"] in self.caches:  # its cache would be replaced under it
+                raise RequestError(f"sequence {body['seq']} is running already (another coordinator on this group?)")
+            if len(self.caches) >= MAX_SEQUENCES:
                 raise NoRoom(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
             # On a CPU every rank's share comes out of the host's memory (the one-host group of --workers W),
             # all at once: the leader checks them all (checking its own share alone let a rank's allocation fail)
