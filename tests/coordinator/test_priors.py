@@ -30,6 +30,25 @@ def test_requests_merge_into_what_later_ones_recall(tmp_path):
     assert Priors(path).recall("other") == {"acceptance": {}, "realized": {}, "overhead": {}}
 
 
+def test_the_file_keeps_the_kinds_remembered_last_and_refuses_partial_entries(tmp_path, monkeypatch):
+    """A server whose requests each bring their own JSON schema or logit bias makes a kind per request: the
+    file grew by one entry each, rewritten whole at every save. An entry lacking a part (a hand edit)
+    passed the file's check and failed `remember` after its request's tokens."""
+    from triforce.coordinator import priors
+
+    monkeypatch.setattr(priors, "MAX_KINDS", 3)
+    clock = iter(range(100))
+    monkeypatch.setattr(priors, "_clock", lambda: float(next(clock)))
+    path = tmp_path / "priors-4.json"
+    store = Priors(path)
+    for key in "abcde":
+        store.remember(key, {"draft": 0.5}, {}, GENERIC)
+    store.remember("c", {"draft": 0.7}, {}, GENERIC)  # c again: seen last
+    assert set(Priors(path).entries) == set(store.entries) == {"c", "d", "e"}
+    path.write_text('{"x": {"acceptance": {"draft": 0.5}}, "y": {"acceptance": {}, "realized": {}, "overhead": {}}}')
+    assert set(Priors(path).entries) == {"y"}
+
+
 def test_what_requests_no_longer_see_drifts_back_to_the_generic_prior():
     """A draft that a bad stretch made look poor, in a request that then stopped running it: later
     requests that do not run it either move its record back towards the generic prior, so it is retried."""

@@ -68,6 +68,11 @@ class CalibrationFile:
         """An entry this process changed, saved over the file's (each kind says how; here: ours whole)."""
         return ours
 
+    @staticmethod
+    def pruned(entries: dict[str, dict]) -> dict[str, dict]:
+        """What a save keeps of the entries (each kind says; here: all of them)."""
+        return entries
+
     @classmethod
     def default(cls):
         """This process's file of this kind in calibration_folder() (read from disk once), or an in-memory
@@ -95,6 +100,7 @@ class CalibrationFile:
                     else:
                         ours = self.entries[changed]
                         entries[changed] = ours if changed not in entries else self.merged(entries[changed], ours)
+                entries = self.pruned(entries)
                 partial.write_text(json.dumps(entries, indent=0, sort_keys=True))
                 partial.replace(self.path)  # whole or not at all, also for readers that take no lock
             self.entries, self._changed = entries, set()

@@ -21,6 +21,7 @@ decide as before, from a remembered acceptance worth LEARNED_TRIALS trials where
 from __future__ import annotations
 
 import hashlib
+import time
 
 from ..sampling_params import SamplingParams
 from .calibration import CalibrationFile, finite_numbers
@@ -31,6 +32,10 @@ LEARNED_TRIALS = 12.0  # what a remembered acceptance is worth, in checks of one
 MIN_TRIALS = 4.0  # a request remembers a proposer's acceptance only after this much evidence
 NEW_WEIGHT = 0.5  # a request's acceptance against what earlier ones left
 DRIFT = 0.5  # how far what a request did not see moves back towards the generic prior
+# Kinds the file keeps, those remembered last: a server's requests that each bring their own JSON schema
+# or logit bias are each a kind, and the file grew by one entry per request, rewritten whole at each save
+MAX_KINDS = 512
+_clock = time.time  # when an entry was last remembered ("seen")
 
 
 def weights_key(model) -> str:
@@ -77,7 +82,7 @@ def _hash(value) -> str:
 
 class Priors(CalibrationFile):
     """Entries "request key" -> {"acceptance": {proposer: mean}, "realized": {mode: factor},
-    "overhead": {"tier/role": seconds}}."""
+    "overhead": {"tier/role": seconds}, "seen": when last remembered}; the MAX_KINDS seen last are kept."""
 
     # 2: speed factors measured at each stretch's own acceptance; 3: against the model of take-all target
     # checks (speed_model.check_sizes), not of checks of exactly gamma2; 4: past the overhead between
@@ -86,11 +91,20 @@ class Priors(CalibrationFile):
 
     @staticmethod
     def valid(key: str, value) -> bool:
-        """{"acceptance": {proposer: [0, 1]}, "realized": {mode: factor > 0}, "overhead": {name: seconds}}."""
-        if not isinstance(value, dict) or not set(value) <= {"acceptance", "realized", "overhead"}:
+        """{"acceptance": {proposer: [0, 1]}, "realized": {mode: factor > 0}, "overhead": {name: seconds},
+        "seen": time}, all three parts there (one missing failed `remember` after the request's tokens)."""
+        if not isinstance(value, dict) or set(value) - {"seen"} != {"acceptance", "realized", "overhead"}:
             return False
-        return finite_numbers(value.get("acceptance", {}), 0, 1.0000001) and \
-            finite_numbers(value.get("realized", {}), 1e-12) and finite_numbers(value.get("overhead", {}))
+        return finite_numbers(value["acceptance"], 0, 1.0000001) and finite_numbers(value["realized"], 1e-12) \
+            and finite_numbers(value["overhead"]) and finite_numbers({"seen": value.get("seen", 0.0)})
+
+    @staticmethod
+    def pruned(entries: dict[str, dict]) -> dict[str, dict]:
+        """The MAX_KINDS entries remembered last."""
+        if len(entries) <= MAX_KINDS:
+            return entries
+        kept = sorted(entries, key=lambda k: (entries[k].get("seen", 0.0), k), reverse=True)[:MAX_KINDS]
+        return {key: entries[key] for key in kept}
 
     def recall(self, key: str) -> dict[str, dict[str, float]]:
         entry = self.entries.get(key, {})
@@ -116,4 +130,6 @@ class Priors(CalibrationFile):
             if mode not in realized:
                 entry["realized"][mode] = round(1 + (1 - DRIFT) * (x - 1), 4)
         entry["realized"].update({mode: round(x, 4) for mode, x in realized.items()})
+        entry["seen"] = _clock()
+        self.entries = self.pruned(self.entries)  # in memory too (TRIFORCE_CALIBRATION=0: a server's only copy)
         self.save(key)
