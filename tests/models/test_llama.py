@@ -9,7 +9,8 @@ from safetensors.torch import load_file, save_file
 from checkpoints import ARCHITECTURES
 from triforce.cache.full import FullKVCache
 from triforce.errors import UserError
-from triforce.models.config import ROPE_SCALING_KINDS, ModelLoadError, parse_rope_scaling, rope_scaling_spec
+from triforce.models.config import (ROPE_SCALING_KINDS, ModelConfig, ModelLoadError, parse_rope_scaling,
+                                    rope_scaling_spec)
 from triforce.models.loader import load_model
 
 
@@ -102,6 +103,35 @@ def test_low_precision_close_to_float32(tiny_dir, dtype):
     ref = our_logits(load_model(folder), ids, 20)
     low = our_logits(load_model(folder, dtype), ids, 20)
     assert (low - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+
+
+def test_a_config_reads_as_transformers_reads_it_where_keys_are_missing(tiny_dir, tmp_path):
+    """YaRN without original_max_position_embeddings (transformers takes max_position_embeddings: it was a
+    KeyError traceback), Mistral without sliding_window (transformers' 4096), a config that is not UTF-8 (a
+    UnicodeDecodeError traceback)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_dir("llama2-p128", arch="llama2", seed=6, max_position_embeddings=128)
+    for file in folder.iterdir():
+        (tmp_path / file.name).symlink_to(file)
+    (tmp_path / "config.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    legacy = {k: v for k, v in config.items() if k != "rope_parameters"}  # as transformers 4 wrote configs
+    (tmp_path / "config.json").write_text(json.dumps({**legacy, "rope_theta": 10000.0,
+                                                      "rope_scaling": {"type": "yarn", "factor": 2.0}}))
+    model = load_model(tmp_path)
+    assert model.config.rope_scaling["original_max_position_embeddings"] == 128
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids = torch.randint(0, 96, (120,))
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+    assert (our_logits(model, ids, split=100) - want).abs().max().item() <= 1e-4
+    mistral = {k: v for k, v in config.items() if k != "sliding_window"}
+    assert ModelConfig.from_hf_dict({**mistral, "model_type": "mistral"}).sliding_window == 4096
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_bytes(b'{"model_type": "ll\xe2ma"}')
+    with pytest.raises(ModelLoadError, match="unreadable config"):
+        load_model(tmp_path)
 
 
 def test_missing_tensor_is_a_clear_error(tiny_dir, tmp_path):

@@ -107,11 +107,18 @@ class ModelConfig:
             rope = dict(raw.get("rope_parameters") or {})
             rope.update(raw.get("rope_scaling") or {})
             theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
-            if rope.get("rope_type", rope.get("type", "default")) == "default":
+            kind = rope.get("rope_type", rope.get("type", "default"))
+            if kind == "default":
                 rope = {}
+            elif kind in ("llama3", "yarn"):  # as transformers reads them: a top-level value first (Phi-3's
+                # place), else the one in rope_scaling, else max_position_embeddings (a KeyError before)
+                rope["original_max_position_embeddings"] = int(raw.get(
+                    "original_max_position_embeddings",
+                    rope.get("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))))
             eos = raw.get("eos_token_id")
             eos_ids = tuple(int(i) for i in id_list(eos))
-            window = raw.get("sliding_window")
+            # transformers' MistralConfig bands attention at 4096 tokens where config.json does not say
+            window = raw.get("sliding_window", 4096 if model_type == "mistral" else None)
             if model_type == "qwen2" and not raw.get("use_sliding_window", False):
                 window = None
             return cls(
@@ -145,7 +152,7 @@ class ModelConfig:
             raise ModelLoadError(f"{folder}: no config.json (expected a Hugging Face model folder)")
         try:
             raw = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
             raise ModelLoadError(f"{path}: unreadable config ({exc})") from exc
         config = cls.from_hf_dict(raw)
         eos = tuple(dict.fromkeys(config.eos_token_ids + _generation_eos_ids(Path(folder) / GENERATION_CONFIG)))
