@@ -17,7 +17,7 @@ gguf = pytest.importorskip("gguf")
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 64, 4, 2, 96, 32, 2
 
 
-def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None) -> None:
+def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None, yarn: float | None = None) -> None:
     """A random Llama-family GGUF: F32 norms and biases, Q8_0 matrices (as most GGUFs quantize them); with
     `tokens` (VOCAB of them, the last three control tokens, the last the end of sequence), a byte-level BPE
     tokenizer as Qwen2's GGUFs carry one."""
@@ -39,6 +39,10 @@ def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None) -> 
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(VOCAB)
+    if yarn:  # as llama.cpp's converter writes a Qwen2.5 128K model's: YaRN by `yarn` over 64 positions
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(yarn)
+        w.add_rope_scaling_orig_ctx_len(64)
 
     def matrix(name, rows, cols):
         q = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
@@ -132,6 +136,37 @@ def test_an_unknown_tensor_or_architecture_is_a_clear_error(tmp_path):
     truncated.write_bytes((tmp_path / "whole.gguf").read_bytes()[:-4096])
     with pytest.raises(ModelLoadError, match="truncated.gguf: cannot convert as a Llama-family GGUF"):
         gguf_convert.write_hf_folder(truncated, tmp_path)
+
+
+def test_a_ggufs_rope_scaling_reaches_the_converted_config(tmp_path):
+    """transformers' GGUF reader leaves a llama or qwen2 GGUF's RoPE scaling out of its config, so a Qwen2.5
+    128K GGUF (yarn, factor 4 over 32,768) converted into a model that ran unscaled at every position, where
+    llama.cpp scales them."""
+    from triforce.cache.full import FullKVCache
+    from triforce.models.config import ModelConfig
+    from triforce.models.loader import load_model
+
+    tokens = ["a", "b", "c", "ab", "bc"] + [f"x{i}" for i in range(VOCAB - 8)] + ["<|endoftext|>", "<|im_start|>",
+                                                                                 "<|im_end|>"]
+    folders = {}
+    for yarn in (None, 4.0):
+        path = tmp_path / f"qwen-{yarn}.gguf"
+        write_gguf(path, "qwen2", False, tokens, yarn=yarn)
+        folders[yarn] = tmp_path / f"out-{yarn}"
+        folders[yarn].mkdir()
+        gguf_convert.write_hf_folder(path, folders[yarn])
+    scaled = ModelConfig.from_folder(folders[4.0])
+    assert (scaled.rope_type, scaled.rope_scaling["factor"], scaled.rope_scaling["original_max_position_embeddings"],
+            scaled.rope_theta) == ("yarn", 4.0, 64, 10000.0)
+    assert ModelConfig.from_folder(folders[None]).rope_type == "default"
+    ids = torch.randint(0, VOCAB, (100,))
+
+    def logits(folder):
+        model = load_model(folder, "float32")
+        return model(ids, FullKVCache(model.config, len(ids), model.dtype, "cpu"))
+
+    plain, stretched = logits(folders[None]), logits(folders[4.0])
+    assert (plain - stretched).abs().max() > 1e-3  # same weights: the scaling changed the positions
 
 
 def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkeypatch, umask_022):

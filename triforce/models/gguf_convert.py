@@ -122,6 +122,32 @@ def write_shards(tensors: Tensors, folder: Path) -> None:
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
 
 
+def rope_scaling(reader, architecture: str) -> dict:
+    """The RoPE scaling a GGUF's metadata names (`{arch}.rope.scaling.*`, as llama.cpp applies it), as
+    rope_parameters name it ({} for none). transformers' GGUF reader leaves it out of the config for llama
+    and qwen2, so a Qwen2.5 128K GGUF (yarn, factor 4 over 32,768) ran unscaled at every position."""
+    def value(key: str):
+        field = reader.fields.get(f"{architecture}.rope.scaling.{key}")
+        return None if field is None else field.contents()
+
+    kind = value("type")
+    if kind in (None, "none"):
+        return {}
+    if kind not in ("linear", "yarn"):
+        raise ModelLoadError(f"RoPE scaling {kind!r} in the GGUF is not supported (linear and yarn are)")
+    scaling = {"rope_type": kind, "factor": float(value("factor"))}
+    if value("original_context_length"):
+        scaling["original_max_position_embeddings"] = int(value("original_context_length"))
+    for ours, theirs in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+        if kind == "yarn" and value(theirs) is not None:
+            scaling[ours] = float(value(theirs))
+    others = [k for k in ("attn_factor", "yarn_log_multiplier", "yarn_ext_factor", "yarn_attn_factor")
+              if value(k) is not None]
+    if others:
+        log.warning("RoPE scaling settings of the GGUF not carried over: %s", ", ".join(others))
+    return scaling
+
+
 def write_hf_folder(gguf: Path, folder: Path) -> None:
     """Dequantizes a Llama-family GGUF into `folder` as a float32 safetensors HF folder (config, tokenizer)."""
     from gguf import GGUFReader
@@ -134,6 +160,11 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
         if architecture not in ARCHITECTURES:
             raise ModelLoadError(f"{gguf}: architecture {architecture!r}; triforce reads {', '.join(ARCHITECTURES)}")
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
+        scaling = rope_scaling(reader, architecture)
+        if scaling:  # the config's own RoPE parameters (rope_theta) with the GGUF's scaling over them
+            config["rope_parameters"] = {**(config.get("rope_parameters") or
+                                            {"rope_theta": config.get("rope_theta", 10000.0)}), **scaling}
+            config.pop("rope_scaling", None)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tensors = gguf_tensors(reader, architecture, config)
         if any(t.name.startswith("rope_freqs.") for t in reader.tensors) and not config.get("rope_scaling"):
