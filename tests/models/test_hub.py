@@ -122,6 +122,7 @@ def test_hugging_face_ids_resolve_in_the_hub_cache_offline(tiny_dir, tmp_path, m
     fake_hub(tmp_path, "acme/tiny", {"main": first, "v1": second})
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert (resolve_model("acme/tiny") / "config.json").read_text() == (first / "config.json").read_text()
     assert (resolve_model("acme/tiny", "v1") / "model.safetensors").read_bytes() == \
@@ -140,6 +141,21 @@ def test_hugging_face_ids_resolve_in_the_hub_cache_offline(tiny_dir, tmp_path, m
     assert main(["generate", "--model", "acme/missing", "--prompt", "w5", "--mode", "ar"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "acme/missing" in err
+
+
+def test_the_hub_cache_is_where_huggingface_hub_looks(monkeypatch, tmp_path):
+    """huggingface_hub reads its cache's place once, at import; read here at each call as it reads it
+    (XDG_CACHE_HOME and the older HUGGINGFACE_HUB_CACHE were left out: a cached model was downloaded
+    again, or not found offline)."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hub.hub_cache() == tmp_path / "xdg" / "huggingface" / "hub"
+    monkeypatch.setenv("SCRATCH", str(tmp_path))
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", "$SCRATCH/legacy")
+    assert hub.hub_cache() == tmp_path / "legacy"
+    monkeypatch.setenv("HF_HUB_CACHE", "~/hf-cache")
+    assert hub.hub_cache() == Path.home() / "hf-cache"
 
 
 def test_processes_fetching_one_model_at_once_fetch_it_once(tmp_path, monkeypatch):
@@ -245,6 +261,7 @@ def test_a_tokenizer_by_hugging_face_id_takes_its_tokenizer_files_alone(tiny_dir
     fake_hub(tmp_path, "acme/tok", {"v2": files})
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     got = LLM(bare, mode="ar", dtype="float32", tokenizer="acme/tok", tokenizer_revision="v2").generate("w5 w6", params)

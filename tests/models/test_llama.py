@@ -94,6 +94,22 @@ def test_sharded_checkpoint_loads_like_single_file(tiny_dir, tmp_path):
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
     ids = torch.randint(0, 96, (20,))
     assert torch.equal(our_logits(load_model(tmp_path), ids, 10), our_logits(load_model(folder), ids, 10))
+    for bad in ('{"weight_map": ["model-00001-of-00002.safetensors"]}', b'{"weight_map": "\xff"}'):  # tracebacks
+        index = tmp_path / "model.safetensors.index.json"
+        index.write_text(bad) if isinstance(bad, str) else index.write_bytes(bad)
+        with pytest.raises(ModelLoadError, match="unreadable shard index"):
+            load_model(tmp_path)
+
+
+def test_a_folder_loads_its_model_safetensors_beside_other_safetensors(tiny_dir, tmp_path):
+    """As transformers reads a folder without an index: model.safetensors, not an adapter's file beside it
+    (whose tensors were refused as ones this architecture does not use)."""
+    folder = tiny_dir("llama2-shard", arch="llama2", seed=4)
+    for name in ("model.safetensors", "config.json"):
+        (tmp_path / name).symlink_to(folder / name)
+    save_file({"base_model.model.lora_A.weight": torch.zeros(4, 64)}, str(tmp_path / "adapter_model.safetensors"))
+    ids = torch.randint(0, 96, (20,))
+    assert torch.equal(our_logits(load_model(tmp_path), ids, 10), our_logits(load_model(folder), ids, 10))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -58,8 +58,10 @@ DEFAULT_MODEL = "smollm2"
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]  # config, weights, tokenizer
-HUB_TOKENIZER_FILES = [pattern for pattern in HUB_FILES if pattern != "*.safetensors"]
+# config, weights (transformers' names: a repo's other safetensors, such as Mistral's 14.5 GB consolidated
+# copy, are not fetched), tokenizer
+HUB_FILES = ["*.json", "model*.safetensors", "*.model", "*.txt", "*.jinja"]
+HUB_TOKENIZER_FILES = [pattern for pattern in HUB_FILES if not pattern.endswith(".safetensors")]
 
 
 def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
@@ -99,8 +101,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None, tokenizer_only: bool
     from huggingface_hub import snapshot_download
 
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    cache = os.environ.get("HF_HUB_CACHE") or \
-        Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+    cache = hub_cache()
     wanted = repo_id + (f"@{revision}" if revision else "")
     try:
         patterns = HUB_TOKENIZER_FILES if tokenizer_only else HUB_FILES
@@ -112,6 +113,18 @@ def hub_snapshot(repo_id: str, revision: str | None = None, tokenizer_only: bool
     if not tokenizer_only and not (folder / "config.json").is_file():
         raise ModelLoadError(f"Hugging Face model {wanted} in {folder} has no config.json")
     return folder
+
+
+def hub_cache() -> Path:
+    """Where huggingface_hub keeps models, read from the environment as it reads it (HF_HUB_CACHE, the older
+    HUGGINGFACE_HUB_CACHE, else HF_HOME's or XDG_CACHE_HOME's huggingface/hub; variables and ~ expanded),
+    but now: it reads them once, at import (XDG_CACHE_HOME was left out here, and the legacy name: a
+    cached model was downloaded again, or not found offline)."""
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"),
+                                              "huggingface")
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(cache)))
 
 
 def fetch_model(name: str, again: bool = False) -> Path:

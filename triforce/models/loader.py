@@ -55,11 +55,12 @@ def resolve_dtype(dtype: str, device: str | torch.device) -> str:
 def _checkpoint_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError) as exc:
+        try:  # (ValueError: not JSON or UTF-8; the others: no weight_map object of file names)
+            files = [folder / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ModelLoadError(f"{index}: unreadable shard index ({exc})") from exc
-        files = [folder / n for n in names]
+    elif (folder / "model.safetensors").is_file():  # as transformers reads a folder: others beside it (an
+        files = [folder / "model.safetensors"]  # adapter's, Mistral's consolidated copy) are not the model's
     else:
         files = sorted(folder.glob("*.safetensors"))
     missing = [str(f) for f in files if not f.is_file()]

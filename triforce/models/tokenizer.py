@@ -23,7 +23,8 @@ def load_tokenizer(model_path: Path, vocab_size: int, spec: str | None = None, r
     source = model_path if spec is None else tokenizer_source(spec, revision)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
-    except (OSError, ValueError, TypeError) as exc:
+    except Exception as exc:  # noqa: BLE001 (transformers and tokenizers raise many types: a tokenizer.json
+        # of another version's layout was a KeyError, or tokenizers' plain Exception, and a traceback)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if spec is not None and not any((Path(source) / n).is_file() for n in TOKENIZER_FILES):
             raise ModelLoadError(f"no tokenizer in {source} (none of {', '.join(TOKENIZER_FILES)})") from None
