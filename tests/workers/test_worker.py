@@ -5,7 +5,7 @@ import pytest
 
 from triforce.models.loader import load_model
 from triforce.workers import worker as worker_module
-from triforce.workers.worker import RequestError, VerifierWorker
+from triforce.workers.worker import RequestError, VerifierWorker, prefix_bound
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
@@ -22,3 +22,16 @@ def test_a_sequence_on_a_cpu_group_counts_every_ranks_share_of_the_hosts_memory(
     else:
         with pytest.raises(RequestError, match="for the 2 ranks"):
             leader.check("start", {"seq": 1, "capacity": 100})
+
+
+def test_a_ranks_prefix_store_takes_at_most_half_the_memory_free(monkeypatch):
+    """As the in-process store: a group's default of 1 GiB per rank on a host with less free left the
+    leader no room for any sequence (it counts the stores' room as taken), and every request was refused.
+    On a CPU the group's ranks share the host's half."""
+    monkeypatch.setattr(worker_module, "available_bytes", lambda device: 2**30)
+    alone = SimpleNamespace(rank=0, size=1)
+    assert prefix_bound(2**20, "cpu", alone) == 2**20  # fits: as asked
+    assert prefix_bound(2**30, "cpu", alone) == 2**29
+    assert prefix_bound(0, "cpu", alone) == 0
+    monkeypatch.setattr(worker_module, "available_bytes", lambda device: None)  # unknown: as asked
+    assert prefix_bound(2**30, "cpu", alone) == 2**30

@@ -11,7 +11,7 @@ from ..models.parallel import TensorParallel
 from .bulk import BulkLink
 from .protocol import MAX_MESSAGE_BYTES
 from .loop import DEFAULT_COORDINATOR_TIMEOUT_S, serve
-from .worker import VerifierWorker
+from .worker import VerifierWorker, prefix_bound
 
 
 def run_worker(model_path: str | Path, dtype: str, device: str, tp: TensorParallel, endpoint: str | None,
@@ -25,6 +25,6 @@ def run_worker(model_path: str | Path, dtype: str, device: str, tp: TensorParall
     model = load_model(model_path, dtype, device, tp if tp.size > 1 else None, rope_scaling)
     kv_heads = ModelConfig.from_folder(Path(model_path)).num_kv_heads
     worker = VerifierWorker(model, tp, model_identity(Path(model_path), rope_scaling), kv_heads, prefill_chunk,
-                            prefix_bytes)
+                            prefix_bound(prefix_bytes, model.device, tp))
     serve(worker, endpoint if tp.rank == 0 else None, link if tp.rank == 0 else None, max_bytes, heartbeat_s,
           coordinator_timeout_s)

@@ -22,6 +22,8 @@ static retrieval choice made on each rank's KV heads), kv (committed KV of a ran
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
 
@@ -35,6 +37,7 @@ from ..models.parallel import TensorParallel
 from ..step import Step, check_parents, check_path
 from .protocol import PROTOCOL_VERSION, REQUESTS
 
+log = logging.getLogger(__name__)
 MAX_SEQUENCES = 256  # sequences a group holds at once
 
 
@@ -48,6 +51,26 @@ class RequestError(ValueError):
 
 class NoRoom(RequestError):
     """A sequence that does not fit beside the ones the group holds now; it may once one of them ends."""
+
+
+def prefix_bound(asked: int, device: torch.device, tp: TensorParallel) -> int:
+    """Each rank's prefix store bound: `asked`, at most half the memory free on its device now, shared on a
+    CPU among the group's ranks (the in-process store's rule, request_memory.py); the least over the ranks,
+    so that every rank's store keeps the same blocks. (Uncapped, a group's default of 1 GiB per rank on a
+    host with less free left the leader no room for any sequence: every request was refused.)"""
+    free = available_bytes(device)
+    if asked <= 0 or free is None:
+        return max(0, asked)
+    ranks = tp.size if torch.device(device).type == "cpu" else 1
+    bound = min(asked, free // (2 * ranks))
+    if tp.size > 1:  # every rank calls this as the group starts
+        least = torch.tensor([bound], dtype=torch.int64, device=device)
+        dist.all_reduce(least, op=dist.ReduceOp.MIN, group=tp.group)
+        bound = int(least.item())
+    if bound < asked and tp.rank == 0:
+        log.warning("prefix store bounded to %.2f GiB per rank, half the memory free (%.2f GiB asked)",
+                    bound / 2**30, asked / 2**30)
+    return bound
 
 
 class VerifierWorker:
