@@ -77,11 +77,15 @@ def test_bench_runs_restore_every_prompts_kv_with_a_prefix_cache(tiny_dir, tmp_p
     texts = [random_words(tmp_path / f"text{i}.txt", 2 + i, 700) for i in range(2)]
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text",
-                 *map(str, texts), "--lengths", "530", "--batch", "1", "2", "--max-new-tokens", "8", "--modes", "ar",
-                 "triforce", *SMALL_TIERS, "--prefix-cache-gb", "1", "--out", str(out)]) == 0
+                 *map(str, texts), "--lengths", "513", "530", "--batch", "1", "2", "--max-new-tokens", "8", "--modes",
+                 "ar", "triforce", *SMALL_TIERS, "--prefix-cache-gb", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert [(r["batch"], r["run"], r["cached_prompt_tokens"]) for r in report["results"]] == \
-        [(1, "ar", 512), (1, "triforce", 512), (2, "ar", 1024), (2, "triforce", 1024)]  # one chunk a prompt
+    # one chunk a prompt of 530; none of 513, whose prefill (all but its last token) is one block, always
+    # prefilled (bench expected one and refused such lengths whatever the store's size)
+    rows = [(r["prompt_tokens"], r["batch"], r["run"], r.get("cached_prompt_tokens", 0)) for r in report["results"]]
+    assert rows == \
+        [(513, 1, "ar", 0), (513, 1, "triforce", 0), (513, 2, "ar", 0), (513, 2, "triforce", 0),
+         (530, 1, "ar", 512), (530, 1, "triforce", 512), (530, 2, "ar", 1024), (530, 2, "triforce", 1024)]
     assert all(r["equals_ar"] for r in report["results"] if r["run"] == "triforce") and report["prefix_cache_gb"] == 1
     # a store that cannot hold the largest batch's prompts is an error, not runs that prefill beside others'
     # decode, found before any group runs (the batch of one would fit 1.5 blocks)

@@ -200,7 +200,7 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
                        **penalty_settings(args))
     if llm.prefixes is not None:  # each group's fill_prefix_store checks it again, as the store then holds
         length, batch = max(args.lengths), max(args.batch)
-        wanted = batch * llm.prefixes.reusable_blocks(ids[:length])
+        wanted = batch * llm.prefixes.reusable_blocks(ids[:length - 1])  # of the prefill: all but the last token
         held = llm.prefixes.blocks_held(llm.target.kv_bytes_per_token)
         if held < wanted:
             raise UserError(f"--prefix-cache-gb {args.prefix_cache_gb:g} holds {held * llm.prefixes.block} of the "
@@ -303,7 +303,7 @@ def fill_prefix_store(llm, base, prompts: list[list[int]]) -> None:
     llm.config = dataclasses.replace(base, mode="ar")
     llm.generate(prompts, SamplingParams(max_tokens=1))
     restored = sum(o.metrics.cached_prompt_tokens for o in llm.generate(prompts, SamplingParams(max_tokens=1)))
-    wanted = sum(llm.prefixes.reusable_blocks(p) for p in prompts) * llm.prefixes.block
+    wanted = sum(llm.prefixes.reusable_blocks(p[:-1]) for p in prompts) * llm.prefixes.block  # (the prefills')
     if restored < wanted:
         raise UserError(f"--prefix-cache-gb holds {restored} of the batch's {wanted} reusable prompt tokens: "
                         f"raise it to hold a whole batch's prompts, or leave it at 0")
