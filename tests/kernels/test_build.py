@@ -189,13 +189,15 @@ def test_the_machine_key_of_a_cpu_tier_is_the_cpus_on_a_machine_with_a_gpu(monke
     tier's device type; on an H100 machine every tier was keyed by the GPU)."""
     from triforce.coordinator import costs
 
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "Test GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_name",
+                        lambda device=None: "Other GPU" if device is not None and device.index == 1 else "Test GPU")
     costs.machine_key.cache_clear()
     try:
-        on_cpu, on_gpu = costs.machine_key("cpu"), costs.machine_key("cuda")
+        on_cpu, on_gpu, on_second = costs.machine_key("cpu"), costs.machine_key("cuda"), costs.machine_key("cuda:1")
     finally:
         costs.machine_key.cache_clear()
     assert on_gpu == "cuda:Test GPU" and "GPU" not in on_cpu and "threads=" in on_cpu
+    assert on_second == "cuda:Other GPU"  # each GPU by its own name (every one was named by the current one)
     # the cost table keys each tier by its own device
     from types import SimpleNamespace
 

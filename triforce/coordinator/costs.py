@@ -27,14 +27,16 @@ CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 
 
 
 @functools.cache
-def machine_key(device_type: str) -> str:
-    """What makes this machine's forward costs on a device of `device_type` their own: for 'cpu', the
-    CPU's model, kernel path (and the kernels' sources) and threads, also on a machine with a GPU beside
-    (a tier on its CPU runs the CPU kernels); for 'cuda', the GPU's model; else the device type."""
+def machine_key(device: str) -> str:
+    """What makes this machine's forward costs on `device` ('cpu', 'cuda', 'cuda:1', ...) their own: for
+    the CPU, its model, kernel path (and the kernels' sources) and threads, also on a machine with a GPU
+    beside (a tier on its CPU runs the CPU kernels); for a GPU, its model (that GPU's: the current one's
+    named every GPU of a machine with two kinds); else the device type."""
     from ..kernels.cpu import cpu_model, kernel_path, kernel_sources_digest
 
+    device_type = torch.device(device).type
     if device_type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name()}"
+        return f"cuda:{torch.cuda.get_device_name(torch.device(device))}"
     if device_type != "cpu":
         return device_type
     kernels = kernel_path() if kernel_path() == "torch" else f"{kernel_path()}@{kernel_sources_digest()}"
@@ -129,7 +131,7 @@ class CostTable(CalibrationFile):
         """The entry measured nearest to the tier's context, if within CONTEXT_TOLERANCE; else a new one's."""
         context = cost_context(tier)
         batched = f"|batch={batch}" if batch > 1 else ""
-        prefix = f"{machine_key(tier.model.device.type)}||{tier_key(tier)}{batched}||"
+        prefix = f"{machine_key(str(tier.model.device))}||{tier_key(tier)}{batched}||"
         near = [k for k in self.entries if k.startswith(prefix)
                 and abs(int(k[len(prefix):]) - context) <= CONTEXT_TOLERANCE * max(context, 1)]
         return min(near, key=lambda k: abs(int(k[len(prefix):]) - context)) if near else f"{prefix}{context}"

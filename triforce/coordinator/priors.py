@@ -70,7 +70,7 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
     for name, value in (("allowed", params.allowed_token_ids), ("banned", params.bad_words_ids)):  # likewise
         if value:
             sampling += f",{name}={_hash(value)}"
-    machine = "+".join(sorted({machine_key(t.model.device.type) for t in ladder}))
+    machine = "+".join(sorted({machine_key(str(t.model.device)) for t in ladder}))
     return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
             + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else "")
             + (f"||context={1 << (context.bit_length() - 1)}" if context else ""))
