@@ -99,6 +99,12 @@ def test_generation_resumes_at_the_first_missing_shard(llm, tmp_path):
                                                                  batch=5))
     other.generate(llm)
     assert [r["answer"].tolist() for r in other.load()] == first
+    # Asking for more later: the short last shard (samples 8-9 of 10) is filled out, not skipped (its
+    # samples 10 and 11 were missing), and asking for fewer again loads as many as asked.
+    more = GeneratedSamples(tmp_path / "r", GenerationSettings(samples=12, max_tokens=6, temperatures=(0.7,), batch=4))
+    more.generate(llm)
+    assert len(more.load()) == 12 and [r["answer"].tolist() for r in more.load()][:10] == first
+    assert [r["answer"].tolist() for r in samples.load()] == first
 
 
 def test_heldout_subjects_are_never_training_prompts():

@@ -97,6 +97,9 @@ def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_pat
     assert "resuming at step 6 of 6" in capsys.readouterr().err  # a rerun said nothing of it
     assert cached() == before
     assert (out / "model.safetensors").read_bytes() == weights
+    every = argv.index("--checkpoint-every") + 1  # how often it saves is not how it trains: it resumes
+    assert main(argv[:every] + ["2"] + argv[every + 1:]) == 0  # (it started again from step 0)
+    assert "resuming at step 6 of 6" in capsys.readouterr().err and cached() == before
 
     from triforce import LLM, SamplingParams
 
@@ -195,3 +198,25 @@ def test_a_text_too_short_for_one_sequence_says_how_long_it_is(tiny_dir, tmp_pat
                  "--heldout-fraction", "0"])
     err = capsys.readouterr().err
     assert code == 2 and "no complete sequence of 64 tokens (about " in err and "--seq-len" in err, err
+
+
+def test_a_target_changed_in_place_names_other_data(tiny_dir, tmp_path):
+    """train-draft named its cached data, answers, labels and checkpoints by the target's folder alone: a
+    target fine-tuned in place reused the old model's labels and resumed its checkpoint."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from triforce.launch.train_draft import _target_key
+
+    source = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
+    folder = tmp_path / "target"
+    folder.mkdir()
+    for path in source.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    key = _target_key(folder, tokenizer)
+    assert _target_key(folder, tokenizer) == key
+    weights = folder / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # written again
+    assert _target_key(folder, tokenizer) != key

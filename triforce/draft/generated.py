@@ -55,7 +55,7 @@ class GeneratedSamples:
     def generate(self, llm) -> None:
         """Generates every missing shard with `llm` (an LLM of the target; its tokenizer lays out the prompts)."""
         s = self.settings
-        todo = [i for i in self._shards() if not self._shard_path(i).is_file()]
+        todo = [i for i in self._shards() if not self._complete(i)]
         if not todo:
             return
         pairs = prompts(s.samples, heldout=s.heldout, seed=s.seed)
@@ -82,6 +82,12 @@ class GeneratedSamples:
         t = self.settings.temperatures
         return t[(i + i // prompt_count(self.settings.heldout)) % len(t)]
 
+    def _complete(self, shard: int) -> bool:
+        """Whether the shard's file holds all its samples: a run that asked for fewer wrote its last shard
+        short, and a later run asking for more skipped the rest of that shard's samples."""
+        path = self._shard_path(shard)
+        return path.is_file() and len(torch.load(path, weights_only=True)) >= len(self._indices(shard))
+
     def _indices(self, shard: int) -> range:
         return range(shard * self.settings.batch, min((shard + 1) * self.settings.batch, self.settings.samples))
 
@@ -91,7 +97,7 @@ class GeneratedSamples:
         for shard in self._shards():
             if not self._shard_path(shard).is_file():
                 raise UserError(f"generated samples are incomplete: {self._shard_path(shard)} is missing")
-            rows += torch.load(self._shard_path(shard), weights_only=True)
+            rows += torch.load(self._shard_path(shard), weights_only=True)[:len(self._indices(shard))]
         return rows
 
     def token_lists(self) -> list[list[int]]:

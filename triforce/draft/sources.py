@@ -5,6 +5,7 @@ labels in place."""
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,32 +38,34 @@ def installed(tokenizer, tokens: int, seq_len: int, work: Path, target_key: str,
         total += len(id_lists[-1]) + 1
     sequences = pack(id_lists, seq_len, tokenizer.eos_token_id)[: tokens // seq_len]
     work.mkdir(parents=True, exist_ok=True)
-    torch.save(sequences, path)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # whole or not at all: a torn file failed every later run
+    torch.save(sequences, tmp)
+    tmp.rename(path)
     return sequences
 
 
-def answers(llm, work: Path, settings: GenerationSettings, seq_len: int) -> torch.Tensor:
+def answers(llm, work: Path, settings: GenerationSettings, seq_len: int, target_key: str) -> torch.Tensor:
     """The target's answers (generated once into work/, then reused), packed into sequences. Asking for
     more answers later keeps the ones generated (sample i does not depend on how many there are)."""
-    folder = work / f"answers-{fingerprint(str(llm.model_path.resolve()), replace(settings, samples=0))}"
+    folder = work / f"answers-{fingerprint(target_key, replace(settings, samples=0))}"
     samples = GeneratedSamples(folder, settings)
     samples.generate(llm)
     return pack(samples.token_lists(), seq_len, llm.tokenizer.eos_token_id)
 
 
 def heldout_genres(llm, work: Path, prose_texts: dict[str, list[str]], sequences: int, seq_len: int,
-                   local: bool, answer_settings: GenerationSettings | None) -> dict[str, torch.Tensor]:
+                   local: bool, answer_settings: GenerationSettings | None, target_key: str) -> dict[str, torch.Tensor]:
     """The held-out evaluation sets, `sequences` rows each: every named prose (its texts), `code` from
     held-out installed packages (when `local`), and `chat`, the target's answers on held-out subjects
     (when `answer_settings`; about HELDOUT_ANSWER_TOKENS per answer with its prompt sizes how many)."""
     tokenizer, tokens = llm.tokenizer, sequences * seq_len
     genres = {name: prose(tokenizer, texts, seq_len, tokens) for name, texts in prose_texts.items()}
     if local:
-        genres["code"] = installed(tokenizer, tokens, seq_len, work, str(llm.model_path.resolve()), heldout=True)
+        genres["code"] = installed(tokenizer, tokens, seq_len, work, target_key, heldout=True)
     if answer_settings is not None:
         held = replace(answer_settings, samples=max(answer_settings.batch, tokens // HELDOUT_ANSWER_TOKENS),
                        heldout=True)
-        genres["chat"] = answers(llm, work, held, seq_len)[:sequences]
+        genres["chat"] = answers(llm, work, held, seq_len, target_key)[:sequences]
     return genres
 
 

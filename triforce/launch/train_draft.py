@@ -103,13 +103,13 @@ def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
     if args.local_tokens > 0:
         train_sources["code"] = sources.installed(tokenizer, args.local_tokens, seq_len, work, target_key)
     if args.answers > 0:
-        train_sources["chat"] = sources.answers(llm, work, answers, seq_len)
+        train_sources["chat"] = sources.answers(llm, work, answers, seq_len, target_key)
     train_sources = {name: seqs for name, seqs in train_sources.items() if seqs.shape[0]}
     if not train_sources:
         raise UserError(f"no training data: give --text files, --local-tokens or --answers that make at least "
                         f"one sequence of {seq_len} tokens")
     genres = sources.heldout_genres(llm, work, heldout_prose, n_heldout, seq_len, args.local_tokens > 0,
-                                    answers if args.answers > 0 else None)
+                                    answers if args.answers > 0 else None, target_key)
     for name, seqs in train_sources.items():
         _log(f"{name}: {seqs.numel():,} training tokens")
     for name, seqs in genres.items():
@@ -135,6 +135,14 @@ def _repeats(args) -> dict[str, int]:
     if not any(repeat.get(name, 1) for name in train_sources):
         raise UserError("--repeat leaves every source out of training")
     return {name: n for name, n in repeat.items() if n != 1}
+
+
+def _target_key(folder: Path, tokenizer) -> str:
+    """What a target's cached data, answers, labels and checkpoints are named by: its folder, its weight
+    files (names, sizes and times: a target fine-tuned in place is another model, whose data was reused
+    before) and its tokenizer."""
+    weights = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.glob("*.safetensors"))]
+    return fingerprint(str(folder.resolve()), weights, tokenizer_fingerprint(tokenizer))
 
 
 def _check_work_dir(work: Path) -> None:
@@ -204,7 +212,7 @@ def run_train_draft(args) -> int:
     shape.check(vocab_total)
     settings = TrainSettings(args.steps, args.batch_size, args.seq_len, args.lr, min(60, args.steps // 10 + 1),
                              seed=args.seed, checkpoint_every=args.checkpoint_every)
-    target_key = str(llm.model_path.resolve())
+    target_key = _target_key(llm.model_path, tokenizer)
     train_sources, genres = _data(args, llm, work, target_key)
     sequences, label_ids, label_logp = sources.labelled(target, train_sources, work, args.top_k, target_key)
     if args.data_only:
@@ -222,7 +230,8 @@ def run_train_draft(args) -> int:
             _log(f"the {n_kept} kept tokens cover {(to_draft[seqs] < n_kept).float().mean().item():.1%} of {name}")
 
     model = init_draft(shape, target, kept, args.seed)
-    run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), asdict(settings), repeat)
+    trains = {k: v for k, v in asdict(settings).items() if k != "checkpoint_every"}  # (not how it trains)
+    run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), trains, repeat)
     per_sequence = torch.cat([torch.full((seqs.shape[0],), repeat.get(name, 1)) for name, seqs in train_sources.items()])
     losses = train(model, sequences, label_ids, label_logp, to_draft, n_kept, settings, work, run_key, per_sequence)
     mix = {name: seqs.numel() for name, seqs in train_sources.items()}
@@ -240,6 +249,8 @@ def run_train_draft(args) -> int:
     meta_path = out / "triforce_draft.json"
     meta = json.loads(meta_path.read_text())
     meta["heldout_eval"] = report
-    meta_path.write_text(json.dumps(meta, indent=1))
+    partial = meta_path.with_name(meta_path.name + ".partial")  # whole or not at all: the draft reads it
+    partial.write_text(json.dumps(meta, indent=1))
+    partial.replace(meta_path)
     print(json.dumps(report))
     return 0
