@@ -126,7 +126,7 @@ class SamplingParams:
     # (token, value) pairs added to every tier's logits before the rest (OpenAI's logit_bias; a dict is
     # taken too); values from -100 (never) to 100 (always, in practice)
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # OpenAI's presence and frequency penalties (-2 to 2) and vLLM's repetition penalty (> 0; 1 is off), on
+    # OpenAI's presence and frequency penalties (-2 to 2) and vLLM's repetition penalty (0.01 to 100; 1 is off), on
     # every tier's rows, each by the tokens before it, after logit_bias as in vLLM (speculation/rules.py)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

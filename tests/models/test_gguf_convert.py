@@ -138,7 +138,7 @@ def test_an_unknown_tensor_or_architecture_is_a_clear_error(tmp_path):
         gguf_convert.write_hf_folder(truncated, tmp_path)
 
 
-def test_a_ggufs_rope_scaling_reaches_the_converted_config(tmp_path):
+def test_a_ggufs_rope_scaling_reaches_the_converted_config(tmp_path, monkeypatch):
     """transformers' GGUF reader leaves a llama or qwen2 GGUF's RoPE scaling out of its config, so a Qwen2.5
     128K GGUF (yarn, factor 4 over 32,768) converted into a model that ran unscaled at every position, where
     llama.cpp scales them."""
@@ -167,6 +167,17 @@ def test_a_ggufs_rope_scaling_reaches_the_converted_config(tmp_path):
 
     plain, stretched = logits(folders[None]), logits(folders[4.0])
     assert (plain - stretched).abs().max() > 1e-3  # same weights: the scaling changed the positions
+    # a folder converted before the scaling was carried gets it when next resolved
+    from triforce.models import folders as model_folders
+
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
+    converted = model_folders.convert_gguf_cached(tmp_path / "qwen-4.0.gguf")
+    config = json.loads((converted / "config.json").read_text())
+    (converted / "config.json").write_text(json.dumps({**config, "rope_parameters": {"rope_theta": 10000.0,
+                                                                                     "rope_type": "default"}}))
+    assert ModelConfig.from_folder(converted).rope_type == "default"
+    assert model_folders.convert_gguf_cached(tmp_path / "qwen-4.0.gguf") == converted
+    assert ModelConfig.from_folder(converted).rope_scaling["factor"] == 4.0
 
 
 def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkeypatch, umask_022):

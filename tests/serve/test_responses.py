@@ -122,6 +122,14 @@ def test_what_the_server_cannot_do_is_a_400_naming_the_field(server, body, param
     assert r.status_code in (400, 404) and r.json()["error"]["param"] == param, r.text
 
 
+@pytest.mark.parametrize("tools", [None, []])
+def test_auto_without_tools_is_a_free_text_answer(server, tools):
+    """tool_choice auto is the Responses API's default, so clients send it without tools."""
+    body = {"input": "hi", "tool_choice": "auto", "max_output_tokens": 4, **({} if tools is None else {"tools": tools})}
+    r = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
+
+
 def test_a_response_ended_before_its_limit_is_incomplete_and_says_why(tiny_dir):
     """A request a shutdown ended (finish_reason "abort") is an incomplete response, "interrupted"; it was
     reported "completed", with its text cut short."""

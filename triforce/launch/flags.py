@@ -205,7 +205,7 @@ def add_penalty_args(group) -> None:
     group.add_argument("--frequency-penalty", type=float, default=0.0,
                        help="-2 to 2: subtracted once per time a token was generated before (OpenAI's)")
     group.add_argument("--repetition-penalty", type=float, default=1.0,
-                       help="> 0, 1 = off: divides the positive logits of tokens in the prompt or generated "
+                       help="0.01 to 100, 1 = off: divides the positive logits of tokens in the prompt or generated "
                             "before, multiplies the others (vLLM's)")
 
 

@@ -84,7 +84,14 @@ def convert_gguf_cached(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     dest = triforce_home() / "models" / f"gguf-{gguf.stem}-{key}"
-    return up_to_date(made_once(dest, lambda: convert_gguf(gguf, dest)))
+    folder = up_to_date(made_once(dest, lambda: convert_gguf(gguf, dest)))
+    from .gguf_convert import mend_rope_scaling
+
+    try:
+        mend_rope_scaling(gguf, folder)
+    except OSError as exc:  # another user's folder in a shared home: it runs as it did
+        log.warning("cannot add %s's RoPE scaling to %s (%s)", gguf.name, folder, exc)
+    return folder
 
 
 def up_to_date(folder: Path) -> Path:

@@ -148,6 +148,34 @@ def rope_scaling(reader, architecture: str) -> dict:
     return scaling
 
 
+def scaled(config: dict, scaling: dict) -> dict:
+    """`config` (a config.json's dict) with the GGUF's RoPE `scaling` over its own RoPE parameters."""
+    if not scaling:
+        return config
+    params = {**(config.get("rope_parameters") or {"rope_theta": config.get("rope_theta", 10000.0)}), **scaling}
+    return {**{k: v for k, v in config.items() if k != "rope_scaling"}, "rope_parameters": params}
+
+
+def mend_rope_scaling(gguf: Path, folder: Path) -> None:
+    """Gives `folder`, converted from `gguf` before conversions carried its RoPE scaling, that scaling (its
+    positions ran unscaled); nothing for a GGUF without one, or a folder that has it."""
+    from gguf import GGUFReader
+
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("rope_scaling") or (config.get("rope_parameters") or {}).get("rope_type", "default") != "default":
+        return
+    reader = GGUFReader(gguf)
+    field = reader.fields.get("general.architecture")
+    mended = scaled(config, rope_scaling(reader, field.contents() if field else "none"))
+    if mended is not config:
+        partial = path.with_name(f"config.json.{os.getpid()}")
+        partial.write_text(json.dumps(mended, indent=2))
+        partial.replace(path)
+        log.warning("%s: the RoPE scaling of %s added to its config (converted before it was carried)", folder,
+                    gguf.name)
+
+
 def write_hf_folder(gguf: Path, folder: Path) -> None:
     """Dequantizes a Llama-family GGUF into `folder` as a float32 safetensors HF folder (config, tokenizer)."""
     from gguf import GGUFReader
@@ -160,11 +188,7 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
         if architecture not in ARCHITECTURES:
             raise ModelLoadError(f"{gguf}: architecture {architecture!r}; triforce reads {', '.join(ARCHITECTURES)}")
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
-        scaling = rope_scaling(reader, architecture)
-        if scaling:  # the config's own RoPE parameters (rope_theta) with the GGUF's scaling over them
-            config["rope_parameters"] = {**(config.get("rope_parameters") or
-                                            {"rope_theta": config.get("rope_theta", 10000.0)}), **scaling}
-            config.pop("rope_scaling", None)
+        config = scaled(config, rope_scaling(reader, architecture))
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tensors = gguf_tensors(reader, architecture, config)
         if any(t.name.startswith("rope_freqs.") for t in reader.tensors) and not config.get("rope_scaling"):

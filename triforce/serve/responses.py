@@ -57,8 +57,9 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
         raise ApiError(400, "'tools' must be a list of function tools", param="tools")
     if body.get("tools"):
         chat["tools"] = [_tool(t) for t in body["tools"]]
-    if body.get("tool_choice") is not None:  # without tools, the chat path refuses any but none (it was dropped)
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    if body.get("tools") or body.get("tool_choice") not in (None, "auto", "none"):  # without tools, the chat
+        chat["tool_choice"] = _tool_choice(body.get("tool_choice", "auto"))  # path refuses one that asks a call
+        # (it was dropped: a free-text answer to "required"); auto, the Responses API's default, stays free text
     if not isinstance(body.get("text") or {}, dict):
         raise ApiError(400, "'text' must be an object ({format: ...})", param="text")
     format_ = (body.get("text") or {}).get("format")

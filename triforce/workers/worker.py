@@ -23,6 +23,7 @@ static retrieval choice made on each rank's KV heads), kv (committed KV of a ran
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 import torch.distributed as dist
@@ -53,16 +54,25 @@ class NoRoom(RequestError):
     """A sequence that does not fit beside the ones the group holds now; it may once one of them ends."""
 
 
+def sharing_memory(tp: TensorParallel, device: torch.device | str) -> int:
+    """How many of the group's ranks take their memory where this rank does: on a GPU, one (its own); on a
+    CPU, the group's ranks on this host (torchrun's LOCAL_WORLD_SIZE, which counts a coordinator there too:
+    all W of `--workers W`; every rank where it is not set, under a launcher other than torchrun)."""
+    if torch.device(device).type != "cpu":
+        return 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return min(tp.size, int(local)) if local.isdigit() and int(local) > 0 else tp.size
+
+
 def prefix_bound(asked: int, device: torch.device, tp: TensorParallel) -> int:
     """Each rank's prefix store bound: `asked`, at most half the memory free on its device now, shared on a
-    CPU among the group's ranks (the in-process store's rule, request_memory.py); the least over the ranks,
-    so that every rank's store keeps the same blocks. (Uncapped, a group's default of 1 GiB per rank on a
-    host with less free left the leader no room for any sequence: every request was refused.)"""
+    CPU among the group's ranks on its host (the in-process store's rule, request_memory.py); the least over
+    the ranks, so that every rank's store keeps the same blocks. (Uncapped, a group's default of 1 GiB per
+    rank on a host with less free left the leader no room for any sequence: every request was refused.)"""
     free = available_bytes(device)
     if asked <= 0 or free is None:
         return max(0, asked)
-    ranks = tp.size if torch.device(device).type == "cpu" else 1
-    bound = min(asked, free // (2 * ranks))
+    bound = min(asked, free // (2 * sharing_memory(tp, device)))
     if tp.size > 1:  # every rank calls this as the group starts
         least = torch.tensor([bound], dtype=torch.int64, device=device)
         dist.all_reduce(least, op=dist.ReduceOp.MIN, group=tp.group)
@@ -98,9 +108,9 @@ class VerifierWorker:
                 raise RequestError(f"sequence {body['seq']} is running already (another coordinator on this group?)")
             if len(self.caches) >= MAX_SEQUENCES:
                 raise NoRoom(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
-            # On a CPU every rank's share comes out of the host's memory (the one-host group of --workers W),
-            # all at once: the leader checks them all (checking its own share alone let a rank's allocation fail)
-            ranks = self.tp.size if self.model.device.type == "cpu" else 1
+            # On a CPU the shares of the ranks on the leader's host come out of its memory (all of them for
+            # --workers W), at once: it checks them all (its own share alone let a rank's allocation fail)
+            ranks = sharing_memory(self.tp, self.model.device)
             need = ranks * self.model.kv_bytes_per_token * body["capacity"]
             free = available_bytes(self.model.device)
             if free is not None and self.prefixes is not None:
