@@ -80,8 +80,9 @@ class StructuredOutputs:
             try:
                 schema = json.loads(self.json) if isinstance(self.json, str) else self.json
                 text = json.dumps(schema)  # keys kept in order: properties are generated in the schema's
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"structured_outputs json must be a JSON schema (an object): {exc}") from None
+            except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested past Python's limit
+                raise ConfigError(f"structured_outputs json must be a JSON schema (an object): "
+                                  f"{str(exc)[:200] or type(exc).__name__}") from None
             if not isinstance(schema, dict):
                 raise ConfigError("structured_outputs json must be a JSON schema (an object)")
             object.__setattr__(self, "json", text)  # a string: the params stay hashable

@@ -110,6 +110,20 @@ def test_required_keeps_each_tools_definitions_and_parallel_false_allows_one_cal
     assert guide.allowed(llm.tokenizer.encode(text[:-1] + ', {"name"')) is None  # no second call
 
 
+def test_required_keeps_a_property_named_definitions_and_named_templates_write_calls():
+    """Only the root's $defs move into the list of calls: a parameter named `definitions` (or `$defs`) was
+    dropped from every level, so any value passed for it. And a tokenizer's named templates (transformers'
+    dict: Hermes-3's default and tool_use) are read for <tool_call>, where `in` read their names only."""
+    glossary = {"type": "function", "function": {"name": "gloss", "parameters": {
+        "type": "object", "properties": {"definitions": {"type": "array", "items": {"type": "string"}}},
+        "required": ["definitions"], "additionalProperties": False}}}
+    schema = json.loads(ToolPlan.parse({"tools": [glossary], "tool_choice": "required"}, None).constraint.json)
+    arguments = schema["items"]["anyOf"][0]["properties"]["arguments"]
+    assert arguments["properties"]["definitions"] == {"type": "array", "items": {"type": "string"}}
+    named = {"default": "{{ messages }}", "tool_use": "{% for t in tools %}<tool_call>{% endfor %}"}
+    assert ToolPlan.parse({"tools": TOOLS}, named).hermes and not ToolPlan.parse({"tools": TOOLS}, "plain").hermes
+
+
 def test_none_and_auto_without_a_call_format_answer_content(llm, client):
     for choice_field in ({"tool_choice": "none"}, {}):
         choice = ask(client, **choice_field)
@@ -164,6 +178,7 @@ def test_a_conversation_with_earlier_calls_and_their_results_is_taken(llm, clien
       "tool_choice": "required"}, "tools"),  # a 500
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {  # "#": the list of calls, nested
         "type": "object", "properties": {"next": {"$ref": "#"}}}}}], "tool_choice": "required"}, "tools"),
+    ({"tools": TOOLS, "guided_json": "[" * 5000}, "guided_json"),  # a RecursionError: a 500
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
 ])

@@ -127,6 +127,30 @@ def test_bad_constraints_are_refused_by_name(grammars):
         SamplingParams(min_tokens=2, structured_outputs=StructuredOutputs(regex="a+"))
     with pytest.raises(ConfigError, match="^structured_outputs need the model's tokenizer"):
         Grammars(None, VOCAB, [EOS]).check(StructuredOutputs(regex="a"))
+    with pytest.raises(ConfigError, match="^structured_outputs json"):  # a RecursionError: a server's 500
+        StructuredOutputs(json="[" * 100000 + "]" * 100000)
+
+
+def test_a_matcher_that_fails_as_a_request_runs_fails_that_request_alone(grammars):
+    """llguidance's matcher may enter its error state as it goes (past its limits): a RuntimeError ended
+    every request of the batch's step; a RequestFailed ends this one (a 400), its batchmates run on."""
+    from triforce.errors import RequestFailed
+
+    guide = grammars.guide(StructuredOutputs(regex="a+"))
+
+    class Failing:
+        def __getattr__(self, name):
+            return getattr(guide.matcher, name)
+
+        def is_error(self):
+            return True
+
+        def get_error(self):
+            return "lexer too complex"
+
+    guide.matcher = Failing()
+    with pytest.raises(RequestFailed, match="lexer too complex"):
+        guide.allowed([])
 
 
 def test_a_tokenizer_llguidance_cannot_read_is_a_clear_error(tmp_path):

@@ -102,8 +102,10 @@ class ToolPlan:
     parallel: bool = True  # more than one call per answer (OpenAI's parallel_tool_calls)
 
     @classmethod
-    def parse(cls, body: dict, chat_template: str | None) -> ToolPlan | None:
-        """The request's plan (None without tools); ConstraintError where tools or tool_choice is malformed."""
+    def parse(cls, body: dict, chat_template: str | dict | None) -> ToolPlan | None:
+        """The request's plan (None without tools); ConstraintError where tools or tool_choice is malformed.
+        `chat_template`: the tokenizer's, one or named ones (transformers' dict: Hermes-3's default and
+        tool_use templates)."""
         tools, choice = body.get("tools"), body.get("tool_choice")
         if not tools:
             if choice not in (None, "none"):
@@ -137,22 +139,28 @@ class ToolPlan:
         parallel = body.get("parallel_tool_calls")
         if parallel not in (None, True, False):
             raise ConstraintError("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
-        return cls(schemas, choice, "<tool_call>" in (chat_template or ""), parallel is not False)
+        templates = chat_template.values() if isinstance(chat_template, dict) else [chat_template or ""]
+        hermes = any("<tool_call>" in str(t) for t in templates)  # (`in` a dict read only its names)
+        return cls(schemas, choice, hermes, parallel is not False)
 
     @property
     def constraint(self) -> StructuredOutputs | None:
         """What the answer must follow (None: free text)."""
-        if self.choice in self.tools:
-            return StructuredOutputs(json=self.tools[self.choice])
-        if self.choice == "required":
-            definitions: dict[str, dict] = {}
-            calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                      "properties": {"name": {"const": name}, "arguments": _hoisted(name, schema, definitions)}}
-                     for name, schema in self.tools.items()]
-            listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-            if not self.parallel:
-                listed["maxItems"] = 1
-            return StructuredOutputs(json={**listed, **({"$defs": definitions} if definitions else {})})
+        try:
+            if self.choice in self.tools:
+                return StructuredOutputs(json=self.tools[self.choice])
+            if self.choice == "required":
+                definitions: dict[str, dict] = {}
+                calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                          "properties": {"name": {"const": name}, "arguments": _hoisted(name, schema, definitions)}}
+                         for name, schema in self.tools.items()]
+                listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+                if not self.parallel:
+                    listed["maxItems"] = 1
+                return StructuredOutputs(json={**listed, **({"$defs": definitions} if definitions else {})})
+        except (ConfigError, RecursionError) as exc:  # a schema nested past Python's recursion limit: a 500
+            raise ConstraintError("tools", f"the tools' parameters are no schema to constrain with "
+                                           f"({type(exc).__name__}: {str(exc)[:200]})") from None
         return None
 
     @property
@@ -272,7 +280,7 @@ def _hoisted(name: str, schema: dict, definitions: dict[str, dict]) -> dict:
             return [rewrite(item) for item in node]
         if not isinstance(node, dict):
             return node
-        out = {key: rewrite(value) for key, value in node.items() if key not in ("$defs", "definitions")}
+        out = {key: rewrite(value) for key, value in node.items()}
         ref = node.get("$ref")
         for prefix in ("#/$defs/", "#/definitions/"):
             if isinstance(ref, str) and ref.startswith(prefix):
@@ -287,4 +295,5 @@ def _hoisted(name: str, schema: dict, definitions: dict[str, dict]) -> dict:
 
     for key, value in local.items():
         definitions[f"{name}__{key}"] = rewrite(value)
-    return rewrite(schema)
+    # the root's own definitions moved: a property of that name elsewhere stays (it was dropped everywhere)
+    return rewrite({key: value for key, value in schema.items() if key not in ("$defs", "definitions")})

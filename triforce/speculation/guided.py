@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from ..config import ConfigError
+from ..errors import RequestFailed
 from ..sampling_params import StructuredOutputs
 from .sampling import only_allowed
 
@@ -136,9 +137,14 @@ class Guide:
         rest = list(history[common:])
         taken = self.matcher.try_consume_tokens(rest) if rest else 0
         self.consumed += rest[:taken]
-        if self.matcher.is_error():
-            raise RuntimeError(f"structured output matcher failed: {self.matcher.get_error()}")
+        if self.matcher.is_error():  # (a grammar past llguidance's limits, say): this request alone ends
+            raise MatcherFailed(f"structured output matcher failed: {self.matcher.get_error()}")
         return taken == len(rest)
+
+
+class MatcherFailed(RequestFailed):
+    """The constraint's matcher entered its error state as the request ran: the request fails (a 400 in a
+    server), not its batch (a RuntimeError ended every request of the step with a 500)."""
 
 
 class Grammars:
