@@ -117,8 +117,10 @@ def test_the_flash_attn_branch_gives_the_reference(n, m, s, monkeypatch):
     monkeypatch.setattr(attention_module, "_flash_attn_func",
                         lambda *a, **kw: calls.append(kw) or fake_flash_attn_func(*a, **kw))
     real = attention_module.takes_flash_attn
+    monkeypatch.setattr(attention_module, "ampere_or_newer", lambda device: True)
     monkeypatch.setattr(attention_module, "takes_flash_attn",  # q on CUDA: the one condition a CPU cannot meet
-                        lambda q, mask, keys: real(SimpleNamespace(is_cuda=True, dtype=q.dtype), mask, keys))
+                        lambda q, mask, keys: real(SimpleNamespace(is_cuda=True, dtype=q.dtype, device="cuda:0"),
+                                                   mask, keys))
     splits = count_splits(monkeypatch)
     g = torch.Generator().manual_seed(n + s)
     q, k, v = (torch.randn(6, n, 64, generator=g).bfloat16(), torch.randn(2, s, 64, generator=g).bfloat16(),
@@ -200,6 +202,15 @@ def test_cpu_decode_attention_kernel_gives_a_check_what_steps_give(level, n, s, 
         end = s - n + i + 1
         step = vector_attention(q[:, i:i + 1].contiguous(), k[:, :end], v[:, :end], d ** -0.5)
         assert torch.equal(check[:, i:i + 1], step), i
+
+
+def test_flash_attn_is_not_taken_on_a_gpu_older_than_ampere(monkeypatch):
+    """flash-attn 2 raises in every forward on a T4 or V100 (compute capability below 8): SDPA runs there."""
+    monkeypatch.setattr(attention_module, "_flash_attn_func", lambda *a, **kw: None)
+    q = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device="cuda:0")
+    for capable in (True, False):
+        monkeypatch.setattr(attention_module, "ampere_or_newer", lambda device, capable=capable: capable)
+        assert attention_module.takes_flash_attn(q, None, 10) is capable
 
 
 def deep_tree_mask(n, m, g):

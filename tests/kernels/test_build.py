@@ -85,6 +85,17 @@ def test_a_failed_build_warns_once_and_falls_back(fresh_level, caplog):
     assert "the CPU has amx but its kernels failed to build" in messages[0] and "torch's slower paths" in messages[2]
 
 
+def test_a_failed_builds_reason_is_the_line_that_says_it():
+    """torch's message begins with ninja's status line, the whole compile command: the warning showed that
+    kilobyte and dropped the line that says what went wrong."""
+    command = "Error building extension 'triforce_cpu_avx2': [1/3] c++ -MMD -MF x.o.d " + "-I/include " * 200
+    failed = RuntimeError(f"{command}\nFAILED: x.o\n/bin/sh: 1: c++: not found\nninja: build stopped")
+    assert cpu.build_failure(failed) == "/bin/sh: 1: c++: not found"
+    assert cpu.build_failure(RuntimeError("Error building extension 'x'\nlong compiler output")) == \
+        "Error building extension 'x'"
+    assert cpu.build_failure(RuntimeError("")) == "RuntimeError"
+
+
 def test_kernels_off_switch(fresh_level):
     fresh_level.setenv("TRIFORCE_CPU_KERNELS", "0")
     assert cpu.kernel_path() == "torch" and cpu.cpu_kernels() is None
@@ -133,6 +144,17 @@ def test_the_build_runs_the_ninja_our_install_brings(monkeypatch, tmp_path, path
     assert cpu._build("avx2") == "the extension"
     assert seen["ninja"] and Path(seen["ninja"]).parent == Path(ninja.BIN_DIR)
     assert os.environ.get("PATH") == path
+
+
+def test_a_ninja_that_lost_its_binary_adds_nothing_to_path(monkeypatch):
+    """ninja's BIN_DIR is "" where it cannot find its binary (an install by --target or PYTHONPATH): put
+    first on PATH, "" is the working directory, whose ./c++ or ./ninja the build would then run."""
+    import ninja
+
+    monkeypatch.setattr(ninja, "BIN_DIR", "")
+    monkeypatch.setenv("PATH", "/usr/bin")
+    with cpu._our_ninja_first():
+        assert os.environ["PATH"] == "/usr/bin"
 
 
 def test_the_kernels_build_where_the_cpu_and_a_compiler_can():

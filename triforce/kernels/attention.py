@@ -133,10 +133,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 
 def takes_flash_attn(q: torch.Tensor, mask: torch.Tensor | None, keys: int) -> bool:
-    """Whether `attention` runs flash-attn: installed, q on CUDA in half precision, and no mask over all
-    `keys` keys (a CUDA graph's, which SDPA takes)."""
+    """Whether `attention` runs flash-attn: installed, q on a CUDA GPU it runs on in half precision, and no
+    mask over all `keys` keys (a CUDA graph's, which SDPA takes)."""
     return (_flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and (mask is None or mask.shape[1] < keys))
+            and (mask is None or mask.shape[1] < keys) and ampere_or_newer(q.device))
+
+
+@functools.cache
+def ampere_or_newer(device: torch.device) -> bool:
+    """Whether flash-attn 2 runs on the GPU: compute capability 8.0 or later (on a T4 or V100 it raised
+    "FlashAttention only supports Ampere GPUs or newer" in every forward; SDPA runs there instead)."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def takes_matmul(q: torch.Tensor, rows: int, keys: int, kv_heads: int) -> bool:

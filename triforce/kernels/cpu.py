@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import sys
 import threading
 import time
@@ -143,7 +144,7 @@ def _our_ninja_first():
         folder = ninja.BIN_DIR
     except (ImportError, AttributeError):
         folder = None
-    if folder is None:
+    if not folder:  # None, or "" where ninja could not find its binary: "" on PATH is the working directory
         yield
         return
     with _PATH_LOCK:  # two threads' builds would otherwise restore each other's PATH
@@ -185,11 +186,20 @@ def loaded_kernels() -> tuple[str | None, object | None]:
         try:
             return candidate, extension(candidate)
         except Exception as exc:  # no compiler, no ninja, a toolchain without these instructions
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = build_failure(exc)
             fallback = "the next level down" if candidate != candidates[-1] else "torch's slower paths"
             log.warning("the CPU has %s but its kernels failed to build (%s); using %s", candidate, reason,
                         fallback)
     return None, None
+
+
+def build_failure(exc: Exception) -> str:
+    """Why a build failed, in a line: torch's message begins with ninja's status line (the whole compile
+    command, a kilobyte naming no cause), so the first short line after it that says an error or a missing
+    file ("c++: not found", "fatal error: ..."), else the start of the message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    telling = [line for line in lines[1:] if len(line) <= 300 and re.search(r"error|not found|no such", line, re.I)]
+    return telling[0] if telling else lines[0][:300] if lines else type(exc).__name__
 
 
 def cpu_kernels():
