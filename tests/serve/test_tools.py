@@ -178,7 +178,7 @@ def test_a_conversation_with_earlier_calls_and_their_results_is_taken(llm, clien
       "tool_choice": "required"}, "tools"),  # a 500
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {  # "#": the list of calls, nested
         "type": "object", "properties": {"next": {"$ref": "#"}}}}}], "tool_choice": "required"}, "tools"),
-    ({"tools": TOOLS, "guided_json": "[" * 5000}, "guided_json"),  # a RecursionError: a 500
+    ({"tools": TOOLS, "guided_json": "[" * 100000}, "guided_json"),  # a RecursionError: a 500
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
 ])

@@ -5,7 +5,8 @@ covers prefill chunks, decode, chain checks and trees: `mask` [n, m] (triforce/s
 last m keys each new query sees, every earlier key is seen by all; without a mask (a chain) query i
 (0-based among the n new ones) sees keys [0, S - n + i].
 
-Paths: `flash_attn` on CUDA when installed (import-guarded; never run in CI, which has no GPU): causal for
+Paths: `flash_attn` on CUDA when installed, on Ampere or newer (import-guarded; never run in CI, which has
+no GPU): causal for
 chains, and for a mask an unmasked flash pass over the keys before the last m merged with a small masked
 pass over those m (a mask over every key, as a CUDA graph's forward has, takes masked SDPA); on a CPU with
 the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc decode-attention kernel for bfloat16 decode

@@ -89,7 +89,8 @@ def convert_gguf_cached(gguf: Path) -> Path:
 
     try:
         mend_rope_scaling(gguf, folder)
-    except OSError as exc:  # another user's folder in a shared home: it runs as it did
+    except (OSError, ValueError, TypeError) as exc:  # another user's folder in a shared home, a scaling not
+        # carried (ModelLoadError): it runs as it did
         log.warning("cannot add %s's RoPE scaling to %s (%s)", gguf.name, folder, exc)
     return folder
 

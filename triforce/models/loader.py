@@ -45,9 +45,11 @@ def resolve_dtype(dtype: str, device: str | torch.device) -> str:
     if dtype != "auto":
         return dtype
     device = torch.device(device)
-    if device.type == "cuda":  # native bfloat16 on the GPU named (torch counts emulation on a T4 or V100 by
-        with torch.cuda.device(device):  # default, and asked the current GPU)
-            return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
+    if device.type == "cuda":  # native bfloat16 on the GPU named: compute capability 8 and later (torch's
+        # is_bf16_supported counts emulation on a T4 or V100, and asks the current GPU)
+        native = torch.cuda.is_bf16_supported() if torch.version.hip else \
+            torch.cuda.get_device_capability(device)[0] >= 8
+        return "bfloat16" if native else "float16"
     from ..kernels.cpu import kernel_path, native_bf16
 
     return "bfloat16" if native_bf16() or kernel_path() != "torch" else "float32"
