@@ -113,8 +113,8 @@ class LLM(RequestChecks, RequestMemory):
         self.tokenizer = None if vllm.skip_tokenizer_init else load_tokenizer(
             self.model_path, self.target.config.vocab_size, vllm.tokenizer, vllm.tokenizer_revision)
         if self.draft is not None:
-            check_draft_window(self.config, self.draft.config)
             check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
+            check_draft_window(self.config, self.draft.config)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
         if workers is not None and not vllm.prefix_caching:
             raise ConfigError("enable_prefix_caching=False: a worker group keeps the prompt blocks under its own "

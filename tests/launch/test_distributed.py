@@ -135,14 +135,23 @@ def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_pa
 
     target, _ = folders
     prompt = " ".join(f"w{3 + (5 * i) % 90}" for i in range(40))
-    port, control_port = free_port(), free_port()
     log = tmp_path / "serve.log"
-    with log.open("w") as out:  # a file, not a pipe: ranks left behind must not hold the test up
-        server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", str(target), "--mode",  # vLLM's MODEL
-                                   "retrieval", "--budget", "16", "--chunk-size", "4", "--dtype", "float32", "--device",
-                                   "cpu", "--port", str(port), "--workers", "1", "--control-port", str(control_port),
-                                   "--worker-device", "cpu"], stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)  # a terminal's foreground job of its own
+    for attempt in range(3):  # a port another test took between free_port and the bind: again, on others
+        port, control_port = free_port(), free_port()
+        with log.open("w") as out:  # a file, not a pipe: ranks left behind must not hold the test up
+            server = subprocess.Popen([sys.executable, "-m", "triforce", "serve", str(target), "--mode",  # vLLM's
+                                       "retrieval", "--budget", "16", "--chunk-size", "4", "--dtype", "float32",
+                                       "--device", "cpu", "--port", str(port), "--workers", "1", "--control-port",
+                                       str(control_port), "--worker-device", "cpu"], stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)  # a foreground job of its own
+        try:
+            wait_healthy(f"http://127.0.0.1:{port}", server, log)
+            break
+        except AssertionError:
+            if attempt == 2 or "Address already in use" not in log.read_text():
+                server.kill()
+                raise
+            server.wait(timeout=60)
     def kill_torchrun():
         for pid in group_processes():
             if b"triforce.launch.torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes():
@@ -164,7 +173,6 @@ def test_serve_with_workers_answers_and_a_signal_ends_every_rank(folders, tmp_pa
 
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, server, log)
         r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
                                                       "ignore_eos": True}, timeout=60)
         assert r.status_code == 200, r.text
