@@ -73,3 +73,25 @@ def test_a_check_as_long_as_the_fused_loop_takes_keeps_the_accepted_query(tmp_pa
     alone = FullKVCache(model.config, 160, model.dtype, "cpu")
     model(torch.cat((prompt, check[:5])), alone, logits_for="none")
     torch.testing.assert_close(queries(checked), queries(alone), atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_cost_measurement_leaves_the_last_tokens_query(folder, fused):
+    """Mode auto measures a tier's forward costs with filler tokens it rolls back: the full cache's query
+    was then a filler row's, and a retrieval cache built right after (the first plans at a context) chose
+    its chunks against it instead of the prompt's last token's."""
+    from triforce.coordinator.costs import forward_seconds
+    from triforce.coordinator.verifier import LocalVerifier
+
+    model = load_model(folder, "bfloat16")
+    if fused and cpu_kernels() is None:
+        pytest.skip("no CPU bfloat16 kernels here")
+    if not fused:
+        model.fused_layers = None
+    prompt = torch.randint(3, 96, (PROMPT,), generator=torch.Generator().manual_seed(9)).tolist()
+    target = LocalVerifier(model, 128)
+    for step in target.prefill_steps(prompt):
+        model(step, target.cache, logits_for="none")
+    before = queries(target.cache)
+    forward_seconds([target], 6)
+    assert target.length == PROMPT and torch.equal(queries(target.cache), before)

@@ -79,6 +79,19 @@ class FullKVCache(KVCache):
             return list(self._queries[:, :, row].unbind(0))
         return [q[:, row] for q in self._layer_queries]
 
+    def query_state(self) -> tuple:
+        """What `last_query` reads, to put back (`restore_query_state`) after forwards that are rolled back
+        whole: a cost measurement's filler tokens, whose last row was otherwise taken for the last token's
+        query, from which a retrieval cache built then chose its chunks (costs.forward_seconds)."""
+        return self._forward, dict(self._moved), self._layer_queries, \
+            None if self._queries is None else self._queries.clone()
+
+    def restore_query_state(self, state: tuple) -> None:
+        self._forward, self._moved, self._layer_queries, queries = state
+        if queries is not None:
+            with torch.inference_mode():  # in place (the fused layer loop holds this buffer), which forwards
+                self._queries.copy_(queries)  # made under inference mode
+
     def layer_buffers(self) -> LayerBuffers:
         if self._queries is None:
             shape = (len(self._layer_keys), self._num_heads, QUERY_ROWS, self.keys.shape[-1])

@@ -139,11 +139,12 @@ class CostTable(CalibrationFile):
 
 def forward_seconds(tiers: list[Tier], n: int) -> float:
     """The faster of two forwards of n filler tokens over each tier's cache, all in one call, each cache
-    rolled back after. A cache that holds fewer tokens than the context its cost is kept for (a draft's
+    rolled back after (a full cache's last query too). A cache that holds fewer tokens than the context its cost is kept for (a draft's
     window before its prefill: auto plans before it prefills the tiers it runs) is first filled with filler
     tokens, so that the forward reads as many keys as it will; measured empty, a draft's step
     cost about half what it does in a request."""
     lengths, spent, best = [t.length for t in tiers], [t.seconds for t in tiers], float("inf")
+    saved = [getattr(getattr(t, "cache", None), "query_state", lambda: None)() for t in tiers]  # a full cache's
     for tier, length in zip(tiers, lengths):
         missing = cost_context(tier) - length
         if missing > 0:
@@ -156,8 +157,10 @@ def forward_seconds(tiers: list[Tier], n: int) -> float:
         best = min(best, time.perf_counter() - start)
         for tier, length in zip(tiers, filled):
             tier.truncate(length)
-    for tier, length in zip(tiers, lengths):
+    for tier, length, state in zip(tiers, lengths, saved):
         tier.truncate(length)
+        if state is not None:  # its last token's query, not the filler's
+            tier.cache.restore_query_state(state)
     for tier, seconds in zip(tiers, spent):
         tier.seconds = seconds  # a measurement, not the request's work
     return best
