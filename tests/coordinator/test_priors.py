@@ -144,3 +144,6 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
     other_ladder = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, other, 128).ladder[0],
                     *engine.ladder[1:]]
     assert request_key(other_ladder, greedy) != request_key(engine.ladder, greedy)
+    # a draft reading another window proposes otherwise (the key read its weights and shape alone)
+    wider = build_engine(EngineConfig(mode="auto", **{**SETTINGS, "window": 96}), target, draft, 128).ladder
+    assert request_key(wider, greedy) != request_key(engine.ladder, greedy)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+from ..cache.streaming import StreamingKVCache
 from ..sampling_params import SamplingParams
 from .calibration import CalibrationFile, finite_numbers
 from .costs import machine_key, tier_key
@@ -58,7 +59,7 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
     checked; None, the planner's choice, is the same on one machine) and the context's power of two
     (Qwen2.5-Coder's draft was accepted 0.79 of the time after 8K tokens and 0.10 after 32K: a 32K
     request that started from the 8K requests' acceptance opened with a long draft chain)."""
-    tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}" for t in ladder)
+    tiers = "|".join(f"{tier_key(t)}@{weights_key(t.model)}{_proposes_by(t)}" for t in ladder)
     sampling = "greedy" if params.greedy else f"t={params.temperature:.2f},p={params.top_p:g},k={params.top_k}" + (
         f",min_p={params.min_p:g}" if params.min_p else "")
     if params.logit_bias:  # it changes every tier's rows, so how often they agree
@@ -74,6 +75,15 @@ def request_key(ladder: list[Tier], params: SamplingParams, batch: int = 1, look
     return (f"{machine}||{tiers}||{sampling}" + (f"||batch={batch}" if batch > 1 else "")
             + (f"||lookup={lookup}" if lookup else "") + (f"||stop={stop_below:g}" if stop_below is not None else "")
             + (f"||context={1 << (context.bit_length() - 1)}" if context else ""))
+
+
+def _proposes_by(tier: Tier) -> str:
+    """What else a tier's rows depend on beyond its weights and cache budget: its RoPE scaling (yarn:4 at
+    16K reads positions otherwise) and a streaming cache's sinks and window (a draft's)."""
+    scaling = tier.model.config.rope_scaling
+    cache = getattr(tier, "cache", None)
+    window = f"|stream={cache.sinks}+{cache.window}" if isinstance(cache, StreamingKVCache) else ""
+    return (f"|rope={_hash(sorted(scaling.items()))}" if scaling else "") + window
 
 
 def _hash(value) -> str:
