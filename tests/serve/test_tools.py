@@ -122,6 +122,8 @@ def test_required_keeps_a_property_named_definitions_and_named_templates_write_c
     assert arguments["properties"]["definitions"] == {"type": "array", "items": {"type": "string"}}
     named = {"default": "{{ messages }}", "tool_use": "{% for t in tools %}<tool_call>{% endfor %}"}
     assert ToolPlan.parse({"tools": TOOLS}, named).hermes and not ToolPlan.parse({"tools": TOOLS}, "plain").hermes
+    unused = {"default": "{{ messages }}", "rag": "<tool_call>"}  # transformers renders tools with default here
+    assert not ToolPlan.parse({"tools": TOOLS}, unused).hermes
 
 
 def test_none_and_auto_without_a_call_format_answer_content(llm, client):

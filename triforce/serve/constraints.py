@@ -139,8 +139,9 @@ class ToolPlan:
         parallel = body.get("parallel_tool_calls")
         if parallel not in (None, True, False):
             raise ConstraintError("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
-        templates = chat_template.values() if isinstance(chat_template, dict) else [chat_template or ""]
-        hermes = any("<tool_call>" in str(t) for t in templates)  # (`in` a dict read only its names)
+        if isinstance(chat_template, dict):  # the one transformers renders with tools: tool_use, else default
+            chat_template = chat_template.get("tool_use", chat_template.get("default"))  # (`in` read the names)
+        hermes = "<tool_call>" in str(chat_template or "")
         return cls(schemas, choice, hermes, parallel is not False)
 
     @property
