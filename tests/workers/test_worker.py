@@ -55,3 +55,6 @@ def test_a_ranks_prefix_store_takes_at_most_half_the_memory_free(monkeypatch):
     assert prefix_bound(2**30, "cpu", pair) == 2**28  # two ranks on this host: half of half each
     monkeypatch.setattr(worker_module, "available_bytes", lambda device: None)  # unknown: as asked
     assert prefix_bound(2**30, "cpu", alone) == 2**30
+    # a rank that cannot tell its free memory still joins the reduction (alone it left the others waiting)
+    monkeypatch.setattr(worker_module.dist, "all_reduce", least_of_the_group)
+    assert prefix_bound(2**27, "cpu", pair) == 2**26 and len(reduced) == 2

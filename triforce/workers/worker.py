@@ -69,11 +69,11 @@ def prefix_bound(asked: int, device: torch.device, tp: TensorParallel) -> int:
     CPU among the group's ranks on its host (the in-process store's rule, request_memory.py); the least over
     the ranks, so that every rank's store keeps the same blocks. (Uncapped, a group's default of 1 GiB per
     rank on a host with less free left the leader no room for any sequence: every request was refused.)"""
+    if asked <= 0:  # (`asked` is every rank's: all return here, or all reduce below)
+        return 0
     free = available_bytes(device)
-    if asked <= 0 or free is None:
-        return max(0, asked)
-    bound = min(asked, free // (2 * sharing_memory(tp, device)))
-    if tp.size > 1:  # every rank calls this as the group starts
+    bound = asked if free is None else min(asked, free // (2 * sharing_memory(tp, device)))
+    if tp.size > 1:  # every rank calls this as the group starts, whatever it found free
         least = torch.tensor([bound], dtype=torch.int64, device=device)
         dist.all_reduce(least, op=dist.ReduceOp.MIN, group=tp.group)
         bound = int(least.item())
