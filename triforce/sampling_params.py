@@ -170,7 +170,7 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", _token_ids(self.stop_token_ids, "stop_token_ids"))
         self._check_banned()
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        if isinstance(stop, (bytes, dict)) or not isinstance(stop, Sequence) or \
+        if isinstance(stop, bytes) or not isinstance(stop, Sequence) or \
                 not all(isinstance(s, str) for s in stop):  # a number or bytes failed deep in the run
             raise ConfigError(f"stop must be a string or a list of strings (got {self.stop!r})")
         object.__setattr__(self, "stop", tuple(stop))

@@ -139,10 +139,10 @@ class CostTable(CalibrationFile):
 
 def forward_seconds(tiers: list[Tier], n: int) -> float:
     """The faster of two forwards of n filler tokens over each tier's cache, all in one call, each cache
-    rolled back after (a full cache's last query too). A cache that holds fewer tokens than the context its cost is kept for (a draft's
-    window before its prefill: auto plans before it prefills the tiers it runs) is first filled with filler
-    tokens, so that the forward reads as many keys as it will; measured empty, a draft's step
-    cost about half what it does in a request."""
+    rolled back after (a full cache's last query too). A cache that holds fewer tokens than the context its
+    cost is kept for (a draft's window before its prefill: auto plans before it prefills the tiers it runs)
+    is first filled with filler tokens, so that the forward reads as many keys as it will; measured empty,
+    a draft's step cost about half what it does in a request."""
     lengths, spent, best = [t.length for t in tiers], [t.seconds for t in tiers], float("inf")
     saved = [getattr(getattr(t, "cache", None), "query_state", lambda: None)() for t in tiers]  # a full cache's
     for tier, length in zip(tiers, lengths):

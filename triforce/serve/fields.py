@@ -122,8 +122,8 @@ def number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if not isinstance(value, (int, float)) or not is_number(value):  # JSON's Infinity, 1e999 and 1 with 400
-        raise ApiError(400, f"'{name}' must be a finite number", param=name)  # zeros parse (the last: an int)
+    if not is_number(value):  # JSON's Infinity, 1e999, and 1 with 400 zeros (an int past a float's range)
+        raise ApiError(400, f"'{name}' must be a finite number", param=name)
     return float(value)
 
 
