@@ -579,6 +579,50 @@ def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, 
     scheduler.stop()
 
 
+def test_requests_fit_beside_the_caches_the_running_ones_have_yet_to_allocate(llm, monkeypatch):
+    """A running request allocates its retrieval buffers only once its prompt is prefilled: admitted by the
+    memory free alone, a burst of requests got in past what the memory holds (here the free memory never
+    moves, as before any of them allocated: all three got in at once). The scheduler counts the running
+    requests' whole needs: two fit, the third waits for one to end. And a request that could not fit alone
+    is refused (413), though the running ones' needs, counted again on top of the memory free (part of it
+    theirs), made room for it before."""
+    from triforce.serve.scheduler import Ticket
+
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}, llm, "tiny")
+    need = llm.cache_bytes_for(len(job.prompts[0]), 8)
+    monkeypatch.setattr(llm, "free_memory", lambda: int(2.5 * need / llm.memory_share))
+    scheduler, most, ended = Scheduler(llm), [], threading.Semaphore(0)
+    admit, scheduler._admit = scheduler._admit, lambda: None  # all three wait, then are admitted in one pass
+    try:
+        for _ in range(3):
+            scheduler.submit(job, lambda kind, data: kind in ("done", "error") and ended.release())
+
+        def admit_and_count():
+            admit()
+            most.append(len(scheduler.running))
+
+        scheduler._admit = admit_and_count
+        assert all(ended.acquire(timeout=60) for _ in range(3))
+    finally:
+        scheduler.stop()
+    assert max(most) == 2
+
+    big = parse("completion", {"prompt": PROMPT, "max_tokens": 400}, llm, "tiny")
+    big_need = llm.cache_bytes_for(len(big.prompts[0]), 400)
+    free = (big_need - 0.5 * llm.memory_share * need) / llm.memory_share  # less than it needs, more with `need`
+    monkeypatch.setattr(llm, "free_memory", lambda: int(free))
+    held = Scheduler(llm)
+    monkeypatch.setattr(held, "_admit", lambda: None)
+    held.running[object()] = Ticket(job, [], None, None, need)  # a request running beside, holding `need`
+    try:
+        with pytest.raises(ApiError) as refused:
+            held.submit(big, lambda *_: None)
+        assert refused.value.status == 413 and refused.value.code == "context_length_exceeded"
+    finally:
+        held.running.clear()
+        held.stop()
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_finished_request_frees_its_caches_without_a_garbage_collection(llm, stream):
     """A request's caches go when it finishes, not when Python's cyclic collector next runs, and so does

@@ -1,7 +1,7 @@
 """Every request of a server on one continuous batch, in a background thread.
 
 Requests wait in a FIFO queue of at most `max_queue`; between steps of the batch the first waiting one
-joins it when its caches fit in the memory free then (or when nothing else runs), so requests run
+joins it when its caches fit beside the running requests' (or when nothing else runs), so requests run
 together and the weights are read once for all of them (coordinator/batch.py: a request's output does
 not depend on its companions, except which seeded sample mode auto's batch plan draws). A request that
 could not fit even alone is refused at once (413). Each request reports through its `on_event(kind,
@@ -67,6 +67,7 @@ class Scheduler:
 
     def __post_init__(self):
         self.fatal: Exception | None = None  # why the scheduler stopped for good (a worker group gone)
+        self._capacity = self.llm.free_memory()  # bytes free for caches while no request runs (updated then)
         self._batch, self._mates = SequenceBatch(), Batchmates()
         self._lock, self._wake, self._stop, self._draining = threading.Lock(), threading.Event(), False, False
         self._freed = False  # whether requests finished since the scheduler was last idle
@@ -91,14 +92,12 @@ class Scheduler:
             raise ApiError(503, "the server is shutting down", kind="server_error")
         longest = max(len(ids) for ids in job.prompts)
         need = self.llm.cache_bytes_for(longest, job.params.max_tokens)
-        free = self.llm.free_memory()
-        with self._lock:
-            held = sum(t.bytes for t in self.running.values())
-        if free is not None and need > self.llm.memory_share * (free + held):
+        capacity = self._capacity_now(self.llm.free_memory())
+        if capacity is not None and need > self.llm.memory_share * capacity:
             raise ApiError(413, f"the caches for {longest + job.params.max_tokens} tokens need "
                                 f"{need / 2**30:.2f} GiB; this server has "
-                                f"{self.llm.memory_share * (free + held) / 2**30:.2f} GiB for them "
-                                f"(--gpu-memory-utilization {self.llm.memory_share:g} of {(free + held) / 2**30:.2f})",
+                                f"{self.llm.memory_share * capacity / 2**30:.2f} GiB for them "
+                                f"(--gpu-memory-utilization {self.llm.memory_share:g} of {capacity / 2**30:.2f})",
                            code="context_length_exceeded")
         if len(on_events) > self.max_queue:
             raise ApiError(400, f"{len(on_events)} choices (prompts x n) need as many places in this server's "
@@ -154,6 +153,33 @@ class Scheduler:
         self._wake.set()
         self._thread.join(timeout=10)
 
+    def _capacity_now(self, free: int | None) -> int | None:
+        """Bytes the requests' caches may share (before --gpu-memory-utilization): those free while none ran,
+        or more where memory was freed since; None where unknown (a worker group holds the caches)."""
+        if free is None or self._capacity is None:
+            return free
+        return max(self._capacity, free)
+
+    def _fits(self, ticket: Ticket) -> bool:
+        """Whether `ticket`'s caches fit beside the running requests' whole needs, and in the memory free now.
+        A running request has not allocated all of its caches yet (its retrieval buffers come once its prompt
+        is prefilled): counted by what is free alone, a burst of long prompts was let in past the memory,
+        and their rebuilds failed every request in the batch."""
+        free = self.llm.free_memory()
+        if free is None:
+            return True
+        reserved = sum(t.bytes for t in self.running.values())
+        share = self.llm.memory_share
+        return ticket.bytes <= min(share * self._capacity_now(free) - reserved, share * free)
+
+    def _measure_capacity(self) -> None:
+        """No request runs: what the last ones freed goes back to the system (once their answers are gone
+        too), and what is free then is what requests' caches may share."""
+        if self._freed:
+            release_freed(every_s=0)
+            self._freed = False
+        self._capacity = self.llm.free_memory()
+
     def _admit(self) -> None:
         """Moves waiting requests into the batch, first come first served, while their caches fit."""
         while True:
@@ -161,9 +187,10 @@ class Scheduler:
                 if not self.waiting:
                     return
                 ticket = self.waiting[0]
-                if not ticket.cancelled and self.running:
-                    free = self.llm.free_memory()
-                    if free is not None and ticket.bytes > self.llm.memory_share * free:
+                if not self.running:
+                    self._measure_capacity()
+                elif not ticket.cancelled:
+                    if not self._fits(ticket):
                         return  # it waits for a running request to end
                     if len(self.running) >= ticket.refused_beside:
                         return  # as does a request the worker group refused beside as many
@@ -203,9 +230,8 @@ class Scheduler:
         while not self._stop and self.fatal is None:
             self._admit()
             if not self._batch.active:
-                if self._freed:  # what the last requests freed, once their answers are gone too
-                    release_freed(every_s=0)
-                    self._freed = False
+                if self._freed:
+                    self._measure_capacity()
                 self._wake.wait(0.1)
                 self._wake.clear()
                 continue
