@@ -103,6 +103,30 @@ def test_each_sequence_stops_on_its_own(models):
     assert other == want_other
 
 
+def test_an_error_in_one_sequences_own_code_ends_it_alone(models):
+    """A run that raises between the batch's forwards (its retrieval cache's rebuild out of memory, say)
+    ends alone: the others finish as alone. It raised out of the step before, and a server failed every
+    request in its batch with it, those that had just finished too."""
+    def failing_after(run, forwards):
+        asked = next(run)
+        for _ in range(forwards):
+            asked = run.send((yield asked))
+        run.close()
+        raise RuntimeError("out of memory in this sequence's rebuild")
+
+    batch_prompts = prompts([120, 90], seed=5)
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    expected = alone(models, "triforce", "static", 0, batch_prompts[0], params)
+    batch = SequenceBatch()
+    kept = batch.add(engine_for(models, "triforce", "static", 0, batch_prompts[0], params).run(batch_prompts[0], params))
+    failed = batch.add(failing_after(engine_for(models, "triforce", "static", 0, batch_prompts[1], params).run(
+        batch_prompts[1], params), 6))
+    batch.run()
+    assert kept.result[0] == expected
+    with pytest.raises(RuntimeError, match="out of memory"):
+        failed.result
+
+
 @pytest.mark.skipif(kernel_max_rows() == 0, reason="no CPU kernels here: every forward takes torch's product")
 def test_a_prompt_prefilling_beside_a_decoding_one_leaves_both_as_alone_in_bfloat16(tiny_dir):
     """A's decode steps ran in one call with B's prefill chunks, through torch's product (more rows than the

@@ -16,8 +16,9 @@ all of them computed together), and each sequence's draws still come from its ow
 A run that yields a `Wait` (its prompt's next block is being prefilled by another sequence, for the
 prefix store: cache/prefixes.py) is asked again after the step's forwards.
 
-Sequences join (`add`) and leave (when their run returns, or raises a RequestFailed: that request's own
-fault, which ends it alone) between steps: continuous batching. A run's
+Sequences join (`add`) and leave (when their run returns, or raises: a RequestFailed, that request's own
+fault, or any error in its own code between the batch's forwards, its caches' rebuild say, ends it alone;
+an error in a forward the batch runs for many ends the step) between steps: continuous batching. A run's
 output does not depend on its companions: its rows see only its own cache (LlamaModel.forward_batch),
 and its random draws come from its own generator. (In mode auto a batch runs one plan, so which tiers a
 seeded request's draws go through, and so its sample, may depend on the batch; its distribution does
@@ -31,7 +32,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import RequestFailed
 from ..kernels.linear import kernel_max_rows
 from ..speculation.sampling import processed
 from ..speculation.verify import ChainVerdict, verify_chains
@@ -42,11 +42,11 @@ from .tiers import PROMPT_ROWS, forward_in_calls
 @dataclass(eq=False)
 class Sequence:
     """A run in the batch: `waiting` is the forward, check or wait it asked for; `result` its return value
-    once done (raising the RequestFailed that ended it instead, where one did)."""
+    once done (raising the error that ended it instead, where one did)."""
     run: Run
     waiting: Forward | Check | Wait | None = None
     returned: tuple | None = None
-    error: RequestFailed | None = None
+    error: Exception | None = None
 
     @property
     def done(self) -> bool:
@@ -115,7 +115,8 @@ class SequenceBatch:
             seq.waiting = next(seq.run) if first else seq.run.send(logits)
         except StopIteration as done:
             seq.waiting, seq.returned = None, done.value
-        except RequestFailed as error:  # the request's own (its rules contradict each other): it alone ends
+        except Exception as error:  # noqa: BLE001 (raised in this run's own code: it alone ends; the others
+            # went on before, and a server failed them all, finished ones too, with a 500)
             seq.waiting, seq.error = None, error
 
 
