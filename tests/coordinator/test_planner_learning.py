@@ -192,6 +192,25 @@ def test_an_idle_tiers_cost_scale_fades_back_to_the_table(monkeypatch):
     assert planner.decisions[-1]["mode"] == "draft" and planner.decisions[-1]["why"]["cost_scale"]["draft"] < 5
 
 
+def test_a_stretch_of_slow_forwards_scales_the_costs_not_the_modes_speed_factor(monkeypatch):
+    """A stretch whose target forwards took 1.5x the table, at the speed the model predicts for forwards
+    that slow: the slowness is the forwards' (the mode's cost scale), and nothing is left over for its
+    realized factor. Measured against the costs the plan was made with, the factor took it too (0.67),
+    and the next plan counted the slowness twice."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    costs = {"draft": {1: 0.1}, "target": {n: 1.0 + 0.02 * (n - 1) for n in FLAT}}
+    planner = planner_with(costs)
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft"
+    checked = plan.gammas[0] + 1
+    for _ in range(30):
+        planner.times.observe_cost(planner.running, "target", checked, 1.5 * interpolate(costs["target"], checked))
+    slow = {"draft": costs["draft"], "target": {n: 1.5 * c for n, c in costs["target"].items()}}
+    alphas = {n: a.mean for n, a in planner.acceptance.items()}
+    planner.observe_rate(plan, 1 / seconds_per_token(plan.stack, plan.gammas, slow, alphas, planner.row_seconds))
+    assert planner.realized["draft"] == pytest.approx(1.0, rel=1e-2)
+
+
 def test_a_mode_slower_than_its_model_is_dropped():
     """Sampling and verification between forwards are outside the cost model: a mode that runs at half
     the speed its forwards predict is scored at what it reached."""

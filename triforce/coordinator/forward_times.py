@@ -60,14 +60,15 @@ class ForwardTimes:
         self.scaled = {stack_mode(stack): {name: self._scaled(stack_mode(stack), name) for name in stack}
                        for stack in stacks}
 
-    def per_sequence(self, stack: tuple[str, ...], chunk: float = 0.0) -> dict[str, dict[int, float]]:
+    def per_sequence(self, stack: tuple[str, ...], chunk: float = 0.0, now: bool = False) -> dict[str, dict[int, float]]:
         """Seconds per forward per sequence of the batch of each tier of `stack`, as its mode runs them,
         with each tier's overhead in its role there, and a batchmate's prompt `chunk` on every target
-        forward."""
-        out = {}
+        forward; as the last plan was made with, or with `now`, as the forwards since have scaled them."""
+        out, mode = {}, stack_mode(stack)
         for level, name in enumerate(stack):
             extra = self.overhead.get(f"{name}/{role_at(level)}", 0.0) + (chunk if name == "target" else 0.0)
-            out[name] = {n: c + extra / self.batch for n, c in self.scaled[stack_mode(stack)][name].items()}
+            scaled = self._scaled(mode, name) if now else self.scaled[mode][name]
+            out[name] = {n: c + extra / self.batch for n, c in scaled.items()}
         return out
 
     def fade(self, running: str | None, kept: float) -> None:

@@ -329,11 +329,12 @@ class AutoPlanner:
         """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
         verification and bookkeeping between them) since the last plan. Against what the model predicts for
         that plan at the acceptance its checks saw since then (a proposer not checked meanwhile: its
-        estimate) and the costs as scaled (per sequence of the batch), this mode's later predictions are
-        scaled likewise."""
+        estimate) and the costs as the stretch's own forwards scaled them (per sequence of the batch), this
+        mode's later predictions are scaled likewise. (Against the costs planned with, a stretch of forwards
+        slower than those moved both the costs and this factor, and the next plan counted it twice.)"""
         if plan.mode not in self.times.scaled or not self.times.evidence:
             return  # a plan this planner did not score, or made with another batch size's costs
-        costs = self.times.per_sequence(plan.stack)
+        costs = self.times.per_sequence(plan.stack, now=True)
         alphas = {name: a.mean for name, a in self.estimates().items()}
         alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
         predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
