@@ -81,17 +81,21 @@ def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path
         CostTable(path).seconds(verifier, (1,))
 
 
-@pytest.mark.parametrize("policy", ["static", "dynamic"])
-def test_an_idle_retrieval_tier_is_kept_at_the_context_it_runs_at(models, prompt, tmp_path, monkeypatch, policy):
+@pytest.mark.parametrize("policy,full_layers", [("static", 0), ("static", 1), ("dynamic", 0)])
+def test_an_idle_retrieval_tier_is_kept_at_the_context_it_runs_at(models, prompt, tmp_path, monkeypatch, policy,
+                                                                  full_layers):
     """An idle retrieval cache holds nothing until it is synced (for its measurement, or when a plan takes
     it): its cost is kept at the context it reads once synced, so the entry is found before and after the
     sync. Keyed at 0, a machine's first auto request measured the tier again at its next plan, in the
-    middle of decoding, and the planner's check for known costs missed it."""
+    middle of decoding, and the planner's check for known costs missed it. A static cache's context is
+    the mean of what its layers read: the budget, the whole context in its full layers."""
     target, draft = models
-    engine = build_engine(EngineConfig(mode="retrieval", retrieval_policy=policy, **SETTINGS), target, draft, 128)
+    settings = {**SETTINGS, "full_layers": full_layers}
+    engine = build_engine(EngineConfig(mode="retrieval", retrieval_policy=policy, **settings), target, draft, 128)
     retrieval, verifier = engine.tiers
     verifier.prefill(prompt)
-    synced = SETTINGS["budget"] if policy == "static" else len(prompt)
+    # 3 layers, 80 tokens, a budget of 12; one full layer: (80 + 2 x 12) / 3
+    synced = {("static", 0): 12, ("static", 1): 34, ("dynamic", 0): 80}[policy, full_layers]
     assert retrieval.length == 0 and costs_module.cost_context(retrieval) == synced
     table = CostTable(tmp_path / "costs-2.json")
     first = table.seconds(retrieval, (1, 3), retrieval.sync)

@@ -111,3 +111,25 @@ def test_cost_entries_keep_the_sizes_each_process_measured(tmp_path):
     server.save(key)
     assert json.loads(path.read_text())[key] == {"1": 0.011, "2": 0.02, "4": 0.03, "8": 0.05, "16": 0.09}
     assert server.entries[key]["8"] == 0.05
+
+
+def test_a_cost_save_writes_back_only_the_sizes_it_measured(tmp_path, monkeypatch):
+    """A process that holds an older read of an entry another process measured again (after `forget`), and
+    measures a size of its own, writes back that size, not its stale timings of the others over the fresh
+    ones."""
+    import json
+
+    import triforce.coordinator.costs as costs_module
+    from triforce.coordinator.costs import CostTable
+
+    path = tmp_path / CostTable.filename
+    key = "cpu||target||4096"
+    path.write_text(json.dumps({key: {"1": 0.01, "2": 0.02}}))
+    server, bench = CostTable(path), CostTable(path)
+    bench.entries[key] = {"1": 0.05, "2": 0.06}  # measured again
+    bench.save(key)
+    monkeypatch.setattr(CostTable, "_key", lambda self, tier, batch=1: key)
+    monkeypatch.setattr(costs_module, "forward_seconds", lambda tiers, n: 0.07)
+    assert server.seconds([object()], (1, 4), batch=1) == {1: 0.01, 4: 0.07}  # what it held, and measured
+    assert json.loads(path.read_text())[key] == {"1": 0.05, "2": 0.06, "4": 0.07}
+    assert server.entries[key]["2"] == 0.06  # and it learned the fresh ones

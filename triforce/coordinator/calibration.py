@@ -25,6 +25,7 @@ except ImportError:  # not POSIX: saves are still whole (os.replace), only not s
     fcntl = None
 
 from ..config import is_number
+from ..files import write_whole
 
 log = logging.getLogger(__name__)
 _FILES: dict[tuple[type, Path | None], "CalibrationFile"] = {}  # `default`'s, one per kind and path
@@ -63,9 +64,9 @@ class CalibrationFile:
         """Whether an entry read from the file has the shape this kind writes (each kind says)."""
         return True
 
-    @staticmethod
-    def merged(theirs: dict, ours: dict) -> dict:
-        """An entry this process changed, saved over the file's (each kind says how; here: ours whole)."""
+    def merged(self, key: str, theirs: dict, ours: dict) -> dict:
+        """Entry `key`, which this process changed, saved over the file's (each kind says how; here: ours
+        whole)."""
         return ours
 
     @staticmethod
@@ -89,7 +90,6 @@ class CalibrationFile:
         if self.path is None:
             return
         self._changed.add(key)
-        partial = self.path.with_name(self.path.name + f".{os.getpid()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._locked():
@@ -99,16 +99,11 @@ class CalibrationFile:
                         entries.pop(changed, None)
                     else:
                         ours = self.entries[changed]
-                        entries[changed] = ours if changed not in entries else self.merged(entries[changed], ours)
+                        entries[changed] = ours if changed not in entries else self.merged(changed, entries[changed], ours)
                 entries = self.pruned(entries)
-                partial.write_text(json.dumps(entries, indent=0, sort_keys=True))
-                partial.replace(self.path)  # whole or not at all, also for readers that take no lock
+                write_whole(self.path, json.dumps(entries, indent=0, sort_keys=True))  # also for readers without the lock
             self.entries, self._changed = entries, set()
         except OSError as exc:
-            try:
-                partial.unlink(missing_ok=True)
-            except OSError:
-                pass
             if not self._save_failed:  # once: every later save fails the same way
                 log.warning("cannot save %s (%s); it is kept in memory", self.path, exc)
             self._save_failed = True

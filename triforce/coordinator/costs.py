@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 
 import torch
 
@@ -66,7 +67,13 @@ def cost_context(tier: Tier) -> int:
         # As it runs, synced with the target: an idle one holds nothing until its sync (keyed at 0, a
         # machine's first auto request measured it again at its next plan, in the middle of decoding).
         context = max(tier.length, cache.source.length)
-        return min(context, cache.budget) if cache.policy == "static" else context
+        if cache.policy != "static":
+            return context
+        # its first full_layers layers read the whole context, the others the budget: their mean (keyed at
+        # the budget alone, an entry measured at 4K stood for 32K, whose full layers read eight times as much)
+        layers = tier.model.config.num_layers
+        full = min(cache.full_layers, layers)
+        return (full * context + (layers - full) * min(context, cache.budget)) // layers
     return tier.length
 
 
@@ -76,16 +83,22 @@ class CostTable(CalibrationFile):
 
     filename = "costs-2.json"  # 2: a draft measured over a full window (before: an empty one)
 
+    def __init__(self, path: Path | None = None):
+        super().__init__(path)
+        self._fresh: dict[str, set[str]] = {}  # per entry: the sizes measured here since its last save
+
     @staticmethod
     def valid(key: str, value) -> bool:
         """Entries "...||context" -> {tokens: seconds > 0}."""
         return key.rpartition("||")[2].isdigit() and finite_numbers(value, 1e-12) and \
             all(n.isdigit() for n in value)
 
-    @staticmethod
-    def merged(theirs: dict, ours: dict) -> dict:
-        """The sizes another process measured kept beside ours (ours where both did)."""
-        return {**theirs, **ours}
+    def merged(self, key: str, theirs: dict, ours: dict) -> dict:
+        """The file's sizes with those this process measured since its last save over them: the others it
+        holds are older reads of the file, which wrote back stale timings over another process's fresh
+        ones (an entry measured again after `forget`)."""
+        fresh = self._fresh.pop(key, ours.keys())
+        return {**theirs, **{n: ours[n] for n in fresh if n in ours}}
 
     def seconds(self, tiers: Tier | list[Tier], sizes: tuple[int, ...], prepare=None,
                 batch: int | None = None) -> dict[int, float]:
@@ -105,6 +118,7 @@ class CostTable(CalibrationFile):
                 prepare()
             for n in missing:
                 known[str(n)] = forward_seconds(tiers, n)
+            self._fresh.setdefault(key, set()).update(str(n) for n in missing)
             self.save(key)
         return {n: known[str(n)] for n in sizes}
 
