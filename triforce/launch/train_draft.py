@@ -15,6 +15,7 @@ from ..draft.evaluate import decode_ms_per_token, evaluate_genres
 from ..draft.generated import GenerationSettings
 from ..draft.train import DraftShape, TrainSettings, export, fingerprint, init_draft, train
 from ..errors import UserError
+from ..files import write_whole
 from ..models.folders import probe_writes, triforce_home, writable_folder
 from ..models.hub import DEFAULT_MODEL
 from ..models.loader import load_model
@@ -249,8 +250,6 @@ def run_train_draft(args) -> int:
     meta_path = out / "triforce_draft.json"
     meta = json.loads(meta_path.read_text())
     meta["heldout_eval"] = report
-    partial = meta_path.with_name(meta_path.name + ".partial")  # whole or not at all: the draft reads it
-    partial.write_text(json.dumps(meta, indent=1))
-    partial.replace(meta_path)
+    write_whole(meta_path, json.dumps(meta, indent=1))  # the draft reads it
     print(json.dumps(report))
     return 0

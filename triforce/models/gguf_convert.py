@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import sys
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..files import write_whole
 from .config import GENERATION_CONFIG, ModelLoadError, id_list
 
 log = logging.getLogger(__name__)
@@ -169,9 +169,7 @@ def mend_rope_scaling(gguf: Path, folder: Path) -> None:
     field = reader.fields.get("general.architecture")
     mended = scaled(config, rope_scaling(reader, field.contents() if field else "none"))
     if mended is not config:
-        partial = path.with_name(f"config.json.{os.getpid()}")
-        partial.write_text(json.dumps(mended, indent=2))
-        partial.replace(path)
+        write_whole(path, json.dumps(mended, indent=2))
         log.warning("%s: the RoPE scaling of %s added to its config (converted before it was carried)", folder,
                     gguf.name)
 
@@ -220,6 +218,5 @@ def write_generation_config(folder: Path) -> None:
         if isinstance(words, dict):  # BPE's and WordPiece's text -> id
             texts = {**words, **texts}
         ids += sorted(texts[text] for text in END_OF_GENERATION if text in texts)
-    partial = folder / f"{GENERATION_CONFIG}.{os.getpid()}"  # processes topping up one folder each write whole
-    partial.write_text(json.dumps({"eos_token_id": list(dict.fromkeys(ids))}, indent=2))
-    partial.replace(folder / GENERATION_CONFIG)
+    # processes topping up one folder each write it whole
+    write_whole(folder / GENERATION_CONFIG, json.dumps({"eos_token_id": list(dict.fromkeys(ids))}, indent=2))
