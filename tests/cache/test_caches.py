@@ -128,8 +128,9 @@ def test_streaming_cache_matches_reference(ops, sinks, window):
         seen, new, positions = out
         visible = list(range(min(before, sinks))) + list(range(max(sinks, before - window), before))
         visible += list(range(before, before + len(positions)))
-        # Sinks keep their positions; the window's first key follows them, and the rest keep their offsets.
-        shift = history[max(sinks, before - window)][1] - sinks if before > sinks else 0
+        # Sinks keep their positions; once the window has slid past them, its first key follows them, and
+        # the rest keep their offsets (before, every key keeps its own position)
+        shift = history[before - window][1] - sinks if before - window > sinks else 0
         rotated = torch.tensor([history[t][1] - (shift if t >= sinks else 0) for t in visible])
         for layer, (q, keys, values) in enumerate(seen):
             ks = torch.stack([history[t][0][layer][0] for t in visible], dim=1)

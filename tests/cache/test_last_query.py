@@ -95,3 +95,26 @@ def test_a_cost_measurement_leaves_the_last_tokens_query(folder, fused):
     before = queries(target.cache)
     forward_seconds([target], 6)
     assert target.length == PROMPT and torch.equal(queries(target.cache), before)
+
+
+def test_a_saved_query_state_outlives_the_buffers_a_forward_handed_over(folder):
+    """A CUDA graph's forward (models/cuda_graphs.py) hands the cache views of its own query buffers
+    (`written`), which its next run overwrites: the state a cost measurement saves before its filler
+    forwards is a copy, or the filler's queries came back as the last token's."""
+    config = load_model(folder, "float32").config
+    cache = FullKVCache(config, 16, torch.float32, "cpu")
+    buffers = [torch.randn(config.num_heads, 3, config.head_dim) for _ in range(config.num_layers)]
+
+    def graphed(tokens):  # what StaticForward does to the cache
+        cache.begin(Step.chain(tokens, cache.length))
+        cache.written(buffers)
+        cache.end()
+
+    graphed([5, 6, 7])
+    before, state = queries(cache).clone(), cache.query_state()
+    for buffer in buffers:
+        buffer.normal_()  # the filler's run writes its queries where the last forward's were
+    graphed([0, 0, 0])
+    cache.rollback(3)
+    cache.restore_query_state(state)
+    assert torch.equal(queries(cache), before)

@@ -82,8 +82,11 @@ class FullKVCache(KVCache):
     def query_state(self) -> tuple:
         """What `last_query` reads, to put back (`restore_query_state`) after forwards that are rolled back
         whole: a cost measurement's filler tokens, whose last row was otherwise taken for the last token's
-        query, from which a retrieval cache built then chose its chunks (costs.forward_seconds)."""
-        return self._forward, dict(self._moved), self._layer_queries, \
+        query, from which a retrieval cache built then chose its chunks (costs.forward_seconds). Copies: a
+        CUDA graph's forward hands over views of its own buffers (`written`), which the filler's runs overwrite."""
+        layer_queries = None if self._layer_queries is None else \
+            [None if q is None else q.clone() for q in self._layer_queries]
+        return self._forward, dict(self._moved), layer_queries, \
             None if self._queries is None else self._queries.clone()
 
     def restore_query_state(self, state: tuple) -> None:

@@ -87,12 +87,13 @@ class StreamingKVCache(KVCache):
         a = self._recent_index(start + to_sink)
         self.recent_pos[a:a + n - to_sink] = step.positions[to_sink:]
         # The window: the last `window` tokens before the step, of those stored (none before a skip).
-        self._window = (self._recent_index(max(self.sinks, start - self.window, self._offset)),
-                        self._recent_index(start + n))
-        # The sinks, turned by the shift (the window's first position less `sinks`; none while the window
-        # follows them) to sit right before the window: [L, Hkv, sinks, D]
+        first = max(self.sinks, start - self.window, self._offset)
+        self._window = (self._recent_index(first), self._recent_index(start + n))
+        # The sinks, turned by the shift (the window's first position less `sinks`) to sit right before the
+        # window: [L, Hkv, sinks, D]. None while the window follows them: every key keeps its own position
+        # (a tree's siblings in the first window slots sit lower than their slots, and turned the sinks).
         self._sinks_now = self.sink_k[:, :, :min(start + n, self.sinks)]
-        if start > self.sinks > 0:
+        if first > self.sinks > 0:
             layers, heads, _, dim = self.sink_k.shape
             # a tensor (no sync); negative where a tree's siblings left the window's first position low
             shift = (self.recent_pos[self._window[0]] - self.sinks).expand(self.sinks)
