@@ -282,6 +282,23 @@ def test_cpu_decode_attention_kernel_with_a_mask_matches_reference(level, hq, hk
         torch.testing.assert_close(attention(q, k, v, d ** -0.5, mask).float(), got)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_row_that_sees_no_key_is_zeros_as_in_the_reference(level, dtype):
+    """A mask that hides every key from a row (the model never sends one: every row sees itself) gives
+    that row zeros, as an empty softmax times V does in the reference; the kernels' merge divided 0 by 0."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(2, 2, 64, generator=g), torch.randn(1, 40, 64, generator=g), torch.randn(1, 40, 64, generator=g)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    mask = torch.zeros(2, 40, dtype=torch.bool)
+    mask[1, :9] = True  # the second row sees nine keys, the first none
+    run = cpu_kernels().decode_attention_f32 if dtype == torch.float32 else \
+        lambda *a: cpu_kernels().decode_attention_bf16(*a[:4], False, a[4])
+    got = run(q, k, v, 0.125, mask).float()
+    want = reference_attention(q.float(), k.float(), v.float(), 0.125, mask).float()
+    assert torch.equal(got[:, 0], torch.zeros_like(got[:, 0]))
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+
+
 def test_cpu_decode_attention_kernel_refuses_a_bad_mask(level):
     q, k, v = torch.randn(3, 4, 64).bfloat16(), torch.randn(1, 10, 64).bfloat16(), torch.randn(1, 10, 64).bfloat16()
     for bad in (torch.ones(4, 3, dtype=torch.bool), torch.ones(4, 11, dtype=torch.bool), torch.ones(4, 4)):

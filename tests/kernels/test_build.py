@@ -234,3 +234,15 @@ def test_the_machine_key_of_a_cpu_tier_is_the_cpus_on_a_machine_with_a_gpu(monke
         keys[device] = costs.CostTable(None)._key(tier)
     costs.machine_key.cache_clear()
     assert keys["cpu"].startswith(on_cpu + "||") and keys["cuda"].startswith("cuda:Test GPU||")
+
+
+def test_an_amx_build_whose_tiles_the_os_refused_reports_the_path_that_runs(monkeypatch):
+    """A CPU that has AMX whose OS refuses this process the tile state (a sandbox) runs the avx512 paths of
+    the amx build; it reported "amx", and the calibration filed its costs with real AMX runs."""
+    from types import SimpleNamespace
+
+    for usable, path in ((False, "avx512"), (True, "amx")):
+        monkeypatch.setattr(cpu, "loaded_kernels", lambda usable=usable: ("amx", SimpleNamespace(amx_usable=lambda: usable)))
+        cpu.has_amx.cache_clear()
+        assert cpu.kernel_path() == path
+    cpu.has_amx.cache_clear()

@@ -208,8 +208,13 @@ def cpu_kernels():
 
 
 def kernel_path() -> str:
-    """What runs the CPU's bfloat16 decode work: 'amx', 'avx512', 'avx2' (our kernels) or 'torch'."""
-    return loaded_kernels()[0] or "torch"
+    """What runs the CPU's bfloat16 decode work: 'amx', 'avx512', 'avx2' (our kernels) or 'torch'. An amx
+    build whose tiles the OS refused this process (a sandbox) runs the avx512 paths, and says so: the
+    calibration keys costs by it, and reports name it."""
+    level = loaded_kernels()[0]
+    if level == "amx" and not has_amx():
+        return "avx512"
+    return level or "torch"
 
 
 @functools.cache

@@ -133,7 +133,8 @@ void merge_ranges(const float* acc, const std::vector<Partial>& st, int64_t hkv,
         for (int c = 0; c < D; ++c) row[c] += w * a[c];
       }
       T* o = op + (h * R + r) * D;  // rows of head h are query heads h*G.. with n queries each
-      for (int c = 0; c < D; ++c) o[c] = T(row[c] / total);
+      // a row that sees no key (every split empty) is zeros, as an empty softmax times V is; not 0 / 0
+      for (int c = 0; c < D; ++c) o[c] = T(total > 0.0f ? row[c] / total : 0.0f);
     }
   });
 }

@@ -87,7 +87,8 @@ at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps) {
   const int64_t n = x.size(0), h = x.size(1);
   auto out = at::empty_like(x);
   const bf16* xp = x.data_ptr<bf16>();
-  const bf16* wp = weight.contiguous().data_ptr<bf16>();
+  const auto w = weight.contiguous();  // held: a copy of a strided weight lives while it is read
+  const bf16* wp = w.data_ptr<bf16>();
   bf16* op = out.data_ptr<bf16>();
   for (int64_t r = 0; r < n; ++r) {
     const bf16* row = xp + r * h;
