@@ -230,6 +230,11 @@ def test_bad_n_is_refused(llm):
     with pytest.raises(ConfigError, match="output i takes seed"):
         SamplingParams(n=3, seed=2**64 - 2)
     assert SamplingParams(n=3, seed=2**64 - 3).choices()[-1].seed == 2**64 - 1
+    for huge in (10**5000, -10**5000):  # its message raised ValueError (Python prints 4,300 digits at most)
+        with pytest.raises(ConfigError, match=r"^seed must .* about 5,000 digits"):
+            SamplingParams(seed=huge)
+    with pytest.raises(ConfigError, match=r"got \['x+\.\.\.\)$"):  # a long value cut in the message
+        SamplingParams(stop=["x" * 10_000, 5])
     with pytest.raises(UserError, match="n = 1"):
         llm.generate(PROMPT, SamplingParams(max_tokens=2, n=2), stream=print)
 

@@ -30,6 +30,15 @@ def is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def shown(value) -> str:
+    """`value` for an error message: its repr, cut to 200 characters; an integer past what Python prints
+    (4,300 digits: formatting the message raised ValueError) by its size."""
+    if isinstance(value, numbers.Integral) and int(value).bit_length() > 14000:
+        return f"an integer of about {int(abs(int(value)).bit_length() * math.log10(2)):,} digits"
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def is_number(value) -> bool:
     """A finite real number: Python's or numpy's (not a bool, not a string, not an integer past a float's
     range, on which math.isfinite raised OverflowError)."""

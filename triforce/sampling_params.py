@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
-from .config import ConfigError, is_integer, is_number
+from .config import ConfigError, is_integer, is_number, shown
 from .speculation.sampling import GREEDY_BELOW
 
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes (on a CPU, it uses the seed modulo 2**32)
@@ -17,7 +17,7 @@ def _token_id(token) -> int:
         return token
     if isinstance(token, str) and token.strip().lstrip("-").isdigit():
         return int(token)
-    raise ValueError(f"not a token id: {token!r}")
+    raise ValueError(f"not a token id: {shown(token)}")
 
 
 def _bias_value(value) -> float:
@@ -172,25 +172,25 @@ class SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if isinstance(stop, bytes) or not isinstance(stop, Sequence) or \
                 not all(isinstance(s, str) for s in stop):  # a number or bytes failed deep in the run
-            raise ConfigError(f"stop must be a string or a list of strings (got {self.stop!r})")
+            raise ConfigError(f"stop must be a string or a list of strings (got {shown(self.stop)})")
         object.__setattr__(self, "stop", tuple(stop))
         if self.max_tokens is not None and (not is_integer(self.max_tokens) or self.max_tokens < 0):
-            raise ConfigError(f"max_tokens must be an integer >= 0 or None (got {self.max_tokens!r}; 0 prefills "
+            raise ConfigError(f"max_tokens must be an integer >= 0 or None (got {shown(self.max_tokens)}; 0 prefills "
                               f"only: a prompt's log-probabilities with prompt_logprobs, or its KV for the prefix "
                               f"store)")
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not is_number(getattr(self, name)):
-                raise ConfigError(f"{name} must be a finite number (got {getattr(self, name)!r})")
+                raise ConfigError(f"{name} must be a finite number (got {shown(getattr(self, name))})")
         if not self.temperature >= 0:
             raise ConfigError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
         if not is_integer(self.top_k) or self.top_k < -1:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 or -1: off; got {self.top_k!r})")
+            raise ConfigError(f"top_k must be an integer >= 0 (0 or -1: off; got {shown(self.top_k)})")
         if self.top_k == -1:  # vLLM's other spelling of off
             object.__setattr__(self, "top_k", 0)
         if not is_integer(self.n) or not 1 <= self.n <= MAX_N:
-            raise ConfigError(f"n must be an integer from 1 to {MAX_N} (got {self.n!r})")
+            raise ConfigError(f"n must be an integer from 1 to {MAX_N} (got {shown(self.n)})")
         object.__setattr__(self, "n", int(self.n))  # numpy's as Python's, before the seed range below
         if self.best_of not in (None, self.n):
             raise ConfigError(f"best_of must be None or n ({self.n}): outputs are not ranked and dropped here")
@@ -200,7 +200,7 @@ class SamplingParams:
             raise ConfigError("stop strings need detokenize (the text is where they are found)")
         last = SEEDS[1] - (self.n - 1)  # output i takes seed + i
         if self.seed is not None and (not is_integer(self.seed) or not SEEDS[0] <= self.seed <= last):
-            raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {last} (got {self.seed!r}"
+            raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {last} (got {shown(self.seed)}"
                               f"{'; output i takes seed + i' if self.n > 1 else ''})")
         if not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be from 0 to 1 (got {self.min_p})")
@@ -209,7 +209,7 @@ class SamplingParams:
         most = self.min_tokens if self.max_tokens is None else self.max_tokens  # None: as many as there are
         if not is_integer(self.min_tokens) or not 0 <= self.min_tokens <= most:
             raise ConfigError(f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}; got "
-                              f"{self.min_tokens!r})")
+                              f"{shown(self.min_tokens)})")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ConfigError(f"{name} must be from -2 to 2 (got {getattr(self, name)})")
@@ -229,14 +229,14 @@ class SamplingParams:
                               "the text may end")
         k = self.truncate_prompt_tokens
         if k is not None and (not is_integer(k) or k < 1):
-            raise ConfigError(f"truncate_prompt_tokens must be None or an integer >= 1 (got {k!r})")
+            raise ConfigError(f"truncate_prompt_tokens must be None or an integer >= 1 (got {shown(k)})")
         for name in ("include_stop_str_in_output", "skip_special_tokens", "ignore_eos"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and (not is_integer(k) or not 0 <= k <= MAX_LOGPROBS):
-                raise ConfigError(f"{name} must be None or an integer from 0 to {MAX_LOGPROBS} (got {k!r})")
+                raise ConfigError(f"{name} must be None or an integer from 0 to {MAX_LOGPROBS} (got {shown(k)})")
         for name, kind in (("max_tokens", int), ("top_k", int), ("seed", int), ("min_tokens", int),
                            ("truncate_prompt_tokens", int), ("logprobs", int), ("prompt_logprobs", int),
                            ("temperature", float), ("top_p", float), ("min_p", float), ("presence_penalty", float),
