@@ -37,7 +37,7 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=7936)
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--draft-window", type=int, default=16 + 256, help="sinks + window")
-    p.add_argument("--gamma1", type=int, default=2)
+    p.add_argument("--gamma1", type=int, default=4)  # the engine's defaults (config.py)
     p.add_argument("--gamma2", type=int, default=6)
     p.add_argument("--gbps", type=float, default=17.0, help="read rate for the tokens/s ceiling "
                    "(benchmarks/linear_bandwidth.py measures 16-19 here)")
