@@ -23,7 +23,7 @@ run: setup
 	$(VENV)/bin/triforce generate --prompt-file examples/long_prompt.txt --max-new-tokens 128
 
 test: setup
-	$(PY) -m pytest -q -n auto
+	$(PY) -m pytest -q -n auto --dist worksteal
 
 # The benchmark of docs/speed.md: triforce's modes against ar, transformers and assisted generation, passkey,
 # temperature and settings sweeps, plots (about 40 minutes on 2 cores; see benchmarks/run.sh).
