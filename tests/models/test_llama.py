@@ -150,6 +150,28 @@ def test_a_config_reads_as_transformers_reads_it_where_keys_are_missing(tiny_dir
         load_model(tmp_path)
 
 
+def test_a_config_is_read_as_transformers_reads_it_or_refused_in_a_line():
+    """Dynamic NTK with original_max_position_embeddings (transformers ignores the key: it stretched every
+    position), a sliding_window on Llama (which has none) or on Qwen2 past its layers (it capped the
+    positions), Llama's attention_bias (on o_proj too: refused as the tensors loaded, by another name),
+    an incomplete rope_scaling (a KeyError traceback as the model loaded)."""
+    base = {"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 4096}
+    dynamic = ModelConfig.from_hf_dict({**base, "rope_scaling": {
+        "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2048}})
+    assert dynamic.rope_scaling == {"rope_type": "dynamic", "factor": 2.0}
+    assert ModelConfig.from_hf_dict({**base, "sliding_window": 512}).max_positions == 4096
+    qwen = {**base, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 512}
+    assert ModelConfig.from_hf_dict({**qwen, "max_window_layers": 2}).max_positions == 4096
+    assert ModelConfig.from_hf_dict({**qwen, "max_window_layers": 1}).max_positions == 512  # banded: refused past it
+    for extra, message in (({"attention_bias": True}, "attention_bias"), ({"mlp_bias": True}, "mlp_bias"),
+                           ({"rope_scaling": {"rope_type": "linear"}}, "'linear' lacks factor"),
+                           ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor")):
+        with pytest.raises(ModelLoadError, match=message):
+            ModelConfig.from_hf_dict({**base, **extra})
+    assert ModelConfig.from_hf_dict({**base, "model_type": "qwen2"}).attention_bias  # Qwen2's q, k, v bias
+
+
 def test_missing_tensor_is_a_clear_error(tiny_dir, tmp_path):
     folder = tiny_dir("llama2-broken", arch="llama2", seed=6)
     tensors = load_file(str(folder / "model.safetensors"))

@@ -17,6 +17,8 @@ from ..errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+ROPE_KEYS_NEEDED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+                    "llama3": ("factor", "low_freq_factor", "high_freq_factor")}  # what each kind reads
 ROPE_SCALING_KINDS = ("linear", "dynamic", "yarn", "llama3")  # what --rope-scaling KIND:FACTOR takes
 MAX_ROPE_FACTOR = 64  # the RoPE table covers every stretched position up front (models/rope.py)
 SUPPORTED_ACTIVATIONS = ("silu", "swish")  # the MLP's gate; transformers' names for one function
@@ -108,8 +110,16 @@ class ModelConfig:
             rope.update(raw.get("rope_scaling") or {})
             theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
             kind = rope.get("rope_type", rope.get("type", "default"))
+            missing = [k for k in ROPE_KEYS_NEEDED.get(kind, ()) if k not in rope]
+            if missing:  # transformers refuses it too; here it was a KeyError traceback as the model loaded
+                raise ModelLoadError(f"rope_scaling {kind!r} lacks {', '.join(missing)}")
+            if raw.get("mlp_bias") or (model_type != "qwen2" and raw.get("attention_bias")):
+                raise ModelLoadError("attention_bias / mlp_bias: biases on the attention output or the MLP "
+                                     "(transformers' Llama puts attention_bias on o_proj too) are not supported")
             if kind == "default":
                 rope = {}
+            elif kind == "dynamic":  # transformers' dynamic NTK reads max_position_embeddings, not this key
+                rope.pop("original_max_position_embeddings", None)
             elif kind in ("llama3", "yarn"):  # as transformers reads them: a top-level value first (Phi-3's
                 # place), else the one in rope_scaling, else max_position_embeddings (a KeyError before)
                 rope["original_max_position_embeddings"] = int(raw.get(
@@ -117,16 +127,19 @@ class ModelConfig:
                     rope.get("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))))
             eos = raw.get("eos_token_id")
             eos_ids = tuple(int(i) for i in id_list(eos))
-            # transformers' MistralConfig bands attention at 4096 tokens where config.json does not say
+            # transformers' MistralConfig bands attention at 4096 tokens where config.json does not say; its
+            # Llama has no window; its Qwen2 bands the layers from max_window_layers on, with use_sliding_window
             window = raw.get("sliding_window", 4096 if model_type == "mistral" else None)
-            if model_type == "qwen2" and not raw.get("use_sliding_window", False):
+            layers = int(raw["num_hidden_layers"])
+            if model_type == "llama" or (model_type == "qwen2" and (
+                    not raw.get("use_sliding_window", False) or int(raw.get("max_window_layers", 28)) >= layers)):
                 window = None
             return cls(
                 model_type=model_type,
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(raw["intermediate_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
+                num_layers=layers,
                 num_heads=num_heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
                 head_dim=int(raw.get("head_dim") or hidden // num_heads),
