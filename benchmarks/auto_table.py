@@ -40,11 +40,12 @@ def table(paths: list[Path]) -> str:
             if "auto" not in runs:
                 continue
             speed = {m: runs[m]["tokens_per_s"] for m in (*FIXED, "auto") if m in runs}
-            best = max((m for m in FIXED if m in speed), key=speed.get)
+            best = max((m for m in FIXED if m in speed), key=speed.get, default=None)  # a run of auto alone
             cells = [f"{speed[m]:.1f}" if m in speed else "" for m in (*FIXED, "auto")]
+            against = [f"{speed['auto'] / speed[m]:.2f}x" if m in speed else "" for m in (best, "ar")]
             lines.append(f"| {path.stem} | {length} | {temperature} | {batch} | " + " | ".join(cells) +
-                         f" | {best} | {speed['auto'] / speed[best]:.2f}x | "
-                         f"{speed['auto'] / speed['ar']:.2f}x | {plans(runs['auto'])} | {acceptance(runs['auto'])} |")
+                         f" | {best or ''} | {against[0]} | {against[1]} | {plans(runs['auto'])} | "
+                         f"{acceptance(runs['auto'])} |")
     return "\n".join(lines)
 
 

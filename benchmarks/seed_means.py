@@ -1,5 +1,6 @@
 """Mode auto against a fixed mode over many seeds: `triforce bench` JSON files named LABEL_..._seedN.json
-(benchmarks/results/issue12/auto_gammas/run.sh writes them), grouped by LABEL.
+(benchmarks/results/issue12/auto_gammas/run.sh writes them), grouped by LABEL and each row's prompt length,
+temperature and batch (files of several lengths under one label, or a file of several groups, apart).
 
     python benchmarks/seed_means.py FILE.json [FILE.json ...] [--against triforce|best]
 
@@ -24,13 +25,18 @@ def main() -> None:
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--against", default="triforce", help="a fixed mode, or best (the one with the highest mean)")
     args = p.parse_args()
-    runs: dict = defaultdict(dict)  # label -> seed -> {mode: tokens/s}
+    runs: dict = defaultdict(dict)  # (label, prompt, temperature, batch) -> seed -> {mode: tokens/s}
     for path in args.files:
         found = re.match(r"(.+?)_.*seed(\d+)\.json$", path.name)
         if found:
-            rows = json.load(open(path))["results"]
-            runs[found[1]][int(found[2])] = {r["run"]: r["tokens_per_s"] for r in rows}
-    for label, seeds in sorted(runs.items()):
+            for r in json.load(open(path))["results"]:  # a file's groups (and files of other lengths) apart
+                by_mode = runs[found[1], r["prompt_tokens"], r["temperature"], r.get("batch", 1)].setdefault(
+                    int(found[2]), {})
+                if r["run"] in by_mode:
+                    raise SystemExit(f"{path}: a second {r['run']!r} row for seed {found[2]} in one group")
+                by_mode[r["run"]] = r["tokens_per_s"]
+    for (label, prompt, temperature, batch), seeds in sorted(runs.items()):
+        label = f"{label} prompt={prompt} T={temperature}" + (f" batch={batch}" if batch > 1 else "")
         modes = sorted({m for by_mode in seeds.values() for m in by_mode})
         means = {m: round(sum(s[m] for s in seeds.values() if m in s) / sum(m in s for s in seeds.values()), 1)
                  for m in modes}

@@ -67,6 +67,19 @@ def test_bench_runs_batches_of_different_texts(tiny_dir, tmp_path):
     assert rows[3]["tiers"][0]["checks"] > rows[1]["tiers"][0]["checks"]  # the batch's checks summed
 
 
+def test_bench_refuses_a_batch_that_would_run_in_parts(tiny_dir, tmp_path, capsys, monkeypatch):
+    """A batch whose caches do not fit the memory free at once runs in parts, one after another: its
+    tokens/s (all its tokens over the longest decode) counted them as together, up to parts times too high."""
+    from triforce import LLM
+
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    texts = [random_words(tmp_path / f"text{i}.txt", 1 + 10 * i, 500) for i in range(2)]
+    monkeypatch.setattr(LLM, "free_memory", lambda self: int(1.5 * self.cache_bytes_for(100, 10) / self.memory_share))
+    assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", *map(str, texts), "--lengths",
+                 "100", "--batch", "1", "2", "--max-new-tokens", "10", "--modes", "ar"]) == 2
+    assert "a batch of 2 prompts of 100 tokens does not fit" in capsys.readouterr().err
+
+
 def test_bench_runs_restore_every_prompts_kv_with_a_prefix_cache(tiny_dir, tmp_path, capsys):
     """Each batch's prompts are prefilled once, untimed, so every run restores all of them: the batch of two
     repeats the first batch's prompt, and a run that restored one prompt beside another's prefill would

@@ -223,6 +223,16 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
             raise UserError(f"cannot write --out {out}: permission denied")
 
 
+def _check_batch_fits(llm, prompts: list[list[int]], new_tokens: int) -> None:
+    """A batch whose caches do not fit at once runs in parts, one after another (LLM.generate): its tokens/s,
+    all its tokens over the longest decode, would count the parts as running together."""
+    parts = llm._parts_that_fit([(len(p), new_tokens) for p in prompts])
+    if len(parts) > 1:
+        raise UserError(f"a batch of {len(prompts)} prompts of {len(prompts[0])} tokens does not fit the memory "
+                        f"free at once in mode {llm.config.mode} (it would run in {len(parts)} parts, and its "
+                        f"tokens/s count them as together): lower --batch, --lengths or --prefix-cache-gb")
+
+
 def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, results: list[dict]) -> None:
     """Runs every (workload, length, batch, temperature) group, appending each group's rows to `results`."""
     for workload in args.workloads:
@@ -244,6 +254,7 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                     for repeat in range(args.repeats):
                         for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
                             llm.config = dataclasses.replace(base, mode=mode, **overrides)
+                            _check_batch_fits(llm, prompts, args.max_new_tokens)
                             outs = llm.generate(prompts, params)
                             rows.append({**group, "run": mode, **overrides, **batch_row(outs)})
                             _show(rows[-1], repeat)

@@ -72,7 +72,10 @@ class TransformersPeer:
     def _generate(self, ids: torch.Tensor, new_tokens: int, temperature: float, top_p: float, seed: int,
                   assisted: bool) -> torch.Tensor:
         torch.manual_seed(seed)
-        kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=temperature > 0)
+        # repetition_penalty 1: not the folder's generation_config.json's (Qwen2.5's 1.1, applied even greedy),
+        # which our runs do not take (bench builds its LLM with generation_config="vllm")
+        kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=temperature > 0,
+                      repetition_penalty=1.0)
         if temperature > 0:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
         if assisted:
@@ -123,7 +126,8 @@ class LlamaCppPeer:  # pragma: no cover - needs the optional llama-cpp-python
 
         lib.llama_model_default_params = without_extra_buffers  # Llama() reads its model settings here
         try:
-            self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads or torch.get_num_threads(),
+            threads = threads or torch.get_num_threads()  # its prefill's too (by default: every logical CPU)
+            self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
                              verbose=False)
         finally:
             lib.llama_model_default_params = defaults
