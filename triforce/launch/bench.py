@@ -206,10 +206,19 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
             raise UserError(f"--prefix-cache-gb {args.prefix_cache_gb:g} holds {held * llm.prefixes.block} of the "
                             f"{wanted * llm.prefixes.block} reusable prompt tokens of a batch of {batch} x {length}: "
                             f"raise it to hold a whole batch's prompts, or leave it at 0")
+    batch, length = max(args.batch), max(args.lengths)
     for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
-        dataclasses.replace(base, mode=mode, **overrides)
+        llm.config = dataclasses.replace(base, mode=mode, **overrides)
         if mode in ("draft", "triforce") and llm.draft is None:
             raise UserError(f"--modes {mode} runs a draft, and {args.model} has no default one: name it with --draft")
+        # A batch whose caches do not fit at once runs in parts, one after another (LLM.generate): its
+        # tokens/s, all its tokens over the longest decode, would count the parts as running together.
+        parts = llm._parts_that_fit([(length, args.max_new_tokens)] * batch)
+        if len(parts) > 1:
+            raise UserError(f"a batch of {batch} prompts of {length} tokens does not fit the memory free at once "
+                            f"in mode {mode} (it would run in {len(parts)} parts, and its tokens/s count them as "
+                            f"together): lower --batch, --lengths or --prefix-cache-gb")
+    llm.config = base
     if args.out:
         out = Path(args.out)
         if out.is_dir():
@@ -221,16 +230,6 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
             raise UserError(f"cannot write --out {out}: {exc.strerror or exc}") from None
         if out.exists() and not os.access(out, os.W_OK):
             raise UserError(f"cannot write --out {out}: permission denied")
-
-
-def _check_batch_fits(llm, prompts: list[list[int]], new_tokens: int) -> None:
-    """A batch whose caches do not fit at once runs in parts, one after another (LLM.generate): its tokens/s,
-    all its tokens over the longest decode, would count the parts as running together."""
-    parts = llm._parts_that_fit([(len(p), new_tokens) for p in prompts])
-    if len(parts) > 1:
-        raise UserError(f"a batch of {len(prompts)} prompts of {len(prompts[0])} tokens does not fit the memory "
-                        f"free at once in mode {llm.config.mode} (it would run in {len(parts)} parts, and its "
-                        f"tokens/s count them as together): lower --batch, --lengths or --prefix-cache-gb")
 
 
 def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, results: list[dict]) -> None:
@@ -254,7 +253,6 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                     for repeat in range(args.repeats):
                         for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
                             llm.config = dataclasses.replace(base, mode=mode, **overrides)
-                            _check_batch_fits(llm, prompts, args.max_new_tokens)
                             outs = llm.generate(prompts, params)
                             rows.append({**group, "run": mode, **overrides, **batch_row(outs)})
                             _show(rows[-1], repeat)
