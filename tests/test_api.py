@@ -389,6 +389,17 @@ def test_chat_lays_each_conversation_out_by_the_template_and_generates(llm, monk
         llm.chat([{"role": "tool", "content": "w5"}], params)  # a role the template has no word for
 
 
+def test_the_end_of_sequence_among_stop_token_ids_names_no_stop_reason(llm):
+    """As vLLM: the model's end of sequence ends a request without a stop_reason, also where stop_token_ids
+    names it (it was named there); with ignore_eos it is a stop token like any, and named."""
+    eos = llm.main_eos_id()
+    forced = dict(max_tokens=4, temperature=0, logit_bias={eos: 100.0}, stop_token_ids=[eos])
+    out = llm.generate(PROMPT, SamplingParams(**forced))[0]
+    assert out.token_ids == [eos] and out.finish_reason == "stop" and out.stop_reason is None
+    out = llm.generate(PROMPT, SamplingParams(**forced, ignore_eos=True))[0]
+    assert out.token_ids == [eos] and out.finish_reason == "stop" and out.stop_reason == eos
+
+
 def test_an_end_id_that_only_generation_config_names_ends_generation(tiny_dir, tmp_path, caplog):
     """Qwen2.5's instruct models name <|im_end|> in config.json and add <|endoftext|> in
     generation_config.json, where transformers and vLLM read it; generation ran on past the second."""

@@ -169,9 +169,11 @@ class Request:
         stop_string = None if self.detok is None else self.detok.stop_string
         finish = "stop" if hit_end or stop_string is not None else (
             "abort" if self.cancelled and len(tokens) < self.params.max_tokens else "length")
+        # vLLM's: the model's end of sequence names no stop_reason, also where stop_token_ids has it, unless
+        # ignore_eos made it a stop token like any
+        eos_stops = self.params.ignore_eos and self.main_eos in self.params.stop_token_ids
         stop_reason = stop_string if stop_string is not None else (
-            tokens[-1] if hit_end and (tokens[-1] in self.params.stop_token_ids or tokens[-1] != self.main_eos)
-            else None)
+            tokens[-1] if hit_end and (tokens[-1] != self.main_eos or eos_stops) else None)
         cumulative = None if logprobs is None else sum(entry.logprob for entry in logprobs)
         if self.detok is not None:  # vLLM's decoded_token, each decoded when its dict view is first read
             texts = TokenTexts(self.llm.tokenizer)
