@@ -63,7 +63,7 @@ def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path
     target, _ = models
     verifier = LocalVerifier(target, 400)
     verifier.prefill(list(range(VOCAB)) * 25)  # 200 tokens
-    path = tmp_path / "costs-2.json"
+    path = tmp_path / "costs-3.json"
     table = CostTable(path)
     first = table.seconds(verifier, (1, 3))
     assert set(first) == {1, 3} and all(s > 0 for s in first.values()) and verifier.length == 200
@@ -97,7 +97,7 @@ def test_an_idle_retrieval_tier_is_kept_at_the_context_it_runs_at(models, prompt
     # 3 layers, 80 tokens, a budget of 12; one full layer: (80 + 2 x 12) / 3
     synced = {("static", 0): 12, ("static", 1): 34, ("dynamic", 0): 80}[policy, full_layers]
     assert retrieval.length == 0 and costs_module.cost_context(retrieval) == synced
-    table = CostTable(tmp_path / "costs-2.json")
+    table = CostTable(tmp_path / "costs-3.json")
     first = table.seconds(retrieval, (1, 3), retrieval.sync)
     assert retrieval.length == len(prompt) and costs_module.cost_context(retrieval) == synced
     assert table.known(retrieval, (1, 3))
@@ -118,9 +118,35 @@ def test_a_drafts_cost_is_measured_over_a_full_window(models, tmp_path, monkeypa
     starts, forward_together = [], costs_module.forward_together
     monkeypatch.setattr(costs_module, "forward_together", lambda tiers, steps, logits_for: starts.append(
         [(s.start, s.n, lf) for s, lf in zip(steps, logits_for)]) or forward_together(tiers, steps, logits_for))
-    CostTable(tmp_path / "costs-2.json").seconds(tier, (1,))
+    CostTable(tmp_path / "costs-3.json").seconds(tier, (1,))
     measured = [call[0][0] for call in starts if call[0][2] == "all"]
     assert measured == [18, 18] and tier.length == 0 and costs_module.cost_context(tier) == 18
+
+
+def test_a_cost_measurement_that_fails_leaves_the_cache_as_it_was(models, prompt, monkeypatch):
+    """A forward that fails in a cost measurement (out of memory, say) leaves the cache as it found it: a
+    batch's leader measures its batchmates' tiers, and since a run's error ends that run alone, they run on."""
+    from triforce.coordinator.verifier import LocalVerifier
+
+    target, _ = models
+    verifier = LocalVerifier(target, 128)
+    verifier.prefill(prompt)
+    before = [k.clone() for k in verifier.cache.last_query]
+    forward_together = costs_module.forward_together
+    calls = []
+
+    def failing_second(tiers, steps, logits_for):
+        calls.append(1)
+        out = forward_together(tiers, steps, logits_for)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return out
+
+    monkeypatch.setattr(costs_module, "forward_together", failing_second)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        costs_module.forward_seconds([verifier], 3)
+    assert verifier.length == len(prompt) and verifier.cache.length == len(prompt)
+    assert all(torch.equal(a, b) for a, b in zip(verifier.cache.last_query, before))
 
 
 def test_a_batch_is_measured_as_one_call_of_all_its_sequences(models, tmp_path, monkeypatch):
@@ -133,7 +159,7 @@ def test_a_batch_is_measured_as_one_call_of_all_its_sequences(models, tmp_path, 
     for i, v in enumerate(verifiers):
         v.prefill(list(range(VOCAB)) * (25 + i))
     spent = [v.seconds for v in verifiers]
-    table = CostTable(tmp_path / "costs-2.json")
+    table = CostTable(tmp_path / "costs-3.json")
     calls = []
     real = type(target).forward_batch
 
@@ -293,7 +319,7 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, calibrat
     assert decision["mode"].partition("@")[0] in STACK_MODES.values() and decision["at_token"] == 0
     # the retrieval tiers of budgets 12 and 24 (80 tokens >= 2 x 24), not of 48
     assert set(decision["why"]["forward_ms"]) == {"draft", "retrieval", "retrieval@24", "target"}
-    assert (calibration / "costs-2.json").is_file()
+    assert (calibration / "costs-3.json").is_file()
     assert "auto" in metrics.to_dict()
 
 
@@ -329,7 +355,7 @@ def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(mode
     assert (plans[0][0]["mode"], plans[0][0]["gammas"]) == (plans[1][0]["mode"], plans[1][0]["gammas"])
     assert plans[1][0].get("from") == "the batch's leader"
     assert led and not any(led)  # it led once the first had ended (120 tokens after it: 13 rounds or more)
-    costs = CostTable(calibration / "costs-2.json").entries
+    costs = CostTable(calibration / "costs-3.json").entries
     assert any("|batch=2||" in key for key in costs)
 
 

@@ -7,7 +7,7 @@ from triforce.coordinator.calibration import CalibrationFile
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00", b'{"k": ', b"", b"[]", b"null", b'{"costs": {"a": 1}}'])
 def test_a_calibration_file_of_any_bytes_is_read_or_ignored(tmp_path, content):
     """Bytes that are not UTF-8 broke every run with a UnicodeDecodeError."""
-    path = tmp_path / "costs-2.json"
+    path = tmp_path / "costs-3.json"
     path.write_bytes(content)
     entries = CalibrationFile(path).entries
     assert entries == ({"costs": {"a": 1}} if content.startswith(b'{"costs"') else {})
@@ -39,14 +39,14 @@ def test_entries_of_the_wrong_shape_are_dropped_and_the_rest_kept(tmp_path, capl
 
 
 def test_a_file_that_cannot_be_saved_warns_once_and_leaves_nothing_behind(tmp_path, caplog):
-    path = tmp_path / "costs-2.json"
+    path = tmp_path / "costs-3.json"
     path.mkdir()  # a folder where the file goes
     table = CalibrationFile(path)
     table.entries["k"] = {"1": 0.1}
     for _ in range(3):
         table.save("k")
     assert caplog.text.count("cannot save") == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["costs-2.json", "costs-2.json.lock"]  # no partial file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["costs-3.json", "costs-3.json.lock"]  # no partial file
 
 
 def test_processes_sharing_a_file_keep_each_others_entries_and_drops(tmp_path):
@@ -56,7 +56,7 @@ def test_processes_sharing_a_file_keep_each_others_entries_and_drops(tmp_path):
     what it read at its start: a long-lived server wiped what a bench measured meanwhile.)"""
     import json
 
-    path = tmp_path / "costs-2.json"
+    path = tmp_path / "costs-3.json"
     path.write_text(json.dumps({"old": {"1": 1.0}, "shared": {"1": 2.0}}))
     server, bench = CalibrationFile(path), CalibrationFile(path)
     bench.entries["bench"] = {"1": 3.0}
@@ -84,7 +84,7 @@ def test_saves_of_processes_running_at_once_lose_nothing(tmp_path):
     import subprocess
     import sys
 
-    path = tmp_path / "costs-2.json"
+    path = tmp_path / "costs-3.json"
     script = (f"import sys; from pathlib import Path; from triforce.coordinator.calibration import CalibrationFile\n"
               f"t = CalibrationFile(Path({str(path)!r}))\n"
               f"for i in range(25):\n"
@@ -133,3 +133,12 @@ def test_a_cost_save_writes_back_only_the_sizes_it_measured(tmp_path, monkeypatc
     assert server.seconds([object()], (1, 4), batch=1) == {1: 0.01, 4: 0.07}  # what it held, and measured
     assert json.loads(path.read_text())[key] == {"1": 0.05, "2": 0.06, "4": 0.07}
     assert server.entries[key]["2"] == 0.06  # and it learned the fresh ones
+    # An entry a process measured first (its save merged nothing) and another measured again after
+    other = "cpu||draft||4096"
+    monkeypatch.setattr(CostTable, "_key", lambda self, tier, batch=1: other)
+    server.seconds([object()], (1, 2), batch=1)  # the file had no such entry
+    bench = CostTable(path)
+    bench.entries[other] = {"1": 0.5, "2": 0.6}
+    bench.save(other)
+    server.seconds([object()], (1, 2, 8), batch=1)
+    assert json.loads(path.read_text())[other] == {"1": 0.5, "2": 0.6, "8": 0.07}

@@ -1,7 +1,7 @@
 """Forward costs measured on this machine: seconds per forward of a tier, by tokens per forward.
 
 A cost is measured over the tier's cache as it is (filler tokens, rolled back after), the faster of two
-runs, and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs-2.json`), keyed by machine
+runs, and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs-3.json`), keyed by machine
 (CPU model, kernel path and sources, threads), tier (its name, its model's shape and dtype, whether a
 worker group runs it, its cache's size), the context the forward attends over, and the batch: B
 sequences' forwards run as one call (the weights read once for all, each sequence's own cache),
@@ -81,7 +81,9 @@ class CostTable(CalibrationFile):
     """Seconds per forward by (machine, tier, context, tokens): entries "machine||tier||context" ->
     {tokens: seconds}; `path` None keeps them in memory only."""
 
-    filename = "costs-2.json"  # 2: a draft measured over a full window (before: an empty one)
+    # 2: a draft measured over a full window (before: an empty one); 3: a static retrieval tier keyed by the
+    # mean of what its layers read (before: its budget, which entries measured at any context matched)
+    filename = "costs-3.json"
 
     def __init__(self, path: Path | None = None):
         super().__init__(path)
@@ -97,7 +99,7 @@ class CostTable(CalibrationFile):
         """The file's sizes with those this process measured since its last save over them: the others it
         holds are older reads of the file, which wrote back stale timings over another process's fresh
         ones (an entry measured again after `forget`)."""
-        fresh = self._fresh.pop(key, ours.keys())
+        fresh = self._fresh.get(key, ours.keys())
         return {**theirs, **{n: ours[n] for n in fresh if n in ours}}
 
     def seconds(self, tiers: Tier | list[Tier], sizes: tuple[int, ...], prepare=None,
@@ -120,6 +122,8 @@ class CostTable(CalibrationFile):
                 known[str(n)] = forward_seconds(tiers, n)
             self._fresh.setdefault(key, set()).update(str(n) for n in missing)
             self.save(key)
+            if key not in self._changed:  # saved: the file holds them now (a first save too, which merges none)
+                self._fresh.pop(key, None)
         return {n: known[str(n)] for n in sizes}
 
     def forget(self, tier: Tier, planned: dict[int, float], batch: int = 1) -> None:
@@ -156,27 +160,30 @@ def forward_seconds(tiers: list[Tier], n: int) -> float:
     rolled back after (a full cache's last query too). A cache that holds fewer tokens than the context its
     cost is kept for (a draft's window before its prefill: auto plans before it prefills the tiers it runs)
     is first filled with filler tokens, so that the forward reads as many keys as it will; measured empty,
-    a draft's step cost about half what it does in a request."""
+    a draft's step cost about half what it does in a request. A forward that fails leaves every cache as it
+    was too (a batch's leader measures its batchmates' tiers, which run on if it fails)."""
     lengths, spent, best = [t.length for t in tiers], [t.seconds for t in tiers], float("inf")
     saved = [getattr(getattr(t, "cache", None), "query_state", lambda: None)() for t in tiers]  # a full cache's
-    for tier, length in zip(tiers, lengths):
-        missing = cost_context(tier) - length
-        if missing > 0:
-            for step in tier.prefill_steps([0] * missing):
-                forward_together([tier], [step], ["none"])
-    filled = [t.length for t in tiers]
-    for _ in range(2):
-        start = time.perf_counter()
-        forward_together(tiers, [Step.chain([0] * n, length) for length in filled], ["all"] * len(tiers))
-        best = min(best, time.perf_counter() - start)
-        for tier, length in zip(tiers, filled):
+    try:
+        for tier, length in zip(tiers, lengths):
+            missing = cost_context(tier) - length
+            if missing > 0:
+                for step in tier.prefill_steps([0] * missing):
+                    forward_together([tier], [step], ["none"])
+        filled = [t.length for t in tiers]
+        for _ in range(2):
+            start = time.perf_counter()
+            forward_together(tiers, [Step.chain([0] * n, length) for length in filled], ["all"] * len(tiers))
+            best = min(best, time.perf_counter() - start)
+            for tier, length in zip(tiers, filled):
+                tier.truncate(length)
+    finally:
+        for tier, length, state in zip(tiers, lengths, saved):
             tier.truncate(length)
-    for tier, length, state in zip(tiers, lengths, saved):
-        tier.truncate(length)
-        if state is not None:  # its last token's query, not the filler's
-            tier.cache.restore_query_state(state)
-    for tier, seconds in zip(tiers, spent):
-        tier.seconds = seconds  # a measurement, not the request's work
+            if state is not None:  # its last token's query, not the filler's
+                tier.cache.restore_query_state(state)
+        for tier, seconds in zip(tiers, spent):
+            tier.seconds = seconds  # a measurement, not the request's work
     return best
 
 

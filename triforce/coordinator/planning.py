@@ -149,9 +149,11 @@ class AutoPlanner:
 
             # An idle retrieval cache is measured as it would run: synced (a static one is built then), and
             # gives its memory back after (mode auto holds one per candidate budget and runs one at a time).
-            out[name] = self.table.seconds(group, sizes[name], sync, self._batch)
-            for tier in synced if name not in running else ():
-                tier.release()
+            try:
+                out[name] = self.table.seconds(group, sizes[name], sync, self._batch)
+            finally:  # also where a measurement failed: a batchmate whose tier it synced runs on
+                for tier in synced if name not in running else ():
+                    tier.release()
         return out
 
     @property
