@@ -183,13 +183,13 @@ class Scheduler:
     def _admit(self) -> None:
         """Moves waiting requests into the batch, first come first served, while their caches fit."""
         while True:
+            if not self.running and self.waiting:  # (this thread alone adds to `running`; the trim out of the lock)
+                self._measure_capacity()
             with self._lock:
                 if not self.waiting:
                     return
                 ticket = self.waiting[0]
-                if not self.running:
-                    self._measure_capacity()
-                elif not ticket.cancelled:
+                if self.running and not ticket.cancelled:
                     if not self._fits(ticket):
                         return  # it waits for a running request to end
                     if len(self.running) >= ticket.refused_beside:
@@ -272,6 +272,7 @@ class Scheduler:
         try:
             output = ticket.request.output(*seq.result)
         except Exception as exc:  # noqa: BLE001
+            seq.error = None  # its traceback holds the run's frames, and so its caches, past the request
             self._fail([ticket], exc)
             return
         closing = self._close(ticket)
