@@ -235,6 +235,8 @@ def test_bad_n_is_refused(llm):
             SamplingParams(seed=huge)
     with pytest.raises(ConfigError, match=r"got \['x+\.\.\.\)$"):  # a long value cut in the message
         SamplingParams(stop=["x" * 10_000, 5])
+    with pytest.raises(ConfigError, match="a list holding an integer too long to print"):
+        SamplingParams(stop=[10**5000])
     with pytest.raises(UserError, match="n = 1"):
         llm.generate(PROMPT, SamplingParams(max_tokens=2, n=2), stream=print)
 

@@ -33,9 +33,12 @@ def is_integer(value) -> bool:
 def shown(value) -> str:
     """`value` for an error message: its repr, cut to 200 characters; an integer past what Python prints
     (4,300 digits: formatting the message raised ValueError) by its size."""
-    if isinstance(value, numbers.Integral) and int(value).bit_length() > 14000:
-        return f"an integer of about {int(abs(int(value)).bit_length() * math.log10(2)):,} digits"
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past what Python prints, alone or inside a list
+        if isinstance(value, numbers.Integral):
+            return f"an integer of about {int(abs(int(value)).bit_length() * math.log10(2)):,} digits"
+        return f"a {type(value).__name__} holding an integer too long to print"
     return text if len(text) <= 200 else text[:200] + "..."
 
 

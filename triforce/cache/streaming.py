@@ -5,7 +5,8 @@ StreamingLLM numbers the keys by their place *inside the cache*: the sinks keep 
 their offsets, so the model never sees a distance past sinks + window + n, however long the text grows.
 RoPE scores depend only on the distance between a query's and a key's positions, so the same scores come
 from rotating every window key and query at its own position in the text, once, and turning only the
-sinks by the shift (the window's first position less `sinks`) each forward: keys are stored rotated
+sinks by the shift (the window's first position less `sinks`) in each forward once the window has slid
+past them (before, every key sits at its own position already): keys are stored rotated
 (the model rotates a forward's new queries and keys at their positions), and a forward turns the sinks,
 not the window. Tree nodes keep their depths (siblings share a position).
 

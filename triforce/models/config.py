@@ -132,7 +132,7 @@ class ModelConfig:
             window = raw.get("sliding_window", 4096 if model_type == "mistral" else None)
             layers = int(raw["num_hidden_layers"])
             if model_type == "llama" or (model_type == "qwen2" and (
-                    not raw.get("use_sliding_window", False) or int(raw.get("max_window_layers", 28)) >= layers)):
+                    not raw.get("use_sliding_window", False) or int(raw.get("max_window_layers", 28) or 0) >= layers)):
                 window = None
             return cls(
                 model_type=model_type,
