@@ -198,15 +198,14 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
     for temperature in args.temperatures:
         SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p, seed=args.seed,
                        **penalty_settings(args))
+    length, batch = max(args.lengths), max(args.batch)
     if llm.prefixes is not None:  # each group's fill_prefix_store checks it again, as the store then holds
-        length, batch = max(args.lengths), max(args.batch)
         wanted = batch * llm.prefixes.reusable_blocks(ids[:length - 1])  # of the prefill: all but the last token
         held = llm.prefixes.blocks_held(llm.target.kv_bytes_per_token)
         if held < wanted:
             raise UserError(f"--prefix-cache-gb {args.prefix_cache_gb:g} holds {held * llm.prefixes.block} of the "
                             f"{wanted * llm.prefixes.block} reusable prompt tokens of a batch of {batch} x {length}: "
                             f"raise it to hold a whole batch's prompts, or leave it at 0")
-    batch, length = max(args.batch), max(args.lengths)
     for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
         llm.config = dataclasses.replace(base, mode=mode, **overrides)
         if mode in ("draft", "triforce") and llm.draft is None:
