@@ -82,8 +82,15 @@ def isa_table(folder: Path) -> str:
            "`transformers` tok/s | `transformers` prefill s | tier-1 acc. | tier-2 acc. | triforce = ar |", "|---" * 13 + "|"]
     for path, report in bench_reports(folder):
         cpu = report.get("cpu") or {"kernel_path": "torch (landed code)", "torch_cpu_capability": ""}
-        rows = {r["run"]: r for r in report["results"]}
-        ar, tri, hf = rows["ar"], rows["triforce"], rows.get("transformers")
+        greedy = [r for r in report["results"] if r["temperature"] == 0]
+        longest = max((r["prompt_tokens"] for r in greedy), default=None)
+        rows: dict[str, list[dict]] = {}
+        for r in greedy:
+            if r["prompt_tokens"] == longest:
+                rows.setdefault(r["run"], []).append(r)
+        if not {"ar", "triforce"} <= rows.keys() or any(len(v) > 1 for v in rows.values()):
+            continue  # no greedy ar and triforce, or a sweep's several rows per run: not this table's
+        ar, tri, hf = rows["ar"][0], rows["triforce"][0], rows.get("transformers", [None])[0]
         peer = [f"{hf['tokens_per_s']:.1f}", f"{hf['prefill_s']:.1f}"] if hf else ["", ""]
         cells = [path.stem, report["dtype"], cpu["kernel_path"], cpu["torch_cpu_capability"], f"{ar['tokens_per_s']:.1f}",
                  f"{tri['tokens_per_s']:.1f}", f"{tri['tokens_per_s'] / ar['tokens_per_s']:.2f}x", f"{ar['prefill_s']:.1f}",
