@@ -65,10 +65,13 @@ def main() -> None:
     llm = LLM(args.model, mode=args.mode, dtype=args.dtype, prefix_cache_gb=0)
     tokens = llm.encode(open(args.text, encoding="utf-8").read())
     server, url = start_server(create_app(llm, "m"))
-    client(url, [tokens[-args.prompt_tokens:]], args.max_tokens, [])  # warm-up: first-use costs (auto's calibration)
     runs, offset = [], 0
     try:
         for c in args.concurrency:
+            # warm-up, untimed, at this many clients: first-use costs (auto's calibration measures each batch
+            # size's costs as it first runs one: in the timed requests before)
+            run_clients([threading.Thread(target=client, args=(url, [tokens[-args.prompt_tokens:]], args.max_tokens, []))
+                         for _ in range(c)])
             per_client = []
             for _ in range(c):
                 prompts = []
