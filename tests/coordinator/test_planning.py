@@ -65,6 +65,12 @@ def test_plain_decoding_is_measured_before_a_plan_that_beats_it_by_little():
         planner.observe_rate(probe, ar_rate)
         assert planner.plan(1000, 8).mode == then
         assert planner.plan(1000, 16).mode == then  # probed once
+    # a probe whose stretch measured nothing (it ran beside a batchmate's prefill) is not run again: it came
+    # back at every plan, and a busy server's request ran `ar` throughout
+    planner = planner_with(costs)
+    planner.acceptance["draft"] = copy.deepcopy(acceptance)
+    assert planner.plan(1000, 0).mode == "ar"
+    assert planner.plan(1000, 8).mode == "draft" and not planner.decisions[-1]["why"]["probe"]
     # far ahead of plain decoding, the plan runs from the start
     cheap = planner_with({**costs, "draft": {1: 0.02}})
     cheap.acceptance["draft"] = copy.deepcopy(acceptance)

@@ -94,6 +94,7 @@ class AutoPlanner:
     _generic: dict[str, float] = field(default_factory=dict)  # per proposer: the generic prior (`recall`)
     _batch: int = 1  # the batch size of the plan being made
     _faded_at: int = 0  # the request's generated tokens when its acceptance evidence last faded (`fade`)
+    _probed: bool = False  # whether this request ran its `ar` probe (once, measured or not)
     times: ForwardTimes = field(init=False)  # what this request's forwards take (forward_times.py)
 
     def __post_init__(self):
@@ -235,9 +236,11 @@ class AutoPlanner:
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
             kept, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
             best = Plan(stack, gammas, kept)
-        probe = best.mode != "ar" and "ar" not in self.realized.measured and expected[best.mode] < AR_PROBE * plain
-        if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it
-            best = Plan(("target",), (), plain)
+        probe = not self._probed and best.mode != "ar" and "ar" not in self.realized.measured \
+            and expected[best.mode] < AR_PROBE * plain
+        if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it (once:
+            # a stretch beside a batchmate's prefill measures nothing, and the probe came back every plan)
+            best, self._probed = Plan(("target",), (), plain), True
         upside = 0.0 if "draft" in best.stack or not with_draft else with_draft / best.tokens_per_s
         best = replace(best, stop_below=self._stop_below(best.stack), draft_upside=upside)
         last = self.decisions[-1] if self.decisions else {}
