@@ -68,6 +68,9 @@ class TransformersPeer:
 
         self.model = AutoModelForCausalLM.from_pretrained(target_path, dtype=DTYPES[dtype]).eval()
         self.assistant = None if draft_path is None else widened_draft(draft_path, DTYPES[dtype])
+        # warm-up: the first generate pays one-time costs, which fell in the first run's prefill (its decode
+        # time is the whole run's less a separate prefill's: shorter, and the peer faster than it was)
+        self._generate(torch.zeros(1, 8, dtype=torch.long), 2, 0.0, 1.0, 0, False)
 
     def _generate(self, ids: torch.Tensor, new_tokens: int, temperature: float, top_p: float, seed: int,
                   assisted: bool) -> torch.Tensor:
