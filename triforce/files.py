@@ -2,17 +2,30 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 
-def write_whole(path: Path, text: str) -> None:
-    """Writes `text` to `path` through a partial file of this process's, renamed over it: a reader, or a
-    process writing the same file at once, sees the old file or the new one, never half of one (a torn
+
+def written_whole(path: Path, write: Callable[[Path], None]) -> None:
+    """Runs `write(partial)` on a partial file of this process's, then renames it over `path`: a reader, or
+    a process writing the same file at once, sees the old file or the new one, never half of one (a torn
     file failed every later run). A write that fails leaves no partial file behind."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
-        partial.write_text(text)
+        write(partial)
         partial.replace(path)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def write_whole(path: Path, text: str) -> None:
+    """`text` into `path`, whole or not at all (`written_whole`)."""
+    written_whole(path, lambda partial: partial.write_text(text))
+
+
+def save_whole(path: Path, obj) -> None:
+    """`torch.save(obj)` into `path`, whole or not at all (`written_whole`)."""
+    written_whole(path, lambda partial: torch.save(obj, partial))

@@ -3,7 +3,6 @@ draft keeps, and the target's top-k next-token log-probabilities, computed once 
 shards so that an interrupted run resumes where it stopped."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -11,6 +10,7 @@ from tqdm import tqdm
 
 from ..cache.full import FullKVCache
 from ..errors import UserError
+from ..files import save_whole
 from ..models.llama import LlamaModel
 
 
@@ -95,9 +95,8 @@ class TargetLabels:
                 ids.append(top.indices.to(torch.int32).cpu())
                 logp.append(top.values.to(torch.float16).cpu())
                 bar.update(seq_len)
-            tmp = self._shard_path(s).with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
-            torch.save({"ids": torch.stack(ids), "logp": torch.stack(logp)}, tmp)
-            tmp.rename(self._shard_path(s))  # a shard exists only once complete
+            # a shard exists only once complete
+            save_whole(self._shard_path(s), {"ids": torch.stack(ids), "logp": torch.stack(logp)})
         bar.close()
 
     def load(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,6 @@ so an interrupted run resumes at the first missing shard and a finished set is r
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from tqdm import tqdm
 from ..chat import chat_ids
 from ..sampling_params import SamplingParams
 from ..errors import UserError
+from ..files import save_whole
 from .prompts import prompt_count, prompts
 
 
@@ -70,9 +70,7 @@ class GeneratedSamples:
             rows = [{"genre": pairs[i][0], "prompt": torch.tensor(p, dtype=torch.int32),
                      "answer": torch.tensor(o.token_ids, dtype=torch.int32), "temperature": q.temperature}
                     for i, p, o, q in zip(indices, ids, outputs, params)]
-            tmp = self._shard_path(shard).with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share one
-            torch.save(rows, tmp)
-            tmp.rename(self._shard_path(shard))  # a shard exists only once complete
+            save_whole(self._shard_path(shard), rows)  # a shard exists only once complete
             bar.update(len(indices))
         bar.close()
 

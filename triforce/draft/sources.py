@@ -5,12 +5,12 @@ labels in place."""
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from ..files import save_whole
 from .data import TargetLabels, pack, to_sequences
 from .generated import GeneratedSamples, GenerationSettings
 from .local_text import installed_texts
@@ -38,9 +38,7 @@ def installed(tokenizer, tokens: int, seq_len: int, work: Path, target_key: str,
         total += len(id_lists[-1]) + 1
     sequences = pack(id_lists, seq_len, tokenizer.eos_token_id)[: tokens // seq_len]
     work.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # whole or not at all: a torn file failed every later run
-    torch.save(sequences, tmp)
-    tmp.rename(path)
+    save_whole(path, sequences)
     return sequences
 
 

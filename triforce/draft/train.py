@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from ..errors import UserError
+from ..files import save_whole
 from ..models.config import ModelConfig
 from ..models.folders import umask_modes
 from ..models.llama import LlamaModel
@@ -159,10 +160,7 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         bar.update(1)
         if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
-            tmp = ckpt_path.with_suffix(".tmp")
-            torch.save({"step": step + 1, "model": model.state_dict(),
-                        "optim": optim.state_dict()}, tmp)
-            tmp.replace(ckpt_path)
+            save_whole(ckpt_path, {"step": step + 1, "model": model.state_dict(), "optim": optim.state_dict()})
     bar.close()
     model.eval()
     return losses
