@@ -96,7 +96,7 @@ class StreamingKVCache(KVCache):
         self._sinks_now = self.sink_k[:, :, :min(start + n, self.sinks)]
         if first > self.sinks > 0:
             layers, heads, _, dim = self.sink_k.shape
-            # a tensor (no sync); negative where a tree's siblings left the window's first position low
+            # a tensor (no sync)
             shift = (self.recent_pos[self._window[0]] - self.sinks).expand(self.sinks)
             self._sinks_now = rotate(self.sink_k.reshape(layers * heads, self.sinks, dim),
                                      *self.rope.turn(shift, self.sink_k.dtype)).view(layers, heads, self.sinks, dim)
