@@ -455,6 +455,35 @@ def test_replicated_kv_heads_choose_chunks_with_every_query_head(tiny_dir, model
         group.close()
 
 
+def test_a_cost_measurement_on_the_group_leaves_the_chunks_a_refresh_chooses(models, tmp_path):
+    """Mode auto measures the group's forward costs with filler tokens, rolled back after: the group puts
+    back the last query too, so a refresh right after scores chunks with the last prompt token's query, as
+    before the measurement (with the filler's, it chooses other chunks)."""
+    from triforce.coordinator.costs import forward_seconds
+
+    folder, target, _ = models
+    prompt = torch.randint(3, 96, (200,), generator=torch.Generator().manual_seed(4)).tolist()
+    params = SamplingParams(max_tokens=8)
+    local = LocalVerifier(target, capacity(prompt, params))
+    local.prefill(prompt)
+    expected = retrieve_from_full(local.cache, 16, 4, 0)
+    local.forward(Step.chain([0] * 3, local.length), "all")
+    local.truncate(len(prompt))
+    by_filler = retrieve_from_full(local.cache, 16, 4, 0)
+    assert any(not torch.equal(a, b) for (a, _), (b, _) in zip(expected, by_filler))  # so this can fail
+    group = Group(folder, 2, tmp_path)
+    try:
+        verifier = remote(group, target, prompt, params)
+        verifier.prefill(prompt)
+        forward_seconds([verifier], 3)
+        assert verifier.length == len(prompt)
+        assert_same_kv(verifier.kv_source().retrieve(16, 4, 0), expected)
+        with pytest.raises(WorkerError, match="saved none"):  # one save, one restore
+            verifier.restore_query_state(verifier.seq)
+    finally:
+        group.close()
+
+
 def test_an_idle_group_outlives_its_collective_timeout(models, tmp_path):
     """The ranks other than the leader wait for the next request inside a collective; the leader's
     heartbeats (every timeout / 4) keep an idle group alive past the group's timeout. And while its

@@ -163,7 +163,7 @@ def forward_seconds(tiers: list[Tier], n: int) -> float:
     a draft's step cost about half what it does in a request. A forward that fails leaves every cache as it
     was too (a batch's leader measures its batchmates' tiers, which run on if it fails)."""
     lengths, spent, best = [t.length for t in tiers], [t.seconds for t in tiers], float("inf")
-    saved = [getattr(getattr(t, "cache", None), "query_state", lambda: None)() for t in tiers]  # a full cache's
+    saved = [t.query_state() for t in tiers]  # a full cache's last query (on a worker group: kept there)
     try:
         for tier, length in zip(tiers, lengths):
             missing = cost_context(tier) - length
@@ -181,7 +181,7 @@ def forward_seconds(tiers: list[Tier], n: int) -> float:
         for tier, length, state in zip(tiers, lengths, saved):
             tier.truncate(length)
             if state is not None:  # its last token's query, not the filler's
-                tier.cache.restore_query_state(state)
+                tier.restore_query_state(state)
         for tier, seconds in zip(tiers, spent):
             tier.seconds = seconds  # a measurement, not the request's work
     return best

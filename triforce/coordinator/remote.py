@@ -167,6 +167,14 @@ class RemoteVerifier(Verifier):
         body, _ = self.channel.request("commit", {"seq": self.seq, "path": path, "start": start})
         self._length = body["length"]
 
+    def query_state(self) -> int:
+        """The group keeps the sequence's query state (one saved at a time); the token names the sequence."""
+        self.channel.request("save_query", {"seq": self.seq})
+        return self.seq
+
+    def restore_query_state(self, state: int) -> None:
+        self.channel.request("restore_query", {"seq": state})
+
     def sync(self) -> None:
         """The workers' cache needs no sync: it is the source."""
 

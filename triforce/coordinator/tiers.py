@@ -103,6 +103,15 @@ class Tier:
     def truncate(self, length: int) -> None:
         self.cache.truncate(length)
 
+    def query_state(self):
+        """What a retrieval choice reads of this tier's last forward (a full cache's last query), to put back
+        with `restore_query_state` after forwards rolled back whole (a cost measurement's filler tokens,
+        whose last row a rebuild would otherwise score chunks with); None where the tier keeps none."""
+        return None
+
+    def restore_query_state(self, state) -> None:
+        """Puts back what `query_state` returned."""
+
     def keep_path(self, start: int, path: list[int]) -> None:
         """Keeps entries [0, start) and then start + path[i] (an accepted tree path), drops the rest."""
         self.cache.keep_path(start, path)

@@ -67,5 +67,11 @@ class LocalVerifier(Verifier):
         finally:
             store.release(self)
 
+    def query_state(self) -> tuple:
+        return self.cache.query_state()
+
+    def restore_query_state(self, state: tuple) -> None:
+        self.cache.restore_query_state(state)
+
     def kv_source(self) -> LocalKVSource:
         return LocalKVSource(self.cache)

@@ -20,8 +20,9 @@ import math
 import msgpack
 import torch
 
-PROTOCOL_VERSION = 4  # 2: KV replies over the bulk link instead of tensor frames; 3: many sequences;
-# 4: a prefill says whether it ends the prompt (the group may restore prompt blocks it keeps)
+PROTOCOL_VERSION = 5  # 2: KV replies over the bulk link instead of tensor frames; 3: many sequences;
+# 4: a prefill says whether it ends the prompt (the group may restore prompt blocks it keeps); 5: save_query
+# and restore_query
 MAX_MESSAGE_BYTES = 256 * 2**20  # a generous bound; larger messages are refused unread
 MAX_FRAMES = 64
 
@@ -44,6 +45,10 @@ REQUESTS: dict[str, dict[str, object]] = {
     "commit": {"seq": _INT, "path": _INTS, "start": _INT},  # node indices of the accepted path, root first
     "refresh": {"seq": _INT, "budget": _INT, "chunk_size": _INT, "full_layers": _INT, "start": _INT},
     "kv": {"seq": _INT, "start": _INT, "stop": _INT},  # the committed KV of positions [start, stop)
+    # The last query a refresh scores chunks with, kept before forwards that are rolled back whole (a cost
+    # measurement's filler tokens) and put back after them (FullKVCache.query_state)
+    "save_query": {"seq": _INT},
+    "restore_query": {"seq": _INT},
     "stats": {},
     "shutdown": {},
 }

@@ -18,7 +18,8 @@ stores restore, keep and evict alike and every rank forwards (enters the collect
 Requests: handshake, start (a new sequence: an empty cache), end (free it), prefill, verify (one forward
 of several sequences together, each a chain or a speculation tree run with its ancestor mask: the
 weights are read once for all of them), commit (keep the accepted path, dropping the rest), refresh (the
-static retrieval choice made on each rank's KV heads), kv (committed KV of a range), stats, shutdown.
+static retrieval choice made on each rank's KV heads), kv (committed KV of a range), save_query and
+restore_query (the last query a refresh reads, around forwards rolled back whole), stats, shutdown.
 """
 from __future__ import annotations
 
@@ -93,13 +94,15 @@ class VerifierWorker:
         self.caches: dict[int, FullKVCache] = {}
         self.prefixes = PrefixStore(prefix_bytes, prefill_chunk) if prefix_bytes > 0 else None
         self.prompts: dict[int, BlockNames] = {}  # per sequence while it was prefilled in whole blocks only
+        self.saved_queries: dict[int, tuple] = {}  # per sequence: its cache's query state, from save_query
         self.counts = {"requests": 0, "errors": 0, "verified_tokens": 0, "prefilled_tokens": 0, "heartbeats": 0}
 
     # --- checks: run on the leader before broadcasting, so every rank executes or none does --------
     def check(self, kind: str, body: dict) -> None:
         if kind not in REQUESTS:  # a reply sent to the leader: every rank would fail executing it
             raise RequestError(f"{kind!r} is not a request")
-        if kind in ("end", "prefill", "commit", "refresh", "kv") and body["seq"] not in self.caches:
+        if kind in ("end", "prefill", "commit", "refresh", "kv", "save_query", "restore_query") \
+                and body["seq"] not in self.caches:
             raise RequestError(f"{kind} of sequence {body['seq']}, which was not started")
         if kind == "start":
             if not 0 < body["capacity"] <= self.model.config.max_positions + 256:
@@ -120,6 +123,8 @@ class VerifierWorker:
                 raise refusal(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB"
                               f"{f' for the {ranks} ranks' if ranks > 1 else ' per rank'}; "
                               f"{free / 2**30:.1f} GiB is free on the leader's {self.model.device}")
+        if kind == "restore_query" and body["seq"] not in self.saved_queries:
+            raise RequestError(f"restore_query of sequence {body['seq']}, which saved none")
         if kind == "prefill":
             self._check_tokens(kind, body["seq"], body["tokens"], body["start"])
         if kind == "verify":
@@ -177,6 +182,7 @@ class VerifierWorker:
         if kind == "end":
             del self.caches[body["seq"]]
             self.prompts.pop(body["seq"], None)
+            self.saved_queries.pop(body["seq"], None)
             return {}, []
         if kind == "verify":
             for seq in body["seqs"]:
@@ -199,6 +205,12 @@ class VerifierWorker:
         if kind == "commit":
             cache.keep_path(body["start"], body["path"])
             return {"length": cache.length}, []
+        if kind == "save_query":
+            self.saved_queries[body["seq"]] = cache.query_state()
+            return {}, []
+        if kind == "restore_query":
+            cache.restore_query_state(self.saved_queries.pop(body["seq"]))
+            return {}, []
         if kind == "kv":
             keys = cache.keys[:, :, body["start"]:body["stop"]]
             values = cache.values[:, :, body["start"]:body["stop"]]
