@@ -249,6 +249,20 @@ def test_greedy_equals_plain_decoding_while_the_plan_changes(models, prompt, scr
     assert metrics.auto == engine.planner.decisions
 
 
+def test_the_users_gammas_past_the_planners_range_fit_every_cache(models, prompt):
+    """Mode auto runs the user's gamma1 and gamma2 (the gammas it prefers) even past the MAX_GAMMA it
+    searches: every cache has room for their chains (it had for MAX_GAMMA's only: a retrieval tier asked
+    to hold 16 + 16 speculative tokens failed the request)."""
+    target, draft = models
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 140).generate(prompt, params)
+    engine = build_engine(EngineConfig(mode="auto", gamma1=16, gamma2=16, **SETTINGS), target, draft, 140)
+    engine = follow_script(engine, SETTINGS["budget"], [(("draft", "retrieval", "target"), (16, 16))])
+    tokens, metrics = engine.generate(prompt, params)
+    assert tokens == reference
+    assert max(t.proposed / t.checks for t in metrics.tiers if t.checks) >= 16  # chains that long ran
+
+
 @pytest.mark.parametrize("policy", ["static", "dynamic"])
 def test_budgets_swap_exactly_and_an_idle_one_frees_its_cache(models, prompt, policy, replan_every_round):
     """The plan moves between the retrieval tiers of three budgets: greedy equals plain decoding, each

@@ -48,8 +48,8 @@ def auto_budgets(cfg: EngineConfig) -> list[int]:
 def speculation_slack(cfg: EngineConfig) -> int:
     """Most tokens any cache may hold beyond the committed sequence during one target check (and those a
     structured output's constraint forced, which the tiers above the bottom take without a forward)."""
-    if cfg.mode == "auto":
-        return 2 * MAX_GAMMA + 4 + FORCED_LAG
+    if cfg.mode == "auto":  # gammas up to MAX_GAMMA, or the user's where larger (the planner prefers them)
+        return max(MAX_GAMMA, cfg.gamma1) + max(MAX_GAMMA, cfg.gamma2) + 4 + FORCED_LAG
     trees = sum(MAX_TREE if t == "auto" else t for t in (cfg.tree1, cfg.tree2))
     return cfg.gamma1 + cfg.gamma2 + trees + 4 + FORCED_LAG
 
