@@ -49,6 +49,10 @@ def header(**override):
     ([header(tensors=[["float32", [2]]]), b"\x00" * 7], "bytes"),
     ([header(tensors=[["object", [1]]]), b"\x00"], "bad tensor"),
     ([header(tensors=[["float32", [-1]]]), b""], "bad tensor"),
+    # unhashable or unorderable where a name is due: a TypeError escaped the leader's checks, and the group
+    ([header(kind=[1])], "unknown message kind"),  # ended
+    ([header(tensors=[[[], [1]]]), b"\x00"], "bad tensor"),
+    ([header(kind="stats", body={"a": 1, b"b": 2})], "unknown fields"),
 ])
 def test_bad_messages_are_refused(frames, why):
     with pytest.raises(ProtocolError, match=why):

@@ -126,6 +126,11 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
                     worker.counts["errors"] += 1
                     sock.send_multipart(error_reply(str(exc), full=isinstance(exc, NoRoom)))
                     continue
+                except Exception as exc:  # a check's own slip: nothing is broadcast yet, so refuse, not end
+                    log.exception("worker leader: a request failed its checks unexpectedly")
+                    worker.counts["errors"] += 1
+                    sock.send_multipart(error_reply(f"malformed request ({type(exc).__name__}: {exc})"))
+                    continue
                 payload = msgpack.packb({"kind": kind, "body": body})
             request = msgpack.unpackb(_broadcast_bytes(payload, tp), raw=False)
             waiting_since = time.monotonic()  # (a heartbeat's: the ranks wait again at once)

@@ -102,7 +102,7 @@ def decode(frames: list[bytes], max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str
     if kind == REPLY:
         if not isinstance(body.get("ok"), bool):
             raise ProtocolError("reply lacks 'ok'")
-    elif kind in REQUESTS:
+    elif isinstance(kind, str) and kind in REQUESTS:  # (a list is unhashable: a TypeError, not a refusal)
         _check_body(kind, body, REQUESTS[kind])
     else:
         raise ProtocolError(f"unknown message kind {kind!r}")
@@ -113,8 +113,8 @@ def decode(frames: list[bytes], max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str
 
 def _check_body(kind: str, body: dict, schema: dict) -> None:
     missing, extra = set(schema) - set(body), set(body) - set(schema)
-    if missing or extra:
-        raise ProtocolError(f"{kind}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
+    if missing or extra:  # (names of any type: msgpack's map keys may be bytes beside str)
+        raise ProtocolError(f"{kind}: missing fields {sorted(missing)}, unknown fields {sorted(map(repr, extra))}")
     for name, expected in schema.items():
         value = body[name]
         if expected == _INTS:
@@ -138,7 +138,8 @@ def describe(tensors: list[torch.Tensor]) -> list[list]:
 
 def parse_description(spec) -> tuple[torch.dtype, list[int]]:
     """One [dtype, shape] description -> (dtype, shape), or ProtocolError."""
-    if (not isinstance(spec, list) or len(spec) != 2 or spec[0] not in DTYPES or not isinstance(spec[1], list)
+    if (not isinstance(spec, list) or len(spec) != 2 or not isinstance(spec[0], str) or spec[0] not in DTYPES
+            or not isinstance(spec[1], list)
             or not all(type(d) is int and d >= 0 for d in spec[1])):
         raise ProtocolError(f"bad tensor description {spec!r}")
     return DTYPES[spec[0]], spec[1]
