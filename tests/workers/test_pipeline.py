@@ -484,6 +484,24 @@ def test_a_cost_measurement_on_the_group_leaves_the_chunks_a_refresh_chooses(mod
         group.close()
 
 
+def test_a_one_token_prompt_with_replicated_kv_heads_is_served(tiny_dir, models, tmp_path):
+    """A one-token prompt prefills nothing on the target, and the retrieval tier's first refresh finds an
+    empty cache: with replicated KV heads the group gathered every rank's last query (none yet) and every
+    rank died. It serves the request as one process does, and the next."""
+    folder = tiny_dir("one-kv-head-target", seed=73, hidden_size=48, num_heads=6, num_kv_heads=1, num_layers=3,
+                      scale=25)
+    target, draft = load_model(folder), models[2]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    group = Group(folder, 3, tmp_path)
+    try:
+        for prompt in ([7], [7, 9]):
+            want, _ = run(target, draft, "triforce", prompt, params)
+            got, _ = run(target, draft, "triforce", prompt, params, remote(group, target, prompt, params))
+            assert got == want
+    finally:
+        group.close()
+
+
 def test_an_idle_group_outlives_its_collective_timeout(models, tmp_path):
     """The ranks other than the leader wait for the next request inside a collective; the leader's
     heartbeats (every timeout / 4) keep an idle group alive past the group's timeout. And while its

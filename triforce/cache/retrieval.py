@@ -49,6 +49,12 @@ def retrieval_token_ids(chosen: torch.Tensor, chunk_size: int, complete: int, en
     return torch.cat((chunk_token_ids(chosen, chunk_size), recent.expand(chosen.shape[0], -1)), dim=1)
 
 
+def selects_chunks(length: int, budget: int, chunk_size: int) -> bool:
+    """Whether a static choice over `length` tokens selects chunks (and reads the last query): a sequence
+    that fits the budget and a chunk keeps everything."""
+    return length > budget + chunk_size
+
+
 def retrieve_from_full(full: FullKVCache, budget: int, chunk_size: int, full_layers: int,
                        queries: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The static policy's choice: per layer, (keys, values) [Hkv, T, D] of the chunks whose mean key best
@@ -61,7 +67,7 @@ def retrieve_from_full(full: FullKVCache, budget: int, chunk_size: int, full_lay
     total, chunk = full.length, chunk_size
     queries = full.last_query if queries is None else queries
     complete = total // chunk
-    means = full.chunk_means(chunk) if total > budget + chunk else None
+    means = full.chunk_means(chunk) if selects_chunks(total, budget, chunk) else None
     out = []
     for layer in range(full.keys.shape[0]):
         keys, values = full.keys[layer, :, :total], full.values[layer, :, :total]

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from ..cache.full import FullKVCache
 from ..cache.prefixes import BlockNames, PrefixStore
-from ..cache.retrieval import retrieve_from_full
+from ..cache.retrieval import retrieve_from_full, selects_chunks
 from ..config import PREFILL_CHUNK
 from ..memory import available_bytes
 from ..models.llama import LlamaModel
@@ -216,7 +216,9 @@ class VerifierWorker:
             values = cache.values[:, :, body["start"]:body["stop"]]
             return {}, self._gather_heads([keys, values], head_dim=1)
         if kind == "refresh":
-            queries = self._kv_group_queries(cache) if self.replicas > 1 else None
+            # (gathered only where the choice reads them: a cache no forward has run yet holds none)
+            selects = selects_chunks(cache.length, body["budget"], body["chunk_size"])
+            queries = self._kv_group_queries(cache) if self.replicas > 1 and selects else None
             chosen = retrieve_from_full(cache, body["budget"], body["chunk_size"], body["full_layers"], queries)
             # Layers differ in token count (full layers keep everything): one tensor per layer and kind.
             flat = [t for pair in chosen for t in pair]
