@@ -6,24 +6,73 @@ from __future__ import annotations
 import ctypes
 import functools
 import time
+from pathlib import Path
 
 import torch
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_MEMBERSHIP = Path("/proc/self/cgroup")
+UNLIMITED = 2**60  # a cgroup v1 limit at or past this is none (v1 writes 2**63 rounded down to a page)
 
 
 def available_bytes(device: torch.device) -> int | None:
     """Free bytes on `device` (a GPU's free memory, with what torch's allocator holds unused; on a CPU, the
-    system's MemAvailable); None if unknown."""
+    system's MemAvailable, or less where this process's cgroups leave less: a container's memory limit,
+    which MemAvailable does not see, and past which the kernel kills the process); None if unknown."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
             torch.cuda.memory_allocated(device)
+    system = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    system = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    return None
+    limited = [b for b in (system, cgroup_headroom()) if b is not None]
+    return min(limited) if limited else None
+
+
+def cgroup_headroom(root: Path | None = None, membership: Path | None = None) -> int | None:
+    """Bytes this process's memory cgroups still let it take: the least, over its cgroup and the ones
+    above it (v2, or v1's memory controller), of limit - usage + inactive file pages (page cache the
+    kernel reclaims before it kills); None where no limit is set or none can be read."""
+    root, membership = root or CGROUP_ROOT, membership or CGROUP_MEMBERSHIP
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "-", "")
+        if controllers == "":
+            base, files = root, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        folder = base / path.lstrip("/")
+        for cgroup in [folder, *folder.parents]:  # (in a container's namespace its own cgroup is the root)
+            room = _cgroup_room(cgroup, *files)
+            if room is not None:
+                rooms.append(room)
+            if cgroup == base:
+                break
+    return min(rooms) if rooms else None
+
+
+def _cgroup_room(folder: Path, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
+    try:
+        limit = (folder / limit_file).read_text().strip()
+        if limit == "max" or int(limit) >= UNLIMITED:
+            return None
+        usage = int((folder / usage_file).read_text())
+        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines() if " " in line)
+    except (OSError, ValueError):
+        return None
+    return max(0, int(limit) - usage + int(stat.get(inactive_key, 0)))
 
 
 @functools.cache
