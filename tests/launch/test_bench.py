@@ -170,6 +170,36 @@ def test_bench_sweeps_an_engine_setting(tiny_dir, tmp_path):
     assert all(r["equals_ar"] for r in rows[1:])
 
 
+def test_bench_gives_a_tree_flag_to_the_modes_it_shapes(tiny_dir, tmp_path):
+    """--tree2 shapes `retrieval` mode's tier 2; `triforce` mode, which takes none, runs beside it (the flag
+    went to every mode, and triforce's refusal of tree2 ended the bench)."""
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
+                 "--lengths", "100", "--max-new-tokens", "12", "--modes", "ar", "retrieval", "triforce",
+                 "--tree2", "4", *SMALL_TIERS, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [(r["run"], r.get("tree2")) for r in report["results"]] == [("ar", None), ("retrieval", 4), ("triforce", None)]
+    assert report["engine"]["tree2"] == 0 and all(r["equals_ar"] for r in report["results"][1:])
+    checks = next(t for t in report["results"][1]["tiers"] if t["name"] == "target")
+    assert checks["proposed_per_check"] == 4  # a tree of 4 nodes (gamma2 is 6)
+
+
+def test_a_passkey_prompt_holds_no_special_tokens_mid_text():
+    """The planted key and the question are tokenized apart: a Llama or Mistral tokenizer put BOS before each."""
+    from types import SimpleNamespace
+
+    from triforce.launch.bench import passkey_prompt
+
+    def llama_like(text, add_special_tokens=True):  # BOS (1) first unless told otherwise
+        return SimpleNamespace(input_ids=[1] * add_special_tokens + [3 + ord(c) % 50 for c in text])
+
+    ids, key = passkey_prompt(llama_like, list(range(60, 400)), 300, seed=0)
+    assert len(ids) == 300 and 1 not in ids and len(key) == 5
+
+
 def test_a_sweep_casts_each_value_to_its_settings_type():
     from triforce.launch.bench import _parse_sweep
 
@@ -199,6 +229,9 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--sweep", "budget=32", "--sweep", "gamma1=2"], "one --sweep at a time"),  # the last one ran alone
     (["--modes", "ar", "--sweep", "budget=32,64"], "runs ar alone"),  # ignored
     (["--sweep", "tree1=4"], "none of --modes runs"),  # ar and retrieval: tier 1 runs in neither
+    (["--tree1", "4"], "none of --modes runs"),  # silently ignored
+    (["--draft", "some-draft"], "none of --modes runs a draft"),  # silently ignored
+    (["--tree2", "4", "--sweep", "tree2=2,8"], "both set it"),
     (["--modes", "ar", "ar"], "--modes names a value twice"), (["--lengths", "50", "50"], "--lengths names a value"),
     (["--temperatures", "0", "0.0"], "--temperatures names a value twice"),  # each group ran twice
     (["--batch", "1", "1"], "--batch names a value twice"),

@@ -29,6 +29,7 @@ import torch
 from ..config import MODES, PROPOSAL_TREE, EngineConfig
 from ..sampling_params import SamplingParams
 from ..errors import UserError
+from ..files import write_whole
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
 from ..models.folders import probe_writes
 from ..models.vocab import read_draft_metadata
@@ -101,8 +102,9 @@ def _parse_sweep(specs: list[str] | None, modes: list[str]) -> tuple[str | None,
 def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tuple[list[int], str]:
     """`length` tokens: filler text with a key planted a tenth of the way in, and the question at the end."""
     key = str(random.Random(seed).randrange(10000, 100000))
-    plant = tokenizer(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n").input_ids
-    question = tokenizer("\nWhat is the pass key? The pass key is").input_ids
+    # (no special tokens: a Llama or Mistral tokenizer puts BOS before each, mid-prompt)
+    plant = tokenizer(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n", add_special_tokens=False).input_ids
+    question = tokenizer("\nWhat is the pass key? The pass key is", add_special_tokens=False).input_ids
     body = length - len(plant) - len(question)
     if body <= 0 or body > len(filler):
         raise UserError(f"passkey prompt of {length} tokens does not fit the text")
@@ -118,9 +120,12 @@ def run_bench(args) -> int:
         if len(set(values)) < len(values):  # a group run twice (and for --modes: which ar would speedups divide by?)
             raise UserError(f"{name} names a value twice ({' '.join(map(str, values))}); --repeats runs each again")
     sweep_name, sweep_values = _parse_sweep(args.sweep, args.modes)
+    _check_trees(args, sweep_name)
     texts = [_read_text(f) for f in args.text]
     text = "\n".join(texts)
     needs_draft = any(m in ("auto", "draft", "triforce") for m in args.modes) or "assisted" in args.peers
+    if args.draft is not None and not needs_draft:
+        raise UserError(f"--draft {args.draft}: none of --modes runs a draft (draft, triforce or auto do)")
     for name, values in (("--lengths", args.lengths), ("--batch", args.batch), ("--repeats", [args.repeats]),
                          ("--max-new-tokens", [args.max_new_tokens])):
         if min(values) < 1:
@@ -137,7 +142,7 @@ def run_bench(args) -> int:
         llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
                   args.device, rope_scaling=args.rope_scaling, revision=args.revision,
                   draft_revision=args.draft_revision, prefix_cache_gb=args.prefix_cache_gb, generation_config="vllm",
-                  **engine_settings(args))
+                  **{**engine_settings(args), "tree1": 0, "tree2": 0})  # trees: the runs of the modes taking them
     if "assisted" in args.peers and llm.draft_path is None:
         raise UserError("the assisted peer needs a draft model")
     if "assisted" in args.peers and llm.draft.config.vocab_size != llm.target.config.vocab_size and \
@@ -173,11 +178,27 @@ def run_bench(args) -> int:
     return 0
 
 
-def _runs(modes: list[str], sweep_name: str | None, sweep_values: list):
-    """(mode, engine settings over the base's) of each run of a group: every non-ar mode once per swept value."""
-    for mode in modes:
+def _check_trees(args, sweep_name: str | None) -> None:
+    """--tree1 / --tree2 apply to the runs of the modes whose bottom tier they shape (`_runs`): refused where
+    none of --modes takes one (it would shape nothing), or where --sweep sets it too."""
+    for name in ("tree1", "tree2"):
+        if not getattr(args, name):
+            continue
+        if name == sweep_name:
+            raise UserError(f"--{name} and --sweep {name} both set it: leave out --{name}")
+        if not any(PROPOSAL_TREE.get(mode) == name for mode in args.modes):
+            takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
+            raise UserError(f"--{name} shapes a tier that none of --modes runs (it takes mode {takes})")
+
+
+def _runs(args, sweep_name: str | None, sweep_values: list):
+    """(mode, engine settings over the base's) of each run of a group: every non-ar mode once per swept value,
+    with --tree1 / --tree2 in the runs of the modes whose bottom tier they shape (PROPOSAL_TREE)."""
+    for mode in args.modes:
+        tree = PROPOSAL_TREE.get(mode)
+        own = {tree: getattr(args, tree)} if tree and getattr(args, tree) else {}
         for value in (sweep_values if mode != "ar" else [None]):
-            yield mode, ({sweep_name: value} if value is not None else {})
+            yield mode, {**own, **({sweep_name: value} if value is not None else {})}
 
 
 def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineConfig, sweep_name, sweep_values) -> None:
@@ -206,7 +227,7 @@ def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineC
             raise UserError(f"--prefix-cache-gb {args.prefix_cache_gb:g} holds {held * llm.prefixes.block} of the "
                             f"{wanted * llm.prefixes.block} reusable prompt tokens of a batch of {batch} x {length}: "
                             f"raise it to hold a whole batch's prompts, or leave it at 0")
-    for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
+    for mode, overrides in _runs(args, sweep_name, sweep_values):
         llm.config = dataclasses.replace(base, mode=mode, **overrides)
         if mode in ("draft", "triforce") and llm.draft is None:
             raise UserError(f"--modes {mode} runs a draft, and {args.model} has no default one: name it with --draft")
@@ -250,10 +271,11 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                              "batch": batch}
                     rows = []
                     for repeat in range(args.repeats):
-                        for mode, overrides in _runs(args.modes, sweep_name, sweep_values):
+                        for mode, overrides in _runs(args, sweep_name, sweep_values):
                             llm.config = dataclasses.replace(base, mode=mode, **overrides)
                             outs = llm.generate(prompts, params)
-                            rows.append({**group, "run": mode, **overrides, **batch_row(outs)})
+                            ran = {name: getattr(llm.config, name) for name in overrides}  # (as the config cast them)
+                            rows.append({**group, "run": mode, **ran, **batch_row(outs)})
                             _show(rows[-1], repeat)
                         for peer in args.peers if batch == 1 else []:
                             if peer == "llamacpp" and cpp is None:
@@ -288,7 +310,7 @@ def _write(args, report: dict) -> None:
     print(text_out)
     if args.out:
         try:
-            Path(args.out).write_text(text_out)
+            write_whole(Path(args.out), text_out)  # a report that stopped halfway would replace the last whole
         except OSError as exc:  # a disk that filled during the runs
             raise UserError(f"cannot write --out {args.out} ({exc.strerror or exc}); the report is above") from None
 
