@@ -93,7 +93,8 @@ def test_bad_batches_are_refused(llm):
         llm.generate(PROMPT, SamplingParams(max_tokens=2), True)  # a TypeError after the run
     for prompts, params, message in ((["w5"], {"max_tokens": 2}, "params must be a SamplingParams"),
                                      ([None], None, "a prompt must be"), (5, None, "prompts must be"),
-                                     ([[5, 1.5]], None, "a prompt must be")):
+                                     ([[5, 1.5]], None, "a prompt must be"),
+                                     (b"w5 w6", None, "not bytes"), ([bytearray(b"w5")], None, "not bytes")):
         with pytest.raises(UserError, match=message):
             llm.generate(prompts, params)
 

@@ -225,7 +225,7 @@ class LLM(RequestChecks, RequestMemory):
         if not isinstance(prompts, (str, Sequence, dict)):
             raise UserError(f"prompts must be a string, a list of token ids or a list of those (got "
                             f"{type(prompts).__name__})")
-        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], numbers.Integral)):
+        if isinstance(prompts, (str, dict, bytes, bytearray)) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
         prompts = [_unwrapped(p) for p in prompts]
         if priority is not None and len(priority) != len(prompts):

@@ -30,6 +30,9 @@ class RequestChecks:
             if self.tokenizer is None:
                 raise UserError(f"{self.no_tokenizer()}; pass token ids")
             ids = self.tokenizer(prompt).input_ids
+        elif isinstance(prompt, (bytes, bytearray)):  # a sequence of ints, which are not token ids
+            raise UserError("a prompt must be a string or a list of token ids, not bytes: decode it first "
+                            "(e.g. data.decode('utf-8'))")
         else:
             try:
                 ids = [operator.index(t) for t in prompt]  # ints, numpy's and torch's integers
