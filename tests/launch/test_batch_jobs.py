@@ -82,6 +82,30 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 9  # all done: nothing added
 
 
+def test_lines_python_reads_otherwise_than_json_get_their_errors_and_a_rerun_skips_them(tiny_dir, tmp_path):
+    """A 5,000-digit integer and arrays nested past the recursion limit (json.loads raises a ValueError and a
+    RecursionError, not a JSONDecodeError), NaN (a result that echoed it would be no JSON) and a url that is a
+    list (an unhashable key) ended the whole job with a traceback, at the same line on every rerun."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    lines = ['{"custom_id": "big", "method": "POST", "url": "/v1/completions", "body": {"prompt": "w5", "seed": '
+             + "7" * 5000 + "}}",
+             "[" * 100000 + "]" * 100000,
+             '{"custom_id": "nan", "method": "POST", "url": "/v1/completions", "body": {"prompt": "w5", '
+             '"temperature": NaN}}',
+             json.dumps({"custom_id": "listed", "method": "POST", "url": ["/v1/completions"], "body": {}}),
+             request("good", PROMPT, 4)]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    for _ in range(2):  # and again: every line has its result
+        assert run(target, inp, out) == 0
+        got = results(out)
+        assert sorted(got) == ["good", "line-1", "line-2", "line-3", "listed"]
+        assert [got[k]["error"]["code"] for k in ("line-1", "line-2", "line-3", "listed")] == \
+            ["invalid_json"] * 3 + ["invalid_request"]
+        assert "NaN is not a JSON number" in got["line-3"]["error"]["message"]
+        assert got["good"]["response"]["status_code"] == 200
+
+
 def test_a_line_holding_unicode_line_breaks_is_one_request(tiny_dir, tmp_path):
     """JSON strings may hold U+2028, U+2029 and U+0085 raw (json.dumps with ensure_ascii=False writes them
     so); str.splitlines broke such a line in two, each half an invalid_json error under a made-up id."""

@@ -516,12 +516,15 @@ def test_models_health_and_the_api_key(llm):
 
 
 @pytest.mark.parametrize("body", ['{"prompt": "w5", "seed": ' + "7" * 5000 + "}",  # past int()'s 4,300 digits
-                                  '{"prompt": ' + "[" * 100000 + "]" * 100000 + "}", "{not json"])
+                                  '{"prompt": ' + "[" * 100000 + "]" * 100000 + "}", "{not json",
+                                  '{"input": "w5", "metadata": {"score": NaN}}'])
 def test_a_body_python_cannot_read_as_json_is_a_400(client, body):
     """A huge integer (json.loads raises a plain ValueError) and arrays nested past the recursion limit were
-    500s with a traceback in the log."""
-    r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
-    assert r.status_code == 400 and r.json()["error"]["message"] == "the request body is not valid JSON", r.text
+    500s with a traceback in the log; NaN (Python's extension to JSON), echoed in a Response's metadata, a
+    500 once the answer could not be written as JSON."""
+    url = "/v1/responses" if "input" in body else "/v1/completions"
+    r = client.post(url, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("the request body is not valid JSON ("), r.text
 
 
 def test_a_lone_surrogate_and_the_developer_role(llm, client, monkeypatch):

@@ -28,6 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import RequestFailed, TooLarge, UserError
+from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
 from .batch_resume import check_resumable, done_results, jsonl_lines, result_id
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args
@@ -91,9 +92,9 @@ def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]
         if not line.strip():
             continue
         try:
-            request, error = json.loads(line), None
-        except json.JSONDecodeError as exc:
-            request, error = None, {"code": "invalid_json", "message": f"line {n + 1}: {exc}"}
+            request, error = request_json(line), None
+        except ApiError as exc:
+            request, error = None, {"code": "invalid_json", "message": f"line {n + 1}: {exc.message}"}
         given = request.get("custom_id") if isinstance(request, dict) else None
         if given is not None and not isinstance(given, str):
             request, given = None, None
@@ -151,7 +152,7 @@ def _batch(args) -> int:
                 continue
             job = None
             if error is None and (not isinstance(request, dict) or request.get("method", "POST") != "POST" or
-                                  request.get("url") not in URLS):
+                                  not isinstance(request.get("url"), str) or request["url"] not in URLS):
                 error = {"code": "invalid_request", "message": f"line {n + 1}: each line needs method POST and url "
                          "/v1/completions, /v1/chat/completions or /v1/responses"}
             elif error is None:

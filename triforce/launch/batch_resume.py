@@ -36,7 +36,7 @@ def jsonl_lines(text: str) -> list[str]:
 def line_hash(line: str) -> str:
     try:
         line = json.dumps(json.loads(line), sort_keys=True)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON (a line that gets an invalid_json result): its own text
         pass
     return hashlib.sha256(line.encode()).hexdigest()[:HASH_DIGITS]
 

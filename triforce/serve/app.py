@@ -29,6 +29,7 @@ from .. import __version__
 from ..api import LLM
 from . import openai, responses, tokens
 from .logprobs import StreamedLogprobs
+from .fields import request_json
 from .openai import ApiError
 from .metrics import ServerMetrics
 from .scheduler import Scheduler
@@ -197,17 +198,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
 
 
 async def _json(request: Request):
-    try:
-        body = await request.json()
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, an integer past Python's 4,300 digits, or
-        # arrays nested past its recursion limit (the last two were 500s)
-        raise ApiError(400, "the request body is not valid JSON") from None
-    try:
-        json.dumps(body, ensure_ascii=False).encode()
-    except UnicodeEncodeError:  # JSON's "\\ud83d" alone parses into a string that is no text
-        raise ApiError(400, "the request body holds a lone surrogate escape (half of a UTF-16 pair), which is "
-                            "not text") from None
-    return body
+    return request_json(await request.body())
 
 
 def _sse(obj: dict | str) -> str:

@@ -2,6 +2,8 @@
 status) that names it."""
 from __future__ import annotations
 
+import json
+
 from ..chat import conversation_ids
 from ..config import is_number
 from ..errors import UserError
@@ -19,6 +21,28 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def request_json(raw: bytes | str) -> object:
+    """A request body (a server's, or a batch line's) read as strict JSON, or ApiError(400): not JSON, not
+    UTF-8, an integer past Python's 4,300 digits or arrays nested past its recursion limit (json.loads raises
+    other errors than for bad syntax), NaN or Infinity (Python's extensions to JSON: a Response or a batch
+    result that echoes one is no JSON either), or a lone surrogate escape (JSON's "\\ud83d" alone parses into
+    a string that is no text)."""
+    def no_constant(name: str):
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        body = json.loads(raw, parse_constant=no_constant)
+    except (ValueError, RecursionError) as exc:
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ApiError(400, f"the request body is not valid JSON ({detail})") from None
+    try:
+        json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request body holds a lone surrogate escape (half of a UTF-16 pair), which is "
+                            "not text") from None
+    return body
 
 
 # What OpenAI's and vLLM's clients send at their defaults, asking for what this server does anyway: a field
