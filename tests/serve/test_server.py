@@ -899,6 +899,37 @@ def test_a_worker_group_that_stops_answering_stops_the_server(llm, monkeypatch):
     client.app.state.scheduler.stop()
 
 
+def test_a_request_submitted_as_the_group_is_lost_is_refused_not_left_waiting(llm, monkeypatch):
+    """The group is lost between a submit's first check and its queueing: the loss empties the queue and
+    tells what it held, so a request queued after it would wait forever; it gets the 503 instead. And a
+    request of more choices than the queue holds is refused before its choices are built (2,048 prompts x
+    n 128 took seconds on the event loop)."""
+    from triforce.coordinator.channel import WorkerError
+
+    scheduler = Scheduler(llm)
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}, llm, "tiny")
+    sizing = llm.cache_bytes_for
+
+    def lost_while_sizing(*args):  # the scheduler's thread meets the loss meanwhile
+        if scheduler.fatal is None:
+            scheduler._stop_for_good(WorkerError("the worker group at tcp://x did not answer"))
+        return sizing(*args)
+
+    monkeypatch.setattr(llm, "cache_bytes_for", lost_while_sizing)
+    with pytest.raises(ApiError, match="did not answer") as refused:
+        scheduler.submit(job, lambda *_: None)
+    assert refused.value.status == 503 and not scheduler.waiting
+    scheduler.stop()
+    monkeypatch.undo()
+    many = parse("completion", {"prompt": [PROMPT] * 8, "max_tokens": 4, "n": 16}, llm, "tiny")
+    monkeypatch.setattr(type(many), "choices", lambda self: pytest.fail("choices built for a refused request"))
+    scheduler = Scheduler(llm, max_queue=64)
+    with pytest.raises(ApiError, match="128 choices") as refused:
+        scheduler.submit_choices(many, [lambda *_: None] * 128)
+    assert refused.value.status == 400
+    scheduler.stop()
+
+
 def test_a_failure_is_told_as_whose_it_is():
     """A request its own settings failed as it ran is a 400 (413: caches too large), the worker group's
     failure a 503 and anything else a 500, though some of those are UserErrors too (a cache that ran out of

@@ -73,7 +73,8 @@ class Job:
 
     def choices(self) -> list[tuple[list[int], SamplingParams]]:
         """Each choice's prompt and sampling settings, prompt after prompt (SamplingParams.choices)."""
-        return [(ids, params) for ids in self.prompts for params in self.params.choices()]
+        per_prompt = self.params.choices()
+        return [(ids, params) for ids in self.prompts for params in per_prompt]
 
 
 def _integer_valued(x: float) -> int | float:

@@ -82,14 +82,9 @@ class Scheduler:
         """Queues a checked request's choices (Job.choices), all or none, choice i telling on_events[i];
         raises ApiError 413 (they can never fit), 400 (more choices than the queue holds) or 503 (the
         queue is full, or the scheduler has stopped)."""
-        choices = job.choices()
-        if len(on_events) != len(choices):
-            raise ValueError(f"{len(on_events)} callbacks for {len(choices)} choices")
-        if not self.alive:
-            why = f": {self.fatal}" if self.fatal is not None else "; see its log"
-            raise ApiError(503, f"the server's scheduler has stopped{why}", kind="server_error")
-        if self._draining:
-            raise ApiError(503, "the server is shutting down", kind="server_error")
+        if len(on_events) != len(job.prompts) * job.n:
+            raise ValueError(f"{len(on_events)} callbacks for {len(job.prompts) * job.n} choices")
+        self._check_running()
         longest = max(len(ids) for ids in job.prompts)
         need = self.llm.cache_bytes_for(longest, job.params.max_tokens)
         capacity = self._capacity_now(self.llm.free_memory())
@@ -103,7 +98,9 @@ class Scheduler:
             raise ApiError(400, f"{len(on_events)} choices (prompts x n) need as many places in this server's "
                                 f"queue, which holds {self.max_queue} (--max-queue)",
                            param="n" if job.n > 1 else "prompt")
+        choices = job.choices()  # (after the queue's bound: 2,048 prompts x n 128 took seconds on the event loop)
         with self._lock:
+            self._check_running()  # again: a group lost meanwhile emptied the queue, and would not tell these
             # requests whose clients went away wait for nothing (_admit skips them): dropped here, where they
             # piled up behind a request waiting for memory
             self.waiting = deque(t for t in self.waiting if not t.cancelled)
@@ -116,6 +113,14 @@ class Scheduler:
             self.waiting.extend(tickets)
         self._wake.set()
         return tickets
+
+    def _check_running(self) -> None:
+        """ApiError 503 where the scheduler has stopped or is draining: no request queued now would run."""
+        if not self.alive:
+            why = f": {self.fatal}" if self.fatal is not None else "; see its log"
+            raise ApiError(503, f"the server's scheduler has stopped{why}", kind="server_error")
+        if self._draining:
+            raise ApiError(503, "the server is shutting down", kind="server_error")
 
     @property
     def queued(self) -> int:
