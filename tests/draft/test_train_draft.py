@@ -153,6 +153,7 @@ def test_train_draft_rejects_a_bad_repeat_before_building_data(tiny_dir, tmp_pat
                                             (["--heldout-fraction", "1"], "--heldout-fraction must be in [0, 1)"),
                                             (["--answer-temperatures", "0.6", "nan"], "--answer-temperatures"),
                                             (["--top-k", "97"], "--top-k 97 is more than the target's 96 tokens"),
+                                            (["--seq-len", "600"], "--seq-len 600 is past the target's 512 positions"),
                                             (["--local-tokens", "0", "--answers", "0"], "no training sources"),
                                             (["--work-dir", "/proc/version/w"], "/proc/version is a file"),
                                             (["--work-dir", "/proc/self/w"], "cannot write in /proc/self")])
@@ -160,7 +161,7 @@ def test_train_draft_rejects_bad_settings_before_building_data(tiny_dir, tmp_pat
     """--steps -1 went on to generate the target's answers and write the work folder; no sources at all
     blamed --repeat, which was not given. A --top-k past the vocabulary was a traceback while labelling; a
     bad answer temperature was found after the model loaded, named as the Python API's; --lr and
-    --heldout-fraction shared one message."""
+    --heldout-fraction shared one message. A --seq-len past the target's positions trained on labels there."""
     target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
     work = tmp_path / "work"
     code = main(["train-draft", "--target", str(target), "--out", str(tmp_path / "d"), "--work-dir", str(work),

@@ -211,6 +211,8 @@ def run_train_draft(args) -> int:
     shape = DraftShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads,
                        min(args.vocab or vocab_total, vocab_total), max_positions=max(2048, args.seq_len))
     shape.check(vocab_total)
+    if args.seq_len > target.config.max_positions:  # labels past them would be the target's guesses
+        raise UserError(f"--seq-len {args.seq_len} is past the target's {target.config.max_positions} positions")
     settings = TrainSettings(args.steps, args.batch_size, args.seq_len, args.lr, min(60, args.steps // 10 + 1),
                              seed=args.seed, checkpoint_every=args.checkpoint_every)
     target_key = _target_key(llm.model_path, tokenizer)
