@@ -1,6 +1,8 @@
 """Long-document prefix reuse (cache/prefixes.py): a prompt that begins with a recently prefilled one
 restores the target's KV of the shared blocks instead of prefilling them, and its output is a cold run's,
 in every mode; the store keeps shared blocks once and evicts the least recently used."""
+import logging
+
 import pytest
 import torch
 
@@ -316,7 +318,7 @@ def test_a_server_without_the_store_counts_no_prefix_queries(models):
     assert 'vllm:prefix_cache_queries_total{model_name="tiny"}' not in metrics
 
 
-def test_a_store_bound_past_the_free_memory_is_refused_and_the_default_capped(models, monkeypatch):
+def test_a_store_bound_past_the_free_memory_is_refused_and_the_default_capped(models, monkeypatch, caplog):
     """prefix_cache_gb=100 on a 24 GB machine made every request fail as too large for the memory left."""
     from triforce import api, request_memory
     from triforce.config import PREFIX_CACHE_GB
@@ -326,3 +328,6 @@ def test_a_store_bound_past_the_free_memory_is_refused_and_the_default_capped(mo
         make(models, "ar", 100)
     assert make(models, "ar", PREFIX_CACHE_GB).prefixes.max_bytes == 2**29  # half of what is free
     assert make(models, "ar", 0.25).prefixes.max_bytes == 2**28  # as asked
+    with caplog.at_level(logging.WARNING, logger="triforce.request_memory"):
+        assert make(models, "ar", 0.75).prefixes.max_bytes == 2**29  # half, and said (it was silent)
+    assert "prefix store bounded to 0.50 GiB, half the memory free on cpu (0.75 GiB asked)" in caplog.text

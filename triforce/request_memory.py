@@ -3,10 +3,14 @@
 `workers`, `prefixes` and `memory_share` (vLLM's gpu_memory_utilization) these read."""
 from __future__ import annotations
 
+import logging
+
 from .config import PREFIX_CACHE_GB, ConfigError
 from .coordinator.hierarchy import cache_bytes
 from .errors import TooLarge
 from .memory import available_bytes
+
+log = logging.getLogger(__name__)
 
 
 class RequestMemory:
@@ -19,6 +23,9 @@ class RequestMemory:
         if prefix_cache_gb != PREFIX_CACHE_GB and asked > free:
             raise ConfigError(f"prefix_cache_gb {prefix_cache_gb:g} is more than the {free / 2**30:.1f} GiB free on "
                               f"{self.device}, which requests' caches need too")
+        if prefix_cache_gb != PREFIX_CACHE_GB:  # (the default's bound is its own business)
+            log.warning("prefix store bounded to %.2f GiB, half the memory free on %s (%.2f GiB asked)",
+                        free // 2 / 2**30, self.device, asked / 2**30)
         return free // 2
 
     def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
