@@ -132,8 +132,9 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="share of the device's free memory that requests' caches may take (vLLM's name; default 0.9)")
     p.add_argument("--seed", type=int, default=None,
-                   help="seeds the requests that give no seed, so that a rerun repeats their samples (vLLM's; "
-                        "default: none, each unseeded request samples afresh)")
+                   help="seeds the requests that give no seed, so that a rerun repeats their samples in a fixed "
+                        "--mode (in auto only where the same plans run; vLLM's; default: none, each unseeded "
+                        "request samples afresh)")
     p.add_argument("--tensor-parallel-size", type=int, default=None,
                    help="vLLM's: 1 here (a target sharded across processes is --workers under torchrun)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,

@@ -36,7 +36,8 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     samp.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
     samp.add_argument("--min-p", type=float, default=0.0,
                       help="drop tokens less likely than this times the most likely one (0 disables)")
-    samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible")
+    samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible in a fixed --mode (in auto only where the same "
+                      "plans run: they follow measured times)")
     samp.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
     samp.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
