@@ -87,13 +87,14 @@ class LLM(RequestChecks, RequestMemory):
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         self.rope_scaling = None if rope_scaling is None else rope_scaling_spec(rope_scaling)
         self.model_path = resolve_model(model, revision)
+        given = draft is not None
         if draft is None and mode in MODES_WITH_DRAFT:
             draft = DEFAULT_DRAFTS.get(str(model))  # a folder in the package, or a known model's name
             if isinstance(draft, Path) and not (draft / "config.json").is_file():
                 draft = None
         if draft is None and mode == "draft":
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
-        self.draft_path = resolve_model(draft, draft_revision) if draft is not None and mode in MODES_WITH_DRAFT else None
+        self.draft_path = self._draft_path(draft, draft_revision, given, mode) if mode in MODES_WITH_DRAFT else None
         self.sampling_defaults = sampling_defaults(generation_config, self.model_path)
         self.target = self._load(self.model_path)
         self._bound_positions(vllm.max_model_len)
@@ -127,6 +128,21 @@ class LLM(RequestChecks, RequestMemory):
                 log.warning("a prefix store of %.3g GB holds no prompt block (%d tokens of this model's keys and "
                             "values take %.1f MB): no prompt is kept for reuse", self.prefixes.max_bytes / 2**30,
                             self.config.prefill_chunk, self.config.prefill_chunk * token_bytes / 2**20)
+
+    @staticmethod
+    def _draft_path(draft, revision: str | None, given: bool, mode: str) -> Path | None:
+        """The draft's folder; None without one, or where the target's default draft (not one the user
+        named) cannot be had (offline, say) and the mode runs without it (auto; triforce, as retrieval)."""
+        if draft is None:
+            return None
+        try:
+            return resolve_model(draft, revision)
+        except ModelLoadError as exc:
+            if given or mode == "draft":
+                raise
+            print(f"triforce: the default draft {draft} is not to be had ({exc}); running without a draft",
+                  file=sys.stderr)
+            return None
 
     def _bound_positions(self, max_model_len: int | None) -> None:
         """vLLM's max_model_len: the target's positions bounded below the model's own."""

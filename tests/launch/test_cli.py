@@ -88,6 +88,31 @@ def test_triforce_without_draft_falls_back_with_one_notice(capsys, target, extra
     assert err.count("falls back to 'retrieval'") == 1
 
 
+def test_a_default_draft_not_to_be_had_runs_without_one_and_a_named_one_is_an_error(capsys, target, monkeypatch):
+    """A known target's default draft is fetched on first use; offline (or the fetch failing) mode auto and
+    triforce ran nothing at all, though they run without a draft. A draft the user named, or mode draft,
+    still fail with the reason."""
+    from triforce import api
+    from triforce.models.config import ModelLoadError
+
+    def offline(spec, revision=None):
+        if str(spec) == "some-draft":
+            raise ModelLoadError("could not download some-draft-part1==0.9.0: no network")
+        return real(spec, revision)
+
+    real = api.resolve_model
+    monkeypatch.setattr(api, "resolve_model", offline)
+    monkeypatch.setitem(api.DEFAULT_DRAFTS, str(target), "some-draft")
+    for mode, ran in (("auto", "auto"), ("triforce", "retrieval")):
+        code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, "--json",
+                                 "--mode", mode)
+        assert code == 0 and json.loads(out)["mode"] == ran
+        assert "the default draft some-draft is not to be had (could not download" in err
+    for extra in (["--mode", "draft"], ["--draft", "some-draft"]):
+        code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, *extra)
+        assert code != 0 and "could not download some-draft" in err.splitlines()[-1]
+
+
 def bad_inputs(target, draft, tmp_path, tiny_dir):
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
