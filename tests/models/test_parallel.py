@@ -75,6 +75,64 @@ def test_sharded_model_equals_the_whole_model(tiny_dir, tmp_path, heads, kv_head
     start(_model, (size, f"file://{tmp_path}/rendezvous", str(folder), expected), size)
 
 
+@pytest.mark.parametrize("heads,kv_heads,size", [(6, 3, 3), (6, 1, 3)])
+def test_a_rank_reads_only_its_part_of_the_checkpoint(tiny_dir, monkeypatch, heads, kv_heads, size):
+    """Each rank reads its slices of the checkpoint and no more (it read the whole and sliced it: the group
+    held as many copies of the model as it has ranks): the norms whole, a replicated KV head once per rank
+    that uses it, the rest a `size`-th."""
+    import triforce.models.loader as loader
+
+    folder = tiny_dir(f"tp-{heads}-{kv_heads}", hidden_size=48, num_heads=heads, num_kv_heads=kv_heads,
+                      arch="qwen2", seed=60)
+    read = []
+    opened = loader.safe_open
+
+    class Counting:
+        def __init__(self, *args, **kwargs):
+            self.f = opened(*args, **kwargs)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def keys(self):
+            return self.f.keys()
+
+        def get_tensor(self, name):
+            read.append((name, self.f.get_tensor(name).numel()))
+            return self.f.get_tensor(name)
+
+        def get_slice(self, name):
+            whole = self.f.get_slice(name)
+            return type("Part", (), {"__getitem__": lambda _, index: read.append((name, whole[index].numel()))
+                                     or whole[index]})()
+
+    monkeypatch.setattr(loader, "safe_open", Counting)
+    whole = {name: t.numel() for name, t in load_model_state(folder).items()}
+    for rank in range(size):
+        read.clear()
+        loader.load_model(folder, tp=TensorParallel(rank, size))
+        got = dict(read)
+        for name, numel in whole.items():
+            if "norm" in name:
+                assert got[name] == numel
+            elif kv_heads < size and ("k_proj" in name or "v_proj" in name):
+                assert got[name] == numel // kv_heads  # its one KV head
+            elif "embed_tokens" in name or "lm_head" in name:
+                assert got[name] <= -(-numel // size)
+            else:
+                assert got[name] == numel // size, name
+
+
+def load_model_state(folder):
+    from safetensors.torch import load_file
+
+    return {k: v for path in sorted(folder.glob("*.safetensors")) for k, v in load_file(path).items()}
+
+
 def test_sizes_that_do_not_divide_the_heads_are_refused(tiny_dir):
     from triforce.models.loader import load_model
 

@@ -72,15 +72,19 @@ def _checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
-def _read_tensors(files: list[Path], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _read_tensors(files: list[Path], dtype: torch.dtype, part=lambda name: None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors, each in `dtype` as soon as it is read: a float32 checkpoint loaded in
-    bfloat16 is held once at half its size, not whole in float32 first."""
+    bfloat16 is held once at half its size, not whole in float32 first. `part(name)`: the index of the part
+    of tensor `name` to read (`_shard_part`), or None for all of it."""
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():
-                    tensors[name.removeprefix("model.")] = f.get_tensor(name).to(dtype)
+                    short = name.removeprefix("model.")
+                    index = part(short)
+                    tensor = f.get_tensor(name) if index is None else f.get_slice(name)[index]
+                    tensors[short] = tensor.to(dtype)
         except Exception as exc:  # safetensors raises its own error types per version
             raise ModelLoadError(f"{path}: corrupt or unreadable safetensors file ({exc})") from exc
     return tensors
@@ -119,32 +123,29 @@ def _fused_state_dict(cfg: ModelConfig, raw: dict[str, torch.Tensor]) -> dict[st
     return state
 
 
-def _shard_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], tp: TensorParallel) -> dict:
-    """This rank's slices of the fused weights (see models/parallel.py for the split)."""
-    d, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+def _shard_part(cfg: ModelConfig, tp: TensorParallel, name: str) -> tuple[slice, ...] | None:
+    """The part of checkpoint tensor `name` this rank keeps (see models/parallel.py for the split), read
+    alone: q, k, v and gate, up by output rows, o and down by input columns, the embedding and output head
+    by vocabulary rows; None (all of it) for the norms. (Each rank read the whole checkpoint and sliced it,
+    the group holding W copies of the model at once.) Fused after, q/k/v and gate/up come out in the
+    layout of this rank's fused layers."""
+    d = cfg.head_dim
     q_heads, kv_heads = tp.head_slices(cfg)
     mlp = slice(tp.rank * cfg.intermediate_size // tp.size, (tp.rank + 1) * cfg.intermediate_size // tp.size)
-
-    def rows(t, heads):  # head-major rows [heads * d, ...] of a q, k or v block
-        return t[heads.start * d: heads.stop * d]
-
-    out = {}
-    for name, t in state.items():
-        if name in ("embed_tokens.weight", "lm_head.weight"):
-            out[name] = t[tp.rows(cfg.vocab_size)]
-        elif name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
-            q, k, v = t.split([hq * d, hkv * d, hkv * d])
-            out[name] = torch.cat([rows(q, q_heads), rows(k, kv_heads), rows(v, kv_heads)])
-        elif name.endswith("o_proj.weight"):
-            out[name] = t[:, q_heads.start * d: q_heads.stop * d]
-        elif name.endswith("gate_up_proj.weight"):
-            gate, up = t.chunk(2)
-            out[name] = torch.cat([gate[mlp], up[mlp]])
-        elif name.endswith("down_proj.weight"):
-            out[name] = t[:, mlp]
-        else:  # norms: replicated
-            out[name] = t
-    return {k: v.contiguous() for k, v in out.items()}
+    if name in ("embed_tokens.weight", "lm_head.weight"):
+        return (tp.rows(cfg.vocab_size),)
+    proj = name.rsplit(".", 2)[-2]
+    if proj == "q_proj":  # weight or bias: rows
+        return (slice(q_heads.start * d, q_heads.stop * d),)
+    if proj in ("k_proj", "v_proj"):
+        return (slice(kv_heads.start * d, kv_heads.stop * d),)
+    if proj == "o_proj":
+        return (slice(None), slice(q_heads.start * d, q_heads.stop * d))
+    if proj in ("gate_proj", "up_proj"):
+        return (mlp,)
+    if proj == "down_proj":
+        return (slice(None), mlp)
+    return None
 
 
 def _finite(tensor: torch.Tensor) -> bool:
@@ -166,13 +167,16 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32",
     cfg = ModelConfig.from_folder(folder)
     if rope_scaling:
         cfg = cfg.with_rope_scaling(rope_scaling)
-    state = _fused_state_dict(cfg, _read_tensors(_checkpoint_files(folder), torch_dtype))
+    files, part = _checkpoint_files(folder), lambda name: None
     if tp is not None and tp.size > 1:
         tp.check(cfg)
-        state = _shard_state_dict(cfg, state, tp)
-        cfg = tp.local_config(cfg)
+        part = lambda name: _shard_part(cfg, tp, name)  # noqa: E731
     else:
         tp = None
+    raw = _read_tensors(files, torch_dtype, part)
+    if tp is not None:
+        cfg = tp.local_config(cfg)
+    state = _fused_state_dict(cfg, raw)
     with torch.device("meta"):
         model = LlamaModel(cfg, tp).to(torch_dtype)  # allocated once, in its dtype
     model = model.to_empty(device=device)
