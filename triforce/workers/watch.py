@@ -34,9 +34,14 @@ class CoordinatorWatch:
         self.timeout_s = timeout_s
         sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(timeout_s * 250)))  # a ping every timeout / 4
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(timeout_s * 500)))
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED |
+                                               zmq.EVENT_DISCONNECTED)
         self._sock = sock
         self.peers: set[int] = set()  # the file descriptors of live connections
+        # Whether one of them completed ZeroMQ's handshake (its event names no connection): connections
+        # that never do (a port probe, a health check) neither count as a coordinator nor, leaving, reset
+        # the countdown (they did, and a group whose coordinator was gone heartbeat on while probes came)
+        self.spoken = False
         self.alone_since = time.monotonic()
 
     def update(self) -> None:
@@ -45,14 +50,16 @@ class CoordinatorWatch:
             event = recv_monitor_message(self.monitor)
             if event["event"] == zmq.EVENT_ACCEPTED:
                 self.peers.add(event["value"])
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.spoken = True
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.peers.discard(event["value"])
-                if not self.peers:
-                    self.alone_since = time.monotonic()
+                if not self.peers and self.spoken:
+                    self.alone_since, self.spoken = time.monotonic(), False
 
     def seconds_left(self) -> float:
-        """Until the coordinator counts as gone: infinite while a peer is connected, <= 0 once gone."""
-        if self.peers:
+        """Until the coordinator counts as gone: infinite while a ZeroMQ peer is connected, <= 0 once gone."""
+        if self.peers and self.spoken:
             return math.inf
         return self.timeout_s - (time.monotonic() - self.alone_since)
 

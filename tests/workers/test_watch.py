@@ -1,0 +1,47 @@
+"""The worker leader's CoordinatorWatch: which connections count as a coordinator, and the countdown."""
+import math
+import socket
+import time
+
+import zmq
+
+from triforce.workers.watch import CoordinatorWatch
+
+
+def settle(watch, until, limit_s=5.0):
+    """watch.update() until `until(watch)` holds (the monitor's events arrive from ZeroMQ's I/O thread)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        watch.update()
+        if until(watch):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_connection_that_never_speaks_zeromq_is_no_coordinator():
+    """A port probe or health check that connects and leaves did not count down: its disconnection reset
+    the countdown, so a group whose coordinator was gone heartbeat on while probes came. A ZeroMQ peer
+    counts, and the countdown starts when the last one leaves."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.REP)
+    watch = CoordinatorWatch(sock, timeout_s=60.0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        time.sleep(0.3)
+        for _ in range(3):
+            probe = socket.create_connection(("127.0.0.1", port))
+            time.sleep(0.1)
+            probe.close()
+            time.sleep(0.1)
+        watch.update()
+        assert watch.seconds_left() <= 60.0 - 0.8  # counted from the start, through the probes
+        peer = ctx.socket(zmq.REQ)
+        peer.connect(f"tcp://127.0.0.1:{port}")
+        assert settle(watch, lambda w: w.seconds_left() == math.inf)
+        peer.close(0)
+        assert settle(watch, lambda w: w.seconds_left() < math.inf)
+        assert watch.seconds_left() > 59.0  # from the peer's leaving
+    finally:
+        watch.close()
+        sock.close(0)
