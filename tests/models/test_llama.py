@@ -172,6 +172,24 @@ def test_a_config_is_read_as_transformers_reads_it_or_refused_in_a_line():
     assert ModelConfig.from_hf_dict({**base, "model_type": "qwen2"}).attention_bias  # Qwen2's q, k, v bias
 
 
+def test_a_configs_own_linear_or_yarn_scaling_stretches_its_positions_as_vllm_counts_them():
+    """Qwen2.5's card adds yarn x4 of 32,768 to reach 131,072 tokens, max_position_embeddings left at
+    32,768: the positions were capped there (and --rope-scaling refused: the config scales already). A
+    config that wrote the stretched count keeps it; dynamic NTK and llama3 keep theirs as written."""
+    base = {"model_type": "qwen2", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 32768}
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert ModelConfig.from_hf_dict({**base, "rope_scaling": yarn}).max_positions == 131072
+    assert ModelConfig.from_hf_dict({**base, "max_position_embeddings": 131072, "rope_scaling": yarn}).max_positions \
+        == 131072
+    assert ModelConfig.from_hf_dict({**base, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}).max_positions \
+        == 131072  # vicuna-16k's kind: 4,096 x 4
+    assert ModelConfig.from_hf_dict({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}).max_positions \
+        == 32768
+    assert ModelConfig.from_hf_dict({**base, "rope_scaling": {"rope_type": "linear", "factor": 1e9}}).max_positions \
+        == 32768 * 64  # a table of every position is made as it loads: bounded as --rope-scaling is
+
+
 def test_missing_tensor_is_a_clear_error(tiny_dir, tmp_path):
     folder = tiny_dir("llama2-broken", arch="llama2", seed=6)
     tensors = load_file(str(folder / "model.safetensors"))

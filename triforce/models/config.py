@@ -125,6 +125,13 @@ class ModelConfig:
                 rope["original_max_position_embeddings"] = int(raw.get(
                     "original_max_position_embeddings",
                     rope.get("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))))
+            positions = int(raw.get("max_position_embeddings", 2048))
+            if kind in ("linear", "yarn"):  # the positions they stretch over, as vLLM counts them (Qwen2.5's
+                # card adds yarn x4 of 32,768 to reach 131,072, max_position_embeddings left at 32,768); a config
+                # that wrote the stretched count keeps it. (Dynamic NTK's rotation depends on the length: left
+                # as written, where it equals transformers'; llama3 configs write the stretched count.)
+                original = rope["original_max_position_embeddings"] if kind == "yarn" else positions
+                positions = max(positions, int(original * min(float(rope["factor"]), MAX_ROPE_FACTOR)))
             eos = raw.get("eos_token_id")
             eos_ids = tuple(int(i) for i in id_list(eos))
             # transformers' MistralConfig bands attention at 4096 tokens where config.json does not say; its
@@ -143,7 +150,7 @@ class ModelConfig:
                 num_heads=num_heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
                 head_dim=int(raw.get("head_dim") or hidden // num_heads),
-                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                max_position_embeddings=positions,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,
                 rope_scaling=rope,
