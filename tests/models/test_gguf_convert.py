@@ -17,7 +17,8 @@ gguf = pytest.importorskip("gguf")
 HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 64, 4, 2, 96, 32, 2
 
 
-def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None, yarn: float | None = None) -> None:
+def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None, yarn: float | None = None,
+               rope_freqs: np.ndarray | None = None, split_count: int | None = None) -> None:
     """A random Llama-family GGUF: F32 norms and biases, Q8_0 matrices (as most GGUFs quantize them); with
     `tokens` (VOCAB of them, the last three control tokens, the last the end of sequence), a byte-level BPE
     tokenizer as Qwen2's GGUFs carry one."""
@@ -39,6 +40,9 @@ def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None, yar
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(VOCAB)
+    if split_count:  # as llama.cpp's gguf-split writes each part
+        w.add_uint16("split.no", 0)
+        w.add_uint16("split.count", split_count)
     if yarn:  # as llama.cpp's converter writes a Qwen2.5 128K model's: YaRN by `yarn` over 64 positions
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(yarn)
@@ -52,6 +56,8 @@ def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None, yar
         w.add_tensor(name, rng.standard_normal(n).astype(np.float32))
 
     head = HIDDEN // HEADS
+    if rope_freqs is not None:  # llama.cpp's llama3 scaling: divisors of the inverse frequencies, no metadata
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     matrix("token_embd.weight", VOCAB, HIDDEN)
     vector("output_norm.weight", HIDDEN)
     if not tied:
@@ -178,6 +184,39 @@ def test_a_ggufs_rope_scaling_reaches_the_converted_config(tmp_path, monkeypatch
     assert ModelConfig.from_folder(converted).rope_type == "default"
     assert model_folders.convert_gguf_cached(tmp_path / "qwen-4.0.gguf") == converted
     assert ModelConfig.from_folder(converted).rope_scaling["factor"] == 4.0
+
+
+def test_a_llama3_gguf_keeps_its_rope_scaling_and_a_split_one_is_refused(tmp_path):
+    """llama.cpp keeps Llama 3.1's RoPE scaling only as rope_freqs, the divisors of its inverse frequencies:
+    the conversion dropped them and the model ran plain RoPE at every position (transformers' GGUF reader
+    too). The divisors become the config's llama3 parameters, which rotate as they divide; divisors of no
+    llama3 setting are refused. One part of a split GGUF converted its tensors, then failed to load."""
+    from triforce.models.config import ModelConfig
+    from triforce.models.rope import _base_inv_freq, inverse_frequencies
+
+    head = HIDDEN // HEADS
+    bands = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    base = _base_inv_freq(10000.0, head)
+    llama3 = ModelConfig.from_hf_dict({"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": FFN,
+                                       "num_hidden_layers": 1, "num_attention_heads": HEADS,
+                                       "rope_scaling": {"rope_type": "llama3", **bands}})
+    divisors = (base / inverse_frequencies(llama3)[0]).numpy()  # the reference rotation's (transformers')
+    assert (divisors == 1).any() and (divisors == 8).any() and ((divisors > 1) & (divisors < 8)).any()  # 3 bands
+    tokens = ["a", "b", "c", "ab", "bc"] + [f"x{i}" for i in range(VOCAB - 8)] + ["<s>", "<pad>", "</s>"]
+    path = tmp_path / "llama3.gguf"
+    write_gguf(path, "llama", True, tokens, rope_freqs=divisors)
+    gguf_convert.write_hf_folder(path, tmp_path)
+    config = ModelConfig.from_folder(tmp_path)
+    assert config.rope_type == "llama3" and config.rope_scaling == {"rope_type": "llama3", **bands}
+    torch.testing.assert_close(base / inverse_frequencies(config)[0], torch.from_numpy(divisors), rtol=1e-6, atol=0)
+    odd = tmp_path / "odd.gguf"
+    write_gguf(odd, "llama", True, tokens, rope_freqs=divisors[::-1].copy())
+    with pytest.raises(ModelLoadError, match="no llama3 scaling triforce knows"):
+        gguf_convert.write_hf_folder(odd, tmp_path / "odd")
+    part = tmp_path / "model-00001-of-00003.gguf"
+    write_gguf(part, "llama", True, tokens, split_count=3)
+    with pytest.raises(ModelLoadError, match="one of 3 parts of a split GGUF; join them first"):
+        gguf_convert.write_hf_folder(part, tmp_path / "part")
 
 
 def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkeypatch, umask_022):

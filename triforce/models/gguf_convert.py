@@ -39,7 +39,9 @@ END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|cal
                      "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
                      "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
                      "<REPO>", "<reponame>", "<|file_sep|>", "<｜end▁of▁sentence｜>")
-_DERIVED = ("rope_freqs",)  # llama.cpp's llama3 RoPE factors: not a weight (write_hf_folder warns)
+_DERIVED = ("rope_freqs",)  # llama.cpp's llama3 RoPE factors: not a weight (read as the config's: llama3_scaling)
+# Llama 3.1's llama3 RoPE scaling, whose per-frequency divisors llama.cpp keeps as rope_freqs (3.2 and 3.3 too)
+LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 Tensors = list[tuple[str, int, Callable[[], torch.Tensor]]]  # (name, bytes, the tensor when wanted)
 
@@ -122,17 +124,57 @@ def write_shards(tensors: Tensors, folder: Path) -> None:
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
 
 
+def field_value(reader, key: str):
+    """GGUF metadata `key` as a number or a string (None where absent), read from the field's parts as every
+    gguf release this project takes lays them out (ReaderField.contents() came in later ones)."""
+    from gguf import GGUFValueType
+
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    part = field.parts[field.data[0]]
+    return bytes(part).decode() if field.types and field.types[0] == GGUFValueType.STRING else part.tolist()[0]
+
+
+def llama3_divisors(inv_freq: np.ndarray, params: dict) -> np.ndarray:
+    """What llama3 scaling with `params` divides each inverse frequency by (llama.cpp's rope_freqs)."""
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    original = params["original_max_position_embeddings"]
+    wavelen = 2 * np.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low)
+    medium = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, medium))
+
+
+def llama3_scaling(reader, architecture: str) -> dict:
+    """The llama3 RoPE parameters of a GGUF that keeps them as llama.cpp does, only as the divisors of its
+    `rope_freqs` tensor ({} without one): the converted model ran plain RoPE at every position (a Llama 3.2
+    1B turned 17 of its 32 frequency pairs wrong), which transformers' GGUF reader does too."""
+    tensor = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if tensor is None:
+        return {}
+    divisors = np.asarray(tensor.data, dtype=np.float64).reshape(-1)
+    theta = float(field_value(reader, f"{architecture}.rope.freq_base") or 10000.0)
+    dim = 2 * len(divisors)
+    inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    params = {"rope_type": "llama3", "factor": float(divisors.max()), **LLAMA3_BANDS}
+    if not np.allclose(llama3_divisors(inv_freq, params), divisors, rtol=1e-3):
+        raise ModelLoadError("the GGUF's RoPE divisors (rope_freqs) are no llama3 scaling triforce knows "
+                             "(Llama 3.1's bands: low 1, high 4, over 8,192 positions)")
+    return params
+
+
 def rope_scaling(reader, architecture: str) -> dict:
-    """The RoPE scaling a GGUF's metadata names (`{arch}.rope.scaling.*`, as llama.cpp applies it), as
-    rope_parameters name it ({} for none). transformers' GGUF reader leaves it out of the config for llama
-    and qwen2, so a Qwen2.5 128K GGUF (yarn, factor 4 over 32,768) ran unscaled at every position."""
+    """The RoPE scaling a GGUF's metadata names (`{arch}.rope.scaling.*`, as llama.cpp applies it), or its
+    rope_freqs tensor gives (llama3_scaling), as rope_parameters name it ({} for none). transformers' GGUF
+    reader leaves it out of the config for llama and qwen2, so a Qwen2.5 128K GGUF (yarn, factor 4 over
+    32,768) ran unscaled at every position."""
     def value(key: str):
-        field = reader.fields.get(f"{architecture}.rope.scaling.{key}")
-        return None if field is None else field.contents()
+        return field_value(reader, f"{architecture}.rope.scaling.{key}")
 
     kind = value("type")
     if kind in (None, "none"):
-        return {}
+        return llama3_scaling(reader, architecture)
     if kind not in ("linear", "yarn"):
         raise ModelLoadError(f"RoPE scaling {kind!r} in the GGUF is not supported (linear and yarn are)")
     scaling = {"rope_type": kind, "factor": float(value("factor"))}
@@ -166,8 +208,7 @@ def mend_rope_scaling(gguf: Path, folder: Path) -> None:
     if config.get("rope_scaling") or (config.get("rope_parameters") or {}).get("rope_type", "default") != "default":
         return
     reader = GGUFReader(gguf)
-    field = reader.fields.get("general.architecture")
-    mended = scaled(config, rope_scaling(reader, field.contents() if field else "none"))
+    mended = scaled(config, rope_scaling(reader, field_value(reader, "general.architecture") or "none"))
     if mended is not config:
         write_whole(path, json.dumps(mended, indent=2))
         log.warning("%s: the RoPE scaling of %s added to its config (converted before it was carried)", folder,
@@ -181,17 +222,16 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
 
     try:
         reader = GGUFReader(gguf)
-        field = reader.fields.get("general.architecture")
-        architecture = bytes(field.parts[field.data[0]]).decode() if field else "none named"
+        architecture = field_value(reader, "general.architecture") or "none named"
+        if (field_value(reader, "split.count") or 1) > 1:  # llama.cpp's gguf-split: this file holds a part
+            raise ModelLoadError(f"{gguf}: one of {field_value(reader, 'split.count')} parts of a split GGUF; join "
+                                 f"them first (llama-gguf-split --merge FIRST-PART OUT.gguf)")
         if architecture not in ARCHITECTURES:
             raise ModelLoadError(f"{gguf}: architecture {architecture!r}; triforce reads {', '.join(ARCHITECTURES)}")
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
         config = scaled(config, rope_scaling(reader, architecture))
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tensors = gguf_tensors(reader, architecture, config)
-        if any(t.name.startswith("rope_freqs.") for t in reader.tensors) and not config.get("rope_scaling"):
-            log.warning("%s holds llama3 RoPE factors that its config does not carry: positions run unscaled "
-                        "(see --rope-scaling)", gguf.name)
         config.pop("quantization_config", None)
         config["dtype"] = "float32"
         write_shards(tensors, folder)  # the tensors are read and dequantized here
