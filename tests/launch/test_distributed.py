@@ -84,6 +84,37 @@ def test_groups_get_timeouts_and_each_rank_its_gpu_before_nccl_starts(monkeypatc
     assert [c[0] for c in calls] == ["init", "group", "group", "group"] and calls[0][1] == "gloo"
 
 
+def test_a_group_the_node_or_the_model_cannot_hold_is_refused_by_every_rank_before_the_rendezvous(
+        folders, monkeypatch, capsys):
+    """Each rank takes cuda:LOCAL_RANK: four processes on a node of two GPUs failed in set_device on ranks 2
+    and 3 while the others waited in the rendezvous. And under torchrun by hand a world whose workers do not
+    split the model (the Slurm recipe's 8 processes: 7 workers) failed on every worker rank as it loaded."""
+    import torch
+
+    from triforce.launch.distributed import main as entry
+
+    target, _ = folders  # 12 heads, 6 KV heads, MLP 128: 7 workers do not split it, 2 do
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr("triforce.launch.distributed.init_groups", lambda *a, **k: pytest.fail("rendezvous"))
+    for world, local, device, message in ((8, 4, "cpu", "8 processes (7 workers): the target's 12 attention heads"),
+                                          (3, 3, "cuda", "3 processes on this node take a GPU each"),
+                                          (4, 4, None, "it has 2: run fewer workers (1 here)")):
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+        argv = ["--model", str(target), "--prompt", "w3"] + (["--worker-device", device] if device else [])
+        assert entry(argv) == 2
+        assert message in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # one per process: it goes on to the rendezvous
+    with pytest.raises(pytest.fail.Exception, match="rendezvous"):
+        entry(["--model", str(target), "--prompt", "w3"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    code = main(["generate", "--model", str(target), "--prompt", "w3", "--workers", "2"])  # the launcher's check
+    assert code == 2 and "3 processes on this node take a GPU each" in capsys.readouterr().err
+
+
 def completions(custom_ids_and_prompts) -> str:
     return "".join(json.dumps({"custom_id": k, "method": "POST", "url": "/v1/completions", "body": {
         "prompt": p, "max_tokens": 8, "temperature": 0, "ignore_eos": True}}) + "\n" for k, p in custom_ids_and_prompts)

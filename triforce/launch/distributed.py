@@ -99,16 +99,36 @@ def check_distributed_settings(args) -> None:
         raise UserError(f"--control-port must be a port in 1-65535 (got {port})")
     if not 0 <= getattr(args, "prefix_cache_gb", 0) < float("inf"):
         raise UserError(f"--prefix-cache-gb must be a number >= 0 (got {args.prefix_cache_gb})")
-    if workers > 0 and getattr(args, "model", None) is not None:  # once here, not an error from every rank
-        cfg = ModelConfig.from_folder(resolve_model(args.model, getattr(args, "revision", None)))
-        fits = [w for w in range(1, cfg.num_heads + 1) if _shards(cfg, w)]
-        if not _shards(cfg, workers):
-            raise UserError(f"--workers {workers}: the target's {cfg.num_heads} attention heads, {cfg.num_kv_heads} "
-                            f"KV heads and MLP width {cfg.intermediate_size} do not split {workers} ways; "
-                            f"--workers may be {', '.join(map(str, fits))} for this model")
+    if workers > 0:  # once here, not an error from every rank
+        check_split(args, workers, f"--workers {workers}")
     if args.retrieval_policy == "dynamic" and args.mode not in ("draft", "ar"):
         raise UserError("--retrieval-policy dynamic reads the target's full cache at every step, so it needs "
                         "it in the coordinator's process: it cannot run with --workers (use static)")
+
+
+def check_split(args, workers: int, named: str) -> None:
+    """A UserError where `workers` tensor-parallel ranks cannot split the target, naming the sizes that do."""
+    if getattr(args, "model", None) is None:
+        return
+    cfg = ModelConfig.from_folder(resolve_model(args.model, getattr(args, "revision", None)))
+    if not _shards(cfg, workers):
+        fits = [w for w in range(1, cfg.num_heads + 1) if _shards(cfg, w)]
+        raise UserError(f"{named}: the target's {cfg.num_heads} attention heads, {cfg.num_kv_heads} KV heads and "
+                        f"MLP width {cfg.intermediate_size} do not split {workers} ways; the workers may be "
+                        f"{', '.join(map(str, fits))} for this model")
+
+
+def check_gpus(args, processes: int) -> None:
+    """With CUDA workers each of a node's `processes` ranks takes cuda:LOCAL_RANK (the coordinator cuda:0, a
+    worker r cuda:r): a UserError where the node has fewer GPUs (a rank's set_device failed, and the others
+    waited for it in the rendezvous)."""
+    if (args.worker_device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cuda":
+        return
+    gpus = torch.cuda.device_count()
+    if processes > gpus:
+        raise UserError(f"{processes} processes on this node take a GPU each (the coordinator cuda:0, worker r "
+                        f"cuda:r) and it has {gpus}: run fewer workers ({max(gpus - 1, 0)} here), or "
+                        f"--worker-device cpu")
 
 
 COMMANDS = ("generate", "serve", "batch")  # what rank 0 may run; the first argument, generate by default
@@ -169,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     if world < 2:
         print("triforce: error: needs at least 2 processes: the coordinator and one worker", file=sys.stderr)
         return 2
-    try:
+    try:  # every rank checks alike and all end here, before any waits for another in the rendezvous
         check_distributed_settings(args)
+        check_split(args, world - 1, f"{world} processes ({world - 1} workers)")
+        check_gpus(args, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2

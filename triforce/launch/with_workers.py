@@ -10,7 +10,7 @@ import sys
 import threading
 
 from ..models.loader import resolve_device
-from .distributed import check_distributed_settings, end_with_parent
+from .distributed import check_distributed_settings, check_gpus, end_with_parent
 
 
 def free_port() -> int:
@@ -36,6 +36,7 @@ def launch_with_torchrun(args) -> int:
     check_distributed_settings(args)
     if args.worker_device == "cuda":  # the workers run here (by hand, on several nodes, only theirs need one)
         resolve_device("cuda")
+    check_gpus(args, args.workers + 1)
     argv, skip = [], False
     for a in args.argv:  # drop --workers W
         if skip:
