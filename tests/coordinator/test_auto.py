@@ -123,6 +123,28 @@ def test_a_drafts_cost_is_measured_over_a_full_window(models, tmp_path, monkeypa
     assert measured == [18, 18] and tier.length == 0 and costs_module.cost_context(tier) == 18
 
 
+def test_on_a_gpu_a_cost_is_timed_on_replays_after_the_queued_work(models, prompt, monkeypatch):
+    """On a GPU a size's first CAPTURE_AT forwards run before its CUDA graph is captured (and capture it):
+    the two timed were those, not the replays requests run (22 ms against 5.6 on an H200), and no clock
+    waited for the GPU, so the filling forwards' queued work fell in the first. (A CPU's device faked.)"""
+    import triforce.coordinator.tiers as tiers_module
+    from triforce.coordinator.verifier import LocalVerifier
+    from triforce.models.cuda_graphs import CAPTURE_AT
+
+    target, _ = models
+    verifier = LocalVerifier(target, 128)
+    verifier.prefill(prompt)
+    events, forward_together = [], costs_module.forward_together
+    monkeypatch.setattr(type(target), "device", property(lambda self: torch.device("cuda")))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+    monkeypatch.setattr(costs_module, "forward_together", lambda tiers, steps, logits_for: events.append(
+        "forward") or forward_together(tiers, steps, logits_for))
+    monkeypatch.setattr(tiers_module.Tier, "forward_many", staticmethod(
+        lambda tiers, steps, logits_for: [torch.zeros(s.n, VOCAB) for s in steps]))
+    costs_module.forward_seconds([verifier], 3)
+    assert events == ["sync", "forward"] * (CAPTURE_AT + 2)
+
+
 def test_a_cost_measurement_that_fails_leaves_the_cache_as_it_was(models, prompt, monkeypatch):
     """A forward that fails in a cost measurement (out of memory, say) leaves the cache as it found it: a
     batch's leader measures its batchmates' tiers, and since a run's error ends that run alone, they run on."""

@@ -43,7 +43,7 @@ from ..speculation.tree import children_of, verify_tree
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
 from .runs import Check, Forward, Produced, Run, Wait
-from .tiers import Tier
+from .tiers import Tier, settle
 from .trees import TreeShaper, grow_tree, measure_costs, node_paths, tree_step
 
 PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least this long
@@ -116,6 +116,7 @@ class HierarchyEngine:
             return [], metrics
         if self.tree is not None and self.tree.needs_costs and params.max_tokens:  # forward costs here, at this context
             self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], self.tree.largest + 1)
+        settle(self.ladder)  # (on a GPU the prefill's work was still queued: it fell in the first decode step)
         metrics.prefill_s = time.perf_counter() - start
         metrics.cached_prompt_tokens = self.ladder[-1].reused_tokens
         self._advance_lookup()

@@ -175,6 +175,14 @@ class RetrievalTier(Tier):
             self._rebuild_pending = False
 
 
+def settle(tiers: Sequence[Tier]) -> None:
+    """Waits for the GPU work the tiers' forwards queued (nothing on a CPU, whose forwards end with their
+    work): a clock read after forwards whose logits nobody read (a prefill's) stopped before their work did."""
+    for device in {t.model.device for t in tiers if t.model is not None}:
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+
 def charge_call(tiers: Sequence[Tier], steps: Sequence[Step], logits_for: Sequence[str], seconds: float) -> None:
     """Each tier of one call is charged its time, and told how many prompt tokens of the others' (forwards
     whose logits nobody reads: prefill chunks) it ran beside, which a cost observed then includes."""
