@@ -47,6 +47,7 @@ def test_bench_compares_modes_and_peers(tiny_dir, tmp_path, capsys):
         if row["temperature"] == 0 and row["run"] != "ar":
             assert row["equals_ar"], row  # float32 greedy: every system produces plain decoding's tokens
         assert ("passkey_found" in row) == (row["workload"] == "passkey")
+        assert row.get("device") == ("cpu" if row["run"] in ("transformers", "assisted") else None)  # where a peer ran
     triforce = [r for r in rows if r["run"] == "triforce"]
     assert all(len(r["tiers"]) == 2 and r["tiers"][0]["proposed"] > 0 for r in triforce)
 

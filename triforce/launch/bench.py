@@ -151,7 +151,8 @@ def run_bench(args) -> int:
                         "a draft padded to another size)")
     hf = None
     if {"transformers", "assisted"} & set(args.peers):
-        hf = TransformersPeer(llm.model_path, llm.dtype, llm.draft_path if "assisted" in args.peers else None)
+        hf = TransformersPeer(llm.model_path, llm.dtype, llm.draft_path if "assisted" in args.peers else None,
+                              llm.device)
     cpp = None
     if "llamacpp" in args.peers:
         if not llama_cpp_available() or args.gguf is None:

@@ -63,14 +63,19 @@ def widened_draft(draft_path: Path, dtype: torch.dtype):
 
 
 class TransformersPeer:
-    def __init__(self, target_path: Path, dtype: str, draft_path: Path | None = None):
+    """transformers' generate on the device our runs use (it ran on the CPU beside a GPU run, which the
+    speedups then divided by)."""
+
+    def __init__(self, target_path: Path, dtype: str, draft_path: Path | None = None,
+                 device: torch.device | str = "cpu"):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(target_path, dtype=DTYPES[dtype]).eval()
-        self.assistant = None if draft_path is None else widened_draft(draft_path, DTYPES[dtype])
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(target_path, dtype=DTYPES[dtype]).eval().to(self.device)
+        self.assistant = None if draft_path is None else widened_draft(draft_path, DTYPES[dtype]).to(self.device)
         # warm-up: the first generate pays one-time costs, which fell in the first run's prefill (its decode
         # time is the whole run's less a separate prefill's: shorter, and the peer faster than it was)
-        self._generate(torch.zeros(1, 8, dtype=torch.long), 2, 0.0, 1.0, 0, False)
+        self._generate(torch.zeros(1, 8, dtype=torch.long, device=self.device), 2, 0.0, 1.0, 0, False)
 
     def _generate(self, ids: torch.Tensor, new_tokens: int, temperature: float, top_p: float, seed: int,
                   assisted: bool) -> torch.Tensor:
@@ -84,13 +89,14 @@ class TransformersPeer:
         if assisted:
             kwargs["assistant_model"] = self.assistant
         with torch.inference_mode():  # an explicit mask: transformers would otherwise hide pad-id tokens
-            return self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)[0, ids.shape[1]:]
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)[0, ids.shape[1]:]
+        return out.cpu()  # (on a GPU: its work done, before the clock is read)
 
     def run(self, prompt: list[int], new_tokens: int, temperature: float, top_p: float, seed: int,
             assisted: bool = False) -> dict:
         if assisted and self.assistant is None:
             raise ValueError("assisted generation needs a draft")
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=self.device)
         start = time.perf_counter()
         self._generate(ids, 1, temperature, top_p, seed, False)
         prefill = time.perf_counter() - start
@@ -98,7 +104,7 @@ class TransformersPeer:
         out = self._generate(ids, new_tokens, temperature, top_p, seed, assisted)
         total = time.perf_counter() - start
         return {"tokens_per_s": (len(out) - 1) / max(total - prefill, 1e-9), "prefill_s": prefill,
-                "token_ids": out.tolist()}
+                "token_ids": out.tolist(), "device": str(self.device)}
 
 
 def llama_cpp_available() -> bool:
@@ -148,4 +154,5 @@ class LlamaCppPeer:  # pragma: no cover - needs the optional llama-cpp-python
             token = self.llm.sample(temp=temperature, top_p=top_p if temperature > 0 else 1.0, top_k=0, min_p=0.0)
             out.append(int(token))
             self.llm.eval([token])
-        return {"tokens_per_s": new_tokens / (time.perf_counter() - start), "prefill_s": prefill, "token_ids": out}
+        return {"tokens_per_s": new_tokens / (time.perf_counter() - start), "prefill_s": prefill, "token_ids": out,
+                "device": "cpu"}  # (its layers stay on the CPU: n_gpu_layers 0)
