@@ -18,7 +18,8 @@ HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 64, 4, 2, 96, 32, 2
 
 
 def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None, yarn: float | None = None,
-               rope_freqs: np.ndarray | None = None, split_count: int | None = None) -> None:
+               rope_freqs: np.ndarray | None = None, split_count: int | None = None, pre: str = "qwen2",
+               merges: tuple[str, ...] = ("a b", "b c")) -> None:
     """A random Llama-family GGUF: F32 norms and biases, Q8_0 matrices (as most GGUFs quantize them); with
     `tokens` (VOCAB of them, the last three control tokens, the last the end of sequence), a byte-level BPE
     tokenizer as Qwen2's GGUFs carry one."""
@@ -26,10 +27,10 @@ def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None, yar
     w = gguf.GGUFWriter(str(path), arch)
     if tokens:
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
+        w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
         w.add_token_types([gguf.TokenType.NORMAL] * (VOCAB - 3) + [gguf.TokenType.CONTROL] * 3)
-        w.add_token_merges(["a b", "b c"])
+        w.add_token_merges(list(merges))
         w.add_eos_token_id(VOCAB - 1)
     w.add_block_count(LAYERS)
     w.add_context_length(256)
@@ -217,6 +218,38 @@ def test_a_llama3_gguf_keeps_its_rope_scaling_and_a_split_one_is_refused(tmp_pat
     write_gguf(part, "llama", True, tokens, split_count=3)
     with pytest.raises(ModelLoadError, match="one of 3 parts of a split GGUF; join them first"):
         gguf_convert.write_hf_folder(part, tmp_path / "part")
+
+
+def test_a_smollm_gguf_splits_digits_first_as_llama_cpp_does_and_an_old_folder_is_mended(tmp_path, monkeypatch):
+    """SmolLM2's GGUF names its pre-tokenizer "smollm": llama.cpp (and Hugging Face's own tokenizer) split
+    digits alone before GPT-2's pattern, which transformers' GGUF reader does not know, so the converted
+    tokenizer split "a  12" into a, one space, one space + 1, 2 where they give a, two spaces, 1, 2. A folder
+    converted before is mended when next resolved."""
+    from transformers import AutoTokenizer
+
+    from triforce.models import folders
+
+    tokens = ["a", "\u0120", "\u0120\u0120", "1", "2", "\u01201"] + [f"x{i}" for i in range(VOCAB - 9)] + \
+        ["<s>", "<pad>", "</s>"]
+    merges = ("\u0120 \u0120", "\u0120 1")
+    texts = {}
+    for pre in ("gpt2", "smollm"):
+        path = tmp_path / f"{pre}.gguf"
+        write_gguf(path, "llama", True, tokens, pre=pre, merges=merges)
+        out = tmp_path / pre
+        out.mkdir()
+        gguf_convert.write_hf_folder(path, out)
+        tokenizer = AutoTokenizer.from_pretrained(out)
+        texts[pre] = tokenizer.convert_ids_to_tokens(tokenizer("a  12", add_special_tokens=False).input_ids)
+    assert texts["smollm"] == ["a", "\u0120\u0120", "1", "2"]  # llama.cpp's split of the same text
+    assert texts["gpt2"] == ["a", "\u0120", "\u01201", "2"]  # GPT-2's pattern alone: what it was
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
+    folder = folders.convert_gguf_cached(tmp_path / "smollm.gguf")
+    old = json.loads((tmp_path / "gpt2" / "tokenizer.json").read_text())["pre_tokenizer"]
+    saved = json.loads((folder / "tokenizer.json").read_text())
+    (folder / "tokenizer.json").write_text(json.dumps({**saved, "pre_tokenizer": old}))  # as converted before
+    assert folders.convert_gguf_cached(tmp_path / "smollm.gguf") == folder
+    assert json.loads((folder / "tokenizer.json").read_text())["pre_tokenizer"] == saved["pre_tokenizer"]
 
 
 def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkeypatch, umask_022):

