@@ -459,6 +459,9 @@ SAMPLING_CASES = [
     ("retrieval", "dynamic", dict(temperature=0.8, frequency_penalty=2.0, min_p=0.5, top_k=4, min_tokens=1,
                                   stop_token_ids=(3,)), {}),
     ("triforce", "static", dict(temperature=1.0, min_p=0.6, min_tokens=1, stop_token_ids=(3,)), dict(tree1=6)),
+    # the same rules where the target checks the draft's tree itself (above, tier 2: the target's weights)
+    ("draft", "static", dict(temperature=1.0, presence_penalty=1.5, repetition_penalty=1.3, logit_bias={3: 2.0},
+                             min_tokens=1, stop_token_ids=(3,)), dict(tree1=6)),
     # allowed token ids and bad words (a token; a bigram banned in the second token's rows after its first)
     ("triforce", "static", dict(temperature=1.0, allowed_token_ids=(0, 2, 3, 4, 6),
                                 bad_words_ids=((2,), (3, 4), (6, 6))), dict(tree1=6)),
