@@ -15,7 +15,8 @@ import json
 import pstats
 
 from triforce import LLM, SamplingParams
-from triforce.launch.bench import batch_prompt, fill_prefix_store
+from triforce.launch.bench import fill_prefix_store
+from triforce.launch.bench_plan import batch_prompt
 
 
 def main() -> None:

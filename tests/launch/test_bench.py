@@ -192,7 +192,7 @@ def test_a_passkey_prompt_holds_no_special_tokens_mid_text():
     """The planted key and the question are tokenized apart: a Llama or Mistral tokenizer put BOS before each."""
     from types import SimpleNamespace
 
-    from triforce.launch.bench import passkey_prompt
+    from triforce.launch.bench_plan import passkey_prompt
 
     def llama_like(text, add_special_tokens=True):  # BOS (1) first unless told otherwise
         return SimpleNamespace(input_ids=[1] * add_special_tokens + [3 + ord(c) % 50 for c in text])
@@ -202,13 +202,13 @@ def test_a_passkey_prompt_holds_no_special_tokens_mid_text():
 
 
 def test_a_sweep_casts_each_value_to_its_settings_type():
-    from triforce.launch.bench import _parse_sweep
+    from triforce.launch.bench_plan import parse_sweep
 
     modes = ["ar", "triforce"]
-    assert _parse_sweep(["stop_below=0,0.3"], modes) == ("stop_below", [0.0, 0.3])  # float | None
-    assert _parse_sweep(["tree1=auto,4"], modes) == ("tree1", ["auto", 4])  # int | str
-    assert _parse_sweep(["lookup=0,3"], modes) == ("lookup", [0, 3])  # int | None
-    assert _parse_sweep(["budget=256,512"], modes) == ("budget", [256, 512])
+    assert parse_sweep(["stop_below=0,0.3"], modes) == ("stop_below", [0.0, 0.3])  # float | None
+    assert parse_sweep(["tree1=auto,4"], modes) == ("tree1", ["auto", 4])  # int | str
+    assert parse_sweep(["lookup=0,3"], modes) == ("lookup", [0, 3])  # int | None
+    assert parse_sweep(["budget=256,512"], modes) == ("budget", [256, 512])
 
 
 @pytest.mark.parametrize("flag,value", [("--lengths", "-5"), ("--batch", "0"), ("--max-new-tokens", "0"),

@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import random
 import sys
 from pathlib import Path
 
 import torch
 
-from ..config import MODES, PROPOSAL_TREE, EngineConfig
+from ..config import MODES, EngineConfig
 from ..sampling_params import SamplingParams
 from ..errors import UserError
 from ..files import write_whole
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
-from ..models.folders import probe_writes
 from ..models.vocab import read_draft_metadata
+from .bench_plan import batch_prompt, check_plan, check_trees, parse_sweep, passkey_prompt, runs
 from .bench_rows import batch_row, compare, medians
 from .flags import add_engine_args, add_model_args, add_penalty_args, engine_settings, penalty_settings
 from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
@@ -74,44 +72,6 @@ def add_bench_parser(sub) -> None:
     p.set_defaults(func=run_bench)
 
 
-def _parse_sweep(specs: list[str] | None, modes: list[str]) -> tuple[str | None, list]:
-    """--sweep's setting and values, checked against the modes that would run them."""
-    if not specs:
-        return None, [None]
-    if len(specs) > 1:  # the last replaced the others, silently
-        raise UserError(f"one --sweep at a time (got {', '.join(specs)})")
-    spec = specs[0]
-    name, _, values = spec.partition("=")
-    if set(modes) == {"ar"}:
-        raise UserError(f"--sweep {spec} varies the modes other than ar, and --modes runs ar alone")
-    if name in ("tree1", "tree2") and not any(PROPOSAL_TREE.get(mode) == name for mode in modes):
-        takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
-        raise UserError(f"--sweep {spec}: {name} shapes a tier that none of --modes runs (it takes mode {takes})")
-    field_types = {f.name: f.type for f in dataclasses.fields(EngineConfig) if f.name != "mode"}  # --modes
-    if name not in field_types or not values:
-        raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting other than the mode "
-                        f"(--modes; got {spec!r})")
-    kind = str(field_types[name])
-    cast = float if "float" in kind else int if kind == "int" else str
-    try:
-        return name, [int(v) if v.isdigit() and "int" in kind else cast(v) for v in values.split(",")]
-    except ValueError:
-        raise UserError(f"--sweep {name} takes {kind} values (got {values!r})") from None
-
-
-def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tuple[list[int], str]:
-    """`length` tokens: filler text with a key planted a tenth of the way in, and the question at the end."""
-    key = str(random.Random(seed).randrange(10000, 100000))
-    # (no special tokens: a Llama or Mistral tokenizer puts BOS before each, mid-prompt)
-    plant = tokenizer(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n", add_special_tokens=False).input_ids
-    question = tokenizer("\nWhat is the pass key? The pass key is", add_special_tokens=False).input_ids
-    body = length - len(plant) - len(question)
-    if body <= 0 or body > len(filler):
-        raise UserError(f"passkey prompt of {length} tokens does not fit the text")
-    at = body // 10
-    return filler[:at] + plant + filler[at:body] + question, key
-
-
 def run_bench(args) -> int:
     from ..api import LLM
 
@@ -119,8 +79,8 @@ def run_bench(args) -> int:
                          ("--temperatures", args.temperatures), ("--workloads", args.workloads)):
         if len(set(values)) < len(values):  # a group run twice (and for --modes: which ar would speedups divide by?)
             raise UserError(f"{name} names a value twice ({' '.join(map(str, values))}); --repeats runs each again")
-    sweep_name, sweep_values = _parse_sweep(args.sweep, args.modes)
-    _check_trees(args, sweep_name)
+    sweep_name, sweep_values = parse_sweep(args.sweep, args.modes)
+    check_trees(args, sweep_name)
     texts = [_read_text(f) for f in args.text]
     text = "\n".join(texts)
     needs_draft = any(m in ("auto", "draft", "triforce") for m in args.modes) or "assisted" in args.peers
@@ -165,7 +125,7 @@ def run_bench(args) -> int:
     files = [llm.tokenizer(t).input_ids for t in texts]
     base = llm.config
     with settings_named_by_flags():
-        _check_plan(args, llm, ids, files, base, sweep_name, sweep_values)
+        check_plan(args, llm, ids, files, base, sweep_name, sweep_values)
     llm.config = dataclasses.replace(base, mode="ar")
     llm.generate([ids[:64]], SamplingParams(max_tokens=8))  # warm up kernels and allocator
     results = []
@@ -177,80 +137,6 @@ def run_bench(args) -> int:
         raise
     _write(args, _report(args, llm, base, results))
     return 0
-
-
-def _check_trees(args, sweep_name: str | None) -> None:
-    """--tree1 / --tree2 apply to the runs of the modes whose bottom tier they shape (`_runs`): refused where
-    none of --modes takes one (it would shape nothing), or where --sweep sets it too."""
-    for name in ("tree1", "tree2"):
-        if not getattr(args, name):
-            continue
-        if name == sweep_name:
-            raise UserError(f"--{name} and --sweep {name} both set it: leave out --{name}")
-        if not any(PROPOSAL_TREE.get(mode) == name for mode in args.modes):
-            takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
-            raise UserError(f"--{name} shapes a tier that none of --modes runs (it takes mode {takes})")
-
-
-def _runs(args, sweep_name: str | None, sweep_values: list):
-    """(mode, engine settings over the base's) of each run of a group: every non-ar mode once per swept value,
-    with --tree1 / --tree2 in the runs of the modes whose bottom tier they shape (PROPOSAL_TREE)."""
-    for mode in args.modes:
-        tree = PROPOSAL_TREE.get(mode)
-        own = {tree: getattr(args, tree)} if tree and getattr(args, tree) else {}
-        for value in (sweep_values if mode != "ar" else [None]):
-            yield mode, {**own, **({sweep_name: value} if value is not None else {})}
-
-
-def _check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineConfig, sweep_name, sweep_values) -> None:
-    """Every setting of the run checked before the first one runs (a bad value met late threw away the runs
-    before it), the --out file included."""
-    if "passkey" in args.workloads and max(args.batch) > 1:
-        raise UserError("the passkey workload runs at batch 1: run it apart from --batch > 1")
-    for length in args.lengths:
-        if length + args.max_new_tokens > llm.target.config.max_positions:
-            raise UserError(f"prompt length {length} + {args.max_new_tokens} new tokens is past the model's "
-                            f"{llm.target.config.max_positions} positions")
-        if length > len(ids):
-            raise UserError(f"prompt length {length} is past the {len(ids)} tokens of --text")
-        for i in range(1, max(args.batch)):
-            batch_prompt(files, i, length)
-        if "passkey" in args.workloads:
-            passkey_prompt(llm.tokenizer, ids, length, args.seed)
-    for temperature in args.temperatures:
-        SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p, seed=args.seed,
-                       **penalty_settings(args))
-    length, batch = max(args.lengths), max(args.batch)
-    if llm.prefixes is not None:  # each group's fill_prefix_store checks it again, as the store then holds
-        wanted = batch * llm.prefixes.reusable_blocks(ids[:length - 1])  # of the prefill: all but the last token
-        held = llm.prefixes.blocks_held(llm.target.kv_bytes_per_token)
-        if held < wanted:
-            raise UserError(f"--prefix-cache-gb {args.prefix_cache_gb:g} holds {held * llm.prefixes.block} of the "
-                            f"{wanted * llm.prefixes.block} reusable prompt tokens of a batch of {batch} x {length}: "
-                            f"raise it to hold a whole batch's prompts, or leave it at 0")
-    for mode, overrides in _runs(args, sweep_name, sweep_values):
-        llm.config = dataclasses.replace(base, mode=mode, **overrides)
-        if mode in ("draft", "triforce") and llm.draft is None:
-            raise UserError(f"--modes {mode} runs a draft, and {args.model} has no default one: name it with --draft")
-        # A batch whose caches do not fit at once runs in parts, one after another (LLM.generate): its
-        # tokens/s, all its tokens over the longest decode, would count the parts as running together.
-        parts = llm._parts_that_fit([(length, args.max_new_tokens)] * batch)
-        if len(parts) > 1:
-            raise UserError(f"a batch of {batch} prompts of {length} tokens does not fit the memory free at once "
-                            f"in mode {mode} (it would run in {len(parts)} parts, and its tokens/s count them as "
-                            f"together): lower --batch, --lengths or --prefix-cache-gb")
-    llm.config = base
-    if args.out:
-        out = Path(args.out)
-        if out.is_dir():
-            raise UserError(f"--out {out} is a folder; name a file")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            probe_writes(out.parent)
-        except OSError as exc:
-            raise UserError(f"cannot write --out {out}: {exc.strerror or exc}") from None
-        if out.exists() and not os.access(out, os.W_OK):
-            raise UserError(f"cannot write --out {out}: permission denied")
 
 
 def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, results: list[dict]) -> None:
@@ -272,7 +158,7 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                              "batch": batch}
                     rows = []
                     for repeat in range(args.repeats):
-                        for mode, overrides in _runs(args, sweep_name, sweep_values):
+                        for mode, overrides in runs(args, sweep_name, sweep_values):
                             llm.config = dataclasses.replace(base, mode=mode, **overrides)
                             outs = llm.generate(prompts, params)
                             ran = {name: getattr(llm.config, name) for name in overrides}  # (as the config cast them)
@@ -339,13 +225,4 @@ def fill_prefix_store(llm, base, prompts: list[list[int]]) -> None:
         raise UserError(f"--prefix-cache-gb holds {restored} of the batch's {wanted} reusable prompt tokens: "
                         f"raise it to hold a whole batch's prompts, or leave it at 0")
 
-
-def batch_prompt(files: list[list[int]], i: int, length: int) -> list[int]:
-    """Prompt i of a batch: `length` tokens of file i mod F, from token (i // F) * length on."""
-    tokens = files[i % len(files)]
-    start = (i // len(files)) * length
-    if start + length > len(tokens):
-        raise UserError(f"text file {i % len(files) + 1} is too short for prompt {i + 1} of the batch "
-                        f"({length} tokens from token {start}): give more or longer --text files")
-    return tokens[start:start + length]
 

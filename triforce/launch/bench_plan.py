@@ -1,0 +1,137 @@
+"""What `triforce bench` runs, checked before the first run (a bad value met in a later group threw away
+the groups before it): the sweep, the tree flags, each run's settings, the batches' prompts and the
+passkey prompt, the memory each batch needs, the --out file."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from pathlib import Path
+
+from ..config import PROPOSAL_TREE, EngineConfig
+from ..errors import UserError
+from ..models.folders import probe_writes
+from ..sampling_params import SamplingParams
+from .flags import penalty_settings
+
+
+def parse_sweep(specs: list[str] | None, modes: list[str]) -> tuple[str | None, list]:
+    """--sweep's setting and values, checked against the modes that would run them."""
+    if not specs:
+        return None, [None]
+    if len(specs) > 1:  # the last replaced the others, silently
+        raise UserError(f"one --sweep at a time (got {', '.join(specs)})")
+    spec = specs[0]
+    name, _, values = spec.partition("=")
+    if set(modes) == {"ar"}:
+        raise UserError(f"--sweep {spec} varies the modes other than ar, and --modes runs ar alone")
+    if name in ("tree1", "tree2") and not any(PROPOSAL_TREE.get(mode) == name for mode in modes):
+        takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
+        raise UserError(f"--sweep {spec}: {name} shapes a tier that none of --modes runs (it takes mode {takes})")
+    field_types = {f.name: f.type for f in dataclasses.fields(EngineConfig) if f.name != "mode"}  # --modes
+    if name not in field_types or not values:
+        raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting other than the mode "
+                        f"(--modes; got {spec!r})")
+    kind = str(field_types[name])
+    cast = float if "float" in kind else int if kind == "int" else str
+    try:
+        return name, [int(v) if v.isdigit() and "int" in kind else cast(v) for v in values.split(",")]
+    except ValueError:
+        raise UserError(f"--sweep {name} takes {kind} values (got {values!r})") from None
+
+
+def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tuple[list[int], str]:
+    """`length` tokens: filler text with a key planted a tenth of the way in, and the question at the end."""
+    key = str(random.Random(seed).randrange(10000, 100000))
+    # (no special tokens: a Llama or Mistral tokenizer puts BOS before each, mid-prompt)
+    plant = tokenizer(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n", add_special_tokens=False).input_ids
+    question = tokenizer("\nWhat is the pass key? The pass key is", add_special_tokens=False).input_ids
+    body = length - len(plant) - len(question)
+    if body <= 0 or body > len(filler):
+        raise UserError(f"passkey prompt of {length} tokens does not fit the text")
+    at = body // 10
+    return filler[:at] + plant + filler[at:body] + question, key
+
+
+def check_trees(args, sweep_name: str | None) -> None:
+    """--tree1 / --tree2 apply to the runs of the modes whose bottom tier they shape (`_runs`): refused where
+    none of --modes takes one (it would shape nothing), or where --sweep sets it too."""
+    for name in ("tree1", "tree2"):
+        if not getattr(args, name):
+            continue
+        if name == sweep_name:
+            raise UserError(f"--{name} and --sweep {name} both set it: leave out --{name}")
+        if not any(PROPOSAL_TREE.get(mode) == name for mode in args.modes):
+            takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
+            raise UserError(f"--{name} shapes a tier that none of --modes runs (it takes mode {takes})")
+
+
+def runs(args, sweep_name: str | None, sweep_values: list):
+    """(mode, engine settings over the base's) of each run of a group: every non-ar mode once per swept value,
+    with --tree1 / --tree2 in the runs of the modes whose bottom tier they shape (PROPOSAL_TREE)."""
+    for mode in args.modes:
+        tree = PROPOSAL_TREE.get(mode)
+        own = {tree: getattr(args, tree)} if tree and getattr(args, tree) else {}
+        for value in (sweep_values if mode != "ar" else [None]):
+            yield mode, {**own, **({sweep_name: value} if value is not None else {})}
+
+
+def check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineConfig, sweep_name, sweep_values) -> None:
+    """Every setting of the run checked before the first one runs (a bad value met late threw away the runs
+    before it), the --out file included."""
+    if "passkey" in args.workloads and max(args.batch) > 1:
+        raise UserError("the passkey workload runs at batch 1: run it apart from --batch > 1")
+    for length in args.lengths:
+        if length + args.max_new_tokens > llm.target.config.max_positions:
+            raise UserError(f"prompt length {length} + {args.max_new_tokens} new tokens is past the model's "
+                            f"{llm.target.config.max_positions} positions")
+        if length > len(ids):
+            raise UserError(f"prompt length {length} is past the {len(ids)} tokens of --text")
+        for i in range(1, max(args.batch)):
+            batch_prompt(files, i, length)
+        if "passkey" in args.workloads:
+            passkey_prompt(llm.tokenizer, ids, length, args.seed)
+    for temperature in args.temperatures:
+        SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p, seed=args.seed,
+                       **penalty_settings(args))
+    length, batch = max(args.lengths), max(args.batch)
+    if llm.prefixes is not None:  # each group's fill_prefix_store checks it again, as the store then holds
+        wanted = batch * llm.prefixes.reusable_blocks(ids[:length - 1])  # of the prefill: all but the last token
+        held = llm.prefixes.blocks_held(llm.target.kv_bytes_per_token)
+        if held < wanted:
+            raise UserError(f"--prefix-cache-gb {args.prefix_cache_gb:g} holds {held * llm.prefixes.block} of the "
+                            f"{wanted * llm.prefixes.block} reusable prompt tokens of a batch of {batch} x {length}: "
+                            f"raise it to hold a whole batch's prompts, or leave it at 0")
+    for mode, overrides in runs(args, sweep_name, sweep_values):
+        llm.config = dataclasses.replace(base, mode=mode, **overrides)
+        if mode in ("draft", "triforce") and llm.draft is None:
+            raise UserError(f"--modes {mode} runs a draft, and {args.model} has no default one: name it with --draft")
+        # A batch whose caches do not fit at once runs in parts, one after another (LLM.generate): its
+        # tokens/s, all its tokens over the longest decode, would count the parts as running together.
+        parts = llm._parts_that_fit([(length, args.max_new_tokens)] * batch)
+        if len(parts) > 1:
+            raise UserError(f"a batch of {batch} prompts of {length} tokens does not fit the memory free at once "
+                            f"in mode {mode} (it would run in {len(parts)} parts, and its tokens/s count them as "
+                            f"together): lower --batch, --lengths or --prefix-cache-gb")
+    llm.config = base
+    if args.out:
+        out = Path(args.out)
+        if out.is_dir():
+            raise UserError(f"--out {out} is a folder; name a file")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            probe_writes(out.parent)
+        except OSError as exc:
+            raise UserError(f"cannot write --out {out}: {exc.strerror or exc}") from None
+        if out.exists() and not os.access(out, os.W_OK):
+            raise UserError(f"cannot write --out {out}: permission denied")
+
+
+def batch_prompt(files: list[list[int]], i: int, length: int) -> list[int]:
+    """Prompt i of a batch: `length` tokens of file i mod F, from token (i // F) * length on."""
+    tokens = files[i % len(files)]
+    start = (i // len(files)) * length
+    if start + length > len(tokens):
+        raise UserError(f"text file {i % len(files) + 1} is too short for prompt {i + 1} of the batch "
+                        f"({length} tokens from token {start}): give more or longer --text files")
+    return tokens[start:start + length]
