@@ -373,14 +373,17 @@ def test_fields_that_clients_send_at_their_defaults_or_as_null_are_taken(llm, cl
 
 
 def test_an_infinite_temperature_is_refused(client):
-    """An infinite temperature would sample uniformly: a 400 naming the field for 1e999 (JSON, read as
-    infinity), and for Infinity (Python's json reads it) the body's 400: it is no JSON number."""
-    for field, value in (("temperature", "1e999"), ("top_k", "1e999"), ("temperature", "Infinity")):
-        r = client.post("/v1/completions", content=f'{{"prompt": "{PROMPT}", "{field}": {value}}}',
+    """An infinite temperature would sample uniformly: Infinity (Python's json reads it) and 1e999 (JSON, read
+    as infinity) are refused with the body, as no JSON numbers (echoed in a Response's metadata, the answer
+    could not be written: a 500 after the generation)."""
+    for field, value in (("temperature", "Infinity"), ("top_k", "1e999"), ("metadata", '{"x": 1e999}')):
+        url = "/v1/responses" if field == "metadata" else "/v1/completions"
+        key = "input" if field == "metadata" else "prompt"
+        r = client.post(url, content=f'{{"{key}": "{PROMPT}", "{field}": {value}}}',
                         headers={"content-type": "application/json"})
-        error = r.json()["error"]
-        assert r.status_code == 400 and (error["param"] == field if value == "1e999" else
-                                         "Infinity is not a JSON number" in error["message"]), r.text
+        message = r.json()["error"]["message"]
+        assert r.status_code == 400 and ("Infinity is not a JSON number" in message if value == "Infinity" else
+                                         "past a float's range" in message), r.text
 
 
 def test_tokenize_gives_the_ids_a_request_would_generate_from_and_detokenize_their_text(llm, client):

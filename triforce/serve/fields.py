@@ -26,8 +26,9 @@ class ApiError(Exception):
 def request_json(raw: bytes | str) -> object:
     """A request body (a server's, or a batch line's) read as strict JSON, or ApiError(400): not JSON, not
     UTF-8, an integer past Python's 4,300 digits or arrays nested past its recursion limit (json.loads raises
-    other errors than for bad syntax), NaN or Infinity (Python's extensions to JSON: a Response or a batch
-    result that echoes one is no JSON either), or a lone surrogate escape (JSON's "\\ud83d" alone parses into
+    other errors than for bad syntax), NaN or Infinity (Python's extensions to JSON) or a number that reads
+    as infinity (1e999: a Response or a batch result that echoes one is no JSON either), or a lone surrogate
+    escape (JSON's "\\ud83d" alone parses into
     a string that is no text)."""
     def no_constant(name: str):
         raise ValueError(f"{name} is not a JSON number")
@@ -38,10 +39,12 @@ def request_json(raw: bytes | str) -> object:
         detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise ApiError(400, f"the request body is not valid JSON ({detail})") from None
     try:
-        json.dumps(body, ensure_ascii=False).encode()
+        json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
     except UnicodeEncodeError:
         raise ApiError(400, "the request body holds a lone surrogate escape (half of a UTF-16 pair), which is "
                             "not text") from None
+    except ValueError:  # a number past a float's range (1e999 reads as infinity): an answer echoing it is no JSON
+        raise ApiError(400, "the request body holds a number past a float's range (read as infinity)") from None
     return body
 
 
