@@ -24,6 +24,9 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 
+HANDSHAKE_EVENTS = zmq.zmq_version_info() >= (4, 3)  # libzmq reports completed handshakes from 4.3 on
+
+
 class CoordinatorWatch:
     """Peers connected to a bound socket, and for how long there has been none. Made before the
     socket binds, so that no connection goes unseen."""
@@ -41,7 +44,7 @@ class CoordinatorWatch:
         # Whether one of them completed ZeroMQ's handshake (its event names no connection): connections
         # that never do (a port probe, a health check) neither count as a coordinator nor, leaving, reset
         # the countdown (they did, and a group whose coordinator was gone heartbeat on while probes came)
-        self.spoken = False
+        self.spoken = not HANDSHAKE_EVENTS  # (a libzmq without the event: every connection counts)
         self.alone_since = time.monotonic()
 
     def update(self) -> None:
@@ -55,7 +58,7 @@ class CoordinatorWatch:
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.peers.discard(event["value"])
                 if not self.peers and self.spoken:
-                    self.alone_since, self.spoken = time.monotonic(), False
+                    self.alone_since, self.spoken = time.monotonic(), not HANDSHAKE_EVENTS
 
     def seconds_left(self) -> float:
         """Until the coordinator counts as gone: infinite while a ZeroMQ peer is connected, <= 0 once gone."""
