@@ -182,6 +182,7 @@ def test_a_ggufs_rope_scaling_reaches_the_converted_config(tmp_path, monkeypatch
     config = json.loads((converted / "config.json").read_text())
     (converted / "config.json").write_text(json.dumps({**config, "rope_parameters": {"rope_theta": 10000.0,
                                                                                      "rope_type": "default"}}))
+    (converted / model_folders.MENDED).unlink()  # as an earlier triforce left it
     assert ModelConfig.from_folder(converted).rope_type == "default"
     assert model_folders.convert_gguf_cached(tmp_path / "qwen-4.0.gguf") == converted
     assert ModelConfig.from_folder(converted).rope_scaling["factor"] == 4.0
@@ -248,6 +249,9 @@ def test_a_smollm_gguf_splits_digits_first_as_llama_cpp_does_and_an_old_folder_i
     old = json.loads((tmp_path / "gpt2" / "tokenizer.json").read_text())["pre_tokenizer"]
     saved = json.loads((folder / "tokenizer.json").read_text())
     (folder / "tokenizer.json").write_text(json.dumps({**saved, "pre_tokenizer": old}))  # as converted before
+    assert folders.convert_gguf_cached(tmp_path / "smollm.gguf") == folder  # mended once: not looked at again
+    assert json.loads((folder / "tokenizer.json").read_text())["pre_tokenizer"] == old
+    (folder / folders.MENDED).unlink()  # as an earlier triforce left it
     assert folders.convert_gguf_cached(tmp_path / "smollm.gguf") == folder
     assert json.loads((folder / "tokenizer.json").read_text())["pre_tokenizer"] == saved["pre_tokenizer"]
 

@@ -24,6 +24,7 @@ from .config import GENERATION_CONFIG, ModelLoadError
 
 log = logging.getLogger(__name__)
 READY = ".triforce-ready"  # written last: a folder without it is an interrupted conversion
+MENDED = ".triforce-mended-2"  # a converted GGUF's folder given what earlier conversions left out (once)
 
 
 def triforce_home() -> Path:
@@ -85,17 +86,32 @@ def convert_gguf_cached(gguf: Path) -> Path:
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     dest = triforce_home() / "models" / f"gguf-{gguf.stem}-{key}"
     folder = up_to_date(made_once(dest, lambda: convert_gguf(gguf, dest)))
+    if not (folder / MENDED).is_file():
+        _mend_from_gguf(gguf, folder)
+    return folder
+
+
+def _mend_from_gguf(gguf: Path, folder: Path) -> None:
+    """What conversions before these carried wrongly, taken from the GGUF once (reading its metadata took
+    seconds on every resolve): its RoPE scaling (the positions ran unscaled), its pre-tokenizer."""
     from gguf import GGUFReader
 
     from .gguf_convert import field_value, mend_rope_scaling
 
     try:
-        mend_rope_scaling(gguf, folder)
+        reader = GGUFReader(gguf)
+        if mend_rope_scaling(reader, folder):
+            log.warning("%s: the RoPE scaling of %s added to its config (converted before it was carried)", folder,
+                        gguf.name)
     except (OSError, ValueError, TypeError) as exc:  # another user's folder in a shared home, a scaling not
         # carried (ModelLoadError): it runs as it did
         log.warning("cannot add %s's RoPE scaling to %s (%s)", gguf.name, folder, exc)
-    mend_tokenizer(folder, lambda: field_value(GGUFReader(gguf), "tokenizer.ggml.pre"))
-    return folder
+        return
+    mend_tokenizer(folder, lambda: field_value(reader, "tokenizer.ggml.pre"))
+    try:
+        (folder / MENDED).touch()
+    except OSError:  # another user's folder: looked at again next time
+        pass
 
 
 def mend_tokenizer(folder: Path, pre: Callable[[], str | None]) -> None:

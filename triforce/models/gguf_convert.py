@@ -45,7 +45,7 @@ LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_p
 
 # GGUF pre-tokenizer names whose text llama.cpp splits into single digits before GPT-2's pattern (its
 # llama-vocab.cpp groups them); transformers' GGUF reader knows none of them and splits by GPT-2's alone
-DIGITS_FIRST = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"})
+DIGITS_FIRST = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"})
 
 Tensors = list[tuple[str, int, Callable[[], torch.Tensor]]]  # (name, bytes, the tensor when wanted)
 
@@ -202,21 +202,18 @@ def scaled(config: dict, scaling: dict) -> dict:
     return {**{k: v for k, v in config.items() if k != "rope_scaling"}, "rope_parameters": params}
 
 
-def mend_rope_scaling(gguf: Path, folder: Path) -> None:
-    """Gives `folder`, converted from `gguf` before conversions carried its RoPE scaling, that scaling (its
-    positions ran unscaled); nothing for a GGUF without one, or a folder that has it."""
-    from gguf import GGUFReader
-
+def mend_rope_scaling(reader, folder: Path) -> bool:
+    """Gives `folder`, converted from the GGUF `reader` reads before conversions carried its RoPE scaling,
+    that scaling (its positions ran unscaled); nothing for a GGUF without one, or a folder that has it.
+    Whether it changed the config."""
     path = folder / "config.json"
     config = json.loads(path.read_text())
     if config.get("rope_scaling") or (config.get("rope_parameters") or {}).get("rope_type", "default") != "default":
-        return
-    reader = GGUFReader(gguf)
+        return False
     mended = scaled(config, rope_scaling(reader, field_value(reader, "general.architecture") or "none"))
     if mended is not config:
         write_whole(path, json.dumps(mended, indent=2))
-        log.warning("%s: the RoPE scaling of %s added to its config (converted before it was carried)", folder,
-                    gguf.name)
+    return mended is not config
 
 
 def mend_pre_tokenizer(folder: Path, pre: str | None) -> bool:
