@@ -108,7 +108,7 @@ def test_a_rank_reads_only_its_part_of_the_checkpoint(tiny_dir, monkeypatch, hea
         def get_slice(self, name):
             whole = self.f.get_slice(name)
             return type("Part", (), {"__getitem__": lambda _, index: read.append((name, whole[index].numel()))
-                                     or whole[index]})()
+                                     or whole[index], "get_shape": lambda _: whole.get_shape()})()
 
     monkeypatch.setattr(loader, "safe_open", Counting)
     whole = {name: t.numel() for name, t in load_model_state(folder).items()}
@@ -125,6 +125,24 @@ def test_a_rank_reads_only_its_part_of_the_checkpoint(tiny_dir, monkeypatch, hea
                 assert got[name] <= -(-numel // size)
             else:
                 assert got[name] == numel // size, name
+
+
+def test_a_tensor_the_split_does_not_fit_is_named(tiny_dir, tmp_path):
+    """A checkpoint tensor smaller than the config says, read by a rank: its name and shape, not a "corrupt
+    file" (slicing the whole tensor and its error came later, as a shape mismatch)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    import triforce.models.loader as loader
+
+    folder = tiny_dir("tp-6-3", hidden_size=48, num_heads=6, num_kv_heads=3, arch="qwen2", seed=60)
+    state = load_model_state(folder)
+    state["model.layers.0.self_attn.k_proj.weight"] = state["model.layers.0.self_attn.k_proj.weight"][:8]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(json.loads((folder / "config.json").read_text())))
+    with pytest.raises(ModelLoadError, match="'layers.0.self_attn.k_proj.weight' has shape \\(8, 48\\)"):
+        loader.load_model(tmp_path, tp=TensorParallel(2, 3))
 
 
 def load_model_state(folder):

@@ -83,11 +83,22 @@ def _read_tensors(files: list[Path], dtype: torch.dtype, part=lambda name: None)
                 for name in f.keys():
                     short = name.removeprefix("model.")
                     index = part(short)
-                    tensor = f.get_tensor(name) if index is None else f.get_slice(name)[index]
+                    tensor = f.get_tensor(name) if index is None else _part_of(f.get_slice(name), index, short)
                     tensors[short] = tensor.to(dtype)
+        except ModelLoadError:
+            raise
         except Exception as exc:  # safetensors raises its own error types per version
             raise ModelLoadError(f"{path}: corrupt or unreadable safetensors file ({exc})") from exc
     return tensors
+
+
+def _part_of(whole, index: tuple[slice, ...], name: str) -> torch.Tensor:
+    """This rank's part of a checkpoint tensor (a safetensors slice); a ModelLoadError naming the tensor
+    where it has not the shape the config gives it (not a corrupt file)."""
+    shape = tuple(whole.get_shape())
+    if len(shape) < len(index) or any(s.stop is not None and s.stop > n for s, n in zip(index, shape)):
+        raise ModelLoadError(f"tensor {name!r} has shape {shape}, which the config's split does not fit")
+    return whole[index]
 
 
 def _fused_state_dict(cfg: ModelConfig, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
