@@ -94,6 +94,7 @@ class LLM(RequestChecks, RequestMemory):
                 draft = None
         if draft is None and mode == "draft":
             raise ConfigError("mode 'draft' needs a draft model (--draft)")
+        self.draft_unavailable: str | None = None  # why the target's default draft could not be had
         self.draft_path = self._draft_path(draft, draft_revision, given, mode) if mode in MODES_WITH_DRAFT else None
         self.sampling_defaults = sampling_defaults(generation_config, self.model_path)
         self.target = self._load(self.model_path)
@@ -129,8 +130,7 @@ class LLM(RequestChecks, RequestMemory):
                             "values take %.1f MB): no prompt is kept for reuse", self.prefixes.max_bytes / 2**30,
                             self.config.prefill_chunk, self.config.prefill_chunk * token_bytes / 2**20)
 
-    @staticmethod
-    def _draft_path(draft, revision: str | None, given: bool, mode: str) -> Path | None:
+    def _draft_path(self, draft, revision: str | None, given: bool, mode: str) -> Path | None:
         """The draft's folder; None without one, or where the target's default draft (not one the user
         named) cannot be had (offline, say) and the mode runs without it (auto; triforce, as retrieval)."""
         if draft is None:
@@ -140,8 +140,8 @@ class LLM(RequestChecks, RequestMemory):
         except ModelLoadError as exc:
             if given or mode == "draft":
                 raise
-            print(f"triforce: the default draft {draft} is not to be had ({exc}); running without a draft",
-                  file=sys.stderr)
+            self.draft_unavailable = f"the default draft {draft} is not to be had ({exc})"
+            print(f"triforce: {self.draft_unavailable}; running without a draft", file=sys.stderr)
             return None
 
     def _bound_positions(self, max_model_len: int | None) -> None:

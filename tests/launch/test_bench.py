@@ -188,6 +188,27 @@ def test_bench_gives_a_tree_flag_to_the_modes_it_shapes(tiny_dir, tmp_path):
     assert checks["proposed_per_check"] == 4  # a tree of 4 nodes (gamma2 is 6)
 
 
+def test_bench_writes_out_through_a_link_and_names_a_default_draft_it_could_not_fetch(tiny_dir, tmp_path, capsys,
+                                                                                       monkeypatch):
+    """--out is written whole (a temporary file renamed over it), except where it is a link (or a FIFO), which
+    stays one; a draft mode whose default draft could not be fetched says so (not "has no default one")."""
+    from triforce import api
+
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    report, link = tmp_path / "report.json", tmp_path / "latest.json"
+    report.write_text("{}")
+    link.symlink_to(report)
+    args = ["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "50",
+            "--max-new-tokens", "4", "--modes", "ar", *SMALL_TIERS]
+    assert main(args + ["--out", str(link)]) == 0
+    assert link.is_symlink() and json.loads(report.read_text())["results"][0]["run"] == "ar"
+    capsys.readouterr()
+    monkeypatch.setitem(api.DEFAULT_DRAFTS, str(target), str(tmp_path / "no-such-draft"))
+    assert main(args[:-len(SMALL_TIERS) - 1] + ["draft", *SMALL_TIERS]) == 2
+    assert "the default draft" in capsys.readouterr().err.splitlines()[-1]
+
+
 def test_a_passkey_prompt_holds_no_special_tokens_mid_text():
     """The planted key and the question are tokenized apart: a Llama or Mistral tokenizer put BOS before each."""
     from types import SimpleNamespace

@@ -197,7 +197,11 @@ def _write(args, report: dict) -> None:
     print(text_out)
     if args.out:
         try:
-            write_whole(Path(args.out), text_out)  # a report that stopped halfway would replace the last whole
+            out = Path(args.out)
+            if out.is_symlink() or (out.exists() and not out.is_file()):  # a link, a FIFO, /dev/stdout: into it
+                out.write_text(text_out)
+            else:  # a report that stopped halfway would replace the last whole
+                write_whole(out, text_out)
         except OSError as exc:  # a disk that filled during the runs
             raise UserError(f"cannot write --out {args.out} ({exc.strerror or exc}); the report is above") from None
 

@@ -25,9 +25,8 @@ def parse_sweep(specs: list[str] | None, modes: list[str]) -> tuple[str | None, 
     name, _, values = spec.partition("=")
     if set(modes) == {"ar"}:
         raise UserError(f"--sweep {spec} varies the modes other than ar, and --modes runs ar alone")
-    if name in ("tree1", "tree2") and not any(PROPOSAL_TREE.get(mode) == name for mode in modes):
-        takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
-        raise UserError(f"--sweep {spec}: {name} shapes a tier that none of --modes runs (it takes mode {takes})")
+    if name in ("tree1", "tree2"):
+        check_tree_taken(name, modes, f"--sweep {spec}: {name}")
     field_types = {f.name: f.type for f in dataclasses.fields(EngineConfig) if f.name != "mode"}  # --modes
     if name not in field_types or not values:
         raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting other than the mode "
@@ -53,17 +52,22 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
     return filler[:at] + plant + filler[at:body] + question, key
 
 
+def check_tree_taken(name: str, modes: list[str], named: str) -> None:
+    """A UserError where tree setting `name` (tree1, tree2) shapes a tier that none of `modes` runs."""
+    if not any(PROPOSAL_TREE.get(mode) == name for mode in modes):
+        takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
+        raise UserError(f"{named} shapes a tier that none of --modes runs (it takes mode {takes})")
+
+
 def check_trees(args, sweep_name: str | None) -> None:
-    """--tree1 / --tree2 apply to the runs of the modes whose bottom tier they shape (`_runs`): refused where
+    """--tree1 / --tree2 apply to the runs of the modes whose bottom tier they shape (`runs`): refused where
     none of --modes takes one (it would shape nothing), or where --sweep sets it too."""
     for name in ("tree1", "tree2"):
         if not getattr(args, name):
             continue
         if name == sweep_name:
             raise UserError(f"--{name} and --sweep {name} both set it: leave out --{name}")
-        if not any(PROPOSAL_TREE.get(mode) == name for mode in args.modes):
-            takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
-            raise UserError(f"--{name} shapes a tier that none of --modes runs (it takes mode {takes})")
+        check_tree_taken(name, args.modes, f"--{name}")
 
 
 def runs(args, sweep_name: str | None, sweep_values: list):
@@ -105,7 +109,8 @@ def check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineCo
     for mode, overrides in runs(args, sweep_name, sweep_values):
         llm.config = dataclasses.replace(base, mode=mode, **overrides)
         if mode in ("draft", "triforce") and llm.draft is None:
-            raise UserError(f"--modes {mode} runs a draft, and {args.model} has no default one: name it with --draft")
+            why = llm.draft_unavailable or f"{args.model} has no default one"
+            raise UserError(f"--modes {mode} runs a draft, and {why}: name one with --draft")
         # A batch whose caches do not fit at once runs in parts, one after another (LLM.generate): its
         # tokens/s, all its tokens over the longest decode, would count the parts as running together.
         parts = llm._parts_that_fit([(length, args.max_new_tokens)] * batch)
