@@ -225,7 +225,8 @@ def _leader_host(rank: int, control) -> str:
 
 
 def _resolve_once(spec, rank: int, control, revision: str | None = None):
-    """Rank 0 fetches or converts a model first; the others then find it ready."""
+    """The model's folder, rank 0's first (every rank resolved it already as it checked the split, taking
+    turns on the folder's lock: the first fetched or converted it, the others found it ready)."""
     from ..models.hub import resolve_model
 
     path = resolve_model(spec, revision) if rank == 0 else None
