@@ -97,6 +97,7 @@ def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_pat
     assert "resuming at step 6 of 6" in capsys.readouterr().err  # a rerun said nothing of it
     assert cached() == before
     assert (out / "model.safetensors").read_bytes() == weights
+    assert json.loads((out / "triforce_draft.json").read_text())["final_loss"] > 0  # (the rerun wrote null)
     every = argv.index("--checkpoint-every") + 1  # how often it saves is not how it trains: it resumes
     assert main(argv[:every] + ["2"] + argv[every + 1:]) == 0  # (it started again from step 0)
     assert "resuming at step 6 of 6" in capsys.readouterr().err and cached() == before
@@ -118,6 +119,9 @@ def test_train_draft_rejects_a_bad_shape(tiny_dir, tmp_path, capsys):
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
                  "--hidden", "30", "--heads", "4"])
     assert code == 2 and "must divide" in capsys.readouterr().err
+    code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
+                 "--hidden", "40", "--heads", "8", "--kv-heads", "2"])  # head size 5: a traceback at step 1
+    assert code == 2 and "must be even" in capsys.readouterr().err
 
 
 def test_sample_order_weighs_sequences_by_their_repeats():
@@ -221,3 +225,20 @@ def test_a_target_changed_in_place_names_other_data(tiny_dir, tmp_path):
     weights = folder / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # written again
     assert _target_key(folder, tokenizer) != key
+    # what says how it runs and tokenizes, changed in place (triforce's own mends rewrite these: a config's
+    # RoPE scaling, a tokenizer's pre-tokenizer), names other data too
+    for name, change in (("config.json", lambda c: {**c, "rope_theta": 5e5}),
+                         ("tokenizer.json", lambda t: {**t, "pre_tokenizer": {"type": "Whitespace"}})):
+        key = _target_key(folder, tokenizer)
+        (folder / name).write_text(json.dumps(change(json.loads((folder / name).read_text()))))
+        assert _target_key(folder, tokenizer) != key, name
+
+
+def test_sequences_of_other_lengths_cut_from_one_stream_name_other_labels():
+    """The same tokens cut into sequences of 512 or of 1024 had one digest, so the labels made for one length
+    were loaded for the other."""
+    from triforce.draft.sources import digest
+
+    stream = torch.arange(4096, dtype=torch.int32)
+    assert digest(stream.view(-1, 512)) != digest(stream.view(-1, 1024))
+    assert digest(stream.view(-1, 512)) == digest(stream.clone().view(-1, 512))

@@ -68,7 +68,9 @@ def heldout_genres(llm, work: Path, prose_texts: dict[str, list[str]], sequences
 
 
 def digest(sequences: torch.Tensor) -> str:
-    return hashlib.sha1(sequences.numpy().tobytes()).hexdigest()
+    """Names a tensor by its shape and bytes (the bytes alone: sequences of 512 and 1024 tokens cut from one
+    stream matched, and labels made for one were loaded for the other)."""
+    return hashlib.sha1(repr(tuple(sequences.shape)).encode() + sequences.numpy().tobytes()).hexdigest()
 
 
 def labelled(target, sources: dict[str, torch.Tensor], work: Path, top_k: int, target_key: str):

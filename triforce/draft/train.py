@@ -42,6 +42,8 @@ class DraftShape:
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise UserError(f"hidden ({self.hidden}) must divide by heads ({self.heads}) and heads by kv heads "
                             f"({self.kv_heads})")
+        if (self.hidden // self.heads) % 2:  # RoPE turns pairs of dimensions (a traceback at the first step)
+            raise UserError(f"hidden / heads ({self.hidden} / {self.heads}) must be even: RoPE turns pairs")
 
 
 @dataclass(frozen=True)

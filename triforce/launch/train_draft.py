@@ -1,6 +1,7 @@
 """`triforce train-draft`: the command line of draft distillation (see triforce/draft/)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -138,12 +139,26 @@ def _repeats(args) -> dict[str, int]:
     return {name: n for name, n in repeat.items() if n != 1}
 
 
+TARGET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
 def _target_key(folder: Path, tokenizer) -> str:
     """What a target's cached data, answers, labels and checkpoints are named by: its folder, its weight
     files (names, sizes and times: a target fine-tuned in place is another model, whose data was reused
-    before) and its tokenizer."""
+    before), its tokenizer, and the contents of the files that say how it runs and tokenizes (TARGET_FILES:
+    a config whose RoPE scaling or end ids changed, a tokenizer that splits otherwise, reused stale data)."""
     weights = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.glob("*.safetensors"))]
-    return fingerprint(str(folder.resolve()), weights, tokenizer_fingerprint(tokenizer))
+    files = [(name, hashlib.sha1((folder / name).read_bytes()).hexdigest()) for name in TARGET_FILES
+             if (folder / name).is_file()]
+    return fingerprint(str(folder.resolve()), weights, tokenizer_fingerprint(tokenizer), files)
+
+
+def _final_loss(out: Path) -> float | None:
+    """The final loss the draft in `out` recorded (a rerun of a finished run trains no step: it keeps it)."""
+    try:
+        return json.loads((out / "triforce_draft.json").read_text()).get("final_loss")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _check_work_dir(work: Path) -> None:
@@ -234,14 +249,15 @@ def run_train_draft(args) -> int:
 
     model = init_draft(shape, target, kept, args.seed)
     trains = {k: v for k, v in asdict(settings).items() if k != "checkpoint_every"}  # (not how it trains)
-    run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), trains, repeat)
+    run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), trains, repeat,
+                          None if kept is None else sources.digest(torch.as_tensor(kept)))  # the rows' tokens
     per_sequence = torch.cat([torch.full((seqs.shape[0],), repeat.get(name, 1)) for name, seqs in train_sources.items()])
     losses = train(model, sequences, label_ids, label_logp, to_draft, n_kept, settings, work, run_key, per_sequence)
     mix = {name: seqs.numel() for name, seqs in train_sources.items()}
     export(model, out, kept, vocab_total, {
         "target_tokenizer": tokenizer_fingerprint(tokenizer), "shape": asdict(shape), "training": asdict(settings),
         "data_tokens": mix, "repeat": repeat, "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
-        "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None})
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else _final_loss(out)})
 
     draft = load_model(out, "bfloat16")
     report = {"draft": str(out), "parameters": sum(p.numel() for p in model.parameters()),
