@@ -195,6 +195,24 @@ def test_train_draft_refuses_an_out_folder_it_would_destroy(tiny_dir, tmp_path, 
     assert not work.exists()
 
 
+def test_no_held_out_prose_trains_and_a_held_out_text_too_short_is_named_first(tiny_dir, tmp_path, capsys):
+    """--heldout-fraction 0 failed as the held-out prose (a line break, or nothing) made no sequence; a
+    --heldout file too short failed after the training data was built (the answers: half an hour), blaming
+    the text."""
+    target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
+    text = write_corpus(tmp_path / "corpus.txt", words=2000)
+    base = ["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
+            "--work-dir", str(tmp_path / "work"), "--local-tokens", "0", "--answers", "0", "--seq-len", "64",
+            "--layers", "1", "--hidden", "32", "--intermediate", "64", "--heads", "2", "--kv-heads", "1",
+            "--steps", "2", "--batch-size", "2", "--top-k", "8"]
+    assert main(base + ["--heldout-fraction", "0"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["genres"] == {}
+    short = write_corpus(tmp_path / "letters.txt", words=20)
+    assert main(base + ["--heldout", str(short), "--answers", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--heldout letters: the text holds no complete sequence of 64 tokens" in err and "answers" not in err
+
+
 def test_a_text_too_short_for_one_sequence_says_how_long_it_is(tiny_dir, tmp_path, capsys):
     target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
     text = write_corpus(tmp_path / "corpus.txt", words=40)

@@ -51,13 +51,13 @@ def answers(llm, work: Path, settings: GenerationSettings, seq_len: int, target_
     return pack(samples.token_lists(), seq_len, llm.tokenizer.eos_token_id)
 
 
-def heldout_genres(llm, work: Path, prose_texts: dict[str, list[str]], sequences: int, seq_len: int,
+def heldout_genres(llm, work: Path, prose_sets: dict[str, torch.Tensor], sequences: int, seq_len: int,
                    local: bool, answer_settings: GenerationSettings | None, target_key: str) -> dict[str, torch.Tensor]:
-    """The held-out evaluation sets, `sequences` rows each: every named prose (its texts), `code` from
-    held-out installed packages (when `local`), and `chat`, the target's answers on held-out subjects
-    (when `answer_settings`; about HELDOUT_ANSWER_TOKENS per answer with its prompt sizes how many)."""
+    """The held-out evaluation sets, `sequences` rows each: every named prose (`prose_sets`, built already),
+    `code` from held-out installed packages (when `local`), and `chat`, the target's answers on held-out
+    subjects (when `answer_settings`; about HELDOUT_ANSWER_TOKENS per answer with its prompt sizes how many)."""
     tokenizer, tokens = llm.tokenizer, sequences * seq_len
-    genres = {name: prose(tokenizer, texts, seq_len, tokens) for name, texts in prose_texts.items()}
+    genres = dict(prose_sets)
     if local:
         genres["code"] = installed(tokenizer, tokens, seq_len, work, target_key, heldout=True)
     if answer_settings is not None:

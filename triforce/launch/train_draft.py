@@ -93,13 +93,21 @@ def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
                                  args.answer_batch)  # their own seed: another training seed reuses them
     train_sources = {}
     texts = read_texts(args.text)
-    if args.heldout is None:  # the ends of the training texts
-        texts, heldout_texts = split_heldout(tokenizer, texts, args.heldout_fraction)
-        heldout_prose = {"prose": heldout_texts} if texts else {}
+    if args.heldout is None:  # the ends of the training texts (none: a fraction of 0)
+        texts, heldout_texts = split_heldout(tokenizer, texts, args.heldout_fraction) if args.heldout_fraction else \
+            (texts, [])
+        heldout_prose = {"prose": heldout_texts} if texts and heldout_texts else {}
     else:  # each file a genre of its own, named by the file
         heldout_prose = {Path(f).stem: read_texts([f]) for f in args.heldout}
         if len(heldout_prose) < len(args.heldout) or {"code", "chat"} & set(heldout_prose):
             raise UserError("held-out files need different names, and not 'code' or 'chat' (genres of their own)")
+    held = {}  # built first: a held-out text too short failed after the answers were made, blaming --text
+    for name, held_texts in heldout_prose.items():
+        try:
+            held[name] = sources.prose(tokenizer, held_texts, seq_len, n_heldout * seq_len)
+        except UserError as exc:
+            where = f"--heldout {name}" if args.heldout else f"the held-out {args.heldout_fraction:g} of --text"
+            raise UserError(f"{where}: {exc}") from None
     if texts:
         train_sources["prose"] = sources.prose(tokenizer, texts, seq_len, args.max_train_tokens)
     if args.local_tokens > 0:
@@ -110,7 +118,7 @@ def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
     if not train_sources:
         raise UserError(f"no training data: give --text files, --local-tokens or --answers that make at least "
                         f"one sequence of {seq_len} tokens")
-    genres = sources.heldout_genres(llm, work, heldout_prose, n_heldout, seq_len, args.local_tokens > 0,
+    genres = sources.heldout_genres(llm, work, held, n_heldout, seq_len, args.local_tokens > 0,
                                     answers if args.answers > 0 else None, target_key)
     for name, seqs in train_sources.items():
         _log(f"{name}: {seqs.numel():,} training tokens")
