@@ -27,6 +27,17 @@ def write_corpus(path, words=6000, seed=0):
     return path
 
 
+def test_vendored_copies_of_held_out_packages_are_not_trained_on(tmp_path):
+    """pip/_vendor/distlib is distlib's code: trained on under pip's name while distlib itself was held out."""
+    from triforce.draft import local_text
+
+    for folder in ("pip", "pip/_vendor/distlib", "pkg/vendor/lib", "other/_vendored"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        write_corpus(tmp_path / folder / "module.py", words=400)
+    found = {p.parent.relative_to(tmp_path).as_posix() for p in local_text._candidates(tmp_path)}
+    assert found == {"pip"}
+
+
 def test_training_lowers_the_loss(tiny_dir, tmp_path):
     target = load_model(tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25))
     sequences = torch.randint(3, 96, (12, 32), generator=torch.Generator().manual_seed(0))

@@ -17,8 +17,9 @@ SUFFIXES = (".py", ".md", ".rst", ".txt")
 MIN_CHARS, MAX_CHARS = 1_000, 200_000  # file sizes read
 PER_FILE_CHARS = 16_000  # taken from the start of a file, so that many files contribute
 HELDOUT_BUCKETS = 10  # one package in ten is held out
-# tests, caches, and other installations nested in a root (the standard library's own site-packages)
-SKIPPED = {"test", "tests", "__pycache__", "site-packages", "dist-packages"}
+# tests, caches, and other installations nested in a root (the standard library's own site-packages), and
+# vendored copies of other packages (pip/_vendor/distlib trained on what distlib, held out, holds)
+SKIPPED = {"test", "tests", "__pycache__", "site-packages", "dist-packages", "_vendor", "vendor", "_vendored"}
 METADATA = (".dist-info", ".egg-info")  # licenses and records, not code or documentation
 
 
