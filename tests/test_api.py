@@ -521,6 +521,9 @@ def test_use_tqdm_draws_vllms_bar_over_the_prompts(llm, capfd):
     assert [o.token_ids for o in loud[:3]] == [o.token_ids for o in quiet]
     llm.generate(prompts, params, use_tqdm=False)
     assert "Processed prompts" not in capfd.readouterr().err
+    ids = llm.encode(PROMPT)  # a one-token prompt with max_tokens 0 ends as it is added: no step sees it
+    llm.generate([ids[:1], ids], SamplingParams(max_tokens=0), use_tqdm=True)
+    assert "2/2" in capfd.readouterr().err
 
 
 def test_sampling_params_are_found_where_they_lived_before_the_split():

@@ -288,6 +288,7 @@ class LLM(RequestChecks, RequestMemory):
                             part = part[:n]
                             break
                     handles = [batch.add(r.run(show_progress and len(runs) == 1)) for r in requests]
+                    prompts_bar.update(sum(h.done for h in handles))  # (ended as they were added: no step sees them)
                     while batch.active:
                         prompts_bar.update(len(batch.step()))
                     for i, request, handle in zip(part, requests, handles):

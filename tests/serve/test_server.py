@@ -7,6 +7,7 @@ import re
 import threading
 import time
 import weakref
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -878,8 +879,6 @@ def test_a_request_admitted_while_the_server_drains_is_ended_too(llm, monkeypatc
 def test_a_worker_group_that_stops_answering_stops_the_server(llm, monkeypatch):
     """A hung worker failed the requests in flight, then the server stayed up saying ok at /health and failing
     every request; now its scheduler stops for good, says why and ends the server (torchrun ends the group)."""
-    from types import SimpleNamespace
-
     from triforce.coordinator.batch import SequenceBatch
     from triforce.coordinator.channel import WorkerError
 
@@ -933,6 +932,43 @@ def test_a_request_submitted_as_the_group_is_lost_is_refused_not_left_waiting(ll
     with pytest.raises(ApiError, match="128 choices") as refused:
         scheduler.submit_choices(many, [lambda *_: None] * 128)
     assert refused.value.status == 400
+    scheduler.stop()
+
+
+def test_requests_a_lost_group_ends_are_counted_as_failures(llm, monkeypatch):
+    """The requests waiting or running when the worker group is lost are told 503, and counted among the
+    failures (/metrics) and closed, as any failed request is (they were told only)."""
+    from triforce.coordinator.channel import WorkerError
+
+    failed, told = [], []
+    scheduler = Scheduler(llm, metrics=SimpleNamespace(failed=lambda: failed.append(1)))
+    monkeypatch.setattr(scheduler, "_admit", lambda: None)  # they wait
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 4, "n": 2}, llm, "tiny")
+    scheduler.submit_choices(job, [lambda kind, data: told.append((kind, data.status))] * 2)
+    scheduler._stop_for_good(WorkerError("the worker group at tcp://x did not answer"))
+    assert told == [("error", 503)] * 2 and len(failed) == 2
+    scheduler.stop()
+
+
+def test_time_to_first_token_counts_building_the_caches(llm, monkeypatch):
+    """A request's wait is counted up to its run, whose prefill clock starts there: allocating its caches
+    (seconds for a long context on a CPU; a worker group's sequence too) fell in neither."""
+    import threading
+
+    import triforce.serve.scheduler as scheduler_module
+
+    class SlowToBuild(scheduler_module.Request):
+        def __init__(self, *args, **kwargs):
+            time.sleep(0.3)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "Request", SlowToBuild)
+    waits, done = [], threading.Event()
+    metrics = SimpleNamespace(finished=lambda reason, m, queued_s: waits.append(queued_s), failed=lambda: None)
+    scheduler = Scheduler(llm, metrics=metrics)
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 2}, llm, "tiny")
+    scheduler.submit(job, lambda kind, data: done.set() if kind in ("done", "error") else None)
+    assert done.wait(60) and waits and waits[0] >= 0.3
     scheduler.stop()
 
 

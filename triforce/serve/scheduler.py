@@ -203,7 +203,6 @@ class Scheduler:
             if ticket.cancelled:
                 continue
             job = ticket.job
-            ticket.queued_s = time.perf_counter() - ticket.queued_at
             stream = None
             if job.stream:
                 stream = lambda piece, t=ticket: self._tell(  # noqa: E731
@@ -220,6 +219,8 @@ class Scheduler:
                     raise
                 if ticket.cancelled:  # while its caches were allocated
                     ticket.request.cancel()
+                # its wait up to its run, which times its prefill from here: the caches' allocation counted
+                ticket.queued_s = time.perf_counter() - ticket.queued_at  # in neither (time to first token)
                 seq = self._batch.add(ticket.request.run())
                 with self._lock:
                     self.running[seq] = ticket
@@ -266,7 +267,12 @@ class Scheduler:
         with self._lock:
             ended = list(self.waiting) + list(self.running.values())
             self.waiting, self.running = deque(), {}
-        for ticket in ended:
+        for seq in list(self._batch.active):  # their runs' prefix claims and batchmates go
+            seq.run.close()
+        for ticket in ended:  # each counted and closed as a failed request is (its caches freed)
+            self._close(ticket)
+            if self.metrics is not None:
+                self.metrics.failed()
             self._tell(ticket, "error", _failure(exc))
         if self.on_fatal is not None:
             self.on_fatal(exc)
@@ -312,6 +318,7 @@ class Scheduler:
             if self.metrics is not None:
                 self.metrics.failed()
             self._tell(ticket, "error", _failure(exc))
+        self._freed = True  # their caches, back to the system before the capacity is read again
         if group_gone and self.fatal is None:
             self._stop_for_good(exc)
 
