@@ -30,13 +30,13 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRIFORCE_HOME=/tmp/triforce-
 python3 -c "import transformers; print('transformers', transformers.__version__)" >> "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 python3 benchmarks/random_target.py --like "$kit/tok" --out /tmp/random-smollm2 || exit 1
-common=(--model /tmp/random-smollm2 --draft triforce/drafts/smollm2 --text "$kit/austen-emma.txt" --lengths 7936
-        --device cuda)
+base=(--model /tmp/random-smollm2 --text "$kit/austen-emma.txt" --lengths 7936 --device cuda)
+common=("${base[@]}" --draft triforce/drafts/smollm2)  # (bench refuses --draft where no mode runs one)
 if [ -z "${SPEED_ONLY:-}" ]; then  # SPEED_ONLY=1: step 4 alone
   timeout -k 10 120 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short tests/models/test_cuda_graphs.py \
     2>&1 | tee "$OUT/pytest_graphs.log" | tail -15
   if [ -n "${PROFILE_BENCH:-}" ]; then
-    timeout -k 10 ${PROFILE_S:-120} python3 -m cProfile -o "$OUT/bench_ar.prof" -m triforce bench "${common[@]}" \
+    timeout -k 10 ${PROFILE_S:-120} python3 -m cProfile -o "$OUT/bench_ar.prof" -m triforce bench "${base[@]}" \
       --dtype float32 --temperatures 0 --max-new-tokens 96 --modes ar > "$OUT/bench_ar_cprofile.log" 2>&1
     python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('tottime').print_stats(40)
 s.sort_stats('cumulative').print_stats(40)" "$OUT/bench_ar.prof" > "$OUT/bench_ar_cprofile.txt" 2>&1

@@ -5,7 +5,8 @@ each under the number its channel gave it): prefill, verify (a chain, as a tree 
 1, ...; the sequences of a batch waiting at the target are verified in one request and one forward,
 `forward_many`), commit (the accepted path), end (`close`) and the retrieval cache's reads (`RemoteKVSource`:
 refresh = the static choice made by the workers on their shards, kv = committed KV for the tail; the KV
-itself comes over the bulk link, workers/bulk.py). Requests go through a `ControlChannel` (channel.py),
+itself comes over the bulk link, workers/bulk.py), and save_query / restore_query around a cost
+measurement's filler forwards (`query_state`). Requests go through a `ControlChannel` (channel.py),
 which bounds every wait: a worker that dies or stops answering fails the request with a WorkerError
 instead of a hang. Random draws and accept decisions never leave the coordinator.
 """

@@ -4,10 +4,13 @@ target and its full KV cache sharded (NCCL on CUDA, gloo on CPU). Rank 0 runs th
 (generate, the default; serve; batch) with the group as its verifier; the workers keep the recent prompts'
 blocks for reuse (--prefix-cache-gb of serve and batch, on each worker).
 
-    torchrun --nproc-per-node 3 -m triforce.launch.distributed [generate] --prompt-file F [generate flags]
-    torchrun --nproc-per-node 3 -m triforce.launch.distributed serve [serve flags]
-    triforce generate --workers 2 --prompt-file F ...        # the same, torchrun started for you
-    triforce serve --workers 2 ...
+    torchrun --nproc-per-node 4 -m triforce.launch.distributed [generate] --prompt-file F [generate flags]
+    torchrun --nproc-per-node 4 -m triforce.launch.distributed serve [serve flags]
+    triforce generate --workers 3 --prompt-file F ...        # the same, torchrun started for you
+    triforce serve --workers 3 ...
+
+(3 workers: SmolLM2, the default model, splits 1 or 3 ways; a world that does not split the model, or a
+node with fewer GPUs than processes under CUDA, is refused by every rank before the rendezvous.)
 
 Only the group's rank 0 (global rank 1) talks to the coordinator: control messages over ZeroMQ at
 --control-port on --control-bind (loopback by default; name an interface for multi-node runs and point
@@ -40,7 +43,7 @@ class GroupTimeouts:
     noticed (NCCL's watchdog, gloo's own), and long enough for what others legitimately wait out."""
     link_s: float  # a bulk transfer between coordinator and leader: the worker timeout, as its requests
     workers_s: float = 300.0  # a collective of the worker group; the first waits out the slowest shard load
-    startup_s: float = 1800.0  # rendezvous and startup barriers: rank 0 may download a model meanwhile
+    startup_s: float = 1800.0  # the rendezvous: the ranks take turns fetching or converting the model before it
 
     @classmethod
     def for_worker_timeout(cls, worker_timeout_s: float) -> "GroupTimeouts":

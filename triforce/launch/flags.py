@@ -108,8 +108,9 @@ def add_distributed_args(p: argparse.ArgumentParser) -> None:
     """For commands that may verify on a worker group (generate, serve, batch): launch/distributed.py."""
     dist = p.add_argument_group("distributed (a coordinator and a tensor-parallel worker group)")
     dist.add_argument("--workers", type=int, default=0,
-                      help="verify on W worker processes started with torchrun (tensor-parallel target); "
-                           "0 = in this process")
+                      help="verify on W worker processes started with torchrun (tensor-parallel target: W must "
+                           "split its heads and MLP; with CUDA workers this node needs W + 1 GPUs); 0 = in this "
+                           "process")
     dist.add_argument("--control-host", default="127.0.0.1",
                       help="address of the worker group's leader, as the coordinator reaches it; 'auto' asks "
                            "the leader for its host name (multi-node runs)")

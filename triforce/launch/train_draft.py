@@ -43,7 +43,8 @@ def add_train_draft_parser(sub) -> None:
                    help="held-out prose files, each evaluated as a genre of its own (default: the last "
                         "--heldout-fraction of each --text file, as the genre 'prose')")
     p.add_argument("--heldout-fraction", type=float, default=0.03,
-                   help="the end of each --text file kept out of training, for the held-out evaluation")
+                   help="the end of each --text file kept out of training, for the held-out evaluation (0: none, "
+                        "and no prose genre in it)")
     p.add_argument("--heldout-sequences", type=int, default=16, help="held-out sequences evaluated per genre")
     p.add_argument("--out", required=True, help="folder the draft is written to: a new one, an empty one or an earlier draft's (replaced)")
     p.add_argument("--work-dir", default=None,

@@ -5,8 +5,10 @@ and written into the shard it belongs to, so the conversion holds about a shard 
 most: its tensors and safetensors' serialised copy of them. Before, transformers built the whole float32
 model from the whole dequantized checkpoint, both in memory (with the loader's copies, fetching
 Qwen2.5-Coder-1.5B, 7.1 GB in float32, peaked at 17.8 GB; now 4.7: docs/qwen.md).
-The config and the tokenizer still come from transformers, which reads them from the GGUF's metadata; the
-ids that end generation are llama.cpp's for the same file (write_generation_config).
+The config and the tokenizer still come from transformers, which reads them from the GGUF's metadata,
+except what its reader leaves out or gets otherwise than llama.cpp: the RoPE scaling (rope_scaling, a
+Llama 3.x's rope_freqs: llama3_scaling) and a digits-first pre-tokenizer (mend_pre_tokenizer); the ids
+that end generation are llama.cpp's for the same file (write_generation_config).
 """
 from __future__ import annotations
 
