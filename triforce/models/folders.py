@@ -86,14 +86,23 @@ def convert_gguf_cached(gguf: Path) -> Path:
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     dest = triforce_home() / "models" / f"gguf-{gguf.stem}-{key}"
     folder = up_to_date(made_once(dest, lambda: convert_gguf(gguf, dest)))
-    if not (folder / MENDED).is_file():
-        _mend_from_gguf(gguf, folder)
+    return mended_once(folder, lambda: _mend_from_gguf(gguf, folder))
+
+
+def mended_once(folder: Path, mend: Callable[[], bool]) -> Path:
+    """`folder`, given by `mend` what conversions before these left out, once (a marker): reading a GGUF's
+    metadata took seconds, a tokenizer a sixth of one, at every resolve. `mend` says whether it is done."""
+    if not (folder / MENDED).is_file() and mend():
+        try:
+            (folder / MENDED).touch()
+        except OSError:  # another user's folder: looked at again next time
+            pass
     return folder
 
 
-def _mend_from_gguf(gguf: Path, folder: Path) -> None:
-    """What conversions before these carried wrongly, taken from the GGUF once (reading its metadata took
-    seconds on every resolve): its RoPE scaling (the positions ran unscaled), its pre-tokenizer."""
+def _mend_from_gguf(gguf: Path, folder: Path) -> bool:
+    """What conversions before these carried wrongly, taken from the GGUF: its RoPE scaling (the positions
+    ran unscaled), its pre-tokenizer. Whether both were looked at."""
     from gguf import GGUFReader
 
     from .gguf_convert import field_value, mend_rope_scaling
@@ -106,17 +115,13 @@ def _mend_from_gguf(gguf: Path, folder: Path) -> None:
     except (OSError, ValueError, TypeError) as exc:  # another user's folder in a shared home, a scaling not
         # carried (ModelLoadError): it runs as it did
         log.warning("cannot add %s's RoPE scaling to %s (%s)", gguf.name, folder, exc)
-        return
-    mend_tokenizer(folder, lambda: field_value(reader, "tokenizer.ggml.pre"))
-    try:
-        (folder / MENDED).touch()
-    except OSError:  # another user's folder: looked at again next time
-        pass
+        return False
+    return mend_tokenizer(folder, lambda: field_value(reader, "tokenizer.ggml.pre"))
 
 
-def mend_tokenizer(folder: Path, pre: Callable[[], str | None]) -> None:
+def mend_tokenizer(folder: Path, pre: Callable[[], str | None]) -> bool:
     """Gives a folder converted before conversions set it the pre-tokenizer of its GGUF (`pre()`, its name
-    there; gguf_convert.mend_pre_tokenizer), once."""
+    there; gguf_convert.mend_pre_tokenizer); whether it could look."""
     from .gguf_convert import mend_pre_tokenizer
 
     try:
@@ -125,6 +130,8 @@ def mend_tokenizer(folder: Path, pre: Callable[[], str | None]) -> None:
                         folder)
     except (OSError, ValueError, TypeError) as exc:  # another user's folder in a shared home: it runs as it did
         log.warning("cannot mend %s's tokenizer (%s)", folder, exc)
+        return False
+    return True
 
 
 def up_to_date(folder: Path) -> Path:

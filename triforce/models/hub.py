@@ -31,8 +31,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .config import ModelLoadError
-from .folders import (READY, convert_gguf, convert_gguf_cached, made_once, mend_tokenizer, triforce_home, up_to_date,
-                      writable_folder)
+from .folders import (READY, convert_gguf, convert_gguf_cached, made_once, mend_tokenizer, mended_once, triforce_home,
+                      up_to_date, writable_folder)
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,7 @@ def fetch_model(name: str, again: bool = False) -> Path:
     if again:
         (dest / READY).unlink(missing_ok=True)
     folder = up_to_date(made_once(dest, lambda: _fetch(name, dest)))
-    mend_tokenizer(folder, lambda: KNOWN_MODELS[name].pre)
-    return folder
+    return mended_once(folder, lambda: mend_tokenizer(folder, lambda: KNOWN_MODELS[name].pre))
 
 
 def refetch_hint(folder: Path) -> str:
