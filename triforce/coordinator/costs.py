@@ -1,11 +1,12 @@
 """Forward costs measured on this machine: seconds per forward of a tier, by tokens per forward.
 
 A cost is measured over the tier's cache as it is (filler tokens, rolled back after), the faster of two
-runs (on a GPU, after two untimed: forward_seconds), and kept in the process and on disk (`$TRIFORCE_HOME/calibration/costs-3.json`), keyed by machine
-(CPU model, kernel path and sources, threads), tier (its name, its model's shape and dtype, whether a
-worker group runs it, its cache's size), the context the forward attends over, and the batch: B
-sequences' forwards run as one call (the weights read once for all, each sequence's own cache),
-measured as such a call of B sequences' tiers, n tokens each.
+runs (on a GPU, after two untimed: forward_seconds), and kept in the process and on disk
+(`$TRIFORCE_HOME/calibration/costs-3.json`), keyed by machine (CPU model, kernel path and sources,
+threads), tier (its name, its model's shape and dtype, whether a worker group runs it, its cache's size),
+the context the forward attends over, and the batch: B sequences' forwards run as one call (the weights
+read once for all, each sequence's own cache), measured as such a call of B sequences' tiers, n tokens
+each.
 So a machine calibrates a model once per context and batch size: a later request within
 CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (planning.py) plans from these costs;
 `measure_costs` (trees.py) sizes trees from them.
@@ -20,9 +21,9 @@ import torch
 
 from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import StreamingKVCache
+from ..models.cuda_graphs import CAPTURE_AT
 from ..step import Step
 from .calibration import CalibrationFile, finite_numbers
-from ..models.cuda_graphs import CAPTURE_AT
 from .tiers import Tier, forward_together, settle
 
 CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 15% of c
@@ -158,9 +159,9 @@ class CostTable(CalibrationFile):
 
 def forward_seconds(tiers: list[Tier], n: int) -> float:
     """The faster of two forwards of n filler tokens over each tier's cache, all in one call, each cache
-    rolled back after (a full cache's last query too); on a GPU after CAPTURE_AT untimed ones (below). A cache that holds fewer tokens than the context its
-    cost is kept for (a draft's window before its prefill: auto plans before it prefills the tiers it runs)
-    is first filled with filler tokens, so that the forward reads as many keys as it will; measured empty,
+    rolled back after (a full cache's last query too); on a GPU after CAPTURE_AT untimed ones (below). A
+    cache that holds fewer tokens than the context its cost is kept for (a draft's window before its
+    prefill: auto plans before it prefills the tiers it runs) is first filled with filler tokens, so that the forward reads as many keys as it will; measured empty,
     a draft's step cost about half what it does in a request. A forward that fails leaves every cache as it
     was too (a batch's leader measures its batchmates' tiers, which run on if it fails)."""
     lengths, spent, best = [t.length for t in tiers], [t.seconds for t in tiers], float("inf")
