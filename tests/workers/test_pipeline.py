@@ -175,19 +175,34 @@ def test_the_group_restores_a_documents_prompt_blocks_and_outputs_equal_cold_run
 def test_mode_auto_over_the_worker_group_measures_the_group_apart(models, tmp_path, monkeypatch):
     """Mode auto plans from forward costs measured on this machine: a target behind a worker group is
     measured under its own key (another cost than an in-process target's), and the output equals the
-    single-process run's."""
-    from triforce.coordinator.costs import CostTable, tier_key
+    single-process run's. After a measurement the group's last query is the last prompt token's."""
+    from triforce.coordinator.costs import CostTable, forward_seconds, tier_key
 
     monkeypatch.setenv("TRIFORCE_CALIBRATION", "0")  # this process's memory only
     folder, target, draft = models
     prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(5)).tolist()
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)  # auto plans from 32 tokens on
+    local = LocalVerifier(target, capacity(prompt, params))  # (a measurement's filler, below)
+    local.prefill(prompt)
+    chosen = retrieve_from_full(local.cache, 16, 4, 0)
+    local.forward(Step.chain([0] * 3, local.length), "all")
+    local.truncate(len(prompt))
+    assert any(not torch.equal(a, b) for (a, _), (b, _) in zip(chosen, retrieve_from_full(local.cache, 16, 4, 0)))
     group = Group(folder, 2, tmp_path)
     try:
         expected, _ = run(target, draft, "auto", prompt, params)
         verifier = remote(group, target, prompt, params)
         got, _ = run(target, draft, "auto", prompt, params, verifier)
         assert got == expected
+        # A measurement's filler forwards, rolled back: the group puts back the last query too, so a refresh
+        # right after chooses by the last prompt token's query (by the filler's, other chunks: above)
+        measured = remote(group, target, prompt, params)
+        measured.prefill(prompt)
+        forward_seconds([measured], 3)
+        assert measured.length == len(prompt)
+        assert_same_kv(measured.kv_source().retrieve(16, 4, 0), chosen)
+        with pytest.raises(WorkerError, match="saved none"):  # one save, one restore
+            measured.restore_query_state(measured.seq)
     finally:
         group.close()
     local_key = tier_key(LocalVerifier(target, 64))
@@ -429,7 +444,8 @@ def test_forty_layers_with_kv_beyond_the_message_limit_match_one_process(tiny_di
 
 def test_replicated_kv_heads_choose_chunks_with_every_query_head(tiny_dir, models, tmp_path):
     """TP 3 over one KV head: each rank holds 2 of its 6 query heads; the chunks are scored with all 6,
-    as in one process, not with the leader's 2."""
+    as in one process, not with the leader's 2. A one-token prompt is served (its first refresh, over an
+    empty cache, ended every rank)."""
     folder = tiny_dir("one-kv-head-target", seed=73, hidden_size=48, num_heads=6, num_kv_heads=1, num_layers=3,
                       scale=25)
     target, draft = load_model(folder), models[2]
@@ -451,53 +467,12 @@ def test_replicated_kv_heads_choose_chunks_with_every_query_head(tiny_dir, model
         got, metrics = run(target, draft, "triforce", prompt, params, remote(group, target, prompt, params),
                            **selecting)
         assert got == want and metrics.retrieval_rebuilds > 1
-    finally:
-        group.close()
-
-
-def test_a_cost_measurement_on_the_group_leaves_the_chunks_a_refresh_chooses(models, tmp_path):
-    """Mode auto measures the group's forward costs with filler tokens, rolled back after: the group puts
-    back the last query too, so a refresh right after scores chunks with the last prompt token's query, as
-    before the measurement (with the filler's, it chooses other chunks)."""
-    from triforce.coordinator.costs import forward_seconds
-
-    folder, target, _ = models
-    prompt = torch.randint(3, 96, (200,), generator=torch.Generator().manual_seed(4)).tolist()
-    params = SamplingParams(max_tokens=8)
-    local = LocalVerifier(target, capacity(prompt, params))
-    local.prefill(prompt)
-    expected = retrieve_from_full(local.cache, 16, 4, 0)
-    local.forward(Step.chain([0] * 3, local.length), "all")
-    local.truncate(len(prompt))
-    by_filler = retrieve_from_full(local.cache, 16, 4, 0)
-    assert any(not torch.equal(a, b) for (a, _), (b, _) in zip(expected, by_filler))  # so this can fail
-    group = Group(folder, 2, tmp_path)
-    try:
-        verifier = remote(group, target, prompt, params)
-        verifier.prefill(prompt)
-        forward_seconds([verifier], 3)
-        assert verifier.length == len(prompt)
-        assert_same_kv(verifier.kv_source().retrieve(16, 4, 0), expected)
-        with pytest.raises(WorkerError, match="saved none"):  # one save, one restore
-            verifier.restore_query_state(verifier.seq)
-    finally:
-        group.close()
-
-
-def test_a_one_token_prompt_with_replicated_kv_heads_is_served(tiny_dir, models, tmp_path):
-    """A one-token prompt prefills nothing on the target, and the retrieval tier's first refresh finds an
-    empty cache: with replicated KV heads the group gathered every rank's last query (none yet) and every
-    rank died. It serves the request as one process does, and the next."""
-    folder = tiny_dir("one-kv-head-target", seed=73, hidden_size=48, num_heads=6, num_kv_heads=1, num_layers=3,
-                      scale=25)
-    target, draft = load_model(folder), models[2]
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    group = Group(folder, 3, tmp_path)
-    try:
-        for prompt in ([7], [7, 9]):
-            want, _ = run(target, draft, "triforce", prompt, params)
-            got, _ = run(target, draft, "triforce", prompt, params, remote(group, target, prompt, params))
-            assert got == want
+        # A one-token prompt prefills nothing on the target, and the retrieval tier's first refresh finds an
+        # empty cache: the group gathered every rank's last query (none yet) and every rank died
+        greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+        for short in ([7], [7, 9]):
+            want, _ = run(target, draft, "triforce", short, greedy)
+            assert run(target, draft, "triforce", short, greedy, remote(group, target, short, greedy))[0] == want
     finally:
         group.close()
 
