@@ -44,6 +44,7 @@ def fresh_level(monkeypatch):
     def clear():
         for fn in cached:
             fn.cache_clear()
+        cpu._FAILED.clear()  # (and the builds that failed)
 
     clear()
     yield monkeypatch
@@ -160,13 +161,37 @@ def test_a_ninja_that_lost_its_binary_adds_nothing_to_path(monkeypatch):
 def test_the_kernels_build_where_the_cpu_and_a_compiler_can():
     """The kernel tests skip a level whose build fails (a machine without a compiler still passes): here,
     on an x86-64 CPU with AVX2 and a C++ compiler, a build that fails (a source that does not compile, no
-    ninja found) fails instead of leaving every kernel test skipped."""
+    ninja found) fails instead of leaving every kernel test skipped, where TRIFORCE_REQUIRE_KERNELS=1 says
+    the toolchain is whole (.ci/run); elsewhere (g++ without Python's headers, a gcc older than the
+    instructions) the reason skips it, as the program falls back to torch's paths."""
     if cpu.cpu_isa() is None:
         pytest.skip("not an x86-64 CPU with AVX2 and FMA")
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler on PATH")
     for level in cpu.available_levels():
-        assert cpu.extension(level) is not None
+        try:
+            assert cpu.extension(level) is not None
+        except Exception as exc:
+            if os.environ.get("TRIFORCE_REQUIRE_KERNELS") == "1":
+                raise
+            pytest.skip(f"the {level} kernels did not build here ({cpu.build_failure(exc)}); "
+                        f"TRIFORCE_REQUIRE_KERNELS=1 makes that a failure")
+
+
+def test_a_failed_build_is_not_tried_again(monkeypatch):
+    """Without a toolchain every kernel test ran the failing build again (seconds each)."""
+    calls = []
+
+    def failing(level):
+        calls.append(level)
+        raise RuntimeError("c++: not found")
+
+    monkeypatch.setattr(cpu, "_build", failing)
+    monkeypatch.setattr(cpu, "_FAILED", {})
+    for _ in range(3):  # (a level no other test builds: the real levels' extensions stay loaded)
+        with pytest.raises(RuntimeError, match="not found"):
+            cpu.extension("no-such-level")
+    assert calls == ["no-such-level"]
 
 
 def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on_forever(tmp_path, caplog):

@@ -103,10 +103,20 @@ def available_levels() -> list[str]:
     return [] if best is None else list(LEVELS[: LEVELS.index(best) + 1])
 
 
+_FAILED: dict[str, Exception] = {}  # per level: why its build failed in this process (not tried again)
+
+
 @functools.cache
 def extension(level: str):
-    """The kernels of one level, compiled on first use (raises where they cannot be built)."""
-    return _build(level)
+    """The kernels of one level, compiled on first use (raises where they cannot be built: once per process;
+    every kernel test asked again, and without a toolchain each asking ran a failing build)."""
+    if level in _FAILED:
+        raise _FAILED[level]
+    try:
+        return _build(level)
+    except Exception as exc:
+        _FAILED[level] = exc
+        raise
 
 
 def native_bf16() -> bool:
