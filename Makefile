@@ -3,16 +3,20 @@
 #   make test  set up .venv with the test extras and run the test suite, a worker per CPU
 PYTHON ?= python3
 VENV ?= .venv
-# A CPU or CUDA torch wheel; override to pick another build, e.g. TORCH_SPEC='torch==2.5.1'.
+# A CPU or CUDA torch wheel; override to pick another build, e.g. TORCH_SPEC='torch==2.5.1', and where it
+# comes from, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu (PyPI's Linux torch is the CUDA build:
+# several GB).
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
 .PHONY: run test setup bench clean
 
 $(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("triforce needs Python >= 3.10; this is " + sys.version.split()[0]) if sys.version_info < (3, 10) else None'
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install -e ".[test,bench]"
 	touch $@
 
