@@ -207,6 +207,27 @@ def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on_forever(tmp_path
     assert not lock.exists()
 
 
+def test_a_killed_builds_lock_goes_at_once_where_no_build_runs(tmp_path, caplog):
+    """torch's lock file of a build killed midway (a Ctrl-C) held the next run for ten minutes: holding the
+    lock beside the build folder, which the system frees with its process, this process knows no build
+    runs, and removes the file at once; a build that holds it is waited for."""
+    build_dir = tmp_path / "triforce_cpu_avx2"
+    build_dir.mkdir()
+    (build_dir / "lock").touch()  # just made: the old way waited STALE_LOCK_S for it
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger=cpu.__name__), cpu._building(build_dir):
+        assert not (build_dir / "lock").exists()
+    assert time.monotonic() - start < 5 and "never finished" in caplog.text
+    import fcntl
+
+    held = os.open(tmp_path / "triforce_cpu_avx2.building", os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another process's build in progress
+    (build_dir / "lock").touch()
+    threading.Timer(0.3, lambda: (build_dir / "lock").unlink() or os.close(held)).start()
+    with cpu._building(build_dir):  # entered once that build ended, its lock gone with it
+        assert not (build_dir / "lock").exists()
+
+
 def test_forward_costs_are_kept_apart_by_the_kernel_sources(tmp_path, monkeypatch):
     """Costs calibrated with one version's kernels must not plan for another's: the machine key carries a
     digest of csrc/, which any change to a source changes."""

@@ -28,6 +28,11 @@ import threading
 import time
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: a killed build's lock is waited out (_clear_stale_lock)
+    fcntl = None
+
 from ..errors import UserError
 
 log = logging.getLogger(__name__)
@@ -132,12 +137,35 @@ def _build(level: str):
     name = f"triforce_cpu_{level}"
     sources, flags = BUILDS[level]
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
-    _clear_stale_lock(build_dir / "lock")
-    if not (build_dir / f"{name}.so").exists():
-        print(f"triforce: compiling the CPU kernels for {level} (half a minute or so, once)", file=sys.stderr)
-    with _our_ninja_first():
-        return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
-                                  extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
+    with _building(build_dir):
+        if not (build_dir / f"{name}.so").exists():
+            print(f"triforce: compiling the CPU kernels for {level} (half a minute or so, once)", file=sys.stderr)
+        with _our_ninja_first():
+            return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
+                                      extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"],
+                                      verbose=False)
+
+
+@contextlib.contextmanager
+def _building(build_dir: Path):
+    """The build of `build_dir` by this process alone: a lock beside it (the system releases it with its
+    process, however that ends) taken in turn by triforce processes. Holding it, torch's own lock file there
+    is a killed build's (torch's carries no owner and nothing renews it): removed at once, where the next
+    run waited STALE_LOCK_S for it (ten minutes after a Ctrl-C mid-build). Without fcntl, that wait."""
+    lock = build_dir / "lock"
+    if fcntl is None:
+        _clear_stale_lock(lock)
+        yield
+        return
+    fd = os.open(build_dir.parent / f"{build_dir.name}.building", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another process's build in progress: wait for it to end
+        if lock.exists():
+            log.warning("removing %s, left by a kernel build that never finished", lock)
+            lock.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 @contextlib.contextmanager
