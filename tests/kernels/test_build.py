@@ -209,11 +209,13 @@ def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on_forever(tmp_path
 
 def test_a_killed_builds_lock_goes_at_once_where_no_build_runs(tmp_path, caplog):
     """torch's lock file of a build killed midway (a Ctrl-C) held the next run for ten minutes: holding the
-    lock beside the build folder, which the system frees with its process, this process knows no build
-    runs, and removes the file at once; a build that holds it is waited for."""
+    lock beside the build folder, which the system frees with its process, this process knows no triforce
+    build runs, and removes a file past KILLED_BUILD_S at once; a build that holds it is waited for."""
     build_dir = tmp_path / "triforce_cpu_avx2"
     build_dir.mkdir()
-    (build_dir / "lock").touch()  # just made: the old way waited STALE_LOCK_S for it
+    (build_dir / "lock").touch()
+    past = time.time() - cpu.KILLED_BUILD_S - 5  # the old way waited STALE_LOCK_S for it
+    os.utime(build_dir / "lock", (past, past))
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger=cpu.__name__), cpu._building(build_dir):
         assert not (build_dir / "lock").exists()
@@ -226,6 +228,23 @@ def test_a_killed_builds_lock_goes_at_once_where_no_build_runs(tmp_path, caplog)
     threading.Timer(0.3, lambda: (build_dir / "lock").unlink() or os.close(held)).start()
     with cpu._building(build_dir):  # entered once that build ended, its lock gone with it
         assert not (build_dir / "lock").exists()
+
+
+def test_a_file_system_that_refuses_the_build_lock_builds_without_it(tmp_path, monkeypatch, caplog):
+    """NFS or Lustre without flock (ENOLCK): the lock's error failed the build, and every level fell to
+    torch's paths though the kernels were built."""
+    import errno
+    import fcntl
+
+    def refused(fd, how):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    build_dir = tmp_path / "triforce_cpu_avx2"
+    build_dir.mkdir()
+    with caplog.at_level(logging.WARNING, logger=cpu.__name__), cpu._building(build_dir):
+        pass
+    assert "going on without" in caplog.text
 
 
 def test_forward_costs_are_kept_apart_by_the_kernel_sources(tmp_path, monkeypatch):

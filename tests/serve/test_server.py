@@ -941,8 +941,8 @@ def test_requests_a_lost_group_ends_are_counted_as_failures(llm, monkeypatch):
     from triforce.coordinator.channel import WorkerError
 
     failed, told = [], []
+    monkeypatch.setattr(Scheduler, "_admit", lambda self: None)  # they wait (patched before its thread starts)
     scheduler = Scheduler(llm, metrics=SimpleNamespace(failed=lambda: failed.append(1)))
-    monkeypatch.setattr(scheduler, "_admit", lambda: None)  # they wait
     job = parse("completion", {"prompt": PROMPT, "max_tokens": 4, "n": 2}, llm, "tiny")
     scheduler.submit_choices(job, [lambda kind, data: told.append((kind, data.status))] * 2)
     scheduler._stop_for_good(WorkerError("the worker group at tcp://x did not answer"))

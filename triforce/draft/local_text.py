@@ -21,6 +21,8 @@ HELDOUT_BUCKETS = 10  # one package in ten is held out
 # vendored copies of other packages (pip/_vendor/distlib trained on what distlib, held out, holds)
 SKIPPED = {"test", "tests", "__pycache__", "site-packages", "dist-packages", "_vendor", "vendor", "_vendored"}
 METADATA = (".dist-info", ".egg-info")  # licenses and records, not code or documentation
+# which files are picked, as a cached selection's name holds it: rules changed, the selection is made again
+SELECTION = (SUFFIXES, MIN_CHARS, MAX_CHARS, PER_FILE_CHARS, HELDOUT_BUCKETS, sorted(SKIPPED), METADATA)
 
 
 def roots() -> list[Path]:

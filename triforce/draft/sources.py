@@ -13,7 +13,7 @@ import torch
 from ..files import save_whole
 from .data import TargetLabels, pack, to_sequences
 from .generated import GeneratedSamples, GenerationSettings
-from .local_text import installed_texts
+from .local_text import SELECTION, installed_texts
 from .train import fingerprint
 
 HELDOUT_ANSWER_TOKENS = 256  # a guess at an answer's tokens with its prompt, to size the held-out answers
@@ -27,7 +27,7 @@ def installed(tokenizer, tokens: int, seq_len: int, work: Path, target_key: str,
               heldout: bool = False) -> torch.Tensor:
     """Up to `tokens` tokens of installed source code and documentation (draft/local_text.py), chosen once
     and kept in work/, so that installing a package later does not change a run's data."""
-    path = work / f"installed-{fingerprint(target_key, tokens, seq_len, heldout)}.pt"
+    path = work / f"installed-{fingerprint(target_key, tokens, seq_len, heldout, SELECTION)}.pt"
     if path.is_file():
         return torch.load(path, weights_only=True)
     id_lists, total = [], 0

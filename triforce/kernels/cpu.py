@@ -37,6 +37,7 @@ from ..errors import UserError
 
 log = logging.getLogger(__name__)
 STALE_LOCK_S = 600.0  # a kernel build's lock file older than this was left by a build that was killed
+KILLED_BUILD_S = 60.0  # ...where no triforce process is building (_building): a build takes under a minute
 LEVELS = ("avx2", "avx512", "amx")  # lowest first
 CSRC = Path(__file__).parent / "csrc"
 _PATH_LOCK = threading.Lock()  # _our_ninja_first
@@ -108,19 +109,19 @@ def available_levels() -> list[str]:
     return [] if best is None else list(LEVELS[: LEVELS.index(best) + 1])
 
 
-_FAILED: dict[str, Exception] = {}  # per level: why its build failed in this process (not tried again)
+_FAILED: dict[str, str] = {}  # per level: why its build failed in this process (not tried again)
 
 
 @functools.cache
 def extension(level: str):
     """The kernels of one level, compiled on first use (raises where they cannot be built: once per process;
     every kernel test asked again, and without a toolchain each asking ran a failing build)."""
-    if level in _FAILED:
-        raise _FAILED[level]
+    if level in _FAILED:  # (a new exception each time: re-raising one would grow its traceback)
+        raise RuntimeError(_FAILED[level])
     try:
         return _build(level)
     except Exception as exc:
-        _FAILED[level] = exc
+        _FAILED[level] = str(exc)
         raise
 
 
@@ -150,22 +151,28 @@ def _build(level: str):
 def _building(build_dir: Path):
     """The build of `build_dir` by this process alone: a lock beside it (the system releases it with its
     process, however that ends) taken in turn by triforce processes. Holding it, torch's own lock file there
-    is a killed build's (torch's carries no owner and nothing renews it): removed at once, where the next
-    run waited STALE_LOCK_S for it (ten minutes after a Ctrl-C mid-build). Without fcntl, that wait."""
+    (it carries no owner and nothing renews it) older than KILLED_BUILD_S is a killed build's: removed, where
+    the next run waited STALE_LOCK_S for it (ten minutes after a Ctrl-C mid-build). A younger one may be a
+    builder that takes no such lock (an older triforce; a compiler its killed parent left running): waited
+    for up to then. Where the file system refuses the lock (NFS or Lustre without flock, another user's
+    file), the STALE_LOCK_S wait."""
     lock = build_dir / "lock"
-    if fcntl is None:
-        _clear_stale_lock(lock)
-        yield
-        return
-    fd = os.open(build_dir.parent / f"{build_dir.name}.building", os.O_RDWR | os.O_CREAT, 0o666)
+    fd = None
+    if fcntl is not None:
+        try:
+            fd = os.open(build_dir.parent / f"{build_dir.name}.building", os.O_RDONLY | os.O_CREAT, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # another process's build in progress: wait for it to end
+        except OSError as exc:
+            log.warning("cannot lock the kernel build in %s (%s): going on without", build_dir, exc)
+            if fd is not None:
+                os.close(fd)
+            fd = None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # another process's build in progress: wait for it to end
-        if lock.exists():
-            log.warning("removing %s, left by a kernel build that never finished", lock)
-            lock.unlink(missing_ok=True)
+        _clear_stale_lock(lock, KILLED_BUILD_S if fd is not None else STALE_LOCK_S)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 @contextlib.contextmanager

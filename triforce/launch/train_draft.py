@@ -162,10 +162,12 @@ def _target_key(folder: Path, tokenizer) -> str:
     return fingerprint(str(folder.resolve()), weights, tokenizer_fingerprint(tokenizer), files)
 
 
-def _final_loss(out: Path) -> float | None:
-    """The final loss the draft in `out` recorded (a rerun of a finished run trains no step: it keeps it)."""
+def _final_loss(out: Path, run_key: str) -> float | None:
+    """The final loss the draft in `out` recorded where it is this run's (`run_key`: a rerun of a finished run
+    trains no step, and keeps it; another run's draft there is not this one's)."""
     try:
-        return json.loads((out / "triforce_draft.json").read_text()).get("final_loss")
+        meta = json.loads((out / "triforce_draft.json").read_text())
+        return meta.get("final_loss") if meta.get("run_key") == run_key else None
     except (OSError, ValueError, AttributeError):
         return None
 
@@ -266,7 +268,7 @@ def run_train_draft(args) -> int:
     export(model, out, kept, vocab_total, {
         "target_tokenizer": tokenizer_fingerprint(tokenizer), "shape": asdict(shape), "training": asdict(settings),
         "data_tokens": mix, "repeat": repeat, "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
-        "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else _final_loss(out)})
+        "run_key": run_key, "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else _final_loss(out, run_key)})
 
     draft = load_model(out, "bfloat16")
     report = {"draft": str(out), "parameters": sum(p.numel() for p in model.parameters()),

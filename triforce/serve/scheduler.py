@@ -268,7 +268,10 @@ class Scheduler:
             ended = list(self.waiting) + list(self.running.values())
             self.waiting, self.running = deque(), {}
         for seq in list(self._batch.active):  # their runs' prefix claims and batchmates go
-            seq.run.close()
+            try:
+                seq.run.close()
+            except Exception:  # noqa: BLE001 (the others are told all the same, and on_fatal ends the server)
+                log.exception("could not close a request's run")
         for ticket in ended:  # each counted and closed as a failed request is (its caches freed)
             self._close(ticket)
             if self.metrics is not None:
@@ -279,7 +282,9 @@ class Scheduler:
 
     def _finish(self, seq) -> None:
         with self._lock:
-            ticket = self.running.pop(seq)
+            ticket = self.running.pop(seq, None)
+        if ticket is None:  # ended already: a lost group failed it with the rest (_stop_for_good)
+            return
         try:
             output = ticket.request.output(*seq.result)
         except Exception as exc:  # noqa: BLE001
