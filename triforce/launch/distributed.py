@@ -125,7 +125,7 @@ def check_gpus(args, processes: int) -> None:
     """With CUDA workers each of a node's `processes` ranks takes cuda:LOCAL_RANK (the coordinator cuda:0, a
     worker r cuda:r): a UserError where the node has fewer GPUs (a rank's set_device failed, and the others
     waited for it in the rendezvous)."""
-    if (args.worker_device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cuda":
+    if _worker_choice(args) != "cuda":
         return
     gpus = torch.cuda.device_count()
     if processes > gpus:
@@ -159,8 +159,13 @@ def control_port(args) -> int:
 
 
 def _worker_device(args, local_rank: int) -> str:
-    choice = args.worker_device or ("cuda" if torch.cuda.is_available() else "cpu")
+    choice = _worker_choice(args)
     return f"cuda:{local_rank}" if choice == "cuda" else choice
+
+
+def _worker_choice(args) -> str:
+    """--worker-device, or by default cuda where this process sees a GPU, else cpu."""
+    return args.worker_device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def parse_command(argv: list[str]) -> argparse.Namespace:

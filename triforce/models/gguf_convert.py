@@ -142,16 +142,6 @@ def field_value(reader, key: str):
     return bytes(part).decode() if field.types and field.types[0] == GGUFValueType.STRING else part.tolist()[0]
 
 
-def llama3_divisors(inv_freq: np.ndarray, params: dict) -> np.ndarray:
-    """What llama3 scaling with `params` divides each inverse frequency by (llama.cpp's rope_freqs)."""
-    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
-    original = params["original_max_position_embeddings"]
-    wavelen = 2 * np.pi / inv_freq
-    smooth = (original / wavelen - low) / (high - low)
-    medium = 1 / ((1 - smooth) / factor + smooth)
-    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, medium))
-
-
 def llama3_scaling(reader, architecture: str) -> dict:
     """The llama3 RoPE parameters of a GGUF that keeps them as llama.cpp does, only as the divisors of its
     `rope_freqs` tensor ({} without one): the converted model ran plain RoPE at every position (a Llama 3.2
@@ -159,12 +149,14 @@ def llama3_scaling(reader, architecture: str) -> dict:
     tensor = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if tensor is None:
         return {}
-    divisors = np.asarray(tensor.data, dtype=np.float64).reshape(-1)
+    from .rope import llama3_inv_freq  # (the rotation's own formula: what it divides each frequency by)
+
+    divisors = torch.from_numpy(np.asarray(tensor.data, dtype=np.float64).reshape(-1))
     theta = float(field_value(reader, f"{architecture}.rope.freq_base") or 10000.0)
     dim = 2 * len(divisors)
-    inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     params = {"rope_type": "llama3", "factor": float(divisors.max()), **LLAMA3_BANDS}
-    if not np.allclose(llama3_divisors(inv_freq, params), divisors, rtol=1e-3):
+    if not torch.allclose(inv_freq / llama3_inv_freq(inv_freq, params), divisors, rtol=1e-3):
         raise ModelLoadError("the GGUF's RoPE divisors (rope_freqs) are no llama3 scaling triforce knows "
                              "(Llama 3.1's bands: low 1, high 4, over 8,192 positions)")
     return params

@@ -24,7 +24,7 @@ def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+def llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     old_ctx = s["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq
@@ -83,7 +83,7 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     if kind == "dynamic":
         return _base_inv_freq(_dynamic_ntk_theta(cfg), dim), 1.0
     if kind == "llama3":
-        return _llama3_inv_freq(inv_freq, s), 1.0
+        return llama3_inv_freq(inv_freq, s), 1.0
     if kind == "yarn":
         return _yarn_inv_freq(cfg, dim)
     raise ValueError(f"RoPE scaling {kind!r} is not supported")
