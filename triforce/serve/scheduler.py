@@ -272,11 +272,7 @@ class Scheduler:
                 seq.run.close()
             except Exception:  # noqa: BLE001 (the others are told all the same, and on_fatal ends the server)
                 log.exception("could not close a request's run")
-        for ticket in ended:  # each counted and closed as a failed request is (its caches freed)
-            self._close(ticket)
-            if self.metrics is not None:
-                self.metrics.failed()
-            self._tell(ticket, "error", _failure(exc))
+        self._end_failed(ended, exc)  # each counted and closed as a failed request is (its caches freed)
         if self.on_fatal is not None:
             self.on_fatal(exc)
 
@@ -318,14 +314,18 @@ class Scheduler:
         group_gone = self._group_gone()
         log.error("request failed: %s: %s", type(exc).__name__, exc,
                   exc_info=None if group_gone or isinstance(exc, RequestFailed) else exc)
+        self._end_failed(tickets, exc)
+        if group_gone and self.fatal is None:
+            self._stop_for_good(exc)
+
+    def _end_failed(self, tickets: list[Ticket], exc: Exception) -> None:
+        """Failed requests: each closed (its caches and sequence freed), counted and told why."""
         for ticket in tickets:
             self._close(ticket)
             if self.metrics is not None:
                 self.metrics.failed()
             self._tell(ticket, "error", _failure(exc))
         self._freed = True  # their caches, back to the system before the capacity is read again
-        if group_gone and self.fatal is None:
-            self._stop_for_good(exc)
 
     @staticmethod
     def _tell(ticket: Ticket, kind: str, data) -> None:
