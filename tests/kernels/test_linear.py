@@ -3,6 +3,7 @@ import torch
 
 from triforce.kernels.attention import attention, reference_attention
 from triforce.kernels.cpu import cpu_kernels, has_amx
+import triforce.kernels.linear as linear_module
 from triforce.kernels.linear import kernel_max_rows, linear, logits_linear, reference_linear
 
 
@@ -121,13 +122,24 @@ def test_bf16_logits_keep_float32_precision_without_kernels(n, monkeypatch):
     assert_float32_logits(n)
 
 
+def test_gpu_logits_come_from_one_product_with_float32_out(monkeypatch):
+    """On a GPU the head is one matrix product asked for float32 sums (`mm_widens`); no GPU here, so the
+    call is checked on meta tensors for its shape and dtype, and a CPU keeps the paths tested above."""
+    x, w = torch.randn(5, 64).bfloat16(), torch.randn(96, 64).bfloat16()
+    assert not linear_module.mm_widens(x, w)
+    if not linear_module._MM_TAKES_OUT_DTYPE:
+        pytest.skip("torch < 2.8: no out_dtype for mm, the block-wise path runs on GPUs too")
+    monkeypatch.setattr(linear_module, "mm_widens", lambda x, weight: True)
+    got = logits_linear(x.to("meta"), w.to("meta"))
+    assert got.shape == (5, 96) and got.dtype == torch.float32 and got.device.type == "meta"
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, monkeypatch):
     """Past the kernel's rows (prefill chunks; 120 rows: past 24, and 96 at the avx2 level), a CPU without
     AVX512-BF16 multiplies in float32 and rounds once; with it, torch's bfloat16 product runs."""
 
     import triforce.kernels.attention as attention_module
-    import triforce.kernels.linear as linear_module
 
     monkeypatch.setattr(linear_module, "native_bf16", lambda: native)
     monkeypatch.setattr(attention_module, "native_bf16", lambda: native)

@@ -91,12 +91,26 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x: [n, K] -> float32 [n, N]."""
     if x.dtype == torch.float32:
         return linear(x, weight)
+    if mm_widens(x, weight):
+        return torch.mm(x, weight.T, out_dtype=torch.float32)
     if x.shape[0] > MAX_LOGIT_ROWS or not kernel_takes(1, weight):
         return _float32_linear(x, weight)
     rows = kernel_max_rows()
     if x.shape[0] <= rows:  # a decode step or a check: one piece, no concatenation copy
         return _kernel_linear(x, weight, float_out=True)
     return torch.cat([_kernel_linear(piece, weight, float_out=True) for piece in x.split(rows)])
+
+
+def mm_widens(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether torch's matrix product itself hands out float32 sums of these half-precision inputs
+    (cuBLAS does, with `out_dtype`; torch 2.8 on): the head's weights are then read once, at their size,
+    where the block-wise widening below reads them and writes and reads a float32 copy (about five times
+    the traffic; SmolLM2's head is a fifth of its weights)."""
+    return (x.device.type == "cuda" and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)
+            and _MM_TAKES_OUT_DTYPE)
+
+
+_MM_TAKES_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
 
 
 def _float32_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
