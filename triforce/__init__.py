@@ -9,11 +9,16 @@ import os
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 # TRIFORCE_CPU_ISA=avx2 runs as an AVX2-only CPU would (kernels/cpu.py): torch's own kernels follow
-# (ATen's dispatch, oneDNN's ISA), so that a machine with AVX-512 can measure the other machines' path.
-# Only if torch is not yet imported and those variables are not already set.
-if os.environ.get("TRIFORCE_CPU_ISA", "").strip().lower() == "avx2":
+# (ATen's dispatch, oneDNN's ISA), so that a machine with AVX-512 can measure the other machines' path;
+# =avx512 keeps oneDNN off AMX tiles as well (torch's bfloat16 products of prefill chunks went to them, so
+# an "avx512" run on a Sapphire Rapids was partly an AMX one). Only if torch is not yet imported and those
+# variables are not already set.
+_ISA = os.environ.get("TRIFORCE_CPU_ISA", "").strip().lower()
+if _ISA == "avx2":
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+elif _ISA == "avx512":
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 
 from .api import LLM  # noqa: E402
 from .config import EngineConfig  # noqa: E402

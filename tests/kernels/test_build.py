@@ -2,9 +2,11 @@
 documented (TRIFORCE_CPU_ISA), and a failed build says so once and falls back."""
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import zipfile
@@ -176,6 +178,50 @@ def test_the_kernels_build_where_the_cpu_and_a_compiler_can():
                 raise
             pytest.skip(f"the {level} kernels did not build here ({cpu.build_failure(exc)}); "
                         f"TRIFORCE_REQUIRE_KERNELS=1 makes that a failure")
+
+
+# Level-specific sources: bindings.cpp (20 s of torch's headers each) and the float32 kernels (AVX2 code
+# on every level) compile the same in the avx2 build, which the kernel tests build for real.
+_SAME_ON_EVERY_LEVEL = ("bindings.cpp", "linear_f32.cpp", "attention_f32.cpp")
+
+
+@pytest.mark.parametrize("level", [lv for lv in cpu.LEVELS if lv != "avx2"])
+def test_the_levels_this_cpu_lacks_compile_too(level):
+    """A CPU without AVX-512 (this project's AMD machines, and CI's) never builds the avx512 and amx
+    kernels, so a source that no longer compiled there shipped unseen, and an AMX machine's run fell back
+    to torch's paths with a warning. Compiling needs no such CPU: each of the level's own sources is
+    compiled (not linked, never run) with its flags, at -O0 for speed (an intrinsic used without its
+    target flag still fails there: always_inline)."""
+    if platform.machine() not in ("x86_64", "AMD64") or shutil.which("c++") is None:
+        pytest.skip("needs an x86-64 machine with a C++ compiler")
+    if level in cpu.available_levels():
+        pytest.skip(f"{level} is built for real here (test_the_kernels_build_where_the_cpu_and_a_compiler_can)")
+    from torch.utils.cpp_extension import include_paths
+
+    sources, flags = cpu.BUILDS[level]
+    includes = [f"-I{path}" for path in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    for source in sources:
+        if source in _SAME_ON_EVERY_LEVEL:
+            continue
+        done = subprocess.run(["c++", "-std=c++20", "-fPIC", "-O0", "-fopenmp", *flags, *includes, "-c",
+                               str(cpu.CSRC / source), "-o", os.devnull], capture_output=True, text=True)
+        if done.returncode and "unrecognized" in done.stderr and "-m" in done.stderr:
+            pytest.skip(f"this compiler lacks the {level} flags: {done.stderr.strip().splitlines()[0]}")
+        assert done.returncode == 0, f"{source} at {level}:\n{done.stderr[-3000:]}"
+
+
+def test_the_build_is_named_by_what_makes_it(monkeypatch):
+    """A new torch (or compiler, sources, flags) builds in a folder of its own: in the old one, ninja saw
+    nothing changed (torch's headers are not among its dependencies) and the old library was loaded."""
+    name = cpu.build_name("avx2")
+    assert name.startswith("triforce_cpu_avx2_") and cpu.build_name("avx2") == name
+    assert cpu.build_name("avx512") != name.replace("avx2", "avx512", 1)  # the flags count too
+    cpu._build_digest.cache_clear()
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    try:
+        assert cpu.build_name("avx2") != name
+    finally:
+        cpu._build_digest.cache_clear()
 
 
 def test_a_failed_build_is_not_tried_again(monkeypatch):

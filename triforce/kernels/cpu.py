@@ -10,7 +10,8 @@ Levels, lowest first (what each needs from the CPU):
 
 The level is the CPU's best, or lower with TRIFORCE_CPU_ISA=avx2|avx512|amx (a level the CPU lacks is
 refused), or none with TRIFORCE_CPU_KERNELS=0. Each level is its own extension (triforce_cpu_<level>),
-compiled once by torch (20-25 s on the 2-core Xeon) and cached in ~/.cache/torch_extensions. A build that
+compiled once by torch (20-25 s on the 2-core Xeon) and cached in ~/.cache/torch_extensions, in a folder
+named by the level and a digest of the sources, flags, torch and compiler (`build_name`). A build that
 fails on a CPU that should have the kernels logs one warning saying so and what runs instead (the next
 level down, or torch's paths).
 """
@@ -23,6 +24,7 @@ import logging
 import os
 import platform
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -37,7 +39,7 @@ from ..errors import UserError
 
 log = logging.getLogger(__name__)
 STALE_LOCK_S = 600.0  # a kernel build's lock file older than this was left by a build that was killed
-KILLED_BUILD_S = 60.0  # ...where no triforce process is building (_building): a build takes under a minute
+KILLED_BUILD_S = 180.0  # ...where no triforce process is building (_building): a build takes 44 s idle, more in a suite
 LEVELS = ("avx2", "avx512", "amx")  # lowest first
 CSRC = Path(__file__).parent / "csrc"
 _PATH_LOCK = threading.Lock()  # _our_ninja_first
@@ -135,7 +137,7 @@ def native_bf16() -> bool:
 def _build(level: str):
     from torch.utils import cpp_extension
 
-    name = f"triforce_cpu_{level}"
+    name = build_name(level)
     sources, flags = BUILDS[level]
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
     with _building(build_dir):
@@ -145,6 +147,30 @@ def _build(level: str):
             return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
                                       extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"],
                                       verbose=False)
+
+
+def build_name(level: str) -> str:
+    """The extension's name, and its build folder's: the level and a digest of what makes the build
+    (`_build_digest`). Named by the level alone, one folder served every version: ninja rebuilds on a
+    changed source's time or command line, but not on a new torch in the same environment (its headers are
+    system includes, left out of ninja's dependencies): the old library, built against the other torch,
+    then failed to load (or worse, loaded) and every level fell back to torch's paths until the folder was
+    deleted; two checkouts also rebuilt each other's kernels in turn (a minute each)."""
+    return f"triforce_cpu_{level}_{_build_digest(level)}"
+
+
+@functools.cache
+def _build_digest(level: str) -> str:
+    """The sources, the level's flags, torch's version and the compiler's, digested."""
+    import torch
+
+    digest = hashlib.sha256(f"{kernel_sources_digest()}\0{BUILDS[level]}\0{torch.__version__}\0".encode())
+    try:
+        digest.update(subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True,
+                                     timeout=30).stdout)
+    except (OSError, subprocess.SubprocessError):  # no compiler: the build says so
+        pass
+    return digest.hexdigest()[:8]
 
 
 @contextlib.contextmanager
