@@ -111,6 +111,23 @@ def test_full_cache_chunk_means_follow_appends_rollbacks_and_kept_paths(ops, chu
             torch.testing.assert_close(cache.chunk_means(chunk), want)
 
 
+def test_chunk_means_of_a_long_prefix_are_averaged_a_block_at_a_time(monkeypatch):
+    """The first means after a prefill cover the whole prompt: averaged in blocks of MEAN_BLOCK_BYTES of
+    float32, not as one float32 copy of every layer's keys, and equal to the one-piece means."""
+    import triforce.cache.chunk_means as chunk_means_module
+
+    keys = torch.randn(3, 2, 100, 8).bfloat16()  # [L, Hkv, capacity, D]
+    chunk, widest = 4, []
+    real = chunk_means_module.chunk_mean_keys
+    monkeypatch.setattr(chunk_means_module, "MEAN_BLOCK_BYTES", 3 * 2 * 8 * 4 * chunk * 3)  # three chunks
+    monkeypatch.setattr(chunk_means_module, "chunk_mean_keys",
+                        lambda k, size: widest.append(k.shape[2]) or real(k, size))
+    means = chunk_means_module.ChunkMeans(keys, chunk)
+    assert torch.equal(means.upto(90), real(keys[:, :, :88], chunk))  # 22 complete chunks
+    assert torch.equal(means.upto(99), real(keys[:, :, :96], chunk))  # then two more
+    assert max(widest) == 3 * chunk and sum(widest) == 96
+
+
 @settings(max_examples=80, deadline=None)
 @given(ops=ops, sinks=st.integers(0, 4), window=st.integers(1, 12))
 def test_streaming_cache_matches_reference(ops, sinks, window):

@@ -12,6 +12,11 @@ import torch
 
 from ..kernels.retrieval import chunk_mean_keys
 
+# Keys averaged at a time: each block is widened to float32, and the first means after a prefill cover the
+# whole prompt (in one piece, a float32 copy of every layer's keys: 16 GB for an 8B model at 128K, on top
+# of a cache sized to fit).
+MEAN_BLOCK_BYTES = 64 << 20
+
 
 class ChunkMeans:
     def __init__(self, keys: torch.Tensor, chunk_size: int):
@@ -24,10 +29,13 @@ class ChunkMeans:
     def upto(self, length: int) -> torch.Tensor:
         """[L, Hkv, length // chunk_size, D]: the means of the complete chunks among the first `length` keys."""
         complete = length // self.chunk_size
-        if complete > self.count:
-            lo, hi = self.count * self.chunk_size, complete * self.chunk_size
-            self.means[:, :, self.count:complete] = chunk_mean_keys(self.keys[:, :, lo:hi], self.chunk_size)
-            self.count = complete
+        layers, hkv, _, d = self.keys.shape
+        step = max(1, MEAN_BLOCK_BYTES // (layers * hkv * self.chunk_size * d * 4))  # chunks per float32 block
+        for first in range(self.count, complete, step):  # the first after a prefill: the whole prompt's
+            last = min(first + step, complete)
+            self.means[:, :, first:last] = chunk_mean_keys(
+                self.keys[:, :, first * self.chunk_size:last * self.chunk_size], self.chunk_size)
+        self.count = max(self.count, complete)
         return self.means[:, :, :complete]
 
     def forget_from(self, length: int) -> None:
