@@ -582,6 +582,11 @@ def test_low_acceptance_by_the_target_triggers_a_rebuild(models):
         retrieval.observe(1, 0)
     retrieval.sync()
     assert retrieval.rebuilds == before + 1
+    for _ in range(SETTINGS.get("refresh_window", 32)):  # asked for again when the sync rebuilds anyway
+        retrieval.observe(1, 0)
+    retrieval.cache.reset()  # (as a refresh past refresh_every tokens does)
+    retrieval.sync()
+    assert retrieval.rebuilds == before + 2  # once: the second rebuild chose the same chunks again
 
 
 def test_draft_prefill_skips_what_its_window_would_evict(models):

@@ -168,9 +168,11 @@ class RetrievalTier(Tier):
         self._rebuild_pending = False
 
     def sync(self) -> None:
+        built = self.cache.rebuilds
         self.cache.sync()
         if self._rebuild_pending:
-            self.cache.rebuild()
+            if self.cache.rebuilds == built:  # (the sync's own refresh has just chosen afresh)
+                self.cache.rebuild()
             self.recent.clear()
             self._rebuild_pending = False
 
