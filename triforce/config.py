@@ -122,9 +122,10 @@ class EngineConfig:
                               "siblings would cost more rows than they add; docs/trees.md)")
         if self.chunk_size < 1:
             raise ConfigError(f"chunk size must be >= 1 (got {self.chunk_size})")
-        if self.budget < self.chunk_size or self.budget % self.chunk_size:
-            raise ConfigError(f"budget ({self.budget}) must be a positive multiple of the chunk size "
-                              f"({self.chunk_size})")
+        if self.budget < 2 * self.chunk_size or self.budget % self.chunk_size:
+            raise ConfigError(f"budget ({self.budget}) must be a multiple of the chunk size ({self.chunk_size}), "
+                              "at least two chunks: the first chunk (the attention sink) and the latest are "
+                              "always kept")
         if self.retrieval_policy not in RETRIEVAL_POLICIES:
             raise ConfigError(f"retrieval policy must be one of {RETRIEVAL_POLICIES} "
                               f"(got {self.retrieval_policy!r})")

@@ -12,6 +12,7 @@ from penalty_reference import reference_penalized
 from sampling_runs import outputs
 from scripted_planner import follow_script
 from triforce.cache.full import FullKVCache
+from triforce.cache.retrieval import RetrievalKVCache
 from triforce.config import DEFAULT_LOOKUP, ConfigError, EngineConfig
 from triforce.sampling_params import SamplingParams, StructuredOutputs
 from triforce.coordinator import engine as engine_module
@@ -730,3 +731,14 @@ def test_tree_settings():
     with pytest.raises(ConfigError, match="must fit the draft's streaming window"):
         EngineConfig(mode="triforce", tree1=20, window=16)
     assert EngineConfig(mode="retrieval", tree2=20, window=16).tree2 == 20  # the retrieval tier has no window
+
+
+def test_budget_settings():
+    """A budget of one chunk kept one of the two chunks always kept (the sink or the latest, as topk
+    happened to pick): a budget is at least two chunks, a multiple of the chunk size."""
+    for budget in (8, 20, 0):
+        with pytest.raises(ConfigError, match="at least two chunks"):
+            EngineConfig(mode="triforce", budget=budget, chunk_size=8)
+    with pytest.raises(ValueError, match="at least two chunks"):
+        RetrievalKVCache(None, budget=8, chunk_size=8)  # (refused before it reads its source)
+    assert EngineConfig(mode="triforce", budget=16, chunk_size=8).budget == 16

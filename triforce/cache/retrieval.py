@@ -105,8 +105,9 @@ class RetrievalKVCache(KVCache):
                  full_layers: int = 0, refresh_every: int = 1024, max_speculative: int = 64):
         if policy not in POLICIES:
             raise ValueError(f"retrieval policy must be one of {POLICIES}, not {policy!r}")
-        if chunk_size < 1 or budget < chunk_size or budget % chunk_size:
-            raise ValueError(f"budget ({budget}) must be a positive multiple of the chunk size ({chunk_size})")
+        if chunk_size < 1 or budget < 2 * chunk_size or budget % chunk_size:
+            raise ValueError(f"budget ({budget}) must be a multiple of the chunk size ({chunk_size}), at least "
+                             "two chunks (the first and the latest are always kept)")
         if policy == "dynamic" and not isinstance(source, LocalKVSource):
             raise ValueError("the dynamic retrieval policy needs the target's full cache in this process")
         self.source, self.budget, self.chunk_size, self.policy = source, budget, chunk_size, policy
