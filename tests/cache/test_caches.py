@@ -323,3 +323,19 @@ def test_a_streaming_cache_is_settled_except_between_a_skip_and_the_window_after
     assert cache.settled
     forward(cache, 2, 2)
     cache.rollback(2)  # what a measurement does
+
+
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_retrieval_cache_refuses_a_forward_before_its_first_sync(policy):
+    """Unsynced (new, or after reset) the dynamic policy wrote its tokens into the source's slots from 0
+    on, over the target's committed KV; both policies refuse, and both work once synced."""
+    source = FullKVCache(CFG, 400, torch.float32, "cpu")
+    forward(source, 30, 1000)
+    cache = RetrievalKVCache(LocalKVSource(source), 16, 4, policy, refresh_every=10, max_speculative=8)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="before its first sync"):
+            cache.begin(Step.chain([1, 2], cache.length))
+        cache.sync()
+        cache.begin(Step.chain([1, 2], cache.length))
+        cache.end()
+        cache.reset()

@@ -170,11 +170,15 @@ class RetrievalKVCache(KVCache):
     # --- the KVCache protocol -------------------------------------------------------------------
     def begin(self, step: Step) -> None:
         n = step.n
-        if self.spec_len + n > self.max_speculative or self.length + n > self.source.capacity:
+        if not (self._buf_k if self.policy == "static" else self._means is not None):
+            # (dynamic: its tokens would go to the source's slots from 0 on, over the target's own KV)
+            raise RuntimeError("retrieval cache used before its first sync with the source")
+        if self.spec_len + n > self.max_speculative:
             raise CacheCapacityError(f"retrieval cache holds {self.max_speculative} speculative tokens; "
                                      f"{self.spec_len} + {n} requested")
-        if self.policy == "static" and not self._buf_k:
-            raise RuntimeError("retrieval cache used before its first sync with the source")
+        if self.length + n > self.source.capacity:
+            raise CacheCapacityError(f"the target's cache holds {self.source.capacity} tokens; "
+                                     f"{self.length} + {n} requested")
         self._n = n
 
     def append(self, layer, q, k, v):
