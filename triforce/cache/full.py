@@ -68,7 +68,8 @@ class FullKVCache(KVCache):
         when the retrieval cache (re)builds ("the last prompt token's query"). After a check that is the
         last accepted token's row, not the check's last row (a rejected proposal, gone from the cache),
         wherever the accepted path moved it; the latest forward's last row if that token is not among its
-        rows. None per layer before any forward."""
+        rows. None per layer before any forward. (After a prefill that is the second-to-last prompt
+        token's: the target prefills all but the last, which the first step feeds.)"""
         first, n = self._forward
         if n == 0:
             return [None] * len(self._layer_keys)

@@ -6,7 +6,7 @@ start of the prompt through the block, as vLLM's automatic prefix caching does: 
 blocks of their common beginning, held once. A prompt reuses its leading blocks that are stored, so a
 warm prefill runs the same chunks, at the same positions, over the same cache contents as a cold one,
 and gives the same keys and values bit for bit; the output is the cold run's. At least one prompt token
-is always prefilled (the forward that leaves the last prompt token's query for the retrieval cache).
+is always prefilled (the forward that leaves the query the retrieval cache's first choice is scored with).
 
 Bounded by `max_bytes`: a prompt stores as many of its leading blocks as the bound holds, and the least
 recently used blocks of other prompts make room. A use touches a prompt's blocks from the last to the
