@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..cache.full import QUERY_ROWS
 from ..cache.retrieval import RetrievalKVCache
 from ..cache.streaming import VIEW_ROWS, StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
@@ -70,13 +71,16 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
     target's full KV cache and its chunk means; the retrieval tier's own buffers (a static cache copies its
     `full_layers` whole and the budget of the others, each with room for tokens until its next rebuild;
     mode auto's tiers, one per budget, hold two such caches at most, see below); the draft's sinks, its
-    recent tokens' double buffer and the fused layer loop's copy of sinks and window. Small per-request state beside these is left out: positions, RoPE
-    angles, the target's queries of a forward's last QUERY_ROWS rows (what a retrieval rebuild scores
-    with; about 1% of a 7B model's 8K-token cache, on CPUs with the fused loop)."""
+    recent tokens' double buffer and the fused layer loop's copy of sinks and window; the target's queries
+    of a forward's last QUERY_ROWS rows (what a retrieval rebuild scores with: a query head each, so with
+    grouped KV heads a fifth of a 2K-token cache for Qwen2.5-7B's seven per KV head), twice in mode auto
+    (its cost measurement keeps them aside). Small per-request state beside these is left out: positions,
+    RoPE angles."""
     slack = speculation_slack(cfg)
     per_token = target.kv_bytes_per_token(itemsize)
     capacity = tokens + slack
-    total = per_token * capacity
+    queries = target.num_layers * target.num_heads * min(QUERY_ROWS, capacity) * target.head_dim * itemsize
+    total = per_token * capacity + queries * (2 if cfg.mode == "auto" else 1)
     if cfg.mode in ("retrieval", "triforce", "auto"):
         per_layer = per_token // target.num_layers
         room = cfg.refresh_every + slack
