@@ -134,3 +134,19 @@ def test_special_tokens_are_left_out_unless_asked_for(tiny_dir):
     for skip, expected in ((True, "w5 w6 w7 w8"), (False, "w5 w6 <s> w7 </s> w8")):
         detok = IncrementalDetokenizer(tokenizer, skip_special=skip)
         assert "".join(stream_rounds(detok, tokens, 0)) == detok.text == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3))
+def test_a_prompt_that_ends_inside_a_character_gets_the_whole_character(smollm2_tokenizer, seed):
+    """Prompt ids cut inside an emoji's bytes (a completion continuing an answer cut by max_tokens): the
+    first tokens complete it, and the output starts with the whole emoji (vLLM's), where slicing the window
+    by the length of the prompt's U+FFFD-ended text dropped it, and the space after it."""
+    tokens = smollm2_tokenizer("I say 😀 ok, and 日本語 again").input_ids
+    cut = next(k for k in range(1, len(tokens)) if smollm2_tokenizer.decode(tokens[:k]).endswith("\ufffd"))
+    detok = IncrementalDetokenizer(smollm2_tokenizer, prompt=tokens[:cut])
+    pieces = stream_rounds(detok, tokens[cut:], seed)
+    assert "".join(pieces) == detok.text == "😀 ok, and 日本語 again"
+    detok = IncrementalDetokenizer(smollm2_tokenizer, ("and",), prompt=tokens[:cut])
+    stream_rounds(detok, tokens[cut:], seed)
+    assert detok.text == "😀 ok, " and detok.tokens_through_stop() == len(smollm2_tokenizer("I say 😀 ok, and").input_ids) - cut

@@ -78,11 +78,17 @@ class IncrementalDetokenizer:
     def _decode_window(self, final: bool) -> None:
         context = self._decode(self._after_prompt(self._prefix, self._read))
         window = self._decode(self._after_prompt(self._prefix))
-        if len(window) <= len(context) or (window.endswith(REPLACEMENT) and not final):
+        cut = len(context)
+        if self._prefix == 0 and not window.startswith(context):
+            # The prompt ends inside a character that the first tokens complete (its bytes so far decoded
+            # to U+FFFD): the whole character is the output's, as vLLM gives it. A literal U+FFFD the
+            # prompt ends with stays in the window, and the prompt's.
+            cut = self._context_chars = len(context.rstrip(REPLACEMENT))
+        if len(window) <= cut or (window.endswith(REPLACEMENT) and not final):
             return
         self._prefix, self._read = self._read, len(self.tokens)
         start = len(self.text)
-        self.text += window[len(context):]
+        self.text += window[cut:]
         if self._floor is None:
             if len(self.tokens) < self.min_tokens:
                 return
