@@ -75,7 +75,7 @@ def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int],
     norm = torch.logsumexp(rows.float(), dim=-1)  # [n]: log softmax is each logit less this
     picked = rows.gather(1, torch.tensor(tokens)[:, None])  # [n, 1]
     chosen = (picked[:, 0].float() - norm).tolist()
-    ranks = ((rows > picked).sum(dim=-1) + 1).tolist()  # 1 + how many tokens are more likely
+    ranks = (rows >= picked).sum(dim=-1).tolist()  # how many are as likely or more, itself too (vLLM's rank)
     if not k:
         return [TokenLogprobs(token, value, [], rank) for token, value, rank in zip(tokens, chosen, ranks)]
     top_values, top_ids = rows.topk(min(k, rows.shape[-1]), dim=-1)

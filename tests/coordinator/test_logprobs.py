@@ -73,7 +73,7 @@ def test_logprobs_are_the_targets_own_in_every_mode(models, name, params):
     assert [[t for t, _ in lp.top] for lp in logprobs] == ids.tolist()
     torch.testing.assert_close(torch.tensor([[v for _, v in lp.top] for lp in logprobs]), values, atol=ATOL, rtol=0)
     chosen = reference[torch.arange(len(tokens)), torch.tensor(tokens)]
-    assert [lp.rank for lp in logprobs] == ((reference > chosen[:, None]).sum(-1) + 1).tolist()
+    assert [lp.rank for lp in logprobs] == (reference >= chosen[:, None]).sum(-1).tolist()
     assert params.greedy or any(lp.rank > 1 for lp in logprobs)  # a sampled run picks a less likely token
 
 
@@ -163,3 +163,13 @@ def test_max_tokens_zero_prefills_only_the_target(models):
 def test_bad_counts_are_refused(bad):
     with pytest.raises(ConfigError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def test_a_token_tied_with_others_ranks_behind_them_as_in_vllm():
+    """vLLM ranks the chosen token by how many tokens are as likely or more, itself included: of two
+    equal logits at the top, either one is rank 2."""
+    from triforce.logprobs import token_logprobs
+
+    rows = torch.tensor([[1.0, 3.0, 3.0, 0.5], [1.0, 3.0, 3.0, 0.5], [1.0, 3.0, 2.0, 0.5]])
+    assert [lp.rank for lp in token_logprobs(rows, [1, 2, 1], 0)] == [2, 2, 1]
+    assert [lp.rank for lp in token_logprobs(rows, [0, 3, 3], 0)] == [3, 4, 4]
