@@ -123,6 +123,15 @@ def test_include_stop_str_in_output_keeps_the_stop_string(tiny_dir):
         stream_rounds(without, tokens, seed)
         assert detok.stopped and "".join(pieces) == detok.text == whole[:end]
         assert detok.tokens_through_stop() == without.tokens_through_stop() < len(tokens)
+    # Nothing is held back while streaming (vLLM's: the stop string would be shown anyway), and a stop
+    # string completed by a later round is still found.
+    detok, shown = IncrementalDetokenizer(tokenizer, ("w7 w12",), include_stop=True), ""
+    for token in tokens:
+        shown += detok.add([token])
+        assert shown == detok.text
+        if detok.stopped:
+            break
+    assert detok.stopped and shown == whole[:end]
 
 
 def test_special_tokens_are_left_out_unless_asked_for(tiny_dir):

@@ -8,9 +8,9 @@ decoded after the prompt's last few tokens, and the text is what the prompt is f
 "The capital of France is", as vLLM gives it, not "Paris"). A window whose text ends in U+FFFD is held
 back, since the next tokens may complete a multibyte character; `finish` emits it as is.
 
-Stop strings are searched in the new text and the characters held back before it: while no stop string
-is found, the last len(longest stop) - 1 characters are not handed out, so a stop string that two rounds
-complete between them is found, and no part of it is ever streamed. The output keeps the tokens up to
+Stop strings are searched in the new text and the len(longest stop) - 1 characters before it, so a stop
+string that two rounds complete between them is found; while none is found, those last characters are not
+handed out, so no part of one is ever streamed (with `include_stop`, which keeps it, they are). The output keeps the tokens up to
 the one that completed it (`tokens_through_stop`). With min_tokens, a stop string that ends within the
 text of the first min_tokens tokens does not count (vLLM looks for none before then). The token that
 ended generation (end-of-sequence, a stop token id) is kept, its text left out, as vLLM does; with
@@ -40,9 +40,11 @@ class IncrementalDetokenizer:
         self.stopped = False  # a stop string was found
         self.stop_string: str | None = None  # which
         self._shown = 0  # characters of `text` handed out so far
-        # While no stop string is found, the last len(longest stop) - 1 characters wait: they may be
-        # the start of a stop string that the next round completes.
-        self._hold = max((len(s) for s in stops), default=1) - 1
+        # A stop string may begin in the last len(longest stop) - 1 characters before a round's text: they
+        # are searched again. While no stop string is found they wait, as the start of a stop string that
+        # the next round completes would be taken back; kept in the text (include_stop), they need not.
+        self._reach = max((len(s) for s in stops), default=1) - 1
+        self._hold = 0 if include_stop else self._reach
         self._prefix = 0  # first token of the context window
         self._read = 0  # first token not yet decoded into `text`
         self._stop_end = 0  # where the stop string found ends in the decoded text
@@ -93,7 +95,7 @@ class IncrementalDetokenizer:
             if len(self.tokens) < self.min_tokens:
                 return
             self._floor = self._chars(self.min_tokens)
-        region = max(0, start - self._hold)  # a stop string may begin in the held-back characters
+        region = max(0, start - self._reach)
         hits = [hit for hit in (self._first_after_floor(s, region) for s in self.stops) if hit is not None]
         if hits:
             at, self._stop_end, self.stop_string = min(hits)
