@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 from .config import ConfigError, is_integer, is_number, shown
-from .speculation.sampling import GREEDY_BELOW
+from .speculation.sampling import GREEDY_BELOW, MAX_TEMPERATURE
 
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes (on a CPU, it uses the seed modulo 2**32)
 MAX_N = 4096  # outputs of one prompt (SamplingParams.n): more is a mistake, not a batch
@@ -181,8 +181,8 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not is_number(getattr(self, name)):
                 raise ConfigError(f"{name} must be a finite number (got {shown(getattr(self, name))})")
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ConfigError(f"temperature must be from 0 to {MAX_TEMPERATURE:g} (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
         if not is_integer(self.top_k) or self.top_k < -1:

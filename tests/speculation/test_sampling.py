@@ -125,3 +125,29 @@ def test_an_empty_distribution_draws_nothing_and_sampling_it_is_an_error():
     assert sample_distinct(torch.zeros(5), 3, None) == [] and sample_distinct(torch.zeros(5), 1, None) == []
     with pytest.raises(ValueError, match="no probability mass"):
         sample(torch.zeros(5), None, greedy=False)
+
+
+def test_a_row_that_is_not_a_distribution_is_an_error_not_a_token():
+    """NaN in a row (a model's overflowed logits) counted as mass, and the draw fell through to the last
+    token with mass: a silent wrong token. Now an error, from sampling and from a chain's check alike."""
+    from triforce.speculation.sampling import NonFiniteLogits, sample_distinct
+    from triforce.speculation.verify import verify_chains
+
+    bad = torch.tensor([0.2, float("nan"), 0.3, 0.5])
+    for row in (bad, torch.tensor([0.5, float("inf"), 0.0, 0.5])):
+        with pytest.raises(NonFiniteLogits):
+            sample_distinct(row, 1, torch.Generator().manual_seed(0))
+    draft = torch.tensor([[0.0, 0.0, 0.0, 1.0]])  # proposes token 3, which the NaN row rejects
+    with pytest.raises(NonFiniteLogits):
+        verify_chains([[3]], [draft], [torch.stack([bad, bad])], [torch.Generator().manual_seed(0)], [False])
+
+
+def test_a_temperature_past_float32s_range_is_refused():
+    """1e39 is infinite in float32: a rule's -inf logits divided by it were NaN."""
+    from triforce.config import ConfigError
+    from triforce.sampling_params import SamplingParams
+
+    for bad in (1e39, 1e7, -0.5):
+        with pytest.raises(ConfigError, match="temperature must be from 0 to"):
+            SamplingParams(temperature=bad)
+    assert SamplingParams(temperature=1e6).temperature == 1e6

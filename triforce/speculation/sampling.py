@@ -15,6 +15,9 @@ from functools import lru_cache
 import torch
 
 GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLING_EPS)
+# The highest temperature taken: logits of a few tens divided by it differ by less than float32 resolves
+# (uniform over what the rules allow); past float32's range it was infinite, and a rule's -inf over it NaN.
+MAX_TEMPERATURE = 1e6
 # sample_distinct sums the mass afresh once what is left falls below this fraction of the sum it draws from
 REFRESH_BELOW = 1e-6
 
@@ -95,6 +98,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool)
     return drawn[0]
 
 
+class NonFiniteLogits(RuntimeError):
+    """A row to sample from is not a distribution (NaN or infinite mass)."""
+
+
 def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
     """Up to k distinct tokens drawn without replacement from probs [V] (non-negative, any total), in draw
     order: each from the distribution renormalised over the tokens not drawn yet; fewer where fewer have
@@ -107,6 +114,9 @@ def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | No
     over the tokens left. At V = 49,152 on the 2-core Xeon about 0.1 ms for one token and 0.17 ms for four,
     against 0.9 ms for torch.multinomial, its exponential draws (benchmarks/sampling_draws.py)."""
     weights = probs.double()
+    if not torch.isfinite(weights.sum()):  # (NaN counted as mass; the draw then picked the last token)
+        raise NonFiniteLogits("the distribution to sample from holds NaN or infinity: the model's logits "
+                              "overflowed (a float16 or bfloat16 model past its range?)")
     k = min(k, int(torch.count_nonzero(weights)))
     cumulative, carried = weights.cumsum(0), []  # carried: drawn tokens still inside `cumulative`
     drawn: list[int] = []
