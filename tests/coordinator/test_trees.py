@@ -90,6 +90,26 @@ def test_a_greedy_nodes_first_child_is_what_its_processed_row_picks(model):
     assert tokens[0] == boosted and tokens[1] == plain[0] and parents == SHAPE
 
 
+def test_greedy_trees_grow_no_node_a_rule_forbids(model):
+    """Greedy children are the proposer's best logits; where a rule (structured output, min_tokens, bad
+    words) has banned all but a few tokens, the banned ones are not grown as children: certain to be
+    rejected, they took forward rows and subtrees of their own."""
+    seq = (torch.arange(40) % 90 + 3).tolist()
+    allowed = [7, 11]
+
+    def only_two(rows, paths):
+        banned = torch.full_like(rows, float("-inf"))
+        banned[:, allowed] = 0
+        return rows + banned
+
+    proposer = tier(model, False)
+    proposer.prefill(seq[:-1])
+    tokens, parents, _ = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape([-1, -1, -1, 0, 0, 1]),
+                                           lambda logits: probabilities(logits, 0.0), None, greedy=True,
+                                           by_history=only_two))
+    assert set(tokens) <= set(allowed) and parents[:2] == [-1, -1] and len(tokens) < 6
+
+
 @pytest.mark.parametrize("greedy", [False, True])
 def test_grown_nodes_mix_in_the_lookups_copy_for_their_path(model, greedy):
     """With a prompt lookup, each node's row is the proposer's mixed with the copy for its own path (the

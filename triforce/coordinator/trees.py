@@ -60,8 +60,8 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], 
             if copy is not None:
                 rows[slot] = lookup.mix(rows[slot], copy)
             if greedy:  # ranked by the proposer's logits (its one-hot row would allow a single child)
-                drawn = sample_children(logits[slot], k, None, True)
-                drawn = [choice] + [t for t in drawn if t != choice][:k - 1]
+                drawn = sample_children(logits[slot], k, None, True)  # (-inf: a rule's ban, never accepted)
+                drawn = [choice] + [t for t in drawn if t != choice and logits[slot][t] > float("-inf")][:k - 1]
                 drawn = drawn if lookup is None else lookup.greedy_order(drawn, copy)
             else:
                 drawn = sample_children(rows[slot], k, generator, False)
