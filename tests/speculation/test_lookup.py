@@ -45,9 +45,9 @@ def test_the_mixture_is_a_distribution_with_the_copy_weighted():
     lookup.advance(seq, len(seq))  # positions 5..7 each had the right candidate: weight 4/5
     assert lookup.weight == pytest.approx(0.8)
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
-    mixed = lookup.propose(seq, probs)  # the last 2 tokens (1, 2) were followed by 3
+    mixed = lookup.mix(probs, lookup.candidate(seq))  # the last 2 tokens (1, 2) were followed by 3
     torch.testing.assert_close(mixed, torch.tensor([0.02, 0.04, 0.06, 0.08 + 0.8]))
-    assert torch.equal(lookup.propose([4, 4], probs), probs)  # no earlier occurrence: the tier's own
+    assert torch.equal(lookup.mix(probs, lookup.candidate([4, 4])), probs)  # no earlier occurrence: the tier's own
     with pytest.raises(ValueError):
         ContextLookup(0)
 

@@ -98,10 +98,6 @@ class ContextLookup:
         first = token if self.weight > 0.5 else ranked[0]
         return list(dict.fromkeys([first, token] + ranked))[: len(ranked)]
 
-    def propose(self, seq: list[int], probs: torch.Tensor) -> torch.Tensor:
-        """The bottom tier's distribution `probs` [V] for the token after `seq`, mixed with the candidate."""
-        return self.mix(probs, self.candidate(seq))
-
     def mix(self, probs: torch.Tensor, token: int | None) -> torch.Tensor:
         """`probs` [V] mixed with the candidate `token` (None: unchanged)."""
         return probs if token is None else mixed_with(probs, token, self.weight)
