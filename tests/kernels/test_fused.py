@@ -37,3 +37,20 @@ def test_rope_on_a_strided_view(level, n, head_dim):
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     assert torch.equal(cpu_kernels().rope_bf16(x, cos, sin), x * cos + rotated * sin)
     assert torch.equal(fused.rope(x, cos, sin), x * cos + rotated * sin)
+
+
+def test_inputs_the_kernels_do_not_take_go_to_torch(level):
+    """A float32 norm weight beside bfloat16 activations, broadcast or float32 rotation tables, a 3-D
+    input to a linear layer: torch's expressions take them (the kernels raised on them)."""
+    from triforce.kernels.linear import linear
+
+    x, w32 = torch.randn(5, 576).bfloat16(), 1 + 0.1 * torch.randn(576)
+    x32 = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert torch.equal(fused.rms_norm(x, w32, 1e-5), w32 * x32.to(torch.bfloat16))
+    q = torch.randn(4, 6, 64).bfloat16()
+    rotated = torch.cat((-q[..., 32:], q[..., :32]), dim=-1)
+    for cos, sin in ((torch.randn(1, 64).bfloat16(), torch.randn(1, 64).bfloat16()),  # one position for all
+                     (torch.randn(6, 64), torch.randn(6, 64))):  # float32 tables
+        assert torch.equal(fused.rope(q, cos, sin), q * cos + rotated * sin)
+    x3, weight = torch.randn(2, 3, 64).bfloat16(), torch.randn(96, 64).bfloat16()
+    assert torch.equal(linear(x3, weight), F.linear(x3, weight))

@@ -15,7 +15,7 @@ def _kernel_for(x: torch.Tensor):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [n, H]. float32 statistics, as transformers does, so bf16 models agree with it."""
     ext = _kernel_for(x)
-    if ext is not None and x.dim() == 2:
+    if ext is not None and x.dim() == 2 and weight.dtype == x.dtype:
         return ext.rms_norm_bf16(x, weight, eps)
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -34,7 +34,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [H, n, D] rotated by the (cos, sin) [n, D] of its n positions."""
     ext = _kernel_for(x)
-    if ext is not None and x.dim() == 3 and cos.dim() == 2 and x.stride(-1) == 1 and cos.dtype == x.dtype:
+    if (ext is not None and x.dim() == 3 and x.stride(-1) == 1 and cos.shape == sin.shape == x.shape[1:]
+            and cos.dtype == sin.dtype == x.dtype):
         return ext.rope_bf16(x, cos, sin)
     half = x.shape[-1] // 2
     rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -68,6 +68,8 @@ def kernel_uses_amx(rows: int) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [n, K] -> [n, N]."""
+    if x.dim() != 2:  # (the kernels take [n, K])
+        return F.linear(x, weight, bias)
     if x.dtype == torch.float32 and kernel_takes(x.shape[0], weight, torch.float32):
         out = cpu_kernels().linear_f32(x, weight)
     elif x.dtype != torch.bfloat16:
