@@ -373,7 +373,13 @@ def test_seeded_sampling_is_reproducible(models):
 @pytest.fixture(scope="module")
 def small_vocab(tiny_dir):
     spec = dict(vocab_size=8, hidden_size=32, num_heads=4, num_kv_heads=2, scale=4)
-    return [load_model(tiny_dir(f"v8-{i}", seed=20 + i, num_layers=1 + i % 2, **spec)) for i in range(3)]
+    return [load_model(tiny_dir(f"v8-{i}", seed=20 + i, num_layers=layers, **spec)) for i, layers in enumerate((1, 2, 2))]
+
+
+# The two-token tests' retrieval tier chooses 3 of the prompt's 10 chunks in both of the target's layers, so
+# it is not the target (with one layer kept whole, as SETTINGS has it, a 1-layer target's retrieval tier was
+# the target itself, and nothing the target rejected of it was ever tested).
+SELECTING = {**SETTINGS, "budget": 12, "full_layers": 0}
 
 
 def exact_two_token_distribution(target, prompt, params, grammars=None):
@@ -478,6 +484,22 @@ SAMPLING_CASES = [
 ]
 
 
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+def test_the_two_token_tests_retrieval_tier_is_not_the_target(small_vocab, policy):
+    """What the two-token tests check is only a test of the retrieval tier's verification if the target
+    rejects some of its proposals: with SELECTING it does."""
+    draft, _, target = small_vocab
+    prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
+    proposed = accepted = 0
+    for seed in range(40):
+        engine = build_engine(EngineConfig(mode="retrieval", retrieval_policy=policy, gamma2=3, **SELECTING),
+                              target, draft, len(prompt) + 2)
+        _, metrics = engine.generate(prompt, SamplingParams(max_tokens=2, temperature=1.0, seed=seed,
+                                                            ignore_eos=True))
+        proposed, accepted = proposed + metrics.tiers[0].proposed, accepted + metrics.tiers[0].accepted
+    assert 0 < accepted < proposed
+
+
 @pytest.mark.parametrize("mode,policy,sampling,trees", SAMPLING_CASES)
 def test_modes_sample_the_target_distribution(small_vocab, char_grammars, mode, policy, sampling, trees):
     draft, _, target = small_vocab
@@ -485,7 +507,7 @@ def test_modes_sample_the_target_distribution(small_vocab, char_grammars, mode, 
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
     grammars = char_grammars[8]
     expected = exact_two_token_distribution(target, prompt, params, grammars)
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{"gamma1": 2, "gamma2": 3, **trees}, **SETTINGS)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{"gamma1": 2, "gamma2": 3, **trees}, **SELECTING)
 
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
@@ -504,7 +526,7 @@ def test_reduced_vocabulary_draft_samples_the_target_distribution(tiny_dir, smal
     prompt = [int(t) for t in torch.randint(0, 8, (30,), generator=torch.Generator().manual_seed(7))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=1.0)
     expected = exact_two_token_distribution(target, prompt, params)
-    cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SETTINGS)
+    cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SELECTING)
 
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
@@ -528,7 +550,7 @@ def test_a_reduced_vocabulary_draft_under_a_constraint_samples_the_target_distri
     sampling = dict(max_tokens=2, ignore_eos=True, temperature=1.0, **rule)
     grammars = char_grammars[8]
     expected = exact_two_token_distribution(target, prompt, SamplingParams(**sampling), grammars)
-    cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SETTINGS)
+    cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SELECTING)
 
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
@@ -686,7 +708,7 @@ def test_chains_that_end_early_sample_the_target_distribution(small_vocab, mode,
     prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
     expected = exact_two_token_distribution(target, prompt, params)
-    settings = dict(mode=mode, retrieval_policy=policy, gamma1=3, gamma2=3, lookup=0, **SETTINGS)  # no copies
+    settings = dict(mode=mode, retrieval_policy=policy, gamma1=3, gamma2=3, lookup=0, **SELECTING)  # no copies
     seen = record_confidences(monkeypatch)
     build_engine(EngineConfig(**settings, stop_below=1e-9), target, draft, len(prompt) + 2).generate(prompt, params)
     cfg = EngineConfig(**settings, stop_below=seen[0] + 1e-4)
