@@ -132,11 +132,14 @@ def test_a_prompt_prefilling_beside_a_decoding_one_leaves_both_as_alone_in_bfloa
     """A's decode steps ran in one call with B's prefill chunks, through torch's product (more rows than the
     kernels take), whose rounding depends on the row count: in bfloat16 A's logits moved when a long
     prompt arrived beside it (a server's greedy answer changed with its neighbours). Now a chunk runs in a
-    call of its own: A's log-probabilities and B's, bit for bit, are what they are alone."""
+    call of its own: A's log-probabilities and B's, bit for bit, are what they are alone. (Where the CPU
+    lacks native bfloat16, as AVX2 ones do, torch's path here is a float32 product rounded once, which gave
+    every row the same bits at any row count: the test bites on AVX512-BF16 CPUs.)"""
     target = load_model(tiny_dir("engine-target", seed=11, num_layers=3, scale=25), "bfloat16")
     a, b = prompts([10, 400], seed=5)
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=2)
-    cfg = EngineConfig(mode="ar", **SETTINGS)
+    chunk = kernel_max_rows() + 32  # past the kernels' rows: torch's product (at 64, the AVX2 kernel took all)
+    cfg = EngineConfig(mode="ar", **{**SETTINGS, "prefill_chunk": chunk})
 
     def run(prompts_here):
         engines = [build_engine(cfg, target, None, len(p) + params.max_tokens) for p in prompts_here]
@@ -151,5 +154,5 @@ def test_a_prompt_prefilling_beside_a_decoding_one_leaves_both_as_alone_in_bfloa
     (a_alone,), a_steps = run([a])
     (b_alone,), b_steps = run([b])
     both, steps = run([a, b])
-    assert steps < a_steps + b_steps - SETTINGS["prefill_chunk"] // 10  # A decoded while B prefilled
+    assert steps < a_steps + b_steps - 2  # A decoded while B prefilled
     assert both == [a_alone, b_alone]
