@@ -55,6 +55,29 @@ def test_first_token_follows_target(case):
     assert_matches(first_token_counts(draft, target), target[0])
 
 
+@pytest.mark.parametrize("case", ["random", "zero_draft_mass"])
+def test_every_position_follows_the_target(case):
+    """Past the first token too: the token at position i of the output, among the trials that reach it
+    (i tokens accepted before it), follows target_probs[i], whether a proposal kept, a residual at i or
+    the bonus row after a whole accepted chain (a residual taken from the wrong draft row passed the
+    first-token test)."""
+    vocab, g, trials = 5, 3, 8000
+    draft, target = rand_probs(g, vocab, 11, sharp=1.0), rand_probs(g + 1, vocab, 12, sharp=1.0)
+    if case == "zero_draft_mass":
+        draft[:, 1] = 0
+        draft = draft / draft.sum(-1, keepdim=True)
+    rng = torch.Generator().manual_seed(3)
+    counts = torch.zeros(g + 1, vocab)
+    for _ in range(trials):
+        tokens = [int(torch.multinomial(row, 1, generator=rng)) for row in draft]
+        verdict = verify_chain(tokens, draft, target, rng, greedy=False)
+        for i, token in enumerate(tokens[:verdict.accepted] + [verdict.next_token]):
+            counts[i, token] += 1
+    assert counts[1:].sum(-1).min() > 500  # every position reached often enough to tell
+    for i in range(g + 1):
+        assert_matches(counts[i], target[i])
+
+
 def test_equal_distributions_accept_everything():
     probs = rand_probs(4, 5, 9)
     g = torch.Generator().manual_seed(0)
