@@ -365,7 +365,10 @@ def test_seeded_sampling_is_reproducible(models):
     target, draft = models
     prompt = list(range(3, 60))
     params = SamplingParams(max_tokens=30, temperature=0.8, seed=5, ignore_eos=True)
-    assert run(target, draft, "triforce", prompt, params)[0] == run(target, draft, "triforce", prompt, params)[0]
+    first = run(target, draft, "triforce", prompt, params)[0]
+    assert first == run(target, draft, "triforce", prompt, params)[0]
+    others = {tuple(run(target, draft, "triforce", prompt, dataclasses.replace(params, seed=s))[0]) for s in (6, 7)}
+    assert others != {tuple(first)}  # the seed decides: a run that ignored it (or the temperature) would not differ
 
 
 # --- sampling: the first two tokens' joint distribution equals the target's -------------------------
