@@ -24,7 +24,8 @@ accepted token before any proposal), so a choice made from its query depends onl
 row shares. Choosing from all rows (the sum of their queries) let the proposal at position j change
 the chunks that judge it: the tier then sampled from a distribution other than the one it reported.
 The static policy is exact for the same reason: its choice is fixed between target checks.
-The first `full_layers` layers see the whole source (the paper's acceptance table bypasses two layers).
+The first `full_layers` layers see the whole source (the paper's acceptance table bypasses two layers): a local
+source's own buffers, read in place by either policy.
 
 The source is a `KVSource`: `LocalKVSource` wraps a FullKVCache in this process; the distributed
 coordinator's remote source asks the worker group, which runs `retrieve_from_full` on its shards and
@@ -134,9 +135,17 @@ class RetrievalKVCache(KVCache):
 
     # --- building from the source -------------------------------------------------------------
     def rebuild(self) -> None:
-        """Static policy: choose chunks afresh with the source's latest query."""
+        """Static policy: choose chunks afresh with the source's latest query. A layer that keeps the whole
+        source in this process (the first `full_layers`; every layer while the context fits the budget)
+        reads the source's own buffer, its speculative tokens in the free slots past the source's length
+        as the dynamic policy's: copied, it cost a copy of the whole context per rebuild, and held one."""
         self._buf_k, self._buf_v, self._retrieved = [], [], []
-        for keys, values in self.source.retrieve(self.budget, self.chunk_size, self.full_layers):
+        for layer, (keys, values) in enumerate(self.source.retrieve(self.budget, self.chunk_size, self.full_layers)):
+            if self._whole_source(layer, keys):
+                self._buf_k.append(self.source.full.keys[layer])
+                self._buf_v.append(self.source.full.values[layer])
+                self._retrieved.append(keys.shape[1])
+                continue
             cap = keys.shape[1] + self.refresh_every + self.max_speculative
             buf_k = keys.new_empty(keys.shape[0], cap, keys.shape[2])
             buf_v = torch.empty_like(buf_k)
@@ -147,6 +156,15 @@ class RetrievalKVCache(KVCache):
         self._built_at = self.synced = self.source.length
         self.spec_len = 0
         self.rebuilds += 1
+
+    def _whole_source(self, layer: int, keys: torch.Tensor) -> bool:
+        """Whether the static choice of `layer` is the local source's whole buffer (a view of it, which
+        begins where that buffer does), not chosen chunks gathered into a copy."""
+        return isinstance(self.source, LocalKVSource) and keys.data_ptr() == self.source.full.keys[layer].data_ptr()
+
+    def _in_place(self, layer: int) -> bool:
+        return self._buf_k[layer].data_ptr() == self.source.full.keys[layer].data_ptr() \
+            if isinstance(self.source, LocalKVSource) else False
 
     def sync(self) -> None:
         """Drop speculative entries; absorb the tokens the source committed since the last sync."""
@@ -162,6 +180,8 @@ class RetrievalKVCache(KVCache):
         if total > self.synced:
             keys, values = self.source.committed(self.synced, total)  # [L, Hkv, n, D]
             for layer in range(self.num_layers):
+                if self._in_place(layer):  # (the source's own buffer holds them)
+                    continue
                 a = self._retrieved[layer] + self.synced - self._built_at
                 b = a + total - self.synced
                 self._buf_k[layer][:, a:b], self._buf_v[layer][:, a:b] = keys[layer], values[layer]
@@ -228,6 +248,8 @@ class RetrievalKVCache(KVCache):
                 move_slots((self.source.full.keys, self.source.full.values), src, dst, dim=2)
             return
         for layer in range(self.num_layers):
+            if self._in_place(layer) and self.source.length > self.synced:
+                continue  # (the source's slots, where the target has written its own)
             shift = self._retrieved[layer] - self._built_at  # buffer index of a sequence index
             move_slots((self._buf_k[layer], self._buf_v[layer]), [i + shift for i in src], [i + shift for i in dst],
                        dim=1)

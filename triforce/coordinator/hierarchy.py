@@ -68,8 +68,8 @@ def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
 def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, tokens: int,
                 itemsize: int) -> int:
     """What one request's caches hold for `tokens` (prompt + new tokens) in the tiers its mode stacks: the
-    target's full KV cache and its chunk means; the retrieval tier's own buffers (a static cache copies its
-    `full_layers` whole and the budget of the others, each with room for tokens until its next rebuild;
+    target's full KV cache and its chunk means; the retrieval tier's own buffers (a static cache reads its
+    `full_layers` in the full cache and copies the budget of the others, with room for tokens until its next rebuild;
     mode auto's tiers, one per budget, hold two such caches at most, see below); the draft's sinks, its
     recent tokens' double buffer and the fused layer loop's copy of sinks and window; the target's queries
     of a forward's last QUERY_ROWS rows (what a retrieval rebuild scores with: a query head each, so with
@@ -90,9 +90,8 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
             # Mode auto runs one of its budgets' caches and releases the others while idle, but measuring an
             # idle one's cost builds it beside the running one: two at once, the largest two.
             held = sorted(auto_budgets(cfg))[-2:] if cfg.mode == "auto" else [cfg.budget]
-            for budget in held:
-                total += per_layer * (layers * (capacity + room)
-                                      + (target.num_layers - layers) * (min(budget, capacity) + room))
+            for budget in held:  # (the `full_layers` read the full cache in place)
+                total += per_layer * (target.num_layers - layers) * (min(budget, capacity) + room)
     if draft is not None and cfg.mode in ("draft", "triforce", "auto"):
         # a double buffer of recent tokens, and the fused loop's copy of sinks and window (bfloat16 CPUs)
         total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack)
