@@ -81,7 +81,7 @@ class IncrementalDetokenizer:
         context = self._decode(self._after_prompt(self._prefix, self._read))
         window = self._decode(self._after_prompt(self._prefix))
         cut = len(context)
-        if self._prefix == 0 and not window.startswith(context):
+        if self._read == 0 and context.endswith(REPLACEMENT) and not window.startswith(context):
             # The prompt ends inside a character that the first tokens complete (its bytes so far decoded
             # to U+FFFD): the whole character is the output's, as vLLM gives it. A literal U+FFFD the
             # prompt ends with stays in the window, and the prompt's.

@@ -140,6 +140,12 @@ def test_a_row_that_is_not_a_distribution_is_an_error_not_a_token():
     draft = torch.tensor([[0.0, 0.0, 0.0, 1.0]])  # proposes token 3, which the NaN row rejects
     with pytest.raises(NonFiniteLogits):
         verify_chains([[3]], [draft], [torch.stack([bad, bad])], [torch.Generator().manual_seed(0)], [False])
+    # A proposer's NaN row (an overflowing float16 draft) is no error: its token is only checked, and
+    # rejected (NaN probability), the checker's own row then giving the next token.
+    assert sample_distinct(bad, 1, torch.Generator().manual_seed(0), proposal=True)
+    target = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    verdict, = verify_chains([[1]], [bad[None]], [target], [torch.Generator().manual_seed(0)], [False])
+    assert verdict.accepted == 0 and 0 <= verdict.next_token < 4
 
 
 def test_a_temperature_past_float32s_range_is_refused():

@@ -244,7 +244,7 @@ class HierarchyEngine:
                 row = self._probs(self._by_history(logits[None], [[]]))[0]
                 copy = self.lookup.candidate(seq) if self.lookup is not None and proposing else None
                 row = self.lookup.mix(row, copy) if copy is not None else row
-                token = sample(row, self.generator, greedy)
+                token = sample(row, self.generator, greedy, proposal=proposing)
                 seq.append(token)
                 tokens.append(token)
                 probs.append(row)

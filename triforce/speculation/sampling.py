@@ -88,11 +88,12 @@ def top_probability(logits: torch.Tensor) -> float:
     return float(torch.exp(logits.max() - torch.logsumexp(logits, dim=-1)))
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool) -> int:
-    """probs: [V]. Greedy takes the argmax without consuming randomness."""
+def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool, proposal: bool = False) -> int:
+    """probs: [V]. Greedy takes the argmax without consuming randomness. `proposal`: a proposer's draw,
+    which may come from a row holding NaN (sample_distinct)."""
     if greedy:
         return int(probs.argmax())
-    drawn = sample_distinct(probs, 1, generator)
+    drawn = sample_distinct(probs, 1, generator, proposal)
     if not drawn:
         raise ValueError("cannot sample from a distribution with no probability mass")
     return drawn[0]
@@ -102,7 +103,8 @@ class NonFiniteLogits(RuntimeError):
     """A row to sample from is not a distribution (NaN or infinite mass)."""
 
 
-def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None) -> list[int]:
+def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None,
+                    proposal: bool = False) -> list[int]:
     """Up to k distinct tokens drawn without replacement from probs [V] (non-negative, any total), in draw
     order: each from the distribution renormalised over the tokens not drawn yet; fewer where fewer have
     probability > 0.
@@ -114,7 +116,10 @@ def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | No
     over the tokens left. At V = 49,152 on the 2-core Xeon about 0.1 ms for one token and 0.17 ms for four,
     against 0.9 ms for torch.multinomial, its exponential draws (benchmarks/sampling_draws.py)."""
     weights = probs.double()
-    if not torch.isfinite(weights.sum()):  # (NaN counted as mass; the draw then picked the last token)
+    # NaN counts as mass and the draw falls through to the last token with mass: a silent wrong token from
+    # the distribution an output follows. A proposer's such token is only checked (with its NaN probability
+    # it is rejected, and the residual is the checker's own row), so a `proposal` draws it.
+    if not proposal and not torch.isfinite(weights.sum()):
         raise NonFiniteLogits("the distribution to sample from holds NaN or infinity: the model's logits "
                               "overflowed (a float16 or bfloat16 model past its range?)")
     k = min(k, int(torch.count_nonzero(weights)))

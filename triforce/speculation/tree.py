@@ -98,4 +98,4 @@ def sample_children(draft: torch.Tensor, k: int, generator: torch.Generator | No
     logits to rank more than one child), highest first."""
     if greedy:
         return torch.topk(draft, min(k, draft.shape[-1]), sorted=True).indices.tolist()
-    return sample_distinct(draft, k, generator)
+    return sample_distinct(draft, k, generator, proposal=True)
