@@ -661,6 +661,24 @@ def test_greedy_with_prompt_lookup_equals_plain_decoding(models, mode, policy, t
     assert metrics.tiers and metrics.tiers[0].proposed > 0  # a bottom tier proposed (auto: its script's)
 
 
+def test_a_chain_proposes_no_lookup_copy_a_rule_bans(models, monkeypatch):
+    """The prompt repeats a block whose tokens bad_words bans: the lookup's copies (block tokens, its
+    weight near 1) won a greedy chain's argmax and were proposed, each certain to be rejected."""
+    target, draft = models
+    block = torch.randint(3, 96, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = (block * 8)[:150]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, bad_words=(),
+                            bad_words_ids=tuple((t,) for t in sorted(set(block))))
+    proposed, real = [], engine_module.sample
+    monkeypatch.setattr(engine_module, "sample", lambda row, generator, greedy, proposal=False:
+                        proposed.append(real(row, generator, greedy, proposal)) or proposed[-1])
+    reference, _ = run(target, draft, "ar", prompt, params)
+    proposed.clear()
+    tokens, metrics = run(target, draft, "draft", prompt, params, lookup=2, gamma1=4)
+    assert tokens == reference and metrics.lookup["candidates"] > 0 and proposed
+    assert not set(proposed) & set(block)
+
+
 def test_lookup_is_on_by_default_for_chains_and_trees():
     """Left unset, the lookup feeds the bottom tier's proposals with DEFAULT_LOOKUP, chains and trees alike."""
     assert EngineConfig().lookup_n == DEFAULT_LOOKUP > 0

@@ -90,12 +90,18 @@ def test_a_greedy_nodes_first_child_is_what_its_processed_row_picks(model):
     assert tokens[0] == boosted and tokens[1] == plain[0] and parents == SHAPE
 
 
-def test_greedy_trees_grow_no_node_a_rule_forbids(model):
-    """Greedy children are the proposer's best logits; where a rule (structured output, min_tokens, bad
-    words) has banned all but a few tokens, the banned ones are not grown as children: certain to be
-    rejected, they took forward rows and subtrees of their own."""
-    seq = (torch.arange(40) % 90 + 3).tolist()
-    allowed = [7, 11]
+@pytest.mark.parametrize("greedy", [True, False])
+def test_trees_grow_no_node_a_rule_forbids(model, greedy):
+    """Where a rule (structured output, min_tokens, bad words) has banned all but a few tokens, no banned
+    token is grown as a child: not a greedy proposer's next-best logits, nor the prompt lookup's copy
+    (mixed in, it was proposed w of the time, or first or second among greedy children). Certain to be
+    rejected, such nodes took forward rows and subtrees of their own."""
+    from triforce.speculation.lookup import ContextLookup
+
+    seq = ([3, 4, 5, 6, 7] * 8)[:39]
+    lookup = ContextLookup(2)
+    lookup.advance(seq, len(seq))  # every candidate (3 to 7) right so far: the weight nears 1
+    allowed = [11, 12]
 
     def only_two(rows, paths):
         banned = torch.full_like(rows, float("-inf"))
@@ -105,8 +111,8 @@ def test_greedy_trees_grow_no_node_a_rule_forbids(model):
     proposer = tier(model, False)
     proposer.prefill(seq[:-1])
     tokens, parents, _ = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape([-1, -1, -1, 0, 0, 1]),
-                                           lambda logits: probabilities(logits, 0.0), None, greedy=True,
-                                           by_history=only_two))
+                                           lambda logits: probabilities(only_two(logits, None), 0.0 if greedy else 1.0),
+                                           torch.Generator().manual_seed(0), greedy, lookup, by_history=only_two))
     assert set(tokens) <= set(allowed) and parents[:2] == [-1, -1] and len(tokens) < 6
 
 

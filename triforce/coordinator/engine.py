@@ -241,8 +241,11 @@ class HierarchyEngine:
                 continue
             if level == 0:
                 logits = (yield from self._forward(0))[-1]
-                row = self._probs(self._by_history(logits[None], [[]]))[0]
+                ruled = self._by_history(logits[None], [[]])
+                row = self._probs(ruled)[0]
                 copy = self.lookup.candidate(seq) if self.lookup is not None and proposing else None
+                if copy is not None and ruled[0, copy] == float("-inf"):
+                    copy = None  # a rule bans it here: proposed, it could only be rejected
                 row = self.lookup.mix(row, copy) if copy is not None else row
                 token = sample(row, self.generator, greedy, proposal=proposing)
                 seq.append(token)

@@ -57,6 +57,8 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], 
                 continue
             choice = int(rows[slot].argmax()) if greedy else None  # what its processed row picks (logit_bias)
             copy = None if lookup is None else lookup.candidate(seq, paths[slot])
+            if copy is not None and logits[slot][copy] == float("-inf"):
+                copy = None  # a rule bans it here: proposed, it could only be rejected
             if copy is not None:
                 rows[slot] = lookup.mix(rows[slot], copy)
             if greedy:  # ranked by the proposer's logits (its one-hot row would allow a single child)
