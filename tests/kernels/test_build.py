@@ -217,12 +217,25 @@ def test_the_build_is_named_by_what_makes_it(monkeypatch):
     name = cpu.build_name("avx2")
     assert name.startswith("triforce_cpu_avx2_") and cpu.build_name("avx2") == name
     assert cpu.build_name("avx512") != name.replace("avx2", "avx512", 1)  # the flags count too
-    cpu._build_digest.cache_clear()
+    if shutil.which("c++") and shutil.which("g++") and \
+            os.path.realpath(shutil.which("c++")) == os.path.realpath(shutil.which("g++")):
+        monkeypatch.setattr(cpu, "_COMPILER", {})
+        monkeypatch.setenv("CXX", "g++")  # the same compiler by another name, in another locale
+        monkeypatch.setenv("LANG", "de_DE.UTF-8")
+        assert cpu.build_name("avx2") == name
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")
-    try:
-        assert cpu.build_name("avx2") != name
-    finally:
-        cpu._build_digest.cache_clear()
+    assert cpu.build_name("avx2") != name
+
+
+def test_a_compiler_not_found_is_looked_for_again(monkeypatch):
+    """A process that asked before a compiler was on PATH (a test's PATH) does not keep that answer."""
+    path = os.environ.get("PATH", "")
+    monkeypatch.setattr(cpu, "_COMPILER", {})
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert cpu._compiler() == ""
+    monkeypatch.setenv("PATH", path)
+    if shutil.which("c++"):
+        assert cpu._compiler() != ""
 
 
 def test_a_failed_build_is_not_tried_again(monkeypatch):

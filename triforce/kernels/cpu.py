@@ -24,8 +24,10 @@ import logging
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -39,7 +41,7 @@ from ..errors import UserError
 
 log = logging.getLogger(__name__)
 STALE_LOCK_S = 600.0  # a kernel build's lock file older than this was left by a build that was killed
-KILLED_BUILD_S = 180.0  # ...where no triforce process is building (_building): a build takes 44 s idle, more in a suite
+KILLED_BUILD_S = 60.0  # ...where no triforce process is building (_building): a build takes under a minute
 LEVELS = ("avx2", "avx512", "amx")  # lowest first
 CSRC = Path(__file__).parent / "csrc"
 _PATH_LOCK = threading.Lock()  # _our_ninja_first
@@ -159,18 +161,33 @@ def build_name(level: str) -> str:
     return f"triforce_cpu_{level}_{_build_digest(level)}"
 
 
-@functools.cache
 def _build_digest(level: str) -> str:
-    """The sources, the level's flags, torch's version and the compiler's, digested."""
+    """The sources, the level's flags, torch's and Python's versions and the compiler, digested."""
     import torch
 
-    digest = hashlib.sha256(f"{kernel_sources_digest()}\0{BUILDS[level]}\0{torch.__version__}\0".encode())
+    return hashlib.sha256("\0".join([kernel_sources_digest(), str(BUILDS[level]), torch.__version__,
+                                      sysconfig.get_config_var("EXT_SUFFIX") or "", _compiler()]).encode()
+                          ).hexdigest()[:8]
+
+
+def _compiler() -> str:
+    """The C++ compiler torch builds with (CXX, else c++): its real file and version (named through a link or
+    another locale, it is the same), '' where there is none (the build says so; not kept, found later)."""
+    if "compiler" in _COMPILER:
+        return _COMPILER["compiler"]
+    found = shutil.which(os.environ.get("CXX", "c++"))
+    if found is None:
+        return ""
     try:
-        digest.update(subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True,
-                                     timeout=30).stdout)
-    except (OSError, subprocess.SubprocessError):  # no compiler: the build says so
-        pass
-    return digest.hexdigest()[:8]
+        version = subprocess.run([found, "-dumpversion"], capture_output=True, text=True, timeout=30,
+                                 env={**os.environ, "LC_ALL": "C"}).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    _COMPILER["compiler"] = f"{os.path.realpath(found)} {version}"
+    return _COMPILER["compiler"]
+
+
+_COMPILER: dict[str, str] = {}
 
 
 @contextlib.contextmanager
