@@ -366,6 +366,8 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
             "a running sequence started again": encode("start", {"seq": 99, "capacity": 32}),  # it was replaced
             "a budget below a chunk": encode("refresh", {"seq": 99, "budget": -4, "chunk_size": 4, "full_layers": 0,
                                                          "start": 0}),
+            "a budget of one chunk": encode("refresh", {"seq": 99, "budget": 4, "chunk_size": 4, "full_layers": 0,
+                                                        "start": 0}),
         }
         for name, frames in bad.items():
             sock.send_multipart(frames)

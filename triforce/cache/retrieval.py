@@ -1,10 +1,10 @@
 """RetrievalKVCache: a fixed budget of KV chunks taken from the target's full cache (TriForce, sec. 4.1).
 
 Per layer and per KV head, the cache holds the chunks whose mean key best matches the query (see
-kernels/retrieval.py), chunk 0 always. Its tokens are all committed tokens' KV copied from the full
-cache (the *source*), never this tier's own speculative KV: after the target commits, `sync` drops the
-speculative entries and appends the committed tokens from the source, so generations longer than the
-budget stay correct.
+kernels/retrieval.py), chunk 0 always. Its tokens are all committed tokens' KV from the full cache (the
+*source*; copied, except where a layer reads a local source's buffer in place), never this tier's own
+speculative KV: after the target commits, `sync` drops the speculative entries and takes the committed
+tokens from the source, so generations longer than the budget stay correct.
 
 Selection policies:
 - `static` (the paper): chunks chosen once by `rebuild` with the query of the source's last token (after
@@ -115,8 +115,9 @@ class RetrievalKVCache(KVCache):
         self.full_layers, self.refresh_every, self.max_speculative = full_layers, refresh_every, max_speculative
         self.num_layers = source.num_layers
         # Speculative (uncommitted) entries of this tier: static keeps them in its per-layer buffer,
-        # right after the committed part; dynamic writes them into the source's free slots past its
-        # length, which the target overwrites with its own KV when it checks the same positions.
+        # right after the committed part; dynamic, and static in a layer it reads in place, writes them
+        # into the source's free slots past its length, which the target overwrites with its own KV when
+        # it checks the same positions.
         self.synced = 0  # committed tokens absorbed from the source
         self.spec_len = 0
         self.rebuilds = 0
@@ -240,7 +241,8 @@ class RetrievalKVCache(KVCache):
 
     def _move(self, src: list[int], dst: list[int]) -> None:
         """Speculative entries only (rollback refuses to reach committed ones): in the static buffers past
-        the committed part, in the dynamic policy in the source's free slots. Those slots are shared: once
+        the committed part, in the dynamic policy (and a static layer read in place) in the source's free
+        slots. Those slots are shared: once
         the target has run past `synced` it has written its own KV there, keeps its own path, and this
         cache's entries are gone until the next sync, so there is nothing of this cache's to move."""
         if self.policy == "dynamic":

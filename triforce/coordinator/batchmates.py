@@ -64,7 +64,7 @@ class Batchmates:
     def measurable(self, planner: "AutoPlanner") -> list:
         """The others whose tiers a batch cost may be measured with: only those that have not begun to
         decode (a member in the middle of a round holds speculative entries that filler tokens, rolled
-        back after, could overwrite: a dynamic retrieval cache writes into its target's free slots) and
+        back after, could overwrite: a retrieval cache writes into its target's free slots) and
         whose caches are settled (a draft catching up on a long prompt skipped to its last window, whose
         forward has not run yet: filler rolled back there fell into the skipped tokens, a ValueError)."""
         return [e for e in self.others(planner) if e.rounds == 0 and

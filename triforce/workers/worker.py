@@ -150,10 +150,10 @@ class VerifierWorker:
                 raise RequestError(str(exc)) from None
         if kind == "kv" and not 0 <= body["start"] <= body["stop"] <= length:
             raise RequestError(f"kv range [{body['start']}, {body['stop']}) outside [0, {length}]")
-        if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] < body["chunk_size"]
+        if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] < 2 * body["chunk_size"]
                                   or body["budget"] % body["chunk_size"] or body["start"] != length):
-            raise RequestError(f"refresh needs a budget that is a positive multiple of the chunk size, at the "
-                               f"cache's length {length}")
+            raise RequestError(f"refresh needs a budget of two chunks or more, a multiple of the chunk size, "
+                               f"at the cache's length {length}")
 
     def _check_tokens(self, kind: str, seq: int, tokens: list[int], start: int) -> None:
         cache = self.caches[seq]
