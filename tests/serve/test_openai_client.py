@@ -158,6 +158,36 @@ def test_echo_puts_the_prompt_and_its_logprobs_first_and_max_tokens_0_scores_onl
     assert plain.text == prompt and plain.logprobs is None
 
 
+def test_vllms_prompt_logprobs_are_the_prompts_entries(llm, server):
+    """vLLM's prompt_logprobs k (an extra field): each completion choice's, and a chat response's, per prompt
+    token null (the first) or {token id: {logprob, rank, decoded_token}}, the prompt's token and its k most
+    likely, as LLM.generate scores them; beside echo's logprobs (fewer), each its own count; not streamed."""
+    from triforce.chat import chat_ids
+
+    client, prompt = server.client(), words(20, first=3)
+    ids = llm.encode(prompt)
+    scored = llm.generate(prompt, SamplingParams(max_tokens=0, prompt_logprobs=3))[0]
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, echo=True, logprobs=1,
+                                  extra_body={"prompt_logprobs": 3}).choices[0]
+    entries = r.model_extra["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None
+    for token, entry, want in zip(ids[1:], entries[1:], scored.prompt_logprobs[1:]):
+        assert entry[str(token)]["logprob"] == pytest.approx(want.logprob) and entry[str(token)]["rank"] == want.rank
+        assert {int(t) for t in entry} == {token} | {t for t, _ in want.top}
+        assert all(isinstance(e["decoded_token"], str) for e in entry.values())
+    assert max(len(top) for top in r.logprobs.top_logprobs[1:len(ids)]) <= 2  # echo's: its own k of 1
+    messages = [{"role": "user", "content": words(6)}]
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2,
+                                          extra_body={"prompt_logprobs": 0})
+    templated = chat_ids(llm.tokenizer, messages)
+    assert [list(e) if e else None for e in chat.model_extra["prompt_logprobs"]] == \
+        [None] + [[str(t)] for t in templated[1:]]
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=2, stream=True,
+                                  extra_body={"prompt_logprobs": 1})
+    assert "prompt_logprobs" in str(bad.value)
+
+
 def test_a_logit_bias_bans_and_boosts_tokens_as_generate_does(llm, server):
     """OpenAI's logit_bias (token id strings to values), through the client: the answer is
     LLM.generate's with the same bias, the banned tokens absent and the answer changed."""

@@ -16,6 +16,8 @@ in its last chunk.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..detokenize import DECODE_CONTEXT as CONTEXT
 from ..logprobs import TokenLogprobs, TokenTexts
 
@@ -60,14 +62,31 @@ def choice_logprobs(kind: str, texts: TokenTexts, items: list[TokenLogprobs] | N
     return completion_logprobs(texts, [item.token for item in items], items, offset, before)
 
 
-def echoed_logprobs(texts: TokenTexts, output, prompt: list[int]) -> dict | None:
-    """A completion choice's `logprobs` with `echo`: the prompt's entries, then the generated tokens'."""
+def echoed_logprobs(texts: TokenTexts, output, prompt: list[int], k: int | None = None) -> dict | None:
+    """A completion choice's `logprobs` with `echo`: the prompt's entries (each its `k` most likely, where
+    the prompt was scored for more, for `prompt_logprobs`), then the generated tokens'."""
     if output.logprobs is None:
         return None
-    head = completion_logprobs(texts, prompt, output.prompt_logprobs)
+    items = [item if item is None or k is None else replace(item, top=item.top[:k]) for item in output.prompt_logprobs]
+    head = completion_logprobs(texts, prompt, items)
     offset = sum(len(piece) for piece in head["tokens"])
     tail = completion_logprobs(texts, output.token_ids, output.logprobs, offset, prompt)
     return {name: head[name] + tail[name] for name in head}
+
+
+def prompt_logprobs(texts: TokenTexts, prompt: list[int], items: list[TokenLogprobs | None], k: int) -> list:
+    """vLLM's `prompt_logprobs` field: per prompt token, null for the first (nothing precedes it), else
+    {token id: {logprob, rank, decoded_token}}, the prompt's token first, then its `k` most likely."""
+    out = []
+    for token, item, context in zip(prompt, items, texts.contexts([], prompt)):
+        if item is None:
+            out.append(None)
+            continue
+        entries = {str(token): {"logprob": item.logprob, "rank": item.rank, "decoded_token": texts(token, context)}}
+        for rank, (other, logprob) in enumerate(item.top[:k], 1):
+            entries.setdefault(str(other), {"logprob": logprob, "rank": rank, "decoded_token": texts(other, context)})
+        out.append(entries)
+    return out
 
 
 class StreamedLogprobs:

@@ -7,7 +7,8 @@ does anyway (no tools for a completion, an empty suffix...), since clients send 
 target's, in logprobs.py's objects. A completion's `echo` puts the prompt before the text (a string
 prompt as given, token ids decoded) and, with `logprobs`, the prompt tokens' entries before the
 generated ones (the target scores the prompt as it prefills); with `echo`, `max_tokens` may be 0, which
-scores the prompt only (how evaluation harnesses ask for log-likelihoods). Errors are
+scores the prompt only (how evaluation harnesses ask for log-likelihoods); vLLM's `prompt_logprobs` k gives
+the prompt's entries as vLLM's own field (logprobs.py `prompt_logprobs`; not streamed). Errors are
 `ApiError`s, rendered as OpenAI's `{"error": {"message", "type", "param", "code"}}` with their status.
 
 `n` > 1 asks for n choices of a prompt: n requests of the batch (`Job.choices`), choice i seeded with
@@ -25,9 +26,9 @@ import uuid
 from dataclasses import dataclass
 
 from ..config import ConfigError
-from ..sampling_params import SamplingParams
+from ..sampling_params import MAX_LOGPROBS, SamplingParams
 from ..errors import UserError
-from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs
+from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs, prompt_logprobs
 from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints
 from .fields import (ApiError, checked_body, echoed_text, flag, integer, logprobs_field, number, prompts, seed, strings,
                      token_ids)
@@ -37,7 +38,8 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed
           "stream_options", "user", "ignore_eos", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
           "repetition_penalty", "stop_token_ids", "min_tokens", "response_format", "structured_outputs",
           "guided_json", "guided_regex", "guided_choice", "guided_grammar", "allowed_token_ids", "bad_words",
-          "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "return_token_ids"}
+          "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "return_token_ids",
+          "prompt_logprobs"}
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                             "parallel_tool_calls", "add_generation_prompt", "continue_final_message",
@@ -65,6 +67,7 @@ class Job:
     tools: ToolPlan | None = None  # a chat request's tools and tool_choice
     continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage in every chunk
     return_token_ids: bool = False  # vLLM's: each choice's token ids, and its prompt's
+    prompt_logprobs: int | None = None  # vLLM's: the prompt's entries, each with its k most likely
 
     @property
     def n(self) -> int:
@@ -118,6 +121,11 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     sampling = {name: number(body, name, default) for name, default in defaults.items()}
     sampling["top_k"] = _integer_valued(sampling["top_k"])
     logprobs = logprobs_field(kind, body)
+    prompt_k = integer(body, "prompt_logprobs", None, 0, MAX_LOGPROBS)
+    if prompt_k is not None and flag(body, "stream", False):
+        raise ApiError(400, "'prompt_logprobs' is not available when 'stream' is true (vLLM's rule)",
+                       param="prompt_logprobs")
+    scored = [k for k in (logprobs if echo else None, prompt_k) if k is not None]
     bias = {} if body.get("logit_bias") is None else body["logit_bias"]
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must map token ids to values from -100 to 100", param="logit_bias")
@@ -127,7 +135,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
         params = SamplingParams(max_tokens=max_tokens, **sampling, seed=seed(body, n), n=n,
                                 best_of=integer(body, "best_of", None, n, n), stop=tuple(stop),
                                 ignore_eos=flag(body, "ignore_eos", False),
-                                logprobs=logprobs, prompt_logprobs=logprobs if echo else None, logit_bias=bias,
+                                logprobs=logprobs, prompt_logprobs=max(scored) if scored else None, logit_bias=bias,
                                 stop_token_ids=token_ids(body, "stop_token_ids"),
                                 min_tokens=integer(body, "min_tokens", 0, 0, max_tokens),
                                 structured_outputs=structured,
@@ -164,7 +172,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     echoed = [echoed_text(p, tokens, llm) for p, tokens in zip(given, ids_of)] if echo else None
     return Job(kind, ids_of, params, flag(body, "stream", False), include_usage,
                f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()),
-               TokenTexts(llm.tokenizer), echoed, tools, continuous, flag(body, "return_token_ids", False))
+               TokenTexts(llm.tokenizer), echoed, tools, continuous, flag(body, "return_token_ids", False), prompt_k)
 
 
 def usage(job: Job, outputs: list) -> dict:
@@ -194,7 +202,9 @@ def response(job: Job, model: str, outputs: list) -> dict:
             choice["text"] = out.text if job.echoed is None else job.echoed[i // job.n] + out.text
         choice["finish_reason"], choice["stop_reason"] = finish, out.stop_reason
         choice["logprobs"] = (choice_logprobs(job.kind, job.texts, out.logprobs, prompt) if job.echoed is None
-                              else echoed_logprobs(job.texts, out, prompt))
+                              else echoed_logprobs(job.texts, out, prompt, job.params.logprobs))
+        if job.prompt_logprobs is not None and job.kind == "completion":  # (a chat answer's is the response's)
+            choice["prompt_logprobs"] = prompt_logprobs(job.texts, prompt, out.prompt_logprobs, job.prompt_logprobs)
         if job.return_token_ids:
             choice["token_ids"] = list(out.token_ids)
             if job.kind == "completion":
@@ -204,6 +214,9 @@ def response(job: Job, model: str, outputs: list) -> dict:
               "created": job.created, "model": model, "choices": choices, "usage": usage(job, outputs)}
     if job.return_token_ids and job.kind == "chat":
         answer["prompt_token_ids"] = list(job.prompts[0])
+    if job.prompt_logprobs is not None and job.kind == "chat":
+        answer["prompt_logprobs"] = prompt_logprobs(job.texts, job.prompts[0], outputs[0].prompt_logprobs,
+                                                    job.prompt_logprobs)
     return answer
 
 
