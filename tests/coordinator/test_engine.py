@@ -504,7 +504,8 @@ def test_the_two_token_tests_retrieval_tier_is_not_the_target(small_vocab, polic
 
 
 @pytest.mark.parametrize("mode,policy,sampling,trees", SAMPLING_CASES)
-def test_modes_sample_the_target_distribution(small_vocab, char_grammars, mode, policy, sampling, trees):
+def test_modes_sample_the_target_distribution(small_vocab, char_grammars, mode, policy, sampling, trees,
+                                              monkeypatch):
     draft, _, target = small_vocab
     prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
@@ -517,6 +518,18 @@ def test_modes_sample_the_target_distribution(small_vocab, char_grammars, mode, 
         return engine.run(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling),
                           guide=grammars.guide(params.structured_outputs))
 
+    if cfg.proposal_tree:  # the trees really branch (siblings drawn without replacement are what is tested)
+        grown, real = [], engine_module.grow_tree
+
+        def recording(*args, **kwargs):
+            tokens, parents, rows = yield from real(*args, **kwargs)
+            grown.append(parents)
+            return tokens, parents, rows
+
+        monkeypatch.setattr(engine_module, "grow_tree", recording)
+        outputs(run_of, range(3))
+        assert any(len(set(parents)) < len(parents) for parents in grown), grown
+        monkeypatch.undo()
     assert_two_token_distribution(run_of, expected)
 
 
