@@ -221,14 +221,19 @@ def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                         mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Loop-based float32 reference of `attention` for tests."""
+    """Loop-based float32 reference of `attention` for tests, with its own rule of which keys a query sees
+    (not visible_keys, which the paths it checks use): new query i sits at key s - n + i and sees every
+    key before the last m = mask.shape[1], and among those m the ones its mask row allows (None: the keys
+    up to its own)."""
     hq, n, d = q.shape
     hkv, s, _ = k.shape
-    visible = visible_keys(n, s, None if mask is None else mask.cpu(), "cpu")
+    m = n if mask is None else mask.shape[1]
     out = torch.empty(hq, n, d, dtype=torch.float32)
     for h in range(hq):
         kh, vh = k[h // (hq // hkv)].float().cpu(), v[h // (hq // hkv)].float().cpu()
         for i in range(n):
-            weights = torch.softmax((kh[visible[i]] @ q[h, i].float().cpu()) * scale, dim=0)
-            out[h, i] = weights @ vh[visible[i]]
+            seen = [j for j in range(s) if j < s - m or
+                    (j <= s - n + i if mask is None else bool(mask[i, j - (s - m)]))]
+            weights = torch.softmax((kh[seen] @ q[h, i].float().cpu()) * scale, dim=0)
+            out[h, i] = weights @ vh[seen]
     return out.to(q.dtype)
