@@ -214,6 +214,18 @@ def test_bad_input_is_one_clear_line(capsys, target, draft, tmp_path, tiny_dir, 
     assert "Traceback" not in err and out == ""
 
 
+def test_a_bad_prompt_or_flag_is_said_before_the_model_loads(capsys, tmp_path, monkeypatch):
+    """A missing prompt file, a schema file that is not there: said at once, not after the weights load
+    (on a fresh machine after a model's download and conversion)."""
+    import triforce.launch.generate as generate_module
+
+    monkeypatch.setattr(generate_module, "llm_from_args", lambda args: pytest.fail("the model was loaded first"))
+    for args, needle in ((["--prompt-file", tmp_path / "none.txt"], "cannot read prompt file"),
+                         (["--prompt", "hi", "--json-schema", tmp_path / "none.json"], "no such file")):
+        code, _, err = run_cli(capsys, "--model", "qwen2.5-coder-1.5b", *args)
+        assert code == 2 and needle in err, err
+
+
 def test_rope_scaling_stretches_the_positions_and_is_recorded(capsys, target, draft):
     """A prompt past the target's 256 positions runs with --rope-scaling yarn:2 (512), in all three tiers,
     recorded as the scaling it is however it was written (it was recorded as typed)."""

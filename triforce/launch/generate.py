@@ -73,7 +73,8 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
 def generate_command(args) -> int:
     if args.logprobs is not None and not args.json:
         raise UserError("--logprobs needs --json (the log-probabilities are printed in the JSON object)")
-    return run_generation(args, llm_from_args(args))
+    request = prepared_request(args)  # a prompt file or a flag that is wrong is said before the model loads
+    return run_generation(args, llm_from_args(args), request)
 
 
 def read_prompt(args) -> str:
@@ -122,8 +123,8 @@ def structured_outputs(args) -> StructuredOutputs | None:
     return None
 
 
-def run_generation(args, llm) -> int:
-    """Generates from the prompt of `args` with `llm`; streams text or prints the JSON object."""
+def prepared_request(args) -> tuple[str, SamplingParams]:
+    """The prompt and sampling settings of `args`, read and checked."""
     prompt = read_prompt(args)
     with settings_named_by_flags():
         params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -133,6 +134,12 @@ def run_generation(args, llm) -> int:
                                 structured_outputs=structured_outputs(args), bad_words=tuple(args.bad_word),
                                 allowed_token_ids=args.allowed_token_id,
                                 include_stop_str_in_output=args.include_stop_str, **penalty_settings(args))
+    return prompt, params
+
+
+def run_generation(args, llm, request: tuple[str, SamplingParams]) -> int:
+    """Generates `request` (prepared_request's) with `llm`; streams text or prints the JSON object."""
+    prompt, params = request
     streamed: list[str] = []
     stream = None if args.json else (
         lambda piece: (streamed.append(piece), sys.stdout.write(piece), sys.stdout.flush()))
