@@ -304,3 +304,24 @@ def test_bench_keeps_the_groups_that_ended_when_interrupted(tiny_dir, tmp_path, 
     report = json.loads(out.read_text())
     assert report["interrupted"] == why and [r["prompt_tokens"] for r in report["results"]] == [40, 40, 60, 60]
     assert json.loads(capsys.readouterr().out) == report
+
+
+def test_the_report_file_is_written_before_standard_output(tmp_path, monkeypatch):
+    """A reader of standard output that has gone (`| head` on a report past the pipe's buffer) ended the
+    program with a broken pipe, and --out, written after, was never written: now it is, first."""
+    import argparse
+
+    from triforce.launch import bench
+
+    class Gone:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    out = tmp_path / "report.json"
+    monkeypatch.setattr("sys.stdout", Gone())
+    with pytest.raises(BrokenPipeError):
+        bench._write(argparse.Namespace(out=str(out)), {"results": [1, 2]})
+    assert json.loads(out.read_text()) == {"results": [1, 2]}

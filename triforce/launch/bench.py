@@ -160,7 +160,10 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                     for repeat in range(args.repeats):
                         for mode, overrides in runs(args, sweep_name, sweep_values):
                             llm.config = dataclasses.replace(base, mode=mode, **overrides)
-                            outs = llm.generate(prompts, params)
+                            print(f"bench: {mode}{''.join(f' {k}={v}' for k, v in overrides.items())}, {workload} "
+                                  f"{length} tokens x {batch}, temperature {temperature:g}, repeat {repeat + 1} of "
+                                  f"{args.repeats}", file=sys.stderr)
+                            outs = llm.generate(prompts, params, show_progress=True)
                             ran = {name: getattr(llm.config, name) for name in overrides}  # (as the config cast them)
                             rows.append({**group, "run": mode, **ran, **batch_row(outs)})
                             _show(rows[-1], repeat)
@@ -193,8 +196,9 @@ def _report(args, llm, base: EngineConfig, results: list[dict], stopped_by: Base
 
 
 def _write(args, report: dict) -> None:
-    text_out = json.dumps(report, indent=1)
-    print(text_out)
+    """--out first, then standard output: a reader of that which has gone (`| head`) ended the program
+    with a broken pipe before the file was written, after all the runs."""
+    text_out, failed = json.dumps(report, indent=1), None
     if args.out:
         try:
             out = Path(args.out)
@@ -203,7 +207,10 @@ def _write(args, report: dict) -> None:
             else:  # a report that stopped halfway would replace the last whole
                 write_whole(out, text_out)
         except OSError as exc:  # a disk that filled during the runs
-            raise UserError(f"cannot write --out {args.out} ({exc.strerror or exc}); the report is above") from None
+            failed = UserError(f"cannot write --out {args.out} ({exc.strerror or exc}); the report is above")
+    print(text_out)
+    if failed is not None:
+        raise failed
 
 
 def _read_text(path: str) -> str:
