@@ -163,6 +163,38 @@ def test_shards_split_the_lines(tiny_dir, tmp_path):
         shard_of("2/2")
 
 
+def test_a_shard_taken_from_the_environment_is_said(tiny_dir, tmp_path, capsys, monkeypatch):
+    """A Slurm array over different input files, or a launcher's RANK and WORLD_SIZE, shards the input
+    too: each task answered a part of its file, and said nothing; now it says which part, and why. A
+    write that fails mid-job (a full disk) is one line, the results so far kept."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(request(f"r{i}", PROMPT, 2) for i in range(4)) + "\n")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run(target, inp, tmp_path / "out.jsonl") == 0
+    assert "shard 1/2 only, from RANK and WORLD_SIZE" in capsys.readouterr().err
+    assert sorted(results(tmp_path / "out.jsonl")) == ["r1", "r3"]
+    assert run(target, inp, tmp_path / "all.jsonl", "--shard", "0/1") == 0
+    assert "shard" not in capsys.readouterr().err and len(results(tmp_path / "all.jsonl")) == 4
+    monkeypatch.delenv("RANK")
+    full = tmp_path / "full.jsonl"
+    real_open = type(full).open
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        if path == full and mode == "a" and kwargs.get("encoding"):
+            def no_room(text):
+                raise OSError(28, "No space left on device")
+            handle.write = no_room
+        return handle
+
+    monkeypatch.setattr(type(full), "open", failing_open)
+    assert run(target, inp, full) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "a rerun resumes" in err and "Traceback" not in err
+
+
 def test_a_job_killed_mid_run_and_restarted_answers_every_line_once(tiny_dir, tmp_path):
     """SIGKILL of a running `triforce batch` (no chance to clean up), then the same command again: every
     custom_id is in the output exactly once, each with the answer LLM.generate gives."""

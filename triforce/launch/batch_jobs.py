@@ -112,8 +112,12 @@ def _batch(args) -> int:
     from ..serve import openai, responses
 
     pipeline = getattr(args, "worker_channel", None) is not None  # torchrun's ranks are one pipeline, not shards
-    index, count = shard_of(args.shard, {k: v for k, v in os.environ.items()
-                                         if not (pipeline and k in ("RANK", "WORLD_SIZE"))})
+    env = {k: v for k, v in os.environ.items() if not (pipeline and k in ("RANK", "WORLD_SIZE"))}
+    index, count = shard_of(args.shard, env)
+    if args.shard is None and count > 1:  # (an array over different files, a launcher's RANK: said, not silent)
+        source = "SLURM_ARRAY_TASK_ID" if "SLURM_ARRAY_TASK_ID" in env else "RANK and WORLD_SIZE"
+        print(f"batch: the lines of shard {index}/{count} only, from {source} (--shard 0/1 takes every line)",
+              file=sys.stderr)
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
     if args.chat_max_tokens < 1:
@@ -142,8 +146,12 @@ def _batch(args) -> int:
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
                                                           file=sys.stderr) as bar:
         def write(record: dict) -> None:
-            out.write(json.dumps(record) + "\n")  # one write per line, then flushed: never half a result
-            out.flush()
+            try:
+                out.write(json.dumps(record) + "\n")  # one write per line, then flushed: never half a result
+                out.flush()
+            except OSError as exc:  # a disk that filled, a file system that went away
+                raise UserError(f"cannot write --output {output} ({exc.strerror or exc}): the results written "
+                                "so far are kept, and a rerun resumes after them") from None
 
         pending = []
         for n, custom_id, request, error in mine:
