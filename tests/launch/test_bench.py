@@ -325,3 +325,17 @@ def test_the_report_file_is_written_before_standard_output(tmp_path, monkeypatch
     with pytest.raises(BrokenPipeError):
         bench._write(argparse.Namespace(out=str(out)), {"results": [1, 2]})
     assert json.loads(out.read_text()) == {"results": [1, 2]}
+
+
+def test_a_tree_flag_of_0_is_no_tree(tmp_path):
+    """--tree1 0 (a chain, the default) was the string "0", a set flag: refused beside modes it does not
+    shape, and beside a sweep of tree1."""
+    from triforce.launch.bench_plan import check_trees
+    from triforce.launch.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--text", str(tmp_path), "--modes", "ar", "retrieval", "--tree1", "0"])
+    assert args.tree1 == 0
+    check_trees(args, None)
+    check_trees(args, "tree1")
+    args = build_parser().parse_args(["bench", "--text", str(tmp_path), "--tree2", "auto"])
+    assert args.tree2 == "auto"

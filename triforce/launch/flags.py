@@ -66,15 +66,21 @@ def add_mode_arg(p: argparse.ArgumentParser) -> None:
                         "draft: draft -> target; ar: plain decoding (default %(default)s)")
 
 
+def tree_size(value: str) -> int | str:
+    """--tree1 / --tree2: a node count as an int ("0" was a set flag, being a non-empty string), else the
+    text, which EngineConfig checks ('auto', or refused)."""
+    return int(value) if value.strip().isdigit() else value
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--gamma1", type=int, default=_DEFAULTS.gamma1, help="draft proposals per tier-2 check")
     g.add_argument("--gamma2", type=int, default=_DEFAULTS.gamma2, help="tier-2 tokens per target check: the least (it takes every token of tier 2's rounds)")
-    g.add_argument("--tree1", default=_DEFAULTS.tree1, metavar="N|auto",
+    g.add_argument("--tree1", type=tree_size, default=_DEFAULTS.tree1, metavar="N|auto",
                    help="draft proposals as a token tree (Sequoia) of up to N nodes, its shape fitted to the "
                         "acceptance measured during the run; auto: the size with the most tokens per second "
                         "for forward costs measured on this machine; 0 (default): a chain of gamma1")
-    g.add_argument("--tree2", default=_DEFAULTS.tree2, metavar="N|auto",
+    g.add_argument("--tree2", type=tree_size, default=_DEFAULTS.tree2, metavar="N|auto",
                    help="in retrieval mode, the retrieval tier's proposals to the target as such a tree; "
                         "0 (default): a chain of gamma2")
     g.add_argument("--tree-shape", default=_DEFAULTS.tree_shape, choices=TREE_SHAPES,
