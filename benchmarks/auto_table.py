@@ -35,15 +35,17 @@ def table(paths: list[Path]) -> str:
         rows = json.loads(path.read_text())["results"]
         groups: dict[tuple, dict[str, dict]] = {}
         for r in rows:
-            groups.setdefault((r["prompt_tokens"], r["temperature"], r.get("batch", 1)), {})[r["run"]] = r
-        for (length, temperature, batch), runs in groups.items():
+            groups.setdefault((r.get("workload", "novel"), r["prompt_tokens"], r["temperature"], r.get("batch", 1)),
+                              {})[r["run"]] = r  # (a report of two workloads: one group each, not one over both)
+        for (workload, length, temperature, batch), runs in groups.items():
             if "auto" not in runs:
                 continue
             speed = {m: runs[m]["tokens_per_s"] for m in (*FIXED, "auto") if m in runs}
             best = max((m for m in FIXED if m in speed), key=speed.get, default=None)  # a run of auto alone
             cells = [f"{speed[m]:.1f}" if m in speed else "" for m in (*FIXED, "auto")]
             against = [f"{speed['auto'] / speed[m]:.2f}x" if m in speed else "" for m in (best, "ar")]
-            lines.append(f"| {path.stem} | {length} | {temperature} | {batch} | " + " | ".join(cells) +
+            label = path.stem if workload == "novel" else f"{path.stem} ({workload})"
+            lines.append(f"| {label} | {length} | {temperature} | {batch} | " + " | ".join(cells) +
                          f" | {best or ''} | {against[0]} | {against[1]} | {plans(runs['auto'])} | "
                          f"{acceptance(runs['auto'])} |")
     return "\n".join(lines)
