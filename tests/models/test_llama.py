@@ -166,10 +166,18 @@ def test_a_config_is_read_as_transformers_reads_it_or_refused_in_a_line():
     assert ModelConfig.from_hf_dict({**qwen, "max_window_layers": 1}).max_positions == 512  # banded: refused past it
     for extra, message in (({"attention_bias": True}, "attention_bias"), ({"mlp_bias": True}, "mlp_bias"),
                            ({"rope_scaling": {"rope_type": "linear"}}, "'linear' lacks factor"),
-                           ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor")):
+                           ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),
+                           ({"partial_rotary_factor": 0.5}, "partial_rotary_factor")):  # (the whole head rotated)
         with pytest.raises(ModelLoadError, match=message):
             ModelConfig.from_hf_dict({**base, **extra})
     assert ModelConfig.from_hf_dict({**base, "model_type": "qwen2"}).attention_bias  # Qwen2's q, k, v bias
+    # transformers' Qwen2 has that bias whatever attention_bias says, and bands at 4096 where a config turns
+    # the window on without a size (no window here, silently, past 4096 tokens)
+    assert ModelConfig.from_hf_dict({**base, "model_type": "qwen2", "attention_bias": False}).attention_bias
+    unsized = {k: v for k, v in qwen.items() if k != "sliding_window"}
+    assert ModelConfig.from_hf_dict({**unsized, "max_window_layers": 1}).max_positions == 4096
+    assert ModelConfig.from_hf_dict({**unsized, "max_window_layers": 1, "max_position_embeddings": 8192}
+                                    ).sliding_window == 4096
 
 
 def test_a_configs_own_linear_or_yarn_scaling_stretches_its_positions_as_vllm_counts_them():

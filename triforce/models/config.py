@@ -113,6 +113,9 @@ class ModelConfig:
             missing = [k for k in ROPE_KEYS_NEEDED.get(kind, ()) if k not in rope]
             if missing:  # transformers refuses it too; here it was a KeyError traceback as the model loaded
                 raise ModelLoadError(f"rope_scaling {kind!r} lacks {', '.join(missing)}")
+            if float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+                raise ModelLoadError("partial_rotary_factor: a rotation of part of each head is not supported "
+                                     "(the whole head would have been rotated)")
             if raw.get("mlp_bias") or (model_type != "qwen2" and raw.get("attention_bias")):
                 raise ModelLoadError("attention_bias / mlp_bias: biases on the attention output or the MLP "
                                      "(transformers' Llama puts attention_bias on o_proj too) are not supported")
@@ -136,7 +139,7 @@ class ModelConfig:
             eos_ids = tuple(int(i) for i in id_list(eos))
             # transformers' MistralConfig bands attention at 4096 tokens where config.json does not say; its
             # Llama has no window; its Qwen2 bands the layers from max_window_layers on, with use_sliding_window
-            window = raw.get("sliding_window", 4096 if model_type == "mistral" else None)
+            window = raw.get("sliding_window", 4096 if model_type in ("mistral", "qwen2") else None)
             layers = int(raw["num_hidden_layers"])
             if model_type == "llama" or (model_type == "qwen2" and (
                     not raw.get("use_sliding_window", False) or int(raw.get("max_window_layers", 28) or 0) >= layers)):
@@ -154,7 +157,7 @@ class ModelConfig:
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,
                 rope_scaling=rope,
-                attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+                attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),  # (Qwen2's always)
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=eos_ids,
