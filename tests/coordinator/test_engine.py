@@ -798,3 +798,18 @@ def test_budget_settings():
     with pytest.raises(ValueError, match="at least two chunks"):
         RetrievalKVCache(None, budget=8, chunk_size=8)  # (refused before it reads its source)
     assert EngineConfig(mode="triforce", budget=16, chunk_size=8).budget == 16
+
+
+def test_the_largest_speculation_slack_fits_the_rope_tables_margin():
+    """A forward's speculative tokens may run past the model's last position by the slack: the RoPE table
+    holds POSITION_MARGIN rows past it, so it never grows mid-request (CUDA graphs hold its address). The
+    largest slack any config allows (gammas of 128 together, both trees at their largest) fits."""
+    from triforce.config import MAX_TREE
+    from triforce.coordinator.hierarchy import speculation_slack
+    from triforce.models.rope import POSITION_MARGIN
+
+    largest = max(speculation_slack(EngineConfig(mode=mode, gamma1=64, gamma2=64, tree1=MAX_TREE, tree2=MAX_TREE,
+                                                 window=256))
+                  for mode in ("draft", "retrieval"))
+    assert largest <= POSITION_MARGIN
+    assert speculation_slack(EngineConfig(mode="auto", gamma1=100, gamma2=28)) <= POSITION_MARGIN

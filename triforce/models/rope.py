@@ -90,8 +90,9 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 # Speculative tokens past the model's last position are always discarded, but their forward still
-# needs a table entry; the engine's speculation slack stays below this margin.
-POSITION_MARGIN = 256
+# needs a table entry; the engine's speculation slack stays below this margin (at most 268: gammas of 128
+# together, two trees of 64, 12 more; at 256 a table grew mid-request, and CUDA graphs held the old one).
+POSITION_MARGIN = 512
 
 
 class RotaryEmbedding:

@@ -36,6 +36,7 @@ from ..config import PREFILL_CHUNK
 from ..memory import available_bytes
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
+from ..models.rope import POSITION_MARGIN
 from ..step import Step, check_parents, check_path
 from .protocol import PROTOCOL_VERSION, REQUESTS
 
@@ -105,8 +106,9 @@ class VerifierWorker:
                 and body["seq"] not in self.caches:
             raise RequestError(f"{kind} of sequence {body['seq']}, which was not started")
         if kind == "start":
-            if not 0 < body["capacity"] <= self.model.config.max_positions + 256:
-                raise RequestError(f"capacity {body['capacity']} outside (0, {self.model.config.max_positions + 256}]")
+            most = self.model.config.max_positions + POSITION_MARGIN  # (the speculation slack's room)
+            if not 0 < body["capacity"] <= most:
+                raise RequestError(f"capacity {body['capacity']} outside (0, {most}]")
             if body["seq"] in self.caches:  # its cache would be replaced under it
                 raise RequestError(f"sequence {body['seq']} is running already (another coordinator on this group?)")
             if len(self.caches) >= MAX_SEQUENCES:
