@@ -319,3 +319,27 @@ def test_torchrun_names_the_ranks_a_signal_ended_unless_torchrun_sent_it(monkeyp
     monkeypatch.setattr(torchrun, "run", failing_run)
     assert torchrun.main(["--nproc-per-node", "3", "-m", "triforce"]) == status
     assert [line.removeprefix("triforce: error: ") for line in capsys.readouterr().err.splitlines()] == lines
+
+
+def test_a_commands_own_checks_run_before_the_worker_group_starts(tmp_path, monkeypatch, capsys):
+    """With --workers, a missing prompt file, a port in use or a batch output in a missing folder was said
+    by rank 0 once the workers had loaded their shards (docs/serving.md: "before the model loads"): now
+    by the command itself, before torchrun starts."""
+    import socket
+
+    from triforce.launch import with_workers
+
+    monkeypatch.setattr(with_workers, "launch_with_torchrun", lambda args: pytest.fail("the group was started"))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}\n')
+    try:
+        for argv, needle in ((["generate", "--prompt-file", str(tmp_path / "none.txt")], "cannot read prompt file"),
+                             (["serve", "--port", str(taken.getsockname()[1])], "in use"),
+                             (["batch", "-i", str(inp), "-o", str(tmp_path / "none" / "out.jsonl")], "no folder")):
+            assert main([*argv, "--workers", "1", "--worker-device", "cpu"]) == 2
+            assert needle in capsys.readouterr().err
+    finally:
+        taken.close()

@@ -55,7 +55,7 @@ def add_batch_parser(sub) -> None:
     add_engine_args(p)
     add_serving_args(p)
     add_distributed_args(p)
-    p.set_defaults(func=_batch)
+    p.set_defaults(func=_batch, precheck=batch_plan)
 
 
 def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
@@ -108,9 +108,10 @@ def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]
     return out
 
 
-def _batch(args) -> int:
-    from ..serve import openai, responses
-
+def batch_plan(args) -> tuple[list[str], Path, list, dict, str]:
+    """What `batch` reads and checks before the model loads (with --workers, before the group starts):
+    (the input's lines, the output, this shard's request lines, the results already written, the model's
+    name in results)."""
     pipeline = getattr(args, "worker_channel", None) is not None  # torchrun's ranks are one pipeline, not shards
     env = {k: v for k, v in os.environ.items() if not (pipeline and k in ("RANK", "WORLD_SIZE"))}
     index, count = shard_of(args.shard, env)
@@ -142,6 +143,13 @@ def _batch(args) -> int:
         raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
     model = args.served_model_name or str(args.model)
     check_resumable(output, lines, every, mine, finished, model)
+    return lines, output, mine, finished, model
+
+
+def _batch(args) -> int:
+    from ..serve import openai, responses
+
+    lines, output, mine, finished, model = batch_plan(args)
     llm = llm_from_args(args)
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
                                                           file=sys.stderr) as bar:

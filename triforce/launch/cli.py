@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "workers", 0):
             from .with_workers import launch_with_torchrun
 
+            if getattr(args, "precheck", None) is not None:  # the command's own checks, before any rank loads
+                args.precheck(args)
             code = launch_with_torchrun(args)
         else:
             code = args.func(args)

@@ -18,7 +18,7 @@ def add_generate_parser(sub) -> None:
                          description="Generate a continuation. Output is distributed exactly as plain sampling "
                                      "from the target (identical tokens when --temperature 0).")
     add_generate_args(gen)
-    gen.set_defaults(func=generate_command)
+    gen.set_defaults(func=generate_command, precheck=checked_request)
 
 
 def add_generate_args(gen: argparse.ArgumentParser) -> None:
@@ -71,10 +71,18 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
 
 
 def generate_command(args) -> int:
+    request = checked_request(args)  # a prompt file or a flag that is wrong is said before the model loads
+    return run_generation(args, llm_from_args(args), request)
+
+
+def checked_request(args) -> tuple[str, SamplingParams] | None:
+    """The prompt and settings, checked before the model loads (with --workers, before the group starts:
+    there without standard input, which rank 0 reads; None then)."""
     if args.logprobs is not None and not args.json:
         raise UserError("--logprobs needs --json (the log-probabilities are printed in the JSON object)")
-    request = prepared_request(args)  # a prompt file or a flag that is wrong is said before the model loads
-    return run_generation(args, llm_from_args(args), request)
+    if args.prompt_file == "-" and getattr(args, "workers", 0):
+        return None
+    return prepared_request(args)
 
 
 def read_prompt(args) -> str:

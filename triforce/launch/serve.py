@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import os
 import socket
 import sys
@@ -45,21 +46,29 @@ def add_serve_parser(sub) -> None:
                         "repeatable; '*': any; default: none, so browsers refuse other pages' scripts)")
     g.add_argument("--chat-max-tokens", type=int, default=1024,
                    help="new tokens of a chat request that names no max_tokens, as far as the context allows")
-    p.set_defaults(func=_serve)
+    p.set_defaults(func=_serve, precheck=check_serving)
 
 
-def _serve(args) -> int:
+def check_serving(args) -> None:
+    """What `serve` checks before the model loads (with --workers, before the group starts)."""
     if args.max_queue < 1 or args.chat_max_tokens < 1 or not 0 < args.port < 65536:
         raise UserError("--max-queue and --chat-max-tokens must be >= 1, --port in 1..65535")
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise UserError("--served-model-name must not be blank")
     try:
-        import uvicorn
-
-        from ..serve.app import create_app
+        importlib.import_module("uvicorn")
+        importlib.import_module("triforce.serve.app")  # fastapi
     except ImportError as exc:
         raise UserError(f"triforce serve needs fastapi and uvicorn ({exc}): pip install fastapi uvicorn") from None
     _check_address(args.host, args.port)  # before the model loads, and before "serving" is said
+
+
+def _serve(args) -> int:
+    check_serving(args)
+    import uvicorn
+
+    from ..serve.app import create_app
+
     llm = llm_from_args(args)
     name = args.served_model_name or str(args.model)
     app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens, tuple(args.allowed_origin))
