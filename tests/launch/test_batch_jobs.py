@@ -434,3 +434,15 @@ def test_a_tokenizer_from_elsewhere_by_vllms_flags(tiny_dir, tmp_path):
     want = LLM(tokenized, mode="ar", dtype="float32").generate([ids], SamplingParams(max_tokens=3, temperature=0,
                                                                                      ignore_eos=True))[0]
     assert choice["text"] == "" and choice["token_ids"] == want.token_ids and choice["prompt_token_ids"] == ids
+
+
+def test_batch_refuses_a_blank_model_name_as_serve_does(tiny_dir, tmp_path, capsys):
+    """--served-model-name " " was written into every result as the model; serve refused it. One rule now."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(request("a", PROMPT, 2) + "\n")
+    for bad, needle in ((["--served-model-name", " "], "must not be blank"), (["--chat-max-tokens", "0"], ">= 1")):
+        assert main(["batch", "--input", str(inp), "--output", str(tmp_path / "out.jsonl"), "--model", str(target),
+                     *bad]) == 2
+        assert needle in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()

@@ -31,7 +31,8 @@ from ..errors import RequestFailed, TooLarge, UserError
 from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
 from .batch_resume import check_resumable, done_results, jsonl_lines, result_id
-from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args
+from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
+                    check_serving_args)
 
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
 
@@ -48,8 +49,6 @@ def add_batch_parser(sub) -> None:
                         "RANK/WORLD_SIZE, but not under --workers, whose ranks are one pipeline; else 0/1)")
     p.add_argument("--batch-size", type=int, default=8,
                    help="request lines generated together (a line's prompts x n choices are that many sequences)")
-    p.add_argument("--chat-max-tokens", type=int, default=1024, help="new tokens of a chat request without max_tokens")
-    p.add_argument("--served-model-name", default=None, help="the model name results carry (default: --model)")
     add_model_args(p)
     add_mode_arg(p)
     add_engine_args(p)
@@ -121,8 +120,7 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str]:
               file=sys.stderr)
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
-    if args.chat_max_tokens < 1:
-        raise UserError("--chat-max-tokens must be >= 1")
+    check_serving_args(args)
     try:
         lines = jsonl_lines(Path(args.input).read_text(encoding="utf-8-sig"))  # a byte-order mark or none
     except (OSError, UnicodeDecodeError) as exc:

@@ -131,8 +131,21 @@ def add_distributed_args(p: argparse.ArgumentParser) -> None:
                       help="seconds a request may wait for the workers before failing (default %(default)s)")
 
 
+def check_serving_args(args) -> None:
+    """One rule for serve's and batch's: a blank model name (batch wrote " " into its results) and a chat
+    answer of no tokens are refused."""
+    if args.chat_max_tokens < 1:
+        raise UserError("--chat-max-tokens must be >= 1")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise UserError("--served-model-name must not be blank")
+
+
 def add_serving_args(p: argparse.ArgumentParser) -> None:
-    """For commands that answer OpenAI requests (serve, batch)."""
+    """For commands that answer OpenAI requests (serve, batch); check_serving_args checks them."""
+    p.add_argument("--served-model-name", default=None, help="the model id clients name, and answers carry "
+                                                           "(default: --model)")
+    p.add_argument("--chat-max-tokens", type=int, default=1024,
+                   help="new tokens of a chat request that names no max_tokens, as far as the context allows")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="positions a request may fill, prompt and answer, below the model's own (vLLM's; default: "
                         "the model's)")

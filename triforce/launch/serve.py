@@ -11,7 +11,8 @@ import sys
 
 from ..errors import UserError
 from .cli import llm_from_args
-from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args
+from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
+                    check_serving_args)
 
 
 SHUTDOWN_GRACE_S = 5  # seconds open streams get to end on Ctrl-C or SIGTERM before they are cut
@@ -40,21 +41,17 @@ def add_serve_parser(sub) -> None:
                    help="require `Authorization: Bearer KEY` on /v1/ (default: $TRIFORCE_API_KEY; none: open)")
     g.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for room in the batch; more get 503")
-    g.add_argument("--served-model-name", default=None, help="the model id clients name (default: --model)")
     g.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                    help="a web page origin (https://host:port) whose scripts may call the server (CORS; "
                         "repeatable; '*': any; default: none, so browsers refuse other pages' scripts)")
-    g.add_argument("--chat-max-tokens", type=int, default=1024,
-                   help="new tokens of a chat request that names no max_tokens, as far as the context allows")
     p.set_defaults(func=_serve, precheck=check_serving)
 
 
 def check_serving(args) -> None:
     """What `serve` checks before the model loads (with --workers, before the group starts)."""
-    if args.max_queue < 1 or args.chat_max_tokens < 1 or not 0 < args.port < 65536:
-        raise UserError("--max-queue and --chat-max-tokens must be >= 1, --port in 1..65535")
-    if args.served_model_name is not None and not args.served_model_name.strip():
-        raise UserError("--served-model-name must not be blank")
+    if args.max_queue < 1 or not 0 < args.port < 65536:
+        raise UserError("--max-queue must be >= 1, --port in 1..65535")
+    check_serving_args(args)
     try:
         importlib.import_module("uvicorn")
         importlib.import_module("triforce.serve.app")  # fastapi
