@@ -394,3 +394,13 @@ def test_an_inline_chat_template_reads_its_escapes_as_vllms_does(tmp_path):
     for bad, why in (("{{ m }}\\", "\\ at end of string"), ("{{ '\\x' }}", "truncated \\xXX escape")):
         with pytest.raises(UserError, match=f"--chat-template: a bad escape in the template's text: {re.escape(why)}"):
             read_chat_template(bad)  # (a traceback before)
+
+
+def test_text_flags_that_are_not_utf8_are_refused_by_name(capsys):
+    """Bytes the locale could not decode (a stop string, a banned word) reached the tokenizer and ended in
+    a traceback: the flag is refused by name as it is parsed."""
+    for flag in ("--stop", "--bad-word", "--regex", "--choice"):
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "--prompt", "hi", flag, "ab\udcff"])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and f"argument {flag}" in err and "not valid UTF-8" in err and "Traceback" not in err

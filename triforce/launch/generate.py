@@ -38,7 +38,7 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
                       help="drop tokens less likely than this times the most likely one (0 disables)")
     samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible in a fixed --mode (in auto only where the same "
                       "plans run: they follow measured times)")
-    samp.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    samp.add_argument("--stop", action="append", default=[], type=utf8_text, help="stop string (repeatable)")
     samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
     samp.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
                       help="a token id that ends generation, as end-of-sequence does (repeatable)")
@@ -48,18 +48,18 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     samp.add_argument("--include-stop-str", action="store_true",
                       help="keep the stop string (or the stop token's text) that ended generation in the text")
     add_penalty_args(samp)
-    samp.add_argument("--bad-word", action="append", default=[], metavar="WORD",
+    samp.add_argument("--bad-word", action="append", default=[], type=utf8_text, metavar="WORD",
                       help="never generate this word, alone or after a space (vLLM's bad_words; repeatable)")
     samp.add_argument("--allowed-token-id", type=int, action="append", default=None, metavar="ID",
                       help="generate only these token ids (repeatable; default: any)")
     guided = gen.add_argument_group("structured output (every tier keeps only the tokens it allows)")
     shape = guided.add_mutually_exclusive_group()
-    shape.add_argument("--json-schema", metavar="SCHEMA",
+    shape.add_argument("--json-schema", type=utf8_text, metavar="SCHEMA",
                        help="the text is JSON that follows this JSON schema (the schema, or a file holding it)")
     shape.add_argument("--json-object", action="store_true", help="the text is a JSON object")
-    shape.add_argument("--regex", help="the text matches this regular expression (Rust's regex syntax)")
-    shape.add_argument("--choice", action="append", metavar="TEXT", help="the text is one of these (repeatable)")
-    shape.add_argument("--grammar", metavar="GRAMMAR",
+    shape.add_argument("--regex", type=utf8_text, help="the text matches this regular expression (Rust's regex syntax)")
+    shape.add_argument("--choice", action="append", type=utf8_text, metavar="TEXT", help="the text is one of these (repeatable)")
+    shape.add_argument("--grammar", type=utf8_text, metavar="GRAMMAR",
                        help="the text follows this Lark or GBNF (root ::= ...) grammar (or a file holding it)")
     add_engine_args(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -68,6 +68,16 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
                           "temperature, top-k and top-p) and the K most likely tokens there")
     gen.add_argument("--no-progress", action="store_true", help="hide the prefill progress bar")
     add_distributed_args(gen)
+
+
+def utf8_text(value: str) -> str:
+    """A text flag's value: bytes the locale could not decode (kept by Python as surrogates) are refused
+    here, where a stop string or banned word carrying them ended in a traceback from the tokenizer."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("not valid UTF-8 text") from None
+    return value
 
 
 def generate_command(args) -> int:
