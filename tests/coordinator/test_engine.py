@@ -674,22 +674,60 @@ def test_greedy_with_prompt_lookup_equals_plain_decoding(models, mode, policy, t
     assert metrics.tiers and metrics.tiers[0].proposed > 0  # a bottom tier proposed (auto: its script's)
 
 
-def test_a_chain_proposes_no_lookup_copy_a_rule_bans(models, monkeypatch):
-    """The prompt repeats a block whose tokens bad_words bans: the lookup's copies (block tokens, its
-    weight near 1) won a greedy chain's argmax and were proposed, each certain to be rejected."""
+def record_proposals(monkeypatch) -> list[int]:
+    """The tokens a run's bottom tier proposes: a chain's draws, a tree's nodes."""
+    proposed, sample, grow = [], engine_module.sample, engine_module.grow_tree
+
+    def drawn(row, generator, greedy, proposal=False):
+        token = sample(row, generator, greedy, proposal)
+        proposed.extend([token] if proposal else [])
+        return token
+
+    def grown(*args, **kwargs):
+        tokens, parents, rows = yield from grow(*args, **kwargs)
+        proposed.extend(tokens)
+        return tokens, parents, rows
+
+    monkeypatch.setattr(engine_module, "sample", drawn)
+    monkeypatch.setattr(engine_module, "grow_tree", grown)
+    return proposed
+
+
+@pytest.mark.parametrize("rule", ["bad_words", "allowed_token_ids"])
+@pytest.mark.parametrize("trees", [{}, {"tree1": 6}])
+def test_no_lookup_copy_the_request_bans_is_proposed(models, monkeypatch, rule, trees):
+    """The prompt repeats a block whose tokens the request bans (bad words, or allowed_token_ids without
+    them): the lookup's copies (block tokens, its weight near 1) won a greedy chain's argmax or a tree's
+    first children and were proposed, each certain to be rejected."""
     target, draft = models
     block = torch.randint(3, 96, (20,), generator=torch.Generator().manual_seed(1)).tolist()
     prompt = (block * 8)[:150]
-    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, bad_words=(),
-                            bad_words_ids=tuple((t,) for t in sorted(set(block))))
-    proposed, real = [], engine_module.sample
-    monkeypatch.setattr(engine_module, "sample", lambda row, generator, greedy, proposal=False:
-                        proposed.append(real(row, generator, greedy, proposal)) or proposed[-1])
+    ban = dict(bad_words_ids=tuple((t,) for t in sorted(set(block)))) if rule == "bad_words" else \
+        dict(allowed_token_ids=tuple(t for t in range(96) if t not in block))
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, **ban)
     reference, _ = run(target, draft, "ar", prompt, params)
-    proposed.clear()
-    tokens, metrics = run(target, draft, "draft", prompt, params, lookup=2, gamma1=4)
+    proposed = record_proposals(monkeypatch)
+    tokens, metrics = run(target, draft, "draft", prompt, params, lookup=2, gamma1=4, **trees)
     assert tokens == reference and metrics.lookup["candidates"] > 0 and proposed
     assert not set(proposed) & set(block)
+
+
+def test_a_reduced_vocabulary_draft_proposes_the_lookups_copies_it_lacks(tiny_dir, models, monkeypatch):
+    """A reduced-vocabulary draft's logits are -inf for the tokens it lacks; the lookup's copies are how
+    it proposes them (identifiers, names): those are no ban, and are proposed, in chains and trees."""
+    target, _ = models
+    kept = list(range(3, 96, 2))  # odd tokens only
+    folder = tiny_dir("engine-draft-reduced", seed=12, num_layers=1, scale=25, vocab_size=len(kept) + 1)
+    draft = load_model(write_reduced_vocabulary(folder, kept, 96))
+    block = [4, 8, 15, 16, 23, 42, 7, 9, 11, 13] * 2
+    prompt = (block * 8)[:150]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    reference, _ = run(target, None, "ar", prompt, params)
+    for trees in ({}, {"tree1": 6}):
+        proposed = record_proposals(monkeypatch)
+        assert run(target, draft, "draft", prompt, params, lookup=2, gamma1=4, **trees)[0] == reference
+        assert any(t % 2 == 0 for t in proposed), trees  # tokens the draft lacks, copied
+        monkeypatch.undo()
 
 
 def test_lookup_is_on_by_default_for_chains_and_trees():

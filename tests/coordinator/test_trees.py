@@ -112,7 +112,8 @@ def test_trees_grow_no_node_a_rule_forbids(model, greedy):
     proposer.prefill(seq[:-1])
     tokens, parents, _ = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape([-1, -1, -1, 0, 0, 1]),
                                            lambda logits: probabilities(only_two(logits, None), 0.0 if greedy else 1.0),
-                                           torch.Generator().manual_seed(0), greedy, lookup, by_history=only_two))
+                                           torch.Generator().manual_seed(0), greedy, lookup, by_history=only_two,
+                                           bans=lambda token, path, row: token not in allowed))
     assert set(tokens) <= set(allowed) and parents[:2] == [-1, -1] and len(tokens) < 6
 
 

@@ -204,6 +204,18 @@ class HierarchyEngine:
         the same tensor where it has none."""
         return logits if self.rules is None else self.rules.apply(logits, self.seq, paths)
 
+    def _bans(self, token: int, path: list[int], ruled: torch.Tensor) -> bool:
+        """Whether the request bans `token` after seq, then `path`: allowed_token_ids, or a rule that reads
+        what came before (`ruled`: the proposer's row there under them). Not the proposer's own -inf: a
+        reduced-vocabulary draft's for the tokens it lacks, which the lookup's copies are how it proposes."""
+        allowed = self.params.allowed_token_ids
+        if allowed is not None and token not in allowed:
+            return True
+        if self.rules is None or ruled[token] != float("-inf"):
+            return False
+        alone = self.rules.apply(torch.zeros(1, ruled.shape[-1], device=ruled.device), self.seq, [path])
+        return bool(alone[0, token] == float("-inf"))
+
     def _by_history_chain(self, logits: torch.Tensor, start: int) -> torch.Tensor:
         """`_by_history` for rows where row i follows seq[:start + i]."""
         return logits if self.rules is None else self.rules.apply_chain(logits, self.seq, start)
@@ -244,8 +256,8 @@ class HierarchyEngine:
                 ruled = self._by_history(logits[None], [[]])
                 row = self._probs(ruled)[0]
                 copy = self.lookup.candidate(seq) if self.lookup is not None and proposing else None
-                if copy is not None and ruled[0, copy] == float("-inf"):
-                    copy = None  # a rule bans it here: proposed, it could only be rejected
+                if copy is not None and self._bans(copy, [], ruled[0]):
+                    copy = None  # proposed, it could only be rejected
                 row = self.lookup.mix(row, copy) if copy is not None else row
                 token = sample(row, self.generator, greedy, proposal=proposing)
                 seq.append(token)
@@ -310,7 +322,7 @@ class HierarchyEngine:
         position = len(self.seq)
         tokens, parents, draft_probs = yield from grow_tree(
             proposer, lambda step: self._forward(0, step), self.seq, self.tree.growth(), self._probs, self.generator,
-            greedy, self.lookup, self._by_history)
+            greedy, self.lookup, self._by_history, self._bans)
         step = tree_step(self.seq, checker.length, tokens, parents)
         catch_up = step.n - len(tokens)
         logits = (yield from self._forward(1, step))[catch_up - 1:]  # [N + 1, V]: root, nodes

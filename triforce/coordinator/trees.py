@@ -32,14 +32,17 @@ PRIOR_WEIGHT = 8.0
 def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], growth: "Growth",
               probs: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator, greedy: bool,
               lookup: ContextLookup | None = None,
-              by_history: Callable[[torch.Tensor, list[list[int]]], torch.Tensor] | None = None):
+              by_history: Callable[[torch.Tensor, list[list[int]]], torch.Tensor] | None = None,
+              bans: Callable[[int, list[int], torch.Tensor], bool] | None = None):
     """The tree `tier` proposes after `seq`, shaped as `growth` decides level by level (a node gets fewer
     children where fewer tokens have probability). `forward(step)` runs a step on `tier` (a generator that
     yields what the engine's forwards yield and returns the logits). With `lookup`, a node's children come
     from the proposer's distribution there mixed with the prompt lookup's copy for its path
     (speculation/lookup.py; greedy: the copy among the children), as a chain's tokens do. `by_history(logits,
     paths)` changes the rows of a forward, row i after seq and then paths[i] (the request's penalties and
-    min_tokens: speculation/penalties.py), before anything reads them. Returns (tokens,
+    min_tokens: speculation/penalties.py), before anything reads them; `bans(token, path, row)` whether
+    the request bans `token` after seq and then `path` (`row`: the proposer's there), where the lookup's
+    copy is then left out. Returns (tokens,
     parents, proposer rows [N + 1, V] per slot: the root, then each node; zero for the last level's nodes,
     which are never forwarded)."""
     by_history = by_history or (lambda rows, _: rows)
@@ -57,13 +60,14 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], 
                 continue
             choice = int(rows[slot].argmax()) if greedy else None  # what its processed row picks (logit_bias)
             copy = None if lookup is None else lookup.candidate(seq, paths[slot])
-            if copy is not None and logits[slot][copy] == float("-inf"):
-                copy = None  # a rule bans it here: proposed, it could only be rejected
+            if copy is not None and bans is not None and bans(copy, paths[slot], logits[slot]):
+                copy = None  # proposed, it could only be rejected
             if copy is not None:
                 rows[slot] = lookup.mix(rows[slot], copy)
             if greedy:  # ranked by the proposer's logits (its one-hot row would allow a single child)
-                drawn = sample_children(logits[slot], k, None, True)  # (-inf: a rule's ban, never accepted)
-                drawn = [choice] + [t for t in drawn if t != choice and logits[slot][t] > float("-inf")][:k - 1]
+                drawn = sample_children(logits[slot], k, None, True)  # (a banned one could only be rejected)
+                drawn = [choice] + [t for t in drawn if t != choice and logits[slot][t] > float("-inf") and not
+                                    (bans is not None and bans(t, paths[slot], logits[slot]))][:k - 1]
                 drawn = drawn if lookup is None else lookup.greedy_order(drawn, copy)
             else:
                 drawn = sample_children(rows[slot], k, generator, False)
