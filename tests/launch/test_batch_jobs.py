@@ -1,5 +1,6 @@
 """`triforce batch` (launch/batch_jobs.py): OpenAI Batch API lines in, results out, against LLM.generate;
 bad lines become error lines; a resumed run skips what is written; shards split the lines."""
+import io
 import json
 from pathlib import Path
 
@@ -181,13 +182,17 @@ def test_a_shard_taken_from_the_environment_is_said(tiny_dir, tmp_path, capsys, 
     full = tmp_path / "full.jsonl"
     real_open = type(full).open
 
+    class NoRoom(io.RawIOBase):  # a full disk: the write buffered, its flush (and the close's) failing
+        def writable(self):
+            return True
+
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
     def failing_open(path, mode="r", *args, **kwargs):
-        handle = real_open(path, mode, *args, **kwargs)
         if path == full and mode == "a" and kwargs.get("encoding"):
-            def no_room(text):
-                raise OSError(28, "No space left on device")
-            handle.write = no_room
-        return handle
+            return io.TextIOWrapper(io.BufferedWriter(NoRoom()), encoding="utf-8")
+        return real_open(path, mode, *args, **kwargs)
 
     monkeypatch.setattr(type(full), "open", failing_open)
     assert run(target, inp, full) == 2

@@ -145,19 +145,24 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str]:
 
 
 def _batch(args) -> int:
-    from ..serve import openai, responses
-
     lines, output, mine, finished, model = batch_plan(args)
     llm = llm_from_args(args)
+    try:
+        return _answer(args, llm, lines, output, mine, finished, model)
+    except OSError as exc:  # a disk that filled, a file system that went away (also as the file closes)
+        raise UserError(f"cannot write --output {output} ({exc.strerror or exc}): the results written so far "
+                        "are kept, and a rerun resumes after them") from None
+
+
+def _answer(args, llm, lines: list[str], output: Path, mine: list, finished: dict, model: str) -> int:
+    """Answers this shard's lines not yet answered, each result written as it comes."""
+    from ..serve import openai, responses
+
     with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
                                                           file=sys.stderr) as bar:
         def write(record: dict) -> None:
-            try:
-                out.write(json.dumps(record) + "\n")  # one write per line, then flushed: never half a result
-                out.flush()
-            except OSError as exc:  # a disk that filled, a file system that went away
-                raise UserError(f"cannot write --output {output} ({exc.strerror or exc}): the results written "
-                                "so far are kept, and a rerun resumes after them") from None
+            out.write(json.dumps(record) + "\n")  # one write per line, then flushed: never half a result
+            out.flush()
 
         pending = []
         for n, custom_id, request, error in mine:
