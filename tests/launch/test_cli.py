@@ -9,7 +9,7 @@ import pytest
 
 from triforce import api, request_memory
 from triforce.errors import UserError
-from triforce.launch.cli import main
+from triforce.launch.cli import build_parser, main
 
 WORDS = " ".join(f"w{3 + i % 90}" for i in range(60))
 
@@ -404,3 +404,17 @@ def test_text_flags_that_are_not_utf8_are_refused_by_name(capsys):
             main(["generate", "--prompt", "hi", flag, "ab\udcff"])
         err = capsys.readouterr().err
         assert done.value.code == 2 and f"argument {flag}" in err and "not valid UTF-8" in err and "Traceback" not in err
+
+
+def test_a_schema_or_grammar_file_may_have_any_name_and_their_text_must_be_utf8(capsys, tmp_path, monkeypatch):
+    """--json-schema and --grammar take a text or a file holding it: a file whose name is not UTF-8 is
+    read (a Linux name may be any bytes), a text that is not UTF-8 refused by the flag's name."""
+    import triforce.launch.generate as generate_module
+
+    monkeypatch.setattr(generate_module, "llm_from_args", lambda args: pytest.fail("loaded"))
+    odd = tmp_path / "schema-\udcff.json"
+    odd.write_text('{"type": "object"}')
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--json-schema", str(odd)])
+    assert generate_module.structured_outputs(args).json == '{"type": "object"}'
+    code, _, err = run_cli(capsys, "--model", "m", "--prompt", "hi", "--grammar", "root ::= \udcff")
+    assert code == 2 and "--grammar: not valid UTF-8" in err

@@ -343,3 +343,35 @@ def test_a_commands_own_checks_run_before_the_worker_group_starts(tmp_path, monk
             assert needle in capsys.readouterr().err
     finally:
         taken.close()
+
+
+def test_the_launchers_checks_leave_a_piped_input_to_rank_0(tmp_path, monkeypatch, capsys):
+    """A batch input or prompt that is not a regular file (standard input, a pipe) was read to its end by
+    the launcher's checks, and rank 0 then found it empty (a batch answered nothing and exited 0): the
+    launcher leaves it to rank 0 and checks the rest, and does not shard by a RANK it exports."""
+    import os
+
+    from triforce.launch import with_workers
+
+    launched = []
+    monkeypatch.setattr(with_workers, "launch_with_torchrun", lambda args: launched.append(args) or 0)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    read, write = os.pipe()
+    os.write(write, b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}\n')
+    os.close(write)
+    try:
+        assert main(["batch", "-i", f"/dev/fd/{read}", "-o", str(tmp_path / "out.jsonl"), "--workers", "1",
+                     "--worker-device", "cpu"]) == 0
+        assert os.read(read, 1000).startswith(b'{"custom_id": "a"')  # still there for rank 0
+    finally:
+        os.close(read)
+    assert launched and "shard" not in capsys.readouterr().err
+    read, write = os.pipe()
+    try:
+        assert main(["generate", "--prompt-file", f"/dev/fd/{read}", "--temperature", "-1", "--workers", "1",
+                     "--worker-device", "cpu"]) == 2  # the settings are still checked
+        assert "temperature" in capsys.readouterr().err
+    finally:
+        os.close(read)
+        os.close(write)

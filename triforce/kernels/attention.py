@@ -228,12 +228,13 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     hq, n, d = q.shape
     hkv, s, _ = k.shape
     m = n if mask is None else mask.shape[1]
+    rows = None if mask is None else mask.cpu().tolist()
+    seen = [[j for j in range(s) if j < s - m or (j <= s - n + i if rows is None else rows[i][j - (s - m)])]
+            for i in range(n)]
     out = torch.empty(hq, n, d, dtype=torch.float32)
     for h in range(hq):
         kh, vh = k[h // (hq // hkv)].float().cpu(), v[h // (hq // hkv)].float().cpu()
         for i in range(n):
-            seen = [j for j in range(s) if j < s - m or
-                    (j <= s - n + i if mask is None else bool(mask[i, j - (s - m)]))]
-            weights = torch.softmax((kh[seen] @ q[h, i].float().cpu()) * scale, dim=0)
-            out[h, i] = weights @ vh[seen]
+            weights = torch.softmax((kh[seen[i]] @ q[h, i].float().cpu()) * scale, dim=0)
+            out[h, i] = weights @ vh[seen[i]]
     return out.to(q.dtype)

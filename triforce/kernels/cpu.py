@@ -178,9 +178,10 @@ def _compiler() -> str:
     found = shutil.which(os.environ.get("CXX", "c++"))
     if found is None:
         return ""
-    try:
-        version = subprocess.run([found, "-dumpversion"], capture_output=True, text=True, timeout=30,
-                                 env={**os.environ, "LC_ALL": "C"}).stdout.strip()
+    try:  # gcc's whole version (-dumpversion says 12 for 12.2.0), else what clang says to -dumpversion
+        version = next(filter(None, (subprocess.run([found, flag], capture_output=True, text=True, timeout=30,
+                                                    env={**os.environ, "LC_ALL": "C"}).stdout.strip()
+                                     for flag in ("-dumpfullversion", "-dumpversion"))), "")
     except (OSError, subprocess.SubprocessError):
         return ""
     _COMPILER["compiler"] = f"{os.path.realpath(found)} {version}"

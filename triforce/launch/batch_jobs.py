@@ -31,6 +31,7 @@ from ..errors import RequestFailed, TooLarge, UserError
 from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
 from .batch_resume import check_resumable, done_results, jsonl_lines, result_id
+from .generate import not_a_file
 from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
                     check_serving_args)
 
@@ -107,24 +108,30 @@ def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]
     return out
 
 
-def batch_plan(args) -> tuple[list[str], Path, list, dict, str]:
+def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
     """What `batch` reads and checks before the model loads (with --workers, before the group starts):
     (the input's lines, the output, this shard's request lines, the results already written, the model's
-    name in results)."""
-    pipeline = getattr(args, "worker_channel", None) is not None  # torchrun's ranks are one pipeline, not shards
+    name in results). Where it launches a worker group (--workers), whose rank 0 runs the job, an input that
+    is not a regular file (standard input, a pipe) is left for rank 0 to read: the output alone is checked,
+    and None returned."""
+    launching = getattr(args, "workers", 0) > 0
+    # torchrun's ranks (and the group this launches) are one pipeline, not shards of the input
+    pipeline = launching or getattr(args, "worker_channel", None) is not None
     env = {k: v for k, v in os.environ.items() if not (pipeline and k in ("RANK", "WORLD_SIZE"))}
     index, count = shard_of(args.shard, env)
-    if args.shard is None and count > 1:  # (an array over different files, a launcher's RANK: said, not silent)
+    if args.shard is None and count > 1 and not launching:  # (an array over different files: said, not silent)
         source = "SLURM_ARRAY_TASK_ID" if "SLURM_ARRAY_TASK_ID" in env else "RANK and WORLD_SIZE"
         print(f"batch: the lines of shard {index}/{count} only, from {source} (--shard 0/1 takes every line)",
               file=sys.stderr)
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
     check_serving_args(args)
-    try:
-        lines = jsonl_lines(Path(args.input).read_text(encoding="utf-8-sig"))  # a byte-order mark or none
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {args.input}: {exc}") from None
+    lines = None
+    if not (launching and not_a_file(args.input)):
+        try:
+            lines = jsonl_lines(Path(args.input).read_text(encoding="utf-8-sig"))  # a byte-order mark or none
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read {args.input}: {exc}") from None
     output = Path(args.output)
     if output.exists() and Path(args.input).exists() and output.samefile(args.input):
         raise UserError("--output is the --input file: results go to a file of their own")
@@ -133,12 +140,14 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str]:
     if output.exists() and not output.is_file():  # a pipe or a device: never read back, so never resumed
         raise UserError(f"--output {output} is not a file: results go to a file, which a rerun resumes")
     finished = done_results(output)
-    every = request_lines(lines)
-    mine = [line for line in every if line[0] % count == index]
     try:
         output.open("a").close()  # before the model loads
     except OSError as exc:
         raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
+    if lines is None:
+        return None
+    every = request_lines(lines)
+    mine = [line for line in every if line[0] % count == index]
     model = args.served_model_name or str(args.model)
     check_resumable(output, lines, every, mine, finished, model)
     return lines, output, mine, finished, model

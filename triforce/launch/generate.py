@@ -54,12 +54,12 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
                       help="generate only these token ids (repeatable; default: any)")
     guided = gen.add_argument_group("structured output (every tier keeps only the tokens it allows)")
     shape = guided.add_mutually_exclusive_group()
-    shape.add_argument("--json-schema", type=utf8_text, metavar="SCHEMA",
+    shape.add_argument("--json-schema", metavar="SCHEMA",
                        help="the text is JSON that follows this JSON schema (the schema, or a file holding it)")
     shape.add_argument("--json-object", action="store_true", help="the text is a JSON object")
     shape.add_argument("--regex", type=utf8_text, help="the text matches this regular expression (Rust's regex syntax)")
     shape.add_argument("--choice", action="append", type=utf8_text, metavar="TEXT", help="the text is one of these (repeatable)")
-    shape.add_argument("--grammar", type=utf8_text, metavar="GRAMMAR",
+    shape.add_argument("--grammar", metavar="GRAMMAR",
                        help="the text follows this Lark or GBNF (root ::= ...) grammar (or a file holding it)")
     add_engine_args(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -80,17 +80,27 @@ def utf8_text(value: str) -> str:
     return value
 
 
+def _utf8(value: str, flag: str) -> str:
+    """utf8_text for --json-schema and --grammar, checked once they are not a file's name (any bytes)."""
+    try:
+        return utf8_text(value)
+    except argparse.ArgumentTypeError as exc:
+        raise UserError(f"{flag}: {exc}") from None
+
+
 def generate_command(args) -> int:
     request = checked_request(args)  # a prompt file or a flag that is wrong is said before the model loads
     return run_generation(args, llm_from_args(args), request)
 
 
 def checked_request(args) -> tuple[str, SamplingParams] | None:
-    """The prompt and settings, checked before the model loads (with --workers, before the group starts:
-    there without standard input, which rank 0 reads; None then)."""
+    """The prompt and settings, checked before the model loads. With --workers, before the group starts,
+    where a prompt that is not a regular file (standard input, a pipe) is left for rank 0 to read: only
+    the settings are checked then, and None returned."""
     if args.logprobs is not None and not args.json:
         raise UserError("--logprobs needs --json (the log-probabilities are printed in the JSON object)")
-    if args.prompt_file == "-" and getattr(args, "workers", 0):
+    if getattr(args, "workers", 0) and args.prompt_file is not None and not_a_file(args.prompt_file):
+        sampling_params(args)
         return None
     return prepared_request(args)
 
@@ -118,41 +128,49 @@ def read_prompt(args) -> str:
 
 def structured_outputs(args) -> StructuredOutputs | None:
     """The constraint of the structured-output flags (None without one)."""
-    def text_or_file(value: str) -> str:
+    def text_or_file(value: str, flag: str) -> str:
         try:
             if not Path(value).is_file():
-                return value
+                return _utf8(value, flag)
         except OSError:  # too long to name a file: the text itself
-            return value
+            return _utf8(value, flag)
         try:
             return Path(value).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {value}: {exc}") from None
 
     if args.json_schema is not None:
-        schema = text_or_file(args.json_schema)
+        schema = text_or_file(args.json_schema, "--json-schema")
         if schema is args.json_schema and not schema.lstrip().startswith("{"):
             raise UserError(f"--json-schema {schema}: no such file, nor a JSON schema (an object)")
         return StructuredOutputs(json=schema)
     if args.grammar is not None:
-        return StructuredOutputs(grammar=text_or_file(args.grammar))
+        return StructuredOutputs(grammar=text_or_file(args.grammar, "--grammar"))
     if args.json_object or args.regex is not None or args.choice:
         return StructuredOutputs(json_object=args.json_object, regex=args.regex, choice=args.choice)
     return None
 
 
+def not_a_file(path: str) -> bool:
+    """Standard input (`-`), a pipe or a device: read once, by whoever reads it first (a missing path is
+    read, and said to be missing)."""
+    return path == "-" or (Path(path).exists() and not Path(path).is_file())
+
+
 def prepared_request(args) -> tuple[str, SamplingParams]:
     """The prompt and sampling settings of `args`, read and checked."""
-    prompt = read_prompt(args)
+    return read_prompt(args), sampling_params(args)
+
+
+def sampling_params(args) -> SamplingParams:
     with settings_named_by_flags():
-        params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
-                                ignore_eos=args.ignore_eos, logprobs=args.logprobs,
-                                stop_token_ids=tuple(args.stop_token_id), min_tokens=args.min_tokens,
-                                structured_outputs=structured_outputs(args), bad_words=tuple(args.bad_word),
-                                allowed_token_ids=args.allowed_token_id,
-                                include_stop_str_in_output=args.include_stop_str, **penalty_settings(args))
-    return prompt, params
+        return SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=tuple(args.stop),
+                              ignore_eos=args.ignore_eos, logprobs=args.logprobs,
+                              stop_token_ids=tuple(args.stop_token_id), min_tokens=args.min_tokens,
+                              structured_outputs=structured_outputs(args), bad_words=tuple(args.bad_word),
+                              allowed_token_ids=args.allowed_token_id,
+                              include_stop_str_in_output=args.include_stop_str, **penalty_settings(args))
 
 
 def run_generation(args, llm, request: tuple[str, SamplingParams]) -> int:
