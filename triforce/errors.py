@@ -13,3 +13,8 @@ class RequestFailed(UserError):
 
 class TooLarge(RequestFailed):
     """A request whose caches the memory cannot hold even alone (a server's 413)."""
+
+
+class NonFiniteLogits(RequestFailed):
+    """A row the output would be sampled from holds NaN or infinity (a model's logits overflowed: a float16
+    or bfloat16 model past its range): the request ends with this, not with a token drawn from garbage."""

@@ -130,9 +130,11 @@ def test_an_empty_distribution_draws_nothing_and_sampling_it_is_an_error():
 def test_a_row_that_is_not_a_distribution_is_an_error_not_a_token():
     """NaN in a row (a model's overflowed logits) counted as mass, and the draw fell through to the last
     token with mass: a silent wrong token. Now an error, from sampling and from a chain's check alike."""
+    from triforce.errors import RequestFailed
     from triforce.speculation.sampling import NonFiniteLogits, sample_distinct
     from triforce.speculation.verify import verify_chains
 
+    assert issubclass(NonFiniteLogits, RequestFailed)  # one line from the CLI, an error result from a server
     bad = torch.tensor([0.2, float("nan"), 0.3, 0.5])
     for row in (bad, torch.tensor([0.5, float("inf"), 0.0, 0.5])):
         with pytest.raises(NonFiniteLogits):

@@ -140,13 +140,13 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
     if output.exists() and not output.is_file():  # a pipe or a device: never read back, so never resumed
         raise UserError(f"--output {output} is not a file: results go to a file, which a rerun resumes")
     finished = done_results(output)
+    every = None if lines is None else request_lines(lines)  # (refused before the output is made)
     try:
         output.open("a").close()  # before the model loads
     except OSError as exc:
         raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
-    if lines is None:
+    if every is None:
         return None
-    every = request_lines(lines)
     mine = [line for line in every if line[0] % count == index]
     model = args.served_model_name or str(args.model)
     check_resumable(output, lines, every, mine, finished, model)

@@ -142,8 +142,8 @@ def check_serving_args(args) -> None:
 
 def add_serving_args(p: argparse.ArgumentParser) -> None:
     """For commands that answer OpenAI requests (serve, batch); check_serving_args checks them."""
-    p.add_argument("--served-model-name", default=None, help="the model id clients name, and answers carry "
-                                                           "(default: --model)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients name and answers (batch "
+                                                           "results) carry (default: --model)")
     p.add_argument("--chat-max-tokens", type=int, default=1024,
                    help="new tokens of a chat request that names no max_tokens, as far as the context allows")
     p.add_argument("--max-model-len", type=int, default=None,

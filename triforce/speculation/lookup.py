@@ -19,7 +19,9 @@ so far, w on tokens already committed), so it is a proposer's distribution like 
 checker verifies the proposal against q' (min(1, p/q'), the residual max(p - q', 0)). Greedy proposes
 q''s argmax; there q is one-hot, so that is c when w > 1/2, else q's own argmax. A tree's node draws its
 children from q' for its own path (coordinator/trees.py); a greedy one ranks them by q's logits with c
-among them (`greedy_order`).
+among them (`greedy_order`). No candidate is mixed in where the request bans it (allowed_token_ids,
+structured output, bad words, min_tokens: it could only be rejected); a reduced-vocabulary draft's own
+-inf for the tokens it lacks is no ban, as copies are how it proposes them (engine `_bans`).
 
 Measured (docs/draft.md, Prompt lookup): counted over the whole prompt, w stayed at the prompt's share (0.38 on
 Emma, 0.50 on Genesis) and greedy never copied; over the latest 32 it reached 0.85-0.97 and lifted

@@ -14,6 +14,8 @@ from functools import lru_cache
 
 import torch
 
+from ..errors import NonFiniteLogits
+
 GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLING_EPS)
 # The highest temperature taken: logits of a few tens divided by it differ by less than float32 resolves
 # (uniform over what the rules allow); past float32's range it was infinite, and a rule's -inf over it NaN.
@@ -97,10 +99,6 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool,
     if not drawn:
         raise ValueError("cannot sample from a distribution with no probability mass")
     return drawn[0]
-
-
-class NonFiniteLogits(RuntimeError):
-    """A row to sample from is not a distribution (NaN or infinite mass)."""
 
 
 def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None,
