@@ -164,8 +164,9 @@ class RetrievalKVCache(KVCache):
         return isinstance(self.source, LocalKVSource) and keys.data_ptr() == self.source.full.keys[layer].data_ptr()
 
     def _in_place(self, layer: int) -> bool:
-        return self._buf_k[layer].data_ptr() == self.source.full.keys[layer].data_ptr() \
-            if isinstance(self.source, LocalKVSource) else False
+        """Whether `layer`'s buffer is the local source's own (rebuild chose it whole)."""
+        return isinstance(self.source, LocalKVSource) and \
+            self._buf_k[layer].data_ptr() == self.source.full.keys[layer].data_ptr()
 
     def sync(self) -> None:
         """Drop speculative entries; absorb the tokens the source committed since the last sync."""
