@@ -58,3 +58,19 @@ def test_a_ranks_prefix_store_takes_at_most_half_the_memory_free(monkeypatch):
     # a rank that cannot tell its free memory still joins the reduction (alone it left the others waiting)
     monkeypatch.setattr(worker_module.dist, "all_reduce", least_of_the_group)
     assert prefix_bound(2**27, "cpu", pair) == 2**26 and len(reduced) == 2
+
+
+def test_only_the_leader_hands_back_a_verify_requests_logits(tiny_dir):
+    """Every rank ran `.cpu()` on the whole [n, V] logits of a verify request (a GPU-to-host copy per rank
+    per check) though only the leader's reply carries them; the others hand back none. (A 1-rank model: each
+    rank's forward here is the whole model's, the group's collectives left out.)"""
+    model = load_model(tiny_dir("worker-target", seed=5), "float32")
+    out = []
+    for rank in (0, 1):
+        worker = VerifierWorker(model, SimpleNamespace(rank=rank, size=1), "id", kv_heads=model.config.num_kv_heads)
+        worker.execute("start", {"seq": 1, "capacity": 32})
+        worker.execute("prefill", {"seq": 1, "tokens": [3, 4, 5], "final": True})
+        out.append(worker.execute("verify", {"seqs": [1], "tokens": [[6, 7]], "parents": [[-1, 0]], "starts": [3]}))
+    (lead, lead_tensors), (other, other_tensors) = out
+    assert lead == other == {"lengths": [5]} and other_tensors == []
+    assert lead_tensors[0].shape == (2, model.config.vocab_size)  # a row per checked token

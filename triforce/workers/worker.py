@@ -194,7 +194,8 @@ class VerifierWorker:
             caches = [self.caches[seq] for seq in body["seqs"]]
             logits = model.forward_batch(steps, caches)
             self.counts["verified_tokens"] += sum(step.n for step in steps)
-            return {"lengths": [c.length for c in caches]}, [torch.cat(logits).cpu()]
+            # (the leader's reply carries them: the other ranks copied [n, V] to the host for nothing)
+            return {"lengths": [c.length for c in caches]}, [torch.cat(logits).cpu()] if self.tp.rank == 0 else []
         if kind == "stats":
             return {**self.counts, "sequences": len(self.caches)}, []
         if kind == "shutdown":
