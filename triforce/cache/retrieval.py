@@ -142,7 +142,7 @@ class RetrievalKVCache(KVCache):
         as the dynamic policy's: copied, it cost a copy of the whole context per rebuild, and held one."""
         self._buf_k, self._buf_v, self._retrieved = [], [], []
         for layer, (keys, values) in enumerate(self.source.retrieve(self.budget, self.chunk_size, self.full_layers)):
-            if self._whole_source(layer, keys):
+            if self._source_buffer(layer, keys):
                 self._buf_k.append(self.source.full.keys[layer])
                 self._buf_v.append(self.source.full.values[layer])
                 self._retrieved.append(keys.shape[1])
@@ -158,15 +158,10 @@ class RetrievalKVCache(KVCache):
         self.spec_len = 0
         self.rebuilds += 1
 
-    def _whole_source(self, layer: int, keys: torch.Tensor) -> bool:
-        """Whether the static choice of `layer` is the local source's whole buffer (a view of it, which
-        begins where that buffer does), not chosen chunks gathered into a copy."""
+    def _source_buffer(self, layer: int, keys: torch.Tensor) -> bool:
+        """Whether `keys` is the local source's own buffer of `layer` (a view of it, which begins where that
+        buffer does): a static choice of the whole source, read in place, not chunks gathered into a copy."""
         return isinstance(self.source, LocalKVSource) and keys.data_ptr() == self.source.full.keys[layer].data_ptr()
-
-    def _in_place(self, layer: int) -> bool:
-        """Whether `layer`'s buffer is the local source's own (rebuild chose it whole)."""
-        return isinstance(self.source, LocalKVSource) and \
-            self._buf_k[layer].data_ptr() == self.source.full.keys[layer].data_ptr()
 
     def sync(self) -> None:
         """Drop speculative entries; absorb the tokens the source committed since the last sync."""
@@ -182,7 +177,7 @@ class RetrievalKVCache(KVCache):
         if total > self.synced:
             keys, values = self.source.committed(self.synced, total)  # [L, Hkv, n, D]
             for layer in range(self.num_layers):
-                if self._in_place(layer):  # (the source's own buffer holds them)
+                if self._source_buffer(layer, self._buf_k[layer]):  # (the source's own buffer holds them)
                     continue
                 a = self._retrieved[layer] + self.synced - self._built_at
                 b = a + total - self.synced
@@ -251,7 +246,7 @@ class RetrievalKVCache(KVCache):
                 move_slots((self.source.full.keys, self.source.full.values), src, dst, dim=2)
             return
         for layer in range(self.num_layers):
-            if self._in_place(layer) and self.source.length > self.synced:
+            if self._source_buffer(layer, self._buf_k[layer]) and self.source.length > self.synced:
                 continue  # (the source's slots, where the target has written its own)
             shift = self._retrieved[layer] - self._built_at  # buffer index of a sequence index
             move_slots((self._buf_k[layer], self._buf_v[layer]), [i + shift for i in src], [i + shift for i in dst],
