@@ -9,10 +9,12 @@ import torch
 from triforce.cache.full import FullKVCache
 from triforce.cache.streaming import StreamingKVCache
 from triforce.coordinator import confident_trees as ct
+from triforce.coordinator.request_rows import RequestRows
 from triforce.coordinator.tiers import Tier
 from triforce.coordinator.trees import (PRIOR, PRIOR_WEIGHT, FixedShape, TreeShaper, grow_tree, measure_costs, rank_of,
                                         tree_step)
 from triforce.models.loader import load_model
+from triforce.sampling_params import SamplingParams
 from triforce.speculation.sampling import probabilities
 from triforce.step import Step
 
@@ -52,13 +54,18 @@ def probs(logits):
     return probabilities(logits, 1.0)
 
 
+def request(seq, temperature=1.0, rules=None, lookup=None, **params):
+    """grow_tree's request: SamplingParams(temperature, **params), seed 0."""
+    return RequestRows(SamplingParams(temperature=temperature, **params), seq, torch.Generator().manual_seed(0),
+                       rules, lookup)
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_grown_nodes_carry_their_paths_rows(model, streaming):
     seq = (torch.arange(40) % 90 + 3).tolist()
     proposer = tier(model, streaming)
     proposer.prefill(seq[:-1])
-    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape(SHAPE), probs,
-                                              torch.Generator().manual_seed(0), greedy=False))
+    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), FixedShape(SHAPE), request(seq)))
     assert parents == SHAPE and len(set(tokens[:2])) == 2  # siblings are distinct
     assert proposer.length == len(seq) + 5  # every level but the last was forwarded
     for node in (0, 2, 3):  # a node's row: the proposer's distribution after its path, run as a chain
@@ -76,17 +83,12 @@ def test_a_greedy_nodes_first_child_is_what_its_processed_row_picks(model):
     seq = (torch.arange(40) % 90 + 3).tolist()
     proposer = tier(model, False)
     proposer.prefill(seq[:-1])
-    plain = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape(SHAPE),
-                              lambda logits: probabilities(logits, 0.0), None, greedy=True))[0]
+    plain = run_now(grow_tree(proposer, forward_now(proposer), FixedShape(SHAPE), request(seq, 0.0)))[0]
     boosted = next(t for t in range(3, 90) if t not in plain)
-
-    def biased(logits):
-        return probabilities(logits, 0.0, bias=((boosted, 100.0),))
-
     proposer = tier(model, False)
     proposer.prefill(seq[:-1])
-    tokens, parents, _ = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape(SHAPE), biased, None,
-                                           greedy=True))
+    tokens, parents, _ = run_now(grow_tree(proposer, forward_now(proposer), FixedShape(SHAPE),
+                                           request(seq, 0.0, logit_bias={boosted: 100.0})))
     assert tokens[0] == boosted and tokens[1] == plain[0] and parents == SHAPE
 
 
@@ -103,17 +105,16 @@ def test_trees_grow_no_node_a_rule_forbids(model, greedy):
     lookup.advance(seq, len(seq))  # every candidate (3 to 7) right so far: the weight nears 1
     allowed = [11, 12]
 
-    def only_two(rows, paths):
-        banned = torch.full_like(rows, float("-inf"))
-        banned[:, allowed] = 0
-        return rows + banned
+    class OnlyTwo:  # a rule that reads a row's history (as RowRules): here it bans all but `allowed` after any
+        def apply(self, rows, seq, paths):
+            banned = torch.full_like(rows, float("-inf"))
+            banned[:, allowed] = 0
+            return rows + banned
 
     proposer = tier(model, False)
     proposer.prefill(seq[:-1])
-    tokens, parents, _ = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape([-1, -1, -1, 0, 0, 1]),
-                                           lambda logits: probabilities(only_two(logits, None), 0.0 if greedy else 1.0),
-                                           torch.Generator().manual_seed(0), greedy, lookup, by_history=only_two,
-                                           bans=lambda token, path, row: token not in allowed))
+    tokens, parents, _ = run_now(grow_tree(proposer, forward_now(proposer), FixedShape([-1, -1, -1, 0, 0, 1]),
+                                           request(seq, 0.0 if greedy else 1.0, OnlyTwo(), lookup)))
     assert set(tokens) <= set(allowed) and parents[:2] == [-1, -1] and len(tokens) < 6
 
 
@@ -131,10 +132,10 @@ def test_grown_nodes_mix_in_the_lookups_copy_for_their_path(model, greedy):
     proposer, plain = tier(model), tier(model)
     for t in (proposer, plain):
         t.prefill(seq[:-1])
-    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, FixedShape(SHAPE), probs,
-                                              torch.Generator().manual_seed(0), greedy, lookup))
-    _, _, unmixed = run_now(grow_tree(plain, forward_now(plain), seq, FixedShape(SHAPE), probs,
-                                      torch.Generator().manual_seed(0), greedy))
+    temperature = 0.0 if greedy else 1.0
+    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), FixedShape(SHAPE),
+                                              request(seq, temperature, lookup=lookup)))
+    _, _, unmixed = run_now(grow_tree(plain, forward_now(plain), FixedShape(SHAPE), request(seq, temperature)))
     root_copy = lookup.candidate(seq)
     assert root_copy == 7  # what followed ..., 5, 6 earlier
     torch.testing.assert_close(rows[0], lookup.mix(unmixed[0].clone(), root_copy))
@@ -231,8 +232,7 @@ def test_confident_trees_grow_a_spine_and_what_pays(model, check_per_token, want
     shaper = ct.ConfidenceShaper(12, spine=3)
     shaper.costs = ({1: 0.02, 64: 0.02 + 63 * check_per_token}, {1: 1e-4, 64: 1e-4})
     growth = shaper.growth()
-    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), seq, growth, probs,
-                                              torch.Generator().manual_seed(0), greedy=False))
+    tokens, parents, rows = run_now(grow_tree(proposer, forward_now(proposer), growth, request(seq)))
     first_child = {parents[i]: i for i in reversed(range(len(parents)))}  # node (-1: the root) -> its first child
     spine = [first_child[-1]]
     while len(spine) < 3 and spine[-1] in first_child:

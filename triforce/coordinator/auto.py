@@ -163,7 +163,7 @@ class AutoEngine(HierarchyEngine):
             yield from self._adopt(mates.plan, generated, mates.decision)
             return
         if not self._rows_timed:  # the request's sampling settings: what a row of logits costs to process
-            self.planner.row_seconds = row_seconds(self._probs, self.ladder[-1].model.config.vocab_size)
+            self.planner.row_seconds = row_seconds(self.rows.probs, self.ladder[-1].model.config.vocab_size)
             self._rows_timed = True
         if self._running is not None and generated > self._running[1] and not self._shared:
             ran, since, start = self._running
@@ -215,7 +215,7 @@ class AutoEngine(HierarchyEngine):
         accepted = tokens = 0.0
         for step in draft.prefill_steps(self.seq[draft.length:-1]):  # rows that predict generated tokens
             begin = step.start + 1  # row i predicts seq[begin + i], after seq[:begin + i]
-            q = self._probs(self._by_history_chain((yield Forward(draft, level, step)), begin))
+            q = self.rows.probs(self.rows.ruled_chain((yield Forward(draft, level, step)), begin))
             for row, at in zip(q, range(begin, begin + step.n)):
                 accepted += min(1.0, float(self._as_proposed(row, at)[self.seq[at]]) / self._target_p[at - first])
                 tokens += 1
@@ -228,8 +228,8 @@ class AutoEngine(HierarchyEngine):
     def _as_proposed(self, row: torch.Tensor, at: int) -> torch.Tensor:
         """The bottom tier's distribution `row` for seq[at] as a chain would have proposed from it: mixed
         with the prompt lookup's copy there (speculation/lookup.py); greedy, its argmax as a one-hot."""
-        if self.lookup is not None:
-            row = self.lookup.offered(at, row)
+        if self.rows.lookup is not None:
+            row = self.rows.lookup.offered(at, row)
         if self.params.greedy:
             row = torch.nn.functional.one_hot(row.argmax(), row.shape[-1]).float()
         return row

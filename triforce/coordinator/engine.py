@@ -38,10 +38,11 @@ from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.guided import Guide
 from ..speculation.lookup import ContextLookup
 from ..speculation.rules import RowRules, check_obeyed
-from ..speculation.sampling import processed, sample, top_probability
+from ..speculation.sampling import sample, top_probability
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
+from .request_rows import RequestRows
 from .runs import Check, Forward, Produced, Run, Wait
 from .tiers import Tier, settle
 from .trees import TreeShaper, grow_tree, measure_costs, node_paths, tree_step
@@ -65,8 +66,7 @@ class HierarchyEngine:
             raise ValueError("a tree needs a tier to check it")
         self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
         self.stop_below = stop_below
-        self.lookup: ContextLookup | None = None
-        self.rules: RowRules | None = None  # the request's rules that read a row's history, from `run`
+        self.rows: RequestRows | None = None  # what the request makes of its tiers' rows, from `run`
         self.guide: Guide | None = None  # the request's structured-output constraint, from `run`
         self.prompt_length: int | None = None  # the request's, from `run`
         self.logprobs: list[TokenLogprobs] = []  # per generated token, when the request asks (SamplingParams.logprobs)
@@ -96,15 +96,15 @@ class HierarchyEngine:
             raise ValueError("empty prompt")
         self.params = params
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()))
-        self.generator = torch.Generator().manual_seed(seed)
         self.seq = list(prompt)
         ends = params.end_ids(stop_ids) | (guide.eos if guide is not None else frozenset())
-        self.rules = RowRules.of(params, prompt, set(params.stop_token_ids) | set(stop_ids), guide)
+        self.rows = RequestRows(params, self.seq, torch.Generator().manual_seed(seed),
+                                RowRules.of(params, prompt, set(params.stop_token_ids) | set(stop_ids), guide),
+                                ContextLookup(self.lookup_n) if self.lookup_n else None)
         self.guide, self.prompt_length = guide, len(prompt)
         allowed = None if params.allowed_token_ids is None else frozenset(params.allowed_token_ids)
         self.logprobs = []
         self.prompt_logprobs = [] if params.prompt_logprobs is None else [None]
-        self.lookup = ContextLookup(self.lookup_n) if self.lookup_n else None
         self.stats = [TierStats(t.name, self.tiers[i - 1].name) for i, t in enumerate(self.tiers) if i > 0]
         metrics = RequestMetrics(prompt_tokens=len(prompt), tiers=list(self.stats))
 
@@ -135,8 +135,8 @@ class HierarchyEngine:
             stop_at = next((i for i, t in enumerate(new) if t in ends), None)
             if stop_at is not None:
                 new = new[: stop_at + 1]
-            if self.rules is not None or allowed is not None:
-                check_obeyed(self.rules, allowed, self.seq, committed, committed + len(new), self.prompt_length)
+            if self.rows.rules is not None or allowed is not None:
+                check_obeyed(self.rows.rules, allowed, self.seq, committed, committed + len(new), self.prompt_length)
             self._emitted(new, rows[: len(new)])
             if params.logprobs is not None:
                 self.logprobs += token_logprobs(logits[: len(new)], new, params.logprobs)
@@ -150,13 +150,13 @@ class HierarchyEngine:
         for stat in metrics.tiers:
             stat.seconds = next(t.seconds for t in self.ladder if t.name == stat.name)
         metrics.retrieval_rebuilds = sum(t.rebuilds for t in self.ladder)
-        metrics.lookup = None if self.lookup is None else self.lookup.to_dict()
+        metrics.lookup = None if self.rows.lookup is None else self.rows.lookup.to_dict()
         return generated, metrics
 
     def _advance_lookup(self) -> None:
         """Between rounds all of `seq` is final (the top tier committed it): the lookup indexes it."""
-        if self.lookup is not None:
-            self.lookup.advance(self.seq, len(self.seq))
+        if self.rows.lookup is not None:
+            self.rows.lookup.advance(self.seq, len(self.seq))
 
     def _before_round(self, generated: int, metrics: RequestMetrics) -> Generator[Forward, None, None]:
         """Called before each round of the top tier (an engine that re-plans its tiers overrides it)."""
@@ -195,31 +195,6 @@ class HierarchyEngine:
                         self.prompt_logprobs += token_logprobs(logits, chosen, self.params.prompt_logprobs)
         return True
 
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return processed(logits, self.params)
-
-    def _by_history(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
-        """logits [n, V] of rows where row i follows seq, then paths[i], under the request's rules that read
-        what came before a row (speculation/rules.py: penalties, min_tokens, bad words, structured outputs);
-        the same tensor where it has none."""
-        return logits if self.rules is None else self.rules.apply(logits, self.seq, paths)
-
-    def _bans(self, token: int, path: list[int], ruled: torch.Tensor) -> bool:
-        """Whether the request bans `token` after seq, then `path`: allowed_token_ids, or a rule that reads
-        what came before (`ruled`: the proposer's row there under them). Not the proposer's own -inf: a
-        reduced-vocabulary draft's for the tokens it lacks, which the lookup's copies are how it proposes."""
-        allowed = self.params.allowed_token_ids
-        if allowed is not None and token not in allowed:
-            return True
-        if self.rules is None or ruled[token] != float("-inf"):
-            return False
-        alone = self.rules.apply(torch.zeros(1, ruled.shape[-1], device=ruled.device), self.seq, [path])
-        return bool(alone[0, token] == float("-inf"))
-
-    def _by_history_chain(self, logits: torch.Tensor, start: int) -> torch.Tensor:
-        """`_by_history` for rows where row i follows seq[:start + i]."""
-        return logits if self.rules is None else self.rules.apply_chain(logits, self.seq, start)
-
     def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""
         tier = self.tiers[level]
@@ -253,13 +228,10 @@ class HierarchyEngine:
                 continue
             if level == 0:
                 logits = (yield from self._forward(0))[-1]
-                ruled = self._by_history(logits[None], [[]])
-                row = self._probs(ruled)[0]
-                copy = self.lookup.candidate(seq) if self.lookup is not None and proposing else None
-                if copy is not None and self._bans(copy, [], ruled[0]):
-                    copy = None  # proposed, it could only be rejected
-                row = self.lookup.mix(row, copy) if copy is not None else row
-                token = sample(row, self.generator, greedy, proposal=proposing)
+                ruled = self.rows.ruled(logits[None], [[]])
+                copy = self.rows.copy([], ruled[0]) if proposing else None
+                row = self.rows.mixed(self.rows.probs(ruled)[0], copy)
+                token = sample(row, self.rows.generator, greedy, proposal=proposing)
                 seq.append(token)
                 tokens.append(token)
                 probs.append(row)
@@ -308,9 +280,9 @@ class HierarchyEngine:
         draft_tokens, draft_rows, _ = yield from self._produce(level - 1, g)
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below), or more
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
-        penalized = self._by_history_chain(logits, position)  # seq[position:] holds the draft tokens
+        penalized = self.rows.ruled_chain(logits, position)  # seq[position:] holds the draft tokens
         verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), penalized, self.params,
-                                            self.generator)
+                                            self.rows.generator)
         self._record(level, g, verdict.accepted)
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
         kept = verdict.accepted + 1
@@ -320,14 +292,13 @@ class HierarchyEngine:
         """Tier 1 checks a tree that tier 0 grows (Sequoia) in one forward."""
         proposer, checker, greedy = self.tiers[0], self.tiers[1], self.params.greedy
         position = len(self.seq)
-        tokens, parents, draft_probs = yield from grow_tree(
-            proposer, lambda step: self._forward(0, step), self.seq, self.tree.growth(), self._probs, self.generator,
-            greedy, self.lookup, self._by_history, self._bans)
+        tokens, parents, draft_probs = yield from grow_tree(proposer, lambda step: self._forward(0, step),
+                                                            self.tree.growth(), self.rows)
         step = tree_step(self.seq, checker.length, tokens, parents)
         catch_up = step.n - len(tokens)
         logits = (yield from self._forward(1, step))[catch_up - 1:]  # [N + 1, V]: root, nodes
-        target_probs = self._probs(self._by_history(logits, [[]] + node_paths(tokens, parents)))
-        verdict = verify_tree(tokens, parents, draft_probs, target_probs, self.generator, greedy)
+        target_probs = self.rows.probs(self.rows.ruled(logits, [[]] + node_paths(tokens, parents)))
+        verdict = verify_tree(tokens, parents, draft_probs, target_probs, self.rows.generator, greedy)
         accepted = len(verdict.path)
         self.tree.observe(parents, verdict.path)
         self.stats[0].record(len(tokens), accepted)

@@ -15,11 +15,11 @@ from typing import Protocol
 import torch
 
 from ..config import MAX_TREE
-from ..speculation.lookup import ContextLookup
 from ..speculation.tree import children_of, sample_children
 from ..speculation.tree_shape import best_tree, pick_size
 from ..step import Step, ancestor_mask
 from .costs import CostTable
+from .request_rows import RequestRows
 from .tiers import Tier
 
 RANKS = 8  # children per node the shaper considers
@@ -29,25 +29,18 @@ PRIOR = [0.5, 0.15, 0.07, 0.04, 0.02, 0.01, 0.01, 0.01]
 PRIOR_WEIGHT = 8.0
 
 
-def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], growth: "Growth",
-              probs: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator, greedy: bool,
-              lookup: ContextLookup | None = None,
-              by_history: Callable[[torch.Tensor, list[list[int]]], torch.Tensor] | None = None,
-              bans: Callable[[int, list[int], torch.Tensor], bool] | None = None):
-    """The tree `tier` proposes after `seq`, shaped as `growth` decides level by level (a node gets fewer
-    children where fewer tokens have probability). `forward(step)` runs a step on `tier` (a generator that
-    yields what the engine's forwards yield and returns the logits). With `lookup`, a node's children come
-    from the proposer's distribution there mixed with the prompt lookup's copy for its path
-    (speculation/lookup.py; greedy: the copy among the children), as a chain's tokens do. `by_history(logits,
-    paths)` changes the rows of a forward, row i after seq and then paths[i] (the request's penalties and
-    min_tokens: speculation/penalties.py), before anything reads them; `bans(token, path, row)` whether
-    the request bans `token` after seq and then `path` (`row`: the proposer's there), where the lookup's
-    copy is then left out. Returns (tokens,
-    parents, proposer rows [N + 1, V] per slot: the root, then each node; zero for the last level's nodes,
-    which are never forwarded)."""
-    by_history = by_history or (lambda rows, _: rows)
-    logits = [by_history((yield from forward(Step.chain(seq[tier.length:], tier.length)))[-1:], [[]])[0]]
-    rows = [probs(logits[0][None])[0]]
+def grow_tree(tier: Tier, forward: Callable[[Step], Generator], growth: "Growth", request: RequestRows):
+    """The tree `tier` proposes after `request.seq`, shaped as `growth` decides level by level (a node gets
+    fewer children where fewer tokens have probability). `forward(step)` runs a step on `tier` (a generator
+    that yields what the engine's forwards yield and returns the logits). A node's row is the request's
+    (request_rows.py: its rules for the node's path, its sampling settings) mixed with the prompt lookup's
+    copy for its path unless the request bans it there, as a chain's tokens are; greedy, the children are
+    the proposer's best by its ruled logits, the first what its processed row picks, the copy among them,
+    and none the request bans. Returns (tokens, parents, proposer rows [N + 1, V] per slot: the root, then
+    each node; zero for the last level's nodes, which are never forwarded)."""
+    seq, greedy = request.seq, request.greedy
+    logits = [request.ruled((yield from forward(Step.chain(seq[tier.length:], tier.length)))[-1:], [[]])[0]]
+    rows = [request.probs(logits[0][None])[0]]
     position = len(seq)
     tokens: list[int] = []
     parents: list[int] = []
@@ -59,18 +52,15 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], 
             if not k:
                 continue
             choice = int(rows[slot].argmax()) if greedy else None  # what its processed row picks (logit_bias)
-            copy = None if lookup is None else lookup.candidate(seq, paths[slot])
-            if copy is not None and bans is not None and bans(copy, paths[slot], logits[slot]):
-                copy = None  # proposed, it could only be rejected
-            if copy is not None:
-                rows[slot] = lookup.mix(rows[slot], copy)
+            copy = request.copy(paths[slot], logits[slot])
+            rows[slot] = request.mixed(rows[slot], copy)
             if greedy:  # ranked by the proposer's logits (its one-hot row would allow a single child)
                 drawn = sample_children(logits[slot], k, None, True)  # (a banned one could only be rejected)
-                drawn = [choice] + [t for t in drawn if t != choice and logits[slot][t] > float("-inf") and not
-                                    (bans is not None and bans(t, paths[slot], logits[slot]))][:k - 1]
-                drawn = drawn if lookup is None else lookup.greedy_order(drawn, copy)
+                drawn = [choice] + [t for t in drawn if t != choice and logits[slot][t] > float("-inf")
+                                    and not request.bans(t, paths[slot], logits[slot])][:k - 1]
+                drawn = drawn if copy is None else request.lookup.greedy_order(drawn, copy)
             else:
-                drawn = sample_children(rows[slot], k, generator, False)
+                drawn = sample_children(rows[slot], k, request.generator, False)
             for token in drawn:
                 tokens.append(token)
                 parents.append(slot - 1)
@@ -81,9 +71,9 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], seq: list[int], 
             nodes = [s - 1 for s in level]
             mask = ancestor_mask(parents)[nodes]  # [n, nodes so far]: each sees its ancestors
             step = Step(torch.tensor([tokens[i] for i in nodes]), position + mask.sum(1) - 1, tier.length, None, mask)
-            level_logits = by_history((yield from forward(step)), [paths[s] for s in level])
+            level_logits = request.ruled((yield from forward(step)), [paths[s] for s in level])
             logits.extend(level_logits)
-            rows.extend(probs(level_logits))
+            rows.extend(request.probs(level_logits))
     rows += [torch.zeros_like(rows[0])] * (len(tokens) + 1 - len(rows))
     return tokens, parents, torch.stack(rows)
 

@@ -21,7 +21,7 @@ q''s argmax; there q is one-hot, so that is c when w > 1/2, else q's own argmax.
 children from q' for its own path (coordinator/trees.py); a greedy one ranks them by q's logits with c
 among them (`greedy_order`). No candidate is mixed in where the request bans it (allowed_token_ids,
 structured output, bad words, min_tokens: it could only be rejected); a reduced-vocabulary draft's own
--inf for the tokens it lacks is no ban, as copies are how it proposes them (engine `_bans`).
+-inf for the tokens it lacks is no ban, as copies are how it proposes them (coordinator/request_rows.py `bans`).
 
 Measured (docs/draft.md, Prompt lookup): counted over the whole prompt, w stayed at the prompt's share (0.38 on
 Emma, 0.50 on Genesis) and greedy never copied; over the latest 32 it reached 0.85-0.97 and lifted
