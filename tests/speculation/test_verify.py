@@ -1,7 +1,8 @@
 """The output of one chain verification is distributed exactly as the target (chi-square, alpha = 1e-3).
 
-Each test draws the draft chain from draft_probs and runs verify_chain many times with a seeded
-generator; the first output token must follow target_probs[0], including degenerate cases.
+Each test draws many draft chains from draft_probs and verifies them with a seeded generator, as one
+batch (verify_chains; a chain's verdict is the same alone and in any batch, tested below); the first
+output token must follow target_probs[0], including degenerate cases, and every later one its row.
 """
 import pytest
 import torch
@@ -13,15 +14,22 @@ ALPHA = 1e-3
 TRIALS = 6000
 
 
-def first_token_counts(draft_probs, target_probs, trials=TRIALS, seed=0):
+def output_counts(draft_probs, target_probs, trials, seed):
+    """[g + 1, V]: how often each token was output at each position by `trials` verifications of chains
+    drawn from draft_probs [g, V] against target_probs [g + 1, V]."""
     g = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(target_probs.shape[-1])
-    for _ in range(trials):
-        tokens = [int(torch.multinomial(row, 1, generator=g)) for row in draft_probs]
-        verdict = verify_chain(tokens, draft_probs, target_probs, g, greedy=False)
-        first = tokens[0] if verdict.accepted > 0 else verdict.next_token
-        counts[first] += 1
+    chains = torch.multinomial(draft_probs, trials, replacement=True, generator=g).T.tolist()  # [trials, g]
+    verdicts = verify_chains(chains, [draft_probs] * trials, [target_probs] * trials, [g] * trials,
+                             [False] * trials)
+    counts = torch.zeros(target_probs.shape)
+    for tokens, verdict in zip(chains, verdicts):
+        for i, token in enumerate(tokens[:verdict.accepted] + [verdict.next_token]):
+            counts[i, token] += 1
     return counts
+
+
+def first_token_counts(draft_probs, target_probs, trials=TRIALS, seed=0):
+    return output_counts(draft_probs, target_probs, trials, seed)[0]
 
 
 def assert_matches(counts, probs):
@@ -66,13 +74,7 @@ def test_every_position_follows_the_target(case):
     if case == "zero_draft_mass":
         draft[:, 1] = 0
         draft = draft / draft.sum(-1, keepdim=True)
-    rng = torch.Generator().manual_seed(3)
-    counts = torch.zeros(g + 1, vocab)
-    for _ in range(trials):
-        tokens = [int(torch.multinomial(row, 1, generator=rng)) for row in draft]
-        verdict = verify_chain(tokens, draft, target, rng, greedy=False)
-        for i, token in enumerate(tokens[:verdict.accepted] + [verdict.next_token]):
-            counts[i, token] += 1
+    counts = output_counts(draft, target, trials, seed=3)
     assert counts[1:].sum(-1).min() > 500  # every position reached often enough to tell
     for i in range(g + 1):
         assert_matches(counts[i], target[i])
