@@ -127,6 +127,40 @@ def test_an_error_in_one_sequences_own_code_ends_it_alone(models):
         failed.result
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_sequence_whose_target_logits_overflow_ends_alone_with_an_error(models, temperature):
+    """One sequence's target rows turn NaN (a model's logits overflowing on its prompt): it ends with
+    NonFiniteLogits, not a token, and the other finishes as alone. Greedy took the NaN's index as the
+    argmax (a silent wrong answer), and a sampled check raised out of the batch's step (every request in
+    a server's batch failed)."""
+    from triforce.coordinator.runs import Forward
+    from triforce.errors import NonFiniteLogits
+
+    def overflowing_after(run, forwards):
+        asked, seen = next(run), 0
+        while True:
+            logits = yield asked
+            if isinstance(asked, Forward) and asked.level == 2:  # the target (triforce: draft, retrieval, target)
+                seen += 1
+                logits = torch.full_like(logits, float("nan")) if seen > forwards else logits
+            try:
+                asked = run.send(logits)
+            except StopIteration as done:
+                return done.value
+
+    batch_prompts = prompts([120, 90], seed=5)
+    params = SamplingParams(max_tokens=30, temperature=temperature, seed=3, ignore_eos=True)
+    expected = alone(models, "triforce", "static", 0, batch_prompts[0], params)
+    batch = SequenceBatch()
+    kept = batch.add(engine_for(models, "triforce", "static", 0, batch_prompts[0], params).run(batch_prompts[0], params))
+    failed = batch.add(overflowing_after(engine_for(models, "triforce", "static", 0, batch_prompts[1], params).run(
+        batch_prompts[1], params), 3))
+    batch.run()
+    assert kept.result[0] == expected
+    with pytest.raises(NonFiniteLogits):
+        failed.result
+
+
 @pytest.mark.skipif(kernel_max_rows() == 0, reason="no CPU kernels here: every forward takes torch's product")
 def test_a_prompt_prefilling_beside_a_decoding_one_leaves_both_as_alone_in_bfloat16(tiny_dir):
     """A's decode steps ran in one call with B's prefill chunks, through torch's product (more rows than the

@@ -129,10 +129,12 @@ def test_an_empty_distribution_draws_nothing_and_sampling_it_is_an_error():
 
 def test_a_row_that_is_not_a_distribution_is_an_error_not_a_token():
     """NaN in a row (a model's overflowed logits) counted as mass, and the draw fell through to the last
-    token with mass: a silent wrong token. Now an error, from sampling and from a chain's check alike."""
+    token with mass, and greedy took the NaN's index as its argmax: a silent wrong token. Now an error, from
+    sampling and from a chain's or a tree's check alike, for the one sequence whose row it is."""
     from triforce.errors import RequestFailed
     from triforce.speculation.sampling import NonFiniteLogits, sample_distinct
-    from triforce.speculation.verify import verify_chains
+    from triforce.speculation.tree import verify_tree
+    from triforce.speculation.verify import verify_chain, verify_chains
 
     assert issubclass(NonFiniteLogits, RequestFailed)  # one line from the CLI, an error result from a server
     bad = torch.tensor([0.2, float("nan"), 0.3, 0.5])
@@ -141,7 +143,24 @@ def test_a_row_that_is_not_a_distribution_is_an_error_not_a_token():
             sample_distinct(row, 1, torch.Generator().manual_seed(0))
     draft = torch.tensor([[0.0, 0.0, 0.0, 1.0]])  # proposes token 3, which the NaN row rejects
     with pytest.raises(NonFiniteLogits):
-        verify_chains([[3]], [draft], [torch.stack([bad, bad])], [torch.Generator().manual_seed(0)], [False])
+        verify_chain([3], draft, torch.stack([bad, bad]), torch.Generator().manual_seed(0), False)
+    # verified together, the failing sequence's verdict carries its error, and the other's is as alone
+    good = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    failed, fine = verify_chains([[3], [3]], [draft, draft], [torch.stack([bad, bad]), good],
+                                 [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)], [False, False])
+    assert isinstance(failed.failed, NonFiniteLogits) and fine.failed is None
+    assert fine == verify_chain([3], draft, good, torch.Generator().manual_seed(1), False)
+    # greedy: NaN (or +inf) logits made a one-hot row on the NaN's index, a silent wrong token
+    greedy_rows = probabilities(torch.stack([bad.log(), torch.tensor([0.0, float("inf"), 1.0, 2.0]),
+                                             torch.tensor([0.0, 3.0, float("-inf"), 1.0])]), 0.0)
+    assert greedy_rows[:2].isnan().all() and greedy_rows[2].tolist() == [0, 1, 0, 0]
+    with pytest.raises(NonFiniteLogits):
+        sample(greedy_rows[0], None, greedy=True)
+    assert sample(greedy_rows[0], None, greedy=True, proposal=True) in range(4)  # a proposer's: only checked
+    one_hot = torch.nn.functional.one_hot(torch.tensor([3, 3]), 4).float()
+    assert verify_chains([[3]], [one_hot[:1]], [greedy_rows[:2]], [None], [True])[0].failed is not None
+    with pytest.raises(NonFiniteLogits):
+        verify_tree([3], [-1], one_hot, greedy_rows[:2], None, True)
     # A proposer's NaN row (an overflowing float16 draft) is no error: its token is only checked, and
     # rejected (NaN probability), the checker's own row then giving the next token.
     assert sample_distinct(bad, 1, torch.Generator().manual_seed(0), proposal=True)

@@ -283,6 +283,8 @@ class HierarchyEngine:
         penalized = self.rows.ruled_chain(logits, position)  # seq[position:] holds the draft tokens
         verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), penalized, self.params,
                                             self.rows.generator)
+        if verdict.failed is not None:  # the checker's row for the next token is not finite: this request ends
+            raise verdict.failed
         self._record(level, g, verdict.accepted)
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
         kept = verdict.accepted + 1

@@ -45,8 +45,9 @@ def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
         logits[..., list(ids)] += torch.tensor(values, dtype=logits.dtype, device=logits.device)
     if allowed is not None:
         logits = only_allowed(logits, _refused(allowed, logits.shape[-1], logits.device))
-    if temperature < GREEDY_BELOW:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    if temperature < GREEDY_BELOW:  # a row with NaN or +inf logits (overflowed) stays NaN, as it does sampled
+        rows = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+        return rows.masked_fill((logits.isnan() | logits.isposinf()).any(dim=-1, keepdim=True), float("nan"))
     logits = logits / temperature
     if min_p > 0:
         probs = logits.softmax(dim=-1)
@@ -90,10 +91,19 @@ def top_probability(logits: torch.Tensor) -> float:
     return float(torch.exp(logits.max() - torch.logsumexp(logits, dim=-1)))
 
 
+def check_finite(probs: torch.Tensor) -> None:
+    """NonFiniteLogits unless the distribution probs [V] an output token follows is finite."""
+    if not torch.isfinite(probs.sum()):
+        raise NonFiniteLogits("the distribution to sample from holds NaN or infinity: the model's logits "
+                              "overflowed (a float16 or bfloat16 model past its range?)")
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool, proposal: bool = False) -> int:
     """probs: [V]. Greedy takes the argmax without consuming randomness. `proposal`: a proposer's draw,
     which may come from a row holding NaN (sample_distinct)."""
     if greedy:
+        if not proposal:
+            check_finite(probs)
         return int(probs.argmax())
     drawn = sample_distinct(probs, 1, generator, proposal)
     if not drawn:
@@ -117,9 +127,8 @@ def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | No
     # NaN counts as mass and the draw falls through to the last token with mass: a silent wrong token from
     # the distribution an output follows. A proposer's such token is only checked (with its NaN probability
     # it is rejected, and the residual is the checker's own row), so a `proposal` draws it.
-    if not proposal and not torch.isfinite(weights.sum()):
-        raise NonFiniteLogits("the distribution to sample from holds NaN or infinity: the model's logits "
-                              "overflowed (a float16 or bfloat16 model past its range?)")
+    if not proposal:
+        check_finite(weights)
     k = min(k, int(torch.count_nonzero(weights)))
     cumulative, carried = weights.cumsum(0), []  # carried: drawn tokens still inside `cumulative`
     drawn: list[int] = []

@@ -55,7 +55,7 @@ def verify_tree(tokens: Sequence[int], parents: Sequence[int], draft_probs: torc
     while True:
         target = target_probs[slot]
         if greedy:
-            best = int(target.argmax())
+            best = sample(target, None, greedy=True)  # (NonFiniteLogits where the row is not finite)
             kept = next((c for c in children[slot] if tokens[c] == best), None)
             if kept is None:
                 return TreeVerdict(path, best)

@@ -16,19 +16,27 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import NonFiniteLogits
 from .sampling import sample
 
 
 @dataclass(frozen=True)
 class ChainVerdict:
     accepted: int  # how many draft tokens were kept (0..g)
-    next_token: int  # the recovered token (accepted < g) or the bonus token (accepted == g)
+    next_token: int  # the recovered token (accepted < g) or the bonus token (accepted == g); -1 where failed
+    # Where the row the next token follows is not finite (the checker's logits overflowed): the error that
+    # ends this sequence's request, while the others verified with it go on
+    failed: NonFiniteLogits | None = None
 
 
 def verify_chain(draft_tokens: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
                  generator: torch.Generator | None, greedy: bool) -> ChainVerdict:
-    """One sequence's chain: draft_probs [g, V]; target_probs [g + 1, V] (float32, same device)."""
-    return verify_chains([draft_tokens], [draft_probs], [target_probs], [generator], [greedy])[0]
+    """One sequence's chain: draft_probs [g, V]; target_probs [g + 1, V] (float32, same device). Raises
+    its verdict's `failed`."""
+    verdict = verify_chains([draft_tokens], [draft_probs], [target_probs], [generator], [greedy])[0]
+    if verdict.failed is not None:
+        raise verdict.failed
+    return verdict
 
 
 def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor], target_probs: list[torch.Tensor],
@@ -75,6 +83,10 @@ def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor]
     # distributions were equal to float precision, and the target's is the limit.
     use_residual = torch.tensor(rejected, device=device)[:, None] & (total > 1e-12)
     next_probs = torch.where(use_residual, residual / total.clamp_min(1e-30), target_rows)
-    argmax = next_probs.argmax(dim=1).tolist()
-    return [ChainVerdict(a, argmax[b] if is_greedy else sample(next_probs[b], gen, False))
-            for b, (a, gen, is_greedy) in enumerate(zip(kept, generators, greedy))]
+    verdicts = []
+    for b, (a, gen, is_greedy) in enumerate(zip(kept, generators, greedy)):
+        try:
+            verdicts.append(ChainVerdict(a, sample(next_probs[b], gen, is_greedy)))
+        except NonFiniteLogits as failed:
+            verdicts.append(ChainVerdict(a, -1, failed))
+    return verdicts
