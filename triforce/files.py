@@ -1,4 +1,4 @@
-"""Files written whole or not at all."""
+"""Files written whole or not at all; users' text files read alike."""
 from __future__ import annotations
 
 import os
@@ -24,6 +24,13 @@ def written_whole(path: Path, write: Callable[[Path], None]) -> None:
 def write_whole(path: Path, text: str) -> None:
     """`text` into `path`, whole or not at all (`written_whole`)."""
     written_whole(path, lambda partial: partial.write_text(text))
+
+
+def read_user_text(path: str | Path) -> str:
+    """A user's text file (a prompt, a document to benchmark or train on, a schema, a grammar, a template):
+    UTF-8 with or without a byte-order mark (Windows editors write one; kept, it was a character of the text,
+    and tokens of the prompt). OSError or UnicodeDecodeError where it cannot be read."""
+    return Path(path).expanduser().read_text(encoding="utf-8-sig")
 
 
 def save_whole(path: Path, obj) -> None:

@@ -315,6 +315,29 @@ def test_a_prompt_from_standard_input_or_a_file_with_a_byte_order_mark_is_the_sa
     assert code == 2 and err.strip() == "triforce: error: --prompt is not valid UTF-8 text"
 
 
+def test_every_text_file_a_user_gives_is_read_without_its_byte_order_mark(tmp_path, monkeypatch):
+    """A schema, grammar, chat template, bench text, draft-training text or batch input from an editor that
+    writes a UTF-8 byte-order mark reads as the same text without it (files.read_user_text): the bench and
+    train-draft kept it as the text's first character (tokens of the first prompt), a schema file with one
+    was no JSON."""
+    import triforce.launch.generate as generate_module
+    from triforce.draft.data import read_texts
+    from triforce.launch.bench import _read_text
+    from triforce.launch.flags import read_chat_template
+
+    def marked(name, text):
+        path = tmp_path / name
+        path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+        return str(path)
+
+    schema, template, prose = '{"type": "object"}', "{{ messages[0]['content'] }}", "It is a truth universally"
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--json-schema", marked("s.json", schema)])
+    assert generate_module.structured_outputs(args).json == schema
+    assert read_chat_template(marked("t.jinja", template)) == template
+    assert _read_text(marked("emma.txt", prose)) == prose
+    assert read_texts([marked("draft.txt", prose)]) == [prose]
+
+
 def test_ctrl_c_while_streaming_ends_the_text_with_a_newline(capsys, target, monkeypatch):
     def interrupted(self, prompt, params, stream=None, **kwargs):
         stream("some text")

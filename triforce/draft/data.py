@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from ..cache.full import FullKVCache
 from ..errors import UserError
-from ..files import save_whole
+from ..files import read_user_text, save_whole
 from ..models.llama import LlamaModel
 
 
@@ -18,7 +18,7 @@ def read_texts(paths: list[str | Path]) -> list[str]:
     texts = []
     for path in paths:
         try:
-            texts.append(Path(path).read_text(encoding="utf-8"))
+            texts.append(read_user_text(path))
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read text file {path}: {exc}") from exc
     return texts

@@ -28,6 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import RequestFailed, TooLarge, UserError
+from ..files import read_user_text
 from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
 from .batch_resume import check_resumable, done_results, jsonl_lines, result_id
@@ -129,7 +130,7 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
     lines = None
     if not (launching and not_a_file(args.input)):
         try:
-            lines = jsonl_lines(Path(args.input).read_text(encoding="utf-8-sig"))  # a byte-order mark or none
+            lines = jsonl_lines(read_user_text(args.input))
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {args.input}: {exc}") from None
     output = Path(args.output)

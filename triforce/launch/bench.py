@@ -27,7 +27,7 @@ import torch
 from ..config import MODES, EngineConfig
 from ..sampling_params import SamplingParams
 from ..errors import UserError
-from ..files import write_whole
+from ..files import read_user_text, write_whole
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
 from ..models.vocab import read_draft_metadata
 from .bench_plan import batch_prompt, check_plan, check_trees, parse_sweep, passkey_prompt, runs
@@ -215,7 +215,7 @@ def _write(args, report: dict) -> None:
 
 def _read_text(path: str) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return read_user_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read --text {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
 

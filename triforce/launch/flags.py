@@ -4,10 +4,10 @@ fields (`engine_settings`, `penalty_settings`)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig
 from ..errors import UserError
+from ..files import read_user_text
 from ..models.config import ROPE_SCALING_KINDS
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from ..models.loader import DTYPE_CHOICES
@@ -193,7 +193,7 @@ def read_chat_template(value: str) -> str:
     if not value.strip():
         raise UserError("--chat-template must not be empty")
     try:
-        text = Path(value).expanduser().read_text(encoding="utf-8")
+        text = read_user_text(value)
     except (OSError, ValueError) as exc:  # ValueError: undecodable, or a NUL in a template's text
         if not any(c in value for c in "{}\n"):
             raise UserError(f"--chat-template {value}: cannot read it ({getattr(exc, 'strerror', None) or exc}); "

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
+from ..files import read_user_text
 from ..sampling_params import SamplingParams, StructuredOutputs
 from .cli import llm_from_args, settings_named_by_flags
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_penalty_args, penalty_settings
@@ -112,7 +113,7 @@ def read_prompt(args) -> str:
             if args.prompt_file == "-":
                 prompt = sys.stdin.buffer.read().decode("utf-8-sig")
             else:
-                prompt = Path(args.prompt_file).read_text(encoding="utf-8-sig")
+                prompt = read_user_text(args.prompt_file)
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read prompt file {args.prompt_file}: {exc}") from exc
     else:
@@ -135,7 +136,7 @@ def structured_outputs(args) -> StructuredOutputs | None:
         except OSError:  # too long to name a file: the text itself
             return _utf8(value, flag)
         try:
-            return Path(value).read_text(encoding="utf-8")
+            return read_user_text(value)
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {value}: {exc}") from None
 
