@@ -35,13 +35,16 @@ def held_bytes(objects) -> int:
     return total
 
 
-@pytest.mark.parametrize("mode,policy", [("ar", "static"), ("draft", "static"), ("triforce", "static"),
-                                         ("triforce", "dynamic"), ("auto", "static")])
-def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy):
+# budget 512: a request whose 340 tokens fit the budget, which a static cache reads in place (it counted a
+# copy of every layer but the `full_layers` and the chunk means: 1.6 times what such a request holds)
+@pytest.mark.parametrize("mode,policy,budget", [("ar", "static", 32), ("draft", "static", 32), ("triforce", "static", 32),
+                                                ("triforce", "dynamic", 32), ("auto", "static", 32),
+                                                ("triforce", "static", 512), ("triforce", "dynamic", 512)])
+def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy, budget):
     spec = dict(vocab_size=64, hidden_size=64, num_heads=4, num_kv_heads=2)
     target = load_model(tiny_dir("bytes-target", seed=60, num_layers=4, **spec))
     draft = load_model(tiny_dir("bytes-draft", seed=61, num_layers=1, **spec))
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, budget=32, chunk_size=8, full_layers=1, sinks=4,
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, budget=budget, chunk_size=8, full_layers=1, sinks=4,
                        window=32, refresh_every=16)
     prompt = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(6)).tolist()
     engine = build_engine(cfg, target, draft if mode != "ar" else None, 300 + 40)

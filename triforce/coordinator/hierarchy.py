@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..cache.full import QUERY_ROWS
-from ..cache.retrieval import RetrievalKVCache
+from ..cache.retrieval import RetrievalKVCache, selects_chunks
 from ..cache.streaming import VIEW_ROWS, StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
 from ..models.config import ModelConfig
@@ -84,14 +84,18 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
     if cfg.mode in ("retrieval", "triforce", "auto"):
         per_layer = per_token // target.num_layers
         room = cfg.refresh_every + slack
-        total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
+        # Mode auto runs one of its budgets' caches and releases the others while idle, but measuring an
+        # idle one's cost builds it beside the running one: two at once, the largest two. A static cache
+        # whose context never passes its budget and a chunk reads the full cache in place, as it reads its
+        # `full_layers`, and takes no chunk means (cache/retrieval.py: selects_chunks).
+        held = sorted(auto_budgets(cfg))[-2:] if cfg.mode == "auto" else [cfg.budget]
+        selecting = [b for b in held if selects_chunks(tokens, b, cfg.chunk_size)]
+        if cfg.retrieval_policy == "dynamic" or selecting:
+            total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
         if cfg.retrieval_policy == "static":
             layers = min(cfg.full_layers, target.num_layers)
-            # Mode auto runs one of its budgets' caches and releases the others while idle, but measuring an
-            # idle one's cost builds it beside the running one: two at once, the largest two.
-            held = sorted(auto_budgets(cfg))[-2:] if cfg.mode == "auto" else [cfg.budget]
-            for budget in held:  # (the `full_layers` read the full cache in place)
-                total += per_layer * (target.num_layers - layers) * (min(budget, capacity) + room)
+            for budget in selecting:
+                total += per_layer * (target.num_layers - layers) * (budget + cfg.chunk_size + room)
     if draft is not None and cfg.mode in ("draft", "triforce", "auto"):
         # a double buffer of recent tokens, and the fused loop's copy of sinks and window (bfloat16 CPUs)
         total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack)
