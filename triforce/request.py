@@ -95,7 +95,8 @@ class Request:
         """The prompt tokens' entries (complete once the prompt is prefilled; None: not asked for)."""
         if self.params.prompt_logprobs is None:
             return None
-        return self._prompt_logprobs if self.engine is None else self.engine.prompt_logprobs
+        engine = self.engine  # once: the scheduler's thread may close the request (engine None) meanwhile
+        return self._prompt_logprobs if engine is None else engine.prompt_logprobs
 
     def new_token_ids(self) -> list[int]:
         """The ids of the tokens a streamed output keeps (up to the one that completed a stop string; a stream

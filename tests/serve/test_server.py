@@ -904,6 +904,30 @@ def test_a_worker_group_that_stops_answering_stops_the_server(llm, monkeypatch):
     client.app.state.scheduler.stop()
 
 
+def test_a_failure_of_the_schedulers_own_work_ends_every_request_and_the_server(llm):
+    """The scheduler's thread failed outside any one request (here its metrics, counting a finished
+    request; free_memory on a device a sticky CUDA error broke, say): the thread died, the request it was
+    finishing was never told, nor were those beside it, and the server stayed up with them all waiting.
+    Now the finished one has its answer, the others an error, and the server ends (on_fatal)."""
+    class BrokenMetrics:
+        def finished(self, *args):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        def failed(self):
+            pass
+
+    fatal, seen, told = [], [], threading.Semaphore(0)
+    scheduler = Scheduler(llm, metrics=BrokenMetrics(), on_fatal=fatal.append)
+    short = parse("completion", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}, llm, "tiny")
+    long = parse("completion", {"prompt": PROMPT, "max_tokens": 60, "temperature": 0, "ignore_eos": True}, llm, "tiny")
+    for job in (short, long):
+        scheduler.submit(job, lambda kind, data: (seen.append(kind), told.release()))
+    assert told.acquire(timeout=30) and told.acquire(timeout=30), seen
+    assert sorted(seen) == ["done", "error"]
+    scheduler._thread.join(10)
+    assert fatal and "illegal memory access" in str(fatal[0]) and not scheduler.alive
+
+
 def test_a_request_submitted_as_the_group_is_lost_is_refused_not_left_waiting(llm, monkeypatch):
     """The group is lost between a submit's first check and its queueing: the loss empties the queue and
     tells what it held, so a request queued after it would wait forever; it gets the 503 instead. And a

@@ -233,34 +233,44 @@ class Scheduler:
                 self._fail([ticket], exc)
 
     def _loop(self) -> None:
-        while not self._stop and self.fatal is None:
-            self._admit()
-            if not self._batch.active:
-                if self._freed:
-                    self._measure_capacity()
-                self._wake.wait(0.1)
-                self._wake.clear()
-                continue
-            try:
-                finished = self._batch.step()
-            except Exception as exc:  # noqa: BLE001
-                # A step runs every request's forward together: which one failed is not known, so all end.
-                with self._lock:
-                    failed = list(self.running.items())
-                    self.running.clear()
-                for seq, _ in failed:
-                    seq.run.close()  # its engine leaves the batchmates
-                self._fail([ticket for _, ticket in failed], exc)
-                self._batch = SequenceBatch()
-                continue
-            for seq in finished:
-                self._finish(seq)
-            if finished:
-                release_freed()  # what the finished requests freed (their caches), back to the system
-                self._freed = True
+        try:
+            while not self._stop and self.fatal is None:
+                self._round()
+        except Exception as exc:  # noqa: BLE001
+            # The scheduler's own work failed outside any one request (free_memory on a device a sticky CUDA
+            # error broke, say): with this thread gone, every request queued or running waited forever.
+            log.exception("the scheduler stopped")
+            self._stop_for_good(exc)
+
+    def _round(self) -> None:
+        """Admits what fits, then runs one step of the batch (or waits a while for work)."""
+        self._admit()
+        if not self._batch.active:
+            if self._freed:
+                self._measure_capacity()
+            self._wake.wait(0.1)
+            self._wake.clear()
+            return
+        try:
+            finished = self._batch.step()
+        except Exception as exc:  # noqa: BLE001
+            # A step runs every request's forward together: which one failed is not known, so all end.
+            with self._lock:
+                failed = list(self.running.items())
+                self.running.clear()
+            for seq, _ in failed:
+                seq.run.close()  # its engine leaves the batchmates
+            self._fail([ticket for _, ticket in failed], exc)
+            self._batch = SequenceBatch()
+            return
+        for seq in finished:
+            self._finish(seq)
+        if finished:
+            release_freed()  # what the finished requests freed (their caches), back to the system
+            self._freed = True
 
     def _stop_for_good(self, exc: Exception) -> None:
-        """The worker group stopped answering: no request can run again. The others fail, /health says
+        """The worker group stopped answering (or the scheduler's own work failed): no request can run again. The others fail, /health says
         503, and `on_fatal` ends the server, so that torchrun ends the group (a server that stayed up failed
         every request)."""
         self.fatal = exc
@@ -288,9 +298,9 @@ class Scheduler:
             self._fail([ticket], exc)
             return
         closing = self._close(ticket)
+        self._tell(ticket, "done", output)  # its answer stands, whatever ending its sequence met
         if self.metrics is not None:
             self.metrics.finished(output.finish_reason, output.metrics, ticket.queued_s)
-        self._tell(ticket, "done", output)  # its answer stands, whatever ending its sequence met
         if closing is not None and self._group_gone() and self.fatal is None:
             self._stop_for_good(closing)
 
