@@ -25,6 +25,22 @@ def test_replies():
     assert decode(error_reply("boom"))[1] == {"ok": False, "error": "boom"}
 
 
+def test_a_sequence_the_group_can_never_hold_is_the_requests_fault_and_a_413():
+    """The leader refuses a sequence whose cache does not fit its memory even alone for good (a sequence
+    that does not fit beside others, for now): the coordinator's error is then TooLarge, a server's 413 and
+    a batch job's line of its own, as a request too large for one process's memory. It was a WorkerError,
+    the group's own failure: a 503, which clients retry, and a batch job ended by it."""
+    from triforce.coordinator.channel import GroupFull, GroupTooSmall, WorkerError, refusal
+    from triforce.errors import TooLarge
+    from triforce.serve.scheduler import _failure
+
+    never, later, broken = (refusal("start", decode(frames)[1]) for frames in (
+        error_reply("needs 9 GiB", too_large=True), error_reply("needs 9 GiB", full=True), error_reply("bad")))
+    assert isinstance(never, GroupTooSmall) and isinstance(never, TooLarge) and _failure(never).status == 413
+    assert isinstance(later, GroupFull) and not isinstance(later, TooLarge)
+    assert type(broken) is WorkerError and _failure(broken).status == 503
+
+
 def header(**override):
     h = {"v": PROTOCOL_VERSION, "kind": "stats", "body": {}, "tensors": []}
     h.update(override)
@@ -139,3 +155,20 @@ def test_a_handshake_nobody_answers_names_the_address_to_check():
                                           r"\(--control-host, --control-port\)"):
         channel.handshake("model", 1, startup_timeout_s=0.3)
     channel.close()
+
+
+def test_the_handshake_tells_two_torchrun_runs_of_one_model_apart(tiny_dir, monkeypatch):
+    """Two runs on one control port and model (a second `torchrun` by hand with the default port): the
+    second's coordinator found the first one's group, took sequence numbers it held and shut it down at its
+    end. The identity the handshake compares now holds the run (TORCHELASTIC_RUN_ID, the same in every
+    process of one run)."""
+    from triforce.coordinator.channel import model_identity
+
+    folder = tiny_dir("identity-model", seed=3)
+    ids = {}
+    for run in ("first-run", "second-run", "first-run"):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", run)
+        ids.setdefault(run, set()).add(model_identity(folder))
+    assert len(ids["first-run"]) == 1 and ids["first-run"] != ids["second-run"]
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert model_identity(folder) not in ids["first-run"] | ids["second-run"]

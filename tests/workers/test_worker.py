@@ -5,7 +5,7 @@ import pytest
 
 from triforce.models.loader import load_model
 from triforce.workers import worker as worker_module
-from triforce.workers.worker import RequestError, VerifierWorker, prefix_bound
+from triforce.workers.worker import NeverFits, VerifierWorker, prefix_bound
 
 
 @pytest.mark.parametrize("ranks,local", [(1, None), (2, None), (2, "3"), (2, "1")])
@@ -27,7 +27,7 @@ def test_a_sequence_on_a_cpu_group_counts_every_ranks_share_of_the_hosts_memory(
     if ranks == 1 or local == "1":
         leader.check("start", {"seq": 1, "capacity": 100})
     else:
-        with pytest.raises(RequestError, match="for the 2 ranks"):
+        with pytest.raises(NeverFits, match="for the 2 ranks"):  # for good: it holds no other sequence
             leader.check("start", {"seq": 1, "capacity": 100})
 
 

@@ -10,6 +10,7 @@ with GroupFull. `model_identity` is what the handshake compares.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import PREFILL_CHUNK
-from ..errors import UserError
+from ..errors import TooLarge, UserError
 from ..workers.bulk import BulkLink, LinkError
 from ..workers.protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode,
                                 parse_description)
@@ -41,11 +42,26 @@ class GroupFull(WorkerError):
     may fit once one of them ends (a request waits, or a batch runs in parts)."""
 
 
+class GroupTooSmall(WorkerError, TooLarge):
+    """The group refused a new sequence for good: its memory cannot hold the sequence's cache even alone
+    (the request's own fault, a server's 413, as a request too large for this process's memory)."""
+
+
+def refusal(kind: str, reply_body: dict) -> WorkerError:
+    """The error of a request of `kind` the group refused (reply_body: its error reply)."""
+    error = GroupFull if reply_body.get("full") else GroupTooSmall if reply_body.get("too_large") else WorkerError
+    return error(f"worker group refused {kind!r}: {reply_body.get('error')}")
+
+
 def model_identity(folder: Path, rope_scaling: str | None = None) -> str:
-    """What the handshake compares: the folder's config, the sizes of its weight files and the RoPE
-    scaling it runs with."""
+    """What the handshake compares: the folder's config, the sizes of its weight files, the RoPE scaling it
+    runs with, and the torchrun run the process belongs to (TORCHELASTIC_RUN_ID: the same in every process
+    of one run, the job's id under the Slurm recipe; none outside torchrun). A second run on the same
+    control port and model found the first one's group, took sequence numbers it held and shut it down
+    at its end; now the handshake refuses it."""
     folder = Path(folder)
     h = hashlib.sha1((folder / "config.json").read_bytes())
+    h.update(f"run:{os.environ.get('TORCHELASTIC_RUN_ID', '')}".encode())
     if rope_scaling:
         h.update(f"rope_scaling:{rope_scaling}".encode())
     for f in sorted(folder.glob("*.safetensors")):
@@ -117,8 +133,7 @@ class ControlChannel:
         except ProtocolError as exc:
             raise WorkerError(f"unreadable reply from the worker group: {exc}") from exc
         if not reply_body.get("ok"):
-            refusal = GroupFull if reply_body.get("full") else WorkerError
-            raise refusal(f"worker group refused {kind!r}: {reply_body.get('error')}")
+            raise refusal(kind, reply_body)
         if kind in BULK_REPLIES:
             try:
                 tensors = self.link.receive(descriptions)
@@ -139,7 +154,8 @@ class ControlChannel:
         body, _ = self.request("handshake", {"model": model_id, "tp_size": tp_size, "protocol": PROTOCOL_VERSION},
                                timeout_s=max(startup_timeout_s, self.timeout_s))
         if body["model"] != model_id:
-            raise WorkerError(f"the workers serve another model ({body['model']}, expected {model_id})")
+            raise WorkerError(f"the workers serve another model, or belong to another torchrun run on this "
+                              f"control port ({body['model']}, expected {model_id})")
         if tp_size and body["tp_size"] != tp_size:
             raise WorkerError(f"the worker group has {body['tp_size']} ranks, expected {tp_size}")
         self.tp_size, self.prefix_bytes = body["tp_size"], body["prefix_bytes"]

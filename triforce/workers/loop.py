@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..models.parallel import TensorParallel
 from .bulk import BulkLink
 from .protocol import BULK_REPLIES, MAX_MESSAGE_BYTES, ProtocolError, decode, describe, error_reply, reply
-from .worker import CoordinatorLost, NoRoom, RequestError, VerifierWorker
+from .worker import CoordinatorLost, NeverFits, NoRoom, RequestError, VerifierWorker
 
 if TYPE_CHECKING:
     from .watch import CoordinatorWatch
@@ -124,7 +124,8 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
                     worker.check(kind, body)
                 except (ProtocolError, RequestError) as exc:
                     worker.counts["errors"] += 1
-                    sock.send_multipart(error_reply(str(exc), full=isinstance(exc, NoRoom)))
+                    sock.send_multipart(error_reply(str(exc), full=isinstance(exc, NoRoom),
+                                                    too_large=isinstance(exc, NeverFits)))
                     continue
                 except Exception as exc:  # a check's own slip: nothing is broadcast yet, so refuse, not end
                     log.exception("worker leader: a request failed its checks unexpectedly")

@@ -76,9 +76,11 @@ def reply(body: dict | None = None, tensors: list[torch.Tensor] = ()) -> list[by
     return encode(REPLY, {"ok": True, **(body or {})}, tensors)
 
 
-def error_reply(message: str, full: bool = False) -> list[bytes]:
-    """`full`: the refusal is for now only (the group's memory or sequence slots are taken)."""
-    return encode(REPLY, {"ok": False, "error": message, **({"full": True} if full else {})})
+def error_reply(message: str, full: bool = False, too_large: bool = False) -> list[bytes]:
+    """`full`: the refusal is for now only (the group's memory or sequence slots are taken); `too_large`: a
+    sequence the group's memory cannot hold even alone."""
+    return encode(REPLY, {"ok": False, "error": message, **({"full": True} if full else {}),
+                          **({"too_large": True} if too_large else {})})
 
 
 def decode(frames: list[bytes], max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str, dict, list[torch.Tensor]]:

@@ -56,6 +56,10 @@ class NoRoom(RequestError):
     """A sequence that does not fit beside the ones the group holds now; it may once one of them ends."""
 
 
+class NeverFits(RequestError):
+    """A sequence whose cache the group's memory cannot hold even alone (a server's 413)."""
+
+
 def sharing_memory(tp: TensorParallel, device: torch.device | str) -> int:
     """How many of the group's ranks take their memory where this rank does: on a GPU, one (its own); on a
     CPU, the group's ranks on this host (torchrun's LOCAL_WORLD_SIZE, which counts a coordinator there too:
@@ -121,7 +125,7 @@ class VerifierWorker:
             if free is not None and self.prefixes is not None:
                 free = max(0, free - ranks * self.prefixes.room())  # what the prefix stores may still grow into
             if free is not None and need > 0.9 * free:
-                refusal = NoRoom if self.caches else RequestError  # for now, or for good
+                refusal = NoRoom if self.caches else NeverFits  # for now, or for good
                 raise refusal(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB"
                               f"{f' for the {ranks} ranks' if ranks > 1 else ' per rank'}; "
                               f"{free / 2**30:.1f} GiB is free on the leader's {self.model.device}")
