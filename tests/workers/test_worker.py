@@ -74,3 +74,29 @@ def test_only_the_leader_hands_back_a_verify_requests_logits(tiny_dir):
     (lead, lead_tensors), (other, other_tensors) = out
     assert lead == other == {"lengths": [5]} and other_tensors == []
     assert lead_tensors[0].shape == (2, model.config.vocab_size)  # a row per checked token
+
+
+def test_a_refresh_whose_chunk_means_do_not_fit_is_refused_not_run(tiny_dir, monkeypatch):
+    """The first refresh that selects chunks allocates the cache's chunk means on every rank: where they do
+    not fit, the allocation failed inside the group's execution and ended the group (every request on it).
+    Now the leader refuses that refresh; one that keeps the whole cache, or finds its means made, runs."""
+    from triforce.workers.worker import RequestError
+
+    model = load_model(tiny_dir("worker-target", seed=5), "float32")
+    leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
+    leader.execute("start", {"seq": 1, "capacity": 400})
+    cache = leader.caches[1]
+    cache.length = 300
+    means = cache.means_bytes(4)
+    assert means == cache.keys.nbytes // 4  # one mean per 4 keys: an eighth of the KV (keys and values)
+    monkeypatch.setattr(worker_module, "available_bytes", lambda device: int(0.5 * means))
+    refresh = {"seq": 1, "budget": 32, "chunk_size": 4, "full_layers": 0, "start": 300}
+    with pytest.raises(RequestError, match="chunk means of sequence 1 need"):
+        leader.check("refresh", refresh)
+    leader.check("refresh", {**refresh, "budget": 300})  # keeps everything: no means
+    monkeypatch.setattr(worker_module, "available_bytes", lambda device: 4 * means)
+    leader.check("refresh", refresh)
+    cache.chunk_means(4)
+    monkeypatch.setattr(worker_module, "available_bytes", lambda device: 0)
+    assert cache.means_bytes(4) == 0
+    leader.check("refresh", refresh)  # made already: nothing new to allocate

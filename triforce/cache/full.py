@@ -104,6 +104,13 @@ class FullKVCache(KVCache):
         return LayerBuffers(self._layer_keys, self._layer_values, [self.length] * len(self._layer_keys),
                             self._queries)
 
+    def means_bytes(self, chunk_size: int) -> int:
+        """What `chunk_means(chunk_size)` would newly allocate: 0 where it holds those means already."""
+        if self._means is not None and self._means.chunk_size == chunk_size:
+            return 0
+        layers, hkv, capacity, d = self.keys.shape
+        return layers * hkv * (capacity // chunk_size) * d * self.keys.element_size()
+
     def chunk_means(self, chunk_size: int) -> torch.Tensor:
         """[L, Hkv, length // chunk_size, D]: mean keys of the complete chunks (the retrieval cache's scores)."""
         if self._means is None or self._means.chunk_size != chunk_size:

@@ -117,13 +117,8 @@ class VerifierWorker:
                 raise RequestError(f"sequence {body['seq']} is running already (another coordinator on this group?)")
             if len(self.caches) >= MAX_SEQUENCES:
                 raise NoRoom(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
-            # On a CPU the shares of the ranks on the leader's host come out of its memory (all of them for
-            # --workers W), at once: it checks them all (its own share alone let a rank's allocation fail)
-            ranks = sharing_memory(self.tp, self.model.device)
+            ranks, free = self._room()
             need = ranks * self.model.kv_bytes_per_token * body["capacity"]
-            free = available_bytes(self.model.device)
-            if free is not None and self.prefixes is not None:
-                free = max(0, free - ranks * self.prefixes.room())  # what the prefix stores may still grow into
             if free is not None and need > 0.9 * free:
                 refusal = NoRoom if self.caches else NeverFits  # for now, or for good
                 raise refusal(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB"
@@ -160,6 +155,24 @@ class VerifierWorker:
                                   or body["budget"] % body["chunk_size"] or body["start"] != length):
             raise RequestError(f"refresh needs a budget of two chunks or more, a multiple of the chunk size, "
                                f"at the cache's length {length}")
+        if kind == "refresh" and selects_chunks(length, body["budget"], body["chunk_size"]):
+            # The first choice that selects chunks allocates the cache's chunk means (1 / (2 chunk_size) of
+            # its KV): failing there, on every rank, it would end the group and every request on it
+            ranks, free = self._room()
+            need = ranks * self.caches[body["seq"]].means_bytes(body["chunk_size"])
+            if free is not None and need > 0.9 * free:
+                raise RequestError(f"the chunk means of sequence {body['seq']} need {need / 2**30:.2f} GiB; "
+                                   f"{free / 2**30:.2f} GiB is free on the leader's {self.model.device}")
+
+    def _room(self) -> tuple[int, int | None]:
+        """How many of the group's ranks take their memory where the leader does (on a CPU, all those on its
+        host, at once: its own share alone let a rank's allocation fail), and the bytes free there beside
+        what the prefix stores may still grow into (None: unknown)."""
+        ranks = sharing_memory(self.tp, self.model.device)
+        free = available_bytes(self.model.device)
+        if free is not None and self.prefixes is not None:
+            free = max(0, free - ranks * self.prefixes.room())
+        return ranks, free
 
     def _check_tokens(self, kind: str, seq: int, tokens: list[int], start: int) -> None:
         cache = self.caches[seq]
