@@ -269,3 +269,20 @@ def test_auto_with_a_hermes_template_streams_content_as_it_comes(llm, client):
     deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.text.split("\n") if line.startswith("data: {")]
     pieces = [d["content"] for d in deltas if d.get("content")]
     assert "tool_calls" not in whole and len(pieces) > 1 and "".join(pieces) == whole["content"]
+
+
+@pytest.mark.parametrize("name", ["auto", "none", "required"])
+def test_a_tool_may_be_named_as_a_tool_choice_word(name):
+    """A tool named auto, none or required: its plan once collapsed a named tool_choice into the bare name
+    and took it for the word (a forced call of `none` that still could not be called; every `auto` answer
+    forced into a call of the tool `auto`)."""
+    tool = {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": False}}}
+    forced = ToolPlan.parse({"tools": [tool, TIME], "tool_choice": {"type": "function", "function": {"name": name}}},
+                            None)
+    assert forced.may_call and json.loads(forced.constraint.json)["properties"] == {"x": {"type": "integer"}}
+    message, finish = forced.message('{"x": 3}', "stop")
+    assert message["tool_calls"][0]["function"] == {"name": name, "arguments": '{"x": 3}'} and finish == "stop"
+    auto = ToolPlan.parse({"tools": [tool, TIME]}, "a template without calls")
+    assert auto.constraint is None and not auto.may_call
+    assert auto.message("plain text", "stop")[0] == {"role": "assistant", "content": "plain text"}

@@ -52,7 +52,7 @@ def constraints(body: dict, chat_template: str | None, chat: bool) -> tuple[Tool
     source, structured = structured_outputs(body)
     if tools is not None and tools.constraint is not None:
         if structured is not None:
-            raise ConstraintError(source, f"'tool_choice' {tools.choice} constrains the answer; '{source}' cannot too")
+            raise ConstraintError(source, f"'tool_choice' {tools.forced or tools.choice} constrains the answer; '{source}' cannot too")
         source, structured = "tool_choice", tools.constraint
     return tools, source, structured
 
@@ -97,9 +97,11 @@ def structured_outputs(body: dict) -> tuple[str | None, StructuredOutputs | None
 @dataclass(frozen=True)
 class ToolPlan:
     tools: dict[str, dict]  # name -> its parameters' JSON schema
-    choice: str  # "none", "auto", "required" or a tool's name
+    choice: str  # "none", "auto", "required" or "function" (a named tool: `forced`)
     hermes: bool  # the chat template writes calls as <tool_call> blocks
     parallel: bool = True  # more than one call per answer (OpenAI's parallel_tool_calls)
+    # The tool a named tool_choice forces, apart from `choice`: a tool may be named auto, none or required
+    forced: str | None = None
 
     @classmethod
     def parse(cls, body: dict, chat_template: str | dict | None) -> ToolPlan | None:
@@ -126,13 +128,15 @@ class ToolPlan:
                 if not isinstance(schema.get(key, {}), dict):
                     raise ConstraintError("tools", f"the parameters of {name}: '{key}' must be an object")
             schemas[name] = schema
+        forced = None
         if choice is None:
             choice = "auto"
         elif isinstance(choice, dict):
             function = choice.get("function") if choice.get("type") == "function" else None
-            choice = function.get("name") if isinstance(function, dict) else None
-            if not isinstance(choice, str) or choice not in schemas:
-                raise ConstraintError("tool_choice", f"'tool_choice' names no tool of this request ({json.dumps(choice)})")
+            forced = function.get("name") if isinstance(function, dict) else None
+            if not isinstance(forced, str) or forced not in schemas:
+                raise ConstraintError("tool_choice", f"'tool_choice' names no tool of this request ({json.dumps(forced)})")
+            choice = "function"
         elif choice not in ("none", "auto", "required"):
             raise ConstraintError("tool_choice", "'tool_choice' must be none, auto, required or {type: function, "
                                            "function: {name}}")
@@ -142,14 +146,14 @@ class ToolPlan:
         if isinstance(chat_template, dict):  # the one transformers renders with tools: tool_use, else default
             chat_template = chat_template.get("tool_use", chat_template.get("default"))  # (`in` read the names)
         hermes = "<tool_call>" in str(chat_template or "")
-        return cls(schemas, choice, hermes, parallel is not False)
+        return cls(schemas, choice, hermes, parallel is not False, forced)
 
     @property
     def constraint(self) -> StructuredOutputs | None:
         """What the answer must follow (None: free text)."""
         try:
-            if self.choice in self.tools:
-                return StructuredOutputs(json=self.tools[self.choice])
+            if self.forced is not None:
+                return StructuredOutputs(json=self.tools[self.forced])
             if self.choice == "required":
                 definitions: dict[str, dict] = {}
                 calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
@@ -172,8 +176,8 @@ class ToolPlan:
 
     def message(self, text: str, finish_reason: str) -> tuple[dict, str]:
         """The assistant message of an answer's text, and its finish reason ("tool_calls" for calls that ended)."""
-        if self.choice in self.tools:
-            calls, content = [(self.choice, text)], None
+        if self.forced is not None:
+            calls, content = [(self.forced, text)], None
         elif self.choice == "required":
             calls, content = _listed_calls(text), None
         elif self.choice == "auto" and self.hermes:
@@ -192,7 +196,7 @@ class ToolPlan:
             {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
             for name, args in calls]}
         # a call the request named ends as "stop", as OpenAI's and vLLM's; calls the model chose, "tool_calls"
-        named = self.choice in self.tools
+        named = self.forced is not None
         return message, "tool_calls" if finish_reason == "stop" and not named else finish_reason
 
 
