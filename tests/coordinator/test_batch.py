@@ -128,11 +128,13 @@ def test_an_error_in_one_sequences_own_code_ends_it_alone(models):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_a_sequence_whose_target_logits_overflow_ends_alone_with_an_error(models, temperature):
+@pytest.mark.parametrize("level,tree", [(2, 0), (1, 0), (1, 6)])  # tree: the draft's, which level 1 checks
+def test_a_sequence_whose_target_logits_overflow_ends_alone_with_an_error(models, temperature, level, tree):
     """One sequence's target rows turn NaN (a model's logits overflowing on its prompt): it ends with
     NonFiniteLogits, not a token, and the other finishes as alone. Greedy took the NaN's index as the
     argmax (a silent wrong answer), and a sampled check raised out of the batch's step (every request in
-    a server's batch failed)."""
+    a server's batch failed). The retrieval tier's NaN rows (level 1) are only proposals to the target:
+    that request finishes, greedy with plain decoding's tokens."""
     from triforce.coordinator.runs import Forward
     from triforce.errors import NonFiniteLogits
 
@@ -140,7 +142,7 @@ def test_a_sequence_whose_target_logits_overflow_ends_alone_with_an_error(models
         asked, seen = next(run), 0
         while True:
             logits = yield asked
-            if isinstance(asked, Forward) and asked.level == 2:  # the target (triforce: draft, retrieval, target)
+            if isinstance(asked, Forward) and asked.level == level:  # triforce: draft, retrieval, target
                 seen += 1
                 logits = torch.full_like(logits, float("nan")) if seen > forwards else logits
             try:
@@ -150,13 +152,17 @@ def test_a_sequence_whose_target_logits_overflow_ends_alone_with_an_error(models
 
     batch_prompts = prompts([120, 90], seed=5)
     params = SamplingParams(max_tokens=30, temperature=temperature, seed=3, ignore_eos=True)
-    expected = alone(models, "triforce", "static", 0, batch_prompts[0], params)
+    expected = alone(models, "triforce", "static", tree, batch_prompts[0], params)
     batch = SequenceBatch()
-    kept = batch.add(engine_for(models, "triforce", "static", 0, batch_prompts[0], params).run(batch_prompts[0], params))
-    failed = batch.add(overflowing_after(engine_for(models, "triforce", "static", 0, batch_prompts[1], params).run(
+    kept = batch.add(engine_for(models, "triforce", "static", tree, batch_prompts[0], params).run(batch_prompts[0], params))
+    failed = batch.add(overflowing_after(engine_for(models, "triforce", "static", tree, batch_prompts[1], params).run(
         batch_prompts[1], params), 3))
     batch.run()
     assert kept.result[0] == expected
+    if level == 1:
+        assert failed.result[0] == alone(models, "triforce", "static", tree, batch_prompts[1], params) \
+            if temperature == 0 else len(failed.result[0]) == params.max_tokens
+        return
     with pytest.raises(NonFiniteLogits):
         failed.result
 

@@ -142,5 +142,6 @@ def check_together(checks: list[Check]) -> list[tuple[ChainVerdict, torch.Tensor
     [g + 1, V]) for each."""
     target = [processed(c.logits, c.params) for c in checks]
     verdicts = verify_chains([c.draft_tokens for c in checks], [c.draft_probs for c in checks], target,
-                             [c.generator for c in checks], [c.params.greedy for c in checks])
+                             [c.generator for c in checks], [c.params.greedy for c in checks],
+                             [c.proposal for c in checks])
     return list(zip(verdicts, target))

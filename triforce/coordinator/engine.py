@@ -282,8 +282,8 @@ class HierarchyEngine:
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
         penalized = self.rows.ruled_chain(logits, position)  # seq[position:] holds the draft tokens
         verdict, target_probs = yield Check(draft_tokens, torch.stack(draft_rows), penalized, self.params,
-                                            self.rows.generator)
-        if verdict.failed is not None:  # the checker's row for the next token is not finite: this request ends
+                                            self.rows.generator, proposal=level < len(self.tiers) - 1)
+        if verdict.failed is not None:  # the target's row for the next token is not finite: this request ends
             raise verdict.failed
         self._record(level, g, verdict.accepted)
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
@@ -300,7 +300,8 @@ class HierarchyEngine:
         catch_up = step.n - len(tokens)
         logits = (yield from self._forward(1, step))[catch_up - 1:]  # [N + 1, V]: root, nodes
         target_probs = self.rows.probs(self.rows.ruled(logits, [[]] + node_paths(tokens, parents)))
-        verdict = verify_tree(tokens, parents, draft_probs, target_probs, self.rows.generator, greedy)
+        verdict = verify_tree(tokens, parents, draft_probs, target_probs, self.rows.generator, greedy,
+                              proposal=len(self.tiers) > 2)
         accepted = len(verdict.path)
         self.tree.observe(parents, verdict.path)
         self.stats[0].record(len(tokens), accepted)

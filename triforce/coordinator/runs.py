@@ -50,6 +50,9 @@ class Check:
     logits: torch.Tensor  # [g + 1, V]: the checker's, at each proposal and one past the last (penalized)
     params: SamplingParams
     generator: torch.Generator
+    # The checker proposes in turn to a tier above: a row of its that is not finite is only checked there
+    # (rejected), not an output's, so no error (speculation/sampling.py `sample`)
+    proposal: bool = False
 
 
 Run = Generator[Forward | Check | Wait, object, tuple[list[int], RequestMetrics]]

@@ -46,23 +46,24 @@ def children_of(parents: Sequence[int]) -> list[list[int]]:
 
 
 def verify_tree(tokens: Sequence[int], parents: Sequence[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                generator: torch.Generator | None, greedy: bool) -> TreeVerdict:
+                generator: torch.Generator | None, greedy: bool, proposal: bool = False) -> TreeVerdict:
     """draft_probs, target_probs: [N + 1, V] float32, one row per slot (rows of leaves in draft_probs are
-    not read)."""
+    not read). `proposal`: the verifier proposes in turn to a tier above (its next token is a proposal: a
+    row of it that is not finite is no error, sampling.sample)."""
     children = children_of(parents)
     path: list[int] = []
     slot = 0
     while True:
         target = target_probs[slot]
         if greedy:
-            best = sample(target, None, greedy=True)  # (NonFiniteLogits where the row is not finite)
+            best = sample(target, None, True, proposal)  # (NonFiniteLogits where an output's row is not finite)
             kept = next((c for c in children[slot] if tokens[c] == best), None)
             if kept is None:
                 return TreeVerdict(path, best)
         else:
             kept, target = _try_children(children[slot], tokens, draft_probs[slot], target, generator)
             if kept is None:
-                return TreeVerdict(path, sample(target, generator, greedy=False))
+                return TreeVerdict(path, sample(target, generator, False, proposal))
         path.append(kept)
         slot = kept + 1
 

@@ -40,7 +40,8 @@ def verify_chain(draft_tokens: list[int], draft_probs: torch.Tensor, target_prob
 
 
 def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor], target_probs: list[torch.Tensor],
-                  generators: list[torch.Generator | None], greedy: list[bool]) -> list[ChainVerdict]:
+                  generators: list[torch.Generator | None], greedy: list[bool],
+                  proposals: list[bool] | None = None) -> list[ChainVerdict]:
     """Many sequences' chains at once: sequence b proposed g_b = len(draft_tokens[b]) tokens, with its
     proposer's distributions draft_probs[b] [g_b, V] and its checker's target_probs[b] [g_b + 1, V]. The
     accept decisions of all sequences ([B, max g] padded) and their next-token distributions ([B, V]) are
@@ -49,8 +50,10 @@ def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor]
 
     Each sequence draws from its own generator, in the order a chain alone would: g_b uniforms (none
     when greedy), then the recovered or bonus token. So a sequence's verdict is the same alone and in
-    any batch."""
+    any batch. `proposals[b]`: sequence b's checker proposes in turn to a tier above, so that its next
+    token is a proposal (a row of it that is not finite is no failure: sampling.sample)."""
     counts = [len(t) for t in draft_tokens]
+    proposals = proposals or [False] * len(counts)
     device = target_probs[0].device
     width = max(counts, default=0)
     count = torch.tensor(counts, device=device)
@@ -84,9 +87,9 @@ def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor]
     use_residual = torch.tensor(rejected, device=device)[:, None] & (total > 1e-12)
     next_probs = torch.where(use_residual, residual / total.clamp_min(1e-30), target_rows)
     verdicts = []
-    for b, (a, gen, is_greedy) in enumerate(zip(kept, generators, greedy)):
+    for b, (a, gen, is_greedy, proposal) in enumerate(zip(kept, generators, greedy, proposals)):
         try:
-            verdicts.append(ChainVerdict(a, sample(next_probs[b], gen, is_greedy)))
+            verdicts.append(ChainVerdict(a, sample(next_probs[b], gen, is_greedy, proposal)))
         except NonFiniteLogits as failed:
             verdicts.append(ChainVerdict(a, -1, failed))
     return verdicts
