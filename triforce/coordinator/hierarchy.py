@@ -69,8 +69,9 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
                 itemsize: int) -> int:
     """What one request's caches hold for `tokens` (prompt + new tokens) in the tiers its mode stacks: the
     target's full KV cache and its chunk means; the retrieval tier's own buffers (a static cache reads its
-    `full_layers` in the full cache and copies the budget of the others, with room for tokens until its next rebuild;
-    mode auto's tiers, one per budget, hold two such caches at most, see below); the draft's sinks, its
+    `full_layers` in the full cache and copies the budget of the others, with room for tokens until its next
+    rebuild, where the context passes the budget and a chunk, and reads every layer in place where it does
+    not; mode auto's tiers, one per budget, hold two such caches at most, see below); the draft's sinks, its
     recent tokens' double buffer and the fused layer loop's copy of sinks and window; the target's queries
     of a forward's last QUERY_ROWS rows (what a retrieval rebuild scores with: a query head each, so with
     grouped KV heads a fifth of a 2K-token cache for Qwen2.5-7B's seven per KV head), twice in mode auto
@@ -84,12 +85,13 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
     if cfg.mode in ("retrieval", "triforce", "auto"):
         per_layer = per_token // target.num_layers
         room = cfg.refresh_every + slack
-        # Mode auto runs one of its budgets' caches and releases the others while idle, but measuring an
-        # idle one's cost builds it beside the running one: two at once, the largest two. A static cache
-        # whose context never passes its budget and a chunk reads the full cache in place, as it reads its
-        # `full_layers`, and takes no chunk means (cache/retrieval.py: selects_chunks).
-        held = sorted(auto_budgets(cfg))[-2:] if cfg.mode == "auto" else [cfg.budget]
-        selecting = [b for b in held if selects_chunks(tokens, b, cfg.chunk_size)]
+        # A static cache whose context (with the last round's speculative overshoot) never passes its
+        # budget and a chunk reads the full cache in place, as it reads its `full_layers`, and takes no chunk
+        # means (cache/retrieval.py: selects_chunks). Mode auto runs one of its budgets' caches and releases
+        # the others while idle, but measuring an idle one's cost builds it beside the running one: two at
+        # once, the largest two of those that select.
+        budgets = sorted(auto_budgets(cfg)) if cfg.mode == "auto" else [cfg.budget]
+        selecting = [b for b in budgets if selects_chunks(capacity, b, cfg.chunk_size)][-2:]
         if cfg.retrieval_policy == "dynamic" or selecting:
             total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
         if cfg.retrieval_policy == "static":
