@@ -904,26 +904,31 @@ def test_a_worker_group_that_stops_answering_stops_the_server(llm, monkeypatch):
     client.app.state.scheduler.stop()
 
 
-def test_a_failure_of_the_schedulers_own_work_ends_every_request_and_the_server(llm):
-    """The scheduler's thread failed outside any one request (here its metrics, counting a finished
-    request; free_memory on a device a sticky CUDA error broke, say): the thread died, the request it was
-    finishing was never told, nor were those beside it, and the server stayed up with them all waiting.
-    Now the finished one has its answer, the others an error, and the server ends (on_fatal)."""
+def test_a_failure_of_the_schedulers_own_work_ends_every_request_and_the_server(llm, monkeypatch):
+    """The scheduler's thread failed outside any one request (free_memory on a device a sticky CUDA error
+    broke): the thread died and every request queued stayed waiting, the server up. Now each gets an error
+    and the server ends (on_fatal). A failure counting a request's metrics is logged, its answer sent."""
     class BrokenMetrics:
         def finished(self, *args):
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-        def failed(self):
-            pass
+            raise RuntimeError("a metrics backend that failed")
 
     fatal, seen, told = [], [], threading.Semaphore(0)
     scheduler = Scheduler(llm, metrics=BrokenMetrics(), on_fatal=fatal.append)
-    short = parse("completion", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}, llm, "tiny")
-    long = parse("completion", {"prompt": PROMPT, "max_tokens": 60, "temperature": 0, "ignore_eos": True}, llm, "tiny")
-    for job in (short, long):
-        scheduler.submit(job, lambda kind, data: (seen.append(kind), told.release()))
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}, llm, "tiny")
+    scheduler.submit(job, lambda kind, data: (seen.append(kind), told.release()))
+    assert told.acquire(timeout=30) and seen == ["done"] and scheduler.alive
+    free = llm.free_memory
+
+    def broken_device():
+        if threading.current_thread().name == "triforce-scheduler" and scheduler.waiting:  # as it admits them
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return free()
+
+    monkeypatch.setattr(llm, "free_memory", broken_device)
+    two = parse("completion", {"prompt": [PROMPT, PROMPT], "max_tokens": 2, "temperature": 0}, llm, "tiny")
+    scheduler.submit_choices(two, [lambda kind, data: (seen.append((kind, data.status)), told.release())] * 2)
     assert told.acquire(timeout=30) and told.acquire(timeout=30), seen
-    assert sorted(seen) == ["done", "error"]
+    assert seen[1:] == [("error", 500)] * 2
     scheduler._thread.join(10)
     assert fatal and "illegal memory access" in str(fatal[0]) and not scheduler.alive
 

@@ -166,9 +166,13 @@ def test_the_handshake_tells_two_torchrun_runs_of_one_model_apart(tiny_dir, monk
 
     folder = tiny_dir("identity-model", seed=3)
     ids = {}
-    for run in ("first-run", "second-run", "first-run"):
+    # --standalone: a run id each; by hand without one, torchrun's "none" and a master port each
+    for run, port in (("first-run", "29500"), ("second-run", "29500"), ("first-run", "29500"), ("none", "29500"),
+                      ("none", "29501")):
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", run)
-        ids.setdefault(run, set()).add(model_identity(folder))
-    assert len(ids["first-run"]) == 1 and ids["first-run"] != ids["second-run"]
+        monkeypatch.setenv("MASTER_PORT", port)
+        ids.setdefault((run, port), set()).add(model_identity(folder))
+    assert len(ids["first-run", "29500"]) == 1 and len(set(map(frozenset, ids.values()))) == len(ids)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")
-    assert model_identity(folder) not in ids["first-run"] | ids["second-run"]
+    monkeypatch.delenv("MASTER_PORT")
+    assert model_identity(folder) not in set().union(*ids.values())

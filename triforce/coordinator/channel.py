@@ -55,13 +55,14 @@ def refusal(kind: str, reply_body: dict) -> WorkerError:
 
 def model_identity(folder: Path, rope_scaling: str | None = None) -> str:
     """What the handshake compares: the folder's config, the sizes of its weight files, the RoPE scaling it
-    runs with, and the torchrun run the process belongs to (TORCHELASTIC_RUN_ID: the same in every process
-    of one run, the job's id under the Slurm recipe; none outside torchrun). A second run on the same
+    runs with, and the torchrun run the process belongs to (TORCHELASTIC_RUN_ID and MASTER_PORT: the same
+    in every process of one run; the run id is "none" for torchrun without --standalone or --rdzv-id, and
+    two runs at once have two master ports; none of either outside torchrun). A second run on the same
     control port and model found the first one's group, took sequence numbers it held and shut it down
     at its end; now the handshake refuses it."""
     folder = Path(folder)
     h = hashlib.sha1((folder / "config.json").read_bytes())
-    h.update(f"run:{os.environ.get('TORCHELASTIC_RUN_ID', '')}".encode())
+    h.update(f"run:{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}".encode())
     if rope_scaling:
         h.update(f"rope_scaling:{rope_scaling}".encode())
     for f in sorted(folder.glob("*.safetensors")):

@@ -131,7 +131,7 @@ def structured_outputs(args) -> StructuredOutputs | None:
     """The constraint of the structured-output flags (None without one)."""
     def text_or_file(value: str, flag: str) -> str:
         try:
-            if not Path(value).is_file():
+            if not Path(value).expanduser().is_file():  # (read_user_text expands ~ too)
                 return _utf8(value, flag)
         except OSError:  # too long to name a file: the text itself
             return _utf8(value, flag)

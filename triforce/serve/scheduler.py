@@ -270,9 +270,9 @@ class Scheduler:
             self._freed = True
 
     def _stop_for_good(self, exc: Exception) -> None:
-        """The worker group stopped answering (or the scheduler's own work failed): no request can run again. The others fail, /health says
-        503, and `on_fatal` ends the server, so that torchrun ends the group (a server that stayed up failed
-        every request)."""
+        """The worker group stopped answering (or the scheduler's own work failed): no request can run again.
+        The others fail, /health says 503, and `on_fatal` ends the server, so that torchrun ends the group
+        (a server that stayed up failed every request)."""
         self.fatal = exc
         with self._lock:
             ended = list(self.waiting) + list(self.running.values())
@@ -298,9 +298,8 @@ class Scheduler:
             self._fail([ticket], exc)
             return
         closing = self._close(ticket)
+        self._count("finished", output.finish_reason, output.metrics, ticket.queued_s)  # before its client knows
         self._tell(ticket, "done", output)  # its answer stands, whatever ending its sequence met
-        if self.metrics is not None:
-            self.metrics.finished(output.finish_reason, output.metrics, ticket.queued_s)
         if closing is not None and self._group_gone() and self.fatal is None:
             self._stop_for_good(closing)
 
@@ -332,10 +331,18 @@ class Scheduler:
         """Failed requests: each closed (its caches and sequence freed), counted and told why."""
         for ticket in tickets:
             self._close(ticket)
-            if self.metrics is not None:
-                self.metrics.failed()
+            self._count("failed")
             self._tell(ticket, "error", _failure(exc))
         self._freed = True  # their caches, back to the system before the capacity is read again
+
+    def _count(self, event: str, *details) -> None:
+        """Tells the metrics of a request that ended (`finished` or `failed`), where a server keeps them; a
+        failure there is logged, and the request's client is told all the same."""
+        if self.metrics is not None:
+            try:
+                getattr(self.metrics, event)(*details)
+            except Exception:  # noqa: BLE001
+                log.exception("could not count a %s request", event)
 
     @staticmethod
     def _tell(ticket: Ticket, kind: str, data) -> None:
