@@ -596,7 +596,7 @@ def test_requests_fit_beside_the_caches_the_running_ones_have_yet_to_allocate(ll
     requests' whole needs: two fit, the third waits for one to end. And a request that could not fit alone
     is refused (413), though the running ones' needs, counted again on top of the memory free (part of it
     theirs), made room for it before."""
-    from triforce.serve.scheduler import Ticket
+    from triforce.serve.tickets import Ticket
 
     job = parse("completion", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}, llm, "tiny")
     need = llm.cache_bytes_for(len(job.prompts[0]), 8)
@@ -1008,12 +1008,12 @@ def test_a_failure_is_told_as_whose_it_is():
     from triforce.cache.base import CacheCapacityError
     from triforce.coordinator.channel import WorkerError
     from triforce.errors import TooLarge
-    from triforce.serve.scheduler import _failure
+    from triforce.serve.tickets import failure
     from triforce.speculation.rules import RulesContradict
 
     for exc, status in ((RulesContradict("x"), 400), (TooLarge("x"), 413), (WorkerError("x"), 503),
                         (CacheCapacityError("x"), 500), (RuntimeError("x"), 500)):
-        assert _failure(exc).status == status, exc
+        assert failure(exc).status == status, exc
 
 
 def test_a_seeded_server_repeats_the_samples_of_unseeded_requests(tiny_dir):

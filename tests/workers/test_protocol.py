@@ -32,13 +32,13 @@ def test_a_sequence_the_group_can_never_hold_is_the_requests_fault_and_a_413():
     the group's own failure: a 503, which clients retry, and a batch job ended by it."""
     from triforce.coordinator.channel import GroupFull, GroupTooSmall, WorkerError, refusal
     from triforce.errors import TooLarge
-    from triforce.serve.scheduler import _failure
+    from triforce.serve.tickets import failure
 
     never, later, broken = (refusal("start", decode(frames)[1]) for frames in (
         error_reply("needs 9 GiB", too_large=True), error_reply("needs 9 GiB", full=True), error_reply("bad")))
-    assert isinstance(never, GroupTooSmall) and isinstance(never, TooLarge) and _failure(never).status == 413
+    assert isinstance(never, GroupTooSmall) and isinstance(never, TooLarge) and failure(never).status == 413
     assert isinstance(later, GroupFull) and not isinstance(later, TooLarge)
-    assert type(broken) is WorkerError and _failure(broken).status == 503
+    assert type(broken) is WorkerError and failure(broken).status == 503
 
 
 def header(**override):

@@ -17,7 +17,6 @@ went away); `drain()` does that to all of them when the server shuts down.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -25,35 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..api import LLM
-from ..errors import RequestFailed, TooLarge
+from ..errors import RequestFailed
 from ..memory import release_freed
 from ..request import Request
-from ..sampling_params import SamplingParams
-from ..coordinator.channel import GroupFull, WorkerError
+from ..coordinator.channel import GroupFull
 from ..coordinator.batch import SequenceBatch
 from ..coordinator.batchmates import Batchmates
 from .openai import ApiError, Job
+from .tickets import Ticket, failure
 
 log = logging.getLogger("triforce.serve")
-
-
-@dataclass(eq=False)
-class Ticket:
-    job: Job
-    ids: list[int]  # its choice's prompt and sampling settings (Job.choices)
-    params: SamplingParams
-    on_event: Callable[[str, object], None]
-    bytes: int = 0  # what its caches take
-    request: Request | None = None
-    cancelled: bool = False
-    queued_at: float = field(default_factory=time.perf_counter)
-    queued_s: float = 0.0  # how long it waited for the batch
-    refused_beside: float = math.inf  # running requests beside which the worker group refused it (GroupFull)
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        if self.request is not None:
-            self.request.cancel()
 
 
 @dataclass(eq=False)
@@ -148,7 +128,7 @@ class Scheduler:
             running = list(self.running.values())
         for ticket in waiting:
             ticket.cancel()
-            self._tell(ticket, "error", ApiError(503, "the server is shutting down", "server_error"))
+            ticket.tell("error", ApiError(503, "the server is shutting down", "server_error"))
         for ticket in running:
             ticket.cancel()
         self._wake.set()
@@ -205,8 +185,8 @@ class Scheduler:
             job = ticket.job
             stream = None
             if job.stream:
-                stream = lambda piece, t=ticket: self._tell(  # noqa: E731
-                    t, "text", (piece, t.request.new_logprobs(), t.request.new_token_ids()))
+                stream = lambda piece, t=ticket: t.tell(  # noqa: E731
+                    "text", (piece, t.request.new_logprobs(), t.request.new_token_ids()))
             try:
                 try:
                     ticket.request = Request(self.llm, ticket.ids, ticket.params, stream, self._mates)
@@ -297,24 +277,11 @@ class Scheduler:
             seq.error = None  # its traceback holds the run's frames, and so its caches, past the request
             self._fail([ticket], exc)
             return
-        closing = self._close(ticket)
+        closing = ticket.close()
         self._count("finished", output.finish_reason, output.metrics, ticket.queued_s)  # before its client knows
-        self._tell(ticket, "done", output)  # its answer stands, whatever ending its sequence met
+        ticket.tell("done", output)  # its answer stands, whatever ending its sequence met
         if closing is not None and self._group_gone() and self.fatal is None:
             self._stop_for_good(closing)
-
-    @staticmethod
-    def _close(ticket: Ticket) -> Exception | None:
-        """Ends a request (Request.close: its caches, its sequence on a worker group); what that raised (a
-        worker group gone, say: it once ended the scheduler's thread, and every request in flight hung) is
-        logged and returned."""
-        try:
-            if ticket.request is not None:
-                ticket.request.close()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("could not free a request's sequence: %s", exc)
-            return exc
-        return None
 
     def _group_gone(self) -> bool:
         return getattr(getattr(self.llm, "workers", None), "broken", False)
@@ -330,9 +297,9 @@ class Scheduler:
     def _end_failed(self, tickets: list[Ticket], exc: Exception) -> None:
         """Failed requests: each closed (its caches and sequence freed), counted and told why."""
         for ticket in tickets:
-            self._close(ticket)
+            ticket.close()
             self._count("failed")
-            self._tell(ticket, "error", _failure(exc))
+            ticket.tell("error", failure(exc))
         self._freed = True  # their caches, back to the system before the capacity is read again
 
     def _count(self, event: str, *details) -> None:
@@ -343,19 +310,3 @@ class Scheduler:
                 getattr(self.metrics, event)(*details)
             except Exception:  # noqa: BLE001
                 log.exception("could not count a %s request", event)
-
-    @staticmethod
-    def _tell(ticket: Ticket, kind: str, data) -> None:
-        try:
-            ticket.on_event(kind, data)
-        except Exception:  # noqa: BLE001 (the client's side is gone; the server goes on)
-            log.exception("could not deliver a request's %s", kind)
-
-
-def _failure(exc: Exception) -> ApiError:
-    """What a client is told of the exception that failed its request: 400 (413: too large) where its own
-    settings failed it as it ran, 503 where the worker group failed, 500 otherwise (a bug)."""
-    if isinstance(exc, RequestFailed):
-        return ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
-    status = 503 if isinstance(exc, WorkerError) else 500
-    return ApiError(status, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
