@@ -29,7 +29,7 @@ def pytest_xdist_auto_num_workers(config):
     """`-n auto`: a worker per CPU this process may run on (xdist's own count ignores CPU affinity) and one
     more, unless PYTEST_XDIST_AUTO_NUM_WORKERS says otherwise: a quarter of the time a worker of the suite
     waits (on the processes a test starts, a server's answer, the run's last long tests), and a spare worker
-    fills it (on the 2-core EPYC, the same code: 758 s with two workers, 645 s with three; 737 and 664 s
+    fills it (on a 2-core AMD EPYC, Zen 3, the same code: 758 s with two workers, 645 s with three; 737 and 664 s
     at the next commits)."""
     return None if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else usable_cores() + 1
 
