@@ -91,11 +91,15 @@ def top_probability(logits: torch.Tensor) -> float:
     return float(torch.exp(logits.max() - torch.logsumexp(logits, dim=-1)))
 
 
+def non_finite() -> NonFiniteLogits:
+    return NonFiniteLogits("the distribution to sample from holds NaN or infinity: the model's logits "
+                           "overflowed (a float16 or bfloat16 model past its range?)")
+
+
 def check_finite(probs: torch.Tensor) -> None:
     """NonFiniteLogits unless the distribution probs [V] an output token follows is finite."""
     if not torch.isfinite(probs.sum()):
-        raise NonFiniteLogits("the distribution to sample from holds NaN or infinity: the model's logits "
-                              "overflowed (a float16 or bfloat16 model past its range?)")
+        raise non_finite()
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool, proposal: bool = False) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import NonFiniteLogits
-from .sampling import sample
+from .sampling import non_finite, sample
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,12 @@ def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor]
     # distributions were equal to float precision, and the target's is the limit.
     use_residual = torch.tensor(rejected, device=device)[:, None] & (total > 1e-12)
     next_probs = torch.where(use_residual, residual / total.clamp_min(1e-30), target_rows)
+    # every row's argmax (greedy's token) and whether it is finite, in one transfer (one sync on a GPU)
+    argmax, finite = torch.stack([next_probs.argmax(dim=1), torch.isfinite(next_probs.sum(dim=1))]).tolist()
     verdicts = []
     for b, (a, gen, is_greedy, proposal) in enumerate(zip(kept, generators, greedy, proposals)):
-        try:
-            verdicts.append(ChainVerdict(a, sample(next_probs[b], gen, is_greedy, proposal)))
-        except NonFiniteLogits as failed:
-            verdicts.append(ChainVerdict(a, -1, failed))
+        if not (finite[b] or proposal):  # an output drawn from an overflowed row: this sequence fails
+            verdicts.append(ChainVerdict(a, -1, non_finite()))
+        else:
+            verdicts.append(ChainVerdict(a, argmax[b] if is_greedy else sample(next_probs[b], gen, False, proposal)))
     return verdicts
