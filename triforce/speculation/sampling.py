@@ -106,9 +106,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool,
     """probs: [V]. Greedy takes the argmax without consuming randomness. `proposal`: a proposer's draw,
     which may come from a row holding NaN (sample_distinct)."""
     if greedy:
-        if not proposal:
-            check_finite(probs)
-        return int(probs.argmax())
+        if proposal:
+            return int(probs.argmax())
+        # the token and whether its row is finite in one transfer (one sync on a GPU, as the argmax alone)
+        token, finite = torch.stack([probs.argmax(), torch.isfinite(probs.sum())]).tolist()
+        if not finite:
+            raise non_finite()
+        return token
     drawn = sample_distinct(probs, 1, generator, proposal)
     if not drawn:
         raise ValueError("cannot sample from a distribution with no probability mass")
