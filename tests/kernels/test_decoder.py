@@ -5,13 +5,19 @@ import torch
 from triforce.cache.full import FullKVCache
 from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
 from triforce.cache.streaming import StreamingKVCache
+from triforce.kernels import linear
 from triforce.kernels.cpu import cpu_kernels, native_bf16
 from triforce.models.loader import load_model
 from triforce.step import Step
 
 from checkpoints import write_tiny_checkpoint
 
-PREFILL = 100  # a prompt's rows: past the linear kernel's (24; 96 at the avx2 level)
+
+
+def prefill_rows() -> int:
+    """A prompt's rows: past the linear kernel's (24; 96 at the avx2 level), so its products are torch's,
+    and within the attention kernel's 128 query rows per KV head (2 heads each here) where that can be."""
+    return linear.kernel_max_rows() + 5
 
 
 def decode(model, fused):
@@ -25,7 +31,7 @@ def decode(model, fused):
         full = FullKVCache(model.config, 128, model.dtype, "cpu")
         retrieval = RetrievalKVCache(LocalKVSource(full), 16, 4, "static", full_layers=1, refresh_every=10,
                                      max_speculative=40)
-        logits = [model(torch.randint(3, 96, (PREFILL,), generator=g), full)]
+        logits = [model(torch.randint(3, 96, (prefill_rows(),), generator=g), full)]
         retrieval.sync()
         for n in (1, 3, 7, 2, 1):
             tokens = torch.randint(3, 96, (n,), generator=g)
@@ -55,7 +61,7 @@ def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, mo
     monkeypatch.setattr(ext, "decoder_layers_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     fused = decode(model, model.fused_layers)
     # every forward took it; the prefill too where products past the linear kernel's rows are torch's
-    assert sorted(set(calls)) == [1, 2, 3, 4, 7] + ([PREFILL] if native_bf16() else [])
+    assert sorted(set(calls)) == [1, 2, 3, 4, 7] + ([prefill_rows()] if native_bf16() else [])
     calls.clear()
     plain = decode(model, None)
     assert not calls

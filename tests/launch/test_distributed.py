@@ -251,7 +251,7 @@ def test_an_error_on_the_coordinator_is_one_line_and_its_status(folders, capfd):
     assert err.startswith("triforce: error:") and "positions" in err and "\n" not in err, err
 
 
-def test_workers_without_a_control_port_get_a_free_one(monkeypatch):
+def test_workers_without_a_control_port_get_a_free_one(folders, monkeypatch):
     """Two groups on one machine must not collide on the leader's port: `--workers` picks a free one
     unless --control-port is given; torchrun by hand keeps the documented default."""
     import subprocess
@@ -270,8 +270,9 @@ def test_workers_without_a_control_port_get_a_free_one(monkeypatch):
             return 0
 
     monkeypatch.setattr(subprocess, "Popen", Torchrun)
-    for argv in (["generate", "--prompt", "x", "--workers", "1"],
-                 ["serve", "--workers", "1", "--control-port", "4242"]):
+    model = ["--model", str(folders[0])]  # (the default model would be fetched first on a new machine)
+    for argv in (["generate", "--prompt", "x", "--workers", "1", *model],
+                 ["serve", "--workers", "1", "--control-port", "4242", *model]):
         args = build_parser().parse_args(argv)
         args.argv = argv
         assert with_workers.launch_with_torchrun(args) == 0
