@@ -12,7 +12,8 @@ shape, 212 MB in all) so the weights come from memory, not cache; best of 5 pass
 --past-rows: where the kernel stops beating the path `linear` takes past the kernel's rows
 (kernels/linear.py sets its row bounds from this). SmolLM2's 30 layers' matrices (qkv 960 x 576, o 576
 x 576, gate_up 3072 x 576, down 576 x 1536; 212 MB in bfloat16, each read from memory on every pass)
-times n rows of x, through the kernel (linear_bf16's vector path, or linear_f32) and through that path
+times n rows of x, through the kernel (linear_bf16: its tiles on an AMX CPU, else its vector path; or
+linear_f32) and through that path
 (without native bfloat16: W widened to float32 a block at a time, then torch's float32 product; with
 it, and for float32, torch's own product), the two taking turns. A JSON line per row count: the median
 ms of each and kernel / torch. On the 2-core Zen 3 EPYC (results/linear_rows/avx2_epyc_*.jsonl, two
@@ -66,8 +67,8 @@ def past_rows(row_counts: list[int], dtype: torch.dtype, reps: int) -> None:
     if dtype == torch.float32:
         kernel, torch_path = ext.linear_f32, F.linear
     else:
-        def kernel(x, w):
-            return ext.linear_bf16(x, w, float_out=False, allow_amx=False)
+        def kernel(x, w):  # the path `linear` takes (AMX tiles where the CPU has them)
+            return linear_module._kernel_linear(x, w, False)
 
         def torch_path(x, w):
             return F.linear(x, w) if native_bf16() else linear_module._float32_linear(x, w).to(x.dtype)

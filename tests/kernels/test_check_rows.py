@@ -25,12 +25,8 @@ def folder(tmp_path_factory):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("k", [2, 5, 8, 13, KERNEL_MAX_ROWS, 40])
 def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dtype):
-    """At the vector levels (AVX2, AVX512-BF16; the float32 kernels are AVX2 at every level), up to the
-    most rows the linear kernel takes there (40: bfloat16 at the avx2 level). AMX tiles take a bfloat16
-    check from 3 rows and round it otherwise (TRIFORCE_CPU_ISA=avx512 keeps an AMX CPU on the vector
-    paths)."""
-    if level == "amx" and dtype == "bfloat16":
-        pytest.skip("AMX tiles round a check of 3 or more rows otherwise than a step")
+    """At every level (AVX2, AVX512-BF16, AMX tiles, which take steps too; the float32 kernels are AVX2
+    at every level), up to the most rows the linear kernel takes there (40: bfloat16 at the avx2 level)."""
     if k > kernel_max_rows(getattr(torch, dtype)):
         pytest.skip(f"past the linear kernel's rows at {level} in {dtype}: torch's product")
     model = load_model(folder, dtype)
@@ -54,8 +50,6 @@ TREE = [-1, 0, 1, 2, 1, 4, 5, 6, 0, 8, 9, 3, 11, 12, 13, 14, 7]  # leaves 10, 15
 def test_a_tree_check_gives_each_node_what_steps_along_its_path_give(level, folder, dtype, context):
     """Each node's logits, and the keys and values its path keeps (keep_path), equal those of one-token
     steps along the path; the paths straddle 512 or 1024 at other nodes than the tree's own layout."""
-    if level == "amx" and dtype == "bfloat16":
-        pytest.skip("AMX tiles round a check of 3 or more rows otherwise than a step")
     model = load_model(folder, dtype)
     n = len(TREE)
     ids = torch.randint(3, 96, (context + n,), generator=torch.Generator().manual_seed(context))

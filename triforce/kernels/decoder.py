@@ -64,4 +64,4 @@ class FusedLayers:
             last_queries.append(last_query)
         return cpu_kernels().decoder_layers_bf16(
             x, self.weights, keys, values, offsets, rows, cos, sin, self.num_heads, self.num_kv_heads, self.eps,
-            self.scale, linear.kernel_max_rows(), linear.kernel_uses_amx(n), last_queries, list(masks))
+            self.scale, linear.kernel_max_rows(), last_queries, list(masks))

@@ -2,10 +2,10 @@
 
 `linear(x, weight, bias)` is F.linear, except on an x86-64 CPU for bfloat16 inputs of a few rows
 (decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights at well
-under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): from 3 rows on with
-AMX tiles (csrc/linear_amx.cpp, at the same read rate for 3 to 16 rows), else with vector instructions
-(AVX512-BF16, or csrc/linear_avx2.cpp), whose rate falls with every row; up to kernel_max_rows() rows
-(24, or 96 at the avx2 level), torch's path past that.
+under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): with AMX tiles
+where the CPU has them (csrc/linear_amx.cpp, at about the same read rate for 1 to 16 rows), else with
+vector instructions (AVX512-BF16, or csrc/linear_avx2.cpp), whose rate falls with every row; up to
+kernel_max_rows() rows (24, or 96 at the avx2 level), torch's path past that.
 `reference_linear` is what the tests compare it with. Float32 inputs of up to KERNEL_MAX_ROWS rows go to
 csrc/linear_f32.cpp on every level (AVX2 + FMA), where torch's float32 product of a few rows read the
 weights at a fraction of the memory bandwidth (benchmarks/float32_rows.py).
@@ -35,10 +35,11 @@ KERNEL_MAX_ROWS = 24
 # --batch 8` at 1K, at 64 5, at 96 all 8). Float32 keeps KERNEL_MAX_ROWS: its kernel was 0.83-0.93x
 # torch's float32 product at 24-48 rows and 1.08x at 64.
 AVX2_BF16_MAX_ROWS = 96
-# Below 3 rows the vector path read as fast as the tile path or faster in most runs here (16 against 12
-# GB/s at 1 row while other tenants loaded the memory bus, 16 against 19 when they did not); from 3 rows
-# on the tile path won every run (benchmarks/linear_bandwidth.py).
-AMX_MIN_ROWS = 3
+# Where the CPU has AMX tiles the kernel takes its tile path for every number of rows: a row's sums there
+# do not depend on the other rows, so a check (and a batch) gives each token what a one-token step gives,
+# bit for bit, as the vector paths do (tests/kernels/test_check_rows.py); steps with the vector path below
+# 3 rows rounded otherwise. A one-token forward of SmolLM2 in bfloat16 costs what it did on the vector
+# path (0.99-1.04x, benchmarks/amx_step.py; docs/amx.md).
 MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
@@ -61,11 +62,6 @@ def kernel_takes(rows: int, weight: torch.Tensor, dtype: torch.dtype = torch.bfl
             and k > 0 and k % K_STEP[dtype] == 0 and 1 <= rows <= kernel_max_rows(dtype))
 
 
-def kernel_uses_amx(rows: int) -> bool:
-    """Whether the kernel may take its tile path for `rows` rows (it still needs AMX and N % 16 == 0)."""
-    return rows >= AMX_MIN_ROWS
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [n, K] -> [n, N]."""
     if x.dim() != 2:  # (the kernels take [n, K])
@@ -86,7 +82,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _kernel_linear(x: torch.Tensor, weight: torch.Tensor, float_out: bool) -> torch.Tensor:
-    return cpu_kernels().linear_bf16(x, weight, float_out=float_out, allow_amx=kernel_uses_amx(x.shape[0]))
+    return cpu_kernels().linear_bf16(x, weight, float_out=float_out)
 
 
 def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

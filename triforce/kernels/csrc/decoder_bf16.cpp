@@ -18,11 +18,10 @@ constexpr size_t kWeightsPerLayer = 7;  // input norm, qkv, qkv bias (empty: non
 
 // kernels/linear.py's `linear` on a CPU with native bfloat16: the kernel up to kernel_rows rows, torch's
 // product (bias inside) past them.
-at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
-                   int64_t kernel_rows, bool linear_amx) {
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, int64_t kernel_rows) {
   const bool has_bias = bias.defined() && bias.numel() > 0;
   if (x.size(0) > kernel_rows) return has_bias ? at::linear(x, w, bias) : at::linear(x, w);
-  const auto out = linear_bf16(x, w, false, linear_amx);
+  const auto out = linear_bf16(x, w, false, true);
   return has_bias ? out + bias : out;
 }
 }  // namespace
@@ -40,7 +39,7 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
                                const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                                const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
                                at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
-                               double eps, double scale, int64_t kernel_rows, bool linear_amx,
+                               double eps, double scale, int64_t kernel_rows,
                                const std::vector<at::Tensor>& last_query,
                                const std::vector<std::optional<at::Tensor>>& masks) {
   const size_t seqs = rows.size();
@@ -58,7 +57,7 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
   const at::Tensor no_bias;
   for (size_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
-    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], kernel_rows, linear_amx);
+    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], kernel_rows);
     const auto heads = qkv.view({n, hq + 2 * hkv, d}).transpose(0, 1);  // [h, n, d]
     int64_t row = 0;
     for (size_t s = 0; s < seqs; ++s) {
@@ -76,9 +75,9 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
       row += ns;
     }
     const auto attn = seqs == 1 ? parts[0] : at::cat(parts, 1);  // [hq, n, d]
-    x = x + project(attn.transpose(0, 1).reshape({n, hq * d}), w[3], no_bias, kernel_rows, linear_amx);
-    const auto gate_up = project(rms_norm_bf16(x, w[4], eps), w[5], no_bias, kernel_rows, linear_amx);
-    x = x + project(silu_mul_bf16(gate_up), w[6], no_bias, kernel_rows, linear_amx);
+    x = x + project(attn.transpose(0, 1).reshape({n, hq * d}), w[3], no_bias, kernel_rows);
+    const auto gate_up = project(rms_norm_bf16(x, w[4], eps), w[5], no_bias, kernel_rows);
+    x = x + project(silu_mul_bf16(gate_up), w[6], no_bias, kernel_rows);
   }
   return x;
 }
