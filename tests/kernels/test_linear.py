@@ -43,15 +43,16 @@ def test_cpu_kernel_rows_do_not_depend_on_how_many_share_a_pass(level, dtype):
     a time up to 4 rows of x and three from 5, passes of 8 from 9; AVX512-BF16 one row of W at a time): a
     check of n tokens gives each token the numbers a decode step of that token alone gives, bit for bit,
     so greedy decoding cannot part from plain decoding at a near-tie (nor a request's answer change with
-    the requests beside it). 1000 rows of W: not a multiple of 3, so some rows of W go alone. Up to the
-    most rows `linear` sends the kernel at this level (bfloat16 at the avx2 level: 96)."""
+    the requests beside it). 1024 rows of W: not a multiple of 3, so some rows of W go alone, and a
+    multiple of 16, which AMX tiles take (16 rows of x per pass from 1 row). Up to the most rows `linear`
+    sends the kernel at this level (bfloat16: 96 at the avx2 level, 128 at amx)."""
     most = kernel_max_rows(dtype)
-    x, w = torch.randn(most, 576).to(dtype), torch.randn(1000, 576).to(dtype)
+    x, w = torch.randn(most, 576).to(dtype), torch.randn(1024, 576).to(dtype)
 
     def product(rows):
         if dtype == torch.float32:
             return cpu_kernels().linear_f32(rows, w)
-        return cpu_kernels().linear_bf16(rows, w, float_out=True, allow_amx=False)
+        return cpu_kernels().linear_bf16(rows, w, float_out=True)
 
     alone = torch.cat([product(row[None]) for row in x])
     for n in range(2, most + 1):
@@ -136,7 +137,7 @@ def test_gpu_logits_come_from_one_product_with_float32_out(monkeypatch):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, monkeypatch):
-    """Past the kernel's rows (prefill chunks; 120 rows: past 24, and 96 at the avx2 level), a CPU without
+    """Past the kernel's rows (prefill chunks; 200 rows: past 24, 96 at the avx2 level, 128 at amx), a CPU without
     AVX512-BF16 multiplies in float32 and rounds once; with it, torch's bfloat16 product runs."""
 
     import triforce.kernels.attention as attention_module
@@ -148,7 +149,7 @@ def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, m
     for module, name in ((linear_module, "_float32_linear"), (attention_module, "_split_attention")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, real=real: float32_inputs.append(a[0].dtype) or real(*a))
-    x, w, b = torch.randn(120, 64).bfloat16(), torch.randn(1500, 64).bfloat16(), torch.randn(1500).bfloat16()
+    x, w, b = torch.randn(200, 64).bfloat16(), torch.randn(1500, 64).bfloat16(), torch.randn(1500).bfloat16()
     want = (x.float() @ w.float().T).bfloat16() + b if not native else torch.nn.functional.linear(x, w, b)
     torch.testing.assert_close(linear(x, w, b), want, atol=0, rtol=0 if native else 2 ** -8)
     q = torch.randn(4, 70, 64).bfloat16()  # 140 rows per KV head: past the attention kernel too

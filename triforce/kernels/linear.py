@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .cpu import cpu_kernels, native_bf16
+from .cpu import cpu_kernels, has_amx, native_bf16
 
 # The vector kernel takes 8 rows of x per pass over a tile of W, so W comes from memory once for any row
 # count, but its rate falls with every row (benchmarks/linear_bandwidth.py, Zen 4 AVX512-BF16, 3072 x 576:
@@ -39,7 +39,15 @@ AVX2_BF16_MAX_ROWS = 96
 # do not depend on the other rows, so a check (and a batch) gives each token what a one-token step gives,
 # bit for bit, as the vector paths do (tests/kernels/test_check_rows.py); steps with the vector path below
 # 3 rows rounded otherwise. A one-token forward of SmolLM2 in bfloat16 costs what it did on the vector
-# path (0.99-1.04x, benchmarks/amx_step.py; docs/amx.md).
+# path (0.99-1.04x, benchmarks/amx_step.py; docs/amx.md). The tiles take 16 rows per pass over W, so
+# torch's product (oneDNN, on tiles too) catches up with more rows: kernel time over torch's, SmolLM2's 30
+# layers on a 2-core Xeon, two runs, 0.65 and 0.66 at 24 rows, 0.69 and 0.74 at 32, 0.78 and 0.90 at 48,
+# 0.91 and 1.03 at 64, 1.08 and 1.28 at 96, 1.22 at 128 (`python benchmarks/linear_bandwidth.py
+# --past-rows`, results/linear_rows/amx_xeon.jsonl). Up to 128 rows take the tiles all the same, so checks
+# and batches stay bit-exact: `triforce bench --batch 8` at 1K greedy gave 3 of 8 requests equal to `ar`
+# with 24 or 64 rows, 8 of 8 with 128, and `triforce` ran 77.5 and 107.3 tokens/s at 64, 92.9 and 109.6
+# at 128 (two runs each; results/linear_rows/amx_b8_1k_*.json).
+AMX_BF16_MAX_ROWS = 128
 MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
@@ -48,7 +56,11 @@ def kernel_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
     """Most rows of x of `dtype` that `linear` sends to the CPU kernel (0: no kernel here)."""
     if cpu_kernels() is None:
         return 0
-    return AVX2_BF16_MAX_ROWS if dtype == torch.bfloat16 and not native_bf16() else KERNEL_MAX_ROWS
+    if dtype != torch.bfloat16:
+        return KERNEL_MAX_ROWS
+    if not native_bf16():
+        return AVX2_BF16_MAX_ROWS
+    return AMX_BF16_MAX_ROWS if has_amx() else KERNEL_MAX_ROWS
 
 
 K_STEP = {torch.bfloat16: 32, torch.float32: 16}  # the kernels' K must be a multiple of this
