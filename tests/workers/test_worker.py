@@ -2,8 +2,10 @@
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from triforce.models.loader import load_model
+from triforce.models.parallel import TensorParallel
 from triforce.workers import worker as worker_module
 from triforce.workers.worker import NeverFits, VerifierWorker, prefix_bound
 
@@ -100,3 +102,19 @@ def test_a_refresh_whose_chunk_means_do_not_fit_is_refused_not_run(tiny_dir, mon
     monkeypatch.setattr(worker_module, "available_bytes", lambda device: 0)
     assert cache.means_bytes(4) == 0
     leader.check("refresh", refresh)  # made already: nothing new to allocate
+
+
+def test_a_worker_builds_the_cpu_kernels_before_it_serves(monkeypatch, tmp_path):
+    """On a fresh machine the kernels compile on first use; a worker that first used them in its first
+    prefill missed the coordinator's 60 s for that request (seen with two ranks on 2 cores)."""
+    from triforce.workers import group
+
+    events = []
+    monkeypatch.setattr(group, "load_model", lambda *a: SimpleNamespace(device=torch.device("cpu")))
+    monkeypatch.setattr(group.ModelConfig, "from_folder", lambda folder: SimpleNamespace(num_kv_heads=1))
+    monkeypatch.setattr(group, "model_identity", lambda *a: "id")
+    monkeypatch.setattr(group, "VerifierWorker", lambda *a: "worker")
+    monkeypatch.setattr(group, "cpu_kernels", lambda: events.append("kernels"))
+    monkeypatch.setattr(group, "serve", lambda *a: events.append("serve"))
+    group.run_worker(tmp_path, "float32", "cpu", TensorParallel(0, 1), None, None)
+    assert events == ["kernels", "serve"]
