@@ -14,8 +14,8 @@ def test_cpu_bf16_kernel_matches_float32_reference(level, n, k, out, amx):
     """At every level: the vector path (AVX2 or AVX512-BF16; 8 rows of x per pass, so 9, 21 and 40 rows
     take several passes over each tile of W, and 1728 rows of W at K = 576 several tiles, the last one
     ragged; at AVX2 from 5 rows three rows of W at a time, 2 rows of x at a time and the odd one alone, and the last one or
-    two rows of W of a tile alone: 3, 80 and 576 rows of W are not multiples of 3, nor are some tiles) and the AMX path (16 rows per pass, N a multiple of 16: 1728 = 36 blocks of 16 takes its
-    three-block loop, 80 = 5 blocks its tail too)."""
+    two rows of W of a tile alone: 3, 80 and 576 rows of W are not multiples of 3, nor are some tiles) and the AMX path (16 rows per pass, N a multiple of 16: 1728 = 36 blocks of 16, 80 = 5,
+    each block prefetching the next but the last)."""
     if amx and not has_amx():
         pytest.skip("no AMX tiles at this level")
     x, w = torch.randn(n, k).bfloat16(), torch.randn(out, k).bfloat16()
@@ -75,7 +75,7 @@ def test_cpu_float32_kernel_refuses_what_it_cannot_take(level):
 def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype(monkeypatch):
     w, b = torch.randn(96, 64), torch.randn(96)
     for dtype in (torch.float32, torch.bfloat16):
-        for n in (1, 8, 9, 24, 25, 40):  # past KERNEL_MAX_ROWS (25, 40) torch's path
+        for n in (1, 8, 9, 24, 25, 40, 130):  # past kernel_max_rows() (25 and 40 at avx512, 130) torch's path
             x = torch.randn(n, 64).to(dtype)
             ref = torch.nn.functional.linear(x.float(), w, b)
             torch.testing.assert_close(linear(x, w.to(dtype), b.to(dtype)).float(), ref, atol=0.3, rtol=0.05)

@@ -5,7 +5,7 @@
 under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): with AMX tiles
 where the CPU has them (csrc/linear_amx.cpp, at about the same read rate for 1 to 16 rows), else with
 vector instructions (AVX512-BF16, or csrc/linear_avx2.cpp), whose rate falls with every row; up to
-kernel_max_rows() rows (24, or 96 at the avx2 level), torch's path past that.
+kernel_max_rows() rows (24; 96 at the avx2 level, 128 at amx), torch's path past that.
 `reference_linear` is what the tests compare it with. Float32 inputs of up to KERNEL_MAX_ROWS rows go to
 csrc/linear_f32.cpp on every level (AVX2 + FMA), where torch's float32 product of a few rows read the
 weights at a fraction of the memory bandwidth (benchmarks/float32_rows.py).
@@ -53,7 +53,10 @@ FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float3
 
 
 def kernel_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
-    """Most rows of x of `dtype` that `linear` sends to the CPU kernel (0: no kernel here)."""
+    """Most rows of x of `dtype` that `linear` sends to the CPU kernel (0: no kernel here). One bound for
+    every weight, so the fused layer loop sends a product where `linear` does: at the amx level a weight
+    whose rows are not a multiple of 16 takes the vector path up to 128 rows too (slower past 24 than
+    torch's product; no model here has one)."""
     if cpu_kernels() is None:
         return 0
     if dtype != torch.bfloat16:

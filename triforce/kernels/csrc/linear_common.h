@@ -36,7 +36,8 @@ void parallel_rows(const RowsFn<X, W, Out>* rows, int n, const X* x, const W* w,
 // call it before each row, and their read rate rose from 16-17 to 22-26 GB/s at 1 row of x and from 12
 // to 18-24 GB/s at 4 (AVX2), 13-14 to 17-19 GB/s at 4 (AVX512-BF16), on the AMX Xeon: the hardware
 // prefetcher alone left the FMA work waiting on memory. Into L1 it would push out the rows of x. (The
-// AMX tile path, which reads 16 rows of W at a time, ran 5-15% slower with it, and goes without.)
+// AMX tile path, which reads 16 rows of W at a time, ran 5-15% slower with it, and prefetches its next
+// block of 16 rows its own way: linear_amx.cpp.)
 template <typename W>
 inline void prefetch_row_ahead(const W* w, int64_t r, int64_t K, int64_t end) {
   constexpr int64_t kAheadBytes = 8192;  // 4 KB gained less; 16 and 32 KB no more
