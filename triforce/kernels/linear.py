@@ -39,14 +39,14 @@ AVX2_BF16_MAX_ROWS = 96
 # do not depend on the other rows, so a check (and a batch) gives each token what a one-token step gives,
 # bit for bit, as the vector paths do (tests/kernels/test_check_rows.py); steps with the vector path below
 # 3 rows rounded otherwise. A one-token forward of SmolLM2 in bfloat16 costs what it did on the vector
-# path (0.99-1.04x, benchmarks/amx_step.py; docs/amx.md). The tiles take 16 rows per pass over W, so
-# torch's product (oneDNN, on tiles too) catches up with more rows: kernel time over torch's, SmolLM2's 30
-# layers on a 2-core Xeon, two runs, 0.65 and 0.66 at 24 rows, 0.69 and 0.74 at 32, 0.78 and 0.90 at 48,
-# 0.91 and 1.03 at 64, 1.08 and 1.28 at 96, 1.22 at 128 (`python benchmarks/linear_bandwidth.py
-# --past-rows`, results/linear_rows/amx_xeon.jsonl). Up to 128 rows take the tiles all the same, so checks
-# and batches stay bit-exact: `triforce bench --batch 8` at 1K greedy gave 3 of 8 requests equal to `ar`
-# with 24 or 64 rows, 8 of 8 with 128, and `triforce` ran 77.5 and 107.3 tokens/s at 64, 92.9 and 109.6
-# at 128 (two runs each; results/linear_rows/amx_b8_1k_*.json).
+# path (0.99-1.04x, benchmarks/amx_step.py; docs/amx.md). Up to 128 rows take the tiles, so checks and
+# batches stay bit-exact: `triforce bench --batch 8` at 1K greedy gave 3 of 8 requests equal to `ar` with
+# 24 or 64 rows, 8 of 8 with 128, and `triforce` ran 77.5 and 107.3 tokens/s at 64, 92.9 and 109.6 at 128
+# (two runs each; results/linear_rows/amx_b8_1k_rows*.json). Kernel time over torch's product (oneDNN, on
+# tiles too), SmolLM2's 30 layers on a 2-core Xeon (`python benchmarks/linear_bandwidth.py --past-rows`):
+# 0.52-0.59 at 16-32 rows, 0.64 at 48, 0.70 at 64, 1.02 at 96, 0.96 at 128 (amx_xeon_pieces.jsonl), since
+# each pass over W serves up to 96 rows; one pass per 16 rows had been 0.91-1.03 at 64 and 1.08-1.28 at
+# 96-128 (amx_xeon.jsonl).
 AMX_BF16_MAX_ROWS = 128
 MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
