@@ -11,8 +11,9 @@
 // at a time, so the next block is prefetched 1 KB a step: the hardware's stream prefetch does not follow
 // 16 interleaved rows (three blocks at once, sharing each B tile, read 1 and 2 rows of x at 0.7-0.9x the
 // vector kernel's rate; this reads them at its rate or above: benchmarks/linear_bandwidth.py). A pass
-// over W took one piece and W came from memory once per 16 rows of x, so past 24 rows torch's product
-// caught up (1.08-1.28x its time at 96-128 rows); each A tile now serves up to six pieces.
+// over W took one piece and W came from memory once per 16 rows of x, so torch's product caught up by 64
+// rows (the kernel 0.91-1.03x its time at 64, 1.08-1.28x at 96-128); each A tile now serves up to six
+// pieces (0.70x at 64, 1.02x and 0.96x at 96 and 128).
 #include "aten.h"
 
 #include "amx.h"
@@ -73,19 +74,20 @@ void run_amx(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const auto* wp = w.data_ptr<at::BFloat16>();
   // Grain: at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
   const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (16 * K * 2));
-  // Every piece's B tiles, packed once per call (row t of x: piece t / 16, column t % 16). Columns past
-  // the last piece's rows are left as they are: a column of B reaches only its own column of C, which
-  // blocks_amx never reads.
+  // The B tiles of up to six pieces at a time (row t of x: piece t / 16, column t % 16), packed once per
+  // pass. Columns past the last piece's rows are left as they are: a column of B reaches only its own
+  // column of C, which blocks_amx never reads. The tasks read the caller's buffer (a thread_local, kept
+  // for the next call: at most six pieces of K / 32 KB).
   const int pieces = (n + 15) / 16;
   thread_local std::vector<int32_t> packed;
-  packed.resize(std::max(packed.size(), static_cast<size_t>(pieces * piece)));
-  int32_t* xt = packed.data();  // (the tasks below run on other threads, each with its own `packed`)
-  for (int t = 0; t < n; ++t)
-    for (int64_t p = 0; p < K / 2; ++p)
-      xt[(t / 16) * piece + (p / 16) * 256 + (p % 16) * 16 + t % 16] = x32[t * K / 2 + p];
+  packed.resize(std::max(packed.size(), static_cast<size_t>(std::min(pieces, kPiecesPerPass) * piece)));
+  int32_t* xp = packed.data();
   for (int first = 0; first < pieces; first += kPiecesPerPass) {  // up to 96 rows of x per pass over W
     const int count = std::min(kPiecesPerPass, pieces - first), rows = std::min(16 * count, n - 16 * first);
-    const int32_t* xp = xt + first * piece;
+    const auto* xr = x32 + 16 * first * K / 2;  // the group's first row
+    for (int t = 0; t < rows; ++t)
+      for (int64_t p = 0; p < K / 2; ++p)
+        xp[(t / 16) * piece + (p / 16) * 256 + (p % 16) * 16 + t % 16] = xr[t * K / 2 + p];
     auto* yp = y.data_ptr<Out>() + 16 * first * N;
     at::parallel_for(0, N / 16, grain, [&](int64_t b, int64_t e) {
       switch (count) {
