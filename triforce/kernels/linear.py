@@ -44,9 +44,9 @@ AVX2_BF16_MAX_ROWS = 96
 # 24 or 64 rows, 8 of 8 with 128, and `triforce` ran 77.5 and 107.3 tokens/s at 64, 92.9 and 109.6 at 128
 # (two runs each; results/linear_rows/amx_b8_1k_rows*.json). Kernel time over torch's product (oneDNN, on
 # tiles too), SmolLM2's 30 layers on a 2-core Xeon (`python benchmarks/linear_bandwidth.py --past-rows`):
-# 0.52-0.59 at 16-32 rows, 0.64 at 48, 0.70 at 64, 1.02 at 96, 0.96 at 128 (amx_xeon_pieces.jsonl), since
-# each pass over W serves up to 96 rows; one pass per 16 rows had been 0.91-1.03 at 64 and 1.08-1.28 at
-# 96-128 (amx_xeon.jsonl).
+# 0.52-0.66 at 16-32 rows, 0.64 at 48, 0.70-0.84 at 64, 0.91-1.02 at 96, 0.96-1.15 at 128 (three runs,
+# amx_xeon_pieces.jsonl), since each pass over W serves up to 96 rows; one pass per 16 rows had been
+# 0.91-1.03 at 64 and 1.08-1.28 at 96-128 (amx_xeon.jsonl).
 AMX_BF16_MAX_ROWS = 128
 MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)

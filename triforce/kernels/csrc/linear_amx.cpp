@@ -13,7 +13,7 @@
 // vector kernel's rate; this reads them at its rate or above: benchmarks/linear_bandwidth.py). A pass
 // over W took one piece and W came from memory once per 16 rows of x, so torch's product caught up by 64
 // rows (the kernel 0.91-1.03x its time at 64, 1.08-1.28x at 96-128); each A tile now serves up to six
-// pieces (0.70x at 64, 1.02x and 0.96x at 96 and 128).
+// pieces (0.70-0.84x at 64, 0.91-1.02x at 96, 0.96-1.15x at 128).
 #include "aten.h"
 
 #include "amx.h"
