@@ -42,6 +42,25 @@ def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dt
     assert torch.equal(caches[0].keys[:, :, :CONTEXT + k], caches[1].keys[:, :, :CONTEXT + k])
 
 
+def test_a_batch_check_gives_each_sequence_what_its_steps_give(level, folder):
+    """Six sequences' checks of 13 tokens in one forward (78 rows: past MAX_LOGIT_ROWS, within the linear
+    kernel's rows at the avx2 and amx levels) give each token what one-token steps alone give, bit for
+    bit: the output head too (its logits of more than 64 rows were torch's float32 product)."""
+    batch, k = 6, 13
+    if batch * k > kernel_max_rows(torch.bfloat16):
+        pytest.skip(f"past the linear kernel's rows at {level}: torch's product")
+    model = load_model(folder, "bfloat16")
+    ids = [torch.randint(3, 96, (CONTEXT + k,), generator=torch.Generator().manual_seed(s)) for s in range(batch)]
+    caches = [FullKVCache(model.config, CONTEXT + k, model.dtype, "cpu") for _ in range(2 * batch)]
+    for s in range(batch):
+        for cache in caches[2 * s:2 * s + 2]:
+            model(Step.chain(ids[s][:CONTEXT], 0), cache, logits_for="none")
+    checks = model.forward_batch([Step.chain(i[CONTEXT:], CONTEXT) for i in ids], caches[1::2])
+    for s in range(batch):
+        steps = torch.cat([model(ids[s][CONTEXT + i:CONTEXT + i + 1], caches[2 * s]) for i in range(k)])
+        assert torch.equal(checks[s], steps), s
+
+
 TREE = [-1, 0, 1, 2, 1, 4, 5, 6, 0, 8, 9, 3, 11, 12, 13, 14, 7]  # leaves 10, 15, 16; paths of 4, 9, 7
 
 

@@ -48,7 +48,10 @@ AVX2_BF16_MAX_ROWS = 96
 # amx_xeon_pieces.jsonl), since each pass over W serves up to 96 rows; one pass per 16 rows had been
 # 0.91-1.03 at 64 and 1.08-1.28 at 96-128 (amx_xeon.jsonl).
 AMX_BF16_MAX_ROWS = 128
-MAX_LOGIT_ROWS = 64  # logits of up to this many rows go through the kernel in pieces
+# Logits of up to this many rows go through the kernel in pieces (of kernel_max_rows()), and of up to
+# kernel_max_rows() in one piece wherever that is more: a batch's check (8 sequences of 11 tokens at
+# the amx level) then gives each row the logits its one-token step gives, bit for bit, as the layers do.
+MAX_LOGIT_ROWS = 64
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
 
@@ -106,9 +109,9 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return linear(x, weight)
     if mm_widens(x, weight):
         return torch.mm(x, weight.T, out_dtype=torch.float32)
-    if x.shape[0] > MAX_LOGIT_ROWS or not kernel_takes(1, weight):
-        return _float32_linear(x, weight)
     rows = kernel_max_rows()
+    if x.shape[0] > max(MAX_LOGIT_ROWS, rows) or not kernel_takes(1, weight):
+        return _float32_linear(x, weight)
     if x.shape[0] <= rows:  # a decode step or a check: one piece, no concatenation copy
         return _kernel_linear(x, weight, float_out=True)
     return torch.cat([_kernel_linear(piece, weight, float_out=True) for piece in x.split(rows)])
