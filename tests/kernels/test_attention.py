@@ -282,6 +282,32 @@ def test_cpu_decode_attention_kernel_with_a_mask_matches_reference(level, hq, hk
         torch.testing.assert_close(attention(q, k, v, d ** -0.5, mask).float(), got)
 
 
+@pytest.mark.parametrize("amx", [False, True])
+def test_a_batch_of_sequences_gets_what_each_gets_alone(level, amx):
+    """decode_attention_batch_bf16 (the fused layer loop's: every sequence's ranges in one pass over the
+    threads) gives each sequence, bit for bit, what decode_attention_bf16 gives it alone: chains and trees,
+    one row or many, contexts within one key range and across many, both head dims' model shapes."""
+    if amx and not has_amx():
+        pytest.skip("no AMX tiles at this level")
+    g = torch.Generator().manual_seed(5)
+    for hq, hkv, d in ((9, 3, 64), (4, 2, 128)):
+        shapes = [(1, None, 3000), (7, None, 700), (5, 9, 1300), (1, None, 40), (12, 12, 515), (3, None, 65)]
+        qs, ks, vs, masks = [], [], [], []
+        for n, m, s in shapes:
+            qs.append((2 * torch.randn(hq, n, d, generator=g)).bfloat16())
+            cache_k, cache_v = (torch.randn(hkv, s + 20, d, generator=g).bfloat16() for _ in range(2))
+            ks.append(cache_k[:, :s])
+            vs.append(cache_v[:, :s])
+            masks.append(None if m is None else random_mask(n, m, g))
+        together = cpu_kernels().decode_attention_batch_bf16(qs, ks, vs, d ** -0.5, allow_amx=amx, masks=masks)
+        assert len(together) == len(shapes)
+        for q, k, v, mask, got in zip(qs, ks, vs, masks, together):
+            alone = cpu_kernels().decode_attention_bf16(q, k, v, d ** -0.5, allow_amx=amx, mask=mask)
+            assert torch.equal(got, alone)
+            want = reference_attention(q.float(), k.float(), v.float(), d ** -0.5, mask).float()
+            torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_row_that_sees_no_key_is_zeros_as_in_the_reference(level, dtype):
     """A mask that hides every key from a row (the model never sends one: every row sees itself) gives

@@ -4,9 +4,16 @@
 
 #include "attention_avx2.h"
 
-at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
-                                 bool /*allow_amx*/, const std::optional<at::Tensor>& mask) {
+std::vector<at::Tensor> decode_attention_batch_bf16(const std::vector<at::Tensor>& qs, const std::vector<at::Tensor>& ks,
+                                                    const std::vector<at::Tensor>& vs, double scale,
+                                                    bool /*allow_amx*/, const std::vector<std::optional<at::Tensor>>& masks) {
   using triforce_attention_avx2::attend_range;
-  return triforce_attention::decode_attention<at::BFloat16>(q, k, v, scale, mask, attend_range<64, at::BFloat16>,
-                                                            attend_range<128, at::BFloat16>);
+  return triforce_attention::decode_attention_batch<at::BFloat16>(qs, ks, vs, scale, masks,
+                                                                  attend_range<64, at::BFloat16>,
+                                                                  attend_range<128, at::BFloat16>);
+}
+
+at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
+                                 const std::optional<at::Tensor>& mask) {
+  return decode_attention_batch_bf16({q}, {k}, {v}, scale, allow_amx, {mask})[0];
 }

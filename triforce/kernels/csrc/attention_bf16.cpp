@@ -163,11 +163,17 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
 
 using namespace triforce_attention;
 
-at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
-                                 const std::optional<at::Tensor>& mask) {
+std::vector<at::Tensor> decode_attention_batch_bf16(const std::vector<at::Tensor>& qs, const std::vector<at::Tensor>& ks,
+                                                    const std::vector<at::Tensor>& vs, double scale, bool allow_amx,
+                                                    const std::vector<std::optional<at::Tensor>>& masks) {
 #if TRIFORCE_WITH_AMX
   if (allow_amx && triforce_amx::usable())
-    return decode_attention(q, k, v, scale, mask, attend_range_amx<64>, attend_range_amx<128>);
+    return decode_attention_batch(qs, ks, vs, scale, masks, attend_range_amx<64>, attend_range_amx<128>);
 #endif
-  return decode_attention(q, k, v, scale, mask, attend_range<64>, attend_range<128>);
+  return decode_attention_batch(qs, ks, vs, scale, masks, attend_range<64>, attend_range<128>);
+}
+
+at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
+                                 const std::optional<at::Tensor>& mask) {
+  return decode_attention_batch_bf16({q}, {k}, {v}, scale, allow_amx, {mask})[0];
 }

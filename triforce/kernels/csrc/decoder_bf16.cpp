@@ -53,7 +53,7 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
   for (const int64_t r : rows) total += r;
   TORCH_CHECK(total == x.size(0), "the row counts add up to x's rows");
   const int64_t n = x.size(0), d = last_query[0].size(3), hq = num_heads, hkv = num_kv_heads;
-  std::vector<at::Tensor> parts(seqs);
+  std::vector<at::Tensor> qs(seqs), ks(seqs), vs(seqs);
   const at::Tensor no_bias;
   for (size_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
@@ -71,9 +71,10 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
       v.narrow(1, at, ns).copy_(mine.narrow(0, hq + hkv, hkv));
       const int64_t kept = std::min<int64_t>(ns, last_query[s].size(2));  // the last rows' queries
       last_query[s][l].narrow(1, 0, kept).copy_(q.narrow(1, ns - kept, kept));
-      parts[s] = decode_attention_bf16(q, k.narrow(1, 0, at + ns), v.narrow(1, 0, at + ns), scale, true, masks[s]);
+      qs[s] = q, ks[s] = k.narrow(1, 0, at + ns), vs[s] = v.narrow(1, 0, at + ns);
       row += ns;
     }
+    const auto parts = decode_attention_batch_bf16(qs, ks, vs, scale, true, masks);  // every sequence's at once
     const auto attn = seqs == 1 ? parts[0] : at::cat(parts, 1);  // [hq, n, d]
     x = x + project(attn.transpose(0, 1).reshape({n, hq * d}), w[3], no_bias, kernel_rows);
     const auto gate_up = project(rms_norm_bf16(x, w[4], eps), w[5], no_bias, kernel_rows);

@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace triforce_attention {
@@ -112,106 +113,156 @@ inline void gather_keys(const T* src, int64_t k_row, int64_t from, int64_t first
   for (int64_t key : tail) std::copy_n(src + key * k_row, D, to + j++ * D);
 }
 
-// out[h, r] = the ranges' sums of row r of head h, rescaled to their common max and normalised.
-template <int D, typename T>
-void merge_ranges(const float* acc, const std::vector<Partial>& st, int64_t hkv, int64_t splits, int R,
-                  at::Tensor& out) {
-  auto* op = out.data_ptr<T>();
-  at::parallel_for(0, hkv * R, 1, [&](int64_t b, int64_t e) {
-    for (int64_t hr = b; hr < e; ++hr) {
-      const int64_t h = hr / R, r = hr % R;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, st[(h * splits + sp) * R + r].max);
-      float total = 0.0f;
-      float row[256] = {0.0f};
-      for (int64_t sp = 0; sp < splits; ++sp) {
-        const Partial& p = st[(h * splits + sp) * R + r];
-        if (p.sum == 0.0f) continue;
-        const float w = std::exp(p.max - m);
-        total += p.sum * w;
-        const float* a = acc + ((h * splits + sp) * R + r) * D;
-        for (int c = 0; c < D; ++c) row[c] += w * a[c];
-      }
-      T* o = op + (h * R + r) * D;  // rows of head h are query heads h*G.. with n queries each
-      // a row that sees no key (every split empty) is zeros, as an empty softmax times V is; not 0 / 0
-      for (int c = 0; c < D; ++c) o[c] = T(total > 0.0f ? row[c] / total : 0.0f);
-    }
-  });
+// One sequence's attention in a batch: its arguments, its key ranges and their partial results.
+template <typename T>
+struct Job {
+  at::Tensor q, k, v, bits, out;  // q [Hq, n, D] contiguous, with the G query heads of a KV head adjacent
+  TailMask mask;
+  int64_t hkv = 0, n = 0, splits = 0, together = 0;  // keys [0, together) run in the ranges' pass
+  int G = 0, R = 0;
+  std::vector<std::vector<int64_t>> tails;  // a tree's rows' keys (scattered_tails), else empty
+  std::unique_ptr<float[]> acc;             // each range's [R, D] sums
+  std::vector<Partial> st;                  // and each row's state there
+};
+
+// Where item i of a batch's pass falls: the job whose [first[j], first[j + 1]) holds it, and i's place there.
+inline std::pair<size_t, int64_t> locate(const std::vector<int64_t>& first, int64_t i) {
+  const size_t j = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), i) - first.begin()) - 1;
+  return {j, i - first[j]};
 }
 
+// first[j] = the items of the jobs before j (count(job) each), and first.back() all of them.
+template <typename T, typename Count>
+std::vector<int64_t> item_starts(const std::vector<Job<T>>& jobs, Count count) {
+  std::vector<int64_t> first(jobs.size() + 1, 0);
+  for (size_t j = 0; j < jobs.size(); ++j) first[j + 1] = first[j] + count(jobs[j]);
+  return first;
+}
+
+// Row r of head h of a job: its ranges' sums rescaled to their common max, normalised, into `out`.
 template <int D, typename T>
-void flash_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, float scale,
-                  const TailMask& mask, RangeFn<T> range, at::Tensor& out) {
-  const int64_t hq = q.size(0), n = q.size(1), hkv = k.size(0), S = k.size(1);
-  const int G = static_cast<int>(hq / hkv), R = static_cast<int>(G * n);
-  // Key ranges of kSpan keys at fixed offsets (0, kSpan, 2 kSpan, ...), not sized by S: a row's sums then
-  // run in one order however many keys follow the ones it sees, so a check of n tokens gives each token
-  // the attention a one-token step gives it, bit for bit (keys a row does not see add exact zeros).
-  const int64_t span = kSpan, splits = (S + span - 1) / span;
-  // A tree's rows (scattered tails) see their keys from the last kAlign boundary before the tail on in
-  // another order than the cache holds them: all rows run together up to that boundary, and each query's
-  // rows then apart over a copy of its keys in a step's order (the ranges' blocks stay where a step has
-  // them; a row's sums run in one order whatever rows share its pass).
-  const auto tails = scattered_tails(mask);
-  const int64_t together = tails.empty() ? S : mask.first() / kAlign * kAlign;
-  // Each range's [R, D] sums, zeroed by the thread that fills them (a buffer of ceil(S / 512) ranges per
-  // head: 50 MB at 64K keys, 8 KV heads and 96 rows, which one thread zeroing up front took 30 ms of).
-  std::unique_ptr<float[]> acc(new float[static_cast<size_t>(hkv * splits * R * D)]);
-  std::vector<Partial> st(static_cast<size_t>(hkv * splits * R));
-  const auto* qp = q.data_ptr<T>();
-  const auto* kp = k.data_ptr<T>();
-  const auto* vp = v.data_ptr<T>();
-  at::parallel_for(0, hkv * splits, 1, [&](int64_t b, int64_t e) {
-    for (int64_t item = b; item < e; ++item) {
-      const int64_t h = item / splits, sp = item % splits;
-      const int64_t begin = sp * span, end = std::min(together, begin + span);
-      float* sums = acc.get() + item * R * D;
-      start_range(sums, st.data() + item * R, R, D);
+void merge_row(const Job<T>& job, int64_t h, int64_t r) {
+  const int64_t splits = job.splits, R = job.R;
+  const Partial* st = job.st.data();
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, st[(h * splits + sp) * R + r].max);
+  float total = 0.0f;
+  float row[256] = {0.0f};
+  for (int64_t sp = 0; sp < splits; ++sp) {
+    const Partial& p = st[(h * splits + sp) * R + r];
+    if (p.sum == 0.0f) continue;
+    const float w = std::exp(p.max - m);
+    total += p.sum * w;
+    const float* a = job.acc.get() + ((h * splits + sp) * R + r) * D;
+    for (int c = 0; c < D; ++c) row[c] += w * a[c];
+  }
+  T* o = job.out.template data_ptr<T>() + (h * R + r) * D;  // rows of head h: query heads h*G.. with n queries each
+  // a row that sees no key (every split empty) is zeros, as an empty softmax times V is; not 0 / 0
+  for (int c = 0; c < D; ++c) o[c] = T(total > 0.0f ? row[c] / total : 0.0f);
+}
+
+// Query i of head h of a job with a tree's rows: its G rows from `together` on, over a copy of its keys in
+// the order a one-token step after its path holds them (kc, vc, qc, sums, state: the caller's scratch).
+template <int D, typename T>
+void resume_tail(Job<T>& job, int64_t h, int64_t i, float scale, RangeFn<T> range, std::vector<T>& kc,
+                 std::vector<T>& vc, std::vector<T>& qc, std::vector<float>& sums, std::vector<Partial>& state) {
+  const TailMask sees_all{nullptr, 1, 0, std::numeric_limits<int64_t>::max()};
+  const int G = job.G, R = job.R;
+  const int64_t n = job.n, span = kSpan, together = job.together, first = job.mask.first();
+  const auto& tail = job.tails[i];
+  const int64_t keys = first + static_cast<int64_t>(tail.size());  // a step's S
+  const auto* qp = job.q.template data_ptr<T>();
+  kc.resize(static_cast<size_t>((keys - together) * D));
+  vc.resize(kc.size());
+  qc.resize(static_cast<size_t>(G * D));
+  sums.resize(static_cast<size_t>(G * D));
+  state.resize(static_cast<size_t>(G));
+  gather_keys<D>(job.k.template data_ptr<T>() + h * job.k.stride(0), job.k.stride(1), together, first, tail, kc.data());
+  gather_keys<D>(job.v.template data_ptr<T>() + h * job.v.stride(0), job.v.stride(1), together, first, tail, vc.data());
+  for (int g = 0; g < G; ++g) std::copy_n(qp + (h * R + g * n + i) * D, D, qc.data() + g * D);
+  float* acc = job.acc.get();
+  for (int64_t a = together; a < keys;) {  // the rest of together's range, then whole ranges
+    const int64_t sp = a / span, end = std::min(keys, (sp + 1) * span), item = h * job.splits + sp;
+    for (int g = 0; g < G; ++g) {  // the state so far of rows (g, i)
+      std::copy_n(acc + (item * R + g * n + i) * D, D, sums.data() + g * D);
+      state[g] = job.st[item * R + g * n + i];
+    }
+    range(qc.data(), kc.data(), vc.data(), D, G, sees_all, a - together, end - together, scale, sums.data(),
+          state.data());
+    for (int g = 0; g < G; ++g) {
+      std::copy_n(sums.data() + g * D, D, acc + (item * R + g * n + i) * D);
+      job.st[item * R + g * n + i] = state[g];
+    }
+    a = end;
+  }
+}
+
+// The attention of every job (sequences of one model: one head dim), each job's out filled. Each pass
+// (the ranges, a tree's rows, the merge) is one parallel loop over the items of all jobs, so a batch of
+// sequences pays the threads' start and end once per layer, not once per sequence, and the threads share
+// all of its work (a sequence's few ranges, split in two, left a thread idle while the other ran a longer
+// one: a fifth of a batch of 8 short checks' time went to that wait on 2 cores).
+template <int D, typename T>
+void flash_decode(std::vector<Job<T>>& jobs, float scale, RangeFn<T> range) {
+  const int64_t span = kSpan;
+  for (auto& job : jobs) {
+    const int64_t S = job.k.size(1);
+    // Key ranges of kSpan keys at fixed offsets (0, kSpan, 2 kSpan, ...), not sized by S: a row's sums then
+    // run in one order however many keys follow the ones it sees, so a check of n tokens gives each token
+    // the attention a one-token step gives it, bit for bit (keys a row does not see add exact zeros).
+    job.splits = (S + span - 1) / span;
+    // A tree's rows (scattered tails) see their keys from the last kAlign boundary before the tail on in
+    // another order than the cache holds them: all rows run together up to that boundary, and each query's
+    // rows then apart over a copy of its keys in a step's order (the ranges' blocks stay where a step has
+    // them; a row's sums run in one order whatever rows share its pass).
+    job.tails = scattered_tails(job.mask);
+    job.together = job.tails.empty() ? S : job.mask.first() / kAlign * kAlign;
+    // Each range's [R, D] sums, zeroed by the thread that fills them (a buffer of ceil(S / 512) ranges per
+    // head: 50 MB at 64K keys, 8 KV heads and 96 rows, which one thread zeroing up front took 30 ms of).
+    job.acc.reset(new float[static_cast<size_t>(job.hkv * job.splits * job.R * D)]);
+    job.st.resize(static_cast<size_t>(job.hkv * job.splits * job.R));
+  }
+  const auto ranges = item_starts(jobs, [](const Job<T>& job) { return job.hkv * job.splits; });
+  at::parallel_for(0, ranges.back(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const auto [j, item] = locate(ranges, i);
+      Job<T>& job = jobs[j];
+      const int64_t h = item / job.splits, sp = item % job.splits, R = job.R;
+      const int64_t begin = sp * span, end = std::min(job.together, begin + span);
+      float* sums = job.acc.get() + item * R * D;
+      start_range(sums, job.st.data() + item * R, static_cast<int>(R), D);
       if (begin < end)
-        range(qp + h * R * D, kp + h * k.stride(0), vp + h * v.stride(0), k.stride(1), R, mask, begin, end,
-              scale, sums, st.data() + item * R);
+        range(job.q.template data_ptr<T>() + h * R * D, job.k.template data_ptr<T>() + h * job.k.stride(0),
+              job.v.template data_ptr<T>() + h * job.v.stride(0), job.k.stride(1), job.R, job.mask, begin, end,
+              scale, sums, job.st.data() + item * R);
     }
   });
-  if (!tails.empty()) {  // query i's G rows (one per query head of head h) share its keys' order
-    const TailMask sees_all{nullptr, 1, 0, std::numeric_limits<int64_t>::max()};
-    at::parallel_for(0, hkv * n, 1, [&](int64_t b, int64_t e) {
-      std::vector<T> kc, vc, qc(static_cast<size_t>(G * D));
-      std::vector<float> sums(static_cast<size_t>(G * D));
-      std::vector<Partial> state(static_cast<size_t>(G));
-      for (int64_t hi = b; hi < e; ++hi) {
-        const int64_t h = hi / n, i = hi % n;
-        const auto& tail = tails[i];
-        const int64_t keys = mask.first() + static_cast<int64_t>(tail.size());  // a step's S
-        kc.resize(static_cast<size_t>((keys - together) * D));
-        vc.resize(kc.size());
-        gather_keys<D>(kp + h * k.stride(0), k.stride(1), together, mask.first(), tail, kc.data());
-        gather_keys<D>(vp + h * v.stride(0), v.stride(1), together, mask.first(), tail, vc.data());
-        for (int g = 0; g < G; ++g) std::copy_n(qp + (h * R + g * n + i) * D, D, qc.data() + g * D);
-        for (int64_t a = together; a < keys;) {  // the rest of together's range, then whole ranges
-          const int64_t sp = a / span, end = std::min(keys, (sp + 1) * span), item = h * splits + sp;
-          for (int g = 0; g < G; ++g) {  // the state so far of rows (g, i)
-            std::copy_n(acc.get() + (item * R + g * n + i) * D, D, sums.data() + g * D);
-            state[g] = st[item * R + g * n + i];
-          }
-          range(qc.data(), kc.data(), vc.data(), D, G, sees_all, a - together, end - together, scale, sums.data(),
-                state.data());
-          for (int g = 0; g < G; ++g) {
-            std::copy_n(sums.data() + g * D, D, acc.get() + (item * R + g * n + i) * D);
-            st[item * R + g * n + i] = state[g];
-          }
-          a = end;
-        }
+  const auto tails = item_starts(jobs, [](const Job<T>& job) { return job.tails.empty() ? 0 : job.hkv * job.n; });
+  if (tails.back() > 0) {  // query i's G rows (one per query head of head h) share its keys' order
+    at::parallel_for(0, tails.back(), 1, [&](int64_t b, int64_t e) {
+      std::vector<T> kc, vc, qc;
+      std::vector<float> sums;
+      std::vector<Partial> state;
+      for (int64_t i = b; i < e; ++i) {
+        const auto [j, item] = locate(tails, i);
+        resume_tail<D, T>(jobs[j], item / jobs[j].n, item % jobs[j].n, scale, range, kc, vc, qc, sums, state);
       }
     });
   }
-  merge_ranges<D, T>(acc.get(), st, hkv, splits, R, out);
+  const auto rows = item_starts(jobs, [](const Job<T>& job) { return job.hkv * job.R; });
+  at::parallel_for(0, rows.back(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const auto [j, hr] = locate(rows, i);
+      merge_row<D, T>(jobs[j], hr / jobs[j].R, hr % jobs[j].R);
+    }
+  });
 }
 
-// Checks the arguments of decode_attention_bf16 / _f32 and runs it with the range function for the head dim.
+// One sequence's Job from the arguments of decode_attention_bf16 / _f32, checked.
 // mask: [n, m] bool over the last m keys (n <= m <= S), or none for a chain.
 template <typename T>
-inline at::Tensor decode_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                   const std::optional<at::Tensor>& mask, RangeFn<T> range64, RangeFn<T> range128) {
+inline Job<T> make_job(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const std::optional<at::Tensor>& mask) {
   constexpr auto type = c10::CppTypeToScalarType<T>::value;
   TORCH_CHECK(q.scalar_type() == type && k.scalar_type() == type && v.scalar_type() == type,
               type == at::kFloat ? "float32 only" : "bfloat16 only");
@@ -222,20 +273,49 @@ inline at::Tensor decode_attention(at::Tensor q, const at::Tensor& k, const at::
   TORCH_CHECK(hq % hkv == 0 && n >= 1 && n <= S && (hq / hkv) * n <= kMaxRows, "heads / rows");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == d && v.stride(1) == d &&
               k.stride(0) == v.stride(0), "k and v rows must be contiguous, with equal head strides");
-  TailMask tail{nullptr, static_cast<int>(n), static_cast<int>(n), S};
-  at::Tensor bits;
+  Job<T> job;
+  job.mask = TailMask{nullptr, static_cast<int>(n), static_cast<int>(n), S};
   if (mask.has_value() && mask->defined()) {
-    bits = mask->contiguous();
+    job.bits = mask->contiguous();
+    const auto& bits = job.bits;
     TORCH_CHECK(bits.scalar_type() == at::kBool && bits.dim() == 2 && bits.size(0) == n && bits.size(1) >= n &&
                 bits.size(1) <= S && bits.device().is_cpu(), "mask: bool [n, m] with n <= m <= S, on the CPU");
-    tail = TailMask{bits.data_ptr<bool>(), static_cast<int>(n), static_cast<int>(bits.size(1)), S};
+    job.mask = TailMask{bits.template data_ptr<bool>(), static_cast<int>(n), static_cast<int>(bits.size(1)), S};
   }
   // [Hq, n, D] with the G query heads of each KV head adjacent: row (g, i) of head h is q[h*G + g, i].
-  q = q.contiguous();
-  auto out = at::empty_like(q);
-  if (d == 64) flash_decode<64, T>(q, k, v, static_cast<float>(scale), tail, range64, out);
-  else flash_decode<128, T>(q, k, v, static_cast<float>(scale), tail, range128, out);
+  job.q = q.contiguous();
+  job.k = k, job.v = v, job.out = at::empty_like(job.q);
+  job.hkv = hkv, job.n = n, job.G = static_cast<int>(hq / hkv), job.R = static_cast<int>(hq / hkv * n);
+  return job;
+}
+
+// decode_attention_bf16 / _f32 of several sequences at once (one model's: one head dim), a result each.
+template <typename T>
+inline std::vector<at::Tensor> decode_attention_batch(const std::vector<at::Tensor>& qs,
+                                                      const std::vector<at::Tensor>& ks,
+                                                      const std::vector<at::Tensor>& vs, double scale,
+                                                      const std::vector<std::optional<at::Tensor>>& masks,
+                                                      RangeFn<T> range64, RangeFn<T> range128) {
+  TORCH_CHECK(!qs.empty() && ks.size() == qs.size() && vs.size() == qs.size() && masks.size() == qs.size(),
+              "one k, v and mask per q");
+  std::vector<Job<T>> jobs;
+  jobs.reserve(qs.size());
+  for (size_t j = 0; j < qs.size(); ++j) {
+    jobs.push_back(make_job<T>(qs[j], ks[j], vs[j], masks[j]));
+    TORCH_CHECK(qs[j].size(2) == qs[0].size(2), "one head dim for the batch");
+  }
+  if (qs[0].size(2) == 64) flash_decode<64, T>(jobs, static_cast<float>(scale), range64);
+  else flash_decode<128, T>(jobs, static_cast<float>(scale), range128);
+  std::vector<at::Tensor> out;
+  for (auto& job : jobs) out.push_back(job.out);
   return out;
+}
+
+// Checks the arguments of decode_attention_bf16 / _f32 and runs it with the range function for the head dim.
+template <typename T>
+inline at::Tensor decode_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                   const std::optional<at::Tensor>& mask, RangeFn<T> range64, RangeFn<T> range128) {
+  return decode_attention_batch<T>({q}, {k}, {v}, scale, {mask}, range64, range128)[0];
 }
 
 }  // namespace triforce_attention

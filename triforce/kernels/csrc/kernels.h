@@ -10,6 +10,10 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_am
 at::Tensor linear_f32(at::Tensor x, at::Tensor w);
 at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
                                  const std::optional<at::Tensor>& mask);
+// decode_attention_bf16 of several sequences (one model's) in one pass: the threads share them all.
+std::vector<at::Tensor> decode_attention_batch_bf16(const std::vector<at::Tensor>& qs, const std::vector<at::Tensor>& ks,
+                                                    const std::vector<at::Tensor>& vs, double scale, bool allow_amx,
+                                                    const std::vector<std::optional<at::Tensor>>& masks);
 at::Tensor decode_attention_f32(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
                                 const std::optional<at::Tensor>& mask);
 at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);
