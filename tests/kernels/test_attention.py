@@ -286,7 +286,9 @@ def test_cpu_decode_attention_kernel_with_a_mask_matches_reference(level, hq, hk
 def test_a_batch_of_sequences_gets_what_each_gets_alone(level, amx):
     """decode_attention_batch_bf16 (the fused layer loop's: every sequence's ranges in one pass over the
     threads) gives each sequence, bit for bit, what decode_attention_bf16 gives it alone: chains and trees,
-    one row or many, contexts within one key range and across many, both head dims' model shapes."""
+    one row or many, contexts within one key range and across many, both head dims' model shapes. (The
+    single entry is a batch of one of the same code: this catches mistakes across sequences; what a row
+    computes is held by the reference below and by the step-equality tests above.)"""
     if amx and not has_amx():
         pytest.skip("no AMX tiles at this level")
     g = torch.Generator().manual_seed(5)

@@ -59,6 +59,30 @@ def test_cpu_kernel_rows_do_not_depend_on_how_many_share_a_pass(level, dtype):
         assert torch.equal(product(x[:n]), alone[:n]), n
 
 
+@pytest.mark.parametrize("n", [1, 21, 97])
+def test_amx_bfloat16_outputs_round_the_float32_sums_as_torch_does(level, n):
+    """The tile path's bfloat16 outputs are its float32 sums rounded as c10::BFloat16 rounds one (nearest
+    even, infinities kept, NaN as 0x7FC0, what its stores wrote element by element before): its vector
+    rounding against `.bfloat16()` of its own float32 outputs, bit for bit where they are numbers (torch's
+    vector conversion keeps a NaN's sign), with a NaN row, a sum past float32's range, and whole-number
+    sums of 9 to 18 bits, which end on a tie in bfloat16's 8 now and then."""
+    if not has_amx():
+        pytest.skip("no AMX tiles at this level")
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(-40, 40, (n, 576), generator=g).bfloat16()  # integer sums: many end on a tie
+    w = torch.randint(-8, 8, (960, 576), generator=g).bfloat16()
+    w[5, :] = 2e36
+    x[-1, :] = 39  # its sum with row 5 of w passes float32's range: +inf
+    if n > 1:
+        x[0, 7] = float("nan")
+    wide = cpu_kernels().linear_bf16(x, w, float_out=True, allow_amx=True)
+    rounded = cpu_kernels().linear_bf16(x, w, float_out=False, allow_amx=True)
+    assert wide[-1, 5].isposinf() and (n == 1 or wide[0].isnan().all())
+    nan = wide.isnan()
+    assert torch.equal(rounded.isnan(), nan) and (rounded.view(torch.int16)[nan] == 0x7FC0).all()
+    assert torch.equal(rounded[~nan].view(torch.int16), wide[~nan].bfloat16().view(torch.int16))
+
+
 def test_cpu_float32_kernel_refuses_what_it_cannot_take(level):
     ext = cpu_kernels()
     with pytest.raises(RuntimeError, match="float32 only"):

@@ -109,8 +109,10 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return linear(x, weight)
     if mm_widens(x, weight):
         return torch.mm(x, weight.T, out_dtype=torch.float32)
+    if not kernel_takes(1, weight):  # (first: on a GPU it loads no CPU kernels)
+        return _float32_linear(x, weight)
     rows = kernel_max_rows()
-    if x.shape[0] > max(MAX_LOGIT_ROWS, rows) or not kernel_takes(1, weight):
+    if x.shape[0] > max(MAX_LOGIT_ROWS, rows):
         return _float32_linear(x, weight)
     if x.shape[0] <= rows:  # a decode step or a check: one piece, no concatenation copy
         return _kernel_linear(x, weight, float_out=True)

@@ -12,8 +12,3 @@ std::vector<at::Tensor> decode_attention_batch_bf16(const std::vector<at::Tensor
                                                                   attend_range<64, at::BFloat16>,
                                                                   attend_range<128, at::BFloat16>);
 }
-
-at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
-                                 const std::optional<at::Tensor>& mask) {
-  return decode_attention_batch_bf16({q}, {k}, {v}, scale, allow_amx, {mask})[0];
-}

@@ -172,8 +172,3 @@ std::vector<at::Tensor> decode_attention_batch_bf16(const std::vector<at::Tensor
 #endif
   return decode_attention_batch(qs, ks, vs, scale, masks, attend_range<64>, attend_range<128>);
 }
-
-at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
-                                 const std::optional<at::Tensor>& mask) {
-  return decode_attention_batch_bf16({q}, {k}, {v}, scale, allow_amx, {mask})[0];
-}

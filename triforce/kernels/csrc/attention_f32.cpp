@@ -10,6 +10,6 @@
 at::Tensor decode_attention_f32(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
                                 const std::optional<at::Tensor>& mask) {
   using triforce_attention_avx2::attend_range;
-  return triforce_attention::decode_attention<float>(q, k, v, scale, mask, attend_range<64, float>,
-                                                     attend_range<128, float>);
+  return triforce_attention::decode_attention_batch<float>({q}, {k}, {v}, scale, {mask}, attend_range<64, float>,
+                                                           attend_range<128, float>)[0];
 }

@@ -14,7 +14,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("mask") = py::none());
   m.def("decode_attention_batch_bf16", &decode_attention_batch_bf16,
         "decode_attention_bf16 of several sequences in one pass", py::arg("qs"), py::arg("ks"), py::arg("vs"),
-        py::arg("scale"), py::arg("allow_amx") = true, py::arg("masks"));
+        py::arg("scale"), py::arg("allow_amx"), py::arg("masks"));
   m.def("decode_attention_f32", &decode_attention_f32,
         "float32 attention of a few new queries, causal among them or under a mask [n, m] over the last m keys",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("mask") = py::none());

@@ -5,8 +5,9 @@
 // that overhead is several milliseconds per forward, as long as reading a tenth of the weights. This is
 // the same loop in C++: DecoderLayer.forward with the cache's append inlined for caches that write the
 // new rotated keys and values into a per-layer buffer at an offset and attend over the buffer up to
-// the new tokens (KVCache.layer_buffers). It calls the same kernels with the same arguments and torch
-// ops in the same order, so its output is bit-identical to the Python loop's (tests/kernels).
+// the new tokens (KVCache.layer_buffers). It calls the same kernels with the same per-row arithmetic
+// (attention of all sequences in one call, after each has written its keys and values), so its output is
+// bit-identical to the Python loop's (tests/kernels).
 #include "kernels.h"
 #include <algorithm>  // std::min
 #include <ATen/TensorOperators.h>  // x + y

@@ -218,7 +218,8 @@ void flash_decode(std::vector<Job<T>>& jobs, float scale, RangeFn<T> range) {
     job.tails = scattered_tails(job.mask);
     job.together = job.tails.empty() ? S : job.mask.first() / kAlign * kAlign;
     // Each range's [R, D] sums, zeroed by the thread that fills them (a buffer of ceil(S / 512) ranges per
-    // head: 50 MB at 64K keys, 8 KV heads and 96 rows, which one thread zeroing up front took 30 ms of).
+    // head: 50 MB at 64K keys, 8 KV heads and 96 rows, which one thread zeroing up front took 30 ms of;
+    // a batch holds every sequence's at once).
     job.acc.reset(new float[static_cast<size_t>(job.hkv * job.splits * job.R * D)]);
     job.st.resize(static_cast<size_t>(job.hkv * job.splits * job.R));
   }
@@ -289,7 +290,8 @@ inline Job<T> make_job(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   return job;
 }
 
-// decode_attention_bf16 / _f32 of several sequences at once (one model's: one head dim), a result each.
+// decode_attention_bf16 / _f32 of several sequences at once (one model's: one head dim), a result each,
+// with the range function for the head dim; the arguments checked (make_job).
 template <typename T>
 inline std::vector<at::Tensor> decode_attention_batch(const std::vector<at::Tensor>& qs,
                                                       const std::vector<at::Tensor>& ks,
@@ -309,13 +311,6 @@ inline std::vector<at::Tensor> decode_attention_batch(const std::vector<at::Tens
   std::vector<at::Tensor> out;
   for (auto& job : jobs) out.push_back(job.out);
   return out;
-}
-
-// Checks the arguments of decode_attention_bf16 / _f32 and runs it with the range function for the head dim.
-template <typename T>
-inline at::Tensor decode_attention(at::Tensor q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                   const std::optional<at::Tensor>& mask, RangeFn<T> range64, RangeFn<T> range128) {
-  return decode_attention_batch<T>({q}, {k}, {v}, scale, {mask}, range64, range128)[0];
 }
 
 }  // namespace triforce_attention

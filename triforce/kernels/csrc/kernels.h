@@ -8,12 +8,16 @@
 
 at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_amx);
 at::Tensor linear_f32(at::Tensor x, at::Tensor w);
-at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
-                                 const std::optional<at::Tensor>& mask);
-// decode_attention_bf16 of several sequences (one model's) in one pass: the threads share them all.
+// Decode attention of several sequences (one model's) in one pass: the threads share them all. Each
+// level's attention source defines it (flash_decode.h's decode_attention_batch with its range function).
 std::vector<at::Tensor> decode_attention_batch_bf16(const std::vector<at::Tensor>& qs, const std::vector<at::Tensor>& ks,
                                                     const std::vector<at::Tensor>& vs, double scale, bool allow_amx,
                                                     const std::vector<std::optional<at::Tensor>>& masks);
+// One sequence's: a batch of one.
+inline at::Tensor decode_attention_bf16(at::Tensor q, at::Tensor k, at::Tensor v, double scale, bool allow_amx,
+                                        const std::optional<at::Tensor>& mask) {
+  return decode_attention_batch_bf16({q}, {k}, {v}, scale, allow_amx, {mask})[0];
+}
 at::Tensor decode_attention_f32(at::Tensor q, at::Tensor k, at::Tensor v, double scale,
                                 const std::optional<at::Tensor>& mask);
 at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);

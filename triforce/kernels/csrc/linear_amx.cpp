@@ -4,7 +4,7 @@
 // The vector kernel (linear_bf16.cpp) issues one dot product per row of x for every 64 bytes of W, so
 // its read rate fell from 13.9 GB/s at 1 row to 7.6 at 7 (benchmarks/linear_bandwidth.py): a 7-token
 // check read the weights at half speed. Here y^T = W . x^T: 16 rows of W load straight from memory as
-// an A tile, x^T is packed once per call into B tiles (bf16 pairs of x's columns), and one tile
+// an A tile, x^T is packed once per pass (up to 96 rows) into B tiles (bf16 pairs of x's columns), and one tile
 // instruction does 16 outputs x 16 rows of x, so up to 16 rows cost what one does. A row's sums do not
 // depend on the other rows, so kernels/linear.py takes this path for steps of one row too (a check then
 // rounds each token as a step does). Each block of 16 rows of W (contiguous) is walked 64 bytes of each row
@@ -47,8 +47,8 @@ inline __m256i round_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0)));
 }
 
-// Rows t0.. (up to 16, `rows` of them) of y's columns [col, col + 16) from a C tile c[r][t] (r: the
-// column, t: the row): transposed in registers, a row's 16 outputs in one store.
+// Rows 0 .. rows - 1 (up to 16) of y's columns [col, col + 16) from a C tile c[r][t] (r: the column,
+// t: the row): transposed in registers, a row's 16 outputs in one store.
 template <typename Out>
 inline void store_piece(const float (*c)[16], Out* y, int64_t N, int64_t col, int rows) {
   __m512i v[16];
