@@ -16,6 +16,8 @@ TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/con
 MAX_TREE = 64  # nodes per speculation tree
 MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
 PROPOSAL_TREE = {"draft": "tree1", "triforce": "tree1", "retrieval": "tree2"}  # the tree setting of each mode's bottom tier
+MAX_ROUNDS = 16  # tier-2 checks per target check (rounds2)
+GAMMA2 = 6  # the paper's
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
 DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given (docs/draft.md, Prompt lookup)
 PREFIX_CACHE_GB = 1.0  # default bound of the recent prompts' target KV kept for reuse (cache/prefixes.py)
@@ -59,7 +61,10 @@ class EngineConfig:
     the retrieval policy and full_layers were picked by `triforce bench` on SmolLM2 (docs/defaults.md)."""
     mode: str = "auto"  # auto: the tiers and gammas a cost model picks per request (coordinator/auto.py)
     gamma1: int = 4  # tier-1 (draft) proposals per tier-2 check (docs/defaults.md)
-    gamma2: int = 6  # tier-2 tokens per tier-3 (target) check: the least (it takes all of tier 2's rounds)
+    gamma2: int = GAMMA2  # tier-2 tokens per tier-3 (target) check: the least (it takes all of tier 2's rounds)
+    # mode triforce: n > 0, the target checks what n tier-2 checks made (gamma2 unused; so every sequence of a
+    # batch makes the same forwards, none waiting on a batchmate's extra rounds: docs/batches.md); 0: gamma2
+    rounds2: int = 3
     budget: int = 2048  # tokens the retrieval cache holds
     chunk_size: int = 8
     retrieval_policy: str = "static"
@@ -87,8 +92,8 @@ class EngineConfig:
     stop_below: float | None = None
 
     def __post_init__(self):
-        for name in ("gamma1", "gamma2", "budget", "chunk_size", "full_layers", "refresh_every", "refresh_window",
-                     "sinks", "window", "prefill_chunk", "lookup"):
+        for name in ("gamma1", "gamma2", "rounds2", "budget", "chunk_size", "full_layers", "refresh_every",
+                     "refresh_window", "sinks", "window", "prefill_chunk", "lookup"):
             value = getattr(self, name)
             if not (is_integer(value) or (name == "lookup" and value is None)):
                 raise ConfigError(f"{name} must be an integer (got {value!r})")
@@ -108,6 +113,16 @@ class EngineConfig:
                 object.__setattr__(self, name, value := int(value))
             if value != "auto" and not (isinstance(value, int) and 0 <= value <= MAX_TREE):
                 raise ConfigError(f"{name} must be 'auto' or a node count in [0, {MAX_TREE}] (got {value!r})")
+        if not 0 <= self.rounds2 <= MAX_ROUNDS:
+            raise ConfigError(f"rounds2 must be in [0, {MAX_ROUNDS}] (got {self.rounds2})")
+        proposal = max(self.gamma1, MAX_TREE if self.tree1 == "auto" else self.tree1)
+        if self.mode == "triforce" and self.rounds2 * (proposal + 1) > 256:
+            raise ConfigError(f"rounds2 x (the draft's largest proposal + 1) must be <= 256: a target check holds "
+                              f"up to that many tokens (got rounds2 {self.rounds2}, proposals of up to {proposal})")
+        if self.mode == "triforce" and self.rounds2 and self.gamma2 != GAMMA2:
+            raise ConfigError(f"gamma2 {self.gamma2} is unused while rounds2 ({self.rounds2}) sets what a target "
+                              "check holds: the tokens of that many tier-2 checks; set rounds2 to 0 for a target "
+                              "check of at least gamma2 tokens")
         if self.tree_shape not in TREE_SHAPES:
             raise ConfigError(f"tree_shape must be one of {', '.join(TREE_SHAPES)} (got {self.tree_shape!r})")
         if (self.tree1 or self.tree2) and self.mode == "auto":

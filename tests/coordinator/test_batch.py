@@ -66,6 +66,23 @@ def test_greedy_batch_equals_each_request_alone(models, mode, policy, tree, coun
     assert len(count_calls) < alone_calls  # and the batch took fewer model calls than the requests alone
 
 
+@pytest.mark.parametrize("rounds2", [2, 3])
+def test_with_rounds2_a_batch_makes_its_forwards_in_step(models, count_calls, rounds2):
+    """In triforce mode by rounds (the default) every sequence makes the same forwards between two target
+    checks, so once a call carries the whole batch every call does until a sequence finishes: none waits
+    at the target while a batchmate's draft and tier 2 run alone. (By tokens, `rounds2=0`, the sequences
+    whose tier-2 checks accepted less run more of them, in calls of fewer sequences.)"""
+    target, draft = models
+    cfg = EngineConfig(mode="triforce", **SETTINGS, rounds2=rounds2)
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    batch = SequenceBatch()
+    handles = [batch.add(build_engine(cfg, target, draft, 100).run(p, params)) for p in prompts([60, 60, 60])]
+    batch.run()
+    calls = count_calls[count_calls.index(3):]  # from the first decode step (prompt chunks run apart)
+    assert calls == sorted(calls, reverse=True), calls
+    assert all(len(h.result[0]) == 30 for h in handles)
+
+
 @pytest.mark.parametrize("mode,policy,tree", [("triforce", "static", 0), ("triforce", "dynamic", 6),
                                               ("retrieval", "static", 4)])
 def test_a_seeded_sample_is_the_same_alone_and_in_any_batch(models, mode, policy, tree):

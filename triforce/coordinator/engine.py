@@ -13,10 +13,10 @@ early: `stop_below`); any higher tier repeatedly takes `gammas[level - 1]` token
 and verifies them (speculation/verify.py; the run yields a `Check`, so that a batch verifies all
 its sequences' chains in one call), except that with a `TreeShaper` tier 1 checks a token tree that
 tier 0 grows (Sequoia; coordinator/trees.py, speculation/tree.py) in one forward. A tier above tier 1
-checks every token of the rounds below once they reach its gamma (`_check_chain`). After a tree check
-every cache keeps the accepted path of its tree entries (`keep_path`); a chain's path is its accepted
-prefix. The output is one round of `_produce(top, 1)` after another. Every random draw is made here,
-with the request's own generator.
+checks every token of the rounds below: of a fixed number of them (`rounds_per_check`), or of as many
+as reach its gamma (`_check_chain`). After a tree check every cache keeps the accepted path of its tree
+entries (`keep_path`); a chain's path is its accepted prefix. The output is one round of
+`_produce(top, 1)` after another. Every random draw is made here, with the request's own generator.
 
 An engine serves one sequence (its tiers hold that sequence's caches). `run` is that sequence's whole
 request as a generator that yields each forward it needs (`Forward`: which tier, which step; runs.py) and
@@ -55,17 +55,20 @@ FORCED_LAG = 8
 
 class HierarchyEngine:
     def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None, lookup: int = 0,
-                 stop_below: float = 0.0):
+                 stop_below: float = 0.0, rounds_per_check: int = 0):
         """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains).
         lookup: n > 0 mixes copies of the sequence's own n-grams into the bottom tier's proposals, chains
         and trees (speculation/lookup.py). stop_below: the bottom tier's chains end after a proposal its model was
-        less sure of than this (`_produce`)."""
+        less sure of than this (`_produce`). rounds_per_check: n > 0, a tier above tier 1 checks what n checks
+        of the tier below made (0: as many checks as make its gamma of tokens; `_check_chain`)."""
         if len(gammas) != len(tiers) - 1 or any(g < 1 for g in gammas):
             raise ValueError("need one gamma >= 1 per pair of adjacent tiers")
+        if rounds_per_check < 0:
+            raise ValueError("rounds_per_check must be >= 0")
         if tree is not None and len(tiers) < 2:
             raise ValueError("a tree needs a tier to check it")
         self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
-        self.stop_below = stop_below
+        self.stop_below, self.rounds_per_check = stop_below, rounds_per_check
         self.rows: RequestRows | None = None  # what the request makes of its tiers' rows, from `run`
         self.guide: Guide | None = None  # the request's structured-output constraint, from `run`
         self.prompt_length: int | None = None  # the request's, from `run`
@@ -201,9 +204,10 @@ class HierarchyEngine:
         step = step or Step.chain(self.seq[tier.length:], tier.length)
         return (yield Forward(tier, self.ladder.index(tier), step))
 
-    def _produce(self, level: int, count: int) -> Produced:
+    def _produce(self, level: int, count: int, rounds: int = 0) -> Produced:
         """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution and its
-        model's logits for each.
+        model's logits for each; with `rounds` > 0 instead what that many of its rounds (one token each at
+        the bottom tier, one check above it) make, however many tokens that is.
 
         As a proposer (below the target) the bottom tier may return fewer: with `stop_below`, it ends its
         chain after a token whose row its model gave a top probability, at temperature 1, below that (a
@@ -219,7 +223,9 @@ class HierarchyEngine:
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each
         raw: list[torch.Tensor] = []  # and its logits there
         stop_below = self.stop_below if proposing else 0.0
-        while len(tokens) < count:
+        made = 0  # rounds
+        while made < rounds if rounds else len(tokens) < count:
+            made += 1
             if (forced := self._forced(level)) is not None:  # no forward (nor, above the bottom, a check) needed
                 seq.append(forced[0])
                 tokens.append(forced[0])
@@ -267,7 +273,8 @@ class HierarchyEngine:
 
     def _check_chain(self, level: int) -> Produced:
         """Tier `level` checks a chain of tokens from the tier below: gamma of them (fewer where the bottom
-        tier stopped early), or more where that tier's rounds overshot gamma."""
+        tier stopped early), or more where that tier's rounds overshot gamma; above tier 1 with
+        `rounds_per_check`, what that many rounds made."""
         position = len(self.seq)
         # The tier below may overshoot: above tier 1, whose checks yield up to their accepted length + 1
         # tokens each, its rounds stop past gamma. Those extra tokens are exact samples of the tier below
@@ -276,8 +283,12 @@ class HierarchyEngine:
         # (docs/trees.md). So a check takes them all (mode auto's planner models that:
         # speed_model.check_sizes). Exact: how many tokens a check holds is decided by the rounds below
         # before this tier sees any of them (a stopping time, as `stop_below`).
+        # A fixed number of rounds is one too. In a batch it keeps every sequence's forwards in step: by
+        # tokens, a sequence whose rounds made few must run more while its batchmates wait at this tier,
+        # and those calls of a few sequences cost about what calls of all of them do (docs/batches.md).
         g = self.gammas[level - 1]
-        draft_tokens, draft_rows, _ = yield from self._produce(level - 1, g)
+        rounds = self.rounds_per_check if level >= 2 else 0
+        draft_tokens, draft_rows, _ = yield from self._produce(level - 1, g, rounds)
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below), or more
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
         penalized = self.rows.ruled_chain(logits, position)  # seq[position:] holds the draft tokens

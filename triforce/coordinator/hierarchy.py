@@ -2,7 +2,8 @@
 
 | mode      | tiers                                                       | gammas           | tree (if > 0) |
 |-----------|-------------------------------------------------------------|------------------|---------------|
-| triforce  | draft + StreamingKVCache, target + RetrievalKVCache, target | gamma1, gamma2   | tree1         |
+| triforce  | draft + StreamingKVCache, target + RetrievalKVCache, target | gamma1, rounds2  | tree1         |
+|           |                                                             | (or gamma2)      |               |
 | retrieval | target + RetrievalKVCache, target                           | gamma2           | tree2         |
 | draft     | draft + StreamingKVCache, target (the paper's naive policy) | gamma1           | tree1         |
 | ar        | target + FullKVCache (plain decoding, the baseline)         |                  |               |
@@ -51,8 +52,12 @@ def speculation_slack(cfg: EngineConfig) -> int:
     structured output's constraint forced, which the tiers above the bottom take without a forward)."""
     if cfg.mode == "auto":  # gammas up to MAX_GAMMA, or the user's where larger (the planner prefers them)
         return max(MAX_GAMMA, cfg.gamma1) + max(MAX_GAMMA, cfg.gamma2) + 4 + FORCED_LAG
-    trees = sum(MAX_TREE if t == "auto" else t for t in (cfg.tree1, cfg.tree2))
-    return cfg.gamma1 + cfg.gamma2 + trees + 4 + FORCED_LAG
+    tree1, tree2 = (MAX_TREE if t == "auto" else t for t in (cfg.tree1, cfg.tree2))
+    tier2 = cfg.gamma2
+    if cfg.mode == "triforce" and cfg.rounds2:  # each tier-2 check makes up to a proposal's tokens + 1 (the
+        # config keeps it within 256, so the slack within the RoPE table's margin)
+        tier2 = cfg.rounds2 * (max(cfg.gamma1, tree1) + 1)
+    return cfg.gamma1 + tier2 + tree1 + tree2 + 4 + FORCED_LAG
 
 
 def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
@@ -156,4 +161,4 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
         return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2], shaper(cfg.tree2, cfg.gamma2),
                                cfg.lookup_n, stop_below)
     return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2],
-                           shaper(cfg.tree1, cfg.gamma1, cfg.window), cfg.lookup_n, stop_below)
+                           shaper(cfg.tree1, cfg.gamma1, cfg.window), cfg.lookup_n, stop_below, cfg.rounds2)

@@ -75,7 +75,13 @@ def tree_size(value: str) -> int | str:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
     g.add_argument("--gamma1", type=int, default=_DEFAULTS.gamma1, help="draft proposals per tier-2 check")
-    g.add_argument("--gamma2", type=int, default=_DEFAULTS.gamma2, help="tier-2 tokens per target check: the least (it takes every token of tier 2's rounds)")
+    g.add_argument("--gamma2", type=int, default=_DEFAULTS.gamma2,
+                   help="tier-2 tokens per target check: the least (it takes every token of tier 2's rounds); "
+                        "in triforce mode with --rounds2 0 only")
+    g.add_argument("--rounds2", type=int, default=_DEFAULTS.rounds2, metavar="N",
+                   help=f"triforce mode: the target checks what N tier-2 checks made (default {_DEFAULTS.rounds2}; "
+                        "every sequence of a batch then makes the same forwards, none waiting on a batchmate's "
+                        "extra rounds); 0: as many as make --gamma2 tokens")
     g.add_argument("--tree1", type=tree_size, default=_DEFAULTS.tree1, metavar="N|auto",
                    help="draft proposals as a token tree (Sequoia) of up to N nodes, its shape fitted to the "
                         "acceptance measured during the run; auto: the size with the most tokens per second "
@@ -210,7 +216,7 @@ def read_chat_template(value: str) -> str:
 
 
 def engine_settings(args) -> dict:
-    return dict(gamma1=args.gamma1, gamma2=args.gamma2, tree1=args.tree1, tree2=args.tree2, tree_shape=args.tree_shape, budget=args.budget,
+    return dict(gamma1=args.gamma1, gamma2=args.gamma2, rounds2=args.rounds2, tree1=args.tree1, tree2=args.tree2, tree_shape=args.tree_shape, budget=args.budget,
                 chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
                 sinks=args.sinks, window=args.window, lookup=args.lookup,
                 stop_below=args.stop_below)
