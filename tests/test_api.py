@@ -130,7 +130,7 @@ def test_the_round_that_reaches_a_stop_token_keeps_its_text(llm):
     vLLM), streamed too (the last round's tokens were dropped from the output, text and stream when an end
     token ended it)."""
     free = llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
-    stop = free.token_ids[5]  # inside a round, not its last token (the rounds here yield 4-5 tokens)
+    stop = free.token_ids[5]  # inside the first round (a triforce round here yields 7 tokens)
     kept = free.token_ids[:free.token_ids.index(stop) + 1]
     pieces = []
     out = llm.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[stop]),
@@ -142,9 +142,9 @@ def test_the_round_that_reaches_a_stop_token_keeps_its_text(llm):
 
 def test_streamed_pieces_join_to_the_text(llm):
     pieces = []
-    out = llm.generate(PROMPT, SamplingParams(max_tokens=40, temperature=0.8, seed=2, ignore_eos=True),
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=15, temperature=0.8, seed=2, ignore_eos=True),
                        stream=pieces.append)[0]
-    assert "".join(pieces) == out.text and len(pieces) > 1  # (a round of rounds2's checks: up to 16 tokens)
+    assert "".join(pieces) == out.text and len(pieces) > 1
 
 
 def test_unknown_engine_setting_is_refused(tiny_dir):

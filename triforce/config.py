@@ -62,9 +62,9 @@ class EngineConfig:
     mode: str = "auto"  # auto: the tiers and gammas a cost model picks per request (coordinator/auto.py)
     gamma1: int = 4  # tier-1 (draft) proposals per tier-2 check (docs/defaults.md)
     gamma2: int = GAMMA2  # tier-2 tokens per tier-3 (target) check: the least (it takes all of tier 2's rounds)
-    # mode triforce: n > 0, the target checks what n tier-2 checks made (gamma2 unused; so every sequence of a
-    # batch makes the same forwards, none waiting on a batchmate's extra rounds: docs/batches.md); 0: gamma2
-    rounds2: int = 3
+    # mode triforce: n > 0, the target checks what n tier-2 checks made (gamma2 unused; every sequence of a
+    # batch then makes the same forwards, none waiting on a batchmate's extra rounds: docs/batches.md); 0: gamma2
+    rounds2: int = 0
     budget: int = 2048  # tokens the retrieval cache holds
     chunk_size: int = 8
     retrieval_policy: str = "static"

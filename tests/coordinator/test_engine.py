@@ -70,14 +70,13 @@ def test_greedy_with_a_reduced_vocabulary_draft_equals_plain_decoding(tiny_dir, 
 
 
 @pytest.mark.parametrize("mode,policy", MODES)
-@pytest.mark.parametrize("gammas", [dict(gamma1=2, gamma2=6, rounds2=0), dict(gamma1=1, gamma2=1, rounds2=0),
-                                    dict(gamma1=4, gamma2=3, rounds2=0), dict(gamma1=3, rounds2=2)])
+@pytest.mark.parametrize("gammas", [(2, 6), (1, 1), (4, 3)])
 def test_greedy_equals_plain_decoding(models, mode, policy, gammas):
     target, draft = models
     prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
     reference, _ = run(target, draft, "ar", prompt, params)
-    tokens, metrics = run(target, draft, mode, prompt, params, policy, **gammas)
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, gamma1=gammas[0], gamma2=gammas[1])
     assert tokens == reference
     assert metrics.generated_tokens == 80 and all(t.proposed > 0 for t in metrics.tiers)
 
@@ -205,13 +204,13 @@ def test_a_check_above_tier_1_takes_every_token_of_the_rounds_below(models, poli
     """In triforce mode tier 2's checks of a tree or a chain yield several tokens each; the target's check
     holds all that its rounds produced (gamma2 is the least), not the first gamma2 of them. The target
     drafts for itself (its streaming window and the retrieval budget hold the whole sequence), so that
-    tier 2 accepts long paths. (By rounds: test_a_target_check_holds_what_rounds2_tier_2_checks_made.)"""
+    tier 2 accepts long paths."""
     target, _ = models
     draft = target
     prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
     reference, _ = run(target, draft, "ar", prompt, params)
-    tokens, metrics = run(target, draft, "triforce", prompt, params, policy, **shape, gamma2=2, rounds2=0, window=240,
+    tokens, metrics = run(target, draft, "triforce", prompt, params, policy, **shape, gamma2=2, window=240,
                           budget=256, prefill_chunk=128)
     assert tokens == reference
     retrieval, top = metrics.tiers
@@ -228,7 +227,7 @@ def test_the_largest_checks_that_take_every_token_fit_the_caches(models, policy)
     prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
     reference, _ = run(target, draft, "ar", prompt, params)
-    tokens, metrics = run(target, draft, "triforce", prompt, params, policy, gamma1=8, gamma2=8, rounds2=0)
+    tokens, metrics = run(target, draft, "triforce", prompt, params, policy, gamma1=8, gamma2=8)
     assert tokens == reference
     assert metrics.tiers[1].proposed / metrics.tiers[1].checks > 8
 
@@ -465,7 +464,7 @@ def assert_two_token_distribution(make_run, expected, trials=TWO_TOKEN_TRIALS):
 
 SAMPLING_CASES = [
     ("triforce", "static", dict(temperature=1.0), {}),
-    ("triforce", "dynamic", dict(temperature=0.7, top_p=0.9), dict(gamma2=3, rounds2=0)),  # by tokens
+    ("triforce", "dynamic", dict(temperature=0.7, top_p=0.9), {}),
     ("retrieval", "static", dict(temperature=1.0, top_k=5), {}),
     ("draft", "static", dict(temperature=1.0), {}),
     # token trees at the bottom boundary (siblings sampled without replacement)
@@ -473,13 +472,13 @@ SAMPLING_CASES = [
     ("retrieval", "dynamic", dict(temperature=1.0, top_k=5), dict(tree2=6)),
     ("draft", "static", dict(temperature=0.8, top_p=0.9), dict(tree1=6)),
     # trees shaped as they grow, by the proposer's confidence at each node
-    ("triforce", "static", dict(temperature=1.0), dict(tree1=6, tree_shape="confidence", rounds2=1)),
+    ("triforce", "static", dict(temperature=1.0), dict(tree1=6, tree_shape="confidence", gamma2=1)),
     ("retrieval", "dynamic", dict(temperature=1.0, top_k=5), dict(tree2=6, tree_shape="confidence")),
-    # the target checks every token of tier 2's checks: of one (a length the check decides), of two (the
-    # triforce cases that do not say), of three (rounds2's default), or by tokens as many as reach gamma2
-    # (the second case)
-    ("triforce", "dynamic", dict(temperature=1.0), dict(tree1=6, rounds2=1)),
-    ("triforce", "static", dict(temperature=1.0), dict(gamma1=3, rounds2=3)),
+    # the target checks every token of tier 2's checks, here more than gamma2: lengths the rounds decide
+    ("triforce", "dynamic", dict(temperature=1.0), dict(tree1=6, gamma2=1)),
+    ("triforce", "static", dict(temperature=1.0), dict(gamma1=3, gamma2=1)),
+    # or of a fixed number of tier-2 checks, rounds2 (gamma2 back at its default, which rounds leave unused)
+    ("triforce", "static", dict(temperature=1.0), dict(gamma2=6, rounds2=3)),
     # a tree's nodes mixed with the prompt lookup's copies (1-grams: a 40-token prompt over 8 tokens has
     # a candidate at every node)
     ("triforce", "static", dict(temperature=1.0), dict(tree1=6, lookup=1)),
@@ -508,7 +507,7 @@ SAMPLING_CASES = [
     ("retrieval", "dynamic", dict(temperature=0.8, top_k=3, structured_outputs=StructuredOutputs(regex="[a-c][b-e]+")),
      dict(lookup=1)),
     ("triforce", "dynamic", dict(temperature=1.0, structured_outputs=StructuredOutputs(choice=["ab", "bd", "ce", "cc"])),
-     dict(gamma1=3, rounds2=1)),
+     dict(gamma1=3, gamma2=1)),
 ]
 
 
@@ -536,8 +535,7 @@ def test_modes_sample_the_target_distribution(small_vocab, char_grammars, mode, 
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
     grammars = char_grammars[8]
     expected = exact_two_token_distribution(target, prompt, params, grammars)
-    gammas = {"gamma1": 2, "rounds2": 2} if mode == "triforce" else {"gamma1": 2, "gamma2": 3}
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{**gammas, **trees}, **SELECTING)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{"gamma1": 2, "gamma2": 3, **trees}, **SELECTING)
 
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
@@ -568,7 +566,7 @@ def test_reduced_vocabulary_draft_samples_the_target_distribution(tiny_dir, smal
     prompt = [int(t) for t in torch.randint(0, 8, (30,), generator=torch.Generator().manual_seed(7))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=1.0)
     expected = exact_two_token_distribution(target, prompt, params)
-    cfg = EngineConfig(mode="triforce", gamma1=2, **SELECTING)
+    cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SELECTING)
 
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
@@ -592,7 +590,7 @@ def test_a_reduced_vocabulary_draft_under_a_constraint_samples_the_target_distri
     sampling = dict(max_tokens=2, ignore_eos=True, temperature=1.0, **rule)
     grammars = char_grammars[8]
     expected = exact_two_token_distribution(target, prompt, SamplingParams(**sampling), grammars)
-    cfg = EngineConfig(mode="triforce", gamma1=2, **SELECTING)
+    cfg = EngineConfig(mode="triforce", gamma1=2, gamma2=3, **SELECTING)
 
     def run_of(seed):
         engine = build_engine(cfg, target, draft, len(prompt) + 2)
@@ -788,8 +786,8 @@ def test_greedy_with_chains_that_end_early_equals_plain_decoding(models, mode, p
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
     reference, _ = run(target, draft, "ar", prompt, params)
     seen = record_confidences(monkeypatch)
-    run(target, draft, mode, prompt, params, policy, gamma1=4, gamma2=4, rounds2=0, stop_below=1e-9)  # stops never
-    tokens, metrics = run(target, draft, mode, prompt, params, policy, gamma1=4, gamma2=4, rounds2=0,
+    run(target, draft, mode, prompt, params, policy, gamma1=4, gamma2=4, stop_below=1e-9)  # stops never
+    tokens, metrics = run(target, draft, mode, prompt, params, policy, gamma1=4, gamma2=4,
                           stop_below=float(torch.tensor(seen).median()))
     assert tokens == reference
     bottom = metrics.tiers[0]
@@ -806,8 +804,7 @@ def test_chains_that_end_early_sample_the_target_distribution(small_vocab, mode,
     prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
     expected = exact_two_token_distribution(target, prompt, params)
-    settings = dict(mode=mode, retrieval_policy=policy, gamma1=3, gamma2=3, rounds2=0, lookup=0,
-                    **SELECTING)  # no copies
+    settings = dict(mode=mode, retrieval_policy=policy, gamma1=3, gamma2=3, lookup=0, **SELECTING)  # no copies
     seen = record_confidences(monkeypatch)
     build_engine(EngineConfig(**settings, stop_below=1e-9), target, draft, len(prompt) + 2).generate(prompt, params)
     cfg = EngineConfig(**settings, stop_below=seen[0] + 1e-4)
@@ -856,9 +853,9 @@ def test_tree_settings():
 
 def test_rounds_settings():
     with pytest.raises(ConfigError, match="gamma2 8 is unused while rounds2"):
-        EngineConfig(mode="triforce", gamma2=8)
-    assert EngineConfig(mode="triforce", gamma2=8, rounds2=0).gamma2 == 8
-    assert EngineConfig(mode="retrieval", gamma2=8).gamma2 == 8  # its gamma2: the retrieval tier's chain
+        EngineConfig(mode="triforce", gamma2=8, rounds2=2)
+    assert EngineConfig(mode="triforce", gamma2=8).rounds2 == 0  # by tokens, the default
+    assert EngineConfig(mode="retrieval", gamma2=8, rounds2=2).gamma2 == 8  # its gamma2: the retrieval tier's chain
     with pytest.raises(ConfigError, match="rounds2 must be in"):
         EngineConfig(rounds2=-1)
     with pytest.raises(ConfigError, match="must be <= 256: a target check holds"):
@@ -889,6 +886,6 @@ def test_the_largest_speculation_slack_fits_the_rope_tables_margin():
                   for mode in ("draft", "retrieval"))
     assert largest <= POSITION_MARGIN
     for most in (dict(gamma1=122, rounds2=2), dict(gamma1=15, rounds2=16), dict(gamma1=1, tree1=MAX_TREE, rounds2=3),
-                 dict(gamma1=64, gamma2=64, tree1=MAX_TREE, rounds2=0)):  # the largest by rounds, and by tokens
+                 dict(gamma1=64, gamma2=64, tree1=MAX_TREE)):  # the largest by rounds, and by tokens
         assert speculation_slack(EngineConfig(mode="triforce", window=256, **most)) <= POSITION_MARGIN
     assert speculation_slack(EngineConfig(mode="auto", gamma1=100, gamma2=28)) <= POSITION_MARGIN
