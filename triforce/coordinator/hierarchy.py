@@ -2,8 +2,8 @@
 
 | mode      | tiers                                                       | gammas           | tree (if > 0) |
 |-----------|-------------------------------------------------------------|------------------|---------------|
-| triforce  | draft + StreamingKVCache, target + RetrievalKVCache, target | gamma1, rounds2  | tree1         |
-|           |                                                             | (or gamma2)      |               |
+| triforce  | draft + StreamingKVCache, target + RetrievalKVCache, target | gamma1, gamma2   | tree1         |
+|           |                                                             | (or rounds2)     |               |
 | retrieval | target + RetrievalKVCache, target                           | gamma2           | tree2         |
 | draft     | draft + StreamingKVCache, target (the paper's naive policy) | gamma1           | tree1         |
 | ar        | target + FullKVCache (plain decoding, the baseline)         |                  |               |
