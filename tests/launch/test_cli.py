@@ -161,7 +161,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "rounds in mode retrieval": (["--model", target, *base, "--mode", "retrieval", "--rounds2", 2],
                                      "mode retrieval does not take it"),
         "gamma2 beside rounds": (["--model", target, "--draft", draft, *base, "--mode", "triforce", "--rounds2", 2,
-                                  "--gamma2", 4], "gamma2 4 is unused while rounds2"),
+                                  "--gamma2", 4], "--gamma2 4 is unused while --rounds2"),
         "full layers past the target's": (["--model", target, *base, "--full-layers", 9], "--full-layers 9 is more"),
         "temperature < 0": (["--model", target, *base, "--temperature", -0.5], "temperature"),
         "top-p 0": (["--model", target, *base, "--top-p", 0], "--top-p"),
