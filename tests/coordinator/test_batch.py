@@ -68,7 +68,7 @@ def test_greedy_batch_equals_each_request_alone(models, mode, policy, tree, coun
 
 @pytest.mark.parametrize("rounds2", [2, 3])
 def test_with_rounds2_a_batch_makes_its_forwards_in_step(models, count_calls, rounds2):
-    """In triforce mode by rounds (the default) every sequence makes the same forwards between two target
+    """In triforce mode by rounds (`rounds2` > 0) every sequence makes the same forwards between two target
     checks, so once a call carries the whole batch every call does until a sequence finishes: none waits
     at the target while a batchmate's draft and tier 2 run alone. (By tokens, `rounds2=0`, the sequences
     whose tier-2 checks accepted less run more of them, in calls of fewer sequences.)"""

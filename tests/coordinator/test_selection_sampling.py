@@ -33,13 +33,7 @@ from triforce.speculation.sampling import probabilities
 
 ALPHA = 1e-3
 VOCAB, PROMPT_LEN = 8, 80
-SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12, gamma1=2)
-
-
-def settings(mode: str, **more) -> dict:
-    """SETTINGS, with the target's first check after one round of the tier below (a retrieval tier's chain
-    of one token; in triforce mode one tier-2 check, unless `more` says how many)."""
-    return {**SETTINGS, **({"rounds2": 1} if mode == "triforce" else {"gamma2": 1}), **more}
+SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refresh_every=12, gamma1=2, gamma2=1)
 
 
 def sharpen_attention(model, factor: float):
@@ -114,7 +108,8 @@ def first_token_counts(cfg, target, draft, prompt, sampling, trials):
 
 
 CASES = [
-    ("triforce", "static", dict(temperature=1.0), 4000, dict(rounds2=2)),  # the target's check after two
+    # the target's check after two tier-2 checks, not after gamma2 tokens (gamma2 back at its default: unused)
+    ("triforce", "static", dict(temperature=1.0), 4000, dict(rounds2=2, gamma2=6)),
     ("triforce", "dynamic", dict(temperature=1.0), 6000, {}),
     ("triforce", "dynamic", dict(temperature=1.0, top_k=6, top_p=0.9), 3000, {}),
     # token trees: the draft's to the retrieval tier, the retrieval tier's to the target
@@ -130,7 +125,7 @@ def test_first_token_follows_the_target_with_real_selection(models, prompt, mode
     cache = FullKVCache(target.config, len(prompt), target.dtype, "cpu")
     logits = target(torch.tensor(prompt), cache, logits_for="last")
     expected = probabilities(logits, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))[0]
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **settings(mode, **trees))
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{**SETTINGS, **trees})
     counts = first_token_counts(cfg, target, draft, prompt, sampling, trials)
     assert mode == "draft" or any(selections), "the retrieval cache never left a chunk out"
     assert torch.all(counts[expected == 0] == 0), "sampled a token the target gives probability 0"
@@ -162,7 +157,7 @@ def test_first_token_follows_the_target_with_prompt_lookup(models, periodic_prom
     often than the target samples them, and only exact checks against the mixture keep the output right."""
     target, draft = models
     prompt = periodic_prompt
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, lookup=3, **settings(mode))
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, lookup=3, **SETTINGS)
     probe = build_engine(cfg, target, draft, len(prompt) + 1)
     metrics = probe.generate(prompt, SamplingParams(max_tokens=1, ignore_eos=True, seed=0, **sampling))[1]
     assert metrics.lookup["weight"] > 0.8 and metrics.lookup["candidates"] > 60
