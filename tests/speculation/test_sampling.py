@@ -5,7 +5,7 @@ import torch
 from scipy.stats import chisquare
 
 from triforce.sampling_params import SamplingParams
-from triforce.speculation.sampling import probabilities, sample, sample_distinct
+from triforce.speculation.sampling import ARGMAX_CHUNK, probabilities, row_argmax, sample, sample_distinct
 
 ALPHA = 1e-3
 
@@ -15,6 +15,34 @@ def test_greedy_is_one_hot_on_first_argmax_without_nan():
     probs = probabilities(logits, 0.0)
     assert probs.tolist() == [[0, 1, 0, 0], [0, 1, 0, 0]]
     assert sample(probs[0], None, greedy=True) == 1
+
+
+def test_row_argmax_is_torchs_argmax_on_wide_rows_with_ties_nan_and_infinities():
+    """The chunked argmax (the path a real vocabulary takes) against torch's: the first index of the largest,
+    a NaN counting as the largest, on rows whose ties and specials sit in one chunk, in different chunks and
+    at chunk edges; and widths that are no whole number of chunks."""
+    gen = torch.Generator().manual_seed(0)
+    width = 6 * ARGMAX_CHUNK
+    rows = torch.randint(-3, 4, (40, width), generator=gen).float()  # many ties of the largest
+    edge = ARGMAX_CHUNK - 1
+    rows[1, [edge, edge + 1]] = 9.0  # a tie across a chunk edge: the first wins
+    rows[2, [3 * ARGMAX_CHUNK + 5, ARGMAX_CHUNK + 7]] = float("nan")  # the first NaN, in a later chunk than a tie
+    rows[3, 2 * ARGMAX_CHUNK + 1] = float("inf")
+    rows[4, [width - 1, 5]] = torch.tensor([float("inf"), float("nan")])
+    rows[5] = float("-inf")
+    rows[6, :] = 0.0
+    rows[7, width - 1] = 4.0  # the last entry
+    expected = rows.argmax(dim=-1)
+    assert row_argmax(rows).tolist() == expected.tolist()
+    assert row_argmax(rows[9]).item() == rows[9].argmax().item()  # one row
+    assert row_argmax(rows.view(4, 10, width)).tolist() == expected.view(4, 10).tolist()
+    assert expected[1] == edge and expected[2] == ARGMAX_CHUNK + 7  # the cases above are what they say
+    odd = rows[:, :width - 3]  # not a whole number of chunks: torch's own
+    assert row_argmax(odd).tolist() == odd.argmax(dim=-1).tolist()
+    greedy = probabilities(rows[:8], 0.0)
+    assert greedy[[2, 3, 4]].isnan().all()  # NaN or +inf logits: an overflowed row stays NaN
+    assert greedy[[0, 1, 5, 6, 7]].argmax(dim=-1).tolist() == expected[[0, 1, 5, 6, 7]].tolist()
+    assert (greedy[[0, 1, 5, 6, 7]].sum(dim=-1) == 1.0).all()
 
 
 def test_a_temperature_too_small_to_divide_by_is_greedy():

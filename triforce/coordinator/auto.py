@@ -48,6 +48,7 @@ from collections.abc import Callable, Generator
 
 import torch
 
+from ..speculation.sampling import row_argmax
 from .engine import HierarchyEngine
 from .runs import Forward, Run
 from .forward_times import role_at, row_seconds
@@ -231,7 +232,7 @@ class AutoEngine(HierarchyEngine):
         if self.rows.lookup is not None:
             row = self.rows.lookup.offered(at, row)
         if self.params.greedy:
-            row = torch.nn.functional.one_hot(row.argmax(), row.shape[-1]).float()
+            row = torch.nn.functional.one_hot(row_argmax(row), row.shape[-1]).float()
         return row
 
     def _pair(self, drafter: str, checker: str, metrics: RequestMetrics) -> TierStats:

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from ..config import MAX_TREE
+from ..speculation.sampling import row_argmax
 from ..speculation.tree import children_of, sample_children
 from ..speculation.tree_shape import best_tree, pick_size
 from ..step import Step, ancestor_mask
@@ -51,7 +52,7 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], growth: "Growth"
         for slot, k in zip(frontier, growth.children(frontier, [logits[s] for s in frontier], parents)):
             if not k:
                 continue
-            choice = int(rows[slot].argmax()) if greedy else None  # what its processed row picks (logit_bias)
+            choice = int(row_argmax(rows[slot])) if greedy else None  # what its processed row picks (logit_bias)
             copy = request.copy(paths[slot], logits[slot])
             rows[slot] = request.mixed(rows[slot], copy)
             if greedy:  # ranked by the proposer's logits (its one-hot row would allow a single child)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import NonFiniteLogits
-from .sampling import non_finite, sample
+from .sampling import non_finite, row_argmax, sample
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor]
     use_residual = torch.tensor(rejected, device=device)[:, None] & (total > 1e-12)
     next_probs = torch.where(use_residual, residual / total.clamp_min(1e-30), target_rows)
     # every row's argmax (greedy's token) and whether it is finite, in one transfer (one sync on a GPU)
-    argmax, finite = torch.stack([next_probs.argmax(dim=1), torch.isfinite(next_probs.sum(dim=1))]).tolist()
+    argmax, finite = torch.stack([row_argmax(next_probs), torch.isfinite(next_probs.sum(dim=1))]).tolist()
     verdicts = []
     for b, (a, gen, is_greedy, proposal) in enumerate(zip(kept, generators, greedy, proposals)):
         if not (finite[b] or proposal):  # an output drawn from an overflowed row: this sequence fails
