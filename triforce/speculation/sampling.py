@@ -76,9 +76,9 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(dim=-1): the index of each row's largest value, the first on ties, a NaN counting as the
     largest (as torch's). On the CPU, over rows of a whole number of chunks, in two passes that vectorise:
     each chunk's largest value (amax, which propagates NaN), then the first chunk holding the row's largest and
-    the first index of it there. torch's argmax walks a row an element at a time: 89 us for one row of
-    SmolLM2's 49,152 tokens on the 2-core AMX Xeon against 26, 268 against 42 for five
-    (`python benchmarks/row_argmax.py`); a greedy batch's rows take it many times per token."""
+    the first index of it there. torch's argmax walks a row an element at a time: 138 us for one row of
+    SmolLM2's 49,152 tokens on the 2-core AMX Xeon against 66, 784 against 171 for twelve (`python
+    benchmarks/row_argmax.py`, benchmarks/results/issue12/amx4/); greedy rows take it many times per token."""
     width = x.shape[-1]
     if x.device.type != "cpu" or width % ARGMAX_CHUNK or width < 2 * ARGMAX_CHUNK or x.numel() == 0:
         return x.argmax(dim=-1)
