@@ -104,11 +104,9 @@ class LLM(RequestChecks, RequestMemory):
             if asked.tree1:  # as EngineConfig reads it (the flag's "0" is 0)
                 raise ConfigError("tree1 shapes the draft's proposals, and this target has no draft (mode "
                                   "'triforce' would fall back to 'retrieval', which takes tree2)")
-            for name in ("rounds2", "cap2"):  # the target checks each of the retrieval tier's rounds there
-                if getattr(asked, name):
-                    raise ConfigError(f"{name} shapes what a target check holds of the retrieval tier's checks of "
-                                      "a draft's proposals, and this target has no draft (mode 'triforce' would "
-                                      "fall back to 'retrieval')")
+            if asked.rounds2:  # the target would check each of the retrieval tier's rounds: rounds2 ignored
+                raise ConfigError("rounds2 counts the retrieval tier's checks of a draft's proposals, and this "
+                                  "target has no draft (mode 'triforce' would fall back to 'retrieval')")
             print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",
                   file=sys.stderr)
             mode = "retrieval"

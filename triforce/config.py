@@ -17,7 +17,6 @@ MAX_TREE = 64  # nodes per speculation tree
 MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
 PROPOSAL_TREE = {"draft": "tree1", "triforce": "tree1", "retrieval": "tree2"}  # the tree setting of each mode's bottom tier
 MAX_ROUNDS = 16  # tier-2 checks per target check (rounds2)
-MAX_CHECK = 256  # tokens a target check holds in mode triforce (rounds2's bound; cap2's range)
 GAMMA2 = 6  # the paper's
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
 DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given (docs/draft.md, Prompt lookup)
@@ -66,10 +65,6 @@ class EngineConfig:
     # mode triforce: n > 0, the target checks what n tier-2 checks made (gamma2 unused; every sequence of a
     # batch then makes the same forwards, none waiting on a batchmate's extra rounds: docs/batches.md); 0: gamma2
     rounds2: int = 0
-    # mode triforce: n > 0, a target check holds at most n tier-2 tokens (the rounds below propose no more than
-    # fits; exact); 0: no cap; None: where the CPU's attention kernel computes query rows in tile groups (AMX),
-    # the most tokens whose rows fill the groups a check of gamma2 takes, else none (hierarchy.target_check_cap)
-    cap2: int | None = None
     budget: int = 2048  # tokens the retrieval cache holds
     chunk_size: int = 8
     retrieval_policy: str = "static"
@@ -118,12 +113,10 @@ class EngineConfig:
                 object.__setattr__(self, name, value := int(value))
             if value != "auto" and not (isinstance(value, int) and 0 <= value <= MAX_TREE):
                 raise ConfigError(f"{name} must be 'auto' or a node count in [0, {MAX_TREE}] (got {value!r})")
-        if self.cap2 is not None and not (is_integer(self.cap2) and 0 <= self.cap2 <= MAX_CHECK):
-            raise ConfigError(f"cap2 must be a token count in [0, {MAX_CHECK}] (0: no cap; got {shown(self.cap2)})")
         if not 0 <= self.rounds2 <= MAX_ROUNDS:
             raise ConfigError(f"rounds2 must be in [0, {MAX_ROUNDS}] (got {self.rounds2})")
         proposal = max(self.gamma1, MAX_TREE if self.tree1 == "auto" else self.tree1)
-        if self.mode == "triforce" and self.rounds2 * (proposal + 1) > MAX_CHECK:
+        if self.mode == "triforce" and self.rounds2 * (proposal + 1) > 256:
             raise ConfigError(f"rounds2 x (the draft's largest proposal + 1) must be <= 256: a target check holds "
                               f"up to that many tokens (got rounds2 {self.rounds2}, proposals of up to {proposal})")
         if self.mode == "triforce" and self.rounds2 and self.gamma2 != GAMMA2:

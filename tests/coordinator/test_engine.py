@@ -253,74 +253,6 @@ def test_a_target_check_holds_what_rounds2_tier_2_checks_made(models, policy, sh
     assert top.proposed / top.checks > 9  # more than one round's tokens
 
 
-@pytest.mark.parametrize("policy", ["static", "dynamic"])
-@pytest.mark.parametrize("shape", [dict(tree1=10), dict(gamma1=8)])
-def test_a_target_check_holds_at_most_cap2_tokens(models, policy, shape, monkeypatch):
-    """cap2 = 3 where the tier-2 rounds would make up to 17 tokens a check (gamma2 8, tier 2 accepting long
-    paths: the target drafts for itself): every target check holds at most 3, greedy output is still
-    plain decoding's, the chains below are told the room left (a tier-2 check proposes at most room - 1
-    tokens) so that none of their tokens is dropped, and a tree's tokens past the cap are. Without the cap
-    the checks hold more."""
-    target, _ = models
-    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
-    params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
-    reference, _ = run(target, target, "ar", prompt, params)
-    record = HierarchyEngine._record
-    checked: list[tuple[int, int]] = []
-    monkeypatch.setattr(HierarchyEngine, "_record", lambda self, level, proposed, accepted: (
-        checked.append((level, proposed)), record(self, level, proposed, accepted)))
-    settings = dict(gamma2=8, window=240, budget=256, prefill_chunk=128, **shape)
-    for cap in (0, 3):
-        checked.clear()
-        tokens, metrics = run(target, target, "triforce", prompt, params, policy, cap2=cap, **settings)
-        assert tokens == reference
-        held = [proposed for level, proposed in checked if level == 2]
-        assert held and (max(held) <= 3 if cap else max(held) > 3), held
-    retrieval, top = metrics.tiers
-    made = retrieval.accepted + retrieval.checks  # tier 2's tokens: each check's accepted + 1
-    if "gamma1" in shape:  # chains propose what fits the room: none of their tokens is dropped
-        assert made == top.proposed and min(proposed for level, proposed in checked if level == 1) < 8
-    else:  # a tree's check overshoots the cap, and the tokens past it are dropped
-        assert made > top.proposed
-
-
-def test_the_default_cap_fills_the_tile_groups_a_check_of_gamma2_takes(models, monkeypatch):
-    """Where the attention kernel computes query rows in groups of 16 (AMX), a target check holds the most
-    tokens whose rows (with the one the target catches up with) fill the groups gamma2's check takes: 3
-    query heads per KV head (SmolLM2's 9 / 3) and gamma2 6 give 9 (10 x 3 = 30 rows, two groups), gamma2 10
-    gives 15 (48 rows, three); 6 heads per KV head (Qwen2.5-1.5B's) 7 (the tiny target's heads set to
-    each). None with the vector paths (rows cost one by one), with rounds2, or outside mode triforce; cap2
-    wins."""
-    from triforce.coordinator import hierarchy
-
-    target, _ = models
-    monkeypatch.setattr(target, "config", dataclasses.replace(target.config, num_heads=6, num_kv_heads=2))
-    monkeypatch.setattr(hierarchy, "tile_rows", lambda dtype, device, head_dim: 16)
-    cap = hierarchy.target_check_cap
-    assert cap(EngineConfig(mode="triforce"), target) == 9
-    assert cap(EngineConfig(mode="triforce", gamma2=10), target) == 15
-    assert cap(EngineConfig(mode="triforce", gamma2=9), target) == 9  # 10 tokens fill two groups
-    assert cap(EngineConfig(mode="triforce", cap2=4), target) == 4
-    assert cap(EngineConfig(mode="triforce", cap2=0), target) == 0
-    assert cap(EngineConfig(mode="triforce", rounds2=2), target) == 0
-    assert cap(EngineConfig(mode="retrieval"), target) == 0
-    six = dataclasses.replace(target.config, num_heads=12, num_kv_heads=2)
-    monkeypatch.setattr(target, "config", six)
-    assert cap(EngineConfig(mode="triforce"), target) == 7
-    monkeypatch.setattr(hierarchy, "tile_rows", lambda dtype, device, head_dim: 0)
-    assert cap(EngineConfig(mode="triforce"), target) == 0
-
-
-def test_tile_rows_are_the_amx_kernels_groups_for_bfloat16_on_the_cpu():
-    from triforce.kernels.attention import AMX_TILE_ROWS, tile_rows
-    from triforce.kernels.cpu import has_amx
-
-    cpu = torch.device("cpu")
-    assert tile_rows(torch.bfloat16, cpu, 64) == (AMX_TILE_ROWS if has_amx() else 0)
-    assert tile_rows(torch.float32, cpu, 64) == 0 and tile_rows(torch.bfloat16, cpu, 96) == 0
-    assert tile_rows(torch.bfloat16, torch.device("cuda"), 64) == 0
-
-
 @pytest.fixture(scope="module")
 def char_grammars(tmp_path_factory):
     """Structured outputs over the tiny models' vocabularies read as single characters (checkpoints.CHARS)."""
@@ -547,9 +479,6 @@ SAMPLING_CASES = [
     ("triforce", "static", dict(temperature=1.0), dict(gamma1=3, gamma2=1)),
     # or of a fixed number of tier-2 checks, rounds2 (gamma2 back at its default, which rounds leave unused)
     ("triforce", "static", dict(temperature=1.0), dict(gamma2=6, rounds2=3)),
-    # or at most cap2 of them: the chains below propose what fits (room - 1), a tree's overshoot is dropped
-    ("triforce", "dynamic", dict(temperature=1.0), dict(gamma1=3, gamma2=4, cap2=2)),
-    ("triforce", "static", dict(temperature=1.0), dict(tree1=6, cap2=2)),
     # a tree's nodes mixed with the prompt lookup's copies (1-grams: a 40-token prompt over 8 tokens has
     # a candidate at every node)
     ("triforce", "static", dict(temperature=1.0), dict(tree1=6, lookup=1)),
@@ -931,13 +860,6 @@ def test_rounds_settings():
         EngineConfig(rounds2=-1)
     with pytest.raises(ConfigError, match="must be <= 256: a target check holds"):
         EngineConfig(mode="triforce", tree1=64, rounds2=4, window=256)
-
-
-def test_cap_settings():
-    assert EngineConfig(mode="triforce").cap2 is None  # by the machine (hierarchy.target_check_cap)
-    for bad in (-1, 257, 2.5, "4"):
-        with pytest.raises(ConfigError, match="cap2 must be a token count"):
-            EngineConfig(mode="triforce", cap2=bad)
 
 
 def test_budget_settings():

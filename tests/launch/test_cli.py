@@ -153,13 +153,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "a draft's tree without a draft": (["--model", target, *base, "--mode", "triforce", "--tree1", 8],
                                            "this target has no draft"),
         "rounds without a draft": (["--model", target, *base, "--mode", "triforce", "--rounds2", 2],
-                                   "--rounds2 shapes what a target check holds of the retrieval tier's checks of a "
-                                   "draft's proposals, and this target has no draft"),
-        "a cap without a draft": (["--model", target, *base, "--mode", "triforce", "--cap2", 4],
-                                  "--cap2 shapes what a target check holds"),
-        "a cap in mode draft": (["--model", target, "--draft", draft, *base, "--mode", "draft", "--cap2", 4],
-                                "mode draft does not take it"),
-        "a negative cap": (["--model", target, *base, "--cap2", -1], "--cap2 must be a token count"),
+                                   "--rounds2 counts the retrieval tier's checks of a draft's proposals, and this "
+                                   "target has no draft"),
         "a tree in mode ar": (["--model", target, *base, "--mode", "ar", "--tree1", 8], "mode ar does not run"),
         "a draft in mode retrieval": (["--model", target, "--draft", draft, *base, "--mode", "retrieval"],
                                       "--draft names a tier that mode retrieval does not run"),
@@ -205,8 +200,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
 
 CASES = ["missing folder", "a draft that is a plain file", "corrupt folder", "corrupt tokenizer", "draft vocabulary",
          "prompt too long", "prompt past a sliding window", "draft window past its positions", "budget not multiple", "gamma1 < 1",
-         "tree past the draft's window", "a draft's tree without a draft", "rounds without a draft", "a cap without a draft",
-         "a cap in mode draft", "a negative cap", "a tree in mode ar",
+         "tree past the draft's window", "a draft's tree without a draft", "rounds without a draft", "a tree in mode ar",
          "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "rounds in mode retrieval",
          "gamma2 beside rounds", "full layers past the target's",
          "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json", "logprobs < 0", "empty prompt",

@@ -55,21 +55,20 @@ FORCED_LAG = 8
 
 class HierarchyEngine:
     def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None, lookup: int = 0,
-                 stop_below: float = 0.0, rounds_per_check: int = 0, check_cap: int = 0):
+                 stop_below: float = 0.0, rounds_per_check: int = 0):
         """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains).
         lookup: n > 0 mixes copies of the sequence's own n-grams into the bottom tier's proposals, chains
         and trees (speculation/lookup.py). stop_below: the bottom tier's chains end after a proposal its model was
         less sure of than this (`_produce`). rounds_per_check: n > 0, a tier above tier 1 checks what n checks
-        of the tier below made (0: as many checks as make its gamma of tokens; `_check_chain`). check_cap: n > 0,
-        a tier above tier 1 checks at most n tokens of the rounds below (`_check_chain`)."""
+        of the tier below made (0: as many checks as make its gamma of tokens; `_check_chain`)."""
         if len(gammas) != len(tiers) - 1 or any(g < 1 for g in gammas):
             raise ValueError("need one gamma >= 1 per pair of adjacent tiers")
-        if rounds_per_check < 0 or check_cap < 0:
-            raise ValueError("rounds_per_check and check_cap must be >= 0")
+        if rounds_per_check < 0:
+            raise ValueError("rounds_per_check must be >= 0")
         if tree is not None and len(tiers) < 2:
             raise ValueError("a tree needs a tier to check it")
         self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
-        self.stop_below, self.rounds_per_check, self.check_cap = stop_below, rounds_per_check, check_cap
+        self.stop_below, self.rounds_per_check = stop_below, rounds_per_check
         self.rows: RequestRows | None = None  # what the request makes of its tiers' rows, from `run`
         self.guide: Guide | None = None  # the request's structured-output constraint, from `run`
         self.prompt_length: int | None = None  # the request's, from `run`
@@ -205,11 +204,10 @@ class HierarchyEngine:
         step = step or Step.chain(self.seq[tier.length:], tier.length)
         return (yield Forward(tier, self.ladder.index(tier), step))
 
-    def _produce(self, level: int, count: int, rounds: int = 0, limit: int = 0) -> Produced:
+    def _produce(self, level: int, count: int, rounds: int = 0) -> Produced:
         """At least `count` tokens sampled exactly from tier `level`, with that tier's distribution and its
         model's logits for each; with `rounds` > 0 instead what that many of its rounds (one token each at
-        the bottom tier, one check above it) make, however many tokens that is. With `limit` > 0 its rounds
-        end once they made that many, and each check is told the room left (`_check_chain`).
+        the bottom tier, one check above it) make, however many tokens that is.
 
         As a proposer (below the target) the bottom tier may return fewer: with `stop_below`, it ends its
         chain after a token whose row its model gave a top probability, at temperature 1, below that (a
@@ -226,7 +224,7 @@ class HierarchyEngine:
         raw: list[torch.Tensor] = []  # and its logits there
         stop_below = self.stop_below if proposing else 0.0
         made = 0  # rounds
-        while (made < rounds if rounds else len(tokens) < count) and not (limit and len(tokens) >= limit):
+        while made < rounds if rounds else len(tokens) < count:
             made += 1
             if (forced := self._forced(level)) is not None:  # no forward (nor, above the bottom, a check) needed
                 seq.append(forced[0])
@@ -247,8 +245,7 @@ class HierarchyEngine:
                 if stop_below and token != copy and top_probability(logits) < stop_below:
                     break
                 continue
-            room = limit - len(tokens) if limit else 0
-            check = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level, room)
+            check = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)
             new, rows, logits = yield from check
             tokens += new
             probs += rows
@@ -274,12 +271,10 @@ class HierarchyEngine:
         row[token] = 1.0
         return token, row
 
-    def _check_chain(self, level: int, room: int = 0) -> Produced:
+    def _check_chain(self, level: int) -> Produced:
         """Tier `level` checks a chain of tokens from the tier below: gamma of them (fewer where the bottom
         tier stopped early), or more where that tier's rounds overshot gamma; above tier 1 with
-        `rounds_per_check`, what that many rounds made; above tier 1 with `check_cap`, at most that many.
-        `room` > 0: the check above holds at most that many more tokens, so this one proposes at most
-        room - 1 (a check yields its accepted proposals and one token more)."""
+        `rounds_per_check`, what that many rounds made."""
         position = len(self.seq)
         # The tier below may overshoot: above tier 1, whose checks yield up to their accepted length + 1
         # tokens each, its rounds stop past gamma. Those extra tokens are exact samples of the tier below
@@ -291,18 +286,9 @@ class HierarchyEngine:
         # A fixed number of rounds is one too. In a batch it keeps every sequence's forwards in step: by
         # tokens, a sequence whose rounds made few must run more while its batchmates wait at this tier,
         # and those calls of a few sequences cost about what calls of all of them do (docs/batches.md).
-        # A cap on what the check holds (check_cap) is exact too: the tokens past it are dropped, and the
-        # rounds below propose no more than fits, each decision made before the checker sees any token. It
-        # pays where a check's cost rises in steps: the AMX attention kernel computes a KV head's query rows
-        # in groups of 16, so at 3 query heads per KV head a check of 10 tokens costs 2 groups and one of 11
-        # three (hierarchy.target_check_cap; docs/batches.md).
-        g = self.gammas[level - 1] if room <= 0 else max(1, min(self.gammas[level - 1], room - 1))
+        g = self.gammas[level - 1]
         rounds = self.rounds_per_check if level >= 2 else 0
-        limit = self.check_cap if level >= 2 else 0
-        draft_tokens, draft_rows, _ = yield from self._produce(level - 1, g, rounds, limit)
-        if limit and len(draft_tokens) > limit:  # a check below (of a tree, or of one proposal) overshot
-            del self.seq[position + limit:]
-            draft_tokens, draft_rows = draft_tokens[:limit], draft_rows[:limit]
+        draft_tokens, draft_rows, _ = yield from self._produce(level - 1, g, rounds)
         g = len(draft_tokens)  # fewer where the bottom tier ended its chain early (stop_below), or more
         logits = (yield from self._forward(level))[-(g + 1):]  # [g + 1, V]
         penalized = self.rows.ruled_chain(logits, position)  # seq[position:] holds the draft tokens

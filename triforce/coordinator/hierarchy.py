@@ -3,8 +3,7 @@
 | mode      | tiers                                                       | gammas           | tree (if > 0) |
 |-----------|-------------------------------------------------------------|------------------|---------------|
 | triforce  | draft + StreamingKVCache, target + RetrievalKVCache, target | gamma1, gamma2   | tree1         |
-|           |                                                             | (or rounds2;     |               |
-|           |                                                             | cap2)            |               |
+|           |                                                             | (or rounds2)     |               |
 | retrieval | target + RetrievalKVCache, target                           | gamma2           | tree2         |
 | draft     | draft + StreamingKVCache, target (the paper's naive policy) | gamma1           | tree1         |
 | ar        | target + FullKVCache (plain decoding, the baseline)         |                  |               |
@@ -22,7 +21,6 @@ from ..cache.full import QUERY_ROWS
 from ..cache.retrieval import RetrievalKVCache, selects_chunks
 from ..cache.streaming import VIEW_ROWS, StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
-from ..kernels.attention import tile_rows
 from ..models.config import ModelConfig
 from ..models.llama import LlamaModel
 from .auto import AutoEngine
@@ -60,24 +58,6 @@ def speculation_slack(cfg: EngineConfig) -> int:
         # config keeps it within 256, so the slack within the RoPE table's margin)
         tier2 = cfg.rounds2 * (max(cfg.gamma1, tree1) + 1)
     return cfg.gamma1 + tier2 + tree1 + tree2 + 4 + FORCED_LAG
-
-
-def target_check_cap(cfg: EngineConfig, target: LlamaModel) -> int:
-    """Mode triforce's most tier-2 tokens per target check (HierarchyEngine's check_cap; 0: no cap):
-    `cap2` where set. By default, where the target's decode attention computes a KV head's query rows in
-    groups that each cost what a full one does (attention.tile_rows: the AMX kernel's 16), the most tokens
-    whose rows, with the one token the target catches up with, fill the groups a check of gamma2 takes: at
-    SmolLM2's 3 query heads per KV head and gamma2 6, 9 (10 tokens, 30 rows: two groups; the eleventh token
-    would begin a third). Elsewhere, and with rounds2 (which sets what a check holds), none."""
-    if cfg.cap2 is not None:
-        return cfg.cap2
-    model = target.config
-    group = tile_rows(target.dtype, target.device, model.head_dim)
-    if not group or cfg.rounds2 or cfg.mode != "triforce":
-        return 0
-    per_token = model.num_heads // model.num_kv_heads  # query rows per token and KV head
-    groups = -(-per_token * (cfg.gamma2 + 1) // group)
-    return max(cfg.gamma2, groups * group // per_token - 1)
 
 
 def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
@@ -181,5 +161,4 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
         return HierarchyEngine([retrieval_tier(), verifier], [cfg.gamma2], shaper(cfg.tree2, cfg.gamma2),
                                cfg.lookup_n, stop_below)
     return HierarchyEngine([draft_tier(), retrieval_tier(), verifier], [cfg.gamma1, cfg.gamma2],
-                           shaper(cfg.tree1, cfg.gamma1, cfg.window), cfg.lookup_n, stop_below, cfg.rounds2,
-                           target_check_cap(cfg, target))
+                           shaper(cfg.tree1, cfg.gamma1, cfg.window), cfg.lookup_n, stop_below, cfg.rounds2)

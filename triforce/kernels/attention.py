@@ -26,7 +26,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .cpu import cpu_kernels, has_amx, native_bf16
+from .cpu import cpu_kernels, native_bf16
 
 # Rows are query heads per KV head x new tokens; the kernel takes up to 128 (csrc/flash_decode.h), 42 new
 # tokens for SmolLM2. Its cost grows with the rows (vector dot products), but it stays ahead of torch's
@@ -48,17 +48,6 @@ DENSE_MASK_ENTRIES = 1 << 16
 # and scores of up to MATMUL_MAX_SCORES entries (KV heads x rows x keys; 512 MiB in float32).
 MATMUL_MAX_ROWS = 256
 MATMUL_MAX_SCORES = 1 << 27
-
-
-AMX_TILE_ROWS = 16  # query rows per KV head the AMX kernel computes together (csrc/attention_amx.cpp)
-
-
-def tile_rows(dtype: torch.dtype, device: torch.device, head_dim: int) -> int:
-    """Query rows per KV head that decode attention here computes as one group, each group costing what a
-    full one does (the AMX tiles, for bfloat16 on the CPU); 0 where its cost grows row by row (the vector
-    paths, float32, a GPU)."""
-    return AMX_TILE_ROWS if (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and head_dim in (64, 128)
-                             and kernel_max_rows() and has_amx()) else 0
 
 
 def kernel_max_rows() -> int:

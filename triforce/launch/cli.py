@@ -82,7 +82,7 @@ def vllm_settings(args) -> dict:
 
 
 def _refuse_unused_settings(config: EngineConfig, draft: str | None) -> None:
-    """A draft, a tree, a rounds or a cap flag whose tier the user's mode does not run would be ignored without a word
+    """A draft, a tree or a rounds flag whose tier the user's mode does not run would be ignored without a word
     (the bench's sweeps and the triforce -> retrieval fallback reuse one config across modes, so EngineConfig and
     LLM let them be)."""
     if draft is not None and config.mode not in MODES_WITH_DRAFT:
@@ -91,9 +91,6 @@ def _refuse_unused_settings(config: EngineConfig, draft: str | None) -> None:
     if config.rounds2 and config.mode != "triforce":
         raise UserError(f"--rounds2 sets how many tier-2 checks a target check holds in mode triforce; mode "
                         f"{config.mode} does not take it (auto checks by tokens)")
-    if config.cap2 is not None and config.mode != "triforce":
-        raise UserError(f"--cap2 bounds the tier-2 tokens a target check holds in mode triforce; mode "
-                        f"{config.mode} does not take it")
     for name in ("tree1", "tree2"):
         if getattr(config, name) and PROPOSAL_TREE.get(config.mode) != name:
             takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)

@@ -83,11 +83,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "then makes the same forwards, none waiting on a batchmate's extra rounds; 2 ran 1.12x "
                         "0 at batch 8 x 8K greedy on an AMX Xeon, 0.94x at 0.6, docs/batches.md); 0 (default): "
                         "as many as make --gamma2 tokens")
-    g.add_argument("--cap2", type=int, default=_DEFAULTS.cap2, metavar="N",
-                   help="triforce mode: a target check holds at most N tier-2 tokens (the rounds below propose "
-                        "no more than fits; exact); 0 = no cap (default: on a CPU whose attention kernel computes "
-                        "query rows in tile groups (AMX), the most tokens whose rows fill the groups a check of "
-                        "--gamma2 takes, 9 for SmolLM2; elsewhere no cap; docs/batches.md)")
     g.add_argument("--tree1", type=tree_size, default=_DEFAULTS.tree1, metavar="N|auto",
                    help="draft proposals as a token tree (Sequoia) of up to N nodes, its shape fitted to the "
                         "acceptance measured during the run; auto: the size with the most tokens per second "
@@ -222,7 +217,7 @@ def read_chat_template(value: str) -> str:
 
 
 def engine_settings(args) -> dict:
-    return dict(gamma1=args.gamma1, gamma2=args.gamma2, rounds2=args.rounds2, cap2=args.cap2, tree1=args.tree1, tree2=args.tree2, tree_shape=args.tree_shape, budget=args.budget,
+    return dict(gamma1=args.gamma1, gamma2=args.gamma2, rounds2=args.rounds2, tree1=args.tree1, tree2=args.tree2, tree_shape=args.tree_shape, budget=args.budget,
                 chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
                 sinks=args.sinks, window=args.window, lookup=args.lookup,
                 stop_below=args.stop_below)
