@@ -39,6 +39,10 @@ def test_row_argmax_is_torchs_argmax_on_wide_rows_with_ties_nan_and_infinities()
     assert expected[1] == edge and expected[2] == ARGMAX_CHUNK + 7  # the cases above are what they say
     odd = rows[:, :width - 3]  # not a whole number of chunks: torch's own
     assert row_argmax(odd).tolist() == odd.argmax(dim=-1).tolist()
+    strided = rows.t().contiguous().t()  # the chunked path over rows that are not contiguous
+    assert not strided.is_contiguous() and row_argmax(strided).tolist() == expected.tolist()
+    assert row_argmax(rows.bfloat16()).tolist() == rows.bfloat16().argmax(dim=-1).tolist()
+    assert row_argmax(torch.empty(0, width)).shape == (0,) and row_argmax(torch.tensor(3.0)) == 0
     greedy = probabilities(rows[:8], 0.0)
     assert greedy[[2, 3, 4]].isnan().all()  # NaN or +inf logits: an overflowed row stays NaN
     assert greedy[[0, 1, 5, 6, 7]].argmax(dim=-1).tolist() == expected[[0, 1, 5, 6, 7]].tolist()
@@ -105,6 +109,36 @@ def test_sample_follows_the_distribution_and_never_draws_a_zero():
     assert counts[probs == 0].sum() == 0
     support = probs > 0
     assert chisquare(counts[support].numpy(), (probs[support] * 8000).numpy()).pvalue > ALPHA
+
+
+def test_one_draw_from_a_wide_row_follows_it_never_draws_a_zero_and_is_the_flat_sums_token():
+    """A row of whole chunks takes one_draw's two levels: its mass in a few chunks (zeros between, at chunk
+    edges, weights not summing to 1) drawn as often as it should be, no zero ever; the same uniform as the
+    flat cumulative sum's (one float64 draw each) gives the same token; an output's row with NaN or
+    infinity is an error, a proposer's is drawn from by the flat sum."""
+    from triforce.speculation.sampling import NonFiniteLogits, one_draw
+
+    width = 6 * ARGMAX_CHUNK
+    probs = torch.zeros(width)
+    support = [0, ARGMAX_CHUNK - 1, ARGMAX_CHUNK, 2 * ARGMAX_CHUNK + 5, 5 * ARGMAX_CHUNK + 70, width - 1]
+    probs[support] = torch.tensor([0.3, 0.05, 0.45, 0.2, 0.6, 0.1])
+    g = torch.Generator().manual_seed(3)
+    drawn = torch.tensor([sample(probs, g, False) for _ in range(8000)])
+    counts = torch.bincount(drawn, minlength=width)
+    assert counts.sum() == counts[support].sum()  # never a token of probability 0
+    weights = probs[support].double().numpy()
+    expected = weights / weights.sum() * 8000
+    assert chisquare(counts[support].numpy(), expected).pvalue > ALPHA
+    row = torch.softmax(3 * torch.randn(width, generator=torch.Generator().manual_seed(1)), 0)
+    for seed in range(200):  # the flat sum's token for the same uniform (a width of no whole chunks)
+        flat = sample_distinct(torch.cat([row, torch.zeros(1)]), 1, torch.Generator().manual_seed(seed))
+        assert one_draw(row, torch.Generator().manual_seed(seed)) == flat[0]
+    bad = probs.clone()
+    bad[7] = float("nan")
+    with pytest.raises(NonFiniteLogits):
+        sample(bad, g, False)
+    assert one_draw(bad, g, proposal=True) is None and sample(bad, g, False, proposal=True) in range(width)
+    assert one_draw(torch.zeros(width), g) is None
 
 
 def test_distinct_draws_follow_sampling_without_replacement():

@@ -10,6 +10,7 @@ the speculative-sampling rules reduce to exact greedy matching without any divis
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import torch
@@ -22,7 +23,7 @@ GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLI
 MAX_TEMPERATURE = 1e6
 # sample_distinct sums the mass afresh once what is left falls below this fraction of the sum it draws from
 REFRESH_BELOW = 1e-6
-ARGMAX_CHUNK = 128  # row_argmax: entries per chunk of its first pass
+ARGMAX_CHUNK = 128  # row_argmax and one_draw: entries per chunk of their first pass
 
 
 def processed(logits: torch.Tensor, params) -> torch.Tensor:
@@ -54,7 +55,9 @@ def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
         top = logits.gather(-1, index)
         rows = torch.zeros_like(logits).scatter_(-1, index, 1.0)
         overflowed = top.isnan() | top.isposinf()
-        return rows.masked_fill_(overflowed, float("nan")) if bool(overflowed.any()) else rows
+        if logits.device.type != "cpu" or bool(overflowed.any()):  # (no host sync on a GPU)
+            rows.masked_fill_(overflowed, float("nan"))
+        return rows
     logits = logits / temperature
     if min_p > 0:
         probs = logits.softmax(dim=-1)
@@ -74,12 +77,12 @@ def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(dim=-1): the index of each row's largest value, the first on ties, a NaN counting as the
-    largest (as torch's). On the CPU, over rows of a whole number of chunks, in two passes that vectorise:
+    largest (as torch's). On the CPU, over rows of two whole chunks or more, in two passes that vectorise:
     each chunk's largest value (amax, which propagates NaN), then the first chunk holding the row's largest and
     the first index of it there. torch's argmax walks a row an element at a time: 138 us for one row of
     SmolLM2's 49,152 tokens on the 2-core AMX Xeon against 66, 784 against 171 for twelve (`python
     benchmarks/row_argmax.py`, benchmarks/results/issue12/amx4/); greedy rows take it many times per token."""
-    width = x.shape[-1]
+    width = x.shape[-1] if x.dim() else 1
     if x.device.type != "cpu" or width % ARGMAX_CHUNK or width < 2 * ARGMAX_CHUNK or x.numel() == 0:
         return x.argmax(dim=-1)
     rows = x.reshape(-1, width // ARGMAX_CHUNK, ARGMAX_CHUNK)
@@ -142,6 +145,37 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool,
     return drawn[0]
 
 
+def one_draw(probs: torch.Tensor, generator: torch.Generator | None, proposal: bool = False) -> int | None:
+    """One token from probs [V] as sample_distinct draws it (one float64 uniform times the mass, the first
+    token whose cumulative mass exceeds it), in two levels: the cumulative masses of chunks of ARGMAX_CHUNK
+    tokens (one vectorised float64 sum), the chunk where the uniform falls, then the token within it. The
+    same uniform gives the same token as the flat cumulative sum but where the two sums round apart, and
+    a token of probability 0 is never drawn; the flat sum's sequential pass over the whole row took about
+    half of a draw. None where this does not apply: a row of no whole number of chunks, one with no mass,
+    a proposer's whose mass is not finite (the flat sum draws from it); raises for an output's such row."""
+    width = probs.shape[-1]
+    if probs.dim() != 1 or probs.device.type != "cpu" or width % ARGMAX_CHUNK or width < 2 * ARGMAX_CHUNK:
+        return None
+    chunks = probs.reshape(-1, ARGMAX_CHUNK).sum(dim=1, dtype=torch.float64).cumsum(0)
+    total = float(chunks[-1])
+    if not math.isfinite(total):
+        if proposal:
+            return None
+        raise non_finite()
+    if total <= 0:
+        return None
+    x = float(torch.rand((), generator=generator, dtype=torch.float64)) * total
+    chunk = int(torch.searchsorted(chunks, torch.tensor([x], dtype=torch.float64), right=True))
+    if chunk == len(chunks):  # rounding carried x past the last token of mass
+        return int(torch.nonzero(probs)[-1])
+    x -= float(chunks[chunk - 1]) if chunk else 0.0
+    weights = probs[chunk * ARGMAX_CHUNK:(chunk + 1) * ARGMAX_CHUNK].double()
+    token = int(torch.searchsorted(weights.cumsum(0), torch.tensor([x], dtype=torch.float64), right=True))
+    if token == ARGMAX_CHUNK:  # rounding carried x past the chunk's last token of mass
+        token = int(torch.nonzero(weights)[-1])
+    return chunk * ARGMAX_CHUNK + token
+
+
 def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None,
                     proposal: bool = False) -> list[int]:
     """Up to k distinct tokens drawn without replacement from probs [V] (non-negative, any total), in draw
@@ -153,7 +187,10 @@ def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | No
     mass exceeds it, so tokens of probability 0 are never drawn. Once the mass left falls below the sum's
     rounding (a large token drawn before tiny ones, which the sum gave no width), the sum is taken afresh
     over the tokens left. At V = 49,152 on the 2-core Xeon about 0.1 ms for one token and 0.17 ms for four,
-    against 0.9 ms for torch.multinomial, its exponential draws (benchmarks/sampling_draws.py)."""
+    against 0.9 ms for torch.multinomial, its exponential draws (benchmarks/sampling_draws.py). One token
+    (every chain's draw) takes `one_draw`'s two levels where they apply."""
+    if k == 1 and (token := one_draw(probs, generator, proposal)) is not None:
+        return [token]
     weights = probs.double()
     # NaN counts as mass and the draw falls through to the last token with mass: a silent wrong token from
     # the distribution an output follows. A proposer's such token is only checked (with its NaN probability

@@ -1,11 +1,13 @@
-"""A batch's decode with `row_argmax`'s chunked pass on and off (torch's argmax), in turns in one process.
+"""A batch's decode with the chunked passes over vocabulary rows on and off (`row_argmax`, `one_draw`:
+speculation/sampling.py), in turns in one process.
 
-    python benchmarks/argmax_turns.py [--text ../shared/data/austen-emma.txt] [--batch 8] [--length 7936]
+    python benchmarks/chunked_turns.py [--text ../shared/data/austen-emma.txt] [--batch 8] [--length 7936]
         [--temperature 0] [--mode triforce] [--turns 3]
 
 The prompts (cut as the bench cuts them) are prefilled once and kept in the prefix store, so each turn
-mostly decodes; its speed is the bench's (the batch's tokens over its longest request's decode_s). Setting speculation.sampling.ARGMAX_CHUNK past the vocabulary makes row_argmax fall back
-to torch's argmax (its rows are no whole number of chunks). Prints a JSON line per turn and a summary:
+mostly decodes; its speed is the bench's (the batch's tokens over its longest request's decode_s).
+Setting speculation.sampling.ARGMAX_CHUNK past the vocabulary turns both off (a row of no whole number of
+chunks takes torch's argmax and the flat cumulative sum). Prints a JSON line per turn and a summary:
 tokens/s of the whole batch, on / off."""
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def main() -> None:
             # as the bench: the batch's tokens over its longest request's decode (the draft's prefill left out)
             speed = sum(len(o.token_ids) for o in outs) / max(o.metrics.decode_s for o in outs)
             speeds[state].append(speed)
-            print(json.dumps({"turn": turn, "chunked_argmax": state, "tokens_per_s": round(speed, 1)}), flush=True)
+            print(json.dumps({"turn": turn, "chunked": state, "tokens_per_s": round(speed, 1)}), flush=True)
     on, off = statistics.median(speeds["on"]), statistics.median(speeds["off"])
     print(json.dumps({"mode": args.mode, "batch": args.batch, "temperature": args.temperature,
                       "on_tokens_per_s": round(on, 1), "off_tokens_per_s": round(off, 1),
