@@ -6,7 +6,7 @@ speculation/sampling.py), in turns in one process.
 
 The prompts (cut as the bench cuts them) are prefilled once and kept in the prefix store, so each turn
 mostly decodes; its speed is the bench's (the batch's tokens over its longest request's decode_s).
-Setting speculation.sampling.ARGMAX_CHUNK past the vocabulary turns both off (a row of no whole number of
+Setting speculation.sampling.ROW_CHUNK past the vocabulary turns both off (a row of no whole number of
 chunks takes torch's argmax and the flat cumulative sum). Prints a JSON line per turn and a summary:
 tokens/s of the whole batch, on / off."""
 from __future__ import annotations
@@ -37,10 +37,10 @@ def main() -> None:
     llm.config = dataclasses.replace(base, mode="ar")
     llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))  # into the prefix store
     llm.config = dataclasses.replace(base, mode=args.mode)
-    chunk, speeds = sampling.ARGMAX_CHUNK, {"on": [], "off": []}
+    chunk, speeds = sampling.ROW_CHUNK, {"on": [], "off": []}
     for turn in range(args.turns):
         for state in (("on", "off") if turn % 2 == 0 else ("off", "on")):
-            sampling.ARGMAX_CHUNK = chunk if state == "on" else 1 << 40
+            sampling.ROW_CHUNK = chunk if state == "on" else 1 << 40
             outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature,
                                                         seed=0, ignore_eos=True))
             # as the bench: the batch's tokens over its longest request's decode (the draft's prefill left out)

@@ -5,7 +5,7 @@ import torch
 from scipy.stats import chisquare
 
 from triforce.sampling_params import SamplingParams
-from triforce.speculation.sampling import ARGMAX_CHUNK, probabilities, row_argmax, sample, sample_distinct
+from triforce.speculation.sampling import ROW_CHUNK, probabilities, row_argmax, sample, sample_distinct
 
 ALPHA = 1e-3
 
@@ -22,12 +22,12 @@ def test_row_argmax_is_torchs_argmax_on_wide_rows_with_ties_nan_and_infinities()
     a NaN counting as the largest, on rows whose ties and specials sit in one chunk, in different chunks and
     at chunk edges; and widths that are no whole number of chunks."""
     gen = torch.Generator().manual_seed(0)
-    width = 6 * ARGMAX_CHUNK
+    width = 6 * ROW_CHUNK
     rows = torch.randint(-3, 4, (40, width), generator=gen).float()  # many ties of the largest
-    edge = ARGMAX_CHUNK - 1
+    edge = ROW_CHUNK - 1
     rows[1, [edge, edge + 1]] = 9.0  # a tie across a chunk edge: the first wins
-    rows[2, [3 * ARGMAX_CHUNK + 5, ARGMAX_CHUNK + 7]] = float("nan")  # the first NaN, in a later chunk than a tie
-    rows[3, 2 * ARGMAX_CHUNK + 1] = float("inf")
+    rows[2, [3 * ROW_CHUNK + 5, ROW_CHUNK + 7]] = float("nan")  # the first NaN, in a later chunk than a tie
+    rows[3, 2 * ROW_CHUNK + 1] = float("inf")
     rows[4, [width - 1, 5]] = torch.tensor([float("inf"), float("nan")])
     rows[5] = float("-inf")
     rows[6, :] = 0.0
@@ -36,7 +36,7 @@ def test_row_argmax_is_torchs_argmax_on_wide_rows_with_ties_nan_and_infinities()
     assert row_argmax(rows).tolist() == expected.tolist()
     assert row_argmax(rows[9]).item() == rows[9].argmax().item()  # one row
     assert row_argmax(rows.view(4, 10, width)).tolist() == expected.view(4, 10).tolist()
-    assert expected[1] == edge and expected[2] == ARGMAX_CHUNK + 7  # the cases above are what they say
+    assert expected[1] == edge and expected[2] == ROW_CHUNK + 7  # the cases above are what they say
     odd = rows[:, :width - 3]  # not a whole number of chunks: torch's own
     assert row_argmax(odd).tolist() == odd.argmax(dim=-1).tolist()
     strided = rows.t().contiguous().t()  # the chunked path over rows that are not contiguous
@@ -118,9 +118,9 @@ def test_one_draw_from_a_wide_row_follows_it_never_draws_a_zero_and_is_the_flat_
     infinity is an error, a proposer's is drawn from by the flat sum."""
     from triforce.speculation.sampling import NonFiniteLogits, one_draw
 
-    width = 6 * ARGMAX_CHUNK
+    width = 6 * ROW_CHUNK
     probs = torch.zeros(width)
-    support = [0, ARGMAX_CHUNK - 1, ARGMAX_CHUNK, 2 * ARGMAX_CHUNK + 5, 5 * ARGMAX_CHUNK + 70, width - 1]
+    support = [0, ROW_CHUNK - 1, ROW_CHUNK, 2 * ROW_CHUNK + 5, 5 * ROW_CHUNK + 70, width - 1]
     probs[support] = torch.tensor([0.3, 0.05, 0.45, 0.2, 0.6, 0.1])
     g = torch.Generator().manual_seed(3)
     drawn = torch.tensor([sample(probs, g, False) for _ in range(8000)])

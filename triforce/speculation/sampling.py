@@ -23,7 +23,7 @@ GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLI
 MAX_TEMPERATURE = 1e6
 # sample_distinct sums the mass afresh once what is left falls below this fraction of the sum it draws from
 REFRESH_BELOW = 1e-6
-ARGMAX_CHUNK = 128  # row_argmax and one_draw: entries per chunk of their first pass
+ROW_CHUNK = 128  # entries per chunk of a vocabulary row, in the first pass of row_argmax and one_draw
 
 
 def processed(logits: torch.Tensor, params) -> torch.Tensor:
@@ -83,12 +83,12 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     SmolLM2's 49,152 tokens on the 2-core AMX Xeon against 66, 784 against 171 for twelve (`python
     benchmarks/row_argmax.py`, benchmarks/results/issue12/amx4/); greedy rows take it many times per token."""
     width = x.shape[-1] if x.dim() else 1
-    if x.device.type != "cpu" or width % ARGMAX_CHUNK or width < 2 * ARGMAX_CHUNK or x.numel() == 0:
+    if x.device.type != "cpu" or width % ROW_CHUNK or width < 2 * ROW_CHUNK or x.numel() == 0:
         return x.argmax(dim=-1)
-    rows = x.reshape(-1, width // ARGMAX_CHUNK, ARGMAX_CHUNK)
+    rows = x.reshape(-1, width // ROW_CHUNK, ROW_CHUNK)
     chunk = rows.amax(dim=-1).argmax(dim=-1)  # [n]: the first chunk holding the row's largest
     within = rows[torch.arange(rows.shape[0]), chunk].argmax(dim=-1)
-    return (chunk * ARGMAX_CHUNK + within).reshape(x.shape[:-1])
+    return (chunk * ROW_CHUNK + within).reshape(x.shape[:-1])
 
 
 def only_allowed(logits: torch.Tensor, refused: torch.Tensor) -> torch.Tensor:
@@ -147,16 +147,15 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool,
 
 def one_draw(probs: torch.Tensor, generator: torch.Generator | None, proposal: bool = False) -> int | None:
     """One token from probs [V] as sample_distinct draws it (one float64 uniform times the mass, the first
-    token whose cumulative mass exceeds it), in two levels: the cumulative masses of chunks of ARGMAX_CHUNK
+    token whose cumulative mass exceeds it), in two levels: the cumulative masses of chunks of ROW_CHUNK
     tokens (one vectorised float64 sum), the chunk where the uniform falls, then the token within it. The
     same uniform gives the same token as the flat cumulative sum but where the two sums round apart, and
     a token of probability 0 is never drawn; the flat sum's sequential pass over the whole row took about
     half of a draw. None where this does not apply: a row of no whole number of chunks, one with no mass,
     a proposer's whose mass is not finite (the flat sum draws from it); raises for an output's such row."""
-    width = probs.shape[-1]
-    if probs.dim() != 1 or probs.device.type != "cpu" or width % ARGMAX_CHUNK or width < 2 * ARGMAX_CHUNK:
+    if probs.dim() != 1 or probs.device.type != "cpu" or len(probs) % ROW_CHUNK or len(probs) < 2 * ROW_CHUNK:
         return None
-    chunks = probs.reshape(-1, ARGMAX_CHUNK).sum(dim=1, dtype=torch.float64).cumsum(0)
+    chunks = probs.reshape(-1, ROW_CHUNK).sum(dim=1, dtype=torch.float64).cumsum(0)
     total = float(chunks[-1])
     if not math.isfinite(total):
         if proposal:
@@ -169,11 +168,11 @@ def one_draw(probs: torch.Tensor, generator: torch.Generator | None, proposal: b
     if chunk == len(chunks):  # rounding carried x past the last token of mass
         return int(torch.nonzero(probs)[-1])
     x -= float(chunks[chunk - 1]) if chunk else 0.0
-    weights = probs[chunk * ARGMAX_CHUNK:(chunk + 1) * ARGMAX_CHUNK].double()
+    weights = probs[chunk * ROW_CHUNK:(chunk + 1) * ROW_CHUNK].double()
     token = int(torch.searchsorted(weights.cumsum(0), torch.tensor([x], dtype=torch.float64), right=True))
-    if token == ARGMAX_CHUNK:  # rounding carried x past the chunk's last token of mass
+    if token == ROW_CHUNK:  # rounding carried x past the chunk's last token of mass
         token = int(torch.nonzero(weights)[-1])
-    return chunk * ARGMAX_CHUNK + token
+    return chunk * ROW_CHUNK + token
 
 
 def sample_distinct(probs: torch.Tensor, k: int, generator: torch.Generator | None,
