@@ -1,5 +1,4 @@
 import sys, json, statistics, dataclasses
-import triforce.coordinator.engine as engine  # noqa
 from triforce import LLM, SamplingParams
 caps=[int(c) for c in sys.argv[1].split(',')]; temp=float(sys.argv[2]); turns=int(sys.argv[3]); batch=int(sys.argv[4]) if len(sys.argv)>4 else 8
 llm = LLM("smollm2", None, "auto", prefix_cache_gb=4)
