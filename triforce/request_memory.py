@@ -29,15 +29,17 @@ class RequestMemory:
         return free // 2
 
     def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
-        """What one request's caches need (hierarchy.cache_bytes: every tier's, speculation slack included)."""
+        """What one request's caches need in this process (hierarchy.cache_bytes: every tier's, speculation
+        slack included; with a worker group, which holds the target's full cache, the tiers here)."""
         itemsize = self.target.dtype.itemsize
         draft = self.draft.config if self.draft is not None else None
-        return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize)
+        return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize,
+                           remote=self.workers is not None)
 
     def _parts_that_fit(self, sizes: list[tuple[int, int]]) -> list[list[int]]:
         """The requests (prompt length, max tokens) in order, grouped into batches whose caches fit in the
-        memory free on the device (one group when it is unknown or the workers hold the full caches: each
-        worker refuses a sequence that does not fit its memory)."""
+        memory free on the device (one group when it is unknown). A worker group's leader checks the full
+        caches it holds as each sequence starts; a refusal for now (GroupFull) splits a batch further."""
         free = self.free_memory()
         if free is None:
             return [list(range(len(sizes)))]
@@ -58,11 +60,9 @@ class RequestMemory:
         return parts
 
     def free_memory(self) -> int | None:
-        """Bytes free for this process's caches: None where unknown, or where a worker group holds the full
-        caches (the group's leader checks its memory as a sequence starts, and a refusal for now, GroupFull,
-        makes a batch run in parts or a served request wait)."""
-        if self.workers is not None:
-            return None
+        """Bytes free for this process's caches (None where unknown): with a worker group, for the tiers
+        this process runs; the group's leader checks its own memory as a sequence starts, and a refusal for
+        now, GroupFull, makes a batch run in parts or a served request wait."""
         free = available_bytes(self.device)
         if free is None or self.prefixes is None:
             return free

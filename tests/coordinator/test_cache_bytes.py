@@ -1,38 +1,20 @@
 """hierarchy.cache_bytes, the memory check's estimate of one request's caches, against the bytes the caches
-of a real request hold once it has run (every tier's tensors, each storage counted once)."""
+of a real request hold once it has run (every tier's tensors, each storage counted once), and its rows of
+the vocabulary against those alive while the request's tiers check each other."""
+import gc
+import warnings
+
 import pytest
 import torch
+from held_bytes import held_bytes
 
+import triforce.coordinator.batch as batch_module
+import triforce.coordinator.tiers as tiers_module
 from triforce.cache.full import QUERY_ROWS
 from triforce.config import EngineConfig
 from triforce.sampling_params import SamplingParams
-from triforce.coordinator.hierarchy import build_engine, cache_bytes
+from triforce.coordinator.hierarchy import build_engine, cache_bytes, row_bytes
 from triforce.models.loader import load_model
-from triforce.models.rope import RotaryEmbedding
-
-
-def held_bytes(objects) -> int:
-    """Bytes of the tensors reachable from `objects` through attributes, lists and dicts (not the models'
-    nor their RoPE tables, which every request shares)."""
-    seen_objects, storages, total = set(), set(), 0
-    stack = list(objects)
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen_objects or isinstance(obj, (torch.nn.Module, RotaryEmbedding)):
-            continue
-        seen_objects.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            if storage.data_ptr() not in storages:
-                storages.add(storage.data_ptr())
-                total += storage.nbytes()
-        elif isinstance(obj, (list, tuple)):
-            stack.extend(obj)
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("triforce"):
-            stack.extend(vars(obj).values())
-    return total
 
 
 # budget 512: a request whose 340 tokens fit the budget, which a static cache reads in place (it counted a
@@ -50,7 +32,8 @@ def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy, budget
     engine = build_engine(cfg, target, draft if mode != "ar" else None, 300 + 40)
     engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     held = held_bytes([tier.cache for tier in engine.ladder])
-    estimate = cache_bytes(cfg, target.config, draft.config if mode != "ar" else None, 340, 4)
+    draft_config = draft.config if mode != "ar" else None
+    estimate = cache_bytes(cfg, target.config, draft_config, 340, 4) - row_bytes(cfg, target.config, draft_config)
     full = target.config.kv_bytes_per_token(4) * 340
     assert held > (full if mode in ("ar", "auto") else 1.1 * full)  # the other tiers' caches are real bytes too
     if mode == "auto":  # which tiers ran depends on measured times: the estimate covers all of them
@@ -61,3 +44,51 @@ def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy, budget
     # path's after a forward of as many rows), where this request's last forward left a few rows' only
     queries = 4 * 4 * QUERY_ROWS * 16 * 4
     assert 0.95 * held <= estimate - queries <= 1.1 * held, (held, estimate)
+
+
+def vocabulary_rows_alive(vocab: int) -> int:
+    """Bytes of the tensors alive now whose last dimension is the vocabulary (logits and distributions;
+    the models' weights have the hidden size last), each storage once."""
+    storages, total = set(), 0
+    with warnings.catch_warnings():  # (isinstance on some of torch's deprecated objects warns)
+        warnings.simplefilter("ignore")
+        objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for obj in objects:
+        if obj.dim() >= 1 and obj.shape[-1] == vocab:
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in storages:
+                storages.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
+
+
+@pytest.mark.parametrize("mode", ["ar", "draft", "retrieval", "triforce"])
+def test_the_estimate_covers_the_rows_of_the_vocabulary_a_request_holds(tiny_dir, monkeypatch, mode):
+    """At every chain verification (where the checker's rows and the proposals' distributions are all
+    alive; in mode ar after every forward), greedy and sampled, the rows of the vocabulary alive stay within row_bytes, which is no more than three
+    times the most seen (with a vocabulary of 2,048, these rows outweigh this toy request's caches)."""
+    vocab = 2048
+    spec = dict(vocab_size=vocab, hidden_size=64, num_heads=4, num_kv_heads=2)
+    target = load_model(tiny_dir("rows-target", seed=62, num_layers=2, **spec))
+    draft = load_model(tiny_dir("rows-draft", seed=63, num_layers=1, **spec))
+    most = [0]
+
+    def counting(function):
+        def count_then_call(*args, **kwargs):
+            most[0] = max(most[0], vocabulary_rows_alive(vocab))
+            return function(*args, **kwargs)
+        return count_then_call
+
+    if mode == "ar":  # (no verification: after each forward)
+        monkeypatch.setattr(tiers_module, "charge_call", counting(tiers_module.charge_call))
+    else:
+        monkeypatch.setattr(batch_module, "verify_chains", counting(batch_module.verify_chains))
+    cfg = EngineConfig(mode=mode, budget=32, chunk_size=8, full_layers=1, sinks=4, window=32, refresh_every=16)
+    with_draft = draft if mode in ("draft", "triforce") else None
+    prompt = torch.randint(0, vocab, (200,), generator=torch.Generator().manual_seed(7)).tolist()
+    for params in (SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
+                   SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=3, ignore_eos=True)):
+        build_engine(cfg, target, with_draft, 200 + 16).generate(prompt, params)
+    estimate = row_bytes(cfg, target.config, draft.config if with_draft is not None else None)
+    assert 0 < most[0] <= estimate <= 3 * most[0], (most[0] // (4 * vocab), estimate // (4 * vocab))
+

@@ -10,13 +10,14 @@ import time
 import pytest
 import torch
 import zmq
+from held_bytes import held_bytes
 from worker_group import Group
 
 from triforce import LLM
 from triforce.config import EngineConfig
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import SequenceBatch
-from triforce.coordinator.hierarchy import build_engine, speculation_slack
+from triforce.coordinator.hierarchy import build_engine, cache_bytes, row_bytes, speculation_slack
 from triforce.coordinator.channel import WorkerError
 from triforce.coordinator.remote import RemoteVerifier
 from triforce.coordinator.verifier import LocalVerifier
@@ -275,6 +276,37 @@ def test_a_full_group_runs_a_batch_in_parts_and_a_server_queues_what_it_refused(
             [(i, "done", expected[i]) for i in range(3)]
         stats, _ = group.channel.request("stats")
         assert stats["errors"] > refused and stats["sequences"] == 0  # the server's third waited
+    finally:
+        group.close()
+
+
+def test_over_a_worker_group_the_memory_check_counts_the_coordinators_own_caches(models, tmp_path):
+    """With the target's full cache on the group, this process still holds the draft's caches and the
+    retrieval tier's copies (its kept layers whole, since it cannot read them in place): the estimate
+    covers what a request's tiers here hold, with a prompt whose context passes the budget and one within
+    it (every layer copied whole), and LLM sizes batches by it (before, it checked nothing with workers)."""
+    folder, target, draft = models
+    cfg = EngineConfig(mode="triforce", **SETTINGS)
+    group = Group(folder, 1, tmp_path)
+    try:
+        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        for length in (150, 20):  # budget 32: chunks chosen, then every token kept
+            prompt = torch.randint(3, 96, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+            verifier = remote(group, target, prompt, params)
+            engine = build_engine(cfg, target, draft, length + 12, verifier)
+            engine.generate(prompt, params)
+            verifier.close()
+            held = held_bytes([tier.cache for tier in engine.ladder if tier.cache is not verifier])
+            estimate = cache_bytes(cfg, target.config, draft.config, length + 12, 4, remote=True)
+            estimate -= row_bytes(cfg, target.config, draft.config)
+            full = target.config.kv_bytes_per_token(4) * length
+            assert held > full // 2 and held <= estimate <= 1.6 * held, (length, held, estimate)
+        llm = LLM(folder, workers=group.channel, dtype="float32", mode="triforce", **SETTINGS)
+        one = llm.cache_bytes_for(150, 12)  # (no draft for this folder: mode retrieval)
+        assert one == cache_bytes(llm.config, target.config, None, 162, 4, remote=True) < \
+            cache_bytes(llm.config, target.config, None, 162, 4)
+        llm.free_memory = lambda: int(1.5 * one / llm.memory_share)
+        assert llm._parts_that_fit([(150, 12)] * 2) == [[0], [1]]
     finally:
         group.close()
 

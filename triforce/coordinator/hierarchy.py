@@ -70,44 +70,72 @@ def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
                           f"{max(chunk, slack)} new ones, past its {draft.max_positions} positions")
 
 
+# Float32 rows of the vocabulary a request holds at most, per token a check of the tiers above the bottom
+# holds: each checker's logits and its distributions, and the proposals' distributions it checks them
+# against. Counted (tests/coordinator/test_cache_bytes.py): up to 94 rows for a tiny triforce request's
+# 23 tokens of slack, where this gives 142.
+ROWS_PER_CHECKED_TOKEN = 3
+
+
 def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, tokens: int,
-                itemsize: int) -> int:
-    """What one request's caches hold for `tokens` (prompt + new tokens) in the tiers its mode stacks: the
-    target's full KV cache and its chunk means; the retrieval tier's own buffers (a static cache reads its
-    `full_layers` in the full cache and copies the budget of the others, with room for tokens until its next
-    rebuild, where the context passes the budget and a chunk, and reads every layer in place where it does
-    not; mode auto's tiers, one per budget, hold two such caches at most, see below); the draft's sinks, its
-    recent tokens' double buffer and the fused layer loop's copy of sinks and window; the target's queries
-    of a forward's last QUERY_ROWS rows (what a retrieval rebuild scores with: a query head each, so with
-    grouped KV heads a fifth of a 2K-token cache for Qwen2.5-7B's seven per KV head), twice in mode auto
-    (its cost measurement keeps them aside). Small per-request state beside these is left out: positions,
-    RoPE angles."""
+                itemsize: int, remote: bool = False) -> int:
+    """What one request holds for `tokens` (prompt + new tokens) in the tiers its mode stacks: the target's
+    full KV cache, its chunk means and its queries of a forward's last QUERY_ROWS rows (what a retrieval
+    rebuild scores with; twice in mode auto, whose cost measurement keeps them aside), unless `remote`, where
+    a worker group holds them (it checks its own memory); the retrieval tier's buffers (retrieval_bytes);
+    the draft's sinks, its recent tokens' double buffer and the fused layer loop's copy of sinks and window;
+    and its rows of the vocabulary (row_bytes). Small per-request state beside these is left out:
+    positions, RoPE angles."""
     slack = speculation_slack(cfg)
     per_token = target.kv_bytes_per_token(itemsize)
     capacity = tokens + slack
-    queries = target.num_layers * target.num_heads * min(QUERY_ROWS, capacity) * target.head_dim * itemsize
-    total = per_token * capacity + queries * (2 if cfg.mode == "auto" else 1)
-    if cfg.mode in ("retrieval", "triforce", "auto"):
-        per_layer = per_token // target.num_layers
-        room = cfg.refresh_every + slack
-        # A static cache whose context (with the last round's speculative overshoot) never passes its
-        # budget and a chunk reads the full cache in place, as it reads its `full_layers`, and takes no chunk
-        # means (cache/retrieval.py: selects_chunks). Mode auto runs one of its budgets' caches and releases
-        # the others while idle, but measuring an idle one's cost builds it beside the running one: two at
-        # once, the largest two of those that select.
-        budgets = sorted(auto_budgets(cfg)) if cfg.mode == "auto" else [cfg.budget]
-        selecting = [b for b in budgets if selects_chunks(capacity, b, cfg.chunk_size)][-2:]
-        if cfg.retrieval_policy == "dynamic" or selecting:
+    total = row_bytes(cfg, target, draft)
+    if not remote:
+        queries = target.num_layers * target.num_heads * min(QUERY_ROWS, capacity) * target.head_dim * itemsize
+        total += per_token * capacity + queries * (2 if cfg.mode == "auto" else 1)
+        budgets = auto_budgets(cfg) if cfg.mode == "auto" else [cfg.budget]
+        if cfg.mode in ("retrieval", "triforce", "auto") and (
+                cfg.retrieval_policy == "dynamic" or any(selects_chunks(capacity, b, cfg.chunk_size) for b in budgets)):
             total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
-        if cfg.retrieval_policy == "static":
-            layers = min(cfg.full_layers, target.num_layers)
-            for budget in selecting:
-                total += per_layer * (target.num_layers - layers) * (budget + cfg.chunk_size + room)
+    if cfg.mode in ("retrieval", "triforce", "auto"):
+        total += retrieval_bytes(cfg, target, capacity, itemsize, remote)
     if draft is not None and cfg.mode in ("draft", "triforce", "auto"):
         # a double buffer of recent tokens, and the fused loop's copy of sinks and window (bfloat16 CPUs)
         total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack)
                                                        + cfg.sinks + cfg.window + VIEW_ROWS)
     return total
+
+
+def retrieval_bytes(cfg: EngineConfig, target: ModelConfig, capacity: int, itemsize: int, remote: bool) -> int:
+    """The static retrieval caches' buffers for a target cache of `capacity` tokens: per layer, the chunks
+    chosen (the budget and a chunk) or every token, with room for tokens until the next rebuild. A layer
+    kept whole (the `full_layers`, and every layer while the context does not pass the budget and a chunk:
+    cache/retrieval.py, selects_chunks) is read in place beside a full cache in this process, and copied from
+    a worker group (`remote`). Mode auto runs one of its budgets' caches and releases the others while idle,
+    but measuring an idle one's cost builds it beside the running one: the two largest. The dynamic policy
+    reads the full cache in place (this process only)."""
+    if cfg.retrieval_policy != "static":
+        return 0
+    per_layer = target.kv_bytes_per_token(itemsize) // target.num_layers
+    room = cfg.refresh_every + speculation_slack(cfg)
+    whole = min(cfg.full_layers, target.num_layers)
+    sizes = []
+    for budget in (auto_budgets(cfg) if cfg.mode == "auto" else [cfg.budget]):
+        chosen = selects_chunks(capacity, budget, cfg.chunk_size)
+        kept = whole if chosen else target.num_layers  # layers holding every token
+        tokens = (target.num_layers - kept) * (budget + cfg.chunk_size + room)
+        if remote:
+            tokens += kept * (capacity + room)
+        sizes.append(per_layer * tokens)
+    return sum(sorted(sizes)[-2:])
+
+
+def row_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None) -> int:
+    """The float32 rows of the vocabulary a request holds at most while its tiers check each other
+    (ROWS_PER_CHECKED_TOKEN per token of a check, for each checking tier), and a plain step's few."""
+    checkers = {"ar": 0, "draft": 1, "retrieval": 1}.get(cfg.mode, 2 if draft is not None else 1)
+    rows = ROWS_PER_CHECKED_TOKEN * checkers * (speculation_slack(cfg) + 1) + 4
+    return 4 * target.vocab_size * rows
 
 
 def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None, max_length: int,
