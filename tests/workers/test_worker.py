@@ -78,6 +78,32 @@ def test_only_the_leader_hands_back_a_verify_requests_logits(tiny_dir):
     assert lead_tensors[0].shape == (2, model.config.vocab_size)  # a row per checked token
 
 
+def test_a_commit_keeps_a_path_of_the_last_verify_or_is_refused(tiny_dir):
+    """A commit keeps, of the last verify's tree, a path from a root down (the tokens before its start, then
+    its path): the leader refused only indices out of order or range, so a commit of nodes on no one path, of
+    a path after the tree was already cut to one, or below what the verify started from (committed tokens)
+    went through and left the cache holding KV of tokens that never followed each other."""
+    from triforce.workers.worker import RequestError
+
+    model = load_model(tiny_dir("worker-target", seed=5), "float32")
+    leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
+    leader.execute("start", {"seq": 1, "capacity": 32})
+    leader.execute("prefill", {"seq": 1, "tokens": [3, 4, 5], "final": True})
+    leader.execute("verify", {"seqs": [1], "tokens": [[6, 7, 8, 9]], "parents": [[-1, 0, 0, 2]], "starts": [3]})
+    for start, path in ((3, [1]), (3, [0, 1, 2]), (3, [2, 3]), (4, [2])):  # 1 and 2 are children of 0, 3 of 2
+        with pytest.raises(RequestError, match="does not go from a root"):
+            leader.check("commit", {"seq": 1, "start": start, "path": path})
+    with pytest.raises(RequestError, match="committed before its last verify"):
+        leader.check("commit", {"seq": 1, "start": 2, "path": []})
+    for start, path in ((3, [0, 2, 3]), (4, [1, 2]), (3, [0, 1]), (5, [])):
+        leader.check("commit", {"seq": 1, "start": start, "path": path})
+    leader.execute("commit", {"seq": 1, "start": 3, "path": [0, 2, 3]})
+    assert leader.caches[1].length == 6
+    with pytest.raises(RequestError, match="not verified since its last commit"):
+        leader.check("commit", {"seq": 1, "start": 3, "path": [0]})
+    leader.check("commit", {"seq": 1, "start": 4, "path": []})  # a rollback to what the verify kept
+
+
 def test_a_refresh_whose_chunk_means_do_not_fit_is_refused_not_run(tiny_dir, monkeypatch):
     """The first refresh that selects chunks allocates the cache's chunk means on every rank: where they do
     not fit, the allocation failed inside the group's execution and ended the group (every request on it).

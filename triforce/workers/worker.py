@@ -100,6 +100,10 @@ class VerifierWorker:
         self.prefixes = PrefixStore(prefix_bytes, prefill_chunk) if prefix_bytes > 0 else None
         self.prompts: dict[int, BlockNames] = {}  # per sequence while it was prefilled in whole blocks only
         self.saved_queries: dict[int, tuple] = {}  # per sequence: its cache's query state, from save_query
+        # per sequence: its cache's length before its last verify (a commit keeps at least that much), and
+        # that verify's start and parents until a commit keeps a path of them
+        self.floors: dict[int, int] = {}
+        self.verified: dict[int, tuple[int, list[int]]] = {}
         self.counts = {"requests": 0, "errors": 0, "verified_tokens": 0, "prefilled_tokens": 0, "heartbeats": 0}
 
     # --- checks: run on the leader before broadcasting, so every rank executes or none does --------
@@ -144,9 +148,11 @@ class VerifierWorker:
         length = self.caches[body["seq"]].length if kind in ("commit", "kv", "refresh") else 0
         if kind == "commit":
             try:
-                if not 0 <= body["start"] <= length:
-                    raise ValueError(f"commit at {body['start']}, but the cache holds {length} tokens")
+                if not self.floors.get(body["seq"], 0) <= body["start"] <= length:
+                    raise ValueError(f"commit at {body['start']}, but the cache holds {length} tokens, of which "
+                                     f"{self.floors.get(body['seq'], 0)} were committed before its last verify")
                 check_path(body["path"], length - body["start"])
+                self._check_kept_path(body["seq"], body["start"], body["path"])
             except ValueError as exc:
                 raise RequestError(str(exc)) from None
         if kind == "kv" and not 0 <= body["start"] <= body["stop"] <= length:
@@ -163,6 +169,18 @@ class VerifierWorker:
             if free is not None and need > 0.9 * free:
                 raise RequestError(f"the chunk means of sequence {body['seq']} need {need / 2**30:.2f} GiB; "
                                    f"{free / 2**30:.2f} GiB is free on the leader's {self.model.device}")
+
+    def _check_kept_path(self, seq: int, start: int, path: list[int]) -> None:
+        """A commit keeps, of the last verify's tokens, those before `start` and then `path` (indices past
+        `start`): a path from a root down its tree. None may be kept without a verify since the last commit."""
+        if not path:
+            return
+        if seq not in self.verified:
+            raise ValueError("commit of a path, but the sequence was not verified since its last commit")
+        begin, parents = self.verified[seq]
+        kept = list(range(start - begin)) + [start - begin + p for p in path]
+        if any(parents[node] != (kept[k - 1] if k else -1) for k, node in enumerate(kept)):
+            raise ValueError("commit of a path that does not go from a root down the last verify's tree")
 
     def _room(self) -> tuple[int, int | None]:
         """How many of the group's ranks take their memory where the leader does (on a CPU, all those on its
@@ -200,12 +218,13 @@ class VerifierWorker:
             return {}, []
         if kind == "end":
             del self.caches[body["seq"]]
-            self.prompts.pop(body["seq"], None)
-            self.saved_queries.pop(body["seq"], None)
+            for held in (self.prompts, self.saved_queries, self.floors, self.verified):
+                held.pop(body["seq"], None)
             return {}, []
         if kind == "verify":
-            for seq in body["seqs"]:
+            for seq, start, parents in zip(body["seqs"], body["starts"], body["parents"]):
                 self.prompts.pop(seq, None)
+                self.floors[seq], self.verified[seq] = start, (start, parents)
             steps = [Step.tree(tokens, parents, start, model.device)
                      for tokens, parents, start in zip(body["tokens"], body["parents"], body["starts"])]
             caches = [self.caches[seq] for seq in body["seqs"]]
@@ -224,6 +243,7 @@ class VerifierWorker:
             return {"length": cache.length, "reused": reused}, []
         if kind == "commit":
             cache.keep_path(body["start"], body["path"])
+            self.verified.pop(body["seq"], None)
             return {"length": cache.length}, []
         if kind == "save_query":
             self.saved_queries[body["seq"]] = cache.query_state()
