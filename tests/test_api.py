@@ -314,6 +314,8 @@ def test_vllms_engine_arguments_are_taken(tiny_dir):
         llm._parts_that_fit([(50, 200)])
     llm.memory_share = 0.9
     assert llm._parts_that_fit([(50, 4)] * 2) == [[0, 1]]
+    assert llm.cache_bytes_for(50, 4, True) > 1.35 * one  # a scored prompt's rows: in parts again
+    assert llm._parts_that_fit([(50, 4, True), (50, 4, False)]) == [[0], [1]]
     assert LLM(target, mode="ar", dtype="float32", enable_prefix_caching=0).prefixes is None  # 0 is false too
     for bad, message in (({"tensor_parallel_size": 2}, "worker group, launched by torchrun"),
                          ({"tensor_parallel_size": "1"}, "must be an integer >= 1"),

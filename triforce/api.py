@@ -268,7 +268,7 @@ class LLM(RequestChecks, RequestMemory):
         ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
         per_prompt = [self.within_positions(len(i), p) for i, p in zip(ids, per_prompt)]
         runs = [(k, self.seeded(choice)) for k, p in enumerate(per_prompt) for choice in p.choices()]  # its n outputs
-        sizes = [(len(ids[k]), p.max_tokens) for k, p in runs]
+        sizes = [(len(ids[k]), p.max_tokens, p.prompt_logprobs is not None) for k, p in runs]
         outputs: list[RequestOutput | None] = [None] * len(runs)
         parts = self._parts_that_fit(sizes)
         # vLLM's bar over the prompts (with several; one prompt alone shows its prefill's bar)

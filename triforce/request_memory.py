@@ -28,28 +28,31 @@ class RequestMemory:
                         free // 2 / 2**30, self.device, asked / 2**30)
         return free // 2
 
-    def cache_bytes_for(self, prompt_len: int, max_tokens: int) -> int:
-        """What one request's caches need in this process (hierarchy.cache_bytes: every tier's, speculation
-        slack included; with a worker group, which holds the target's full cache, the tiers here)."""
+    def cache_bytes_for(self, prompt_len: int, max_tokens: int, scored: bool = False) -> int:
+        """What one request needs in this process (hierarchy.cache_bytes: every tier's caches, speculation
+        slack included, and its rows of the vocabulary; with a worker group, which holds the target's full
+        cache, the tiers here). scored: its prompt is scored (prompt_logprobs), a row per token."""
         itemsize = self.target.dtype.itemsize
         draft = self.draft.config if self.draft is not None else None
+        scored_rows = min(prompt_len, self.config.prefill_chunk) if scored else 0
         return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize,
-                           remote=self.workers is not None)
+                           remote=self.workers is not None, scored_rows=scored_rows)
 
-    def _parts_that_fit(self, sizes: list[tuple[int, int]]) -> list[list[int]]:
-        """The requests (prompt length, max tokens) in order, grouped into batches whose caches fit in the
-        memory free on the device (one group when it is unknown). A worker group's leader checks the full
-        caches it holds as each sequence starts; a refusal for now (GroupFull) splits a batch further."""
+    def _parts_that_fit(self, sizes: list[tuple[int, int] | tuple[int, int, bool]]) -> list[list[int]]:
+        """The requests (prompt length, max tokens and whether the prompt is scored: cache_bytes_for's
+        arguments) in order, grouped into batches that fit in the memory free on the device (one group when
+        it is unknown). A worker group's leader checks the full caches it holds as each sequence starts; a
+        refusal for now (GroupFull) splits a batch further."""
         free = self.free_memory()
         if free is None:
             return [list(range(len(sizes)))]
         room = self.memory_share * free
         parts: list[list[int]] = [[]]
         used = 0
-        for i, (prompt_len, max_tokens) in enumerate(sizes):
-            need = self.cache_bytes_for(prompt_len, max_tokens)
+        for i, size in enumerate(sizes):
+            need = self.cache_bytes_for(*size)
             if need > room:
-                raise TooLarge(f"the caches for {prompt_len + max_tokens} tokens need {need / 2**30:.2f} GiB; "
+                raise TooLarge(f"the caches for {size[0] + size[1]} tokens need {need / 2**30:.2f} GiB; "
                                f"requests' caches may take {room / 2**30:.2f} GiB (gpu_memory_utilization "
                                f"{self.memory_share:g} of the {free / 2**30:.2f} GiB free on {self.device})")
             if parts[-1] and used + need > room:

@@ -92,3 +92,28 @@ def test_the_estimate_covers_the_rows_of_the_vocabulary_a_request_holds(tiny_dir
     estimate = row_bytes(cfg, target.config, draft.config if with_draft is not None else None)
     assert 0 < most[0] <= estimate <= 3 * most[0], (most[0] // (4 * vocab), estimate // (4 * vocab))
 
+
+def test_the_estimate_covers_the_rows_of_a_scored_prompt_chunk(tiny_dir, monkeypatch):
+    """A prompt scored (prompt_logprobs) brings the target's rows for a whole prefill chunk at once, far more
+    than a check's: the estimate holds them (three per token, the logits and logsumexp's two temporaries;
+    before, a batch of scored prompts was sized as if they brought none)."""
+    import triforce.coordinator.engine as engine_module
+
+    vocab, chunk = 2048, 128
+    spec = dict(vocab_size=vocab, hidden_size=64, num_heads=4, num_kv_heads=2)
+    target = load_model(tiny_dir("rows-target", seed=62, num_layers=2, **spec))
+    most = [0]
+    score = engine_module.token_logprobs
+
+    def counting_score(*args, **kwargs):
+        most[0] = max(most[0], vocabulary_rows_alive(vocab))
+        return score(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "token_logprobs", counting_score)
+    cfg = EngineConfig(mode="ar", prefill_chunk=chunk)
+    prompt = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(8)).tolist()
+    build_engine(cfg, target, None, 300 + 4).generate(prompt, SamplingParams(max_tokens=4, prompt_logprobs=2))
+    estimate = row_bytes(cfg, target.config, None, scored_rows=chunk)
+    assert 4 * vocab * chunk <= most[0] <= estimate  # a chunk's rows at once
+    assert row_bytes(cfg, target.config, None) < 4 * vocab * chunk
+

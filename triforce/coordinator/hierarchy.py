@@ -75,21 +75,24 @@ def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
 # against. Counted (tests/coordinator/test_cache_bytes.py): up to 94 rows for a tiny triforce request's
 # 23 tokens of slack, where this gives 142.
 ROWS_PER_CHECKED_TOKEN = 3
+# And per token of a prompt chunk it scores (prompt_logprobs): the chunk's logits, and logsumexp's two
+# temporaries of their size (logprobs.py: token_logprobs).
+ROWS_PER_SCORED_TOKEN = 3
 
 
 def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, tokens: int,
-                itemsize: int, remote: bool = False) -> int:
+                itemsize: int, remote: bool = False, scored_rows: int = 0) -> int:
     """What one request holds for `tokens` (prompt + new tokens) in the tiers its mode stacks: the target's
     full KV cache, its chunk means and its queries of a forward's last QUERY_ROWS rows (what a retrieval
     rebuild scores with; twice in mode auto, whose cost measurement keeps them aside), unless `remote`, where
     a worker group holds them (it checks its own memory); the retrieval tier's buffers (retrieval_bytes);
     the draft's sinks, its recent tokens' double buffer and the fused layer loop's copy of sinks and window;
-    and its rows of the vocabulary (row_bytes). Small per-request state beside these is left out:
-    positions, RoPE angles."""
+    and its rows of the vocabulary (row_bytes; `scored_rows`: the rows of a prompt chunk it scores). Small
+    per-request state beside these is left out: positions, RoPE angles."""
     slack = speculation_slack(cfg)
     per_token = target.kv_bytes_per_token(itemsize)
     capacity = tokens + slack
-    total = row_bytes(cfg, target, draft)
+    total = row_bytes(cfg, target, draft, scored_rows)
     if not remote:
         queries = target.num_layers * target.num_heads * min(QUERY_ROWS, capacity) * target.head_dim * itemsize
         total += per_token * capacity + queries * (2 if cfg.mode == "auto" else 1)
@@ -130,12 +133,13 @@ def retrieval_bytes(cfg: EngineConfig, target: ModelConfig, capacity: int, items
     return sum(sorted(sizes)[-2:])
 
 
-def row_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None) -> int:
-    """The float32 rows of the vocabulary a request holds at most while its tiers check each other
-    (ROWS_PER_CHECKED_TOKEN per token of a check, for each checking tier), and a plain step's few."""
+def row_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, scored_rows: int = 0) -> int:
+    """The float32 rows of the vocabulary a request holds at most: while its tiers check each other
+    (ROWS_PER_CHECKED_TOKEN per token of a check, for each checking tier, and a plain step's few), or
+    before, while the target scores a prompt chunk of `scored_rows` tokens (ROWS_PER_SCORED_TOKEN each)."""
     checkers = {"ar": 0, "draft": 1, "retrieval": 1}.get(cfg.mode, 2 if draft is not None else 1)
     rows = ROWS_PER_CHECKED_TOKEN * checkers * (speculation_slack(cfg) + 1) + 4
-    return 4 * target.vocab_size * rows
+    return 4 * target.vocab_size * max(rows, ROWS_PER_SCORED_TOKEN * scored_rows)
 
 
 def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None, max_length: int,

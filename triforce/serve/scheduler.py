@@ -66,7 +66,7 @@ class Scheduler:
             raise ValueError(f"{len(on_events)} callbacks for {len(job.prompts) * job.n} choices")
         self._check_running()
         longest = max(len(ids) for ids in job.prompts)
-        need = self.llm.cache_bytes_for(longest, job.params.max_tokens)
+        need = self.llm.cache_bytes_for(longest, job.params.max_tokens, job.params.prompt_logprobs is not None)
         capacity = self._capacity_now(self.llm.free_memory())
         if capacity is not None and need > self.llm.memory_share * capacity:
             raise ApiError(413, f"the caches for {longest + job.params.max_tokens} tokens need "
@@ -88,7 +88,7 @@ class Scheduler:
                 raise ApiError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
                                kind="server_error", code="queue_full")
             tickets = [Ticket(job, ids, self.llm.seeded(params), tell,
-                              self.llm.cache_bytes_for(len(ids), params.max_tokens))
+                              self.llm.cache_bytes_for(len(ids), params.max_tokens, params.prompt_logprobs is not None))
                        for (ids, params), tell in zip(choices, on_events)]
             self.waiting.extend(tickets)
         self._wake.set()
