@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from .config import PREFIX_CACHE_GB, ConfigError
 from .coordinator.hierarchy import cache_bytes
 from .errors import TooLarge
@@ -34,9 +36,10 @@ class RequestMemory:
         cache, the tiers here). scored: its prompt is scored (prompt_logprobs), a row per token."""
         itemsize = self.target.dtype.itemsize
         draft = self.draft.config if self.draft is not None else None
-        scored_rows = min(prompt_len, self.config.prefill_chunk) if scored else 0
+        chunk = self.config.prefill_chunk if self.workers is None else self.workers.prefill_chunk
         return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize,
-                           remote=self.workers is not None, scored_rows=scored_rows)
+                           remote=self.workers is not None, scored_rows=min(prompt_len, chunk) if scored else 0,
+                           rows_here=torch.device(self.device).type == "cpu")  # (a GPU's rows go to the host)
 
     def _parts_that_fit(self, sizes: list[tuple[int, int] | tuple[int, int, bool]]) -> list[list[int]]:
         """The requests (prompt length, max tokens and whether the prompt is scored: cache_bytes_for's

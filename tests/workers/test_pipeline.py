@@ -17,7 +17,7 @@ from triforce import LLM
 from triforce.config import EngineConfig
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import SequenceBatch
-from triforce.coordinator.hierarchy import build_engine, cache_bytes, row_bytes, speculation_slack
+from triforce.coordinator.hierarchy import build_engine, cache_bytes, rebuild_bytes, row_bytes, speculation_slack
 from triforce.coordinator.channel import WorkerError
 from triforce.coordinator.remote import RemoteVerifier
 from triforce.coordinator.verifier import LocalVerifier
@@ -296,15 +296,17 @@ def test_over_a_worker_group_the_memory_check_counts_the_coordinators_own_caches
             engine = build_engine(cfg, target, draft, length + 12, verifier)
             engine.generate(prompt, params)
             verifier.close()
-            held = held_bytes([tier.cache for tier in engine.ladder if tier.cache is not verifier])
+            held = held_bytes([tier.cache for tier in engine.ladder])  # (the verifier's is None)
             estimate = cache_bytes(cfg, target.config, draft.config, length + 12, 4, remote=True)
-            estimate -= row_bytes(cfg, target.config, draft.config)
+            estimate -= row_bytes(cfg, target.config, draft.config)  # and no rebuild in flight:
+            estimate -= rebuild_bytes(cfg, target.config, length + 12 + speculation_slack(cfg), 4, remote=True)
             full = target.config.kv_bytes_per_token(4) * length
             assert held > full // 2 and held <= estimate <= 1.6 * held, (length, held, estimate)
         llm = LLM(folder, workers=group.channel, dtype="float32", mode="triforce", **SETTINGS)
         one = llm.cache_bytes_for(150, 12)  # (no draft for this folder: mode retrieval)
         assert one == cache_bytes(llm.config, target.config, None, 162, 4, remote=True) < \
             cache_bytes(llm.config, target.config, None, 162, 4)
+        assert llm.free_memory() is not None  # this process's device (it was None with a group)
         llm.free_memory = lambda: int(1.5 * one / llm.memory_share)
         assert llm._parts_that_fit([(150, 12)] * 2) == [[0], [1]]
     finally:

@@ -90,7 +90,8 @@ def test_a_commit_keeps_a_path_of_the_last_verify_or_is_refused(tiny_dir):
     leader.execute("start", {"seq": 1, "capacity": 32})
     leader.execute("prefill", {"seq": 1, "tokens": [3, 4, 5], "final": True})
     leader.execute("verify", {"seqs": [1], "tokens": [[6, 7, 8, 9]], "parents": [[-1, 0, 0, 2]], "starts": [3]})
-    for start, path in ((3, [1]), (3, [0, 1, 2]), (3, [2, 3]), (4, [2])):  # 1 and 2 are children of 0, 3 of 2
+    # 1 and 2 are children of 0, 3 of 2: (6, []) keeps 0, 1 and 2
+    for start, path in ((3, [1]), (3, [0, 1, 2]), (3, [2, 3]), (4, [2]), (6, [])):
         with pytest.raises(RequestError, match="does not go from a root"):
             leader.check("commit", {"seq": 1, "start": start, "path": path})
     with pytest.raises(RequestError, match="committed before its last verify"):
@@ -99,9 +100,13 @@ def test_a_commit_keeps_a_path_of_the_last_verify_or_is_refused(tiny_dir):
         leader.check("commit", {"seq": 1, "start": start, "path": path})
     leader.execute("commit", {"seq": 1, "start": 3, "path": [0, 2, 3]})
     assert leader.caches[1].length == 6
-    with pytest.raises(RequestError, match="not verified since its last commit"):
+    with pytest.raises(RequestError, match="last request was no verify"):
         leader.check("commit", {"seq": 1, "start": 3, "path": [0]})
     leader.check("commit", {"seq": 1, "start": 4, "path": []})  # a rollback to what the verify kept
+    leader.execute("verify", {"seqs": [1], "tokens": [[6, 7]], "parents": [[-1, -1]], "starts": [6]})
+    leader.execute("prefill", {"seq": 1, "tokens": [5, 5], "final": True})  # the tree is no longer last
+    with pytest.raises(RequestError, match="last request was no verify"):
+        leader.check("commit", {"seq": 1, "start": 6, "path": [0, 3]})
 
 
 def test_a_refresh_whose_chunk_means_do_not_fit_is_refused_not_run(tiny_dir, monkeypatch):

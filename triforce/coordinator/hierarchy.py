@@ -73,7 +73,7 @@ def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
 # Float32 rows of the vocabulary a request holds at most, per token a check of the tiers above the bottom
 # holds: each checker's logits and its distributions, and the proposals' distributions it checks them
 # against. Counted (tests/coordinator/test_cache_bytes.py): up to 94 rows for a tiny triforce request's
-# 23 tokens of slack, where this gives 142.
+# 22 tokens of slack, where this gives 142.
 ROWS_PER_CHECKED_TOKEN = 3
 # And per token of a prompt chunk it scores (prompt_logprobs): the chunk's logits, and logsumexp's two
 # temporaries of their size (logprobs.py: token_logprobs).
@@ -81,18 +81,20 @@ ROWS_PER_SCORED_TOKEN = 3
 
 
 def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, tokens: int,
-                itemsize: int, remote: bool = False, scored_rows: int = 0) -> int:
+                itemsize: int, remote: bool = False, scored_rows: int = 0, rows_here: bool = True) -> int:
     """What one request holds for `tokens` (prompt + new tokens) in the tiers its mode stacks: the target's
     full KV cache, its chunk means and its queries of a forward's last QUERY_ROWS rows (what a retrieval
     rebuild scores with; twice in mode auto, whose cost measurement keeps them aside), unless `remote`, where
-    a worker group holds them (it checks its own memory); the retrieval tier's buffers (retrieval_bytes);
-    the draft's sinks, its recent tokens' double buffer and the fused layer loop's copy of sinks and window;
-    and its rows of the vocabulary (row_bytes; `scored_rows`: the rows of a prompt chunk it scores). Small
-    per-request state beside these is left out: positions, RoPE angles."""
+    a worker group holds them (it checks its own memory); the retrieval tier's buffers and a rebuild's copy
+    beside them (retrieval_bytes, rebuild_bytes); the draft's sinks, its recent tokens' double buffer and the
+    fused layer loop's copy of sinks and window; and its rows of the vocabulary (row_bytes; `scored_rows`: the
+    rows of a prompt chunk it scores), or where they are kept elsewhere (`rows_here` False: a GPU's go to the
+    host) those of a forward in flight. Small per-request state beside these is left out: positions, RoPE
+    angles."""
     slack = speculation_slack(cfg)
     per_token = target.kv_bytes_per_token(itemsize)
     capacity = tokens + slack
-    total = row_bytes(cfg, target, draft, scored_rows)
+    total = row_bytes(cfg, target, draft, scored_rows, kept=rows_here)
     if not remote:
         queries = target.num_layers * target.num_heads * min(QUERY_ROWS, capacity) * target.head_dim * itemsize
         total += per_token * capacity + queries * (2 if cfg.mode == "auto" else 1)
@@ -100,8 +102,8 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
         if cfg.mode in ("retrieval", "triforce", "auto") and (
                 cfg.retrieval_policy == "dynamic" or any(selects_chunks(capacity, b, cfg.chunk_size) for b in budgets)):
             total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
-    if cfg.mode in ("retrieval", "triforce", "auto"):
-        total += retrieval_bytes(cfg, target, capacity, itemsize, remote)
+    total += retrieval_bytes(cfg, target, capacity, itemsize, remote)
+    total += rebuild_bytes(cfg, target, capacity, itemsize, remote)
     if draft is not None and cfg.mode in ("draft", "triforce", "auto"):
         # a double buffer of recent tokens, and the fused loop's copy of sinks and window (bfloat16 CPUs)
         total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack)
@@ -117,27 +119,45 @@ def retrieval_bytes(cfg: EngineConfig, target: ModelConfig, capacity: int, items
     a worker group (`remote`). Mode auto runs one of its budgets' caches and releases the others while idle,
     but measuring an idle one's cost builds it beside the running one: the two largest. The dynamic policy
     reads the full cache in place (this process only)."""
-    if cfg.retrieval_policy != "static":
-        return 0
-    per_layer = target.kv_bytes_per_token(itemsize) // target.num_layers
     room = cfg.refresh_every + speculation_slack(cfg)
-    whole = min(cfg.full_layers, target.num_layers)
-    sizes = []
-    for budget in (auto_budgets(cfg) if cfg.mode == "auto" else [cfg.budget]):
-        chosen = selects_chunks(capacity, budget, cfg.chunk_size)
-        kept = whole if chosen else target.num_layers  # layers holding every token
-        tokens = (target.num_layers - kept) * (budget + cfg.chunk_size + room)
-        if remote:
-            tokens += kept * (capacity + room)
-        sizes.append(per_layer * tokens)
+    sizes = [copied + per_token * room for copied, per_token in _retrieved(cfg, target, capacity, itemsize, remote)]
     return sum(sorted(sizes)[-2:])
 
 
-def row_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, scored_rows: int = 0) -> int:
+def rebuild_bytes(cfg: EngineConfig, target: ModelConfig, capacity: int, itemsize: int, remote: bool) -> int:
+    """What a static rebuild holds beside the buffers it fills: the KV it retrieved (from a worker group every
+    layer's, in this process the chunks gathered), one rebuild at a time."""
+    return max((copied for copied, _ in _retrieved(cfg, target, capacity, itemsize, remote)), default=0)
+
+
+def _retrieved(cfg: EngineConfig, target: ModelConfig, capacity: int, itemsize: int,
+               remote: bool) -> list[tuple[int, int]]:
+    """Per budget of the static policy (mode auto's each; none in modes without a retrieval tier): the bytes
+    a rebuild copies, and the bytes a token takes in the layers it copies into (each keeps room for tokens
+    until the next rebuild on top)."""
+    if cfg.retrieval_policy != "static" or cfg.mode not in ("retrieval", "triforce", "auto"):
+        return []
+    per_layer = target.kv_bytes_per_token(itemsize) // target.num_layers
+    whole = min(cfg.full_layers, target.num_layers)
+    out = []
+    for budget in (auto_budgets(cfg) if cfg.mode == "auto" else [cfg.budget]):
+        kept = whole if selects_chunks(capacity, budget, cfg.chunk_size) else target.num_layers  # every token
+        chosen = target.num_layers - kept  # layers of the budget's chunks
+        copied = chosen * (budget + cfg.chunk_size) + (kept * capacity if remote else 0)
+        out.append((per_layer * copied, per_layer * (chosen + (kept if remote else 0))))
+    return out
+
+
+def row_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, scored_rows: int = 0,
+              kept: bool = True) -> int:
     """The float32 rows of the vocabulary a request holds at most: while its tiers check each other
     (ROWS_PER_CHECKED_TOKEN per token of a check, for each checking tier, and a plain step's few), or
-    before, while the target scores a prompt chunk of `scored_rows` tokens (ROWS_PER_SCORED_TOKEN each)."""
+    before, while the target scores a prompt chunk of `scored_rows` tokens (ROWS_PER_SCORED_TOKEN each).
+    kept False: only a forward's rows in flight where the tiers keep theirs elsewhere (a GPU's logits go
+    to the host, tiers.py): its float32 logits and the model's output they were cast from."""
     checkers = {"ar": 0, "draft": 1, "retrieval": 1}.get(cfg.mode, 2 if draft is not None else 1)
+    if not kept:
+        return 8 * target.vocab_size * max(speculation_slack(cfg) + 1, scored_rows)
     rows = ROWS_PER_CHECKED_TOKEN * checkers * (speculation_slack(cfg) + 1) + 4
     return 4 * target.vocab_size * max(rows, ROWS_PER_SCORED_TOKEN * scored_rows)
 

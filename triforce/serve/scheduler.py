@@ -140,7 +140,7 @@ class Scheduler:
 
     def _capacity_now(self, free: int | None) -> int | None:
         """Bytes the requests' caches may share (before --gpu-memory-utilization): those free while none ran,
-        or more where memory was freed since; None where unknown (a worker group holds the caches)."""
+        or more where memory was freed since; None where unknown."""
         if free is None or self._capacity is None:
             return free
         return max(self._capacity, free)

@@ -172,14 +172,15 @@ class VerifierWorker:
 
     def _check_kept_path(self, seq: int, start: int, path: list[int]) -> None:
         """A commit keeps, of the last verify's tokens, those before `start` and then `path` (indices past
-        `start`): a path from a root down its tree. None may be kept without a verify since the last commit."""
-        if not path:
-            return
+        `start`): a path from a root down its tree. Without a verify since the last commit or prefill (its
+        tree cut or its tokens no longer last) it may only cut the cache short."""
         if seq not in self.verified:
-            raise ValueError("commit of a path, but the sequence was not verified since its last commit")
+            if path:
+                raise ValueError("commit of a path, but the sequence's last request was no verify")
+            return
         begin, parents = self.verified[seq]
         kept = list(range(start - begin)) + [start - begin + p for p in path]
-        if any(parents[node] != (kept[k - 1] if k else -1) for k, node in enumerate(kept)):
+        if any(node >= len(parents) or parents[node] != (kept[k - 1] if k else -1) for k, node in enumerate(kept)):
             raise ValueError("commit of a path that does not go from a root down the last verify's tree")
 
     def _room(self) -> tuple[int, int | None]:
@@ -238,6 +239,7 @@ class VerifierWorker:
             return {}, []
         cache = self.caches[body["seq"]]
         if kind == "prefill":
+            self.verified.pop(body["seq"], None)
             reused = self._prefill(body["seq"], cache, body["tokens"], body["final"])
             self.counts["prefilled_tokens"] += len(body["tokens"]) - reused
             return {"length": cache.length, "reused": reused}, []
