@@ -6,8 +6,10 @@ import torch
 
 from triforce.models.loader import load_model
 from triforce.models.parallel import TensorParallel
+from triforce.workers import checks as checks_module
 from triforce.workers import worker as worker_module
-from triforce.workers.worker import NeverFits, VerifierWorker, prefix_bound
+from triforce.workers.checks import NeverFits, RequestError
+from triforce.workers.worker import VerifierWorker, prefix_bound
 
 
 @pytest.mark.parametrize("ranks,local", [(1, None), (2, None), (2, "3"), (2, "1")])
@@ -25,7 +27,7 @@ def test_a_sequence_on_a_cpu_group_counts_every_ranks_share_of_the_hosts_memory(
     model = load_model(tiny_dir("worker-target", seed=5), "float32")
     leader = VerifierWorker(model, SimpleNamespace(rank=0, size=ranks), "id", kv_heads=model.config.num_kv_heads)
     share = model.kv_bytes_per_token * 100
-    monkeypatch.setattr(worker_module, "available_bytes", lambda device: int(1.5 * share / 0.9))
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: int(1.5 * share / 0.9))
     if ranks == 1 or local == "1":
         leader.check("start", {"seq": 1, "capacity": 100})
     else:
@@ -83,8 +85,6 @@ def test_a_commit_keeps_a_path_of_the_last_verify_or_is_refused(tiny_dir):
     its path): the leader refused only indices out of order or range, so a commit of nodes on no one path, of
     a path after the tree was already cut to one, or below what the verify started from (committed tokens)
     went through and left the cache holding KV of tokens that never followed each other."""
-    from triforce.workers.worker import RequestError
-
     model = load_model(tiny_dir("worker-target", seed=5), "float32")
     leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
     leader.execute("start", {"seq": 1, "capacity": 32})
@@ -113,8 +113,6 @@ def test_a_refresh_whose_chunk_means_do_not_fit_is_refused_not_run(tiny_dir, mon
     """The first refresh that selects chunks allocates the cache's chunk means on every rank: where they do
     not fit, the allocation failed inside the group's execution and ended the group (every request on it).
     Now the leader refuses that refresh; one that keeps the whole cache, or finds its means made, runs."""
-    from triforce.workers.worker import RequestError
-
     model = load_model(tiny_dir("worker-target", seed=5), "float32")
     leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
     leader.execute("start", {"seq": 1, "capacity": 400})
@@ -122,15 +120,15 @@ def test_a_refresh_whose_chunk_means_do_not_fit_is_refused_not_run(tiny_dir, mon
     cache.length = 300
     means = cache.means_bytes(4)
     assert means == cache.keys.nbytes // 4  # one mean per 4 keys: an eighth of the KV (keys and values)
-    monkeypatch.setattr(worker_module, "available_bytes", lambda device: int(0.5 * means))
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: int(0.5 * means))
     refresh = {"seq": 1, "budget": 32, "chunk_size": 4, "full_layers": 0, "start": 300}
     with pytest.raises(RequestError, match="chunk means of sequence 1 need"):
         leader.check("refresh", refresh)
     leader.check("refresh", {**refresh, "budget": 300})  # keeps everything: no means
-    monkeypatch.setattr(worker_module, "available_bytes", lambda device: 4 * means)
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: 4 * means)
     leader.check("refresh", refresh)
     cache.chunk_means(4)
-    monkeypatch.setattr(worker_module, "available_bytes", lambda device: 0)
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: 0)
     assert cache.means_bytes(4) == 0
     leader.check("refresh", refresh)  # made already: nothing new to allocate
 

@@ -19,11 +19,11 @@ from triforce.workers.protocol import MAX_MESSAGE_BYTES
 def _worker(rank: int, size: int, init: str, folder: str, endpoint: str, timeouts: GroupTimeouts,
             max_bytes: int, prefill_chunk: int, prefix_bytes: int, max_sequences: int | None) -> None:
     """Worker `rank` of `size`: global rank rank + 1, as under torchrun (the coordinator is rank 0)."""
-    import triforce.workers.worker as worker
+    import triforce.workers.checks as checks
     from triforce.workers.group import run_worker
 
     if max_sequences is not None:
-        worker.MAX_SEQUENCES = max_sequences
+        checks.MAX_SEQUENCES = max_sequences
     torch.set_num_threads(1)
     groups = init_groups(rank + 1, size + 1, rank, False, timeouts, init)
     try:
@@ -69,7 +69,7 @@ class Group:
     """`size` worker processes serving `folder`, with this process as the coordinator (rank 0) of their
     world; shut down (or killed) on exit. `group_timeout_s`: the worker group's collective timeout;
     `prefill_chunk` and `prefix_bytes` (its prefix store per rank) as run_worker's; `max_sequences`: how
-    many sequences it holds at once (worker.MAX_SEQUENCES)."""
+    many sequences it holds at once (checks.MAX_SEQUENCES)."""
 
     def __init__(self, folder, size, tmp_path, timeout_s=60.0, max_bytes=MAX_MESSAGE_BYTES, group_timeout_s=300.0,
                  prefill_chunk=512, prefix_bytes=0, max_sequences=None):

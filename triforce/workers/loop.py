@@ -25,7 +25,8 @@ from ..errors import UserError
 from ..models.parallel import TensorParallel
 from .bulk import BulkLink
 from .protocol import BULK_REPLIES, MAX_MESSAGE_BYTES, ProtocolError, decode, describe, error_reply, reply
-from .worker import CoordinatorLost, NeverFits, NoRoom, RequestError, VerifierWorker
+from .checks import NeverFits, NoRoom, RequestError
+from .worker import CoordinatorLost, VerifierWorker
 
 if TYPE_CHECKING:
     from .watch import CoordinatorWatch

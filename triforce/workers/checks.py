@@ -1,0 +1,138 @@
+"""What the leader of a worker group checks of a request before it broadcasts it (worker.py), so that every
+rank executes it or none does: a bad request gets an error reply and no rank enters a collective for it.
+`RequestChecks` is a part of VerifierWorker, which holds the `model`, `tp`, `caches`, `prefixes`,
+`saved_queries`, `floors` and `verified` these read."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..cache.retrieval import selects_chunks
+from ..memory import available_bytes
+from ..models.parallel import TensorParallel
+from ..models.rope import POSITION_MARGIN
+from ..step import check_parents, check_path
+from .protocol import REQUESTS
+
+MAX_SEQUENCES = 256  # sequences a group holds at once
+
+
+class RequestError(ValueError):
+    """A well-formed request that this worker cannot serve (wrong position, too long, ...)."""
+
+
+class NoRoom(RequestError):
+    """A sequence that does not fit beside the ones the group holds now; it may once one of them ends."""
+
+
+class NeverFits(RequestError):
+    """A sequence whose cache the group's memory cannot hold even alone (a server's 413)."""
+
+
+def sharing_memory(tp: TensorParallel, device: torch.device | str) -> int:
+    """How many of the group's ranks take their memory where this rank does: on a GPU, one (its own); on a
+    CPU, the group's ranks on this host (torchrun's LOCAL_WORLD_SIZE, which counts a coordinator there too:
+    all W of `--workers W`; every rank where it is not set, under a launcher other than torchrun)."""
+    if torch.device(device).type != "cpu":
+        return 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return min(tp.size, int(local)) if local.isdigit() and int(local) > 0 else tp.size
+
+
+class RequestChecks:
+    def check(self, kind: str, body: dict) -> None:
+        if kind not in REQUESTS:  # a reply sent to the leader: every rank would fail executing it
+            raise RequestError(f"{kind!r} is not a request")
+        if kind in ("end", "prefill", "commit", "refresh", "kv", "save_query", "restore_query") \
+                and body["seq"] not in self.caches:
+            raise RequestError(f"{kind} of sequence {body['seq']}, which was not started")
+        if kind == "start":
+            most = self.model.config.max_positions + POSITION_MARGIN  # (the speculation slack's room)
+            if not 0 < body["capacity"] <= most:
+                raise RequestError(f"capacity {body['capacity']} outside (0, {most}]")
+            if body["seq"] in self.caches:  # its cache would be replaced under it
+                raise RequestError(f"sequence {body['seq']} is running already (another coordinator on this group?)")
+            if len(self.caches) >= MAX_SEQUENCES:
+                raise NoRoom(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
+            ranks, free = self._room()
+            need = ranks * self.model.kv_bytes_per_token * body["capacity"]
+            if free is not None and need > 0.9 * free:
+                refusal = NoRoom if self.caches else NeverFits  # for now, or for good
+                raise refusal(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB"
+                              f"{f' for the {ranks} ranks' if ranks > 1 else ' per rank'}; "
+                              f"{free / 2**30:.1f} GiB is free on the leader's {self.model.device}")
+        if kind == "restore_query" and body["seq"] not in self.saved_queries:
+            raise RequestError(f"restore_query of sequence {body['seq']}, which saved none")
+        if kind == "prefill":
+            self._check_tokens(kind, body["seq"], body["tokens"], body["start"])
+        if kind == "verify":
+            seqs = body["seqs"]
+            if not seqs or len(set(seqs)) != len(seqs) or \
+                    not len(body["tokens"]) == len(body["parents"]) == len(body["starts"]) == len(seqs):
+                raise RequestError("verify needs distinct sequences, each with its tokens, parents and start")
+            for seq, tokens, parents, start in zip(seqs, body["tokens"], body["parents"], body["starts"]):
+                if seq not in self.caches:
+                    raise RequestError(f"verify of sequence {seq}, which was not started")
+                self._check_tokens(kind, seq, tokens, start)
+                try:
+                    check_parents(parents, len(tokens))
+                except ValueError as exc:
+                    raise RequestError(str(exc)) from None
+        length = self.caches[body["seq"]].length if kind in ("commit", "kv", "refresh") else 0
+        if kind == "commit":
+            try:
+                if not self.floors.get(body["seq"], 0) <= body["start"] <= length:
+                    raise ValueError(f"commit at {body['start']}, but the cache holds {length} tokens, of which "
+                                     f"{self.floors.get(body['seq'], 0)} were committed before its last verify")
+                check_path(body["path"], length - body["start"])
+                self._check_kept_path(body["seq"], body["start"], body["path"])
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
+        if kind == "kv" and not 0 <= body["start"] <= body["stop"] <= length:
+            raise RequestError(f"kv range [{body['start']}, {body['stop']}) outside [0, {length}]")
+        if kind == "refresh" and (body["chunk_size"] < 1 or body["budget"] < 2 * body["chunk_size"]
+                                  or body["budget"] % body["chunk_size"] or body["start"] != length):
+            raise RequestError(f"refresh needs a budget of two chunks or more, a multiple of the chunk size, "
+                               f"at the cache's length {length}")
+        if kind == "refresh" and selects_chunks(length, body["budget"], body["chunk_size"]):
+            # The first choice that selects chunks allocates the cache's chunk means (1 / (2 chunk_size) of
+            # its KV): failing there, on every rank, it would end the group and every request on it
+            ranks, free = self._room()
+            need = ranks * self.caches[body["seq"]].means_bytes(body["chunk_size"])
+            if free is not None and need > 0.9 * free:
+                raise RequestError(f"the chunk means of sequence {body['seq']} need {need / 2**30:.2f} GiB; "
+                                   f"{free / 2**30:.2f} GiB is free on the leader's {self.model.device}")
+
+    def _check_kept_path(self, seq: int, start: int, path: list[int]) -> None:
+        """A commit keeps, of the last verify's tokens, those before `start` and then `path` (indices past
+        `start`): a path from a root down its tree. Without a verify since the last commit or prefill (its
+        tree cut or its tokens no longer last) it may only cut the cache short."""
+        if seq not in self.verified:
+            if path:
+                raise ValueError("commit of a path, but the sequence's last request was no verify")
+            return
+        begin, parents = self.verified[seq]
+        kept = list(range(start - begin)) + [start - begin + p for p in path]
+        if any(node >= len(parents) or parents[node] != (kept[k - 1] if k else -1) for k, node in enumerate(kept)):
+            raise ValueError("commit of a path that does not go from a root down the last verify's tree")
+
+    def _room(self) -> tuple[int, int | None]:
+        """How many of the group's ranks take their memory where the leader does (on a CPU, all those on its
+        host, at once: its own share alone let a rank's allocation fail), and the bytes free there beside
+        what the prefix stores may still grow into (None: unknown)."""
+        ranks = sharing_memory(self.tp, self.model.device)
+        free = available_bytes(self.model.device)
+        if free is not None and self.prefixes is not None:
+            free = max(0, free - ranks * self.prefixes.room())
+        return ranks, free
+
+    def _check_tokens(self, kind: str, seq: int, tokens: list[int], start: int) -> None:
+        cache = self.caches[seq]
+        if start != cache.length:
+            raise RequestError(f"{kind} at position {start}, but sequence {seq}'s cache holds {cache.length} tokens")
+        if not tokens or cache.length + len(tokens) > cache.capacity:
+            raise RequestError(f"{kind} of {len(tokens)} tokens does not fit the cache "
+                               f"({cache.length} of {cache.capacity})")
+        if min(tokens) < 0 or max(tokens) >= self.model.config.vocab_size:
+            raise RequestError("token id outside the vocabulary")
