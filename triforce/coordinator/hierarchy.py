@@ -75,8 +75,8 @@ def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
 # against. Counted (tests/coordinator/test_cache_bytes.py): up to 94 rows for a tiny triforce request's
 # 22 tokens of slack, where this gives 142.
 ROWS_PER_CHECKED_TOKEN = 3
-# And per token of a prompt chunk it scores (prompt_logprobs): the chunk's logits, and logsumexp's two
-# temporaries of their size (logprobs.py: token_logprobs).
+# And per token of a prompt chunk it scores (prompt_logprobs): the chunk's logits, logsumexp's temporary of
+# their size and the ranks' comparison, a bool a quarter of it (logprobs.py: token_logprobs), rounded up.
 ROWS_PER_SCORED_TOKEN = 3
 
 

@@ -42,6 +42,7 @@ def sharing_memory(tp: TensorParallel, device: torch.device | str) -> int:
 
 class RequestChecks:
     def check(self, kind: str, body: dict) -> None:
+        """Raises RequestError (NoRoom, NeverFits: the memory) where the request cannot be served as it is."""
         if kind not in REQUESTS:  # a reply sent to the leader: every rank would fail executing it
             raise RequestError(f"{kind!r} is not a request")
         if kind in ("end", "prefill", "commit", "refresh", "kv", "save_query", "restore_query") \
