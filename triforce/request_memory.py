@@ -39,7 +39,8 @@ class RequestMemory:
         chunk = self.config.prefill_chunk if self.workers is None else self.workers.prefill_chunk
         return cache_bytes(self.config, self.target.config, draft, prompt_len + max_tokens, itemsize,
                            remote=self.workers is not None, scored_rows=min(prompt_len, chunk) if scored else 0,
-                           rows_here=torch.device(self.device).type == "cpu")  # (a GPU's rows go to the host)
+                           rows_here=torch.device(self.device).type == "cpu",  # (a GPU's rows go to the host)
+                           graphs=self.workers is None and self.target.forward_graphs is not None)
 
     def _parts_that_fit(self, sizes: list[tuple[int, int] | tuple[int, int, bool]]) -> list[list[int]]:
         """The requests (prompt length, max tokens and whether the prompt is scored: cache_bytes_for's

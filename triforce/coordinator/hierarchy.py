@@ -22,6 +22,8 @@ from ..cache.retrieval import RetrievalKVCache, selects_chunks
 from ..cache.streaming import VIEW_ROWS, StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
 from ..models.config import ModelConfig
+from ..models.cuda_graphs import MAX_TOKENS as GRAPH_TOKENS
+from ..models.cuda_graphs import static_forward_bytes
 from ..models.llama import LlamaModel
 from .auto import AutoEngine
 from .batchmates import Batchmates
@@ -81,7 +83,8 @@ ROWS_PER_SCORED_TOKEN = 3
 
 
 def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None, tokens: int,
-                itemsize: int, remote: bool = False, scored_rows: int = 0, rows_here: bool = True) -> int:
+                itemsize: int, remote: bool = False, scored_rows: int = 0, rows_here: bool = True,
+                graphs: bool = False) -> int:
     """What one request holds for `tokens` (prompt + new tokens) in the tiers its mode stacks: the target's
     full KV cache, its chunk means and its queries of a forward's last QUERY_ROWS rows (what a retrieval
     rebuild scores with; twice in mode auto, whose cost measurement keeps them aside), unless `remote`, where
@@ -89,12 +92,16 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
     beside them (retrieval_bytes, rebuild_bytes); the draft's sinks, its recent tokens' double buffer and the
     fused layer loop's copy of sinks and window; and its rows of the vocabulary (row_bytes; `scored_rows`: the
     rows of a prompt chunk it scores), or where they are kept elsewhere (`rows_here` False: a GPU's go to the
-    host) those of a forward in flight. Small per-request state beside these is left out: positions, RoPE
-    angles."""
+    host) those of a forward in flight; with `graphs` (the target's forwards as CUDA graphs), the buffers of
+    its StaticForwards of every size a step or a check of this request may take. Small per-request state
+    beside these is left out: positions, RoPE angles."""
     slack = speculation_slack(cfg)
     per_token = target.kv_bytes_per_token(itemsize)
     capacity = tokens + slack
     total = row_bytes(cfg, target, draft, scored_rows, kept=rows_here)
+    if graphs:  # (one forward per size over the request's full cache: models/cuda_graphs.py)
+        total += sum(static_forward_bytes(target, capacity, n, itemsize)
+                     for n in range(1, min(slack + 1, GRAPH_TOKENS) + 1))
     if not remote:
         queries = target.num_layers * target.num_heads * min(QUERY_ROWS, capacity) * target.head_dim * itemsize
         total += per_token * capacity + queries * (2 if cfg.mode == "auto" else 1)

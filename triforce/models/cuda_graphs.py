@@ -66,6 +66,16 @@ def buffers_key(cache: FullKVCache, n: int) -> tuple:
     return cache.keys.data_ptr(), cache.values.data_ptr(), tuple(cache.keys.shape), cache.keys.dtype, n
 
 
+def static_forward_bytes(cfg, capacity: int, n: int, itemsize: int) -> int:
+    """The buffers a StaticForward of n tokens over a cache of `capacity` holds (cfg: the model's config; its
+    graph's memory pool, the forward's intermediates, is the allocator's and comes on top)."""
+    return (4 * n * cfg.vocab_size  # logits, float32
+            + cfg.num_layers * cfg.num_heads * n * cfg.head_dim * itemsize  # each layer's rotated queries
+            + 8 * capacity  # key_index
+            + 2 * n * n  # the step's mask and the causal one
+            + 8 * (4 * n + 1))  # ids, positions, offsets, the new keys' slots; start
+
+
 class StaticForward:
     """One forward of n tokens over one pair of FullKVCache buffers, all of its shapes and addresses fixed.
     A captured graph holds no reference to the buffers: they go back to the allocator with their cache."""
