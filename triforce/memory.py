@@ -1,5 +1,5 @@
 """How much memory a device has free: the coordinator's batch check (api.py) and a worker's check before
-it allocates a sequence's cache (workers/worker.py) ask the same question. And memory that has been freed,
+it allocates a sequence's cache (workers/checks.py) ask the same question. And memory that has been freed,
 handed back to the system (release_freed)."""
 from __future__ import annotations
 

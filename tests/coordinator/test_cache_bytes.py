@@ -98,9 +98,9 @@ def test_the_estimate_covers_the_rows_of_the_vocabulary_a_request_holds(tiny_dir
 
 def test_the_estimate_covers_the_rows_of_a_scored_prompt_chunk(tiny_dir, monkeypatch):
     """A prompt scored (prompt_logprobs) brings the target's rows for a whole prefill chunk at once, far more
-    than a check's: the estimate holds them (three per token: the logits, logsumexp's temporary and the
-    ranks' comparison, which this count at the call does not see; before, a batch of scored prompts was sized
-    as if they brought none)."""
+    than a check's: the estimate holds them (three per token: the logits and logsumexp's temporary, which this
+    count at the call does not see, with a margin; before, a batch of scored prompts was sized as if they
+    brought none)."""
     import triforce.coordinator.engine as engine_module
 
     vocab, chunk = 2048, 128

@@ -151,29 +151,33 @@ def test_a_size_runs_uncaptured_first_and_is_captured_at_its_second_forward(mode
 
 
 def test_the_memory_check_counts_the_static_forwards_a_request_makes(tiny_dir):
-    """The StaticForwards a triforce request's target makes (one per check size over its full cache; run
-    uncaptured here) hold what static_forward_bytes says each holds, and together no more than cache_bytes
-    counts for graphs (every size a step or a check may take); before, the memory check counted none."""
+    """The StaticForwards a triforce request's target makes (one per token count over its full cache: its
+    checks, and a prompt chunk of up to MAX_TOKENS; run uncaptured here) hold what static_forward_bytes says
+    each holds, none is larger than the sizes graph_bytes counts for it, and together they hold no more than
+    it counts; before, the memory check counted none."""
     from held_bytes import held_bytes
 
     from triforce.config import EngineConfig
-    from triforce.coordinator.hierarchy import build_engine, cache_bytes
+    from triforce.coordinator.hierarchy import build_engine, graph_bytes, graph_sizes, speculation_slack
     from triforce.models.cuda_graphs import static_forward_bytes
     from triforce.sampling_params import SamplingParams
 
     target = load_model(tiny_dir("graphs-target", seed=64, num_layers=2, vocab_size=512), "float32")
     draft = load_model(tiny_dir("graphs-draft", seed=65, num_layers=1, vocab_size=512), "float32")
-    target.forward_graphs = graphs = ForwardGraphs(target, capture=False)
     cfg = EngineConfig(mode="triforce", budget=32, chunk_size=8, full_layers=1, sinks=4, window=32)
-    prompt = torch.randint(3, 512, (200,), generator=torch.Generator().manual_seed(9)).tolist()
-    build_engine(cfg, target, draft, 200 + 40).generate(prompt, SamplingParams(max_tokens=40, temperature=0.8,
-                                                                               seed=2, ignore_eos=True))
-    forwards = list(graphs._forwards.values())
-    assert len(forwards) >= 2  # checks of several sizes
-    capacity = forwards[0].key_index.shape[1]
-    for forward in forwards:
-        assert held_bytes([forward]) == static_forward_bytes(target.config, capacity, forward.n, 4)
-    counted = cache_bytes(cfg, target.config, draft.config, 240, 4, graphs=True) - \
-        cache_bytes(cfg, target.config, draft.config, 240, 4)
-    assert held_bytes(forwards) <= counted
-
+    params = SamplingParams(max_tokens=40, temperature=0.8, seed=2, ignore_eos=True)
+    for length in (200, 50):  # prefilled in one forward of 199 tokens (no graph), or of 49 (one)
+        target.forward_graphs = graphs = ForwardGraphs(target, capture=False)
+        prompt = torch.randint(3, 512, (length,), generator=torch.Generator().manual_seed(9)).tolist()
+        build_engine(cfg, target, draft, length + 40).generate(prompt, params)
+        forwards = list(graphs._forwards.values())
+        sizes = sorted(forward.n for forward in forwards)
+        assert len(sizes) >= 2 and (49 in sizes) == (length == 50), sizes  # checks of several sizes
+        capacity = length + 40 + speculation_slack(cfg)
+        assert {forward.key_index.shape[1] for forward in forwards} == {capacity}
+        counted = sorted(graph_sizes(cfg), reverse=True)
+        for n, largest in zip(sorted(sizes, reverse=True), counted):  # each within a size counted for it
+            assert n <= largest, (sizes, counted)
+        for forward in forwards:
+            assert held_bytes([forward]) == static_forward_bytes(target.config, capacity, forward.n, 4)
+        assert held_bytes(forwards) <= graph_bytes(cfg, target.config, capacity, 4)

@@ -1,4 +1,4 @@
-"""VerifierWorker's checks, which the leader runs before a request reaches every rank (workers/worker.py)."""
+"""VerifierWorker's checks, which the leader runs before a request reaches every rank (workers/checks.py)."""
 from types import SimpleNamespace
 
 import pytest

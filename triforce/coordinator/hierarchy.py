@@ -77,8 +77,8 @@ def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
 # against. Counted (tests/coordinator/test_cache_bytes.py): up to 94 rows for a tiny triforce request's
 # 22 tokens of slack, where this gives 142.
 ROWS_PER_CHECKED_TOKEN = 3
-# And per token of a prompt chunk it scores (prompt_logprobs): the chunk's logits, logsumexp's temporary of
-# their size and the ranks' comparison, a bool a quarter of it (logprobs.py: token_logprobs), rounded up.
+# And per token of a prompt chunk it scores (prompt_logprobs): two at the peak, the chunk's logits and
+# logsumexp's temporary of their size (logprobs.py: token_logprobs; torch before 2.x made two), counted as three.
 ROWS_PER_SCORED_TOKEN = 3
 
 
@@ -92,16 +92,15 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
     beside them (retrieval_bytes, rebuild_bytes); the draft's sinks, its recent tokens' double buffer and the
     fused layer loop's copy of sinks and window; and its rows of the vocabulary (row_bytes; `scored_rows`: the
     rows of a prompt chunk it scores), or where they are kept elsewhere (`rows_here` False: a GPU's go to the
-    host) those of a forward in flight; with `graphs` (the target's forwards as CUDA graphs), the buffers of
-    its StaticForwards of every size a step or a check of this request may take. Small per-request state
-    beside these is left out: positions, RoPE angles."""
+    host) those of a forward in flight; with `graphs` (the target's forwards as CUDA graphs), its static
+    forwards' buffers (graph_bytes). Small per-request state beside these is left out: positions, RoPE
+    angles."""
     slack = speculation_slack(cfg)
     per_token = target.kv_bytes_per_token(itemsize)
     capacity = tokens + slack
     total = row_bytes(cfg, target, draft, scored_rows, kept=rows_here)
-    if graphs:  # (one forward per size over the request's full cache: models/cuda_graphs.py)
-        total += sum(static_forward_bytes(target, capacity, n, itemsize)
-                     for n in range(1, min(slack + 1, GRAPH_TOKENS) + 1))
+    if graphs:
+        total += graph_bytes(cfg, target, capacity, itemsize)
     if not remote:
         queries = target.num_layers * target.num_heads * min(QUERY_ROWS, capacity) * target.head_dim * itemsize
         total += per_token * capacity + queries * (2 if cfg.mode == "auto" else 1)
@@ -116,6 +115,23 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
         total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack)
                                                        + cfg.sinks + cfg.window + VIEW_ROWS)
     return total
+
+
+def graph_sizes(cfg: EngineConfig) -> list[int]:
+    """The token counts of the target's StaticForwards a request may make (models/cuda_graphs.py: one per count
+    of up to GRAPH_TOKENS over its full cache), each as large as it may be: every size a step or a check may
+    take, and the prompt's prefill chunks of up to GRAPH_TOKENS (its last, of any size up to the chunk's; and
+    every one, where the chunk is that small; a scored prompt's too) where they pass those."""
+    checks = min(speculation_slack(cfg) + 1, GRAPH_TOKENS)
+    chunk = min(cfg.prefill_chunk, GRAPH_TOKENS)
+    prompt = [] if chunk <= checks else [chunk] * (1 if cfg.prefill_chunk > GRAPH_TOKENS else 2)
+    return list(range(1, checks + 1)) + prompt
+
+
+def graph_bytes(cfg: EngineConfig, target: ModelConfig, capacity: int, itemsize: int) -> int:
+    """The buffers of the StaticForwards of graph_sizes over a request's full cache of `capacity` (the
+    graphs' own memory pool is left out)."""
+    return sum(static_forward_bytes(target, capacity, n, itemsize) for n in graph_sizes(cfg))
 
 
 def retrieval_bytes(cfg: EngineConfig, target: ModelConfig, capacity: int, itemsize: int, remote: bool) -> int:

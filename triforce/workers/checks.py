@@ -1,6 +1,6 @@
 """What the leader of a worker group checks of a request before it broadcasts it (worker.py), so that every
 rank executes it or none does: a bad request gets an error reply and no rank enters a collective for it.
-`RequestChecks` is a part of VerifierWorker, which holds the `model`, `tp`, `caches`, `prefixes`,
+`LeaderChecks` is a part of VerifierWorker, which holds the `model`, `tp`, `caches`, `prefixes`,
 `saved_queries`, `floors` and `verified` these read."""
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def sharing_memory(tp: TensorParallel, device: torch.device | str) -> int:
     return min(tp.size, int(local)) if local.isdigit() and int(local) > 0 else tp.size
 
 
-class RequestChecks:
+class LeaderChecks:
     def check(self, kind: str, body: dict) -> None:
         """Raises RequestError (NoRoom, NeverFits: the memory) where the request cannot be served as it is."""
         if kind not in REQUESTS:  # a reply sent to the leader: every rank would fail executing it

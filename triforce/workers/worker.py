@@ -36,7 +36,7 @@ from ..memory import available_bytes
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
 from ..step import Step
-from .checks import RequestChecks, RequestError, sharing_memory
+from .checks import LeaderChecks, RequestError, sharing_memory
 from .protocol import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def prefix_bound(asked: int, device: torch.device, tp: TensorParallel) -> int:
     return bound
 
 
-class VerifierWorker(RequestChecks):
+class VerifierWorker(LeaderChecks):
     def __init__(self, model: LlamaModel, tp: TensorParallel, model_id: str, kv_heads: int,
                  prefill_chunk: int = PREFILL_CHUNK, prefix_bytes: int = 0):
         """kv_heads: the whole model's KV heads (model.config counts this rank's). prefix_bytes: this rank's
