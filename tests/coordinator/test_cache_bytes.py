@@ -48,20 +48,16 @@ def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy, budget
     assert 0.95 * held <= estimate - queries <= 1.1 * held, (held, estimate)
 
 
-def vocabulary_rows_alive(vocab: int) -> int:
-    """Bytes of the tensors alive now whose last dimension is the vocabulary (logits and distributions;
-    the models' weights have the hidden size last), each storage once."""
-    storages, total = set(), 0
-    with warnings.catch_warnings():  # (isinstance on some of torch's deprecated objects warns)
-        warnings.simplefilter("ignore")
-        objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
-    for obj in objects:
-        if obj.dim() >= 1 and obj.shape[-1] == vocab:
-            storage = obj.untyped_storage()
-            if storage.data_ptr() not in storages:
-                storages.add(storage.data_ptr())
-                total += storage.nbytes()
-    return total
+def counting_rows(function, vocab: int, most: list[int]):
+    """`function`, which first raises most[0] to the bytes of the tensors alive whose last dimension is the
+    vocabulary (logits and distributions; the models' weights have the hidden size last), each storage once."""
+    def count_then_call(*args, **kwargs):
+        with warnings.catch_warnings():  # (isinstance on some of torch's deprecated objects warns)
+            warnings.simplefilter("ignore")
+            tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+        most[0] = max(most[0], held_bytes([t for t in tensors if t.dim() >= 1 and t.shape[-1] == vocab]))
+        return function(*args, **kwargs)
+    return count_then_call
 
 
 @pytest.mark.parametrize("mode", ["ar", "draft", "retrieval", "triforce"])
@@ -75,17 +71,10 @@ def test_the_estimate_covers_the_rows_of_the_vocabulary_a_request_holds(tiny_dir
     target = load_model(tiny_dir("rows-target", seed=62, num_layers=2, **spec))
     draft = load_model(tiny_dir("rows-draft", seed=63, num_layers=1, **spec))
     most = [0]
-
-    def counting(function):
-        def count_then_call(*args, **kwargs):
-            most[0] = max(most[0], vocabulary_rows_alive(vocab))
-            return function(*args, **kwargs)
-        return count_then_call
-
     if mode == "ar":  # (no verification: after each forward)
-        monkeypatch.setattr(tiers_module, "charge_call", counting(tiers_module.charge_call))
+        monkeypatch.setattr(tiers_module, "charge_call", counting_rows(tiers_module.charge_call, vocab, most))
     else:
-        monkeypatch.setattr(batch_module, "verify_chains", counting(batch_module.verify_chains))
+        monkeypatch.setattr(batch_module, "verify_chains", counting_rows(batch_module.verify_chains, vocab, most))
     cfg = EngineConfig(mode=mode, budget=32, chunk_size=8, full_layers=1, sinks=4, window=32, refresh_every=16)
     with_draft = draft if mode in ("draft", "triforce") else None
     prompt = torch.randint(0, vocab, (200,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -107,13 +96,7 @@ def test_the_estimate_covers_the_rows_of_a_scored_prompt_chunk(tiny_dir, monkeyp
     spec = dict(vocab_size=vocab, hidden_size=64, num_heads=4, num_kv_heads=2)
     target = load_model(tiny_dir("rows-target", seed=62, num_layers=2, **spec))
     most = [0]
-    score = engine_module.token_logprobs
-
-    def counting_score(*args, **kwargs):
-        most[0] = max(most[0], vocabulary_rows_alive(vocab))
-        return score(*args, **kwargs)
-
-    monkeypatch.setattr(engine_module, "token_logprobs", counting_score)
+    monkeypatch.setattr(engine_module, "token_logprobs", counting_rows(engine_module.token_logprobs, vocab, most))
     cfg = EngineConfig(mode="ar", prefill_chunk=chunk)
     prompt = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(8)).tolist()
     build_engine(cfg, target, None, 300 + 4).generate(prompt, SamplingParams(max_tokens=4, prompt_logprobs=2))

@@ -1,7 +1,7 @@
 """What the leader of a worker group checks of a request before it broadcasts it (worker.py), so that every
 rank executes it or none does: a bad request gets an error reply and no rank enters a collective for it.
 `LeaderChecks` is a part of VerifierWorker, which holds the `model`, `tp`, `caches`, `prefixes`,
-`saved_queries`, `floors` and `verified` these read."""
+`saved_queries` and `verified` these read."""
 from __future__ import annotations
 
 import os
@@ -38,6 +38,19 @@ def sharing_memory(tp: TensorParallel, device: torch.device | str) -> int:
         return 1
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     return min(tp.size, int(local)) if local.isdigit() and int(local) > 0 else tp.size
+
+
+def check_kept_path(begin: int, parents: list[int] | None, start: int, path: list[int]) -> None:
+    """A commit keeps, of the tokens of a verify at `begin` (a tree of `parents`), those before `start` and then
+    `path` (indices past `start`): a path from a root down the tree. Where the tree was cut since (parents
+    None: a commit or a prefill came after the verify) it may only cut the cache short."""
+    if parents is None:
+        if path:
+            raise ValueError("commit of a path, but the sequence's last request was no verify")
+        return
+    kept = list(range(start - begin)) + [start - begin + p for p in path]
+    if any(node >= len(parents) or parents[node] != (kept[k - 1] if k else -1) for k, node in enumerate(kept)):
+        raise ValueError("commit of a path that does not go from a root down the last verify's tree")
 
 
 class LeaderChecks:
@@ -83,11 +96,12 @@ class LeaderChecks:
         length = self.caches[body["seq"]].length if kind in ("commit", "kv", "refresh") else 0
         if kind == "commit":
             try:
-                if not self.floors.get(body["seq"], 0) <= body["start"] <= length:
+                begin, parents = self.verified.get(body["seq"], (0, None))
+                if not begin <= body["start"] <= length:
                     raise ValueError(f"commit at {body['start']}, but the cache holds {length} tokens, of which "
-                                     f"{self.floors.get(body['seq'], 0)} were committed before its last verify")
+                                     f"{begin} were committed before its last verify")
                 check_path(body["path"], length - body["start"])
-                self._check_kept_path(body["seq"], body["start"], body["path"])
+                check_kept_path(begin, parents, body["start"], body["path"])
             except ValueError as exc:
                 raise RequestError(str(exc)) from None
         if kind == "kv" and not 0 <= body["start"] <= body["stop"] <= length:
@@ -104,19 +118,6 @@ class LeaderChecks:
             if free is not None and need > 0.9 * free:
                 raise RequestError(f"the chunk means of sequence {body['seq']} need {need / 2**30:.2f} GiB; "
                                    f"{free / 2**30:.2f} GiB is free on the leader's {self.model.device}")
-
-    def _check_kept_path(self, seq: int, start: int, path: list[int]) -> None:
-        """A commit keeps, of the last verify's tokens, those before `start` and then `path` (indices past
-        `start`): a path from a root down its tree. Without a verify since the last commit or prefill (its
-        tree cut or its tokens no longer last) it may only cut the cache short."""
-        if seq not in self.verified:
-            if path:
-                raise ValueError("commit of a path, but the sequence's last request was no verify")
-            return
-        begin, parents = self.verified[seq]
-        kept = list(range(start - begin)) + [start - begin + p for p in path]
-        if any(node >= len(parents) or parents[node] != (kept[k - 1] if k else -1) for k, node in enumerate(kept)):
-            raise ValueError("commit of a path that does not go from a root down the last verify's tree")
 
     def _room(self) -> tuple[int, int | None]:
         """How many of the group's ranks take their memory where the leader does (on a CPU, all those on its

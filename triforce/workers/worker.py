@@ -76,10 +76,9 @@ class VerifierWorker(LeaderChecks):
         self.prefixes = PrefixStore(prefix_bytes, prefill_chunk) if prefix_bytes > 0 else None
         self.prompts: dict[int, BlockNames] = {}  # per sequence while it was prefilled in whole blocks only
         self.saved_queries: dict[int, tuple] = {}  # per sequence: its cache's query state, from save_query
-        # per sequence: its cache's length before its last verify (a commit keeps at least that much), and
-        # that verify's start and parents until a commit keeps a path of them
-        self.floors: dict[int, int] = {}
-        self.verified: dict[int, tuple[int, list[int]]] = {}
+        # per sequence: where its last verify started (a commit keeps at least that much), and that verify's
+        # parents until a commit or a prefill cuts its tree (None since)
+        self.verified: dict[int, tuple[int, list[int] | None]] = {}
         self.counts = {"requests": 0, "errors": 0, "verified_tokens": 0, "prefilled_tokens": 0, "heartbeats": 0}
 
     # --- execution: every rank -----------------------------------------------------------------
@@ -98,13 +97,13 @@ class VerifierWorker(LeaderChecks):
             return {}, []
         if kind == "end":
             del self.caches[body["seq"]]
-            for held in (self.prompts, self.saved_queries, self.floors, self.verified):
+            for held in (self.prompts, self.saved_queries, self.verified):
                 held.pop(body["seq"], None)
             return {}, []
         if kind == "verify":
             for seq, start, parents in zip(body["seqs"], body["starts"], body["parents"]):
                 self.prompts.pop(seq, None)
-                self.floors[seq], self.verified[seq] = start, (start, parents)
+                self.verified[seq] = (start, parents)
             steps = [Step.tree(tokens, parents, start, model.device)
                      for tokens, parents, start in zip(body["tokens"], body["parents"], body["starts"])]
             caches = [self.caches[seq] for seq in body["seqs"]]
@@ -117,14 +116,14 @@ class VerifierWorker(LeaderChecks):
         if kind == "shutdown":
             return {}, []
         cache = self.caches[body["seq"]]
+        if kind in ("prefill", "commit") and body["seq"] in self.verified:  # the tree is cut
+            self.verified[body["seq"]] = (self.verified[body["seq"]][0], None)
         if kind == "prefill":
-            self.verified.pop(body["seq"], None)
             reused = self._prefill(body["seq"], cache, body["tokens"], body["final"])
             self.counts["prefilled_tokens"] += len(body["tokens"]) - reused
             return {"length": cache.length, "reused": reused}, []
         if kind == "commit":
             cache.keep_path(body["start"], body["path"])
-            self.verified.pop(body["seq"], None)
             return {"length": cache.length}, []
         if kind == "save_query":
             self.saved_queries[body["seq"]] = cache.query_state()
