@@ -12,16 +12,17 @@ import torch
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_MEMBERSHIP = Path("/proc/self/cgroup")
+DEFAULT_POOL = (0, 0)  # the id of torch's CUDA caching allocator's own pool (a graph's pool has another)
 UNLIMITED = 2**60  # a cgroup v1 limit at or past this is none (v1 writes 2**63 rounded down to a page)
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Free bytes on `device` (a GPU's free memory, with what torch's allocator holds unused; on a CPU, the
-    system's MemAvailable, or less where this process's cgroups leave less: a container's memory limit,
-    which MemAvailable does not see, and past which the kernel kills the process); None if unknown."""
+    """Free bytes on `device` (a GPU's free memory, with what torch's allocator holds unused in its default
+    pool: `cached_unused_bytes`; on a CPU, the system's MemAvailable, or less where this process's cgroups
+    leave less: a container's memory limit, which MemAvailable does not see, and past which the kernel kills
+    the process); None if unknown."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - \
-            torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached_unused_bytes(device)
     system = None
     try:
         with open("/proc/meminfo") as f:
@@ -33,6 +34,16 @@ def available_bytes(device: torch.device) -> int | None:
         pass
     limited = [b for b in (system, cgroup_headroom()) if b is not None]
     return min(limited) if limited else None
+
+
+def cached_unused_bytes(device: torch.device) -> int:
+    """Bytes torch's caching allocator has reserved on `device` and holds unused in its default pool, which
+    any allocation may take. Not those of a CUDA graph's private pool (models/cuda_graphs.py: the memory its
+    captured forwards' temporaries keep between replays), which only that graph's replays use: reserved
+    less allocated, as this was, counted them free, so a batch sized by it could fail to allocate."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return sum(segment["total_size"] - segment["active_size"] for segment in torch.cuda.memory_snapshot()
+               if segment["device"] == index and tuple(segment["segment_pool_id"]) == DEFAULT_POOL)
 
 
 def cgroup_headroom(root: Path | None = None, membership: Path | None = None) -> int | None:
