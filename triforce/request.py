@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
-from .coordinator.hierarchy import build_engine, speculation_slack
+from .coordinator.hierarchy import build_engine, graph_sizes, speculation_slack
 from .coordinator.metrics import RequestMetrics
 from .coordinator.remote import RemoteVerifier
 from .detokenize import IncrementalDetokenizer
@@ -67,7 +67,8 @@ class Request:
         verifier = None
         if llm.workers is not None:
             capacity = len(ids) + params.max_tokens + speculation_slack(llm.config)
-            verifier = RemoteVerifier(llm.workers, llm.target, capacity)
+            verifier = RemoteVerifier(llm.workers, llm.target, capacity,
+                                      graph_sizes(llm.config, llm.workers.prefill_chunk))
             w = llm.workers
             self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
         try:

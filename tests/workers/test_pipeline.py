@@ -17,7 +17,8 @@ from triforce import LLM
 from triforce.config import EngineConfig
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator.batch import SequenceBatch
-from triforce.coordinator.hierarchy import build_engine, cache_bytes, rebuild_bytes, row_bytes, speculation_slack
+from triforce.coordinator.hierarchy import (build_engine, cache_bytes, graph_sizes, rebuild_bytes, row_bytes,
+                                            speculation_slack)
 from triforce.coordinator.channel import WorkerError
 from triforce.coordinator.remote import RemoteVerifier
 from triforce.coordinator.verifier import LocalVerifier
@@ -46,7 +47,7 @@ def capacity(prompt, params) -> int:
 
 
 def remote(group, target, prompt, params):
-    return RemoteVerifier(group.channel, target, capacity(prompt, params))
+    return RemoteVerifier(group.channel, target, capacity(prompt, params), graph_sizes(EngineConfig(**SETTINGS)))
 
 
 def batch_over_the_group(group, target, draft, cfg, prompts, params):
@@ -324,7 +325,7 @@ def test_tree_speculation_over_the_worker_group_reproduces_one_process(models, t
                        SamplingParams(max_tokens=30, temperature=0.9, seed=8, ignore_eos=True)):
             for mode, trees in (("retrieval", dict(tree2=8)), ("triforce", dict(tree1=8))):
                 expected, _ = run(target, draft, mode, prompt, params, **trees)
-                verifier = RemoteVerifier(group.channel, target, capacity(prompt, params) + 8)
+                verifier = RemoteVerifier(group.channel, target, capacity(prompt, params) + 8, [])
                 got, _ = run(target, draft, mode, prompt, params, verifier, **trees)
                 assert got == expected, (mode, params.temperature)
     finally:
@@ -384,7 +385,7 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(group.endpoint)
     try:
-        group.channel.request("start", {"seq": 99, "capacity": 32})  # a sequence for the refresh below
+        group.channel.request("start", {"seq": 99, "capacity": 32, "forwards": []})  # a sequence for the refresh below
         bad = {
             "garbage": [b"\xc1\xc1\xc1"],
             "truncated": [encode("prefill", {"seq": 1, "tokens": [1, 2, 3], "start": 0})[0][:-2]],
@@ -397,7 +398,7 @@ def test_bad_messages_get_error_replies_and_the_worker_keeps_serving(models, tmp
                                                   "starts": [0, 0]}),
             # the first two reached every rank, which failed executing them, and the group ended
             "a reply, not a request": reply({}),
-            "a running sequence started again": encode("start", {"seq": 99, "capacity": 32}),  # it was replaced
+            "a running sequence started again": encode("start", {"seq": 99, "capacity": 32, "forwards": []}),  # it was replaced
             "a budget below a chunk": encode("refresh", {"seq": 99, "budget": -4, "chunk_size": 4, "full_layers": 0,
                                                          "start": 0}),
             "a budget of one chunk": encode("refresh", {"seq": 99, "budget": 4, "chunk_size": 4, "full_layers": 0,

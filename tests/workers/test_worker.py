@@ -29,10 +29,10 @@ def test_a_sequence_on_a_cpu_group_counts_every_ranks_share_of_the_hosts_memory(
     share = model.kv_bytes_per_token * 100
     monkeypatch.setattr(checks_module, "available_bytes", lambda device: int(1.5 * share / 0.9))
     if ranks == 1 or local == "1":
-        leader.check("start", {"seq": 1, "capacity": 100})
+        leader.check("start", {"seq": 1, "capacity": 100, "forwards": []})
     else:
         with pytest.raises(NeverFits, match="for the 2 ranks"):  # for good: it holds no other sequence
-            leader.check("start", {"seq": 1, "capacity": 100})
+            leader.check("start", {"seq": 1, "capacity": 100, "forwards": []})
 
 
 def test_a_ranks_prefix_store_takes_at_most_half_the_memory_free(monkeypatch):
@@ -72,7 +72,7 @@ def test_only_the_leader_hands_back_a_verify_requests_logits(tiny_dir):
     out = []
     for rank in (0, 1):
         worker = VerifierWorker(model, SimpleNamespace(rank=rank, size=1), "id", kv_heads=model.config.num_kv_heads)
-        worker.execute("start", {"seq": 1, "capacity": 32})
+        worker.execute("start", {"seq": 1, "capacity": 32, "forwards": []})
         worker.execute("prefill", {"seq": 1, "tokens": [3, 4, 5], "final": True})
         out.append(worker.execute("verify", {"seqs": [1], "tokens": [[6, 7]], "parents": [[-1, 0]], "starts": [3]}))
     (lead, lead_tensors), (other, other_tensors) = out
@@ -87,7 +87,7 @@ def test_a_commit_keeps_a_path_of_the_last_verify_or_is_refused(tiny_dir):
     went through and left the cache holding KV of tokens that never followed each other."""
     model = load_model(tiny_dir("worker-target", seed=5), "float32")
     leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
-    leader.execute("start", {"seq": 1, "capacity": 32})
+    leader.execute("start", {"seq": 1, "capacity": 32, "forwards": []})
     leader.execute("prefill", {"seq": 1, "tokens": [3, 4, 5], "final": True})
     leader.execute("verify", {"seqs": [1], "tokens": [[6, 7, 8, 9]], "parents": [[-1, 0, 0, 2]], "starts": [3]})
     # 1 and 2 are children of 0, 3 of 2: (6, []) keeps 0, 1 and 2
@@ -115,7 +115,7 @@ def test_a_refresh_whose_chunk_means_do_not_fit_is_refused_not_run(tiny_dir, mon
     Now the leader refuses that refresh; one that keeps the whole cache, or finds its means made, runs."""
     model = load_model(tiny_dir("worker-target", seed=5), "float32")
     leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
-    leader.execute("start", {"seq": 1, "capacity": 400})
+    leader.execute("start", {"seq": 1, "capacity": 400, "forwards": []})
     cache = leader.caches[1]
     cache.length = 300
     means = cache.means_bytes(4)
@@ -147,3 +147,32 @@ def test_a_worker_builds_the_cpu_kernels_before_it_serves(monkeypatch, tmp_path)
     monkeypatch.setattr(group, "serve", lambda *a: events.append("serve"))
     group.run_worker(tmp_path, "float32", "cpu", TensorParallel(0, 1), None, None)
     assert events == ["kernels", "serve"]
+
+
+def test_a_one_rank_group_that_replays_graphs_counts_their_buffers(tiny_dir, monkeypatch):
+    """A one-rank group on a GPU replays a sequence's forwards as CUDA graphs, each with buffers of its own
+    (float32 logits for every token): a start counts those of the forwards the coordinator names (their
+    token counts, hierarchy.graph_sizes), where the KV alone would fit (graphs uncaptured here, on a CPU)."""
+    from triforce.config import EngineConfig
+    from triforce.coordinator.hierarchy import graph_sizes
+    from triforce.models.cuda_graphs import ForwardGraphs, static_forward_bytes
+
+    model = load_model(tiny_dir("worker-target", seed=5), "float32")
+    leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
+    forwards = graph_sizes(EngineConfig(), prefill_chunk=64)
+    assert forwards[-1] == 64 and len(forwards) > 20
+    kv = model.kv_bytes_per_token * 100
+    graphs = sum(static_forward_bytes(model.config, 100, n, 4) for n in forwards)
+    assert graphs > kv  # (the float32 logits of 31 forwards of up to 64 tokens)
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: int((kv + graphs / 2) / 0.9))
+    start = {"seq": 1, "capacity": 100, "forwards": forwards}
+    leader.check("start", start)  # no graphs here: the KV fits
+    model.forward_graphs = ForwardGraphs(model, capture=False)
+    with pytest.raises(NeverFits, match="and its graphed forwards needs"):
+        leader.check("start", start)
+    leader.check("start", {**start, "forwards": forwards[:3]})  # a few small forwards fit
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: int((kv + graphs) / 0.9) + 1)
+    leader.check("start", start)
+    for bad in ([0], [65], [1] * 129):
+        with pytest.raises(RequestError, match="forwards of 1 to 64 tokens"):
+            leader.check("start", {**start, "forwards": bad})

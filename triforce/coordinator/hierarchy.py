@@ -117,14 +117,16 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
     return total
 
 
-def graph_sizes(cfg: EngineConfig) -> list[int]:
+def graph_sizes(cfg: EngineConfig, prefill_chunk: int | None = None) -> list[int]:
     """The token counts of the target's StaticForwards a request may make (models/cuda_graphs.py: one per count
     of up to GRAPH_TOKENS over its full cache), each as large as it may be: every size a step or a check may
     take, and the prompt's prefill chunks of up to GRAPH_TOKENS (its last, of any size up to the chunk's; and
-    every one, where the chunk is that small; a scored prompt's too) where they pass those."""
+    every one, where the chunk is that small; a scored prompt's too) where they pass those. `prefill_chunk`:
+    the chunk the target prefills in, if not cfg's (a worker group's block)."""
+    prefill_chunk = prefill_chunk or cfg.prefill_chunk
     checks = min(speculation_slack(cfg) + 1, GRAPH_TOKENS)
-    chunk = min(cfg.prefill_chunk, GRAPH_TOKENS)
-    prompt = [] if chunk <= checks else [chunk] * (1 if cfg.prefill_chunk > GRAPH_TOKENS else 2)
+    chunk = min(prefill_chunk, GRAPH_TOKENS)
+    prompt = [] if chunk <= checks else [chunk] * (1 if prefill_chunk > GRAPH_TOKENS else 2)
     return list(range(1, checks + 1)) + prompt
 
 

@@ -53,14 +53,14 @@ class RemoteVerifier(Verifier):
     coordinator's copy of the target (tier 2 runs it); only its config, dtype and device are used
     here. Prompts go to the workers in their block size (the handshake's), which their prefix store keeps."""
 
-    def __init__(self, channel: ControlChannel, model, capacity: int):
+    def __init__(self, channel: ControlChannel, model, capacity: int, forwards: list[int]):
         self.name, self.model, self.cache, self.prefill_chunk = "target", model, None, channel.prefill_chunk
         self.placement = f"workers={channel.tp_size}"  # costs differ from a local target's
         self.channel, self.capacity, self.seconds = channel, capacity, 0.0
         self._length = self._verify_start = 0
         self._chunk: tuple[Step, bool] | None = None  # the prompt chunk yielded last, and whether it ends the prompt
         self.seq = channel.new_sequence()
-        channel.request("start", {"seq": self.seq, "capacity": capacity})
+        channel.request("start", {"seq": self.seq, "capacity": capacity, "forwards": forwards})
         self.open = True
 
     @property

@@ -10,6 +10,8 @@ import torch
 
 from ..cache.retrieval import selects_chunks
 from ..memory import available_bytes
+from ..models.cuda_graphs import MAX_TOKENS as GRAPH_TOKENS
+from ..models.cuda_graphs import static_forward_bytes
 from ..models.parallel import TensorParallel
 from ..models.rope import POSITION_MARGIN
 from ..step import check_parents, check_path
@@ -70,10 +72,12 @@ class LeaderChecks:
             if len(self.caches) >= MAX_SEQUENCES:
                 raise NoRoom(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
             ranks, free = self._room()
-            need = ranks * self.model.kv_bytes_per_token * body["capacity"]
+            graphs = self._graph_bytes(body)
+            need = ranks * self.model.kv_bytes_per_token * body["capacity"] + graphs
             if free is not None and need > 0.9 * free:
                 refusal = NoRoom if self.caches else NeverFits  # for now, or for good
-                raise refusal(f"a cache of {body['capacity']} tokens needs {need / 2**30:.1f} GiB"
+                raise refusal(f"a cache of {body['capacity']} tokens{' and its graphed forwards' if graphs else ''} "
+                              f"needs {need / 2**30:.1f} GiB"
                               f"{f' for the {ranks} ranks' if ranks > 1 else ' per rank'}; "
                               f"{free / 2**30:.1f} GiB is free on the leader's {self.model.device}")
         if kind == "restore_query" and body["seq"] not in self.saved_queries:
@@ -118,6 +122,19 @@ class LeaderChecks:
             if free is not None and need > 0.9 * free:
                 raise RequestError(f"the chunk means of sequence {body['seq']} need {need / 2**30:.2f} GiB; "
                                    f"{free / 2**30:.2f} GiB is free on the leader's {self.model.device}")
+
+    def _graph_bytes(self, body: dict) -> int:
+        """The buffers of the static forwards a new sequence's forwards of body["forwards"] tokens may each
+        make, where this group replays forwards as CUDA graphs (one rank on a GPU: models/cuda_graphs.py; a
+        sharded model runs its own): on a 24 GB GPU beside a batch of Qwen2.5's caches, their float32 logits
+        alone came to gigabytes uncounted."""
+        forwards = body["forwards"]
+        if len(forwards) > 2 * GRAPH_TOKENS or not all(0 < n <= GRAPH_TOKENS for n in forwards):
+            raise RequestError(f"forwards of 1 to {GRAPH_TOKENS} tokens, at most {2 * GRAPH_TOKENS} of them")
+        if self.model.forward_graphs is None:
+            return 0
+        return sum(static_forward_bytes(self.model.config, body["capacity"], n, self.model.dtype.itemsize)
+                   for n in forwards)
 
     def _room(self) -> tuple[int, int | None]:
         """How many of the group's ranks take their memory where the leader does (on a CPU, all those on its

@@ -20,9 +20,9 @@ import math
 import msgpack
 import torch
 
-PROTOCOL_VERSION = 5  # 2: KV replies over the bulk link instead of tensor frames; 3: many sequences;
+PROTOCOL_VERSION = 6  # 2: KV replies over the bulk link instead of tensor frames; 3: many sequences;
 # 4: a prefill says whether it ends the prompt (the group may restore prompt blocks it keeps); 5: save_query
-# and restore_query
+# and restore_query; 6: a start names the token counts of its forwards
 MAX_MESSAGE_BYTES = 256 * 2**20  # a generous bound; larger messages are refused unread
 MAX_FRAMES = 64
 
@@ -33,7 +33,9 @@ _INTS, _INT_LISTS = ("ints",), ("int lists",)
 # the sequences the group holds (the coordinator picks the numbers).
 REQUESTS: dict[str, dict[str, object]] = {
     "handshake": {"model": _STR, "tp_size": _INT, "protocol": _INT},
-    "start": {"seq": _INT, "capacity": _INT},  # a new sequence: a cache for `capacity` tokens
+    # A new sequence: a cache for `capacity` tokens; `forwards`, the token counts of the forwards over it that
+    # a one-rank group may replay as CUDA graphs (hierarchy.graph_sizes: their buffers are counted)
+    "start": {"seq": _INT, "capacity": _INT, "forwards": _INTS},
     "end": {"seq": _INT},  # the sequence is done: its cache is freed
     # `final`: these tokens end the prompt. The reply's `reused` counts tokens restored from the group's
     # prefix store instead of forwarded (worker.py).
