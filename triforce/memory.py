@@ -42,6 +42,7 @@ def cached_unused_bytes(device: torch.device) -> int:
     captured forwards' temporaries keep between replays), which only that graph's replays use: reserved
     less allocated, as this was, counted them free, so a batch sized by it could fail to allocate."""
     index = device.index if device.index is not None else torch.cuda.current_device()
+    # (a snapshot lists every block of every device; this runs once per request admitted)
     return sum(segment["total_size"] - segment["active_size"] for segment in torch.cuda.memory_snapshot()
                if segment["device"] == index and tuple(segment["segment_pool_id"]) == DEFAULT_POOL)
 

@@ -47,7 +47,8 @@ def capacity(prompt, params) -> int:
 
 
 def remote(group, target, prompt, params):
-    return RemoteVerifier(group.channel, target, capacity(prompt, params), graph_sizes(EngineConfig(**SETTINGS)))
+    return RemoteVerifier(group.channel, target, capacity(prompt, params),
+                          graph_sizes(EngineConfig(**SETTINGS), group.channel.prefill_chunk))
 
 
 def batch_over_the_group(group, target, draft, cfg, prompts, params):

@@ -8,7 +8,7 @@ from triforce.models.loader import load_model
 from triforce.models.parallel import TensorParallel
 from triforce.workers import checks as checks_module
 from triforce.workers import worker as worker_module
-from triforce.workers.checks import NeverFits, RequestError
+from triforce.workers.checks import NeverFits, NoRoom, RequestError
 from triforce.workers.worker import VerifierWorker, prefix_bound
 
 
@@ -152,17 +152,18 @@ def test_a_worker_builds_the_cpu_kernels_before_it_serves(monkeypatch, tmp_path)
 def test_a_one_rank_group_that_replays_graphs_counts_their_buffers(tiny_dir, monkeypatch):
     """A one-rank group on a GPU replays a sequence's forwards as CUDA graphs, each with buffers of its own
     (float32 logits for every token): a start counts those of the forwards the coordinator names (their
-    token counts, hierarchy.graph_sizes), where the KV alone would fit (graphs uncaptured here, on a CPU)."""
+    token counts, hierarchy.graph_sizes), where the KV alone would fit, and those a running sequence has
+    not made yet (graphs uncaptured here, on a CPU)."""
     from triforce.config import EngineConfig
     from triforce.coordinator.hierarchy import graph_sizes
-    from triforce.models.cuda_graphs import ForwardGraphs, static_forward_bytes
+    from triforce.models.cuda_graphs import ForwardGraphs, forwards_bytes
 
     model = load_model(tiny_dir("worker-target", seed=5), "float32")
     leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
     forwards = graph_sizes(EngineConfig(), prefill_chunk=64)
     assert forwards[-1] == 64 and len(forwards) > 20
     kv = model.kv_bytes_per_token * 100
-    graphs = sum(static_forward_bytes(model.config, 100, n, 4) for n in forwards)
+    graphs = forwards_bytes(model.config, 100, forwards, 4)
     assert graphs > kv  # (the float32 logits of 31 forwards of up to 64 tokens)
     monkeypatch.setattr(checks_module, "available_bytes", lambda device: int((kv + graphs / 2) / 0.9))
     start = {"seq": 1, "capacity": 100, "forwards": forwards}
@@ -176,3 +177,77 @@ def test_a_one_rank_group_that_replays_graphs_counts_their_buffers(tiny_dir, mon
     for bad in ([0], [65], [1] * 129):
         with pytest.raises(RequestError, match="forwards of 1 to 64 tokens"):
             leader.check("start", {**start, "forwards": bad})
+    # Started, sequence 1 holds its KV (the free memory, written here, shows it gone) but none of its
+    # forwards yet: another sequence finds no room until sequence 1 has made them
+    leader.execute("start", start)
+    with pytest.raises(NoRoom, match="and its graphed forwards"):
+        leader.check("start", {**start, "seq": 2})
+    leader.execute("prefill", {"seq": 1, "tokens": list(range(3, 67)), "final": False})  # one of 64 tokens
+    made = leader.model.forward_graphs.held_bytes(leader.caches[1])
+    assert made == forwards_bytes(model.config, 100, [64], 4) and len(leader.model.forward_graphs) == 1
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: int((kv + graphs) / 0.9) + made + 1)
+    with pytest.raises(NoRoom):
+        leader.check("start", {**start, "seq": 2})  # the rest of sequence 1's forwards still to come
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: int((kv + graphs) / 0.9) + graphs - made + 1)
+    leader.check("start", {**start, "seq": 2})
+    leader.execute("end", {"seq": 1})
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: int((kv + graphs) / 0.9) + 1)
+    leader.check("start", {**start, "seq": 2})
+
+
+def test_a_sharded_model_replays_no_graphs():
+    """A rank's shard meets the other ranks' in collectives at every layer: it runs its own forwards, and a
+    start counts no graphs for it."""
+    from triforce.models.cuda_graphs import ForwardGraphs
+
+    shard = SimpleNamespace(device=torch.device("cuda"), tp=SimpleNamespace(size=2))
+    assert ForwardGraphs.for_model(shard) is None
+
+
+class InProcessChannel:
+    """A group of one rank in this process behind ControlChannel's interface: the leader checks each
+    request, then executes it (what a group does, without its messages)."""
+
+    def __init__(self, leader: VerifierWorker, prefill_chunk: int):
+        self.leader, self.prefill_chunk, self.tp_size = leader, prefill_chunk, 1
+        self.max_bytes, self.broken, self.seqs = 2**28, False, 0
+
+    def new_sequence(self) -> int:
+        self.seqs += 1
+        return self.seqs
+
+    def request(self, kind: str, body: dict | None = None):
+        self.leader.check(kind, body or {})
+        return self.leader.execute(kind, body or {})
+
+
+@pytest.mark.parametrize("trees", [{}, {"tree1": 6}])
+def test_the_forwards_a_start_names_cover_those_the_group_makes(tiny_dir, trees):
+    """The token counts a request's start names (graph_sizes for the group's prefill chunk) cover the
+    static forwards the group makes for it, each within a size counted for it: prompt chunks of the group's
+    block (its last shorter), and checks of the draft's chains and trees."""
+    from triforce.config import EngineConfig
+    from triforce.coordinator.hierarchy import build_engine, graph_sizes, speculation_slack
+    from triforce.coordinator.remote import RemoteVerifier
+    from triforce.models.cuda_graphs import ForwardGraphs, forwards_bytes
+    from triforce.sampling_params import SamplingParams
+
+    target = load_model(tiny_dir("worker-graphs-target", seed=66, num_layers=2), "float32")
+    draft = load_model(tiny_dir("worker-graphs-draft", seed=67, num_layers=1), "float32")
+    target.forward_graphs = graphs = ForwardGraphs(target, capture=False)
+    leader = VerifierWorker(target, SimpleNamespace(rank=0, size=1), "id", kv_heads=target.config.num_kv_heads)
+    channel = InProcessChannel(leader, prefill_chunk=32)
+    cfg = EngineConfig(mode="draft", sinks=4, window=64, **trees)
+    prompt = torch.randint(3, 96, (80,), generator=torch.Generator().manual_seed(10)).tolist()
+    params = SamplingParams(max_tokens=30, temperature=0.8, seed=4, ignore_eos=True)
+    capacity = len(prompt) + params.max_tokens + speculation_slack(cfg)
+    forwards = graph_sizes(cfg, channel.prefill_chunk)
+    verifier = RemoteVerifier(channel, target, capacity, forwards)
+    build_engine(cfg, target, draft, len(prompt) + params.max_tokens, verifier).generate(prompt, params)
+    cache = leader.caches[verifier.seq]
+    sizes = sorted((forward.n for forward in graphs._forwards.values()), reverse=True)
+    assert sizes[:2] == [32, 15] and len(sizes) >= 3, sizes  # chunks of 32 (the last of 15), and checks
+    for n, largest in zip(sizes, sorted(forwards, reverse=True)):
+        assert n <= largest, (sizes, forwards)
+    assert graphs.held_bytes(cache) == forwards_bytes(target.config, capacity, sizes, 4) \
+        <= forwards_bytes(target.config, capacity, forwards, 4)

@@ -23,7 +23,7 @@ from ..cache.streaming import VIEW_ROWS, StreamingKVCache
 from ..config import MAX_TREE, ConfigError, EngineConfig
 from ..models.config import ModelConfig
 from ..models.cuda_graphs import MAX_TOKENS as GRAPH_TOKENS
-from ..models.cuda_graphs import static_forward_bytes
+from ..models.cuda_graphs import forwards_bytes
 from ..models.llama import LlamaModel
 from .auto import AutoEngine
 from .batchmates import Batchmates
@@ -133,7 +133,7 @@ def graph_sizes(cfg: EngineConfig, prefill_chunk: int | None = None) -> list[int
 def graph_bytes(cfg: EngineConfig, target: ModelConfig, capacity: int, itemsize: int) -> int:
     """The buffers of the StaticForwards of graph_sizes over a request's full cache of `capacity` (the
     graphs' own memory pool is left out)."""
-    return sum(static_forward_bytes(target, capacity, n, itemsize) for n in graph_sizes(cfg))
+    return forwards_bytes(target, capacity, graph_sizes(cfg), itemsize)
 
 
 def retrieval_bytes(cfg: EngineConfig, target: ModelConfig, capacity: int, itemsize: int, remote: bool) -> int:

@@ -76,6 +76,11 @@ def static_forward_bytes(cfg, capacity: int, n: int, itemsize: int) -> int:
             + 8 * (4 * n + 1))  # ids, positions, offsets, the new keys' slots; start
 
 
+def forwards_bytes(cfg, capacity: int, sizes: Sequence[int], itemsize: int) -> int:
+    """The buffers of StaticForwards of each token count in `sizes` over a cache of `capacity`."""
+    return sum(static_forward_bytes(cfg, capacity, n, itemsize) for n in sizes)
+
+
 class StaticForward:
     """One forward of n tokens over one pair of FullKVCache buffers, all of its shapes and addresses fixed.
     A captured graph holds no reference to the buffers: they go back to the allocator with their cache."""
@@ -170,13 +175,14 @@ class ForwardGraphs:
 
     @classmethod
     def for_model(cls, model) -> "ForwardGraphs | None":
-        """Graphs for a model on CUDA (None elsewhere, or with TRIFORCE_CUDA_GRAPHS=0)."""
-        if model.device.type != "cuda" or os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") == "0":
+        """Graphs for a model on CUDA (None elsewhere, for a rank's shard of a model, whose forwards meet the
+        other ranks' in collectives, or with TRIFORCE_CUDA_GRAPHS=0)."""
+        if model.device.type != "cuda" or model.tp is not None or os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") == "0":
             return None
         return cls(model, capture=True)
 
     def takes(self, steps: Sequence[Step], caches: Sequence) -> bool:
-        if len(steps) != 1 or type(caches[0]) is not FullKVCache or self.model.tp is not None:
+        if len(steps) != 1 or type(caches[0]) is not FullKVCache:
             return False
         step, cache = steps[0], caches[0]
         return (step.n <= MAX_TOKENS and (step.mask is None or step.mask.shape[1] == step.n)
@@ -199,3 +205,9 @@ class ForwardGraphs:
 
     def __len__(self) -> int:
         return len(self._forwards)
+
+    def held_bytes(self, cache: FullKVCache) -> int:
+        """The buffers of the StaticForwards made over `cache`'s buffers so far."""
+        buffers = buffers_key(cache, 0)[:-1]
+        return forwards_bytes(self.model.config, cache.capacity, [key[-1] for key in self._forwards
+                                                                  if key[:-1] == buffers], self.model.dtype.itemsize)

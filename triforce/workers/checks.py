@@ -1,7 +1,7 @@
 """What the leader of a worker group checks of a request before it broadcasts it (worker.py), so that every
 rank executes it or none does: a bad request gets an error reply and no rank enters a collective for it.
 `LeaderChecks` is a part of VerifierWorker, which holds the `model`, `tp`, `caches`, `prefixes`,
-`saved_queries` and `verified` these read."""
+`saved_queries`, `verified` and `forwards` these read."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ import torch
 from ..cache.retrieval import selects_chunks
 from ..memory import available_bytes
 from ..models.cuda_graphs import MAX_TOKENS as GRAPH_TOKENS
-from ..models.cuda_graphs import static_forward_bytes
+from ..models.cuda_graphs import forwards_bytes
 from ..models.parallel import TensorParallel
 from ..models.rope import POSITION_MARGIN
 from ..step import check_parents, check_path
@@ -69,10 +69,13 @@ class LeaderChecks:
                 raise RequestError(f"capacity {body['capacity']} outside (0, {most}]")
             if body["seq"] in self.caches:  # its cache would be replaced under it
                 raise RequestError(f"sequence {body['seq']} is running already (another coordinator on this group?)")
+            forwards = body["forwards"]
+            if len(forwards) > 2 * GRAPH_TOKENS or not all(0 < n <= GRAPH_TOKENS for n in forwards):
+                raise RequestError(f"forwards of 1 to {GRAPH_TOKENS} tokens, at most {2 * GRAPH_TOKENS} of them")
             if len(self.caches) >= MAX_SEQUENCES:
                 raise NoRoom(f"the group holds {MAX_SEQUENCES} sequences already; end one first")
             ranks, free = self._room()
-            graphs = self._graph_bytes(body)
+            graphs = self._graph_bytes(body["capacity"], forwards)
             need = ranks * self.model.kv_bytes_per_token * body["capacity"] + graphs
             if free is not None and need > 0.9 * free:
                 refusal = NoRoom if self.caches else NeverFits  # for now, or for good
@@ -123,27 +126,35 @@ class LeaderChecks:
                 raise RequestError(f"the chunk means of sequence {body['seq']} need {need / 2**30:.2f} GiB; "
                                    f"{free / 2**30:.2f} GiB is free on the leader's {self.model.device}")
 
-    def _graph_bytes(self, body: dict) -> int:
-        """The buffers of the static forwards a new sequence's forwards of body["forwards"] tokens may each
-        make, where this group replays forwards as CUDA graphs (one rank on a GPU: models/cuda_graphs.py; a
-        sharded model runs its own): on a 24 GB GPU beside a batch of Qwen2.5's caches, their float32 logits
-        alone came to gigabytes uncounted."""
-        forwards = body["forwards"]
-        if len(forwards) > 2 * GRAPH_TOKENS or not all(0 < n <= GRAPH_TOKENS for n in forwards):
-            raise RequestError(f"forwards of 1 to {GRAPH_TOKENS} tokens, at most {2 * GRAPH_TOKENS} of them")
+    def _graph_bytes(self, capacity: int, forwards: list[int]) -> int:
+        """The buffers of the static forwards a sequence's forwards of these token counts may each make over
+        its cache, where this group replays forwards as CUDA graphs (one rank on a GPU: models/cuda_graphs.py;
+        a sharded model runs its own): on a 24 GB GPU beside a batch of Qwen2.5's caches, their float32
+        logits alone came to gigabytes uncounted."""
         if self.model.forward_graphs is None:
             return 0
-        return sum(static_forward_bytes(self.model.config, body["capacity"], n, self.model.dtype.itemsize)
-                   for n in forwards)
+        return forwards_bytes(self.model.config, capacity, forwards, self.model.dtype.itemsize)
+
+    def _graphs_to_come(self) -> int:
+        """What the running sequences' static forwards may still allocate: each is made at its sequence's
+        first forward of its size, so a sequence started before its first forwards has none yet, which the
+        free memory does not show."""
+        graphs = self.model.forward_graphs
+        if graphs is None:
+            return 0
+        return sum(max(0, self._graph_bytes(cache.capacity, self.forwards.get(seq, [])) - graphs.held_bytes(cache))
+                   for seq, cache in self.caches.items())
 
     def _room(self) -> tuple[int, int | None]:
         """How many of the group's ranks take their memory where the leader does (on a CPU, all those on its
         host, at once: its own share alone let a rank's allocation fail), and the bytes free there beside
-        what the prefix stores may still grow into (None: unknown)."""
+        what the prefix stores may still grow into and the running sequences' static forwards may still
+        take (None: unknown)."""
         ranks = sharing_memory(self.tp, self.model.device)
         free = available_bytes(self.model.device)
-        if free is not None and self.prefixes is not None:
-            free = max(0, free - ranks * self.prefixes.room())
+        if free is not None:
+            free = max(0, free - (ranks * self.prefixes.room() if self.prefixes is not None else 0)
+                       - self._graphs_to_come())
         return ranks, free
 
     def _check_tokens(self, kind: str, seq: int, tokens: list[int], start: int) -> None:

@@ -79,6 +79,7 @@ class VerifierWorker(LeaderChecks):
         # per sequence: where its last verify started (a commit keeps at least that much), and that verify's
         # parents until a commit or a prefill cuts its tree (None since)
         self.verified: dict[int, tuple[int, list[int] | None]] = {}
+        self.forwards: dict[int, list[int]] = {}  # per sequence: the token counts of its forwards, from start
         self.counts = {"requests": 0, "errors": 0, "verified_tokens": 0, "prefilled_tokens": 0, "heartbeats": 0}
 
     # --- execution: every rank -----------------------------------------------------------------
@@ -92,12 +93,13 @@ class VerifierWorker(LeaderChecks):
         if kind == "start":
             self.caches[body["seq"]] = FullKVCache(model.config, body["capacity"], model.dtype,
                                                    model.device)
+            self.forwards[body["seq"]] = body["forwards"]
             if self.prefixes is not None:
                 self.prompts[body["seq"]] = BlockNames()
             return {}, []
         if kind == "end":
             del self.caches[body["seq"]]
-            for held in (self.prompts, self.saved_queries, self.verified):
+            for held in (self.prompts, self.saved_queries, self.verified, self.forwards):
                 held.pop(body["seq"], None)
             return {}, []
         if kind == "verify":
