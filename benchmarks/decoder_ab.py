@@ -22,6 +22,7 @@ import torch
 import triforce.kernels.decoder as decoder
 import triforce.kernels.linear as linear
 from triforce.cache.full import FullKVCache
+from triforce.kernels import build as kernel_build
 from triforce.kernels import cpu
 from triforce.models.hub import resolve_model
 from triforce.models.loader import load_model
@@ -41,7 +42,7 @@ def main() -> None:
     level = cpu.isa_level()
     with tempfile.TemporaryDirectory() as tmp:
         base = build(f"triforce_dec_base_{level}", base_sources(args.base, Path(tmp)), level)
-    new = build(f"triforce_dec_new_{level}", cpu.CSRC, level)
+    new = build(f"triforce_dec_new_{level}", kernel_build.CSRC, level)
     points = [tuple(int(v) for v in point.replace("@", "x").split("x")) for point in args.points]
     model = load_model(resolve_model("smollm2"), "bfloat16", torch.device("cpu"))
     caches = [FullKVCache(model.config, max(c + n for _, n, c in points), model.dtype, "cpu")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from triforce.kernels import build as kernel_build
 from triforce.kernels import cpu
 from triforce.step import ancestor_mask
 
@@ -32,7 +33,7 @@ from check_rows import deep_tree
 def build(name: str, folder: Path, level: str):
     from torch.utils import cpp_extension
 
-    sources, flags = cpu.BUILDS[level]
+    sources, flags = kernel_build.BUILDS[level]
     return cpp_extension.load(name=name, sources=[str(folder / s) for s in sources if (folder / s).exists()],
                               extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
 
@@ -40,7 +41,7 @@ def build(name: str, folder: Path, level: str):
 def base_sources(rev: str, into: Path) -> Path:
     """The csrc folder of revision `rev`, written under `into`."""
     root = Path(subprocess.check_output(["git", "rev-parse", "--show-toplevel"], text=True).strip())
-    relative = cpu.CSRC.relative_to(root)
+    relative = kernel_build.CSRC.relative_to(root)
     names = subprocess.check_output(["git", "ls-tree", "--name-only", f"{rev}:{relative}"], text=True, cwd=root)
     for name in names.split():
         (into / name).write_bytes(subprocess.check_output(["git", "show", f"{rev}:{relative}/{name}"], cwd=root))
@@ -60,7 +61,7 @@ def main() -> None:
     level = args.level or cpu.isa_level()
     with tempfile.TemporaryDirectory() as tmp:
         base = build(f"triforce_ab_base_{level}", base_sources(args.base, Path(tmp)), level)
-    new = build(f"triforce_ab_new_{level}", cpu.CSRC, level)
+    new = build(f"triforce_ab_new_{level}", kernel_build.CSRC, level)
     layers = 30
     for s in args.tokens if args.kernel == "attention" else [None]:
         if args.kernel == "attention":

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from triforce.kernels import cpu
+from triforce.kernels import build, cpu
 from triforce.models.loader import resolve_dtype
 
 ROOT = Path(cpu.__file__).parents[2]
@@ -33,9 +33,9 @@ def test_wheel_ships_every_file_of_csrc(tmp_path):
     (wheel,) = tmp_path.glob("triforce-*.whl")
     shipped = {Path(name).name for name in zipfile.ZipFile(wheel).namelist()
                if name.startswith("triforce/kernels/csrc/")}
-    on_disk = {p.name for p in cpu.CSRC.iterdir() if p.is_file()}
+    on_disk = {p.name for p in build.CSRC.iterdir() if p.is_file()}
     assert shipped == on_disk
-    assert {s for sources, _ in cpu.BUILDS.values() for s in sources} <= on_disk
+    assert {s for sources, _ in build.BUILDS.values() for s in sources} <= on_disk
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_a_failed_build_warns_once_and_falls_back(fresh_level, caplog):
         tried.append(level)
         raise RuntimeError(f"Error building extension 'triforce_cpu_{level}'\nlong compiler output")
 
-    fresh_level.setattr(cpu, "_build", failing_build)
+    fresh_level.setattr(cpu, "build", failing_build)
     with caplog.at_level(logging.WARNING, logger=cpu.__name__):
         assert cpu.loaded_kernels() == (None, None) and cpu.kernel_path() == "torch"
         cpu.loaded_kernels()
@@ -93,10 +93,10 @@ def test_a_failed_builds_reason_is_the_line_that_says_it():
     kilobyte and dropped the line that says what went wrong."""
     command = "Error building extension 'triforce_cpu_avx2': [1/3] c++ -MMD -MF x.o.d " + "-I/include " * 200
     failed = RuntimeError(f"{command}\nFAILED: x.o\n/bin/sh: 1: c++: not found\nninja: build stopped")
-    assert cpu.build_failure(failed) == "/bin/sh: 1: c++: not found"
-    assert cpu.build_failure(RuntimeError("Error building extension 'x'\nlong compiler output")) == \
+    assert build.build_failure(failed) == "/bin/sh: 1: c++: not found"
+    assert build.build_failure(RuntimeError("Error building extension 'x'\nlong compiler output")) == \
         "Error building extension 'x'"
-    assert cpu.build_failure(RuntimeError("")) == "RuntimeError"
+    assert build.build_failure(RuntimeError("")) == "RuntimeError"
 
 
 def test_kernels_off_switch(fresh_level):
@@ -144,7 +144,7 @@ def test_the_build_runs_the_ninja_our_install_brings(monkeypatch, tmp_path, path
         monkeypatch.delenv("PATH", raising=False)
     else:
         monkeypatch.setenv("PATH", path)
-    assert cpu._build("avx2") == "the extension"
+    assert build.build("avx2") == "the extension"
     assert seen["ninja"] and Path(seen["ninja"]).parent == Path(ninja.BIN_DIR)
     assert os.environ.get("PATH") == path
 
@@ -156,7 +156,7 @@ def test_a_ninja_that_lost_its_binary_adds_nothing_to_path(monkeypatch):
 
     monkeypatch.setattr(ninja, "BIN_DIR", "")
     monkeypatch.setenv("PATH", "/usr/bin")
-    with cpu._our_ninja_first():
+    with build._our_ninja_first():
         assert os.environ["PATH"] == "/usr/bin"
 
 
@@ -176,7 +176,7 @@ def test_the_kernels_build_where_the_cpu_and_a_compiler_can():
         except Exception as exc:
             if os.environ.get("TRIFORCE_REQUIRE_KERNELS") == "1":
                 raise
-            pytest.skip(f"the {level} kernels did not build here ({cpu.build_failure(exc)}); "
+            pytest.skip(f"the {level} kernels did not build here ({build.build_failure(exc)}); "
                         f"TRIFORCE_REQUIRE_KERNELS=1 makes that a failure")
 
 
@@ -200,9 +200,9 @@ def test_the_levels_this_cpu_lacks_compile_too(level, tmp_path):
         pytest.skip(f"{level} is built for real here (test_the_kernels_build_where_the_cpu_and_a_compiler_can)")
     from torch.utils.cpp_extension import include_paths
 
-    sources, flags = cpu.BUILDS[level]
+    sources, flags = build.BUILDS[level]
     unit = tmp_path / f"{level}.cpp"
-    unit.write_text("".join(f'#include "{cpu.CSRC / source}"\n' for source in sources
+    unit.write_text("".join(f'#include "{build.CSRC / source}"\n' for source in sources
                             if source not in _SAME_ON_EVERY_LEVEL))
     includes = [f"-I{path}" for path in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     done = subprocess.run(["c++", "-std=c++20", "-fPIC", "-O0", "-fopenmp", *flags, *includes, "-c", str(unit),
@@ -215,28 +215,28 @@ def test_the_levels_this_cpu_lacks_compile_too(level, tmp_path):
 def test_the_build_is_named_by_what_makes_it(monkeypatch):
     """A new torch (or compiler, sources, flags) builds in a folder of its own: in the old one, ninja saw
     nothing changed (torch's headers are not among its dependencies) and the old library was loaded."""
-    name = cpu.build_name("avx2")
-    assert name.startswith("triforce_cpu_avx2_") and cpu.build_name("avx2") == name
-    assert cpu.build_name("avx512") != name.replace("avx2", "avx512", 1)  # the flags count too
+    name = build.build_name("avx2")
+    assert name.startswith("triforce_cpu_avx2_") and build.build_name("avx2") == name
+    assert build.build_name("avx512") != name.replace("avx2", "avx512", 1)  # the flags count too
     if shutil.which("c++") and shutil.which("g++") and \
             os.path.realpath(shutil.which("c++")) == os.path.realpath(shutil.which("g++")):
-        monkeypatch.setattr(cpu, "_COMPILER", {})
+        monkeypatch.setattr(build, "_COMPILER", {})
         monkeypatch.setenv("CXX", "g++")  # the same compiler by another name, in another locale
         monkeypatch.setenv("LANG", "de_DE.UTF-8")
-        assert cpu.build_name("avx2") == name
+        assert build.build_name("avx2") == name
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")
-    assert cpu.build_name("avx2") != name
+    assert build.build_name("avx2") != name
 
 
 def test_a_compiler_not_found_is_looked_for_again(monkeypatch):
     """A process that asked before a compiler was on PATH (a test's PATH) does not keep that answer."""
     path = os.environ.get("PATH", "")
-    monkeypatch.setattr(cpu, "_COMPILER", {})
+    monkeypatch.setattr(build, "_COMPILER", {})
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert cpu._compiler() == ""
+    assert build._compiler() == ""
     monkeypatch.setenv("PATH", path)
     if shutil.which("c++"):
-        assert cpu._compiler() != ""
+        assert build._compiler() != ""
 
 
 def test_a_failed_build_is_not_tried_again(monkeypatch):
@@ -247,7 +247,7 @@ def test_a_failed_build_is_not_tried_again(monkeypatch):
         calls.append(level)
         raise RuntimeError("c++: not found")
 
-    monkeypatch.setattr(cpu, "_build", failing)
+    monkeypatch.setattr(cpu, "build", failing)
     monkeypatch.setattr(cpu, "_FAILED", {})
     for _ in range(3):  # (a level no other test builds: the real levels' extensions stay loaded)
         with pytest.raises(RuntimeError, match="not found"):
@@ -260,11 +260,11 @@ def test_a_lock_left_by_a_killed_build_is_removed_not_waited_on_forever(tmp_path
     lock.touch()
     os.utime(lock, (time.time() - 30, time.time() - 30))
     start = time.monotonic()
-    cpu._clear_stale_lock(lock, stale_s=10, poll_s=0.01)
+    build._clear_stale_lock(lock, stale_s=10, poll_s=0.01)
     assert not lock.exists() and time.monotonic() - start < 1 and "never finished" in caplog.text
     lock.touch()  # a fresh lock: another process is building; waited on until it goes
     threading.Timer(0.3, lock.unlink).start()
-    cpu._clear_stale_lock(lock, stale_s=600, poll_s=0.01)
+    build._clear_stale_lock(lock, stale_s=600, poll_s=0.01)
     assert not lock.exists()
 
 
@@ -275,10 +275,10 @@ def test_a_killed_builds_lock_goes_at_once_where_no_build_runs(tmp_path, caplog)
     build_dir = tmp_path / "triforce_cpu_avx2"
     build_dir.mkdir()
     (build_dir / "lock").touch()
-    past = time.time() - cpu.KILLED_BUILD_S - 5  # the old way waited STALE_LOCK_S for it
+    past = time.time() - build.KILLED_BUILD_S - 5  # the old way waited STALE_LOCK_S for it
     os.utime(build_dir / "lock", (past, past))
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger=cpu.__name__), cpu._building(build_dir):
+    with caplog.at_level(logging.WARNING, logger=build.__name__), build._building(build_dir):
         assert not (build_dir / "lock").exists()
     assert time.monotonic() - start < 5 and "never finished" in caplog.text
     import fcntl
@@ -287,7 +287,7 @@ def test_a_killed_builds_lock_goes_at_once_where_no_build_runs(tmp_path, caplog)
     fcntl.flock(held, fcntl.LOCK_EX)  # another process's build in progress
     (build_dir / "lock").touch()
     threading.Timer(0.3, lambda: (build_dir / "lock").unlink() or os.close(held)).start()
-    with cpu._building(build_dir):  # entered once that build ended, its lock gone with it
+    with build._building(build_dir):  # entered once that build ended, its lock gone with it
         assert not (build_dir / "lock").exists()
 
 
@@ -303,7 +303,7 @@ def test_a_file_system_that_refuses_the_build_lock_builds_without_it(tmp_path, m
     monkeypatch.setattr(fcntl, "flock", refused)
     build_dir = tmp_path / "triforce_cpu_avx2"
     build_dir.mkdir()
-    with caplog.at_level(logging.WARNING, logger=cpu.__name__), cpu._building(build_dir):
+    with caplog.at_level(logging.WARNING, logger=build.__name__), build._building(build_dir):
         pass
     assert "going on without" in caplog.text
 
@@ -313,20 +313,20 @@ def test_forward_costs_are_kept_apart_by_the_kernel_sources(tmp_path, monkeypatc
     digest of csrc/, which any change to a source changes."""
     from triforce.coordinator import costs
 
-    shutil.copytree(cpu.CSRC, tmp_path / "csrc")
-    source = (cpu.CSRC / "flash_decode.h").read_text()
-    monkeypatch.setattr(cpu, "CSRC", tmp_path / "csrc")
+    shutil.copytree(build.CSRC, tmp_path / "csrc")
+    source = (build.CSRC / "flash_decode.h").read_text()
+    monkeypatch.setattr(build, "CSRC", tmp_path / "csrc")
     monkeypatch.setattr(cpu, "loaded_kernels", lambda: ("avx2", object()))
     digests = []
     try:
         for edit in ("", "// a comment\n"):
             (tmp_path / "csrc" / "flash_decode.h").write_text(source + edit)
-            cpu.kernel_sources_digest.cache_clear()
-            digests.append(cpu.kernel_sources_digest())
+            build.kernel_sources_digest.cache_clear()
+            digests.append(build.kernel_sources_digest())
         costs.machine_key.cache_clear()
         key = costs.machine_key("cpu")
     finally:  # the real digest and key for the tests after this one
-        cpu.kernel_sources_digest.cache_clear()
+        build.kernel_sources_digest.cache_clear()
         costs.machine_key.cache_clear()
     assert digests[0] != digests[1] and f"|avx2@{digests[1]}|" in key
 

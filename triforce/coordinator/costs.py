@@ -35,7 +35,8 @@ def machine_key(device: str) -> str:
     the CPU, its model, kernel path (and the kernels' sources) and threads, also on a machine with a GPU
     beside (a tier on its CPU runs the CPU kernels); for a GPU, its model (that GPU's: the current one's
     named every GPU of a machine with two kinds); else the device type."""
-    from ..kernels.cpu import cpu_model, kernel_path, kernel_sources_digest
+    from ..kernels.build import kernel_sources_digest
+    from ..kernels.cpu import cpu_model, kernel_path
 
     device_type = torch.device(device).type
     if device_type == "cuda":

@@ -2,7 +2,7 @@
 
 `linear(x, weight, bias)` is F.linear, except on an x86-64 CPU for bfloat16 inputs of a few rows
 (decode steps and speculative checks), where torch's own bf16 matrix-vector path reads weights at well
-under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by cpu.py): with AMX tiles
+under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by build.py): with AMX tiles
 where the CPU has them (csrc/linear_amx.cpp, at about the same read rate for 1 to 16 rows), else with
 vector instructions (AVX512-BF16, or csrc/linear_avx2.cpp), whose rate falls with every row; up to
 kernel_max_rows() rows (24; 96 at the avx2 level, 128 at amx), torch's path past that.
