@@ -39,6 +39,7 @@ BUILDS = {  # level -> (sources, compiler flags)
             _AVX512_FLAGS + ["-mamx-tile", "-mamx-bf16", "-DTRIFORCE_WITH_AMX=1"]),
 }
 
+
 def build(level: str):
     """The extension of `level`, compiled here unless a build of these sources, flags and tools is cached."""
     from torch.utils import cpp_extension
