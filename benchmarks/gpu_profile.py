@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from triforce import LLM, SamplingParams
+from triforce.config import MODES_WITH_DRAFT
 
 def synchronize() -> None:
     if torch.cuda.is_available():
@@ -35,7 +36,8 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 
 
 def profile_mode(mode: str, args, ids: list[int], out: Path) -> dict:
-    llm = LLM(args.model, args.draft, mode=mode, dtype=args.dtype, device=args.device)
+    llm = LLM(args.model, args.draft if mode in MODES_WITH_DRAFT else None, mode=mode, dtype=args.dtype,
+              device=args.device)
     params = SamplingParams(max_tokens=args.tokens, temperature=args.temperature, seed=0, ignore_eos=True)
     llm.generate(ids[:64], SamplingParams(max_tokens=8))  # as the bench warms up
     synchronize()

@@ -170,6 +170,28 @@ def test_settings_of_the_wrong_type_are_refused_at_once(tiny_dir):
         LLM(target, tiny_dir("api-draft", tokenizer=True, seed=52, num_layers=1), mode="triforce", window=600)
 
 
+def test_settings_of_a_tier_the_mode_does_not_run_are_refused(tiny_dir, monkeypatch):
+    """The CLI refused them, the Python API ignored them without a word: a draft in modes ar and retrieval, a
+    tree or rounds2 in a mode whose tiers they do not shape, a tree shape without a tree, stop_below or lookup
+    in mode ar, and tree1=True (a bool taken as a tree of one node). Refused before anything loads."""
+    import triforce.api as api
+
+    target = tiny_dir("api-target", tokenizer=True, seed=51)
+    monkeypatch.setattr(api, "resolve_model", lambda *a: pytest.fail("the model was looked up first"))
+    for settings, message in ((dict(mode="ar", draft="x"), "draft x runs a tier that mode ar does not run"),
+                              (dict(mode="retrieval", draft="x"), "mode retrieval does not run"),
+                              (dict(mode="ar", tree1=4), "tree1 shapes a tier that mode ar"),
+                              (dict(mode="draft", tree2=4), "tree2 shapes a tier that mode draft"),
+                              (dict(mode="draft", rounds2=2), "mode draft does not take it"),
+                              (dict(mode="triforce", tree_shape="confidence"), "chains unless tree1 is set"),
+                              (dict(mode="auto", tree_shape="confidence"), "mode auto proposes no trees"),
+                              (dict(mode="ar", stop_below=0.3), "stop_below shapes a proposer's chains"),
+                              (dict(mode="ar", lookup=2), "lookup shapes a proposer's chains, and mode ar"),
+                              (dict(mode="draft", tree1=True), "tree1 must be 'auto' or a node count")):
+        with pytest.raises(ConfigError, match=message):
+            LLM(target, **settings)
+
+
 def test_vllms_spellings_are_taken(llm):
     """vLLM's SamplingParams writes its defaults of stop, stop_token_ids, bad_words, logit_bias, min_tokens and
     top_k as None, and generate's second parameter sampling_params: code written for vLLM runs as it is."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from triforce import LLM, SamplingParams
+from triforce.config import MODES_WITH_DRAFT
 from triforce.cache.full import FullKVCache
 from triforce.cache.prefixes import PrefixStore
 
@@ -44,7 +45,8 @@ def models(tiny_dir):
 
 def make(models, mode, gb, **settings):
     target, draft = models
-    return LLM(target, draft, mode=mode, dtype="float32", budget=32, chunk_size=4, sinks=4, window=32,
+    return LLM(target, draft if mode in MODES_WITH_DRAFT else None, mode=mode, dtype="float32", budget=32,
+               chunk_size=4, sinks=4, window=32,
                prefill_chunk=64, full_layers=0, prefix_cache_gb=gb, **settings)
 
 

@@ -31,7 +31,7 @@ from .errors import UserError
 from .generation_defaults import sampling_defaults
 from .memory import release_freed
 from .models.config import ModelLoadError, rope_scaling_spec
-from .models.hub import DEFAULT_MODEL, refetch_hint, resolve_model
+from .models.hub import DEFAULT_MODEL, check_revision, refetch_hint, resolve_model
 from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
 from .models.tokenizer import load_tokenizer
 from .models.vocab import check_draft_vocabulary
@@ -83,11 +83,17 @@ class LLM(RequestChecks, RequestMemory):
         self.workers = workers
         self._request_ids = itertools.count()
         asked = EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
+        asked.refuse_unused(draft)
         if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
         self.rope_scaling = None if rope_scaling is None else rope_scaling_spec(rope_scaling)
-        self.model_path = resolve_model(model, revision)
         given = draft is not None
+        if draft_revision is not None and not given:  # (the default draft is a known name or a folder)
+            raise ConfigError(f"draft_revision ({draft_revision}) picks a version of a draft model given by its "
+                              "Hugging Face id, and no draft is given")
+        for spec, version in ((model, revision), (draft, draft_revision), (vllm.tokenizer, vllm.tokenizer_revision)):
+            check_revision(spec, version)  # before anything is fetched or loaded
+        self.model_path = resolve_model(model, revision)
         if draft is None and mode in MODES_WITH_DRAFT:
             draft = DEFAULT_DRAFTS.get(str(model))  # a folder in the package, or a known model's name
             if isinstance(draft, Path) and not (draft / "config.json").is_file():

@@ -111,8 +111,10 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, str) and value.strip().isdigit():
                 object.__setattr__(self, name, value := int(value))
-            if value != "auto" and not (isinstance(value, int) and 0 <= value <= MAX_TREE):
+            if value != "auto" and not (is_integer(value) and 0 <= value <= MAX_TREE):
                 raise ConfigError(f"{name} must be 'auto' or a node count in [0, {MAX_TREE}] (got {value!r})")
+            if value != "auto":
+                object.__setattr__(self, name, int(value))  # (numpy's integers: the checks below ask for an int)
         if not 0 <= self.rounds2 <= MAX_ROUNDS:
             raise ConfigError(f"rounds2 must be in [0, {MAX_ROUNDS}] (got {self.rounds2})")
         proposal = max(self.gamma1, MAX_TREE if self.tree1 == "auto" else self.tree1)
@@ -155,6 +157,31 @@ class EngineConfig:
             raise ConfigError("full_layers and sinks must be >= 0, window and prefill_chunk >= 1")
         if not 0 <= self.refresh_threshold <= 1 or self.refresh_every < 1 or self.refresh_window < 1:
             raise ConfigError("refresh_threshold must be in [0, 1], refresh_every and refresh_window >= 1")
+
+    def refuse_unused(self, draft=None) -> None:
+        """A ConfigError for settings of a tier this mode does not run, which it would ignore without a word:
+        a draft model given (`draft`: its name), tree1 or tree2, rounds2, a tree shape without a tree, stop_below
+        or lookup without a proposer. LLM asks it of the settings it is given (the CLI's flags among them); the bench,
+        whose runs share one config across modes, asks instead that some mode of its runs takes each
+        (launch/bench_plan.py: check_tier_settings)."""
+        if draft is not None and self.mode not in MODES_WITH_DRAFT:
+            raise ConfigError(f"draft {draft} runs a tier that mode {self.mode} does not run: it takes mode "
+                              f"{', '.join(MODES_WITH_DRAFT)}")
+        if self.rounds2 and self.mode != "triforce":
+            raise ConfigError(f"rounds2 sets how many tier-2 checks a target check holds in mode triforce; mode "
+                              f"{self.mode} does not take it (auto checks by tokens)")
+        for name in ("tree1", "tree2"):
+            if getattr(self, name) and PROPOSAL_TREE.get(self.mode) != name:
+                takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
+                raise ConfigError(f"{name} shapes a tier that mode {self.mode} does not run: it takes mode {takes}")
+        if self.tree_shape != TREE_SHAPES[0] and not self.proposal_tree:
+            tree = PROPOSAL_TREE.get(self.mode)
+            raise ConfigError(f"tree_shape {self.tree_shape!r} shapes token trees, and mode {self.mode} proposes "
+                              + (f"chains unless {tree} is set" if tree else "no trees (modes triforce, retrieval "
+                                 "and draft do, with tree1 or tree2)"))
+        for name in ("stop_below", "lookup"):
+            if getattr(self, name) and self.mode == "ar":
+                raise ConfigError(f"{name} shapes a proposer's chains, and mode ar runs the target alone")
 
     @property
     def proposal_tree(self) -> int | str:

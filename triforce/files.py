@@ -26,11 +26,21 @@ def write_whole(path: Path, text: str) -> None:
     written_whole(path, lambda partial: partial.write_text(text))
 
 
+def user_path(path: str | os.PathLike) -> Path:
+    """`path` with a leading ~ or ~user expanded, as a shell does; left as written where it names no home
+    (a user who does not exist, or no HOME: pathlib raised RuntimeError, a traceback past every caller's
+    OSError), so that it is then a file that is not there."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        return Path(path)
+
+
 def read_user_text(path: str | Path) -> str:
     """A user's text file (a prompt, a document to benchmark or train on, a schema, a grammar, a template):
     UTF-8 with or without a byte-order mark (Windows editors write one; kept, it was a character of the text,
     and tokens of the prompt). OSError or UnicodeDecodeError where it cannot be read."""
-    return Path(path).expanduser().read_text(encoding="utf-8-sig")
+    return user_path(path).read_text(encoding="utf-8-sig")
 
 
 def save_whole(path: Path, obj) -> None:

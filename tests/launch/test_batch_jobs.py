@@ -164,6 +164,29 @@ def test_shards_split_the_lines(tiny_dir, tmp_path):
         shard_of("2/2")
 
 
+def test_a_job_with_nothing_to_answer_says_so_without_loading_the_model(tiny_dir, tmp_path, capsys, monkeypatch):
+    """An empty input, a shard past its lines, an output that answers them all: the model loaded, nothing was
+    written and the job ended without a word."""
+    import triforce.launch.batch_jobs as batch_jobs
+
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    monkeypatch.setattr(batch_jobs, "llm_from_args", lambda args: pytest.fail("the model loaded"))
+    empty, inp, out = tmp_path / "empty.jsonl", tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    empty.write_text("")
+    inp.write_text("\n".join(request(f"r{i}", PROMPT, 2) for i in range(2)) + "\n")
+    out.write_text("".join(json.dumps({"id": f"batch_req_{i}", "custom_id": f"r{i}", "error": None,
+                                       "response": {"status_code": 200, "body": {}}}) + "\n" for i in range(2)))
+    for args, why in (((empty, tmp_path / "o.jsonl"), "--input holds no request"),
+                      ((inp, tmp_path / "o.jsonl", "--shard", "2/3"), "this shard holds none of its 2 lines"),
+                      ((inp, out), f"--output {out} answers every one of its 2 lines already")):
+        assert run(target, *args) == 0
+        assert capsys.readouterr().err.strip().endswith(f"batch: nothing to answer: {why}")
+    import triforce.launch.with_workers as with_workers  # with a worker group: before it starts
+
+    monkeypatch.setattr(with_workers, "launch_with_torchrun", lambda args: pytest.fail("the group started"))
+    assert run(target, inp, out, "--workers", "1") == 0 and "nothing to answer" in capsys.readouterr().err
+
+
 def test_a_shard_taken_from_the_environment_is_said(tiny_dir, tmp_path, capsys, monkeypatch):
     """A Slurm array over different input files, or a launcher's RANK and WORLD_SIZE, shards the input
     too: each task answered a part of its file, and said nothing; now it says which part, and why. A

@@ -254,12 +254,20 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--tree1", "4"], "none of --modes runs"),  # silently ignored
     (["--draft", "some-draft"], "none of --modes runs a draft"),  # silently ignored
     (["--tree2", "4", "--sweep", "tree2=2,8"], "both set it"),
+    (["--rounds2", "2"], "--rounds2 2: none of --modes runs it"),  # ar and retrieval: silently ignored
+    (["--tree-shape", "confidence"], "--tree-shape confidence: none of --modes runs it"),  # chains: ignored
+    (["--sweep", "tree_shape=confidence"], "--sweep 'tree_shape=confidence': none of --modes"),
+    (["--sweep", "rounds2=2"], "--sweep 'rounds2=2': none of --modes runs it"),
+    (["--modes", "ar", "--stop-below", "0.3"], "--stop-below 0.3: none of --modes runs it (--stop-below shapes"),
+    (["--modes", "ar", "--lookup", "2"], "--lookup 2: none of --modes runs it"),
     (["--modes", "ar", "ar"], "--modes names a value twice"), (["--lengths", "50", "50"], "--lengths names a value"),
     (["--temperatures", "0", "0.0"], "--temperatures names a value twice"),  # each group ran twice
     (["--batch", "1", "1"], "--batch names a value twice"),
     (["--out", "/proc/bench.json"], "cannot write --out /proc/bench.json"),
     (["--modes", "ar", "draft"], "--modes draft runs a draft"),  # a ValueError traceback after the ar runs
-    (["--peers", "llamacpp", "--gguf", "/no/such.gguf"], "--gguf /no/such.gguf: no such file")])
+    (["--peers", "llamacpp", "--gguf", "/no/such.gguf"], "--gguf /no/such.gguf: no such file"),
+    (["--peers", "transformers", "--batch", "2"], "the peers run at batch 1"),  # loaded, never run
+    (["--gguf", "/no/such.gguf"], "add --peers llamacpp")])
 def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, capsys, extra, message):
     """A bad value met in a later group threw away the groups before it (and `--sweep mode=` was a traceback)."""
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
@@ -330,12 +338,12 @@ def test_the_report_file_is_written_before_standard_output(tmp_path, monkeypatch
 def test_a_tree_flag_of_0_is_no_tree(tmp_path):
     """--tree1 0 (a chain, the default) was the string "0", a set flag: refused beside modes it does not
     shape, and beside a sweep of tree1."""
-    from triforce.launch.bench_plan import check_trees
+    from triforce.launch.bench_plan import check_tier_settings
     from triforce.launch.cli import build_parser
 
     args = build_parser().parse_args(["bench", "--text", str(tmp_path), "--modes", "ar", "retrieval", "--tree1", "0"])
     assert args.tree1 == 0
-    check_trees(args, None)
-    check_trees(args, "tree1")
+    check_tier_settings(args, None, [None])
+    check_tier_settings(args, "tree1", [0])
     args = build_parser().parse_args(["bench", "--text", str(tmp_path), "--tree2", "auto"])
     assert args.tree2 == "auto"

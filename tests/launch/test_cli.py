@@ -157,10 +157,15 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
                                    "target has no draft"),
         "a tree in mode ar": (["--model", target, *base, "--mode", "ar", "--tree1", 8], "mode ar does not run"),
         "a draft in mode retrieval": (["--model", target, "--draft", draft, *base, "--mode", "retrieval"],
-                                      "--draft names a tier that mode retrieval does not run"),
+                                      "runs a tier that mode retrieval does not run"),
         "tier 2's tree in mode draft": (["--model", target, "--draft", draft, *base, "--mode", "draft", "--tree2", 8],
                                         "takes mode retrieval"),
         "gamma2 < 1": (["--model", target, *base, "--gamma2", -1], "gamma"),
+        "a tree shape without a tree": (["--model", target, "--draft", draft, *base, "--mode", "triforce",
+                                         "--tree-shape", "confidence"], "--tree-shape 'confidence' shapes token trees"),
+        "stop-below in mode ar": (["--model", target, *base, "--mode", "ar", "--stop-below", 0.3], "mode ar runs"),
+        "lookup in mode ar": (["--model", target, *base, "--mode", "ar", "--lookup", 2],
+                              "lookup shapes a proposer's chains"),
         "rounds in mode retrieval": (["--model", target, *base, "--mode", "retrieval", "--rounds2", 2],
                                      "mode retrieval does not take it"),
         "gamma2 beside rounds": (["--model", target, "--draft", draft, *base, "--mode", "triforce", "--rounds2", 2,
@@ -202,6 +207,7 @@ CASES = ["missing folder", "a draft that is a plain file", "corrupt folder", "co
          "prompt too long", "prompt past a sliding window", "draft window past its positions", "budget not multiple", "gamma1 < 1",
          "tree past the draft's window", "a draft's tree without a draft", "rounds without a draft", "a tree in mode ar",
          "a draft in mode retrieval", "tier 2's tree in mode draft", "gamma2 < 1", "rounds in mode retrieval",
+         "a tree shape without a tree", "stop-below in mode ar", "lookup in mode ar",
          "gamma2 beside rounds", "full layers past the target's",
          "temperature < 0", "top-p 0", "top-p > 1", "logprobs without json", "logprobs < 0", "empty prompt",
          "empty prompt file", "missing prompt file", "rope scaling without factor", "empty rope scaling",
@@ -393,6 +399,20 @@ def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(capsys, targe
         assert main(["serve", "--model", str(target), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert err.strip() == f"triforce: error: cannot listen on 127.0.0.1:{port}: Address already in use", err
+
+
+def test_serve_refuses_an_empty_api_key_before_the_model_loads(capsys, target, monkeypatch):
+    """TRIFORCE_API_KEY= (a compose file's ${VAR} left unset) or --api-key "": the server required the
+    header "Bearer " with nothing after it, and its banner said no key was needed."""
+    from triforce.launch.with_workers import free_port
+
+    monkeypatch.setattr(api.LLM, "__init__", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setenv("TRIFORCE_API_KEY", "")
+    assert main(["serve", "--model", str(target), "--port", str(free_port())]) == 2
+    assert "the API key is empty" in capsys.readouterr().err
+    monkeypatch.delenv("TRIFORCE_API_KEY")
+    assert main(["serve", "--model", str(target), "--port", str(free_port()), "--api-key", " "]) == 2
+    assert "the API key is empty" in capsys.readouterr().err
 
 
 def test_serve_takes_the_model_as_vllm_serve_does(capsys, target, monkeypatch):

@@ -113,6 +113,7 @@ def fake_hub(root, repo: str, refs: dict[str, object]) -> None:
 
 def test_hugging_face_ids_resolve_in_the_hub_cache_offline(tiny_dir, tmp_path, monkeypatch, capsys):
     from triforce import LLM, SamplingParams
+    from triforce.config import ConfigError
     from triforce.launch.cli import main
     from triforce.models.config import ModelLoadError
     from triforce.models.hub import resolve_model
@@ -137,6 +138,16 @@ def test_hugging_face_ids_resolve_in_the_hub_cache_offline(tiny_dir, tmp_path, m
     with pytest.raises(ModelLoadError, match="acme/missing not found in .* HF_HUB_OFFLINE is set") as missing:
         resolve_model("acme/missing")
     assert "\n" not in str(missing.value)
+    # A revision of what is not a Hugging Face id (a folder, a known name) was ignored without a word, and one
+    # of the draft where none is named too (the default draft, or a mode without one)
+    for spec, kind in ((first, "a folder here"), ("smollm2", "a known name")):
+        with pytest.raises(ModelLoadError, match=f"is {kind}, and a revision \\(v1\\) picks a version"):
+            resolve_model(spec, "v1")
+    with pytest.raises(ModelLoadError, match="a revision"):
+        LLM(first, draft=second, draft_revision="v1", mode="draft")
+    for mode in ("ar", "auto"):
+        with pytest.raises(ConfigError, match="draft_revision \\(v1\\) picks a version of a draft model given by its"):
+            LLM(first, draft_revision="v1", mode=mode)
     capsys.readouterr()
     assert main(["generate", "--model", "acme/missing", "--prompt", "w5", "--mode", "ar"]) == 2
     err = capsys.readouterr().err.strip()
@@ -270,3 +281,5 @@ def test_a_tokenizer_by_hugging_face_id_takes_its_tokenizer_files_alone(tiny_dir
         LLM(bare, mode="ar", dtype="float32", tokenizer="acme/tok")  # no main ref in this cache
     with pytest.raises(ConfigError, match="tokenizer_revision names a revision of tokenizer="):
         LLM(bare, mode="ar", dtype="float32", tokenizer_revision="v2")
+    with pytest.raises(ModelLoadError, match="is a folder here, and a revision \\(v2\\)"):  # was ignored
+        LLM(bare, mode="ar", dtype="float32", tokenizer=str(tokenized), tokenizer_revision="v2")

@@ -56,7 +56,7 @@ def add_batch_parser(sub) -> None:
     add_engine_args(p)
     add_serving_args(p)
     add_distributed_args(p)
-    p.set_defaults(func=_batch, precheck=batch_plan)
+    p.set_defaults(func=_batch, precheck=_precheck)
 
 
 def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
@@ -154,8 +154,27 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
     return lines, output, mine, finished, model
 
 
+def _precheck(args) -> int | None:
+    """batch_plan before a worker group starts: 0 (the command's exit status) where there is nothing to answer."""
+    plan = batch_plan(args)
+    return 0 if plan is not None and _nothing_to_answer(*plan[:4]) else None
+
+
+def _nothing_to_answer(lines: list[str], output: Path, mine: list, finished: dict) -> bool:
+    """True, and why said, where every line of this shard is answered already (or it has none): the model
+    is then not loaded for nothing."""
+    if any(custom_id not in finished for _, custom_id, _, _ in mine):
+        return False
+    why = ("--input holds no request" if not lines else f"this shard holds none of its {len(lines)} lines"
+           if not mine else f"--output {output} answers every one of its {len(mine)} lines already")
+    print(f"batch: nothing to answer: {why}", file=sys.stderr)
+    return True
+
+
 def _batch(args) -> int:
     lines, output, mine, finished, model = batch_plan(args)
+    if _nothing_to_answer(lines, output, mine, finished):
+        return 0
     llm = llm_from_args(args)
     try:
         return _answer(args, llm, lines, output, mine, finished, model)

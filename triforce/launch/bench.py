@@ -30,7 +30,8 @@ from ..errors import UserError
 from ..files import read_user_text, write_whole
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
 from ..models.vocab import read_draft_metadata
-from .bench_plan import batch_prompt, check_plan, check_trees, parse_sweep, passkey_prompt, runs
+from .bench_plan import (TIER_SETTINGS, batch_prompt, check_plan, check_tier_settings, parse_sweep,
+                         passkey_prompt, runs)
 from .bench_rows import batch_row, compare, medians
 from .flags import add_engine_args, add_model_args, add_penalty_args, engine_settings, penalty_settings
 from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
@@ -49,8 +50,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 7936], help="prompt lengths in tokens")
     p.add_argument("--modes", nargs="+", choices=MODES, default=["ar", "retrieval"], help="modes to run, in turn")
     p.add_argument("--peers", nargs="*", choices=PEERS, default=[],
-                   help="transformers: plain generate; assisted: transformers with the draft as assistant_model; "
-                        "llamacpp: llama-cpp-python on --gguf (skipped when not installed)")
+                   help="run beside ours at batch 1: transformers: plain generate; assisted: transformers with the "
+                        "draft as assistant_model; llamacpp: llama-cpp-python on --gguf (skipped when not installed)")
     p.add_argument("--gguf", default=None, help="GGUF file for the llama.cpp peer")
     p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes: prompts generated together")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens each run generates")
@@ -74,13 +75,15 @@ def add_bench_parser(sub) -> None:
 
 def run_bench(args) -> int:
     from ..api import LLM
+    from .cli import settings_named_by_flags
 
     for name, values in (("--modes", args.modes), ("--lengths", args.lengths), ("--batch", args.batch),
                          ("--temperatures", args.temperatures), ("--workloads", args.workloads)):
         if len(set(values)) < len(values):  # a group run twice (and for --modes: which ar would speedups divide by?)
             raise UserError(f"{name} names a value twice ({' '.join(map(str, values))}); --repeats runs each again")
     sweep_name, sweep_values = parse_sweep(args.sweep, args.modes)
-    check_trees(args, sweep_name)
+    with settings_named_by_flags():
+        check_tier_settings(args, sweep_name, sweep_values)
     texts = [_read_text(f) for f in args.text]
     text = "\n".join(texts)
     needs_draft = any(m in ("auto", "draft", "triforce") for m in args.modes) or "assisted" in args.peers
@@ -94,15 +97,24 @@ def run_bench(args) -> int:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     if args.peers and SamplingParams(**penalty_settings(args)).penalized:
         raise UserError("the peers decode without penalties: leave out --peers with the penalty flags")
+    if args.peers and 1 not in args.batch:
+        raise UserError("the peers run at batch 1, and --batch does not hold it: add 1, or leave out --peers")
+    if args.gguf is not None and "llamacpp" not in args.peers:
+        raise UserError(f"--gguf {args.gguf} is the llama.cpp peer's model: add --peers llamacpp, or leave it out")
     if "llamacpp" in args.peers and args.gguf is not None and not Path(args.gguf).is_file():
         raise UserError(f"--gguf {args.gguf}: no such file (the llama.cpp peer's model)")
-    from .cli import settings_named_by_flags
-
+    # One config serves every mode's runs (a run sets its mode; the tree flags go to the runs of the modes they
+    # shape): checked whole first, the LLM is made without the settings of tiers its own mode may not run
+    # (LLM refuses them), which then join it
+    mode, settings = "triforce" if needs_draft else "ar", {**engine_settings(args), "tree1": 0, "tree2": 0}
+    tiers = {name: settings[name] for name in TIER_SETTINGS}
     with settings_named_by_flags():
-        llm = LLM(args.model, args.draft if needs_draft else None, "triforce" if needs_draft else "ar", args.dtype,
-                  args.device, rope_scaling=args.rope_scaling, revision=args.revision,
-                  draft_revision=args.draft_revision, prefix_cache_gb=args.prefix_cache_gb, generation_config="vllm",
-                  **{**engine_settings(args), "tree1": 0, "tree2": 0})  # trees: the runs of the modes taking them
+        EngineConfig(mode=mode, **settings)  # before anything loads
+        llm = LLM(args.model, args.draft if needs_draft else None, mode, args.dtype, args.device,
+                  rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
+                  prefix_cache_gb=args.prefix_cache_gb, generation_config="vllm",
+                  **{**settings, **{name: getattr(EngineConfig, name) for name in tiers}})
+        llm.config = dataclasses.replace(llm.config, **tiers)
     if "assisted" in args.peers and llm.draft_path is None:
         raise UserError("the assisted peer needs a draft model")
     if "assisted" in args.peers and llm.draft.config.vocab_size != llm.target.config.vocab_size and \

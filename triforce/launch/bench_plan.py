@@ -8,7 +8,8 @@ import os
 import random
 from pathlib import Path
 
-from ..config import PROPOSAL_TREE, EngineConfig
+from ..config import PROPOSAL_TREE, ConfigError, EngineConfig
+from ..coordinator.hierarchy import check_draft_window
 from ..errors import UserError
 from ..models.folders import probe_writes
 from ..sampling_params import SamplingParams
@@ -25,8 +26,6 @@ def parse_sweep(specs: list[str] | None, modes: list[str]) -> tuple[str | None, 
     name, _, values = spec.partition("=")
     if set(modes) == {"ar"}:
         raise UserError(f"--sweep {spec} varies the modes other than ar, and --modes runs ar alone")
-    if name in ("tree1", "tree2"):
-        check_tree_taken(name, modes, f"--sweep {spec}: {name}")
     field_types = {f.name: f.type for f in dataclasses.fields(EngineConfig) if f.name != "mode"}  # --modes
     if name not in field_types or not values:
         raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting other than the mode "
@@ -52,22 +51,38 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
     return filler[:at] + plant + filler[at:body] + question, key
 
 
-def check_tree_taken(name: str, modes: list[str], named: str) -> None:
-    """A UserError where tree setting `name` (tree1, tree2) shapes a tier that none of `modes` runs."""
-    if not any(PROPOSAL_TREE.get(mode) == name for mode in modes):
-        takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
-        raise UserError(f"{named} shapes a tier that none of --modes runs (it takes mode {takes})")
+TIER_SETTINGS = ("tree1", "tree2", "rounds2", "tree_shape", "stop_below", "lookup")  # of tiers some modes run
 
 
-def check_trees(args, sweep_name: str | None) -> None:
-    """--tree1 / --tree2 apply to the runs of the modes whose bottom tier they shape (`runs`): refused where
-    none of --modes takes one (it would shape nothing), or where --sweep sets it too."""
+def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> None:
+    """Flags and swept values of a tier that only some modes run, refused where none of --modes would use
+    them (each run sets its mode; they would be ignored without a word): EngineConfig.refuse_unused asked of
+    every mode. --tree1 / --tree2 go to the runs of the modes whose bottom tier they shape (`runs`), and are
+    refused beside --sweep of the same setting."""
     for name in ("tree1", "tree2"):
-        if not getattr(args, name):
-            continue
-        if name == sweep_name:
+        if getattr(args, name) and name == sweep_name:
             raise UserError(f"--{name} and --sweep {name} both set it: leave out --{name}")
-        check_tree_taken(name, args.modes, f"--{name}")
+    given = {name: getattr(args, name) for name in TIER_SETTINGS if getattr(args, name) != getattr(EngineConfig, name)}
+    trees = {name: value for name, value in given.items() if name in ("tree1", "tree2")}
+    if sweep_name in ("tree1", "tree2"):
+        trees[sweep_name] = next((v for v in sweep_values if v), 0)  # a tree shape takes any swept tree
+    asked = [(f"--{name.replace('_', '-')} {value}", {name: value}) for name, value in given.items()]
+    if sweep_name in TIER_SETTINGS:
+        asked += [(f"--sweep '{sweep_name}={value}'", {sweep_name: value}) for value in sweep_values
+                  if value != getattr(EngineConfig, sweep_name)]  # (quoted: the CLI would write it as a flag)
+    for named, setting in asked:
+        reasons = [_refused(mode, {**trees, **setting} if "tree_shape" in setting else setting) for mode in args.modes]
+        if all(reasons):  # (a ConfigError: the CLI names the settings in it by their flags)
+            raise ConfigError(f"{named}: none of --modes runs it ({reasons[-1]})")
+
+
+def _refused(mode: str, settings: dict) -> str | None:
+    """Why mode `mode` would not use `settings` (EngineConfig.refuse_unused), or None where it would."""
+    try:
+        EngineConfig(mode=mode, **settings).refuse_unused()
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def runs(args, sweep_name: str | None, sweep_values: list):
@@ -111,6 +126,8 @@ def check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineCo
         if mode in ("draft", "triforce") and llm.draft is None:
             why = llm.draft_unavailable or f"{args.model} has no default one"
             raise UserError(f"--modes {mode} runs a draft, and {why}: name one with --draft")
+        if mode in ("draft", "triforce", "auto") and llm.draft is not None:  # (a run's trees, rounds2: its slack)
+            check_draft_window(llm.config, llm.draft.config)
         # A batch whose caches do not fit at once runs in parts, one after another (LLM.generate): its
         # tokens/s, all its tokens over the longest decode, would count the parts as running together.
         parts = llm._parts_that_fit([(length, args.max_new_tokens)] * batch)

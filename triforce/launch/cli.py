@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from ..config import MODES_WITH_DRAFT, PROPOSAL_TREE, ConfigError, EngineConfig
+from ..config import ConfigError, EngineConfig
 from ..sampling_params import SamplingParams
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
@@ -58,7 +58,6 @@ def llm_from_args(args):
                         "tokenizer to do it with")
     template = None if template is None else read_chat_template(template)
     with settings_named_by_flags():
-        _refuse_unused_settings(EngineConfig(mode=args.mode, **engine_settings(args)), args.draft)
         llm = LLM(args.model, args.draft, args.mode, args.dtype, args.device, workers=workers,
                   rope_scaling=args.rope_scaling, revision=args.revision, draft_revision=args.draft_revision,
                   prefix_cache_gb=prefix_cache_gb, generation_config=getattr(args, "generation_config", "vllm"),
@@ -79,22 +78,6 @@ def vllm_settings(args) -> dict:
                                                    "tensor_parallel_size", "enable_prefix_caching", "tokenizer",
                                                    "tokenizer_revision", "skip_tokenizer_init")
             if getattr(args, name) is not None}
-
-
-def _refuse_unused_settings(config: EngineConfig, draft: str | None) -> None:
-    """A draft, a tree or a rounds flag whose tier the user's mode does not run would be ignored without a word
-    (the bench's sweeps and the triforce -> retrieval fallback reuse one config across modes, so EngineConfig and
-    LLM let them be)."""
-    if draft is not None and config.mode not in MODES_WITH_DRAFT:
-        raise UserError(f"--draft names a tier that mode {config.mode} does not run: it takes mode "
-                        f"{', '.join(MODES_WITH_DRAFT)}")
-    if config.rounds2 and config.mode != "triforce":
-        raise UserError(f"--rounds2 sets how many tier-2 checks a target check holds in mode triforce; mode "
-                        f"{config.mode} does not take it (auto checks by tokens)")
-    for name in ("tree1", "tree2"):
-        if getattr(config, name) and PROPOSAL_TREE.get(config.mode) != name:
-            takes = " or ".join(mode for mode, tree in PROPOSAL_TREE.items() if tree == name)
-            raise UserError(f"--{name} shapes a tier that mode {config.mode} does not run: it takes mode {takes}")
 
 
 def _fetch(args) -> int:
@@ -138,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "workers", 0):
             from .with_workers import launch_with_torchrun
 
-            if getattr(args, "precheck", None) is not None:  # the command's own checks, before any rank loads
-                args.precheck(args)
-            code = launch_with_torchrun(args)
+            # The command's own checks, before any rank loads; an exit status where they found it done
+            ended = args.precheck(args) if getattr(args, "precheck", None) is not None else None
+            code = ended if isinstance(ended, int) else launch_with_torchrun(args)
         else:
             code = args.func(args)
         sys.stdout.flush()  # here, where a reader gone is caught below, not at exit

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from ..files import read_user_text
+from ..files import read_user_text, user_path
 from ..sampling_params import SamplingParams, StructuredOutputs
 from .cli import llm_from_args, settings_named_by_flags
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_penalty_args, penalty_settings
@@ -111,6 +111,8 @@ def read_prompt(args) -> str:
     if args.prompt_file is not None:
         try:
             if args.prompt_file == "-":
+                if sys.stdin.isatty():  # (a pipe or a file says nothing)
+                    print("triforce: reading the prompt from standard input; end it with Ctrl-D", file=sys.stderr)
                 prompt = sys.stdin.buffer.read().decode("utf-8-sig")
             else:
                 prompt = read_user_text(args.prompt_file)
@@ -131,7 +133,7 @@ def structured_outputs(args) -> StructuredOutputs | None:
     """The constraint of the structured-output flags (None without one)."""
     def text_or_file(value: str, flag: str) -> str:
         try:
-            if not Path(value).expanduser().is_file():  # (read_user_text expands ~ too)
+            if not user_path(value).is_file():  # (read_user_text expands ~ alike)
                 return _utf8(value, flag)
         except OSError:  # too long to name a file: the text itself
             return _utf8(value, flag)

@@ -51,6 +51,9 @@ def check_serving(args) -> None:
     """What `serve` checks before the model loads (with --workers, before the group starts)."""
     if args.max_queue < 1 or not 0 < args.port < 65536:
         raise UserError("--max-queue must be >= 1, --port in 1..65535")
+    if args.api_key is not None and not args.api_key.strip():  # every request would need "Bearer " and no key
+        raise UserError("the API key is empty (--api-key, else $TRIFORCE_API_KEY): give one, or leave both unset "
+                        "to serve without a key")
     check_serving_args(args)
     try:
         importlib.import_module("uvicorn")

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..files import user_path
 from .config import ModelLoadError
 from .folders import (READY, convert_gguf, convert_gguf_cached, made_once, mend_tokenizer, mended_once, triforce_home,
                       up_to_date, writable_folder)
@@ -69,10 +70,11 @@ HUB_TOKENIZER_FILES = [pattern for pattern in HUB_FILES if not pattern.endswith(
 def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
     """A known name, a .gguf file, a model folder or a Hugging Face model id (org/name, at `revision`) ->
     a safetensors model folder."""
+    check_revision(spec, revision)
     spec_str = str(spec)
+    path = user_path(spec_str)
     if spec_str in KNOWN_MODELS:
         return fetch_model(spec_str)
-    path = Path(spec_str).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf_cached(path)
     if path.is_dir():
@@ -85,11 +87,23 @@ def resolve_model(spec: str | os.PathLike, revision: str | None = None) -> Path:
     raise ModelLoadError(f"{spec_str}: no such model folder, .gguf file or Hugging Face id (known names: {known})")
 
 
+def check_revision(spec: str | os.PathLike, revision: str | None) -> None:
+    """A ModelLoadError where `revision` is given for what is not a Hugging Face id (a known name, a file or
+    a folder here), which would be read as it is, the revision ignored."""
+    spec_str = str(spec)
+    if revision is None or not (spec_str in KNOWN_MODELS or user_path(spec_str).exists()):
+        return
+    kind = "a known name" if spec_str in KNOWN_MODELS else "a file here" if user_path(spec_str).is_file() else \
+        "a folder here"
+    raise ModelLoadError(f"{spec_str} is {kind}, and a revision ({revision}) picks a version of a Hugging Face id: "
+                         "leave the revision out")
+
+
 def tokenizer_source(spec: str | os.PathLike, revision: str | None = None) -> Path:
     """vLLM's tokenizer=: the folder of a known model, a folder, a .gguf file (converted as a model is) or
     a Hugging Face id (its tokenizer files alone, as hub_snapshot fetches a model's)."""
     spec_str = str(spec)
-    if spec_str in KNOWN_MODELS or Path(spec_str).expanduser().exists():
+    if spec_str in KNOWN_MODELS or user_path(spec_str).exists():
         return resolve_model(spec_str, revision)
     if HUB_ID.fullmatch(spec_str):
         return hub_snapshot(spec_str, revision, tokenizer_only=True)
