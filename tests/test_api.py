@@ -344,7 +344,8 @@ def test_vllms_engine_arguments_are_taken(tiny_dir):
                          ({"enforce_eager": "no"}, "enforce_eager must be true, false or None"),
                          ({"max_model_len": 600}, "more than the model's 512 positions"),
                          ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in"),
-                         ({"seed": "7"}, "seed must be an integer"), ({"swap_space": 4}, "unknown engine settings: swap_space")):
+                         ({"seed": "7"}, "seed must be an integer"), ({"swap_space": 4}, "unknown engine settings: swap_space"),
+                         ({"enable_prefix_caching": False, "prefix_cache_gb": 2}, "give one of the two")):  # ignored
         with pytest.raises(ConfigError, match=message):
             LLM(target, mode="ar", dtype="float32", **bad)
 

@@ -86,6 +86,9 @@ class LLM(RequestChecks, RequestMemory):
         asked.refuse_unused(draft)
         if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
             raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
+        if not vllm.prefix_caching and prefix_cache_gb not in (0, PREFIX_CACHE_GB):  # (one would be ignored)
+            raise ConfigError(f"enable_prefix_caching=False keeps no prompts for reuse, and prefix_cache_gb "
+                              f"{prefix_cache_gb:g} bounds the store that keeps them: give one of the two")
         self.rope_scaling = None if rope_scaling is None else rope_scaling_spec(rope_scaling)
         given = draft is not None
         if draft_revision is not None and not given:  # (the default draft is a known name or a folder)

@@ -166,6 +166,8 @@ def test_train_draft_rejects_a_bad_repeat_before_building_data(tiny_dir, tmp_pat
 @pytest.mark.parametrize("extra, message", [(["--steps", "-1"], "--steps must be >= 1"),
                                             (["--lr", "0"], "--lr must be a number > 0 (got 0.0)"),
                                             (["--heldout-fraction", "1"], "--heldout-fraction must be in [0, 1)"),
+                                            (["--heldout-fraction", "0.1", "--heldout", "x.txt"],
+                                             "--heldout names its files instead"),  # ignored
                                             (["--answer-temperatures", "0.6", "nan"], "--answer-temperatures"),
                                             (["--top-k", "97"], "--top-k 97 is more than the target's 96 tokens"),
                                             (["--seq-len", "600"], "--seq-len 600 is past the target's 512 positions"),

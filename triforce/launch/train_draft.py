@@ -24,6 +24,8 @@ from ..models.vocab import DRAFT_FILE, ReducedVocabulary, tokenizer_fingerprint
 
 _SHAPE, _TRAIN, _GEN = DraftShape(), TrainSettings(), GenerationSettings()
 
+HELDOUT_FRACTION = 0.03  # of each --text file, kept for the held-out evaluation where --heldout is not given
+
 
 def add_train_draft_parser(sub) -> None:
     p = sub.add_parser(
@@ -42,9 +44,9 @@ def add_train_draft_parser(sub) -> None:
     p.add_argument("--heldout", nargs="*", default=None,
                    help="held-out prose files, each evaluated as a genre of its own (default: the last "
                         "--heldout-fraction of each --text file, as the genre 'prose')")
-    p.add_argument("--heldout-fraction", type=float, default=0.03,
-                   help="the end of each --text file kept out of training, for the held-out evaluation (0: none, "
-                        "and no prose genre in it)")
+    p.add_argument("--heldout-fraction", type=float, default=None,
+                   help=f"the end of each --text file kept out of training, for the held-out evaluation, where "
+                        f"--heldout is not given (default {HELDOUT_FRACTION}; 0: none, and no prose genre in it)")
     p.add_argument("--heldout-sequences", type=int, default=16, help="held-out sequences evaluated per genre")
     p.add_argument("--out", required=True, help="folder the draft is written to: a new one, an empty one or an earlier draft's (replaced)")
     p.add_argument("--work-dir", default=None,
@@ -214,6 +216,11 @@ def run_train_draft(args) -> int:
             raise UserError(f"--{flag.replace('_', '-')} must be >= {least} (got {getattr(args, flag)})")
     if not 0 < args.lr < float("inf"):
         raise UserError(f"--lr must be a number > 0 (got {args.lr})")
+    if args.heldout is not None and args.heldout_fraction is not None:  # (it would be ignored)
+        raise UserError("--heldout-fraction keeps the end of each --text file for the held-out evaluation, and "
+                        "--heldout names its files instead: give one of them")
+    if args.heldout_fraction is None:
+        args.heldout_fraction = HELDOUT_FRACTION
     if not 0 <= args.heldout_fraction < 1:
         raise UserError(f"--heldout-fraction must be in [0, 1) (got {args.heldout_fraction})")
     if not all(0 <= t < float("inf") for t in args.answer_temperatures):
