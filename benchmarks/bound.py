@@ -19,7 +19,7 @@ import argparse
 import json
 import math
 
-from triforce.api import DEFAULT_DRAFTS
+from triforce.llm_models import DEFAULT_DRAFTS
 from triforce.models.config import ModelConfig
 from triforce.models.hub import resolve_model
 

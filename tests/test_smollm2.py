@@ -35,7 +35,7 @@ def prompt_ids(smollm2_dir):
 @pytest.fixture(scope="module")
 def shipped_draft():
     """The draft that ships for SmolLM2 (triforce train-draft; a reduced 8,192-token vocabulary)."""
-    from triforce.api import DEFAULT_DRAFTS
+    from triforce.llm_models import DEFAULT_DRAFTS
 
     return load_model(DEFAULT_DRAFTS["smollm2"], "float32")
 

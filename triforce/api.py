@@ -14,13 +14,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
-from pathlib import Path
 
 from tqdm import tqdm
 
 from .cache.prefixes import PrefixStore
 from .chat import conversation_ids
-from .config import MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, is_number
+from .config import PREFIX_CACHE_GB, ConfigError, EngineConfig, is_number
 from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
@@ -30,9 +29,10 @@ from .engine_args import take_vllm_args
 from .errors import UserError
 from .generation_defaults import sampling_defaults
 from .memory import release_freed
-from .models.config import ModelLoadError, rope_scaling_spec
-from .models.hub import DEFAULT_MODEL, check_revision, refetch_hint, resolve_model
-from .models.loader import DTYPE_CHOICES, load_model, resolve_device, resolve_dtype
+from .models.config import rope_scaling_spec
+from .llm_models import ModelChoice
+from .models.hub import DEFAULT_MODEL, resolve_model
+from .models.loader import DTYPE_CHOICES, resolve_device, resolve_dtype
 from .models.tokenizer import load_tokenizer
 from .models.vocab import check_draft_vocabulary
 from .request import Request, RequestOutput
@@ -42,16 +42,10 @@ from .speculation.guided import Grammars
 
 log = logging.getLogger("triforce")
 
-# Drafts for known targets: shipped inside the package (made by `triforce train-draft`; see docs/draft.md), or a
-# known model of the same family (fetched like the target). For other targets without --draft, mode
-# `triforce` falls back to `retrieval` with a one-line notice, and `auto` plans without a draft tier.
-DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",
-                                   "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
-
-
-class LLM(RequestChecks, RequestMemory):
-    """vLLM's LLM: a target, its draft and the engine settings; `generate` and `chat` run requests. What a
-    request may ask of it: RequestChecks; whether requests fit in memory: RequestMemory."""
+class LLM(ModelChoice, RequestChecks, RequestMemory):
+    """vLLM's LLM: a target, its draft and the engine settings; `generate` and `chat` run requests. Which
+    weights it loads: ModelChoice; what a request may ask of it: RequestChecks; whether requests fit in
+    memory: RequestMemory."""
 
     def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, draft: str | os.PathLike | None = None,
                  mode: str = "auto", dtype: str = "auto", device: str | None = None, workers=None,
@@ -90,21 +84,10 @@ class LLM(RequestChecks, RequestMemory):
             raise ConfigError(f"enable_prefix_caching=False keeps no prompts for reuse, and prefix_cache_gb "
                               f"{prefix_cache_gb:g} bounds the store that keeps them: give one of the two")
         self.rope_scaling = None if rope_scaling is None else rope_scaling_spec(rope_scaling)
-        given = draft is not None
-        if draft_revision is not None and not given:  # (the default draft is a known name or a folder)
-            raise ConfigError(f"draft_revision ({draft_revision}) picks a version of a draft model given by its "
-                              "Hugging Face id, and no draft is given")
-        for spec, version in ((model, revision), (draft, draft_revision), (vllm.tokenizer, vllm.tokenizer_revision)):
-            check_revision(spec, version)  # before anything is fetched or loaded
+        self._check_revisions([(model, revision), (draft, draft_revision), (vllm.tokenizer, vllm.tokenizer_revision)],
+                              draft is not None, draft_revision)
         self.model_path = resolve_model(model, revision)
-        if draft is None and mode in MODES_WITH_DRAFT:
-            draft = DEFAULT_DRAFTS.get(str(model))  # a folder in the package, or a known model's name
-            if isinstance(draft, Path) and not (draft / "config.json").is_file():
-                draft = None
-        if draft is None and mode == "draft":
-            raise ConfigError("mode 'draft' needs a draft model (--draft)")
-        self.draft_unavailable: str | None = None  # why the target's default draft could not be had
-        self.draft_path = self._draft_path(draft, draft_revision, given, mode) if mode in MODES_WITH_DRAFT else None
+        self.draft_path = self._choose_draft(model, draft, draft_revision, mode)
         self.sampling_defaults = sampling_defaults(generation_config, self.model_path)
         self.target = self._load(self.model_path)
         self._bound_positions(vllm.max_model_len)
@@ -142,54 +125,10 @@ class LLM(RequestChecks, RequestMemory):
                             "values take %.1f MB): no prompt is kept for reuse", self.prefixes.max_bytes / 2**30,
                             self.config.prefill_chunk, self.config.prefill_chunk * token_bytes / 2**20)
 
-    def _draft_path(self, draft, revision: str | None, given: bool, mode: str) -> Path | None:
-        """The draft's folder; None without one, or where the target's default draft (not one the user
-        named) cannot be had (offline, say) and the mode runs without it (auto; triforce, as retrieval)."""
-        if draft is None:
-            return None
-        try:
-            return resolve_model(draft, revision)
-        except ModelLoadError as exc:
-            if given or mode == "draft":
-                raise
-            self.draft_unavailable = f"the default draft {draft} is not to be had ({exc})"
-            print(f"triforce: {self.draft_unavailable}; running without a draft", file=sys.stderr)
-            return None
-
-    def _bound_positions(self, max_model_len: int | None) -> None:
-        """vLLM's max_model_len: the target's positions bounded below the model's own."""
-        if max_model_len is None:
-            return
-        own = self.target.config.max_positions
-        if max_model_len > own:
-            raise ConfigError(f"max_model_len {max_model_len} is more than the model's {own} positions "
-                              f"(rope_scaling stretches them)")
-        self.target.config = replace(self.target.config, position_limit=max_model_len)
-
-    def _load(self, folder: Path):
-        try:
-            return load_model(folder, self.dtype, self.device, rope_scaling=self.rope_scaling)
-        except ModelLoadError as exc:
-            raise ModelLoadError(f"{exc}{refetch_hint(folder)}") from None
-
     @property
     def reuses_prefixes(self) -> bool:
         """Whether recent prompts' blocks are kept for reuse: here, or by the worker group."""
         return self.prefixes is not None or (self.workers is not None and self.workers.prefix_bytes > 0)
-
-    def eos_ids(self) -> tuple[int, ...]:
-        """The ids that end generation: the model's end-of-sequence ids and the tokenizer's."""
-        ids = set(self.target.config.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return tuple(sorted(ids))
-
-    def main_eos_id(self) -> int | None:
-        """The end of sequence that ends an answer without a stop_reason: the tokenizer's (else the model's
-        first). As in vLLM, the others (generation_config's: Qwen2.5's <|endoftext|>) are stop token ids."""
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            return self.tokenizer.eos_token_id
-        return next(iter(self.target.config.eos_token_ids), None)
 
     def get_tokenizer(self):
         """vLLM's: the target's tokenizer (None where its folder has none)."""

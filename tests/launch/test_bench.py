@@ -192,7 +192,7 @@ def test_bench_writes_out_through_a_link_and_names_a_default_draft_it_could_not_
                                                                                        monkeypatch):
     """--out is written whole (a temporary file renamed over it), except where it is a link (or a FIFO), which
     stays one; a draft mode whose default draft could not be fetched says so (not "has no default one")."""
-    from triforce import api
+    from triforce import llm_models
 
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
     text = random_words(tmp_path / "text.txt", 2, 200)
@@ -204,7 +204,7 @@ def test_bench_writes_out_through_a_link_and_names_a_default_draft_it_could_not_
     assert main(args + ["--out", str(link)]) == 0
     assert link.is_symlink() and json.loads(report.read_text())["results"][0]["run"] == "ar"
     capsys.readouterr()
-    monkeypatch.setitem(api.DEFAULT_DRAFTS, str(target), str(tmp_path / "no-such-draft"))
+    monkeypatch.setitem(llm_models.DEFAULT_DRAFTS, str(target), str(tmp_path / "no-such-draft"))
     assert main(args[:-len(SMALL_TIERS) - 1] + ["draft", *SMALL_TIERS]) == 2
     assert "the default draft" in capsys.readouterr().err.splitlines()[-1]
 

@@ -92,7 +92,7 @@ def test_a_default_draft_not_to_be_had_runs_without_one_and_a_named_one_is_an_er
     """A known target's default draft is fetched on first use; offline (or the fetch failing) mode auto and
     triforce ran nothing at all, though they run without a draft. A draft the user named, or mode draft,
     still fail with the reason."""
-    from triforce import api
+    from triforce import llm_models
     from triforce.models.config import ModelLoadError
 
     def offline(spec, revision=None):
@@ -100,9 +100,9 @@ def test_a_default_draft_not_to_be_had_runs_without_one_and_a_named_one_is_an_er
             raise ModelLoadError("could not download some-draft-part1==0.9.0: no network")
         return real(spec, revision)
 
-    real = api.resolve_model
-    monkeypatch.setattr(api, "resolve_model", offline)
-    monkeypatch.setitem(api.DEFAULT_DRAFTS, str(target), "some-draft")
+    real = llm_models.resolve_model
+    monkeypatch.setattr(llm_models, "resolve_model", offline)
+    monkeypatch.setitem(llm_models.DEFAULT_DRAFTS, str(target), "some-draft")
     for mode, ran in (("auto", "auto"), ("triforce", "retrieval")):
         code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, "--json",
                                  "--mode", mode)

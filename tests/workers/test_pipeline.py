@@ -612,7 +612,7 @@ def test_a_group_whose_coordinator_is_gone_exits(models, tmp_path, how):
 def test_smollm2_on_three_workers_reproduces_the_single_process_engine(smollm2_dir, tmp_path):
     """SmolLM2's 9 heads and 3 KV heads split over a tensor-parallel group of 3."""
     target = load_model(smollm2_dir, "float32")
-    from triforce.api import DEFAULT_DRAFTS
+    from triforce.llm_models import DEFAULT_DRAFTS
 
     draft = load_model(DEFAULT_DRAFTS["smollm2"], "float32")
     from transformers import AutoTokenizer

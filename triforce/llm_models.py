@@ -1,0 +1,88 @@
+"""Which weights an LLM loads: the target, its draft (the one named, or the target's default), their
+revisions, and the positions and end-of-sequence ids that follow from them. `ModelChoice` is a part of LLM
+(api.py), which holds the `dtype`, `device`, `rope_scaling`, `target` and `tokenizer` these read."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from .config import MODES_WITH_DRAFT, ConfigError
+from .models.config import ModelLoadError
+from .models.hub import check_revision, refetch_hint, resolve_model
+from .models.loader import load_model
+
+# Drafts for known targets: shipped inside the package (made by `triforce train-draft`; see docs/draft.md), or a
+# known model of the same family (fetched like the target). For other targets without --draft, mode
+# `triforce` falls back to `retrieval` with a one-line notice, and `auto` plans without a draft tier.
+DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",
+                                   "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
+
+
+class ModelChoice:
+    @staticmethod
+    def _check_revisions(pairs: list[tuple[str | os.PathLike | None, str | None]], draft_given: bool,
+                         draft_revision: str | None) -> None:
+        """Before anything is fetched or loaded: each (model, revision) of `pairs` names a Hugging Face id
+        where a revision is given (models/hub.check_revision), and a draft revision has a draft to pick."""
+        if draft_revision is not None and not draft_given:  # (the default draft is a known name or a folder)
+            raise ConfigError(f"draft_revision ({draft_revision}) picks a version of a draft model given by its "
+                              "Hugging Face id, and no draft is given")
+        for spec, version in pairs:
+            check_revision(spec, version)
+
+    def _choose_draft(self, model, draft, revision: str | None, mode: str) -> Path | None:
+        """The draft's folder: the one named (`draft`, at `revision`), else the target's default where the mode
+        runs a draft; None without one, or where the default (not one the user named) cannot be had (offline,
+        say) and the mode runs without it (auto; triforce, as retrieval): why, in `draft_unavailable`."""
+        self.draft_unavailable: str | None = None
+        if mode not in MODES_WITH_DRAFT:
+            return None
+        given = draft is not None
+        if draft is None:
+            draft = DEFAULT_DRAFTS.get(str(model))  # a folder in the package, or a known model's name
+            if isinstance(draft, Path) and not (draft / "config.json").is_file():
+                draft = None
+        if draft is None:
+            if mode == "draft":
+                raise ConfigError("mode 'draft' needs a draft model (--draft)")
+            return None
+        try:
+            return resolve_model(draft, revision)
+        except ModelLoadError as exc:
+            if given or mode == "draft":
+                raise
+            self.draft_unavailable = f"the default draft {draft} is not to be had ({exc})"
+            print(f"triforce: {self.draft_unavailable}; running without a draft", file=sys.stderr)
+            return None
+
+    def _bound_positions(self, max_model_len: int | None) -> None:
+        """vLLM's max_model_len: the target's positions bounded below the model's own."""
+        if max_model_len is None:
+            return
+        own = self.target.config.max_positions
+        if max_model_len > own:
+            raise ConfigError(f"max_model_len {max_model_len} is more than the model's {own} positions "
+                              f"(rope_scaling stretches them)")
+        self.target.config = replace(self.target.config, position_limit=max_model_len)
+
+    def _load(self, folder: Path):
+        try:
+            return load_model(folder, self.dtype, self.device, rope_scaling=self.rope_scaling)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{exc}{refetch_hint(folder)}") from None
+
+    def eos_ids(self) -> tuple[int, ...]:
+        """The ids that end generation: the model's end-of-sequence ids and the tokenizer's."""
+        ids = set(self.target.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return tuple(sorted(ids))
+
+    def main_eos_id(self) -> int | None:
+        """The end of sequence that ends an answer without a stop_reason: the tokenizer's (else the model's
+        first). As in vLLM, the others (generation_config's: Qwen2.5's <|endoftext|>) are stop token ids."""
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            return self.tokenizer.eos_token_id
+        return next(iter(self.target.config.eos_token_ids), None)
