@@ -1,5 +1,5 @@
-"""What `--mode auto`'s planner (planning.py) learns as a request runs, on given costs: acceptance from
-checks (and an idle draft's), forward costs and overheads from its forwards, each mode's speed against
+"""What `--mode auto`'s planner (planning.py; planner_evidence.py) learns as a request runs, on given costs:
+acceptance from checks (and an idle draft's), forward costs and overheads from its forwards, each mode's speed against
 its model, alone and in a batch; what it forgets as it goes."""
 import copy
 from types import SimpleNamespace
@@ -8,9 +8,11 @@ import pytest
 import torch
 
 import triforce.coordinator.forward_times as forward_times
+import triforce.coordinator.planner_evidence as evidence
 import triforce.coordinator.planning as planning
 from triforce.coordinator.batchmates import Batchmates
 from triforce.coordinator.planning import AutoPlanner
+from triforce.coordinator.priors import LEARNED_TRIALS
 from triforce.coordinator.speed_model import Acceptance, Plan, seconds_per_token
 from triforce.coordinator.costs import CostTable, interpolate
 
@@ -24,7 +26,7 @@ def test_a_draft_that_is_rejected_is_dropped():
     for _ in range(20):
         planner.observe("draft", 4, 0)
     assert planner.plan(1000, 80).mode == "ar"
-    kept = planning.EVIDENCE_KEPT ** (80 / planning.EVIDENCE_TOKENS)
+    kept = evidence.EVIDENCE_KEPT ** (80 / evidence.EVIDENCE_TOKENS)
     assert planner.decisions[-1]["why"]["acceptance"]["draft"] == pytest.approx(
         (0.6 * 4) / (20 * kept + 4), abs=1e-3)  # the 20 rejections, 80 tokens behind at this plan
     # idle, its evidence fades: after a while it is tried again (a bad start is not the last word)
@@ -61,7 +63,7 @@ def test_evidence_fades_by_the_tokens_committed_not_by_the_plans_made():
     seldom.plan(1000, 64)
     for generated in range(8, 72, 8):
         often.plan(1000, generated)
-    faded = planning.EVIDENCE_KEPT ** (64 / planning.EVIDENCE_TOKENS)
+    faded = evidence.EVIDENCE_KEPT ** (64 / evidence.EVIDENCE_TOKENS)
     for planner in (seldom, often):
         assert planner.acceptance["draft"].trials == pytest.approx(20 * faded)
 
@@ -97,7 +99,7 @@ def test_each_mode_is_planned_at_what_its_own_forwards_took(monkeypatch):
     for _ in range(30):
         planner.times.observe_cost(planner.running, "target", 4, 1.5 * interpolate(costs["target"], 4))
     planner.plan(1000, 16)  # `ar` idle since: its scale fades once towards the tier's
-    kept = planning.EVIDENCE_KEPT
+    kept = evidence.EVIDENCE_KEPT
     assert planner.times.scaled["ar"]["target"][1] == pytest.approx(1.5 + (1.0 - 1.5) * kept, rel=1e-2)
     assert planner.times.scaled["draft"]["target"][4] == pytest.approx(1.5 * interpolate(costs["target"], 4), rel=1e-2)
     assert planner.times.scale["target"] == pytest.approx(1.5, rel=1e-2)  # the tier's, for the table's re-measurement
@@ -225,7 +227,7 @@ def test_a_mode_slower_than_its_model_is_dropped():
     planner.observe_rate(Plan(("target",), (), 0.0), 0.4 / costs["target"][1])  # ar ran slower still
     assert planner.plan(1000, 160).mode == "draft"
     # idle while ar ran, the draft's factor faded towards its model: 1 - 0.5 x EVIDENCE_KEPT
-    faded = 1 - 0.5 * planning.EVIDENCE_KEPT
+    faded = 1 - 0.5 * evidence.EVIDENCE_KEPT
     assert planner.realized["draft"] == pytest.approx(faded)
     # an untried speculative mode is guessed at the speculative modes' mean, not at ar's
     assert planner._realized("retrieval") == pytest.approx(faded)
@@ -291,7 +293,7 @@ def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_f
     too, and the draft paid for the stretch twice: it lost its mode at the next plan on this evidence)."""
     costs = {"draft": {1: 0.1}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     planner = planner_with(costs)
-    planner.acceptance["draft"] = Acceptance(0.8, planning.LEARNED_TRIALS)  # earlier requests saw 0.8
+    planner.acceptance["draft"] = Acceptance(0.8, LEARNED_TRIALS)  # earlier requests saw 0.8
     plan = planner.plan(1000, 0)
     assert plan.mode == "draft"
     for _ in range(9):

@@ -51,7 +51,8 @@ from itertools import product
 from .batchmates import Batchmates, power_of_two_below
 from .costs import CostTable, interpolate
 from .forward_times import ForwardTimes
-from .priors import LEARNED_TRIALS, Priors
+from .planner_evidence import PlannerEvidence
+from .priors import Priors
 from .realized import RealizedSpeed
 from .speed_model import PRIOR, Acceptance, Plan, mode_stack, prior, seconds_per_token, stack_mode, tier_kind
 from .tiers import Tier
@@ -67,14 +68,13 @@ STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less t
 STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (docs/avx2.md)
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
 # chains where the draft is unsure, what a gamma of 1 does everywhere, confident stretches included
-EVIDENCE_KEPT = 0.85  # of the acceptance evidence, for each EVIDENCE_TOKENS tokens committed since it was
-EVIDENCE_TOKENS = 8  # seen (a memory of about 50 tokens; an idle mode's factor and costs: at each plan)
 MAX_BATCH_LOG2 = 8  # batch sizes whose costs may stand in for an unmeasured one: 1, 2, 4, ..., 256
 
 
 @dataclass
-class AutoPlanner:
-    """Chooses a Plan for one request from measured costs and the acceptance seen so far."""
+class AutoPlanner(PlannerEvidence):
+    """Chooses a Plan for one request from measured costs and the acceptance seen so far (what it learns as
+    the request runs: PlannerEvidence)."""
     tiers: dict[str, Tier]  # the request's tiers by name: "target", and "draft" / "retrieval" /
     # "retrieval@B" (one per candidate budget B: speed_model.retrieval_name) where it has them
     budget: int | None = None  # the configured retrieval budget (tier "retrieval"), None without one
@@ -160,34 +160,6 @@ class AutoPlanner:
     @property
     def running(self) -> str | None:
         return self.decisions[-1]["mode"] if self.decisions else None
-
-    def fade(self, generated: int) -> None:
-        """At each plan (in a batch, at each member's), `generated` tokens into the request: older acceptance
-        evidence counts less, by the tokens committed since the last plan (the text it was seen on is that
-        far behind); an idle mode's measured speed fades back towards its model (alone; in a batch it
-        holds), its cost scales towards the tiers' own, and an idle tier's cost scale towards the table (a
-        tier that a slow spell made look dear is tried again, as a proposer a bad start made look poor is).
-        Per plan, as the acceptance faded before, a plan of `ar` (REPLAN_ROUNDS tokens) forgot as much as
-        one of `triforce` (about 50): SmolLM2 + yarn:4 at 32K of Emma, greedy, on the AVX2 EPYC, the draft
-        rejected in the first 31 tokens was still rated 0.77 at token 95, though the retrieval tier took every
-        one of its proposals from token 31 on (96 of 96 by token 183), and `draft` mode, 1.10x auto's
-        speed there, ran only from token 183. Still all evidence fades here at once, so the checks of the
-        stretch this plan ends fade as much as older ones (after 50 tokens of `triforce`, to 0.36 against
-        the prior). Fading each check by its own age instead (7793651, a longer memory) ran 0.92x this at
-        8K and 0.6 (six seeds) and 0.96x at 32K greedy in an A/B on the AVX2 EPYC: reverted (docs/avx2.md)."""
-        running, moved, self._faded_at = self.running, generated - self._faded_at, generated
-        for estimate in self.acceptance.values():
-            estimate.forget(EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS))
-        # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
-        # not fade: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back within 3
-        # plans of `ar` and ran again.
-        if not self._together:
-            self.realized.fade(running, EVIDENCE_KEPT)
-        self.times.fade(running, EVIDENCE_KEPT)
-
-    def estimates(self) -> dict[str, Acceptance]:
-        """The acceptance plans are scored with: this request's, or in a batch its prefilled members' pooled."""
-        return self.acceptance if self.batchmates is None else self.batchmates.pooled(self)
 
     def plan(self, context: int, generated: int, busy: bool = False, measure: bool = True) -> Plan:
         """The best plan at this context; recorded in `decisions` when it differs from the last. `busy`: a
@@ -278,69 +250,3 @@ class AutoPlanner:
         if not check:
             return 0.0
         return STOP_BELOW if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0
-
-    def begin_stretch(self) -> None:
-        """A plan starts running (or runs on after a re-plan): its checks from now on are its stretch's."""
-        self._stretch = {}
-
-    def observe(self, proposer: str, gamma: int, accepted: int) -> None:
-        self.acceptance[proposer].observe(gamma, accepted)
-        self._stretch.setdefault(proposer, Acceptance(0.0, 0.0)).observe(gamma, accepted)
-
-    def observe_idle(self, proposer: str, accepted: float, tokens: float) -> None:
-        """An idle proposer's expected acceptance over `tokens` committed tokens (auto.py)."""
-        self.acceptance[proposer].observe_expected(accepted, tokens)
-
-    def recall(self, key: str, context: int | None = None) -> None:
-        """Starts the request of kind `key` from what earlier ones saw (priors.py), where they saw it; else
-        from the generic priors, a retrieval tier's for its budget at this `context` (speed_model.prior)."""
-        self._key = key
-        for name, estimate in self.acceptance.items():
-            if tier_kind(name) == "retrieval" and not estimate.trials:
-                self.acceptance[name] = Acceptance(prior(name, self._budget(name), context))
-        self._generic = {name: estimate.prior for name, estimate in self.acceptance.items()}
-        if self.priors is None:
-            return
-        known = self.priors.recall(key)
-        for name, mean in known["acceptance"].items():
-            if name in self.acceptance:
-                self.acceptance[name] = Acceptance(mean, LEARNED_TRIALS)
-        self.realized.update(known["realized"])
-        self.times.overhead.update(known["overhead"])
-        if known["acceptance"] or known["realized"]:
-            self._prior_source = "earlier requests"
-
-    def remember(self) -> None:
-        """The request ends: what it saw joins what later requests of its kind start from; a cost-table
-        entry its forwards found far off is measured again by the next (ForwardTimes.remeasure)."""
-        self.times.remeasure(self.tiers)
-        if self.priors is None or self._key is None:
-            return
-        seen = {name: a.observed for name, a in self.acceptance.items()}
-        self.priors.remember(self._key, seen, self.realized.own(), self._generic,
-                             self.times.overhead)
-
-    @property
-    def _together(self) -> bool:
-        """Run with batchmates (Batchmates.together): the realized factors carry the overhead between
-        forwards, unmeasured then."""
-        return self.batchmates is not None and self.batchmates.together
-
-    def _realized(self, mode: str) -> float:
-        """How `mode`'s speed compares with its prediction (RealizedSpeed.factor)."""
-        return self.realized.factor(mode, self._together)
-
-    def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
-        """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
-        verification and bookkeeping between them) since the last plan. Against what the model predicts for
-        that plan at the acceptance its checks saw since then (a proposer not checked meanwhile: its
-        estimate) and the costs as the stretch's own forwards scaled them (per sequence of the batch), this
-        mode's later predictions are scaled likewise. (Against the costs planned with, a stretch of forwards
-        slower than those moved both the costs and this factor, and the next plan counted it twice.)"""
-        if plan.mode not in self.times.scaled or not self.times.evidence:
-            return  # a plan this planner did not score, or made with another batch size's costs
-        costs = self.times.per_sequence(plan.stack, now=True)
-        alphas = {name: a.mean for name, a in self.estimates().items()}
-        alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
-        predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
-        self.realized.observe(plan.mode, tokens_per_s * self._batch / predicted)

@@ -24,8 +24,8 @@ trials of a geometric model (a chain check that accepted a of gamma is a success
 a < gamma), starting from PRIOR worth PRIOR_TRIALS trials (a retrieval tier's lower where its budget is far
 below the context: `prior`), or, where earlier requests of the same kind (machine, models, sampling
 settings) ran, from the acceptance they saw, worth LEARNED_TRIALS (priors.py; their realized factors too:
-planning.py); at each plan older evidence counts planning.EVIDENCE_KEPT as much for each
-planning.EVIDENCE_TOKENS tokens committed since, so the estimate follows the text, and a proposer dropped
+planning.py); at each plan older evidence counts planner_evidence.EVIDENCE_KEPT as much for each
+planner_evidence.EVIDENCE_TOKENS tokens committed since, so the estimate follows the text, and a proposer dropped
 after a bad start drifts back to its prior and is tried again. An idle draft keeps adding evidence: at each
 plan, what it would have proposed for the tokens committed meanwhile (auto.py).
 """
