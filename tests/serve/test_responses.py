@@ -86,13 +86,15 @@ def test_a_named_function_tool_answers_a_function_call_item(server):
     assert events[-1].response.output[0].call_id == done[0].call_id
 
 
-def test_a_conversations_call_items_reach_the_template_as_chat_messages(server):
+@pytest.mark.parametrize("output", ["sunny", [{"type": "input_text", "text": "sun"}, {"type": "input_text", "text": "ny"}]])
+def test_a_conversations_call_items_reach_the_template_as_chat_messages(server, output):
     """function_call and function_call_output items are the assistant's tool_calls and a tool message:
-    the prompt counts what the chat request with those messages counts."""
+    the prompt counts what the chat request with those messages counts. An output of text parts (OpenAI's
+    newer shape) is their text (the model read the parts' JSON)."""
     call = {"name": "get_weather", "arguments": '{"city": "bath", "days": 1}'}
     items = [{"role": "user", "content": [{"type": "input_text", "text": "weather in bath?"}]},
              {"type": "function_call", "call_id": "call_1", **call},
-             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+             {"type": "function_call_output", "call_id": "call_1", "output": output}]
     messages = [{"role": "user", "content": "weather in bath?"},
                 {"role": "assistant", "content": None,
                  "tool_calls": [{"id": "call_1", "type": "function", "function": call}]},
@@ -113,6 +115,7 @@ def test_a_conversations_call_items_reach_the_template_as_chat_messages(server):
     ({"input": "hi", "tools": [TOOL], "tool_choice": {"type": "function", "name": ["get_weather"]}}, "tool_choice"),
     ({"input": 5}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]}, "input"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text"),
     ({"input": "hi", "model": "gpt-5"}, "model"),

@@ -258,6 +258,7 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "echo": 1}, 400, "echo"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "echo": True}, 400, "echo"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "logprobs": 2}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "logprobs": 1}, 400, "logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "top_logprobs": 2}, 400,
      "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "logprobs": True,
@@ -278,6 +279,8 @@ def parse_error(body: dict, llm) -> ApiError:
                               "tool_choice": {"type": "function", "function": {"name": True}}}, 400, "tool_choice"),
     ("/v1/responses", {"input": "w5", "store": True}, 400, "store"),
     ("/v1/completions", {"prompt": PROMPT, "stop": [1]}, 400, "stop"),
+    ("/v1/completions", {"prompt": PROMPT, "stop": 0}, 400, "stop"),  # falsy: taken as no stop
+    ("/v1/completions", {"prompt": PROMPT, "stop": ""}, 400, "stop"),  # as [""] is
     ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "presence_penalty": "high"}, 400, "presence_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "stop_token_ids": [1.5]}, 400, "stop_token_ids"),

@@ -181,6 +181,7 @@ def test_a_conversation_with_earlier_calls_and_their_results_is_taken(llm, clien
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {  # "#": the list of calls, nested
         "type": "object", "properties": {"next": {"$ref": "#"}}}}}], "tool_choice": "required"}, "tools"),
     ({"tools": TOOLS, "guided_json": "[" * 100000}, "guided_json"),  # a RecursionError: a 500
+    ({"tools": TOOLS, "parallel_tool_calls": 0}, "parallel_tool_calls"),  # 0 == False: it allowed parallel calls
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
 ])
@@ -188,6 +189,19 @@ def test_bad_tools_get_a_400_naming_the_field(client, fields, param):
     r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8, **fields})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_tool_parameters_of_null_are_a_function_of_no_arguments_and_deep_text_is_no_call():
+    """vLLM's FunctionDefinition.parameters is optional, null too (a 400 here); an answer nested past the
+    JSON decoder's depth raised RecursionError out of the parse (a 500 after the whole generation)."""
+    bare = {"type": "function", "function": {"name": "now"}}
+    null = {"type": "function", "function": {"name": "now", "parameters": None}}
+    assert ToolPlan.parse({"tools": [null]}, None).tools == ToolPlan.parse({"tools": [bare]}, None).tools
+    plan = ToolPlan.parse({"tools": TOOLS}, "... {# <tool_call> #} ...")
+    deep = "<tool_call>\n" + "[" * 5000 + "\n</tool_call>"
+    assert plan.message(deep, "stop") == ({"role": "assistant", "content": deep}, "stop")
+    required = ToolPlan.parse({"tools": TOOLS, "tool_choice": "required"}, None)
+    assert required.message("[" + "[" * 5000, "length")[0]["tool_calls"] == []
 
 
 def test_auto_with_a_hermes_template_parses_its_blocks():

@@ -119,7 +119,9 @@ class ToolPlan:
         schemas = {}
         for tool in tools:
             function = tool["function"]
-            name, schema = function.get("name"), function.get("parameters", {"type": "object", "properties": {}})
+            name, schema = function.get("name"), function.get("parameters")
+            if schema is None:  # left out or null (vLLM's Optional): a function of no arguments
+                schema = {"type": "object", "properties": {}}
             if not isinstance(name, str) or not NAME.match(name) or name in schemas:
                 raise ConstraintError("tools", f"tool names must be distinct, of letters, digits, _ and - (got {json.dumps(name)})")
             if not isinstance(schema, dict):
@@ -141,7 +143,7 @@ class ToolPlan:
             raise ConstraintError("tool_choice", "'tool_choice' must be none, auto, required or {type: function, "
                                            "function: {name}}")
         parallel = body.get("parallel_tool_calls")
-        if parallel not in (None, True, False):
+        if parallel is not None and not isinstance(parallel, bool):  # (0 == False: 0 allowed parallel calls)
             raise ConstraintError("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
         if isinstance(chat_template, dict):  # the one transformers renders with tools: tool_use, else default
             chat_template = chat_template.get("tool_use", chat_template.get("default"))  # (`in` read the names)
@@ -242,7 +244,7 @@ def _call(block: str) -> tuple[str, str] | None:
     """(name, arguments as JSON text) of one {"name", "arguments"} object's text; None where it is not one."""
     try:
         call = json.loads(block)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the decoder's depth: not a call either)
         return None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
@@ -251,7 +253,7 @@ def _call(block: str) -> tuple[str, str] | None:
         try:
             json.loads(arguments)
             return call["name"], arguments
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     return call["name"], json.dumps(arguments)
 
@@ -267,7 +269,7 @@ def _listed_calls(text: str) -> list[tuple[str, str]]:
             at += 1
         try:
             call, at = decoder.raw_decode(text, at)
-        except ValueError:
+        except (ValueError, RecursionError):
             if (cut := CUT_CALL.match(text, at)) is not None:
                 calls.append((json.loads(f'"{cut[1]}"'), cut[2]))
             break

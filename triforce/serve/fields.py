@@ -95,9 +95,7 @@ def logprobs_field(kind: str, body: dict) -> int | None:
     if kind == "completion":
         given = body.get("logprobs")
         return None if given is None or given is False else count("logprobs")
-    wanted = body.get("logprobs")
-    if wanted not in (None, True, False):
-        raise ApiError(400, "'logprobs' must be true or false", param="logprobs")
+    wanted = flag(body, "logprobs", False)  # (a bool: 1 == True was taken for one)
     if not wanted:
         if body.get("top_logprobs") is not None:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")

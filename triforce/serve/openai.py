@@ -108,8 +108,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     max_tokens = body["max_completion_tokens"] if completion_limit else body.get("max_tokens", DEFAULT_MAX_TOKENS[kind])
     if max_tokens is None:  # as much as the longest prompt leaves, up to chat_max_tokens
         max_tokens = max(1, min(chat_max_tokens, limit - len(ids)))
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else stop
+    stop = body.get("stop")
+    stop = () if stop is None else (stop,) if isinstance(stop, str) else stop  # ("", 0 or {}: refused below)
     least, name = (0 if echo else 1), ("max_completion_tokens" if completion_limit else "max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < least:
         raise ApiError(400, f"'{name}' must be an integer >= {least}"

@@ -30,6 +30,7 @@ HARMLESS = {"store": (None, False), "truncation": (None, "disabled"), "include":
 # a chat request's field -> the Responses field it came from, for errors
 SOURCES = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text",
            "stream_options": "stream"}
+TEXT_PARTS = ("input_text", "output_text", "text")  # content parts read as text (chat's text parts)
 
 
 @dataclass
@@ -107,9 +108,8 @@ def _messages(body: dict) -> list[dict]:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": output if isinstance(output, str) else json.dumps(output)})
+                             "content": _tool_output(item.get("output"))})
         else:
             raise ApiError(400, f"input items of type '{kind}' are not supported (messages, function_call and "
                                 f"function_call_output are)", param="input")
@@ -120,8 +120,19 @@ def _content(content):
     """A message's content: a string, or input_text / output_text parts as chat's text parts."""
     if isinstance(content, list):
         return [{"type": "text", "text": part.get("text")} if isinstance(part, dict)
-                and part.get("type") in ("input_text", "output_text", "text") else part for part in content]
+                and part.get("type") in TEXT_PARTS else part for part in content]
     return content
+
+
+def _tool_output(output) -> str:
+    """A function call's output as the model reads it: its text; a list of parts (OpenAI's newer shape) as
+    their texts joined (it was written as the parts' JSON); anything else as JSON text."""
+    if isinstance(output, list) and output and all(isinstance(part, dict) and "type" in part for part in output):
+        if any(part["type"] not in TEXT_PARTS or not isinstance(part.get("text"), str) for part in output):
+            raise ApiError(400, "a function_call_output's parts must be text (input_text); this server reads no "
+                                "images or files", param="input")
+        return "".join(part["text"] for part in output)
+    return output if isinstance(output, str) else json.dumps(output)
 
 
 def _tool(tool) -> dict:
