@@ -192,6 +192,28 @@ def test_settings_of_a_tier_the_mode_does_not_run_are_refused(tiny_dir, monkeypa
             LLM(target, **settings)
 
 
+def test_a_gpus_requests_rows_of_the_vocabulary_count_in_the_hosts_memory(tiny_dir):
+    """On a GPU a request's rows of the vocabulary live in the host's memory (tiers.py), where nothing counted
+    them: a batch whose rows the host cannot hold runs in parts, and a request whose rows alone do not fit
+    is refused. On a CPU they count with the caches (cache_bytes_for), and the host is not asked apart."""
+    from triforce.coordinator.hierarchy import row_bytes
+    from triforce.errors import TooLarge
+    from triforce.request_memory import HOST_SHARE
+
+    llm = LLM(tiny_dir("api-target", tokenizer=True, seed=51), mode="ar", dtype="float32", prefix_cache_gb=0)
+    assert llm.host_bytes_for(50, 4) == 0 and llm.host_free() is None
+    llm.device = "cuda"  # its caches on a GPU (nothing here touches one)
+    rows = llm.host_bytes_for(50, 4)
+    assert rows == row_bytes(llm.config, llm.target.config, None) > 0
+    assert llm.host_bytes_for(50, 4, True) > rows  # a scored prompt's rows too
+    llm.free_memory = lambda: 2**40
+    llm.host_free = lambda: int(2.5 * rows / HOST_SHARE)
+    assert llm._parts_that_fit([(50, 4)] * 5) == [[0, 1], [2, 3], [4]]
+    llm.host_free = lambda: int(0.5 * rows / HOST_SHARE)
+    with pytest.raises(TooLarge, match="of the host's memory"):
+        llm._parts_that_fit([(50, 4)])
+
+
 def test_vllms_spellings_are_taken(llm):
     """vLLM's SamplingParams writes its defaults of stop, stop_token_ids, bad_words, logit_bias, min_tokens and
     top_k as None, and generate's second parameter sampling_params: code written for vLLM runs as it is."""

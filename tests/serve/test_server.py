@@ -636,6 +636,41 @@ def test_requests_fit_beside_the_caches_the_running_ones_have_yet_to_allocate(ll
         held.stop()
 
 
+def test_a_gpus_requests_rows_in_the_hosts_memory_are_counted_as_they_are_admitted(llm, monkeypatch):
+    """Their caches on a GPU, requests keep their rows of the vocabulary in the host's memory: the scheduler
+    counts them as it counts the caches (two fit here, the third waits for one to end), and refuses a
+    request whose rows alone the host cannot hold (413)."""
+    from triforce.request_memory import HOST_SHARE
+
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}, llm, "tiny")
+    rows = 10**6
+    monkeypatch.setattr(llm, "host_bytes_for", lambda *a: rows)
+    monkeypatch.setattr(llm, "host_free", lambda: int(2.5 * rows / HOST_SHARE))
+    scheduler, most, ended = Scheduler(llm), [], threading.Semaphore(0)
+    admit, scheduler._admit = scheduler._admit, lambda: None  # all three wait, then are admitted in one pass
+    try:
+        for _ in range(3):
+            scheduler.submit(job, lambda kind, data: kind in ("done", "error") and ended.release())
+
+        def admit_and_count():
+            admit()
+            most.append(len(scheduler.running))
+
+        scheduler._admit = admit_and_count
+        assert all(ended.acquire(timeout=60) for _ in range(3))
+    finally:
+        scheduler.stop()
+    assert max(most) == 2
+    monkeypatch.setattr(llm, "host_free", lambda: int(0.5 * rows / HOST_SHARE))
+    held = Scheduler(llm)
+    try:
+        with pytest.raises(ApiError) as refused:
+            held.submit(job, lambda *_: None)
+        assert refused.value.status == 413 and "of the host's memory" in str(refused.value.body())
+    finally:
+        held.stop()
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_finished_request_frees_its_caches_without_a_garbage_collection(llm, stream):
     """A request's caches go when it finishes, not when Python's cyclic collector next runs, and so does

@@ -27,6 +27,7 @@ from ..api import LLM
 from ..errors import RequestFailed
 from ..memory import release_freed
 from ..request import Request
+from ..request_memory import HOST_SHARE
 from ..coordinator.channel import GroupFull
 from ..coordinator.batch import SequenceBatch
 from ..coordinator.batchmates import Batchmates
@@ -48,6 +49,7 @@ class Scheduler:
     def __post_init__(self):
         self.fatal: Exception | None = None  # why the scheduler stopped for good (a worker group gone)
         self._capacity = self.llm.free_memory()  # bytes free for caches while no request runs (updated then)
+        self._host_capacity = self.llm.host_free()  # and in the host's memory for a GPU's requests' rows
         self._batch, self._mates = SequenceBatch(), Batchmates()
         self._lock, self._wake, self._stop, self._draining = threading.Lock(), threading.Event(), False, False
         self._freed = False  # whether requests finished since the scheduler was last idle
@@ -74,6 +76,11 @@ class Scheduler:
                                 f"{self.llm.memory_share * capacity / 2**30:.2f} GiB for them "
                                 f"(--gpu-memory-utilization {self.llm.memory_share:g} of {capacity / 2**30:.2f})",
                            code="context_length_exceeded")
+        rows, host = self.llm.host_bytes_for(longest, job.params.max_tokens), self._host_capacity
+        if host is not None and rows > HOST_SHARE * host:
+            raise ApiError(413, f"the rows of the vocabulary of {longest + job.params.max_tokens} tokens need "
+                                f"{rows / 2**30:.2f} GiB of the host's memory; it has {host / 2**30:.2f} GiB free",
+                           code="context_length_exceeded")
         if len(on_events) > self.max_queue:
             raise ApiError(400, f"{len(on_events)} choices (prompts x n) need as many places in this server's "
                                 f"queue, which holds {self.max_queue} (--max-queue)",
@@ -87,9 +94,10 @@ class Scheduler:
             if len(self.waiting) + len(on_events) > self.max_queue:
                 raise ApiError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
                                kind="server_error", code="queue_full")
-            tickets = [Ticket(job, ids, self.llm.seeded(params), tell,
-                              self.llm.cache_bytes_for(len(ids), params.max_tokens, params.prompt_logprobs is not None))
-                       for (ids, params), tell in zip(choices, on_events)]
+            sizes = [(len(ids), params.max_tokens, params.prompt_logprobs is not None) for ids, params in choices]
+            tickets = [Ticket(job, ids, self.llm.seeded(params), tell, self.llm.cache_bytes_for(*size),
+                              self.llm.host_bytes_for(*size))
+                       for (ids, params), tell, size in zip(choices, on_events, sizes)]
             self.waiting.extend(tickets)
         self._wake.set()
         return tickets
@@ -149,7 +157,13 @@ class Scheduler:
         """Whether `ticket`'s caches fit beside the running requests' whole needs, and in the memory free now.
         A running request has not allocated all of its caches yet (its retrieval buffers come once its prompt
         is prefilled): counted by what is free alone, a burst of long prompts was let in past the memory,
-        and their rebuilds failed every request in the batch."""
+        and their rebuilds failed every request in the batch. Its caches on a GPU, its rows of the vocabulary
+        (in the host's memory) are counted alike."""
+        host = self.llm.host_free()
+        if host is not None and self._host_capacity is not None:  # a GPU's requests' rows, in the host's memory
+            held = sum(t.host_bytes for t in self.running.values())
+            if ticket.host_bytes > min(HOST_SHARE * max(self._host_capacity, host) - held, HOST_SHARE * host):
+                return False
         free = self.llm.free_memory()
         if free is None:
             return True
@@ -163,7 +177,7 @@ class Scheduler:
         if self._freed:
             release_freed(every_s=0)
             self._freed = False
-        self._capacity = self.llm.free_memory()
+        self._capacity, self._host_capacity = self.llm.free_memory(), self.llm.host_free()
 
     def _admit(self) -> None:
         """Moves waiting requests into the batch, first come first served, while their caches fit."""

@@ -28,6 +28,7 @@ class Ticket:
     params: SamplingParams
     on_event: Callable[[str, object], None]
     bytes: int = 0  # what its caches take
+    host_bytes: int = 0  # what its rows of the vocabulary take in the host's memory, its caches on a GPU
     request: Request | None = None
     cancelled: bool = False
     queued_at: float = field(default_factory=time.perf_counter)
