@@ -102,13 +102,13 @@ def test_the_estimate_covers_the_rows_of_a_scored_prompt_chunk(tiny_dir, monkeyp
     than a check's: the estimate holds them (three per token: the logits and logsumexp's temporary, which this
     count at the call does not see, with a margin; before, a batch of scored prompts was sized as if they
     brought none)."""
-    import triforce.coordinator.engine as engine_module
+    import triforce.coordinator.prefill as prefill_module  # (the target scores the prompt as it prefills)
 
     vocab, chunk = 2048, 128
     spec = dict(vocab_size=vocab, hidden_size=64, num_heads=4, num_kv_heads=2)
     target = load_model(tiny_dir("rows-target", seed=62, num_layers=2, **spec))
     most = [0]
-    monkeypatch.setattr(engine_module, "token_logprobs", counting_rows(engine_module.token_logprobs, vocab, most))
+    monkeypatch.setattr(prefill_module, "token_logprobs", counting_rows(prefill_module.token_logprobs, vocab, most))
     cfg = EngineConfig(mode="ar", prefill_chunk=chunk)
     prompt = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(8)).tolist()
     build_engine(cfg, target, None, 300 + 4).generate(prompt, SamplingParams(max_tokens=4, prompt_logprobs=2))

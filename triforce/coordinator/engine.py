@@ -25,13 +25,10 @@ model call; `generate` runs one request alone. Nothing a sequence decides depend
 """
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Generator
-from contextlib import closing, nullcontext
 
 import torch
-from tqdm import tqdm
 
 from ..sampling_params import SamplingParams
 from ..logprobs import TokenLogprobs, token_logprobs
@@ -42,8 +39,9 @@ from ..speculation.sampling import sample, top_probability
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
+from .prefill import TierPrefill
 from .request_rows import RequestRows
-from .runs import Check, Forward, Produced, Run, Wait
+from .runs import Check, Forward, Produced, Run
 from .tiers import Tier, settle
 from .trees import TreeShaper, grow_tree, measure_costs, node_paths, tree_step
 
@@ -53,7 +51,7 @@ PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least t
 FORCED_LAG = 8
 
 
-class HierarchyEngine:
+class HierarchyEngine(TierPrefill):
     def __init__(self, tiers: list[Tier], gammas: list[int], tree: TreeShaper | None = None, lookup: int = 0,
                  stop_below: float = 0.0, rounds_per_check: int = 0):
         """tree: the shape policy when the bottom tier proposes trees to the tier above (else chains).
@@ -168,35 +166,6 @@ class HierarchyEngine:
     def _emitted(self, tokens: list[int], rows: list[torch.Tensor]) -> None:
         """Told each round's output tokens and the target's distribution at each (an engine that learns
         from them overrides it)."""
-
-    def _prefill(self, tokens: list[int], show_progress: bool,
-                 cancelled: Callable[[], bool]) -> Generator[Forward, None, bool]:
-        """Every tier through `tokens`; returns False when `cancelled` stopped it between two chunks (the
-        caches are then half built and the engine is done). With SamplingParams.prompt_logprobs the target
-        scores the prompt as it goes: its rows for every chunk, none restored from a prefix store."""
-        # The target first: caches derived from it (retrieval) build from its KV. A request of no new
-        # tokens (max_tokens 0: a prompt scored, or stored for reuse) needs only the target's.
-        top = len(self.tiers) - 1
-        for level in reversed(range(0 if self.params.max_tokens else top, top + 1)):
-            tier = self.tiers[level]
-            scoring = level == top and self.params.prompt_logprobs is not None
-            # No bar object at all unless shown: a disabled tqdm still takes tqdm's global lock twice
-            # (0.1 ms a prefill, a tenth of a tiny model's request)
-            bar = tqdm(total=len(tokens), desc=f"prefill {tier.name}", unit="tok", file=sys.stderr,
-                       leave=False) if show_progress else None
-            with closing(bar) if bar is not None else nullcontext(), \
-                    closing(tier.scoring_steps(tokens, bar) if scoring else tier.prefill_steps(tokens, bar)) as steps:
-                for step in steps:  # closed on the way out: a prefix claim it holds is released
-                    if cancelled():
-                        return False
-                    if isinstance(step, Wait):
-                        yield step
-                        continue
-                    logits = yield Forward(tier, self.ladder.index(tier), step, "prompt" if scoring else "none")
-                    if scoring:  # row i of a chunk from `start` chose seq[start + i + 1]
-                        chosen = self.seq[step.start + 1:step.start + 1 + step.n]
-                        self.prompt_logprobs += token_logprobs(logits, chosen, self.params.prompt_logprobs)
-        return True
 
     def _forward(self, level: int, step: Step | None = None) -> Generator[Forward, torch.Tensor, torch.Tensor]:
         """Tier `level` runs `step` (by default: catches up with `seq`); returns its logits [n, V]."""
