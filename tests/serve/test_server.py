@@ -592,6 +592,26 @@ def test_a_full_queue_refuses_with_503_and_a_cancelled_request_stops_early(llm, 
     scheduler.stop()
 
 
+def most_running_at_once(llm, job, count: int) -> int:
+    """The most of `count` copies of `job`, all waiting before the first is admitted, that the scheduler
+    runs at once."""
+    scheduler, most, ended = Scheduler(llm), [], threading.Semaphore(0)
+    admit, scheduler._admit = scheduler._admit, lambda: None  # all wait, then are admitted in one pass
+    try:
+        for _ in range(count):
+            scheduler.submit(job, lambda kind, data: kind in ("done", "error") and ended.release())
+
+        def admit_and_count():
+            admit()
+            most.append(len(scheduler.running))
+
+        scheduler._admit = admit_and_count
+        assert all(ended.acquire(timeout=60) for _ in range(count))
+    finally:
+        scheduler.stop()
+    return max(most)
+
+
 def test_requests_fit_beside_the_caches_the_running_ones_have_yet_to_allocate(llm, monkeypatch):
     """A running request allocates its retrieval buffers only once its prompt is prefilled: admitted by the
     memory free alone, a burst of requests got in past what the memory holds (here the free memory never
@@ -604,21 +624,7 @@ def test_requests_fit_beside_the_caches_the_running_ones_have_yet_to_allocate(ll
     job = parse("completion", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}, llm, "tiny")
     need = llm.cache_bytes_for(len(job.prompts[0]), 8)
     monkeypatch.setattr(llm, "free_memory", lambda: int(2.5 * need / llm.memory_share))
-    scheduler, most, ended = Scheduler(llm), [], threading.Semaphore(0)
-    admit, scheduler._admit = scheduler._admit, lambda: None  # all three wait, then are admitted in one pass
-    try:
-        for _ in range(3):
-            scheduler.submit(job, lambda kind, data: kind in ("done", "error") and ended.release())
-
-        def admit_and_count():
-            admit()
-            most.append(len(scheduler.running))
-
-        scheduler._admit = admit_and_count
-        assert all(ended.acquire(timeout=60) for _ in range(3))
-    finally:
-        scheduler.stop()
-    assert max(most) == 2
+    assert most_running_at_once(llm, job, 3) == 2
 
     big = parse("completion", {"prompt": PROMPT, "max_tokens": 400}, llm, "tiny")
     big_need = llm.cache_bytes_for(len(big.prompts[0]), 400)
@@ -646,21 +652,7 @@ def test_a_gpus_requests_rows_in_the_hosts_memory_are_counted_as_they_are_admitt
     rows = 10**6
     monkeypatch.setattr(llm, "host_bytes_for", lambda *a: rows)
     monkeypatch.setattr(llm, "host_free", lambda: int(2.5 * rows / HOST_SHARE))
-    scheduler, most, ended = Scheduler(llm), [], threading.Semaphore(0)
-    admit, scheduler._admit = scheduler._admit, lambda: None  # all three wait, then are admitted in one pass
-    try:
-        for _ in range(3):
-            scheduler.submit(job, lambda kind, data: kind in ("done", "error") and ended.release())
-
-        def admit_and_count():
-            admit()
-            most.append(len(scheduler.running))
-
-        scheduler._admit = admit_and_count
-        assert all(ended.acquire(timeout=60) for _ in range(3))
-    finally:
-        scheduler.stop()
-    assert max(most) == 2
+    assert most_running_at_once(llm, job, 3) == 2
     monkeypatch.setattr(llm, "host_free", lambda: int(0.5 * rows / HOST_SHARE))
     held = Scheduler(llm)
     try:
