@@ -68,7 +68,8 @@ class Scheduler:
             raise ValueError(f"{len(on_events)} callbacks for {len(job.prompts) * job.n} choices")
         self._check_running()
         longest = max(len(ids) for ids in job.prompts)
-        need = self.llm.cache_bytes_for(longest, job.params.max_tokens, job.params.prompt_logprobs is not None)
+        size = (longest, job.params.max_tokens, job.params.prompt_logprobs is not None)
+        need = self.llm.cache_bytes_for(*size)
         capacity = self._capacity_now(self.llm.free_memory())
         if capacity is not None and need > self.llm.memory_share * capacity:
             raise ApiError(413, f"the caches for {longest + job.params.max_tokens} tokens need "
@@ -76,7 +77,7 @@ class Scheduler:
                                 f"{self.llm.memory_share * capacity / 2**30:.2f} GiB for them "
                                 f"(--gpu-memory-utilization {self.llm.memory_share:g} of {capacity / 2**30:.2f})",
                            code="context_length_exceeded")
-        rows, host = self.llm.host_bytes_for(longest, job.params.max_tokens), self._host_capacity
+        rows, host = self.llm.host_bytes_for(*size), self._host_capacity  # (a scored prompt's rows too)
         if host is not None and rows > HOST_SHARE * host:
             raise ApiError(413, f"the rows of the vocabulary of {longest + job.params.max_tokens} tokens need "
                                 f"{rows / 2**30:.2f} GiB of the host's memory; it has {host / 2**30:.2f} GiB free",
