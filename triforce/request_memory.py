@@ -71,7 +71,8 @@ class RequestMemory:
         parts: list[list[int]] = [[]]
         used = used_host = 0
         for i, size in enumerate(sizes):
-            need, rows = self.cache_bytes_for(*size) if room is not None else 0, self.host_bytes_for(*size)
+            need = self.cache_bytes_for(*size) if room is not None else 0
+            rows = self.host_bytes_for(*size)
             if room is not None and need > room:
                 raise TooLarge(f"the caches for {size[0] + size[1]} tokens need {need / 2**30:.2f} GiB; "
                                f"requests' caches may take {room / 2**30:.2f} GiB (gpu_memory_utilization "

@@ -91,7 +91,7 @@ def check_revision(spec: str | os.PathLike, revision: str | None) -> None:
     """A ModelLoadError where `revision` is given for what is not a Hugging Face id (a known name, a file or
     a folder here), which would be read as it is, the revision ignored."""
     spec_str = str(spec)
-    if revision is None or not (spec_str in KNOWN_MODELS or user_path(spec_str).exists()):
+    if revision is None or not is_local(spec_str):
         return
     kind = "a known name" if spec_str in KNOWN_MODELS else "a file here" if user_path(spec_str).is_file() else \
         "a folder here"
@@ -99,11 +99,16 @@ def check_revision(spec: str | os.PathLike, revision: str | None) -> None:
                          "leave the revision out")
 
 
+def is_local(spec: str) -> bool:
+    """A known name, or a file or folder here: not a Hugging Face id."""
+    return spec in KNOWN_MODELS or user_path(spec).exists()
+
+
 def tokenizer_source(spec: str | os.PathLike, revision: str | None = None) -> Path:
     """vLLM's tokenizer=: the folder of a known model, a folder, a .gguf file (converted as a model is) or
     a Hugging Face id (its tokenizer files alone, as hub_snapshot fetches a model's)."""
     spec_str = str(spec)
-    if spec_str in KNOWN_MODELS or user_path(spec_str).exists():
+    if is_local(spec_str):
         return resolve_model(spec_str, revision)
     if HUB_ID.fullmatch(spec_str):
         return hub_snapshot(spec_str, revision, tokenizer_only=True)
