@@ -9,7 +9,8 @@ import pytest
 from triforce import LLM, SamplingParams
 from triforce.engine_args import MEMORY_SHARE
 from triforce.errors import UserError
-from triforce.launch.batch_jobs import shard_of
+from triforce.launch.batch_output import append_result, locked
+from triforce.launch.batch_shards import shard_of
 from triforce.launch.batch_resume import done_results
 from triforce.launch.cli import main
 
@@ -147,7 +148,7 @@ def test_an_output_that_is_not_a_results_file_and_repeated_ids_are_refused_untou
 def test_shards_split_the_lines(tiny_dir, tmp_path):
     target = tiny_dir("batch-target", tokenizer=True, seed=91)
     inp = tmp_path / "in.jsonl"
-    inp.write_text("\n".join(request(f"r{i}", PROMPT, 2) for i in range(5)) + "\n")
+    inp.write_text("\n\n".join(request(f"r{i}", PROMPT, 2) for i in range(5)) + "\n")  # (blank lines: not counted)
     for i in range(2):
         assert run(target, inp, tmp_path / f"out{i}.jsonl", "--shard", f"{i}/2") == 0
     assert sorted(results(tmp_path / "out0.jsonl")) == ["r0", "r2", "r4"]
@@ -162,6 +163,18 @@ def test_shards_split_the_lines(tiny_dir, tmp_path):
     assert shard_of(None, {**stepped, "SLURM_ARRAY_TASK_ID": "14"}) == (7, 8)
     with pytest.raises(UserError, match="I must be in"):
         shard_of("2/2")
+    with pytest.raises(UserError, match="RANK/WORLD_SIZE 2/2: I must be in"):
+        shard_of(None, {"RANK": "2", "WORLD_SIZE": "2"})
+    # a task submitted again alone (--array=3) or a list (--array=3,5) cannot tell its shard: refused, where
+    # it took every line (or the first half) and answered again what the other tasks answer
+    again = {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "3", "SLURM_ARRAY_TASK_MAX": "3",
+             "SLURM_ARRAY_TASK_COUNT": "1"}
+    listed = {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_MIN": "3", "SLURM_ARRAY_TASK_MAX": "5",
+              "SLURM_ARRAY_TASK_COUNT": "2"}
+    for env in (again, listed, {**stepped, "SLURM_ARRAY_TASK_ID": "3"}):
+        with pytest.raises(UserError, match="pass --shard I/N"):
+            shard_of(None, env)
+    assert shard_of("3/8", again) == (3, 8)
 
 
 def test_a_job_with_nothing_to_answer_says_so_without_loading_the_model(tiny_dir, tmp_path, capsys, monkeypatch):
@@ -177,7 +190,7 @@ def test_a_job_with_nothing_to_answer_says_so_without_loading_the_model(tiny_dir
     out.write_text("".join(json.dumps({"id": f"batch_req_{i}", "custom_id": f"r{i}", "error": None,
                                        "response": {"status_code": 200, "body": {}}}) + "\n" for i in range(2)))
     for args, why in (((empty, tmp_path / "o.jsonl"), "--input holds no request"),
-                      ((inp, tmp_path / "o.jsonl", "--shard", "2/3"), "this shard holds none of its 2 lines"),
+                      ((inp, tmp_path / "o.jsonl", "--shard", "2/3"), "this shard holds none of its 2 requests"),
                       ((inp, out), f"--output {out} answers every one of its 2 lines already")):
         assert run(target, *args) == 0
         assert capsys.readouterr().err.strip().endswith(f"batch: nothing to answer: {why}")
@@ -200,22 +213,24 @@ def test_a_shard_taken_from_the_environment_is_said(tiny_dir, tmp_path, capsys, 
     assert "shard 1/2 only, from RANK and WORLD_SIZE" in capsys.readouterr().err
     assert sorted(results(tmp_path / "out.jsonl")) == ["r1", "r3"]
     assert run(target, inp, tmp_path / "all.jsonl", "--shard", "0/1") == 0
-    assert "shard" not in capsys.readouterr().err and len(results(tmp_path / "all.jsonl")) == 4
+    assert "lines of shard" not in capsys.readouterr().err and len(results(tmp_path / "all.jsonl")) == 4
     monkeypatch.delenv("RANK")
     full = tmp_path / "full.jsonl"
     real_open = type(full).open
 
-    class NoRoom(io.RawIOBase):  # a full disk: the write buffered, its flush (and the close's) failing
-        def writable(self):
-            return True
+    class NoRoom:  # a full disk: a result's write fails
+        def __init__(self, file):
+            self.file = file
 
         def write(self, data):
             raise OSError(28, "No space left on device")
 
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
     def failing_open(path, mode="r", *args, **kwargs):
-        if path == full and mode == "a" and kwargs.get("encoding"):
-            return io.TextIOWrapper(io.BufferedWriter(NoRoom()), encoding="utf-8")
-        return real_open(path, mode, *args, **kwargs)
+        file = real_open(path, mode, *args, **kwargs)
+        return NoRoom(file) if path == full and mode == "a+b" else file
 
     monkeypatch.setattr(type(full), "open", failing_open)
     assert run(target, inp, full) == 2
@@ -272,14 +287,15 @@ def test_a_line_that_fails_as_it_runs_gets_its_error_and_the_others_their_answer
     lines = [request("a", PROMPT, 6), json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions",
                                                   "body": contradicting}),
              request("big", PROMPT, 200), request("b", PROMPT + " w7", 6),
-             json.dumps({"custom_id": 7, "method": "POST", "url": "/v1/completions", "body": {"prompt": PROMPT}})]
+             json.dumps({"custom_id": 7, "method": "POST", "url": "/v1/completions", "body": {"prompt": PROMPT}}),
+             json.dumps({"custom_id": "", "method": "POST", "url": "/v1/completions", "body": {"prompt": PROMPT}})]
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("\n".join(lines) + "\n", encoding="utf-8-sig")  # as some editors save it
     room = (llm.cache_bytes_for(31, 6) + llm.cache_bytes_for(30, 200)) // 2  # "big" alone does not fit
     monkeypatch.setattr(LLM, "free_memory", lambda self: int(room / MEMORY_SHARE))
     assert run(target, inp, out) == 0
     got = results(out)
-    assert sorted(got) == ["a", "b", "big", "line-5", "x"]
+    assert sorted(got) == ["a", "b", "big", "line-5", "line-6", "x"]
     for k, prompt in (("a", PROMPT), ("b", PROMPT + " w7")):
         assert got[k]["response"]["body"]["choices"][0]["text"] == llm.generate(
             prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].text
@@ -287,6 +303,7 @@ def test_a_line_that_fails_as_it_runs_gets_its_error_and_the_others_their_answer
     assert failed["x"]["status_code"] == 400 and "contradict each other" in failed["x"]["body"]["error"]["message"]
     assert failed["big"]["status_code"] == 413 and "caches" in failed["big"]["body"]["error"]["message"]
     assert got["line-5"]["error"] == {"code": "invalid_request", "message": "line 5: custom_id must be a string"}
+    assert got["line-6"]["error"] == {"code": "invalid_request", "message": "line 6: custom_id is empty"}
     assert run(target, inp, "/dev/null") == 2 and "is not a file" in capsys.readouterr().err
 
 
@@ -401,6 +418,88 @@ def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path, monke
         f.write('{"id": "batch_req_3", "custom_id": "c", "resp')
     monkeypatch.setattr(Path, "write_text", lambda *_, **__: pytest.fail("the output rewritten whole"))
     assert set(done_results(out)) == {"a", "b"} and out.read_text() == first + "\n" + second + "\n"
+    # a line as this command writes it, whole but for its newline (an editor took it): kept, not cut as torn;
+    # NUL bytes at the end (what a node that failed mid-write can leave): cut
+    third = json.dumps({"id": "batch_req_3", "custom_id": "c", "response": None, "error": {"code": "x"}})
+    with out.open("a") as f:
+        f.write(third + "\0" * 9)
+    assert set(done_results(out)) == {"a", "b", "c"}
+    assert out.read_text() == first + "\n" + second + "\n" + third + "\n"
+    with out.open("a") as f:
+        f.write('{"id": "batch_req_4", "cus' + "\0" * 9)
+    assert set(done_results(out)) == {"a", "b", "c"}
+    assert out.read_text() == first + "\n" + second + "\n" + third + "\n"
+
+
+def test_a_rerun_waits_for_a_process_writing_the_same_output(tmp_path):
+    """Processes sharing an output (torchrun's ranks, each its shard) write each line under a lock: a rerun
+    reading the output waits for a line being written, where it cut it as torn; a line written while the
+    file is rewritten whole (--retry-failed) goes to the new file, where it was lost with the old one."""
+    import threading
+
+    out = tmp_path / "out.jsonl"
+    record = {"id": "batch_req_1", "custom_id": "a", "response": None, "error": {"code": "x"}}
+    line = (json.dumps(record) + "\n").encode()
+    got = {}
+    with locked(out) as f:
+        f.write(line[:20])
+        f.flush()
+        reader = threading.Thread(target=lambda: got.update(done_results(out)))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive()  # waiting for the lock
+        f.write(line[20:])
+    reader.join(10)
+    assert set(got) == {"a"} and out.read_bytes() == line
+    with locked(out):
+        writer = threading.Thread(target=append_result, args=(out, {**record, "custom_id": "b"}))
+        writer.start()
+        writer.join(0.5)
+        out.with_name("new").write_bytes(line)
+        out.with_name("new").replace(out)
+    writer.join(10)
+    assert [json.loads(x)["custom_id"] for x in out.read_text().splitlines()] == ["a", "b"]
+
+
+def test_retry_failed_removes_failed_results_to_run_them_again(tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    ok = {"id": "batch_req_1", "custom_id": "a", "response": {"status_code": 200, "body": {}}, "error": None}
+    refused = {"id": "batch_req_2", "custom_id": "b", "response": {"status_code": 404, "body": {}}, "error": None}
+    bad = {"id": "batch_req_3", "custom_id": "c", "response": None, "error": {"code": "invalid_json"}}
+    out.write_text("".join(json.dumps(r) + "\n" for r in (ok, refused, bad)))
+    assert set(done_results(out)) == {"a", "b", "c"} and len(out.read_text().splitlines()) == 3
+    assert set(done_results(out, retry_failed=True)) == {"a"}
+    assert out.read_text() == json.dumps(ok) + "\n" and "removed the results of 2 failed" in capsys.readouterr().err
+
+
+def test_a_request_that_fails_on_a_bug_gets_a_500_and_the_job_goes_on(tiny_dir, tmp_path, monkeypatch, capsys):
+    """Any exception but a UserError as a line runs (a bug) is that line's 500, its traceback on standard
+    error, and the job's exit status 1: the lines batched with it get their answers (the whole job ended
+    with a traceback, at the same line on every rerun). --retry-failed runs it again. Input from standard
+    input (-)."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    lines = [request(k, PROMPT + extra, n) for k, extra, n in (("a", "", 4), ("bug", " w9", 5), ("b", " w7", 4))]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    generate = LLM.generate
+
+    def failing(self, prompts, params=None, **kw):
+        if any(p.max_tokens == 5 for p in params):  # the "bug" line's
+            raise RuntimeError("boom")
+        return generate(self, prompts, params, **kw)
+
+    monkeypatch.setattr(LLM, "generate", failing)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(inp.read_bytes())))
+    assert run(target, "-", out, "--batch-size", "3") == 1
+    err = capsys.readouterr().err
+    assert "bug failed on an internal error" in err and "RuntimeError: boom" in err and "--retry-failed" in err
+    got = results(out)
+    assert [got[k]["response"]["status_code"] for k in ("a", "bug", "b")] == [200, 500, 200]
+    assert "boom" in got["bug"]["response"]["body"]["error"]["message"]
+    monkeypatch.setattr(LLM, "generate", generate)
+    assert run(target, inp, out) == 0 and results(out)["bug"]["response"]["status_code"] == 500  # kept
+    assert run(target, inp, out, "--retry-failed") == 0
+    assert len(out.read_text().splitlines()) == 3 and results(out)["bug"]["response"]["status_code"] == 200
 
 
 def test_batch_lays_chat_lines_out_by_the_chat_template_given(tiny_dir, tmp_path, capsys):

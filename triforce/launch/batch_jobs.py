@@ -6,20 +6,22 @@ Each input line is `{"custom_id", "method": "POST", "url": "/v1/completions" | "
 (serve/openai.py and responses.py check it the same way) gets its status and error body as the response;
 a line that is not a request (bad JSON, another url) gets `error` and a null response; a request that fails
 as it runs (a UserError: 400, or 413 for caches that cannot fit) gets its error, and the lines batched with it
-run again one by one. Requests run
-`--batch-size` at a time through LLM.generate (a request's prompts x `n` choices together, as sequences of
-that batch). Each result line is written whole and flushed, so a killed job loses at most the requests in
-flight; run again, it skips the custom_ids the output already has (a torn last line, if the kill came
-mid-write, is dropped first; an output that is not a results file is refused, untouched), and refuses to
-go on where results answer lines that changed since or are gone, or name another model (batch_resume.py). `--shard I/N`
-takes lines I, I + N, ... (default: the Slurm array task, else torchrun's rank and world size, else all;
-with --workers, where torchrun's ranks are one pipeline, the Slurm array task, else all).
+run again one by one; a request that fails otherwise (a bug: any other exception) gets a 500 and its
+traceback on standard error, and the job goes on (its exit status then 1). Requests run `--batch-size` at
+a time through LLM.generate (a request's prompts x `n` choices together, as sequences of that batch), and
+their results are written as they end, not in the input's order (each names its custom_id). Each result
+line is written whole, under a lock, and synced (batch_output.py), so a killed job loses at most the
+requests in flight; run again, it skips the custom_ids the output already has (a torn last line, if the
+kill came mid-write, is dropped first; an output that is not a results file is refused, untouched;
+`--retry-failed` runs failed requests again), and refuses to go on where results answer lines that
+changed since or are gone, or name another model (batch_resume.py). `--shard I/N` takes requests I, I + N,
+... (default: the Slurm array task, else torchrun's rank and world size, else all; with --workers, where
+torchrun's ranks are one pipeline, the Slurm array task, else all).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import sys
 import uuid
@@ -28,9 +30,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import RequestFailed, TooLarge, UserError
-from ..files import read_user_text
+from ..files import read_user_text, user_path
 from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
+from .batch_output import ResultsWriter
+from .batch_shards import shard_of
 from .batch_resume import check_resumable, done_results, jsonl_lines, result_id
 from .generate import not_a_file
 from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
@@ -43,12 +47,19 @@ def add_batch_parser(sub) -> None:
     p = sub.add_parser("batch", help="run OpenAI Batch API requests from a JSONL file (resumable, shardable)",
                        description=__doc__.split("\n\n")[0] + " Output is distributed exactly as plain sampling "
                                    "from the target.")
-    p.add_argument("-i", "--input", required=True, help="JSONL of requests (custom_id, method, url, body)")
-    p.add_argument("-o", "--output", required=True, help="JSONL of results; an existing one is resumed")
+    p.add_argument("-i", "--input", required=True,
+                   help="JSONL of requests (custom_id, method, url, body); - reads standard input")
+    p.add_argument("-o", "--output", required=True,
+                   help="JSONL of results, written as requests end; an existing one is resumed (processes "
+                        "answering shards may share it: each line is written under a lock)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="remove the results of failed requests (an error, a status other than 200) from an "
+                        "existing --output first, and run those requests again")
     p.add_argument("--shard", default=None, metavar="I/N",
-                   help="take lines I, I+N, ... (default: a Slurm array task's place in its array, counted "
-                        "from 0 whatever --array numbers it, of SLURM_ARRAY_TASK_COUNT; else torchrun's "
-                        "RANK/WORLD_SIZE, but not under --workers, whose ranks are one pipeline; else 0/1)")
+                   help="take requests I, I+N, ... (blank lines not counted; default: a Slurm array task's "
+                        "place in its array, counted from 0 whatever --array numbers it, of "
+                        "SLURM_ARRAY_TASK_COUNT; else torchrun's RANK/WORLD_SIZE, but not under --workers, "
+                        "whose ranks are one pipeline; else 0/1)")
     p.add_argument("--batch-size", type=int, default=8,
                    help="request lines generated together (a line's prompts x n choices are that many sequences)")
     add_model_args(p)
@@ -57,30 +68,6 @@ def add_batch_parser(sub) -> None:
     add_serving_args(p)
     add_distributed_args(p)
     p.set_defaults(func=_batch, precheck=_precheck)
-
-
-def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
-    """(I, N) from --shard I/N, else the Slurm array task (counted from the array's first, as --array=1-8
-    numbers them too), else torchrun's rank, else (0, 1)."""
-    if spec is None:
-        if "SLURM_ARRAY_TASK_ID" in env:
-            try:  # --array=0-14:2 numbers them 0, 2, ..., 14
-                task = (int(env["SLURM_ARRAY_TASK_ID"]) - int(env.get("SLURM_ARRAY_TASK_MIN", "0"))) // int(
-                    env.get("SLURM_ARRAY_TASK_STEP", "1"))
-            except (ValueError, ZeroDivisionError):
-                task = env["SLURM_ARRAY_TASK_ID"]  # refused below, naming it
-            spec = f"{task}/{env.get('SLURM_ARRAY_TASK_COUNT', '1')}"
-        elif "RANK" in env and "WORLD_SIZE" in env:
-            spec = f"{env['RANK']}/{env['WORLD_SIZE']}"
-        else:
-            return 0, 1
-    try:
-        index, count = (int(x) for x in spec.split("/"))
-    except ValueError:
-        raise UserError(f"--shard must be I/N (got {spec!r})") from None
-    if not 0 <= index < count:
-        raise UserError(f"--shard {spec}: I must be in 0..N-1")
-    return index, count
 
 
 def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]]:
@@ -100,6 +87,9 @@ def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]
         if given is not None and not isinstance(given, str):
             request, given = None, None
             error = {"code": "invalid_request", "message": f"line {n + 1}: custom_id must be a string"}
+        if given == "":
+            request = None
+            error = {"code": "invalid_request", "message": f"line {n + 1}: custom_id is empty"}
         custom_id = given or f"line-{n + 1}"
         if custom_id in seen:
             raise UserError(f"custom_id {custom_id!r} is on lines {seen[custom_id] + 1} and {n + 1}: each request "
@@ -130,17 +120,17 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
     lines = None
     if not (launching and not_a_file(args.input)):
         try:
-            lines = jsonl_lines(read_user_text(args.input))
+            lines = jsonl_lines(_input_text(args.input))
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {args.input}: {exc}") from None
-    output = Path(args.output)
-    if output.exists() and Path(args.input).exists() and output.samefile(args.input):
+    output = user_path(args.output)
+    if output.exists() and user_path(args.input).exists() and output.samefile(user_path(args.input)):
         raise UserError("--output is the --input file: results go to a file of their own")
     if not output.parent.is_dir():
         raise UserError(f"--output {output}: no folder {output.parent}")
     if output.exists() and not output.is_file():  # a pipe or a device: never read back, so never resumed
         raise UserError(f"--output {output} is not a file: results go to a file, which a rerun resumes")
-    finished = done_results(output)
+    finished = done_results(output, args.retry_failed)
     every = None if lines is None else request_lines(lines)  # (refused before the output is made)
     try:
         output.open("a").close()  # before the model loads
@@ -148,10 +138,19 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
         raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
     if every is None:
         return None
-    mine = [line for line in every if line[0] % count == index]
+    mine = every[index::count]
     model = args.served_model_name or str(args.model)
     check_resumable(output, lines, every, mine, finished, model)
     return lines, output, mine, finished, model
+
+
+def _input_text(path: str) -> str:
+    """--input's text: a file, or standard input (`-`), UTF-8 with or without a byte-order mark."""
+    if path != "-":
+        return read_user_text(path)
+    if sys.stdin.isatty():  # (a pipe or a file says nothing)
+        print("triforce: reading request lines from standard input; end them with Ctrl-D", file=sys.stderr)
+    return sys.stdin.buffer.read().decode("utf-8-sig")
 
 
 def _precheck(args) -> int | None:
@@ -165,7 +164,8 @@ def _nothing_to_answer(lines: list[str], output: Path, mine: list, finished: dic
     is then not loaded for nothing."""
     if any(custom_id not in finished for _, custom_id, _, _ in mine):
         return False
-    why = ("--input holds no request" if not lines else f"this shard holds none of its {len(lines)} lines"
+    requests = sum(1 for line in lines if line.strip())
+    why = ("--input holds no request" if not requests else f"this shard holds none of its {requests} requests"
            if not mine else f"--output {output} answers every one of its {len(mine)} lines already")
     print(f"batch: nothing to answer: {why}", file=sys.stderr)
     return True
@@ -184,15 +184,12 @@ def _batch(args) -> int:
 
 
 def _answer(args, llm, lines: list[str], output: Path, mine: list, finished: dict, model: str) -> int:
-    """Answers this shard's lines not yet answered, each result written as it comes."""
+    """Answers this shard's lines not yet answered, each result written as it comes; the exit status: 1
+    where a request failed on an internal error, else 0."""
     from ..serve import openai, responses
 
-    with output.open("a", encoding="utf-8") as out, tqdm(total=len(mine), desc="batch", unit="req",
-                                                          file=sys.stderr) as bar:
-        def write(record: dict) -> None:
-            out.write(json.dumps(record) + "\n")  # one write per line, then flushed: never half a result
-            out.flush()
-
+    with tqdm(total=len(mine), desc="batch", unit="req", file=sys.stderr) as bar:
+        write = ResultsWriter(output, bar)
         pending = []
         for n, custom_id, request, error in mine:
             if custom_id in finished:
@@ -210,46 +207,54 @@ def _answer(args, llm, lines: list[str], output: Path, mine: list, finished: dic
                         openai.parse(kind, body, llm, model, args.chat_max_tokens)
                 except openai.ApiError as exc:  # what the server answers it: a response with its status, as OpenAI's
                     error = {"status_code": exc.status, "request_id": f"req_{uuid.uuid4().hex}", "body": exc.body()}
+                except Exception as exc:  # a bug: this line's 500, as the server's, and the job goes on
+                    error = write.internal_error(custom_id, f"req_{uuid.uuid4().hex}", exc)
             if job is None:  # a line that cannot run: its error, once
                 write(_result(lines[n], custom_id, error) if "status_code" in error else
                       _result(lines[n], custom_id, error=error))
-                bar.update(1)
                 continue
             if args.seed is not None and job.params.seed is None:  # its own, whatever runs before it or beside
                 job.params = dataclasses.replace(job.params, seed=line_seed(args.seed, custom_id))
             pending.append((lines[n], custom_id, job))
             if len(pending) == args.batch_size:
-                _run(llm, model, pending, write, bar)
+                _run(llm, model, pending, write)
                 pending = []
         if pending:
-            _run(llm, model, pending, write, bar)
-    return 0
+            _run(llm, model, pending, write)
+    return write.summary(output, len(mine) - sum(write.statuses.values()))
 
 
-def _run(llm, model, pending, write, bar) -> None:
+def _run(llm, model, pending, write: ResultsWriter) -> None:
     """The lines of `pending` generated together, each result written; where one fails as the server would
-    answer it (its rules contradict each other as it runs, its caches cannot fit: RequestFailed), each line
-    alone, that one's error written as its response (it failed the whole batch, which every rerun met)."""
+    answer it (its rules contradict each other as it runs, its caches cannot fit: RequestFailed) or on a bug
+    (any exception but a UserError, which ends the job: a worker group lost, a setting), each line alone,
+    that one's error written as its response (it failed the whole batch, which every rerun met)."""
     from ..serve import openai, responses
 
     choices = [job.choices() for _, _, job in pending]  # a line's prompts x n choices run together
     try:
         outs = iter(llm.generate([ids for c in choices for ids, _ in c], [params for c in choices for _, params in c]))
-    except RequestFailed as exc:
+        bodies = []
+        for (_, _, job), mine in zip(pending, choices):  # (a failure formatting one answer: each line alone)
+            answer = responses.response if isinstance(job, responses.ResponsesJob) else openai.response
+            bodies.append(answer(job, model, [next(outs) for _ in mine]))
+    except Exception as exc:
+        if isinstance(exc, UserError) and not isinstance(exc, RequestFailed):
+            raise
         if len(pending) > 1:
             for one in pending:
-                _run(llm, model, [one], write, bar)
+                _run(llm, model, [one], write)
             return
         (line, custom_id, job), = pending
-        error = openai.ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
-        write(_result(line, custom_id, {"status_code": error.status, "request_id": job.id, "body": error.body()}))
-        bar.update(1)
+        if isinstance(exc, RequestFailed):
+            error = openai.ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
+            response = {"status_code": error.status, "request_id": job.id, "body": error.body()}
+        else:
+            response = write.internal_error(custom_id, job.id, exc)
+        write(_result(line, custom_id, response))
         return
-    for (line, custom_id, job), mine in zip(pending, choices):
-        answer = responses.response if isinstance(job, responses.ResponsesJob) else openai.response
-        body = answer(job, model, [next(outs) for _ in mine])
+    for (line, custom_id, job), body in zip(pending, bodies):
         write(_result(line, custom_id, {"status_code": 200, "request_id": job.id, "body": body}))
-        bar.update(1)
 
 
 def line_seed(seed: int, custom_id: str) -> int:

@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 
 from ..errors import UserError
+from ..files import write_whole
+from .batch_output import locked
 
 RESULT_ID_START = "batch_req_"
 RESULT_START = '{"id": "' + RESULT_ID_START  # how every line this command writes begins
@@ -46,40 +48,81 @@ def result_id(line: str) -> str:
     return f"{RESULT_ID_START}{uuid.uuid4().hex[:UUID_DIGITS]}{line_hash(line)}"
 
 
-def done_results(output: Path) -> dict[str, dict]:
-    """custom_ids already answered in `output`, each with its result line; a torn last line (what a kill
-    mid-write leaves: the start of a line this command writes) is cut off. A file that is not a results
-    file (a line that is not a result) is a UserError, and left as it is."""
+def done_results(output: Path, retry_failed: bool = False) -> dict[str, dict]:
+    """custom_ids already answered in `output`, each with its result line, read under the output's lock
+    (batch_output.py). A torn last line (the start of a line this command writes, what a kill mid-write
+    leaves) is cut off, as is a run of NUL bytes at the end (what a node that failed mid-write can leave),
+    and said; a last line whole but for its newline is ended. `retry_failed`: the results of failed
+    requests (an error, or a status other than 200) are removed from the file, so that their lines run
+    again. A file that is not a results file (a line that is not a result) is a UserError, left as it is."""
     if not output.exists():
         return {}
     try:
-        data = output.read_bytes().decode()
-    except (OSError, UnicodeDecodeError) as exc:
+        with locked(output) as file:
+            file.seek(0)
+            data = file.read().decode()
+            whole, ended, cut = _whole_lines(data)
+            done = _results(output, whole)
+            failed = [custom_id for custom_id, record in done.items() if retry_failed and _failed(record)]
+            if failed:
+                for custom_id in failed:
+                    del done[custom_id]
+                # (a process appending meanwhile waits for the lock, then opens the new file)
+                write_whole(output, "".join(json.dumps(record) + "\n" for record in done.values()))
+            elif cut or ended:  # in place (rewriting the file risked all of it)
+                if cut:
+                    os.truncate(output, len(whole.encode()) - ended)
+                if ended:
+                    file.write(b"\n")
+    except UnicodeDecodeError as exc:
         raise UserError(f"cannot read --output {output}: {exc}") from None
-    whole, torn = data[: data.rfind("\n") + 1], data[data.rfind("\n") + 1:]
-    if torn and not torn.startswith(RESULT_START[: len(torn)]):  # not what a kill mid-write leaves: a line
-        whole, torn = whole + torn + "\n", ""  # to check as the others (the newline written if it passes)
+    except OSError as exc:
+        raise UserError(f"cannot read or write --output {output}: {exc.strerror or exc}") from None
+    if cut:
+        print(f"batch: cut {cut} characters off the end of --output {output} (a torn line or NUL bytes, what a "
+              "kill or a failed node mid-write leaves; a torn line's request runs again)", file=sys.stderr)
+    if failed:
+        print(f"batch: --retry-failed: removed the results of {len(failed)} failed requests from --output "
+              f"{output}, to run them again", file=sys.stderr)
+    return done
+
+
+def _whole_lines(data: str) -> tuple[str, bool, int]:
+    """(the whole lines of an output's `data`, with a newline each; whether the last one lacked it; how many
+    characters at the end are cut: NUL bytes, and a torn line)."""
+    kept = data.rstrip("\0")
+    whole, torn = kept[: kept.rfind("\n") + 1], kept[kept.rfind("\n") + 1:]
+    if torn and (not torn.startswith(RESULT_START[: len(torn)]) or _result_line(torn) is not None):
+        return whole + torn + "\n", True, len(data) - len(kept)  # a line (a result's, or one checked below)
+    return whole, False, len(data) - len(whole)
+
+
+def _result_line(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and "custom_id" in record and (
+        "response" in record or "error" in record) else None
+
+
+def _results(output: Path, whole: str) -> dict[str, dict]:
     done = {}
     for n, line in enumerate(jsonl_lines(whole)):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            record = None
-        if not (isinstance(record, dict) and "custom_id" in record and ("response" in record or "error" in record)):
+        record = _result_line(line)
+        if record is None:
             raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
                             "name a new file, or one an earlier run of this job wrote")
         done[record["custom_id"]] = record
-    try:
-        if len(whole) < len(data):  # the torn line cut off in place (rewriting the file risked all of it)
-            os.truncate(output, len(whole.encode()))
-        elif whole != data:  # a whole last line, without its newline
-            with output.open("a", encoding="utf-8") as out:
-                out.write("\n")
-    except OSError as exc:
-        raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
     return done
+
+
+def _failed(record: dict) -> bool:
+    """Whether a result line is a failed request's: an error, or a response of a status other than 200."""
+    response = record.get("response")
+    return record.get("error") is not None or not isinstance(response, dict) or response.get("status_code") != 200
 
 
 def _listed(names: list[str]) -> str:

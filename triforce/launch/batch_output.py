@@ -1,0 +1,101 @@
+"""How `triforce batch` writes its output: each result line appended whole, under an exclusive lock on the
+file, and synced to the disk before the next request is counted done. Processes that share one output
+(torchrun's ranks, each answering its shard into the same `--output`) thus never interleave their lines, a
+rerun that cuts a torn line never cuts one another process is writing, and a node that fails (not only a
+killed process) loses at most the line in flight: unsynced lines were lost with the page cache, or read
+back as a run of NUL bytes."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from tqdm import tqdm
+
+from ..serve.fields import ApiError
+
+try:
+    import fcntl
+except ImportError:  # (not on Windows: unlocked)
+    fcntl = None
+
+log = logging.getLogger("triforce")
+_UNLOCKABLE: set[Path] = set()  # outputs whose file system refused a lock (said once each)
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[BinaryIO]:
+    """`path` opened to read and append (made where missing) and locked exclusively while the block runs.
+    Where another process replaced the file while this one waited (a rerun's `--retry-failed` rewrites it
+    whole), the new file is opened and locked instead. Where the file system cannot lock (NFS or Lustre
+    mounted without flock), unlocked, said once: one process per output is then safe, several are not."""
+    while True:
+        file = path.open("a+b")
+        if fcntl is None or _lock(file, path):
+            break
+        file.close()
+    try:
+        yield file
+    finally:
+        file.close()  # (releases the lock)
+
+
+def _lock(file: BinaryIO, path: Path) -> bool:
+    """Locks `file`; False where `path` names another file by the time the lock is taken."""
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX)
+    except OSError as exc:
+        if path not in _UNLOCKABLE:
+            _UNLOCKABLE.add(path)
+            log.warning("cannot lock --output %s (%s): going on without; give each process its own output", path,
+                        exc)
+        return True
+    try:
+        return os.path.samestat(os.fstat(file.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def append_result(path: Path, record: dict) -> None:
+    """`record` as one line at the end of `path`, written whole and synced (OSError where it cannot be)."""
+    line = (json.dumps(record) + "\n").encode()
+    with locked(path) as file:
+        file.write(line)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+class ResultsWriter:
+    """Writes result lines to --output as they come (batch_output.append_result), each a step of the
+    progress bar, and counts them by status for the summary."""
+
+    def __init__(self, output: Path, bar: tqdm):
+        self.output, self.bar, self.statuses = output, bar, Counter()
+
+    def __call__(self, record: dict) -> None:
+        append_result(self.output, record)
+        self.statuses[record["response"]["status_code"] if record["response"] else "not a request"] += 1
+        self.bar.update(1)
+
+    def internal_error(self, custom_id: str, request_id: str, exc: Exception) -> dict:
+        """A request's 500 response (the server's answer to a bug), its traceback on standard error."""
+        self.bar.write(f"batch: {custom_id} failed on an internal error (a bug in triforce):\n" +
+                       "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip(), sys.stderr)
+        body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body()
+        return {"status_code": 500, "request_id": request_id, "body": body}
+
+    def summary(self, output: Path, before: int) -> int:
+        """Says what this run wrote; the exit status (1 where a request failed on an internal error)."""
+        counts = ", ".join(f"{v} {'status ' + str(k) if isinstance(k, int) else k}"
+                           for k, v in sorted(self.statuses.items(), key=lambda kv: str(kv[0])))
+        failed = sum(v for k, v in self.statuses.items() if k != 200)
+        print(f"batch: {sum(self.statuses.values())} results written to {output} ({counts or 'none'}); "
+              f"{before} answered before" + (". --retry-failed runs the failed ones again" if failed else ""),
+              file=sys.stderr)
+        return 1 if any(isinstance(k, int) and k >= 500 for k in self.statuses) else 0
