@@ -52,7 +52,7 @@ def test_dynamic_retrieval_with_workers_is_a_one_line_error(folders, capfd):
     assert err.startswith("triforce: error: --retrieval-policy dynamic") and err.count("\n") == 1
     from argparse import Namespace
 
-    from triforce.launch.distributed import check_distributed_settings
+    from triforce.launch.distributed_checks import check_distributed_settings
 
     check_distributed_settings(Namespace(retrieval_policy="dynamic", mode="ar"))  # no retrieval tier: no error
 
@@ -113,6 +113,44 @@ def test_a_group_the_node_or_the_model_cannot_hold_is_refused_by_every_rank_befo
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     code = main(["generate", "--model", str(target), "--prompt", "w3", "--workers", "2"])  # the launcher's check
     assert code == 2 and "3 processes on this node take a GPU each" in capsys.readouterr().err
+
+
+def test_under_torchrun_by_hand_rank_0_runs_the_commands_checks_before_the_model_loads(folders, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """`torchrun ... -m triforce.launch.distributed batch|serve|generate`: the checks `--workers` runs
+    before torchrun starts (an input, an output, a port) ran on rank 0 only inside the command, after every
+    worker loaded its shard; a batch with nothing to answer loaded the whole group for nothing. Rank 0 now
+    runs them right after the rendezvous and tells every rank the outcome."""
+    import torch.distributed as dist
+
+    from triforce.errors import UserError
+    from triforce.launch import distributed
+    from triforce.launch.distributed_checks import check_distributed_settings
+
+    target, _ = folders
+    told = []
+    monkeypatch.setattr(distributed, "init_groups", lambda *a, **k: distributed.PipelineGroups(None, "control", None))
+    monkeypatch.setattr(dist, "broadcast", lambda tensor, src, group: told.append((src, group, tensor.item())))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: None)
+    for step in ("_coordinate", "_work"):
+        monkeypatch.setattr(distributed, step, lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n")
+    batch = ["batch", "-i", str(inp), "-o", str(out), "--model", str(target), "--worker-device", "cpu"]
+    assert distributed.main(batch) == 0 and told == [(0, "control", 0)]
+    assert "nothing to answer: --input holds no request" in capsys.readouterr().err
+    told.clear()
+    assert distributed.main(["--model", str(target), "--prompt-file", str(tmp_path / "gone.txt"),
+                             "--worker-device", "cpu"]) == 2 and told == [(0, "control", 2)]
+    assert "cannot read prompt file" in capsys.readouterr().err
+    from argparse import Namespace
+
+    with pytest.raises(UserError, match="--control-host auto dials the leader's host name"):
+        check_distributed_settings(Namespace(control_host="auto", control_bind="127.0.0.1", retrieval_policy="static"))
 
 
 def completions(custom_ids_and_prompts) -> str:

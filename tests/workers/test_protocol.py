@@ -142,6 +142,73 @@ def test_an_abandoned_channel_fails_the_request_in_flight_at_once():
     channel.close()
 
 
+def test_a_request_interrupted_in_flight_breaks_the_channel_not_its_socket(monkeypatch):
+    """A Ctrl-C (in Python, LLM(workers=channel)) while a request waits for its reply: the REQ socket still
+    waits for that reply, so the channel is broken, and later requests (the cleanup's `end`) say so, where
+    ZeroMQ raised "Operation cannot be accomplished in current state" over the first error."""
+    from servers import free_port
+
+    from triforce.coordinator.channel import ControlChannel, WorkerError
+
+    channel = ControlChannel(f"tcp://127.0.0.1:{free_port()}", timeout_s=60.0)  # nobody answers there
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(channel.sock, "poll", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        channel.request("stats")
+    assert channel.broken
+    with pytest.raises(WorkerError, match="interrupted"):
+        channel.request("end", {"seq": 1})
+    channel.close()
+
+
+def test_a_request_the_group_failed_as_it_ran_is_told_and_breaks_the_channel():
+    """A request that raises as the group runs it (a bug, a rank out of memory) ends the group: the leader
+    now replies with the error first, so the coordinator says why (it saw a request unanswered until
+    --worker-timeout, the traceback on another node), and later requests fail at once."""
+    import threading
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from servers import free_port
+
+    from triforce.coordinator.channel import ControlChannel, WorkerError
+    from triforce.workers.loop import serve
+
+    class Failing:
+        tp, counts = SimpleNamespace(rank=0, size=1), Counter()
+
+        def check(self, kind, body):
+            pass
+
+        def execute(self, kind, body):
+            raise RuntimeError("out of memory on rank 2")
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    ended = []
+
+    def leader():
+        try:
+            serve(Failing(), endpoint, link=object())
+        except RuntimeError as exc:
+            ended.append(str(exc))
+
+    thread = threading.Thread(target=leader)
+    thread.start()
+    channel = ControlChannel(endpoint, timeout_s=30.0)
+    start = time.perf_counter()
+    with pytest.raises(WorkerError, match=r"failed 'stats'.*RuntimeError: out of memory on rank 2.*group ends"):
+        channel.request("stats")
+    assert time.perf_counter() - start < 20 and channel.broken
+    thread.join(10)
+    assert ended == ["out of memory on rank 2"]  # the leader's process ends too (torchrun ends the group)
+    with pytest.raises(WorkerError, match="failed or stopped answering earlier"):
+        channel.request("stats")
+    channel.close()
+
+
 def test_a_handshake_nobody_answers_names_the_address_to_check():
     """A --control-host or --control-port that reaches no leader: the first request waits out its time, then
     says where it was sent and which flags set that (it said a worker died or hangs)."""

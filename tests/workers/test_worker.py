@@ -115,9 +115,14 @@ def test_a_refresh_whose_chunk_means_do_not_fit_is_refused_not_run(tiny_dir, mon
     Now the leader refuses that refresh; one that keeps the whole cache, or finds its means made, runs."""
     model = load_model(tiny_dir("worker-target", seed=5), "float32")
     leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
-    leader.execute("start", {"seq": 1, "capacity": 400, "forwards": []})
+    for seq in (1, 2):
+        leader.execute("start", {"seq": seq, "capacity": 400, "forwards": []})
+    refresh = {"seq": 2, "budget": 32, "chunk_size": 4, "full_layers": 0, "start": 300}
+    leader.caches[2].length = 300  # its KV restored from the prefix store, no forward run: no query to choose by
+    with pytest.raises(RequestError, match="no forward has run on sequence 2"):  # (it ended the group)
+        leader.check("refresh", refresh)
+    leader.execute("prefill", {"seq": 1, "tokens": [3 + i % 50 for i in range(300)], "final": True})
     cache = leader.caches[1]
-    cache.length = 300
     means = cache.means_bytes(4)
     assert means == cache.keys.nbytes // 4  # one mean per 4 keys: an eighth of the KV (keys and values)
     monkeypatch.setattr(checks_module, "available_bytes", lambda device: int(0.5 * means))

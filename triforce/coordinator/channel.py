@@ -50,6 +50,8 @@ class GroupTooSmall(WorkerError, TooLarge):
 def refusal(kind: str, reply_body: dict) -> WorkerError:
     """The error of a request of `kind` the group refused (reply_body: its error reply)."""
     error = GroupFull if reply_body.get("full") else GroupTooSmall if reply_body.get("too_large") else WorkerError
+    if reply_body.get("ended"):
+        return WorkerError(f"the worker group failed {kind!r}: {reply_body.get('error')}")
     return error(f"worker group refused {kind!r}: {reply_body.get('error')}")
 
 
@@ -108,20 +110,24 @@ class ControlChannel:
         if self.closed:
             raise WorkerError("the channel to the worker group is closed (the coordinator is shutting down)")
         if self.broken:
-            raise WorkerError("the worker group stopped answering earlier; start a new session")
+            raise WorkerError("the worker group failed or stopped answering earlier (or a request to it was "
+                              "interrupted); start a new session")
         if kind in BULK_REPLIES and self.link is None:
             raise WorkerError(f"{kind!r} needs the bulk link to the worker leader (a torch.distributed group)")
         frames = encode(kind, body)
         start = time.perf_counter()
         deadline = start + timeout_s
-        self.sock.send_multipart(frames)
-        while not self.sock.poll(int(1000 * min(POLL_S, max(0.0, deadline - time.perf_counter())))):
-            if self.abandoned or time.perf_counter() >= deadline:
-                self.broken = True
-                why = "the coordinator is shutting down" if self.abandoned else \
-                    f"it did not answer within {timeout_s:g} s ({SILENT.get(kind, SILENT[None])})"
-                raise WorkerError(f"the worker group at {self.endpoint} failed {kind!r}: {why}")
-        answer = self.sock.recv_multipart()
+        try:
+            self.sock.send_multipart(frames)
+            while not self.sock.poll(int(1000 * min(POLL_S, max(0.0, deadline - time.perf_counter())))):
+                if self.abandoned or time.perf_counter() >= deadline:
+                    why = "the coordinator is shutting down" if self.abandoned else \
+                        f"it did not answer within {timeout_s:g} s ({SILENT.get(kind, SILENT[None])})"
+                    raise WorkerError(f"the worker group at {self.endpoint} failed {kind!r}: {why}")
+            answer = self.sock.recv_multipart()
+        except BaseException:  # (a Ctrl-C too) a REQ socket between its request and the reply takes no other
+            self.broken = True
+            raise
         self.messages += 2
         self.bytes += sum(len(f) for f in frames) + sum(len(f) for f in answer)
         try:
@@ -134,6 +140,7 @@ class ControlChannel:
         except ProtocolError as exc:
             raise WorkerError(f"unreadable reply from the worker group: {exc}") from exc
         if not reply_body.get("ok"):
+            self.broken = bool(reply_body.get("ended"))
             raise refusal(kind, reply_body)
         if kind in BULK_REPLIES:
             try:

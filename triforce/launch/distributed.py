@@ -32,9 +32,7 @@ import torch.distributed as dist
 
 from ..config import PREFILL_CHUNK
 from ..errors import UserError
-from ..models.config import ModelConfig, ModelLoadError
-from ..models.hub import resolve_model
-from ..models.parallel import TensorParallel
+from .distributed_checks import check_distributed_settings, check_gpus, check_split, worker_choice
 
 
 @dataclass(frozen=True)
@@ -79,61 +77,6 @@ def init_groups(rank: int, world: int, local_rank: int, cuda: bool, timeouts: Gr
     return PipelineGroups(workers if world > 2 else None, control, link)
 
 
-def _shards(cfg, size: int) -> bool:
-    """Whether `size` tensor-parallel ranks can split the model (TensorParallel.check)."""
-    try:
-        TensorParallel(0, size).check(cfg)
-    except ModelLoadError:
-        return False
-    return True
-
-
-def check_distributed_settings(args) -> None:
-    """What a worker group cannot serve, refused before any process starts."""
-    workers, device = getattr(args, "workers", 0), getattr(args, "worker_device", None)
-    if workers < 0:
-        raise UserError(f"--workers must be >= 0 (got {workers})")
-    if device not in (None, "cpu", "cuda"):
-        raise UserError(f"--worker-device must be cpu or cuda (got {device!r}); each worker takes cuda:LOCAL_RANK")
-    timeout, port = getattr(args, "worker_timeout", 30.0), getattr(args, "control_port", None)
-    if not 0 < timeout < float("inf"):
-        raise UserError(f"--worker-timeout must be a number of seconds > 0 (got {timeout})")
-    if port is not None and not 1 <= port <= 65535:
-        raise UserError(f"--control-port must be a port in 1-65535 (got {port})")
-    if not 0 <= getattr(args, "prefix_cache_gb", 0) < float("inf"):
-        raise UserError(f"--prefix-cache-gb must be a number >= 0 (got {args.prefix_cache_gb})")
-    if workers > 0:  # once here, not an error from every rank
-        check_split(args, workers, f"--workers {workers}")
-    if args.retrieval_policy == "dynamic" and args.mode not in ("draft", "ar"):
-        raise UserError("--retrieval-policy dynamic reads the target's full cache at every step, so it needs "
-                        "it in the coordinator's process: it cannot run with --workers (use static)")
-
-
-def check_split(args, workers: int, named: str) -> None:
-    """A UserError where `workers` tensor-parallel ranks cannot split the target, naming the sizes that do."""
-    if getattr(args, "model", None) is None:
-        return
-    cfg = ModelConfig.from_folder(resolve_model(args.model, getattr(args, "revision", None)))
-    if not _shards(cfg, workers):
-        fits = [w for w in range(1, cfg.num_heads + 1) if _shards(cfg, w)]
-        raise UserError(f"{named}: the target's {cfg.num_heads} attention heads, {cfg.num_kv_heads} KV heads and "
-                        f"MLP width {cfg.intermediate_size} do not split {workers} ways; the workers may be "
-                        f"{', '.join(map(str, fits))} for this model")
-
-
-def check_gpus(args, processes: int) -> None:
-    """With CUDA workers each of a node's `processes` ranks takes cuda:LOCAL_RANK (the coordinator cuda:0, a
-    worker r cuda:r): a UserError where the node has fewer GPUs (a rank's set_device failed, and the others
-    waited for it in the rendezvous)."""
-    if _worker_choice(args) != "cuda":
-        return
-    gpus = torch.cuda.device_count()
-    if processes > gpus:
-        raise UserError(f"{processes} processes on this node take a GPU each (the coordinator cuda:0, worker r "
-                        f"cuda:r) and it has {gpus}: run fewer workers ({max(gpus - 1, 0)} here), or "
-                        f"--worker-device cpu")
-
-
 COMMANDS = ("generate", "serve", "batch")  # what rank 0 may run; the first argument, generate by default
 
 
@@ -159,13 +102,8 @@ def control_port(args) -> int:
 
 
 def _worker_device(args, local_rank: int) -> str:
-    choice = _worker_choice(args)
+    choice = worker_choice(args)
     return f"cuda:{local_rank}" if choice == "cuda" else choice
-
-
-def _worker_choice(args) -> str:
-    """--worker-device, or by default cuda where this process sees a GPU, else cpu."""
-    return args.worker_device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def parse_command(argv: list[str]) -> argparse.Namespace:
@@ -197,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     if world < 2:
         print("triforce: error: needs at least 2 processes: the coordinator and one worker", file=sys.stderr)
         return 2
+    # torchrun passes a Ctrl-C on to every rank as SIGINT (each rank runs in a session of its own): a rank
+    # ends at once, as SIGTERM ends it, rather than unwind into a traceback per rank (mid-collective, or
+    # while the first run fetches and converts the model).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:  # every rank checks alike and all end here, before any waits for another in the rendezvous
         check_distributed_settings(args)
         check_split(args, world - 1, f"{world} processes ({world - 1} workers)")
@@ -204,19 +146,42 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
-    # torchrun passes a Ctrl-C on to every rank as SIGINT (each rank runs in a session of its own): a rank
-    # ends at once, as SIGTERM ends it, rather than unwind mid-collective into a traceback per rank.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
     cuda = torch.cuda.is_available() and _worker_device(args, local_rank) != "cpu"
     timeouts = GroupTimeouts.for_worker_timeout(args.worker_timeout)
-    groups = init_groups(rank, world, local_rank, cuda, timeouts)
     try:
+        groups = init_groups(rank, world, local_rank, cuda, timeouts)
+    except (RuntimeError, ValueError) as exc:  # (torch.distributed's DistError is a RuntimeError)
+        print(f"triforce: error (rank {rank}): the {world} processes could not meet (torchrun's rendezvous, "
+              f"MASTER_ADDR/MASTER_PORT): {exc}", file=sys.stderr)
+        return 2
+    try:
+        ended = _prechecked(args, rank, world, groups.control)
+        if ended is not None:
+            return ended
         if args.control_host == "auto":
             args.control_host = _leader_host(rank, groups.control)
         return _coordinate(args, world, groups) if rank == 0 else _work(args, rank, world, local_rank, groups,
                                                                         timeouts)
     finally:
         dist.destroy_process_group()
+
+
+def _prechecked(args, rank: int, world: int, control) -> int | None:
+    """The command's own checks (its input, its output, its port: what `triforce CMD --workers W` checks
+    before torchrun starts), by rank 0 before any rank loads the model, and their outcome told every rank:
+    the exit status where the run ends there (0: nothing to do; 2: an error rank 0 printed), else None.
+    They run as the launching process runs them: a prompt or input from standard input is left for the
+    command to read."""
+    code = torch.tensor([-1])
+    if rank == 0 and getattr(args, "precheck", None) is not None:
+        try:
+            ended = args.precheck(argparse.Namespace(**{**vars(args), "workers": world - 1}))
+            code[0] = ended if isinstance(ended, int) else -1
+        except UserError as exc:
+            print(f"triforce: error: {exc}", file=sys.stderr)
+            code[0] = 2
+    dist.broadcast(code, src=0, group=control)
+    return None if code.item() < 0 else code.item()
 
 
 def _leader_host(rank: int, control) -> str:
@@ -269,9 +234,16 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
     from ..coordinator.channel import ControlChannel, WorkerError, model_identity
     from ..workers.bulk import BulkLink
 
+    import zmq
+
     path = _resolve_once(args.model, 0, groups.control, args.revision)
-    channel = ControlChannel(f"tcp://{args.control_host}:{control_port(args)}", args.worker_timeout,
-                             BulkLink(groups.link, peer=1))
+    endpoint = f"tcp://{args.control_host}:{control_port(args)}"
+    try:
+        channel = ControlChannel(endpoint, args.worker_timeout, BulkLink(groups.link, peer=1))
+    except zmq.ZMQError as exc:
+        print(f"triforce: error: cannot reach the worker leader at {endpoint} (--control-host, --control-port): "
+              f"{exc}", file=sys.stderr)
+        return 2
     shaken = False  # a group that refused the handshake is another run's (a shared port): never shut it down
     try:
         channel.handshake(model_identity(path, args.rope_scaling), world - 1)

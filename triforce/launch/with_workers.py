@@ -10,7 +10,8 @@ import sys
 import threading
 
 from ..models.loader import resolve_device
-from .distributed import check_distributed_settings, check_gpus, end_with_parent
+from .distributed import end_with_parent
+from .distributed_checks import check_distributed_settings, check_gpus
 
 
 def free_port() -> int:

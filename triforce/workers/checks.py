@@ -117,6 +117,10 @@ class LeaderChecks:
                                   or body["budget"] % body["chunk_size"] or body["start"] != length):
             raise RequestError(f"refresh needs a budget of two chunks or more, a multiple of the chunk size, "
                                f"at the cache's length {length}")
+        if kind == "refresh" and selects_chunks(length, body["budget"], body["chunk_size"]) and \
+                self.caches[body["seq"]].last_query[0] is None:  # (its KV all restored from the prefix store)
+            raise RequestError(f"refresh chooses chunks by the query of the last forward, and no forward has run "
+                               f"on sequence {body['seq']} yet")
         if kind == "refresh" and selects_chunks(length, body["budget"], body["chunk_size"]):
             # The first choice that selects chunks allocates the cache's chunk means (1 / (2 chunk_size) of
             # its KV): failing there, on every rank, it would end the group and every request on it

@@ -144,8 +144,15 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
                                       f"{coordinator_timeout_s:g} s)")
             started = time.perf_counter()
             # Checked above, so a failure here is a bug or a lost rank: let it end the process, and torchrun
-            # the group, rather than leave ranks waiting in different collectives.
-            result, tensors = worker.execute(kind, body)
+            # the group, rather than leave ranks waiting in different collectives; the leader tells the
+            # coordinator why first (else it saw a request unanswered, and the traceback on another node).
+            try:
+                result, tensors = worker.execute(kind, body)
+            except Exception as exc:
+                if tp.rank == 0:
+                    sock.send_multipart(error_reply(f"{kind!r} failed as it ran ({type(exc).__name__}: {exc}); the "
+                                                    "worker group ends", ended=True))
+                raise
             waiting_since = time.monotonic()  # the other ranks go on to the next broadcast
             if tp.rank == 0:
                 result["seconds"] = time.perf_counter() - started

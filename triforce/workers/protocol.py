@@ -78,11 +78,12 @@ def reply(body: dict | None = None, tensors: list[torch.Tensor] = ()) -> list[by
     return encode(REPLY, {"ok": True, **(body or {})}, tensors)
 
 
-def error_reply(message: str, full: bool = False, too_large: bool = False) -> list[bytes]:
+def error_reply(message: str, full: bool = False, too_large: bool = False, ended: bool = False) -> list[bytes]:
     """`full`: the refusal is for now only (the group's memory or sequence slots are taken); `too_large`: a
-    sequence the group's memory cannot hold even alone."""
+    sequence the group's memory cannot hold even alone; `ended`: the request failed as it ran, and the group
+    ends (its ranks may be mid-collective: nothing more can run on it)."""
     return encode(REPLY, {"ok": False, "error": message, **({"full": True} if full else {}),
-                          **({"too_large": True} if too_large else {})})
+                          **({"too_large": True} if too_large else {}), **({"ended": True} if ended else {})})
 
 
 def decode(frames: list[bytes], max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[str, dict, list[torch.Tensor]]:

@@ -1,0 +1,74 @@
+"""What a coordinator and worker group cannot run, refused before any process starts (`--workers`) or, under
+torchrun by hand, by every rank before the rendezvous: settings, a model the workers cannot split, too
+few GPUs."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import UserError
+from ..models.config import ModelConfig, ModelLoadError
+from ..models.hub import resolve_model
+from ..models.parallel import TensorParallel
+
+
+def _shards(cfg, size: int) -> bool:
+    """Whether `size` tensor-parallel ranks can split the model (TensorParallel.check)."""
+    try:
+        TensorParallel(0, size).check(cfg)
+    except ModelLoadError:
+        return False
+    return True
+
+
+def check_distributed_settings(args) -> None:
+    """What a worker group cannot serve, refused before any process starts."""
+    workers, device = getattr(args, "workers", 0), getattr(args, "worker_device", None)
+    if workers < 0:
+        raise UserError(f"--workers must be >= 0 (got {workers})")
+    if device not in (None, "cpu", "cuda"):
+        raise UserError(f"--worker-device must be cpu or cuda (got {device!r}); each worker takes cuda:LOCAL_RANK")
+    timeout, port = getattr(args, "worker_timeout", 30.0), getattr(args, "control_port", None)
+    if not 0 < timeout < float("inf"):
+        raise UserError(f"--worker-timeout must be a number of seconds > 0 (got {timeout})")
+    if port is not None and not 1 <= port <= 65535:
+        raise UserError(f"--control-port must be a port in 1-65535 (got {port})")
+    if not 0 <= getattr(args, "prefix_cache_gb", 0) < float("inf"):
+        raise UserError(f"--prefix-cache-gb must be a number >= 0 (got {args.prefix_cache_gb})")
+    if workers > 0:  # once here, not an error from every rank
+        check_split(args, workers, f"--workers {workers}")
+    if getattr(args, "control_host", None) == "auto" and args.control_bind in ("127.0.0.1", "localhost", "::1"):
+        raise UserError("--control-host auto dials the leader's host name, and the leader listens on loopback "
+                        "(--control-bind 127.0.0.1, the default): bind it to 0.0.0.0 or an interface")
+    if args.retrieval_policy == "dynamic" and args.mode not in ("draft", "ar"):
+        raise UserError("--retrieval-policy dynamic reads the target's full cache at every step, so it needs "
+                        "it in the coordinator's process: it cannot run with --workers (use static)")
+
+
+def check_split(args, workers: int, named: str) -> None:
+    """A UserError where `workers` tensor-parallel ranks cannot split the target, naming the sizes that do."""
+    if getattr(args, "model", None) is None:
+        return
+    cfg = ModelConfig.from_folder(resolve_model(args.model, getattr(args, "revision", None)))
+    if not _shards(cfg, workers):
+        fits = [w for w in range(1, cfg.num_heads + 1) if _shards(cfg, w)]
+        raise UserError(f"{named}: the target's {cfg.num_heads} attention heads, {cfg.num_kv_heads} KV heads and "
+                        f"MLP width {cfg.intermediate_size} do not split {workers} ways; the workers may be "
+                        f"{', '.join(map(str, fits))} for this model")
+
+
+def check_gpus(args, processes: int) -> None:
+    """With CUDA workers each of a node's `processes` ranks takes cuda:LOCAL_RANK (the coordinator cuda:0, a
+    worker r cuda:r): a UserError where the node has fewer GPUs (a rank's set_device failed, and the others
+    waited for it in the rendezvous)."""
+    if worker_choice(args) != "cuda":
+        return
+    gpus = torch.cuda.device_count()
+    if processes > gpus:
+        raise UserError(f"{processes} processes on this node take a GPU each (the coordinator cuda:0, worker r "
+                        f"cuda:r) and it has {gpus}: run fewer workers ({max(gpus - 1, 0)} here), or "
+                        f"--worker-device cpu")
+
+
+def worker_choice(args) -> str:
+    """--worker-device, or by default cuda where this process sees a GPU, else cpu."""
+    return args.worker_device or ("cuda" if torch.cuda.is_available() else "cpu")
