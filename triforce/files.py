@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,14 @@ def read_user_text(path: str | Path) -> str:
     UTF-8 with or without a byte-order mark (Windows editors write one; kept, it was a character of the text,
     and tokens of the prompt). OSError or UnicodeDecodeError where it cannot be read."""
     return user_path(path).read_text(encoding="utf-8-sig")
+
+
+def read_standard_input(what: str) -> str:
+    """Standard input's text (`-` for a file flag), UTF-8 with or without a byte-order mark; on a terminal,
+    first a word that it is read (a pipe or a file says nothing), which a user waiting on the model missed."""
+    if sys.stdin.isatty():
+        print(f"triforce: reading {what} from standard input; end with Ctrl-D", file=sys.stderr)
+    return sys.stdin.buffer.read().decode("utf-8-sig")
 
 
 def save_whole(path: Path, obj) -> None:

@@ -461,15 +461,36 @@ def test_a_rerun_waits_for_a_process_writing_the_same_output(tmp_path):
     assert [json.loads(x)["custom_id"] for x in out.read_text().splitlines()] == ["a", "b"]
 
 
-def test_retry_failed_removes_failed_results_to_run_them_again(tmp_path, capsys):
-    out = tmp_path / "out.jsonl"
-    ok = {"id": "batch_req_1", "custom_id": "a", "response": {"status_code": 200, "body": {}}, "error": None}
-    refused = {"id": "batch_req_2", "custom_id": "b", "response": {"status_code": 404, "body": {}}, "error": None}
-    bad = {"id": "batch_req_3", "custom_id": "c", "response": None, "error": {"code": "invalid_json"}}
-    out.write_text("".join(json.dumps(r) + "\n" for r in (ok, refused, bad)))
-    assert set(done_results(out)) == {"a", "b", "c"} and len(out.read_text().splitlines()) == 3
-    assert set(done_results(out, retry_failed=True)) == {"a"}
-    assert out.read_text() == json.dumps(ok) + "\n" and "removed the results of 2 failed" in capsys.readouterr().err
+def test_retry_failed_runs_this_shards_failed_requests_again_once_the_checks_pass(tiny_dir, tmp_path, capsys):
+    """--retry-failed removes this shard's failed results (an error, a status other than 200) from the output
+    and runs their lines again; another shard's, in a shared output, stay for that shard; a run refused by
+    its checks (a line changed since its result) leaves the file as it was."""
+    from triforce.launch.batch_resume import result_id
+
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    lines = [request(f"r{i}", PROMPT, 2) for i in range(4)]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+
+    def result(i, status, error=None, id_=None):
+        return json.dumps({"id": id_ or result_id(lines[i]), "custom_id": f"r{i}", "error": error,
+                           "response": None if error else {"status_code": status, "body": {}}}) + "\n"
+
+    text = result(0, 404) + result(1, None, {"code": "x"}) + result(2, 200, id_="batch_req_" + "0" * 64) + \
+        result(3, 500)
+    out.write_text(text)
+    assert run(target, inp, out, "--shard", "0/2", "--retry-failed") == 2
+    assert "changed since" in capsys.readouterr().err and out.read_text() == text  # untouched
+    text = text.replace("batch_req_" + "0" * 64, result_id(lines[2]))
+    out.write_text(text)
+    assert run(target, inp, out, "--shard", "0/2") == 0  # r2 answered, r0 failed: nothing to run, said
+    assert "1 of this shard's results" in capsys.readouterr().err and out.read_text() == text
+    assert run(target, inp, out, "--shard", "0/2", "--retry-failed") == 0
+    assert "removed the results of 1 failed requests" in capsys.readouterr().err
+    got = results(out)
+    assert [got[f"r{i}"]["response"] and got[f"r{i}"]["response"]["status_code"] for i in range(4)] == \
+        [200, None, 200, 500]  # r1 and r3 are shard 1's
+    assert len(out.read_text().splitlines()) == 4
 
 
 def test_a_request_that_fails_on_a_bug_gets_a_500_and_the_job_goes_on(tiny_dir, tmp_path, monkeypatch, capsys):
@@ -500,6 +521,17 @@ def test_a_request_that_fails_on_a_bug_gets_a_500_and_the_job_goes_on(tiny_dir, 
     assert run(target, inp, out) == 0 and results(out)["bug"]["response"]["status_code"] == 500  # kept
     assert run(target, inp, out, "--retry-failed") == 0
     assert len(out.read_text().splitlines()) == 3 and results(out)["bug"]["response"]["status_code"] == 200
+    # a device or an engine that broke: every line would get its 500; three in a row end the job
+    monkeypatch.setattr(LLM, "generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device lost")))
+    many = tmp_path / "many.jsonl"
+    many.write_text("\n".join(request(f"m{i}", PROMPT, 2) for i in range(5)) + "\n")
+    assert run(target, many, tmp_path / "broken.jsonl", "--batch-size", "1") == 2
+    assert "3 requests in a row failed on internal errors" in capsys.readouterr().err
+    assert len(results(tmp_path / "broken.jsonl")) == 3
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run(target, "-", tmp_path / "o.jsonl") == 2  # each rank would read a part of one standard input
+    assert "save it to a file" in capsys.readouterr().err
 
 
 def test_batch_lays_chat_lines_out_by_the_chat_template_given(tiny_dir, tmp_path, capsys):

@@ -147,6 +147,11 @@ def test_under_torchrun_by_hand_rank_0_runs_the_commands_checks_before_the_model
     assert distributed.main(["--model", str(target), "--prompt-file", str(tmp_path / "gone.txt"),
                              "--worker-device", "cpu"]) == 2 and told == [(0, "control", 2)]
     assert "cannot read prompt file" in capsys.readouterr().err
+    told.clear()
+    monkeypatch.setattr("triforce.launch.batch_jobs._precheck", lambda args: 1 / 0)  # a bug: told too
+    with pytest.raises(ZeroDivisionError):
+        distributed.main(batch)
+    assert told == [(0, "control", 1)]
     from argparse import Namespace
 
     with pytest.raises(UserError, match="--control-host auto dials the leader's host name"):

@@ -33,6 +33,7 @@ class WorkerError(UserError):
 
 # why a request may go unanswered, by its kind: the first one also when nothing listens where it was sent
 SILENT = {None: "a worker died or hangs",
+          "prefill": "a worker died or hangs, or a prompt chunk takes the group longer: raise --worker-timeout",
           "handshake": "nothing listens there (--control-host, --control-port), or the workers did not load the "
                        "model in that time"}
 
@@ -140,7 +141,8 @@ class ControlChannel:
         except ProtocolError as exc:
             raise WorkerError(f"unreadable reply from the worker group: {exc}") from exc
         if not reply_body.get("ok"):
-            self.broken = bool(reply_body.get("ended"))
+            if reply_body.get("ended"):
+                self.broken = True
             raise refusal(kind, reply_body)
         if kind in BULK_REPLIES:
             try:

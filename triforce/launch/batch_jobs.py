@@ -30,12 +30,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import RequestFailed, TooLarge, UserError
-from ..files import read_user_text, user_path
+from ..files import read_standard_input, read_user_text, user_path
 from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
 from .batch_output import ResultsWriter
 from .batch_shards import shard_of
-from .batch_resume import check_resumable, done_results, jsonl_lines, result_id
+from .batch_resume import check_resumable, done_results, drop_results, failed, jsonl_lines, result_id
 from .generate import not_a_file
 from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
                     check_serving_args)
@@ -117,6 +117,9 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
     check_serving_args(args)
+    if args.input == "-" and count > 1:
+        raise UserError(f"--input - with shard {index}/{count}: each of the {count} processes would read a part of "
+                        "one standard input; save it to a file")
     lines = None
     if not (launching and not_a_file(args.input)):
         try:
@@ -130,7 +133,7 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
         raise UserError(f"--output {output}: no folder {output.parent}")
     if output.exists() and not output.is_file():  # a pipe or a device: never read back, so never resumed
         raise UserError(f"--output {output} is not a file: results go to a file, which a rerun resumes")
-    finished = done_results(output, args.retry_failed)
+    finished = done_results(output)
     every = None if lines is None else request_lines(lines)  # (refused before the output is made)
     try:
         output.open("a").close()  # before the model loads
@@ -141,16 +144,19 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
     mine = every[index::count]
     model = args.served_model_name or str(args.model)
     check_resumable(output, lines, every, mine, finished, model)
-    return lines, output, mine, finished, model
+    failures = [custom_id for _, custom_id, _, _ in mine if custom_id in finished and failed(finished[custom_id])]
+    if failures and args.retry_failed:  # (removed from the file as the job starts: retried)
+        finished = {k: v for k, v in finished.items() if k not in failures}
+    elif failures:
+        print(f"batch: {len(failures)} of this shard's results in --output {output} are failed requests' (an "
+              "error, a status other than 200): --retry-failed runs them again", file=sys.stderr)
+        failures = []
+    return lines, output, mine, finished, model, failures
 
 
 def _input_text(path: str) -> str:
     """--input's text: a file, or standard input (`-`), UTF-8 with or without a byte-order mark."""
-    if path != "-":
-        return read_user_text(path)
-    if sys.stdin.isatty():  # (a pipe or a file says nothing)
-        print("triforce: reading request lines from standard input; end them with Ctrl-D", file=sys.stderr)
-    return sys.stdin.buffer.read().decode("utf-8-sig")
+    return read_standard_input("request lines") if path == "-" else read_user_text(path)
 
 
 def _precheck(args) -> int | None:
@@ -172,9 +178,11 @@ def _nothing_to_answer(lines: list[str], output: Path, mine: list, finished: dic
 
 
 def _batch(args) -> int:
-    lines, output, mine, finished, model = batch_plan(args)
+    lines, output, mine, finished, model, retried = batch_plan(args)
     if _nothing_to_answer(lines, output, mine, finished):
         return 0
+    if retried:
+        drop_results(output, retried)
     llm = llm_from_args(args)
     try:
         return _answer(args, llm, lines, output, mine, finished, model)

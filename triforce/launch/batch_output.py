@@ -6,6 +6,7 @@ killed process) loses at most the line in flight: unsynced lines were lost with 
 back as a run of NUL bytes."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import BinaryIO, Iterator
 
 from tqdm import tqdm
 
+from ..errors import UserError
 from ..serve.fields import ApiError
 
 try:
@@ -26,7 +28,16 @@ except ImportError:  # (not on Windows: unlocked)
     fcntl = None
 
 log = logging.getLogger("triforce")
-_UNLOCKABLE: set[Path] = set()  # outputs whose file system refused a lock (said once each)
+_SAID: set[tuple[str, Path]] = set()  # (what, output) said once: a lock or a sync the file system refused
+REOPENS = 100  # a file replaced this many times while waiting for its lock: a file system whose inode
+# numbers are not stable (CIFS without serverino), taken as it is
+INTERNAL_IN_A_ROW = 3  # requests failing on internal errors one after another that end a job
+
+
+def _say_once(what: str, path: Path, exc: OSError) -> None:
+    if (what, path) not in _SAID:
+        _SAID.add((what, path))
+        log.warning("cannot %s --output %s (%s): going on without", what, path, exc)
 
 
 @contextmanager
@@ -35,10 +46,14 @@ def locked(path: Path) -> Iterator[BinaryIO]:
     Where another process replaced the file while this one waited (a rerun's `--retry-failed` rewrites it
     whole), the new file is opened and locked instead. Where the file system cannot lock (NFS or Lustre
     mounted without flock), unlocked, said once: one process per output is then safe, several are not."""
-    while True:
+    for attempt in range(REOPENS + 1):
         file = path.open("a+b")
-        if fcntl is None or _lock(file, path):
-            break
+        try:
+            if fcntl is None or _lock(file, path) or attempt == REOPENS:
+                break
+        except BaseException:
+            file.close()
+            raise
         file.close()
     try:
         yield file
@@ -50,11 +65,8 @@ def _lock(file: BinaryIO, path: Path) -> bool:
     """Locks `file`; False where `path` names another file by the time the lock is taken."""
     try:
         fcntl.flock(file.fileno(), fcntl.LOCK_EX)
-    except OSError as exc:
-        if path not in _UNLOCKABLE:
-            _UNLOCKABLE.add(path)
-            log.warning("cannot lock --output %s (%s): going on without; give each process its own output", path,
-                        exc)
+    except OSError as exc:  # (one process per output is then safe, several are not)
+        _say_once("lock", path, exc)
         return True
     try:
         return os.path.samestat(os.fstat(file.fileno()), os.stat(path))
@@ -68,20 +80,34 @@ def append_result(path: Path, record: dict) -> None:
     with locked(path) as file:
         file.write(line)
         file.flush()
-        os.fsync(file.fileno())
+        try:
+            os.fsync(file.fileno())
+        except OSError as exc:  # a file system that cannot sync (some FUSE or SMB mounts): written, unsynced
+            if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise
+            _say_once("sync", path, exc)
 
 
 class ResultsWriter:
     """Writes result lines to --output as they come (batch_output.append_result), each a step of the
-    progress bar, and counts them by status for the summary."""
+    progress bar, and counts them by status for the summary. INTERNAL_IN_A_ROW requests failing on internal
+    errors one after another end the job (a UserError): a device or an engine that broke would otherwise
+    answer every line left with a 500."""
 
     def __init__(self, output: Path, bar: tqdm):
         self.output, self.bar, self.statuses = output, bar, Counter()
+        self.internal_in_a_row = 0
 
     def __call__(self, record: dict) -> None:
         append_result(self.output, record)
-        self.statuses[record["response"]["status_code"] if record["response"] else "not a request"] += 1
+        status = record["response"]["status_code"] if record["response"] else "not a request"
+        self.statuses[status] += 1
         self.bar.update(1)
+        self.internal_in_a_row = self.internal_in_a_row + 1 if status == 500 else 0
+        if self.internal_in_a_row == INTERNAL_IN_A_ROW:
+            raise UserError(f"{INTERNAL_IN_A_ROW} requests in a row failed on internal errors (above): the job "
+                            "stops, as a device or the engine may be broken; the results written so far are "
+                            "kept, and a rerun with --retry-failed runs the failed ones again")
 
     def internal_error(self, custom_id: str, request_id: str, exc: Exception) -> dict:
         """A request's 500 response (the server's answer to a bug), its traceback on standard error."""

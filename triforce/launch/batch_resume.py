@@ -48,13 +48,12 @@ def result_id(line: str) -> str:
     return f"{RESULT_ID_START}{uuid.uuid4().hex[:UUID_DIGITS]}{line_hash(line)}"
 
 
-def done_results(output: Path, retry_failed: bool = False) -> dict[str, dict]:
+def done_results(output: Path) -> dict[str, dict]:
     """custom_ids already answered in `output`, each with its result line, read under the output's lock
     (batch_output.py). A torn last line (the start of a line this command writes, what a kill mid-write
     leaves) is cut off, as is a run of NUL bytes at the end (what a node that failed mid-write can leave),
-    and said; a last line whole but for its newline is ended. `retry_failed`: the results of failed
-    requests (an error, or a status other than 200) are removed from the file, so that their lines run
-    again. A file that is not a results file (a line that is not a result) is a UserError, left as it is."""
+    and said; a last line whole but for its newline is ended. A file that is not a results file (a line
+    that is not a result) is a UserError, left as it is."""
     if not output.exists():
         return {}
     try:
@@ -63,17 +62,10 @@ def done_results(output: Path, retry_failed: bool = False) -> dict[str, dict]:
             data = file.read().decode()
             whole, ended, cut = _whole_lines(data)
             done = _results(output, whole)
-            failed = [custom_id for custom_id, record in done.items() if retry_failed and _failed(record)]
-            if failed:
-                for custom_id in failed:
-                    del done[custom_id]
-                # (a process appending meanwhile waits for the lock, then opens the new file)
-                write_whole(output, "".join(json.dumps(record) + "\n" for record in done.values()))
-            elif cut or ended:  # in place (rewriting the file risked all of it)
-                if cut:
-                    os.truncate(output, len(whole.encode()) - ended)
-                if ended:
-                    file.write(b"\n")
+            if cut:  # in place (rewriting the file risked all of it)
+                os.truncate(output, len(whole.encode()) - ended)
+            if ended:
+                file.write(b"\n")
     except UnicodeDecodeError as exc:
         raise UserError(f"cannot read --output {output}: {exc}") from None
     except OSError as exc:
@@ -81,10 +73,25 @@ def done_results(output: Path, retry_failed: bool = False) -> dict[str, dict]:
     if cut:
         print(f"batch: cut {cut} characters off the end of --output {output} (a torn line or NUL bytes, what a "
               "kill or a failed node mid-write leaves; a torn line's request runs again)", file=sys.stderr)
-    if failed:
-        print(f"batch: --retry-failed: removed the results of {len(failed)} failed requests from --output "
-              f"{output}, to run them again", file=sys.stderr)
     return done
+
+
+def drop_results(output: Path, custom_ids: list[str]) -> None:
+    """The results of `custom_ids` removed from `output` (--retry-failed, once the run's checks passed), the
+    file rewritten whole under its lock: a process appending meanwhile (another shard's) waits for the
+    lock, then opens the new file."""
+    drop = set(custom_ids)
+    try:
+        with locked(output) as file:
+            file.seek(0)
+            whole, _, _ = _whole_lines(file.read().decode())
+            kept = [line + "\n" for line in jsonl_lines(whole) if line.strip() and
+                    (_result_line(line) or {}).get("custom_id") not in drop]
+            write_whole(output, "".join(kept))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot rewrite --output {output}: {exc}") from None
+    print(f"batch: --retry-failed: removed the results of {len(drop)} failed requests from --output {output}, to "
+          "run them again", file=sys.stderr)
 
 
 def _whole_lines(data: str) -> tuple[str, bool, int]:
@@ -119,7 +126,7 @@ def _results(output: Path, whole: str) -> dict[str, dict]:
     return done
 
 
-def _failed(record: dict) -> bool:
+def failed(record: dict) -> bool:
     """Whether a result line is a failed request's: an error, or a response of a status other than 200."""
     response = record.get("response")
     return record.get("error") is not None or not isinstance(response, dict) or response.get("status_code") != 200

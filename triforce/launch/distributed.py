@@ -135,10 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     if world < 2:
         print("triforce: error: needs at least 2 processes: the coordinator and one worker", file=sys.stderr)
         return 2
-    # torchrun passes a Ctrl-C on to every rank as SIGINT (each rank runs in a session of its own): a rank
-    # ends at once, as SIGTERM ends it, rather than unwind into a traceback per rank (mid-collective, or
-    # while the first run fetches and converts the model).
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:  # every rank checks alike and all end here, before any waits for another in the rendezvous
         check_distributed_settings(args)
         check_split(args, world - 1, f"{world} processes ({world - 1} workers)")
@@ -146,13 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a Ctrl-C while the first run fetches or converts the model: its partial files
+        return 130  # removed as it unwound, and no traceback per rank
+    # torchrun passes a Ctrl-C on to every rank as SIGINT (each rank runs in a session of its own): a rank
+    # ends at once, as SIGTERM ends it, rather than unwind mid-collective into a traceback per rank.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     cuda = torch.cuda.is_available() and _worker_device(args, local_rank) != "cpu"
     timeouts = GroupTimeouts.for_worker_timeout(args.worker_timeout)
     try:
         groups = init_groups(rank, world, local_rank, cuda, timeouts)
     except (RuntimeError, ValueError) as exc:  # (torch.distributed's DistError is a RuntimeError)
-        print(f"triforce: error (rank {rank}): the {world} processes could not meet (torchrun's rendezvous, "
-              f"MASTER_ADDR/MASTER_PORT): {exc}", file=sys.stderr)
+        print(f"triforce: error (rank {rank}): could not set up torch.distributed for {world} processes (the "
+              f"rendezvous at MASTER_ADDR/MASTER_PORT, or this rank's device): {exc}", file=sys.stderr)
         return 2
     try:
         ended = _prechecked(args, rank, world, groups.control)
@@ -172,7 +173,7 @@ def _prechecked(args, rank: int, world: int, control) -> int | None:
     the exit status where the run ends there (0: nothing to do; 2: an error rank 0 printed), else None.
     They run as the launching process runs them: a prompt or input from standard input is left for the
     command to read."""
-    code = torch.tensor([-1])
+    code, failure = torch.tensor([-1]), None
     if rank == 0 and getattr(args, "precheck", None) is not None:
         try:
             ended = args.precheck(argparse.Namespace(**{**vars(args), "workers": world - 1}))
@@ -180,7 +181,11 @@ def _prechecked(args, rank: int, world: int, control) -> int | None:
         except UserError as exc:
             print(f"triforce: error: {exc}", file=sys.stderr)
             code[0] = 2
+        except BaseException as exc:  # (a bug: told too, or the other ranks waited in the broadcast)
+            code[0], failure = 1, exc
     dist.broadcast(code, src=0, group=control)
+    if failure is not None:
+        raise failure
     return None if code.item() < 0 else code.item()
 
 

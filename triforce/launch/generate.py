@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from ..files import read_user_text, user_path
+from ..files import read_standard_input, read_user_text, user_path
 from ..sampling_params import SamplingParams, StructuredOutputs
 from .cli import llm_from_args, settings_named_by_flags
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_penalty_args, penalty_settings
@@ -110,12 +110,8 @@ def read_prompt(args) -> str:
     """--prompt, or --prompt-file's text (`-`: standard input), UTF-8 with or without a byte-order mark."""
     if args.prompt_file is not None:
         try:
-            if args.prompt_file == "-":
-                if sys.stdin.isatty():  # (a pipe or a file says nothing)
-                    print("triforce: reading the prompt from standard input; end it with Ctrl-D", file=sys.stderr)
-                prompt = sys.stdin.buffer.read().decode("utf-8-sig")
-            else:
-                prompt = read_user_text(args.prompt_file)
+            prompt = read_standard_input("the prompt") if args.prompt_file == "-" else \
+                read_user_text(args.prompt_file)
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read prompt file {args.prompt_file}: {exc}") from exc
     else:

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT = "heartbeat"  # a group-internal request: never sent over ZeroMQ, never executed
 ORPHANED = "orphaned"  # group-internal too: the leader's decision that the coordinator is gone
 DEFAULT_COORDINATOR_TIMEOUT_S = 30.0
+ENDED_REPLY_LINGER_MS = 2000  # how long a leader that fails a request waits for its error reply to leave
 
 
 def _broadcast_bytes(payload: bytes | None, tp: TensorParallel) -> bytes:
@@ -106,6 +107,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
     # of it, however many requests the leader refused meanwhile (each answered alone; each restarted the
     # wait before, so refusals under heartbeat_s apart let the group's collective time out)
     waiting_since = time.monotonic()
+    linger_ms = 0
     try:
         while True:
             payload = None
@@ -152,6 +154,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
                 if tp.rank == 0:
                     sock.send_multipart(error_reply(f"{kind!r} failed as it ran ({type(exc).__name__}: {exc}); the "
                                                     "worker group ends", ended=True))
+                    linger_ms = ENDED_REPLY_LINGER_MS  # (closed at once, the socket dropped the reply queued)
                 raise
             waiting_since = time.monotonic()  # the other ranks go on to the next broadcast
             if tp.rank == 0:
@@ -167,4 +170,4 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
         if watch is not None:
             watch.close()
         if sock is not None:
-            sock.close(0)
+            sock.close(linger_ms)
