@@ -247,7 +247,7 @@ def test_a_job_killed_mid_run_and_restarted_answers_every_line_once(tiny_dir, tm
     import time
 
     target = tiny_dir("batch-target", tokenizer=True, seed=91)
-    prompts = {f"r{i}": " ".join(PROMPT.split()[i % 7:]) for i in range(40)}
+    prompts = {f"r{i}": " ".join(PROMPT.split()[i % 7:]) for i in range(16)}
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("\n".join(request(k, p, 40) for k, p in prompts.items()) + "\n")
     argv = [sys.executable, "-m", "triforce", "batch", "--input", str(inp), "--output", str(out), "--model",
