@@ -170,6 +170,22 @@ def test_settings_of_the_wrong_type_are_refused_at_once(tiny_dir):
         LLM(target, tiny_dir("api-draft", tokenizer=True, seed=52, num_layers=1), mode="triforce", window=600)
 
 
+def test_a_worker_group_that_runs_another_dtype_is_said(tiny_dir, caplog):
+    """--dtype auto decides per device: CPU coordinator and GPU workers (or a T4's float16) run tiers 2 and 3
+    in different precisions, exact still (the group's target decides), but unsaid."""
+    import logging
+    from types import SimpleNamespace
+
+    channel = SimpleNamespace(handshake=None, dtype="bfloat16", prefix_bytes=0, tp_size=1, prefill_chunk=512)
+    with caplog.at_level(logging.WARNING, logger="triforce"):
+        LLM(tiny_dir("api-target", tokenizer=True, seed=51), mode="ar", dtype="float32", workers=channel)
+    assert "runs the target in bfloat16 and this process (the draft and the retrieval tier) in float32" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="triforce"):
+        LLM(tiny_dir("api-target", tokenizer=True, seed=51), mode="ar", dtype="bfloat16", workers=channel)
+    assert "worker group" not in caplog.text
+
+
 def test_settings_of_a_tier_the_mode_does_not_run_are_refused(tiny_dir, monkeypatch):
     """The CLI refused them, the Python API ignored them without a word: a draft in modes ar and retrieval, a
     tree or rounds2 in a mode whose tiers they do not shape, a tree shape without a tree, stop_below or lookup

@@ -75,6 +75,11 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
             raise ConfigError(f"workers must be a channel to a worker group (launch/distributed.py sets one: "
                               f"`triforce ... --workers N`), or None (got {workers!r})")
         self.workers = workers
+        here = str(self.dtype).removeprefix("torch.")
+        if getattr(workers, "dtype", None) not in (None, here):  # (--dtype auto on other devices: exact still)
+            log.warning("the worker group runs the target in %s and this process (the draft and the retrieval "
+                        "tier) in %s: the output follows the group's target, and the retrieval tier's proposals "
+                        "part from it more; give --dtype to run both alike", workers.dtype, here)
         self._request_ids = itertools.count()
         asked = EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         asked.refuse_unused(draft)

@@ -87,6 +87,7 @@ def test_a_commit_keeps_a_path_of_the_last_verify_or_is_refused(tiny_dir):
     went through and left the cache holding KV of tokens that never followed each other."""
     model = load_model(tiny_dir("worker-target", seed=5), "float32")
     leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
+    assert leader.execute("handshake", {})[0]["dtype"] == "float32"  # (the coordinator compares its own)
     leader.execute("start", {"seq": 1, "capacity": 32, "forwards": []})
     leader.execute("prefill", {"seq": 1, "tokens": [3, 4, 5], "final": True})
     leader.execute("verify", {"seqs": [1], "tokens": [[6, 7, 8, 9]], "parents": [[-1, 0, 0, 2]], "starts": [3]})

@@ -91,6 +91,7 @@ class ControlChannel:
         self.wait_s = 0.0
         self.broken = self.closed = self.abandoned = False
         self.tp_size = self.prefix_bytes = 0  # the group's ranks and each one's prefix store, once the handshake told
+        self.dtype = None  # the group's weights' dtype, as the handshake tells
         self.prefill_chunk = PREFILL_CHUNK  # the workers' prompt block (their prefix store's unit), as the
         # handshake tells
         self._sequences = 0  # numbers handed to RemoteVerifiers so far
@@ -169,6 +170,7 @@ class ControlChannel:
         if tp_size and body["tp_size"] != tp_size:
             raise WorkerError(f"the worker group has {body['tp_size']} ranks, expected {tp_size}")
         self.tp_size, self.prefix_bytes = body["tp_size"], body["prefix_bytes"]
+        self.dtype = body.get("dtype")  # the target's on the group (a --dtype auto of its own devices)
         self.prefill_chunk = body["prefill_chunk"]
         return body
 

@@ -87,7 +87,7 @@ class VerifierWorker(LeaderChecks):
         model = self.model
         if kind == "handshake":
             return {"model": self.model_id, "tp_size": self.tp.size, "protocol": PROTOCOL_VERSION,
-                    "vocab_size": model.config.vocab_size,
+                    "vocab_size": model.config.vocab_size, "dtype": str(model.dtype).removeprefix("torch."),
                     "prefix_bytes": self.prefixes.max_bytes if self.prefixes is not None else 0,
                     "prefill_chunk": self.prefill_chunk}, []
         if kind == "start":
