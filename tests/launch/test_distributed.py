@@ -321,6 +321,8 @@ def test_workers_without_a_control_port_get_a_free_one(folders, monkeypatch):
         assert with_workers.launch_with_torchrun(args) == 0
     chosen = launched[0][launched[0].index("--control-port") + 1]
     assert int(chosen) != DEFAULT_CONTROL_PORT and "--workers" not in launched[0]
+    # below the kernel's ephemeral ports, which torch.distributed's connections take while the model loads
+    assert with_workers.LOWEST_PORT <= int(chosen) < with_workers.ephemeral_ports()[0]
     assert launched[1].count("--control-port") == 1 and "4242" in launched[1] and "serve" in launched[1]
     assert distributed.control_port(build_parser().parse_args(["generate", "--prompt", "x"])) == DEFAULT_CONTROL_PORT
 

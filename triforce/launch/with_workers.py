@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,11 +15,35 @@ from .distributed import end_with_parent
 from .distributed_checks import check_distributed_settings, check_gpus
 
 
-def free_port() -> int:
-    """A free loopback port (for the control channel; the tests' and benchmarks' servers use it too)."""
+LOWEST_PORT = 10000  # where free_port looks, up to the kernel's ephemeral range
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now, for the control channel (the tests' and benchmarks' servers use it too):
+    one below the kernel's ephemeral range where it can tell. The group's leader binds it only once the
+    model has loaded, minutes later, and meanwhile torchrun's rendezvous and gloo open connections whose
+    local ports come from that range; a port from it could be one of theirs by then (the run then died
+    asking for a --control-port the user never gave)."""
+    low = ephemeral_ports()[0]
+    for port in random.sample(range(LOWEST_PORT, low), min(64, max(0, low - LOWEST_PORT))):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:  # taken (or not ours to take)
+                continue
+            return port
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The ports the kernel gives connections of their own (Linux's; elsewhere, and by default, IANA's)."""
+    try:
+        low, high = map(int, open(path).read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
 
 
 def process_environment(processes: int, env=os.environ) -> dict:
@@ -49,7 +74,7 @@ def launch_with_torchrun(args) -> int:
         if not a.startswith("--workers="):
             argv.append(a)
     if args.control_port is None:  # one machine: a free port, so that a second group does not collide
-        argv += ["--control-port", str(free_port())]
+        argv += ["--control-port", str(free_port(args.control_bind))]
     cmd = [sys.executable, "-m", "triforce.launch.torchrun", "--standalone", f"--nproc-per-node={args.workers + 1}",
            "-m", "triforce.launch.distributed", *argv]
     if threading.current_thread() is not threading.main_thread():  # no signal handlers here: torchrun stays in
