@@ -159,3 +159,23 @@ def test_a_prompt_that_ends_inside_a_character_gets_the_whole_character(smollm2_
     detok = IncrementalDetokenizer(smollm2_tokenizer, ("and",), prompt=tokens[:cut])
     stream_rounds(detok, tokens[cut:], seed)
     assert detok.text == "😀 ok, " and detok.tokens_through_stop() == len(smollm2_tokenizer("I say 😀 ok, and").input_ids) - cut
+
+
+def test_overlapping_stop_strings_stop_where_one_token_at_a_time_would():
+    """vLLM checks the stop strings after every token: it stops at those the earliest token completes, and of
+    those at the first in `stop`. A round of several tokens (what speculation accepts at once) took the one
+    that began first, so the same tokens stopped elsewhere, with another text, stop_reason and tokens kept,
+    in another mode or with another gamma."""
+    tok = metaspace_tokenizer(["hello", "world", "again"])
+    tokens = tok("hello world again").input_ids
+    for stop, text, reason, kept in ((("lo", "hello world"), "hel", "lo", 1),  # "lo" is completed first
+                                     (("llo", "he"), "he", "llo", 1),  # one token completes both: list order
+                                     (("he", "llo"), "", "he", 1),
+                                     (("again", "ld"), "hello wor", "ld", 2)):
+        for rounds in ([1, 1, 1], [3], [2, 1], [1, 2]):
+            detok, at = IncrementalDetokenizer(tok, stop), 0
+            for n in rounds:
+                if not detok.stopped:
+                    detok.add(tokens[at:at + n])
+                at += n
+            assert (detok.text, detok.stop_string, detok.tokens_through_stop()) == (text, reason, kept), (stop, rounds)

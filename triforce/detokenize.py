@@ -98,8 +98,30 @@ class IncrementalDetokenizer:
         region = max(0, start - self._reach)
         hits = [hit for hit in (self._first_after_floor(s, region) for s in self.stops) if hit is not None]
         if hits:
-            at, self._stop_end, self.stop_string = min(hits)
+            at, self._stop_end, self.stop_string = self._first_completed(hits)
             self.text, self.stopped = self.text[:self._stop_end if self.include_stop else at], True
+
+    def _first_completed(self, hits: list[tuple[int, int, str]]) -> tuple[int, int, str]:
+        """Of the stop strings found in a round's text (in the order of `stop`), the one vLLM stops at,
+        checking after every token: of those the earliest token completes, the first in `stop`. (The one
+        that began first was taken: a round of several tokens, as speculation accepts them, then stopped
+        elsewhere than one token at a time, with another text, stop_reason and tokens.)"""
+        if len(hits) > 1:
+            self._kept = self._tokens_reaching(min(end for _, end, _ in hits))
+            reach = self._chars(self._kept)
+            hits = [hit for hit in hits if hit[1] <= reach]
+        return hits[0]
+
+    def _tokens_reaching(self, end: int) -> int:
+        """The least n whose first n generated tokens' text reaches `end` characters."""
+        low, high = 1, len(self.tokens)
+        while low < high:
+            mid = (low + high) // 2
+            if self._chars(mid) >= end:
+                high = mid
+            else:
+                low = mid + 1
+        return low
 
     def _first_after_floor(self, stop: str, region: int) -> tuple[int, int, str] | None:
         """(start, end, stop) of the first `stop` at or after `region` that ends past the floor."""
@@ -120,14 +142,7 @@ class IncrementalDetokenizer:
         if not self.stopped:
             return len(self.tokens) + (self._end is not None)
         if self._kept is None:
-            low, high = 1, len(self.tokens)  # the least n whose text reaches the stop string's end
-            while low < high:
-                mid = (low + high) // 2
-                if self._chars(mid) >= self._stop_end:
-                    high = mid
-                else:
-                    low = mid + 1
-            self._kept = low
+            self._kept = self._tokens_reaching(self._stop_end)
         return self._kept
 
     def _take(self, final: bool) -> str:

@@ -1,11 +1,14 @@
 """A request's settings, frozen and validated: SamplingParams (vLLM's) and its StructuredOutputs."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 from .config import ConfigError, is_integer, is_number, shown
-from .speculation.sampling import GREEDY_BELOW, MAX_TEMPERATURE
+from .speculation.sampling import GREEDY_BELOW, LOWEST_SAMPLED, MAX_TEMPERATURE
+
+log = logging.getLogger("triforce")
 
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes (on a CPU, it uses the seed modulo 2**32)
 MAX_N = 4096  # outputs of one prompt (SamplingParams.n): more is a mistake, not a batch
@@ -183,6 +186,10 @@ class SamplingParams:
                 raise ConfigError(f"{name} must be a finite number (got {shown(getattr(self, name))})")
         if not 0 <= self.temperature <= MAX_TEMPERATURE:
             raise ConfigError(f"temperature must be from 0 to {MAX_TEMPERATURE:g} (got {self.temperature})")
+        if 0 < self.temperature < LOWEST_SAMPLED:  # as vLLM's SamplingParams: sampled, at the lowest it takes
+            log.warning("temperature %g is below %g, where logits divided by it overflow: raised to %g (0 is "
+                        "greedy)", self.temperature, LOWEST_SAMPLED, LOWEST_SAMPLED)
+            object.__setattr__(self, "temperature", LOWEST_SAMPLED)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
         if not is_integer(self.top_k) or self.top_k < -1:
@@ -276,7 +283,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """Temperature 0, or one so small that vLLM samples greedily too (speculation/sampling.py)."""
+        """Temperature 0 (any other below LOWEST_SAMPLED was raised to it, as vLLM does)."""
         return self.temperature < GREEDY_BELOW
 
     @property
