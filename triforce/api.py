@@ -32,9 +32,8 @@ from .memory import release_freed
 from .models.config import rope_scaling_spec
 from .llm_models import ModelChoice
 from .models.hub import DEFAULT_MODEL, resolve_model
-from .models.loader import DTYPE_CHOICES, resolve_device, resolve_dtype
+from .models.loader import DTYPE_CHOICES, checkpoint_dtype, resolve_device, resolve_dtype
 from .models.tokenizer import load_tokenizer
-from .models.vocab import check_draft_vocabulary
 from .request import Request, RequestOutput
 from .request_checks import RequestChecks
 from .request_memory import RequestMemory
@@ -70,16 +69,10 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         if unknown:
             raise ConfigError(f"unknown engine settings: {', '.join(sorted(unknown))}")
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)  # 'auto' decided once, for target and draft alike
         if workers is not None and not hasattr(workers, "handshake"):
             raise ConfigError(f"workers must be a channel to a worker group (launch/distributed.py sets one: "
                               f"`triforce ... --workers N`), or None (got {workers!r})")
         self.workers = workers
-        here = str(self.dtype).removeprefix("torch.")
-        if getattr(workers, "dtype", None) not in (None, here):  # (--dtype auto on other devices: exact still)
-            log.warning("the worker group runs the target in %s and this process (the draft and the retrieval "
-                        "tier) in %s: the output follows the group's target, and the retrieval tier's proposals "
-                        "part from it more; give --dtype to run both alike", workers.dtype, here)
         self._request_ids = itertools.count()
         asked = EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         asked.refuse_unused(draft)
@@ -92,11 +85,20 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         self._check_revisions([(model, revision), (draft, draft_revision), (vllm.tokenizer, vllm.tokenizer_revision)],
                               draft is not None, draft_revision)
         self.model_path = resolve_model(model, revision)
+        # 'auto' decided once, for target and draft alike (by the device, and on a GPU the target's checkpoint)
+        self.dtype = resolve_dtype(dtype, self.device, checkpoint_dtype(self.model_path))
+        if getattr(workers, "dtype", None) not in (None, self.dtype):  # (--dtype auto on other devices: exact)
+            log.warning("the worker group runs the target in %s and this process (the draft and the retrieval "
+                        "tier) in %s: the output follows the group's target, and the retrieval tier's proposals "
+                        "part from it more; give --dtype to run both alike", workers.dtype, self.dtype)
         self.draft_path = self._choose_draft(model, draft, draft_revision, mode)
         self.sampling_defaults = sampling_defaults(generation_config, self.model_path)
         self.target = self._load(self.model_path)
         self._bound_positions(vllm.max_model_len)
-        self.draft = None if self.draft_path is None else self._load(self.draft_path)
+        self._skipped_tokenizer = vllm.skip_tokenizer_init
+        self.tokenizer = None if vllm.skip_tokenizer_init else load_tokenizer(
+            self.model_path, self.target.config.vocab_size, vllm.tokenizer, vllm.tokenizer_revision)
+        self.draft = self._load_draft()
         if self.draft is None and mode == "triforce":
             if asked.tree1:  # as EngineConfig reads it (the flag's "0" is 0)
                 raise ConfigError("tree1 shapes the draft's proposals, and this target has no draft (mode "
@@ -111,11 +113,7 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         if "full_layers" in engine_settings and self.config.full_layers > self.target.config.num_layers:
             raise ConfigError(f"full_layers {self.config.full_layers} is more than the target's "
                               f"{self.target.config.num_layers} layers")
-        self._skipped_tokenizer = vllm.skip_tokenizer_init
-        self.tokenizer = None if vllm.skip_tokenizer_init else load_tokenizer(
-            self.model_path, self.target.config.vocab_size, vllm.tokenizer, vllm.tokenizer_revision)
         if self.draft is not None:
-            check_draft_vocabulary(self.draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
             check_draft_window(self.config, self.draft.config)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
         if workers is not None and not vllm.prefix_caching:

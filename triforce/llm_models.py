@@ -12,6 +12,7 @@ from .config import MODES_WITH_DRAFT, ConfigError
 from .models.config import ModelLoadError
 from .models.hub import check_revision, refetch_hint, resolve_model
 from .models.loader import load_model
+from .models.vocab import check_draft_vocabulary
 
 # Drafts for known targets: shipped inside the package (made by `triforce train-draft`; see docs/draft.md), or a
 # known model of the same family (fetched like the target). For other targets without --draft, mode
@@ -48,14 +49,32 @@ class ModelChoice:
             if mode == "draft":
                 raise ConfigError("mode 'draft' needs a draft model (--draft)")
             return None
+        self._default_draft = None if given or mode == "draft" else draft
         try:
             return resolve_model(draft, revision)
-        except ModelLoadError as exc:
-            if given or mode == "draft":
+        except (ModelLoadError, OSError) as exc:  # (OSError: a disk that filled as it was fetched)
+            if self._default_draft is None:
                 raise
-            self.draft_unavailable = f"the default draft {draft} is not to be had ({exc})"
-            print(f"triforce: {self.draft_unavailable}; running without a draft", file=sys.stderr)
+            return self._without_default_draft("is not to be had", exc)
+
+    def _load_draft(self):
+        """The draft at draft_path, loaded, its vocabulary checked against the target's tokenizer; a
+        default draft (not one the user named) that fails either is left out, as one not to be had."""
+        if self.draft_path is None:
             return None
+        try:
+            draft = self._load(self.draft_path)
+            check_draft_vocabulary(draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
+        except ModelLoadError as exc:
+            if self._default_draft is None:  # (said of the draft: --rope-scaling, say, applies to both)
+                raise ModelLoadError(f"the draft: {exc}") from None
+            self.draft_path = self._without_default_draft("cannot serve this target", exc)
+            return None
+        return draft
+
+    def _without_default_draft(self, why: str, exc: Exception) -> None:
+        self.draft_unavailable = f"the default draft {self._default_draft} {why} ({exc})"
+        print(f"triforce: {self.draft_unavailable}; running without a draft", file=sys.stderr)
 
     def _bound_positions(self, max_model_len: int | None) -> None:
         """vLLM's max_model_len: the target's positions bounded below the model's own."""

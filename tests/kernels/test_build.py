@@ -115,6 +115,28 @@ def test_auto_dtype_is_bfloat16_only_where_it_is_fast(fresh_level, level, kernel
     assert resolve_dtype("float16", "cpu") == "float16"
 
 
+def test_auto_dtype_on_a_gpu_keeps_a_float16_checkpoint_float16(monkeypatch, tmp_path):
+    """As vLLM's 'auto': a float16 checkpoint runs in float16 on a GPU with bfloat16 too (run in bfloat16 its
+    greedy outputs parted from vLLM's and transformers' on the same folder); bfloat16 where the GPU has it
+    otherwise, float16 where it does not. (Not run on a GPU here: torch's answers are faked.)"""
+    import json
+
+    import torch
+
+    from triforce.models.loader import checkpoint_dtype
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    for capability, checkpoint, dtype in (((8, 0), "float16", "float16"), ((8, 0), "bfloat16", "bfloat16"),
+                                          ((9, 0), None, "bfloat16"), ((8, 0), "float32", "bfloat16"),
+                                          ((7, 5), "bfloat16", "float16")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        assert resolve_dtype("auto", "cuda", checkpoint) == dtype, (capability, checkpoint)
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    assert checkpoint_dtype(tmp_path) == "float16" and checkpoint_dtype(tmp_path / "none") is None
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16", "torch_dtype": "float16"}))
+    assert checkpoint_dtype(tmp_path) == "bfloat16"  # transformers 5's name first
+
+
 @pytest.mark.skipif(cpu.cpu_isa() not in ("avx512", "amx"), reason="torch runs at AVX2 or below here anyway")
 def test_avx2_switch_takes_torch_down_to_avx2_too():
     env = {"TRIFORCE_CPU_ISA": "avx2", "PATH": "/usr/bin:/bin"}

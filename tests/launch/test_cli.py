@@ -88,7 +88,8 @@ def test_triforce_without_draft_falls_back_with_one_notice(capsys, target, extra
     assert err.count("falls back to 'retrieval'") == 1
 
 
-def test_a_default_draft_not_to_be_had_runs_without_one_and_a_named_one_is_an_error(capsys, target, monkeypatch):
+def test_a_default_draft_not_to_be_had_runs_without_one_and_a_named_one_is_an_error(capsys, target, monkeypatch,
+                                                                                       tiny_dir):
     """A known target's default draft is fetched on first use; offline (or the fetch failing) mode auto and
     triforce ran nothing at all, though they run without a draft. A draft the user named, or mode draft,
     still fail with the reason."""
@@ -111,6 +112,15 @@ def test_a_default_draft_not_to_be_had_runs_without_one_and_a_named_one_is_an_er
     for extra in (["--mode", "draft"], ["--draft", "some-draft"]):
         code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, *extra)
         assert code != 0 and "could not download some-draft" in err.splitlines()[-1]
+    # one that is had but cannot serve the target (another tokenizer, a damaged folder): left out too
+    other = tiny_dir("cli-other-tokens-draft", tokenizer=True, vocab_size=40, seed=3, num_layers=1)
+    monkeypatch.setitem(llm_models.DEFAULT_DRAFTS, str(target), other)
+    code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, "--json",
+                             "--mode", "triforce")
+    assert code == 0 and json.loads(out)["mode"] == "retrieval"
+    assert f"the default draft {other} cannot serve this target" in err
+    code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, "--draft", other)
+    assert code != 0 and "draft" in err.splitlines()[-1]  # named: its error
 
 
 def bad_inputs(target, draft, tmp_path, tiny_dir):

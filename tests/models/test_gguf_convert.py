@@ -19,7 +19,7 @@ HIDDEN, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 64, 4, 2, 96, 32, 2
 
 def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None, yarn: float | None = None,
                rope_freqs: np.ndarray | None = None, split_count: int | None = None, pre: str = "qwen2",
-               merges: tuple[str, ...] = ("a b", "b c")) -> None:
+               merges: tuple[str, ...] = ("a b", "b c"), scale_linear: float | None = None) -> None:
     """A random Llama-family GGUF: F32 norms and biases, Q8_0 matrices (as most GGUFs quantize them); with
     `tokens` (VOCAB of them, the last three control tokens, the last the end of sequence), a byte-level BPE
     tokenizer as Qwen2's GGUFs carry one."""
@@ -44,6 +44,8 @@ def write_gguf(path, arch: str, tied: bool, tokens: list[str] | None = None, yar
     if split_count:  # as llama.cpp's gguf-split writes each part
         w.add_uint16("split.no", 0)
         w.add_uint16("split.count", split_count)
+    if scale_linear:  # as older converters wrote a SuperHOT or LongChat model's: a factor, no type
+        w.add_float32(f"{arch}.rope.scale_linear", scale_linear)
     if yarn:  # as llama.cpp's converter writes a Qwen2.5 128K model's: YaRN by `yarn` over 64 positions
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(yarn)
@@ -166,6 +168,11 @@ def test_a_ggufs_rope_scaling_reaches_the_converted_config(tmp_path, monkeypatch
     assert (scaled.rope_type, scaled.rope_scaling["factor"], scaled.rope_scaling["original_max_position_embeddings"],
             scaled.rope_theta) == ("yarn", 4.0, 64, 10000.0)
     assert ModelConfig.from_folder(folders[None]).rope_type == "default"
+    write_gguf(tmp_path / "old.gguf", "llama", False, tokens, scale_linear=4.0)  # no type: llama.cpp's linear
+    (tmp_path / "out-old").mkdir()
+    gguf_convert.write_hf_folder(tmp_path / "old.gguf", tmp_path / "out-old")
+    old = ModelConfig.from_folder(tmp_path / "out-old")  # (it ran unscaled)
+    assert (old.rope_type, old.rope_scaling["factor"]) == ("linear", 4.0)
     ids = torch.randint(0, VOCAB, (100,))
 
     def logits(folder):

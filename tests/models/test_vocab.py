@@ -81,3 +81,23 @@ def test_a_draft_of_another_tokenizer_is_refused(tiny_dir):
     target = tiny_dir("padded-target-96", seed=61, vocab_size=96, scale=25, tokenizer=True)
     with pytest.raises(ModelLoadError, match="draft tokenizer differs"):
         LLM(str(target), str(tiny_dir("other-tokens-80", seed=62, vocab_size=80, tokenizer=True)), mode="draft")
+
+
+def test_a_draft_whose_tokens_cannot_be_read_or_checked_is_refused_or_said(tiny_dir, tmp_path, caplog):
+    """A draft's damaged tokenizer.json raised KeyError or a bare Exception out of transformers: a traceback.
+    A draft with no tokenizer beside a target with one is taken by its rows alone (Llama-2 and Mistral have
+    32,000 each): said."""
+    import logging
+    import shutil
+
+    from triforce import LLM
+
+    target = tiny_dir("padded-target-96", seed=61, vocab_size=96, scale=25, tokenizer=True)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_dir("same-tokens-96", seed=63, vocab_size=96, tokenizer=True, num_layers=1), damaged)
+    (damaged / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    with pytest.raises(ModelLoadError, match="the draft: .*the draft's tokenizer cannot be read"):
+        LLM(str(target), str(damaged), mode="draft")
+    with caplog.at_level(logging.WARNING, logger="triforce"):
+        LLM(str(target), str(tiny_dir("no-tokens-96", seed=64, vocab_size=96, num_layers=1)), mode="draft", window=64)
+    assert "the draft's tokens cannot be checked against the target's" in caplog.text

@@ -170,12 +170,18 @@ def rope_scaling(reader, architecture: str) -> dict:
     def value(key: str):
         return field_value(reader, f"{architecture}.rope.scaling.{key}")
 
-    kind = value("type")
+    kind, factor = value("type"), value("factor")
+    if factor is None:  # the key older GGUFs wrote (SuperHOT, LongChat: linear)
+        factor = field_value(reader, f"{architecture}.rope.scale_linear")
+    if kind is None and factor not in (None, 0.0, 1.0):
+        kind = "linear"  # llama.cpp's type where the GGUF names none (it was dropped: positions unscaled)
     if kind in (None, "none"):
         return llama3_scaling(reader, architecture)
     if kind not in ("linear", "yarn"):
         raise ModelLoadError(f"RoPE scaling {kind!r} in the GGUF is not supported (linear and yarn are)")
-    scaling = {"rope_type": kind, "factor": float(value("factor"))}
+    if factor is None:
+        raise ModelLoadError(f"the GGUF scales RoPE ({kind}) without a factor ({architecture}.rope.scaling.factor)")
+    scaling = {"rope_type": kind, "factor": float(factor)}
     if value("original_context_length"):
         scaling["original_max_position_embeddings"] = int(value("original_context_length"))
     for ours, theirs in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
@@ -252,13 +258,13 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
         config.pop("quantization_config", None)
         config["dtype"] = "float32"
         write_shards(tensors, folder)  # the tensors are read and dequantized here
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(folder)
     except ModelLoadError:
         raise
     except Exception as exc:  # transformers, gguf and numpy raise many types for unreadable or unsupported
-        # GGUF (and the disk can fill): one line that names both ends
+        # GGUF (and the disk can fill, also as the config and tokenizer are written): one line naming both ends
         raise ModelLoadError(f"{gguf}: cannot convert as a Llama-family GGUF into {folder} ({exc})") from exc
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer.save_pretrained(folder)
     mend_pre_tokenizer(folder, field_value(reader, "tokenizer.ggml.pre"))
 
 

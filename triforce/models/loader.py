@@ -36,8 +36,9 @@ def resolve_device(spec: str | torch.device | None) -> torch.device:
     return device
 
 
-def resolve_dtype(dtype: str, device: str | torch.device) -> str:
-    """'auto' -> bfloat16 where bfloat16 is fast: a CUDA GPU that has it (else float16); a CPU with
+def resolve_dtype(dtype: str, device: str | torch.device, checkpoint: str | None = None) -> str:
+    """'auto' -> bfloat16 where bfloat16 is fast: a CUDA GPU that has it (else float16; a float16
+    `checkpoint` stays float16 there, as vLLM keeps it: its outputs are vLLM's and transformers'); a CPU with
     AVX512-BF16; a CPU with AVX2 where our kernels built (bfloat16 storage, float32 arithmetic: half the
     bytes per decode step, and prefill in float32 over the bfloat16 weights). float32 on a CPU with neither:
     torch computes bfloat16 there by converting to float32 and back, several times slower than float32.
@@ -49,10 +50,21 @@ def resolve_dtype(dtype: str, device: str | torch.device) -> str:
         # is_bf16_supported counts emulation on a T4 or V100, and asks the current GPU)
         native = torch.cuda.is_bf16_supported() if torch.version.hip else \
             torch.cuda.get_device_capability(device)[0] >= 8
-        return "bfloat16" if native else "float16"
+        return "bfloat16" if native and checkpoint != "float16" else "float16"
     from ..kernels.cpu import kernel_path, native_bf16
 
     return "bfloat16" if native_bf16() or kernel_path() != "torch" else "float32"
+
+
+def checkpoint_dtype(folder: str | Path) -> str | None:
+    """The dtype a model folder's config.json says its weights are (transformers' `dtype`, `torch_dtype`
+    before), or None."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    named = config.get("dtype", config.get("torch_dtype")) if isinstance(config, dict) else None
+    return named if isinstance(named, str) else None
 
 
 def _checkpoint_files(folder: Path) -> list[Path]:
@@ -174,7 +186,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32",
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a model folder")
-    torch_dtype = DTYPES[resolve_dtype(dtype, device)] if isinstance(dtype, str) else dtype
+    torch_dtype = DTYPES[resolve_dtype(dtype, device, checkpoint_dtype(folder))] if isinstance(dtype, str) else dtype
     cfg = ModelConfig.from_folder(folder)
     if rope_scaling:
         cfg = cfg.with_rope_scaling(rope_scaling)

@@ -12,6 +12,7 @@ of the target it was trained for and how it was trained.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from .config import ModelLoadError
 
 DRAFT_FILE = "triforce_draft.json"
+log = logging.getLogger("triforce")
 
 
 class ReducedVocabulary:
@@ -99,6 +101,13 @@ def check_draft_vocabulary(draft, draft_path: Path, target_vocab: int, tokenizer
             draft_tokens = AutoTokenizer.from_pretrained(draft_path).get_vocab()
         except (OSError, ValueError, TypeError):
             pass  # a draft without a tokenizer: its rows must be the target's
+        except Exception as exc:  # a damaged tokenizer.json (tokenizers and transformers raise KeyError, Exception)
+            raise ModelLoadError(f"{draft_path}: the draft's tokenizer cannot be read ({type(exc).__name__}: "
+                                 f"{exc})") from None
+        if draft_tokens is None:  # (the rows alone say nothing: Llama-2's and Mistral's are 32,000 each)
+            log.warning("the draft's tokens cannot be checked against the target's (%s has no tokenizer): a draft "
+                        "of another tokenizer with as many rows runs, exactly, but its proposals are taken by "
+                        "chance", draft_path)
         if draft_tokens is not None and draft_tokens != tokenizer.get_vocab():
             raise ModelLoadError(f"draft tokenizer differs from the target's ({len(draft_tokens)} tokens against "
                                  f"{len(tokenizer.get_vocab())}); the draft must share the target's vocabulary")
