@@ -2,6 +2,7 @@
 test writes (llama, whose q/k rows llama.cpp reorders, and qwen2, with biases and without), every tensor
 equals what transformers reads from the same file, shards included."""
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -228,7 +229,8 @@ def test_a_llama3_gguf_keeps_its_rope_scaling_and_a_split_one_is_refused(tmp_pat
         gguf_convert.write_hf_folder(part, tmp_path / "part")
 
 
-def test_a_smollm_gguf_splits_digits_first_as_llama_cpp_does_and_an_old_folder_is_mended(tmp_path, monkeypatch):
+def test_a_smollm_gguf_splits_digits_first_as_llama_cpp_does_and_an_old_folder_is_mended(tmp_path, monkeypatch,
+                                                                                          caplog):
     """SmolLM2's GGUF names its pre-tokenizer "smollm": llama.cpp (and Hugging Face's own tokenizer) split
     digits alone before GPT-2's pattern, which transformers' GGUF reader does not know, so the converted
     tokenizer split "a  12" into a, one space, one space + 1, 2 where they give a, two spaces, 1, 2. A folder
@@ -251,6 +253,11 @@ def test_a_smollm_gguf_splits_digits_first_as_llama_cpp_does_and_an_old_folder_i
         texts[pre] = tokenizer.convert_ids_to_tokens(tokenizer("a  12", add_special_tokens=False).input_ids)
     assert texts["smollm"] == ["a", "\u0120\u0120", "1", "2"]  # llama.cpp's split of the same text
     assert texts["gpt2"] == ["a", "\u0120", "\u01201", "2"]  # GPT-2's pattern alone: what it was
+    write_gguf(tmp_path / "unknown.gguf", "llama", True, tokens, pre="deepseek-llm", merges=merges)
+    (tmp_path / "unknown").mkdir()
+    with caplog.at_level(logging.WARNING):  # a pre-tokenizer no one checked: it may split otherwise, said
+        gguf_convert.write_hf_folder(tmp_path / "unknown.gguf", tmp_path / "unknown")
+    assert "pre-tokenizer 'deepseek-llm' is not one triforce knows" in caplog.text
     monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
     folder = folders.convert_gguf_cached(tmp_path / "smollm.gguf")
     old = json.loads((tmp_path / "gpt2" / "tokenizer.json").read_text())["pre_tokenizer"]

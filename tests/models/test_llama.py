@@ -167,7 +167,9 @@ def test_a_config_is_read_as_transformers_reads_it_or_refused_in_a_line():
     for extra, message in (({"attention_bias": True}, "attention_bias"), ({"mlp_bias": True}, "mlp_bias"),
                            ({"rope_scaling": {"rope_type": "linear"}}, "'linear' lacks factor"),
                            ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),
-                           ({"partial_rotary_factor": 0.5}, "partial_rotary_factor")):  # (the whole head rotated)
+                           ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),  # (the whole head rotated)
+                           ({"quantization_config": {"quant_method": "gptq", "bits": 4}},  # (named its scales
+                            "a gptq quantized checkpoint")):  # as extra tensors, its weights as missing)
         with pytest.raises(ModelLoadError, match=message):
             ModelConfig.from_hf_dict({**base, **extra})
     assert ModelConfig.from_hf_dict({**base, "model_type": "qwen2"}).attention_bias  # Qwen2's q, k, v bias

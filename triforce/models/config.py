@@ -100,6 +100,11 @@ class ModelConfig:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelLoadError(
                 f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        quantized = raw.get("quantization_config")
+        if quantized:  # (its tensors were named as missing or extra ones, the weight scales among them)
+            method = quantized.get("quant_method", "some") if isinstance(quantized, dict) else "some"
+            raise ModelLoadError(f"a {method} quantized checkpoint (quantization_config): triforce loads "
+                                 "unquantized weights, or a GGUF, which it dequantizes")
         activation = raw.get("hidden_act", "silu")
         if activation not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"hidden_act {activation!r} is not supported (the MLP gate is SiLU)")
@@ -130,10 +135,14 @@ class ModelConfig:
                     rope.get("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))))
             positions = int(raw.get("max_position_embeddings", 2048))
             if kind in ("linear", "yarn"):  # the positions they stretch over, as vLLM counts them (Qwen2.5's
-                # card adds yarn x4 of 32,768 to reach 131,072, max_position_embeddings left at 32,768); a config
-                # that wrote the stretched count keeps it. (Dynamic NTK's rotation depends on the length: left
-                # as written, where it equals transformers'; llama3 configs write the stretched count.)
-                original = rope["original_max_position_embeddings"] if kind == "yarn" else positions
+                # card adds yarn x4 of 32,768 to reach 131,072, max_position_embeddings left at 32,768); a yarn
+                # config that wrote the stretched count keeps it. A linear one without
+                # original_max_position_embeddings is multiplied as vLLM multiplies it, also where it wrote the
+                # stretched count (LongChat's 32,768 x 8: past what it was trained on, as in vLLM). (Dynamic
+                # NTK's rotation depends on the length: left as written, where it equals transformers'; llama3
+                # configs write the stretched count.)
+                original = rope["original_max_position_embeddings"] if kind == "yarn" else \
+                    int(rope.get("original_max_position_embeddings", positions))
                 positions = max(positions, int(original * min(float(rope["factor"]), MAX_ROPE_FACTOR)))
             eos = raw.get("eos_token_id")
             eos_ids = tuple(int(i) for i in id_list(eos))

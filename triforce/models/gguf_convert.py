@@ -48,6 +48,9 @@ LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_p
 # GGUF pre-tokenizer names whose text llama.cpp splits into single digits before GPT-2's pattern (its
 # llama-vocab.cpp groups them); transformers' GGUF reader knows none of them and splits by GPT-2's alone
 DIGITS_FIRST = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"})
+# The byte-level pre-tokenizers a converted tokenizer is known to split as llama.cpp does: DIGITS_FIRST's
+# (mended here), GPT-2's own, and those transformers' GGUF reader sets (Llama 3's, Qwen2's, Mistral's tekken)
+CHECKED_PRE = DIGITS_FIRST | {"gpt2", "default", "llama-bpe", "qwen2", "tekken"}
 
 Tensors = list[tuple[str, int, Callable[[], torch.Tensor]]]  # (name, bytes, the tensor when wanted)
 
@@ -265,7 +268,12 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
     except Exception as exc:  # transformers, gguf and numpy raise many types for unreadable or unsupported
         # GGUF (and the disk can fill, also as the config and tokenizer are written): one line naming both ends
         raise ModelLoadError(f"{gguf}: cannot convert as a Llama-family GGUF into {folder} ({exc})") from exc
-    mend_pre_tokenizer(folder, field_value(reader, "tokenizer.ggml.pre"))
+    pre = field_value(reader, "tokenizer.ggml.pre")
+    mend_pre_tokenizer(folder, pre)
+    if field_value(reader, "tokenizer.ggml.model") == "gpt2" and pre not in CHECKED_PRE:
+        log.warning("%s: pre-tokenizer %r is not one triforce knows the converted tokenizer to split as llama.cpp "
+                    "does (numbers, spaces and newlines may become other tokens); prefer the model's Hugging "
+                    "Face folder", gguf, pre)
 
 
 def write_generation_config(folder: Path) -> None:
