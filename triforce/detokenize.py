@@ -107,9 +107,11 @@ class IncrementalDetokenizer:
         that began first was taken: a round of several tokens, as speculation accepts them, then stopped
         elsewhere than one token at a time, with another text, stop_reason and tokens.)"""
         if len(hits) > 1:
-            self._kept = self._tokens_reaching(min(end for _, end, _ in hits))
+            first = min(hits, key=lambda hit: hit[1])
+            self._kept = self._tokens_reaching(first[1])
             reach = self._chars(self._kept)
-            hits = [hit for hit in hits if hit[1] <= reach]
+            return next((hit for hit in hits if hit[1] <= reach), first)  # (a text the tokens' decode does
+            # not reach as the windows built it: the one that ends first)
         return hits[0]
 
     def _tokens_reaching(self, end: int) -> int:

@@ -68,7 +68,8 @@ class ModelChoice:
         except ModelLoadError as exc:
             if self._default_draft is None:  # (said of the draft: --rope-scaling, say, applies to both)
                 raise ModelLoadError(f"the draft: {exc}") from None
-            self.draft_path = self._without_default_draft("cannot serve this target", exc)
+            self._without_default_draft("cannot serve this target", exc)
+            self.draft_path = None
             return None
         return draft
 

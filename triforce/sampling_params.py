@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 from .config import ConfigError, is_integer, is_number, shown
-from .speculation.sampling import GREEDY_BELOW, LOWEST_SAMPLED, MAX_TEMPERATURE
+from .speculation.sampling import LOWEST_SAMPLED, MAX_TEMPERATURE
 
 log = logging.getLogger("triforce")
+_RAISED: set[float] = set()  # temperatures raised to LOWEST_SAMPLED and said so (once each: a server's requests)
 
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes (on a CPU, it uses the seed modulo 2**32)
 MAX_N = 4096  # outputs of one prompt (SamplingParams.n): more is a mistake, not a batch
@@ -187,8 +188,10 @@ class SamplingParams:
         if not 0 <= self.temperature <= MAX_TEMPERATURE:
             raise ConfigError(f"temperature must be from 0 to {MAX_TEMPERATURE:g} (got {self.temperature})")
         if 0 < self.temperature < LOWEST_SAMPLED:  # as vLLM's SamplingParams: sampled, at the lowest it takes
-            log.warning("temperature %g is below %g, where logits divided by it overflow: raised to %g (0 is "
-                        "greedy)", self.temperature, LOWEST_SAMPLED, LOWEST_SAMPLED)
+            if self.temperature not in _RAISED:
+                _RAISED.add(self.temperature)
+                log.warning("temperature %g is below %g, where logits divided by it overflow: raised to %g (0 "
+                            "is greedy)", self.temperature, LOWEST_SAMPLED, LOWEST_SAMPLED)
             object.__setattr__(self, "temperature", LOWEST_SAMPLED)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
@@ -284,7 +287,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         """Temperature 0 (any other below LOWEST_SAMPLED was raised to it, as vLLM does)."""
-        return self.temperature < GREEDY_BELOW
+        return self.temperature == 0
 
     @property
     def penalized(self) -> bool:

@@ -120,7 +120,7 @@ def test_a_default_draft_not_to_be_had_runs_without_one_and_a_named_one_is_an_er
     assert code == 0 and json.loads(out)["mode"] == "retrieval"
     assert f"the default draft {other} cannot serve this target" in err
     code, out, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 4, "--draft", other)
-    assert code != 0 and "draft" in err.splitlines()[-1]  # named: its error
+    assert code != 0 and "the draft: draft tokenizer differs" in err.splitlines()[-1]  # named: its error
 
 
 def bad_inputs(target, draft, tmp_path, tiny_dir):

@@ -10,7 +10,7 @@ from triforce.launch.cli import main
 @pytest.fixture(scope="module")
 def folders(tiny_dir):
     spec = dict(hidden_size=48, num_heads=12, num_kv_heads=6, num_layers=2, scale=25, tokenizer=True)
-    return tiny_dir("dist-target", seed=80, **spec), tiny_dir("dist-draft", seed=81, num_layers=1, scale=25)
+    return tiny_dir("dist-target", seed=80, **spec), tiny_dir("dist-draft", seed=81, num_layers=1, scale=25, tokenizer=True)
 
 
 def test_workers_flag_matches_the_single_process_run(folders, capfd):
@@ -322,7 +322,10 @@ def test_workers_without_a_control_port_get_a_free_one(folders, monkeypatch):
     chosen = launched[0][launched[0].index("--control-port") + 1]
     assert int(chosen) != DEFAULT_CONTROL_PORT and "--workers" not in launched[0]
     # below the kernel's ephemeral ports, which torch.distributed's connections take while the model loads
-    assert with_workers.LOWEST_PORT <= int(chosen) < with_workers.ephemeral_ports()[0]
+    low = with_workers.ephemeral_ports()[0]
+    assert with_workers.LOWEST_PORT <= int(chosen) < low or low <= with_workers.LOWEST_PORT
+    for host in ("*", "::1"):  # ZeroMQ's wildcard, an IPv6 loopback (--control-bind): probed on 127.0.0.1
+        assert with_workers.free_port(host) > 0
     assert launched[1].count("--control-port") == 1 and "4242" in launched[1] and "serve" in launched[1]
     assert distributed.control_port(build_parser().parse_args(["generate", "--prompt", "x"])) == DEFAULT_CONTROL_PORT
 

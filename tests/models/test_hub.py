@@ -45,7 +45,7 @@ def test_join_pieces_in_order_and_checks_the_size(tmp_path, monkeypatch):
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
     # a disk that fills as the pieces (a GB of them) are joined: one line, and no partial file left
     monkeypatch.setattr(hub.shutil, "copyfileobj", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
-    with pytest.raises(ModelLoadError, match="No space left.*free space there and run the command again"):
+    with pytest.raises(ModelLoadError, match="No space left.*free space there; run the command again"):
         hub.join_pieces(pieces, out, known.size)
     assert not out.exists() and not list(tmp_path.glob("*.partial"))
 

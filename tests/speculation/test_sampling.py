@@ -49,18 +49,24 @@ def test_row_argmax_is_torchs_argmax_on_wide_rows_with_ties_nan_and_infinities()
     assert (greedy[[0, 1, 5, 6, 7]].sum(dim=-1) == 1.0).all()
 
 
-def test_a_temperature_too_small_to_divide_by_is_raised_as_vllm_raises_it(caplog):
+def test_a_temperature_too_small_to_divide_by_is_raised_as_vllm_raises_it(caplog, monkeypatch):
     """1e-40 made every logit infinite and the distribution NaN (a 200 answer drawn from NaN weights). vLLM's
     SamplingParams raises a temperature above 0 and below 0.01 to 0.01, with a warning, and samples; only 0
     is greedy. Here 1e-6 was greedy and 0.005 sampled at 0.005: another distribution than vLLM's."""
     import logging
 
+    import triforce.sampling_params as sampling_params
+
+    monkeypatch.setattr(sampling_params, "_RAISED", set())  # (said once per value in a process)
     for temperature in (1e-40, 1e-6, 0.005):
         with caplog.at_level(logging.WARNING, logger="triforce"):
             params = SamplingParams(temperature=temperature)
         assert params.temperature == 0.01 and not params.greedy and "raised to 0.01" in caplog.text
         caplog.clear()
     assert SamplingParams(temperature=0).greedy and SamplingParams(temperature=0.01).temperature == 0.01
+    with caplog.at_level(logging.WARNING, logger="triforce"):
+        SamplingParams(temperature=0.005)
+    assert "raised" not in caplog.text  # once per value: a server's every request said it
     logits = torch.tensor([[1.0, 3.0, 2.9, -1.0]])  # (the rows' own function: below 1e-5, greedy)
     assert probabilities(logits, 1e-40).tolist() == [[0, 1, 0, 0]]
     assert probabilities(logits, 1e-4)[0, 1] == 1.0 and not probabilities(logits, 1e-4).isnan().any()

@@ -166,6 +166,7 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                 for temperature in args.temperatures:
                     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=temperature,
                                             top_p=args.top_p, seed=args.seed, ignore_eos=True, **penalty_settings(args))
+                    temperature = params.temperature  # (as SamplingParams took it: vLLM's floor of 0.01)
                     group = {"workload": workload, "prompt_tokens": length, "temperature": temperature,
                              "batch": batch}
                     rows = []

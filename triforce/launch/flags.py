@@ -38,7 +38,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-revision", default=None, help="branch, tag or commit of --draft when it is a Hugging Face id")
     g.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="weights and KV cache; auto (default): bfloat16 on GPUs that have it (float16 on older "
-                        "ones: T4, V100; and for a float16 checkpoint, as vLLM), on CPUs with AVX512-BF16 and on "
+                        "ones: T4, V100, and where the checkpoint is float16, as vLLM), on CPUs with AVX512-BF16 and on "
                         "AVX2 CPUs where triforce's kernels built; float32 on other CPUs (torch's bfloat16 math "
                         "is slow there)")
     g.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")

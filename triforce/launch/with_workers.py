@@ -24,6 +24,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     model has loaded, minutes later, and meanwhile torchrun's rendezvous and gloo open connections whose
     local ports come from that range; a port from it could be one of theirs by then (the run then died
     asking for a --control-port the user never gave)."""
+    try:
+        socket.getaddrinfo(host, None, socket.AF_INET)
+    except (socket.gaierror, UnicodeError):  # ZeroMQ's "*", an IPv6 address: probed on loopback
+        host = "127.0.0.1"
     low = ephemeral_ports()[0]
     for port in random.sample(range(LOWEST_PORT, low), min(64, max(0, low - LOWEST_PORT))):
         with socket.socket() as s:
@@ -40,7 +44,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
     """The ports the kernel gives connections of their own (Linux's; elsewhere, and by default, IANA's)."""
     try:
-        low, high = map(int, open(path).read().split())
+        with open(path) as f:
+            low, high = map(int, f.read().split())
         return low, high
     except (OSError, ValueError):
         return 49152, 65535

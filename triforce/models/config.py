@@ -142,7 +142,7 @@ class ModelConfig:
                 # NTK's rotation depends on the length: left as written, where it equals transformers'; llama3
                 # configs write the stretched count.)
                 original = rope["original_max_position_embeddings"] if kind == "yarn" else \
-                    int(rope.get("original_max_position_embeddings", positions))
+                    int(rope.get("original_max_position_embeddings") or positions)
                 positions = max(positions, int(original * min(float(rope["factor"]), MAX_ROPE_FACTOR)))
             eos = raw.get("eos_token_id")
             eos_ids = tuple(int(i) for i in id_list(eos))

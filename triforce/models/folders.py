@@ -24,7 +24,7 @@ from .config import GENERATION_CONFIG, ModelLoadError
 
 log = logging.getLogger(__name__)
 READY = ".triforce-ready"  # written last: a folder without it is an interrupted conversion
-MENDED = ".triforce-mended-2"  # a converted GGUF's folder given what earlier conversions left out (once)
+MENDED = ".triforce-mended-3"  # a converted GGUF's folder given what earlier conversions left out (once)
 
 
 def triforce_home() -> Path:

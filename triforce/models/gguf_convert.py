@@ -271,9 +271,9 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
     pre = field_value(reader, "tokenizer.ggml.pre")
     mend_pre_tokenizer(folder, pre)
     if field_value(reader, "tokenizer.ggml.model") == "gpt2" and pre not in CHECKED_PRE:
-        log.warning("%s: pre-tokenizer %r is not one triforce knows the converted tokenizer to split as llama.cpp "
+        log.warning("%s: pre-tokenizer %s is not one triforce knows the converted tokenizer to split as llama.cpp "
                     "does (numbers, spaces and newlines may become other tokens); prefer the model's Hugging "
-                    "Face folder", gguf, pre)
+                    "Face folder", gguf, pre or "none named")
 
 
 def write_generation_config(folder: Path) -> None:

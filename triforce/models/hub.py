@@ -213,8 +213,8 @@ def join_pieces(pieces: list[tuple[Path, str]], out: Path, size: int | None) -> 
                         from exc
     except OSError as exc:  # a disk that filled (a GB of pieces): a traceback, the partial file left behind
         partial.unlink(missing_ok=True)
-        raise ModelLoadError(f"cannot write {partial} ({exc.strerror or exc}): free space there and run the "
-                             "command again") from None
+        raise ModelLoadError(f"cannot join the pieces into {partial} ({exc.strerror or exc}{': ' + exc.filename if exc.filename else ''}): "
+                             "where the disk is full, free space there; run the command again") from None
     except ModelLoadError:
         partial.unlink(missing_ok=True)
         raise

@@ -63,7 +63,7 @@ def checkpoint_dtype(folder: str | Path) -> str | None:
         config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    named = config.get("dtype", config.get("torch_dtype")) if isinstance(config, dict) else None
+    named = (config.get("dtype") or config.get("torch_dtype")) if isinstance(config, dict) else None
     return named if isinstance(named, str) else None
 
 
