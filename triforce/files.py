@@ -52,6 +52,21 @@ def read_standard_input(what: str) -> str:
     return sys.stdin.buffer.read().decode("utf-8-sig")
 
 
+def load_cached(path: Path):
+    """What `save_whole` wrote to `path` (torch.load, weights only), or None where there is no such file or
+    it cannot be read: a host that failed before the file reached the disk can leave it empty or cut (the
+    rename is not synced), and every later run failed on it with a traceback. An unreadable file is said
+    and removed, to be made again."""
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:  # (pickle, zip and torch raise many types for a damaged file)
+        print(f"triforce: cannot read {path} ({type(exc).__name__}: {exc}); it is made again", file=sys.stderr)
+        path.unlink(missing_ok=True)
+        return None
+
+
 def save_whole(path: Path, obj) -> None:
     """`torch.save(obj)` into `path`, whole or not at all (`written_whole`)."""
     written_whole(path, lambda partial: torch.save(obj, partial))

@@ -142,3 +142,38 @@ def test_a_cost_save_writes_back_only_the_sizes_it_measured(tmp_path, monkeypatc
     bench.save(other)
     server.seconds([object()], (1, 2, 8), batch=1)
     assert json.loads(path.read_text())[other] == {"1": 0.5, "2": 0.6, "8": 0.07}
+
+
+def test_no_home_is_one_line_for_models_and_memory_only_for_calibrations(monkeypatch, caplog):
+    """HOME unset and a user without a home (a container run as an arbitrary id): Path.home() raised
+    RuntimeError, a traceback out of --mode auto's first plan and every fetch."""
+    import logging
+    from pathlib import Path
+
+    from triforce.coordinator import calibration
+    from triforce.models.config import ModelLoadError
+    from triforce.models.folders import triforce_home
+
+    monkeypatch.delenv("TRIFORCE_HOME", raising=False)
+    monkeypatch.delenv("TRIFORCE_CALIBRATION", raising=False)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(RuntimeError("no home"))))
+    monkeypatch.setattr(calibration, "_SAID_NO_HOME", [])
+    with pytest.raises(ModelLoadError, match="set TRIFORCE_HOME"):
+        triforce_home()
+    with caplog.at_level(logging.WARNING):
+        assert calibration.calibration_folder() is None
+    assert "calibration kept in memory only" in caplog.text
+
+
+def test_a_damaged_cached_file_is_made_again_not_a_traceback(tmp_path, capsys):
+    """train-draft's checkpoints and cached data are renamed into place unsynced: after a host failed, one
+    can be empty or cut, and every rerun failed on it with a traceback."""
+    from triforce.files import load_cached, save_whole
+
+    path = tmp_path / "checkpoint.pt"
+    save_whole(path, {"step": 3})
+    assert load_cached(path) == {"step": 3} and load_cached(tmp_path / "none.pt") is None
+    path.write_bytes(path.read_bytes()[:20])  # cut
+    assert load_cached(path) is None and not path.exists()
+    err = capsys.readouterr().err
+    assert f"cannot read {path}" in err and "it is made again" in err

@@ -173,7 +173,9 @@ def test_train_draft_rejects_a_bad_repeat_before_building_data(tiny_dir, tmp_pat
                                             (["--seq-len", "600"], "--seq-len 600 is past the target's 512 positions"),
                                             (["--local-tokens", "0", "--answers", "0"], "no training sources"),
                                             (["--work-dir", "/proc/version/w"], "/proc/version is a file"),
-                                            (["--work-dir", "/proc/self/w"], "cannot write in /proc/self")])
+                                            (["--work-dir", "/proc/self/w"], "cannot write in /proc/self"),
+                                            (["--text", "/no/such/novel.txt"], "cannot read text file /no/such/novel.txt"),
+                                            (["--heldout", "/no/such/held.txt"], "cannot read text file /no/such/held.txt")])
 def test_train_draft_rejects_bad_settings_before_building_data(tiny_dir, tmp_path, capsys, extra, message):
     """--steps -1 went on to generate the target's answers and write the work folder; no sources at all
     blamed --repeat, which was not given. A --top-k past the vocabulary was a traceback while labelling; a

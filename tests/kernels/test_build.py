@@ -366,8 +366,8 @@ def test_the_machine_key_of_a_cpu_tier_is_the_cpus_on_a_machine_with_a_gpu(monke
         on_cpu, on_gpu, on_second = costs.machine_key("cpu"), costs.machine_key("cuda"), costs.machine_key("cuda:1")
     finally:
         costs.machine_key.cache_clear()
-    assert on_gpu == "cuda:Test GPU" and "GPU" not in on_cpu and "threads=" in on_cpu
-    assert on_second == "cuda:Other GPU"  # each GPU by its own name (every one was named by the current one)
+    assert on_gpu.startswith("cuda:Test GPU|") and "GPU" not in on_cpu and "threads=" in on_cpu
+    assert on_second.startswith("cuda:Other GPU|")  # each GPU by its own name (the current one named every one)
     # the cost table keys each tier by its own device
     from types import SimpleNamespace
 
@@ -381,7 +381,29 @@ def test_the_machine_key_of_a_cpu_tier_is_the_cpus_on_a_machine_with_a_gpu(monke
         tier = SimpleNamespace(name="draft", model=model, placement="local", cache=None, length=100)
         keys[device] = costs.CostTable(None)._key(tier)
     costs.machine_key.cache_clear()
-    assert keys["cpu"].startswith(on_cpu + "||") and keys["cuda"].startswith("cuda:Test GPU||")
+    assert keys["cpu"].startswith(on_cpu + "||") and keys["cuda"].startswith(on_gpu + "||")
+
+
+def test_the_machine_key_holds_what_changes_the_costs(monkeypatch):
+    """CUDA graphs turned off (small forwards then cost their kernels' launches), torch's and CUDA's versions,
+    and on a CPU where torch's own paths run, the ISA cap TRIFORCE_CPU_ISA puts on them: each was missing
+    from the key, and a calibration made otherwise was reused silently."""
+    from triforce.coordinator import costs
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    keys = {}
+    try:
+        for name, graphs, isa in (("base", "1", "avx512"), ("no graphs", "0", "avx512"), ("avx2", "1", "avx2")):
+            monkeypatch.setenv("TRIFORCE_CUDA_GRAPHS", graphs)
+            monkeypatch.setattr(cpu, "kernel_path", lambda: "torch")
+            monkeypatch.setattr(cpu, "isa_level", lambda isa=isa: isa)
+            costs.machine_key.cache_clear()
+            keys[name] = (costs.machine_key("cuda"), costs.machine_key("cpu"))
+    finally:
+        costs.machine_key.cache_clear()
+    assert keys["base"][0] == f"cuda:Test GPU|torch={torch.__version__}|cuda={torch.version.cuda}|graphs=on"
+    assert keys["no graphs"][0].endswith("|graphs=off") and keys["no graphs"][1] == keys["base"][1]
+    assert f"|torch:avx2:{torch.__version__}|" in keys["avx2"][1] and keys["avx2"][1] != keys["base"][1]
 
 
 def test_an_amx_build_whose_tiles_the_os_refused_reports_the_path_that_runs(monkeypatch):

@@ -87,7 +87,9 @@ def test_a_commit_keeps_a_path_of_the_last_verify_or_is_refused(tiny_dir):
     went through and left the cache holding KV of tokens that never followed each other."""
     model = load_model(tiny_dir("worker-target", seed=5), "float32")
     leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
-    assert leader.execute("handshake", {})[0]["dtype"] == "float32"  # (the coordinator compares its own)
+    shaken = leader.execute("handshake", {})[0]
+    assert shaken["dtype"] == "float32" and shaken["machine"].endswith(f"threads={torch.get_num_threads()}")  # (the
+    # coordinator compares its dtype, and keys the group's forward costs by its devices)
     leader.execute("start", {"seq": 1, "capacity": 32, "forwards": []})
     leader.execute("prefill", {"seq": 1, "tokens": [3, 4, 5], "final": True})
     leader.execute("verify", {"seqs": [1], "tokens": [[6, 7, 8, 9]], "parents": [[-1, 0, 0, 2]], "starts": [3]})
@@ -216,7 +218,7 @@ class InProcessChannel:
 
     def __init__(self, leader: VerifierWorker, prefill_chunk: int):
         self.leader, self.prefill_chunk, self.tp_size = leader, prefill_chunk, 1
-        self.max_bytes, self.broken, self.seqs = 2**28, False, 0
+        self.max_bytes, self.broken, self.seqs, self.machine = 2**28, False, 0, ""
 
     def new_sequence(self) -> int:
         self.seqs += 1

@@ -25,6 +25,7 @@ except ImportError:  # not POSIX: saves are still whole (os.replace), only not s
     fcntl = None
 
 from ..config import is_number
+from ..errors import UserError
 from ..files import write_whole
 
 log = logging.getLogger(__name__)
@@ -136,4 +137,15 @@ def calibration_folder() -> Path | None:
     chosen = os.environ.get("TRIFORCE_CALIBRATION")
     if chosen == "0":
         return None
-    return Path(chosen) if chosen else triforce_home() / "calibration"
+    if chosen:
+        return Path(chosen)
+    try:
+        return triforce_home() / "calibration"
+    except UserError as exc:  # (no home: measured again in every process, as with a folder not writable)
+        if not _SAID_NO_HOME:
+            _SAID_NO_HOME.append(True)
+            log.warning("calibration kept in memory only: %s", exc)
+        return None
+
+
+_SAID_NO_HOME: list[bool] = []

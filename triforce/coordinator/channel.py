@@ -92,6 +92,7 @@ class ControlChannel:
         self.broken = self.closed = self.abandoned = False
         self.tp_size = self.prefix_bytes = 0  # the group's ranks and each one's prefix store, once the handshake told
         self.dtype = None  # the group's weights' dtype, as the handshake tells
+        self.machine = ""  # the group's devices (costs.machine_key), as the handshake tells
         self.prefill_chunk = PREFILL_CHUNK  # the workers' prompt block (their prefix store's unit), as the
         # handshake tells
         self._sequences = 0  # numbers handed to RemoteVerifiers so far
@@ -171,6 +172,7 @@ class ControlChannel:
             raise WorkerError(f"the worker group has {body['tp_size']} ranks, expected {tp_size}")
         self.tp_size, self.prefix_bytes = body["tp_size"], body["prefix_bytes"]
         self.dtype = body.get("dtype")  # the target's on the group (a --dtype auto of its own devices)
+        self.machine = body.get("machine", "")  # its ranks' devices, as the forward costs key them
         self.prefill_chunk = body["prefill_chunk"]
         return body
 

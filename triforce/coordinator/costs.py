@@ -14,6 +14,7 @@ CONTEXT_TOLERANCE of a measured context reuses it. `--mode auto` (planning.py) p
 from __future__ import annotations
 
 import functools
+import os
 import time
 from pathlib import Path
 
@@ -33,17 +34,23 @@ CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 
 def machine_key(device: str) -> str:
     """What makes this machine's forward costs on `device` ('cpu', 'cuda', 'cuda:1', ...) their own: for
     the CPU, its model, kernel path (and the kernels' sources) and threads, also on a machine with a GPU
-    beside (a tier on its CPU runs the CPU kernels); for a GPU, its model (that GPU's: the current one's
-    named every GPU of a machine with two kinds); else the device type."""
+    beside (a tier on its CPU runs the CPU kernels), and where torch's paths run, its ISA cap (TRIFORCE_CPU_ISA
+    caps ATen's and oneDNN's too) and torch's version; for a GPU, its model (that GPU's: the current one's
+    named every GPU of a machine with two kinds), torch's and CUDA's versions and whether CUDA graphs
+    replay (TRIFORCE_CUDA_GRAPHS=0: small forwards then cost their kernels' launches); else the device
+    type. (A stale entry was reused silently: only forwards 1.5x off the table dropped it.)"""
     from ..kernels.build import kernel_sources_digest
-    from ..kernels.cpu import cpu_model, kernel_path
+    from ..kernels.cpu import cpu_model, isa_level, kernel_path
 
     device_type = torch.device(device).type
     if device_type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(torch.device(device))}"
+        graphs = "off" if os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") == "0" else "on"
+        return (f"cuda:{torch.cuda.get_device_name(torch.device(device))}|torch={torch.__version__}|"
+                f"cuda={torch.version.cuda}|graphs={graphs}")
     if device_type != "cpu":
         return device_type
-    kernels = kernel_path() if kernel_path() == "torch" else f"{kernel_path()}@{kernel_sources_digest()}"
+    kernels = f"torch:{isa_level()}:{torch.__version__}" if kernel_path() == "torch" else \
+        f"{kernel_path()}@{kernel_sources_digest()}"
     return f"{cpu_model()}|{kernels}|threads={torch.get_num_threads()}"
 
 

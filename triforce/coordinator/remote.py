@@ -55,7 +55,9 @@ class RemoteVerifier(Verifier):
 
     def __init__(self, channel: ControlChannel, model, capacity: int, forwards: list[int]):
         self.name, self.model, self.cache, self.prefill_chunk = "target", model, None, channel.prefill_chunk
-        self.placement = f"workers={channel.tp_size}"  # costs differ from a local target's
+        # costs differ from a local target's, and by the workers' devices (groups of A100s and of H100s
+        # sharing a TRIFORCE_CALIBRATION folder shared one entry, keyed by the coordinator's machine)
+        self.placement = f"workers={channel.tp_size}" + (f"@{channel.machine}" if channel.machine else "")
         self.channel, self.capacity, self.seconds = channel, capacity, 0.0
         self._length = self._verify_start = 0
         self._chunk: tuple[Step, bool] | None = None  # the prompt chunk yielded last, and whether it ends the prompt

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from ..cache.full import FullKVCache
 from ..errors import UserError
-from ..files import read_user_text, save_whole
+from ..files import load_cached, read_user_text, save_whole, user_path
 from ..models.llama import LlamaModel
 
 
@@ -22,6 +22,16 @@ def read_texts(paths: list[str | Path]) -> list[str]:
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read text file {path}: {exc}") from exc
     return texts
+
+
+def check_readable(paths: list[str | Path]) -> None:
+    """A UserError naming the first of `paths` that cannot be opened: said before a target loads for them."""
+    for path in paths:
+        try:
+            with user_path(path).open("rb"):
+                pass
+        except OSError as exc:
+            raise UserError(f"cannot read text file {path}: {exc.strerror or exc}") from None
 
 
 def pack(id_lists: list[list[int]], seq_len: int, separator: int | None = None) -> torch.Tensor:
@@ -80,7 +90,7 @@ class TargetLabels:
     def compute(self, target: LlamaModel, sequences: torch.Tensor) -> None:
         n, seq_len = sequences.shape
         shards = range((n + self.SHARD - 1) // self.SHARD)
-        todo = [s for s in shards if not self._shard_path(s).is_file()]
+        todo = [s for s in shards if load_cached(self._shard_path(s)) is None]  # (a damaged one made again)
         if not todo:
             return
         cache = FullKVCache(target.config, seq_len, target.dtype, target.device)
@@ -101,5 +111,7 @@ class TargetLabels:
 
     def load(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (ids [n, seq_len, k] int32, logp [n, seq_len, k] float16)."""
-        parts = [torch.load(self._shard_path(s), weights_only=True) for s in range((n + self.SHARD - 1) // self.SHARD)]
+        parts = [load_cached(self._shard_path(s)) for s in range((n + self.SHARD - 1) // self.SHARD)]
+        if any(part is None for part in parts):  # (compute made each; one became unreadable since)
+            raise UserError(f"the target's labels in {self.folder} are incomplete: run again to make them again")
         return torch.cat([p["ids"] for p in parts])[:n], torch.cat([p["logp"] for p in parts])[:n]

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from ..chat import chat_ids
 from ..sampling_params import SamplingParams
 from ..errors import UserError
-from ..files import save_whole
+from ..files import load_cached, save_whole
 from .prompts import prompt_count, prompts
 
 
@@ -83,8 +83,8 @@ class GeneratedSamples:
     def _complete(self, shard: int) -> bool:
         """Whether the shard's file holds all its samples: a run that asked for fewer wrote its last shard
         short, and a later run asking for more skipped the rest of that shard's samples."""
-        path = self._shard_path(shard)
-        return path.is_file() and len(torch.load(path, weights_only=True)) >= len(self._indices(shard))
+        done = load_cached(self._shard_path(shard))
+        return done is not None and len(done) >= len(self._indices(shard))
 
     def _indices(self, shard: int) -> range:
         return range(shard * self.settings.batch, min((shard + 1) * self.settings.batch, self.settings.samples))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import save_whole
+from ..files import load_cached, save_whole
 from .data import TargetLabels, pack, to_sequences
 from .generated import GeneratedSamples, GenerationSettings
 from .local_text import SELECTION, installed_texts
@@ -28,8 +28,9 @@ def installed(tokenizer, tokens: int, seq_len: int, work: Path, target_key: str,
     """Up to `tokens` tokens of installed source code and documentation (draft/local_text.py), chosen once
     and kept in work/, so that installing a package later does not change a run's data."""
     path = work / f"installed-{fingerprint(target_key, tokens, seq_len, heldout, SELECTION)}.pt"
-    if path.is_file():
-        return torch.load(path, weights_only=True)
+    cached = load_cached(path)
+    if cached is not None:
+        return cached
     id_lists, total = [], 0
     for text in installed_texts(heldout):
         if total >= tokens + seq_len:  # a separator per file: a little more than asked for

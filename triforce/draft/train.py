@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from ..errors import UserError
-from ..files import save_whole
+from ..files import load_cached, save_whole
 from ..models.config import ModelConfig
 from ..models.folders import umask_modes
 from ..models.llama import LlamaModel
@@ -135,8 +135,8 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
                                {"params": rest, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
     ckpt_path = work_dir / f"checkpoint-{run_key}.pt"
     start = 0
-    if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt = load_cached(ckpt_path)
+    if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         optim.load_state_dict(ckpt["optim"])
         start = ckpt["step"]

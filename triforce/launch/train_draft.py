@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..draft import sources
-from ..draft.data import choose_vocabulary, read_texts, split_heldout
+from ..draft.data import check_readable, choose_vocabulary, read_texts, split_heldout
 from ..draft.evaluate import decode_ms_per_token, evaluate_genres
 from ..draft.generated import GenerationSettings
 from ..draft.train import DraftShape, TrainSettings, export, fingerprint, init_draft, train
@@ -206,6 +206,20 @@ def _out_folder(name: str) -> Path:
 
 
 def run_train_draft(args) -> int:
+    """train-draft; a disk that fills and a Ctrl-C end it in a line that says what is kept (each
+    checkpoint and cached part is written whole: a rerun resumes from them)."""
+    try:
+        return _train_draft(args)
+    except OSError as exc:
+        raise UserError(f"train-draft: {exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}; "
+                        "the checkpoints and data made so far are kept, and a rerun resumes from them") from None
+    except KeyboardInterrupt:
+        print("\ntrain-draft: stopped; the checkpoints and data made so far are kept, and a rerun with the same "
+              "flags resumes from them", file=sys.stderr)
+        return 130
+
+
+def _train_draft(args) -> int:
     from .. import LLM
 
     started = time.time()
@@ -234,6 +248,7 @@ def run_train_draft(args) -> int:
         writable_folder(work.parent)
     else:
         _check_work_dir(work)
+    check_readable([*args.text, *(args.heldout or [])])  # before the target loads (a minute for a large one)
     llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
     if llm.tokenizer is None:
         raise UserError(f"{llm.model_path} has no tokenizer; train-draft needs one")

@@ -28,7 +28,17 @@ MENDED = ".triforce-mended-3"  # a converted GGUF's folder given what earlier co
 
 
 def triforce_home() -> Path:
-    return Path(os.environ.get("TRIFORCE_HOME") or Path.home() / ".cache" / "triforce")
+    """$TRIFORCE_HOME, else ~/.cache/triforce; a UserError (ModelLoadError) where neither names a folder:
+    HOME unset, and a user without a home (a container run as an arbitrary id): Path.home() raised
+    RuntimeError, a traceback past every caller's."""
+    chosen = os.environ.get("TRIFORCE_HOME")
+    if chosen:
+        return Path(chosen)
+    try:
+        return Path.home() / ".cache" / "triforce"
+    except RuntimeError:
+        raise ModelLoadError("no home folder to keep models, calibrations and drafts' work in (HOME is unset, "
+                             "and this user has none): set TRIFORCE_HOME to a folder this user can write") from None
 
 
 def probe_writes(folder: Path) -> None:

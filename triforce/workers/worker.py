@@ -32,6 +32,7 @@ from ..cache.full import FullKVCache
 from ..cache.prefixes import BlockNames, PrefixStore
 from ..cache.retrieval import retrieve_from_full, selects_chunks
 from ..config import PREFILL_CHUNK
+from ..coordinator.costs import machine_key
 from ..memory import available_bytes
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
@@ -88,6 +89,7 @@ class VerifierWorker(LeaderChecks):
         if kind == "handshake":
             return {"model": self.model_id, "tp_size": self.tp.size, "protocol": PROTOCOL_VERSION,
                     "vocab_size": model.config.vocab_size, "dtype": str(model.dtype).removeprefix("torch."),
+                    "machine": machine_key(str(model.device)),
                     "prefix_bytes": self.prefixes.max_bytes if self.prefixes is not None else 0,
                     "prefill_chunk": self.prefill_chunk}, []
         if kind == "start":
