@@ -99,10 +99,10 @@ def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]
     return out
 
 
-def batch_plan(args) -> tuple[list[str], Path, list, dict, str] | None:
+def batch_plan(args) -> tuple[list[str], Path, list, dict, str, list[str]] | None:
     """What `batch` reads and checks before the model loads (with --workers, before the group starts):
-    (the input's lines, the output, this shard's request lines, the results already written, the model's
-    name in results). Where it launches a worker group (--workers), whose rank 0 runs the job, an input that
+    (the input's lines, the output, this shard's request lines, the results already written and to be kept,
+    the model's name in results, the custom_ids whose failed results --retry-failed removes). Where it launches a worker group (--workers), whose rank 0 runs the job, an input that
     is not a regular file (standard input, a pipe) is left for rank 0 to read: the output alone is checked,
     and None returned."""
     launching = getattr(args, "workers", 0) > 0
