@@ -43,8 +43,11 @@ def cached_unused_bytes(device: torch.device) -> int:
     less allocated, as this was, counted them free, so a batch sized by it could fail to allocate."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     # (a snapshot lists every block of every device; this runs once per request admitted)
-    return sum(segment["total_size"] - segment["active_size"] for segment in torch.cuda.memory_snapshot()
-               if segment["device"] == index and tuple(segment["segment_pool_id"]) == DEFAULT_POOL)
+    try:
+        return sum(segment["total_size"] - segment["active_size"] for segment in torch.cuda.memory_snapshot()
+                   if segment["device"] == index and tuple(segment["segment_pool_id"]) == DEFAULT_POOL)
+    except KeyError:  # a torch whose snapshot names these otherwise: reserved less allocated (graphs' pools too)
+        return torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
 
 
 def cgroup_headroom(root: Path | None = None, membership: Path | None = None) -> int | None:

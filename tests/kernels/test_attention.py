@@ -204,6 +204,27 @@ def test_cpu_decode_attention_kernel_gives_a_check_what_steps_give(level, n, s, 
         assert torch.equal(check[:, i:i + 1], step), i
 
 
+def test_a_flash_attn_older_than_2_1_or_broken_is_not_taken(monkeypatch):
+    """Before 2.1 flash-attn aligns its causal mask top-left where queries are fewer than keys (a prefill
+    chunk, a chain check): wrong logits without an error. A build for another torch fails to import with
+    undefined symbols (an OSError or ImportError, or worse): SDPA runs then too. (No GPU here: modules faked.)"""
+    import sys
+    import types
+
+    def fake(version):
+        module = types.ModuleType("flash_attn")
+        module.__version__, module.flash_attn_func = version, fake_flash_attn_func
+        return module
+
+    for version, taken in (("2.0.9", False), ("2.1.0", True), ("2.7.4.post1", True)):
+        monkeypatch.setitem(sys.modules, "flash_attn", fake(version))
+        assert (attention_module._flash_attn() is fake_flash_attn_func) is taken, version
+    broken = types.ModuleType("flash_attn")
+    broken.__getattr__ = lambda name: (_ for _ in ()).throw(OSError("undefined symbol: _ZN3c10"))
+    monkeypatch.setitem(sys.modules, "flash_attn", broken)
+    assert attention_module._flash_attn() is None
+
+
 def test_flash_attn_is_not_taken_on_a_gpu_older_than_ampere(monkeypatch):
     """flash-attn 2 raises in every forward on a T4 or V100 (compute capability below 8): SDPA runs there."""
     monkeypatch.setattr(attention_module, "_flash_attn_func", lambda *a, **kw: None)

@@ -180,6 +180,7 @@ def test_mode_auto_over_the_worker_group_measures_the_group_apart(models, tmp_pa
     measured under its own key (another cost than an in-process target's), and the output equals the
     single-process run's. After a measurement the group's last query is the last prompt token's."""
     from triforce.coordinator.costs import CostTable, forward_seconds, tier_key
+    from triforce.kernels.cpu import cpu_model
 
     monkeypatch.setenv("TRIFORCE_CALIBRATION", "0")  # this process's memory only
     folder, target, draft = models
@@ -208,9 +209,10 @@ def test_mode_auto_over_the_worker_group_measures_the_group_apart(models, tmp_pa
             measured.restore_query_state(measured.seq)
     finally:
         group.close()
-    local_key = tier_key(LocalVerifier(target, 64))
-    assert tier_key(verifier) == local_key + "|workers=2"
-    assert any(f"||{local_key}|workers=2||" in key for key in CostTable.default().entries)  # auto measured it
+    local_key = tier_key(LocalVerifier(target, 64))  # the group's by its ranks' devices, as its handshake told
+    group_key = f"{local_key}|workers=2@{group.channel.machine}"
+    assert tier_key(verifier) == group_key and group.channel.machine.startswith(cpu_model())
+    assert any(f"||{group_key}||" in key for key in CostTable.default().entries)  # auto measured it
 
 
 def test_a_long_prompt_prefilling_on_the_group_does_not_stall_a_decoding_sequence(models, tmp_path):

@@ -63,10 +63,20 @@ def kernel_takes(rows: int, k: torch.Tensor, v: torch.Tensor) -> bool:
             and d in (64, 128) and k.stride(-1) == 1 and k.stride(-2) == d and v.stride() == k.stride() and rows <= kernel_max_rows())
 
 
-try:  # pragma: no cover - GPU only
-    from flash_attn import flash_attn_func as _flash_attn_func
-except ImportError:  # pragma: no cover - the CPU path
-    _flash_attn_func = None
+def _flash_attn():  # pragma: no cover - GPU only
+    """flash-attn's flash_attn_func, from 2.1 on (before, its causal mask is aligned top-left where queries
+    are fewer than keys: a prefill chunk or a chain check would attend wrongly, silently); None without it,
+    or where it does not import (a build for another torch: undefined symbols)."""
+    try:
+        import flash_attn
+        from flash_attn import flash_attn_func
+    except Exception:  # (the CPU path: none)
+        return None
+    version = tuple(int(x) for x in flash_attn.__version__.split(".")[:2] if x.isdigit())
+    return flash_attn_func if version >= (2, 1) else None
+
+
+_flash_attn_func = _flash_attn()
 
 
 def causal_tail_mask(n: int, s: int, device) -> torch.Tensor:

@@ -85,8 +85,9 @@ class StaticForward:
     """One forward of n tokens over one pair of FullKVCache buffers, all of its shapes and addresses fixed.
     A captured graph holds no reference to the buffers: they go back to the allocator with their cache."""
 
-    def __init__(self, model, cache: FullKVCache, n: int, capture: bool, pool=None):
-        """capture: whether its CAPTURE_AT-th run captures a CUDA graph that later runs replay."""
+    def __init__(self, model, cache: FullKVCache, n: int, capture: bool, pool=None, failed=None):
+        """capture: whether its CAPTURE_AT-th run captures a CUDA graph that later runs replay; `failed(error)`
+        is told where a capture fails."""
         cfg, device = model.config, model.device
         self.model, self.n = model, n
         self.ids = torch.zeros(n, dtype=torch.long, device=device)
@@ -101,7 +102,7 @@ class StaticForward:
                                              device=device))  # each layer's rotated queries, for last_query
         self.logits = torch.zeros(n, cfg.vocab_size, device=device)  # float32, written by every run
         self.capture, self.pool, self.runs = capture, pool, 0
-        self.graph = None
+        self.graph, self.failed = None, failed or (lambda error: None)
 
     def _run(self) -> None:
         n, model, view = self.n, self.model, self.view
@@ -153,15 +154,18 @@ class StaticForward:
             with torch.cuda.stream(side):
                 self._run()
             torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            graph, before = torch.cuda.CUDAGraph(), torch.cuda.current_stream()
+            try:  # on a stream of this device's own (torch's default capture stream is made on the first
+                # device that captures), put back whatever happens: torch's exit ends the capture before it
+                # restores the stream, and a failed end left this thread on the capture stream
+                with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
                     self._run()
             except RuntimeError as error:
-                self.capture = False  # this size runs uncaptured from now on; the warm-up computed the step
-                log.warning("CUDA graph capture of a %d-token forward failed (%s); it runs uncaptured", self.n,
-                            error)
+                self.capture = False  # nor any other size from now on (failed); the warm-up computed the step
+                self.failed(error)
                 return
+            finally:
+                torch.cuda.set_stream(before)
             self.graph = graph
 
 
@@ -197,7 +201,7 @@ class ForwardGraphs:
         key = buffers_key(cache, step.n)
         forward = self._forwards.pop(key, None)
         if forward is None:
-            forward = StaticForward(self.model, cache, step.n, self.capture, self.pool)
+            forward = StaticForward(self.model, cache, step.n, self.capture, self.pool, self._capture_failed)
             while len(self._forwards) >= MAX_GRAPHS:
                 self._forwards.pop(next(iter(self._forwards)))
         self._forwards[key] = forward
@@ -205,6 +209,14 @@ class ForwardGraphs:
 
     def __len__(self) -> int:
         return len(self._forwards)
+
+    def _capture_failed(self, error: Exception) -> None:  # pragma: no cover - CUDA only
+        """A capture failed: a failure is the same at every size, and each failed one disturbed the
+        allocator's capture state, so no forward of this model captures again (nor those made before)."""
+        log.warning("CUDA graph capture of a forward failed (%s); this model's forwards run uncaptured", error)
+        self.capture = False
+        for forward in self._forwards.values():
+            forward.capture = False
 
     def held_bytes(self, cache: FullKVCache) -> int:
         """The buffers of the StaticForwards made over `cache`'s buffers so far."""
