@@ -10,6 +10,7 @@ from triforce import LLM, SamplingParams
 from triforce.engine_args import MEMORY_SHARE
 from triforce.errors import UserError
 from triforce.launch.batch_output import append_result, locked
+from triforce.launch.batch_jobs import request_lines
 from triforce.launch.batch_shards import shard_of
 from triforce.launch.batch_resume import done_results
 from triforce.launch.cli import main
@@ -153,6 +154,14 @@ def test_shards_split_the_lines(tiny_dir, tmp_path):
         assert run(target, inp, tmp_path / f"out{i}.jsonl", "--shard", f"{i}/2") == 0
     assert sorted(results(tmp_path / "out0.jsonl")) == ["r0", "r2", "r4"]
     assert sorted(results(tmp_path / "out1.jsonl")) == ["r1", "r3"]
+    # a shard holds other shards' requests by their custom_ids alone, and results by what a rerun reads of
+    # them (each held the whole input parsed, and every answer's body, a few times the files' size)
+    parsed = request_lines(inp.read_text().splitlines(), (1, 2))
+    assert [(custom_id, request is not None) for _, custom_id, request, _ in parsed] == \
+        [("r0", False), ("r1", True), ("r2", False), ("r3", True), ("r4", False)]
+    done = done_results(tmp_path / "out0.jsonl")
+    assert {r["response"]["status_code"] for r in done.values()} == {200}
+    assert all(r["response"]["body"] == {"model": "tiny"} for r in done.values())
     assert shard_of(None, {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4", "RANK": "1"}) == (3, 4)
     assert shard_of(None, {"RANK": "1", "WORLD_SIZE": "2"}) == (1, 2) and shard_of(None, {}) == (0, 1)
     # an array numbered from 1 (--array=1-8): task 8 is the last shard, task 1 the first (task 8 was refused,

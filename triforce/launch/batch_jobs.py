@@ -70,11 +70,14 @@ def add_batch_parser(sub) -> None:
     p.set_defaults(func=_batch, precheck=_precheck)
 
 
-def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]]:
+def request_lines(lines: list[str], shard: tuple[int, int] = (0, 1)) -> list[tuple[int, str, object, dict | None]]:
     """Each non-blank line as (its index, its custom_id: the line's own, else line-N, the parsed request or
     None, its error as a result's `error` ({code, message}: not JSON, a custom_id that is not a string) or
-    None). A custom_id on two lines is a UserError (as OpenAI's Batch API refuses such
-    a file: each result names its request by it)."""
+    None); the requests of other shards than `shard` (I, N: requests I, I + N, ...) without their parsed
+    request, whose custom_id is all this process needs of them (every shard held the whole file parsed, a
+    few times its size). A custom_id on two lines is a UserError (as OpenAI's Batch API refuses such a
+    file: each result names its request by it)."""
+    index, count = shard
     out, seen = [], {}
     for n, line in enumerate(lines):
         if not line.strip():
@@ -95,7 +98,7 @@ def request_lines(lines: list[str]) -> list[tuple[int, str, object, dict | None]
             raise UserError(f"custom_id {custom_id!r} is on lines {seen[custom_id] + 1} and {n + 1}: each request "
                             "needs its own")
         seen[custom_id] = n
-        out.append((n, custom_id, request, error))
+        out.append((n, custom_id, request if len(out) % count == index else None, error))
     return out
 
 
@@ -134,7 +137,7 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str, list[str]] | Non
     if output.exists() and not output.is_file():  # a pipe or a device: never read back, so never resumed
         raise UserError(f"--output {output} is not a file: results go to a file, which a rerun resumes")
     finished = done_results(output)
-    every = None if lines is None else request_lines(lines)  # (refused before the output is made)
+    every = None if lines is None else request_lines(lines, (index, count))  # (refused before the output is made)
     try:
         output.open("a").close()  # before the model loads
     except OSError as exc:

@@ -122,8 +122,20 @@ def _results(output: Path, whole: str) -> dict[str, dict]:
         if record is None:
             raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
                             "name a new file, or one an earlier run of this job wrote")
-        done[record["custom_id"]] = record
+        done[record["custom_id"]] = _slim(record)
     return done
+
+
+def _slim(record: dict) -> dict:
+    """What a rerun reads of a result: its id, whether it failed, the model its answer names (whole bodies,
+    logprobs and all, held for every line written were the output's size again in memory)."""
+    response = record.get("response")
+    if isinstance(response, dict):
+        body = response.get("body")
+        named = {"model": body["model"]} if isinstance(body, dict) and "model" in body else {}
+        response = {"status_code": response.get("status_code"), "body": named}
+    return {"id": record.get("id"), "custom_id": record["custom_id"], "error": record.get("error"),
+            "response": response}
 
 
 def failed(record: dict) -> bool:
