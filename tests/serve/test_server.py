@@ -882,6 +882,43 @@ def test_a_server_shutting_down_ends_its_requests_and_refuses_new_ones(llm, monk
     scheduler.stop()
 
 
+def test_a_step_that_fails_tells_its_requests_though_a_close_fails_too_and_stop_tells_the_rest(llm, monkeypatch):
+    """A step's failure ended every running request; a run's close that raised then lost them all (removed
+    from `running`, never told: their clients waited until their streams were cut). stop() without a drain
+    (an app embedded, a test client leaving) left waiting requests unanswered."""
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+                               "stream": True}, llm, "tiny")
+    scheduler = Scheduler(llm, max_queue=4)
+    first, events = threading.Event(), []
+    scheduler.submit(job, lambda kind, data: (events.append((kind, data)), kind == "text" and first.set()))
+    assert first.wait(60)
+
+    class ClosingFails:  # a run whose close raises (its real one closed here, its caches freed)
+        def __init__(self, run):
+            run.close()
+
+        def close(self):
+            raise ZeroDivisionError
+
+    def failing_step():
+        for seq in scheduler._batch.active:
+            seq.run = ClosingFails(seq.run)
+        raise RuntimeError("a forward failed")
+
+    monkeypatch.setattr(scheduler._batch, "step", failing_step)
+    deadline = time.time() + 60
+    while not any(kind == "error" for kind, _ in events) and time.time() < deadline:
+        time.sleep(0.05)
+    [error] = [data for kind, data in events if kind == "error"]
+    assert error.status == 500 and "a forward failed" in error.message and scheduler.alive
+    monkeypatch.setattr(scheduler, "_admit", lambda: None)  # the next one waits
+    left = []
+    scheduler.submit(job, lambda kind, data: left.append((kind, data)))
+    scheduler.stop()
+    [(kind, stopped)] = left
+    assert kind == "error" and (stopped.status, stopped.message) == (503, "the server stopped")
+
+
 def test_a_request_admitted_while_the_server_drains_is_ended_too(llm, monkeypatch):
     """drain() between a request leaving the queue and joining the batch (it is in neither list then): the
     request still ends early, "abort", rather than run to max_tokens behind a closed server."""

@@ -168,3 +168,26 @@ def test_a_constrained_request_ends_at_end_of_sequence_even_with_ignore_eos():
     # a dict of the fields is taken too; the schema is kept as text, so the params stay hashable
     params = SamplingParams(structured_outputs={"json": {"type": "object"}})
     assert params.structured_outputs == StructuredOutputs(json='{"type": "object"}') and hash(params)
+
+
+def test_a_grammar_is_checked_outside_the_lock(grammars, monkeypatch):
+    """A server checks a new request's constraint in one thread while its scheduler thread starts another
+    constrained request: a large schema's check held the lock for seconds, and the scheduler, every stream
+    of the batch with it, waited on it."""
+    import threading
+
+    import llguidance
+
+    real, free = llguidance.LLMatcher.validate_grammar_with_warnings, []
+
+    def validating(grammar, tokenizer):
+        taker = threading.Thread(target=lambda: free.append(grammars._lock.acquire(timeout=5) and
+                                                            (grammars._lock.release() or True)))
+        taker.start()
+        taker.join()
+        return real(grammar, tokenizer)
+
+    monkeypatch.setattr(llguidance.LLMatcher, "validate_grammar_with_warnings", staticmethod(validating))
+    spec = StructuredOutputs(regex="[a-c]+x")
+    assert grammars.check(spec) and free == [True]
+    assert grammars.check(spec) and free == [True]  # kept: checked once

@@ -63,8 +63,8 @@ class ServerMetrics:
         if self.reuses_prefixes:
             self.prefix_queries.labels(m).inc(metrics.prompt_tokens)
             self.prefix_hits.labels(m).inc(metrics.cached_prompt_tokens)
-        self.ttft.labels(m).observe(queued_s + metrics.prefill_s)
-        if metrics.generated_tokens:
+        if metrics.generated_tokens:  # (an abort before its first token, a scoring request: no first token)
+            self.ttft.labels(m).observe(queued_s + metrics.prefill_s)
             self.tpot.labels(m).observe(metrics.decode_s / metrics.generated_tokens)
         for t in metrics.tiers:
             labels = (m, t.name, t.drafter)

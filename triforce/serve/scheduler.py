@@ -137,15 +137,28 @@ class Scheduler:
             running = list(self.running.values())
         for ticket in waiting:
             ticket.cancel()
+            self._count("failed")  # (/metrics missed them)
             ticket.tell("error", ApiError(503, "the server is shutting down", "server_error"))
         for ticket in running:
             ticket.cancel()
         self._wake.set()
 
     def stop(self) -> None:
+        """Ends the scheduler's thread; requests still waiting or running (an app embedded without a drain,
+        a test client leaving) are told the server stopped, where they waited forever."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
+        if not self._thread.is_alive() and self.fatal is None:
+            with self._lock:
+                left = list(self.waiting) + list(self.running.values())
+                self.waiting, self.running = deque(), {}
+            for seq in list(self._batch.active):
+                try:
+                    seq.run.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("could not close a request's run")
+            self._end_failed(left, ApiError(503, "the server stopped", "server_error"))
 
     def _capacity_now(self, free: int | None) -> int | None:
         """Bytes the requests' caches may share (before --gpu-memory-utilization): those free while none ran,
@@ -253,9 +266,12 @@ class Scheduler:
             with self._lock:
                 failed = list(self.running.items())
                 self.running.clear()
+            self._fail([ticket for _, ticket in failed], exc)  # told first: a close that raised lost them all
             for seq, _ in failed:
-                seq.run.close()  # its engine leaves the batchmates
-            self._fail([ticket for _, ticket in failed], exc)
+                try:
+                    seq.run.close()  # its engine leaves the batchmates
+                except Exception:  # noqa: BLE001 (the batch is made anew below all the same)
+                    log.exception("could not close a request's run")
             self._batch = SequenceBatch()
             return
         for seq in finished:

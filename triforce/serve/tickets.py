@@ -64,6 +64,8 @@ class Ticket:
 def failure(exc: Exception) -> ApiError:
     """What a client is told of the exception that failed its request: 400 (413: too large) where its own
     settings failed it as it ran, 503 where the worker group failed, 500 otherwise (a bug)."""
+    if isinstance(exc, ApiError):  # (the server's own answer: a stop, say)
+        return exc
     if isinstance(exc, RequestFailed):
         return ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
     status = 503 if isinstance(exc, WorkerError) else 500

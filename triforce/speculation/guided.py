@@ -178,21 +178,26 @@ class Grammars:
     def check(self, spec: StructuredOutputs) -> str:
         """The constraint's grammar; ConfigError (naming structured_outputs) where it is not a valid one."""
         with self._lock:
-            if spec not in self._grammars:
-                from llguidance import LLMatcher
+            grammar = self._grammars.get(spec)
+        if grammar is not None:
+            return grammar
+        from llguidance import LLMatcher
 
-                tokenizer = self._ll_tokenizer()
-                try:
-                    grammar = grammar_text(spec)
-                except ValueError as exc:
-                    raise ConfigError(f"structured_outputs {spec.kind}: {exc}") from None
-                failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-                if failed:
-                    raise ConfigError(f"structured_outputs {spec.kind}: {messages[0]}")
-                if len(self._grammars) >= RECENT_MASKS:
-                    self._grammars.pop(next(iter(self._grammars)))
-                self._grammars[spec] = grammar
-            return self._grammars[spec]
+        tokenizer = self._ll_tokenizer()
+        try:
+            grammar = grammar_text(spec)
+        except ValueError as exc:
+            raise ConfigError(f"structured_outputs {spec.kind}: {exc}") from None
+        # outside the lock: a large schema's check took seconds, and the server's scheduler thread, starting
+        # another constrained request meanwhile, waited on the lock with every stream of the batch
+        failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        if failed:
+            raise ConfigError(f"structured_outputs {spec.kind}: {messages[0]}")
+        with self._lock:
+            if spec not in self._grammars and len(self._grammars) >= RECENT_MASKS:
+                self._grammars.pop(next(iter(self._grammars)))
+            self._grammars[spec] = grammar
+        return grammar
 
     def guide(self, spec: StructuredOutputs | None) -> Guide | None:
         """A new request's Guide (None without a constraint)."""
