@@ -848,6 +848,7 @@ def test_a_server_shutting_down_ends_its_requests_and_refuses_new_ones(llm, monk
     one gets an error, and a new one a 503; uvicorn's server alone waited for every stream to run out."""
     import uvicorn
 
+    from triforce.launch import serve as serve_module
     from triforce.launch.serve import draining_server
 
     job = parse("completion", {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
@@ -867,6 +868,7 @@ def test_a_server_shutting_down_ends_its_requests_and_refuses_new_ones(llm, monk
     app.state.scheduler = scheduler
     exits = []
     monkeypatch.setattr(uvicorn.Server, "handle_exit", lambda self, sig, frame: exits.append(sig))
+    monkeypatch.setattr(serve_module, "ABORT_AFTER_S", 0.0)  # (the running one: aborted at once)
     draining_server(uvicorn)(uvicorn.Config(app)).handle_exit(2, None)  # outside an event loop: at once
     assert exits == [2]
     with pytest.raises(ApiError) as refused:
@@ -917,6 +919,27 @@ def test_a_step_that_fails_tells_its_requests_though_a_close_fails_too_and_stop_
     scheduler.stop()
     [(kind, stopped)] = left
     assert kind == "error" and (stopped.status, stopped.message) == (503, "the server stopped")
+
+
+def test_a_drain_lets_running_requests_end_whole_within_its_abort_delay(llm):
+    """As vLLM lets requests run out its shutdown's grace: a running request that ends within the drain's
+    delay is answered whole (every running one was cut at once, a 200 of partial text), while a new one
+    is refused at once."""
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "ignore_eos": True,
+                               "stream": True}, llm, "tiny")
+    scheduler = Scheduler(llm, max_queue=4)
+    first, events = threading.Event(), []
+    scheduler.submit(job, lambda kind, data: (events.append((kind, data)), kind == "text" and first.set()))
+    assert first.wait(60)
+    scheduler.drain(abort_after_s=60)
+    with pytest.raises(ApiError, match="shutting down"):
+        scheduler.submit(job, lambda *_: None)
+    deadline = time.time() + 60
+    while not any(kind == "done" for kind, _ in events) and time.time() < deadline:
+        time.sleep(0.05)
+    [done] = [data for kind, data in events if kind == "done"]
+    assert done.finish_reason == "length" and len(done.token_ids) == 30
+    scheduler.stop()
 
 
 def test_a_request_admitted_while_the_server_drains_is_ended_too(llm, monkeypatch):

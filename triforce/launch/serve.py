@@ -18,6 +18,8 @@ from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_mod
 SHUTDOWN_GRACE_S = 5  # seconds open streams get to end on Ctrl-C or SIGTERM before they are cut
 WORKERS_GRACE_S = 3  # of them, how long a round may wait on a worker group before it fails (the signal that
 # ends the server ends its ranks too): its streams then end with an error before they are cut
+ABORT_AFTER_S = 2.5  # of them, how long running requests run on (those that end are answered whole, as
+# vLLM lets them run out the grace) before they end after their round with finish_reason "abort"
 
 
 def add_serve_parser(sub) -> None:
@@ -97,14 +99,15 @@ def _check_address(host: str, port: int) -> None:
 
 
 def draining_server(uvicorn):
-    """uvicorn's Server, which on Ctrl-C or SIGTERM first ends the app's requests (Scheduler.drain), so that
-    their streams close with a last chunk; uvicorn's own waited for each to run to its end. Streams still
-    open SHUTDOWN_GRACE_S later are cut."""
+    """uvicorn's Server, which on Ctrl-C or SIGTERM first drains the app's requests (Scheduler.drain: those
+    running end, whole, within ABORT_AFTER_S, or after their round then), so that their streams close with
+    a last chunk; uvicorn's own waited for each to run to its end. Streams still open SHUTDOWN_GRACE_S
+    later are cut."""
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             scheduler = self.config.app.state.scheduler
-            drain = functools.partial(scheduler.drain, abandon_after_s=WORKERS_GRACE_S)
+            drain = functools.partial(scheduler.drain, abandon_after_s=WORKERS_GRACE_S, abort_after_s=ABORT_AFTER_S)
             try:  # in the event loop, not inside the signal handler (the scheduler takes a lock)
                 asyncio.get_running_loop().call_soon_threadsafe(drain)
             except RuntimeError:

@@ -52,6 +52,7 @@ class Scheduler:
         self._host_capacity = self.llm.host_free()  # and in the host's memory for a GPU's requests' rows
         self._batch, self._mates = SequenceBatch(), Batchmates()
         self._lock, self._wake, self._stop, self._draining = threading.Lock(), threading.Event(), False, False
+        self._aborting = False  # a drain's running requests end after their round in progress
         self._freed = False  # whether requests finished since the scheduler was last idle
         self._thread = threading.Thread(target=self._loop, name="triforce-scheduler", daemon=True)
         self._thread.start()
@@ -121,11 +122,13 @@ class Scheduler:
     def alive(self) -> bool:
         return self._thread.is_alive() and self.fatal is None
 
-    def drain(self, abandon_after_s: float | None = None) -> None:
-        """The server is shutting down: waiting requests get an error, running ones end after their round in
-        progress (finish_reason "abort"), so their streams close properly; new ones are refused (503). With
-        a worker group, a round still waiting on it `abandon_after_s` later fails instead (a signal that
-        ended the server ended its ranks too), so its streams end with an error before they are cut."""
+    def drain(self, abandon_after_s: float | None = None, abort_after_s: float = 0.0) -> None:
+        """The server is shutting down: waiting requests get an error and new ones are refused (503); running
+        ones run on for `abort_after_s` (those that end meanwhile are answered whole, as vLLM lets them run
+        out the shutdown's grace), then end after their round in progress (finish_reason "abort"), so their
+        streams close properly before they are cut. With a worker group, a round still waiting on it
+        `abandon_after_s` later fails instead (a signal that ended the server ended its ranks too), so its
+        streams end with an error before they are cut."""
         workers = getattr(self.llm, "workers", None)
         if workers is not None and abandon_after_s is not None:
             timer = threading.Timer(abandon_after_s, workers.abandon)
@@ -134,11 +137,22 @@ class Scheduler:
         with self._lock:
             self._draining = True
             waiting, self.waiting = list(self.waiting), deque()
-            running = list(self.running.values())
         for ticket in waiting:
             ticket.cancel()
             self._count("failed")  # (/metrics missed them)
             ticket.tell("error", ApiError(503, "the server is shutting down", "server_error"))
+        if abort_after_s > 0:
+            timer = threading.Timer(abort_after_s, self._abort_running)
+            timer.daemon = True
+            timer.start()
+        else:
+            self._abort_running()
+        self._wake.set()
+
+    def _abort_running(self) -> None:
+        with self._lock:
+            self._aborting = True
+            running = list(self.running.values())
         for ticket in running:
             ticket.cancel()
         self._wake.set()
@@ -232,8 +246,8 @@ class Scheduler:
                 seq = self._batch.add(ticket.request.run())
                 with self._lock:
                     self.running[seq] = ticket
-                    draining = self._draining  # drain() may have run while it was in neither list
-                if draining:
+                    aborting = self._aborting  # a drain's abort may have run while it was in neither list
+                if aborting:
                     ticket.cancel()
                 if seq.done:
                     self._finish(seq)
