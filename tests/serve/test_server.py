@@ -884,16 +884,32 @@ def test_a_server_shutting_down_ends_its_requests_and_refuses_new_ones(llm, monk
     scheduler.stop()
 
 
-def test_a_step_that_fails_tells_its_requests_though_a_close_fails_too_and_stop_tells_the_rest(llm, monkeypatch):
-    """A step's failure ended every running request; a run's close that raised then lost them all (removed
-    from `running`, never told: their clients waited until their streams were cut). stop() without a drain
-    (an app embedded, a test client leaving) left waiting requests unanswered."""
-    job = parse("completion", {"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+def running_stream(llm, max_tokens: int):
+    """A streamed completion of `max_tokens` running in a Scheduler of its own, its first text out:
+    (the job, the scheduler, the events its client was told)."""
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
                                "stream": True}, llm, "tiny")
     scheduler = Scheduler(llm, max_queue=4)
     first, events = threading.Event(), []
     scheduler.submit(job, lambda kind, data: (events.append((kind, data)), kind == "text" and first.set()))
     assert first.wait(60)
+    return job, scheduler, events
+
+
+def told(events: list, kind: str):
+    """The one event of `kind` a client is told, waited for (a minute at most)."""
+    deadline = time.time() + 60
+    while not any(k == kind for k, _ in events) and time.time() < deadline:
+        time.sleep(0.05)
+    [data] = [data for k, data in events if k == kind]
+    return data
+
+
+def test_a_step_that_fails_tells_its_requests_though_a_close_fails_too_and_stop_tells_the_rest(llm, monkeypatch):
+    """A step's failure ended every running request; a run's close that raised then lost them all (removed
+    from `running`, never told: their clients waited until their streams were cut). stop() without a drain
+    (an app embedded, a test client leaving) left waiting requests unanswered."""
+    job, scheduler, events = running_stream(llm, 400)
 
     class ClosingFails:  # a run whose close raises (its real one closed here, its caches freed)
         def __init__(self, run):
@@ -908,10 +924,7 @@ def test_a_step_that_fails_tells_its_requests_though_a_close_fails_too_and_stop_
         raise RuntimeError("a forward failed")
 
     monkeypatch.setattr(scheduler._batch, "step", failing_step)
-    deadline = time.time() + 60
-    while not any(kind == "error" for kind, _ in events) and time.time() < deadline:
-        time.sleep(0.05)
-    [error] = [data for kind, data in events if kind == "error"]
+    error = told(events, "error")
     assert error.status == 500 and "a forward failed" in error.message and scheduler.alive
     monkeypatch.setattr(scheduler, "_admit", lambda: None)  # the next one waits
     left = []
@@ -925,19 +938,11 @@ def test_a_drain_lets_running_requests_end_whole_within_its_abort_delay(llm):
     """As vLLM lets requests run out its shutdown's grace: a running request that ends within the drain's
     delay is answered whole (every running one was cut at once, a 200 of partial text), while a new one
     is refused at once."""
-    job = parse("completion", {"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "ignore_eos": True,
-                               "stream": True}, llm, "tiny")
-    scheduler = Scheduler(llm, max_queue=4)
-    first, events = threading.Event(), []
-    scheduler.submit(job, lambda kind, data: (events.append((kind, data)), kind == "text" and first.set()))
-    assert first.wait(60)
+    job, scheduler, events = running_stream(llm, 30)
     scheduler.drain(abort_after_s=60)
     with pytest.raises(ApiError, match="shutting down"):
         scheduler.submit(job, lambda *_: None)
-    deadline = time.time() + 60
-    while not any(kind == "done" for kind, _ in events) and time.time() < deadline:
-        time.sleep(0.05)
-    [done] = [data for kind, data in events if kind == "done"]
+    done = told(events, "done")
     assert done.finish_reason == "length" and len(done.token_ids) == 30
     scheduler.stop()
 

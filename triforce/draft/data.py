@@ -90,7 +90,7 @@ class TargetLabels:
     def compute(self, target: LlamaModel, sequences: torch.Tensor) -> None:
         n, seq_len = sequences.shape
         shards = range((n + self.SHARD - 1) // self.SHARD)
-        todo = [s for s in shards if load_cached(self._shard_path(s)) is None]  # (a damaged one made again)
+        todo = [s for s in shards if not self._shard_path(s).is_file()]  # (a damaged one: `load` removes it)
         if not todo:
             return
         cache = FullKVCache(target.config, seq_len, target.dtype, target.device)
@@ -112,6 +112,6 @@ class TargetLabels:
     def load(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (ids [n, seq_len, k] int32, logp [n, seq_len, k] float16)."""
         parts = [load_cached(self._shard_path(s)) for s in range((n + self.SHARD - 1) // self.SHARD)]
-        if any(part is None for part in parts):  # (compute made each; one became unreadable since)
-            raise UserError(f"the target's labels in {self.folder} are incomplete: run again to make them again")
+        if any(part is None for part in parts):  # (one damaged, removed by load_cached: remade by a rerun)
+            raise UserError(f"the target's labels in {self.folder} were damaged: run again to make them again")
         return torch.cat([p["ids"] for p in parts])[:n], torch.cat([p["logp"] for p in parts])[:n]
