@@ -13,6 +13,8 @@ from ..errors import UserError
 from ..files import load_cached, read_user_text, save_whole, user_path
 from ..models.llama import LlamaModel
 
+TOKEN_MARGIN = 64  # tokens past those asked for that a cut prefix must hold (see leading_ids)
+
 
 def read_texts(paths: list[str | Path]) -> list[str]:
     texts = []
@@ -46,10 +48,31 @@ def pack(id_lists: list[list[int]], seq_len: int, separator: int | None = None) 
     return torch.tensor(stream[:usable], dtype=torch.long).view(-1, seq_len)
 
 
-def to_sequences(tokenizer, texts: list[str], seq_len: int, separator: int | None = None) -> torch.Tensor:
-    """The texts' tokens packed into whole sequences of seq_len (see `pack`)."""
-    id_lists = [tokenizer(text).input_ids for text in texts]
-    sequences = pack(id_lists, seq_len, separator)
+def leading_ids(tokenizer, text: str, tokens: int) -> list[int]:
+    """The ids of the text, at least its first `tokens` of them as the whole text would give them: a
+    prefix cut at a line break is tokenized, growing until it holds `tokens` and a margin (a cut changes
+    only the tokens just before it), so a corpus far larger than asked for is not tokenized whole."""
+    chars = (tokens + TOKEN_MARGIN) * 8
+    while chars < len(text):
+        cut = text.rfind("\n", 0, chars)
+        ids = tokenizer(text[:cut if cut > 0 else chars]).input_ids
+        if len(ids) >= tokens + TOKEN_MARGIN:
+            return ids[:tokens]
+        chars *= 2
+    return tokenizer(text).input_ids
+
+
+def leading_sequences(tokenizer, texts: list[str], seq_len: int, count: int,
+                      separator: int | None = None) -> torch.Tensor:
+    """The first `count` whole sequences of seq_len that `pack` makes of the texts' tokens (fewer where
+    the texts hold fewer), tokenizing only as much of them as those take."""
+    id_lists, total = [], 0
+    for text in texts:
+        if total >= count * seq_len:
+            break
+        id_lists.append(leading_ids(tokenizer, text, count * seq_len - total))
+        total += len(id_lists[-1])  # separators uncounted: the stream holds at least this many
+    sequences = pack(id_lists, seq_len, separator)[:count]
     if sequences.shape[0] == 0:
         raise UserError(f"the text holds no complete sequence of {seq_len} tokens (about "
                         f"{sum(map(len, id_lists))}): give more text or a lower --seq-len")

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..files import load_cached, save_whole
-from .data import TargetLabels, pack, to_sequences
+from .data import TargetLabels, leading_sequences, pack
 from .generated import GeneratedSamples, GenerationSettings
 from .local_text import SELECTION, installed_texts
 from .train import fingerprint
@@ -20,7 +20,8 @@ HELDOUT_ANSWER_TOKENS = 256  # a guess at an answer's tokens with its prompt, to
 
 
 def prose(tokenizer, texts: list[str], seq_len: int, max_tokens: int) -> torch.Tensor:
-    return to_sequences(tokenizer, texts, seq_len, tokenizer.eos_token_id)[: max(1, max_tokens // seq_len)]
+    """The first max_tokens of the texts (at least one sequence), packed into sequences."""
+    return leading_sequences(tokenizer, texts, seq_len, max(1, max_tokens // seq_len), tokenizer.eos_token_id)
 
 
 def installed(tokenizer, tokens: int, seq_len: int, work: Path, target_key: str,
