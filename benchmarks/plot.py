@@ -110,19 +110,21 @@ def plot_sweep(path: str, setting: str, out: Path) -> None:
 
 
 def plot_trees(path: str, out: Path) -> None:
-    """One line per temperature: tokens/s of each numeric tree size over the chain's (size 0)."""
+    """One line per mode and temperature: tokens/s of each numeric tree size over the chain's (size 0)."""
     data = need([r for r in rows(path) if "tree1" in r or "tree2" in r], "runs of a --sweep tree1= or tree2=", path)
     setting = "tree1" if "tree1" in data[0] else "tree2"
     fig, ax = plt.subplots(figsize=(6, 4))
-    for temperature in sorted({r["temperature"] for r in data}):
+    for run, temperature in sorted({(r["run"], r["temperature"]) for r in data}):
         sized = {int(r[setting]): r["tokens_per_s"] for r in data
-                 if r["temperature"] == temperature and str(r[setting]).isdigit()}
+                 if (r["run"], r["temperature"]) == (run, temperature) and str(r[setting]).isdigit()}
+        if 0 not in sized:  # (no chain to divide by)
+            continue
         sizes = sorted(sized)
-        ax.plot(sizes, [sized[n] / sized[0] for n in sizes], marker="o", label=f"temperature {temperature}")
+        ax.plot(sizes, [sized[n] / sized[0] for n in sizes], marker="o", label=f"{run}, temperature {temperature}")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel(f"{setting} (nodes; 0 = the chain)")
     ax.set_ylabel("tokens/s over the chain's")
-    ax.set_title(f"{data[0]['run']} mode, {data[0]['prompt_tokens']:,}-token prompt", fontsize=9)
+    ax.set_title(f"{data[0]['prompt_tokens']:,}-token prompt", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / f"{setting}_sweep.png", dpi=110)

@@ -188,6 +188,35 @@ def test_bench_gives_a_tree_flag_to_the_modes_it_shapes(tiny_dir, tmp_path):
     assert checks["proposed_per_check"] == 4  # a tree of 4 nodes (gamma2 is 6)
 
 
+def test_a_swept_tree_goes_to_the_modes_it_shapes_and_the_report_names_what_ran(tiny_dir, tmp_path):
+    """--sweep tree2=0,4 beside triforce (which takes no tree2): retrieval runs each size, triforce once (it
+    was given the value and refused it after the model loaded; a mode that ignored one was labelled with
+    it). The report names the command, the code, the seed and the texts behind its numbers."""
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    out = tmp_path / "bench.json"
+    args = ["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
+            "--lengths", "100", "--max-new-tokens", "8", "--modes", "ar", "retrieval", "triforce",
+            "--sweep", "tree2=0,4", "--seed", "7", *SMALL_TIERS, "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert [(r["run"], r.get("tree2")) for r in report["results"]] == [
+        ("ar", None), ("retrieval", 0), ("retrieval", 4), ("triforce", None)]
+    assert report["seed"] == 7 and report["texts"][0]["path"] == str(text) and len(report["texts"][0]["sha256"]) == 16
+    assert report["commit"] is None or len(report["commit"].split("+")[0]) == 40
+
+
+def test_a_batch_refuses_a_first_text_shorter_than_its_prompt(tiny_dir, tmp_path, capsys):
+    """Prompt 0 of a batch is the first text's: one shorter than a prompt ran on into the second text,
+    whose start, prompt 1, then repeated it in the same batch."""
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    texts = [random_words(tmp_path / "short.txt", 3, 30), random_words(tmp_path / "long.txt", 4, 300)]
+    assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", *map(str, texts), "--lengths", "50",
+                 "--max-new-tokens", "4", "--modes", "ar", "--batch", "1", "2"]) == 2
+    assert "text file 1 is too short for prompt 1 of the batch" in capsys.readouterr().err
+
+
 def test_bench_writes_out_through_a_link_and_names_a_default_draft_it_could_not_fetch(tiny_dir, tmp_path, capsys,
                                                                                        monkeypatch):
     """--out is written whole (a temporary file renamed over it), except where it is a link (or a FIFO), which
@@ -262,6 +291,10 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--modes", "ar", "--lookup", "2"], "--lookup 2: none of --modes runs it"),
     (["--modes", "ar", "ar"], "--modes names a value twice"), (["--lengths", "50", "50"], "--lengths names a value"),
     (["--temperatures", "0", "0.0"], "--temperatures names a value twice"),  # each group ran twice
+    (["--temperatures", "0.001", "0.01"], "--temperatures names a value twice"),  # both run at 0.01
+    (["--sweep", "budget=32,32"], "--sweep budget names a value twice"),  # merged as if repeats
+    (["--peers", "transformers", "transformers"], "--peers names a value twice"),
+    (["--peers", "transformers", "--max-new-tokens", "1"], "at least 2"),  # a rate of 0, then a ZeroDivisionError
     (["--batch", "1", "1"], "--batch names a value twice"),
     (["--out", "/proc/bench.json"], "cannot write --out /proc/bench.json"),
     (["--modes", "ar", "draft"], "--modes draft runs a draft"),  # a ValueError traceback after the ar runs

@@ -18,14 +18,17 @@ and prefill, every repeat's tokens/s in `tokens_per_s_runs`, and the rest of its
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from .. import __version__
 from ..config import MODES, EngineConfig
-from ..sampling_params import SamplingParams
+from ..sampling_params import LOWEST_SAMPLED, SamplingParams
 from ..errors import UserError
 from ..files import read_user_text, write_whole
 from ..kernels.cpu import cpu_isa, cpu_model, isa_level, kernel_path
@@ -77,11 +80,14 @@ def run_bench(args) -> int:
     from ..api import LLM
     from .cli import settings_named_by_flags
 
-    for name, values in (("--modes", args.modes), ("--lengths", args.lengths), ("--batch", args.batch),
-                         ("--temperatures", args.temperatures), ("--workloads", args.workloads)):
-        if len(set(values)) < len(values):  # a group run twice (and for --modes: which ar would speedups divide by?)
-            raise UserError(f"{name} names a value twice ({' '.join(map(str, values))}); --repeats runs each again")
     sweep_name, sweep_values = parse_sweep(args.sweep, args.modes)
+    taken = [LOWEST_SAMPLED if 0 < t < LOWEST_SAMPLED else t for t in args.temperatures]  # as SamplingParams runs them
+    for name, values in (("--modes", args.modes), ("--lengths", args.lengths), ("--batch", args.batch),
+                         ("--temperatures", taken), ("--workloads", args.workloads), ("--peers", args.peers),
+                         (f"--sweep {sweep_name}", sweep_values)):
+        if len(set(values)) < len(values):  # a group run twice (and for --modes: which ar would speedups divide by?)
+            raise UserError(f"{name} names a value twice ({' '.join(map(str, values))}, as run); --repeats runs "
+                            f"each again")
     with settings_named_by_flags():
         check_tier_settings(args, sweep_name, sweep_values)
     texts = [_read_text(f) for f in args.text]
@@ -93,6 +99,8 @@ def run_bench(args) -> int:
                          ("--max-new-tokens", [args.max_new_tokens])):
         if min(values) < 1:
             raise UserError(f"{name} must be at least 1 (got {min(values)})")
+    if {"transformers", "assisted"} & set(args.peers) and args.max_new_tokens < 2:  # (its rate: tokens after the first)
+        raise UserError("the transformers peers time the tokens after the first: --max-new-tokens must be at least 2")
     if args.rope_scaling and args.peers:
         raise UserError("the peers run the model as its config says: leave out --peers with --rope-scaling")
     if args.peers and SamplingParams(**penalty_settings(args)).penalized:
@@ -145,9 +153,9 @@ def run_bench(args) -> int:
         _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, results)
     except BaseException as exc:  # Ctrl-C, or a later group that does not fit: the groups that ended are kept
         if results:
-            _write(args, _report(args, llm, base, results, stopped_by=exc))
+            _write(args, _report(args, llm, base, texts, results, stopped_by=exc))
         raise
-    _write(args, _report(args, llm, base, results))
+    _write(args, _report(args, llm, base, texts, results))
     return 0
 
 
@@ -161,6 +169,7 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                 prompt, key = passkey_prompt(llm.tokenizer, ids, length, args.seed)
             for batch in args.batch:
                 prompts = [prompt] + [batch_prompt(files, i, length) for i in range(1, batch)]
+                # (prompt 0, the joined texts' start, lies in file 1 where batch > 1: check_plan saw it fit)
                 if llm.prefixes is not None:
                     fill_prefix_store(llm, base, prompts)
                 for temperature in args.temperatures:
@@ -191,8 +200,12 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                     results.extend(compare(medians(rows, sweep_name), llm.tokenizer, key))
 
 
-def _report(args, llm, base: EngineConfig, results: list[dict], stopped_by: BaseException | None = None) -> dict:
-    report = {"model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
+def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict],
+            stopped_by: BaseException | None = None) -> dict:
+    report = {"argv": sys.argv[1:], "version": __version__, "commit": source_commit(), "seed": args.seed,
+              "texts": [{"path": path, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16]}
+                        for path, text in zip(args.text, texts)],  # (another text: other prompts)
+              "model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
               "top_p": args.top_p, "penalties": penalty_settings(args),
@@ -206,6 +219,21 @@ def _report(args, llm, base: EngineConfig, results: list[dict], stopped_by: Base
         report["interrupted"] = "Ctrl-C" if isinstance(stopped_by, KeyboardInterrupt) else \
             f"{type(stopped_by).__name__}: {stopped_by}"
     return report
+
+
+def source_commit() -> str | None:
+    """The git commit of the code that ran (with "+changes" where its files differ from it), or None outside
+    a git checkout: a report names the code behind its numbers."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 def _write(args, report: dict) -> None:

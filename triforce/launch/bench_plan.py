@@ -87,11 +87,15 @@ def _refused(mode: str, settings: dict) -> str | None:
 
 def runs(args, sweep_name: str | None, sweep_values: list):
     """(mode, engine settings over the base's) of each run of a group: every non-ar mode once per swept value,
-    with --tree1 / --tree2 in the runs of the modes whose bottom tier they shape (PROPOSAL_TREE)."""
+    with --tree1 / --tree2 in the runs of the modes whose bottom tier they shape (PROPOSAL_TREE). A mode that
+    would not use a swept tier setting (tree1 in mode retrieval, say) runs once, as ar does: given the value,
+    its rows were labelled with settings it never ran (and a mode that refuses it failed after the loads)."""
     for mode in args.modes:
         tree = PROPOSAL_TREE.get(mode)
         own = {tree: getattr(args, tree)} if tree and getattr(args, tree) else {}
-        for value in (sweep_values if mode != "ar" else [None]):
+        takes = mode != "ar" and (sweep_name not in TIER_SETTINGS or
+                                  not any(_refused(mode, {**own, sweep_name: v}) for v in sweep_values))
+        for value in (sweep_values if takes else [None]):
             yield mode, {**own, **({sweep_name: value} if value is not None else {})}
 
 
@@ -106,7 +110,7 @@ def check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineCo
                             f"{llm.target.config.max_positions} positions")
         if length > len(ids):
             raise UserError(f"prompt length {length} is past the {len(ids)} tokens of --text")
-        for i in range(1, max(args.batch)):
+        for i in range(max(args.batch) if max(args.batch) > 1 else 0):
             batch_prompt(files, i, length)
         if "passkey" in args.workloads:
             passkey_prompt(llm.tokenizer, ids, length, args.seed)

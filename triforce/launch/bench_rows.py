@@ -71,7 +71,7 @@ def compare(rows: list[dict], tokenizer, key: str | None) -> list[dict]:
     greedy = rows[0]["temperature"] == 0 if rows else False
     for row in rows:
         for name, ref in (("ar", ar), ("transformers", plain)):
-            if ref is not None and ref is not row:
+            if ref is not None and ref is not row and ref["tokens_per_s"] > 0:  # (0: one token, no rate)
                 row[f"speedup_vs_{name}"] = round(row["tokens_per_s"] / ref["tokens_per_s"], 3)
         if ar is not None and greedy and row is not ar:
             same = [mine == theirs for mine, theirs in zip(row["token_ids"], ar["token_ids"])]
