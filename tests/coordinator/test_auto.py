@@ -240,8 +240,8 @@ def test_the_time_between_forwards_is_each_tiers_overhead_in_its_role(models, pr
     planner, seen, forwards, stretches = engine.planner, [], [0], [0]
     times = planner.times
     observe_overhead, observe_cost, begin_stretch = times.observe_overhead, times.observe_cost, planner.begin_stretch
-    times.observe_overhead = lambda name, role, seconds, rows, r: seen.append((name, role, seconds, rows, planner.running)) \
-        or observe_overhead(name, role, seconds, rows, r)
+    times.observe_overhead = lambda running, name, role, seconds, rows, r: \
+        seen.append((name, role, seconds, rows, running)) or observe_overhead(running, name, role, seconds, rows, r)
     times.observe_cost = lambda *a: forwards.__setitem__(0, forwards[0] + 1) or observe_cost(*a)
     planner.begin_stretch = lambda: stretches.__setitem__(0, stretches[0] + 1) or begin_stretch()
     engine.generate(prompt, SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
@@ -253,7 +253,9 @@ def test_the_time_between_forwards_is_each_tiers_overhead_in_its_role(models, pr
     assert all(seconds >= 0 and (rows == 1 if role == "bottom" else rows >= 1) for _, role, seconds, rows, _ in seen)
     assert {name for name, *_ in seen} == {"draft", "retrieval", "target"}
     assert len(seen) == forwards[0] - stretches[0] > 0
-    assert set(times.overhead) == {f"{name}/{role}" for name, role, *_ in seen}
+    assert all(running == planner.running or running in STACK_MODES.values() for *_, running in seen)
+    assert set(times.overhead) == {f"{name}/{role}" for name, role, *_ in seen} | \
+        {f"{running}:{name}/{role}" for name, role, _, _, running in seen}  # any mode's, and each mode's own
 
 
 @pytest.mark.parametrize("script", ["ar-first", "triforce-first"])

@@ -279,6 +279,32 @@ def test_a_batch_plans_per_token_of_the_whole_batch():
     assert planner.realized["triforce"] == pytest.approx(1.0)
 
 
+def test_a_mode_is_planned_with_its_own_overhead_and_a_retrieval_tier_at_the_targets_scale():
+    """The time after a target check holds the retrieval tier's syncs and rebuilds in `triforce`, none in
+    `draft`: each mode that ran is planned with its own (`draft` was charged triforce's), one that has not
+    with any mode's. A retrieval tier that has not run is priced at the target's scale, not the table's
+    (the same weights: where the target ran at 1.5x the table, retrieval modes looked cheaper than they were)."""
+    from triforce.coordinator.forward_times import ForwardTimes
+
+    times = ForwardTimes(CostTable(None))
+    stacks = [("target",), ("draft", "target"), ("draft", "retrieval", "target"), ("retrieval", "target")]
+    times.plan_with({"draft": {1: 0.1}, "retrieval": {1: 0.2}, "target": {1: 1.0}}, 1, stacks)
+    for _ in range(60):
+        times.observe_overhead("triforce", "target", "check", 0.5, 1, 0.0)
+        times.observe_overhead("draft", "target", "check", 0.1, 1, 0.0)
+        times.observe_cost("draft", "target", 1, 1.5)
+    assert times.per_sequence(("draft", "target"), now=True)["target"][1] == pytest.approx(1.5 + 0.1)
+    assert times.per_sequence(("draft", "retrieval", "target"), now=True)["target"][1] == pytest.approx(1.5 + 0.5)
+    untried = times.per_sequence(("retrieval", "target"), now=True)["target"][1] - 1.5
+    assert 0.1 < untried < 0.5  # any mode's lately
+    assert times.per_sequence(("retrieval", "target"), now=True)["retrieval"][1] == pytest.approx(0.2 * 1.5)
+    times.observe_cost("triforce", "retrieval", 1, 0.6)  # a slow forward of its own: 3x the table
+    assert times.per_sequence(("retrieval", "target"), now=True)["retrieval"][1] > 0.2 * 1.7
+    for _ in range(30):
+        times.fade("draft", 0.5)  # idle, it fades back to the target's scale (it faded to the table's)
+    assert times.per_sequence(("retrieval", "target"), now=True)["retrieval"][1] == pytest.approx(0.2 * 1.5)
+
+
 def test_overhead_per_draft_step_shortens_the_chains():
     """A draft step's overhead (sampling, lookup, bookkeeping past the row cost) is paid gamma times per
     check: planned for, it shortens the chains a forward's cost alone would choose."""
@@ -288,7 +314,7 @@ def test_overhead_per_draft_step_shortens_the_chains():
     planner.row_seconds = 0.01
     long = planner.plan(1000, 0).gammas[0]
     for _ in range(50):
-        planner.times.observe_overhead("draft", "bottom", 0.16, 1, planner.row_seconds)  # 0.15 past its row's 0.01
+        planner.times.observe_overhead("draft", "draft", "bottom", 0.16, 1, planner.row_seconds)  # 0.15 past 0.01
     assert planner.times.overhead["draft/bottom"] == pytest.approx(0.15)
     short = planner.plan(1000, 8).gammas[0]
     alpha = planner.acceptance["draft"].mean  # a mode's gammas are picked at the mean

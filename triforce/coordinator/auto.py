@@ -246,7 +246,8 @@ class AutoEngine(HierarchyEngine):
         tokens, spent = step.n if step is not None else len(self.seq) - tier.length, tier.seconds
         if self._last is not None:  # what ran since the last forward ended: its logits' processing and so on
             name, role, rows, entered, seconds = self._last
-            self.planner.times.observe_overhead(name, role, began - entered - seconds, rows, self.planner.row_seconds)
+            self.planner.times.observe_overhead(self.planner.running, name, role, began - entered - seconds, rows,
+                                                self.planner.row_seconds)
         logits = yield from super()._forward(level, step)
         seconds = tier.seconds - spent
         if tier.shared_prefill:  # a batchmate's prompt chunk slowed it: no evidence of this plan's speed

@@ -11,8 +11,8 @@ by the next (`remeasure`).
 
 Beside the forwards themselves: what passes from the end of one forward to the next past the modelled
 cost of its rows (sampling, prompt lookup, verification, bookkeeping) is each tier's overhead in its role
-(it proposes: "bottom", as `ar`'s target does too; it checks the tier below: "check"), added to that
-tier's forwards; a chain of gamma pays its bottom tier's gamma times, which one speed factor per mode
+(it proposes: "bottom", as `ar`'s target does too; it checks the tier below: "check"), as each mode runs
+it (a mode not run yet: as any did), added to that tier's forwards; a chain of gamma pays its bottom tier's gamma times, which one speed factor per mode
 would spread over every gamma alike. And what a batchmate's prompt chunk adds to a target forward.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .costs import CostTable, interpolate
-from .speed_model import mode_stack, stack_mode
+from .speed_model import mode_stack, stack_mode, tier_kind
 from .tiers import Tier
 
 SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale, overhead and chunk cost
@@ -66,22 +66,25 @@ class ForwardTimes:
         forward; as the last plan was made with, or with `now`, as the forwards since have scaled them."""
         out, mode = {}, stack_mode(stack)
         for level, name in enumerate(stack):
-            extra = self.overhead.get(f"{name}/{role_at(level)}", 0.0) + (chunk if name == "target" else 0.0)
+            key = f"{name}/{role_at(level)}"  # (this mode's own where it ran: see observe_overhead)
+            extra = self.overhead.get(f"{mode}:{key}", self.overhead.get(key, 0.0)) + (chunk if name == "target" else 0.0)
             scaled = self._scaled(mode, name) if now else self.scaled[mode][name]
             out[name] = {n: c + extra / self.batch for n, c in scaled.items()}
         return out
 
     def fade(self, running: str | None, kept: float) -> None:
         """At each plan: an idle mode's cost scales fade towards the tiers' own and an idle tier's towards
-        the table (a tier that a slow spell made look dear is tried again), keeping `kept` of the gap."""
+        the table (a tier that a slow spell made look dear is tried again; a retrieval tier towards the
+        target's scale: `_idle_scale`), keeping `kept` of the gap."""
         active = mode_stack(running) if running else ()
         for name, scale in self.scale.items():
             if name not in active:
-                self.scale[name] = 1 + (scale - 1) * kept
+                idle = self._idle_scale(name)
+                self.scale[name] = idle + (scale - idle) * kept
         for mode, by_tier in self.mode_scale.items():
             if mode != running:
                 for name, scale in by_tier.items():
-                    tier = self.scale.get(name, 1.0)
+                    tier = self.scale.get(name, self._idle_scale(name))
                     by_tier[name] = tier + (scale - tier) * kept
 
     def observe_cost(self, running: str | None, name: str, tokens: int, seconds: float) -> None:
@@ -92,17 +95,23 @@ class ForwardTimes:
             ratio = seconds / max(interpolate(measured, tokens), 1e-9)
             if running is not None:
                 own = self.mode_scale.setdefault(running, {})
-                own[name] = (1 - SMOOTHING) * own.get(name, self.scale.get(name, 1.0)) + SMOOTHING * ratio
-            self.scale[name] = (1 - SMOOTHING) * self.scale.get(name, 1.0) + SMOOTHING * ratio
+                own[name] = (1 - SMOOTHING) * own.get(name, self.scale.get(name, self._idle_scale(name))) \
+                    + SMOOTHING * ratio
+            self.scale[name] = (1 - SMOOTHING) * self.scale.get(name, self._idle_scale(name)) + SMOOTHING * ratio
             self._forwards[name] = self._forwards.get(name, 0) + 1
 
-    def observe_overhead(self, name: str, role: str, seconds: float, rows: int, row_seconds: float) -> None:
+    def observe_overhead(self, running: str | None, name: str, role: str, seconds: float, rows: int,
+                         row_seconds: float) -> None:
         """`seconds` passed from the end of a forward of tier `name` as `role` to the next forward, which
         processed `rows` rows of its logits at `row_seconds` each (modelled apart): the rest is the tier's
-        overhead in that role."""
-        extra, key = max(0.0, seconds - rows * row_seconds), f"{name}/{role}"
-        old = self.overhead.get(key)
-        self.overhead[key] = extra if old is None else (1 - SMOOTHING) * old + SMOOTHING * extra
+        overhead in that role, kept for mode `running` apart ("mode:tier/role") and for any mode
+        ("tier/role", which a mode that has not run is planned with). A mode's own: the time after a target
+        check in `triforce` holds the retrieval tier's sync and rebuilds, which `draft` mode, whose target
+        checks the same way, was charged for (SmolLM2 + yarn:4 at 32K, where `draft` is the best mode)."""
+        extra = max(0.0, seconds - rows * row_seconds)
+        for key in (f"{name}/{role}",) + ((f"{running}:{name}/{role}",) if running else ()):
+            old = self.overhead.get(key)
+            self.overhead[key] = extra if old is None else (1 - SMOOTHING) * old + SMOOTHING * extra
 
     def observe_chunk(self, tokens: int, seconds: float) -> None:
         """A target forward of `tokens` took `seconds` beside a batchmate's prompt chunk: what the chunk
@@ -134,8 +143,14 @@ class ForwardTimes:
     def _scaled(self, mode: str, name: str) -> dict[int, float]:
         """Tier `name`'s seconds per forward, per sequence of the batch, as `mode` runs it: the table's scaled
         by what its forwards took while `mode` ran, or, where `mode` has not run, lately in any mode."""
-        scale = self.mode_scale.get(mode, {}).get(name, self.scale.get(name, 1.0))
+        scale = self.mode_scale.get(mode, {}).get(name, self.scale.get(name, self._idle_scale(name)))
         return {n: c * scale / self.batch for n, c in self.costs[name].items()}
+
+    def _idle_scale(self, name: str) -> float:
+        """What a tier that has not run lately is taken to take against the table: the table's (1), but a
+        retrieval tier the target's scale (the same weights and kernels over fewer keys: where the target's
+        forwards ran at 1.2x the table, one priced at the table looked a sixth cheaper than it was)."""
+        return self.scale.get("target", 1.0) if tier_kind(name) == "retrieval" else 1.0
 
 
 def row_seconds(probs, vocab: int, rows: int = 8) -> float:

@@ -9,8 +9,8 @@ sampling settings, since acceptance depends on the temperature; the batch size p
   fewer: the planner explores less where it already knows);
 - `realized`: per mode, the speed reached over the speed the cost model predicted (planning.py), as last
   measured;
-- `overhead`: per tier and role, the seconds from one of its forwards to the next past the model's
-  (forward_times.py: `observe_overhead`), as last measured.
+- `overhead`: per tier and role (in any mode, and in each mode apart), the seconds from one of its forwards
+  to the next past the model's (forward_times.py: `observe_overhead`), as last measured.
 A request that ends merges its own into the entry: acceptance by an even average with what was there, so
 that one odd text does not erase the history; a realized factor replaced by the newest. What a request did
 not see enough of (a proposer it checked less than MIN_TRIALS times, a mode it did not run) drifts back
