@@ -303,7 +303,7 @@ def test_a_token_the_constraint_forces_is_taken_without_a_forward(models, char_g
 
     def forward_batch(self, steps, caches, logits_for="all"):
         if "none" not in (logits_for if isinstance(logits_for, list) else [logits_for]):
-            decoding.append(len(steps))
+            decoding.append(self)
         return real(self, steps, caches, logits_for)
 
     monkeypatch.setattr(LlamaModel, "forward_batch", forward_batch)
@@ -315,6 +315,8 @@ def test_a_token_the_constraint_forces_is_taken_without_a_forward(models, char_g
     tiers = len(metrics.tiers) + 1
     assert len(decoding) <= tiers * -(-len(tokens) // engine_module.FORCED_LAG)  # without: a forward a token
     assert all(t.accepted == t.proposed for t in metrics.tiers)
+    if mode != "ar":  # a forced token is no proposal: those of the draft's forwards are (all were counted)
+        assert 0 < metrics.tiers[0].proposed <= sum(model is draft for model in decoding) < len(tokens)
 
 
 def test_a_forced_token_outside_the_allowed_ids_ends_the_request(models, char_grammars):

@@ -58,7 +58,8 @@ class HierarchyEngine(TierPrefill):
         lookup: n > 0 mixes copies of the sequence's own n-grams into the bottom tier's proposals, chains
         and trees (speculation/lookup.py). stop_below: the bottom tier's chains end after a proposal its model was
         less sure of than this (`_produce`). rounds_per_check: n > 0, a tier above tier 1 checks what n checks
-        of the tier below made (0: as many checks as make its gamma of tokens; `_check_chain`)."""
+        of the tier below made (0: as many checks as make its gamma of tokens; `_check_chain`; a token a
+        constraint forced, which takes no check, counts as one: speculation_slack holds one FORCED_LAG)."""
         if len(gammas) != len(tiers) - 1 or any(g < 1 for g in gammas):
             raise ValueError("need one gamma >= 1 per pair of adjacent tiers")
         if rounds_per_check < 0:
@@ -70,6 +71,7 @@ class HierarchyEngine(TierPrefill):
         self.rows: RequestRows | None = None  # what the request makes of its tiers' rows, from `run`
         self.guide: Guide | None = None  # the request's structured-output constraint, from `run`
         self.prompt_length: int | None = None  # the request's, from `run`
+        self.forced_at: set[int] = set()  # positions of `seq` whose token a constraint forced (no forward)
         self.logprobs: list[TokenLogprobs] = []  # per generated token, when the request asks (SamplingParams.logprobs)
         self.prompt_logprobs: list[TokenLogprobs | None] = []  # per prompt token (the first: None), when asked
         self.ladder = list(tiers)  # every tier this engine may run, cheapest first (a Forward's level)
@@ -97,7 +99,7 @@ class HierarchyEngine(TierPrefill):
             raise ValueError("empty prompt")
         self.params = params
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()))
-        self.seq = list(prompt)
+        self.seq, self.forced_at = list(prompt), set()
         ends = params.end_ids(stop_ids) | (guide.eos if guide is not None else frozenset())
         self.rows = RequestRows(params, self.seq, torch.Generator().manual_seed(seed),
                                 RowRules.of(params, prompt, set(params.stop_token_ids) | set(stop_ids), guide),
@@ -196,6 +198,7 @@ class HierarchyEngine(TierPrefill):
         while made < rounds if rounds else len(tokens) < count:
             made += 1
             if (forced := self._forced(level)) is not None:  # no forward (nor, above the bottom, a check) needed
+                self.forced_at.add(len(seq))
                 seq.append(forced[0])
                 tokens.append(forced[0])
                 probs.append(forced[1])
@@ -265,7 +268,11 @@ class HierarchyEngine(TierPrefill):
                                             self.rows.generator, proposal=level < len(self.tiers) - 1)
         if verdict.failed is not None:  # the target's row for the next token is not finite: this request ends
             raise verdict.failed
-        self._record(level, g, verdict.accepted)
+        # A token the constraint forced is no proposal: every tier's row there is its one-hot, so it was
+        # accepted whatever the proposer (counted, the acceptance near 1 under a schema of fixed keys, and a
+        # retrieval tier's falling acceptance, which makes it rebuild, hidden)
+        forced = [position + i in self.forced_at for i in range(g)]
+        self._record(level, g - sum(forced), verdict.accepted - sum(forced[:verdict.accepted]))
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
         kept = verdict.accepted + 1
         return out, list(target_probs[:kept]), list(logits[:kept])
@@ -303,6 +310,7 @@ class HierarchyEngine(TierPrefill):
         and the next token (returned), and every cache keeps, of its entries past `position` (proposals in
         node order), those on the path."""
         out = [proposals[i] for i in path] + [next_token]
+        self.forced_at = {p for p in self.forced_at if p < position + len(path)}  # (the path's are as they were)
         del self.seq[position:]
         self.seq += out
         for t in self.tiers:
