@@ -339,3 +339,19 @@ def test_retrieval_cache_refuses_a_forward_before_its_first_sync(policy):
         cache.begin(Step.chain([1, 2], cache.length))
         cache.end()
         cache.reset()
+
+
+def test_a_retrieval_cache_over_an_empty_source_reads_it_in_place():
+    """A prompt of one token leaves the target's cache empty at the first rebuild: every layer that keeps the
+    whole source reads the source's own buffer (an empty view's data_ptr is 0, and each was taken for a
+    copy of refresh_every tokens that the memory check does not count), and what it reads after is the
+    source's KV."""
+    source = FullKVCache(CFG, 400, torch.float32, "cpu")
+    cache = RetrievalKVCache(LocalKVSource(source), 16, 4, "static", refresh_every=10, max_speculative=8)
+    cache.sync()
+    assert all(k.data_ptr() == source.keys[layer].data_ptr() for layer, k in enumerate(cache._buf_k))
+    forward(source, 5, 7)
+    cache.sync()
+    seen, _, _ = forward(cache, 2, 8)
+    for layer, (_, keys, values) in enumerate(seen):
+        assert keys[:, :5].equal(source.keys[layer, :, :5]) and values[:, :5].equal(source.values[layer, :, :5])

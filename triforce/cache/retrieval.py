@@ -160,8 +160,14 @@ class RetrievalKVCache(KVCache):
 
     def _source_buffer(self, layer: int, keys: torch.Tensor) -> bool:
         """Whether `keys` is the local source's own buffer of `layer` (a view of it, which begins where that
-        buffer does): a static choice of the whole source, read in place, not chunks gathered into a copy."""
-        return isinstance(self.source, LocalKVSource) and keys.data_ptr() == self.source.full.keys[layer].data_ptr()
+        buffer does): a static choice of the whole source, read in place, not chunks gathered into a copy. By
+        storage and offset: an empty view's data_ptr is 0 (a source that holds no token, as after a prompt of
+        one), and every layer was taken for a copy of refresh_every tokens that no memory check counted."""
+        if not isinstance(self.source, LocalKVSource):
+            return False
+        own = self.source.full.keys[layer]
+        return keys.untyped_storage().data_ptr() == own.untyped_storage().data_ptr() and \
+            keys.storage_offset() == own.storage_offset()
 
     def sync(self) -> None:
         """Drop speculative entries; absorb the tokens the source committed since the last sync."""
