@@ -112,11 +112,12 @@ def plot_sweep(path: str, setting: str, out: Path) -> None:
 def plot_trees(path: str, out: Path) -> None:
     """One line per mode and temperature: tokens/s of each numeric tree size over the chain's (size 0)."""
     data = need([r for r in rows(path) if "tree1" in r or "tree2" in r], "runs of a --sweep tree1= or tree2=", path)
-    setting = "tree1" if "tree1" in data[0] else "tree2"
+    # the swept one: the setting some run holds at 0, the chain (a mode's fixed --tree1 / --tree2 is not 0)
+    setting = "tree1" if any(str(r.get("tree1")) == "0" for r in data) else "tree2"
     fig, ax = plt.subplots(figsize=(6, 4))
     for run, temperature in sorted({(r["run"], r["temperature"]) for r in data}):
         sized = {int(r[setting]): r["tokens_per_s"] for r in data
-                 if (r["run"], r["temperature"]) == (run, temperature) and str(r[setting]).isdigit()}
+                 if (r["run"], r["temperature"]) == (run, temperature) and str(r.get(setting, "")).isdigit()}
         if 0 not in sized:  # (no chain to divide by)
             continue
         sizes = sorted(sized)

@@ -203,8 +203,22 @@ def test_a_swept_tree_goes_to_the_modes_it_shapes_and_the_report_names_what_ran(
     report = json.loads(out.read_text())
     assert [(r["run"], r.get("tree2")) for r in report["results"]] == [
         ("ar", None), ("retrieval", 0), ("retrieval", 4), ("triforce", None)]
+    assert report["argv"] == args  # (main's, not the process's: pytest's here)
     assert report["seed"] == 7 and report["texts"][0]["path"] == str(text) and len(report["texts"][0]["sha256"]) == 16
     assert report["commit"] is None or len(report["commit"].split("+")[0]) == 40
+
+
+def test_a_swept_value_invalid_beside_a_modes_own_tree_is_refused_before_any_run(tiny_dir, tmp_path, capsys):
+    """rounds2 4 beside --tree1 auto (a target check of 4 x 65 tokens): refused before the first run, not
+    taken for a setting triforce does not use (it would have run once, without the sweep, and no word)."""
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
+                 "--lengths", "50", "--max-new-tokens", "4", "--modes", "ar", "triforce", "--tree1", "auto",
+                 "--sweep", "rounds2=0,4", *SMALL_TIERS]) == 2
+    err = capsys.readouterr().err
+    assert "must be <= 256" in err.splitlines()[-1] and '"run"' not in err
 
 
 def test_a_batch_refuses_a_first_text_shorter_than_its_prompt(tiny_dir, tmp_path, capsys):

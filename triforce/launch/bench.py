@@ -202,7 +202,7 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
 
 def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict],
             stopped_by: BaseException | None = None) -> dict:
-    report = {"argv": sys.argv[1:], "version": __version__, "commit": source_commit(), "seed": args.seed,
+    report = {"argv": getattr(args, "argv", sys.argv[1:]), "version": __version__, "commit": source_commit(), "seed": args.seed,
               "texts": [{"path": path, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16]}
                         for path, text in zip(args.text, texts)],  # (another text: other prompts)
               "model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
@@ -222,13 +222,18 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
 
 
 def source_commit() -> str | None:
-    """The git commit of the code that ran (with "+changes" where its files differ from it), or None outside
-    a git checkout: a report names the code behind its numbers."""
-    here = Path(__file__).resolve().parent
+    """The git commit of the code that ran (with "+changes" where the package's files differ from it), or None
+    where this file is not one git tracks (an install, even one inside a checkout or a home kept in git): a
+    report names the code behind its numbers."""
+    here = Path(__file__).resolve()
+    package = here.parent.parent
+
+    def git(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *argv], cwd=here.parent, capture_output=True, text=True, timeout=10)
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10)
+        if git("ls-files", "--error-unmatch", here.name).returncode != 0:
+            return None
+        head, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no", "--", str(package))
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode != 0:
