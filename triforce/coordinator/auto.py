@@ -218,6 +218,8 @@ class AutoEngine(HierarchyEngine):
             begin = step.start + 1  # row i predicts seq[begin + i], after seq[:begin + i]
             q = self.rows.probs(self.rows.ruled_chain((yield Forward(draft, level, step)), begin))
             for row, at in zip(q, range(begin, begin + step.n)):
+                if at in self.forced_at:  # no proposal: running proposers leave it out too (engine.py)
+                    continue
                 accepted += min(1.0, float(self._as_proposed(row, at)[self.seq[at]]) / self._target_p[at - first])
                 tokens += 1
         self.planner.observe_idle(draft.name, accepted, tokens)

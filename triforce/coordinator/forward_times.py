@@ -137,7 +137,7 @@ class ForwardTimes:
                 "mode_cost_scale": {m: {n: round(x, 3) for n, x in by_tier.items()}
                                     for m, by_tier in self.mode_scale.items()},
                 "overhead_ms": {k: round(1e3 * x, 3) for k, x in self.overhead.items()},
-                "forward_ms": {n: {k: round(1e3 * v * self.scale.get(n, 1.0) / self.batch, 2)
+                "forward_ms": {n: {k: round(1e3 * v * self.scale.get(n, self._idle_scale(n)) / self.batch, 2)
                                    for k, v in c.items()} for n, c in self.costs.items()}}
 
     def _scaled(self, mode: str, name: str) -> dict[int, float]:
