@@ -52,7 +52,10 @@ class IncrementalDetokenizer:
         self._end: int | None = None  # the token that ended generation, not decoded
 
     def _decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special)
+        # no clean-up (Llama 3's tokenizers ask for it, and transformers 4.40-5.3 do it: " !" -> "!"), as
+        # vLLM's incremental decoding: text differed from vLLM's, and a window shortened by it cut
+        # characters off the next piece (" word'social'" came out " word 'ocial'")
+        return self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special, clean_up_tokenization_spaces=False)
 
     def add(self, new: list[int], end: int | None = None) -> str:
         """Takes a round's new tokens, and the token that ended generation after them if one did (kept

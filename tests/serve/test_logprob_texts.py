@@ -45,3 +45,22 @@ def test_a_stream_and_an_echo_give_the_texts_of_the_whole(metaspace):
     assert "".join(echoed["tokens"]) == "It is a truth universally acknowledged"  # the whole, as decoded
     assert echoed["token_logprobs"][0] is None and echoed["top_logprobs"][0] is None
     assert echoed["text_offset"][len(prompt)] == len("It is a")
+
+
+def test_an_echoed_prompt_of_token_ids_keeps_the_special_tokens_its_logprobs_name(metaspace):
+    """vLLM echoes a prompt of token ids decoded with its special tokens: left out, the text lacked the
+    "</s>" the echoed log-probabilities name, and every text offset after it pointed past its token."""
+    from types import SimpleNamespace
+
+    from triforce.serve.fields import echoed_text
+
+    prompt, generated = [1] + metaspace("It is a").input_ids, metaspace("truth").input_ids  # "</s>" first
+
+    class Output:
+        token_ids, logprobs = generated, entries(generated)
+        prompt_logprobs = [None] + entries(prompt)[1:]
+
+    echoed = echoed_logprobs(TokenTexts(metaspace), Output, prompt)
+    text = echoed_text(prompt, prompt, SimpleNamespace(tokenizer=metaspace))
+    assert text.startswith("</s>") and text == "".join(echoed["tokens"][:len(prompt)])
+    assert echoed["text_offset"][len(prompt)] == len(text)

@@ -48,6 +48,14 @@ def events(response) -> list:
     return [line[len("data: "):] for line in lines]
 
 
+def test_top_logprobs_of_0_without_logprobs_is_taken_as_vllm_takes_it(client):
+    """0 alternatives asks for none: a 400 ("needs 'logprobs': true") where vLLM answers."""
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "w5"}],
+                                                  "max_tokens": 2, "top_logprobs": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["logprobs"] is None
+
+
 def test_a_completion_is_what_generate_gives(llm, client):
     expected = plain(llm, PROMPT, 12, temperature=0, ignore_eos=True)
     r = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 12,

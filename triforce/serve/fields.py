@@ -97,7 +97,8 @@ def logprobs_field(kind: str, body: dict) -> int | None:
         return None if given is None or given is False else count("logprobs")
     wanted = flag(body, "logprobs", False)  # (a bool: 1 == True was taken for one)
     if not wanted:
-        if body.get("top_logprobs") is not None:
+        given = body.get("top_logprobs")
+        if given is not None and (given != 0 or isinstance(given, bool)):  # (0 asks for none: vLLM takes it)
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         return None
     return count("top_logprobs")
@@ -153,10 +154,13 @@ def number(body: dict, name: str, default: float) -> float:
 
 
 def echoed_text(prompt: str | list[int], ids: list[int], llm) -> str:
-    """What `echo` puts before a prompt's text: the prompt as given, or its token ids decoded."""
+    """What `echo` puts before a prompt's text: the prompt as given, or its token ids decoded as vLLM does,
+    special tokens kept (the echoed log-probabilities name them, and their text offsets count them: without
+    them every offset pointed past its token) and no clean-up of spaces (as the generated text's)."""
     if isinstance(prompt, str):
         return prompt
-    return "" if llm.tokenizer is None else llm.tokenizer.decode(ids, skip_special_tokens=True)
+    return "" if llm.tokenizer is None else llm.tokenizer.decode(ids, skip_special_tokens=False,
+                                                                 clean_up_tokenization_spaces=False)
 
 
 def prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[list[list[int]], list]:

@@ -123,7 +123,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     logprobs = logprobs_field(kind, body)
     prompt_k = integer(body, "prompt_logprobs", None, 0, MAX_LOGPROBS)
     if prompt_k is not None and flag(body, "stream", False):
-        raise ApiError(400, "'prompt_logprobs' is not available when 'stream' is true (vLLM's rule)",
+        raise ApiError(400, "'prompt_logprobs' is not available when 'stream' is true (streamed chunks carry none)",
                        param="prompt_logprobs")
     scored = [k for k in (logprobs if echo else None, prompt_k) if k is not None]
     bias = {} if body.get("logit_bias") is None else body["logit_bias"]
