@@ -355,6 +355,15 @@ def test_cpu_decode_attention_kernel_refuses_a_bad_mask(level):
             cpu_kernels().decode_attention_bf16(q, k, v, 0.125, mask=bad)
 
 
+def test_cpu_decode_attention_kernel_refuses_keys_of_no_head(level):
+    """k and v of no KV head: a RuntimeError like every bad shape's (hq % 0 ended the process with SIGFPE)."""
+    q, k = torch.randn(2, 1, 64).bfloat16(), torch.randn(0, 4, 64).bfloat16()
+    with pytest.raises(RuntimeError, match="heads / rows"):
+        cpu_kernels().decode_attention_bf16(q, k, k.clone(), 0.125)
+    with pytest.raises(RuntimeError, match="heads / rows"):
+        cpu_kernels().decode_attention_f32(q.float(), k.float(), k.float(), 0.125)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
 @pytest.mark.parametrize("n", [1, 5])
 def test_cuda_float32_checks_take_plain_matmuls_and_match_the_reference(n, monkeypatch):

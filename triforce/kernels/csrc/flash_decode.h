@@ -271,7 +271,7 @@ inline Job<T> make_job(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   const int64_t hq = q.size(0), n = q.size(1), d = q.size(2), hkv = k.size(0), S = k.size(1);
   TORCH_CHECK(d == 64 || d == 128, "head dim 64 or 128");
   TORCH_CHECK(k.size(2) == d && v.size(2) == d && v.size(0) == hkv && v.size(1) == S, "k, v shapes");
-  TORCH_CHECK(hq % hkv == 0 && n >= 1 && n <= S && (hq / hkv) * n <= kMaxRows, "heads / rows");
+  TORCH_CHECK(hkv >= 1 && hq % hkv == 0 && n >= 1 && n <= S && (hq / hkv) * n <= kMaxRows, "heads / rows");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == d && v.stride(1) == d &&
               k.stride(0) == v.stride(0), "k and v rows must be contiguous, with equal head strides");
   Job<T> job;
