@@ -18,8 +18,6 @@ import torch
 
 from .detokenize import DECODE_CONTEXT
 
-LOWEST_LOGPROB = -9999.0  # reported for a log-probability this low or lower, or not a number (vLLM's clamp)
-
 
 @dataclass(frozen=True)
 class Logprob:
@@ -76,21 +74,14 @@ def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int],
     rows = torch.stack(logits) if isinstance(logits, list) else logits  # [n, V]
     norm = torch.logsumexp(rows.float(), dim=-1)  # [n]: log softmax is each logit less this
     picked = rows.gather(1, torch.tensor(tokens)[:, None])  # [n, 1]
-    chosen = _clamped(picked[:, 0].float() - norm).tolist()
+    chosen = (picked[:, 0].float() - norm).tolist()
     ranks = (rows >= picked).sum(dim=-1).tolist()  # how many are as likely or more, itself too (vLLM's rank)
     if not k:
         return [TokenLogprobs(token, value, [], rank) for token, value, rank in zip(tokens, chosen, ranks)]
     top_values, top_ids = rows.topk(min(k, rows.shape[-1]), dim=-1)
-    top_values = _clamped(top_values.float() - norm[:, None]).tolist()
+    top_values = (top_values.float() - norm[:, None]).tolist()
     return [TokenLogprobs(token, value, list(zip(ids, values)), rank)
             for token, value, ids, values, rank in zip(tokens, chosen, top_ids.tolist(), top_values, ranks)]
-
-
-def _clamped(values: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities as JSON can carry them, clamped at LOWEST_LOGPROB as vLLM's are: a row that
-    overflowed (a float16 target scoring a prompt: such rows are not checked, as sampled ones are) gave NaN
-    or -inf, which the server's JSON refused (a 500) or streamed as invalid JSON."""
-    return torch.nan_to_num(values, nan=LOWEST_LOGPROB, posinf=0.0, neginf=LOWEST_LOGPROB).clamp(min=LOWEST_LOGPROB)
 
 
 class TokenTexts:

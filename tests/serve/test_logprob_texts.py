@@ -64,3 +64,21 @@ def test_an_echoed_prompt_of_token_ids_keeps_the_special_tokens_its_logprobs_nam
     text = echoed_text(prompt, prompt, SimpleNamespace(tokenizer=metaspace))
     assert text.startswith("</s>") and text == "".join(echoed["tokens"][:len(prompt)])
     assert echoed["text_offset"][len(prompt)] == len(text)
+
+
+def test_log_probabilities_json_cannot_carry_are_served_as_vllm_clamps_them(metaspace):
+    """A row that overflowed (prompt scoring does not check its rows, as sampling does) gave NaN and -inf,
+    which the server's JSON refused with a 500, or streamed as invalid JSON: vLLM's server reports -9999
+    (LLM's outputs keep them, as vLLM's do)."""
+    import json
+
+    from triforce.serve.logprobs import chat_logprobs, prompt_logprobs
+
+    ids = metaspace("It is a").input_ids
+    items = [TokenLogprobs(t, v, [(t, v), (ids[0], -0.25)]) for t, v in zip(ids, [float("nan"), float("-inf"), -1.5])]
+    texts = TokenTexts(metaspace)
+    for served in (completion_logprobs(texts, ids, items), chat_logprobs(texts, items),
+                   prompt_logprobs(texts, ids, [None] + items[1:], 1)):
+        json.dumps(served, allow_nan=False)  # every value finite
+    out = completion_logprobs(texts, ids, items)
+    assert out["token_logprobs"] == [-9999.0, -9999.0, -1.5] and out["top_logprobs"][2][" a"] == -1.5

@@ -213,9 +213,10 @@ class AutoEngine(HierarchyEngine):
         self._last = None
         first = self.prompt_length  # seq's index of the first generated token
         yield from self._catch_up(draft, first - 1)  # rows that predict the prompt
-        accepted = tokens = 0.0
+        accepted = tokens = covered = 0.0  # (tokens: the unforced of the positions covered)
         for step in draft.prefill_steps(self.seq[draft.length:-1]):  # rows that predict generated tokens
             begin = step.start + 1  # row i predicts seq[begin + i], after seq[:begin + i]
+            covered += step.n
             q = self.rows.probs(self.rows.ruled_chain((yield Forward(draft, level, step)), begin))
             for row, at in zip(q, range(begin, begin + step.n)):
                 if at in self.forced_at:  # no proposal: running proposers leave it out too (engine.py)
@@ -224,8 +225,8 @@ class AutoEngine(HierarchyEngine):
                 tokens += 1
         self.planner.observe_idle(draft.name, accepted, tokens)
         seconds = time.perf_counter() - start
-        if tokens:
-            self._watch_seconds = seconds / tokens
+        if covered:  # (per position its forwards covered, forced or not: what `cost` multiplies it by)
+            self._watch_seconds = seconds / covered
         self._running = (plan, since, began + seconds)  # the running plan's measured speed leaves this out
 
     def _as_proposed(self, row: torch.Tensor, at: int) -> torch.Tensor:

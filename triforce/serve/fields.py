@@ -154,9 +154,11 @@ def number(body: dict, name: str, default: float) -> float:
 
 
 def echoed_text(prompt: str | list[int], ids: list[int], llm) -> str:
-    """What `echo` puts before a prompt's text: the prompt as given, or its token ids decoded as vLLM does,
-    special tokens kept (the echoed log-probabilities name them, and their text offsets count them: without
-    them every offset pointed past its token) and no clean-up of spaces (as the generated text's)."""
+    """What `echo` puts before a prompt's text: the prompt as given, or its token ids decoded with their
+    special tokens, as vLLM's echo keeps them (the echoed log-probabilities name them, and their text
+    offsets count them: without them every offset pointed past its token), and without the clean-up of
+    spaces (vLLM applies the tokenizer's default here; without it the text agrees with those offsets, and
+    with the generated text's decoding)."""
     if isinstance(prompt, str):
         return prompt
     return "" if llm.tokenizer is None else llm.tokenizer.decode(ids, skip_special_tokens=False,

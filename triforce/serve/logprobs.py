@@ -22,6 +22,16 @@ from ..detokenize import DECODE_CONTEXT as CONTEXT
 from ..logprobs import TokenLogprobs, TokenTexts
 
 
+LOWEST_LOGPROB = -9999.0  # what a log-probability this low, or not a number, is served as (vLLM's clamp)
+
+
+def shown(logprob: float) -> float:
+    """A log-probability as JSON can carry it, clamped as vLLM's server clamps it: a row that overflowed (a
+    float16 target scoring a prompt: such rows are not checked, as sampled ones are) gave NaN or -inf, which
+    the server's JSON refused (a 500) or streamed as invalid JSON. (LLM's outputs keep them, as vLLM's.)"""
+    return logprob if logprob >= LOWEST_LOGPROB else LOWEST_LOGPROB  # (NaN compares False)
+
+
 def completion_logprobs(texts: TokenTexts, tokens: list[int], items: list[TokenLogprobs | None],
                         offset: int = 0, before: list[int] = ()) -> dict:
     """A completion choice's `logprobs` for `tokens` (which follow `before`), items[i] the entry of
@@ -32,9 +42,9 @@ def completion_logprobs(texts: TokenTexts, tokens: list[int], items: list[TokenL
     for piece in pieces:
         offsets.append(offset)
         offset += len(piece)
-    return {"tokens": pieces, "token_logprobs": [None if item is None else item.logprob for item in items],
+    return {"tokens": pieces, "token_logprobs": [None if item is None else shown(item.logprob) for item in items],
             "top_logprobs": [None if item is None else
-                             {**{texts(t, context): lp for t, lp in item.top}, piece: item.logprob}
+                             {**{texts(t, context): shown(lp) for t, lp in item.top}, piece: shown(item.logprob)}
                              for item, piece, context in zip(items, pieces, contexts)],
             "text_offset": offsets}
 
@@ -43,7 +53,7 @@ def chat_logprobs(texts: TokenTexts, items: list[TokenLogprobs], before: list[in
     """A chat choice's `logprobs` for the entries `items`, whose tokens follow `before`."""
     def entry(token: int, logprob: float, context: tuple[int, ...]) -> dict:
         text = texts(token, context)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": shown(logprob), "bytes": list(text.encode("utf-8"))}
 
     contexts = texts.contexts(list(before), [item.token for item in items])
     return {"content": [{**entry(item.token, item.logprob, context),
@@ -82,9 +92,11 @@ def prompt_logprobs(texts: TokenTexts, prompt: list[int], items: list[TokenLogpr
         if item is None:
             out.append(None)
             continue
-        entries = {str(token): {"logprob": item.logprob, "rank": item.rank, "decoded_token": texts(token, context)}}
+        entries = {str(token): {"logprob": shown(item.logprob), "rank": item.rank,
+                                "decoded_token": texts(token, context)}}
         for rank, (other, logprob) in enumerate(item.top[:k], 1):
-            entries.setdefault(str(other), {"logprob": logprob, "rank": rank, "decoded_token": texts(other, context)})
+            entries.setdefault(str(other), {"logprob": shown(logprob), "rank": rank,
+                                            "decoded_token": texts(other, context)})
         out.append(entries)
     return out
 
