@@ -164,6 +164,17 @@ def test_a_config_is_read_as_transformers_reads_it_or_refused_in_a_line():
     qwen = {**base, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 512}
     assert ModelConfig.from_hf_dict({**qwen, "max_window_layers": 2}).max_positions == 4096
     assert ModelConfig.from_hf_dict({**qwen, "max_window_layers": 1}).max_positions == 512  # banded: refused past it
+    # layer_types, where given, name the banded layers (a later one banded was run unbanded past 512)
+    assert ModelConfig.from_hf_dict({**qwen, "max_window_layers": 2,
+                                     "layer_types": ["full_attention", "sliding_attention"]}).max_positions == 512
+    assert ModelConfig.from_hf_dict({**qwen, "max_window_layers": 1,
+                                     "layer_types": ["full_attention"] * 2}).max_positions == 4096
+    # rope_scaling beside a transformers 5 config's rope_parameters (Qwen2.5's card adds yarn so): its kind
+    # wins, rope_theta stays (the default rope_type was read, and the yarn dropped without a word)
+    both = ModelConfig.from_hf_dict({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+                                     "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                      "original_max_position_embeddings": 4096}})
+    assert (both.rope_type, both.rope_theta, both.max_positions) == ("yarn", 1e6, 16384)
     for extra, message in (({"attention_bias": True}, "attention_bias"), ({"mlp_bias": True}, "mlp_bias"),
                            ({"rope_scaling": {"rope_type": "linear"}}, "'linear' lacks factor"),
                            ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),

@@ -111,10 +111,13 @@ class ModelConfig:
         try:
             num_heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
-            rope = dict(raw.get("rope_parameters") or {})
-            rope.update(raw.get("rope_scaling") or {})
+            rope, scaling = dict(raw.get("rope_parameters") or {}), dict(raw.get("rope_scaling") or {})
+            # rope_scaling's kind wins: a config transformers 5 saved holds rope_parameters {"rope_type":
+            # "default", ...}, and the yarn block Qwen2.5's card has users add was dropped without a word
+            kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", rope.get("type", "default"))
+            rope.update(scaling)
+            rope["rope_type"] = kind
             theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
-            kind = rope.get("rope_type", rope.get("type", "default"))
             missing = [k for k in ROPE_KEYS_NEEDED.get(kind, ()) if k not in rope]
             if missing:  # transformers refuses it too; here it was a KeyError traceback as the model loaded
                 raise ModelLoadError(f"rope_scaling {kind!r} lacks {', '.join(missing)}")
@@ -150,8 +153,10 @@ class ModelConfig:
             # Llama has no window; its Qwen2 bands the layers from max_window_layers on, with use_sliding_window
             window = raw.get("sliding_window", 4096 if model_type in ("mistral", "qwen2") else None)
             layers = int(raw["num_hidden_layers"])
-            if model_type == "llama" or (model_type == "qwen2" and (
-                    not raw.get("use_sliding_window", False) or int(raw.get("max_window_layers", 28) or 0) >= layers)):
+            types = raw.get("layer_types")  # where given, transformers' Qwen2 bands the layers it names
+            banded = "sliding_attention" in types if isinstance(types, list) else \
+                int(raw.get("max_window_layers", 28) or 0) < layers
+            if model_type == "llama" or (model_type == "qwen2" and not (raw.get("use_sliding_window", False) and banded)):
                 window = None
             return cls(
                 model_type=model_type,
