@@ -12,8 +12,9 @@ by the next (`remeasure`).
 Beside the forwards themselves: what passes from the end of one forward to the next past the modelled
 cost of its rows (sampling, prompt lookup, verification, bookkeeping) is each tier's overhead in its role
 (it proposes: "bottom", as `ar`'s target does too; it checks the tier below: "check"), as each mode runs
-it (a mode not run yet: as any did), added to that tier's forwards; a chain of gamma pays its bottom tier's gamma times, which one speed factor per mode
-would spread over every gamma alike. And what a batchmate's prompt chunk adds to a target forward.
+it (a mode not run yet: as any did), added to that tier's forwards; a chain of gamma pays its bottom
+tier's gamma times, which one speed factor per mode would spread over every gamma alike. And what a
+batchmate's prompt chunk adds to a target forward.
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ class ForwardTimes:
         out, mode = {}, stack_mode(stack)
         for level, name in enumerate(stack):
             key = f"{name}/{role_at(level)}"  # (this mode's own where it ran: see observe_overhead)
-            extra = self.overhead.get(f"{mode}:{key}", self.overhead.get(key, 0.0)) + (chunk if name == "target" else 0.0)
+            extra = self.overhead.get(f"{mode}:{key}", self.overhead.get(key, 0.0)) + \
+                (chunk if name == "target" else 0.0)
             scaled = self._scaled(mode, name) if now else self.scaled[mode][name]
             out[name] = {n: c + extra / self.batch for n, c in scaled.items()}
         return out

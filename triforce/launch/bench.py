@@ -202,7 +202,8 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
 
 def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict],
             stopped_by: BaseException | None = None) -> dict:
-    report = {"argv": getattr(args, "argv", sys.argv[1:]), "version": __version__, "commit": source_commit(), "seed": args.seed,
+    report = {"argv": getattr(args, "argv", sys.argv[1:]), "version": __version__, "commit": source_commit(),
+              "seed": args.seed,
               "texts": [{"path": path, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16]}
                         for path, text in zip(args.text, texts)],  # (another text: other prompts)
               "model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,

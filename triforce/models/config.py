@@ -156,7 +156,8 @@ class ModelConfig:
             types = raw.get("layer_types")  # where given, transformers' Qwen2 bands the layers it names
             banded = "sliding_attention" in types if isinstance(types, list) else \
                 int(raw.get("max_window_layers", 28) or 0) < layers
-            if model_type == "llama" or (model_type == "qwen2" and not (raw.get("use_sliding_window", False) and banded)):
+            if model_type == "llama" or (model_type == "qwen2" and
+                                         not (raw.get("use_sliding_window", False) and banded)):
                 window = None
             return cls(
                 model_type=model_type,
