@@ -600,3 +600,38 @@ def test_sampling_params_are_found_where_they_lived_before_the_split():
     assert StructuredOutputs is triforce.sampling_params.StructuredOutputs
     with pytest.raises(AttributeError):
         triforce.config.NoSuchThing
+
+
+def test_truncate_prompt_tokens_keeps_a_texts_bos_as_vllms_tokenizer_truncation_does():
+    """vLLM truncates a text inside the tokenizer, which keeps the special tokens it adds: the last ids of a
+    Llama prompt lost its BOS. Token ids given are cut as given."""
+    from types import SimpleNamespace
+
+    from triforce.request_checks import RequestChecks
+
+    checks = RequestChecks()
+    checks.tokenizer = SimpleNamespace(bos_token_id=1)
+    ids = [1, 5, 6, 7, 8]
+    assert checks.truncated(ids, "a text", 3) == [1, 7, 8]
+    assert checks.truncated(ids, ids, 3) == [6, 7, 8]  # token ids: the last 3
+    assert checks.truncated([5, 6, 7, 8], "a text", 3) == [6, 7, 8]  # no BOS to keep
+    assert checks.truncated(ids, "a text", 5) == ids and checks.truncated(ids, "a text", None) == ids
+    checks.tokenizer = None
+    assert checks.truncated(ids, ids, 2) == [7, 8]
+
+
+def test_an_empty_text_is_a_prompt_where_the_tokenizer_adds_a_bos():
+    """vLLM runs "" as [BOS] where the tokenizer adds one, and refuses empty ids: "" was refused before
+    tokenizing."""
+    from types import SimpleNamespace
+
+    from triforce.errors import UserError
+    from triforce.request_checks import RequestChecks
+
+    checks = RequestChecks()
+    checks.target = SimpleNamespace(config=SimpleNamespace(vocab_size=96))
+    checks.tokenizer = lambda text: SimpleNamespace(input_ids=[1] + [5] * len(text.split()))
+    assert checks.encode("") == [1]
+    checks.tokenizer = lambda text: SimpleNamespace(input_ids=[5] * len(text.split()))
+    with pytest.raises(UserError, match="empty prompt"):
+        checks.encode("")

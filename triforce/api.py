@@ -159,7 +159,8 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                                 chat_template_kwargs, chat_template) for c in conversations]
         outputs = self.generate(ids, sampling_params, stream, show_progress, use_tqdm, lora_request)
         for output in outputs:  # as vLLM's: the prompt the template laid out, as text
-            output.prompt = self.tokenizer.decode(output.prompt_token_ids, skip_special_tokens=False)
+            output.prompt = self.tokenizer.decode(output.prompt_token_ids, skip_special_tokens=False,
+                                                  clean_up_tokenization_spaces=False)  # (Llama 3's asks for it)
         return outputs
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]] | dict | Sequence[dict] | None = None,
@@ -216,7 +217,7 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
             raise UserError("streaming takes one prompt at a time, with n = 1, detokenize and a tokenizer (the "
                             "pieces are text)")
         ids = [self.encode(p) for p in prompts]
-        ids = [i if sp.truncate_prompt_tokens is None else i[-sp.truncate_prompt_tokens:] for i, sp in zip(ids, per_prompt)]
+        ids = [self.truncated(i, p, sp.truncate_prompt_tokens) for i, p, sp in zip(ids, prompts, per_prompt)]
         per_prompt = [self.within_positions(len(i), p) for i, p in zip(ids, per_prompt)]
         runs = [(k, self.seeded(choice)) for k, p in enumerate(per_prompt) for choice in p.choices()]  # its n outputs
         sizes = [(len(ids[k]), p.max_tokens, p.prompt_logprobs is not None) for k, p in runs]

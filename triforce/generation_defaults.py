@@ -1,12 +1,13 @@
 """The model's own sampling defaults, as vLLM takes them (its `--generation-config auto`, the default):
 generation_config.json's temperature, top_p, top_k, min_p and repetition_penalty are the defaults of
-requests that leave them out, and its max_new_tokens bounds every request's max_tokens (the default of
-those that leave it out, as far as the model's positions reach). As vLLM reads the file's differences
-from transformers' GenerationConfig defaults, a top_p or repetition_penalty of 1, a top_k of 50 or a
-min_p of 0 set nothing; a temperature is taken at any value, and `do_sample: true` without one means
-transformers' 1 (vLLM's own default is 1 where ours, SamplingParams(), is greedy: a model that asks to be
-sampled is). Qwen2.5's instruct models ask for temperature 0.7, top_p 0.8 and top_k 20 there, among others; the GGUF
-conversions this project makes name only where generation ends, so they set none.
+requests that leave them out, and its max_new_tokens bounds the max_tokens of the server's (and batch jobs')
+requests (as vLLM's server bounds them) and is the default of `LLM.generate` without sampling params, as far
+as the model's positions reach (a SamplingParams of the user's is taken as given, as in vLLM). As vLLM reads
+the file's differences from transformers' GenerationConfig defaults, a top_p or repetition_penalty of 1, a
+top_k of 50 or a min_p of 0 set nothing; a temperature is taken at any value, and `do_sample: true` without
+one means transformers' 1 (vLLM's own default is 1 where ours, SamplingParams(), is greedy: a model that
+asks to be sampled is). Qwen2.5's instruct models ask for temperature 0.7, top_p 0.8 and top_k 20 there,
+among others; the GGUF conversions this project makes name only where generation ends, so they set none.
 
 `generation_config`: 'auto' reads the model folder's file, 'vllm' takes none (vLLM's neutral defaults:
 here, the entry point's own), a folder reads that folder's.

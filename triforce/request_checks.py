@@ -24,9 +24,7 @@ class RequestChecks:
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """A prompt's token ids (text through the target's tokenizer), checked against the vocabulary."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise UserError("empty prompt")
+        if isinstance(prompt, str):  # ("" is [BOS] where the tokenizer adds one: vLLM runs it; empty ids are refused)
             if self.tokenizer is None:
                 raise UserError(f"{self.no_tokenizer()}; pass token ids")
             ids = self.tokenizer(prompt).input_ids
@@ -44,6 +42,17 @@ class RequestChecks:
         if min(ids) < 0 or max(ids) >= vocab:
             raise UserError(f"prompt token ids must lie in [0, {vocab})")
         return ids
+
+    def truncated(self, ids: list[int], prompt: str | Sequence[int], keep: int | None) -> list[int]:
+        """vLLM's truncate_prompt_tokens: a prompt's last `keep` ids; of a text, the BOS its tokenizer put in
+        front kept before them (vLLM truncates inside the tokenizer, which keeps special tokens: cut off, a
+        Llama prompt ran without its BOS)."""
+        if keep is None or len(ids) <= keep:
+            return ids
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if isinstance(prompt, str) and bos is not None and ids[0] == bos and keep > 1:
+            return ids[:1] + ids[len(ids) - keep + 1:]
+        return ids[len(ids) - keep:]
 
     def within_positions(self, prompt_len: int, params: SamplingParams) -> SamplingParams:
         """`params` with max_tokens (None: as many as there are) up to what the prompt leaves of the model's

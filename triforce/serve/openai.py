@@ -99,8 +99,9 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     ids_of, given = prompts(kind, body, llm, tools)
     truncate = integer(body, "truncate_prompt_tokens", None, 1)
     if truncate is not None:  # vLLM's: each prompt's last tokens (echo gives their text)
-        given = [g if len(i) <= truncate else i[-truncate:] for g, i in zip(given, ids_of)]
-        ids_of = [i[-truncate:] for i in ids_of]
+        kept = [llm.truncated(i, g, truncate) for g, i in zip(given, ids_of)]
+        given = [g if len(i) <= truncate else k for g, i, k in zip(given, ids_of, kept)]
+        ids_of = kept
     echo = flag(body, "echo", False) if kind == "completion" else None  # (1 == True: `in (True, False)` took it)
     ids = max(ids_of, key=len)  # the longest is the one to check
     limit = llm.target.config.max_positions
