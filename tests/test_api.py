@@ -609,15 +609,27 @@ def test_truncate_prompt_tokens_keeps_a_texts_bos_as_vllms_tokenizer_truncation_
 
     from triforce.request_checks import RequestChecks
 
+    class Tokenizer:  # a BOS before every text, as Llama's
+        bos_token_id = 1
+
+        def __call__(self, text):
+            return SimpleNamespace(input_ids=[1] + [5] * len(text.split()))
+
     checks = RequestChecks()
-    checks.tokenizer = SimpleNamespace(bos_token_id=1)
+    checks.tokenizer = Tokenizer()
     ids = [1, 5, 6, 7, 8]
     assert checks.truncated(ids, "a text", 3) == [1, 7, 8]
     assert checks.truncated(ids, ids, 3) == [6, 7, 8]  # token ids: the last 3
     assert checks.truncated([5, 6, 7, 8], "a text", 3) == [6, 7, 8]  # no BOS to keep
     assert checks.truncated(ids, "a text", 5) == ids and checks.truncated(ids, "a text", None) == ids
-    checks.tokenizer = None
-    assert checks.truncated(ids, ids, 2) == [7, 8]
+
+    class Unadded(Tokenizer):  # a BOS it adds nowhere (SmolLM2's <|im_start|>): written in the text, it is cut
+        def __call__(self, text):
+            return SimpleNamespace(input_ids=[5] * len(text.split()))
+
+    checks = RequestChecks()
+    checks.tokenizer = Unadded()
+    assert checks.truncated(ids, "<s> a text", 3) == [6, 7, 8]
 
 
 def test_an_empty_text_is_a_prompt_where_the_tokenizer_adds_a_bos():

@@ -49,10 +49,17 @@ class RequestChecks:
         Llama prompt ran without its BOS)."""
         if keep is None or len(ids) <= keep:
             return ids
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        if isinstance(prompt, str) and bos is not None and ids[0] == bos and keep > 1:
+        if isinstance(prompt, str) and keep > 1 and self._adds_bos() and ids[0] == self.tokenizer.bos_token_id:
             return ids[:1] + ids[len(ids) - keep + 1:]
         return ids[len(ids) - keep:]
+
+    def _adds_bos(self) -> bool:
+        """Whether the tokenizer puts a BOS before a text itself (a BOS written in the text is cut as any
+        token: SmolLM2's bos is <|im_start|>, which its tokenizer adds nowhere)."""
+        if not hasattr(self, "_bos_added"):
+            bos = getattr(self.tokenizer, "bos_token_id", None)
+            self._bos_added = bos is not None and self.tokenizer("").input_ids[:1] == [bos]
+        return self._bos_added
 
     def within_positions(self, prompt_len: int, params: SamplingParams) -> SamplingParams:
         """`params` with max_tokens (None: as many as there are) up to what the prompt leaves of the model's

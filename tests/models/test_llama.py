@@ -175,6 +175,10 @@ def test_a_config_is_read_as_transformers_reads_it_or_refused_in_a_line():
                                      "rope_scaling": {"type": "yarn", "factor": 4.0,
                                                       "original_max_position_embeddings": 4096}})
     assert (both.rope_type, both.rope_theta, both.max_positions) == ("yarn", 1e6, 16384)
+    legacy = ModelConfig.from_hf_dict({**base, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    assert legacy.rope_scaling == {"type": "linear", "factor": 2.0}  # as written (it keys the priors)
+    unnamed = ModelConfig.from_hf_dict({**base, "rope_scaling": {"rope_type": None, "type": "yarn", "factor": 2.0}})
+    assert unnamed.rope_type == "yarn"  # (a null rope_type read as default dropped the yarn)
     for extra, message in (({"attention_bias": True}, "attention_bias"), ({"mlp_bias": True}, "mlp_bias"),
                            ({"rope_scaling": {"rope_type": "linear"}}, "'linear' lacks factor"),
                            ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),

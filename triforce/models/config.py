@@ -114,9 +114,11 @@ class ModelConfig:
             rope, scaling = dict(raw.get("rope_parameters") or {}), dict(raw.get("rope_scaling") or {})
             # rope_scaling's kind wins: a config transformers 5 saved holds rope_parameters {"rope_type":
             # "default", ...}, and the yarn block Qwen2.5's card has users add was dropped without a word
-            kind = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", rope.get("type", "default"))
+            kind = scaling.get("rope_type") or scaling.get("type") or rope.get("rope_type") or rope.get("type") \
+                or "default"
             rope.update(scaling)
-            rope["rope_type"] = kind
+            if rope.get("rope_type", rope.get("type")) != kind:  # (a legacy "type" alone is left as it was:
+                rope["rope_type"] = kind  # the dict keys the priors, priors.py)
             theta = float(rope.pop("rope_theta", raw.get("rope_theta", 10000.0)))
             missing = [k for k in ROPE_KEYS_NEEDED.get(kind, ()) if k not in rope]
             if missing:  # transformers refuses it too; here it was a KeyError traceback as the model loaded
