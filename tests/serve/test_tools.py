@@ -197,6 +197,8 @@ def test_tool_parameters_of_null_are_a_function_of_no_arguments_and_deep_text_is
     bare = {"type": "function", "function": {"name": "now"}}
     null = {"type": "function", "function": {"name": "now", "parameters": None}}
     assert ToolPlan.parse({"tools": [null]}, None).tools == ToolPlan.parse({"tools": [bare]}, None).tools
+    empty = {"type": "function", "function": {"name": "now", "parameters": {}}}  # {}: any JSON value to a grammar
+    assert ToolPlan.parse({"tools": [empty]}, None).tools == ToolPlan.parse({"tools": [bare]}, None).tools
     plan = ToolPlan.parse({"tools": TOOLS}, "... {# <tool_call> #} ...")
     deep = "<tool_call>\n" + "[" * 5000 + "\n</tool_call>"
     assert plan.message(deep, "stop") == ({"role": "assistant", "content": deep}, "stop")
@@ -215,6 +217,8 @@ def test_auto_with_a_hermes_template_parses_its_blocks():
     fenced = '```json\n{"name": "get_time", "arguments": {"zone": "cet"}}\n```'  # Qwen2.5-Coder-1.5B's way
     message, finish = plan.message(fenced, "stop")
     assert finish == "tool_calls" and message["tool_calls"][0]["function"]["name"] == "get_time"
+    named = '<tool_call>\n{"name": "get_time", "parameters": {"zone": "utc"}}\n</tool_call>'  # (it ran with none)
+    assert json.loads(plan.message(named, "stop")[0]["tool_calls"][0]["function"]["arguments"]) == {"zone": "utc"}
     other = '{"name": "get_date", "arguments": {}}'  # names no tool of the request: content
     assert plan.message(other, "stop") == ({"role": "assistant", "content": other}, "stop")
     assert plan.constraint is None and plan.may_call

@@ -120,7 +120,8 @@ class ToolPlan:
         for tool in tools:
             function = tool["function"]
             name, schema = function.get("name"), function.get("parameters")
-            if schema is None:  # left out or null (vLLM's Optional): a function of no arguments
+            if not schema:  # left out, null (vLLM's Optional) or {} (any JSON value to a grammar: `"arguments":
+                # 5` fitted it; vLLM's "required" takes any falsy one so): a function of no arguments
                 schema = {"type": "object", "properties": {}}
             if not isinstance(name, str) or not NAME.match(name) or name in schemas:
                 raise ConstraintError("tools", f"tool names must be distinct, of letters, digits, _ and - (got {json.dumps(name)})")
@@ -248,7 +249,7 @@ def _call(block: str) -> tuple[str, str] | None:
         return None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
-    arguments = call.get("arguments", {})
+    arguments = call.get("arguments", call.get("parameters", {}))  # (a call of parameters ran with none)
     if isinstance(arguments, str):  # JSON text already, or a bare string that is not
         try:
             json.loads(arguments)
