@@ -219,6 +219,11 @@ def test_auto_with_a_hermes_template_parses_its_blocks():
     assert finish == "tool_calls" and message["tool_calls"][0]["function"]["name"] == "get_time"
     named = '<tool_call>\n{"name": "get_time", "parameters": {"zone": "utc"}}\n</tool_call>'  # (it ran with none)
     assert json.loads(plan.message(named, "stop")[0]["tool_calls"][0]["function"]["arguments"]) == {"zone": "utc"}
+    accented = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Zürich"}}\n</tool_call>'
+    assert plan.message(accented, "stop")[0]["tool_calls"][0]["function"]["arguments"] == '{"zone": "Zürich"}'  # as vLLM
+    required = ToolPlan.parse({"tools": TOOLS, "tool_choice": "required"}, None)
+    listed = '[{"name": "get_time", "arguments": {"zone": "Zürich"}}]'
+    assert required.message(listed, "stop")[0]["tool_calls"][0]["function"]["arguments"] == '{"zone": "Zürich"}'
     other = '{"name": "get_date", "arguments": {}}'  # names no tool of the request: content
     assert plan.message(other, "stop") == ({"role": "assistant", "content": other}, "stop")
     assert plan.constraint is None and plan.may_call

@@ -256,7 +256,7 @@ def _call(block: str) -> tuple[str, str] | None:
             return call["name"], arguments
         except (ValueError, RecursionError):
             pass
-    return call["name"], json.dumps(arguments)
+    return call["name"], json.dumps(arguments, ensure_ascii=False)  # (vLLM's: "café", not "caf\u00e9")
 
 
 def _listed_calls(text: str) -> list[tuple[str, str]]:
@@ -274,7 +274,7 @@ def _listed_calls(text: str) -> list[tuple[str, str]]:
             if (cut := CUT_CALL.match(text, at)) is not None:
                 calls.append((json.loads(f'"{cut[1]}"'), cut[2]))
             break
-        calls.append((call["name"], json.dumps(call["arguments"])))
+        calls.append((call["name"], json.dumps(call["arguments"], ensure_ascii=False)))
     return calls
 
 
