@@ -271,7 +271,7 @@ class HierarchyEngine(TierPrefill):
         # A token the constraint forced is no proposal: every tier's row there is its one-hot, so it was
         # accepted whatever the proposer (counted, the acceptance near 1 under a schema of fixed keys, and a
         # retrieval tier's falling acceptance, which makes it rebuild, hidden)
-        forced = [position + i in self.forced_at for i in range(g)]
+        forced = [position + i in self.forced_at for i in range(g)] if self.forced_at else []  # (none: no walk)
         self._record(level, g - sum(forced), verdict.accepted - sum(forced[:verdict.accepted]))
         out = self._commit(position, draft_tokens, list(range(verdict.accepted)), verdict.next_token)
         kept = verdict.accepted + 1
@@ -310,7 +310,8 @@ class HierarchyEngine(TierPrefill):
         and the next token (returned), and every cache keeps, of its entries past `position` (proposals in
         node order), those on the path."""
         out = [proposals[i] for i in path] + [next_token]
-        self.forced_at = {p for p in self.forced_at if p < position + len(path)}  # (the path's are as they were)
+        if self.forced_at:  # (the path's are as they were)
+            self.forced_at = {p for p in self.forced_at if p < position + len(path)}
         del self.seq[position:]
         self.seq += out
         for t in self.tiers:

@@ -96,9 +96,9 @@ def runs(args, sweep_name: str | None, sweep_values: list):
         # (the swept value alone, as check_tier_settings asks it, but a tree shape with the mode's tree: a
         # value invalid beside the mode's own tree, rounds2 4 with --tree1 auto, is check_plan's error, not
         # one the mode ignores, which it ran once without a word)
-        probe = (lambda v: {**own, sweep_name: v}) if sweep_name == "tree_shape" else (lambda v: {sweep_name: v})
+        beside = own if sweep_name == "tree_shape" else {}
         takes = mode != "ar" and (sweep_name not in TIER_SETTINGS or
-                                  not any(_refused(mode, probe(v)) for v in sweep_values))
+                                  not any(_refused(mode, {**beside, sweep_name: v}) for v in sweep_values))
         for value in (sweep_values if takes else [None]):
             yield mode, {**own, **({sweep_name: value} if value is not None else {})}
 
