@@ -11,8 +11,8 @@ from triforce.engine_args import MEMORY_SHARE
 from triforce.errors import UserError
 from triforce.launch.batch_output import append_result, locked
 from triforce.launch.batch_jobs import request_lines
-from triforce.launch.batch_shards import shard_of
-from triforce.launch.batch_resume import done_results
+from triforce.launch.batch_shards import rank_device, shard_of
+from triforce.launch.batch_resume import done_results, drop_results
 from triforce.launch.cli import main
 
 PROMPT = " ".join(f"w{3 + (5 * i) % 90}" for i in range(30))
@@ -142,7 +142,8 @@ def test_an_output_that_is_not_a_results_file_and_repeated_ids_are_refused_untou
     inp.write_text("\n".join([request("a", PROMPT, 2), request("b", PROMPT, 2), request("a", PROMPT, 3)]) + "\n")
     assert run(target, inp, tmp_path / "out.jsonl") == 2 and "'a' is on lines 1 and 3" in capsys.readouterr().err
     inp.write_text("\n".join([request("line-2", PROMPT, 2), json.dumps({"method": "POST"})]) + "\n")  # line 2's id
-    assert run(target, inp, tmp_path / "out.jsonl") == 2 and "'line-2' is on lines 1 and 2" in capsys.readouterr().err
+    assert run(target, inp, tmp_path / "out.jsonl") == 2
+    assert "'line-2' on line 1 is the name of line 2, which has none" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
 
 
@@ -440,6 +441,68 @@ def test_resuming_cuts_a_torn_line_in_place_and_ends_a_whole_one(tmp_path, monke
     assert out.read_text() == first + "\n" + second + "\n" + third + "\n"
 
 
+def test_torchruns_ranks_each_take_the_gpu_of_their_local_rank(monkeypatch):
+    """torchrun's ranks answering shards of one input, the device CUDA's default: each on its LOCAL_RANK's
+    GPU (each loaded the model onto GPU 0), made current; a device named, or a CPU, as given."""
+    import torch
+
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    env = {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2"}
+    assert [rank_device(d, env) for d in (None, "cuda", "cpu", "cuda:1")] == ["cuda:2", "cuda:2", "cpu", "cuda:1"]
+    assert current == [2, 2]
+    assert rank_device(None, {"RANK": "0", "WORLD_SIZE": "1"}) is None  # no torchrun
+    with pytest.raises(UserError, match="LOCAL_RANK 5: this process sees 4 CUDA GPU"):
+        rank_device(None, {**env, "LOCAL_RANK": "5"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rank_device(None, env) is None
+
+
+def test_a_line_appended_after_a_writer_killed_mid_line_cuts_its_torn_line(tmp_path, capsys):
+    """Shards sharing an output: one killed mid-line leaves a torn line, which the next append cuts (joined to
+    it, the appended result was lost, and every rerun refused the file as no results file); a line whole but
+    for its newline is ended; a torn line already joined to another (a writer that could not lock) is
+    skipped, and said, and the requests of both run again."""
+    out = tmp_path / "out.jsonl"
+
+    def record(custom_id):
+        return {"id": "batch_req_1", "custom_id": custom_id, "response": None, "error": {"code": "x"}}
+
+    def written():
+        return [json.loads(x)["custom_id"] for x in out.read_text().splitlines()]
+
+    append_result(out, record("a"))
+    with out.open("a") as f:
+        f.write('{"id": "batch_req_2", "custom_id": "b", "resp')
+    append_result(out, record("c"))
+    assert written() == ["a", "c"]
+    with out.open("a") as f:
+        f.write(json.dumps(record("d")))
+    append_result(out, record("e"))
+    assert written() == ["a", "c", "d", "e"]
+    with out.open("a") as f:
+        f.write('{"id": "batch_req_5", "custom_id": "f", "resp' + json.dumps(record("g")) + "\n")
+    append_result(out, record("h"))
+    capsys.readouterr()
+    assert set(done_results(out)) == {"a", "c", "d", "e", "h"}
+    assert "1 torn results (lines 5: a writer cut off mid-line)" in capsys.readouterr().err
+
+
+def test_retry_failed_rewrites_an_output_behind_a_link_keeping_its_mode(tmp_path, capsys):
+    """--retry-failed rewrites the output whole: the file a link names, the link kept (it was replaced by a
+    file of its own), and the file's mode kept (a group's shared output lost its group's write)."""
+    real, out = tmp_path / "real.jsonl", tmp_path / "out.jsonl"
+    out.symlink_to(real)
+    for custom_id in "ab":
+        append_result(out, {"id": "batch_req_1", "custom_id": custom_id, "response": None, "error": {"code": "x"}})
+    real.chmod(0o664)
+    drop_results(out, ["a"])
+    assert out.is_symlink() and [json.loads(x)["custom_id"] for x in real.read_text().splitlines()] == ["b"]
+    assert real.stat().st_mode & 0o777 == 0o664 and not list(tmp_path.glob("*.partial"))
+
+
 def test_a_rerun_waits_for_a_process_writing_the_same_output(tmp_path):
     """Processes sharing an output (torchrun's ranks, each its shard) write each line under a lock: a rerun
     reading the output waits for a line being written, where it cut it as torn; a line written while the
@@ -493,13 +556,26 @@ def test_retry_failed_runs_this_shards_failed_requests_again_once_the_checks_pas
     text = text.replace("batch_req_" + "0" * 64, result_id(lines[2]))
     out.write_text(text)
     assert run(target, inp, out, "--shard", "0/2") == 0  # r2 answered, r0 failed: nothing to run, said
-    assert "1 of this shard's results" in capsys.readouterr().err and out.read_text() == text
+    assert "holds 1 failed requests' results" in capsys.readouterr().err and out.read_text() == text
     assert run(target, inp, out, "--shard", "0/2", "--retry-failed") == 0
     assert "removed the results of 1 failed requests" in capsys.readouterr().err
     got = results(out)
     assert [got[f"r{i}"]["response"] and got[f"r{i}"]["response"]["status_code"] for i in range(4)] == \
         [200, None, 200, 500]  # r1 and r3 are shard 1's
     assert len(out.read_text().splitlines()) == 4
+    # a failed line mended runs again: a line that was not JSON (its error named by its number), then a body
+    lines.append('{"custom_id": "r4", "method": "POST"')
+    inp.write_text("\n".join(lines) + "\n")
+    assert run(target, inp, out, "--shard", "0/2") == 0 and results(out)["line-5"]["error"]["code"] == "invalid_json"
+    lines[4] = request("r4", PROMPT, -1)
+    inp.write_text("\n".join(lines) + "\n")
+    assert run(target, inp, out, "--shard", "0/2", "--retry-failed") == 0
+    got = results(out)
+    assert "line-5" not in got and got["r4"]["response"]["status_code"] == 400
+    lines[4] = request("r4", PROMPT, 2)
+    inp.write_text("\n".join(lines) + "\n")
+    assert run(target, inp, out, "--shard", "0/2", "--retry-failed") == 0
+    assert results(out)["r4"]["response"]["status_code"] == 200 and len(out.read_text().splitlines()) == 5
 
 
 def test_a_request_that_fails_on_a_bug_gets_a_500_and_the_job_goes_on(tiny_dir, tmp_path, monkeypatch, capsys):

@@ -34,7 +34,7 @@ from ..files import read_standard_input, read_user_text, user_path
 from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
 from .batch_output import ResultsWriter
-from .batch_shards import shard_of
+from .batch_shards import by_rank, rank_device, shard_of
 from .batch_resume import check_resumable, done_results, drop_results, failed, jsonl_lines, result_id
 from .generate import not_a_file
 from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
@@ -95,9 +95,14 @@ def request_lines(lines: list[str], shard: tuple[int, int] = (0, 1)) -> list[tup
             error = {"code": "invalid_request", "message": f"line {n + 1}: custom_id is empty"}
         custom_id = given or f"line-{n + 1}"
         if custom_id in seen:
-            raise UserError(f"custom_id {custom_id!r} is on lines {seen[custom_id] + 1} and {n + 1}: each request "
-                            "needs its own")
-        seen[custom_id] = n
+            first, named = seen[custom_id]
+            if named and given is not None:
+                raise UserError(f"custom_id {custom_id!r} is on lines {first + 1} and {n + 1}: each request needs "
+                                "its own")
+            shown, unnamed = (first, n) if named else (n, first)
+            raise UserError(f"custom_id {custom_id!r} on line {shown + 1} is the name of line {unnamed + 1}, which "
+                            "has none (a line without one goes by its number): give one of them another")
+        seen[custom_id] = (n, given is not None)
         out.append((n, custom_id, request if len(out) % count == index else None, error))
     return out
 
@@ -146,14 +151,19 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str, list[str]] | Non
         return None
     mine = every[index::count]
     model = args.served_model_name or str(args.model)
-    check_resumable(output, lines, every, mine, finished, model)
-    failures = [custom_id for _, custom_id, _, _ in mine if custom_id in finished and failed(finished[custom_id])]
-    if failures and args.retry_failed:  # (removed from the file as the job starts: retried)
+    ours = {custom_id for _, custom_id, _, _ in mine}
+    known = {custom_id for _, custom_id, _, _ in every}
+    # this shard's failed results, and those of lines no longer in the input (a line mended since: a bad
+    # JSON line's, named by its number, now by its custom_id)
+    failures = [custom_id for custom_id, record in finished.items()
+                if failed(record) and (custom_id in ours or custom_id not in known)]
+    if failures and args.retry_failed:  # (removed from the file as the job starts: retried, mended or not)
         finished = {k: v for k, v in finished.items() if k not in failures}
     elif failures:
-        print(f"batch: {len(failures)} of this shard's results in --output {output} are failed requests' (an "
-              "error, a status other than 200): --retry-failed runs them again", file=sys.stderr)
+        print(f"batch: --output {output} holds {len(failures)} failed requests' results (an error, a status other "
+              "than 200): --retry-failed runs them again", file=sys.stderr)
         failures = []
+    check_resumable(output, lines, every, mine, finished, model)
     return lines, output, mine, finished, model, failures
 
 
@@ -186,6 +196,8 @@ def _batch(args) -> int:
         return 0
     if retried:
         drop_results(output, retried)
+    if getattr(args, "worker_channel", None) is None and by_rank(args.shard):  # torchrun's ranks, each a shard
+        args.device = rank_device(args.device)
     llm = llm_from_args(args)
     try:
         return _answer(args, llm, lines, output, mine, finished, model)

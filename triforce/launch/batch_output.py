@@ -32,6 +32,8 @@ _SAID: set[tuple[str, Path]] = set()  # (what, output) said once: a lock or a sy
 REOPENS = 100  # a file replaced this many times while waiting for its lock: a file system whose inode
 # numbers are not stable (CIFS without serverino), taken as it is
 INTERNAL_IN_A_ROW = 3  # requests failing on internal errors one after another that end a job
+RESULT_ID_START = "batch_req_"
+RESULT_START = '{"id": "' + RESULT_ID_START  # how every line this command writes begins
 
 
 def _say_once(what: str, path: Path, exc: OSError) -> None:
@@ -78,14 +80,52 @@ def append_result(path: Path, record: dict) -> None:
     """`record` as one line at the end of `path`, written whole and synced (OSError where it cannot be)."""
     line = (json.dumps(record) + "\n").encode()
     with locked(path) as file:
+        end = file.seek(0, os.SEEK_END)
+        if end and os.pread(file.fileno(), 1, end - 1) != b"\n":  # a writer killed mid-line, another shard's:
+            file.seek(0)  # its torn line cut, which this line would otherwise join (and bar every rerun)
+            mend_end(file, *whole_lines(file.read().decode()))
         file.write(line)
-        file.flush()
-        try:
-            os.fsync(file.fileno())
-        except OSError as exc:  # a file system that cannot sync (some FUSE or SMB mounts): written, unsynced
-            if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-                raise
-            _say_once("sync", path, exc)
+        synced(file, path)
+
+
+def synced(file: BinaryIO, path: Path) -> None:
+    """`file` (`path`'s) flushed and synced to the disk (OSError where it cannot be)."""
+    file.flush()
+    try:
+        os.fsync(file.fileno())
+    except OSError as exc:  # a file system that cannot sync (some FUSE or SMB mounts): written, unsynced
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        _say_once("sync", path, exc)
+
+
+def whole_lines(data: str) -> tuple[str, bool, int]:
+    """(the whole lines of an output's `data`, with a newline each; whether the last one lacked it; how many
+    characters at the end are cut: NUL bytes, and a torn line)."""
+    kept = data.rstrip("\0")
+    whole, torn = kept[: kept.rfind("\n") + 1], kept[kept.rfind("\n") + 1:]
+    if torn and (not torn.startswith(RESULT_START[: len(torn)]) or result_line(torn) is not None):
+        return whole + torn + "\n", True, len(data) - len(kept)  # a line (a result's, or one checked below)
+    return whole, False, len(data) - len(whole)
+
+
+def mend_end(file: BinaryIO, whole: str, ended: bool, cut: int) -> None:
+    """The locked output `file` cut to its `whole` lines (whole_lines), in place (rewriting the file risked
+    all of it), its last line ended where `ended`."""
+    if cut:
+        os.ftruncate(file.fileno(), len(whole.encode()) - ended)
+    if ended:
+        file.write(b"\n")
+
+
+def result_line(line: str) -> dict | None:
+    """The result an output's `line` holds (None: not a result)."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and "custom_id" in record and (
+        "response" in record or "error" in record) else None
 
 
 class ResultsWriter:

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import shutil
 import sys
 import uuid
 from pathlib import Path
 
 from ..errors import UserError
-from ..files import write_whole
-from .batch_output import locked
+from ..files import written_whole
+from .batch_output import RESULT_ID_START, RESULT_START, locked, mend_end, result_line, synced, whole_lines
 
-RESULT_ID_START = "batch_req_"
-RESULT_START = '{"id": "' + RESULT_ID_START  # how every line this command writes begins
 HASH_DIGITS = 32
 UUID_DIGITS = 32  # the random half, before the hash (alone, in ids of results written before)
 
@@ -60,12 +58,9 @@ def done_results(output: Path) -> dict[str, dict]:
         with locked(output) as file:
             file.seek(0)
             data = file.read().decode()
-            whole, ended, cut = _whole_lines(data)
+            whole, ended, cut = whole_lines(data)
             done = _results(output, whole)
-            if cut:  # in place (rewriting the file risked all of it)
-                os.truncate(output, len(whole.encode()) - ended)
-            if ended:
-                file.write(b"\n")
+            mend_end(file, whole, ended, cut)
     except UnicodeDecodeError as exc:
         raise UserError(f"cannot read --output {output}: {exc}") from None
     except OSError as exc:
@@ -84,45 +79,43 @@ def drop_results(output: Path, custom_ids: list[str]) -> None:
     try:
         with locked(output) as file:
             file.seek(0)
-            whole, _, _ = _whole_lines(file.read().decode())
+            whole, _, _ = whole_lines(file.read().decode())
             kept = [line + "\n" for line in jsonl_lines(whole) if line.strip() and
-                    (_result_line(line) or {}).get("custom_id") not in drop]
-            write_whole(output, "".join(kept))
+                    (result_line(line) or {}).get("custom_id") not in drop]
+            target = output.resolve()  # (a link to the output stays one)
+
+            def write(partial: Path) -> None:  # synced before it replaces the output, with the output's mode
+                with partial.open("wb") as new:
+                    new.write("".join(kept).encode())
+                    shutil.copymode(target, partial)
+                    synced(new, output)
+
+            written_whole(target, write)
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot rewrite --output {output}: {exc}") from None
     print(f"batch: --retry-failed: removed the results of {len(drop)} failed requests from --output {output}, to "
           "run them again", file=sys.stderr)
 
 
-def _whole_lines(data: str) -> tuple[str, bool, int]:
-    """(the whole lines of an output's `data`, with a newline each; whether the last one lacked it; how many
-    characters at the end are cut: NUL bytes, and a torn line)."""
-    kept = data.rstrip("\0")
-    whole, torn = kept[: kept.rfind("\n") + 1], kept[kept.rfind("\n") + 1:]
-    if torn and (not torn.startswith(RESULT_START[: len(torn)]) or _result_line(torn) is not None):
-        return whole + torn + "\n", True, len(data) - len(kept)  # a line (a result's, or one checked below)
-    return whole, False, len(data) - len(whole)
-
-
-def _result_line(line: str) -> dict | None:
-    try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    return record if isinstance(record, dict) and "custom_id" in record and (
-        "response" in record or "error" in record) else None
-
-
 def _results(output: Path, whole: str) -> dict[str, dict]:
-    done = {}
+    """The results of an output's `whole` lines by custom_id. A line that begins as a result and is not one
+    is skipped, and said: a torn line another line was appended to (by a writer that could not lock the
+    file, or one before 2026-12 that did not cut it); its request runs again, as does the joined one's."""
+    done, torn = {}, []
     for n, line in enumerate(jsonl_lines(whole)):
         if not line.strip():
             continue
-        record = _result_line(line)
-        if record is None:
+        record = result_line(line)
+        if record is None and line.startswith(RESULT_START):
+            torn.append(n + 1)
+        elif record is None:
             raise UserError(f"--output {output} is not a results file (line {n + 1} is not a result line); "
                             "name a new file, or one an earlier run of this job wrote")
-        done[record["custom_id"]] = _slim(record)
+        else:
+            done[record["custom_id"]] = _slim(record)
+    if torn:
+        print(f"batch: --output {output} holds {len(torn)} torn results (lines {_listed([str(n) for n in torn])}: a "
+              "writer cut off mid-line): skipped, and the requests they answered run again", file=sys.stderr)
     return done
 
 

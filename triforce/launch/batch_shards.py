@@ -13,7 +13,7 @@ def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
     if spec is None:
         if "SLURM_ARRAY_TASK_ID" in env:
             return slurm_shard(env)
-        if "RANK" not in env or "WORLD_SIZE" not in env:
+        if not by_rank(spec, env):
             return 0, 1
         spec, named = f"{env['RANK']}/{env['WORLD_SIZE']}", "RANK/WORLD_SIZE"
     try:
@@ -23,6 +23,30 @@ def shard_of(spec: str | None, env=os.environ) -> tuple[int, int]:
     if not 0 <= index < count:
         raise UserError(f"{named} {spec}: I must be in 0..N-1")
     return index, count
+
+
+def by_rank(spec: str | None, env=os.environ) -> bool:
+    """Whether shard_of takes the shard from torchrun's rank."""
+    return spec is None and "SLURM_ARRAY_TASK_ID" not in env and "RANK" in env and "WORLD_SIZE" in env
+
+
+def rank_device(device: str | None, env=os.environ) -> str | None:
+    """The device of one of torchrun's ranks, each answering its shard on a node's GPUs: the GPU of its
+    LOCAL_RANK where `device` is CUDA's default (unset, or "cuda"; every rank loaded the model onto GPU 0),
+    made this process's current GPU; `device` as given otherwise (cpu, a GPU named, no GPU here)."""
+    import torch
+
+    if device not in (None, "", "cuda") or "LOCAL_RANK" not in env or not torch.cuda.is_available():
+        return device
+    try:
+        local = int(env["LOCAL_RANK"])
+    except ValueError:
+        raise UserError(f"LOCAL_RANK must be a number (got {env['LOCAL_RANK']!r})") from None
+    if not 0 <= local < torch.cuda.device_count():
+        raise UserError(f"LOCAL_RANK {local}: this process sees {torch.cuda.device_count()} CUDA GPU(s); run as "
+                        "many processes per node as it has GPUs, or name one with --device")
+    torch.cuda.set_device(local)
+    return f"cuda:{local}"
 
 
 SLURM_ARRAY = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP",
