@@ -169,8 +169,8 @@ class Request:
             metrics.generated_tokens = len(tokens)  # the output's, as vLLM counts them (and tokens/s)
         hit_end = bool(tokens) and tokens[-1] in self.ends
         stop_string = None if self.detok is None else self.detok.stop_string
-        finish = "stop" if hit_end or stop_string is not None else (
-            "abort" if self.cancelled and len(tokens) < self.params.max_tokens else "length")
+        cut = self.cancelled and (len(tokens) < self.params.max_tokens or not self.engine.prefilled)
+        finish = "stop" if hit_end or stop_string is not None else "abort" if cut else "length"
         # vLLM's: the model's end of sequence names no stop_reason, also where stop_token_ids has it, unless
         # ignore_eos made it a stop token like any
         eos_stops = self.params.ignore_eos and self.main_eos in self.params.stop_token_ids

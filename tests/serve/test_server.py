@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from triforce import LLM, SamplingParams
 import triforce
+from triforce.coordinator.batch import SequenceBatch
 from triforce.serve.app import create_app
 from triforce.serve.openai import ApiError, parse
 from triforce.serve.scheduler import Scheduler
@@ -650,6 +651,22 @@ def test_requests_fit_beside_the_caches_the_running_ones_have_yet_to_allocate(ll
         held.stop()
 
 
+def test_a_request_that_does_not_fit_is_weighed_again_once_the_batch_changes(llm, monkeypatch):
+    """The first waiting request, too large beside the running ones, is weighed again where one of them
+    ended (or a second later), not before every step of the batch: each weighing reads the free memory (a
+    GPU's allocator snapshot), under the lock /health and /metrics wait for."""
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 60, "temperature": 0, "ignore_eos": True}, llm,
+                "tiny")
+    need, reads = llm.cache_bytes_for(len(job.prompts[0]), 60), []
+    monkeypatch.setattr(llm, "free_memory", lambda: reads.append(1) or int(2.5 * need / llm.memory_share))
+    monkeypatch.setattr("triforce.serve.scheduler.REFIT_S", 600.0)  # (a slow machine's seconds: not counted)
+    steps = []
+    step = SequenceBatch.step
+    monkeypatch.setattr(SequenceBatch, "step", lambda self: steps.append(1) or step(self))
+    assert most_running_at_once(llm, job, 3) == 2
+    assert len(steps) >= 60 and len(reads) < 10  # (before: a read per step while the third waited)
+
+
 def test_a_gpus_requests_rows_in_the_hosts_memory_are_counted_as_they_are_admitted(llm, monkeypatch):
     """Their caches on a GPU, requests keep their rows of the vocabulary in the host's memory: the scheduler
     counts them as it counts the caches (two fit here, the third waits for one to end), and refuses a
@@ -783,6 +800,33 @@ def test_a_request_cancelled_in_its_prefill_stops_there(tiny_dir, mode):
     assert request.output(tokens, metrics).token_ids == []
 
 
+def test_a_scoring_request_cut_in_its_prefill_is_aborted_not_answered(tiny_dir):
+    """max_tokens 0 with prompt_logprobs (an evaluation's log-likelihood), cancelled mid-prompt (a server's
+    shutdown): finish_reason "abort" (it was "length", as if every prompt token was scored: 0 tokens are
+    not fewer than max_tokens 0); scored whole, then cancelled: "length"."""
+    from triforce.request import Request
+    from triforce.coordinator.batch import SequenceBatch
+
+    target = tiny_dir("serve-target", tokenizer=True, seed=71)
+    llm = LLM(target, mode="ar", dtype="float32", prefill_chunk=8)
+    ids = llm.tokenizer(PROMPT).input_ids
+    for cut_at in (8, None):
+        request = Request(llm, ids, SamplingParams(max_tokens=0, prompt_logprobs=0), None)
+        batch = SequenceBatch()
+        seq = batch.add(request.run())
+        while cut_at is not None and request.engine.ladder[-1].length < cut_at:
+            assert not batch.step()
+        if cut_at is None:
+            while not batch.step():
+                pass
+        request.cancel()
+        while cut_at is not None and not batch.step():
+            pass
+        output = request.output(*seq.result)
+        assert output.outputs[0].finish_reason == ("abort" if cut_at else "length")
+        assert (len(output.prompt_logprobs) < len(ids)) == bool(cut_at)
+
+
 def test_triforce_serve_answers_over_http(tiny_dir):
     """The command line end to end: `triforce serve` on a free port, a completion through a real socket.
     The model is given as vLLM's launch lines give it (`vllm serve MODEL`)."""
@@ -807,6 +851,31 @@ def test_triforce_serve_answers_over_http(tiny_dir):
         server.terminate()
         out, _ = server.communicate(timeout=30)
     assert "serving tiny" in out
+
+
+def test_metrics_count_a_request_whose_client_left_while_it_waited_as_aborted(llm):
+    """A waiting request whose client went away is counted as vLLM counts it, success{finished_reason=
+    "abort"} (it was counted nowhere; and a drain counted it a failure)."""
+    from triforce.serve.metrics import ServerMetrics
+
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 4}, llm, "tiny")
+    scheduler = Scheduler(llm)
+    scheduler.metrics = ServerMetrics("tiny", scheduler)
+    scheduler._admit = lambda: None  # they all wait
+    try:
+        gone = scheduler.submit_choices(parse("completion", {"prompt": PROMPT, "max_tokens": 4, "n": 2}, llm, "tiny"),
+                                        [lambda *_: None] * 2)
+        for ticket in gone:
+            ticket.cancel()
+        scheduler.submit(job, lambda *_: None)  # (the queue, trimmed of the tickets of clients gone)
+        assert scheduler.queued == 1
+        scheduler.submit(job, lambda *_: None).cancel()
+        scheduler.drain()
+    finally:
+        scheduler.stop()
+    text = scheduler.metrics.render().decode()
+    assert 'vllm:request_success_total{finished_reason="abort",model_name="tiny"} 3.0' in text
+    assert 'triforce:request_failures_total{model_name="tiny"} 1.0' in text
 
 
 def test_metrics_count_requests_tokens_and_speculation(llm):

@@ -101,11 +101,6 @@ class AutoEngine(HierarchyEngine):
                 mates.leave(self)
 
     @property
-    def prefilled(self) -> bool:
-        """Whether its target holds its prompt (before, its prompt chunks ride on the batch's target forwards)."""
-        return self.prompt_length is not None and self.ladder[-1].length >= self.prompt_length - 1
-
-    @property
     def plans(self) -> bool:
         """Whether this request plans (it is long enough) and its target holds its prompt, so that it may
         lead its batch and its tiers may be measured with a batchmate's."""

@@ -87,6 +87,12 @@ class HierarchyEngine(TierPrefill):
         batch.run()
         return handle.result
 
+    @property
+    def prefilled(self) -> bool:
+        """Whether its target holds its prompt: before, its prompt chunks ride on a batch's target forwards
+        (mode auto), and a request cancelled then is cut short whatever its max_tokens."""
+        return self.prompt_length is not None and self.ladder[-1].length >= self.prompt_length - 1
+
     def run(self, prompt: list[int], params: SamplingParams, stop_ids: tuple[int, ...] = (),
             on_tokens: Callable[[list[int]], bool] | None = None, show_progress: bool = False,
             cancelled: Callable[[], bool] | None = None, guide: Guide | None = None) -> Run:

@@ -74,6 +74,10 @@ class ServerMetrics:
             for position, count in enumerate(t.accepted_per_depth(), start=1):
                 self.accepted_per_pos.labels(*labels, str(position)).inc(count)
 
+    def aborted(self) -> None:
+        """A request whose client went away while it waited in the queue (it ran no step)."""
+        self.success.labels(self.model, "abort").inc()
+
     def failed(self) -> None:
         self.failures.labels(self.model).inc()
 

@@ -35,6 +35,7 @@ from .openai import ApiError, Job
 from .tickets import Ticket, failure
 
 log = logging.getLogger("triforce.serve")
+REFIT_S = 1.0  # how often a waiting request that did not fit is weighed again while the batch is unchanged
 
 
 @dataclass(eq=False)
@@ -54,6 +55,8 @@ class Scheduler:
         self._lock, self._wake, self._stop, self._draining = threading.Lock(), threading.Event(), False, False
         self._aborting = False  # a drain's running requests end after their round in progress
         self._freed = False  # whether requests finished since the scheduler was last idle
+        self._unfit: tuple[Ticket, int, float] | None = None  # the first waiting request that did not fit: beside
+        # how many running requests, when
         self._thread = threading.Thread(target=self._loop, name="triforce-scheduler", daemon=True)
         self._thread.start()
 
@@ -92,7 +95,7 @@ class Scheduler:
             self._check_running()  # again: a group lost meanwhile emptied the queue, and would not tell these
             # requests whose clients went away wait for nothing (_admit skips them): dropped here, where they
             # piled up behind a request waiting for memory
-            self.waiting = deque(t for t in self.waiting if not t.cancelled)
+            self._drop_cancelled()
             if len(self.waiting) + len(on_events) > self.max_queue:
                 raise ApiError(503, f"the server's queue is full ({self.max_queue} requests waiting); retry later",
                                kind="server_error", code="queue_full")
@@ -103,6 +106,13 @@ class Scheduler:
             self.waiting.extend(tickets)
         self._wake.set()
         return tickets
+
+    def _drop_cancelled(self) -> None:
+        """Waiting requests whose clients went away dropped from the queue, and counted (under the lock)."""
+        kept = deque(t for t in self.waiting if not t.cancelled)
+        for _ in range(len(self.waiting) - len(kept)):
+            self._count("aborted")
+        self.waiting = kept
 
     def _check_running(self) -> None:
         """ApiError 503 where the scheduler has stopped or is draining: no request queued now would run."""
@@ -138,6 +148,9 @@ class Scheduler:
             self._draining = True
             waiting, self.waiting = list(self.waiting), deque()
         for ticket in waiting:
+            if ticket.cancelled:  # its client went away before
+                self._count("aborted")
+                continue
             ticket.cancel()
             self._count("failed")  # (/metrics missed them)
             ticket.tell("error", ApiError(503, "the server is shutting down", "server_error"))
@@ -199,6 +212,19 @@ class Scheduler:
         share = self.llm.memory_share
         return ticket.bytes <= min(share * self._capacity_now(free) - reserved, share * free)
 
+    def _fits_now(self, ticket: Ticket) -> bool:
+        """`_fits`, weighed again only where the batch lost a request since it did not fit, or REFIT_S later
+        (the memory others free): read before every step of the batch, the free memory (/proc, a GPU's
+        allocator snapshot) cost a draft step's time, under the lock /health and /metrics wait for."""
+        now = time.monotonic()
+        if self._unfit is not None:
+            unfit, beside, at = self._unfit
+            if unfit is ticket and beside == len(self.running) and now - at < REFIT_S:
+                return False
+        fits = self._fits(ticket)
+        self._unfit = None if fits else (ticket, len(self.running), now)
+        return fits
+
     def _measure_capacity(self) -> None:
         """No request runs: what the last ones freed goes back to the system (once their answers are gone
         too), and what is free then is what requests' caches may share."""
@@ -217,12 +243,13 @@ class Scheduler:
                     return
                 ticket = self.waiting[0]
                 if self.running and not ticket.cancelled:
-                    if not self._fits(ticket):
+                    if not self._fits_now(ticket):
                         return  # it waits for a running request to end
                     if len(self.running) >= ticket.refused_beside:
                         return  # as does a request the worker group refused beside as many
                 self.waiting.popleft()
             if ticket.cancelled:
+                self._count("aborted")
                 continue
             job = ticket.job
             stream = None
