@@ -164,6 +164,85 @@ def test_a_request_interrupted_in_flight_breaks_the_channel_not_its_socket(monke
     channel.close()
 
 
+def test_the_leader_and_the_coordinator_talk_over_ipv6():
+    """--control-bind/--control-host an IPv6 address (its endpoint in brackets, ZeroMQ's IPv6 on: it took
+    IPv4 alone, and the leader's bind failed with advice to pick another port)."""
+    import threading
+    from collections import Counter
+    from types import SimpleNamespace
+
+    import zmq
+    from servers import free_port
+
+    from triforce.coordinator.channel import ControlChannel
+    from triforce.workers.loop import serve
+    from triforce.workers.protocol import tcp_endpoint, zmq_socket
+
+    endpoint = tcp_endpoint("::1", free_port())
+    assert endpoint.startswith("tcp://[::1]:") and tcp_endpoint("10.0.0.2", 7) == "tcp://10.0.0.2:7"
+    probe = zmq_socket(zmq.REP, endpoint)
+    try:
+        probe.bind(endpoint)
+    except zmq.ZMQError:
+        pytest.skip("no IPv6 loopback here")
+    finally:
+        probe.close(0)
+
+    class Stats:
+        tp, counts = SimpleNamespace(rank=0, size=1), Counter()
+
+        def check(self, kind, body):
+            pass
+
+        def execute(self, kind, body):
+            return {"seen": kind}, []
+
+    thread = threading.Thread(target=serve, args=(Stats(), endpoint), kwargs={"link": object()})
+    thread.start()
+    channel = ControlChannel(endpoint, timeout_s=30.0)
+    assert channel.request("stats")[0]["seen"] == "stats"
+    assert channel.request("shutdown")[0]["seen"] == "shutdown"
+    thread.join(10)
+    channel.close()
+
+
+def test_a_bulk_receive_that_fails_here_breaks_the_channel():
+    """A KV reply whose tensors this process cannot take (out of memory for them, a Ctrl-C) leaves the leader
+    sending them: the channel is broken at once (the next request waited --worker-timeout for no answer,
+    then blamed a dead worker)."""
+    import threading
+
+    import zmq
+    from servers import free_port
+
+    from triforce.coordinator.channel import ControlChannel, WorkerError
+    from triforce.workers.protocol import reply
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sock = zmq.Context.instance().socket(zmq.REP)
+    sock.bind(endpoint)
+
+    def leader():
+        sock.recv_multipart()
+        sock.send_multipart(reply({"bulk": [["float32", [2**40]]]}))
+
+    class Link:
+        def receive(self, descriptions):
+            raise MemoryError("4 TiB")
+
+    thread = threading.Thread(target=leader)
+    thread.start()
+    channel = ControlChannel(endpoint, timeout_s=30.0, link=Link())
+    with pytest.raises(MemoryError):
+        channel.request("kv", {"seq": 1, "start": 0, "stop": 4})
+    thread.join(10)
+    assert channel.broken
+    with pytest.raises(WorkerError, match="failed or stopped answering earlier"):
+        channel.request("stats")
+    channel.close()
+    sock.close(0)
+
+
 def test_a_request_the_group_failed_as_it_ran_is_told_and_breaks_the_channel():
     """A request that raises as the group runs it (a bug, a rank out of memory) ends the group: the leader
     now replies with the error first, so the coordinator says why (it saw a request unanswered until

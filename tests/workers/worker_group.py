@@ -103,7 +103,7 @@ class Group:
             self.close()
             raise
 
-    def _wait_listening(self, timeout_s: float = 120.0) -> None:
+    def _wait_listening(self, timeout_s: float = 300.0) -> None:
         """Until the leader listens on the endpoint; LeaderExited at once if it exited first (its bind
         failed), rather than the handshake's wait of minutes."""
         if not os.path.exists("/proc/net/tcp"):  # no /proc (not Linux): the handshake's wait alone

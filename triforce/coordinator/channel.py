@@ -21,7 +21,7 @@ from ..config import PREFILL_CHUNK
 from ..errors import TooLarge, UserError
 from ..workers.bulk import BulkLink, LinkError
 from ..workers.protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ProtocolError, decode, encode,
-                                parse_description)
+                                parse_description, zmq_socket)
 
 DEFAULT_TIMEOUT_S = 30.0
 POLL_S = 0.1  # how often a request waiting on the group looks whether it was abandoned
@@ -84,8 +84,7 @@ class ControlChannel:
         import zmq
 
         self.endpoint, self.timeout_s, self.link, self.max_bytes = endpoint, timeout_s, link, max_bytes
-        self.sock = zmq.Context.instance().socket(zmq.REQ)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock = zmq_socket(zmq.REQ, endpoint)
         self.sock.connect(endpoint)
         self.messages = self.bytes = self.bulk_bytes = 0
         self.wait_s = 0.0
@@ -152,6 +151,9 @@ class ControlChannel:
             except LinkError as exc:
                 self.broken = True
                 raise WorkerError(f"the worker group failed {kind!r}: {exc}") from None
+            except BaseException:  # (this process out of memory for the tensors, a Ctrl-C) the leader is left
+                self.broken = True  # sending the rest, and answers no request until its send times out
+                raise
             self.bulk_bytes += sum(t.nbytes for t in tensors)
         self.wait_s += time.perf_counter() - start
         return reply_body, tensors

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from ..config import PREFILL_CHUNK
 from ..errors import UserError
+from ..workers.protocol import tcp_endpoint
 from .distributed_checks import check_distributed_settings, check_gpus, check_split, worker_choice
 
 
@@ -161,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
             return ended
         if args.control_host == "auto":
             args.control_host = _leader_host(rank, groups.control)
-        return _coordinate(args, world, groups) if rank == 0 else _work(args, rank, world, local_rank, groups,
-                                                                        timeouts)
+        if rank == 0:
+            return _coordinate(args, world, groups)
+        return _work(args, rank, world, local_rank, groups, timeouts)
     finally:
         dist.destroy_process_group()
 
@@ -221,7 +223,7 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     path = _resolve_once(args.model, rank, groups.control, args.revision)
     tp = TensorParallel(rank - 1, world - 1, groups.workers)
     leader = rank == 1
-    endpoint = f"tcp://{args.control_bind}:{control_port(args)}" if leader else None
+    endpoint = tcp_endpoint(args.control_bind, control_port(args)) if leader else None
     link = BulkLink(groups.link, peer=0) if leader else None
     try:
         run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, PREFILL_CHUNK,
@@ -242,7 +244,7 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
     import zmq
 
     path = _resolve_once(args.model, 0, groups.control, args.revision)
-    endpoint = f"tcp://{args.control_host}:{control_port(args)}"
+    endpoint = tcp_endpoint(args.control_host, control_port(args))
     try:
         channel = ControlChannel(endpoint, args.worker_timeout, BulkLink(groups.link, peer=1))
     except zmq.ZMQError as exc:

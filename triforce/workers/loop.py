@@ -24,7 +24,8 @@ import torch.distributed as dist
 from ..errors import UserError
 from ..models.parallel import TensorParallel
 from .bulk import BulkLink
-from .protocol import BULK_REPLIES, MAX_MESSAGE_BYTES, ProtocolError, decode, describe, error_reply, reply
+from .protocol import (BULK_REPLIES, MAX_MESSAGE_BYTES, ProtocolError, decode, describe, error_reply, reply,
+                       zmq_socket)
 from .checks import NeverFits, NoRoom, RequestError
 from .worker import CoordinatorLost, VerifierWorker
 
@@ -91,8 +92,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
         if endpoint is None or link is None:
             raise ValueError("the worker leader needs a ZeroMQ endpoint and the bulk link to the coordinator")
 
-        sock = zmq.Context.instance().socket(zmq.REP)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = zmq_socket(zmq.REP, endpoint)
         sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
         watch = CoordinatorWatch(sock, coordinator_timeout_s)
         try:

@@ -61,6 +61,23 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
+def tcp_endpoint(host: str, port: int) -> str:
+    """ZeroMQ's TCP endpoint of `host` (a name, an IPv4 or IPv6 address) and `port`."""
+    return f"tcp://[{host.strip('[]')}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def zmq_socket(kind: int, endpoint: str):
+    """A ZeroMQ socket of `kind` for `endpoint`, IPv6 on where it names an IPv6 address (ZeroMQ takes IPv4
+    alone unless told), closed at once (no linger)."""
+    import zmq
+
+    sock = zmq.Context.instance().socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if endpoint.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
+    return sock
+
+
 class ProtocolError(ValueError):
     """A message that is malformed, truncated, oversized, of another version or against its schema."""
 
