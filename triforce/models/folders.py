@@ -203,14 +203,17 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
     print(f"triforce: converting {gguf.name} into {dest}", file=sys.stderr)
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         write_hf_folder(gguf, tmp)
         load_model(tmp, "bfloat16")  # the check: it must load before it is published
         _finish_conversion(tmp)
-    except BaseException:
+        (tmp / READY).write_text(str(gguf.name))
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+    except BaseException as exc:  # (a GB of partial folder left behind until the next run)
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):  # a full disk, an old folder of another user's in the way: one line
+            raise ModelLoadError(f"cannot convert {gguf.name} into {dest} ({exc.strerror or exc}"
+                                 f"{': ' + str(exc.filename) if exc.filename else ''})") from exc
         raise
-    (tmp / READY).write_text(str(gguf.name))
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)

