@@ -266,11 +266,12 @@ def test_a_smollm_gguf_splits_digits_first_as_llama_cpp_does_and_an_old_folder_i
         texts[pre] = tokenizer.convert_ids_to_tokens(tokenizer("a  12", add_special_tokens=False).input_ids)
     assert texts["smollm"] == ["a", "\u0120\u0120", "1", "2"]  # llama.cpp's split of the same text
     assert texts["gpt2"] == ["a", "\u0120", "\u01201", "2"]  # GPT-2's pattern alone: what it was
-    write_gguf(tmp_path / "unknown.gguf", "llama", True, tokens, pre="deepseek-llm", merges=merges)
-    (tmp_path / "unknown").mkdir()
-    with caplog.at_level(logging.WARNING):  # a pre-tokenizer no one checked: it may split otherwise, said
-        gguf_convert.write_hf_folder(tmp_path / "unknown.gguf", tmp_path / "unknown")
-    assert "pre-tokenizer deepseek-llm is not one triforce knows" in caplog.text
+    for pre in ("deepseek-llm", "default"):  # a pre-tokenizer no one checked (llama.cpp's default splits
+        write_gguf(tmp_path / f"{pre}.gguf", "llama", True, tokens, pre=pre, merges=merges)  # punctuation
+        (tmp_path / pre).mkdir()  # apart, GPT-2's does not): it may split otherwise, said
+        with caplog.at_level(logging.WARNING):
+            gguf_convert.write_hf_folder(tmp_path / f"{pre}.gguf", tmp_path / pre)
+        assert f"pre-tokenizer {pre} is not one triforce knows" in caplog.text
     monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
     folder = folders.convert_gguf_cached(tmp_path / "smollm.gguf")
     old = json.loads((tmp_path / "gpt2" / "tokenizer.json").read_text())["pre_tokenizer"]
@@ -308,3 +309,40 @@ def test_a_converted_model_ends_generation_where_llama_cpp_does(tmp_path, monkey
         assert resolve() == folder
         assert ModelConfig.from_folder(folder).eos_token_ids == tuple(ends)
         assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o644
+
+
+def test_control_tokens_outside_the_byte_alphabet_stay_whole_as_llama_cpp_matches_them(tmp_path, monkeypatch):
+    """DeepSeek-R1's distilled models (qwen2 and llama GGUFs) write their turns "<｜User｜>", with full-width
+    bars: transformers' GGUF reader respelled such a control token in bytes and left it out of the added
+    tokens, so a chat prompt's turn became a dozen byte tokens, another text than the model was taught. Each
+    is one token at its GGUF id, special (skipped where asked), as llama.cpp reads it; a folder converted
+    before is mended once."""
+    from transformers import AutoTokenizer
+
+    from triforce.models import folders, gguf_tokenizer
+
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
+    tokens = ["a", "b", "c", "ab", "bc"] + [f"x{i}" for i in range(VOCAB - 8)] + \
+        ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"]
+    user, assistant, end = VOCAB - 3, VOCAB - 2, VOCAB - 1
+    path = tmp_path / "r1.gguf"
+    write_gguf(path, "qwen2", False, tokens)
+
+    def whole(folder):
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        return (len(tokenizer) == VOCAB and tokenizer.decode([user, 3, end]) == "<｜User｜>ab<｜end▁of▁sentence｜>" and
+                tokenizer.decode([user, 3, end], skip_special_tokens=True) == "ab" and
+                tokenizer("<｜User｜>ab<｜Assistant｜>", add_special_tokens=False).input_ids == [user, 3, assistant])
+
+    for module in (gguf_convert, gguf_tokenizer):  # converted as before
+        monkeypatch.setattr(module, "mend_special_tokens", lambda *_: False)
+    folder = folders.convert_gguf_cached(path)
+    assert not whole(folder)
+    monkeypatch.undo()
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
+    (folder / folders.MENDED).unlink()
+    assert folders.convert_gguf_cached(path) == folder and whole(folder)
+    out = tmp_path / "out"
+    out.mkdir()
+    gguf_convert.write_hf_folder(path, out)
+    assert whole(out)

@@ -24,7 +24,7 @@ from .config import GENERATION_CONFIG, ModelLoadError
 
 log = logging.getLogger(__name__)
 READY = ".triforce-ready"  # written last: a folder without it is an interrupted conversion
-MENDED = ".triforce-mended-3"  # a converted GGUF's folder given what earlier conversions left out (once)
+MENDED = ".triforce-mended-4"  # a converted GGUF's folder given what earlier conversions left out (once)
 
 
 def triforce_home() -> Path:
@@ -112,10 +112,12 @@ def mended_once(folder: Path, mend: Callable[[], bool]) -> Path:
 
 def _mend_from_gguf(gguf: Path, folder: Path) -> bool:
     """What conversions before these carried wrongly, taken from the GGUF: its RoPE scaling (the positions
-    ran unscaled), its pre-tokenizer. Whether both were looked at."""
+    ran unscaled), its pre-tokenizer, its control tokens outside the byte alphabet. Whether all were looked
+    at."""
     from gguf import GGUFReader
 
     from .gguf_convert import field_value, mend_rope_scaling
+    from .gguf_tokenizer import gguf_tokens, mend_special_tokens
 
     try:
         reader = GGUFReader(gguf)
@@ -126,13 +128,20 @@ def _mend_from_gguf(gguf: Path, folder: Path) -> bool:
         # carried (ModelLoadError): it runs as it did
         log.warning("cannot add %s's RoPE scaling to %s (%s)", gguf.name, folder, exc)
         return False
+    try:
+        if field_value(reader, "tokenizer.ggml.model") == "gpt2" and mend_special_tokens(folder, *gguf_tokens(reader)):
+            log.warning("%s: its tokenizer now matches the control tokens of %s written outside the byte alphabet "
+                        "whole (converted before they were kept)", folder, gguf.name)
+    except (OSError, ValueError) as exc:  # another user's folder in a shared home: it runs as it did
+        log.warning("cannot mend %s's tokenizer (%s)", folder, exc)
+        return False
     return mend_tokenizer(folder, lambda: field_value(reader, "tokenizer.ggml.pre"))
 
 
 def mend_tokenizer(folder: Path, pre: Callable[[], str | None]) -> bool:
     """Gives a folder converted before conversions set it the pre-tokenizer of its GGUF (`pre()`, its name
-    there; gguf_convert.mend_pre_tokenizer); whether it could look."""
-    from .gguf_convert import mend_pre_tokenizer
+    there; gguf_tokenizer.mend_pre_tokenizer); whether it could look."""
+    from .gguf_tokenizer import mend_pre_tokenizer
 
     try:
         if mend_pre_tokenizer(folder, pre()):

@@ -7,7 +7,7 @@ model from the whole dequantized checkpoint, both in memory (with the loader's c
 Qwen2.5-Coder-1.5B, 7.1 GB in float32, peaked at 17.8 GB; now 4.7: docs/qwen.md).
 The config and the tokenizer still come from transformers, which reads them from the GGUF's metadata,
 except what its reader leaves out or gets otherwise than llama.cpp: the RoPE scaling (rope_scaling, a
-Llama 3.x's rope_freqs: llama3_scaling) and a digits-first pre-tokenizer (mend_pre_tokenizer); the ids
+Llama 3.x's rope_freqs: llama3_scaling) and parts of the tokenizer (gguf_tokenizer.py); the ids
 that end generation are llama.cpp's for the same file (write_generation_config).
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from ..files import write_whole
 from .config import GENERATION_CONFIG, ModelLoadError, id_list
+from .gguf_tokenizer import CHECKED_PRE, gguf_tokens, mend_pre_tokenizer, mend_special_tokens
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,6 @@ END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|cal
 _DERIVED = ("rope_freqs",)  # llama.cpp's llama3 RoPE factors: not a weight (read as the config's: llama3_scaling)
 # Llama 3.1's llama3 RoPE scaling, whose per-frequency divisors llama.cpp keeps as rope_freqs (3.2 and 3.3 too)
 LLAMA3_BANDS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-
-# GGUF pre-tokenizer names whose text llama.cpp splits into single digits before GPT-2's pattern (its
-# llama-vocab.cpp groups them); transformers' GGUF reader knows none of them and splits by GPT-2's alone
-DIGITS_FIRST = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"})
-# The byte-level pre-tokenizers a converted tokenizer is known to split as llama.cpp does: DIGITS_FIRST's
-# (mended here), GPT-2's own, and those transformers' GGUF reader sets (Llama 3's, Qwen2's, Mistral's tekken)
-CHECKED_PRE = DIGITS_FIRST | {"gpt2", "default", "llama-bpe", "qwen2", "tekken"}
 
 Tensors = list[tuple[str, int, Callable[[], torch.Tensor]]]  # (name, bytes, the tensor when wanted)
 
@@ -221,28 +215,6 @@ def mend_rope_scaling(reader, folder: Path) -> bool:
     return mended is not config
 
 
-def mend_pre_tokenizer(folder: Path, pre: str | None) -> bool:
-    """Gives `folder`'s tokenizer the pre-tokenizer of GGUF pre-tokenizer name `pre` where transformers' GGUF
-    reader leaves the wrong one (DIGITS_FIRST: digits alone, then GPT-2's pattern, as llama.cpp and Hugging
-    Face's own SmolLM2 tokenizer split; GPT-2's alone made "x =  1" x, =, one space, one space and 1, not
-    x, =, two spaces, 1); whether it changed the file."""
-    from tokenizers import Regex, Tokenizer, pre_tokenizers
-
-    path = folder / "tokenizer.json"
-    if pre not in DIGITS_FIRST or not path.is_file():
-        return False
-    wanted = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
-                                      pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True,
-                                                               use_regex=True)])
-    tokenizer = Tokenizer.from_file(str(path))
-    if tokenizer.pre_tokenizer is not None and \
-            json.loads(tokenizer.pre_tokenizer.__getstate__()) == json.loads(wanted.__getstate__()):
-        return False
-    tokenizer.pre_tokenizer = wanted
-    write_whole(path, tokenizer.to_str())
-    return True
-
-
 @contextmanager
 def alone(gguf: Path) -> Iterator[Path]:
     """`gguf` as a link in a folder of its own, where no other file is read as its config or tokenizer (a
@@ -287,6 +259,8 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
         raise ModelLoadError(f"{gguf}: cannot convert as a Llama-family GGUF into {folder} ({exc})") from exc
     pre = field_value(reader, "tokenizer.ggml.pre")
     mend_pre_tokenizer(folder, pre)
+    if field_value(reader, "tokenizer.ggml.model") == "gpt2":
+        mend_special_tokens(folder, *gguf_tokens(reader))
     if field_value(reader, "tokenizer.ggml.model") == "gpt2" and pre not in CHECKED_PRE:
         log.warning("%s: pre-tokenizer %s is not one triforce knows the converted tokenizer to split as llama.cpp "
                     "does (numbers, spaces and newlines may become other tokens); prefer the model's Hugging "
