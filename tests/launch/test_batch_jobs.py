@@ -454,8 +454,10 @@ def test_torchruns_ranks_each_take_the_gpu_of_their_local_rank(monkeypatch):
     assert [rank_device(d, env) for d in (None, "cuda", "cpu", "cuda:1")] == ["cuda:2", "cuda:2", "cpu", "cuda:1"]
     assert current == [2, 2]
     assert rank_device(None, {"RANK": "0", "WORLD_SIZE": "1"}) is None  # no torchrun
-    with pytest.raises(UserError, match="LOCAL_RANK 5: this process sees 4 CUDA GPU"):
+    with pytest.raises(UserError, match="LOCAL_RANK 5: this process sees 4 CUDA GPUs"):
         rank_device(None, {**env, "LOCAL_RANK": "5"})
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # each process given its own GPU (srun)
+    assert rank_device(None, env) is None and current == [2, 2]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert rank_device(None, env) is None
 
@@ -576,6 +578,13 @@ def test_retry_failed_runs_this_shards_failed_requests_again_once_the_checks_pas
     inp.write_text("\n".join(lines) + "\n")
     assert run(target, inp, out, "--shard", "0/2", "--retry-failed") == 0
     assert results(out)["r4"]["response"]["status_code"] == 200 and len(out.read_text().splitlines()) == 5
+    lines.append("{not json")  # shard 1's failed line, then removed from the input: its result is removed
+    inp.write_text("\n".join(lines) + "\n")  # too, also by a run with no line left to run
+    assert run(target, inp, out, "--shard", "1/2") == 0 and "line-6" in results(out)
+    inp.write_text("\n".join(lines[:5]) + "\n")
+    assert run(target, inp, out, "--shard", "0/2", "--retry-failed") == 0
+    assert "nothing to answer" in capsys.readouterr().err
+    assert "line-6" not in results(out) and len(out.read_text().splitlines()) == 5
 
 
 def test_a_request_that_fails_on_a_bug_gets_a_500_and_the_job_goes_on(tiny_dir, tmp_path, monkeypatch, capsys):

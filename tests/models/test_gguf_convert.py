@@ -338,10 +338,16 @@ def test_control_tokens_outside_the_byte_alphabet_stay_whole_as_llama_cpp_matche
         monkeypatch.setattr(module, "mend_special_tokens", lambda *_: False)
     folder = folders.convert_gguf_cached(path)
     assert not whole(folder)
+    assert max(json.loads((folder / "generation_config.json").read_text())["eos_token_id"]) >= VOCAB
     monkeypatch.undo()
     monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path / "home"))
     (folder / folders.MENDED).unlink()
     assert folders.convert_gguf_cached(path) == folder and whole(folder)
+    assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == [end]  # (an id past
+    # the vocabulary, which the text named, gone)
+    saved = (folder / "tokenizer.json").read_text()
+    assert not gguf_tokenizer.mend_special_tokens(folder, tokens, [])  # a GGUF without token types: as it is
+    assert (folder / "tokenizer.json").read_text() == saved
     out = tmp_path / "out"
     out.mkdir()
     gguf_convert.write_hf_folder(path, out)

@@ -84,7 +84,7 @@ class ControlChannel:
         import zmq
 
         self.endpoint, self.timeout_s, self.link, self.max_bytes = endpoint, timeout_s, link, max_bytes
-        self.sock = zmq_socket(zmq.REQ, endpoint)
+        self.sock = zmq_socket(zmq.REQ)
         self.sock.connect(endpoint)
         self.messages = self.bytes = self.bulk_bytes = 0
         self.wait_s = 0.0
@@ -139,8 +139,12 @@ class ControlChannel:
                 if not isinstance(bulk, list):
                     raise ProtocolError(f"a {kind!r} reply lacks its bulk description")
                 descriptions = [parse_description(d) for d in bulk]
-        except ProtocolError as exc:
-            raise WorkerError(f"unreadable reply from the worker group: {exc}") from exc
+        except BaseException as exc:
+            if kind in BULK_REPLIES:  # the leader may be sending its tensors, and answers nothing meanwhile
+                self.broken = True
+            if isinstance(exc, ProtocolError):
+                raise WorkerError(f"unreadable reply from the worker group: {exc}") from exc
+            raise
         if not reply_body.get("ok"):
             if reply_body.get("ended"):
                 self.broken = True

@@ -175,7 +175,11 @@ def _input_text(path: str) -> str:
 def _precheck(args) -> int | None:
     """batch_plan before a worker group starts: 0 (the command's exit status) where there is nothing to answer."""
     plan = batch_plan(args)
-    return 0 if plan is not None and _nothing_to_answer(*plan[:4]) else None
+    if plan is None or not _nothing_to_answer(*plan[:4]):
+        return None
+    if plan[5]:  # failed results to remove, and no line to run (rank 0 removes them otherwise)
+        drop_results(plan[1], plan[5])
+    return 0
 
 
 def _nothing_to_answer(lines: list[str], output: Path, mine: list, finished: dict) -> bool:
@@ -192,10 +196,10 @@ def _nothing_to_answer(lines: list[str], output: Path, mine: list, finished: dic
 
 def _batch(args) -> int:
     lines, output, mine, finished, model, retried = batch_plan(args)
+    if retried:  # (also where no line is left to run: the result of a line since removed)
+        drop_results(output, retried)
     if _nothing_to_answer(lines, output, mine, finished):
         return 0
-    if retried:
-        drop_results(output, retried)
     if getattr(args, "worker_channel", None) is None and by_rank(args.shard):  # torchrun's ranks, each a shard
         args.device = rank_device(args.device)
     llm = llm_from_args(args)

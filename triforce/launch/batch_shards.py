@@ -33,7 +33,8 @@ def by_rank(spec: str | None, env=os.environ) -> bool:
 def rank_device(device: str | None, env=os.environ) -> str | None:
     """The device of one of torchrun's ranks, each answering its shard on a node's GPUs: the GPU of its
     LOCAL_RANK where `device` is CUDA's default (unset, or "cuda"; every rank loaded the model onto GPU 0),
-    made this process's current GPU; `device` as given otherwise (cpu, a GPU named, no GPU here)."""
+    made this process's current GPU; `device` as given otherwise (cpu, a GPU named, no GPU here, or only
+    one: this process's own)."""
     import torch
 
     if device not in (None, "", "cuda") or "LOCAL_RANK" not in env or not torch.cuda.is_available():
@@ -42,9 +43,12 @@ def rank_device(device: str | None, env=os.environ) -> str | None:
         local = int(env["LOCAL_RANK"])
     except ValueError:
         raise UserError(f"LOCAL_RANK must be a number (got {env['LOCAL_RANK']!r})") from None
-    if not 0 <= local < torch.cuda.device_count():
-        raise UserError(f"LOCAL_RANK {local}: this process sees {torch.cuda.device_count()} CUDA GPU(s); run as "
-                        "many processes per node as it has GPUs, or name one with --device")
+    count = torch.cuda.device_count()
+    if count == 1:  # a launcher that gives each process its own GPU (srun --gpus-per-task=1): that one
+        return device
+    if not 0 <= local < count:
+        raise UserError(f"LOCAL_RANK {local}: this process sees {count} CUDA GPUs; run as many processes per "
+                        "node as it has GPUs, or name one with --device")
     torch.cuda.set_device(local)
     return f"cuda:{local}"
 

@@ -116,7 +116,7 @@ def _mend_from_gguf(gguf: Path, folder: Path) -> bool:
     at."""
     from gguf import GGUFReader
 
-    from .gguf_convert import field_value, mend_rope_scaling
+    from .gguf_convert import field_value, mend_rope_scaling, write_generation_config
     from .gguf_tokenizer import gguf_tokens, mend_special_tokens
 
     try:
@@ -130,6 +130,7 @@ def _mend_from_gguf(gguf: Path, folder: Path) -> bool:
         return False
     try:
         if field_value(reader, "tokenizer.ggml.model") == "gpt2" and mend_special_tokens(folder, *gguf_tokens(reader)):
+            write_generation_config(folder)  # (the end of sequence's id, named by its text, moved)
             log.warning("%s: its tokenizer now matches the control tokens of %s written outside the byte alphabet "
                         "whole (converted before they were kept)", folder, gguf.name)
     except (OSError, ValueError) as exc:  # another user's folder in a shared home: it runs as it did

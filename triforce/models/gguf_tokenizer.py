@@ -61,7 +61,7 @@ def mend_special_tokens(folder: Path, tokens: list[str], types: list[int]) -> bo
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     path = folder / "tokenizer.json"
-    if not path.is_file():
+    if not tokens or len(tokens) != len(types) or not path.is_file():  # (types are optional in a GGUF)
         return False
     data = json.loads(path.read_text(encoding="utf-8"))
     vocab = data.get("model", {}).get("vocab")

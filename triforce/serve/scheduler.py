@@ -114,6 +114,14 @@ class Scheduler:
             self._count("aborted")
         self.waiting = kept
 
+    def _take_everyone(self) -> list[Ticket]:
+        """Every request, the queue and the batch emptied; those waiting whose clients went away counted."""
+        with self._lock:
+            self._drop_cancelled()
+            everyone = list(self.waiting) + list(self.running.values())
+            self.waiting, self.running = deque(), {}
+        return everyone
+
     def _check_running(self) -> None:
         """ApiError 503 where the scheduler has stopped or is draining: no request queued now would run."""
         if not self.alive:
@@ -146,11 +154,9 @@ class Scheduler:
             timer.start()
         with self._lock:
             self._draining = True
+            self._drop_cancelled()
             waiting, self.waiting = list(self.waiting), deque()
         for ticket in waiting:
-            if ticket.cancelled:  # its client went away before
-                self._count("aborted")
-                continue
             ticket.cancel()
             self._count("failed")  # (/metrics missed them)
             ticket.tell("error", ApiError(503, "the server is shutting down", "server_error"))
@@ -177,9 +183,7 @@ class Scheduler:
         self._wake.set()
         self._thread.join(timeout=10)
         if not self._thread.is_alive() and self.fatal is None:
-            with self._lock:
-                left = list(self.waiting) + list(self.running.values())
-                self.waiting, self.running = deque(), {}
+            left = self._take_everyone()
             for seq in list(self._batch.active):
                 try:
                     seq.run.close()
@@ -326,9 +330,7 @@ class Scheduler:
         The others fail, /health says 503, and `on_fatal` ends the server, so that torchrun ends the group
         (a server that stayed up failed every request)."""
         self.fatal = exc
-        with self._lock:
-            ended = list(self.waiting) + list(self.running.values())
-            self.waiting, self.running = deque(), {}
+        ended = self._take_everyone()
         for seq in list(self._batch.active):  # their runs' prefix claims and batchmates go
             try:
                 seq.run.close()

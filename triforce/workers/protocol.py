@@ -66,15 +66,15 @@ def tcp_endpoint(host: str, port: int) -> str:
     return f"tcp://[{host.strip('[]')}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
-def zmq_socket(kind: int, endpoint: str):
-    """A ZeroMQ socket of `kind` for `endpoint`, IPv6 on where it names an IPv6 address (ZeroMQ takes IPv4
-    alone unless told), closed at once (no linger)."""
+def zmq_socket(kind: int):
+    """A ZeroMQ socket of `kind`, closed at once (no linger), on IPv6 and IPv4 alike (ZeroMQ takes IPv4 alone
+    unless told: an IPv6 address, or a name only IPv6 reaches, never connected; without IPv6 here it falls
+    back to IPv4)."""
     import zmq
 
     sock = zmq.Context.instance().socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    if endpoint.startswith("tcp://["):
-        sock.setsockopt(zmq.IPV6, 1)
+    sock.setsockopt(zmq.IPV6, 1)
     return sock
 
 
