@@ -169,7 +169,7 @@ def test_generate_flags(capsys, models):
         out = json.loads(capsys.readouterr().out)
         assert out["finish_reason"] == "stop" and set(json.loads(out["text"])) == {"id", "ok"}
     assert main([*map(str, args), "--regex", "[0-9"]) == 2
-    assert capsys.readouterr().err.startswith("triforce: error: structured_outputs regex")
+    assert capsys.readouterr().err.startswith("triforce: error: --regex: ")  # named by its flag
     # rules that contradict each other after a streamed token: the error on a line of its own
     a, b = (target_tokenizer_id(target, c) for c in "ab")
     streamed = [str(arg) for arg in args if arg != "--json"]

@@ -17,8 +17,8 @@ MAX_N = 4096  # outputs of one prompt (SamplingParams.n): more is a mistake, not
 
 def _token_id(token) -> int:
     """A token id: an integer, or its decimal string (logit_bias's JSON keys); ValueError otherwise."""
-    if isinstance(token, int) and not isinstance(token, bool):
-        return token
+    if is_integer(token):  # (numpy's too: np.where's ids)
+        return int(token)
     if isinstance(token, str) and token.strip().lstrip("-").isdigit():
         return int(token)
     raise ValueError(f"not a token id: {shown(token)}")
@@ -208,6 +208,8 @@ class SamplingParams:
             raise ConfigError("detokenize must be true or false")
         if not self.detokenize and self.stop:
             raise ConfigError("stop strings need detokenize (the text is where they are found)")
+        if is_integer(self.seed) and self.seed == -1:  # vLLM's and llama.cpp's spelling of unseeded (random)
+            object.__setattr__(self, "seed", None)
         last = SEEDS[1] - (self.n - 1)  # output i takes seed + i
         if self.seed is not None and (not is_integer(self.seed) or not SEEDS[0] <= self.seed <= last):
             raise ConfigError(f"seed must be None or an integer from {SEEDS[0]} to {last} (got {shown(self.seed)}"

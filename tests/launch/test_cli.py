@@ -210,6 +210,8 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "a GPU this process lacks": (["--model", target, *base, "--device", "cuda:99"], "device cuda:99"),
         "unknown worker device": (["--model", target, *base, "--workers", 1, "--worker-device", "tpu"],
                                   "--worker-device"),
+        "worker flags without workers": (["--model", target, *base, "--worker-device", "cuda", "--control-port", 9],
+                                         "--control-port, --worker-device set a worker group, and this command runs"),
     }
 
 
@@ -224,7 +226,8 @@ CASES = ["missing folder", "a draft that is a plain file", "corrupt folder", "co
          "rope scaling of an unknown kind", "rope scaling factor 1", "rope scaling factor past 64",
          "rope scaling a scaled model", "workers < 0", "workers that do not split the model",
          "one worker and no model", "worker timeout 0", "worker timeout nan", "control port past 65535",
-         "a schema file that is not there", "unknown device", "a GPU this process lacks", "unknown worker device"]
+         "a schema file that is not there", "unknown device", "a GPU this process lacks", "unknown worker device",
+         "worker flags without workers"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -245,7 +248,8 @@ def test_a_bad_prompt_or_flag_is_said_before_the_model_loads(capsys, tmp_path, m
 
     monkeypatch.setattr(generate_module, "llm_from_args", lambda args: pytest.fail("the model was loaded first"))
     for args, needle in ((["--prompt-file", tmp_path / "none.txt"], "cannot read prompt file"),
-                         (["--prompt", "hi", "--json-schema", tmp_path / "none.json"], "no such file")):
+                         (["--prompt", "hi", "--json-schema", tmp_path / "none.json"], "no such file"),
+                         (["--prompt", "hi", "--grammar", "gramar.gbnf"], "no such file, nor a grammar")):
         code, _, err = run_cli(capsys, "--model", "qwen2.5-coder-1.5b", *args)
         assert code == 2 and needle in err, err
 
@@ -385,6 +389,10 @@ def test_errors_name_the_flags_not_the_api_fields(capsys, target):
     with pytest.raises(ConfigError) as raised, settings_named_by_flags():  # paths, quotes, words and fields
         raise ConfigError("top_k and gamma1 (got 'top_k' in /tmp/max_tokens/x.json; prompt_logprobs; window)")
     assert str(raised.value) == "--top-k and --gamma1 (got 'top_k' in /tmp/max_tokens/x.json; prompt_logprobs; window)"
+    code, _, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--json-schema", "{bad")
+    assert code == 2 and "error: --json-schema must be a JSON schema (an object)" in err, err  # (the field's name)
+    with pytest.raises(ConfigError, match="^--regex: bad"), settings_named_by_flags():
+        raise ConfigError("structured_outputs regex: bad")
 
 
 @pytest.mark.parametrize("workers", [[], ["--workers", "1"]])
@@ -409,6 +417,29 @@ def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(capsys, targe
         assert main(["serve", "--model", str(target), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert err.strip() == f"triforce: error: cannot listen on 127.0.0.1:{port}: Address already in use", err
+    assert main(["serve", "--model", str(target), "--host", ""]) == 2  # an unset $HOST: not every interface
+    assert "--host is empty" in capsys.readouterr().err
+
+
+def test_stop_strings_read_their_escapes_and_seed_minus_one_is_random():
+    """`--stop '\\n'` stops at a newline, as llama.cpp reads it (it stopped at a backslash and an n); `--seed
+    -1`, vLLM's and llama.cpp's spelling of no seed, draws a random one (it was the fixed seed -1)."""
+    import numpy as np
+
+    from triforce import SamplingParams
+    from triforce.launch.generate import sampling_params
+
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--stop", "\\n", "--stop", "a\\\\b",
+                                      "--stop", "é\\t", "--seed", "-1"])
+    params = sampling_params(args)
+    assert params.stop == ("\n", "a\\b", "é\t") and params.seed is None
+    with pytest.raises(SystemExit):  # argparse's one line
+        build_parser().parse_args(["generate", "--prompt", "hi", "--stop", "a\\"])
+    assert SamplingParams(seed=-1, n=2).seed is None and SamplingParams(seed=-2).seed == -2
+    ids = np.where(np.arange(6) % 2 == 0)[0]  # numpy's integers are token ids, as they are a prompt's
+    params = SamplingParams(allowed_token_ids=ids, stop_token_ids=np.array([1]), logit_bias={np.int64(3): 1.0})
+    assert list(params.allowed_token_ids) == [0, 2, 4] and list(params.stop_token_ids) == [1]
+    assert dict(params.logit_bias) == {3: 1.0} and type(dict(params.logit_bias).popitem()[0]) is int
 
 
 def test_serve_refuses_an_empty_api_key_before_the_model_loads(capsys, target, monkeypatch):

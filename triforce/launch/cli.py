@@ -15,9 +15,12 @@ from ..config import ConfigError, EngineConfig
 from ..sampling_params import SamplingParams
 from ..errors import UserError
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
-from .flags import DefaultsShown, RawDefaultsShown, engine_settings, read_chat_template, take_model_tag
+from .flags import (DefaultsShown, RawDefaultsShown, engine_settings, read_chat_template, refuse_worker_flags,
+                    take_model_tag)
 
 
+STRUCTURED_FLAGS = {"json": "--json-schema", "json_object": "--json-object", "regex": "--regex", "choice": "--choice",
+                    "grammar": "--grammar"}
 FIELD_FLAGS = {"max_tokens": "--max-new-tokens", "stop_token_ids": "--stop-token-id", "bad_words": "--bad-word",
                "allowed_token_ids": "--allowed-token-id", "include_stop_str_in_output": "--include-stop-str"}
 
@@ -41,7 +44,9 @@ def settings_named_by_flags():
                  if re.search(r"_|\d", name)}
         flags = {name: flag for name, flag in flags.items() if flag in options}
         pattern = r"(?<![\w/.'\"-])(" + "|".join(sorted(flags, key=len, reverse=True)) + r")(?![\w/.'\"-])"
-        raise ConfigError(re.sub(pattern, lambda m: flags[m.group(1)], str(exc))) from None
+        message = re.sub(r"^structured_outputs (json_object|json|regex|choice|grammar)\b",
+                         lambda m: STRUCTURED_FLAGS[m.group(1)], str(exc))  # (its kinds' flags)
+        raise ConfigError(re.sub(pattern, lambda m: flags[m.group(1)], message)) from None
 
 
 def llm_from_args(args):
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             ended = args.precheck(args) if getattr(args, "precheck", None) is not None else None
             code = ended if isinstance(ended, int) else launch_with_torchrun(args)
         else:
+            refuse_worker_flags(args)
             code = args.func(args)
         sys.stdout.flush()  # here, where a reader gone is caught below, not at exit
         return code

@@ -75,10 +75,13 @@ def tree_size(value: str) -> int | str:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculation")
-    g.add_argument("--gamma1", type=int, default=_DEFAULTS.gamma1, help="draft proposals per tier-2 check")
+    g.add_argument("--gamma1", type=int, default=_DEFAULTS.gamma1,
+                   help="draft proposals per check: by the retrieval tier (triforce mode), by the target (draft "
+                        "mode); auto's preference")
     g.add_argument("--gamma2", type=int, default=_DEFAULTS.gamma2,
-                   help="tier-2 tokens per target check: the least (it takes every token of tier 2's rounds); "
-                        "in triforce mode with --rounds2 0 only")
+                   help="retrieval tier's tokens per target check: its chain in retrieval mode; the least in "
+                        "triforce mode with --rounds2 0 (it takes every token of the tier's rounds); auto's "
+                        "preference")
     g.add_argument("--rounds2", type=int, default=_DEFAULTS.rounds2, metavar="N",
                    help="triforce mode: the target checks what N tier-2 checks made (every sequence of a batch "
                         "then makes the same forwards, none waiting on a batchmate's extra rounds; 2 ran 1.12x "
@@ -118,6 +121,21 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--window", type=int, default=_DEFAULTS.window, help="draft tier: recent-window tokens")
 
 
+WORKER_DEFAULTS = {"control_host": "127.0.0.1", "control_bind": "127.0.0.1", "control_port": None,
+                   "worker_device": None, "worker_timeout": 30.0}  # the worker group's flags, unset
+
+
+def refuse_worker_flags(args) -> None:
+    """A UserError for worker-group flags given to a command that runs in one process (no --workers), which
+    nothing would read (`--worker-device cuda` was taken for the device, and ignored without a word)."""
+    given = [f"--{name.replace('_', '-')}" for name, unset in WORKER_DEFAULTS.items()
+             if getattr(args, name, unset) != unset]
+    if given and not getattr(args, "workers", 0):
+        raise UserError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} a worker group, and this command "
+                        "runs in one process: add --workers W (or run it under torchrun), or drop "
+                        f"{'it' if len(given) == 1 else 'them'}")
+
+
 def add_distributed_args(p: argparse.ArgumentParser) -> None:
     """For commands that may verify on a worker group (generate, serve, batch): launch/distributed.py."""
     dist = p.add_argument_group("distributed (a coordinator and a tensor-parallel worker group)")
@@ -125,17 +143,17 @@ def add_distributed_args(p: argparse.ArgumentParser) -> None:
                       help="verify on W worker processes started with torchrun (tensor-parallel target: W must "
                            "split its heads and MLP; with CUDA workers this node needs W + 1 GPUs); 0 = in this "
                            "process")
-    dist.add_argument("--control-host", default="127.0.0.1",
+    dist.add_argument("--control-host", default=WORKER_DEFAULTS["control_host"],
                       help="address of the worker group's leader, as the coordinator reaches it; 'auto' asks "
                            "the leader for its host name (multi-node runs)")
-    dist.add_argument("--control-bind", default="127.0.0.1",
+    dist.add_argument("--control-bind", default=WORKER_DEFAULTS["control_bind"],
                       help="address the leader binds (0.0.0.0 or an interface for multi-node runs)")
-    dist.add_argument("--control-port", type=int, default=None,
+    dist.add_argument("--control-port", type=int, default=WORKER_DEFAULTS["control_port"],
                       help=f"the leader's ZeroMQ port (default: with --workers a free one, so that several "
                            f"groups can run on one machine; under torchrun by hand {DEFAULT_CONTROL_PORT})")
-    dist.add_argument("--worker-device", default=None,
+    dist.add_argument("--worker-device", default=WORKER_DEFAULTS["worker_device"],
                       help="device of the workers: cpu, or cuda for cuda:LOCAL_RANK (default: cuda if available)")
-    dist.add_argument("--worker-timeout", type=float, default=30.0,
+    dist.add_argument("--worker-timeout", type=float, default=WORKER_DEFAULTS["worker_timeout"],
                       help="seconds a request may wait for the workers before failing (default %(default)s)")
 
 

@@ -38,8 +38,9 @@ def add_generate_args(gen: argparse.ArgumentParser) -> None:
     samp.add_argument("--min-p", type=float, default=0.0,
                       help="drop tokens less likely than this times the most likely one (0 disables)")
     samp.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible in a fixed --mode (in auto only where the same "
-                      "plans run: they follow measured times)")
-    samp.add_argument("--stop", action="append", default=[], type=utf8_text, help="stop string (repeatable)")
+                      "plans run: they follow measured times); -1, as none, draws a random one")
+    samp.add_argument("--stop", action="append", default=[], type=escaped_text,
+                      help="stop string (repeatable); escapes such as \\n are read as llama.cpp reads them")
     samp.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
     samp.add_argument("--stop-token-id", type=int, action="append", default=[], metavar="ID",
                       help="a token id that ends generation, as end-of-sequence does (repeatable)")
@@ -81,6 +82,15 @@ def utf8_text(value: str) -> str:
     return value
 
 
+def escaped_text(value: str) -> str:
+    """A text flag's value (utf8_text) with its backslash escapes read (\\n a newline, \\\\ a backslash), as
+    llama.cpp reads its stop strings: `--stop '\\n'` stopped nowhere, at a backslash and an n."""
+    try:
+        return utf8_text(value).encode("latin-1", "backslashreplace").decode("unicode_escape")  # any character
+    except UnicodeDecodeError as bad:  # a lone backslash at the end, a cut \x or \u escape
+        raise argparse.ArgumentTypeError(f"a bad escape: {bad.reason} (a backslash is \\\\)") from None
+
+
 def _utf8(value: str, flag: str) -> str:
     """utf8_text for --json-schema and --grammar, checked once they are not a file's name (any bytes)."""
     try:
@@ -91,6 +101,8 @@ def _utf8(value: str, flag: str) -> str:
 
 def generate_command(args) -> int:
     request = checked_request(args)  # a prompt file or a flag that is wrong is said before the model loads
+    if hasattr(sys.stdout, "reconfigure"):  # a character the terminal's encoding lacks (a Latin-1 locale,
+        sys.stdout.reconfigure(errors="replace")  # PYTHONIOENCODING=ascii) as "?", not a traceback mid-text
     return run_generation(args, llm_from_args(args), request)
 
 
@@ -144,7 +156,10 @@ def structured_outputs(args) -> StructuredOutputs | None:
             raise UserError(f"--json-schema {schema}: no such file, nor a JSON schema (an object)")
         return StructuredOutputs(json=schema)
     if args.grammar is not None:
-        return StructuredOutputs(grammar=text_or_file(args.grammar, "--grammar"))
+        grammar = text_or_file(args.grammar, "--grammar")
+        if grammar is args.grammar and not any(mark in grammar for mark in ("::=", ":", "\n")):  # no rule in it
+            raise UserError(f"--grammar {grammar}: no such file, nor a grammar (GBNF's rule ::= ..., or Lark's)")
+        return StructuredOutputs(grammar=grammar)
     if args.json_object or args.regex is not None or args.choice:
         return StructuredOutputs(json_object=args.json_object, regex=args.regex, choice=args.choice)
     return None

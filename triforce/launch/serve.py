@@ -89,6 +89,8 @@ def _serve(args) -> int:
 def _check_address(host: str, port: int) -> None:
     """A one-line error where --host/--port cannot be bound (a port in use was said to be served, then
     uvicorn exited 3); bound as uvicorn binds it, address reuse allowed, and let go at once."""
+    if not host.strip():  # an unset $HOST: every interface, where the user meant one
+        raise UserError("--host is empty: name an address (0.0.0.0 listens on every interface)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
