@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import UserError
+
 
 def written_whole(path: Path, write: Callable[[Path], None]) -> None:
     """Runs `write(partial)` on a partial file of this process's, then renames it over `path`: a reader, or
@@ -55,12 +57,15 @@ def read_standard_input(what: str) -> str:
 def load_cached(path: Path):
     """What `save_whole` wrote to `path` (torch.load, weights only), or None where there is no such file or
     it cannot be read: a host that failed before the file reached the disk can leave it empty or cut (the
-    rename is not synced), and every later run failed on it with a traceback. An unreadable file is said
-    and removed, to be made again."""
+    rename is not synced), and every later run failed on it with a traceback. A damaged file is said and
+    removed, to be made again; one the system cannot read (no permission, an I/O error) is a UserError, and
+    kept (a draft's checkpoint of hours was removed so)."""
     if not path.is_file():
         return None
     try:
         return torch.load(path, weights_only=True)
+    except OSError as exc:
+        raise UserError(f"cannot read {path} ({exc.strerror or exc})") from None
     except Exception as exc:  # (pickle, zip and torch raise many types for a damaged file)
         print(f"triforce: cannot read {path} ({type(exc).__name__}: {exc}); it is made again", file=sys.stderr)
         path.unlink(missing_ok=True)

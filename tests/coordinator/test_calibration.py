@@ -165,9 +165,12 @@ def test_no_home_is_one_line_for_models_and_memory_only_for_calibrations(monkeyp
     assert "calibration kept in memory only" in caplog.text
 
 
-def test_a_damaged_cached_file_is_made_again_not_a_traceback(tmp_path, capsys):
+def test_a_damaged_cached_file_is_made_again_not_a_traceback(tmp_path, capsys, monkeypatch):
     """train-draft's checkpoints and cached data are renamed into place unsynced: after a host failed, one
     can be empty or cut, and every rerun failed on it with a traceback."""
+    import torch
+
+    from triforce.errors import UserError
     from triforce.files import load_cached, save_whole
 
     path = tmp_path / "checkpoint.pt"
@@ -177,3 +180,8 @@ def test_a_damaged_cached_file_is_made_again_not_a_traceback(tmp_path, capsys):
     assert load_cached(path) is None and not path.exists()
     err = capsys.readouterr().err
     assert f"cannot read {path}" in err and "it is made again" in err
+    save_whole(path, {"step": 4})  # one the system cannot read (an I/O error): said, and kept (hours of a
+    monkeypatch.setattr(torch, "load", lambda *a, **k: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    with pytest.raises(UserError, match="Input/output error"):  # draft's training were removed so)
+        load_cached(path)
+    assert path.exists()

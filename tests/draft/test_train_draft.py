@@ -52,6 +52,37 @@ def test_training_lowers_the_loss(tiny_dir, tmp_path):
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
 
 
+def test_a_step_whose_loss_is_not_finite_ends_training_and_a_nan_draft_is_not_exported(tiny_dir, tmp_path):
+    """One NaN step made every weight NaN (AdamW), and every checkpoint after it, and the export replaced
+    the good draft in --out: training ends there, the checkpoint before it kept, and no NaN draft is
+    written over a folder."""
+    from triforce.draft.train import export
+    from triforce.errors import UserError
+
+    target = load_model(tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25))
+    sequences = torch.randint(3, 96, (12, 32), generator=torch.Generator().manual_seed(0))
+    top = torch.log_softmax(torch.stack([target(row, _cache(target, 32)) for row in sequences]), -1).topk(8, -1)
+    settings = TrainSettings(steps=12, batch_size=4, seq_len=32, lr=1e-2, warmup=1, checkpoint_every=1)
+    values = top.values.half()
+    order = sample_order(torch.ones(12, dtype=torch.long), 48, settings.seed).tolist()
+    values[next(i for i in order[8:12] if i not in order[:8])] = float("nan")  # in step 3's batch, not before
+    model = init_draft(DraftShape(layers=1, hidden=32, intermediate=64, heads=2, kv_heads=1, vocab=96), target,
+                       None, seed=0)
+    with pytest.raises(UserError, match=r"not finite at step 3 .* keeps step 2"):
+        train(model, sequences, top.indices.int(), values, torch.arange(96), 96, settings, tmp_path, "key")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    saved = torch.load(tmp_path / "checkpoint-key.pt")
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+    out = tmp_path / "draft"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")
+    with pytest.raises(UserError, match="not all finite"):
+        export(model, out, None, 96, {})
+    assert (out / "config.json").read_text() == "{}"
+
+
 def _cache(model, n):
     from triforce.cache.full import FullKVCache
 

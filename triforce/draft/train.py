@@ -156,7 +156,11 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
         loss = distillation_loss(logits, to_draft[label_ids[batch].long()], label_logp[batch], kept)
         optim.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not (torch.isfinite(loss) and torch.isfinite(norm)):  # one such step turned every weight into NaN,
+            # and every checkpoint after it: the run trained on, and its export replaced a good draft
+            raise UserError(f"train-draft: the loss (or its gradient) is not finite at step {step + 1} "
+                            f"({loss.item()}): lower --lr; {ckpt_path.name} keeps step {_saved(start, step, settings)}")
         optim.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
@@ -168,8 +172,16 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
     return losses
 
 
+def _saved(start: int, step: int, settings: TrainSettings) -> int:
+    """The step the checkpoint holds when step `step` (from 0) of a run resumed at `start` fails."""
+    return max(start, step // settings.checkpoint_every * settings.checkpoint_every)
+
+
 def export(model, out: Path, kept: torch.Tensor | None, target_vocab: int, metadata: dict) -> None:
-    """Writes the draft as a bfloat16 Hugging Face folder (+ triforce_draft.json)."""
+    """Writes the draft as a bfloat16 Hugging Face folder (+ triforce_draft.json); a model whose weights are
+    not all finite (a checkpoint an older run trained into NaN) is refused before `out` is replaced."""
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        raise UserError(f"train-draft: the trained draft's weights are not all finite; {out} is left as it was")
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)

@@ -265,6 +265,8 @@ def _train_draft(args) -> int:
                              seed=args.seed, checkpoint_every=args.checkpoint_every)
     target_key = _target_key(llm.model_path, tokenizer)
     train_sources, genres = _data(args, llm, work, target_key)
+    # a source at --repeat 0 is left out of the labels, the kept tokens and the record too
+    train_sources = {name: seqs for name, seqs in train_sources.items() if repeat.get(name, 1)}
     sequences, label_ids, label_logp = sources.labelled(target, train_sources, work, args.top_k, target_key)
     if args.data_only:
         _log(f"data ready in {work}")
