@@ -116,7 +116,7 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         if self.draft is not None:
             check_draft_window(self.config, self.draft.config)
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
-        if workers is not None and not vllm.prefix_caching:
+        if workers is not None and not vllm.prefix_caching and workers.prefix_bytes:
             raise ConfigError("enable_prefix_caching=False: a worker group keeps the prompt blocks under its own "
                               "bound (--prefix-cache-gb 0 turns it off there)")
         self.prefixes = None  # a worker group holds the target's KV itself

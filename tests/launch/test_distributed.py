@@ -424,3 +424,15 @@ def test_the_launchers_checks_leave_a_piped_input_to_rank_0(tmp_path, monkeypatc
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_no_enable_prefix_caching_gives_the_workers_no_prefix_store():
+    """vLLM's --no-enable-prefix-caching with --workers: each worker keeps no prompt blocks (they kept the
+    default GB, and the coordinator, once every rank had loaded, refused to start)."""
+    from argparse import Namespace
+
+    from triforce.launch.distributed import _prefix_bytes
+
+    assert _prefix_bytes(Namespace(enable_prefix_caching=False, prefix_cache_gb=1.0)) == 0
+    assert _prefix_bytes(Namespace(enable_prefix_caching=None, prefix_cache_gb=0.5)) == 2**29
+    assert _prefix_bytes(Namespace(prefix_cache_gb=2.0)) == 2**31  # (generate: no such flag)

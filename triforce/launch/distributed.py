@@ -228,13 +228,21 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     try:
         run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, PREFILL_CHUNK,
                    heartbeat_s=timeouts.heartbeat_s, coordinator_timeout_s=timeouts.link_s,
-                   rope_scaling=args.rope_scaling, prefix_bytes=int(getattr(args, "prefix_cache_gb", 0) * 2**30))
+                   rope_scaling=args.rope_scaling, prefix_bytes=_prefix_bytes(args))
     except CoordinatorLost:
         return 1  # the leader has logged why; every rank of the group exits alike
     except UserError as exc:
         print(f"triforce: error (worker {rank}): {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _prefix_bytes(args) -> int:
+    """The bound of each worker's prefix store: --prefix-cache-gb, 0 under --no-enable-prefix-caching (vLLM's
+    way to keep no prompts; the group kept its default GB, and the coordinator then refused to start)."""
+    if getattr(args, "enable_prefix_caching", None) is False:
+        return 0
+    return int(getattr(args, "prefix_cache_gb", 0) * 2**30)
 
 
 def _coordinate(args, world, groups: PipelineGroups) -> int:
