@@ -384,3 +384,17 @@ def test_cuda_float32_checks_take_plain_matmuls_and_match_the_reference(n, monke
     attention(big, k.cuda(), v.cuda(), 0.125)
     assert not calls and not attention_module.takes_matmul(q, 3 * n, 3000, 3)  # 300 rows: SDPA; CPU: never
     assert not attention_module.takes_matmul(q.cuda(), 3, attention_module.MATMUL_MAX_SCORES // 9 + 1, 3)
+
+
+def test_the_causal_mask_is_kept_between_layers_on_a_cpu_only():
+    """Every layer of a forward takes the same [g*n, S] causal mask: kept on a CPU (building it per layer
+    cost an 8K prefill 0.9 s), built per layer on other devices (two kept on a GPU held up to a GB after a
+    long prompt, which memory admission counted as used); `meta` stands for a GPU."""
+    from triforce.kernels.attention import _kept_tail_mask, causal_tail_mask, grouped_tail_mask
+
+    _kept_tail_mask.cache_clear()
+    cpu = grouped_tail_mask(3, 7, 2, torch.device("cpu"))
+    assert grouped_tail_mask(3, 7, 2, torch.device("cpu")) is cpu
+    assert torch.equal(cpu, causal_tail_mask(3, 7, torch.device("cpu")).repeat(2, 1))
+    assert grouped_tail_mask(3, 7, 2, torch.device("meta")).shape == (6, 7)
+    assert _kept_tail_mask.cache_info().currsize == 1

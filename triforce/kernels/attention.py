@@ -95,10 +95,19 @@ def visible_keys(n: int, s: int, mask: torch.Tensor | None, device) -> torch.Ten
     return visible
 
 
-@functools.lru_cache(maxsize=2)
-def _grouped_tail_mask(n: int, s: int, g: int, device) -> torch.Tensor:
+def grouped_tail_mask(n: int, s: int, g: int, device: torch.device) -> torch.Tensor:
     """causal_tail_mask repeated for the g query heads of a KV head: [g*n, s]. Every layer of a forward
-    asks for the same one, so it is built once per forward (an 8K prefill built it 480 times: 0.9 s)."""
+    asks for the same one: on a CPU it is built once per forward (an 8K prefill built it 480 times: 0.9 s);
+    on a GPU, where filling it is cheap, per layer: two kept there (a 512-token chunk of a 128K prompt's,
+    512 MB each for a model of 4 query heads a KV head) stayed allocated after the request, and memory
+    admission counted them as used."""
+    if device.type == "cpu":
+        return _kept_tail_mask(n, s, g, device)
+    return causal_tail_mask(n, s, device).repeat(g, 1)
+
+
+@functools.lru_cache(maxsize=2)
+def _kept_tail_mask(n: int, s: int, g: int, device) -> torch.Tensor:
     return causal_tail_mask(n, s, device).repeat(g, 1)
 
 
@@ -135,7 +144,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     if mask is not None:
         attn_mask = visible_keys(n, s, mask, q.device).repeat(g, 1)
     else:
-        attn_mask = None if n == 1 else _grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
+        attn_mask = None if n == 1 else grouped_tail_mask(n, s, g, q.device)  # [g*n, S], never written to
     if takes_matmul(q, g * n, s, hkv):
         out = _matmul_attention(qg, k, v, scale, attn_mask)
     else:  # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path
