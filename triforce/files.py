@@ -1,6 +1,7 @@
 """Files written whole or not at all; users' text files read alike."""
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -9,6 +10,8 @@ from pathlib import Path
 import torch
 
 from .errors import UserError
+
+UNREADABLE = frozenset({errno.EIO, errno.ENXIO, errno.ESTALE})  # a system that cannot read a file, not damage
 
 
 def written_whole(path: Path, write: Callable[[Path], None]) -> None:
@@ -58,18 +61,21 @@ def load_cached(path: Path):
     """What `save_whole` wrote to `path` (torch.load, weights only), or None where there is no such file or
     it cannot be read: a host that failed before the file reached the disk can leave it empty or cut (the
     rename is not synced), and every later run failed on it with a traceback. A damaged file is said and
-    removed, to be made again; one the system cannot read (no permission, an I/O error) is a UserError, and
-    kept (a draft's checkpoint of hours was removed so)."""
+    removed, to be made again; one the system cannot read (no permission, an I/O error, a stale network
+    handle) is a UserError, and kept (a draft's checkpoint of hours was removed so)."""
     if not path.is_file():
         return None
     try:
         return torch.load(path, weights_only=True)
     except OSError as exc:
-        raise UserError(f"cannot read {path} ({exc.strerror or exc})") from None
+        if isinstance(exc, PermissionError) or exc.errno in UNREADABLE:
+            raise UserError(f"cannot read {path} ({exc.strerror or exc})") from None
+        damaged = exc  # torch's reader says EINVAL of a file cut short or ending in zeros
     except Exception as exc:  # (pickle, zip and torch raise many types for a damaged file)
-        print(f"triforce: cannot read {path} ({type(exc).__name__}: {exc}); it is made again", file=sys.stderr)
-        path.unlink(missing_ok=True)
-        return None
+        damaged = exc
+    print(f"triforce: cannot read {path} ({type(damaged).__name__}: {damaged}); it is made again", file=sys.stderr)
+    path.unlink(missing_ok=True)
+    return None
 
 
 def save_whole(path: Path, obj) -> None:

@@ -283,8 +283,10 @@ class SamplingParams:
     def choices(self) -> list[SamplingParams]:
         """The n requests of one prompt: each with n = 1, output i with seed + i when seeded (so that output 0
         is what n = 1 gives), unseeded otherwise."""
-        return [replace(self, n=1, best_of=None, seed=None if self.seed is None else self.seed + i)
-                for i in range(self.n)]
+        out = [replace(self, n=1, best_of=None, seed=None) for _ in range(self.n)]
+        for i, one in enumerate(out if self.seed is not None else ()):  # (set past the check: a seed + i of -1
+            object.__setattr__(one, "seed", self.seed + i)  # is a seed here, not -1's unseeded)
+        return out
 
     @property
     def greedy(self) -> bool:

@@ -180,6 +180,9 @@ def test_a_damaged_cached_file_is_made_again_not_a_traceback(tmp_path, capsys, m
     assert load_cached(path) is None and not path.exists()
     err = capsys.readouterr().err
     assert f"cannot read {path}" in err and "it is made again" in err
+    save_whole(path, {"step": 4})
+    path.write_bytes(path.read_bytes() + b"\0" * 4096)  # ending in zeros: torch's reader says EINVAL, damage
+    assert load_cached(path) is None and not path.exists()
     save_whole(path, {"step": 4})  # one the system cannot read (an I/O error): said, and kept (hours of a
     monkeypatch.setattr(torch, "load", lambda *a, **k: (_ for _ in ()).throw(OSError(5, "Input/output error")))
     with pytest.raises(UserError, match="Input/output error"):  # draft's training were removed so)

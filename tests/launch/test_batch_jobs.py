@@ -457,7 +457,9 @@ def test_torchruns_ranks_each_take_the_gpu_of_their_local_rank(monkeypatch):
     with pytest.raises(UserError, match="LOCAL_RANK 5: this process sees 4 CUDA GPUs"):
         rank_device(None, {**env, "LOCAL_RANK": "5"})
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # each process given its own GPU (srun)
-    assert rank_device(None, env) is None and current == [2, 2]
+    assert rank_device(None, {**env, "CUDA_VISIBLE_DEVICES": "3"}) is None and current == [2, 2]
+    with pytest.raises(UserError, match="sees 1 CUDA GPUs"):  # four ranks on a node of one GPU: all on it
+        rank_device(None, {**env, "LOCAL_WORLD_SIZE": "4"})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert rank_device(None, env) is None
 

@@ -430,12 +430,11 @@ def test_stop_strings_read_their_escapes_and_seed_minus_one_is_random():
     from triforce.launch.generate import sampling_params
 
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--stop", "\\n", "--stop", "a\\\\b",
-                                      "--stop", "é\\t", "--seed", "-1"])
-    params = sampling_params(args)
-    assert params.stop == ("\n", "a\\b", "é\t") and params.seed is None
-    with pytest.raises(SystemExit):  # argparse's one line
-        build_parser().parse_args(["generate", "--prompt", "hi", "--stop", "a\\"])
+                                      "--stop", "é\\t", "--stop", "\\begin{x}\\", "--seed", "-1"])
+    params = sampling_params(args)  # (llama.cpp's escapes alone: any other backslash as written)
+    assert params.stop == ("\n", "a\\b", "é\t", "\\begin{x}\\") and params.seed is None
     assert SamplingParams(seed=-1, n=2).seed is None and SamplingParams(seed=-2).seed == -2
+    assert [c.seed for c in SamplingParams(seed=-2, n=3).choices()] == [-2, -1, 0]  # seed + i, -1 too
     ids = np.where(np.arange(6) % 2 == 0)[0]  # numpy's integers are token ids, as they are a prompt's
     params = SamplingParams(allowed_token_ids=ids, stop_token_ids=np.array([1]), logit_bias={np.int64(3): 1.0})
     assert list(params.allowed_token_ids) == [0, 2, 4] and list(params.stop_token_ids) == [1]

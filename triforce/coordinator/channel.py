@@ -84,7 +84,7 @@ class ControlChannel:
         import zmq
 
         self.endpoint, self.timeout_s, self.link, self.max_bytes = endpoint, timeout_s, link, max_bytes
-        self.sock = zmq_socket(zmq.REQ)
+        self.sock = zmq_socket(zmq.REQ, endpoint)
         self.sock.connect(endpoint)
         self.messages = self.bytes = self.bulk_bytes = 0
         self.wait_s = 0.0

@@ -33,8 +33,8 @@ def by_rank(spec: str | None, env=os.environ) -> bool:
 def rank_device(device: str | None, env=os.environ) -> str | None:
     """The device of one of torchrun's ranks, each answering its shard on a node's GPUs: the GPU of its
     LOCAL_RANK where `device` is CUDA's default (unset, or "cuda"; every rank loaded the model onto GPU 0),
-    made this process's current GPU; `device` as given otherwise (cpu, a GPU named, no GPU here, or only
-    one: this process's own)."""
+    made this process's current GPU; `device` as given otherwise (cpu, a GPU named, no GPU here, or one
+    given this process alone: CUDA_VISIBLE_DEVICES set, or one process on the node)."""
     import torch
 
     if device not in (None, "", "cuda") or "LOCAL_RANK" not in env or not torch.cuda.is_available():
@@ -44,8 +44,8 @@ def rank_device(device: str | None, env=os.environ) -> str | None:
     except ValueError:
         raise UserError(f"LOCAL_RANK must be a number (got {env['LOCAL_RANK']!r})") from None
     count = torch.cuda.device_count()
-    if count == 1:  # a launcher that gives each process its own GPU (srun --gpus-per-task=1): that one
-        return device
+    if count == 1 and (env.get("CUDA_VISIBLE_DEVICES") or env.get("LOCAL_WORLD_SIZE", "1") == "1"):
+        return device  # a launcher that gives each process a GPU of its own (srun --gpus-per-task=1): that one
     if not 0 <= local < count:
         raise UserError(f"LOCAL_RANK {local}: this process sees {count} CUDA GPUs; run as many processes per "
                         "node as it has GPUs, or name one with --device")

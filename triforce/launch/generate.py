@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -82,13 +83,16 @@ def utf8_text(value: str) -> str:
     return value
 
 
+ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}  # llama.cpp's, and \xHH
+
+
 def escaped_text(value: str) -> str:
-    """A text flag's value (utf8_text) with its backslash escapes read (\\n a newline, \\\\ a backslash), as
-    llama.cpp reads its stop strings: `--stop '\\n'` stopped nowhere, at a backslash and an n."""
-    try:
-        return utf8_text(value).encode("latin-1", "backslashreplace").decode("unicode_escape")  # any character
-    except UnicodeDecodeError as bad:  # a lone backslash at the end, a cut \x or \u escape
-        raise argparse.ArgumentTypeError(f"a bad escape: {bad.reason} (a backslash is \\\\)") from None
+    """A text flag's value (utf8_text) with the backslash escapes llama.cpp reads in its stop strings read
+    (\\n, \\r, \\t, \\', \\", \\\\ and \\xHH below 0x80), any other backslash kept as written (`\\begin`):
+    `--stop '\\n'` stopped nowhere, at a backslash and an n."""
+    return re.sub(r"\\(x[0-7][0-9a-fA-F]|[nrt'\"\\])",
+                  lambda m: chr(int(m.group(1)[1:], 16)) if m.group(1)[0] == "x" else ESCAPES[m.group(1)],
+                  utf8_text(value))
 
 
 def _utf8(value: str, flag: str) -> str:

@@ -267,6 +267,9 @@ def _train_draft(args) -> int:
     train_sources, genres = _data(args, llm, work, target_key)
     # a source at --repeat 0 is left out of the labels, the kept tokens and the record too
     train_sources = {name: seqs for name, seqs in train_sources.items() if repeat.get(name, 1)}
+    if not train_sources:  # (the sources kept made no sequence)
+        raise UserError("no training sequences: the sources --repeat keeps made none (--local-tokens, --answers "
+                        "or the texts too short)")
     sequences, label_ids, label_logp = sources.labelled(target, train_sources, work, args.top_k, target_key)
     if args.data_only:
         _log(f"data ready in {work}")

@@ -92,7 +92,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
         if endpoint is None or link is None:
             raise ValueError("the worker leader needs a ZeroMQ endpoint and the bulk link to the coordinator")
 
-        sock = zmq_socket(zmq.REP)
+        sock = zmq_socket(zmq.REP, endpoint)
         sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
         watch = CoordinatorWatch(sock, coordinator_timeout_s)
         try:

@@ -66,15 +66,17 @@ def tcp_endpoint(host: str, port: int) -> str:
     return f"tcp://[{host.strip('[]')}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
-def zmq_socket(kind: int):
-    """A ZeroMQ socket of `kind`, closed at once (no linger), on IPv6 and IPv4 alike (ZeroMQ takes IPv4 alone
-    unless told: an IPv6 address, or a name only IPv6 reaches, never connected; without IPv6 here it falls
-    back to IPv4)."""
+def zmq_socket(kind: int, endpoint: str):
+    """A ZeroMQ socket of `kind` for `endpoint` (tcp_endpoint's), closed at once (no linger), IPv6 on where
+    the endpoint is an IPv6 address (ZeroMQ takes IPv4 alone unless told). Not for names: with IPv6 on,
+    ZeroMQ dials a name's IPv6 address first (localhost's ::1 in most hosts files, a cluster's AAAA
+    records), where the leader listens on IPv4 (127.0.0.1, 0.0.0.0)."""
     import zmq
 
     sock = zmq.Context.instance().socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IPV6, 1)
+    if endpoint.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
     return sock
 
 
