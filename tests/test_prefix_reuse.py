@@ -252,7 +252,9 @@ def test_the_server_reports_cached_prompt_tokens(models):
     with TestClient(create_app(llm, "tiny")) as client:
         bodies = [client.post("/v1/completions", json={"prompt": DOCUMENT + q, "max_tokens": 8, "temperature": 0,
                                                         "ignore_eos": True}).json() for q in QUESTIONS[:2]]
-        metrics = client.get("/metrics").text
+        scored = client.post("/v1/completions", json={"prompt": DOCUMENT, "max_tokens": 1, "prompt_logprobs": 0})
+        metrics = client.get("/metrics").text  # (a scored prompt never looks the store up: no queries)
+    assert scored.status_code == 200 and scored.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies] == [0, 256]
     assert 'vllm:prefix_cache_hits_total{model_name="tiny"} 256.0' in metrics
     queries = sum(len(DOCUMENT + q) for q in QUESTIONS[:2])

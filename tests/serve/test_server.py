@@ -1165,7 +1165,7 @@ def test_time_to_first_token_counts_building_the_caches(llm, monkeypatch):
 
     monkeypatch.setattr(scheduler_module, "Request", SlowToBuild)
     waits, done = [], threading.Event()
-    metrics = SimpleNamespace(finished=lambda reason, m, queued_s: waits.append(queued_s), failed=lambda: None)
+    metrics = SimpleNamespace(finished=lambda reason, m, queued_s, *_: waits.append(queued_s), failed=lambda: None)
     scheduler = Scheduler(llm, metrics=metrics)
     job = parse("completion", {"prompt": PROMPT, "max_tokens": 2}, llm, "tiny")
     scheduler.submit(job, lambda kind, data: done.set() if kind in ("done", "error") else None)

@@ -55,12 +55,14 @@ class ServerMetrics:
                        registry=self.registry)
         stored.labels(model).set_function(lambda: scheduler.llm.prefixes.bytes if scheduler.llm.prefixes else 0)
 
-    def finished(self, finish_reason: str, metrics: RequestMetrics, queued_s: float) -> None:
+    def finished(self, finish_reason: str, metrics: RequestMetrics, queued_s: float, looked_up: bool = True) -> None:
+        """A request that ended; `looked_up`: whether its prompt was looked up in the prefix store (a scored
+        prompt, prompt_logprobs, is not: counted as queries, they lowered the hit rate, as vLLM does not)."""
         m = self.model
         self.success.labels(m, finish_reason).inc()
         self.prompt_tokens.labels(m).inc(metrics.prompt_tokens)
         self.generation_tokens.labels(m).inc(metrics.generated_tokens)
-        if self.reuses_prefixes:
+        if self.reuses_prefixes and looked_up:
             self.prefix_queries.labels(m).inc(metrics.prompt_tokens)
             self.prefix_hits.labels(m).inc(metrics.cached_prompt_tokens)
         if metrics.generated_tokens:  # (an abort before its first token, a scoring request: no first token)

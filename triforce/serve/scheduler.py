@@ -352,7 +352,8 @@ class Scheduler:
             self._fail([ticket], exc)
             return
         closing = ticket.close()
-        self._count("finished", output.finish_reason, output.metrics, ticket.queued_s)  # before its client knows
+        self._count("finished", output.finish_reason, output.metrics, ticket.queued_s,  # before its client knows
+                    ticket.params.prompt_logprobs is None)
         ticket.tell("done", output)  # its answer stands, whatever ending its sequence met
         if closing is not None and self._group_gone() and self.fatal is None:
             self._stop_for_good(closing)
