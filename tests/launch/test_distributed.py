@@ -436,3 +436,29 @@ def test_no_enable_prefix_caching_gives_the_workers_no_prefix_store():
     assert _prefix_bytes(Namespace(enable_prefix_caching=False, prefix_cache_gb=1.0)) == 0
     assert _prefix_bytes(Namespace(enable_prefix_caching=None, prefix_cache_gb=0.5)) == 2**29
     assert _prefix_bytes(Namespace(prefix_cache_gb=2.0)) == 2**31  # (generate: no such flag)
+
+
+def test_a_signal_that_ends_torchrun_leaves_no_traceback_of_its_finalizers(monkeypatch, capsys):
+    """A SIGTERM ends torchrun (its parent killed): a finalizer of torch's rendezvous, its thread join cut
+    short under load, printed "Exception ignored in" and a traceback as the process ended."""
+    import signal
+    import sys
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from triforce.launch import torchrun
+
+    def signalled(args):
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(torchrun, "run", signalled)
+    monkeypatch.setattr(torchrun, "ignore_further_signals", lambda: None)  # (this process's handlers kept)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    assert torchrun.main(["--nproc-per-node", "2", "-m", "triforce"]) == 128 + signal.SIGTERM
+
+    class Finalizer:
+        def __del__(self):
+            raise RuntimeError("cannot join thread")
+
+    Finalizer()
+    assert "Exception ignored" not in capsys.readouterr().err

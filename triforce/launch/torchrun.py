@@ -4,7 +4,7 @@ and a line of its own, not torchrun's multi-line failure report: the rank printe
 its traceback) already. A rank ended by a signal gets a line too, unless it is the SIGTERM with which
 torchrun stops the others once one rank failed otherwise (with an error status, or another signal). A
 SIGTERM or SIGINT (also a second one while the ranks shut down) ends it with status 128 + the signal,
-without a traceback."""
+without a traceback (nor one a finalizer raises as the process ends)."""
 from __future__ import annotations
 
 import logging
@@ -23,6 +23,12 @@ def ignore_further_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def _quiet(unraisable) -> None:
+    """An exception a finalizer raised as a signal ends the process (torch's rendezvous `_stop_thread`, its
+    thread join cut short under load): not printed, where it was "Exception ignored in" and a traceback
+    after the run had ended as asked."""
+
+
 def main(argv: list[str] | None = None) -> int:
     # its "failed (exitcode: N) local_rank: R" line too; torchrun's other warnings (rendezvous) stay
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
@@ -38,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return next((f.exitcode for _, f in failures if f.exitcode > 0), 1)
     except SignalException as exc:  # SIGTERM or SIGINT: torchrun has passed it on to the ranks
         ignore_further_signals()  # one more (an impatient Ctrl-C) must not interrupt the exit into a traceback
+        sys.unraisablehook = _quiet  # nor torch's rendezvous finalizers, cut short as the process ends
         return 128 + int(exc.sigval)
     return 0
 
