@@ -334,8 +334,7 @@ def test_control_tokens_outside_the_byte_alphabet_stay_whole_as_llama_cpp_matche
                 tokenizer.decode([user, 3, end], skip_special_tokens=True) == "ab" and
                 tokenizer("<｜User｜>ab<｜Assistant｜>", add_special_tokens=False).input_ids == [user, 3, assistant])
 
-    for module in (gguf_convert, gguf_tokenizer):  # converted as before
-        monkeypatch.setattr(module, "mend_special_tokens", lambda *_: False)
+    monkeypatch.setattr(gguf_tokenizer, "mend_special_tokens", lambda *_: False)  # converted as before
     folder = folders.convert_gguf_cached(path)
     assert not whole(folder)
     assert max(json.loads((folder / "generation_config.json").read_text())["eos_token_id"]) >= VOCAB

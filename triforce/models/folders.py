@@ -117,7 +117,7 @@ def _mend_from_gguf(gguf: Path, folder: Path) -> bool:
     from gguf import GGUFReader
 
     from .gguf_convert import field_value, mend_rope_scaling, write_generation_config
-    from .gguf_tokenizer import gguf_tokens, mend_special_tokens
+    from .gguf_tokenizer import special_tokens_mended
 
     try:
         reader = GGUFReader(gguf)
@@ -129,7 +129,7 @@ def _mend_from_gguf(gguf: Path, folder: Path) -> bool:
         log.warning("cannot add %s's RoPE scaling to %s (%s)", gguf.name, folder, exc)
         return False
     try:
-        if field_value(reader, "tokenizer.ggml.model") == "gpt2" and mend_special_tokens(folder, *gguf_tokens(reader)):
+        if special_tokens_mended(folder, reader):
             write_generation_config(folder)  # (the end of sequence's id, named by its text, moved)
             log.warning("%s: its tokenizer now matches the control tokens of %s written outside the byte alphabet "
                         "whole (converted before they were kept)", folder, gguf.name)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..files import write_whole
 from .config import GENERATION_CONFIG, ModelLoadError, id_list
-from .gguf_tokenizer import CHECKED_PRE, gguf_tokens, mend_pre_tokenizer, mend_special_tokens
+from .gguf_tokenizer import CHECKED_PRE, mend_pre_tokenizer, special_tokens_mended
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +259,7 @@ def write_hf_folder(gguf: Path, folder: Path) -> None:
         raise ModelLoadError(f"{gguf}: cannot convert as a Llama-family GGUF into {folder} ({exc})") from exc
     pre = field_value(reader, "tokenizer.ggml.pre")
     mend_pre_tokenizer(folder, pre)
-    if field_value(reader, "tokenizer.ggml.model") == "gpt2":
-        mend_special_tokens(folder, *gguf_tokens(reader))
+    special_tokens_mended(folder, reader)
     if field_value(reader, "tokenizer.ggml.model") == "gpt2" and pre not in CHECKED_PRE:
         log.warning("%s: pre-tokenizer %s is not one triforce knows the converted tokenizer to split as llama.cpp "
                     "does (numbers, spaces and newlines may become other tokens); prefer the model's Hugging "

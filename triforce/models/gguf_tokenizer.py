@@ -41,6 +41,14 @@ def mend_pre_tokenizer(folder: Path, pre: str | None) -> bool:
     return True
 
 
+def special_tokens_mended(folder: Path, reader) -> bool:
+    """mend_special_tokens for a converted folder from its GGUF (`reader`), where its tokenizer is
+    byte-level (tokenizer.ggml.model gpt2: the alphabet its texts are respelled in); whether it changed."""
+    from .gguf_convert import field_value  # (it imports this module)
+
+    return field_value(reader, "tokenizer.ggml.model") == "gpt2" and mend_special_tokens(folder, *gguf_tokens(reader))
+
+
 def gguf_tokens(reader) -> tuple[list[str], list[int]]:
     """The texts and the types of a GGUF's tokens ([] and [] where it names none)."""
     tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
