@@ -4,6 +4,7 @@ import json
 import pytest
 from servers import free_port, wait_healthy
 
+from triforce.errors import UserError
 from triforce.launch.cli import main
 
 
@@ -424,6 +425,52 @@ def test_the_launchers_checks_leave_a_piped_input_to_rank_0(tmp_path, monkeypatc
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_a_piped_input_reaches_rank_0_as_torchruns_standard_input(folders, tmp_path, monkeypatch):
+    """`--prompt-file <(cmd)` and `batch -i <(cmd)` with --workers: rank 0 opened /dev/fd/N, a descriptor of
+    the launching process that torchrun does not pass on ("No such file or directory"). The launcher
+    opens it, gives it to torchrun as standard input, and rank 0 reads `-`."""
+    import os
+    import subprocess
+
+    from triforce.launch import with_workers
+    from triforce.launch.cli import build_parser
+
+    launched = []
+
+    class Torchrun:
+        def __init__(self, cmd, env, stdin=None, **options):
+            launched.append((cmd, stdin.read() if stdin is not None else None))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Torchrun)
+    out = str(tmp_path / "out.jsonl")
+    for command, flag, text in ((["generate"], "--prompt-file", b"w3 w4"), (["batch", "-o", out], "-i", b"{}\n")):
+        read, write = os.pipe()
+        os.write(write, text)
+        os.close(write)
+        try:
+            argv = [*command, flag, f"/dev/fd/{read}", "--workers", "1", "--model", str(folders[0])]
+            args = build_parser().parse_args(argv)
+            args.argv = argv
+            assert with_workers.launch_with_torchrun(args) == 0
+        finally:
+            os.close(read)
+        cmd, stdin = launched.pop()
+        assert stdin == text
+        rank_args = build_parser().parse_args(cmd[cmd.index("triforce.launch.distributed") + 1:])
+        assert (rank_args.prompt_file if command == ["generate"] else rank_args.input) == "-"
+    args = build_parser().parse_args(["generate", "--prompt-file", str(tmp_path), "--workers", "1"])
+    args.argv = []
+    with pytest.raises(UserError, match="cannot read"):  # a folder: not a pipe, and not readable
+        with_workers.launch_with_torchrun(args)
+    argv = ["generate", "--prompt", "x", "--workers", "1", "--model", str(folders[0])]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    assert with_workers.launch_with_torchrun(args) == 0 and launched.pop()[1] is None  # the terminal's stdin
 
 
 def test_no_enable_prefix_caching_gives_the_workers_no_prefix_store():

@@ -10,12 +10,16 @@ import subprocess
 import sys
 import threading
 
+from ..errors import UserError
+from ..files import user_path
 from ..models.loader import resolve_device
 from .distributed import end_with_parent
 from .distributed_checks import check_distributed_settings, check_gpus
+from .generate import not_a_file
 
 
 LOWEST_PORT = 10000  # where free_port looks, up to the kernel's ephemeral range
+INPUT_FLAGS = (("prompt_file", "--prompt-file"), ("input", "--input"))  # generate's prompt, batch's requests
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -80,11 +84,37 @@ def launch_with_torchrun(args) -> int:
             argv.append(a)
     if args.control_port is None:  # one machine: a free port, so that a second group does not collide
         argv += ["--control-port", str(free_port(args.control_bind))]
+    piped = piped_input(args)
+    if piped is None:
+        return run_torchrun(args, argv, stdin=None)
+    flag, path = piped
+    try:
+        stdin = open(user_path(path), "rb")
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    with stdin:
+        return run_torchrun(args, [*argv, flag, "-"], stdin)  # (argparse keeps a flag's last value)
+
+
+def piped_input(args) -> tuple[str, str] | None:
+    """The command's input flag and path (generate's --prompt-file, batch's --input) where the path is a pipe
+    other than standard input (`<(cmd)`'s /dev/fd/N, a FIFO), else None. The launcher opens it for
+    torchrun's standard input, which rank 0 reads as `-`: a descriptor of this process is not one of rank
+    0's (torchrun closes them), and rank 0 opening /dev/fd/N found "No such file or directory"."""
+    for name, flag in INPUT_FLAGS:
+        path = getattr(args, name, None)
+        if path is not None and path != "-" and not_a_file(path):
+            return flag, path
+    return None
+
+
+def run_torchrun(args, argv: list[str], stdin) -> int:
+    """torchrun with W + 1 ranks of the command `argv`, its standard input `stdin` (None: this one's)."""
     cmd = [sys.executable, "-m", "triforce.launch.torchrun", "--standalone", f"--nproc-per-node={args.workers + 1}",
            "-m", "triforce.launch.distributed", *argv]
     if threading.current_thread() is not threading.main_thread():  # no signal handlers here: torchrun stays in
         return subprocess.Popen(cmd, env=process_environment(args.workers + 1),  # in our process group
-                                preexec_fn=end_with_parent).wait()
+                                preexec_fn=end_with_parent, stdin=stdin).wait()
     # torchrun in a session of its own, which gets the first signal through this process: a Ctrl-C (to the
     # terminal's process group), a SIGINT to this process alone (`kill -INT`, `timeout -s INT`, a service
     # manager), SIGTERM (`kill`, a job manager) or SIGHUP (the terminal gone) reaches torchrun, which passes
@@ -102,7 +132,7 @@ def launch_with_torchrun(args) -> int:
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         torchrun = subprocess.Popen(cmd, env=process_environment(args.workers + 1), start_new_session=True,
-                                    preexec_fn=end_with_parent)
+                                    preexec_fn=end_with_parent, stdin=stdin)
         started.append(torchrun)
         if pending:
             torchrun.send_signal(pending[0])
