@@ -299,8 +299,8 @@ def test_a_handshake_nobody_answers_names_the_address_to_check():
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     channel = ControlChannel(endpoint, timeout_s=0.3)
     with pytest.raises(WorkerError, match=f"at {endpoint} failed 'handshake'.*nothing listens there "
-                                          r"\(--control-host, --control-port\)"):
-        channel.handshake("model", 1, startup_timeout_s=0.3)
+                                          r"\(--control-host, --control-port\).*--worker-timeout"):
+        channel.handshake("model", 1, startup_timeout_s=0.3)  # (a slow load: --worker-timeout waits longer)
     channel.close()
 
 

@@ -31,11 +31,12 @@ class WorkerError(UserError):
     """The worker group failed a request, or did not answer in time."""
 
 
+STARTUP_TIMEOUT_S = 300.0  # how long the handshake waits at least: the workers load the model first
 # why a request may go unanswered, by its kind: the first one also when nothing listens where it was sent
 SILENT = {None: "a worker died or hangs",
           "prefill": "a worker died or hangs, or a prompt chunk takes the group longer: raise --worker-timeout",
           "handshake": "nothing listens there (--control-host, --control-port), or the workers did not load the "
-                       "model in that time"}
+                       f"model in that time (it waits {STARTUP_TIMEOUT_S:g} s or --worker-timeout, whichever is longer)"}
 
 
 class GroupFull(WorkerError):
@@ -167,7 +168,7 @@ class ControlChannel:
         thread; the server's shutdown, whose signal ended the group's ranks too)."""
         self.abandoned = True
 
-    def handshake(self, model_id: str, tp_size: int, startup_timeout_s: float = 300.0) -> dict:
+    def handshake(self, model_id: str, tp_size: int, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> dict:
         """The first request: waits for the workers to load their shards (up to startup_timeout_s)."""
         body, _ = self.request("handshake", {"model": model_id, "tp_size": tp_size, "protocol": PROTOCOL_VERSION},
                                timeout_s=max(startup_timeout_s, self.timeout_s))

@@ -154,7 +154,8 @@ def add_distributed_args(p: argparse.ArgumentParser) -> None:
     dist.add_argument("--worker-device", default=WORKER_DEFAULTS["worker_device"],
                       help="device of the workers: cpu, or cuda for cuda:LOCAL_RANK (default: cuda if available)")
     dist.add_argument("--worker-timeout", type=float, default=WORKER_DEFAULTS["worker_timeout"],
-                      help="seconds a request may wait for the workers before failing (default %(default)s)")
+                      help="seconds a request may wait for the workers before failing (default %(default)s); the first "
+                           "waits this or 300 s, whichever is longer, for the workers to load the model")
 
 
 def check_serving_args(args) -> None:
