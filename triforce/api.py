@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .cache.prefixes import PrefixStore
 from .chat import conversation_ids
-from .config import PREFIX_CACHE_GB, ConfigError, EngineConfig, is_number
+from .config import PREFIX_CACHE_GB, ConfigError, EngineConfig, check_prefix_cache
 from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
@@ -76,11 +76,7 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         self._request_ids = itertools.count()
         asked = EngineConfig(mode=mode, **engine_settings)  # fail on bad settings before loading anything
         asked.refuse_unused(draft)
-        if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
-            raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
-        if not vllm.prefix_caching and prefix_cache_gb not in (0, PREFIX_CACHE_GB):  # (one would be ignored)
-            raise ConfigError(f"enable_prefix_caching=False keeps no prompts for reuse, and prefix_cache_gb "
-                              f"{prefix_cache_gb:g} bounds the store that keeps them: give one of the two")
+        check_prefix_cache(prefix_cache_gb, vllm.prefix_caching)
         self.rope_scaling = None if rope_scaling is None else rope_scaling_spec(rope_scaling)
         self._check_revisions([(model, revision), (draft, draft_revision), (vllm.tokenizer, vllm.tokenizer_revision)],
                               draft is not None, draft_revision)

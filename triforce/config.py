@@ -44,6 +44,16 @@ def shown(value) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+def check_prefix_cache(prefix_cache_gb, prefix_caching: bool) -> None:
+    """The prefix store's bound (GB of recent prompts' target KV kept for reuse) and vLLM's switch for it:
+    a number >= 0, and not both a bound and the switch off (one of the two would be ignored)."""
+    if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
+        raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
+    if not prefix_caching and prefix_cache_gb not in (0, PREFIX_CACHE_GB):
+        raise ConfigError(f"enable_prefix_caching=False keeps no prompts for reuse, and prefix_cache_gb "
+                          f"{prefix_cache_gb:g} bounds the store that keeps them: give one of the two")
+
+
 def is_number(value) -> bool:
     """A finite real number: Python's or numpy's (not a bool, not a string, not an integer past a float's
     range, on which math.isfinite raised OverflowError)."""

@@ -396,13 +396,20 @@ def test_errors_name_the_flags_not_the_api_fields(capsys, target):
 
 
 @pytest.mark.parametrize("workers", [[], ["--workers", "1"]])
-def test_serve_refuses_a_negative_prefix_cache_by_its_flag(capsys, target, workers):
+def test_serve_refuses_a_negative_prefix_cache_by_its_flag(capsys, target, workers, monkeypatch):
     """Without --workers the LLM refuses it (it named prefix_cache_gb, the Python API's name); with them
     the workers' store was silently off."""
+    from triforce.launch import with_workers
     from triforce.launch.with_workers import free_port
+
+    monkeypatch.setattr(with_workers, "run_torchrun", lambda *args, **kwargs: 0)  # (a group that started: 0)
 
     assert main(["serve", "--model", str(target), *workers, "--port", str(free_port()), "--prefix-cache-gb", "-1"]) == 2
     assert "triforce: error: --prefix-cache-gb must be a number >= 0" in capsys.readouterr().err
+    # and both a bound and vLLM's switch off (one would be ignored; with --workers the bound was, silently)
+    assert main(["serve", "--model", str(target), *workers, "--port", str(free_port()), "--prefix-cache-gb", "2",
+                 "--no-enable-prefix-caching"]) == 2
+    assert "--no-enable-prefix-caching keeps no prompts for reuse, and --prefix-cache-gb 2" in capsys.readouterr().err
 
 
 def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(capsys, target, monkeypatch):

@@ -46,6 +46,7 @@ def settings_named_by_flags():
         pattern = r"(?<![\w/.'\"-])(" + "|".join(sorted(flags, key=len, reverse=True)) + r")(?![\w/.'\"-])"
         message = re.sub(r"^structured_outputs (json_object|json|regex|choice|grammar)\b",
                          lambda m: STRUCTURED_FLAGS[m.group(1)], str(exc))  # (its kinds' flags)
+        message = message.replace("enable_prefix_caching=False", "--no-enable-prefix-caching")
         raise ConfigError(re.sub(pattern, lambda m: flags[m.group(1)], message)) from None
 
 

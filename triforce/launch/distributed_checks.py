@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import check_prefix_cache
 from ..errors import UserError
 from ..models.config import ModelConfig, ModelLoadError
 from ..models.hub import resolve_model
@@ -32,8 +33,10 @@ def check_distributed_settings(args) -> None:
         raise UserError(f"--worker-timeout must be a number of seconds > 0 (got {timeout})")
     if port is not None and not 1 <= port <= 65535:
         raise UserError(f"--control-port must be a port in 1-65535 (got {port})")
-    if not 0 <= getattr(args, "prefix_cache_gb", 0) < float("inf"):
-        raise UserError(f"--prefix-cache-gb must be a number >= 0 (got {args.prefix_cache_gb})")
+    from .cli import settings_named_by_flags
+
+    with settings_named_by_flags():  # (the ranks' LLM gets no prefix store: the workers keep the prompts)
+        check_prefix_cache(getattr(args, "prefix_cache_gb", 0), getattr(args, "enable_prefix_caching", None) is not False)
     if workers > 0:  # once here, not an error from every rank
         check_split(args, workers, f"--workers {workers}")
     if getattr(args, "control_host", None) == "auto" and args.control_bind in ("127.0.0.1", "localhost", "::1"):
