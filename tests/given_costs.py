@@ -19,6 +19,7 @@ def planner_with(costs: dict, budget: int = 100, priors=None) -> AutoPlanner:
     from `priors` (priors.py) where given."""
     planner = AutoPlanner({name: None for name in costs}, budget, table=CostTable(None), priors=priors)
     planner.costs = lambda stacks, measure=True: costs
+    planner._keys = {name: name for name in costs}  # (the table's entries: named by their tiers)
     return planner
 
 

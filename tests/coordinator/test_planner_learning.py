@@ -124,18 +124,21 @@ def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
         planner.times.observe_cost(planner.running, "target", 1, 0.125 * interpolate(costs["target"], 1))  # 1/8 the table
         planner.times.observe_cost(planner.running, "draft", 1, 0.21)  # about the table's
     planner.remember()
-    assert calls == [(None, costs["target"], 1)]
+    assert calls == [("target", costs["target"])]  # the entry it planned with
 
     table = CostTable(tmp_path / "costs.json")
     config = ModelConfig(model_type="llama", vocab_size=8, hidden_size=16, intermediate_size=8, num_layers=2,
                          num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=64)
     model = SimpleNamespace(config=config, dtype=torch.float32, device=torch.device("cpu"))
     tier = SimpleNamespace(name="target", model=model, placement="local", cache=None, length=1000)
-    table.entries[table._key(tier)] = {"1": 0.8, "4": 1.6}
-    table.forget(tier, {1: 0.7})  # planned with another entry: measured again since
-    assert CostTable(tmp_path / "costs.json").entries == {} and table.entries[table._key(tier)] == {"1": 0.8, "4": 1.6}
-    table.forget(tier, {1: 0.8})
-    assert table._key(tier) not in table.entries and not table.known(tier, (1,))
+    table.entries[table.entry_key(tier)] = {"1": 0.8, "4": 1.6}
+    key = table.entry_key(tier)
+    table.forget(key, {1: 0.7})  # planned with another entry: measured again since
+    assert CostTable(tmp_path / "costs.json").entries == {} and table.entries[key] == {"1": 0.8, "4": 1.6}
+    tier.length = 1200  # the request's context moved on, past the entry's tolerance: the entry it read goes
+    assert table.entry_key(tier) != key
+    table.forget(key, {1: 0.8})
+    assert key not in table.entries and not table.known(tier, (1,))
     assert CostTable(tmp_path / "costs.json").entries == {}  # gone on disk too
 
 
@@ -176,6 +179,14 @@ def test_a_batch_near_its_end_plans_with_a_batch_size_the_table_knows(tmp_path):
     planner.times.observe_cost(plan.mode, "target", 1, 0.5)
     planner.observe_rate(plan, 100.0)
     assert planner.times.scale["target"] < 1 and plan.mode in planner.realized
+    # forwards of two sequences far above one's cost: the lone entry is not wrong for that, and stays
+    table.entries[table.entry_key(tiers["target"])] = {str(n): 1.0 for n in planning.CHECK_SIZES}
+    planner.plan(1000, 108)
+    for _ in range(forward_times.REMEASURE_FORWARDS):
+        planner.times.observe_cost(planner.running, "target", 1, 3.0)
+    planner.remember()
+    assert planner.times.scale["target"] > forward_times.REMEASURE_BEYOND
+    assert table.known(tiers["target"], planning.CHECK_SIZES)
 
 
 def test_an_idle_tiers_cost_scale_fades_back_to_the_table(monkeypatch):

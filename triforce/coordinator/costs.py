@@ -136,14 +136,13 @@ class CostTable(CalibrationFile):
                 self._fresh.pop(key, None)
         return {n: known[str(n)] for n in sizes}
 
-    def forget(self, tier: Tier, planned: dict[int, float], batch: int = 1) -> None:
-        """Drops `tier`'s entry at its context and this batch size, so that the next request measures it
+    def forget(self, key: str, planned: dict[int, float]) -> None:
+        """Drops the entry `key` (`entry_key`: the one a plan read), so that the next request measures it
         again: a request found its forwards far from the costs it `planned` with (planning.py: a table
         measured in a slow or quiet spell of the machine would otherwise steer every later request; and
         scaling the entry by what one request saw, as before, once made a spell of that request's a tier's
         cost for good: the draft, priced 10x, never ran to show otherwise). Not if the entry changed since
         (another request forgot or measured it)."""
-        key = self._key(tier, batch)
         entry = self.entries.get(key)
         if entry is None or any(entry.get(str(n)) != seconds for n, seconds in planned.items()):
             return
@@ -154,6 +153,10 @@ class CostTable(CalibrationFile):
         """Whether the table holds every size for `tier` at its context and this batch size (nothing to measure)."""
         entry = self.entries.get(self._key(tier, batch), {})
         return all(str(n) in entry for n in sizes)
+
+    def entry_key(self, tier: Tier, batch: int = 1) -> str:
+        """The key of the entry that serves `tier` at its context now, for a batch of `batch`."""
+        return self._key(tier, batch)
 
     def _key(self, tier: Tier, batch: int = 1) -> str:
         """The entry measured nearest to the tier's context, if within CONTEXT_TOLERANCE; else a new one's."""

@@ -51,13 +51,17 @@ class ForwardTimes:
     chunk_seconds: float | None = None  # what a batchmate's prompt chunk adds to a target forward (observed)
     scaled: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)  # per mode, per tier:
     # seconds per forward per sequence of the batch, as the last plan was made with
+    keys: dict[str, str] = field(default_factory=dict)  # per tier: the table's entry that `costs` came from
+    ran_batch: int = 1  # the batch the last plan's forwards ran in: `batch`, or more where its costs stood in
     _forwards: dict[str, int] = field(default_factory=dict)  # per tier: forwards that fed its cost scale
 
     def plan_with(self, costs: dict[str, dict[int, float]], batch: int, stacks: list[tuple[str, ...]],
-                  evidence: bool = True) -> None:
-        """A plan is made from the table's `costs` per call for a batch of `batch`, for these stacks;
-        `evidence`: whether its forwards may scale those costs."""
+                  evidence: bool = True, keys: dict[str, str] | None = None, ran_batch: int | None = None) -> None:
+        """A plan is made from the table's `costs` per call for a batch of `batch` (its entries `keys`), for
+        these stacks, its forwards run in a batch of `ran_batch` (default `batch`); `evidence`: whether its
+        forwards may scale those costs."""
         self.costs, self.batch, self.evidence = costs, batch, evidence
+        self.keys, self.ran_batch = keys or {}, batch if ran_batch is None else ran_batch
         self.scaled = {stack_mode(stack): {name: self._scaled(stack_mode(stack), name) for name in stack}
                        for stack in stacks}
 
@@ -124,14 +128,19 @@ class ForwardTimes:
             self.chunk_seconds = added if self.chunk_seconds is None else \
                 (1 - SMOOTHING) * self.chunk_seconds + SMOOTHING * added
 
-    def remeasure(self, tiers: dict[str, Tier]) -> None:
+    def remeasure(self) -> None:
         """The request ends: a tier whose forwards took REMEASURE_BEYOND times what the table says (after
         REMEASURE_FORWARDS of them), or less than 1 / that, has its entry measured again by the next request
-        (the table is measured once per context, perhaps in a slow spell of a shared machine)."""
+        (the table is measured once per context, perhaps in a slow spell of a shared machine). Not where the
+        forwards ran in a larger batch than the entry's (no batchmate to measure that size with: a lone
+        request's costs stood in, and are not wrong for being slower than its batch's forwards); the entry
+        the last plan read, wherever the context has moved since."""
+        if self.ran_batch != self.batch:
+            return
         for name, factor in self.scale.items():
             far = not 1 / REMEASURE_BEYOND < factor < REMEASURE_BEYOND
-            if far and self._forwards.get(name, 0) >= REMEASURE_FORWARDS and name in self.costs:
-                self.table.forget(tiers[name], self.costs[name], self.batch)
+            if far and self._forwards.get(name, 0) >= REMEASURE_FORWARDS and name in self.keys:
+                self.table.forget(self.keys[name], self.costs[name])
 
     def state(self) -> dict:
         """For a decision's record: the scales, the overheads and the forward costs planned with (ms)."""

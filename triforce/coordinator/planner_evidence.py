@@ -75,7 +75,7 @@ class PlannerEvidence:
     def remember(self) -> None:
         """The request ends: what it saw joins what later requests of its kind start from; a cost-table
         entry its forwards found far off is measured again by the next (ForwardTimes.remeasure)."""
-        self.times.remeasure(self.tiers)
+        self.times.remeasure()
         if self.priors is None or self._key is None:
             return
         seen = {name: a.observed for name, a in self.acceptance.items()}

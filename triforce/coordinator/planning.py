@@ -93,6 +93,7 @@ class AutoPlanner(PlannerEvidence):
     _prior_source: str = "defaults"
     _generic: dict[str, float] = field(default_factory=dict)  # per proposer: the generic prior (`recall`)
     _batch: int = 1  # the batch size of the plan being made
+    _keys: dict = field(default_factory=dict)  # per tier: the cost table's entry it read (`costs`)
     _faded_at: int = 0  # the request's generated tokens when its acceptance evidence last faded (`fade`)
     _probed: bool = False  # whether this request ran its `ar` probe (once, measured or not)
     times: ForwardTimes = field(init=False)  # what this request's forwards take (forward_times.py)
@@ -140,6 +141,7 @@ class AutoPlanner(PlannerEvidence):
             self._batch = min(self._batch, power_of_two_below(1 + len(measurable)))
             mates = measurable[: self._batch - 1]
         out, running = {}, mode_stack(self.running) if self.running else ()
+        self._keys = {}
         for name in needed:
             group, synced = [self.tiers[name]] + [m.planner.tiers[name] for m in mates], []
 
@@ -152,6 +154,7 @@ class AutoPlanner(PlannerEvidence):
             # gives its memory back after (mode auto holds one per candidate budget and runs one at a time).
             try:
                 out[name] = self.table.seconds(group, sizes[name], sync, self._batch)
+                self._keys[name] = self.table.entry_key(self.tiers[name], self._batch)
             finally:  # also where a measurement failed: a batchmate whose tier it synced runs on
                 for tier in synced if name not in running else ():
                     tier.release()
@@ -172,7 +175,8 @@ class AutoPlanner(PlannerEvidence):
         wanted = 1 if self.batchmates is None else self.batchmates.size(self)
         costs = self.costs(stacks, measure)
         # Another batch size's costs standing in: what this plan's forwards and speed show is no evidence
-        self.times.plan_with(costs, self._batch, stacks, evidence=measure or self._batch == wanted)
+        self.times.plan_with(costs, self._batch, stacks, evidence=measure or self._batch == wanted, keys=self._keys,
+                             ran_batch=wanted)
         chunk = self.times.chunk_seconds if busy else 0.0
         estimates = self.estimates()
         optimistic = {name: a.optimistic for name, a in estimates.items()}
