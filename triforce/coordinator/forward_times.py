@@ -25,7 +25,6 @@ import torch
 
 from .costs import CostTable, interpolate
 from .speed_model import mode_stack, stack_mode, tier_kind
-from .tiers import Tier
 
 SMOOTHING = 0.2  # weight of each observed forward in a tier's cost scale, overhead and chunk cost
 REMEASURE_BEYOND = 1.5  # a request whose forwards took this many times the table's (or 1 / this) has it...
