@@ -63,3 +63,17 @@ def test_a_check_above_a_checking_tier_holds_what_its_rounds_overshoot(alpha, ga
     sizes = check_sizes(yields, gamma2)
     assert sizes == pytest.approx(rounds_until(gamma2, yields))
     assert min(sizes) >= gamma2 and max(sizes) <= gamma2 + gamma1
+
+
+def test_optimism_is_never_below_the_mean_nor_undefined():
+    """An acceptance's optimistic value (the mean plus a standard deviation, at most 0.99) rated a tier
+    measured at 200 of 200 below its mean (0.99 against 0.997), while less-known tiers got a deviation's
+    bonus; and a prior a hair above 1, which a priors file's rounding lets through, raised a math domain
+    error at the first plan of every request of that kind."""
+    from triforce.coordinator.speed_model import Acceptance
+
+    sure = Acceptance(0.8, successes=200.0, trials=200.0)
+    assert sure.mean > 0.99 and sure.optimistic == sure.mean
+    unsure = Acceptance(0.6, successes=3.0, trials=5.0)
+    assert unsure.mean < unsure.optimistic <= 0.99
+    assert Acceptance(1.00000005).optimistic == Acceptance(1.00000005).mean

@@ -180,8 +180,11 @@ class Acceptance:
 
     @property
     def optimistic(self) -> float:
+        """The mean plus a standard deviation of it, at most 0.99 (or the mean, where that is above: a tier
+        measured at 200 of 200 is not rated below what it showed). A prior a hair above 1 (a priors file's
+        float rounding) has no negative variance."""
         m = self.mean
-        return min(m + math.sqrt(m * (1 - m) / (self.trials + self.prior_trials)), 0.99)
+        return max(m, min(m + math.sqrt(max(0.0, m * (1 - m)) / (self.trials + self.prior_trials)), 0.99))
 
     @property
     def observed(self) -> float | None:
