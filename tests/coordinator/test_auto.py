@@ -608,3 +608,30 @@ def test_a_batchmate_catching_up_its_draft_is_not_measured_with(models, calibrat
     assert not cache.settled and mates.measurable(me.planner) == []
     feed(16)  # the window skipped to
     assert cache.settled and mates.measurable(me.planner) == [mate]
+
+def test_a_plan_adopted_frees_every_idle_retrieval_tier_of_the_request():
+    """A batch's leader running `retrieval` measures its batchmates' retrieval tiers with its own (synced:
+    built) and keeps them while it runs that tier; a batchmate that then adopts a plan without it freed
+    only the tiers it had run itself, so its built cache stayed allocated beyond what memory admission
+    counts for it."""
+    from types import SimpleNamespace
+
+    from triforce.coordinator.auto import AutoEngine
+    from triforce.coordinator.speed_model import Plan
+
+    released = []
+
+    class Idle:
+        def __init__(self, name):
+            self.name = name
+
+        def release(self):
+            released.append(self.name)
+
+    tiers = {name: Idle(name) for name in ("draft", "retrieval@12", "target")}
+    planner = SimpleNamespace(tiers=tiers, decisions=[], begin_stretch=lambda: None)
+    mate = AutoEngine(list(tiers.values()), planner)
+    assert mate.tiers == [tiers["target"]]  # it has not run a round: measured with the leader's
+    plan = Plan(("target",), (), 1.0)
+    list(mate._adopt(plan, 0))
+    assert "retrieval@12" in released and "target" not in released

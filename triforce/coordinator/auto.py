@@ -179,8 +179,8 @@ class AutoEngine(HierarchyEngine):
             self.planner.decisions.append({**decision, "at_token": generated, "from": "the batch's leader"})
             self._adopted = decision
         stack = [self.planner.tiers[name] for name in plan.stack]
-        for tier in self.tiers:
-            if tier not in stack:
+        for tier in self.planner.tiers.values():  # (not only those it ran: a batch's leader may have measured
+            if tier not in stack:  # an idle one of this request's with its own, which it keeps while it runs it)
                 tier.release()  # a retrieval tier dropped, or swapped for another budget's, frees its cache
         for tier in stack:
             if tier not in self.tiers:
