@@ -92,6 +92,23 @@ def metaspace_tokenizer(words: list[str]):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
 
 
+def byte_fallback_tokenizer(words: list[str]):
+    """A SentencePiece-like BPE tokenizer over `words` (each with and without a word marker) that spells
+    anything else in byte tokens <0x00>..<0xFF>, decoded as Llama 2's and Mistral's are (a run of byte tokens
+    that ends inside a character decodes to U+FFFD throughout): 0 <unk>, 1 <s>, 2 </s>, then the bytes."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{i:02X}>": 3 + i for i in range(256)}}
+    for w in [f"\u2581{w}" for w in words] + words + ["\u2581"]:
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.BPE(vocab, merges=[], byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
 def write_reduced_vocabulary(folder: Path, token_ids: list[int], target_vocab_size: int) -> Path:
     """Marks a checkpoint of vocab_size len(token_ids) + 1 as a draft over part of a target's vocabulary."""
     import json

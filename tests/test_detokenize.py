@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from checkpoints import metaspace_tokenizer
+from checkpoints import byte_fallback_tokenizer, metaspace_tokenizer
 from triforce.detokenize import IncrementalDetokenizer
 
 TEXT = ("It is a truth universally acknowledged, that a café owner in Zürich — naïve or not — serves "
@@ -198,3 +198,34 @@ def test_overlapping_stop_strings_stop_where_one_token_at_a_time_would():
                     detok.add(tokens[at:at + n])
                 at += n
             assert (detok.text, detok.stop_string, detok.tokens_through_stop()) == (text, reason, kept), (stop, rounds)
+
+
+def test_byte_tokens_after_a_prompt_that_ends_in_them_and_stops_among_them_in_rounds_of_any_size():
+    """A SentencePiece tokenizer with byte tokens (Llama 2's, Mistral's) decodes a whole run of them to
+    U+FFFD where it begins inside a character. A prompt whose last 4 tokens did (it ends in two characters
+    of 3 bytes the vocabulary lacks) made every window U+FFFD while the model went on in such characters
+    (vLLM takes up to 24 prompt tokens for a clean context); and where a round ended inside a character,
+    the length of its text shrank, so the tokens kept after a stop string, and min_tokens' floor, depended
+    on how rounds cut the tokens (a stop at a newline kept 6 tokens instead of 3 in rounds of 4)."""
+    tok = byte_fallback_tokenizer(["ab", "c"])
+    prompt, whole = tok("ab\u2605\u2605").input_ids, tok("ab\u2605\u2605\u2605\u2605 c").input_ids
+    assert whole[:len(prompt)] == prompt and "\ufffd" in tok.decode(prompt[-4:])
+    for seed in range(3):
+        detok = IncrementalDetokenizer(tok, prompt=prompt)
+        assert "".join(stream_rounds(detok, whole[len(prompt):], seed)) == detok.text == "\u2605\u2605 c"
+    whole = tok("ab\u2605\u2605 c").input_ids  # a prompt cut inside the second star: the output's, whole
+    cut = next(k for k in range(len(whole), 0, -1) if tok.decode(whole[:k]).endswith("\ufffd"))
+    for seed in range(3):
+        detok = IncrementalDetokenizer(tok, prompt=whole[:cut])
+        assert "".join(stream_rounds(detok, whole[cut:], seed)) == detok.text == "\u2605 c"
+    prompt = tok("c").input_ids
+    for text, stops, min_tokens, expected in (("c\n\u2605c", ("\n",), 0, (" c", "\n", 3)),
+                                              ("\u2605\u2605c", ("\u2605",), 5, (" \u2605", "\u2605", 7))):
+        generated = tok(text, add_special_tokens=False).input_ids
+        for size in range(1, len(generated) + 1):
+            detok, at = IncrementalDetokenizer(tok, stops, min_tokens, prompt), 0
+            while at < len(generated) and not detok.stopped:
+                detok.add(generated[at:at + size])
+                at += size
+            detok.finish()
+            assert (detok.text, detok.stop_string, detok.tokens_through_stop()) == expected, (text, size)

@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 REPLACEMENT = "\ufffd"
-DECODE_CONTEXT = 4  # tokens before a piece of text that it is decoded after (the prompt's, first)
+DECODE_CONTEXT = 4  # tokens before a piece of text that it is decoded after (the prompt's, first)...
+MAX_PROMPT_CONTEXT = 24  # ...or, where the prompt's last 4 begin inside a character, up to this many (vLLM's)
 
 
 class IncrementalDetokenizer:
@@ -32,7 +33,7 @@ class IncrementalDetokenizer:
         """prompt: the request's prompt (its last DECODE_CONTEXT tokens are the first window's context)."""
         self.tokenizer, self.stops, self.min_tokens = tokenizer, stops, min_tokens
         self.include_stop, self.skip_special = include_stop, skip_special
-        self._context = list(prompt)[-DECODE_CONTEXT:]
+        self._context = self._prompt_context(list(prompt))
         self._context_chars = len(self._decode(self._context))
         self._floor: int | None = None if min_tokens else 0  # characters of the first min_tokens tokens' text
         self.tokens: list[int] = []
@@ -57,6 +58,23 @@ class IncrementalDetokenizer:
         # characters off the next piece (" word'social'" came out " word 'ocial'")
         return self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special, clean_up_tokenization_spaces=False)
 
+    def _prompt_context(self, prompt: list[int]) -> list[int]:
+        """The prompt's last DECODE_CONTEXT tokens, or the fewest past them (up to MAX_PROMPT_CONTEXT) whose
+        text has no U+FFFD: a SentencePiece tokenizer with byte tokens (Llama 2's, Mistral's) decodes a
+        whole run of them to U+FFFD where it begins or ends inside a character, complete characters too,
+        and every window after a context that began inside one stayed U+FFFD while the run went on."""
+        n = len(prompt)
+        for k in range(DECODE_CONTEXT, min(n, MAX_PROMPT_CONTEXT) + 1):
+            if REPLACEMENT not in self._decode(prompt[-k:]):
+                return prompt[-k:]
+        # It ends inside a character (which the output's first tokens complete), or holds a U+FFFD of its
+        # own: the fewest tokens whose text before that character's tokens has none, with them
+        tail = next((t for t in range(1, min(n, 4) + 1) if not self._decode(prompt[:n - t]).endswith(REPLACEMENT)), 0)
+        for k in range(max(DECODE_CONTEXT, tail + 1), min(n, MAX_PROMPT_CONTEXT) + 1):
+            if REPLACEMENT not in self._decode(prompt[n - k:n - tail]):
+                return prompt[n - k:]
+        return prompt[-DECODE_CONTEXT:]
+
     def add(self, new: list[int], end: int | None = None) -> str:
         """Takes a round's new tokens, and the token that ended generation after them if one did (kept
         among the output's tokens, not decoded); returns the text that is now final ('' while held back)."""
@@ -77,8 +95,18 @@ class IncrementalDetokenizer:
         return (self._context if start == 0 else []) + self.tokens[start:end]
 
     def _chars(self, n: int) -> int:
-        """The length of the first n generated tokens' text (without an incomplete character at its end)."""
-        return len(self._decode(self._context + self.tokens[:n]).rstrip(REPLACEMENT)) - self._context_chars
+        """The length of the first n generated tokens' text, up to the last of them that ends a character: it
+        grows with n (_tokens_reaching bisects it). (Without an incomplete character's U+FFFD at the end, as
+        before, it shrank where byte tokens decode a whole run to U+FFFD, complete characters too: a stop
+        string then kept other tokens, or counted within min_tokens, by how a round cut the tokens.)"""
+        return max(0, self._complete_chars(self._context + self.tokens[:n]) - self._context_chars)
+
+    def _complete_chars(self, tokens: list[int]) -> int:
+        """The length of the text of `tokens` up to the last of them that ends a character."""
+        n = len(tokens)
+        while n > 0 and self._decode(tokens[:n]).endswith(REPLACEMENT):
+            n -= 1
+        return len(self._decode(tokens[:n]))
 
     def _decode_window(self, final: bool) -> None:
         context = self._decode(self._after_prompt(self._prefix, self._read))
@@ -86,9 +114,13 @@ class IncrementalDetokenizer:
         cut = len(context)
         if self._read == 0 and context.endswith(REPLACEMENT) and not window.startswith(context):
             # The prompt ends inside a character that the first tokens complete (its bytes so far decoded
-            # to U+FFFD): the whole character is the output's, as vLLM gives it. A literal U+FFFD the
-            # prompt ends with stays in the window, and the prompt's.
-            cut = self._context_chars = len(context.rstrip(REPLACEMENT))
+            # to U+FFFD): the whole character is the output's, as vLLM gives it; the text before is the
+            # prompt's: what the window begins with as the context did (a byte-level BPE's bytes of a
+            # token before the character's), or the text of its tokens up to the last that ends a
+            # character (SentencePiece's byte tokens decode a whole run to U+FFFD, its complete
+            # characters too). A literal U+FFFD the prompt ends with stays in the window, and the prompt's.
+            same = next((i for i, (a, b) in enumerate(zip(context, window)) if a != b), len(context))
+            cut = self._context_chars = max(same, self._complete_chars(self._context))
         if len(window) <= cut or (window.endswith(REPLACEMENT) and not final):
             return
         self._prefix, self._read = self._read, len(self.tokens)
