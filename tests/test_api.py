@@ -453,6 +453,11 @@ def test_chat_lays_each_conversation_out_by_the_template_and_generates(llm, monk
         llm.chat(first, params, chat_template_kwargs=5)  # a TypeError as it built the message
     with pytest.raises(UserError, match="the chat template refused these messages: no word for tool"):
         llm.chat([{"role": "tool", "content": "w5"}], params)  # a role the template has no word for
+    # documents (apply_chat_template's, for RAG templates) pass as vLLM passes them; it was refused as reserved
+    monkeypatch.setattr(llm.tokenizer, "chat_template", "{% for d in documents %}{{ d['text'] }} {% endfor %}"
+                        "{% for m in messages %}{{ m['content'] }} {% endfor %}")
+    out = llm.chat(second, params, chat_template_kwargs={"documents": [{"title": "a", "text": "w3 w4"}]})[0]
+    assert out.prompt == "w3 w4 w10 w11"  # (the prompt text as decoded: no trailing space)
 
 
 def test_the_end_of_sequence_among_stop_token_ids_names_no_stop_reason(llm):

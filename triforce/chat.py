@@ -10,6 +10,7 @@ from .errors import UserError
 # what `conversation_ids` passes the chat template itself, which template_kwargs may not change (besides the
 # tokenizer's own options: apply_chat_template's parameters)
 RESERVED = {"messages", "tools", "add_generation_prompt", "continue_final_message"}
+TEMPLATE_ARGUMENTS = {"documents"}  # apply_chat_template's that chat_template_kwargs may give (vLLM's: RAG templates)
 
 
 def conversation_ids(tokenizer, messages, tools: list[dict] | None = None, add_generation_prompt: bool = True,
@@ -41,7 +42,7 @@ def conversation_ids(tokenizer, messages, tools: list[dict] | None = None, add_g
         raise UserError(f"'chat_template_kwargs' must be an object of the template's variables, not a "
                         f"{type(kwargs).__name__}")
     reserved = RESERVED | {name for name, p in inspect.signature(tokenizer.apply_chat_template).parameters.items()
-                           if p.kind is not p.VAR_KEYWORD}
+                           if p.kind is not p.VAR_KEYWORD and name not in TEMPLATE_ARGUMENTS}
     if reserved & set(kwargs):
         raise UserError(f"'chat_template_kwargs' must be an object of the template's variables, not "
                         f"{', '.join(sorted(reserved & set(kwargs)))}")

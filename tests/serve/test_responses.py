@@ -84,6 +84,11 @@ def test_a_named_function_tool_answers_a_function_call_item(server):
     done = [e.item for e in events if e.type == "response.output_item.done"]
     assert [(i.type, i.name, i.arguments) for i in done] == [("function_call", "get_weather", arguments)]
     assert events[-1].response.output[0].call_id == done[0].call_id
+    # arguments cut by max_output_tokens: the call item is incomplete, as its response is (it said completed)
+    cut = client.responses.create(model="tiny", temperature=0, **{**fields, "max_output_tokens": 5})
+    assert cut.status == "incomplete" and [(i.type, i.status) for i in cut.output] == [("function_call", "incomplete")]
+    events = streamed(client, **{**fields, "max_output_tokens": 5})
+    assert [e.item.status for e in events if e.type == "response.output_item.done"] == ["incomplete"]
 
 
 @pytest.mark.parametrize("output", ["sunny", [{"type": "input_text", "text": "sun"}, {"type": "input_text", "text": "ny"}]])

@@ -141,6 +141,11 @@ def test_continuous_usage_stats_count_each_choices_tokens_in_every_chunk(llm, cl
     chunks = [json.loads(d) for d in events(client.post("/v1/chat/completions", json=chat))[:-1]]
     counts = [c["usage"]["completion_tokens"] for c in chunks]
     assert counts == sorted(counts) and counts[-1] == 12 and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    echo = {**body, "echo": True, "max_tokens": 5, "stream_options": chat["stream_options"]}  # the prompt's
+    # chunk counts no completion token (it said 1)
+    chunks = [json.loads(d) for d in events(client.post("/v1/completions", json=echo))[:-1]]
+    first = [next(c for c in chunks if c["choices"] and c["choices"][0]["index"] == i) for i in range(2)]
+    assert all(c["choices"][0]["text"] == PROMPT and c["usage"]["completion_tokens"] == 0 for c in first)
 
 
 def test_the_stop_reason_names_the_stop_string_or_token_id_whole_and_streamed(llm, client):
@@ -428,8 +433,9 @@ def test_chat_template_options_and_text_parts_reach_the_template(llm, client, mo
     """Text parts join as one content; add_generation_prompt false ends after the last message;
     continue_final_message ends inside it, which the answer continues; chat_template_kwargs are the
     template's variables: each prompt is the template's with the same options, counted in usage."""
-    monkeypatch.setattr(llm.tokenizer, "chat_template", "{% if greeting %}w9 {% endif %}{% for m in messages %}w3 "
-                        "{{ m['content'] }} w5 {% endfor %}{% if add_generation_prompt %}w4{% endif %}")
+    monkeypatch.setattr(llm.tokenizer, "chat_template", "{% if greeting %}w9 {% endif %}{% for d in documents or "
+                        "[] %}w8 {{ d['text'] }} {% endfor %}{% for m in messages %}w3 {{ m['content'] }} w5 {% endfor %}"
+                        "{% if add_generation_prompt %}w4{% endif %}")
     messages = [{"role": "user", "content": "w10 w11"}, {"role": "assistant", "content": "w20 w21"}]
     parts = [messages[0], {"role": "assistant", "content": [{"type": "text", "text": "w20"},
                                                             {"type": "text", "text": "w21"}]}]
@@ -444,9 +450,13 @@ def test_chat_template_options_and_text_parts_reach_the_template(llm, client, mo
              (dict(messages=messages, add_generation_prompt=False, continue_final_message=True),
               template(messages, continue_final_message=True)),
              (dict(messages=messages, chat_template_kwargs={"greeting": True}),
-              template(messages, add_generation_prompt=True, greeting=True))]
+              template(messages, add_generation_prompt=True, greeting=True)),
+             (dict(messages=messages, documents=[{"text": "w30"}]),  # vLLM's field, for RAG templates
+              template(messages, add_generation_prompt=True, documents=[{"text": "w30"}]))]
     plainly = template(messages, add_generation_prompt=True)
-    assert len({tuple(plainly)} | {tuple(ids) for _, ids in cases[1:]}) == 4  # the options change the prompt
+    assert len({tuple(plainly)} | {tuple(ids) for _, ids in cases[1:]}) == 5  # the options change the prompt
+    r = client.post("/tokenize", json={"messages": messages, "documents": "w30"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "documents"
     for body, ids in cases:
         assert client.post("/tokenize", json=body).json()["tokens"] == ids
         r = client.post("/v1/chat/completions", json={**body, "max_tokens": 4, "temperature": 0}).json()

@@ -182,6 +182,7 @@ def test_a_conversation_with_earlier_calls_and_their_results_is_taken(llm, clien
         "type": "object", "properties": {"next": {"$ref": "#"}}}}}], "tool_choice": "required"}, "tools"),
     ({"tools": TOOLS, "guided_json": "[" * 100000}, "guided_json"),  # a RecursionError: a 500
     ({"tools": TOOLS, "parallel_tool_calls": 0}, "parallel_tool_calls"),  # 0 == False: it allowed parallel calls
+    ({"parallel_tool_calls": "x"}, "parallel_tool_calls"),  # without tools: taken, and echoed by /v1/responses
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
 ])
@@ -273,6 +274,12 @@ def test_a_streamed_answer_sends_its_content_until_a_call_may_begin():
     whole = '```json\n{"name": "get_time", "arguments": {"zone": "cet"}}\n```'
     assert [streamed.add(p) for p in (whole[:9], whole[9:])] == ["", ""]  # may be one call object: waits
     assert streamed.rest(plan.message(whole, "stop")[0])["tool_calls"][0]["function"]["name"] == "get_time"
+    streamed = StreamedContent(plan)  # a line break before the call: no content, streamed or whole
+    text = '\n<tool_call>{"name": "get_time", "arguments": {"zone": "utc"}}</tool_call>'
+    assert streamed.add(text[:3]) == "" and streamed.add(text[3:]) == ""
+    assert plan.message(text, "stop")[0]["content"] is None and streamed.rest(plan.message(text, "stop")[0])["content"] is None
+    streamed = StreamedContent(plan)  # (held whitespace goes with the content after it)
+    assert streamed.add(" ") == "" and streamed.add("Hi") == " Hi"
     streamed = StreamedContent(plan)
     assert "".join(streamed.add(p) for p in ("It is ", "sunny <", "3")) == "It is sunny <3"
     end = streamed.rest(plan.message("It is sunny <3", "stop")[0])
@@ -309,3 +316,15 @@ def test_a_tool_may_be_named_as_a_tool_choice_word(name):
     auto = ToolPlan.parse({"tools": [tool, TIME]}, "a template without calls")
     assert auto.constraint is None and not auto.may_call
     assert auto.message("plain text", "stop")[0] == {"role": "assistant", "content": "plain text"}
+
+
+def test_an_empty_tools_list_with_auto_or_required_answers_in_free_text():
+    """vLLM takes `tools: []` with tool_choice auto (free text) and required (as none, after OpenAI's); a
+    400 here, where /v1/responses already took auto without tools. A tool_choice without tools at all is
+    still refused, as vLLM refuses it."""
+    for choice in ("auto", "required", "none"):
+        assert ToolPlan.parse({"tools": [], "tool_choice": choice}, None) is None
+    for body in ({"tool_choice": "auto"}, {"tools": None, "tool_choice": "required"},
+                 {"tools": [], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}):
+        with pytest.raises(ConstraintError):
+            ToolPlan.parse(body, None)

@@ -240,7 +240,7 @@ async def _stream(job: openai.Job, model: str, tickets, events: asyncio.Queue, f
                     echoed = await loop.run_in_executor(formatting, logprobs[index].prompt,
                                                         job.prompts[index // job.n], entries)
                 yield openai.chunk(job, model, job.echoed[index // job.n], first=True, index=index, logprobs=echoed,
-                                   usage=usage)
+                                   usage=openai.running_usage(job, index, sent) if usage else None)  # (before the text's)
                 first[index] = False
             held = job.tools is not None and job.tools.may_call  # the text may hold calls: sent as known
             if event == "text" and held:

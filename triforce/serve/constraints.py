@@ -108,9 +108,11 @@ class ToolPlan:
         """The request's plan (None without tools); ConstraintError where tools or tool_choice is malformed.
         `chat_template`: the tokenizer's, one or named ones (transformers' dict: Hermes-3's default and
         tool_use templates)."""
-        tools, choice = body.get("tools"), body.get("tool_choice")
-        if not tools:
-            if choice not in (None, "none"):
+        tools, choice, parallel = body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
+        if parallel is not None and not isinstance(parallel, bool):  # (0 == False: 0 allowed parallel calls)
+            raise ConstraintError("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
+        if not tools:  # an empty list with auto or required answers in free text (vLLM's, after OpenAI's)
+            if choice not in (None, "none") and not (tools == [] and choice in ("auto", "required")):
                 raise ConstraintError("tool_choice", "'tool_choice' needs 'tools'")
             return None
         if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function"
@@ -143,9 +145,6 @@ class ToolPlan:
         elif choice not in ("none", "auto", "required"):
             raise ConstraintError("tool_choice", "'tool_choice' must be none, auto, required or {type: function, "
                                            "function: {name}}")
-        parallel = body.get("parallel_tool_calls")
-        if parallel is not None and not isinstance(parallel, bool):  # (0 == False: 0 allowed parallel calls)
-            raise ConstraintError("parallel_tool_calls", "'parallel_tool_calls' must be true or false")
         if isinstance(chat_template, dict):  # the one transformers renders with tools: tool_use, else default
             chat_template = chat_template.get("tool_use", chat_template.get("default"))  # (`in` read the names)
         hermes = "<tool_call>" in str(chat_template or "")
@@ -224,6 +223,8 @@ class StreamedContent:
             end = len(self.text) - next((k for k in range(len(self.TAG) - 1, 0, -1)
                                          if self.text.endswith(self.TAG[:k])), 0)
         out = self.text[len(self.sent):max(end, len(self.sent))]
+        if not (self.sent + out).strip():  # (whitespace before a call is no content of the message: held)
+            return ""
         self.sent += out
         return out
 

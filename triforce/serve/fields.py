@@ -165,13 +165,25 @@ def echoed_text(prompt: str | list[int], ids: list[int], llm) -> str:
                                                                  clean_up_tokenization_spaces=False)
 
 
+def template_kwargs(body: dict):
+    """A chat's chat_template_kwargs, with its `documents` (vLLM's field: a list of objects, for RAG templates)."""
+    kwargs, documents = body.get("chat_template_kwargs"), body.get("documents")
+    if documents is None:
+        return kwargs
+    if not (isinstance(documents, list) and all(isinstance(d, dict) for d in documents)):
+        raise ApiError(400, "'documents' must be a list of objects", param="documents")
+    if not isinstance(kwargs, (dict, type(None))):
+        return kwargs  # (refused as it is)
+    return {"documents": documents, **(kwargs or {})}  # (vLLM's: the kwargs' own win)
+
+
 def prompts(kind: str, body: dict, llm, tools: ToolPlan | None = None) -> tuple[list[list[int]], list]:
     """The token ids of each prompt, and each as given."""
     if kind == "chat":
         try:
             prompt = conversation_ids(llm.tokenizer, body.get("messages"), body.get("tools") if tools else None,
                                       flag(body, "add_generation_prompt", True),
-                                      flag(body, "continue_final_message", False), body.get("chat_template_kwargs"))
+                                      flag(body, "continue_final_message", False), template_kwargs(body))
         except UserError as exc:
             param = next((name for name in ("continue_final_message", "chat_template_kwargs")
                           if str(exc).startswith(f"'{name}'")), "messages")

@@ -43,7 +43,7 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed
 FIELDS = {"completion": COMMON | {"prompt", "echo"},
           "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                             "parallel_tool_calls", "add_generation_prompt", "continue_final_message",
-                            "chat_template_kwargs"}}
+                            "chat_template_kwargs", "documents"}}
 HARMLESS = {"echo": (False,), "suffix": ("",), "tools": ([],), "tool_choice": ("none",)}
 ADDS_SPECIAL_TOKENS = {"completion": True, "chat": False}  # vLLM's add_special_tokens, as this server has it
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None}  # OpenAI's: 16; for chat the server's default

@@ -166,7 +166,7 @@ def response(job: ResponsesJob, model: str, outputs: list) -> dict:
     message = choice["message"]
     finish = choice["finish_reason"]
     items = [_message_item(job, message["content"], _item_status(finish))] if message.get("content") else []
-    items += [_call_item(call) for call in message.get("tool_calls") or []]
+    items += [_call_item(call, _item_status(finish)) for call in message.get("tool_calls") or []]
     return _response(job, model, items, chat["usage"], finish)
 
 
@@ -202,9 +202,10 @@ def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _call_item(call: dict) -> dict:
+def _call_item(call: dict, status: str) -> dict:
+    """A function call item, incomplete where its response is (arguments cut by max_output_tokens)."""
     return {"type": "function_call", "id": f"fc_{call['id']}", "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": "completed"}
+            "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status}
 
 
 async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncIterator[dict]:
@@ -250,7 +251,7 @@ async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncI
         output.append(_message_item(job, text, _item_status(finish or "stop")))
         yield event("response.output_item.done", output_index=0, item=output[-1])
     for call in calls:
-        done = _call_item(call)
+        done = _call_item(call, _item_status(finish or "stop"))
         yield event("response.output_item.added", output_index=len(output), item={**done, "arguments": "",
                                                                                  "status": "in_progress"})
         yield event("response.function_call_arguments.delta", item_id=done["id"], output_index=len(output),

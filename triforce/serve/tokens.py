@@ -5,7 +5,7 @@ from __future__ import annotations
 from .fields import ApiError, checked_body, flag, prompts, token_ids
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "tools", "add_special_tokens", "return_token_strs",
-                   "add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
+                   "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "documents"}
 
 
 def tokenize(body: object, llm, model_name: str) -> dict:
