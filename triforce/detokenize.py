@@ -25,6 +25,7 @@ from collections.abc import Sequence
 REPLACEMENT = "\ufffd"
 DECODE_CONTEXT = 4  # tokens before a piece of text that it is decoded after (the prompt's, first)...
 MAX_PROMPT_CONTEXT = 24  # ...or, where the prompt's last 4 begin inside a character, up to this many (vLLM's)
+MAX_PARTIAL = 3  # tokens an incomplete character's bytes take at most (3 of UTF-8's 4, a token each or fewer)
 
 
 class IncrementalDetokenizer:
@@ -69,7 +70,8 @@ class IncrementalDetokenizer:
                 return prompt[-k:]
         # It ends inside a character (which the output's first tokens complete), or holds a U+FFFD of its
         # own: the fewest tokens whose text before that character's tokens has none, with them
-        tail = next((t for t in range(1, min(n, 4) + 1) if not self._decode(prompt[:n - t]).endswith(REPLACEMENT)), 0)
+        tail = next((t for t in range(1, min(n, MAX_PARTIAL) + 1)  # (a window before them: not the whole prompt)
+                     if not self._decode(prompt[max(0, n - t - MAX_PROMPT_CONTEXT):n - t]).endswith(REPLACEMENT)), 0)
         for k in range(max(DECODE_CONTEXT, tail + 1), min(n, MAX_PROMPT_CONTEXT) + 1):
             if REPLACEMENT not in self._decode(prompt[n - k:n - tail]):
                 return prompt[n - k:]
@@ -102,11 +104,14 @@ class IncrementalDetokenizer:
         return max(0, self._complete_chars(self._context + self.tokens[:n]) - self._context_chars)
 
     def _complete_chars(self, tokens: list[int]) -> int:
-        """The length of the text of `tokens` up to the last of them that ends a character."""
-        n = len(tokens)
-        while n > 0 and self._decode(tokens[:n]).endswith(REPLACEMENT):
-            n -= 1
-        return len(self._decode(tokens[:n]))
+        """The length of the text of `tokens` up to the last of them that ends a character: up to
+        MAX_PARTIAL tokens back; past that the U+FFFD is the text's (a literal one, or bytes that no
+        character ends), and counts."""
+        for back in range(min(len(tokens), MAX_PARTIAL) + 1):
+            text = self._decode(tokens[:len(tokens) - back])
+            if not text.endswith(REPLACEMENT):
+                return len(text)
+        return len(self._decode(tokens))
 
     def _decode_window(self, final: bool) -> None:
         context = self._decode(self._after_prompt(self._prefix, self._read))
