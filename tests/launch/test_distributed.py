@@ -463,6 +463,19 @@ def test_a_piped_input_reaches_rank_0_as_torchruns_standard_input(folders, tmp_p
         assert stdin == text
         rank_args = build_parser().parse_args(cmd[cmd.index("triforce.launch.distributed") + 1:])
         assert (rank_args.prompt_file if command == ["generate"] else rank_args.input) == "-"
+    # a shard of such an input (--shard, a Slurm array): rank 0 reads `-` whole and takes its shard
+    import io
+    import types
+
+    from triforce.launch.batch_jobs import batch_plan
+
+    line = '{"custom_id": "%s", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}\n'
+    rank_args = build_parser().parse_args(["batch", "-i", "-", "-o", out, "--shard", "0/2"])
+    rank_args.worker_channel = object()  # (rank 0, once the group shook hands)
+    text = "".join(line % name for name in "abc").encode()
+    monkeypatch.setattr("sys.stdin", types.SimpleNamespace(buffer=io.BytesIO(text), isatty=lambda: False))
+    lines, _, mine, *_ = batch_plan(rank_args)
+    assert len(lines) == 3 and [custom_id for _, custom_id, request, _ in mine if request is not None] == ["a", "c"]
     args = build_parser().parse_args(["generate", "--prompt-file", str(tmp_path), "--workers", "1"])
     args.argv = []
     with pytest.raises(UserError, match="cannot read"):  # a folder: not a pipe, and not readable

@@ -125,7 +125,7 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str, list[str]] | Non
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
     check_serving_args(args)
-    if args.input == "-" and count > 1:
+    if args.input == "-" and count > 1 and not pipeline:  # (a group's: rank 0 alone reads it, whole)
         raise UserError(f"--input - with shard {index}/{count}: each of the {count} processes would read a part of "
                         "one standard input; save it to a file")
     lines = None
