@@ -94,6 +94,8 @@ class AutoPlanner(PlannerEvidence):
     _generic: dict[str, float] = field(default_factory=dict)  # per proposer: the generic prior (`recall`)
     _batch: int = 1  # the batch size of the plan being made
     _keys: dict = field(default_factory=dict)  # per tier: the cost table's entry it read (`costs`)
+    _recalled_together: bool = False  # whether it ran with batchmates when it recalled its kind's priors
+    _ran_apart: bool = False  # whether a plan since ran otherwise (its speed factors are then not its kind's)
     _faded_at: int = 0  # the request's generated tokens when its acceptance evidence last faded (`fade`)
     _probed: bool = False  # whether this request ran its `ar` probe (once, measured or not)
     times: ForwardTimes = field(init=False)  # what this request's forwards take (forward_times.py)
