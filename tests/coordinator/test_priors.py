@@ -101,13 +101,13 @@ def test_a_request_remembers_what_it_measured():
     assert known["acceptance"] == {"draft": pytest.approx(6 / 9, abs=1e-4)}
     assert set(known["realized"]) == {"draft"}
     # a request of a lone kind whose batchmates came later: its factors carry their forwards, not its kind's
-    mates = type("Later", (), {"together": False, "pooled": lambda self, planner: planner.acceptance,
-                               "size": lambda self, planner: 1})()
+    mates = type("Later", (), {"together": False, "n": 1, "pooled": lambda self, planner: planner.acceptance,
+                               "size": lambda self, planner: self.n})()
     planner = planner_with(costs, priors=store)
     planner.batchmates = mates
     planner.recall("alone")
     plan = planner.plan(1000, 0)
-    mates.together = True
+    mates.together, mates.n = True, 2
     plan = planner.plan(1000, 8)
     planner.observe_rate(plan, 0.5 * plan.tokens_per_s)
     planner.remember()

@@ -28,7 +28,7 @@ class PlannerEvidence:
         the prior). Fading each check by its own age instead (7793651, a longer memory) ran 0.92x this at
         8K and 0.6 (six seeds) and 0.96x at 32K greedy in an A/B on the AVX2 EPYC: reverted (docs/avx2.md)."""
         running, moved, self._faded_at = self.running, generated - self._faded_at, generated
-        self._ran_apart |= self._together != self._recalled_together  # (`remember`)
+        self._ran_apart |= self.batch_size() != self._recalled_batch  # (`remember`)
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS))
         # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
@@ -62,7 +62,7 @@ class PlannerEvidence:
             if tier_kind(name) == "retrieval" and not estimate.trials:
                 self.acceptance[name] = Acceptance(prior(name, self._budget(name), context))
         self._generic = {name: estimate.prior for name, estimate in self.acceptance.items()}
-        self._recalled_together = self._together  # as its kind's key says (auto.request_key: the batch then)
+        self._recalled_batch = self.batch_size()  # as its kind's key says (auto.request_key: the batch then)
         if self.priors is None:
             return
         known = self.priors.recall(key)
@@ -85,6 +85,10 @@ class PlannerEvidence:
         # (a request recalled alone whose batchmates came later measured factors that carry their forwards)
         realized = {} if self._ran_apart else self.realized.own()
         self.priors.remember(self._key, seen, realized, self._generic, self.times.overhead)
+
+    def batch_size(self) -> int:
+        """The batch size it plans for now (Batchmates.size; 1 alone)."""
+        return 1 if self.batchmates is None else self.batchmates.size(self)
 
     @property
     def _together(self) -> bool:

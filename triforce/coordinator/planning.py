@@ -94,8 +94,8 @@ class AutoPlanner(PlannerEvidence):
     _generic: dict[str, float] = field(default_factory=dict)  # per proposer: the generic prior (`recall`)
     _batch: int = 1  # the batch size of the plan being made
     _keys: dict = field(default_factory=dict)  # per tier: the cost table's entry it read (`costs`)
-    _recalled_together: bool = False  # whether it ran with batchmates when it recalled its kind's priors
-    _ran_apart: bool = False  # whether a plan since ran otherwise (its speed factors are then not its kind's)
+    _recalled_batch: int = 1  # the batch size it planned for when it recalled its kind's priors
+    _ran_apart: bool = False  # whether a plan since was for another (its speed factors are then not its kind's)
     _faded_at: int = 0  # the request's generated tokens when its acceptance evidence last faded (`fade`)
     _probed: bool = False  # whether this request ran its `ar` probe (once, measured or not)
     times: ForwardTimes = field(init=False)  # what this request's forwards take (forward_times.py)
@@ -130,7 +130,7 @@ class AutoPlanner(PlannerEvidence):
         needed = sorted({name for stack in stacks for name in stack})
         sizes = {name: (1,) if name == "draft" else CHECK_SIZES for name in needed}
         mates = []
-        self._batch = 1 if self.batchmates is None else self.batchmates.size(self)
+        self._batch = self.batch_size()
 
         def known(batch):
             return all(self.table.known(self.tiers[n], sizes[n], batch) for n in needed)
@@ -174,7 +174,7 @@ class AutoPlanner(PlannerEvidence):
         busy = busy and self.times.chunk_seconds is not None  # a chunk's cost unknown yet: planned as quiet
         stacks, running = self.candidates(context, busy), self.running
         self.fade(generated)
-        wanted = 1 if self.batchmates is None else self.batchmates.size(self)
+        wanted = self.batch_size()
         costs = self.costs(stacks, measure)
         # Another batch size's costs standing in: what this plan's forwards and speed show is no evidence
         self.times.plan_with(costs, self._batch, stacks, evidence=measure or self._batch == wanted, keys=self._keys,
