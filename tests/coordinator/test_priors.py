@@ -112,6 +112,17 @@ def test_a_request_remembers_what_it_measured():
     planner.observe_rate(plan, 0.5 * plan.tokens_per_s)
     planner.remember()
     assert planner.realized.own() and store.recall("alone")["realized"] == {}
+    # one joined by a batchmate too short to plan (not in the batch size), whose forwards then ran beside its
+    mates.together, mates.n = False, 1
+    planner = planner_with(costs, priors=store)
+    planner.batchmates = mates
+    planner.recall("alone2")
+    planner.plan(1000, 0)
+    mates.together = True
+    plan = planner.plan(1000, 8)
+    planner.observe_rate(plan, 0.5 * plan.tokens_per_s)
+    planner.remember()
+    assert planner.realized.own() and store.recall("alone2")["realized"] == {}
 
 
 @pytest.fixture(scope="module")

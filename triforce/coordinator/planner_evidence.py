@@ -28,7 +28,7 @@ class PlannerEvidence:
         the prior). Fading each check by its own age instead (7793651, a longer memory) ran 0.92x this at
         8K and 0.6 (six seeds) and 0.96x at 32K greedy in an A/B on the AVX2 EPYC: reverted (docs/avx2.md)."""
         running, moved, self._faded_at = self.running, generated - self._faded_at, generated
-        self._ran_apart |= self.batch_size() != self._recalled_batch  # (`remember`)
+        self._ran_apart |= self._batch_state() != self._recalled_batch  # (`remember`)
         for estimate in self.acceptance.values():
             estimate.forget(EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS))
         # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
@@ -62,7 +62,7 @@ class PlannerEvidence:
             if tier_kind(name) == "retrieval" and not estimate.trials:
                 self.acceptance[name] = Acceptance(prior(name, self._budget(name), context))
         self._generic = {name: estimate.prior for name, estimate in self.acceptance.items()}
-        self._recalled_batch = self.batch_size()  # as its kind's key says (auto.request_key: the batch then)
+        self._recalled_batch = self._batch_state()  # its kind's key holds the batch size then (request_key)
         if self.priors is None:
             return
         known = self.priors.recall(key)
@@ -89,6 +89,11 @@ class PlannerEvidence:
     def batch_size(self) -> int:
         """The batch size it plans for now (Batchmates.size; 1 alone)."""
         return 1 if self.batchmates is None else self.batchmates.size(self)
+
+    def _batch_state(self) -> tuple[int, bool]:
+        """The batch size it plans for and whether it runs with batchmates at all (one still prefilling, or
+        too short to plan, is not counted in the size, and its forwards run beside this one's)."""
+        return self.batch_size(), self._together
 
     @property
     def _together(self) -> bool:

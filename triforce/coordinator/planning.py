@@ -94,7 +94,7 @@ class AutoPlanner(PlannerEvidence):
     _generic: dict[str, float] = field(default_factory=dict)  # per proposer: the generic prior (`recall`)
     _batch: int = 1  # the batch size of the plan being made
     _keys: dict = field(default_factory=dict)  # per tier: the cost table's entry it read (`costs`)
-    _recalled_batch: int = 1  # the batch size it planned for when it recalled its kind's priors
+    _recalled_batch: tuple = (1, False)  # its batch when it recalled its kind's priors (`_batch_state`)
     _ran_apart: bool = False  # whether a plan since was for another (its speed factors are then not its kind's)
     _faded_at: int = 0  # the request's generated tokens when its acceptance evidence last faded (`fade`)
     _probed: bool = False  # whether this request ran its `ar` probe (once, measured or not)
