@@ -218,6 +218,13 @@ def test_byte_tokens_after_a_prompt_that_ends_in_them_and_stops_among_them_in_ro
     for seed in range(3):
         detok = IncrementalDetokenizer(tok, prompt=whole[:cut])
         assert "".join(stream_rounds(detok, whole[cut:], seed)) == detok.text == "\u2605 c"
+    tok = byte_fallback_tokenizer(["x", "y", "a"])  # a run of byte tokens longer than the context looked at
+    whole = tok("x y" + "\U0001f600\u4e2d" * 5 + "a").input_ids
+    cut = len(whole) - 2  # inside the last character, one byte short
+    assert tok.decode(whole[:cut]).endswith("\ufffd")
+    detok = IncrementalDetokenizer(tok, prompt=whole[:cut])
+    assert detok.add(whole[cut:]) + detok.finish() == "\u4e2da"
+    tok = byte_fallback_tokenizer(["ab", "c"])
     prompt = tok("c").input_ids
     for text, stops, min_tokens, expected in (("c\n\u2605c", ("\n",), 0, (" c", "\n", 3)),
                                               ("\u2605\u2605c", ("\u2605",), 5, (" \u2605", "\u2605", 7))):

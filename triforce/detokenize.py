@@ -70,11 +70,10 @@ class IncrementalDetokenizer:
                 return prompt[-k:]
         # It ends inside a character (which the output's first tokens complete), or holds a U+FFFD of its
         # own: the fewest tokens whose text before that character's tokens has none, with them
-        tail = next((t for t in range(1, min(n, MAX_PARTIAL) + 1)  # (a window before them: not the whole prompt)
-                     if not self._decode(prompt[max(0, n - t - MAX_PROMPT_CONTEXT):n - t]).endswith(REPLACEMENT)), 0)
-        for k in range(max(DECODE_CONTEXT, tail + 1), min(n, MAX_PROMPT_CONTEXT) + 1):
-            if REPLACEMENT not in self._decode(prompt[n - k:n - tail]):
-                return prompt[n - k:]
+        for tail in range(1, min(n, MAX_PARTIAL) + 1):  # (a window of the prompt: never all of it)
+            for k in range(max(DECODE_CONTEXT, tail + 1), min(n, MAX_PROMPT_CONTEXT) + 1):
+                if REPLACEMENT not in self._decode(prompt[n - k:n - tail]):
+                    return prompt[n - k:]
         return prompt[-DECODE_CONTEXT:]
 
     def add(self, new: list[int], end: int | None = None) -> str:
