@@ -136,6 +136,9 @@ def test_auto_without_tools_is_a_free_text_answer(server, tools):
     body = {"input": "hi", "tool_choice": "auto", "max_output_tokens": 4, **({} if tools is None else {"tools": tools})}
     r = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
     assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
+    if tools == []:  # and "required" with an empty list: free text, as chat answers it (a 400 before)
+        r = httpx.post(f"{server.url}/v1/responses", json={**body, "tool_choice": "required"}, timeout=60)
+        assert r.status_code == 200 and r.json()["output"][0]["type"] == "message", r.text
 
 
 def test_a_response_ended_before_its_limit_is_incomplete_and_says_why(tiny_dir):
@@ -155,3 +158,18 @@ def test_a_response_ended_before_its_limit_is_incomplete_and_says_why(tiny_dir):
     assert ended["status"] == "incomplete" and ended["incomplete_details"] == {"reason": "interrupted"}
     whole = responses.response(job, "tiny", [ended_by("stop")])
     assert whole["status"] == "completed" and whole["incomplete_details"] is None
+
+
+def test_only_a_call_max_output_tokens_may_have_cut_is_incomplete():
+    """An incomplete response's function calls: under auto each came whole from a closed block, and of a
+    required list only the last may be cut (every one was marked incomplete)."""
+    from types import SimpleNamespace
+
+    from triforce.serve.responses import _call_items
+
+    calls = [{"id": f"c{i}", "function": {"name": "f", "arguments": "{}"}} for i in range(2)]
+    for choice, statuses in (("auto", ["completed", "completed"]), ("required", ["completed", "incomplete"]),
+                             ("function", ["completed", "incomplete"])):
+        job = SimpleNamespace(tools=SimpleNamespace(choice=choice))
+        assert [item["status"] for item in _call_items(job, calls, "length")] == statuses
+        assert {item["status"] for item in _call_items(job, calls, "stop")} == {"completed"}

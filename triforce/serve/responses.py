@@ -56,7 +56,7 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
             chat[theirs] = body[ours]
     if body.get("tools") is not None and not isinstance(body["tools"], list):
         raise ApiError(400, "'tools' must be a list of function tools", param="tools")
-    if body.get("tools"):
+    if body.get("tools") is not None:  # ([] too: with "required", a free-text answer, as chat gives one)
         chat["tools"] = [_tool(t) for t in body["tools"]]
     if body.get("tools") or body.get("tool_choice") not in (None, "auto", "none"):  # without tools, the chat
         chat["tool_choice"] = _tool_choice(body.get("tool_choice", "auto"))  # path refuses one that asks a call
@@ -166,7 +166,7 @@ def response(job: ResponsesJob, model: str, outputs: list) -> dict:
     message = choice["message"]
     finish = choice["finish_reason"]
     items = [_message_item(job, message["content"], _item_status(finish))] if message.get("content") else []
-    items += [_call_item(call, _item_status(finish)) for call in message.get("tool_calls") or []]
+    items += _call_items(job, message.get("tool_calls") or [], finish)
     return _response(job, model, items, chat["usage"], finish)
 
 
@@ -202,10 +202,13 @@ def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _call_item(call: dict, status: str) -> dict:
-    """A function call item, incomplete where its response is (arguments cut by max_output_tokens)."""
-    return {"type": "function_call", "id": f"fc_{call['id']}", "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status}
+def _call_items(job: ResponsesJob, calls: list[dict], finish: str) -> list[dict]:
+    """Function call items; the last one incomplete where max_output_tokens may have cut its arguments: a
+    named or required answer's (a call the model chose under auto came whole, from a closed block)."""
+    cut = _item_status(finish) == "incomplete" and job.tools is not None and job.tools.choice in ("function", "required")
+    return [{"type": "function_call", "id": f"fc_{call['id']}", "call_id": call["id"], "name": call["function"]["name"],
+             "arguments": call["function"]["arguments"], "status": "incomplete" if cut and i == len(calls) - 1
+             else "completed"} for i, call in enumerate(calls)]
 
 
 async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncIterator[dict]:
@@ -250,8 +253,7 @@ async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncI
                     part=_text_part(text))
         output.append(_message_item(job, text, _item_status(finish or "stop")))
         yield event("response.output_item.done", output_index=0, item=output[-1])
-    for call in calls:
-        done = _call_item(call, _item_status(finish or "stop"))
+    for done in _call_items(job, calls, finish or "stop"):
         yield event("response.output_item.added", output_index=len(output), item={**done, "arguments": "",
                                                                                  "status": "in_progress"})
         yield event("response.function_call_arguments.delta", item_id=done["id"], output_index=len(output),
