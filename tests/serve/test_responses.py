@@ -173,3 +173,11 @@ def test_only_a_call_max_output_tokens_may_have_cut_is_incomplete():
         job = SimpleNamespace(tools=SimpleNamespace(choice=choice))
         assert [item["status"] for item in _call_items(job, calls, "length")] == statuses
         assert {item["status"] for item in _call_items(job, calls, "stop")} == {"completed"}
+
+
+def test_metadata_and_user_of_their_types_are_taken_and_metadata_echoed(server):
+    """OpenAI's metadata (a map of strings, echoed in the Response) and user (a string); other types are 400s
+    (test_server.py: they were taken, and a metadata of "x" echoed back)."""
+    body = {"input": "hi", "max_output_tokens": 4, "metadata": {"run": "7"}, "user": "u-1"}
+    r = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["metadata"] == {"run": "7"}, r.text

@@ -332,6 +332,10 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/responses", {"input": "w5", "max_output_tokens": 0}, 400, "max_output_tokens"),
     ("/v1/responses", {"input": "w5", "stream": 1}, 400, "stream"),
     ("/v1/responses", {"input": "w5", "text": "json"}, 400, "text"),
+    ("/v1/completions", {"prompt": PROMPT, "user": 5}, 400, "user"),  # (answered: a tag of any type was taken)
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "user": ["x"]}, 400, "user"),
+    ("/v1/responses", {"input": "w5", "user": {"id": 1}}, 400, "user"),
+    ("/v1/responses", {"input": "w5", "metadata": "x"}, 400, "metadata"),  # (echoed back in the Response)
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      400, "messages"),

@@ -75,6 +75,8 @@ def checked_body(body: object, allowed: set[str], model_name: str, harmless: dic
     if model is not None and model != model_name:
         raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
                        param="model", code="model_not_found")
+    if body.get("user") is not None and not isinstance(body["user"], str):  # (a tag, OpenAI's and vLLM's string)
+        raise ApiError(400, "'user' must be a string", param="user")
     return body
 
 

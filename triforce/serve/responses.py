@@ -73,6 +73,9 @@ def parse(body: object, llm, model_name: str, chat_max_tokens: int = 1024) -> Re
         for theirs, ours in SOURCES.items():
             exc.message = exc.message.replace(f"'{theirs}'", f"'{ours}'")
         raise
+    metadata = body.get("metadata")  # echoed in the Response: OpenAI's map of strings
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise ApiError(400, "'metadata' must be an object of strings", param="metadata")
     request = {name: body.get(name) for name in ("instructions", "metadata")}
     params = job.params  # what ran: the request's, else the model's generation_config's, else OpenAI's
     request.update(temperature=params.temperature, top_p=params.top_p, max_output_tokens=params.max_tokens,
