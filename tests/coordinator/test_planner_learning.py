@@ -156,8 +156,8 @@ def test_a_batch_near_its_end_plans_with_a_batch_size_the_table_knows(tmp_path):
     tiers = {name: SimpleNamespace(name=name, model=model, placement="local", cache=None, length=1000)
              for name in ("draft", "target")}
     table = CostTable(tmp_path / "costs.json")
-    table.entries[table._key(tiers["draft"], 4)] = {"1": 0.1}
-    table.entries[table._key(tiers["target"], 4)] = {str(n): 1.0 for n in planning.CHECK_SIZES}
+    table.entries[table.entry_key(tiers["draft"], 4)] = {"1": 0.1}
+    table.entries[table.entry_key(tiers["target"], 4)] = {str(n): 1.0 for n in planning.CHECK_SIZES}
     measured, seconds = [], table.seconds
 
     def measuring(group, sizes, prepare, batch):

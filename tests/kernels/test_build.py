@@ -379,7 +379,7 @@ def test_the_machine_key_of_a_cpu_tier_is_the_cpus_on_a_machine_with_a_gpu(monke
     for device in ("cpu", "cuda"):
         model = SimpleNamespace(config=cfg, dtype=torch.bfloat16, device=torch.device(device))
         tier = SimpleNamespace(name="draft", model=model, placement="local", cache=None, length=100)
-        keys[device] = costs.CostTable(None)._key(tier)
+        keys[device] = costs.CostTable(None).entry_key(tier)
     costs.machine_key.cache_clear()
     assert keys["cpu"].startswith(on_cpu + "||") and keys["cuda"].startswith(on_gpu + "||")
 

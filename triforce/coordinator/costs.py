@@ -120,7 +120,7 @@ class CostTable(CalibrationFile):
         measured, which takes that many); `prepare()` runs before any measurement (a retrieval cache's sync)."""
         tiers = [tiers] if isinstance(tiers, Tier) else list(tiers)
         batch = batch or len(tiers)
-        key = self._key(tiers[0], batch)
+        key = self.entry_key(tiers[0], batch)
         known = self.entries.setdefault(key, {})
         missing = [n for n in sizes if str(n) not in known]
         if missing:
@@ -151,15 +151,12 @@ class CostTable(CalibrationFile):
 
     def known(self, tier: Tier, sizes: tuple[int, ...], batch: int = 1) -> bool:
         """Whether the table holds every size for `tier` at its context and this batch size (nothing to measure)."""
-        entry = self.entries.get(self._key(tier, batch), {})
+        entry = self.entries.get(self.entry_key(tier, batch), {})
         return all(str(n) in entry for n in sizes)
 
     def entry_key(self, tier: Tier, batch: int = 1) -> str:
-        """The key of the entry that serves `tier` at its context now, for a batch of `batch`."""
-        return self._key(tier, batch)
-
-    def _key(self, tier: Tier, batch: int = 1) -> str:
-        """The entry measured nearest to the tier's context, if within CONTEXT_TOLERANCE; else a new one's."""
+        """The key of the entry that serves `tier` at its context now, for a batch of `batch`: the one measured
+        nearest to the tier's context, if within CONTEXT_TOLERANCE; else a new one's."""
         context = cost_context(tier)
         batched = f"|batch={batch}" if batch > 1 else ""
         prefix = f"{machine_key(str(tier.model.device))}||{tier_key(tier)}{batched}||"
