@@ -65,12 +65,9 @@ class IncrementalDetokenizer:
         whole run of them to U+FFFD where it begins or ends inside a character, complete characters too,
         and every window after a context that began inside one stayed U+FFFD while the run went on."""
         n = len(prompt)
-        for k in range(DECODE_CONTEXT, min(n, MAX_PROMPT_CONTEXT) + 1):
-            if REPLACEMENT not in self._decode(prompt[-k:]):
-                return prompt[-k:]
-        # It ends inside a character (which the output's first tokens complete), or holds a U+FFFD of its
-        # own: the fewest tokens whose text before that character's tokens has none, with them
-        for tail in range(1, min(n, MAX_PARTIAL) + 1):  # (a window of the prompt: never all of it)
+        # Where it ends inside a character (which the output's first tokens complete), or holds a U+FFFD of its
+        # own: the fewest tokens whose text before that character's `tail` tokens has none, with them
+        for tail in range(min(n, MAX_PARTIAL) + 1):  # (a window of the prompt: never all of it)
             for k in range(max(DECODE_CONTEXT, tail + 1), min(n, MAX_PROMPT_CONTEXT) + 1):
                 if REPLACEMENT not in self._decode(prompt[n - k:n - tail]):
                     return prompt[n - k:]
