@@ -250,6 +250,16 @@ def test_the_build_is_named_by_what_makes_it(monkeypatch):
     assert build.build_name("avx2") != name
 
 
+def test_two_checkouts_of_the_same_sources_build_apart(monkeypatch, tmp_path):
+    """Another checkout's csrc/, byte for byte the same: a folder of its own, as torch's build file names the
+    sources by their paths (a shared folder rebuilt every object whenever the other checkout ran)."""
+    name, sources = build.build_name("avx2"), build.kernel_sources_digest()
+    shutil.copytree(build.CSRC, tmp_path / "csrc")
+    monkeypatch.setattr(build, "CSRC", tmp_path / "csrc")
+    assert build.kernel_sources_digest.__wrapped__() == sources  # the same sources (read afresh): only their place differs
+    assert build.build_name("avx2") != name
+
+
 def test_a_compiler_not_found_is_looked_for_again(monkeypatch):
     """A process that asked before a compiler was on PATH (a test's PATH) does not keep that answer."""
     path = os.environ.get("PATH", "")

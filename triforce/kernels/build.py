@@ -62,17 +62,20 @@ def build_name(level: str) -> str:
     changed source's time or command line, but not on a new torch in the same environment (its headers are
     system includes, left out of ninja's dependencies): the old library, built against the other torch,
     then failed to load (or worse, loaded) and every level fell back to torch's paths until the folder was
-    deleted; two checkouts also rebuilt each other's kernels in turn (a minute each)."""
+    deleted; two checkouts also rebuilt each other's kernels in turn (a minute each), of the same sources
+    too: torch's build file names each source by its path, so ninja saw a changed command line and rebuilt
+    every object, then the other checkout's next run did the same (a git worktree of the same commit)."""
     return f"triforce_cpu_{level}_{_build_digest(level)}"
 
 
 def _build_digest(level: str) -> str:
-    """The sources, the level's flags, torch's and Python's versions and the compiler, digested."""
+    """The sources and where they are, the level's flags, torch's and Python's versions and the compiler,
+    digested."""
     import torch
 
-    return hashlib.sha256("\0".join([kernel_sources_digest(), str(BUILDS[level]), torch.__version__,
-                                      sysconfig.get_config_var("EXT_SUFFIX") or "", _compiler()]).encode()
-                          ).hexdigest()[:8]
+    return hashlib.sha256("\0".join([kernel_sources_digest(), str(CSRC.resolve()), str(BUILDS[level]),
+                                      torch.__version__, sysconfig.get_config_var("EXT_SUFFIX") or "",
+                                      _compiler()]).encode()).hexdigest()[:8]
 
 
 def _compiler() -> str:
