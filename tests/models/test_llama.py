@@ -82,6 +82,17 @@ def test_a_rope_scaling_is_recorded_as_parsed():
         rope_scaling_spec("")
 
 
+def test_a_cpu_model_has_its_kernels_when_it_loads(tiny_dir, monkeypatch):
+    """Built (a fresh install: a minute or more) or loaded with the weights, not in the first forward: a
+    float32 model's server answered /health first, and its first request waited on the build."""
+    import triforce.models.llama as llama_module
+
+    asked = []
+    monkeypatch.setattr(llama_module, "cpu_kernels", lambda: asked.append(True))
+    load_model(tiny_dir("llama2-kernels"), "float32")
+    assert asked
+
+
 def test_sharded_checkpoint_loads_like_single_file(tiny_dir, tmp_path):
     folder = tiny_dir("llama2-shard", arch="llama2", seed=4)
     tensors = load_file(str(folder / "model.safetensors"))

@@ -141,19 +141,17 @@ def test_a_refresh_whose_chunk_means_do_not_fit_is_refused_not_run(tiny_dir, mon
     leader.check("refresh", refresh)  # made already: nothing new to allocate
 
 
-def test_a_worker_builds_the_cpu_kernels_before_it_serves(monkeypatch, tmp_path):
+def test_a_worker_builds_the_cpu_kernels_before_it_serves(tiny_dir, monkeypatch):
     """On a fresh machine the kernels compile on first use; a worker that first used them in its first
-    prefill missed the coordinator's 60 s for that request (seen with two ranks on 2 cores)."""
+    prefill missed the coordinator's 60 s for that request (seen with two ranks on 2 cores). Its model
+    loads them (LlamaModel.finalize)."""
+    import triforce.models.llama as llama_module
     from triforce.workers import group
 
     events = []
-    monkeypatch.setattr(group, "load_model", lambda *a: SimpleNamespace(device=torch.device("cpu")))
-    monkeypatch.setattr(group.ModelConfig, "from_folder", lambda folder: SimpleNamespace(num_kv_heads=1))
-    monkeypatch.setattr(group, "model_identity", lambda *a: "id")
-    monkeypatch.setattr(group, "VerifierWorker", lambda *a: "worker")
-    monkeypatch.setattr(group, "cpu_kernels", lambda: events.append("kernels"))
+    monkeypatch.setattr(llama_module, "cpu_kernels", lambda: events.append("kernels"))
     monkeypatch.setattr(group, "serve", lambda *a: events.append("serve"))
-    group.run_worker(tmp_path, "float32", "cpu", TensorParallel(0, 1), None, None)
+    group.run_worker(tiny_dir("worker-target", seed=5), "float32", "cpu", TensorParallel(0, 1), None, None)
     assert events == ["kernels", "serve"]
 
 

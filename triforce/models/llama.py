@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..kernels.attention import attention
+from ..kernels.cpu import cpu_kernels
 from ..kernels.decoder import FusedLayers
 from ..kernels.fused import rms_norm, rope, silu_mul
 from ..kernels.linear import linear
@@ -101,6 +102,11 @@ class LlamaModel(nn.Module):
         return self.config.vocab_size if self.vocab is None else self.vocab.target_vocab_size
 
     def finalize(self) -> "LlamaModel":
+        if self.device.type == "cpu":
+            # The CPU kernels built (a fresh install: a minute or more) or loaded now, with the weights, not in
+            # the first forward: a float32 model's server answered /health, then its first request waited on
+            # the build past its client's timeout (bfloat16 ones load them here already, for FusedLayers)
+            cpu_kernels()
         self.rope = RotaryEmbedding(self.config, self.embed_tokens.weight.device)
         self.fused_layers = FusedLayers(self)
         self.forward_graphs = ForwardGraphs.for_model(self)

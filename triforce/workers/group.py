@@ -5,7 +5,6 @@ from pathlib import Path
 
 from ..config import PREFILL_CHUNK
 from ..coordinator.channel import model_identity
-from ..kernels.cpu import cpu_kernels
 from ..models.config import ModelConfig
 from ..models.loader import load_model
 from ..models.parallel import TensorParallel
@@ -23,11 +22,9 @@ def run_worker(model_path: str | Path, dtype: str, device: str, tp: TensorParall
     """Returns after the coordinator's shutdown request; raises CoordinatorLost (worker.py) on every rank
     when the coordinator went away without one. `endpoint` (bound) and `link` (to the coordinator) are
     the group's rank 0's only. `prefix_bytes`: each rank's bound on the recent prompts' KV it keeps."""
+    # (a CPU model's kernels are built or loaded with it, while the coordinator's handshake waits for the load,
+    # not in the first request, which waits 60 s: on a fresh 2-core machine two ranks building them took longer)
     model = load_model(model_path, dtype, device, tp if tp.size > 1 else None, rope_scaling)
-    if model.device.type == "cpu":
-        # Build (or load) the CPU kernels now, while the coordinator's handshake waits for the load, not in
-        # the first request, which waits 60 s: on a fresh 2-core machine two ranks building them took longer
-        cpu_kernels()
     kv_heads = ModelConfig.from_folder(Path(model_path)).num_kv_heads
     worker = VerifierWorker(model, tp, model_identity(Path(model_path), rope_scaling), kv_heads, prefill_chunk,
                             prefix_bound(prefix_bytes, model.device, tp))
