@@ -301,6 +301,14 @@ def test_streaming_cache_refuses_a_rollback_deeper_than_it_keeps():
         cache.rollback(60)  # it keeps window + max_rollback = 7 recent tokens (a few more at most), not 60
 
 
+@pytest.mark.parametrize("sinks, window, max_rollback", [(-1, 4, 3), (2, 0, 3), (0, 4, -2)])
+def test_a_streaming_cache_refuses_sizes_it_cannot_keep(sinks, window, max_rollback):
+    """A negative max_rollback kept fewer recent tokens than the window: a compaction dropped keys the window
+    still showed (a step saw 3 of its 4), with no error."""
+    with pytest.raises(ValueError, match="streaming cache needs"):
+        StreamingKVCache(CFG, sinks, window, max_rollback, ROPE, torch.float32, "cpu")
+
+
 def test_a_streaming_cache_is_settled_except_between_a_skip_and_the_window_after_it():
     """`settled` (a cost measurement runs filler over a batchmate's cache and rolls it back) is false only
     where that rollback would fail: after a skip, before the window it skipped to is fed."""

@@ -37,8 +37,10 @@ VIEW_ROWS = 64  # new tokens of a forward that the fused layer loop takes (chain
 class StreamingKVCache(KVCache):
     def __init__(self, cfg: ModelConfig, sinks: int, window: int, max_rollback: int, rope: RotaryEmbedding,
                  dtype: torch.dtype, device: torch.device | str):
-        if sinks < 0 or window < 1:
-            raise ValueError(f"streaming cache needs sinks >= 0 and window >= 1 (got {sinks}, {window})")
+        if sinks < 0 or window < 1 or max_rollback < 0:
+            # (a negative max_rollback kept fewer tokens than the window through a compaction: wrong keys, silently)
+            raise ValueError(f"streaming cache needs sinks >= 0, window >= 1 and max_rollback >= 0 (got {sinks}, "
+                             f"{window}, {max_rollback})")
         self.sinks, self.window, self.max_rollback, self.rope = sinks, window, max_rollback, rope
         self._keep = window + max_rollback  # recent tokens that must survive a compaction
         shape = (cfg.num_layers, cfg.num_kv_heads, sinks, cfg.head_dim)
