@@ -68,7 +68,9 @@ class FullKVCache(KVCache):
         when the retrieval cache (re)builds ("the last prompt token's query"). After a check that is the
         last accepted token's row, not the check's last row (a rejected proposal, gone from the cache),
         wherever the accepted path moved it; the latest forward's last row if that token is not among its
-        rows. None per layer before any forward. (After a prefill that is the second-to-last prompt
+        last QUERY_ROWS rows (not among its rows at all, or a check of more: rounds2 with long chains, where
+        the next static rebuild then scores with a nearby rejected proposal's query, a cost to acceptance
+        only). None per layer before any forward. (After a prefill that is the second-to-last prompt
         token's: the target prefills all but the last, which the first step feeds.)"""
         first, n = self._forward
         if n == 0:
