@@ -93,6 +93,23 @@ def test_a_cpu_model_has_its_kernels_when_it_loads(tiny_dir, monkeypatch):
     assert asked
 
 
+def test_a_step_must_continue_its_cache(tiny_dir):
+    """A step from 5 over an empty cache wrote its keys at slots 0-1, rotated at positions 5-6, and every later
+    forward attended over them, with no error, for a direct caller (a benchmark, a test; a worker's leader
+    refuses such a request itself, workers/checks.py). Checked before any cache is touched."""
+    from triforce.step import Step
+
+    model = load_model(tiny_dir("llama2-kernels"), "float32")
+    cache = FullKVCache(model.config, 16, model.dtype, "cpu")
+    with pytest.raises(ValueError, match="a step from 5, but its cache holds 0 tokens"):
+        model(Step.chain([1, 2], 5), cache)
+    assert cache.length == 0
+    model(Step.chain([1, 2], 0), cache)
+    with pytest.raises(ValueError, match="a step from 1, but its cache holds 2 tokens"):
+        model.forward_batch([Step.chain([3], 2), Step.chain([3], 1)], [cache, cache])
+    assert cache.length == 2
+
+
 def test_sharded_checkpoint_loads_like_single_file(tiny_dir, tmp_path):
     folder = tiny_dir("llama2-shard", arch="llama2", seed=4)
     tensors = load_file(str(folder / "model.safetensors"))

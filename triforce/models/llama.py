@@ -143,6 +143,9 @@ class LlamaModel(nn.Module):
         sequence's logits are its own alone: its rows see nothing of the others'."""
         if len(steps) != len(caches) or not steps:
             raise ValueError("a batch needs one cache per step, and at least one step")
+        for step, cache in zip(steps, caches):  # (a step elsewhere wrote its keys at the cache's next slot, rotated
+            if step.start != cache.length:  # at its own positions: wrong attention from then on, silently)
+                raise ValueError(f"a step from {step.start}, but its cache holds {cache.length} tokens")
         wants = [logits_for] * len(steps) if isinstance(logits_for, str) else list(logits_for)
         if any(want not in ("all", "last", "none") for want in wants):
             raise ValueError(f"logits_for is 'all', 'last' or 'none' (got {logits_for!r})")
