@@ -89,9 +89,6 @@ class Tier:
     def forward_many(tiers: Sequence["Tier"], steps: Sequence[Step], logits_for: Sequence[str]) -> list:
         """The forwards of several sequences' tiers of this class and model as one call (forward_together):
         one model call in this process. Every tier is charged the call's time (charge_call)."""
-        for tier, step in zip(tiers, steps):
-            if step.start != tier.length:
-                raise ValueError(f"{tier.name}: a step from {step.start}, but the cache holds {tier.length} tokens")
         start = time.perf_counter()
         wants = ["all" if want == "prompt" else want for want in logits_for]
         logits = tiers[0].model.forward_batch(steps, [t.cache for t in tiers], wants)
