@@ -10,8 +10,8 @@ Levels, lowest first (what each needs from the CPU):
 
 The level is the CPU's best, or lower with TRIFORCE_CPU_ISA=avx2|avx512|amx (a level the CPU lacks is
 refused), or none with TRIFORCE_CPU_KERNELS=0. Each level is its own extension
-(triforce_cpu_<level>_<digest>, build.py's `build_name`: a digest of the sources, the level's flags, torch,
-Python's extension suffix and the compiler), compiled once by torch (20-25 s on the 2-core Xeon) and cached
+(triforce_cpu_<level>_<digest>, build.py's `build_name`: a digest of the sources and where they are, the level's
+flags, torch, Python's extension suffix and the compiler), compiled once by torch (20-25 s on the 2-core Xeon) and cached
 in ~/.cache/torch_extensions. A build that
 fails on a CPU that should have the kernels logs one warning saying so and what runs instead (the next
 level down, or torch's paths).
