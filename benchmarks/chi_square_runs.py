@@ -4,8 +4,8 @@ tests/coordinator/test_engine.py and the first-token cases with real chunk selec
 tests/coordinator/test_selection_sampling.py, their models written as the tests write them. The cases take
 turns over `--repeats` rounds and the fastest round of each is printed (process time, one thread: on a shared
 2-core machine identical rounds of these tiny runs differed by a fifth). `--shared-prefix` also runs each
-first-token case with its prompt's target KV shared among the runs through a PrefixStore (prefill chunk 16)
-and says whether the outputs were the same.
+first-token case at a prefill chunk of 16, alone and with its prompt's target KV shared among the runs
+through a PrefixStore of 16-token blocks, and says whether the outputs were the same.
 
     python benchmarks/chi_square_runs.py --runs 500 --repeats 3 > chi_square_runs.json
 """
@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,22 +75,22 @@ def main() -> None:
         return lambda seed: build_engine(cfg, target8, draft8, len(prompt8) + 2).run(
             prompt8, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))
 
-    def first_token(index, shared):
+    def first_token(index, chunk=None, shared=False):
         mode, policy, sampling, _, trees = selection.CASES[index]
         cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{**selection.SETTINGS, **trees})
-        if shared:
-            cfg = dataclasses.replace(cfg, prefill_chunk=16)
-        store = PrefixStore(2 ** 30, 16) if shared else None
+        if chunk is not None:
+            cfg = dataclasses.replace(cfg, prefill_chunk=chunk)
+        store = PrefixStore(2 ** 30, chunk) if shared else None
         return lambda seed: build_engine(cfg, target, draft, len(prompt) + 1, prefixes=store).run(
             prompt, SamplingParams(max_tokens=1, ignore_eos=True, seed=seed, **sampling))
 
-    cases = {f"two-token {i}: {test_engine.SAMPLING_CASES[i][:2]} {test_engine.SAMPLING_CASES[i][3]}": two_token(i)
-             for i in args.two_token}
+    cases = {f"two-token {i}: {test_engine.SAMPLING_CASES[i]}": two_token(i) for i in args.two_token}
     for i in args.first_token:
-        label = f"first-token {i}: {selection.CASES[i][:2]} {selection.CASES[i][4]}"
-        cases[label] = first_token(i, False)
+        label = f"first-token {i}: {selection.CASES[i]}"
+        cases[label] = first_token(i)
         if args.shared_prefix:
-            cases[label + " shared prefix"] = first_token(i, True)
+            cases[label + " chunk 16"] = first_token(i, 16)
+            cases[label + " chunk 16 shared prefix"] = first_token(i, 16, shared=True)
     cases = {label: make for label, make in cases.items() if make is not None}
     best, results = {}, {}
     for _ in range(args.repeats):
@@ -99,7 +100,10 @@ def main() -> None:
             best[label] = min(best.get(label, float("inf")), (time.process_time() - start) / args.runs * 1e3)
     same = {label: results[label] == results[label[: -len(" shared prefix")]]
             for label in results if label.endswith(" shared prefix")}
-    print(json.dumps({"runs": args.runs, "repeats": args.repeats, "cpu": _cpu(), "torch": torch.__version__,
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=TESTS.parent).stdout.strip()
+    print(json.dumps({"commit": commit, "runs": args.runs, "repeats": args.repeats, "cpu": _cpu(),
+                      "torch": torch.__version__,
                       "ms_per_run": {k: round(v, 2) for k, v in best.items()},
                       "shared_prefix_same_outputs": same}, indent=1))
 
