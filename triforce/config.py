@@ -119,7 +119,7 @@ class EngineConfig:
             raise ConfigError(f"gamma1 + gamma2 must be <= 128 (got {self.gamma1 + self.gamma2})")
         for name in ("tree1", "tree2"):
             value = getattr(self, name)
-            if isinstance(value, str) and value.strip().isdigit():
+            if isinstance(value, str) and value.strip().isdecimal():
                 object.__setattr__(self, name, value := int(value))
             if value != "auto" and not (is_integer(value) and 0 <= value <= MAX_TREE):
                 raise ConfigError(f"{name} must be 'auto' or a node count in [0, {MAX_TREE}] (got {value!r})")

@@ -19,7 +19,7 @@ def _token_id(token) -> int:
     """A token id: an integer, or its decimal string (logit_bias's JSON keys); ValueError otherwise."""
     if is_integer(token):  # (numpy's too: np.where's ids)
         return int(token)
-    if isinstance(token, str) and token.strip().lstrip("-").isdigit():
+    if isinstance(token, str) and token.strip().lstrip("-").isdecimal():
         return int(token)
     raise ValueError(f"not a token id: {shown(token)}")
 

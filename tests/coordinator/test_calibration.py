@@ -16,7 +16,8 @@ def test_a_calibration_file_of_any_bytes_is_read_or_ignored(tmp_path, content):
 def test_entries_of_the_wrong_shape_are_dropped_and_the_rest_kept(tmp_path, caplog):
     """JSON of the wrong shape inside the object (a hand edit, another version's file) broke every auto
     request with a traceback until the file was deleted: a list or a number for a cost entry, strings or
-    nulls for seconds, a context that is not a number, an acceptance of 7."""
+    nulls for seconds, a context that is not a number, an acceptance of 7. A superscript digit passed
+    str.isdigit, then int() refused it: a ValueError in every auto request."""
     import json
 
     from triforce.coordinator.costs import CostTable
@@ -26,7 +27,7 @@ def test_entries_of_the_wrong_shape_are_dropped_and_the_rest_kept(tmp_path, capl
                                                       "overhead": {"draft/round": 0.001}}
     costs = {"cpu||t||4096": good_cost, "cpu||a||4096": [1, 2], "cpu||b||4096": 5, "cpu||c||4096": {"1": "x"},
              "cpu||d||4096": {"1": None}, "cpu||e||latest": good_cost, "cpu||f||4096": {"1": -1.0},
-             "cpu||g||4096": {"one": 0.1}}
+             "cpu||g||4096": {"one": 0.1}, "cpu||h||4²": good_cost, "cpu||i||4096": {"²": 0.1}}
     priors = {"good": good_prior, "list": [1], "words": {"acceptance": {"draft": "high"}},
               "past one": {"acceptance": {"draft": 7.0}}, "negative": {"realized": {"ar": -3}},
               "other part": {"speed": {}}}

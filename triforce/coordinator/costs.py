@@ -102,8 +102,8 @@ class CostTable(CalibrationFile):
     @staticmethod
     def valid(key: str, value) -> bool:
         """Entries "...||context" -> {tokens: seconds > 0}."""
-        return key.rpartition("||")[2].isdigit() and finite_numbers(value, 1e-12) and \
-            all(n.isdigit() for n in value)
+        return key.rpartition("||")[2].isdecimal() and finite_numbers(value, 1e-12) and \
+            all(n.isdecimal() for n in value)
 
     def merged(self, key: str, theirs: dict, ours: dict) -> dict:
         """The file's sizes with those this process measured since its last save over them: the others it

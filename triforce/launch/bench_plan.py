@@ -33,7 +33,7 @@ def parse_sweep(specs: list[str] | None, modes: list[str]) -> tuple[str | None, 
     kind = str(field_types[name])
     cast = float if "float" in kind else int if kind == "int" else str
     try:
-        return name, [int(v) if v.isdigit() and "int" in kind else cast(v) for v in values.split(",")]
+        return name, [int(v) if v.isdecimal() and "int" in kind else cast(v) for v in values.split(",")]
     except ValueError:
         raise UserError(f"--sweep {name} takes {kind} values (got {values!r})") from None
 

@@ -70,7 +70,7 @@ def add_mode_arg(p: argparse.ArgumentParser) -> None:
 def tree_size(value: str) -> int | str:
     """--tree1 / --tree2: a node count as an int ("0" was a set flag, being a non-empty string), else the
     text, which EngineConfig checks ('auto', or refused)."""
-    return int(value) if value.strip().isdigit() else value
+    return int(value) if value.strip().isdecimal() else value
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

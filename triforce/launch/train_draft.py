@@ -141,7 +141,7 @@ def _repeats(args) -> dict[str, int]:
     repeat = {}
     for spec in args.repeat:
         name, _, count = spec.partition("=")
-        if name not in train_sources or not count.isdigit():
+        if name not in train_sources or not count.isdecimal():
             raise UserError(f"--repeat {spec}: expected SOURCE=N with N >= 0 and SOURCE one of this run's "
                             f"sources ({', '.join(train_sources)})")
         repeat[name] = int(count)

@@ -39,7 +39,7 @@ def sharing_memory(tp: TensorParallel, device: torch.device | str) -> int:
     if torch.device(device).type != "cpu":
         return 1
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return min(tp.size, int(local)) if local.isdigit() and int(local) > 0 else tp.size
+    return min(tp.size, int(local)) if local.isdecimal() and int(local) > 0 else tp.size
 
 
 def check_kept_path(begin: int, parents: list[int] | None, start: int, path: list[int]) -> None:
