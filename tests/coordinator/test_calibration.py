@@ -189,3 +189,22 @@ def test_a_damaged_cached_file_is_made_again_not_a_traceback(tmp_path, capsys, m
     with pytest.raises(UserError, match="Input/output error"):  # draft's training were removed so)
         load_cached(path)
     assert path.exists()
+
+
+def test_models_that_differ_only_in_head_width_keep_apart_costs():
+    """A tier's cost entry is keyed by its model's shape: two models alike but for head_dim (set apart from
+    hidden_size / num_heads, as Qwen3's and Gemma's are) shared one, and the second was planned with the
+    first's forward times."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import torch
+
+    from triforce.coordinator.costs import tier_key
+    from triforce.models.config import ModelConfig
+
+    cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)
+    keys = {tier_key(SimpleNamespace(name="target", placement="local", model=SimpleNamespace(
+        config=config, dtype=torch.float32, device=torch.device("cpu")))) for config in (cfg, replace(cfg, head_dim=16))}
+    assert len(keys) == 2

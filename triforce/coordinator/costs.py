@@ -59,7 +59,8 @@ def tier_key(tier: Tier) -> str:
     group of N ranks) and the part of its cache a forward reads."""
     cfg = tier.model.config
     key = (f"{tier.name}|{cfg.model_type}:{cfg.num_layers}x{cfg.hidden_size}:{cfg.intermediate_size}:"
-           f"{cfg.num_heads}/{cfg.num_kv_heads}:{cfg.vocab_size}|{tier.model.dtype}|{tier.model.device.type}")
+           f"{cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}:{cfg.vocab_size}|"  # (head_dim: Qwen3's, Gemma's
+           f"{tier.model.dtype}|{tier.model.device.type}")  # is not hidden_size / num_heads)
     if tier.placement != "local":
         key += f"|{tier.placement}"
     cache = getattr(tier, "cache", None)
