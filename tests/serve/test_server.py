@@ -411,13 +411,17 @@ def test_an_infinite_temperature_is_refused(client):
 def test_tokenize_gives_the_ids_a_request_would_generate_from_and_detokenize_their_text(llm, client):
     """vLLM's /tokenize: a prompt's ids as a completion's (with the tokenizer's special tokens unless asked
     not to), a chat's as the template lays them out (the usage of the same chat request counts them);
-    /detokenize gives their text back; bad bodies are 400s that name the field."""
+    /detokenize gives their text back; bad bodies are 400s that name the field. An empty prompt is tokenized
+    as vLLM's is ([BOS] where the tokenizer adds one, else no ids)."""
     r = client.post("/tokenize", json={"prompt": "w5 w6 w7", "return_token_strs": True}).json()
     assert r["tokens"] == llm.encode("w5 w6 w7") and r["count"] == len(r["tokens"])
     assert r["token_strs"] == llm.tokenizer.convert_ids_to_tokens(r["tokens"])
     assert r["max_model_len"] == llm.target.config.max_positions
     bare = client.post("/tokenize", json={"prompt": "w5 w6 w7", "add_special_tokens": False}).json()
     assert bare["tokens"] == llm.tokenizer("w5 w6 w7", add_special_tokens=False).input_ids and bare["token_strs"] is None
+    # an empty prompt is its tokenizer's ids, none here (a 400 before: a client counting tokens failed)
+    empty = client.post("/tokenize", json={"prompt": ""}).json()
+    assert empty["tokens"] == llm.tokenizer("").input_ids == [] and empty["count"] == 0
     messages = [{"role": "user", "content": "w10 w11"}]
     chat = client.post("/tokenize", json={"messages": messages}).json()
     asked = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()
@@ -425,7 +429,7 @@ def test_tokenize_gives_the_ids_a_request_would_generate_from_and_detokenize_the
     text = client.post("/detokenize", json={"tokens": chat["tokens"]}).json()["prompt"]
     assert text == llm.tokenizer.decode(chat["tokens"]) and "w10 w11" in text
     for path, body, param in (("/tokenize", {"prompt": "w5", "messages": messages}, "prompt"),
-                              ("/tokenize", {"prompt": ""}, "prompt"), ("/tokenize", {"prompt": "w5", "n": 2}, "n"),
+                              ("/tokenize", {"prompt": 5}, "prompt"), ("/tokenize", {"prompt": "w5", "n": 2}, "n"),
                               ("/tokenize", {"messages": []}, "messages"),
                               ("/tokenize", {"prompt": "w5", "model": "gpt-4"}, "model"),
                               ("/detokenize", {"tokens": [5, 96]}, "tokens"), ("/detokenize", {"tokens": "5"}, "tokens")):

@@ -25,8 +25,8 @@ def tokenize(body: object, llm, model_name: str) -> dict:
         ids = prompts("chat", body, llm, tools)[0][0]
     else:
         text = body["prompt"]
-        if not isinstance(text, str) or not text:
-            raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
+        if not isinstance(text, str):  # ("" too: [BOS] where the tokenizer adds one, else no ids, as vLLM's)
+            raise ApiError(400, "'prompt' must be a string", param="prompt")
         ids = llm.tokenizer(text, add_special_tokens=flag(body, "add_special_tokens", True)).input_ids
     strs = llm.tokenizer.convert_ids_to_tokens(ids) if flag(body, "return_token_strs", False) else None
     return {"count": len(ids), "max_model_len": llm.target.config.max_positions, "tokens": ids, "token_strs": strs}
