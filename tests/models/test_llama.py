@@ -211,6 +211,14 @@ def test_a_config_is_read_as_transformers_reads_it_or_refused_in_a_line():
                            ({"rope_scaling": {"rope_type": "linear"}}, "'linear' lacks factor"),
                            ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),
                            ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),  # (the whole head rotated)
+                           # (a TypeError in rope.py as the model was built; a ZeroDivisionError traceback)
+                           ({"rope_scaling": {"rope_type": "dynamic", "factor": None}}, "factor must be a positive"),
+                           ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": "1",
+                                              "high_freq_factor": 4.0}}, "low_freq_factor must be a number"),
+                           ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "factor must be a positive"),
+                           ({"num_attention_heads": 0}, "sizes must be positive .*num_attention_heads 0"),
+                           ({"num_key_value_heads": -2}, "num_key_value_heads -2"),
+                           ({"num_hidden_layers": -1}, "num_hidden_layers -1"),
                            ({"quantization_config": {"quant_method": "gptq", "bits": 4}},  # (named its scales
                             "a gptq quantized checkpoint")):  # as extra tensors, its weights as missing)
         with pytest.raises(ModelLoadError, match=message):
@@ -300,6 +308,12 @@ def test_weights_that_are_not_finite_are_refused(tiny_dir, tmp_path, dtype, valu
     tensors["model.layers.1.mlp.up_proj.weight"].fill_(60.0)  # finite in float16, though its sum is not
     save_file(tensors, str(tmp_path / "model.safetensors"))
     assert load_model(tmp_path, dtype).config.num_layers == 2
+
+
+def test_a_dtype_load_model_does_not_know_is_refused_by_name(tiny_dir):
+    """load_model(folder, "half") raised a KeyError: 'half' (the CLI has its own choices; the API callers not)."""
+    with pytest.raises(ModelLoadError, match="dtype must be one of auto, float32, bfloat16, float16 .got 'half'"):
+        load_model(tiny_dir("llama2-act", arch="llama2", seed=6), "half")
 
 
 def test_a_forward_past_the_models_positions_reaches_the_rope_table_before_a_streaming_cache_begins(tiny_dir):

@@ -37,7 +37,8 @@ def test_reduced_draft_reads_target_ids(tiny_dir):
 
 
 @pytest.mark.parametrize("ids,why", [([0, 2, 9, 3, 5], "lie in"), ([0, 2, 2, 3, 5], "repeat"),
-                                     ([0, 2, 3], "expected vocab_size - 1")])
+                                     ([0, 2, 3], "expected vocab_size - 1"),
+                                     ([0, 2.7, 3, 4, 5], "must be a list of integers"), (5, "must be a list of")])
 def test_bad_reduced_vocabulary_is_refused(tiny_dir, tmp_path, ids, why):
     import shutil
 

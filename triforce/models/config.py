@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import is_number
 from ..errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -56,6 +57,12 @@ class ModelConfig:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelLoadError(
                 f"model_type {self.model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        sizes = {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "head_dim": self.head_dim,
+                 "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
+                 "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads}
+        bad = [f"{name} {value}" for name, value in sizes.items() if value < 1]
+        if bad:  # (0 heads: a ZeroDivisionError traceback; negative sizes went on to torch's errors)
+            raise ModelLoadError(f"config sizes must be positive (got {', '.join(bad)})")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(f"num_attention_heads {self.num_heads} is not a multiple of "
                                  f"num_key_value_heads {self.num_kv_heads}")
@@ -123,6 +130,10 @@ class ModelConfig:
             missing = [k for k in ROPE_KEYS_NEEDED.get(kind, ()) if k not in rope]
             if missing:  # transformers refuses it too; here it was a KeyError traceback as the model loaded
                 raise ModelLoadError(f"rope_scaling {kind!r} lacks {', '.join(missing)}")
+            for key in ROPE_KEYS_NEEDED.get(kind, ()):  # (a null or "2" failed in rope.py as the model was built)
+                if not is_number(rope[key]) or (key == "factor" and rope[key] <= 0):
+                    raise ModelLoadError(f"rope_scaling {kind!r}: {key} must be a {'positive ' * (key == 'factor')}"
+                                         f"number (got {rope[key]!r})")
             if float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
                 raise ModelLoadError("partial_rotary_factor: a rotation of part of each head is not supported "
                                      "(the whole head would have been rotated)")
@@ -169,7 +180,7 @@ class ModelConfig:
                 num_layers=layers,
                 num_heads=num_heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-                head_dim=int(raw.get("head_dim") or hidden // num_heads),
+                head_dim=int(raw.get("head_dim") or (hidden // num_heads if num_heads > 0 else 0)),
                 max_position_embeddings=positions,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,

@@ -186,6 +186,8 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32",
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelLoadError(f"{folder}: not a model folder")
+    if isinstance(dtype, str) and dtype not in DTYPE_CHOICES:  # (a KeyError traceback from DTYPES before)
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPE_CHOICES)} (got {dtype!r})")
     torch_dtype = DTYPES[resolve_dtype(dtype, device, checkpoint_dtype(folder))] if isinstance(dtype, str) else dtype
     cfg = ModelConfig.from_folder(folder)
     if rope_scaling:

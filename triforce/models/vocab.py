@@ -64,6 +64,8 @@ class ReducedVocabulary:
             if "token_ids" not in meta:  # a draft over the target's whole vocabulary
                 return None
             ids, target_vocab = meta["token_ids"], int(meta["target_vocab_size"])
+            if not (isinstance(ids, list) and all(type(i) is int for i in ids)):  # (1.7 was cut to 1, silently)
+                raise ValueError(f"token_ids must be a list of integers (got {str(ids)[:40]})")
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ModelLoadError(f"{path}: unreadable ({exc})") from exc
         if len(ids) + 1 != draft_vocab_size:
