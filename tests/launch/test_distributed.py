@@ -157,6 +157,9 @@ def test_under_torchrun_by_hand_rank_0_runs_the_commands_checks_before_the_model
 
     with pytest.raises(UserError, match="--control-host auto dials the leader's host name"):
         check_distributed_settings(Namespace(control_host="auto", control_bind="127.0.0.1", retrieval_policy="static"))
+    for timeout in (0.0, 1e7, float("inf"), float("nan")):  # 1e7: ZeroMQ's heartbeat in ms overflowed an int
+        with pytest.raises(UserError, match="--worker-timeout must be a number of seconds > 0 and at most 1,000,000"):
+            check_distributed_settings(Namespace(worker_timeout=timeout))
 
 
 def completions(custom_ids_and_prompts) -> str:

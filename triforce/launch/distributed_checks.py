@@ -21,6 +21,9 @@ def _shards(cfg, size: int) -> bool:
     return True
 
 
+MAX_WORKER_TIMEOUT = 1_000_000  # seconds
+
+
 def check_distributed_settings(args) -> None:
     """What a worker group cannot serve, refused before any process starts."""
     workers, device = getattr(args, "workers", 0), getattr(args, "worker_device", None)
@@ -29,8 +32,10 @@ def check_distributed_settings(args) -> None:
     if device not in (None, "cpu", "cuda"):
         raise UserError(f"--worker-device must be cpu or cuda (got {device!r}); each worker takes cuda:LOCAL_RANK")
     timeout, port = getattr(args, "worker_timeout", 30.0), getattr(args, "control_port", None)
-    if not 0 < timeout < float("inf"):
-        raise UserError(f"--worker-timeout must be a number of seconds > 0 (got {timeout})")
+    if not 0 < timeout <= MAX_WORKER_TIMEOUT:  # (past it ZeroMQ's heartbeat options, in ms, overflow an int:
+        # the leader's OverflowError traceback after loading its shard)
+        raise UserError(f"--worker-timeout must be a number of seconds > 0 and at most {MAX_WORKER_TIMEOUT:,} "
+                        f"(about 11 days; got {timeout})")
     if port is not None and not 1 <= port <= 65535:
         raise UserError(f"--control-port must be a port in 1-65535 (got {port})")
     from .cli import settings_named_by_flags
