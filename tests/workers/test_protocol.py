@@ -142,6 +142,25 @@ def test_an_abandoned_channel_fails_the_request_in_flight_at_once():
     channel.close()
 
 
+def test_an_unreadable_reply_breaks_the_channel(monkeypatch):
+    """A reply the coordinator cannot read (another version's, a damaged one) to a request that changed the
+    workers' caches (a verify, a commit): the coordinator's lengths are out of step with theirs, and each later
+    request of the sequence was refused with a misleading position error. The channel is broken instead."""
+    from servers import free_port
+
+    from triforce.coordinator.channel import ControlChannel, WorkerError
+
+    channel = ControlChannel(f"tcp://127.0.0.1:{free_port()}", timeout_s=60.0)  # nobody answers there
+    monkeypatch.setattr(channel.sock, "poll", lambda *_: True)
+    monkeypatch.setattr(channel.sock, "recv_multipart", lambda: [b"not a reply"])
+    with pytest.raises(WorkerError, match="unreadable reply"):
+        channel.request("commit", {"seq": 1, "path": [0]})
+    assert channel.broken
+    with pytest.raises(WorkerError, match="failed or stopped answering earlier"):
+        channel.request("end", {"seq": 1})
+    channel.close()
+
+
 def test_a_request_interrupted_in_flight_breaks_the_channel_not_its_socket(monkeypatch):
     """A Ctrl-C (in Python, LLM(workers=channel)) while a request waits for its reply: the REQ socket still
     waits for that reply, so the channel is broken, and later requests (the cleanup's `end`) say so, where

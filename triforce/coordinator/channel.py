@@ -140,9 +140,10 @@ class ControlChannel:
                 if not isinstance(bulk, list):
                     raise ProtocolError(f"a {kind!r} reply lacks its bulk description")
                 descriptions = [parse_description(d) for d in bulk]
-        except BaseException as exc:
-            if kind in BULK_REPLIES:  # the leader may be sending its tensors, and answers nothing meanwhile
-                self.broken = True
+        except BaseException as exc:  # broken: the leader may be sending a bulk reply's tensors, and answers
+            # nothing meanwhile; and whatever the request changed on the workers (a verify's or a commit's cache
+            # length) the coordinator did not learn, so its later requests would be refused as out of step
+            self.broken = True
             if isinstance(exc, ProtocolError):
                 raise WorkerError(f"unreadable reply from the worker group: {exc}") from exc
             raise
