@@ -629,6 +629,12 @@ def test_truncate_prompt_tokens_keeps_a_texts_bos_as_vllms_tokenizer_truncation_
     assert checks.truncated(ids, ids, 3) == [6, 7, 8]  # token ids: the last 3
     assert checks.truncated([5, 6, 7, 8], "a text", 3) == [6, 7, 8]  # no BOS to keep
     assert checks.truncated(ids, "a text", 5) == ids and checks.truncated(ids, "a text", None) == ids
+    checks.target = SimpleNamespace(config=SimpleNamespace(max_positions=3))  # -1: the model's length (vLLM's)
+    assert checks.truncated(ids, "a text", -1) == [1, 7, 8] and checks.truncated(ids, ids, -1) == [6, 7, 8]
+    assert SamplingParams(truncate_prompt_tokens=-1).truncate_prompt_tokens == -1
+    for bad in (0, -2, 2.0):
+        with pytest.raises(ConfigError, match="truncate_prompt_tokens must be None, -1"):
+            SamplingParams(truncate_prompt_tokens=bad)
 
     class Unadded(Tokenizer):  # a BOS it adds nowhere (SmolLM2's <|im_start|>): written in the text, it is cut
         def __call__(self, text):

@@ -44,9 +44,11 @@ class RequestChecks:
         return ids
 
     def truncated(self, ids: list[int], prompt: str | Sequence[int], keep: int | None) -> list[int]:
-        """vLLM's truncate_prompt_tokens: a prompt's last `keep` ids; of a text, the BOS its tokenizer put in
-        front kept before them (vLLM truncates inside the tokenizer, which keeps special tokens: cut off, a
-        Llama prompt ran without its BOS)."""
+        """vLLM's truncate_prompt_tokens: a prompt's last `keep` ids (-1: the model's positions); of a text,
+        the BOS its tokenizer put in front kept before them (vLLM truncates inside the tokenizer, which keeps
+        special tokens: cut off, a Llama prompt ran without its BOS)."""
+        if keep == -1:
+            keep = self.target.config.max_positions
         if keep is None or len(ids) <= keep:
             return ids
         if isinstance(prompt, str) and keep > 1 and self._adds_bos() and ids[0] == self.tokenizer.bos_token_id:

@@ -240,8 +240,9 @@ class SamplingParams:
             raise ConfigError("min_tokens cannot be combined with structured_outputs: the constraint decides where "
                               "the text may end")
         k = self.truncate_prompt_tokens
-        if k is not None and (not is_integer(k) or k < 1):
-            raise ConfigError(f"truncate_prompt_tokens must be None or an integer >= 1 (got {shown(k)})")
+        if k is not None and (not is_integer(k) or (k < 1 and k != -1)):
+            raise ConfigError(f"truncate_prompt_tokens must be None, -1 (the model's length) or an integer >= 1 "
+                              f"(got {shown(k)})")
         for name in ("include_stop_str_in_output", "skip_special_tokens", "ignore_eos"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false")

@@ -480,6 +480,8 @@ def test_truncate_prompt_tokens_keeps_each_prompts_last_tokens(llm, client):
                                              "truncate_prompt_tokens": 12, "echo": True}).json()
     assert r["usage"]["prompt_tokens"] == 12
     assert r["choices"][0]["text"] == llm.tokenizer.decode(ids[-12:], skip_special_tokens=True) + expected.text
+    whole = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "truncate_prompt_tokens": -1})
+    assert whole.json()["usage"]["prompt_tokens"] == len(ids)  # -1: the model's length, as vLLM's (a 400 before)
 
 
 def test_malformed_json_is_a_400(client):

@@ -97,10 +97,13 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     except ConstraintError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
     ids_of, given = prompts(kind, body, llm, tools)
-    truncate = integer(body, "truncate_prompt_tokens", None, 1)
+    truncate = integer(body, "truncate_prompt_tokens", None, -1)  # (-1: the model's length, as vLLM's)
+    if truncate == 0:
+        raise ApiError(400, "'truncate_prompt_tokens' must be -1 (the model's length) or an integer >= 1",
+                       param="truncate_prompt_tokens")
     if truncate is not None:  # vLLM's: each prompt's last tokens (echo gives their text)
         kept = [llm.truncated(i, g, truncate) for g, i in zip(given, ids_of)]
-        given = [g if len(i) <= truncate else k for g, i, k in zip(given, ids_of, kept)]
+        given = [g if len(i) == len(k) else k for g, i, k in zip(given, ids_of, kept)]
         ids_of = kept
     echo = flag(body, "echo", False) if kind == "completion" else None  # (1 == True: `in (True, False)` took it)
     ids = max(ids_of, key=len)  # the longest is the one to check
