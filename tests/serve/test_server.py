@@ -1096,6 +1096,36 @@ def test_a_worker_group_that_stops_answering_stops_the_server(llm, monkeypatch):
     client.app.state.scheduler.stop()
 
 
+def test_a_group_lost_as_a_request_is_admitted_runs_no_step_over_the_closed_ones(llm, monkeypatch):
+    """The group is lost as the second of two choices builds its Request: every request is told and its run
+    closed, and the batch, which still held the first, ran one more step over it (its forwards, and a
+    request to the dead group)."""
+    import triforce.serve.scheduler as scheduler_module
+    from triforce.coordinator.channel import WorkerError
+    from triforce.request import Request
+
+    built, steps_after_loss = [], []
+
+    def request(*args, **kwargs):
+        built.append(1)
+        if len(built) == 2:
+            monkeypatch.setattr(llm, "workers", SimpleNamespace(broken=True))  # as ControlChannel marks itself
+            raise WorkerError("the worker group at tcp://x failed 'start': it did not answer within 30 s")
+        return Request(*args, **kwargs)
+
+    step = SequenceBatch.step
+    monkeypatch.setattr(scheduler_module, "Request", request)
+    monkeypatch.setattr(SequenceBatch, "step", lambda self: (steps_after_loss.append(scheduler.fatal is not None),
+                                                             step(self))[1])
+    fatal, seen, told = [], [], threading.Semaphore(0)
+    scheduler = Scheduler(llm, on_fatal=fatal.append)
+    two = parse("completion", {"prompt": [PROMPT, PROMPT], "max_tokens": 4, "temperature": 0}, llm, "tiny")
+    scheduler.submit_choices(two, [lambda kind, data: (seen.append(kind), told.release())] * 2)
+    assert told.acquire(timeout=30) and told.acquire(timeout=30) and seen == ["error", "error"]
+    scheduler._thread.join(10)
+    assert fatal and not scheduler.alive and len(built) == 2 and True not in steps_after_loss
+
+
 def test_a_failure_of_the_schedulers_own_work_ends_every_request_and_the_server(llm, monkeypatch):
     """The scheduler's thread failed outside any one request (free_memory on a device a sticky CUDA error
     broke): the thread died and every request queued stayed waiting, the server up. Now each gets an error

@@ -336,6 +336,7 @@ class Scheduler:
                 seq.run.close()
             except Exception:  # noqa: BLE001 (the others are told all the same, and on_fatal ends the server)
                 log.exception("could not close a request's run")
+        self._batch = SequenceBatch()  # (lost as a request was admitted: the round stepped the closed runs)
         self._end_failed(ended, exc)  # each counted and closed as a failed request is (its caches freed)
         if self.on_fatal is not None:
             self.on_fatal(exc)
