@@ -320,6 +320,9 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/completions", {"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": "no"}}, 400,
      "include_usage"),
     ("/v1/completions", {"prompt": PROMPT, "use_beam_search": True}, 400, "use_beam_search"),
+    ("/v1/completions", {"prompt": PROMPT, "stream": True, "stream_options": False}, 400, "stream_options"),  # (read
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "logprobs": True,  # as none, and
+                              "top_logprobs": False}, 400, "top_logprobs"),  # false as 0)
     ("/v1/completions", {"prompt": PROMPT, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("/tokenize", {"messages": [{"role": "user", "content": "w5"}], "tools": "get_weather"}, 400, "tools"),
     ("/v1/completions", {"prompt": PROMPT, "priority": False}, 400, "priority"),

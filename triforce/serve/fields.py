@@ -89,7 +89,7 @@ def _taken(value, harmless: tuple | type) -> bool:
 def logprobs_field(kind: str, body: dict) -> int | None:
     """SamplingParams.logprobs: how many likely tokens to list beside each generated one; None: no entries."""
     def count(name: str) -> int:
-        value = body.get(name) or 0
+        value = 0 if body.get(name) is None else body[name]  # (false was read as 0)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LOGPROBS:
             raise ApiError(400, f"'{name}' must be an integer from 0 to {MAX_LOGPROBS}", param=name)
         return value

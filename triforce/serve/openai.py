@@ -166,7 +166,7 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     if len(ids) + max_tokens > limit:
         raise ApiError(400, f"the prompt ({len(ids)} tokens) and {name} ({max_tokens}) pass the model's "
                             f"{limit} positions", param=name, code="context_length_exceeded")
-    options = body.get("stream_options") or {}
+    options = {} if body.get("stream_options") is None else body["stream_options"]  # (false: read as none)
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
     if options and not flag(body, "stream", False):  # as OpenAI and vLLM refuse it
