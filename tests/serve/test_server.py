@@ -380,6 +380,7 @@ def test_fields_that_clients_send_at_their_defaults_or_as_null_are_taken(llm, cl
     r = client.post("/v1/chat/completions", json={**chat, **sent})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
     assert r.json()["choices"][0]["message"]["content"] == plain
+    assert r.json()["id"] == "chatcmpl-r1"  # vLLM's: the request_id names the answer (a fresh one was made)
     r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "add_special_tokens": True,
                                              "stop": ["a", "b", "c", "d", "e"], "user": None})
     assert r.status_code == 200, r.text  # vLLM takes any number of stop strings (OpenAI: 4)

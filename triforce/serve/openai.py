@@ -174,8 +174,9 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     include_usage = flag(options, "include_usage", False)
     continuous = flag(options, "continuous_usage_stats", False) and include_usage  # as vLLM takes it
     echoed = [echoed_text(p, tokens, llm) for p, tokens in zip(given, ids_of)] if echo else None
+    tag = body.get("request_id") or uuid.uuid4().hex  # vLLM's: a client's request_id names the answer
     return Job(kind, ids_of, params, flag(body, "stream", False), include_usage,
-               f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}", int(time.time()),
+               f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{tag}", int(time.time()),
                TokenTexts(llm.tokenizer), echoed, tools, continuous, flag(body, "return_token_ids", False), prompt_k)
 
 
