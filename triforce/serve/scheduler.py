@@ -3,7 +3,8 @@
 Requests wait in a FIFO queue of at most `max_queue`; between steps of the batch the first waiting one
 joins it when its caches fit beside the running requests' (or when nothing else runs), so requests run
 together and the weights are read once for all of them (coordinator/batch.py: a request's output does
-not depend on its companions, except which seeded sample mode auto's batch plan draws). A request that
+not depend on its companions, except which seeded sample mode auto's batch plan draws, and a near-tie's
+rounding past a CPU kernel's rows). A request that
 could not fit even alone is refused at once (413). Each request reports through its `on_event(kind,
 data)`, called from the scheduler's thread: ("text", (piece, entries, ids)) as its text is committed
 (streaming requests; entries: the log-probabilities of the tokens since the last piece,
