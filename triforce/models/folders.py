@@ -6,11 +6,14 @@ triforce left them otherwise. hub.py decides which model a name means; this modu
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import os
 import shutil
+import socket
 import sys
+import threading
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -70,7 +73,9 @@ def made_once(dest: Path, make: Callable[[], None]) -> Path:
         writable_folder(dest.parent)
         lock = os.open(dest.with_name(dest.name + ".lock"), os.O_RDONLY | os.O_CREAT, 0o666)
         try:
-            _take_turn(lock, dest)
+            if _take_turn(lock, dest):  # none other makes it now: what killed makers left goes
+                for stale in dest.parent.glob(f"{glob.escape(dest.name)}.partial*"):
+                    shutil.rmtree(stale, ignore_errors=True)
             if not (dest / READY).is_file():
                 make()
         finally:
@@ -78,10 +83,11 @@ def made_once(dest: Path, make: Callable[[], None]) -> Path:
     return dest
 
 
-def _take_turn(lock: int, dest: Path) -> None:
-    """Waits for the lock on file descriptor `lock`; where the file system cannot lock, goes on without."""
+def _take_turn(lock: int, dest: Path) -> bool:
+    """Waits for the lock on file descriptor `lock`; where the file system cannot lock, goes on without
+    (False)."""
     if fcntl is None:
-        return
+        return False
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -89,6 +95,14 @@ def _take_turn(lock: int, dest: Path) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
     except OSError as exc:  # e.g. NFS or Lustre mounted without flock
         log.warning("cannot lock %s (%s): going on without", dest, exc)
+        return False
+    return True
+
+
+def partial_path(path: Path) -> Path:
+    """Where this process (this thread) writes `path` before publishing it: a name of its own, so that makers
+    who could not take turns (a file system without locks) never write into, or delete, each other's."""
+    return path.with_name(f"{path.name}.partial-{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}")
 
 
 def convert_gguf_cached(gguf: Path) -> Path:
@@ -211,7 +225,7 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
     from .loader import load_model
 
     print(f"triforce: converting {gguf.name} into {dest}", file=sys.stderr)
-    tmp = dest.with_name(dest.name + ".partial")
+    tmp = partial_path(dest)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
@@ -219,7 +233,10 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
         load_model(tmp, "bfloat16")  # the check: it must load before it is published
         _finish_conversion(tmp)
         (tmp / READY).write_text(str(gguf.name))
-        shutil.rmtree(dest, ignore_errors=True)
+        if (dest / READY).is_file():  # published meanwhile by a maker that could not take turns with this one
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        shutil.rmtree(dest, ignore_errors=True)  # (an interrupted one)
         tmp.rename(dest)
     except BaseException as exc:  # (a GB of partial folder left behind until the next run)
         shutil.rmtree(tmp, ignore_errors=True)

