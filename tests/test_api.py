@@ -2,6 +2,7 @@
 import pickle
 
 import pytest
+import torch
 
 from triforce import LLM, SamplingParams
 from triforce.config import ConfigError
@@ -361,6 +362,10 @@ def test_vllms_engine_arguments_are_taken(tiny_dir):
     other = [o.token_ids for o in LLM(target, mode="ar", dtype="float32", seed=8).generate([PROMPT] * 3, sampled)]
     assert first == again and first != other and len({tuple(t) for t in first}) == 3
     assert llm.prefixes is None and llm.target.config.max_positions == 300
+    from triforce.models.rope import POSITION_MARGIN  # its RoPE table holds the positions it may use (all 512,
+    whole = LLM(target, mode="ar", dtype="float32").target.rope  # and 2.1M for yarn x64 over 32K, before)
+    assert len(llm.target.rope.cos) == 300 + POSITION_MARGIN < len(whole.cos)
+    assert torch.equal(llm.target.rope.cos, whole.cos[:300 + POSITION_MARGIN])
     prompt_len = len(llm.encode(PROMPT))
     for max_tokens in (260, None):  # as vLLM's engine: generation stops where the positions do
         out = llm.generate(PROMPT, SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0]

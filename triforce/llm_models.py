@@ -65,6 +65,7 @@ class ModelChoice:
         try:
             draft = self._load(self.draft_path)
             check_draft_vocabulary(draft, self.draft_path, self.target.config.vocab_size, self.tokenizer)
+            draft.rope.bound(self.target.config.max_positions)  # (it runs at the target's positions)
         except ModelLoadError as exc:
             if self._default_draft is None:  # (said of the draft: --rope-scaling, say, applies to both)
                 raise ModelLoadError(f"the draft: {exc}") from None
@@ -78,14 +79,15 @@ class ModelChoice:
         print(f"triforce: {self.draft_unavailable}; running without a draft", file=sys.stderr)
 
     def _bound_positions(self, max_model_len: int | None) -> None:
-        """vLLM's max_model_len: the target's positions bounded below the model's own."""
-        if max_model_len is None:
-            return
-        own = self.target.config.max_positions
-        if max_model_len > own:
-            raise ConfigError(f"max_model_len {max_model_len} is more than the model's {own} positions "
-                              f"(rope_scaling stretches them)")
-        self.target.config = replace(self.target.config, position_limit=max_model_len)
+        """vLLM's max_model_len: the target's positions bounded below the model's own; its RoPE table holds
+        those it may use (a sliding window's too)."""
+        if max_model_len is not None:
+            own = self.target.config.max_positions
+            if max_model_len > own:
+                raise ConfigError(f"max_model_len {max_model_len} is more than the model's {own} positions "
+                                  f"(rope_scaling stretches them)")
+            self.target.config = replace(self.target.config, position_limit=max_model_len)
+        self.target.rope.bound(self.target.config.max_positions)
 
     def _load(self, folder: Path):
         try:

@@ -316,6 +316,25 @@ def test_a_dtype_load_model_does_not_know_is_refused_by_name(tiny_dir):
         load_model(tiny_dir("llama2-act", arch="llama2", seed=6), "half")
 
 
+def test_the_rope_table_is_the_same_computed_a_few_positions_at_a_time(monkeypatch):
+    """The table is computed in pieces of ROWS_AT_ONCE positions (a whole one's float32 temporaries took as
+    much again as the table); every row equals the whole computation's, bit for bit, grown or not."""
+    from triforce.models import rope as rope_module
+    from triforce.models.rope import RotaryEmbedding
+
+    cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=100,
+                      rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 25})
+    whole = RotaryEmbedding(cfg)
+    monkeypatch.setattr(rope_module, "ROWS_AT_ONCE", 7)
+    pieces = RotaryEmbedding(cfg)
+    assert torch.equal(pieces.cos, whole.cos) and torch.equal(pieces.sin, whole.sin) and len(whole.cos) > 7
+    pieces.reach(len(whole.cos) + 30)
+    monkeypatch.setattr(rope_module, "ROWS_AT_ONCE", 1 << 16)
+    whole.reach(len(whole.cos) + 30)
+    assert torch.equal(pieces.cos, whole.cos) and torch.equal(pieces.sin, whole.sin)
+
+
 def test_a_forward_past_the_models_positions_reaches_the_rope_table_before_a_streaming_cache_begins(tiny_dir):
     """A draft runs past its own positions over a streaming cache. After a skip, the first forward's window
     starts at its own first token, and the cache turns its sinks by that position (less the sinks) as it

@@ -93,6 +93,7 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
 # needs a table entry; the engine's speculation slack stays below this margin (at most 268: gammas of 128
 # together, two trees of 64, 12 more; at 256 a table grew mid-request, and CUDA graphs held the old one).
 POSITION_MARGIN = 512
+ROWS_AT_ONCE = 1 << 16  # positions whose rotation is computed at a time
 
 
 class RotaryEmbedding:
@@ -104,10 +105,24 @@ class RotaryEmbedding:
         self.cos, self.sin = self._rows(0, cfg.max_position_embeddings + POSITION_MARGIN, device)
 
     def _rows(self, start: int, end: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(start, end, dtype=torch.float32)
-        freqs = torch.outer(positions, self.inv_freq)  # [P, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-        return (emb.cos() * self.scale).to(device), (emb.sin() * self.scale).to(device)
+        dim = 2 * len(self.inv_freq)
+        cos, sin = (torch.empty(end - start, dim, device=device) for _ in range(2))
+        for first in range(start, end, ROWS_AT_ONCE):  # (the float32 temporaries of a whole table at once
+            # took as much again: a 4.7 GB peak for the 2.1 GB table of yarn x64 over 32K positions)
+            last = min(end, first + ROWS_AT_ONCE)
+            freqs = torch.outer(torch.arange(first, last, dtype=torch.float32), self.inv_freq)  # [P, D/2]
+            emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+            cos[first - start:last - start] = (emb.cos() * self.scale).to(device)
+            sin[first - start:last - start] = (emb.sin() * self.scale).to(device)
+        return cos, sin
+
+    def bound(self, positions: int) -> None:
+        """Keeps the rows of the first `positions` (and the margin) only: where a request may use fewer
+        positions than the model has (vLLM's max_model_len, a sliding window), before the first forward
+        (`reach` grows it again should a draft's positions pass them)."""
+        rows = positions + POSITION_MARGIN
+        if rows < len(self.cos):
+            self.cos, self.sin = self.cos[:rows].clone(), self.sin[:rows].clone()
 
     def turn(self, by: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [n, D] that turn vectors already rotated by `by` [n] more positions (either sign),
