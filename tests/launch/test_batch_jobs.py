@@ -46,6 +46,9 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     lines.append(json.dumps({"custom_id": "g", "method": "POST", "url": "/v1/completions", "body": listed}))
     asked = {"input": [{"role": "user", "content": "w5 w6"}], "max_output_tokens": 4, "temperature": 0}
     lines.append(json.dumps({"custom_id": "h", "method": "POST", "url": "/v1/responses", "body": asked}))
+    lines.append(json.dumps({"custom_id": "i", "url": "/v1/completions", "body": {"prompt": PROMPT}}))  # no method
+    tagged = {"prompt": PROMPT, "max_tokens": 2, "request_id": "mine"}  # (its body's id: two lines might share it)
+    lines += [json.dumps({"custom_id": k, "method": "POST", "url": "/v1/completions", "body": tagged}) for k in "jk"]
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("\n".join(lines) + "\n")
     llm = LLM(target, mode="ar", dtype="float32")
@@ -60,8 +63,12 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     # mid-write: b done, c torn
     assert run(target, inp, out) == 0
     got = results(out)
-    assert sorted(got) == ["a", "b", "c", "d", "e", "f", "g", "h", "line-4"]
-    assert len(out.read_text().splitlines()) == 9  # b kept once, the torn line gone
+    assert sorted(got) == ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "line-4"]
+    assert len(out.read_text().splitlines()) == 12  # b kept once, the torn line gone
+    assert "method POST" in got["i"]["error"]["message"] and got["i"]["response"] is None  # (run as POST before)
+    assert got["j"]["response"]["body"]["id"] == got["k"]["response"]["body"]["id"] == "cmpl-mine"
+    request_ids = [r["response"]["request_id"] for r in got.values() if r["response"] and "request_id" in r["response"]]
+    assert len(request_ids) == len(set(request_ids)) > 2 and all(i.startswith("req_") for i in request_ids)
     for k in ("a", "c"):
         body = got[k]["response"]["body"]
         assert body["choices"][0]["text"] == expected[k] and body["model"] == "tiny" and got[k]["error"] is None
@@ -82,7 +89,7 @@ def test_batch_answers_each_line_and_resumes(tiny_dir, tmp_path):
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     assert answer["object"] == "response" and answer["output"][0]["content"][0]["text"] == llm.generate(
         ids, SamplingParams(max_tokens=4, temperature=0))[0].text
-    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 9  # all done: nothing added
+    assert run(target, inp, out) == 0 and len(out.read_text().splitlines()) == 12  # all done: nothing added
 
 
 def test_lines_python_reads_otherwise_than_json_get_their_errors_and_a_rerun_skips_them(tiny_dir, tmp_path):
@@ -134,8 +141,10 @@ def test_an_output_that_is_not_a_results_file_and_repeated_ids_are_refused_untou
     notes.write_text("my notes\nthe last line, unterminated")
     note = tmp_path / "note.txt"
     note.write_text("one line, unterminated")  # all of it read as torn once, and emptied
+    listed = tmp_path / "listed.jsonl"  # (a list's custom_id: an unhashable-type traceback)
+    listed.write_text(json.dumps({"custom_id": ["a"], "response": None, "error": None}) + "\n")
     for out, message in ((inp, "is the --input file"), (notes, "not a results file"), (note, "not a results file"),
-                         (tmp_path / "none" / "out.jsonl", "no folder")):
+                         (listed, "not a results file"), (tmp_path / "none" / "out.jsonl", "no folder")):
         before = out.read_text() if out.exists() else None
         assert run(target, inp, out) == 2 and message in capsys.readouterr().err
         assert (out.read_text() if out.exists() else None) == before
@@ -145,6 +154,7 @@ def test_an_output_that_is_not_a_results_file_and_repeated_ids_are_refused_untou
     assert run(target, inp, tmp_path / "out.jsonl") == 2
     assert "'line-2' on line 1 is the name of line 2, which has none" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+    assert run(target, inp, "-") == 2 and "--output - : results go to a file" in capsys.readouterr().err
 
 
 def test_shards_split_the_lines(tiny_dir, tmp_path):

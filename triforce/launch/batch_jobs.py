@@ -134,6 +134,8 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str, list[str]] | Non
             lines = jsonl_lines(_input_text(args.input))
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {args.input}: {exc}") from None
+    if args.output == "-":  # (a file named "-" was written, and nothing said so)
+        raise UserError("--output - : results go to a file, which a rerun resumes from; name one")
     output = user_path(args.output)
     if output.exists() and user_path(args.input).exists() and output.samefile(user_path(args.input)):
         raise UserError("--output is the --input file: results go to a file of their own")
@@ -223,7 +225,7 @@ def _answer(args, llm, lines: list[str], output: Path, mine: list, finished: dic
                 bar.update(1)
                 continue
             job = None
-            if error is None and (not isinstance(request, dict) or request.get("method", "POST") != "POST" or
+            if error is None and (not isinstance(request, dict) or request.get("method") != "POST" or
                                   not isinstance(request.get("url"), str) or request["url"] not in URLS):
                 error = {"code": "invalid_request", "message": f"line {n + 1}: each line needs method POST and url "
                          "/v1/completions, /v1/chat/completions or /v1/responses"}
@@ -233,9 +235,9 @@ def _answer(args, llm, lines: list[str], output: Path, mine: list, finished: dic
                     job = responses.parse(body, llm, model, args.chat_max_tokens) if kind == "response" else \
                         openai.parse(kind, body, llm, model, args.chat_max_tokens)
                 except openai.ApiError as exc:  # what the server answers it: a response with its status, as OpenAI's
-                    error = {"status_code": exc.status, "request_id": f"req_{uuid.uuid4().hex}", "body": exc.body()}
+                    error = {"status_code": exc.status, "request_id": request_id(), "body": exc.body()}
                 except Exception as exc:  # a bug: this line's 500, as the server's, and the job goes on
-                    error = write.internal_error(custom_id, f"req_{uuid.uuid4().hex}", exc)
+                    error = write.internal_error(custom_id, request_id(), exc)
             if job is None:  # a line that cannot run: its error, once
                 write(_result(lines[n], custom_id, error) if "status_code" in error else
                       _result(lines[n], custom_id, error=error))
@@ -275,13 +277,19 @@ def _run(llm, model, pending, write: ResultsWriter) -> None:
         (line, custom_id, job), = pending
         if isinstance(exc, RequestFailed):
             error = openai.ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
-            response = {"status_code": error.status, "request_id": job.id, "body": error.body()}
+            response = {"status_code": error.status, "request_id": request_id(), "body": error.body()}
         else:
-            response = write.internal_error(custom_id, job.id, exc)
+            response = write.internal_error(custom_id, request_id(), exc)
         write(_result(line, custom_id, response))
         return
     for (line, custom_id, job), body in zip(pending, bodies):
-        write(_result(line, custom_id, {"status_code": 200, "request_id": job.id, "body": body}))
+        write(_result(line, custom_id, {"status_code": 200, "request_id": request_id(), "body": body}))
+
+
+def request_id() -> str:
+    """A result's request_id, as OpenAI's are: one of its own, not its body's id (which a line's request_id
+    field names, as vLLM's server does: two lines could share it)."""
+    return f"req_{uuid.uuid4().hex}"
 
 
 def line_seed(seed: int, custom_id: str) -> int:

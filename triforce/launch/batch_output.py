@@ -124,8 +124,8 @@ def result_line(line: str) -> dict | None:
         record = json.loads(line)
     except (ValueError, RecursionError):
         return None
-    return record if isinstance(record, dict) and "custom_id" in record and (
-        "response" in record or "error" in record) else None
+    return record if isinstance(record, dict) and isinstance(record.get("custom_id"), str) and (
+        "response" in record or "error" in record) else None  # (a list's: an unhashable-type traceback)
 
 
 class ResultsWriter:
