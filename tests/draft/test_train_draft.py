@@ -155,15 +155,22 @@ def test_train_draft_command_writes_a_usable_draft_and_resumes(tiny_dir, tmp_pat
     assert llm.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
 
 
-def test_train_draft_rejects_a_bad_shape(tiny_dir, tmp_path, capsys):
+def test_train_draft_rejects_a_bad_shape(tiny_dir, tmp_path, capsys, monkeypatch):
+    """Before the target loads (a minute for a large one; it loaded first)."""
+    import triforce
+
     target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
     text = write_corpus(tmp_path / "corpus.txt", words=500)
+    monkeypatch.setattr(triforce, "LLM", lambda *a, **k: pytest.fail("the target loaded first"))
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
                  "--hidden", "30", "--heads", "4"])
     assert code == 2 and "must divide" in capsys.readouterr().err
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
                  "--hidden", "40", "--heads", "8", "--kv-heads", "2"])  # head size 5: a traceback at step 1
     assert code == 2 and "must be even" in capsys.readouterr().err
+    code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
+                 "--layers", "0"])
+    assert code == 2 and "must be positive" in capsys.readouterr().err
 
 
 def test_sample_order_weighs_sequences_by_their_repeats():

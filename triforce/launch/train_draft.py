@@ -248,7 +248,9 @@ def _train_draft(args) -> int:
         writable_folder(work.parent)
     else:
         _check_work_dir(work)
-    check_readable([*args.text, *(args.heldout or [])])  # before the target loads (a minute for a large one)
+    check_readable([*args.text, *(args.heldout or [])])  # before the target loads (a minute for a large one),
+    DraftShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads,  # as the shape is
+               args.vocab or 1, max_positions=max(2048, args.seq_len)).check(0)  # (the vocabulary's bound: after)
     llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
     if llm.tokenizer is None:
         raise UserError(f"{llm.model_path} has no tokenizer; train-draft needs one")
