@@ -19,7 +19,8 @@ def tier_summary(metrics) -> list[dict]:
 
 def medians(rows: list[dict], sweep_name: str | None) -> list[dict]:
     """One row per run (mode or peer, and sweep value) of its repeats: the repeat of median tokens/s (the
-    lower of the two middle ones), with the median tokens/s and prefill and every repeat's tokens/s."""
+    lower of the two middle ones), with the median tokens/s and prefill, every repeat's tokens/s, and every
+    repeat's tokens (`compare` checks them all)."""
     runs: dict[tuple, list[dict]] = {}
     for row in rows:
         runs.setdefault((row["run"], row.get(sweep_name)), []).append(row)
@@ -31,7 +32,8 @@ def medians(rows: list[dict], sweep_name: str | None) -> list[dict]:
         middle = ranked[(len(ranked) - 1) // 2]
         out.append({**middle, "tokens_per_s": statistics.median(r["tokens_per_s"] for r in repeats),
                     "prefill_s": statistics.median(r["prefill_s"] for r in repeats),
-                    "tokens_per_s_runs": [round(r["tokens_per_s"], 3) for r in repeats]})
+                    "tokens_per_s_runs": [round(r["tokens_per_s"], 3) for r in repeats],
+                    "token_ids_runs": [r["token_ids"] for r in repeats]})
     return out
 
 
@@ -65,7 +67,8 @@ def batch_row(outs) -> dict:
 
 def compare(rows: list[dict], tokenizer, key: str | None) -> list[dict]:
     """Adds speedups against the group's ar and transformers runs, equality with ar when greedy, and
-    whether the passkey was answered; drops the token ids."""
+    whether the passkey was answered, each over every repeat of a run (equal, found: in all of them; the
+    requests equal: the fewest of any); drops the token ids."""
     ar = next((r for r in rows if r["run"] == "ar"), None)
     plain = next((r for r in rows if r["run"] == "transformers"), None)
     greedy = rows[0]["temperature"] == 0 if rows else False
@@ -73,14 +76,16 @@ def compare(rows: list[dict], tokenizer, key: str | None) -> list[dict]:
         for name, ref in (("ar", ar), ("transformers", plain)):
             if ref is not None and ref is not row and ref["tokens_per_s"] > 0:  # (0: one token, no rate)
                 row[f"speedup_vs_{name}"] = round(row["tokens_per_s"] / ref["tokens_per_s"], 3)
+        runs = row.get("token_ids_runs", [row["token_ids"]])  # (the median repeat's alone hid one that parted)
         if ar is not None and greedy and row is not ar:
-            same = [mine == theirs for mine, theirs in zip(row["token_ids"], ar["token_ids"])]
-            row["equals_ar"] = all(same)
-            if len(same) > 1:  # a batch: how many of its requests
-                row["requests_equal_ar"] = sum(same)
+            same = [[mine == theirs for mine, theirs in zip(run, ar["token_ids"])] for run in runs]
+            row["equals_ar"] = all(all(run) for run in same)
+            if len(same[0]) > 1:  # a batch: how many of its requests
+                row["requests_equal_ar"] = min(sum(run) for run in same)
         if key is not None:
-            row["passkey_found"] = key in tokenizer.decode(row["token_ids"][0][:16])
+            row["passkey_found"] = all(key in tokenizer.decode(run[0][:16]) for run in runs)
     for row in rows:
         row["tokens_per_s"], row["prefill_s"] = round(row["tokens_per_s"], 3), round(row["prefill_s"], 3)
         del row["token_ids"]
+        row.pop("token_ids_runs", None)
     return rows
