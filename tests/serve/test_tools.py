@@ -227,6 +227,11 @@ def test_auto_with_a_hermes_template_parses_its_blocks():
     assert required.message(listed, "stop")[0]["tool_calls"][0]["function"]["arguments"] == '{"zone": "Zürich"}'
     other = '{"name": "get_date", "arguments": {}}'  # names no tool of the request: content
     assert plan.message(other, "stop") == ({"role": "assistant", "content": other}, "stop")
+    # a block that is no call of the request's tools stays content (it vanished; an unoffered tool was called)
+    unoffered, broken = f"<tool_call>{other}</tool_call>", '<tool_call>{"name": "get_time", </tool_call>'
+    message = plan.message(f"A.{text}B.{broken}C.{unoffered}", "stop")[0]
+    assert message["content"] == f"A.Let me check.\nB.{broken}C.{unoffered}" and len(message["tool_calls"]) == 1
+    assert plan.message(unoffered, "stop")[0] == {"role": "assistant", "content": unoffered}
     assert plan.constraint is None and plan.may_call
     assert not ToolPlan.parse({"tools": TOOLS}, "a template without calls").may_call
     with pytest.raises(ConstraintError):
@@ -260,10 +265,18 @@ def test_a_streamed_answer_sends_its_content_until_a_call_may_begin():
     the end's delta holds the calls and only the content not yet sent."""
     plan = ToolPlan.parse({"tools": TOOLS}, "{# <tool_call> #}")
     pieces = ["Let me ", "check.\n<tool", '_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>']
-    streamed = StreamedContent(plan)
-    assert [streamed.add(p) for p in pieces] == ["Let me ", "check.\n", ""]
+    streamed = StreamedContent(plan)  # (trailing whitespace waits: the message's content ends before it)
+    assert [streamed.add(p) for p in pieces] == ["Let me", " check.", ""]
     end = streamed.rest(plan.message("".join(pieces), "stop")[0])
     assert end["content"] is None and end["tool_calls"][0]["index"] == 0
+    call = '<tool_call>{"name": "get_time", "arguments": {"zone": "utc"}}</tool_call>'
+    for text in ("Let me check.\n\n" + call, "  Sure " + call + " then text", "Sure\n" + call + "\n",
+                 "No call, with space after.  "):  # the streamed pieces join to the message's content (the
+        for cut in range(len(text) + 1):  # whitespace before a call went out, and the content left it out)
+            streamed, message = StreamedContent(plan), plan.message(text, "stop")[0]
+            sent = streamed.add(text[:cut]) + streamed.add(text[cut:])
+            assert sent + (streamed.rest(message)["content"] or "") == (message["content"] or ""), (text, cut)
+    assert plan.message("  Sure " + call + " then text", "stop")[0]["content"] == "  Sure  then text"
     streamed = StreamedContent(plan)  # content after the calls: the streamed pieces join to the message's
     text = 'Hi.\n<tool_call>{"name": "get_time", "arguments": {"zone": "utc"}}</tool_call>\nDone.'
     sent = streamed.add(text)

@@ -176,6 +176,22 @@ class ToolPlan:
         to be calls or content)."""
         return self.choice != "none" and (self.choice != "auto" or self.hermes)
 
+    def _blocks(self, text: str) -> tuple[list[tuple[str, str]], str | None]:
+        """The calls of an answer's <tool_call> blocks that call a tool of the request (the first alone
+        without parallel calls), and its content: the text less those blocks, its trailing whitespace cut
+        (None where nothing else is left). A block that is no such call stays in the content (it vanished,
+        and a call of a tool the request did not offer was taken)."""
+        calls, rest, at = [], [], 0
+        for block in HERMES.finditer(text):
+            call = _call(block.group(1))
+            if call is not None and call[0] in self.tools:
+                calls.append(call)
+                rest.append(text[at:block.start()])
+                at = block.end()
+        if not calls:
+            return [], text
+        return (calls if self.parallel else calls[:1]), ("".join(rest) + text[at:]).rstrip() or None
+
     def message(self, text: str, finish_reason: str) -> tuple[dict, str]:
         """The assistant message of an answer's text, and its finish reason ("tool_calls" for calls that ended)."""
         if self.forced is not None:
@@ -183,9 +199,7 @@ class ToolPlan:
         elif self.choice == "required":
             calls, content = _listed_calls(text), None
         elif self.choice == "auto" and self.hermes:
-            calls = [call for block in HERMES.findall(text) if (call := _call(block)) is not None]
-            calls = calls if self.parallel else calls[:1]
-            content = HERMES.sub("", text).strip() or None if calls else text
+            calls, content = self._blocks(text)
             if not calls and (call := _call(FENCE.sub("", text.strip()))) is not None and call[0] in self.tools:
                 calls, content = [call], None  # the whole answer one call, bare or in a ```json fence
         else:
@@ -205,7 +219,8 @@ class ToolPlan:
 class StreamedContent:
     """What a streamed answer that may hold tool calls sends as it comes: its content up to where a call may
     begin. An answer that opens with `{` or a code fence may be one call object, and waits whole; otherwise
-    the text before a `<tool_call>` tag goes out, less a tail that may begin one."""
+    the text before a `<tool_call>` tag goes out, less a tail that may begin one and trailing whitespace
+    (the message's content ends where its text before the calls does: sent, it joined the pieces wrongly)."""
     TAG = "<tool_call>"
 
     def __init__(self, plan: ToolPlan):
@@ -222,21 +237,15 @@ class StreamedContent:
         if end < 0:
             end = len(self.text) - next((k for k in range(len(self.TAG) - 1, 0, -1)
                                          if self.text.endswith(self.TAG[:k])), 0)
-        out = self.text[len(self.sent):max(end, len(self.sent))]
-        if not (self.sent + out).strip():  # (whitespace before a call is no content of the message: held)
-            return ""
+        out = self.text[len(self.sent):max(len(self.text[:end].rstrip()), len(self.sent))]
         self.sent += out
         return out
 
     def rest(self, message: dict) -> dict:
-        """The end's delta of `message` (ToolPlan.message of the whole text): its calls, and the content
-        not sent yet."""
-        content, sent = message.get("content"), self.sent
-        if "tool_calls" not in message:
-            content = content[len(sent):]
-        elif content is not None and sent:
-            content = HERMES.sub("", self.text)[len(sent):].rstrip()  # the message's content is this, stripped
-        delta = {**message, "content": content or None}
+        """The end's delta of `message` (ToolPlan.message of the whole text, whose content begins with what
+        was sent): its calls, and the content not sent yet."""
+        content = message.get("content")
+        delta = {**message, "content": content[len(self.sent):] or None if content is not None else None}
         if "tool_calls" in delta:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
         return delta
