@@ -10,6 +10,7 @@ of the forward that produced the row.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -17,6 +18,20 @@ from functools import cached_property, partial
 import torch
 
 from .detokenize import DECODE_CONTEXT
+
+BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback (Llama 2's, Mistral's)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's, Qwen's, SmolLM2's): the printable character each byte is written
+    as in the vocabulary -> that byte. Printable bytes stand for themselves, the others for 256, 257, ... in
+    their order."""
+    printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
+
+
+BYTE_LEVEL = _byte_level_alphabet()
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,26 @@ class TokenTexts:
             text = whole[len(head):] if whole.startswith(head) else self._decode((token,))
             self.known[key] = text
         return text
+
+    def bytes_of(self, token: int, text: str) -> bytes:
+        """OpenAI's `bytes` of a token whose text, where it stands, is `text`: its UTF-8, or where the token holds
+        part of a character (its text U+FFFD, or nothing: the character's first bytes showed it) the token's
+        own bytes (a byte-level BPE piece's, a byte fallback token's), so that the bytes of a character's
+        tokens join to it (each was U+FFFD's three, or none)."""
+        if (text and "\ufffd" not in text) or self.tokenizer is None:
+            return text.encode("utf-8")
+        piece = self.tokenizer.convert_ids_to_tokens(token)
+        raw = None
+        if isinstance(piece, str) and (byte := BYTE_TOKEN.fullmatch(piece)) is not None:
+            raw = bytes([int(byte.group(1), 16)])
+        elif isinstance(piece, str) and piece and all(c in BYTE_LEVEL for c in piece):
+            raw = bytes(BYTE_LEVEL[c] for c in piece)
+        try:
+            if raw is not None:
+                raw.decode("utf-8")  # whole characters: the text where it stands says them
+        except UnicodeDecodeError:
+            return raw
+        return text.encode("utf-8")
 
     def _decode(self, tokens: tuple[int, ...]) -> str:
         if not tokens:

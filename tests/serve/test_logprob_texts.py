@@ -82,3 +82,39 @@ def test_log_probabilities_json_cannot_carry_are_served_as_vllm_clamps_them(meta
         json.dumps(served, allow_nan=False)  # every value finite
     out = completion_logprobs(texts, ids, items)
     assert out["token_logprobs"] == [-9999.0, -9999.0, -1.5] and out["top_logprobs"][2][" a"] == -1.5
+
+
+def _byte_level_tokenizer():
+    """A byte-level BPE tokenizer (GPT-2's alphabet) of single bytes and one merged pair, "ðŁ" (F0 9F, the
+    first half of most emoji): characters past ASCII are split across tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from triforce.logprobs import BYTE_LEVEL
+
+    vocab = {"<s>": 0, **{c: 1 + i for i, c in enumerate(BYTE_LEVEL)}}
+    vocab["ðŁ"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, merges=[("ð", "Ł")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>")
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "byte fallback"])
+def test_the_bytes_of_a_characters_tokens_join_to_it(kind):
+    """OpenAI's `bytes` are there to rebuild characters split across tokens: each such token's text is
+    U+FFFD (or nothing), and its bytes were U+FFFD's three (or none); they are the token's own now."""
+    from checkpoints import byte_fallback_tokenizer
+    from triforce.serve.logprobs import chat_logprobs
+
+    tokenizer = _byte_level_tokenizer() if kind == "byte-level" else byte_fallback_tokenizer(["ok", "caf"])
+    text = "ok 😀 café 日本 ok"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    assert len(ids) > len(text.split()) + 8  # split characters
+    out = chat_logprobs(TokenTexts(tokenizer), [TokenLogprobs(t, -1.0, [(t, -1.0)]) for t in ids])
+    entries = out["content"]
+    assert any("\ufffd" in e["token"] for e in entries)  # the texts show the split, as vLLM's do
+    assert bytes(b for e in entries for b in e["bytes"]).decode("utf-8") == tokenizer.decode(ids).strip() == text
+    assert all(e["top_logprobs"][0]["bytes"] == e["bytes"] for e in entries)
+    whole = [e for e in entries if "\ufffd" not in e["token"] and e["token"]]  # whole characters: their UTF-8
+    assert whole and all(bytes(e["bytes"]) == e["token"].encode() for e in whole)

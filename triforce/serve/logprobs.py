@@ -53,7 +53,7 @@ def chat_logprobs(texts: TokenTexts, items: list[TokenLogprobs], before: list[in
     """A chat choice's `logprobs` for the entries `items`, whose tokens follow `before`."""
     def entry(token: int, logprob: float, context: tuple[int, ...]) -> dict:
         text = texts(token, context)
-        return {"token": text, "logprob": shown(logprob), "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": shown(logprob), "bytes": list(texts.bytes_of(token, text))}
 
     contexts = texts.contexts(list(before), [item.token for item in items])
     return {"content": [{**entry(item.token, item.logprob, context),
