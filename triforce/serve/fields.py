@@ -54,7 +54,10 @@ def request_json(raw: bytes | str) -> object:
 CLIENT_DEFAULTS = {"store": (False,), "service_tier": ("auto", "default"), "modalities": (["text"],),
                    "metadata": dict, "request_id": str, "prompt_cache_key": str, "safety_identifier": str,
                    "use_beam_search": (False,), "length_penalty": (1.0,), "priority": (0,),
-                   "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,)}
+                   "return_tokens_as_token_ids": (False,),
+                   # (a slow tokenizer's option; fast ones, which this server's are, and vLLM's fast
+                   # detokenizer, join special tokens as their decoder does, either way)
+                   "spaces_between_special_tokens": (True, False)}
 
 
 def checked_body(body: object, allowed: set[str], model_name: str, harmless: dict | None = None) -> dict:
