@@ -189,6 +189,10 @@ def test_a_config_is_read_as_transformers_reads_it_or_refused_in_a_line():
         "rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2048}})
     assert dynamic.rope_scaling == {"rope_type": "dynamic", "factor": 2.0}
     assert ModelConfig.from_hf_dict({**base, "sliding_window": 512}).max_positions == 4096
+    # positions a config leaves out are transformers' default for its type (2048 for every type, before)
+    bare = {k: v for k, v in base.items() if k != "max_position_embeddings"}
+    assert [ModelConfig.from_hf_dict({**bare, "model_type": t}).max_position_embeddings
+            for t in ("llama", "mistral", "qwen2")] == [2048, 131072, 32768]
     qwen = {**base, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": 512}
     assert ModelConfig.from_hf_dict({**qwen, "max_window_layers": 2}).max_positions == 4096
     assert ModelConfig.from_hf_dict({**qwen, "max_window_layers": 1}).max_positions == 512  # banded: refused past it

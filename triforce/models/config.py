@@ -17,6 +17,10 @@ from ..config import is_number
 from ..errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# transformers' defaults where config.json leaves them out (KV heads: as many as attention heads, Llama's
+# rule for every type; Mistral's and Qwen2's classes default to 8 and 32, which real configs always override)
+TYPE_DEFAULTS = {"llama": {"max_position_embeddings": 2048}, "mistral": {"max_position_embeddings": 131072},
+                 "qwen2": {"max_position_embeddings": 32768}}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 ROPE_KEYS_NEEDED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
                     "llama3": ("factor", "low_freq_factor", "high_freq_factor")}  # what each kind reads
@@ -112,6 +116,7 @@ class ModelConfig:
             method = quantized.get("quant_method", "some") if isinstance(quantized, dict) else "some"
             raise ModelLoadError(f"a {method} quantized checkpoint (quantization_config): triforce loads "
                                  "unquantized weights, or a GGUF, which it dequantizes")
+        raw = {**TYPE_DEFAULTS[model_type], **raw}  # (2048 positions for every type, before)
         activation = raw.get("hidden_act", "silu")
         if activation not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"hidden_act {activation!r} is not supported (the MLP gate is SiLU)")
@@ -148,8 +153,8 @@ class ModelConfig:
                 # place), else the one in rope_scaling, else max_position_embeddings (a KeyError before)
                 rope["original_max_position_embeddings"] = int(raw.get(
                     "original_max_position_embeddings",
-                    rope.get("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))))
-            positions = int(raw.get("max_position_embeddings", 2048))
+                    rope.get("original_max_position_embeddings", raw["max_position_embeddings"])))
+            positions = int(raw["max_position_embeddings"])
             if kind in ("linear", "yarn"):  # the positions they stretch over, as vLLM counts them (Qwen2.5's
                 # card adds yarn x4 of 32,768 to reach 131,072, max_position_embeddings left at 32,768); a yarn
                 # config that wrote the stretched count keeps it. A linear one without
