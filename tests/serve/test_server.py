@@ -671,6 +671,11 @@ def test_requests_fit_beside_the_caches_the_running_ones_have_yet_to_allocate(ll
         with pytest.raises(ApiError) as refused:
             held.submit(big, lambda *_: None)
         assert refused.value.status == 413 and refused.value.code == "context_length_exceeded"
+        # a request that fits in what was free while none ran is queued without reading the memory free now,
+        # which on a GPU snapshots the allocator on the server's event loop (each request stalled every stream)
+        monkeypatch.setattr(llm, "free_memory", lambda: pytest.fail("read on the event loop"))
+        held.submit(job, lambda *_: None)
+        assert len(held.waiting) == 1
     finally:
         held.running.clear()
         held.stop()

@@ -75,7 +75,9 @@ class Scheduler:
         longest = max(len(ids) for ids in job.prompts)
         size = (longest, job.params.max_tokens, job.params.prompt_logprobs is not None)
         need = self.llm.cache_bytes_for(*size)
-        capacity = self._capacity_now(self.llm.free_memory())
+        capacity = self._capacity  # what was free while none ran; the memory free now may only add to it, and
+        if capacity is None or need > self.llm.memory_share * capacity:  # is read where that decides (on a GPU
+            capacity = self._capacity_now(self.llm.free_memory())  # a snapshot of the allocator: on the event loop)
         if capacity is not None and need > self.llm.memory_share * capacity:
             raise ApiError(413, f"the caches for {longest + job.params.max_tokens} tokens need "
                                 f"{need / 2**30:.2f} GiB; this server has "
