@@ -284,6 +284,32 @@ def test_a_full_group_runs_a_batch_in_parts_and_a_server_queues_what_it_refused(
         group.close()
 
 
+def test_a_cache_another_rank_cannot_allocate_is_refused_and_the_group_goes_on(models, tmp_path):
+    """The leader checks its own device's memory; a rank on a fuller or smaller GPU that could not allocate
+    its share of a cache died alone, and the group with it (the leader had answered the start as done). Every
+    rank now allocates, they agree, and all refuse alike: for now beside other sequences (a batch runs in
+    parts, a server waits), for good alone (GroupTooSmall: a 413)."""
+    from triforce.coordinator.channel import GroupFull, GroupTooSmall
+
+    folder = models[0]
+    group = Group(folder, 2, tmp_path, short_of_memory=(1, 200))
+    try:
+        start = lambda seq, capacity: group.channel.request(  # noqa: E731
+            "start", {"seq": seq, "capacity": capacity, "forwards": [1]})
+        with pytest.raises(GroupTooSmall, match="could not be allocated on another rank"):
+            start(1, 300)
+        start(2, 150)
+        with pytest.raises(GroupFull, match="could not be allocated on another rank"):
+            start(3, 300)
+        body, _ = group.channel.request("prefill", {"seq": 2, "tokens": list(range(3, 40)), "start": 0,
+                                                    "final": True})
+        stats, _ = group.channel.request("stats")
+        assert body["length"] == 37 and stats["sequences"] == 1 and stats["errors"] == 2
+        group.channel.request("end", {"seq": 2})
+    finally:
+        group.close()
+
+
 def test_over_a_worker_group_the_memory_check_counts_the_coordinators_own_caches(models, tmp_path):
     """With the target's full cache on the group, this process still holds the draft's caches and the
     retrieval tier's copies (its kept layers whole, since it cannot read them in place): the estimate

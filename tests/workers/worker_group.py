@@ -17,13 +17,23 @@ from triforce.workers.protocol import MAX_MESSAGE_BYTES
 
 
 def _worker(rank: int, size: int, init: str, folder: str, endpoint: str, timeouts: GroupTimeouts,
-            max_bytes: int, prefill_chunk: int, prefix_bytes: int, max_sequences: int | None) -> None:
+            max_bytes: int, prefill_chunk: int, prefix_bytes: int, max_sequences: int | None,
+            short_of_memory: tuple[int, int] | None) -> None:
     """Worker `rank` of `size`: global rank rank + 1, as under torchrun (the coordinator is rank 0)."""
     import triforce.workers.checks as checks
+    import triforce.workers.worker as worker
     from triforce.workers.group import run_worker
 
     if max_sequences is not None:
         checks.MAX_SEQUENCES = max_sequences
+    if short_of_memory is not None and short_of_memory[0] == rank:  # (a GPU fuller than the leader's)
+        class ShortOfMemory(worker.FullKVCache):
+            def __init__(self, config, capacity, *args, **kwargs):
+                if capacity > short_of_memory[1]:
+                    raise torch.OutOfMemoryError(f"CUDA out of memory (a test's rank {rank})")
+                super().__init__(config, capacity, *args, **kwargs)
+
+        worker.FullKVCache = ShortOfMemory
     torch.set_num_threads(1)
     groups = init_groups(rank + 1, size + 1, rank, False, timeouts, init)
     try:
@@ -69,27 +79,29 @@ class Group:
     """`size` worker processes serving `folder`, with this process as the coordinator (rank 0) of their
     world; shut down (or killed) on exit. `group_timeout_s`: the worker group's collective timeout;
     `prefill_chunk` and `prefix_bytes` (its prefix store per rank) as run_worker's; `max_sequences`: how
-    many sequences it holds at once (checks.MAX_SEQUENCES)."""
+    many sequences it holds at once (checks.MAX_SEQUENCES); `short_of_memory` (rank, tokens): that worker
+    cannot allocate a cache of more tokens."""
 
     def __init__(self, folder, size, tmp_path, timeout_s=60.0, max_bytes=MAX_MESSAGE_BYTES, group_timeout_s=300.0,
-                 prefill_chunk=512, prefix_bytes=0, max_sequences=None):
+                 prefill_chunk=512, prefix_bytes=0, max_sequences=None, short_of_memory=None):
         for attempt in range(START_ATTEMPTS):
             try:
                 self._start(folder, size, tmp_path, timeout_s, max_bytes, group_timeout_s, prefill_chunk,
-                            prefix_bytes, max_sequences)
+                            prefix_bytes, max_sequences, short_of_memory)
                 return
             except LeaderExited:
                 if attempt == START_ATTEMPTS - 1:
                     raise
 
     def _start(self, folder, size, tmp_path, timeout_s, max_bytes, group_timeout_s, prefill_chunk, prefix_bytes,
-               max_sequences):
+               max_sequences, short_of_memory):
         self.endpoint = free_endpoint()
         ctx = processes.context()
         init = f"file://{tmp_path}/rendezvous-{time.monotonic_ns()}"
         timeouts = GroupTimeouts(link_s=timeout_s, workers_s=group_timeout_s, startup_s=60)
         self.procs = [ctx.Process(target=_worker, args=(r, size, init, str(folder), self.endpoint, timeouts,
-                                                         max_bytes, prefill_chunk, prefix_bytes, max_sequences),
+                                                         max_bytes, prefill_chunk, prefix_bytes, max_sequences,
+                                                         short_of_memory),
                                  daemon=True) for r in range(size)]
         for p in self.procs:
             p.start()

@@ -1,7 +1,9 @@
 """The request loop every rank of a worker group runs (worker.py holds what it executes).
 
 The leader (rank 0) receives each request over its ZeroMQ REP socket, has the worker check it, and
-broadcasts it to the group as msgpack bytes; every rank executes it and the leader replies.
+broadcasts it to the group as msgpack bytes; every rank executes it and the leader replies. A request that
+every rank refuses alike as it runs (a start whose cache some rank could not allocate: they agree first)
+is answered as refused; any other failure as it runs ends the group.
 
 While no request comes, the leader broadcasts a heartbeat every `heartbeat_s`: the other ranks wait for
 the next request inside a collective, which fails after the group's timeout, so an idle group would
@@ -73,6 +75,12 @@ def _leader_wait(sock, watch: CoordinatorWatch, beat_at: float):
             return sock.recv_multipart(copy=True)
 
 
+def _refuse(sock, worker: VerifierWorker, exc: Exception) -> None:
+    """The leader's answer to a request it (or, having run it, every rank) refused: the group goes on."""
+    worker.counts["errors"] += 1
+    sock.send_multipart(error_reply(str(exc), full=isinstance(exc, NoRoom), too_large=isinstance(exc, NeverFits)))
+
+
 def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, max_bytes: int = MAX_MESSAGE_BYTES,
           heartbeat_s: float | None = None, coordinator_timeout_s: float = DEFAULT_COORDINATOR_TIMEOUT_S) -> None:
     """The request loop of every rank of the group; returns after a shutdown request, raises
@@ -126,9 +134,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
                     kind, body, _ = decode(frames, max_bytes)
                     worker.check(kind, body)
                 except (ProtocolError, RequestError) as exc:
-                    worker.counts["errors"] += 1
-                    sock.send_multipart(error_reply(str(exc), full=isinstance(exc, NoRoom),
-                                                    too_large=isinstance(exc, NeverFits)))
+                    _refuse(sock, worker, exc)
                     continue
                 except Exception as exc:  # a check's own slip: nothing is broadcast yet, so refuse, not end
                     log.exception("worker leader: a request failed its checks unexpectedly")
@@ -150,6 +156,11 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
             # coordinator why first (else it saw a request unanswered, and the traceback on another node).
             try:
                 result, tensors = worker.execute(kind, body)
+            except RequestError as exc:  # refused by every rank alike, once they agreed (a start whose cache
+                waiting_since = time.monotonic()  # some rank could not allocate): the group goes on
+                if tp.rank == 0:
+                    _refuse(sock, worker, exc)
+                continue
             except Exception as exc:
                 if tp.rank == 0:
                     sock.send_multipart(error_reply(f"{kind!r} failed as it ran ({type(exc).__name__}: {exc}); the "

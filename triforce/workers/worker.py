@@ -37,7 +37,7 @@ from ..memory import available_bytes
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
 from ..step import Step
-from .checks import LeaderChecks, RequestError, sharing_memory
+from .checks import LeaderChecks, NeverFits, NoRoom, RequestError, sharing_memory
 from .protocol import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,11 @@ def prefix_bound(asked: int, device: torch.device, tp: TensorParallel) -> int:
         log.warning("prefix store bounded to %.2f GiB per rank, half the memory free (%.2f GiB asked)",
                     bound / 2**30, asked / 2**30)
     return bound
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that failed for want of memory (a GPU's, or the CPU allocator's)."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(exc)
 
 
 class VerifierWorker(LeaderChecks):
@@ -93,8 +98,7 @@ class VerifierWorker(LeaderChecks):
                     "prefix_bytes": self.prefixes.max_bytes if self.prefixes is not None else 0,
                     "prefill_chunk": self.prefill_chunk}, []
         if kind == "start":
-            self.caches[body["seq"]] = FullKVCache(model.config, body["capacity"], model.dtype,
-                                                   model.device)
+            self.caches[body["seq"]] = self._allocated_everywhere(body["capacity"])
             self.forwards[body["seq"]] = body["forwards"]
             if self.prefixes is not None:
                 self.prompts[body["seq"]] = BlockNames()
@@ -148,6 +152,28 @@ class VerifierWorker(LeaderChecks):
             flat = [t for pair in chosen for t in pair]
             return {"length": cache.length}, self._gather_heads(flat, head_dim=0)
         raise RequestError(f"unhandled request {kind!r}")
+
+    def _allocated_everywhere(self, capacity: int) -> FullKVCache:
+        """This rank's cache of `capacity` tokens, once every rank has allocated its own; a refusal on every
+        rank alike (NoRoom, or NeverFits where the group holds no other sequence) where some rank could not.
+        The leader checks the memory of its own device only: a rank on a fuller or smaller GPU failed its
+        allocation alone, and the group ended."""
+        cache, why = None, None
+        try:
+            cache = FullKVCache(self.model.config, capacity, self.model.dtype, self.model.device)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError, as is the CPU's
+            if not out_of_memory(exc):
+                raise
+            why = type(exc).__name__
+        everywhere = torch.tensor([cache is not None], dtype=torch.int64, device=self.model.device)
+        if self.tp.size > 1:
+            dist.all_reduce(everywhere, op=dist.ReduceOp.MIN, group=self.tp.group)
+        if everywhere.item():
+            return cache
+        cache = None  # (freed on the ranks that allocated it)
+        refusal = NoRoom if self.caches else NeverFits  # (every rank holds the same sequences)
+        where = f"this rank ({why})" if why else "another rank of the group"
+        raise refusal(f"a cache of {capacity} tokens could not be allocated on {where}")
 
     def _prefill(self, seq: int, cache: FullKVCache, tokens: list[int], final: bool) -> int:
         """Forwards `tokens`, or restores them from the prefix store (see the module's docstring); returns
