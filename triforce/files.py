@@ -17,10 +17,16 @@ UNREADABLE = frozenset({errno.EIO, errno.ENXIO, errno.ESTALE})  # a system that 
 def written_whole(path: Path, write: Callable[[Path], None]) -> None:
     """Runs `write(partial)` on a partial file of this process's, then renames it over `path`: a reader, or
     a process writing the same file at once, sees the old file or the new one, never half of one (a torn
-    file failed every later run). A write that fails leaves no partial file behind."""
+    file failed every later run), also after the host crashes (it is synced before the rename). A write that
+    fails leaves no partial file behind."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
         write(partial)
+        descriptor = os.open(partial, os.O_RDONLY)  # on the disk before it is renamed: a host that crashed
+        try:  # after the rename could leave an empty file (a train-draft checkpoint: hours of training)
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
         partial.replace(path)
     except BaseException:
         partial.unlink(missing_ok=True)
