@@ -117,8 +117,8 @@ class TargetLabels:
         if not todo:
             return
         cache = FullKVCache(target.config, seq_len, target.dtype, target.device)
-        bar = tqdm(total=len(todo) * self.SHARD * seq_len, desc=f"target labels ({self.folder.name})", unit="tok",
-                   unit_scale=True)
+        rows = sum(min(self.SHARD, n - s * self.SHARD) for s in todo)  # (the last shard is short: ended short of 100%)
+        bar = tqdm(total=rows * seq_len, desc=f"target labels ({self.folder.name})", unit="tok", unit_scale=True)
         for s in todo:
             ids, logp = [], []
             for row in sequences[s * self.SHARD:(s + 1) * self.SHARD]:

@@ -39,6 +39,8 @@ class DraftShape:
     def check(self, target_vocab: int) -> None:
         if min(self.layers, self.hidden, self.intermediate, self.heads, self.kv_heads, self.vocab) <= 0:
             raise UserError("draft layers, hidden, intermediate, heads, kv heads and vocab must be positive")
+        if self.vocab < 2:  # (one token's centred embedding is zero: NaN weights, and "lower --lr" at step 1)
+            raise UserError("the draft's vocabulary must keep at least 2 tokens")
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise UserError(f"hidden ({self.hidden}) must divide by heads ({self.heads}) and heads by kv heads "
                             f"({self.kv_heads})")
@@ -111,16 +113,19 @@ def distillation_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_logp:
     return -(p * logq.gather(-1, label_ids.clamp_max(kept - 1))).sum(-1).mean()
 
 
+ORDER_VERSION = 2  # how sample_order orders (a run's key holds it: a checkpoint resumes in its own order)
+
+
 def sample_order(repeats: torch.Tensor, count: int, seed: int) -> torch.Tensor:
-    """`count` sequence indices to train on, in passes: in each pass sequence i comes repeats[i] times
-    (0: never), the passes shuffled together. Depends only on its arguments, so a resumed run continues
-    the same order."""
+    """`count` sequence indices to train on, in passes: in each pass, shuffled, sequence i comes repeats[i]
+    times (0: never). Depends only on its arguments, so a resumed run continues the same order. (The passes
+    were shuffled together: over one pass's worth of steps, a quarter of the sequences went unseen.)"""
     pool = torch.repeat_interleave(torch.arange(repeats.numel()), repeats)
     if pool.numel() == 0:
         raise UserError("every training sequence has a repeat count of 0: nothing to train on")
-    passes = math.ceil(count / pool.numel()) + 1
-    return pool[torch.randperm(pool.numel() * passes, generator=torch.Generator().manual_seed(seed))
-                % pool.numel()][:count]
+    generator = torch.Generator().manual_seed(seed)
+    passes = [pool[torch.randperm(pool.numel(), generator=generator)] for _ in range(math.ceil(count / pool.numel()))]
+    return torch.cat(passes)[:count]
 
 
 def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: torch.Tensor,
@@ -159,8 +164,10 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         if not (torch.isfinite(loss) and torch.isfinite(norm)):  # one such step turned every weight into NaN,
             # and every checkpoint after it: the run trained on, and its export replaced a good draft
+            saved = _saved(start, step, settings)
             raise UserError(f"train-draft: the loss (or its gradient) is not finite at step {step + 1} "
-                            f"({loss.item()}): lower --lr; {ckpt_path.name} keeps step {_saved(start, step, settings)}")
+                            f"({loss.item()}): a lower --lr trains anew (it is a setting of the run)"
+                            + (f"; {ckpt_path.name} keeps step {saved}" if saved else ""))
         optim.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
@@ -182,7 +189,9 @@ def export(model, out: Path, kept: torch.Tensor | None, target_vocab: int, metad
     not all finite (a checkpoint an older run trained into NaN) is refused before `out` is replaced."""
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         raise UserError(f"train-draft: the trained draft's weights are not all finite; {out} is left as it was")
-    tmp = out.with_name(out.name + ".partial")
+    tmp, old = out.with_name(out.name + ".partial"), out.with_name(out.name + ".old")
+    if old.exists() and not out.exists():  # an export killed between its two renames: the draft it replaced
+        old.rename(out)
     shutil.rmtree(tmp, ignore_errors=True)
     model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
     model.float()
@@ -191,6 +200,14 @@ def export(model, out: Path, kept: torch.Tensor | None, target_vocab: int, metad
         info["token_ids"] = kept.tolist()
     (tmp / DRAFT_FILE).write_text(json.dumps(info, indent=1))
     umask_modes(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)  # (by renames: killed between deleting the old draft and renaming
+    if out.exists():  # the new one in, a run left neither, and the default model ran without a draft)
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if old.exists() and not out.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 

@@ -14,9 +14,9 @@ from ..draft import sources
 from ..draft.data import check_readable, choose_vocabulary, read_texts, split_heldout
 from ..draft.evaluate import decode_ms_per_token, evaluate_genres
 from ..draft.generated import GenerationSettings
-from ..draft.train import DraftShape, TrainSettings, export, fingerprint, init_draft, train
+from ..draft.train import ORDER_VERSION, DraftShape, TrainSettings, export, fingerprint, init_draft, train
 from ..errors import UserError
-from ..files import write_whole
+from ..files import user_path, write_whole
 from ..models.folders import probe_writes, triforce_home, writable_folder
 from ..models.hub import DEFAULT_MODEL
 from ..models.loader import load_model
@@ -233,9 +233,14 @@ def _train_draft(args) -> int:
     if args.heldout is not None and args.heldout_fraction is not None:  # (it would be ignored)
         raise UserError("--heldout-fraction keeps the end of each --text file for the held-out evaluation, and "
                         "--heldout names its files instead: give one of them")
-    if args.heldout_fraction is None:
+    if args.heldout_fraction is None and args.heldout is None:  # (recorded as 0.03 beside --heldout files too)
         args.heldout_fraction = HELDOUT_FRACTION
-    if not 0 <= args.heldout_fraction < 1:
+    trained = {user_path(f).resolve() for f in args.text}
+    shared = [f for f in args.heldout or [] if user_path(f).resolve() in trained]
+    if shared:  # (its held-out figures were the training text's)
+        raise UserError(f"--heldout {shared[0]} is a --text file too: held-out text must be text the draft "
+                        "does not train on")
+    if args.heldout_fraction is not None and not 0 <= args.heldout_fraction < 1:
         raise UserError(f"--heldout-fraction must be in [0, 1) (got {args.heldout_fraction})")
     if not all(0 <= t < float("inf") for t in args.answer_temperatures):
         raise UserError(f"--answer-temperatures must be numbers >= 0 (got {args.answer_temperatures})")
@@ -250,7 +255,7 @@ def _train_draft(args) -> int:
         _check_work_dir(work)
     check_readable([*args.text, *(args.heldout or [])])  # before the target loads (a minute for a large one),
     DraftShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads,  # as the shape is
-               args.vocab or 1, max_positions=max(2048, args.seq_len)).check(0)  # (the vocabulary's bound: after)
+               args.vocab or 2, max_positions=max(2048, args.seq_len)).check(0)  # (the vocabulary's bound: after)
     llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
     if llm.tokenizer is None:
         raise UserError(f"{llm.model_path} has no tokenizer; train-draft needs one")
@@ -290,7 +295,8 @@ def _train_draft(args) -> int:
     model = init_draft(shape, target, kept, args.seed)
     trains = {k: v for k, v in asdict(settings).items() if k != "checkpoint_every"}  # (not how it trains)
     run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), trains, repeat,
-                          None if kept is None else sources.digest(torch.as_tensor(kept)))  # the rows' tokens
+                          None if kept is None else sources.digest(torch.as_tensor(kept)),  # the rows' tokens
+                          ORDER_VERSION)
     per_sequence = torch.cat([torch.full((seqs.shape[0],), repeat.get(name, 1)) for name, seqs in train_sources.items()])
     losses = train(model, sequences, label_ids, label_logp, to_draft, n_kept, settings, work, run_key, per_sequence)
     mix = {name: seqs.numel() for name, seqs in train_sources.items()}
