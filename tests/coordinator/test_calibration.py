@@ -167,15 +167,20 @@ def test_no_home_is_one_line_for_models_and_memory_only_for_calibrations(monkeyp
 
 
 def test_a_damaged_cached_file_is_made_again_not_a_traceback(tmp_path, capsys, monkeypatch):
-    """train-draft's checkpoints and cached data are renamed into place unsynced: after a host failed, one
-    can be empty or cut, and every rerun failed on it with a traceback."""
+    """train-draft's checkpoints and cached data were renamed into place unsynced: after a host failed, one
+    could be empty or cut, and every rerun failed on it with a traceback. They are synced first now (a lost
+    checkpoint was hours of training), and a damaged one (cut elsewhere) is still made again."""
+    import os
+
     import torch
 
     from triforce.errors import UserError
     from triforce.files import load_cached, save_whole
 
-    path = tmp_path / "checkpoint.pt"
+    path, synced, fsync = tmp_path / "checkpoint.pt", [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd)))
     save_whole(path, {"step": 3})
+    assert synced and synced[0].endswith(".partial")  # on the disk before its rename
     assert load_cached(path) == {"step": 3} and load_cached(tmp_path / "none.pt") is None
     path.write_bytes(path.read_bytes()[:20])  # cut
     assert load_cached(path) is None and not path.exists()
