@@ -9,7 +9,8 @@ float32 kernel, csrc/linear_f32.cpp, up to KERNEL_MAX_ROWS rows). On the 2-core 
 results/float32_rows/zen4.json) a float32 forward of 2 tokens cost 1.8x one of 1 (bfloat16 1.0x), and
 `F.linear` ran at half the memory bandwidth at one row and worse at two, where `x @ w_t` ran at it.
 With the float32 kernel (results/float32_rows/zen4_kernel.json) a forward of 1, 2, 4 and 8 tokens
-cost 31, 33, 34 and 49 ms, against 63, 104, 87 and 83 before (one session, one machine).
+cost 31, 33, 34 and 49 ms, against 65, 114, 94 and 95 in zen4.json before it (63, 104, 87 and 83 in a
+run of that session not kept).
 """
 import json
 import time
