@@ -339,6 +339,21 @@ def test_the_rope_table_is_the_same_computed_a_few_positions_at_a_time(monkeypat
     assert torch.equal(pieces.cos, whole.cos) and torch.equal(pieces.sin, whole.sin)
 
 
+def test_a_forward_that_ends_on_the_rope_tables_last_row_does_not_grow_it(tiny_dir):
+    """The table covers the model's positions and a margin up front, and grows only for positions past it
+    (a CUDA graph holds its address): a step whose last token sits on its last row grew it (reached one row
+    too far)."""
+    from triforce.cache.full import FullKVCache
+
+    model = load_model(tiny_dir("short-positions", max_position_embeddings=64))
+    rows = len(model.rope.cos)
+    cache = FullKVCache(model.config, rows, model.dtype, "cpu")
+    model(torch.randint(3, 60, (rows - 1,)), cache, logits_for="none")
+    table = model.rope.cos
+    model(torch.tensor([5]), cache, logits_for="none")  # position rows - 1: the table's last row
+    assert model.rope.cos is table and len(model.rope.cos) == rows
+
+
 def test_a_forward_past_the_models_positions_reaches_the_rope_table_before_a_streaming_cache_begins(tiny_dir):
     """A draft runs past its own positions over a streaming cache. After a skip, the first forward's window
     starts at its own first token, and the cache turns its sinks by that position (less the sinks) as it

@@ -158,8 +158,9 @@ class LlamaModel(nn.Module):
         tokens = steps[0].tokens if len(steps) == 1 else torch.cat([step.tokens for step in steps])
         x = self.embed_tokens(tokens if self.vocab is None else self.vocab.encode(tokens))  # [n, hidden]
         # Every row's rotation, once per forward (caches store keys rotated at their positions); the table
-        # first reaches them, which a streaming cache's begin reads to turn its sinks
-        self.rope.reach(max(step.start + step.n for step in steps))
+        # first reaches them, which a streaming cache's begin reads to turn its sinks (their last: start + n - 1;
+        # a step that ended on the table's last row grew it, under a CUDA graph that holds its address)
+        self.rope.reach(max(step.start + step.n for step in steps) - 1)
         for cache, step in zip(caches, steps):
             cache.begin(step)
         masks = [step.mask for step in steps]
