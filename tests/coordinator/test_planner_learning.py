@@ -319,3 +319,15 @@ def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_f
     alphas = {n: a.mean for n, a in planner.acceptance.items()}
     planner.observe_rate(plan, 1 / seconds_per_token(plan.stack, plan.gammas, costs, alphas))
     assert planner.realized["draft"] == pytest.approx(1.0)  # ...is measured at the estimate, not the last one
+
+
+def test_costs_past_the_largest_size_measured_never_fall():
+    """Past the largest size measured, costs followed the last segment's slope, which on a GPU whose cost is
+    flat is noise and may fall: 1.05 s at 12 tokens and 1.0 at 17 priced 129 tokens at nothing, and a real
+    forward's time over that price scaled the tier's costs by about 1e8. Rising slopes are kept."""
+    flat = {1: 1.0, 12: 1.05, 17: 1.0}
+    assert [interpolate(flat, n) for n in (41, 129)] == [1.0, 1.0]
+    rising = {1: 1.0, 8: 2.0, 16: 3.0}
+    assert interpolate(rising, 32) == pytest.approx(5.0) and interpolate(rising, 12) == pytest.approx(2.5)
+    assert interpolate({2: 1.0, 4: 0.9}, 1) == 1.0 and interpolate({2: 1.0, 4: 2.0}, 1) == pytest.approx(0.5)
+    assert interpolate({4: 2.0}, 100) == 2.0

@@ -205,16 +205,18 @@ def forward_seconds(tiers: list[Tier], n: int) -> float:
 
 def interpolate(costs: dict[int, float], n: int) -> float:
     """Seconds for n tokens from costs measured at some sizes: linear between the nearest two, and past the
-    largest along the last segment's slope."""
+    largest (or below the smallest) along the last (first) segment's slope where it rises, else flat: a
+    falling last segment, noise on a GPU whose cost is flat, priced 129 tokens at nothing."""
     sizes = sorted(costs)
     if n in costs:
         return costs[n]
     below = [s for s in sizes if s < n]
     above = [s for s in sizes if s > n]
+    if len(sizes) < 2:
+        return costs[sizes[0]]
     if below and above:
         a, b = below[-1], above[0]
-    elif len(sizes) >= 2:
-        a, b = (sizes[-2], sizes[-1]) if below else (sizes[0], sizes[1])
-    else:
-        return costs[sizes[0]]
-    return max(costs[a] + (costs[b] - costs[a]) * (n - a) / (b - a), 0.0)
+        return costs[a] + (costs[b] - costs[a]) * (n - a) / (b - a)
+    a, b = (sizes[-2], sizes[-1]) if below else (sizes[0], sizes[1])
+    slope = max(0.0, (costs[b] - costs[a]) / (b - a))
+    return costs[b] + slope * (n - b) if below else max(costs[a] - slope * (a - n), 0.0)
