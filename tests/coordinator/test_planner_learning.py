@@ -140,6 +140,15 @@ def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
     table.forget(key, {1: 0.8})
     assert key not in table.entries and not table.known(tier, (1,))
     assert CostTable(tmp_path / "costs.json").entries == {}  # gone on disk too
+    # an entry another process measured anew since this one read it stays on disk (it was deleted by the
+    # forget of a process that planned with the old one, and measured yet again)
+    table.entries[key] = {"1": 0.8}
+    table.save(key)
+    other = CostTable(tmp_path / "costs.json")
+    other.entries[key] = {"1": 0.5}
+    other.save(key)
+    table.forget(key, {1: 0.8})
+    assert CostTable(tmp_path / "costs.json").entries == {key: {"1": 0.5}} == {key: table.entries[key]}
 
 
 def test_a_batch_near_its_end_plans_with_a_batch_size_the_table_knows(tmp_path):

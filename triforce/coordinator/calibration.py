@@ -41,6 +41,7 @@ class CalibrationFile:
         self.path = path
         self.entries: dict[str, dict] = {} if path is None else self._read(path)
         self._changed: set[str] = set()  # keys set or dropped here since the last save
+        self._dropped: dict[str, dict] = {}  # keys `drop`ped here since the last save: what they held then
         self._save_failed = False
 
     def _read(self, path: Path, warn: bool = True) -> dict[str, dict]:
@@ -70,6 +71,12 @@ class CalibrationFile:
         whole)."""
         return ours
 
+    def drop(self, key: str) -> None:
+        """Drops entry `key` here and from the file, where the file still holds what this process had (one
+        another process measured anew since stays: it was deleted, and measured yet again)."""
+        self._dropped[key] = self.entries.pop(key)
+        self.save(key)
+
     @staticmethod
     def pruned(entries: dict[str, dict]) -> dict[str, dict]:
         """What a save keeps of the entries (each kind says; here: all of them)."""
@@ -96,14 +103,15 @@ class CalibrationFile:
             with self._locked():
                 entries = self._read(self.path, warn=False)  # said once, as the process read it first
                 for changed in self._changed:
-                    if changed not in self.entries:
-                        entries.pop(changed, None)
+                    if changed not in self.entries:  # dropped here, unless another process measured it anew
+                        if entries.get(changed) == self._dropped.get(changed, entries.get(changed)):
+                            entries.pop(changed, None)
                     else:
                         ours = self.entries[changed]
                         entries[changed] = ours if changed not in entries else self.merged(changed, entries[changed], ours)
                 entries = self.pruned(entries)
                 write_whole(self.path, json.dumps(entries, indent=0, sort_keys=True))  # also for readers without the lock
-            self.entries, self._changed = entries, set()
+            self.entries, self._changed, self._dropped = entries, set(), {}
         except OSError as exc:
             if not self._save_failed:  # once: every later save fails the same way
                 log.warning("cannot save %s (%s); it is kept in memory", self.path, exc)

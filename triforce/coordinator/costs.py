@@ -147,8 +147,7 @@ class CostTable(CalibrationFile):
         entry = self.entries.get(key)
         if entry is None or any(entry.get(str(n)) != seconds for n, seconds in planned.items()):
             return
-        del self.entries[key]
-        self.save(key)
+        self.drop(key)
 
     def known(self, tier: Tier, sizes: tuple[int, ...], batch: int = 1) -> bool:
         """Whether the table holds every size for `tier` at its context and this batch size (nothing to measure)."""
