@@ -479,11 +479,22 @@ def test_a_follower_replans_once_when_a_batchmates_prefill_ends(models, calibrat
     second.planner.plan = lambda context, generated, busy=False, measure=True: busy_plans.append(busy) or \
         plan(context, generated, busy, measure)
     second.planner.fade = lambda generated: fades.append((second.rounds, first.prefilled)) or fade(generated)
+    learned_following, observe_cost = [], second.planner.times.observe_cost  # (a follower's forwards scaled
+    # its own last plan's costs, a lone request's, by the leader's batch's calls)
+
+    def watched(*args):
+        before = dict(second.planner.times.scale)
+        observe_cost(*args)
+        if mates.leader() is not second and second.planner.times.scale != before:
+            learned_following.append(args)
+
+    second.planner.times.observe_cost = watched
     batch = SequenceBatch()
     batch.add(first.run(long_prompt, params))
     batch.add(second.run(short_prompt, params))
     batch.run()
     assert any(busy_plans)  # it led while the first prefilled, planning with the chunks' cost
+    assert not learned_following
     after = [rounds for rounds, prefilled in fades if prefilled]
     assert after and len(after) <= (after[-1] - after[0]) // auto.REPLAN_ROUNDS + 2
 

@@ -178,6 +178,10 @@ class AutoEngine(HierarchyEngine):
         if decision is not None and decision is not self._adopted:
             self.planner.decisions.append({**decision, "at_token": generated, "from": "the batch's leader"})
             self._adopted = decision
+        if decision is not None:  # the leader's plan, for the leader's batch: this planner's costs, batch size
+            # and scores are those of its own last plan, so its forwards and speed teach it nothing (they
+            # scaled a lone request's costs by a batch's calls, and judged the leader's mode by them)
+            self.planner.times.evidence = False
         stack = [self.planner.tiers[name] for name in plan.stack]
         for tier in self.planner.tiers.values():  # (not only those it ran: a batch's leader may have measured
             if tier not in stack:  # an idle one of this request's with its own, which it keeps while it runs it)
