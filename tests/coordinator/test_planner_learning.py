@@ -340,3 +340,19 @@ def test_costs_past_the_largest_size_measured_never_fall():
     assert interpolate(rising, 32) == pytest.approx(5.0) and interpolate(rising, 12) == pytest.approx(2.5)
     assert interpolate({2: 1.0, 4: 0.9}, 1) == 1.0 and interpolate({2: 1.0, 4: 2.0}, 1) == pytest.approx(0.5)
     assert interpolate({4: 2.0}, 100) == 2.0
+
+
+def test_a_forward_of_a_size_never_measured_does_not_scale_the_costs():
+    """The draft is measured at 1 token: its 2-token forwards after a chain accepted whole scaled its cost
+    by t(2) / t(1), as if it had slowed down. Only sizes within those measured teach the scale."""
+    from triforce.coordinator.costs import CostTable
+    from triforce.coordinator.forward_times import ForwardTimes
+
+    times = ForwardTimes(CostTable(None))
+    times.plan_with({"draft": {1: 0.01}, "target": {1: 0.1, 8: 0.2}}, 1, [("draft", "target")])
+    times.observe_cost("draft", "draft", 2, 0.03)
+    times.observe_cost("draft", "target", 12, 0.9)
+    assert times.scale == {}
+    times.observe_cost("draft", "draft", 1, 0.02)
+    times.observe_cost("draft", "target", 4, 0.15)
+    assert times.scale["draft"] > 1 and times.scale["target"] > 1

@@ -94,9 +94,11 @@ class ForwardTimes:
 
     def observe_cost(self, running: str | None, name: str, tokens: int, seconds: float) -> None:
         """A forward of the request took `seconds` while mode `running` ran: the tier's costs (and that
-        mode's) are scaled towards what it really takes now."""
+        mode's) are scaled towards what it really takes now. Not by a forward of a size outside those
+        measured, whose cost is a guess (the draft, measured at 1 token, was scaled by its 2-token forwards
+        after a chain accepted whole, as if it had slowed down)."""
         measured = self.costs.get(name)
-        if measured and seconds > 0 and self.evidence:
+        if measured and min(measured) <= tokens <= max(measured) and seconds > 0 and self.evidence:
             ratio = seconds / max(interpolate(measured, tokens), 1e-9)
             if running is not None:
                 own = self.mode_scale.setdefault(running, {})
