@@ -30,6 +30,20 @@ def test_requests_merge_into_what_later_ones_recall(tmp_path):
     assert Priors(path).recall("other") == {"acceptance": {}, "realized": {}, "overhead": {}}
 
 
+def test_processes_sharing_the_file_merge_their_requests_into_one_entry(tmp_path):
+    """Two processes (a server and a bench) remember the same kind: each merges into the entry the file
+    holds, not into its own older read of it, which wrote the other's requests out (0.9 lost to 0.1, where
+    the two were to be averaged)."""
+    path = tmp_path / "priors-4.json"
+    server, bench = Priors(path), Priors(path)  # both read the file before either remembers
+    server.remember("k", {"draft": 0.9}, {"draft": 0.8}, GENERIC)
+    bench.remember("k", {"draft": 0.1}, {}, GENERIC, {"draft/bottom": 0.002})
+    merged = Priors(path).recall("k")
+    assert merged["acceptance"] == {"draft": pytest.approx((1 - NEW_WEIGHT) * 0.9 + NEW_WEIGHT * 0.1)}
+    assert merged["realized"] == {"draft": pytest.approx(1 + (1 - DRIFT) * (0.8 - 1))}  # drifting, not lost
+    assert merged["overhead"] == {"draft/bottom": 0.002} and bench.recall("k") == merged
+
+
 def test_the_file_keeps_the_kinds_remembered_last_and_refuses_partial_entries(tmp_path, monkeypatch):
     """A server whose requests each bring their own JSON schema or logit bias makes a kind per request: the
     file grew by one entry each, rewritten whole at every save. An entry lacking a part (a hand edit)

@@ -11,7 +11,8 @@ sampling settings, since acceptance depends on the temperature; the batch size p
   measured;
 - `overhead`: per tier and role (in any mode, and in each mode apart), the seconds from one of its forwards
   to the next past the model's (forward_times.py: `observe_overhead`), as last measured.
-A request that ends merges its own into the entry: acceptance by an even average with what was there, so
+A request that ends merges its own into the entry, as the file holds it then (processes that share the
+file, a server and a bench, merge into one another's): acceptance by an even average with what was there, so
 that one odd text does not erase the history; a realized factor replaced by the newest. What a request did
 not see enough of (a proposer it checked less than MIN_TRIALS times, a mode it did not run) drifts back
 halfway towards the generic prior (a factor of 1), so a tier that a bad stretch made look poor is tried
@@ -99,6 +100,10 @@ class Priors(CalibrationFile):
     # forwards, now modelled per tier and role
     filename = "priors-4.json"
 
+    def __init__(self, path=None):
+        super().__init__(path)
+        self._seen: dict[str, list[tuple]] = {}  # per entry: what requests saw since its last save
+
     @staticmethod
     def valid(key: str, value) -> bool:
         """{"acceptance": {proposer: [0, 1]}, "realized": {mode: factor > 0}, "overhead": {name: seconds},
@@ -124,22 +129,42 @@ class Priors(CalibrationFile):
                  generic: dict[str, float], overhead: dict[str, float] | None = None) -> None:
         """A request of kind `key` ended: `acceptance` per proposer (None: too little evidence), the
         `realized` factors of the modes it ran, the `overhead` it measured; `generic` the acceptance priors
-        a new kind starts from."""
+        a new kind starts from. Merged into the entry as the file holds it when saved (`merged`)."""
         if not any(a is not None for a in acceptance.values()) and not realized:
             return
-        entry = self.entries.setdefault(key, {"acceptance": {}, "realized": {}, "overhead": {}})
-        entry["overhead"].update({k: round(x, 6) for k, x in (overhead or {}).items()})
-        known = entry["acceptance"]
-        for name, mean in acceptance.items():
-            old = known.get(name)
-            if mean is not None:
-                known[name] = round(mean if old is None else (1 - NEW_WEIGHT) * old + NEW_WEIGHT * mean, 4)
-            elif old is not None:
-                known[name] = round(old + DRIFT * (generic[name] - old), 4)
-        for mode, x in entry["realized"].items():
-            if mode not in realized:
-                entry["realized"][mode] = round(1 + (1 - DRIFT) * (x - 1), 4)
-        entry["realized"].update({mode: round(x, 4) for mode, x in realized.items()})
-        entry["seen"] = _clock()
+        seen = (acceptance, realized, generic, overhead or {})
+        self._seen.setdefault(key, []).append(seen)
+        self.entries[key] = _merged_into(self.entries.get(key), *seen)
         self.entries = self.pruned(self.entries)  # in memory too (TRIFORCE_CALIBRATION=0: a server's only copy)
         self.save(key)
+        if key not in self._changed:  # saved: the file holds them now
+            self._seen.pop(key, None)
+
+    def merged(self, key: str, theirs: dict, ours: dict) -> dict:
+        """What this process's requests saw since its last save, merged into the file's entry: the entry it
+        held, an older read, wrote another process's requests out (one that remembered 0.9 lost it to one
+        that remembered 0.1 from its stale copy, where the two were to be averaged)."""
+        for seen in self._seen.get(key, []):
+            theirs = _merged_into(theirs, *seen)
+        return theirs if key in self._seen else ours
+
+
+def _merged_into(entry: dict | None, acceptance: dict[str, float | None], realized: dict[str, float],
+                 generic: dict[str, float], overhead: dict[str, float]) -> dict:
+    """`entry` (None: none yet) with what one request saw merged in (the module docstring's rules)."""
+    entry = {"acceptance": dict((entry or {}).get("acceptance", {})), "realized": dict((entry or {}).get("realized", {})),
+             "overhead": dict((entry or {}).get("overhead", {}))}
+    entry["overhead"].update({k: round(x, 6) for k, x in overhead.items()})
+    known = entry["acceptance"]
+    for name, mean in acceptance.items():
+        old = known.get(name)
+        if mean is not None:
+            known[name] = round(mean if old is None else (1 - NEW_WEIGHT) * old + NEW_WEIGHT * mean, 4)
+        elif old is not None:
+            known[name] = round(old + DRIFT * (generic[name] - old), 4)
+    for mode, x in entry["realized"].items():
+        if mode not in realized:
+            entry["realized"][mode] = round(1 + (1 - DRIFT) * (x - 1), 4)
+    entry["realized"].update({mode: round(x, 4) for mode, x in realized.items()})
+    entry["seen"] = _clock()
+    return entry
