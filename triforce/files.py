@@ -14,19 +14,22 @@ from .errors import UserError
 UNREADABLE = frozenset({errno.EIO, errno.ENXIO, errno.ESTALE})  # a system that cannot read a file, not damage
 
 
-def written_whole(path: Path, write: Callable[[Path], None]) -> None:
+def written_whole(path: Path, write: Callable[[Path], None], durable: bool = False) -> None:
     """Runs `write(partial)` on a partial file of this process's, then renames it over `path`: a reader, or
     a process writing the same file at once, sees the old file or the new one, never half of one (a torn
-    file failed every later run), also after the host crashes (it is synced before the rename). A write that
+    file failed every later run). `durable`: synced before the rename, so that it holds after the host
+    crashes too (a renamed file could be empty then: a train-draft checkpoint was hours of training; files
+    that can be made again, as calibrations, which requests save as they end, skip the wait). A write that
     fails leaves no partial file behind."""
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
         write(partial)
-        descriptor = os.open(partial, os.O_RDONLY)  # on the disk before it is renamed: a host that crashed
-        try:  # after the rename could leave an empty file (a train-draft checkpoint: hours of training)
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        if durable:
+            descriptor = os.open(partial, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
         partial.replace(path)
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -85,5 +88,6 @@ def load_cached(path: Path):
 
 
 def save_whole(path: Path, obj) -> None:
-    """`torch.save(obj)` into `path`, whole or not at all (`written_whole`)."""
-    written_whole(path, lambda partial: torch.save(obj, partial))
+    """`torch.save(obj)` into `path`, whole or not at all, and synced (`written_whole`: checkpoints and cached
+    data that took long to make)."""
+    written_whole(path, lambda partial: torch.save(obj, partial), durable=True)
