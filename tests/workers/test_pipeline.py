@@ -306,6 +306,12 @@ def test_a_cache_another_rank_cannot_allocate_is_refused_and_the_group_goes_on(m
         stats, _ = group.channel.request("stats")
         assert body["length"] == 37 and stats["sequences"] == 1 and stats["errors"] == 2
         group.channel.request("end", {"seq": 2})
+        # a rank that fails otherwise (a bug) ends the group at once, its leader saying so: the leader waited
+        # in the ranks' all-reduce for it, and the coordinator for --worker-timeout
+        started = time.perf_counter()
+        with pytest.raises(WorkerError, match="failed on another rank of the group.*the worker group ends"):
+            start(4, 123)
+        assert group.channel.broken and time.perf_counter() - started < 30
     finally:
         group.close()
 

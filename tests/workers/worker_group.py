@@ -29,6 +29,8 @@ def _worker(rank: int, size: int, init: str, folder: str, endpoint: str, timeout
     if short_of_memory is not None and short_of_memory[0] == rank:  # (a GPU fuller than the leader's)
         class ShortOfMemory(worker.FullKVCache):
             def __init__(self, config, capacity, *args, **kwargs):
+                if capacity == 123:  # a bug rather than memory
+                    raise ValueError(f"a test's rank {rank} fails a cache of 123 tokens")
                 if capacity > short_of_memory[1]:
                     raise torch.OutOfMemoryError(f"CUDA out of memory (a test's rank {rank})")
                 super().__init__(config, capacity, *args, **kwargs)
@@ -80,7 +82,7 @@ class Group:
     world; shut down (or killed) on exit. `group_timeout_s`: the worker group's collective timeout;
     `prefill_chunk` and `prefix_bytes` (its prefix store per rank) as run_worker's; `max_sequences`: how
     many sequences it holds at once (checks.MAX_SEQUENCES); `short_of_memory` (rank, tokens): that worker
-    cannot allocate a cache of more tokens."""
+    cannot allocate a cache of more tokens (and fails one of 123 tokens otherwise)."""
 
     def __init__(self, folder, size, tmp_path, timeout_s=60.0, max_bytes=MAX_MESSAGE_BYTES, group_timeout_s=300.0,
                  prefill_chunk=512, prefix_bytes=0, max_sequences=None, short_of_memory=None):

@@ -158,21 +158,24 @@ class VerifierWorker(LeaderChecks):
         rank alike (NoRoom, or NeverFits where the group holds no other sequence) where some rank could not.
         The leader checks the memory of its own device only: a rank on a fuller or smaller GPU failed its
         allocation alone, and the group ended."""
-        cache, why = None, None
+        cache, failure = None, None
         try:
             cache = FullKVCache(self.model.config, capacity, self.model.dtype, self.model.device)
-        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError, as is the CPU's
-            if not out_of_memory(exc):
-                raise
-            why = type(exc).__name__
-        everywhere = torch.tensor([cache is not None], dtype=torch.int64, device=self.model.device)
+        except Exception as exc:  # noqa: BLE001 (every rank learns how each fared before any raises)
+            failure = exc
+        # 1: allocated; 0: out of memory; -1: failed otherwise (a bug: the group ends, every rank alike, where
+        # the leader waited in the all-reduce for a rank that had raised, and its coordinator timed out)
+        state = torch.tensor([1 if failure is None else 0 if out_of_memory(failure) else -1], dtype=torch.int64,
+                             device=self.model.device)
         if self.tp.size > 1:
-            dist.all_reduce(everywhere, op=dist.ReduceOp.MIN, group=self.tp.group)
-        if everywhere.item():
+            dist.all_reduce(state, op=dist.ReduceOp.MIN, group=self.tp.group)
+        if state.item() == 1:
             return cache
         cache = None  # (freed on the ranks that allocated it)
+        where = f"this rank ({type(failure).__name__})" if failure is not None else "another rank of the group"
+        if state.item() < 0:
+            raise RuntimeError(f"a cache of {capacity} tokens failed on {where}") from failure
         refusal = NoRoom if self.caches else NeverFits  # (every rank holds the same sequences)
-        where = f"this rank ({why})" if why else "another rank of the group"
         raise refusal(f"a cache of {capacity} tokens could not be allocated on {where}")
 
     def _prefill(self, seq: int, cache: FullKVCache, tokens: list[int], final: bool) -> int:
