@@ -233,11 +233,14 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
         load_model(tmp, "bfloat16")  # the check: it must load before it is published
         _finish_conversion(tmp)
         (tmp / READY).write_text(str(gguf.name))
-        if (dest / READY).is_file():  # published meanwhile by a maker that could not take turns with this one
-            shutil.rmtree(tmp, ignore_errors=True)
-            return
-        shutil.rmtree(dest, ignore_errors=True)  # (an interrupted one)
-        tmp.rename(dest)
+        try:
+            tmp.rename(dest)
+        except OSError:  # a folder there: published meanwhile by a maker that could not take turns with this
+            if (dest / READY).is_file():  # one (kept: a reader may be loading it), or an interrupted one
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
+            shutil.rmtree(dest, ignore_errors=True)
+            tmp.rename(dest)
     except BaseException as exc:  # (a GB of partial folder left behind until the next run)
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):  # a full disk, an old folder of another user's in the way: one line
