@@ -223,6 +223,7 @@ def test_sample_order_weighs_sequences_by_their_repeats():
         assert torch.equal(torch.bincount(order[first:first + 6], minlength=4), repeats)
     assert len({tuple(order[f:f + 6].tolist()) for f in range(0, 600, 6)}) > 1  # and each shuffled anew
     assert torch.equal(sample_order(repeats, 600, seed=5), order)  # a resumed run continues the same order
+    assert sample_order(repeats, 0, seed=5).numel() == 0
     assert not torch.equal(sample_order(repeats, 600, seed=6), order)
     # (the passes shuffled together before: a run's key holds ORDER_VERSION, so an older checkpoint is not
     # resumed in this order; its labels, keyed apart, are reused)

@@ -125,7 +125,7 @@ def sample_order(repeats: torch.Tensor, count: int, seed: int) -> torch.Tensor:
         raise UserError("every training sequence has a repeat count of 0: nothing to train on")
     generator = torch.Generator().manual_seed(seed)
     passes = [pool[torch.randperm(pool.numel(), generator=generator)] for _ in range(math.ceil(count / pool.numel()))]
-    return torch.cat(passes)[:count]
+    return torch.cat(passes)[:count] if passes else pool[:0]
 
 
 def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: torch.Tensor,
