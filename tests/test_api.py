@@ -665,3 +665,17 @@ def test_an_empty_text_is_a_prompt_where_the_tokenizer_adds_a_bos():
     checks.tokenizer = lambda text: SimpleNamespace(input_ids=[5] * len(text.split()))
     with pytest.raises(UserError, match="empty prompt"):
         checks.encode("")
+
+
+def test_a_default_draft_an_export_left_aside_is_found(tiny_dir, tmp_path, monkeypatch):
+    """train-draft replaces a draft by renaming it aside (NAME.old), then the new one in: killed between the
+    two, the default model ran without its draft until the next export put it back."""
+    import shutil
+
+    from triforce import llm_models
+
+    target = tiny_dir("api-target", tokenizer=True, seed=51)
+    shutil.copytree(tiny_dir("api-draft", tokenizer=True, seed=52, num_layers=1), tmp_path / "draft.old")
+    monkeypatch.setitem(llm_models.DEFAULT_DRAFTS, str(target), tmp_path / "draft")
+    llm = LLM(target, mode="triforce", dtype="float32", window=64)
+    assert llm.draft_path == tmp_path / "draft.old" and llm.draft is not None

@@ -44,7 +44,9 @@ class ModelChoice:
         if draft is None:
             draft = DEFAULT_DRAFTS.get(str(model))  # a folder in the package, or a known model's name
             if isinstance(draft, Path) and not (draft / "config.json").is_file():
-                draft = None
+                # (a train-draft export killed between its two renames leaves the draft it replaced beside)
+                old = draft.with_name(draft.name + ".old")
+                draft = old if (old / "config.json").is_file() else None
         if draft is None:
             if mode == "draft":
                 raise ConfigError("mode 'draft' needs a draft model (--draft)")
