@@ -149,6 +149,14 @@ def test_costs_a_request_found_far_off_are_measured_again_by_the_next(tmp_path):
     other.save(key)
     table.forget(key, {1: 0.8})
     assert CostTable(tmp_path / "costs.json").entries == {key: {"1": 0.5}} == {key: table.entries[key]}
+    # and where another added a size only, the sizes this one found far off go, that one stays
+    table.entries[key] = {"1": 0.8, "4": 1.6}
+    table.save(key)
+    other = CostTable(tmp_path / "costs.json")
+    other.entries[key]["8"] = 2.4
+    other.save(key)
+    table.forget(key, {1: 0.8})
+    assert CostTable(tmp_path / "costs.json").entries == {key: {"8": 2.4}}
 
 
 def test_a_batch_near_its_end_plans_with_a_batch_size_the_table_knows(tmp_path):

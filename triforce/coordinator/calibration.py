@@ -72,8 +72,8 @@ class CalibrationFile:
         return ours
 
     def drop(self, key: str) -> None:
-        """Drops entry `key` here and from the file, where the file still holds what this process had (one
-        another process measured anew since stays: it was deleted, and measured yet again)."""
+        """Drops entry `key` here and from the file, all but what another process set anew in it since this
+        one read it (a cost size measured again: it was deleted, and measured yet again)."""
         self._dropped[key] = self.entries.pop(key)
         self.save(key)
 
@@ -103,9 +103,11 @@ class CalibrationFile:
             with self._locked():
                 entries = self._read(self.path, warn=False)  # said once, as the process read it first
                 for changed in self._changed:
-                    if changed not in self.entries:  # dropped here, unless another process measured it anew
-                        if entries.get(changed) == self._dropped.get(changed, entries.get(changed)):
-                            entries.pop(changed, None)
+                    if changed not in self.entries:  # dropped here, but for what another process set anew
+                        theirs, dropped = entries.pop(changed, None), self._dropped.get(changed)
+                        anew = {k: v for k, v in (theirs or {}).items() if dropped is not None and dropped.get(k) != v}
+                        if anew:
+                            entries[changed] = anew
                     else:
                         ours = self.entries[changed]
                         entries[changed] = ours if changed not in entries else self.merged(changed, entries[changed], ours)
