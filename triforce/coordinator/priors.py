@@ -152,8 +152,7 @@ class Priors(CalibrationFile):
 def _merged_into(entry: dict | None, acceptance: dict[str, float | None], realized: dict[str, float],
                  generic: dict[str, float], overhead: dict[str, float]) -> dict:
     """`entry` (None: none yet) with what one request saw merged in (the module docstring's rules)."""
-    entry = {"acceptance": dict((entry or {}).get("acceptance", {})), "realized": dict((entry or {}).get("realized", {})),
-             "overhead": dict((entry or {}).get("overhead", {}))}
+    entry = {part: dict((entry or {}).get(part, {})) for part in ("acceptance", "realized", "overhead")}
     entry["overhead"].update({k: round(x, 6) for k, x in overhead.items()})
     known = entry["acceptance"]
     for name, mean in acceptance.items():
