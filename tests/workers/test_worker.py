@@ -201,6 +201,22 @@ def test_a_one_rank_group_that_replays_graphs_counts_their_buffers(tiny_dir, mon
     leader.check("start", {**start, "seq": 2})
 
 
+def test_forwards_made_over_a_caches_buffers_do_not_stand_for_the_sizes_it_has_yet_to_make(tiny_dir, monkeypatch):
+    """What a running sequence's graphed forwards may still allocate is its declared sizes not made yet:
+    the bytes of every forward made over its buffers (one of 64 tokens it never declared, or an earlier
+    cache's there: the allocator hands the memory on) were subtracted, and hid the small ones to come."""
+    from triforce.models.cuda_graphs import ForwardGraphs, forwards_bytes
+
+    model = load_model(tiny_dir("worker-target", seed=5), "float32")
+    model.forward_graphs = ForwardGraphs(model, capture=False)
+    leader = VerifierWorker(model, SimpleNamespace(rank=0, size=1), "id", kv_heads=model.config.num_kv_heads)
+    small = [1, 2, 3]
+    leader.execute("start", {"seq": 1, "capacity": 100, "forwards": small})
+    leader.execute("prefill", {"seq": 1, "tokens": list(range(3, 67)), "final": False})  # a forward of 64
+    assert model.forward_graphs.made(leader.caches[1]) == {64}
+    assert leader._graphs_to_come() == forwards_bytes(model.config, 100, small, 4)
+
+
 def test_a_sharded_model_replays_no_graphs():
     """A rank's shard meets the other ranks' in collectives at every layer: it runs its own forwards, and a
     start counts no graphs for it."""

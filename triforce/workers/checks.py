@@ -146,8 +146,11 @@ class LeaderChecks:
         graphs = self.model.forward_graphs
         if graphs is None:
             return 0
-        return sum(max(0, self._graph_bytes(cache.capacity, self.forwards.get(seq, [])) - graphs.held_bytes(cache))
-                   for seq, cache in self.caches.items())
+        to_come = 0
+        for seq, cache in self.caches.items():  # (its declared sizes not made yet: subtracting the bytes of all
+            made = graphs.made(cache)  # made over its buffers, an earlier cache's sizes among them, hid them)
+            to_come += self._graph_bytes(cache.capacity, [n for n in self.forwards.get(seq, []) if n not in made])
+        return to_come
 
     def _room(self) -> tuple[int, int | None]:
         """How many of the group's ranks take their memory where the leader does (on a CPU, all those on its
