@@ -85,9 +85,9 @@ class StaticForward:
     """One forward of n tokens over one pair of FullKVCache buffers, all of its shapes and addresses fixed.
     A captured graph holds no reference to the buffers: they go back to the allocator with their cache."""
 
-    def __init__(self, model, cache: FullKVCache, n: int, capture: bool, pool=None, failed=None):
-        """capture: whether its CAPTURE_AT-th run captures a CUDA graph that later runs replay; `failed(error)`
-        is told where a capture fails."""
+    def __init__(self, model, cache: FullKVCache, n: int, capture: bool, pool=None, failed=None, stream=None):
+        """capture: whether its CAPTURE_AT-th run captures a CUDA graph that later runs replay, on `stream`
+        into `pool`; `failed(error)` is told where a capture fails."""
         cfg, device = model.config, model.device
         self.model, self.n = model, n
         self.ids = torch.zeros(n, dtype=torch.long, device=device)
@@ -101,7 +101,7 @@ class StaticForward:
         self.view = _StaticCache(torch.zeros(cfg.num_layers, cfg.num_heads, n, cfg.head_dim, dtype=model.dtype,
                                              device=device))  # each layer's rotated queries, for last_query
         self.logits = torch.zeros(n, cfg.vocab_size, device=device)  # float32, written by every run
-        self.capture, self.pool, self.runs = capture, pool, 0
+        self.capture, self.pool, self.stream, self.runs = capture, pool, stream, 0
         self.graph, self.failed = None, failed or (lambda error: None)
 
     def _run(self) -> None:
@@ -149,7 +149,7 @@ class StaticForward:
         # replays it (writing the same keys and values again). Errors from other threads' CUDA calls (a
         # server's) do not break a capture in thread_local mode.
         with torch.cuda.device(self.model.device):
-            side = torch.cuda.Stream()
+            side = self.stream  # every capture's: a pool reuses a freed block only for the stream it was on
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self._run()
@@ -161,8 +161,9 @@ class StaticForward:
                 with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
                     self._run()
             except RuntimeError as error:
-                self.capture = False  # nor any other size from now on (failed); the warm-up computed the step
-                self.failed(error)
+                self.capture = False  # the warm-up computed the step
+                if not isinstance(error, torch.OutOfMemoryError):  # (memory short for now: this forward alone
+                    self.failed(error)  # runs uncaptured) nor any other size from now on
                 return
             finally:
                 torch.cuda.set_stream(before)
@@ -174,7 +175,10 @@ class ForwardGraphs:
 
     def __init__(self, model, capture: bool):
         self.model, self.capture = model, capture
-        self.pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for all graphs
+        self.pool = torch.cuda.graph_pool_handle() if capture else None  # one memory pool for all graphs,
+        # captured on one stream (a new stream for each, of torch's 32 in turn, kept the pool from reusing a
+        # freed block of another's: up to 32 captures' temporaries held)
+        self.stream = torch.cuda.Stream(model.device) if capture else None
         self._forwards: dict[tuple, StaticForward] = {}  # in order of last use
 
     @classmethod
@@ -201,7 +205,8 @@ class ForwardGraphs:
         key = buffers_key(cache, step.n)
         forward = self._forwards.pop(key, None)
         if forward is None:
-            forward = StaticForward(self.model, cache, step.n, self.capture, self.pool, self._capture_failed)
+            forward = StaticForward(self.model, cache, step.n, self.capture, self.pool, self._capture_failed,
+                                    self.stream)
             while len(self._forwards) >= MAX_GRAPHS:
                 self._forwards.pop(next(iter(self._forwards)))
         self._forwards[key] = forward
@@ -218,8 +223,12 @@ class ForwardGraphs:
         for forward in self._forwards.values():
             forward.capture = False
 
+    def made(self, cache: FullKVCache) -> set[int]:
+        """The token counts of the StaticForwards made over `cache`'s buffers so far (an earlier cache's
+        there among them: the allocator hands its memory to the next)."""
+        buffers = buffers_key(cache, 0)[:-1]
+        return {key[-1] for key in self._forwards if key[:-1] == buffers}
+
     def held_bytes(self, cache: FullKVCache) -> int:
         """The buffers of the StaticForwards made over `cache`'s buffers so far."""
-        buffers = buffers_key(cache, 0)[:-1]
-        return forwards_bytes(self.model.config, cache.capacity, [key[-1] for key in self._forwards
-                                                                  if key[:-1] == buffers], self.model.dtype.itemsize)
+        return forwards_bytes(self.model.config, cache.capacity, sorted(self.made(cache)), self.model.dtype.itemsize)
