@@ -460,6 +460,9 @@ def test_serve_refuses_an_empty_api_key_before_the_model_loads(capsys, target, m
     monkeypatch.delenv("TRIFORCE_API_KEY")
     assert main(["serve", "--model", str(target), "--port", str(free_port()), "--api-key", " "]) == 2
     assert "the API key is empty" in capsys.readouterr().err
+    monkeypatch.setenv("TRIFORCE_API_KEY", "secret\n")  # read from a file: HTTP strips the header's, no match
+    assert main(["serve", "--model", str(target), "--port", str(free_port())]) == 2
+    assert "begins or ends with whitespace" in capsys.readouterr().err
 
 
 def test_serve_takes_the_model_as_vllm_serve_does(capsys, target, monkeypatch):

@@ -494,6 +494,25 @@ def test_malformed_json_is_a_400(client):
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
 
 
+def test_a_body_is_read_as_json_and_an_answer_encoded_off_the_event_loop(llm, monkeypatch):
+    """json.loads of a body of megabytes, and FastAPI's encoding of a whole answer returned as a dict (0.8 s
+    for a 4,000-token prompt's log-probabilities), ran on the event loop: every stream and /health waited."""
+    import triforce.serve.app as app_module
+    from starlette.responses import JSONResponse
+
+    threads = []
+    read, render = app_module.request_json, JSONResponse.render
+    monkeypatch.setattr(app_module, "request_json", lambda raw: threads.append(threading.current_thread().name)
+                        or read(raw))
+    monkeypatch.setattr(JSONResponse, "render", lambda self, content: threads.append(
+        threading.current_thread().name) or render(self, content))
+    with TestClient(create_app(llm, "tiny")) as c:
+        r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "temperature": 0})
+        t = c.post("/tokenize", json={"prompt": "w5 w6"})
+    assert r.status_code == 200 and t.json()["count"] > 0
+    assert len(threads) == 4 and all(name.startswith("triforce-parse") for name in threads), threads
+
+
 def test_a_request_being_tokenized_holds_up_neither_health_nor_streams(llm, monkeypatch):
     """Requests are checked and tokenized off the event loop: while one request's encoding is stuck,
     /health answers and a stream already running goes on to its end."""
@@ -545,7 +564,10 @@ def test_models_health_and_the_api_key(llm):
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
         assert c.get("/v1/models/tiny").status_code == 401
         assert models["data"][0]["max_model_len"] == llm.target.config.max_positions  # vLLM's
+        assert models["data"][0]["root"] == str(llm.model_path) and models["data"][0]["permission"] == []
         assert c.get("/version").json()["version"] == triforce.__version__
+        wrong_method = c.post("/health")  # a 405 says which methods it takes
+        assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "GET"
         preflight = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
         assert "access-control-allow-origin" not in c.options("/v1/completions", headers=preflight).headers
     # a web page's scripts, where the server allows their origin (CORS): the browser's preflight carries no key
@@ -909,8 +931,16 @@ def test_metrics_count_a_request_whose_client_left_while_it_waited_as_aborted(ll
 
 
 def test_metrics_count_requests_tokens_and_speculation(llm):
-    """/metrics in Prometheus' format: after two requests, their tokens, reasons and each tier's checks."""
+    """/metrics in Prometheus' format: after two requests, their tokens, reasons and each tier's checks.
+    Before any, every request series is there at 0 (one born at its first event, at 1, gave rate() nothing
+    for it: an alert on failures missed each process's first)."""
     with TestClient(create_app(llm, "tiny")) as c:
+        fresh = c.get("/metrics").text
+        for series in ('triforce:request_failures_total{model_name="tiny"} 0.0',
+                       'vllm:request_success_total{finished_reason="abort",model_name="tiny"} 0.0',
+                       'vllm:generation_tokens_total{model_name="tiny"} 0.0',
+                       'vllm:time_to_first_token_seconds_count{model_name="tiny"} 0.0'):
+            assert series in fresh.splitlines(), series
         outs = [c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": n, "temperature": 0,
                                                 "ignore_eos": True}).json() for n in (9, 7)]
         text = c.get("/metrics").text

@@ -56,6 +56,11 @@ def check_serving(args) -> None:
     if args.api_key is not None and not args.api_key.strip():  # every request would need "Bearer " and no key
         raise UserError("the API key is empty (--api-key, else $TRIFORCE_API_KEY): give one, or leave both unset "
                         "to serve without a key")
+    if args.api_key is not None and (args.api_key != args.api_key.strip() or not args.api_key.isprintable()):
+        # (a key read from a file that ends in a newline: HTTP strips a header's whitespace, and every request
+        # was refused)
+        raise UserError("the API key (--api-key, else $TRIFORCE_API_KEY) begins or ends with whitespace, or holds "
+                        "a character no HTTP header carries: no request could match it")
     check_serving_args(args)
     try:
         importlib.import_module("uvicorn")

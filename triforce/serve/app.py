@@ -85,7 +85,8 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
     @app.exception_handler(HTTPException)
     async def http_error(_, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind).body(), status_code=exc.status_code)
+        return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind).body(), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))  # (a 405's Allow)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
@@ -116,7 +117,8 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     card = {"id": model_name, "object": "model", "created": started, "owned_by": "triforce",
-            "max_model_len": llm.target.config.max_positions}  # vLLM's
+            "root": str(llm.model_path), "parent": None, "max_model_len": llm.target.config.max_positions,
+            "permission": []}  # vLLM's fields
 
     @app.get("/version")
     async def version():
@@ -136,9 +138,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
     async def complete(request: Request, parse, answer, stream):
         """A generation request: `parse(body)` -> a Job; `answer(job, outputs)` -> the whole answer, or
         `stream(job, chunks)` -> the events of a streamed one from its chat or completion chunks."""
-        body = await _json(request)
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        job = await loop.run_in_executor(parsing, parse, body)
+        raw = await request.body()  # read as JSON, then parsed, off the event loop (a body of megabytes took
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()  # seconds, every stream held meanwhile)
+        job = await loop.run_in_executor(parsing, lambda: parse(request_json(raw)))
         tickets = scheduler.submit_choices(job, [  # events arrive as (choice, kind, data)
             lambda event, data, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, event, data))
             for i in range(len(job.prompts) * job.n)])
@@ -158,8 +160,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
                     raise data
                 if event == "done":
                     outputs[index], left = data, left - 1
-            # off the event loop: the texts of a long echo's or many choices' tokens take a while
-            return await loop.run_in_executor(parsing, answer, job, outputs)
+            # off the event loop, JSON too: the texts of a long echo's or many choices' tokens take a while,
+            # and FastAPI encoded a dict returned on the loop (0.8 s for a 4,000-token prompt's logprobs)
+            return await loop.run_in_executor(parsing, lambda: JSONResponse(answer(job, outputs)))
         finally:
             _cancel(tickets)  # no effect on those done
 
@@ -181,10 +184,11 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
                               lambda job, outputs: responses.response(job, model_name, outputs),
                               lambda job, chunks: responses.events(job, model_name, chunks))
 
-    async def answer(handler, request: Request) -> dict:
-        """A small request's answer, computed off the event loop."""
-        body = await _json(request)
-        return await asyncio.get_running_loop().run_in_executor(parsing, handler, body, llm, model_name)
+    async def answer(handler, request: Request) -> JSONResponse:
+        """A small request's answer, its body read and its answer computed and encoded off the event loop."""
+        raw = await request.body()
+        return await asyncio.get_running_loop().run_in_executor(
+            parsing, lambda: JSONResponse(handler(request_json(raw), llm, model_name)))
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -195,10 +199,6 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
         return await answer(tokens.detokenize, request)
 
     return app
-
-
-async def _json(request: Request):
-    return request_json(await request.body())
 
 
 def _sse(obj: dict | str) -> str:

@@ -47,6 +47,13 @@ class ServerMetrics:
                               buckets=LATENCY_BUCKETS, registry=self.registry)
         self.tpot = Histogram("vllm:time_per_output_token_seconds", "Decode time per generated token",
                               ["model_name"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        # Every series there from the start, at 0 (as vLLM's): one born at its first event, already at 1,
+        # gave rate() and increase() nothing for it, and an alert on failures missed each process's first
+        for series in (self.failures, self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot) + \
+                ((self.prefix_queries, self.prefix_hits) if self.reuses_prefixes else ()):
+            series.labels(model)
+        for reason in ("stop", "length", "abort"):
+            self.success.labels(model, reason)
         waiting = Gauge("vllm:num_requests_waiting", "Requests in the queue", ["model_name"], registry=self.registry)
         running = Gauge("vllm:num_requests_running", "Requests in the batch", ["model_name"], registry=self.registry)
         waiting.labels(model).set_function(lambda: scheduler.queued)
