@@ -581,6 +581,22 @@ def test_models_health_and_the_api_key(llm):
         assert "access-control-allow-origin" not in other.headers
 
 
+def test_an_unexpected_error_is_a_500_a_browser_can_read_logged_once(llm, monkeypatch, caplog):
+    """Starlette's handler of exceptions sat outside CORS: a web page got a CORS failure instead of the JSON
+    500, and the traceback was logged twice (Starlette raises it again after answering)."""
+    import logging
+
+    import triforce.serve.tokens as tokens
+
+    monkeypatch.setattr(tokens, "tokenize", lambda *a: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with TestClient(create_app(llm, "tiny", allowed_origins=("http://ui.example",)), raise_server_exceptions=False) \
+            as c, caplog.at_level(logging.ERROR):
+        r = c.post("/tokenize", json={"prompt": "w5"}, headers={"Origin": "http://ui.example"})
+    assert r.status_code == 500 and r.json()["error"]["message"] == "internal error: RuntimeError: a bug"
+    assert r.headers["access-control-allow-origin"] == "http://ui.example"
+    assert sum("a bug" in (record.exc_text or str(record.exc_info)) for record in caplog.records) == 1
+
+
 @pytest.mark.parametrize("body", ['{"prompt": "w5", "seed": ' + "7" * 5000 + "}",  # past int()'s 4,300 digits
                                   '{"prompt": ' + "[" * 100000 + "]" * 100000 + "}", "{not json",
                                   '{"input": "w5", "metadata": {"score": NaN}}'])

@@ -57,6 +57,35 @@ class ApiKey:
         await self.app(scope, receive, send)
 
 
+class InternalErrors:
+    """A route's unexpected exception as OpenAI's 500, logged once, inside the other middleware: Starlette's
+    handler of exceptions sits outside all of it, so with CORS a browser saw a CORS failure instead of the
+    error, and Starlette raised it again after answering (a second traceback). A response already begun (a
+    stream) has nothing more to answer with: its exception goes on."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unexpected error", exc_info=exc)
+            body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body()
+            await JSONResponse(body, status_code=500)(scope, receive, send)
+
+
 def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue: int = 64,
                chat_max_tokens: int = 1024, allowed_origins: tuple[str, ...] = ()) -> FastAPI:
     """The app serving `llm` as `model_name`. chat_max_tokens: what a chat request without max_tokens gets;
@@ -92,12 +121,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
     async def invalid(_, exc: RequestValidationError):
         return JSONResponse(ApiError(400, f"invalid request: {exc.errors()}").body(), status_code=400)
 
-    @app.exception_handler(Exception)
-    async def failure(_, exc: Exception):
-        log.exception("unexpected error", exc_info=exc)
-        body = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body()
-        return JSONResponse(body, status_code=500)
-
+    app.add_middleware(InternalErrors)  # added first: inside the key check and CORS
     if api_key is not None:
         app.add_middleware(ApiKey, key=api_key)
     if allowed_origins:  # added last, so outermost: a browser's preflight carries no key, and needs none
