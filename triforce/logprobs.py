@@ -125,17 +125,20 @@ class TokenTexts:
         if (text and "\ufffd" not in text) or self.tokenizer is None:
             return text.encode("utf-8")
         piece = self.tokenizer.convert_ids_to_tokens(token)
-        raw = None
-        if isinstance(piece, str) and (byte := BYTE_TOKEN.fullmatch(piece)) is not None:
+        if not isinstance(piece, str) or not piece:
+            return text.encode("utf-8")
+        byte = BYTE_TOKEN.fullmatch(piece)
+        if byte is not None:
             raw = bytes([int(byte.group(1), 16)])
-        elif isinstance(piece, str) and piece and all(c in BYTE_LEVEL for c in piece):
+        elif all(c in BYTE_LEVEL for c in piece):
             raw = bytes(BYTE_LEVEL[c] for c in piece)
+        else:
+            return text.encode("utf-8")
         try:
-            if raw is not None:
-                raw.decode("utf-8")  # whole characters: the text where it stands says them
-        except UnicodeDecodeError:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:  # part of a character: its own bytes
             return raw
-        return text.encode("utf-8")
+        return text.encode("utf-8")  # whole characters: the text where it stands says them
 
     def _decode(self, tokens: tuple[int, ...]) -> str:
         if not tokens:

@@ -105,7 +105,8 @@ class CalibrationFile:
                 for changed in self._changed:
                     if changed not in self.entries:  # dropped here, but for what another process set anew
                         theirs, dropped = entries.pop(changed, None), self._dropped.get(changed)
-                        anew = {k: v for k, v in (theirs or {}).items() if dropped is not None and dropped.get(k) != v}
+                        anew = {} if theirs is None or dropped is None else \
+                            {k: v for k, v in theirs.items() if dropped.get(k) != v}
                         if anew:
                             entries[changed] = anew
                     else:
