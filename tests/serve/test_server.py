@@ -352,6 +352,7 @@ def parse_error(body: dict, llm) -> ApiError:
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "add_generation_prompt": "no"}, 400,
      "add_generation_prompt"),
     ("/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": -2}, 400, "truncate_prompt_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}], "max_completion_tokens": 0}, 400,
      "max_completion_tokens"),
     ("/v1/nothing", {}, 404, None),

@@ -97,8 +97,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     except ConstraintError as exc:
         raise ApiError(400, str(exc), param=exc.param) from None
     ids_of, given = prompts(kind, body, llm, tools)
-    truncate = integer(body, "truncate_prompt_tokens", None, -1)  # (-1: the model's length, as vLLM's)
-    if truncate == 0:
+    truncate = integer(body, "truncate_prompt_tokens", None, float("-inf"))  # its range checked below
+    if truncate is not None and truncate < 1 and truncate != -1:  # (one message for 0 and -2: ">= -1" took 0)
         raise ApiError(400, "'truncate_prompt_tokens' must be -1 (the model's length) or an integer >= 1",
                        param="truncate_prompt_tokens")
     if truncate is not None:  # vLLM's: each prompt's last tokens (echo gives their text)
