@@ -28,6 +28,18 @@ def test_silu_mul(level, n, width):
     assert (got == want).float().mean() > 0.99
 
 
+def test_silu_mul_where_e_to_the_minus_gate_overflows(level):
+    """Gates past -ln(FLT_MAX) make e^-g infinite, so silu is -0 as torch computes it (the AVX2 exp once
+    stopped at e^88, a tiny non-zero), -inf gives NaN, and NaN stays NaN: bit for bit, 8 and 16 lanes."""
+    edges = [-float("inf"), -200.0, -90.0, -89.0, -88.75, -88.5, -88.0, -87.5, -87.0, 88.5, 90.0,
+             float("inf"), float("nan"), -1.0, 0.0, 1.0]
+    gate = torch.tensor(edges * 2).bfloat16().view(1, -1)
+    up = (1 + torch.rand_like(gate.float())).bfloat16()
+    want, got = F.silu(gate) * up, cpu_kernels().silu_mul_bf16(torch.cat([gate, up], dim=-1))
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num().view(torch.int16), want.nan_to_num().view(torch.int16))  # -0 apart from 0
+
+
 @pytest.mark.parametrize("n,head_dim", [(1, 64), (7, 64), (300, 128), (5, 36)])  # 36: not 8 lanes a half
 def test_rope_on_a_strided_view(level, n, head_dim):
     qkv = torch.randn(n, 15 * head_dim).bfloat16()

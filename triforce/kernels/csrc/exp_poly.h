@@ -1,14 +1,14 @@
 // The e^x approximation that vec512.h and vec256.h both compute, one set of constants: e^x = 2^k * p(r)
 // with k = round(x / ln 2), r = x - k ln 2 (ln 2 in a high and a low part, so r is exact enough), and p
 // the degree-6 Taylor polynomial of e^r, |r| <= ln2 / 2 (within 2 float ulps). Inputs are clamped below
-// at kMin, so e^x never underflows to a denormal.
+// at kMin, so e^x never underflows to a denormal; NaN stays NaN.
 #pragma once
 
 namespace triforce_exp {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
-constexpr float kMin = -87.0f, kMax = 88.0f;  // kMax: past it e^x is inf in float32
+constexpr float kMin = -87.0f, kMax = 89.0f;  // e^x is inf in float32 past ln(FLT_MAX) = 88.72, below kMax
 constexpr int kDegree = 6;
 constexpr float kPoly[kDegree + 1] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};  // highest first
 

@@ -23,17 +23,21 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// e^x for 8 floats (exp_poly.h), clamped to [kMin, kMax] so that 2^k fits the exponent field.
+// e^x for 8 floats (exp_poly.h), as vec512.h's: inf past ln(FLT_MAX) (x is clamped at kMax, k <= 128, and 2^k
+// is applied as two halves that each fit the exponent field), NaN for NaN (each clamp returns its second
+// operand, x, when x is NaN), and clamped below at kMin.
 inline __m256 exp_ps(__m256 x) {
   using namespace triforce_exp;
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kMin)), _mm256_set1_ps(kMax));
+  x = _mm256_min_ps(_mm256_set1_ps(kMax), _mm256_max_ps(_mm256_set1_ps(kMin), x));
   const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(k, _mm256_set1_ps(kLn2Hi), x));
   __m256 p = _mm256_set1_ps(kPoly[0]);
   for (int i = 1; i <= kDegree; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kPoly[i]));
-  // 2^k: k + 127 in the exponent field (k in [-126, 127] after the clamps).
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  // 2^k = 2^h * 2^(k - h), h = floor(k / 2): both in [-63, 64] for k in [-126, 128], each an exponent field
+  const __m256i ki = _mm256_cvtps_epi32(k), h = _mm256_srai_epi32(ki, 1), bias = _mm256_set1_epi32(127);
+  const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
+  const __m256 e2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ki, h), bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, e1), e2);
 }
 
 }  // namespace triforce_vec256

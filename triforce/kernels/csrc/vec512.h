@@ -7,10 +7,10 @@
 
 namespace triforce_vec {
 
-// e^x for 16 floats (exp_poly.h; inf past 88, by the scaling).
+// e^x for 16 floats (exp_poly.h; inf past ln(FLT_MAX), by the scaling; NaN for NaN, the clamp's second operand).
 inline __m512 exp_ps(__m512 x) {
   using namespace triforce_exp;
-  x = _mm512_max_ps(x, _mm512_set1_ps(kMin));
+  x = _mm512_max_ps(_mm512_set1_ps(kMin), x);
   const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(k, _mm512_set1_ps(kLn2Hi), x));
