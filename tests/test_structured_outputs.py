@@ -248,3 +248,32 @@ def test_rules_that_contradict_each_other_later_end_the_request_with_an_error(ll
     r = client.post("/v1/completions", json={**body, "allowed_token_ids": None})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == llm.generate(
         PROMPT, SamplingParams(max_tokens=6, temperature=0, structured_outputs=regex))[0].text
+
+
+def test_a_text_the_vocabulary_cannot_finish_fails_where_the_output_goes_there_in_every_mode(llm, models):
+    """(a{w}é|a{l}) with no token for é: after a{w} no text continues, and llguidance's mask there allowed
+    only the end token, so ar stopped with a{w}, which the regex does not match; and once a proposer's
+    tree had tried that branch the matcher stayed broken, so a request whose output went the other way
+    failed as well. Now only an output that reaches the dead end fails, in every mode, with or without
+    trees; a constraint of no text at all is refused before anything runs."""
+    from triforce.speculation.guided import MatcherFailed
+
+    target, draft = models
+    ar = LLM(target, None, mode="ar", **SETTINGS)
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+
+    def regex(text):
+        return SamplingParams(max_tokens=6, temperature=0, structured_outputs=StructuredOutputs(regex=text))
+
+    w = ar.generate(PROMPT, regex("a[bc]"))[0].text[1]  # the letter the target takes after a
+    lost = "b" if w == "c" else "c"
+    models_ = [ar, llm, LLM(target, draft, mode="triforce", tree1=4, **SETTINGS),
+               LLM(target, draft, mode="draft", tree1=4, **SETTINGS)]
+    for model in models_:
+        out = model.generate(PROMPT, regex(f"(a{lost}\u00e9|a{w})"))[0]
+        assert (out.text, out.finish_reason) == (f"a{w}", "stop")
+        with pytest.raises(MatcherFailed, match="no text the constraint allows continues the 2 generated tokens"):
+            model.generate(PROMPT, regex(f"(a{w}\u00e9|a{lost})"))
+    with pytest.raises(ConfigError, match="^structured_outputs regex: no text it allows can be written"):
+        llm.generate(PROMPT, SamplingParams(structured_outputs=StructuredOutputs(regex="[a&&b]")))
+    assert llm.generate(PROMPT, greedy)[0].token_ids == ar.generate(PROMPT, greedy)[0].token_ids

@@ -133,24 +133,49 @@ def test_bad_constraints_are_refused_by_name(grammars):
 
 def test_a_matcher_that_fails_as_a_request_runs_fails_that_request_alone(grammars):
     """llguidance's matcher may enter its error state as it goes (past its limits): a RuntimeError ended
-    every request of the batch's step; a RequestFailed ends this one (a 400), its batchmates run on."""
+    every request of the batch's step; the history is now a dead end, which fails the request (a 400)
+    only where an output reaches it, and the guide goes on with a fresh matcher."""
     from triforce.errors import RequestFailed
 
-    guide = grammars.guide(StructuredOutputs(regex="a+"))
+    guide = grammars.guide(SPEC)
+    healthy = guide.matcher
 
     class Failing:
         def __getattr__(self, name):
-            return getattr(guide.matcher, name)
+            return getattr(healthy, name)
 
         def is_error(self):
             return True
 
         def get_error(self):
-            return "lexer too complex"
+            return "lexer too complex\n<state>...</state>"
 
     guide.matcher = Failing()
-    with pytest.raises(RequestFailed, match="lexer too complex"):
-        guide.allowed([])
+    assert guide.allowed([]) is None and guide.forced([]) is None
+    with pytest.raises(RequestFailed, match=r"\(lexer too complex\)$"):
+        guide.check_continues([])
+    assert torch.equal(guide.allowed(ids("ab")), fresh_mask(grammars, SPEC, ids("ab")))
+    guide.check_continues(ids("ab"))
+
+
+def test_a_history_no_token_continues_is_a_dead_end_and_the_guide_goes_on(grammars):
+    """(abé|ac) where no token spells é: llguidance allows b after a, and finds only as it masks the row
+    after ab that nothing continues it (its error state, for good). That history is a dead end (no mask,
+    check_continues fails), and the other branch masks as a fresh matcher does."""
+    from triforce.speculation.guided import MatcherFailed
+
+    spec = StructuredOutputs(regex="(ab\u00e9|ac)")
+    guide = grammars.guide(spec)
+    assert guide.allowed(ids("a")).nonzero().flatten().tolist() == ids("bc")
+    assert guide.allowed(ids("ab")) is None and guide.forced(ids("ab")) is None
+    with pytest.raises(MatcherFailed, match="continues the 2 generated tokens"):
+        guide.check_continues(ids("ab"))
+    for history in (ids("a"), ids("ac"), [], ids("ac")):
+        assert torch.equal(guide.allowed(history), fresh_mask(grammars, spec, history))
+        guide.check_continues(history)
+    assert guide.forced(ids("ac")) == EOS
+    with pytest.raises(ConfigError, match="^structured_outputs regex: no text it allows can be written"):
+        grammars.check(StructuredOutputs(regex="[a&&b]"))
 
 
 def test_a_tokenizer_llguidance_cannot_read_is_a_clear_error(tmp_path):

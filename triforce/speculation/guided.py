@@ -81,9 +81,11 @@ class Guide:
         """matcher: a fresh llguidance LLMatcher of the constraint; vocab_size: the logits' width; eos: the
         end-of-sequence ids, which end a complete text."""
         self.matcher, self.vocab_size, self.eos = matcher, vocab_size, frozenset(eos)
+        self._fresh = matcher.deep_copy()  # the matcher before any token: llguidance's errors are for good
         self.consumed: list[int] = []  # the history the matcher is at
-        # history -> (mask, the one token it allows or None); (None, None) where the history is refused
-        self._masks: OrderedDict[tuple[int, ...], tuple[torch.Tensor | None, int | None]] = OrderedDict()
+        # history -> (mask, the one token it allows or None, why no text continues it or None); (None, None,
+        # None) where the history is refused
+        self._masks: OrderedDict[tuple[int, ...], tuple[torch.Tensor | None, int | None, str | None]] = OrderedDict()
         self._bits = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
         self._shifts = torch.arange(32, dtype=torch.int32)
 
@@ -98,27 +100,45 @@ class Guide:
         needed to choose it. None elsewhere."""
         return self._entry(history)[1]
 
-    def _entry(self, history: Sequence[int]) -> tuple[torch.Tensor | None, int | None]:
+    def check_continues(self, history: Sequence[int]) -> None:
+        """MatcherFailed where no text the constraint allows continues `history` (an output's)."""
+        why = self._entry(history)[2]
+        if why is not None:
+            raise MatcherFailed(f"structured output: no text the constraint allows continues the {len(history)} "
+                                f"generated tokens with a token of this vocabulary ({why})")
+
+    def _entry(self, history: Sequence[int]) -> tuple[torch.Tensor | None, int | None, str | None]:
         key = tuple(history)
         if key in self._masks:
             self._masks.move_to_end(key)
             return self._masks[key]
-        entry = (None, None)
-        if self._go_to(key):
-            self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
-            mask = ((self._bits[:, None] >> self._shifts) & 1).flatten()[:self.vocab_size].bool()
-            only = mask.nonzero()[:2]
-            entry = (mask, int(only[0]) if len(only) == 1 else None)
-        elif (end := key[len(self.consumed)]) in self.eos and self.matcher.is_accepting():
-            # after the end of a complete text: nothing here is ever output (generation ends at the end
-            # token), so a proposer's rows may as well repeat it, at no forward's cost
-            mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-            mask[end] = True
-            entry = (mask, end)
+        try:
+            entry = self._computed(key)
+        except _DeadEnd as dead:
+            # (a character the vocabulary cannot spell, llguidance's limits): such a history is left like a
+            # refused one, so that a proposer's path may reach it, and an output that does ends there
+            # (check_continues); ar, whose target samples the same rows, ends there as often
+            self.matcher, self.consumed = self._fresh.deep_copy(), []
+            entry = (None, None, str(dead))
         self._masks[key] = entry
         if len(self._masks) > RECENT_MASKS:
             self._masks.popitem(last=False)
         return entry
+
+    def _computed(self, key: tuple[int, ...]) -> tuple[torch.Tensor | None, int | None, str | None]:
+        if self._go_to(key):
+            self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
+            _check_matcher(self.matcher)  # llguidance may find the dead end only here (and allow EOS alone)
+            mask = ((self._bits[:, None] >> self._shifts) & 1).flatten()[:self.vocab_size].bool()
+            only = mask.nonzero()[:2]
+            return mask, int(only[0]) if len(only) == 1 else None, None
+        if (end := key[len(self.consumed)]) in self.eos and self.matcher.is_accepting():
+            # after the end of a complete text: nothing here is ever output (generation ends at the end
+            # token), so a proposer's rows may as well repeat it, at no forward's cost
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+            mask[end] = True
+            return mask, end, None
+        return None, None, None
 
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
         """logits [n, V] of rows after histories[i], with the tokens the constraint does not allow at -inf (a
@@ -137,14 +157,22 @@ class Guide:
         rest = list(history[common:])
         taken = self.matcher.try_consume_tokens(rest) if rest else 0
         self.consumed += rest[:taken]
-        if self.matcher.is_error():  # (a grammar past llguidance's limits, say): this request alone ends
-            raise MatcherFailed(f"structured output matcher failed: {self.matcher.get_error()}")
+        _check_matcher(self.matcher)
         return taken == len(rest)
 
 
+class _DeadEnd(Exception):
+    """The matcher entered its error state: no text the constraint allows continues its history."""
+
+
+def _check_matcher(matcher) -> None:
+    if matcher.is_error():  # its message's first line: the reason (a dump of its state follows)
+        raise _DeadEnd(matcher.get_error().strip().split("\n")[0])
+
+
 class MatcherFailed(RequestFailed):
-    """The constraint's matcher entered its error state as the request ran: the request fails (a 400 in a
-    server), not its batch (a RuntimeError ended every request of the step with a 500)."""
+    """An output reached a history that no text the constraint allows continues: the request fails (a 400
+    in a server), not its batch (a RuntimeError ended every request of the step with a 500)."""
 
 
 class Grammars:
@@ -193,6 +221,10 @@ class Grammars:
         failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if failed:
             raise ConfigError(f"structured_outputs {spec.kind}: {messages[0]}")
+        start = Guide(LLMatcher(tokenizer, grammar, log_level=0), self.vocab_size, self.eos_ids)
+        if (why := start._entry(())[2]) is not None:  # a valid grammar of no text ([a&&b]), or none spelled here
+            raise ConfigError(f"structured_outputs {spec.kind}: no text it allows can be written with this "
+                              f"model's tokens ({why})")
         with self._lock:
             if spec not in self._grammars and len(self._grammars) >= RECENT_MASKS:
                 self._grammars.pop(next(iter(self._grammars)))

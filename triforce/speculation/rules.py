@@ -148,6 +148,8 @@ def check_obeyed(rules: RowRules | None, allowed: frozenset[int] | None, seq: Se
     tokens, say), which no check before generation can see. Failing there beats an answer that silently
     breaks one of them."""
     for position in range(start, end):
+        if rules is not None and rules.guide is not None:
+            rules.guide.check_continues(seq[prompt_length:position])
         if (allowed is not None and seq[position] not in allowed) or (
                 rules is not None and rules.refuses(seq, position)):
             on = [name for name, rule in (("allowed_token_ids", allowed), ("min_tokens", rules and rules.min_tokens),
