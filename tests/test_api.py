@@ -85,7 +85,13 @@ def test_bad_batches_are_refused(llm):
         llm.generate([PROMPT] * 3, [SamplingParams()] * 2)
     with pytest.raises(UserError, match="one prompt"):
         llm.generate([PROMPT] * 2, SamplingParams(max_tokens=2), stream=print)
-    assert llm.generate([], SamplingParams()) == []
+    assert llm.generate([], SamplingParams()) == [] and llm.generate([], []) == []
+    for params, message in (([SamplingParams()] * 2, "2 sampling params for 0 prompts"), ("junk", "must be a"),
+                            (5, "must be a")):  # no prompt: the params were not looked at
+        with pytest.raises(UserError, match=message):
+            llm.generate([], params)
+    with pytest.raises(UserError, match="must be a"):  # a TypeError traceback
+        llm.generate([PROMPT], 5)
     with pytest.raises(UserError, match="0 sampling params for 1 prompts"):  # ran with the defaults
         llm.generate([PROMPT], [])
     with pytest.raises(UserError, match="detokenize"):  # its callback never heard a thing

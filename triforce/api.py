@@ -12,7 +12,7 @@ import logging
 import numbers
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields, replace
 
 from tqdm import tqdm
@@ -198,15 +198,16 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         if priority is not None and len(priority) != len(prompts):
             raise UserError(f"priority: one per prompt ({len(priority)} for {len(prompts)} prompts), as vLLM's")
         show_progress = show_progress if use_tqdm is None else use_tqdm
-        if not prompts:
-            return []
         params = self.get_default_sampling_params() if sampling_params is None else sampling_params
-        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else \
+            list(params) if isinstance(params, Iterable) else [None]
         if not all(isinstance(p, SamplingParams) for p in per_prompt):
             raise UserError("sampling_params must be a SamplingParams or a list of them, one per prompt")
         if len(per_prompt) != len(prompts):
             raise UserError(f"{len(per_prompt)} sampling params for {len(prompts)} prompts: give one, or one "
                             f"per prompt")
+        if not prompts:
+            return []
         per_prompt = [self.prepare(p) for p in per_prompt]
         if stream is not None and (len(prompts) > 1 or per_prompt[0].n > 1 or not per_prompt[0].detokenize
                                    or self.tokenizer is None):
