@@ -113,6 +113,19 @@ def test_the_server_takes_them_for_fields_a_request_leaves_out(llm, folder, monk
     assert (job.params.temperature, job.params.repetition_penalty, job.params.max_tokens) == (1.0, 1.0, 16)
 
 
+def test_a_folders_end_of_sequence_ids_end_generation_too(llm, folder, tmp_path):
+    """vLLM reads eos_token_id from the generation_config folder it is given, as from the model's own: a
+    token id there ends generation (it ran past it), one outside the vocabulary is left out."""
+    params = SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.5)
+    plain = llm.generate(PROMPT, params)[0].token_ids
+    end = plain[3]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [end, 10 ** 6]}))
+    model = LLM(folder, mode="ar", dtype="float32", generation_config=tmp_path)
+    out = model.generate(PROMPT, params)[0]
+    assert out.token_ids == plain[: plain.index(end) + 1] and out.finish_reason == "stop"
+    assert end in model.eos_ids() and 10 ** 6 not in model.eos_ids()
+
+
 def test_batch_jobs_take_them_unless_told_vllm(folder, tmp_path, capsys):
     body = {"prompt": PROMPT, "max_tokens": 20, "ignore_eos": True}
     (tmp_path / "in.jsonl").write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",

@@ -27,7 +27,7 @@ from .coordinator.hierarchy import check_draft_window
 from .coordinator.channel import GroupFull
 from .engine_args import take_vllm_args
 from .errors import UserError
-from .generation_defaults import sampling_defaults
+from .generation_defaults import added_eos_ids, sampling_defaults
 from .memory import release_freed
 from .models.config import rope_scaling_spec
 from .llm_models import ModelChoice
@@ -89,6 +89,7 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                         "part from it more; give --dtype to run both alike", workers.dtype, self.dtype)
         self.draft_path = self._choose_draft(model, draft, draft_revision, mode)
         self.sampling_defaults = sampling_defaults(generation_config, self.model_path)
+        self.added_eos_ids = added_eos_ids(generation_config, self.model_path)
         self.target = self._load(self.model_path)
         self._bound_positions(vllm.max_model_len)
         self._skipped_tokenizer = vllm.skip_tokenizer_init

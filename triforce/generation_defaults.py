@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .config import ConfigError
 from .sampling_params import SamplingParams
-from .models.config import GENERATION_CONFIG, read_generation_config
+from .models.config import GENERATION_CONFIG, generation_eos_ids, read_generation_config
 
 log = logging.getLogger("triforce")
 
@@ -56,6 +56,14 @@ def sampling_defaults(choice, model_folder: Path) -> dict[str, float | int]:
                     ", ".join(f"{name}={value}" for name, value in defaults.items() if name != "max_tokens") or "none",
                     "" if bound is None else f"; every request's max_tokens at most {bound}")
     return defaults
+
+
+def added_eos_ids(choice, model_folder: Path) -> tuple[int, ...]:
+    """The end-of-sequence ids of a generation_config folder other than the model's, which end generation
+    as vLLM's do (it reads them from the folder it is given); the model's own file's are in its config
+    (models/config.py)."""
+    path = None if choice == "auto" else _file(choice, model_folder)
+    return () if path is None else generation_eos_ids(path)
 
 
 def _file(choice, model_folder: Path) -> Path | None:

@@ -97,9 +97,13 @@ class ModelChoice:
         except ModelLoadError as exc:
             raise ModelLoadError(f"{exc}{refetch_hint(folder)}") from None
 
+    added_eos_ids: tuple[int, ...] = ()  # a generation_config folder's (generation_defaults.added_eos_ids)
+
     def eos_ids(self) -> tuple[int, ...]:
-        """The ids that end generation: the model's end-of-sequence ids and the tokenizer's."""
-        ids = set(self.target.config.eos_token_ids)
+        """The ids that end generation: the model's end-of-sequence ids, the tokenizer's and those of a
+        generation_config folder (within the vocabulary: no logit row gives the others)."""
+        vocab = self.target.config.vocab_size
+        ids = set(self.target.config.eos_token_ids) | {i for i in self.added_eos_ids if 0 <= i < vocab}
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))

@@ -211,7 +211,7 @@ class ModelConfig:
         except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
             raise ModelLoadError(f"{path}: unreadable config ({exc})") from exc
         config = cls.from_hf_dict(raw)
-        eos = tuple(dict.fromkeys(config.eos_token_ids + _generation_eos_ids(Path(folder) / GENERATION_CONFIG)))
+        eos = tuple(dict.fromkeys(config.eos_token_ids + generation_eos_ids(Path(folder) / GENERATION_CONFIG)))
         outside = [i for i in eos if not 0 <= i < config.vocab_size]
         if outside:  # no logit row can give them (transformers and vLLM load such folders too)
             log.warning("%s: end-of-sequence ids %s lie outside the vocabulary of %d: left out", folder, outside,
@@ -237,7 +237,7 @@ def read_generation_config(path: Path) -> dict:
     return raw
 
 
-def _generation_eos_ids(path: Path) -> tuple[int, ...]:
+def generation_eos_ids(path: Path) -> tuple[int, ...]:
     """The `eos_token_id` (an id or a list) of generation_config.json at `path`, () without one. Generation
     ends at these as well as at config.json's: Qwen2.5's instruct models name <|im_end|> there and add
     <|endoftext|> here, and transformers' and vLLM's generate stop at both."""
