@@ -293,6 +293,28 @@ def test_a_job_killed_mid_run_and_restarted_answers_every_line_once(tiny_dir, tm
     assert {r["custom_id"]: r["response"]["body"]["choices"][0]["text"] for r in lines} == expected
 
 
+def test_lines_run_on_a_continuous_batch_so_a_long_one_holds_back_none(tiny_dir, tmp_path):
+    """--batch-size 2 with a long line first: each short line that ends makes room for the next, so all
+    three are written before the long one (in lock-step groups of two, the second group waited for the
+    long line, and was written after it); every answer is the line's own. `"stream": true` is a 400."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    lines = [request("long", PROMPT, 40)] + [request(f"s{i}", PROMPT + f" w{7 + i}", 2) for i in range(3)]
+    streamed = {"prompt": PROMPT, "max_tokens": 2, "stream": True}
+    lines.append(json.dumps({"custom_id": "stream", "method": "POST", "url": "/v1/completions", "body": streamed}))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    assert run(target, inp, out) == 0
+    order = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()]
+    assert order[-1] == "long" and sorted(order[:-1]) == ["s0", "s1", "s2", "stream"]
+    got = results(out)
+    llm = LLM(target, mode="ar", dtype="float32")
+    for k, prompt, n in (("long", PROMPT, 40), ("s2", PROMPT + " w9", 2)):
+        assert got[k]["response"]["body"]["choices"][0]["text"] == llm.generate(
+            prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))[0].text
+    refused = got["stream"]["response"]
+    assert refused["status_code"] == 400 and refused["body"]["error"]["param"] == "stream"
+
+
 def test_a_line_that_fails_as_it_runs_gets_its_error_and_the_others_their_answers(tiny_dir, tmp_path, monkeypatch,
                                                                                    capsys):
     """A line whose rules contradict each other after its first token (allowed_token_ids that a bad word
@@ -604,18 +626,25 @@ def test_a_request_that_fails_on_a_bug_gets_a_500_and_the_job_goes_on(tiny_dir, 
     error, and the job's exit status 1: the lines batched with it get their answers (the whole job ended
     with a traceback, at the same line on every rerun). --retry-failed runs it again. Input from standard
     input (-)."""
+    from triforce.request import Request
+    from triforce.serve import scheduler
+
     target = tiny_dir("batch-target", tokenizer=True, seed=91)
     lines = [request(k, PROMPT + extra, n) for k, extra, n in (("a", "", 4), ("bug", " w9", 5), ("b", " w7", 4))]
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("\n".join(lines) + "\n")
-    generate = LLM.generate
+    starts = []
 
-    def failing(self, prompts, params=None, **kw):
-        if any(p.max_tokens == 5 for p in params):  # the "bug" line's
-            raise RuntimeError("boom")
-        return generate(self, prompts, params, **kw)
+    def failing(fails, message):
+        class Failing(Request):
+            def run(self):
+                starts.append(self.params.max_tokens)
+                if fails(self.params):
+                    raise RuntimeError(message)
+                return (yield from super().run())
+        return Failing
 
-    monkeypatch.setattr(LLM, "generate", failing)
+    monkeypatch.setattr(scheduler, "Request", failing(lambda p: p.max_tokens == 5, "boom"))  # the "bug" line's
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(inp.read_bytes())))
     assert run(target, "-", out, "--batch-size", "3") == 1
     err = capsys.readouterr().err
@@ -623,12 +652,13 @@ def test_a_request_that_fails_on_a_bug_gets_a_500_and_the_job_goes_on(tiny_dir, 
     got = results(out)
     assert [got[k]["response"]["status_code"] for k in ("a", "bug", "b")] == [200, 500, 200]
     assert "boom" in got["bug"]["response"]["body"]["error"]["message"]
-    monkeypatch.setattr(LLM, "generate", generate)
+    assert starts.count(5) == 2  # beside the others, then alone
+    monkeypatch.setattr(scheduler, "Request", Request)
     assert run(target, inp, out) == 0 and results(out)["bug"]["response"]["status_code"] == 500  # kept
     assert run(target, inp, out, "--retry-failed") == 0
     assert len(out.read_text().splitlines()) == 3 and results(out)["bug"]["response"]["status_code"] == 200
     # a device or an engine that broke: every line would get its 500; three in a row end the job
-    monkeypatch.setattr(LLM, "generate", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device lost")))
+    monkeypatch.setattr(scheduler, "Request", failing(lambda p: True, "device lost"))
     many = tmp_path / "many.jsonl"
     many.write_text("\n".join(request(f"m{i}", PROMPT, 2) for i in range(5)) + "\n")
     assert run(target, many, tmp_path / "broken.jsonl", "--batch-size", "1") == 2

@@ -4,12 +4,13 @@ Each input line is `{"custom_id", "method": "POST", "url": "/v1/completions" | "
 "/v1/responses", "body"}`, each custom_id on one line only; each output line is `{"id", "custom_id",
 "response": {"status_code", "request_id", "body"}, "error"}`, as OpenAI's: a body the server would refuse
 (serve/openai.py and responses.py check it the same way) gets its status and error body as the response;
-a line that is not a request (bad JSON, another url) gets `error` and a null response; a request that fails
-as it runs (a UserError: 400, or 413 for caches that cannot fit) gets its error, and the lines batched with it
-run again one by one; a request that fails otherwise (a bug: any other exception) gets a 500 and its
-traceback on standard error, and the job goes on (its exit status then 1). Requests run `--batch-size` at
-a time through LLM.generate (a request's prompts x `n` choices together, as sequences of that batch), and
-their results are written as they end, not in the input's order (each names its custom_id). Each result
+a line that is not a request (bad JSON, another url, `"stream": true`) gets `error` and a null response, or
+a 400; a request that fails as it runs (its own settings: 400, or 413 for caches that cannot fit) gets its
+error; a request that fails otherwise (a bug: any other exception) gets a 500 and its traceback on standard
+error once it has failed again alone, and the job goes on (its exit status then 1). Up to `--batch-size`
+requests run at a time on one continuous batch, as the server's (batch_runner.py: a request's prompts x `n`
+choices as sequences of that batch; one that ends makes room for the next at once), and their results are
+written as they end, not in the input's order (each names its custom_id). Each result
 line is written whole, under a lock, and synced (batch_output.py), so a killed job loses at most the
 requests in flight; run again, it skips the custom_ids the output already has (a torn last line, if the
 kill came mid-write, is dropped first; an output that is not a results file is refused, untouched;
@@ -24,18 +25,18 @@ import dataclasses
 import hashlib
 import os
 import sys
-import uuid
 from pathlib import Path
 
 from tqdm import tqdm
 
-from ..errors import RequestFailed, TooLarge, UserError
+from ..errors import UserError
 from ..files import read_standard_input, read_user_text, user_path
 from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
 from .batch_output import ResultsWriter
+from .batch_runner import LineRunner, request_id, result
 from .batch_shards import by_rank, rank_device, shard_of
-from .batch_resume import check_resumable, done_results, drop_results, failed, jsonl_lines, result_id
+from .batch_resume import check_resumable, done_results, drop_results, failed, jsonl_lines
 from .generate import not_a_file
 from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
                     check_serving_args)
@@ -61,7 +62,8 @@ def add_batch_parser(sub) -> None:
                         "SLURM_ARRAY_TASK_COUNT; else torchrun's RANK/WORLD_SIZE, but not under --workers, "
                         "whose ranks are one pipeline; else 0/1)")
     p.add_argument("--batch-size", type=int, default=8,
-                   help="request lines generated together (a line's prompts x n choices are that many sequences)")
+                   help="request lines in flight at a time, on one continuous batch: one that ends makes room "
+                        "for the next (a line's prompts x n choices are that many sequences)")
     add_model_args(p)
     add_mode_arg(p)
     add_engine_args(p)
@@ -213,91 +215,46 @@ def _batch(args) -> int:
 
 
 def _answer(args, llm, lines: list[str], output: Path, mine: list, finished: dict, model: str) -> int:
-    """Answers this shard's lines not yet answered, each result written as it comes; the exit status: 1
-    where a request failed on an internal error, else 0."""
+    """Answers this shard's lines not yet answered (batch_runner.py), each result written as it comes; the
+    exit status: 1 where a request failed on an internal error, else 0."""
     from ..serve import openai, responses
 
     with tqdm(total=len(mine), desc="batch", unit="req", file=sys.stderr) as bar:
         write = ResultsWriter(output, bar)
-        pending = []
-        for n, custom_id, request, error in mine:
-            if custom_id in finished:
-                bar.update(1)
-                continue
-            job = None
-            if error is None and (not isinstance(request, dict) or request.get("method") != "POST" or
-                                  not isinstance(request.get("url"), str) or request["url"] not in URLS):
-                error = {"code": "invalid_request", "message": f"line {n + 1}: each line needs method POST and url "
-                         "/v1/completions, /v1/chat/completions or /v1/responses"}
-            elif error is None:
-                kind, body = URLS[request["url"]], request.get("body")
-                try:
-                    job = responses.parse(body, llm, model, args.chat_max_tokens) if kind == "response" else \
-                        openai.parse(kind, body, llm, model, args.chat_max_tokens)
-                except openai.ApiError as exc:  # what the server answers it: a response with its status, as OpenAI's
-                    error = {"status_code": exc.status, "request_id": request_id(), "body": exc.body()}
-                except Exception as exc:  # a bug: this line's 500, as the server's, and the job goes on
-                    error = write.internal_error(custom_id, request_id(), exc)
-            if job is None:  # a line that cannot run: its error, once
-                write(_result(lines[n], custom_id, error) if "status_code" in error else
-                      _result(lines[n], custom_id, error=error))
-                continue
-            if args.seed is not None and job.params.seed is None:  # its own, whatever runs before it or beside
-                job.params = dataclasses.replace(job.params, seed=line_seed(args.seed, custom_id))
-            pending.append((lines[n], custom_id, job))
-            if len(pending) == args.batch_size:
-                _run(llm, model, pending, write)
-                pending = []
-        if pending:
-            _run(llm, model, pending, write)
+        runner = LineRunner(llm, model, write, args.batch_size)
+        try:
+            for n, custom_id, request, error in mine:
+                if custom_id in finished:
+                    bar.update(1)
+                    continue
+                job = None
+                if error is None and (not isinstance(request, dict) or request.get("method") != "POST" or
+                                      not isinstance(request.get("url"), str) or request["url"] not in URLS):
+                    error = {"code": "invalid_request", "message": f"line {n + 1}: each line needs method POST and "
+                             "url /v1/completions, /v1/chat/completions or /v1/responses"}
+                elif error is None:
+                    kind, body = URLS[request["url"]], request.get("body")
+                    try:
+                        job = responses.parse(body, llm, model, args.chat_max_tokens) if kind == "response" else \
+                            openai.parse(kind, body, llm, model, args.chat_max_tokens)
+                    except openai.ApiError as exc:  # what the server answers it: a response with its status
+                        error = {"status_code": exc.status, "request_id": request_id(), "body": exc.body()}
+                    except Exception as exc:  # a bug: this line's 500, as the server's, and the job goes on
+                        error = write.internal_error(custom_id, request_id(), exc)
+                if job is None:  # a line that cannot run: its error, once
+                    write(result(lines[n], custom_id, error) if "status_code" in error else
+                          result(lines[n], custom_id, error=error))
+                    continue
+                if args.seed is not None and job.params.seed is None:  # its own, whatever runs before or beside it
+                    job.params = dataclasses.replace(job.params, seed=line_seed(args.seed, custom_id))
+                runner.run(lines[n], custom_id, job)
+            runner.finish()
+        finally:
+            runner.close()
     return write.summary(output, len(mine) - sum(write.statuses.values()))
-
-
-def _run(llm, model, pending, write: ResultsWriter) -> None:
-    """The lines of `pending` generated together, each result written; where one fails as the server would
-    answer it (its rules contradict each other as it runs, its caches cannot fit: RequestFailed) or on a bug
-    (any exception but a UserError, which ends the job: a worker group lost, a setting), each line alone,
-    that one's error written as its response (it failed the whole batch, which every rerun met)."""
-    from ..serve import openai, responses
-
-    choices = [job.choices() for _, _, job in pending]  # a line's prompts x n choices run together
-    try:
-        outs = iter(llm.generate([ids for c in choices for ids, _ in c], [params for c in choices for _, params in c]))
-        bodies = []
-        for (_, _, job), mine in zip(pending, choices):  # (a failure formatting one answer: each line alone)
-            answer = responses.response if isinstance(job, responses.ResponsesJob) else openai.response
-            bodies.append(answer(job, model, [next(outs) for _ in mine]))
-    except Exception as exc:
-        if isinstance(exc, UserError) and not isinstance(exc, RequestFailed):
-            raise
-        if len(pending) > 1:
-            for one in pending:
-                _run(llm, model, [one], write)
-            return
-        (line, custom_id, job), = pending
-        if isinstance(exc, RequestFailed):
-            error = openai.ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
-            response = {"status_code": error.status, "request_id": request_id(), "body": error.body()}
-        else:
-            response = write.internal_error(custom_id, request_id(), exc)
-        write(_result(line, custom_id, response))
-        return
-    for (line, custom_id, job), body in zip(pending, bodies):
-        write(_result(line, custom_id, {"status_code": 200, "request_id": request_id(), "body": body}))
-
-
-def request_id() -> str:
-    """A result's request_id, as OpenAI's are: one of its own, not its body's id (which a line's request_id
-    field names, as vLLM's server does: two lines could share it)."""
-    return f"req_{uuid.uuid4().hex}"
 
 
 def line_seed(seed: int, custom_id: str) -> int:
     """The seed of a line without one under --seed: from --seed and its custom_id, so that shards, a resumed
     run and a line run again alone draw what an uninterrupted run draws, and equal lines differ."""
     return int.from_bytes(hashlib.sha256(f"{seed}/{custom_id}".encode()).digest()[:7], "big")
-
-
-def _result(line: str, custom_id: str, response: dict | None = None, error: dict | None = None) -> dict:
-    """An output line: a response (its status, its body), or the error of a line that is not a request."""
-    return {"id": result_id(line), "custom_id": custom_id, "response": response, "error": error}

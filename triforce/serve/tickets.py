@@ -62,11 +62,14 @@ class Ticket:
 
 
 def failure(exc: Exception) -> ApiError:
-    """What a client is told of the exception that failed its request: 400 (413: too large) where its own
-    settings failed it as it ran, 503 where the worker group failed, 500 otherwise (a bug)."""
+    """What a client is told of the exception that failed its request (its __cause__): 400 (413: too large)
+    where its own settings failed it as it ran, 503 where the worker group failed, 500 otherwise (a bug)."""
     if isinstance(exc, ApiError):  # (the server's own answer: a stop, say)
         return exc
     if isinstance(exc, RequestFailed):
-        return ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
-    status = 503 if isinstance(exc, WorkerError) else 500
-    return ApiError(status, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
+        error = ApiError(413 if isinstance(exc, TooLarge) else 400, str(exc))
+    else:
+        status = 503 if isinstance(exc, WorkerError) else 500
+        error = ApiError(status, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
+    error.__cause__ = exc  # (a batch job's traceback of a bug, and its end where a worker group is gone)
+    return error
