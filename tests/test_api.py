@@ -685,3 +685,26 @@ def test_a_default_draft_an_export_left_aside_is_found(tiny_dir, tmp_path, monke
     monkeypatch.setitem(llm_models.DEFAULT_DRAFTS, str(target), tmp_path / "draft")
     llm = LLM(target, mode="triforce", dtype="float32", window=64)
     assert llm.draft_path == tmp_path / "draft.old" and llm.draft is not None
+
+
+def test_an_unseeded_request_draws_from_a_whole_state_of_its_own(llm, monkeypatch):
+    """Its generator's mt19937 words come from os.urandom (speculation/sampling.unseeded_generator): words
+    laid out as manual_seed(5) lays them out give what seed 5 gives. It was seeded by a number, whose low
+    32 bits alone a generator keeps: unseeded requests shared 2**32 streams."""
+    import os
+
+    from triforce.speculation.sampling import MT_WORDS
+
+    assert torch.equal(torch.rand(4, generator=torch.Generator().manual_seed(5)),
+                       torch.rand(4, generator=torch.Generator().manual_seed(5 + 2**32)))
+    words = [5]
+    for i in range(1, MT_WORDS):  # mt19937's init_genrand
+        words.append((1812433253 * (words[-1] ^ (words[-1] >> 30)) + i) & 0xFFFFFFFF)
+    made = b"".join(w.to_bytes(4, "little") for w in words)
+    seeded = llm.generate(PROMPT, SamplingParams(max_tokens=12, temperature=1.0, seed=5))[0].token_ids
+    urandom = os.urandom
+    monkeypatch.setattr(os, "urandom", lambda n: made if n == 4 * MT_WORDS else urandom(n))
+    assert llm.generate(PROMPT, SamplingParams(max_tokens=12, temperature=1.0))[0].token_ids == seeded
+    monkeypatch.undo()
+    outs = {tuple(o.token_ids) for o in llm.generate([PROMPT] * 4, SamplingParams(max_tokens=12, temperature=1.0))}
+    assert len(outs) > 1

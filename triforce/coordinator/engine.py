@@ -35,7 +35,7 @@ from ..logprobs import TokenLogprobs, token_logprobs
 from ..speculation.guided import Guide
 from ..speculation.lookup import ContextLookup
 from ..speculation.rules import RowRules, check_obeyed
-from ..speculation.sampling import sample, top_probability
+from ..speculation.sampling import sample, top_probability, unseeded_generator
 from ..speculation.tree import children_of, verify_tree
 from ..step import Step
 from .metrics import RequestMetrics, TierStats
@@ -104,10 +104,10 @@ class HierarchyEngine(TierPrefill):
         if not prompt:
             raise ValueError("empty prompt")
         self.params = params
-        seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()))
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else unseeded_generator()
         self.seq, self.forced_at = list(prompt), set()
         ends = params.end_ids(stop_ids) | (guide.eos if guide is not None else frozenset())
-        self.rows = RequestRows(params, self.seq, torch.Generator().manual_seed(seed),
+        self.rows = RequestRows(params, self.seq, generator,
                                 RowRules.of(params, prompt, set(params.stop_token_ids) | set(stop_ids), guide),
                                 ContextLookup(self.lookup_n) if self.lookup_n else None)
         self.guide, self.prompt_length = guide, len(prompt)

@@ -11,6 +11,7 @@ the speculative-sampling rules reduce to exact greedy matching without any divis
 from __future__ import annotations
 
 import math
+import os
 from functools import lru_cache
 
 import torch
@@ -25,6 +26,7 @@ MAX_TEMPERATURE = 1e6
 # sample_distinct sums the mass afresh once what is left falls below this fraction of the sum it draws from
 REFRESH_BELOW = 1e-6
 ROW_CHUNK = 128  # entries per chunk of a vocabulary row, in the first pass of row_argmax and one_draw
+MT_WORDS, MT_AT = 624, 24  # torch's CPU generator state: mt19937's words, 8 bytes each (the low 4 read) from byte 24
 
 
 def processed(logits: torch.Tensor, params) -> torch.Tensor:
@@ -121,6 +123,20 @@ def top_probability(logits: torch.Tensor) -> float:
 def non_finite() -> NonFiniteLogits:
     return NonFiniteLogits("the distribution to sample from holds NaN or infinity: the model's logits "
                            "overflowed (a float16 or bfloat16 model past its range?)")
+
+
+def unseeded_generator() -> torch.Generator:
+    """A CPU generator for a request without a seed, its mt19937 state drawn whole from os.urandom. One seeded
+    by a number keeps the number's low 32 bits (manual_seed), so unseeded requests shared 2**32 streams: of
+    10**5 of them, two ran the same one with probability 0.69, and alike, gave the same sample."""
+    generator = torch.Generator()
+    state = generator.get_state()
+    if state.numel() < MT_AT + 8 * MT_WORDS:  # (a layout this does not know: seeded by a number, as before)
+        return generator.manual_seed(int.from_bytes(os.urandom(8), "little"))
+    words = state[MT_AT: MT_AT + 8 * MT_WORDS].view(MT_WORDS, 8)
+    words[:, :4] = torch.frombuffer(bytearray(os.urandom(4 * MT_WORDS)), dtype=torch.uint8).view(MT_WORDS, 4)
+    words[:, 4:] = 0
+    return generator.set_state(state)
 
 
 def check_finite(probs: torch.Tensor) -> None:
