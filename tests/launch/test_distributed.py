@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 from servers import free_port, wait_healthy
 
 from triforce.errors import UserError
@@ -42,6 +43,39 @@ def test_the_entry_refuses_to_run_outside_torchrun(monkeypatch, capsys):
     monkeypatch.delenv("RANK", raising=False)
     assert entry(["--prompt", "x"]) == 2
     assert "torchrun" in capsys.readouterr().err
+    assert entry(["serve", "some-model", "--model", "other"]) == 2  # a traceback on every rank
+    err = capsys.readouterr().err
+    assert err.startswith("triforce: error:") and "Traceback" not in err
+
+
+def test_a_shard_that_does_not_fit_as_it_loads_is_a_one_line_error(monkeypatch):
+    """A rank whose shard the device cannot hold said so in a traceback of its own (docs/distributed.md
+    promises a line); and a run ended by a signal exits 128 + N, as a shell says it."""
+    from triforce.launch.with_workers import exit_status
+    from triforce.models.parallel import TensorParallel
+    from triforce.workers import group
+
+    def full(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(group, "load_model", full)
+    with pytest.raises(UserError, match="out of memory as it loaded its shard of the target on cuda:1"):
+        group.run_worker("/nonexistent", "bfloat16", "cuda:1", TensorParallel(0, 1, None), None, None)
+    assert [exit_status(code) for code in (-9, -15, 0, 2)] == [137, 143, 0, 2]
+
+
+def test_the_leader_tells_a_name_other_nodes_reach(monkeypatch):
+    """--control-host auto: a node whose name sits on /etc/hosts' 127.0.0.1 line after localhost has
+    getfqdn() 'localhost', which sent a coordinator on another node to its own loopback."""
+    import socket
+
+    from triforce.launch import distributed
+
+    monkeypatch.setattr(distributed.dist, "broadcast", lambda *args, **kwargs: None)  # rank 1's own buffer
+    monkeypatch.setattr(socket, "gethostname", lambda: "node7")
+    for fqdn, told in (("localhost", "node7"), ("localhost.localdomain", "node7"), ("node7.cluster", "node7.cluster")):
+        monkeypatch.setattr(socket, "getfqdn", lambda name="", fqdn=fqdn: fqdn)
+        assert distributed._leader_host(1, None) == told
 
 
 def test_dynamic_retrieval_with_workers_is_a_one_line_error(folders, capfd):
@@ -354,9 +388,9 @@ def test_a_control_port_in_use_is_a_one_line_error(folders, capfd):
 @pytest.mark.parametrize("exits, lines, status", [
     ({0: 2, 2: -15}, [], 2),  # rank 0 failed, torchrun stopped rank 2: the race CI once lost
     ({0: 2, 1: -9}, ["rank 1 was ended by signal 9"], 2),  # the kernel's OOM killer is news
-    ({1: -9, 2: -15}, ["rank 1 was ended by signal 9"], 1),  # ... and torchrun then stopped rank 2
-    ({1: -15, 2: -15}, ["rank 1 was ended by signal 15", "rank 2 was ended by signal 15"], 1),  # kill by hand
-])
+    ({1: -9, 2: -15}, ["rank 1 was ended by signal 9"], 137),  # ... and torchrun then stopped rank 2: 128 + 9,
+    ({1: -15, 2: -15}, ["rank 1 was ended by signal 15", "rank 2 was ended by signal 15"], 143),  # as a shell
+])  # says a signal's death (it was 1, an error of the run's own to Slurm); kill by hand
 def test_torchrun_names_the_ranks_a_signal_ended_unless_torchrun_sent_it(monkeypatch, capsys, exits, lines, status):
     """A failed run's report: one line per rank that a signal ended, but not the SIGTERM with which torchrun
     stops the other ranks once one failed otherwise (with an error status: that rank said why already;

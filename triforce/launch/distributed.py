@@ -127,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     end_with_parent()  # torchrun's end is this rank's, however torchrun ended
-    args = parse_command(argv)
+    try:
+        args = parse_command(argv)
+    except UserError as exc:  # (every rank alike: a traceback each)
+        print(f"triforce: error: {exc}", file=sys.stderr)
+        return 2
     try:
         rank, world, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     except KeyError:
@@ -198,7 +202,10 @@ def _leader_host(rank: int, control) -> str:
 
     buf = torch.zeros(256, dtype=torch.uint8)
     if rank == 1:
-        name = socket.getfqdn().encode()[:256]
+        name = socket.getfqdn()
+        if name.split(".")[0] == "localhost":  # its name on an /etc/hosts line of 127.0.0.1 after localhost: the
+            name = socket.gethostname()  # coordinator on another node dialled its own loopback
+        name = name.encode()[:256]
         buf[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)
     dist.broadcast(buf, src=1, group=control)
     return bytes(buf[buf != 0].tolist()).decode()
@@ -220,12 +227,12 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     from ..workers.group import run_worker
     from ..workers.worker import CoordinatorLost
 
-    path = _resolve_once(args.model, rank, groups.control, args.revision)
     tp = TensorParallel(rank - 1, world - 1, groups.workers)
     leader = rank == 1
     endpoint = tcp_endpoint(args.control_bind, control_port(args)) if leader else None
     link = BulkLink(groups.link, peer=0) if leader else None
     try:
+        path = _resolve_once(args.model, rank, groups.control, args.revision)
         run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, PREFILL_CHUNK,
                    heartbeat_s=timeouts.heartbeat_s, coordinator_timeout_s=timeouts.link_s,
                    rope_scaling=args.rope_scaling, prefix_bytes=_prefix_bytes(args))
@@ -251,7 +258,11 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
 
     import zmq
 
-    path = _resolve_once(args.model, 0, groups.control, args.revision)
+    try:
+        path = _resolve_once(args.model, 0, groups.control, args.revision)
+    except UserError as exc:
+        print(f"triforce: error: {exc}", file=sys.stderr)
+        return 2
     endpoint = tcp_endpoint(args.control_host, control_port(args))
     try:
         channel = ControlChannel(endpoint, args.worker_timeout, BulkLink(groups.link, peer=1))

@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
             stopped_by_torchrun = first_cause and failure.exitcode == -signal.SIGTERM
             if failure.exitcode < 0 and not stopped_by_torchrun:  # no chance to say why itself
                 print(f"triforce: error: rank {rank} was ended by signal {-failure.exitcode}", file=sys.stderr)
-        return next((f.exitcode for _, f in failures if f.exitcode > 0), 1)
+        killed = [-f.exitcode for _, f in failures if f.exitcode < 0]  # a rank's signal as a shell reports it
+        return next((f.exitcode for _, f in failures if f.exitcode > 0),  # (Slurm reads 1 as an error of its own)
+                    128 + next((k for k in killed if k != signal.SIGTERM), killed[0]) if killed else 1)
     except SignalException as exc:  # SIGTERM or SIGINT: torchrun has passed it on to the ranks
         ignore_further_signals()  # one more (an impatient Ctrl-C) must not interrupt the exit into a traceback
         sys.unraisablehook = _quiet  # nor torch's rendezvous finalizers, cut short as the process ends

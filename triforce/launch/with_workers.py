@@ -108,13 +108,19 @@ def piped_input(args) -> tuple[str, str] | None:
     return None
 
 
+def exit_status(returncode: int) -> int:
+    """A child's return code as this process's exit status: a signal's death (-N) as a shell reports it, 128 + N
+    (sys.exit(-9) exits 247)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def run_torchrun(args, argv: list[str], stdin) -> int:
     """torchrun with W + 1 ranks of the command `argv`, its standard input `stdin` (None: this one's)."""
     cmd = [sys.executable, "-m", "triforce.launch.torchrun", "--standalone", f"--nproc-per-node={args.workers + 1}",
            "-m", "triforce.launch.distributed", *argv]
     if threading.current_thread() is not threading.main_thread():  # no signal handlers here: torchrun stays in
-        return subprocess.Popen(cmd, env=process_environment(args.workers + 1),  # in our process group
-                                preexec_fn=end_with_parent, stdin=stdin).wait()
+        return exit_status(subprocess.Popen(cmd, env=process_environment(args.workers + 1),  # in our process
+                                            preexec_fn=end_with_parent, stdin=stdin).wait())  # group
     # torchrun in a session of its own, which gets the first signal through this process: a Ctrl-C (to the
     # terminal's process group), a SIGINT to this process alone (`kill -INT`, `timeout -s INT`, a service
     # manager), SIGTERM (`kill`, a job manager) or SIGHUP (the terminal gone) reaches torchrun, which passes
@@ -136,7 +142,7 @@ def run_torchrun(args, argv: list[str], stdin) -> int:
         started.append(torchrun)
         if pending:
             torchrun.send_signal(pending[0])
-        return torchrun.wait()
+        return exit_status(torchrun.wait())
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
