@@ -148,6 +148,13 @@ def test_a_group_the_node_or_the_model_cannot_hold_is_refused_by_every_rank_befo
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     code = main(["generate", "--model", str(target), "--prompt", "w3", "--workers", "2"])  # the launcher's check
     assert code == 2 and "3 processes on this node take a GPU each" in capsys.readouterr().err
+    # the coordinator's own --device: one the node lacks, or a worker's GPU (found once every worker loaded)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    for device, message in (("cuda:5", "this process sees 4 CUDA GPU(s)"), ("cuda:1", "worker 1 takes that GPU")):
+        code = main(["generate", "--model", str(target), "--prompt", "w3", "--workers", "2", "--device", device])
+        assert code == 2 and message in capsys.readouterr().err
+        assert entry(["--model", str(target), "--prompt", "w3", "--device", device]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_under_torchrun_by_hand_rank_0_runs_the_commands_checks_before_the_model_loads(folders, tmp_path,
@@ -368,21 +375,29 @@ def test_workers_without_a_control_port_get_a_free_one(folders, monkeypatch):
     assert distributed.control_port(build_parser().parse_args(["generate", "--prompt", "x"])) == DEFAULT_CONTROL_PORT
 
 
-def test_a_control_port_in_use_is_a_one_line_error(folders, capfd):
+def test_a_control_port_in_use_is_a_one_line_error(folders, capfd, monkeypatch):
+    """Said before torchrun starts (the leader binds it only once its shard has loaded, minutes later for a
+    large model), and by the leader where the port is taken meanwhile."""
     import zmq
+
+    from triforce.launch import with_workers
 
     target, _ = folders
     port = free_port()
     taken = zmq.Context.instance().socket(zmq.REP)
     taken.bind(f"tcp://127.0.0.1:{port}")
+    argv = ["generate", "--model", str(target), "--prompt", "w3 w4 w5", "--mode", "ar", "--dtype", "float32",
+            "--device", "cpu", "--workers", "1", "--control-port", str(port), "--worker-device", "cpu"]
     try:
-        argv = ["generate", "--model", str(target), "--prompt", "w3 w4 w5", "--mode", "ar", "--dtype", "float32",
-                "--device", "cpu", "--workers", "1", "--control-port", str(port), "--worker-device", "cpu"]
+        with monkeypatch.context() as before:
+            before.setattr(with_workers, "run_torchrun", lambda *a, **k: pytest.fail("torchrun started"))
+            assert main(argv) == 2
+        monkeypatch.setattr(with_workers, "check_port_free", lambda host, port: None)  # taken as the group loads
         assert main(argv) == 2
     finally:
         taken.close(0)
-    err = capfd.readouterr().err.strip()
-    assert "cannot listen on" in err and "--control-port" in err and "Traceback" not in err, err
+    for said in capfd.readouterr().err.strip().splitlines():
+        assert "cannot listen on" in said and "--control-port" in said and "Traceback" not in said, said
 
 
 @pytest.mark.parametrize("exits, lines, status", [

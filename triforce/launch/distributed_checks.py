@@ -9,6 +9,7 @@ from ..config import check_prefix_cache
 from ..errors import UserError
 from ..models.config import ModelConfig, ModelLoadError
 from ..models.hub import resolve_model
+from ..models.loader import resolve_device
 from ..models.parallel import TensorParallel
 
 
@@ -68,13 +69,17 @@ def check_gpus(args, processes: int) -> None:
     """With CUDA workers each of a node's `processes` ranks takes cuda:LOCAL_RANK (the coordinator cuda:0, a
     worker r cuda:r): a UserError where the node has fewer GPUs (a rank's set_device failed, and the others
     waited for it in the rendezvous)."""
-    if worker_choice(args) != "cuda":
+    device = resolve_device(getattr(args, "device", None))  # the coordinator's: one this node has (it was
+    if worker_choice(args) != "cuda":  # found wanting once every worker had loaded)
         return
     gpus = torch.cuda.device_count()
     if processes > gpus:
         raise UserError(f"{processes} processes on this node take a GPU each (the coordinator cuda:0, worker r "
                         f"cuda:r) and it has {gpus}: run fewer workers ({max(gpus - 1, 0)} here), or "
                         f"--worker-device cpu")
+    if device.type == "cuda" and 0 < (device.index or 0) < processes:
+        raise UserError(f"--device {args.device}: worker {device.index} takes that GPU (worker r takes cuda:r), "
+                        f"and the coordinator beside it ran out of memory or slowly; give it cuda:0")
 
 
 def worker_choice(args) -> str:

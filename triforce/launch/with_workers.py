@@ -16,6 +16,7 @@ from ..models.loader import resolve_device
 from .distributed import end_with_parent
 from .distributed_checks import check_distributed_settings, check_gpus
 from .generate import not_a_file
+from ..workers.protocol import tcp_endpoint
 
 
 LOWEST_PORT = 10000  # where free_port looks, up to the kernel's ephemeral range
@@ -55,6 +56,23 @@ def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tup
         return 49152, 65535
 
 
+def check_port_free(host: str, port: int) -> None:
+    """A UserError where --control-port is taken on --control-bind now: the worker leader binds it only once
+    its shard has loaded (minutes, for a large model), and the run then ended with this error."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(None if host == "*" else host, port,
+                                                             type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError):  # a name this cannot read: the leader's bind says what it is
+        return
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as ZeroMQ binds: a closed run's port is free)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise UserError(f"cannot listen on {tcp_endpoint(host, port)}: {exc.strerror} (another worker group "
+                            f"there? pick another --control-port)") from None
+
+
 def process_environment(processes: int, env=os.environ) -> dict:
     """torchrun's processes' environment: torchrun gives each one OpenMP thread unless OMP_NUM_THREADS is
     set, which leaves a CPU run's coordinator (tiers 1 and 2) and CPU workers one core each however many
@@ -84,6 +102,8 @@ def launch_with_torchrun(args) -> int:
             argv.append(a)
     if args.control_port is None:  # one machine: a free port, so that a second group does not collide
         argv += ["--control-port", str(free_port(args.control_bind))]
+    else:
+        check_port_free(args.control_bind, args.control_port)
     piped = piped_input(args)
     if piped is None:
         return run_torchrun(args, argv, stdin=None)
