@@ -31,14 +31,22 @@ def speed_table(rows: list[dict]) -> str:
     out = ["| prompt tokens | " + " | ".join(f"`{r}` tok/s" for r in runs) + " | "
            + " | ".join(f"triforce / {r}" for r in peers) + " | tier-1 acc. | tier-2 acc. |",
            "|---" * (len(runs) + len(peers) + 3) + "|"]
-    for length in sorted({r["prompt_tokens"] for r in rows}):
-        group = {r["run"]: r for r in rows if r["prompt_tokens"] == length}
-        tri = group["triforce"]
+    # one row per prompt (its length, batch and workload: a batch's rows overwrote batch 1's)
+    for key in sorted({group_key(r) for r in rows}, key=str):
+        group = {r["run"]: r for r in rows if group_key(r) == key}
+        tri = group.get("triforce")  # (the bench's default modes run none: no ratios then)
         cells = [f"{group[r]['tokens_per_s']:.1f}" if r in group else "" for r in runs]
-        ratios = [f"{tri['tokens_per_s'] / group[r]['tokens_per_s']:.2f}x" if r in group else "" for r in peers]
-        out.append(f"| {length:,} | " + " | ".join(cells + ratios) + f" | {acceptance(tri, 'retrieval')} | "
-                   f"{acceptance(tri, 'target')} |")
+        ratios = [f"{tri['tokens_per_s'] / group[r]['tokens_per_s']:.2f}x" if r in group and tri else "" for r in peers]
+        length, batch, workload = key
+        label = f"{length:,}" + (f" x {batch}" if batch != 1 else "") + (f" ({workload})" if workload != "novel" else "")
+        out.append(f"| {label} | " + " | ".join(cells + ratios) + f" | {acceptance(tri or {}, 'retrieval')} | "
+                   f"{acceptance(tri or {}, 'target')} |")
     return "\n".join(out)
+
+
+def group_key(row: dict) -> tuple:
+    """The prompt a row ran: its length, batch and workload (older reports name neither of the last two)."""
+    return row["prompt_tokens"], row.get("batch", 1), row.get("workload", "novel")
 
 
 def sweep_table(rows: list[dict], setting: str) -> str:
@@ -72,7 +80,8 @@ def bench_reports(folder: Path) -> list[tuple[Path, dict]]:
     """The single `triforce bench` runs of a folder (not sweeps, not other programs' JSON)."""
     reports = [(p, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))
                if not p.name.startswith(("sweep_", "trees_"))]
-    return [(p, r) for p, r in reports if isinstance(r, dict) and "results" in r]
+    return [(p, r) for p, r in reports if isinstance(r, dict) and isinstance(r.get("results"), list) and all(
+        isinstance(x, dict) and {"run", "temperature", "prompt_tokens"} <= x.keys() for x in r["results"])]
 
 
 def isa_table(folder: Path) -> str:
@@ -137,9 +146,9 @@ def main() -> None:
                   f"{tree_table(at, setting, mode, checker)}\n")
     for setting in ("budget", "chunk_size", "gamma1", "gamma2", "window"):
         rows = load(folder, f"sweep_{setting}.json")
-        if rows:
-            temperatures = ", ".join(str(t) for t in sorted({r["temperature"] for r in rows}))
-            print(f"### sweep: {setting} (8K, temperature {temperatures})\n\n{sweep_table(rows, setting)}\n")
+        for temperature in sorted({r["temperature"] for r in rows}):  # (each against its own ar)
+            at = [r for r in rows if r["temperature"] == temperature]
+            print(f"### sweep: {setting} (8K, temperature {temperature})\n\n{sweep_table(at, setting)}\n")
     pipeline = [folder / f"pipeline_workers{w}.json" for w in (0, 1)]
     if all(p.is_file() for p in pipeline):
         single, dist = (json.loads(p.read_text().strip().splitlines()[-1])["metrics"] for p in pipeline)

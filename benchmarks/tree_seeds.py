@@ -22,22 +22,30 @@ def main(paths: list[str]) -> None:
     accepted: dict = defaultdict(list)
     setting = None
     first: dict = {}  # per temperature: the sweep's first value, the baseline (the chain for tree sizes)
-    rows = [(path, r) for path in paths for r in json.load(open(path))["results"]]
+    reports = {path: json.load(open(path)) for path in paths}
+    rows = [(path, r) for path in paths for r in reports[path]["results"]]
     modes = {r["run"] for _, r in rows} - {"ar"}  # several (a budget sweep beside `draft`): each value named by mode
+    checkers = set()
     for path, r in rows:
         if r["run"] == "ar":
             size = "ar"
         else:
-            setting = next(k for k in SETTINGS if k in r)
+            # the swept setting as the report names it (a row also holds a fixed --tree1's value, which was
+            # taken for the sweep's, merging a gamma1 sweep into one row), else the first the row holds
+            setting = swept(reports[path]) or next(k for k in SETTINGS if k in r)
             size = r[setting] if len(modes) == 1 else f"{r['run']} {r[setting]}"
             first.setdefault(r["temperature"], size)
-            accepted[(r["temperature"], size)].append(r["tiers"][0]["mean_accepted_length"])
+            # the tier whose checks the setting shapes: the draft's checker for its own settings, else the target
+            tier = r["tiers"][0] if setting in ("tree1", "gamma1") else r["tiers"][-1]
+            checkers.add(tier["name"])
+            accepted[(r["temperature"], size)].append(tier["mean_accepted_length"])
         seconds[(r["temperature"], size)][path] = 1 / r["tokens_per_s"]
     for temperature in sorted({t for t, _ in seconds}):
         sizes = [s for t, s in seconds if t == temperature and s != "ar"]
         chain = seconds[(temperature, first[temperature])]
         print(f"\n#### {setting} at temperature {temperature} ({len(chain)} bench run(s), one per seed)\n")
-        print(f"| {setting} | tokens/s | over {setting} {first[temperature]} | per path | over `ar` | accepted per check |")
+        print(f"| {setting} | tokens/s | over {setting} {first[temperature]} | per path | over `ar` | accepted per "
+              f"{' / '.join(sorted(checkers))} check |")
         print("|---|---|---|---|---|---|")
         for size in sorted(sizes, key=lambda s: (isinstance(s, str), s)):
             own = seconds[(temperature, size)]
@@ -48,6 +56,15 @@ def main(paths: list[str]) -> None:
             print(f"| {size} | {len(own) / sum(own.values()):.1f} | {sum(chain[p] for p in common) / sum(own[p] for p in common):.2f}x "
                   f"| {ratios[0]:.2f}-{ratios[-1]:.2f}x | {sum(ar[p] for p in common) / sum(own[p] for p in common):.2f}x "
                   f"| {mean_acc:.2f} |")
+
+
+def swept(report: dict) -> str | None:
+    """The setting a bench report swept: its `sweep` field, or older reports' --sweep in their argv."""
+    if report.get("sweep"):
+        return report["sweep"]["setting"]
+    argv = report.get("argv", [])
+    spec = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--sweep"), None)
+    return spec.split("=")[0] if spec else None
 
 
 if __name__ == "__main__":

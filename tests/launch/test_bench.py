@@ -200,7 +200,7 @@ def test_bench_gives_a_tree_flag_to_the_modes_it_shapes(tiny_dir, tmp_path):
                  "--tree2", "4", *SMALL_TIERS, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [(r["run"], r.get("tree2")) for r in report["results"]] == [("ar", None), ("retrieval", 4), ("triforce", None)]
-    assert report["engine"]["tree2"] == 0 and all(r["equals_ar"] for r in report["results"][1:])
+    assert report["engine"]["tree2"] == 4 and all(r["equals_ar"] for r in report["results"][1:])  # (it said 0)
     checks = next(t for t in report["results"][1]["tiers"] if t["name"] == "target")
     assert checks["proposed_per_check"] == 4  # a tree of 4 nodes (gamma2 is 6)
 
@@ -221,8 +221,26 @@ def test_a_swept_tree_goes_to_the_modes_it_shapes_and_the_report_names_what_ran(
     assert [(r["run"], r.get("tree2")) for r in report["results"]] == [
         ("ar", None), ("retrieval", 0), ("retrieval", 4), ("triforce", None)]
     assert report["argv"] == args  # (main's, not the process's: pytest's here)
+    assert report["sweep"] == {"setting": "tree2", "values": [0, 4]} and report["torch"] == torch.__version__
     assert report["seed"] == 7 and report["texts"][0]["path"] == str(text) and len(report["texts"][0]["sha256"]) == 16
     assert report["commit"] is None or len(report["commit"].split("+")[0]) == 40
+
+
+def test_a_mode_without_the_swept_settings_tier_runs_once_unlabelled(tiny_dir, tmp_path):
+    """--sweep gamma1=2,3 beside mode retrieval, which runs no draft, and --sweep budget beside mode draft,
+    which runs no retrieval tier: those modes ran once per value, labelled with it, their noise shown as
+    the setting's effect."""
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    out = tmp_path / "bench.json"
+    for sweep, want in (("gamma1=2,3", [("ar", None), ("draft", 2), ("draft", 3), ("retrieval", None)]),
+                        ("budget=32,48", [("ar", None), ("draft", None), ("retrieval", 32), ("retrieval", 48)])):
+        name = sweep.split("=")[0]
+        assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text",
+                     str(text), "--lengths", "100", "--max-new-tokens", "6", "--modes", "ar", "draft", "retrieval",
+                     "--sweep", sweep, *SMALL_TIERS, "--out", str(out)]) == 0
+        assert [(r["run"], r.get(name)) for r in json.loads(out.read_text())["results"]] == want
 
 
 def test_a_swept_value_invalid_beside_a_modes_own_tree_is_refused_before_any_run(tiny_dir, tmp_path, capsys):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -210,7 +211,12 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
               "top_p": args.top_p, "penalties": penalty_settings(args),
-              "engine": {**dataclasses.asdict(base), "lookup": base.lookup_n},
+              # (the tree flags' values: the base config holds 0, and the runs of their modes take them)
+              "engine": {**dataclasses.asdict(base), "lookup": base.lookup_n, "tree1": args.tree1, "tree2": args.tree2},
+              "sweep": dict(zip(("setting", "values"), parse_sweep(args.sweep, args.modes))) if args.sweep else None,
+              "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name(llm.device) if llm.device.type == "cuda" else None,
+              "cuda_graphs": (os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") != "0") if llm.device.type == "cuda" else None,
               "cpu": {"model": cpu_model(), "threads": torch.get_num_threads(), "isa": cpu_isa(),
                       "isa_level": isa_level(),  # the CPU kernels are built only where they run (22 s on a GPU's host)
                       "kernel_path": kernel_path() if llm.device.type == "cpu" else None,

@@ -52,6 +52,11 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
 
 
 TIER_SETTINGS = ("tree1", "tree2", "rounds2", "tree_shape", "stop_below", "lookup")  # of tiers some modes run
+# The settings of one tier, and the fixed mode that runs without that tier (mode auto may run any)
+DRAFT_TIER, RETRIEVAL_TIER = ("gamma1", "sinks", "window"), \
+    ("gamma2", "budget", "chunk_size", "retrieval_policy", "full_layers", "refresh_every", "refresh_threshold",
+     "refresh_window")
+IGNORED_BY = {"retrieval": DRAFT_TIER, "draft": RETRIEVAL_TIER}
 
 
 def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> None:
@@ -88,8 +93,9 @@ def _refused(mode: str, settings: dict) -> str | None:
 def runs(args, sweep_name: str | None, sweep_values: list):
     """(mode, engine settings over the base's) of each run of a group: every non-ar mode once per swept value,
     with --tree1 / --tree2 in the runs of the modes whose bottom tier they shape (PROPOSAL_TREE). A mode that
-    would not use a swept tier setting (tree1 in mode retrieval, say) runs once, as ar does: given the value,
-    its rows were labelled with settings it never ran (and a mode that refuses it failed after the loads)."""
+    would not use a swept setting (tree1 in mode retrieval, gamma1 there, the budget in mode draft) runs once,
+    as ar does: given the value, its rows were labelled with settings it never ran, their noise shown as the
+    setting's effect (and a mode that refuses a tier setting failed after the loads)."""
     for mode in args.modes:
         tree = PROPOSAL_TREE.get(mode)
         own = {tree: getattr(args, tree)} if tree and getattr(args, tree) else {}
@@ -97,8 +103,8 @@ def runs(args, sweep_name: str | None, sweep_values: list):
         # value invalid beside the mode's own tree, rounds2 4 with --tree1 auto, is check_plan's error, not
         # one the mode ignores, which it ran once without a word)
         beside = own if sweep_name == "tree_shape" else {}
-        takes = mode != "ar" and (sweep_name not in TIER_SETTINGS or
-                                  not any(_refused(mode, {**beside, sweep_name: v}) for v in sweep_values))
+        takes = mode != "ar" and sweep_name not in IGNORED_BY.get(mode, ()) and (
+            sweep_name not in TIER_SETTINGS or not any(_refused(mode, {**beside, sweep_name: v}) for v in sweep_values))
         for value in (sweep_values if takes else [None]):
             yield mode, {**own, **({sweep_name: value} if value is not None else {})}
 
