@@ -100,8 +100,55 @@ def test_a_failed_builds_reason_is_the_line_that_says_it():
 
 
 def test_kernels_off_switch(fresh_level):
-    fresh_level.setenv("TRIFORCE_CPU_KERNELS", "0")
-    assert cpu.kernel_path() == "torch" and cpu.cpu_kernels() is None
+    for off in ("0", "false", " Off ", "no"):  # ("false" left them on)
+        fresh_level.setenv("TRIFORCE_CPU_KERNELS", off)
+        cpu.loaded_kernels.cache_clear()
+        assert cpu.kernel_path() == "torch" and cpu.cpu_kernels() is None
+    fresh_level.setenv("TRIFORCE_CPU_KERNELS", "maybe")
+    cpu.loaded_kernels.cache_clear()
+    with pytest.raises(cpu.IsaError, match="TRIFORCE_CPU_KERNELS must be 1 or 0"):
+        cpu.loaded_kernels()
+
+
+def test_without_a_compiler_no_level_is_tried_and_one_line_says_so(fresh_level, caplog):
+    """No level builds without a compiler: each was tried in turn (a ninja build and torch's compiler
+    banner each), and the warning now says what the torch paths cost."""
+    fresh_level.setattr(cpu, "isa_level", lambda: "amx")
+    fresh_level.setattr(build, "_COMPILER", {})
+    fresh_level.setenv("CXX", "no-such-compiler")
+    with caplog.at_level(logging.WARNING, logger=cpu.__name__):
+        assert cpu.loaded_kernels() == (None, None)
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "no C++ compiler (no-such-compiler is not on PATH; set CXX)" in message
+    assert "torch's slower paths" in message and "near-tie" in message
+
+
+def test_a_read_only_cache_built_ahead_is_imported(fresh_level, tmp_path):
+    """A cache folder built ahead and read-only (a container's image, a shared folder): torch's load wanted
+    its lock file there, failed, and every run took torch's paths."""
+    import errno
+
+    from torch.utils import cpp_extension
+
+    if cpu.isa_level() is None or cpu.cpu_kernels() is None:
+        pytest.skip("no kernels build on this machine")
+    level = cpu.loaded_kernels()[0]
+    name = build.build_name(level)
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(cpu.cpu_kernels().__file__, folder / f"{name}.so")
+
+    def read_only(**kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(folder / "lock"))
+
+    imported, real = [], build._imported
+    fresh_level.setattr(build, "_imported", lambda name, path: imported.append(path) or real(name, path))
+    fresh_level.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(folder))
+    fresh_level.setattr(cpp_extension, "load", read_only)
+    assert hasattr(build.build(level), "linear_bf16") and imported == [folder / f"{name}.so"]
+    (folder / f"{name}.so").unlink()
+    with pytest.raises(OSError, match="Read-only"):  # nothing built ahead: the load's own error
+        build.build(level)
 
 
 @pytest.mark.parametrize("level,kernels,dtype", [("avx2", "avx2", "bfloat16"), ("avx2", "torch", "float32"),

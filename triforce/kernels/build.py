@@ -47,13 +47,35 @@ def build(level: str):
     name = build_name(level)
     sources, flags = BUILDS[level]
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
-    with _building(build_dir):
-        if not (build_dir / f"{name}.so").exists():
-            print(f"triforce: compiling the CPU kernels for {level} (half a minute or so, once)", file=sys.stderr)
-        with _our_ninja_first():
-            return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
-                                      extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"],
-                                      verbose=False)
+    built = build_dir / f"{name}.so"  # (its name holds the digest of what built it: never stale)
+    if not _compiler():  # (a build's name holds its compiler's: none made here could be found without one)
+        raise NoCompiler(f"no C++ compiler ({os.environ.get('CXX', 'c++')} is not on PATH; set CXX)")
+    try:
+        with _building(build_dir):
+            if not built.exists():
+                print(f"triforce: compiling the CPU kernels for {level} (half a minute or so, once)", file=sys.stderr)
+            with _our_ninja_first():
+                return cpp_extension.load(name=name, sources=[str(CSRC / s) for s in sources],
+                                          extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"],
+                                          verbose=False)
+    except OSError:  # a cache built ahead and read-only (a shared TORCH_EXTENSIONS_DIR): torch's load wants a
+        if not built.exists():  # lock file in it, and every run took torch's paths
+            raise
+        return _imported(name, built)
+
+
+class NoCompiler(RuntimeError):
+    """No level's kernels can build here: the loader tries no lower level."""
+
+
+def _imported(name: str, path: Path):
+    """The extension already built at `path` (its name holds the digest of what built it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_name(level: str) -> str:

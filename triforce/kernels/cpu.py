@@ -25,9 +25,12 @@ import platform
 from pathlib import Path
 
 from ..errors import UserError
-from .build import build, build_failure
+from .build import NoCompiler, build, build_failure
 
 log = logging.getLogger(__name__)
+# where the kernels cannot load: a check's rows then sum otherwise than a one-token step's (docs/status.md)
+TORCH_PATHS = ("torch's slower paths, whose checks round otherwise than single steps (greedy output may part "
+               "from ar's at a near-tie)")
 LEVELS = ("avx2", "avx512", "amx")  # lowest first
 _FLAGS_OF_LEVEL = {"avx2": ("avx2", "fma"), "avx512": ("avx512_bf16", "avx512bw", "avx512vl"),
                    "amx": ("amx_bf16", "amx_tile")}
@@ -112,7 +115,7 @@ def native_bf16() -> bool:
 @functools.cache
 def loaded_kernels() -> tuple[str | None, object | None]:
     """(the level whose kernels are loaded, the extension); (None, None) where torch's paths run."""
-    if os.environ.get("TRIFORCE_CPU_KERNELS", "1") == "0":
+    if not kernels_wanted():
         return None, None
     level = isa_level()
     candidates = list(LEVELS[: LEVELS.index(level) + 1])[::-1] if level else []
@@ -121,10 +124,22 @@ def loaded_kernels() -> tuple[str | None, object | None]:
             return candidate, extension(candidate)
         except Exception as exc:  # no compiler, no ninja, a toolchain without these instructions
             reason = build_failure(exc)
-            fallback = "the next level down" if candidate != candidates[-1] else "torch's slower paths"
+            last = candidate == candidates[-1] or isinstance(exc, NoCompiler)  # (no level builds without one)
             log.warning("the CPU has %s but its kernels failed to build (%s); using %s", candidate, reason,
-                        fallback)
+                        TORCH_PATHS if last else "the next level down")
+            if last:
+                return None, None
     return None, None
+
+
+def kernels_wanted() -> bool:
+    """TRIFORCE_CPU_KERNELS: 0, false, off or no turns the kernels off (only "0" did; "false" left them on)."""
+    value = os.environ.get("TRIFORCE_CPU_KERNELS", "1").strip().lower()
+    if value in ("0", "false", "off", "no"):
+        return False
+    if value in ("1", "true", "on", "yes", ""):
+        return True
+    raise IsaError(f"TRIFORCE_CPU_KERNELS must be 1 or 0 (on or off; got {value!r})")
 
 
 def cpu_kernels():
