@@ -200,8 +200,9 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
             raise UserError(f"priority: one per prompt ({len(priority)} for {len(prompts)} prompts), as vLLM's")
         show_progress = show_progress if use_tqdm is None else use_tqdm
         params = self.get_default_sampling_params() if sampling_params is None else sampling_params
-        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else \
-            list(params) if isinstance(params, Iterable) else [None]
+        if not isinstance(params, (SamplingParams, Iterable)):
+            raise UserError("sampling_params must be a SamplingParams or a list of them, one per prompt")
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if not all(isinstance(p, SamplingParams) for p in per_prompt):
             raise UserError("sampling_params must be a SamplingParams or a list of them, one per prompt")
         if len(per_prompt) != len(prompts):

@@ -22,6 +22,8 @@ DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "dra
 
 
 class ModelChoice:
+    added_eos_ids: tuple[int, ...] = ()  # a generation_config folder's (generation_defaults.added_eos_ids)
+
     @staticmethod
     def _check_revisions(pairs: list[tuple[str | os.PathLike | None, str | None]], draft_given: bool,
                          draft_revision: str | None) -> None:
@@ -96,8 +98,6 @@ class ModelChoice:
             return load_model(folder, self.dtype, self.device, rope_scaling=self.rope_scaling)
         except ModelLoadError as exc:
             raise ModelLoadError(f"{exc}{refetch_hint(folder)}") from None
-
-    added_eos_ids: tuple[int, ...] = ()  # a generation_config folder's (generation_defaults.added_eos_ids)
 
     def eos_ids(self) -> tuple[int, ...]:
         """The ids that end generation: the model's end-of-sequence ids, the tokenizer's and those of a

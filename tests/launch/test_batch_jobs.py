@@ -670,6 +670,28 @@ def test_a_request_that_fails_on_a_bug_gets_a_500_and_the_job_goes_on(tiny_dir, 
     assert "save it to a file" in capsys.readouterr().err
 
 
+def test_a_line_whose_submission_fails_on_a_bug_gets_a_500_and_the_job_goes_on(tiny_dir, tmp_path, monkeypatch,
+                                                                                capsys):
+    """What LLM.generate did under its `except` (weighing a line's caches, reading the memory free) now runs
+    as the line is submitted: a failure there ended the whole job with a traceback."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    lines = [request(k, PROMPT + extra, n) for k, extra, n in (("a", "", 4), ("bug", " w9", 5), ("b", " w7", 4))]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    weigh = LLM.cache_bytes_for
+
+    def failing(self, length, max_tokens, *rest):
+        if max_tokens == 5:
+            raise RuntimeError("cannot weigh")
+        return weigh(self, length, max_tokens, *rest)
+
+    monkeypatch.setattr(LLM, "cache_bytes_for", failing)
+    assert run(target, inp, out) == 1
+    got = results(out)
+    assert [got[k]["response"]["status_code"] for k in ("a", "bug", "b")] == [200, 500, 200]
+    assert "cannot weigh" in capsys.readouterr().err
+
+
 def test_batch_lays_chat_lines_out_by_the_chat_template_given(tiny_dir, tmp_path, capsys):
     """vLLM's --chat-template (a Jinja file, or the template's text): chat lines of a model without a
     template run with it; without it they are error lines; a file that cannot be read or a template that

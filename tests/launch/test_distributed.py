@@ -155,6 +155,9 @@ def test_a_group_the_node_or_the_model_cannot_hold_is_refused_by_every_rank_befo
         assert code == 2 and message in capsys.readouterr().err
         assert entry(["--model", str(target), "--prompt", "w3", "--device", device]) == 2
         assert message in capsys.readouterr().err
+    monkeypatch.setenv("GROUP_RANK", "1")  # another node's ranks: the coordinator's device is not theirs to check
+    with pytest.raises(pytest.fail.Exception, match="rendezvous"):
+        entry(["--model", str(target), "--prompt", "w3", "--device", "cuda:5"])
 
 
 def test_under_torchrun_by_hand_rank_0_runs_the_commands_checks_before_the_model_loads(folders, tmp_path,

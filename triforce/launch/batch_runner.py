@@ -21,7 +21,9 @@ from ..errors import RequestFailed, UserError
 from ..serve import openai, responses
 from ..serve.openai import ApiError
 from ..serve.scheduler import Scheduler
+from ..serve.tickets import failure
 from .batch_output import ResultsWriter
+from .batch_resume import result_id
 
 QUEUE = 2 ** 31  # the scheduler's queue: bounded here by the lines in flight
 POLL_S = 1.0  # how often a wait for an event checks that the scheduler still runs
@@ -89,11 +91,15 @@ class LineRunner:
                 raise UserError(f"batch: {error.message}") from None
             self._write_failed(line, error)
             return
+        except Exception as exc:  # noqa: BLE001 (its sizes, the memory free: a bug or a device's error, its 500)
+            if isinstance(exc, UserError) and not isinstance(exc, RequestFailed):
+                raise
+            self._write_failed(line, failure(exc))
+            return
         self.running.append(line)
 
     def _tell(self, line: Line, choice: int, kind: str, data) -> None:  # (the scheduler's thread)
-        if kind != "text":
-            self.events.put((line, choice, kind, data))
+        self.events.put((line, choice, kind, data))
 
     def _take_event(self) -> None:
         while True:
@@ -148,6 +154,4 @@ def request_id() -> str:
 
 def result(line: str, custom_id: str, response: dict | None = None, error: dict | None = None) -> dict:
     """An output line: a response (its status, its body), or the error of a line that is not a request."""
-    from .batch_resume import result_id
-
     return {"id": result_id(line), "custom_id": custom_id, "response": response, "error": error}

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # every rank checks alike and all end here, before any waits for another in the rendezvous
         check_distributed_settings(args)
         check_split(args, world - 1, f"{world} processes ({world - 1} workers)")
-        check_gpus(args, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        check_gpus(args, int(os.environ.get("LOCAL_WORLD_SIZE", world)), os.environ.get("GROUP_RANK", "0") == "0")
     except UserError as exc:
         print(f"triforce: error: {exc}", file=sys.stderr)
         return 2

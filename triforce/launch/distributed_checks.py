@@ -65,19 +65,20 @@ def check_split(args, workers: int, named: str) -> None:
                         f"{', '.join(map(str, fits))} for this model")
 
 
-def check_gpus(args, processes: int) -> None:
+def check_gpus(args, processes: int, coordinator_here: bool = True) -> None:
     """With CUDA workers each of a node's `processes` ranks takes cuda:LOCAL_RANK (the coordinator cuda:0, a
     worker r cuda:r): a UserError where the node has fewer GPUs (a rank's set_device failed, and the others
-    waited for it in the rendezvous)."""
-    device = resolve_device(getattr(args, "device", None))  # the coordinator's: one this node has (it was
-    if worker_choice(args) != "cuda":  # found wanting once every worker had loaded)
+    waited for it in the rendezvous). On the coordinator's node, its --device too: one the node has, not a
+    worker's (it was found wanting once every worker had loaded)."""
+    device = resolve_device(getattr(args, "device", None)) if coordinator_here else None
+    if worker_choice(args) != "cuda":
         return
     gpus = torch.cuda.device_count()
     if processes > gpus:
         raise UserError(f"{processes} processes on this node take a GPU each (the coordinator cuda:0, worker r "
                         f"cuda:r) and it has {gpus}: run fewer workers ({max(gpus - 1, 0)} here), or "
                         f"--worker-device cpu")
-    if device.type == "cuda" and 0 < (device.index or 0) < processes:
+    if device is not None and device.type == "cuda" and 0 < (device.index or 0) < processes:
         raise UserError(f"--device {args.device}: worker {device.index} takes that GPU (worker r takes cuda:r), "
                         f"and the coordinator beside it ran out of memory or slowly; give it cuda:0")
 

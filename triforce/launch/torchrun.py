@@ -41,14 +41,19 @@ def main(argv: list[str] | None = None) -> int:
             stopped_by_torchrun = first_cause and failure.exitcode == -signal.SIGTERM
             if failure.exitcode < 0 and not stopped_by_torchrun:  # no chance to say why itself
                 print(f"triforce: error: rank {rank} was ended by signal {-failure.exitcode}", file=sys.stderr)
-        killed = [-f.exitcode for _, f in failures if f.exitcode < 0]  # a rank's signal as a shell reports it
-        return next((f.exitcode for _, f in failures if f.exitcode > 0),  # (Slurm reads 1 as an error of its own)
-                    128 + next((k for k in killed if k != signal.SIGTERM), killed[0]) if killed else 1)
+        return next((f.exitcode for _, f in failures if f.exitcode > 0), None) or _signal_status(failures)
     except SignalException as exc:  # SIGTERM or SIGINT: torchrun has passed it on to the ranks
         ignore_further_signals()  # one more (an impatient Ctrl-C) must not interrupt the exit into a traceback
         sys.unraisablehook = _quiet  # nor torch's rendezvous finalizers, cut short as the process ends
         return 128 + int(exc.sigval)
     return 0
+
+
+def _signal_status(failures) -> int:
+    """Ranks that signals ended: 128 + the first signal but torchrun's SIGTERM, as a shell reports a death by
+    it (1 read to Slurm as an error of the run's own); 1 where none did."""
+    killed = [-f.exitcode for _, f in failures if f.exitcode < 0]
+    return 128 + next((k for k in killed if k != signal.SIGTERM), killed[0]) if killed else 1
 
 
 if __name__ == "__main__":

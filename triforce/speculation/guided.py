@@ -221,10 +221,13 @@ class Grammars:
         failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if failed:
             raise ConfigError(f"structured_outputs {spec.kind}: {messages[0]}")
-        start = Guide(LLMatcher(tokenizer, grammar, log_level=0), self.vocab_size, self.eos_ids)
-        if (why := start._entry(())[2]) is not None:  # a valid grammar of no text ([a&&b]), or none spelled here
+        probe = LLMatcher(tokenizer, grammar, log_level=0)
+        probe.compute_logit_bias()  # (llguidance finds a grammar of no text only as it masks: [a&&b])
+        try:
+            _check_matcher(probe)
+        except _DeadEnd as why:
             raise ConfigError(f"structured_outputs {spec.kind}: no text it allows can be written with this "
-                              f"model's tokens ({why})")
+                              f"model's tokens ({why})") from None
         with self._lock:
             if spec not in self._grammars and len(self._grammars) >= RECENT_MASKS:
                 self._grammars.pop(next(iter(self._grammars)))

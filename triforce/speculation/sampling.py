@@ -26,7 +26,8 @@ MAX_TEMPERATURE = 1e6
 # sample_distinct sums the mass afresh once what is left falls below this fraction of the sum it draws from
 REFRESH_BELOW = 1e-6
 ROW_CHUNK = 128  # entries per chunk of a vocabulary row, in the first pass of row_argmax and one_draw
-MT_WORDS, MT_AT = 624, 24  # torch's CPU generator state: mt19937's words, 8 bytes each (the low 4 read) from byte 24
+# torch's CPU generator state (5,056 bytes): mt19937's 624 words, 8 bytes each (the low 4 read), from byte 24
+MT_WORDS, MT_AT, MT_STATE_BYTES = 624, 24, 5056
 
 
 def processed(logits: torch.Tensor, params) -> torch.Tensor:
@@ -131,7 +132,7 @@ def unseeded_generator() -> torch.Generator:
     10**5 of them, two ran the same one with probability 0.69, and alike, gave the same sample."""
     generator = torch.Generator()
     state = generator.get_state()
-    if state.numel() < MT_AT + 8 * MT_WORDS:  # (a layout this does not know: seeded by a number, as before)
+    if state.numel() != MT_STATE_BYTES:  # (a layout this does not know: seeded by a number, as before)
         return generator.manual_seed(int.from_bytes(os.urandom(8), "little"))
     words = state[MT_AT: MT_AT + 8 * MT_WORDS].view(MT_WORDS, 8)
     words[:, :4] = torch.frombuffer(bytearray(os.urandom(4 * MT_WORDS)), dtype=torch.uint8).view(MT_WORDS, 4)
