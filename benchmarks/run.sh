@@ -5,7 +5,11 @@
 #   benchmarks/run.sh [RESULTS_DIR] [TEXT]       (make bench runs it into bench-out/)
 set -euo pipefail
 OUT=${1:-bench-out}
-TEXT=${2:-../shared/data/austen-emma.txt}
+TEXT=${2:-${TEXT:-../shared/data/austen-emma.txt}}
+if [[ ! -f "$TEXT" ]]; then  # (the docs' runs read Emma from the workplace's shared data, beside the checkout)
+    echo "benchmarks/run.sh: no text at $TEXT: name a long one, e.g. TEXT=emma.txt make bench (Project Gutenberg's Emma in the docs' runs)" >&2
+    exit 2
+fi
 TRIFORCE=${TRIFORCE:-triforce}
 PYTHON=${PYTHON:-python}
 mkdir -p "$OUT"
