@@ -64,6 +64,18 @@ def test_a_shard_that_does_not_fit_as_it_loads_is_a_one_line_error(monkeypatch):
     assert [exit_status(code) for code in (-9, -15, 0, 2)] == [137, 143, 0, 2]
 
 
+def test_the_groups_share_of_the_memory_is_the_flags():
+    from argparse import Namespace
+
+    from triforce.config import ConfigError
+    from triforce.launch.distributed import _memory_share
+
+    assert [_memory_share(Namespace(gpu_memory_utilization=v)) for v in (0.5, None)] == [0.5, 0.9]
+    assert _memory_share(Namespace()) == 0.9
+    with pytest.raises(ConfigError, match="gpu_memory_utilization must be in"):
+        _memory_share(Namespace(gpu_memory_utilization=2))
+
+
 def test_the_leader_tells_a_name_other_nodes_reach(monkeypatch):
     """--control-host auto: a node whose name sits on /etc/hosts' 127.0.0.1 line after localhost has
     getfqdn() 'localhost', which sent a coordinator on another node to its own loopback."""

@@ -35,6 +35,32 @@ def test_a_sequence_on_a_cpu_group_counts_every_ranks_share_of_the_hosts_memory(
             leader.check("start", {"seq": 1, "capacity": 100, "forwards": []})
 
 
+def test_the_groups_caches_take_the_share_given_and_a_refusal_trims_the_heap_first(tiny_dir, monkeypatch):
+    """--gpu-memory-utilization reached the coordinator alone: the group's caches took 0.9 of the free
+    memory whatever it said. On a CPU glibc keeps ended sequences' caches, which the free memory then lacks:
+    a sequence that would be refused trims the heap and looks again (and every rank trims after an end)."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    model = load_model(tiny_dir("worker-target", seed=5), "float32")
+    need = model.kv_bytes_per_token * 100
+    free = [int(need / 0.7)]  # fits 0.9 of it, not 0.5
+    monkeypatch.setattr(checks_module, "available_bytes", lambda device: free[0])
+    alone = SimpleNamespace(rank=0, size=1)
+    VerifierWorker(model, alone, "id", kv_heads=model.config.num_kv_heads).check(
+        "start", {"seq": 1, "capacity": 100, "forwards": []})
+    half = VerifierWorker(model, alone, "id", kv_heads=model.config.num_kv_heads, memory_share=0.5)
+    with pytest.raises(NeverFits):
+        half.check("start", {"seq": 1, "capacity": 100, "forwards": []})
+    trims = []
+
+    def trim(every_s=None):  # what glibc held of ended caches comes back
+        trims.append(every_s)
+        free[0] = int(need / 0.4)
+
+    monkeypatch.setattr(checks_module, "release_freed", trim)
+    half.check("start", {"seq": 1, "capacity": 100, "forwards": []})
+    assert trims == [0]
+
+
 def test_a_ranks_prefix_store_takes_at_most_half_the_memory_free(monkeypatch):
     """As the in-process store: a group's default of 1 GiB per rank on a host with less free left the
     leader no room for any sequence (it counts the stores' room as taken), and every request was refused.

@@ -233,15 +233,26 @@ def _work(args, rank, world, local_rank, groups: PipelineGroups, timeouts: Group
     link = BulkLink(groups.link, peer=0) if leader else None
     try:
         path = _resolve_once(args.model, rank, groups.control, args.revision)
+        share = _memory_share(args)
         run_worker(path, args.dtype, _worker_device(args, local_rank), tp, endpoint, link, PREFILL_CHUNK,
                    heartbeat_s=timeouts.heartbeat_s, coordinator_timeout_s=timeouts.link_s,
-                   rope_scaling=args.rope_scaling, prefix_bytes=_prefix_bytes(args))
+                   rope_scaling=args.rope_scaling, prefix_bytes=_prefix_bytes(args),
+                   memory_share=share)
     except CoordinatorLost:
         return 1  # the leader has logged why; every rank of the group exits alike
     except UserError as exc:
         print(f"triforce: error (worker {rank}): {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _memory_share(args) -> float:
+    """--gpu-memory-utilization, checked as LLM checks it: the group's caches take that share of the free
+    memory too (they took 0.9 of it, whatever the flag said)."""
+    from ..engine_args import take_vllm_args
+
+    share = getattr(args, "gpu_memory_utilization", None)
+    return take_vllm_args({} if share is None else {"gpu_memory_utilization": share}).memory_share
 
 
 def _prefix_bytes(args) -> int:

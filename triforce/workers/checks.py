@@ -9,7 +9,7 @@ import os
 import torch
 
 from ..cache.retrieval import selects_chunks
-from ..memory import available_bytes
+from ..memory import available_bytes, release_freed
 from ..models.cuda_graphs import MAX_TOKENS as GRAPH_TOKENS
 from ..models.cuda_graphs import forwards_bytes
 from ..models.parallel import TensorParallel
@@ -77,7 +77,10 @@ class LeaderChecks:
             ranks, free = self._room()
             graphs = self._graph_bytes(body["capacity"], forwards)
             need = ranks * self.model.kv_bytes_per_token * body["capacity"] + graphs
-            if free is not None and need > 0.9 * free:
+            if free is not None and need > self.memory_share * free and self.model.device.type == "cpu":
+                release_freed(every_s=0)  # what glibc keeps of ended sequences' caches first
+                ranks, free = self._room()
+            if free is not None and need > self.memory_share * free:
                 refusal = NoRoom if self.caches else NeverFits  # for now, or for good
                 raise refusal(f"a cache of {body['capacity']} tokens{' and its graphed forwards' if graphs else ''} "
                               f"needs {need / 2**30:.1f} GiB"
@@ -126,7 +129,7 @@ class LeaderChecks:
             # its KV): failing there, on every rank, it would end the group and every request on it
             ranks, free = self._room()
             need = ranks * self.caches[body["seq"]].means_bytes(body["chunk_size"])
-            if free is not None and need > 0.9 * free:
+            if free is not None and need > self.memory_share * free:
                 raise RequestError(f"the chunk means of sequence {body['seq']} need {need / 2**30:.2f} GiB; "
                                    f"{free / 2**30:.2f} GiB is free on the leader's {self.model.device}")
 

@@ -32,8 +32,9 @@ from ..cache.full import FullKVCache
 from ..cache.prefixes import BlockNames, PrefixStore
 from ..cache.retrieval import retrieve_from_full, selects_chunks
 from ..config import PREFILL_CHUNK
+from ..engine_args import MEMORY_SHARE
 from ..coordinator.costs import machine_key
-from ..memory import available_bytes
+from ..memory import available_bytes, release_freed
 from ..models.llama import LlamaModel
 from ..models.parallel import TensorParallel
 from ..step import Step
@@ -73,10 +74,12 @@ def out_of_memory(exc: BaseException) -> bool:
 
 class VerifierWorker(LeaderChecks):
     def __init__(self, model: LlamaModel, tp: TensorParallel, model_id: str, kv_heads: int,
-                 prefill_chunk: int = PREFILL_CHUNK, prefix_bytes: int = 0):
+                 prefill_chunk: int = PREFILL_CHUNK, prefix_bytes: int = 0, memory_share: float = MEMORY_SHARE):
         """kv_heads: the whole model's KV heads (model.config counts this rank's). prefix_bytes: this rank's
-        bound on the prompt KV it keeps for reuse (0: none)."""
+        bound on the prompt KV it keeps for reuse (0: none). memory_share: of the memory free, what the
+        sequences' caches may take (--gpu-memory-utilization)."""
         self.model, self.tp, self.model_id, self.prefill_chunk = model, tp, model_id, prefill_chunk
+        self.memory_share = memory_share
         self.replicas = max(1, tp.size // kv_heads)  # ranks holding the same KV head
         self.caches: dict[int, FullKVCache] = {}
         self.prefixes = PrefixStore(prefix_bytes, prefill_chunk) if prefix_bytes > 0 else None
@@ -107,7 +110,8 @@ class VerifierWorker(LeaderChecks):
             del self.caches[body["seq"]]
             for held in (self.prompts, self.saved_queries, self.verified, self.forwards):
                 held.pop(body["seq"], None)
-            return {}, []
+            release_freed()  # its cache, back to the system (glibc kept it: the leader's memory checks read less
+            return {}, []  # free as the hours went by, and refused sequences that fit)
         if kind == "verify":
             for seq, start, parents in zip(body["seqs"], body["starts"], body["parents"]):
                 self.prompts.pop(seq, None)
