@@ -3,6 +3,7 @@ same tiny models: whole and streamed answers, chat, concurrent requests on one b
 the queue and cancellation."""
 import gc
 import json
+import queue
 import re
 import threading
 import time
@@ -717,6 +718,22 @@ def test_requests_fit_beside_the_caches_the_running_ones_have_yet_to_allocate(ll
         assert len(held.waiting) == 1
     finally:
         held.running.clear()
+        held.stop()
+
+
+def test_a_request_about_to_run_alone_is_weighed_against_the_memory_free_now(llm, monkeypatch):
+    """Queued against what was free when the server last went idle, a request was then admitted alone
+    without a look at the memory, which another process may have taken meanwhile: it ran out of memory."""
+    job = parse("completion", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}, llm, "tiny")
+    need = llm.cache_bytes_for(len(job.prompts[0]), 8)
+    reads = iter([int(4 * need / llm.memory_share)])  # idle at the start; then another process took most of it
+    monkeypatch.setattr(llm, "free_memory", lambda: next(reads, int(0.5 * need / llm.memory_share)))
+    held, told = Scheduler(llm), queue.Queue()
+    try:
+        held.submit(job, lambda kind, data: told.put((kind, data)))
+        kind, error = told.get(timeout=60)
+        assert kind == "error" and error.status == 413 and "of the memory free now" in error.message
+    finally:
         held.stop()
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..api import LLM
-from ..errors import RequestFailed
+from ..errors import RequestFailed, TooLarge
 from ..memory import release_freed
 from ..request import Request
 from ..request_memory import HOST_SHARE
@@ -258,6 +258,8 @@ class Scheduler:
             if ticket.cancelled:
                 self._count("aborted")
                 continue
+            if not self.running and self._never_fits(ticket):
+                continue
             job = ticket.job
             stream = None
             if job.stream:
@@ -287,6 +289,18 @@ class Scheduler:
                     self._finish(seq)
             except Exception as exc:  # noqa: BLE001 (a request's failure must not stop the server)
                 self._fail([ticket], exc)
+
+    def _never_fits(self, ticket: Ticket) -> bool:
+        """A request about to run alone that the memory free now cannot hold (413, told): its check as it was
+        queued read what was free when the server last went idle, and another process may have taken it since
+        (it ran, and failed out of memory)."""
+        share, capacity = self.llm.memory_share, self._capacity  # (measured just now: none runs)
+        if capacity is None or ticket.bytes <= share * capacity:
+            return False
+        self._fail([ticket], TooLarge(f"the caches for {len(ticket.ids) + ticket.params.max_tokens} tokens need "
+                                      f"{ticket.bytes / 2**30:.2f} GiB; {share * capacity / 2**30:.2f} GiB of the "
+                                      f"memory free now may hold them (--gpu-memory-utilization {share:g})"))
+        return True
 
     def _loop(self) -> None:
         try:
