@@ -10,6 +10,7 @@ from .speculation.sampling import LOWEST_SAMPLED, MAX_TEMPERATURE
 
 log = logging.getLogger("triforce")
 _RAISED: set[float] = set()  # temperatures raised to LOWEST_SAMPLED and said so (once each: a server's requests)
+_SAID_GREEDY_N: list[int] = []  # whether n > 1 at temperature 0 was said (once)
 
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes (on a CPU, it uses the seed modulo 2**32)
 MAX_N = 4096  # outputs of one prompt (SamplingParams.n): more is a mistake, not a batch
@@ -204,6 +205,10 @@ class SamplingParams:
         object.__setattr__(self, "n", int(self.n))  # numpy's as Python's, before the seed range below
         if self.best_of not in (None, self.n):
             raise ConfigError(f"best_of must be None or n ({self.n}): outputs are not ranked and dropped here")
+        if self.n > 1 and self.temperature == 0 and not _SAID_GREEDY_N:  # (once: a server's requests)
+            _SAID_GREEDY_N.append(self.n)
+            log.warning("n = %d at temperature 0 gives %d outputs alike: greedy is SamplingParams' default here "
+                        "(vLLM's default temperature is 1.0); give a temperature to sample them", self.n, self.n)
         if not isinstance(self.detokenize, bool):
             raise ConfigError("detokenize must be true or false")
         if not self.detokenize and self.stop:

@@ -72,6 +72,25 @@ def test_a_temperature_too_small_to_divide_by_is_raised_as_vllm_raises_it(caplog
     assert probabilities(logits, 1e-4)[0, 1] == 1.0 and not probabilities(logits, 1e-4).isnan().any()
 
 
+def test_several_greedy_outputs_are_said_to_be_alike_once(caplog, monkeypatch):
+    """vLLM's default temperature is 1.0 and this project's SamplingParams() is greedy: code written for vLLM
+    that asks for n samples without a temperature got n identical outputs without a word."""
+    import logging
+
+    import triforce.sampling_params as sampling_params
+
+    monkeypatch.setattr(sampling_params, "_SAID_GREEDY_N", [])
+    with caplog.at_level(logging.WARNING, logger="triforce"):
+        SamplingParams(n=4, temperature=0.8)
+        SamplingParams(n=1)
+        assert not caplog.text
+        SamplingParams(n=4, top_p=0.9)
+        assert "n = 4 at temperature 0 gives 4 outputs alike" in caplog.text and "vLLM's default" in caplog.text
+        caplog.clear()
+        SamplingParams(n=3)
+    assert not caplog.text  # once: a server's every request said it
+
+
 def test_temperature_scales_logits():
     logits = torch.randn(3, 10)
     torch.testing.assert_close(probabilities(logits, 0.5), torch.softmax(logits / 0.5, -1))
