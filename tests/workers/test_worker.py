@@ -59,6 +59,13 @@ def test_the_groups_caches_take_the_share_given_and_a_refusal_trims_the_heap_fir
     monkeypatch.setattr(checks_module, "release_freed", trim)
     half.check("start", {"seq": 1, "capacity": 100, "forwards": []})
     assert trims == [0]
+    ended = []  # each end, however many end within a second (a batch ending together)
+    monkeypatch.setattr(worker_module, "release_freed", lambda every_s=None: ended.append(every_s))
+    for seq in (1, 2):
+        half.execute("start", {"seq": seq, "capacity": 100, "forwards": []})
+    for seq in (1, 2):
+        half.execute("end", {"seq": seq})
+    assert ended == [0, 0] and not half.caches
 
 
 def test_a_ranks_prefix_store_takes_at_most_half_the_memory_free(monkeypatch):

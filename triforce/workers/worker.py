@@ -110,8 +110,9 @@ class VerifierWorker(LeaderChecks):
             del self.caches[body["seq"]]
             for held in (self.prompts, self.saved_queries, self.verified, self.forwards):
                 held.pop(body["seq"], None)
-            release_freed()  # its cache, back to the system (glibc kept it: the leader's memory checks read less
-            return {}, []  # free as the hours went by, and refused sequences that fit)
+            if model.device.type == "cpu":  # its cache, back to the system now (glibc kept it: the leader's checks
+                release_freed(every_s=0)  # read less free memory as the hours went by; at most once a second,
+            return {}, []  # a batch's sequences ending together kept all but the first's)
         if kind == "verify":
             for seq, start, parents in zip(body["seqs"], body["starts"], body["parents"]):
                 self.prompts.pop(seq, None)
