@@ -153,15 +153,15 @@ def test_a_matcher_that_fails_as_a_request_runs_fails_that_request_alone(grammar
     guide.matcher = Failing()
     assert guide.allowed([]) is None and guide.forced([]) is None
     with pytest.raises(RequestFailed, match=r"\(lexer too complex\)$"):
-        guide.check_continues([])
+        guide.output_refuses([], ids("a")[0])
     assert torch.equal(guide.allowed(ids("ab")), fresh_mask(grammars, SPEC, ids("ab")))
-    guide.check_continues(ids("ab"))
+    assert not guide.output_refuses(ids("ab"), ids(".")[0]) and guide.output_refuses(ids("ab"), ids("x")[0])
 
 
 def test_a_history_no_token_continues_is_a_dead_end_and_the_guide_goes_on(grammars):
     """(abé|ac) where no token spells é: llguidance allows b after a, and finds only as it masks the row
     after ab that nothing continues it (its error state, for good). That history is a dead end (no mask,
-    check_continues fails), and the other branch masks as a fresh matcher does."""
+    output_refuses fails), and the other branch masks as a fresh matcher does."""
     from triforce.speculation.guided import MatcherFailed
 
     spec = StructuredOutputs(regex="(ab\u00e9|ac)")
@@ -169,10 +169,10 @@ def test_a_history_no_token_continues_is_a_dead_end_and_the_guide_goes_on(gramma
     assert guide.allowed(ids("a")).nonzero().flatten().tolist() == ids("bc")
     assert guide.allowed(ids("ab")) is None and guide.forced(ids("ab")) is None
     with pytest.raises(MatcherFailed, match="continues the 2 generated tokens"):
-        guide.check_continues(ids("ab"))
+        guide.output_refuses(ids("ab"), EOS)
     for history in (ids("a"), ids("ac"), [], ids("ac")):
         assert torch.equal(guide.allowed(history), fresh_mask(grammars, spec, history))
-        guide.check_continues(history)
+        assert guide.output_refuses(history, ids("z")[0])  # (a letter none of them allows, and no dead end)
     assert guide.forced(ids("ac")) == EOS
     with pytest.raises(ConfigError, match="^structured_outputs regex: no text it allows can be written"):
         grammars.check(StructuredOutputs(regex="[a&&b]"))

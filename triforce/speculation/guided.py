@@ -100,12 +100,14 @@ class Guide:
         needed to choose it. None elsewhere."""
         return self._entry(history)[1]
 
-    def check_continues(self, history: Sequence[int]) -> None:
-        """MatcherFailed where no text the constraint allows continues `history` (an output's)."""
-        why = self._entry(history)[2]
+    def output_refuses(self, history: Sequence[int], token: int) -> bool:
+        """Whether the constraint refuses an output's `token` after `history` (an output's tokens before it):
+        MatcherFailed where no text the constraint allows continues that history."""
+        mask, _, why = self._entry(history)
         if why is not None:
             raise MatcherFailed(f"structured output: no text the constraint allows continues the {len(history)} "
                                 f"generated tokens with a token of this vocabulary ({why})")
+        return mask is None or not bool(mask[token])
 
     def _entry(self, history: Sequence[int]) -> tuple[torch.Tensor | None, int | None, str | None]:
         key = tuple(history)
@@ -117,7 +119,7 @@ class Guide:
         except _DeadEnd as dead:
             # (a character the vocabulary cannot spell, llguidance's limits): such a history is left like a
             # refused one, so that a proposer's path may reach it, and an output that does ends there
-            # (check_continues); ar, whose target samples the same rows, ends there as often
+            # (output_refuses); ar, whose target samples the same rows, ends there as often
             self.matcher, self.consumed = self._fresh.deep_copy(), []
             entry = (None, None, str(dead))
         self._masks[key] = entry

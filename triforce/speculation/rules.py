@@ -117,8 +117,7 @@ class RowRules:
             return True
         if self.guide is None:
             return False
-        mask = self.guide.allowed(seq[self.prompt_length:position])  # None: the history itself was refused
-        return mask is None or not bool(mask[token])
+        return self.guide.output_refuses(seq[self.prompt_length:position], token)
 
     def apply_chain(self, logits: torch.Tensor, seq: Sequence[int], start: int) -> torch.Tensor:
         """`apply` for rows where row i follows seq[:start + i]."""
@@ -148,8 +147,6 @@ def check_obeyed(rules: RowRules | None, allowed: frozenset[int] | None, seq: Se
     tokens, say), which no check before generation can see. Failing there beats an answer that silently
     breaks one of them."""
     for position in range(start, end):
-        if rules is not None and rules.guide is not None:
-            rules.guide.check_continues(seq[prompt_length:position])
         if (allowed is not None and seq[position] not in allowed) or (
                 rules is not None and rules.refuses(seq, position)):
             on = [name for name, rule in (("allowed_token_ids", allowed), ("min_tokens", rules and rules.min_tokens),
