@@ -293,12 +293,17 @@ def test_a_job_killed_mid_run_and_restarted_answers_every_line_once(tiny_dir, tm
     assert {r["custom_id"]: r["response"]["body"]["choices"][0]["text"] for r in lines} == expected
 
 
+LONG = 400
+
+
 def test_lines_run_on_a_continuous_batch_so_a_long_one_holds_back_none(tiny_dir, tmp_path):
     """--batch-size 2 with a long line first: each short line that ends makes room for the next, so all
     three are written before the long one (in lock-step groups of two, the second group waited for the
     long line, and was written after it); every answer is the line's own. `"stream": true` is a 400."""
     target = tiny_dir("batch-target", tokenizer=True, seed=91)
-    lines = [request("long", PROMPT, 40)] + [request(f"s{i}", PROMPT + f" w{7 + i}", 2) for i in range(3)]
+    # (400 tokens: the short lines are submitted from the main thread as the scheduler's thread decodes; with
+    # 40, a loaded machine once let the long line end before the last short one was in)
+    lines = [request("long", PROMPT, LONG)] + [request(f"s{i}", PROMPT + f" w{7 + i}", 2) for i in range(3)]
     streamed = {"prompt": PROMPT, "max_tokens": 2, "stream": True}
     lines.append(json.dumps({"custom_id": "stream", "method": "POST", "url": "/v1/completions", "body": streamed}))
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
@@ -308,7 +313,7 @@ def test_lines_run_on_a_continuous_batch_so_a_long_one_holds_back_none(tiny_dir,
     assert order[-1] == "long" and sorted(order[:-1]) == ["s0", "s1", "s2", "stream"]
     got = results(out)
     llm = LLM(target, mode="ar", dtype="float32")
-    for k, prompt, n in (("long", PROMPT, 40), ("s2", PROMPT + " w9", 2)):
+    for k, prompt, n in (("long", PROMPT, LONG), ("s2", PROMPT + " w9", 2)):
         assert got[k]["response"]["body"]["choices"][0]["text"] == llm.generate(
             prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))[0].text
     refused = got["stream"]["response"]
