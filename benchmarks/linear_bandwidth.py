@@ -3,6 +3,7 @@ chain gamma + 1, a batch the sum of its sequences').
 
     python benchmarks/linear_bandwidth.py     # prints JSON: GB/s per number of activation rows
     python benchmarks/linear_bandwidth.py --past-rows [--rows 8 24 32 48 64 96 128 192] [--dtype float32]
+                                          [--pieces]
 
 Default: weight-read bandwidth of decode-sized bfloat16 linears, F.linear against the kernel's vector
 path (and its AMX tile path where the CPU has one). 60 distinct 3072x576 matrices (SmolLM2's gate/up
@@ -20,6 +21,9 @@ ms of each and kernel / torch. On the 2-core Zen 3 EPYC (results/linear_rows/avx
 bfloat16 runs and one float32; these machines are noisy, so compare within a run), bfloat16 0.41x at 8
 rows, 0.68x at 24, 0.49-0.91x at 32, 0.58-0.84x at 48, 0.77-1.08x at 64, 0.83-1.09x at 96, 1.24x at
 128; float32 0.55x at 8, 0.83x at 24, 0.93x at 32, 0.82x at 48, 1.08x at 64.
+
+--pieces: the kernel in pieces of kernel_max_rows() (what `linear` sends it up to pieced_max_rows()),
+not in one call (results/linear_rows/avx2_epyc_pieces.jsonl).
 """
 import argparse
 import json
@@ -59,17 +63,22 @@ def bandwidth_by_rows() -> None:
     print(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=1))
 
 
-def past_rows(row_counts: list[int], dtype: torch.dtype, reps: int) -> None:
+def past_rows(row_counts: list[int], dtype: torch.dtype, reps: int, pieces: bool) -> None:
     ext = cpu_kernels()
     if ext is None:
         raise SystemExit("no CPU kernels here (not x86-64 with AVX2 + FMA, or no compiler)")
     weights = [[torch.randn(shape).to(dtype) for shape in SMOLLM2_SHAPES] for _ in range(30)]
-    if dtype == torch.float32:
-        kernel, torch_path = ext.linear_f32, F.linear
-    else:
-        def kernel(x, w):  # the path `linear` takes (AMX tiles where the CPU has them)
+    if pieces:
+        def kernel(x, w):  # in pieces of kernel_max_rows(dtype) rows
             return linear_module._kernel_linear(x, w, False)
-
+    elif dtype == torch.float32:
+        kernel = ext.linear_f32
+    else:
+        def kernel(x, w):  # one call (AMX tiles where the CPU has them)
+            return ext.linear_bf16(x, w, float_out=False)
+    if dtype == torch.float32:
+        torch_path = F.linear
+    else:
         def torch_path(x, w):
             return F.linear(x, w) if native_bf16() else linear_module._float32_linear(x, w).to(x.dtype)
     for n in row_counts:
@@ -86,7 +95,7 @@ def past_rows(row_counts: list[int], dtype: torch.dtype, reps: int) -> None:
                     times[name].append(time.perf_counter() - start)
         median = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
         print(json.dumps({"cpu": cpu_model(), "kernels": kernel_path(), "dtype": str(dtype).split(".")[-1],
-                          "rows": n, "threads": torch.get_num_threads(),
+                          "rows": n, "piece": linear_module.kernel_max_rows(dtype) if pieces else n, "threads": torch.get_num_threads(),
                           **{f"{k}_ms": round(v, 1) for k, v in median.items()},
                           "kernel_over_torch": round(median["kernel"] / median["torch"], 2)}), flush=True)
 
@@ -99,9 +108,11 @@ def main() -> None:
                    help="with --past-rows: the row counts")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="with --past-rows")
     p.add_argument("--reps", type=int, default=7, help="with --past-rows: timed passes of each path per row count")
+    p.add_argument("--pieces", action="store_true",
+                   help="with --past-rows: the kernel in pieces of its most rows a call, as `linear` sends them")
     args = p.parse_args()
     if args.past_rows:
-        past_rows(args.rows, getattr(torch, args.dtype), args.reps)
+        past_rows(args.rows, getattr(torch, args.dtype), args.reps, args.pieces)
     else:
         bandwidth_by_rows()
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from triforce.cache.full import FullKVCache
-from triforce.kernels.linear import KERNEL_MAX_ROWS, kernel_max_rows
+from triforce.kernels.linear import KERNEL_MAX_ROWS, pieced_max_rows
 from triforce.models.loader import load_model
 from triforce.step import Step, ancestor_mask
 
@@ -26,8 +26,9 @@ def folder(tmp_path_factory):
 @pytest.mark.parametrize("k", [2, 5, 8, 13, KERNEL_MAX_ROWS, 40])
 def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dtype):
     """At every level (AVX2, AVX512-BF16, AMX tiles, which take steps too; the float32 kernels are AVX2
-    at every level), up to the most rows the linear kernel takes there (40: bfloat16 at the avx2 level)."""
-    if k > kernel_max_rows(getattr(torch, dtype)):
+    at every level), up to the most rows the linear kernel takes there (40: bfloat16 at the avx2 and amx
+    levels; float32, whose kernel takes 64 a call, at every level)."""
+    if k > pieced_max_rows(getattr(torch, dtype)):
         pytest.skip(f"past the linear kernel's rows at {level} in {dtype}: torch's product")
     model = load_model(folder, dtype)
     if dtype == "bfloat16":
@@ -42,14 +43,17 @@ def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dt
     assert torch.equal(caches[0].keys[:, :, :CONTEXT + k], caches[1].keys[:, :, :CONTEXT + k])
 
 
-def test_a_batch_check_gives_each_sequence_what_its_steps_give(level, folder):
-    """Six sequences' checks of 13 tokens in one forward (78 rows: past MAX_LOGIT_ROWS, within the linear
-    kernel's rows at the avx2 and amx levels) give each token what one-token steps alone give, bit for
-    bit: the output head too (its logits of more than 64 rows were torch's float32 product)."""
-    batch, k = 6, 13
-    if batch * k > kernel_max_rows(torch.bfloat16):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_batch_check_gives_each_sequence_what_its_steps_give(level, folder, dtype):
+    """Nine sequences' checks of 13 tokens in one forward (117 rows: past MAX_LOGIT_ROWS and past what the
+    linear kernel takes in one call but at amx, so in pieces: of 64 in float32, of 96 in bfloat16 at the
+    avx2 level) give each token what one-token steps alone give, bit for bit: the output head too (its
+    logits of more than 64 rows were torch's float32 product), and in float32 every layer (past 24 rows
+    torch's product gave a batch member other logits than its solo run)."""
+    batch, k = 9, 13
+    if batch * k > pieced_max_rows(getattr(torch, dtype)):
         pytest.skip(f"past the linear kernel's rows at {level}: torch's product")
-    model = load_model(folder, "bfloat16")
+    model = load_model(folder, dtype)
     ids = [torch.randint(3, 96, (CONTEXT + k,), generator=torch.Generator().manual_seed(s)) for s in range(batch)]
     caches = [FullKVCache(model.config, CONTEXT + k, model.dtype, "cpu") for _ in range(2 * batch)]
     for s in range(batch):

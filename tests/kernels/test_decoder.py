@@ -15,9 +15,9 @@ from checkpoints import write_tiny_checkpoint
 
 
 def prefill_rows() -> int:
-    """A prompt's rows: past the linear kernel's (24; 96 at the avx2 level, 128 at amx), so its products
-    are torch's."""
-    return linear.kernel_max_rows() + 5
+    """A prompt's rows: past the linear kernel's, in pieces too (24; 192 at the avx2 level, 128 at amx), so
+    its products are torch's."""
+    return linear.pieced_max_rows() + 5
 
 
 def prefill_fused() -> bool:

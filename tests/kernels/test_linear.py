@@ -4,7 +4,7 @@ import torch
 from triforce.kernels.attention import attention, reference_attention
 from triforce.kernels.cpu import cpu_kernels, has_amx
 import triforce.kernels.linear as linear_module
-from triforce.kernels.linear import kernel_max_rows, linear, logits_linear, reference_linear
+from triforce.kernels.linear import kernel_max_rows, linear, logits_linear, pieced_max_rows, reference_linear
 
 
 @pytest.mark.parametrize("amx", [False, True])
@@ -105,24 +105,25 @@ def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype(monkeypatch
             torch.testing.assert_close(linear(x, w.to(dtype), b.to(dtype)).float(), ref, atol=0.3, rtol=0.05)
     kernel_rows = []
     real = cpu_kernels()
-    if real is not None:  # float32 rows up to KERNEL_MAX_ROWS go through the float32 kernel
+    if real is not None:  # float32 rows go through the float32 kernel, past FLOAT32_MAX_ROWS in pieces
         class Counting:
             def linear_f32(self, x, w):
                 kernel_rows.append(x.shape[0])
                 return real.linear_f32(x, w)
 
         monkeypatch.setattr("triforce.kernels.linear.cpu_kernels", lambda: Counting())
-    for n in (3, 24, 25):
+    past = pieced_max_rows(torch.float32) + 1  # torch's product
+    for n in (3, 64, 65, past):
         x = torch.randn(n, 64)
         torch.testing.assert_close(linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(logits_linear(x, w), x @ w.T, atol=1e-5, rtol=1e-5)
-    assert kernel_rows == ([] if real is None else [3, 3, 24, 24])
+    assert kernel_rows == ([] if real is None else [3, 3, 64, 64, 64, 1, 64, 1])
     x, w = torch.randn(3, 40), torch.randn(96, 40)  # K not a multiple of 16: torch's product, exactly
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))
     for dtype in (torch.float32, torch.bfloat16):  # no rows, or K = 0: torch's empty product, or zeros
         assert linear(torch.randn(0, 64).to(dtype), torch.randn(96, 64).to(dtype)).shape == (0, 96)
         assert not linear(torch.randn(2, 0).to(dtype), torch.randn(96, 0).to(dtype)).any()
-    assert kernel_rows == ([] if real is None else [3, 3, 24, 24])
+    assert kernel_rows == ([] if real is None else [3, 3, 64, 64, 64, 1, 64, 1])
 
 
 def assert_float32_logits(n):
@@ -134,10 +135,11 @@ def assert_float32_logits(n):
     assert (got - want).abs().max() < (want.bfloat16().float() - want).abs().max() / 100
 
 
-@pytest.mark.parametrize("n", [1, 7, 13, 40, 70, 140])
+@pytest.mark.parametrize("n", [1, 7, 13, 40, 70, 140, 200])
 def test_bf16_logits_keep_float32_precision(level, n):
     """The head's float32 sums are not rounded to bfloat16: through the kernel in one piece or several
-    (40 rows at the avx512 level; 70 in one piece at avx2 and amx; 140 is past what it takes anywhere)."""
+    (40 rows at the avx512 level; 70 in one piece at avx2 and amx; 140 in two at avx2, past amx's rows;
+    200 is past what it takes anywhere)."""
     assert_float32_logits(n)
 
 

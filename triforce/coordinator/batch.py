@@ -22,8 +22,8 @@ an error in a forward the batch runs for many ends the step) between steps: cont
 output does not depend on its companions: its rows see only its own cache (LlamaModel.forward_batch),
 and its random draws come from its own generator. (In mode auto a batch runs one plan, so which tiers a
 seeded request's draws go through, and so its sample, may depend on the batch; its distribution does
-not, and greedy output is the same. In low precision on a CPU, a call of more rows than the linear kernel
-takes, kernel_max_rows, goes through torch's product, whose rounding depends on the row count: there a
+not, and greedy output is the same. On a CPU, a call of more rows than the linear kernel takes, in pieces
+too, pieced_max_rows, goes through torch's product, whose rounding depends on the row count: there a
 greedy output can part from its solo one at a near-tie; docs/batches.md.)
 """
 from __future__ import annotations

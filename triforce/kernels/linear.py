@@ -5,10 +5,11 @@
 under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by build.py): with AMX tiles
 where the CPU has them (csrc/linear_amx.cpp, at about the same read rate for 1 to 16 rows), else with
 vector instructions (AVX512-BF16, or csrc/linear_avx2.cpp), whose rate falls with every row; up to
-kernel_max_rows() rows (24; 96 at the avx2 level, 128 at amx), torch's path past that.
-`reference_linear` is what the tests compare it with. Float32 inputs of up to KERNEL_MAX_ROWS rows go to
-csrc/linear_f32.cpp on every level (AVX2 + FMA), where torch's float32 product of a few rows read the
-weights at a fraction of the memory bandwidth (benchmarks/float32_rows.py).
+kernel_max_rows() rows in one call (24; 96 at the avx2 level, 128 at amx), and where pieces of that
+many cost about what torch's product does, up to pieced_max_rows() in pieces; torch's path past that.
+`reference_linear` is what the tests compare it with. Float32 inputs of up to FLOAT32_MAX_ROWS rows a call
+go to csrc/linear_f32.cpp on every level (AVX2 + FMA), where torch's float32 product of a few rows read
+the weights at a fraction of the memory bandwidth (benchmarks/float32_rows.py).
 
 `logits_linear` is the output head: float32 logits. The kernel hands over its float32 sums unrounded:
 rounded to bfloat16 (8 bits of mantissa, a step of 0.125 at a logit of 20), near-equal candidates tie,
@@ -32,9 +33,13 @@ KERNEL_MAX_ROWS = 24
 # benchmarks/results/linear_rows/). So bfloat16 checks and batches of up to 96 rows take it there, and
 # each row sums as a one-token step's does, bit for bit: a batch of 8 whose target checks 7 proposals and
 # a catch-up token or two each (at 24 rows 3 of 8 greedy requests equalled `ar` in `triforce bench
-# --batch 8` at 1K, at 64 5, at 96 all 8). Float32 keeps KERNEL_MAX_ROWS: its kernel was 0.83-0.93x
-# torch's float32 product at 24-48 rows and 1.08x at 64.
+# --batch 8` at 1K, at 64 5, at 96 all 8).
 AVX2_BF16_MAX_ROWS = 96
+# The float32 kernel sums a row alike at every row count too. Its time over torch's float32 product, one
+# call (`python benchmarks/linear_bandwidth.py --past-rows --dtype float32`, Zen 3 EPYC, 2026-12-02): 0.64x
+# at 24 rows, 0.74x at 48, 0.89x at 64, 1.02x at 96, 1.16x at 128, 1.32x at 192 (on Zen 4, before:
+# 0.83-0.93x at 24-48, 1.08x at 64).
+FLOAT32_MAX_ROWS = 64
 # Where the CPU has AMX tiles the kernel takes its tile path for every number of rows: a row's sums there
 # do not depend on the other rows, so a check (and a batch) gives each token what a one-token step gives,
 # bit for bit, as the vector paths do (tests/kernels/test_check_rows.py); steps with the vector path below
@@ -49,11 +54,22 @@ AVX2_BF16_MAX_ROWS = 96
 # 0.91-1.03 at 64 and 1.08-1.28 at 96-128 (amx_xeon.jsonl).
 AMX_BF16_MAX_ROWS = 128
 # Logits of up to this many rows go through the kernel in pieces (of kernel_max_rows()), and of up to
-# kernel_max_rows() in one piece wherever that is more: a batch's check (8 sequences of 11 tokens) then
+# pieced_max_rows() wherever that is more: a batch's check (8 sequences of 11 tokens) then
 # gives each row the logits its one-token step gives, bit for bit, as the layers do. For 88 rows of
 # SmolLM2's head that took 0.28x the float32 path's time at the amx level and 2.4x at avx2, on a Xeon
 # (benchmarks/head_rows.py): exactness first, as AVX2_BF16_MAX_ROWS chose for the layers.
 MAX_LOGIT_ROWS = 64
+# A batch's rows at a tier (its sequences' steps and checks, each within kernel_max_rows()) go through the
+# kernel in pieces of kernel_max_rows() up to this many, where a piece costs about what torch's product
+# of the same rows does: each row then sums as its one-token step alone does, so a request's greedy output
+# does not depend on its batch (past kernel_max_rows() torch's product, whose rounding depends on the row
+# count, parted a float32 batch member's logits from its solo run's at 25 rows and more). On the 2-core
+# Zen 3 EPYC, SmolLM2's 30 layers' matrices (`python benchmarks/linear_bandwidth.py --past-rows --pieces`,
+# results/linear_rows/avx2_epyc_pieces.jsonl), pieces over torch's path: bfloat16 at the avx2 level
+# (pieces of 96) 1.02x at 128 rows, 1.18x at 192, 1.21x at 256; float32 (pieces of 64) 1.33x at 96,
+# 1.51x at 128, 1.57x at 192 (one run each; a cost float32, the dtype of exact comparisons, pays). Where the CPU has native bfloat16 (avx512,
+# amx) its bfloat16 pieces are unmeasured, and its bound stays kernel_max_rows().
+PIECED_MAX_ROWS = 192
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
 
@@ -65,10 +81,16 @@ def kernel_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
     if cpu_kernels() is None:
         return 0
     if dtype != torch.bfloat16:
-        return KERNEL_MAX_ROWS
+        return FLOAT32_MAX_ROWS
     if not native_bf16():
         return AVX2_BF16_MAX_ROWS
     return AMX_BF16_MAX_ROWS if has_amx() else KERNEL_MAX_ROWS
+
+
+def pieced_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
+    """Most rows of x of `dtype` that `linear` sends to the CPU kernel, in pieces of kernel_max_rows()."""
+    most = kernel_max_rows(dtype)
+    return max(most, PIECED_MAX_ROWS) if most and (dtype != torch.bfloat16 or not native_bf16()) else most
 
 
 K_STEP = {torch.bfloat16: 32, torch.float32: 16}  # the kernels' K must be a multiple of this
@@ -76,10 +98,11 @@ K_STEP = {torch.bfloat16: 32, torch.float32: 16}  # the kernels' K must be a mul
 
 def kernel_takes(rows: int, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether `linear` sends `rows` rows times this weight, both of `dtype`, to the CPU kernel
-    (csrc/linear_bf16.cpp or linear_avx2.cpp for bfloat16, linear_f32.cpp for float32)."""
+    (csrc/linear_bf16.cpp or linear_avx2.cpp for bfloat16, linear_f32.cpp for float32), in pieces of
+    kernel_max_rows() where they are more."""
     k = weight.shape[1]
     return (weight.dtype == dtype and weight.device.type == "cpu" and weight.is_contiguous()
-            and k > 0 and k % K_STEP[dtype] == 0 and 1 <= rows <= kernel_max_rows(dtype))
+            and k > 0 and k % K_STEP[dtype] == 0 and 1 <= rows <= pieced_max_rows(dtype))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,7 +110,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dim() != 2:  # (the kernels take [n, K])
         return F.linear(x, weight, bias)
     if x.dtype == torch.float32 and kernel_takes(x.shape[0], weight, torch.float32):
-        out = cpu_kernels().linear_f32(x, weight)
+        out = _kernel_linear(x, weight, float_out=True)
     elif x.dtype != torch.bfloat16:
         return F.linear(x, weight, bias)
     elif kernel_takes(x.shape[0], weight):
@@ -102,7 +125,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _kernel_linear(x: torch.Tensor, weight: torch.Tensor, float_out: bool) -> torch.Tensor:
-    return cpu_kernels().linear_bf16(x, weight, float_out=float_out)
+    """x . weight^T through the CPU kernel of x's dtype, in pieces of kernel_max_rows() rows where x has
+    more (float_out: bfloat16's sums handed over as float32, unrounded)."""
+    ext = cpu_kernels()
+    if x.dtype == torch.float32:
+        def product(rows):
+            return ext.linear_f32(rows, weight)
+    else:
+        def product(rows):
+            return ext.linear_bf16(rows, weight, float_out=float_out)
+    piece = kernel_max_rows(x.dtype)
+    if x.shape[0] <= piece:  # a decode step or a check: one piece, no concatenation copy
+        return product(x)
+    return torch.cat([product(rows) for rows in x.split(piece)])
 
 
 def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -113,12 +148,9 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return torch.mm(x, weight.T, out_dtype=torch.float32)
     if not kernel_takes(1, weight):  # (first: on a GPU it loads no CPU kernels)
         return _float32_linear(x, weight)
-    rows = kernel_max_rows()
-    if x.shape[0] > max(MAX_LOGIT_ROWS, rows):
+    if x.shape[0] > max(MAX_LOGIT_ROWS, pieced_max_rows()):
         return _float32_linear(x, weight)
-    if x.shape[0] <= rows:  # a decode step or a check: one piece, no concatenation copy
-        return _kernel_linear(x, weight, float_out=True)
-    return torch.cat([_kernel_linear(piece, weight, float_out=True) for piece in x.split(rows)])
+    return _kernel_linear(x, weight, float_out=True)
 
 
 def mm_widens(x: torch.Tensor, weight: torch.Tensor) -> bool:
