@@ -745,7 +745,7 @@ def test_a_request_that_does_not_fit_is_weighed_again_once_the_batch_changes(llm
                 "tiny")
     need, reads = llm.cache_bytes_for(len(job.prompts[0]), 60), []
     monkeypatch.setattr(llm, "free_memory", lambda: reads.append(1) or int(2.5 * need / llm.memory_share))
-    monkeypatch.setattr("triforce.serve.scheduler.REFIT_S", 600.0)  # (a slow machine's seconds: not counted)
+    monkeypatch.setattr("triforce.serve.admission.REFIT_S", 600.0)  # (a slow machine's seconds: not counted)
     steps = []
     step = SequenceBatch.step
     monkeypatch.setattr(SequenceBatch, "step", lambda self: steps.append(1) or step(self))
@@ -1331,7 +1331,7 @@ def test_the_scheduler_hands_freed_memory_back_as_requests_finish(llm, monkeypat
     import platform
 
     from triforce import memory
-    from triforce.serve import scheduler
+    from triforce.serve import admission
 
     if platform.libc_ver()[0] == "glibc":
         assert memory._libc() is not None  # the call is there where the heaps keep what is freed
@@ -1342,7 +1342,7 @@ def test_the_scheduler_hands_freed_memory_back_as_requests_finish(llm, monkeypat
     memory.release_freed(), memory.release_freed()
     assert calls == [0]  # once a second at most
     trims = []
-    monkeypatch.setattr(scheduler, "release_freed", lambda every_s=None: trims.append(every_s))
+    monkeypatch.setattr(admission, "release_freed", lambda every_s=None: trims.append(every_s))
     with TestClient(create_app(llm, "tiny")) as c:
         for _ in range(2):
             r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3})

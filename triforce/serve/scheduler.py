@@ -13,7 +13,8 @@ which also count them), then ("done", RequestOutput) or
 ("error", ApiError): 400 where the request's own settings ended it (its rules contradict each other), 500
 or 503 where the server failed it.
 `cancel()` drops a waiting request, and ends a running one after its round in progress (a client that
-went away); `drain()` does that to all of them when the server shuts down.
+went away); `drain()` does that to all of them when the server shuts down. Whether a request's caches fit
+is serve/admission.py's.
 """
 from __future__ import annotations
 
@@ -25,18 +26,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..api import LLM
-from ..errors import RequestFailed, TooLarge
-from ..memory import release_freed
+from ..errors import RequestFailed
 from ..request import Request
-from ..request_memory import HOST_SHARE
 from ..coordinator.channel import GroupFull
 from ..coordinator.batch import SequenceBatch
 from ..coordinator.batchmates import Batchmates
+from .admission import MemoryAdmission
 from .openai import ApiError, Job
 from .tickets import Ticket, failure
 
 log = logging.getLogger("triforce.serve")
-REFIT_S = 1.0  # how often a waiting request that did not fit is weighed again while the batch is unchanged
 
 
 @dataclass(eq=False)
@@ -50,14 +49,10 @@ class Scheduler:
 
     def __post_init__(self):
         self.fatal: Exception | None = None  # why the scheduler stopped for good (a worker group gone)
-        self._capacity = self.llm.free_memory()  # bytes free for caches while no request runs (updated then)
-        self._host_capacity = self.llm.host_free()  # and in the host's memory for a GPU's requests' rows
+        self._memory = MemoryAdmission(self.llm)
         self._batch, self._mates = SequenceBatch(), Batchmates()
         self._lock, self._wake, self._stop, self._draining = threading.Lock(), threading.Event(), False, False
         self._aborting = False  # a drain's running requests end after their round in progress
-        self._freed = False  # whether requests finished since the scheduler was last idle
-        self._unfit: tuple[Ticket, int, float] | None = None  # the first waiting request that did not fit: beside
-        # how many running requests, when
         self._thread = threading.Thread(target=self._loop, name="triforce-scheduler", daemon=True)
         self._thread.start()
 
@@ -72,23 +67,7 @@ class Scheduler:
         if len(on_events) != len(job.prompts) * job.n:
             raise ValueError(f"{len(on_events)} callbacks for {len(job.prompts) * job.n} choices")
         self._check_running()
-        longest = max(len(ids) for ids in job.prompts)
-        size = (longest, job.params.max_tokens, job.params.prompt_logprobs is not None)
-        need = self.llm.cache_bytes_for(*size)
-        capacity = self._capacity  # what was free while none ran; the memory free now may only add to it, and
-        if capacity is None or need > self.llm.memory_share * capacity:  # is read where that decides (on a GPU
-            capacity = self._capacity_now(self.llm.free_memory())  # a snapshot of the allocator: on the event loop)
-        if capacity is not None and need > self.llm.memory_share * capacity:
-            raise ApiError(413, f"the caches for {longest + job.params.max_tokens} tokens need "
-                                f"{need / 2**30:.2f} GiB; this server has "
-                                f"{self.llm.memory_share * capacity / 2**30:.2f} GiB for them "
-                                f"(--gpu-memory-utilization {self.llm.memory_share:g} of {capacity / 2**30:.2f})",
-                           code="context_length_exceeded")
-        rows, host = self.llm.host_bytes_for(*size), self._host_capacity  # (a scored prompt's rows too)
-        if host is not None and rows > HOST_SHARE * host:
-            raise ApiError(413, f"the rows of the vocabulary of {longest + job.params.max_tokens} tokens need "
-                                f"{rows / 2**30:.2f} GiB of the host's memory; it has {host / 2**30:.2f} GiB free",
-                           code="context_length_exceeded")
+        self._memory.refuse_too_large(job)
         if len(on_events) > self.max_queue:
             raise ApiError(400, f"{len(on_events)} choices (prompts x n) need as many places in this server's "
                                 f"queue, which holds {self.max_queue} (--max-queue)",
@@ -194,63 +173,17 @@ class Scheduler:
                     log.exception("could not close a request's run")
             self._end_failed(left, ApiError(503, "the server stopped", "server_error"))
 
-    def _capacity_now(self, free: int | None) -> int | None:
-        """Bytes the requests' caches may share (before --gpu-memory-utilization): those free while none ran,
-        or more where memory was freed since; None where unknown."""
-        if free is None or self._capacity is None:
-            return free
-        return max(self._capacity, free)
-
-    def _fits(self, ticket: Ticket) -> bool:
-        """Whether `ticket`'s caches fit beside the running requests' whole needs, and in the memory free now.
-        A running request has not allocated all of its caches yet (its retrieval buffers come once its prompt
-        is prefilled): counted by what is free alone, a burst of long prompts was let in past the memory,
-        and their rebuilds failed every request in the batch. Its caches on a GPU, its rows of the vocabulary
-        (in the host's memory) are counted alike."""
-        host = self.llm.host_free()
-        if host is not None and self._host_capacity is not None:  # a GPU's requests' rows, in the host's memory
-            held = sum(t.host_bytes for t in self.running.values())
-            if ticket.host_bytes > min(HOST_SHARE * max(self._host_capacity, host) - held, HOST_SHARE * host):
-                return False
-        free = self.llm.free_memory()
-        if free is None:
-            return True
-        reserved = sum(t.bytes for t in self.running.values())
-        share = self.llm.memory_share
-        return ticket.bytes <= min(share * self._capacity_now(free) - reserved, share * free)
-
-    def _fits_now(self, ticket: Ticket) -> bool:
-        """`_fits`, weighed again only where the batch lost a request since it did not fit, or REFIT_S later
-        (the memory others free): read before every step of the batch, the free memory (/proc, a GPU's
-        allocator snapshot) cost a draft step's time, under the lock /health and /metrics wait for."""
-        now = time.monotonic()
-        if self._unfit is not None:
-            unfit, beside, at = self._unfit
-            if unfit is ticket and beside == len(self.running) and now - at < REFIT_S:
-                return False
-        fits = self._fits(ticket)
-        self._unfit = None if fits else (ticket, len(self.running), now)
-        return fits
-
-    def _measure_capacity(self) -> None:
-        """No request runs: what the last ones freed goes back to the system (once their answers are gone
-        too), and what is free then is what requests' caches may share."""
-        if self._freed:
-            release_freed(every_s=0)
-            self._freed = False
-        self._capacity, self._host_capacity = self.llm.free_memory(), self.llm.host_free()
-
     def _admit(self) -> None:
         """Moves waiting requests into the batch, first come first served, while their caches fit."""
         while True:
             if not self.running and self.waiting:  # (this thread alone adds to `running`; the trim out of the lock)
-                self._measure_capacity()
+                self._memory.measure_idle()
             with self._lock:
                 if not self.waiting:
                     return
                 ticket = self.waiting[0]
                 if self.running and not ticket.cancelled:
-                    if not self._fits_now(ticket):
+                    if not self._memory.fits_now(ticket, list(self.running.values())):
                         return  # it waits for a running request to end
                     if len(self.running) >= ticket.refused_beside:
                         return  # as does a request the worker group refused beside as many
@@ -258,7 +191,8 @@ class Scheduler:
             if ticket.cancelled:
                 self._count("aborted")
                 continue
-            if not self.running and self._never_fits(ticket):
+            if not self.running and (too_large := self._memory.too_large_alone(ticket)) is not None:
+                self._fail([ticket], too_large)
                 continue
             job = ticket.job
             stream = None
@@ -290,18 +224,6 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001 (a request's failure must not stop the server)
                 self._fail([ticket], exc)
 
-    def _never_fits(self, ticket: Ticket) -> bool:
-        """A request about to run alone that the memory free now cannot hold (413, told): its check as it was
-        queued read what was free when the server last went idle, and another process may have taken it since
-        (it ran, and failed out of memory)."""
-        share, capacity = self.llm.memory_share, self._capacity  # (measured just now: none runs)
-        if capacity is None or ticket.bytes <= share * capacity:
-            return False
-        self._fail([ticket], TooLarge(f"the caches for {len(ticket.ids) + ticket.params.max_tokens} tokens need "
-                                      f"{ticket.bytes / 2**30:.2f} GiB; {share * capacity / 2**30:.2f} GiB of the "
-                                      f"memory free now may hold them (--gpu-memory-utilization {share:g})"))
-        return True
-
     def _loop(self) -> None:
         try:
             while not self._stop and self.fatal is None:
@@ -316,8 +238,8 @@ class Scheduler:
         """Admits what fits, then runs one step of the batch (or waits a while for work)."""
         self._admit()
         if not self._batch.active:
-            if self._freed:
-                self._measure_capacity()
+            if self._memory.freed:
+                self._memory.measure_idle()
             self._wake.wait(0.1)
             self._wake.clear()
             return
@@ -339,8 +261,7 @@ class Scheduler:
         for seq in finished:
             self._finish(seq)
         if finished:
-            release_freed()  # what the finished requests freed (their caches), back to the system
-            self._freed = True
+            self._memory.released()
 
     def _stop_for_good(self, exc: Exception) -> None:
         """The worker group stopped answering (or the scheduler's own work failed): no request can run again.
@@ -393,7 +314,7 @@ class Scheduler:
             ticket.close()
             self._count("failed")
             ticket.tell("error", failure(exc))
-        self._freed = True  # their caches, back to the system before the capacity is read again
+        self._memory.freed = True  # their caches, back to the system before the capacity is read again
 
     def _count(self, event: str, *details) -> None:
         """Tells the metrics of a request that ended (`finished` or `failed`), where a server keeps them; a
