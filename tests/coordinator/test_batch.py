@@ -195,7 +195,7 @@ def test_a_prompt_prefilling_beside_a_decoding_one_leaves_both_as_alone_in_bfloa
     target = load_model(tiny_dir("engine-target", seed=11, num_layers=3, scale=25), "bfloat16")
     a, b = prompts([10, 400], seed=5)
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=2)
-    chunk = pieced_max_rows() + 32  # past the kernels' rows: torch's product (at 64, the AVX2 kernel took all)
+    chunk = pieced_max_rows() + 32  # past the kernels' rows: its first chunk is torch's product
     cfg = EngineConfig(mode="ar", **{**SETTINGS, "prefill_chunk": chunk})
 
     def run(prompts_here):

@@ -27,7 +27,7 @@ def folder(tmp_path_factory):
 def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dtype):
     """At every level (AVX2, AVX512-BF16, AMX tiles, which take steps too; the float32 kernels are AVX2
     at every level), up to the most rows the linear kernel takes there (40: bfloat16 at the avx2 and amx
-    levels; float32, whose kernel takes 64 a call, at every level)."""
+    levels; float32 at every level)."""
     if k > pieced_max_rows(getattr(torch, dtype)):
         pytest.skip(f"past the linear kernel's rows at {level} in {dtype}: torch's product")
     model = load_model(folder, dtype)
@@ -46,8 +46,8 @@ def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dt
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_a_batch_check_gives_each_sequence_what_its_steps_give(level, folder, dtype):
     """Nine sequences' checks of 13 tokens in one forward (117 rows: past MAX_LOGIT_ROWS and past what the
-    linear kernel takes in one call but at amx, so in pieces: of 64 in float32, of 96 in bfloat16 at the
-    avx2 level) give each token what one-token steps alone give, bit for bit: the output head too (its
+    bfloat16 kernel takes in one call at the avx2 level, so in pieces of 96 there; in one call at amx and in
+    float32) give each token what one-token steps alone give, bit for bit: the output head too (its
     logits of more than 64 rows were torch's float32 product), and in float32 every layer (past 24 rows
     torch's product gave a batch member other logits than its solo run)."""
     batch, k = 9, 13

@@ -99,13 +99,13 @@ def test_cpu_float32_kernel_refuses_what_it_cannot_take(level):
 def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype(monkeypatch):
     w, b = torch.randn(96, 64), torch.randn(96)
     for dtype in (torch.float32, torch.bfloat16):
-        for n in (1, 8, 9, 24, 25, 40, 130):  # past kernel_max_rows() (25 and 40 at avx512, 130) torch's path
+        for n in (1, 8, 9, 24, 25, 40, 130, 200):  # past the kernel's rows (25 and 40 at avx512) torch's path
             x = torch.randn(n, 64).to(dtype)
             ref = torch.nn.functional.linear(x.float(), w, b)
             torch.testing.assert_close(linear(x, w.to(dtype), b.to(dtype)).float(), ref, atol=0.3, rtol=0.05)
     kernel_rows = []
     real = cpu_kernels()
-    if real is not None:  # float32 rows go through the float32 kernel, past FLOAT32_MAX_ROWS in pieces
+    if real is not None:  # float32 rows up to FLOAT32_MAX_ROWS go through the float32 kernel, in one call
         class Counting:
             def linear_f32(self, x, w):
                 kernel_rows.append(x.shape[0])
@@ -113,17 +113,17 @@ def test_linear_dispatch_agrees_with_torch_for_every_shape_and_dtype(monkeypatch
 
         monkeypatch.setattr("triforce.kernels.linear.cpu_kernels", lambda: Counting())
     past = pieced_max_rows(torch.float32) + 1  # torch's product
-    for n in (3, 64, 65, past):
+    for n in (3, 24, 25, past):
         x = torch.randn(n, 64)
         torch.testing.assert_close(linear(x, w, b), torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(logits_linear(x, w), x @ w.T, atol=1e-5, rtol=1e-5)
-    assert kernel_rows == ([] if real is None else [3, 3, 64, 64, 64, 1, 64, 1])
+    assert kernel_rows == ([] if real is None else [3, 3, 24, 24, 25, 25])
     x, w = torch.randn(3, 40), torch.randn(96, 40)  # K not a multiple of 16: torch's product, exactly
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))
     for dtype in (torch.float32, torch.bfloat16):  # no rows, or K = 0: torch's empty product, or zeros
         assert linear(torch.randn(0, 64).to(dtype), torch.randn(96, 64).to(dtype)).shape == (0, 96)
         assert not linear(torch.randn(2, 0).to(dtype), torch.randn(96, 0).to(dtype)).any()
-    assert kernel_rows == ([] if real is None else [3, 3, 64, 64, 64, 1, 64, 1])
+    assert kernel_rows == ([] if real is None else [3, 3, 24, 24, 25, 25])
 
 
 def assert_float32_logits(n):

@@ -37,7 +37,9 @@ class FusedLayers:
                                                           layer.gate_up_proj.weight, layer.down_proj.weight)]
         if all(linear.kernel_takes(1, w) for w in matrices):  # (attention's rows are checked per sequence)
             # Past the linear kernel's rows `linear` takes torch's product, which the C++ loop calls too;
-            # without native bfloat16 it computes in float32 instead, which the loop does not mirror.
+            # without native bfloat16 it takes the kernel in pieces, then computes in float32, which the
+            # loop does not mirror: the layer loop runs those forwards.
+            assert not native_bf16() or linear.pieced_max_rows() == linear.kernel_max_rows()
             self.max_rows = UNLIMITED_ROWS if native_bf16() else linear.kernel_max_rows()
 
     def __call__(self, x: torch.Tensor, caches, masks, rows: list[int], cos: torch.Tensor,

@@ -5,11 +5,11 @@
 under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by build.py): with AMX tiles
 where the CPU has them (csrc/linear_amx.cpp, at about the same read rate for 1 to 16 rows), else with
 vector instructions (AVX512-BF16, or csrc/linear_avx2.cpp), whose rate falls with every row; up to
-kernel_max_rows() rows in one call (24; 96 at the avx2 level, 128 at amx), and where pieces of that
-many cost about what torch's product does, up to pieced_max_rows() in pieces; torch's path past that.
-`reference_linear` is what the tests compare it with. Float32 inputs of up to FLOAT32_MAX_ROWS rows a call
-go to csrc/linear_f32.cpp on every level (AVX2 + FMA), where torch's float32 product of a few rows read
-the weights at a fraction of the memory bandwidth (benchmarks/float32_rows.py).
+kernel_max_rows() rows in one call (24; 96 at the avx2 level, 128 at amx), and at the avx2 level up to
+pieced_max_rows() in pieces of 96; torch's path past that. `reference_linear` is what the tests compare it
+with. Float32 inputs of up to FLOAT32_MAX_ROWS rows go to csrc/linear_f32.cpp on every level (AVX2 + FMA),
+where torch's float32 product of a few rows read the weights at a fraction of the memory bandwidth
+(benchmarks/float32_rows.py).
 
 `logits_linear` is the output head: float32 logits. The kernel hands over its float32 sums unrounded:
 rounded to bfloat16 (8 bits of mantissa, a step of 0.125 at a logit of 20), near-equal candidates tie,
@@ -35,11 +35,15 @@ KERNEL_MAX_ROWS = 24
 # a catch-up token or two each (at 24 rows 3 of 8 greedy requests equalled `ar` in `triforce bench
 # --batch 8` at 1K, at 64 5, at 96 all 8).
 AVX2_BF16_MAX_ROWS = 96
-# The float32 kernel sums a row alike at every row count too. Its time over torch's float32 product, one
-# call (`python benchmarks/linear_bandwidth.py --past-rows --dtype float32`, Zen 3 EPYC, 2026-12-02): 0.64x
-# at 24 rows, 0.74x at 48, 0.89x at 64, 1.02x at 96, 1.16x at 128, 1.32x at 192 (on Zen 4, before:
-# 0.83-0.93x at 24-48, 1.08x at 64).
-FLOAT32_MAX_ROWS = 64
+# The float32 kernel sums a row alike at every row count too, so a batch's float32 rows (its sequences'
+# steps and checks) go to it in one call up to this many, and each row sums as its one-token step alone
+# does: a request's greedy output in float32, the dtype of exact comparisons, does not depend on its batch
+# (past 24 rows torch's product, whose rounding depends on the row count, parted a batch member's logits
+# from its solo run's until 2026-12-02). Its time over torch's float32 product, the 2-core Zen 3 EPYC
+# (`python benchmarks/linear_bandwidth.py --past-rows --dtype float32`): 0.55x at 8 rows, 0.83x at 24,
+# 0.82x at 48, 1.08x at 64 (avx2_epyc_float32.jsonl), and in another run 0.71x at 24, 1.0x at 96, 1.2x at
+# 128, 1.4x at 192 (avx2_epyc_float32_rows192.jsonl): a cost paid for the exactness.
+FLOAT32_MAX_ROWS = 192
 # Where the CPU has AMX tiles the kernel takes its tile path for every number of rows: a row's sums there
 # do not depend on the other rows, so a check (and a batch) gives each token what a one-token step gives,
 # bit for bit, as the vector paths do (tests/kernels/test_check_rows.py); steps with the vector path below
@@ -59,23 +63,22 @@ AMX_BF16_MAX_ROWS = 128
 # SmolLM2's head that took 0.28x the float32 path's time at the amx level and 2.4x at avx2, on a Xeon
 # (benchmarks/head_rows.py): exactness first, as AVX2_BF16_MAX_ROWS chose for the layers.
 MAX_LOGIT_ROWS = 64
-# A batch's rows at a tier (its sequences' steps and checks, each within kernel_max_rows()) go through the
-# kernel in pieces of kernel_max_rows() up to this many, where a piece costs about what torch's product
-# of the same rows does: each row then sums as its one-token step alone does, so a request's greedy output
-# does not depend on its batch (past kernel_max_rows() torch's product, whose rounding depends on the row
-# count, parted a float32 batch member's logits from its solo run's at 25 rows and more). On the 2-core
-# Zen 3 EPYC, SmolLM2's 30 layers' matrices (`python benchmarks/linear_bandwidth.py --past-rows --pieces`,
-# results/linear_rows/avx2_epyc_pieces.jsonl), pieces over torch's path: bfloat16 at the avx2 level
-# (pieces of 96) 1.02x at 128 rows, 1.18x at 192, 1.21x at 256; float32 (pieces of 64) 1.33x at 96,
-# 1.51x at 128, 1.57x at 192 (one run each; a cost float32, the dtype of exact comparisons, pays). Where the CPU has native bfloat16 (avx512,
-# amx) its bfloat16 pieces are unmeasured, and its bound stays kernel_max_rows().
+# At the avx2 level a batch's bfloat16 rows at a tier (its sequences' steps and checks, each within
+# kernel_max_rows()) go through the kernel in pieces of kernel_max_rows() up to this many: each row then
+# sums as its one-token step alone does, so a request's greedy output does not depend on its batch (past
+# 96 rows the float32-widening product parted them at near-ties; docs/batches.md). On the 2-core Zen 3
+# EPYC, SmolLM2's 30 layers' matrices (`python benchmarks/linear_bandwidth.py --past-rows --pieces`,
+# results/linear_rows/avx2_epyc_pieces.jsonl), pieces over that path 1.02x at 128 rows, 1.18x at 192,
+# 1.21x at 256 (one run). Where the CPU has native bfloat16 (avx512, amx) pieces are unmeasured, and the
+# bound stays kernel_max_rows(): the fused layer loop (kernels/decoder.py) calls torch's product past
+# that, as `linear` must then too.
 PIECED_MAX_ROWS = 192
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
 
 def kernel_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
-    """Most rows of x of `dtype` that `linear` sends to the CPU kernel (0: no kernel here). One bound for
-    every weight, so the fused layer loop sends a product where `linear` does: at the amx level a weight
+    """Most rows of x of `dtype` that `linear` sends to the CPU kernel in one call (0: no kernel here). One
+    bound for every weight, so the fused layer loop sends a product where `linear` does: at the amx level a weight
     whose rows are not a multiple of 16 takes the vector path up to 128 rows too (slower past 24 than
     torch's product; no model here has one)."""
     if cpu_kernels() is None:
@@ -88,9 +91,10 @@ def kernel_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
 
 
 def pieced_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
-    """Most rows of x of `dtype` that `linear` sends to the CPU kernel, in pieces of kernel_max_rows()."""
+    """Most rows of x of `dtype` that `linear` sends to the CPU kernel, in pieces of kernel_max_rows()
+    (bfloat16 at the avx2 level: PIECED_MAX_ROWS)."""
     most = kernel_max_rows(dtype)
-    return max(most, PIECED_MAX_ROWS) if most and (dtype != torch.bfloat16 or not native_bf16()) else most
+    return max(most, PIECED_MAX_ROWS) if most and dtype == torch.bfloat16 and not native_bf16() else most
 
 
 K_STEP = {torch.bfloat16: 32, torch.float32: 16}  # the kernels' K must be a multiple of this
