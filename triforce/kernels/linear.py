@@ -41,8 +41,8 @@ AVX2_BF16_MAX_ROWS = 96
 # (past 24 rows torch's product, whose rounding depends on the row count, parted a batch member's logits
 # from its solo run's until 2026-12-02). Its time over torch's float32 product, the 2-core Zen 3 EPYC
 # (`python benchmarks/linear_bandwidth.py --past-rows --dtype float32`): 0.55x at 8 rows, 0.83x at 24,
-# 0.82x at 48, 1.08x at 64 (avx2_epyc_float32.jsonl), and in another run 0.71x at 24, 1.0x at 96, 1.2x at
-# 128, 1.4x at 192 (avx2_epyc_float32_rows192.jsonl): a cost paid for the exactness.
+# 0.82x at 48, 1.08x at 64 (avx2_epyc_float32.jsonl), and in another run 0.76x at 24, 1.07x at 64, 1.17x
+# at 96, 1.06x at 128, 1.27x at 192 (avx2_epyc_float32_rows192.jsonl): a cost paid for the exactness.
 FLOAT32_MAX_ROWS = 192
 # Where the CPU has AMX tiles the kernel takes its tile path for every number of rows: a row's sums there
 # do not depend on the other rows, so a check (and a batch) gives each token what a one-token step gives,
