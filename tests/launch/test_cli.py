@@ -412,6 +412,13 @@ def test_serve_refuses_a_negative_prefix_cache_by_its_flag(capsys, target, worke
     assert "--no-enable-prefix-caching keeps no prompts for reuse, and --prefix-cache-gb 2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("mib", ["0", "-1", "nan", "inf"])
+def test_serve_refuses_a_request_size_bound_that_reads_no_body(capsys, target, monkeypatch, mib):
+    monkeypatch.setattr(api.LLM, "__init__", lambda *a, **k: pytest.fail("the model loaded"))
+    assert main(["serve", "--model", str(target), "--max-request-mb", mib]) == 2
+    assert "--max-request-mb must be a positive number of MiB" in capsys.readouterr().err
+
+
 def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(capsys, target, monkeypatch):
     """It said "serving ... at" and loaded the model, then uvicorn failed to bind and exited 3."""
     import socket

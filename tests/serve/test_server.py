@@ -50,6 +50,23 @@ def events(response) -> list:
     return [line[len("data: "):] for line in lines]
 
 
+def test_a_body_past_the_limit_is_refused_as_it_arrives_and_the_server_goes_on(llm):
+    """A request body larger than --max-request-mb gets 413, said by its Content-Length or counted as it
+    arrives (chunked, no length): a body of gigabytes had been read whole, then parsed, in the server's
+    memory. One under the limit is answered, as is the next request."""
+    body = {"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "user": "x" * 3000}
+    raw = json.dumps(body).encode()
+    with TestClient(create_app(llm, "tiny", max_body_bytes=len(raw) - 1)) as c:
+        for path in ("/v1/completions", "/tokenize"):
+            r = c.post(path, content=raw, headers={"Content-Type": "application/json"})
+            assert r.status_code == 413 and "--max-request-mb" in r.json()["error"]["message"], r.text
+        chunked = c.post("/v1/completions", content=(raw[i:i + 1000] for i in range(0, len(raw), 1000)),
+                         headers={"Content-Type": "application/json"})
+        assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
+        r = c.post("/v1/completions", json={**body, "user": "x"})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain(llm, PROMPT, 2, temperature=0).text
+
+
 def test_top_logprobs_of_0_without_logprobs_is_taken_as_vllm_takes_it(client):
     """0 alternatives asks for none: a 400 ("needs 'logprobs': true") where vLLM answers."""
     r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "w5"}],

@@ -10,6 +10,7 @@ import socket
 import sys
 
 from ..errors import UserError
+from ..serve.fields import MAX_BODY_MIB
 from .cli import llm_from_args
 from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
                     check_serving_args)
@@ -43,6 +44,9 @@ def add_serve_parser(sub) -> None:
                    help="require `Authorization: Bearer KEY` on /v1/ (default: $TRIFORCE_API_KEY; none: open)")
     g.add_argument("--max-queue", type=int, default=64,
                    help="requests that may wait for room in the batch; more get 503")
+    g.add_argument("--max-request-mb", type=float, default=MAX_BODY_MIB, metavar="MIB",
+                   help="the largest request body read, in MiB; a larger one gets 413 as it arrives (its JSON is "
+                        "held whole while it is parsed)")
     g.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                    help="a web page origin (https://host:port) whose scripts may call the server (CORS; "
                         "repeatable; '*': any; default: none, so browsers refuse other pages' scripts)")
@@ -53,6 +57,8 @@ def check_serving(args) -> None:
     """What `serve` checks before the model loads (with --workers, before the group starts)."""
     if args.max_queue < 1 or not 0 < args.port < 65536:
         raise UserError("--max-queue must be >= 1, --port in 1..65535")
+    if not args.max_request_mb > 0 or args.max_request_mb == float("inf"):
+        raise UserError(f"--max-request-mb must be a positive number of MiB (got {args.max_request_mb:g})")
     if args.api_key is not None and not args.api_key.strip():  # every request would need "Bearer " and no key
         raise UserError("the API key is empty (--api-key, else $TRIFORCE_API_KEY): give one, or leave both unset "
                         "to serve without a key")
@@ -78,7 +84,8 @@ def _serve(args) -> int:
 
     llm = llm_from_args(args)
     name = args.served_model_name or str(args.model)
-    app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens, tuple(args.allowed_origin))
+    app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens, tuple(args.allowed_origin),
+                     int(args.max_request_mb * 2**20))
     print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), file=sys.stderr)
     server = draining_server(uvicorn)(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",

@@ -29,7 +29,7 @@ from .. import __version__
 from ..api import LLM
 from . import openai, responses, tokens
 from .logprobs import StreamedLogprobs
-from .fields import request_json
+from .fields import MAX_BODY_MIB, request_json
 from .openai import ApiError
 from .metrics import ServerMetrics
 from .scheduler import Scheduler
@@ -87,9 +87,11 @@ class InternalErrors:
 
 
 def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue: int = 64,
-               chat_max_tokens: int = 1024, allowed_origins: tuple[str, ...] = ()) -> FastAPI:
+               chat_max_tokens: int = 1024, allowed_origins: tuple[str, ...] = (),
+               max_body_bytes: int = MAX_BODY_MIB * 2**20) -> FastAPI:
     """The app serving `llm` as `model_name`. chat_max_tokens: what a chat request without max_tokens gets;
-    allowed_origins: the web pages (origins; '*': any) whose scripts may call it (CORS)."""
+    allowed_origins: the web pages (origins; '*': any) whose scripts may call it (CORS); max_body_bytes: a
+    larger request body is refused (413) as it arrives."""
     scheduler = Scheduler(llm, max_queue)
     scheduler.metrics = metrics = ServerMetrics(model_name, scheduler)
 
@@ -162,8 +164,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
     async def complete(request: Request, parse, answer, stream):
         """A generation request: `parse(body)` -> a Job; `answer(job, outputs)` -> the whole answer, or
         `stream(job, chunks)` -> the events of a streamed one from its chat or completion chunks."""
-        raw = await request.body()  # read as JSON, then parsed, off the event loop (a body of megabytes took
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()  # seconds, every stream held meanwhile)
+        raw = await _body(request, max_body_bytes)  # read as JSON, then parsed, off the event loop (a body of
+        # megabytes took seconds, every stream held meanwhile)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
         job = await loop.run_in_executor(parsing, lambda: parse(request_json(raw)))
         tickets = scheduler.submit_choices(job, [  # events arrive as (choice, kind, data)
             lambda event, data, i=i: loop.call_soon_threadsafe(events.put_nowait, (i, event, data))
@@ -211,7 +214,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
 
     async def answer(handler, request: Request) -> JSONResponse:
         """A small request's answer, its body read and its answer computed and encoded off the event loop."""
-        raw = await request.body()
+        raw = await _body(request, max_body_bytes)
         return await asyncio.get_running_loop().run_in_executor(
             parsing, lambda: JSONResponse(handler(request_json(raw), llm, model_name)))
 
@@ -224,6 +227,24 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, max_queue:
         return await answer(tokens.detokenize, request)
 
     return app
+
+
+async def _body(request: Request, most: int) -> bytes:
+    """The request's body, or ApiError 413 where it is longer than `most` bytes, said by its Content-Length
+    or found as it arrives (read no further: a client's body of gigabytes, held whole and then parsed, took
+    the server's memory, and every request with it)."""
+    too_large = ApiError(413, f"the request body is larger than this server reads ({most / 2**20:g} MiB; "
+                              "--max-request-mb)", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > most:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > most:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _sse(obj: dict | str) -> str:

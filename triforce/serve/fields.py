@@ -23,6 +23,10 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+MAX_BODY_MIB = 100  # the largest request body a server reads (--max-request-mb): 2,048 prompts of 8K tokens'
+# text are about 64 MiB
+
+
 def request_json(raw: bytes | str) -> object:
     """A request body (a server's, or a batch line's) read as strict JSON, or ApiError(400): not JSON, not
     UTF-8, an integer past Python's 4,300 digits or arrays nested past its recursion limit (json.loads raises
