@@ -13,6 +13,7 @@ memory free now. A GPU's requests' rows of the vocabulary, in the host's memory,
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from ..errors import TooLarge
 from ..memory import release_freed
@@ -28,7 +29,7 @@ class MemoryAdmission:
         self.llm = llm
         self.capacity = llm.free_memory()  # bytes free for caches while no request runs (updated then)
         self.host_capacity = llm.host_free()  # and in the host's memory for a GPU's requests' rows
-        self.freed = False  # whether requests' caches were freed since the server was last idle
+        self._freed = False  # whether requests' caches were freed since the server was last idle
         self._unfit: tuple[Ticket, int, float] | None = None  # the first waiting request that did not fit: beside
         # how many running requests, when
 
@@ -51,7 +52,7 @@ class MemoryAdmission:
                                 f"{rows / 2**30:.2f} GiB of the host's memory; it has {host / 2**30:.2f} GiB free",
                            code="context_length_exceeded")
 
-    def fits_now(self, ticket: Ticket, running: list[Ticket]) -> bool:
+    def fits_now(self, ticket: Ticket, running: Collection[Ticket]) -> bool:
         """Whether `ticket`'s caches fit beside the `running` requests' now; weighed again only where the
         batch lost a request since it did not fit, or REFIT_S later (the memory others free): read before
         every step of the batch, the free memory (/proc, a GPU's allocator snapshot) cost a draft step's
@@ -76,17 +77,22 @@ class MemoryAdmission:
                         f"{ticket.bytes / 2**30:.2f} GiB; {share * capacity / 2**30:.2f} GiB of the memory free "
                         f"now may hold them (--gpu-memory-utilization {share:g})")
 
-    def released(self) -> None:
-        """Requests ended: what they freed (their caches) goes back to the system, at most once a second."""
-        release_freed()
-        self.freed = True
+    def released(self, trim: bool = True) -> None:
+        """Requests ended and freed their caches: those go back to the system now (at most once a second;
+        trim=False: a failed request's, at the next measure)."""
+        if trim:
+            release_freed()
+        self._freed = True
 
-    def measure_idle(self) -> None:
+    def measure_idle(self, only_if_freed: bool = False) -> None:
         """No request runs: what the last ones freed goes back to the system (once their answers are gone
-        too), and what is free then is what requests' caches may share."""
-        if self.freed:
+        too), and what is free then is what requests' caches may share (only_if_freed: where requests ended
+        since the last measure)."""
+        if only_if_freed and not self._freed:
+            return
+        if self._freed:
             release_freed(every_s=0)
-            self.freed = False
+            self._freed = False
         self.capacity, self.host_capacity = self.llm.free_memory(), self.llm.host_free()
 
     def _capacity_now(self, free: int | None) -> int | None:
@@ -96,7 +102,7 @@ class MemoryAdmission:
             return free
         return max(self.capacity, free)
 
-    def _fits(self, ticket: Ticket, running: list[Ticket]) -> bool:
+    def _fits(self, ticket: Ticket, running: Collection[Ticket]) -> bool:
         host = self.llm.host_free()
         if host is not None and self.host_capacity is not None:  # a GPU's requests' rows, in the host's memory
             held = sum(t.host_bytes for t in running)

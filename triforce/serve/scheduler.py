@@ -183,7 +183,7 @@ class Scheduler:
                     return
                 ticket = self.waiting[0]
                 if self.running and not ticket.cancelled:
-                    if not self._memory.fits_now(ticket, list(self.running.values())):
+                    if not self._memory.fits_now(ticket, self.running.values()):
                         return  # it waits for a running request to end
                     if len(self.running) >= ticket.refused_beside:
                         return  # as does a request the worker group refused beside as many
@@ -238,8 +238,7 @@ class Scheduler:
         """Admits what fits, then runs one step of the batch (or waits a while for work)."""
         self._admit()
         if not self._batch.active:
-            if self._memory.freed:
-                self._memory.measure_idle()
+            self._memory.measure_idle(only_if_freed=True)
             self._wake.wait(0.1)
             self._wake.clear()
             return
@@ -314,7 +313,7 @@ class Scheduler:
             ticket.close()
             self._count("failed")
             ticket.tell("error", failure(exc))
-        self._memory.freed = True  # their caches, back to the system before the capacity is read again
+        self._memory.released(trim=False)  # their caches, back to the system before the capacity is read again
 
     def _count(self, event: str, *details) -> None:
         """Tells the metrics of a request that ended (`finished` or `failed`), where a server keeps them; a
