@@ -398,3 +398,30 @@ def test_the_causal_mask_is_kept_between_layers_on_a_cpu_only():
     assert torch.equal(cpu, causal_tail_mask(3, 7, torch.device("cpu")).repeat(2, 1))
     assert grouped_tail_mask(3, 7, 2, torch.device("meta")).shape == (6, 7)
     assert _kept_tail_mask.cache_info().currsize == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("amx", [False, True])
+@pytest.mark.parametrize("n,s,poisoned", [(1, 40, 7), (7, 1300, 600), (3, 700, 698), (1, 3000, 2999)])
+def test_a_nan_key_or_value_gives_nan_where_torch_does(level, dtype, amx, n, s, poisoned):
+    """A key or value of NaN (a token whose activations overflowed) makes NaN the output of every row that
+    sees it, as torch's attention does: the kernels' softmax had dropped NaN scores as if masked, and the
+    request's logits came out finite, a silent wrong answer where the model had overflowed. (A value of NaN
+    makes the check's earlier rows NaN too, which torch's do not: their weight 0 times NaN. Left: it fails
+    a request whose model overflowed on a proposal, never answers wrongly.)"""
+    if amx and (not has_amx() or dtype == torch.float32):
+        pytest.skip("no AMX tiles at this level (or float32, which has none)")
+    g = torch.Generator().manual_seed(s)
+    q = torch.randn(6, n, 64, generator=g).to(dtype)
+    for poison in ("key", "value"):
+        k, v = torch.randn(2, s, 64, generator=g).to(dtype), torch.randn(2, s, 64, generator=g).to(dtype)
+        (k if poison == "key" else v)[1, poisoned, 5] = float("nan")
+        if dtype == torch.float32:
+            got = cpu_kernels().decode_attention_f32(q, k, v, 0.125, None)
+        else:
+            got = cpu_kernels().decode_attention_bf16(q, k, v, 0.125, allow_amx=amx)
+        want = reference_attention(q.float(), k.float(), v.float(), 0.125)
+        sees = torch.arange(n) + s - n >= poisoned  # the rows (of every query head) after the poisoned key
+        assert want[3:, sees].isnan().any(-1).all() and not want[:3].isnan().any(), poison
+        nan, want_nan = got.isnan().any(-1), want.isnan().any(-1)
+        assert torch.equal(nan, want_nan) if poison == "key" else bool((nan | ~want_nan).all()), poison

@@ -110,7 +110,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
       const __m512 factor = exp_ps(_mm512_sub_ps(old_max, shift));
       __m512 sum = _mm512_setzero_ps();
       for (int j = 0; j < kKeys; ++j) {
-        s[j] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s[j], neg_inf, _CMP_NEQ_OQ), exp_ps(_mm512_sub_ps(s[j], shift)));
+        s[j] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s[j], neg_inf, _CMP_NEQ_UQ), exp_ps(_mm512_sub_ps(s[j], shift)));
         sum = _mm512_add_ps(sum, s[j]);
       }
       _mm512_storeu_ps(&row_sum[16 * g], _mm512_fmadd_ps(_mm512_loadu_ps(&row_sum[16 * g]), factor, sum));

@@ -72,7 +72,7 @@ inline float softmax_block(float* row, Partial& st) {
   const __m256 mm = _mm256_set1_ps(m), ninf = _mm256_set1_ps(kNegInf);
   for (int j = 0; j < kBlock; j += 8) {
     const __m256 s = _mm256_load_ps(row + j);
-    const __m256 p = _mm256_and_ps(_mm256_cmp_ps(s, ninf, _CMP_NEQ_OQ), exp_ps(_mm256_sub_ps(s, mm)));
+    const __m256 p = _mm256_and_ps(_mm256_cmp_ps(s, ninf, _CMP_NEQ_UQ), exp_ps(_mm256_sub_ps(s, mm)));
     _mm256_store_ps(row + j, p);
     sum = _mm256_add_ps(sum, p);
   }

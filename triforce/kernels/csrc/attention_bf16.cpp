@@ -130,7 +130,7 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
       __m512 sum = _mm512_setzero_ps();
       for (int j = 0; j < width; j += 16) {
         const __m512 s = _mm512_loadu_ps(&scores[r][j]);
-        const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_OQ), exp_ps(_mm512_sub_ps(s, mm)));
+        const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_UQ), exp_ps(_mm512_sub_ps(s, mm)));
         _mm512_storeu_ps(&scores[r][j], p);
         sum = _mm512_add_ps(sum, p);
       }

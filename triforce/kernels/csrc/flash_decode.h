@@ -157,8 +157,11 @@ void merge_row(const Job<T>& job, int64_t h, int64_t r) {
     for (int c = 0; c < D; ++c) row[c] += w * a[c];
   }
   T* o = job.out.template data_ptr<T>() + (h * R + r) * D;  // rows of head h: query heads h*G.. with n queries each
-  // a row that sees no key (every split empty) is zeros, as an empty softmax times V is; not 0 / 0
-  for (int c = 0; c < D; ++c) o[c] = T(total > 0.0f ? row[c] / total : 0.0f);
+  // a row that sees no key (every split empty) is zeros, as an empty softmax times V is; not 0 / 0. A NaN
+  // score (a key of NaN: its token's activations overflowed) makes the row NaN, as in torch's attention,
+  // so the request fails rather than answer as if that key were masked
+  const bool any = total > 0.0f || std::isnan(total);
+  for (int c = 0; c < D; ++c) o[c] = T(any ? row[c] / total : 0.0f);
 }
 
 // Query i of head h of a job with a tree's rows: its G rows from `together` on, over a copy of its keys in
