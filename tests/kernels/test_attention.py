@@ -402,11 +402,13 @@ def test_the_causal_mask_is_kept_between_layers_on_a_cpu_only():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("amx", [False, True])
-@pytest.mark.parametrize("n,s,poisoned", [(1, 40, 7), (7, 1300, 600), (3, 700, 698), (1, 3000, 2999)])
+@pytest.mark.parametrize("n,s,poisoned", [(1, 40, 7), (7, 1300, 600), (3, 700, 698), (1, 3000, 2999), (1, 513, 512),
+                                         (2, 1026, 1024)])
 def test_a_nan_key_or_value_gives_nan_where_torch_does(level, dtype, amx, n, s, poisoned):
     """A key or value of NaN (a token whose activations overflowed) makes NaN the output of every row that
     sees it, as torch's attention does: the kernels' softmax had dropped NaN scores as if masked, and the
-    request's logits came out finite, a silent wrong answer where the model had overflowed. (A value of NaN
+    request's logits came out finite, a silent wrong answer where the model had overflowed; and a NaN key
+    alone in a range of 512 keys (513, 1026) gave a vector max of -inf, "every key masked". (A value of NaN
     makes the check's earlier rows NaN too, which torch's do not: their weight 0 times NaN. Left: it fails
     a request whose model overflowed on a proposal, never answers wrongly.)"""
     if amx and (not has_amx() or dtype == torch.float32):

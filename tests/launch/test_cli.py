@@ -412,7 +412,7 @@ def test_serve_refuses_a_negative_prefix_cache_by_its_flag(capsys, target, worke
     assert "--no-enable-prefix-caching keeps no prompts for reuse, and --prefix-cache-gb 2" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("mib", ["0", "-1", "nan", "inf"])
+@pytest.mark.parametrize("mib", ["0", "-1", "nan", "inf", "1e303"])
 def test_serve_refuses_a_request_size_bound_that_reads_no_body(capsys, target, monkeypatch, mib):
     monkeypatch.setattr(api.LLM, "__init__", lambda *a, **k: pytest.fail("the model loaded"))
     assert main(["serve", "--model", str(target), "--max-request-mb", mib]) == 2

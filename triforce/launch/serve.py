@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import math
 import os
 import socket
 import sys
 
 from ..errors import UserError
 from ..serve.fields import MAX_BODY_MIB
+
+MAX_REQUEST_MIB = 2**20  # --max-request-mb's most: a TiB
 from .cli import llm_from_args
 from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
                     check_serving_args)
@@ -57,8 +60,9 @@ def check_serving(args) -> None:
     """What `serve` checks before the model loads (with --workers, before the group starts)."""
     if args.max_queue < 1 or not 0 < args.port < 65536:
         raise UserError("--max-queue must be >= 1, --port in 1..65535")
-    if not args.max_request_mb > 0 or args.max_request_mb == float("inf"):
-        raise UserError(f"--max-request-mb must be a positive number of MiB (got {args.max_request_mb:g})")
+    if not 0 < args.max_request_mb <= MAX_REQUEST_MIB:  # (nan fails too; past it, bytes overflowed an int)
+        raise UserError(f"--max-request-mb must be a positive number of MiB up to {MAX_REQUEST_MIB} "
+                        f"(got {args.max_request_mb:g})")
     if args.api_key is not None and not args.api_key.strip():  # every request would need "Bearer " and no key
         raise UserError("the API key is empty (--api-key, else $TRIFORCE_API_KEY): give one, or leave both unset "
                         "to serve without a key")
@@ -85,7 +89,7 @@ def _serve(args) -> int:
     llm = llm_from_args(args)
     name = args.served_model_name or str(args.model)
     app = create_app(llm, name, args.api_key, args.max_queue, args.chat_max_tokens, tuple(args.allowed_origin),
-                     int(args.max_request_mb * 2**20))
+                     math.ceil(args.max_request_mb * 2**20))
     print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), file=sys.stderr)
     server = draining_server(uvicorn)(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",

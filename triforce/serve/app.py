@@ -6,7 +6,7 @@ in `data: [DONE]`, with `usage`; POST /tokenize and /detokenize (vLLM's: tokens.
 continuous batch (scheduler.py), a request's `n` choices as n of its sequences. With an API key, /v1/ wants
 `Authorization: Bearer KEY` (as in vLLM, the other paths do not). Every error is OpenAI's JSON with its
 status: 400 bad parameters, 401 bad key, 404 unknown model or path (400 a prompt longer than the model, 413
-than the memory allows), 503 queue full, 500 a failure of the server (logged, never a traceback to the
+than the memory allows, or a body past max_body_bytes), 503 queue full, 500 a failure of the server (logged, never a traceback to the
 client). A client that disconnects cancels its request.
 """
 from __future__ import annotations

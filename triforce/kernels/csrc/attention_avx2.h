@@ -19,6 +19,7 @@ namespace triforce_attention_avx2 {
 using triforce_attention::kMaxRows;
 using triforce_attention::Partial;
 using triforce_attention::TailMask;
+using triforce_attention::any_nan;
 using triforce_attention::hide_keys;
 
 using triforce_vec256::to_ps;
@@ -62,10 +63,13 @@ inline float softmax_block(float* row, Partial& st) {
   for (int j = 0; j < kBlock; j += 8) mv = _mm256_max_ps(mv, _mm256_load_ps(row + j));
   const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
   const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  const float m = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
-  if (m == kNegInf) {  // every key so far hidden from this row
-    for (int j = 0; j < kBlock; ++j) row[j] = 0.0f;
-    return 1.0f;
+  float m = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+  if (m == kNegInf) {  // every key so far hidden from this row, or a NaN score the max dropped
+    if (!any_nan(row, kBlock)) {
+      for (int j = 0; j < kBlock; ++j) row[j] = 0.0f;
+      return 1.0f;
+    }
+    m = std::numeric_limits<float>::quiet_NaN();  // the row's output becomes NaN, as torch's does
   }
   const float rescale = m == st.max ? 1.0f : std::exp(st.max - m);
   __m256 sum = _mm256_setzero_ps();

@@ -119,11 +119,14 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
     for (int r = 0; r < R; ++r) {
       __m512 mv = _mm512_set1_ps(st[r].max);
       for (int j = 0; j < width; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(&scores[r][j]));
-      const float m = _mm512_reduce_max_ps(mv);
-      if (m == -std::numeric_limits<float>::infinity()) {  // every key of this block masked
-        for (int j = 0; j < nb; ++j) scores[r][j] = 0.0f;
-        rescales[r] = 1.0f;
-        continue;
+      float m = _mm512_reduce_max_ps(mv);
+      if (m == -std::numeric_limits<float>::infinity()) {  // every key of this block masked, or a NaN score
+        if (!any_nan(scores[r], nb)) {                        // the max dropped
+          for (int j = 0; j < nb; ++j) scores[r][j] = 0.0f;
+          rescales[r] = 1.0f;
+          continue;
+        }
+        m = std::numeric_limits<float>::quiet_NaN();  // the row's output becomes NaN, as torch's does
       }
       const float rescale = std::exp(st[r].max - m);
       const __m512 mm = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);

@@ -80,6 +80,14 @@ using RangeFn = void (*)(const T* q, const T* k, const T* v, int64_t k_row,
                          int R, const TailMask& mask, int64_t begin, int64_t end, float scale, float* acc,
                          Partial* st);
 
+// Whether a row of scores holds a NaN (a key of NaN): a vector max that came out -inf ("every key
+// masked") may have dropped one, as max instructions return their second operand when either is NaN.
+inline bool any_nan(const float* row, int n) {
+  for (int j = 0; j < n; ++j)
+    if (std::isnan(row[j])) return true;
+  return false;
+}
+
 // A range's fresh state for R rows of D dims: max -inf, sum 0, zero sums.
 inline void start_range(float* sums, Partial* st, int R, int D) {
   std::fill_n(sums, static_cast<int64_t>(R) * D, 0.0f);
