@@ -129,19 +129,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _kernel_linear(x: torch.Tensor, weight: torch.Tensor, float_out: bool) -> torch.Tensor:
-    """x . weight^T through the CPU kernel of x's dtype, in pieces of kernel_max_rows() rows where x has
-    more (float_out: bfloat16's sums handed over as float32, unrounded)."""
-    ext = cpu_kernels()
-    if x.dtype == torch.float32:
-        def product(rows):
-            return ext.linear_f32(rows, weight)
-    else:
-        def product(rows):
-            return ext.linear_bf16(rows, weight, float_out=float_out)
-    piece = kernel_max_rows(x.dtype)
+    """x . weight^T through the CPU kernel of x's dtype: bfloat16 in pieces of kernel_max_rows() rows where
+    x has more (float_out: its sums handed over as float32, unrounded)."""
+    ext, piece = cpu_kernels(), kernel_max_rows(x.dtype)
+    if x.dtype == torch.float32:  # (one call: the float32 kernel takes every row `linear` sends it)
+        return ext.linear_f32(x, weight)
     if x.shape[0] <= piece:  # a decode step or a check: one piece, no concatenation copy
-        return product(x)
-    return torch.cat([product(rows) for rows in x.split(piece)])
+        return ext.linear_bf16(x, weight, float_out=float_out)
+    return torch.cat([ext.linear_bf16(rows, weight, float_out=float_out) for rows in x.split(piece)])
 
 
 def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,7 @@ import socket
 import sys
 
 from ..errors import UserError
-from ..serve.fields import MAX_BODY_MIB
-
-MAX_REQUEST_MIB = 2**20  # --max-request-mb's most: a TiB
+from ..serve.fields import MAX_BODY_MIB, MAX_REQUEST_MIB
 from .cli import llm_from_args
 from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_serving_args,
                     check_serving_args)
@@ -60,7 +58,7 @@ def check_serving(args) -> None:
     """What `serve` checks before the model loads (with --workers, before the group starts)."""
     if args.max_queue < 1 or not 0 < args.port < 65536:
         raise UserError("--max-queue must be >= 1, --port in 1..65535")
-    if not 0 < args.max_request_mb <= MAX_REQUEST_MIB:  # (nan fails too; past it, bytes overflowed an int)
+    if not 0 < args.max_request_mb <= MAX_REQUEST_MIB:  # (nan fails too)
         raise UserError(f"--max-request-mb must be a positive number of MiB up to {MAX_REQUEST_MIB} "
                         f"(got {args.max_request_mb:g})")
     if args.api_key is not None and not args.api_key.strip():  # every request would need "Bearer " and no key

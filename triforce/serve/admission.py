@@ -88,11 +88,11 @@ class MemoryAdmission:
         """No request runs: what the last ones freed goes back to the system (once their answers are gone
         too), and what is free then is what requests' caches may share (only_if_freed: where requests ended
         since the last measure)."""
-        if only_if_freed and not self._freed:
-            return
         if self._freed:
             release_freed(every_s=0)
             self._freed = False
+        elif only_if_freed:
+            return
         self.capacity, self.host_capacity = self.llm.free_memory(), self.llm.host_free()
 
     def _capacity_now(self, free: int | None) -> int | None:

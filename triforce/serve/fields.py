@@ -25,6 +25,7 @@ class ApiError(Exception):
 
 MAX_BODY_MIB = 100  # the largest request body a server reads (--max-request-mb): 2,048 prompts of 8K tokens'
 # text are about 64 MiB
+MAX_REQUEST_MIB = 2**20  # --max-request-mb's most: a TiB (past it, its bytes overflowed an int)
 
 
 def request_json(raw: bytes | str) -> object:
