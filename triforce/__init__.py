@@ -20,11 +20,21 @@ if _ISA == "avx2":
 elif _ISA == "avx512":
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 
-from .api import LLM  # noqa: E402
-from .config import EngineConfig  # noqa: E402
-from .sampling_params import SamplingParams  # noqa: E402
-from .logprobs import Logprob  # noqa: E402
-from .request import CompletionOutput, RequestOutput  # noqa: E402
+# The package's names load on first use (PEP 562): `triforce --help`, and a Ctrl-C while torch loads, are
+# the command line's (launch/cli.py) to answer, not an import's traceback
+_NAMES = {"LLM": "api", "EngineConfig": "config", "SamplingParams": "sampling_params", "Logprob": "logprobs",
+          "CompletionOutput": "request", "RequestOutput": "request"}
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module 'triforce' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_NAMES[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["LLM", "RequestOutput", "CompletionOutput", "Logprob", "SamplingParams", "EngineConfig"]
 __version__ = "0.1.0"

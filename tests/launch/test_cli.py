@@ -324,6 +324,34 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(target, unbuffered,
     assert run.wait(120) == 141 and "Traceback" not in err and "Error" not in err, err
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(target, output):
+    """`triforce generate > /dev/full` (a disk full) printed an OSError traceback, twice: once from the
+    command, once from the flush at exit."""
+    with open("/dev/full", "w") as full:
+        run = subprocess.run([sys.executable, "-m", "triforce", "generate", "--model", str(target), "--prompt", WORDS,
+                              "--max-new-tokens", "4", "--mode", "ar", "--dtype", "float32",
+                              *(["--json"] if output == "json" else [])],
+                             stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.strip() == "triforce: error: cannot write the output: No space left " \
+        "on device", run.stderr
+
+
+def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback(target):
+    """A Ctrl-C in the first second, while torch imported (the package's __init__ loaded the API before the
+    command's Ctrl-C handling ran), printed the import's traceback."""
+    import signal
+    import time
+
+    run = subprocess.Popen([sys.executable, "-m", "triforce", "generate", "--model", str(target), "--prompt", WORDS],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)  # (Python's own handler is in place; torch is still loading)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 130 and "Traceback" not in err, err
+
+
 def test_a_prompt_from_standard_input_or_a_file_with_a_byte_order_mark_is_the_same_prompt(capsys, target, tmp_path,
                                                                                            monkeypatch):
     """--prompt-file - read a file named "-"; a UTF-8 byte-order mark was kept as text (3 more tokens)."""

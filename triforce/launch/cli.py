@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import os
 import re
 import sys
 
 from ..config import ConfigError, EngineConfig
 from ..sampling_params import SamplingParams
 from ..errors import UserError
+from .exit_status import exit_status
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
 from .flags import (DefaultsShown, RawDefaultsShown, engine_settings, read_chat_template, refuse_worker_flags,
                     take_model_tag)
@@ -123,31 +123,21 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        take_model_tag(args)
-        if getattr(args, "workers", 0):
-            from .with_workers import launch_with_torchrun
-
-            # The command's own checks, before any rank loads; an exit status where they found it done
-            ended = args.precheck(args) if getattr(args, "precheck", None) is not None else None
-            code = ended if isinstance(ended, int) else launch_with_torchrun(args)
-        else:
-            refuse_worker_flags(args)
-            code = args.func(args)
-        sys.stdout.flush()  # here, where a reader gone is caught below, not at exit
-        return code
-    except UserError as exc:
-        print(f"triforce: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_status(lambda: _run(args))
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return reader_gone()
 
 
-def reader_gone() -> int:
-    """The exit status once stdout's reader has left (`| head`): quiet, as other commands are."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
-    return 141  # 128 + SIGPIPE, what a shell reports for such a command
+def _run(args) -> int:
+    take_model_tag(args)
+    if getattr(args, "workers", 0):
+        from .with_workers import launch_with_torchrun
+
+        # The command's own checks, before any rank loads; an exit status where they found it done
+        ended = args.precheck(args) if getattr(args, "precheck", None) is not None else None
+        return ended if isinstance(ended, int) else launch_with_torchrun(args)
+    refuse_worker_flags(args)
+    return args.func(args)
 
 
 if __name__ == "__main__":

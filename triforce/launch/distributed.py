@@ -33,6 +33,7 @@ import torch.distributed as dist
 from ..config import PREFILL_CHUNK
 from ..errors import UserError
 from ..workers.protocol import tcp_endpoint
+from .exit_status import exit_status
 from .distributed_checks import check_distributed_settings, check_gpus, check_split, worker_choice
 
 
@@ -281,21 +282,16 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
         print(f"triforce: error: cannot reach the worker leader at {endpoint} (--control-host, --control-port): "
               f"{exc}", file=sys.stderr)
         return 2
-    shaken = False  # a group that refused the handshake is another run's (a shared port): never shut it down
-    try:
-        channel.handshake(model_identity(path, args.rope_scaling), world - 1)
-        shaken = True
-        args.worker_channel, args.workers = channel, 0  # the command's LLM verifies on the group
-        code = args.func(args)
-        sys.stdout.flush()
-        return code
-    except UserError as exc:
-        print(f"triforce: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        from .cli import reader_gone
+    shaken = []  # a group that refused the handshake is another run's (a shared port): never shut it down
 
-        return reader_gone()
+    def run() -> int:
+        channel.handshake(model_identity(path, args.rope_scaling), world - 1)
+        shaken.append(True)
+        args.worker_channel, args.workers = channel, 0  # the command's LLM verifies on the group
+        return args.func(args)
+
+    try:
+        return exit_status(run)
     finally:
         try:
             if shaken and not channel.broken:  # a group that a signal ended too does not answer: do not wait long
