@@ -222,6 +222,8 @@ def test_a_swept_tree_goes_to_the_modes_it_shapes_and_the_report_names_what_ran(
         ("ar", None), ("retrieval", 0), ("retrieval", 4), ("triforce", None)]
     assert report["argv"] == args  # (main's, not the process's: pytest's here)
     assert report["sweep"] == {"setting": "tree2", "values": [0, 4]} and report["torch"] == torch.__version__
+    assert {"mode", "tree2"}.isdisjoint(report["engine"]) and report["engine"]["budget"] == 32  # (it said tree2
+    # 0 and mode triforce, which neither every row ran)
     assert report["seed"] == 7 and report["texts"][0]["path"] == str(text) and len(report["texts"][0]["sha256"]) == 16
     assert report["commit"] is None or len(report["commit"].split("+")[0]) == 40
 
@@ -237,9 +239,10 @@ def test_a_mode_without_the_swept_settings_tier_runs_once_unlabelled(tiny_dir, t
     for sweep, want in (("gamma1=2,3", [("ar", None), ("draft", 2), ("draft", 3), ("retrieval", None)]),
                         ("budget=32,48", [("ar", None), ("draft", None), ("retrieval", 32), ("retrieval", 48)])):
         name = sweep.split("=")[0]
+        tiers = SMALL_TIERS[2:] if name == "budget" else SMALL_TIERS  # (--budget beside it is refused)
         assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text",
                      str(text), "--lengths", "100", "--max-new-tokens", "6", "--modes", "ar", "draft", "retrieval",
-                     "--sweep", sweep, *SMALL_TIERS, "--out", str(out)]) == 0
+                     "--sweep", sweep, *tiers, "--out", str(out)]) == 0
         assert [(r["run"], r.get(name)) for r in json.loads(out.read_text())["results"]] == want
 
 
@@ -323,15 +326,20 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
 
 @pytest.mark.parametrize("extra, message", [
     (["--lengths", "50", "5000"], "past the model's"), (["--lengths", "50", "240"], "tokens of --text"),
-    (["--temperatures", "0", "-1"], "temperature"), (["--top-p", "2"], "--top-p must be in (0, 1]"), (["--sweep", "budget=32,-5"], "budget"),
+    (["--temperatures", "0", "-1"], "temperature"), (["--top-p", "2"], "--top-p must be in (0, 1]"), (["--sweep", "gamma2=3,-5"], "--gamma1 and --gamma2 must be"),
     (["--sweep", "mode=ar,retrieval"], "other than the mode"), (["--workloads", "novel", "passkey", "--batch", "1", "2"], "batch 1"),
     (["--out", "."], "is a folder"),
+    (["--workloads", "passkey", "--lengths", "10"], "--lengths 10: a passkey prompt holds its key and question"),
     (["--sweep", "budget=32", "--sweep", "gamma1=2"], "one --sweep at a time"),  # the last one ran alone
     (["--modes", "ar", "--sweep", "budget=32,64"], "runs ar alone"),  # ignored
     (["--sweep", "tree1=4"], "none of --modes runs"),  # ar and retrieval: tier 1 runs in neither
     (["--tree1", "4"], "none of --modes runs"),  # silently ignored
     (["--draft", "some-draft"], "none of --modes runs a draft"),  # silently ignored
     (["--tree2", "4", "--sweep", "tree2=2,8"], "both set it"),
+    (["--sweep", "budget=32,64"], "--budget 32 and --sweep budget both set it: leave out --budget"),  # (SMALL_TIERS)
+    (["--gamma2", "3", "--sweep", "gamma2=2,4"], "--gamma2 3 and --sweep gamma2 both set it"),  # the flag dropped
+    (["--sweep", "gamma1=2,3"], "--sweep gamma1: none of --modes (ar retrieval) runs it"),  # one run, as a sweep
+    (["--modes", "ar", "draft", "--sweep", "full_layers=1,2"], "--sweep full_layers: none of --modes (ar draft)"),
     (["--rounds2", "2"], "--rounds2 2: none of --modes runs it"),  # ar and retrieval: silently ignored
     (["--tree-shape", "confidence"], "--tree-shape confidence: none of --modes runs it"),  # chains: ignored
     (["--sweep", "tree_shape=confidence"], "--sweep 'tree_shape=confidence': none of --modes"),

@@ -203,6 +203,7 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
 
 def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict],
             stopped_by: BaseException | None = None) -> dict:
+    sweep = dict(zip(("setting", "values"), parse_sweep(args.sweep, args.modes))) if args.sweep else None
     report = {"argv": getattr(args, "argv", sys.argv[1:]), "version": __version__, "commit": source_commit(),
               "seed": args.seed,
               "texts": [{"path": path, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16]}
@@ -211,9 +212,12 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
               "top_p": args.top_p, "penalties": penalty_settings(args),
-              # (the tree flags' values: the base config holds 0, and the runs of their modes take them)
-              "engine": {**dataclasses.asdict(base), "lookup": base.lookup_n, "tree1": args.tree1, "tree2": args.tree2},
-              "sweep": dict(zip(("setting", "values"), parse_sweep(args.sweep, args.modes))) if args.sweep else None,
+              # (the tree flags' values: the base config holds 0, and the runs of their modes take them; neither
+              # the mode nor a swept setting, which each row names)
+              "engine": {name: value for name, value in {**dataclasses.asdict(base), "lookup": base.lookup_n,
+                                                          "tree1": args.tree1, "tree2": args.tree2}.items()
+                         if name not in ("mode", sweep["setting"] if sweep else None)},
+              "sweep": sweep,
               "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(llm.device) if llm.device.type == "cuda" else None,
               "cuda_graphs": (os.environ.get("TRIFORCE_CUDA_GRAPHS", "1") != "0") if llm.device.type == "cuda" else None,

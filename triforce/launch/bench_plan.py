@@ -13,7 +13,7 @@ from ..coordinator.hierarchy import check_draft_window
 from ..errors import UserError
 from ..models.folders import probe_writes
 from ..sampling_params import SamplingParams
-from .flags import penalty_settings
+from .flags import engine_settings, penalty_settings
 
 
 def parse_sweep(specs: list[str] | None, modes: list[str]) -> tuple[str | None, list]:
@@ -45,8 +45,11 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
     plant = tokenizer(f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n", add_special_tokens=False).input_ids
     question = tokenizer("\nWhat is the pass key? The pass key is", add_special_tokens=False).input_ids
     body = length - len(plant) - len(question)
-    if body <= 0 or body > len(filler):
-        raise UserError(f"passkey prompt of {length} tokens does not fit the text")
+    if body <= 0:
+        raise UserError(f"--lengths {length}: a passkey prompt holds its key and question, "
+                        f"{len(plant) + len(question)} tokens, and at least one of text")
+    if body > len(filler):
+        raise UserError(f"passkey prompt of {length} tokens is past the {len(filler)} tokens of --text")
     at = body // 10
     return filler[:at] + plant + filler[at:body] + question, key
 
@@ -62,11 +65,12 @@ IGNORED_BY = {"retrieval": DRAFT_TIER, "draft": RETRIEVAL_TIER}
 def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> None:
     """Flags and swept values of a tier that only some modes run, refused where none of --modes would use
     them (each run sets its mode; they would be ignored without a word): EngineConfig.refuse_unused asked of
-    every mode. --tree1 / --tree2 go to the runs of the modes whose bottom tier they shape (`runs`), and are
-    refused beside --sweep of the same setting."""
-    for name in ("tree1", "tree2"):
-        if getattr(args, name) and name == sweep_name:
-            raise UserError(f"--{name} and --sweep {name} both set it: leave out --{name}")
+    every mode. --tree1 / --tree2 go to the runs of the modes whose bottom tier they shape (`runs`). A flag
+    beside --sweep of its setting, and a sweep that no mode of --modes runs, are refused too."""
+    flags = engine_settings(args)
+    if sweep_name in flags and flags[sweep_name] != getattr(EngineConfig, sweep_name):  # (the runs took the
+        flag = "--" + sweep_name.replace("_", "-")  # swept values, and the report the flag's)
+        raise UserError(f"{flag} {flags[sweep_name]} and --sweep {sweep_name} both set it: leave out {flag}")
     given = {name: getattr(args, name) for name in TIER_SETTINGS if getattr(args, name) != getattr(EngineConfig, name)}
     trees = {name: value for name, value in given.items() if name in ("tree1", "tree2")}
     if sweep_name in ("tree1", "tree2"):
@@ -79,6 +83,9 @@ def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> Non
         reasons = [_refused(mode, {**trees, **setting} if "tree_shape" in setting else setting) for mode in args.modes]
         if all(reasons):  # (a ConfigError: the CLI names the settings in it by their flags)
             raise ConfigError(f"{named}: none of --modes runs it ({reasons[-1]})")
+    if sweep_name is not None and not any(_takes_sweep(args, mode, sweep_name, sweep_values) for mode in args.modes):
+        raise UserError(f"--sweep {sweep_name}: none of --modes ({' '.join(args.modes)}) runs it (each would run "
+                        f"once, its rows labelled with values it never ran)")
 
 
 def _refused(mode: str, settings: dict) -> str | None:
@@ -99,14 +106,22 @@ def runs(args, sweep_name: str | None, sweep_values: list):
     for mode in args.modes:
         tree = PROPOSAL_TREE.get(mode)
         own = {tree: getattr(args, tree)} if tree and getattr(args, tree) else {}
-        # (the swept value alone, as check_tier_settings asks it, but a tree shape with the mode's tree: a
-        # value invalid beside the mode's own tree, rounds2 4 with --tree1 auto, is check_plan's error, not
-        # one the mode ignores, which it ran once without a word)
-        beside = own if sweep_name == "tree_shape" else {}
-        takes = mode != "ar" and sweep_name not in IGNORED_BY.get(mode, ()) and (
-            sweep_name not in TIER_SETTINGS or not any(_refused(mode, {**beside, sweep_name: v}) for v in sweep_values))
-        for value in (sweep_values if takes else [None]):
+        for value in (sweep_values if _takes_sweep(args, mode, sweep_name, sweep_values) else [None]):
             yield mode, {**own, **({sweep_name: value} if value is not None else {})}
+
+
+def _takes_sweep(args, mode: str, sweep_name: str | None, sweep_values: list) -> bool:
+    """Whether mode `mode` runs every swept value (not ar, not a setting of a tier it lacks, none refused)."""
+    if mode == "ar" or sweep_name is None or sweep_name in IGNORED_BY.get(mode, ()):
+        return False
+    if sweep_name not in TIER_SETTINGS:
+        return True
+    # (the swept value alone, as check_tier_settings asks it, but a tree shape with the mode's tree: a value
+    # invalid beside the mode's own tree, rounds2 4 with --tree1 auto, is check_plan's error, not one the mode
+    # ignores, which it ran once without a word)
+    tree = PROPOSAL_TREE.get(mode)
+    beside = {tree: getattr(args, tree)} if sweep_name == "tree_shape" and tree and getattr(args, tree) else {}
+    return not any(_refused(mode, {**beside, sweep_name: value}) for value in sweep_values)
 
 
 def check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineConfig, sweep_name, sweep_values) -> None:
