@@ -148,13 +148,13 @@ class EngineConfig:
                               "mode tier 2 hands the target a chain of at least gamma2 tokens (the target accepts most of them, so "
                               "siblings would cost more rows than they add; docs/trees.md)")
         if self.chunk_size < 1:
-            raise ConfigError(f"chunk size must be >= 1 (got {self.chunk_size})")
+            raise ConfigError(f"chunk_size must be >= 1 (got {self.chunk_size})")
         if self.budget < 2 * self.chunk_size or self.budget % self.chunk_size:
             raise ConfigError(f"budget ({self.budget}) must be a multiple of the chunk size ({self.chunk_size}), "
                               "at least two chunks: the first chunk (the attention sink) and the latest are "
                               "always kept")
         if self.retrieval_policy not in RETRIEVAL_POLICIES:
-            raise ConfigError(f"retrieval policy must be one of {RETRIEVAL_POLICIES} "
+            raise ConfigError(f"retrieval_policy must be one of {RETRIEVAL_POLICIES} "
                               f"(got {self.retrieval_policy!r})")
         if self.lookup is not None and not 0 <= self.lookup <= MAX_LOOKUP:
             raise ConfigError(f"lookup must be an n-gram length in [0, {MAX_LOOKUP}] (0: off; got {self.lookup})")
@@ -163,10 +163,12 @@ class EngineConfig:
         if self.stop_below and self.proposal_tree:
             raise ConfigError("stop_below ends chains early; this mode's proposals are a tree, which the tree's "
                               "own shape bounds: leave one of them at 0")
-        if self.full_layers < 0 or self.sinks < 0 or self.window < 1 or self.prefill_chunk < 1:
-            raise ConfigError("full_layers and sinks must be >= 0, window and prefill_chunk >= 1")
-        if not 0 <= self.refresh_threshold <= 1 or self.refresh_every < 1 or self.refresh_window < 1:
-            raise ConfigError("refresh_threshold must be in [0, 1], refresh_every and refresh_window >= 1")
+        for name, lowest in (("full_layers", 0), ("sinks", 0), ("window", 1), ("prefill_chunk", 1),
+                             ("refresh_every", 1), ("refresh_window", 1)):
+            if getattr(self, name) < lowest:
+                raise ConfigError(f"{name} must be >= {lowest} (got {getattr(self, name)})")
+        if not 0 <= self.refresh_threshold <= 1:
+            raise ConfigError(f"refresh_threshold must be in [0, 1] (got {self.refresh_threshold})")
 
     def refuse_unused(self, draft=None) -> None:
         """A ConfigError for settings of a tier this mode does not run, which it would ignore without a word:

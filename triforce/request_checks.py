@@ -94,7 +94,7 @@ class RequestChecks:
                           ("allowed_token_ids", params.allowed_token_ids or ()),
                           ("bad_words_ids", [t for s in params.bad_words_ids for t in s])):
             if ids and max(ids) >= vocab:
-                raise UserError(f"{name} names token {max(ids)}, outside the vocabulary [0, {vocab})")
+                raise ConfigError(f"{name} names token {max(ids)}, outside the vocabulary [0, {vocab})")
         if params.structured_outputs is not None:
             self.grammars.check(params.structured_outputs)
             if params.allowed_token_ids is not None:  # the end of a complete text is no token of it: allowed

@@ -423,6 +423,20 @@ def test_errors_name_the_flags_not_the_api_fields(capsys, target):
         raise ConfigError("structured_outputs regex: bad")
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--temperature", "-1", "--temperature must be from 0"), ("--lookup", "-1", "--lookup must be an n-gram"),
+    ("--budget", "0", "--budget (0) must be a multiple of the chunk size"), ("--window", "0", "--window must be >= 1"),
+    ("--sinks", "-1", "--sinks must be >= 0 (got -1)"), ("--full-layers", "-1", "--full-layers must be >= 0"),
+    ("--chunk-size", "0", "--chunk-size must be >= 1"),
+    ("--allowed-token-id", "500", "--allowed-token-id names token 500, outside the vocabulary")])
+def test_each_refused_setting_is_named_by_its_flag(capsys, target, flag, value, message):
+    """Settings without an underscore (temperature, budget) were left bare, a token past the vocabulary was
+    named by its API field, and one message named four settings for any one of them ("full_layers and sinks
+    must be >= 0, window and prefill_chunk >= 1", --window 0)."""
+    code, _, err = run_cli(capsys, "--model", target, "--prompt", WORDS, "--max-new-tokens", 2, flag, value)
+    assert code == 2 and err.strip().startswith(f"triforce: error: {message}"), err
+
+
 @pytest.mark.parametrize("workers", [[], ["--workers", "1"]])
 def test_serve_refuses_a_negative_prefix_cache_by_its_flag(capsys, target, workers, monkeypatch):
     """Without --workers the LLM refuses it (it named prefix_cache_gb, the Python API's name); with them

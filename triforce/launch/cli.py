@@ -29,8 +29,9 @@ FIELD_FLAGS = {"max_tokens": "--max-new-tokens", "stop_token_ids": "--stop-token
 def settings_named_by_flags():
     """A ConfigError about settings made from the flags of generate, serve, batch or bench (SamplingParams,
     EngineConfig, the LLM's prefix_cache_gb), with the fields it names as the Python API does (max_tokens,
-    top_k, gamma1) written as those flags (--max-new-tokens, --top-k, --gamma1). Only field names with an
-    underscore or a digit, outside quotes and paths: window or budget are words as well."""
+    top_k, gamma1) written as those flags (--max-new-tokens, --top-k, --gamma1): those with an underscore or a
+    digit outside quotes and paths, and any other (temperature, budget) that begins the message: window or
+    budget are words as well."""
     try:
         yield
     except ConfigError as exc:
@@ -40,13 +41,15 @@ def settings_named_by_flags():
         names = {f.name for f in (*dataclasses.fields(SamplingParams), *dataclasses.fields(EngineConfig))}
         names.update(("prefix_cache_gb", "generation_config", "max_model_len", "gpu_memory_utilization",
                       "tensor_parallel_size", "enable_prefix_caching"))
-        flags = {name: FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in names
-                 if re.search(r"_|\d", name)}
+        flags = {name: FIELD_FLAGS.get(name, "--" + name.replace("_", "-")) for name in names}
         flags = {name: flag for name, flag in flags.items() if flag in options}
-        pattern = r"(?<![\w/.'\"-])(" + "|".join(sorted(flags, key=len, reverse=True)) + r")(?![\w/.'\"-])"
+        anywhere = sorted((name for name in flags if re.search(r"_|\d", name)), key=len, reverse=True)
+        pattern = r"(?<![\w/.'\"-])(" + "|".join(anywhere) + r")(?![\w/.'\"-])"
         message = re.sub(r"^structured_outputs (json_object|json|regex|choice|grammar)\b",
                          lambda m: STRUCTURED_FLAGS[m.group(1)], str(exc))  # (its kinds' flags)
         message = message.replace("enable_prefix_caching=False", "--no-enable-prefix-caching")
+        message = re.sub(r"^(" + "|".join(sorted(flags, key=len, reverse=True)) + r")(?= )",
+                         lambda m: flags[m.group(1)], message)
         raise ConfigError(re.sub(pattern, lambda m: flags[m.group(1)], message)) from None
 
 
