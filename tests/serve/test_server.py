@@ -86,6 +86,10 @@ def test_a_completion_is_what_generate_gives(llm, client):
     assert body["choices"][0]["stop_reason"] is None
     assert body["usage"] == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
                              "prompt_tokens_details": {"cached_tokens": 0}}
+    unnamed = client.post("/v1/completions", json={"model": "", "prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                                   "ignore_eos": True})  # the served model, as vLLM takes it (a 404)
+    assert unnamed.status_code == 200 and unnamed.json()["model"] == "tiny", unnamed.text
+    assert unnamed.json()["choices"][0]["text"] == expected.text
     seeded = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0.9, "seed": 3, "top_k": 20}
     sample = plain(llm, PROMPT, 8, temperature=0.9, seed=3, top_k=20)
     assert client.post("/v1/completions", json=seeded).json()["choices"][0]["text"] == sample.text

@@ -80,7 +80,7 @@ def checked_body(body: object, allowed: set[str], model_name: str, harmless: dic
             raise ApiError(400, f"'{name}' is not supported by this server{hint}", param=name,
                            code="unsupported_parameter")
     model = body.get("model")
-    if model is not None and model != model_name:
+    if model not in (None, "") and model != model_name:  # (an empty name is the served model's, as to vLLM)
         raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
                        param="model", code="model_not_found")
     if body.get("user") is not None and not isinstance(body["user"], str):  # (a tag, OpenAI's and vLLM's string)
