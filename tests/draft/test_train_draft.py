@@ -164,16 +164,19 @@ def test_train_draft_rejects_a_bad_shape(tiny_dir, tmp_path, capsys, monkeypatch
     monkeypatch.setattr(triforce, "LLM", lambda *a, **k: pytest.fail("the target loaded first"))
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
                  "--hidden", "30", "--heads", "4"])
-    assert code == 2 and "must divide" in capsys.readouterr().err
+    assert code == 2 and "--hidden (30) must divide by --heads (4)" in capsys.readouterr().err
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
                  "--hidden", "40", "--heads", "8", "--kv-heads", "2"])  # head size 5: a traceback at step 1
     assert code == 2 and "must be even" in capsys.readouterr().err
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
                  "--layers", "0"])
-    assert code == 2 and "must be positive" in capsys.readouterr().err
+    assert code == 2 and "--layers must be >= 1 (got 0)" in capsys.readouterr().err  # (it named six settings)
+    code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
+                 "--kv-heads", "-1"])
+    assert code == 2 and "--kv-heads must be >= 1 (got -1)" in capsys.readouterr().err
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
                  "--vocab", "1"])  # (NaN weights from its zero embedding, and "lower --lr" at step 1)
-    assert code == 2 and "at least 2 tokens" in capsys.readouterr().err
+    assert code == 2 and "--vocab must keep at least 2 tokens" in capsys.readouterr().err
     code = main(["train-draft", "--target", str(target), "--text", str(text), "--out", str(tmp_path / "d"),
                  "--heldout", str(tmp_path / "." / "corpus.txt")])  # (its held-out figures were training text's)
     assert code == 2 and "is a --text file too" in capsys.readouterr().err

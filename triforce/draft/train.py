@@ -37,15 +37,17 @@ class DraftShape:
     max_positions: int = 2048
 
     def check(self, target_vocab: int) -> None:
-        if min(self.layers, self.hidden, self.intermediate, self.heads, self.kv_heads, self.vocab) <= 0:
-            raise UserError("draft layers, hidden, intermediate, heads, kv heads and vocab must be positive")
+        # (named by train-draft's flags, as TrainSettings' checks are)
+        for name in ("layers", "hidden", "intermediate", "heads", "kv_heads"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
         if self.vocab < 2:  # (one token's centred embedding is zero: NaN weights, and "lower --lr" at step 1)
-            raise UserError("the draft's vocabulary must keep at least 2 tokens")
+            raise UserError(f"--vocab must keep at least 2 tokens (got {self.vocab})")
         if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise UserError(f"hidden ({self.hidden}) must divide by heads ({self.heads}) and heads by kv heads "
-                            f"({self.kv_heads})")
+            raise UserError(f"--hidden ({self.hidden}) must divide by --heads ({self.heads}) and --heads by "
+                            f"--kv-heads ({self.kv_heads})")
         if (self.hidden // self.heads) % 2:  # RoPE turns pairs of dimensions (a traceback at the first step)
-            raise UserError(f"hidden / heads ({self.hidden} / {self.heads}) must be even: RoPE turns pairs")
+            raise UserError(f"--hidden / --heads ({self.hidden} / {self.heads}) must be even: RoPE turns pairs")
 
 
 @dataclass(frozen=True)
