@@ -23,7 +23,8 @@ def main() -> None:
     text = open(args.text, encoding="utf-8").read()
     report, outputs = {}, {}
     for mode in ("draft", "triforce"):
-        llm = LLM("smollm2", mode=mode, dtype="bfloat16", budget=8192, prefix_cache_gb=0)
+        llm = LLM("smollm2", mode=mode, dtype="bfloat16", prefix_cache_gb=0,
+                  **({"budget": 8192} if mode == "triforce" else {}))  # (mode draft runs no retrieval tier)
         ids = llm.tokenizer(text).input_ids[: args.tokens]
         out = llm.generate([ids], SamplingParams(max_tokens=96, temperature=0, ignore_eos=True))[0]
         outputs[mode] = out.token_ids

@@ -196,7 +196,7 @@ def test_a_worker_group_that_runs_another_dtype_is_said(tiny_dir, caplog):
 def test_settings_of_a_tier_the_mode_does_not_run_are_refused(tiny_dir, monkeypatch):
     """The CLI refused them, the Python API ignored them without a word: a draft in modes ar and retrieval, a
     tree or rounds2 in a mode whose tiers they do not shape, a tree shape without a tree, stop_below or lookup
-    in mode ar, tree1=True (a bool taken as a tree of one node) and tree1="²" (a superscript passed
+    in mode ar, a draft or retrieval tier's setting in a mode without that tier, tree1=True (a bool taken as a tree of one node) and tree1="²" (a superscript passed
     str.isdigit, then int() raised a ValueError). Refused before anything loads."""
     import triforce.api as api
 
@@ -211,6 +211,11 @@ def test_settings_of_a_tier_the_mode_does_not_run_are_refused(tiny_dir, monkeypa
                               (dict(mode="auto", tree_shape="confidence"), "mode auto proposes no trees"),
                               (dict(mode="ar", stop_below=0.3), "stop_below shapes a proposer's chains"),
                               (dict(mode="ar", lookup=2), "lookup shapes a proposer's chains, and mode ar"),
+                              (dict(mode="ar", budget=512), "budget sets the retrieval tier, which mode ar does"),
+                              (dict(mode="draft", full_layers=0), "full_layers sets the retrieval tier, which mode "
+                                                                  "draft"),  # (ignored: all of them)
+                              (dict(mode="retrieval", gamma1=2), "gamma1 sets the draft tier, which mode retrieval"),
+                              (dict(mode="retrieval", window=64), "window sets the draft tier"),
                               (dict(mode="draft", tree1=True), "tree1 must be 'auto' or a node count"),
                               (dict(mode="draft", tree1="²"), "tree1 must be 'auto' or a node count")):
         with pytest.raises(ConfigError, match=message):

@@ -6,6 +6,7 @@ import logging
 import pytest
 import torch
 
+from mode_settings import for_mode
 from triforce import LLM, SamplingParams
 from triforce.config import MODES_WITH_DRAFT
 from triforce.cache.full import FullKVCache
@@ -45,9 +46,9 @@ def models(tiny_dir):
 
 def make(models, mode, gb, **settings):
     target, draft = models
-    return LLM(target, draft if mode in MODES_WITH_DRAFT else None, mode=mode, dtype="float32", budget=32,
-               chunk_size=4, sinks=4, window=32,
-               prefill_chunk=64, full_layers=0, prefix_cache_gb=gb, **settings)
+    return LLM(target, draft if mode in MODES_WITH_DRAFT else None, mode=mode, dtype="float32", prefill_chunk=64,
+               prefix_cache_gb=gb, **for_mode(mode, dict(budget=32, chunk_size=4, sinks=4, window=32, full_layers=0,
+                                                         **settings)))
 
 
 @pytest.mark.parametrize("mode", ["ar", "triforce", "retrieval", "auto"])

@@ -8,6 +8,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from mode_settings import for_mode
 from servers import Server
 from triforce import LLM, SamplingParams
 from triforce.config import ConfigError
@@ -34,7 +35,7 @@ def models(tiny_dir):
 @pytest.fixture(scope="module")
 def llm(models):
     target, draft = models
-    model = LLM(target, draft, mode="triforce", **SETTINGS)
+    model = LLM(target, draft, mode="triforce", **for_mode("triforce", SETTINGS))
     model.tokenizer.chat_template = CHAT_TEMPLATE
     return model
 
@@ -46,7 +47,7 @@ def test_each_constraint_shapes_the_text_and_every_mode_agrees(llm, models):
              (StructuredOutputs(json_object=True), lambda t: isinstance(json.loads(t), dict)),
              (StructuredOutputs(regex="[a-f]{3}-[0-9]+"), lambda t: re.fullmatch("[a-f]{3}-[0-9]+", t)),
              (StructuredOutputs(choice=["red", "green", "blue"]), lambda t: t in ("red", "green", "blue"))]
-    ar = LLM(target, None, mode="ar", **SETTINGS)
+    ar = LLM(target, None, mode="ar", **for_mode("ar", SETTINGS))
     for spec, fits in cases:
         params = SamplingParams(max_tokens=60, temperature=0, structured_outputs=spec)
         out = llm.generate(PROMPT, params)[0]
@@ -211,7 +212,7 @@ def test_rules_that_contradict_each_other_later_end_the_request_with_an_error(ll
              (dict(structured_outputs=regex, bad_words_ids=[[ids["a"], d] for d in range(len(llm.tokenizer))]),
               "bad_words and the structured output leave no token to choose after 1 generated token:")]
     for mode in ("ar", "triforce"):
-        model = llm if mode == "triforce" else LLM(llm.model_path, None, mode="ar", **SETTINGS)
+        model = llm if mode == "triforce" else LLM(llm.model_path, None, mode="ar", **for_mode("ar", SETTINGS))
         for settings, message in cases:
             for temperature in (0, 1.0):
                 with pytest.raises(ConfigError, match=message):
@@ -259,7 +260,7 @@ def test_a_text_the_vocabulary_cannot_finish_fails_where_the_output_goes_there_i
     from triforce.speculation.guided import MatcherFailed
 
     target, draft = models
-    ar = LLM(target, None, mode="ar", **SETTINGS)
+    ar = LLM(target, None, mode="ar", **for_mode("ar", SETTINGS))
     greedy = SamplingParams(max_tokens=6, temperature=0)
 
     def regex(text):
@@ -267,8 +268,8 @@ def test_a_text_the_vocabulary_cannot_finish_fails_where_the_output_goes_there_i
 
     w = ar.generate(PROMPT, regex("a[bc]"))[0].text[1]  # the letter the target takes after a
     lost = "b" if w == "c" else "c"
-    models_ = [ar, llm, LLM(target, draft, mode="triforce", tree1=4, **SETTINGS),
-               LLM(target, draft, mode="draft", tree1=4, **SETTINGS)]
+    models_ = [ar, llm, LLM(target, draft, mode="triforce", tree1=4, **for_mode("triforce", SETTINGS)),
+               LLM(target, draft, mode="draft", tree1=4, **for_mode("draft", SETTINGS))]
     for model in models_:
         out = model.generate(PROMPT, regex(f"(a{lost}\u00e9|a{w})"))[0]
         assert (out.text, out.finish_reason) == (f"a{w}", "stop")

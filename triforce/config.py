@@ -16,6 +16,11 @@ TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/con
 MAX_TREE = 64  # nodes per speculation tree
 MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
 PROPOSAL_TREE = {"draft": "tree1", "triforce": "tree1", "retrieval": "tree2"}  # the tree setting of each mode's bottom tier
+# The settings of one tier, and the fixed modes that run without it (mode auto may run any)
+DRAFT_TIER = ("gamma1", "sinks", "window")
+RETRIEVAL_TIER = ("gamma2", "budget", "chunk_size", "retrieval_policy", "full_layers", "refresh_every",
+                  "refresh_threshold", "refresh_window")
+IGNORED_BY = {"ar": DRAFT_TIER + RETRIEVAL_TIER, "retrieval": DRAFT_TIER, "draft": RETRIEVAL_TIER}
 MAX_ROUNDS = 16  # tier-2 checks per target check (rounds2)
 GAMMA2 = 6  # the paper's
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
@@ -173,7 +178,7 @@ class EngineConfig:
     def refuse_unused(self, draft=None) -> None:
         """A ConfigError for settings of a tier this mode does not run, which it would ignore without a word:
         a draft model given (`draft`: its name), tree1 or tree2, rounds2, a tree shape without a tree, stop_below
-        or lookup without a proposer. LLM asks it of the settings it is given (the CLI's flags among them); the bench,
+        or lookup without a proposer, a setting of the draft or retrieval tier set away from its default. LLM asks it of the settings it is given (the CLI's flags among them); the bench,
         whose runs share one config across modes, asks instead that some mode of its runs takes each
         (launch/bench_plan.py: check_tier_settings)."""
         if draft is not None and self.mode not in MODES_WITH_DRAFT:
@@ -194,6 +199,11 @@ class EngineConfig:
         for name in ("stop_below", "lookup"):
             if getattr(self, name) and self.mode == "ar":
                 raise ConfigError(f"{name} shapes a proposer's chains, and mode ar runs the target alone")
+        for name in IGNORED_BY.get(self.mode, ()):
+            if getattr(self, name) != getattr(EngineConfig, name):
+                tier = "draft" if name in DRAFT_TIER else "retrieval"
+                raise ConfigError(f"{name} sets the {tier} tier, which mode {self.mode} does not run: leave it out, "
+                                  f"or run a mode with that tier")
 
     @property
     def proposal_tree(self) -> int | str:

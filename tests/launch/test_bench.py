@@ -12,6 +12,7 @@ from triforce.launch.cli import main
 from triforce.launch.peers import widened_draft
 
 SMALL_TIERS = ["--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16"]
+RETRIEVAL_TIER = SMALL_TIERS[:4]  # (where no mode runs a draft: its flags are refused)
 
 
 def random_words(path, seed: int, count: int):
@@ -281,12 +282,12 @@ def test_bench_writes_out_through_a_link_and_names_a_default_draft_it_could_not_
     report.write_text("{}")
     link.symlink_to(report)
     args = ["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "50",
-            "--max-new-tokens", "4", "--modes", "ar", *SMALL_TIERS]
+            "--max-new-tokens", "4", "--modes", "ar"]
     assert main(args + ["--out", str(link)]) == 0
     assert link.is_symlink() and json.loads(report.read_text())["results"][0]["run"] == "ar"
     capsys.readouterr()
     monkeypatch.setitem(llm_models.DEFAULT_DRAFTS, str(target), str(tmp_path / "no-such-draft"))
-    assert main(args[:-len(SMALL_TIERS) - 1] + ["draft", *SMALL_TIERS]) == 2
+    assert main(args[:-1] + ["draft"]) == 2
     assert "the default draft" in capsys.readouterr().err.splitlines()[-1]
 
 
@@ -336,10 +337,11 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--tree1", "4"], "none of --modes runs"),  # silently ignored
     (["--draft", "some-draft"], "none of --modes runs a draft"),  # silently ignored
     (["--tree2", "4", "--sweep", "tree2=2,8"], "both set it"),
-    (["--sweep", "budget=32,64"], "--budget 32 and --sweep budget both set it: leave out --budget"),  # (SMALL_TIERS)
+    (["--budget", "32", "--sweep", "budget=32,64"], "--budget 32 and --sweep budget both set it: leave out --budget"),
     (["--gamma2", "3", "--sweep", "gamma2=2,4"], "--gamma2 3 and --sweep gamma2 both set it"),  # the flag dropped
     (["--sweep", "gamma1=2,3"], "--sweep gamma1: none of --modes (ar retrieval) runs it"),  # one run, as a sweep
     (["--modes", "ar", "draft", "--sweep", "full_layers=1,2"], "--sweep full_layers: none of --modes (ar draft)"),
+    (["--sinks", "2"], "--sinks 2: none of --modes runs it (sinks sets the draft tier"),  # ignored by both
     (["--rounds2", "2"], "--rounds2 2: none of --modes runs it"),  # ar and retrieval: silently ignored
     (["--tree-shape", "confidence"], "--tree-shape confidence: none of --modes runs it"),  # chains: ignored
     (["--sweep", "tree_shape=confidence"], "--sweep 'tree_shape=confidence': none of --modes"),
@@ -363,7 +365,7 @@ def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, cap
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
     text = random_words(tmp_path / "text.txt", 2, 200)
     args = ["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "50",
-            "--max-new-tokens", "4", "--modes", "ar", "retrieval", *SMALL_TIERS]
+            "--max-new-tokens", "4", "--modes", "ar", "retrieval"]
     assert main(args + extra) == 2
     err = capsys.readouterr().err
     assert message in err.splitlines()[-1] and '"run"' not in err  # no run reported before it
@@ -398,7 +400,7 @@ def test_bench_keeps_the_groups_that_ended_when_interrupted(tiny_dir, tmp_path, 
     monkeypatch.setattr(LLM, "generate", generate_until_the_third_group)
     out = tmp_path / "b.json"
     assert main(["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "40", "60",
-                 "80", "--max-new-tokens", "4", "--modes", "ar", "retrieval", *SMALL_TIERS, "--out", str(out)]) == code
+                 "80", "--max-new-tokens", "4", "--modes", "ar", "retrieval", *RETRIEVAL_TIER, "--out", str(out)]) == code
     report = json.loads(out.read_text())
     assert report["interrupted"] == why and [r["prompt_tokens"] for r in report["results"]] == [40, 40, 60, 60]
     assert json.loads(capsys.readouterr().out) == report

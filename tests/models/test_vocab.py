@@ -6,6 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from checkpoints import write_reduced_vocabulary
+from mode_settings import for_mode
 from triforce.cache.full import FullKVCache
 from triforce.models.config import ModelLoadError
 from triforce.models.loader import load_model
@@ -70,7 +71,8 @@ def test_a_draft_padded_to_other_rows_over_one_tokenizer_is_exact(tiny_dir, tmp_
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     plain = LLM(str(target), mode="ar", dtype="float32").generate(prompt, params)[0].token_ids
     for mode in ("draft", "triforce"):
-        llm = LLM(str(target), str(draft), mode=mode, dtype="float32", budget=32, chunk_size=4, sinks=2, window=64)
+        llm = LLM(str(target), str(draft), mode=mode, dtype="float32",
+                  **for_mode(mode, dict(budget=32, chunk_size=4, sinks=2, window=64)))
         assert llm.draft.output_vocab_size == target_rows and llm.draft.vocab.size == 96
         out = llm.generate(prompt, params)[0]
         assert out.token_ids == plain and out.metrics.tiers[0].accepted > 0, mode

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..config import MODES, EngineConfig
+from ..config import IGNORED_BY, MODES, EngineConfig
 from ..sampling_params import LOWEST_SAMPLED, SamplingParams
 from ..errors import UserError
 from ..files import read_user_text, write_whole
@@ -116,7 +116,7 @@ def run_bench(args) -> int:
     # shape): checked whole first, the LLM is made without the settings of tiers its own mode may not run
     # (LLM refuses them), which then join it
     mode, settings = "triforce" if needs_draft else "ar", {**engine_settings(args), "tree1": 0, "tree2": 0}
-    tiers = {name: settings[name] for name in TIER_SETTINGS}
+    tiers = {name: settings[name] for name in (*TIER_SETTINGS, *IGNORED_BY.get(mode, ())) if name in settings}
     with settings_named_by_flags():
         EngineConfig(mode=mode, **settings)  # before anything loads
         llm = LLM(args.model, args.draft if needs_draft else None, mode, args.dtype, args.device,

@@ -8,7 +8,7 @@ import os
 import random
 from pathlib import Path
 
-from ..config import PROPOSAL_TREE, ConfigError, EngineConfig
+from ..config import IGNORED_BY, PROPOSAL_TREE, ConfigError, EngineConfig
 from ..coordinator.hierarchy import check_draft_window
 from ..errors import UserError
 from ..models.folders import probe_writes
@@ -55,11 +55,6 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
 
 
 TIER_SETTINGS = ("tree1", "tree2", "rounds2", "tree_shape", "stop_below", "lookup")  # of tiers some modes run
-# The settings of one tier, and the fixed mode that runs without that tier (mode auto may run any)
-DRAFT_TIER, RETRIEVAL_TIER = ("gamma1", "sinks", "window"), \
-    ("gamma2", "budget", "chunk_size", "retrieval_policy", "full_layers", "refresh_every", "refresh_threshold",
-     "refresh_window")
-IGNORED_BY = {"retrieval": DRAFT_TIER, "draft": RETRIEVAL_TIER}
 
 
 def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> None:
@@ -71,7 +66,8 @@ def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> Non
     if sweep_name in flags and flags[sweep_name] != getattr(EngineConfig, sweep_name):  # (the runs took the
         flag = "--" + sweep_name.replace("_", "-")  # swept values, and the report the flag's)
         raise UserError(f"{flag} {flags[sweep_name]} and --sweep {sweep_name} both set it: leave out {flag}")
-    given = {name: getattr(args, name) for name in TIER_SETTINGS if getattr(args, name) != getattr(EngineConfig, name)}
+    given = {name: flags[name] for name in (*TIER_SETTINGS, *IGNORED_BY["ar"])
+             if name in flags and flags[name] != getattr(EngineConfig, name)}
     trees = {name: value for name, value in given.items() if name in ("tree1", "tree2")}
     if sweep_name in ("tree1", "tree2"):
         trees[sweep_name] = next((v for v in sweep_values if v), 0)  # a tree shape takes any swept tree
