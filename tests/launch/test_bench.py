@@ -341,7 +341,8 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--gamma2", "3", "--sweep", "gamma2=2,4"], "--gamma2 3 and --sweep gamma2 both set it"),  # the flag dropped
     (["--sweep", "gamma1=2,3"], "--sweep gamma1: none of --modes (ar retrieval) runs it"),  # one run, as a sweep
     (["--modes", "ar", "draft", "--sweep", "full_layers=1,2"], "--sweep full_layers: none of --modes (ar draft)"),
-    (["--sinks", "2"], "--sinks 2: none of --modes runs it (sinks sets the draft tier"),  # ignored by both
+    (["--budget", "12", "--chunk-size", "4", "--sweep", "tree1=4"], "--sweep 'tree1=4': none of --modes runs it"),
+    # (and not "--budget 12: none of --modes runs it": a budget asked apart from its chunk size)
     (["--rounds2", "2"], "--rounds2 2: none of --modes runs it"),  # ar and retrieval: silently ignored
     (["--tree-shape", "confidence"], "--tree-shape confidence: none of --modes runs it"),  # chains: ignored
     (["--sweep", "tree_shape=confidence"], "--sweep 'tree_shape=confidence': none of --modes"),

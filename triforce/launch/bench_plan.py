@@ -66,8 +66,9 @@ def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> Non
     if sweep_name in flags and flags[sweep_name] != getattr(EngineConfig, sweep_name):  # (the runs took the
         flag = "--" + sweep_name.replace("_", "-")  # swept values, and the report the flag's)
         raise UserError(f"{flag} {flags[sweep_name]} and --sweep {sweep_name} both set it: leave out {flag}")
-    given = {name: flags[name] for name in (*TIER_SETTINGS, *IGNORED_BY["ar"])
-             if name in flags and flags[name] != getattr(EngineConfig, name)}
+    # (not the draft and retrieval tiers' flags, which refuse_unused refuses in the modes without that tier:
+    # asked alone, a value valid only beside another flag, --budget 12 with --chunk-size 4, was refused)
+    given = {name: flags[name] for name in TIER_SETTINGS if flags[name] != getattr(EngineConfig, name)}
     trees = {name: value for name, value in given.items() if name in ("tree1", "tree2")}
     if sweep_name in ("tree1", "tree2"):
         trees[sweep_name] = next((v for v in sweep_values if v), 0)  # a tree shape takes any swept tree
