@@ -330,17 +330,19 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(target, unbuffered,
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
-@pytest.mark.parametrize("output", ["text", "json"])
-def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(target, output):
+@pytest.mark.parametrize("output, stdout, why", [("text", "full", "No space left on device"),
+                                                 ("json", "full", "No space left on device"),
+                                                 ("json", "closed", "standard output is closed")])
+def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(target, output, stdout, why):
     """`triforce generate > /dev/full` (a disk full) printed an OSError traceback, twice: once from the
-    command, once from the flush at exit."""
+    command, once from the flush at exit; with stdout closed (`>&-`), an AttributeError traceback."""
     with open("/dev/full", "w") as full:
         run = subprocess.run([sys.executable, "-m", "triforce", "generate", "--model", str(target), "--prompt", WORDS,
                               "--max-new-tokens", "4", "--mode", "ar", "--dtype", "float32",
                               *(["--json"] if output == "json" else [])],
-                             stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
-    assert run.returncode == 1 and run.stderr.strip() == "triforce: error: cannot write the output: No space left " \
-        "on device", run.stderr
+                             stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+                             preexec_fn=(lambda: os.close(1)) if stdout == "closed" else None)
+    assert run.returncode == 1 and run.stderr.strip() == f"triforce: error: cannot write the output: {why}", run.stderr
 
 
 def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback(target):

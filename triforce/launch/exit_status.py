@@ -39,7 +39,8 @@ def reader_gone() -> int:
 
 def _discard_stdout() -> None:
     """What stdout still holds goes nowhere: the flush at exit does not fail again."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if getattr(sys.stdout, "_stream", sys.stdout) is not None:  # (None: closed at the start, `>&-`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class OutputFailed(Exception):
@@ -48,7 +49,8 @@ class OutputFailed(Exception):
 
 class GuardedOutput:
     """A command's sys.stdout, whose failures to write, other than a reader gone (BrokenPipeError), are
-    OutputFailed: an OSError from elsewhere stays a traceback to report."""
+    OutputFailed: an OSError from elsewhere stays a traceback to report. Python's sys.stdout is None where
+    the process started with it closed (`>&-`): writing fails, a flush has nothing to do."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -57,10 +59,13 @@ class GuardedOutput:
         return getattr(self._stream, name)
 
     def write(self, text: str) -> int:
+        if self._stream is None:
+            raise OutputFailed("standard output is closed")
         return self._guarded(self._stream.write, text)
 
     def flush(self) -> None:
-        self._guarded(self._stream.flush)
+        if self._stream is not None:
+            self._guarded(self._stream.flush)
 
     @staticmethod
     def _guarded(call, *args):
