@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .cache.prefixes import PrefixStore
 from .chat import conversation_ids
-from .config import PREFIX_CACHE_GB, ConfigError, EngineConfig, check_prefix_cache
+from .config import DRAFT_TIER, PREFIX_CACHE_GB, ConfigError, EngineConfig, check_prefix_cache
 from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
@@ -103,6 +103,10 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
             if asked.rounds2:  # the target would check each of the retrieval tier's rounds: rounds2 ignored
                 raise ConfigError("rounds2 counts the retrieval tier's checks of a draft's proposals, and this "
                                   "target has no draft (mode 'triforce' would fall back to 'retrieval')")
+            for name in DRAFT_TIER:  # (retrieval runs no draft tier: refuse_unused in mode retrieval)
+                if getattr(asked, name) != getattr(EngineConfig, name):
+                    raise ConfigError(f"{name} sets the draft tier, and this target has no draft (mode 'triforce' "
+                                      f"would fall back to 'retrieval', which runs none)")
             print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",
                   file=sys.stderr)
             mode = "retrieval"

@@ -178,9 +178,10 @@ class EngineConfig:
     def refuse_unused(self, draft=None) -> None:
         """A ConfigError for settings of a tier this mode does not run, which it would ignore without a word:
         a draft model given (`draft`: its name), tree1 or tree2, rounds2, a tree shape without a tree, stop_below
-        or lookup without a proposer, a setting of the draft or retrieval tier set away from its default. LLM asks it of the settings it is given (the CLI's flags among them); the bench,
-        whose runs share one config across modes, asks instead that some mode of its runs takes each
-        (launch/bench_plan.py: check_tier_settings)."""
+        or lookup without a proposer, a setting of the draft or retrieval tier set away from its default. LLM
+        asks it of the settings it is given (the CLI's flags among them); the bench, whose runs share one
+        config across modes, asks instead that some mode of its runs takes each (launch/bench_plan.py:
+        check_tier_settings)."""
         if draft is not None and self.mode not in MODES_WITH_DRAFT:
             raise ConfigError(f"draft {draft} runs a tier that mode {self.mode} does not run: it takes mode "
                               f"{', '.join(MODES_WITH_DRAFT)}")

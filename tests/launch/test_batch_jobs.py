@@ -768,3 +768,16 @@ def test_batch_refuses_a_blank_model_name_as_serve_does(tiny_dir, tmp_path, caps
                      *bad]) == 2
         assert needle in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_start_that_fails_after_the_checks_of_the_output_leaves_no_file(tiny_dir, tmp_path, capsys):
+    """An engine flag refused as the model loads (or a model not there) left an empty results file behind,
+    as if the job had run; the output's folder is still checked before the model loads."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(request("a", PROMPT, 2) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert run(target, inp, out, "--budget", "64") == 2  # (mode ar runs no retrieval tier)
+    assert "--budget sets the retrieval tier" in capsys.readouterr().err and not out.exists()
+    assert run(tmp_path / "no-model", inp, out) == 2 and not out.exists()
+    assert run(target, inp, out) == 0 and set(results(out)) == {"a"}

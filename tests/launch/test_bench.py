@@ -343,6 +343,9 @@ def test_bench_refuses_counts_below_one(tiny_dir, tmp_path, capsys, flag, value)
     (["--modes", "ar", "draft", "--sweep", "full_layers=1,2"], "--sweep full_layers: none of --modes (ar draft)"),
     (["--budget", "12", "--chunk-size", "4", "--sweep", "tree1=4"], "--sweep 'tree1=4': none of --modes runs it"),
     # (and not "--budget 12: none of --modes runs it": a budget asked apart from its chunk size)
+    (["--sinks", "2"], "--sinks 2: none of --modes runs the draft tier"),  # ignored by ar and retrieval
+    (["--modes", "ar", "--budget", "64"], "--budget 64: none of --modes runs the retrieval tier"),
+    (["--full-layers", "9"], "--full-layers 9 is more than the target's 2 layers"),  # (the LLM was made in mode ar)
     (["--rounds2", "2"], "--rounds2 2: none of --modes runs it"),  # ar and retrieval: silently ignored
     (["--tree-shape", "confidence"], "--tree-shape confidence: none of --modes runs it"),  # chains: ignored
     (["--sweep", "tree_shape=confidence"], "--sweep 'tree_shape=confidence': none of --modes"),

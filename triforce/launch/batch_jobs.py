@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from ..errors import UserError
 from ..files import read_standard_input, read_user_text, user_path
+from ..models.folders import probe_writes
 from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
 from .batch_output import ResultsWriter
@@ -147,8 +148,8 @@ def batch_plan(args) -> tuple[list[str], Path, list, dict, str, list[str]] | Non
         raise UserError(f"--output {output} is not a file: results go to a file, which a rerun resumes")
     finished = done_results(output)
     every = None if lines is None else request_lines(lines, (index, count))  # (refused before the output is made)
-    try:
-        output.open("a").close()  # before the model loads
+    try:  # before the model loads, and without making the file (a start that then fails leaves none)
+        output.open("a").close() if output.exists() else probe_writes(output.parent)
     except OSError as exc:
         raise UserError(f"cannot write --output {output}: {exc.strerror}") from None
     if every is None:

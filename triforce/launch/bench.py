@@ -115,7 +115,9 @@ def run_bench(args) -> int:
     # One config serves every mode's runs (a run sets its mode; the tree flags go to the runs of the modes they
     # shape): checked whole first, the LLM is made without the settings of tiers its own mode may not run
     # (LLM refuses them), which then join it
-    mode, settings = "triforce" if needs_draft else "ar", {**engine_settings(args), "tree1": 0, "tree2": 0}
+    mode = "triforce" if needs_draft else "retrieval" if "retrieval" in args.modes else "ar"  # (its LLM checks
+    # the settings of the tiers it runs: --full-layers against the target's layers)
+    settings = {**engine_settings(args), "tree1": 0, "tree2": 0}
     tiers = {name: settings[name] for name in (*TIER_SETTINGS, *IGNORED_BY.get(mode, ())) if name in settings}
     with settings_named_by_flags():
         EngineConfig(mode=mode, **settings)  # before anything loads

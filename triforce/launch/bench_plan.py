@@ -8,7 +8,7 @@ import os
 import random
 from pathlib import Path
 
-from ..config import IGNORED_BY, PROPOSAL_TREE, ConfigError, EngineConfig
+from ..config import DRAFT_TIER, IGNORED_BY, PROPOSAL_TREE, ConfigError, EngineConfig
 from ..coordinator.hierarchy import check_draft_window
 from ..errors import UserError
 from ..models.folders import probe_writes
@@ -66,8 +66,12 @@ def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> Non
     if sweep_name in flags and flags[sweep_name] != getattr(EngineConfig, sweep_name):  # (the runs took the
         flag = "--" + sweep_name.replace("_", "-")  # swept values, and the report the flag's)
         raise UserError(f"{flag} {flags[sweep_name]} and --sweep {sweep_name} both set it: leave out {flag}")
-    # (not the draft and retrieval tiers' flags, which refuse_unused refuses in the modes without that tier:
-    # asked alone, a value valid only beside another flag, --budget 12 with --chunk-size 4, was refused)
+    for name in IGNORED_BY["ar"]:  # a draft or retrieval tier's flag: by the tiers the modes run (asked of
+        # refuse_unused alone, a value valid only beside another flag, --budget 12 with --chunk-size 4, failed)
+        if name in flags and flags[name] != getattr(EngineConfig, name) and \
+                all(name in IGNORED_BY.get(mode, ()) for mode in args.modes):
+            tier = "draft" if name in DRAFT_TIER else "retrieval"
+            raise UserError(f"--{name.replace('_', '-')} {flags[name]}: none of --modes runs the {tier} tier")
     given = {name: flags[name] for name in TIER_SETTINGS if flags[name] != getattr(EngineConfig, name)}
     trees = {name: value for name, value in given.items() if name in ("tree1", "tree2")}
     if sweep_name in ("tree1", "tree2"):

@@ -3,6 +3,7 @@ status, with one line on stderr for an error in the user's input (2) or an outpu
 and quiet where stdout's reader left (141)."""
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Callable
@@ -66,6 +67,14 @@ class GuardedOutput:
     def flush(self) -> None:
         if self._stream is not None:
             self._guarded(self._stream.flush)
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise io.UnsupportedOperation("standard output is closed")
+        return self._stream.fileno()
 
     @staticmethod
     def _guarded(call, *args):

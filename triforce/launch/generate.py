@@ -3,6 +3,7 @@ as it is committed, or one JSON object with --json; a summary of the run on stde
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -12,6 +13,7 @@ from ..errors import UserError
 from ..files import read_standard_input, read_user_text, user_path
 from ..sampling_params import SamplingParams, StructuredOutputs
 from .cli import llm_from_args, settings_named_by_flags
+from .exit_status import OutputFailed
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_penalty_args, penalty_settings
 
 
@@ -203,8 +205,9 @@ def run_generation(args, llm, request: tuple[str, SamplingParams]) -> int:
     except (KeyboardInterrupt, UserError) as exc:
         # the error, or the shell's prompt after Ctrl-C, on a line of its own after the text so far
         if streamed or (stream is not None and isinstance(exc, KeyboardInterrupt)):
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+            with contextlib.suppress(OutputFailed):  # (an output that fails: the Ctrl-C or error is the news)
+                sys.stdout.write("\n")
+                sys.stdout.flush()
         raise
     m = out.metrics
     if args.json:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import importlib
 import math
@@ -90,8 +91,11 @@ def _serve(args) -> int:
                      math.ceil(args.max_request_mb * 2**20))
     print(f"triforce: serving {name} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), file=sys.stderr)
+    logs = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    if sys.__stdout__ is None:  # started with stdout closed (`>&-`): the access log goes where the others go
+        logs["handlers"]["access"]["stream"] = "ext://sys.stderr"
     server = draining_server(uvicorn)(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                                                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+                                                    log_config=logs, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
     scheduler = app.state.scheduler
     scheduler.on_fatal = lambda exc: setattr(server, "should_exit", True)  # torchrun then ends the group
     server.run()
