@@ -90,6 +90,11 @@ def test_a_completion_is_what_generate_gives(llm, client):
                                                    "ignore_eos": True})  # the served model, as vLLM takes it (a 404)
     assert unnamed.status_code == 200 and unnamed.json()["model"] == "tiny", unnamed.text
     assert unnamed.json()["choices"][0]["text"] == expected.text
+    for count in (12.0, "12"):  # as vLLM's request models (pydantic, lax) take them: pandas writes 12.0 (a 400)
+        r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": count, "temperature": 0,
+                                                 "ignore_eos": True, "logprobs": str(1), "top_k": 5.0})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected.text, r.text
+        assert r.json()["usage"]["completion_tokens"] == 12 and len(r.json()["choices"][0]["logprobs"]["top_logprobs"][0]) == 1
     seeded = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0.9, "seed": 3, "top_k": 20}
     sample = plain(llm, PROMPT, 8, temperature=0.9, seed=3, top_k=20)
     assert client.post("/v1/completions", json=seeded).json()["choices"][0]["text"] == sample.text

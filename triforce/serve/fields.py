@@ -3,6 +3,7 @@ status) that names it."""
 from __future__ import annotations
 
 import json
+import re
 
 from ..chat import conversation_ids
 from ..config import is_number
@@ -97,8 +98,8 @@ def _taken(value, harmless: tuple | type) -> bool:
 def logprobs_field(kind: str, body: dict) -> int | None:
     """SamplingParams.logprobs: how many likely tokens to list beside each generated one; None: no entries."""
     def count(name: str) -> int:
-        value = 0 if body.get(name) is None else body[name]  # (false was read as 0)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LOGPROBS:
+        value = 0 if body.get(name) is None else whole_number(body[name])  # (false was read as 0)
+        if value is None or not 0 <= value <= MAX_LOGPROBS:
             raise ApiError(400, f"'{name}' must be an integer from 0 to {MAX_LOGPROBS}", param=name)
         return value
 
@@ -137,12 +138,27 @@ def flag(body: dict, name: str, default: bool) -> bool:
     return value
 
 
+def whole_number(value) -> int | None:
+    """`value` as the integer vLLM's request models (pydantic, lax) take it for: an int, a float without a
+    fraction (256.0, as pandas writes a column of integers that has a gap), a string of digits; else None
+    (a bool too: true is no count)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,30}", value.strip()):
+        return int(value)
+    return None
+
+
 def integer(body: dict, name: str, default: int | None, low: int, high: int | None = None) -> int | None:
     """An integer field from `low` (to `high`), worded for JSON (SamplingParams' own messages are Python's)."""
-    value = body.get(name)
-    if value is None:
+    if body.get(name) is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+    value = whole_number(body[name])
+    if value is None or value < low or (high is not None and value > high):
         bound = f"an integer >= {low}" if high is None else str(low) if high == low else \
             f"an integer from {low} to {high}"
         raise ApiError(400, f"'{name}' must be {bound}", param=name)

@@ -31,7 +31,7 @@ from ..errors import UserError
 from .logprobs import TokenTexts, choice_logprobs, echoed_logprobs, prompt_logprobs
 from .constraints import ConstraintError, StreamedContent, ToolPlan, constraints
 from .fields import (ApiError, checked_body, echoed_text, flag, integer, logprobs_field, number, prompts, seed, strings,
-                     token_ids)
+                     token_ids, whole_number)
 
 # Fields taken as they are; the others are refused unless they hold what the server does anyway.
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "best_of", "stream",
@@ -115,7 +115,8 @@ def parse(kind: str, body: object, llm, model_name: str, chat_max_tokens: int = 
     stop = body.get("stop")
     stop = () if stop is None else (stop,) if isinstance(stop, str) else stop  # ("", 0 or {}: refused below)
     least, name = (0 if echo else 1), ("max_completion_tokens" if completion_limit else "max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < least:
+    max_tokens = whole_number(max_tokens)
+    if max_tokens is None or max_tokens < least:
         raise ApiError(400, f"'{name}' must be an integer >= {least}"
                             f"{' (0 only with echo)' if kind == 'completion' and not echo else ''}", param=name)
     # OpenAI's defaults, under the model's generation_config (vLLM's --generation-config auto), whose
