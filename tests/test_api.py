@@ -76,8 +76,9 @@ def test_a_batch_that_does_not_fit_runs_in_parts(llm, monkeypatch):
     assert [o.token_ids for o in llm.generate(prompts, params)] == together
     assert len(set(parts)) == 2 and parts.count(parts[0]) == 2
     monkeypatch.setattr(request_memory, "available_bytes", lambda device: int(0.5 * one))
-    with pytest.raises(UserError, match="GiB"):
+    with pytest.raises(UserError, match=r"need \d+\.\d\d [KM]iB") as refused:  # (a tiny model's caches)
         llm.generate(prompts, params)
+    assert "0.00" not in str(refused.value)  # it read "need 0.00 GiB; ... may take 0.00 GiB"
 
 
 def test_bad_batches_are_refused(llm):

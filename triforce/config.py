@@ -53,7 +53,7 @@ def check_prefix_cache(prefix_cache_gb, prefix_caching: bool) -> None:
     """The prefix store's bound (GB of recent prompts' target KV kept for reuse) and vLLM's switch for it:
     a number >= 0, and not both a bound and the switch off (one of the two would be ignored)."""
     if not is_number(prefix_cache_gb) or not 0 <= prefix_cache_gb < float("inf"):
-        raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {prefix_cache_gb})")
+        raise ConfigError(f"prefix_cache_gb must be a number >= 0 (got {shown(prefix_cache_gb)})")
     if not prefix_caching and prefix_cache_gb not in (0, PREFIX_CACHE_GB):
         raise ConfigError(f"enable_prefix_caching=False keeps no prompts for reuse, and prefix_cache_gb "
                           f"{prefix_cache_gb:g} bounds the store that keeps them: give one of the two")

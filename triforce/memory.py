@@ -16,6 +16,14 @@ DEFAULT_POOL = (0, 0)  # the id of torch's CUDA caching allocator's own pool (a 
 UNLIMITED = 2**60  # a cgroup v1 limit at or past this is none (v1 writes 2**63 rounded down to a page)
 
 
+def size_text(n_bytes: float) -> str:
+    """Bytes for a message: GiB with two decimals, or MiB or KiB where that would read 0.00 GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n_bytes >= scale / 100:
+            return f"{n_bytes / scale:.2f} {unit}"
+    return f"{n_bytes / 2**10:.2f} KiB"
+
+
 def available_bytes(device: torch.device) -> int | None:
     """Free bytes on `device` (a GPU's free memory, with what torch's allocator holds unused in its default
     pool: `cached_unused_bytes`; on a CPU, the system's MemAvailable, or less where this process's cgroups

@@ -11,7 +11,7 @@ import torch
 from .config import PREFIX_CACHE_GB, ConfigError
 from .coordinator.hierarchy import cache_bytes, row_bytes
 from .errors import TooLarge
-from .memory import available_bytes
+from .memory import available_bytes, size_text
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,12 @@ class RequestMemory:
             need = self.cache_bytes_for(*size) if room is not None else 0
             rows = self.host_bytes_for(*size)
             if room is not None and need > room:
-                raise TooLarge(f"the caches for {size[0] + size[1]} tokens need {need / 2**30:.2f} GiB; "
-                               f"requests' caches may take {room / 2**30:.2f} GiB (gpu_memory_utilization "
-                               f"{self.memory_share:g} of the {free / 2**30:.2f} GiB free on {self.device})")
+                raise TooLarge(f"the caches for {size[0] + size[1]} tokens need {size_text(need)}; "
+                               f"requests' caches may take {size_text(room)} (gpu_memory_utilization "
+                               f"{self.memory_share:g} of the {size_text(free)} free on {self.device})")
             if host_room is not None and rows > host_room:
                 raise TooLarge(f"the rows of the vocabulary of a request of {size[0] + size[1]} tokens need "
-                               f"{rows / 2**30:.2f} GiB of the host's memory, which has {host / 2**30:.2f} GiB free")
+                               f"{size_text(rows)} of the host's memory, which has {size_text(host)} free")
             if parts[-1] and ((room is not None and used + need > room)
                               or (host_room is not None and used_host + rows > host_room)):
                 parts.append([])

@@ -11,6 +11,7 @@ import pytest
 import torch
 import zmq
 from held_bytes import held_bytes
+from mode_settings import for_mode
 from worker_group import Group
 
 from triforce import LLM
@@ -341,8 +342,8 @@ def test_over_a_worker_group_the_memory_check_counts_the_coordinators_own_caches
             estimate -= rebuild_bytes(cfg, target.config, length + 12 + speculation_slack(cfg), 4, remote=True)
             full = target.config.kv_bytes_per_token(4) * length
             assert held > full // 2 and held <= estimate <= 1.6 * held, (length, held, estimate)
-        llm = LLM(folder, workers=group.channel, dtype="float32", mode="triforce", **SETTINGS)
-        one = llm.cache_bytes_for(150, 12)  # (no draft for this folder: mode retrieval)
+        llm = LLM(folder, workers=group.channel, dtype="float32", mode="retrieval", **for_mode("retrieval", SETTINGS))
+        one = llm.cache_bytes_for(150, 12)  # (no draft for this folder)
         assert one == cache_bytes(llm.config, target.config, None, 162, 4, remote=True) < \
             cache_bytes(llm.config, target.config, None, 162, 4)
         assert llm.free_memory() is not None  # this process's device (it was None with a group)

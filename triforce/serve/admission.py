@@ -16,7 +16,7 @@ import time
 from collections.abc import Collection
 
 from ..errors import TooLarge
-from ..memory import release_freed
+from ..memory import release_freed, size_text
 from ..request_memory import HOST_SHARE
 from .openai import ApiError, Job
 from .tickets import Ticket
@@ -43,13 +43,13 @@ class MemoryAdmission:
             capacity = self._capacity_now(self.llm.free_memory())  # the allocator: on the event loop)
         if capacity is not None and need > share * capacity:
             raise ApiError(413, f"the caches for {longest + job.params.max_tokens} tokens need "
-                                f"{need / 2**30:.2f} GiB; this server has {share * capacity / 2**30:.2f} GiB for "
-                                f"them (--gpu-memory-utilization {share:g} of {capacity / 2**30:.2f})",
+                                f"{size_text(need)}; this server has {size_text(share * capacity)} for "
+                                f"them (--gpu-memory-utilization {share:g} of {size_text(capacity)})",
                            code="context_length_exceeded")
         rows, host = self.llm.host_bytes_for(*size), self.host_capacity  # (a scored prompt's rows too)
         if host is not None and rows > HOST_SHARE * host:
             raise ApiError(413, f"the rows of the vocabulary of {longest + job.params.max_tokens} tokens need "
-                                f"{rows / 2**30:.2f} GiB of the host's memory; it has {host / 2**30:.2f} GiB free",
+                                f"{size_text(rows)} of the host's memory; it has {size_text(host)} free",
                            code="context_length_exceeded")
 
     def fits_now(self, ticket: Ticket, running: Collection[Ticket]) -> bool:
@@ -74,7 +74,7 @@ class MemoryAdmission:
         if capacity is None or ticket.bytes <= share * capacity:
             return None
         return TooLarge(f"the caches for {len(ticket.ids) + ticket.params.max_tokens} tokens need "
-                        f"{ticket.bytes / 2**30:.2f} GiB; {share * capacity / 2**30:.2f} GiB of the memory free "
+                        f"{size_text(ticket.bytes)}; {size_text(share * capacity)} of the memory free "
                         f"now may hold them (--gpu-memory-utilization {share:g})")
 
     def released(self, trim: bool = True) -> None:

@@ -9,7 +9,7 @@ import os
 import torch
 
 from ..cache.retrieval import selects_chunks
-from ..memory import available_bytes, release_freed
+from ..memory import available_bytes, release_freed, size_text
 from ..models.cuda_graphs import MAX_TOKENS as GRAPH_TOKENS
 from ..models.cuda_graphs import forwards_bytes
 from ..models.parallel import TensorParallel
@@ -130,8 +130,8 @@ class LeaderChecks:
             ranks, free = self._room()
             need = ranks * self.caches[body["seq"]].means_bytes(body["chunk_size"])
             if free is not None and need > self.memory_share * free:
-                raise RequestError(f"the chunk means of sequence {body['seq']} need {need / 2**30:.2f} GiB; "
-                                   f"{free / 2**30:.2f} GiB is free on the leader's {self.model.device}")
+                raise RequestError(f"the chunk means of sequence {body['seq']} need {size_text(need)}; "
+                                   f"{size_text(free)} is free on the leader's {self.model.device}")
 
     def _graph_bytes(self, capacity: int, forwards: list[int]) -> int:
         """The buffers of the static forwards a sequence's forwards of these token counts may each make over
