@@ -54,8 +54,19 @@ def user_path(path: str | os.PathLike) -> Path:
 def read_user_text(path: str | Path) -> str:
     """A user's text file (a prompt, a document to benchmark or train on, a schema, a grammar, a template):
     UTF-8 with or without a byte-order mark (Windows editors write one; kept, it was a character of the text,
-    and tokens of the prompt). OSError or UnicodeDecodeError where it cannot be read."""
-    return user_path(path).read_text(encoding="utf-8-sig")
+    and tokens of the prompt). OSError or UnicodeDecodeError where it cannot be read, the latter naming its
+    line (a byte's position alone did not find it in a batch file of thousands of lines)."""
+    try:
+        return user_path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:  # (its position counts from the file's last chunk read: no line in it)
+        data = user_path(path).read_bytes()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            exc.reason += f" (line {line})"
+            raise exc from None
+        raise
 
 
 def read_standard_input(what: str) -> str:

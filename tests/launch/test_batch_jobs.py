@@ -781,3 +781,15 @@ def test_a_start_that_fails_after_the_checks_of_the_output_leaves_no_file(tiny_d
     assert "--budget sets the retrieval tier" in capsys.readouterr().err and not out.exists()
     assert run(tmp_path / "no-model", inp, out) == 2 and not out.exists()
     assert run(target, inp, out) == 0 and set(results(out)) == {"a"}
+
+
+def test_an_input_that_is_not_utf8_names_the_line(tiny_dir, tmp_path, capsys):
+    """One bad byte failed the job with its offset in the file alone (and that offset counted from the last
+    chunk read): in thousands of lines, the line is what finds it."""
+    target = tiny_dir("batch-target", tokenizer=True, seed=91)
+    inp = tmp_path / "in.jsonl"
+    lines = [request(f"r{i}", PROMPT, 2).encode() for i in range(400)]
+    lines[300] = lines[300].replace(b'"prompt": "', b'"prompt": "\xff')
+    inp.write_bytes(b"\n".join(lines) + b"\n")
+    assert run(target, inp, tmp_path / "out.jsonl") == 2
+    assert capsys.readouterr().err.strip().endswith("invalid start byte (line 301)")
