@@ -282,11 +282,12 @@ def _coordinate(args, world, groups: PipelineGroups) -> int:
         print(f"triforce: error: cannot reach the worker leader at {endpoint} (--control-host, --control-port): "
               f"{exc}", file=sys.stderr)
         return 2
-    shaken = []  # a group that refused the handshake is another run's (a shared port): never shut it down
+    shaken = False  # a group that refused the handshake is another run's (a shared port): never shut it down
 
     def run() -> int:
+        nonlocal shaken
         channel.handshake(model_identity(path, args.rope_scaling), world - 1)
-        shaken.append(True)
+        shaken = True
         args.worker_channel, args.workers = channel, 0  # the command's LLM verifies on the group
         return args.func(args)
 
