@@ -89,3 +89,47 @@ def test_a_final_position_is_offered_as_the_lookup_proposed_it_then():
         expected[naive_candidate(seq[:j], j, 2)] += weights[j]
         torch.testing.assert_close(lookup.offered(j, probs), expected)
     assert torch.equal(lookup.offered(100, probs), probs)  # long forgotten
+
+
+
+def test_the_weight_counts_where_the_copy_and_the_tiers_own_choice_parted():
+    """Where the proposing tier's own choice at a final position is known (`chose`, on the path that became
+    final), a candidate counts only where exactly one of the two was right: a tier that is right where its
+    copy is wrong pulls the weight down though the copies are mostly right; where both were right or both
+    wrong it says nothing. The prompt's positions (no choice) leave the candidate to count alone."""
+    prompt = [1, 2] * 5  # candidates at positions 3-9, all right: weight (7 + 1) / (7 + 2)
+    plain, weighed, weak = ContextLookup(1), ContextLookup(1), ContextLookup(1)
+    for lookup in (plain, weighed, weak):
+        lookup.advance(prompt, len(prompt))
+        assert lookup.weight == pytest.approx(8 / 9)
+    # the text goes on: the candidates at positions 10-17 are 1, 2, 1, 2 (wrong: 3), none, 3, 1, 3
+    seq = prompt + [1, 2, 1, 3, 1, 3, 1, 3]
+    for j in range(len(prompt), len(seq)):
+        weighed.chose(seq[:j], [], seq[j])  # a tier right everywhere
+        weak.chose(seq[:j], [], 9)  # and one wrong everywhere
+    for lookup in (plain, weighed, weak):
+        lookup.advance(seq, len(seq))
+        assert (lookup.candidates, lookup.right) == (14, 13)  # the metrics count every candidate
+    assert plain.weight == pytest.approx((13 + 1) / (14 + 2))
+    # right everywhere: only position 13, where the copy was wrong, settled anything (against the copy)
+    assert weighed.weight == pytest.approx((7 + 0 + 1) / (8 + 2))
+    # wrong everywhere: each right copy beat it; at 13 both were wrong (not counted)
+    assert weak.weight == pytest.approx((7 + 6 + 1) / (13 + 2))
+    assert weighed.choices == {} and weak.choices == {}  # settled choices are dropped
+
+
+@pytest.mark.parametrize("order", ["kept", "rejected", "rejected-then-kept", "kept-then-sibling"])
+def test_a_choice_counts_only_on_the_path_that_became_final(order):
+    """A choice for a position past the final tokens, made after speculative ones (a chain's deeper rows, a
+    tree's nodes), counts where those tokens became final as they were, whichever order the rows came in."""
+    base = [1, 2] * 5  # 7 right candidates
+    lookup = ContextLookup(1)
+    lookup.advance(base, len(base))
+    paths = {"kept": [[1]], "rejected": [[4]], "rejected-then-kept": [[4], [1]], "kept-then-sibling": [[1], [4]]}
+    for path in paths[order]:
+        lookup.chose(base, path, 2)  # the tier's choice at position 11 after base, then path
+    final = base + [1, 2]  # candidates at 10 and 11 (1, then 2): both right, and so is the tier at 11
+    lookup.advance(final, len(final))
+    # on the final path both were right at 11: no count there; elsewhere 11 counts the copy's hit alone
+    counted = 7 + 1 + (order == "rejected")
+    assert lookup.weight == pytest.approx((counted + 1) / (counted + 2))

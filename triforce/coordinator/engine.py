@@ -213,8 +213,9 @@ class HierarchyEngine(TierPrefill):
             if level == 0:
                 logits = (yield from self._forward(0))[-1]
                 ruled = self.rows.ruled(logits[None], [[]])
+                row = self.rows.probs(ruled)[0]
                 copy = self.rows.copy([], ruled[0]) if proposing else None
-                row = self.rows.mixed(self.rows.probs(ruled)[0], copy)
+                row = self.rows.mixed(row, copy, []) if proposing else row
                 token = sample(row, self.rows.generator, greedy, proposal=proposing)
                 seq.append(token)
                 tokens.append(token)

@@ -5,7 +5,7 @@ speculation/rules.py: penalties, min_tokens, bad words, structured outputs); its
 make them distributions (`probs`: logit_bias, allowed_token_ids, temperature, min_p, top-k, top-p). As a
 proposer the bottom tier mixes into a row the prompt lookup's copy for that row's path
 (speculation/lookup.py), unless the request bans the copy there (`copy`): proposed, it could only be
-rejected. Every random draw of the request uses `generator`.
+rejected; the lookup weighs its copies against the tier's own choices (`mixed`). Every random draw of the request uses `generator`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from ..sampling_params import SamplingParams
 from ..speculation.lookup import ContextLookup
 from ..speculation.rules import RowRules
-from ..speculation.sampling import processed
+from ..speculation.sampling import processed, row_argmax
 
 
 class RequestRows:
@@ -59,6 +59,10 @@ class RequestRows:
         token = None if self.lookup is None else self.lookup.candidate(self.seq, path)
         return None if token is None or self.bans(token, path, ruled) else token
 
-    def mixed(self, row: torch.Tensor, copy: int | None) -> torch.Tensor:
-        """The proposer's distribution `row` mixed with the lookup's `copy` (None: the row itself)."""
+    def mixed(self, row: torch.Tensor, copy: int | None, path: list[int]) -> torch.Tensor:
+        """The proposer's distribution `row` after seq, then `path`, mixed with the lookup's `copy` (None: the
+        row itself); the lookup keeps the row's own choice, to weigh its copies against."""
+        if self.lookup is None:
+            return row
+        self.lookup.chose(self.seq, path, int(row_argmax(row)))
         return row if copy is None else self.lookup.mix(row, copy)

@@ -54,7 +54,7 @@ def grow_tree(tier: Tier, forward: Callable[[Step], Generator], growth: "Growth"
                 continue
             choice = int(row_argmax(rows[slot])) if greedy else None  # what its processed row picks (logit_bias)
             copy = request.copy(paths[slot], logits[slot])
-            rows[slot] = request.mixed(rows[slot], copy)
+            rows[slot] = request.mixed(rows[slot], copy, paths[slot])
             if greedy:  # ranked by the proposer's logits (its one-hot row would allow a single child)
                 drawn = sample_children(logits[slot], k, None, True)  # (a banned one could only be rejected)
                 drawn = [choice] + [t for t in drawn if t != choice and logits[slot][t] > float("-inf")
