@@ -64,7 +64,7 @@ def selections(monkeypatch):
     real = retrieval.select_chunks
 
     def counting(queries, mean_keys, num_chunks):
-        calls.append(num_chunks < mean_keys.shape[1])
+        calls.append(num_chunks < mean_keys.shape[-2])
         return real(queries, mean_keys, num_chunks)
 
     monkeypatch.setattr(retrieval, "select_chunks", counting)

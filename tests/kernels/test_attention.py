@@ -151,6 +151,20 @@ def test_select_chunks_matches_a_loop():
         assert sorted(chosen[h].tolist()) == expected
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_select_chunks_for_several_layers_at_once_is_each_layers_own(dtype):
+    """A static rebuild chooses every layer's chunks in one call (a leading layer dim), over the slice of a
+    means buffer that holds more chunks than are complete, as ChunkMeans hands it over."""
+    hq, hkv, d, c = 6, 2, 64, 40
+    buffer = torch.randn(5, hkv, c + 8, d).to(dtype)
+    means, queries = buffer[:, :, :c], torch.randn(5, hq, 1, d).to(dtype)
+    chosen = select_chunks(queries, means, 7)
+    assert chosen.shape == (5, hkv, 7)
+    for layer in range(5):
+        assert torch.equal(chosen[layer].sort().values, select_chunks(queries[layer], means[layer], 7).sort().values)
+        assert {0, c - 1} <= set(chosen[layer, 0].tolist())
+
+
 def test_gather_chunks_takes_whole_chunks_per_head():
     data = torch.arange(2 * 12, dtype=torch.float32).view(2, 12, 1)
     (out,) = gather_tokens(chunk_token_ids(torch.tensor([[0, 2], [1, 2]]), 4), data)

@@ -15,7 +15,10 @@ Selection policies:
   token against the mean keys, which are kept up to date at each sync; the extra cost is reading the
   means, about 1/chunk_size of the keys.
 Both read the source's chunk means (cache/chunk_means.py), which average each chunk once, when it
-completes: a rebuild costs what it selects and the chunks added since the last one, not the context.
+completes: a rebuild costs what it selects and the chunks added since the last one, not the context; a
+static rebuild over a local source copies only the chunks its choice changed into the last one's buffers
+(refill_chunks: SmolLM2 + yarn:4 at 16K, 72 -> 16 ms a rebuild after 4 new tokens on the 2-core AVX2
+EPYC, `benchmarks/retrieval_fidelity.py --rebuild-timing`).
 
 Why the first token only (exactness): a forward's row i reports the distribution of position p_0 + i + 1,
 and speculative verification assumes that distribution does not depend on the proposals it checks,
@@ -56,28 +59,67 @@ def selects_chunks(length: int, budget: int, chunk_size: int) -> bool:
     return length > budget + chunk_size
 
 
-def retrieve_from_full(full: FullKVCache, budget: int, chunk_size: int, full_layers: int,
-                       queries: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The static policy's choice: per layer, (keys, values) [Hkv, T, D] of the chunks whose mean key best
-    matches the full cache's latest query, plus the tail; the whole cache for the first `full_layers`
-    layers and for sequences that fit the budget.
+def choose_chunks(full: FullKVCache, budget: int, chunk_size: int, full_layers: int,
+                  queries: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The static policy's choice for the layers from `full_layers` on: the chunks [L - full_layers, Hkv,
+    budget // chunk_size] whose mean key best matches the full cache's latest query, every layer's in one
+    selection. None where every layer keeps the whole cache (a sequence that fits the budget).
 
     queries: [L, Hq, D], the latest query of every query head of the cache's KV heads, when the cache
     does not hold them all: a tensor-parallel rank whose KV head is replicated on other ranks holds
     only its own query heads, but a KV head's chunks are scored with all of its group's."""
-    total, chunk = full.length, chunk_size
-    queries = full.last_query if queries is None else queries
-    complete = total // chunk
-    means = full.chunk_means(chunk) if selects_chunks(total, budget, chunk) else None
+    if not selects_chunks(full.length, budget, chunk_size) or full_layers >= full.keys.shape[0]:
+        return None
+    queries = torch.stack(full.last_query[full_layers:]) if queries is None else queries[full_layers:]
+    return select_chunks(queries.unsqueeze(-2), full.chunk_means(chunk_size)[full_layers:], budget // chunk_size)
+
+
+def retrieve_from_full(full: FullKVCache, budget: int, chunk_size: int, full_layers: int,
+                       queries: torch.Tensor | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, (keys, values) [Hkv, T, D] of the chunks `choose_chunks` chose, then the tail; the whole
+    cache where it chose none (what a worker group sends the coordinator's retrieval cache)."""
+    total = full.length
+    chosen = choose_chunks(full, budget, chunk_size, full_layers, queries)
     out = []
     for layer in range(full.keys.shape[0]):
-        keys, values = full.keys[layer, :, :total], full.values[layer, :, :total]
-        if layer >= full_layers and means is not None:
-            chosen = select_chunks(queries[layer].unsqueeze(1), means[layer], budget // chunk)
-            keys, values = gather_tokens(retrieval_token_ids(chosen, chunk, complete, total), full.keys[layer],
-                                         full.values[layer])
-        out.append((keys, values))
+        if chosen is None or layer < full_layers:
+            out.append((full.keys[layer, :, :total], full.values[layer, :, :total]))
+        else:
+            ids = retrieval_token_ids(chosen[layer - full_layers], chunk_size, total // chunk_size, total)
+            out.append(gather_tokens(ids, full.keys[layer], full.values[layer]))
     return out
+
+
+def refill_chunks(buffers: tuple[torch.Tensor, torch.Tensor], held: torch.Tensor | None, chosen: torch.Tensor,
+                  sources: tuple[torch.Tensor, torch.Tensor], chunk_size: int) -> torch.Tensor:
+    """Makes the first k chunk slots of `buffers` ([..., cap, D] keys and values, contiguous) hold the chunks
+    `chosen` ([..., k], distinct in each row) of `sources` ([..., S, D], contiguous), where they held `held`
+    (as chosen; None: nothing): only the chosen chunks not held are copied, each over a slot whose chunk was
+    not chosen, so a rebuild costs what the choice changed. Slots come in no order; attention does not
+    care. Every layer and KV head in one copy per buffer. Returns what the slots hold now."""
+    rows, k = chosen.numel() // chosen.shape[-1], chosen.shape[-1]
+    chosen = chosen.reshape(rows, k)
+    if held is None:
+        held = chosen.clone()
+        row_ids = torch.arange(rows, device=chosen.device).repeat_interleave(k)
+        slots = torch.arange(k, device=chosen.device).repeat(rows)
+        entering = chosen.reshape(-1)
+    else:
+        held = held.reshape(rows, k).clone()
+        count = int(max(held.max(), chosen.max())) + 1
+        wanted = torch.zeros(rows, count, dtype=torch.bool, device=chosen.device).scatter_(1, chosen, True)
+        kept = torch.zeros_like(wanted).scatter_(1, held, True)
+        leaving, new = ~wanted.gather(1, held), ~kept.gather(1, chosen)  # as many in each row (k distinct)
+        entering = chosen[new]  # row-major: row by row, as leaving's slots below
+        row_ids, slots = leaving.nonzero(as_tuple=True)
+        held[leaving] = entering
+    offsets = torch.arange(chunk_size, device=chosen.device)
+    d, cap, size = buffers[0].shape[-1], buffers[0].shape[-2], sources[0].shape[-2]
+    src = ((row_ids * size + entering * chunk_size).unsqueeze(1) + offsets).reshape(-1)
+    dst = ((row_ids * cap + slots * chunk_size).unsqueeze(1) + offsets).reshape(-1)
+    for buffer, source in zip(buffers, sources):
+        buffer.view(-1, d).index_copy_(0, dst, source.view(-1, d).index_select(0, src))
+    return held
 
 
 class LocalKVSource:
@@ -94,7 +136,11 @@ class LocalKVSource:
         return self.full.length
 
     def retrieve(self, budget: int, chunk_size: int, full_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """What a worker group's source sends (the retrieval cache of this process takes `choose`)."""
         return retrieve_from_full(self.full, budget, chunk_size, full_layers)
+
+    def choose(self, budget: int, chunk_size: int, full_layers: int) -> torch.Tensor | None:
+        return choose_chunks(self.full, budget, chunk_size, full_layers)
 
     def committed(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [L, Hkv, stop - start, D] of committed positions [start, stop)."""
@@ -126,6 +172,9 @@ class RetrievalKVCache(KVCache):
         self._buf_k: list[torch.Tensor] = []
         self._buf_v: list[torch.Tensor] = []
         self._retrieved: list[int] = []
+        # local source: the chunks [L - full_layers, Hkv, k] that _chosen_kv's slots hold (its keys, values)
+        self._held: torch.Tensor | None = None
+        self._chosen_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._built_at = 0
         # dynamic: the mean keys of the source's complete chunks at the last sync, [L, Hkv, C, D]
         self._means: torch.Tensor | None = None
@@ -139,24 +188,55 @@ class RetrievalKVCache(KVCache):
         """Static policy: choose chunks afresh with the source's latest query. A layer that keeps the whole
         source in this process (the first `full_layers`; every layer while the context fits the budget)
         reads the source's own buffer, its speculative tokens in the free slots past the source's length
-        as the dynamic policy's: copied, it cost a copy of the whole context per rebuild, and held one."""
+        as the dynamic policy's: copied, it cost a copy of the whole context per rebuild, and held one.
+        A local source's chosen chunks go into the buffers of the last rebuild, over the chunks no longer
+        chosen (refill_chunks): at 16K a rebuild had allocated and filled every layer's buffer afresh, 68 ms
+        of SmolLM2, a target step's time."""
+        if isinstance(self.source, LocalKVSource):
+            self._refill(self.source.choose(self.budget, self.chunk_size, self.full_layers))
+        else:
+            self._fill(self.source.retrieve(self.budget, self.chunk_size, self.full_layers))
+        self._built_at = self.synced = self.source.length
+        self.spec_len = 0
+        self.rebuilds += 1
+
+    def _fill(self, retrieved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Buffers that begin with the retrieved keys and values of each layer (a worker group's choice)."""
         self._buf_k, self._buf_v, self._retrieved = [], [], []
-        for layer, (keys, values) in enumerate(self.source.retrieve(self.budget, self.chunk_size, self.full_layers)):
-            if self._source_buffer(layer, keys):
-                self._buf_k.append(self.source.full.keys[layer])
-                self._buf_v.append(self.source.full.values[layer])
-                self._retrieved.append(keys.shape[1])
-                continue
-            cap = keys.shape[1] + self.refresh_every + self.max_speculative
-            buf_k = keys.new_empty(keys.shape[0], cap, keys.shape[2])
+        for keys, values in retrieved:
+            buf_k = keys.new_empty(keys.shape[0], keys.shape[1] + self.refresh_every + self.max_speculative,
+                                   keys.shape[2])
             buf_v = torch.empty_like(buf_k)
             buf_k[:, : keys.shape[1]], buf_v[:, : keys.shape[1]] = keys, values
             self._buf_k.append(buf_k)
             self._buf_v.append(buf_v)
             self._retrieved.append(keys.shape[1])
-        self._built_at = self.synced = self.source.length
-        self.spec_len = 0
-        self.rebuilds += 1
+
+    def _refill(self, chosen: torch.Tensor | None) -> None:
+        """The local source's buffer read in place by the layers without a choice (`chosen` [L - full_layers,
+        Hkv, k], None: every layer), by the others one buffer [L - full_layers, Hkv, cap, D] each for keys and
+        values: the chosen chunks, a chunk's room for the tail (the tokens past the last complete chunk) and
+        the tokens until the next rebuild; the last rebuild's, where it holds chunks of this budget and the
+        source has not shrunk since (every chunk it holds is still the cache's)."""
+        full, total, chunk = self.source.full, self.source.length, self.chunk_size
+        whole = full.keys.shape[0] if chosen is None else self.full_layers
+        self._buf_k, self._buf_v = list(full.keys[:whole]), list(full.values[:whole])
+        self._retrieved = [total] * whole
+        if chosen is None:
+            self._held = self._chosen_kv = None
+            return
+        slots, tail = chosen.shape[-1] * chunk, total - total // chunk * chunk
+        if self._held is None or self._held.shape != chosen.shape or total < self._built_at:
+            self._held = None
+            shape = (*chosen.shape[:2], slots + chunk + self.refresh_every + self.max_speculative, full.keys.shape[-1])
+            self._chosen_kv = (full.keys.new_empty(shape), full.values.new_empty(shape))
+        sources = (full.keys[whole:], full.values[whole:])
+        self._held = refill_chunks(self._chosen_kv, self._held, chosen, sources, chunk).view(chosen.shape)
+        for buffer, source in zip(self._chosen_kv, sources):
+            buffer[:, :, slots:slots + tail] = source[:, :, total - tail:total]
+        self._buf_k += list(self._chosen_kv[0])
+        self._buf_v += list(self._chosen_kv[1])
+        self._retrieved += [slots + tail] * chosen.shape[0]
 
     def _source_buffer(self, layer: int, keys: torch.Tensor) -> bool:
         """Whether `keys` is the local source's own buffer of `layer` (a view of it, which begins where that
@@ -262,3 +342,4 @@ class RetrievalKVCache(KVCache):
         self.synced = self.spec_len = self._built_at = 0
         self._means = None
         self._buf_k, self._buf_v, self._retrieved = [], [], []
+        self._held = self._chosen_kv = None
