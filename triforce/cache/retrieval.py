@@ -190,7 +190,7 @@ class RetrievalKVCache(KVCache):
         reads the source's own buffer, its speculative tokens in the free slots past the source's length
         as the dynamic policy's: copied, it cost a copy of the whole context per rebuild, and held one.
         A local source's chosen chunks go into the buffers of the last rebuild, over the chunks no longer
-        chosen (refill_chunks): at 16K a rebuild had allocated and filled every layer's buffer afresh, 68 ms
+        chosen (refill_chunks): at 16K a rebuild had allocated and filled every layer's buffer afresh, 72 ms
         of SmolLM2, a target step's time."""
         if isinstance(self.source, LocalKVSource):
             self._refill(self.source.choose(self.budget, self.chunk_size, self.full_layers))
