@@ -3,7 +3,7 @@ stack of tiers, and how many tokens a check above a checking tier holds."""
 import pytest
 
 from triforce.coordinator.speed_model import check_sizes, check_yields, expected_tokens, seconds_per_token
-from triforce.coordinator.costs import interpolate
+from triforce.coordinator.costs import dense_costs, interpolate
 
 
 def test_expected_tokens_is_the_mean_of_a_chain_check():
@@ -77,3 +77,13 @@ def test_optimism_is_never_below_the_mean_nor_undefined():
     unsure = Acceptance(0.6, successes=3.0, trials=5.0)
     assert unsure.mean < unsure.optimistic <= 0.99
     assert Acceptance(1.00000005).optimistic == Acceptance(1.00000005).mean
+
+
+@pytest.mark.parametrize("table", [{1: 0.05, 4: 0.11, 16: 0.26}, {2: 0.3, 3: 0.2}, {1: 1.0}, {4: 0.5, 8: 0.9, 32: 2.0}])
+def test_a_dense_table_prices_every_size_as_its_measured_points_do(table):
+    """A plan fills each stack's costs in for sizes 1..top once (dense_costs); the model then reads the
+    dense table, and must get what interpolating the measured points gives, past top too."""
+    dense = dense_costs({"target": table}, 18)["target"]
+    assert set(range(1, 19)) <= set(dense)
+    for n in range(1, 40):
+        assert interpolate(dense, n) == pytest.approx(interpolate(table, n), rel=1e-12, abs=1e-15)

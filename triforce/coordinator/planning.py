@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from itertools import product
 
 from .batchmates import Batchmates, power_of_two_below
-from .costs import CostTable, interpolate
+from .costs import CostTable, dense_costs, interpolate
 from .forward_times import ForwardTimes
 from .planner_evidence import PlannerEvidence
 from .priors import Priors
@@ -184,9 +184,16 @@ class AutoPlanner(PlannerEvidence):
         optimistic = {name: a.optimistic for name, a in estimates.items()}
         means = {name: a.mean for name, a in estimates.items()}
 
+        # Each stack's costs once per plan, at every size a check of these gammas holds (at most gamma1 +
+        # gamma2 tokens, and the bonus): the model asks them of hundreds of plans (a replan at 16K had taken
+        # 62 ms, most of it in these lookups and in rebuilding each stack's table per gammas)
+        top, tables = 2 * max((MAX_GAMMA, *(self.preferred_gammas or ()))) + 2, {}
+
         def speed(stack, gammas, alphas):  # tokens/s the model predicts, as this mode realizes it
-            costs = self.times.per_sequence(stack, chunk)
-            return self._realized(stack_mode(stack)) / seconds_per_token(stack, gammas, costs, alphas, self.row_seconds)
+            if stack not in tables:
+                tables[stack] = dense_costs(self.times.per_sequence(stack, chunk), top)
+            return self._realized(stack_mode(stack)) / seconds_per_token(stack, gammas, tables[stack], alphas,
+                                                                         self.row_seconds)
 
         plain = speed(("target",), (), means)
         scored, expected, with_draft = {}, {}, 0.0
