@@ -120,14 +120,15 @@ def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: di
     it holds gamma or more (`check_sizes`), and its cost and gain are averaged over those sizes."""
     seconds = interpolate(costs[stack[0]], 1) + row_seconds
     below: dict[int, float] | None = None  # what the checks of the level below yield, by probability
-    for proposer, checker, gamma in zip(stack, stack[1:], gammas):
+    for level, (proposer, checker, gamma) in enumerate(zip(stack, stack[1:], gammas)):
         sizes = {gamma: 1.0} if below is None else check_sizes(below, gamma)
         alpha = alphas[proposer]
         held = sum(n * p for n, p in sizes.items())
         check = held * seconds + sum(p * (interpolate(costs[checker], n + 1) + (n + 1) * row_seconds)
                                      for n, p in sizes.items())
         seconds = check / sum(p * expected_tokens(alpha, n) for n, p in sizes.items())
-        below = check_yields(alpha, sizes)
+        if level + 2 < len(stack):  # (the top level's yields feed no level above: a plan's costliest part)
+            below = check_yields(alpha, sizes)
     return seconds
 
 
