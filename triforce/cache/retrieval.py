@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.retrieval import chunk_token_ids, gather_tokens, select_chunks
+from ..kernels.retrieval import chunk_token_ids, gather_tokens, refill_chunks, select_chunks
 from ..step import Step
 from .base import CacheCapacityError, KVCache, LayerBuffers, move_slots
 from .full import FullKVCache
@@ -88,38 +88,6 @@ def retrieve_from_full(full: FullKVCache, budget: int, chunk_size: int, full_lay
             ids = retrieval_token_ids(chosen[layer - full_layers], chunk_size, total // chunk_size, total)
             out.append(gather_tokens(ids, full.keys[layer], full.values[layer]))
     return out
-
-
-def refill_chunks(buffers: tuple[torch.Tensor, torch.Tensor], held: torch.Tensor | None, chosen: torch.Tensor,
-                  sources: tuple[torch.Tensor, torch.Tensor], chunk_size: int) -> torch.Tensor:
-    """Makes the first k chunk slots of `buffers` ([..., cap, D] keys and values, contiguous) hold the chunks
-    `chosen` ([..., k], distinct in each row) of `sources` ([..., S, D], contiguous), where they held `held`
-    (as chosen; None: nothing): only the chosen chunks not held are copied, each over a slot whose chunk was
-    not chosen, so a rebuild costs what the choice changed. Slots come in no order; attention does not
-    care. Every layer and KV head in one copy per buffer. Returns what the slots hold now."""
-    rows, k = chosen.numel() // chosen.shape[-1], chosen.shape[-1]
-    chosen = chosen.reshape(rows, k)
-    if held is None:
-        held = chosen.clone()
-        row_ids = torch.arange(rows, device=chosen.device).repeat_interleave(k)
-        slots = torch.arange(k, device=chosen.device).repeat(rows)
-        entering = chosen.reshape(-1)
-    else:
-        held = held.reshape(rows, k).clone()
-        count = int(max(held.max(), chosen.max())) + 1
-        wanted = torch.zeros(rows, count, dtype=torch.bool, device=chosen.device).scatter_(1, chosen, True)
-        kept = torch.zeros_like(wanted).scatter_(1, held, True)
-        leaving, new = ~wanted.gather(1, held), ~kept.gather(1, chosen)  # as many in each row (k distinct)
-        entering = chosen[new]  # row-major: row by row, as leaving's slots below
-        row_ids, slots = leaving.nonzero(as_tuple=True)
-        held[leaving] = entering
-    offsets = torch.arange(chunk_size, device=chosen.device)
-    d, cap, size = buffers[0].shape[-1], buffers[0].shape[-2], sources[0].shape[-2]
-    src = ((row_ids * size + entering * chunk_size).unsqueeze(1) + offsets).reshape(-1)
-    dst = ((row_ids * cap + slots * chunk_size).unsqueeze(1) + offsets).reshape(-1)
-    for buffer, source in zip(buffers, sources):
-        buffer.view(-1, d).index_copy_(0, dst, source.view(-1, d).index_select(0, src))
-    return held
 
 
 class LocalKVSource:

@@ -3,6 +3,7 @@
 A chunk is `chunk_size` consecutive tokens; its summary is the mean of its (rotated) keys. A KV head
 scores chunk c as the sum, over the query heads of its group and the given query rows, of
 query . mean_key[c]. Chunk 0 (the attention sink) and the most recent complete chunk are always kept.
+A static rebuild copies only the chunks its new choice brings in, over those it drops (`refill_chunks`).
 """
 from __future__ import annotations
 
@@ -48,3 +49,35 @@ def gather_tokens(token_ids: torch.Tensor, *buffers: torch.Tensor) -> tuple[torc
     # index_select over the flattened heads is several times faster than torch.gather on CPU.
     flat_ids = (token_ids + torch.arange(hkv, device=token_ids.device).unsqueeze(1) * s).reshape(-1)
     return tuple(b.view(hkv * s, d).index_select(0, flat_ids).view(hkv, -1, d) for b in buffers)
+
+
+def refill_chunks(buffers: tuple[torch.Tensor, torch.Tensor], held: torch.Tensor | None, chosen: torch.Tensor,
+                  sources: tuple[torch.Tensor, torch.Tensor], chunk_size: int) -> torch.Tensor:
+    """Makes the first k chunk slots of `buffers` ([..., cap, D] keys and values, contiguous) hold the chunks
+    `chosen` ([..., k], distinct in each row) of `sources` ([..., S, D], contiguous), where they held `held`
+    (as chosen; None: nothing): only the chosen chunks not held are copied, each over a slot whose chunk was
+    not chosen, so a rebuild costs what the choice changed. Slots come in no order; attention does not
+    care. Every layer and KV head in one copy per buffer. Returns what the slots hold now."""
+    rows, k = chosen.numel() // chosen.shape[-1], chosen.shape[-1]
+    chosen = chosen.reshape(rows, k)
+    if held is None:
+        held = chosen.clone()
+        row_ids = torch.arange(rows, device=chosen.device).repeat_interleave(k)
+        slots = torch.arange(k, device=chosen.device).repeat(rows)
+        entering = chosen.reshape(-1)
+    else:
+        held = held.reshape(rows, k).clone()
+        count = int(max(held.max(), chosen.max())) + 1
+        wanted = torch.zeros(rows, count, dtype=torch.bool, device=chosen.device).scatter_(1, chosen, True)
+        kept = torch.zeros_like(wanted).scatter_(1, held, True)
+        leaving, new = ~wanted.gather(1, held), ~kept.gather(1, chosen)  # as many in each row (k distinct)
+        entering = chosen[new]  # row-major: row by row, as leaving's slots below
+        row_ids, slots = leaving.nonzero(as_tuple=True)
+        held[leaving] = entering
+    offsets = torch.arange(chunk_size, device=chosen.device)
+    d, cap, size = buffers[0].shape[-1], buffers[0].shape[-2], sources[0].shape[-2]
+    src = ((row_ids * size + entering * chunk_size).unsqueeze(1) + offsets).reshape(-1)
+    dst = ((row_ids * cap + slots * chunk_size).unsqueeze(1) + offsets).reshape(-1)
+    for buffer, source in zip(buffers, sources):
+        buffer.view(-1, d).index_copy_(0, dst, source.view(-1, d).index_select(0, src))
+    return held
