@@ -2,7 +2,14 @@
 import pytest
 import torch
 
-from triforce.speculation.lookup import OFFERS_KEPT, RECENT, ContextLookup
+from triforce.speculation.lookup import OFFERS_KEPT, RECENT, ContextLookup, fitted_weight
+
+
+def one_hot(token, vocab=10):
+    """A greedy tier's row: all its mass on `token`."""
+    row = torch.zeros(vocab)
+    row[token] = 1.0
+    return row
 
 
 def naive_candidate(seq, final, n):
@@ -68,19 +75,20 @@ def test_a_greedy_proposers_children_hold_the_copy_where_the_mixture_would_pick_
 
 
 def test_a_final_position_is_offered_as_the_lookup_proposed_it_then():
-    """`offered` mixes a final position's row with the candidate it had and the weight the lookup had just
-    before it (what an idle proposer's evidence needs, coordinator/auto.py); the latest OFFERS_KEPT
-    positions are remembered, older ones come back unchanged."""
+    """`offered` mixes a final position's row with the candidate it had and the weight a proposer there
+    mixed with (the weight after the previous `advance`: what an idle proposer's evidence needs,
+    coordinator/auto.py); the latest OFFERS_KEPT positions are remembered, older ones come back unchanged."""
     gen = torch.Generator().manual_seed(7)
     seq = torch.randint(0, 3, (3 * OFFERS_KEPT,), generator=gen).tolist()
     lookup, final, outcomes = ContextLookup(2), 0, []
-    weights = {}  # position -> the weight before it, counted naively
-    for j in range(2, len(seq)):
-        c = naive_candidate(seq[:j], j, 2)
-        if c is not None:
-            weights[j] = (sum(outcomes[-RECENT:]) + 1) / (len(outcomes[-RECENT:]) + 2)
-            outcomes.append(c == seq[j])
+    weights = {}  # position -> the weight its round proposed with, counted naively
     for step in [500, 1, 700, 33, len(seq) - 1234]:
+        then = (sum(outcomes[-RECENT:]) + 1) / (len(outcomes[-RECENT:]) + 2)
+        for j in range(max(final, 2), final + step):
+            c = naive_candidate(seq[:j], j, 2)
+            if c is not None:
+                weights[j] = then
+                outcomes.append(c == seq[j])
         final += step
         lookup.advance(seq, final)
     probs = torch.full((3,), 1 / 3)
@@ -89,7 +97,6 @@ def test_a_final_position_is_offered_as_the_lookup_proposed_it_then():
         expected[naive_candidate(seq[:j], j, 2)] += weights[j]
         torch.testing.assert_close(lookup.offered(j, probs), expected)
     assert torch.equal(lookup.offered(100, probs), probs)  # long forgotten
-
 
 
 def test_the_weight_counts_where_the_copy_and_the_tiers_own_choice_parted():
@@ -105,8 +112,8 @@ def test_the_weight_counts_where_the_copy_and_the_tiers_own_choice_parted():
     # the text goes on: the candidates at positions 10-17 are 1, 2, 1, 2 (wrong: 3), none, 3, 1, 3
     seq = prompt + [1, 2, 1, 3, 1, 3, 1, 3]
     for j in range(len(prompt), len(seq)):
-        weighed.chose(seq[:j], [], seq[j])  # a tier right everywhere
-        weak.chose(seq[:j], [], 9)  # and one wrong everywhere
+        weighed.chose(seq[:j], [], one_hot(seq[j]), None)  # a greedy tier right everywhere
+        weak.chose(seq[:j], [], one_hot(9), None)  # and one wrong everywhere
     for lookup in (plain, weighed, weak):
         lookup.advance(seq, len(seq))
         assert (lookup.candidates, lookup.right) == (14, 13)  # the metrics count every candidate
@@ -121,15 +128,61 @@ def test_the_weight_counts_where_the_copy_and_the_tiers_own_choice_parted():
 @pytest.mark.parametrize("order", ["kept", "rejected", "rejected-then-kept", "kept-then-sibling"])
 def test_a_choice_counts_only_on_the_path_that_became_final(order):
     """A choice for a position past the final tokens, made after speculative ones (a chain's deeper rows, a
-    tree's nodes), counts where those tokens became final as they were, whichever order the rows came in."""
+    tree's nodes), counts where those tokens became final as they were, whichever order the rows came in;
+    once the tier proposes, a position without its row on the final path says nothing."""
     base = [1, 2] * 5  # 7 right candidates
     lookup = ContextLookup(1)
     lookup.advance(base, len(base))
     paths = {"kept": [[1]], "rejected": [[4]], "rejected-then-kept": [[4], [1]], "kept-then-sibling": [[1], [4]]}
     for path in paths[order]:
-        lookup.chose(base, path, 2)  # the tier's choice at position 11 after base, then path
-    final = base + [1, 2]  # candidates at 10 and 11 (1, then 2): both right, and so is the tier at 11
+        lookup.chose(base, path, one_hot(3), None)  # the tier's choice at position 11 after base, then path
+    final = base + [1, 2]  # candidates at 10 and 11 (1, then 2): both right, the tier wrong at 11
     lookup.advance(final, len(final))
-    # on the final path both were right at 11: no count there; elsewhere 11 counts the copy's hit alone
-    counted = 7 + 1 + (order == "rejected")
+    # 10 had no row: nothing; 11 counts the copy's win where the tier's row there is on the final path
+    counted = 7 + (order != "rejected")
     assert lookup.weight == pytest.approx((counted + 1) / (counted + 2))
+
+
+def test_the_fitted_weight_is_the_posterior_mode():
+    """fitted_weight against the log-density (a Beta(2, 2) prior; a right copy the tier gave q: (1 - w) q + w;
+    a missed copy: 1 - w) maximised over a fine grid, on random evidence; with every q 0 it is the count."""
+    gen = torch.Generator().manual_seed(3)
+    grid = torch.linspace(1e-6, 1 - 1e-6, 200_001, dtype=torch.float64)
+    for trial in range(20):
+        n = int(torch.randint(1, RECENT + 1, (1,), generator=gen))
+        points = [None if float(torch.rand(1, generator=gen)) < 0.4 else float(torch.rand(1, generator=gen)) ** 2
+                  for _ in range(n)]
+        density = torch.log(grid) + torch.log1p(-grid)
+        for q in points:
+            density += torch.log1p(-grid) if q is None else torch.log((1 - grid) * q + grid)
+        assert fitted_weight(points) == pytest.approx(float(grid[density.argmax()]), abs=1e-4)
+    assert fitted_weight([0.0, 0.0, None]) == pytest.approx(3 / 5)
+    assert fitted_weight([]) == 0.5
+
+
+def test_a_sampled_tier_owes_a_copy_it_already_favoured_little_and_each_missed_copy_lowers_the_weight():
+    """Sampled rows (not one-hot): a right copy to which the tier gave 0.9 of its mass lifts the weight far
+    less than one it gave 0.1, and a copy that missed pulls the weight down even where the tier's own
+    choice missed too (a one-hot row there says nothing: the count's rule)."""
+    prompt = [1, 2] * 5  # 7 right candidates: weight 8/9
+    seq = prompt + [1, 2, 1, 2]  # right candidates at 10-13
+    lookups = {name: ContextLookup(1) for name in ("favoured", "unfavoured")}
+    for name, lookup in lookups.items():
+        lookup.advance(prompt, len(prompt))
+        for j in range(len(prompt), len(seq)):
+            row = torch.full((10,), 0.1 / 9)
+            row[seq[j]] = 0.9
+            if name == "unfavoured":
+                row = row.flip(0)  # the copy gets 0.1 / 9, another token 0.9
+            lookup.chose(seq[:j], [], row, seq[j])
+        lookup.advance(seq, len(seq))
+    assert 8 / 9 < lookups["favoured"].weight < lookups["unfavoured"].weight < 12 / 13
+    missed = prompt + [3]  # the copy (1) missed at 10, and so did the tier's own choice (5)
+    sampled, greedy = ContextLookup(1), ContextLookup(1)
+    for lookup, row in ((sampled, torch.full((10,), 0.02)), (greedy, one_hot(5))):
+        row[5] = 1 - row[:5].sum() - row[6:].sum()
+        lookup.advance(prompt, len(prompt))
+        lookup.chose(prompt, [], row, 1)
+        lookup.advance(missed, len(missed))
+    assert greedy.weight == pytest.approx(8 / 9)
+    assert sampled.weight == pytest.approx(8 / 10)

@@ -14,7 +14,7 @@ import torch
 from ..sampling_params import SamplingParams
 from ..speculation.lookup import ContextLookup
 from ..speculation.rules import RowRules
-from ..speculation.sampling import processed, row_argmax
+from ..speculation.sampling import processed
 
 
 class RequestRows:
@@ -61,8 +61,8 @@ class RequestRows:
 
     def mixed(self, row: torch.Tensor, copy: int | None, path: list[int]) -> torch.Tensor:
         """The proposer's distribution `row` after seq, then `path`, mixed with the lookup's `copy` (None: the
-        row itself); the lookup keeps the row's own choice, to weigh its copies against."""
+        row itself); the lookup keeps what the row chose and gave the copy, to weigh its copies against."""
         if self.lookup is None:
             return row
-        self.lookup.chose(self.seq, path, int(row_argmax(row)))
+        self.lookup.chose(self.seq, path, row, copy)
         return row if copy is None else self.lookup.mix(row, copy)
