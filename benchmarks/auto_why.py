@@ -24,9 +24,9 @@ def print_stretches() -> None:
     """Wraps AutoPlanner.observe_rate (called as each stretch ends) to print the stretch."""
     observe_rate = planning.AutoPlanner.observe_rate
 
-    def observed(self, plan, tokens_per_s):
+    def observed(self, plan, tokens_per_s, tokens):
         if plan.mode not in self.times.scaled:  # a plan this planner did not score (a batch leader's)
-            return observe_rate(self, plan, tokens_per_s)
+            return observe_rate(self, plan, tokens_per_s, tokens)
         costs, held = self.times.per_sequence(plan.stack), {n: a.mean for n, a in self.estimates().items()}
         own = {**held, **{n: a.mean for n, a in self._stretch.items() if a.trials}}
         at_own, at_held = (1 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
@@ -34,7 +34,7 @@ def print_stretches() -> None:
         checks = ", ".join(f"{n} {a.mean:.2f} over {a.trials:.0f}" for n, a in self._stretch.items())
         print(f"    stretch {plan.mode} {list(plan.gammas)}: {tokens_per_s:.1f} tokens/s; the model "
               f"{at_own:.1f} at its checks' acceptance ({checks}), {at_held:.1f} at the estimate", flush=True)
-        return observe_rate(self, plan, tokens_per_s)
+        return observe_rate(self, plan, tokens_per_s, tokens)
 
     planning.AutoPlanner.observe_rate = observed
 

@@ -163,7 +163,8 @@ class AutoEngine(HierarchyEngine):
             self._rows_timed = True
         if self._running is not None and generated > self._running[1] and not self._shared:
             ran, since, start = self._running
-            self.planner.observe_rate(ran, (generated - since) / (time.perf_counter() - start))
+            tokens = generated - since
+            self.planner.observe_rate(ran, tokens / (time.perf_counter() - start), tokens)
         # Measuring a batch size's costs takes seconds (a batch shrinks as its members end): worth it only
         # with as many tokens left as a request needs to be planned at all.
         measure = self.params.max_tokens - generated >= MIN_PLANNED_TOKENS

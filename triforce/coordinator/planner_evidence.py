@@ -16,9 +16,10 @@ class PlannerEvidence:
     def fade(self, generated: int) -> None:
         """At each plan (in a batch, at each member's), `generated` tokens into the request: older acceptance
         evidence counts less, by the tokens committed since the last plan (the text it was seen on is that
-        far behind); an idle mode's measured speed fades back towards its model (alone; in a batch it
-        holds), its cost scales towards the tiers' own, and an idle tier's cost scale towards the table (a
-        tier that a slow spell made look dear is tried again, as a proposer a bad start made look poor is).
+        far behind); so does an idle mode's measured speed, back towards its start (alone; in a batch it
+        holds: realized.py), and its cost scales towards the tiers' own, and an idle tier's cost scale towards
+        the table (a tier that a slow spell made look dear is tried again, as a proposer a bad start made look
+        poor is).
         Per plan, as the acceptance faded before, a plan of `ar` (REPLAN_ROUNDS tokens) forgot as much as
         one of `triforce` (about 50): SmolLM2 + yarn:4 at 32K of Emma, greedy, on the AVX2 EPYC, the draft
         rejected in the first 31 tokens was still rated 0.77 at token 95, though the retrieval tier took every
@@ -29,13 +30,13 @@ class PlannerEvidence:
         8K and 0.6 (six seeds) and 0.96x at 32K greedy in an A/B on the AVX2 EPYC: reverted (docs/avx2.md)."""
         running, moved, self._faded_at = self.running, generated - self._faded_at, generated
         self._ran_apart |= self._batch_state() != self._recalled_batch  # (`remember`)
+        kept = EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS)
         for estimate in self.acceptance.values():
-            estimate.forget(EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS))
-        # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which does
-        # not fade: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back within 3
-        # plans of `ar` and ran again.
-        if not self._together:
-            self.realized.fade(running, EVIDENCE_KEPT)
+            estimate.forget(kept)
+        # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which an idle
+        # mode's does not lose: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back
+        # within 3 plans of `ar` and ran again.
+        self.realized.fade(running, None if self._together else kept)
         self.times.fade(running, EVIDENCE_KEPT)
 
     def estimates(self) -> dict[str, Acceptance]:
@@ -69,7 +70,7 @@ class PlannerEvidence:
         for name, mean in known["acceptance"].items():
             if name in self.acceptance:
                 self.acceptance[name] = Acceptance(mean, LEARNED_TRIALS)
-        self.realized.update(known["realized"])
+        self.realized.recall(known["realized"])
         self.times.overhead.update(known["overhead"])
         if known["acceptance"] or known["realized"]:
             self._prior_source = "earlier requests"
@@ -105,17 +106,18 @@ class PlannerEvidence:
         """How `mode`'s speed compares with its prediction (RealizedSpeed.factor)."""
         return self.realized.factor(mode, self._together)
 
-    def observe_rate(self, plan: Plan, tokens_per_s: float) -> None:
+    def observe_rate(self, plan: Plan, tokens_per_s: float, tokens: int) -> None:
         """The request ran `plan` at `tokens_per_s` (its rounds' wall time: forwards and all the sampling,
-        verification and bookkeeping between them) since the last plan. Against what the model predicts for
-        that plan at the acceptance its checks saw since then (a proposer not checked meanwhile: its
-        estimate) and the costs as the stretch's own forwards scaled them (per sequence of the batch), this
-        mode's later predictions are scaled likewise. (Against the costs planned with, a stretch of forwards
-        slower than those moved both the costs and this factor, and the next plan counted it twice.)"""
+        verification and bookkeeping between them) over the `tokens` it committed since the last plan.
+        Against what the model predicts for that plan at the acceptance its checks saw since then (a proposer
+        not checked meanwhile: its estimate) and the costs as the stretch's own forwards scaled them (per
+        sequence of the batch), this mode's later predictions are scaled likewise (realized.py). (Against the
+        costs planned with, a stretch of forwards slower than those moved both the costs and this factor, and
+        the next plan counted it twice.)"""
         if plan.mode not in self.times.scaled or not self.times.evidence:
             return  # a plan this planner did not score, or made with another batch size's costs
         costs = self.times.per_sequence(plan.stack, now=True)
         alphas = {name: a.mean for name, a in self.estimates().items()}
         alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
         predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
-        self.realized.observe(plan.mode, tokens_per_s * self._batch / predicted)
+        self.realized.observe(plan.mode, tokens_per_s * self._batch / predicted, tokens)

@@ -1,9 +1,22 @@
 """What the cost model leaves out, per mode (mode auto; planning.py's docstring): the speed a mode really
 reached over the rounds it ran, against what the model predicted for those rounds at the acceptance their
-own checks saw. A mode's later predictions are scaled by that factor."""
+own checks saw. A mode's later predictions are scaled by that factor.
+
+The factor pools a mode's stretches: tokens over the tokens its model would have made in their time (the
+stretches' ratios averaged harmonically, by tokens), from a start worth START_TOKENS tokens (1, or what
+earlier requests of the kind measured: priors.py). A stretch is 8 rounds, and what it reaches is noisy:
+SmolLM2 at 4K of *Emma* and 0.6 on the Zen 4 (`python benchmarks/auto_why.py --seeds 0 1 2 3
+--stretches`), `draft` mode's stretches ran at 0.73-1.41 of the model, 1.14 on average (its chains stop
+early where the draft is unsure, which the model leaves out), `triforce`'s at 0.84-1.04. Each stretch had
+moved the factor halfway to its own ratio: the draft's ended one request at 0.89 after a stretch at
+0.73, the next request started from that, and `triforce`, 0.78x `draft` there, ran most of it. The running
+mode's evidence fades by RUNNING_KEPT per plan (the text and context move slowly); an idle mode's as the
+planner's acceptance evidence does, by the tokens committed (alone: back towards the start, so a mode a
+slow spell made look poor is tried again; in a batch it holds)."""
 from __future__ import annotations
 
-RATE_SMOOTHING = 0.5  # weight of each stretch of rounds in a mode's realized / predicted speed
+START_TOKENS = 16.0  # what a mode's starting factor is worth, in tokens of its stretches
+RUNNING_KEPT = 0.95  # of the running mode's evidence, at each plan
 
 
 class RealizedSpeed(dict):
@@ -13,20 +26,35 @@ class RealizedSpeed(dict):
     def __init__(self):
         super().__init__()
         self.measured: set[str] = set()
+        self._start: dict[str, float] = {}  # per mode: the factor it starts from (`recall`; else 1)
+        self._evidence: dict[str, tuple[float, float]] = {}  # per mode: tokens, and tokens / ratio
 
-    def observe(self, mode: str, ratio: float) -> None:
-        """`mode` ran at `ratio` of its prediction over its last stretch."""
-        old = self.get(mode)
-        self[mode] = ratio if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * ratio
+    def recall(self, factors: dict[str, float]) -> None:
+        """Earlier requests' factors: where each mode starts."""
+        self._start.update(factors)
+        for mode in factors:
+            self._settle(mode)
+
+    def observe(self, mode: str, ratio: float, tokens: float) -> None:
+        """`mode` ran at `ratio` of its prediction over its last stretch, of `tokens` tokens."""
+        made, modelled = self._evidence.get(mode, (0.0, 0.0))
+        self._evidence[mode] = (made + tokens, modelled + tokens / ratio)
         self.measured.add(mode)
+        self._settle(mode)
 
-    def fade(self, running: str | None, kept: float) -> None:
-        """Each idle mode's factor moves back towards 1, keeping `kept` of its distance (alone: in a batch
-        the factors carry the unmeasured overhead between forwards, which does not fade, and the planner
-        does not call this)."""
-        for mode, ratio in self.items():
-            if mode != running:
-                self[mode] = 1 + (ratio - 1) * kept
+    def fade(self, running: str | None, kept: float | None) -> None:
+        """At each plan: the running mode's evidence keeps RUNNING_KEPT, each idle mode's `kept` (None: all
+        of it)."""
+        for mode, (made, modelled) in self._evidence.items():
+            keep = RUNNING_KEPT if mode == running else kept
+            if keep is not None:
+                self._evidence[mode] = (made * keep, modelled * keep)
+                self._settle(mode)
+
+    def _settle(self, mode: str) -> None:
+        made, modelled = self._evidence.get(mode, (0.0, 0.0))
+        start = self._start.get(mode, 1.0)
+        self[mode] = (START_TOKENS + made) / (START_TOKENS / start + modelled)
 
     def factor(self, mode: str, together: bool) -> float:
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
