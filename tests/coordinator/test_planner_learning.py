@@ -352,6 +352,30 @@ def test_a_modes_speed_factor_pools_its_stretches_and_starts_from_earlier_reques
     assert speed["draft"] == pytest.approx((start + 120 * kept) / (start / 1.2 + kept * (100 / 1.15 + 20 / 0.73)))
 
 
+def test_a_speed_factor_seen_alone_is_not_pooled_with_one_seen_in_a_batch():
+    """The factors seen beside batchmates carry the overhead between forwards that alone is measured apart:
+    where a request's batchmates come or go, each mode starts again from its start. A mode passes on only
+    a factor it still holds evidence for (one that ran early and idled since is back near its start), and
+    a start from a file is taken within START_RANGE."""
+    speed = RealizedSpeed()
+    speed.recall({"draft": 1e-12})
+    assert speed["draft"] == pytest.approx(realized.START_RANGE[0])
+    speed.fade(None, 0.9, together=False)
+    speed.observe("draft", 2.0, 100)
+    speed.fade("draft", 0.9, together=False)
+    start, kept = realized.START_TOKENS, realized.RUNNING_KEPT
+    assert speed["draft"] == pytest.approx((start + 100 * kept) / (start / 0.25 + 50 * kept))
+    assert set(speed.own()) == {"draft"}
+    speed.fade("draft", None, together=True)  # a batchmate joined
+    assert speed["draft"] == pytest.approx(realized.START_RANGE[0]) and speed.own() == {}
+    speed.observe("draft", 0.8, 40)
+    assert speed["draft"] == pytest.approx((start + 40) / (start / 0.25 + 50))
+    assert set(speed.own()) == {"draft"}
+    for _ in range(30):  # idle for long: its evidence faded
+        speed.fade("ar", 0.85, together=True)
+    assert speed.own() == {}
+
+
 def test_a_stretch_of_poor_proposals_lowers_the_acceptance_not_the_modes_speed_factor():
     """A draft that a stretch of text defeats: 1 token accepted in 10 checks, and the mode ran at what
     the model predicts for that acceptance. Its realized factor (what the model leaves out) stays 1; only

@@ -109,7 +109,7 @@ def test_a_request_remembers_what_it_measured():
     plan = planner.plan(1000, 0)
     for _ in range(3):
         planner.observe("draft", 4, 2)  # 6 of 9 trials
-    planner.observe_rate(plan, 0.5 * plan.tokens_per_s, 8)
+    planner.observe_rate(plan, 0.5 * plan.tokens_per_s, 40)
     planner.remember()
     known = store.recall("k")
     assert known["acceptance"] == {"draft": pytest.approx(6 / 9, abs=1e-4)}
@@ -123,7 +123,7 @@ def test_a_request_remembers_what_it_measured():
     plan = planner.plan(1000, 0)
     mates.together, mates.n = True, 2
     plan = planner.plan(1000, 8)
-    planner.observe_rate(plan, 0.5 * plan.tokens_per_s, 8)
+    planner.observe_rate(plan, 0.5 * plan.tokens_per_s, 40)
     planner.remember()
     assert planner.realized.own() and store.recall("alone")["realized"] == {}
     # one joined by a batchmate too short to plan (not in the batch size), whose forwards then ran beside its
@@ -134,7 +134,7 @@ def test_a_request_remembers_what_it_measured():
     planner.plan(1000, 0)
     mates.together = True
     plan = planner.plan(1000, 8)
-    planner.observe_rate(plan, 0.5 * plan.tokens_per_s, 8)
+    planner.observe_rate(plan, 0.5 * plan.tokens_per_s, 40)
     planner.remember()
     assert planner.realized.own() and store.recall("alone2")["realized"] == {}
 

@@ -186,3 +186,34 @@ def test_a_sampled_tier_owes_a_copy_it_already_favoured_little_and_each_missed_c
         lookup.advance(missed, len(missed))
     assert greedy.weight == pytest.approx(8 / 9)
     assert sampled.weight == pytest.approx(8 / 10)
+
+
+def test_a_round_no_tier_proposed_in_counts_the_copies_alone_as_the_prompt_does():
+    """A proposing round's position without the tier's row (a check's bonus token) says nothing; a later
+    round in which no tier proposed (mode auto running `ar`) counts its copies alone, as the prompt's are
+    counted: the weight follows the text there, where it had stayed at the last proposing round's (and an
+    idle draft's evidence is mixed at that weight: coordinator/auto.py)."""
+    prompt = [1, 2] * 5  # 7 right candidates: weight 8/9
+    lookup = ContextLookup(1)
+    lookup.advance(prompt, len(prompt))
+    lookup.chose(prompt, [], one_hot(1), None)  # the tier's row at 10: right with the copy (nothing)
+    lookup.advance(prompt + [1, 2], len(prompt) + 2)  # 11: the bonus token, no row
+    assert lookup.weight == pytest.approx(8 / 9)
+    lookup.advance(prompt + [1, 2, 1, 2], len(prompt) + 4)  # 12 and 13, no tier proposing: both copies right
+    assert lookup.weight == pytest.approx((9 + 1) / (9 + 2))
+
+
+def test_a_sampled_row_without_the_copy_mixed_in_says_nothing():
+    """Where no copy was mixed into the tier's row (the request banned it, or the n-gram recurs only in the
+    tokens the round adds), a greedy row still settles the count (its choice against the candidate); a
+    sampled row's mass on the candidate is unknown, and taking it as 0 had counted the copy's hit as the
+    strongest evidence for a high weight."""
+    prompt = [1, 2] * 5  # weight 8/9
+    sampled_row = torch.full((10,), 0.05)
+    sampled_row[5] = 0.55  # its argmax is not the candidate (1)
+    for row, expected in ((one_hot(5), 9 / 10), (sampled_row, 8 / 9)):
+        lookup = ContextLookup(1)
+        lookup.advance(prompt, len(prompt))
+        lookup.chose(prompt, [], row, None)
+        lookup.advance(prompt + [1], len(prompt) + 1)  # the candidate was right
+        assert lookup.weight == pytest.approx(expected)

@@ -36,7 +36,7 @@ class PlannerEvidence:
         # In a batch the factors carry the unmeasured overhead between forwards (`_together`), which an idle
         # mode's does not lose: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back
         # within 3 plans of `ar` and ran again.
-        self.realized.fade(running, None if self._together else kept)
+        self.realized.fade(running, None if self._together else kept, self._together)
         self.times.fade(running, EVIDENCE_KEPT)
 
     def estimates(self) -> dict[str, Acceptance]:

@@ -28,12 +28,12 @@ And before a plan expected to beat plain decoding by less than AR_PROBE, a reque
 stretch, so that the floor is measured, not assumed. Forward costs are the table's as this request's
 forwards showed them, per mode, with the overhead between forwards per tier and role (forward_times.py);
 what the model still leaves out is learned too: each mode's prediction is scaled by the speed it really
-reached over the rounds it last ran, against what the model predicts for them at the acceptance those
-rounds' own checks saw (so the factor holds only what the model leaves out: a stretch of poor proposals
-lowers the acceptance estimate, not also the mode's factor); an untried speculative mode by the mean of
-the speculative modes tried (none tried: by 1, but in a batch by `ar`'s, if below 1); `ar`, which
-verifies nothing, by 1; an idle mode's factor fades back towards 1 at each plan, as acceptance evidence
-fades with the tokens committed (alone: in a batch, where the overhead between forwards goes unmeasured,
+reached over the stretches it ran, pooled (realized.py), against what the model predicts for them at the
+acceptance those stretches' own checks saw (so the factor holds only what the model leaves out: a
+stretch of poor proposals lowers the acceptance estimate, not also the mode's factor); an untried
+speculative mode by the mean of the speculative modes tried (none tried: by 1, but in a batch by `ar`'s,
+if below 1); an idle mode's evidence fades as acceptance evidence does, with the tokens committed, back
+towards where the mode started (alone: in a batch, where the overhead between forwards goes unmeasured,
 the factors hold it). In a batch one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 START_TOKENS = 16.0  # what a mode's starting factor is worth, in tokens of its stretches
 RUNNING_KEPT = 0.95  # of the running mode's evidence, at each plan
+START_RANGE = (0.25, 4.0)  # a start from earlier requests is taken within this (a file's 1e-12 locked a mode out)
 
 
 class RealizedSpeed(dict):
@@ -28,10 +29,12 @@ class RealizedSpeed(dict):
         self.measured: set[str] = set()
         self._start: dict[str, float] = {}  # per mode: the factor it starts from (`recall`; else 1)
         self._evidence: dict[str, tuple[float, float]] = {}  # per mode: tokens, and tokens / ratio
+        self._together: bool | None = None  # whether the evidence was seen beside batchmates (`fade`)
 
     def recall(self, factors: dict[str, float]) -> None:
         """Earlier requests' factors: where each mode starts."""
-        self._start.update(factors)
+        low, high = START_RANGE
+        self._start.update({mode: min(max(x, low), high) for mode, x in factors.items()})
         for mode in factors:
             self._settle(mode)
 
@@ -42,9 +45,17 @@ class RealizedSpeed(dict):
         self.measured.add(mode)
         self._settle(mode)
 
-    def fade(self, running: str | None, kept: float | None) -> None:
+    def fade(self, running: str | None, kept: float | None, together: bool = False) -> None:
         """At each plan: the running mode's evidence keeps RUNNING_KEPT, each idle mode's `kept` (None: all
-        of it)."""
+        of it). Evidence seen alone and beside batchmates (`together`: the factors then carry the overhead
+        between forwards, which alone is measured apart) is not pooled: where that changed, each mode
+        starts again."""
+        if together != self._together:
+            if self._together is not None:
+                self._evidence.clear()
+                for mode in self:
+                    self._settle(mode)
+            self._together = together
         for mode, (made, modelled) in self._evidence.items():
             keep = RUNNING_KEPT if mode == running else kept
             if keep is not None:
@@ -73,5 +84,7 @@ class RealizedSpeed(dict):
         return sum(seen) / len(seen) if seen else min(1.0, self.get("ar", 1.0))
 
     def own(self) -> dict[str, float]:
-        """The factors this request measured (what it passes on to later requests)."""
-        return {mode: self[mode] for mode in self.measured}
+        """The factors this request measured and still holds evidence for, worth at least its start (what
+        it passes on to later requests; a mode that ran early and idled since has faded back to where it
+        started, and passed on as measured it would skip the drift back towards 1: priors.py)."""
+        return {mode: self[mode] for mode in self.measured if self._evidence.get(mode, (0.0, 0.0))[0] >= START_TOKENS}

@@ -73,7 +73,8 @@ class ContextLookup:
         # the latest settled candidates: the tier's probability of a copy that was right (None: it missed)
         self.recent: deque[float | None] = deque(maxlen=RECENT)
         self._weight = 0.5
-        self.proposed = False  # whether a tier has proposed (`chose`): a position it proposed nothing for says nothing then
+        self.proposed = False  # whether a tier proposed (`chose`) since the last `advance`: a position of those
+        # rounds it proposed nothing for says nothing
         self.choices: dict[int, list[tuple[int, tuple[int, ...], Choice]]] = {}  # `chose`: position -> (from, path, what)s
         self.offers: dict[int, tuple[int, float]] = {}  # latest final positions: (their candidate, weight then)
 
@@ -107,17 +108,19 @@ class ContextLookup:
             key = tuple(seq[j - self.n:j])
             before = self.after.get(key)
             if before is not None:
-                right = seq[before] == seq[j]
-                self.offers[j] = (seq[before], self.weight)
+                made = self._choice(seq, j)
+                # the copy mixed in there where one was: the index then lacked the tokens this advance adds
+                copy = seq[before] if made is None or made.copy is None else made.copy
+                self.offers[j] = (copy, self.weight)
                 self.candidates += 1
-                self.right += right
-                point = evidence(self._choice(seq, j), seq[before], seq[j], self.proposed)
+                self.right += copy == seq[j]
+                point = evidence(made, seq[before], seq[j], self.proposed)
                 if point is not SAYS_NOTHING:
                     self.recent.append(point)
             self.after[key] = j
         if final > self.final:
             self._weight = fitted_weight(self.recent)
-        self.final = max(self.final, final)
+        self.final, self.proposed = max(self.final, final), False
         self.choices = {j: made for j, made in self.choices.items() if j >= self.final}
         if len(self.offers) > 2 * OFFERS_KEPT:  # positions come in order: the first are the oldest
             self.offers = dict(islice(self.offers.items(), len(self.offers) - OFFERS_KEPT, None))
@@ -175,7 +178,9 @@ def evidence(made: Choice | None, candidate: int, token: int, proposed: bool):
     where it missed, SAYS_NOTHING where the mixture is no model of the token (module docstring)."""
     if made is None:
         return SAYS_NOTHING if proposed else 0.0 if candidate == token else None
-    if made.copy is None:  # no copy was mixed in there: the tier's choice against the candidate
+    if made.copy is None:  # no copy was mixed in there (banned, or not indexed yet): greedy, the tier's
+        if not made.one_hot:  # choice against the candidate; sampled, its row's mass on it is unknown
+            return SAYS_NOTHING
         made = Choice(made.token, True, candidate, float(made.token == candidate))
     if made.copy == token:
         return made.copy_prob if made.copy_prob < 1 else SAYS_NOTHING
