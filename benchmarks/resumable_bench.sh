@@ -20,3 +20,21 @@ labelled_runs() {
   mkdir -p "$out"
   calibration_home "$home"
 }
+# `alternating OLD NEW FOLDER TAG "SEEDS" BENCH_ARGS...`: an A/B of two checkouts, each seed run from OLD and
+# then NEW (so that a slow spell of a shared machine touches both), `python -m triforce bench BENCH_ARGS
+# --seed S` into FOLDER/LABEL_TAG_seedS.json (LABEL: the checkout's short commit), each side with its own
+# TRIFORCE_HOME, /tmp/triforce_home_TAG_old or _new: the models linked, the calibration copied from the usual
+# one the first time, so that neither side's priors leak into the other's.
+alternating() {
+  local old=$1 new=$2 folder=$3 tag=$4 seeds=$5; shift 5
+  for s in $seeds; do
+    for side in old new; do
+      local dir=${!side} home=/tmp/triforce_home_${tag}_$side
+      if [ ! -d "$home" ]; then
+        calibration_home "$home" && cp -r "${TRIFORCE_HOME:-$HOME/.cache/triforce}/calibration" "$home/"
+      fi
+      (cd "$dir" && TRIFORCE_HOME=$home PYTHONPATH=$dir python -m triforce bench "$@" --seed "$s" \
+        --out "$folder/$(git -C "$dir" rev-parse --short HEAD)_${tag}_seed$s.json")
+    done
+  done
+}

@@ -17,10 +17,11 @@ with a Beta(2, 2) prior (`fitted_weight`). Where the copy was the committed toke
 fit needs only q(c), kept as the tier proposes (`chose`, on the path that became final): a tier that gave
 the copy most of its own mass already owes little to it, and every copy that missed pulls w down. Before
 any tier has proposed (the prompt) q(c) is unknown and taken as 0: the copy's hit or miss alone counts,
-so that a prompt that loops starts with w high. Once a tier proposes, a position it proposed nothing for
-on the path that became final (a check's bonus token, a rejected path's) says nothing: counted as the
-copy's alone, such positions held w at 0.27-0.34 for the retrieval tier at 0.6 and cost it acceptance
-(docs/draft.md, Prompt lookup). Where q is one-hot (greedy) the tokens it gave no mass say nothing (a position
+so that a prompt that loops starts with w high, and so are those of rounds in which no tier proposed
+(mode auto running `ar`). In a round a tier proposed in, a position it proposed nothing for on the path
+that became final (a check's bonus token, a rejected path's) says nothing: counted as the copy's alone,
+such positions held w at 0.27-0.34 for the retrieval tier at 0.6 and cost it acceptance (docs/draft.md,
+Prompt lookup). Where q is one-hot (greedy) the tokens it gave no mass say nothing (a position
 where both the copy and the tier's choice missed: the mixture there is no model of the committed token),
 and the fit is the count w = (copy won + 1) / (settled + 2) over the positions where exactly one of the
 two was right. So on a loop that a weak draft misses w nears 1 within a few rounds; a tier that already
