@@ -243,9 +243,9 @@ def test_a_stretch_of_slow_forwards_scales_the_costs_not_the_modes_speed_factor(
     assert planner.realized["draft"] == pytest.approx(1.0, rel=1e-2)
 
 
-def pooled(made: float, modelled: float) -> float:
-    """A mode's factor from `made` tokens in the time its model gives `modelled` (realized.py), from 1."""
-    return (realized.START_TOKENS + made) / (realized.START_TOKENS + modelled)
+def pooled(made: float, modelled: float, start: float = 1.0) -> float:
+    """A mode's factor from `made` tokens in the time its model gives `modelled`, from `start` (realized.py)."""
+    return (realized.START_TOKENS + made) / (realized.START_TOKENS / start + modelled)
 
 
 def test_a_mode_slower_than_its_model_is_dropped():
@@ -341,15 +341,14 @@ def test_a_modes_speed_factor_pools_its_stretches_and_starts_from_earlier_reques
     for _ in range(5):
         speed.observe("draft", 1.15, 20)
     speed.observe("draft", 0.73, 20)
-    start = realized.START_TOKENS
-    assert speed["draft"] == pytest.approx((start + 120) / (start / 1.2 + 100 / 1.15 + 20 / 0.73))
+    assert speed["draft"] == pytest.approx(pooled(120, 100 / 1.15 + 20 / 0.73, start=1.2))
     assert speed["draft"] > 1.05 and speed["triforce"] == pytest.approx(0.9)
     assert speed.own() == {"draft": speed["draft"]}
     speed.fade("triforce", 0.5)  # idle, the draft's evidence halves: towards its start
-    assert speed["draft"] == pytest.approx((start + 60) / (start / 1.2 + 50 / 1.15 + 10 / 0.73))
+    assert speed["draft"] == pytest.approx(pooled(60, 50 / 1.15 + 10 / 0.73, start=1.2))
     speed.fade("draft", None)  # running, its evidence keeps RUNNING_KEPT; an idle mode's all where None
     kept = realized.RUNNING_KEPT / 2
-    assert speed["draft"] == pytest.approx((start + 120 * kept) / (start / 1.2 + kept * (100 / 1.15 + 20 / 0.73)))
+    assert speed["draft"] == pytest.approx(pooled(120 * kept, kept * (100 / 1.15 + 20 / 0.73), start=1.2))
 
 
 def test_a_speed_factor_seen_alone_is_not_pooled_with_one_seen_in_a_batch():
@@ -363,13 +362,13 @@ def test_a_speed_factor_seen_alone_is_not_pooled_with_one_seen_in_a_batch():
     speed.fade(None, 0.9, together=False)
     speed.observe("draft", 2.0, 100)
     speed.fade("draft", 0.9, together=False)
-    start, kept = realized.START_TOKENS, realized.RUNNING_KEPT
-    assert speed["draft"] == pytest.approx((start + 100 * kept) / (start / 0.25 + 50 * kept))
+    kept = realized.RUNNING_KEPT
+    assert speed["draft"] == pytest.approx(pooled(100 * kept, 50 * kept, start=0.25))
     assert set(speed.own()) == {"draft"}
     speed.fade("draft", None, together=True)  # a batchmate joined
     assert speed["draft"] == pytest.approx(realized.START_RANGE[0]) and speed.own() == {}
     speed.observe("draft", 0.8, 40)
-    assert speed["draft"] == pytest.approx((start + 40) / (start / 0.25 + 50))
+    assert speed["draft"] == pytest.approx(pooled(40, 50, start=0.25))
     assert set(speed.own()) == {"draft"}
     for _ in range(30):  # idle for long: its evidence faded
         speed.fade("ar", 0.85, together=True)

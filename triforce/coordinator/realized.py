@@ -9,7 +9,8 @@ SmolLM2 at 4K of *Emma* and 0.6 on the Zen 4 (`python benchmarks/auto_why.py --s
 --stretches`), `draft` mode's stretches ran at 0.73-1.41 of the model, 1.14 on average (its chains stop
 early where the draft is unsure, which the model leaves out), `triforce`'s at 0.84-1.04. Each stretch had
 moved the factor halfway to its own ratio: the draft's ended one request at 0.89 after a stretch at
-0.73, the next request started from that, and `triforce`, 0.78x `draft` there, ran most of it. The running
+0.73, the next request started from that, and `triforce`, 0.78x `draft` there over 8 seeds
+(benchmarks/results/issue14/lookup/fit/), ran most of it. The running
 mode's evidence fades by RUNNING_KEPT per plan (the text and context move slowly); an idle mode's as the
 planner's acceptance evidence does, by the tokens committed (alone: back towards the start, so a mode a
 slow spell made look poor is tried again; in a batch it holds)."""
