@@ -17,7 +17,6 @@ import argparse
 
 import triforce.coordinator.planning as planning
 from triforce import LLM, SamplingParams
-from triforce.coordinator.speed_model import seconds_per_token
 
 
 def print_stretches() -> None:
@@ -27,10 +26,8 @@ def print_stretches() -> None:
     def observed(self, plan, tokens_per_s, tokens):
         if plan.mode not in self.times.scaled:  # a plan this planner did not score (a batch leader's)
             return observe_rate(self, plan, tokens_per_s, tokens)
-        costs, held = self.times.per_sequence(plan.stack), {n: a.mean for n, a in self.estimates().items()}
-        own = {**held, **{n: a.mean for n, a in self._stretch.items() if a.trials}}
-        at_own, at_held = (1 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
-                           for alphas in (own, held))
+        costs = self.times.per_sequence(plan.stack)
+        at_own, at_held = (self.predicted(plan, costs, stretch) for stretch in (True, False))
         checks = ", ".join(f"{n} {a.mean:.2f} over {a.trials:.0f}" for n, a in self._stretch.items())
         print(f"    stretch {plan.mode} {list(plan.gammas)}: {tokens_per_s:.1f} tokens/s; the model "
               f"{at_own:.1f} at its checks' acceptance ({checks}), {at_held:.1f} at the estimate", flush=True)

@@ -11,7 +11,7 @@ from triforce.config import ConfigError, EngineConfig
 from triforce.sampling_params import SamplingParams
 from triforce.coordinator import costs as costs_module
 from triforce.coordinator.batchmates import Batchmates
-from triforce.coordinator.speed_model import STACK_MODES
+from triforce.coordinator.speed_model import STACK_MODES, stop_names
 from triforce.coordinator.costs import CostTable
 from triforce.coordinator.hierarchy import build_engine
 from triforce.models.loader import load_model
@@ -55,6 +55,47 @@ def test_auto_ends_chains_as_its_plans_say(models, prompt, replan_every_round):
     assert build_engine(EngineConfig(mode="auto", stop_below=0.2, **SETTINGS), target, draft,
                         140).planner.fixed_stop == 0.2
     assert build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 140).planner.fixed_stop is None
+
+
+STOP = 0.3  # the tiny models' top probabilities (8 tokens) fall on both sides of it
+
+
+def test_auto_learns_how_the_drafts_chains_end_and_how_their_tokens_fare(models, prompt, replan_every_round):
+    """With the stop on, each chain the draft proposes says how far it went on and, up to the check's first
+    rejection, how its tokens fared, sure or not (speed_model.STOP_RATES); an idle draft's watch says it
+    of the positions it covers at the same threshold. The estimates hold exactly that evidence (the
+    scripted planner does not fade it)."""
+    engine = scripted_engine(models, prompt, 60, "triforce-first")
+    planner = engine.planner
+    planner.stop = planner.fixed_stop = STOP
+    chains, watches = [], []
+    observe_chain, observe_idle_stops = planner.observe_stopped_chain, planner.observe_idle_stops
+    planner.observe_stopped_chain = lambda proposer, went_on, accepted: \
+        chains.append((proposer, list(went_on), accepted)) or observe_chain(proposer, went_on, accepted)
+    planner.observe_idle_stops = lambda proposer, sure, unsure: \
+        watches.append((proposer, sure, unsure)) or observe_idle_stops(proposer, sure, unsure)
+    tokens, metrics = engine.generate(prompt, SamplingParams(max_tokens=60, temperature=0.6, seed=3, ignore_eos=True))
+    # the draft's chains (triforce, draft) and the retrieval tier's (retrieval mode: it is the bottom tier)
+    assert {proposer for proposer, *_ in chains} == {"draft", "retrieval"} and {w[0] for w in watches} == {"draft"}
+    for proposer in ("draft", "retrieval"):
+        ran = [(went_on, accepted) for name, went_on, accepted in chains if name == proposer]
+        # a chain ends at the first token its proposer was unsure of, or at its gamma (3 or 1 for the draft,
+        # 2 for the retrieval tier)
+        assert all(False not in went_on[:-1] for went_on, _ in ran)
+        assert any(not went_on[-1] for went_on, _ in ran)
+        assert proposer != "draft" or any(True in went_on for went_on, _ in ran)  # (tiny: the draft is sure at times)
+        seen = [w for w in watches if w[0] == proposer]
+        goes_on, sure, unsure = (planner.acceptance[name] for name in stop_names(proposer))
+        assert goes_on.trials == pytest.approx(sum(len(w) for w, _ in ran) + sum(s[1] + u[1] for _, s, u in seen))
+        assert goes_on.successes == pytest.approx(sum(sum(w) for w, _ in ran) + sum(s[1] for _, s, _ in seen))
+        tried = [(was_sure, i < accepted) for went_on, accepted in ran for i, was_sure in enumerate(went_on[:accepted + 1])]
+        for estimate, kind, at in ((sure, True, 1), (unsure, False, 2)):
+            assert estimate.trials == pytest.approx(sum(k == kind for k, _ in tried) + sum(w[at][1] for w in seen))
+            assert estimate.successes == pytest.approx(sum(k == kind and ok for k, ok in tried) +
+                                                       sum(w[at][0] for w in seen))
+    draft_checks = [t for t in metrics.tiers if t.drafter == "draft"]
+    assert sum(len(w) for name, w, _ in chains if name == "draft") == sum(t.proposed for t in draft_checks)
+    assert sum(a for name, _, a in chains if name == "draft") == sum(t.accepted for t in draft_checks)
 
 
 def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path, monkeypatch):

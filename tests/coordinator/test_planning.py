@@ -163,7 +163,8 @@ def test_chains_end_early_where_checks_grow_steeply(growth, expected):
     proposal. The plan carries the choice and its record says it; a stop_below the user set wins."""
     costs = {"draft": {1: 0.05}, "target": {n: 1.0 + growth * (n - 1) for n in FLAT}}
     planner = planner_with(costs)
-    planner.acceptance["draft"] = Acceptance(0.9, successes=9e3, trials=1e4)
+    for name in ("draft", *speed_model.stop_names("draft")):  # (the chains that stop: their own rates)
+        planner.acceptance[name] = Acceptance(0.9, successes=9e3, trials=1e4)
     plan = planner.plan(1000, 0)
     assert plan.mode == "draft" and plan.stop_below == expected
     assert planner.decisions[-1]["stop_below"] == expected

@@ -17,7 +17,7 @@ SETTINGS = dict(budget=12, chunk_size=4, full_layers=0, sinks=2, window=64, refr
 
 
 def test_requests_merge_into_what_later_ones_recall(tmp_path):
-    path = tmp_path / "priors-4.json"
+    path = tmp_path / "priors-5.json"
     store = Priors(path)
     assert store.recall("k") == {"acceptance": {}, "realized": {}, "overhead": {}}
     store.remember("k", {"draft": 0.8}, {"draft": 0.9}, GENERIC, {"draft/bottom": 0.002, "target/check": 0.001})
@@ -34,7 +34,7 @@ def test_processes_sharing_the_file_merge_their_requests_into_one_entry(tmp_path
     """Two processes (a server and a bench) remember the same kind: each merges into the entry the file
     holds, not into its own older read of it, which wrote the other's requests out (0.9 lost to 0.1, where
     the two were to be averaged)."""
-    path = tmp_path / "priors-4.json"
+    path = tmp_path / "priors-5.json"
     server, bench = Priors(path), Priors(path)  # both read the file before either remembers
     server.remember("k", {"draft": 0.9}, {"draft": 0.8}, GENERIC)
     bench.remember("k", {"draft": 0.1}, {}, GENERIC, {"draft/bottom": 0.002})
@@ -53,7 +53,7 @@ def test_the_file_keeps_the_kinds_remembered_last_and_refuses_partial_entries(tm
     monkeypatch.setattr(priors, "MAX_KINDS", 3)
     clock = iter(range(100))
     monkeypatch.setattr(priors, "_clock", lambda: float(next(clock)))
-    path = tmp_path / "priors-4.json"
+    path = tmp_path / "priors-5.json"
     store = Priors(path)
     for key in "abcde":
         store.remember(key, {"draft": 0.5}, {}, GENERIC)
@@ -160,7 +160,7 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
 
     engine, tokens, metrics = run(greedy)
     assert tokens == reference and metrics.auto[0]["why"]["prior"] == "defaults"
-    store = Priors(calibration / "priors-4.json")
+    store = Priors(calibration / "priors-5.json")
     assert list(store.entries) == [request_key(engine.ladder, greedy, lookup=engine.lookup_n, context=len(prompt))]
     assert engine.lookup_n and request_key(engine.ladder, greedy, lookup=engine.lookup_n) != \
         request_key(engine.ladder, greedy, lookup=0)  # the prompt lookup changes what the draft proposes

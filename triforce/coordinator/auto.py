@@ -21,7 +21,9 @@ logits kept, and for each committed token x, drawn from the target's distributio
 with q the draft's distribution there, mixed with the prompt lookup's copy as a chain would have proposed
 it (the copy and the lookup's weight at that position), is an unbiased estimate of the chance that the
 draft's proposal there is accepted (its expectation over x ~ p is sum_x min(p(x), q(x)); greedy: whether
-the mixture's argmax is x). Without the copies it rated the draft 0.28-0.36 in `ar` at 32K of Emma
+the mixture's argmax is x); and where chains end early (`stop_below`), whether its top probability
+there would have let a chain go on, and those estimates apart for positions it was sure of or not
+(speed_model.STOP_RATES). Without the copies it rated the draft 0.28-0.36 in `ar` at 32K of Emma
 (SmolLM2, yarn:4, greedy), where `draft` mode's checks fitted 0.73 and led (docs/cli.md, Longer contexts).
 So a draft that a few early checks made look poor is tried again as soon as the text shows it would pay,
 not after its estimate has faded back to the prior (56-72 tokens of `ar` in the runs that found it); it
@@ -48,7 +50,7 @@ from collections.abc import Callable, Generator
 
 import torch
 
-from ..speculation.sampling import row_argmax
+from ..speculation.sampling import row_argmax, top_probabilities
 from .engine import HierarchyEngine
 from .runs import Forward, Run
 from .forward_times import role_at, row_seconds
@@ -213,17 +215,27 @@ class AutoEngine(HierarchyEngine):
         self._last = None
         first = self.prompt_length  # seq's index of the first generated token
         yield from self._catch_up(draft, first - 1)  # rows that predict the prompt
-        accepted = tokens = covered = 0.0  # (tokens: the unforced of the positions covered)
+        accepted = tokens = 0.0  # (tokens: the unforced of the positions covered)
+        covered, stop = 0, self.planner.stop_threshold
+        by_sureness = {True: [0.0, 0.0], False: [0.0, 0.0]}  # where chains end early: expected accepted, positions
         for step in draft.prefill_steps(self.seq[draft.length:-1]):  # rows that predict generated tokens
             begin = step.start + 1  # row i predicts seq[begin + i], after seq[:begin + i]
             covered += step.n
-            q = self.rows.probs(self.rows.ruled_chain((yield Forward(draft, level, step)), begin))
-            for row, at in zip(q, range(begin, begin + step.n)):
+            logits = yield Forward(draft, level, step)
+            tops = top_probabilities(logits) if stop else None  # (before the rules, as a chain's stop reads them)
+            q = self.rows.probs(self.rows.ruled_chain(logits, begin))
+            for i, (row, at) in enumerate(zip(q, range(begin, begin + step.n))):
                 if at in self.forced_at:  # no proposal: running proposers leave it out too (engine.py)
                     continue
-                accepted += min(1.0, float(self._as_proposed(row, at)[self.seq[at]]) / self._target_p[at - first])
+                chance = min(1.0, float(self._as_proposed(row, at)[self.seq[at]]) / self._target_p[at - first])
+                accepted += chance
                 tokens += 1
+                if stop:
+                    kind = by_sureness[bool(tops[i] >= stop)]
+                    kind[0], kind[1] = kind[0] + chance, kind[1] + 1
         self.planner.observe_idle(draft.name, accepted, tokens)
+        if stop:  # how its chains would have ended there (the lookup's copies, which go on, left out)
+            self.planner.observe_idle_stops(draft.name, tuple(by_sureness[True]), tuple(by_sureness[False]))
         seconds = time.perf_counter() - start
         if covered:  # (per position its forwards covered, forced or not: what `cost` multiplies it by)
             self._watch_seconds = seconds / covered
@@ -266,4 +278,7 @@ class AutoEngine(HierarchyEngine):
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:
         super()._record(level, proposed, accepted)
-        self.planner.observe(self.tiers[level - 1].name, proposed, accepted)
+        proposer = self.tiers[level - 1].name
+        self.planner.observe(proposer, proposed, accepted)
+        if level == 1 and self.stop_below and len(self.went_on) == proposed:  # (a forced token: no verdict)
+            self.planner.observe_stopped_chain(proposer, self.went_on, accepted)

@@ -68,6 +68,7 @@ class HierarchyEngine(TierPrefill):
             raise ValueError("a tree needs a tier to check it")
         self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
         self.stop_below, self.rounds_per_check = stop_below, rounds_per_check
+        self.went_on: list[bool] = []  # (`_produce`)
         self.rows: RequestRows | None = None  # what the request makes of its tiers' rows, from `run`
         self.guide: Guide | None = None  # the request's structured-output constraint, from `run`
         self.prompt_length: int | None = None  # the request's, from `run`
@@ -200,6 +201,8 @@ class HierarchyEngine(TierPrefill):
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each
         raw: list[torch.Tensor] = []  # and its logits there
         stop_below = self.stop_below if proposing else 0.0
+        if level == 0:  # with stop_below, whether the chain went on past each token it samples (mode auto
+            self.went_on = []  # learns how often, and how its tokens fare either way)
         made = 0  # rounds
         while made < rounds if rounds else len(tokens) < count:
             made += 1
@@ -221,8 +224,10 @@ class HierarchyEngine(TierPrefill):
                 tokens.append(token)
                 probs.append(row)
                 raw.append(logits)
-                if stop_below and token != copy and top_probability(logits) < stop_below:
-                    break
+                if stop_below:
+                    self.went_on.append(token == copy or top_probability(logits) >= stop_below)
+                    if not self.went_on[-1]:
+                        break
                 continue
             check = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)
             new, rows, logits = yield from check

@@ -6,7 +6,7 @@ how each mode's speed compares with the model's prediction, and how all of it fa
 from __future__ import annotations
 
 from .priors import LEARNED_TRIALS
-from .speed_model import Acceptance, Plan, prior, seconds_per_token, tier_kind
+from .speed_model import Acceptance, Plan, prior, seconds_per_token, stop_names, tier_kind
 
 EVIDENCE_KEPT = 0.85  # of the acceptance evidence, for each EVIDENCE_TOKENS tokens committed since it was
 EVIDENCE_TOKENS = 8  # seen (a memory of about 50 tokens; an idle mode's factor and costs: at each plan)
@@ -54,6 +54,27 @@ class PlannerEvidence:
     def observe_idle(self, proposer: str, accepted: float, tokens: float) -> None:
         """An idle proposer's expected acceptance over `tokens` committed tokens (auto.py)."""
         self.acceptance[proposer].observe_expected(accepted, tokens)
+
+    def observe_stopped_chain(self, proposer: str, went_on: list[bool], accepted: int) -> None:
+        """A check accepted `accepted` tokens of a chain that `proposer` may have ended early (`stop_below`),
+        which went on past its tokens as `went_on` says: evidence of its STOP_RATES (speed_model.stop_names),
+        each token that the check reached one trial of the acceptance of its kind, sure or not."""
+        goes_on, sure, unsure = stop_names(proposer)
+        self._observe(goes_on, sum(went_on), len(went_on))
+        for i, was_sure in enumerate(went_on[:accepted + 1]):
+            self._observe(sure if was_sure else unsure, float(i < accepted), 1.0)
+
+    def observe_idle_stops(self, proposer: str, sure: tuple[float, float], unsure: tuple[float, float]) -> None:
+        """Of the positions an idle proposer would have been sure (unsure) of, `sure` (`unsure`) gives the
+        expected accepted and how many (auto.py): evidence of its STOP_RATES, as its chains would have run."""
+        goes_on, *kinds = stop_names(proposer)
+        self.acceptance[goes_on].observe_expected(sure[1], sure[1] + unsure[1])
+        for name, (accepted, positions) in zip(kinds, (sure, unsure)):
+            self.acceptance[name].observe_expected(accepted, positions)
+
+    def _observe(self, name: str, successes: float, trials: float) -> None:
+        self.acceptance[name].observe_expected(successes, trials)
+        self._stretch.setdefault(name, Acceptance(0.0, 0.0)).observe_expected(successes, trials)
 
     def recall(self, key: str, context: int | None = None) -> None:
         """Starts the request of kind `key` from what earlier ones saw (priors.py), where they saw it; else
@@ -116,8 +137,14 @@ class PlannerEvidence:
         the next plan counted it twice.)"""
         if plan.mode not in self.times.scaled or not self.times.evidence:
             return  # a plan this planner did not score, or made with another batch size's costs
-        costs = self.times.per_sequence(plan.stack, now=True)
-        alphas = {name: a.mean for name, a in self.estimates().items()}
-        alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
-        predicted = 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds)
+        predicted = self.predicted(plan, self.times.per_sequence(plan.stack, now=True), stretch=True)
         self.realized.observe(plan.mode, tokens_per_s * self._batch / predicted, tokens)
+
+    def predicted(self, plan: Plan, costs: dict[str, dict[int, float]], stretch: bool = False) -> float:
+        """The tokens/s the model gives `plan` at `costs`, at the acceptance estimates (with `stretch`, a
+        proposer checked in the running stretch: at what its checks saw), its chains ending early where
+        `plan` says so."""
+        alphas = {name: a.mean for name, a in self.estimates().items()}
+        if stretch:
+            alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
+        return 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds, bool(plan.stop_below))

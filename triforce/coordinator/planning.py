@@ -37,7 +37,8 @@ towards where the mode started (alone: in a batch, where the overhead between fo
 the factors hold it). In a batch one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
-the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py).
+the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py), and
+the model prices the lengths they then have and their tokens' acceptance, sure or not (speed_model.STOP_RATES).
 
 The running mode stays unless another promises SWITCH_MARGIN more. Costs are re-read when the context
 moves past what they were measured at (the table measures once per machine, model, context and batch
@@ -54,7 +55,8 @@ from .forward_times import ForwardTimes
 from .planner_evidence import PlannerEvidence
 from .priors import Priors
 from .realized import RealizedSpeed
-from .speed_model import PRIOR, Acceptance, Plan, mode_stack, prior, seconds_per_token, stack_mode, tier_kind
+from .speed_model import (PRIOR, PRIOR_GOES_ON, Acceptance, Plan, mode_stack, prior, seconds_per_token, stack_mode,
+                          stop_names, tier_kind)
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
@@ -105,6 +107,10 @@ class AutoPlanner(PlannerEvidence):
         for name in self.tiers:  # a retrieval tier per candidate budget, each its own acceptance
             if tier_kind(name) != "target":
                 self.acceptance.setdefault(name, Acceptance(prior(name)))
+        for name in [name for name in self.acceptance if tier_kind(name) in PRIOR]:  # and where its chains end
+            start = self.acceptance[name].prior  # early, its stop rates (speed_model.STOP_RATES)
+            for rate, first in zip(stop_names(name), (PRIOR_GOES_ON, start, start)):
+                self.acceptance.setdefault(rate, Acceptance(first))
 
     def candidates(self, context: int, busy: bool = False) -> list[tuple[str, ...]]:
         """The stacks worth scoring: each retrieval tier once the context is twice its budget; the one of the
@@ -187,13 +193,14 @@ class AutoPlanner(PlannerEvidence):
         # Each stack's costs once per plan, at every size a check of these gammas holds (at most gamma1 +
         # gamma2 tokens, and the bonus): the model asks them of hundreds of plans (a replan at 16K had taken
         # 62 ms, most of it in these lookups and in rebuilding each stack's table per gammas)
-        top, tables = 2 * max((MAX_GAMMA, *(self.preferred_gammas or ()))) + 2, {}
+        top, tables, stops = 2 * max((MAX_GAMMA, *(self.preferred_gammas or ()))) + 2, {}, {}
 
         def speed(stack, gammas, alphas):  # tokens/s the model predicts, as this mode realizes it
             if stack not in tables:
                 tables[stack] = dense_costs(self.times.per_sequence(stack, chunk), top)
+                stops[stack] = bool(self._stop_below(stack))
             return self._realized(stack_mode(stack)) / seconds_per_token(stack, gammas, tables[stack], alphas,
-                                                                         self.row_seconds)
+                                                                         self.row_seconds, stops[stack])
 
         plain = speed(("target",), (), means)
         scored, expected, with_draft = {}, {}, 0.0
@@ -232,7 +239,8 @@ class AutoPlanner(PlannerEvidence):
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
             why = {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
                    "expected_tokens_per_s": {m: round(r, 2) for m, r in expected.items()}, "probe": probe,
-                   "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()},
+                   "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()
+                                  if tier_kind(n) in PRIOR or a.trials},  # (stop rates once seen)
                    "draft_upside": round(best.draft_upside, 3),
                    "batchmate_chunk_ms": round(1e3 * chunk, 2)}
             self.decisions.append({"at_token": generated, "context": context, **best.to_dict(),
@@ -251,6 +259,11 @@ class AutoPlanner(PlannerEvidence):
         if self.preferred_gammas is None:
             return None
         return tuple(self.preferred_gammas[0] if name == "draft" else self.preferred_gammas[1] for name in stack[:-1])
+
+    @property
+    def stop_threshold(self) -> float:
+        """The `stop_below` of the plans that stop chains early (`_stop_below`): the user's, else STOP_BELOW."""
+        return STOP_BELOW if self.fixed_stop is None else self.fixed_stop
 
     def _stop_below(self, stack: tuple[str, ...]) -> float:
         """The bottom tier's `stop_below` on `stack`: the user's where set; else STOP_BELOW where the tier

@@ -3,10 +3,11 @@ first plan starts from it instead of generic guesses.
 
 For each kind of request (the machine; each tier's kind and the fingerprint of its model's weights; the
 sampling settings, since acceptance depends on the temperature; the batch size planned for),
-`priors-4.json` beside the costs holds:
+`priors-5.json` beside the costs holds:
 - `acceptance`: per proposer, the per-token acceptance its checks saw lately (the draft's, the retrieval
-  tier's); the planner takes it as its prior, worth LEARNED_TRIALS trials (a generic prior is worth
-  fewer: the planner explores less where it already knows);
+  tier's), and where its chains end early how often they went on past a token and how its tokens fared,
+  sure or not (speed_model.STOP_RATES); the planner takes it as its prior, worth LEARNED_TRIALS trials (a
+  generic prior is worth fewer: the planner explores less where it already knows);
 - `realized`: per mode, the speed reached over the speed the cost model predicted (planning.py), as last
   measured;
 - `overhead`: per tier and role (in any mode, and in each mode apart), the seconds from one of its forwards
@@ -97,8 +98,9 @@ class Priors(CalibrationFile):
 
     # 2: speed factors measured at each stretch's own acceptance; 3: against the model of take-all target
     # checks (speed_model.check_sizes), not of checks of exactly gamma2; 4: past the overhead between
-    # forwards, now modelled per tier and role
-    filename = "priors-4.json"
+    # forwards, now modelled per tier and role; 5: against the model of chains that `stop_below` ends early
+    # (speed_model.stopped_chain_yields), with their STOP_RATES beside the acceptance
+    filename = "priors-5.json"
 
     def __init__(self, path=None):
         super().__init__(path)

@@ -7,7 +7,7 @@ stretches' ratios averaged harmonically, by tokens), from a start worth START_TO
 earlier requests of the kind measured: priors.py). A stretch is 8 rounds, and what it reaches is noisy:
 SmolLM2 at 4K of *Emma* and 0.6 on the Zen 4 (`python benchmarks/auto_why.py --seeds 0 1 2 3
 --stretches`), `draft` mode's stretches ran at 0.73-1.41 of the model, 1.14 on average (its chains stop
-early where the draft is unsure, which the model leaves out), `triforce`'s at 0.84-1.04. Each stretch had
+early where the draft is unsure, which the model left out then; since priced: speed_model.py), `triforce`'s at 0.84-1.04. Each stretch had
 moved the factor halfway to its own ratio: the draft's ended one request at 0.89 after a stretch at
 0.73, the next request started from that, and `triforce`, 0.78x `draft` there over 8 seeds
 (benchmarks/results/issue14/lookup/fit/), ran most of it. The running

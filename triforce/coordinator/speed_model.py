@@ -14,9 +14,17 @@ where r is what turning one row of logits into the request's distribution costs 
 top-p, a sort of the vocabulary; timed once per request). That is a check of the bottom tier's chain of
 gamma_i tokens. A check above a tier that itself checks (the target above the retrieval tier) takes every
 token of that tier's rounds once they reach gamma_i (engine.py), so it holds n >= gamma_i tokens, n
-distributed as where the rounds' summed yields first pass gamma_i (`check_sizes`; each round taken as a
-full chain of gamma_{i-1}, though with `stop_below` the bottom tier's chains may end sooner), and gamma_i,
-c_i(gamma_i + 1) and E are averaged over n. A plan is scored by 1 / s_top.
+distributed as where the rounds' summed yields first pass gamma_i (`check_sizes`), and gamma_i,
+c_i(gamma_i + 1) and E are averaged over n. With `stop_below` (engine.py) the bottom tier's chains end
+after a token its model was unsure of, so they hold gamma or fewer: the chain goes on past a token with
+probability q, so it holds k < gamma tokens with probability q^(k-1) (1 - q) and gamma with q^(gamma-1)
+(`chain_sizes`); its tokens but the last are ones the proposer was sure of, accepted with probability
+alpha_sure, and the last is one it was unsure of (accepted with alpha_unsure) unless the chain reached
+gamma; the check's cost and yield are averaged over those sizes (`stopped_chain_yields`). q, alpha_sure and
+alpha_unsure are learned per proposer as acceptance is (`stop_names`). Priced as full chains at one
+alpha, as it was until 2026-12-04, `draft` mode's stretches ran 1.10x their prediction on average (0.87-1.67x)
+at 4K of Emma and 0.6 on the Zen 4: there SmolLM2's draft had 0.76 of the tokens it was sure of accepted and
+0.38 of the others (`benchmarks/stop_split.py`). A plan is scored by 1 / s_top.
 
 Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
 retrieval tier stands in for the target; and each retrieval tier, one per budget in mode auto), successes /
@@ -39,6 +47,10 @@ from .priors import MIN_TRIALS
 
 PRIOR = {"draft": 0.6, "retrieval": 0.85}  # per-token acceptance before any check, by kind of tier...
 PRIOR_TRIALS = 4.0  # ...worth this many trials
+STOP_RATES = ("goes on", "sure", "unsure")  # with `stop_below`, per bottom proposer: how often its chain goes
+# on past a token, and how often its tokens are accepted where it was sure of them (the chain went on past
+# them) or not (`stop_names`)
+PRIOR_GOES_ON = 0.6  # the first, before any chain; the other two start from the proposer's PRIOR
 PRIOR_STEP = 0.07  # a retrieval tier's prior is this much lower for each halving of its budget below a
 # quarter of the context (`prior`)
 STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "target"): "retrieval",
@@ -68,6 +80,12 @@ def prior(name: str, budget: int | None = None, context: int | None = None) -> f
     return PRIOR["retrieval"] - PRIOR_STEP * max(0.0, math.log2(context / (4 * budget)))
 
 
+def stop_names(proposer: str) -> tuple[str, str, str]:
+    """The names under which the planner keeps `proposer`'s STOP_RATES beside the acceptance estimates:
+    "goes on:draft", "sure:draft", "unsure:draft"."""
+    return tuple(f"{rate}:{proposer}" for rate in STOP_RATES)
+
+
 def stack_mode(stack: tuple[str, ...]) -> str:
     """The mode that runs `stack` (STACK_MODES), with the budget of a retrieval tier other than the
     configured one: ("draft", "retrieval@8192", "target") runs "triforce@8192"."""
@@ -87,14 +105,39 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def chain_sizes(gamma: int, goes_on: float) -> dict[int, float]:
+    """How many tokens the bottom tier's chain of at most gamma holds, by probability, when it goes on past
+    each token with probability `goes_on` (`stop_below`)."""
+    sizes = {k: goes_on ** (k - 1) * (1 - goes_on) for k in range(1, gamma)}
+    sizes[gamma] = goes_on ** (gamma - 1)
+    return {k: p for k, p in sizes.items() if p > 0}
+
+
 def check_yields(alpha: float, sizes: dict[int, float]) -> dict[int, float]:
     """How many tokens a check yields (its accepted proposals and the next token), by probability, when it
     holds n proposals with probability sizes[n], each accepted with probability alpha until the first not."""
+    return _yields({n: (p, [alpha] * n) for n, p in sizes.items()})
+
+
+def stopped_chain_yields(gamma: int, goes_on: float, sure: float, unsure: float) -> tuple[dict, dict]:
+    """(sizes, yields) by probability of a check of the bottom tier's chain of at most gamma that
+    `stop_below` ends after a token it was unsure of (the module docstring): a chain of k < gamma holds k - 1
+    tokens accepted with probability `sure` and one with `unsure`; a chain of gamma, gamma - 1 and one sure
+    with probability `goes_on`."""
+    sizes = chain_sizes(gamma, goes_on)
+    last = {n: unsure if n < gamma else goes_on * sure + (1 - goes_on) * unsure for n in sizes}
+    return sizes, _yields({n: (p, [sure] * (n - 1) + [last[n]]) for n, p in sizes.items()})
+
+
+def _yields(chains: dict[int, tuple[float, list[float]]]) -> dict[int, float]:
+    """Tokens yielded by probability, from chains[n] = (probability, each position's acceptance)."""
     out: dict[int, float] = {}
-    for n, p in sizes.items():
-        for k in range(1, n + 2):
-            q = alpha ** (k - 1) * ((1 - alpha) if k <= n else 1.0)
-            out[k] = out.get(k, 0.0) + p * q
+    for n, (p, accept) in chains.items():
+        reach = p  # the chance the walk accepts every position before this one
+        for k, a in enumerate(accept, 1):
+            out[k] = out.get(k, 0.0) + reach * (1 - a)
+            reach *= a
+        out[n + 1] = out.get(n + 1, 0.0) + reach
     return out
 
 
@@ -112,23 +155,28 @@ def check_sizes(round_yields: dict[int, float], gamma: int) -> dict[int, float]:
 
 
 def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: dict[str, dict[int, float]],
-                      alphas: dict[str, float], row_seconds: float = 0.0) -> float:
+                      alphas: dict[str, float], row_seconds: float = 0.0, stops: bool = False) -> float:
     """The model of the module docstring: `stack` tier names cheapest first, `gammas` one per check,
     `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted,
-    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it). The bottom
-    tier's chains hold gamma tokens; a check above a tier that checks takes every token of its rounds, so
-    it holds gamma or more (`check_sizes`), and its cost and gain are averaged over those sizes."""
+    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it). With `stops`
+    the bottom tier's chains end early (`stop_below`), at its STOP_RATES in `alphas` (`stop_names`). A check
+    above a tier that checks takes every token of its rounds, so it holds gamma or more (`check_sizes`);
+    every check's cost and yield are averaged over the sizes it may have."""
     seconds = interpolate(costs[stack[0]], 1) + row_seconds
     below: dict[int, float] | None = None  # what the checks of the level below yield, by probability
     for level, (proposer, checker, gamma) in enumerate(zip(stack, stack[1:], gammas)):
-        sizes = {gamma: 1.0} if below is None else check_sizes(below, gamma)
-        alpha = alphas[proposer]
+        if below is None and stops:
+            sizes, below = stopped_chain_yields(gamma, *(alphas[name] for name in stop_names(proposer)))
+            gained = sum(k * p for k, p in below.items())
+        else:
+            sizes, alpha = {gamma: 1.0} if below is None else check_sizes(below, gamma), alphas[proposer]
+            gained = sum(p * expected_tokens(alpha, n) for n, p in sizes.items())
+            # (the top level's yields feed no level above: a plan's costliest part)
+            below = check_yields(alpha, sizes) if level + 2 < len(stack) else None
         held = sum(n * p for n, p in sizes.items())
         check = held * seconds + sum(p * (interpolate(costs[checker], n + 1) + (n + 1) * row_seconds)
                                      for n, p in sizes.items())
-        seconds = check / sum(p * expected_tokens(alpha, n) for n, p in sizes.items())
-        if level + 2 < len(stack):  # (the top level's yields feed no level above: a plan's costliest part)
-            below = check_yields(alpha, sizes)
+        seconds = check / gained
     return seconds
 
 

@@ -117,8 +117,13 @@ def _refused(allowed: tuple[int, ...], vocab_size: int, device: torch.device) ->
 def top_probability(logits: torch.Tensor) -> float:
     """logits: [V] -> the probability the model gives its most likely token at temperature 1 (its own
     confidence, whatever the request's sampling settings)."""
+    return float(top_probabilities(logits))
+
+
+def top_probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """logits: [..., V] -> [...]: top_probability of each row."""
     logits = logits.float()
-    return float(torch.exp(logits.max() - torch.logsumexp(logits, dim=-1)))
+    return torch.exp(logits.amax(dim=-1) - torch.logsumexp(logits, dim=-1))
 
 
 def non_finite() -> NonFiniteLogits:
