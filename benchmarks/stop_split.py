@@ -22,7 +22,7 @@ def count_trials(trials: list[tuple[bool, bool]]) -> None:
 
     def recorded(self, level, proposed, accepted):
         record(self, level, proposed, accepted)
-        if level == 1 and len(self.went_on) == proposed:
+        if level == 1:
             trials.extend((sure, i < accepted) for i, sure in enumerate(self.went_on[:accepted + 1]))
 
     engine_module.HierarchyEngine._record = recorded

@@ -222,7 +222,8 @@ class AutoEngine(HierarchyEngine):
             begin = step.start + 1  # row i predicts seq[begin + i], after seq[:begin + i]
             covered += step.n
             logits = yield Forward(draft, level, step)
-            tops = top_probabilities(logits) if stop else None  # (before the rules, as a chain's stop reads them)
+            # (before the rules, as a chain's stop reads them; NaN goes on, as there)
+            sure = (~(top_probabilities(logits) < stop)).tolist() if stop else None
             q = self.rows.probs(self.rows.ruled_chain(logits, begin))
             for i, (row, at) in enumerate(zip(q, range(begin, begin + step.n))):
                 if at in self.forced_at:  # no proposal: running proposers leave it out too (engine.py)
@@ -231,10 +232,11 @@ class AutoEngine(HierarchyEngine):
                 accepted += chance
                 tokens += 1
                 if stop:
-                    kind = by_sureness[bool(tops[i] >= stop)]
+                    kind = by_sureness[sure[i]]
                     kind[0], kind[1] = kind[0] + chance, kind[1] + 1
         self.planner.observe_idle(draft.name, accepted, tokens)
-        if stop:  # how its chains would have ended there (the lookup's copies, which go on, left out)
+        if stop:  # how its chains would have ended there, by its top probability alone (a running chain
+            # also goes on past a lookup's copy it drew, which this counts by the draft's confidence)
             self.planner.observe_idle_stops(draft.name, tuple(by_sureness[True]), tuple(by_sureness[False]))
         seconds = time.perf_counter() - start
         if covered:  # (per position its forwards covered, forced or not: what `cost` multiplies it by)
@@ -280,5 +282,5 @@ class AutoEngine(HierarchyEngine):
         super()._record(level, proposed, accepted)
         proposer = self.tiers[level - 1].name
         self.planner.observe(proposer, proposed, accepted)
-        if level == 1 and self.stop_below and len(self.went_on) == proposed:  # (a forced token: no verdict)
+        if level == 1 and self.stop_below:  # (forced tokens are neither in `proposed` nor in went_on)
             self.planner.observe_stopped_chain(proposer, self.went_on, accepted)

@@ -225,7 +225,8 @@ class HierarchyEngine(TierPrefill):
                 probs.append(row)
                 raw.append(logits)
                 if stop_below:
-                    self.went_on.append(token == copy or top_probability(logits) >= stop_below)
+                    # (a row whose top probability is NaN, a +inf logit, goes on, as it always did)
+                    self.went_on.append(token == copy or not top_probability(logits) < stop_below)
                     if not self.went_on[-1]:
                         break
                 continue

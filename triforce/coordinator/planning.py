@@ -55,8 +55,8 @@ from .forward_times import ForwardTimes
 from .planner_evidence import PlannerEvidence
 from .priors import Priors
 from .realized import RealizedSpeed
-from .speed_model import (PRIOR, PRIOR_GOES_ON, Acceptance, Plan, mode_stack, prior, seconds_per_token, stack_mode,
-                          stop_names, tier_kind)
+from .speed_model import (PRIOR, PRIOR_GOES_ON, PRIOR_TRIALS, Acceptance, Plan, mode_stack, prior, seconds_per_token,
+                          stack_mode, stop_names, tier_kind)
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
@@ -239,8 +239,8 @@ class AutoPlanner(PlannerEvidence):
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
             why = {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
                    "expected_tokens_per_s": {m: round(r, 2) for m, r in expected.items()}, "probe": probe,
-                   "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()
-                                  if tier_kind(n) in PRIOR or a.trials},  # (stop rates once seen)
+                   "acceptance": {n: round(a.mean, 3) for n, a in estimates.items()  # (stop rates once seen,
+                                  if tier_kind(n) in PRIOR or a.trials or a.prior_trials != PRIOR_TRIALS},  # or recalled)
                    "draft_upside": round(best.draft_upside, 3),
                    "batchmate_chunk_ms": round(1e3 * chunk, 2)}
             self.decisions.append({"at_token": generated, "context": context, **best.to_dict(),
