@@ -14,6 +14,7 @@ import json
 
 import triforce.coordinator.engine as engine_module
 from triforce import LLM, SamplingParams
+from triforce.coordinator.speed_model import stop_trials
 
 
 def count_trials(trials: list[tuple[bool, bool]]) -> None:
@@ -23,7 +24,7 @@ def count_trials(trials: list[tuple[bool, bool]]) -> None:
     def recorded(self, level, proposed, accepted):
         record(self, level, proposed, accepted)
         if level == 1:
-            trials.extend((sure, i < accepted) for i, sure in enumerate(self.went_on[:accepted + 1]))
+            trials.extend(stop_trials(self.went_on, accepted))
 
     engine_module.HierarchyEngine._record = recorded
 

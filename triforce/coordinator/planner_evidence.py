@@ -6,7 +6,7 @@ how each mode's speed compares with the model's prediction, and how all of it fa
 from __future__ import annotations
 
 from .priors import LEARNED_TRIALS
-from .speed_model import Acceptance, Plan, prior, seconds_per_token, stop_names, tier_kind
+from .speed_model import Acceptance, Plan, prior, seconds_per_token, stop_names, stop_trials, tier_kind
 
 EVIDENCE_KEPT = 0.85  # of the acceptance evidence, for each EVIDENCE_TOKENS tokens committed since it was
 EVIDENCE_TOKENS = 8  # seen (a memory of about 50 tokens; an idle mode's factor and costs: at each plan)
@@ -61,8 +61,8 @@ class PlannerEvidence:
         each token that the check reached one trial of the acceptance of its kind, sure or not."""
         goes_on, sure, unsure = stop_names(proposer)
         self._observe(goes_on, sum(went_on), len(went_on))
-        for i, was_sure in enumerate(went_on[:accepted + 1]):
-            self._observe(sure if was_sure else unsure, float(i < accepted), 1.0)
+        for was_sure, ok in stop_trials(went_on, accepted):
+            self._observe(sure if was_sure else unsure, float(ok), 1.0)
 
     def observe_idle_stops(self, proposer: str, sure: tuple[float, float], unsure: tuple[float, float]) -> None:
         """Of the positions an idle proposer would have been sure (unsure) of, `sure` (`unsure`) gives the

@@ -275,4 +275,4 @@ class AutoPlanner(PlannerEvidence):
         check = self.times.scaled.get(stack_mode(stack), {}).get(stack[1]) if len(stack) > 1 else None
         if not check:
             return 0.0
-        return STOP_BELOW if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0
+        return self.stop_threshold if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0

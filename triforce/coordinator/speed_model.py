@@ -86,6 +86,13 @@ def stop_names(proposer: str) -> tuple[str, str, str]:
     return tuple(f"{rate}:{proposer}" for rate in STOP_RATES)
 
 
+def stop_trials(went_on: list[bool], accepted: int) -> list[tuple[bool, bool]]:
+    """(sure, accepted) for each token of a stopped chain that its check reached (up to the first rejection),
+    `went_on` saying of each of its tokens whether the chain went on past it: the trials of the STOP_RATES'
+    acceptance, sure or not."""
+    return [(sure, i < accepted) for i, sure in enumerate(went_on[:accepted + 1])]
+
+
 def stack_mode(stack: tuple[str, ...]) -> str:
     """The mode that runs `stack` (STACK_MODES), with the budget of a retrieval tier other than the
     configured one: ("draft", "retrieval@8192", "target") runs "triforce@8192"."""
