@@ -2,7 +2,8 @@
 # The Qwen2.5-Coder pair (1.5B target, 0.5B draft; `triforce fetch-model` both first) at batch 4: four
 # prompts of Emma (LENGTH tokens each, default 7936, from tokens 0, LENGTH, 2 LENGTH, 3 LENGTH), 128 new
 # tokens each, greedy and 0.6 (TEMPERATURES); every mode and auto (MODES), with a fresh calibration per
-# label. The prompts' KV is kept for the modes after the first (--prefix-cache-gb, PREFIX_GB: 4 x 16K
+# label; REPEATS=R runs each mode R times, taking turns (medians). The prompts' KV is kept for the modes
+# after the first (--prefix-cache-gb, PREFIX_GB: 4 x 16K
 # tokens of the 1.5B take 1.8 GB). Run from the repository root with the label's code first on the path:
 #   git worktree add /tmp/tf-X X && PYTHONPATH=/tmp/tf-X bash benchmarks/results/issue12/qwen_batch4/run.sh LABEL [LENGTH]
 # Table: python benchmarks/auto_table.py benchmarks/results/issue12/qwen_batch4/*.json
@@ -17,4 +18,4 @@ source benchmarks/resumable_bench.sh
 calibration_home $home
 name=${label}_$([ "$length" = 7936 ] && echo 8k || echo "$((length / 1000))k")
 TRIFORCE_HOME=$home resumable $name --lengths $length --temperatures ${TEMPERATURES:-0 0.6} \
-  --modes ${MODES:-ar draft retrieval triforce auto} --prefix-cache-gb ${PREFIX_GB:-3}
+  --modes ${MODES:-ar draft retrieval triforce auto} --prefix-cache-gb ${PREFIX_GB:-3} --repeats ${REPEATS:-1}
