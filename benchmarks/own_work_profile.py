@@ -24,13 +24,13 @@ from collections import defaultdict
 from triforce.api import LLM
 from triforce.cache import retrieval
 from triforce.sampling_params import SamplingParams
-from triforce.coordinator import batch, engine, tiers
+from triforce.coordinator import batch, engine, request_rows, tiers
 
 # (owner, attribute): what to time. `tiers.forward_together` is every model call of a batch step.
 WATCHED = [(tiers, "forward_together"), (batch, "check_together"), (batch.SequenceBatch, "step"),
            (batch.SequenceBatch, "_advance"), (tiers.RetrievalTier, "sync"), (tiers.Tier, "keep_path"),
            (retrieval.RetrievalKVCache, "rebuild"), (retrieval.RetrievalKVCache, "sync"),
-           (engine.HierarchyEngine, "_commit"), (engine.HierarchyEngine, "_probs")]
+           (engine.HierarchyEngine, "_commit"), (request_rows.RequestRows, "probs")]
 
 
 def watch(clock: dict) -> None:
