@@ -53,9 +53,10 @@ def main(paths: list[str]) -> None:
             ar = seconds[(temperature, "ar")]
             ratios = sorted(chain[p] / own[p] for p in common)
             mean_acc = sum(accepted[(temperature, size)]) / len(accepted[(temperature, size)])
+            with_ar = [p for p in common if p in ar]  # (runs without `ar` leave its column blank)
+            over_ar = f"{sum(ar[p] for p in with_ar) / sum(own[p] for p in with_ar):.2f}x" if with_ar else ""
             print(f"| {size} | {len(own) / sum(own.values()):.1f} | {sum(chain[p] for p in common) / sum(own[p] for p in common):.2f}x "
-                  f"| {ratios[0]:.2f}-{ratios[-1]:.2f}x | {sum(ar[p] for p in common) / sum(own[p] for p in common):.2f}x "
-                  f"| {mean_acc:.2f} |")
+                  f"| {ratios[0]:.2f}-{ratios[-1]:.2f}x | {over_ar} | {mean_acc:.2f} |")
 
 
 def swept(report: dict) -> str | None:
