@@ -1,0 +1,36 @@
+"""run.sh's trees against chains.sh's chains at 0.6, matched by seed (one bench per seed and script, so
+benchmarks/tree_seeds.py, which matches runs within a file, cannot join them): tokens/s over the seeds
+both ran and the ratio to the chain of gamma1 1, summed and per seed.
+
+    python benchmarks/results/issue11/qwen_trees/table.py benchmarks/results/issue11/qwen_trees/LABEL
+"""
+import glob
+import json
+import sys
+from collections import defaultdict
+
+
+def main(folder: str) -> None:
+    seconds = defaultdict(dict)  # (kind, size) -> {seed: seconds per token}
+    accepted = defaultdict(list)
+    for path in sorted(glob.glob(f"{folder}/sampled_seed*.json") + glob.glob(f"{folder}/chains_seed*.json")):
+        report = json.load(open(path))
+        for r in report["results"]:
+            tree = r.get("tree1") or 0
+            key = ("tree", tree) if tree else ("chain", r.get("gamma1") if "chains_" in path else 4)
+            seconds[key][report["seed"]] = 1 / r["tokens_per_s"]
+            accepted[key].append(r["tiers"][0]["mean_accepted_length"])
+    seeds = sorted(set.intersection(*(set(v) for v in seconds.values())))
+    base = seconds[("chain", 1)]
+    print(f"temperature 0.6, seeds {seeds}\n\n| proposals | tokens/s | over a chain of 1 | per seed | accepted per check |")
+    print("|---|---|---|---|---|")
+    for (kind, size), by_seed in sorted(seconds.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        total = sum(by_seed[s] for s in seeds)
+        per_seed = ", ".join(f"{base[s] / by_seed[s]:.2f}" for s in seeds)
+        mean = sum(accepted[(kind, size)]) / len(accepted[(kind, size)])
+        print(f"| {kind} {size} | {len(seeds) / total:.2f} | {sum(base[s] for s in seeds) / total:.2f}x | {per_seed} "
+              f"| {mean:.2f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
