@@ -5,13 +5,14 @@
 # 0.74x `ar` at 8K, and cost most of an hour more at 32K). One fresh calibration per label, shared by its
 # runs in order. Models from TRIFORCE_HOME (`triforce fetch-model qwen2.5-coder-1.5b`, `qwen2.5-coder-0.5b`).
 # RUNS: which of the two (default "batch4 long"); PREFIX_CACHE_GB: bench --prefix-cache-gb (the prompts are
-# prefilled once and every mode restores them; 32K of Qwen's KV is 0.92 GB, four 8K prompts' 0.92 GB too). Results in $out/LABEL/qwen_*; resumable:
+# prefilled once and every mode restores them; 32K of Qwen's KV is 0.92 GB, four 8K prompts' 0.92 GB too).
+# OUT: another results folder (a CPU's own). Results in OUT/LABEL/qwen_*; resumable:
 #   TRIFORCE_HOME=... PATH=$PWD/.venv/bin:$PATH bash benchmarks/results/issue12/avx2_epyc/qwen_long.sh LABEL
 # Tables: python benchmarks/auto_table.py benchmarks/results/issue12/avx2_epyc/LABEL/qwen_*.json
 set -e
 label=${1:?usage: qwen_long.sh LABEL}
 source benchmarks/resumable_bench.sh
-labelled_runs benchmarks/results/issue12/avx2_epyc avx2_epyc_qwen $label
+labelled_runs ${OUT:-benchmarks/results/issue12/avx2_epyc} avx2_epyc_qwen $label
 common="--model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --max-new-tokens 128 --temperatures 0
   --prefix-cache-gb ${PREFIX_CACHE_GB:-0}"
 modes=${MODES:-ar draft auto}
