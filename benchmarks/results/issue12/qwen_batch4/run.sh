@@ -3,8 +3,8 @@
 # prompts of Emma (LENGTH tokens each, default 7936, from tokens 0, LENGTH, 2 LENGTH, 3 LENGTH), 128 new
 # tokens each, greedy and 0.6 (TEMPERATURES); every mode and auto (MODES), with a fresh calibration per
 # label; REPEATS=R runs each mode R times, taking turns (medians). The prompts' KV is kept for the modes
-# after the first (--prefix-cache-gb, PREFIX_GB: 4 x 16K
-# tokens of the 1.5B take 1.8 GB). Run from the repository root with the label's code first on the path:
+# after the first (--prefix-cache-gb, PREFIX_GB: 4 x 16K tokens of the 1.5B take 1.8 GB). Run from the
+# repository root with the label's code first on the path:
 #   git worktree add /tmp/tf-X X && PYTHONPATH=/tmp/tf-X bash benchmarks/results/issue12/qwen_batch4/run.sh LABEL [LENGTH]
 # Table: python benchmarks/auto_table.py benchmarks/results/issue12/qwen_batch4/*.json
 set -e
