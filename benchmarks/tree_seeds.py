@@ -50,6 +50,9 @@ def main(paths: list[str]) -> None:
         for size in sorted(sizes, key=lambda s: (isinstance(s, str), s)):
             own = seconds[(temperature, size)]
             common = [p for p in own if p in chain]
+            if not common:  # (runs of another file than the baseline's: compare runs of one bench each)
+                print(f"| {size} | {len(own) / sum(own.values()):.1f} | no run beside the baseline's | | | |")
+                continue
             ar = seconds[(temperature, "ar")]
             ratios = sorted(chain[p] / own[p] for p in common)
             mean_acc = sum(accepted[(temperature, size)]) / len(accepted[(temperature, size)])

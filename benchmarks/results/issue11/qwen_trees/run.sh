@@ -6,7 +6,9 @@
 # Greedy: one bench with two repeats. 0.6: one bench per seed (a sample path decides acceptance). The
 # prompt's KV is kept between runs (--prefix-cache-gb). Its own calibration home (the tree sizes of
 # `auto` come from its costs). Resumable; run from the repository root with .venv/bin on PATH; tables by
-#   python benchmarks/tree_seeds.py benchmarks/results/issue11/qwen_trees/LABEL/*.json
+#   python benchmarks/tree_seeds.py benchmarks/results/issue11/qwen_trees/LABEL/greedy.json  (one file)
+#   python benchmarks/results/issue11/qwen_trees/table.py benchmarks/results/issue11/qwen_trees/LABEL  (0.6,
+#   beside chains.sh's chains)
 set -e
 label=${1:?label}
 source benchmarks/resumable_bench.sh

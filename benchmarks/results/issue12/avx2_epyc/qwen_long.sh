@@ -8,7 +8,7 @@
 # prefilled once and every mode restores them; 32K of Qwen's KV is 0.92 GB, four 8K prompts' 0.92 GB too).
 # OUT: another results folder (a CPU's own). Results in OUT/LABEL/qwen_*; resumable:
 #   TRIFORCE_HOME=... PATH=$PWD/.venv/bin:$PATH bash benchmarks/results/issue12/avx2_epyc/qwen_long.sh LABEL
-# Tables: python benchmarks/auto_table.py benchmarks/results/issue12/avx2_epyc/LABEL/qwen_*.json
+# Tables: python benchmarks/auto_table.py OUT/LABEL/qwen_*.json (OUT: benchmarks/results/issue12/avx2_epyc)
 set -e
 label=${1:?usage: qwen_long.sh LABEL}
 source benchmarks/resumable_bench.sh
