@@ -5,8 +5,9 @@ factors, the cost scales and the forward costs per sequence; then each request's
     python benchmarks/batch_decisions.py [--batch 4] [--temperature 0.6] [--length 7936] [--seed 0]
         [--max-new-tokens 128] [--model smollm2] [--texts ../shared/data/austen-*.txt]
 
-Prompt i is the first LENGTH tokens of text i (cycled; sorted by name, as the bench sorts novels), request i
-sampled with seed SEED + i. Plans from $TRIFORCE_HOME's costs and priors (a home holding only the costs
+Prompt i is the first LENGTH tokens of text i (texts sorted by name, as the shell expands the bench's
+--text ../shared/data/austen-*.txt; the bench's prompts of a batch of up to six), every request sampled
+with SEED, as the bench does. Plans from $TRIFORCE_HOME's costs and priors (a home holding only the costs
 plans as a first request would)."""
 import argparse
 import glob
@@ -33,8 +34,8 @@ def main() -> None:
     for i in range(args.batch):
         with open(args.texts[i % len(args.texts)]) as f:
             prompts.append(llm.tokenizer(f.read())["input_ids"][:args.length])
-    params = [SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed + i,
-                             ignore_eos=True) for i in range(args.batch)]
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                            ignore_eos=True)
     outputs = llm.generate(prompts, params)
     for decision in outputs[0].metrics.auto or []:
         why = decision.get("why", {})
