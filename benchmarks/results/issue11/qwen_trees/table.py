@@ -1,4 +1,4 @@
-"""run.sh's trees against chains.sh's chains at 0.6, matched by seed (one bench per seed and script, so
+"""run.sh's trees against its chains at 0.6, matched by seed (one bench per seed and sweep, so
 benchmarks/tree_seeds.py, which matches runs within a file, cannot join them): tokens/s over the seeds
 both ran and the ratio to the chain of gamma1 1, summed and per seed.
 
