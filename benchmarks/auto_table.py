@@ -14,11 +14,13 @@ FIXED = ("ar", "draft", "retrieval", "triforce")
 
 
 def plans(row: dict) -> str:
-    """Auto's plans of the batch's first request, in order, repeats of one mode folded."""
+    """Auto's plans of the batch's first request, in order, repeats of one mode folded; "+stop" where its
+    bottom tier's chains ended early (stop_below; reports before 2026-12-04 do not say)."""
     out: list[str] = []
     for plan in (row.get("auto_plans") or [[]])[0]:
-        name = plan["mode"] + (f" {','.join(map(str, plan['gammas']))}" if plan["gammas"] else "")
-        if not out or out[-1].split(" ")[0] != plan["mode"]:
+        name = plan["mode"] + (f" {','.join(map(str, plan['gammas']))}" if plan["gammas"] else "") \
+            + ("+stop" if plan.get("stop_below") else "")
+        if not out or out[-1].split(" ")[0] != name.split(" ")[0]:
             out.append(name)
     return " -> ".join(out)
 

@@ -10,6 +10,7 @@ from triforce.errors import UserError
 from triforce.kernels import cpu
 from triforce.launch.cli import main
 from triforce.launch.peers import widened_draft
+from triforce.coordinator.planning import STOP_BELOW
 
 SMALL_TIERS = ["--budget", "32", "--chunk-size", "4", "--sinks", "2", "--window", "16"]
 RETRIEVAL_TIER = SMALL_TIERS[:4]  # (where no mode runs a draft: its flags are refused)
@@ -151,6 +152,7 @@ def test_bench_repeats_take_turns_and_report_medians(tiny_dir, tmp_path, capsys)
     assert [r["auto_prior"][0] for r in shown if r["run"] == "auto"][1:] == ["earlier requests"] * 2
     first = next(r for r in shown if r["run"] == "auto")["auto_plans"][0][0]  # each plan keeps the gist of why
     assert first["why"]["predicted_tokens_per_s"][first["mode"]] > 0 and "draft" in first["why"]["acceptance"]
+    assert first["stop_below"] in (0.0, STOP_BELOW)  # (whether its chains end early: chosen per plan)
     assert main(["bench", "--model", str(target), "--text", str(text), "--lengths", "100", "--repeats", "0"]) == 2
 
 

@@ -57,7 +57,7 @@ def batch_row(outs) -> dict:
     if any(m.lookup for m in metrics):  # each request's prompt lookup: candidates, right ones, weight
         row["lookup_stats"] = [m.lookup for m in metrics]
     if any(m.auto for m in metrics):  # each request's plans: when, which tiers and gammas, and the gist of why
-        row["auto_plans"] = [[{**{k: d[k] for k in ("at_token", "context", "mode", "gammas")},
+        row["auto_plans"] = [[{**{k: d[k] for k in ("at_token", "context", "mode", "gammas", "stop_below")},
                                "why": {k: d["why"][k] for k in WHY_KEPT if k in d.get("why", {})}}
                               for d in m.auto or []] for m in metrics]
         # whether each request's first plan started from earlier requests' acceptance (priors.py) or the defaults
