@@ -182,6 +182,8 @@ def test_chains_end_early_where_the_model_scores_that_higher(sure, unsure, stops
     expected = planning.STOP_BELOW if stops else 0.0
     assert plan.mode == "draft" and plan.stop_below == expected and planner.decisions[-1]["stop_below"] == expected
     assert planner.decisions[-1]["why"]["expected_tokens_per_s"]["draft"] == pytest.approx(max(with_stop, without), abs=0.005)
+    planner.preferred_gammas = (4, 6)  # the user's gamma1 (the defaults'), with the stop the model prefers
+    assert planner.plan(1000, 8).gammas == (4,) and planner.decisions[-1]["stop_below"] == expected
     for fixed in (0.2, 0.0):
         planner.fixed_stop = fixed
         assert planner.plan(1000, 8).stop_below == fixed and planner.decisions[-1]["stop_below"] == fixed
@@ -203,6 +205,51 @@ def test_the_stop_is_priced_at_the_proposers_acceptance(monkeypatch):
     unscaled = {**at_prior, "draft": 0.6}  # (the stop's chains at their own rates)
     assert best_draft_rate(costs, unscaled, True) > best_draft_rate(costs, at_prior, False)
     assert best_draft_rate(costs, at_prior, True) < best_draft_rate(costs, at_prior, False)
+
+
+def test_the_mean_picks_a_modes_gammas_and_optimism_its_score(monkeypatch):
+    """Optimism (mean + one standard deviation) is for trying tiers seen little; it lifts deep proposals
+    most (alpha^k), so a mode's gammas are the best at the mean acceptance, and the mode is scored at them
+    with the optimistic one."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    costs = {"draft": {1: 0.1}, "target": dict(FLAT)}
+    planner = planner_with(costs)  # the generic prior: 0.6 worth 4 trials
+    planner.fixed_stop = 0.0  # (chains whole: the stop as an option is test_chains_end_early_...)
+    draft = planner.acceptance["draft"]
+    mean, optimistic = draft.mean, draft.optimistic  # no evidence yet: fading leaves them
+
+    def best(alpha):
+        return max(range(1, planning.MAX_GAMMA + 1), key=lambda g: draft_rate(costs, g, alpha))
+    assert best(optimistic) > best(mean)
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "draft" and plan.gammas == (best(mean),)
+    assert plan.tokens_per_s == pytest.approx(draft_rate(costs, plan.gammas[0], optimistic))
+
+
+def test_a_mode_runs_the_users_gammas_unless_others_promise_much_more(monkeypatch):
+    """The model's speed is flat in gamma near its best, and real speed is not smooth there (a greedy text's
+    rounds begin at other positions), so auto runs gamma1 / gamma2 unless other gammas promise
+    GAMMA_MARGIN more; a poor draft still gets short chains, and the user's gammas are the preferred ones."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    costs = {"draft": {1: 0.05}, "target": dict(FLAT)}
+    planner = planner_with(costs)
+    planner.fixed_stop = 0.0  # (chains whole: with the stop as an option, test_chains_end_early_...)
+    planner.acceptance["draft"] = Acceptance(0.8, successes=8e3, trials=1e4)
+    rate = {g: draft_rate(costs, g, planner.acceptance["draft"].mean) for g in range(1, planning.MAX_GAMMA + 1)}
+    assert max(rate, key=rate.get) == 8 and rate[8] < planning.GAMMA_MARGIN * rate[4]  # the model alone: 8
+    assert planner.plan(1000, 0).gammas == (8,)
+    planner = planner_with(costs)
+    planner.fixed_stop = 0.0
+    planner.preferred_gammas = (4, 6)
+    planner.acceptance["draft"] = Acceptance(0.8, successes=8e3, trials=1e4)
+    assert planner.plan(1000, 0).gammas == (4,)
+    planner.preferred_gammas = (5, 6)  # --gamma1 5
+    assert planner.plan(1000, 8).gammas == (5,)
+    planner.acceptance["draft"] = Acceptance(0.15, successes=1.5e3, trials=1e4)  # a poor draft: 1 pays much more
+    rate = {g: draft_rate(costs, g, planner.acceptance["draft"].mean) for g in (1, 5)}
+    assert rate[1] > planning.GAMMA_MARGIN * rate[5]
+    plan = planner.plan(1000, 16)
+    assert plan.mode == "draft" and plan.gammas == (1,)
 
 
 @pytest.mark.parametrize("stop,shortest", [(0.0, 1), (planning.STOP_BELOW, planning.STOP_MIN_GAMMA)])

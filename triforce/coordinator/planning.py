@@ -222,11 +222,11 @@ class AutoPlanner(PlannerEvidence):
                     with_draft = max(with_draft, speed(stack, gammas, optimistic, stop))
                 if len(stack) == 1 or mean_rate >= plain / (SWITCH_MARGIN if mode == running else 1.0):
                     paying[gammas, stop] = mean_rate  # speculation must be expected to pay
-            if paying:  # the mean picks the stop and the gammas, optimism the mode (the module docstring)
+            if paying:  # the mean picks the gammas and the stop, optimism the mode (the module docstring)
                 option = max(sorted(paying), key=paying.get)
-                anchored = (anchor, option[1])  # (with the stop the best option has)
-                if anchored in paying and GAMMA_MARGIN * paying[anchored] >= paying[option]:
-                    option = anchored  # the model's gain from other gammas is within its error
+                anchored = [found for found in sorted(paying) if found[0] == anchor]  # (with the stop or without)
+                if anchored and GAMMA_MARGIN * max(map(paying.get, anchored)) >= paying[option]:
+                    option = max(anchored, key=paying.get)  # the model's gain from other gammas is within its error
                 scored[mode] = (speed(stack, option[0], optimistic, option[1]), option, stack)
         rate, (gammas, stop), stack = max(scored.values())
         best = Plan(stack, gammas, rate, self.stop_threshold if stop else 0.0)
