@@ -6,7 +6,6 @@ import torch
 from scipy.stats import chisquare
 
 import triforce.coordinator.auto as auto
-import triforce.coordinator.planning as planning
 from triforce.cache.full import FullKVCache
 from triforce.config import ConfigError, EngineConfig
 from triforce.sampling_params import SamplingParams
@@ -61,21 +60,17 @@ def test_auto_ends_chains_as_its_plans_say(models, prompt, replan_every_round):
 STOP = 0.3  # the tiny models' top probabilities (8 tokens) fall on both sides of it
 
 
-@pytest.mark.parametrize("stops", [True, False])
-def test_auto_learns_how_the_drafts_chains_end_and_how_their_tokens_fare(models, prompt, replan_every_round,
-                                                                           monkeypatch, stops):
-    """Each chain the bottom tier proposes says past which of its tokens it went on (with the stop on) or
-    would have gone on (plans without it: the planner prices both) and, up to the check's first rejection,
-    how its tokens fared, sure or not (speed_model.STOP_RATES); an idle draft's watch says it of the
-    positions it covers at the same threshold. The estimates hold exactly that evidence (the scripted
-    planner does not fade it)."""
-    monkeypatch.setattr(planning, "STOP_BELOW", STOP)
+def test_auto_learns_how_the_drafts_chains_end_and_how_their_tokens_fare(models, prompt, replan_every_round):
+    """With the stop on, each chain the draft proposes says how far it went on and, up to the check's first
+    rejection, how its tokens fared, sure or not (speed_model.STOP_RATES); an idle draft's watch says it
+    of the positions it covers at the same threshold. The estimates hold exactly that evidence (the
+    scripted planner does not fade it)."""
     engine = scripted_engine(models, prompt, 60, "triforce-first")
     planner = engine.planner
-    planner.stop = STOP if stops else 0.0  # (the plans' stop_below; the threshold is the planner's either way)
+    planner.stop = planner.fixed_stop = STOP
     chains, watches = [], []
-    observe_chain, observe_idle_stops = planner.observe_chain_sureness, planner.observe_idle_stops
-    planner.observe_chain_sureness = lambda proposer, went_on, accepted: \
+    observe_chain, observe_idle_stops = planner.observe_stopped_chain, planner.observe_idle_stops
+    planner.observe_stopped_chain = lambda proposer, went_on, accepted: \
         chains.append((proposer, list(went_on), accepted)) or observe_chain(proposer, went_on, accepted)
     planner.observe_idle_stops = lambda proposer, sure, unsure: \
         watches.append((proposer, sure, unsure)) or observe_idle_stops(proposer, sure, unsure)
@@ -84,9 +79,9 @@ def test_auto_learns_how_the_drafts_chains_end_and_how_their_tokens_fare(models,
     assert {proposer for proposer, *_ in chains} == {"draft", "retrieval"} and {w[0] for w in watches} == {"draft"}
     for proposer in ("draft", "retrieval"):
         ran = [(went_on, accepted) for name, went_on, accepted in chains if name == proposer]
-        # with the stop, a chain ends at the first token its proposer was unsure of, or at its gamma (3 or 1
-        # for the draft, 2 for the retrieval tier); without it, chains go on past such tokens
-        assert all(False not in went_on[:-1] for went_on, _ in ran) == stops
+        # a chain ends at the first token its proposer was unsure of, or at its gamma (3 or 1 for the draft,
+        # 2 for the retrieval tier)
+        assert all(False not in went_on[:-1] for went_on, _ in ran)
         assert any(not went_on[-1] for went_on, _ in ran)
         assert proposer != "draft" or any(True in went_on for went_on, _ in ran)  # (tiny: the draft is sure at times)
         seen = [w for w in watches if w[0] == proposer]

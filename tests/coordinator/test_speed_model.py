@@ -5,7 +5,7 @@ import pytest
 import random
 
 from triforce.coordinator.speed_model import (chain_sizes, check_sizes, check_yields, expected_tokens, seconds_per_token,
-                                              stop_names, stop_rates)
+                                              stop_names)
 from triforce.coordinator.costs import dense_costs, interpolate
 
 
@@ -115,25 +115,14 @@ def test_the_model_is_what_the_rounds_cost_when_chains_stop_early(gammas, stops)
     steep = {n: 0.02 + 0.01 * n for n in range(1, 40)}
     table = {"draft": {1: 0.004}, stack[1]: steep, "target": {n: 0.05 + 0.02 * n for n in range(1, 40)}}
     alphas = {"draft": 0.6, "retrieval": 0.85}
-    if stops:  # (the draft's acceptance what its rates make: stop_rates keeps them as they are)
-        alphas.update(zip(stop_names("draft"), stops), draft=stops[0] * stops[1] + (1 - stops[0]) * stops[2])
+    if stops:
+        alphas.update(zip(stop_names("draft"), stops))
     model = seconds_per_token(stack, gammas, table, alphas, stops=bool(stops))
     costs = [table[name] for name in stack]
     played = simulated_seconds_per_token(gammas, costs, [alphas[name] for name in stack[:-1]], stops)
     assert model == pytest.approx(played, rel=0.01)
     if stops:  # (full chains are another process: the test tells them apart)
         assert seconds_per_token(stack, gammas, table, alphas) != pytest.approx(played, rel=0.03)
-
-
-def test_the_stop_rates_are_scaled_to_the_proposers_acceptance():
-    """The sure and unsure tokens' acceptance keep their ratio and together make the proposer's acceptance
-    (q sure + (1 - q) unsure), each at most 1; how often chains go on stays as learned."""
-    alphas = {"draft": 0.45, **dict(zip(stop_names("draft"), (0.6, 0.8, 0.4)))}
-    q, sure, unsure = stop_rates(alphas, "draft")
-    assert q == 0.6 and sure / unsure == pytest.approx(2) and q * sure + (1 - q) * unsure == pytest.approx(0.45)
-    q, sure, unsure = stop_rates({**alphas, "draft": 0.95}, "draft")
-    assert sure == 1.0 and unsure == pytest.approx(0.95 / 0.64 * 0.4)
-    assert stop_rates({**alphas, **dict.fromkeys(stop_names("draft")[1:], 0.0)}, "draft") == (0.6, 0.45, 0.45)
 
 
 def test_optimism_is_never_below_the_mean_nor_undefined():

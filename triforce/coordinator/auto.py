@@ -282,12 +282,5 @@ class AutoEngine(HierarchyEngine):
         super()._record(level, proposed, accepted)
         proposer = self.tiers[level - 1].name
         self.planner.observe(proposer, proposed, accepted)
-        if level == 1 and self.went_on:  # (forced tokens are neither in `proposed` nor in went_on)
-            self.planner.observe_chain_sureness(proposer, self.went_on, accepted)
-
-    @property
-    def sureness_watched(self) -> float:
-        """The planner's stop threshold: whether or not the running plan ends chains there, each chain tells
-        the planner how sure its proposer was and how its tokens fared either way, so that every plan is
-        priced with the stop and without (planning.py)."""
-        return self.planner.stop_threshold
+        if level == 1 and self.stop_below:  # (forced tokens are neither in `proposed` nor in went_on)
+            self.planner.observe_stopped_chain(proposer, self.went_on, accepted)

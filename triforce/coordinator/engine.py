@@ -89,12 +89,6 @@ class HierarchyEngine(TierPrefill):
         return handle.result
 
     @property
-    def sureness_watched(self) -> float:
-        """Where the bottom tier's chains run to gamma, the top probability below which `went_on` still
-        marks a proposal unsure (`_produce`); 0: not watched (mode auto watches: AutoEngine)."""
-        return 0.0
-
-    @property
     def prefilled(self) -> bool:
         """Whether its target holds its prompt: before, its prompt chunks ride on a batch's target forwards
         (mode auto), and a request cancelled then is cut short whatever its max_tokens."""
@@ -207,11 +201,8 @@ class HierarchyEngine(TierPrefill):
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each
         raw: list[torch.Tensor] = []  # and its logits there
         stop_below = self.stop_below if proposing else 0.0
-        # a proposal below this top probability is one its model was unsure of: where the chain ends with
-        # stop_below; mode auto tells them apart also where chains run to gamma (`sureness_watched`)
-        unsure_below = (stop_below or self.sureness_watched) if proposing else 0.0
-        if level == 0:  # whether the chain went on (would have gone on) past each token it samples (mode
-            self.went_on = []  # auto learns how often, and how its tokens fare either way)
+        if level == 0:  # with stop_below, whether the chain went on past each token it samples (mode auto
+            self.went_on = []  # learns how often, and how its tokens fare either way)
         made = 0  # rounds
         while made < rounds if rounds else len(tokens) < count:
             made += 1
@@ -233,10 +224,10 @@ class HierarchyEngine(TierPrefill):
                 tokens.append(token)
                 probs.append(row)
                 raw.append(logits)
-                if unsure_below:
+                if stop_below:
                     # (a row whose top probability is NaN, a +inf logit, goes on, as it always did)
-                    self.went_on.append(token == copy or not top_probability(logits) < unsure_below)
-                    if stop_below and not self.went_on[-1]:
+                    self.went_on.append(token == copy or not top_probability(logits) < stop_below)
+                    if not self.went_on[-1]:
                         break
                 continue
             check = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)

@@ -55,11 +55,10 @@ class PlannerEvidence:
         """An idle proposer's expected acceptance over `tokens` committed tokens (auto.py)."""
         self.acceptance[proposer].observe_expected(accepted, tokens)
 
-    def observe_chain_sureness(self, proposer: str, went_on: list[bool], accepted: int) -> None:
-        """A check accepted `accepted` tokens of a chain from `proposer`, which went on (or, where it ran to
-        gamma, would have gone on with `stop_below`) past its tokens as `went_on` says: evidence of its
-        STOP_RATES (speed_model.stop_names), each token that the check reached one trial of the acceptance
-        of its kind, sure or not."""
+    def observe_stopped_chain(self, proposer: str, went_on: list[bool], accepted: int) -> None:
+        """A check accepted `accepted` tokens of a chain that `proposer` may have ended early (`stop_below`),
+        which went on past its tokens as `went_on` says: evidence of its STOP_RATES (speed_model.stop_names),
+        each token that the check reached one trial of the acceptance of its kind, sure or not."""
         goes_on, sure, unsure = stop_names(proposer)
         self._observe(goes_on, sum(went_on), len(went_on))
         for was_sure, ok in stop_trials(went_on, accepted):

@@ -36,15 +36,9 @@ if below 1); an idle mode's evidence fades as acceptance evidence does, with the
 towards where the mode started (alone: in a batch, where the overhead between forwards goes unmeasured,
 the factors hold it). In a batch one plan serves every request (batchmates.py).
 
-Each stack is also scored with the bottom tier's chains ending early after a proposal its model was unsure
-of (`stop_below` STOP_BELOW, engine.py; at least STOP_MIN_GAMMA then), at the lengths they then have and
-their tokens' acceptance, sure or not (speed_model.STOP_RATES, learned from every chain the tier proposes,
-stopped or not, and from an idle draft's watch), and runs so where that scores higher: shorter checks pay
-where a check grows steeply with the tokens it holds (vector arithmetic, not matrix tiles) and the tier's
-unsure proposals are rejected far more often than its sure ones (SmolLM2's draft at 4K of Emma, 0.6, on
-the Zen 4: 0.38 against 0.76); the retrieval tier's were accepted about as often (0.965 against 0.96), so
-ending its chains only shortened its checks (fixed `retrieval` mode with the stop: 0.91x without it in a
-batch of four; benchmarks/stop_split.py, docs/auto.md). A stop_below the user set holds for every plan.
+Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
+the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py), and
+the model prices the lengths they then have and their tokens' acceptance, sure or not (speed_model.STOP_RATES).
 
 The running mode stays unless another promises SWITCH_MARGIN more. Costs are re-read when the context
 moves past what they were measured at (the table measures once per machine, model, context and batch
@@ -56,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from itertools import product
 
 from .batchmates import Batchmates, power_of_two_below
-from .costs import CostTable, dense_costs
+from .costs import CostTable, dense_costs, interpolate
 from .forward_times import ForwardTimes
 from .planner_evidence import PlannerEvidence
 from .priors import Priors
@@ -72,8 +66,8 @@ CHECK_SIZES = (1, 2, 3, 4, 6, 9, 12, 17)
 SWITCH_MARGIN = 1.05  # another mode must promise this much more than the running one to replace it
 GAMMA_MARGIN = 1.15  # a mode runs gamma1 / gamma2 unless other gammas promise this much more (the docstring)
 AR_PROBE = 1.25  # a request runs plain decoding for a stretch before a plan expected to beat it by less
-STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability, in
-# the plans that stop them (the module docstring)
+STOP_BELOW = 0.3  # the bottom tier's chains end after a proposal it gave less than this probability...
+STEEP_CHECKS = 1.3  # ...where a check of 4 tokens costs this many times one (docs/avx2.md)
 STOP_MIN_GAMMA = 2  # with the stop on, the bottom tier's gamma (a cap then) is at least this: the stop ends
 # chains where the draft is unsure, what a gamma of 1 does everywhere, confident stretches included
 MAX_BATCH_LOG2 = 8  # batch sizes whose costs may stand in for an unmeasured one: 1, 2, 4, ..., 256
@@ -199,47 +193,48 @@ class AutoPlanner(PlannerEvidence):
         # Each stack's costs once per plan, at every size a check of these gammas holds (at most gamma1 +
         # gamma2 tokens, and the bonus): the model asks them of hundreds of plans (a replan at 16K had taken
         # 62 ms, most of it in these lookups and in rebuilding each stack's table per gammas)
-        top, tables = 2 * max((MAX_GAMMA, *(self.preferred_gammas or ()))) + 2, {}
+        top, tables, stops = 2 * max((MAX_GAMMA, *(self.preferred_gammas or ()))) + 2, {}, {}
 
-        def speed(stack, gammas, alphas, stop=False):  # tokens/s the model predicts, as this mode realizes it
+        def speed(stack, gammas, alphas):  # tokens/s the model predicts, as this mode realizes it
             if stack not in tables:
                 tables[stack] = dense_costs(self.times.per_sequence(stack, chunk), top)
+                stops[stack] = bool(self._stop_below(stack))
             return self._realized(stack_mode(stack)) / seconds_per_token(stack, gammas, tables[stack], alphas,
-                                                                         self.row_seconds, stop)
+                                                                         self.row_seconds, stops[stack])
 
         plain = speed(("target",), (), means)
         scored, expected, with_draft = {}, {}, 0.0
         for stack in stacks:
             mode, anchor = stack_mode(stack), self._anchor(stack)
-            gammas_tried = set(product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1)) | ({anchor} if anchor else set())
-            options = {(gammas, stop) for gammas in gammas_tried for stop in self._stop_options(len(stack) > 1)
-                       if not stop or gammas[0] >= STOP_MIN_GAMMA}
-            paying = {}  # (gammas, stop) -> tokens/s at the mean acceptance, of the plans expected to pay
-            for gammas, stop in options:
-                mean_rate = speed(stack, gammas, means, stop)
+            shortest = STOP_MIN_GAMMA if self._stop_below(stack) else 1
+            options = set(product(range(1, MAX_GAMMA + 1), repeat=len(stack) - 1)) | ({anchor} if anchor else set())
+            paying = {}  # gammas -> tokens/s at the mean acceptance, of the plans expected to pay
+            for gammas in options:
+                if gammas and gammas[0] < shortest:
+                    continue
+                mean_rate = speed(stack, gammas, means)
                 expected[mode] = max(expected.get(mode, 0.0), mean_rate)
                 if "draft" in stack:
-                    with_draft = max(with_draft, speed(stack, gammas, optimistic, stop))
+                    with_draft = max(with_draft, speed(stack, gammas, optimistic))
                 if len(stack) == 1 or mean_rate >= plain / (SWITCH_MARGIN if mode == running else 1.0):
-                    paying[gammas, stop] = mean_rate  # speculation must be expected to pay
-            if paying:  # the mean picks the gammas and the stop, optimism the mode (the module docstring)
-                option = max(sorted(paying), key=paying.get)
-                anchored = [found for found in sorted(paying) if found[0] == anchor]  # (with the stop or without)
-                if anchored and GAMMA_MARGIN * max(map(paying.get, anchored)) >= paying[option]:
-                    option = max(anchored, key=paying.get)  # the model's gain from other gammas is within its error
-                scored[mode] = (speed(stack, option[0], optimistic, option[1]), option, stack)
-        rate, (gammas, stop), stack = max(scored.values())
-        best = Plan(stack, gammas, rate, self.stop_threshold if stop else 0.0)
+                    paying[gammas] = mean_rate  # speculation must be expected to pay
+            if paying:  # the mean picks the gammas, optimism the mode (the module docstring)
+                gammas = max(sorted(paying), key=paying.get)
+                if anchor in paying and GAMMA_MARGIN * paying[anchor] >= paying[gammas]:
+                    gammas = anchor  # the model's gain from other gammas is within its error
+                scored[mode] = (speed(stack, gammas, optimistic), gammas, stack)
+        rate, gammas, stack = max(scored.values())
+        best = Plan(stack, gammas, rate)
         if running in scored and best.mode != running and best.tokens_per_s < SWITCH_MARGIN * scored[running][0]:
-            kept, (gammas, stop), stack = scored[running]  # not better enough to pay a switch, or to chase noise
-            best = Plan(stack, gammas, kept, self.stop_threshold if stop else 0.0)
+            kept, gammas, stack = scored[running]  # not better enough to pay a switch, or to chase noise
+            best = Plan(stack, gammas, kept)
         probe = not self._probed and best.mode != "ar" and "ar" not in self.realized.measured \
             and expected[best.mode] < AR_PROBE * plain
         if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it (once:
             # a stretch beside a batchmate's prefill measures nothing, and the probe came back every plan)
             best, self._probed = Plan(("target",), (), plain), True
         upside = 0.0 if "draft" in best.stack or not with_draft else with_draft / best.tokens_per_s
-        best = replace(best, draft_upside=upside)
+        best = replace(best, stop_below=self._stop_below(best.stack), draft_upside=upside)
         last = self.decisions[-1] if self.decisions else {}
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
             why = {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},
@@ -267,12 +262,17 @@ class AutoPlanner(PlannerEvidence):
 
     @property
     def stop_threshold(self) -> float:
-        """The `stop_below` of the plans that stop chains early: the user's, else STOP_BELOW."""
+        """The `stop_below` of the plans that stop chains early (`_stop_below`): the user's, else STOP_BELOW."""
         return STOP_BELOW if self.fixed_stop is None else self.fixed_stop
 
-    def _stop_options(self, proposing: bool) -> tuple[bool, ...]:
-        """Whether a plan's bottom tier ends its chains early (`stop_below`): each way where the user left it to
-        the planner; as the user set it otherwise (0: never); never without a proposer."""
-        if not proposing or self.fixed_stop == 0:
-            return (False,)
-        return (True,) if self.fixed_stop is not None else (False, True)
+    def _stop_below(self, stack: tuple[str, ...]) -> float:
+        """The bottom tier's `stop_below` on `stack`: the user's where set; else STOP_BELOW where the tier
+        that checks its chains costs STEEP_CHECKS times as much for 4 tokens as for 1 (the costs planned
+        with), and 0 otherwise (with tiles a longer check costs about what a shorter one does, and ending
+        chains early only loses tokens)."""
+        if self.fixed_stop is not None:
+            return self.fixed_stop
+        check = self.times.scaled.get(stack_mode(stack), {}).get(stack[1]) if len(stack) > 1 else None
+        if not check:
+            return 0.0
+        return self.stop_threshold if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0

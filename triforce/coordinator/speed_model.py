@@ -21,12 +21,10 @@ probability q, so it holds k < gamma tokens with probability q^(k-1) (1 - q) and
 (`chain_sizes`); its tokens but the last are ones the proposer was sure of, accepted with probability
 alpha_sure, and the last is one it was unsure of (accepted with alpha_unsure) unless the chain reached
 gamma; the check's cost and yield are averaged over those sizes (`stopped_chain_yields`). q, alpha_sure and
-alpha_unsure are learned per proposer as acceptance is (`stop_names`), from every chain it proposes, stopped
-or not, and the two alphas are scaled to the proposer's alpha, keeping their ratio (`stop_rates`). Priced
-as full chains at one alpha, as it was until 2026-12-04, `draft` mode's stretches ran 1.10x their
-prediction on average (0.87-1.67x) at 4K of Emma and 0.6 on the Zen 4: there SmolLM2's draft had 0.76 of
-the tokens it was sure of accepted and 0.38 of the others (`benchmarks/stop_split.py`). A plan is scored by
-1 / s_top.
+alpha_unsure are learned per proposer as acceptance is (`stop_names`). Priced as full chains at one
+alpha, as it was until 2026-12-04, `draft` mode's stretches ran 1.10x their prediction on average (0.87-1.67x)
+at 4K of Emma and 0.6 on the Zen 4: there SmolLM2's draft had 0.76 of the tokens it was sure of accepted and
+0.38 of the others (`benchmarks/stop_split.py`). A plan is scored by 1 / s_top.
 
 Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
 retrieval tier stands in for the target; and each retrieval tier, one per budget in mode auto), successes /
@@ -86,21 +84,6 @@ def stop_names(proposer: str) -> tuple[str, str, str]:
     """The names under which the planner keeps `proposer`'s STOP_RATES beside the acceptance estimates:
     "goes on:draft", "sure:draft", "unsure:draft"."""
     return tuple(f"{rate}:{proposer}" for rate in STOP_RATES)
-
-
-def stop_rates(alphas: dict[str, float], proposer: str) -> tuple[float, float, float]:
-    """`proposer`'s STOP_RATES as the model takes them (the module docstring): how often its chains go on,
-    q, as learned; the acceptance of its sure and unsure tokens in the ratio learned, scaled so that
-    together (q sure + (1 - q) unsure) they are accepted as often as alphas[proposer] says (at most 1 each).
-    So a plan is priced with the stop and without at one level of acceptance, the one the planner holds
-    (its mean, or its optimism); the split says only where the rejections fall. (A draft measured at 0.15
-    whose rates were still at their prior, 0.6, scored the stop as if it were a 0.6 draft.)"""
-    goes_on, sure, unsure = (alphas[name] for name in stop_names(proposer))
-    mixed = goes_on * sure + (1 - goes_on) * unsure
-    if mixed <= 0:
-        return goes_on, alphas[proposer], alphas[proposer]
-    scale = alphas[proposer] / mixed
-    return goes_on, min(1.0, scale * sure), min(1.0, scale * unsure)
 
 
 def stop_trials(went_on: list[bool], accepted: int) -> list[tuple[bool, bool]]:
@@ -190,7 +173,7 @@ def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: di
     below: dict[int, float] | None = None  # what the checks of the level below yield, by probability
     for level, (proposer, checker, gamma) in enumerate(zip(stack, stack[1:], gammas)):
         if below is None and stops:
-            sizes, below = stopped_chain_yields(gamma, *stop_rates(alphas, proposer))
+            sizes, below = stopped_chain_yields(gamma, *(alphas[name] for name in stop_names(proposer)))
             gained = sum(k * p for k, p in below.items())
         else:
             sizes, alpha = {gamma: 1.0} if below is None else check_sizes(below, gamma), alphas[proposer]
