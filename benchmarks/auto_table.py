@@ -14,14 +14,17 @@ FIXED = ("ar", "draft", "retrieval", "triforce")
 
 
 def plans(row: dict) -> str:
-    """Auto's plans of the batch's first request, in order, repeats of one mode folded; "+stop" where its
-    bottom tier's chains ended early (stop_below; reports before 2026-12-04 do not say)."""
+    """Auto's plans of the batch's first request, in order, consecutive plans of one mode folded (shown by
+    the first's gammas) unless they differ in ending chains early, "+stop" (stop_below; reports before
+    2026-12-04 do not say)."""
     out: list[str] = []
+    last = None
     for plan in (row.get("auto_plans") or [[]])[0]:
-        name = plan["mode"] + (f" {','.join(map(str, plan['gammas']))}" if plan["gammas"] else "") \
-            + ("+stop" if plan.get("stop_below") else "")
-        if not out or out[-1].split(" ")[0] != name.split(" ")[0]:
-            out.append(name)
+        stops = bool(plan.get("stop_below"))
+        if (plan["mode"], stops) != last:
+            out.append(plan["mode"] + (f" {','.join(map(str, plan['gammas']))}" if plan["gammas"] else "")
+                       + ("+stop" if stops else ""))
+            last = (plan["mode"], stops)
     return " -> ".join(out)
 
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The stop as a scored option (new: f1f1be7 and later) against the rule before it (old: 41b4aa4) over
+# The stop as a scored option (new: f1f1be7, or 928d3ed; reverted since) against the rule (old: 41b4aa4) over
 # seeds, taking turns (benchmarks/resumable_bench.sh: alternating): one run per seed says little at 0.6,
 # where each seed samples another text (single seeds ranged 0.68-1.37x auto / draft). Run from the
 # repository root with worktrees at /tmp/old and /tmp/new and .venv/bin on PATH:
