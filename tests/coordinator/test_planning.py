@@ -172,6 +172,25 @@ def test_chains_end_early_where_checks_grow_steeply(growth, expected):
     assert planner.plan(1000, 8).stop_below == 0.2 and planner.decisions[-1]["stop_below"] == 0.2
 
 
+def test_a_retrieval_tiers_chains_run_to_gamma_on_steep_checks(monkeypatch):
+    """The stop is the draft's: the retrieval tier samples nearly the target's rows, so its unsure tokens
+    are accepted about as often as its sure ones, and ending its chains there only shortens the checks.
+    On checks steep enough to stop the draft, `retrieval` mode runs and is priced with chains of gamma."""
+    monkeypatch.setattr(planning, "AR_PROBE", 0.0)
+    steep = {n: 1.0 + 0.5 * (n - 1) for n in FLAT}
+    costs = {"draft": {1: 0.6}, "retrieval": {n: 0.1 for n in FLAT}, "target": steep}
+    planner = planner_with(costs)
+    for name in ("retrieval", *speed_model.stop_names("retrieval")):
+        planner.acceptance[name] = Acceptance(0.9, successes=9e3, trials=1e4)
+    plan = planner.plan(1000, 0)
+    assert plan.mode == "retrieval" and plan.stop_below == 0.0
+    assert planner._stop_below(("draft", "target")) == planning.STOP_BELOW  # the draft's chains stop there
+    chains = 1 / seconds_per_token(plan.stack, plan.gammas, costs, {"retrieval": 0.9}, 0.0, False)
+    assert planner.decisions[-1]["why"]["predicted_tokens_per_s"]["retrieval"] == pytest.approx(chains, rel=0.02)
+    planner.fixed_stop = 0.2  # a stop the user set applies to whichever tier proposes
+    assert planner.plan(1000, 8).stop_below == 0.2
+
+
 def test_the_mean_picks_a_modes_gammas_and_optimism_its_score(monkeypatch):
     """Optimism (mean + one standard deviation) is for trying tiers seen little; it lifts deep proposals
     most (alpha^k), so a mode's gammas are the best at the mean acceptance, and the mode is scored at them

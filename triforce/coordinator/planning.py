@@ -37,7 +37,7 @@ towards where the mode started (alone: in a batch, where the overhead between fo
 the factors hold it). In a batch one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
-the bottom tier's chains end early after a proposal its model was unsure of (`stop_below`, engine.py), and
+the draft's chains end early after a proposal its model was unsure of (`stop_below`, engine.py), and
 the model prices the lengths they then have and their tokens' acceptance, sure or not (speed_model.STOP_RATES).
 
 The running mode stays unless another promises SWITCH_MARGIN more. Costs are re-read when the context
@@ -266,13 +266,16 @@ class AutoPlanner(PlannerEvidence):
         return STOP_BELOW if self.fixed_stop is None else self.fixed_stop
 
     def _stop_below(self, stack: tuple[str, ...]) -> float:
-        """The bottom tier's `stop_below` on `stack`: the user's where set; else STOP_BELOW where the tier
-        that checks its chains costs STEEP_CHECKS times as much for 4 tokens as for 1 (the costs planned
-        with), and 0 otherwise (with tiles a longer check costs about what a shorter one does, and ending
-        chains early only loses tokens)."""
+        """The bottom tier's `stop_below` on `stack`: the user's where set; else, where the draft proposes,
+        STOP_BELOW where the tier that checks its chains costs STEEP_CHECKS times as much for 4 tokens as
+        for 1 (the costs planned with), and 0 otherwise (with tiles a longer check costs about what a
+        shorter one does, and ending chains early only loses tokens). A retrieval tier's chains run to
+        gamma: it samples nearly the target's own rows, so its unsure tokens are accepted about as often as
+        its sure ones (0.936 against 0.958 at 8K and 0.6 on the Zen 4), and `retrieval` mode with the stop ran
+        0.91x without it in a batch of four (docs/auto.md: "The stop does not fit the retrieval tier")."""
         if self.fixed_stop is not None:
             return self.fixed_stop
-        check = self.times.scaled.get(stack_mode(stack), {}).get(stack[1]) if len(stack) > 1 else None
+        check = self.times.scaled.get(stack_mode(stack), {}).get(stack[1]) if stack[0] == "draft" else None
         if not check:
             return 0.0
         return self.stop_threshold if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0
