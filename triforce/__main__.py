@@ -1,4 +1,5 @@
-"""`triforce` and `python -m triforce`: launch/cli.py's main, with its imports inside the Ctrl-C handling."""
+"""`triforce` and `python -m triforce`: launch/cli.py's main, with its imports (and torch's, but for --help)
+inside the Ctrl-C handling."""
 import contextlib
 import signal
 import sys
@@ -8,6 +9,8 @@ def main() -> int:
     try:
         with _ctrl_c_held():
             from .launch.cli import main as run_command
+            if not {"-h", "--help"} & set(sys.argv[1:]):  # what a command runs on (torch); help needs none
+                from . import api  # noqa: F401
         return run_command()
     except KeyboardInterrupt:
         return 130

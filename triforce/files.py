@@ -7,8 +7,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from .errors import UserError
 
 UNREADABLE = frozenset({errno.EIO, errno.ENXIO, errno.ESTALE})  # a system that cannot read a file, not damage
@@ -85,6 +83,8 @@ def load_cached(path: Path):
     handle) is a UserError, and kept (a draft's checkpoint of hours was removed so)."""
     if not path.is_file():
         return None
+    import torch  # (here: the command line's --help and flags do without it)
+
     try:
         return torch.load(path, weights_only=True)
     except OSError as exc:
@@ -101,4 +101,6 @@ def load_cached(path: Path):
 def save_whole(path: Path, obj) -> None:
     """`torch.save(obj)` into `path`, whole or not at all, and synced (`written_whole`: checkpoints and cached
     data that took long to make)."""
+    import torch
+
     written_whole(path, lambda partial: torch.save(obj, partial), durable=True)

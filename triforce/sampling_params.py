@@ -6,12 +6,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 from .config import ConfigError, is_integer, is_number, shown
-from .speculation.sampling import LOWEST_SAMPLED, MAX_TEMPERATURE
 
 log = logging.getLogger("triforce")
 _RAISED: set[float] = set()  # temperatures raised to LOWEST_SAMPLED and said so (once each: a server's requests)
 _SAID_GREEDY_N: list[int] = []  # whether n > 1 at temperature 0 was said (once)
 
+LOWEST_SAMPLED = 1e-2  # a request's temperature above 0 and below this is raised to it (vLLM's _MAX_TEMP)
+# The highest temperature taken: logits of a few tens divided by it differ by less than float32 resolves
+# (uniform over what the rules allow); past float32's range it was infinite, and a rule's -inf over it NaN.
+MAX_TEMPERATURE = 1e6
 SEEDS = (-2**63, 2**64 - 1)  # what a torch.Generator takes (on a CPU, it uses the seed modulo 2**32)
 MAX_N = 4096  # outputs of one prompt (SamplingParams.n): more is a mistake, not a batch
 

@@ -21,6 +21,7 @@ torchrun's ranks are one pipeline, the Slurm array task, else all).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import os
@@ -45,10 +46,8 @@ from .flags import (add_distributed_args, add_engine_args, add_mode_arg, add_mod
 URLS = {"/v1/completions": "completion", "/v1/chat/completions": "chat", "/v1/responses": "response"}
 
 
-def add_batch_parser(sub) -> None:
-    p = sub.add_parser("batch", help="run OpenAI Batch API requests from a JSONL file (resumable, shardable)",
-                       description=__doc__.split("\n\n")[0] + " Output is distributed exactly as plain sampling "
-                                   "from the target.")
+def add_batch_parser(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__.split("\n\n")[0] + " Output is distributed exactly as plain sampling from the target."
     p.add_argument("-i", "--input", required=True,
                    help="JSONL of requests (custom_id, method, url, body); - reads standard input")
     p.add_argument("-o", "--output", required=True,

@@ -17,6 +17,7 @@ and prefill, every repeat's tokens/s in `tokens_per_s_runs`, and the rest of its
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -43,9 +44,8 @@ from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
 WORKLOADS = ("novel", "passkey")
 
 
-def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="compare modes and peers on the same prompts; prints JSON",
-                       description=__doc__)
+def add_bench_parser(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
     add_model_args(p)
     add_engine_args(p)
     p.add_argument("--text", nargs="+", required=True, help="text files the prompts are cut from")

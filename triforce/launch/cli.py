@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import re
 import sys
 
@@ -96,35 +97,50 @@ def _fetch(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Each command: the module whose add_<name>_parser fills its flags, and its line in `triforce --help`
+COMMANDS = {
+    "generate": ("generate", "generate text from a prompt"),
+    "fetch-model": (None, "download and convert a known model into $TRIFORCE_HOME"),
+    "bench": ("bench", "compare modes and peers on the same prompts; prints JSON"),
+    "serve": ("serve", "serve the model over an OpenAI-compatible HTTP API"),
+    "batch": ("batch_jobs", "run OpenAI Batch API requests from a JSONL file (resumable, shardable)"),
+    "train-draft": ("train_draft", "distil a small tier-1 draft LM from a target"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with `only` (a command's name, or "" for none) the others are names
+    and their lines alone, so that `triforce --help` and a command's own flags import only what that
+    command needs (bench's and train-draft's modules load torch: 2.3 s of `triforce --help` on a Zen 4)."""
     parser = argparse.ArgumentParser(
         prog="triforce", description="Lossless hierarchical speculative decoding (TriForce) for long contexts.")
     sub = parser.add_subparsers(dest="command", required=True)
-    from .batch_jobs import add_batch_parser
-    from .bench import add_bench_parser
-    from .generate import add_generate_parser
-    from .serve import add_serve_parser
-    from .train_draft import add_train_draft_parser
+    for name, (module, line) in COMMANDS.items():
+        command = sub.add_parser(name, help=line)
+        if only is not None and name != only:
+            continue
+        if module is None:
+            _add_fetch_parser(command)
+        else:
+            add = f"add_{module.removesuffix('_jobs')}_parser"
+            getattr(importlib.import_module(f".{module}", __package__), add)(command)
+        command.formatter_class = RawDefaultsShown if "\n" in (command.description or "") else DefaultsShown
+    return parser
 
-    add_generate_parser(sub)
-    fetch = sub.add_parser("fetch-model", help="download and convert a known model into $TRIFORCE_HOME")
+
+def _add_fetch_parser(fetch: argparse.ArgumentParser) -> None:
     fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS),
                        help=f"the model to fetch (default {DEFAULT_MODEL})")
     fetch.add_argument("--again", action="store_true",
                        help="fetch and convert it anew, however it is now (a damaged file that will not load)")
     fetch.set_defaults(func=_fetch)
-    add_bench_parser(sub)
-    add_serve_parser(sub)
-    add_batch_parser(sub)
-    add_train_draft_parser(sub)
-    for command in sub.choices.values():  # a description of several lines (a module's docstring) as written
-        command.formatter_class = RawDefaultsShown if "\n" in (command.description or "") else DefaultsShown
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    named = next((a for a in argv if not a.startswith("-")), "")  # the command, where one comes first
+    args = build_parser(named if named in COMMANDS else "").parse_args(argv)
+    args.argv = argv
     try:
         return exit_status(lambda: _run(args))
     except KeyboardInterrupt:

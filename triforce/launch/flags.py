@@ -8,9 +8,8 @@ import argparse
 from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig
 from ..errors import UserError
 from ..files import read_user_text
-from ..models.config import ROPE_SCALING_KINDS
+from ..models.config import DTYPE_CHOICES, ROPE_SCALING_KINDS
 from ..models.hub import DEFAULT_MODEL, KNOWN_MODELS
-from ..models.loader import DTYPE_CHOICES
 
 
 _DEFAULTS = EngineConfig()

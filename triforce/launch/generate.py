@@ -17,10 +17,9 @@ from .exit_status import OutputFailed
 from .flags import add_distributed_args, add_engine_args, add_mode_arg, add_model_args, add_penalty_args, penalty_settings
 
 
-def add_generate_parser(sub) -> None:
-    gen = sub.add_parser("generate", help="generate text from a prompt",
-                         description="Generate a continuation. Output is distributed exactly as plain sampling "
-                                     "from the target (identical tokens when --temperature 0).")
+def add_generate_parser(gen: argparse.ArgumentParser) -> None:
+    gen.description = ("Generate a continuation. Output is distributed exactly as plain sampling from the target "
+                       "(identical tokens when --temperature 0).")
     add_generate_args(gen)
     gen.set_defaults(func=generate_command, precheck=checked_request)
 

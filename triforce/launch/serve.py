@@ -2,6 +2,7 @@
 `triforce generate`."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import functools
@@ -25,13 +26,11 @@ ABORT_AFTER_S = 2.5  # of them, how long running requests run on (those that end
 # vLLM lets them run out the grace) before they end after their round with finish_reason "abort"
 
 
-def add_serve_parser(sub) -> None:
-    p = sub.add_parser(
-        "serve", help="serve the model over an OpenAI-compatible HTTP API",
-        description="An OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/responses "
-                    "(each streaming as server-sent events), /v1/models, /tokenize, /detokenize, /health and "
-                    "/metrics (Prometheus). Concurrent requests run together on one continuous batch; output is "
-                    "distributed exactly as plain sampling from the target.")
+def add_serve_parser(p: argparse.ArgumentParser) -> None:
+    p.description = ("An OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/responses "
+                     "(each streaming as server-sent events), /v1/models, /tokenize, /detokenize, /health and "
+                     "/metrics (Prometheus). Concurrent requests run together on one continuous batch; output is "
+                     "distributed exactly as plain sampling from the target.")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="the target, as --model takes it (vLLM's `vllm serve MODEL`); default: --model's")
     add_model_args(p)

@@ -25,6 +25,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 ROPE_KEYS_NEEDED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
                     "llama3": ("factor", "low_freq_factor", "high_freq_factor")}  # what each kind reads
 ROPE_SCALING_KINDS = ("linear", "dynamic", "yarn", "llama3")  # what --rope-scaling KIND:FACTOR takes
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # what --dtype takes (auto: the checkpoint's)
 MAX_ROPE_FACTOR = 64  # the RoPE table covers every stretched position up front (models/rope.py)
 SUPPORTED_ACTIVATIONS = ("silu", "swish")  # the MLP's gate; transformers' names for one function
 GENERATION_CONFIG = "generation_config.json"

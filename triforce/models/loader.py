@@ -8,13 +8,12 @@ import torch
 from safetensors import safe_open
 
 from ..errors import UserError
-from .config import ModelConfig, ModelLoadError
+from .config import DTYPE_CHOICES, ModelConfig, ModelLoadError
 from .llama import LlamaModel
 from .parallel import TensorParallel
 from .vocab import ReducedVocabulary
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)
+DTYPES = {name: getattr(torch, name) for name in DTYPE_CHOICES if name != "auto"}
 
 
 def resolve_device(spec: str | torch.device | None) -> torch.device:

@@ -19,10 +19,6 @@ import torch
 from ..errors import NonFiniteLogits
 
 GREEDY_BELOW = 1e-5  # a temperature below this samples greedily (vLLM's _SAMPLING_EPS)
-LOWEST_SAMPLED = 1e-2  # a request's temperature above 0 and below this is raised to it (vLLM's _MAX_TEMP)
-# The highest temperature taken: logits of a few tens divided by it differ by less than float32 resolves
-# (uniform over what the rules allow); past float32's range it was infinite, and a rule's -inf over it NaN.
-MAX_TEMPERATURE = 1e6
 # sample_distinct sums the mass afresh once what is left falls below this fraction of the sum it draws from
 REFRESH_BELOW = 1e-6
 ROW_CHUNK = 128  # entries per chunk of a vocabulary row, in the first pass of row_argmax and one_draw
