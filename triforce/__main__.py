@@ -1,6 +1,7 @@
 """`triforce` and `python -m triforce`: launch/cli.py's main, with its imports (and torch's, but for --help)
 inside the Ctrl-C handling."""
 import contextlib
+import importlib
 import signal
 import sys
 
@@ -10,7 +11,7 @@ def main() -> int:
         with _ctrl_c_held():
             from .launch.cli import main as run_command
             if not {"-h", "--help"} & set(sys.argv[1:]):  # what a command runs on (torch); help needs none
-                from . import api  # noqa: F401
+                importlib.import_module(".api", __package__)
         return run_command()
     except KeyboardInterrupt:
         return 130
