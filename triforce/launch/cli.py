@@ -97,14 +97,14 @@ def _fetch(args) -> int:
     return 0
 
 
-# Each command: the module whose add_<name>_parser fills its flags, and its line in `triforce --help`
+# Each command: the module and function that fill its flags (None: this module's), its line in `triforce --help`
 COMMANDS = {
-    "generate": ("generate", "generate text from a prompt"),
-    "fetch-model": (None, "download and convert a known model into $TRIFORCE_HOME"),
-    "bench": ("bench", "compare modes and peers on the same prompts; prints JSON"),
-    "serve": ("serve", "serve the model over an OpenAI-compatible HTTP API"),
-    "batch": ("batch_jobs", "run OpenAI Batch API requests from a JSONL file (resumable, shardable)"),
-    "train-draft": ("train_draft", "distil a small tier-1 draft LM from a target"),
+    "generate": ("generate", "add_generate_parser", "generate text from a prompt"),
+    "fetch-model": (None, None, "download and convert a known model into $TRIFORCE_HOME"),
+    "bench": ("bench", "add_bench_parser", "compare modes and peers on the same prompts; prints JSON"),
+    "serve": ("serve", "add_serve_parser", "serve the model over an OpenAI-compatible HTTP API"),
+    "batch": ("batch_jobs", "add_batch_parser", "run OpenAI Batch API requests from a JSONL file (resumable, shardable)"),
+    "train-draft": ("train_draft", "add_train_draft_parser", "distil a small tier-1 draft LM from a target"),
 }
 
 
@@ -115,15 +115,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="triforce", description="Lossless hierarchical speculative decoding (TriForce) for long contexts.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (module, line) in COMMANDS.items():
+    for name, (module, fill, line) in COMMANDS.items():
         command = sub.add_parser(name, help=line)
         if only is not None and name != only:
             continue
         if module is None:
             _add_fetch_parser(command)
         else:
-            add = f"add_{module.removesuffix('_jobs')}_parser"
-            getattr(importlib.import_module(f".{module}", __package__), add)(command)
+            getattr(importlib.import_module(f".{module}", __package__), fill)(command)
+        # a description of several lines (a module's docstring) as written
         command.formatter_class = RawDefaultsShown if "\n" in (command.description or "") else DefaultsShown
     return parser
 
