@@ -10,7 +10,8 @@ def main() -> int:
     try:
         with _ctrl_c_held():
             from .launch.cli import main as run_command
-            if not {"-h", "--help"} & set(sys.argv[1:]):  # what a command runs on (torch); help needs none
+            if sys.argv[1:] and not {"-h", "--help"} & set(sys.argv[1:]):  # what a command runs on (torch);
+                # help, and the usage that no command gets, need none
                 importlib.import_module(".api", __package__)
         return run_command()
     except KeyboardInterrupt:
