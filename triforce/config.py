@@ -103,7 +103,8 @@ class EngineConfig:
     lookup: int | None = None
     # HierarchyEngine._produce: P > 0 ends the bottom tier's chain early after a proposal whose model gave its
     # top token less than probability P; 0: chains of gamma always; None: in mode auto the planner's choice
-    # (AutoPlanner._stop_below: on where checks grow steeply with their tokens), 0 in the fixed modes.
+    # (AutoPlanner._stop_below: on for the draft's chains where checks grow steeply with their tokens), 0 in
+    # the fixed modes.
     stop_below: float | None = None
 
     def __post_init__(self):

@@ -107,8 +107,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "than probability P (an unlikely survivor: the check is shorter and cheaper); exact; pays "
                         "where a check costs more with every token it holds (CPUs without AVX512-BF16), loses "
                         "where it does not (docs/avx2.md); 0 = chains of gamma always (default: in mode "
-                        "auto 0.3 where this machine's checks grow steeply with their tokens, else 0; 0 in the "
-                        "fixed modes)")
+                        "auto 0.3 for the draft's chains where this machine's checks grow steeply with their tokens, "
+                        "else 0; 0 in the fixed modes)")
     g.add_argument("--budget", type=int, default=_DEFAULTS.budget,
                    help="tokens in the retrieval cache (mode auto chooses among this, twice and four times it)")
     g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
