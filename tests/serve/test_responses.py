@@ -160,6 +160,36 @@ def test_a_response_ended_before_its_limit_is_incomplete_and_says_why(tiny_dir):
     assert whole["status"] == "completed" and whole["incomplete_details"] is None
 
 
+def test_an_empty_answer_is_an_empty_message_not_no_output(tiny_dir):
+    """An answer that ends at once (EOS first) is a message with empty text, streamed or not: it was a
+    Response with no output at all, and the suite's tiny model drew one now and then."""
+    import asyncio
+    import dataclasses
+
+    from triforce.serve import responses
+
+    llm = chars_llm(tiny_dir)
+    job = responses.parse({"input": "hi", "max_output_tokens": 3, "temperature": 0}, llm, "tiny")
+    out = llm.generate(job.prompts[0], job.params)[0]
+    empty = dataclasses.replace(out, outputs=[dataclasses.replace(out.outputs[0], text="", token_ids=[],
+                                                                  finish_reason="stop")])
+    whole = responses.response(job, "tiny", [empty])
+    assert [(item["type"], item["content"][0]["text"]) for item in whole["output"]] == [("message", "")], whole
+
+    async def chunks():
+        yield {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+        yield {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        yield "[DONE]"
+
+    async def streamed():
+        return [event async for event in responses.events(job, "tiny", chunks())]
+
+    kinds = [event["type"] for event in asyncio.run(streamed())]
+    assert kinds[2:] == ["response.output_item.added", "response.content_part.added", "response.output_text.done",
+                         "response.content_part.done", "response.output_item.done", "response.completed"], kinds
+    assert asyncio.run(streamed())[-1]["response"]["output"][0]["content"][0]["text"] == ""
+
+
 def test_only_a_call_max_output_tokens_may_have_cut_is_incomplete():
     """An incomplete response's function calls: under auto each came whole from a closed block, and of a
     required list only the last may be cut (every one was marked incomplete)."""

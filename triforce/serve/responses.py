@@ -168,8 +168,11 @@ def response(job: ResponsesJob, model: str, outputs: list) -> dict:
     choice = chat["choices"][0]
     message = choice["message"]
     finish = choice["finish_reason"]
-    items = [_message_item(job, message["content"], _item_status(finish))] if message.get("content") else []
-    items += _call_items(job, message.get("tool_calls") or [], finish)
+    calls = message.get("tool_calls") or []
+    # a message unless the answer is calls alone: an empty answer (EOS first) is an empty message, not no output
+    items = [_message_item(job, message["content"] or "", _item_status(finish))] if message.get("content") or not calls \
+        else []
+    items += _call_items(job, calls, finish)
     return _response(job, model, items, chat["usage"], finish)
 
 
@@ -224,6 +227,12 @@ async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncI
         return {"type": kind, "sequence_number": number - 1, **data}
 
     text, calls, finish, usage, item = "", [], None, None, _message_item(job, "", "in_progress")
+
+    def opened_message() -> list[dict]:
+        return [event("response.output_item.added", output_index=0, item=item),
+                event("response.content_part.added", item_id=item["id"], output_index=0, content_index=0,
+                      part=_text_part(""))]
+
     yield event("response.created", response=_response(job, model, [], None, None))
     yield event("response.in_progress", response=_response(job, model, [], None, None))
     try:
@@ -238,9 +247,8 @@ async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncI
                 delta = choice["delta"]
                 if delta.get("content"):
                     if not text:
-                        yield event("response.output_item.added", output_index=0, item=item)
-                        yield event("response.content_part.added", item_id=item["id"], output_index=0,
-                                    content_index=0, part=_text_part(""))
+                        for opened in opened_message():
+                            yield opened
                     text += delta["content"]
                     yield event("response.output_text.delta", item_id=item["id"], output_index=0, content_index=0,
                                 delta=delta["content"], logprobs=[])
@@ -249,7 +257,10 @@ async def events(job: ResponsesJob, model: str, chunks: AsyncIterator) -> AsyncI
     finally:
         await chunks.aclose()  # its choices end with it
     output = []
-    if text:
+    if text or not calls:  # an empty answer (EOS first) is an empty message, as in `response`
+        if not text:
+            for opened in opened_message():
+                yield opened
         yield event("response.output_text.done", item_id=item["id"], output_index=0, content_index=0, text=text,
                     logprobs=[])
         yield event("response.content_part.done", item_id=item["id"], output_index=0, content_index=0,
