@@ -1,7 +1,7 @@
 """Planners of mode auto on given forward costs instead of measured ones, for tests of what they choose
 (tests/coordinator/test_planning.py) and what they learn (tests/coordinator/test_planner_learning.py,
 test_priors.py)."""
-from triforce.coordinator.batchmates import Batchmates
+from triforce.coordinator.batchmates import Batchmates, power_of_two_below
 from triforce.coordinator.costs import CostTable
 from triforce.coordinator.planning import AutoPlanner
 from triforce.coordinator.speed_model import seconds_per_token
@@ -30,5 +30,5 @@ class FixedBatch(Batchmates):
         super().__init__()
         self.n = n
 
-    def count(self, planner):
-        return self.n
+    def size(self, planner):
+        return power_of_two_below(self.n)

@@ -272,11 +272,11 @@ def test_the_running_mode_stays_unless_another_is_clearly_faster(monkeypatch):
 def test_a_batch_plans_per_token_of_the_whole_batch():
     """A forward of B sequences reads the weights once and each sequence's cache: alone the draft's cheap
     weights pay most (draft mode), at batch 8 the full caches the target reads cost most and the retrieval
-    tier's small one pays (triforce). (The costs are picked so, the target's cache dear enough that triforce
-    wins at batch 8 although each of its checks waits for the slowest sequence's rounds below.)"""
+    tier's small one pays (triforce). (The costs are picked so: with the target's checks taking every token
+    of tier 2's rounds, a cheaper shared weight read, 1.0 where this is 1.4, makes triforce win alone too.)"""
     def call_costs(b):  # seconds of one call of b sequences: weights once, each one's cache and rows
         return {"draft": {1: 0.15 + b * 0.01}, "retrieval": {n: 1.4 + b * (0.05 + 0.02 * n) for n in FLAT},
-                "target": {n: 1.4 + b * (1.6 + 0.02 * n) for n in FLAT}}
+                "target": {n: 1.4 + b * (1.0 + 0.02 * n) for n in FLAT}}
 
     planner = AutoPlanner({n: None for n in ("draft", "retrieval", "target")}, 100, table=CostTable(None),
                           batchmates=FixedBatch(1))
@@ -290,13 +290,10 @@ def test_a_batch_plans_per_token_of_the_whole_batch():
     planner.batchmates = FixedBatch(11)  # planned as 8: costs are measured at powers of two
     plan = planner.plan(1000, 8)
     assert plan.mode == "triforce" and planner.decisions[-1]["why"]["batch"] == 8
-    # predicted per token of the batch, its checks waiting for the slowest of its 11 sequences' rounds below
+    # predicted per token of the batch
     alphas = {n: a.optimistic for n, a in planner.acceptance.items()}
     per_sequence = {n: {k: c / 8 for k, c in by_n.items()} for n, by_n in call_costs(8).items()}
-    stops = bool(plan.stop_below)
-    assert plan.tokens_per_s == pytest.approx(1 / seconds_per_token(plan.stack, plan.gammas, per_sequence, alphas,
-                                                                     stops=stops, batch=11))
-    assert plan.tokens_per_s < 0.97 / seconds_per_token(plan.stack, plan.gammas, per_sequence, alphas, stops=stops)
+    assert plan.tokens_per_s == pytest.approx(1 / seconds_per_token(plan.stack, plan.gammas, per_sequence, alphas))
     # a sequence that reaches 1/8 of it reached what the model predicts for the batch
     planner.acceptance = {n: Acceptance(a) for n, a in alphas.items()}
     planner.observe_rate(plan, plan.tokens_per_s / 8, 8)

@@ -68,62 +68,47 @@ def test_a_check_above_a_checking_tier_holds_what_its_rounds_overshoot(alpha, ga
     assert min(sizes) >= gamma2 and max(sizes) <= gamma2 + gamma1
 
 
-def simulated_seconds_per_token(gammas, costs, alphas, stops, batch=1, rounds=40000, seed=0):
-    """The engine's rounds played out for `batch` sequences as batch.py runs them: the bottom tier samples a
-    chain token by token (each a forward of costs[0][1]); with `stops` = (q, sure, unsure) each token is one
-    it is sure of with probability q, and the chain ends after one it is not; up to gamma1. Each level
-    checks what the level below made (one forward of n + 1 tokens: costs[level][n + 1]), accepting each
-    token with probability alphas[level - 1] (the bottom tier's: `sure` or `unsure`, by the token) until the
-    first it does not, then adds one token; a check above a checking level takes that level's rounds until
-    they reach its gamma. In a batch every sequence's check waits until all have their proposals, the
-    cheaper forwards running for those still proposing; costs are per sequence, and a call costs what one of
-    the whole batch does (a sequence that sits one out, as if it took one token). Seconds / tokens."""
+def simulated_seconds_per_token(gammas, costs, alphas, stops, rounds=40000, seed=0):
+    """The engine's rounds played out: the bottom tier samples a chain token by token (each a forward of
+    costs[0][1]); with `stops` = (q, sure, unsure) each token is one it is sure of with probability q, and
+    the chain ends after one it is not; up to gamma1. Each level checks what the level below made (one
+    forward of n + 1 tokens: costs[level][n + 1]), accepting each token with probability alphas[level - 1]
+    (the bottom tier's: `sure` or `unsure`, by the token) until the first it does not, then adds one token;
+    a check above a checking level takes that level's rounds until they reach its gamma. Seconds / tokens."""
     rng = random.Random(seed)
 
-    def produce(level, members):  # -> ({member: tokens}, seconds) of one round of `level` run together
+    def produce(level):  # -> (tokens, seconds) of one round of `level`: a token, or a check
         if level == 0:
-            return dict.fromkeys(members, 1), batch * costs[0][1]
-        held, accept, seconds = dict.fromkeys(members, 0), {m: [] for m in members}, 0.0
-        going = list(members)
-        while going:
-            made, s = produce(level - 1, going)
-            seconds += s
-            for m in list(going):
-                held[m] += made[m]
-                if level > 1 or not stops:
-                    accept[m] += [alphas[level - 1]] * made[m]
-                    ended = held[m] >= gammas[level - 1]
-                else:
-                    sure = rng.random() < stops[0]
-                    accept[m].append(stops[1] if sure else stops[2])
-                    ended = not sure or held[m] >= gammas[0]  # unsure: its chain ends (stop_below)
-                if ended:
-                    going.remove(m)
-        yields = {}
-        for m in members:
-            accepted = 0
-            while accepted < held[m] and rng.random() < accept[m][accepted]:
-                accepted += 1
-            yields[m] = accepted + 1
-        check = sum(costs[level][held[m] + 1] for m in members) + (batch - len(members)) * costs[level][1]
-        return yields, seconds + check
+            return 1, costs[0][1]
+        held, seconds, accept = 0, 0, []
+        while held < gammas[level - 1]:
+            n, s = produce(level - 1)
+            held, seconds = held + n, seconds + s
+            if level > 1 or not stops:
+                accept += [alphas[level - 1]] * n
+                continue
+            sure = rng.random() < stops[0]
+            accept.append(stops[1] if sure else stops[2])
+            if not sure:
+                break  # the bottom tier was unsure of that token: its chain ends (stop_below)
+        accepted = 0
+        while accepted < held and rng.random() < accept[accepted]:
+            accepted += 1
+        return accepted + 1, seconds + costs[level][held + 1]
 
     top, tokens, seconds = len(gammas), 0, 0.0
-    for _ in range(rounds // batch):
-        made, s = produce(top, list(range(batch)))
-        tokens, seconds = tokens + sum(made.values()), seconds + s
+    for _ in range(rounds):
+        n, s = produce(top)
+        tokens, seconds = tokens + n, seconds + s
     return seconds / tokens
 
 
-@pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("gammas,stops", [((4,), None), ((4,), (0.5, 0.8, 0.3)), ((6,), (0.3, 0.9, 0.5)),
-                                          ((3, 5), (0.6, 0.75, 0.35)), ((4, 6), (0.4, 0.7, 0.2)), ((3, 5), None)])
-def test_the_model_is_what_the_rounds_cost_when_chains_stop_early(gammas, stops, batch):
+                                          ((3, 5), (0.6, 0.75, 0.35)), ((4, 6), (0.4, 0.7, 0.2))])
+def test_the_model_is_what_the_rounds_cost_when_chains_stop_early(gammas, stops):
     """With `stop_below` the bottom tier's chains hold k < gamma tokens with probability q^(k-1) (1 - q)
     (chain_sizes), all sure but the last; the model's seconds per token, chains and take-all checks above
-    them included, against the rounds played out (a check's cost grows with its tokens, as on vector CPUs).
-    In a batch each check waits for the slowest sequence's chain, or rounds below: the model priced a
-    sequence's own wait, 0.90x what a batch of four takes with two checking tiers (0.96x with one)."""
+    them included, against the rounds played out (a check's cost grows with its tokens, as on vector CPUs)."""
     assert chain_sizes(5, 0.5) == pytest.approx({1: 0.5, 2: 0.25, 3: 0.125, 4: 0.0625, 5: 0.0625})
     assert chain_sizes(3, 1.0) == {3: 1.0} and chain_sizes(3, 0.0) == {1: 1.0}
     stack = ("draft", "target") if len(gammas) == 1 else ("draft", "retrieval", "target")
@@ -132,14 +117,12 @@ def test_the_model_is_what_the_rounds_cost_when_chains_stop_early(gammas, stops,
     alphas = {"draft": 0.6, "retrieval": 0.85}
     if stops:
         alphas.update(zip(stop_names("draft"), stops))
-    model = seconds_per_token(stack, gammas, table, alphas, stops=bool(stops), batch=batch)
+    model = seconds_per_token(stack, gammas, table, alphas, stops=bool(stops))
     costs = [table[name] for name in stack]
-    played = simulated_seconds_per_token(gammas, costs, [alphas[name] for name in stack[:-1]], stops, batch)
+    played = simulated_seconds_per_token(gammas, costs, [alphas[name] for name in stack[:-1]], stops)
     assert model == pytest.approx(played, rel=0.01)
     if stops:  # (full chains are another process: the test tells them apart)
-        assert seconds_per_token(stack, gammas, table, alphas, batch=batch) != pytest.approx(played, rel=0.03)
-    if batch > 1 and (stops or len(gammas) > 1):  # (a batch of full chains waits for no one)
-        assert seconds_per_token(stack, gammas, table, alphas, stops=bool(stops)) < 0.975 * played
+        assert seconds_per_token(stack, gammas, table, alphas) != pytest.approx(played, rel=0.03)
 
 
 def test_optimism_is_never_below_the_mean_nor_undefined():

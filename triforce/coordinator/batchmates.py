@@ -57,13 +57,9 @@ class Batchmates:
         """The members planned with `planner`'s request: those prefilled that plan, but its own."""
         return [e for e in self.engines if e.planner is not planner and e.plans]
 
-    def count(self, planner: "AutoPlanner") -> int:
-        """How many requests decode on `planner`'s plans: its own and the others."""
-        return 1 + len(self.others(planner))
-
     def size(self, planner: "AutoPlanner") -> int:
-        """The batch size `planner` plans for (whose costs it measures): `count` rounded down to a power of two."""
-        return power_of_two_below(self.count(planner))
+        """The batch size `planner` plans for: its request and the others, rounded down to a power of two."""
+        return power_of_two_below(1 + len(self.others(planner)))
 
     def measurable(self, planner: "AutoPlanner") -> list:
         """The others whose tiers a batch cost may be measured with: only those that have not begun to

@@ -112,11 +112,6 @@ class PlannerEvidence:
         """The batch size it plans for now (Batchmates.size; 1 alone)."""
         return 1 if self.batchmates is None else self.batchmates.size(self)
 
-    def decoding_together(self) -> int:
-        """How many requests decode on its plans (Batchmates.count; 1 alone): each check waits for the
-        slowest of them (speed_model.seconds_per_token)."""
-        return 1 if self.batchmates is None else self.batchmates.count(self)
-
     def _batch_state(self) -> tuple[int, bool]:
         """The batch size it plans for and whether it runs with batchmates at all (one still prefilling, or
         too short to plan, is not counted in the size, and its forwards run beside this one's)."""
@@ -152,5 +147,4 @@ class PlannerEvidence:
         alphas = {name: a.mean for name, a in self.estimates().items()}
         if stretch:
             alphas.update({name: a.mean for name, a in self._stretch.items() if a.trials})
-        return 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds, bool(plan.stop_below),
-                                       self.decoding_together())
+        return 1.0 / seconds_per_token(plan.stack, plan.gammas, costs, alphas, self.row_seconds, bool(plan.stop_below))

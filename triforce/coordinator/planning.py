@@ -194,14 +194,13 @@ class AutoPlanner(PlannerEvidence):
         # gamma2 tokens, and the bonus): the model asks them of hundreds of plans (a replan at 16K had taken
         # 62 ms, most of it in these lookups and in rebuilding each stack's table per gammas)
         top, tables, stops = 2 * max((MAX_GAMMA, *(self.preferred_gammas or ()))) + 2, {}, {}
-        batch = self.decoding_together()
 
         def speed(stack, gammas, alphas):  # tokens/s the model predicts, as this mode realizes it
             if stack not in tables:
                 tables[stack] = dense_costs(self.times.per_sequence(stack, chunk), top)
                 stops[stack] = bool(self._stop_below(stack))
             return self._realized(stack_mode(stack)) / seconds_per_token(stack, gammas, tables[stack], alphas,
-                                                                         self.row_seconds, stops[stack], batch)
+                                                                         self.row_seconds, stops[stack])
 
         plain = speed(("target",), (), means)
         scored, expected, with_draft = {}, {}, 0.0

@@ -24,12 +24,7 @@ gamma; the check's cost and yield are averaged over those sizes (`stopped_chain_
 alpha_unsure are learned per proposer as acceptance is (`stop_names`). Priced as full chains at one
 alpha, as it was until 2026-12-04, `draft` mode's stretches ran 1.10x their prediction on average (0.87-1.67x)
 at 4K of Emma and 0.6 on the Zen 4: there SmolLM2's draft had 0.76 of the tokens it was sure of accepted and
-0.38 of the others (`benchmarks/stop_split.py`). In a batch (costs per sequence of it) each check waits
-until every sequence has its proposals, the tiers below running for those still proposing (batch.py):
-for the slowest sequence's chain where chains end early, or rounds where a check takes them all, and the
-model prices that wait (`_batch_round`); a sequence's own mean wait (as until 2026-12-04) understated a
-batch of four's seconds per token by 3-5% with one checking tier and 10% with two, in rounds played out
-(tests/coordinator/test_speed_model.py). A plan is scored by 1 / s_top.
+0.38 of the others (`benchmarks/stop_split.py`). A plan is scored by 1 / s_top.
 
 Acceptance is learned from the request's own checks: per proposer (the draft, whoever checks it, since the
 retrieval tier stands in for the target; and each retrieval tier, one per budget in mode auto), successes /
@@ -156,89 +151,39 @@ def _yields(chains: dict[int, tuple[float, list[float]]]) -> dict[int, float]:
 def check_sizes(round_yields: dict[int, float], gamma: int) -> dict[int, float]:
     """How many tokens a check holds, by probability, that takes every token of the rounds below once they
     reach gamma (engine.py: `_check_chain`), each round yielding k tokens with probability round_yields[k]."""
-    return _marginal(_take_rounds(round_yields, gamma), 0)
-
-
-def check_rounds(round_yields: dict[int, float], gamma: int) -> dict[int, float]:
-    """How many rounds of the level below such a check waits for, by probability."""
-    return _marginal(_take_rounds(round_yields, gamma), 1)
-
-
-def _take_rounds(round_yields: dict[int, float], gamma: int) -> dict[tuple[int, int], float]:
-    """(tokens, rounds) of a check that takes the rounds below once they reach gamma, by probability."""
-    reached = {(0, 0): 1.0}  # partial sums below gamma and the rounds that made them, by probability
-    checks: dict[tuple[int, int], float] = {}
-    while reached:  # (every round yields at least one token: at most gamma passes)
-        ahead: dict[tuple[int, int], float] = {}
-        for (total, rounds), p in reached.items():
-            for k, q in round_yields.items():
-                into = checks if total + k >= gamma else ahead
-                into[total + k, rounds + 1] = into.get((total + k, rounds + 1), 0.0) + p * q
-        reached = ahead
-    return checks
-
-
-def _marginal(joint: dict[tuple, float], axis: int) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for key, p in joint.items():
-        out[key[axis]] = out.get(key[axis], 0.0) + p
-    return out
+    reached = {0: 1.0}  # partial sums below gamma, by the probability the rounds pass through them
+    sizes: dict[int, float] = {}
+    for total in range(gamma):
+        p = reached.pop(total, 0.0)
+        for k, q in round_yields.items():
+            into = sizes if total + k >= gamma else reached
+            into[total + k] = into.get(total + k, 0.0) + p * q
+    return sizes
 
 
 def seconds_per_token(stack: tuple[str, ...], gammas: tuple[int, ...], costs: dict[str, dict[int, float]],
-                      alphas: dict[str, float], row_seconds: float = 0.0, stops: bool = False,
-                      batch: int = 1) -> float:
+                      alphas: dict[str, float], row_seconds: float = 0.0, stops: bool = False) -> float:
     """The model of the module docstring: `stack` tier names cheapest first, `gammas` one per check,
-    `costs[name]` seconds by tokens per forward (per sequence of a batch of `batch`), `alphas[name]` how
-    often that tier's tokens are accepted, `row_seconds` the sampling processing of one row of logits (every
-    forward's rows pay it). With `stops` the bottom tier's chains end early (`stop_below`), at its STOP_RATES
-    in `alphas` (`stop_names`). A check above a tier that checks takes every token of its rounds, so it holds
-    gamma or more (`check_sizes`); every check's cost and yield are averaged over the sizes it may have. In a
-    batch every check waits for the sequence slowest to make its proposals (`_batch_round`)."""
-    def bottom(_taking_part: float) -> float:  # one forward of the bottom tier, for any of the batch
-        return interpolate(costs[stack[0]], 1) + row_seconds
-
-    round_seconds, gained = bottom, 1.0  # a round of the top level, and the tokens it yields
+    `costs[name]` seconds by tokens per forward, `alphas[name]` how often that tier's tokens are accepted,
+    `row_seconds` the sampling processing of one row of logits (every forward's rows pay it). With `stops`
+    the bottom tier's chains end early (`stop_below`), at its STOP_RATES in `alphas` (`stop_names`). A check
+    above a tier that checks takes every token of its rounds, so it holds gamma or more (`check_sizes`);
+    every check's cost and yield are averaged over the sizes it may have."""
+    seconds = interpolate(costs[stack[0]], 1) + row_seconds
     below: dict[int, float] | None = None  # what the checks of the level below yield, by probability
     for level, (proposer, checker, gamma) in enumerate(zip(stack, stack[1:], gammas)):
         if below is None and stops:
             sizes, below = stopped_chain_yields(gamma, *(alphas[name] for name in stop_names(proposer)))
-            gained, waits = sum(k * p for k, p in below.items()), sizes
+            gained = sum(k * p for k, p in below.items())
         else:
             sizes, alpha = {gamma: 1.0} if below is None else check_sizes(below, gamma), alphas[proposer]
             gained = sum(p * expected_tokens(alpha, n) for n, p in sizes.items())
-            waits = sizes if below is None else check_rounds(below, gamma)
             # (the top level's yields feed no level above: a plan's costliest part)
             below = check_yields(alpha, sizes) if level + 2 < len(stack) else None
-        check = sum(p * (interpolate(costs[checker], n + 1) + (n + 1) * row_seconds) for n, p in sizes.items())
-        sat_out = interpolate(costs[checker], 1) + row_seconds
-        round_seconds = _batch_round(waits, round_seconds, check, sat_out, batch)
-    return round_seconds(batch) / gained
-
-
-def _batch_round(waits: dict[int, float], below, check: float, sat_out: float, batch: int):
-    """Seconds per sequence of one check round of a level for m of a batch's sequences (a function of m):
-    rounds of the level below (`below`, a function of how many take part) until the last of the m has its
-    proposals, each sequence needing X of them with probability waits[X], then the check of all of them.
-    batch.py runs the cheapest tier any sequence waits at, for every sequence waiting there, so in round r
-    of the level below those with X >= r take part; a call of fewer than the batch costs what one of the
-    whole batch does (the weights are read once), each sequence that sits it out as if it took one token
-    (`sat_out`). Alone (m = 1) that is E[X] rounds below, then the check. The number taking part in round r
-    is put at its mean given that any do, m p_r / (1 - (1 - p_r)^m), p_r = P(X >= r); tests/coordinator/
-    test_speed_model.py plays the batch out against it."""
-    reach, left = [], 1.0  # P(X >= r) for r = 1, 2, ...
-    for x in range(1, max(waits) + 1):
-        reach.append(left)
-        left -= waits.get(x, 0.0)
-
-    def seconds(m: float) -> float:
-        total = 0.0
-        for p in reach:
-            anyone = 1.0 - (1.0 - p) ** m
-            if anyone > 0:
-                total += anyone * below(m * p / anyone)
-        return total + (m * check + (batch - m) * sat_out) / batch
-
+        held = sum(n * p for n, p in sizes.items())
+        check = held * seconds + sum(p * (interpolate(costs[checker], n + 1) + (n + 1) * row_seconds)
+                                     for n, p in sizes.items())
+        seconds = check / gained
     return seconds
 
 
