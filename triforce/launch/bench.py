@@ -1,23 +1,7 @@
-"""`triforce bench`: triforce's modes and the peers a Python user would pick instead, on the same prompts
-in one process; prints JSON (and writes it with --out).
-
-Workloads: `novel` (the first N tokens of the text files: continue a novel) and `passkey` (a five-digit
-key planted a tenth of the way into N tokens of that text and asked for at the end). Every run of one
-(workload, length, temperature, batch) group decodes the same prompts with the same sampling settings;
-speedups divide by the `ar` and `transformers` runs of that group. At temperature 0 each run also
-reports whether its tokens equal `ar`'s, and on `passkey` whether the answer holds the key.
-
-With --batch B > 1 a run generates B prompts together: prompt i is N tokens of text file i mod F (of
-F files), from token (i // F) * N on, so a batch of novels holds different novels; `tokens_per_s` is then
-the batch's: all its generated tokens over the longest decode. Peers run at batch 1 only.
-
-With --repeats R every run of a group runs R times, the group's runs taking turns (so that a machine
-that slows down or speeds up for a while touches every run alike); a run reports its median tokens/s
-and prefill, every repeat's tokens/s in `tokens_per_s_runs`, and the rest of its median repeat.
-"""
+"""`triforce bench`'s runs: what it measures and its flags are in bench_flags.py (which loads no torch, so
+that `triforce bench --help` answers at once)."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -29,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..config import IGNORED_BY, MODES, EngineConfig
+from ..config import IGNORED_BY, EngineConfig
 from ..sampling_params import LOWEST_SAMPLED, SamplingParams
 from ..errors import UserError
 from ..files import read_user_text, write_whole
@@ -38,43 +22,8 @@ from ..models.vocab import read_draft_metadata
 from .bench_plan import (TIER_SETTINGS, batch_prompt, check_plan, check_tier_settings, parse_sweep,
                          passkey_prompt, runs)
 from .bench_rows import batch_row, compare, medians
-from .flags import add_engine_args, add_model_args, add_penalty_args, engine_settings, penalty_settings
-from .peers import PEERS, LlamaCppPeer, TransformersPeer, llama_cpp_available
-
-WORKLOADS = ("novel", "passkey")
-
-
-def add_bench_parser(p: argparse.ArgumentParser) -> None:
-    p.description = __doc__
-    add_model_args(p)
-    add_engine_args(p)
-    p.add_argument("--text", nargs="+", required=True, help="text files the prompts are cut from")
-    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=["novel"],
-                   help="novel: prompts cut from --text; passkey: a key planted in it, asked for at the end")
-    p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 7936], help="prompt lengths in tokens")
-    p.add_argument("--modes", nargs="+", choices=MODES, default=["ar", "retrieval"], help="modes to run, in turn")
-    p.add_argument("--peers", nargs="*", choices=PEERS, default=[],
-                   help="run beside ours at batch 1: transformers: plain generate; assisted: transformers with the "
-                        "draft as assistant_model; llamacpp: llama-cpp-python on --gguf (skipped when not installed)")
-    p.add_argument("--gguf", default=None, help="GGUF file for the llama.cpp peer")
-    p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes: prompts generated together")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens each run generates")
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0], help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
-    p.add_argument("--seed", type=int, default=0, help="the sampled runs' seed")
-    add_penalty_args(p)
-    p.add_argument("--sweep", action="append", default=None, metavar="SETTING=V1,V2,...",
-                   help="repeat every non-ar mode for each value of one engine setting, e.g. budget=256,512,1024")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run each group's runs this many times, taking turns, and report medians (default 1)")
-    p.add_argument("--prefix-cache-gb", type=float, default=0.0,
-                   help="keep this much of the prompts' target KV: a batch's prompts are prefilled once, "
-                        "untimed, and every run restores them instead (prefill_s measures the restore; "
-                        "decoding is the same). Size it for the largest batch's prompts (a restored "
-                        "sequence's decode would otherwise wait on a batchmate's prefill). Default 0: every "
-                        "run prefills, as a document's first request would")
-    p.add_argument("--out", default=None, help="also write the JSON here")
-    p.set_defaults(func=run_bench)
+from .flags import engine_settings, penalty_settings
+from .peers import LlamaCppPeer, TransformersPeer, llama_cpp_available
 
 
 def run_bench(args) -> int:

@@ -101,7 +101,7 @@ def _fetch(args) -> int:
 COMMANDS = {
     "generate": ("generate", "add_generate_parser", "generate text from a prompt"),
     "fetch-model": (None, None, "download and convert a known model into $TRIFORCE_HOME"),
-    "bench": ("bench", "add_bench_parser", "compare modes and peers on the same prompts; prints JSON"),
+    "bench": ("bench_flags", "add_bench_parser", "compare modes and peers on the same prompts; prints JSON"),
     "serve": ("serve", "add_serve_parser", "serve the model over an OpenAI-compatible HTTP API"),
     "batch": ("batch_jobs", "add_batch_parser", "run OpenAI Batch API requests from a JSONL file (resumable, shardable)"),
     "train-draft": ("train_draft", "add_train_draft_parser", "distil a small tier-1 draft LM from a target"),

@@ -20,8 +20,6 @@ import torch
 from ..models.loader import DTYPES
 from ..models.vocab import ReducedVocabulary
 
-PEERS = ("transformers", "assisted", "llamacpp")
-
 
 def _masked_lm_class():
     from transformers import LlamaForCausalLM
