@@ -138,6 +138,22 @@ def test_attention_bfloat16_close_to_reference():
     torch.testing.assert_close(attention(q, k, v, 0.125).float(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+def test_chunk_mean_keys_are_the_float32_means_of_a_caches_view(dtype, chunk):
+    """The chunk means, summed a position at a time in float32 (no float32 copy of the keys), over the
+    strided view of a cache buffer that a rebuild passes: the float64 means to float32's rounding, in the
+    keys' dtype; and the buffer as it was (float32 keys' first position was a view, summed into)."""
+    g = torch.Generator().manual_seed(chunk)
+    buffer = torch.randn(2, 3, 10 * chunk + 5, 16, generator=g).to(dtype)  # [L, Hkv, capacity, D]
+    before, view = buffer.clone(), buffer[:, :, chunk:9 * chunk]
+    exact = view.double().reshape(2, 3, 8, chunk, 16).mean(dim=-2)
+    means = chunk_mean_keys(view, chunk)
+    assert not view.is_contiguous() and means.dtype == dtype and torch.equal(buffer, before)
+    torch.testing.assert_close(means.double(), exact.to(dtype).double(), rtol=0, atol=1e-6 if dtype == torch.float32
+                               else 1e-2)
+
+
 def test_select_chunks_matches_a_loop():
     hq, hkv, d, chunk, c = 6, 2, 8, 4, 12
     keys, queries = torch.randn(hkv, c * chunk, d), torch.randn(hq, 3, d)

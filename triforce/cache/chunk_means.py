@@ -12,9 +12,9 @@ import torch
 
 from ..kernels.retrieval import chunk_mean_keys
 
-# Keys averaged at a time: each block is widened to float32, and the first means after a prefill cover the
-# whole prompt (in one piece, a float32 copy of every layer's keys: 16 GB for an 8B model at 128K, on top
-# of a cache sized to fit).
+# Keys averaged at a time: the first means after a prefill cover the whole prompt, and each block's float32
+# sums are a chunk_size-th of its keys widened (in one piece, a float32 copy of every layer's keys had been
+# 16 GB for an 8B model at 128K, on top of a cache sized to fit).
 MEAN_BLOCK_BYTES = 64 << 20
 
 
