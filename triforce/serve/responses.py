@@ -170,8 +170,8 @@ def response(job: ResponsesJob, model: str, outputs: list) -> dict:
     finish = choice["finish_reason"]
     calls = message.get("tool_calls") or []
     # a message unless the answer is calls alone: an empty answer (EOS first) is an empty message, not no output
-    items = [_message_item(job, message["content"] or "", _item_status(finish))] if message.get("content") or not calls \
-        else []
+    said = message.get("content") or ""
+    items = [_message_item(job, said, _item_status(finish))] if said or not calls else []
     items += _call_items(job, calls, finish)
     return _response(job, model, items, chat["usage"], finish)
 
