@@ -184,10 +184,11 @@ def test_an_empty_answer_is_an_empty_message_not_no_output(tiny_dir):
     async def streamed():
         return [event async for event in responses.events(job, "tiny", chunks())]
 
-    kinds = [event["type"] for event in asyncio.run(streamed())]
+    events = asyncio.run(streamed())
+    kinds = [event["type"] for event in events]
     assert kinds[2:] == ["response.output_item.added", "response.content_part.added", "response.output_text.done",
                          "response.content_part.done", "response.output_item.done", "response.completed"], kinds
-    assert asyncio.run(streamed())[-1]["response"]["output"][0]["content"][0]["text"] == ""
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == ""
 
 
 def test_only_a_call_max_output_tokens_may_have_cut_is_incomplete():

@@ -111,7 +111,7 @@ COMMANDS = {
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command; with `only` (a command's name, or "" for none) the others are names
     and their lines alone, so that `triforce --help` and a command's own flags import only what that
-    command needs (bench's and train-draft's modules load torch: 2.3 s of `triforce --help` on a Zen 4)."""
+    command needs (train-draft's module loads torch, as bench's did: 2.3 s of `triforce --help` on a Zen 4)."""
     parser = argparse.ArgumentParser(
         prog="triforce", description="Lossless hierarchical speculative decoding (TriForce) for long contexts.")
     sub = parser.add_subparsers(dest="command", required=True)
