@@ -286,26 +286,29 @@ def test_console_entry_point_prints_no_traceback(tmp_path):
 
 
 def test_help_lists_every_command_without_loading_torch():
-    """`triforce --help`, and `generate`'s, `serve`'s, `fetch-model`'s and `bench`'s, import only what those
-    commands need: torch is not loaded (it took 2.3 s of `triforce --help`, and of `bench --help` until its
-    flags left its runs' module); bench's flags are still all there."""
+    """`triforce --help`, and each command's, import only what those commands need: torch is not loaded (it
+    took 2.3 s of `triforce --help`, and of `bench --help`, `batch --help` and `train-draft --help` until
+    their flags left their runs' modules); bench's and train-draft's flags are still all there."""
     code = ("import contextlib, io, sys\n"
             "from triforce.launch.cli import main\n"
             "for argv in (['--help'], ['generate', '--help'], ['serve', '--help'], ['fetch-model', '--help'],\n"
-            "             ['bench', '--help']):\n"
+            "             ['bench', '--help'], ['batch', '--help'], ['train-draft', '--help']):\n"
             "    out = io.StringIO()\n"
             "    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
             "        main(argv)\n"
             "    print(len(out.getvalue()), 'torch' in sys.modules, out.getvalue().split()[2])\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     lines = [line.split() for line in done.stdout.splitlines()]
-    assert done.returncode == 0 and len(lines) == 5, done.stderr
+    assert done.returncode == 0 and len(lines) == 7, done.stderr
     assert all(int(size) > 300 and loaded == "False" for size, loaded, _ in lines), lines
-    assert [usage for _, _, usage in lines] == ["[-h]", "generate", "serve", "fetch-model", "bench"]  # each its own
+    assert [usage for _, _, usage in lines] == ["[-h]", "generate", "serve", "fetch-model", "bench", "batch",
+                                                "train-draft"]  # each its own
     summary = subprocess.run([sys.executable, "-m", "triforce", "--help"], capture_output=True, text=True, timeout=120)
     assert all(name in summary.stdout for name in ("generate", "fetch-model", "bench", "serve", "batch", "train-draft"))
     bench = build_parser("bench")._subparsers._group_actions[0].choices["bench"]
     assert {"--text", "--modes", "--gamma1"} <= {o for a in bench._actions for o in a.option_strings}
+    train = build_parser("train-draft")._subparsers._group_actions[0].choices["train-draft"]
+    assert {"--out", "--layers", "--steps", "--answers"} <= {o for a in train._actions for o in a.option_strings}
 
 
 def test_every_option_with_a_default_states_it_once():

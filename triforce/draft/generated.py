@@ -7,7 +7,6 @@ so an interrupted run resumes at the first missing shard and a finished set is r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,16 +17,7 @@ from ..sampling_params import SamplingParams
 from ..errors import UserError
 from ..files import load_cached, save_whole
 from .prompts import prompt_count, prompts
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    samples: int = 1024
-    max_tokens: int = 384
-    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
-    batch: int = 32  # samples generated together (one shard)
-    heldout: bool = False  # answers to the held-out subjects' prompts
-    seed: int = 0
+from .settings import GenerationSettings
 
 
 def chat_prompt(tokenizer, instruction: str) -> list[int]:

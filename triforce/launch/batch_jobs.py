@@ -36,7 +36,6 @@ from ..models.folders import probe_writes
 from ..serve.fields import ApiError, request_json
 from .cli import llm_from_args
 from .batch_output import ResultsWriter
-from .batch_runner import LineRunner, request_id, result
 from .batch_shards import by_rank, rank_device, shard_of
 from .batch_resume import check_resumable, done_results, drop_results, failed, jsonl_lines
 from .generate import not_a_file
@@ -217,7 +216,8 @@ def _batch(args) -> int:
 def _answer(args, llm, lines: list[str], output: Path, mine: list, finished: dict, model: str) -> int:
     """Answers this shard's lines not yet answered (batch_runner.py), each result written as it comes; the
     exit status: 1 where a request failed on an internal error, else 0."""
-    from ..serve import openai, responses
+    from ..serve import openai, responses  # (here, as the runner: they load torch, which `batch --help`
+    from .batch_runner import LineRunner, request_id, result  # and a job with nothing to answer need not)
 
     with tqdm(total=len(mine), desc="batch", unit="req", file=sys.stderr) as bar:
         write = ResultsWriter(output, bar)

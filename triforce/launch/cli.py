@@ -1,5 +1,6 @@
 """`triforce` command line: generate, serve, batch, bench, fetch-model, train-draft (each command's flags and
-run in its own module: generate.py, serve.py, batch_jobs.py, bench.py, train_draft.py). One layer that maps
+run in their own modules: generate.py, serve.py, batch_jobs.py, bench_flags.py and bench.py,
+train_draft_flags.py and train_draft.py). One layer that maps
 flags (flags.py: those several commands share) onto the config dataclasses; errors in the user's input print
 one line and exit 2."""
 from __future__ import annotations
@@ -104,14 +105,15 @@ COMMANDS = {
     "bench": ("bench_flags", "add_bench_parser", "compare modes and peers on the same prompts; prints JSON"),
     "serve": ("serve", "add_serve_parser", "serve the model over an OpenAI-compatible HTTP API"),
     "batch": ("batch_jobs", "add_batch_parser", "run OpenAI Batch API requests from a JSONL file (resumable, shardable)"),
-    "train-draft": ("train_draft", "add_train_draft_parser", "distil a small tier-1 draft LM from a target"),
+    "train-draft": ("train_draft_flags", "add_train_draft_parser", "distil a small tier-1 draft LM from a target"),
 }
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command; with `only` (a command's name, or "" for none) the others are names
     and their lines alone, so that `triforce --help` and a command's own flags import only what that
-    command needs (train-draft's module loads torch, as bench's did: 2.3 s of `triforce --help` on a Zen 4)."""
+    command needs (no command's flags load torch: bench's and train-draft's runs did, 2.3 s of `triforce
+    --help` on a Zen 4, and their flags are modules of their own)."""
     parser = argparse.ArgumentParser(
         prog="triforce", description="Lossless hierarchical speculative decoding (TriForce) for long contexts.")
     sub = parser.add_subparsers(dest="command", required=True)
