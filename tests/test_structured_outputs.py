@@ -73,6 +73,18 @@ def test_a_batch_of_requests_with_their_own_constraints_gives_each_what_it_gets_
     assert together[3].text in ("red", "green", "blue") and len(together[1].token_ids) == 40
 
 
+def test_the_package_names_the_constraint_as_vllm_does():
+    """`from triforce import StructuredOutputs` and vLLM's `StructuredOutputsParams` (one class), and the
+    package's lazily loaded names are in its dir() (a REPL completes them)."""
+    import triforce
+    from triforce import StructuredOutputsParams
+
+    assert StructuredOutputsParams is triforce.StructuredOutputs is StructuredOutputs
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    assert json.loads(params.structured_outputs.json) == SCHEMA
+    assert set(triforce.__all__) <= set(dir(triforce))
+
+
 def test_a_bad_constraint_is_refused_before_anything_runs(llm):
     with pytest.raises(ConfigError, match="^structured_outputs regex"):
         llm.generate(PROMPT, SamplingParams(structured_outputs=StructuredOutputs(regex="[a-")))

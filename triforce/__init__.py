@@ -23,7 +23,8 @@ elif _ISA == "avx512":
 # The package's names load on first use (PEP 562): `triforce --help`, and a Ctrl-C while torch loads, are
 # the command line's (launch/cli.py) to answer, not an import's traceback
 _NAMES = {"LLM": "api", "EngineConfig": "config", "SamplingParams": "sampling_params", "Logprob": "logprobs",
-          "CompletionOutput": "request", "RequestOutput": "request"}
+          "CompletionOutput": "request", "RequestOutput": "request", "StructuredOutputs": "sampling_params",
+          "StructuredOutputsParams": "sampling_params"}
 
 
 def __getattr__(name: str):
@@ -36,5 +37,10 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["LLM", "RequestOutput", "CompletionOutput", "Logprob", "SamplingParams", "EngineConfig"]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NAMES))  # (the lazy names too: a REPL's completion lists them)
+
+
+__all__ = ["LLM", "RequestOutput", "CompletionOutput", "Logprob", "SamplingParams", "StructuredOutputs",
+           "StructuredOutputsParams", "EngineConfig"]
 __version__ = "0.1.0"

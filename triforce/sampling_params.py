@@ -116,6 +116,9 @@ VLLM_NONES = {"top_k": 0, "stop": (), "stop_token_ids": (), "logit_bias": (), "m
               "bad_words_ids": ()}
 
 
+StructuredOutputsParams = StructuredOutputs  # vLLM's name for it
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What to sample and when to stop. temperature 0 is greedy."""

@@ -102,6 +102,16 @@ def test_the_token_a_constraint_forces(grammars):
     (StructuredOutputs(json={"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"],
                              "additionalProperties": False}), ['{"k": 12}', '{"k":-3}'], ['{"k": "x"}', '{}', '[1]']),
     (StructuredOutputs(json_object=True), ['{"x": [1, {"y": null}]}', "{}"], ["[]", "12", '"s"']),
+    # objects that list their properties take no others unless they say so, nested ones too (vLLM's xgrammar,
+    # OpenAI's strict); one that lists none is any object
+    (StructuredOutputs(json={"type": "object", "properties": {"k": {"type": "integer"}, "v": {"type": "array", "items": {
+        "properties": {"n": {"type": "integer"}}}}, "o": {"type": "object"}, "e": {
+            "type": "object", "properties": {"a": {}}, "additionalProperties": True}}, "required": ["k"]}),
+     ['{"k": 1}', '{"k": 1, "v": [{"n": 2}, {}]}', '{"k": 1, "o": {"z": 1}}', '{"k": 1, "e": {"a": 1, "b": 2}}'],
+     ['{"k": 1, "x": 2}', '{"k": 1, "v": [{"n": 2, "m": 3}]}', '{"k": "1"}']),
+    (StructuredOutputs(json={"allOf": [{"properties": {"a": {"type": "integer"}}},
+                                       {"properties": {"b": {"type": "integer"}}}]}),
+     ['{"a": 1, "b": 2}', '{"a": 1}'], ['{"a": "x"}']),
     (StructuredOutputs(regex=r"[a-c]+[0-9]?"), ["abc", "cab7"], ["d", "a77"]),
     (StructuredOutputs(grammar='start: "x" num\nnum: /[0-9]+/'), ["x1", "x42"], ["x", "y1"]),
 ])

@@ -17,6 +17,7 @@ recent histories (the tiers ask for the same positions in turn).
 """
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections import OrderedDict
@@ -32,6 +33,11 @@ from .sampling import only_allowed
 GBNF_RULE = re.compile(r"(?m)^\s*[\w-]+\s*::=")  # a line that defines a rule in GBNF (Lark writes name: ...)
 RECENT_MASKS = 64  # histories whose masks a Guide keeps (a round asks for a few dozen)
 REGEX_SPECIAL = set("\\.+*?()|[]{}^$#&-~")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")  # lists of schemas (items: draft 4's tuples)
+SCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedItems", "unevaluatedProperties",
+              "not", "if", "then", "else", "contains", "propertyNames")  # a schema each
+OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "$ref")
 
 
 def _literal(text: str) -> str:
@@ -44,7 +50,7 @@ def grammar_text(spec: StructuredOutputs) -> str:
     from llguidance import LLMatcher
 
     if spec.json is not None:
-        return LLMatcher.grammar_from_json_schema(spec.json)
+        return LLMatcher.grammar_from_json_schema(closed_objects(json.loads(spec.json)))  # (its text: hashable)
     if spec.json_object:
         return LLMatcher.grammar_from_json_schema({"type": "object"})
     if spec.regex is not None:
@@ -59,6 +65,34 @@ def grammar_text(spec: StructuredOutputs) -> str:
         return LLMatcher.grammar_from_lark(gbnf_to_lark(spec.grammar))
     except Exception as exc:  # noqa: BLE001 (the converter's own errors, GbnfToLarkError among them)
         raise ValueError(f"not a GBNF grammar: {exc}") from None
+
+
+def closed_objects(schema, member_of_all: bool = False):
+    """`schema` with every object that lists its `properties` and says nothing of others closed to them
+    (`additionalProperties: false`), as vLLM's default backend (xgrammar, strict) and OpenAI's strict
+    schemas take it: llguidance's default allows other keys, and a model that went on adding keys ran into
+    max_tokens with its JSON unfinished. An object that says how other keys go (additionalProperties,
+    patternProperties, unevaluatedProperties), merges others (allOf, $ref: closed, each would refuse the
+    others' keys) or lists no properties (`{"type": "object"}`: any object) is kept as it is; so are
+    allOf's members. Returns a copy; the schema's data (enum, const, default, examples) is not walked."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
+    for key in SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(sub, key == "allOf") for sub in out[key]]
+    for key in SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    kind = out.get("type", "object")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
+    if is_object and isinstance(out.get("properties"), dict) and not member_of_all and \
+            not any(key in out for key in OPEN_KEYS):
+        out["additionalProperties"] = False
+    return out
 
 
 def _common_prefix(a: list[int], b: Sequence[int]) -> int:
