@@ -236,3 +236,35 @@ def test_byte_tokens_after_a_prompt_that_ends_in_them_and_stops_among_them_in_ro
                 at += size
             detok.finish()
             assert (detok.text, detok.stop_string, detok.tokens_through_stop()) == expected, (text, size)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3))
+def test_output_cut_inside_a_character_ends_before_it(smollm2_tokenizer, seed):
+    """max_tokens that ends the output inside a character (its first bytes' tokens, no more): the text leaves
+    that character out, streamed or not, as vLLM's does (it ended in U+FFFD), and keeps its tokens."""
+    tokens = smollm2_tokenizer("I say ok 日本語 again").input_ids
+    cuts = [k for k in range(1, len(tokens)) if smollm2_tokenizer.decode(tokens[:k]).endswith("\ufffd")]
+    assert cuts
+    for cut in cuts:
+        detok = IncrementalDetokenizer(smollm2_tokenizer)
+        pieces = stream_rounds(detok, tokens[:cut], seed)
+        ends = max(k for k in range(cut) if not smollm2_tokenizer.decode(tokens[:k]).endswith("\ufffd"))
+        assert "".join(pieces) == detok.text == smollm2_tokenizer.decode(tokens[:ends])  # (a space before the
+        assert detok.kept_ids() == tokens[:cut] and "\ufffd" not in detok.text  # character is in its token)
+
+
+def test_byte_tokens_cut_inside_a_character_end_before_it():
+    """The same with SentencePiece's byte tokens, whose run decodes wholly to U+FFFD where a character in it is
+    cut: the complete characters before the cut stay."""
+    tok = byte_fallback_tokenizer(["ab", "c"])
+    tokens = tok("c\u2605\u2605", add_special_tokens=False).input_ids
+    assert tok.decode(tokens[:-1]).endswith("\ufffd")
+    for size in range(1, len(tokens)):
+        detok, at = IncrementalDetokenizer(tok), 0
+        pieces = []
+        while at < len(tokens) - 1:
+            pieces.append(detok.add(tokens[at:min(at + size, len(tokens) - 1)]))
+            at += size
+        pieces.append(detok.finish())
+        assert "".join(pieces) == detok.text == "c\u2605", size

@@ -6,7 +6,8 @@ only a short window: the tokens since the last piece it emitted, plus the tokens
 at the start of a text (a SentencePiece word marker loses its space there): so the first window is
 decoded after the prompt's last few tokens, and the text is what the prompt is followed by (" Paris" after
 "The capital of France is", as vLLM gives it, not "Paris"). A window whose text ends in U+FFFD is held
-back, since the next tokens may complete a multibyte character; `finish` emits it as is.
+back, since the next tokens may complete a multibyte character; `finish` leaves a character that no token
+completed out of the text, its tokens kept, as vLLM does (max_tokens cut the output inside it).
 
 Stop strings are searched in the new text and the len(longest stop) - 1 characters before it, so a stop
 string that two rounds complete between them is found; while none is found, those last characters are not
@@ -109,9 +110,21 @@ class IncrementalDetokenizer:
                 return len(text)
         return len(self._decode(tokens))
 
+    def _without_partial_end(self, window: str) -> str:
+        """The last window's text without the character its last tokens begin and nothing completes (output cut
+        by max_tokens inside a character): its text up to the last token that ends one, up to MAX_PARTIAL
+        tokens back, as vLLM leaves it out (its tokens are kept). Further back the U+FFFD is the text's."""
+        for back in range(1, min(len(self.tokens) - self._prefix, MAX_PARTIAL) + 1):
+            text = self._decode(self._after_prompt(self._prefix, len(self.tokens) - back))
+            if not text.endswith(REPLACEMENT):
+                return text
+        return window
+
     def _decode_window(self, final: bool) -> None:
         context = self._decode(self._after_prompt(self._prefix, self._read))
         window = self._decode(self._after_prompt(self._prefix))
+        if final and window.endswith(REPLACEMENT):
+            window = self._without_partial_end(window)
         cut = len(context)
         if self._read == 0 and context.endswith(REPLACEMENT) and not window.startswith(context):
             # The prompt ends inside a character that the first tokens complete (its bytes so far decoded
