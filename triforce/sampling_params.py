@@ -203,7 +203,7 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (got {self.top_p})")
         if not is_integer(self.top_k) or self.top_k < -1:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 or -1: off; got {shown(self.top_k)})")
+            raise ConfigError(f"top_k must be an integer >= 1, or 0 or -1 for off (got {shown(self.top_k)})")
         if self.top_k == -1:  # vLLM's other spelling of off
             object.__setattr__(self, "top_k", 0)
         if not is_integer(self.n) or not 1 <= self.n <= MAX_N:

@@ -488,7 +488,10 @@ def test_errors_name_the_flags_not_the_api_fields(capsys, target):
     ("--budget", "0", "--budget (0) must be a multiple of the chunk size"), ("--window", "0", "--window must be >= 1"),
     ("--sinks", "-1", "--sinks must be >= 0 (got -1)"), ("--full-layers", "-1", "--full-layers must be >= 0"),
     ("--chunk-size", "0", "--chunk-size must be >= 1"),
-    ("--allowed-token-id", "500", "--allowed-token-id names token 500, outside the vocabulary")])
+    ("--allowed-token-id", "500", "--allowed-token-id names token 500, outside the vocabulary"),
+    # the Python API's None is a flag left out: not said ("must be an integer >= 0 or None")
+    ("--max-new-tokens", "-1", "--max-new-tokens must be an integer >= 0 (got -1"),
+    ("--top-k", "-5", "--top-k must be an integer >= 1, or 0 or -1 for off (got -5)")])
 def test_each_refused_setting_is_named_by_its_flag(capsys, target, flag, value, message):
     """Settings without an underscore (temperature, budget) were left bare, a token past the vocabulary was
     named by its API field, and one message named four settings for any one of them ("full_layers and sinks
@@ -535,6 +538,10 @@ def test_serve_on_a_port_in_use_is_one_line_before_the_model_loads(capsys, targe
     assert err.strip() == f"triforce: error: cannot listen on 127.0.0.1:{port}: Address already in use", err
     assert main(["serve", "--model", str(target), "--host", ""]) == 2  # an unset $HOST: not every interface
     assert "--host is empty" in capsys.readouterr().err
+    for flags, said in ((["--port", "99999"], "--port must be from 1 to 65535 (got 99999)"),
+                        (["--max-queue", "0"], "--max-queue must be >= 1 (got 0)")):  # (each its own: a port
+        assert main(["serve", "--model", str(target), *flags]) == 2  # out of range named --max-queue too)
+        assert capsys.readouterr().err.strip() == f"triforce: error: {said}"
 
 
 def test_stop_strings_read_their_escapes_and_seed_minus_one_is_random():

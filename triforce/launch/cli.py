@@ -33,7 +33,7 @@ def settings_named_by_flags():
     EngineConfig, the LLM's prefix_cache_gb), with the fields it names as the Python API does (max_tokens,
     top_k, gamma1) written as those flags (--max-new-tokens, --top-k, --gamma1): those with an underscore or a
     digit outside quotes and paths, and any other (temperature, budget) that begins the message: window or
-    budget are words as well."""
+    budget are words as well. "or None" goes: a flag is None where it is left out."""
     try:
         yield
     except ConfigError as exc:
@@ -50,6 +50,7 @@ def settings_named_by_flags():
         message = re.sub(r"^structured_outputs (json_object|json|regex|choice|grammar)\b",
                          lambda m: STRUCTURED_FLAGS[m.group(1)], str(exc))  # (its kinds' flags)
         message = message.replace("enable_prefix_caching=False", "--no-enable-prefix-caching")
+        message = re.sub(r"\bNone or | or None\b", "", message)  # (the Python API's unset: a flag left out)
         message = re.sub(r"^(" + "|".join(sorted(flags, key=len, reverse=True)) + r")(?= )",
                          lambda m: flags[m.group(1)], message)
         raise ConfigError(re.sub(pattern, lambda m: flags[m.group(1)], message)) from None

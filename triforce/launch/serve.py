@@ -56,8 +56,10 @@ def add_serve_parser(p: argparse.ArgumentParser) -> None:
 
 def check_serving(args) -> None:
     """What `serve` checks before the model loads (with --workers, before the group starts)."""
-    if args.max_queue < 1 or not 0 < args.port < 65536:
-        raise UserError("--max-queue must be >= 1, --port in 1..65535")
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be from 1 to 65535 (got {args.port})")
+    if args.max_queue < 1:
+        raise UserError(f"--max-queue must be >= 1 (got {args.max_queue})")
     if not 0 < args.max_request_mb <= MAX_REQUEST_MIB:  # (nan fails too)
         raise UserError(f"--max-request-mb must be a positive number of MiB up to {MAX_REQUEST_MIB} "
                         f"(got {args.max_request_mb:g})")
