@@ -27,7 +27,7 @@ def add_generate_parser(gen: argparse.ArgumentParser) -> None:
 def add_generate_args(gen: argparse.ArgumentParser) -> None:
     """The flags of `triforce generate` (the torchrun entry, launch/distributed.py, parses them too)."""
     src = gen.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt", help="prompt text, taken as written (no backslash escapes: bash's $'a\\nb' for a newline)")
     src.add_argument("--prompt-file", help="file holding the prompt text (UTF-8); - reads standard input")
     add_model_args(gen)
     add_mode_arg(gen)
