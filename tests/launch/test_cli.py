@@ -394,6 +394,38 @@ def test_ctrl_c_while_the_command_loads_exits_130_without_a_traceback(target):
             (delay, run.returncode, err)  # (-2: a loaded machine started Python after the signal)
 
 
+SWALLOWING_COMMAND = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (xdist's workers ignore it, and so would this child)
+import triforce.__main__ as entry
+import triforce.launch.cli as cli
+
+class Freed:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the Ctrl-C lands here, in a finalizer
+
+def command(argv=None):
+    Freed()
+    for _ in range(100):
+        time.sleep(0.01)
+    print("ran to its end", file=sys.stderr)
+    return 0
+
+cli.main = command
+sys.exit(entry.main())
+"""
+
+
+def test_a_ctrl_c_that_a_finalizer_swallows_still_ends_the_command_with_130():
+    """A Ctrl-C that lands in a finalizer (a __del__ as a tensor or socket is freed) printed "Exception
+    ignored in" and was lost: the command ran on to its end and exited 0."""
+    run = subprocess.run([sys.executable, "-c", SWALLOWING_COMMAND, "generate"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 130 and "ran to its end" not in run.stderr and "Traceback" not in run.stderr, \
+        (run.returncode, run.stderr)
+
+
 def test_a_prompt_from_standard_input_or_a_file_with_a_byte_order_mark_is_the_same_prompt(capsys, target, tmp_path,
                                                                                            monkeypatch):
     """--prompt-file - read a file named "-"; a UTF-8 byte-order mark was kept as text (3 more tokens)."""
