@@ -402,6 +402,25 @@ def test_auto_with_measured_costs_equals_plain_decoding(models, prompt, calibrat
     assert "auto" in metrics.to_dict()
 
 
+def test_a_rows_processing_is_timed_again_on_a_models_row(models, prompt, calibration, monkeypatch):
+    """The request's row processing, timed on random logits at the first plan (no forward has given a row
+    yet), is timed again on the first row the target gives, once: top-p ranks a model's few likely tokens and
+    sorts a random row's whole vocabulary (speculation/sampling.top_p_dropped), so random rows priced a
+    request's rows many times what they cost."""
+    target, draft = models
+    timed = []
+
+    def recorded(probs, vocab, sample=None, rows=8):
+        timed.append(sample)
+        return 1e-4 if sample is None else 2e-5
+
+    monkeypatch.setattr(auto, "row_seconds", recorded)
+    engine = build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 128)
+    engine.generate(prompt, SamplingParams(max_tokens=48, temperature=0.6, top_p=0.9, seed=1, ignore_eos=True))
+    assert len(timed) == 2 and timed[0] is None and tuple(timed[1].shape) == (1, VOCAB)
+    assert engine.planner.row_seconds == 2e-5
+
+
 @pytest.mark.parametrize("policy", ["static", "dynamic"])
 def test_a_batch_in_auto_mode_plans_for_the_batch_and_equals_plain_decoding(models, calibration, policy):
     """Three requests run together on one plan, made by the first that plans for the batch (costs measured

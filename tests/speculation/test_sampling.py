@@ -113,6 +113,39 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p():
         torch.testing.assert_close(probs[:kept], base[:kept] / base[:kept].sum())
 
 
+def test_top_p_ranks_a_rows_largest_first_and_drops_what_a_sort_of_the_whole_row_drops():
+    """top_p_dropped ranks each row's 64 largest logits, then its 4,096 largest, and sorts the whole row only
+    where those do not reach top_p: rows settled at each stage drop the tokens a sort of the whole row drops
+    (a token may part only where its rank's cumulative probability is a rounding away from top_p), and
+    ties, NaN rows, 1-D logits and vocabularies narrower than the candidates go through."""
+    from triforce.speculation.sampling import TOP_P_CANDIDATES, top_p_dropped
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 8192
+    peaked = torch.randn(3, vocab, generator=g) * 0.5
+    peaked[:, :3] += 14.0  # three tokens hold nearly all the mass: settled among the first 64
+    spread = torch.randn(3, vocab, generator=g) * 0.5
+    spread[:, :1000] += 8.0  # a thousand hold most of it: settled among the first 4,096
+    flat = torch.randn(3, vocab, generator=g) * 0.05  # the whole row needed: sorted
+    rows = torch.cat([peaked, spread, flat])
+    for top_p in (0.3, 0.9, 0.99):
+        probs = torch.softmax(rows, -1)
+        reach = [int((probs.topk(k, -1).values.sum(-1) >= top_p).sum()) for k in TOP_P_CANDIDATES]
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = torch.zeros_like(probs).scatter(-1, order, sorted_probs.cumsum(-1) - sorted_probs)
+        want = before >= top_p
+        got = top_p_dropped(rows, top_p)
+        assert bool(((got == want) | ((before - top_p).abs() < 1e-5)).all()), top_p
+        assert int((~got).sum(-1).min()) >= 1  # the first is always kept
+        if top_p == 0.9:
+            assert reach == [3, 6]  # each stage settled some rows, and the sort the rest
+    ties = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.0]]).log_softmax(-1)
+    assert int((~top_p_dropped(ties, 0.5)).sum()) == 2  # one of the tied tokens, as a sort keeps one
+    nan = torch.full((1, 100), float("nan"))
+    assert not top_p_dropped(nan, 0.9).any()  # nothing dropped: the row stays NaN, as a sort leaves it
+    assert top_p_dropped(torch.tensor([3.0, 0.0, -1.0]), 0.5).tolist() == [False, True, True]
+
+
 def test_min_p_keeps_the_tokens_at_least_min_p_times_the_most_likely_after_the_temperature():
     base = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = base.log().unsqueeze(0)

@@ -75,7 +75,8 @@ class AutoEngine(HierarchyEngine):
         self.rounds = 0  # rounds begun (a batchmate that has begun none may be measured with)
         self._pairs: dict[tuple[str, str], TierStats] = {}
         self._running: tuple[Plan, int, float] | None = None  # the plan running, since which token, when
-        self._rows_timed = False
+        self._rows_timed = False  # on random rows, at the first plan
+        self._rows_timed_on_model = False  # again on the target's row, at its first forward that gives one
         self._adopted: dict | None = None  # the batch leader's decision this request last took
         self._shared = False  # whether a forward since the plan began ran beside another's prompt chunks
         self._planned_busy = False  # whether the running plan was made for a batchmate's prefill
@@ -276,6 +277,12 @@ class AutoEngine(HierarchyEngine):
         alone = self.planner.batchmates is None or not self.planner.batchmates.together
         self._last = (tier.name, role_at(level), tokens if level else 1, began, seconds) \
             if alone and not tier.shared_prefill else None
+        if self._rows_timed and not self._rows_timed_on_model and tier is self.ladder[-1] and \
+                isinstance(logits, torch.Tensor) and len(logits):
+            # Random rows priced top-p as a sort of the whole vocabulary, where a model's row ranks its few
+            # likely tokens (speculation/sampling.top_p_dropped): timed again on the target's, once
+            self.planner.row_seconds = row_seconds(self.rows.probs, logits.shape[-1], logits[-1:])
+            self._rows_timed_on_model, self._last = True, None  # (that time is no forward's overhead)
         return logits
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:
