@@ -134,6 +134,12 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         """Whether recent prompts' blocks are kept for reuse: here, or by the worker group."""
         return self.prefixes is not None or (self.workers is not None and self.workers.prefix_bytes > 0)
 
+    @property
+    def rope_scaling_applied(self) -> str | None:
+        """The RoPE scaling the target runs with, for a run's record: `rope_scaling` as given, else its own
+        config's ('yarn:2'; a record said none where the model's config scaled it); None: none."""
+        return self.rope_scaling or self.target.config.rope_spec
+
     def get_tokenizer(self):
         """vLLM's: the target's tokenizer (None where its folder has none)."""
         return self.tokenizer

@@ -70,10 +70,8 @@ class RequestChecks:
         cfg = self.target.config
         room = cfg.max_positions - prompt_len
         if room < 0 or (room == 0 and params.max_tokens != 0):
-            why = " (max_model_len)" if cfg.max_positions == cfg.position_limit else \
-                " (its sliding window: attention past it is not implemented)" \
-                if cfg.max_positions < cfg.max_position_embeddings else ""
-            raise UserError(f"the prompt ({prompt_len} tokens) fills the model's {cfg.max_positions} positions{why}")
+            raise UserError(f"the prompt ({prompt_len} tokens) fills the model's {cfg.max_positions} positions"
+                            f"{_why_full(cfg, prompt_len)}")
         if params.max_tokens is not None and params.max_tokens <= room:
             return params
         return replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
@@ -117,3 +115,18 @@ class RequestChecks:
         if not left.any():
             raise ConfigError("allowed_token_ids and bad_words leave no token the structured output allows to "
                               "begin with")
+
+
+def _why_full(cfg, prompt_len: int) -> str:
+    """What bounds the positions a prompt filled, and where RoPE scaling would stretch them, how."""
+    if cfg.max_positions == cfg.position_limit:
+        return " (max_model_len)"
+    if cfg.max_positions < cfg.max_position_embeddings:
+        return " (its sliding window: attention past it is not implemented)"
+    if cfg.rope_type != "default":
+        return ""
+    factor = 2
+    while cfg.max_positions * factor <= prompt_len:
+        factor *= 2
+    return (f"; --rope-scaling yarn:{factor} (LLM(rope_scaling='yarn:{factor}')) stretches them to "
+            f"{cfg.max_positions * factor}")

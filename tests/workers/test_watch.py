@@ -5,7 +5,7 @@ import time
 
 import zmq
 
-from triforce.workers.watch import CoordinatorWatch
+from triforce.workers.watch import FIRST_CONNECTION_S, CoordinatorWatch
 
 
 def settle(watch, until, limit_s=5.0):
@@ -34,14 +34,38 @@ def test_a_connection_that_never_speaks_zeromq_is_no_coordinator():
             time.sleep(0.1)
             probe.close()
             time.sleep(0.1)
-        watch.update()
-        assert watch.seconds_left() <= 60.0 - 0.8  # counted from the start, through the probes
+        watch.update()  # counted from the start, through the probes (the first coordinator may take longer)
+        assert 60.0 < watch.seconds_left() <= FIRST_CONNECTION_S - 0.8
         peer = ctx.socket(zmq.REQ)
         peer.connect(f"tcp://127.0.0.1:{port}")
         assert settle(watch, lambda w: w.seconds_left() == math.inf)
         peer.close(0)
         assert settle(watch, lambda w: w.seconds_left() < math.inf)
-        assert watch.seconds_left() > 59.0  # from the peer's leaving
+        assert 59.0 < watch.seconds_left() <= 60.0  # from the peer's leaving, the timeout itself
+    finally:
+        watch.close()
+        sock.close(0)
+
+
+def test_a_short_timeout_counts_only_once_a_coordinator_has_come():
+    """--worker-timeout 0.001 ended the group before its coordinator, loading its own model, connected (exit
+    1, a line about no coordinator and nothing of the option): the first one may take FIRST_CONNECTION_S;
+    once one has come and gone, the timeout counts as given."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.REP)
+    watch = CoordinatorWatch(sock, timeout_s=0.001)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        time.sleep(0.05)
+        watch.update()
+        assert watch.seconds_left() > FIRST_CONNECTION_S - 1  # no coordinator yet: far from the end
+        peer = ctx.socket(zmq.REQ)
+        peer.connect(f"tcp://127.0.0.1:{port}")
+        assert settle(watch, lambda w: w.seconds_left() == math.inf)
+        peer.close(0)
+        assert settle(watch, lambda w: w.seconds_left() < math.inf)
+        time.sleep(0.01)
+        assert watch.seconds_left() <= 0 and watch.limit_s() == 0.001
     finally:
         watch.close()
         sock.close(0)

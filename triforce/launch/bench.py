@@ -160,7 +160,7 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
               "texts": [{"path": path, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16]}
                         for path, text in zip(args.text, texts)],  # (another text: other prompts)
               "model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
-              "dtype": llm.dtype, "rope_scaling": llm.rope_scaling, "device": str(llm.device),
+              "dtype": llm.dtype, "rope_scaling": llm.rope_scaling_applied, "device": str(llm.device),
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
               "top_p": args.top_p, "penalties": penalty_settings(args),
               # (the tree flags' values: the base config holds 0, and the runs of their modes take them; neither

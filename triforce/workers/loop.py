@@ -123,7 +123,7 @@ def serve(worker: VerifierWorker, endpoint: str | None, link: BulkLink | None, m
             frames = _leader_wait(sock, watch, beat_at) if tp.rank == 0 else None
             if frames is ORPHANED:
                 log.error("worker leader: no coordinator connected to %s for %g s; the worker group exits",
-                          endpoint, coordinator_timeout_s)
+                          endpoint, watch.limit_s())
                 payload = msgpack.packb({"kind": ORPHANED, "body": {}})
             elif frames is HEARTBEAT:
                 worker.counts["heartbeats"] += 1

@@ -25,6 +25,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 
 HANDSHAKE_EVENTS = zmq.zmq_version_info() >= (4, 3)  # libzmq reports completed handshakes from 4.3 on
+FIRST_CONNECTION_S = 300.0  # how long the first coordinator may take at least (coordinator/channel.py's
+# STARTUP_TIMEOUT_S: the coordinator loads its model before it connects)
 
 
 class CoordinatorWatch:
@@ -32,9 +34,12 @@ class CoordinatorWatch:
     socket binds, so that no connection goes unseen."""
 
     def __init__(self, sock: zmq.Socket, timeout_s: float):
-        """timeout_s: how long the socket may have no peer (before the first connection too) before
-        the coordinator counts as gone; a crashed peer is dropped after timeout_s / 2 without traffic."""
+        """timeout_s: how long the socket may have no peer before the coordinator counts as gone (before the
+        first connection, FIRST_CONNECTION_S if that is longer: the coordinator loads its own tiers first; a
+        --worker-timeout of 1 ms ended the group before it came, with no word of that option); a crashed
+        peer is dropped after timeout_s / 2 without traffic."""
         self.timeout_s = timeout_s
+        self.connected = False  # whether a coordinator has spoken yet
         sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(timeout_s * 250)))  # a ping every timeout / 4
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(timeout_s * 500)))
         self.monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED |
@@ -53,8 +58,9 @@ class CoordinatorWatch:
             event = recv_monitor_message(self.monitor)
             if event["event"] == zmq.EVENT_ACCEPTED:
                 self.peers.add(event["value"])
+                self.connected |= not HANDSHAKE_EVENTS
             elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.spoken = True
+                self.spoken = self.connected = True
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.peers.discard(event["value"])
                 if not self.peers and self.spoken:
@@ -64,7 +70,11 @@ class CoordinatorWatch:
         """Until the coordinator counts as gone: infinite while a ZeroMQ peer is connected, <= 0 once gone."""
         if self.peers and self.spoken:
             return math.inf
-        return self.timeout_s - (time.monotonic() - self.alone_since)
+        return self.limit_s() - (time.monotonic() - self.alone_since)
+
+    def limit_s(self) -> float:
+        """How long the socket may go without a coordinator now."""
+        return self.timeout_s if self.connected else max(self.timeout_s, FIRST_CONNECTION_S)
 
     def close(self) -> None:
         self._sock.disable_monitor()
