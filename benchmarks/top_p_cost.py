@@ -7,7 +7,8 @@
 The rows are the model's logits (bfloat16 weights) at the first --tokens positions of the text (the README's sentence,
 repeated, without --text), each call processing --rows of them. Prints a JSON line per (temperature, top_p,
 rows): median milliseconds per row of each way, the rows whose top TOP_P_CANDIDATES did not reach top_p
-(past the first 64, and past 4,096: ranked by a sort), and whether both dropped the same tokens."""
+(past the first 64, and past 4,096: ranked by a sort), and where the two parted: rows, tokens and
+the largest probability of a token one kept and the other dropped (ties and roundings at the boundary)."""
 from __future__ import annotations
 
 import argparse
@@ -67,7 +68,9 @@ def main() -> None:
     for temperature in args.temperatures:
         scaled = logits / temperature
         for top_p in args.top_p:
-            same = bool((top_p_dropped(scaled, top_p) == sorted_dropped(scaled, top_p)).all())
+            parting = top_p_dropped(scaled, top_p) != sorted_dropped(scaled, top_p)  # [tokens, V]
+            parted = {"rows": f"{int(parting.any(-1).sum())}/{len(ids)}", "tokens": int(parting.sum()),
+                      "largest_probability": float(scaled.softmax(-1)[parting].max()) if parting.any() else 0.0}
             short = [int((probs.sum(-1) < top_p).sum()) for probs in (
                 (scaled.topk(k, dim=-1).values - scaled.logsumexp(-1, keepdim=True)).exp() for k in TOP_P_CANDIDATES)]
             for rows in args.rows:
@@ -75,7 +78,7 @@ def main() -> None:
                 out = {"temperature": temperature, "top_p": top_p, "rows": rows,
                        "sorted_ms_per_row": round(median_ms_per_row(lambda b: sorted_dropped(b, top_p), blocks, args.reps), 4),
                        "top_p_dropped_ms_per_row": round(median_ms_per_row(lambda b: top_p_dropped(b, top_p), blocks, args.reps), 4),
-                       "rows_past_candidates": {k: f"{n}/{len(ids)}" for k, n in zip(TOP_P_CANDIDATES, short)}, "same_tokens": same}
+                       "rows_past_candidates": {k: f"{n}/{len(ids)}" for k, n in zip(TOP_P_CANDIDATES, short)}, "parted_from_the_sort": parted}
                 print(json.dumps(out), flush=True)
 
 

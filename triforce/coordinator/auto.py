@@ -281,8 +281,12 @@ class AutoEngine(HierarchyEngine):
                 isinstance(logits, torch.Tensor) and len(logits):
             # Random rows priced top-p as a sort of the whole vocabulary, where a model's row ranks its few
             # likely tokens (speculation/sampling.top_p_dropped): timed again on the target's, once
+            timing = time.perf_counter()
             self.planner.row_seconds = row_seconds(self.rows.probs, logits.shape[-1], logits[-1:])
-            self._rows_timed_on_model, self._last = True, None  # (that time is no forward's overhead)
+            self._rows_timed_on_model = True
+            if self._last is not None:  # (that time is no forward's overhead)
+                name, role, rows, entered, seconds = self._last
+                self._last = (name, role, rows, entered + time.perf_counter() - timing, seconds)
         return logits
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:
