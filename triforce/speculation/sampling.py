@@ -73,31 +73,41 @@ def probabilities(logits: torch.Tensor, temperature: float, top_k: int = 0, top_
 
 def top_p_dropped(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """bool [..., V]: the tokens top-p drops from each row of `logits`: those the tokens ranked above them
-    already reach top_p with (the first is always kept). Ranked among each row's 64 largest where those
-    reach top_p (then every token past them is dropped), else its 4,096 largest (TOP_P_CANDIDATES), and by a
-    sort of the whole row only where those do not either: sorting SmolLM2's 49,152 logits took 2.2 ms a row on the 2-core Zen 4, more
-    than a draft's forward, and a top-p request paid it on every row of every tier (`python
-    benchmarks/top_p_cost.py`). The same tokens either way but for ties at the boundary (a sort and a top-k
-    order equal logits as they may) and a cumulative sum a rounding away from top_p."""
+    already reach top_p with (the first is always kept). On a CPU, ranked among each row's 64 largest where
+    those reach top_p (every token past them is then dropped), else among its 4,096 largest
+    (TOP_P_CANDIDATES), and by a sort of the whole row only where those fall short too: the sort of
+    SmolLM2's 49,152 logits took 2.1 ms a row on the 2-core Zen 4 (3.8 ms for a row alone), more than a
+    draft's forward, and a top-p request paid it on every row of every tier (`python
+    benchmarks/top_p_cost.py`). The same tokens as the sort but where a tie or a rounding of the cumulative
+    sum sits at the boundary. On a GPU, the sort (the stages would sync with the host to pick rows)."""
     rows = logits.reshape(-1, logits.shape[-1])
-    width = rows.shape[-1]
+    if rows.device.type != "cpu":
+        return top_p_dropped_by_sort(rows, top_p).reshape(logits.shape)
     dropped = torch.ones_like(rows, dtype=torch.bool)
     top = rows.amax(dim=-1, keepdim=True)  # each row's softmax as torch's: exp(x - max) / its sum
     total = (rows - top).exp().sum(dim=-1, keepdim=True)
-    left = torch.arange(rows.shape[0], device=rows.device)  # the rows not settled yet
-    for k in (*(k for k in TOP_P_CANDIDATES if k < width), width):
-        values, ids = rows[left].topk(k, dim=-1) if k < width else rows[left].sort(dim=-1, descending=True)
-        probs = (values - top[left]).exp() / total[left]  # [rows left, k], largest first
-        cumulative = probs.cumsum(dim=-1)
-        # settled where the k reach top_p (then every token past them is dropped), or the row is whole
-        settled = cumulative[:, -1] >= top_p if k < width else torch.ones_like(left, dtype=torch.bool)
-        rows_settled = left[settled]  # (NaN rows reach the sort, which drops none of theirs, as before)
-        dropped[rows_settled] = dropped[rows_settled].scatter_(-1, ids[settled],
-                                                              ((cumulative - probs) >= top_p)[settled])
-        left = left[~settled]
-        if not len(left):
+    left = torch.arange(rows.shape[0])  # the rows not settled yet
+    for k in TOP_P_CANDIDATES:
+        if k >= rows.shape[-1] or not len(left):
             break
+        values, ids = rows[left].topk(k, dim=-1)  # [rows left, k], largest first
+        probs = (values - top[left]).exp() / total[left]
+        cumulative = probs.cumsum(dim=-1)
+        settled = cumulative[:, -1] >= top_p  # (NaN rows never are: the sort drops none of theirs, as before)
+        at = left[settled]
+        dropped[at] = dropped[at].scatter_(-1, ids[settled], ((cumulative - probs) >= top_p)[settled])
+        left = left[~settled]
+    if len(left):
+        dropped[left] = top_p_dropped_by_sort(rows[left], top_p)
     return dropped.reshape(logits.shape)
+
+
+def top_p_dropped_by_sort(rows: torch.Tensor, top_p: float) -> torch.Tensor:
+    """top_p_dropped of rows [n, V] by a sort of each whole row."""
+    sorted_logits, order = rows.sort(dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    dropped_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
+    return torch.zeros_like(dropped_sorted).scatter_(-1, order, dropped_sorted)
 
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
