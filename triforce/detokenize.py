@@ -101,30 +101,23 @@ class IncrementalDetokenizer:
         return max(0, self._complete_chars(self._context + self.tokens[:n]) - self._context_chars)
 
     def _complete_chars(self, tokens: list[int]) -> int:
-        """The length of the text of `tokens` up to the last of them that ends a character: up to
-        MAX_PARTIAL tokens back; past that the U+FFFD is the text's (a literal one, or bytes that no
-        character ends), and counts."""
+        """The length of `_complete_text(tokens)`."""
+        return len(self._complete_text(tokens))
+
+    def _complete_text(self, tokens: list[int]) -> str:
+        """The text of `tokens` up to the last of them that ends a character: up to MAX_PARTIAL tokens back;
+        past that the U+FFFD is the text's (a literal one, or bytes that no character ends), and stays."""
         for back in range(min(len(tokens), MAX_PARTIAL) + 1):
             text = self._decode(tokens[:len(tokens) - back])
             if not text.endswith(REPLACEMENT):
-                return len(text)
-        return len(self._decode(tokens))
-
-    def _without_partial_end(self, window: str) -> str:
-        """The last window's text without the character its last tokens begin and nothing completes (output cut
-        by max_tokens inside a character): its text up to the last token that ends one, up to MAX_PARTIAL
-        tokens back, as vLLM leaves it out (its tokens are kept). Further back the U+FFFD is the text's."""
-        for back in range(1, min(len(self.tokens) - self._prefix, MAX_PARTIAL) + 1):
-            text = self._decode(self._after_prompt(self._prefix, len(self.tokens) - back))
-            if not text.endswith(REPLACEMENT):
                 return text
-        return window
+        return self._decode(tokens)
 
     def _decode_window(self, final: bool) -> None:
         context = self._decode(self._after_prompt(self._prefix, self._read))
         window = self._decode(self._after_prompt(self._prefix))
-        if final and window.endswith(REPLACEMENT):
-            window = self._without_partial_end(window)
+        if final and window.endswith(REPLACEMENT):  # (max_tokens cut the output inside a character: it goes,
+            window = self._complete_text(self._after_prompt(self._prefix))  # as vLLM's does, its tokens kept)
         cut = len(context)
         if self._read == 0 and context.endswith(REPLACEMENT) and not window.startswith(context):
             # The prompt ends inside a character that the first tokens complete (its bytes so far decoded

@@ -109,9 +109,16 @@ def test_the_token_a_constraint_forces(grammars):
             "type": "object", "properties": {"a": {}}, "additionalProperties": True}}, "required": ["k"]}),
      ['{"k": 1}', '{"k": 1, "v": [{"n": 2}, {}]}', '{"k": 1, "o": {"z": 1}}', '{"k": 1, "e": {"a": 1, "b": 2}}'],
      ['{"k": 1, "x": 2}', '{"k": 1, "v": [{"n": 2, "m": 3}]}', '{"k": "1"}']),
-    (StructuredOutputs(json={"allOf": [{"properties": {"a": {"type": "integer"}}},
-                                       {"properties": {"b": {"type": "integer"}}}]}),
+    # a schema that merges objects is kept whole as written: closing one side would refuse the other's keys
+    (StructuredOutputs(json={"$defs": {"Base": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+                             "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"b": {"type": "integer"}}}]}),
      ['{"a": 1, "b": 2}', '{"a": 1}'], ['{"a": "x"}']),
+    (StructuredOutputs(json={"type": "object", "properties": {"kind": {"type": "string"}}, "anyOf": [
+        {"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "integer"}}}]}),
+     ['{"kind": "x", "a": 1}', '{"kind": "x", "b": 2}'], ['{"kind": 1}']),
+    # one that requires a key it does not list stays open (closed, no text would fit it)
+    (StructuredOutputs(json={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}),
+     ['{"a": 1, "b": 2}'], ['{"a": 1}']),
     (StructuredOutputs(regex=r"[a-c]+[0-9]?"), ["abc", "cab7"], ["d", "a77"]),
     (StructuredOutputs(grammar='start: "x" num\nnum: /[0-9]+/'), ["x1", "x42"], ["x", "y1"]),
 ])

@@ -75,8 +75,8 @@ class AutoEngine(HierarchyEngine):
         self.rounds = 0  # rounds begun (a batchmate that has begun none may be measured with)
         self._pairs: dict[tuple[str, str], TierStats] = {}
         self._running: tuple[Plan, int, float] | None = None  # the plan running, since which token, when
-        self._rows_timed = False  # on random rows, at the first plan
-        self._rows_timed_on_model = False  # again on the target's row, at its first forward that gives one
+        # what row processing was last timed on: random rows at the first plan, then the target's first row
+        self._rows_timed_on: str | None = None
         self._adopted: dict | None = None  # the batch leader's decision this request last took
         self._shared = False  # whether a forward since the plan began ran beside another's prompt chunks
         self._planned_busy = False  # whether the running plan was made for a batchmate's prefill
@@ -161,9 +161,9 @@ class AutoEngine(HierarchyEngine):
             self.planner.fade(generated)
             yield from self._adopt(mates.plan, generated, mates.decision)
             return
-        if not self._rows_timed:  # the request's sampling settings: what a row of logits costs to process
+        if self._rows_timed_on is None:  # the request's sampling settings: what a row of logits costs to process
             self.planner.row_seconds = row_seconds(self.rows.probs, self.ladder[-1].model.config.vocab_size)
-            self._rows_timed = True
+            self._rows_timed_on = "random"
         if self._running is not None and generated > self._running[1] and not self._shared:
             ran, since, start = self._running
             tokens = generated - since
@@ -277,13 +277,13 @@ class AutoEngine(HierarchyEngine):
         alone = self.planner.batchmates is None or not self.planner.batchmates.together
         self._last = (tier.name, role_at(level), tokens if level else 1, began, seconds) \
             if alone and not tier.shared_prefill else None
-        if self._rows_timed and not self._rows_timed_on_model and tier is self.ladder[-1] and \
-                isinstance(logits, torch.Tensor) and len(logits):
+        if self._rows_timed_on == "random" and tier is self.ladder[-1] and isinstance(logits, torch.Tensor) and \
+                len(logits):
             # Random rows priced top-p as a sort of the whole vocabulary, where a model's row ranks its few
             # likely tokens (speculation/sampling.top_p_dropped): timed again on the target's, once
             timing = time.perf_counter()
             self.planner.row_seconds = row_seconds(self.rows.probs, logits.shape[-1], logits[-1:])
-            self._rows_timed_on_model = True
+            self._rows_timed_on = "model"
             if self._last is not None:  # (that time is no forward's overhead)
                 name, role, rows, entered, seconds = self._last
                 self._last = (name, role, rows, entered + time.perf_counter() - timing, seconds)

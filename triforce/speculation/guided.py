@@ -33,11 +33,13 @@ from .sampling import only_allowed
 GBNF_RULE = re.compile(r"(?m)^\s*[\w-]+\s*::=")  # a line that defines a rule in GBNF (Lark writes name: ...)
 RECENT_MASKS = 64  # histories whose masks a Guide keeps (a round asks for a few dozen)
 REGEX_SPECIAL = set("\\.+*?()|[]{}^$#&-~")
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
-SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")  # lists of schemas (items: draft 4's tuples)
-SCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedItems", "unevaluatedProperties",
-              "not", "if", "then", "else", "contains", "propertyNames")  # a schema each
-OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "$ref")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> schema
+SCHEMA_LISTS = ("anyOf", "prefixItems", "items")  # lists of schemas (items: draft 4's tuples)
+SCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedItems", "not", "contains",
+              "propertyNames")  # a schema each
+OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")  # an object that says so
+MERGING = ("allOf", "oneOf", "if", "dependentSchemas", "dependentRequired")  # keywords that merge schemas
+SCHEMA_DATA = ("enum", "const", "default", "examples")  # values, not schemas
 
 
 def _literal(text: str) -> str:
@@ -67,30 +69,46 @@ def grammar_text(spec: StructuredOutputs) -> str:
         raise ValueError(f"not a GBNF grammar: {exc}") from None
 
 
-def closed_objects(schema, member_of_all: bool = False):
+def closed_objects(schema):
     """`schema` with every object that lists its `properties` and says nothing of others closed to them
     (`additionalProperties: false`), as vLLM's default backend (xgrammar, strict) and OpenAI's strict
     schemas take it: llguidance's default allows other keys, and a model that went on adding keys ran into
-    max_tokens with its JSON unfinished. An object that says how other keys go (additionalProperties,
-    patternProperties, unevaluatedProperties), merges others (allOf, $ref: closed, each would refuse the
-    others' keys) or lists no properties (`{"type": "object"}`: any object) is kept as it is; so are
-    allOf's members. Returns a copy; the schema's data (enum, const, default, examples) is not walked."""
+    max_tokens with its JSON unfinished. An object that says how other keys go (OPEN_KEYS), lists no
+    properties (`{"type": "object"}`: any object) or requires a key it does not list is kept as it is; and
+    a schema that merges objects anywhere (MERGING, or a $ref or anyOf beside properties: closing either
+    side would refuse the other's keys) is kept whole as written. Returns a copy."""
+    return schema if _merges_objects(schema) else _closed(schema)
+
+
+def _merges_objects(node) -> bool:
+    """Whether a schema in `node` merges objects (closed_objects), read conservatively: a property of such a
+    name counts too."""
+    if isinstance(node, list):
+        return any(_merges_objects(item) for item in node)
+    if not isinstance(node, dict):
+        return False
+    if any(key in node for key in MERGING) or ("properties" in node and ("anyOf" in node or "$ref" in node)):
+        return True
+    return any(_merges_objects(value) for key, value in node.items() if key not in SCHEMA_DATA)
+
+
+def _closed(schema):
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
     for key in SCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {name: closed_objects(sub) for name, sub in out[key].items()}
+            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
     for key in SCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [closed_objects(sub, key == "allOf") for sub in out[key]]
+            out[key] = [_closed(sub) for sub in out[key]]
     for key in SCHEMA_ONE:
         if isinstance(out.get(key), dict):
-            out[key] = closed_objects(out[key])
-    kind = out.get("type", "object")
+            out[key] = _closed(out[key])
+    kind, listed = out.get("type", "object"), out.get("properties")
     is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
-    if is_object and isinstance(out.get("properties"), dict) and not member_of_all and \
-            not any(key in out for key in OPEN_KEYS):
+    if is_object and isinstance(listed, dict) and not any(key in out for key in OPEN_KEYS) and \
+            set(out.get("required") or ()) <= set(listed):
         out["additionalProperties"] = False
     return out
 

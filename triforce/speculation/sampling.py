@@ -79,26 +79,28 @@ def top_p_dropped(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     SmolLM2's 49,152 logits took 2.1 ms a row on the 2-core Zen 4 (3.8 ms for a row alone), more than a
     draft's forward, and a top-p request paid it on every row of every tier (`python
     benchmarks/top_p_cost.py`). The same tokens as the sort but where a tie or a rounding of the cumulative
-    sum sits at the boundary. On a GPU, the sort (the stages would sync with the host to pick rows)."""
+    sum sits at the boundary; a row's the same alone or beside others. On a GPU, the sort (the stages would
+    sync with the host to pick rows)."""
     rows = logits.reshape(-1, logits.shape[-1])
     if rows.device.type != "cpu":
         return top_p_dropped_by_sort(rows, top_p).reshape(logits.shape)
+    full = rows.softmax(dim=-1)  # row by row, as alone (a sum over the rows' [n, V] rounds by n: a row's cut
+    # moved by a token with the rows beside it, so a check's target rows and a step's parted)
     dropped = torch.ones_like(rows, dtype=torch.bool)
-    top = rows.amax(dim=-1, keepdim=True)  # each row's softmax as torch's: exp(x - max) / its sum
-    total = (rows - top).exp().sum(dim=-1, keepdim=True)
     left = torch.arange(rows.shape[0])  # the rows not settled yet
     for k in TOP_P_CANDIDATES:
         if k >= rows.shape[-1] or not len(left):
             break
-        values, ids = rows[left].topk(k, dim=-1)  # [rows left, k], largest first
-        probs = (values - top[left]).exp() / total[left]
+        probs, ids = full[left].topk(k, dim=-1)  # [rows left, k], largest first
         cumulative = probs.cumsum(dim=-1)
         settled = cumulative[:, -1] >= top_p  # (NaN rows never are: the sort drops none of theirs, as before)
         at = left[settled]
         dropped[at] = dropped[at].scatter_(-1, ids[settled], ((cumulative - probs) >= top_p)[settled])
         left = left[~settled]
     if len(left):
-        dropped[left] = top_p_dropped_by_sort(rows[left], top_p)
+        probs, order = full[left].sort(dim=-1, descending=True)
+        dropped_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        dropped[left] = torch.zeros_like(dropped_sorted).scatter_(-1, order, dropped_sorted)
     return dropped.reshape(logits.shape)
 
 
