@@ -1,11 +1,11 @@
 """Top-p on a model's real rows: the sort of the whole vocabulary (as `probabilities` did) against
-`top_p_dropped` (speculation/sampling.py), in turns in one process.
+`top_p_dropped` (speculation/sampling.py), one after the other in one process.
 
     python benchmarks/top_p_cost.py [--model smollm2] [--text ../shared/data/austen-emma.txt] [--tokens 512]
         [--top-p 0.8 0.9 0.95 0.99] [--temperatures 0.6 1.0] [--rows 1 7] [--reps 30]
 
-The rows are the model's logits (bfloat16 weights) at the first --tokens positions of the text (the README's sentence,
-repeated, without --text), each call processing --rows of them. Prints a JSON line per (temperature, top_p,
+The rows are the model's logits (bfloat16 weights) at the first --tokens positions of the text (without --text,
+Pride and Prejudice's first sentence repeated), each call processing --rows of them. Prints a JSON line per (temperature, top_p,
 rows): median milliseconds per row of each way, the rows whose top TOP_P_CANDIDATES did not reach top_p
 (past the first 64, and past 4,096: ranked by a sort), and where the two parted: rows, tokens and
 the largest probability of a token one kept and the other dropped (ties and roundings at the boundary)."""
