@@ -299,6 +299,44 @@ def test_cpu_decode_attention_kernel_gives_a_tree_check_what_steps_give(level, n
         assert torch.equal(check[:, i:i + 1], step), i
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,m,s", [(100, None, 1100), (130, None, 130), (60, 70, 600)])
+def test_more_rows_than_the_kernel_takes_run_it_in_pieces_and_get_what_steps_get(level, n, m, s, dtype, monkeypatch):
+    """A prefill chunk (a chain of 100 or 130 tokens, 300-390 rows per KV head: past the kernel's 128) or a
+    tree of 60 nodes runs the kernel in pieces of new tokens, not torch's paths: each token gets, bit for
+    bit, the attention of a one-token step after its path, and the reference's within rounding. (bfloat16
+    at the AVX2 level keeps torch's float32 pass, as fast there.)"""
+    splits = count_splits(monkeypatch)
+    g = torch.Generator().manual_seed(n + s)
+    mask = None if m is None else deep_tree_mask(n, m, g)
+    q = (2 * torch.randn(9, n, 64, generator=g)).to(dtype)
+    k, v = torch.randn(3, s, 64, generator=g).to(dtype), torch.randn(3, s, 64, generator=g).to(dtype)
+    got = attention(q, k, v, 0.125, mask)
+    pieces = dtype == torch.float32 or level != "avx2"
+    assert got.dtype == dtype and not (pieces and splits)
+    first = s - (n if m is None else m)
+    for i in range(n if pieces else 0):
+        keys = list(range(first)) + [first + t for t in range(s - first) if (t <= i if m is None else mask[i, t])]
+        step = attention(q[:, i:i + 1].contiguous(), k[:, keys].contiguous(), v[:, keys].contiguous(), 0.125)
+        assert torch.equal(got[:, i:i + 1], step), i
+    tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got.float(), reference_attention(q.float(), k.float(), v.float(), 0.125, mask).float(),
+                               atol=tolerance, rtol=tolerance)
+
+
+def test_a_mask_that_lets_a_token_see_a_later_one_is_not_cut_into_pieces(level, monkeypatch):
+    """Pieces drop the keys past their last token; a mask where a row sees a later new token (no chain's or
+    tree's) takes torch's path, which reads it whole."""
+    splits = count_splits(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(60, 60, generator=g) < 0.5
+    mask.fill_diagonal_(True)
+    q, k, v = torch.randn(9, 60, 64, generator=g), torch.randn(3, 400, 64, generator=g), torch.randn(3, 400, 64, generator=g)
+    torch.testing.assert_close(attention(q, k, v, 0.125, mask), reference_attention(q, k, v, 0.125, mask),
+                               atol=1e-5, rtol=1e-5)
+    assert splits
+
+
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 128), (8, 1, 64)])
 @pytest.mark.parametrize("n,m,s", [(1, 1, 1), (1, 5, 40), (7, 7, 1300), (16, 30, 700), (5, 33, 33)])
 def test_cpu_float32_attention_kernel_matches_reference(level, hq, hkv, d, n, m, s):

@@ -164,13 +164,15 @@ def test_gpu_logits_come_from_one_product_with_float32_out(monkeypatch):
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_prefill_computes_in_float32_where_the_cpu_lacks_bfloat16(native, monkeypatch):
     """Past the kernel's rows (prefill chunks; 200 rows: past 24, 96 at the avx2 level, 128 at amx), a CPU without
-    AVX512-BF16 multiplies in float32 and rounds once; with it, torch's bfloat16 product runs."""
+    AVX512-BF16 multiplies in float32 and rounds once; with it, torch's bfloat16 product runs. Attention too,
+    where no attention kernel runs (it takes a prefill chunk in pieces where it does)."""
 
     import triforce.kernels.attention as attention_module
 
     monkeypatch.setattr(linear_module, "native_bf16", lambda: native)
     monkeypatch.setattr(attention_module, "native_bf16", lambda: native)
     monkeypatch.setattr(attention_module, "DENSE_MASK_ENTRIES", 0)  # the split pass, as for a prefill chunk
+    monkeypatch.setattr(attention_module, "kernel_max_rows", lambda: 0)
     float32_inputs = []
     for module, name in ((linear_module, "_float32_linear"), (attention_module, "_split_attention")):
         real = getattr(module, name)

@@ -13,7 +13,8 @@ the kernels (kernels/cpu.py: AVX2, AVX512-BF16 or AMX), the csrc decode-attentio
 steps and speculative checks (head dim 64 or 128), which reads a cold KV cache faster than SDPA and, with
 AMX tiles, checks a chain of 7 tokens in about the time of one (benchmarks/attention_bandwidth.py), and
 its AVX2 range pass for float32 ones (csrc/attention_f32.cpp, every level), which, unlike torch's paths,
-sums a check's row as a one-token step sums it (benchmarks/check_rows.py --dtype float32); on CPU
+sums a check's row as a one-token step sums it (benchmarks/check_rows.py --dtype float32), both in pieces
+of new tokens past the kernel's rows (prefill chunks, large trees; not bfloat16 at the AVX2 level); on CPU
 otherwise, except float32 under DENSE_MASK_ENTRIES, torch's flash attention in an unmasked pass and a causal
 (or masked) pass over the last keys, merged by log-sum-exp (`_split_attention`); on CUDA in float32 for a
 few rows, plain matmuls and a softmax (`_matmul_attention`); masked SDPA elsewhere.
@@ -40,6 +41,12 @@ KERNEL_MAX_ROWS = 128
 # 2e5 on (an 8K prefill chunk's dense mask cost as much as its attention). `benchmarks/attention_paths.py`;
 # bfloat16 (CPUs with native bfloat16) keeps the split pass: not measured there.
 DENSE_MASK_ENTRIES = 1 << 16
+
+# More rows than that (a prefill chunk) run the kernel in pieces of new tokens (takes_kernel_in_pieces),
+# where torch's CPU flash pass took about twice as long: a 512-token chunk of SmolLM2 over 4,096 keys took
+# 17 ms a layer against 32 on the 2-core Zen 4 (1.6-1.95x from 512 to 16K keys), and its 7,936-token
+# prefill 14.0 s against 21.4 (`python benchmarks/prefill_attention.py`, which turns this off to compare).
+KERNEL_IN_PIECES = True
 
 # On CUDA, float32 SDPA takes the memory-efficient kernel, which gives a KV head's few query rows one block
 # that walks every key: about 1 ms a layer at 8K keys on an H200, 93% of a float32 decode step (27 tokens/s
@@ -130,9 +137,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                                softmax_scale=scale, causal=True)
         return out[0].transpose(0, 1)
     if q.dtype == k.dtype and kernel_takes((hq // hkv) * n, k, v):
-        if q.dtype == torch.float32:
-            return cpu_kernels().decode_attention_f32(q, k, v, scale, mask)
-        return cpu_kernels().decode_attention_bf16(q, k, v, scale, True, mask)
+        return _kernel(q, k, v, scale, mask)
+    if takes_kernel_in_pieces(q, k, v, mask):
+        return _kernel_in_pieces(q, k, v, scale, mask)
     if q.device.type == "cpu" and not native_bf16() and q.dtype == torch.bfloat16:
         # Without AVX512-BF16, torch's bfloat16 attention is far slower than float32 (prefill chunks).
         q, k, v = q.float(), k.float(), v.float()
@@ -150,6 +157,45 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     else:  # 4-D inputs: torch's fused CPU attention kernel takes them; 3-D ones fall back to a slow path
         out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=scale)
     return out.reshape(hq, n, d).to(q_dtype)
+
+
+def _kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None):
+    """The CPU kernel's attention of q [Hq, n, D] (rows within kernel_max_rows) in q's dtype."""
+    if q.dtype == torch.float32:
+        return cpu_kernels().decode_attention_f32(q, k, v, scale, mask)
+    return cpu_kernels().decode_attention_bf16(q, k, v, scale, True, mask)
+
+
+def takes_kernel_in_pieces(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether `attention` runs the CPU kernel in pieces of new tokens (more rows than one call takes): in
+    float32, and in bfloat16 where the CPU multiplies it natively; at the AVX2 level the kernel widens
+    bfloat16 to float32 and ran level with torch's float32 flash pass (0.91-1.16x a layer, 1.0x an 8K
+    prefill), which stays. Never for a mask that lets a token see a later one (pieces drop those keys)."""
+    return (KERNEL_IN_PIECES and q.dtype == k.dtype and (q.dtype == torch.float32 or native_bf16())
+            and kernel_takes(q.shape[0] // k.shape[0], k, v) and not _sees_later_tokens(mask))
+
+
+def _sees_later_tokens(mask: torch.Tensor | None) -> bool:
+    """Whether a mask [n, m] lets a new token see one after it (never a chain's or a tree's, whose nodes
+    come after their ancestors)."""
+    return mask is not None and bool(mask[:, mask.shape[1] - mask.shape[0]:].triu(1).any())
+
+
+def _kernel_in_pieces(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                      mask: torch.Tensor | None) -> torch.Tensor:
+    """`attention` of more new tokens than one kernel call takes (a prefill chunk: 1,536 rows for SmolLM2's
+    512 tokens; a tree of over 42 nodes) by the CPU kernel, a call per piece of new tokens over the keys up
+    to the piece's last, its rows of the mask cut there. A row sums in one order however many keys follow
+    the ones it sees (the kernel's key ranges sit at fixed offsets), so every token gets what it gets in one
+    call, and a chain's what a one-token step gives it, bit for bit."""
+    n, s = q.shape[1], k.shape[1]
+    piece = kernel_max_rows() // (q.shape[0] // k.shape[0])
+    parts = []
+    for a in range(0, n, piece):
+        after = max(0, n - a - piece)  # new tokens past the piece: keys none of its rows sees
+        rows = None if mask is None else mask[a:n - after, :mask.shape[1] - after]
+        parts.append(_kernel(q[:, a:n - after], k[:, :s - after], v[:, :s - after], scale, rows))
+    return torch.cat(parts, dim=1)
 
 
 def takes_flash_attn(q: torch.Tensor, mask: torch.Tensor | None, keys: int) -> bool:

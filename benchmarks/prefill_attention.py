@@ -1,0 +1,96 @@
+"""A prompt's prefill with the CPU attention kernel in pieces (kernels/attention.py KERNEL_IN_PIECES, the
+default) against torch's CPU flash pass, which prefill chunks took before: past the kernel's 128 rows per
+KV head (42 tokens of SmolLM2) attention fell back to torch.
+
+    python benchmarks/prefill_attention.py [--text FILE] [--tokens 4096] [--contexts 512 4096 8192] [--turns 3]
+
+Two parts, each path in turn (pieces, torch, pieces, ...):
+- `attention`: one layer's attention of a 512-token chunk (SmolLM2's heads: 9 query, 3 KV, head dim 64,
+  bfloat16, random) over each of --contexts keys; ms, the median of 5 calls.
+- `prefill`: SmolLM2 in bfloat16 prefilling the first --tokens tokens of --text (random ids without it) in
+  the engine's chunks of 512 into a full KV cache, logits unused; seconds per turn, and whether the two
+  paths' caches hold the same keys and values (they need not: the paths round apart).
+Prints one JSON object. Needs the CPU kernels (a compiler) and SmolLM2 (`triforce fetch-model smollm2`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import triforce.kernels.attention as attention_module
+from triforce.cache.full import FullKVCache
+from triforce.config import PREFILL_CHUNK
+from triforce.kernels.cpu import cpu_kernels, isa_level
+from triforce.models.hub import resolve_model
+from triforce.models.loader import load_model
+from triforce.models.tokenizer import load_tokenizer
+from triforce.step import Step
+
+PATHS = {"pieces": True, "torch": False}  # KERNEL_IN_PIECES of each
+
+
+def layer_attention_ms(contexts: list[int], turns: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for s in contexts:
+        q = torch.randn(9, PREFILL_CHUNK, 64, generator=g).bfloat16()
+        k, v = torch.randn(3, s, 64, generator=g).bfloat16(), torch.randn(3, s, 64, generator=g).bfloat16()
+        times = {path: [] for path in PATHS}
+        for _ in range(turns):
+            for path, pieces in PATHS.items():
+                attention_module.KERNEL_IN_PIECES = pieces
+                attention_module.attention(q, k, v, 0.125)
+                calls = []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    attention_module.attention(q, k, v, 0.125)
+                    calls.append(time.perf_counter() - start)
+                times[path].append(statistics.median(calls) * 1e3)
+        out[str(s)] = {path: round(min(t), 2) for path, t in times.items()}
+        out[str(s)]["torch_over_pieces"] = round(out[str(s)]["torch"] / out[str(s)]["pieces"], 2)
+    return out
+
+
+def prefill_seconds(model, ids: list[int], turns: int) -> dict:
+    caches, times = {}, {path: [] for path in PATHS}
+    for _ in range(turns):
+        for path, pieces in PATHS.items():
+            attention_module.KERNEL_IN_PIECES = pieces
+            cache = FullKVCache(model.config, len(ids), model.dtype, "cpu")
+            start = time.perf_counter()
+            for fed in range(0, len(ids), PREFILL_CHUNK):
+                model.forward(Step.chain(ids[fed:fed + PREFILL_CHUNK], cache.length), cache, "none")
+            times[path].append(round(time.perf_counter() - start, 2))
+            caches[path] = cache
+    same = all(torch.equal(getattr(caches["pieces"], name), getattr(caches["torch"], name)) for name in ("keys", "values"))
+    return {"tokens": len(ids), "seconds": times, "same_cache": same,
+            "torch_over_pieces": round(min(times["torch"]) / min(times["pieces"]), 2)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--text", help="a text file whose first --tokens tokens are prefilled (default: random ids)")
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096, 8192])
+    p.add_argument("--turns", type=int, default=3)
+    args = p.parse_args()
+    if cpu_kernels() is None:
+        raise SystemExit("the CPU kernels are not built here: nothing to compare")
+    report = {"cpu_level": isa_level(), "threads": torch.get_num_threads(),
+              "attention_ms": layer_attention_ms(args.contexts, args.turns)}
+    model = load_model(resolve_model("smollm2"), "bfloat16", torch.device("cpu"))
+    if args.text:
+        tokenizer = load_tokenizer(resolve_model("smollm2"), model.config.vocab_size)
+        with open(args.text, encoding="utf-8") as f:
+            ids = tokenizer.encode(f.read())[:args.tokens]
+    else:
+        ids = torch.randint(0, model.config.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    report["prefill"] = prefill_seconds(model, ids, args.turns)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
