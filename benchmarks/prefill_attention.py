@@ -2,15 +2,16 @@
 default) against torch's CPU flash pass, which prefill chunks took before: past the kernel's 128 rows per
 KV head (42 tokens of SmolLM2) attention fell back to torch.
 
-    python benchmarks/prefill_attention.py [--text FILE] [--tokens 4096] [--contexts 512 4096 8192] [--turns 3]
+    python benchmarks/prefill_attention.py [--model smollm2] [--text FILE] [--tokens 4096]
+        [--contexts 512 4096 8192] [--turns 3]
 
 Two parts, each path in turn (pieces, torch, pieces, ...):
-- `attention`: one layer's attention of a 512-token chunk (SmolLM2's heads: 9 query, 3 KV, head dim 64,
-  bfloat16, random) over each of --contexts keys; ms, the median of 5 calls.
-- `prefill`: SmolLM2 in bfloat16 prefilling the first --tokens tokens of --text (random ids without it) in
-  the engine's chunks of 512 into a full KV cache, logits unused; seconds per turn, and whether the two
+- `attention`: one layer's attention of a 512-token chunk (the model's heads, bfloat16, random) over each
+  of --contexts keys; ms, the median of 5 calls.
+- `prefill`: the model in bfloat16 prefilling the first --tokens tokens of --text (random ids without it)
+  in the engine's chunks of 512 into a full KV cache, logits unused; seconds per turn, and whether the two
   paths' caches hold the same keys and values (they need not: the paths round apart).
-Prints one JSON object. Needs the CPU kernels (a compiler) and SmolLM2 (`triforce fetch-model smollm2`)."""
+Prints one JSON object. Needs the CPU kernels (a compiler) and the model (`triforce fetch-model NAME`)."""
 from __future__ import annotations
 
 import argparse
@@ -32,21 +33,22 @@ from triforce.step import Step
 PATHS = {"pieces": True, "torch": False}  # KERNEL_IN_PIECES of each
 
 
-def layer_attention_ms(contexts: list[int], turns: int) -> dict:
+def layer_attention_ms(config, contexts: list[int], turns: int) -> dict:
     g = torch.Generator().manual_seed(0)
+    heads, kv_heads, d = config.num_heads, config.num_kv_heads, config.head_dim
     out = {}
     for s in contexts:
-        q = torch.randn(9, PREFILL_CHUNK, 64, generator=g).bfloat16()
-        k, v = torch.randn(3, s, 64, generator=g).bfloat16(), torch.randn(3, s, 64, generator=g).bfloat16()
+        q = torch.randn(heads, PREFILL_CHUNK, d, generator=g).bfloat16()
+        k, v = (torch.randn(kv_heads, s, d, generator=g).bfloat16() for _ in range(2))
         times = {path: [] for path in PATHS}
         for _ in range(turns):
             for path, pieces in PATHS.items():
                 attention_module.KERNEL_IN_PIECES = pieces
-                attention_module.attention(q, k, v, 0.125)
+                attention_module.attention(q, k, v, d ** -0.5)
                 calls = []
                 for _ in range(5):
                     start = time.perf_counter()
-                    attention_module.attention(q, k, v, 0.125)
+                    attention_module.attention(q, k, v, d ** -0.5)
                     calls.append(time.perf_counter() - start)
                 times[path].append(statistics.median(calls) * 1e3)
         out[str(s)] = {path: round(min(t), 2) for path, t in times.items()}
@@ -72,6 +74,7 @@ def prefill_seconds(model, ids: list[int], turns: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", help="a known name or a model folder")
     p.add_argument("--text", help="a text file whose first --tokens tokens are prefilled (default: random ids)")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096, 8192])
@@ -79,11 +82,11 @@ def main() -> None:
     args = p.parse_args()
     if cpu_kernels() is None:
         raise SystemExit("the CPU kernels are not built here: nothing to compare")
-    report = {"cpu_level": isa_level(), "threads": torch.get_num_threads(),
-              "attention_ms": layer_attention_ms(args.contexts, args.turns)}
-    model = load_model(resolve_model("smollm2"), "bfloat16", torch.device("cpu"))
+    model = load_model(resolve_model(args.model), "bfloat16", torch.device("cpu"))
+    report = {"model": args.model, "cpu_level": isa_level(), "threads": torch.get_num_threads(),
+              "attention_ms": layer_attention_ms(model.config, args.contexts, args.turns)}
     if args.text:
-        tokenizer = load_tokenizer(resolve_model("smollm2"), model.config.vocab_size)
+        tokenizer = load_tokenizer(resolve_model(args.model), model.config.vocab_size)
         with open(args.text, encoding="utf-8") as f:
             ids = tokenizer.encode(f.read())[:args.tokens]
     else:

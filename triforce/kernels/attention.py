@@ -45,7 +45,7 @@ DENSE_MASK_ENTRIES = 1 << 16
 # More rows than that (a prefill chunk) run the kernel in pieces of new tokens (takes_kernel_in_pieces),
 # where torch's CPU flash pass took about twice as long: a 512-token chunk of SmolLM2 over 4,096 keys took
 # 17 ms a layer against 32 on the 2-core Zen 4 (1.6-1.95x from 512 to 16K keys), and its 7,936-token
-# prefill 14.0 s against 21.4 (`python benchmarks/prefill_attention.py`, which turns this off to compare).
+# prefill 13.9 s against 21.6 (`python benchmarks/prefill_attention.py`, which turns this off to compare).
 KERNEL_IN_PIECES = True
 
 # On CUDA, float32 SDPA takes the memory-efficient kernel, which gives a KV head's few query rows one block
