@@ -5,7 +5,8 @@ KV head (42 tokens of SmolLM2) attention fell back to torch.
     python benchmarks/prefill_attention.py [--model smollm2] [--text FILE] [--tokens 4096]
         [--contexts 512 4096 8192] [--turns 3]
 
-Two parts, each path in turn (pieces, torch, pieces, ...):
+Two parts, each path in turn (pieces, torch, pieces, ...), the pieces forced where bfloat16 keeps torch's
+pass by default (the AVX2 level; `default` in the output says which a prefill takes here):
 - `attention`: one layer's attention of a 512-token chunk (the model's heads, bfloat16, random) over each
   of --contexts keys; ms, the median of 5 calls.
 - `prefill`: the model in bfloat16 prefilling the first --tokens tokens of --text (random ids without it)
@@ -30,7 +31,23 @@ from triforce.models.loader import load_model
 from triforce.models.tokenizer import load_tokenizer
 from triforce.step import Step
 
-PATHS = {"pieces": True, "torch": False}  # KERNEL_IN_PIECES of each
+PATHS = ("pieces", "torch")
+NATIVE_BF16 = attention_module.native_bf16
+
+
+def take(path: str) -> None:
+    """Makes `attention` take `path` for a prefill chunk: the kernel in pieces (also in bfloat16 at the AVX2
+    level, whose default is torch's float32 pass), or torch's pass."""
+    attention_module.KERNEL_IN_PIECES = path == "pieces"
+    attention_module.native_bf16 = (lambda: True) if path == "pieces" else NATIVE_BF16
+
+
+def default_path() -> str:
+    """The path a bfloat16 prefill chunk takes here by default."""
+    take("torch")
+    attention_module.KERNEL_IN_PIECES = True
+    q, k = torch.zeros(9, PREFILL_CHUNK, 64).bfloat16(), torch.zeros(3, PREFILL_CHUNK, 64).bfloat16()
+    return "pieces" if attention_module.takes_kernel_in_pieces(q, k, k, None) else "torch"
 
 
 def layer_attention_ms(config, contexts: list[int], turns: int) -> dict:
@@ -42,8 +59,8 @@ def layer_attention_ms(config, contexts: list[int], turns: int) -> dict:
         k, v = (torch.randn(kv_heads, s, d, generator=g).bfloat16() for _ in range(2))
         times = {path: [] for path in PATHS}
         for _ in range(turns):
-            for path, pieces in PATHS.items():
-                attention_module.KERNEL_IN_PIECES = pieces
+            for path in PATHS:
+                take(path)
                 attention_module.attention(q, k, v, d ** -0.5)
                 calls = []
                 for _ in range(5):
@@ -59,8 +76,8 @@ def layer_attention_ms(config, contexts: list[int], turns: int) -> dict:
 def prefill_seconds(model, ids: list[int], turns: int) -> dict:
     caches, times = {}, {path: [] for path in PATHS}
     for _ in range(turns):
-        for path, pieces in PATHS.items():
-            attention_module.KERNEL_IN_PIECES = pieces
+        for path in PATHS:
+            take(path)
             cache = FullKVCache(model.config, len(ids), model.dtype, "cpu")
             start = time.perf_counter()
             for fed in range(0, len(ids), PREFILL_CHUNK):
@@ -84,6 +101,7 @@ def main() -> None:
         raise SystemExit("the CPU kernels are not built here: nothing to compare")
     model = load_model(resolve_model(args.model), "bfloat16", torch.device("cpu"))
     report = {"model": args.model, "cpu_level": isa_level(), "threads": torch.get_num_threads(),
+              "default": default_path(),
               "attention_ms": layer_attention_ms(model.config, args.contexts, args.turns)}
     if args.text:
         tokenizer = load_tokenizer(resolve_model(args.model), model.config.vocab_size)

@@ -299,29 +299,63 @@ def test_cpu_decode_attention_kernel_gives_a_tree_check_what_steps_give(level, n
         assert torch.equal(check[:, i:i + 1], step), i
 
 
+def count_kernel_calls(monkeypatch) -> list:
+    """A list that gains each call's rows (query heads per KV head x new tokens) as `attention` calls the CPU kernel."""
+    calls = []
+    real = attention_module._kernel
+    monkeypatch.setattr(attention_module, "_kernel",
+                        lambda q, k, *a: calls.append(q.shape[0] // k.shape[0] * q.shape[1]) or real(q, k, *a))
+    return calls
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n,m,s", [(100, None, 1100), (130, None, 130), (60, 70, 600)])
-def test_more_rows_than_the_kernel_takes_run_it_in_pieces_and_get_what_steps_get(level, n, m, s, dtype, monkeypatch):
+@pytest.mark.parametrize("hq,hkv,d,n,m,s", [(9, 3, 64, 100, None, 1100), (9, 3, 64, 130, None, 130),
+                                            (9, 3, 64, 60, 70, 600), (8, 1, 128, 40, None, 700),
+                                            (8, 1, 128, 20, 26, 300)])
+def test_more_rows_than_the_kernel_takes_run_it_in_pieces_and_get_what_steps_get(level, hq, hkv, d, n, m, s, dtype,
+                                                                                 monkeypatch):
     """A prefill chunk (a chain of 100 or 130 tokens, 300-390 rows per KV head: past the kernel's 128) or a
-    tree of 60 nodes runs the kernel in pieces of new tokens, not torch's paths: each token gets, bit for
-    bit, the attention of a one-token step after its path, and the reference's within rounding. (bfloat16
-    at the AVX2 level keeps torch's float32 pass, as fast there.)"""
-    splits = count_splits(monkeypatch)
+    tree of 60 nodes runs the kernel in pieces of new tokens (128 // G tokens each), not torch's paths: each
+    token gets, bit for bit, the attention of a one-token step after its path, and the reference's within
+    rounding. (bfloat16 at the AVX2 level keeps torch's float32 pass, as fast there.)"""
+    calls = count_kernel_calls(monkeypatch)
     g = torch.Generator().manual_seed(n + s)
     mask = None if m is None else deep_tree_mask(n, m, g)
-    q = (2 * torch.randn(9, n, 64, generator=g)).to(dtype)
-    k, v = torch.randn(3, s, 64, generator=g).to(dtype), torch.randn(3, s, 64, generator=g).to(dtype)
-    got = attention(q, k, v, 0.125, mask)
+    q = (2 * torch.randn(hq, n, d, generator=g)).to(dtype)
+    k, v = torch.randn(hkv, s, d, generator=g).to(dtype), torch.randn(hkv, s, d, generator=g).to(dtype)
+    got = attention(q, k, v, d ** -0.5, mask)
     pieces = dtype == torch.float32 or level != "avx2"
-    assert got.dtype == dtype and not (pieces and splits)
+    piece = kernel_max_rows() // (hq // hkv)
+    assert got.dtype == dtype and calls == ([hq // hkv * min(piece, n - a) for a in range(0, n, piece)] if pieces else [])
+    calls.clear()
     first = s - (n if m is None else m)
     for i in range(n if pieces else 0):
         keys = list(range(first)) + [first + t for t in range(s - first) if (t <= i if m is None else mask[i, t])]
-        step = attention(q[:, i:i + 1].contiguous(), k[:, keys].contiguous(), v[:, keys].contiguous(), 0.125)
+        step = attention(q[:, i:i + 1].contiguous(), k[:, keys].contiguous(), v[:, keys].contiguous(), d ** -0.5)
         assert torch.equal(got[:, i:i + 1], step), i
     tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
-    torch.testing.assert_close(got.float(), reference_attention(q.float(), k.float(), v.float(), 0.125, mask).float(),
+    torch.testing.assert_close(got.float(), reference_attention(q.float(), k.float(), v.float(), d ** -0.5, mask).float(),
                                atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [None, 34])
+def test_a_forward_in_pieces_gives_every_token_what_one_call_gives_it(level, dtype, m, monkeypatch):
+    """With the dispatcher's rows cut to 24 (8 tokens of 3 query heads per KV head), a chain or a tree of 30
+    new tokens (90 rows: one call of the kernel, whose own limit is 128) runs in four pieces, and every
+    token's attention equals, bit for bit, what the kernel gives it in one call over all of them, nodes whose
+    keys are scattered and pieces whose rows all see a prefix of the new tokens alike."""
+    if dtype == torch.bfloat16 and level == "avx2":
+        pytest.skip("bfloat16 at the AVX2 level keeps torch's pass")
+    g = torch.Generator().manual_seed(30 + (m or 0))
+    mask = None if m is None else deep_tree_mask(30, m, g)
+    q = (2 * torch.randn(9, 30, 64, generator=g)).to(dtype)
+    k, v = torch.randn(3, 700, 64, generator=g).to(dtype), torch.randn(3, 700, 64, generator=g).to(dtype)
+    whole = attention_module._kernel(q, k, v, 0.125, mask)
+    calls = count_kernel_calls(monkeypatch)
+    monkeypatch.setattr(attention_module, "kernel_max_rows", lambda: 24)
+    assert torch.equal(attention(q, k, v, 0.125, mask), whole)
+    assert calls == [24, 24, 24, 18]
 
 
 def test_a_mask_that_lets_a_token_see_a_later_one_is_not_cut_into_pieces(level, monkeypatch):

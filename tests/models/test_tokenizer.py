@@ -25,11 +25,12 @@ def test_a_tokenizer_file_the_libraries_cannot_read_is_one_line(tiny_dir, tmp_pa
         load_tokenizer(tmp_path, 96)
 
 
-def test_a_folder_converted_from_a_gguf_loads_its_generic_tokenizer_without_the_models_config(tmp_path, monkeypatch):
+def test_a_llama_folder_converted_from_a_gguf_loads_its_generic_tokenizer_without_the_models_config(tmp_path, monkeypatch):
     """A folder triforce converted (READY) whose tokenizer_config.json names transformers' generic
     tokenizer.json class loads that class directly, as AutoTokenizer would after importing the model type's
     config module (about 1 s of every command's start): the same class, ids and chat template, and that
-    module is not imported. A folder triforce did not convert goes through AutoTokenizer."""
+    module is not imported. Another model type's folder, or a folder triforce did not convert, goes through
+    AutoTokenizer."""
     import subprocess
     import sys
 
@@ -57,7 +58,12 @@ def test_a_folder_converted_from_a_gguf_loads_its_generic_tokenizer_without_the_
     assert not imported
     assert auto.apply_chat_template(chat, tokenize=False) == load_tokenizer(folder, VOCAB).apply_chat_template(
         chat, tokenize=False)
-    (folder / folders.READY).unlink()  # a folder of the user's: AutoTokenizer decides
     calls = []
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: calls.append(a) or auto)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))  # AutoTokenizer may
+    assert load_tokenizer(folder, VOCAB) is auto and calls  # override a generic class for another model type
+    calls.clear()
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / folders.READY).unlink()  # a folder of the user's: AutoTokenizer decides
     assert load_tokenizer(folder, VOCAB) is auto and calls

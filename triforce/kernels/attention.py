@@ -44,8 +44,9 @@ DENSE_MASK_ENTRIES = 1 << 16
 
 # More rows than that (a prefill chunk) run the kernel in pieces of new tokens (takes_kernel_in_pieces),
 # where torch's CPU flash pass took about twice as long: a 512-token chunk of SmolLM2 over 4,096 keys took
-# 17 ms a layer against 32 on the 2-core Zen 4 (1.6-1.95x from 512 to 16K keys), and its 7,936-token
-# prefill 13.9 s against 21.6 (`python benchmarks/prefill_attention.py`, which turns this off to compare).
+# 15.6 ms a layer against 32.4 on the 2-core Zen 4 (1.6-2.1x from 512 to 32K keys), its 7,936-token prefill
+# 13.9 s against 21.6 and 32,000 tokens 159 s against 269 (`python benchmarks/prefill_attention.py`, which
+# turns this off to compare). float32 takes them for exactness (a row sums as a step sums it) too.
 KERNEL_IN_PIECES = True
 
 # On CUDA, float32 SDPA takes the memory-efficient kernel, which gives a KV head's few query rows one block
@@ -184,7 +185,7 @@ def _sees_later_tokens(mask: torch.Tensor | None) -> bool:
 def _kernel_in_pieces(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                       mask: torch.Tensor | None) -> torch.Tensor:
     """`attention` of more new tokens than one kernel call takes (a prefill chunk: 1,536 rows for SmolLM2's
-    512 tokens; a tree of over 42 nodes) by the CPU kernel, a call per piece of new tokens over the keys up
+    512 tokens; a tree of over 128 / G nodes) by the CPU kernel, a call per piece of new tokens over the keys up
     to the piece's last, its rows of the mask cut there. A row sums in one order however many keys follow
     the ones it sees (the kernel's key ranges sit at fixed offsets), so every token gets what it gets in one
     call, and a chain's what a one-token step gives it, bit for bit."""

@@ -45,17 +45,20 @@ def load_tokenizer(model_path: Path, vocab_size: int, spec: str | None = None, r
 
 def _loader(folder: Path):
     """What loads the tokenizer of `folder`: transformers' generic tokenizer.json class where triforce converted
-    the folder from a GGUF (READY) and its tokenizer_config.json names that class, as SmolLM2's does; else
-    AutoTokenizer. AutoTokenizer loads that same class there, after reading the model's config through the
-    model type's config module, whose imports (torch.distributed.tensor, sympy) took about 1 s of a command's
-    start on the 2-core Zen 4: 0.24 s against 0.9-1.3 for SmolLM2's tokenizer."""
+    the folder from a GGUF (READY), its model is a Llama (SmolLM2) and its tokenizer_config.json names that
+    class; else AutoTokenizer. AutoTokenizer loads that same class there, after reading the model's config
+    through the model type's config module, whose imports (torch.distributed.tensor, sympy) took about 1 s of
+    a command's start on the 2-core Zen 4: 0.24 s against 0.9-1.3 for SmolLM2's tokenizer. (For some model
+    types, qwen2 among them, AutoTokenizer overrides a generic class with their own: those keep it.)"""
     import transformers
 
-    try:
-        named = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class") \
-            if (folder / READY).is_file() else None
-    except (OSError, ValueError):  # (unreadable: AutoTokenizer says why)
-        named = None
+    named = None
+    if (folder / READY).is_file():
+        try:
+            if json.loads((folder / "config.json").read_text()).get("model_type") == "llama":
+                named = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+        except (OSError, ValueError):  # (unreadable: AutoTokenizer says why)
+            pass
     if named in GENERIC_CLASSES and getattr(transformers, named, None) is not None:
         return getattr(transformers, named)
     return transformers.AutoTokenizer

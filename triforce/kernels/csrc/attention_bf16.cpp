@@ -157,7 +157,7 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
     }
     int r = 0;  // four rows at a time at head dim 64 (16 accumulators; at 128, 32 would spill): a prefill
     // chunk's pieces 8% and a 7-token check 4% faster than two on the 2-core Zen 4 (each row's sums alike)
-    if (D == 64)
+    if constexpr (D == 64)
       for (; r + 4 <= R; r += 4) pv_rows<D, 4>(scores, vpairs, rescales, r, nb, acc);
     for (; r + 2 <= R; r += 2) pv_rows<D, 2>(scores, vpairs, rescales, r, nb, acc);
     if (r < R) pv_rows<D, 1>(scores, vpairs, rescales, r, nb, acc);
