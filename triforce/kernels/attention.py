@@ -171,7 +171,7 @@ def takes_kernel_in_pieces(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     """Whether `attention` runs the CPU kernel in pieces of new tokens (more rows than one call takes): in
     float32, and in bfloat16 where the CPU multiplies it natively; at the AVX2 level the kernel widens
     bfloat16 to float32 and ran level with torch's float32 flash pass (0.91-1.16x a layer, 1.0x an 8K
-    prefill), which stays. Never for a mask that lets a token see a later one (pieces drop those keys)."""
+    prefill, the 2-core Zen 4 at that level), which stays. Never for a mask that lets a token see a later one (pieces drop those keys)."""
     return (KERNEL_IN_PIECES and q.dtype == k.dtype and (q.dtype == torch.float32 or native_bf16())
             and kernel_takes(q.shape[0] // k.shape[0], k, v) and not _sees_later_tokens(mask))
 
