@@ -178,6 +178,24 @@ def test_settings_of_the_wrong_type_are_refused_at_once(tiny_dir):
         LLM(target, tiny_dir("api-draft", tokenizer=True, seed=52, num_layers=1), mode="triforce", window=600)
 
 
+def test_int8_retrieval_weights_are_made_once_when_a_config_asks_for_them(llm):
+    """The retrieval tier's int8 twin (models/quantized.py) is made at the first request whose config asks for
+    it (the bench sweeps retrieval_weights on one LLM), kept for later ones, and the output is the target's."""
+    import dataclasses
+
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    base = llm.config
+    want = llm.generate(PROMPT, params)[0].token_ids
+    assert llm.retrieval_model is llm.target
+    try:
+        llm.config = dataclasses.replace(base, retrieval_weights="int8")
+        twin = llm.retrieval_model
+        assert twin.quantized == "int8" and llm.retrieval_model is twin
+        assert llm.generate(PROMPT, params)[0].token_ids == want
+    finally:
+        llm.config = base
+
+
 def test_a_worker_group_that_runs_another_dtype_is_said(tiny_dir, caplog):
     """--dtype auto decides per device: CPU coordinator and GPU workers (or a T4's float16) run tiers 2 and 3
     in different precisions, exact still (the group's target decides), but unsaid."""
@@ -217,6 +235,9 @@ def test_settings_of_a_tier_the_mode_does_not_run_are_refused(tiny_dir, monkeypa
                                                                   "draft"),  # (ignored: all of them)
                               (dict(mode="retrieval", gamma1=2), "gamma1 sets the draft tier, which mode retrieval"),
                               (dict(mode="retrieval", window=64), "window sets the draft tier"),
+                              (dict(mode="draft", retrieval_weights="int8"), "retrieval_weights sets the retrieval "
+                                                                             "tier, which mode draft"),
+                              (dict(retrieval_weights="int4"), "retrieval_weights must be one of"),
                               (dict(mode="draft", tree1=True), "tree1 must be 'auto' or a node count"),
                               (dict(mode="draft", tree1="²"), "tree1 must be 'auto' or a node count")):
         with pytest.raises(ConfigError, match=message):

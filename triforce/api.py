@@ -33,6 +33,7 @@ from .models.config import rope_scaling_spec
 from .llm_models import ModelChoice
 from .models.hub import DEFAULT_MODEL, resolve_model
 from .models.loader import DTYPE_CHOICES, checkpoint_dtype, resolve_device, resolve_dtype
+from .models.quantized import int8_twin
 from .models.tokenizer import load_tokenizer
 from .request import Request, RequestOutput
 from .request_checks import RequestChecks
@@ -116,6 +117,10 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                               f"{self.target.config.num_layers} layers")
         if self.draft is not None:
             check_draft_window(self.config, self.draft.config)
+        if self.config.retrieval_weights == "int8" and self.target.device.type != "cpu":  # (here, not at a request)
+            raise ConfigError("retrieval_weights 'int8' runs on a CPU (its kernel is a CPU kernel); this target "
+                              f"is on {self.target.device}")
+        self._int8_twin = None  # the retrieval tier's int8 weights, made when a config first asks for them
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
         if workers is not None and not vllm.prefix_caching and workers.prefix_bytes:
             raise ConfigError("enable_prefix_caching=False: a worker group keeps the prompt blocks under its own "
@@ -128,6 +133,16 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                 log.warning("a prefix store of %.3g GB holds no prompt block (%d tokens of this model's keys and "
                             "values take %.1f MB): no prompt is kept for reuse", self.prefixes.max_bytes / 2**30,
                             self.config.prefill_chunk, self.config.prefill_chunk * token_bytes / 2**20)
+
+    @property
+    def retrieval_model(self):
+        """The retrieval tier's weights: the target's, or an int8 copy of its layer matrices (models/quantized.py),
+        made once, when the config first asks for it."""
+        if self.config.retrieval_weights != "int8":
+            return self.target
+        if self._int8_twin is None:
+            self._int8_twin = int8_twin(self.target)
+        return self._int8_twin
 
     @property
     def reuses_prefixes(self) -> bool:

@@ -12,6 +12,7 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward: also the unit of the p
 
 MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
+RETRIEVAL_WEIGHTS = ("target", "int8")  # the retrieval tier's weights: the target's own, or an int8 copy
 TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/confident_trees.py
 MAX_TREE = 64  # nodes per speculation tree
 MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
@@ -19,7 +20,7 @@ PROPOSAL_TREE = {"draft": "tree1", "triforce": "tree1", "retrieval": "tree2"}  #
 # The settings of one tier, and the fixed modes that run without it (mode auto may run any)
 DRAFT_TIER = ("gamma1", "sinks", "window")
 RETRIEVAL_TIER = ("gamma2", "budget", "chunk_size", "retrieval_policy", "full_layers", "refresh_every",
-                  "refresh_threshold", "refresh_window")
+                  "refresh_threshold", "refresh_window", "retrieval_weights")
 IGNORED_BY = {"ar": DRAFT_TIER + RETRIEVAL_TIER, "retrieval": DRAFT_TIER, "draft": RETRIEVAL_TIER}
 MAX_ROUNDS = 16  # tier-2 checks per target check (rounds2)
 GAMMA2 = 6  # the paper's
@@ -87,6 +88,9 @@ class EngineConfig:
     refresh_every: int = 512  # static policy: rebuild after this many new tokens
     refresh_threshold: float = 0.6  # static policy: rebuild when tier-2 acceptance falls below this...
     refresh_window: int = 32  # ...over this many recent tier-1 proposals
+    # "int8": the retrieval tier reads an int8 copy of the target's layer matrices (models/quantized.py: half
+    # the bytes per forward, on a CPU); "target": the target's own weights. Exact either way: the target checks.
+    retrieval_weights: str = "target"
     # Proposals of the bottom tier as a token tree of up to this many nodes; 0: a chain of gamma; "auto": the
     # size with the most expected tokens per second for the forward costs measured on this machine.
     tree1: int | str = 0  # the draft's, to tier 2 (or to the target in `draft` mode)
@@ -162,6 +166,8 @@ class EngineConfig:
         if self.retrieval_policy not in RETRIEVAL_POLICIES:
             raise ConfigError(f"retrieval_policy must be one of {RETRIEVAL_POLICIES} "
                               f"(got {self.retrieval_policy!r})")
+        if self.retrieval_weights not in RETRIEVAL_WEIGHTS:
+            raise ConfigError(f"retrieval_weights must be one of {RETRIEVAL_WEIGHTS} (got {self.retrieval_weights!r})")
         if self.lookup is not None and not 0 <= self.lookup <= MAX_LOOKUP:
             raise ConfigError(f"lookup must be an n-gram length in [0, {MAX_LOOKUP}] (0: off; got {self.lookup})")
         if self.stop_below is not None and not 0 <= self.stop_below < 1:

@@ -73,7 +73,7 @@ class Request:
             self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
         try:
             self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,
-                                       batchmates, llm.prefixes)
+                                       batchmates, llm.prefixes, llm.retrieval_model)
             self.verifier = verifier
             self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round
             self.main_eos = llm.main_eos_id()

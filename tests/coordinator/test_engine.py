@@ -21,6 +21,7 @@ from triforce.coordinator.hierarchy import build_engine
 from triforce.coordinator.tiers import Tier
 from triforce.coordinator.verifier import LocalVerifier
 from triforce.models.loader import load_model
+from triforce.models.quantized import int8_twin
 from triforce.speculation.guided import Grammars
 from triforce.speculation.rules import RulesContradict
 from triforce.speculation.sampling import probabilities, top_probability
@@ -79,6 +80,45 @@ def test_greedy_equals_plain_decoding(models, mode, policy, gammas):
     tokens, metrics = run(target, draft, mode, prompt, params, policy, gamma1=gammas[0], gamma2=gammas[1])
     assert tokens == reference
     assert metrics.generated_tokens == 80 and all(t.proposed > 0 for t in metrics.tiers)
+
+
+@pytest.mark.parametrize("mode,policy", [("retrieval", "static"), ("retrieval", "dynamic"), ("triforce", "static"),
+                                         ("auto", "static")])
+def test_greedy_with_int8_retrieval_weights_equals_plain_decoding(models, mode, policy):
+    """The retrieval tier on the target's int8 twin (models/quantized.py) proposes otherwise than on the
+    target's weights, and the output is still plain decoding's."""
+    target, draft = models
+    twin = int8_twin(target)
+    prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
+    reference, _ = run(target, draft, "ar", prompt, params)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, retrieval_weights="int8", **SETTINGS)
+    engine = build_engine(cfg, target, draft, len(prompt) + params.max_tokens, retrieval_model=twin)
+    if mode == "auto":
+        follow_script(engine, cfg.budget, AUTO_SCRIPT)
+    retrieval = [t for t in engine.ladder if t.name.startswith("retrieval")]
+    assert retrieval and all(t.model is twin for t in retrieval)
+    tokens, metrics = engine.generate(prompt, params)
+    assert tokens == reference
+    assert any(t.drafter.startswith("retrieval") and t.proposed > 0 for t in metrics.tiers)
+
+
+@pytest.mark.parametrize("mode,policy,sampling", [("triforce", "static", dict(temperature=1.0)),
+                                                  ("retrieval", "dynamic", dict(temperature=0.8, top_k=5))])
+def test_int8_retrieval_weights_sample_the_target_distribution(small_vocab, mode, policy, sampling):
+    """The two-token chi-square with the retrieval tier (choosing chunks: SELECTING) on int8 weights."""
+    draft, _, target = small_vocab
+    twin = int8_twin(target)
+    prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
+    params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
+    expected = exact_two_token_distribution(target, prompt, params)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, gamma1=2, gamma2=3, retrieval_weights="int8", **SELECTING)
+
+    def run_of(seed):
+        engine = build_engine(cfg, target, draft, len(prompt) + 2, retrieval_model=twin)
+        return engine.run(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))
+
+    assert_two_token_distribution(run_of, expected)
 
 
 @pytest.mark.parametrize("mode,policy", MODES + [("auto", "static")])

@@ -8,6 +8,7 @@ from triforce.cache.streaming import StreamingKVCache
 from triforce.kernels import attention, linear
 from triforce.kernels.cpu import cpu_kernels, native_bf16
 from triforce.models.loader import load_model
+from triforce.models.quantized import int8_twin
 from triforce.step import Step
 
 from checkpoints import write_tiny_checkpoint
@@ -56,11 +57,14 @@ def decode(model, fused):
         model.fused_layers = saved
 
 
+@pytest.mark.parametrize("int8", [False, True])  # the retrieval tier's int8 twin (models/quantized.py)
 @pytest.mark.parametrize("arch", ["llama2", "qwen2"])  # qwen2: q, k, v biases
-def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, monkeypatch):
+def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, int8, monkeypatch):
     folder = write_tiny_checkpoint(tmp_path / arch, arch, vocab_size=96, hidden_size=256, num_heads=4, num_kv_heads=2,
                                    scale=10.0)
     model = load_model(folder, "bfloat16")
+    if int8:
+        model = int8_twin(model)
     assert model.fused_layers.max_rows >= 7
     calls = []
     ext = cpu_kernels()

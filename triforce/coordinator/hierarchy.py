@@ -189,10 +189,11 @@ def row_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | None,
 
 def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None, max_length: int,
                  verifier: Verifier | None = None, batchmates: Batchmates | None = None,
-                 prefixes: PrefixStore | None = None) -> HierarchyEngine:
+                 prefixes: PrefixStore | None = None, retrieval_model: LlamaModel | None = None) -> HierarchyEngine:
     """max_length: prompt + max_new_tokens. `verifier` defaults to an in-process one, which reuses the
     prompt blocks `prefixes` holds. `batchmates`: the requests run together with this one (mode auto plans
-    for the batch)."""
+    for the batch). `retrieval_model`: the retrieval tier's weights (default the target's; an int8 twin,
+    models/quantized.py)."""
     slack = speculation_slack(cfg)
     if verifier is None:
         verifier = LocalVerifier(target, max_length + slack, cfg.prefill_chunk, prefixes)
@@ -211,7 +212,7 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     def retrieval_tier(budget: int = cfg.budget) -> Tier:
         cache = RetrievalKVCache(verifier.kv_source(), budget, cfg.chunk_size, cfg.retrieval_policy,
                                  cfg.full_layers, cfg.refresh_every, max_speculative=slack)
-        return RetrievalTier(target, cache, cfg.refresh_threshold, cfg.refresh_window,
+        return RetrievalTier(retrieval_model or target, cache, cfg.refresh_threshold, cfg.refresh_window,
                              retrieval_name(budget, cfg.budget))
 
     def shaper(nodes: int | str, gamma: int, cap: int = MAX_TREE) -> TreeShaper | ConfidenceShaper | None:

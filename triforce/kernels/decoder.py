@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from . import attention, linear
+from . import attention, int8, linear
 from .cpu import cpu_kernels, native_bf16
+from .int8 import Int8Weight
 
 UNLIMITED_ROWS = 1 << 30
 
@@ -29,13 +30,18 @@ class FusedLayers:
         if model.tp is not None or model.dtype != torch.bfloat16 or model.device.type != "cpu" or cpu_kernels() is None:
             return
         no_bias = torch.empty(0, dtype=model.dtype)
+        no_scale = torch.empty(0, dtype=torch.float32)
+        matrices = []
         for layer in model.layers:  # the order csrc/decoder_bf16.cpp reads them in
-            self.weights += [layer.input_norm.weight, layer.qkv_proj.weight,
-                             no_bias if layer.qkv_proj.bias is None else layer.qkv_proj.bias, layer.o_proj.weight,
-                             layer.post_attention_norm.weight, layer.gate_up_proj.weight, layer.down_proj.weight]
-        matrices = [w for layer in model.layers for w in (layer.qkv_proj.weight, layer.o_proj.weight,
-                                                          layer.gate_up_proj.weight, layer.down_proj.weight)]
-        if all(linear.kernel_takes(1, w) for w in matrices):  # (attention's rows are checked per sequence)
+            mats = (layer.qkv_proj.weight, layer.o_proj.weight, layer.gate_up_proj.weight, layer.down_proj.weight)
+            tensors = [w.q if isinstance(w, Int8Weight) else w for w in mats]
+            self.weights += [layer.input_norm.weight, tensors[0],
+                             no_bias if layer.qkv_proj.bias is None else layer.qkv_proj.bias, tensors[1],
+                             layer.post_attention_norm.weight, tensors[2], tensors[3],
+                             *(w.scale if isinstance(w, Int8Weight) else no_scale for w in mats)]
+            matrices += mats
+        if all(int8.weight_fits(w) if isinstance(w, Int8Weight) else linear.kernel_takes(1, w)
+               for w in matrices):  # (attention's rows are checked per sequence)
             # Past the linear kernel's rows `linear` takes torch's product, which the C++ loop calls too;
             # without native bfloat16 it takes the kernel in pieces, then computes in float32, which the
             # loop does not mirror: the layer loop runs those forwards.

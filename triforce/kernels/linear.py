@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .cpu import cpu_kernels, has_amx, native_bf16
+from .int8 import Int8Weight, int8_linear
 
 # The vector kernel takes 8 rows of x per pass over a tile of W, so W comes from memory once for any row
 # count, but its rate falls with every row (benchmarks/linear_bandwidth.py, Zen 4 AVX512-BF16, 3072 x 576:
@@ -109,8 +110,10 @@ def kernel_takes(rows: int, weight: torch.Tensor, dtype: torch.dtype = torch.bfl
             and k > 0 and k % K_STEP[dtype] == 0 and 1 <= rows <= pieced_max_rows(dtype))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [n, K] -> [n, N]."""
+    if isinstance(weight, Int8Weight):  # (a proposing tier's copy of the target: models/quantized.py)
+        return int8_linear(x, weight, bias)
     if x.dim() != 2:  # (the kernels take [n, K])
         return F.linear(x, weight, bias)
     if x.dtype == torch.float32 and kernel_takes(x.shape[0], weight, torch.float32):

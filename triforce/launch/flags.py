@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, TREE_SHAPES, EngineConfig
+from ..config import (DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, RETRIEVAL_WEIGHTS, TREE_SHAPES,
+                      EngineConfig)
 from ..errors import UserError
 from ..files import read_user_text
 from ..models.config import DTYPE_CHOICES, ROPE_SCALING_KINDS
@@ -114,6 +115,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chunk-size", type=int, default=_DEFAULTS.chunk_size, help="tokens per retrieval chunk")
     g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
                    help="static: chunks chosen once per rebuild (the paper); dynamic: re-chosen every step")
+    g.add_argument("--retrieval-weights", choices=RETRIEVAL_WEIGHTS, default=_DEFAULTS.retrieval_weights,
+                   help="the retrieval tier's weights: the target's own, or an int8 copy of its layer matrices "
+                        "(a CPU's forward reads half the bytes; exact either way, as the target checks every "
+                        "token; it costs the tier some acceptance)")
     g.add_argument("--full-layers", type=int, default=_DEFAULTS.full_layers,
                    help="first layers that keep their whole cache in the retrieval tier")
     g.add_argument("--sinks", type=int, default=_DEFAULTS.sinks, help="draft tier: attention-sink tokens")
@@ -238,6 +243,7 @@ def read_chat_template(value: str) -> str:
 def engine_settings(args) -> dict:
     return dict(gamma1=args.gamma1, gamma2=args.gamma2, rounds2=args.rounds2, tree1=args.tree1, tree2=args.tree2, tree_shape=args.tree_shape, budget=args.budget,
                 chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
+                retrieval_weights=args.retrieval_weights,
                 sinks=args.sinks, window=args.window, lookup=args.lookup,
                 stop_below=args.stop_below)
 

@@ -15,14 +15,18 @@
 #include <ATen/ops/linear.h>
 
 namespace {
-constexpr size_t kWeightsPerLayer = 7;  // input norm, qkv, qkv bias (empty: none), o, post norm, gate_up, down
+// input norm, qkv, qkv bias (empty: none), o, post norm, gate_up, down, then the scales of qkv, o, gate_up
+// and down where those are int8 (models/quantized.py; empty where bfloat16)
+constexpr size_t kWeightsPerLayer = 11;
 
 // kernels/linear.py's `linear` on a CPU with native bfloat16: the kernel up to kernel_rows rows, torch's
-// product (bias inside) past them.
-at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, int64_t kernel_rows) {
+// product (bias inside) past them; int8 weights (with their scales) take their kernel for any rows.
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& scale,
+                   int64_t kernel_rows) {
   const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (x.size(0) > kernel_rows) return has_bias ? at::linear(x, w, bias) : at::linear(x, w);
-  const auto out = linear_bf16(x, w, false, true);
+  const bool int8 = scale.numel() > 0;
+  if (!int8 && x.size(0) > kernel_rows) return has_bias ? at::linear(x, w, bias) : at::linear(x, w);
+  const auto out = int8 ? linear_i8(x, w, scale, false) : linear_bf16(x, w, false, true);
   return has_bias ? out + bias : out;
 }
 }  // namespace
@@ -58,7 +62,7 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
   const at::Tensor no_bias;
   for (size_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
-    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], kernel_rows);
+    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], w[7], kernel_rows);
     const auto heads = qkv.view({n, hq + 2 * hkv, d}).transpose(0, 1);  // [h, n, d]
     int64_t row = 0;
     for (size_t s = 0; s < seqs; ++s) {
@@ -77,9 +81,9 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
     }
     const auto parts = decode_attention_batch_bf16(qs, ks, vs, scale, true, masks);  // every sequence's at once
     const auto attn = seqs == 1 ? parts[0] : at::cat(parts, 1);  // [hq, n, d]
-    x = x + project(attn.transpose(0, 1).reshape({n, hq * d}), w[3], no_bias, kernel_rows);
-    const auto gate_up = project(rms_norm_bf16(x, w[4], eps), w[5], no_bias, kernel_rows);
-    x = x + project(silu_mul_bf16(gate_up), w[6], no_bias, kernel_rows);
+    x = x + project(attn.transpose(0, 1).reshape({n, hq * d}), w[3], no_bias, w[8], kernel_rows);
+    const auto gate_up = project(rms_norm_bf16(x, w[4], eps), w[5], no_bias, w[9], kernel_rows);
+    x = x + project(silu_mul_bf16(gate_up), w[6], no_bias, w[10], kernel_rows);
   }
   return x;
 }

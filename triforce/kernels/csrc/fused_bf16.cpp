@@ -19,23 +19,8 @@ using bf16 = at::BFloat16;
 namespace {
 inline float round_bf16(float x) { return static_cast<float>(bf16(x)); }
 
-// Round to nearest even at bfloat16 precision, 8 lanes, kept as float32 bit patterns: what bf16(x) does
-// for any x but NaN (silu of a finite value is finite; rope's sum is NaN only where both products
-// overflow with opposite signs, which cos and sin within [-1, 1] never make).
-inline __m256i round_bits(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
-  return _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
-}
-
-inline __m256 round8(__m256 x) { return _mm256_castsi256_ps(round_bits(x)); }
-
-inline void store8(bf16* out, __m256 x) {  // rounded to bfloat16 as bf16(x) rounds
-  const __m256i y = _mm256_srli_epi32(round_bits(x), 16);
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
-}
+using triforce_vec256::round8;
+using triforce_vec256::store8;
 
 // One rope row, 8 lanes of each half at a time (half % 8 == 0), rounded as the scalar loop of rope_bf16:
 // x * c and rot * s each to bfloat16 (both products are exact in float32: 8-bit mantissas), their sum too.

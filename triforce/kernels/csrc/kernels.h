@@ -8,6 +8,7 @@
 
 at::Tensor linear_bf16(at::Tensor x, at::Tensor w, bool float_out, bool allow_amx);
 at::Tensor linear_f32(at::Tensor x, at::Tensor w);
+at::Tensor linear_i8(at::Tensor x, at::Tensor q, at::Tensor scale, bool float_out);
 // Decode attention of several sequences (one model's) in one pass: the threads share them all. Each
 // level's attention source defines it (flash_decode.h's decode_attention_batch with its range function).
 std::vector<at::Tensor> decode_attention_batch_bf16(const std::vector<at::Tensor>& qs, const std::vector<at::Tensor>& ks,

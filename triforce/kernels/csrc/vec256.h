@@ -16,6 +16,28 @@ inline __m256 bf16_to_ps(const at::BFloat16* p) {  // 8 bf16 -> 8 floats (a bf16
 // 8 weights as floats, whichever type they are stored in (linear_avx2.h).
 inline __m256 to_ps(const at::BFloat16* p) { return bf16_to_ps(p); }
 inline __m256 to_ps(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 to_ps(const int8_t* p) {  // int8 weights (linear_i8.cpp): exact in float32
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Round to nearest even at bfloat16 precision, 8 lanes, kept as float32 bit patterns: what bf16(x) does
+// for any x but NaN (fused_bf16.cpp: silu of a finite value is finite; rope's sum is NaN only where both
+// products overflow with opposite signs, which cos and sin within [-1, 1] never make; linear_i8.cpp: a
+// product of finite weights and activations).
+inline __m256i round_bits(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+  return _mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
+inline __m256 round8(__m256 x) { return _mm256_castsi256_ps(round_bits(x)); }
+
+inline void store8(at::BFloat16* out, __m256 x) {  // rounded to bfloat16 as bf16(x) rounds
+  const __m256i y = _mm256_srli_epi32(round_bits(x), 16);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), packed);
+}
 
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -1,0 +1,89 @@
+"""What the retrieval tier's int8 weights (--retrieval-weights int8, models/quantized.py) save and cost.
+
+Speed: one forward of the retrieval tier (static policy, --budget tokens in chunks of 8, the first 2 layers
+whole) over a full KV cache of --context random entries, with the target's bfloat16 weights and with the
+int8 twin, median of 15 forwards of each token count, the two taking turns.
+Acceptance: over --sequences held-out sequences of 1,024 tokens of --text (both read the whole sequence,
+no retrieval), how often the twin's argmax is the target's and the expected acceptance of one
+speculative-sampling draw from the twin at temperatures 0.6 and 1 (the sum of min(p, q)): what the
+quantization alone costs a proposing tier.
+
+    python benchmarks/int8_retrieval.py --text ../shared/data/austen-emma.txt [--model qwen2.5-coder-0.5b]"""
+import argparse
+import json
+import time
+
+import torch
+
+from triforce.cache.full import FullKVCache
+from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
+from triforce.draft.data import leading_sequences
+from triforce.kernels.cpu import cpu_model, kernel_path
+from triforce.models.hub import resolve_model
+from triforce.models.loader import load_model
+from triforce.models.quantized import int8_twin, twin_bytes
+from triforce.models.tokenizer import load_tokenizer
+from triforce.speculation.sampling import probabilities
+
+
+def forward_ms(models: dict, context: int, budget: int, tokens: list[int]) -> dict:
+    target = models["target"]
+    full = FullKVCache(target.config, context + 64, target.dtype, "cpu")
+    full.keys.normal_()
+    full.values.normal_()
+    full.length = context - 1
+    target(torch.randint(0, 100, (1,)), full)  # one target step: the latest query a static choice reads
+    times = {(name, n): [] for name in models for n in tokens}
+    caches = {}
+    for name in models:
+        caches[name] = RetrievalKVCache(LocalKVSource(full), budget, 8, "static", full_layers=2, refresh_every=512)
+        caches[name].sync()
+    for _ in range(15):
+        for n in tokens:
+            ids = torch.randint(0, target.config.vocab_size, (n,))
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(ids, caches[name])
+                times[name, n].append(time.perf_counter() - start)
+                caches[name].rollback(n)
+    return {f"{name}_n{n}_ms": round(sorted(t)[len(t) // 2] * 1e3, 2) for (name, n), t in times.items()}
+
+
+def acceptance(models: dict, text: str, sequences: int) -> dict:
+    target, twin = models["target"], models["int8"]
+    tokenizer = load_tokenizer(resolve_model(ARGS.model), target.config.vocab_size)
+    rows = leading_sequences(tokenizer, [text], 1024, sequences + 20)[20:20 + sequences]
+    agree = count = 0
+    accept = {0.6: 0.0, 1.0: 0.0}
+    for row in rows:
+        p = target(row, FullKVCache(target.config, row.numel(), target.dtype, "cpu"))
+        q = twin(row, FullKVCache(target.config, row.numel(), target.dtype, "cpu"))
+        agree += (p.argmax(-1) == q.argmax(-1)).sum().item()
+        count += row.numel()
+        for t in accept:
+            accept[t] += torch.minimum(probabilities(p, t), probabilities(q, t)).sum().item()
+    return {"top1_agreement": round(agree / count, 4), "tokens": count,
+            **{f"expected_acceptance_t{t}": round(a / count, 4) for t, a in accept.items()}}
+
+
+def main() -> None:
+    global ARGS
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--text", required=True)
+    p.add_argument("--context", type=int, default=7936)
+    p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 5, 7])
+    p.add_argument("--sequences", type=int, default=4)
+    ARGS = p.parse_args()
+    target = load_model(resolve_model(ARGS.model), "bfloat16", torch.device("cpu"))
+    models = {"target": target, "int8": int8_twin(target)}
+    report = {"model": ARGS.model, "cpu": cpu_model(), "kernel_path": kernel_path(), "context": ARGS.context,
+              "budget": ARGS.budget, "twin_mb": round(twin_bytes(target) / 2**20, 1),
+              **forward_ms(models, ARGS.context, ARGS.budget, ARGS.tokens),
+              **acceptance(models, open(ARGS.text, encoding="utf-8").read(), ARGS.sequences)}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

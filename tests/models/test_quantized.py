@@ -1,0 +1,61 @@
+"""The retrieval tier's int8 twin of a model (models/quantized.py)."""
+import pytest
+import torch
+
+from triforce.cache.full import FullKVCache
+from triforce.errors import UserError
+from triforce.kernels.int8 import Int8Weight
+from triforce.models import quantized
+from triforce.models.loader import load_model
+from triforce.models.quantized import MATRICES, int8_twin, twin_bytes
+
+
+def logits(model, tokens):
+    return model(tokens, FullKVCache(model.config, tokens.numel(), model.dtype, "cpu"))
+
+
+@pytest.mark.parametrize("arch", ["llama2", "qwen2"])  # qwen2: q, k, v biases
+def test_the_twin_computes_the_model_with_its_matrices_dequantized(tiny_dir, arch):
+    """float32: the twin's logits are those of the model whose four layer matrices are replaced by their
+    int8 values times their scales (and nothing else: norms, biases, embeddings, head), and differ from the
+    model's own; the model itself is left as it was and shares its other tensors with the twin."""
+    folder = tiny_dir(f"int8-{arch}", arch=arch, seed=3, hidden_size=64, scale=10)
+    model = load_model(folder)
+    tokens = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(0))
+    before = logits(model, tokens)
+    twin = int8_twin(model)
+    assert twin.quantized == "int8" and model.quantized is None
+    reference = load_model(folder)
+    with torch.no_grad():
+        for layer, twin_layer in zip(reference.layers, twin.layers):
+            for name in MATRICES:
+                weight = getattr(twin_layer, name).weight
+                assert isinstance(weight, Int8Weight)
+                getattr(layer, name).weight.copy_(weight.dequantized(torch.float32))
+    got = logits(twin, tokens)
+    torch.testing.assert_close(got, logits(reference, tokens), atol=1e-4, rtol=1e-4)
+    assert (got - before).abs().max() > 1e-3  # the quantization shows: the test can tell the twin apart
+    assert torch.equal(logits(model, tokens), before)
+    assert twin.embed_tokens is model.embed_tokens and twin.lm_head is model.lm_head and twin.norm is model.norm
+    for layer, twin_layer in zip(model.layers, twin.layers):
+        assert twin_layer.input_norm is layer.input_norm and twin_layer.qkv_proj.bias is layer.qkv_proj.bias
+        assert isinstance(layer.qkv_proj.weight, torch.nn.Parameter)  # the model's own layers are untouched
+    assert twin_bytes(model) == sum(getattr(layer, name).weight.nbytes for layer in twin.layers for name in MATRICES)
+
+
+def test_the_twin_in_bfloat16_proposes_close_to_the_model(tiny_dir):
+    """bfloat16, through the CPU kernels where they are (the fused layer loop too): the twin's most likely
+    token is mostly the model's."""
+    model = load_model(tiny_dir("int8-llama2", arch="llama2", seed=3, hidden_size=64, scale=10), "bfloat16")
+    twin = int8_twin(model)
+    tokens = torch.randint(3, 96, (60,), generator=torch.Generator().manual_seed(1))
+    want, got = logits(model, tokens), logits(twin, tokens)
+    assert not torch.equal(want, got)
+    assert (want.argmax(-1) == got.argmax(-1)).float().mean() > 0.8
+
+
+def test_a_twin_that_does_not_fit_in_memory_is_refused(tiny_dir, monkeypatch):
+    model = load_model(tiny_dir("int8-llama2", arch="llama2", seed=3, hidden_size=64, scale=10))
+    monkeypatch.setattr(quantized, "available_bytes", lambda device: twin_bytes(model) - 1)
+    with pytest.raises(UserError, match="int8 retrieval weights need .* more memory"):
+        int8_twin(model)
