@@ -178,20 +178,22 @@ def test_settings_of_the_wrong_type_are_refused_at_once(tiny_dir):
         LLM(target, tiny_dir("api-draft", tokenizer=True, seed=52, num_layers=1), mode="triforce", window=600)
 
 
-def test_int8_retrieval_weights_are_made_once_when_a_config_asks_for_them(llm):
-    """The retrieval tier's int8 twin (models/quantized.py) is made at the first request whose config asks for
-    it (the bench sweeps retrieval_weights on one LLM), kept for later ones, and the output is the target's."""
+def test_int8_proposers_are_made_once_when_a_config_asks_for_them(llm):
+    """A tier's int8 twin (models/quantized.py) is made at the first request whose config asks for it (the
+    bench sweeps retrieval_weights and draft_weights on one LLM), kept for later ones, and the output is the
+    target's."""
     import dataclasses
 
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     base = llm.config
     want = llm.generate(PROMPT, params)[0].token_ids
-    assert llm.retrieval_model is llm.target
+    assert llm.retrieval_model is llm.target and llm.draft_model is llm.draft
     try:
-        llm.config = dataclasses.replace(base, retrieval_weights="int8")
-        twin = llm.retrieval_model
-        assert twin.quantized == "int8" and llm.retrieval_model is twin
+        llm.config = dataclasses.replace(base, retrieval_weights="int8", draft_weights="int8")
+        twins = llm.retrieval_model, llm.draft_model
+        assert [t.quantized for t in twins] == ["int8", "int8"] and twins[1].vocab is llm.draft.vocab
         assert llm.generate(PROMPT, params)[0].token_ids == want
+        assert (llm.retrieval_model, llm.draft_model) == twins
     finally:
         llm.config = base
 
@@ -238,6 +240,7 @@ def test_settings_of_a_tier_the_mode_does_not_run_are_refused(tiny_dir, monkeypa
                               (dict(mode="draft", retrieval_weights="int8"), "retrieval_weights sets the retrieval "
                                                                              "tier, which mode draft"),
                               (dict(retrieval_weights="int4"), "retrieval_weights must be one of"),
+                              (dict(mode="retrieval", draft_weights="int8"), "draft_weights sets the draft tier"),
                               (dict(mode="draft", tree1=True), "tree1 must be 'auto' or a node count"),
                               (dict(mode="draft", tree1="²"), "tree1 must be 'auto' or a node count")):
         with pytest.raises(ConfigError, match=message):

@@ -117,10 +117,10 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                               f"{self.target.config.num_layers} layers")
         if self.draft is not None:
             check_draft_window(self.config, self.draft.config)
-        if self.config.retrieval_weights == "int8" and self.target.device.type != "cpu":  # (here, not at a request)
-            raise ConfigError("retrieval_weights 'int8' runs on a CPU (its kernel is a CPU kernel); this target "
-                              f"is on {self.target.device}")
-        self._int8_twin = None  # the retrieval tier's int8 weights, made when a config first asks for them
+        for name in ("retrieval_weights", "draft_weights"):  # (refused here, not at the first request)
+            if getattr(self.config, name) == "int8" and self.device.type != "cpu":
+                raise ConfigError(f"{name} 'int8' runs on a CPU (its kernel is a CPU kernel), not on {self.device}")
+        self._int8_twins = {}  # a tier's int8 weights (models/quantized.py), made when a config first asks for them
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
         if workers is not None and not vllm.prefix_caching and workers.prefix_bytes:
             raise ConfigError("enable_prefix_caching=False: a worker group keeps the prompt blocks under its own "
@@ -138,11 +138,19 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
     def retrieval_model(self):
         """The retrieval tier's weights: the target's, or an int8 copy of its layer matrices (models/quantized.py),
         made once, when the config first asks for it."""
-        if self.config.retrieval_weights != "int8":
-            return self.target
-        if self._int8_twin is None:
-            self._int8_twin = int8_twin(self.target)
-        return self._int8_twin
+        return self._int8("retrieval", self.target) if self.config.retrieval_weights == "int8" else self.target
+
+    @property
+    def draft_model(self):
+        """The draft tier's weights: the draft's (None: no draft), or an int8 copy, as `retrieval_model`."""
+        if self.draft is None or self.config.draft_weights != "int8":
+            return self.draft
+        return self._int8("draft", self.draft)
+
+    def _int8(self, role: str, model):
+        if role not in self._int8_twins:
+            self._int8_twins[role] = int8_twin(model, role)
+        return self._int8_twins[role]
 
     @property
     def reuses_prefixes(self) -> bool:

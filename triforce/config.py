@@ -13,12 +13,13 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward: also the unit of the p
 MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
 RETRIEVAL_WEIGHTS = ("target", "int8")  # the retrieval tier's weights: the target's own, or an int8 copy
+DRAFT_WEIGHTS = ("draft", "int8")  # the draft tier's weights: the draft's own, or an int8 copy
 TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/confident_trees.py
 MAX_TREE = 64  # nodes per speculation tree
 MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
 PROPOSAL_TREE = {"draft": "tree1", "triforce": "tree1", "retrieval": "tree2"}  # the tree setting of each mode's bottom tier
 # The settings of one tier, and the fixed modes that run without it (mode auto may run any)
-DRAFT_TIER = ("gamma1", "sinks", "window")
+DRAFT_TIER = ("gamma1", "sinks", "window", "draft_weights")
 RETRIEVAL_TIER = ("gamma2", "budget", "chunk_size", "retrieval_policy", "full_layers", "refresh_every",
                   "refresh_threshold", "refresh_window", "retrieval_weights")
 IGNORED_BY = {"ar": DRAFT_TIER + RETRIEVAL_TIER, "retrieval": DRAFT_TIER, "draft": RETRIEVAL_TIER}
@@ -101,6 +102,7 @@ class EngineConfig:
     tree_shape: str = "sequoia"
     sinks: int = 16  # draft tier: attention-sink tokens
     window: int = 256  # draft tier: recent tokens
+    draft_weights: str = "draft"  # draft tier: "int8", an int8 copy of the draft's layer matrices, as retrieval_weights
     prefill_chunk: int = PREFILL_CHUNK
     # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's proposals (chains and trees),
     # the token that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP.
@@ -166,8 +168,9 @@ class EngineConfig:
         if self.retrieval_policy not in RETRIEVAL_POLICIES:
             raise ConfigError(f"retrieval_policy must be one of {RETRIEVAL_POLICIES} "
                               f"(got {self.retrieval_policy!r})")
-        if self.retrieval_weights not in RETRIEVAL_WEIGHTS:
-            raise ConfigError(f"retrieval_weights must be one of {RETRIEVAL_WEIGHTS} (got {self.retrieval_weights!r})")
+        for name, kinds in (("retrieval_weights", RETRIEVAL_WEIGHTS), ("draft_weights", DRAFT_WEIGHTS)):
+            if getattr(self, name) not in kinds:
+                raise ConfigError(f"{name} must be one of {kinds} (got {getattr(self, name)!r})")
         if self.lookup is not None and not 0 <= self.lookup <= MAX_LOOKUP:
             raise ConfigError(f"lookup must be an n-gram length in [0, {MAX_LOOKUP}] (0: off; got {self.lookup})")
         if self.stop_below is not None and not 0 <= self.stop_below < 1:

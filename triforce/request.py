@@ -72,7 +72,7 @@ class Request:
             w = llm.workers
             self.sent = (w.messages, w.bytes, w.wait_s, w.bulk_bytes)
         try:
-            self.engine = build_engine(llm.config, llm.target, llm.draft, len(ids) + params.max_tokens, verifier,
+            self.engine = build_engine(llm.config, llm.target, llm.draft_model, len(ids) + params.max_tokens, verifier,
                                        batchmates, llm.prefixes, llm.retrieval_model)
             self.verifier = verifier
             self.ends = params.end_ids(llm.eos_ids())  # the tokens that end it, once rather than every round

@@ -82,25 +82,29 @@ def test_greedy_equals_plain_decoding(models, mode, policy, gammas):
     assert metrics.generated_tokens == 80 and all(t.proposed > 0 for t in metrics.tiers)
 
 
-@pytest.mark.parametrize("mode,policy", [("retrieval", "static"), ("retrieval", "dynamic"), ("triforce", "static"),
-                                         ("auto", "static")])
-def test_greedy_with_int8_retrieval_weights_equals_plain_decoding(models, mode, policy):
-    """The retrieval tier on the target's int8 twin (models/quantized.py) proposes otherwise than on the
-    target's weights, and the output is still plain decoding's."""
+@pytest.mark.parametrize("mode,policy,twins", [("retrieval", "static", ("retrieval",)),
+                                               ("retrieval", "dynamic", ("retrieval",)),
+                                               ("triforce", "static", ("retrieval", "draft")),
+                                               ("draft", "static", ("draft",)), ("auto", "static", ("retrieval", "draft"))])
+def test_greedy_with_int8_proposers_equals_plain_decoding(models, mode, policy, twins):
+    """The retrieval tier on the target's int8 twin and the draft tier on the draft's (models/quantized.py)
+    propose otherwise than on their own weights, and the output is still plain decoding's."""
     target, draft = models
-    twin = int8_twin(target)
+    retrieval_model = int8_twin(target) if "retrieval" in twins else None
+    draft_model = int8_twin(draft, "draft") if "draft" in twins else draft
     prompt = torch.randint(3, 96, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     params = SamplingParams(max_tokens=80, temperature=0, ignore_eos=True)
     reference, _ = run(target, draft, "ar", prompt, params)
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, retrieval_weights="int8", **SETTINGS)
-    engine = build_engine(cfg, target, draft, len(prompt) + params.max_tokens, retrieval_model=twin)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{f"{t}_weights": "int8" for t in twins}, **SETTINGS)
+    engine = build_engine(cfg, target, draft_model, len(prompt) + params.max_tokens, retrieval_model=retrieval_model)
     if mode == "auto":
         follow_script(engine, cfg.budget, AUTO_SCRIPT)
-    retrieval = [t for t in engine.ladder if t.name.startswith("retrieval")]
-    assert retrieval and all(t.model is twin for t in retrieval)
+    for tier in engine.ladder[:-1]:
+        assert tier.model is (draft_model if tier.name == "draft" else retrieval_model)
+        assert tier.model.quantized == "int8"
     tokens, metrics = engine.generate(prompt, params)
     assert tokens == reference
-    assert any(t.drafter.startswith("retrieval") and t.proposed > 0 for t in metrics.tiers)
+    assert all(t.proposed > 0 for t in metrics.tiers)
 
 
 @pytest.mark.parametrize("mode,policy,sampling", [("triforce", "static", dict(temperature=1.0)),

@@ -57,5 +57,5 @@ def test_the_twin_in_bfloat16_proposes_close_to_the_model(tiny_dir):
 def test_a_twin_that_does_not_fit_in_memory_is_refused(tiny_dir, monkeypatch):
     model = load_model(tiny_dir("int8-llama2", arch="llama2", seed=3, hidden_size=64, scale=10))
     monkeypatch.setattr(quantized, "available_bytes", lambda device: twin_bytes(model) - 1)
-    with pytest.raises(UserError, match="int8 retrieval weights need .* more memory"):
-        int8_twin(model)
+    with pytest.raises(UserError, match="--draft-weights int8 needs .* more memory"):
+        int8_twin(model, "draft")

@@ -61,8 +61,9 @@ def tier_key(tier: Tier) -> str:
     key = (f"{tier.name}|{cfg.model_type}:{cfg.num_layers}x{cfg.hidden_size}:{cfg.intermediate_size}:"
            f"{cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}:{cfg.vocab_size}|"  # (head_dim: Qwen3's, Gemma's
            f"{tier.model.dtype}|{tier.model.device.type}")  # is not hidden_size / num_heads)
-    if tier.model.quantized:  # (an int8 retrieval tier reads half the weights: its own costs)
-        key += f"|{tier.model.quantized}"
+    quantized = getattr(tier.model, "quantized", None)  # (an int8 twin reads half the weights: its own costs)
+    if quantized:
+        key += f"|{quantized}"
     if tier.placement != "local":
         key += f"|{tier.placement}"
     cache = getattr(tier, "cache", None)

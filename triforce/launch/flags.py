@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import (DEFAULT_LOOKUP, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, RETRIEVAL_WEIGHTS, TREE_SHAPES,
-                      EngineConfig)
+from ..config import (DEFAULT_LOOKUP, DRAFT_WEIGHTS, MODES, PREFIX_CACHE_GB, RETRIEVAL_POLICIES, RETRIEVAL_WEIGHTS,
+                      TREE_SHAPES, EngineConfig)
 from ..errors import UserError
 from ..files import read_user_text
 from ..models.config import DTYPE_CHOICES, ROPE_SCALING_KINDS
@@ -123,6 +123,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="first layers that keep their whole cache in the retrieval tier")
     g.add_argument("--sinks", type=int, default=_DEFAULTS.sinks, help="draft tier: attention-sink tokens")
     g.add_argument("--window", type=int, default=_DEFAULTS.window, help="draft tier: recent-window tokens")
+    g.add_argument("--draft-weights", choices=DRAFT_WEIGHTS, default=_DEFAULTS.draft_weights,
+                   help="draft tier: the draft's own weights, or an int8 copy of its layer matrices, as "
+                        "--retrieval-weights (pays for a large draft, such as Qwen2.5-Coder-0.5B)")
 
 
 WORKER_DEFAULTS = {"control_host": "127.0.0.1", "control_bind": "127.0.0.1", "control_port": None,
@@ -243,7 +246,7 @@ def read_chat_template(value: str) -> str:
 def engine_settings(args) -> dict:
     return dict(gamma1=args.gamma1, gamma2=args.gamma2, rounds2=args.rounds2, tree1=args.tree1, tree2=args.tree2, tree_shape=args.tree_shape, budget=args.budget,
                 chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
-                retrieval_weights=args.retrieval_weights,
+                retrieval_weights=args.retrieval_weights, draft_weights=args.draft_weights,
                 sinks=args.sinks, window=args.window, lookup=args.lookup,
                 stop_below=args.stop_below)
 

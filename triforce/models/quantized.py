@@ -1,13 +1,14 @@
-"""An int8 twin of a model for a proposing tier (`retrieval_weights="int8"`).
+"""An int8 twin of a model for a proposing tier (`retrieval_weights="int8"`, `draft_weights="int8"`).
 
-The retrieval tier runs the target's weights over a partial KV cache and only proposes: the target checks
-its tokens with its own weights and full cache, so the output is the target's either way. On a CPU its
-forward is bound by reading the weights (SmolLM2's 212 MB of layer matrices against about 46 MB of KV at
-a budget of 2,048), so the twin holds the decoder layers' four matrices as int8 with a float32 scale per
-output row (kernels/int8.py: half of bfloat16's bytes) and shares everything else with the model it was
-made from: embeddings, norms, biases, the output head (kept bfloat16: the logits' resolution matters most
-to acceptance) and the rotary table. What it costs in acceptance is measured by
-`python benchmarks/int8_retrieval.py` (docs/speed.md).
+The retrieval tier runs the target's weights over a partial KV cache, the draft tier a small model, and
+both only propose: the target checks their tokens with its own weights and full cache, so the output is
+the target's either way. On a CPU their forwards are bound by reading weights (SmolLM2's 212 MB of layer
+matrices against about 46 MB of KV at a budget of 2,048; the whole of a 0.5B draft's), so the twin holds
+the decoder layers' four matrices as int8 with a float32 scale per output row (kernels/int8.py: half of
+bfloat16's bytes) and shares everything else with the model it was made from: embeddings, norms, biases,
+the output head (kept as it is: the logits' resolution matters most to acceptance), the rotary table and
+a draft's reduced vocabulary. What it costs in acceptance and saves in time: `python
+benchmarks/int8_retrieval.py` (docs/speed.md).
 """
 from __future__ import annotations
 
@@ -37,16 +38,18 @@ class Int8Linear(nn.Module):
         return linear(x, self.weight, self.bias)
 
 
-def int8_twin(model: LlamaModel) -> LlamaModel:
+def int8_twin(model: LlamaModel, role: str = "retrieval") -> LlamaModel:
     """A model that computes as `model` does but with its decoder matrices in int8 (see the module's
-    docstring); the two share every other tensor. CPU only, one process (no tensor parallelism)."""
+    docstring); the two share every other tensor. CPU only, one process (no tensor parallelism). `role`:
+    the tier it serves ("retrieval" or "draft"), for the messages."""
+    flag = f"--{role}-weights"
     if model.device.type != "cpu" or model.tp is not None:
-        raise UserError("int8 retrieval weights run on a CPU in the coordinator's process (the int8 kernel is a "
-                        f"CPU kernel); this target is on {model.device}")
+        raise UserError(f"{flag} int8 runs on a CPU in the coordinator's process (the int8 kernel is a CPU "
+                        f"kernel); this model is on {model.device}")
     needed, free = twin_bytes(model), available_bytes(model.device)
     if free is not None and needed > free:
-        raise UserError(f"int8 retrieval weights need {size_text(needed)} more memory, and {size_text(free)} is free; "
-                        "run with --retrieval-weights target")
+        raise UserError(f"{flag} int8 needs {size_text(needed)} more memory, and {size_text(free)} is free; run "
+                        f"without it")
     twin = copy.copy(model)
     twin._modules = dict(model._modules)  # (its own table of submodules: the layers are replaced below)
     twin.layers = nn.ModuleList(_int8_layer(layer) for layer in model.layers)
