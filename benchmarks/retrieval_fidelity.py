@@ -1,7 +1,7 @@
 """How close the retrieval tier's next-token distributions are to the target's, per way of choosing chunks.
 
     python benchmarks/retrieval_fidelity.py --text ../shared/data/austen-emma.txt --context 16000 \
-        [--rope-scaling yarn:4] [--budgets 2048] [--full-layers 2] [--new 128] [--scorers mean quest oracle]
+        [--rope-scaling yarn:4] [--budgets 2048] [--full-layers 2] [--new 128] [--scorers mean quest oracle] [--int8]
 
 SmolLM2 in bfloat16: the target prefills --context tokens of the text (its KV kept under /tmp between runs,
 keyed by the arguments that shape it), then the static retrieval cache is built once from the last query, as
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -32,6 +33,7 @@ from triforce.cache.full import FullKVCache
 from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache, retrieval_token_ids
 from triforce.models.hub import resolve_model
 from triforce.models.loader import load_model
+from triforce.models.quantized import int8_twin
 from triforce.models.tokenizer import load_tokenizer
 from triforce.step import Step
 
@@ -86,8 +88,9 @@ class ScoredSource(LocalKVSource):
 SCORERS = ("mean", "quest", "softmax", "oracle")
 
 
-def refreshed(model, full, cache, new, context, every):
-    """The tier's and the target's logits of `new`, `every` tokens at a time: the tier reads a block, the
+def refreshed(tier, model, full, cache, new, context, every):
+    """The tier's (`tier`: the target's weights or its int8 twin) and the target's (`model`) logits of `new`,
+    `every` tokens at a time: the tier reads a block, the
     target checks and commits it, the tier rebuilds from the last committed token's query (the engine's
     static policy with a rebuild after every check). The full cache is put back as it was."""
     cache.refresh_every = every - 1
@@ -95,7 +98,7 @@ def refreshed(model, full, cache, new, context, every):
     mine, theirs = [], []
     for i in range(0, len(new), every):
         block = new[i:i + every]
-        mine.append(model(Step.chain(block, context + i), cache).float())
+        mine.append(tier(Step.chain(block, context + i), cache).float())
         cache.rollback(len(block))
         theirs.append(model(Step.chain(block, context + i), full).float())
         cache.sync()
@@ -138,6 +141,8 @@ def main() -> None:
     p.add_argument("--refresh", type=int, nargs="*", default=[],
                    help="also the static policy (mean scorer) rebuilt from the last committed token's query "
                         "every R tokens, the target committing each R as it checks them")
+    p.add_argument("--int8", action="store_true",
+                   help="the tier on the target's int8 twin (--retrieval-weights int8), beside its own weights")
     p.add_argument("--rebuild-timing", action="store_true",
                    help="also time a static rebuild (budgets[0]) after each of 30 commits of 4 random tokens")
     args = p.parse_args()
@@ -164,7 +169,9 @@ def main() -> None:
     scale = model.config.head_dim ** -0.5
     rows = []
     targets = None
-    for scorer in args.scorers + ["dynamic"] * args.dynamic + [f"refresh:{r}" for r in args.refresh]:
+    tiers = {"target": model, **({"int8": int8_twin(model)} if args.int8 else {})}
+    for (weights, tier), scorer in itertools.product(tiers.items(), args.scorers + ["dynamic"] * args.dynamic
+                                                     + [f"refresh:{r}" for r in args.refresh]):
         for budget in args.budgets:
             for full_layers in args.full_layers:
                 source = ScoredSource(full, scorer, scale) if scorer in SCORERS else LocalKVSource(full)
@@ -172,23 +179,23 @@ def main() -> None:
                                          max_speculative=args.new + 1, policy=policy(scorer))
                 cache.sync()
                 if scorer.startswith("refresh:"):
-                    logits, blocks = refreshed(model, full, cache, new, args.context, int(scorer.split(":")[1]))
-                    row = compare(scorer, budget, full_layers, logits, blocks, source)
+                    logits, blocks = refreshed(tier, model, full, cache, new, args.context, int(scorer.split(":")[1]))
+                    row = {"weights": weights, **compare(scorer, budget, full_layers, logits, blocks, source)}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     continue
                 if scorer == "dynamic":  # each token's forward chooses from its own query
-                    logits = torch.cat([model(Step.chain(new[i:i + 1], args.context + i), cache).float()
+                    logits = torch.cat([tier(Step.chain(new[i:i + 1], args.context + i), cache).float()
                                         for i in range(len(new))])
                 else:
-                    logits = model(Step.chain(new, args.context), cache).float()
+                    logits = tier(Step.chain(new, args.context), cache).float()
                 cache.rollback(len(new))
                 if targets is None:  # (its forward moves the last query: put back for the next build)
                     state = full.query_state()
                     targets = model(Step.chain(new, args.context), full).float()
                     full.rollback(len(new))
                     full.restore_query_state(state)
-                row = compare(scorer, budget, full_layers, logits, targets, source)
+                row = {"weights": weights, **compare(scorer, budget, full_layers, logits, targets, source)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     report = {"context": args.context, "new": len(new), "rope_scaling": args.rope_scaling, "rows": rows}

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .cache.prefixes import PrefixStore
 from .chat import conversation_ids
-from .config import DRAFT_TIER, PREFIX_CACHE_GB, ConfigError, EngineConfig, check_prefix_cache
+from .config import DRAFT_TIER, MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, check_prefix_cache
 from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
@@ -117,10 +117,11 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                               f"{self.target.config.num_layers} layers")
         if self.draft is not None:
             check_draft_window(self.config, self.draft.config)
-        for name in ("retrieval_weights", "draft_weights"):  # (refused here, not at the first request)
-            if getattr(self.config, name) == "int8" and self.device.type != "cpu":
-                raise ConfigError(f"{name} 'int8' runs on a CPU (its kernel is a CPU kernel), not on {self.device}")
-        self._int8_twins = {}  # a tier's int8 weights (models/quantized.py), made when a config first asks for them
+        # A tier's int8 weights (models/quantized.py): made now where the config asks for them, so that the memory
+        # checks below and a server's capacity count them (a config swapped in later, as the bench's sweeps do,
+        # makes them at its first request)
+        self._int8_twins = {}
+        _ = self.retrieval_model, self.draft_model
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
         if workers is not None and not vllm.prefix_caching and workers.prefix_bytes:
             raise ConfigError("enable_prefix_caching=False: a worker group keeps the prompt blocks under its own "
@@ -136,14 +137,16 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
 
     @property
     def retrieval_model(self):
-        """The retrieval tier's weights: the target's, or an int8 copy of its layer matrices (models/quantized.py),
-        made once, when the config first asks for it."""
-        return self._int8("retrieval", self.target) if self.config.retrieval_weights == "int8" else self.target
+        """The retrieval tier's weights: the target's, or, where the config asks for them in a mode that runs the
+        tier, an int8 copy of its layer matrices (models/quantized.py), made once."""
+        if self.config.retrieval_weights != "int8" or self.config.mode in ("ar", "draft"):
+            return self.target
+        return self._int8("retrieval", self.target)
 
     @property
     def draft_model(self):
         """The draft tier's weights: the draft's (None: no draft), or an int8 copy, as `retrieval_model`."""
-        if self.draft is None or self.config.draft_weights != "int8":
+        if self.draft is None or self.config.draft_weights != "int8" or self.config.mode not in MODES_WITH_DRAFT:
             return self.draft
         return self._int8("draft", self.draft)
 

@@ -102,24 +102,31 @@ def test_greedy_with_int8_proposers_equals_plain_decoding(models, mode, policy, 
     for tier in engine.ladder[:-1]:
         assert tier.model is (draft_model if tier.name == "draft" else retrieval_model)
         assert tier.model.quantized == "int8"
+    with pytest.raises(ValueError, match="does not match the model given for that tier"):  # a twin the config
+        build_engine(dataclasses.replace(cfg, retrieval_weights="target", draft_weights="draft"), target,  # denies
+                     draft_model, len(prompt) + params.max_tokens, retrieval_model=retrieval_model)
     tokens, metrics = engine.generate(prompt, params)
     assert tokens == reference
     assert all(t.proposed > 0 for t in metrics.tiers)
 
 
-@pytest.mark.parametrize("mode,policy,sampling", [("triforce", "static", dict(temperature=1.0)),
-                                                  ("retrieval", "dynamic", dict(temperature=0.8, top_k=5))])
-def test_int8_retrieval_weights_sample_the_target_distribution(small_vocab, mode, policy, sampling):
-    """The two-token chi-square with the retrieval tier (choosing chunks: SELECTING) on int8 weights."""
+@pytest.mark.parametrize("mode,policy,sampling,twins", [
+    ("triforce", "static", dict(temperature=1.0), ("retrieval", "draft")),
+    ("retrieval", "dynamic", dict(temperature=0.8, top_k=5), ("retrieval",))])
+def test_int8_proposers_sample_the_target_distribution(small_vocab, mode, policy, sampling, twins):
+    """The two-token chi-square with the retrieval tier (choosing chunks: SELECTING) on the target's int8 twin
+    and the draft on its own."""
     draft, _, target = small_vocab
-    twin = int8_twin(target)
+    retrieval_model = int8_twin(target)
+    draft_model = int8_twin(draft, "draft") if "draft" in twins else draft
     prompt = [int(t) for t in torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(4))]
     params = SamplingParams(max_tokens=2, ignore_eos=True, **sampling)
     expected = exact_two_token_distribution(target, prompt, params)
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, gamma1=2, gamma2=3, retrieval_weights="int8", **SELECTING)
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, gamma1=2, gamma2=3, **SELECTING,
+                       **{f"{t}_weights": "int8" for t in twins})
 
     def run_of(seed):
-        engine = build_engine(cfg, target, draft, len(prompt) + 2, retrieval_model=twin)
+        engine = build_engine(cfg, target, draft_model, len(prompt) + 2, retrieval_model=retrieval_model)
         return engine.run(prompt, SamplingParams(max_tokens=2, ignore_eos=True, seed=seed, **sampling))
 
     assert_two_token_distribution(run_of, expected)

@@ -9,10 +9,10 @@ from triforce.kernels.int8 import Int8Weight, int8_linear, reference_int8_linear
 
 def test_int8_weights_round_each_row_to_its_own_scale():
     w = torch.randn(40, 64) * torch.logspace(-3, 2, 40)[:, None]  # rows of very different sizes
-    w[7] = 0  # a row of zeros keeps a finite scale and quantizes to zeros
+    w[7] = 0  # a row of zeros quantizes to zeros, with a normal scale
     q = Int8Weight.of(w.bfloat16())
     assert q.q.dtype == torch.int8 and q.scale.dtype == torch.float32 and q.q.abs().max() <= 127
-    assert torch.isfinite(q.scale).all() and not q.q[7].any()
+    assert (q.scale >= torch.finfo(torch.float32).tiny).all() and not q.q[7].any()
     assert (q.q.abs().amax(1)[torch.arange(40) != 7] == 127).all()  # each row's largest weight spans the range
     err = (q.dequantized(torch.float32) - w.bfloat16().float()).abs()
     assert (err <= q.scale[:, None] / 2 * 1.0001).all()  # round to nearest: half a step at most
@@ -43,8 +43,6 @@ def test_cpu_int8_kernel_matches_the_reference(level, dtype, n, k, out):
     else:
         exact = (x.double() @ w.q.double().T) * w.scale.double()
         torch.testing.assert_close(got.double(), exact, atol=1e-5 * k ** 0.5, rtol=1e-5)
-    bias = torch.randn(out).to(dtype)
-    assert torch.equal(int8_linear(x, w, bias), got + bias)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

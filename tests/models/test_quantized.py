@@ -1,4 +1,4 @@
-"""The retrieval tier's int8 twin of a model (models/quantized.py)."""
+"""A proposing tier's int8 twin of a model (models/quantized.py): the retrieval tier's, the draft's."""
 import pytest
 import torch
 
@@ -54,8 +54,25 @@ def test_the_twin_in_bfloat16_proposes_close_to_the_model(tiny_dir):
     assert (want.argmax(-1) == got.argmax(-1)).float().mean() > 0.8
 
 
-def test_a_twin_that_does_not_fit_in_memory_is_refused(tiny_dir, monkeypatch):
+def test_a_twin_that_cannot_run_well_is_refused(tiny_dir, monkeypatch):
+    """Where memory is short, on a GPU, without the CPU kernels, in float16 and for a matrix whose columns the
+    kernel does not take (the reference product would widen every matrix at every call: slower than the
+    model's own weights), the twin is refused with what to do."""
     model = load_model(tiny_dir("int8-llama2", arch="llama2", seed=3, hidden_size=64, scale=10))
-    monkeypatch.setattr(quantized, "available_bytes", lambda device: twin_bytes(model) - 1)
-    with pytest.raises(UserError, match="--draft-weights int8 needs .* more memory"):
-        int8_twin(model, "draft")
+    with monkeypatch.context() as m:
+        m.setattr(quantized, "available_bytes", lambda device: twin_bytes(model) - 1)
+        with pytest.raises(UserError, match="--draft-weights int8 needs .* more memory"):
+            int8_twin(model, "draft")
+    with monkeypatch.context() as m:
+        m.setattr(type(model), "device", property(lambda self: torch.device("cuda")))
+        with pytest.raises(UserError, match="--retrieval-weights int8 runs on a CPU"):
+            int8_twin(model)
+    with monkeypatch.context() as m:
+        m.setattr(quantized, "cpu_kernels", lambda: None)
+        with pytest.raises(UserError, match="needs the CPU kernels .* no kernels"):
+            int8_twin(model)
+    with pytest.raises(UserError, match="torch.float16"):
+        int8_twin(load_model(tiny_dir("int8-llama2", arch="llama2", seed=3, hidden_size=64, scale=10), "float16"))
+    narrow = load_model(tiny_dir("int8-narrow", arch="llama2", seed=3, hidden_size=40, num_heads=4, num_kv_heads=2))
+    with pytest.raises(UserError, match="multiple of 16 columns, and layer 0's qkv_proj is"):
+        int8_twin(narrow)

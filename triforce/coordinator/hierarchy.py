@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..cache.full import QUERY_ROWS
 from ..cache.retrieval import RetrievalKVCache, selects_chunks
 from ..cache.streaming import VIEW_ROWS, StreamingKVCache
-from ..config import MAX_TREE, ConfigError, EngineConfig
+from ..config import MAX_TREE, MODES_WITH_DRAFT, ConfigError, EngineConfig
 from ..models.config import ModelConfig
 from ..models.cuda_graphs import MAX_TOKENS as GRAPH_TOKENS
 from ..models.cuda_graphs import forwards_bytes
@@ -195,6 +195,12 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     for the batch). `retrieval_model`: the retrieval tier's weights (default the target's; an int8 twin,
     models/quantized.py)."""
     slack = speculation_slack(cfg)
+    retrieval_model = target if retrieval_model is None else retrieval_model
+    for setting, model, runs in (("retrieval_weights", retrieval_model, cfg.mode in ("auto", "triforce", "retrieval")),
+                                 ("draft_weights", draft, draft is not None and cfg.mode in MODES_WITH_DRAFT)):
+        if runs and (getattr(cfg, setting) == "int8") != (getattr(model, "quantized", None) == "int8"):
+            raise ValueError(f"{setting} {getattr(cfg, setting)!r} does not match the model given for that tier "
+                             "(int8 weights need its int8 twin, models/quantized.py, which LLM makes)")
     if verifier is None:
         verifier = LocalVerifier(target, max_length + slack, cfg.prefill_chunk, prefixes)
 
@@ -212,7 +218,7 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     def retrieval_tier(budget: int = cfg.budget) -> Tier:
         cache = RetrievalKVCache(verifier.kv_source(), budget, cfg.chunk_size, cfg.retrieval_policy,
                                  cfg.full_layers, cfg.refresh_every, max_speculative=slack)
-        return RetrievalTier(retrieval_model or target, cache, cfg.refresh_threshold, cfg.refresh_window,
+        return RetrievalTier(retrieval_model, cache, cfg.refresh_threshold, cfg.refresh_window,
                              retrieval_name(budget, cfg.budget))
 
     def shaper(nodes: int | str, gamma: int, cap: int = MAX_TREE) -> TreeShaper | ConfidenceShaper | None:

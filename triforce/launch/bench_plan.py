@@ -12,6 +12,7 @@ from ..config import DRAFT_TIER, IGNORED_BY, PROPOSAL_TREE, ConfigError, EngineC
 from ..coordinator.hierarchy import check_draft_window
 from ..errors import UserError
 from ..models.folders import probe_writes
+from ..models.loader import resolve_device
 from ..sampling_params import SamplingParams
 from .flags import engine_settings, penalty_settings
 
@@ -87,6 +88,11 @@ def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> Non
     if sweep_name is not None and not any(_takes_sweep(args, mode, sweep_name, sweep_values) for mode in args.modes):
         raise UserError(f"--sweep {sweep_name}: none of --modes ({' '.join(args.modes)}) runs it (each would run "
                         f"once, its rows labelled with values it never ran)")
+    int8 = [name for name in ("retrieval_weights", "draft_weights")
+            if flags[name] == "int8" or (sweep_name == name and "int8" in sweep_values)]
+    if int8 and resolve_device(args.device).type != "cpu":  # (LLM refuses the flag; a sweep met it mid-way)
+        raise UserError(f"--{int8[0].replace('_', '-')} int8 runs on a CPU (its kernel is a CPU kernel), not on "
+                        f"{resolve_device(args.device)}")
 
 
 def _refused(mode: str, settings: dict) -> str | None:

@@ -19,7 +19,8 @@ from torch import nn
 
 from ..errors import UserError
 from ..kernels.decoder import FusedLayers
-from ..kernels.int8 import Int8Weight
+from ..kernels.cpu import cpu_kernels
+from ..kernels.int8 import K_STEP, Int8Weight
 from ..kernels.linear import linear
 from ..memory import available_bytes, size_text
 from .llama import DecoderLayer, LlamaModel
@@ -42,16 +43,25 @@ def int8_twin(model: LlamaModel, role: str = "retrieval") -> LlamaModel:
     """A model that computes as `model` does but with its decoder matrices in int8 (see the module's
     docstring); the two share every other tensor. CPU only, one process (no tensor parallelism). `role`:
     the tier it serves ("retrieval" or "draft"), for the messages."""
-    flag = f"--{role}-weights"
+    flag = f"--{role}-weights int8"
     if model.device.type != "cpu" or model.tp is not None:
-        raise UserError(f"{flag} int8 runs on a CPU in the coordinator's process (the int8 kernel is a CPU "
-                        f"kernel); this model is on {model.device}")
+        raise UserError(f"{flag} runs on a CPU in the coordinator's process (the int8 kernel is a CPU kernel); "
+                        f"this model is on {model.device}")
+    if cpu_kernels() is None or model.dtype not in (torch.bfloat16, torch.float32):
+        # (the reference product widens the whole matrix to float32 at every call: slower than the model itself)
+        raise UserError(f"{flag} needs the CPU kernels and a bfloat16 or float32 model (here: "
+                        f"{'no kernels' if cpu_kernels() is None else model.dtype}); run without it")
+    narrow = [(layer.index, name, tuple(getattr(layer, name).weight.shape)) for layer in model.layers
+              for name in MATRICES if getattr(layer, name).weight.shape[1] % K_STEP]
+    if narrow:
+        layer, name, shape = narrow[0]
+        raise UserError(f"{flag}: the int8 kernel takes matrices of a multiple of {K_STEP} columns, and layer "
+                        f"{layer}'s {name} is {shape}; run without it")
     needed, free = twin_bytes(model), available_bytes(model.device)
     if free is not None and needed > free:
-        raise UserError(f"{flag} int8 needs {size_text(needed)} more memory, and {size_text(free)} is free; run "
+        raise UserError(f"{flag} needs {size_text(needed)} more memory, and {size_text(free)} is free; run "
                         f"without it")
-    twin = copy.copy(model)
-    twin._modules = dict(model._modules)  # (its own table of submodules: the layers are replaced below)
+    twin = _shallow_copy(model)
     twin.layers = nn.ModuleList(_int8_layer(layer) for layer in model.layers)
     twin.fused_layers = FusedLayers(twin)
     twin.forward_graphs = None
@@ -59,9 +69,19 @@ def int8_twin(model: LlamaModel, role: str = "retrieval") -> LlamaModel:
     return twin
 
 
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """A module whose tables (submodules, parameters, buffers, hooks) are its own but hold the same tensors:
+    replacing a submodule of the copy leaves the original's in place. The tensors stay shared, so a copy is
+    never moved or cast (`.to()` would change the original's too; nothing here does)."""
+    twin = copy.copy(module)
+    for name, value in vars(module).items():
+        if isinstance(value, (dict, set)) and name.startswith("_"):  # _modules, _parameters, _buffers, hooks
+            setattr(twin, name, copy.copy(value))
+    return twin
+
+
 def _int8_layer(layer: DecoderLayer) -> DecoderLayer:
-    twin = copy.copy(layer)
-    twin._modules = dict(layer._modules)
+    twin = _shallow_copy(layer)
     for name in MATRICES:
         source = getattr(layer, name)
         setattr(twin, name, Int8Linear(Int8Weight.of(source.weight), source.bias))

@@ -8,7 +8,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16", &linear_bf16, "bf16 x . W^T for a few rows of x", py::arg("x"), py::arg("w"),
         py::arg("float_out") = false, py::arg("allow_amx") = true);
   m.def("linear_f32", &linear_f32, "float32 x . W^T for a few rows of x", py::arg("x"), py::arg("w"));
-  m.def("linear_i8", &linear_i8, "(x . Q^T) * scale for int8 weights Q with a float32 scale per row",
+  m.def("linear_i8", &linear_i8, "(x . Q^T) * scale for int8 weights Q with a float32 scale per row (a proposing tier's)",
         py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("float_out") = false);
   m.def("decode_attention_bf16", &decode_attention_bf16,
         "bf16 attention of a few new queries, causal among them or under a mask [n, m] over the last m keys",

@@ -1,5 +1,5 @@
-// AVX2 + FMA helpers shared by the `avx2` build's kernels (attention_avx2.cpp, linear_avx2.cpp,
-// fused_bf16.cpp), the counterparts of vec512.h.
+// AVX2 + FMA helpers shared by the `avx2` build's kernels (attention_avx2.cpp, linear_avx2.cpp) and every
+// build's fused_bf16.cpp, linear_f32.cpp and linear_i8.cpp: the counterparts of vec512.h.
 #pragma once
 #include "aten.h"
 #include <immintrin.h>
