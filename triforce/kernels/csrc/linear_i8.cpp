@@ -3,12 +3,13 @@
 //
 // The weights of a proposing tier (--retrieval-weights int8: the retrieval tier's copy of the target;
 // --draft-weights int8: the draft's) are read in a quarter of float32's bytes and half of bfloat16's, which
-// is what a memory-bound decode step pays for. Q's rows are widened to float32 in registers (exact: |q| <= 127) and multiplied into the
-// activation rows, widened once, with the float32 FMA row functions of linear_avx2.h (W read once for any
-// count of rows of x, a row's sums in one order whatever the count); each sum is then scaled by its row's
-// scale and rounded once. With AVX512-BF16, bfloat16 rows of x instead meet Q's rows converted to bfloat16
-// (exact too) in bfloat16 dot products, as linear_bf16.cpp's: a check's 5 to 8 rows cost a third of the
-// float32 FMAs' instructions (`python benchmarks/int8_linear.py`).
+// is what a memory-bound decode step pays for. Q's rows are widened to float32 in registers (exact:
+// |q| <= 127) and multiplied into the activation rows, widened once, with the float32 FMA row functions of
+// linear_avx2.h (W read once for any count of rows of x, a row's sums in one order whatever the count);
+// each sum is then scaled by its row's scale and rounded once. With AVX512-BF16, bfloat16 rows of x instead
+// meet Q's rows converted to bfloat16 (exact too) in bfloat16 dot products, as linear_bf16.cpp's: with the
+// float32 FMAs, 4 or more rows of x ran slower than the bfloat16 kernel on the Zen 4 (`python
+// benchmarks/int8_linear.py`).
 #include "kernels.h"  // what this file defines, declared as its callers see it
 
 #include <type_traits>
