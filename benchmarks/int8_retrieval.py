@@ -1,8 +1,10 @@
 """What the retrieval tier's int8 weights (--retrieval-weights int8, models/quantized.py) save and cost.
 
 Speed: one forward of the retrieval tier (static policy, --budget tokens in chunks of 8, the first 2 layers
-whole) over a full KV cache of --context random entries, with the target's bfloat16 weights and with the
-int8 twin, median of 15 forwards of each token count, the two taking turns.
+whole) over a full KV cache of --context random entries, with the target's bfloat16 weights, with the
+int8 twin of its layer matrices and with the twin whose output head is int8 too (`int8_head`, what
+--retrieval-weights int8 runs), median of 15 forwards of each
+token count, the three taking turns.
 Acceptance: over --sequences held-out sequences of 1,024 tokens of --text (both read the whole sequence,
 no retrieval), how often the twin's argmax is the target's and the expected acceptance of one
 speculative-sampling draw from the twin at temperatures 0.6 and 1 (the sum of min(p, q)): what the
@@ -49,8 +51,7 @@ def forward_ms(models: dict, context: int, budget: int, tokens: list[int]) -> di
     return {f"{name}_n{n}_ms": round(sorted(t)[len(t) // 2] * 1e3, 2) for (name, n), t in times.items()}
 
 
-def acceptance(models: dict, text: str, sequences: int) -> dict:
-    target, twin = models["target"], models["int8"]
+def acceptance(target, twin, text: str, sequences: int) -> dict:
     tokenizer = load_tokenizer(resolve_model(ARGS.model), target.config.vocab_size)
     rows = leading_sequences(tokenizer, [text], 1024, sequences + 20)[20:20 + sequences]
     agree = count = 0
@@ -77,11 +78,14 @@ def main() -> None:
     p.add_argument("--sequences", type=int, default=4)
     ARGS = p.parse_args()
     target = load_model(resolve_model(ARGS.model), "bfloat16", torch.device("cpu"))
-    models = {"target": target, "int8": int8_twin(target)}
+    models = {"target": target, "int8": int8_twin(target, head=False), "int8_head": int8_twin(target)}
+    text = open(ARGS.text, encoding="utf-8").read()
     report = {"model": ARGS.model, "cpu": cpu_model(), "kernel_path": kernel_path(), "context": ARGS.context,
-              "budget": ARGS.budget, "twin_mb": round(twin_bytes(target) / 2**20, 1),
+              "budget": ARGS.budget, "twin_mb": round(twin_bytes(target, head=False) / 2**20, 1),
+              "twin_with_head_mb": round(twin_bytes(target) / 2**20, 1),
               **forward_ms(models, ARGS.context, ARGS.budget, ARGS.tokens),
-              **acceptance(models, open(ARGS.text, encoding="utf-8").read(), ARGS.sequences)}
+              **{f"{name}_{key}": value for name in ("int8", "int8_head")
+                 for key, value in acceptance(models["target"], models[name], text, ARGS.sequences).items()}}
     print(json.dumps(report))
 
 

@@ -55,6 +55,16 @@ def test_cpu_int8_kernel_rows_do_not_depend_on_how_many_share_a_call(level, dtyp
         assert torch.equal(cpu_kernels().linear_i8(x[:n], w.q, w.scale), alone[:n]), n
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_int8_kernel_hands_logits_over_as_float32_sums(level, dtype):
+    """float_out (an int8 output head's logits): the scaled float32 sums, unrounded, as the reference's."""
+    x, w = torch.randn(3, 576).to(dtype), Int8Weight.of(torch.randn(700, 576))
+    got = int8_linear(x, w, float_out=True)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, reference_int8_linear(x, w, float_out=True), atol=1e-4, rtol=1e-5)
+    assert not torch.equal(got, got.bfloat16().float())  # not rounded to bfloat16 on the way
+
+
 def test_cpu_int8_kernel_checks_its_arguments(level):
     x, w = torch.randn(2, 64).bfloat16(), Int8Weight.of(torch.randn(8, 64))
     ext = cpu_kernels()

@@ -7,7 +7,7 @@ from triforce.errors import UserError
 from triforce.kernels.int8 import Int8Weight
 from triforce.models import quantized
 from triforce.models.loader import load_model
-from triforce.models.quantized import MATRICES, int8_twin, twin_bytes
+from triforce.models.quantized import MATRICES, Int8Head, int8_twin, twin_bytes
 
 
 def logits(model, tokens):
@@ -16,9 +16,10 @@ def logits(model, tokens):
 
 @pytest.mark.parametrize("arch", ["llama2", "qwen2"])  # qwen2: q, k, v biases
 def test_the_twin_computes_the_model_with_its_matrices_dequantized(tiny_dir, arch):
-    """float32: the twin's logits are those of the model whose four layer matrices are replaced by their
-    int8 values times their scales (and nothing else: norms, biases, embeddings, head), and differ from the
-    model's own; the model itself is left as it was and shares its other tensors with the twin."""
+    """float32: the twin's logits are those of the model whose four layer matrices and output head are
+    replaced by their int8 values times their scales (and nothing else: norms, biases, embeddings, even where
+    the head shares them), and differ from the model's own; the model itself is left as it was and shares
+    its other tensors with the twin."""
     folder = tiny_dir(f"int8-{arch}", arch=arch, seed=3, hidden_size=64, scale=10)
     model = load_model(folder)
     tokens = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(0))
@@ -32,15 +33,19 @@ def test_the_twin_computes_the_model_with_its_matrices_dequantized(tiny_dir, arc
                 weight = getattr(twin_layer, name).weight
                 assert isinstance(weight, Int8Weight)
                 getattr(layer, name).weight.copy_(weight.dequantized(torch.float32))
+        assert isinstance(twin.lm_head, Int8Head)  # (a head of its own: the embeddings stay as they were)
+        reference.lm_head.weight = torch.nn.Parameter(twin.lm_head.weight.dequantized(torch.float32))
     got = logits(twin, tokens)
     torch.testing.assert_close(got, logits(reference, tokens), atol=1e-4, rtol=1e-4)
     assert (got - before).abs().max() > 1e-3  # the quantization shows: the test can tell the twin apart
     assert torch.equal(logits(model, tokens), before)
-    assert twin.embed_tokens is model.embed_tokens and twin.lm_head is model.lm_head and twin.norm is model.norm
+    assert twin.embed_tokens is model.embed_tokens and twin.norm is model.norm and twin.rope is model.rope
+    assert int8_twin(model, head=False).lm_head is model.lm_head
     for layer, twin_layer in zip(model.layers, twin.layers):
         assert twin_layer.input_norm is layer.input_norm and twin_layer.qkv_proj.bias is layer.qkv_proj.bias
         assert isinstance(layer.qkv_proj.weight, torch.nn.Parameter)  # the model's own layers are untouched
-    assert twin_bytes(model) == sum(getattr(layer, name).weight.nbytes for layer in twin.layers for name in MATRICES)
+    assert twin_bytes(model) == twin.lm_head.weight.nbytes + sum(
+        getattr(layer, name).weight.nbytes for layer in twin.layers for name in MATRICES)
 
 
 def test_the_twin_in_bfloat16_proposes_close_to_the_model(tiny_dir):

@@ -47,6 +47,7 @@ def weights_key(model) -> str:
     if not hasattr(model, "_weights_key"):
         digest = hashlib.sha256()
         for weight in (model.embed_tokens.weight, model.lm_head.weight):
+            weight = getattr(weight, "q", weight)  # (an int8 twin's head: its int8 rows, models/quantized.py)
             digest.update(weight[:8].detach().float().cpu().numpy().tobytes())
         model._weights_key = digest.hexdigest()[:16]
     return model._weights_key

@@ -61,15 +61,17 @@ def kernel_takes(x: torch.Tensor, weight: Int8Weight) -> bool:
             and x.dtype in (torch.bfloat16, torch.float32) and weight_fits(weight))
 
 
-def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [..., K] -> [..., N] in x's dtype."""
+def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None,
+                float_out: bool = False) -> torch.Tensor:
+    """x: [..., K] -> [..., N] in x's dtype (float_out: float32, unrounded, as logits are)."""
     if kernel_takes(x, weight):
-        out = cpu_kernels().linear_i8(x, weight.q, weight.scale)
+        out = cpu_kernels().linear_i8(x, weight.q, weight.scale, float_out)
     else:
-        out = reference_int8_linear(x, weight)
+        out = reference_int8_linear(x, weight, float_out)
     return out if bias is None else out + bias
 
 
-def reference_int8_linear(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
-    """float32 sums scaled per row, rounded once to x's dtype."""
-    return ((x.float() @ weight.q.float().T) * weight.scale).to(x.dtype)
+def reference_int8_linear(x: torch.Tensor, weight: Int8Weight, float_out: bool = False) -> torch.Tensor:
+    """float32 sums scaled per row, rounded once to x's dtype (float_out: kept float32)."""
+    out = (x.float() @ weight.q.float().T) * weight.scale
+    return out if float_out else out.to(x.dtype)
