@@ -7,9 +7,9 @@
 // |q| <= 127) and multiplied into the activation rows, widened once, with the float32 FMA row functions of
 // linear_avx2.h (W read once for any count of rows of x, a row's sums in one order whatever the count);
 // each sum is then scaled by its row's scale and rounded once. With AVX512-BF16, bfloat16 rows of x instead
-// meet Q's rows converted to bfloat16 (exact too) in bfloat16 dot products, as linear_bf16.cpp's: with the
-// float32 FMAs, 4 or more rows of x ran slower than the bfloat16 kernel on the Zen 4 (`python
-// benchmarks/int8_linear.py`).
+// meet Q's rows converted to bfloat16 (exact too) in bfloat16 dot products, as linear_bf16.cpp's: a first
+// version with the float32 FMAs alone ran slower than the bfloat16 kernel from 4 rows of x on the Zen 4
+// (a scratch copy of `python benchmarks/int8_linear.py`, which measures this one).
 #include "kernels.h"  // what this file defines, declared as its callers see it
 
 #include <type_traits>
