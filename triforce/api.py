@@ -138,7 +138,7 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
     @property
     def retrieval_model(self):
         """The retrieval tier's weights: the target's, or, where the config asks for them in a mode that runs the
-        tier, an int8 copy of its layer matrices (models/quantized.py), made once."""
+        tier, an int8 copy of its layer matrices and output head (models/quantized.py), made once."""
         if self.config.retrieval_weights != "int8" or self.config.mode in ("ar", "draft"):
             return self.target
         return self._int8("retrieval", self.target)
