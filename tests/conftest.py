@@ -98,3 +98,13 @@ def count_calls(monkeypatch):
 
     monkeypatch.setattr(LlamaModel, "forward_batch", forward_batch)
     return calls
+
+
+@pytest.fixture
+def int8_kernels():
+    """Skips a test of int8 proposers (models/quantized.py) where the CPU kernels did not build or are turned
+    off (TRIFORCE_CPU_KERNELS=0): a twin is refused there, as the refusal test checks."""
+    from triforce.kernels.cpu import cpu_kernels
+
+    if cpu_kernels() is None:
+        pytest.skip("no CPU kernels: int8 twins are refused without them")

@@ -178,7 +178,7 @@ def test_settings_of_the_wrong_type_are_refused_at_once(tiny_dir):
         LLM(target, tiny_dir("api-draft", tokenizer=True, seed=52, num_layers=1), mode="triforce", window=600)
 
 
-def test_int8_proposers_are_made_once_when_a_config_asks_for_them(llm):
+def test_int8_proposers_are_made_once_when_a_config_asks_for_them(llm, int8_kernels):
     """A tier's int8 twin (models/quantized.py) is made at the first request whose config asks for it (the
     bench sweeps retrieval_weights and draft_weights on one LLM), kept for later ones, and the output is the
     target's."""
@@ -194,8 +194,22 @@ def test_int8_proposers_are_made_once_when_a_config_asks_for_them(llm):
         assert [t.quantized for t in twins] == ["int8", "int8"] and twins[1].vocab is llm.draft.vocab
         assert llm.generate(PROMPT, params)[0].token_ids == want
         assert (llm.retrieval_model, llm.draft_model) == twins
+        for mode, weights in (("draft", (llm.target, twins[1])), ("retrieval", (twins[0], llm.draft)),
+                              ("ar", (llm.target, llm.draft))):  # (a mode without the tier: the plain model)
+            llm.config = dataclasses.replace(llm.config, mode=mode)
+            assert llm.retrieval_model is weights[0] and llm.draft_model is weights[1]
     finally:
         llm.config = base
+
+
+def test_an_int8_proposer_the_config_asks_for_is_made_as_the_llm_loads(tiny_dir, int8_kernels):
+    """So that the memory checks of the first request (and a server's capacity) count it."""
+    target = tiny_dir("api-target", tokenizer=True, seed=51)
+    draft = tiny_dir("api-draft", tokenizer=True, seed=52, num_layers=1)
+    llm = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4,
+              retrieval_weights="int8")
+    assert list(llm._int8_twins) == ["retrieval"] and llm.retrieval_model is llm._int8_twins["retrieval"]
+    assert llm.draft_model is llm.draft
 
 
 def test_a_worker_group_that_runs_another_dtype_is_said(tiny_dir, caplog):

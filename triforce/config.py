@@ -89,8 +89,9 @@ class EngineConfig:
     refresh_every: int = 512  # static policy: rebuild after this many new tokens
     refresh_threshold: float = 0.6  # static policy: rebuild when tier-2 acceptance falls below this...
     refresh_window: int = 32  # ...over this many recent tier-1 proposals
-    # "int8": the retrieval tier reads an int8 copy of the target's layer matrices (models/quantized.py: half
-    # the bytes per forward, on a CPU); "target": the target's own weights. Exact either way: the target checks.
+    # "int8": the retrieval tier reads an int8 copy of the target's layer matrices and output head
+    # (models/quantized.py: half the bytes per forward, on a CPU); "target": the target's own weights. Exact
+    # either way: the target checks.
     retrieval_weights: str = "target"
     # Proposals of the bottom tier as a token tree of up to this many nodes; 0: a chain of gamma; "auto": the
     # size with the most expected tokens per second for the forward costs measured on this machine.
@@ -102,7 +103,7 @@ class EngineConfig:
     tree_shape: str = "sequoia"
     sinks: int = 16  # draft tier: attention-sink tokens
     window: int = 256  # draft tier: recent tokens
-    draft_weights: str = "draft"  # draft tier: "int8", an int8 copy of the draft's layer matrices, as retrieval_weights
+    draft_weights: str = "draft"  # draft tier: "int8", an int8 copy of the draft's weights, as retrieval_weights
     prefill_chunk: int = PREFILL_CHUNK
     # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's proposals (chains and trees),
     # the token that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP.

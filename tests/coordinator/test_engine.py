@@ -86,7 +86,7 @@ def test_greedy_equals_plain_decoding(models, mode, policy, gammas):
                                                ("retrieval", "dynamic", ("retrieval",)),
                                                ("triforce", "static", ("retrieval", "draft")),
                                                ("draft", "static", ("draft",)), ("auto", "static", ("retrieval", "draft"))])
-def test_greedy_with_int8_proposers_equals_plain_decoding(models, mode, policy, twins):
+def test_greedy_with_int8_proposers_equals_plain_decoding(models, mode, policy, twins, int8_kernels):
     """The retrieval tier on the target's int8 twin and the draft tier on the draft's (models/quantized.py)
     propose otherwise than on their own weights, and the output is still plain decoding's."""
     target, draft = models
@@ -105,6 +105,8 @@ def test_greedy_with_int8_proposers_equals_plain_decoding(models, mode, policy, 
     with pytest.raises(ValueError, match="does not match the model given for that tier"):  # a twin the config
         build_engine(dataclasses.replace(cfg, retrieval_weights="target", draft_weights="draft"), target,  # denies
                      draft_model, len(prompt) + params.max_tokens, retrieval_model=retrieval_model)
+    with pytest.raises(ValueError, match="does not match the model given for that tier"):  # and the reverse
+        build_engine(cfg, target, draft, len(prompt) + params.max_tokens)
     tokens, metrics = engine.generate(prompt, params)
     assert tokens == reference
     assert all(t.proposed > 0 for t in metrics.tiers)
@@ -113,7 +115,7 @@ def test_greedy_with_int8_proposers_equals_plain_decoding(models, mode, policy, 
 @pytest.mark.parametrize("mode,policy,sampling,twins", [
     ("triforce", "static", dict(temperature=1.0), ("retrieval", "draft")),
     ("retrieval", "dynamic", dict(temperature=0.8, top_k=5), ("retrieval",))])
-def test_int8_proposers_sample_the_target_distribution(small_vocab, mode, policy, sampling, twins):
+def test_int8_proposers_sample_the_target_distribution(small_vocab, mode, policy, sampling, twins, int8_kernels):
     """The two-token chi-square with the retrieval tier (choosing chunks: SELECTING) on the target's int8 twin
     and the draft on its own."""
     draft, _, target = small_vocab

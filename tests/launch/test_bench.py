@@ -377,6 +377,30 @@ def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, cap
     assert message in err.splitlines()[-1] and '"run"' not in err  # no run reported before it
 
 
+def test_a_swept_int8_twin_is_made_or_refused_before_any_run(tiny_dir, tmp_path, capsys, monkeypatch, int8_kernels):
+    """--sweep retrieval_weights=target,int8: the twin the second value asks for is made in the checks before
+    the first run (so the memory check of a batch counts it), and a twin that does not fit is refused there,
+    not after the runs of the first value."""
+    from triforce.models import quantized
+
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    args = ["bench", "--model", str(target), "--dtype", "float32", "--text", str(text), "--lengths", "50",
+            "--max-new-tokens", "4", "--modes", "ar", "retrieval", *RETRIEVAL_TIER, "--sweep",
+            "retrieval_weights=target,int8"]
+    with monkeypatch.context() as m:
+        m.setattr(quantized, "available_bytes", lambda device: 1)
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--retrieval-weights int8 needs" in err.splitlines()[-1] and '"run"' not in err
+    out = tmp_path / "bench.json"
+    assert main(args + ["--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["run"], r.get("retrieval_weights")) for r in rows] == [("ar", None), ("retrieval", "target"),
+                                                                       ("retrieval", "int8")]
+    assert all(r["equals_ar"] for r in rows[1:])
+
+
 def test_bench_on_a_model_without_a_tokenizer_is_one_line(tiny_dir, tmp_path, capsys):
     """Its prompts are cut from --text with the tokenizer: a folder without one was a TypeError traceback."""
     target = tiny_dir("bench-untokenized", seed=50, num_layers=2, scale=25)

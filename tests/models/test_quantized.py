@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from triforce.cache.full import FullKVCache
+from triforce.coordinator.priors import weights_key
 from triforce.errors import UserError
 from triforce.kernels.int8 import Int8Weight
 from triforce.models import quantized
@@ -15,7 +16,7 @@ def logits(model, tokens):
 
 
 @pytest.mark.parametrize("arch", ["llama2", "qwen2"])  # qwen2: q, k, v biases
-def test_the_twin_computes_the_model_with_its_matrices_dequantized(tiny_dir, arch):
+def test_the_twin_computes_the_model_with_its_matrices_dequantized(tiny_dir, arch, int8_kernels):
     """float32: the twin's logits are those of the model whose four layer matrices and output head are
     replaced by their int8 values times their scales (and nothing else: norms, biases, embeddings, even where
     the head shares them), and differ from the model's own; the model itself is left as it was and shares
@@ -24,7 +25,9 @@ def test_the_twin_computes_the_model_with_its_matrices_dequantized(tiny_dir, arc
     model = load_model(folder)
     tokens = torch.randint(3, 96, (40,), generator=torch.Generator().manual_seed(0))
     before = logits(model, tokens)
+    key = weights_key(model)  # (cached on the model: the twin, whose head differs, has its own)
     twin = int8_twin(model)
+    assert weights_key(twin) != key == weights_key(model)
     assert twin.quantized == "int8" and model.quantized is None
     reference = load_model(folder)
     with torch.no_grad():
@@ -48,7 +51,7 @@ def test_the_twin_computes_the_model_with_its_matrices_dequantized(tiny_dir, arc
         getattr(layer, name).weight.nbytes for layer in twin.layers for name in MATRICES)
 
 
-def test_the_twin_in_bfloat16_proposes_close_to_the_model(tiny_dir):
+def test_the_twin_in_bfloat16_proposes_close_to_the_model(tiny_dir, int8_kernels):
     """bfloat16, through the CPU kernels where they are (the fused layer loop too): the twin's most likely
     token is mostly the model's."""
     model = load_model(tiny_dir("int8-llama2", arch="llama2", seed=3, hidden_size=64, scale=10), "bfloat16")
@@ -62,7 +65,9 @@ def test_the_twin_in_bfloat16_proposes_close_to_the_model(tiny_dir):
 def test_a_twin_that_cannot_run_well_is_refused(tiny_dir, monkeypatch):
     """Where memory is short, on a GPU, without the CPU kernels, in float16 and for a matrix whose columns the
     kernel does not take (the reference product would widen every matrix at every call: slower than the
-    model's own weights), the twin is refused with what to do."""
+    model's own weights), the twin is refused with what to do (the kernels stand in where they are not the
+    case: each refusal is asked apart from the others)."""
+    monkeypatch.setattr(quantized, "cpu_kernels", lambda: object())
     model = load_model(tiny_dir("int8-llama2", arch="llama2", seed=3, hidden_size=64, scale=10))
     with monkeypatch.context() as m:
         m.setattr(quantized, "available_bytes", lambda device: twin_bytes(model) - 1)

@@ -12,7 +12,6 @@ from ..config import DRAFT_TIER, IGNORED_BY, PROPOSAL_TREE, ConfigError, EngineC
 from ..coordinator.hierarchy import check_draft_window
 from ..errors import UserError
 from ..models.folders import probe_writes
-from ..models.loader import resolve_device
 from ..sampling_params import SamplingParams
 from .flags import engine_settings, penalty_settings
 
@@ -88,11 +87,6 @@ def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> Non
     if sweep_name is not None and not any(_takes_sweep(args, mode, sweep_name, sweep_values) for mode in args.modes):
         raise UserError(f"--sweep {sweep_name}: none of --modes ({' '.join(args.modes)}) runs it (each would run "
                         f"once, its rows labelled with values it never ran)")
-    int8 = [name for name in ("retrieval_weights", "draft_weights")
-            if flags[name] == "int8" or (sweep_name == name and "int8" in sweep_values)]
-    if int8 and resolve_device(args.device).type != "cpu":  # (LLM refuses the flag; a sweep met it mid-way)
-        raise UserError(f"--{int8[0].replace('_', '-')} int8 runs on a CPU (its kernel is a CPU kernel), not on "
-                        f"{resolve_device(args.device)}")
 
 
 def _refused(mode: str, settings: dict) -> str | None:
@@ -164,6 +158,8 @@ def check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineCo
             raise UserError(f"--modes {mode} runs a draft, and {why}: name one with --draft")
         if mode in ("draft", "triforce", "auto") and llm.draft is not None:  # (a run's trees, rounds2: its slack)
             check_draft_window(llm.config, llm.draft.config)
+        _ = llm.retrieval_model, llm.draft_model  # the run's int8 twins, made (or refused) before any run, so
+        # that the memory they take counts below
         # A batch whose caches do not fit at once runs in parts, one after another (LLM.generate): its
         # tokens/s, all its tokens over the longest decode, would count the parts as running together.
         parts = llm._parts_that_fit([(length, args.max_new_tokens)] * batch)

@@ -117,15 +117,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="static: chunks chosen once per rebuild (the paper); dynamic: re-chosen every step")
     g.add_argument("--retrieval-weights", choices=RETRIEVAL_WEIGHTS, default=_DEFAULTS.retrieval_weights,
                    help="the retrieval tier's weights: the target's own, or an int8 copy of its layer matrices "
-                        "(a CPU's forward reads half the bytes; exact either way, as the target checks every "
-                        "token; it costs the tier some acceptance)")
+                        "and output head (a CPU's forward reads half the bytes; exact either way, as the target "
+                        "checks every token; it costs the tier some acceptance)")
     g.add_argument("--full-layers", type=int, default=_DEFAULTS.full_layers,
                    help="first layers that keep their whole cache in the retrieval tier")
     g.add_argument("--sinks", type=int, default=_DEFAULTS.sinks, help="draft tier: attention-sink tokens")
     g.add_argument("--window", type=int, default=_DEFAULTS.window, help="draft tier: recent-window tokens")
     g.add_argument("--draft-weights", choices=DRAFT_WEIGHTS, default=_DEFAULTS.draft_weights,
-                   help="draft tier: the draft's own weights, or an int8 copy of its layer matrices, as "
-                        "--retrieval-weights (pays for a large draft, such as Qwen2.5-Coder-0.5B)")
+                   help="draft tier: the draft's own weights, or an int8 copy of its layer matrices and "
+                        "head, as --retrieval-weights (pays for a large draft, such as Qwen2.5-Coder-0.5B)")
 
 
 WORKER_DEFAULTS = {"control_host": "127.0.0.1", "control_bind": "127.0.0.1", "control_port": None,

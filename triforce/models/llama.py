@@ -80,7 +80,7 @@ class LlamaModel(nn.Module):
     """With `tp`, this rank's shard: `config` then counts this rank's heads and MLP columns (so caches
     built from it hold this rank's KV heads), while the vocabulary stays whole at the edges."""
 
-    quantized: str | None = None  # "int8": a proposing tier's copy with int8 layer matrices (models/quantized.py)
+    quantized: str | None = None  # "int8": a proposing tier's copy, int8 matrices and head (models/quantized.py)
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()

@@ -75,6 +75,7 @@ def int8_twin(model: LlamaModel, role: str = "retrieval", head: bool = True) -> 
         raise UserError(f"{flag} needs {size_text(needed)} more memory, and {size_text(free)} is free; run "
                         f"without it")
     twin = _shallow_copy(model)
+    twin.__dict__.pop("_weights_key", None)  # (priors.weights_key's, cached on the model: the head differs)
     twin.layers = nn.ModuleList(_int8_layer(layer) for layer in model.layers)
     if head:
         twin.lm_head = Int8Head(Int8Weight.of(model.lm_head.weight))
