@@ -207,7 +207,7 @@ def test_an_int8_proposer_the_config_asks_for_is_made_as_the_llm_loads(tiny_dir,
     target = tiny_dir("api-target", tokenizer=True, seed=51)
     draft = tiny_dir("api-draft", tokenizer=True, seed=52, num_layers=1)
     llm = LLM(target, draft, mode="triforce", dtype="float32", window=64, budget=16, chunk_size=4,
-              retrieval_weights="int8")
+              retrieval_weights="int8", draft_weights="draft")
     assert list(llm._int8_twins) == ["retrieval"] and llm.retrieval_model is llm._int8_twins["retrieval"]
     assert llm.draft_model is llm.draft
 

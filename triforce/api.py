@@ -25,6 +25,7 @@ from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
 from .coordinator.hierarchy import check_draft_window
 from .coordinator.channel import GroupFull
+from .coordinator.proposer_weights import choose_weights
 from .engine_args import take_vllm_args
 from .errors import UserError
 from .generation_defaults import added_eos_ids, sampling_defaults
@@ -117,10 +118,10 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                               f"{self.target.config.num_layers} layers")
         if self.draft is not None:
             check_draft_window(self.config, self.draft.config)
-        # A tier's int8 weights (models/quantized.py): made now where the config asks for them, so that the memory
-        # checks below and a server's capacity count them (a config swapped in later, as the bench's sweeps do,
-        # makes them at its first request)
-        self._int8_twins = {}
+        # A proposing tier's weights (its model's, or an int8 twin: models/quantized.py), chosen now, so that
+        # the memory checks below and a server's capacity count a twin (a config swapped in later, as the
+        # bench's sweeps do, chooses at its first request)
+        self._int8_twins, self._weights_chosen = {}, {}
         _ = self.retrieval_model, self.draft_model
         self.grammars = Grammars(self.tokenizer, self.target.config.vocab_size, self.eos_ids())
         if workers is not None and not vllm.prefix_caching and workers.prefix_bytes:
@@ -137,23 +138,45 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
 
     @property
     def retrieval_model(self):
-        """The retrieval tier's weights: the target's, or, where the config asks for them in a mode that runs the
-        tier, an int8 copy of its layer matrices and output head (models/quantized.py), made once."""
-        if self.config.retrieval_weights != "int8" or self.config.mode in ("ar", "draft"):
+        """The retrieval tier's weights in a mode that runs the tier (the target's otherwise): the target's, or an
+        int8 copy of its layer matrices and output head (models/quantized.py), as the config says (where it
+        says "auto": the faster on this machine, coordinator/proposer_weights.py), chosen and made once."""
+        if self.config.mode in ("ar", "draft"):
             return self.target
-        return self._int8("retrieval", self.target)
+        return self._proposer("retrieval", self.target, self.config.retrieval_weights)
 
     @property
     def draft_model(self):
         """The draft tier's weights: the draft's (None: no draft), or an int8 copy, as `retrieval_model`."""
-        if self.draft is None or self.config.draft_weights != "int8" or self.config.mode not in MODES_WITH_DRAFT:
+        if self.draft is None or self.config.mode not in MODES_WITH_DRAFT:
             return self.draft
-        return self._int8("draft", self.draft)
+        return self._proposer("draft", self.draft, self.config.draft_weights)
 
-    def _int8(self, role: str, model):
-        if role not in self._int8_twins:
-            self._int8_twins[role] = int8_twin(model, role)
-        return self._int8_twins[role]
+    @property
+    def proposer_weights(self) -> dict[str, dict]:
+        """Per proposing tier the config runs ("retrieval", "draft"): {"weights": "own" | "int8", "why": ...}
+        (--json's and the bench's)."""
+        chosen = {}
+        for role, model, weights in (("retrieval", self.retrieval_model, self.config.retrieval_weights),
+                                     ("draft", self.draft_model, self.config.draft_weights)):
+            runs = self.config.mode not in ("ar", "draft") if role == "retrieval" else \
+                model is not None and self.config.mode in MODES_WITH_DRAFT
+            if not runs:
+                continue
+            chosen[role] = self._weights_chosen[role] if weights == "auto" else \
+                {"weights": "int8" if weights == "int8" else "own", "why": f"--{role}-weights {weights}"}
+        return chosen
+
+    def _proposer(self, role: str, model, weights: str):
+        if weights == "auto" and role not in self._weights_chosen:
+            twin, self._weights_chosen[role] = choose_weights(model, role)
+            if twin is not model:
+                self._int8_twins[role] = twin
+        if weights == "int8" or (weights == "auto" and self._weights_chosen[role]["weights"] == "int8"):
+            if role not in self._int8_twins:
+                self._int8_twins[role] = int8_twin(model, role)
+            return self._int8_twins[role]
+        return model
 
     @property
     def reuses_prefixes(self) -> bool:

@@ -12,8 +12,9 @@ PREFILL_CHUNK = 512  # prompt tokens per prefill forward: also the unit of the p
 
 MODES = ("auto", "triforce", "retrieval", "draft", "ar")
 RETRIEVAL_POLICIES = ("static", "dynamic")
-RETRIEVAL_WEIGHTS = ("target", "int8")  # the retrieval tier's weights: the target's own, or an int8 copy
-DRAFT_WEIGHTS = ("draft", "int8")  # the draft tier's weights: the draft's own, or an int8 copy
+# A proposing tier's weights: its model's own, an int8 copy, or whichever a forward runs faster on this machine
+RETRIEVAL_WEIGHTS = ("auto", "target", "int8")  # the retrieval tier's (its model: the target)
+DRAFT_WEIGHTS = ("auto", "draft", "int8")  # the draft tier's
 TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/confident_trees.py
 MAX_TREE = 64  # nodes per speculation tree
 MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
@@ -90,9 +91,10 @@ class EngineConfig:
     refresh_threshold: float = 0.6  # static policy: rebuild when tier-2 acceptance falls below this...
     refresh_window: int = 32  # ...over this many recent tier-1 proposals
     # "int8": the retrieval tier reads an int8 copy of the target's layer matrices and output head
-    # (models/quantized.py: half the bytes per forward, on a CPU); "target": the target's own weights. Exact
-    # either way: the target checks.
-    retrieval_weights: str = "target"
+    # (models/quantized.py: half the bytes per forward, on a CPU); "target": the target's own weights; "auto":
+    # the int8 copy where a forward of it is measured faster on this machine (coordinator/proposer_weights.py).
+    # Exact either way: the target checks.
+    retrieval_weights: str = "auto"
     # Proposals of the bottom tier as a token tree of up to this many nodes; 0: a chain of gamma; "auto": the
     # size with the most expected tokens per second for the forward costs measured on this machine.
     tree1: int | str = 0  # the draft's, to tier 2 (or to the target in `draft` mode)
@@ -103,7 +105,7 @@ class EngineConfig:
     tree_shape: str = "sequoia"
     sinks: int = 16  # draft tier: attention-sink tokens
     window: int = 256  # draft tier: recent tokens
-    draft_weights: str = "draft"  # draft tier: "int8", an int8 copy of the draft's weights, as retrieval_weights
+    draft_weights: str = "auto"  # draft tier: "draft", "int8" or "auto", as retrieval_weights
     prefill_chunk: int = PREFILL_CHUNK
     # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's proposals (chains and trees),
     # the token that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP.

@@ -54,13 +54,18 @@ def machine_key(device: str) -> str:
     return f"{cpu_model()}|{kernels}|threads={torch.get_num_threads()}"
 
 
+def model_key(model) -> str:
+    """A model's shape, dtype and device type: what its forwards' costs depend on, the values aside."""
+    cfg = model.config
+    return (f"{cfg.model_type}:{cfg.num_layers}x{cfg.hidden_size}:{cfg.intermediate_size}:"
+            f"{cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}:{cfg.vocab_size}|"  # (head_dim: Qwen3's, Gemma's
+            f"{model.dtype}|{model.device.type}")  # is not hidden_size / num_heads)
+
+
 def tier_key(tier: Tier) -> str:
     """The tier's kind: its role, its model's shape and dtype, where it runs (this process, or a worker
     group of N ranks) and the part of its cache a forward reads."""
-    cfg = tier.model.config
-    key = (f"{tier.name}|{cfg.model_type}:{cfg.num_layers}x{cfg.hidden_size}:{cfg.intermediate_size}:"
-           f"{cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}:{cfg.vocab_size}|"  # (head_dim: Qwen3's, Gemma's
-           f"{tier.model.dtype}|{tier.model.device.type}")  # is not hidden_size / num_heads)
+    key = f"{tier.name}|{model_key(tier.model)}"
     quantized = getattr(tier.model, "quantized", None)  # (an int8 twin reads half the weights: its own costs)
     if quantized:
         key += f"|{quantized}"

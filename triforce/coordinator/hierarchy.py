@@ -198,7 +198,8 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     retrieval_model = target if retrieval_model is None else retrieval_model
     for setting, model, runs in (("retrieval_weights", retrieval_model, cfg.mode in ("auto", "triforce", "retrieval")),
                                  ("draft_weights", draft, draft is not None and cfg.mode in MODES_WITH_DRAFT)):
-        if runs and (getattr(cfg, setting) == "int8") != (getattr(model, "quantized", None) == "int8"):
+        if runs and getattr(cfg, setting) != "auto" and \
+                (getattr(cfg, setting) == "int8") != (getattr(model, "quantized", None) == "int8"):
             raise ValueError(f"{setting} {getattr(cfg, setting)!r} does not match the model given for that tier "
                              "(int8 weights need its int8 twin, models/quantized.py, which LLM makes)")
     if verifier is None:

@@ -161,6 +161,7 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
                         for path, text in zip(args.text, texts)],  # (another text: other prompts)
               "model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling_applied, "device": str(llm.device),
+              "proposer_weights": _proposer_weights(llm, base),  # (a row of a swept setting: its value)
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
               "top_p": args.top_p, "penalties": penalty_settings(args),
               # (the tree flags' values: the base config holds 0, and the runs of their modes take them; neither
@@ -181,6 +182,16 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
         report["interrupted"] = "Ctrl-C" if isinstance(stopped_by, KeyboardInterrupt) else \
             f"{type(stopped_by).__name__}: {stopped_by}"
     return report
+
+
+def _proposer_weights(llm, base: EngineConfig) -> dict:
+    """The weights of the proposing tiers that the modes of the bench run (base: its LLM's mode, which runs
+    the tiers of all of them)."""
+    ran, llm.config = llm.config, base
+    try:
+        return llm.proposer_weights
+    finally:
+        llm.config = ran
 
 
 def source_commit() -> str | None:

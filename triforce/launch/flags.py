@@ -116,16 +116,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--retrieval-policy", choices=RETRIEVAL_POLICIES, default=_DEFAULTS.retrieval_policy,
                    help="static: chunks chosen once per rebuild (the paper); dynamic: re-chosen every step")
     g.add_argument("--retrieval-weights", choices=RETRIEVAL_WEIGHTS, default=_DEFAULTS.retrieval_weights,
-                   help="the retrieval tier's weights: the target's own, or an int8 copy of its layer matrices "
+                   help="the retrieval tier's weights: the target's own, an int8 copy of its layer matrices "
                         "and output head (a CPU's forward reads half the bytes; exact either way, as the target "
-                        "checks every token; it costs the tier some acceptance)")
+                        "checks every token; it costs the tier a little acceptance), or auto (default): the int8 "
+                        "copy where a forward of it is measured faster on this machine (once per machine and "
+                        "model) and it takes at most a tenth of the memory free, else the target's; --json says "
+                        "which ran and why")
     g.add_argument("--full-layers", type=int, default=_DEFAULTS.full_layers,
                    help="first layers that keep their whole cache in the retrieval tier")
     g.add_argument("--sinks", type=int, default=_DEFAULTS.sinks, help="draft tier: attention-sink tokens")
     g.add_argument("--window", type=int, default=_DEFAULTS.window, help="draft tier: recent-window tokens")
     g.add_argument("--draft-weights", choices=DRAFT_WEIGHTS, default=_DEFAULTS.draft_weights,
-                   help="draft tier: the draft's own weights, or an int8 copy of its layer matrices and "
-                        "head, as --retrieval-weights (pays for a large draft, such as Qwen2.5-Coder-0.5B)")
+                   help="draft tier: the draft's own weights, an int8 copy of its layer matrices and head, or "
+                        "auto (default), as --retrieval-weights (the copy pays for a large draft, such as "
+                        "Qwen2.5-Coder-0.5B, not for SmolLM2's small shipped one)")
 
 
 WORKER_DEFAULTS = {"control_host": "127.0.0.1", "control_bind": "127.0.0.1", "control_port": None,

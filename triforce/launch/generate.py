@@ -215,7 +215,8 @@ def run_generation(args, llm, request: tuple[str, SamplingParams]) -> int:
             {"token": e.token, "logprob": e.logprob, "top": [[t, lp] for t, lp in e.top]} for e in out.logprobs]}
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "prompt_tokens": len(out.prompt_token_ids),
                           "finish_reason": out.finish_reason, "stop_reason": out.stop_reason, "mode": llm.config.mode,
-                          "rope_scaling": llm.rope_scaling_applied, "metrics": metrics, **extra}))
+                          "rope_scaling": llm.rope_scaling_applied, "proposer_weights": llm.proposer_weights,
+                          "metrics": metrics, **extra}))
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()  # before the summary on stderr, which shares a file or pipe under `2>&1`

@@ -56,24 +56,9 @@ def int8_twin(model: LlamaModel, role: str = "retrieval", head: bool = True) -> 
     """A model that computes as `model` does but with its decoder matrices and (with `head`) its output head
     in int8 (see the module's docstring); the two share every other tensor. CPU only, one process (no
     tensor parallelism). `role`: the tier it serves ("retrieval" or "draft"), for the messages."""
-    flag = f"--{role}-weights int8"
-    if model.device.type != "cpu" or model.tp is not None:
-        raise UserError(f"{flag} runs on a CPU in the coordinator's process (the int8 kernel is a CPU kernel); "
-                        f"this model is on {model.device}")
-    if cpu_kernels() is None or model.dtype not in (torch.bfloat16, torch.float32):
-        # (the reference product widens the whole matrix to float32 at every call: slower than the model itself)
-        raise UserError(f"{flag} needs the CPU kernels and a bfloat16 or float32 model (here: "
-                        f"{'no kernels' if cpu_kernels() is None else model.dtype}); run without it")
-    narrow = [(layer.index, name, tuple(getattr(layer, name).weight.shape)) for layer in model.layers
-              for name in MATRICES if getattr(layer, name).weight.shape[1] % K_STEP]
-    if narrow:
-        layer, name, shape = narrow[0]
-        raise UserError(f"{flag}: the int8 kernel takes matrices of a multiple of {K_STEP} columns, and layer "
-                        f"{layer}'s {name} is {shape}; run without it")
-    needed, free = twin_bytes(model, head), available_bytes(model.device)
-    if free is not None and needed > free:
-        raise UserError(f"{flag} needs {size_text(needed)} more memory, and {size_text(free)} is free; run "
-                        f"without it")
+    why = twin_refusal(model, role, head)
+    if why is not None:
+        raise UserError(why)
     twin = _shallow_copy(model)
     twin.__dict__.pop("_weights_key", None)  # (priors.weights_key's, cached on the model: the head differs)
     twin.layers = nn.ModuleList(_int8_layer(layer) for layer in model.layers)
@@ -83,6 +68,29 @@ def int8_twin(model: LlamaModel, role: str = "retrieval", head: bool = True) -> 
     twin.forward_graphs = None
     twin.quantized = "int8"
     return twin
+
+
+def twin_refusal(model: LlamaModel, role: str = "retrieval", head: bool = True, memory_share: float = 1.0) -> str | None:
+    """Why int8_twin(model, role, head) is refused, with what to do (None: it is made): where it cannot run
+    well, or would take more than `memory_share` of the memory free."""
+    flag = f"--{role}-weights int8"
+    if model.device.type != "cpu" or model.tp is not None:
+        return (f"{flag} runs on a CPU in the coordinator's process (the int8 kernel is a CPU kernel); this model "
+                f"is on {model.device}")
+    if cpu_kernels() is None or model.dtype not in (torch.bfloat16, torch.float32):
+        # (the reference product widens the whole matrix to float32 at every call: slower than the model itself)
+        return (f"{flag} needs the CPU kernels and a bfloat16 or float32 model (here: "
+                f"{'no kernels' if cpu_kernels() is None else model.dtype}); run without it")
+    narrow = [(layer.index, name, tuple(getattr(layer, name).weight.shape)) for layer in model.layers
+              for name in MATRICES if getattr(layer, name).weight.shape[1] % K_STEP]
+    if narrow:
+        layer, name, shape = narrow[0]
+        return (f"{flag}: the int8 kernel takes matrices of a multiple of {K_STEP} columns, and layer {layer}'s "
+                f"{name} is {shape}; run without it")
+    needed, free = twin_bytes(model, head), available_bytes(model.device)
+    if free is not None and needed > memory_share * free:
+        return f"{flag} needs {size_text(needed)} more memory, and {size_text(free)} is free; run without it"
+    return None
 
 
 def _shallow_copy(module: nn.Module) -> nn.Module:
