@@ -70,12 +70,14 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def own_proposer_weights(request, monkeypatch):
-    """LLM's proposing tiers run their models' own weights where the config leaves it open ("auto"), so that
-    no test's outcome hangs on which of a model and its int8 twin a forward timed faster (a test that says
-    which it runs, and those marked timed_weights, are left to choose)."""
-    if request.node.get_closest_marker("timed_weights") is None:
-        monkeypatch.setattr("triforce.api.choose_weights",
-                            lambda model, role: (model, {"weights": "own", "why": "pinned by the tests"}))
+    """Proposing tiers run their models' own weights where the config leaves it open ("auto"), in this process
+    and the ones a test starts (TRIFORCE_PROPOSER_WEIGHTS), so that no test's outcome or time hangs on which of
+    a model and its int8 twin a forward timed faster (a test that sets the weights, and those marked
+    chosen_weights, are left to choose)."""
+    if request.node.get_closest_marker("chosen_weights") is None:
+        monkeypatch.setenv("TRIFORCE_PROPOSER_WEIGHTS", "own")
+    else:
+        monkeypatch.delenv("TRIFORCE_PROPOSER_WEIGHTS", raising=False)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from .cache.prefixes import PrefixStore
 from .chat import conversation_ids
-from .config import DRAFT_TIER, MODES_WITH_DRAFT, PREFIX_CACHE_GB, ConfigError, EngineConfig, check_prefix_cache
+from .config import DRAFT_TIER, PREFIX_CACHE_GB, ConfigError, EngineConfig, check_prefix_cache, runs_tier, sets_tier
 from .sampling_params import SamplingParams
 from .coordinator.batchmates import Batchmates
 from .coordinator.batch import SequenceBatch
@@ -106,7 +106,7 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                 raise ConfigError("rounds2 counts the retrieval tier's checks of a draft's proposals, and this "
                                   "target has no draft (mode 'triforce' would fall back to 'retrieval')")
             for name in DRAFT_TIER:  # (retrieval runs no draft tier: refuse_unused in mode retrieval)
-                if getattr(asked, name) != getattr(EngineConfig, name):
+                if sets_tier(name, getattr(asked, name)):
                     raise ConfigError(f"{name} sets the draft tier, and this target has no draft (mode 'triforce' "
                                       f"would fall back to 'retrieval', which runs none)")
             print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",
@@ -141,14 +141,14 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         """The retrieval tier's weights in a mode that runs the tier (the target's otherwise): the target's, or an
         int8 copy of its layer matrices and output head (models/quantized.py), as the config says (where it
         says "auto": the faster on this machine, coordinator/proposer_weights.py), chosen and made once."""
-        if self.config.mode in ("ar", "draft"):
+        if not runs_tier(self.config.mode, "retrieval"):
             return self.target
         return self._proposer("retrieval", self.target, self.config.retrieval_weights)
 
     @property
     def draft_model(self):
         """The draft tier's weights: the draft's (None: no draft), or an int8 copy, as `retrieval_model`."""
-        if self.draft is None or self.config.mode not in MODES_WITH_DRAFT:
+        if not runs_tier(self.config.mode, "draft", self.draft is not None):
             return self.draft
         return self._proposer("draft", self.draft, self.config.draft_weights)
 
@@ -157,19 +157,17 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         """Per proposing tier the config runs ("retrieval", "draft"): {"weights": "own" | "int8", "why": ...}
         (--json's and the bench's)."""
         chosen = {}
-        for role, model, weights in (("retrieval", self.retrieval_model, self.config.retrieval_weights),
-                                     ("draft", self.draft_model, self.config.draft_weights)):
-            runs = self.config.mode not in ("ar", "draft") if role == "retrieval" else \
-                model is not None and self.config.mode in MODES_WITH_DRAFT
-            if not runs:
+        for role, model in (("retrieval", self.retrieval_model), ("draft", self.draft_model)):
+            if not runs_tier(self.config.mode, role, self.draft is not None):
                 continue
+            weights = getattr(self.config, f"{role}_weights")
             chosen[role] = self._weights_chosen[role] if weights == "auto" else \
-                {"weights": "int8" if weights == "int8" else "own", "why": f"--{role}-weights {weights}"}
+                {"weights": "int8" if weights == "int8" else "own", "why": f"set to {weights!r}"}
         return chosen
 
     def _proposer(self, role: str, model, weights: str):
-        if weights == "auto" and role not in self._weights_chosen:
-            twin, self._weights_chosen[role] = choose_weights(model, role)
+        if weights == "auto" and role not in self._weights_chosen:  # (a twin made for "int8" is timed, not remade)
+            twin, self._weights_chosen[role] = choose_weights(model, role, twin=self._int8_twins.get(role))
             if twin is not model:
                 self._int8_twins[role] = twin
         if weights == "int8" or (weights == "auto" and self._weights_chosen[role]["weights"] == "int8"):

@@ -18,6 +18,7 @@ DRAFT_WEIGHTS = ("auto", "draft", "int8")  # the draft tier's
 TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/confident_trees.py
 MAX_TREE = 64  # nodes per speculation tree
 MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)
+MODES_WITH_RETRIEVAL = ("auto", "triforce", "retrieval")
 PROPOSAL_TREE = {"draft": "tree1", "triforce": "tree1", "retrieval": "tree2"}  # the tree setting of each mode's bottom tier
 # The settings of one tier, and the fixed modes that run without it (mode auto may run any)
 DRAFT_TIER = ("gamma1", "sinks", "window", "draft_weights")
@@ -29,6 +30,18 @@ GAMMA2 = 6  # the paper's
 MAX_LOOKUP = 16  # tokens a prompt lookup matches
 DEFAULT_LOOKUP = 3  # the prompt lookup's n when none is given (docs/draft.md, Prompt lookup)
 PREFIX_CACHE_GB = 1.0  # default bound of the recent prompts' target KV kept for reuse (cache/prefixes.py)
+
+
+def runs_tier(mode: str, tier: str, draft: bool = True) -> bool:
+    """Whether `mode` runs the proposing `tier`, "retrieval" or "draft" (the draft tier: given a draft model)."""
+    return mode in MODES_WITH_RETRIEVAL if tier == "retrieval" else draft and mode in MODES_WITH_DRAFT
+
+
+def sets_tier(name: str, value) -> bool:
+    """Whether a draft or retrieval tier's setting at `value` asks something of the tier (a mode without the
+    tier would ignore it): away from its default, and not a tier's own weights (what modes without the tier
+    run anyway: "target" in mode ar, say)."""
+    return value != getattr(EngineConfig, name) and not (name.endswith("_weights") and value != "int8")
 
 
 class ConfigError(UserError):
@@ -214,7 +227,7 @@ class EngineConfig:
             if getattr(self, name) and self.mode == "ar":
                 raise ConfigError(f"{name} shapes a proposer's chains, and mode ar runs the target alone")
         for name in IGNORED_BY.get(self.mode, ()):
-            if getattr(self, name) != getattr(EngineConfig, name):
+            if sets_tier(name, getattr(self, name)):
                 tier = "draft" if name in DRAFT_TIER else "retrieval"
                 raise ConfigError(f"{name} sets the {tier} tier, which mode {self.mode} does not run: leave it out, "
                                   f"or run a mode with that tier")

@@ -398,7 +398,34 @@ def test_a_swept_int8_twin_is_made_or_refused_before_any_run(tiny_dir, tmp_path,
     rows = json.loads(out.read_text())["results"]
     assert [(r["run"], r.get("retrieval_weights")) for r in rows] == [("ar", None), ("retrieval", "target"),
                                                                        ("retrieval", "int8")]
+    assert [r["proposer_weights"] for r in rows] == [{}, {"retrieval": "own"}, {"retrieval": "int8"}]
     assert all(r["equals_ar"] for r in rows[1:])
+
+
+@pytest.mark.chosen_weights
+def test_the_report_names_the_weights_each_run_read_and_times_only_tiers_that_run(tiny_dir, tmp_path, monkeypatch,
+                                                                                  int8_kernels):
+    """--modes ar draft: the bench's LLM (mode triforce, to load the draft) makes and times no twin for the
+    retrieval tier, which no run reads; the report says why the draft runs what it runs, and each row what it
+    read."""
+    from triforce.coordinator import proposer_weights
+
+    timed = []
+    monkeypatch.setattr(proposer_weights, "forward_seconds", lambda models, n: timed.append(models[0]) or [1.0, 0.5])
+    target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
+    draft = tiny_dir("bench-draft-full", seed=51, num_layers=1, scale=25)
+    text = random_words(tmp_path / "text.txt", 2, 200)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--text", str(text),
+                 "--lengths", "50", "--max-new-tokens", "4", "--modes", "ar", "draft", *SMALL_TIERS[4:],
+                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert list(report["proposer_weights"]) == ["draft"] and report["proposer_weights"]["draft"]["weights"] == "int8"
+    assert "0.50x the time" in report["proposer_weights"]["draft"]["why"]
+    assert len(timed) == 1 and timed[0].config.num_layers == 1  # the draft's, timed once
+    assert report["engine"]["retrieval_weights"] == "target"
+    assert [(r["run"], r["proposer_weights"]) for r in report["results"]] == [("ar", {}), ("draft", {"draft": "int8"})]
+    assert report["results"][1]["equals_ar"]
 
 
 def test_bench_on_a_model_without_a_tokenizer_is_one_line(tiny_dir, tmp_path, capsys):

@@ -41,11 +41,26 @@ def test_json_output(capsys, target, draft):
     entries = result["logprobs"]  # greedy: each token is the most likely there
     assert [e["token"] for e in entries] == [e["top"][0][0] for e in entries] == result["token_ids"]
     assert all(len(e["top"]) == 2 and e["logprob"] == e["top"][0][1] < 0 for e in entries)
+    pinned = {"weights": "own", "why": "TRIFORCE_PROPOSER_WEIGHTS=own"}  # (the tests')
+    assert result["proposer_weights"] == {"retrieval": pinned, "draft": pinned}
     metrics = result["metrics"]
     assert {"prefill_s", "decode_s", "tokens_per_s"} <= set(metrics)
     assert [t["name"] for t in metrics["tiers"]] == ["retrieval", "target"]
     assert [t["drafter"] for t in metrics["tiers"]] == ["draft", "retrieval"]
     assert all({"proposed", "accepted", "acceptance_rate"} <= set(t) for t in metrics["tiers"])
+
+
+def test_a_tiers_own_weights_are_taken_in_modes_without_the_tier(capsys, target):
+    """--retrieval-weights target in mode ar, --draft-weights draft in mode retrieval: what those modes run anyway
+    (the defaults until "auto"), so taken; int8 would be ignored there, so refused."""
+    base = ["--model", target, "--prompt", WORDS, "--max-new-tokens", 2, "--dtype", "float32", "--json"]
+    for mode, flag, own in (("ar", "--retrieval-weights", "target"), ("retrieval", "--draft-weights", "draft")):
+        code, out, err = run_cli(capsys, *base, "--mode", mode, flag, own)
+        assert code == 0, err
+        assert json.loads(out)["proposer_weights"] == ({} if mode == "ar" else {"retrieval": {
+            "weights": "own", "why": "TRIFORCE_PROPOSER_WEIGHTS=own"}})
+        code, out, err = run_cli(capsys, *base, "--mode", mode, flag, "int8")
+        assert code == 2 and f"{flag} sets the" in err
 
 
 def test_confidence_shaped_trees_from_the_command_line(capsys, target, draft):

@@ -1,5 +1,6 @@
 """What a machine learns once and keeps: a JSON file under `$TRIFORCE_HOME/calibration/`, read once per
-process (costs.py: forward costs; priors.py: what earlier requests of `--mode auto` saw).
+process (costs.py: forward costs; priors.py: what earlier requests of `--mode auto` saw; proposer_weights.py:
+what a forward of a proposing model and of its int8 twin took, whence the proposers' default weights).
 TRIFORCE_CALIBRATION=FOLDER keeps them there instead (a calibration shared by a cluster's jobs, or a
 test's own), and TRIFORCE_CALIBRATION=0 in this process's memory only.
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..cache.full import QUERY_ROWS
 from ..cache.retrieval import RetrievalKVCache, selects_chunks
 from ..cache.streaming import VIEW_ROWS, StreamingKVCache
-from ..config import MAX_TREE, MODES_WITH_DRAFT, ConfigError, EngineConfig
+from ..config import MAX_TREE, MODES_WITH_RETRIEVAL, ConfigError, EngineConfig, runs_tier
 from ..models.config import ModelConfig
 from ..models.cuda_graphs import MAX_TOKENS as GRAPH_TOKENS
 from ..models.cuda_graphs import forwards_bytes
@@ -105,12 +105,12 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
         queries = target.num_layers * target.num_heads * min(QUERY_ROWS, capacity) * target.head_dim * itemsize
         total += per_token * capacity + queries * (2 if cfg.mode == "auto" else 1)
         budgets = auto_budgets(cfg) if cfg.mode == "auto" else [cfg.budget]
-        if cfg.mode in ("retrieval", "triforce", "auto") and (
+        if cfg.mode in MODES_WITH_RETRIEVAL and (
                 cfg.retrieval_policy == "dynamic" or any(selects_chunks(capacity, b, cfg.chunk_size) for b in budgets)):
             total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
     total += retrieval_bytes(cfg, target, capacity, itemsize, remote)
     total += rebuild_bytes(cfg, target, capacity, itemsize, remote)
-    if draft is not None and cfg.mode in ("draft", "triforce", "auto"):
+    if runs_tier(cfg.mode, "draft", draft is not None):
         # a double buffer of recent tokens, and the fused loop's copy of sinks and window (bfloat16 CPUs)
         total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack)
                                                        + cfg.sinks + cfg.window + VIEW_ROWS)
@@ -160,7 +160,7 @@ def _retrieved(cfg: EngineConfig, target: ModelConfig, capacity: int, itemsize: 
     """Per budget of the static policy (mode auto's each; none in modes without a retrieval tier): the bytes
     a rebuild copies, and the bytes a token takes in the layers it copies into (each keeps room for tokens
     until the next rebuild on top)."""
-    if cfg.retrieval_policy != "static" or cfg.mode not in ("retrieval", "triforce", "auto"):
+    if cfg.retrieval_policy != "static" or cfg.mode not in MODES_WITH_RETRIEVAL:
         return []
     per_layer = target.kv_bytes_per_token(itemsize) // target.num_layers
     whole = min(cfg.full_layers, target.num_layers)
@@ -196,9 +196,9 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     models/quantized.py)."""
     slack = speculation_slack(cfg)
     retrieval_model = target if retrieval_model is None else retrieval_model
-    for setting, model, runs in (("retrieval_weights", retrieval_model, cfg.mode in ("auto", "triforce", "retrieval")),
-                                 ("draft_weights", draft, draft is not None and cfg.mode in MODES_WITH_DRAFT)):
-        if runs and getattr(cfg, setting) != "auto" and \
+    for tier, model in (("retrieval", retrieval_model), ("draft", draft)):
+        setting = f"{tier}_weights"
+        if runs_tier(cfg.mode, tier, draft is not None) and getattr(cfg, setting) != "auto" and \
                 (getattr(cfg, setting) == "int8") != (getattr(model, "quantized", None) == "int8"):
             raise ValueError(f"{setting} {getattr(cfg, setting)!r} does not match the model given for that tier "
                              "(int8 weights need its int8 twin, models/quantized.py, which LLM makes)")

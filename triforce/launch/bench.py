@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..config import IGNORED_BY, EngineConfig
+from ..config import IGNORED_BY, EngineConfig, runs_tier
 from ..sampling_params import LOWEST_SAMPLED, SamplingParams
 from ..errors import UserError
 from ..files import read_user_text, write_whole
@@ -67,6 +67,9 @@ def run_bench(args) -> int:
     mode = "triforce" if needs_draft else "retrieval" if "retrieval" in args.modes else "ar"  # (its LLM checks
     # the settings of the tiers it runs: --full-layers against the target's layers)
     settings = {**engine_settings(args), "tree1": 0, "tree2": 0}
+    for tier, own in (("retrieval", "target"), ("draft", "draft")):  # a tier no mode runs (the LLM's mode may):
+        if not any(runs_tier(m, tier) for m in args.modes):  # its model's own weights, no twin made or timed
+            settings[f"{tier}_weights"] = own
     tiers = {name: settings[name] for name in (*TIER_SETTINGS, *IGNORED_BY.get(mode, ())) if name in settings}
     with settings_named_by_flags():
         EngineConfig(mode=mode, **settings)  # before anything loads
@@ -139,7 +142,8 @@ def _run_groups(args, llm, hf, cpp, ids, files, base, sweep_name, sweep_values, 
                                   f"{args.repeats}", file=sys.stderr)
                             outs = llm.generate(prompts, params, show_progress=True)
                             ran = {name: getattr(llm.config, name) for name in overrides}  # (as the config cast them)
-                            rows.append({**group, "run": mode, **ran, **batch_row(outs)})
+                            weights = {role: c["weights"] for role, c in llm.proposer_weights.items()}
+                            rows.append({**group, "run": mode, **ran, **batch_row(outs), "proposer_weights": weights})
                             _show(rows[-1], repeat)
                         for peer in args.peers if batch == 1 else []:
                             if peer == "llamacpp" and cpp is None:
@@ -161,7 +165,7 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
                         for path, text in zip(args.text, texts)],  # (another text: other prompts)
               "model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling_applied, "device": str(llm.device),
-              "proposer_weights": _proposer_weights(llm, base),  # (a row of a swept setting: its value)
+              "proposer_weights": _proposer_weights(llm, base, args.modes),  # (each row: what its run read)
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
               "top_p": args.top_p, "penalties": penalty_settings(args),
               # (the tree flags' values: the base config holds 0, and the runs of their modes take them; neither
@@ -184,12 +188,12 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
     return report
 
 
-def _proposer_weights(llm, base: EngineConfig) -> dict:
-    """The weights of the proposing tiers that the modes of the bench run (base: its LLM's mode, which runs
-    the tiers of all of them)."""
+def _proposer_weights(llm, base: EngineConfig, modes: list[str]) -> dict:
+    """The weights of the proposing tiers that `modes` run, and why (base: its LLM's mode, which runs the
+    tiers of all of them)."""
     ran, llm.config = llm.config, base
     try:
-        return llm.proposer_weights
+        return {role: chosen for role, chosen in llm.proposer_weights.items() if any(runs_tier(m, role) for m in modes)}
     finally:
         llm.config = ran
 

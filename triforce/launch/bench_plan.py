@@ -8,7 +8,7 @@ import os
 import random
 from pathlib import Path
 
-from ..config import DRAFT_TIER, IGNORED_BY, PROPOSAL_TREE, ConfigError, EngineConfig
+from ..config import DRAFT_TIER, IGNORED_BY, PROPOSAL_TREE, ConfigError, EngineConfig, sets_tier
 from ..coordinator.hierarchy import check_draft_window
 from ..errors import UserError
 from ..models.folders import probe_writes
@@ -68,7 +68,7 @@ def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> Non
         raise UserError(f"{flag} {flags[sweep_name]} and --sweep {sweep_name} both set it: leave out {flag}")
     for name in IGNORED_BY["ar"]:  # a draft or retrieval tier's flag: by the tiers the modes run (asked of
         # refuse_unused alone, a value valid only beside another flag, --budget 12 with --chunk-size 4, failed)
-        if name in flags and flags[name] != getattr(EngineConfig, name) and \
+        if name in flags and sets_tier(name, flags[name]) and \
                 all(name in IGNORED_BY.get(mode, ()) for mode in args.modes):
             tier = "draft" if name in DRAFT_TIER else "retrieval"
             raise UserError(f"--{name.replace('_', '-')} {flags[name]}: none of --modes runs the {tier} tier")

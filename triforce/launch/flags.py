@@ -120,8 +120,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "and output head (a CPU's forward reads half the bytes; exact either way, as the target "
                         "checks every token; it costs the tier a little acceptance), or auto (default): the int8 "
                         "copy where a forward of it is measured faster on this machine (once per machine and "
-                        "model) and it takes at most a tenth of the memory free, else the target's; --json says "
-                        "which ran and why")
+                        "model shape) and it takes at most a tenth of the memory free, else the target's; a run's "
+                        "record (generate --json, the bench's report) says which ran and why")
     g.add_argument("--full-layers", type=int, default=_DEFAULTS.full_layers,
                    help="first layers that keep their whole cache in the retrieval tier")
     g.add_argument("--sinks", type=int, default=_DEFAULTS.sinks, help="draft tier: attention-sink tokens")

@@ -56,9 +56,9 @@ def int8_twin(model: LlamaModel, role: str = "retrieval", head: bool = True) -> 
     """A model that computes as `model` does but with its decoder matrices and (with `head`) its output head
     in int8 (see the module's docstring); the two share every other tensor. CPU only, one process (no
     tensor parallelism). `role`: the tier it serves ("retrieval" or "draft"), for the messages."""
-    why = twin_refusal(model, role, head)
+    why = twin_refusal(model, head)
     if why is not None:
-        raise UserError(why)
+        raise UserError(f"--{role}-weights int8 {why}; run without it")
     twin = _shallow_copy(model)
     twin.__dict__.pop("_weights_key", None)  # (priors.weights_key's, cached on the model: the head differs)
     twin.layers = nn.ModuleList(_int8_layer(layer) for layer in model.layers)
@@ -70,26 +70,25 @@ def int8_twin(model: LlamaModel, role: str = "retrieval", head: bool = True) -> 
     return twin
 
 
-def twin_refusal(model: LlamaModel, role: str = "retrieval", head: bool = True, memory_share: float = 1.0) -> str | None:
-    """Why int8_twin(model, role, head) is refused, with what to do (None: it is made): where it cannot run
-    well, or would take more than `memory_share` of the memory free."""
-    flag = f"--{role}-weights int8"
+def twin_refusal(model: LlamaModel, head: bool = True, memory_share: float = 1.0) -> str | None:
+    """Why int8_twin(model, head=head) is refused, in words that follow "the int8 twin" (None: it is made): where
+    it cannot run well, or would take more than `memory_share` of the memory free."""
     if model.device.type != "cpu" or model.tp is not None:
-        return (f"{flag} runs on a CPU in the coordinator's process (the int8 kernel is a CPU kernel); this model "
-                f"is on {model.device}")
+        return (f"runs on a CPU in the coordinator's process (the int8 kernel is a CPU kernel), and this model is "
+                f"on {model.device}" + (" in a tensor-parallel group" if model.tp is not None else ""))
     if cpu_kernels() is None or model.dtype not in (torch.bfloat16, torch.float32):
         # (the reference product widens the whole matrix to float32 at every call: slower than the model itself)
-        return (f"{flag} needs the CPU kernels and a bfloat16 or float32 model (here: "
-                f"{'no kernels' if cpu_kernels() is None else model.dtype}); run without it")
+        return (f"needs the CPU kernels and a bfloat16 or float32 model (here: "
+                f"{'no kernels' if cpu_kernels() is None else model.dtype})")
     narrow = [(layer.index, name, tuple(getattr(layer, name).weight.shape)) for layer in model.layers
               for name in MATRICES if getattr(layer, name).weight.shape[1] % K_STEP]
     if narrow:
         layer, name, shape = narrow[0]
-        return (f"{flag}: the int8 kernel takes matrices of a multiple of {K_STEP} columns, and layer {layer}'s "
-                f"{name} is {shape}; run without it")
+        return f"needs matrices of a multiple of {K_STEP} columns (the kernel's), and layer {layer}'s {name} is {shape}"
     needed, free = twin_bytes(model, head), available_bytes(model.device)
     if free is not None and needed > memory_share * free:
-        return f"{flag} needs {size_text(needed)} more memory, and {size_text(free)} is free; run without it"
+        share = "" if memory_share == 1 else f" (it may take {memory_share:.0%} of it by default)"
+        return f"needs {size_text(needed)} more memory, and {size_text(free)} is free{share}"
     return None
 
 
