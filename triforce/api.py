@@ -157,7 +157,8 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         """Per proposing tier the config runs ("retrieval", "draft"): {"weights": "own" | "int8", "why": ...}
         (--json's and the bench's)."""
         chosen = {}
-        for role, model in (("retrieval", self.retrieval_model), ("draft", self.draft_model)):
+        _ = self.retrieval_model, self.draft_model  # (each chooses its tier's weights, where not chosen yet)
+        for role in ("retrieval", "draft"):
             if not runs_tier(self.config.mode, role, self.draft is not None):
                 continue
             weights = getattr(self.config, f"{role}_weights")
