@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -12,6 +15,16 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.env
     # second thread per op slows rather than speeds (two workers of two threads on two cores took longer
     # than one process). Set before torch starts its thread pool; subprocesses inherit it.
     os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+# Proposing tiers run their models' own weights where the config leaves it open ("auto"), in this process
+# and the ones a test starts, from import on (a module-scoped fixture's LLM loads before any function
+# fixture runs), so that no test's outcome or time hangs on which of a model and its int8 twin a forward
+# timed faster, and no test writes that timing into the user's calibration folder (tests marked
+# chosen_weights choose: own_proposer_weights). Likewise a calibration folder of the run's own for what such
+# an LLM measures (each test then gets its own: `calibration`).
+os.environ["TRIFORCE_PROPOSER_WEIGHTS"] = "own"
+os.environ["TRIFORCE_CALIBRATION"] = tempfile.mkdtemp(prefix="triforce-tests-calibration-")
+atexit.register(shutil.rmtree, os.environ["TRIFORCE_CALIBRATION"], True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -70,13 +83,9 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def own_proposer_weights(request, monkeypatch):
-    """Proposing tiers run their models' own weights where the config leaves it open ("auto"), in this process
-    and the ones a test starts (TRIFORCE_PROPOSER_WEIGHTS), so that no test's outcome or time hangs on which of
-    a model and its int8 twin a forward timed faster (a test that sets the weights, and those marked
-    chosen_weights, are left to choose)."""
-    if request.node.get_closest_marker("chosen_weights") is None:
-        monkeypatch.setenv("TRIFORCE_PROPOSER_WEIGHTS", "own")
-    else:
+    """Tests marked chosen_weights choose their proposers' weights by timing them, as LLM does outside the
+    tests (the others run their models' own: TRIFORCE_PROPOSER_WEIGHTS, set above)."""
+    if request.node.get_closest_marker("chosen_weights") is not None:
         monkeypatch.delenv("TRIFORCE_PROPOSER_WEIGHTS", raising=False)
 
 

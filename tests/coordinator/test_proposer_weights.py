@@ -5,6 +5,7 @@ import json
 import pytest
 
 from triforce import LLM, SamplingParams
+from triforce.errors import UserError
 from triforce.coordinator import proposer_weights
 from triforce.coordinator.costs import model_key
 from triforce.coordinator.proposer_weights import MARGIN, WeightTimes, choose_weights, forward_seconds
@@ -59,22 +60,27 @@ def test_a_choice_is_timed_once_per_machine_and_model_shape(model, tiny_dir, mon
     assert got is model and why["weights"] == "own" and calls == [1] and made == []
     # the retrieval tier's 5 tokens too: timed and added to the entry (its 1 token was timed already)
     calls = timed(monkeypatch, 0.5)
-    assert choose_weights(model, "retrieval", WeightTimes(file))[1]["weights"] == "int8" and calls == [1, 5]
+    assert choose_weights(model, "retrieval", WeightTimes(file))[1]["weights"] == "int8" and calls == [5]
     saved = json.loads(file.read_text())
     assert len(saved) == 1 and set(next(iter(saved.values()))) == {"own:1", "int8:1", "own:5", "int8:5"}
     # another machine, and the same shape in another dtype: entries of their own
     monkeypatch.setattr(proposer_weights, "machine_key", lambda device: "another machine")
-    assert choose_weights(model, "draft", WeightTimes(file))[1]["weights"] == "int8" and calls == [1, 5, 1]
+    assert choose_weights(model, "draft", WeightTimes(file))[1]["weights"] == "int8" and calls == [5, 1]
     bf16 = load_model(tiny_dir("int8-llama2", arch="llama2", seed=3, hidden_size=64, scale=10), "bfloat16")
-    assert choose_weights(bf16, "draft", WeightTimes(file))[1]["weights"] == "int8" and calls == [1, 5, 1, 1]
+    assert choose_weights(bf16, "draft", WeightTimes(file))[1]["weights"] == "int8" and calls == [5, 1, 1]
     assert len(json.loads(file.read_text())) == 3
 
 
-def test_a_reduced_vocabulary_draft_is_a_shape_of_its_own(model):
-    """Its head's rows spread over its target's vocabulary: forwards that cost more than a model of that many rows."""
+def test_a_reduced_vocabulary_draft_is_a_shape_of_its_own(model, monkeypatch, tmp_path, int8_kernels):
+    """Its head's rows spread over its target's vocabulary: forwards that cost more than a model of that many
+    rows (mode auto's cost table keys them alike, as before: model_key)."""
+    calls = timed(monkeypatch, 1.2)
+    file = tmp_path / "weights.json"
+    choose_weights(model, "draft", WeightTimes(file))
     plain = model_key(model)
     model.vocab = type("Vocab", (), {"target_vocab_size": 4 * model.config.vocab_size})()
-    assert model_key(model) != plain
+    choose_weights(model, "draft", WeightTimes(file))
+    assert calls == [1, 1] and len(json.loads(file.read_text())) == 2 and model_key(model) == plain
 
 
 def test_the_environment_pins_the_models_own_weights(model, monkeypatch):
@@ -83,6 +89,9 @@ def test_the_environment_pins_the_models_own_weights(model, monkeypatch):
     monkeypatch.setenv("TRIFORCE_PROPOSER_WEIGHTS", "own")
     got, why = choose_weights(model, "retrieval", WeightTimes())
     assert got is model and why == {"weights": "own", "why": "TRIFORCE_PROPOSER_WEIGHTS=own"} and calls == []
+    monkeypatch.setenv("TRIFORCE_PROPOSER_WEIGHTS", "int8")  # (a value it does not take: not a silent choice)
+    with pytest.raises(UserError, match="TRIFORCE_PROPOSER_WEIGHTS='int8': the one value it takes is 'own'"):
+        choose_weights(model, "retrieval", WeightTimes())
 
 
 def test_a_twin_that_cannot_run_well_or_takes_much_memory_is_not_tried(model, monkeypatch):

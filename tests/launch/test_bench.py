@@ -377,11 +377,16 @@ def test_bench_checks_every_setting_before_the_first_run(tiny_dir, tmp_path, cap
     assert message in err.splitlines()[-1] and '"run"' not in err  # no run reported before it
 
 
+@pytest.mark.chosen_weights
 def test_a_swept_int8_twin_is_made_or_refused_before_any_run(tiny_dir, tmp_path, capsys, monkeypatch, int8_kernels):
     """--sweep retrieval_weights=target,int8: the twin the second value asks for is made in the checks before
     the first run (so the memory check of a batch counts it), and a twin that does not fit is refused there,
-    not after the runs of the first value."""
+    not after the runs of the first value. No value is auto: nothing is timed, and each row, not the report,
+    names the weights."""
+    from triforce.coordinator import proposer_weights
     from triforce.models import quantized
+
+    monkeypatch.setattr(proposer_weights, "forward_seconds", lambda *a: pytest.fail("timed a twin no run reads"))
 
     target = tiny_dir("bench-target", tokenizer=True, seed=50, num_layers=2, scale=25)
     text = random_words(tmp_path / "text.txt", 2, 200)
@@ -399,6 +404,7 @@ def test_a_swept_int8_twin_is_made_or_refused_before_any_run(tiny_dir, tmp_path,
     assert [(r["run"], r.get("retrieval_weights")) for r in rows] == [("ar", None), ("retrieval", "target"),
                                                                        ("retrieval", "int8")]
     assert [r["proposer_weights"] for r in rows] == [{}, {"retrieval": "own"}, {"retrieval": "int8"}]
+    assert json.loads(out.read_text())["proposer_weights"] == {}
     assert all(r["equals_ar"] for r in rows[1:])
 
 

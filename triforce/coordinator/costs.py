@@ -57,10 +57,8 @@ def machine_key(device: str) -> str:
 def model_key(model) -> str:
     """A model's shape, dtype and device type: what its forwards' costs depend on, the values aside."""
     cfg = model.config
-    vocab = cfg.vocab_size if getattr(model, "vocab", None) is None else \
-        f"{cfg.vocab_size}/{model.output_vocab_size}"  # (a reduced-vocabulary draft: its rows of the target's)
     return (f"{cfg.model_type}:{cfg.num_layers}x{cfg.hidden_size}:{cfg.intermediate_size}:"
-            f"{cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}:{vocab}|"  # (head_dim: Qwen3's, Gemma's
+            f"{cfg.num_heads}/{cfg.num_kv_heads}x{cfg.head_dim}:{cfg.vocab_size}|"  # (head_dim: Qwen3's, Gemma's
             f"{model.dtype}|{model.device.type}")  # is not hidden_size / num_heads)
 
 

@@ -10,8 +10,9 @@ layers (a forward of the twin took 0.55-0.75x the time of the model's own on the
 shipped 4-layer draft of SmolLM2, whose forward is mostly its overheads (0.99x). So the choice is measured,
 once per machine and model shape: a forward of each at TIMED_TOKENS tokens on the full-cache path over a
 short cache (the attention over a tier's own cache costs both alike), the fastest of REPEATS taking turns,
-kept in `$TRIFORCE_HOME/calibration/proposer-weights-1.json` (calibration.py; delete the file, or point
-TRIFORCE_CALIBRATION elsewhere, to time again: after a change of kernels or machine load, say). The twin runs
+kept in `$TRIFORCE_HOME/calibration/proposer-weights-1.json` (calibration.py; the machine's key changes, and
+a choice is timed again, with the CPU, its kernels' sources, torch's version or the thread count; delete the
+file to time again for other reasons, a machine that was busy while it timed, say). The twin runs
 where it takes at most MARGIN of the model's time, summed over those sizes (the margin covers what it costs
 in acceptance). A twin that could not run well, or would take more than MEMORY_SHARE of the memory free, is
 not tried: the model's own weights run, and `why` says which. TRIFORCE_PROPOSER_WEIGHTS=own runs the models'
@@ -26,6 +27,7 @@ import time
 import torch
 
 from ..cache.full import FullKVCache
+from ..errors import UserError
 from ..models.llama import LlamaModel
 from ..models.quantized import int8_twin, twin_refusal
 from .calibration import CalibrationFile, finite_numbers
@@ -56,18 +58,24 @@ def choose_weights(model: LlamaModel, role: str, table: WeightTimes | None = Non
     """The weights the `role` tier ("retrieval" or "draft") runs by default: `model` or its int8 twin (`twin`
     where one is made already), and why: {"weights": "int8" | "own", "why": words, "ms": {"own:N": ...,
     "int8:N": ...} where timed}."""
-    if os.environ.get("TRIFORCE_PROPOSER_WEIGHTS") == "own":
+    pinned = os.environ.get("TRIFORCE_PROPOSER_WEIGHTS")
+    if pinned == "own":
         return model, {"weights": "own", "why": "TRIFORCE_PROPOSER_WEIGHTS=own"}
+    if pinned:  # (a typo would time and choose without a word)
+        raise UserError(f"TRIFORCE_PROPOSER_WEIGHTS={pinned!r}: the one value it takes is 'own' (the models' own "
+                        f"weights wherever the config says auto); unset it to choose by timing")
     refusal = twin_refusal(model, memory_share=MEMORY_SHARE) if twin is None else None
     if refusal is not None:
         return model, {"weights": "own", "why": f"the int8 twin {refusal}"}
     table = table or WeightTimes.default()
-    key = f"{machine_key(str(model.device))}||{model_key(model)}"
+    # (a reduced-vocabulary draft's logits spread over its target's vocabulary: a shape of its own)
+    key = f"{machine_key(str(model.device))}||{model_key(model)}|{model.output_vocab_size}"
     entry = table.entries.setdefault(key, {})
     sizes = TIMED_TOKENS[role]
-    if any(f"{kind}:{n}" not in entry for kind in ("own", "int8") for n in sizes):
+    untimed = [n for n in sizes if f"own:{n}" not in entry or f"int8:{n}" not in entry]
+    if untimed:
         twin = twin or int8_twin(model, role)  # (a twin measured slower is not made again: the entry stays)
-        for n in sizes:
+        for n in untimed:
             own, int8 = forward_seconds([model, twin], n)
             entry.update({f"own:{n}": own, f"int8:{n}": int8})
         table.save(key)

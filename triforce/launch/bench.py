@@ -42,7 +42,7 @@ def run_bench(args) -> int:
         check_tier_settings(args, sweep_name, sweep_values)
     texts = [_read_text(f) for f in args.text]
     text = "\n".join(texts)
-    needs_draft = any(m in ("auto", "draft", "triforce") for m in args.modes) or "assisted" in args.peers
+    needs_draft = any(runs_tier(m, "draft") for m in args.modes) or "assisted" in args.peers
     if args.draft is not None and not needs_draft:
         raise UserError(f"--draft {args.draft}: none of --modes runs a draft (draft, triforce or auto do)")
     for name, values in (("--lengths", args.lengths), ("--batch", args.batch), ("--repeats", [args.repeats]),
@@ -67,9 +67,11 @@ def run_bench(args) -> int:
     mode = "triforce" if needs_draft else "retrieval" if "retrieval" in args.modes else "ar"  # (its LLM checks
     # the settings of the tiers it runs: --full-layers against the target's layers)
     settings = {**engine_settings(args), "tree1": 0, "tree2": 0}
-    for tier, own in (("retrieval", "target"), ("draft", "draft")):  # a tier no mode runs (the LLM's mode may):
-        if not any(runs_tier(m, tier) for m in args.modes):  # its model's own weights, no twin made or timed
-            settings[f"{tier}_weights"] = own
+    for tier, own in (("retrieval", "target"), ("draft", "draft")):  # a tier no mode runs (the LLM's mode may),
+        # or whose weights a sweep without "auto" sets: its model's own weights as the LLM loads, no twin timed
+        name = f"{tier}_weights"
+        if not any(runs_tier(m, tier) for m in args.modes) or (sweep_name == name and "auto" not in sweep_values):
+            settings[name] = own
     tiers = {name: settings[name] for name in (*TIER_SETTINGS, *IGNORED_BY.get(mode, ())) if name in settings}
     with settings_named_by_flags():
         EngineConfig(mode=mode, **settings)  # before anything loads
@@ -165,7 +167,7 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
                         for path, text in zip(args.text, texts)],  # (another text: other prompts)
               "model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling_applied, "device": str(llm.device),
-              "proposer_weights": _proposer_weights(llm, base, args.modes),  # (each row: what its run read)
+              "proposer_weights": _proposer_weights(llm, base, args.modes, sweep and sweep["setting"]),  # (and each row)
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,
               "top_p": args.top_p, "penalties": penalty_settings(args),
               # (the tree flags' values: the base config holds 0, and the runs of their modes take them; neither
@@ -188,12 +190,13 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
     return report
 
 
-def _proposer_weights(llm, base: EngineConfig, modes: list[str]) -> dict:
+def _proposer_weights(llm, base: EngineConfig, modes: list[str], swept: str | None) -> dict:
     """The weights of the proposing tiers that `modes` run, and why (base: its LLM's mode, which runs the
-    tiers of all of them)."""
+    tiers of all of them), but a tier whose weights are `swept` (each row names its own)."""
     ran, llm.config = llm.config, base
     try:
-        return {role: chosen for role, chosen in llm.proposer_weights.items() if any(runs_tier(m, role) for m in modes)}
+        return {role: chosen for role, chosen in llm.proposer_weights.items()
+                if any(runs_tier(m, role) for m in modes) and swept != f"{role}_weights"}
     finally:
         llm.config = ran
 

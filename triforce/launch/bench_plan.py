@@ -8,7 +8,7 @@ import os
 import random
 from pathlib import Path
 
-from ..config import DRAFT_TIER, IGNORED_BY, PROPOSAL_TREE, ConfigError, EngineConfig, sets_tier
+from ..config import DRAFT_TIER, IGNORED_BY, PROPOSAL_TREE, ConfigError, EngineConfig, runs_tier, sets_tier
 from ..coordinator.hierarchy import check_draft_window
 from ..errors import UserError
 from ..models.folders import probe_writes
@@ -156,7 +156,7 @@ def check_plan(args, llm, ids: list[int], files: list[list[int]], base: EngineCo
         if mode in ("draft", "triforce") and llm.draft is None:
             why = llm.draft_unavailable or f"{args.model} has no default one"
             raise UserError(f"--modes {mode} runs a draft, and {why}: name one with --draft")
-        if mode in ("draft", "triforce", "auto") and llm.draft is not None:  # (a run's trees, rounds2: its slack)
+        if runs_tier(mode, "draft", llm.draft is not None):  # (a run's trees, rounds2: its slack)
             check_draft_window(llm.config, llm.draft.config)
         _ = llm.retrieval_model, llm.draft_model  # the run's int8 twins, made (or refused) before any run, so
         # that the memory they take counts below

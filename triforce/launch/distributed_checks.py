@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import check_prefix_cache
+from ..config import check_prefix_cache, runs_tier
 from ..errors import UserError
 from ..models.config import ModelConfig, ModelLoadError
 from ..models.hub import resolve_model
@@ -48,7 +48,7 @@ def check_distributed_settings(args) -> None:
     if getattr(args, "control_host", None) == "auto" and args.control_bind in ("127.0.0.1", "localhost", "::1"):
         raise UserError("--control-host auto dials the leader's host name, and the leader listens on loopback "
                         "(--control-bind 127.0.0.1, the default): bind it to 0.0.0.0 or an interface")
-    if args.retrieval_policy == "dynamic" and args.mode not in ("draft", "ar"):
+    if args.retrieval_policy == "dynamic" and runs_tier(args.mode, "retrieval"):
         raise UserError("--retrieval-policy dynamic reads the target's full cache at every step, so it needs "
                         "it in the coordinator's process: it cannot run with --workers (use static)")
 

@@ -74,8 +74,9 @@ def twin_refusal(model: LlamaModel, head: bool = True, memory_share: float = 1.0
     """Why int8_twin(model, head=head) is refused, in words that follow "the int8 twin" (None: it is made): where
     it cannot run well, or would take more than `memory_share` of the memory free."""
     if model.device.type != "cpu" or model.tp is not None:
+        where = "split over a tensor-parallel group" if model.tp is not None else f"on {model.device}"
         return (f"runs on a CPU in the coordinator's process (the int8 kernel is a CPU kernel), and this model is "
-                f"on {model.device}" + (" in a tensor-parallel group" if model.tp is not None else ""))
+                f"{where}")
     if cpu_kernels() is None or model.dtype not in (torch.bfloat16, torch.float32):
         # (the reference product widens the whole matrix to float32 at every call: slower than the model itself)
         return (f"needs the CPU kernels and a bfloat16 or float32 model (here: "
