@@ -98,6 +98,34 @@ def test_auto_learns_how_the_drafts_chains_end_and_how_their_tokens_fare(models,
     assert sum(a for name, _, a in chains if name == "draft") == sum(t.accepted for t in draft_checks)
 
 
+def test_a_drafts_chains_that_do_not_stop_still_teach_where_they_would_have(models, prompt, replan_every_round):
+    """Plans that run the draft's chains to gamma (stop_below 0, as `draft` mode's mostly are): each chain
+    still notes, at the planner's threshold, where a stopping chain would have ended, up to its first unsure
+    token, and its check's tokens up to there are evidence of the STOP_RATES that plans which stop chains
+    are predicted from. The chains themselves run whole; the retrieval tier's chains note nothing."""
+    engine = scripted_engine(models, prompt, 60, "ar-first")
+    planner = engine.planner
+    planner.fixed_stop = STOP  # the threshold (stop_threshold); the scripted plans' own stop_below stays 0
+    chains = []
+    observe_chain = planner.observe_stopped_chain
+    planner.observe_stopped_chain = lambda proposer, went_on, accepted: \
+        chains.append((proposer, list(went_on), accepted)) or observe_chain(proposer, went_on, accepted)
+    planner.draft_upside = 0.0  # (no idle watch: every piece of evidence below is a running chain's)
+    tokens, metrics = engine.generate(prompt, SamplingParams(max_tokens=60, temperature=0.6, seed=3, ignore_eos=True))
+    assert chains and {proposer for proposer, *_ in chains} == {"draft"}
+    draft_checks = [t for t in metrics.tiers if t.drafter == "draft"]
+    assert sum(t.proposed for t in draft_checks) == sum(t.checks * 2 for t in draft_checks)  # (gamma1 2: whole)
+    assert all(False not in went_on[:-1] and 1 <= len(went_on) <= 2 for _, went_on, _ in chains)
+    assert any(not went_on[-1] for _, went_on, _ in chains) and any(True in went_on for _, went_on, _ in chains)
+    goes_on, sure, unsure = (planner.acceptance[name] for name in stop_names("draft"))
+    assert goes_on.trials == pytest.approx(sum(len(w) for _, w, _ in chains))
+    tried = [(was_sure, i < accepted) for _, went_on, accepted in chains for i, was_sure in enumerate(went_on[:accepted + 1])]
+    for estimate, kind in ((sure, True), (unsure, False)):
+        assert estimate.trials == pytest.approx(sum(k == kind for k, _ in tried))
+        assert estimate.successes == pytest.approx(sum(k == kind and ok for k, ok in tried))
+    assert metrics.auto and tokens
+
+
 def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path, monkeypatch):
     from triforce.coordinator.verifier import LocalVerifier
 

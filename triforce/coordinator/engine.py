@@ -69,6 +69,10 @@ class HierarchyEngine(TierPrefill):
         self.tiers, self.gammas, self.tree, self.lookup_n = tiers, gammas, tree, lookup
         self.stop_below, self.rounds_per_check = stop_below, rounds_per_check
         self.went_on: list[bool] = []  # (`_produce`)
+        # Without stop_below, a threshold at which the bottom tier's chains, running on to their gamma, note
+        # where a stopping chain would have ended (`went_on`, as far as its first unsure token): what mode
+        # auto's plans that stop chains are predicted from, learned where its plan does not stop them (auto.py)
+        self.stop_watch = 0.0
         self.rows: RequestRows | None = None  # what the request makes of its tiers' rows, from `run`
         self.guide: Guide | None = None  # the request's structured-output constraint, from `run`
         self.prompt_length: int | None = None  # the request's, from `run`
@@ -201,8 +205,9 @@ class HierarchyEngine(TierPrefill):
         probs: list[torch.Tensor] = []  # tier `level`'s distribution for each returned token, [V] each
         raw: list[torch.Tensor] = []  # and its logits there
         stop_below = self.stop_below if proposing else 0.0
+        watch = stop_below or (self.stop_watch if proposing else 0.0)
         if level == 0:  # with stop_below, whether the chain went on past each token it samples (mode auto
-            self.went_on = []  # learns how often, and how its tokens fare either way)
+            self.went_on = []  # learns how often, and how its tokens fare either way; or would have: stop_watch)
         made = 0  # rounds
         while made < rounds if rounds else len(tokens) < count:
             made += 1
@@ -224,10 +229,10 @@ class HierarchyEngine(TierPrefill):
                 tokens.append(token)
                 probs.append(row)
                 raw.append(logits)
-                if stop_below:
+                if watch and (not self.went_on or self.went_on[-1]):  # (up to the first token it stops at)
                     # (a row whose top probability is NaN, a +inf logit, goes on, as it always did)
-                    self.went_on.append(token == copy or not top_probability(logits) < stop_below)
-                    if not self.went_on[-1]:
+                    self.went_on.append(token == copy or not top_probability(logits) < watch)
+                    if stop_below and not self.went_on[-1]:
                         break
                 continue
             check = self._check_tree() if level == 1 and self.tree is not None else self._check_chain(level)
