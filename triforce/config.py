@@ -15,6 +15,7 @@ RETRIEVAL_POLICIES = ("static", "dynamic")
 # A proposing tier's weights: its model's own, an int8 copy, or whichever a forward runs faster on this machine
 RETRIEVAL_WEIGHTS = ("auto", "target", "int8")  # the retrieval tier's (its model: the target)
 DRAFT_WEIGHTS = ("auto", "draft", "int8")  # the draft tier's
+OWN_WEIGHTS = {"retrieval": "target", "draft": "draft"}  # per tier, the setting that names its model's own
 TREE_SHAPES = ("sequoia", "confidence")  # coordinator/trees.py, coordinator/confident_trees.py
 MAX_TREE = 64  # nodes per speculation tree
 MODES_WITH_DRAFT = ("auto", "triforce", "draft")  # auto runs without one too (then without the draft tier)

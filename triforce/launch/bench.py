@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..config import IGNORED_BY, EngineConfig, runs_tier
+from ..config import IGNORED_BY, OWN_WEIGHTS, EngineConfig, runs_tier
 from ..sampling_params import LOWEST_SAMPLED, SamplingParams
 from ..errors import UserError
 from ..files import read_user_text, write_whole
@@ -67,7 +67,7 @@ def run_bench(args) -> int:
     mode = "triforce" if needs_draft else "retrieval" if "retrieval" in args.modes else "ar"  # (its LLM checks
     # the settings of the tiers it runs: --full-layers against the target's layers)
     settings = {**engine_settings(args), "tree1": 0, "tree2": 0}
-    for tier, own in (("retrieval", "target"), ("draft", "draft")):  # a tier no mode runs (the LLM's mode may),
+    for tier, own in OWN_WEIGHTS.items():  # a tier no mode runs (the LLM's mode may),
         # or whose weights a sweep without "auto" sets: its model's own weights as the LLM loads, no twin timed
         name = f"{tier}_weights"
         if not any(runs_tier(m, tier) for m in args.modes) or (sweep_name == name and "auto" not in sweep_values):
