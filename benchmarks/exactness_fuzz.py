@@ -1,0 +1,309 @@
+"""Random configurations through the whole hierarchy, checked for exactness: what the fixed tests check
+case by case (tests/coordinator/test_batch.py, test_engine.py), over combinations no test names.
+
+    python benchmarks/exactness_fuzz.py [--cases 200] [--seed 0] [--only K] [--out FILE.jsonl]
+
+Each case draws, from its own seed (--seed and its index, so `--only K` repeats case K alone): a mode
+(draft, retrieval, triforce or auto: mostly on a script of plans that switch tiers, gammas and budgets
+every 1, 2 or 8 rounds, tests/scripted_planner.py, since on tiny models it would plan `ar`), the retrieval policy, budget, chunk size, full layers and refresh,
+gammas, rounds2, a tree at the bottom tier (size and shape), the prompt lookup, the draft's window, a
+fixed stop_below, int8 twins for the proposing tiers; and one to four requests of different prompt lengths, each greedy or sampled (seeded),
+with top-k / top-p / min-p, penalties, logit bias, min_tokens, stop token ids, bad words, allowed token
+ids and end-of-sequence kept or ignored, one of them maybe joining the running batch late. Tiny random
+models of the CPU kernels' shapes (a 3-layer target and its first layer as the draft; Llama or Qwen2
+with its biases; tiers that agree often or seldom: write_pairs), in float32 or, one case in three, bfloat16 (where the CPU kernels make a
+check round as steps do: docs/status.md). Then:
+- every greedy request, alone and in the batch, equals plain decoding (`ar`) alone, token for token;
+- every request gives the same tokens in the batch as alone (sampled ones from their seeds; in mode auto
+  the greedy ones only, as its seeded samples repeat only where the same plans run: docs/api.md).
+Prints a JSON line per case ({"case", "ok", "failures", "accepted_of_proposed" per checking tier over the
+requests alone, "config", "requests"}; a raised error is a failure too) and a summary; exits 1 if any case failed. tests/coordinator/test_fuzz.py runs a few cases."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+from itertools import product
+from pathlib import Path
+
+import torch
+
+import triforce.coordinator.auto as auto
+from triforce.config import IGNORED_BY, ConfigError, EngineConfig
+from triforce.coordinator.batch import SequenceBatch
+from triforce.coordinator.hierarchy import build_engine
+from triforce.models.loader import load_model
+from triforce.models.quantized import int8_twin, twin_refusal
+from triforce.sampling_params import SamplingParams
+
+VOCAB, EOS = 96, 2
+ARCHS = ("llama2", "qwen2")
+STACKS = [("target",), ("draft", "target"), ("retrieval", "target"), ("draft", "retrieval", "target")]
+# the CPU kernels' shapes (head dim 64, K a multiple of 32: tests/kernels/test_check_rows.py), so that checks
+# run the paths that round as steps do; smaller heads take torch's paths, which need not (docs/status.md)
+KERNEL_SIZED = dict(hidden_size=256, num_heads=4, num_kv_heads=2)
+SCALE = 12.0  # the initializer's range x this: peaked distributions
+DRAFT_LAYERS = 1
+# per kind of pair, what scales the output projections of attention (every layer) and of the MLPs past the
+# draft's layers (write_pairs): "close" tiers agreed on 40-85% of proposals, "far" ones on 0-20%
+SHARES = {"close": (0.003, 0.15), "far": (1.0, 1.0)}
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' helpers
+from checkpoints import write_tiny_checkpoint  # noqa: E402
+from scripted_planner import follow_script  # noqa: E402
+
+
+def write_pairs(folder: Path) -> dict:
+    """Per (architecture, kind), the folders of a target and its draft, the draft being the target's first
+    layer, embeddings and head (tests/checkpoints.py writes the target). Kind "close": attention and the
+    layers past the draft's add little to the residual stream, so the tiers agree about half the time or
+    more; "far": as written, attention decides, so a partial cache or the draft's window often disagrees."""
+    from transformers import AutoModelForCausalLM
+
+    pairs = {}
+    for arch, kind in product(ARCHS, SHARES):
+        attention, layers = SHARES[kind]
+        target = write_tiny_checkpoint(folder / f"{arch}-{kind}-target", arch, seed=11, num_layers=3, scale=SCALE,
+                                       vocab_size=VOCAB, **KERNEL_SIZED)
+        model = AutoModelForCausalLM.from_pretrained(target)
+        for i, layer in enumerate(model.model.layers):
+            layer.self_attn.o_proj.weight.data *= attention
+            if i >= DRAFT_LAYERS:
+                layer.mlp.down_proj.weight.data *= layers
+        model.save_pretrained(target)
+        model.model.layers = model.model.layers[:DRAFT_LAYERS]
+        model.config.num_hidden_layers = DRAFT_LAYERS
+        if getattr(model.config, "layer_types", None):
+            model.config.layer_types = model.config.layer_types[:DRAFT_LAYERS]
+        model.save_pretrained(folder / f"{arch}-{kind}-draft")
+        pairs[arch, kind] = [target, folder / f"{arch}-{kind}-draft"]
+    return pairs
+
+
+class Models:
+    """The models a case runs, loaded once per (architecture, dtype), with their int8 twins where made."""
+
+    def __init__(self, folders: dict):
+        self.folders, self.loaded, self.twins = folders, {}, {}
+
+    def pair(self, arch: str, kind: str, dtype: str):
+        if (arch, kind, dtype) not in self.loaded:
+            self.loaded[arch, kind, dtype] = tuple(load_model(f, dtype) for f in self.folders[arch, kind])
+        return self.loaded[arch, kind, dtype]
+
+    def twin(self, model, role: str):
+        """model's int8 twin, or None where it is refused (no CPU kernels, say)."""
+        if id(model) not in self.twins:
+            self.twins[id(model)] = None if twin_refusal(model) else int8_twin(model, role)
+        return self.twins[id(model)]
+
+
+def engine_settings(rng: random.Random) -> dict:
+    """A configuration EngineConfig accepts (drawn again where it refuses one)."""
+    while True:
+        mode = rng.choice(["draft", "retrieval", "triforce", "triforce", "auto"])
+        chunk = rng.choice([2, 4, 8])
+        s = dict(mode=mode, chunk_size=chunk, budget=chunk * rng.randint(2, 12),
+                 retrieval_policy=rng.choice(["static", "dynamic"]), full_layers=rng.choice([0, 0, 1]),
+                 refresh_every=rng.choice([8, 12, 32, 512]), sinks=rng.choice([0, 2, 4]),
+                 window=rng.choice([8, 16, 32]), prefill_chunk=rng.choice([16, 64, 512]),
+                 lookup=rng.choice([0, 2, 3]), gamma1=rng.randint(1, 6), gamma2=rng.randint(1, 8),
+                 retrieval_weights=rng.choice(["target", "target", "int8"]),
+                 draft_weights=rng.choice(["draft", "draft", "int8"]))
+        if mode == "triforce":
+            s["rounds2"] = rng.choice([0, 0, 2, 3])
+        if mode != "auto":
+            tree = rng.choice([0, 0, 3, 6, 10, "auto"])
+            s["tree2" if mode == "retrieval" else "tree1"] = tree
+            if tree:
+                s["tree_shape"] = rng.choice(["sequoia", "confidence"])
+            if mode != "retrieval" and not tree:
+                s["stop_below"] = rng.choice([0.0, 0.0, 0.3])
+        for name in IGNORED_BY.get(mode, ()):  # (LLM refuses a tier's setting in a mode without it)
+            s.pop(name, None)
+        try:
+            EngineConfig(**s)
+        except ConfigError:
+            continue
+        return s
+
+
+def request_params(rng: random.Random, index: int) -> dict:
+    """SamplingParams' settings for one request (JSON-friendly: tuples as lists)."""
+    p = dict(max_tokens=rng.randint(4, 48), ignore_eos=rng.random() < 0.7)
+    if rng.random() < 0.5:
+        p.update(temperature=0.0)
+    else:
+        p.update(temperature=rng.choice([0.6, 1.0, 1.3]), seed=1000 + index)
+        if rng.random() < 0.3:
+            p["top_k"] = rng.choice([1, 5, 20])
+        if rng.random() < 0.3:
+            p["top_p"] = rng.choice([0.5, 0.9])
+        if rng.random() < 0.2:
+            p["min_p"] = 0.1
+    if rng.random() < 0.25:
+        p.update(presence_penalty=rng.choice([0.5, 1.5]), frequency_penalty=rng.choice([0.0, 0.7]))
+    if rng.random() < 0.2:
+        p["repetition_penalty"] = rng.choice([1.2, 2.0])
+    if rng.random() < 0.2:
+        p["logit_bias"] = [[token, rng.choice([-100.0, 5.0, 30.0])] for token in rng.sample(range(3, VOCAB), 2)]
+    if rng.random() < 0.2:
+        p["min_tokens"] = rng.randint(1, p["max_tokens"])
+    if rng.random() < 0.2:
+        p["stop_token_ids"] = [rng.randrange(3, VOCAB)]
+    if rng.random() < 0.15:
+        p["bad_words_ids"] = [[rng.randrange(3, VOCAB)], [rng.randrange(3, VOCAB), rng.randrange(3, VOCAB)]]
+    if rng.random() < 0.1:
+        p["allowed_token_ids"] = sorted(rng.sample(range(3, VOCAB), 30)) + [EOS]
+    return p
+
+
+def sampling(p: dict) -> SamplingParams:
+    fixed = {k: tuple(map(tuple, v)) if k in ("logit_bias", "bad_words_ids") else tuple(v) if isinstance(v, list)
+             else v for k, v in p.items()}
+    return SamplingParams(**fixed)
+
+
+def draw_case(seed: int, index: int) -> dict:
+    rng = random.Random(f"{seed}:{index}")
+    count = rng.choice([1, 2, 2, 3, 4])
+    requests = []
+    for i in range(count):
+        prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(8, 220))]
+        requests.append(dict(prompt=prompt, params=request_params(rng, i)))
+    join_after = rng.choice([None, None, 3, 10]) if count > 1 else None
+    script = [(rng.choice(STACKS), (rng.randint(1, 6), rng.randint(1, 8)), rng.random())
+              for _ in range(rng.randint(1, 4))] if rng.random() < 0.8 else None
+    return dict(arch=rng.choice(ARCHS), kind=rng.choice(list(SHARES)), dtype=rng.choice(["float32", "float32", "bfloat16"]),
+                settings=engine_settings(rng), requests=requests, join_after=join_after, auto_script=script,
+                replan_rounds=rng.choice([1, 2, 8]))
+
+
+def engine(cfg: EngineConfig, tiers, prompt, params, script=None):
+    """The engine of one request; in mode auto on `script` where given (the case's auto_script)."""
+    target, draft, retrieval = tiers
+    made = build_engine(cfg, target, draft, len(prompt) + params.max_tokens, retrieval_model=retrieval)
+    return made if script is None or cfg.mode != "auto" else follow_script(made, cfg.budget, scripted(made, script))
+
+
+def scripted(made, script) -> list:
+    """The case's auto_script as the engine's plans: stacks of its tiers (a retrieval tier of one of its
+    budgets, picked by the entry's last number) and gammas cut to the stack's proposers."""
+    budgets = [t.name for t in made.ladder if t.name.startswith("retrieval")]
+    plans = []
+    for stack, gammas, pick in script:
+        stack = tuple(budgets[int(pick * len(budgets))] if name == "retrieval" else name for name in stack)
+        plans.append((stack, gammas[:len(stack) - 1]))
+    return plans
+
+
+def run_alone(cfg: EngineConfig, tiers, prompt, params, seen: dict | None = None, script=None) -> list[int]:
+    """The request's tokens alone; `seen` sums, per checking tier, its checks' accepted and proposed tokens
+    (so a case shows that its tiers disagreed: a check that accepts everything tests little)."""
+    tokens, metrics = engine(cfg, tiers, prompt, params, script).generate(prompt, params, (EOS,))
+    for t in metrics.tiers if seen is not None else ():
+        seen[t.name] = [a + b for a, b in zip(seen.get(t.name, [0, 0]), (t.accepted, t.proposed))]
+    return tokens
+
+
+def run_together(cfg: EngineConfig, tiers, prompts, params, join_after, script=None) -> list[list[int]]:
+    runs = [engine(cfg, tiers, p, sp, script).run(p, sp, (EOS,)) for p, sp in zip(prompts, params)]
+    batch, late = SequenceBatch(), runs.pop() if join_after is not None else None
+    handles = [batch.add(r) for r in runs]
+    if late is not None:
+        for _ in range(join_after):
+            batch.step()
+        handles.append(batch.add(late))
+    batch.run()
+    return [h.result[0] for h in handles]
+
+
+def tiers_for(case: dict, models: Models):
+    """(target, draft, retrieval tier's model) for the case; None where an int8 twin it asks for is refused."""
+    target, draft = models.pair(case["arch"], case["kind"], case["dtype"])
+    settings, retrieval = case["settings"], target
+    if settings.get("retrieval_weights") == "int8":
+        retrieval = models.twin(target, "retrieval")
+    if settings.get("draft_weights") == "int8":
+        draft = models.twin(draft, "draft")
+    return None if retrieval is None or draft is None else (target, draft, retrieval)
+
+
+def check_case(case: dict, tiers, seen: dict | None = None) -> list[str]:
+    """The case's failures, in words (none: it passed); `seen` as run_alone's."""
+    cfg = EngineConfig(**case["settings"])
+    prompts = [r["prompt"] for r in case["requests"]]
+    params = [sampling(r["params"]) for r in case["requests"]]
+    failures = []
+    script = case["auto_script"]
+    alone = [run_alone(cfg, tiers, p, sp, seen, script) for p, sp in zip(prompts, params)]
+    plain = [run_alone(EngineConfig(mode="ar", prefill_chunk=cfg.prefill_chunk), (tiers[0], None, tiers[0]), p, sp)
+             if sp.temperature == 0 else None for p, sp in zip(prompts, params)]
+    for i, want in enumerate(plain):
+        if want is not None and alone[i] != want:
+            failures.append(f"request {i} (greedy) alone parts from ar at token {parted(alone[i], want)}")
+    if len(prompts) > 1:
+        together = run_together(cfg, tiers, prompts, params, case["join_after"], script)
+        for i, sp in enumerate(params):
+            if plain[i] is not None and together[i] != plain[i]:
+                failures.append(f"request {i} (greedy) in the batch parts from ar at token {parted(together[i], plain[i])}")
+            elif plain[i] is None and cfg.mode != "auto" and together[i] != alone[i]:
+                failures.append(f"request {i} (sampled) in the batch parts from alone at token "
+                                f"{parted(together[i], alone[i])}")
+    return failures
+
+
+def parted(a: list[int], b: list[int]) -> str:
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"{at} (lengths {len(a)} / {len(b)})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", type=int, help="run case K alone (its index under --seed)")
+    p.add_argument("--out", type=Path, help="also append each case's JSON line to this file")
+    args = p.parse_args()
+    torch.set_grad_enabled(False)
+    indices = [args.only] if args.only is not None else range(args.cases)
+    failed, start = 0, time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        models = Models(write_pairs(Path(tmp)))
+        defaults = auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS
+        for index in indices:
+            case = draw_case(args.seed, index)
+            os.environ["TRIFORCE_CALIBRATION"] = tempfile.mkdtemp(dir=tmp)  # each case plans from nothing measured
+            tiers = tiers_for(case, models)
+            if tiers is None:
+                print(json.dumps(dict(case=index, seed=args.seed, skipped="an int8 twin is refused here")))
+                continue
+            seen = {}
+            auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS = (case["replan_rounds"], 1) if case["auto_script"] else defaults
+            try:
+                failures = check_case(case, tiers, seen)
+            except Exception as exc:  # a raised error is a finding too
+                failures = [f"raised {type(exc).__name__}: {exc}", traceback.format_exc(limit=-3)]
+            failed += bool(failures)
+            line = json.dumps(dict(case=index, seed=args.seed, ok=not failures, failures=failures,
+                                   accepted_of_proposed=seen,
+                                   auto_script=case["auto_script"] and case["settings"]["mode"] == "auto",
+                                   arch=case["arch"], kind=case["kind"], dtype=case["dtype"], config=case["settings"], join_after=case["join_after"],
+                                   requests=[dict(prompt_tokens=len(r["prompt"]), **r["params"])
+                                             for r in case["requests"]]))
+            print(line, flush=True)
+            if args.out:
+                with args.out.open("a") as f:
+                    f.write(line + "\n")
+    print(json.dumps(dict(cases=len(indices), failed=failed, seconds=round(time.perf_counter() - start, 1))))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
