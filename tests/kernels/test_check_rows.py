@@ -45,11 +45,12 @@ def test_a_check_gives_each_token_what_one_token_steps_give(level, folder, k, dt
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_a_batch_check_gives_each_sequence_what_its_steps_give(level, folder, dtype):
-    """Nine sequences' checks of 13 tokens in one forward (117 rows: past MAX_LOGIT_ROWS and past what the
-    bfloat16 kernel takes in one call at the avx2 level, so in pieces of 96 there; in one call at amx and in
+    """Nine sequences' checks of 13 tokens in one forward (117 rows: past what the bfloat16 kernel takes in
+    one call at the avx2 and avx512 levels, so in pieces of 96 and 24 there; in one call at amx and in
     float32) give each token what one-token steps alone give, bit for bit: the output head too (its
-    logits of more than 64 rows were torch's float32 product), and in float32 every layer (past 24 rows
-    torch's product gave a batch member other logits than its solo run)."""
+    logits of more than 64 rows were torch's float32 product), and every layer (past the kernel's rows
+    torch's product gave a batch member other logits than its solo run: in float32 past 24, in bfloat16 at
+    the avx512 level past 24 until the pieces)."""
     batch, k = 9, 13
     if batch * k > pieced_max_rows(getattr(torch, dtype)):
         pytest.skip(f"past the linear kernel's rows at {level}: torch's product")

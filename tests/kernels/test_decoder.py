@@ -16,16 +16,15 @@ from checkpoints import write_tiny_checkpoint
 
 
 def prefill_rows() -> int:
-    """A prompt's rows: past the linear kernel's, in pieces too (24; 192 at the avx2 level, 128 at amx), so
-    its products are torch's."""
-    return linear.pieced_max_rows() + 5
+    """A prompt's rows: past what the linear kernel takes in one call (24; 96 at the avx2 level, 128 at amx),
+    so its products take the kernel in pieces."""
+    return linear.kernel_max_rows() + 5
 
 
 def prefill_fused() -> bool:
-    """Whether the fused loop takes the prefill: where bfloat16 is native (the loop calls torch's product
-    past the kernel's rows, as `linear` does) and its 2 query heads per KV head are within attention's
-    rows (at the avx512 level; at amx, whose tiles take 128 rows, they are not)."""
-    return native_bf16() and 2 * prefill_rows() <= attention.kernel_max_rows()
+    """Whether the fused loop takes the prefill: where its 2 query heads per KV head are within attention's
+    rows (at the avx512 level; at avx2 and amx, where the linear kernel takes 96 and 128 rows, they are not)."""
+    return 2 * prefill_rows() <= attention.kernel_max_rows()
 
 
 def decode(model, fused):
@@ -71,7 +70,7 @@ def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, in
     real = ext.decoder_layers_bf16
     monkeypatch.setattr(ext, "decoder_layers_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     fused = decode(model, model.fused_layers)
-    # every forward took it; the prefill too where products past the linear kernel's rows are torch's
+    # every forward took it; the prefill too where attention takes its rows
     assert sorted(set(calls)) == [1, 2, 3, 4, 7] + ([prefill_rows()] if prefill_fused() else [])
     calls.clear()
     plain = decode(model, None)
@@ -151,7 +150,7 @@ def decode_batch(model, fused):
         caches, logits = [fulls[0], fulls[1], retrieval], []
         chain = lambda n: list(range(-1, n - 1))  # noqa: E731
         for shapes in (([-1], [-1, 0, 1], [-1, 0, 0, 1]), ([-1, 0, 0, 1, 1], [-1], [-1, 0]),
-                       (chain(52), chain(48), chain(30))):  # 130 rows: past the linear kernel's at every level
+                       (chain(52), chain(48), chain(30))):  # 130 rows: past the linear kernel's one call at every level
             steps = [Step.tree(torch.randint(3, 96, (len(p),), generator=g), p, c.length)
                      for p, c in zip(shapes, caches)]
             logits += model.forward_batch(steps, caches)
@@ -160,7 +159,13 @@ def decode_batch(model, fused):
         model.fused_layers = saved
 
 
-def test_fused_batches_equal_the_layer_loop_bit_for_bit(level, tmp_path, monkeypatch):
+@pytest.mark.parametrize("pieced", [None, 100])
+def test_fused_batches_equal_the_layer_loop_bit_for_bit(level, tmp_path, monkeypatch, pieced):
+    """A forward of 130 rows takes the linear kernel in pieces (pieced_max_rows: 192), or with `pieced` 100
+    torch's product past them, where the fused loop calls it too if bfloat16 is native (else the layer
+    loop runs that forward)."""
+    if pieced:
+        monkeypatch.setattr(linear, "PIECED_MAX_ROWS", pieced)
     model = load_model(write_tiny_checkpoint(tmp_path, vocab_size=96, hidden_size=256, num_heads=4, num_kv_heads=2,
                                              scale=10.0), "bfloat16")
     calls = []
@@ -168,9 +173,10 @@ def test_fused_batches_equal_the_layer_loop_bit_for_bit(level, tmp_path, monkeyp
     real = ext.decoder_layers_bf16
     monkeypatch.setattr(ext, "decoder_layers_bf16", lambda *a: calls.append(a[5]) or real(*a))
     fused = decode_batch(model, model.fused_layers)
-    # the batched forwards took it, whole; 130 rows where products past the kernel's rows are torch's
+    # the batched forwards took it, whole; 130 rows in pieces, or past them where bfloat16 is native
     batched = [rows for rows in calls if len(rows) > 1]  # (the prefills may take it too)
-    assert batched == [[1, 3, 4], [5, 1, 2]] + ([[52, 48, 30]] if native_bf16() else [])
+    takes_130 = native_bf16() or linear.pieced_max_rows() >= 130
+    assert batched == [[1, 3, 4], [5, 1, 2]] + ([[52, 48, 30]] if takes_130 else [])
     plain = decode_batch(model, None)
     for got, want in zip(fused[0], plain[0]):
         assert torch.equal(got, want)

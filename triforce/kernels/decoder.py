@@ -42,11 +42,10 @@ class FusedLayers:
             matrices += mats
         if all(int8.weight_fits(w) if isinstance(w, Int8Weight) else linear.kernel_takes(1, w)
                for w in matrices):  # (attention's rows are checked per sequence)
-            # Past the linear kernel's rows `linear` takes torch's product, which the C++ loop calls too;
-            # without native bfloat16 it takes the kernel in pieces, then computes in float32, which the
-            # loop does not mirror: the layer loop runs those forwards.
-            assert not native_bf16() or linear.pieced_max_rows() == linear.kernel_max_rows()
-            self.max_rows = UNLIMITED_ROWS if native_bf16() else linear.kernel_max_rows()
+            # `linear` takes the kernel in pieces up to pieced_max_rows() and torch's product past them, as the
+            # C++ loop does where bfloat16 is native; without it, past the pieces it computes in float32,
+            # which the loop does not mirror: the layer loop runs those forwards.
+            self.max_rows = UNLIMITED_ROWS if native_bf16() else linear.pieced_max_rows()
 
     def __call__(self, x: torch.Tensor, caches, masks, rows: list[int], cos: torch.Tensor,
                  sin: torch.Tensor) -> torch.Tensor | None:
@@ -72,4 +71,4 @@ class FusedLayers:
             last_queries.append(last_query)
         return cpu_kernels().decoder_layers_bf16(
             x, self.weights, keys, values, offsets, rows, cos, sin, self.num_heads, self.num_kv_heads, self.eps,
-            self.scale, linear.kernel_max_rows(), last_queries, list(masks))
+            self.scale, linear.kernel_max_rows(), linear.pieced_max_rows(), last_queries, list(masks))

@@ -5,8 +5,8 @@
 under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by build.py): with AMX tiles
 where the CPU has them (csrc/linear_amx.cpp, at about the same read rate for 1 to 16 rows), else with
 vector instructions (AVX512-BF16, or csrc/linear_avx2.cpp), whose rate falls with every row; up to
-kernel_max_rows() rows in one call (24; 96 at the avx2 level, 128 at amx), and at the avx2 level up to
-pieced_max_rows() in pieces of 96; torch's path past that. `reference_linear` is what the tests compare it
+kernel_max_rows() rows in one call (24; 96 at the avx2 level, 128 at amx), and up to pieced_max_rows()
+(192) in pieces of that many; torch's path past that. `reference_linear` is what the tests compare it
 with. Float32 inputs of up to FLOAT32_MAX_ROWS rows go to csrc/linear_f32.cpp on every level (AVX2 + FMA),
 where torch's float32 product of a few rows read the weights at a fraction of the memory bandwidth
 (benchmarks/float32_rows.py).
@@ -58,21 +58,20 @@ FLOAT32_MAX_ROWS = 192
 # amx_xeon_pieces.jsonl), since each pass over W serves up to 96 rows; one pass per 16 rows had been
 # 0.91-1.03 at 64 and 1.08-1.28 at 96-128 (amx_xeon.jsonl).
 AMX_BF16_MAX_ROWS = 128
-# Logits of up to this many rows go through the kernel in pieces (of kernel_max_rows()), and of up to
-# pieced_max_rows() wherever that is more: a batch's check (8 sequences of 11 tokens) then
-# gives each row the logits its one-token step gives, bit for bit, as the layers do. For 88 rows of
-# SmolLM2's head that took 0.28x the float32 path's time at the amx level and 2.4x at avx2, on a Xeon
-# (benchmarks/head_rows.py): exactness first, as AVX2_BF16_MAX_ROWS chose for the layers.
-MAX_LOGIT_ROWS = 64
-# At the avx2 level a batch's bfloat16 rows at a tier (its sequences' steps and checks, each within
-# kernel_max_rows()) go through the kernel in pieces of kernel_max_rows() up to this many: each row then
-# sums as its one-token step alone does, so a request's greedy output does not depend on its batch (past
-# 96 rows the float32-widening product parted them at near-ties; docs/batches.md). On the 2-core Zen 3
-# EPYC, SmolLM2's 30 layers' matrices (`python benchmarks/linear_bandwidth.py --past-rows --pieces`,
-# results/linear_rows/avx2_epyc_pieces.jsonl), pieces over that path 1.02x at 128 rows, 1.18x at 192,
-# 1.21x at 256 (one run). Where the CPU has native bfloat16 (avx512, amx) pieces are unmeasured, and the
-# bound stays kernel_max_rows(): the fused layer loop (kernels/decoder.py) calls torch's product past
-# that, as `linear` must then too.
+# A batch's bfloat16 rows at a tier (its sequences' steps and checks, each within kernel_max_rows()) go
+# through the kernel in pieces of kernel_max_rows() up to this many, at every level: each row then sums as
+# its one-token step alone does, so a request's greedy output does not depend on its batch (past the
+# kernel's rows torch's product parted them at near-ties: at the avx2 level past 96 rows, docs/batches.md;
+# at the avx512 level past 24, where `benchmarks/exactness_fuzz.py --seed 4 --only 52` found a batch of
+# four whose greedy member parted from `ar` at its second token). Pieces over torch's path, SmolLM2's 30
+# layers' matrices (`python benchmarks/linear_bandwidth.py --past-rows --pieces`): on the 2-core Zen 3 EPYC
+# (avx2) 1.02x at 128 rows, 1.18x at 192, 1.21x at 256 (results/linear_rows/avx2_epyc_pieces.jsonl); on a
+# 2-core Zen 4 (avx512) 0.90x at 32, 0.99x at 48, 1.06x at 64, 1.18x at 96, 1.26x at 128, 1.33x at 192
+# (zen4_avx512_pieces.jsonl): a cost paid for the exactness past about 64 rows, as float32's is. At the amx
+# level the tiles take 128 rows in one call; pieces past that are unmeasured. The output head's logits
+# take the same pieces, where the path past them widens the weights to float32 (`python
+# benchmarks/head_rows.py`, SmolLM2's head: pieces over that path 0.28x at 88 rows on the AMX Xeon, 2.4x at
+# its avx2 level; 0.11-0.83x at 24-192 rows in two runs at the Zen 4's avx512 level, results/linear_rows/zen4_head_rows.jsonl).
 PIECED_MAX_ROWS = 192
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
@@ -93,9 +92,9 @@ def kernel_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
 
 def pieced_max_rows(dtype: torch.dtype = torch.bfloat16) -> int:
     """Most rows of x of `dtype` that `linear` sends to the CPU kernel, in pieces of kernel_max_rows()
-    (bfloat16 at the avx2 level: PIECED_MAX_ROWS)."""
+    (bfloat16: PIECED_MAX_ROWS)."""
     most = kernel_max_rows(dtype)
-    return max(most, PIECED_MAX_ROWS) if most and dtype == torch.bfloat16 and not native_bf16() else most
+    return max(most, PIECED_MAX_ROWS) if most and dtype == torch.bfloat16 else most
 
 
 K_STEP = {torch.bfloat16: 32, torch.float32: 16}  # the kernels' K must be a multiple of this
@@ -150,7 +149,7 @@ def logits_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return torch.mm(x, weight.T, out_dtype=torch.float32)
     if not kernel_takes(1, weight):  # (first: on a GPU it loads no CPU kernels)
         return _float32_linear(x, weight)
-    if x.shape[0] > max(MAX_LOGIT_ROWS, pieced_max_rows()):
+    if x.shape[0] > pieced_max_rows():
         return _float32_linear(x, weight)
     return _kernel_linear(x, weight, float_out=True)
 

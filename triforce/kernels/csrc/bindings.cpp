@@ -28,5 +28,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the decoder layers of one forward of a batch of sequences over their per-layer KV buffers",
         py::arg("x"), py::arg("weights"), py::arg("keys"), py::arg("values"), py::arg("offsets"), py::arg("rows"),
         py::arg("cos"), py::arg("sin"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("eps"),
-        py::arg("scale"), py::arg("kernel_rows"), py::arg("last_query"), py::arg("masks"));
+        py::arg("scale"), py::arg("kernel_rows"), py::arg("pieced_rows"), py::arg("last_query"), py::arg("masks"));
 }

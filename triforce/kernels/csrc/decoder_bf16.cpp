@@ -19,14 +19,27 @@ namespace {
 // and down where those are int8 (models/quantized.py; empty where bfloat16)
 constexpr size_t kWeightsPerLayer = 11;
 
-// kernels/linear.py's `linear` on a CPU with native bfloat16: the kernel up to kernel_rows rows, torch's
-// product (bias inside) past them; int8 weights (with their scales) take their kernel for any rows.
+// kernels/linear.py's `linear`: the kernel up to kernel_rows rows in one call, and up to pieced_rows in
+// pieces of kernel_rows (each row sums as its one-token step's does), torch's product (bias inside) past
+// them (only where bfloat16 is native: the caller's choice); int8 weights (with their scales) take their
+// kernel for any rows.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& scale,
-                   int64_t kernel_rows) {
+                   int64_t kernel_rows, int64_t pieced_rows) {
   const bool has_bias = bias.defined() && bias.numel() > 0;
   const bool int8 = scale.numel() > 0;
-  if (!int8 && x.size(0) > kernel_rows) return has_bias ? at::linear(x, w, bias) : at::linear(x, w);
-  const auto out = int8 ? linear_i8(x, w, scale, false) : linear_bf16(x, w, false, true);
+  const int64_t n = x.size(0);
+  if (!int8 && n > pieced_rows) return has_bias ? at::linear(x, w, bias) : at::linear(x, w);
+  at::Tensor out;
+  if (int8) {
+    out = linear_i8(x, w, scale, false);
+  } else if (n <= kernel_rows) {
+    out = linear_bf16(x, w, false, true);
+  } else {
+    std::vector<at::Tensor> pieces;
+    for (int64_t r = 0; r < n; r += kernel_rows)
+      pieces.push_back(linear_bf16(x.narrow(0, r, std::min(kernel_rows, n - r)), w, false, true));
+    out = at::cat(pieces);
+  }
   return has_bias ? out + bias : out;
 }
 }  // namespace
@@ -38,13 +51,13 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
 // new tokens (the cache's `last_query` picks the accepted one after a check). masks[s]:
 // sequence s's [rows[s], m] over its last m keys (none for a chain), as decode_attention_bf16 takes it.
 // The weights are read once per layer for all sequences; each sequence attends over its own buffers.
-// Products of more than kernel_rows rows take torch's path (only where bfloat16 is native: the caller's
-// choice), as kernels/linear.py does.
+// Products of more than kernel_rows rows take the kernel in pieces up to pieced_rows, torch's path past
+// them (only where bfloat16 is native: the caller's choice), as kernels/linear.py does.
 at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weights,
                                const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                                const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
                                at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
-                               double eps, double scale, int64_t kernel_rows,
+                               double eps, double scale, int64_t kernel_rows, int64_t pieced_rows,
                                const std::vector<at::Tensor>& last_query,
                                const std::vector<std::optional<at::Tensor>>& masks) {
   const size_t seqs = rows.size();
@@ -62,7 +75,7 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
   const at::Tensor no_bias;
   for (size_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
-    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], w[7], kernel_rows);
+    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], w[7], kernel_rows, pieced_rows);
     const auto heads = qkv.view({n, hq + 2 * hkv, d}).transpose(0, 1);  // [h, n, d]
     int64_t row = 0;
     for (size_t s = 0; s < seqs; ++s) {
@@ -81,9 +94,9 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
     }
     const auto parts = decode_attention_batch_bf16(qs, ks, vs, scale, true, masks);  // every sequence's at once
     const auto attn = seqs == 1 ? parts[0] : at::cat(parts, 1);  // [hq, n, d]
-    x = x + project(attn.transpose(0, 1).reshape({n, hq * d}), w[3], no_bias, w[8], kernel_rows);
-    const auto gate_up = project(rms_norm_bf16(x, w[4], eps), w[5], no_bias, w[9], kernel_rows);
-    x = x + project(silu_mul_bf16(gate_up), w[6], no_bias, w[10], kernel_rows);
+    x = x + project(attn.transpose(0, 1).reshape({n, hq * d}), w[3], no_bias, w[8], kernel_rows, pieced_rows);
+    const auto gate_up = project(rms_norm_bf16(x, w[4], eps), w[5], no_bias, w[9], kernel_rows, pieced_rows);
+    x = x + project(silu_mul_bf16(gate_up), w[6], no_bias, w[10], kernel_rows, pieced_rows);
   }
   return x;
 }

@@ -28,6 +28,6 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
                                const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                                const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,
                                at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads,
-                               double eps, double scale, int64_t kernel_rows,
+                               double eps, double scale, int64_t kernel_rows, int64_t pieced_rows,
                                const std::vector<at::Tensor>& last_query,
                                const std::vector<std::optional<at::Tensor>>& masks);
