@@ -9,7 +9,9 @@ every 1, 2 or 8 rounds, tests/scripted_planner.py, since on tiny models it would
 gammas, rounds2, a tree at the bottom tier (size and shape), the prompt lookup, the draft's window, a
 fixed stop_below, int8 twins for the proposing tiers; and one to four requests of different prompt lengths, each greedy or sampled (seeded),
 with top-k / top-p / min-p, penalties, logit bias, min_tokens, stop token ids, bad words, allowed token
-ids and end-of-sequence kept or ignored, one of them maybe joining the running batch late. Tiny random
+ids and end-of-sequence kept or ignored, one of them maybe joining the running batch late; in three
+cases in ten the prompts begin with one document, whose blocks a prefix store keeps (the requests alone
+restore from the earlier ones, the batch's from each other). Tiny random
 models of the CPU kernels' shapes (a 3-layer target and its first layer as the draft; Llama or Qwen2
 with its biases; tiers that agree often or seldom: write_pairs), in float32 or, one case in three, bfloat16 (where the CPU kernels make a
 check round as steps do: docs/status.md). Then:
@@ -28,12 +30,14 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from itertools import product
 from pathlib import Path
 
 import torch
 
 import triforce.coordinator.auto as auto
+from triforce.cache.prefixes import PrefixStore
 from triforce.config import IGNORED_BY, ConfigError, EngineConfig
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine
@@ -52,6 +56,7 @@ DRAFT_LAYERS = 1
 # per kind of pair, what scales the output projections of attention (every layer) and of the MLPs past the
 # draft's layers (write_pairs): "close" tiers agreed on 40-85% of proposals, "far" ones on 0-20%
 SHARES = {"close": (0.003, 0.15), "far": (1.0, 1.0)}
+PREFIX_BYTES = 1 << 26  # a case's prefix store (cache/prefixes.py)
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' helpers
@@ -180,15 +185,24 @@ def draw_case(seed: int, index: int) -> dict:
     join_after = rng.choice([None, None, 3, 10]) if count > 1 else None
     script = [(rng.choice(STACKS), (rng.randint(1, 6), rng.randint(1, 8)), rng.random())
               for _ in range(rng.randint(1, 4))] if rng.random() < 0.8 else None
-    return dict(arch=rng.choice(ARCHS), kind=rng.choice(list(SHARES)), dtype=rng.choice(["float32", "float32", "bfloat16"]),
-                settings=engine_settings(rng), requests=requests, join_after=join_after, auto_script=script,
+    more = random.Random(f"{seed}:{index}:shared")  # (drawn apart: the cases drawn before it stay as they were)
+    shared = more.random() < 0.3  # the prompts begin with one document, restored from a prefix store
+    if shared:
+        document = [more.randrange(3, VOCAB) for _ in range(more.randint(16, 160))]
+        for r in requests:
+            r["prompt"] = document + r["prompt"][:more.randint(1, 40)]
+    return dict(arch=rng.choice(ARCHS), kind=rng.choice(list(SHARES)),
+                dtype=rng.choice(["float32", "float32", "bfloat16"]), settings=engine_settings(rng),
+                requests=requests, join_after=join_after, auto_script=script, shared=shared,
                 replan_rounds=rng.choice([1, 2, 8]))
 
 
-def engine(cfg: EngineConfig, tiers, prompt, params, script=None):
-    """The engine of one request; in mode auto on `script` where given (the case's auto_script)."""
+def engine(cfg: EngineConfig, tiers, prompt, params, script=None, prefixes: PrefixStore | None = None):
+    """The engine of one request; in mode auto on `script` where given (the case's auto_script); its target
+    restores and stores prompt blocks in `prefixes` where given."""
     target, draft, retrieval = tiers
-    made = build_engine(cfg, target, draft, len(prompt) + params.max_tokens, retrieval_model=retrieval)
+    made = build_engine(cfg, target, draft, len(prompt) + params.max_tokens, retrieval_model=retrieval,
+                        prefixes=prefixes)
     return made if script is None or cfg.mode != "auto" else follow_script(made, cfg.budget, scripted(made, script))
 
 
@@ -203,17 +217,19 @@ def scripted(made, script) -> list:
     return plans
 
 
-def run_alone(cfg: EngineConfig, tiers, prompt, params, seen: dict | None = None, script=None) -> list[int]:
+def run_alone(cfg: EngineConfig, tiers, prompt, params, seen: dict | None = None, script=None,
+              prefixes: PrefixStore | None = None) -> list[int]:
     """The request's tokens alone; `seen` sums, per checking tier, its checks' accepted and proposed tokens
     (so a case shows that its tiers disagreed: a check that accepts everything tests little)."""
-    tokens, metrics = engine(cfg, tiers, prompt, params, script).generate(prompt, params, (EOS,))
+    tokens, metrics = engine(cfg, tiers, prompt, params, script, prefixes).generate(prompt, params, (EOS,))
     for t in metrics.tiers if seen is not None else ():
         seen[t.name] = [a + b for a, b in zip(seen.get(t.name, [0, 0]), (t.accepted, t.proposed))]
     return tokens
 
 
-def run_together(cfg: EngineConfig, tiers, prompts, params, join_after, script=None) -> list[list[int]]:
-    runs = [engine(cfg, tiers, p, sp, script).run(p, sp, (EOS,)) for p, sp in zip(prompts, params)]
+def run_together(cfg: EngineConfig, tiers, prompts, params, join_after, script=None,
+                 prefixes: PrefixStore | None = None) -> list[list[int]]:
+    runs = [engine(cfg, tiers, p, sp, script, prefixes).run(p, sp, (EOS,)) for p, sp in zip(prompts, params)]
     batch, late = SequenceBatch(), runs.pop() if join_after is not None else None
     handles = [batch.add(r) for r in runs]
     if late is not None:
@@ -235,6 +251,24 @@ def tiers_for(case: dict, models: Models):
     return None if retrieval is None or draft is None else (target, draft, retrieval)
 
 
+@contextmanager
+def case_environment(case: dict, calibration: Path):
+    """Runs the case with a calibration folder of its own (it plans from nothing measured) and, on an auto
+    script, replanning as often as the case says."""
+    saved = os.environ.get("TRIFORCE_CALIBRATION"), auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS
+    os.environ["TRIFORCE_CALIBRATION"] = str(calibration)
+    if case["auto_script"]:
+        auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS = case["replan_rounds"], 1
+    try:
+        yield
+    finally:
+        auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS = saved[1:]
+        if saved[0] is None:
+            os.environ.pop("TRIFORCE_CALIBRATION")
+        else:
+            os.environ["TRIFORCE_CALIBRATION"] = saved[0]
+
+
 def check_case(case: dict, tiers, seen: dict | None = None) -> list[str]:
     """The case's failures, in words (none: it passed); `seen` as run_alone's."""
     cfg = EngineConfig(**case["settings"])
@@ -242,14 +276,16 @@ def check_case(case: dict, tiers, seen: dict | None = None) -> list[str]:
     params = [sampling(r["params"]) for r in case["requests"]]
     failures = []
     script = case["auto_script"]
-    alone = [run_alone(cfg, tiers, p, sp, seen, script) for p, sp in zip(prompts, params)]
+    store = (lambda: PrefixStore(PREFIX_BYTES, cfg.prefill_chunk)) if case["shared"] else (lambda: None)
+    alone_store = store()  # (shared by the requests run alone one after another: the later ones restore)
+    alone = [run_alone(cfg, tiers, p, sp, seen, script, alone_store) for p, sp in zip(prompts, params)]
     plain = [run_alone(EngineConfig(mode="ar", prefill_chunk=cfg.prefill_chunk), (tiers[0], None, tiers[0]), p, sp)
              if sp.temperature == 0 else None for p, sp in zip(prompts, params)]
     for i, want in enumerate(plain):
         if want is not None and alone[i] != want:
             failures.append(f"request {i} (greedy) alone parts from ar at token {parted(alone[i], want)}")
     if len(prompts) > 1:
-        together = run_together(cfg, tiers, prompts, params, case["join_after"], script)
+        together = run_together(cfg, tiers, prompts, params, case["join_after"], script, store())
         for i, sp in enumerate(params):
             if plain[i] is not None and together[i] != plain[i]:
                 failures.append(f"request {i} (greedy) in the batch parts from ar at token {parted(together[i], plain[i])}")
@@ -276,25 +312,23 @@ def main() -> None:
     failed, start = 0, time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         models = Models(write_pairs(Path(tmp)))
-        defaults = auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS
         for index in indices:
             case = draw_case(args.seed, index)
-            os.environ["TRIFORCE_CALIBRATION"] = tempfile.mkdtemp(dir=tmp)  # each case plans from nothing measured
             tiers = tiers_for(case, models)
             if tiers is None:
                 print(json.dumps(dict(case=index, seed=args.seed, skipped="an int8 twin is refused here")))
                 continue
             seen = {}
-            auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS = (case["replan_rounds"], 1) if case["auto_script"] else defaults
             try:
-                failures = check_case(case, tiers, seen)
+                with case_environment(case, Path(tmp) / f"calibration{index}"):
+                    failures = check_case(case, tiers, seen)
             except Exception as exc:  # a raised error is a finding too
                 failures = [f"raised {type(exc).__name__}: {exc}", traceback.format_exc(limit=-3)]
             failed += bool(failures)
             line = json.dumps(dict(case=index, seed=args.seed, ok=not failures, failures=failures,
                                    accepted_of_proposed=seen,
                                    auto_script=case["auto_script"] and case["settings"]["mode"] == "auto",
-                                   arch=case["arch"], kind=case["kind"], dtype=case["dtype"], config=case["settings"], join_after=case["join_after"],
+                                   shared_prefix=case["shared"], arch=case["arch"], kind=case["kind"], dtype=case["dtype"], config=case["settings"], join_after=case["join_after"],
                                    requests=[dict(prompt_tokens=len(r["prompt"]), **r["params"])
                                              for r in case["requests"]]))
             print(line, flush=True)
