@@ -87,7 +87,10 @@ def token_logprobs(logits: list[torch.Tensor] | torch.Tensor, tokens: list[int],
     if not tokens:
         return []
     rows = torch.stack(logits) if isinstance(logits, list) else logits  # [n, V]
-    norm = torch.logsumexp(rows.float(), dim=-1)  # [n]: log softmax is each logit less this
+    # [n]: log softmax is each logit less this. Row by row: over [n, V] torch sums a row in another order than
+    # over [1, V] (random rows of 49,152 logits: 32 of 200 [7, V] tensors differed in the last bits), and a
+    # check's log-probabilities are then not those of plain decoding's one-token steps (benchmarks/api_fuzz.py)
+    norm = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in rows])
     picked = rows.gather(1, torch.tensor(tokens)[:, None])  # [n, 1]
     chosen = (picked[:, 0].float() - norm).tolist()
     ranks = (rows >= picked).sum(dim=-1).tolist()  # how many are as likely or more, itself too (vLLM's rank)

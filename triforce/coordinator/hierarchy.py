@@ -77,8 +77,9 @@ def check_draft_window(cfg: EngineConfig, draft: ModelConfig) -> None:
 # against. Counted (tests/coordinator/test_cache_bytes.py): up to 94 rows for a tiny triforce request's
 # 22 tokens of slack, where this gives 142.
 ROWS_PER_CHECKED_TOKEN = 3
-# And per token of a prompt chunk it scores (prompt_logprobs): two at the peak, the chunk's logits and
-# logsumexp's temporary of their size (logprobs.py: token_logprobs; torch before 2.x made two), counted as three.
+# And per token of a prompt chunk it scores (prompt_logprobs): the chunk's logits and what scoring them
+# holds beside (logprobs.py: token_logprobs, a row at a time; over the whole chunk, before 2026-12-05,
+# logsumexp's temporary of its size, two before torch 2.x), counted as three.
 ROWS_PER_SCORED_TOKEN = 3
 
 

@@ -1,0 +1,52 @@
+"""A few cases of the exactness fuzzers (random configurations of every mode, tree, batch and request setting,
+in float32 and bfloat16): benchmarks/exactness_fuzz.py on the engine, benchmarks/api_fuzz.py through
+LLM.generate. Greedy requests equal plain decoding, alone and in their batch; seeded samples are the same
+alone and in the batch. The scripts run many more (`--cases 2000`)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+SEED, CASES, GROUPS = 0, 32, 4  # the engine's cases, run in GROUPS tests
+API_CASES = 10
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # (api_fuzz imports exactness_fuzz by name)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fuzz(tmp_path_factory):
+    """The engine fuzzer and the api one, and their models (with tokenizers, which the engine's cases ignore)."""
+    engine, api = script("exactness_fuzz"), script("api_fuzz")
+    return engine, api, api.write_text_pairs(tmp_path_factory.mktemp("fuzz"))
+
+
+@pytest.mark.parametrize("group", range(GROUPS))
+def test_random_configurations_are_exact(fuzz, group, tmp_path):
+    module, _, folders = fuzz
+    models, seen = module.Models(folders), {}
+    for index in range(group, CASES, GROUPS):
+        case = module.draw_case(SEED, index)
+        tiers = module.tiers_for(case, models)
+        if tiers is None:
+            continue  # an int8 twin refused here (no CPU kernels)
+        with module.case_environment(case, tmp_path / str(index)):
+            assert module.check_case(case, tiers, seen) == [], (index, case["settings"])
+    accepted = sum(a for a, _ in seen.values())
+    proposed = sum(p for _, p in seen.values())
+    assert 0 < accepted < proposed  # the tiers agreed on some proposals and not on others
+
+
+def test_random_requests_through_llm_generate_are_exact(fuzz, tmp_path):
+    engine_fuzz, api, folders = fuzz
+    for index in range(API_CASES):
+        case = api.draw_case(SEED, index)
+        with engine_fuzz.case_environment(dict(auto_script=None), tmp_path / str(index)):
+            assert api.check_case(case, folders) == [], (index, case)
