@@ -17,13 +17,11 @@ and then a constraint (a regular expression or a choice). Then:
 Prints a JSON line per case and a summary; exits 1 if any case failed."""
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -130,12 +128,7 @@ def differs(a: list, b: list) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cases", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--only", type=int, help="run case K alone (its index under --seed)")
-    p.add_argument("--out", type=Path, help="also append each case's JSON line to this file")
-    args = p.parse_args()
+    args = fuzz.case_arguments(__doc__).parse_args()
     torch.set_grad_enabled(False)
     indices = [args.only] if args.only is not None else range(args.cases)
     failed, start = 0, time.perf_counter()
@@ -143,17 +136,10 @@ def main() -> None:
         folders = write_text_pairs(Path(tmp))
         for index in indices:
             case = draw_case(args.seed, index)
-            try:
-                with fuzz.case_environment(dict(auto_script=None), Path(tmp) / f"calibration{index}"):
-                    failures = check_case(case, folders)
-            except Exception as exc:  # a raised error is a finding too
-                failures = [f"raised {type(exc).__name__}: {exc}", traceback.format_exc(limit=-3)]
+            with fuzz.case_environment(dict(auto_script=None), Path(tmp) / f"calibration{index}"):
+                failures = fuzz.findings(lambda: check_case(case, folders))
             failed += bool(failures)
-            line = json.dumps(dict(case=index, seed=args.seed, ok=not failures, failures=failures, **case))
-            print(line, flush=True)
-            if args.out:
-                with args.out.open("a") as f:
-                    f.write(line + "\n")
+            fuzz.record(dict(case=index, seed=args.seed, ok=not failures, failures=failures, **case), args.out)
     print(json.dumps(dict(cases=len(indices), failed=failed, seconds=round(time.perf_counter() - start, 1))))
     sys.exit(1 if failed else 0)
 

@@ -2,6 +2,7 @@
 case by case (tests/coordinator/test_batch.py, test_engine.py), over combinations no test names.
 
     python benchmarks/exactness_fuzz.py [--cases 200] [--seed 0] [--only K] [--out FILE.jsonl]
+                                        [--workers N [--pair llama2:close]]
 
 Each case draws, from its own seed (--seed and its index, so `--only K` repeats case K alone): a mode
 (draft, retrieval, triforce or auto: mostly on a script of plans that switch tiers, gammas and budgets
@@ -15,7 +16,8 @@ the prompts begin with one document, whose blocks a prefix store keeps (the requ
 the earlier ones, the batch's from each other). Tiny random models of the CPU kernels' shapes (a 3-layer
 target and its first layer as the draft; Llama or Qwen2 with its biases; tiers that agree often or
 seldom: write_pairs), in float32 or, one case in three, bfloat16 (where the CPU kernels make a check round
-as steps do: docs/status.md). Then:
+as steps do: docs/status.md); with --workers, every target check (of `ar` too) on a worker group over
+gloo, in float32, one pair for every case. Then:
 - every greedy request, alone and in the batch, equals plain decoding (`ar`) alone, token for token;
 - every request gives the same tokens in the batch as alone (sampled ones from their seeds, but where what
   runs follows costs measured as it goes, mode auto and trees sized or shaped by them, the greedy ones only:
@@ -43,7 +45,8 @@ import triforce.coordinator.auto as auto
 from triforce.cache.prefixes import PrefixStore
 from triforce.config import IGNORED_BY, ConfigError, EngineConfig
 from triforce.coordinator.batch import SequenceBatch
-from triforce.coordinator.hierarchy import build_engine
+from triforce.coordinator.hierarchy import build_engine, graph_sizes, speculation_slack
+from triforce.coordinator.remote import RemoteVerifier
 from triforce.models.loader import load_model
 from triforce.models.quantized import int8_twin, twin_refusal
 from triforce.sampling_params import SamplingParams
@@ -200,12 +203,20 @@ def draw_case(seed: int, index: int) -> dict:
                 replan_rounds=rng.choice([1, 2, 8]))
 
 
+GROUP = None  # with --workers: the worker group (tests/workers/worker_group.py) every target check runs on
+OPEN: list = []  # the remote verifiers of the requests running (closed after: the group frees their caches)
+
+
 def engine(cfg: EngineConfig, tiers, prompt, params, script=None, prefixes: PrefixStore | None = None):
     """The engine of one request; in mode auto on `script` where given (the case's auto_script); its target
-    restores and stores prompt blocks in `prefixes` where given."""
+    restores and stores prompt blocks in `prefixes` where given, or verifies on GROUP."""
     target, draft, retrieval = tiers
-    made = build_engine(cfg, target, draft, len(prompt) + params.max_tokens, retrieval_model=retrieval,
-                        prefixes=prefixes)
+    length, verifier = len(prompt) + params.max_tokens, None
+    if GROUP is not None:
+        verifier = RemoteVerifier(GROUP.channel, target, length + speculation_slack(cfg),
+                                  graph_sizes(cfg, GROUP.channel.prefill_chunk))
+        OPEN.append(verifier)
+    made = build_engine(cfg, target, draft, length, verifier, retrieval_model=retrieval, prefixes=prefixes)
     return made if script is None or cfg.mode != "auto" else follow_script(made, cfg.budget, scripted(made, script))
 
 
@@ -224,7 +235,10 @@ def run_alone(cfg: EngineConfig, tiers, prompt, params, seen: dict | None = None
               prefixes: PrefixStore | None = None) -> list[int]:
     """The request's tokens alone; `seen` sums, per checking tier, its checks' accepted and proposed tokens
     (so a case shows that its tiers disagreed: a check that accepts everything tests little)."""
-    tokens, metrics = engine(cfg, tiers, prompt, params, script, prefixes).generate(prompt, params, (EOS,))
+    try:
+        tokens, metrics = engine(cfg, tiers, prompt, params, script, prefixes).generate(prompt, params, (EOS,))
+    finally:
+        close_verifiers()
     for t in metrics.tiers if seen is not None else ():
         seen[t.name] = [a + b for a, b in zip(seen.get(t.name, [0, 0]), (t.accepted, t.proposed))]
     return tokens
@@ -232,7 +246,15 @@ def run_alone(cfg: EngineConfig, tiers, prompt, params, seen: dict | None = None
 
 def run_together(cfg: EngineConfig, tiers, prompts, params, join_after, script=None,
                  prefixes: PrefixStore | None = None) -> list[list[int]]:
-    runs = [engine(cfg, tiers, p, sp, script, prefixes).run(p, sp, (EOS,)) for p, sp in zip(prompts, params)]
+    try:
+        return batched([engine(cfg, tiers, p, sp, script, prefixes).run(p, sp, (EOS,))
+                        for p, sp in zip(prompts, params)], join_after)
+    finally:
+        close_verifiers()
+
+
+def batched(runs: list, join_after: int | None) -> list[list[int]]:
+    """The runs' tokens, run as one batch (the last joining it after `join_after` steps where given)."""
     batch, late = SequenceBatch(), runs.pop() if join_after is not None else None
     handles = [batch.add(r) for r in runs]
     if late is not None:
@@ -241,6 +263,11 @@ def run_together(cfg: EngineConfig, tiers, prompts, params, join_after, script=N
         handles.append(batch.add(late))
     batch.run()
     return [h.result[0] for h in handles]
+
+
+def close_verifiers() -> None:
+    while OPEN:
+        OPEN.pop().close()
 
 
 def tiers_for(case: dict, models: Models):
@@ -312,42 +339,75 @@ def parted(a: list[int], b: list[int]) -> str:
     return f"{at} (lengths {len(a)} / {len(b)})"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def case_arguments(doc: str) -> argparse.ArgumentParser:
+    """The arguments of both fuzzers (this and api_fuzz.py)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", type=int, help="run case K alone (its index under --seed)")
     p.add_argument("--out", type=Path, help="also append each case's JSON line to this file")
+    return p
+
+
+def findings(check) -> list[str]:
+    """check()'s failures, in words, or the error it raised (a finding too)."""
+    try:
+        return check()
+    except Exception as exc:
+        return [f"raised {type(exc).__name__}: {exc}", traceback.format_exc(limit=-3)]
+
+
+def record(line: dict, out: Path | None) -> None:
+    """Prints a case's JSON line, and appends it to `out` where given."""
+    text = json.dumps(line)
+    print(text, flush=True)
+    if out:
+        with out.open("a") as f:
+            f.write(text + "\n")
+
+
+def main() -> None:
+    p = case_arguments(__doc__)
+    p.add_argument("--workers", type=int, default=0,
+                   help="verify every target check on a gloo worker group of this many processes (float32, one "
+                        "pair for every case: --pair)")
+    p.add_argument("--pair", default="llama2:close", help="ARCH:KIND of the pair the worker group serves")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     indices = [args.only] if args.only is not None else range(args.cases)
     failed, start = 0, time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         models = Models(write_pairs(Path(tmp)))
+        pair = tuple(args.pair.split(":"))
+        if args.workers:
+            global GROUP
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "workers"))
+            from worker_group import Group
+
+            GROUP = Group(models.folders[pair][0], args.workers, Path(tmp))
         for index in indices:
             case = draw_case(args.seed, index)
+            if args.workers:  # the group's model, in the dtype it runs (and the static policy: the dynamic one
+                case.update(arch=pair[0], kind=pair[1], dtype="float32")  # needs the full cache in this process)
+                if "retrieval_policy" in case["settings"]:
+                    case["settings"]["retrieval_policy"] = "static"
             tiers = tiers_for(case, models)
             if tiers is None:
                 print(json.dumps(dict(case=index, seed=args.seed, skipped="an int8 twin is refused here")))
                 continue
             seen = {}
-            try:
-                with case_environment(case, Path(tmp) / f"calibration{index}"):
-                    failures = check_case(case, tiers, seen)
-            except Exception as exc:  # a raised error is a finding too
-                failures = [f"raised {type(exc).__name__}: {exc}", traceback.format_exc(limit=-3)]
+            with case_environment(case, Path(tmp) / f"calibration{index}"):
+                failures = findings(lambda: check_case(case, tiers, seen))
             failed += bool(failures)
-            line = json.dumps(dict(case=index, seed=args.seed, ok=not failures, failures=failures,
+            record(dict(case=index, seed=args.seed, ok=not failures, failures=failures,
                                    accepted_of_proposed=seen,
                                    auto_script=case["auto_script"] and case["settings"]["mode"] == "auto",
                                    shared_prefix=case["shared"], arch=case["arch"], kind=case["kind"],
                                    dtype=case["dtype"], config=case["settings"], join_after=case["join_after"],
                                    requests=[dict(prompt_tokens=len(r["prompt"]), **r["params"])
-                                             for r in case["requests"]]))
-            print(line, flush=True)
-            if args.out:
-                with args.out.open("a") as f:
-                    f.write(line + "\n")
+                                             for r in case["requests"]]), args.out)
+        if GROUP is not None:
+            GROUP.close()
     print(json.dumps(dict(cases=len(indices), failed=failed, seconds=round(time.perf_counter() - start, 1))))
     sys.exit(1 if failed else 0)
 

@@ -6,7 +6,7 @@ under the memory bandwidth. The kernel is csrc/linear_bf16.cpp (built by build.p
 where the CPU has them (csrc/linear_amx.cpp, at about the same read rate for 1 to 16 rows), else with
 vector instructions (AVX512-BF16, or csrc/linear_avx2.cpp), whose rate falls with every row; up to
 kernel_max_rows() rows in one call (24; 96 at the avx2 level, 128 at amx), and up to pieced_max_rows()
-(192) in pieces of that many; torch's path past that. `reference_linear` is what the tests compare it
+(192) in pieces of kernel_max_rows(); torch's path past that. `reference_linear` is what the tests compare it
 with. Float32 inputs of up to FLOAT32_MAX_ROWS rows go to csrc/linear_f32.cpp on every level (AVX2 + FMA),
 where torch's float32 product of a few rows read the weights at a fraction of the memory bandwidth
 (benchmarks/float32_rows.py).
@@ -71,7 +71,8 @@ AMX_BF16_MAX_ROWS = 128
 # level the tiles take 128 rows in one call; pieces past that are unmeasured. The output head's logits
 # take the same pieces, where the path past them widens the weights to float32 (`python
 # benchmarks/head_rows.py`, SmolLM2's head: pieces over that path 0.28x at 88 rows on the AMX Xeon, 2.4x at
-# its avx2 level; 0.11-0.83x at 24-192 rows in two runs at the Zen 4's avx512 level, results/linear_rows/zen4_head_rows.jsonl).
+# its avx2 level; 0.11-0.83x at 24-192 rows in two runs at the Zen 4's avx512 level,
+# results/linear_rows/zen4_head_rows.jsonl).
 PIECED_MAX_ROWS = 192
 FLOAT32_BLOCK_ROWS = 1024  # without the kernel: weight rows converted to float32 at a time (2.3 MB at K = 576)
 
