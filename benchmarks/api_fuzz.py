@@ -17,9 +17,7 @@ and then a constraint (a regular expression or a choice). Then:
 Prints a JSON line per case and a summary; exits 1 if any case failed."""
 from __future__ import annotations
 
-import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -136,12 +134,11 @@ def main() -> None:
         folders = write_text_pairs(Path(tmp))
         for index in indices:
             case = draw_case(args.seed, index)
-            with fuzz.case_environment(dict(auto_script=None), Path(tmp) / f"calibration{index}"):
+            with fuzz.case_environment(Path(tmp) / f"calibration{index}"):
                 failures = fuzz.findings(lambda: check_case(case, folders))
             failed += bool(failures)
             fuzz.record(dict(case=index, seed=args.seed, ok=not failures, failures=failures, **case), args.out)
-    print(json.dumps(dict(cases=len(indices), failed=failed, seconds=round(time.perf_counter() - start, 1))))
-    sys.exit(1 if failed else 0)
+    fuzz.finish(len(indices), failed, start)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def write_pairs(folder: Path) -> dict:
 
 
 class Models:
-    """The models a case runs, loaded once per (architecture, dtype), with their int8 twins where made."""
+    """The models a case runs, loaded once per (architecture, kind, dtype), with their int8 twins where made."""
 
     def __init__(self, folders: dict):
         self.folders, self.loaded, self.twins = folders, {}, {}
@@ -282,13 +282,13 @@ def tiers_for(case: dict, models: Models):
 
 
 @contextmanager
-def case_environment(case: dict, calibration: Path):
-    """Runs the case with a calibration folder of its own (it plans from nothing measured) and, on an auto
-    script, replanning as often as the case says."""
+def case_environment(calibration: Path, replan_rounds: int | None = None):
+    """Runs a case with a calibration folder of its own (it plans from nothing measured) and, for an auto
+    script (`replan_rounds` given), replanning every that many rounds."""
     saved = os.environ.get("TRIFORCE_CALIBRATION"), auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS
     os.environ["TRIFORCE_CALIBRATION"] = str(calibration)
-    if case["auto_script"]:
-        auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS = case["replan_rounds"], 1
+    if replan_rounds is not None:
+        auto.REPLAN_ROUNDS, auto.MIN_PLANNED_TOKENS = replan_rounds, 1
     try:
         yield
     finally:
@@ -297,6 +297,11 @@ def case_environment(case: dict, calibration: Path):
             os.environ.pop("TRIFORCE_CALIBRATION")
         else:
             os.environ["TRIFORCE_CALIBRATION"] = saved[0]
+
+
+def replanning(case: dict) -> int | None:
+    """The case's replan_rounds where it runs an auto script (case_environment's argument)."""
+    return case["replan_rounds"] if case["auto_script"] else None
 
 
 def check_case(case: dict, tiers, seen: dict | None = None) -> list[str]:
@@ -366,6 +371,12 @@ def record(line: dict, out: Path | None) -> None:
             f.write(text + "\n")
 
 
+def finish(count: int, failed: int, start: float) -> None:
+    """Prints the summary line and exits, 1 if any case failed."""
+    print(json.dumps(dict(cases=count, failed=failed, seconds=round(time.perf_counter() - start, 1))))
+    sys.exit(1 if failed else 0)
+
+
 def main() -> None:
     p = case_arguments(__doc__)
     p.add_argument("--workers", type=int, default=0,
@@ -385,32 +396,31 @@ def main() -> None:
             from worker_group import Group
 
             GROUP = Group(models.folders[pair][0], args.workers, Path(tmp))
-        for index in indices:
-            case = draw_case(args.seed, index)
-            if args.workers:  # the group's model, in the dtype it runs (and the static policy: the dynamic one
-                case.update(arch=pair[0], kind=pair[1], dtype="float32")  # needs the full cache in this process)
-                if "retrieval_policy" in case["settings"]:
-                    case["settings"]["retrieval_policy"] = "static"
-            tiers = tiers_for(case, models)
-            if tiers is None:
-                print(json.dumps(dict(case=index, seed=args.seed, skipped="an int8 twin is refused here")))
-                continue
-            seen = {}
-            with case_environment(case, Path(tmp) / f"calibration{index}"):
-                failures = findings(lambda: check_case(case, tiers, seen))
-            failed += bool(failures)
-            record(dict(case=index, seed=args.seed, ok=not failures, failures=failures,
-                                   accepted_of_proposed=seen,
-                                   auto_script=case["auto_script"] and case["settings"]["mode"] == "auto",
-                                   shared_prefix=case["shared"], arch=case["arch"], kind=case["kind"],
-                                   dtype=case["dtype"], config=case["settings"], join_after=case["join_after"],
-                                   requests=[dict(prompt_tokens=len(r["prompt"]), **r["params"])
-                                             for r in case["requests"]]), args.out)
-        if GROUP is not None:
-            GROUP.close()
-    print(json.dumps(dict(cases=len(indices), failed=failed, seconds=round(time.perf_counter() - start, 1))))
-    sys.exit(1 if failed else 0)
-
+        try:
+            for index in indices:
+                case = draw_case(args.seed, index)
+                if args.workers:  # the group's model, in the dtype it runs, and the static policy (the dynamic
+                    case.update(arch=pair[0], kind=pair[1], dtype="float32")  # one needs the full cache here)
+                    if "retrieval_policy" in case["settings"]:
+                        case["settings"]["retrieval_policy"] = "static"
+                tiers = tiers_for(case, models)
+                if tiers is None:
+                    record(dict(case=index, seed=args.seed, skipped="an int8 twin is refused here"), args.out)
+                    continue
+                seen = {}
+                with case_environment(Path(tmp) / f"calibration{index}", replanning(case)):
+                    failures = findings(lambda: check_case(case, tiers, seen))
+                failed += bool(failures)
+                record(dict(case=index, seed=args.seed, ok=not failures, failures=failures, accepted_of_proposed=seen,
+                            auto_script=case["auto_script"] and case["settings"]["mode"] == "auto",
+                            shared_prefix=case["shared"], arch=case["arch"], kind=case["kind"], dtype=case["dtype"],
+                            config=case["settings"], join_after=case["join_after"],
+                            requests=[dict(prompt_tokens=len(r["prompt"]), **r["params"]) for r in case["requests"]]),
+                       args.out)
+        finally:
+            if GROUP is not None:
+                GROUP.close()
+    finish(len(indices), failed, start)
 
 if __name__ == "__main__":
     main()

@@ -37,7 +37,7 @@ def test_random_configurations_are_exact(fuzz, group, tmp_path):
         tiers = module.tiers_for(case, models)
         if tiers is None:
             continue  # an int8 twin refused here (no CPU kernels)
-        with module.case_environment(case, tmp_path / str(index)):
+        with module.case_environment(tmp_path / str(index), module.replanning(case)):
             assert module.check_case(case, tiers, seen) == [], (index, case["settings"])
     accepted = sum(a for a, _ in seen.values())
     proposed = sum(p for _, p in seen.values())
@@ -48,5 +48,5 @@ def test_random_requests_through_llm_generate_are_exact(fuzz, tmp_path):
     engine_fuzz, api, folders = fuzz
     for index in range(API_CASES):
         case = api.draw_case(SEED, index)
-        with engine_fuzz.case_environment(dict(auto_script=None), tmp_path / str(index)):
+        with engine_fuzz.case_environment(tmp_path / str(index)):
             assert api.check_case(case, folders) == [], (index, case)

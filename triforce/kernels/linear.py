@@ -62,7 +62,7 @@ AMX_BF16_MAX_ROWS = 128
 # through the kernel in pieces of kernel_max_rows() up to this many, at every level: each row then sums as
 # its one-token step alone does, so a request's greedy output does not depend on its batch (past the
 # kernel's rows torch's product parted them at near-ties: at the avx2 level past 96 rows, docs/batches.md;
-# at the avx512 level past 24, where `benchmarks/exactness_fuzz.py --seed 4 --only 52` found a batch of
+# at the avx512 level past 24, where `exactness_fuzz.py --seed 4 --only 52` at 452720f found a batch of
 # four whose greedy member parted from `ar` at its second token). Pieces over torch's path, SmolLM2's 30
 # layers' matrices (`python benchmarks/linear_bandwidth.py --past-rows --pieces`): on the 2-core Zen 3 EPYC
 # (avx2) 1.02x at 128 rows, 1.18x at 192, 1.21x at 256 (results/linear_rows/avx2_epyc_pieces.jsonl); on a
