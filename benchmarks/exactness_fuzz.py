@@ -2,7 +2,7 @@
 case by case (tests/coordinator/test_batch.py, test_engine.py), over combinations no test names.
 
     python benchmarks/exactness_fuzz.py [--cases 200] [--seed 0] [--only K] [--out FILE.jsonl]
-                                        [--workers N [--pair llama2:close]]
+                                        [--workers N [--pair llama2:close]] [--vocab 96]
 
 Each case draws, from its own seed (--seed and its index, so `--only K` repeats case K alone): a mode
 (draft, retrieval, triforce or auto: mostly on a script of plans that switch tiers, gammas and budgets
@@ -17,7 +17,9 @@ the earlier ones, the batch's from each other). Tiny random models of the CPU ke
 target and its first layer as the draft; Llama or Qwen2 with its biases; tiers that agree often or
 seldom: write_pairs), in float32 or, one case in three, bfloat16 (where the CPU kernels make a check round
 as steps do: docs/status.md); with --workers, every target check (of `ar` too) on a worker group over
-gloo, in float32, one pair for every case. Then:
+gloo, in float32, one pair for every case. `--vocab` widens the models' vocabulary (96 by default): at a
+real one's size (49152) torch splits a lone row's sums between two threads and sums a row of [n, V]
+whole, which a batch's rows and a lone request's could round apart by (--vocab draws other cases). Then:
 - every greedy request, alone and in the batch, equals plain decoding (`ar`) alone, token for token;
 - every request gives the same tokens in the batch as alone (sampled ones from their seeds, but where what
   runs follows costs measured as it goes, mode auto and trees sized or shaped by them, the greedy ones only:
@@ -378,12 +380,15 @@ def finish(count: int, failed: int, start: float) -> None:
 
 
 def main() -> None:
+    global GROUP, VOCAB
     p = case_arguments(__doc__)
     p.add_argument("--workers", type=int, default=0,
                    help="verify every target check on a gloo worker group of this many processes (float32, one "
                         "pair for every case: --pair)")
     p.add_argument("--pair", default="llama2:close", help="ARCH:KIND of the pair the worker group serves")
+    p.add_argument("--vocab", type=int, default=VOCAB, help="the models' vocabulary size (a real one: 49152)")
     args = p.parse_args()
+    VOCAB = args.vocab
     torch.set_grad_enabled(False)
     indices = [args.only] if args.only is not None else range(args.cases)
     failed, start = 0, time.perf_counter()
@@ -391,7 +396,6 @@ def main() -> None:
         models = Models(write_pairs(Path(tmp)))
         pair = tuple(args.pair.split(":"))
         if args.workers:
-            global GROUP
             sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "workers"))
             from worker_group import Group
 
@@ -411,7 +415,7 @@ def main() -> None:
                 with case_environment(Path(tmp) / f"calibration{index}", replanning(case)):
                     failures = findings(lambda: check_case(case, tiers, seen))
                 failed += bool(failures)
-                record(dict(case=index, seed=args.seed, ok=not failures, failures=failures, accepted_of_proposed=seen,
+                record(dict(case=index, seed=args.seed, vocab=VOCAB, ok=not failures, failures=failures, accepted_of_proposed=seen,
                             auto_script=case["auto_script"] and case["settings"]["mode"] == "auto",
                             shared_prefix=case["shared"], arch=case["arch"], kind=case["kind"], dtype=case["dtype"],
                             config=case["settings"], join_after=case["join_after"],

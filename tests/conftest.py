@@ -52,6 +52,17 @@ def _quiet_torch():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def two_threads():
+    """torch on two threads for one test (the suite's workers run one each): with two, torch splits a
+    reduction over a lone row of a real vocabulary's size between them, and sums each row of [n, V] whole,
+    so a lone row and the same row among others can round apart."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def calibration(tmp_path_factory, monkeypatch):
     """Each test's own calibration folder (mode auto's costs and priors), so that no test plans from what

@@ -176,21 +176,16 @@ def test_a_token_tied_with_others_ranks_behind_them_as_in_vllm():
 
 
 
-def test_a_checks_rows_score_as_one_token_steps_score_them():
+def test_a_checks_rows_score_as_one_token_steps_score_them(two_threads):
     """A check's log-probabilities are those of plain decoding's steps bit for bit, whatever rows share the
     call: with two threads torch's logsumexp splits a lone row of a real vocabulary's size between them, and
     summed it in another order than a row of [n, V] (21 of 100 random [8, 49152] tensors differed)."""
     from triforce.logprobs import token_logprobs
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # (the suite's workers run one each)
-    try:
-        for seed in range(20):
-            g = torch.Generator().manual_seed(seed)
-            rows = torch.randn(8, 49152, generator=g) * 5
-            tokens = torch.randint(0, 49152, (8,), generator=g).tolist()
-            together = token_logprobs(rows, tokens, 2)
-            alone = [token_logprobs(rows[i:i + 1], tokens[i:i + 1], 2)[0] for i in range(8)]
-            assert [(t.logprob, t.top) for t in together] == [(t.logprob, t.top) for t in alone], seed
-    finally:
-        torch.set_num_threads(threads)
+    for seed in range(20):
+        g = torch.Generator().manual_seed(seed)
+        rows = torch.randn(8, 49152, generator=g) * 5
+        tokens = torch.randint(0, 49152, (8,), generator=g).tolist()
+        together = token_logprobs(rows, tokens, 2)
+        alone = [token_logprobs(rows[i:i + 1], tokens[i:i + 1], 2)[0] for i in range(8)]
+        assert [(t.logprob, t.top) for t in together] == [(t.logprob, t.top) for t in alone], seed

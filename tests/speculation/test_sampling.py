@@ -146,29 +146,24 @@ def test_top_p_ranks_a_rows_largest_first_and_drops_what_a_sort_of_the_whole_row
     assert top_p_dropped(torch.tensor([3.0, 0.0, -1.0]), 0.5).tolist() == [False, True, True]
 
 
-def test_top_p_cuts_a_row_alike_alone_and_beside_other_rows():
+def test_top_p_cuts_a_row_alike_alone_and_beside_other_rows(two_threads):
     """A check's target rows are processed several at a time, a step's one at a time: a row's cut must not
     depend on the rows beside it. Its normaliser, summed over the rows' [n, V], rounded by n with two
     threads (7.420346 alone, 7.4203458 in a batch of 11), and a cut at a top-p that a rank's cumulative
     probability meets exactly moved by a token (2 of 32 such cuts here)."""
     from triforce.speculation.sampling import top_p_dropped
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        g = torch.Generator().manual_seed(0)
-        rows = torch.randn(11, 49152, generator=g) * torch.rand(11, 1, generator=g) * 6
-        rows[:, :50] += torch.rand(11, 1, generator=g) * 10  # heads of a few tokens, tails of thousands
-        rows = rows / 0.7
-        for i in range(len(rows)):
-            cumulative = rows[i].softmax(-1).sort(descending=True).values.cumsum(-1)
-            for rank in (40, 100, 300, 1000, 2000, 3000, 4000):  # the stages' and the sort's rows alike
-                top_p = float(cumulative[rank])
-                if top_p < 1:
-                    alone = top_p_dropped(rows[i:i + 1], top_p)[0]
-                    assert torch.equal(alone, top_p_dropped(rows, top_p)[i]), (i, rank)
-    finally:
-        torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(11, 49152, generator=g) * torch.rand(11, 1, generator=g) * 6
+    rows[:, :50] += torch.rand(11, 1, generator=g) * 10  # heads of a few tokens, tails of thousands
+    rows = rows / 0.7
+    for i in range(len(rows)):
+        cumulative = rows[i].softmax(-1).sort(descending=True).values.cumsum(-1)
+        for rank in (40, 100, 300, 1000, 2000, 3000, 4000):  # the stages' and the sort's rows alike
+            top_p = float(cumulative[rank])
+            if top_p < 1:
+                alone = top_p_dropped(rows[i:i + 1], top_p)[0]
+                assert torch.equal(alone, top_p_dropped(rows, top_p)[i]), (i, rank)
 
 
 def test_min_p_keeps_the_tokens_at_least_min_p_times_the_most_likely_after_the_temperature():

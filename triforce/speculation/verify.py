@@ -44,9 +44,10 @@ def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor]
                   proposals: list[bool] | None = None) -> list[ChainVerdict]:
     """Many sequences' chains at once: sequence b proposed g_b = len(draft_tokens[b]) tokens, with its
     proposer's distributions draft_probs[b] [g_b, V] and its checker's target_probs[b] [g_b + 1, V]. The
-    accept decisions of all sequences ([B, max g] padded) and their next-token distributions ([B, V]) are
-    computed together; the distributions themselves stay where they are (copying every row into one flat
-    tensor, as vLLM's sampler takes them on a GPU, costs more than it saves on a CPU).
+    accept decisions of all sequences ([B, max g] padded) and their next-token distributions ([B, V], a
+    residual unnormalised) are computed together; the distributions themselves stay where they are
+    (copying every row into one flat tensor, as vLLM's sampler takes them on a GPU, costs more than it
+    saves on a CPU).
 
     Each sequence draws from its own generator, in the order a chain alone would: g_b uniforms (none
     when greedy), then the recovered or bonus token. So a sequence's verdict is the same alone and in
@@ -81,11 +82,13 @@ def verify_chains(draft_tokens: list[list[int]], draft_probs: list[torch.Tensor]
     no_draft = torch.zeros_like(target_rows[0])  # a bonus row has no proposal to take away
     draft_rows = torch.stack([d[a] if r else no_draft for d, a, r in zip(draft_probs, kept, rejected)])
     residual = (target_rows - draft_rows).clamp_min(0)
-    total = residual.sum(dim=1, keepdim=True)
     # A rejection leaves positive residual mass in exact arithmetic; if rounding erased it the two
     # distributions were equal to float precision, and the target's is the limit.
-    use_residual = torch.tensor(rejected, device=device)[:, None] & (total > 1e-12)
-    next_probs = torch.where(use_residual, residual / total.clamp_min(1e-30), target_rows)
+    use_residual = torch.tensor(rejected, device=device)[:, None] & (residual.sum(dim=1, keepdim=True) > 1e-12)
+    # The residual is drawn from as it is, unnormalised (sample draws a uniform times a row's own mass): a
+    # row's sum over [B, V] rounds otherwise than over [1, V] with several threads (torch splits a lone
+    # row's sum between them), and dividing by it would make a seeded draw depend on the batch.
+    next_probs = torch.where(use_residual, residual, target_rows)
     # every row's argmax (greedy's token) and whether it is finite, in one transfer (one sync on a GPU)
     argmax, finite = torch.stack([row_argmax(next_probs), torch.isfinite(next_probs.sum(dim=1))]).tolist()
     verdicts = []
