@@ -22,10 +22,15 @@ def _one_call(tiers: list, logits_for: list[str]) -> list[list[int]]:
 
 def outputs(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER) -> list[list[int]]:
     """The generated tokens of `make_run(seed)` (a HierarchyEngine.run) for each seed, in order."""
+    return [tokens for tokens, _ in results(make_run, seeds, together)]
+
+
+def results(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER) -> list[tuple]:
+    """(generated tokens, metrics) of `make_run(seed)` for each seed, in order."""
     seeds, out = list(seeds), []
     for first in range(0, len(seeds), together):
         batch = SequenceBatch(calls=_one_call)
         handles = [batch.add(make_run(seed)) for seed in seeds[first:first + together]]
         batch.run()
-        out += [handle.result[0] for handle in handles]
+        out += [handle.result for handle in handles]
     return out

@@ -1,0 +1,185 @@
+"""Random configurations through the whole hierarchy, checked for the distribution of what they sample:
+what the suite's chi-square tests (tests/coordinator/test_engine.py, test_selection_sampling.py) check in
+configurations they name, over combinations no test names.
+
+    python benchmarks/distribution_fuzz.py [--cases 50] [--seed 0] [--runs 1000] [--only K] [--out FILE.jsonl]
+
+Each case draws, from its own seed, an engine configuration as benchmarks/exactness_fuzz.py draws it (a
+mode, mode auto on a script of plans that switch tiers every round or two, the retrieval policy, budget
+and chunk size, gammas, rounds2, trees and their shapes, the prompt lookup, stop_below, int8 twins) and
+one sampled request (temperature, top-k, top-p, min-p, penalties, logit bias, allowed tokens, a bad word,
+min_tokens, end-of-sequence kept or ignored), on a prompt of 40-120 tokens that the retrieval tier's
+budget cuts into chosen chunks, over tiny models of 8 tokens whose tiers agree about half the time.
+It runs the request under `--runs` seeds in the configuration and under as many other seeds in plain
+decoding (`ar`), and compares the two samples' first tokens (the pair of the first two, then the token
+at each later position) by a chi-square test of two samples (cells seen fewer than 10 times pooled),
+at alpha 1e-3 for the case (Bonferroni over its tests). A case that fails is run again on fresh seeds
+with twice the runs, and fails only if that fails too (a false alarm then has odds of about 1e-6).
+Prints a JSON line per case (its p-values, the tiers' accepted of proposed tokens, the configuration) and
+a summary; exits 1 if any case failed."""
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import chi2_contingency
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import exactness_fuzz as fuzz  # noqa: E402
+from checkpoints import write_tiny_checkpoint  # noqa: E402  (tests/, put on the path by exactness_fuzz)
+from sampling_runs import results  # noqa: E402
+from triforce.config import EngineConfig  # noqa: E402
+from triforce.sampling_params import SamplingParams  # noqa: E402
+
+VOCAB, EOS, ALPHA = 8, 2, 1e-3
+POSITIONS = 4  # the pair of the first two tokens, then the tokens at positions 3 and 4 apart
+MIN_CELL = 10  # outcomes seen fewer times, in both samples together, are pooled into one cell
+SPEC = dict(vocab_size=VOCAB, hidden_size=64, num_heads=4, num_kv_heads=2, scale=4)
+
+
+def write_small_pairs(folder: Path) -> dict:
+    """Per architecture, a 3-layer target whose sharpened attention makes the chunks a retrieval cache
+    chooses matter (as tests/coordinator/test_selection_sampling.py sharpens it) and a 1-layer draft of
+    its own weights."""
+    from transformers import AutoModelForCausalLM
+
+    pairs = {}
+    for arch in fuzz.ARCHS:
+        target = write_tiny_checkpoint(folder / f"{arch}-target", arch, seed=40, num_layers=3, **SPEC)
+        model = AutoModelForCausalLM.from_pretrained(target)
+        for layer in model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                projection.weight.data *= 3.0
+                if projection.bias is not None:
+                    projection.bias.data *= 3.0
+        model.save_pretrained(target)
+        draft = write_tiny_checkpoint(folder / f"{arch}-draft", arch, seed=41, num_layers=1, **SPEC)
+        pairs[arch, "small"] = [target, draft]
+    return pairs
+
+
+def request_params(rng: random.Random) -> dict:
+    """A sampled request's settings over the 8-token vocabulary (JSON-friendly)."""
+    p = dict(max_tokens=rng.randint(2, 6), ignore_eos=rng.random() < 0.5, temperature=rng.choice([0.6, 1.0, 1.3]))
+    others = [t for t in range(VOCAB) if t != EOS]
+    if rng.random() < 0.3:
+        p["top_k"] = rng.choice([2, 4])
+    if rng.random() < 0.3:
+        p["top_p"] = rng.choice([0.6, 0.9])
+    if rng.random() < 0.2:
+        p["min_p"] = 0.1
+    if rng.random() < 0.3:
+        p.update(presence_penalty=rng.choice([0.5, 1.5]), frequency_penalty=rng.choice([0.0, 0.7]))
+    if rng.random() < 0.2:
+        p["repetition_penalty"] = rng.choice([1.2, 2.0])
+    if rng.random() < 0.2:
+        p["logit_bias"] = [[rng.choice(others), rng.choice([-100.0, 1.0, 3.0])]]
+    if rng.random() < 0.2:
+        p["min_tokens"] = rng.randint(1, p["max_tokens"])
+    if rng.random() < 0.15:
+        p["bad_words_ids"] = [[rng.choice(others)]]
+    if rng.random() < 0.1:
+        p["allowed_token_ids"] = sorted(rng.sample(others, 4)) + [EOS]
+    return p
+
+
+def draw_case(seed: int, index: int) -> dict:
+    rng = random.Random(f"distribution:{seed}:{index}")
+    settings = fuzz.engine_settings(rng)
+    script = [(rng.choice(fuzz.STACKS), (rng.randint(1, 4), rng.randint(1, 4)), rng.random())
+              for _ in range(rng.randint(1, 4))]  # (mode auto's own planning would keep tiny models on `ar`)
+    return dict(arch=rng.choice(fuzz.ARCHS), kind="small", dtype=rng.choice(["float32", "float32", "bfloat16"]),
+                settings=settings, prompt=[rng.randrange(0, VOCAB) for _ in range(rng.randint(40, 120))],
+                params=request_params(rng), auto_script=script if settings["mode"] == "auto" else None,
+                replan_rounds=rng.choice([1, 2]))
+
+
+def outcomes(tokens: list[int]) -> list:
+    """What the tests compare of one output: the pair of its first two tokens, then each later one (None
+    past its end)."""
+    padded = tokens[:POSITIONS] + [None] * (POSITIONS - len(tokens[:POSITIONS]))
+    return [tuple(padded[:2])] + padded[2:]
+
+
+def two_sample_p(a: Counter, b: Counter) -> float:
+    """The chi-square test's p-value that samples a and b (outcome counts) come from one distribution."""
+    rare = [k for k in set(a) | set(b) if a[k] + b[k] < MIN_CELL]
+    cells = [[a[k], b[k]] for k in set(a) | set(b) if a[k] + b[k] >= MIN_CELL]
+    if rare:
+        cells.append([sum(a[k] for k in rare), sum(b[k] for k in rare)])
+    return 1.0 if len(cells) < 2 else float(chi2_contingency(np.array(cells).T, correction=False).pvalue)
+
+
+def samples(case: dict, tiers, cfg: EngineConfig, seeds: range, seen: dict | None = None) -> list[list[int]]:
+    """The request's tokens under each seed, a few hundred seeds to a batch (tests/sampling_runs.py); `seen`
+    sums, per checking tier, its checks' accepted and proposed tokens."""
+    def run(seed):
+        params = fuzz.sampling({**case["params"], "seed": seed})
+        return fuzz.engine(cfg, tiers, case["prompt"], params, case["auto_script"]).run(case["prompt"], params, (EOS,))
+
+    made = results(run, seeds)
+    for _, metrics in made if seen is not None else ():
+        for t in metrics.tiers:
+            seen[t.name] = [a + b for a, b in zip(seen.get(t.name, [0, 0]), (t.accepted, t.proposed))]
+    return [tokens for tokens, _ in made]
+
+
+def p_values(case: dict, tiers, runs: int, first_seed: int, seen: dict | None = None) -> list[float]:
+    """Per outcome (outcomes()), the two-sample p-value of the case's configuration against `ar`."""
+    cfg = EngineConfig(**case["settings"])
+    plain = EngineConfig(mode="ar", prefill_chunk=cfg.prefill_chunk)
+    ours = samples(case, tiers, cfg, range(first_seed, first_seed + runs), seen)
+    theirs = samples(case, (tiers[0], None, tiers[0]), plain, range(first_seed + runs, first_seed + 2 * runs))
+    mine, ar = [list(zip(*map(outcomes, s))) for s in (ours, theirs)]
+    return [two_sample_p(Counter(m), Counter(a)) for m, a in zip(mine, ar)]
+
+
+def check_case(case: dict, tiers, runs: int, seen: dict) -> tuple[list[str], list[float]]:
+    """The case's failures in words (none: it passed) and its p-values (of the rerun, where it had one)."""
+    p = p_values(case, tiers, runs, 0, seen)
+    if min(p) * len(p) >= ALPHA:
+        return [], p
+    again = p_values(case, tiers, 2 * runs, 10 * runs)
+    if min(again) * len(again) >= ALPHA:
+        return [], again  # a false alarm, which the JSON line keeps (its first p-values)
+    return [f"the sample parts from ar's: p-values {p}, rerun on fresh seeds {again} (alpha {ALPHA} over "
+            f"{len(p)} tests)"], again
+
+
+def main() -> None:
+    p = fuzz.case_arguments(__doc__)
+    p.add_argument("--runs", type=int, default=1000, help="seeded runs per case, of its configuration and of ar")
+    p.set_defaults(cases=50)
+    args = p.parse_args()
+    torch.set_grad_enabled(False)
+    indices = [args.only] if args.only is not None else range(args.cases)
+    failed, start = 0, time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        models = fuzz.Models(write_small_pairs(Path(tmp)))
+        for index in indices:
+            case = draw_case(args.seed, index)
+            tiers = fuzz.tiers_for(case, models)
+            if tiers is None:
+                fuzz.record(dict(case=index, seed=args.seed, skipped="an int8 twin is refused here"), args.out)
+                continue
+            seen, first = {}, []
+            with fuzz.case_environment(Path(tmp) / f"calibration{index}",
+                                       case["replan_rounds"] if case["auto_script"] else None):
+                failures = fuzz.findings(lambda: first.extend(check_case(case, tiers, args.runs, seen)) or first[0])
+            failed += bool(failures)
+            fuzz.record(dict(case=index, seed=args.seed, ok=not failures, failures=failures,
+                             p_values=[round(x, 5) for x in first[1]] if first else None, accepted_of_proposed=seen,
+                             auto_script=case["auto_script"],
+                             arch=case["arch"], dtype=case["dtype"], config=case["settings"],
+                             prompt_tokens=len(case["prompt"]), params=case["params"]), args.out)
+    fuzz.finish(len(indices), failed, start)
+
+
+if __name__ == "__main__":
+    main()
