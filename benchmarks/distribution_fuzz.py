@@ -35,7 +35,6 @@ import exactness_fuzz as fuzz  # noqa: E402
 from checkpoints import write_tiny_checkpoint  # noqa: E402  (tests/, put on the path by exactness_fuzz)
 from sampling_runs import results  # noqa: E402
 from triforce.config import EngineConfig  # noqa: E402
-from triforce.sampling_params import SamplingParams  # noqa: E402
 
 VOCAB, EOS, ALPHA = 8, 2, 1e-3
 POSITIONS = 4  # the pair of the first two tokens, then the tokens at positions 3 and 4 apart
@@ -168,13 +167,18 @@ def main() -> None:
             if tiers is None:
                 fuzz.record(dict(case=index, seed=args.seed, skipped="an int8 twin is refused here"), args.out)
                 continue
-            seen, first = {}, []
-            with fuzz.case_environment(Path(tmp) / f"calibration{index}",
-                                       case["replan_rounds"] if case["auto_script"] else None):
-                failures = fuzz.findings(lambda: first.extend(check_case(case, tiers, args.runs, seen)) or first[0])
+            seen, p_seen = {}, []
+
+            def check():
+                failures, p = check_case(case, tiers, args.runs, seen)
+                p_seen.extend(round(x, 5) for x in p)
+                return failures
+
+            with fuzz.case_environment(Path(tmp) / f"calibration{index}", fuzz.replanning(case)):
+                failures = fuzz.findings(check)
             failed += bool(failures)
             fuzz.record(dict(case=index, seed=args.seed, ok=not failures, failures=failures,
-                             p_values=[round(x, 5) for x in first[1]] if first else None, accepted_of_proposed=seen,
+                             p_values=p_seen or None, accepted_of_proposed=seen,
                              auto_script=case["auto_script"],
                              arch=case["arch"], dtype=case["dtype"], config=case["settings"],
                              prompt_tokens=len(case["prompt"]), params=case["params"]), args.out)

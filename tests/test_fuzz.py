@@ -1,7 +1,9 @@
-"""A few cases of the exactness fuzzers (random configurations of every mode, tree, batch and request setting,
-in float32 and bfloat16): benchmarks/exactness_fuzz.py on the engine, benchmarks/api_fuzz.py through
-LLM.generate. Greedy requests equal plain decoding, alone and in their batch; seeded samples are the same
-alone and in the batch. The scripts run many more (`--cases 2000`)."""
+"""A few cases of the fuzzers (random configurations of every mode, tree, batch and request setting, in
+float32 and bfloat16): benchmarks/exactness_fuzz.py on the engine, benchmarks/api_fuzz.py through
+LLM.generate: greedy requests equal plain decoding, alone and in their batch; seeded samples are the same
+alone and in the batch. benchmarks/distribution_fuzz.py: a sampled request's first tokens follow plain
+decoding's distribution (a chi-square test of two samples), and the test finds a draw that does not. The
+scripts run many more (`--cases 2000`)."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SEED, CASES, GROUPS = 0, 32, 4  # the engine's cases, run in GROUPS tests
 API_CASES = 10
+DISTRIBUTION_CASE, DISTRIBUTION_RUNS = 6, 400  # triforce with chains, min_tokens, 3 tokens at temperature 1
 
 
 def script(name: str):
@@ -50,3 +53,34 @@ def test_random_requests_through_llm_generate_are_exact(fuzz, tmp_path):
         case = api.draw_case(SEED, index)
         with engine_fuzz.case_environment(tmp_path / str(index)):
             assert api.check_case(case, folders) == [], (index, case)
+
+
+@pytest.fixture(scope="module")
+def distribution(fuzz, tmp_path_factory):
+    """The distribution fuzzer (after the engine's, which it imports), its models and its case."""
+    module = script("distribution_fuzz")
+    case = module.draw_case(SEED, DISTRIBUTION_CASE)
+    models = fuzz[0].Models(module.write_small_pairs(tmp_path_factory.mktemp("distribution")))
+    return module, case, fuzz[0].tiers_for(case, models)
+
+
+def test_a_random_configurations_samples_follow_plain_decodings(fuzz, distribution, tmp_path):
+    engine_fuzz, (module, case, tiers), seen = fuzz[0], distribution, {}
+    with engine_fuzz.case_environment(tmp_path, engine_fuzz.replanning(case)):
+        assert module.check_case(case, tiers, DISTRIBUTION_RUNS, seen)[0] == []
+    assert set(seen) == {"retrieval", "target"}
+    assert all(0 < accepted < proposed for accepted, proposed in seen.values())
+
+
+def test_the_distribution_fuzzer_finds_a_draw_that_parts_from_the_target(fuzz, distribution, tmp_path, monkeypatch):
+    """Its test has the power to fail: the target's recovered and bonus tokens taken greedily (the argmax
+    of their distribution) fail it (p = 3e-5 on the first pair here, where the code as it is gave 0.08)."""
+    import triforce.speculation.verify as verify
+
+    engine_fuzz, (module, case, tiers) = fuzz[0], distribution
+    real_sample = verify.sample
+    monkeypatch.setattr(verify, "sample", lambda probs, generator, greedy, proposal=False:
+                        real_sample(probs, generator, True, proposal))
+    with engine_fuzz.case_environment(tmp_path, engine_fuzz.replanning(case)):
+        p_values = module.p_values(case, tiers, DISTRIBUTION_RUNS, 0)
+    assert min(p_values) * len(p_values) < module.ALPHA
