@@ -139,16 +139,20 @@ def p_values(case: dict, tiers, runs: int, first_seed: int, seen: dict | None = 
     return [two_sample_p(Counter(m), Counter(a)) for m, a in zip(mine, ar)]
 
 
-def check_case(case: dict, tiers, runs: int, seen: dict) -> tuple[list[str], list[float]]:
-    """The case's failures in words (none: it passed) and its p-values (of the rerun, where it had one)."""
+def check_case(case: dict, tiers, runs: int, seen: dict) -> dict:
+    """{"failures": the case's failures in words (none: it passed), "p_values": its p-values, "rerun": those
+    of its rerun on fresh seeds where the first failed (a false alarm where the rerun passed)}."""
     p = p_values(case, tiers, runs, 0, seen)
     if min(p) * len(p) >= ALPHA:
-        return [], p
+        return dict(failures=[], p_values=p, rerun=None)
     again = p_values(case, tiers, 2 * runs, 10 * runs)
-    if min(again) * len(again) >= ALPHA:
-        return [], again  # a false alarm, which the JSON line keeps (its first p-values)
-    return [f"the sample parts from ar's: p-values {p}, rerun on fresh seeds {again} (alpha {ALPHA} over "
-            f"{len(p)} tests)"], again
+    failures = [] if min(again) * len(again) >= ALPHA else [
+        f"the sample parts from ar's: p-values {p}, rerun on fresh seeds {again} (alpha {ALPHA} over {len(p)} tests)"]
+    return dict(failures=failures, p_values=p, rerun=again)
+
+
+def rounded(values: list[float] | None) -> list[float] | None:
+    return None if values is None else [round(x, 6) for x in values]
 
 
 def main() -> None:
@@ -167,18 +171,18 @@ def main() -> None:
             if tiers is None:
                 fuzz.record(dict(case=index, seed=args.seed, skipped="an int8 twin is refused here"), args.out)
                 continue
-            seen, p_seen = {}, []
+            seen, found = {}, {}
 
             def check():
-                failures, p = check_case(case, tiers, args.runs, seen)
-                p_seen.extend(round(x, 5) for x in p)
-                return failures
+                found.update(check_case(case, tiers, args.runs, seen))
+                return found["failures"]
 
             with fuzz.case_environment(Path(tmp) / f"calibration{index}", fuzz.replanning(case)):
                 failures = fuzz.findings(check)
             failed += bool(failures)
             fuzz.record(dict(case=index, seed=args.seed, ok=not failures, failures=failures,
-                             p_values=p_seen or None, accepted_of_proposed=seen,
+                             p_values=rounded(found.get("p_values")), rerun_p_values=rounded(found.get("rerun")),
+                             accepted_of_proposed=seen,
                              auto_script=case["auto_script"],
                              arch=case["arch"], dtype=case["dtype"], config=case["settings"],
                              prompt_tokens=len(case["prompt"]), params=case["params"]), args.out)

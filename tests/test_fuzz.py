@@ -67,7 +67,7 @@ def distribution(fuzz, tmp_path_factory):
 def test_a_random_configurations_samples_follow_plain_decodings(fuzz, distribution, tmp_path):
     engine_fuzz, (module, case, tiers), seen = fuzz[0], distribution, {}
     with engine_fuzz.case_environment(tmp_path, engine_fuzz.replanning(case)):
-        assert module.check_case(case, tiers, DISTRIBUTION_RUNS, seen)[0] == []
+        assert module.check_case(case, tiers, DISTRIBUTION_RUNS, seen)["failures"] == []
     assert set(seen) == {"retrieval", "target"}
     assert all(0 < accepted < proposed for accepted, proposed in seen.values())
 
