@@ -9,7 +9,8 @@ mode, mode auto on a script of plans that switch tiers every round or two, the r
 and chunk size, gammas, rounds2, trees and their shapes, the prompt lookup, stop_below, int8 twins) and
 one sampled request (temperature, top-k, top-p, min-p, penalties, logit bias, allowed tokens, a bad word,
 min_tokens, end-of-sequence kept or ignored), on a prompt of 40-120 tokens that the retrieval tier's
-budget cuts into chosen chunks, over tiny models of 8 tokens whose tiers agree about half the time.
+budget cuts into chosen chunks, over tiny models of 8 tokens in the CPU kernels' shapes (SPEC), float32
+or bfloat16, whose tiers agree on some proposals and not on others.
 It runs the request under `--runs` seeds in the configuration and under as many other seeds in plain
 decoding (`ar`), and compares the two samples' first tokens (the pair of the first two, then the token
 at each later position) by a chi-square test of two samples (cells seen fewer than 10 times pooled),
