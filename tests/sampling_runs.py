@@ -4,8 +4,9 @@ per-forward overhead that dominates tiny models' runs (a chi-square case ran abo
 
 On a CPU whose kernels take decode steps, a batch runs each prompt chunk in a model call of its own
 (batch.prompt_chunks_apart: so that its rows round as they do alone, which greedy output needs). Here the rows of
-every prompt chunk of a step share one call instead: rounding moves no distribution these tests check,
-and a few hundred prefills of one short prompt in one call took a quarter off a chi-square case's time
+every prompt chunk of a step share one call instead: in float32 rounding moves no distribution these
+tests check (in bfloat16 a call's rows rounded by how many it held, enough to move top-k's cut at a
+near-tie: benchmarks/distribution_fuzz.py runs those requests alone, `together=1`), and a few hundred prefills of one short prompt in one call took a quarter off a chi-square case's time
 (500 runs of the triforce + tree case of test_selection_sampling on the 2-core EPYC: 8.1 s -> 5.9 s).
 """
 from collections.abc import Callable, Iterable
