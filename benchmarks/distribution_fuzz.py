@@ -11,10 +11,12 @@ one sampled request (temperature, top-k, top-p, min-p, penalties, logit bias, al
 min_tokens, end-of-sequence kept or ignored), on a prompt of 40-120 tokens that the retrieval tier's
 budget cuts into chosen chunks, over tiny models of 8 tokens in the CPU kernels' shapes (SPEC), float32
 or bfloat16, whose tiers agree on some proposals and not on others.
-It runs the request under `--runs` seeds in the configuration and under as many other seeds in plain
-decoding (`ar`), and compares the two samples' first tokens (the pair of the first two, then the token
-at each later position) by a chi-square test of two samples (cells seen fewer than 10 times pooled),
-at alpha 1e-3 for the case (Bonferroni over its tests). A case that fails is run again on fresh seeds
+It runs the request under `--runs` seeds in the configuration and tests its first tokens (the pair of
+the first two, then the token at each later position) by chi-square: in float32 against their exact
+distribution under plain sampling, walked from the target's rows (a token it rules out fails at once),
+in bfloat16 against a sample of plain decoding (`ar`) under as many other seeds (two samples; rows
+computed apart from the engine's round otherwise there); cells expected (or seen) fewer than 10 times
+pooled, alpha 1e-3 for the case (Bonferroni over its tests). A case that fails is run again on fresh seeds
 with twice the runs, and fails only if that fails too (a false alarm then has odds of about 1e-6).
 Prints a JSON line per case (its p-values, the tiers' accepted of proposed tokens, the configuration) and
 a summary; exits 1 if any case failed."""
@@ -29,13 +31,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import chi2_contingency
+from scipy.stats import chi2_contingency, chisquare
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import exactness_fuzz as fuzz  # noqa: E402
 from checkpoints import write_tiny_checkpoint  # noqa: E402  (tests/, put on the path by exactness_fuzz)
 from sampling_runs import TOGETHER, results  # noqa: E402
+from triforce.cache.full import FullKVCache  # noqa: E402
 from triforce.config import EngineConfig  # noqa: E402
+from triforce.speculation.rules import RowRules  # noqa: E402
+from triforce.speculation.sampling import processed  # noqa: E402
 
 VOCAB, EOS, ALPHA = 8, 2, 1e-3
 POSITIONS = 4  # the pair of the first two tokens, then the tokens at positions 3 and 4 apart
@@ -137,13 +142,67 @@ def samples(case: dict, tiers, cfg: EngineConfig, seeds: range, seen: dict | Non
     return [tokens for tokens, _ in made]
 
 
+def exact_outcomes(case: dict, target) -> list[dict]:
+    """Per test of outcomes(), the exact distribution of its outcome (value -> probability) under plain
+    sampling from `target`: every continuation the request's processing keeps, walked a token at a time up
+    to POSITIONS tokens (or max_tokens, or an end), its rows computed here and processed as the engine
+    processes a row (speculation/rules.py, then sampling.processed)."""
+    params = fuzz.sampling(case["params"])
+    prompt, depth = case["prompt"], min(POSITIONS, params.max_tokens)
+    rules = RowRules.of(params, prompt, set(params.stop_token_ids) | {EOS}, None)
+    ends = params.end_ids((EOS,))
+    cache = FullKVCache(target.config, len(prompt) + depth, target.dtype, "cpu")
+    sequences: dict[tuple, float] = {}
+
+    def walk(tokens: list[int], row: torch.Tensor, chance: float) -> None:
+        logits = row[None] if rules is None else rules.apply(row[None], prompt + tokens, [[]])
+        dist = processed(logits, params)[0].double()
+        for token in dist.nonzero().flatten().tolist():
+            longer, p = tokens + [token], chance * float(dist[token])
+            if token in ends or len(longer) == depth:
+                sequences[tuple(longer)] = p
+                continue
+            walk(longer, target(torch.tensor([token]), cache)[-1], p)
+            cache.rollback(1)
+
+    walk([], target(torch.tensor(prompt), cache, logits_for="last")[-1], 1.0)
+    tests: list[dict] = [{} for _ in range(POSITIONS - 1)]
+    for tokens, p in sequences.items():
+        for test, value in zip(tests, outcomes(list(tokens))):
+            test[value] = test.get(value, 0.0) + p
+    return tests
+
+
+def fit_p(seen: Counter, exact: dict) -> float:
+    """The chi-square test's p-value that the outcome counts `seen` are drawn from `exact` (0 where an
+    outcome it rules out was seen); outcomes expected fewer than MIN_CELL times are pooled into one cell,
+    which joins the smallest other where it is still under MIN_CELL."""
+    if any(value not in exact for value in seen):
+        return 0.0
+    n = sum(seen.values())
+    cells = sorted(([seen[k], exact[k] * n] for k in exact), key=lambda cell: -cell[1])
+    while len(cells) > 1 and cells[-1][1] < MIN_CELL:
+        last = cells.pop()
+        cells[-1] = [cells[-1][0] + last[0], cells[-1][1] + last[1]]
+    if len(cells) < 2:
+        return 1.0
+    observed, expected = np.array(cells).T
+    return float(chisquare(observed, expected * n / expected.sum()).pvalue)
+
+
 def p_values(case: dict, tiers, runs: int, first_seed: int, seen: dict | None = None) -> list[float]:
-    """Per outcome (outcomes()), the two-sample p-value of the case's configuration against `ar`."""
+    """Per outcome (outcomes()), the p-value that the case's configuration samples as plain decoding does:
+    in float32 against the exact distribution (exact_outcomes: a test of one sample, as sharp as one of two
+    with four times the runs), in bfloat16 against `ar`'s sample under as many other seeds (two samples:
+    rows computed here round otherwise than the engine's, and at a near-tie top-k's cut moves)."""
     cfg = EngineConfig(**case["settings"])
-    plain = EngineConfig(mode="ar", prefill_chunk=cfg.prefill_chunk)
     ours = samples(case, tiers, cfg, range(first_seed, first_seed + runs), seen)
+    mine = list(zip(*map(outcomes, ours)))
+    if case["dtype"] == "float32":
+        return [fit_p(Counter(m), exact) for m, exact in zip(mine, exact_outcomes(case, tiers[0]))]
+    plain = EngineConfig(mode="ar", prefill_chunk=cfg.prefill_chunk)
     theirs = samples(case, (tiers[0], None, tiers[0]), plain, range(first_seed + runs, first_seed + 2 * runs))
-    mine, ar = [list(zip(*map(outcomes, s))) for s in (ours, theirs)]
+    ar = list(zip(*map(outcomes, theirs)))
     return [two_sample_p(Counter(m), Counter(a)) for m, a in zip(mine, ar)]
 
 

@@ -3,6 +3,7 @@ one request, or a batch of them, with the coordinator's steps timed directly, as
 
     python benchmarks/own_work_profile.py [--mode retrieval] [--length 7936] [--batch 1]
         [--max-new-tokens 96] [--text ../shared/data/austen-emma.txt ...] [--model smollm2]
+        [--temperature 0] [--seed 0] [--set tree1=6 --set tree_shape=confidence ...]
 
 Each function of WATCHED is wrapped in a timer (perf_counter around the call; inclusive: a function's
 seconds hold those of the watched functions it calls), so the figures are wall time as the run spends it,
@@ -79,8 +80,14 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--text", nargs="+", default=["../shared/data/austen-emma.txt"])
     p.add_argument("--model", default="smollm2")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0, help="the request's seed (sampled runs)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="an EngineConfig field (tree1=6, tree_shape=confidence, gamma1=4, ...)")
     args = p.parse_args()
-    llm = LLM(args.model, mode=args.mode, prefix_cache_gb=0)
+    settings = dict(pair.split("=", 1) for pair in args.set)
+    settings = {k: int(v) if v.isdigit() else v for k, v in settings.items()}
+    llm = LLM(args.model, mode=args.mode, prefix_cache_gb=0, **settings)
     prompts = []
     for i in range(args.batch):
         with open(args.text[i % len(args.text)]) as f:
@@ -89,7 +96,8 @@ def main() -> None:
     clock["_step"] = {"forwards": 0.0, "prefill": False, "decode": False}
     watch(clock)
     start = time.perf_counter()
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=args.max_new_tokens, temperature=0, ignore_eos=True))
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature,
+                                                    seed=args.seed, ignore_eos=True))
     wall = time.perf_counter() - start
     prefill = max(o.metrics.prefill_s for o in outputs)
     checks = sum(o.metrics.tiers[-1].checks for o in outputs if o.metrics.tiers)
@@ -97,7 +105,8 @@ def main() -> None:
     clock.pop("_step")
     steps, forwards = clock.pop("decode", [0, 0.0])[1], clock.pop("decode forwards", [0, 0.0])[1]
     print(json.dumps({
-        "mode": args.mode, "length": args.length, "batch": args.batch, "max_new_tokens": args.max_new_tokens,
+        "mode": args.mode, "settings": settings, "temperature": args.temperature, "seed": args.seed,
+        "length": args.length, "batch": args.batch, "max_new_tokens": args.max_new_tokens,
         "wall_s": round(wall, 2), "prefill_s": round(prefill, 2), "decode_s": round(decode, 3),
         "target_checks": checks, "decode_steps_s": round(steps, 3), "decode_forwards_s": round(forwards, 3),
         "between_forwards_s": round(steps - forwards, 3),
