@@ -193,8 +193,9 @@ def fit_p(seen: Counter, exact: dict) -> float:
 def p_values(case: dict, tiers, runs: int, first_seed: int, seen: dict | None = None) -> list[float]:
     """Per outcome (outcomes()), the p-value that the case's configuration samples as plain decoding does:
     in float32 against the exact distribution (exact_outcomes: a test of one sample, as sharp as one of two
-    with four times the runs), in bfloat16 against `ar`'s sample under as many other seeds (two samples:
-    rows computed here round otherwise than the engine's, and at a near-tie top-k's cut moves)."""
+    samples with twice the runs each, and no `ar` runs), in bfloat16 against `ar`'s sample under as many
+    other seeds (two samples: the walk's rows need not round as the engine's do, and where bfloat16 puts two
+    tokens near a tie at top-k's cut a sound case would fail)."""
     cfg = EngineConfig(**case["settings"])
     ours = samples(case, tiers, cfg, range(first_seed, first_seed + runs), seen)
     mine = list(zip(*map(outcomes, ours)))
