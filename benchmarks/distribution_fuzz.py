@@ -36,7 +36,7 @@ from scipy.stats import chi2_contingency, chisquare
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import exactness_fuzz as fuzz  # noqa: E402
 from checkpoints import write_tiny_checkpoint  # noqa: E402  (tests/, put on the path by exactness_fuzz)
-from sampling_runs import TOGETHER, results  # noqa: E402
+from sampling_runs import AS_ALONE, TOGETHER, results  # noqa: E402
 from triforce.cache.full import FullKVCache  # noqa: E402
 from triforce.config import EngineConfig  # noqa: E402
 from triforce.speculation.rules import RowRules  # noqa: E402
@@ -126,16 +126,16 @@ def two_sample_p(a: Counter, b: Counter) -> float:
 
 def samples(case: dict, tiers, cfg: EngineConfig, seeds: range, seen: dict | None = None) -> list[list[int]]:
     """The request's tokens under each seed, a few hundred seeds to a batch in float32 (tests/sampling_runs.py),
-    alone in bfloat16; `seen` sums, per checking tier, its checks' accepted and proposed tokens.
-    A batch's model calls hold hundreds of rows, past the kernels' into torch's product, whose rounding
-    depends on how many rows it multiplies: `ar`'s steps and a configuration's checks then round apart, in
-    bfloat16 enough to move top-k's cut at a near-tie (--seed 1 --only 16 at 05205a7: p 7e-7, rerun 2e-22,
-    where each request alone gives ar's distribution exactly), so a bfloat16 request runs as it would alone."""
+    in bfloat16 a few as they would run alone; `seen` sums, per checking tier, its checks' accepted and
+    proposed tokens. A batch of hundreds puts hundreds of rows in a call, past the kernels' into torch's
+    product, whose rounding depends on how many rows it multiplies: `ar`'s steps and a configuration's
+    checks then round apart, in bfloat16 enough to move top-k's cut at a near-tie (--seed 1 --only 16 at
+    05205a7: p 7e-7, rerun 2e-22, where each request alone gives ar's distribution exactly)."""
     def run(seed):
         params = fuzz.sampling({**case["params"], "seed": seed})
         return fuzz.engine(cfg, tiers, case["prompt"], params, case["auto_script"]).run(case["prompt"], params, (EOS,))
 
-    made = results(run, seeds, together=1 if case["dtype"] == "bfloat16" else TOGETHER)
+    made = results(run, seeds, together=AS_ALONE if case["dtype"] == "bfloat16" else TOGETHER)
     for _, metrics in made if seen is not None else ():
         for t in metrics.tiers:
             seen[t.name] = [a + b for a, b in zip(seen.get(t.name, [0, 0]), (t.accepted, t.proposed))]
