@@ -84,3 +84,13 @@ def test_the_distribution_fuzzer_finds_a_draw_that_parts_from_the_target(fuzz, d
     with engine_fuzz.case_environment(tmp_path, engine_fuzz.replanning(case)):
         p_values = module.p_values(case, tiers, DISTRIBUTION_RUNS, 0)
     assert min(p_values) * len(p_values) < module.ALPHA
+
+
+def test_the_exact_test_fails_an_outcome_plain_sampling_rules_out_and_pools_rare_ones(distribution):
+    from collections import Counter
+
+    module = distribution[0]
+    exact = {(1, 2): 0.49, (1, 3): 0.49, (5, None): 0.02}  # (5, None) expected 2 times in 100: pooled
+    assert module.fit_p(Counter({(1, 2): 49, (1, 3): 49, (5, None): 2}), exact) > 0.9
+    assert module.fit_p(Counter({(1, 2): 49, (1, 3): 50, (4, 4): 1}), exact) == 0.0
+    assert module.fit_p(Counter({(1, 2): 80, (1, 3): 18, (5, None): 2}), exact) < 1e-6
