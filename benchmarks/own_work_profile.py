@@ -72,6 +72,16 @@ def watch(clock: dict) -> None:
         setattr(owner, attr, staticmethod(timed) if is_static else timed)
 
 
+def number(value: str):
+    """A --set value as the int or float it spells, else the string (tree1=auto)."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", default="retrieval")
@@ -85,8 +95,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="an EngineConfig field (tree1=6, tree_shape=confidence, gamma1=4, ...)")
     args = p.parse_args()
-    settings = dict(pair.split("=", 1) for pair in args.set)
-    settings = {k: int(v) if v.isdigit() else v for k, v in settings.items()}
+    settings = {name: number(value) for name, value in (pair.split("=", 1) for pair in args.set)}
     llm = LLM(args.model, mode=args.mode, prefix_cache_gb=0, **settings)
     prompts = []
     for i in range(args.batch):

@@ -6,8 +6,8 @@ On a CPU whose kernels take decode steps, a batch runs each prompt chunk in a mo
 (batch.prompt_chunks_apart: so that its rows round as they do alone, which greedy output needs). Here the rows of
 every prompt chunk of a step share one call instead: in float32 rounding moves no distribution these
 tests check (in bfloat16 a call's rows rounded by how many it held, enough to move top-k's cut at a
-near-tie: benchmarks/distribution_fuzz.py runs those requests AS_ALONE), and a few hundred prefills of one short prompt in one call took a quarter off a chi-square case's time
-(500 runs of the triforce + tree case of test_selection_sampling on the 2-core EPYC: 8.1 s -> 5.9 s).
+near-tie: benchmarks/distribution_fuzz.py runs those requests AS_ALONE), and a few hundred prefills of
+one short prompt in one call took a quarter off a chi-square case's time (500 runs of the triforce + tree case of test_selection_sampling on the 2-core EPYC: 8.1 s -> 5.9 s).
 """
 from collections.abc import Callable, Iterable
 
@@ -30,8 +30,8 @@ def outputs(make_run: Callable[[int], Run], seeds: Iterable[int], together: int 
 
 
 def results(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER) -> list[tuple]:
-    """(generated tokens, metrics) of `make_run(seed)` for each seed, in order. `together`: AS_ALONE runs
-    each request as it runs alone, in bfloat16 too."""
+    """(generated tokens, metrics) of `make_run(seed)` for each seed, in order, `together` to a batch; at
+    AS_ALONE or fewer each prompt chunk runs in a call of its own, and every request rounds as alone."""
     seeds, out = list(seeds), []
     for first in range(0, len(seeds), together):
         batch = SequenceBatch() if together <= AS_ALONE else SequenceBatch(calls=_one_call)
