@@ -11,13 +11,14 @@ one sampled request (temperature, top-k, top-p, min-p, penalties, logit bias, al
 min_tokens, end-of-sequence kept or ignored), on a prompt of 40-120 tokens that the retrieval tier's
 budget cuts into chosen chunks, over tiny models of 8 tokens in the CPU kernels' shapes (SPEC), float32
 or bfloat16, whose tiers agree on some proposals and not on others.
-It runs the request under `--runs` seeds in the configuration and tests its first tokens (the pair of
-the first two, then the token at each later position) by chi-square: in float32 against their exact
-distribution under plain sampling, walked from the target's rows (a token it rules out fails at once),
-in bfloat16 against a sample of plain decoding (`ar`) under as many other seeds (two samples; rows
-computed apart from the engine's round otherwise there); cells expected (or seen) fewer than 10 times
-pooled, alpha 1e-3 for the case (Bonferroni over its tests). A case that fails is run again on fresh seeds
-with twice the runs, and fails only if that fails too (a false alarm then has odds of about 1e-6).
+It runs the request under `--runs` seeds in the configuration and tests its first tokens by chi-square:
+in float32 against their exact distribution under plain sampling, walked from the target's rows (the
+pair of the first two, then the third given the pair and the fourth given the first three; a token it
+rules out fails at once), in bfloat16 against a sample of plain decoding (`ar`) under as many other seeds
+(the pair, then the third and the fourth apart; two samples, as rows computed apart from the engine's
+need not round as its do); cells expected (or seen) fewer than 10 times pooled, alpha 1e-3 for the
+case (Bonferroni over its tests). A case that fails is run again on fresh seeds with twice the runs,
+and fails only if that fails too (a false alarm then has odds of about 1e-6).
 Prints a JSON line per case (its p-values, the tiers' accepted of proposed tokens, the configuration) and
 a summary; exits 1 if any case failed."""
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import chi2_contingency, chisquare
+from scipy.stats import chi2, chi2_contingency
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import exactness_fuzz as fuzz  # noqa: E402
@@ -43,7 +44,7 @@ from triforce.speculation.rules import RowRules  # noqa: E402
 from triforce.speculation.sampling import processed  # noqa: E402
 
 VOCAB, EOS, ALPHA = 8, 2, 1e-3
-POSITIONS = 4  # the pair of the first two tokens, then the tokens at positions 3 and 4 apart
+POSITIONS = 4  # the tests look at the first two tokens, then the third, then the fourth
 MIN_CELL = 10  # outcomes seen fewer times, in both samples together, are pooled into one cell
 # the CPU kernels' shapes (exactness_fuzz.KERNEL_SIZED), whose checks round as steps do in bfloat16 too: on
 # torch's paths (head dim 16) a bfloat16 check's row parted from a step's by 0.003 in a logit and top_k=2 kept
@@ -108,11 +109,17 @@ def draw_case(seed: int, index: int) -> dict:
                 replan_rounds=rng.choice([1, 2]))
 
 
-def outcomes(tokens: list[int]) -> list:
-    """What the tests compare of one output: the pair of its first two tokens, then each later one (None
-    past its end)."""
-    padded = tokens[:POSITIONS] + [None] * (POSITIONS - len(tokens[:POSITIONS]))
-    return [tuple(padded[:2])] + padded[2:]
+def outcomes(tokens: list[int]) -> list[tuple]:
+    """What the tests look at of one output: its first two tokens, then its first three, then its first four
+    (None past its end). Against the exact distribution the pair is tested, then each later token given
+    the tokens before it; against `ar`'s sample the pair, then each later token alone (`marginal`)."""
+    padded = tuple(tokens[:POSITIONS]) + (None,) * (POSITIONS - len(tokens[:POSITIONS]))
+    return [padded[:n] for n in range(2, POSITIONS + 1)]
+
+
+def marginal(values: tuple) -> list:
+    """The outcomes of one test as its two-sample test takes them: the pair whole, a later token alone."""
+    return [v if len(v) == 2 else v[-1] for v in values]
 
 
 def two_sample_p(a: Counter, b: Counter) -> float:
@@ -173,21 +180,28 @@ def exact_outcomes(case: dict, target) -> list[dict]:
     return tests
 
 
-def fit_p(seen: Counter, exact: dict) -> float:
+def fit_p(seen: Counter, exact: dict, given: int = 0) -> float:
     """The chi-square test's p-value that the outcome counts `seen` are drawn from `exact` (0 where an
-    outcome it rules out was seen); outcomes expected fewer than MIN_CELL times are pooled into one cell,
-    which joins the smallest other where it is still under MIN_CELL."""
+    outcome it rules out was seen), each outcome's last tokens given its first `given` ones: outcomes that
+    share those are tested against exact's distribution conditioned on them, and the statistics add up.
+    Outcomes expected fewer than MIN_CELL times are pooled into one cell, which joins the smallest other
+    where it is still under MIN_CELL; a group left with one cell says nothing."""
     if any(value not in exact for value in seen):
         return 0.0
-    n = sum(seen.values())
-    cells = sorted(([seen[k], exact[k] * n] for k in exact), key=lambda cell: -cell[1])
-    while len(cells) > 1 and cells[-1][1] < MIN_CELL:
-        last = cells.pop()
-        cells[-1] = [cells[-1][0] + last[0], cells[-1][1] + last[1]]
-    if len(cells) < 2:
-        return 1.0
-    observed, expected = np.array(cells).T
-    return float(chisquare(observed, expected * n / expected.sum()).pvalue)
+    groups: dict[tuple, list] = {}
+    for value in exact:
+        groups.setdefault(value[:given], []).append(value)
+    statistic, freedom = 0.0, 0
+    for values in groups.values():
+        n, mass = sum(seen[v] for v in values), sum(exact[v] for v in values)
+        cells = sorted(([seen[v], exact[v] / mass * n] for v in values), key=lambda cell: -cell[1])
+        while len(cells) > 1 and cells[-1][1] < MIN_CELL:
+            last = cells.pop()
+            cells[-1] = [cells[-1][0] + last[0], cells[-1][1] + last[1]]
+        if len(cells) > 1:
+            statistic += sum((o - e) ** 2 / e for o, e in cells)
+            freedom += len(cells) - 1
+    return 1.0 if freedom == 0 else float(chi2.sf(statistic, freedom))
 
 
 def p_values(case: dict, tiers, runs: int, first_seed: int, seen: dict | None = None) -> list[float]:
@@ -200,11 +214,12 @@ def p_values(case: dict, tiers, runs: int, first_seed: int, seen: dict | None = 
     ours = samples(case, tiers, cfg, range(first_seed, first_seed + runs), seen)
     mine = list(zip(*map(outcomes, ours)))
     if case["dtype"] == "float32":
-        return [fit_p(Counter(m), exact) for m, exact in zip(mine, exact_outcomes(case, tiers[0]))]
+        return [fit_p(Counter(m), exact, given=0 if i == 0 else i + 1)  # (test i's outcomes: i + 2 tokens)
+                for i, (m, exact) in enumerate(zip(mine, exact_outcomes(case, tiers[0])))]
     plain = EngineConfig(mode="ar", prefill_chunk=cfg.prefill_chunk)
     theirs = samples(case, (tiers[0], None, tiers[0]), plain, range(first_seed + runs, first_seed + 2 * runs))
     ar = list(zip(*map(outcomes, theirs)))
-    return [two_sample_p(Counter(m), Counter(a)) for m, a in zip(mine, ar)]
+    return [two_sample_p(Counter(marginal(m)), Counter(marginal(a))) for m, a in zip(mine, ar)]
 
 
 def check_case(case: dict, tiers, runs: int, seen: dict) -> dict:

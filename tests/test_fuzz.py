@@ -86,7 +86,7 @@ def test_the_distribution_fuzzer_finds_a_draw_that_parts_from_the_target(fuzz, d
     assert min(p_values) * len(p_values) < module.ALPHA
 
 
-def test_the_exact_test_fails_an_outcome_plain_sampling_rules_out_and_pools_rare_ones(distribution):
+def test_the_exact_test_fails_an_outcome_plain_sampling_rules_out_pools_rare_ones_and_conditions(distribution):
     from collections import Counter
 
     module = distribution[0]
@@ -94,3 +94,7 @@ def test_the_exact_test_fails_an_outcome_plain_sampling_rules_out_and_pools_rare
     assert module.fit_p(Counter({(1, 2): 49, (1, 3): 49, (5, None): 2}), exact) > 0.9
     assert module.fit_p(Counter({(1, 2): 49, (1, 3): 50, (4, 4): 1}), exact) == 0.0
     assert module.fit_p(Counter({(1, 2): 80, (1, 3): 18, (5, None): 2}), exact) < 1e-6
+    triples = {(1, t2, t3): 0.25 for t2 in (2, 5) for t3 in (3, 4)}  # the third token given the pair: 1/2 each
+    skewed_pairs = Counter({(1, 2, 3): 60, (1, 2, 4): 60, (1, 5, 3): 20, (1, 5, 4): 20})
+    assert module.fit_p(skewed_pairs, triples, given=2) > 0.9
+    assert module.fit_p(skewed_pairs, triples) < 1e-6
