@@ -17,6 +17,7 @@
 namespace triforce_attention_avx2 {
 
 using triforce_attention::kMaxRows;
+using triforce_attention::NextBlock;
 using triforce_attention::Partial;
 using triforce_attention::TailMask;
 using triforce_attention::any_nan;
@@ -122,8 +123,10 @@ void attend_range(const T* q, const T* k, const T* v, int64_t k_row, int R, cons
     for (int c = 0; c < D; ++c) qf[r * D + c] = static_cast<float>(q[r * D + c]) * scale;
   alignas(32) float kf[kBlock][D], vf[kBlock][D];
   alignas(32) float scores[kMaxRows][kBlock];
+  NextBlock<D, T> next(k, v, k_row, mask.S);
   for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
+    next.next(b0 + kBlock, kBlock, kBlock / 4 + R + (R + 2) / 3);  // asked for through the block's work
     for (int j = 0; j < kBlock; ++j)  // widen the block; a short block's tail is zero keys, masked below
       for (int c = 0; c < D; c += 8) {
         const bool in = j < nb;
@@ -131,16 +134,21 @@ void attend_range(const T* q, const T* k, const T* v, int64_t k_row, int R, cons
         _mm256_store_ps(&vf[j][c], in ? to_ps(v + (b0 + j) * k_row + c) : _mm256_setzero_ps());
       }
     for (int j = 0; j < kBlock; j += 4) {
+      next.step();
       int r = 0;
       for (; r + 2 <= R; r += 2) scores4<D, 2>(qf.data() + r * D, kf + j, &scores[r][j], kBlock);
       if (r < R) scores4<D, 1>(qf.data() + r * D, kf + j, &scores[r][j], kBlock);
     }
     hide_keys(scores, R, b0, nb, kBlock, mask);
     alignas(32) float rescale[kMaxRows];
-    for (int r = 0; r < R; ++r) rescale[r] = softmax_block(scores[r], st[r]);
+    for (int r = 0; r < R; ++r) {
+      next.step();
+      rescale[r] = softmax_block(scores[r], st[r]);
+    }
     int r = 0;
-    for (; r + 3 <= R; r += 3) add_values<D, 3>(&scores[r], rescale + r, vf, nb, acc + r * D);
-    for (; r < R; ++r) add_values<D, 1>(&scores[r], rescale + r, vf, nb, acc + r * D);
+    for (; r + 3 <= R; r += 3, next.step()) add_values<D, 3>(&scores[r], rescale + r, vf, nb, acc + r * D);
+    for (; r < R; ++r, next.step()) add_values<D, 1>(&scores[r], rescale + r, vf, nb, acc + r * D);
+    next.finish();
   }
 }
 

@@ -28,7 +28,8 @@ constexpr int kBlock = 64;  // keys per block (scores of a block stay in L1)
 // enough to hide the instruction's latency (one row alone would wait on it).
 template <int D, int ROWS>
 inline void score_rows(const at::BFloat16* q, const __m512i* kt, int r0, float scale, float (*scores)[kBlock],
-                       int j0) {
+                       int j0, NextBlock<D, at::BFloat16>& next) {
+  next.step();
   constexpr int P = D / 2;
   __m512 a[ROWS][2];
   const int32_t* qr[ROWS];
@@ -53,7 +54,7 @@ inline void score_rows(const at::BFloat16* q, const __m512i* kt, int r0, float s
 // keys' partial scores for a row and no horizontal sums are needed.
 template <int D>
 inline void score16(const at::BFloat16* q, const at::BFloat16* k, int64_t k_row, int nk, int R, float scale,
-                    float (*scores)[kBlock], int j0) {
+                    float (*scores)[kBlock], int j0, NextBlock<D, at::BFloat16>& next) {
   constexpr int P = D / 2;  // bf16 pairs per row
   __m512i kt[P];
   for (int h = 0; h < P / 16; ++h) {
@@ -64,11 +65,11 @@ inline void score16(const at::BFloat16* q, const at::BFloat16* k, int64_t k_row,
     transpose16(blk);
   }
   int r = 0;
-  for (; r + 4 <= R; r += 4) score_rows<D, 4>(q, kt, r, scale, scores, j0);
+  for (; r + 4 <= R; r += 4) score_rows<D, 4>(q, kt, r, scale, scores, j0, next);
   switch (R - r) {
-    case 3: score_rows<D, 3>(q, kt, r, scale, scores, j0); break;
-    case 2: score_rows<D, 2>(q, kt, r, scale, scores, j0); break;
-    case 1: score_rows<D, 1>(q, kt, r, scale, scores, j0); break;
+    case 3: score_rows<D, 3>(q, kt, r, scale, scores, j0, next); break;
+    case 2: score_rows<D, 2>(q, kt, r, scale, scores, j0, next); break;
+    case 1: score_rows<D, 1>(q, kt, r, scale, scores, j0, next); break;
   }
 }
 
@@ -77,7 +78,8 @@ inline void score16(const at::BFloat16* q, const at::BFloat16* k, int64_t k_row,
 // independent chains.
 template <int D, int ROWS>
 inline void pv_rows(float (*scores)[kBlock], const __m512i (*vpairs)[D / 16], const float* rescales, int r0, int nb,
-                    float* acc) {
+                    float* acc, NextBlock<D, at::BFloat16>& next) {
+  next.step();
   constexpr int DV = D / 16;
   const int pairs = (nb + 1) / 2;
   alignas(64) at::BFloat16 pb[ROWS][kBlock];
@@ -109,14 +111,17 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
   alignas(64) float scores[kMaxRows][kBlock];
   alignas(64) __m512i vpairs[kBlock / 2][DV];
   float rescales[kMaxRows];
+  NextBlock<D, at::BFloat16> next(k, v, k_row, mask.S);
+  const int groups = (R + 3) / 4;  // the calls of score_rows per 16 keys, and about those of pv_rows
   for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
-    prefetch_keys<D>(k, v, k_row, b0 + kBlock, kBlock, end);  // the next block
+    next.next(b0 + kBlock, kBlock, 4 * groups + R + groups);  // asked for through the block's work
     for (int j0 = 0; j0 < nb; j0 += 16)
-      score16<D>(q, k + (b0 + j0) * k_row, k_row, std::min(16, nb - j0), R, scale, scores, j0);
+      score16<D>(q, k + (b0 + j0) * k_row, k_row, std::min(16, nb - j0), R, scale, scores, j0, next);
     const int width = (nb + 15) / 16 * 16;  // whole vectors: the padding keys get -inf
     hide_keys(scores, R, b0, nb, width, mask);
     for (int r = 0; r < R; ++r) {
+      next.step();
       __m512 mv = _mm512_set1_ps(st[r].max);
       for (int j = 0; j < width; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(&scores[r][j]));
       float m = _mm512_reduce_max_ps(mv);
@@ -158,9 +163,10 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
     int r = 0;  // four rows at a time at head dim 64 (16 accumulators; at 128, 32 would spill): a prefill
     // chunk's pieces 8% and a 7-token check 4% faster than two on the 2-core Zen 4 (each row's sums alike)
     if constexpr (D == 64)
-      for (; r + 4 <= R; r += 4) pv_rows<D, 4>(scores, vpairs, rescales, r, nb, acc);
-    for (; r + 2 <= R; r += 2) pv_rows<D, 2>(scores, vpairs, rescales, r, nb, acc);
-    if (r < R) pv_rows<D, 1>(scores, vpairs, rescales, r, nb, acc);
+      for (; r + 4 <= R; r += 4) pv_rows<D, 4>(scores, vpairs, rescales, r, nb, acc, next);
+    for (; r + 2 <= R; r += 2) pv_rows<D, 2>(scores, vpairs, rescales, r, nb, acc, next);
+    if (r < R) pv_rows<D, 1>(scores, vpairs, rescales, r, nb, acc, next);
+    next.finish();
   }
 }
 

@@ -31,7 +31,7 @@ struct Partial {  // one row's online-softmax state over a range of keys
 struct TailMask {
   const bool* bits;  // [n, m] row-major, or nullptr: causal
   int n, m;
-  int64_t S;
+  int64_t S;  // the keys of the pass's K and V, all of which exist
   int64_t first() const { return S - m; }
   bool sees(int r, int64_t key) const {
     const int64_t t = key - (S - m);
@@ -51,24 +51,51 @@ inline void hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, 
       if (j >= nb || !mask.sees(r, b0 + j)) scores[r][j] = -std::numeric_limits<float>::infinity();
 }
 
-// Asks for K and V of keys [from, from + keys) of one head (rows of k_row elements) while the range
-// function computes on the keys before them, where the hardware prefetcher alone left it waiting on
-// memory: the next block, asked for at the start of each, raised the AMX tile path's read rate at 8K by
-// 15% (12 interleaved development runs), and took 8-25% off the AVX512-BF16 vector path's time on an
-// AMX Xeon (benchmarks/attention_bandwidth.py, n = 1, 2 and 7, two interleaved runs). The AVX2 path,
-// which widens each block into L1 first, gained nothing measurable from it, as a burst or spread out.
+// Asks for the K and V rows of the next block of one head's keys (rows k_row elements apart) while the
+// range function computes on the block before: `next` names the block and how many calls of `step` its
+// lines are spread over, `step` asks for the next share of them, `finish` for any left. The range
+// functions of the vector paths call `step` between their pieces of work (a few row groups' scores, a
+// row's softmax, a few rows' P . V), a few lines at a time. Asked for all at once at the start of each
+// block, as until 2026-12-05, a 64-key block's 256 lines filled the core's miss buffers and load queue,
+// the block's own computation waited behind them, and memory and compute took turns: on the 2-core Zen 4
+// (AVX512-BF16, no AMX) spread out they cut SmolLM2's 30 layers of attention over 16,000 cold keys from
+// 24.7 to 15.8 ms for one new token and from 44.8 to 31.7 ms for seven (0.64x and 0.71x; at 2,000 keys
+// 0.80x and 0.82x: `python benchmarks/kernel_ab.py --base 92cbc05 --tokens 16000 2000 --new 1 7`, one run),
+// where the burst had gained nothing over the hardware prefetcher alone. `keys` (the rows of K and V that
+// exist) bounds what is asked for, not the range: the last block of a range asks for the first of the
+// next, which the same thread takes next (parallel_for hands each thread consecutive ranges of a head).
+// The AMX tile path asks for each block in one burst (steps 1), as measured on the AMX Xeon: a 15% higher
+// read rate at 8K than without.
 template <int D, typename T>
-inline void prefetch_keys(const T* k, const T* v, int64_t k_row, int64_t from, int keys, int64_t end) {
-  if (from + keys > end) return;
-  for (int64_t key = from; key < from + keys; ++key) {
-    const char* kb = reinterpret_cast<const char*>(k + key * k_row);
-    const char* vb = reinterpret_cast<const char*>(v + key * k_row);
-    for (int j = 0; j < D * static_cast<int>(sizeof(T)); j += 64) {  // a row's 64-byte lines
-      _mm_prefetch(kb + j, _MM_HINT_T0);
-      _mm_prefetch(vb + j, _MM_HINT_T0);
+class NextBlock {
+ public:
+  NextBlock(const T* k, const T* v, int64_t k_row, int64_t keys)
+      : k_(reinterpret_cast<const char*>(k)), v_(reinterpret_cast<const char*>(v)),
+        row_bytes_(k_row * static_cast<int64_t>(sizeof(T))), keys_(keys) {}
+
+  // Keys [from, from + count), within the keys that exist, over `steps` calls of step().
+  void next(int64_t from, int64_t count, int steps) {
+    from_ = from;
+    lines_ = static_cast<int>(std::max<int64_t>(0, std::min(count, keys_ - from))) * 2 * kRowLines;
+    done_ = 0;
+    per_step_ = (lines_ + steps - 1) / std::max(1, steps);
+  }
+  void step() { ask(std::min(lines_, done_ + per_step_)); }
+  void finish() { ask(lines_); }
+
+ private:
+  static constexpr int kRowLines = D * static_cast<int>(sizeof(T)) / 64;  // 64-byte lines of a key's row
+  void ask(int upto) {  // line l: key l / (2 kRowLines), its K row's lines first, then its V row's
+    for (; done_ < upto; ++done_) {
+      const int key = done_ / (2 * kRowLines), line = done_ % (2 * kRowLines);
+      const char* row = (line < kRowLines ? k_ : v_) + (from_ + key) * row_bytes_;
+      _mm_prefetch(row + (line % kRowLines) * 64, _MM_HINT_T0);
     }
   }
-}
+  const char *k_, *v_;
+  int64_t row_bytes_, keys_, from_ = 0;
+  int lines_ = 0, done_ = 0, per_step_ = 0;
+};
 
 // Online-softmax state of each of the R = G * n rows over keys [begin, end) of one KV head, and the
 // unnormalised output acc [R, D]: the pass continues the state st and acc hold (max -inf, sum 0 and zeros
@@ -177,11 +204,11 @@ void merge_row(const Job<T>& job, int64_t h, int64_t r) {
 template <int D, typename T>
 void resume_tail(Job<T>& job, int64_t h, int64_t i, float scale, RangeFn<T> range, std::vector<T>& kc,
                  std::vector<T>& vc, std::vector<T>& qc, std::vector<float>& sums, std::vector<Partial>& state) {
-  const TailMask sees_all{nullptr, 1, 0, std::numeric_limits<int64_t>::max()};
   const int G = job.G, R = job.R;
   const int64_t n = job.n, span = kSpan, together = job.together, first = job.mask.first();
   const auto& tail = job.tails[i];
   const int64_t keys = first + static_cast<int64_t>(tail.size());  // a step's S
+  const TailMask sees_all_copied{nullptr, 1, 0, keys - together};  // every key of the copy, which holds no more
   const auto* qp = job.q.template data_ptr<T>();
   kc.resize(static_cast<size_t>((keys - together) * D));
   vc.resize(kc.size());
@@ -198,7 +225,7 @@ void resume_tail(Job<T>& job, int64_t h, int64_t i, float scale, RangeFn<T> rang
       std::copy_n(acc + (item * R + g * n + i) * D, D, sums.data() + g * D);
       state[g] = job.st[item * R + g * n + i];
     }
-    range(qc.data(), kc.data(), vc.data(), D, G, sees_all, a - together, end - together, scale, sums.data(),
+    range(qc.data(), kc.data(), vc.data(), D, G, sees_all_copied, a - together, end - together, scale, sums.data(),
           state.data());
     for (int g = 0; g < G; ++g) {
       std::copy_n(sums.data() + g * D, D, acc + (item * R + g * n + i) * D);
