@@ -1,14 +1,14 @@
 """A change to the CPU attention or linear kernel against a base revision, both built and timed in one process.
 
     python benchmarks/kernel_ab.py [--base HEAD] [--level avx512] [--kernel attention|linear]
-                                   [--tokens 8000 300] [--new 1 7] [--tree]
+                                   [--tokens 8000 300] [--new 1 7] [--tree] [--dtype float32]
 
 Builds the kernels of one level (`triforce/kernels/csrc/`) twice, from the base revision and from the
 working tree, as separate modules (a source the base revision lacks is left out of its build), and times
 SmolLM2-shaped decode attention (9 query heads, 3 KV heads, head dim 64, 30 layers, a K/V buffer per
 layer so a long cache comes from memory) or the bfloat16 linear layers of its 30 layers (--new rows of x;
 --tokens unused; --tree: attention of a token tree's mask, a seeded tree whose branches run deep, instead
-of a chain) with the two builds taking turns, the order swapped every repetition. On these shared
+of a chain; --dtype float32: the float32 kernels, decode_attention_f32 and linear_f32) with the two builds taking turns, the order swapped every repetition. On these shared
 machines two runs minutes apart differ by 20-30%, more than most kernel changes: compare builds within one
 process, never across runs.
 Prints a JSON line per (tokens, new tokens): median and best ms of each build and new / base."""
@@ -57,34 +57,42 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=12, help="timed passes of each build")
     p.add_argument("--kernel", choices=("attention", "linear"), default="attention", help="what to time")
     p.add_argument("--tree", action="store_true", help="attention: a token tree of --new nodes, not a chain")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="the kernels' element type")
     args = p.parse_args()
     level = args.level or cpu.isa_level()
     with tempfile.TemporaryDirectory() as tmp:
         base = build(f"triforce_ab_base_{level}", base_sources(args.base, Path(tmp)), level)
     new = build(f"triforce_ab_new_{level}", kernel_build.CSRC, level)
     layers = 30
+    dtype = getattr(torch, args.dtype)
     for s in args.tokens if args.kernel == "attention" else [None]:
         if args.kernel == "attention":
-            keys, values = torch.randn(layers, 3, s, 64).bfloat16(), torch.randn(layers, 3, s, 64).bfloat16()
+            keys, values = torch.randn(layers, 3, s, 64, dtype=dtype), torch.randn(layers, 3, s, 64, dtype=dtype)
         else:  # qkv, o, gate_up and down of each layer: 212 MB in all, read from memory on every pass
             shapes = ((960, 576), (576, 576), (3072, 576), (576, 1536))
-            weights = [[torch.randn(shape).bfloat16() for shape in shapes] for _ in range(layers)]
+            weights = [[torch.randn(shape, dtype=dtype) for shape in shapes] for _ in range(layers)]
         for n in args.new:
             if args.kernel == "attention":
-                q = torch.randn(9, n, 64).bfloat16()
+                q = torch.randn(9, n, 64, dtype=dtype)
                 mask = ancestor_mask(deep_tree(n, n)) if args.tree else None
 
                 def one_pass(ext):
                     for layer in range(layers):
-                        ext.decode_attention_bf16(q, keys[layer], values[layer], 0.125, allow_amx=level == "amx",
-                                                  mask=mask)
+                        if dtype == torch.float32:
+                            ext.decode_attention_f32(q, keys[layer], values[layer], 0.125, mask)
+                        else:
+                            ext.decode_attention_bf16(q, keys[layer], values[layer], 0.125,
+                                                      allow_amx=level == "amx", mask=mask)
             else:
-                xs = {k: torch.randn(n, k).bfloat16() for k in (576, 1536)}
+                xs = {k: torch.randn(n, k, dtype=dtype) for k in (576, 1536)}
 
                 def one_pass(ext):
                     for layer in weights:
                         for w in layer:
-                            ext.linear_bf16(xs[w.shape[1]], w, float_out=False, allow_amx=level == "amx")
+                            if dtype == torch.float32:
+                                ext.linear_f32(xs[w.shape[1]], w)
+                            else:
+                                ext.linear_bf16(xs[w.shape[1]], w, float_out=False, allow_amx=level == "amx")
             times: dict[str, list[float]] = {"base": [], "new": []}
             for rep in range(args.reps + 1):
                 builds = [("base", base), ("new", new)]
@@ -94,7 +102,7 @@ def main() -> None:
                     if rep:  # the first pass of each warms up
                         times[name].append(time.perf_counter() - start)
             median = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
-            print(json.dumps({"level": level, "kernel": args.kernel, "tokens": s, "new_tokens": n,
+            print(json.dumps({"level": level, "kernel": args.kernel, "dtype": args.dtype, "tokens": s, "new_tokens": n,
                               **({"tree": deep_tree(n, n)} if args.tree else {}),
                               "threads": torch.get_num_threads(),
                               **{f"{k}_median_ms": round(v, 2) for k, v in median.items()},
