@@ -61,21 +61,22 @@ inline void block_times_all_x(const float* xf, const W* w, Out* y, int64_t K, in
 // Rows [begin, end) of W against N_ROWS float32 rows of x: up to 4 rows, one row of W at a time; 5 to 8
 // (the FMAs' regime), three at a time, the last one or two alone.
 template <int N_ROWS, typename W, typename Out>
-void linear_rows(const float* xf, const W* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end) {
+void linear_rows(const float* xf, const W* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end,
+                 triforce_linear::RowAhead ahead) {
   if constexpr (N_ROWS <= 4) {
     for (int64_t r = begin; r < end; ++r) {
-      triforce_linear::prefetch_row_ahead(w, r, K, end);
+      triforce_linear::prefetch_row_ahead(w, r, K, ahead);
       block_times_x<1, N_ROWS>(xf, w + r * K, y + r, K, N);
     }
   } else {
     constexpr int kBlock = 3;
     int64_t r = begin;
     for (; r + kBlock <= end; r += kBlock) {
-      for (int i = 0; i < kBlock; ++i) triforce_linear::prefetch_row_ahead(w, r + i, K, end);
+      for (int i = 0; i < kBlock; ++i) triforce_linear::prefetch_row_ahead(w, r + i, K, ahead);
       block_times_all_x<kBlock, N_ROWS>(xf, w + r * K, y + r, K, N);
     }
     for (; r < end; ++r) {
-      triforce_linear::prefetch_row_ahead(w, r, K, end);
+      triforce_linear::prefetch_row_ahead(w, r, K, ahead);
       block_times_all_x<1, N_ROWS>(xf, w + r * K, y + r, K, N);
     }
   }

@@ -19,10 +19,10 @@ namespace {
 
 template <int N_ROWS, typename Out>
 void linear_rows(const at::BFloat16* x, const at::BFloat16* w, Out* y, int64_t K, int64_t N,
-                 int64_t begin, int64_t end) {
+                 int64_t begin, int64_t end, triforce_linear::RowAhead ahead) {
   const int64_t steps = K / 32;
   for (int64_t r = begin; r < end; ++r) {
-    triforce_linear::prefetch_row_ahead(w, r, K, end);
+    triforce_linear::prefetch_row_ahead(w, r, K, ahead);
     const __m512bh* wrow = reinterpret_cast<const __m512bh*>(w + r * K);
     __m512 acc[N_ROWS];
     for (int t = 0; t < N_ROWS; ++t) acc[t] = _mm512_setzero_ps();

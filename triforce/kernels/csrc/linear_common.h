@@ -15,37 +15,50 @@ namespace triforce_linear {
 constexpr int kPieceRows = 8;  // rows of x one pass of a vector row function takes (its accumulators)
 constexpr int64_t kTileBytes = 64 * 1024;  // W rows per tile: what the later pieces re-read from L2
 
+// Which row of W a row function asks for before it uses row r: row r + rows, unless that is past `limit`
+// (rows 0: none). See parallel_rows.
+struct RowAhead {
+  int64_t rows, limit;
+};
+
 template <typename X, typename W, typename Out>
-using RowsFn = void (*)(const X* x, const W* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end);
+using RowsFn = void (*)(const X* x, const W* w, Out* y, int64_t K, int64_t N, int64_t begin, int64_t end,
+                        RowAhead ahead);
+
+// Asks for row r + ahead.rows of W (rows of K elements) into L2: the vector row functions call it before
+// each row, and their read rate rose from 16-17 to 22-26 GB/s at 1 row of x and from 12 to 18-24 GB/s at 4
+// (AVX2), 13-14 to 17-19 GB/s at 4 (AVX512-BF16), on the AMX Xeon, with the row 8 KB ahead: the hardware
+// prefetcher alone left the FMA work waiting on memory. Into L1 it would push out the rows of x. (The AMX
+// tile path, which reads 16 rows of W at a time, ran 5-15% slower with it, and prefetches its next block
+// of 16 rows its own way: linear_amx.cpp.)
+template <typename W>
+inline void prefetch_row_ahead(const W* w, int64_t r, int64_t K, RowAhead ahead) {
+  const int64_t row = r + ahead.rows;
+  if (ahead.rows == 0 || row >= ahead.limit) return;
+  const char* next = reinterpret_cast<const char*>(w + row * K);
+  for (int64_t b = 0; b < K * static_cast<int64_t>(sizeof(W)); b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
+}
 
 // y[n, N] = x[n, K] . W^T with rows[i] the row function for i + 1 rows of x. Rows of W over the threads,
-// at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
+// at least ~256 KB of W per task, so small matrices are not split into tiny pieces. More than kPieceRows
+// rows of x go in pieces over a tile of W at a time: the first piece reads the tile from memory, asking for
+// each row 8 KB ahead (4 KB gained less, 16 and 32 KB no more); the second reads it from L2 and asks for
+// the next tile's rows, one for each of its own, so that memory keeps streaming while the later pieces
+// compute; the rest ask for none.
 template <typename X, typename W, typename Out>
 void parallel_rows(const RowsFn<X, W, Out>* rows, int n, const X* x, const W* w, Out* y, int64_t K, int64_t N) {
+  constexpr int64_t kAheadBytes = 8192;
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W));
   const int64_t grain = std::max<int64_t>(1, (256 * 1024) / row_bytes);
   const int64_t tile = n <= kPieceRows ? N : std::max<int64_t>(1, kTileBytes / row_bytes);
+  const int64_t near = (kAheadBytes + row_bytes - 1) / row_bytes;
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t0 = begin; t0 < end; t0 += tile)
-      for (int r0 = 0; r0 < n; r0 += kPieceRows)
-        rows[std::min(kPieceRows, n - r0) - 1](x + r0 * K, w, y + r0 * N, K, N, t0, std::min(end, t0 + tile));
+      for (int r0 = 0; r0 < n; r0 += kPieceRows) {
+        const RowAhead ahead = r0 == 0 ? RowAhead{near, end} : r0 == kPieceRows ? RowAhead{tile, end} : RowAhead{0, 0};
+        rows[std::min(kPieceRows, n - r0) - 1](x + r0 * K, w, y + r0 * N, K, N, t0, std::min(end, t0 + tile), ahead);
+      }
   });
-}
-
-// Asks for the row of W kAheadBytes past row r (rows of K elements), into L2: the vector row functions
-// call it before each row, and their read rate rose from 16-17 to 22-26 GB/s at 1 row of x and from 12
-// to 18-24 GB/s at 4 (AVX2), 13-14 to 17-19 GB/s at 4 (AVX512-BF16), on the AMX Xeon: the hardware
-// prefetcher alone left the FMA work waiting on memory. Into L1 it would push out the rows of x. (The
-// AMX tile path, which reads 16 rows of W at a time, ran 5-15% slower with it, and prefetches its next
-// block of 16 rows its own way: linear_amx.cpp.)
-template <typename W>
-inline void prefetch_row_ahead(const W* w, int64_t r, int64_t K, int64_t end) {
-  constexpr int64_t kAheadBytes = 8192;  // 4 KB gained less; 16 and 32 KB no more
-  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W));
-  const int64_t row = r + (kAheadBytes + row_bytes - 1) / row_bytes;
-  if (row >= end) return;
-  const char* next = reinterpret_cast<const char*>(w + row * K);
-  for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
 }
 
 // Checks a decode linear's arguments (x [n, K] with n >= 1, W [N, K] contiguous, both of `type`, K a

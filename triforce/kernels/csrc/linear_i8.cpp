@@ -30,10 +30,11 @@ inline __m512bh int8_to_bf16(const int8_t* p) {  // 32 int8 -> 32 bfloat16, in o
 // Rows [begin, end) of Q against N_ROWS bfloat16 rows of x (K a multiple of 32), unscaled float32 sums; each
 // row of x sums in one order whatever N_ROWS is.
 template <int N_ROWS>
-void bf16_rows(const at::BFloat16* x, const int8_t* q, float* y, int64_t K, int64_t N, int64_t begin, int64_t end) {
+void bf16_rows(const at::BFloat16* x, const int8_t* q, float* y, int64_t K, int64_t N, int64_t begin, int64_t end,
+               triforce_linear::RowAhead ahead) {
   const int64_t steps = K / 32;
   for (int64_t r = begin; r < end; ++r) {
-    triforce_linear::prefetch_row_ahead(q, r, K, end);
+    triforce_linear::prefetch_row_ahead(q, r, K, ahead);
     const int8_t* qrow = q + r * K;
     __m512 acc[N_ROWS];
     for (int t = 0; t < N_ROWS; ++t) acc[t] = _mm512_setzero_ps();
