@@ -9,7 +9,8 @@ text, so one seed's ratio says little (0.64x to 1.29x here). Prints per label: t
 tokens/s, and auto against the fixed mode: the geometric mean of the per-seed ratios and their range, and
 the ratio of the means. `--against best`: the fixed mode with the highest mean over the seeds (the point's
 best fixed mode; against each seed's best of several noisy runs auto would face the larger of them, which
-overstates every mode's mean)."""
+overstates every mode's mean). A file of a `--sweep` names its runs by the setting too (`triforce tree1=4`),
+and every such run is put against `--against` (one of those names)."""
 from __future__ import annotations
 
 import argparse
@@ -29,12 +30,15 @@ def main() -> None:
     for path in args.files:
         found = re.match(r"(.+?)_.*seed(\d+)\.json$", path.name)
         if found:
-            for r in json.load(open(path))["results"]:  # a file's groups (and files of other lengths) apart
+            report = json.load(open(path))
+            setting = (report.get("sweep") or {}).get("setting")
+            for r in report["results"]:  # a file's groups (and files of other lengths) apart
                 by_mode = runs[found[1], r["prompt_tokens"], r["temperature"], r.get("batch", 1)].setdefault(
                     int(found[2]), {})
-                if r["run"] in by_mode:
-                    raise SystemExit(f"{path}: a second {r['run']!r} row for seed {found[2]} in one group")
-                by_mode[r["run"]] = r["tokens_per_s"]
+                name = f"{r['run']} {setting}={r[setting]}" if setting in r else r["run"]
+                if name in by_mode:
+                    raise SystemExit(f"{path}: a second {name!r} row for seed {found[2]} in one group")
+                by_mode[name] = r["tokens_per_s"]
     for (label, prompt, temperature, batch), seeds in sorted(runs.items()):
         label = f"{label} prompt={prompt} T={temperature}" + (f" batch={batch}" if batch > 1 else "")
         modes = sorted({m for by_mode in seeds.values() for m in by_mode})
@@ -42,15 +46,16 @@ def main() -> None:
                  for m in modes}
         fixed = [m for m in modes if m != "auto"]  # `ar` too: the best fixed mode at 0.6 on AVX2 CPUs
         against = max(fixed, key=means.get, default=None) if args.against == "best" else args.against
-        ratios = [s["auto"] / s[against] for s in seeds.values() if "auto" in s and against in s]
-        if not ratios:
-            print(json.dumps({"label": label, "seeds": sorted(seeds), "mean_tokens_per_s": means}))
-            continue
-        print(json.dumps({"label": label, "seeds": sorted(seeds), "mean_tokens_per_s": means,
-                          f"auto_over_{against}": {
-                              "geometric_mean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
-                              "range": [round(min(ratios), 2), round(max(ratios), 2)],
-                              "ratio_of_means": round(means["auto"] / means[against], 3)}}))
+        compared = ["auto"] if "auto" in modes else [m for m in modes if m != against and "=" in m]
+        report = {"label": label, "seeds": sorted(seeds), "mean_tokens_per_s": means}
+        for m in compared:
+            ratios = [s[m] / s[against] for s in seeds.values() if m in s and against in s]
+            if ratios:
+                report[f"{m}_over_{against}".replace(" ", "_")] = {
+                    "geometric_mean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+                    "range": [round(min(ratios), 2), round(max(ratios), 2)],
+                    "ratio_of_means": round(means[m] / means[against], 3)}
+        print(json.dumps(report))
 
 
 if __name__ == "__main__":
