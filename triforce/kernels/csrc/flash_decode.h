@@ -59,9 +59,10 @@ inline void hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, 
 // block, as until 2026-12-05, a 64-key block's 256 lines filled the core's miss buffers and load queue,
 // the block's own computation waited behind them, and memory and compute took turns: on the 2-core Zen 4
 // (AVX512-BF16, no AMX) spread out they cut SmolLM2's 30 layers of attention over 16,000 cold keys from
-// 24.7 to 15.8 ms for one new token and from 44.8 to 31.7 ms for seven (0.64x and 0.71x; at 2,000 keys
-// 0.80x and 0.82x: `python benchmarks/kernel_ab.py --base 92cbc05 --tokens 16000 2000 --new 1 7`, one run),
-// where the burst had gained nothing over the hardware prefetcher alone. `keys` (the rows of K and V that
+// 24.7 to 16.1 ms for one new token and from 46.0 to 33.0 ms for seven (0.65x and 0.72x; at 2,000 keys
+// 0.78x and 0.76x: `python benchmarks/kernel_ab.py --base 92cbc05 --tokens 16000 2000 --new 1 7`, one run;
+// the AVX2 range pass 0.77x and 0.85x, docs/speed.md), where the burst had gained nothing over the
+// hardware prefetcher alone. `keys` (the rows of K and V that
 // exist) bounds what is asked for, not the range: the last block of a range asks for the first of the
 // next, which the same thread takes next (parallel_for hands each thread consecutive ranges of a head).
 // The AMX tile path asks for each block in one burst (steps 1), as measured on the AMX Xeon: a 15% higher
