@@ -112,7 +112,8 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
   alignas(64) __m512i vpairs[kBlock / 2][DV];
   float rescales[kMaxRows];
   NextBlock<D, at::BFloat16> next(k, v, k_row, mask.S);
-  const int groups = (R + 3) / 4;  // the calls of score_rows per 16 keys, and about those of pv_rows
+  const int groups = (R + 3) / 4;  // the calls of score_rows per 16 keys, and about those of pv_rows at head
+  // dim 64 (at 128 it runs two rows at a time, and the block's lines are all asked for sooner)
   for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
     next.next(b0 + kBlock, kBlock, 4 * groups + R + groups);  // asked for through the block's work

@@ -54,19 +54,22 @@ inline void hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, 
 // Asks for the K and V rows of the next block of one head's keys (rows k_row elements apart) while the
 // range function computes on the block before: `next` names the block and how many calls of `step` its
 // lines are spread over, `step` asks for the next share of them, `finish` for any left. The range
-// functions of the vector paths call `step` between their pieces of work (a few row groups' scores, a
-// row's softmax, a few rows' P . V), a few lines at a time. Asked for all at once at the start of each
-// block, as until 2026-12-05, a 64-key block's 256 lines filled the core's miss buffers and load queue,
-// the block's own computation waited behind them, and memory and compute took turns: on the 2-core Zen 4
+// functions of the vector paths call `step` between their pieces of work (AVX512-BF16: a few rows'
+// scores of 16 keys, a row's softmax, a few rows' P . V; AVX2: every row's scores of 4 keys, a row's
+// softmax, a few rows' P . V), a few lines at a time. Asked for all at once at the start of each block,
+// as the AVX512-BF16 path did until 2026-12-05 (the AVX2 path asked for none), a 64-key block's 256 lines
+// (bfloat16, head dim 64) filled the core's miss buffers and load queue, the block's own computation
+// waited behind them, and memory and compute took turns: on the 2-core Zen 4
 // (AVX512-BF16, no AMX) spread out they cut SmolLM2's 30 layers of attention over 16,000 cold keys from
 // 24.7 to 16.1 ms for one new token and from 46.0 to 33.0 ms for seven (0.65x and 0.72x; at 2,000 keys
 // 0.78x and 0.76x: `python benchmarks/kernel_ab.py --base 92cbc05 --tokens 16000 2000 --new 1 7`, one run;
 // the AVX2 range pass 0.77x and 0.85x, docs/speed.md), where the burst had gained nothing over the
-// hardware prefetcher alone. `keys` (the rows of K and V that
-// exist) bounds what is asked for, not the range: the last block of a range asks for the first of the
-// next, which the same thread takes next (parallel_for hands each thread consecutive ranges of a head).
-// The AMX tile path asks for each block in one burst (steps 1), as measured on the AMX Xeon: a 15% higher
-// read rate at 8K than without.
+// hardware prefetcher alone. `keys` bounds what is asked for: on the vector
+// paths the rows of K and V that exist, not the range, so the last block of a range asks for the first of
+// the next, which the same thread takes next (parallel_for hands each thread consecutive ranges of a head).
+// The AMX tile path passes its range's end and asks for the next whole block in one burst (steps 1) once
+// it has paired the current block's values, as it did before: on the AMX Xeon a 15% higher read rate at
+// 8K than without.
 template <int D, typename T>
 class NextBlock {
  public:

@@ -15,8 +15,8 @@ namespace triforce_linear {
 constexpr int kPieceRows = 8;  // rows of x one pass of a vector row function takes (its accumulators)
 constexpr int64_t kTileBytes = 64 * 1024;  // W rows per tile: what the later pieces re-read from L2
 
-// Which row of W a row function asks for before it uses row r: row r + rows, unless that is past `limit`
-// (rows 0: none). See parallel_rows.
+// Which row of W a row function asks for before it uses row r: row r + rows, unless that is at or past
+// `limit` (rows 0: none). See parallel_rows.
 struct RowAhead {
   int64_t rows, limit;
 };
@@ -42,7 +42,8 @@ inline void prefetch_row_ahead(const W* w, int64_t r, int64_t K, RowAhead ahead)
 // y[n, N] = x[n, K] . W^T with rows[i] the row function for i + 1 rows of x. Rows of W over the threads,
 // at least ~256 KB of W per task, so small matrices are not split into tiny pieces. More than kPieceRows
 // rows of x go in pieces over a tile of W at a time: the first piece reads the tile from memory, asking for
-// each row 8 KB ahead (4 KB gained less, 16 and 32 KB no more); the second reads it from L2 and asks for
+// each row 8 KB ahead (4 KB gained less, 16 and 32 KB no more; near the tile's end, rows of the next,
+// which the second asks for again); the second reads it from L2 and asks for
 // the next tile's rows, one for each of its own, so that memory keeps streaming while the later pieces
 // compute; the rest ask for none.
 template <typename X, typename W, typename Out>
