@@ -37,7 +37,7 @@ from scipy.stats import chi2, chi2_contingency
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import exactness_fuzz as fuzz  # noqa: E402
 from checkpoints import write_tiny_checkpoint  # noqa: E402  (tests/, put on the path by exactness_fuzz)
-from sampling_runs import AS_ALONE, TOGETHER, results  # noqa: E402
+from sampling_runs import results  # noqa: E402
 from triforce.cache.full import FullKVCache  # noqa: E402
 from triforce.config import EngineConfig  # noqa: E402
 from triforce.speculation.rules import RowRules  # noqa: E402
@@ -142,7 +142,7 @@ def samples(case: dict, tiers, cfg: EngineConfig, seeds: range, seen: dict | Non
         params = fuzz.sampling({**case["params"], "seed": seed})
         return fuzz.engine(cfg, tiers, case["prompt"], params, case["auto_script"]).run(case["prompt"], params, (EOS,))
 
-    made = results(run, seeds, together=AS_ALONE if case["dtype"] == "bfloat16" else TOGETHER)
+    made = results(run, seeds, as_alone=case["dtype"] == "bfloat16")
     for _, metrics in made if seen is not None else ():
         for t in metrics.tiers:
             seen[t.name] = [a + b for a, b in zip(seen.get(t.name, [0, 0]), (t.accepted, t.proposed))]

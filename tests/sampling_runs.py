@@ -6,7 +6,7 @@ On a CPU whose kernels take decode steps, a batch runs each prompt chunk in a mo
 (batch.prompt_chunks_apart: so that its rows round as they do alone, which greedy output needs). Here the rows of
 every prompt chunk of a step share one call instead: in float32 rounding moves no distribution these
 tests check (in bfloat16 a call's rows rounded by how many it held, enough to move top-k's cut at a
-near-tie: benchmarks/distribution_fuzz.py runs those requests AS_ALONE), and a few hundred prefills of
+near-tie: benchmarks/distribution_fuzz.py runs those requests `as_alone`), and a few hundred prefills of
 one short prompt in one call took a quarter off a chi-square case's time (500 runs of the triforce + tree case of test_selection_sampling on the 2-core EPYC: 8.1 s -> 5.9 s).
 """
 from collections.abc import Callable, Iterable
@@ -29,12 +29,15 @@ def outputs(make_run: Callable[[int], Run], seeds: Iterable[int], together: int 
     return [tokens for tokens, _ in results(make_run, seeds, together)]
 
 
-def results(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER) -> list[tuple]:
-    """(generated tokens, metrics) of `make_run(seed)` for each seed, in order, `together` to a batch; at
-    AS_ALONE or fewer each prompt chunk runs in a call of its own, and every request rounds as alone."""
+def results(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER,
+            as_alone: bool = False) -> list[tuple]:
+    """(generated tokens, metrics) of `make_run(seed)` for each seed, in order, `together` to a batch with every
+    prompt chunk of a step in one call; `as_alone`: AS_ALONE to a batch, each prompt chunk in a call of its
+    own, so that every request rounds as it does alone (bfloat16)."""
     seeds, out = list(seeds), []
+    together = AS_ALONE if as_alone else together
     for first in range(0, len(seeds), together):
-        batch = SequenceBatch() if together <= AS_ALONE else SequenceBatch(calls=_one_call)
+        batch = SequenceBatch() if as_alone else SequenceBatch(calls=_one_call)
         handles = [batch.add(make_run(seed)) for seed in seeds[first:first + together]]
         batch.run()
         out += [handle.result for handle in handles]
