@@ -57,20 +57,27 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=12, help="timed passes of each build")
     p.add_argument("--kernel", choices=("attention", "linear"), default="attention", help="what to time")
     p.add_argument("--tree", action="store_true", help="attention: a token tree of --new nodes, not a chain")
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="the kernels' element type")
+    p.add_argument("--dtype", choices=("bfloat16", "float32", "int8"), default="bfloat16",
+                   help="the kernels' element type (int8: linear_i8's int8 weights, bfloat16 x; --kernel linear)")
     args = p.parse_args()
+    if args.dtype == "int8" and args.kernel != "linear":
+        p.error("--dtype int8 is for --kernel linear (int8 weights)")
     level = args.level or cpu.isa_level()
     with tempfile.TemporaryDirectory() as tmp:
         base = build(f"triforce_ab_base_{level}", base_sources(args.base, Path(tmp)), level)
     new = build(f"triforce_ab_new_{level}", kernel_build.CSRC, level)
     layers = 30
-    dtype = getattr(torch, args.dtype)
+    dtype = torch.bfloat16 if args.dtype == "int8" else getattr(torch, args.dtype)
     for s in args.tokens if args.kernel == "attention" else [None]:
         if args.kernel == "attention":
             keys, values = torch.randn(layers, 3, s, 64, dtype=dtype), torch.randn(layers, 3, s, 64, dtype=dtype)
         else:  # qkv, o, gate_up and down of each layer: 212 MB in all, read from memory on every pass
             shapes = ((960, 576), (576, 576), (3072, 576), (576, 1536))
-            weights = [[torch.randn(shape, dtype=dtype) for shape in shapes] for _ in range(layers)]
+            if args.dtype == "int8":
+                weights = [[(torch.randint(-127, 128, shape, dtype=torch.int8), torch.rand(shape[0]) / 100)
+                            for shape in shapes] for _ in range(layers)]
+            else:
+                weights = [[torch.randn(shape, dtype=dtype) for shape in shapes] for _ in range(layers)]
         for n in args.new:
             if args.kernel == "attention":
                 q = torch.randn(9, n, 64, dtype=dtype)
@@ -89,7 +96,9 @@ def main() -> None:
                 def one_pass(ext):
                     for layer in weights:
                         for w in layer:
-                            if dtype == torch.float32:
+                            if args.dtype == "int8":
+                                ext.linear_i8(xs[w[0].shape[1]], w[0], w[1], False)
+                            elif dtype == torch.float32:
                                 ext.linear_f32(xs[w.shape[1]], w)
                             else:
                                 ext.linear_bf16(xs[w.shape[1]], w, float_out=False, allow_amx=level == "amx")

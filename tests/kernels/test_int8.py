@@ -27,12 +27,13 @@ def test_quantizing_in_blocks_equals_quantizing_whole(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n", [1, 2, 5, 7, 8, 9, 16, 40])
+@pytest.mark.parametrize("n", [1, 2, 5, 7, 8, 9, 11, 16, 40])
 @pytest.mark.parametrize("k,out", [(576, 1728), (1536, 576), (64, 3), (48, 80)])
 def test_cpu_int8_kernel_matches_the_reference(level, dtype, n, k, out):
     """At every level; bfloat16 rows with K a multiple of 32 take bfloat16 dot products at the avx512 and
-    amx levels, everything else float32 FMA (K = 48: the float32 path at every level); 9 and 40 rows take
-    several passes of 8 over each tile of W, 1728 rows of W at K = 576 several tiles."""
+    amx levels, everything else float32 FMA (K = 48: the float32 path at every level); 16 and 40 rows take
+    several passes of 8 over each tile of W (9 too on the float32 path; the bfloat16 one takes up to 11 in
+    one pass), 1728 rows of W at K = 576 several tiles."""
     x = torch.randn(n, k).to(dtype)
     w = Int8Weight.of(torch.randn(out, k) * torch.rand(out, 1))
     got = int8_linear(x, w)

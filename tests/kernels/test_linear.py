@@ -8,12 +8,13 @@ from triforce.kernels.linear import kernel_max_rows, linear, logits_linear, piec
 
 
 @pytest.mark.parametrize("amx", [False, True])
-@pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 8, 9, 16, 21, 40])
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 8, 9, 11, 16, 21, 40])
 @pytest.mark.parametrize("k,out", [(576, 1728), (1536, 576), (64, 3), (96, 80)])
 def test_cpu_bf16_kernel_matches_float32_reference(level, n, k, out, amx):
     """At every level: the vector path (AVX2 or AVX512-BF16; 8 rows of x per pass, so 9, 21 and 40 rows
     take several passes over each tile of W, and 1728 rows of W at K = 576 several tiles, the last one
-    ragged; at AVX2 from 5 rows three rows of W at a time, 2 rows of x at a time and the odd one alone, and the last one or
+    ragged; AVX512-BF16 takes up to 11 rows in one pass, so 9 and 11 are one there, 16 two pieces of 8; at
+    AVX2 from 5 rows three rows of W at a time, 2 rows of x at a time and the odd one alone, and the last one or
     two rows of W of a tile alone: 3, 80 and 576 rows of W are not multiples of 3, nor are some tiles) and the AMX path (16 rows per pass, N a multiple of 16: 1728 = 36 blocks of 16, 80 = 5,
     each block prefetching the next but the last)."""
     if amx and not has_amx():
@@ -40,7 +41,8 @@ def test_cpu_float32_kernel_matches_float64_reference(level, n, k, out):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cpu_kernel_rows_do_not_depend_on_how_many_share_a_pass(level, dtype):
     """Every count of rows the kernels take sums a row in one order (the vector paths: AVX2 one row of W at
-    a time up to 4 rows of x and three from 5, passes of 8 from 9; AVX512-BF16 one row of W at a time): a
+    a time up to 4 rows of x and three from 5, passes of 8 from 9; AVX512-BF16 one row of W at a time, one
+    pass up to 11 rows of x and passes of 8 from 12): a
     check of n tokens gives each token the numbers a decode step of that token alone gives, bit for bit,
     so greedy decoding cannot part from plain decoding at a near-tie (nor a request's answer change with
     the requests beside it). 1024 rows of W: not a multiple of 3, so some rows of W go alone, and a

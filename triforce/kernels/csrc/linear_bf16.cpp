@@ -1,5 +1,5 @@
-// y[n, N] = x[n, K] . W[N, K]^T for bfloat16 x and W, float32 accumulation, n rows of x, 8 at a time
-// (16 at a time with AMX tiles, where N is a multiple of 16: linear_amx.cpp).
+// y[n, N] = x[n, K] . W[N, K]^T for bfloat16 x and W, float32 accumulation, n rows of x: up to 11 in one
+// pass over W, more 8 at a time (16 at a time with AMX tiles, where N is a multiple of 16: linear_amx.cpp).
 //
 // Decoding multiplies a few activation rows by every weight matrix, so it is bound by reading W.
 // This kernel streams each row of W once, multiplies it into all n activation rows with AVX512-BF16
@@ -38,16 +38,25 @@ void linear_rows(const at::BFloat16* x, const at::BFloat16* w, Out* y, int64_t K
   }
 }
 
+// Rows of x one pass over W takes (parallel_rows: more go in pieces of 8). A pass of 9 to 11 rows still
+// hides its dot products behind memory, where pieces of 8 and the rest did not: SmolLM2's layer matrices
+// (212 MB) took 0.83x, 0.88x and 0.96x the time at 9, 10 and 11 rows and 1.03x at 12 on the 2-core Zen 4
+// (`python benchmarks/kernel_ab.py --kernel linear --new 1 9 10 11 12 --base ca1f92d`; from 12 rows a pass
+// waits on its dot products, and at 16 one pass ran 1.3x the pieces). The AVX2 path (16 vector registers,
+// x in pairs) ran 1.04-1.07x slower so, and keeps 8.
+constexpr int kPassRows = 11;
+
 template <typename Out>
-constexpr triforce_linear::RowsFn<at::BFloat16, at::BFloat16, Out> kRows[triforce_linear::kPieceRows] = {
-    linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>, linear_rows<4, Out>,
-    linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>, linear_rows<8, Out>};
+constexpr triforce_linear::RowsFn<at::BFloat16, at::BFloat16, Out> kRows[kPassRows] = {
+    linear_rows<1, Out>, linear_rows<2, Out>, linear_rows<3, Out>,  linear_rows<4, Out>,
+    linear_rows<5, Out>, linear_rows<6, Out>, linear_rows<7, Out>,  linear_rows<8, Out>,
+    linear_rows<9, Out>, linear_rows<10, Out>, linear_rows<11, Out>};
 
 template <typename Out>
 void run(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t K = x.size(1), N = w.size(0);
-  triforce_linear::parallel_rows(kRows<Out>, static_cast<int>(x.size(0)), x.data_ptr<at::BFloat16>(),
-                                 w.data_ptr<at::BFloat16>(), y.data_ptr<Out>(), K, N);
+  triforce_linear::parallel_rows<kPassRows>(kRows<Out>, static_cast<int>(x.size(0)), x.data_ptr<at::BFloat16>(),
+                                            w.data_ptr<at::BFloat16>(), y.data_ptr<Out>(), K, N);
 }
 
 }  // namespace

@@ -39,25 +39,30 @@ inline void prefetch_row_ahead(const W* w, int64_t r, int64_t K, RowAhead ahead)
   for (int64_t b = 0; b < K * static_cast<int64_t>(sizeof(W)); b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
 }
 
-// y[n, N] = x[n, K] . W^T with rows[i] the row function for i + 1 rows of x. Rows of W over the threads,
-// at least ~256 KB of W per task, so small matrices are not split into tiny pieces. More than kPieceRows
-// rows of x go in pieces over a tile of W at a time: the first piece reads the tile from memory, asking for
+// y[n, N] = x[n, K] . W^T with rows[i] the row function for i + 1 rows of x (PassRows of them, at least
+// kPieceRows). Rows of W over the threads, at least ~256 KB of W per task, so small matrices are not split
+// into tiny pieces. Up to PassRows rows of x go in one pass over W. More go in pieces of kPieceRows over a
+// tile of W at a time: the first piece reads the tile from memory, asking for
 // each row 8 KB ahead (4 KB gained less, 16 and 32 KB no more; near the tile's end, rows of the next,
 // which the second asks for again); the second reads it from L2 and asks for
 // the next tile's rows, one for each of its own, so that memory keeps streaming while the later pieces
-// compute; the rest ask for none.
-template <typename X, typename W, typename Out>
+// compute; the rest ask for none. A level whose row function for 9 to 11 rows costs its memory time passes
+// them whole (AVX512-BF16: PassRows 11): in pieces, 9 rows were 8 and 1, and the short second piece left
+// memory idle while the first computed on the next tile.
+template <int PassRows = kPieceRows, typename X, typename W, typename Out>
 void parallel_rows(const RowsFn<X, W, Out>* rows, int n, const X* x, const W* w, Out* y, int64_t K, int64_t N) {
+  static_assert(PassRows >= kPieceRows);
   constexpr int64_t kAheadBytes = 8192;
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(W));
   const int64_t grain = std::max<int64_t>(1, (256 * 1024) / row_bytes);
-  const int64_t tile = n <= kPieceRows ? N : std::max<int64_t>(1, kTileBytes / row_bytes);
+  const int piece = n <= PassRows ? n : kPieceRows;
+  const int64_t tile = n <= PassRows ? N : std::max<int64_t>(1, kTileBytes / row_bytes);
   const int64_t near = (kAheadBytes + row_bytes - 1) / row_bytes;
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t0 = begin; t0 < end; t0 += tile)
-      for (int r0 = 0; r0 < n; r0 += kPieceRows) {
-        const RowAhead ahead = r0 == 0 ? RowAhead{near, end} : r0 == kPieceRows ? RowAhead{tile, end} : RowAhead{0, 0};
-        rows[std::min(kPieceRows, n - r0) - 1](x + r0 * K, w, y + r0 * N, K, N, t0, std::min(end, t0 + tile), ahead);
+      for (int r0 = 0; r0 < n; r0 += piece) {
+        const RowAhead ahead = r0 == 0 ? RowAhead{near, end} : r0 == piece ? RowAhead{tile, end} : RowAhead{0, 0};
+        rows[std::min(piece, n - r0) - 1](x + r0 * K, w, y + r0 * N, K, N, t0, std::min(end, t0 + tile), ahead);
       }
   });
 }
