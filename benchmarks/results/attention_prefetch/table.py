@@ -1,19 +1,28 @@
 """Tokens/s of each (prompt, temperature, mode) in the A/B runs of run.sh: every file's, and new / old over
 the means of each side's seeds (a file's side is the commit its name starts with; the older one is `old`).
 
-    python benchmarks/results/attention_prefetch/table.py FILES..."""
+    python benchmarks/results/attention_prefetch/table.py [--old COMMIT] FILES...
+
+--old: the short commit of the `old` side (default 92cbc05, this folder's; benchmarks/results/linear_pass/
+uses ca1f92d). A sweep's runs are told apart by their setting ("triforce tree1=8")."""
 import json
 import statistics
 import sys
 from pathlib import Path
 
+args = sys.argv[1:]
 OLD = "92cbc05"
+if args and args[0] == "--old":
+    OLD, args = args[1], args[2:]
 
 rows: dict = {}
-for name in sys.argv[1:]:
+for name in args:
     side = "old" if Path(name).name.startswith(OLD) else "new"
-    for r in json.loads(Path(name).read_text())["results"]:
-        key = (r["prompt_tokens"], r["temperature"], r["run"])
+    bench = json.loads(Path(name).read_text())
+    setting = (bench.get("sweep") or {}).get("setting")
+    for r in bench["results"]:
+        mode = r["run"] + (f" {setting}={r[setting]}" if setting and r["run"] != "ar" else "")
+        key = (r["prompt_tokens"], r["temperature"], mode)
         rows.setdefault(key, {"old": [], "new": [], "equal": []})[side].append(r["tokens_per_s"])
         rows[key]["equal"].append(r.get("equals_ar"))
 print("| prompt | T | mode | old tokens/s | new tokens/s | new / old | equals `ar` |")
