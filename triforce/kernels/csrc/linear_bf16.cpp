@@ -38,13 +38,7 @@ void linear_rows(const at::BFloat16* x, const at::BFloat16* w, Out* y, int64_t K
   }
 }
 
-// Rows of x one pass over W takes (parallel_rows: more go in pieces of 8). A pass of 9 to 11 rows still
-// hides its dot products behind memory, where pieces of 8 and the rest did not: SmolLM2's layer matrices
-// (212 MB) took 0.83x, 0.88x and 0.96x the time at 9, 10 and 11 rows and 1.03x at 12 on the 2-core Zen 4
-// (`python benchmarks/kernel_ab.py --kernel linear --new 1 9 10 11 12 --base ca1f92d`; from 12 rows a pass
-// waits on its dot products, and at 16 one pass ran 1.3x the pieces). The AVX2 path (16 vector registers,
-// x in pairs) ran 1.04-1.07x slower so, and keeps 8.
-constexpr int kPassRows = 11;
+constexpr int kPassRows = triforce_linear::kAvx512PassRows;
 
 template <typename Out>
 constexpr triforce_linear::RowsFn<at::BFloat16, at::BFloat16, Out> kRows[kPassRows] = {

@@ -13,6 +13,14 @@
 namespace triforce_linear {
 
 constexpr int kPieceRows = 8;  // rows of x one pass of a vector row function takes (its accumulators)
+// Rows of x one pass of the AVX512-BF16 row functions takes (linear_bf16.cpp, linear_i8.cpp; more go in
+// pieces of kPieceRows): a pass of 9 to 11 rows still hides its dot products behind memory, where pieces of
+// 8 and the rest did not. SmolLM2's layer matrices (212 MB) took 0.84x, 0.89x and 0.95x the time at 9, 10
+// and 11 rows (int8 weights 0.81x, 0.87x, 0.90x) and 1.03x at 12 on the 2-core Zen 4 (`python
+// benchmarks/kernel_ab.py --kernel linear --new 1 9 10 11 12 --base ca1f92d`, and `--dtype int8`); from 12
+// rows a pass waits on its dot products, and at 16 one pass ran 1.3x the pieces. The AVX2 path (16 vector
+// registers, x in pairs) ran 1.04-1.07x slower so, and keeps kPieceRows.
+constexpr int kAvx512PassRows = 11;
 constexpr int64_t kTileBytes = 64 * 1024;  // W rows per tile: what the later pieces re-read from L2
 
 // Which row of W a row function asks for before it uses row r: row r + rows, unless that is at or past
@@ -46,9 +54,9 @@ inline void prefetch_row_ahead(const W* w, int64_t r, int64_t K, RowAhead ahead)
 // each row 8 KB ahead (4 KB gained less, 16 and 32 KB no more; near the tile's end, rows of the next,
 // which the second asks for again); the second reads it from L2 and asks for
 // the next tile's rows, one for each of its own, so that memory keeps streaming while the later pieces
-// compute; the rest ask for none. A level whose row function for 9 to 11 rows costs its memory time passes
-// them whole (AVX512-BF16: PassRows 11): in pieces, 9 rows were 8 and 1, and the short second piece left
-// memory idle while the first computed on the next tile.
+// compute; the rest ask for none. A level whose row functions for 9 to 11 rows cost their memory time passes
+// them whole (kAvx512PassRows): in pieces, 9 rows were 8 and 1, and the short second piece left memory idle
+// while the first computed on the next tile.
 template <int PassRows = kPieceRows, typename X, typename W, typename Out>
 void parallel_rows(const RowsFn<X, W, Out>* rows, int n, const X* x, const W* w, Out* y, int64_t K, int64_t N) {
   static_assert(PassRows >= kPieceRows);

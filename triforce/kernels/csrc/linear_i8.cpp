@@ -50,7 +50,7 @@ void bf16_rows(const at::BFloat16* x, const int8_t* q, float* y, int64_t K, int6
   }
 }
 
-constexpr int kBf16PassRows = 11;  // up to 11 rows in one pass, as linear_bf16.cpp's (0.80-0.90x at 9-11 rows)
+constexpr int kBf16PassRows = triforce_linear::kAvx512PassRows;
 constexpr triforce_linear::RowsFn<at::BFloat16, int8_t, float> kBf16Rows[kBf16PassRows] = {
     bf16_rows<1>, bf16_rows<2>, bf16_rows<3>, bf16_rows<4>,  bf16_rows<5>, bf16_rows<6>,
     bf16_rows<7>, bf16_rows<8>, bf16_rows<9>, bf16_rows<10>, bf16_rows<11>};
