@@ -21,6 +21,12 @@ from collections import defaultdict
 from pathlib import Path
 
 
+def run_name(report: dict, row: dict) -> str:
+    """A bench row's mode, with its setting where the bench swept one (`triforce tree1=4`)."""
+    setting = (report.get("sweep") or {}).get("setting")
+    return f"{row['run']} {setting}={row[setting]}" if setting and setting in row else row["run"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="+", type=Path)
@@ -31,11 +37,10 @@ def main() -> None:
         found = re.match(r"(.+?)_.*seed(\d+)\.json$", path.name)
         if found:
             report = json.load(open(path))
-            setting = (report.get("sweep") or {}).get("setting")
             for r in report["results"]:  # a file's groups (and files of other lengths) apart
                 by_mode = runs[found[1], r["prompt_tokens"], r["temperature"], r.get("batch", 1)].setdefault(
                     int(found[2]), {})
-                name = f"{r['run']} {setting}={r[setting]}" if setting in r else r["run"]
+                name = run_name(report, r)
                 if name in by_mode:
                     raise SystemExit(f"{path}: a second {name!r} row for seed {found[2]} in one group")
                 by_mode[name] = r["tokens_per_s"]

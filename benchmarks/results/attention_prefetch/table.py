@@ -10,6 +10,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from seed_means import run_name  # noqa: E402
+
 args = sys.argv[1:]
 OLD = "92cbc05"
 if args and args[0] == "--old":
@@ -19,10 +22,8 @@ rows: dict = {}
 for name in args:
     side = "old" if Path(name).name.startswith(OLD) else "new"
     bench = json.loads(Path(name).read_text())
-    setting = (bench.get("sweep") or {}).get("setting")
     for r in bench["results"]:
-        mode = r["run"] + (f" {setting}={r[setting]}" if setting and r["run"] != "ar" else "")
-        key = (r["prompt_tokens"], r["temperature"], mode)
+        key = (r["prompt_tokens"], r["temperature"], run_name(bench, r))
         rows.setdefault(key, {"old": [], "new": [], "equal": []})[side].append(r["tokens_per_s"])
         rows[key]["equal"].append(r.get("equals_ar"))
 print("| prompt | T | mode | old tokens/s | new tokens/s | new / old | equals `ar` |")
