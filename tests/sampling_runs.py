@@ -24,18 +24,17 @@ def _one_call(tiers: list, logits_for: list[str]) -> list[list[int]]:
     return [list(range(len(tiers)))]
 
 
-def outputs(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER) -> list[list[int]]:
+def outputs(make_run: Callable[[int], Run], seeds: Iterable[int]) -> list[list[int]]:
     """The generated tokens of `make_run(seed)` (a HierarchyEngine.run) for each seed, in order."""
-    return [tokens for tokens, _ in results(make_run, seeds, together)]
+    return [tokens for tokens, _ in results(make_run, seeds)]
 
 
-def results(make_run: Callable[[int], Run], seeds: Iterable[int], together: int = TOGETHER,
-            as_alone: bool = False) -> list[tuple]:
-    """(generated tokens, metrics) of `make_run(seed)` for each seed, in order, `together` to a batch with every
+def results(make_run: Callable[[int], Run], seeds: Iterable[int], as_alone: bool = False) -> list[tuple]:
+    """(generated tokens, metrics) of `make_run(seed)` for each seed, in order, TOGETHER to a batch with every
     prompt chunk of a step in one call; `as_alone`: AS_ALONE to a batch, each prompt chunk in a call of its
     own, so that every request rounds as it does alone (bfloat16)."""
     seeds, out = list(seeds), []
-    together = AS_ALONE if as_alone else together
+    together = AS_ALONE if as_alone else TOGETHER
     for first in range(0, len(seeds), together):
         batch = SequenceBatch() if as_alone else SequenceBatch(calls=_one_call)
         handles = [batch.add(make_run(seed)) for seed in seeds[first:first + together]]
