@@ -503,6 +503,27 @@ def test_the_causal_mask_is_kept_between_layers_on_a_cpu_only():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,s,poisoned", [(8, 130, 100), (7, 1300, 600), (3, 700, 698)])
+def test_a_key_scored_minus_infinity_gets_no_weight_in_checks_or_steps(level, dtype, n, s, poisoned):
+    """A key whose score is -inf from its values (an infinite element), not from a mask, gets weight 0, as
+    in torch's attention, in a check and in each of its steps alike: the avx512 softmax's 2^t once gave it
+    2^-125 in a block without hidden keys (a step's) and 0 in a block with some (a check's), so a huge
+    value of that key leaked into the steps only."""
+    g = torch.Generator().manual_seed(s)
+    q = torch.randn(6, n, 64, generator=g).abs().to(dtype)  # q . k = -inf for the poisoned key
+    k, v = torch.randn(2, s, 64, generator=g).to(dtype), torch.randn(2, s, 64, generator=g).to(dtype)
+    k[1, poisoned, 5], v[1, poisoned, 0] = float("-inf"), 1e38
+    check = vector_attention(q, k, v, 0.125)
+    want = reference_attention(q.float(), k.float(), v.float(), 0.125)
+    assert want.isfinite().all()
+    torch.testing.assert_close(check.float(), want, atol=1e-2, rtol=1e-2)
+    for i in range(n):
+        end = s - n + i + 1
+        step = vector_attention(q[:, i:i + 1].contiguous(), k[:, :end], v[:, :end], 0.125)
+        assert torch.equal(check[:, i:i + 1], step), i
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("amx", [False, True])
 @pytest.mark.parametrize("n,s,poisoned", [(1, 40, 7), (7, 1300, 600), (3, 700, 698), (1, 3000, 2999), (1, 513, 512),
                                          (2, 1026, 1024)])

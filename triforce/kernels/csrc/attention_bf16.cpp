@@ -120,7 +120,7 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
     for (int j0 = 0; j0 < nb; j0 += 16)
       score16<D>(q, k + (b0 + j0) * k_row, k_row, std::min(16, nb - j0), R, scale, scores, j0, next);
     const int width = (nb + 15) / 16 * 16;  // whole vectors: the padding keys get -inf
-    const bool hidden = hide_keys(scores, R, b0, nb, width, mask);
+    hide_keys(scores, R, b0, nb, width, mask);
     for (int r = 0; r < R; ++r) {
       next.step();
       __m512 mv = _mm512_set1_ps(st[r].max);
@@ -135,15 +135,13 @@ void attend_range(const at::BFloat16* q, const at::BFloat16* k, const at::BFloat
         m = std::numeric_limits<float>::quiet_NaN();  // the row's output becomes NaN, as torch's does
       }
       const float rescale = std::exp(st[r].max - m);
-      // p = e^(s - m) = 2^(s log2 e - m log2 e), the probabilities that P . V rounds to bfloat16; a hidden
-      // key's -inf gives 2^-125 there, zeroed where the block has such keys
-      const __m512 log2e = _mm512_set1_ps(triforce_exp::kLog2e), mm = _mm512_set1_ps(m * triforce_exp::kLog2e);
-      const __m512 ninf = _mm512_set1_ps(-INFINITY);
+      // p = e^(s - m) = 2^((s - m) log2 e), the probabilities that P . V rounds to bfloat16 (0 for a hidden
+      // key's -inf)
+      const __m512 mm = _mm512_set1_ps(m), log2e = _mm512_set1_ps(triforce_exp::kLog2e);
       __m512 sum = _mm512_setzero_ps();
       for (int j = 0; j < width; j += 16) {
         const __m512 s = _mm512_loadu_ps(&scores[r][j]);
-        __m512 p = exp2_softmax_ps(_mm512_fmsub_ps(s, log2e, mm));
-        if (hidden) p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_UQ), p);
+        const __m512 p = exp2_softmax_ps(_mm512_mul_ps(_mm512_sub_ps(s, mm), log2e));
         _mm512_storeu_ps(&scores[r][j], p);
         sum = _mm512_add_ps(sum, p);
       }

@@ -15,11 +15,11 @@ constexpr float kPoly[kDegree + 1] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 
 
 // 2^t for the probabilities of a softmax that rounds them to bfloat16 (3.9e-3) before its P . V product:
 // 2^k * q(t - k), k = round(t), q a degree-4 near-minimax fit of 2^f on [-1/2, 1/2] (relative error within
-// 2.7e-6 in float32), fewer operations than e^x above needs. Inputs are clamped below at kMin2, so 2^t
-// never underflows to a denormal; NaN stays NaN.
-constexpr float kMin2 = -125.0f;
-constexpr int kDegree2 = 4;
-constexpr float kPoly2[kDegree2 + 1] = {0.009571808390319347f, 0.05591800436377525f, 0.24024702608585358f,
-                                        0.6931217908859253f, 0.9999992847442627f};  // highest first
+// 2.7e-6 in float32), fewer operations than e^x above needs. Inputs are clamped below at kPow2Min, so 2^t
+// never underflows to a denormal, but 2^-inf is 0 (a hidden key's score); NaN stays NaN.
+constexpr float kPow2Min = -125.0f;
+constexpr int kPow2Degree = 4;
+constexpr float kPow2Poly[kPow2Degree + 1] = {0.009571808390319347f, 0.05591800436377525f, 0.24024702608585358f,
+                                              0.6931217908859253f, 0.9999992847442627f};  // highest first
 
 }  // namespace triforce_exp

@@ -42,15 +42,13 @@ struct TailMask {
 };
 
 // scores[r][j] = -inf for the keys b0 + j (j < nb) that row r does not see, and for the padding j in
-// [nb, width). Row-major score blocks of the vector kernels. Whether the block may hold such keys (false:
-// every row sees every key, the scores untouched).
+// [nb, width). Row-major score blocks of the vector kernels.
 template <int W>
-inline bool hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, const TailMask& mask) {
-  if (b0 + nb - 1 < mask.first() && nb == width) return false;
+inline void hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, const TailMask& mask) {
+  if (b0 + nb - 1 < mask.first() && nb == width) return;
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < width; ++j)
       if (j >= nb || !mask.sees(r, b0 + j)) scores[r][j] = -std::numeric_limits<float>::infinity();
-  return true;
 }
 
 // Asks for the K and V rows of the next block of one head's keys (rows k_row elements apart) while the
