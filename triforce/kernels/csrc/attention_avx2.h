@@ -9,6 +9,7 @@
 #include "aten.h"
 #include <immintrin.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "flash_decode.h"
@@ -24,6 +25,7 @@ using triforce_attention::any_nan;
 using triforce_attention::hide_keys;
 
 using triforce_vec256::to_ps;
+using triforce_vec256::exp2_softmax_ps;
 using triforce_vec256::exp_ps;
 using triforce_vec256::hsum;
 
@@ -58,6 +60,7 @@ inline void scores4(const float* q, const float (*k)[D], float* out, int out_str
 // One row's scores of a block (kBlock floats, -inf where hidden) become e^(s - m) in place, m the row's
 // running max taken over them; st is updated; returns the factor its output so far is scaled by (1 when
 // the max did not move, and for a row that has seen no key yet, whose p are all 0).
+template <typename T>
 inline float softmax_block(float* row, Partial& st) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   __m256 mv = _mm256_set1_ps(st.max);
@@ -74,10 +77,13 @@ inline float softmax_block(float* row, Partial& st) {
   }
   const float rescale = m == st.max ? 1.0f : std::exp(st.max - m);
   __m256 sum = _mm256_setzero_ps();
-  const __m256 mm = _mm256_set1_ps(m), ninf = _mm256_set1_ps(kNegInf);
+  const __m256 mm = _mm256_set1_ps(m), ninf = _mm256_set1_ps(kNegInf), log2e = _mm256_set1_ps(triforce_exp::kLog2e);
   for (int j = 0; j < kBlock; j += 8) {
     const __m256 s = _mm256_load_ps(row + j);
-    const __m256 p = _mm256_and_ps(_mm256_cmp_ps(s, ninf, _CMP_NEQ_UQ), exp_ps(_mm256_sub_ps(s, mm)));
+    const __m256 d = _mm256_sub_ps(s, mm);
+    // bfloat16 output: 2^(d log2 e) of degree 4 does (docs/speed.md); float32 keeps e^x's 2 ulps
+    const __m256 e = std::is_same_v<T, float> ? exp_ps(d) : exp2_softmax_ps(_mm256_mul_ps(d, log2e));
+    const __m256 p = _mm256_and_ps(_mm256_cmp_ps(s, ninf, _CMP_NEQ_UQ), e);
     _mm256_store_ps(row + j, p);
     sum = _mm256_add_ps(sum, p);
   }
@@ -143,7 +149,7 @@ void attend_range(const T* q, const T* k, const T* v, int64_t k_row, int R, cons
     alignas(32) float rescale[kMaxRows];
     for (int r = 0; r < R; ++r) {
       next.step();
-      rescale[r] = softmax_block(scores[r], st[r]);
+      rescale[r] = softmax_block<T>(scores[r], st[r]);
     }
     int r = 0;
     for (; r + 3 <= R; r += 3, next.step()) add_values<D, 3>(&scores[r], rescale + r, vf, nb, acc + r * D);

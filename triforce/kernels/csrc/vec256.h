@@ -45,6 +45,20 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
+// 2^t for 8 floats t <= 0, the softmax probabilities of exp_poly.h's kPow2Poly (relative error within
+// 2.7e-6), clamped at 2^kPow2Min (the caller masks hidden keys); NaN for NaN.
+inline __m256 exp2_softmax_ps(__m256 t) {
+  using namespace triforce_exp;
+  const __m256 x = _mm256_max_ps(_mm256_set1_ps(kPow2Min), t);
+  const __m256 k = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, k);
+  __m256 p = _mm256_set1_ps(kPow2Poly[0]);
+  for (int i = 1; i <= kPow2Degree; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kPow2Poly[i]));
+  // 2^k, k in [kPow2Min, 0]: an exponent field
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
 // e^x for 8 floats (exp_poly.h), as vec512.h's: inf past ln(FLT_MAX) (x is clamped at kMax, k <= 128, and 2^k
 // is applied as two halves that each fit the exponent field), NaN for NaN (each clamp returns its second
 // operand, x, when x is NaN), and clamped below at kMin.
