@@ -215,6 +215,15 @@ def vector_attention(q, k, v, scale, mask=None):
     return cpu_kernels().decode_attention_bf16(q, k, v, scale, allow_amx=False, mask=mask)
 
 
+def assert_steps_give_the_check(check, q, k, v, scale):
+    """Each of a chain check's n tokens (check: vector_attention(q, k, v, scale)) equals, bit for bit, a
+    one-token step over the keys up to its own."""
+    n, s = q.size(1), k.size(1)
+    for i in range(n):
+        step = vector_attention(q[:, i:i + 1].contiguous(), k[:, :s - n + i + 1], v[:, :s - n + i + 1], scale)
+        assert torch.equal(check[:, i:i + 1], step), i
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("n,s", [(7, 700), (7, 510), (7, 1027), (24, 1600), (5, 300)])
@@ -228,10 +237,7 @@ def test_cpu_decode_attention_kernel_gives_a_check_what_steps_give(level, n, s, 
     k, v = torch.randn(3, s, d, generator=g).to(dtype), torch.randn(3, s, d, generator=g).to(dtype)
     check = vector_attention(q, k, v, d ** -0.5)
     assert check.dtype == dtype
-    for i in range(n):
-        end = s - n + i + 1
-        step = vector_attention(q[:, i:i + 1].contiguous(), k[:, :end], v[:, :end], d ** -0.5)
-        assert torch.equal(check[:, i:i + 1], step), i
+    assert_steps_give_the_check(check, q, k, v, d ** -0.5)
 
 
 def test_a_flash_attn_older_than_2_1_or_broken_is_not_taken(monkeypatch):
@@ -517,10 +523,7 @@ def test_a_key_scored_minus_infinity_gets_no_weight_in_checks_or_steps(level, dt
     want = reference_attention(q.float(), k.float(), v.float(), 0.125)
     assert want.isfinite().all()
     torch.testing.assert_close(check.float(), want, atol=1e-2, rtol=1e-2)
-    for i in range(n):
-        end = s - n + i + 1
-        step = vector_attention(q[:, i:i + 1].contiguous(), k[:, :end], v[:, :end], 0.125)
-        assert torch.equal(check[:, i:i + 1], step), i
+    assert_steps_give_the_check(check, q, k, v, 0.125)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
