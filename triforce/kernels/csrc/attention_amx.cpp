@@ -110,9 +110,11 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
       const __m512 shift = _mm512_mask_mov_ps(new_max, _mm512_cmp_ps_mask(new_max, neg_inf, _CMP_EQ_OQ),
                                               _mm512_setzero_ps());
       const __m512 factor = exp_ps(_mm512_sub_ps(old_max, shift));
+      // p = e^(s - m) = 2^((s - m) log2 e), rounded to bfloat16 for P . V below (0 for a hidden key's -inf)
+      const __m512 log2e = _mm512_set1_ps(triforce_exp::kLog2e);
       __m512 sum = _mm512_setzero_ps();
       for (int j = 0; j < kKeys; ++j) {
-        s[j] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s[j], neg_inf, _CMP_NEQ_UQ), exp_ps(_mm512_sub_ps(s[j], shift)));
+        s[j] = exp2_softmax_ps(_mm512_mul_ps(_mm512_sub_ps(s[j], shift), log2e));
         sum = _mm512_add_ps(sum, s[j]);
       }
       _mm512_storeu_ps(&row_sum[16 * g], _mm512_fmadd_ps(_mm512_loadu_ps(&row_sum[16 * g]), factor, sum));
