@@ -78,8 +78,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         _mm512_store_si512(vpairs[2 * h + 1][m], _mm512_permutex2var_epi16(a, kPairHi, b));
       }
     }
-    next.next(b0 + kKeys, b0 + 2 * kKeys <= end ? kKeys : 0, 1);  // the next block of the range, at once
-    next.finish();
+    next.next(b0 + kKeys, b0 + 2 * kKeys <= end ? kKeys : 0, 4 * groups);  // the next block, through this one's work
     const bool masked = nb < kKeys || b0 + kKeys - 1 >= mask.first();
     for (int g = 0; g < groups; ++g) {
       for (int t = 0; t < kKeys / 16; ++t) {
@@ -90,6 +89,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
           _tile_dpbf16ps(2, 0, 1);
         }
         _tile_stored(2, scores[16 * t], 64);
+        next.step();
       }
       const __m512 old_max = _mm512_loadu_ps(&row_max[16 * g]);
       __m512 s[kKeys], new_max = old_max;
@@ -123,6 +123,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
       __m512i pairs[16];  // pairs[m] lane r = (p[2m][r], p[2m + 1][r]) in bf16; transposed: row r's pairs
       for (int m = 0; m < 16; ++m)
         pairs[m] = _mm512_permutexvar_epi16(kInterleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(s[2 * m + 1], s[2 * m])));
+      next.step();
       transpose16(pairs);
       for (int r = 0; r < 16; ++r) _mm512_store_si512(p_tile[r], pairs[r]);
       const int rows = std::min(16, R - 16 * g);
@@ -151,7 +152,9 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
             _mm512_storeu_ps(a + 16 * c, _mm512_fmadd_ps(_mm512_loadu_ps(a + 16 * c), f, _mm512_load_ps(&out[r][16 * c])));
         }
       }
+      next.step();
     }
+    next.finish();
   }
   _tile_release();
   for (int r = 0; r < R; ++r) st[r] = {row_max[r], row_sum[r]};
