@@ -78,7 +78,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         _mm512_store_si512(vpairs[2 * h + 1][m], _mm512_permutex2var_epi16(a, kPairHi, b));
       }
     }
-    next.next(b0 + kKeys, b0 + 2 * kKeys <= end ? kKeys : 0, 4 * groups);  // the next block, through this one's work
+    next.next(b0 + kKeys, b0 + 2 * kKeys <= end ? kKeys : 0, 9 * groups);  // the next block, through this one's work
     const bool masked = nb < kKeys || b0 + kKeys - 1 >= mask.first();
     for (int g = 0; g < groups; ++g) {
       for (int t = 0; t < kKeys / 16; ++t) {
@@ -106,6 +106,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         }
         new_max = _mm512_max_ps(new_max, s[j]);
       }
+      next.step();
       // Rows with every key so far masked keep max -inf; subtract 0 there so no lane computes inf - inf.
       const __m512 shift = _mm512_mask_mov_ps(new_max, _mm512_cmp_ps_mask(new_max, neg_inf, _CMP_EQ_OQ),
                                               _mm512_setzero_ps());
@@ -117,6 +118,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         s[j] = exp2_softmax_ps(_mm512_mul_ps(_mm512_sub_ps(s[j], shift), log2e));
         sum = _mm512_add_ps(sum, s[j]);
       }
+      next.step();
       _mm512_storeu_ps(&row_sum[16 * g], _mm512_fmadd_ps(_mm512_loadu_ps(&row_sum[16 * g]), factor, sum));
       _mm512_storeu_ps(&row_max[16 * g], new_max);
       _mm512_store_ps(rescale, factor);
@@ -150,9 +152,9 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
           const __m512 f = _mm512_set1_ps(rescale[r]);
           for (int c = 0; c < 4; ++c)
             _mm512_storeu_ps(a + 16 * c, _mm512_fmadd_ps(_mm512_loadu_ps(a + 16 * c), f, _mm512_load_ps(&out[r][16 * c])));
+          if (r % 4 == 3) next.step();
         }
       }
-      next.step();
     }
     next.finish();
   }

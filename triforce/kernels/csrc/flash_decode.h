@@ -67,11 +67,12 @@ inline void hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, 
 // hardware prefetcher alone. `keys` bounds what is asked for: on the vector
 // paths the rows of K and V that exist, not the range, so the last block of a range asks for the first of
 // the next, which the same thread takes next (parallel_for hands each thread consecutive ranges of a head).
-// The AMX tile path passes its range's end and spreads the next block over four steps per group of 16
-// rows (its two score tiles, softmax, P . V): on a 2-core AMX Xeon (2026-12-06) 0.80-0.99x the time of
-// asking for the whole block in one burst, as it did before (`python benchmarks/kernel_ab.py --base
-// 44c86e9 --tokens 2000 8000 32000 --new 1 8 16 42`, one run; the burst had spent 30% of a pass waiting
-// on its own prefetches), and asking two blocks ahead gained less (0.83-1.03x).
+// The AMX tile path passes its range's end and spreads the next block over nine steps per group of 16
+// rows (its two score tiles, the softmax's max and exponentials, P's transpose, P . V's epilogue by four
+// rows): on a 2-core AMX Xeon (2026-12-06) four steps ran 0.80-0.99x the time of asking for the whole
+// block in one burst, as it did before (`python benchmarks/kernel_ab.py --base 44c86e9 --tokens 2000 8000
+// 32000 --new 1 8 16 42`, one run; the burst had spent 30% of a pass waiting on its own prefetches), and
+// nine 0.90-0.99x four's (`--base 9fe8351`); asking two blocks ahead gained less (0.83-1.03x the burst).
 template <int D, typename T>
 class NextBlock {
  public:
