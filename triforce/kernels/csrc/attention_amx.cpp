@@ -55,7 +55,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
   const __m512i kInterleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                                23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  NextBlock<D, at::BFloat16> next(k, v, k_row, end);
+  NextBlock<D, at::BFloat16> next(k, v, k_row, mask.S);
 
   for (int64_t b0 = begin; b0 < end; b0 += kKeys) {
     const int nb = static_cast<int>(std::min<int64_t>(kKeys, end - b0));
@@ -78,7 +78,7 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         _mm512_store_si512(vpairs[2 * h + 1][m], _mm512_permutex2var_epi16(a, kPairHi, b));
       }
     }
-    next.next(b0 + kKeys, b0 + 2 * kKeys <= end ? kKeys : 0, 9 * groups);  // the next block, through this one's work
+    next.next(b0 + kKeys, kKeys, 9 * groups);  // the next block, through this one's work
     const bool masked = nb < kKeys || b0 + kKeys - 1 >= mask.first();
     for (int g = 0; g < groups; ++g) {
       for (int t = 0; t < kKeys / 16; ++t) {

@@ -64,10 +64,11 @@ inline void hide_keys(float (*scores)[W], int R, int64_t b0, int nb, int width, 
 // 24.7 to 16.1 ms for one new token and from 46.0 to 33.0 ms for seven (0.65x and 0.72x; at 2,000 keys
 // 0.78x and 0.76x: `python benchmarks/kernel_ab.py --base 92cbc05 --tokens 16000 2000 --new 1 7`, one run;
 // the AVX2 range pass 0.77x and 0.85x, docs/speed.md), where the burst had gained nothing over the
-// hardware prefetcher alone. `keys` bounds what is asked for: on the vector
-// paths the rows of K and V that exist, not the range, so the last block of a range asks for the first of
-// the next, which the same thread takes next (parallel_for hands each thread consecutive ranges of a head).
-// The AMX tile path passes its range's end and spreads the next block over nine steps per group of 16
+// hardware prefetcher alone. `keys` bounds what is asked for: the rows of K and V that exist, not the
+// range, so the last block of a range asks for the first of the next, which the same thread takes next
+// (parallel_for hands each thread consecutive ranges of a head; on the AMX Xeon 0.96-1.02x the time of
+// stopping at the range's end, which the tile path did until 2026-12-06, `benchmarks/results/amx_prefetch/keys_not_range.jsonl`).
+// The AMX tile path spreads the next block over nine steps per group of 16
 // rows (its two score tiles, the softmax's max and exponentials, P's transpose, P . V's epilogue by four
 // rows): on a 2-core AMX Xeon (2026-12-06) four steps ran 0.80-0.99x the time of asking for the whole
 // block in one burst, as it did before (`python benchmarks/kernel_ab.py --base 44c86e9 --tokens 2000 8000
