@@ -2,7 +2,7 @@
 // with k = round(x / ln 2), r = x - k ln 2 (ln 2 in a high and a low part, so r is exact enough), and p
 // the degree-6 Taylor polynomial of e^r, |r| <= ln2 / 2 (within 2 float ulps). Inputs are clamped below
 // at kMin, so e^x never underflows to a denormal; NaN stays NaN. Below it, a cheaper 2^t for softmax
-// probabilities that are rounded to bfloat16 (vec512.h's exp2_softmax_ps).
+// probabilities that are rounded to bfloat16 (exp2_softmax_ps of vec512.h and vec256.h).
 #pragma once
 
 namespace triforce_exp {
