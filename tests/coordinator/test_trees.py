@@ -10,12 +10,15 @@ from triforce.cache.full import FullKVCache
 from triforce.cache.streaming import StreamingKVCache
 from triforce.coordinator import confident_trees as ct
 from triforce.coordinator.request_rows import RequestRows
+from triforce.coordinator.speed_model import check_sizes
 from triforce.coordinator.tiers import Tier
-from triforce.coordinator.trees import (PRIOR, PRIOR_WEIGHT, FixedShape, TreeShaper, grow_tree, measure_costs, rank_of,
-                                        tree_step)
+from triforce.coordinator.trees import (FIRST_DECISIONS, PRIOR, PRIOR_WEIGHT, CheckAbove, FixedShape, TreeShaper,
+                                        grow_tree, measure_costs, rank_of, tree_step)
 from triforce.models.loader import load_model
 from triforce.sampling_params import SamplingParams
 from triforce.speculation.sampling import probabilities
+from triforce.speculation.tree import children_of
+from triforce.speculation.tree_shape import pick_size, yields
 from triforce.step import Step
 
 SHAPE = [-1, -1, 0, 0, 1, 2]  # two under the root, two under the first, one under each of those
@@ -166,14 +169,31 @@ def test_the_checkers_step_hangs_the_tree_below_the_last_token():
 
 
 def test_shaper_counts_which_rank_a_walk_accepted():
-    shaper = TreeShaper(6)
+    """The root's children and every other node's are counted apart (the root follows a correction)."""
+    shaper, w = TreeShaper(6), PRIOR_WEIGHT
     shaper.observe(SHAPE, [1])  # the root's second child accepted, then its only child rejected
-    assert shaper.offered[:3] == [PRIOR_WEIGHT + 2, PRIOR_WEIGHT + 1, PRIOR_WEIGHT]
-    assert shaper.accepted[:2] == [PRIOR_WEIGHT * PRIOR[0], PRIOR_WEIGHT * PRIOR[1] + 1]
-    before = list(shaper.accepted)
+    assert shaper.root.offered[:3] == [w + 1, w + 1, w] and shaper.below.offered[:2] == [w + 1, w]
+    assert shaper.root.accepted[:2] == [w * PRIOR[0], w * PRIOR[1] + 1]
+    assert shaper.below.accepted == [w * p for p in PRIOR]
     shaper.observe(SHAPE, [0, 3])  # first child, then its second child, which is a leaf
-    assert [a - b for a, b in zip(shaper.accepted, before)][:2] == [1, 1]
-    assert sum(shaper.acceptance()) <= 1 + 1e-9
+    assert shaper.root.accepted[0] == w * PRIOR[0] + 1 and shaper.below.accepted[1] == w * PRIOR[1] + 1
+    assert sum(shaper.root.rates()) <= 1 + 1e-9 and sum(shaper.below.rates()) <= 1 + 1e-9
+
+
+def test_a_shape_follows_its_first_checks():
+    """Decided again after each of FIRST_DECISIONS checks: where every first child is accepted, the prior's
+    bushy tree turns into a chain within a request's first checks (not only after `every`)."""
+    shaper = TreeShaper(6)
+    shapes = []
+    for _ in range(FIRST_DECISIONS[-1]):
+        shape = shaper.shape()
+        shapes.append(shape)
+        kids, path = children_of(shape), []
+        while kids[path[-1] + 1 if path else 0]:  # every first child accepted, down to a leaf
+            path.append(kids[path[-1] + 1 if path else 0][0])
+        shaper.observe(shape, path)
+    assert all(s == shapes[0] for s in shapes[:FIRST_DECISIONS[0]]) and shapes[-1] != shapes[0]
+    assert len(children_of(shapes[0])[0]) > 1 and len(children_of(shaper.shape())[0]) == 1
 
 
 def test_auto_sizes_wait_for_measured_costs(model):
@@ -182,6 +202,32 @@ def test_auto_sizes_wait_for_measured_costs(model):
         shaper.shape()
     shaper.costs = ({1: 1.0, 4: 1.0, 8: 1.0}, {1: 0.001})  # a check of 8 costs what one does: the largest tree
     assert len(shaper.shape()) == 7
+
+
+def test_the_check_above_holds_what_the_rounds_below_reach():
+    """Rounds of 5 tokens against gamma 6: every check above holds two rounds, 10 tokens (and the last
+    token it saw); with two rounds per check, the sum of two rounds' yields."""
+    seconds = {1: 1.0, 16: 2.5}  # 0.1 s a token past the first
+    assert CheckAbove(seconds, 6).seconds_per_token(0.5, {5: 1.0}) == pytest.approx((2 * 0.5 + 2.0) / 11)
+    two = CheckAbove(seconds, 6, rounds=2).seconds_per_token(0.5, {3: 0.5, 5: 0.5})
+    held = {6: 0.25, 8: 0.5, 10: 0.25}
+    check = sum(p * (1.0 + 0.1 * n) for n, p in held.items())
+    assert two == pytest.approx((2 * 0.5 + check) / (8 + 1))
+
+
+def test_a_costly_check_above_grows_trees_that_fill_it():
+    """Where the check above costs five of the checker's, the auto size picks a tree whose rounds make
+    fuller checks above (fewer of them per token); where it costs nothing, the tree of the tier's own rate."""
+    acceptance, check, level = [0.9, 0.05], {1: 1.0, 4: 1.05, 6: 1.1, 8: 1.15, 12: 1.3, 16: 1.4}, {1: 0.1, 16: 0.1}
+
+    def held(above):
+        shape = pick_size(acceptance, check, level, above=above and above.seconds_per_token)
+        sizes = check_sizes(yields(shape.parents, acceptance), 6)
+        return shape.parents, sum(n * p for n, p in sizes.items())
+
+    own = held(None)
+    assert held(CheckAbove({1: 0.0, 32: 0.0}, 6)) == own
+    assert held(CheckAbove({1: 5.0, 32: 6.0}, 6))[1] > own[1] + 0.3
 
 
 def test_measuring_costs_leaves_the_caches_as_they_were(model):

@@ -43,7 +43,7 @@ from .prefill import TierPrefill
 from .request_rows import RequestRows
 from .runs import Check, Forward, Produced, Run
 from .tiers import Tier, settle
-from .trees import TreeShaper, grow_tree, measure_costs, node_paths, tree_step
+from .trees import TreeShaper, grow_tree, measure_above, measure_costs, node_paths, tree_step
 
 PROGRESS_MIN_TOKENS = 2048  # show a prefill progress bar for prompts at least this long
 # Tokens a constraint forces that a tier takes without a forward, while it and the tiers below lag the
@@ -130,6 +130,8 @@ class HierarchyEngine(TierPrefill):
             return [], metrics
         if self.tree is not None and self.tree.needs_costs and params.max_tokens:  # forward costs here, at this context
             self.tree.costs = measure_costs(self.tiers[1], self.tiers[0], self.tree.largest + 1)
+            if len(self.tiers) > 2 and isinstance(self.tree, TreeShaper):  # (confidence trees do not model it)
+                self.tree.above = measure_above(self.tiers[2], self.gammas[1], self.rounds_per_check, self.tree.largest)
         settle(self.ladder)  # (on a GPU the prefill's work was still queued: it fell in the first decode step)
         metrics.prefill_s = time.perf_counter() - start
         metrics.cached_prompt_tokens = self.ladder[-1].reused_tokens

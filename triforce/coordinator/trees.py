@@ -10,6 +10,7 @@ while the tree grows.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -19,15 +20,17 @@ from ..speculation.sampling import row_argmax
 from ..speculation.tree import children_of, sample_children
 from ..speculation.tree_shape import best_tree, pick_size
 from ..step import Step, ancestor_mask
-from .costs import CostTable
+from .costs import CostTable, interpolate
 from .request_rows import RequestRows
+from .speed_model import check_sizes
 from .tiers import Tier
 
 RANKS = 8  # children per node the shaper considers
 # Before any check: a guess of how often the k-th child is the accepted one (a draft that the tier above
 # accepts about half the time), worth PRIOR_WEIGHT observed visits.
 PRIOR = [0.5, 0.15, 0.07, 0.04, 0.02, 0.01, 0.01, 0.01]
-PRIOR_WEIGHT = 8.0
+PRIOR_WEIGHT = 2.0
+FIRST_DECISIONS = (4, 8, 16)  # checks after which a shape is decided again, before every `every`
 
 
 def grow_tree(tier: Tier, forward: Callable[[Step], Generator], growth: "Growth", request: RequestRows):
@@ -131,11 +134,39 @@ def tree_step(seq: list[int], start: int, tokens: list[int], parents: list[int])
     return Step.tree(catch_up + tokens, chain + [c - 1 if p < 0 else c + p for p in parents], start)
 
 
+class RankRates:
+    """How often the k-th child of a reached node was the accepted one, from a prior worth PRIOR_WEIGHT
+    visits: per rank, the visits where it was accepted and the visits to nodes that had a child of it."""
+
+    def __init__(self):
+        self.accepted = [PRIOR_WEIGHT * p for p in PRIOR]
+        self.offered = [PRIOR_WEIGHT] * RANKS
+
+    def visit(self, kids: list[int], taken: int | None) -> None:
+        """A reached node with children `kids` (nodes, in rank order), of which `taken` (or none) was accepted."""
+        for rank in range(min(len(kids), RANKS)):
+            self.offered[rank] += 1
+            self.accepted[rank] += kids[rank] == taken
+
+    def rates(self) -> list[float]:
+        """Each rank's rate, capped at what the lower ranks leave (the DP needs a sum <= 1; each rate is
+        counted over its own visits, so their sum can pass 1). Scaling them all down instead cut a greedy
+        run's first-child rate from 0.88 to 0.67 under the prior's rates of ranks it never tried."""
+        rates, left = [], 1.0
+        for a, o in zip(self.accepted, self.offered):
+            rates.append(min(a / o, left))
+            left -= rates[-1]
+        return rates
+
+
 class TreeShaper:
     """The shape the bottom tier grows: Sequoia's best tree for the positional acceptance rates observed so
-    far (the k-th child's chance to be the accepted one at a reached node), of at most `nodes` proposals,
-    or with nodes="auto" of the size and depth with the most expected tokens per second for the costs in
-    `costs` (measure_costs: the checker's and the proposer's seconds per forward by tokens)."""
+    far (the k-th child's chance to be the accepted one at a reached node; the root's own, where the
+    proposer follows the checker's correction), of at most `nodes` proposals, or with nodes="auto" of the
+    size and depth with the most expected tokens per second for the costs in `costs` (measure_costs: the
+    checker's and the proposer's seconds per forward by tokens), counting the check above where there is
+    one (`above`). Re-decided after FIRST_DECISIONS checks,
+    then every `every`: a request's first trees follow the prior, which is far from a greedy run's rates."""
 
     def __init__(self, nodes: int | str, cap: int = MAX_TREE, every: int = 32):
         """cap: the most nodes an auto size may hold."""
@@ -144,8 +175,8 @@ class TreeShaper:
         self.nodes, self.every = nodes, every
         self.largest = min(cap, MAX_TREE) if nodes == "auto" else nodes  # nodes the largest tree may hold
         self.costs: tuple[dict[int, float], dict[int, float]] | None = None  # set before the first auto shape
-        self.accepted = [PRIOR_WEIGHT * p for p in PRIOR]  # per rank: visits where it was the accepted child
-        self.offered = [PRIOR_WEIGHT] * RANKS  # per rank: visits to nodes with a child of that rank
+        self.above: CheckAbove | None = None  # with costs, where a tier checks the checker's rounds in turn
+        self.root, self.below = RankRates(), RankRates()  # the root's children's rates; every other node's
         self._checks = 0
         self._shape: list[int] | None = None
 
@@ -153,23 +184,20 @@ class TreeShaper:
     def needs_costs(self) -> bool:
         return self.nodes == "auto"
 
-    def acceptance(self) -> list[float]:
-        rates = [a / o for a, o in zip(self.accepted, self.offered)]
-        total = sum(rates)
-        return [r / total for r in rates] if total > 1 else rates  # the DP needs a sum <= 1
-
     def growth(self) -> FixedShape:
         """This check's tree: grown along `shape`."""
         return FixedShape(self.shape())
 
     def shape(self) -> list[int]:
-        if self._shape is None or self._checks % self.every == 0:
+        if self._shape is None or self._checks in FIRST_DECISIONS or self._checks % self.every == 0:
+            below, root = self.below.rates(), self.root.rates()
             if self.needs_costs:
                 if self.costs is None:
                     raise RuntimeError("an auto-sized tree needs measured costs first")
-                self._shape = pick_size(self.acceptance(), *self.costs).parents
+                above = None if self.above is None else self.above.seconds_per_token
+                self._shape = pick_size(below, *self.costs, root=root, above=above).parents
             else:
-                self._shape = best_tree(self.acceptance(), self.nodes).parents
+                self._shape = best_tree(below, self.nodes, root=root).parents
         return self._shape
 
     def observe(self, parents: list[int], path: list[int]) -> None:
@@ -178,12 +206,7 @@ class TreeShaper:
         self._checks += 1
         children = children_of(parents)
         for depth, slot in enumerate([0] + [p + 1 for p in path]):
-            kids = children[slot]
-            taken = path[depth] if depth < len(path) else None
-            for rank in range(min(len(kids), RANKS)):
-                self.offered[rank] += 1
-                if kids[rank] == taken:
-                    self.accepted[rank] += 1
+            (self.below if depth else self.root).visit(children[slot], path[depth] if depth < len(path) else None)
 
 
 CHECK_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)  # tokens per check the costs are measured at
@@ -197,3 +220,47 @@ def measure_costs(checker: Tier, proposer: Tier, max_tokens: int) -> tuple[dict[
     table = CostTable.default()
     return (table.seconds(checker, tuple(n for n in CHECK_SIZES if n <= max_tokens)),
             table.seconds(proposer, tuple(n for n in LEVEL_SIZES if n <= max_tokens)))
+
+
+@dataclass(frozen=True)
+class CheckAbove:
+    """The check above a tree's checker (`triforce` mode: the target's, above the retrieval tier), which
+    takes every token of the checker's rounds once they hold `gamma` (or of `rounds` rounds: engine.py's
+    `_check_chain`), at `seconds` per forward by tokens. A round that yields more makes those checks hold
+    more, so fewer of them per token (speed_model.check_sizes): at greedy over 8K, the deep trees whose
+    rounds often yield gamma alone made target checks of 6.6 tokens where chains of 4 made 8.9, 35 checks
+    against 27 (the tree's own rate had not counted them)."""
+    seconds: dict[int, float]
+    gamma: int
+    rounds: int = 0
+
+    def seconds_per_token(self, round_seconds: float, round_yields: dict[int, float]) -> float:
+        """Seconds per token the check above yields, counting every token it is shown as accepted (its
+        acceptance scales every tree's alike), when a round takes `round_seconds` and yields k tokens with
+        probability round_yields[k]."""
+        if self.rounds:
+            sizes = {0: 1.0}
+            for _ in range(self.rounds):
+                sizes = _summed(sizes, round_yields)
+        else:
+            sizes = check_sizes(round_yields, self.gamma)
+        held = sum(n * p for n, p in sizes.items())
+        rounds = held / sum(k * p for k, p in round_yields.items())  # (Wald: rounds x tokens per round)
+        check = sum(p * interpolate(self.seconds, n + 1) for n, p in sizes.items())  # (+ the last token seen)
+        return (rounds * round_seconds + check) / (held + 1)
+
+
+def _summed(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+    """The distribution of the sum of two independent counts."""
+    out: dict[int, float] = {}
+    for i, p in a.items():
+        for j, q in b.items():
+            out[i + j] = out.get(i + j, 0.0) + p * q
+    return out
+
+
+def measure_above(tier: Tier, gamma: int, rounds: int, largest: int) -> CheckAbove:
+    """The check above a tree's checker from the cost table, at the sizes its checks may hold: rounds of
+    trees of up to `largest` nodes."""
+    most = (rounds or 1) * (largest + 1) + (0 if rounds else gamma)
+    return CheckAbove(CostTable.default().seconds(tier, tuple(n for n in CHECK_SIZES if n <= most + 1)), gamma, rounds)
