@@ -47,10 +47,11 @@ def test_cpu_int8_kernel_matches_the_reference(level, dtype, n, k, out):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cpu_int8_kernel_rows_do_not_depend_on_how_many_share_a_call(level, dtype):
+@pytest.mark.parametrize("out", [300, 320])  # (320: a multiple of 16, AMX tiles at the amx level)
+def test_cpu_int8_kernel_rows_do_not_depend_on_how_many_share_a_call(level, dtype, out):
     """A row sums in one order whatever rows share its call, so a proposing tier with int8 weights gives a
     request the same proposals alone as in a batch (its seeded samples then follow one path either way)."""
-    x, w = torch.randn(24, 576).to(dtype), Int8Weight.of(torch.randn(300, 576))
+    x, w = torch.randn(24, 576).to(dtype), Int8Weight.of(torch.randn(out, 576))
     alone = torch.cat([cpu_kernels().linear_i8(row[None], w.q, w.scale) for row in x])
     for n in range(2, 25):
         assert torch.equal(cpu_kernels().linear_i8(x[:n], w.q, w.scale), alone[:n]), n

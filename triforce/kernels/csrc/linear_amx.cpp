@@ -64,21 +64,38 @@ inline void store_piece(const float (*c)[16], Out* y, int64_t N, int64_t col, in
 
 // Blocks [b_begin, b_end) of 16 rows of W times P pieces of x (n rows in all, at most 16 P): xt holds
 // each piece's B tiles ([K / 32][16 pairs][16 rows of x]), `piece` int32s apart. Every A tile (a block's
-// 64 bytes of 16 rows of W) serves all P pieces, so W comes from memory once for up to 96 rows of x.
-template <int P, typename Out>
-void blocks_amx(const int32_t* xt, int64_t piece, const at::BFloat16* w, Out* y, int n, int64_t K, int64_t N,
+// 32 columns of 16 rows of W) serves all P pieces, so W comes from memory once for up to 96 rows of x.
+// bfloat16 W loads as the A tile straight from memory; int8 W (a proposing tier's: linear_i8.cpp) is
+// widened to bfloat16 (exact) into a scratch A tile first, its scale applied by the caller.
+template <int P, typename Out, typename Wt>
+void blocks_amx(const int32_t* xt, int64_t piece, const Wt* w, Out* y, int n, int64_t K, int64_t N,
                 int64_t b_begin, int64_t b_end) {
   static_assert(P >= 1 && P <= kPiecesPerPass);
+  static_assert(std::is_same_v<Wt, at::BFloat16> || std::is_same_v<Wt, int8_t>);
+  constexpr int kLinesPerStep = 8 * static_cast<int>(sizeof(Wt));  // 16 rows x 32 columns of W, in cache lines
   triforce_amx::configure_tiles();
-  const int64_t steps = K / 32, stride = K * static_cast<int64_t>(sizeof(at::BFloat16));
+  const int64_t steps = K / 32, stride = K * static_cast<int64_t>(sizeof(Wt));
   alignas(64) float c[P][16][16];
+  // int8 W: A tiles widened a step ahead, two in turn, so that a tile load does not wait on the stores
+  // just made to it (1 row of x: 0.9x the time of widening the step's own tile)
+  alignas(64) __m512bh widened[2][16];
+  const auto widen = [&](int64_t b, int64_t s) {
+    if constexpr (std::is_same_v<Wt, int8_t>)
+      for (int r = 0; r < 16; ++r) widened[s & 1][r] = triforce_vec::int8_to_bf16(w + (b * 16 + r) * K + s * 32);
+  };
   for (int64_t b = b_begin; b < b_end; ++b) {
     TRIFORCE_PIECES(TRIFORCE_PIECE_ZERO)
-    const char* next = reinterpret_cast<const char*>(w + (b + 1) * 16 * K);  // the next block, 1 KB a step
+    const char* next = reinterpret_cast<const char*>(w + (b + 1) * 16 * K);  // the next block, a step's worth a step
+    widen(b, 0);
     for (int64_t s = 0; s < steps; ++s) {
       if (b + 1 < b_end)
-        for (int l = 0; l < 16; ++l) _mm_prefetch(next + (s * 16 + l) * 64, _MM_HINT_T1);
-      _tile_loadd(6, w + b * 16 * K + s * 32, stride);
+        for (int l = 0; l < kLinesPerStep; ++l) _mm_prefetch(next + (s * kLinesPerStep + l) * 64, _MM_HINT_T1);
+      if constexpr (std::is_same_v<Wt, int8_t>) {
+        _tile_loadd(6, widened[s & 1], 64);
+        if (s + 1 < steps) widen(b, s + 1);
+      } else {
+        _tile_loadd(6, w + b * 16 * K + s * 32, stride);
+      }
       TRIFORCE_PIECES(TRIFORCE_PIECE_DOT)
     }
     TRIFORCE_PIECES(TRIFORCE_PIECE_STORE)
@@ -92,14 +109,14 @@ void blocks_amx(const int32_t* xt, int64_t piece, const at::BFloat16* w, Out* y,
 #undef TRIFORCE_PIECE_DOT
 #undef TRIFORCE_PIECE_ZERO
 
-template <typename Out>
-void run_amx(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
+// y = x . W^T for W [N, K] at wp (bfloat16 or int8).
+template <typename Out, typename Wt>
+void run_amx_on(const at::Tensor& x, const Wt* wp, int64_t N, at::Tensor& y) {
   const int n = static_cast<int>(x.size(0));
-  const int64_t K = x.size(1), N = w.size(0), piece = (K / 32) * 256;
+  const int64_t K = x.size(1), piece = (K / 32) * 256;
   const auto* x32 = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
-  const auto* wp = w.data_ptr<at::BFloat16>();
   // Grain: at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
-  const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (16 * K * 2));
+  const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (16 * K * static_cast<int64_t>(sizeof(Wt))));
   // The B tiles of up to six pieces at a time (row t of x: piece t / 16, column t % 16), packed once per
   // pass, 16 x 16 int32s at a time transposed in registers (element by element, packing took a 40-row
   // call a tenth of its time, on one thread). Columns past the last piece's rows are zeros: a column of B
@@ -123,18 +140,28 @@ void run_amx(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
     auto* yp = y.data_ptr<Out>() + 16 * first * N;
     at::parallel_for(0, N / 16, grain, [&](int64_t b, int64_t e) {
       switch (count) {
-        case 1: return blocks_amx<1, Out>(xp, piece, wp, yp, rows, K, N, b, e);
-        case 2: return blocks_amx<2, Out>(xp, piece, wp, yp, rows, K, N, b, e);
-        case 3: return blocks_amx<3, Out>(xp, piece, wp, yp, rows, K, N, b, e);
-        case 4: return blocks_amx<4, Out>(xp, piece, wp, yp, rows, K, N, b, e);
-        case 5: return blocks_amx<5, Out>(xp, piece, wp, yp, rows, K, N, b, e);
-        default: return blocks_amx<6, Out>(xp, piece, wp, yp, rows, K, N, b, e);
+        case 1: return blocks_amx<1, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
+        case 2: return blocks_amx<2, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
+        case 3: return blocks_amx<3, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
+        case 4: return blocks_amx<4, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
+        case 5: return blocks_amx<5, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
+        default: return blocks_amx<6, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
       }
     });
   }
 }
 
+template <typename Out>
+void run_amx(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
+  run_amx_on<Out>(x, w.data_ptr<at::BFloat16>(), w.size(0), y);
+}
+
 template void run_amx<float>(const at::Tensor&, const at::Tensor&, at::Tensor&);
 template void run_amx<at::BFloat16>(const at::Tensor&, const at::Tensor&, at::Tensor&);
+
+// int8 Q [N, K] (N a multiple of 16), unscaled float32 sums into y [n, N].
+void run_amx_i8(const at::Tensor& x, const at::Tensor& q, at::Tensor& y) {
+  run_amx_on<float>(x, q.data_ptr<int8_t>(), q.size(0), y);
+}
 
 }  // namespace triforce_linear

@@ -9,23 +9,30 @@
 // each sum is then scaled by its row's scale and rounded once. With AVX512-BF16, bfloat16 rows of x instead
 // meet Q's rows converted to bfloat16 (exact too) in bfloat16 dot products, as linear_bf16.cpp's: a first
 // version with the float32 FMAs alone ran slower than the bfloat16 kernel from 4 rows of x on the Zen 4
-// (a scratch copy of `python benchmarks/int8_linear.py`, which measures this one).
+// (a scratch copy of `python benchmarks/int8_linear.py`, which measures this one). With AMX tiles (N a
+// multiple of 16), 16 rows of Q at a time are widened to bfloat16 into an A tile and multiplied as
+// linear_amx.cpp multiplies bfloat16 weights: the vector path's dot products per row of x made a check of
+// 8 tokens cost 2.5x a step on the AMX Xeon.
 #include "kernels.h"  // what this file defines, declared as its callers see it
 
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "linear_avx2.h"
 #include "vec256.h"
+#if defined(__AVX512BF16__)
+#include "vec512.h"
+#endif
+
+namespace triforce_linear {
+void run_amx_i8(const at::Tensor& x, const at::Tensor& q, at::Tensor& y);
+}  // namespace triforce_linear
 
 namespace {
 
 #if defined(__AVX512BF16__)
-inline __m512bh int8_to_bf16(const int8_t* p) {  // 32 int8 -> 32 bfloat16, in order
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
-  return _mm512_cvtne2ps_pbh(hi, lo);
-}
+using triforce_vec::int8_to_bf16;
 
 // Rows [begin, end) of Q against N_ROWS bfloat16 rows of x (K a multiple of 32), unscaled float32 sums; each
 // row of x sums in one order whatever N_ROWS is.
@@ -84,6 +91,11 @@ at::Tensor linear_i8(at::Tensor x, at::Tensor q, at::Tensor scale, bool float_ou
   const int64_t n = x.size(0), K = x.size(1), N = q.size(0);
   const bool as_float = float_out || x.scalar_type() == at::kFloat;
   auto y = at::empty({n, N}, x.options().dtype(at::kFloat));
+#if TRIFORCE_WITH_AMX
+  if (x.scalar_type() == at::kBFloat16 && K % 32 == 0 && N % 16 == 0 && triforce_amx::usable()) {
+    triforce_linear::run_amx_i8(x, q, y);
+  } else
+#endif
 #if defined(__AVX512BF16__)
   if (x.scalar_type() == at::kBFloat16 && K % 32 == 0) {
     triforce_linear::parallel_rows<kBf16PassRows>(kBf16Rows, static_cast<int>(n), x.data_ptr<at::BFloat16>(),

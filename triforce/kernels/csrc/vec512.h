@@ -36,6 +36,14 @@ inline __m512 bf16_to_ps(const at::BFloat16* p) {  // 16 bf16 -> 16 floats
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
+#if defined(__AVX512BF16__)
+inline __m512bh int8_to_bf16(const int8_t* p) {  // 32 int8 -> 32 bfloat16, in order (exact: |q| <= 127)
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
+  return _mm512_cvtne2ps_pbh(hi, lo);
+}
+#endif
+
 // In place: r[i][j] -> r[j][i] for a 16 x 16 matrix of 32-bit elements.
 inline void transpose16(__m512i r[16]) {
   __m512i t[16];
