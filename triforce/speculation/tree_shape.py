@@ -4,8 +4,8 @@ Terms. Under Sequoia's *positional acceptance* assumption, when a check reaches 
 (k = 0, 1, ... in sampling order) is the one accepted with probability `acceptance[k]`, whatever the
 node (the children are tried in order and at most one is accepted, so sum(acceptance) <= 1). Here the
 root may have its own rates (`root`): in a hierarchy the root's token is often the checker's correction
-of the proposer, where the proposer is least sure (measured greedy at 8K: a chain's first token accepted
-0.81 of the time, each later one 0.85-0.92). A tree's *expected tokens* per check is then 1 (the
+of the proposer, where the proposer is least sure (a greedy run at 8K: the root's first child accepted
+0.80 of the time, a first child below it 0.88-1.0). A tree's *expected tokens* per check is then 1 (the
 recovered or bonus token) plus, over its proposed nodes, the probability that the check reaches and
 accepts each: the product of the rates of its rank along its path.
 
