@@ -251,6 +251,24 @@ def test_greedy_with_trees_equals_plain_decoding(models, mode, policy, nodes, sh
     assert nodes == "auto" or bottom.proposed / bottom.checks > 1  # auto may choose no tree on this machine
 
 
+def test_an_auto_tree_in_triforce_mode_counts_the_targets_checks(models):
+    """In triforce mode the auto size prices the target's checks of tier 2's rounds (trees.CheckAbove),
+    from the target's forward costs measured after the prefill; in draft mode the target is the checker,
+    and nothing checks above it."""
+    target, draft = models
+    prompt = torch.randint(3, 96, (80,), generator=torch.Generator().manual_seed(2)).tolist()
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    for mode in ("triforce", "draft"):
+        cfg = EngineConfig(mode=mode, tree1="auto", **SETTINGS)
+        engine = build_engine(cfg, target, draft, len(prompt) + params.max_tokens)
+        engine.generate(prompt, params, ())
+        above = engine.tree.above
+        if mode == "draft":
+            assert above is None
+        else:
+            assert above.gamma == cfg.gamma2 and above.rounds == 0 and 1 in above.seconds and len(above.seconds) > 4
+
+
 @pytest.mark.parametrize("policy", ["static", "dynamic"])
 @pytest.mark.parametrize("shape", [dict(tree1=10), dict(gamma1=4)])
 def test_a_check_above_tier_1_takes_every_token_of_the_rounds_below(models, policy, shape):
