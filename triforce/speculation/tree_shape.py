@@ -97,8 +97,8 @@ def _level(rates: Sequence[float], below: list[float], size: int) -> tuple[list[
     """One level of the program: value[n], the best subtree of n slots whose children (accepted at `rates`
     by rank) hang subtrees worth below[j] for j slots, and split[k][m], the slots given to child k when m
     slots go to children k, k + 1, ...: spread_k[m] = max over j of rates[k] below[j] + spread_k+1[m - j],
-    the smallest such j (float64 tensors over every (m, j) at once: in Python loops a 64-node auto size
-    spent 60 ms per decision, 9% of a greedy run's decode at 8K on the AMX Xeon)."""
+    the smallest such j (float64 tensors over every (m, j) at once: a 64-node auto decision took 12-13 ms
+    in Python loops and 5.5-6 ms so, the same shapes, on the AMX Xeon: benchmarks/tree_shape_time.py)."""
     subtree = torch.tensor(below[1:size], dtype=torch.float64)  # j = 1 .. size - 1 slots for child k
     m = torch.arange(1, size)
     rest = m[:, None] - m[None, :]  # [m, j]: slots left for the later children
