@@ -228,8 +228,8 @@ class CheckAbove:
     takes every token of the checker's rounds once they hold `gamma` (or of `rounds` rounds: engine.py's
     `_check_chain`), at `seconds` per forward by tokens. A round that yields more makes those checks hold
     more, so fewer of them per token (speed_model.check_sizes): at greedy over 8K, the deep trees whose
-    rounds often yield gamma alone made target checks of 6.6 tokens where chains of 4 made 8.9, 35 checks
-    against 27 (the tree's own rate had not counted them)."""
+    rounds often yield gamma alone made target checks of 6.9 tokens where chains of 4 made 8.6, 33 checks
+    against 27 (the tree's own rate had not counted them; docs/trees.md)."""
     seconds: dict[int, float]
     gamma: int
     rounds: int = 0
