@@ -37,10 +37,10 @@ def test_processes_sharing_the_file_merge_their_requests_into_one_entry(tmp_path
     path = tmp_path / "priors-5.json"
     server, bench = Priors(path), Priors(path)  # both read the file before either remembers
     server.remember("k", {"draft": 0.9}, {"draft": 0.8}, GENERIC)
-    bench.remember("k", {"draft": 0.1}, {}, GENERIC, {"draft/bottom": 0.002})
+    bench.remember("k", {"draft": 0.1}, {"ar": 1.1}, GENERIC, {"draft/bottom": 0.002})
     merged = Priors(path).recall("k")
     assert merged["acceptance"] == {"draft": pytest.approx((1 - NEW_WEIGHT) * 0.9 + NEW_WEIGHT * 0.1)}
-    assert merged["realized"] == {"draft": pytest.approx(1 + (1 - DRIFT) * (0.8 - 1))}  # drifting, not lost
+    assert merged["realized"] == {"draft": pytest.approx(1 + (1 - DRIFT) * (0.8 - 1)), "ar": 1.1}  # drifting, not lost
     assert merged["overhead"] == {"draft/bottom": 0.002} and bench.recall("k") == merged
 
 
@@ -184,3 +184,29 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
     # a draft reading another window proposes otherwise (the key read its weights and shape alone)
     wider = build_engine(EngineConfig(mode="auto", **{**SETTINGS, "window": 96}), target, draft, 128).ladder
     assert request_key(wider, greedy) != request_key(engine.ladder, greedy)
+
+
+def test_batch_members_that_took_their_leaders_plans_leave_its_speed_factors_as_measured(models, calibration):
+    """In a batch one member plans (the leader) and measures its modes' speed against the model; the others
+    run its plans and measure none. Each member remembers what it saw as it ends, and a member that measured
+    nothing had been taken for one that ran nothing, drifting every factor halfway back to 1: at batch 8
+    the leader's 0.70 for `triforce` was remembered as 0.998, and the next batch ran it again."""
+    from triforce.coordinator.batch import SequenceBatch
+    from triforce.coordinator.batchmates import Batchmates
+
+    target, draft = models
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 8, (80,), generator=g).tolist() for _ in range(3)]
+    params = SamplingParams(max_tokens=96, temperature=0, ignore_eos=True)
+    mates = Batchmates()
+    engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 200, batchmates=mates)
+               for _ in prompts]
+    batch = SequenceBatch()
+    handles = [batch.add(e.run(p, params)) for e, p in zip(engines, prompts)]
+    batch.run()
+    assert all(len(h.result[0]) == 96 for h in handles)
+    leader, *followers = engines
+    measured = leader.planner.realized.own()
+    assert measured and all(not f.planner.realized.measured for f in followers)
+    stored = Priors(calibration / "priors-5.json").recall(leader.planner._key)["realized"]
+    assert stored == {mode: pytest.approx(x, abs=1e-4) for mode, x in measured.items()}
