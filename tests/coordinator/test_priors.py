@@ -190,23 +190,30 @@ def test_batch_members_that_took_their_leaders_plans_leave_its_speed_factors_as_
     """In a batch one member plans (the leader) and measures its modes' speed against the model; the others
     run its plans and measure none. Each member remembers what it saw as it ends, and a member that measured
     nothing had been taken for one that ran nothing, drifting every factor halfway back to 1: at batch 8
-    the leader's 0.70 for `triforce` was remembered as 0.998, and the next batch ran it again."""
+    the leader's 0.70 for `triforce` was remembered as 0.998, and the next batch ran it again. Nor does the
+    batch shrinking as its members end (4 planned for as 2 once one of the 4 has ended) make the leader's
+    factors another kind's: at 0.6, where members reach their last token rounds apart, it had forgotten
+    them in some batches and not in others."""
     from triforce.coordinator.batch import SequenceBatch
     from triforce.coordinator.batchmates import Batchmates
 
     target, draft = models
     g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(0, 8, (80,), generator=g).tolist() for _ in range(3)]
-    params = SamplingParams(max_tokens=96, temperature=0, ignore_eos=True)
+    prompts = [torch.randint(0, 8, (80,), generator=g).tolist() for _ in range(4)]
+    lengths = (96, 96, 40, 96)
     mates = Batchmates()
     engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 200, batchmates=mates)
                for _ in prompts]
-    batch = SequenceBatch()
-    handles = [batch.add(e.run(p, params)) for e, p in zip(engines, prompts)]
-    batch.run()
-    assert all(len(h.result[0]) == 96 for h in handles)
     leader, *followers = engines
+    sizes, plan = [], leader.planner.plan
+    leader.planner.plan = lambda *args, **kwargs: sizes.append(leader.planner.batch_size()) or plan(*args, **kwargs)
+    batch = SequenceBatch()
+    handles = [batch.add(e.run(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)))
+               for e, p, n in zip(engines, prompts, lengths)]
+    batch.run()
+    assert [len(h.result[0]) for h in handles] == list(lengths)
     measured = leader.planner.realized.own()
     assert measured and all(not f.planner.realized.measured for f in followers)
+    assert sizes[0] == 4 and sizes[-1] == 2  # it planned for the batch as it shrank
     stored = Priors(calibration / "priors-5.json").recall(leader.planner._key)["realized"]
     assert stored == {mode: pytest.approx(x, abs=1e-4) for mode, x in measured.items()}

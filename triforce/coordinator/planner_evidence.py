@@ -29,7 +29,7 @@ class PlannerEvidence:
         the prior). Fading each check by its own age instead (7793651, a longer memory) ran 0.92x this at
         8K and 0.6 (six seeds) and 0.96x at 32K greedy in an A/B on the AVX2 EPYC: reverted (docs/avx2.md)."""
         running, moved, self._faded_at = self.running, generated - self._faded_at, generated
-        self._ran_apart |= self._batch_state() != self._recalled_batch  # (`remember`)
+        self._ran_apart |= self._apart()  # (`remember`)
         kept = EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS)
         for estimate in self.acceptance.values():
             estimate.forget(kept)
@@ -120,6 +120,16 @@ class PlannerEvidence:
         """The batch size it plans for and whether it runs with batchmates at all (one still prefilling, or
         too short to plan, is not counted in the size, and its forwards run beside this one's)."""
         return self.batch_size(), self._together
+
+    def _apart(self) -> bool:
+        """Whether it now plans as another kind than it recalled (its speed factors are then not its kind's):
+        with batchmates where it recalled alone or the reverse, or for a larger batch. Not for one that
+        shrank as its members ended: a batch of 8 plans for 4 once one has ended, and at 0.6, where members
+        reach their last token rounds apart, a leader that planned once more then forgot its factors in
+        some batches and not in others. (Near the end, where the table lacks the smaller batch's costs,
+        its plans are no evidence: AutoPlanner.costs.)"""
+        (size, together), (recalled_size, recalled_together) = self._batch_state(), self._recalled_batch
+        return together != recalled_together or size > recalled_size
 
     @property
     def _together(self) -> bool:
