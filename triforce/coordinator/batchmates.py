@@ -47,7 +47,8 @@ class Batchmates:
     @property
     def together(self) -> bool:
         """More than one request runs: the time between one's forwards holds the others' forwards, so the
-        overhead between its own goes unmeasured (AutoEngine._forward), and the realized factors carry it."""
+        overhead between its own goes unmeasured (AutoEngine._forward): it is charged per sequence at what
+        alone measured (forward_times.py), and the realized factors carry the difference."""
         return len(self.engines) > 1
 
     def leader(self):

@@ -13,8 +13,16 @@ Beside the forwards themselves: what passes from the end of one forward to the n
 cost of its rows (sampling, prompt lookup, verification, bookkeeping) is each tier's overhead in its role
 (it proposes: "bottom", as `ar`'s target does too; it checks the tier below: "check"), as each mode runs
 it (a mode not run yet: as any did), added to that tier's forwards; a chain of gamma pays its bottom
-tier's gamma times, which one speed factor per mode would spread over every gamma alike. And what a
-batchmate's prompt chunk adds to a target forward.
+tier's gamma times, which one speed factor per mode would spread over every gamma alike. That time is
+each sequence's own, so a batch pays it once per member and forward, not once per call: it is measured
+alone (beside batchmates the time between a request's forwards holds theirs) and charged to every
+sequence's forwards. Charged per call, as it was until 2026-12-06, a batch of 8 at 8K and 0.6 on the AMX
+Xeon (`benchmarks/batch_timeline.py`, `benchmarks/results/issue12/amx7/timeline_b8_emma_t06.json`) was
+priced 0.38 s of it in `triforce`, 0.24 s in `draft` and 0.09 s in `ar`, where 2.67 s, 1.54 s and 0.31 s
+passed outside its model calls and verification (decodes of about 15 s); per sequence, at the overheads its
+kind had measured alone, 3.04 s, 1.95 s and 0.73 s: about 2.5% over in each mode, where per call it was
+15%, 8% and 1.5% under, and mode auto took `triforce` for the faster mode there. And what a batchmate's
+prompt chunk adds to a target call.
 """
 from __future__ import annotations
 
@@ -66,15 +74,16 @@ class ForwardTimes:
 
     def per_sequence(self, stack: tuple[str, ...], chunk: float = 0.0, now: bool = False) -> dict[str, dict[int, float]]:
         """Seconds per forward per sequence of the batch of each tier of `stack`, as its mode runs them,
-        with each tier's overhead in its role there, and a batchmate's prompt `chunk` on every target
-        forward; as the last plan was made with, or with `now`, as the forwards since have scaled them."""
+        with each tier's overhead in its role there (every sequence's own: the module docstring), and a
+        batchmate's prompt `chunk` on every target call; as the last plan was made with, or with `now`, as
+        the forwards since have scaled them."""
         out, mode = {}, stack_mode(stack)
         for level, name in enumerate(stack):
             key = f"{name}/{role_at(level)}"  # (this mode's own where it ran: see observe_overhead)
             extra = self.overhead.get(f"{mode}:{key}", self.overhead.get(key, 0.0)) + \
-                (chunk if name == "target" else 0.0)
+                (chunk / self.batch if name == "target" else 0.0)
             scaled = self._scaled(mode, name) if now else self.scaled[mode][name]
-            out[name] = {n: c + extra / self.batch for n, c in scaled.items()}
+            out[name] = {n: c + extra for n, c in scaled.items()}
         return out
 
     def fade(self, running: str | None, kept: float) -> None:

@@ -48,8 +48,8 @@ class RealizedSpeed(dict):
 
     def fade(self, running: str | None, kept: float | None, together: bool = False) -> None:
         """At each plan: the running mode's evidence keeps RUNNING_KEPT, each idle mode's `kept` (None: all
-        of it). Evidence seen alone and beside batchmates (`together`: the factors then carry the overhead
-        between forwards, which alone is measured apart) is not pooled: where that changed, each mode
+        of it). Evidence seen alone and beside batchmates (`together`: the factors then carry how the overhead
+        between forwards differs from the one measured alone, which the model charges) is not pooled: where that changed, each mode
         starts again."""
         if together != self._together:
             if self._together is not None:
