@@ -1,6 +1,8 @@
 """`--mode auto` running (auto.py): the cost table measured on real tiers, and exactness while the plan
 changes between rounds (greedy equality with plain decoding; chi-square at alpha = 1e-3 for sampling).
 The cost model and the planner's choices on given costs: test_speed_model.py, test_planning.py."""
+import time
+
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -734,3 +736,39 @@ def test_a_plan_adopted_frees_every_idle_retrieval_tier_of_the_request():
     plan = Plan(("target",), (), 1.0)
     list(mate._adopt(plan, 0))
     assert "retrieval@12" in released and "target" not in released
+
+
+def test_beside_batchmates_a_request_measures_its_own_time_between_forwards(models, calibration, monkeypatch):
+    """The overhead between a request's forwards (its sampling, verification and bookkeeping) is each
+    sequence's own: a batch pays it per member (forward_times.py). Beside batchmates the wall time between
+    its forwards holds theirs, so it had gone unmeasured, and the model priced a batch with none
+    (`triforce` at batch 8 and 0.6 on the AMX Xeon spent 2.67 s of a 15 s decode there). It is the run's own
+    time now (runs.OwnTime): with every model call made to take 20 ms, what each request measured is still
+    its own few milliseconds, not its batchmates' calls."""
+    from triforce.coordinator import tiers as tiers_module
+    from triforce.coordinator.batch import SequenceBatch
+
+    forward_together = tiers_module.forward_together
+
+    def slow(*args, **kwargs):
+        end = time.perf_counter() + 0.02
+        while time.perf_counter() < end:
+            pass
+        return forward_together(*args, **kwargs)
+
+    monkeypatch.setattr(tiers_module, "forward_together", slow)
+    target, draft = models
+    g = torch.Generator().manual_seed(12)
+    prompts = [torch.randint(0, VOCAB, (80,), generator=g).tolist() for _ in range(3)]
+    params = SamplingParams(max_tokens=40, temperature=0.7, seed=3, ignore_eos=True)
+    mates = Batchmates()
+    engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 200, batchmates=mates)
+               for _ in prompts]
+    batch = SequenceBatch()
+    handles = [batch.add(e.run(p, params)) for e, p in zip(engines, prompts)]
+    batch.run()
+    assert all(len(h.result[0]) == 40 for h in handles)
+    for engine in engines:
+        overhead = engine.planner.times.overhead
+        # (past the rows' processing, timed apart: on a loaded machine it may take all of it)
+        assert overhead and all(0 <= seconds < 0.01 for seconds in overhead.values()), overhead

@@ -12,8 +12,8 @@ more tokens per target forward amortises them. So what the planner learns from t
 forwards and rounds (forward_times.py: costs scaled towards what forwards took, the time between them;
 planning.py: each mode's realized speed) leaves out those that ran beside such chunks; what a chunk adds
 to a target forward is learned apart, and a plan is made again as soon as a batchmate's prefill begins or
-ends, with that cost or without it. The time between forwards is learned only while the request runs
-alone: in a batch it holds the batchmates' forwards too.
+ends, with that cost or without it. The time between forwards is the wall time alone; in a batch, where
+that holds the batchmates' forwards too, the request's own part of it (runs.OwnTime).
 
 An idle draft (the plan runs `ar` or `retrieval`) still tells the planner how it would fare: at each
 re-plan it catches up on the tokens committed since (as it must before it runs again anyway) with its
@@ -52,7 +52,7 @@ import torch
 
 from ..speculation.sampling import row_argmax, top_probabilities
 from .engine import HierarchyEngine
-from .runs import Forward, Run
+from .runs import Forward, OwnTime, Run
 from .forward_times import role_at, row_seconds
 from .metrics import RequestMetrics, TierStats
 from .planning import AutoPlanner
@@ -82,9 +82,11 @@ class AutoEngine(HierarchyEngine):
         self._planned_busy = False  # whether the running plan was made for a batchmate's prefill
         self._target_p: list[float] = []  # per generated token: the target's probability of it
         self._watch_seconds: float | None = None  # the latest watch's seconds per generated token it covered
-        # The last forward: tier, role, rows its logits give, when it was asked for and what it took (None
-        # after a plan, whose time and catch-up forwards are no forward's overhead)
-        self._last: tuple[str, str, int, float, float] | None = None
+        # The last forward: tier, role, rows its logits give, when it ended and whether beside batchmates (on
+        # the wall clock alone, on `own` then; None after a plan, whose time and catch-up forwards are no
+        # forward's overhead)
+        self._last: tuple[str, str, int, float, bool] | None = None
+        self.own = OwnTime()  # the seconds its run spends in its own code
 
     def run(self, prompt: list[int], params, *args, **kwargs) -> Run:
         """HierarchyEngine.run, adding what it saw to what later requests of its kind start from (its first
@@ -93,7 +95,7 @@ class AutoEngine(HierarchyEngine):
         if mates is not None:
             mates.join(self)
         try:
-            generated, metrics = yield from super().run(prompt, params, *args, **kwargs)
+            generated, metrics = yield from self.own.timed(super().run(prompt, params, *args, **kwargs))
             self.planner.remember()
             if metrics.auto is None and params.max_tokens < MIN_PLANNED_TOKENS:  # the choice is in the metrics
                 metrics.auto = [{"at_token": 0, "context": len(prompt), "mode": "ar", "gammas": [], "stop_below": None,
@@ -268,9 +270,11 @@ class AutoEngine(HierarchyEngine):
     def _forward(self, level: int, step=None) -> Generator[Forward, object, object]:
         tier, began = self.tiers[level], time.perf_counter()
         tokens, spent = step.n if step is not None else len(self.seq) - tier.length, tier.seconds
-        if self._last is not None:  # what ran since the last forward ended: its logits' processing and so on
-            name, role, rows, entered, seconds = self._last
-            self.planner.times.observe_overhead(self.planner.running, name, role, began - entered - seconds, rows,
+        together = self.planner.batchmates is not None and self.planner.batchmates.together
+        if self._last is not None and self._last[4] == together:  # what ran since the last forward ended: its
+            name, role, rows, ended, _ = self._last  # logits' processing and so on
+            self.planner.times.observe_overhead(self.planner.running, name, role,
+                                                (self.own.now() if together else began) - ended, rows,
                                                 self.planner.row_seconds)
         logits = yield from super()._forward(level, step)
         seconds = tier.seconds - spent
@@ -280,9 +284,8 @@ class AutoEngine(HierarchyEngine):
                 self.planner.times.observe_chunk(tokens, seconds)
         else:
             self.planner.times.observe_cost(self.planner.running, tier.name, tokens, seconds)
-        alone = self.planner.batchmates is None or not self.planner.batchmates.together
-        self._last = (tier.name, role_at(level), tokens if level else 1, began, seconds) \
-            if alone and not tier.shared_prefill else None
+        ended = self.own.now() if together else began + seconds
+        self._last = None if tier.shared_prefill else (tier.name, role_at(level), tokens if level else 1, ended, together)
         if self._rows_timed_on == "random" and tier is self.ladder[-1] and isinstance(logits, torch.Tensor) and \
                 len(logits):
             # Random rows priced top-p as a sort of the whole vocabulary, where a model's row ranks its few
@@ -291,8 +294,8 @@ class AutoEngine(HierarchyEngine):
             self.planner.row_seconds = row_seconds(self.rows.probs, logits.shape[-1], logits[-1:])
             self._rows_timed_on = "model"
             if self._last is not None:  # (that time is no forward's overhead)
-                name, role, rows, entered, seconds = self._last
-                self._last = (name, role, rows, entered + time.perf_counter() - timing, seconds)
+                name, role, rows, ended, together = self._last
+                self._last = (name, role, rows, ended + time.perf_counter() - timing, together)
         return logits
 
     def _record(self, level: int, proposed: int, accepted: int) -> None:

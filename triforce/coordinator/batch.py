@@ -28,6 +28,7 @@ greedy output can part from its solo one at a near-tie; docs/batches.md.)
 """
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,7 +99,11 @@ class SequenceBatch:
             for s, out in zip(group, logits):
                 self._advance(s, out)
         while checks := [s for s in self.active if isinstance(s.waiting, Check)]:
-            for s, result in zip(checks, check_together([s.waiting for s in checks])):
+            began = time.perf_counter()
+            results = check_together([s.waiting for s in checks])
+            share = (time.perf_counter() - began) / len(checks)  # (each run's own time: runs.OwnTime)
+            for s, result in zip(checks, results):
+                s.waiting.seconds = share
                 self._advance(s, result)
         for s in waits:  # after the forwards: the blocks waited on may be stored now
             self._advance(s, None)

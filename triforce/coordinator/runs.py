@@ -5,6 +5,7 @@ verdict) or a `Wait` (a prompt block another sequence is prefilling; sent nothin
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -53,6 +54,43 @@ class Check:
     # The checker proposes in turn to a tier above: a row of its that is not finite is only checked there
     # (rejected), not an output's, so no error (speculation/sampling.py `sample`)
     proposal: bool = False
+    seconds: float = 0.0  # its share of a batch's verification, set by the batch (its run's OwnTime counts it)
+
+
+class OwnTime:
+    """The seconds a run spends in its own code (sampling, verification, bookkeeping): not suspended at its
+    yields, where its driver runs its forwards and a batch its batchmates', plus each Check's share of the
+    batch's verification. Beside batchmates a request's time between its forwards holds theirs; this is
+    its own part (mode auto's overhead between forwards: auto.py)."""
+
+    def __init__(self):
+        self.seconds, self._since = 0.0, None
+
+    def now(self) -> float:
+        """Its own seconds so far, the stretch running now included."""
+        return self.seconds + (0.0 if self._since is None else time.perf_counter() - self._since)
+
+    def timed(self, run: Generator):
+        """`run`, its own time counted (what it yields, is sent and returns pass through)."""
+        sent, error = None, None
+        while True:
+            self._since = time.perf_counter()
+            try:
+                item = run.send(sent) if error is None else run.throw(error)
+            except StopIteration as done:
+                return done.value
+            finally:
+                self.seconds += time.perf_counter() - self._since
+                self._since = None
+            sent, error = None, None
+            try:
+                sent = yield item
+            except GeneratorExit:
+                run.close()
+                raise
+            except BaseException as thrown:  # noqa: BLE001 (thrown into the run, as `yield from` would)
+                error = thrown
+            self.seconds += item.seconds if isinstance(item, Check) else 0.0
 
 
 Run = Generator[Forward | Check | Wait, object, tuple[list[int], RequestMetrics]]
