@@ -284,8 +284,8 @@ def in_a_batch(planner: AutoPlanner) -> AutoPlanner:
 
 @pytest.mark.parametrize("together,ar_factor", [(True, 0.8), (True, 1.3), (False, 0.8)])
 def test_an_untried_mode_in_a_batch_is_not_favoured_by_what_slowed_plain_decoding(together, ar_factor):
-    """In a batch, plain decoding ran at 0.8 of its model (the overhead between forwards, unmeasured there,
-    as at batch 2 on the AVX2 EPYC) and no speculative mode has run: an untried one is guessed at ar's
+    """In a batch, plain decoding ran at 0.8 of its model (as at batch 2 on the AVX2 EPYC, where the overhead
+    between forwards was unmeasured then) and no speculative mode has run: an untried one is guessed at ar's
     factor, since its rounds pay the same between forwards, so a draft the model scores below ar is not
     tried on that margin alone (at a factor of 1 it was). A factor above 1 gives no untried mode a bonus,
     and alone (that overhead measured per tier) ar's factor is its own."""
@@ -305,9 +305,9 @@ def test_an_untried_mode_in_a_batch_is_not_favoured_by_what_slowed_plain_decodin
 @pytest.mark.parametrize("together", [False, True])
 def test_an_idle_modes_speed_factor_holds_in_a_batch(together):
     """Alone, the overhead between forwards is measured and an idle mode's factor fades back towards 1 (a draft
-    measured at 0.6 over 60 tokens is tried again after about 90 tokens of `ar`); in a batch that overhead is
-    not measured (the time between a request's forwards holds its batchmates'), the factors carry it, and a
-    mode measured slow stays so while `ar` runs, instead of being tried again."""
+    measured at 0.6 over 60 tokens is tried again after about 90 tokens of `ar`); in a batch the factors carry
+    what the model leaves out of a batch's rounds (its calls for fewer members, its loop), and a mode
+    measured slow stays so while `ar` runs, instead of being tried again."""
     costs = {"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}
     planner = planner_with(costs)
     if together:
@@ -352,8 +352,8 @@ def test_a_modes_speed_factor_pools_its_stretches_and_starts_from_earlier_reques
 
 
 def test_a_speed_factor_seen_alone_is_not_pooled_with_one_seen_in_a_batch():
-    """The factors seen beside batchmates carry the overhead between forwards that alone is measured apart:
-    where a request's batchmates come or go, each mode starts again from its start. A mode passes on only
+    """The factors seen beside batchmates carry what the model leaves out of a batch's rounds, which alone
+    do not happen: where a request's batchmates come or go, each mode starts again from its start. A mode passes on only
     a factor it still holds evidence for (one that ran early and idled since is back near its start), and
     a start from a file is taken within START_RANGE."""
     speed = RealizedSpeed()

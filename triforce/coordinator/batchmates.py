@@ -46,9 +46,9 @@ class Batchmates:
 
     @property
     def together(self) -> bool:
-        """More than one request runs: the time between one's forwards holds the others' forwards, so the
-        overhead between its own goes unmeasured (AutoEngine._forward): it is charged per sequence at what
-        alone measured (forward_times.py), and the realized factors carry the difference."""
+        """More than one request runs: the time between one's forwards holds the others' forwards, so its
+        overhead between them is its run's own time (runs.OwnTime, AutoEngine._forward), and the realized
+        factors carry what the model leaves out of a batch's rounds (its calls for fewer members, its loop)."""
         return len(self.engines) > 1
 
     def leader(self):

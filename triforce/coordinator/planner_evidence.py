@@ -33,8 +33,7 @@ class PlannerEvidence:
         kept = EVIDENCE_KEPT ** (moved / EVIDENCE_TOKENS)
         for estimate in self.acceptance.values():
             estimate.forget(kept)
-        # In a batch the factors carry how the overhead between forwards, unmeasured there (charged per
-        # sequence at what alone measured), differs (`_together`), which an idle
+        # In a batch the factors carry what the model leaves out of its rounds (`_together`), which an idle
         # mode's does not lose: at batch 2 on the AVX2 EPYC, `draft` measured at 0.8 of its model faded back
         # within 3 plans of `ar` and ran again.
         self.realized.fade(running, None if self._together else kept, self._together)
@@ -134,8 +133,8 @@ class PlannerEvidence:
 
     @property
     def _together(self) -> bool:
-        """Run with batchmates (Batchmates.together): the realized factors carry how the overhead between
-        forwards, unmeasured then (charged at what alone measured: forward_times.py), differs."""
+        """Run with batchmates (Batchmates.together): the realized factors carry what the model leaves out
+        of a batch's rounds."""
         return self.batchmates is not None and self.batchmates.together
 
     def _realized(self, mode: str) -> float:

@@ -33,8 +33,8 @@ acceptance those stretches' own checks saw (so the factor holds only what the mo
 stretch of poor proposals lowers the acceptance estimate, not also the mode's factor); an untried
 speculative mode by the mean of the speculative modes tried (none tried: by 1, but in a batch by `ar`'s,
 if below 1); an idle mode's evidence fades as acceptance evidence does, with the tokens committed, back
-towards where the mode started (alone: in a batch, where the overhead between forwards goes unmeasured and
-is charged per sequence at what alone measured, the factors hold what differs). In a batch one plan serves every request (batchmates.py).
+towards where the mode started (alone: in a batch, whose rounds hold what the model leaves out, the calls
+for fewer members and the batch's loop, the factors hold it). In a batch one plan serves every request (batchmates.py).
 
 Where a check grows steeply with the tokens it holds (STEEP_CHECKS: vector arithmetic, not matrix tiles),
 the draft's chains end early after a proposal its model was unsure of (`stop_below`, engine.py), and

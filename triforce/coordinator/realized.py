@@ -48,8 +48,8 @@ class RealizedSpeed(dict):
 
     def fade(self, running: str | None, kept: float | None, together: bool = False) -> None:
         """At each plan: the running mode's evidence keeps RUNNING_KEPT, each idle mode's `kept` (None: all
-        of it). Evidence seen alone and beside batchmates (`together`: the factors then carry how the overhead
-        between forwards differs from the one measured alone, which the model charges) is not pooled: where that changed, each mode
+        of it). Evidence seen alone and beside batchmates (`together`: the factors then carry what the model
+        leaves out of a batch's rounds) is not pooled: where that changed, each mode
         starts again."""
         if together != self._together:
             if self._together is not None:
@@ -72,10 +72,10 @@ class RealizedSpeed(dict):
         """How a mode's speed compares with its prediction: measured where it ran; else, for a speculative
         mode, the mean of the speculative modes that ran (verification's overhead is the best guess at its
         own, and favours no mode untried); with none run, 1 alone, but run `together` with batchmates
-        `ar`'s where that is below 1 (the unmeasured overhead that slows a batch's round of plain decoding
-        slows a speculative one too: at batch 2 on the AVX2 EPYC `ar` ran at 0.82 of its model, and an
-        untried mode kept at 1 was tried on that margin alone; alone, where that overhead is measured per
-        tier, `ar`'s factor is its own, and taking it moved 8K greedy there from `draft` to a 0.81x
+        `ar`'s where that is below 1 (what slows a batch's round of plain decoding beyond the model slows a
+        speculative one too: at batch 2 on the AVX2 EPYC, its overhead between forwards unmeasured then,
+        `ar` ran at 0.82 of its model, and an untried mode kept at 1 was tried on that margin alone; alone
+        `ar`'s factor is its own, and taking it moved 8K greedy there from `draft` to a 0.81x
         detour); for `ar`, which verifies nothing, 1."""
         if mode in self:
             return self[mode]
