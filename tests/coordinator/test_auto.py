@@ -738,13 +738,15 @@ def test_a_plan_adopted_frees_every_idle_retrieval_tier_of_the_request():
     assert "retrieval@12" in released and "target" not in released
 
 
-def test_beside_batchmates_a_request_measures_its_own_time_between_forwards(models, calibration, monkeypatch):
+def test_beside_batchmates_a_request_measures_its_own_time_between_forwards(models, tiny_dir, calibration,
+                                                                            monkeypatch):
     """The overhead between a request's forwards (its sampling, verification and bookkeeping) is each
     sequence's own: a batch pays it per member (forward_times.py). Beside batchmates the wall time between
     its forwards holds theirs, so it had gone unmeasured, and the model priced a batch with none
     (`triforce` at batch 8 and 0.6 on the AMX Xeon spent 2.67 s of a 15 s decode there). It is the run's own
-    time now (runs.OwnTime): with every model call made to take 20 ms, what each request measured is still
-    its own few milliseconds, not its batchmates' calls."""
+    time now (runs.OwnTime): with every model call made to take 20 ms, and one request's target another
+    copy of the weights (so its target forwards are calls of their own, which the others' wait through),
+    what each request measured is still its own few milliseconds."""
     from triforce.coordinator import tiers as tiers_module
     from triforce.coordinator.batch import SequenceBatch
 
@@ -762,8 +764,10 @@ def test_beside_batchmates_a_request_measures_its_own_time_between_forwards(mode
     prompts = [torch.randint(0, VOCAB, (80,), generator=g).tolist() for _ in range(3)]
     params = SamplingParams(max_tokens=40, temperature=0.7, seed=3, ignore_eos=True)
     mates = Batchmates()
-    engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 200, batchmates=mates)
-               for _ in prompts]
+    copy = load_model(tiny_dir("auto-target", seed=40, num_layers=3, vocab_size=VOCAB, hidden_size=64,
+                               num_heads=4, num_kv_heads=2, scale=4))
+    engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), model, draft, 200, batchmates=mates)
+               for model in (target, target, copy)]
     batch = SequenceBatch()
     handles = [batch.add(e.run(p, params)) for e, p in zip(engines, prompts)]
     batch.run()

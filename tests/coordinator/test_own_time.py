@@ -30,14 +30,15 @@ def test_a_runs_own_time_leaves_out_what_its_driver_does_and_counts_its_checks_s
     own = OwnTime()
     timed = own.timed(run())
     assert next(timed) == "forward"
-    busy(0.05)  # the driver's forward, a batchmate's
+    busy(0.2)  # the driver's forward, a batchmate's
     assert timed.send("logits") is check
     check.seconds = 0.004  # the batch's verification, this run's share
-    busy(0.05)
+    busy(0.2)
     with pytest.raises(StopIteration) as done:
         timed.send("verdict")
     assert done.value.value == "verdict"
-    assert own.seconds == pytest.approx(0.03 + 0.02 + 0.004 + 0.01, abs=0.008)
+    own_work = 0.03 + 0.02 + 0.004 + 0.01
+    assert own_work <= own.seconds < own_work + 0.15  # (not the driver's 0.4 s; a loaded machine's pauses)
 
 
 def test_errors_thrown_into_a_timed_run_reach_it_and_closing_closes_it():
