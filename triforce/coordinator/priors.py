@@ -17,9 +17,10 @@ file, a server and a bench, merge into one another's): acceptance by an even ave
 that one odd text does not erase the history; a realized factor replaced by the newest. What a request did
 not see enough of (a proposer it checked less than MIN_TRIALS times, a mode it did not run) drifts back
 halfway towards the generic prior (a factor of 1), so a tier that a bad stretch made look poor is tried
-again a few requests later instead of being locked out by its own record; a request that measured no mode's
-speed (a batch member that ran its leader's plans) leaves the factors as they are. The request's own checks then
-decide as before, from a remembered acceptance worth LEARNED_TRIALS trials where there is one.
+again a few requests later instead of being locked out by its own record; a request that holds no mode's
+speed factor of its own (a batch member that ran its leader's plans) leaves the factors as they are. The
+request's own checks then decide as before, from a remembered acceptance worth LEARNED_TRIALS trials where
+there is one.
 """
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ class Priors(CalibrationFile):
     def remember(self, key: str, acceptance: dict[str, float | None], realized: dict[str, float] | None,
                  generic: dict[str, float], overhead: dict[str, float] | None = None) -> None:
         """A request of kind `key` ended: `acceptance` per proposer (None: too little evidence), the
-        `realized` factors of the modes it ran (None: it measured no mode's speed as its kind runs, so the
+        `realized` factors of the modes it ran (None: it holds none measured as its kind runs, so the
         factors stay as they are), the `overhead` it measured; `generic` the acceptance priors a new kind
         starts from. Merged into the entry as the file holds it when saved (`merged`)."""
         if not any(a is not None for a in acceptance.values()) and not realized:
@@ -166,9 +167,10 @@ def _merged_into(entry: dict | None, acceptance: dict[str, float | None], realiz
             known[name] = round(mean if old is None else (1 - NEW_WEIGHT) * old + NEW_WEIGHT * mean, 4)
         elif old is not None:
             known[name] = round(old + DRIFT * (generic[name] - old), 4)
-    for mode, x in entry["realized"].items() if realized is not None else ():
-        if mode not in realized:
-            entry["realized"][mode] = round(1 + (1 - DRIFT) * (x - 1), 4)
-    entry["realized"].update({mode: round(x, 4) for mode, x in (realized or {}).items()})
+    if realized is not None:
+        for mode, x in entry["realized"].items():
+            if mode not in realized:
+                entry["realized"][mode] = round(1 + (1 - DRIFT) * (x - 1), 4)
+        entry["realized"].update({mode: round(x, 4) for mode, x in realized.items()})
     entry["seen"] = _clock()
     return entry
