@@ -212,8 +212,9 @@ def test_batch_members_that_took_their_leaders_plans_leave_its_speed_factors_as_
                for e, p, n in zip(engines, prompts, lengths)]
     batch.run()
     assert [len(h.result[0]) for h in handles] == list(lengths)
-    measured = leader.planner.realized.own()
-    assert measured and all(not f.planner.realized.measured for f in followers)
     assert sizes[0] == 4 and sizes[-1] == 2  # it planned for the batch as it shrank
+    # (a follower leads once the leader has ended, which on a loaded machine may come first)
+    held = [e.planner.realized.own() for e in engines if e.planner.realized.own()]
+    assert leader.planner.realized.own() and len(held) < len(engines)
     stored = Priors(calibration / "priors-5.json").recall(leader.planner._key)["realized"]
-    assert stored == {mode: pytest.approx(x, abs=1e-4) for mode, x in measured.items()}
+    assert any(stored == {mode: pytest.approx(x, abs=1e-4) for mode, x in own.items()} for own in held), (stored, held)
