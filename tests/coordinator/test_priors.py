@@ -190,7 +190,7 @@ def test_batch_members_that_took_their_leaders_plans_leave_its_speed_factors_as_
     """In a batch one member plans (the leader) and measures its modes' speed against the model; the others
     run its plans and measure none. Each member remembers what it saw as it ends, and a member that measured
     nothing had been taken for one that ran nothing, drifting every factor halfway back to 1: at batch 8
-    the leader's 0.70 for `triforce` was remembered as 0.998, and the next batch ran it again. Nor does the
+    the leader's 0.70 for `triforce` was remembered as 1.0, and the next batch ran it again. Nor does the
     batch shrinking as its members end (4 planned for as 2 once one of the 4 has ended) make the leader's
     factors another kind's: at 0.6, where members reach their last token rounds apart, it had forgotten
     them in some batches and not in others."""

@@ -20,9 +20,10 @@ the wall time between forwards, beside batchmates (whose forwards that time hold
 a batch of 8 at 8K and 0.6 on the AMX Xeon (`benchmarks/batch_timeline.py`,
 `benchmarks/results/issue12/amx7/timeline_b8_emma_t06.json`) was priced 0.38 s of it in `triforce`,
 0.24 s in `draft` and 0.09 s in `ar`, where 2.67 s, 1.54 s and 0.31 s passed outside its model calls and
-in verification (decodes of about 15 s); per sequence, at the overheads its kind had measured alone,
-3.04 s, 1.95 s and 0.73 s: about 2.5% of the decode over in each mode, where per call it was 15%, 8% and
-1.5% under, and mode auto took `triforce` for the faster mode there. And what a batchmate's prompt chunk
+in verification (decodes of about 15 s; `benchmarks/batch_accounting.py`); per sequence, at the
+overheads its kind had measured alone, 3.04 s, 1.95 s and 0.73 s: about 2.5% of the decode over in each
+mode, where per call it was 15%, 8% and 1.5% under, and mode auto took `triforce` for the faster mode
+there. And what a batchmate's prompt chunk
 adds to a target call.
 """
 from __future__ import annotations

@@ -107,7 +107,7 @@ class PlannerEvidence:
         # (a request recalled alone whose batchmates came later measured factors that carry their forwards),
         # and where it holds any: a batch member that ran its leader's plans measured none, and passing that
         # on as "ran nothing" drifted the leader's factors back towards 1 once per member (batch 8 at 0.6 on
-        # the AMX Xeon: `triforce` measured at 0.70 of its model was remembered as 0.998, and the next batch
+        # the AMX Xeon: `triforce` measured at 0.70 of its model was remembered as 1.0, and the next batch
         # ran it for 47 of its 128 tokens again)
         realized = None if self._ran_apart else self.realized.own() or None
         self.priors.remember(self._key, seen, realized, self._generic, self.times.overhead)
