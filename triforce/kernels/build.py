@@ -28,11 +28,11 @@ KILLED_BUILD_S = 60.0  # ...where no triforce process is building (_building): a
 CSRC = Path(__file__).parent / "csrc"
 _PATH_LOCK = threading.Lock()  # _our_ninja_first
 _VECTOR_SOURCES = ("linear_bf16.cpp", "linear_f32.cpp", "linear_i8.cpp", "attention_bf16.cpp", "attention_f32.cpp",
-                   "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp")
+                   "fused_bf16.cpp", "decoder_bf16.cpp", "retrieval_bf16.cpp", "bindings.cpp")
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mavx2"]
 BUILDS = {  # level -> (sources, compiler flags)
     "avx2": (("linear_avx2.cpp", "linear_f32.cpp", "linear_i8.cpp", "attention_avx2.cpp", "attention_f32.cpp",
-              "fused_bf16.cpp", "decoder_bf16.cpp", "bindings.cpp"),
+              "fused_bf16.cpp", "decoder_bf16.cpp", "retrieval_bf16.cpp", "bindings.cpp"),
              ["-mavx2", "-mfma", "-DTRIFORCE_WITH_AMX=0"]),
     "avx512": (_VECTOR_SOURCES, _AVX512_FLAGS + ["-DTRIFORCE_WITH_AMX=0"]),
     "amx": (_VECTOR_SOURCES + ("amx.cpp", "linear_amx.cpp", "attention_amx.cpp"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .cpu import cpu_kernels
 from .linear import linear
 
 
@@ -17,8 +18,13 @@ def chunk_mean_keys(keys: torch.Tensor, chunk_size: int) -> torch.Tensor:
     Summed one position of the chunk at a time into a float32 [..., C, D]: a float32 copy of all the keys
     was fresh memory each call, and its page faults made the means of four restored 8K prompts take 2.9 s
     of a 14.3 s request in a batch of four on the Zen 4; 0.65 s of 12.4 since (`python
-    benchmarks/chunk_means_cost.py`, one run each)."""
+    benchmarks/chunk_means_cost.py`, one run each). Bfloat16 keys on a CPU with the kernels: the same sums
+    in one pass over the keys (csrc/retrieval_bf16.cpp, bit for bit these)."""
     *lead, s, d = keys.shape
+    if keys.dtype == torch.bfloat16 and keys.device.type == "cpu" and (ext := cpu_kernels()) is not None:
+        rows = keys.reshape(-1, s, d)  # a view where each row's keys are contiguous (a cache's, sliced)
+        rows = rows if rows.stride(-2) == d and rows.stride(-1) == 1 else rows.contiguous()
+        return ext.chunk_means_bf16(rows, chunk_size).view(*lead, s // chunk_size, d)
     by_position = keys.reshape(*lead, s // chunk_size, chunk_size, d)
     sums = by_position[..., 0, :].to(torch.float32, copy=True)  # (never a view of float32 keys)
     for i in range(1, chunk_size):
