@@ -18,7 +18,7 @@ def chunk_mean_keys(keys: torch.Tensor, chunk_size: int) -> torch.Tensor:
     Summed one position of the chunk at a time into a float32 [..., C, D]: a float32 copy of all the keys
     was fresh memory each call, and its page faults made the means of four restored 8K prompts take 2.9 s
     of a 14.3 s request in a batch of four on the Zen 4; 0.65 s of 12.4 since (`python
-    benchmarks/chunk_means_cost.py`, one run each). Bfloat16 keys on a CPU with the kernels: the same sums
+    benchmarks/retrieval_build_cost.py`, one run each). Bfloat16 keys on a CPU with the kernels: the same sums
     in one pass over the keys (csrc/retrieval_bf16.cpp, bit for bit these)."""
     *lead, s, d = keys.shape
     if keys.dtype == torch.bfloat16 and keys.device.type == "cpu" and (ext := cpu_kernels()) is not None:
@@ -71,7 +71,8 @@ def refill_chunks(buffers: tuple[torch.Tensor, torch.Tensor], held: torch.Tensor
     `chosen` ([..., k], distinct in each row) of `sources` ([..., S, D], contiguous), where they held `held`
     (as chosen; None: nothing): only the chosen chunks not held are copied, each over a slot whose chunk was
     not chosen, so a rebuild costs what the choice changed. Slots come in no order; attention does not
-    care. Every layer and KV head in one copy per buffer. Returns what the slots hold now."""
+    care. Every layer and KV head in one copy per buffer (on a CPU with the kernels, in one call per buffer
+    that copies each chunk whole). Returns what the slots hold now."""
     rows, k = chosen.numel() // chosen.shape[-1], chosen.shape[-1]
     chosen = chosen.reshape(rows, k)
     if held is None:
@@ -88,8 +89,13 @@ def refill_chunks(buffers: tuple[torch.Tensor, torch.Tensor], held: torch.Tensor
         entering = chosen[new]  # row-major: row by row, as leaving's slots below
         row_ids, slots = leaving.nonzero(as_tuple=True)
         held[leaving] = entering
-    offsets = torch.arange(chunk_size, device=chosen.device)
     d, cap, size = buffers[0].shape[-1], buffers[0].shape[-2], sources[0].shape[-2]
+    if buffers[0].device.type == "cpu" and (ext := cpu_kernels()) is not None:  # one copy per chunk, no index of
+        ids = [t.contiguous() for t in (row_ids, slots, entering)]  # every row (csrc/retrieval_bf16.cpp)
+        for buffer, source in zip(buffers, sources):
+            ext.copy_chunks(buffer.view(rows, cap, d), source.view(rows, size, d), *ids, chunk_size)
+        return held
+    offsets = torch.arange(chunk_size, device=chosen.device)
     src = ((row_ids * size + entering * chunk_size).unsqueeze(1) + offsets).reshape(-1)
     dst = ((row_ids * cap + slots * chunk_size).unsqueeze(1) + offsets).reshape(-1)
     for buffer, source in zip(buffers, sources):

@@ -26,6 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_bf16", &rope_bf16, "rotary embedding of [H, n, D]");
   m.def("chunk_means_bf16", &chunk_means_bf16, "the mean key of each chunk of [R, S, D] bf16 keys (float32 sums)",
         py::arg("keys"), py::arg("chunk_size"));
+  m.def("copy_chunks", &copy_chunks, "chunks of rows of src [R, S, D] into slots of dst [R, cap, D]", py::arg("dst"),
+        py::arg("src"), py::arg("rows"), py::arg("slots"), py::arg("chunks"), py::arg("chunk_size"));
   m.def("decoder_layers_bf16", &decoder_layers_bf16,
         "the decoder layers of one forward of a batch of sequences over their per-layer KV buffers",
         py::arg("x"), py::arg("weights"), py::arg("keys"), py::arg("values"), py::arg("offsets"), py::arg("rows"),

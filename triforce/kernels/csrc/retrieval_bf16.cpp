@@ -1,4 +1,4 @@
-// The mean key of each chunk of a retrieval cache's keys (kernels/retrieval.py: chunk_mean_keys), bit for
+// A retrieval cache's chunk work: the mean key of each chunk of a retrieval cache's keys (kernels/retrieval.py: chunk_mean_keys), bit for
 // bit as its torch loop computes it: each chunk's keys summed in float32 one position after another, the sum
 // divided by the chunk size and rounded to bfloat16 (to nearest, ties to even). The torch loop makes a pass
 // over the whole float32 sum for every position of a chunk; this reads each chunk once, 1 KB of keys at a
@@ -54,4 +54,32 @@ at::Tensor chunk_means_bf16(at::Tensor keys, int64_t chunk_size) {
     }
   });
   return out;
+}
+
+// dst[rows[i], slots[i] * c : (slots[i] + 1) * c] = src[rows[i], chunks[i] * c : (chunks[i] + 1) * c] for every i,
+// c = chunk_size; dst [R, cap, D] and src [R, S, D] of one dtype, each row's [., D] contiguous (kernels/retrieval.py:
+// refill_chunks, which took 20-30 ms of a first build at 8K in index_select / index_copy_ and their index tensors
+// of every row of every chunk).
+void copy_chunks(at::Tensor dst, at::Tensor src, at::Tensor rows, at::Tensor slots, at::Tensor chunks, int64_t chunk_size) {
+  TORCH_CHECK(dst.dim() == 3 && src.dim() == 3 && dst.scalar_type() == src.scalar_type() && dst.size(0) == src.size(0)
+              && dst.size(2) == src.size(2), "copy_chunks: dst [R, cap, D] and src [R, S, D] of one dtype");
+  TORCH_CHECK(dst.stride(2) == 1 && dst.stride(1) == dst.size(2) && src.stride(2) == 1 && src.stride(1) == src.size(2),
+              "copy_chunks: each row's [., D] contiguous");
+  for (const auto& ids : {rows, slots, chunks})
+    TORCH_CHECK(ids.scalar_type() == at::kLong && ids.is_contiguous() && ids.numel() == rows.numel(),
+                "copy_chunks: rows, slots and chunks as int64 [m]");
+  const int64_t m = rows.numel(), width = chunk_size * dst.size(2) * dst.element_size();
+  const int64_t* row = rows.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t* chunk = chunks.data_ptr<int64_t>();
+  for (int64_t i = 0; i < m; ++i)  // (every copy inside both buffers: an index out of range fails, never writes)
+    TORCH_CHECK(row[i] >= 0 && row[i] < dst.size(0) && slot[i] >= 0 && (slot[i] + 1) * chunk_size <= dst.size(1)
+                && chunk[i] >= 0 && (chunk[i] + 1) * chunk_size <= src.size(1), "copy_chunks: a chunk out of range");
+  auto* out = static_cast<char*>(dst.data_ptr());
+  const auto* in = static_cast<const char*>(src.data_ptr());
+  const int64_t out_row = dst.stride(0) * dst.element_size(), in_row = src.stride(0) * src.element_size();
+  at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      std::memcpy(out + row[i] * out_row + slot[i] * width, in + row[i] * in_row + chunk[i] * width, width);
+  });
 }

@@ -1,4 +1,5 @@
-"""The chunk-means kernel (csrc/retrieval_bf16.cpp) against chunk_mean_keys' torch loop, bit for bit."""
+"""The retrieval cache's CPU kernels (csrc/retrieval_bf16.cpp) against the torch code of kernels/retrieval.py: chunk
+    means bit for bit, chunk copies byte for byte."""
 import pytest
 import torch
 
@@ -42,3 +43,35 @@ def test_chunk_means_kernel_refuses_bad_input(level):
         ext.chunk_means_bf16(torch.zeros(2, 10, 64, dtype=torch.bfloat16), 8)
     with pytest.raises(RuntimeError, match="bfloat16"):
         ext.chunk_means_bf16(torch.zeros(2, 16, 64), 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_refill_chunks_copies_as_the_torch_path(level, monkeypatch, dtype):
+    """refill_chunks through the kernel's chunk copies against its torch indexing: a first fill and a later
+    one that keeps some chunks where they are; every slot and the rest of the buffers alike."""
+    sources = tuple(torch.randn(2, 3, 96, 16).to(dtype) for _ in range(2))
+    first = torch.stack([torch.randperm(12)[:5] for _ in range(6)]).view(2, 3, 5)
+    later = torch.stack([torch.cat([row[:2], torch.tensor([c for c in range(12) if c not in row][:3])])
+                         for row in first.view(6, 5)]).view(2, 3, 5)
+    results = []
+    for kernels in (False, True):
+        with monkeypatch.context() as patch:
+            if not kernels:
+                patch.setattr(retrieval, "cpu_kernels", lambda: None)
+            buffers = tuple(torch.full((2, 3, 50, 16), 7.0, dtype=dtype) for _ in range(2))
+            held = retrieval.refill_chunks(buffers, None, first, sources, 8)
+            held = retrieval.refill_chunks(buffers, held, later, sources, 8)
+            results.append((held, buffers))
+    (held_torch, want), (held_kernel, got) = results
+    assert torch.equal(held_kernel, held_torch)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    slots = held_kernel.view(2, 3, 5, 1, 1) * 8 + torch.arange(8).view(1, 1, 1, 8, 1)  # the chunks' keys, by slot
+    expect = sources[0].gather(2, slots.reshape(2, 3, 40, 1).expand(-1, -1, -1, 16))
+    assert torch.equal(got[0][:, :, :40], expect)
+
+
+def test_copy_chunks_refuses_a_chunk_out_of_range(level):
+    dst, src = torch.zeros(2, 16, 4), torch.zeros(2, 24, 4)
+    ids = [torch.tensor([1]), torch.tensor([2]), torch.tensor([0])]  # slot 2 of 8 rows ends past 16
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_kernels().copy_chunks(dst, src, *ids, 8)
