@@ -25,7 +25,8 @@ at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);
 at::Tensor silu_mul_bf16(at::Tensor gate_up);
 at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin);
 at::Tensor chunk_means_bf16(at::Tensor keys, int64_t chunk_size);
-void copy_chunks(at::Tensor dst, at::Tensor src, at::Tensor rows, at::Tensor slots, at::Tensor chunks, int64_t chunk_size);
+void copy_chunks(at::Tensor dst, at::Tensor src, at::Tensor rows, at::Tensor slots, at::Tensor chunks,
+                 int64_t chunk_size);
 at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weights,
                                const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                                const std::vector<int64_t>& offsets, const std::vector<int64_t>& rows,

@@ -1,8 +1,10 @@
-// A retrieval cache's chunk work: the mean key of each chunk of a retrieval cache's keys (kernels/retrieval.py: chunk_mean_keys), bit for
-// bit as its torch loop computes it: each chunk's keys summed in float32 one position after another, the sum
-// divided by the chunk size and rounded to bfloat16 (to nearest, ties to even). The torch loop makes a pass
-// over the whole float32 sum for every position of a chunk; this reads each chunk once, 1 KB of keys at a
-// time (chunk 8, head dim 64): SmolLM2's 8K prompt's means took 31 ms in a request, a third of that here.
+// A retrieval cache's build (kernels/retrieval.py), two steps of it in one call each:
+// - chunk_means_bf16: the mean key of each chunk (chunk_mean_keys), bit for bit as its torch loop computes
+//   it: a chunk's keys summed in float32 one position after another, the sum divided by the chunk size and
+//   rounded to bfloat16 (to nearest, ties to even). The torch loop passes over the whole float32 sum once
+//   per position of a chunk; this reads each chunk once (1 KB of keys: chunk 8, head dim 64). SmolLM2's
+//   8K prompt: 31 ms of means per sequence in a request, 6-8 ms here (docs/speed.md).
+// - copy_chunks: the chosen chunks copied into the cache's buffers (refill_chunks), one memcpy per chunk.
 // Plain C++ that the compiler vectorises at each level's flags.
 #include "kernels.h"  // what this file defines, declared as its callers see it
 
@@ -56,11 +58,11 @@ at::Tensor chunk_means_bf16(at::Tensor keys, int64_t chunk_size) {
   return out;
 }
 
-// dst[rows[i], slots[i] * c : (slots[i] + 1) * c] = src[rows[i], chunks[i] * c : (chunks[i] + 1) * c] for every i,
-// c = chunk_size; dst [R, cap, D] and src [R, S, D] of one dtype, each row's [., D] contiguous (kernels/retrieval.py:
-// refill_chunks, which took 20-30 ms of a first build at 8K in index_select / index_copy_ and their index tensors
-// of every row of every chunk).
-void copy_chunks(at::Tensor dst, at::Tensor src, at::Tensor rows, at::Tensor slots, at::Tensor chunks, int64_t chunk_size) {
+// dst[rows[i], slots[i] * c : (slots[i] + 1) * c] = src[rows[i], chunks[i] * c : (chunks[i] + 1) * c] for each i,
+// c = chunk_size; dst [R, cap, D] and src [R, S, D] of one dtype, each row's [., D] contiguous (refill_chunks
+// took 20-35 ms of a first build at 8K in index_select / index_copy_ and their index tensors of every row).
+void copy_chunks(at::Tensor dst, at::Tensor src, at::Tensor rows, at::Tensor slots, at::Tensor chunks,
+                 int64_t chunk_size) {
   TORCH_CHECK(dst.dim() == 3 && src.dim() == 3 && dst.scalar_type() == src.scalar_type() && dst.size(0) == src.size(0)
               && dst.size(2) == src.size(2), "copy_chunks: dst [R, cap, D] and src [R, S, D] of one dtype");
   TORCH_CHECK(dst.stride(2) == 1 && dst.stride(1) == dst.size(2) && src.stride(2) == 1 && src.stride(1) == src.size(2),
