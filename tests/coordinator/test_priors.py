@@ -186,21 +186,22 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
     assert request_key(wider, greedy) != request_key(engine.ladder, greedy)
 
 
-def test_batch_members_that_took_their_leaders_plans_leave_its_speed_factors_as_measured(models, calibration):
+@pytest.mark.parametrize("lengths", [(96, 96, 40, 96), (112, 40, 40, 40)])  # the second: the leader outlives the rest
+def test_batch_members_that_took_their_leaders_plans_leave_its_speed_factors_as_measured(models, calibration, lengths):
     """In a batch one member plans (the leader) and measures its modes' speed against the model; the others
     run its plans and measure none. Each member remembers what it saw as it ends, and a member that measured
     nothing had been taken for one that ran nothing, drifting every factor halfway back to 1: at batch 8
     the leader's 0.70 for `triforce` was remembered as 1.0, and the next batch ran it again. Nor does the
     batch shrinking as its members end (4 planned for as 2 once one of the 4 has ended) make the leader's
     factors another kind's: at 0.6, where members reach their last token rounds apart, it had forgotten
-    them in some batches and not in others."""
+    them in some batches and not in others; nor a leader that outlives the others and plans alone at the
+    end (it stored nothing: the suite's one failure at 5343999, the others having ended first)."""
     from triforce.coordinator.batch import SequenceBatch
     from triforce.coordinator.batchmates import Batchmates
 
     target, draft = models
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, 8, (80,), generator=g).tolist() for _ in range(4)]
-    lengths = (96, 96, 40, 96)
     mates = Batchmates()
     engines = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, draft, 200, batchmates=mates)
                for _ in prompts]
@@ -212,7 +213,9 @@ def test_batch_members_that_took_their_leaders_plans_leave_its_speed_factors_as_
                for e, p, n in zip(engines, prompts, lengths)]
     batch.run()
     assert [len(h.result[0]) for h in handles] == list(lengths)
-    assert sizes[0] == 4 and sizes[-1] == 2  # it planned for the batch as it shrank
+    # it planned for the batch as it shrank: for 2, or where the others ended first on a loaded machine, for
+    # itself alone (which had made its factors another kind's: not stored)
+    assert sizes[0] == 4 and sizes[-1] < 4 and (lengths[0] < 112 or sizes[-1] == 1)
     # (a follower leads once the leader has ended, which on a loaded machine may come first)
     held = [e.planner.realized.own() for e in engines if e.planner.realized.own()]
     assert leader.planner.realized.own() and len(held) < len(engines)
