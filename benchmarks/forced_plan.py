@@ -6,9 +6,10 @@ from the planner's choices. Runs take turns in one process (the prompts' KV rest
     python benchmarks/forced_plan.py draft:4:6 triforce:4:6 retrieval:4:6 triforce:1:3 [--batch 8]
         [--length 7936] [--temperature 0.6] [--max-new-tokens 128] [--texts ../shared/data/austen-*.txt]
 
-Each run is MODE:GAMMA1:GAMMA2. Prints per stretch a line and per run a JSON line: the aggregate tokens/s
-(generated tokens over the longest request's decode) and each stretch's ratio (reached over predicted,
-for the batch). Plans from $TRIFORCE_HOME's cost table and priors, as mode auto would (a calibration folder
+Each run is MODE:GAMMA1:GAMMA2. Prints per stretch a line (its tokens and ratio) and per run a JSON line: the aggregate tokens/s
+(generated tokens over the longest request's decode), each stretch's ratio (reached over predicted, for
+the batch) and the modes that ran: a mode that is no candidate at this length (a retrieval tier needs a
+context of twice its budget) does not. Plans from $TRIFORCE_HOME's cost table and priors, as mode auto would (a calibration folder
 holding only the costs and proposer timings starts every run from the generic priors)."""
 from __future__ import annotations
 
@@ -19,27 +20,24 @@ import time
 
 import triforce.coordinator.planning as planning
 from triforce import LLM, SamplingParams
+from triforce.coordinator.realized import RealizedSpeed
 
 
 def force(mode_of_run: dict, stretches: list) -> None:
     """Makes `mode_of_run["mode"]` the planner's only choice at the configured gammas, with no `ar` probe, and
-    records each stretch the leader measures."""
-    realized, observe_rate = planning.AutoPlanner._realized, planning.AutoPlanner.observe_rate
+    records each stretch's ratio as the planner measures it (AutoPlanner.observe_rate, the leader's)."""
+    realized, observe = planning.AutoPlanner._realized, RealizedSpeed.observe
     planning.AR_PROBE, planning.GAMMA_MARGIN = 0.0, float("inf")  # no probe; the configured gammas
 
     def scaled(self, mode):  # (scoring only: the stretches are measured against the model itself)
         return 1e6 if mode == mode_of_run["mode"] else realized(self, mode)
 
-    def observed(self, plan, tokens_per_s, tokens):
-        if plan.mode in self.times.scaled and self.times.evidence:
-            predicted = self.predicted(plan, self.times.per_sequence(plan.stack, now=True), stretch=True)
-            checks = {n: round(a.mean, 3) for n, a in self._stretch.items() if a.trials}
-            stretches.append({"tokens": tokens, "ratio": round(tokens_per_s * self._batch / predicted, 3)})
-            print(f"    stretch {plan.mode} {list(plan.gammas)}: {tokens_per_s * self._batch:.1f} tokens/s for the "
-                  f"batch, the model {predicted:.1f} at its checks' acceptance {checks}", flush=True)
-        return observe_rate(self, plan, tokens_per_s, tokens)
+    def observed(self, mode, ratio, tokens):
+        stretches.append({"tokens": tokens, "ratio": round(ratio, 3)})
+        print(f"    stretch {mode}: {tokens} tokens at {ratio:.3f} of the model", flush=True)
+        return observe(self, mode, ratio, tokens)
 
-    planning.AutoPlanner._realized, planning.AutoPlanner.observe_rate = scaled, observed
+    planning.AutoPlanner._realized, RealizedSpeed.observe = scaled, observed
 
 
 def main() -> None:

@@ -285,7 +285,8 @@ class AutoEngine(HierarchyEngine):
         else:
             self.planner.times.observe_cost(self.planner.running, tier.name, tokens, seconds)
         ended = self.own.now() if together else began + seconds
-        self._last = None if tier.shared_prefill else (tier.name, role_at(level), tokens if level else 1, ended, together)
+        self._last = None if tier.shared_prefill else \
+            (tier.name, role_at(level), tokens if level else 1, ended, together)
         if self._rows_timed_on == "random" and tier is self.ladder[-1] and isinstance(logits, torch.Tensor) and \
                 len(logits):
             # Random rows priced top-p as a sort of the whole vocabulary, where a model's row ranks its few

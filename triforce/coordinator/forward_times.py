@@ -23,8 +23,7 @@ a batch of 8 at 8K and 0.6 on the AMX Xeon (`benchmarks/batch_timeline.py`,
 in verification (decodes of about 15 s; `benchmarks/batch_accounting.py`); per sequence, at the
 overheads its kind had measured alone, 3.04 s, 1.95 s and 0.73 s: about 2.5% of the decode over in each
 mode, where per call it was 15%, 8% and 1.5% under, and mode auto took `triforce` for the faster mode
-there. And what a batchmate's prompt chunk
-adds to a target call.
+there. And what a batchmate's prompt chunk adds to a target call.
 """
 from __future__ import annotations
 
