@@ -6,11 +6,12 @@ from the planner's choices. Runs take turns in one process (the prompts' KV rest
     python benchmarks/forced_plan.py draft:4:6 triforce:4:6 retrieval:4:6 triforce:1:3 [--batch 8]
         [--length 7936] [--temperature 0.6] [--max-new-tokens 128] [--texts ../shared/data/austen-*.txt]
 
-Each run is MODE:GAMMA1:GAMMA2. Prints per stretch a line (its tokens and ratio) and per run a JSON line: the aggregate tokens/s
-(generated tokens over the longest request's decode), each stretch's ratio (reached over predicted, for
-the batch) and the modes that ran: a mode that is no candidate at this length (a retrieval tier needs a
-context of twice its budget) does not. Plans from $TRIFORCE_HOME's cost table and priors, as mode auto would (a calibration folder
-holding only the costs and proposer timings starts every run from the generic priors)."""
+Each run is MODE:GAMMA1:GAMMA2. Prints per stretch a line (its tokens and ratio) and per run a JSON line:
+the aggregate tokens/s (generated tokens over the longest request's decode), each stretch's ratio (reached
+over predicted, for the batch) and the modes that ran: a mode that is no candidate at this length (a
+retrieval tier needs a context of twice its budget) does not. Plans from $TRIFORCE_HOME's cost table and
+priors, as mode auto would (a calibration folder holding only the costs and proposer timings starts every
+run from the generic priors)."""
 from __future__ import annotations
 
 import argparse
