@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from triforce.cache.full import FullKVCache
 from triforce.cache.retrieval import LocalKVSource, RetrievalKVCache
-from triforce.cache.streaming import StreamingKVCache
+from triforce.cache.streaming import TURN_BLOCK, StreamingKVCache
 from triforce.kernels.fused import rope
 from triforce.models.config import ModelConfig
 from triforce.models.rope import RotaryEmbedding
@@ -157,6 +157,27 @@ def test_streaming_cache_matches_reference(ops, sinks, window):
             torch.testing.assert_close(scores(q, keys), scores(signed_rotate(new[layer][0], positions - shift),
                                                                signed_rotate(ks, rotated)))
             torch.testing.assert_close(values, vs)
+
+
+def test_a_streaming_cache_turns_its_sinks_as_each_shift_alone():
+    """The sinks a forward sees, turned for TURN_BLOCK shifts at once and kept, equal bit for bit the sinks
+    turned by that forward's shift alone: across blocks, after rollbacks, and after the sinks change."""
+    sinks, window = 3, 5
+    cache = StreamingKVCache(CFG, sinks, window, 9, ROPE, torch.float32, "cpu")
+    turned_by = set()
+    for round_ in range(2):  # the second after a reset: other sinks
+        for step, (n, back) in enumerate([(2, 0), (4, 0)] + [(3, 2), (1, 0), (5, 4), (2, 1)] * 12):
+            before = cache.length
+            seen = forward(cache, n, 100 * round_ + step)[0]
+            if before - window > sinks:
+                shift = torch.tensor(before - window - sinks)
+                turned_by.add(int(shift))
+                want = rope(cache.sink_k.reshape(-1, sinks, D), *ROPE.turn(shift.expand(sinks), torch.float32))
+                got = torch.stack([keys[:, :sinks] for _, keys, _ in seen])
+                assert torch.equal(got, want.view(CFG.num_layers, HKV, sinks, D))
+            cache.rollback(back)
+        cache.reset()
+    assert max(turned_by) - min(turned_by) > 2 * TURN_BLOCK
 
 
 def signed_rotate(x, positions):

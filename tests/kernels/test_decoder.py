@@ -84,9 +84,9 @@ def test_fused_layers_equal_the_layer_loop_bit_for_bit(level, tmp_path, arch, in
 
 def decode_streaming(model, fused):
     """A draft's streaming cache (4 sinks, a window of 12, a store of 2 x (12 + 8) entries) through a
-    prefill, a skip, chains and trees that slide the window past compactions of the store, a rollback and
-    kept paths; then a batch beside a fresh streaming cache whose sinks are not full (it declines the
-    fused loop, so both run the layer loop). Returns every forward's logits and the caches' stored keys."""
+    prefill, a skip, chains and trees that slide the window past compactions of the store, rollbacks and
+    kept paths; then batches beside a fresh streaming cache whose sinks are not full (it declines the
+    fused loop, so both run the layer loop) between forwards of its own. Returns every forward's logits and the caches' stored keys."""
     saved = model.fused_layers
     model.fused_layers = fused
     try:
@@ -94,8 +94,10 @@ def decode_streaming(model, fused):
         cache = StreamingKVCache(model.config, 4, 12, 8, model.rope, model.dtype, "cpu")
         logits = [model(torch.randint(3, 96, (30,), generator=g), cache)]
         cache.skip(20)
-        for n in (1, 3, 5, 2, 1, 4) * 4:
+        for i, n in enumerate((1, 3, 5, 2, 1, 4) * 4):
             logits.append(model(torch.randint(3, 96, (n,), generator=g), cache))
+            if i % 6 == 4 and i > 6:  # a draft's rejected proposals: the window moves back over entries it had
+                cache.rollback(3)  # left (the last forward's began one token later than this one's will)
         cache.rollback(3)
         for parents, path in (([-1, 0, 0, 1, 2, 2, 3], [0, 2, 5]), ([-1, -1, 0, 1], [1, 3])):
             tokens, start = torch.randint(3, 96, (len(parents),), generator=g), cache.length
@@ -105,7 +107,11 @@ def decode_streaming(model, fused):
         fresh = StreamingKVCache(model.config, 4, 12, 8, model.rope, model.dtype, "cpu")
         steps = [Step.chain(torch.randint(3, 96, (2,), generator=g), c.length) for c in (cache, fresh)]
         logits += model.forward_batch(steps, [cache, fresh])
-        logits.append(model(torch.randint(3, 96, (3,), generator=g), cache))
+        for n in (1, 3):  # the layer loop wrote the store alone: the view must take those entries from it
+            logits.append(model(torch.randint(3, 96, (n,), generator=g), cache))
+            steps = [Step.chain(torch.randint(3, 96, (1,), generator=g), c.length) for c in (cache, fresh)]
+            logits += model.forward_batch(steps, [cache, fresh])
+        logits.append(model(torch.randint(3, 96, (2,), generator=g), cache))
         return logits, cache.recent_k.clone(), cache.sink_k.clone()
     finally:
         model.fused_layers = saved
@@ -113,7 +119,7 @@ def decode_streaming(model, fused):
 
 def test_a_streaming_cache_takes_the_fused_loop_bit_for_bit(level, tmp_path, monkeypatch):
     """Past its sinks, a draft's forwards of a few tokens run the fused loop over the streaming cache's
-    sinks and window (copied into one buffer per layer) and store what the layer loop stores."""
+    sinks and window (a view that mirrors the store) and store what the layer loop stores."""
     model = load_model(write_tiny_checkpoint(tmp_path, vocab_size=96, hidden_size=256, num_heads=4, num_kv_heads=2,
                                              scale=10.0), "bfloat16")
     calls = []
@@ -122,7 +128,7 @@ def test_a_streaming_cache_takes_the_fused_loop_bit_for_bit(level, tmp_path, mon
     monkeypatch.setattr(ext, "decoder_layers_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     fused = decode_streaming(model, model.fused_layers)
     # every forward but the prefill (it fills the sinks) and the batch beside a cache whose sinks are not full
-    assert calls == [1, 3, 5, 2, 1, 4] * 4 + [7, 2, 4, 2, 3]
+    assert calls == [1, 3, 5, 2, 1, 4] * 4 + [7, 2, 4, 2, 1, 3, 2]
     plain = decode_streaming(model, None)
     for got, want in zip(fused[0], plain[0]):
         assert torch.equal(got, want)

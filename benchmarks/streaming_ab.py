@@ -1,0 +1,85 @@
+"""The draft's step over this checkout's streaming cache against the one of an earlier revision, paired:
+both caches' batches take turns step by step in one process (this host's noise moves one run's step time
+by half; a pair's two steps see the same moment).
+
+    python benchmarks/streaming_ab.py --against REV [--batch 1 4 8] [--steps 300]
+
+SmolLM2's shipped draft in bfloat16 (the fused layer loop), sinks 16, window 256; each batch's B
+sequences prefilled with 1,024 tokens of *Emma* (offsets 100 apart), then one-token steps whose logits
+of the last row are kept, as proposals take them, every fourth followed by a rollback of three (the
+window moves back over entries it had left). Prints a JSON line per batch size: the median ms of a step
+each way, the median of the pairs' ratios (before / now) and whether every step's logits were equal.
+Only triforce/cache/streaming.py comes from REV (the model, kernels and the rest are this checkout's).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import triforce.cache.streaming as current
+from triforce import LLM
+from triforce.step import Step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def module_at(rev: str):
+    """triforce/cache/streaming.py as it was at `rev`, imported beside this checkout's."""
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:triforce/cache/streaming.py"], check=True,
+                            capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "streaming_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("triforce.cache.streaming_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", required=True, help="the revision whose streaming cache to compare with")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--text", default=str(ROOT.parent / "shared/data/austen-emma.txt"))
+    args = parser.parse_args()
+    before = module_at(args.against)
+    llm = LLM("smollm2", mode="draft", dtype="bfloat16")
+    draft = llm.draft
+    ids = llm.encode(Path(args.text).read_text(encoding="utf-8"))[:100 * max(args.batch) + 1100 + args.steps]
+    for batch in args.batch:
+        caches = {}
+        for name, module in (("before", before), ("now", current)):
+            caches[name] = []
+            for b in range(batch):
+                cache = module.StreamingKVCache(draft.config, 16, 256, 64, draft.rope, draft.dtype, "cpu")
+                draft(torch.tensor(ids[100 * b:100 * b + 1024]), cache, logits_for="none")
+                caches[name].append(cache)
+        seconds, logits = {"before": [], "now": []}, {"before": [], "now": []}
+        for i in range(args.steps):
+            for name in ("before", "now") if i % 2 else ("now", "before"):
+                steps = [Step.chain(torch.tensor([ids[1024 + i + b]]), c.length) for b, c in enumerate(caches[name])]
+                start = time.perf_counter()
+                out = draft.forward_batch(steps, caches[name], "last")
+                seconds[name].append(time.perf_counter() - start)
+                logits[name].append(torch.cat(out))
+                if i % 4 == 3:
+                    for cache in caches[name]:
+                        cache.rollback(3)
+        ratios = [b / n for b, n in zip(seconds["before"], seconds["now"])]
+        print(json.dumps({"batch": batch, "against": args.against,
+                          **{f"{name}_ms": round(1e3 * statistics.median(s), 3) for name, s in seconds.items()},
+                          "median_ratio": round(statistics.median(ratios), 3),
+                          "logits_equal": all(torch.equal(a, b) for a, b in zip(logits["before"], logits["now"]))}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
