@@ -10,10 +10,19 @@ of the last row are kept, as proposals take them, every fourth followed by a rol
 window moves back over entries it had left). Prints a JSON line per batch size: the median ms of a step
 each way, the median of the pairs' ratios (before / now) and whether every step's logits were equal.
 Only triforce/cache/streaming.py comes from REV (the model, kernels and the rest are this checkout's).
+
+    python benchmarks/streaming_ab.py --against REV --modes draft triforce [--batch 8] [--length 7936]
+        [--temperature 0] [--max-new-tokens 128] [--turns 3]
+
+instead runs whole requests: LLM.generate of B prompts cut from the six novels (their KV restored from a
+prefix store after a first, unmeasured turn), each mode's turns alternating between the two caches. Prints
+per mode and batch size the aggregate tokens/s of each turn (generated tokens over the longest decode),
+the median of the turns' ratios and whether the outputs were equal.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib.util
 import json
 import statistics
@@ -25,7 +34,8 @@ from pathlib import Path
 import torch
 
 import triforce.cache.streaming as current
-from triforce import LLM
+import triforce.coordinator.hierarchy as hierarchy
+from triforce import LLM, SamplingParams
 from triforce.step import Step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +59,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--text", default=str(ROOT.parent / "shared/data/austen-emma.txt"))
+    parser.add_argument("--modes", nargs="+", help="run whole requests of these modes (draft, triforce)")
+    parser.add_argument("--length", type=int, default=7936)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--turns", type=int, default=3, help="measured turns each way (--modes)")
     args = parser.parse_args()
     before = module_at(args.against)
+    if args.modes:
+        generate(args, before)
+        return
     llm = LLM("smollm2", mode="draft", dtype="bfloat16")
     draft = llm.draft
     ids = llm.encode(Path(args.text).read_text(encoding="utf-8"))[:100 * max(args.batch) + 1100 + args.steps]
@@ -79,6 +97,36 @@ def main() -> None:
                           "median_ratio": round(statistics.median(ratios), 3),
                           "logits_equal": all(torch.equal(a, b) for a, b in zip(logits["before"], logits["now"]))}),
               flush=True)
+
+
+def generate(args, before) -> None:
+    """--modes: whole requests, turns alternating between the caches (the module docstring)."""
+    texts = sorted(glob.glob(str(ROOT.parent / "shared/data/austen-*.txt")))
+    for mode in args.modes:
+        llm = LLM("smollm2", mode=mode, dtype="bfloat16", prefix_cache_gb=4)
+        files = [llm.tokenizer(Path(t).read_text(encoding="utf-8"))["input_ids"] for t in texts]
+        for batch in args.batch:
+            prompts = [files[i % len(files)][:args.length] for i in range(batch)]
+            params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, seed=0,
+                                    ignore_eos=True)
+            rates, outputs = {"before": [], "now": []}, {"before": [], "now": []}
+            for turn in range(2 * args.turns + 1):  # the first fills the prefix store, unmeasured
+                name = ("now", "before")[turn % 2]
+                hierarchy.StreamingKVCache = (current if name == "now" else before).StreamingKVCache
+                outs = llm.generate(prompts, params)
+                if turn:
+                    decode = max(o.metrics.decode_s for o in outs)
+                    rates[name].append(sum(len(o.token_ids) for o in outs) / decode)
+                    outputs[name].append([o.token_ids for o in outs])
+            hierarchy.StreamingKVCache = current.StreamingKVCache
+            ratios = [n / b for b, n in zip(rates["before"], rates["now"])]
+            print(json.dumps({"mode": mode, "batch": batch, "length": args.length, "temperature": args.temperature,
+                              "against": args.against,
+                              **{f"{name}_tokens_per_s": [round(r, 2) for r in rs] for name, rs in rates.items()},
+                              "median_ratio": round(statistics.median(ratios), 3),
+                              "outputs_equal": all(o == outputs["now"][0] for rs in outputs.values() for o in rs)}),
+                  flush=True)
+        del llm
 
 
 if __name__ == "__main__":

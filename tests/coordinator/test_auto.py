@@ -744,7 +744,7 @@ def test_beside_batchmates_a_request_measures_its_own_time_between_forwards(mode
     sequence's own: a batch pays it per member (forward_times.py). Beside batchmates the wall time between
     its forwards holds theirs, so it had gone unmeasured, and the model priced a batch with none
     (`triforce` at batch 8 and 0.6 on the AMX Xeon spent 2.67 s of a 15 s decode there). It is the run's own
-    time now (runs.OwnTime): with every model call made to take 30 ms, and one request's target another
+    time now (runs.OwnTime): with every model call made to take 60 ms, and one request's target another
     copy of the weights (so its target forwards are calls of their own, which the others' wait through),
     what each request measured is still its own few milliseconds."""
     from triforce.coordinator import tiers as tiers_module
@@ -753,7 +753,7 @@ def test_beside_batchmates_a_request_measures_its_own_time_between_forwards(mode
     forward_together = tiers_module.forward_together
 
     def slow(*args, **kwargs):
-        end = time.perf_counter() + 0.03
+        end = time.perf_counter() + 0.06
         while time.perf_counter() < end:
             pass
         return forward_together(*args, **kwargs)
@@ -775,5 +775,6 @@ def test_beside_batchmates_a_request_measures_its_own_time_between_forwards(mode
     for engine in engines:
         overhead = engine.planner.times.overhead
         # (past the rows' processing, timed apart: on a loaded machine it may take all of it; the suite's
-        # two workers once made an `ar` stretch's own time 10.8 ms, so the calls take 30 ms and the bound is half)
-        assert overhead and all(0 <= seconds < 0.015 for seconds in overhead.values()), overhead
+        # two workers once made an `ar` stretch's own time 10.8 ms, and at b74b80c a `draft` stretch's 18.3
+        # ms, so the calls take 60 ms and the bound is half)
+        assert overhead and all(0 <= seconds < 0.03 for seconds in overhead.values()), overhead
