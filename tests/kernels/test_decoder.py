@@ -86,7 +86,8 @@ def decode_streaming(model, fused):
     """A draft's streaming cache (4 sinks, a window of 12, a store of 2 x (12 + 8) entries) through a
     prefill, a skip, chains and trees that slide the window past compactions of the store, rollbacks and
     kept paths; then batches beside a fresh streaming cache whose sinks are not full (it declines the
-    fused loop, so both run the layer loop) between forwards of its own. Returns every forward's logits and the caches' stored keys."""
+    fused loop, so both run the layer loop) between forwards of its own. Returns every forward's logits
+    and the caches' stored keys."""
     saved = model.fused_layers
     model.fused_layers = fused
     try:
