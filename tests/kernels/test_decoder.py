@@ -97,8 +97,8 @@ def decode_streaming(model, fused):
         cache.skip(20)
         for i, n in enumerate((1, 3, 5, 2, 1, 4) * 4):
             logits.append(model(torch.randint(3, 96, (n,), generator=g), cache))
-            if i % 6 == 4 and i > 6:  # a draft's rejected proposals: the window moves back over entries it had
-                cache.rollback(3)  # left (the last forward's began one token later than this one's will)
+            if i % 6 == 4 and i > 6:  # a draft's rejected proposals: the next forward begins two tokens before
+                cache.rollback(3)  # the last one did, so its window takes back entries that had left it
         cache.rollback(3)
         for parents, path in (([-1, 0, 0, 1, 2, 2, 3], [0, 2, 5]), ([-1, -1, 0, 1], [1, 3])):
             tokens, start = torch.randint(3, 96, (len(parents),), generator=g), cache.length
