@@ -59,7 +59,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--text", default=str(ROOT.parent / "shared/data/austen-emma.txt"))
-    parser.add_argument("--modes", nargs="+", help="run whole requests of these modes (draft, triforce)")
+    parser.add_argument("--modes", nargs="+", choices=("draft", "triforce"),
+                        help="run whole requests of these modes (the fixed modes with a draft)")
     parser.add_argument("--length", type=int, default=7936)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
