@@ -8,7 +8,9 @@ SmolLM2's shipped draft in bfloat16 (the fused layer loop), sinks 16, window 256
 sequences prefilled with 1,024 tokens of *Emma* (offsets 100 apart), then one-token steps whose logits
 of the last row are kept, as proposals take them, every fourth followed by a rollback of three (the
 window moves back over entries it had left). Prints a JSON line per batch size: the median ms of a step
-each way, the median of the pairs' ratios (before / now) and whether every step's logits were equal.
+each way, the median of the pairs' ratios (before / now) and whether every step's logits were equal; with
+--hooks also each way's ms per step in the caches' `begin`, `layer_buffers` and `end`, all sequences
+together (timers around them, which add their own few microseconds per call).
 Only triforce/cache/streaming.py comes from REV (the model, kernels and the rest are this checkout's).
 
     python benchmarks/streaming_ab.py --against REV --modes draft triforce [--batch 8] [--length 7936]
@@ -65,11 +67,14 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--turns", type=int, default=3, help="measured turns each way (--modes)")
+    parser.add_argument("--hooks", action="store_true", help="also time the caches' begin, layer_buffers, end")
     args = parser.parse_args()
     before = module_at(args.against)
     if args.modes:
         generate(args, before)
         return
+    hooks = {"before": timed_hooks(before.StreamingKVCache), "now": timed_hooks(current.StreamingKVCache)} \
+        if args.hooks else None
     llm = LLM("smollm2", mode="draft", dtype="bfloat16")
     draft = llm.draft
     ids = llm.encode(Path(args.text).read_text(encoding="utf-8"))[:100 * max(args.batch) + 1100 + args.steps]
@@ -82,6 +87,8 @@ def main() -> None:
                 draft(torch.tensor(ids[100 * b:100 * b + 1024]), cache, logits_for="none")
                 caches[name].append(cache)
         seconds, logits = {"before": [], "now": []}, {"before": [], "now": []}
+        for spent in (hooks or {}).values():
+            spent.clear()
         for i in range(args.steps):
             for name in ("before", "now") if i % 2 else ("now", "before"):
                 steps = [Step.chain(torch.tensor([ids[1024 + i + b]]), c.length) for b, c in enumerate(caches[name])]
@@ -96,8 +103,25 @@ def main() -> None:
         print(json.dumps({"batch": batch, "against": args.against,
                           **{f"{name}_ms": round(1e3 * statistics.median(s), 3) for name, s in seconds.items()},
                           "median_ratio": round(statistics.median(ratios), 3),
-                          "logits_equal": all(torch.equal(a, b) for a, b in zip(logits["before"], logits["now"]))}),
+                          "logits_equal": all(torch.equal(a, b) for a, b in zip(logits["before"], logits["now"])),
+                          **({f"{name}_hooks_ms": {hook: round(1e3 * t / args.steps, 3) for hook, t in spent.items()}
+                              for name, spent in hooks.items()} if hooks else {})}),
               flush=True)
+
+
+def timed_hooks(cls) -> dict[str, float]:
+    """Wraps cls's begin, layer_buffers and end with timers; returns the seconds each has taken (a dict
+    that the wrappers add to)."""
+    spent: dict[str, float] = {}
+    for hook in ("begin", "layer_buffers", "end"):
+        def timed(self, *args, _inner=getattr(cls, hook), _hook=hook):
+            start = time.perf_counter()
+            try:
+                return _inner(self, *args)
+            finally:
+                spent[_hook] = spent.get(_hook, 0.0) + time.perf_counter() - start
+        setattr(cls, hook, timed)
+    return spent
 
 
 def generate(args, before) -> None:
