@@ -188,7 +188,7 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
 
 # the second: the leader outlives the rest, long enough to measure alone once they end (at 112 tokens a
 # leader that ran ahead on a loaded machine had too few left to measure costs alone, held no evidence at
-# its end and failed the suite once at 986210e)
+# its end and failed the suite once at bf587c6)
 @pytest.mark.parametrize("lengths", [(96, 96, 40, 96), (160, 40, 40, 40)])
 def test_batch_members_that_took_their_leaders_plans_leave_its_speed_factors_as_measured(models, calibration, lengths):
     """In a batch one member plans (the leader) and measures its modes' speed against the model; the others
