@@ -123,7 +123,8 @@ class StreamingKVCache(KVCache):
             if self._turned is not None and 0 <= shift - self._turned[0] < TURN_BLOCK:
                 return self._turned[1][:, :, shift - self._turned[0]]
             by, block = torch.arange(shift, shift + TURN_BLOCK).repeat_interleave(sinks), TURN_BLOCK
-        keys = self.sink_k.reshape(layers * heads, sinks, dim).repeat(1, block, 1)
+        keys = self.sink_k.reshape(layers * heads, sinks, dim)
+        keys = keys.repeat(1, block, 1) if block > 1 else keys
         turned = rotate(keys, *self.rope.turn(by, self.sink_k.dtype)).view(layers, heads, block, sinks, dim)
         if block > 1:
             self._turned = (shift, turned)
@@ -154,8 +155,8 @@ class StreamingKVCache(KVCache):
             return None
         first, end = self._window[0], self._window[1] - n  # the window before the new tokens (store indices)
         keys, values = self._mirror(first, end)
-        sinks = slice(first, first + self.sinks)  # the slots of the entries just before the window
-        keys[:, :, sinks], values[:, :, sinks] = self._sinks_now, self.sink_v
+        slots = slice(first, first + self.sinks)  # those of the entries just before the window
+        keys[:, :, slots], values[:, :, slots] = self._sinks_now, self.sink_v
         self._mirrored, self._fused = first, True
         return LayerBuffers(list(keys[:, :, first:]), list(values[:, :, first:]),
                             [self.sinks + end - first] * len(keys), None)
