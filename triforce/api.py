@@ -167,13 +167,15 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
         return chosen
 
     def _proposer(self, role: str, model, weights: str):
-        if weights == "auto" and role not in self._weights_chosen:  # (a twin made for "int8" is timed, not remade)
-            twin, self._weights_chosen[role] = choose_weights(model, role, twin=self._int8_twins.get(role))
+        # (a twin made for "int8" is timed, not remade; one tier's twin of a model serves the other's, as the
+        # draft `self` and the retrieval tier run the target's weights: one copy of them in int8)
+        made = next((twin for twin in self._int8_twins.values() if twin.twin_of is model), None)
+        if weights == "auto" and role not in self._weights_chosen:
+            twin, self._weights_chosen[role] = choose_weights(model, role, twin=made)
             if twin is not model:
-                self._int8_twins[role] = twin
+                self._int8_twins[role] = made = twin
         if weights == "int8" or (weights == "auto" and self._weights_chosen[role]["weights"] == "int8"):
-            if role not in self._int8_twins:
-                self._int8_twins[role] = int8_twin(model, role)
+            self._int8_twins[role] = made or int8_twin(model, role)
             return self._int8_twins[role]
         return model
 

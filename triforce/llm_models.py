@@ -19,6 +19,11 @@ from .models.vocab import check_draft_vocabulary
 # `triforce` falls back to `retrieval` with a one-line notice, and `auto` plans without a draft tier.
 DEFAULT_DRAFTS: dict[str, Path | str] = {"smollm2": Path(__file__).parent / "drafts" / "smollm2",
                                    "qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
+# `--draft self`: the target's own weights (the same tensors, not a second copy) over the draft tier's
+# StreamingLLM cache, as MagicDec (arXiv 2408.11049) drafts: where a batch's KV caches outweigh the weights,
+# a forward over a few hundred cached tokens costs a fraction of one over the whole context, and the
+# target's own predictions agree with it far more often than a small draft's (docs/draft.md).
+SELF_DRAFT = "self"
 
 
 class ModelChoice:
@@ -40,7 +45,14 @@ class ModelChoice:
         runs a draft; None without one, or where the default (not one the user named) cannot be had (offline,
         say) and the mode runs without it (auto; triforce, as retrieval): why, in `draft_unavailable`."""
         self.draft_unavailable: str | None = None
+        self.self_draft = False
         if mode not in MODES_WITH_DRAFT:
+            return None
+        if draft == SELF_DRAFT:
+            if revision is not None:
+                raise ConfigError(f"draft_revision ({revision}) picks a version of a draft model given by its Hugging "
+                                  f"Face id; the draft {SELF_DRAFT!r} is the target's own weights")
+            self.self_draft = True
             return None
         given = draft is not None
         if draft is None:
@@ -63,7 +75,10 @@ class ModelChoice:
 
     def _load_draft(self):
         """The draft at draft_path, loaded, its vocabulary checked against the target's tokenizer; a
-        default draft (not one the user named) that fails either is left out, as one not to be had."""
+        default draft (not one the user named) that fails either is left out, as one not to be had. The
+        target itself where the draft is `self`."""
+        if self.self_draft:
+            return self.target
         if self.draft_path is None:
             return None
         try:
@@ -77,6 +92,11 @@ class ModelChoice:
             self.draft_path = None
             return None
         return draft
+
+    @property
+    def draft_name(self) -> str | None:
+        """The draft as a run's record names it: its folder, `self`, or None without one."""
+        return SELF_DRAFT if self.self_draft else (str(self.draft_path) if self.draft_path else None)
 
     def _without_default_draft(self, why: str, exc: Exception) -> None:
         self.draft_unavailable = f"the default draft {self._default_draft} {why} ({exc})"

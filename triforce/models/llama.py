@@ -81,6 +81,7 @@ class LlamaModel(nn.Module):
     built from it hold this rank's KV heads), while the vocabulary stays whole at the edges."""
 
     quantized: str | None = None  # "int8": a proposing tier's copy, int8 matrices and head (models/quantized.py)
+    twin_of: "LlamaModel | None" = None  # that copy's model (not a submodule: its tensors are not the copy's)
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()

@@ -67,6 +67,8 @@ def int8_twin(model: LlamaModel, role: str = "retrieval", head: bool = True) -> 
     twin.fused_layers = FusedLayers(twin)
     twin.forward_graphs = None
     twin.quantized = "int8"
+    object.__setattr__(twin, "twin_of", model)  # (one twin serves every tier that runs these weights; set past
+    # nn.Module's __setattr__, which would make the model a submodule of its twin)
     return twin
 
 
