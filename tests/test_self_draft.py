@@ -61,3 +61,10 @@ def test_the_draft_self_takes_no_revision_and_no_mode_without_a_draft(target):
         LLM(target, "self", mode="triforce", dtype="float32", draft_revision="main")
     with pytest.raises(ConfigError, match="draft"):
         LLM(target, "self", mode="ar", dtype="float32")
+
+
+def test_a_target_without_a_draft_is_pointed_to_the_draft_self(target, capsys):
+    with pytest.raises(ConfigError, match="--draft self"):
+        LLM(target, mode="draft", dtype="float32")
+    assert LLM(target, mode="triforce", dtype="float32").config.mode == "retrieval"
+    assert "`--draft self` would draft with the target's own weights" in capsys.readouterr().err

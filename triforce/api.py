@@ -109,7 +109,8 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                 if sets_tier(name, getattr(asked, name)):
                     raise ConfigError(f"{name} sets the draft tier, and this target has no draft (mode 'triforce' "
                                       f"would fall back to 'retrieval', which runs none)")
-            print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval'",
+            print("triforce: no draft model for this target; mode 'triforce' falls back to 'retrieval' (`--draft "
+                  "self` would draft with the target's own weights)",
                   file=sys.stderr)
             mode = "retrieval"
         self.config = EngineConfig(mode=mode, **engine_settings)

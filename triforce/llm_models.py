@@ -63,7 +63,8 @@ class ModelChoice:
                 draft = old if (old / "config.json").is_file() else None
         if draft is None:
             if mode == "draft":
-                raise ConfigError("mode 'draft' needs a draft model (--draft)")
+                raise ConfigError("mode 'draft' needs a draft model (--draft; `--draft self` drafts with the target's "
+                                  "own weights over a streaming cache)")
             return None
         self._default_draft = None if given or mode == "draft" else draft
         try:
