@@ -3,10 +3,11 @@ one process (this host's noise moves a run's speed by half; neighbouring turns s
 
     python benchmarks/draft_pair.py [--drafts default self] [--modes draft triforce] [--batch 1 4 8]
         [--length 7936] [--temperature 0] [--max-new-tokens 128] [--turns 3] [--seed 0]
-        [--settings draft_weights=int8 gamma1=6]
+        [--settings draft_weights=int8 gamma1=6] [--rope-scaling yarn:4 --length 16000]
 
 A draft is `default` (the target's default draft: SmolLM2's shipped one) or anything `--draft` takes
-(`self`: the target's own weights over the draft tier's streaming cache). B prompts are cut from the six
+(`self`: the target's own weights over the draft tier's streaming cache); one draft twice compares
+--settings with its defaults (the second named NAME+settings). B prompts are cut from the six
 novels in ../shared/data (prompt i from novel i mod 6, its KV restored from a prefix store after a first,
 unmeasured turn per LLM); each draft runs with the engine's default settings, the second with --settings
 over them (engine settings as `LLM` takes them: numbers are read as numbers). Prints a JSON
@@ -38,14 +39,17 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prefix-cache-gb", type=float, default=2.0)
+    parser.add_argument("--rope-scaling", default=None, help="KIND:FACTOR, as --rope-scaling (for prompts past 8K)")
     parser.add_argument("--settings", nargs="*", default=[], help="KEY=VALUE engine settings of the second draft's")
     args = parser.parse_args()
     settings = dict(setting(item) for item in args.settings)
+    labels = args.drafts if args.drafts[0] != args.drafts[1] else [args.drafts[0], args.drafts[1] + "+settings"]
     texts = sorted(glob.glob(str(ROOT.parent / "shared/data/austen-*.txt")))
     for mode in args.modes:
-        llms = {name: LLM("smollm2", mode=mode, dtype="bfloat16", prefix_cache_gb=args.prefix_cache_gb,
-                          draft=None if name == "default" else name, **(settings if i else {}))
-                for i, name in enumerate(args.drafts)}
+        llms = {label: LLM("smollm2", mode=mode, dtype="bfloat16", prefix_cache_gb=args.prefix_cache_gb,
+                           rope_scaling=args.rope_scaling, draft=None if name == "default" else name,
+                           **(settings if i else {}))
+                for i, (label, name) in enumerate(zip(labels, args.drafts))}
         files = [next(iter(llms.values())).tokenizer(Path(t).read_text(encoding="utf-8"))["input_ids"] for t in texts]
         for batch in args.batch:
             prompts = [files[i % len(files)][(i // len(files)) * args.length:][:args.length] for i in range(batch)]
@@ -63,8 +67,9 @@ def main() -> None:
                     outputs.append([o.token_ids for o in outs])
                     tiers[name] = acceptance(outs)
             medians = {name: statistics.median(r) for name, r in rates.items()}
-            first, second = args.drafts
+            first, second = labels
             row = {"mode": mode, "batch": batch, "length": args.length, "temperature": args.temperature,
+                   "rope_scaling": args.rope_scaling,
                    "settings": settings, "proposer_weights": {name: llm.proposer_weights for name, llm in llms.items()},
                    "tokens_per_s": rates, "median": medians, "acceptance": tiers,
                    f"{second}_over_{first}": round(medians[second] / medians[first], 3)}

@@ -9,10 +9,12 @@
 // (attention of all sequences in one call, after each has written its keys and values), so its output is
 // bit-identical to the Python loop's (tests/kernels).
 #include "kernels.h"
-#include <algorithm>  // std::min
+#include <algorithm>  // std::min, std::copy_n
 #include <ATen/TensorOperators.h>  // x + y
 #include <ATen/ops/cat.h>
 #include <ATen/ops/linear.h>
+
+using bf16 = at::BFloat16;
 
 namespace {
 // input norm, qkv, qkv bias (empty: none), o, post norm, gate_up, down, then the scales of qkv, o, gate_up
@@ -71,25 +73,48 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
   for (const int64_t r : rows) total += r;
   TORCH_CHECK(total == x.size(0), "the row counts add up to x's rows");
   const int64_t n = x.size(0), d = last_query[0].size(3), hq = num_heads, hkv = num_kv_heads;
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.size(0) == n &&
+              cos.size(1) == d && sin.sizes() == cos.sizes(), "cos and sin: bfloat16 [n, head dim]");
+  cos = cos.contiguous(), sin = sin.contiguous();
+  for (size_t i = 0; i < keys.size(); ++i)
+    TORCH_CHECK(keys[i].stride(2) == 1 && values[i].stride(2) == 1 && keys[i].size(0) == hkv &&
+                values[i].size(0) == hkv && keys[i].size(2) == d && values[i].size(2) == d &&
+                offsets[i] + rows[i / layers] <= std::min(keys[i].size(1), values[i].size(1)),
+                "KV buffers [Hkv, capacity, D] with contiguous rows, room for the new tokens at their offsets");
+  // Each sequence's rotated queries [hq, n_s, d], rewritten every layer; its rotated keys and its values go
+  // straight into its buffers at their offsets, its last queries into its query store (raw rows, not
+  // torch's narrow, copy_ and rope calls: eight a sequence a layer, their dispatch the cost of a batch's
+  // streaming draft step)
   std::vector<at::Tensor> qs(seqs), ks(seqs), vs(seqs);
+  for (size_t s = 0; s < seqs; ++s) qs[s] = at::empty({hq, rows[s], d}, x.options());
   const at::Tensor no_bias;
+  const int64_t heads_row = (hq + 2 * hkv) * d;  // one token's q, k and v: qkv [n, heads_row]
   for (size_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
-    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], w[7], kernel_rows, pieced_rows);
-    const auto heads = qkv.view({n, hq + 2 * hkv, d}).transpose(0, 1);  // [h, n, d]
+    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], w[7], kernel_rows, pieced_rows).contiguous();
+    const bf16* heads = qkv.data_ptr<bf16>();  // head h of token t at heads + t * heads_row + h * d
     int64_t row = 0;
     for (size_t s = 0; s < seqs; ++s) {
       const int64_t ns = rows[s], at = offsets[s * layers + l];
-      const auto mine = heads.narrow(1, row, ns);
-      const auto c = cos.narrow(0, row, ns), sn = sin.narrow(0, row, ns);
-      const auto q = rope_bf16(mine.narrow(0, 0, hq), c, sn);
+      const bf16 *mine = heads + row * heads_row, *c = cos.data_ptr<bf16>() + row * d, *sn = sin.data_ptr<bf16>() + row * d;
       const auto& k = keys[s * layers + l];
       const auto& v = values[s * layers + l];
-      k.narrow(1, at, ns).copy_(rope_bf16(mine.narrow(0, hq, hkv), c, sn));
-      v.narrow(1, at, ns).copy_(mine.narrow(0, hq + hkv, hkv));
-      const int64_t kept = std::min<int64_t>(ns, last_query[s].size(2));  // the last rows' queries
-      last_query[s][l].narrow(1, 0, kept).copy_(q.narrow(1, ns - kept, kept));
-      qs[s] = q, ks[s] = k.narrow(1, 0, at + ns), vs[s] = v.narrow(1, 0, at + ns);
+      bf16* q = qs[s].data_ptr<bf16>();
+      rope_into(mine, d, heads_row, c, sn, hq, ns, d, q, ns * d, d);
+      rope_into(mine + hq * d, d, heads_row, c, sn, hkv, ns, d, k.data_ptr<bf16>() + at * k.stride(1), k.stride(0),
+                k.stride(1));
+      bf16* vp = v.data_ptr<bf16>() + at * v.stride(1);
+      for (int64_t h = 0; h < hkv; ++h)
+        for (int64_t t = 0; t < ns; ++t)
+          std::copy_n(mine + t * heads_row + (hq + hkv + h) * d, d, vp + h * v.stride(0) + t * v.stride(1));
+      const auto store = last_query[s][l];  // [hq, R, d]: the last rows' queries
+      const int64_t kept = std::min<int64_t>(ns, store.size(1));
+      TORCH_CHECK(store.scalar_type() == at::kBFloat16 && store.stride(2) == 1, "query stores: bfloat16 rows");
+      bf16* sp = store.data_ptr<bf16>();
+      for (int64_t h = 0; h < hq; ++h)
+        for (int64_t t = 0; t < kept; ++t)
+          std::copy_n(q + (h * ns + ns - kept + t) * d, d, sp + h * store.stride(0) + t * store.stride(1));
+      ks[s] = k.narrow(1, 0, at + ns), vs[s] = v.narrow(1, 0, at + ns);
       row += ns;
     }
     const auto parts = decode_attention_batch_bf16(qs, ks, vs, scale, true, masks);  // every sequence's at once

@@ -111,27 +111,18 @@ at::Tensor silu_mul_bf16(at::Tensor gate_up) {
   return out;
 }
 
-// x * cos + cat(-x2, x1) * sin for x [H, n, D] (any strides), cos and sin [n, D]: a new [H, n, D].
-at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kBFloat16 &&
-              sin.scalar_type() == at::kBFloat16, "bfloat16 only");
-  TORCH_CHECK(x.dim() == 3 && cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(2) &&
-              sin.sizes() == cos.sizes() && x.size(2) % 2 == 0, "x [H, n, D], cos and sin [n, D]");
-  const int64_t H = x.size(0), n = x.size(1), D = x.size(2), half = D / 2;
-  TORCH_CHECK(x.stride(2) == 1, "x rows must be contiguous");
-  cos = cos.contiguous();
-  sin = sin.contiguous();
-  auto out = at::empty({H, n, D}, x.options());
-  const bf16* xp = x.data_ptr<bf16>();
-  const bf16* cp = cos.data_ptr<bf16>();
-  const bf16* sp = sin.data_ptr<bf16>();
-  bf16* op = out.data_ptr<bf16>();
+// x * cos + cat(-x2, x1) * sin for H heads of n rows of D elements: row (h, t) of x at x + h * xh + t * xt,
+// of the output at o + h * oh + t * ot; cos and sin [n, D] contiguous. The decoder's layer loop rotates a
+// sequence's queries and keys straight into their buffers with it (its cache's, at the write offset).
+void rope_into(const bf16* x, int64_t xh, int64_t xt, const bf16* cp, const bf16* sp, int64_t H, int64_t n,
+               int64_t D, bf16* op, int64_t oh, int64_t ot) {
+  const int64_t half = D / 2;
   for (int64_t h = 0; h < H; ++h)
     for (int64_t t = 0; t < n; ++t) {
-      const bf16* row = xp + h * x.stride(0) + t * x.stride(1);
+      const bf16* row = x + h * xh + t * xt;
       const bf16* c = cp + t * D;
       const bf16* s = sp + t * D;
-      bf16* o = op + (h * n + t) * D;
+      bf16* o = op + h * oh + t * ot;
       if (half % 8 == 0) {  // head_dim 64 or 128: 8 lanes (a streaming draft rotates its window every step)
         rope_row8(row, c, s, o, half);
         continue;
@@ -143,5 +134,20 @@ at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin) {
         o[i] = bf16(a + b);
       }
     }
+}
+
+// x * cos + cat(-x2, x1) * sin for x [H, n, D] (any strides), cos and sin [n, D]: a new [H, n, D].
+at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && cos.scalar_type() == at::kBFloat16 &&
+              sin.scalar_type() == at::kBFloat16, "bfloat16 only");
+  TORCH_CHECK(x.dim() == 3 && cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(2) &&
+              sin.sizes() == cos.sizes() && x.size(2) % 2 == 0, "x [H, n, D], cos and sin [n, D]");
+  const int64_t H = x.size(0), n = x.size(1), D = x.size(2);
+  TORCH_CHECK(x.stride(2) == 1, "x rows must be contiguous");
+  cos = cos.contiguous();
+  sin = sin.contiguous();
+  auto out = at::empty({H, n, D}, x.options());
+  rope_into(x.data_ptr<bf16>(), x.stride(0), x.stride(1), cos.data_ptr<bf16>(), sin.data_ptr<bf16>(), H, n, D,
+            out.data_ptr<bf16>(), n * D, D);
   return out;
 }

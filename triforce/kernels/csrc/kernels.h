@@ -24,6 +24,8 @@ at::Tensor decode_attention_f32(at::Tensor q, at::Tensor k, at::Tensor v, double
 at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps);
 at::Tensor silu_mul_bf16(at::Tensor gate_up);
 at::Tensor rope_bf16(at::Tensor x, at::Tensor cos, at::Tensor sin);
+void rope_into(const at::BFloat16* x, int64_t xh, int64_t xt, const at::BFloat16* cos, const at::BFloat16* sin,
+               int64_t H, int64_t n, int64_t D, at::BFloat16* out, int64_t oh, int64_t ot);
 at::Tensor chunk_means_bf16(at::Tensor keys, int64_t chunk_size);
 void copy_chunks(at::Tensor dst, at::Tensor src, at::Tensor rows, at::Tensor slots, at::Tensor chunks,
                  int64_t chunk_size);
