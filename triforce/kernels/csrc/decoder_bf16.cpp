@@ -91,12 +91,14 @@ at::Tensor decoder_layers_bf16(at::Tensor x, const std::vector<at::Tensor>& weig
   const int64_t heads_row = (hq + 2 * hkv) * d;  // one token's q, k and v: qkv [n, heads_row]
   for (size_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + l * kWeightsPerLayer;
-    const auto qkv = project(rms_norm_bf16(x, w[0], eps), w[1], w[2], w[7], kernel_rows, pieced_rows).contiguous();
+    const auto qkv =
+        project(rms_norm_bf16(x, w[0], eps), w[1], w[2], w[7], kernel_rows, pieced_rows).contiguous();
     const bf16* heads = qkv.data_ptr<bf16>();  // head h of token t at heads + t * heads_row + h * d
     int64_t row = 0;
     for (size_t s = 0; s < seqs; ++s) {
       const int64_t ns = rows[s], at = offsets[s * layers + l];
-      const bf16 *mine = heads + row * heads_row, *c = cos.data_ptr<bf16>() + row * d, *sn = sin.data_ptr<bf16>() + row * d;
+      const bf16* mine = heads + row * heads_row;
+      const bf16 *c = cos.data_ptr<bf16>() + row * d, *sn = sin.data_ptr<bf16>() + row * d;
       const auto& k = keys[s * layers + l];
       const auto& v = values[s * layers + l];
       bf16* q = qs[s].data_ptr<bf16>();
