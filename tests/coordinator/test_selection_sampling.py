@@ -121,16 +121,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode,policy,sampling,trials,trees", CASES)
-def test_first_token_follows_the_target_with_real_selection(models, prompt, mode, policy, sampling, trials, trees,
+@pytest.mark.parametrize("mode,policy,sampling,trials,extra", CASES)
+def test_first_token_follows_the_target_with_real_selection(models, prompt, mode, policy, sampling, trials, extra,
                                                            selections):
     target, draft = models
-    if trees.get("draft") == "self":
-        trees, draft = {}, target
+    if extra.get("draft") == "self":  # (the model object the target runs, not an engine setting)
+        extra, draft = {}, target
     cache = FullKVCache(target.config, len(prompt), target.dtype, "cpu")
     logits = target(torch.tensor(prompt), cache, logits_for="last")
     expected = probabilities(logits, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))[0]
-    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{**SETTINGS, **trees})
+    cfg = EngineConfig(mode=mode, retrieval_policy=policy, **{**SETTINGS, **extra})
     counts = first_token_counts(cfg, target, draft, prompt, sampling, trials)
     assert mode == "draft" or any(selections), "the retrieval cache never left a chunk out"
     assert torch.all(counts[expected == 0] == 0), "sampled a token the target gives probability 0"
