@@ -8,15 +8,16 @@ from triforce.kernels.linear import kernel_max_rows, linear, logits_linear, piec
 
 
 @pytest.mark.parametrize("amx", [False, True])
-@pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 8, 9, 11, 16, 21, 40])
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 8, 9, 11, 16, 21, 40, 88])
 @pytest.mark.parametrize("k,out", [(576, 1728), (1536, 576), (64, 3), (96, 80)])
 def test_cpu_bf16_kernel_matches_float32_reference(level, n, k, out, amx):
     """At every level: the vector path (AVX2 or AVX512-BF16; 8 rows of x per pass, so 9, 21 and 40 rows
     take several passes over each tile of W, and 1728 rows of W at K = 576 several tiles, the last one
     ragged; AVX512-BF16 takes up to 11 rows in one pass, so 9 and 11 are one there, 16 two pieces of 8; at
     AVX2 from 5 rows three rows of W at a time, 2 rows of x at a time and the odd one alone, and the last one or
-    two rows of W of a tile alone: 3, 80 and 576 rows of W are not multiples of 3, nor are some tiles) and the AMX path (16 rows per pass, N a multiple of 16: 1728 = 36 blocks of 16, 80 = 5,
-    each block prefetching the next but the last)."""
+    two rows of W of a tile alone: 3, 80 and 576 rows of W are not multiples of 3, nor are some tiles) and the AMX path (16 rows per piece, N a multiple of 16: 1728 = 36 blocks of 16, 80 = 5,
+    each block prefetching the next but the last; up to four pieces per pass over W, so 88 rows take two
+    passes of three pieces, the last one ragged)."""
     if amx and not has_amx():
         pytest.skip("no AMX tiles at this level")
     x, w = torch.randn(n, k).bfloat16(), torch.randn(out, k).bfloat16()

@@ -55,8 +55,9 @@ FLOAT32_MAX_ROWS = 192
 # (two runs each; results/linear_rows/amx_b8_1k_rows*.json). Kernel time over torch's product (oneDNN, on
 # tiles too), SmolLM2's 30 layers on a 2-core Xeon (`python benchmarks/linear_bandwidth.py --past-rows`):
 # 0.52-0.66 at 16-32 rows, 0.64 at 48, 0.70-0.84 at 64, 0.91-1.02 at 96, 0.96-1.15 at 128 (three runs,
-# amx_xeon_pieces.jsonl), since each pass over W serves up to 96 rows; one pass per 16 rows had been
-# 0.91-1.03 at 64 and 1.08-1.28 at 96-128 (amx_xeon.jsonl).
+# amx_xeon_pieces.jsonl), when each pass over W served up to 96 rows; one pass per 16 rows had been
+# 0.91-1.03 at 64 and 1.08-1.28 at 96-128 (amx_xeon.jsonl). Passes now take at most 64 rows, balanced,
+# which took 88-96 rows in 0.71x the time of one pass (linear_amx.cpp).
 AMX_BF16_MAX_ROWS = 128
 # A batch's bfloat16 rows at a tier (its sequences' steps and checks, each within kernel_max_rows()) go
 # through the kernel in pieces of kernel_max_rows() up to this many, at every level: each row then sums as

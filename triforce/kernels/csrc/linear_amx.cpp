@@ -1,10 +1,10 @@
-// y[n, N] = x[n, K] . W[N, K]^T with AMX-BF16 tiles, for n rows of x, 16 at a time (up to six such pieces
+// y[n, N] = x[n, K] . W[N, K]^T with AMX-BF16 tiles, for n rows of x, 16 at a time (up to four such pieces
 // per pass over W), and N a multiple of 16.
 //
 // The vector kernel (linear_bf16.cpp) issues one dot product per row of x for every 64 bytes of W, so
 // its read rate fell from 13.9 GB/s at 1 row to 7.6 at 7 (benchmarks/linear_bandwidth.py): a 7-token
 // check read the weights at half speed. Here y^T = W . x^T: 16 rows of W load straight from memory as
-// an A tile, x^T is packed once per pass (up to 96 rows) into B tiles (bf16 pairs of x's columns), and one tile
+// an A tile, x^T is packed once per pass (up to 64 rows) into B tiles (bf16 pairs of x's columns), and one tile
 // instruction does 16 outputs x 16 rows of x, so up to 16 rows cost what one does. A row's sums do not
 // depend on the other rows, so kernels/linear.py takes this path for steps of one row too (a check then
 // rounds each token as a step does). Each block of 16 rows of W (contiguous) is walked 64 bytes of each row
@@ -12,8 +12,12 @@
 // 16 interleaved rows (three blocks at once, sharing each B tile, read 1 and 2 rows of x at 0.7-0.9x the
 // vector kernel's rate; this reads them at its rate or above: benchmarks/linear_bandwidth.py). A pass
 // over W took one piece and W came from memory once per 16 rows of x, so torch's product caught up by 64
-// rows (the kernel 0.91-1.03x its time at 64, 1.08-1.28x at 96-128); each A tile now serves up to six
-// pieces (0.70-0.84x at 64, 0.91-1.02x at 96, 0.96-1.15x at 128).
+// rows (the kernel 0.91-1.03x its time at 64, 1.08-1.28x at 96-128); each A tile now serves up to four
+// pieces (0.70-0.84x at 64). Up to six had served 96 rows in one pass, but five and six pieces ran no faster
+// than two passes of three (a batch of 8's 88-row check: two threads barely beat one), so n rows past 64
+// take the fewest passes of at most four pieces, balanced: 88 rows as two passes of three pieces took
+// 0.71x the time of one of six, 128 rows as 4 + 4 0.75x 6 + 2 (`python benchmarks/kernel_ab.py --kernel
+// linear --new 64 65 80 88 96 128`, the 2-core AMX Xeon; 65-80 rows level with one pass of five).
 #include "aten.h"
 
 #include "amx.h"
@@ -25,7 +29,7 @@
 
 namespace triforce_linear {
 
-constexpr int kPiecesPerPass = 6;  // pieces of 16 rows of x per pass over W: C tiles 0..5, A = 6, B = 7
+constexpr int kPiecesPerPass = 4;  // pieces of 16 rows of x per pass over W at most: C tiles 0..3, A = 6, B = 7
 
 // The tile instructions take their tile numbers as literals, so piece i's work is spelled out per i.
 #define TRIFORCE_PIECE_ZERO(i) if constexpr (P > i) _tile_zero(i);
@@ -35,7 +39,7 @@ constexpr int kPiecesPerPass = 6;  // pieces of 16 rows of x per pass over W: C 
     _tile_dpbf16ps(i, 6, 7);                           \
   }
 #define TRIFORCE_PIECE_STORE(i) if constexpr (P > i) _tile_stored(i, c[i], 64);
-#define TRIFORCE_PIECES(op) op(0) op(1) op(2) op(3) op(4) op(5)
+#define TRIFORCE_PIECES(op) op(0) op(1) op(2) op(3)
 
 // 16 floats to bfloat16 as c10::BFloat16 rounds one (to nearest even; NaN to 0x7FC0), so the vector
 // store writes what a scalar one did.
@@ -64,7 +68,7 @@ inline void store_piece(const float (*c)[16], Out* y, int64_t N, int64_t col, in
 
 // Blocks [b_begin, b_end) of 16 rows of W times P pieces of x (n rows in all, at most 16 P): xt holds
 // each piece's B tiles ([K / 32][16 pairs][16 rows of x]), `piece` int32s apart. Every A tile (a block's
-// 32 columns of 16 rows of W) serves all P pieces, so W comes from memory once for up to 96 rows of x.
+// 32 columns of 16 rows of W) serves all P pieces, so W comes from memory once for up to 64 rows of x.
 // bfloat16 W loads as the A tile straight from memory; int8 W (a proposing tier's: linear_i8.cpp) is
 // widened to bfloat16 (exact) into a scratch A tile first, its scale applied by the caller.
 template <int P, typename Out, typename Wt>
@@ -118,17 +122,18 @@ void run_amx_on(const at::Tensor& x, const Wt* wp, int64_t N, at::Tensor& y) {
   const auto* x32 = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
   // Grain: at least ~256 KB of W per task, so small matrices are not split into tiny pieces.
   const int64_t grain = std::max<int64_t>(1, (256 * 1024) / (16 * K * static_cast<int64_t>(sizeof(Wt))));
-  // The B tiles of up to six pieces at a time (row t of x: piece t / 16, column t % 16), packed once per
+  // The B tiles of up to four pieces at a time (row t of x: piece t / 16, column t % 16), packed once per
   // pass, 16 x 16 int32s at a time transposed in registers (element by element, packing took a 40-row
   // call a tenth of its time, on one thread). Columns past the last piece's rows are zeros: a column of B
   // reaches only its own column of C, which blocks_amx never stores. The tasks read the caller's buffer (a
-  // thread_local, kept for the next call: at most six pieces of K / 32 KB).
+  // thread_local, kept for the next call: at most four pieces of K / 32 KB).
   const int pieces = (n + 15) / 16;
   thread_local std::vector<int32_t> packed;
   packed.resize(std::max(packed.size(), static_cast<size_t>(std::min(pieces, kPiecesPerPass) * piece)));
   int32_t* xp = packed.data();
-  for (int first = 0; first < pieces; first += kPiecesPerPass) {  // up to 96 rows of x per pass over W
-    const int count = std::min(kPiecesPerPass, pieces - first), rows = std::min(16 * count, n - 16 * first);
+  const int passes = (pieces + kPiecesPerPass - 1) / kPiecesPerPass, per_pass = (pieces + passes - 1) / passes;
+  for (int first = 0; first < pieces; first += per_pass) {
+    const int count = std::min(per_pass, pieces - first), rows = std::min(16 * count, n - 16 * first);
     const auto* xr = x32 + 16 * first * K / 2;  // the group's first row
     for (int i = 0; i < count; ++i)  // 16 rows x 16 pairs at a time, transposed in registers
       for (int64_t g = 0; g < K / 32; ++g) {
@@ -144,9 +149,7 @@ void run_amx_on(const at::Tensor& x, const Wt* wp, int64_t N, at::Tensor& y) {
         case 1: return blocks_amx<1, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
         case 2: return blocks_amx<2, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
         case 3: return blocks_amx<3, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
-        case 4: return blocks_amx<4, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
-        case 5: return blocks_amx<5, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
-        default: return blocks_amx<6, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
+        default: return blocks_amx<4, Out, Wt>(xp, piece, wp, yp, rows, K, N, b, e);
       }
     });
   }
