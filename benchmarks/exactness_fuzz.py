@@ -9,7 +9,8 @@ Each case draws, from its own seed (--seed and its index, so `--only K` repeats 
 every 1, 2 or 8 rounds, tests/scripted_planner.py, since on tiny models it would plan `ar`), the
 retrieval policy, budget, chunk size, full layers and refresh, gammas, rounds2, a tree at the bottom tier
 (size and shape), the prompt lookup, the draft's window, a fixed stop_below, int8 twins for the proposing
-tiers; and one to four requests of different prompt lengths, each greedy or sampled (seeded), with top-k /
+tiers, the target as its own draft (`--draft self`: one model object at two tiers, one int8 twin for both
+proposers) or, in mode auto, as a second draft beside the draft model (auto_self_draft); and one to four requests of different prompt lengths, each greedy or sampled (seeded), with top-k /
 top-p / min-p, penalties, logit bias, min_tokens, stop token ids, bad words, allowed token ids and
 end-of-sequence kept or ignored, one of them maybe joining the running batch late; in three cases in ten
 the prompts begin with one document, whose blocks a prefix store keeps (the requests alone restore from
@@ -49,6 +50,7 @@ from triforce.config import IGNORED_BY, ConfigError, EngineConfig
 from triforce.coordinator.batch import SequenceBatch
 from triforce.coordinator.hierarchy import build_engine, graph_sizes, speculation_slack
 from triforce.coordinator.remote import RemoteVerifier
+from triforce.coordinator.speed_model import tier_kind
 from triforce.models.loader import load_model
 from triforce.models.quantized import int8_twin, twin_refusal
 from triforce.sampling_params import SamplingParams
@@ -199,10 +201,14 @@ def draw_case(seed: int, index: int) -> dict:
         document = [more.randrange(3, VOCAB) for _ in range(more.randint(16, 160))]
         for r in requests:
             r["prompt"] = document + r["prompt"][:more.randint(1, 40)]
+    settings, apart = engine_settings(rng), random.Random(f"{seed}:{index}:self")  # (apart too, as above)
+    self_draft = apart.random() < 0.2
+    if settings["mode"] == "auto" and not self_draft:
+        settings["auto_self_draft"] = apart.random() < 0.5
     return dict(arch=rng.choice(ARCHS), kind=rng.choice(list(SHARES)),
-                dtype=rng.choice(["float32", "float32", "bfloat16"]), settings=engine_settings(rng),
+                dtype=rng.choice(["float32", "float32", "bfloat16"]), settings=settings,
                 requests=requests, join_after=join_after, auto_script=script, shared=shared,
-                replan_rounds=rng.choice([1, 2, 8]))
+                replan_rounds=rng.choice([1, 2, 8]), self_draft=self_draft)
 
 
 GROUP = None  # with --workers: the worker group (tests/workers/worker_group.py) every target check runs on
@@ -224,11 +230,12 @@ def engine(cfg: EngineConfig, tiers, prompt, params, script=None, prefixes: Pref
 
 def scripted(made, script) -> list:
     """The case's auto_script as the engine's plans: stacks of its tiers (a retrieval tier of one of its
-    budgets, picked by the entry's last number) and gammas cut to the stack's proposers."""
-    budgets = [t.name for t in made.ladder if t.name.startswith("retrieval")]
+    budgets, and one of its drafts where it holds two, picked by the entry's last number) and gammas cut to
+    the stack's proposers."""
+    held = {kind: [t.name for t in made.ladder if tier_kind(t.name) == kind] for kind in ("draft", "retrieval")}
     plans = []
     for stack, gammas, pick in script:
-        stack = tuple(budgets[int(pick * len(budgets))] if name == "retrieval" else name for name in stack)
+        stack = tuple(held[name][int(pick * len(held[name]))] if held.get(name) else name for name in stack)
         plans.append((stack, gammas[:len(stack) - 1]))
     return plans
 
@@ -273,9 +280,12 @@ def close_verifiers() -> None:
 
 
 def tiers_for(case: dict, models: Models):
-    """(target, draft, retrieval tier's model) for the case; None where an int8 twin it asks for is refused."""
+    """(target, draft, retrieval tier's model) for the case; None where an int8 twin it asks for is refused. A
+    self draft is the target's model object (its int8 twin the retrieval tier's too, as LLM shares it)."""
     target, draft = models.pair(case["arch"], case["kind"], case["dtype"])
     settings, retrieval = case["settings"], target
+    if case.get("self_draft"):
+        draft = target
     if settings.get("retrieval_weights") == "int8":
         retrieval = models.twin(target, "retrieval")
     if settings.get("draft_weights") == "int8":
@@ -417,7 +427,7 @@ def main() -> None:
                 failed += bool(failures)
                 record(dict(case=index, seed=args.seed, vocab=VOCAB, ok=not failures, failures=failures, accepted_of_proposed=seen,
                             auto_script=case["auto_script"] and case["settings"]["mode"] == "auto",
-                            shared_prefix=case["shared"], arch=case["arch"], kind=case["kind"], dtype=case["dtype"],
+                            shared_prefix=case["shared"], self_draft=case["self_draft"], arch=case["arch"], kind=case["kind"], dtype=case["dtype"],
                             config=case["settings"], join_after=case["join_after"],
                             requests=[dict(prompt_tokens=len(r["prompt"]), **r["params"]) for r in case["requests"]]),
                        args.out)

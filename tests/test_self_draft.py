@@ -9,7 +9,7 @@ tests/coordinator/test_selection_sampling.py."""
 import pytest
 
 from triforce import LLM, SamplingParams
-from triforce.config import ConfigError
+from triforce.config import ConfigError, EngineConfig
 
 PROMPT = " ".join(f"w{i % 37}" for i in range(150))
 DRAFT_TIER = dict(window=32, sinks=4, lookup=0)  # (the prompt lookup's copies of the text may be rejected too)
@@ -68,3 +68,23 @@ def test_a_target_without_a_draft_is_pointed_to_the_draft_self(target, capsys):
         LLM(target, mode="draft", dtype="float32")
     assert LLM(target, mode="triforce", dtype="float32").config.mode == "retrieval"
     assert "`--draft self` would draft with the target's own weights" in capsys.readouterr().err
+
+
+def test_mode_auto_holds_the_target_as_a_second_draft_where_asked(target, plain):
+    """auto_self_draft: mode auto holds the self draft as a tier of its own ("draft@self"), scored with the
+    others at its first plan (here beside no draft model: this target has none), and greedy output still
+    equals plain decoding."""
+    llm = LLM(target, mode="auto", dtype="float32", auto_self_draft=True, **TIERS)
+    assert llm.draft is None
+    out = llm.generate(PROMPT, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+    assert out.token_ids == plain
+    assert {"draft@self", "triforce@self"} <= set(out.metrics.auto[0]["why"]["expected_tokens_per_s"])
+
+
+def test_the_second_draft_is_refused_where_it_would_go_unused(target):
+    with pytest.raises(ConfigError, match="the target already"):
+        LLM(target, "self", mode="auto", dtype="float32", auto_self_draft=True)
+    with pytest.raises(ConfigError, match="mode triforce does not choose"):
+        LLM(target, "self", mode="triforce", dtype="float32", auto_self_draft=True)
+    with pytest.raises(ConfigError, match="True or False"):
+        EngineConfig(auto_self_draft="yes")

@@ -31,7 +31,7 @@ from .errors import UserError
 from .generation_defaults import added_eos_ids, sampling_defaults
 from .memory import release_freed
 from .models.config import rope_scaling_spec
-from .llm_models import ModelChoice
+from .llm_models import SELF_DRAFT, ModelChoice
 from .models.hub import DEFAULT_MODEL, resolve_model
 from .models.loader import DTYPE_CHOICES, checkpoint_dtype, resolve_device, resolve_dtype
 from .models.quantized import int8_twin
@@ -114,6 +114,9 @@ class LLM(ModelChoice, RequestChecks, RequestMemory):
                   file=sys.stderr)
             mode = "retrieval"
         self.config = EngineConfig(mode=mode, **engine_settings)
+        if self.config.auto_self_draft and self.self_draft:
+            raise ConfigError("auto_self_draft adds the target as a second draft beside the draft model, and the "
+                              f"draft is the target already (draft {SELF_DRAFT!r}): leave one of them out")
         if "full_layers" in engine_settings and self.config.full_layers > self.target.config.num_layers:
             raise ConfigError(f"full_layers {self.config.full_layers} is more than the target's "
                               f"{self.target.config.num_layers} layers")

@@ -120,6 +120,10 @@ class EngineConfig:
     sinks: int = 16  # draft tier: attention-sink tokens
     window: int = 256  # draft tier: recent tokens
     draft_weights: str = "auto"  # draft tier: "draft", "int8" or "auto", as retrieval_weights
+    # mode auto: also a second draft tier, the target's own weights (the retrieval tier's: its own or the int8
+    # twin) over a streaming cache of sinks + window ("draft@self"), which the planner picks between the
+    # draft model's and it by their measured costs and acceptance (coordinator/planning.py)
+    auto_self_draft: bool = False
     prefill_chunk: int = PREFILL_CHUNK
     # Prompt lookup (speculation/lookup.py): n > 0 mixes, into the bottom tier's proposals (chains and trees),
     # the token that followed the latest earlier occurrence of the last n tokens; 0: off; None: DEFAULT_LOOKUP.
@@ -142,6 +146,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a number (got {value!r})")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)} (got {self.mode!r})")
+        if not isinstance(self.auto_self_draft, bool):
+            raise ConfigError(f"auto_self_draft must be True or False (got {self.auto_self_draft!r})")
         if self.gamma1 < 1 or self.gamma2 < 1:
             raise ConfigError(f"gamma1 and gamma2 must be >= 1 (got {self.gamma1}, {self.gamma2})")
         if self.gamma1 + self.gamma2 > 128:
@@ -212,6 +218,9 @@ class EngineConfig:
         if draft is not None and self.mode not in MODES_WITH_DRAFT:
             raise ConfigError(f"draft {draft} runs a tier that mode {self.mode} does not run: it takes mode "
                               f"{', '.join(MODES_WITH_DRAFT)}")
+        if self.auto_self_draft and self.mode != "auto":
+            raise ConfigError(f"auto_self_draft adds a draft tier for mode auto to choose; mode {self.mode} does not "
+                              "choose (--draft self runs the target as the draft in any mode with one)")
         if self.rounds2 and self.mode != "triforce":
             raise ConfigError(f"rounds2 sets how many tier-2 checks a target check holds in mode triforce; mode "
                               f"{self.mode} does not take it (auto checks by tokens)")

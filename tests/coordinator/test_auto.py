@@ -285,6 +285,9 @@ SCRIPTS = {
     # budgets 12, 24 and 48 (auto_budgets), swapped between rounds
     "budgets": [(("draft", "retrieval@24", "target"), (2, 3)), (("retrieval@48", "target"), (3,)),
                 (("draft", "retrieval", "target"), (2, 2)), (("draft", "target"), (2,))],
+    # both drafts (auto_self_draft: the target's own weights as a second draft tier), swapped between rounds
+    "two-drafts": [(("draft@self", "target"), (2,)), (("draft", "retrieval", "target"), (2, 2)),
+                   (("draft@self", "retrieval@24", "target"), (2, 3)), (("target",), ()), (("draft", "target"), (3,))],
 }
 
 
@@ -587,6 +590,40 @@ def test_a_follower_replans_once_when_a_batchmates_prefill_ends(models, calibrat
     assert not learned_following
     after = [rounds for rounds, prefilled in fades if prefilled]
     assert after and len(after) <= (after[-1] - after[0]) // auto.REPLAN_ROUNDS + 2
+
+
+def test_greedy_equals_plain_decoding_while_plans_swap_the_draft_for_the_target_itself(models, prompt,
+                                                                                      replan_every_round):
+    """auto_self_draft: a second draft tier, "draft@self", runs the target's weights over a streaming window
+    (64 tokens, short of the 80-token prompt: it parts from the target at times); plans that swap it for the
+    draft model's tier, above and beside the retrieval tier, keep greedy output equal to plain decoding."""
+    target, _ = models
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    reference, _ = build_engine(EngineConfig(mode="ar", **SETTINGS), target, None, 140).generate(prompt, params)
+    engine = scripted_engine(models, prompt, 60, "two-drafts", auto_self_draft=True)
+    assert engine.planner.tiers["draft@self"].model is target
+    tokens, metrics = engine.generate(prompt, params)
+    assert tokens == reference
+    checked = {(t.drafter, t.name): t for t in metrics.tiers if t.checks}
+    assert {("draft@self", "target"), ("draft@self", "retrieval@24"), ("draft", "retrieval"),
+            ("draft", "target")} <= set(checked)
+    self_checks = [checked["draft@self", "target"], checked["draft@self", "retrieval@24"]]
+    assert 0 < sum(t.accepted for t in self_checks) < sum(t.proposed for t in self_checks)
+    assert {d["mode"] for d in metrics.auto} >= {"draft@self", "triforce@self@24"}
+
+
+def test_every_idle_draft_is_watched(models, monkeypatch):
+    """With both drafts held and neither running, each catches up at every re-plan and reports how its
+    proposals would have fared, over the same generated tokens."""
+    monkeypatch.setattr(auto, "REPLAN_ROUNDS", 4)
+    monkeypatch.setattr(auto, "MIN_PLANNED_TOKENS", 1)
+    prompt = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(5)).tolist()
+    engine = scripted_engine(models, prompt, 40, "ar-only", auto_self_draft=True)
+    seen = []
+    engine.planner.observe_idle = lambda name, accepted, tokens: seen.append((name, tokens))
+    engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    for name in ("draft", "draft@self"):
+        assert [tokens for who, tokens in seen if who == name] == [3] + [4] * 9, name
 
 
 def test_the_draft_is_prefilled_with_the_prompt_whatever_the_first_plan(models, prompt):

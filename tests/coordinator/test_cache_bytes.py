@@ -3,6 +3,7 @@ of a real request hold once it has run (every tier's tensors, each storage count
 the vocabulary against those alive while the request's tiers check each other."""
 import gc
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,13 +23,15 @@ from triforce.models.loader import load_model
 # copy of every layer but the `full_layers` and the chunk means: 1.6 times what such a request holds)
 @pytest.mark.parametrize("mode,policy,budget", [("ar", "static", 32), ("draft", "static", 32), ("triforce", "static", 32),
                                                 ("triforce", "dynamic", 32), ("auto", "static", 32),
+                                                ("auto+self", "static", 32),
                                                 ("triforce", "static", 512), ("triforce", "dynamic", 512)])
 def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy, budget):
+    mode, _, self_draft = mode.partition("+")  # auto+self: with auto_self_draft, a second draft's window
     spec = dict(vocab_size=64, hidden_size=64, num_heads=4, num_kv_heads=2)
     target = load_model(tiny_dir("bytes-target", seed=60, num_layers=4, **spec))
     draft = load_model(tiny_dir("bytes-draft", seed=61, num_layers=1, **spec))
     cfg = EngineConfig(mode=mode, retrieval_policy=policy, budget=budget, chunk_size=8, full_layers=1, sinks=4,
-                       window=32, refresh_every=16)
+                       window=32, refresh_every=16, auto_self_draft=bool(self_draft))
     prompt = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(6)).tolist()
     engine = build_engine(cfg, target, draft if mode != "ar" else None, 300 + 40)
     engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
@@ -40,6 +43,11 @@ def test_the_estimate_covers_what_a_request_holds(tiny_dir, mode, policy, budget
     assert held > (full if mode in ("ar", "auto") else 1.1 * full)  # the other tiers' caches are real bytes too
     if mode == "auto":  # which tiers ran depends on measured times: the estimate covers all of them
         assert estimate >= 0.95 * held, (held, estimate)
+        if self_draft:  # and what it adds for the self draft covers that tier's window
+            added = cache_bytes(cfg, target.config, draft_config, 340, 4) - \
+                cache_bytes(replace(cfg, auto_self_draft=False), target.config, draft_config, 340, 4)
+            window = held_bytes([engine.planner.tiers["draft@self"].cache])
+            assert window <= added <= 1.5 * window, (window, added)
         return
     # all but small state (positions, RoPE angles), a few percent of this toy cache of 16-wide heads; the
     # estimate holds the target's queries of QUERY_ROWS rows (the fused loop's store, or the layer-by-layer

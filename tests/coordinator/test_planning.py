@@ -138,6 +138,25 @@ def test_a_larger_budget_runs_where_its_checks_pay():
     assert [d["mode"] for d in planner.decisions] == ["triforce", "triforce@200"]
 
 
+def test_of_two_drafts_the_one_whose_accepted_tokens_cost_least_runs():
+    """With auto_self_draft the planner holds two draft tiers: the draft model's, cheap, and the target's own
+    weights over a streaming window ("draft@self"), dear but accepted far more. Each is scored on its own
+    cost and acceptance, as its own mode ("draft@self"; above the retrieval tier "triforce@self"), and the
+    self draft runs where the draft model's proposals are mostly rejected, the draft model where they are
+    not."""
+    costs = {"draft": {1: 0.05}, "draft@self": {1: 0.3}, "retrieval": {n: 0.6 for n in FLAT}, "target": FLAT}
+    planner = planner_with(costs, budget=100)
+    planner.acceptance["draft"] = Acceptance(0.6, successes=30.0, trials=100.0)
+    planner.acceptance["draft@self"] = Acceptance(0.6, successes=90.0, trials=100.0)
+    assert planner.plan(1000, 0).mode == "draft@self"
+    predicted = planner.decisions[-1]["why"]["predicted_tokens_per_s"]
+    assert {"draft", "draft@self", "triforce", "triforce@self"} <= set(predicted)
+    assert predicted["draft@self"] > predicted["draft"]
+    planner.acceptance["draft"] = Acceptance(0.6, successes=85.0, trials=100.0)
+    assert planner.plan(1000, 8).mode == "draft"
+    assert [d["mode"] for d in planner.decisions] == ["draft@self", "draft"]
+
+
 def test_a_budget_far_below_a_quarter_of_the_context_starts_from_a_lower_prior():
     """Where no earlier request ran, a retrieval tier starts from PRIOR_STEP less per halving of its
     budget below a quarter of the context: at 1,600 tokens the tier of 400 is tried before the cheaper

@@ -4,9 +4,21 @@ import pytest
 
 import random
 
-from triforce.coordinator.speed_model import (chain_sizes, check_sizes, check_yields, expected_tokens, seconds_per_token,
-                                              stop_names)
+from triforce.coordinator.speed_model import (chain_sizes, check_sizes, check_yields, expected_tokens, mode_stack,
+                                              seconds_per_token, stack_mode, stop_names)
 from triforce.coordinator.costs import dense_costs, interpolate
+
+
+def test_a_modes_name_gives_back_its_stack():
+    """stack_mode names a stack by its kinds' mode and what tells its tiers from others of their kind (a
+    retrieval budget, the self draft); mode_stack reads the stack back from that name."""
+    drafts, retrievals = ("draft", "draft@self"), ("retrieval", "retrieval@8192")
+    stacks = [("target",)] + [(d, "target") for d in drafts] + [(r, "target") for r in retrievals] + \
+        [(d, r, "target") for d in drafts for r in retrievals]
+    names = [stack_mode(stack) for stack in stacks]
+    assert names == ["ar", "draft", "draft@self", "retrieval", "retrieval@8192", "triforce", "triforce@8192",
+                     "triforce@self", "triforce@self@8192"]
+    assert [mode_stack(name) for name in names] == stacks
 
 
 def test_expected_tokens_is_the_mean_of_a_chain_check():

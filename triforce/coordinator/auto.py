@@ -57,7 +57,7 @@ from .forward_times import role_at, row_seconds
 from .metrics import RequestMetrics, TierStats
 from .planning import AutoPlanner
 from .priors import request_key
-from .speed_model import Plan
+from .speed_model import Plan, has_draft, tier_kind
 from .tiers import Tier
 
 REPLAN_ROUNDS = 8
@@ -127,11 +127,14 @@ class AutoEngine(HierarchyEngine):
         of a 24 s decode, benchmarks/batch_timeline.py), and its costs are measured at its real context."""
         if not (yield from super()._prefill(tokens, show_progress, cancelled)):
             return False
-        draft = self.planner.tiers.get("draft")
-        if draft is not None and self.plans:
+        for draft in self._drafts() if self.plans else ():
             yield from self._catch_up(draft, len(self.seq) - 1)
         yield from self._replan(0)
         return True
+
+    def _drafts(self) -> list[Tier]:
+        """The request's draft tiers: the draft model's, the target's own (SELF_DRAFT_TIER), or both."""
+        return [tier for name, tier in self.planner.tiers.items() if tier_kind(name) == "draft"]
 
     def _catch_up(self, tier: Tier, end: int) -> Generator[Forward, None, None]:
         """Forwards (logits unused) that bring an idle tier's cache through seq[:end]."""
@@ -142,7 +145,7 @@ class AutoEngine(HierarchyEngine):
         self.rounds += 1
         mates = self.planner.batchmates
         if self.rounds % REPLAN_ROUNDS == 0 or (self._running is not None and self._busy() != self._planned_busy):
-            yield from self._watch_idle_draft(generated)
+            yield from self._watch_idle_drafts(generated)
             yield from self._replan(generated)  # also as soon as a batchmate's prefill begins or ends
         elif mates is not None and self._running is not None and mates.plan not in (None, self._running[0]):
             yield from self._adopt(mates.plan, generated, mates.decision)  # the batch's leader re-planned
@@ -201,28 +204,40 @@ class AutoEngine(HierarchyEngine):
         # the draft's acceptance but not the STOP_RATES that `triforce`'s plans are predicted from, so a poor
         # start of `draft` left `triforce` rated at its priors (SmolLM2 at 8K greedy on the Zen 4: 103
         # tokens/s predicted after 9 tokens where the target took 1 of 14 of the draft's, 74-79 measured)
-        self.stop_watch = self.planner.stop_threshold if not plan.stop_below and plan.stack[0] == "draft" else 0.0
+        self.stop_watch = self.planner.stop_threshold if not plan.stop_below and has_draft(plan.stack) else 0.0
         self._running, self._shared, self._last = (plan, generated, time.perf_counter()), False, None
         self.planner.begin_stretch()
 
     def _emitted(self, tokens: list[int], rows: list) -> None:
         self._target_p += [float(row[token]) for token, row in zip(tokens, rows)]
 
-    def _watch_idle_draft(self, generated: int) -> Generator[Forward, object, None]:
-        """An idle draft catches up on the committed tokens, and what it would have proposed for the
-        generated ones becomes acceptance evidence, where that can pay (the module docstring)."""
-        draft = self.planner.tiers.get("draft")
-        if draft is None or draft in self.tiers or self._running is None:
+    def _watch_idle_drafts(self, generated: int) -> Generator[Forward, object, None]:
+        """Each idle draft catches up on the committed tokens, and what it would have proposed for the
+        generated ones becomes acceptance evidence, where that can pay (the module docstring; a plan's
+        draft_upside is that of the best stack with either draft, and what watching costs is what watching
+        every idle one took)."""
+        idle = [draft for draft in self._drafts() if draft not in self.tiers]
+        if not idle or self._running is None:
             return
         plan, since, began = self._running
-        start, level = time.perf_counter(), self.ladder.index(draft)
+        start = time.perf_counter()
         cost = 0.0  # what watching costs as a fraction of the plan's time per token, once a watch measured it
         if self._watch_seconds is not None and generated > since:
             cost = self._watch_seconds * (generated - since) / (start - began)
         if plan.draft_upside - 1 <= cost:
             return
-        self._last = None
-        first = self.prompt_length  # seq's index of the first generated token
+        self._last, covered = None, 0
+        for draft in idle:  # (each covers the same positions)
+            covered = max(covered, (yield from self._watch(draft)))
+        seconds = time.perf_counter() - start
+        if covered:  # (per position the forwards covered, forced or not: what `cost` multiplies it by)
+            self._watch_seconds = seconds / covered
+        self._running = (plan, since, began + seconds)  # the running plan's measured speed leaves this out
+
+    def _watch(self, draft: Tier) -> Generator[Forward, object, int]:
+        """`draft` catches up on the committed tokens, its would-be proposals for the generated ones made
+        acceptance evidence (_watch_idle_drafts); returns how many positions its forwards covered."""
+        first, level = self.prompt_length, self.ladder.index(draft)  # (seq's index of the first generated token)
         yield from self._catch_up(draft, first - 1)  # rows that predict the prompt
         accepted = tokens = 0.0  # (tokens: the unforced of the positions covered)
         covered, stop = 0, self.planner.stop_threshold
@@ -247,10 +262,7 @@ class AutoEngine(HierarchyEngine):
         if stop:  # how its chains would have ended there, by its top probability alone (a running chain
             # also goes on past a lookup's copy it drew, which this counts by the draft's confidence)
             self.planner.observe_idle_stops(draft.name, tuple(by_sureness[True]), tuple(by_sureness[False]))
-        seconds = time.perf_counter() - start
-        if covered:  # (per position its forwards covered, forced or not: what `cost` multiplies it by)
-            self._watch_seconds = seconds / covered
-        self._running = (plan, since, began + seconds)  # the running plan's measured speed leaves this out
+        return covered
 
     def _as_proposed(self, row: torch.Tensor, at: int) -> torch.Tensor:
         """The bottom tier's distribution `row` for seq[at] as a chain would have proposed from it: mixed

@@ -31,7 +31,7 @@ from .confident_trees import ConfidenceShaper
 from .engine import FORCED_LAG, HierarchyEngine
 from .planning import MAX_GAMMA, AutoPlanner
 from .priors import Priors
-from .speed_model import retrieval_name
+from .speed_model import SELF_DRAFT_TIER, retrieval_name
 from .tiers import RetrievalTier, Tier
 from .trees import TreeShaper
 from .verifier import LocalVerifier, Verifier
@@ -111,9 +111,10 @@ def cache_bytes(cfg: EngineConfig, target: ModelConfig, draft: ModelConfig | Non
             total += per_token // 2 * (capacity // cfg.chunk_size)  # mean keys of every chunk
     total += retrieval_bytes(cfg, target, capacity, itemsize, remote)
     total += rebuild_bytes(cfg, target, capacity, itemsize, remote)
-    if runs_tier(cfg.mode, "draft", draft is not None):
+    drafts = [draft] if runs_tier(cfg.mode, "draft", draft is not None) else []
+    for model in drafts + ([target] if cfg.auto_self_draft and cfg.mode == "auto" else []):  # (SELF_DRAFT_TIER)
         # a double buffer of recent tokens, and the fused loop's copy of sinks and window (bfloat16 CPUs)
-        total += draft.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack)
+        total += model.kv_bytes_per_token(itemsize) * (cfg.sinks + 2 * (cfg.window + slack)
                                                        + cfg.sinks + cfg.window + VIEW_ROWS)
     return total
 
@@ -194,7 +195,8 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     """max_length: prompt + max_new_tokens. `verifier` defaults to an in-process one, which reuses the
     prompt blocks `prefixes` holds. `batchmates`: the requests run together with this one (mode auto plans
     for the batch). `retrieval_model`: the retrieval tier's weights (default the target's; an int8 twin,
-    models/quantized.py)."""
+    models/quantized.py), which with cfg.auto_self_draft mode auto's second draft tier runs too
+    (SELF_DRAFT_TIER: the target's own weights over a streaming cache, beside the draft model's)."""
     slack = speculation_slack(cfg)
     retrieval_model = target if retrieval_model is None else retrieval_model
     for tier, model in (("retrieval", retrieval_model), ("draft", draft)):
@@ -206,16 +208,16 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
     if verifier is None:
         verifier = LocalVerifier(target, max_length + slack, cfg.prefill_chunk, prefixes)
 
-    def draft_tier() -> Tier:
-        if draft is None:
+    def draft_tier(model: LlamaModel | None = draft, name: str = "draft") -> Tier:
+        if model is None:
             raise ValueError(f"mode {cfg.mode!r} needs a draft model")
-        check_draft_window(cfg, draft.config)
+        check_draft_window(cfg, model.config)
         # Its keys are rotated at their positions in the text: the table covers them all before the first
         # forward (it does not grow beneath a forward, nor under a CUDA graph that holds its address).
         chunk = min(cfg.prefill_chunk, cfg.window)
-        draft.rope.reach(max_length + slack)
-        cache = StreamingKVCache(draft.config, cfg.sinks, cfg.window, slack, draft.rope, draft.dtype, draft.device)
-        return Tier("draft", draft, cache, chunk)
+        model.rope.reach(max_length + slack)
+        cache = StreamingKVCache(model.config, cfg.sinks, cfg.window, slack, model.rope, model.dtype, model.device)
+        return Tier(name, model, cache, chunk)
 
     def retrieval_tier(budget: int = cfg.budget) -> Tier:
         cache = RetrievalKVCache(verifier.kv_source(), budget, cfg.chunk_size, cfg.retrieval_policy,
@@ -233,6 +235,7 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
 
     if cfg.mode == "auto":
         ladder = [draft_tier()] if draft is not None else []
+        ladder += [draft_tier(retrieval_model, SELF_DRAFT_TIER)] if cfg.auto_self_draft else []
         ladder += [retrieval_tier(budget) for budget in auto_budgets(cfg)] + [verifier]
         return AutoEngine(ladder, AutoPlanner({t.name: t for t in ladder}, cfg.budget, priors=Priors.default(),
                                               batchmates=batchmates, fixed_stop=cfg.stop_below,

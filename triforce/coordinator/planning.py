@@ -55,8 +55,8 @@ from .forward_times import ForwardTimes
 from .planner_evidence import PlannerEvidence
 from .priors import Priors
 from .realized import RealizedSpeed
-from .speed_model import (PRIOR, PRIOR_GOES_ON, PRIOR_TRIALS, Acceptance, Plan, mode_stack, prior, seconds_per_token,
-                          stack_mode, stop_names, tier_kind)
+from .speed_model import (PRIOR, PRIOR_GOES_ON, PRIOR_TRIALS, Acceptance, Plan, has_draft, mode_stack, prior,
+                          seconds_per_token, stack_mode, stop_names, tier_kind)
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
@@ -116,7 +116,7 @@ class AutoPlanner(PlannerEvidence):
         """The stacks worth scoring: each retrieval tier once the context is twice its budget; the one of the
         configured budget also while the target is busy with a batchmate's prefill (its checks then cost a
         chunk, the retrieval tier's not)."""
-        drafts = [("draft",)] if "draft" in self.tiers else []
+        drafts = [(name,) for name in self.tiers if tier_kind(name) == "draft"]
         retrievals = [(name,) for name in self.tiers if tier_kind(name) == "retrieval"
                       and (context >= 2 * self._budget(name) or (busy and name == "retrieval"))]
         below = [()] + drafts + retrievals + [draft + retrieval for retrieval in retrievals for draft in drafts]
@@ -134,7 +134,7 @@ class AutoPlanner(PlannerEvidence):
         Without `measure` (a few tokens are left: a batch that shrank as its members ended), those of the
         nearest batch size the table knows stand in, where it knows one."""
         needed = sorted({name for stack in stacks for name in stack})
-        sizes = {name: (1,) if name == "draft" else CHECK_SIZES for name in needed}
+        sizes = {name: (1,) if tier_kind(name) == "draft" else CHECK_SIZES for name in needed}
         mates = []
         self._batch = self.batch_size()
 
@@ -214,7 +214,7 @@ class AutoPlanner(PlannerEvidence):
                     continue
                 mean_rate = speed(stack, gammas, means)
                 expected[mode] = max(expected.get(mode, 0.0), mean_rate)
-                if "draft" in stack:
+                if has_draft(stack):
                     with_draft = max(with_draft, speed(stack, gammas, optimistic))
                 if len(stack) == 1 or mean_rate >= plain / (SWITCH_MARGIN if mode == running else 1.0):
                     paying[gammas] = mean_rate  # speculation must be expected to pay
@@ -233,7 +233,7 @@ class AutoPlanner(PlannerEvidence):
         if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it (once:
             # a stretch beside a batchmate's prefill measures nothing, and the probe came back every plan)
             best, self._probed = Plan(("target",), (), plain), True
-        upside = 0.0 if "draft" in best.stack or not with_draft else with_draft / best.tokens_per_s
+        upside = 0.0 if has_draft(best.stack) or not with_draft else with_draft / best.tokens_per_s
         best = replace(best, stop_below=self._stop_below(best.stack), draft_upside=upside)
         last = self.decisions[-1] if self.decisions else {}
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
@@ -258,7 +258,8 @@ class AutoPlanner(PlannerEvidence):
         or None where there are none."""
         if self.preferred_gammas is None:
             return None
-        return tuple(self.preferred_gammas[0] if name == "draft" else self.preferred_gammas[1] for name in stack[:-1])
+        return tuple(self.preferred_gammas[0] if tier_kind(name) == "draft" else self.preferred_gammas[1]
+                     for name in stack[:-1])
 
     @property
     def stop_threshold(self) -> float:
@@ -275,7 +276,7 @@ class AutoPlanner(PlannerEvidence):
         0.91x without it in a batch of four (docs/auto.md: "The stop does not fit the retrieval tier")."""
         if self.fixed_stop is not None:
             return self.fixed_stop
-        check = self.times.scaled.get(stack_mode(stack), {}).get(stack[1]) if stack[0] == "draft" else None
+        check = self.times.scaled.get(stack_mode(stack), {}).get(stack[1]) if has_draft(stack) else None
         if not check:
             return 0.0
         return self.stop_threshold if interpolate(check, 4) >= STEEP_CHECKS * interpolate(check, 1) else 0.0

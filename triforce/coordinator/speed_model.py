@@ -57,6 +57,9 @@ STACK_MODES = {("target",): "ar", ("draft", "target"): "draft", ("retrieval", "t
                ("draft", "retrieval", "target"): "triforce"}
 
 
+SELF_DRAFT_TIER = "draft@self"  # mode auto's second draft tier: the target's own weights over a streaming cache
+
+
 def retrieval_name(budget: int, configured: int) -> str:
     """The name of the retrieval tier of `budget` in mode auto, which holds one per candidate budget
     (hierarchy.py): "retrieval" for the configured budget, as in the fixed modes; "retrieval@B" for others."""
@@ -64,8 +67,14 @@ def retrieval_name(budget: int, configured: int) -> str:
 
 
 def tier_kind(name: str) -> str:
-    """"draft", "retrieval" or "target": what a tier named `name` is, whatever its budget."""
+    """"draft", "retrieval" or "target": what a tier named `name` is, whatever its budget or model
+    ("retrieval@8192", "draft@self": SELF_DRAFT_TIER)."""
     return name.partition("@")[0]
+
+
+def has_draft(stack: tuple[str, ...]) -> bool:
+    """Whether `stack` runs a draft tier (either of mode auto's: the draft model's or SELF_DRAFT_TIER)."""
+    return tier_kind(stack[0]) == "draft"
 
 
 def prior(name: str, budget: int | None = None, context: int | None = None) -> float:
@@ -94,17 +103,22 @@ def stop_trials(went_on: list[bool], accepted: int) -> list[tuple[bool, bool]]:
 
 
 def stack_mode(stack: tuple[str, ...]) -> str:
-    """The mode that runs `stack` (STACK_MODES), with the budget of a retrieval tier other than the
-    configured one: ("draft", "retrieval@8192", "target") runs "triforce@8192"."""
-    budget = "".join(name.partition("@")[2] for name in stack)
-    return STACK_MODES[tuple(tier_kind(name) for name in stack)] + (f"@{budget}" if budget else "")
+    """The mode that runs `stack` (STACK_MODES), with what tells its tiers from others of their kind, cheapest
+    first: ("draft", "retrieval@8192", "target") runs "triforce@8192", ("draft@self", "target") "draft@self",
+    ("draft@self", "retrieval@8192", "target") "triforce@self@8192"."""
+    marks = "".join(f"@{name.partition('@')[2]}" for name in stack if "@" in name)
+    return STACK_MODES[tuple(tier_kind(name) for name in stack)] + marks
 
 
 def mode_stack(mode: str) -> tuple[str, ...]:
-    """The stack that `mode` (stack_mode's name) runs."""
-    base, _, budget = mode.partition("@")
+    """The stack that `mode` (stack_mode's name) runs: a budget's mark names the retrieval tier, another
+    mark the draft."""
+    base, *marks = mode.split("@")
     stack = next(stack for stack, name in STACK_MODES.items() if name == base)
-    return tuple(f"{name}@{budget}" if budget and name == "retrieval" else name for name in stack)
+    budget = next((m for m in marks if m.isdecimal()), "")
+    draft = next((m for m in marks if not m.isdecimal()), "")
+    marked = {"retrieval": budget, "draft": draft}
+    return tuple(f"{name}@{marked[name]}" if marked.get(name) else name for name in stack)
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:

@@ -133,6 +133,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="draft tier: the draft's own weights, an int8 copy of its layer matrices and head, or "
                         "auto (default), as --retrieval-weights (the copy pays for a large draft, such as "
                         "Qwen2.5-Coder-0.5B, not for SmolLM2's small shipped one)")
+    g.add_argument("--auto-self-draft", action="store_true",
+                   help="mode auto: hold a second draft tier beside the draft model's, the target's own weights over "
+                        "a streaming cache of --sinks + --window (as --draft self runs it), and pick between the two "
+                        "by their measured costs and acceptance (the self draft pays in batches, where reading the "
+                        "weights is shared and its proposals are accepted far more often: docs/auto.md)")
 
 
 WORKER_DEFAULTS = {"control_host": "127.0.0.1", "control_bind": "127.0.0.1", "control_port": None,
@@ -255,7 +260,7 @@ def engine_settings(args) -> dict:
                 chunk_size=args.chunk_size, retrieval_policy=args.retrieval_policy, full_layers=args.full_layers,
                 retrieval_weights=args.retrieval_weights, draft_weights=args.draft_weights,
                 sinks=args.sinks, window=args.window, lookup=args.lookup,
-                stop_below=args.stop_below)
+                stop_below=args.stop_below, auto_self_draft=args.auto_self_draft)
 
 
 # SamplingParams fields whose flag is not their name with dashes
