@@ -10,9 +10,10 @@ A draft is `default` (the target's default draft: SmolLM2's shipped one) or anyt
 --settings with its defaults (the second named NAME+settings). B prompts are cut from the six
 novels in ../shared/data (prompt i from novel i mod 6, its KV restored from a prefix store after a first,
 unmeasured turn per LLM); each draft runs with the engine's default settings, the second with --settings
-over them (engine settings as `LLM` takes them: numbers are read as numbers). Prints a JSON
-line per (mode, batch): each draft's tokens/s per turn (generated tokens over the longest decode), the
-median of each draft's turns, each draft's tier acceptance (its last turn's) and the medians' ratio second / first.
+over them (engine settings as `LLM` takes them: numbers are read as numbers, true and false as booleans).
+Prints a JSON line per (mode, batch): each draft's tokens/s per turn (generated tokens over the longest
+decode), the median of each draft's turns, each draft's tier acceptance and, in mode auto, the modes its
+plans ran (its last turn's), and the medians' ratio second / first.
 At temperature 0 it also says whether every turn's tokens were equal.
 """
 from __future__ import annotations
@@ -56,7 +57,7 @@ def main() -> None:
             params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                                     ignore_eos=True)
             rates = {name: [] for name in llms}
-            outputs, tiers = [], {}
+            outputs, tiers, plans = [], {}, {}
             for name, llm in llms.items():  # a first turn each fills its prefix store, unmeasured
                 llm.generate(prompts, params, use_tqdm=False)
             for turn in range(args.turns):
@@ -66,12 +67,13 @@ def main() -> None:
                     rates[name].append(round(sum(len(o.token_ids) for o in outs) / decode, 2))
                     outputs.append([o.token_ids for o in outs])
                     tiers[name] = acceptance(outs)
+                    plans[name] = sorted({d["mode"] for o in outs for d in o.metrics.auto or []})
             medians = {name: statistics.median(r) for name, r in rates.items()}
             first, second = labels
             row = {"mode": mode, "batch": batch, "length": args.length, "temperature": args.temperature,
                    "rope_scaling": args.rope_scaling,
                    "settings": settings, "proposer_weights": {name: llm.proposer_weights for name, llm in llms.items()},
-                   "tokens_per_s": rates, "median": medians, "acceptance": tiers,
+                   "tokens_per_s": rates, "median": medians, "acceptance": tiers, "auto_modes": plans,
                    f"{second}_over_{first}": round(medians[second] / medians[first], 3)}
             if args.temperature == 0:
                 row["outputs_equal"] = all(o == outputs[0] for o in outputs)
@@ -81,6 +83,8 @@ def main() -> None:
 
 def setting(item: str) -> tuple[str, object]:
     name, _, value = item.partition("=")
+    if value.lower() in ("true", "false"):
+        return name, value.lower() == "true"
     for kind in (int, float):
         try:
             return name, kind(value)

@@ -314,6 +314,9 @@ def test_a_sweep_casts_each_value_to_its_settings_type():
     assert parse_sweep(["tree1=auto,4"], modes) == ("tree1", ["auto", 4])  # int | str
     assert parse_sweep(["lookup=0,3"], modes) == ("lookup", [0, 3])  # int | None
     assert parse_sweep(["budget=256,512"], modes) == ("budget", [256, 512])
+    assert parse_sweep(["auto_self_draft=false,True"], ["auto"]) == ("auto_self_draft", [False, True])  # bool
+    with pytest.raises(UserError, match="takes true and false"):
+        parse_sweep(["auto_self_draft=0,1"], ["auto"])
 
 
 @pytest.mark.parametrize("flag,value", [("--lengths", "-5"), ("--batch", "0"), ("--max-new-tokens", "0"),

@@ -203,7 +203,7 @@ class AutoPlanner(PlannerEvidence):
                                                                          self.row_seconds, stops[stack])
 
         plain = speed(("target",), (), means)
-        scored, expected, with_draft = {}, {}, 0.0
+        scored, expected, with_draft = {}, {}, {}  # with_draft: per draft tier, its best stack's optimistic speed
         for stack in stacks:
             mode, anchor = stack_mode(stack), self._anchor(stack)
             shortest = STOP_MIN_GAMMA if self._stop_below(stack) else 1
@@ -215,7 +215,7 @@ class AutoPlanner(PlannerEvidence):
                 mean_rate = speed(stack, gammas, means)
                 expected[mode] = max(expected.get(mode, 0.0), mean_rate)
                 if has_draft(stack):
-                    with_draft = max(with_draft, speed(stack, gammas, optimistic))
+                    with_draft[stack[0]] = max(with_draft.get(stack[0], 0.0), speed(stack, gammas, optimistic))
                 if len(stack) == 1 or mean_rate >= plain / (SWITCH_MARGIN if mode == running else 1.0):
                     paying[gammas] = mean_rate  # speculation must be expected to pay
             if paying:  # the mean picks the gammas, optimism the mode (the module docstring)
@@ -233,7 +233,8 @@ class AutoPlanner(PlannerEvidence):
         if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it (once:
             # a stretch beside a batchmate's prefill measures nothing, and the probe came back every plan)
             best, self._probed = Plan(("target",), (), plain), True
-        upside = 0.0 if has_draft(best.stack) or not with_draft else with_draft / best.tokens_per_s
+        idle = [rate for name, rate in with_draft.items() if name != best.stack[0]]  # (with two drafts, one runs)
+        upside = max(idle) / best.tokens_per_s if idle else 0.0
         best = replace(best, stop_below=self._stop_below(best.stack), draft_upside=upside)
         last = self.decisions[-1] if self.decisions else {}
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:

@@ -207,8 +207,9 @@ class Plan:
     gammas: tuple[int, ...]  # tokens per check at each level above the bottom
     tokens_per_s: float  # what the model predicts
     stop_below: float = 0.0  # the bottom tier's chains end after a proposal it was less sure of (engine.py)
-    # What the best stack with the draft, which this plan leaves idle, is predicted to reach over this plan
-    # (at the optimistic acceptance, which is what would make the planner take it); 0: no idle draft
+    # What the best stack with a draft this plan leaves idle (with two drafts, the one it does not run) is
+    # predicted to reach over this plan (at the optimistic acceptance, which is what would make the planner
+    # take it); 0: no idle draft
     draft_upside: float = 0.0
 
     @property

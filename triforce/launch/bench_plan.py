@@ -31,6 +31,11 @@ def parse_sweep(specs: list[str] | None, modes: list[str]) -> tuple[str | None, 
         raise UserError(f"--sweep needs SETTING=V1,V2 with SETTING an engine setting other than the mode "
                         f"(--modes; got {spec!r})")
     kind = str(field_types[name])
+    if kind == "bool":
+        truth = {"true": True, "false": False}
+        if any(v.lower() not in truth for v in values.split(",")):
+            raise UserError(f"--sweep {name} takes true and false (got {values!r})")
+        return name, [truth[v.lower()] for v in values.split(",")]
     cast = float if "float" in kind else int if kind == "int" else str
     try:
         return name, [int(v) if v.isdecimal() and "int" in kind else cast(v) for v in values.split(",")]
