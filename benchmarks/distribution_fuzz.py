@@ -6,11 +6,12 @@ configurations they name, over combinations no test names.
 
 Each case draws, from its own seed, an engine configuration as benchmarks/exactness_fuzz.py draws it (a
 mode, mode auto on a script of plans that switch tiers every round or two, the retrieval policy, budget
-and chunk size, gammas, rounds2, trees and their shapes, the prompt lookup, stop_below, int8 twins, the target as its own draft or beside the draft in mode auto) and
-one sampled request (temperature, top-k, top-p, min-p, penalties, logit bias, allowed tokens, a bad word,
-min_tokens, end-of-sequence kept or ignored), on a prompt of 40-120 tokens that the retrieval tier's
-budget cuts into chosen chunks, over tiny models of 8 tokens in the CPU kernels' shapes (SPEC), float32
-or bfloat16, whose tiers agree on some proposals and not on others.
+and chunk size, gammas, rounds2, trees and their shapes, the prompt lookup, stop_below, int8 twins, the
+target as its own draft or beside the draft in mode auto) and one sampled request (temperature, top-k,
+top-p, min-p, penalties, logit bias, allowed tokens, a bad word, min_tokens, end-of-sequence kept or
+ignored), on a prompt of 40-120 tokens that the retrieval tier's budget cuts into chosen chunks, over
+tiny models of 8 tokens in the CPU kernels' shapes (SPEC), float32 or bfloat16, whose tiers agree on some
+proposals and not on others.
 It runs the request under `--runs` seeds in the configuration and tests its first tokens by chi-square:
 in float32 against their exact distribution under plain sampling, walked from the target's rows (the
 pair of the first two, then the third given the pair and the fourth given the first three; a token it
@@ -103,10 +104,7 @@ def draw_case(seed: int, index: int) -> dict:
     settings = fuzz.engine_settings(rng)
     script = [(rng.choice(fuzz.STACKS), (rng.randint(1, 4), rng.randint(1, 4)), rng.random())
               for _ in range(rng.randint(1, 4))]  # (mode auto's own planning would keep tiny models on `ar`)
-    apart = random.Random(f"distribution:{seed}:{index}:self")  # (drawn apart: earlier cases stay as they were)
-    self_draft = apart.random() < 0.2
-    if settings["mode"] == "auto" and not self_draft:
-        settings["auto_self_draft"] = apart.random() < 0.5
+    self_draft = fuzz.draw_self_draft(random.Random(f"distribution:{seed}:{index}:self"), settings)
     return dict(arch=rng.choice(fuzz.ARCHS), kind="small", dtype=rng.choice(["float32", "float32", "bfloat16"]),
                 settings=settings, prompt=[rng.randrange(0, VOCAB) for _ in range(rng.randint(40, 120))],
                 params=request_params(rng), auto_script=script if settings["mode"] == "auto" else None,

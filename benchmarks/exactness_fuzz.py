@@ -10,8 +10,9 @@ every 1, 2 or 8 rounds, tests/scripted_planner.py, since on tiny models it would
 retrieval policy, budget, chunk size, full layers and refresh, gammas, rounds2, a tree at the bottom tier
 (size and shape), the prompt lookup, the draft's window, a fixed stop_below, int8 twins for the proposing
 tiers, the target as its own draft (`--draft self`: one model object at two tiers, one int8 twin for both
-proposers) or, in mode auto, as a second draft beside the draft model (auto_self_draft); and one to four requests of different prompt lengths, each greedy or sampled (seeded), with top-k /
-top-p / min-p, penalties, logit bias, min_tokens, stop token ids, bad words, allowed token ids and
+proposers) or, in mode auto, as a second draft beside the draft model (auto_self_draft); and one to four
+requests of different prompt lengths, each greedy or sampled (seeded), with top-k / top-p / min-p,
+penalties, logit bias, min_tokens, stop token ids, bad words, allowed token ids and
 end-of-sequence kept or ignored, one of them maybe joining the running batch late; in three cases in ten
 the prompts begin with one document, whose blocks a prefix store keeps (the requests alone restore from
 the earlier ones, the batch's from each other). Tiny random models of the CPU kernels' shapes (a 3-layer
@@ -201,14 +202,23 @@ def draw_case(seed: int, index: int) -> dict:
         document = [more.randrange(3, VOCAB) for _ in range(more.randint(16, 160))]
         for r in requests:
             r["prompt"] = document + r["prompt"][:more.randint(1, 40)]
-    settings, apart = engine_settings(rng), random.Random(f"{seed}:{index}:self")  # (apart too, as above)
-    self_draft = apart.random() < 0.2
-    if settings["mode"] == "auto" and not self_draft:
-        settings["auto_self_draft"] = apart.random() < 0.5
+    settings = engine_settings(rng)
+    self_draft = draw_self_draft(random.Random(f"{seed}:{index}:self"), settings)  # (apart too, as above)
     return dict(arch=rng.choice(ARCHS), kind=rng.choice(list(SHARES)),
                 dtype=rng.choice(["float32", "float32", "bfloat16"]), settings=settings,
                 requests=requests, join_after=join_after, auto_script=script, shared=shared,
                 replan_rounds=rng.choice([1, 2, 8]), self_draft=self_draft)
+
+
+def draw_self_draft(apart: random.Random, settings: dict) -> bool:
+    """Whether a case's draft is the target itself (`--draft self`, one case in five); in mode auto
+    otherwise, whether the target is a second draft beside it (auto_self_draft, set in `settings`, one case
+    in two). From `apart`, a generator of the case's own: the cases drawn before these existed stay as
+    they were."""
+    self_draft = apart.random() < 0.2
+    if settings["mode"] == "auto" and not self_draft:
+        settings["auto_self_draft"] = apart.random() < 0.5
+    return self_draft
 
 
 GROUP = None  # with --workers: the worker group (tests/workers/worker_group.py) every target check runs on
@@ -427,7 +437,8 @@ def main() -> None:
                 failed += bool(failures)
                 record(dict(case=index, seed=args.seed, vocab=VOCAB, ok=not failures, failures=failures, accepted_of_proposed=seen,
                             auto_script=case["auto_script"] and case["settings"]["mode"] == "auto",
-                            shared_prefix=case["shared"], self_draft=case["self_draft"], arch=case["arch"], kind=case["kind"], dtype=case["dtype"],
+                            shared_prefix=case["shared"], self_draft=case["self_draft"], arch=case["arch"],
+                            kind=case["kind"], dtype=case["dtype"],
                             config=case["settings"], join_after=case["join_after"],
                             requests=[dict(prompt_tokens=len(r["prompt"]), **r["params"]) for r in case["requests"]]),
                        args.out)

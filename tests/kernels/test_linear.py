@@ -15,9 +15,10 @@ def test_cpu_bf16_kernel_matches_float32_reference(level, n, k, out, amx):
     take several passes over each tile of W, and 1728 rows of W at K = 576 several tiles, the last one
     ragged; AVX512-BF16 takes up to 11 rows in one pass, so 9 and 11 are one there, 16 two pieces of 8; at
     AVX2 from 5 rows three rows of W at a time, 2 rows of x at a time and the odd one alone, and the last one or
-    two rows of W of a tile alone: 3, 80 and 576 rows of W are not multiples of 3, nor are some tiles) and the AMX path (16 rows per piece, N a multiple of 16: 1728 = 36 blocks of 16, 80 = 5,
-    each block prefetching the next but the last; up to four pieces per pass over W, so 88 rows take two
-    passes of three pieces, the last one ragged)."""
+    two rows of W of a tile alone: 3, 80 and 576 rows of W are not multiples of 3, nor are some tiles) and
+    the AMX path (16 rows per piece, N a multiple of 16: 1728 = 36 blocks of 16, 80 = 5, each block
+    prefetching the next but the last; up to four pieces per pass over W, so 88 rows take two passes of
+    three pieces, the last one ragged)."""
     if amx and not has_amx():
         pytest.skip("no AMX tiles at this level")
     x, w = torch.randn(n, k).bfloat16(), torch.randn(out, k).bfloat16()

@@ -59,8 +59,8 @@ def passkey_prompt(tokenizer, filler: list[int], length: int, seed: int) -> tupl
     return filler[:at] + plant + filler[at:body] + question, key
 
 
-TIER_SETTINGS = ("tree1", "tree2", "rounds2", "tree_shape", "stop_below", "lookup", "auto_self_draft")  # of tiers
-# some modes run
+# settings of tiers that only some modes run
+TIER_SETTINGS = ("tree1", "tree2", "rounds2", "tree_shape", "stop_below", "lookup", "auto_self_draft")
 
 
 def check_tier_settings(args, sweep_name: str | None, sweep_values: list) -> None:
