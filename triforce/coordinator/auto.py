@@ -15,29 +15,29 @@ to a target forward is learned apart, and a plan is made again as soon as a batc
 ends, with that cost or without it. The time between forwards is the wall time alone; in a batch, where
 that holds the batchmates' forwards too, the request's own part of it (runs.OwnTime).
 
-An idle draft (the plan runs `ar` or `retrieval`) still tells the planner how it would fare: at each
-re-plan it catches up on the tokens committed since (as it must before it runs again anyway) with its
-logits kept, and for each committed token x, drawn from the target's distribution p, min(1, q(x) / p(x))
-with q the draft's distribution there, mixed with the prompt lookup's copy as a chain would have proposed
-it (the copy and the lookup's weight at that position), is an unbiased estimate of the chance that the
-draft's proposal there is accepted (its expectation over x ~ p is sum_x min(p(x), q(x)); greedy: whether
-the mixture's argmax is x); and where chains end early (`stop_below`), whether its top probability
-there would have let a chain go on, and those estimates apart for positions it was sure of or not
-(speed_model.STOP_RATES). Without the copies it rated the draft 0.28-0.36 in `ar` at 32K of Emma
-(SmolLM2, yarn:4, greedy), where `draft` mode's checks fitted 0.73 and led (docs/cli.md, Longer contexts).
-So a draft that a few early checks made look poor is tried again as soon as the text shows it would pay,
-not after its estimate has faded back to the prior (56-72 tokens of `ar` in the runs that found it); it
-costs one forward of the draft per REPLAN_ROUNDS target steps (its window was prefilled with the
-prompt), which the running plan's measured speed leaves out. It watches only while that can pay: a plan
-under which the best stack with the draft is predicted (at the optimistic acceptance, as plans are chosen)
-to gain nothing leaves it unwatched, and once a watch has shown what watching costs per generated token,
-so does one predicted to gain less than that cost as a fraction of the plan's measured time per token (a
-heuristic: evidence could still lift the optimism, but the optimism already holds the doubt, and a longer
-context that slows the target lowers the fraction; a request whose plans all predict no gain gives its
-draft no evidence, and only a later plan's upside, or later requests' priors, can open the gate). The
-Qwen pair in a batch of four at 8K on the AVX2 EPYC ran `ar` throughout while watching the 0.5B draft
-cost about a fifth of the decode (auto 0.83x `ar`; with the gate 0.886x in one run, 0.95x the median of
-three); a small draft beside a long context costs a few percent and is watched as before.
+An idle draft (the plan runs `ar` or `retrieval`, or the other draft where it holds two) still tells the
+planner how it would fare: at each re-plan it catches up on the tokens committed since (as it must before it
+runs again anyway) with its logits kept, and for each committed token x, drawn from the target's distribution
+p, min(1, q(x) / p(x)) with q the draft's distribution there, mixed with the prompt lookup's copy as a chain
+would have proposed it (the copy and the lookup's weight at that position), is an unbiased estimate of the
+chance that the draft's proposal there is accepted (its expectation over x ~ p is sum_x min(p(x), q(x));
+greedy: whether the mixture's argmax is x); and where chains end early (`stop_below`), whether its top
+probability there would have let a chain go on, and those estimates apart for positions it was sure of or not
+(speed_model.STOP_RATES). Without the copies it rated the draft 0.28-0.36 in `ar` at 32K of Emma (SmolLM2,
+yarn:4, greedy), where `draft` mode's checks fitted 0.73 and led (docs/cli.md, Longer contexts). So a draft
+that a few early checks made look poor is tried again as soon as the text shows it would pay, not after its
+estimate has faded back to the prior (56-72 tokens of `ar` in the runs that found it); it costs one forward of
+the draft per REPLAN_ROUNDS target steps (its window was prefilled with the prompt), which the running plan's
+measured speed leaves out. It watches only while that can pay: a plan under which the best stack with the
+draft is predicted (at the optimistic acceptance, as plans are chosen) to gain nothing leaves it unwatched,
+and once a watch has shown what watching costs per generated token, so does one predicted to gain less than
+that cost as a fraction of the plan's measured time per token (a heuristic: evidence could still lift the
+optimism, but the optimism already holds the doubt, and a longer context that slows the target lowers the
+fraction; a request whose plans all predict no gain gives its draft no evidence, and only a later plan's
+upside, or later requests' priors, can open the gate). The Qwen pair in a batch of four at 8K on the AVX2 EPYC
+ran `ar` throughout while watching the 0.5B draft cost about a fifth of the decode (auto 0.83x `ar`; with the
+gate 0.886x in one run, 0.95x the median of three); a small draft beside a long context costs a few percent
+and is watched as before.
 
 Exactness: each round is an exact sample of the target given the committed prefix whatever the stack
 (every stack is exact, engine.py), and a plan only changes between rounds. A tier that joins catches up

@@ -6,6 +6,9 @@ The candidates are every stack the request has (`ar`: the target alone; `draft`;
 (hierarchy.auto_budgets: the configured one, twice and four times it), each once the context is at least
 twice that budget (below that it reads nearly what the target reads). Each budget's tier has its own
 acceptance estimate and costs; its modes are named with it (`triforce@8192`), the configured one's not.
+With auto_self_draft a second draft tier, the target's own weights over a streaming window
+(speed_model.SELF_DRAFT_TIER), is a candidate beside the draft model's in the same way (`draft@self`,
+`triforce@self`).
 Each is scored by the model of speed_model.py (seconds per token from forward costs and acceptance) and
 the plan with the most tokens per second runs.
 Plain decoding is one of the candidates, so a request where speculation does not pay runs `ar`. Within a
