@@ -14,11 +14,12 @@ class ScriptedPlanner(AutoPlanner):
         super().__init__(tiers, budget, table=CostTable(None))
         self.script, self.calls, self.stop = script, 0, 0.0
         self.draft_upside = math.inf  # an idle draft is always worth watching, unless a test says otherwise
+        self.watch = None  # (which idle drafts: None, every one)
 
     def plan(self, context, generated, busy=False, measure=True):
         stack, gammas = self.script[self.calls % len(self.script)]
         self.calls += 1
-        plan = Plan(stack, gammas, 0.0, self.stop, self.draft_upside)
+        plan = Plan(stack, gammas, 0.0, self.stop, self.draft_upside, self.watch)
         self.decisions.append({"at_token": generated, "mode": plan.mode})
         return plan
 

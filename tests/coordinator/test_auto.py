@@ -613,17 +613,20 @@ def test_greedy_equals_plain_decoding_while_plans_swap_the_draft_for_the_target_
 
 
 def test_every_idle_draft_is_watched(models, monkeypatch):
-    """With both drafts held and neither running, each catches up at every re-plan and reports how its
-    proposals would have fared, over the same generated tokens."""
+    """With both drafts held and neither running, each that the plan would watch (by default every one; a
+    planner's plans name those predicted to gain) catches up at every re-plan and reports how its proposals
+    would have fared, over the same generated tokens."""
     monkeypatch.setattr(auto, "REPLAN_ROUNDS", 4)
     monkeypatch.setattr(auto, "MIN_PLANNED_TOKENS", 1)
     prompt = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(5)).tolist()
-    engine = scripted_engine(models, prompt, 40, "ar-only", auto_self_draft=True)
-    seen = []
-    engine.planner.observe_idle = lambda name, accepted, tokens: seen.append((name, tokens))
-    engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
-    for name in ("draft", "draft@self"):
-        assert [tokens for who, tokens in seen if who == name] == [3] + [4] * 9, name
+    for watch in (None, ("draft@self",)):  # every idle draft; only the one a plan predicts to gain
+        engine = scripted_engine(models, prompt, 40, "ar-only", auto_self_draft=True)
+        engine.planner.watch, seen = watch, []
+        engine.planner.observe_idle = lambda name, accepted, tokens: seen.append((name, tokens))
+        engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+        for name in watch or ("draft", "draft@self"):
+            assert [tokens for who, tokens in seen if who == name] == [3] + [4] * 9, name
+        assert {who for who, _ in seen} == set(watch or ("draft", "draft@self"))
 
 
 def test_the_draft_is_prefilled_with_the_prompt_whatever_the_first_plan(models, prompt):

@@ -143,19 +143,23 @@ def test_of_two_drafts_the_one_whose_accepted_tokens_cost_least_runs():
     weights over a streaming window ("draft@self"), dear but accepted far more. Each is scored on its own
     cost and acceptance, as its own mode ("draft@self"; above the retrieval tier "triforce@self"), and the
     self draft runs where the draft model's proposals are mostly rejected, the draft model where they are
-    not."""
+    not; the idle one is watched only where its best stack is predicted to beat the plan."""
     costs = {"draft": {1: 0.05}, "draft@self": {1: 0.3}, "retrieval": {n: 0.6 for n in FLAT}, "target": FLAT}
     planner = planner_with(costs, budget=100)
     planner.acceptance["draft"] = Acceptance(0.6, successes=30.0, trials=100.0)
     planner.acceptance["draft@self"] = Acceptance(0.6, successes=90.0, trials=100.0)
     plan = planner.plan(1000, 0)
     assert plan.mode == "draft@self"
-    assert plan.draft_upside > 0  # the draft model's tier, idle, is still worth watching where it might pay
+    assert 0 < plan.draft_upside < 1 and plan.watch == ()  # the idle draft model's tier: scored, not watched
     predicted = planner.decisions[-1]["why"]["predicted_tokens_per_s"]
     assert {"draft", "draft@self", "triforce", "triforce@self"} <= set(predicted)
     assert predicted["draft@self"] > predicted["draft"]
+    planner.acceptance["draft"] = Acceptance(0.6, successes=50.0, trials=100.0)
+    plan = planner.plan(1000, 8)  # the idle one might gain now: watched, not yet run
+    assert plan.mode == "draft@self" and plan.draft_upside > 1 and plan.watch == ("draft",)
     planner.acceptance["draft"] = Acceptance(0.6, successes=85.0, trials=100.0)
-    assert planner.plan(1000, 8).mode == "draft"
+    plan = planner.plan(1000, 16)
+    assert plan.mode == "draft" and plan.watch == ()
     assert [d["mode"] for d in planner.decisions] == ["draft@self", "draft"]
 
 

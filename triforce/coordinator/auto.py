@@ -212,11 +212,13 @@ class AutoEngine(HierarchyEngine):
         self._target_p += [float(row[token]) for token, row in zip(tokens, rows)]
 
     def _watch_idle_drafts(self, generated: int) -> Generator[Forward, object, None]:
-        """Each idle draft catches up on the committed tokens, and what it would have proposed for the
-        generated ones becomes acceptance evidence, where that can pay (the module docstring; a plan's
-        draft_upside is that of the best stack with either draft, and what watching costs is what watching
-        every idle one took)."""
-        idle = [draft for draft in self._drafts() if draft not in self.tiers]
+        """Each idle draft the plan would watch catches up on the committed tokens, and what it would have
+        proposed for the generated ones becomes acceptance evidence, where that can pay (the module
+        docstring; with two drafts the plan's draft_upside is the larger idle one's, its `watch` those
+        predicted to gain, and what watching costs is what watching them took)."""
+        plan = self._running[0] if self._running is not None else None
+        idle = [draft for draft in self._drafts() if draft not in self.tiers
+                and (plan is None or plan.watch is None or draft.name in plan.watch)]
         if not idle or self._running is None:
             return
         plan, since, began = self._running

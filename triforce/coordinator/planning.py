@@ -236,9 +236,10 @@ class AutoPlanner(PlannerEvidence):
         if probe:  # plain decoding is the floor: know its speed here before settling on a plan near it (once:
             # a stretch beside a batchmate's prefill measures nothing, and the probe came back every plan)
             best, self._probed = Plan(("target",), (), plain), True
-        idle = [rate for name, rate in with_draft.items() if name != best.stack[0]]  # (with two drafts, one runs)
-        upside = max(idle) / best.tokens_per_s if idle else 0.0
-        best = replace(best, stop_below=self._stop_below(best.stack), draft_upside=upside)
+        idle = {name: rate for name, rate in with_draft.items() if name != best.stack[0]}  # (of two drafts, one runs)
+        upside = max(idle.values()) / best.tokens_per_s if idle else 0.0
+        watch = tuple(name for name, rate in idle.items() if rate > best.tokens_per_s)
+        best = replace(best, stop_below=self._stop_below(best.stack), draft_upside=upside, watch=watch)
         last = self.decisions[-1] if self.decisions else {}
         if [last.get(k) for k in ("mode", "gammas", "stop_below")] != [best.mode, list(best.gammas), best.stop_below]:
             why = {"predicted_tokens_per_s": {m: round(r, 2) for m, (r, _, _) in scored.items()},

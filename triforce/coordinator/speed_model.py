@@ -211,6 +211,9 @@ class Plan:
     # predicted to reach over this plan (at the optimistic acceptance, which is what would make the planner
     # take it); 0: no idle draft
     draft_upside: float = 0.0
+    # The idle drafts predicted to gain (their best stack's speed above this plan's), which are worth watching;
+    # None: every idle draft (a plan made by no planner's scores)
+    watch: tuple[str, ...] | None = None
 
     @property
     def mode(self) -> str:
