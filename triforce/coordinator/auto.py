@@ -216,12 +216,13 @@ class AutoEngine(HierarchyEngine):
         proposed for the generated ones becomes acceptance evidence, where that can pay (the module
         docstring; with two drafts the plan's draft_upside is the larger idle one's, its `watch` those
         predicted to gain, and what watching costs is what watching them took)."""
-        plan = self._running[0] if self._running is not None else None
-        idle = [draft for draft in self._drafts() if draft not in self.tiers
-                and (plan is None or plan.watch is None or draft.name in plan.watch)]
-        if not idle or self._running is None:
+        if self._running is None:
             return
         plan, since, began = self._running
+        idle = [draft for draft in self._drafts() if draft not in self.tiers
+                and (plan.watch is None or draft.name in plan.watch)]
+        if not idle:
+            return
         start = time.perf_counter()
         cost = 0.0  # what watching costs as a fraction of the plan's time per token, once a watch measured it
         if self._watch_seconds is not None and generated > since:
