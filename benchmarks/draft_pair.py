@@ -13,7 +13,7 @@ unmeasured turn per LLM); each draft runs with the engine's default settings, th
 over them (engine settings as `LLM` takes them: numbers are read as numbers, true and false as booleans).
 Prints a JSON line per (mode, batch): each draft's tokens/s per turn (generated tokens over the longest
 decode), the median of each draft's turns, each draft's tier acceptance and, in mode auto, the modes its
-plans ran (its last turn's), and the medians' ratio second / first.
+plans ran and with which gammas (its last turn's), and the medians' ratio second / first.
 At temperature 0 it also says whether every turn's tokens were equal.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main() -> None:
             params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                                     ignore_eos=True)
             rates = {name: [] for name in llms}
-            outputs, tiers, plans = [], {}, {}
+            outputs, tiers, plans, gammas = [], {}, {}, {}
             for name, llm in llms.items():  # a first turn each fills its prefix store, unmeasured
                 llm.generate(prompts, params, use_tqdm=False)
             for turn in range(args.turns):
@@ -67,13 +67,16 @@ def main() -> None:
                     rates[name].append(round(sum(len(o.token_ids) for o in outs) / decode, 2))
                     outputs.append([o.token_ids for o in outs])
                     tiers[name] = acceptance(outs)
-                    plans[name] = sorted({d["mode"] for o in outs for d in o.metrics.auto or []})
+                    decisions = [d for o in outs for d in o.metrics.auto or []]
+                    plans[name] = sorted({d["mode"] for d in decisions})
+                    gammas[name] = sorted({" ".join([d["mode"], *map(str, d["gammas"])]) for d in decisions})
             medians = {name: statistics.median(r) for name, r in rates.items()}
             first, second = labels
             row = {"mode": mode, "batch": batch, "length": args.length, "temperature": args.temperature,
                    "rope_scaling": args.rope_scaling,
                    "settings": settings, "proposer_weights": {name: llm.proposer_weights for name, llm in llms.items()},
                    "tokens_per_s": rates, "median": medians, "acceptance": tiers, "auto_modes": plans,
+                   "auto_plans": gammas,
                    f"{second}_over_{first}": round(medians[second] / medians[first], 3)}
             if args.temperature == 0:
                 row["outputs_equal"] = all(o == outputs[0] for o in outputs)
