@@ -136,8 +136,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--auto-self-draft", action="store_true",
                    help="mode auto: hold a second draft tier beside the draft model's, the target's own weights over "
                         "a streaming cache of --sinks + --window (as --draft self runs it), and pick between the two "
-                        "by their measured costs and acceptance (the self draft pays in batches, where reading the "
-                        "weights is shared and its proposals are accepted far more often: docs/auto.md)")
+                        "by their measured costs and acceptance (meant for batches, which read the weights once for "
+                        "all and where its proposals are accepted far more often; no gain shown yet past a noisy "
+                        "host's spread: docs/auto.md, Two drafts)")
 
 
 WORKER_DEFAULTS = {"control_host": "127.0.0.1", "control_bind": "127.0.0.1", "control_port": None,
