@@ -57,7 +57,7 @@ from .forward_times import role_at, row_seconds
 from .metrics import RequestMetrics, TierStats
 from .planning import AutoPlanner
 from .priors import request_key
-from .speed_model import Plan, has_draft, tier_kind
+from .speed_model import Plan, has_draft, is_draft
 from .tiers import Tier
 
 REPLAN_ROUNDS = 8
@@ -134,7 +134,7 @@ class AutoEngine(HierarchyEngine):
 
     def _drafts(self) -> list[Tier]:
         """The request's draft tiers: the draft model's, the target's own (SELF_DRAFT_TIER), or both."""
-        return [tier for name, tier in self.planner.tiers.items() if tier_kind(name) == "draft"]
+        return [tier for name, tier in self.planner.tiers.items() if is_draft(name)]
 
     def _catch_up(self, tier: Tier, end: int) -> Generator[Forward, None, None]:
         """Forwards (logits unused) that bring an idle tier's cache through seq[:end]."""

@@ -58,8 +58,8 @@ from .forward_times import ForwardTimes
 from .planner_evidence import PlannerEvidence
 from .priors import Priors
 from .realized import RealizedSpeed
-from .speed_model import (PRIOR, PRIOR_GOES_ON, PRIOR_TRIALS, Acceptance, Plan, has_draft, mode_stack, prior,
-                          seconds_per_token, stack_mode, stop_names, tier_kind)
+from .speed_model import (PRIOR, PRIOR_GOES_ON, PRIOR_TRIALS, Acceptance, Plan, has_draft, is_draft, mode_stack,
+                          prior, seconds_per_token, stack_mode, stop_names, tier_kind)
 from .tiers import Tier
 
 MAX_GAMMA = 8  # tokens per check the planner considers, per level
@@ -119,7 +119,7 @@ class AutoPlanner(PlannerEvidence):
         """The stacks worth scoring: each retrieval tier once the context is twice its budget; the one of the
         configured budget also while the target is busy with a batchmate's prefill (its checks then cost a
         chunk, the retrieval tier's not)."""
-        drafts = [(name,) for name in self.tiers if tier_kind(name) == "draft"]
+        drafts = [(name,) for name in self.tiers if is_draft(name)]
         retrievals = [(name,) for name in self.tiers if tier_kind(name) == "retrieval"
                       and (context >= 2 * self._budget(name) or (busy and name == "retrieval"))]
         below = [()] + drafts + retrievals + [draft + retrieval for retrieval in retrievals for draft in drafts]
@@ -137,7 +137,7 @@ class AutoPlanner(PlannerEvidence):
         Without `measure` (a few tokens are left: a batch that shrank as its members ended), those of the
         nearest batch size the table knows stand in, where it knows one."""
         needed = sorted({name for stack in stacks for name in stack})
-        sizes = {name: (1,) if tier_kind(name) == "draft" else CHECK_SIZES for name in needed}
+        sizes = {name: (1,) if is_draft(name) else CHECK_SIZES for name in needed}
         mates = []
         self._batch = self.batch_size()
 
@@ -263,8 +263,7 @@ class AutoPlanner(PlannerEvidence):
         or None where there are none."""
         if self.preferred_gammas is None:
             return None
-        return tuple(self.preferred_gammas[0] if tier_kind(name) == "draft" else self.preferred_gammas[1]
-                     for name in stack[:-1])
+        return tuple(self.preferred_gammas[0] if is_draft(name) else self.preferred_gammas[1] for name in stack[:-1])
 
     @property
     def stop_threshold(self) -> float:

@@ -72,9 +72,14 @@ def tier_kind(name: str) -> str:
     return name.partition("@")[0]
 
 
+def is_draft(name: str) -> bool:
+    """Whether tier `name` is a draft tier (either of mode auto's: the draft model's or SELF_DRAFT_TIER)."""
+    return tier_kind(name) == "draft"
+
+
 def has_draft(stack: tuple[str, ...]) -> bool:
-    """Whether `stack` runs a draft tier (either of mode auto's: the draft model's or SELF_DRAFT_TIER)."""
-    return tier_kind(stack[0]) == "draft"
+    """Whether `stack` runs a draft tier (at its bottom, where a draft always runs)."""
+    return is_draft(stack[0])
 
 
 def prior(name: str, budget: int | None = None, context: int | None = None) -> float:
