@@ -92,9 +92,9 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         next.step();
       }
       const __m512 old_max = _mm512_loadu_ps(&row_max[16 * g]);
-      __m512 s[kKeys], new_max = old_max;
+      __m512 s[kKeys], block_max = neg_inf;  // s: the raw scores q . k, unscaled
       for (int j = 0; j < kKeys; ++j) {
-        s[j] = _mm512_mul_ps(_mm512_load_ps(scores[j]), _mm512_set1_ps(scale));
+        s[j] = _mm512_load_ps(scores[j]);
         if (masked) {  // lane r: row 16g + r (rows past R see everything; their results are dropped)
           __mmask16 hidden = 0xffff;
           if (j < nb) {
@@ -104,18 +104,23 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
           }
           s[j] = _mm512_mask_mov_ps(s[j], hidden, neg_inf);
         }
-        new_max = _mm512_max_ps(new_max, s[j]);
+        block_max = _mm512_max_ps(block_max, s[j]);
       }
       next.step();
+      // The row maxima in scaled units (scale > 0 and rounding is monotonic: the max of the scaled scores).
+      const __m512 new_max = _mm512_max_ps(old_max, _mm512_mul_ps(block_max, _mm512_set1_ps(scale)));
       // Rows with every key so far masked keep max -inf; subtract 0 there so no lane computes inf - inf.
       const __m512 shift = _mm512_mask_mov_ps(new_max, _mm512_cmp_ps_mask(new_max, neg_inf, _CMP_EQ_OQ),
                                               _mm512_setzero_ps());
       const __m512 factor = exp_ps(_mm512_sub_ps(old_max, shift));
-      // p = e^(s - m) = 2^((s - m) log2 e), rounded to bfloat16 for P . V below (0 for a hidden key's -inf)
-      const __m512 log2e = _mm512_set1_ps(triforce_exp::kLog2e);
+      // p = e^(s scale - m) = 2^(s (scale log2 e) - m log2 e): one fused multiply-subtract per score, rounded
+      // to bfloat16 for P . V below (0 for a hidden key's -inf, which only blocks with a mask hold)
+      const __m512 to_log2 = _mm512_set1_ps(scale * triforce_exp::kLog2e);
+      const __m512 shift2 = _mm512_mul_ps(shift, _mm512_set1_ps(triforce_exp::kLog2e));
       __m512 sum = _mm512_setzero_ps();
       for (int j = 0; j < kKeys; ++j) {
-        s[j] = exp2_softmax_ps(_mm512_mul_ps(_mm512_sub_ps(s[j], shift), log2e));
+        const __m512 t = _mm512_fmsub_ps(s[j], to_log2, shift2);
+        s[j] = masked ? exp2_softmax_ps(t) : exp2_finite_softmax_ps(t);
         sum = _mm512_add_ps(sum, s[j]);
       }
       next.step();

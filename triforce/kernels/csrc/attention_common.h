@@ -12,6 +12,7 @@
 namespace triforce_attention {
 
 using triforce_vec::bf16_to_ps;
+using triforce_vec::exp2_finite_softmax_ps;
 using triforce_vec::exp2_softmax_ps;
 using triforce_vec::exp_ps;
 using triforce_vec::transpose16;

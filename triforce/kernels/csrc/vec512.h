@@ -19,16 +19,21 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 
-// 2^t for 16 floats, the softmax probabilities of exp_poly.h's kPow2Poly (relative error within 2.7e-6);
-// 2^-inf is +0 (fixupimm's response 8 for the class "negative infinity" of t).
-inline __m512 exp2_softmax_ps(__m512 t) {
+// 2^t for 16 floats, the softmax probabilities of exp_poly.h's kPow2Poly (relative error within 2.7e-6),
+// for t that is not -inf (there 2^kPow2Min; NaN stays NaN).
+inline __m512 exp2_finite_softmax_ps(__m512 t) {
   using namespace triforce_exp;
   const __m512 x = _mm512_max_ps(_mm512_set1_ps(kPow2Min), t);
   const __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, k);
   __m512 p = _mm512_set1_ps(kPow2Poly[0]);
   for (int i = 1; i <= kPow2Degree; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kPow2Poly[i]));
-  return _mm512_fixupimm_ps(_mm512_scalef_ps(p, k), t, _mm512_set1_epi32(8 << 16), 0);
+  return _mm512_scalef_ps(p, k);
+}
+
+// The same, and 2^-inf is +0 (fixupimm's response 8 for the class "negative infinity" of t): a hidden key's.
+inline __m512 exp2_softmax_ps(__m512 t) {
+  return _mm512_fixupimm_ps(exp2_finite_softmax_ps(t), t, _mm512_set1_epi32(8 << 16), 0);
 }
 
 inline __m512 bf16_to_ps(const at::BFloat16* p) {  // 16 bf16 -> 16 floats
