@@ -1,13 +1,14 @@
-"""A change to the CPU attention or linear kernel against a base revision, both built and timed in one process.
+"""A change to the CPU attention, linear or element-wise kernels against a base revision, both built and timed
+in one process.
 
-    python benchmarks/kernel_ab.py [--base HEAD] [--level avx512] [--kernel attention|linear]
+    python benchmarks/kernel_ab.py [--base HEAD] [--level avx512] [--kernel attention|linear|elementwise]
                                    [--tokens 8000 300] [--new 1 7] [--tree] [--dtype float32]
 
 Builds the kernels of one level (`triforce/kernels/csrc/`) twice, from the base revision and from the
 working tree, as separate modules (a source the base revision lacks is left out of its build), and times
 SmolLM2-shaped decode attention (9 query heads, 3 KV heads, head dim 64, 30 layers, a K/V buffer per
-layer so a long cache comes from memory) or the bfloat16 linear layers of its 30 layers (--new rows of x;
---tokens unused; --tree: attention of a token tree's mask, a seeded tree whose branches run deep, instead
+layer so a long cache comes from memory), the bfloat16 linear layers of its 30 layers (--new rows of x;
+--tokens unused) or its 30 layers' element-wise steps (two RMSNorms and silu * up of --new rows; --tree: attention of a token tree's mask, a seeded tree whose branches run deep, instead
 of a chain; --dtype float32: the float32 kernels, decode_attention_f32 and linear_f32) with the two builds taking turns, the order swapped every repetition. On these shared
 machines two runs minutes apart differ by 20-30%, more than most kernel changes: compare builds within one
 process, never across runs.
@@ -55,13 +56,15 @@ def main() -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=[8000, 300], help="cached keys")
     p.add_argument("--new", type=int, nargs="+", default=[1, 7], help="new tokens (query rows per query head)")
     p.add_argument("--reps", type=int, default=12, help="timed passes of each build")
-    p.add_argument("--kernel", choices=("attention", "linear"), default="attention", help="what to time")
+    p.add_argument("--kernel", choices=("attention", "linear", "elementwise"), default="attention", help="what to time")
     p.add_argument("--tree", action="store_true", help="attention: a token tree of --new nodes, not a chain")
     p.add_argument("--dtype", choices=("bfloat16", "float32", "int8"), default="bfloat16",
                    help="the kernels' element type (int8: linear_i8's int8 weights, bfloat16 x; --kernel linear)")
     args = p.parse_args()
     if args.dtype == "int8" and args.kernel != "linear":
         p.error("--dtype int8 is for --kernel linear (int8 weights)")
+    if args.kernel == "elementwise" and args.dtype != "bfloat16":
+        p.error("--kernel elementwise is bfloat16 only (the fused kernels')")
     level = args.level or cpu.isa_level()
     with tempfile.TemporaryDirectory() as tmp:
         base = build(f"triforce_ab_base_{level}", base_sources(args.base, Path(tmp)), level)
@@ -71,7 +74,7 @@ def main() -> None:
     for s in args.tokens if args.kernel == "attention" else [None]:
         if args.kernel == "attention":
             keys, values = torch.randn(layers, 3, s, 64, dtype=dtype), torch.randn(layers, 3, s, 64, dtype=dtype)
-        else:  # qkv, o, gate_up and down of each layer: 212 MB in all, read from memory on every pass
+        elif args.kernel == "linear":  # qkv, o, gate_up and down of each layer: 212 MB in all, read from memory on every pass
             shapes = ((960, 576), (576, 576), (3072, 576), (576, 1536))
             if args.dtype == "int8":
                 weights = [[(torch.randint(-127, 128, shape, dtype=torch.int8), torch.rand(shape[0]) / 100)
@@ -90,6 +93,14 @@ def main() -> None:
                         else:
                             ext.decode_attention_bf16(q, keys[layer], values[layer], 0.125,
                                                       allow_amx=level == "amx", mask=mask)
+            elif args.kernel == "elementwise":
+                x, norm, gate_up = torch.randn(n, 576, dtype=dtype), torch.randn(576, dtype=dtype), torch.randn(n, 3072, dtype=dtype)
+
+                def one_pass(ext):
+                    for _ in range(layers):
+                        ext.rms_norm_bf16(x, norm, 1e-5)
+                        ext.silu_mul_bf16(gate_up)
+                        ext.rms_norm_bf16(x, norm, 1e-5)
             else:
                 xs = {k: torch.randn(n, k, dtype=dtype) for k in (576, 1536)}
 
