@@ -66,8 +66,8 @@ inline void silu_mul_lanes(const bf16* gate, const bf16* up, bf16* out) {
 }  // namespace
 
 // weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(bf16), rows of x: [n, H], 8 lanes at a time (a
-// scalar loop took 50 us for a batch of 8 sequences' 5-token rows, twice a layer, while the other core
-// waited). The squares are exact in float32 (a bfloat16 has 8 significant bits); their sum runs in 8
+// scalar loop until 2026-12-06, while the other core waited: with silu * up below, 5.7 ms of a batch's
+// forward of 40 rows, now 2.7; `python benchmarks/kernel_ab.py --kernel elementwise`). The squares are exact in float32 (a bfloat16 has 8 significant bits); their sum runs in 8
 // lanes and then across them, as torch's reduction sums in lanes too (in another order: the test holds
 // nearly every bit to torch's). Each row alone: a row's result does not depend on the others.
 at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps) {
@@ -112,8 +112,8 @@ at::Tensor silu_mul_bf16(at::Tensor gate_up) {
   auto out = at::empty({n, half}, gate_up.options());
   const bf16* gp = gate_up.data_ptr<bf16>();
   bf16* op = out.data_ptr<bf16>();
-  // rows shared between the threads from about 8K outputs on (a batch's 40 rows of 1536 took 52 us on one
-  // core, its division the most of it; a decode step's row stays on the calling thread)
+  // rows shared between the threads from about 8K outputs on (a batch's rows; a decode step's row stays on
+  // the calling thread, where starting the other would cost more than its share)
   at::parallel_for(0, n, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, half)), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const bf16* gate = gp + r * 2 * half;
