@@ -9,8 +9,9 @@ from triforce.kernels.cpu import cpu_kernels
 BF16_ULP = 2 ** -7  # relative spacing of bfloat16 numbers
 
 
-def test_rms_norm(level):
-    x, w = (3 * torch.randn(5, 576)).bfloat16(), (1 + 0.1 * torch.randn(576)).bfloat16()
+@pytest.mark.parametrize("n,width", [(5, 576), (40, 1001)])  # 1001: a tail past the 8-lane loops
+def test_rms_norm(level, n, width):
+    x, w = (3 * torch.randn(n, width)).bfloat16(), (1 + 0.1 * torch.randn(width)).bfloat16()
     x32 = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
     want = w * x32.to(torch.bfloat16)
     got = cpu_kernels().rms_norm_bf16(x, w, 1e-5)
