@@ -42,20 +42,48 @@ inline void block_times_x(const float* xf, const W* w, Out* y, int64_t K, int64_
     for (int t = 0; t < X_ROWS; ++t) y[t * N + i] = Out(hsum(_mm256_add_ps(acc[0][i][t], acc[1][i][t])));
 }
 
-// W_ROWS rows of W against all 5 <= N_ROWS <= 8 rows of x, two at a time: 3 rows of W x 2 rows of x x 2
-// chains = 12 accumulators; with 3 widened rows of W and one of x they fill the 16 vector registers, so
-// each load of x feeds three FMAs and each widened row of W two, where one row of W at a time loads x for
-// every FMA. That pays where the FMAs bound the pass (5 or more rows of x); where memory does (1 to 4
-// rows), three streams of W read slower than one (benchmarks/linear_bandwidth.py: 16.9 against 23.3 GB/s
-// at 1 row, the AVX2 EPYC). W's three rows are read again for each pair of x rows: from L1 while they
-// fit beside the rows of x (SmolLM2's K of 576 and 1,536); a K of 8,960 (a 7B model's down projection)
-// reads them from L2 (not measured).
+// block_times_x's sums, in the same order bit for bit, with its two chains run one after the other: first
+// every k whose k % 16 < 8, then the rest, each over W_ROWS x X_ROWS accumulators, the first chain's sums
+// kept aside for the second's. With half the accumulators live, a pass takes 4 rows of x where
+// block_times_x takes 2, and each widened row of W feeds four FMAs instead of two.
+template <int W_ROWS, int X_ROWS, typename W, typename Out>
+inline void block_times_x_chains_apart(const float* xf, const W* w, Out* y, int64_t K, int64_t N) {
+  __m256 first[W_ROWS][X_ROWS];
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[W_ROWS][X_ROWS];
+    for (int i = 0; i < W_ROWS; ++i)
+      for (int t = 0; t < X_ROWS; ++t) acc[i][t] = _mm256_setzero_ps();
+    for (int64_t k = 8 * h; k < K; k += 16) {
+      __m256 wv[W_ROWS];
+      for (int i = 0; i < W_ROWS; ++i) wv[i] = to_ps(w + i * K + k);
+      for (int t = 0; t < X_ROWS; ++t) {
+        const __m256 xv = _mm256_loadu_ps(xf + t * K + k);
+        for (int i = 0; i < W_ROWS; ++i) acc[i][t] = _mm256_fmadd_ps(wv[i], xv, acc[i][t]);
+      }
+    }
+    for (int i = 0; i < W_ROWS; ++i)
+      for (int t = 0; t < X_ROWS; ++t) first[i][t] = h == 0 ? acc[i][t] : _mm256_add_ps(first[i][t], acc[i][t]);
+  }
+  for (int i = 0; i < W_ROWS; ++i)
+    for (int t = 0; t < X_ROWS; ++t) y[t * N + i] = Out(hsum(first[i][t]));
+}
+
+// W_ROWS rows of W against all 5 <= N_ROWS <= 8 rows of x: four at a time with the chains apart (3 rows of
+// W x 4 rows of x = 12 accumulators; with 3 widened rows of W and one of x they fill the 16 vector
+// registers), the last three likewise, the last one or two with the chains together (block_times_x).
+// Where the FMAs bound the pass (5 or more rows of x) each load of x feeds three FMAs and each widened row
+// of W four, where one row of W at a time loads x for every FMA; where memory does (1 to 4 rows), three
+// streams of W read slower than one (benchmarks/linear_bandwidth.py: 16.9 against 23.3 GB/s at 1 row, the
+// AVX2 EPYC). W's three rows are read again for each group of x rows: from L1 while they fit beside the
+// rows of x (SmolLM2's K of 576 and 1,536); a K of 8,960 (a 7B model's down projection) reads them from
+// L2 (not measured).
 template <int W_ROWS, int N_ROWS, typename W, typename Out>
 inline void block_times_all_x(const float* xf, const W* w, Out* y, int64_t K, int64_t N) {
   static_assert(N_ROWS > 4 && N_ROWS <= 8);
-  int t = 0;
-  for (; t + 2 <= N_ROWS; t += 2) block_times_x<W_ROWS, 2>(xf + t * K, w, y + t * N, K, N);
-  if (t < N_ROWS) block_times_x<W_ROWS, 1>(xf + t * K, w, y + t * N, K, N);
+  block_times_x_chains_apart<W_ROWS, 4>(xf, w, y, K, N);
+  constexpr int kLeft = N_ROWS - 4;
+  if constexpr (kLeft >= 3) block_times_x_chains_apart<W_ROWS, kLeft>(xf + 4 * K, w, y + 4 * N, K, N);
+  else block_times_x<W_ROWS, kLeft>(xf + 4 * K, w, y + 4 * N, K, N);
 }
 
 // Rows [begin, end) of W against N_ROWS float32 rows of x: up to 4 rows, one row of W at a time; 5 to 8
