@@ -3,6 +3,7 @@ in one process.
 
     python benchmarks/kernel_ab.py [--base HEAD] [--level avx512] [--kernel attention|linear|elementwise]
                                    [--tokens 8000 300] [--new 1 7] [--tree] [--dtype float32]
+                                   [--cflags=-mtune=znver3]
 
 Builds the kernels of one level (`triforce/kernels/csrc/`) twice, from the base revision and from the
 working tree, as separate modules (a source the base revision lacks is left out of its build), and times
@@ -11,11 +12,13 @@ layer so a long cache comes from memory), the bfloat16 linear layers of its 30 l
 --tokens unused) or its 30 layers' element-wise steps (two RMSNorms and silu * up of --new rows; --tree: attention of a token tree's mask, a seeded tree whose branches run deep, instead
 of a chain; --dtype float32: the float32 kernels, decode_attention_f32 and linear_f32) with the two builds taking turns, the order swapped every repetition. On these shared
 machines two runs minutes apart differ by 20-30%, more than most kernel changes: compare builds within one
-process, never across runs.
+process, never across runs. --cflags: extra compiler flags for the working tree's build only (with --base
+HEAD, the same sources built two ways).
 Prints a JSON line per (tokens, new tokens): median and best ms of each build and new / base."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import tempfile
@@ -31,12 +34,13 @@ from triforce.step import ancestor_mask
 from check_rows import deep_tree
 
 
-def build(name: str, folder: Path, level: str):
+def build(name: str, folder: Path, level: str, extra_flags: tuple[str, ...] = ()):
     from torch.utils import cpp_extension
 
     sources, flags = kernel_build.BUILDS[level]
     return cpp_extension.load(name=name, sources=[str(folder / s) for s in sources if (folder / s).exists()],
-                              extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], verbose=False)
+                              extra_cflags=["-O3", "-fopenmp", *flags, *extra_flags], extra_ldflags=["-fopenmp"],
+                              verbose=False)
 
 
 def base_sources(rev: str, into: Path) -> Path:
@@ -60,6 +64,8 @@ def main() -> None:
     p.add_argument("--tree", action="store_true", help="attention: a token tree of --new nodes, not a chain")
     p.add_argument("--dtype", choices=("bfloat16", "float32", "int8"), default="bfloat16",
                    help="the kernels' element type (int8: linear_i8's int8 weights, bfloat16 x; --kernel linear)")
+    p.add_argument("--cflags", default="", help="extra compiler flags, comma-separated, for the working tree's "
+                   "build only (e.g. --cflags=-mtune=znver3)")
     args = p.parse_args()
     if args.dtype == "int8" and args.kernel != "linear":
         p.error("--dtype int8 is for --kernel linear (int8 weights)")
@@ -68,7 +74,9 @@ def main() -> None:
     level = args.level or cpu.isa_level()
     with tempfile.TemporaryDirectory() as tmp:
         base = build(f"triforce_ab_base_{level}", base_sources(args.base, Path(tmp)), level)
-    new = build(f"triforce_ab_new_{level}", kernel_build.CSRC, level)
+    extra = tuple(f for f in args.cflags.split(",") if f)
+    new = build(f"triforce_ab_new_{level}" + ("_" + hashlib.sha1(args.cflags.encode()).hexdigest()[:8] if extra else ""),
+                kernel_build.CSRC, level, extra)
     layers = 30
     dtype = torch.bfloat16 if args.dtype == "int8" else getattr(torch, args.dtype)
     for s in args.tokens if args.kernel == "attention" else [None]:
