@@ -84,7 +84,7 @@ class NextBlock {
   // Keys [from, from + count), within the keys that exist, over `steps` calls of step().
   void next(int64_t from, int64_t count, int steps) {
     from_ = from;
-    lines_ = static_cast<int>(std::max<int64_t>(0, std::min(count, keys_ - from))) * 2 * kRowLines;
+    lines_ = static_cast<int>(std::max<int64_t>(0, std::min(count, keys_ - from))) * 2 * static_cast<int>(kRowLines);
     done_ = 0;
     per_step_ = (lines_ + steps - 1) / std::max(1, steps);
   }
@@ -92,10 +92,12 @@ class NextBlock {
   void finish() { ask(lines_); }
 
  private:
-  static constexpr int kRowLines = D * static_cast<int>(sizeof(T)) / 64;  // 64-byte lines of a key's row
-  void ask(int upto) {  // line l: key l / (2 kRowLines), its K row's lines first, then its V row's
+  static constexpr unsigned kRowLines = D * sizeof(T) / 64;  // 64-byte lines of a key's row
+  // Line l: key l / (2 kRowLines), its K row's lines first, then its V row's. Unsigned, so that the
+  // divisions by these powers of two are shifts (signed ones cost a fix-up each).
+  void ask(int upto) {
     for (; done_ < upto; ++done_) {
-      const int key = done_ / (2 * kRowLines), line = done_ % (2 * kRowLines);
+      const unsigned l = static_cast<unsigned>(done_), key = l / (2 * kRowLines), line = l % (2 * kRowLines);
       const char* row = (line < kRowLines ? k_ : v_) + (from_ + key) * row_bytes_;
       _mm_prefetch(row + (line % kRowLines) * 64, _MM_HINT_T0);
     }
