@@ -75,8 +75,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = build(f"triforce_ab_base_{level}", base_sources(args.base, Path(tmp)), level)
     extra = tuple(f for f in args.cflags.split(",") if f)
-    new = build(f"triforce_ab_new_{level}" + ("_" + hashlib.sha1(args.cflags.encode()).hexdigest()[:8] if extra else ""),
-                kernel_build.CSRC, level, extra)
+    flavour = "_" + hashlib.sha1(args.cflags.encode()).hexdigest()[:8] if extra else ""  # its own build folder
+    new = build(f"triforce_ab_new_{level}{flavour}", kernel_build.CSRC, level, extra)
     layers = 30
     dtype = torch.bfloat16 if args.dtype == "int8" else getattr(torch, args.dtype)
     for s in args.tokens if args.kernel == "attention" else [None]:
