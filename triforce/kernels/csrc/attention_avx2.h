@@ -154,32 +154,29 @@ void attend_range(const T* q, const T* k, const T* v, int64_t k_row, int R, cons
           _mm256_store_ps(&kf[j][c], in ? to_ps(k + (b0 + j) * k_row + c) : _mm256_setzero_ps());
           _mm256_store_ps(&vf[j][c], in ? to_ps(v + (b0 + j) * k_row + c) : _mm256_setzero_ps());
         }
-    const T* kb = k + b0 * k_row;
-    for (int j = 0; j < kBlock; j += 4) {
-      next.step();
-      if (direct) {
-        if (R == 3) scores4<D, 3>(qf.data(), kb + j * k_row, k_row, &scores[0][j], kBlock);
-        else if (R == 2) scores4<D, 2>(qf.data(), kb + j * k_row, k_row, &scores[0][j], kBlock);
-        else scores4<D, 1>(qf.data(), kb + j * k_row, k_row, &scores[0][j], kBlock);
-        continue;
+    // The block's passes over K and V rows `stride` elements apart (the cache's, or the widened copy's):
+    // scores of 4 keys at a time (rows in pairs, or a direct block's 3 rows together), the softmax, P . V
+    // (rows in threes, then alone).
+    const auto passes = [&](const auto* kb, const auto* vb, int64_t stride) {
+      for (int j = 0; j < kBlock; j += 4) {
+        next.step();
+        int r = 0;
+        if (direct && R == 3) scores4<D, 3>(qf.data(), kb + j * stride, stride, &scores[0][j], kBlock), r = 3;
+        for (; r + 2 <= R; r += 2) scores4<D, 2>(qf.data() + r * D, kb + j * stride, stride, &scores[r][j], kBlock);
+        if (r < R) scores4<D, 1>(qf.data() + r * D, kb + j * stride, stride, &scores[r][j], kBlock);
+      }
+      hide_keys(scores, R, b0, nb, kBlock, mask);
+      alignas(32) float rescale[kMaxRows];
+      for (int r = 0; r < R; ++r) {
+        next.step();
+        rescale[r] = softmax_block<T>(scores[r], st[r]);
       }
       int r = 0;
-      for (; r + 2 <= R; r += 2) scores4<D, 2>(qf.data() + r * D, kf[j], D, &scores[r][j], kBlock);
-      if (r < R) scores4<D, 1>(qf.data() + r * D, kf[j], D, &scores[r][j], kBlock);
-    }
-    hide_keys(scores, R, b0, nb, kBlock, mask);
-    alignas(32) float rescale[kMaxRows];
-    for (int r = 0; r < R; ++r) {
-      next.step();
-      rescale[r] = softmax_block<T>(scores[r], st[r]);
-    }
-    const T* vb = v + b0 * k_row;
-    int r = 0;
-    if (direct && R == 3) add_values<D, 3>(&scores[0], rescale, vb, k_row, nb, acc), r = 3, next.step();
-    for (; r + 3 <= R; r += 3, next.step()) add_values<D, 3>(&scores[r], rescale + r, vf[0], D, nb, acc + r * D);
-    for (; r < R; ++r, next.step())
-      if (direct) add_values<D, 1>(&scores[r], rescale + r, vb, k_row, nb, acc + r * D);
-      else add_values<D, 1>(&scores[r], rescale + r, vf[0], D, nb, acc + r * D);
+      for (; r + 3 <= R; r += 3, next.step()) add_values<D, 3>(&scores[r], rescale + r, vb, stride, nb, acc + r * D);
+      for (; r < R; ++r, next.step()) add_values<D, 1>(&scores[r], rescale + r, vb, stride, nb, acc + r * D);
+    };
+    if (direct) passes(k + b0 * k_row, v + b0 * k_row, k_row);
+    else passes(&kf[0][0], &vf[0][0], D);
     next.finish();
   }
 }

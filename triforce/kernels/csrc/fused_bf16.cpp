@@ -67,8 +67,9 @@ inline void silu_mul_lanes(const bf16* gate, const bf16* up, bf16* out) {
 
 // weight * (x.float() * rsqrt(mean(x.float()^2) + eps)).to(bf16), rows of x: [n, H], 8 lanes at a time (a
 // scalar loop until 2026-12-06, while the other core waited: with silu * up below, 5.7 ms of a batch's
-// forward of 40 rows, now 2.7; `python benchmarks/kernel_ab.py --kernel elementwise`). The squares are exact in float32 (a bfloat16 has 8 significant bits); their sum runs in 8
-// lanes and then across them, as torch's reduction sums in lanes too (in another order: the test holds
+// forward of 40 rows, now 2.7, on the 2-core AMX Xeon; `python benchmarks/kernel_ab.py --kernel
+// elementwise`). The squares are exact in float32 (a bfloat16 has 8 significant bits); their sum runs in
+// 8 lanes and then across them, as torch's reduction sums in lanes too (in another order: the test holds
 // nearly every bit to torch's). Each row alone: a row's result does not depend on the others.
 at::Tensor rms_norm_bf16(at::Tensor x, at::Tensor weight, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bfloat16 only");
