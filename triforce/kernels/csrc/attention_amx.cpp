@@ -7,7 +7,8 @@
 //   scores^T [32 keys, 16 rows] = K . Q^T: K rows load straight from the cache as A tiles; Q^T is packed
 //     once per call into bf16 pairs (the B layout);
 //   online softmax in that layout: lane r of every vector is row r, so the running max and sum need no
-//     horizontal reductions;
+//     horizontal reductions (a group of at most 8 or 4 rows packs 2 or 4 keys into each vector:
+//     softmax_block);
 //   out [16 rows, D] += P . V: P is rounded to bf16 and transposed into A tiles (as GPU flash attention
 //     rounds P); V's key pairs are interleaved once per block into the B layout, shared by all groups.
 #include "amx.h"
@@ -21,6 +22,117 @@ namespace triforce_attention {
 namespace {
 
 constexpr int kKeys = 32;  // keys per block: one A tile of P (16 bf16 pairs per row)
+
+// Lanes swapped between the 256-bit halves, and between neighbouring 128-bit quarters.
+inline __m512 swap_halves(__m512 x) { return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 0, 3, 2)); }
+inline __m512 swap_quarters(__m512 x) { return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(2, 3, 0, 1)); }
+
+// (AVX512F only: the build has no -mavx512dq.) Floats 0..16/PACK of x (the rows of a packed group), or all 16: loaded replicated into every lane group,
+// and stored from the first.
+template <int PACK>
+inline __m512 load_rows(const float* x) {
+  if constexpr (PACK == 1) return _mm512_loadu_ps(x);
+  else if constexpr (PACK == 2) return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(x))));
+  else return _mm512_broadcast_f32x4(_mm_loadu_ps(x));
+}
+template <int PACK>
+inline void store_rows(float* to, __m512 x) {
+  if constexpr (PACK == 1) _mm512_storeu_ps(to, x);
+  else if constexpr (PACK == 2) _mm256_storeu_ps(to, _mm512_castps512_ps256(x));
+  else _mm_storeu_ps(to, _mm512_castps512_ps128(x));
+}
+
+// One group's online softmax over a block (scores [key][row] from the score tiles, raw q . k), its state
+// (row_max, row_sum, 16 rows from the group's first, row0) continued, `rescale` and the A tile of P
+// (p_tile[r] = row r's bf16 pairs) written. With PACK > 1 (a group of at most 16 / PACK rows: a decode
+// step's 3, the last row of an 11-token check's 33) lane q L + r (L = 16 / PACK) holds row r's score of key
+// u + q V in vector u of V = 32 / PACK, so the exponentials run over V vectors, not 32. Each row's values
+// are the same whatever PACK, bit for bit: its maximum, its exponentials, and its sum, in every PACK the
+// sums of keys [0, 8), [8, 16), [16, 24) and [24, 32) in order, added as (s0 + s1) + (s2 + s3); a row's
+// result does not depend on the rows beside it (tests/kernels/test_check_rows.py: a check's rows against
+// steps).
+template <int PACK, typename Next>
+inline void softmax_block(const float (*scores)[16], int rows, bool masked, int nb, const TailMask& mask, int row0,
+                          int64_t b0, float scale, float* row_max, float* row_sum, float* rescale,
+                          int32_t (*p_tile)[16], Next& next) {
+  constexpr int L = 16 / PACK, V = kKeys / PACK;
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 s[V], block_max = neg_inf;
+  for (int u = 0; u < V; ++u) {
+    if constexpr (PACK == 1) {
+      s[u] = _mm512_load_ps(scores[u]);
+    } else if constexpr (PACK == 2) {
+      s[u] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_load_ps(scores[u]))),
+                                                 _mm256_castps_pd(_mm256_load_ps(scores[u + V])), 1));
+    } else {
+      __m512 x = _mm512_castps128_ps512(_mm_load_ps(scores[u]));
+      x = _mm512_insertf32x4(x, _mm_load_ps(scores[u + V]), 1);
+      x = _mm512_insertf32x4(x, _mm_load_ps(scores[u + 2 * V]), 2);
+      s[u] = _mm512_insertf32x4(x, _mm_load_ps(scores[u + 3 * V]), 3);
+    }
+    if (masked) {  // rows past the group's see every key of the block (their results are dropped)
+      __mmask16 hidden = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int j = u + (l / L) * V, r = l % L;
+        if (j >= nb || (r < rows && !mask.sees(row0 + r, b0 + j))) hidden |= static_cast<__mmask16>(1u << l);
+      }
+      s[u] = _mm512_mask_mov_ps(s[u], hidden, neg_inf);
+    }
+    block_max = _mm512_max_ps(block_max, s[u]);
+  }
+  if constexpr (PACK == 4) block_max = _mm512_max_ps(block_max, swap_quarters(block_max));
+  if constexpr (PACK >= 2) block_max = _mm512_max_ps(block_max, swap_halves(block_max));
+  next.step();
+  const __m512 old_max = load_rows<PACK>(row_max);
+  // The row maxima in scaled units (scale > 0 and rounding is monotonic: the max of the scaled scores).
+  const __m512 new_max = _mm512_max_ps(old_max, _mm512_mul_ps(block_max, _mm512_set1_ps(scale)));
+  // Rows with every key so far masked keep max -inf; subtract 0 there so no lane computes inf - inf.
+  const __m512 shift = _mm512_mask_mov_ps(new_max, _mm512_cmp_ps_mask(new_max, neg_inf, _CMP_EQ_OQ),
+                                          _mm512_setzero_ps());
+  const __m512 factor = exp_ps(_mm512_sub_ps(old_max, shift));
+  // p = e^(s scale - m) = 2^(s (scale log2 e) - m log2 e): one fused multiply-subtract per score, rounded
+  // to bfloat16 for P . V below (0 for a hidden key's -inf, which only blocks with a mask hold)
+  const __m512 to_log2 = _mm512_set1_ps(scale * triforce_exp::kLog2e);
+  const __m512 shift2 = _mm512_mul_ps(shift, _mm512_set1_ps(triforce_exp::kLog2e));
+  constexpr int A = 4 / PACK;  // accumulators: keys [8a, 8a + 8) of every lane group each
+  __m512 part[A];
+  for (int a = 0; a < A; ++a) {
+    part[a] = _mm512_setzero_ps();
+    for (int u = 8 * a; u < 8 * a + 8; ++u) {
+      const __m512 t = _mm512_fmsub_ps(s[u], to_log2, shift2);
+      s[u] = masked ? exp2_softmax_ps(t) : exp2_finite_softmax_ps(t);
+      part[a] = _mm512_add_ps(part[a], s[u]);
+    }
+  }
+  __m512 sum;
+  if constexpr (PACK == 1) {
+    sum = _mm512_add_ps(_mm512_add_ps(part[0], part[1]), _mm512_add_ps(part[2], part[3]));
+  } else {
+    const __m512 pairs = PACK == 2 ? _mm512_add_ps(part[0], part[1]) : _mm512_add_ps(part[0], swap_quarters(part[0]));
+    sum = _mm512_add_ps(pairs, swap_halves(pairs));
+  }
+  next.step();
+  store_rows<PACK>(row_sum, _mm512_fmadd_ps(load_rows<PACK>(row_sum), factor, sum));
+  store_rows<PACK>(row_max, new_max);
+  store_rows<PACK>(rescale, factor);
+  // (x[i], x[16 + i]) pairs of one 32-lane bf16 vector: the layout of _mm512_cvtne2ps_pbh(hi, lo).
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  // pairs[w] lane l = (p[2w + q V][r], p[2w + 1 + q V][r]) in bf16 (q = l / L, r = l % L): pair m = w + q V / 2
+  __m512i pairs[V / 2];
+  for (int w = 0; w < V / 2; ++w)
+    pairs[w] = _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(s[2 * w + 1], s[2 * w])));
+  next.step();
+  if constexpr (PACK == 1) {
+    transpose16(pairs);
+    for (int r = 0; r < 16; ++r) _mm512_store_si512(p_tile[r], pairs[r]);
+  } else {  // the rows' pairs gathered (the tile's other rows are past the group's and dropped)
+    alignas(64) int32_t packed[V / 2][16];
+    for (int w = 0; w < V / 2; ++w) _mm512_store_si512(packed[w], pairs[w]);
+    for (int r = 0; r < rows; ++r)
+      for (int m = 0; m < 16; ++m) p_tile[r][m] = packed[m % (V / 2)][(m / (V / 2)) * L + r];
+  }
+}
 
 }  // namespace
 
@@ -59,10 +171,6 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
                                            39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i kPairHi = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25, 56, 24,
                                            55, 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18, 49, 17, 48, 16);
-  // (x[i], x[16 + i]) pairs of one 32-lane bf16 vector: the layout of _mm512_cvtne2ps_pbh(hi, lo).
-  const __m512i kInterleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                               23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   NextBlock<D, at::BFloat16> next(k, v, k_row, mask.S);
 
   for (int64_t b0 = begin; b0 < end; b0 += kKeys) {
@@ -99,49 +207,16 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         _tile_stored(2, scores[16 * t], 64);
         next.step();
       }
-      const __m512 old_max = _mm512_loadu_ps(&row_max[16 * g]);
-      __m512 s[kKeys], block_max = neg_inf;  // s: the raw scores q . k, unscaled
-      for (int j = 0; j < kKeys; ++j) {
-        s[j] = _mm512_load_ps(scores[j]);
-        if (masked) {  // lane r: row 16g + r (rows past R see everything; their results are dropped)
-          __mmask16 hidden = 0xffff;
-          if (j < nb) {
-            hidden = 0;
-            for (int r = 0; r < 16 && 16 * g + r < R; ++r)
-              if (!mask.sees(16 * g + r, b0 + j)) hidden |= static_cast<__mmask16>(1u << r);
-          }
-          s[j] = _mm512_mask_mov_ps(s[j], hidden, neg_inf);
-        }
-        block_max = _mm512_max_ps(block_max, s[j]);
-      }
-      next.step();
-      // The row maxima in scaled units (scale > 0 and rounding is monotonic: the max of the scaled scores).
-      const __m512 new_max = _mm512_max_ps(old_max, _mm512_mul_ps(block_max, _mm512_set1_ps(scale)));
-      // Rows with every key so far masked keep max -inf; subtract 0 there so no lane computes inf - inf.
-      const __m512 shift = _mm512_mask_mov_ps(new_max, _mm512_cmp_ps_mask(new_max, neg_inf, _CMP_EQ_OQ),
-                                              _mm512_setzero_ps());
-      const __m512 factor = exp_ps(_mm512_sub_ps(old_max, shift));
-      // p = e^(s scale - m) = 2^(s (scale log2 e) - m log2 e): one fused multiply-subtract per score, rounded
-      // to bfloat16 for P . V below (0 for a hidden key's -inf, which only blocks with a mask hold)
-      const __m512 to_log2 = _mm512_set1_ps(scale * triforce_exp::kLog2e);
-      const __m512 shift2 = _mm512_mul_ps(shift, _mm512_set1_ps(triforce_exp::kLog2e));
-      __m512 sum = _mm512_setzero_ps();
-      for (int j = 0; j < kKeys; ++j) {
-        const __m512 t = _mm512_fmsub_ps(s[j], to_log2, shift2);
-        s[j] = masked ? exp2_softmax_ps(t) : exp2_finite_softmax_ps(t);
-        sum = _mm512_add_ps(sum, s[j]);
-      }
-      next.step();
-      _mm512_storeu_ps(&row_sum[16 * g], _mm512_fmadd_ps(_mm512_loadu_ps(&row_sum[16 * g]), factor, sum));
-      _mm512_storeu_ps(&row_max[16 * g], new_max);
-      _mm512_store_ps(rescale, factor);
-      __m512i pairs[16];  // pairs[m] lane r = (p[2m][r], p[2m + 1][r]) in bf16; transposed: row r's pairs
-      for (int m = 0; m < 16; ++m)
-        pairs[m] = _mm512_permutexvar_epi16(kInterleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(s[2 * m + 1], s[2 * m])));
-      next.step();
-      transpose16(pairs);
-      for (int r = 0; r < 16; ++r) _mm512_store_si512(p_tile[r], pairs[r]);
       const int rows = std::min(16, R - 16 * g);
+      if (rows <= 4)
+        softmax_block<4>(scores, rows, masked, nb, mask, 16 * g, b0, scale, &row_max[16 * g], &row_sum[16 * g],
+                         rescale, p_tile, next);
+      else if (rows <= 8)
+        softmax_block<2>(scores, rows, masked, nb, mask, 16 * g, b0, scale, &row_max[16 * g], &row_sum[16 * g],
+                         rescale, p_tile, next);
+      else
+        softmax_block<1>(scores, rows, masked, nb, mask, 16 * g, b0, scale, &row_max[16 * g], &row_sum[16 * g],
+                         rescale, p_tile, next);
       for (int slice = 0; slice < D / 64; ++slice) {
         _tile_zero(4);
         _tile_zero(5);
