@@ -27,8 +27,8 @@ constexpr int kKeys = 32;  // keys per block: one A tile of P (16 bf16 pairs per
 inline __m512 swap_halves(__m512 x) { return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 0, 3, 2)); }
 inline __m512 swap_quarters(__m512 x) { return _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(2, 3, 0, 1)); }
 
-// (AVX512F only: the build has no -mavx512dq.) Floats 0..16/PACK of x (the rows of a packed group), or all 16: loaded replicated into every lane group,
-// and stored from the first.
+// Floats 0..16/PACK of x (the rows of a packed group), or all 16: loaded replicated into every lane group,
+// and stored from the first. (AVX512F only, as below: the build has no -mavx512dq.)
 template <int PACK>
 inline __m512 load_rows(const float* x) {
   if constexpr (PACK == 1) return _mm512_loadu_ps(x);
@@ -121,7 +121,8 @@ inline void softmax_block(const float (*scores)[16], int rows, bool masked, int 
   // pairs[w] lane l = (p[2w + q V][r], p[2w + 1 + q V][r]) in bf16 (q = l / L, r = l % L): pair m = w + q V / 2
   __m512i pairs[V / 2];
   for (int w = 0; w < V / 2; ++w)
-    pairs[w] = _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(s[2 * w + 1], s[2 * w])));
+    pairs[w] = _mm512_permutexvar_epi16(interleave,
+                                        reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(s[2 * w + 1], s[2 * w])));
   next.step();
   if constexpr (PACK == 1) {
     transpose16(pairs);
