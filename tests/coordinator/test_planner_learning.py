@@ -282,6 +282,33 @@ def in_a_batch(planner: AutoPlanner) -> AutoPlanner:
     return planner
 
 
+def test_a_batch_pools_each_members_prior_with_its_checks():
+    """Eight alike members (each a poor opening: 2 of 9 tokens accepted) pool to what each holds alone, and
+    their idle draft drifts back to its prior as fast as one request's does; with one prior for the batch
+    the pooled checks outweighed it eightfold. With no checks yet, the batch's optimism is that of eight
+    priors' weight: a remembered 0.94 worth 12 trials is scored at 0.99 alone, not in a batch of 8."""
+    members = [AutoPlanner({}, None) for _ in range(8)]
+    mates = Batchmates()
+    for member in members:
+        member.batchmates = mates
+        mates.join(SimpleNamespace(planner=member, plans=True))
+    alone = AutoPlanner({}, None)
+    for planner in members + [alone]:
+        planner.acceptance["retrieval"] = Acceptance(0.94, LEARNED_TRIALS)
+    fresh = members[0].estimates()["retrieval"]
+    assert alone.estimates()["retrieval"].optimistic == pytest.approx(0.99)
+    assert fresh.mean == pytest.approx(0.94) and fresh.optimistic < 0.97
+    assert fresh.optimistic == pytest.approx(0.94 + (0.94 * 0.06 / (8 * LEARNED_TRIALS)) ** 0.5)
+    for planner in members + [alone]:
+        planner.observe("draft", 9, 2)  # 2 accepted, a rejection: 3 trials
+    kept = evidence.EVIDENCE_KEPT ** (40 / evidence.EVIDENCE_TOKENS)
+    for planner in members + [alone]:
+        planner.fade(40)
+    pooled_draft, own = members[0].estimates()["draft"], alone.estimates()["draft"]
+    assert pooled_draft.mean == pytest.approx(own.mean)
+    assert own.mean == pytest.approx((2 * kept + 4 * 0.6) / (3 * kept + 4))
+
+
 @pytest.mark.parametrize("together,ar_factor", [(True, 0.8), (True, 1.3), (False, 0.8)])
 def test_an_untried_mode_in_a_batch_is_not_favoured_by_what_slowed_plain_decoding(together, ar_factor):
     """In a batch, plain decoding ran at 0.8 of its model (as at batch 2 on the AVX2 EPYC, where the overhead
