@@ -2,7 +2,7 @@
 
 In a batch (LLM.generate's prompts, a server's running requests) one plan serves every request
 (`Batchmates`): its leader, the first request that plans, makes it from the acceptance of all members'
-checks pooled, and from what a forward of the batch costs: c_t(n) is then the seconds of one call that
+checks and priors pooled (`pooled`), and from what a forward of the batch costs: c_t(n) is then the seconds of one call that
 runs tier t of B requests, n tokens each, over B, so a mode is scored by the tokens per second of the
 whole batch. B is the members that plan, rounded down to a power of two (a batch that shrinks as requests
 end is measured a few times, not at every size); a cost the table lacks is measured with batchmates that
