@@ -6,7 +6,7 @@
 #       [BATCH=8] [TURNS="1 2"] bash benchmarks/results/issue12/amx14/pooled_priors/run.sh
 # with BASE_TREE a worktree of e82ba23 (git worktree add --detach /tmp/wt1 e82ba23). Tables:
 #   python benchmarks/auto_table.py $OUT/base_turn1.json ... (the files beside this script: batch 8, turns
-#   1-2 from fresh copies; b4_turn* at BATCH=4 after them, on the same folders)
+#   1-2 from fresh copies; b4_turn* at BATCH=4 after them, then turn 3 at batch 8, on the same folders)
 set -e
 BATCH=${BATCH:-8}
 TURNS=${TURNS:-1 2}
