@@ -1,14 +1,13 @@
 """The requests run together now, and the one plan they run (`--mode auto`, planning.py).
 
-In a batch (LLM.generate's prompts, a server's running requests) one plan serves every request
-(`Batchmates`): its leader, the first request that plans, makes it from the acceptance of all members'
-checks and priors pooled (`pooled`), and from what a forward of the batch costs: c_t(n) is then the
-seconds of one call that runs tier t of B requests, n tokens each, over B, so a mode is scored by the
-tokens per second of the whole batch. B is the members that plan, rounded down to a power of two (a
-batch that shrinks as requests end is measured a few times, not at every size); a cost the table lacks is
-measured with batchmates that have not begun to decode, or alone. At batch 8 the weights are read once for eight sequences and each
-one's KV cache is what costs, which favours the retrieval tier over the draft where one sequence alone
-would not.
+In a batch (LLM.generate's prompts, a server's running requests) one plan serves every request (`Batchmates`):
+its leader, the first request that plans, makes it from the acceptance of all members' checks and priors
+pooled (`pooled`), and from what a forward of the batch costs: c_t(n) is then the seconds of one call that
+runs tier t of B requests, n tokens each, over B, so a mode is scored by the tokens per second of the whole
+batch. B is the members that plan, rounded down to a power of two (a batch that shrinks as requests end is
+measured a few times, not at every size); a cost the table lacks is measured with batchmates that have not
+begun to decode, or alone. At batch 8 the weights are read once for eight sequences and each one's KV cache is
+what costs, which favours the retrieval tier over the draft where one sequence alone would not.
 """
 from __future__ import annotations
 
