@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace triforce_attention {
 namespace {
@@ -209,15 +210,13 @@ void attend_range_amx(const at::BFloat16* q, const at::BFloat16* k, const at::BF
         next.step();
       }
       const int rows = std::min(16, R - 16 * g);
-      if (rows <= 4)
-        softmax_block<4>(scores, rows, masked, nb, mask, 16 * g, b0, scale, &row_max[16 * g], &row_sum[16 * g],
-                         rescale, p_tile, next);
-      else if (rows <= 8)
-        softmax_block<2>(scores, rows, masked, nb, mask, 16 * g, b0, scale, &row_max[16 * g], &row_sum[16 * g],
-                         rescale, p_tile, next);
-      else
-        softmax_block<1>(scores, rows, masked, nb, mask, 16 * g, b0, scale, &row_max[16 * g], &row_sum[16 * g],
-                         rescale, p_tile, next);
+      auto softmax = [&](auto pack) {  // the group's packing (softmax_block), one argument list for all three
+        softmax_block<decltype(pack)::value>(scores, rows, masked, nb, mask, 16 * g, b0, scale, &row_max[16 * g],
+                                             &row_sum[16 * g], rescale, p_tile, next);
+      };
+      if (rows <= 4) softmax(std::integral_constant<int, 4>{});
+      else if (rows <= 8) softmax(std::integral_constant<int, 2>{});
+      else softmax(std::integral_constant<int, 1>{});
       for (int slice = 0; slice < D / 64; ++slice) {
         _tile_zero(4);
         _tile_zero(5);
