@@ -72,12 +72,12 @@ class Batchmates:
 
     def pooled(self, planner: "AutoPlanner") -> dict[str, Acceptance]:
         """Each proposer's acceptance over the checks of `planner`'s request and the others', each member's
-        prior counted too (B members, B priors: the pooled estimate of B alike members is what each holds).
-        With one prior for the batch, its weight shrank B-fold against checks that come B times as fast:
-        at batch 8 an opening's few poor checks outweighed it for about three times the tokens they did
-        alone (by the fading's arithmetic) (an idle draft that started badly waited ~100 tokens to be tried again), and a remembered
-        prior worth 12 trials kept one request's optimism (Acceptance.optimistic): the retrieval tier's
-        remembered 0.939 was scored at 0.99, and `triforce` opened where `draft` was faster."""
+        prior counted too (B members, B priors: the pooled estimate of B alike members is what each holds). With
+        one prior for the batch, its weight shrank B-fold against checks that come B times as fast: at batch 8
+        an opening's few poor checks outweighed it for about three times the tokens they did alone (by the
+        fading's arithmetic) (an idle draft that started badly waited ~100 tokens to be tried again), and a
+        remembered prior worth 12 trials kept one request's optimism (Acceptance.optimistic): the retrieval
+        tier's remembered 0.939 was scored at 0.99, and `triforce` opened where `draft` was faster."""
         members = [planner] + [e.planner for e in self.others(planner)]
         return {name: Acceptance(a.prior, sum(m.acceptance[name].prior_trials for m in members),
                                  sum(m.acceptance[name].successes for m in members),
