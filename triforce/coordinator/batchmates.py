@@ -75,7 +75,7 @@ class Batchmates:
         prior counted too (B members, B priors: the pooled estimate of B alike members is what each holds). With
         one prior for the batch, its weight shrank B-fold against checks that come B times as fast: at batch 8
         an opening's few poor checks outweighed it for about three times the tokens they did alone (by the
-        fading's arithmetic) (an idle draft that started badly waited ~100 tokens to be tried again), and a
+        fading's arithmetic; an idle draft that started badly waited ~100 tokens to be tried again), and a
         remembered prior worth 12 trials kept one request's optimism (Acceptance.optimistic): the retrieval
         tier's remembered 0.939 was scored at 0.99, and `triforce` opened where `draft` was faster."""
         members = [planner] + [e.planner for e in self.others(planner)]
