@@ -330,6 +330,18 @@ def test_a_streaming_cache_refuses_sizes_it_cannot_keep(sinks, window, max_rollb
         StreamingKVCache(CFG, sinks, window, max_rollback, ROPE, torch.float32, "cpu")
 
 
+def test_a_streaming_cache_bounds_a_prefills_first_chunk_at_its_sinks_only_where_it_will_skip():
+    """`before_skip`: a prompt longer than the sinks and the window runs its sinks alone, then skips to the
+    last window (a longer first chunk computed tokens the skip threw away); a shorter one runs whole."""
+    cache = StreamingKVCache(CFG, 2, 4, 3, ROPE, torch.float32, "cpu")
+    assert cache.before_skip(6) is None  # sinks + window: nothing to skip
+    assert cache.before_skip(7) == 2
+    forward(cache, 1, 0)
+    assert cache.before_skip(20) == 1
+    forward(cache, 1, 1)
+    assert cache.before_skip(20) is None and cache.skippable(20) == 14
+
+
 def test_a_streaming_cache_is_settled_except_between_a_skip_and_the_window_after_it():
     """`settled` (a cost measurement runs filler over a batchmate's cache and rolls it back) is false only
     where that rollback would fail: after a skip, before the window it skipped to is fed."""

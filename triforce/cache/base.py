@@ -107,6 +107,11 @@ class KVCache:
         evict them unread; 0 for caches that keep every token."""
         return 0
 
+    def before_skip(self, end: int) -> int | None:
+        """Of a prefill up to `end`, at most how many of the next tokens to run before the cache may skip
+        (a streaming cache's sinks, where tokens past them would be evicted unread); None: no bound."""
+        return None
+
     def skip(self, n: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} keeps every token")
 

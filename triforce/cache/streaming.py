@@ -188,6 +188,12 @@ class StreamingKVCache(KVCache):
         that would leave the window before the forward after `end` reads it (the sinks are always kept)."""
         return max(0, end - self.window - max(self.length, self.sinks)) if self.length >= self.sinks else 0
 
+    def before_skip(self, end: int) -> int | None:
+        """The sinks still missing, where the tokens after them would leave the window unread (a chunk that
+        ran past the sinks computed tokens that the skip then threw away: a draft's prefill ran two chunks of
+        its window where the sinks and one would do)."""
+        return self.sinks - self.length if self.length < self.sinks < end - self.window else None
+
     def skip(self, n: int) -> None:
         """Counts the next n tokens as absorbed and already evicted, without computing them (a prefill of a
         long prompt needs only the sinks and the last window). Later tokens see the sinks and the tokens fed

@@ -50,7 +50,8 @@ class Tier:
             if skip:
                 self.cache.skip(skip)
             else:
-                step = Step.chain(tokens[fed:fed + self.prefill_chunk], self.length, self.model.device)
+                size = min(self.prefill_chunk, self.cache.before_skip(end) or self.prefill_chunk)
+                step = Step.chain(tokens[fed:fed + size], self.length, self.model.device)
                 yield step
                 skip = step.n
             fed += skip
