@@ -39,29 +39,6 @@ def test_greedy_output_with_the_target_as_its_own_draft_equals_plain_decoding(ta
         assert checked.accepted < checked.proposed, "a window short of the prompt should part from the target"
 
 
-@pytest.mark.parametrize("mode", ["draft", "auto"])
-def test_the_self_draft_takes_its_prompt_from_the_targets_cache_without_a_forward(target, plain, monkeypatch, mode):
-    """Its sinks and last window are the target's keys and values (tiers.SharedKVDraft): no prompt chunk of
-    the draft tier runs (before, a chunk from the prompt's start and one of the last window), and greedy
-    output still equals plain decoding."""
-    from triforce.coordinator import tiers
-
-    chunks = []
-    forward_many = tiers.Tier.forward_many
-
-    def counted(tier_list, steps, logits_for):
-        chunks.extend(t.name for t, want in zip(tier_list, logits_for) if want == "none")
-        return forward_many(tier_list, steps, logits_for)
-
-    monkeypatch.setattr(tiers.Tier, "forward_many", staticmethod(counted))
-    llm = LLM(target, "self", mode=mode, dtype="float32", **(DRAFT_TIER if mode == "draft" else TIERS))
-    out = llm.generate(PROMPT, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True), use_tqdm=False)[0]
-    assert out.token_ids == plain
-    assert "target" in chunks and "draft" not in chunks
-    if mode == "draft":
-        assert out.metrics.tiers[0].proposed > 0
-
-
 def test_a_window_that_holds_the_whole_context_makes_every_proposal_right(target, plain):
     llm = LLM(target, "self", mode="draft", dtype="float32", **{**DRAFT_TIER, "window": 200})
     out = llm.generate(PROMPT, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True), use_tqdm=False)[0]

@@ -342,36 +342,6 @@ def test_a_streaming_cache_bounds_a_prefills_first_chunk_at_its_sinks_only_where
     assert cache.before_skip(20) is None and cache.skippable(20) == 14
 
 
-def test_a_streaming_cache_filled_from_another_equals_one_that_prefilled_those_keys_and_skipped():
-    """`fill` (a self draft's prefill from the target's cache): the sinks and the last window of a source's
-    keys and values, as a prefill whose forwards computed exactly those and skipped the rest holds them: the
-    next forwards see the same keys and values, the window sliding on, and a rollback within them works."""
-    sinks, window, end = 2, 4, 11
-    full = FullKVCache(CFG, 32, torch.float32, "cpu")
-    forward(full, end, 5)
-    filled = StreamingKVCache(CFG, sinks, window, 3, ROPE, torch.float32, "cpu")
-    filled.fill(LocalKVSource(full).committed, end)
-    fed = StreamingKVCache(CFG, sinks, window, 3, ROPE, torch.float32, "cpu")
-    for start, stop in ((0, sinks), (end - window, end)):  # what a prefill computes, given the source's keys
-        if start > fed.length:
-            fed.skip(start - fed.length)
-        fed.begin(Step.chain([0] * (stop - start), start))
-        for layer in range(CFG.num_layers):
-            fed.append(layer, None, full.keys[layer, :, start:stop], full.values[layer, :, start:stop])
-        fed.end()
-    assert filled.length == fed.length == end and filled.settled
-    for seed in range(6):
-        got, want = forward(filled, 2, seed)[0], forward(fed, 2, seed)[0]
-        for g, w in zip(got, want):
-            for a, b in zip(g, w):
-                torch.testing.assert_close(a, b, rtol=0, atol=0)
-        if seed % 2:
-            filled.rollback(1)
-            fed.rollback(1)
-    with pytest.raises(ValueError, match="from empty"):
-        filled.fill(LocalKVSource(full).committed, end)
-
-
 def test_a_streaming_cache_is_settled_except_between_a_skip_and_the_window_after_it():
     """`settled` (a cost measurement runs filler over a batchmate's cache and rolls it back) is false only
     where that rollback would fail: after a skip, before the window it skipped to is fed."""

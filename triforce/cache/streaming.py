@@ -194,21 +194,6 @@ class StreamingKVCache(KVCache):
         its window where the sinks and one would do)."""
         return self.sinks - self.length if self.length < self.sinks < end - self.window else None
 
-    def fill(self, committed, end: int) -> None:
-        """Holds the sequence up to `end` from another cache of the same model's keys and values
-        (`committed(start, stop)` -> [L, Hkv, stop - start, D] each, rotated at their positions as this cache
-        stores them): its first `sinks` and its last `window` entries, as a prefill that skipped the rest
-        would, with no forward. An empty cache and more tokens than the sinks only."""
-        if self.length or end <= self.sinks:
-            raise ValueError(f"a streaming cache fills from empty and past its {self.sinks} sinks "
-                             f"(holds {self.length}, asked for {end})")
-        self.sink_k[:, :, :self.sinks], self.sink_v[:, :, :self.sinks] = committed(0, self.sinks)
-        self.sink_pos[:] = torch.arange(self.sinks, device=self.sink_pos.device)
-        first = max(self.sinks, end - self.window)
-        self.recent_k[:, :, :end - first], self.recent_v[:, :, :end - first] = committed(first, end)
-        self.recent_pos[:end - first] = torch.arange(first, end, device=self.recent_pos.device)
-        self.length, self._offset, self._mirrored, self._turned = end, first, None, None
-
     def skip(self, n: int) -> None:
         """Counts the next n tokens as absorbed and already evicted, without computing them (a prefill of a
         long prompt needs only the sinks and the last window). Later tokens see the sinks and the tokens fed

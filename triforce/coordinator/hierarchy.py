@@ -32,7 +32,7 @@ from .engine import FORCED_LAG, HierarchyEngine
 from .planning import MAX_GAMMA, AutoPlanner
 from .priors import Priors
 from .speed_model import SELF_DRAFT_TIER, retrieval_name
-from .tiers import RetrievalTier, SharedKVDraft, Tier
+from .tiers import RetrievalTier, Tier
 from .trees import TreeShaper
 from .verifier import LocalVerifier, Verifier
 
@@ -217,8 +217,6 @@ def build_engine(cfg: EngineConfig, target: LlamaModel, draft: LlamaModel | None
         chunk = min(cfg.prefill_chunk, cfg.window)
         model.rope.reach(max_length + slack)
         cache = StreamingKVCache(model.config, cfg.sinks, cfg.window, slack, model.rope, model.dtype, model.device)
-        if target in (model, getattr(model, "twin_of", None)):  # the target's weights: its prompt KV serves
-            return SharedKVDraft(name, model, cache, chunk, verifier.kv_source())
         return Tier(name, model, cache, chunk)
 
     def retrieval_tier(budget: int = cfg.budget) -> Tier:

@@ -130,28 +130,6 @@ class Tier:
         return 0
 
 
-class SharedKVDraft(Tier):
-    """A draft tier that runs the target's own weights (or their int8 twin) over a streaming cache (`--draft
-    self`, mode auto's draft@self: MagicDec's draft): the target's cache already holds the prompt's keys and
-    values, computed over the whole prompt, so its prefill takes the sinks and the last window from there
-    (`source`: the verifier's kv_source, whose `committed` a worker group answers too) instead of running
-    them again (a 256-token forward of the target per request). Any proposer keeps sampling exact; these keys
-    differ from its own only in what the whole prompt told them."""
-
-    def __init__(self, name: str, model: LlamaModel, cache, prefill_chunk: int, source):
-        super().__init__(name, model, cache, prefill_chunk)
-        self.source = source
-
-    def prefill_steps(self, tokens: list[int], progress=None) -> Iterator[Step]:
-        end = self.length + len(tokens)
-        if self.length or end <= self.cache.sinks or self.source.length < end:
-            yield from super().prefill_steps(tokens, progress)
-            return
-        self.cache.fill(self.source.committed, end)
-        if progress is not None:
-            progress.update(len(tokens))
-
-
 class RetrievalTier(Tier):
     """The target's weights over a RetrievalKVCache built from the target's full cache.
 
