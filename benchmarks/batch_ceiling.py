@@ -6,8 +6,9 @@ one run's measured forward costs, against `ar`.
     python benchmarks/batch_ceiling.py --timeline timeline.jsonl [--bench bench.json] [--target 2.3]
 
 The costs come from the timeline's calls (ms per call by tier and by how many sequences it held): a draft
-or retrieval call of k sequences costs fixed + k x each (a least-squares line over k), a target call of B
-sequences of n tokens a line over n (its checks, and `ar`'s step at n = 1). The acceptances are per token
+or retrieval call of k sequences costs fixed + k x each (a least-squares line over k), a target call of all
+B sequences what the timeline's calls of that many tokens cost (keyed by the most a sequence held; `ar`'s
+step at 1 token, between sizes a straight line). The acceptances are per token
 (the chance the checker takes a proposal given it took the ones before), fitted from a bench file's
 `accepted_per_depth` (`triforce bench ... --modes ar draft triforce --out bench.json`, the same batch and
 temperature), or given. The simulation runs the batch as `SequenceBatch` does: each sequence proposes
@@ -36,8 +37,8 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def costs(timeline: dict, batch: int) -> dict:
-    """Per tier, (fixed, per unit) ms: draft and retrieval per sequence of a call, target per token of a
-    call of the whole batch."""
+    """The draft's and the retrieval tier's (fixed, per sequence) ms of a call, a line over the sequences the
+    calls held; the target's ms of a call of the whole batch, by the most tokens a sequence held in it."""
     calls = {}
     for mode in ("ar", "draft", "triforce"):
         for key, call in timeline.get(mode, {}).get("calls", {}).items():
