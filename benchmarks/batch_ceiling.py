@@ -143,6 +143,10 @@ def main() -> None:
     timeline = {}
     for line in open(args.timeline):
         timeline.update(json.loads(line))
+    missing = [mode for mode in ("ar", "draft", "triforce") if mode not in timeline]
+    if missing:
+        raise SystemExit(f"{args.timeline} lacks mode {', '.join(missing)}: run batch_timeline.py with "
+                         "--modes ar draft triforce")
     batch = int(re.search(r"x(\d+) n1", next(iter(timeline["ar"]["calls"])))[1])
     c = costs(timeline, batch)
     found = bench_acceptance(args.bench, batch, args.temperature) if args.bench else {}
