@@ -1,5 +1,6 @@
 """The data mix a draft trains and is evaluated on: named sources of token sequences (long prose, code and
-documentation installed on the machine, the target's own answers to varied instructions), each labelled
+documentation installed on the machine, the target's own answers to varied instructions and its own
+continuations of the prose), each labelled
 by the target and cached on its own, so that adding a source or changing one's size leaves the others'
 labels in place."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from ..files import load_cached, save_whole
 from .data import TargetLabels, leading_sequences, pack
-from .generated import GeneratedSamples, GenerationSettings
+from .generated import GeneratedSamples, GenerationSettings, Passages
 from .local_text import SELECTION, installed_texts
 from .train import fingerprint
 
@@ -44,20 +45,38 @@ def installed(tokenizer, tokens: int, seq_len: int, work: Path, target_key: str,
     return sequences
 
 
-def answers(llm, work: Path, settings: GenerationSettings, seq_len: int, target_key: str) -> torch.Tensor:
-    """The target's answers (generated once into work/, then reused), packed into sequences. Asking for
-    more answers later keeps the ones generated (sample i does not depend on how many there are)."""
-    folder = work / f"answers-{fingerprint(target_key, replace(settings, samples=0))}"
-    samples = GeneratedSamples(folder, settings)
+def _generated(llm, folder: Path, settings: GenerationSettings, source: Passages | None, seq_len: int) -> torch.Tensor:
+    """The target's text after the source's prompts (generated once into `folder`, then reused), packed
+    into sequences. Asking for more samples later keeps the ones generated (sample i does not depend on how
+    many there are)."""
+    samples = GeneratedSamples(folder, settings, source)
     samples.generate(llm)
     return pack(samples.token_lists(), seq_len, llm.tokenizer.eos_token_id)
 
 
+def answers(llm, work: Path, settings: GenerationSettings, seq_len: int, target_key: str) -> torch.Tensor:
+    """The target's answers to draft/prompts.py's instructions, packed into sequences."""
+    return _generated(llm, work / f"answers-{fingerprint(target_key, replace(settings, samples=0))}", settings,
+                      None, seq_len)
+
+
+def continuations(llm, work: Path, settings: GenerationSettings, prose_sequences: torch.Tensor, passage: int,
+                  seq_len: int, target_key: str) -> torch.Tensor:
+    """The target's continuations of passages of `passage` tokens cut from the prose, each with its passage,
+    packed into sequences: the text the target writes after prose, which the draft proposes in the engine."""
+    key = fingerprint(target_key, replace(settings, samples=0), digest(prose_sequences), passage)
+    return _generated(llm, work / f"continuations-{key}", settings, Passages(prose_sequences, passage, settings.seed),
+                      seq_len)
+
+
 def heldout_genres(llm, work: Path, prose_sets: dict[str, torch.Tensor], sequences: int, seq_len: int,
-                   local: bool, answer_settings: GenerationSettings | None, target_key: str) -> dict[str, torch.Tensor]:
+                   local: bool, answer_settings: GenerationSettings | None, target_key: str,
+                   continued: GenerationSettings | None = None, passage: int = 0) -> dict[str, torch.Tensor]:
     """The held-out evaluation sets, `sequences` rows each: every named prose (`prose_sets`, built already),
-    `code` from held-out installed packages (when `local`), and `chat`, the target's answers on held-out
-    subjects (when `answer_settings`; about HELDOUT_ANSWER_TOKENS per answer with its prompt sizes how many)."""
+    `code` from held-out installed packages (when `local`), `chat`, the target's answers on held-out
+    subjects (when `answer_settings`; about HELDOUT_ANSWER_TOKENS per answer with its prompt sizes how many),
+    and `continuations`, the target's continuations of passages of the held-out prose (when `continued`
+    and there is held-out prose)."""
     tokenizer, tokens = llm.tokenizer, sequences * seq_len
     genres = dict(prose_sets)
     if local:
@@ -66,6 +85,11 @@ def heldout_genres(llm, work: Path, prose_sets: dict[str, torch.Tensor], sequenc
         held = replace(answer_settings, samples=max(answer_settings.batch, tokens // HELDOUT_ANSWER_TOKENS),
                        heldout=True)
         genres["chat"] = answers(llm, work, held, seq_len, target_key)[:sequences]
+    if continued is not None and prose_sets:
+        held = replace(continued, samples=max(continued.batch, tokens // (passage + continued.max_tokens) + 1),
+                       heldout=True)
+        prose = torch.cat(list(prose_sets.values()))
+        genres["continuations"] = continuations(llm, work, held, prose, passage, seq_len, target_key)[:sequences]
     return genres
 
 

@@ -22,7 +22,7 @@ from ..files import load_cached, save_whole
 from ..models.config import ModelConfig
 from ..models.folders import umask_modes
 from ..models.llama import LlamaModel
-from ..models.vocab import DRAFT_FILE
+from ..models.vocab import DRAFT_FILE, ReducedVocabulary, read_draft_metadata
 from .settings import DraftShape, TrainSettings
 
 
@@ -60,6 +60,23 @@ def init_draft(shape: DraftShape, target: LlamaModel, kept: torch.Tensor | None,
         table[: emb.shape[0], :width] = projected
         table[: emb.shape[0], width:] = 0
     return model
+
+
+def trained_draft(folder: Path, target_vocab: int, target_tokenizer: str):
+    """A draft train-draft wrote, to train on from (`--init`) -> (float32 model, its kept target ids or None
+    for all, its DraftShape). Refused unless it was trained for this target's tokenizer and vocabulary."""
+    from transformers import LlamaForCausalLM
+
+    meta = read_draft_metadata(folder)
+    if meta.get("target_tokenizer") != target_tokenizer or meta.get("target_vocab_size") != target_vocab:
+        raise UserError(f"--init {folder}: not a draft train-draft made for this target (its {DRAFT_FILE} names "
+                        "another tokenizer or vocabulary, or is missing)")
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    vocab = ReducedVocabulary.from_folder(folder, model.config.vocab_size)
+    c = model.config
+    shape = DraftShape(c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                       c.num_key_value_heads, target_vocab if vocab is None else vocab.size, c.max_position_embeddings)
+    return model, None if vocab is None else vocab.token_ids, shape
 
 
 def lr_at(step: int, s: TrainSettings) -> float:

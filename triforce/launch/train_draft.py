@@ -5,7 +5,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -14,13 +14,15 @@ from ..draft import sources
 from ..draft.data import check_readable, choose_vocabulary, read_texts, split_heldout
 from ..draft.evaluate import decode_ms_per_token, evaluate_genres
 from ..draft.settings import DraftShape, GenerationSettings, TrainSettings
-from ..draft.train import ORDER_VERSION, export, fingerprint, init_draft, train
+from ..draft.train import ORDER_VERSION, export, fingerprint, init_draft, train, trained_draft
 from ..errors import UserError
 from ..files import user_path, write_whole
 from ..models.folders import probe_writes, triforce_home, writable_folder
 from ..models.loader import load_model
 from ..models.vocab import DRAFT_FILE, ReducedVocabulary, tokenizer_fingerprint
-from .train_draft_flags import HELDOUT_FRACTION
+from .train_draft_flags import HELDOUT_FRACTION, SHAPE_FLAGS
+
+_SHAPE = DraftShape()
 
 def _log(message: str) -> None:
     print(f"train-draft: {message}", file=sys.stderr)
@@ -31,6 +33,7 @@ def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
     tokenizer, seq_len, n_heldout = llm.tokenizer, args.seq_len, args.heldout_sequences
     answers = GenerationSettings(args.answers, args.answer_tokens, tuple(args.answer_temperatures),
                                  args.answer_batch)  # their own seed: another training seed reuses them
+    continued = replace(answers, samples=args.continuations) if args.continuations > 0 else None
     train_sources = {}
     texts = read_texts(args.text)
     if args.heldout is None:  # the ends of the training texts (none: a fraction of 0)
@@ -39,8 +42,9 @@ def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
         heldout_prose = {"prose": heldout_texts} if texts and heldout_texts else {}
     else:  # each file a genre of its own, named by the file
         heldout_prose = {Path(f).stem: read_texts([f]) for f in args.heldout}
-        if len(heldout_prose) < len(args.heldout) or {"code", "chat"} & set(heldout_prose):
-            raise UserError("held-out files need different names, and not 'code' or 'chat' (genres of their own)")
+        if len(heldout_prose) < len(args.heldout) or {"code", "chat", "continuations"} & set(heldout_prose):
+            raise UserError("held-out files need different names, and not 'code', 'chat' or 'continuations' "
+                            "(genres of their own)")
     held = {}  # built first: a held-out text too short failed after the answers were made, blaming --text
     for name, held_texts in heldout_prose.items():
         try:
@@ -50,6 +54,9 @@ def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
             raise UserError(f"{where}: {exc}") from None
     if texts:
         train_sources["prose"] = sources.prose(tokenizer, texts, seq_len, args.max_train_tokens)
+    if continued is not None:
+        train_sources["continuations"] = sources.continuations(llm, work, continued, train_sources["prose"],
+                                                               args.passage_tokens, seq_len, target_key)
     if args.local_tokens > 0:
         train_sources["code"] = sources.installed(tokenizer, args.local_tokens, seq_len, work, target_key)
     if args.answers > 0:
@@ -59,7 +66,7 @@ def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
         raise UserError(f"no training data: give --text files, --local-tokens or --answers that make at least "
                         f"one sequence of {seq_len} tokens")
     genres = sources.heldout_genres(llm, work, held, n_heldout, seq_len, args.local_tokens > 0,
-                                    answers if args.answers > 0 else None, target_key)
+                                    answers if args.answers > 0 else None, target_key, continued, args.passage_tokens)
     for name, seqs in train_sources.items():
         _log(f"{name}: {seqs.numel():,} training tokens")
     for name, seqs in genres.items():
@@ -72,9 +79,12 @@ def _repeats(args) -> dict[str, int]:
     """--repeat SOURCE=N ... -> {source: N}, only the ones that differ from 1; checked before any data is
     built."""
     train_sources = [name for name, asked in [("prose", args.text), ("code", args.local_tokens > 0),
-                                              ("chat", args.answers > 0)] if asked]
+                                              ("chat", args.answers > 0), ("continuations", args.continuations > 0)]
+                     if asked]
     if not train_sources:
         raise UserError("no training sources: give --text files, --local-tokens > 0 or --answers > 0")
+    if args.continuations > 0 and not args.text:
+        raise UserError("--continuations continues passages of the --text prose: give --text files")
     repeat = {}
     for spec in args.repeat:
         name, _, count = spec.partition("=")
@@ -85,6 +95,32 @@ def _repeats(args) -> dict[str, int]:
     if not any(repeat.get(name, 1) for name in train_sources):
         raise UserError("--repeat leaves every source out of training")
     return {name: n for name, n in repeat.items() if n != 1}
+
+
+def _shape_flags(args, out: Path) -> None:
+    """Fills in the shape flags left out (their defaults), refusing them beside --init (whose draft has its
+    own shape) and an --init that is --out (the export replaces it: a rerun would train on from the result)."""
+    given = [name for name in SHAPE_FLAGS if getattr(args, name) is not None]
+    if args.init:
+        if given:
+            raise UserError(f"--init {args.init} trains that draft on, in its own shape: leave out "
+                            f"--{given[0].replace('_', '-')}")
+        if user_path(args.init).resolve() == out:
+            raise UserError(f"--init {args.init} is --out too: the export replaces it, so write the draft to "
+                            "another folder")
+        if not (user_path(args.init) / "config.json").is_file():
+            raise UserError(f"--init {args.init}: no draft there (no config.json)")
+    for name in SHAPE_FLAGS:
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(_SHAPE, name))
+
+
+def _weights_digest(folder: str) -> str:
+    """What names an --init draft in a run's key: its weight files' bytes."""
+    digest = hashlib.sha1()
+    for f in sorted(user_path(folder).glob("*.safetensors")):
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
 
 
 TARGET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -162,9 +198,13 @@ def _train_draft(args) -> int:
     started = time.time()
     for flag, least in (("seq_len", 16), ("heldout_sequences", 1), ("steps", 1), ("batch_size", 1),
                         ("checkpoint_every", 1), ("top_k", 1), ("answers", 0), ("answer_tokens", 1),
-                        ("answer_batch", 1), ("local_tokens", 0), ("max_train_tokens", 1)):
+                        ("answer_batch", 1), ("local_tokens", 0), ("max_train_tokens", 1), ("continuations", 0),
+                        ("passage_tokens", 1)):
         if getattr(args, flag) < least:
             raise UserError(f"--{flag.replace('_', '-')} must be >= {least} (got {getattr(args, flag)})")
+    if args.continuations > 0 and args.passage_tokens >= args.seq_len:
+        raise UserError(f"--passage-tokens {args.passage_tokens} must be below --seq-len {args.seq_len}: a "
+                        "passage is cut from a sequence of the prose")
     if not 0 < args.lr < float("inf"):
         raise UserError(f"--lr must be a number > 0 (got {args.lr})")
     if args.heldout is not None and args.heldout_fraction is not None:  # (it would be ignored)
@@ -183,6 +223,7 @@ def _train_draft(args) -> int:
         raise UserError(f"--answer-temperatures must be numbers >= 0 (got {args.answer_temperatures})")
     repeat = _repeats(args)
     out = _out_folder(args.out)
+    _shape_flags(args, out)
     work = Path(args.work_dir) if args.work_dir else triforce_home() / "train-draft" / out.name
     if work.resolve() == out or out in work.resolve().parents:
         raise UserError(f"--work-dir {work} lies in --out {args.out}, which the draft replaces")
@@ -191,8 +232,9 @@ def _train_draft(args) -> int:
     else:
         _check_work_dir(work)
     check_readable([*args.text, *(args.heldout or [])])  # before the target loads (a minute for a large one),
-    DraftShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads,  # as the shape is
-               args.vocab or 2, max_positions=max(2048, args.seq_len)).check(0)  # (the vocabulary's bound: after)
+    if not args.init:  # checked as the shape is (the vocabulary's bound: after)
+        DraftShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads, args.vocab or 2,
+                   max_positions=max(2048, args.seq_len)).check(0)
     llm = LLM(args.target, mode="ar", dtype="bfloat16", device="cpu", prefix_cache_gb=0)
     if llm.tokenizer is None:
         raise UserError(f"{llm.model_path} has no tokenizer; train-draft needs one")
@@ -200,9 +242,12 @@ def _train_draft(args) -> int:
     vocab_total = target.config.vocab_size
     if args.top_k > vocab_total:
         raise UserError(f"--top-k {args.top_k} is more than the target's {vocab_total} tokens")
-    shape = DraftShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads,
-                       min(args.vocab or vocab_total, vocab_total), max_positions=max(2048, args.seq_len))
-    shape.check(vocab_total)
+    if args.init:
+        model, kept, shape = trained_draft(user_path(args.init), vocab_total, tokenizer_fingerprint(tokenizer))
+    else:
+        shape = DraftShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads,
+                           min(args.vocab or vocab_total, vocab_total), max_positions=max(2048, args.seq_len))
+        shape.check(vocab_total)
     if args.seq_len > target.config.max_positions:  # labels past them would be the target's guesses
         raise UserError(f"--seq-len {args.seq_len} is past the target's {target.config.max_positions} positions")
     settings = TrainSettings(args.steps, args.batch_size, args.seq_len, args.lr, min(60, args.steps // 10 + 1),
@@ -219,8 +264,10 @@ def _train_draft(args) -> int:
         _log(f"data ready in {work}")
         return 0
 
-    eos = llm.eos_ids()
-    kept = None if shape.vocab >= vocab_total else choose_vocabulary(sequences, shape.vocab, vocab_total, eos)
+    if not args.init:
+        kept = None if shape.vocab >= vocab_total else choose_vocabulary(sequences, shape.vocab, vocab_total,
+                                                                         llm.eos_ids())
+        model = init_draft(shape, target, kept, args.seed)
     if kept is None:
         to_draft, n_kept = torch.arange(vocab_total), vocab_total
     else:
@@ -229,11 +276,10 @@ def _train_draft(args) -> int:
         for name, seqs in train_sources.items():
             _log(f"the {n_kept} kept tokens cover {(to_draft[seqs] < n_kept).float().mean().item():.1%} of {name}")
 
-    model = init_draft(shape, target, kept, args.seed)
     trains = {k: v for k, v in asdict(settings).items() if k != "checkpoint_every"}  # (not how it trains)
     run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), trains, repeat,
                           None if kept is None else sources.digest(torch.as_tensor(kept)),  # the rows' tokens
-                          ORDER_VERSION)
+                          ORDER_VERSION, *([_weights_digest(args.init)] if args.init else []))
     per_sequence = torch.cat([torch.full((seqs.shape[0],), repeat.get(name, 1)) for name, seqs in train_sources.items()])
     losses = train(model, sequences, label_ids, label_logp, to_draft, n_kept, settings, work, run_key, per_sequence)
     mix = {name: seqs.numel() for name, seqs in train_sources.items()}
