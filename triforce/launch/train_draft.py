@@ -67,8 +67,6 @@ def _data(args, llm, work: Path, target_key: str) -> tuple[dict, dict]:
                         f"one sequence of {seq_len} tokens")
     genres = sources.heldout_genres(llm, work, held, n_heldout, seq_len, args.local_tokens > 0,
                                     answers if args.answers > 0 else None, target_key, continued, args.passage_tokens)
-    for name, seqs in train_sources.items():
-        _log(f"{name}: {seqs.numel():,} training tokens")
     for name, seqs in genres.items():
         short = f" (of the {n_heldout} sequences asked for, {seqs.shape[0]})" if seqs.shape[0] < n_heldout else ""
         _log(f"held-out {name}: {seqs.numel():,} tokens{short}")
@@ -259,6 +257,8 @@ def _train_draft(args) -> int:
     if not train_sources:  # (the sources kept made no sequence)
         raise UserError("no training sequences: the sources --repeat keeps made none (--local-tokens, --answers "
                         "or the texts too short)")
+    for name, seqs in train_sources.items():  # (prose at --repeat 0 is built for --continuations' passages)
+        _log(f"{name}: {seqs.numel():,} training tokens")
     sequences, label_ids, label_logp = sources.labelled(target, train_sources, work, args.top_k, target_key)
     if args.data_only:
         _log(f"data ready in {work}")
