@@ -96,8 +96,9 @@ def _repeats(args) -> dict[str, int]:
 
 
 def _shape_flags(args, out: Path) -> None:
-    """Fills in the shape flags left out (their defaults), refusing them beside --init (whose draft has its
-    own shape) and an --init that is --out (the export replaces it: a rerun would train on from the result)."""
+    """Fills in the shape flags left out with their defaults, or refuses them beside --init (whose draft has
+    its own shape), and an --init that is --out (the export replaces it: a rerun would train on from the
+    result)."""
     given = [name for name in SHAPE_FLAGS if getattr(args, name) is not None]
     if args.init:
         if given:
@@ -108,7 +109,7 @@ def _shape_flags(args, out: Path) -> None:
                             "another folder")
         if not (user_path(args.init) / "config.json").is_file():
             raise UserError(f"--init {args.init}: no draft there (no config.json)")
-    for name in SHAPE_FLAGS:
+    for name in SHAPE_FLAGS if not args.init else ():
         if getattr(args, name) is None:
             setattr(args, name, getattr(_SHAPE, name))
 
