@@ -1,6 +1,7 @@
 """On-policy draft data and training on from a draft (draft/generated.py Passages, draft/sources.py
 continuations, `train-draft --continuations` and `--init`): the continuations are the target's own text
 after passages cut from the training prose, and a draft trains on from where an earlier one stopped."""
+import hashlib
 import json
 
 import pytest
@@ -87,7 +88,10 @@ def test_train_draft_trains_on_continuations_and_on_from_a_draft(tiny_dir, tmp_p
     assert main(_argv(target, text, still, work, "--init", str(first), "--lr", "1e-30", "--repeat", "prose=0",
                       "--continuations", "8", "--passage-tokens", "20")) == 0
     capsys.readouterr()
-    assert json.loads((still / "triforce_draft.json").read_text())["token_ids"] == kept
+    record = json.loads((still / "triforce_draft.json").read_text())
+    assert record["token_ids"] == kept
+    assert record["init_weights"] == hashlib.sha1((first / "model.safetensors").read_bytes()).hexdigest()
+    assert json.loads((first / "triforce_draft.json").read_text())["init_weights"] is None
     assert all(torch.equal(a, b) for a, b in zip(weights(first).values(), weights(still).values()))
     assert main(_argv(target, text, moved, work, "--init", str(first), "--continuations", "8",
                       "--passage-tokens", "20")) == 0

@@ -278,16 +278,17 @@ def _train_draft(args) -> int:
             _log(f"the {n_kept} kept tokens cover {(to_draft[seqs] < n_kept).float().mean().item():.1%} of {name}")
 
     trains = {k: v for k, v in asdict(settings).items() if k != "checkpoint_every"}  # (not how it trains)
+    init_weights = _weights_digest(args.init) if args.init else None  # (its path may hold another draft later)
     run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), trains, repeat,
                           None if kept is None else sources.digest(torch.as_tensor(kept)),  # the rows' tokens
-                          ORDER_VERSION, *([_weights_digest(args.init)] if args.init else []))
+                          ORDER_VERSION, *([init_weights] if init_weights else []))
     per_sequence = torch.cat([torch.full((seqs.shape[0],), repeat.get(name, 1)) for name, seqs in train_sources.items()])
     losses = train(model, sequences, label_ids, label_logp, to_draft, n_kept, settings, work, run_key, per_sequence)
     mix = {name: seqs.numel() for name, seqs in train_sources.items()}
     export(model, out, kept, vocab_total, {
         "target_tokenizer": tokenizer_fingerprint(tokenizer), "shape": asdict(shape), "training": asdict(settings),
         "data_tokens": mix, "repeat": repeat, "arguments": {k: v for k, v in vars(args).items() if k not in ("func", "command")},
-        "run_key": run_key, "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else _final_loss(out, run_key)})
+        "init_weights": init_weights, "run_key": run_key, "final_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else _final_loss(out, run_key)})
 
     draft = load_model(out, "bfloat16")
     report = {"draft": str(out), "parameters": sum(p.numel() for p in model.parameters()),
