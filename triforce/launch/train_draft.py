@@ -115,7 +115,7 @@ def _shape_flags(args, out: Path) -> None:
 
 
 def _weights_digest(folder: str) -> str:
-    """What names an --init draft in a run's key: its weight files' bytes."""
+    """What names an --init draft in a run's key and in the new draft's record: its weight files' bytes."""
     digest = hashlib.sha1()
     for f in sorted(user_path(folder).glob("*.safetensors")):
         digest.update(f.read_bytes())
