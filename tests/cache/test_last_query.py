@@ -93,7 +93,7 @@ def test_a_cost_measurement_leaves_the_last_tokens_query(folder, fused):
     for step in target.prefill_steps(prompt):
         model(step, target.cache, logits_for="none")
     before = queries(target.cache)
-    forward_seconds([target], 6)
+    forward_seconds([target], (6,))
     assert target.length == PROMPT and torch.equal(queries(target.cache), before)
 
 

@@ -2,6 +2,7 @@
 changes between rounds (greedy equality with plain decoding; chi-square at alpha = 1e-3 for sampling).
 The cost model and the planner's choices on given costs: test_speed_model.py, test_planning.py."""
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -140,7 +141,7 @@ def test_cost_table_measures_once_per_machine_model_and_context(models, tmp_path
     assert set(first) == {1, 3} and all(s > 0 for s in first.values()) and verifier.length == 200
     assert path.is_file()
 
-    def no_measuring(tier, n, batch=1):
+    def no_measuring(tiers, sizes):
         raise AssertionError("measured again")
 
     monkeypatch.setattr(costs_module, "forward_seconds", no_measuring)
@@ -172,7 +173,7 @@ def test_an_idle_retrieval_tier_is_kept_at_the_context_it_runs_at(models, prompt
     first = table.seconds(retrieval, (1, 3), retrieval.sync)
     assert retrieval.length == len(prompt) and costs_module.cost_context(retrieval) == synced
     assert table.known(retrieval, (1, 3))
-    monkeypatch.setattr(costs_module, "forward_seconds", lambda tiers, n: pytest.fail("measured again"))
+    monkeypatch.setattr(costs_module, "forward_seconds", lambda tiers, sizes: pytest.fail("measured again"))
     assert table.seconds(retrieval, (1, 3), retrieval.sync) == first
 
 
@@ -212,8 +213,45 @@ def test_on_a_gpu_a_cost_is_timed_on_replays_after_the_queued_work(models, promp
         "forward") or forward_together(tiers, steps, logits_for))
     monkeypatch.setattr(tiers_module.Tier, "forward_many", staticmethod(
         lambda tiers, steps, logits_for: [torch.zeros(s.n, VOCAB) for s in steps]))
-    costs_module.forward_seconds([verifier], 3)
+    costs_module.forward_seconds([verifier], (3,))
     assert events == ["sync", "forward"] * (CAPTURE_AT + 2)
+
+
+def test_a_costs_sizes_are_timed_in_rounds_and_a_busy_spell_is_left_out(models, prompt, monkeypatch):
+    """The sizes a measurement asks for are timed in rounds, each a forward of every size in turn, and each
+    size keeps its fastest: a busy spell of the machine (here: the second round's first two forwards, and
+    the first round's last) slows some forwards of each size but not all. Timed one size after another, a
+    spell priced the sizes it fell on against the others."""
+    from triforce.coordinator.verifier import LocalVerifier
+
+    target, _ = models
+    verifier = LocalVerifier(target, 128)
+    verifier.prefill(prompt)
+    sizes, forward_together = [], costs_module.forward_together
+    monkeypatch.setattr(costs_module, "forward_together", lambda tiers, steps, logits_for: sizes.append(
+        steps[0].n) or forward_together(tiers, steps, logits_for))
+    clock = iter(range(100))
+    busy = {(0, 3), (1, 1), (1, 2)}  # (round, size): the spell's forwards take 10 s, the others n s
+    timed = iter([(r, n) for r in range(costs_module.ROUNDS) for n in (1, 2, 3)])
+    now = [0.0]
+
+    def perf_counter():  # costs.py's clock, read at each timed forward's start and end
+        if next(clock) % 2 == 1:
+            r, n = next(timed)
+            now[0] += 10.0 if (r, n) in busy else float(n)
+        return now[0]
+
+    monkeypatch.setattr(costs_module, "time", SimpleNamespace(perf_counter=perf_counter))
+    assert costs_module.forward_seconds([verifier], (1, 2, 3)) == {1: 1.0, 2: 2.0, 3: 3.0}
+    assert sizes == [1, 2, 3] * costs_module.ROUNDS and verifier.length == len(prompt)
+
+
+def test_a_size_costs_at_most_what_a_larger_one_was_measured_at():
+    """A forward of more tokens does the same work and more, and timings err long: where a larger size ran
+    faster, it bounds the smaller ones."""
+    assert costs_module.monotone({1: 0.1, 2: 0.3, 3: 0.4, 4: 0.25, 6: 0.5}) == {1: 0.1, 2: 0.25, 3: 0.25, 4: 0.25,
+                                                                                  6: 0.5}
+    assert costs_module.monotone({4: 0.2, 1: 0.1}) == {4: 0.2, 1: 0.1}
 
 
 def test_a_cost_measurement_that_fails_leaves_the_cache_as_it_was(models, prompt, monkeypatch):
@@ -237,7 +275,7 @@ def test_a_cost_measurement_that_fails_leaves_the_cache_as_it_was(models, prompt
 
     monkeypatch.setattr(costs_module, "forward_together", failing_second)
     with pytest.raises(RuntimeError, match="out of memory"):
-        costs_module.forward_seconds([verifier], 3)
+        costs_module.forward_seconds([verifier], (3,))
     assert verifier.length == len(prompt) and verifier.cache.length == len(prompt)
     assert all(torch.equal(a, b) for a, b in zip(verifier.cache.last_query, before))
 

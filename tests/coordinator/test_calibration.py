@@ -130,7 +130,7 @@ def test_a_cost_save_writes_back_only_the_sizes_it_measured(tmp_path, monkeypatc
     bench.entries[key] = {"1": 0.05, "2": 0.06}  # measured again
     bench.save(key)
     monkeypatch.setattr(CostTable, "entry_key", lambda self, tier, batch=1: key)
-    monkeypatch.setattr(costs_module, "forward_seconds", lambda tiers, n: 0.07)
+    monkeypatch.setattr(costs_module, "forward_seconds", lambda tiers, sizes: dict.fromkeys(sizes, 0.07))
     assert server.seconds([object()], (1, 4), batch=1) == {1: 0.01, 4: 0.07}  # what it held, and measured
     assert json.loads(path.read_text())[key] == {"1": 0.05, "2": 0.06, "4": 0.07}
     assert server.entries[key]["2"] == 0.06  # and it learned the fresh ones

@@ -206,7 +206,7 @@ def test_mode_auto_over_the_worker_group_measures_the_group_apart(models, tmp_pa
         # right after chooses by the last prompt token's query (by the filler's, other chunks: above)
         measured = remote(group, target, prompt, params)
         measured.prefill(prompt)
-        forward_seconds([measured], 3)
+        forward_seconds([measured], (3,))
         assert measured.length == len(prompt)
         assert_same_kv(measured.kv_source().retrieve(16, 4, 0), chosen)
         with pytest.raises(WorkerError, match="saved none"):  # one save, one restore

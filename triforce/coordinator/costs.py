@@ -1,8 +1,8 @@
 """Forward costs measured on this machine: seconds per forward of a tier, by tokens per forward.
 
 A cost is measured over the tier's cache as it is (filler tokens, rolled back after), the faster of two
-runs (on a GPU, after two untimed: forward_seconds), and kept in the process and on disk
-(`$TRIFORCE_HOME/calibration/costs-3.json`), keyed by machine (CPU model, kernel path and sources,
+rounds over the sizes asked for together (on a GPU, after two untimed: forward_seconds), and kept in the
+process and on disk (`$TRIFORCE_HOME/calibration/costs-3.json`), keyed by machine (CPU model, kernel path and sources,
 threads), tier (its name, its model's shape and dtype, whether a worker group runs it, its cache's size),
 the context the forward attends over, and the batch: B sequences' forwards run as one call (the weights
 read once for all, each sequence's own cache), measured as such a call of B sequences' tiers, n tokens
@@ -28,6 +28,7 @@ from .calibration import CalibrationFile, finite_numbers
 from .tiers import Tier, forward_together, settle
 
 CONTEXT_TOLERANCE = 0.15  # a cost measured at context c serves contexts within 15% of c
+ROUNDS = 2  # rounds over the sizes a measurement times (forward_seconds), each size's fastest kept
 
 
 @functools.cache
@@ -137,8 +138,7 @@ class CostTable(CalibrationFile):
                 raise ValueError(f"measuring a batch of {batch} takes {batch} tiers, not {len(tiers)}")
             if prepare is not None:
                 prepare()
-            for n in missing:
-                known[str(n)] = forward_seconds(tiers, n)
+            known.update((str(n), seconds) for n, seconds in forward_seconds(tiers, missing).items())
             self._fresh.setdefault(key, set()).update(str(n) for n in missing)
             self.save(key)
             if key not in self._changed:  # saved: the file holds them now (a first save too, which merges none)
@@ -173,14 +173,21 @@ class CostTable(CalibrationFile):
         return min(near, key=lambda k: abs(int(k[len(prefix):]) - context)) if near else f"{prefix}{context}"
 
 
-def forward_seconds(tiers: list[Tier], n: int) -> float:
-    """The faster of two forwards of n filler tokens over each tier's cache, all in one call, each cache
-    rolled back after (a full cache's last query too); on a GPU after CAPTURE_AT untimed ones (below). A
-    cache that holds fewer tokens than the context its cost is kept for (a draft's window before its
-    prefill: auto plans before it prefills the tiers it runs) is first filled with filler tokens, so that the forward reads as many keys as it will; measured empty,
-    a draft's step cost about half what it does in a request. A forward that fails leaves every cache as it
-    was too (a batch's leader measures its batchmates' tiers, which run on if it fails)."""
-    lengths, spent, best = [t.length for t in tiers], [t.seconds for t in tiers], float("inf")
+def forward_seconds(tiers: list[Tier], sizes) -> dict[int, float]:
+    """Seconds per forward of n filler tokens over each tier's cache, all in one call, for each n in `sizes`:
+    ROUNDS rounds, each a forward of every size in turn (each cache rolled back after; a full cache's last
+    query too), and per size the fastest; on a GPU after CAPTURE_AT untimed rounds (below). Then no size's
+    cost exceeds a larger one's (`monotone`). Rounds, not each size's runs back to back, since this
+    machine's speed moves by spells: the 2-core AVX2 EPYC's batch-8 table at 8K, sizes measured one after
+    the other, held 292 / 399 / 309 ms for checks of 2 / 3 / 4 tokens a sequence, where a step ran 177 ms
+    and `ar`'s steps took about 140, and so priced a check of 4 at 1.75x a step where 3 cost 2.3x.
+    A cache that holds fewer tokens than the context its cost is kept for (a draft's window before its
+    prefill: auto plans before it prefills the tiers it runs) is first filled with filler tokens, so that
+    the forward reads as many keys as it will; measured empty, a draft's step cost about half what it does
+    in a request. A forward that fails leaves every cache as it was too (a batch's leader measures its
+    batchmates' tiers, which run on if it fails)."""
+    lengths, spent = [t.length for t in tiers], [t.seconds for t in tiers]
+    best = dict.fromkeys(sizes, float("inf"))
     saved = [t.query_state() for t in tiers]  # a full cache's last query (on a worker group: kept there)
     try:
         for tier, length in zip(tiers, lengths):
@@ -190,16 +197,17 @@ def forward_seconds(tiers: list[Tier], n: int) -> float:
                     forward_together([tier], [step], ["none"])
         filled = [t.length for t in tiers]
         # On a GPU a size's first CAPTURE_AT forwards over a cache run before its CUDA graph is captured, and
-        # the capture in the last of them: untimed, so that the two timed are replays, as requests run them
+        # the capture in the last of them: untimed, so that the timed are replays, as requests run them
         untimed = CAPTURE_AT if any(torch.device(t.model.device).type == "cuda" for t in tiers) else 0
-        for run in range(untimed + 2):
-            settle(tiers)  # (the filling forwards' work, queued on a GPU, is not this forward's)
-            start = time.perf_counter()
-            forward_together(tiers, [Step.chain([0] * n, length) for length in filled], ["all"] * len(tiers))
-            if run >= untimed:
-                best = min(best, time.perf_counter() - start)
-            for tier, length in zip(tiers, filled):
-                tier.truncate(length)
+        for run in range(untimed + ROUNDS):
+            for n in best:
+                settle(tiers)  # (the filling forwards' work, queued on a GPU, is not this forward's)
+                start = time.perf_counter()
+                forward_together(tiers, [Step.chain([0] * n, length) for length in filled], ["all"] * len(tiers))
+                if run >= untimed:
+                    best[n] = min(best[n], time.perf_counter() - start)
+                for tier, length in zip(tiers, filled):
+                    tier.truncate(length)
     finally:
         for tier, length, state in zip(tiers, lengths, saved):
             tier.truncate(length)
@@ -207,7 +215,17 @@ def forward_seconds(tiers: list[Tier], n: int) -> float:
                 tier.restore_query_state(state)
         for tier, seconds in zip(tiers, spent):
             tier.seconds = seconds  # a measurement, not the request's work
-    return best
+    return monotone(best)
+
+
+def monotone(costs: dict[int, float]) -> dict[int, float]:
+    """Each size's cost at most every larger size's: a forward of more tokens does the same work and more,
+    and a timing errs long (a busy spell) far more than short, so where a larger forward ran faster it
+    bounds the smaller one's cost."""
+    out, low = {}, float("inf")
+    for n in sorted(costs, reverse=True):
+        low = out[n] = min(costs[n], low)
+    return {n: out[n] for n in costs}
 
 
 def dense_costs(costs: dict[str, dict[int, float]], top: int) -> dict[str, dict[int, float]]:
