@@ -179,7 +179,7 @@ def forward_seconds(tiers: list[Tier], sizes) -> dict[int, float]:
     query too), and per size the fastest; on a GPU after CAPTURE_AT untimed rounds (below). Then no size's
     cost exceeds a larger one's (`monotone`). Rounds, not each size's runs back to back, since this
     machine's speed moves by spells: the 2-core AVX2 EPYC's batch-8 table at 8K, sizes measured one after
-    the other, held 292 / 399 / 309 ms for checks of 2 / 3 / 4 tokens a sequence, where a step ran 177 ms
+    the other, held 293 / 399 / 309 ms for checks of 2 / 3 / 4 tokens a sequence, where a step ran 177 ms
     and `ar`'s steps took about 140, and so priced a check of 4 at 1.75x a step where 3 cost 2.3x.
     A cache that holds fewer tokens than the context its cost is kept for (a draft's window before its
     prefill: auto plans before it prefills the tiers it runs) is first filled with filler tokens, so that
