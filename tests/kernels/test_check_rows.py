@@ -2,6 +2,8 @@
 bfloat16 and in float32, and each node of a token tree what steps along its path give, so greedy
 speculative decoding cannot part from plain decoding at a near-tie (benchmarks/check_rows.py measures
 it on SmolLM2)."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -64,6 +66,25 @@ def test_a_batch_check_gives_each_sequence_what_its_steps_give(level, folder, dt
     for s in range(batch):
         steps = torch.cat([model(ids[s][CONTEXT + i:CONTEXT + i + 1], caches[2 * s]) for i in range(k)])
         assert torch.equal(checks[s], steps), s
+
+
+REAL_KEYS = Path(__file__).parent / "data" / "smollm2_layer15_head1_1024.pt"
+
+
+def test_a_steps_attention_equals_a_checks_first_row_over_real_keys(level):
+    """SmolLM2's layer 15, KV head 1, at 1,024 keys of *Emma* in bfloat16 (its 3 query heads' queries of two
+    new tokens, the cache's keys and values: docs/avx2.md, *A step's rows and a check's*): the first token's
+    attention alone (3 rows) equals its row in a check of two (6 rows) bit for bit. Random keys passed
+    where these did not: at the avx2 level a step's 3 rows read the cache's bfloat16 keys and values in
+    registers and a check's rows the block's widened copy, and one query head's output parted by an ulp,
+    whence greedy `draft` mode parted from `ar` at token 6."""
+    from triforce.kernels.attention import attention
+
+    data = torch.load(REAL_KEYS)
+    q, k, v, scale = data["q"], data["k"], data["v"], data["scale"]
+    step = attention(q[:, :1], k[:, :-1], v[:, :-1], scale)
+    check = attention(q, k, v, scale)
+    assert torch.equal(step[:, 0], check[:, 0])
 
 
 TREE = [-1, 0, 1, 2, 1, 4, 5, 6, 0, 8, 9, 3, 11, 12, 13, 14, 7]  # leaves 10, 15, 16; paths of 4, 9, 7
