@@ -2,12 +2,12 @@
 // merges them), for bfloat16 q, K and V (the `avx2` build's decode_attention_bf16, attention_avx2.cpp) and
 // float32 ones (decode_attention_f32, attention_f32.cpp, every build): keys and values stay in memory as
 // they are and are widened (or copied) to float32 a block at a time in L1 (a decode step's rows read the
-// cache's bfloat16 rows in registers from 7da66c9 until 2026-12-07, 0.87x the time of a one-token pass over
-// 8,000 keys on the AVX2 EPYC, but a step's rows then differed by a bfloat16 ulp from a check's at some
-// real keys, and greedy speculative output parted from plain decoding: docs/avx2.md, *A step's rows and a
-// check's*); scores and the P . V product are float32 FMA; the online softmax uses vec256.h's exp. Query rows are widened and pre-scaled once per
-// range. Each block of K and V is read once for all R = G * n rows, and each row's sums run in one order
-// whatever R is. Included by one source of each build.
+// cache's bfloat16 rows in registers from 7da66c9 until 2026-12-07, 0.87x the time of a one-token pass
+// over 8,000 keys on the AVX2 EPYC, but a step's rows then differed by a bfloat16 ulp from a check's at
+// some real keys, and greedy speculative output parted from plain decoding: docs/avx2.md, *A step's rows
+// and a check's*); scores and the P . V product are float32 FMA; the online softmax uses vec256.h's exp.
+// Query rows are widened and pre-scaled once per range. Each block of K and V is read once for all R = G *
+// n rows, and each row's sums run in one order whatever R is. Included by one source of each build.
 #pragma once
 #include "aten.h"
 #include <immintrin.h>
