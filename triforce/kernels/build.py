@@ -29,11 +29,17 @@ CSRC = Path(__file__).parent / "csrc"
 _PATH_LOCK = threading.Lock()  # _our_ninja_first
 _VECTOR_SOURCES = ("linear_bf16.cpp", "linear_f32.cpp", "linear_i8.cpp", "attention_bf16.cpp", "attention_f32.cpp",
                    "fused_bf16.cpp", "decoder_bf16.cpp", "retrieval_bf16.cpp", "bindings.cpp")
-_AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mavx2"]
+# Every level's scalar a * b + c as written: GCC's default (-ffp-contract=fast) fused some of them into one
+# FMA in one inlined copy of a function and not in another, and at the avx2 level a decode step's attention
+# rows (their keys read in registers) then summed otherwise than a check's (read from a widened copy) at
+# some real keys, and greedy speculative output parted from plain decoding (docs/avx2.md, *A step's rows
+# and a check's*)
+_AS_WRITTEN = ["-ffp-contract=off"]
+_AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mavx2", *_AS_WRITTEN]
 BUILDS = {  # level -> (sources, compiler flags)
     "avx2": (("linear_avx2.cpp", "linear_f32.cpp", "linear_i8.cpp", "attention_avx2.cpp", "attention_f32.cpp",
               "fused_bf16.cpp", "decoder_bf16.cpp", "retrieval_bf16.cpp", "bindings.cpp"),
-             ["-mavx2", "-mfma", "-DTRIFORCE_WITH_AMX=0"]),
+             ["-mavx2", "-mfma", *_AS_WRITTEN, "-DTRIFORCE_WITH_AMX=0"]),
     "avx512": (_VECTOR_SOURCES, _AVX512_FLAGS + ["-DTRIFORCE_WITH_AMX=0"]),
     "amx": (_VECTOR_SOURCES + ("amx.cpp", "linear_amx.cpp", "attention_amx.cpp"),
             _AVX512_FLAGS + ["-mamx-tile", "-mamx-bf16", "-DTRIFORCE_WITH_AMX=1"]),

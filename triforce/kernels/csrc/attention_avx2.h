@@ -1,13 +1,13 @@
 // The AVX2 + FMA range pass of decode attention (flash_decode.h splits each KV head's keys into ranges and
 // merges them), for bfloat16 q, K and V (the `avx2` build's decode_attention_bf16, attention_avx2.cpp) and
 // float32 ones (decode_attention_f32, attention_f32.cpp, every build): keys and values stay in memory as
-// they are and are widened (or copied) to float32 a block at a time in L1 (a decode step's rows read the
-// cache's bfloat16 rows in registers from 7da66c9 until 2026-12-07, 0.87x the time of a one-token pass
-// over 8,000 keys on the AVX2 EPYC, but a step's rows then differed by a bfloat16 ulp from a check's at
-// some real keys, and greedy speculative output parted from plain decoding: docs/avx2.md, *A step's rows
-// and a check's*); scores and the P . V product are float32 FMA; the online softmax uses vec256.h's exp.
-// Query rows are widened and pre-scaled once per range. Each block of K and V is read once for all R = G *
-// n rows, and each row's sums run in one order whatever R is. Included by one source of each build.
+// they are and are widened (or copied) to float32 a block at a time in L1, or, for up to 3 rows of bfloat16
+// (a decode step's query heads of one KV head), in registers as the block's one pass reads them (0.87x the
+// time of a one-token pass over 8,000 keys on the AVX2 EPYC, docs/avx2.md; the same sums as the copy's
+// since the build stopped contracting scalar a * b + c, build.py); scores and the P . V product are
+// float32 FMA; the online softmax uses vec256.h's exp. Query rows are widened and pre-scaled once per
+// range. Each block of K and V is read once for all R = G * n rows, and each row's sums run in one order
+// whatever R is. Included by one source of each build.
 #pragma once
 #include "aten.h"
 #include <immintrin.h>
@@ -39,21 +39,30 @@ inline __m128 reduce4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {  // lane i: 
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// Scores of ROWS (1 or 2) query rows (q, q + D, ...) against 4 keys of the widened block (rows k, k +
-// k_stride, ...): ROWS * 4 independent FMA chains, enough to keep both FMA units busy (one row alone would
-// wait on the FMA latency), the 4 keys in registers.
-template <int D, int ROWS>
-inline void scores4(const float* q, const float* k, int64_t k_stride, float* out, int out_stride) {
-  static_assert(ROWS == 1 || ROWS == 2);
+// Scores of ROWS query rows (q, q + D, ...) against 4 keys (rows k, k + k_stride, ...: the widened block's
+// floats, or the cache's own rows, widened here): ROWS * 4 independent FMA chains, enough to keep both FMA
+// units busy (one row alone would wait on the FMA latency). Two rows hold the 4 keys in registers; three
+// hold their q and take one key at a time (12 accumulators, 3 q and a key fill the 16 registers).
+template <int D, int ROWS, typename K>
+inline void scores4(const float* q, const K* k, int64_t k_stride, float* out, int out_stride) {
   __m256 s[ROWS][4];
   for (int r = 0; r < ROWS; ++r)
     for (int j = 0; j < 4; ++j) s[r][j] = _mm256_setzero_ps();
   for (int c = 0; c < D; c += 8) {
-    __m256 kv[4];
-    for (int j = 0; j < 4; ++j) kv[j] = _mm256_load_ps(k + j * k_stride + c);
-    for (int r = 0; r < ROWS; ++r) {
-      const __m256 qv = _mm256_loadu_ps(q + r * D + c);
-      for (int j = 0; j < 4; ++j) s[r][j] = _mm256_fmadd_ps(kv[j], qv, s[r][j]);
+    if constexpr (ROWS <= 2) {
+      __m256 kv[4];
+      for (int j = 0; j < 4; ++j) kv[j] = to_ps(k + j * k_stride + c);
+      for (int r = 0; r < ROWS; ++r) {
+        const __m256 qv = _mm256_loadu_ps(q + r * D + c);
+        for (int j = 0; j < 4; ++j) s[r][j] = _mm256_fmadd_ps(kv[j], qv, s[r][j]);
+      }
+    } else {
+      __m256 qv[ROWS];
+      for (int r = 0; r < ROWS; ++r) qv[r] = _mm256_loadu_ps(q + r * D + c);
+      for (int j = 0; j < 4; ++j) {
+        const __m256 kv = to_ps(k + j * k_stride + c);
+        for (int r = 0; r < ROWS; ++r) s[r][j] = _mm256_fmadd_ps(kv, qv[r], s[r][j]);
+      }
     }
   }
   for (int r = 0; r < ROWS; ++r) _mm_storeu_ps(out + r * out_stride, reduce4(s[r][0], s[r][1], s[r][2], s[r][3]));
@@ -98,8 +107,8 @@ inline float softmax_block(float* row, Partial& st) {
 // check's attention at 8K against one row with all D dims at once (benchmarks/attention_bandwidth.py on
 // the AMX Xeon at TRIFORCE_CPU_ISA=avx2: 32.3-33.9 ms against 38.5-39.8; 1 and 2 tokens unchanged); two
 // rows gained little.
-template <int D, int ROWS>  // the widened block's V rows, v_stride apart
-inline void add_values(const float (*p)[kBlock], const float* rescale, const float* v, int64_t v_stride, int nb,
+template <int D, int ROWS, typename V>  // V rows v_stride apart: the widened block's, or the cache's own
+inline void add_values(const float (*p)[kBlock], const float* rescale, const V* v, int64_t v_stride, int nb,
                        float* acc) {
   for (int h = 0; h < D; h += 32) {
     __m256 o[ROWS][4];
@@ -112,7 +121,7 @@ inline void add_values(const float (*p)[kBlock], const float* rescale, const flo
     }
     for (int j = 0; j < nb; ++j) {
       __m256 vv[4];
-      for (int c = 0; c < 4; ++c) vv[c] = _mm256_load_ps(v + j * v_stride + h + 8 * c);
+      for (int c = 0; c < 4; ++c) vv[c] = to_ps(v + j * v_stride + h + 8 * c);
       for (int r = 0; r < ROWS; ++r) {
         const __m256 pr = _mm256_set1_ps(p[r][j]);
         for (int c = 0; c < 4; ++c) o[r][c] = _mm256_fmadd_ps(pr, vv[c], o[r][c]);
@@ -136,28 +145,39 @@ void attend_range(const T* q, const T* k, const T* v, int64_t k_row, int R, cons
   for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kBlock, end - b0));
     next.next(b0 + kBlock, kBlock, kBlock / 4 + R + (R + 2) / 3);  // asked for through the block's work
-    for (int j = 0; j < kBlock; ++j)  // widen the block; a short block's tail is zero keys, masked below
-      for (int c = 0; c < D; c += 8) {
-        const bool in = j < nb;
-        _mm256_store_ps(&kf[j][c], in ? to_ps(k + (b0 + j) * k_row + c) : _mm256_setzero_ps());
-        _mm256_store_ps(&vf[j][c], in ? to_ps(v + (b0 + j) * k_row + c) : _mm256_setzero_ps());
+    // Up to 3 rows of bfloat16 make one pass over a whole block's K and V: they read the cache's rows and
+    // widen them in registers. More rows (and float32, whose copy ran faster) read a widened copy.
+    const bool direct = !std::is_same_v<T, float> && R <= 3 && nb == kBlock;
+    if (!direct)
+      for (int j = 0; j < kBlock; ++j)  // widen the block; a short block's tail is zero keys, masked below
+        for (int c = 0; c < D; c += 8) {
+          const bool in = j < nb;
+          _mm256_store_ps(&kf[j][c], in ? to_ps(k + (b0 + j) * k_row + c) : _mm256_setzero_ps());
+          _mm256_store_ps(&vf[j][c], in ? to_ps(v + (b0 + j) * k_row + c) : _mm256_setzero_ps());
+        }
+    // The block's passes over K and V rows `stride` elements apart (the cache's, or the widened copy's):
+    // scores of 4 keys at a time (rows in pairs, or a direct block's 3 rows together), the softmax, P . V
+    // (rows in threes, then alone).
+    const auto passes = [&](const auto* kb, const auto* vb, int64_t stride) {
+      for (int j = 0; j < kBlock; j += 4) {
+        next.step();
+        int r = 0;
+        if (direct && R == 3) scores4<D, 3>(qf.data(), kb + j * stride, stride, &scores[0][j], kBlock), r = 3;
+        for (; r + 2 <= R; r += 2) scores4<D, 2>(qf.data() + r * D, kb + j * stride, stride, &scores[r][j], kBlock);
+        if (r < R) scores4<D, 1>(qf.data() + r * D, kb + j * stride, stride, &scores[r][j], kBlock);
       }
-    // Scores of 4 keys at a time (rows in pairs, then alone), the softmax, P . V (rows in threes, then alone)
-    for (int j = 0; j < kBlock; j += 4) {
-      next.step();
+      hide_keys(scores, R, b0, nb, kBlock, mask);
+      alignas(32) float rescale[kMaxRows];
+      for (int r = 0; r < R; ++r) {
+        next.step();
+        rescale[r] = softmax_block<T>(scores[r], st[r]);
+      }
       int r = 0;
-      for (; r + 2 <= R; r += 2) scores4<D, 2>(qf.data() + r * D, &kf[j][0], D, &scores[r][j], kBlock);
-      if (r < R) scores4<D, 1>(qf.data() + r * D, &kf[j][0], D, &scores[r][j], kBlock);
-    }
-    hide_keys(scores, R, b0, nb, kBlock, mask);
-    alignas(32) float rescale[kMaxRows];
-    for (int r = 0; r < R; ++r) {
-      next.step();
-      rescale[r] = softmax_block<T>(scores[r], st[r]);
-    }
-    int r = 0;
-    for (; r + 3 <= R; r += 3, next.step()) add_values<D, 3>(&scores[r], rescale + r, &vf[0][0], D, nb, acc + r * D);
-    for (; r < R; ++r, next.step()) add_values<D, 1>(&scores[r], rescale + r, &vf[0][0], D, nb, acc + r * D);
+      for (; r + 3 <= R; r += 3, next.step()) add_values<D, 3>(&scores[r], rescale + r, vb, stride, nb, acc + r * D);
+      for (; r < R; ++r, next.step()) add_values<D, 1>(&scores[r], rescale + r, vb, stride, nb, acc + r * D);
+    };
+    if (direct) passes(k + b0 * k_row, v + b0 * k_row, k_row);
+    else passes(&kf[0][0], &vf[0][0], D);
     next.finish();
   }
 }
