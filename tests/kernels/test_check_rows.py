@@ -76,8 +76,10 @@ def test_a_steps_attention_equals_a_checks_first_row_over_real_keys(level):
     new tokens, the cache's keys and values: docs/avx2.md, *A step's rows and a check's*): the first token's
     attention alone (3 rows) equals its row in a check of two (6 rows) bit for bit. Random keys passed
     where these did not: at the avx2 level a step's 3 rows read the cache's bfloat16 keys and values in
-    registers and a check's rows the block's widened copy, and one query head's output parted by an ulp,
-    whence greedy `draft` mode parted from `ar` at token 6."""
+    registers and a check's rows the block's widened copy, two inlined copies of the range pass, and GCC
+    fused a scalar a * b + c into one FMA in one of them and not in the other (until the kernels were
+    built with -ffp-contract=off): one query head's output parted by an ulp, whence greedy `draft` mode
+    parted from `ar` at token 6."""
     from triforce.kernels.attention import attention
 
     data = torch.load(REAL_KEYS)
