@@ -78,8 +78,8 @@ def test_a_steps_attention_equals_a_checks_first_row_over_real_keys(level):
     where these did not: at the avx2 level a step's 3 rows read the cache's bfloat16 keys and values in
     registers and a check's rows the block's widened copy, two inlined copies of the range pass, and GCC
     fused a scalar a * b + c into one FMA in one of them and not in the other (until the kernels were
-    built with -ffp-contract=off): one query head's output parted by an ulp, whence greedy `draft` mode
-    parted from `ar` at token 6."""
+    built with -ffp-contract=off): one query head's output parted by an ulp, and greedy `draft` mode parted
+    from `ar`."""
     from triforce.kernels.attention import attention
 
     data = torch.load(REAL_KEYS)
