@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from triforce.draft.train import DraftShape, TrainSettings, distillation_loss, init_draft, sample_order, train
+from triforce.draft.train import (DraftShape, TrainSettings, distillation_loss, init_draft, rejection_loss, sample_order,
+                                  train)
 from triforce.launch.cli import main
 from triforce.models.loader import load_model
 
@@ -19,6 +20,42 @@ def test_distillation_loss_is_soft_cross_entropy_over_kept_tokens():
                              0.6 * logq[1, 1] + 0.2 * logq[1, 3] + 0.2 * logq[1, 0],
                              logq[2, 2]]).mean()
     torch.testing.assert_close(distillation_loss(logits, label_ids, label_logp, 4), expected)
+
+
+def test_rejection_loss_is_one_minus_speculative_samplings_acceptance():
+    """Where the labels hold the target's whole vocabulary, 1 - sum min(p_T, q_T) as evaluate.py measures it;
+    a target token the draft does not keep overlaps nothing."""
+    from triforce.speculation.sampling import probabilities
+
+    target, draft = torch.randn(6, 10) * 3, torch.randn(6, 10) * 3
+    top = torch.log_softmax(target, -1).topk(10, -1)
+    for t in (0.3, 0.6, 1.0):
+        accept = torch.minimum(probabilities(target, t), probabilities(draft, t)).sum(-1).mean()
+        torch.testing.assert_close(rejection_loss(draft, top.indices, top.values, 10, t), 1 - accept)
+    # keeping 9 tokens: the target's token 9 is "other" to the draft (id 9 >= kept), never proposed
+    p, q = probabilities(target, 0.6), probabilities(draft[:, :9], 0.6)
+    accept = torch.minimum(p[:, :9], q).sum(-1).mean()
+    torch.testing.assert_close(rejection_loss(draft, top.indices, top.values, 9, 0.6), 1 - accept)
+
+
+def test_training_on_the_rejection_at_a_temperature_lowers_it_below_distillation_alone(tiny_dir, tmp_path):
+    """The same steps, data and seed with and without --acceptance-at 0.6: with it, the trained draft's
+    rejection chance at 0.6 on the training labels ends lower."""
+    target = load_model(tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25))
+    sequences = torch.randint(3, 96, (12, 32), generator=torch.Generator().manual_seed(0))
+    top = torch.log_softmax(torch.stack([target(row, _cache(target, 32)) for row in sequences]), -1).topk(8, -1)
+    shape = DraftShape(layers=1, hidden=32, intermediate=64, heads=2, kv_heads=1, vocab=96)
+    rejections = {}
+    for at in ((), (0.6,)):
+        model = init_draft(shape, target, None, seed=0)
+        settings = TrainSettings(steps=40, batch_size=4, seq_len=32, lr=1e-2, warmup=5, checkpoint_every=1000,
+                                 acceptance_at=at)
+        train(model, sequences, top.indices.int(), top.values.half(), torch.arange(96), 96, settings, tmp_path,
+              f"key{at}")
+        with torch.no_grad():
+            logits = model(input_ids=sequences).logits
+        rejections[at] = rejection_loss(logits, top.indices.long(), top.values.float(), 96, 0.6).item()
+    assert rejections[(0.6,)] < rejections[()] - 0.008, rejections  # (0.687 against 0.704 when written)
 
 
 def write_corpus(path, words=6000, seed=0):
@@ -252,6 +289,8 @@ def test_train_draft_rejects_a_bad_repeat_before_building_data(tiny_dir, tmp_pat
                                              "--heldout names its files instead"),  # ignored
                                             (["--answer-temperatures", "0.6", "nan"], "--answer-temperatures"),
                                             (["--top-k", "97"], "--top-k 97 is more than the target's 96 tokens"),
+                                            (["--acceptance-at", "0"], "--acceptance-at needs temperatures > 0"),
+                                            (["--acceptance-weight", "-1"], "--acceptance-weight a number >= 0"),
                                             (["--seq-len", "600"], "--seq-len 600 is past the target's 512 positions"),
                                             (["--local-tokens", "0", "--answers", "0"], "no training sources"),
                                             (["--work-dir", "/proc/version/w"], "/proc/version is a file"),

@@ -41,6 +41,9 @@ class TrainSettings:
     weight_decay: float = 0.01
     seed: int = 0
     checkpoint_every: int = 50
+    # temperatures whose rejection chance (train.rejection_loss) is added to the loss, each times the weight
+    acceptance_at: tuple[float, ...] = ()
+    acceptance_weight: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,28 @@ def distillation_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_logp:
     return -(p * logq.gather(-1, label_ids.clamp_max(kept - 1))).sum(-1).mean()
 
 
+def rejection_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_logp: torch.Tensor, kept: int,
+                   temperature: float) -> torch.Tensor:
+    """The chance that speculative sampling at `temperature` rejects the draft's token, against the target's
+    top-k: 1 - sum over them of min(p_T, q_T), with p_T the target's top-k probabilities sharpened by 1 / T
+    and renormalised over them (the rest of its mass, small once sharpened, left out) and q_T the draft's
+    over its kept tokens (one it does not keep is never proposed). What evaluate.py's expected acceptance
+    measures, as a loss: DistillSpec (arXiv 2310.08461) found the divergence that best aligns a draft
+    depends on the decoding, and total variation is this one's."""
+    p = torch.softmax(label_logp.float() / temperature, dim=-1)
+    q = torch.softmax(logits[..., :kept].float() / temperature, dim=-1).gather(-1, label_ids.clamp_max(kept - 1))
+    return 1 - (torch.minimum(p, q) * (label_ids < kept)).sum(-1).mean()
+
+
+def draft_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_logp: torch.Tensor, kept: int,
+               settings: TrainSettings) -> torch.Tensor:
+    """The distillation loss, plus the rejection chance at each of settings.acceptance_at times its weight."""
+    loss = distillation_loss(logits, label_ids, label_logp, kept)
+    for temperature in settings.acceptance_at:
+        loss = loss + settings.acceptance_weight * rejection_loss(logits, label_ids, label_logp, kept, temperature)
+    return loss
+
+
 ORDER_VERSION = 2  # how sample_order orders (a run's key holds it: a checkpoint resumes in its own order)
 
 
@@ -141,7 +163,7 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
             group["lr"] = lr_at(step, settings)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=sequences.device.type == "cpu"):
             logits = model(input_ids=to_draft[sequences[batch]]).logits
-        loss = distillation_loss(logits, to_draft[label_ids[batch].long()], label_logp[batch], kept)
+        loss = draft_loss(logits, to_draft[label_ids[batch].long()], label_logp[batch], kept, settings)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

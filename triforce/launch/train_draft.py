@@ -218,6 +218,9 @@ def _train_draft(args) -> int:
                         "does not train on")
     if args.heldout_fraction is not None and not 0 <= args.heldout_fraction < 1:
         raise UserError(f"--heldout-fraction must be in [0, 1) (got {args.heldout_fraction})")
+    if not all(0 < t < float("inf") for t in args.acceptance_at) or not 0 <= args.acceptance_weight < float("inf"):
+        raise UserError(f"--acceptance-at needs temperatures > 0 and --acceptance-weight a number >= 0 (got "
+                        f"{args.acceptance_at} and {args.acceptance_weight})")
     if not all(0 <= t < float("inf") for t in args.answer_temperatures):
         raise UserError(f"--answer-temperatures must be numbers >= 0 (got {args.answer_temperatures})")
     repeat = _repeats(args)
@@ -250,7 +253,8 @@ def _train_draft(args) -> int:
     if args.seq_len > target.config.max_positions:  # labels past them would be the target's guesses
         raise UserError(f"--seq-len {args.seq_len} is past the target's {target.config.max_positions} positions")
     settings = TrainSettings(args.steps, args.batch_size, args.seq_len, args.lr, min(60, args.steps // 10 + 1),
-                             seed=args.seed, checkpoint_every=args.checkpoint_every)
+                             seed=args.seed, checkpoint_every=args.checkpoint_every,
+                             acceptance_at=tuple(args.acceptance_at), acceptance_weight=args.acceptance_weight)
     target_key = _target_key(llm.model_path, tokenizer)
     train_sources, genres = _data(args, llm, work, target_key)
     # a source at --repeat 0 is left out of the labels, the kept tokens and the record too
@@ -278,6 +282,8 @@ def _train_draft(args) -> int:
             _log(f"the {n_kept} kept tokens cover {(to_draft[seqs] < n_kept).float().mean().item():.1%} of {name}")
 
     trains = {k: v for k, v in asdict(settings).items() if k != "checkpoint_every"}  # (not how it trains)
+    if not settings.acceptance_at:  # (the distillation loss alone: a run keeps the key it had before these)
+        del trains["acceptance_at"], trains["acceptance_weight"]
     init_weights = _weights_digest(args.init) if args.init else None  # (its path may hold another draft later)
     run_key = fingerprint(target_key, sources.digest(sequences), args.top_k, asdict(shape), trains, repeat,
                           None if kept is None else sources.digest(torch.as_tensor(kept)),  # the rows' tokens

@@ -76,6 +76,12 @@ def add_train_draft_parser(p: argparse.ArgumentParser) -> None:
     tr.add_argument("--seq-len", type=int, default=_TRAIN.seq_len, help="tokens per training sequence")
     tr.add_argument("--lr", type=float, default=_TRAIN.lr, help="peak learning rate")
     tr.add_argument("--top-k", type=int, default=32, help="target log-probabilities kept per position")
+    tr.add_argument("--acceptance-at", type=float, nargs="+", default=[], metavar="T",
+                    help="add to the loss the chance that speculative sampling at temperature T (> 0) rejects the "
+                         "draft's token (1 - sum of min(target, draft) over the target's top-k), for each T; "
+                         "default: none, the distillation loss alone")
+    tr.add_argument("--acceptance-weight", type=float, default=_TRAIN.acceptance_weight,
+                    help="weight of each --acceptance-at term against the distillation loss")
     tr.add_argument("--seed", type=int, default=_TRAIN.seed, help="initialisation and data order")
     tr.add_argument("--checkpoint-every", type=int, default=_TRAIN.checkpoint_every,
                     help="steps between checkpoints (a rerun resumes from the last)")
