@@ -156,7 +156,7 @@ def train(model, sequences: torch.Tensor, label_ids: torch.Tensor, label_logp: t
     repeats = torch.ones(n, dtype=torch.long) if repeats is None else repeats
     order = sample_order(repeats, settings.steps * settings.batch_size, settings.seed)
     # bfloat16 products where the CPU computes them natively; elsewhere (AVX2 only) torch's bfloat16 matrix
-    # product ran at 1 GFLOP/s against float32's 51 (a 4,096 x 384 x 1,024 product, the 2-core AVX2 EPYC)
+    # products run far slower than float32's (kernels/cpu.py, native_bf16)
     bfloat16 = sequences.device.type == "cpu" and native_bf16()
     model.train()
     losses = []

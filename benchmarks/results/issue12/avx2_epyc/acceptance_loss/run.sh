@@ -1,0 +1,15 @@
+#!/bin/bash
+# The acceptance term's A/B (docs/draft.md, *A loss on the rejection chance*): the shipped draft (mix5)
+# trained on for 200 steps on the same smaller mix twice, side by side with a thread each, with the
+# distillation loss alone (DIR/ce) and with --acceptance-at 0.6 added (DIR/tv06). Run from the
+# repository root; WORK caches the data (generated once, about 55 minutes on the 2-core AVX2 EPYC):
+#   WORK=/path/to/work DIR=/path/to/drafts bash benchmarks/results/issue12/avx2_epyc/acceptance_loss/run.sh
+set -e
+WORK=${WORK:?set WORK} DIR=${DIR:?set DIR}
+common=(--target smollm2 --text ../shared/data/austen-{prideprejudice,sensesensibility,mansfieldpark,persuasion,northangerabbey}.txt
+  --heldout ../shared/data/austen-emma.txt benchmarks/texts/kjv-genesis.txt --work-dir "$WORK" --init triforce/drafts/smollm2
+  --local-tokens 200000 --answers 128 --continuations 256 --repeat prose=0 --steps 200 --lr 5e-4)
+.venv/bin/triforce train-draft "${common[@]}" --out "$DIR/ce" --data-only
+OMP_NUM_THREADS=1 .venv/bin/triforce train-draft "${common[@]}" --out "$DIR/ce" > "$DIR/ce.log" 2>&1 &
+OMP_NUM_THREADS=1 .venv/bin/triforce train-draft "${common[@]}" --out "$DIR/tv06" --acceptance-at 0.6 > "$DIR/tv06.log" 2>&1 &
+wait
