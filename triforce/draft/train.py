@@ -18,8 +18,8 @@ import torch
 from tqdm import tqdm
 
 from ..errors import UserError
-from ..kernels.cpu import native_bf16
 from ..files import load_cached, save_whole
+from ..kernels.cpu import native_bf16
 from ..models.config import ModelConfig
 from ..models.folders import umask_modes
 from ..models.llama import LlamaModel
