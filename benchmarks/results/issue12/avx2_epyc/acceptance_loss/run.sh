@@ -2,10 +2,14 @@
 # The acceptance term's A/B (docs/draft.md, *A loss on the rejection chance*): the shipped draft (mix5)
 # trained on for 200 steps on the same smaller mix twice, side by side with a thread each, with the
 # distillation loss alone (DIR/ce) and with --acceptance-at 0.6 added (DIR/tv06). Run from the
-# repository root; WORK caches the data (generated once, about 55 minutes on the 2-core AVX2 EPYC):
+# repository root; WORK caches the data (generated once, about 55 minutes on the 2-core AVX2 EPYC). Then
+# issue 12's batch-8 bench in `draft` mode with mix5 and each arm, one after another (b8_*.json here; read
+# them with benchmarks/bench_acceptance.py):
 #   WORK=/path/to/work DIR=/path/to/drafts bash benchmarks/results/issue12/avx2_epyc/acceptance_loss/run.sh
 set -e
 WORK=${WORK:?set WORK} DIR=${DIR:?set DIR}
+here=$(dirname "$0")
+mkdir -p "$DIR"
 common=(--target smollm2 --text ../shared/data/austen-{prideprejudice,sensesensibility,mansfieldpark,persuasion,northangerabbey}.txt
   --heldout ../shared/data/austen-emma.txt benchmarks/texts/kjv-genesis.txt --work-dir "$WORK" --init triforce/drafts/smollm2
   --local-tokens 200000 --answers 128 --continuations 256 --repeat prose=0 --steps 200 --lr 5e-4)
@@ -13,3 +17,9 @@ common=(--target smollm2 --text ../shared/data/austen-{prideprejudice,sensesensi
 OMP_NUM_THREADS=1 .venv/bin/triforce train-draft "${common[@]}" --out "$DIR/ce" > "$DIR/ce.log" 2>&1 &
 OMP_NUM_THREADS=1 .venv/bin/triforce train-draft "${common[@]}" --out "$DIR/tv06" --acceptance-at 0.6 > "$DIR/tv06.log" 2>&1 &
 wait
+ln -sfn "$PWD/triforce/drafts/smollm2" "$DIR/mix5"
+for draft in "$DIR/mix5" "$DIR/ce" "$DIR/tv06"; do
+  .venv/bin/triforce bench --text ../shared/data/austen-{emma,mansfieldpark,northangerabbey,persuasion,prideprejudice,sensesensibility}.txt \
+    --lengths 7936 --batch 8 --temperatures 0 0.6 --max-new-tokens 128 --modes ar draft --repeats 1 --prefix-cache-gb 4 \
+    --draft "$draft" --out "$here/b8_$(basename "$draft").json" > /dev/null
+done
