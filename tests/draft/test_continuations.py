@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from triforce import LLM
+from triforce.cache.full import FullKVCache
 from triforce.draft.generated import GeneratedSamples, GenerationSettings, Passages
 from triforce.launch.cli import main
+from triforce.models.loader import load_model
 from test_train_draft import write_corpus
 
 
@@ -98,9 +100,23 @@ def test_train_draft_trains_on_continuations_and_on_from_a_draft(tiny_dir, tmp_p
     assert not all(torch.equal(a, b) for a, b in zip(weights(first).values(), weights(moved).values()))
     assert json.loads((moved / "triforce_draft.json").read_text())["token_ids"] == kept
 
+    # --layers beside --init grows it: twice the layers, and (at that learning rate) the same logits
+    grown = tmp_path / "grown"
+    assert main(_argv(target, text, grown, work, "--init", str(first), "--layers", "2", "--lr", "1e-30",
+                      "--repeat", "prose=0", "--continuations", "8", "--passage-tokens", "20")) == 0
+    record = json.loads((grown / "triforce_draft.json").read_text())
+    assert record["shape"]["layers"] == 2 and record["token_ids"] == kept
+    tokens = torch.tensor(kept[:30])
+    before, after = (load_model(folder, "float32") for folder in (first, grown))
+    assert len(after.layers) == 2 and len(before.layers) == 1
+    assert torch.equal(before(tokens, FullKVCache(before.config, 30, torch.float32, "cpu")),
+                       after(tokens, FullKVCache(after.config, 30, torch.float32, "cpu")))
+
 
 @pytest.mark.parametrize("extra, message", [
-    (["--init", "{first}", "--layers", "2"], "leave out --layers"),
+    (["--init", "{first}", "--hidden", "64"], "leave out --hidden"),
+    (["--init", "{first}", "--layers", "3"], "--layers 3 beside --init grows that draft's 2 layers: give a multiple"),
+    (["--init", "{first}", "--layers", "2"], "give a multiple of 2 above it"),
     (["--init", "{out}"], "is --out too"),
     (["--init", "{nowhere}"], "no draft there"),
     (["--continuations", "4", "--passage-tokens", "64"], "--passage-tokens 64 must be below --seq-len 64"),
@@ -111,7 +127,7 @@ def test_train_draft_refuses_bad_continuation_and_init_flags_before_building_dat
     target = tiny_dir("td-target", tokenizer=True, seed=40, num_layers=2, scale=25)
     text = write_corpus(tmp_path / "corpus.txt", words=500)
     (tmp_path / "first").mkdir()
-    (tmp_path / "first" / "config.json").write_text("{}")
+    (tmp_path / "first" / "config.json").write_text('{"num_hidden_layers": 2}')
     names = {"first": tmp_path / "first", "out": tmp_path / "d", "nowhere": tmp_path / "nowhere"}
     work = tmp_path / "work"
     code = main(_argv(target, text, tmp_path / "d", work, *[e.format(**names) for e in extra]))

@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from triforce.draft.train import (DraftShape, TrainSettings, distillation_loss, init_draft, rejection_loss, sample_order,
-                                  train)
+from triforce.draft.train import (DraftShape, TrainSettings, distillation_loss, grow_draft, init_draft, rejection_loss,
+                                  sample_order, train)
 from triforce.launch.cli import main
 from triforce.models.loader import load_model
 
@@ -396,3 +396,25 @@ def test_sequences_of_other_lengths_cut_from_one_stream_name_other_labels():
     stream = torch.arange(4096, dtype=torch.int32)
     assert digest(stream.view(-1, 512)) != digest(stream.view(-1, 1024))
     assert digest(stream.view(-1, 512)) == digest(stream.clone().view(-1, 512))
+
+
+def test_a_grown_draft_computes_what_it_grew_from_until_it_trains():
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    small = LlamaForCausalLM(AutoConfig.for_model(
+        "llama", vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, tie_word_embeddings=True)).float()
+    with torch.no_grad():  # (a fresh model's norms are ones: make the copied ones tell)
+        for p in small.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    grown = grow_draft(small, 6, seed=1)
+    tokens = torch.randint(0, 50, (2, 20))
+    assert len(grown.model.layers) == 6 and grown.lm_head.weight is grown.model.embed_tokens.weight
+    assert torch.equal(small(tokens).logits, grown(tokens).logits)
+    assert torch.equal(grown.model.layers[3].mlp.up_proj.weight, small.model.layers[1].mlp.up_proj.weight)
+    # training reaches the new layers: their output projections' gradients first
+    grown(tokens, labels=tokens).loss.backward()
+    assert grown.model.layers[1].self_attn.o_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="multiple of 2"):
+        grow_draft(small, 5, seed=1)

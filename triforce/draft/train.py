@@ -80,6 +80,32 @@ def trained_draft(folder: Path, target_vocab: int, target_tokenizer: str):
     return model, None if vocab is None else vocab.token_ids, shape
 
 
+def grow_draft(model, layers: int, seed: int):
+    """A deeper draft that starts out computing exactly what `model` computes: each of its layers followed by
+    new ones (layers / its layer count in all), whose attention and MLP output projections start at zero, so
+    each adds nothing to the residual stream until training moves them (a grown model, as Net2Net's deeper
+    nets start as the shallower one). The new ones' other weights start as a new draft's do."""
+    from transformers import LlamaForCausalLM
+
+    old = len(model.model.layers)
+    if layers % old or layers <= old:
+        raise ValueError(f"a draft of {old} layers grows to a multiple of {old} above it, not {layers}")
+    torch.manual_seed(seed)
+    config = model.config.to_dict() | {"num_hidden_layers": layers}
+    grown = LlamaForCausalLM(type(model.config).from_dict(config)).float()
+    with torch.no_grad():
+        grown.model.embed_tokens.load_state_dict(model.model.embed_tokens.state_dict())
+        grown.model.norm.load_state_dict(model.model.norm.state_dict())
+        per = layers // old
+        for i, layer in enumerate(grown.model.layers):
+            if i % per == 0:
+                layer.load_state_dict(model.model.layers[i // per].state_dict())
+            else:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+    return grown
+
+
 def lr_at(step: int, s: TrainSettings) -> float:
     if step < s.warmup:
         return s.lr * (step + 1) / s.warmup

@@ -14,7 +14,7 @@ from ..draft import sources
 from ..draft.data import check_readable, choose_vocabulary, read_texts, split_heldout
 from ..draft.evaluate import decode_ms_per_token, evaluate_genres
 from ..draft.settings import DraftShape, GenerationSettings, TrainSettings
-from ..draft.train import ORDER_VERSION, export, fingerprint, init_draft, train, trained_draft
+from ..draft.train import ORDER_VERSION, export, fingerprint, grow_draft, init_draft, train, trained_draft
 from ..errors import UserError
 from ..files import user_path, write_whole
 from ..models.folders import probe_writes, triforce_home, writable_folder
@@ -97,9 +97,9 @@ def _repeats(args) -> dict[str, int]:
 
 def _shape_flags(args, out: Path) -> None:
     """Fills in the shape flags left out with their defaults, or refuses them beside --init (whose draft has
-    its own shape), and an --init that is --out (the export replaces it: a rerun would train on from the
-    result)."""
-    given = [name for name in SHAPE_FLAGS if getattr(args, name) is not None]
+    its own shape; --layers, a multiple of its layers, grows it: train.grow_draft), and an --init that is
+    --out (the export replaces it: a rerun would train on from the result)."""
+    given = [name for name in SHAPE_FLAGS if getattr(args, name) is not None and name != "layers"]
     if args.init:
         if given:
             raise UserError(f"--init {args.init} trains that draft on, in its own shape: leave out "
@@ -109,6 +109,11 @@ def _shape_flags(args, out: Path) -> None:
                             "another folder")
         if not (user_path(args.init) / "config.json").is_file():
             raise UserError(f"--init {args.init}: no draft there (no config.json)")
+        if args.layers is not None:
+            layers = json.loads((user_path(args.init) / "config.json").read_text()).get("num_hidden_layers")
+            if not isinstance(layers, int) or layers < 1 or args.layers <= layers or args.layers % layers:
+                raise UserError(f"--layers {args.layers} beside --init grows that draft's {layers} layers: give a "
+                                f"multiple of {layers} above it")
     for name in SHAPE_FLAGS if not args.init else ():
         if getattr(args, name) is None:
             setattr(args, name, getattr(_SHAPE, name))
@@ -246,6 +251,8 @@ def _train_draft(args) -> int:
         raise UserError(f"--top-k {args.top_k} is more than the target's {vocab_total} tokens")
     if args.init:
         model, kept, shape = trained_draft(user_path(args.init), vocab_total, tokenizer_fingerprint(tokenizer))
+        if args.layers is not None:
+            model, shape = grow_draft(model, args.layers, args.seed), replace(shape, layers=args.layers)
     else:
         shape = DraftShape(args.layers, args.hidden, args.intermediate, args.heads, args.kv_heads,
                            min(args.vocab or vocab_total, vocab_total), max_positions=max(2048, args.seq_len))

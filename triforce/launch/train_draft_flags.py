@@ -40,7 +40,9 @@ def add_train_draft_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-only", action="store_true", help="build and cache the data and labels, then stop")
     p.add_argument("--init", default=None, metavar="DRAFT",
                    help="train on from a draft train-draft made for this target (its shape and kept tokens are "
-                        "its own, so the shape flags are left out); default: a new draft")
+                        "its own, so the shape flags are left out, but --layers, a multiple of its layers, grows "
+                        "it: new layers after each of its own, each starting as a layer that changes nothing); "
+                        "default: a new draft")
     mix = p.add_argument_group("data mix")
     mix.add_argument("--max-train-tokens", type=int, default=2_000_000, help="cap on --text tokens")
     mix.add_argument("--local-tokens", type=int, default=300_000,
