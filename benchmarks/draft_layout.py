@@ -21,18 +21,15 @@ import json
 
 import torch
 
-from triforce.cache.full import FullKVCache
 from triforce.llm_models import DEFAULT_DRAFTS
 from triforce.models.hub import resolve_model
 from triforce.models.loader import load_model
-from triforce.speculation.sampling import probabilities
 from triforce.models.tokenizer import load_tokenizer
+from triforce.speculation.sampling import probabilities
+
+from draft_on_policy import logits  # the whole row's logits, in float32
 
 STRETCH = 32  # scored positions per draft forward in the windowed layouts
-
-
-def logits(model, row: list[int]) -> torch.Tensor:
-    return model(torch.tensor(row), FullKVCache(model.config, len(row), model.dtype, "cpu"), logits_for="all").float()
 
 
 def windowed(model, row: list[int], first: int, sinks: int, window: int) -> torch.Tensor:

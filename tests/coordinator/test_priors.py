@@ -30,6 +30,33 @@ def test_requests_merge_into_what_later_ones_recall(tmp_path):
     assert Priors(path).recall("other") == {"acceptance": {}, "realized": {}, "overhead": {}}
 
 
+def test_a_kind_none_ran_yet_starts_from_its_kins_speed_factors(monkeypatch):
+    """Kinds that differ only in their sampling settings share what the cost model misses on this machine
+    (the speed factors), not their acceptance or overheads: a request at a new temperature had tried again
+    a mode its greedy kin had measured short of its model."""
+    from triforce.coordinator import priors
+
+    clock = iter(range(100))
+    monkeypatch.setattr(priors, "_clock", lambda: float(next(clock)))
+    store = Priors(None)
+    greedy, warm, sampled = ("m||tiers||greedy||batch=8", "m||tiers||t=0.70,p=1,k=0||batch=8",
+                             "m||tiers||t=0.60,p=1,k=0||batch=8")
+    store.remember(warm, {"draft": 0.5}, {"triforce": 0.9}, GENERIC, {"draft/bottom": 0.003})
+    store.remember(greedy, {"draft": 0.8}, {"triforce": 0.8, "draft": 1.0}, GENERIC, {"draft/bottom": 0.002})
+    assert store.recall(sampled) == {"acceptance": {}, "realized": {"triforce": 0.8, "draft": 1.0}, "overhead": {}}
+    store.remember(sampled, {"draft": 0.4}, {"draft": 0.95}, GENERIC)  # its own, once it ran
+    assert store.recall(sampled)["realized"] == {"draft": 0.95}
+    assert store.recall(sampled)["acceptance"] == {"draft": 0.4}
+    for other in ("m||tiers||t=0.60,p=1,k=0||batch=4", "m||other tiers||greedy||batch=8", "x||tiers||greedy||batch=8"):
+        assert store.recall(other) == {"acceptance": {}, "realized": {}, "overhead": {}}
+    planner = planner_with({"draft": {1: 0.2}, "target": {n: 1.0 + 0.1 * n for n in FLAT}}, priors=store)
+    planner.recall("m||tiers||t=1.00,p=1,k=0||batch=8")  # its kin's newest: the 0.6 kind's
+    planner.plan(1000, 0)
+    assert planner.realized["draft"] == pytest.approx(0.95) and "triforce" not in planner.realized
+    assert planner.acceptance["draft"].prior_trials != LEARNED_TRIALS
+    assert planner.decisions[0]["why"]["prior"] == "speed factors of earlier requests"
+
+
 def test_processes_sharing_the_file_merge_their_requests_into_one_entry(tmp_path):
     """Two processes (a server and a bench) remember the same kind: each merges into the entry the file
     holds, not into its own older read of it, which wrote the other's requests out (0.9 lost to 0.1, where
@@ -174,8 +201,8 @@ def test_auto_requests_learn_per_kind(models, tiny_dir, calibration):
     assert metrics.auto[0]["why"]["prior"] == "defaults"  # 60 tokens: another context's kind
     sampled = SamplingParams(max_tokens=48, temperature=0.7, seed=1, ignore_eos=True)
     assert request_key(engine.ladder, sampled) != request_key(engine.ladder, greedy)
-    _, _, metrics = run(sampled)
-    assert metrics.auto[0]["why"]["prior"] == "defaults"
+    _, _, metrics = run(sampled)  # another kind: its greedy kin's speed factors, not its acceptance
+    assert metrics.auto[0]["why"]["prior"] == "speed factors of earlier requests"
     other = load_model(tiny_dir("priors-draft-2", seed=52, num_layers=1, vocab_size=8, hidden_size=64,
                                 num_heads=4, num_kv_heads=2, scale=4))  # the same shape, other weights
     other_ladder = [build_engine(EngineConfig(mode="auto", **SETTINGS), target, other, 128).ladder[0],

@@ -93,8 +93,10 @@ class PlannerEvidence:
                 self.acceptance[name] = Acceptance(mean, LEARNED_TRIALS)
         self.realized.recall(known["realized"])
         self.times.overhead.update(known["overhead"])
-        if known["acceptance"] or known["realized"]:
+        if known["acceptance"]:
             self._prior_source = "earlier requests"
+        elif known["realized"]:  # (a kind none ran yet: its kin's, priors.Priors.recall)
+            self._prior_source = "speed factors of earlier requests"
 
     def remember(self) -> None:
         """The request ends: what it saw joins what later requests of its kind start from; a cost-table
