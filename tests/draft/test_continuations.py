@@ -117,6 +117,7 @@ def test_train_draft_trains_on_continuations_and_on_from_a_draft(tiny_dir, tmp_p
     (["--init", "{first}", "--hidden", "64"], "leave out --hidden"),
     (["--init", "{first}", "--layers", "3"], "--layers 3 beside --init grows that draft's 2 layers: give a multiple"),
     (["--init", "{first}", "--layers", "2"], "give a multiple of 2 above it"),
+    (["--init", "{bare}", "--layers", "2"], "its config.json names no layer count"),
     (["--init", "{out}"], "is --out too"),
     (["--init", "{nowhere}"], "no draft there"),
     (["--continuations", "4", "--passage-tokens", "64"], "--passage-tokens 64 must be below --seq-len 64"),
@@ -128,7 +129,10 @@ def test_train_draft_refuses_bad_continuation_and_init_flags_before_building_dat
     text = write_corpus(tmp_path / "corpus.txt", words=500)
     (tmp_path / "first").mkdir()
     (tmp_path / "first" / "config.json").write_text('{"num_hidden_layers": 2}')
-    names = {"first": tmp_path / "first", "out": tmp_path / "d", "nowhere": tmp_path / "nowhere"}
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text("[]")
+    names = {"first": tmp_path / "first", "out": tmp_path / "d", "nowhere": tmp_path / "nowhere",
+             "bare": tmp_path / "bare"}
     work = tmp_path / "work"
     code = main(_argv(target, text, tmp_path / "d", work, *[e.format(**names) for e in extra]))
     assert code == 2 and message in capsys.readouterr().err

@@ -110,8 +110,13 @@ def _shape_flags(args, out: Path) -> None:
         if not (user_path(args.init) / "config.json").is_file():
             raise UserError(f"--init {args.init}: no draft there (no config.json)")
         if args.layers is not None:
-            layers = json.loads((user_path(args.init) / "config.json").read_text()).get("num_hidden_layers")
-            if not isinstance(layers, int) or layers < 1 or args.layers <= layers or args.layers % layers:
+            try:
+                layers = json.loads((user_path(args.init) / "config.json").read_text()).get("num_hidden_layers")
+            except (ValueError, AttributeError):  # (not JSON, or not an object)
+                layers = None
+            if not isinstance(layers, int) or layers < 1:
+                raise UserError(f"--init {args.init}: its config.json names no layer count for --layers to grow")
+            if args.layers <= layers or args.layers % layers:
                 raise UserError(f"--layers {args.layers} beside --init grows that draft's {layers} layers: give a "
                                 f"multiple of {layers} above it")
     for name in SHAPE_FLAGS if not args.init else ():
