@@ -5,11 +5,11 @@
 # code before 8938bed starts auto from the defaults and the code since from the greedy kin's speed factors.
 # Run from the repository root; NAME=CHECKOUT pairs (the checkouts' own triforce packages, on PYTHONPATH: through
 # the console script, as `python -m` from here would import this folder's own first):
-#   CALIB=$TRIFORCE_HOME/calibration TURNS=2 bash benchmarks/results/issue12/amx17/kin_priors/run.sh \
+#   CALIB=$TRIFORCE_HOME/calibration [FIRST=1] TURNS=2 bash benchmarks/results/issue12/amx17/kin_priors/run.sh \
 #       before=/tmp/wt-before after=/tmp/wt-after
 set -e
 CALIB=${CALIB:?set CALIB} here=$(dirname "$0") home=$(mktemp -d)
-for turn in $(seq 1 "${TURNS:-1}"); do
+for turn in $(seq "${FIRST:-1}" "${TURNS:-1}"); do
   for pair in "$@"; do
     name=${pair%%=*} checkout=${pair#*=}
     rm -rf "$home/calibration" && cp -r "$CALIB" "$home/calibration"
