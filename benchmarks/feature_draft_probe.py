@@ -6,7 +6,7 @@ hidden state f_t (here after the final norm, the input of the output head) and t
 token x_{t+1}, and predicts f_{t+1}; the target's own head turns a prediction into a token. Deeper in a
 chain it reads its own predictions, as it would while proposing. The probe
 
-1. runs the target over --chunks pieces of 1,024 tokens of --train texts (five Austen novels, *Emma* left
+1. runs the target over --chunks pieces of 1,024 tokens spread over five Austen novels (TRAIN; *Emma* left
    out, as the shipped draft's training left it) and keeps their features (stored in --work, reused);
 2. trains the layer (the target's embedding and head frozen, the head restricted to the shipped draft's
    kept vocabulary so both drafts propose from the same tokens) for --steps steps of --batch windows of
@@ -19,12 +19,15 @@ chain it reads its own predictions, as it would while proposing. The probe
    acceptance of one draw at 0.6 (sum of min(p, q)); at depth 1 (the target's features up to the token
    before) and depths 2-4 (the chain's own predicted features in place of the target's, its tokens the
    text's: teacher-forced), beside the shipped draft reading the whole prompt (depth does not change a
-   token-level draft's inputs under teacher forcing).
+   token-level draft's inputs under teacher forcing); and each draft's mean leading run of agreements over
+   the 4 depths (`chain_run`: the tokens a greedy chain of 4 would have accepted, bonus not counted).
 
     python benchmarks/feature_draft_probe.py --work DIR [--chunks 256] [--steps 1500] [--batch 8]
         [--window 512] [--lr 1e-3] [--cls-weight 0.1] [--rollout 0]
+        [--eval-only]
 
-Prints a JSON line per evaluation (every --eval-every steps and at the end)."""
+Prints a JSON line per evaluation (every --eval-every steps and at the end; --eval-only scores the checkpoint
+in --work and stops). docs/draft.md, *A draft over the target's own features*, has the results."""
 import argparse
 import json
 import math
