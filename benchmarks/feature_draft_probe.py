@@ -38,12 +38,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from triforce.cache.full import FullKVCache
+from triforce.kernels.fused import rope
 from triforce.llm_models import DEFAULT_DRAFTS
 from triforce.models.hub import resolve_model
 from triforce.models.loader import load_model
 from triforce.models.tokenizer import load_tokenizer
 from triforce.speculation.sampling import probabilities
+
+from draft_on_policy import logits  # the whole row's logits, in float32
 
 CHUNK = 1024
 TRAIN = [f"../shared/data/austen-{n}.txt" for n in
@@ -56,20 +58,17 @@ def features(target, row: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     seen = {}
     hook = target.norm.register_forward_hook(lambda m, i, o: seen.__setitem__("h", o.float()))
     try:
-        logits = target(torch.tensor(row), FullKVCache(target.config, len(row), target.dtype, "cpu"), logits_for="all")
+        out = logits(target, row)
     finally:
         hook.remove()
-    return seen["h"].clone(), logits.float().clone()
+    return seen["h"].clone(), out.clone()
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
-    """Rotary embedding of x [..., T, D] at positions [T] (or [P, 1, T] broadcastable)."""
+def rotated(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """x [..., T, D] rotated at positions [T] (or [P, 1, T], broadcast), the halves' layout of the models."""
     d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
-    ang = positions.float()[..., None] * inv
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+    angles = positions.float()[..., None] * theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    return rope(x, torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1))
 
 
 class FeatureDraft(nn.Module):
@@ -94,7 +93,7 @@ class FeatureDraft(nn.Module):
         q = self.q(h).view(*lead, t, self.heads, self.hd).transpose(-2, -3)
         k, v = self.kv(h).view(*lead, t, 2, self.kv_heads, self.hd).unbind(-3)
         k, v = k.transpose(-2, -3), v.transpose(-2, -3)
-        return x, rope(q, positions), rope(k, positions), v
+        return x, rotated(q, positions), rotated(k, positions), v
 
     def finish(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None) -> torch.Tensor:
         rep = self.heads // self.kv_heads
@@ -146,14 +145,14 @@ def depth_predictions(model, f: torch.Tensor, e: torch.Tensor, starts: torch.Ten
     return preds, out
 
 
-def evaluate(model, target, head, kept, embed, prompts, shipped) -> dict:
+def evaluate(model, target, head, kept, embed, prompts, shipped: list[torch.Tensor]) -> dict:
     """Per depth: top-1 agreement with the target's argmax and expected acceptance at 0.6, of the feature draft
     (head restricted to the kept tokens, as the shipped draft's) and of the shipped draft; and the mean
     leading run of agreements over the DEPTH depths (a greedy chain's accepted tokens, teacher-forced)."""
     sums, runs = torch.zeros(DEPTH, 4), torch.zeros(2)
     model.eval()
     with torch.no_grad():
-        for row in prompts:
+        for row, qd in zip(prompts, shipped):
             f, lt = features(target, row)
             g, pt = lt.argmax(-1), probabilities(lt, 0.6)
             starts = torch.arange(len(row) - EVAL_POSITIONS, len(row) - DEPTH + 1)  # scored at depth 1
@@ -161,9 +160,9 @@ def evaluate(model, target, head, kept, embed, prompts, shipped) -> dict:
             agree = torch.zeros(2, DEPTH, len(starts))
             for j, pred in enumerate(preds):
                 pos = starts + j  # the position whose next token depth j + 1 predicts
-                logits = torch.full((len(starts), lt.shape[-1]), float("-inf"))
-                logits[:, kept] = pred.float() @ head[kept].T
-                for col, dl in ((0, logits), (1, shipped[row_key(row)][pos])):
+                proposal = torch.full((len(starts), lt.shape[-1]), float("-inf"))
+                proposal[:, kept] = pred.float() @ head[kept].T
+                for col, dl in ((0, proposal), (1, qd[pos])):
                     agree[col, j] = (dl.argmax(-1) == g[pos]).float()
                     sums[j, 2 * col] += agree[col, j].sum()
                     sums[j, 2 * col + 1] += torch.minimum(pt[pos], probabilities(dl, 0.6)).sum()
@@ -175,10 +174,6 @@ def evaluate(model, target, head, kept, embed, prompts, shipped) -> dict:
                                  "feature_accept_0.6": round(float(sums[j, 1]) / k, 4),
                                  "shipped_top1": round(float(sums[j, 2]) / k, 4),
                                  "shipped_accept_0.6": round(float(sums[j, 3]) / k, 4)} for j in range(DEPTH)}}
-
-
-def row_key(row: list[int]) -> tuple:
-    return tuple(row[:8])
 
 
 def main() -> None:
@@ -211,9 +206,7 @@ def main() -> None:
     data = collect(target, ids, args.chunks, work / f"features_{args.chunks}.pt")
     emma = tok(open("../shared/data/austen-emma.txt").read())["input_ids"]
     prompts = [emma[20000 + i * 9000:20000 + i * 9000 + CHUNK] for i in range(EVAL_PROMPTS)]
-    with torch.no_grad():
-        shipped = {row_key(r): draft(torch.tensor(r), FullKVCache(draft.config, len(r), draft.dtype, "cpu"),
-                                     logits_for="all").float().clone() for r in prompts}
+    shipped = [logits(draft, row).clone() for row in prompts]  # its logits, a list beside the prompts
     cfg = target.config
     model = FeatureDraft(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)

@@ -3,14 +3,18 @@ slots of a copy of the whole window's, under a mask per start: fed the target's 
 own predictions, every depth must give what the whole-window pass gives at that position, and fed its own
 they must differ (the slots really are the chain's)."""
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
 
-PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "feature_draft_probe.py"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+PROBE = BENCHMARKS / "feature_draft_probe.py"
 
 
 def probe():
+    if str(BENCHMARKS) not in sys.path:  # (it imports draft_on_policy, beside it, as a script does)
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location("feature_draft_probe", PROBE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
